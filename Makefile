@@ -1,0 +1,62 @@
+# celery_agboss developer commands. `make test` is what CI runs (.ci/run).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+EXTRAS := test,dev,flower
+
+.DEFAULT_GOAL := help
+.PHONY: help venv check-services lint types pytest test demo bench clean distclean
+
+help:
+	@echo "make venv            create or reuse .venv and install the package (editable)"
+	@echo "make test            services check, lint, types and the whole test suite (what CI runs)"
+	@echo "make demo            run the demo"
+	@echo "make lint | types    ruff check | mypy --strict"
+	@echo "make bench           run bench/run.py"
+	@echo "make clean           remove build and tool caches (distclean: and .venv)"
+
+venv: $(STAMP)
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "celery_agboss needs Python >= 3.10; set PYTHON=...")'
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when the packaging files change.
+$(STAMP): setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	@touch $@
+
+# Under CI=true an unreachable service is an error; otherwise the tests that
+# need it are skipped, and this only says so.
+check-services: venv
+	$(BIN)/python -m tests.support.services
+
+lint: venv
+	$(BIN)/ruff check celery_agboss tests
+
+types: venv
+	$(BIN)/mypy --strict celery_agboss
+
+# pytest's exit code 5 ("no tests collected") is a failure here.
+pytest: venv
+	@rc=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
+	exit $$rc
+
+test: venv check-services lint types
+	@$(MAKE) --no-print-directory pytest
+
+demo: venv
+	$(BIN)/python -m celery_agboss.demo
+
+bench: venv
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache artifacts .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,235 @@
+"""Subprocesses that tests start, watch and always end.
+
+A :class:`ManagedProcess` runs in its own process group (so a Celery worker's
+pool children go with it), writes stdout and stderr to one log file, and is
+killed, group and all, when the test ends, whatever happened. Every wait has a
+deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_counter = itertools.count(1)
+
+
+class WaitTimeout(AssertionError):
+    """A condition did not come true before its deadline."""
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "the condition",
+) -> T:
+    """Call ``predicate`` every ``interval`` seconds until it returns something truthy.
+
+    Returns that value; raises :class:`WaitTimeout` (an ``AssertionError``) after
+    ``timeout`` seconds, with ``message`` (or what it returns) in the text.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            text = message() if callable(message) else message
+            raise WaitTimeout(f"timed out after {timeout:g}s waiting for {text}")
+        time.sleep(min(interval, remaining))
+
+
+class ManagedProcess:
+    """One subprocess in its own process group, its output in ``log_path``."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        log_dir: Path,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.argv = [str(arg) for arg in argv]
+        self.name = name or Path(self.argv[0]).name
+        self.log_path = Path(log_dir) / f"{self.name}-{next(_counter)}.log"
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.cwd = cwd
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    # -- life cycle ---------------------------------------------------------
+
+    def start(self) -> ManagedProcess:
+        if self._popen is not None:
+            raise RuntimeError(f"{self.name} was already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes]:
+        if self._popen is None:
+            raise RuntimeError(f"{self.name} has not been started")
+        return self._popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code (negative: killed by that signal), or None while it runs."""
+        return self.popen.poll()
+
+    @property
+    def running(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process itself to exit; raises :class:`WaitTimeout`."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise WaitTimeout(
+                f"{self.name} (pid {self.pid}) still runs after {timeout:g}s"
+            ) from None
+
+    # -- signals ------------------------------------------------------------
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group (quietly, if it is gone)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def signal_leader(self, sig: int) -> None:
+        """Send ``sig`` to the started process only, not to its children."""
+        if self.running:
+            self.popen.send_signal(sig)
+
+    def group_pids(self) -> list[int]:
+        """Every live process in the group, the started one included (from /proc)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # Fields after the parenthesised command: state, ppid, pgrp, ...
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == self.pid and fields[0] != "Z":
+                pids.append(int(entry.name))
+        return sorted(pids)
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL the group and reap the started process."""
+        if self._popen is None:
+            return
+        self.send_signal(signal.SIGKILL)
+        self.wait(timeout)
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM the group; SIGKILL it if the process is not gone in ``timeout`` seconds."""
+        self.send_signal(signal.SIGTERM)
+        try:
+            return self.wait(timeout)
+        except WaitTimeout:
+            self.kill()
+            return self.wait(timeout)
+
+    def close(self) -> None:
+        """End the group, whatever state it is in (idempotent; for teardown)."""
+        if self._popen is None:
+            return
+        self.send_signal(signal.SIGCONT)  # a stopped group must be able to die
+        self.kill()
+
+    def __enter__(self) -> ManagedProcess:
+        return self if self._popen is not None else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+        if exc is not None:
+            print(self.describe(), file=sys.stderr)
+
+    # -- output -------------------------------------------------------------
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+    def describe(self, lines: int = 60) -> str:
+        """A header (name, pid, exit code, log path) and the last ``lines`` of output."""
+        state = "not started"
+        if self._popen is not None:
+            code = self._popen.poll()
+            state = "running" if code is None else f"exit code {code}"
+        return (
+            f"--- {self.name} (pid {self._popen.pid if self._popen else '-'}, {state}),"
+            f" last {lines} lines of {self.log_path} ---\n{self.tail(lines)}"
+        )
+
+    # -- waiting ------------------------------------------------------------
+
+    def wait_until(
+        self,
+        predicate: Callable[[], T],
+        timeout: float,
+        interval: float = 0.05,
+        message: str = "the condition",
+    ) -> T:
+        """Like :func:`wait_until`, but gives up early when the process exits."""
+
+        def check() -> T | None:
+            value = predicate()
+            if value:
+                return value
+            if not self.running:
+                raise WaitTimeout(
+                    f"{self.name} exited while waiting for {message}\n{self.describe()}"
+                )
+            return None
+
+        def explain() -> str:
+            return f"{message}\n{self.describe()}"
+
+        result: T = wait_until(check, timeout, interval, explain)  # type: ignore[assignment]
+        return result
+
+    def wait_for_output(self, text: str, timeout: float) -> None:
+        """Wait until ``text`` appears in the process's output."""
+        self.wait_until(lambda: text in self.output(), timeout, message=f"{text!r} in the output")
