@@ -1,0 +1,88 @@
+"""Exactly-once payment side effects for Celery apps.
+
+The Celery-facing names are imported lazily so that ``celery_agboss.core`` can be
+imported (and tested) without Celery or SQLAlchemy installed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from celery_agboss.core.keys import validate_business_key
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    Lookup,
+    NotSent,
+    OutboundCall,
+    Outcome,
+    Unknown,
+)
+from celery_agboss.errors import (
+    AGBossError,
+    AGBossSignal,
+    ConfigurationError,
+    ExecutionFencedError,
+    IdempotencyKeyConflictError,
+    InvalidBusinessKeyError,
+    MaskingPolicyError,
+    NotPausedError,
+    OutboundCallInFlightError,
+    OutboundCallOutcomeUnknownError,
+    OutboundCallResultNotStoredError,
+    OutboundCallUnreconciledError,
+)
+
+if TYPE_CHECKING:
+    from celery_agboss.app import AGBoss
+    from celery_agboss.operator import answer_pause, cancel
+    from celery_agboss.store.migrate import migrate
+    from celery_agboss.task import PaymentTask
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "AGBoss": "celery_agboss.app",
+    "PaymentTask": "celery_agboss.task",
+    "migrate": "celery_agboss.store.migrate",
+    "cancel": "celery_agboss.operator",
+    "answer_pause": "celery_agboss.operator",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'celery_agboss' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module_name), name)
+
+
+__all__ = [
+    "AGBoss",
+    "AGBossError",
+    "AGBossSignal",
+    "CallContext",
+    "Completed",
+    "ConfigurationError",
+    "ExecutionFencedError",
+    "IdempotencyKeyConflictError",
+    "InvalidBusinessKeyError",
+    "Lookup",
+    "MaskingPolicyError",
+    "NotPausedError",
+    "NotSent",
+    "OutboundCall",
+    "OutboundCallInFlightError",
+    "OutboundCallOutcomeUnknownError",
+    "OutboundCallResultNotStoredError",
+    "OutboundCallUnreconciledError",
+    "Outcome",
+    "PaymentTask",
+    "Unknown",
+    "answer_pause",
+    "cancel",
+    "migrate",
+    "validate_business_key",
+]

@@ -1,0 +1,130 @@
+"""The public shape of an outbound call: its declaration, what send and reconcile get,
+and what reconcile answers. The state machine that drives them lives in ``engine``.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from celery_agboss.core.durations import to_seconds
+from celery_agboss.errors import OutboundCallDefinitionError
+
+ResultT = TypeVar("ResultT")
+
+_NAME = re.compile(r"^[a-z0-9_]+(?:[.-][a-z0-9_]+)*(?:\.[a-z0-9_-]+)+$", re.IGNORECASE)
+
+
+class Outcome(str, enum.Enum):
+    """How the last outbound call of a delivery got its result."""
+
+    SENT = "SENT"  # this delivery sent it and the gateway answered
+    REPLAYED = "REPLAYED"  # a completed intent's stored result, nothing sent
+    RECONCILED = "RECONCILED"  # a pending intent looked up at the gateway, nothing sent
+    JOINED = "JOINED"  # another thread of this process was sending it; its result
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What ``send`` gets: pass ``idempotency_key`` to the gateway, always."""
+
+    idempotency_key: str
+    request: Any
+    attempt: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What ``reconcile`` gets. ``request`` is as stored (masked); times are the database's."""
+
+    idempotency_key: str
+    request: Any
+    attempt: int
+    attempt_started_at: float | None  # epoch seconds, database clock
+    key_age: timedelta | None  # from the first attempt, database clock
+
+
+@dataclass(frozen=True)
+class Completed(Generic[ResultT]):
+    """Reconcile found the payment: this is its result; nothing will be sent."""
+
+    result: ResultT
+
+
+@dataclass(frozen=True)
+class NotSent:
+    """Reconcile proved the gateway never processed the attempt; it may be sent again."""
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """Reconcile cannot tell; nothing is sent and an operator decides."""
+
+    reason: str
+
+
+ReconcileAnswer = Completed[Any] | NotSent | Unknown
+SendFn = Callable[[CallContext], Any]
+ReconcileFn = Callable[[CallContext, Lookup], ReconcileAnswer]
+
+
+def _never_definite(exc: BaseException) -> bool:
+    return False
+
+
+@dataclass(frozen=True, eq=False)
+class OutboundCall:
+    """A call that leaves the system: recorded as an intent before it is sent.
+
+    ``key_retention`` is the gateway's documented minimum key retention; it bounds
+    when a ``NotSent()`` may be resent under the same key (R26). It may be omitted
+    only with ``lookup_proves_absence=True``.
+    """
+
+    name: str
+    send: SendFn
+    reconcile: ReconcileFn
+    key_retention: timedelta | float | None = None
+    is_definite_failure: Callable[[BaseException], bool] = _never_definite
+    lookup_proves_absence: bool = False
+    max_key_length: int | None = None
+    mask: Any = None  # a celery_agboss.core.masking.MaskingPolicy
+    transaction_id: Callable[[Any], str | None] | None = None
+    key_retention_seconds: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise OutboundCallDefinitionError(
+                f"OutboundCall name {self.name!r} must be dotted, like 'stripe.charge' "
+                "(letters, digits, '_' or '-', parts joined by '.')",
+                rule="name",
+            )
+        if not callable(self.send) or not callable(self.reconcile):
+            raise OutboundCallDefinitionError(
+                f"OutboundCall {self.name!r} needs callables for send and reconcile", rule="callables"
+            )
+        if self.key_retention is None:
+            if not self.lookup_proves_absence:
+                raise OutboundCallDefinitionError(
+                    f"OutboundCall {self.name!r} needs key_retention (the gateway's documented "
+                    "minimum, e.g. timedelta(hours=24)); only lookup_proves_absence=True may omit it",
+                    rule="key_retention",
+                )
+        else:
+            seconds = to_seconds(self.key_retention, what="key_retention")
+            if seconds <= 0:
+                raise OutboundCallDefinitionError(
+                    f"OutboundCall {self.name!r}: key_retention must be positive", rule="key_retention"
+                )
+            object.__setattr__(self, "key_retention_seconds", seconds)
+        if self.max_key_length is not None and self.max_key_length < 16:
+            raise OutboundCallDefinitionError(
+                f"OutboundCall {self.name!r}: max_key_length {self.max_key_length} is too short "
+                "for a collision-safe digest (at least 16)",
+                rule="max_key_length",
+            )

@@ -1,0 +1,82 @@
+"""Protections that tests switch off to prove their test can fail.
+
+A guarantee test without a twin that fails when the protection is removed proves
+nothing. The switches live here (so the store and the engine can consult them
+without importing the testing package) but can only be turned on through
+``celery_agboss.testing.sabotage``, which refuses unless the process runs under
+pytest with ``AGBOSS_ALLOW_SABOTAGE=1``. They are never settings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from celery_agboss.errors import SabotageRefusedError
+
+# Each name is a protection that can be removed. Engines/stores check ``active(NAME)``.
+LEASE_CHECK_IN_SEPARATE_ROUND_TRIP = "lease-check-in-separate-round-trip"  # PS4
+RENEW_REVIVES_EXPIRED_LEASE = "renew-revives-expired-lease"  # R19
+EXPIRY_BY_CALLER_CLOCK = "expiry-by-caller-clock"  # PS13
+HOLDER_TRUSTS_LEASE_FOREVER = "holder-trusts-lease-forever"  # PS13 holder side
+
+_active: set[str] = set()
+_known: set[str] = {
+    LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
+    RENEW_REVIVES_EXPIRED_LEASE,
+    EXPIRY_BY_CALLER_CLOCK,
+    HOLDER_TRUSTS_LEASE_FOREVER,
+}
+_lock = threading.Lock()
+ENV_SWITCH = "AGBOSS_ALLOW_SABOTAGE"
+
+
+def register(name: str) -> str:
+    """Declare a protection that can be switched off (modules call this at import)."""
+    _known.add(name)
+    return name
+
+
+def active(name: str) -> bool:
+    """True only while a test has switched the named protection off. Free when none is."""
+    return bool(_active) and name in _active
+
+
+def _allowed() -> bool:
+    return os.environ.get(ENV_SWITCH) == "1" and (
+        "pytest" in sys.modules or os.environ.get("AGBOSS_SABOTAGE_SUBPROCESS") == "1"
+    )
+
+
+@contextmanager
+def switched_off(*names: str) -> Iterator[None]:
+    """Remove the named protections for the duration of the block (tests only)."""
+    if not _allowed():
+        raise SabotageRefusedError()
+    unknown = [name for name in names if name not in _known]
+    if unknown:
+        raise ValueError(f"unknown protections {unknown}; known: {sorted(_known)}")
+    with _lock:
+        _active.update(names)
+    try:
+        yield
+    finally:
+        with _lock:
+            _active.difference_update(names)
+
+
+def activate_from_environment() -> None:
+    """Let a worker subprocess started by a test inherit switched-off protections.
+
+    Reads ``AGBOSS_SABOTAGE`` (comma separated) only when sabotage is allowed.
+    """
+    names = [n for n in os.environ.get("AGBOSS_SABOTAGE", "").split(",") if n]
+    if not names:
+        return
+    if not _allowed():
+        raise SabotageRefusedError()
+    with _lock:
+        _active.update(names)

@@ -1,0 +1,247 @@
+"""The store interface: domain verbs the engine needs, and the records they return.
+
+The core speaks only this protocol; ``celery_agboss.store`` implements it on
+SQLAlchemy. Times are integer milliseconds since the epoch *on the database clock*
+(PostgreSQL ``clock_timestamp()``, SQLite the host's), plus a test-only offset.
+Every method that writes either commits whole or raises; driver errors surface as
+``celery_agboss.errors.StoreError`` subclasses, never as driver exceptions.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, Union
+
+JSON = Union[dict[str, Any], list[Any], str, int, float, bool, None]
+
+
+class _Unset(enum.Enum):
+    UNSET = "UNSET"
+
+
+UNSET = _Unset.UNSET
+
+
+class IntentStatus(str, enum.Enum):
+    PENDING = "PENDING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    """One delivery's claim on a scope: who (holder uuid) with which fencing token."""
+
+    scope: str
+    holder: str
+    token: int
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    lease: LeaseRef
+    expires_at_ms: int
+    db_now_ms: int
+    took_over: bool  # an earlier holder's lease had expired or been released
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    scope: str
+    holder: str
+    token: int
+    expires_at_ms: int
+    released: bool
+    live: bool  # not released and expires_at > now, on the database clock
+    db_now_ms: int
+
+
+class RenewOutcome(str, enum.Enum):
+    RENEWED = "RENEWED"
+    LOST = "LOST"  # expired, released or taken over: never revived (R19)
+    BUSY = "BUSY"  # row locked by a running fenced transaction, which extends it itself
+
+
+@dataclass(frozen=True)
+class IntentRecord:
+    idempotency_key: str
+    execution_id: str
+    name: str
+    business_key_handle: str | None
+    fingerprint: str
+    request: JSON
+    result: JSON
+    result_stored: bool
+    status: IntentStatus
+    attempt: int
+    owner: LeaseRef | None
+    owner_live: bool  # the owner's lease is live on the database clock at read time
+    first_attempt_at_ms: int | None
+    attempt_started_at_ms: int | None
+    completed_at_ms: int | None
+    gateway_transaction_id: str | None
+    needs_operator: bool
+    operator_reason: str | None
+    not_sent_confirmed: bool
+    read_at_ms: int  # database clock when read
+    # Added by the store engineer (additive): the sweep's lookup back-off.
+    next_lookup_at_ms: int | None = None  # the sweep looks this intent up again from then
+    lookup_failures: int = 0  # lookups that could not settle it, for the back-off
+
+
+@dataclass(frozen=True)
+class NewIntent:
+    """Inserted as PENDING, attempt 1, first_attempt_at = attempt_started_at = now."""
+
+    idempotency_key: str
+    execution_id: str
+    name: str
+    business_key_handle: str | None
+    fingerprint: str
+    request: JSON
+    owner: LeaseRef
+
+
+@dataclass(frozen=True)
+class IntentGuard:
+    """The full predicate of one compare-and-set ``UPDATE``; matched by row count."""
+
+    status: IntentStatus
+    attempt: int
+    owner: LeaseRef | None  # None matches a row with no owner
+    owner_not_live: bool = False  # the owner's lease must not be live (database clock)
+    max_key_age_ms: int | None = None  # now - first_attempt_at must be below this
+
+
+@dataclass(frozen=True)
+class IntentUpdate:
+    """Columns to set; UNSET leaves a column alone. Times are set from the database clock."""
+
+    status: IntentStatus | None = None
+    attempt: int | None = None
+    owner: LeaseRef | None | _Unset = UNSET
+    start_attempt: bool = False  # attempt_started_at = now
+    complete: bool = False  # completed_at = now
+    result: JSON | _Unset = UNSET
+    result_stored: bool | None = None
+    request: JSON | _Unset = UNSET
+    gateway_transaction_id: str | None | _Unset = UNSET
+    needs_operator: bool | None = None
+    operator_reason: str | None | _Unset = UNSET
+    not_sent_confirmed: bool | None = None
+    # Added by the store engineer (additive): the sweep's lookup back-off.
+    next_lookup_delay_ms: int | None = None  # next_lookup_at = now + this
+    clear_next_lookup: bool = False  # next_lookup_at = NULL
+    lookup_failures: int | None = None
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One transition of an intent, chained by digest to the row before it (quarantine record)."""
+
+    idempotency_key: str
+    seq: int
+    at_ms: int
+    event: str
+    from_status: str | None
+    to_status: str
+    attempt: int
+    holder: str | None
+    token: int | None
+    detail: JSON
+    prev_digest: str | None
+    digest: str
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    key: str
+    execution_id: str
+    name: str
+    result: JSON
+    token: int
+    created_at_ms: int
+    # HMAC of the canonical request when the effect was given one (None otherwise): a
+    # second run with another request is a conflict, not a replay. Added by the engine.
+    fingerprint: str | None = None
+
+
+class StoreTransaction(Protocol):
+    """One open database transaction. Closed on leaving the ``with`` block (commit or rollback)."""
+
+    @property
+    def now_ms(self) -> int:
+        """The database clock, read once when the transaction began."""
+
+    @property
+    def connection(self) -> Any:
+        """The driver-level connection (SQLAlchemy ``Connection``) for a fenced effect's fn."""
+
+    def read_intent(self, idempotency_key: str) -> IntentRecord | None: ...
+
+    def insert_intent(self, intent: NewIntent) -> bool:
+        """``INSERT … ON CONFLICT DO NOTHING``; True when this call inserted the row."""
+
+    def update_intent(self, idempotency_key: str, guard: IntentGuard, update: IntentUpdate) -> bool:
+        """One ``UPDATE … WHERE <guard>``; True when exactly one row matched."""
+
+    def last_history(self, idempotency_key: str) -> HistoryRow | None: ...
+
+    def append_history(self, row: HistoryRow) -> None: ...
+
+    def read_effect(self, key: str) -> EffectRecord | None: ...
+
+    def insert_effect(self, record: EffectRecord) -> bool:
+        """``INSERT … ON CONFLICT DO NOTHING``; True when inserted. ``created_at_ms`` is ignored (now)."""
+
+
+class FencedTransaction(StoreTransaction, Protocol):
+    """A transaction that began by checking and extending ``lease`` on the database clock."""
+
+    @property
+    def lease(self) -> LeaseRef: ...
+
+    @property
+    def expires_at_ms(self) -> int:
+        """The lease's expiry as extended inside this transaction."""
+
+
+class Store(Protocol):
+    """The domain verbs of the lease, fence, intents, fenced effects and their history."""
+
+    clock_offset_source: Callable[[], int] | None
+    """Test-only: milliseconds added to the database clock in SQL (driven by ``VirtualClock``)."""
+
+    def now_ms(self) -> int: ...
+
+    def acquire_lease(self, scope: str, holder: str, ttl_ms: int) -> LeaseGrant | None:
+        """Insert, or take over an expired/released lease with token + 1. Never re-entrant:
+        a live lease (even held by ``holder`` itself) gives None."""
+
+    def renew_lease(self, lease: LeaseRef, ttl_ms: int) -> int | None:
+        """Extend a live lease; the new expiry, or None when it is lost (never revived)."""
+
+    def renew_leases(self, leases: Sequence[LeaseRef], ttl_ms: int) -> dict[LeaseRef, RenewOutcome]:
+        """One statement for a process's leases, skipping rows a fenced transaction has locked."""
+
+    def release_lease(self, lease: LeaseRef) -> bool: ...
+
+    def read_lease(self, scope: str) -> LeaseState | None: ...
+
+    def fenced(self, lease: LeaseRef, ttl_ms: int) -> AbstractContextManager[FencedTransaction]:
+        """Begin a transaction that refuses (``ExecutionFencedError``) unless ``lease`` is the
+        live holder, extends it, and sets a lock timeout below ttl/3."""
+
+    def transaction(self) -> AbstractContextManager[StoreTransaction]:
+        """An unfenced transaction, for the sweep and operators: every write is a guarded CAS."""
+
+    def read_intent(self, idempotency_key: str) -> IntentRecord | None: ...
+
+    def read_history(self, idempotency_key: str) -> list[HistoryRow]: ...
+
+    def read_effect(self, key: str) -> EffectRecord | None: ...
+
+    def close(self) -> None: ...
