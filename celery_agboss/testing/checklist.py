@@ -1,0 +1,256 @@
+"""Probe a gateway adapter for G1–G5 (payment-gateways), one result per requirement.
+
+Whether a customer can be charged twice depends on what the gateway offers, so a
+team checks its adapter, not the gateway's marketing: offline against
+``FakeGateway`` with the capabilities it believes its gateway has, or by hand
+against a sandbox. Each probe makes real requests through ``send`` (small amounts,
+keys under ``key_prefix``) and reports what it saw as evidence. G6 (late outcomes
+by webhook or status API) needs the gateway's own events and is not probed.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class GatewayCheckStatus(str, enum.Enum):
+    PASSED = "PASSED"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"  # could not be probed here (e.g. G3 without a clock); not a failure
+
+
+@dataclass(frozen=True)
+class GatewayCheckResult:
+    requirement: str  # "G1" … "G5"
+    status: GatewayCheckStatus
+    evidence: str
+
+
+@dataclass(frozen=True)
+class GatewayChecklistReport:
+    results: tuple[GatewayCheckResult, ...]
+    key_prefix: str
+
+    @property
+    def passed(self) -> bool:
+        """Nothing failed (a skipped requirement is not a pass either: read its evidence)."""
+        return all(r.status is not GatewayCheckStatus.FAILED for r in self.results)
+
+    def result(self, requirement: str) -> GatewayCheckResult:
+        for result in self.results:
+            if result.requirement == requirement:
+                return result
+        raise KeyError(requirement)
+
+    def statuses(self) -> dict[str, GatewayCheckStatus]:
+        return {r.requirement: r.status for r in self.results}
+
+    def __str__(self) -> str:
+        return "\n".join(f"{r.requirement} {r.status.value}: {r.evidence}" for r in self.results)
+
+
+class AdvanceableClock(Protocol):
+    """The gateway's clock, moved forward by the G3 probe (``VirtualClock`` is one)."""
+
+    def advance(self, seconds: float, /) -> object: ...
+
+
+SendFn = Callable[[int, str], Any]
+LookupFn = Callable[[str], Any]
+
+
+class _ProbeError(Exception):
+    def __init__(self, step: str, error: BaseException) -> None:
+        super().__init__(f"{step} raised {type(error).__name__}: {error}")
+
+
+def _default_payment_id(receipt: Any) -> Any:
+    if isinstance(receipt, Mapping) and "id" in receipt:
+        return receipt["id"]
+    found = getattr(receipt, "id", None)
+    return receipt if found is None else found
+
+
+def gateway_checklist(
+    send: SendFn,
+    lookup: LookupFn | None = None,
+    clock: AdvanceableClock | None = None,
+    key_prefix: str | None = None,
+    required_retention: float = 86400,
+    *,
+    amount: int = 100,
+    payment_id: Callable[[Any], Any] | None = None,
+) -> GatewayChecklistReport:
+    """Run the G1–G5 probes through the adapter's ``send(amount, key)`` and ``lookup(key)``.
+
+    ``clock`` must be the gateway's own clock (the one ``FakeGateway`` was given): G3
+    advances it by just under ``required_retention`` seconds, for good. ``payment_id``
+    reads the payment's id from a receipt (default: ``receipt["id"]`` or ``.id``).
+    """
+    if required_retention <= 0:
+        raise ValueError("required_retention must be a positive number of seconds")
+    prefix = key_prefix if key_prefix is not None else f"agboss-checklist-{uuid.uuid4().hex[:12]}"
+    probe = _Probe(
+        send,
+        lookup,
+        clock,
+        prefix,
+        float(required_retention),
+        amount,
+        payment_id or _default_payment_id,
+    )
+    checks = [
+        ("G1", probe.g1),
+        ("G2", probe.g2),
+        ("G3", probe.g3),
+        ("G4", probe.g4),
+        ("G5", probe.g5),
+    ]
+    results = []
+    for requirement, check in checks:
+        try:
+            status, evidence = check()
+        except _ProbeError as exc:
+            status, evidence = GatewayCheckStatus.FAILED, str(exc)
+        results.append(GatewayCheckResult(requirement, status, evidence))
+    return GatewayChecklistReport(tuple(results), prefix)
+
+
+Outcome = tuple[GatewayCheckStatus, str]
+_PASS, _FAIL, _SKIP = (
+    GatewayCheckStatus.PASSED,
+    GatewayCheckStatus.FAILED,
+    GatewayCheckStatus.SKIPPED,
+)
+_NO_RECONCILE = "reconciliation cannot work"
+
+
+@dataclass
+class _Probe:
+    send_fn: SendFn
+    lookup_fn: LookupFn | None
+    clock: AdvanceableClock | None
+    prefix: str
+    retention: float
+    amount: int
+    payment_id: Callable[[Any], Any]
+
+    def _send(self, step: str, amount: int, key: str) -> Any:
+        try:
+            return self.send_fn(amount, key)
+        except Exception as exc:
+            raise _ProbeError(step, exc) from exc
+
+    def _twice(self, requirement: str) -> tuple[str, Any, Any]:
+        key = f"{self.prefix}:{requirement.lower()}"
+        first = self._send(f"the first send under {key!r}", self.amount, key)
+        second = self._send(f"the repeat under {key!r}", self.amount, key)
+        return key, first, second
+
+    def g1(self) -> Outcome:
+        """Two sends under one key are one payment."""
+        key, first, second = self._twice("G1")
+        a, b = self.payment_id(first), self.payment_id(second)
+        if a == b:
+            return _PASS, f"two sends under {key!r} answered one payment, {a!r}"
+        return _FAIL, (
+            f"two sends under {key!r} answered two payments ({a!r}, {b!r}): the key is not "
+            "deduplicated, so a send retried after an error charges twice"
+        )
+
+    def g2(self) -> Outcome:
+        """The lookup finds the payment a key made, and nothing for a key never sent."""
+        if self.lookup_fn is None:
+            return _FAIL, (
+                f"no lookup given: {_NO_RECONCILE}; a send whose answer was lost stays unknown "
+                "and waits for an operator"
+            )
+        key = f"{self.prefix}:g2"
+        made = self.payment_id(self._send(f"the send under {key!r}", self.amount, key))
+        try:
+            found = self.lookup_fn(key)
+        except Exception as exc:
+            return _FAIL, f"lookup({key!r}) raised {type(exc).__name__}: {exc}: {_NO_RECONCILE}"
+        if found is None:
+            return _FAIL, f"lookup({key!r}) found nothing for payment {made!r}: {_NO_RECONCILE}"
+        if self.payment_id(found) != made:
+            return _FAIL, (
+                f"lookup({key!r}) found {self.payment_id(found)!r}, not payment {made!r} that the "
+                f"key made: {_NO_RECONCILE}"
+            )
+        never = f"{self.prefix}:g2-never-sent"
+        try:
+            stray = self.lookup_fn(never)
+        except Exception as exc:
+            return _FAIL, (
+                f"lookup({never!r}) of a key never sent raised {type(exc).__name__}: {exc}; "
+                "it must answer None, or reconcile cannot tell 'not sent' from an error"
+            )
+        if stray is not None:
+            return _FAIL, (
+                f"lookup({never!r}) of a key never sent found {self.payment_id(stray)!r}: "
+                "reconcile would settle a payment that never happened"
+            )
+        return _PASS, f"lookup({key!r}) found payment {made!r}; a key never sent found nothing"
+
+    def g3(self) -> Outcome:
+        """A repeat just inside the required retention is still the same payment."""
+        if self.clock is None:
+            return _SKIP, (
+                "no clock given, so the key's retention was not probed; check that the gateway "
+                f"documents keeping keys at least {self.retention:g} s"
+            )
+        key = f"{self.prefix}:g3"
+        first = self._send(f"the first send under {key!r}", self.amount, key)
+        later = max(self.retention - min(1.0, self.retention / 2), 0.0)
+        self.clock.advance(later)
+        second = self._send(f"the repeat {later:g} s later under {key!r}", self.amount, key)
+        a, b = self.payment_id(first), self.payment_id(second)
+        if a == b:
+            return _PASS, f"a repeat {later:g} s after the first send answered payment {a!r}"
+        return _FAIL, (
+            f"a repeat {later:g} s after the first send answered another payment ({a!r}, then "
+            f"{b!r}): the key was not kept {self.retention:g} s, so a late replay charges again"
+        )
+
+    def g4(self) -> Outcome:
+        """A repeat answers the first response itself."""
+        key, first, second = self._twice("G4")
+        if first == second:
+            return _PASS, f"the repeat under {key!r} answered the first response unchanged"
+        a, b = self.payment_id(first), self.payment_id(second)
+        if a != b:
+            return _FAIL, f"the repeat under {key!r} answered another payment ({a!r}, {b!r})"
+        differ = ""
+        if isinstance(first, Mapping) and isinstance(second, Mapping):
+            names = sorted(
+                str(k) for k in set(first) | set(second) if first.get(k) != second.get(k)
+            )
+            differ = f" (fields that differ: {', '.join(names)})"
+        return _FAIL, (
+            f"the repeat under {key!r} answered payment {a!r} but not its first response{differ}: "
+            "a repeat cannot be told from a new charge"
+        )
+
+    def g5(self) -> Outcome:
+        """The same key with another amount is refused."""
+        key = f"{self.prefix}:g5"
+        first = self._send(f"the first send under {key!r}", self.amount, key)
+        other = self.amount * 2
+        try:
+            second = self.send_fn(other, key)
+        except Exception as exc:
+            return _PASS, (
+                f"amount {other} under {key!r} (first sent with {self.amount}) was refused: "
+                f"{type(exc).__name__}: {exc}"
+            )
+        a, b = self.payment_id(first), self.payment_id(second)
+        what = "the first payment: the change went unnoticed" if a == b else "a second payment"
+        return _FAIL, (
+            f"amount {other} under {key!r} (first sent with {self.amount}) was accepted and "
+            f"answered {b!r}, {what}; only celery_agboss's own fingerprint check catches it"
+        )

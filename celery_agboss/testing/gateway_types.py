@@ -1,0 +1,176 @@
+"""The fake gateway's vocabulary: its capabilities, faults, errors and request records.
+
+Kept apart from ``FakeGateway`` so an adapter's tests (and ``FakeGatewayServer``'s
+dialects) can name them without the fake's machinery; ``gateway`` re-exports them.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class GatewayCapabilities:
+    """What the fake offers, requirement by requirement (payment-gateways G1–G5)."""
+
+    idempotency_keys: bool = True  # G1: a key deduplicates repeats
+    lookup_by_key: bool = True  # G2: lookup(idempotency_key)
+    key_retention: float = 86400.0  # G3: seconds a key is kept (on the gateway's clock)
+    first_response_on_repeat: bool = True  # G4: a repeat gets the first response
+    conflict_on_mismatch: bool = True  # G5: same key, other parameters → refused
+    reference_lookup: bool = True  # G2 by the client's own reference (lookup_by_reference)
+
+    FULL: ClassVar[GatewayCapabilities]
+    NO_LOOKUP: ClassVar[GatewayCapabilities]
+    NO_KEYS: ClassVar[GatewayCapabilities]
+
+    def __post_init__(self) -> None:
+        if self.key_retention < 0:
+            raise ValueError(f"key_retention must be >= 0 seconds, not {self.key_retention}")
+
+
+GatewayCapabilities.FULL = GatewayCapabilities()
+GatewayCapabilities.NO_LOOKUP = GatewayCapabilities(lookup_by_key=False, reference_lookup=False)
+GatewayCapabilities.NO_KEYS = GatewayCapabilities(
+    idempotency_keys=False,
+    lookup_by_key=False,
+    key_retention=0.0,
+    first_response_on_repeat=False,
+    conflict_on_mismatch=False,
+    reference_lookup=False,
+)
+
+
+class FakeGatewayFault(str, enum.Enum):
+    """A failure ``inject_fault`` arms for the next requests."""
+
+    ANSWER_THEN_DROP = "ANSWER_THEN_DROP"  # processed, then the caller sees a timeout
+    FAIL_BEFORE_PROCESSING = "FAIL_BEFORE_PROCESSING"  # nothing processed; a definite failure
+    SLOW = "SLOW"  # answers after ``delay`` (virtual clock advanced, or a real sleep)
+    DECLINE = "DECLINE"  # declined; nothing processed; a definite failure
+
+
+class FakeGatewayErrorKind(str, enum.Enum):
+    CONFLICT = "CONFLICT"  # G5: the key was used with other parameters
+    IN_PROGRESS = "IN_PROGRESS"  # the key's first request is still being processed
+    NOT_PROCESSED = "NOT_PROCESSED"  # definite: the gateway processed nothing
+    DECLINED = "DECLINED"  # definite: declined, no money moved
+    ANSWER_DROPPED = "ANSWER_DROPPED"  # processed, but the answer never reached the caller
+    TIMED_OUT = "TIMED_OUT"  # a held request gave up before it was processed
+    LOOKUP_UNSUPPORTED = "LOOKUP_UNSUPPORTED"  # G2 is off
+    NOT_FOUND = "NOT_FOUND"  # no such payment
+    INVALID_REQUEST = "INVALID_REQUEST"  # e.g. over-capture, refund of a voided payment
+
+
+class FakeGatewayError(Exception):
+    """The fake gateway refused or failed a request; ``kind`` says how."""
+
+    def __init__(self, kind: FakeGatewayErrorKind, message: str | None = None) -> None:
+        super().__init__(message or f"fake gateway: {kind.value}")
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.kind, self.args[0]))
+
+
+class FakeGatewayTimeout(FakeGatewayError, TimeoutError):
+    """The caller never got an answer: it cannot tell whether the gateway processed it."""
+
+    def __init__(
+        self,
+        kind: FakeGatewayErrorKind = FakeGatewayErrorKind.ANSWER_DROPPED,
+        message: str | None = None,
+    ) -> None:
+        super().__init__(kind, message)
+
+
+_DEFINITE = frozenset({FakeGatewayErrorKind.NOT_PROCESSED, FakeGatewayErrorKind.DECLINED})
+
+
+def is_definite_failure(exc: BaseException) -> bool:
+    """True only when the fake said nothing was processed (``NOT_PROCESSED``, ``DECLINED``).
+
+    Pass it as ``OutboundCall(is_definite_failure=...)`` in tests: every other error,
+    a timeout above all, is of unknown outcome (A15).
+    """
+    return isinstance(exc, FakeGatewayError) and exc.kind in _DEFINITE
+
+
+class GatewayRequestOutcome(str, enum.Enum):
+    ON_THE_WIRE = "ON_THE_WIRE"  # received, not answered yet
+    PROCESSED = "PROCESSED"  # money moved (or was authorised) by this request
+    REPLAYED = "REPLAYED"  # answered from its key; nothing processed
+    CONFLICT = "CONFLICT"
+    IN_PROGRESS = "IN_PROGRESS"
+    NOT_PROCESSED = "NOT_PROCESSED"
+    DECLINED = "DECLINED"
+    INVALID = "INVALID"
+    TIMED_OUT = "TIMED_OUT"
+
+
+@dataclass
+class GatewayRequest:
+    """One request as the gateway received it (a snapshot when read from ``requests``)."""
+
+    request_id: str
+    operation: str  # "charge", "capture", "refund", "void"
+    idempotency_key: str | None
+    amount: int | None
+    payment_id: str | None  # the payment a capture, refund or void targets
+    at: float  # gateway clock
+    attempt: int  # 1 for the first request under this key, 2 for the next, ...
+    outcome: GatewayRequestOutcome = GatewayRequestOutcome.ON_THE_WIRE
+    object_id: str | None = None  # the payment or refund the answer is about
+    answered: bool = False  # False while on the wire and when the answer was dropped
+    fault: FakeGatewayFault | None = None
+
+
+@dataclass(frozen=True)
+class GatewayLookup:
+    by: str  # "key" or "reference"
+    value: str
+    at: float
+    found: int
+
+
+class GatewayHold:
+    """Keeps requests "on the wire": blocked inside the gateway until ``release()``.
+
+    After processing (the default) the payment exists but the caller has no answer
+    yet; before processing, nothing happened yet and the key is in flight. A hold
+    never released gives up after ``timeout`` seconds: the caller sees a timeout.
+    """
+
+    def __init__(self, *, times: int, before: bool, operation: str | None, timeout: float) -> None:
+        self.before_processing = before
+        self.operation = operation
+        self.timeout = timeout
+        self.remaining = times
+        self.hits = 0
+        self._reached = threading.Event()
+        self._released = threading.Event()
+
+    @property
+    def reached(self) -> bool:
+        return self._reached.is_set()
+
+    def wait_reached(self, timeout: float = 10.0) -> None:
+        """Block until a request is held; a test fails (AssertionError) rather than hang."""
+        if not self._reached.wait(timeout):
+            raise AssertionError(f"no request reached the gateway hold within {timeout} s")
+
+    def release(self) -> None:
+        self._released.set()
+
+    def _block(self) -> bool:
+        self._reached.set()
+        return self._released.wait(self.timeout)
+
+    def __enter__(self) -> GatewayHold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,60 @@
+"""Switch a protection off for one block, to prove the test guarding it can fail.
+
+A guarantee test passes just as well when the protection behind it is missing,
+unless a twin removes the protection and shows the harm (two payments in
+``FakeGateway.payments``). These switches refuse to work outside a test run —
+``SabotageRefusedError`` unless ``AGBOSS_ALLOW_SABOTAGE=1`` is set under pytest —
+and are never settings, so production cannot be talked into a double charge.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+from celery_agboss.core import sabotage as _core
+from celery_agboss.core.sabotage import ENV_SWITCH, active, register
+from celery_agboss.errors import SabotageRefusedError
+
+
+def names() -> list[str]:
+    """Every protection that can be switched off, sorted (modules add theirs at import)."""
+    return sorted(_core._known)
+
+
+def allowed() -> bool:
+    """Whether this process may switch protections off (a test run that opted in)."""
+    return _core._allowed()
+
+
+class Sabotage:
+    """``sabotage(*protections)``: a ``with`` block without them; refused outside tests.
+
+    An object rather than a function so that ``celery_agboss.testing.sabotage`` — which
+    the package's export of this object shadows the module with — still offers
+    ``.names()`` and ``.allowed()``.
+    """
+
+    def __call__(self, *protections: str) -> AbstractContextManager[None]:
+        return _core.switched_off(*protections)
+
+    @staticmethod
+    def names() -> list[str]:
+        return names()
+
+    @staticmethod
+    def allowed() -> bool:
+        return allowed()
+
+
+sabotage = Sabotage()
+
+
+__all__ = [
+    "ENV_SWITCH",
+    "SabotageRefusedError",
+    "active",
+    "allowed",
+    "names",
+    "register",
+    "sabotage",
+]

@@ -1,0 +1,332 @@
+"""Fault points, sabotage switches and the pytest plugin of celery_agboss.testing."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from celery_agboss.core import faults as core_faults
+from celery_agboss.core import sabotage as core_sabotage
+from celery_agboss.core.faults import FENCED_BEFORE_COMMIT, OUTBOUND_BEFORE_SEND, fault_point
+from celery_agboss.errors import FaultInjected, SabotageRefusedError
+from celery_agboss.testing import (
+    PausedPointTimeoutError,
+    arm_fault,
+    arm_pause,
+    arm_raise,
+    arm_sleep,
+    disarm_all,
+    sabotage,
+)
+from celery_agboss.testing.sabotage import allowed, names
+
+JOIN_SECONDS = 10.0
+SUBPROCESS_SECONDS = 120.0
+
+
+def _reach(point: str, **context: object) -> tuple[threading.Thread, dict[str, object]]:
+    """A thread that reaches ``point`` once, as production code would."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            fault_point(point, **context)
+            box["passed"] = True
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+# --- pause -------------------------------------------------------------------------------
+
+
+def test_a_paused_point_holds_the_thread_that_reaches_it_until_released() -> None:
+    paused = arm_pause(OUTBOUND_BEFORE_SEND)
+    thread, box = _reach(OUTBOUND_BEFORE_SEND)
+    paused.wait_reached(JOIN_SECONDS)
+    time.sleep(0.05)  # give a wrongly unblocked thread the chance to get through
+    assert thread.is_alive() and box == {}
+    paused.release()
+    thread.join(JOIN_SECONDS)
+    assert box == {"passed": True}
+    assert paused.hits == 1 and paused.released
+
+
+def test_a_pause_applies_only_to_the_hits_it_is_armed_for() -> None:
+    with arm_pause(FENCED_BEFORE_COMMIT, only={"holder": "zombie"}) as paused:
+        fault_point(FENCED_BEFORE_COMMIT, holder="new-holder")  # not this one: passes
+        thread, box = _reach(FENCED_BEFORE_COMMIT, holder="zombie")
+        paused.wait_reached(JOIN_SECONDS)
+        assert thread.is_alive()
+    thread.join(JOIN_SECONDS)
+    assert box == {"passed": True}
+
+
+def test_a_pause_with_a_predicate_sees_the_points_context() -> None:
+    seen: list[object] = []
+
+    def only(context: object) -> bool:
+        seen.append(context)
+        return False
+
+    arm_pause(OUTBOUND_BEFORE_SEND, only=only)
+    fault_point(OUTBOUND_BEFORE_SEND, key="k-1")
+    assert seen == [{"key": "k-1"}]
+
+
+def test_a_pause_nobody_releases_gives_up_and_raises_in_the_paused_thread() -> None:
+    paused = arm_pause(OUTBOUND_BEFORE_SEND, timeout=0.05)
+    thread, box = _reach(OUTBOUND_BEFORE_SEND)
+    thread.join(JOIN_SECONDS)
+    assert isinstance(box["error"], PausedPointTimeoutError)
+    assert isinstance(box["error"], FaultInjected)
+    assert paused.timed_out
+
+
+def test_a_pause_timeout_error_pickles() -> None:
+    error = PausedPointTimeoutError("gave up", point=OUTBOUND_BEFORE_SEND)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is PausedPointTimeoutError
+    assert copy.point == OUTBOUND_BEFORE_SEND and str(copy) == "gave up"
+
+
+def test_waiting_for_a_point_nobody_reaches_fails_instead_of_hanging() -> None:
+    paused = arm_pause(OUTBOUND_BEFORE_SEND)
+    with pytest.raises(AssertionError, match="not reached"):
+        paused.wait_reached(0.01)
+
+
+def test_disarm_all_wakes_a_paused_thread_and_disarms_every_point() -> None:
+    arm_pause(OUTBOUND_BEFORE_SEND)
+    arm_raise(FENCED_BEFORE_COMMIT)
+    thread, box = _reach(OUTBOUND_BEFORE_SEND)
+    time.sleep(0.05)
+    disarm_all()
+    thread.join(JOIN_SECONDS)
+    assert box == {"passed": True}
+    fault_point(FENCED_BEFORE_COMMIT)  # disarmed: nothing raised
+
+
+# --- raise, sleep, anything --------------------------------------------------------------
+
+
+def test_an_armed_raise_fires_times_then_lets_the_point_pass() -> None:
+    armed = arm_raise(FENCED_BEFORE_COMMIT, times=2)
+    for _ in range(2):
+        with pytest.raises(FaultInjected, match=r"fenced\.before-commit"):
+            fault_point(FENCED_BEFORE_COMMIT)
+    fault_point(FENCED_BEFORE_COMMIT)
+    assert armed.hits == 2 and armed.remaining == 0 and armed.reached
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ConnectionResetError("cut"), ConnectionResetError, SystemExit],
+    ids=["instance", "class", "base-exception"],
+)
+def test_an_armed_raise_raises_the_given_exception(
+    exc: BaseException | type[BaseException],
+) -> None:
+    arm_raise(OUTBOUND_BEFORE_SEND, exc)
+    expected = exc if isinstance(exc, type) else type(exc)
+    with pytest.raises(expected):
+        fault_point(OUTBOUND_BEFORE_SEND)
+
+
+def test_an_armed_sleep_delays_the_thread_and_disarm_all_cuts_it_short() -> None:
+    arm_sleep(OUTBOUND_BEFORE_SEND, 0.05)
+    started = time.monotonic()
+    fault_point(OUTBOUND_BEFORE_SEND)
+    assert time.monotonic() - started >= 0.04
+    long_sleep = arm_sleep(OUTBOUND_BEFORE_SEND, 60)
+    thread, box = _reach(OUTBOUND_BEFORE_SEND)
+    long_sleep.wait_reached(JOIN_SECONDS)
+    disarm_all()
+    thread.join(JOIN_SECONDS)
+    assert box == {"passed": True}
+
+
+def test_arm_fault_runs_any_action_with_the_points_context() -> None:
+    calls: list[object] = []
+    arm_fault(OUTBOUND_BEFORE_SEND, calls.append)
+    fault_point(OUTBOUND_BEFORE_SEND, attempt=2)
+    assert calls == [{"attempt": 2}]
+
+
+def test_an_unknown_point_or_a_count_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown fault point"):
+        arm_raise("no.such-point")
+    with pytest.raises(ValueError, match="times"):
+        arm_pause(OUTBOUND_BEFORE_SEND, times=0)
+
+
+def test_the_plugin_disarmed_the_points_the_tests_above_left_armed() -> None:
+    # Several tests above end with points still armed (a pause never reached, a
+    # predicate that refused); the plugin's autouse fixture must have cleared them.
+    assert core_faults._armed == {}
+
+
+# --- sabotage ------------------------------------------------------------------------------
+
+
+def _without_sabotage_env() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (core_sabotage.ENV_SWITCH, "AGBOSS_SABOTAGE_SUBPROCESS", "AGBOSS_SABOTAGE")
+    }
+
+
+_TRY_SABOTAGE = textwrap.dedent(
+    """
+    from celery_agboss.testing import SabotageRefusedError, sabotage
+    from celery_agboss.testing.sabotage import names
+    try:
+        with sabotage(names()[0]):
+            print("sabotaged")
+    except SabotageRefusedError:
+        print("refused")
+    """
+)
+
+
+@pytest.mark.parametrize("env_switch", [None, "1"], ids=["no-env-var", "env-var-but-no-pytest"])
+def test_sabotage_is_refused_outside_a_test_run(env_switch: str | None) -> None:
+    env = _without_sabotage_env()
+    if env_switch is not None:
+        env[core_sabotage.ENV_SWITCH] = env_switch
+    done = subprocess.run(
+        [sys.executable, "-c", _TRY_SABOTAGE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_SECONDS,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused"
+
+
+def test_sabotage_is_refused_in_a_test_that_did_not_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(core_sabotage.ENV_SWITCH, raising=False)
+    with pytest.raises(SabotageRefusedError), sabotage(core_sabotage.EXPIRY_BY_CALLER_CLOCK):
+        pass  # pragma: no cover - never entered
+    assert not core_sabotage.active(core_sabotage.EXPIRY_BY_CALLER_CLOCK)
+
+
+def test_sabotage_switches_a_protection_off_for_the_block_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(core_sabotage.ENV_SWITCH, "1")
+    name = core_sabotage.RENEW_REVIVES_EXPIRED_LEASE
+    assert allowed() and sabotage.allowed()
+    with sabotage(name):
+        assert core_sabotage.active(name)
+    assert not core_sabotage.active(name)
+
+
+def test_sabotage_refuses_a_protection_nobody_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(core_sabotage.ENV_SWITCH, "1")
+    with pytest.raises(ValueError, match="unknown protections"), sabotage("no-such-protection"):
+        pass  # pragma: no cover - never entered
+
+
+def test_names_lists_every_protection_that_can_be_switched_off() -> None:
+    listed = names()
+    assert listed == sorted(listed) == sabotage.names()
+    assert {
+        core_sabotage.LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
+        core_sabotage.RENEW_REVIVES_EXPIRED_LEASE,
+        core_sabotage.EXPIRY_BY_CALLER_CLOCK,
+        core_sabotage.HOLDER_TRUSTS_LEASE_FOREVER,
+    } <= set(listed)
+
+
+# --- the pytest plugin, as a user's project gets it ---------------------------------------
+
+_USER_TESTS = textwrap.dedent(
+    """
+    from celery_agboss.core import faults
+    from celery_agboss.testing import FakeGateway, VirtualClock, arm_pause
+
+
+    def test_a_user_arms_a_point_and_forgets_it():
+        arm_pause(faults.OUTBOUND_BEFORE_SEND)
+        assert faults._armed
+
+
+    def test_the_next_test_starts_with_nothing_armed():
+        assert faults._armed == {}
+
+
+    def test_the_gateway_and_the_store_share_the_clock(agboss_clock, fake_gateway, agboss_store):
+        assert isinstance(agboss_clock, VirtualClock) and isinstance(fake_gateway, FakeGateway)
+        before = agboss_store.now_ms()
+        agboss_clock.advance(3600)
+        assert agboss_store.now_ms() - before >= 3_600_000
+        assert fake_gateway.now() - agboss_clock.now() < 1
+    """
+)
+
+
+def test_the_plugin_gives_a_users_project_its_fixtures_and_disarms_after_each_test(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_user_code.py").write_text(_USER_TESTS)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=_without_sabotage_env(),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_SECONDS,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout
+
+
+def test_importing_the_plugin_imports_neither_celery_nor_sqlalchemy() -> None:
+    code = (
+        "import sys, celery_agboss.testing.pytest_plugin, celery_agboss.testing; "
+        "print(sorted(m for m in ('celery', 'kombu', 'sqlalchemy') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_SECONDS,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_agboss_store_fixture_fails_clearly_when_the_store_cannot_be_imported(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "conftest.py").write_text(
+        "import sys\nsys.modules['celery_agboss.testing.stores'] = None  # unimportable\n"
+    )
+    (tmp_path / "test_store.py").write_text("def test_uses_a_store(agboss_store):\n    pass\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_SECONDS,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the agboss_store fixture needs celery_agboss.testing.stores" in done.stdout
