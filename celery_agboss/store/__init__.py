@@ -1,0 +1,33 @@
+"""The SQLAlchemy store: schema, engine set-up, and the backend of ``core.store.Store``.
+
+``metadata`` holds every ``agboss_`` table (include it in your Alembic autogenerate,
+or exclude its tables); the tables themselves are in ``celery_agboss.store.schema``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from celery_agboss.store.metadata import metadata
+from celery_agboss.store.schema import metadata as _schema_metadata  # registers the tables
+
+if TYPE_CHECKING:
+    from celery_agboss.store.engine import create_store_engine
+    from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+
+assert _schema_metadata is metadata
+
+__all__ = ["SQLAlchemyStore", "create_store_engine", "metadata"]
+
+
+def __getattr__(name: str) -> object:
+    # The store class pulls in the driver modules; import it only when asked for.
+    if name == "SQLAlchemyStore":
+        from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+
+        return SQLAlchemyStore
+    if name == "create_store_engine":
+        from celery_agboss.store.engine import create_store_engine
+
+        return create_store_engine
+    raise AttributeError(f"module 'celery_agboss.store' has no attribute {name!r}")

@@ -1,0 +1,55 @@
+"""The few SQL pieces that differ between SQLite and PostgreSQL.
+
+The database clock: PostgreSQL ``clock_timestamp()`` (the time of the statement's
+evaluation, not of the transaction's start), SQLite the host clock through a
+function registered on each connection. Both get a bound, test-only offset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, Table, bindparam, extract, func, select, type_coerce
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import Subquery
+
+from celery_agboss.store.engine import SQLITE_NOW_FUNCTION
+
+
+def is_postgresql(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def now_expr(conn: Connection, offset_ms: int) -> ColumnElement[int]:
+    """The database clock in integer ms, plus ``offset_ms`` (a bound parameter)."""
+    if is_postgresql(conn):
+        base: ColumnElement[Any] = func.floor(extract("epoch", func.clock_timestamp()) * 1000).cast(
+            BigInteger
+        )
+    else:
+        base = getattr(func, SQLITE_NOW_FUNCTION)()
+    offset = bindparam(None, offset_ms, type_=BigInteger)
+    return type_coerce(base + offset, BigInteger)
+
+
+def insert_or_nothing(conn: Connection, table: Table) -> Any:
+    """``INSERT … ON CONFLICT DO NOTHING`` for the connection's dialect."""
+    if is_postgresql(conn):
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return sqlite.insert(table).on_conflict_do_nothing()
+
+
+CLOCK_ALIAS = "agboss_clock"
+
+
+def clock(conn: Connection, offset_ms: int) -> Subquery:
+    """A one-row relation ``(now)``: the database clock read ONCE for a statement.
+
+    ``clock_timestamp()`` (and SQLite's host clock) advance between two evaluations
+    in one statement, so a statement that needs "now" twice (``expires = now + ttl``
+    and ``acquired = now``, or a guard and a ``SET``) joins this relation instead and
+    reads ``clock.c.now`` everywhere: the row it writes is consistent to the ms.
+    """
+    return select(now_expr(conn, offset_ms).label("now")).subquery(CLOCK_ALIAS)

@@ -1,0 +1,83 @@
+"""Driver exceptions become store exceptions here, and nowhere else.
+
+Above the store, code reasons about three cases: the store could not be reached
+or the connection broke (the write may or may not have committed: re-read),
+a row stayed locked past the lock timeout, and anything else.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from sqlalchemy import exc as sa_exc
+
+from celery_agboss.errors import StoreError, StoreLockTimeoutError, StoreUnavailableError
+
+# SQLSTATE classes and codes (PostgreSQL appendix A).
+_CONNECTION_CLASSES = ("08",)
+_UNAVAILABLE_CODES = frozenset({"57P01", "57P02", "57P03", "53300"})
+_LOCK_TIMEOUT_CODES = frozenset({"55P03"})
+
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    sa_exc.SQLAlchemyError,
+    psycopg.Error,
+    sqlite3.Error,
+)
+
+
+def translate(error: BaseException) -> StoreError:
+    """The store exception for a driver exception (its cause kept as ``__cause__``)."""
+    original: BaseException = error
+    if isinstance(error, sa_exc.DBAPIError):
+        if error.connection_invalidated:
+            return StoreUnavailableError(f"store connection lost: {_short(error.orig)}")
+        original = error.orig if error.orig is not None else error
+    if isinstance(error, (sa_exc.TimeoutError, sa_exc.DisconnectionError)):
+        return StoreUnavailableError(f"store unavailable: {_short(error)}")
+    if isinstance(original, psycopg.Error):
+        return _from_psycopg(original)
+    if isinstance(original, sqlite3.Error):
+        return _from_sqlite(original)
+    if isinstance(error, sa_exc.InterfaceError):
+        return StoreUnavailableError(f"store unavailable: {_short(original)}")
+    return StoreError(f"store error: {_short(original)}")
+
+
+def _from_psycopg(error: psycopg.Error) -> StoreError:
+    code = error.sqlstate or ""
+    if code in _LOCK_TIMEOUT_CODES:
+        return StoreLockTimeoutError(f"lock timeout: {_short(error)}")
+    if code.startswith(_CONNECTION_CLASSES) or code in _UNAVAILABLE_CODES:
+        return StoreUnavailableError(f"store unavailable: {_short(error)}")
+    if isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)) and not code:
+        # No SQLSTATE: the server never answered (connection refused, closed, reset).
+        return StoreUnavailableError(f"store unavailable: {_short(error)}")
+    return StoreError(f"store error: {_short(error)}")
+
+
+def _from_sqlite(error: sqlite3.Error) -> StoreError:
+    text = str(error).lower()
+    if "database is locked" in text or "database table is locked" in text or "busy" in text:
+        return StoreLockTimeoutError(f"lock timeout: {_short(error)}")
+    if "unable to open" in text or "disk i/o" in text or isinstance(error, sqlite3.InterfaceError):
+        return StoreUnavailableError(f"store unavailable: {_short(error)}")
+    return StoreError(f"store error: {_short(error)}")
+
+
+def _short(error: BaseException | None) -> str:
+    if error is None:
+        return "unknown"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Run a block of store code; driver exceptions leave it as store exceptions."""
+    try:
+        yield
+    except DRIVER_ERRORS as error:
+        raise translate(error) from error

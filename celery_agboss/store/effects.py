@@ -1,0 +1,56 @@
+"""Fenced-effect records: bodies on a connection, inside the caller's (fenced) transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import delete, select
+from sqlalchemy.engine import Connection
+
+from celery_agboss.core.store import EffectRecord
+from celery_agboss.store.codec import dumps, loads
+from celery_agboss.store.dialect import insert_or_nothing, now_expr
+from celery_agboss.store.schema import fenced_effects
+
+_e = fenced_effects.c
+
+
+def read_txn(conn: Connection, key: str) -> EffectRecord | None:
+    row = conn.execute(select(fenced_effects).where(_e.key == key)).first()
+    if row is None:
+        return None
+    return EffectRecord(
+        key=row.key,
+        execution_id=row.execution_id,
+        name=row.name,
+        result=loads(row.result),
+        token=int(row.token),
+        created_at_ms=int(row.created_at_ms),
+        fingerprint=row.fingerprint,
+    )
+
+
+def insert_txn(conn: Connection, record: EffectRecord, *, offset_ms: int = 0) -> bool:
+    """``INSERT … ON CONFLICT DO NOTHING`` (created_at = now); True when inserted."""
+    inserted = conn.execute(
+        insert_or_nothing(conn, fenced_effects)
+        .values(
+            key=record.key,
+            execution_id=record.execution_id,
+            name=record.name,
+            result=dumps(record.result),
+            token=record.token,
+            fingerprint=record.fingerprint,
+            created_at_ms=now_expr(conn, offset_ms),
+        )
+        .returning(_e.key)
+    ).first()
+    return inserted is not None
+
+
+def delete_for_executions_txn(conn: Connection, execution_ids: Sequence[str]) -> int:
+    """Retention: delete the fenced-effect records of these (terminal) executions."""
+    ids = list(execution_ids)
+    if not ids:
+        return 0
+    return int(conn.execute(delete(fenced_effects).where(_e.execution_id.in_(ids))).rowcount)

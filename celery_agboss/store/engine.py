@@ -1,0 +1,134 @@
+"""Engines for the two supported databases, configured the way the store relies on.
+
+SQLite: an absolute path only (a relative one would silently give each worker
+its own database), WAL, a generous busy timeout, foreign keys, and pysqlite's own
+transaction handling switched off so that our ``BEGIN IMMEDIATE`` is what really
+runs (DESIGN §2.3 trap 12). PostgreSQL: psycopg 3, ``pool_pre_ping``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError
+
+from celery_agboss.errors import ConfigurationError
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a SQLite writer waits for the single write lock. It must outlast a slow
+fenced transaction (say 10 s) with room to spare, or the renewer would lose leases
+(TTL 30 s) merely by waiting its turn."""
+
+POSTGRES_CONNECT_TIMEOUT_SECONDS = 10
+"""Unless the URL sets ``connect_timeout``: how long opening a connection may take."""
+
+SQLITE_NOW_FUNCTION = "agboss_now_ms"
+"""A SQL function registered on every SQLite connection: the host clock in ms, which
+on SQLite (one host) is the database clock."""
+
+BEGIN_MODE_OPTION = "agboss_sqlite_begin"
+"""Execution option: ``"deferred"`` opens a read-only SQLite transaction that does not
+take the write lock; anything else (the default) begins ``IMMEDIATE``."""
+
+
+def _sqlite_now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse ``url`` and refuse what the store cannot use safely."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigurationError(f"agboss_database_url is not a database URL: {exc}") from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file:"):
+            raise ConfigurationError(
+                "agboss_database_url must name a SQLite file by an absolute path, for example "
+                "sqlite:////var/lib/app/agboss.db (an in-memory database is not shared "
+                "between connections or processes)"
+            )
+        if not os.path.isabs(database):
+            raise ConfigurationError(
+                f"agboss_database_url names the SQLite file {database!r} by a relative path, "
+                "which resolves differently in every process; use an absolute path, for "
+                "example sqlite:////var/lib/app/agboss.db"
+            )
+        return parsed
+    if backend == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        if parsed.get_driver_name() != "psycopg":
+            raise ConfigurationError(
+                "agboss_database_url: PostgreSQL is supported through psycopg 3 only; "
+                "use postgresql+psycopg://…"
+            )
+        return parsed
+    raise ConfigurationError(
+        f"agboss_database_url: the {backend!r} database is not supported; "
+        "use sqlite:////absolute/path.db or postgresql+psycopg://…"
+    )
+
+
+def create_store_engine(
+    url: str | URL, *, sqlite_busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any
+) -> Engine:
+    """An engine for ``url`` set up as the store needs (see the module docstring).
+
+    Pass an engine of your own to ``SQLAlchemyStore`` only if it was made here.
+    """
+    parsed = normalize_url(url)
+    # Our statements join a one-row clock relation (``dialect.clock``) that the
+    # cartesian-product linter would flag, although it is the point.
+    kwargs.setdefault("enable_from_linting", False)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, sqlite_busy_timeout_ms, kwargs)
+    kwargs.setdefault("pool_pre_ping", True)
+    if "connect_timeout" not in parsed.query:
+        # libpq waits forever by default; an unreachable store must become an error.
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        connect_args.setdefault("connect_timeout", POSTGRES_CONNECT_TIMEOUT_SECONDS)
+        kwargs["connect_args"] = connect_args
+    return create_engine(parsed, **kwargs)
+
+
+def _sqlite_engine(url: URL, busy_timeout_ms: int, kwargs: dict[str, Any]) -> Engine:
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    connect_args.setdefault("timeout", busy_timeout_ms / 1000)
+    connect_args.setdefault("check_same_thread", False)
+    engine = create_engine(url, connect_args=connect_args, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        # Stop pysqlite from emitting BEGIN (and COMMIT before DDL) on its own.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+        dbapi_connection.create_function(SQLITE_NOW_FUNCTION, 0, _sqlite_now_ms)
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get(BEGIN_MODE_OPTION)
+        conn.exec_driver_sql("BEGIN DEFERRED" if mode == "deferred" else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def dispose_after_fork(engine: Engine) -> None:
+    """In a forked child: forget the parent's pooled connections without closing them
+    (closing would end the parent's sessions; sharing would interleave two processes
+    on one socket)."""
+    engine.dispose(close=False)

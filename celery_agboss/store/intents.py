@@ -1,0 +1,342 @@
+"""Intent and history statements: bodies on a connection, inside the caller's transaction.
+
+Every compare-and-set is one ``UPDATE … WHERE <the full guard>`` whose row count
+says whether it won. Whether an intent's owner is live is decided in the same
+statement, against the lease row, on the database clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import and_, delete, exists, literal, not_, or_, select, true, update
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql.elements import ColumnElement
+
+from celery_agboss.core.store import (
+    UNSET,
+    HistoryRow,
+    IntentGuard,
+    IntentRecord,
+    IntentStatus,
+    IntentUpdate,
+    LeaseRef,
+    NewIntent,
+)
+from celery_agboss.store.codec import dumps, loads
+from celery_agboss.store.dialect import clock, insert_or_nothing
+from celery_agboss.store.schema import intent_history, leases, outbound_calls
+
+_i = outbound_calls.c
+_l = leases.c
+_h = intent_history.c
+
+
+def owner_live_expr(now: ColumnElement[int]) -> ColumnElement[bool]:
+    """True when the intent's owner triple names a live lease (database clock)."""
+    return exists().where(
+        _l.scope == _i.owner_scope,
+        _l.holder == _i.owner_holder,
+        _l.token == _i.owner_token,
+        not_(_l.released),
+        _l.expires_at_ms > now,
+    )
+
+
+def _select_intents(conn: Connection, offset_ms: int) -> Any:
+    """Intents with ``owner_live`` and ``read_at_ms`` decided on one reading of the clock."""
+    clk = clock(conn, offset_ms)
+    return select(
+        outbound_calls,
+        owner_live_expr(clk.c.now).label("owner_live"),
+        clk.c.now.label("read_at_ms"),
+    ).select_from(outbound_calls.join(clk, true()))
+
+
+def _record(row: Row[Any]) -> IntentRecord:
+    m = row._mapping
+    owner = None
+    if m["owner_holder"] is not None:
+        owner = LeaseRef(str(m["owner_scope"]), str(m["owner_holder"]), int(m["owner_token"]))
+    return IntentRecord(
+        idempotency_key=m["idempotency_key"],
+        execution_id=m["execution_id"],
+        name=m["name"],
+        business_key_handle=m["business_key_handle"],
+        fingerprint=m["fingerprint"],
+        request=loads(m["request"]),
+        result=loads(m["result"]),
+        result_stored=bool(m["result_stored"]),
+        status=IntentStatus(m["status"]),
+        attempt=int(m["attempt"]),
+        owner=owner,
+        owner_live=bool(m["owner_live"]),
+        first_attempt_at_ms=m["first_attempt_at_ms"],
+        attempt_started_at_ms=m["attempt_started_at_ms"],
+        completed_at_ms=m["completed_at_ms"],
+        gateway_transaction_id=m["gateway_transaction_id"],
+        needs_operator=bool(m["needs_operator"]),
+        operator_reason=m["operator_reason"],
+        not_sent_confirmed=bool(m["not_sent_confirmed"]),
+        read_at_ms=int(m["read_at_ms"]),
+        next_lookup_at_ms=m["next_lookup_at_ms"],
+        lookup_failures=int(m["lookup_failures"]),
+    )
+
+
+def read_txn(conn: Connection, key: str, *, offset_ms: int = 0) -> IntentRecord | None:
+    row = conn.execute(_select_intents(conn, offset_ms).where(_i.idempotency_key == key)).first()
+    return None if row is None else _record(row)
+
+
+def insert_txn(conn: Connection, intent: NewIntent, *, offset_ms: int = 0) -> bool:
+    """Insert as PENDING, attempt 1, both attempt times = now; True when this call inserted."""
+    clk = clock(conn, offset_ms)
+    values: dict[str, Any] = {
+        "idempotency_key": intent.idempotency_key,
+        "execution_id": intent.execution_id,
+        "name": intent.name,
+        "business_key_handle": intent.business_key_handle,
+        "fingerprint": intent.fingerprint,
+        "request": dumps(intent.request),
+        "result": dumps(None),
+        "result_stored": False,
+        "status": IntentStatus.PENDING.value,
+        "attempt": 1,
+        "owner_scope": intent.owner.scope,
+        "owner_holder": intent.owner.holder,
+        "owner_token": intent.owner.token,
+        "needs_operator": False,
+        "not_sent_confirmed": False,
+        "lookup_failures": 0,
+    }
+    columns = list(values)
+    row = [literal(value, outbound_calls.c[name].type) for name, value in values.items()]
+    inserted = conn.execute(
+        insert_or_nothing(conn, outbound_calls)
+        .from_select(
+            [*columns, "first_attempt_at_ms", "attempt_started_at_ms"],
+            select(*row, clk.c.now, clk.c.now).select_from(clk).where(true()),
+        )
+        .returning(_i.idempotency_key)
+    ).first()
+    return inserted is not None
+
+
+def guard_predicate(guard: IntentGuard, now: ColumnElement[int]) -> list[ColumnElement[bool]]:
+    """The WHERE clause of one compare-and-set, as a list of conjuncts."""
+    clauses: list[ColumnElement[bool]] = [
+        _i.status == guard.status.value,
+        _i.attempt == guard.attempt,
+    ]
+    if guard.owner is None:
+        clauses += [_i.owner_scope.is_(None), _i.owner_holder.is_(None), _i.owner_token.is_(None)]
+    else:
+        clauses += [
+            _i.owner_scope == guard.owner.scope,
+            _i.owner_holder == guard.owner.holder,
+            _i.owner_token == guard.owner.token,
+        ]
+    if guard.owner_not_live:
+        clauses.append(not_(owner_live_expr(now)))
+    if guard.max_key_age_ms is not None:
+        clauses.append(_i.first_attempt_at_ms.is_not(None))
+        clauses.append(now - _i.first_attempt_at_ms < guard.max_key_age_ms)
+    return clauses
+
+
+def _values(update_: IntentUpdate, now: ColumnElement[int]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if update_.status is not None:
+        values["status"] = update_.status.value
+    if update_.attempt is not None:
+        values["attempt"] = update_.attempt
+    if update_.owner is not UNSET:
+        owner = update_.owner
+        values["owner_scope"] = None if owner is None else owner.scope
+        values["owner_holder"] = None if owner is None else owner.holder
+        values["owner_token"] = None if owner is None else owner.token
+    if update_.start_attempt:
+        values["attempt_started_at_ms"] = now
+    if update_.complete:
+        values["completed_at_ms"] = now
+    if update_.result is not UNSET:
+        values["result"] = dumps(update_.result)
+    if update_.result_stored is not None:
+        values["result_stored"] = update_.result_stored
+    if update_.request is not UNSET:
+        values["request"] = dumps(update_.request)
+    if update_.gateway_transaction_id is not UNSET:
+        values["gateway_transaction_id"] = update_.gateway_transaction_id
+    if update_.needs_operator is not None:
+        values["needs_operator"] = update_.needs_operator
+    if update_.operator_reason is not UNSET:
+        values["operator_reason"] = update_.operator_reason
+    if update_.not_sent_confirmed is not None:
+        values["not_sent_confirmed"] = update_.not_sent_confirmed
+    if update_.next_lookup_delay_ms is not None:
+        values["next_lookup_at_ms"] = now + update_.next_lookup_delay_ms
+    if update_.clear_next_lookup:
+        values["next_lookup_at_ms"] = None
+    if update_.lookup_failures is not None:
+        values["lookup_failures"] = update_.lookup_failures
+    return values
+
+
+def update_txn(
+    conn: Connection,
+    key: str,
+    guard: IntentGuard,
+    update_: IntentUpdate,
+    *,
+    offset_ms: int = 0,
+) -> bool:
+    """One ``UPDATE … WHERE <guard>``; True when exactly one row matched."""
+    now = clock(conn, offset_ms).c.now
+    values = _values(update_, now)
+    if not values:
+        # Nothing to set: still a compare, so it must not claim a row it did not check.
+        values = {"idempotency_key": _i.idempotency_key}
+    result = conn.execute(
+        update(outbound_calls)
+        .where(_i.idempotency_key == key, *guard_predicate(guard, now))
+        .values(**values)
+    )
+    return result.rowcount == 1
+
+
+def find_stranded_txn(
+    conn: Connection, *, limit: int, offset_ms: int = 0, names: Sequence[str] | None = None
+) -> list[IntentRecord]:
+    """PENDING intents whose owner is not live and whose next lookup is due, oldest first.
+
+    Only a listing: the sweep still takes each one by compare-and-set.
+    """
+    statement = _select_intents(conn, offset_ms)
+    now = statement.selected_columns.read_at_ms
+    statement = (
+        statement.where(
+            _i.status == IntentStatus.PENDING.value,
+            not_(owner_live_expr(now)),
+            or_(_i.next_lookup_at_ms.is_(None), _i.next_lookup_at_ms <= now),
+        )
+        .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
+        .limit(limit)
+    )
+    if names is not None:
+        statement = statement.where(_i.name.in_(list(names)))
+    return [_record(row) for row in conn.execute(statement)]
+
+
+def list_for_execution_txn(
+    conn: Connection, execution_id: str, *, offset_ms: int = 0
+) -> list[IntentRecord]:
+    statement = (
+        _select_intents(conn, offset_ms)
+        .where(_i.execution_id == execution_id)
+        .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
+    )
+    return [_record(row) for row in conn.execute(statement)]
+
+
+def delete_settled_for_executions_txn(conn: Connection, execution_ids: Sequence[str]) -> int:
+    """Retention: delete the settled intents (and their history) of these executions.
+
+    A PENDING intent is never deleted (P4), whatever the caller asked.
+    """
+    ids = list(execution_ids)
+    if not ids:
+        return 0
+    settled = and_(_i.execution_id.in_(ids), _i.status != IntentStatus.PENDING.value)
+    conn.execute(
+        delete(intent_history).where(
+            _h.idempotency_key.in_(select(_i.idempotency_key).where(settled))
+        )
+    )
+    result = conn.execute(delete(outbound_calls).where(settled))
+    return int(result.rowcount)
+
+
+# --- history ---------------------------------------------------------------------
+
+
+def _history(row: Row[Any]) -> HistoryRow:
+    m = row._mapping
+    return HistoryRow(
+        idempotency_key=m["idempotency_key"],
+        seq=int(m["seq"]),
+        at_ms=int(m["at_ms"]),
+        event=m["event"],
+        from_status=m["from_status"],
+        to_status=m["to_status"],
+        attempt=int(m["attempt"]),
+        holder=m["holder"],
+        token=None if m["token"] is None else int(m["token"]),
+        detail=loads(m["detail"]),
+        prev_digest=m["prev_digest"],
+        digest=m["digest"],
+    )
+
+
+_HISTORY_COLUMNS = [
+    _h.idempotency_key,
+    _h.seq,
+    _h.at_ms,
+    _h.event,
+    _h.from_status,
+    _h.to_status,
+    _h.attempt,
+    _h.holder,
+    _h.token,
+    _h.detail,
+    _h.prev_digest,
+    _h.digest,
+]
+
+
+def last_history_txn(conn: Connection, key: str) -> HistoryRow | None:
+    row = conn.execute(
+        select(*_HISTORY_COLUMNS).where(_h.idempotency_key == key).order_by(_h.seq.desc()).limit(1)
+    ).first()
+    return None if row is None else _history(row)
+
+
+def read_history_txn(conn: Connection, key: str) -> list[HistoryRow]:
+    rows = conn.execute(select(*_HISTORY_COLUMNS).where(_h.idempotency_key == key).order_by(_h.seq))
+    return [_history(row) for row in rows]
+
+
+def append_history_txn(conn: Connection, row: HistoryRow) -> None:
+    """Append one row; a second row with the same (key, seq) fails (a lost race)."""
+    conn.execute(
+        intent_history.insert().values(
+            idempotency_key=row.idempotency_key,
+            seq=row.seq,
+            at_ms=row.at_ms,
+            event=row.event,
+            from_status=row.from_status,
+            to_status=row.to_status,
+            attempt=row.attempt,
+            holder=row.holder,
+            token=row.token,
+            detail=dumps(row.detail),
+            prev_digest=row.prev_digest,
+            digest=row.digest,
+        )
+    )
+
+
+__all__ = [
+    "append_history_txn",
+    "delete_settled_for_executions_txn",
+    "find_stranded_txn",
+    "guard_predicate",
+    "insert_txn",
+    "last_history_txn",
+    "list_for_execution_txn",
+    "owner_live_expr",
+    "read_history_txn",
+    "read_txn",
+    "update_txn",
+]

@@ -1,0 +1,281 @@
+"""Lease statements, each a body that runs on a connection inside the caller's transaction.
+
+Every decision about expiry is made in SQL against the database clock (``now``
+below is ``now_expr``: the database clock plus the test-only offset). Each verb is
+one guarded statement checked by what it returned, so two deliveries can never
+both believe they hold a scope: the database's row lock and re-check decide.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import (
+    BigInteger,
+    bindparam,
+    false,
+    literal,
+    not_,
+    or_,
+    select,
+    true,
+    tuple_,
+    update,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.store import LeaseGrant, LeaseRef, LeaseState, RenewOutcome
+from celery_agboss.store.dialect import (
+    CLOCK_ALIAS,
+    clock,
+    insert_or_nothing,
+    is_postgresql,
+    now_expr,
+)
+from celery_agboss.store.schema import KEY, leases
+
+_c = leases.c
+
+
+_INSERT_COLUMNS = [
+    "scope",
+    "holder",
+    "token",
+    "expires_at_ms",
+    "released",
+    "acquired_at_ms",
+    "renewed_at_ms",
+]
+
+
+def _is_mine(lease: LeaseRef) -> ColumnElement[bool]:
+    return (_c.scope == lease.scope) & (_c.holder == lease.holder) & (_c.token == lease.token)
+
+
+def _caller_clock(caller_skew_ms: int) -> ColumnElement[int]:
+    """Sabotage only (PS13): the acquiring process's own clock instead of the database's."""
+    return bindparam(None, int(time.time() * 1000) + caller_skew_ms, type_=BigInteger)
+
+
+def acquire_txn(
+    conn: Connection,
+    scope: str,
+    holder: str,
+    ttl_ms: int,
+    *,
+    offset_ms: int = 0,
+    caller_skew_ms: int = 0,
+) -> LeaseGrant | None:
+    """Insert the lease, or take over an expired or released one with token + 1.
+
+    Never re-entrant: a live lease gives None even when ``holder`` holds it.
+    """
+    if sabotage.active(sabotage.EXPIRY_BY_CALLER_CLOCK):
+        clk = select(_caller_clock(caller_skew_ms).label("now")).subquery(CLOCK_ALIAS)
+    else:
+        clk = clock(conn, offset_ms)
+    now = clk.c.now
+    inserted = conn.execute(
+        insert_or_nothing(conn, leases)
+        .from_select(
+            _INSERT_COLUMNS,
+            select(
+                literal(scope, KEY),
+                literal(holder, _c.holder.type),
+                literal(1, BigInteger),
+                now + ttl_ms,
+                false(),
+                now,
+                now,
+            )
+            .select_from(clk)
+            .where(true()),  # SQLite: "INSERT … SELECT … ON CONFLICT" needs a WHERE
+        )
+        .returning(_c.token, _c.expires_at_ms, _c.acquired_at_ms)
+    ).first()
+    if inserted is not None:
+        return LeaseGrant(
+            lease=LeaseRef(scope, holder, int(inserted.token)),
+            expires_at_ms=int(inserted.expires_at_ms),
+            db_now_ms=int(inserted.acquired_at_ms),
+            took_over=False,
+        )
+    taken = conn.execute(
+        update(leases)
+        .where(_c.scope == scope, or_(_c.released, _c.expires_at_ms <= now))
+        .values(
+            holder=holder,
+            token=_c.token + 1,
+            expires_at_ms=now + ttl_ms,
+            released=False,
+            acquired_at_ms=now,
+            renewed_at_ms=now,
+        )
+        .returning(_c.token, _c.expires_at_ms, _c.acquired_at_ms)
+    ).first()
+    if taken is None:
+        return None
+    return LeaseGrant(
+        lease=LeaseRef(scope, holder, int(taken.token)),
+        expires_at_ms=int(taken.expires_at_ms),
+        db_now_ms=int(taken.acquired_at_ms),
+        took_over=True,
+    )
+
+
+def _live_predicate(now: ColumnElement[int]) -> ColumnElement[bool]:
+    """Not released and not expired — unless a test removed R19's protection."""
+    if sabotage.active(sabotage.RENEW_REVIVES_EXPIRED_LEASE):
+        return not_(_c.released)
+    return not_(_c.released) & (_c.expires_at_ms > now)
+
+
+def extend_txn(
+    conn: Connection, lease: LeaseRef, ttl_ms: int, *, offset_ms: int = 0
+) -> tuple[int, int] | None:
+    """Check that ``lease`` is live and mine and extend it, in one guarded ``UPDATE``.
+
+    Returns ``(expires_at_ms, db_now_ms)``, or None when the lease is lost. On
+    PostgreSQL the row stays locked until the transaction ends, so a take-over waits
+    for it and then sees the extended expiry. Used by fenced transactions (always
+    with the expiry predicate: a fence never revives) and by renewals.
+    """
+    now = clock(conn, offset_ms).c.now
+    row = conn.execute(
+        update(leases)
+        .where(_is_mine(lease), not_(_c.released), _c.expires_at_ms > now)
+        .values(expires_at_ms=now + ttl_ms, renewed_at_ms=now)
+        .returning(_c.expires_at_ms, _c.renewed_at_ms)
+    ).first()
+    if row is None:
+        return None
+    return int(row.expires_at_ms), int(row.renewed_at_ms)
+
+
+def renew_txn(conn: Connection, lease: LeaseRef, ttl_ms: int, *, offset_ms: int = 0) -> int | None:
+    """Extend a live lease; the new expiry, or None when it is lost (never revived: R19)."""
+    now = clock(conn, offset_ms).c.now
+    row = conn.execute(
+        update(leases)
+        .where(_is_mine(lease), _live_predicate(now))
+        .values(expires_at_ms=now + ttl_ms, renewed_at_ms=now)
+        .returning(_c.expires_at_ms)
+    ).first()
+    return None if row is None else int(row.expires_at_ms)
+
+
+def renew_many_txn(
+    conn: Connection, refs: Sequence[LeaseRef], ttl_ms: int, *, offset_ms: int = 0
+) -> dict[LeaseRef, RenewOutcome]:
+    """Renew a process's leases together: one ``UPDATE`` for all of them.
+
+    PostgreSQL first locks the rows no other transaction holds (``FOR UPDATE SKIP
+    LOCKED``) and renews among those only. A row it had to skip is locked by a running
+    fenced transaction (which extends that lease itself): BUSY while its last committed
+    state is still ours and not released — even if that committed expiry has passed,
+    since the uncommitted extension is what counts and the holder's own deadline bounds
+    it anyway. A row it locked but could not renew (expired, released, taken over) is
+    LOST. SQLite has a single writer: the statement waits its turn on the busy timeout,
+    so nothing is ever BUSY there.
+    """
+    wanted = list(dict.fromkeys(refs))
+    if not wanted:
+        return {}
+    scopes = sorted({ref.scope for ref in wanted})
+    lockable: set[str] | None = None
+    if is_postgresql(conn):
+        lockable = {
+            str(scope)
+            for scope in conn.execute(
+                select(_c.scope)
+                .where(_c.scope.in_(scopes))
+                .order_by(_c.scope)
+                .with_for_update(skip_locked=True)
+            ).scalars()
+        }
+    candidates = wanted if lockable is None else [r for r in wanted if r.scope in lockable]
+    renewed: set[LeaseRef] = set()
+    if candidates:
+        now = clock(conn, offset_ms).c.now
+        mine = tuple_(_c.scope, _c.holder, _c.token).in_(
+            [(ref.scope, ref.holder, ref.token) for ref in candidates]
+        )
+        renewed = {
+            LeaseRef(str(row.scope), str(row.holder), int(row.token))
+            for row in conn.execute(
+                update(leases)
+                .where(mine, _live_predicate(now))
+                .values(expires_at_ms=now + ttl_ms, renewed_at_ms=now)
+                .returning(_c.scope, _c.holder, _c.token)
+            )
+        }
+    outcome = {ref: RenewOutcome.RENEWED for ref in wanted if ref in renewed}
+    skipped = [ref for ref in wanted if lockable is not None and ref.scope not in lockable]
+    busy: set[LeaseRef] = set()
+    if skipped:
+        # A plain read does not wait for row locks: it sees the last committed row.
+        busy = {
+            LeaseRef(str(row.scope), str(row.holder), int(row.token))
+            for row in conn.execute(
+                select(_c.scope, _c.holder, _c.token).where(
+                    tuple_(_c.scope, _c.holder, _c.token).in_(
+                        [(ref.scope, ref.holder, ref.token) for ref in skipped]
+                    ),
+                    not_(_c.released),
+                )
+            )
+        }
+    for ref in wanted:
+        if ref not in outcome:
+            outcome[ref] = RenewOutcome.BUSY if ref in busy else RenewOutcome.LOST
+    return outcome
+
+
+def release_txn(conn: Connection, lease: LeaseRef) -> bool:
+    """Mark ``lease`` released if it is still this holder's; True when it was."""
+    result = conn.execute(
+        update(leases).where(_is_mine(lease), not_(_c.released)).values(released=True)
+    )
+    return result.rowcount == 1
+
+
+def read_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState | None:
+    now = now_expr(conn, offset_ms).label("db_now")
+    row = conn.execute(
+        select(_c.scope, _c.holder, _c.token, _c.expires_at_ms, _c.released, now).where(
+            _c.scope == scope
+        )
+    ).first()
+    if row is None:
+        return None
+    db_now = int(row.db_now)
+    released = bool(row.released)
+    return LeaseState(
+        scope=str(row.scope),
+        holder=str(row.holder),
+        token=int(row.token),
+        expires_at_ms=int(row.expires_at_ms),
+        released=released,
+        live=not released and int(row.expires_at_ms) > db_now,
+        db_now_ms=db_now,
+    )
+
+
+def now_txn(conn: Connection, *, offset_ms: int = 0) -> int:
+    """The database clock (plus the offset), read on ``conn``."""
+    value = conn.execute(select(now_expr(conn, offset_ms))).scalar_one()
+    return int(value)
+
+
+__all__ = [
+    "acquire_txn",
+    "extend_txn",
+    "now_txn",
+    "read_txn",
+    "release_txn",
+    "renew_many_txn",
+    "renew_txn",
+]

@@ -1,0 +1,64 @@
+"""``migrate(url)``: bring a database to the latest celery_agboss schema (Alembic ``head``).
+
+Safe to run from every worker at start-up: idempotent, and concurrent runs are
+serialised (SQLite's write lock; a PostgreSQL advisory lock), so the second one
+finds the schema already current.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import URL, Connection, Engine
+
+from celery_agboss.store.driver_errors import translated
+from celery_agboss.store.engine import create_store_engine
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+_ADVISORY_LOCK_KEY = 0x61676_B6F5  # arbitrary, constant: "agbos"
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic ``Config`` for our migrations (``connection`` passed through attributes)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def migrate(url: str | URL | Engine, revision: str = "head") -> None:
+    """Upgrade the database at ``url`` to ``revision`` (the latest by default)."""
+    if isinstance(url, Engine):
+        _upgrade(url, revision)
+        return
+    engine = create_store_engine(url)
+    try:
+        _upgrade(engine, revision)
+    finally:
+        engine.dispose()
+
+
+def _upgrade(engine: Engine, revision: str) -> None:
+    with translated(), engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_ADVISORY_LOCK_KEY})")
+        command.upgrade(alembic_config(conn), revision)
+
+
+def current_revision(url: str | URL | Engine) -> str | None:
+    """The revision the database is at, or None when it was never migrated."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = url if isinstance(url, Engine) else create_store_engine(url)
+    try:
+        with translated(), engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn, opts={"version_table": "agboss_alembic_version"}
+            )
+            return context.get_current_revision()
+    finally:
+        if engine is not url:
+            engine.dispose()

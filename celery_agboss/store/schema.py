@@ -1,0 +1,114 @@
+"""The tables of leases, outbound-call intents, their history and fenced effects.
+
+Times are integer milliseconds on the database clock (BIGINT), JSON is canonical
+JSON stored as text (the same bytes on SQLite and PostgreSQL). The execution,
+audit and meta tables are declared in ``schema_executions`` on the same metadata.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    false,
+)
+
+from celery_agboss.store.metadata import metadata
+
+__all__ = ["fenced_effects", "intent_history", "leases", "metadata", "outbound_calls"]
+
+# Identifiers we mint or receive: task ids, holders (uuid4), idempotency keys.
+KEY = String(512)
+NAME = String(200)
+
+leases = Table(
+    "agboss_leases",
+    metadata,
+    Column("scope", KEY, primary_key=True),
+    Column("holder", String(64), nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("expires_at_ms", BigInteger, nullable=False),
+    Column("released", Boolean, nullable=False, server_default=false()),
+    Column("acquired_at_ms", BigInteger, nullable=False),
+    Column("renewed_at_ms", BigInteger, nullable=False),
+)
+
+outbound_calls = Table(
+    "agboss_outbound_calls",
+    metadata,
+    Column("idempotency_key", KEY, primary_key=True),
+    Column("execution_id", KEY, nullable=False, index=True),
+    Column("name", NAME, nullable=False),
+    Column("business_key_handle", String(128), nullable=True),
+    Column("fingerprint", String(128), nullable=False),
+    Column("request", Text, nullable=False),
+    Column("result", Text, nullable=False),
+    Column("result_stored", Boolean, nullable=False, server_default=false()),
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("owner_scope", KEY, nullable=True),
+    Column("owner_holder", String(64), nullable=True),
+    Column("owner_token", BigInteger, nullable=True),
+    Column("first_attempt_at_ms", BigInteger, nullable=True),
+    Column("attempt_started_at_ms", BigInteger, nullable=True),
+    Column("completed_at_ms", BigInteger, nullable=True),
+    Column("gateway_transaction_id", String(256), nullable=True),
+    Column("needs_operator", Boolean, nullable=False, server_default=false()),
+    Column("operator_reason", Text, nullable=True),
+    Column("not_sent_confirmed", Boolean, nullable=False, server_default=false()),
+    Column("next_lookup_at_ms", BigInteger, nullable=True),
+    Column("lookup_failures", Integer, nullable=False, server_default="0"),
+    Index(None, "status"),
+)
+
+intent_history = Table(
+    "agboss_intent_history",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("idempotency_key", KEY, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("event", String(64), nullable=False),
+    Column("from_status", String(16), nullable=True),
+    Column("to_status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("holder", String(64), nullable=True),
+    Column("token", BigInteger, nullable=True),
+    Column("detail", Text, nullable=False),
+    Column("prev_digest", String(128), nullable=True),
+    Column("digest", String(128), nullable=False),
+    UniqueConstraint("idempotency_key", "seq"),
+)
+
+fenced_effects = Table(
+    "agboss_fenced_effects",
+    metadata,
+    Column("key", KEY, primary_key=True),
+    Column("execution_id", KEY, nullable=False, index=True),
+    Column("name", NAME, nullable=False),
+    Column("result", Text, nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("created_at_ms", BigInteger, nullable=False),
+    Column("fingerprint", String(128), nullable=True),
+)
+
+
+def _load_execution_tables() -> None:
+    """Register the Celery layer's tables on ``metadata`` when that module exists."""
+    try:
+        importlib.import_module("celery_agboss.store.schema_executions")
+    except ModuleNotFoundError as exc:
+        if exc.name != "celery_agboss.store.schema_executions":
+            raise
+
+
+_load_execution_tables()

@@ -1,0 +1,98 @@
+"""The Celery layer's tables: executions, the operators' audit trail, meta values, pauses.
+
+One row per execution (a Celery task id), from its publish to its terminal state.
+It keeps the message as the broker held it (arguments and publish options as
+JSON text) so the sweep and a woken release can re-publish it with the same id,
+and it keeps the result or failure so a late duplicate returns it without running
+the body. Times are integer milliseconds on the database clock.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    false,
+)
+
+from celery_agboss.store.metadata import metadata
+
+_ID = String(512)
+_NAME = String(200)
+
+executions = Table(
+    "agboss_executions",
+    metadata,
+    Column("id", _ID, primary_key=True),
+    Column("task_name", _NAME, nullable=False),
+    Column("state", String(32), nullable=False),
+    # The message as the broker holds it: JSON text (kombu's JSON, so dates and
+    # decimals survive), re-published as is.
+    Column("args", Text, nullable=False),
+    Column("kwargs", Text, nullable=False),
+    Column("options", Text, nullable=False),
+    Column("eta_ms", BigInteger, nullable=True),
+    Column("expires_ms", BigInteger, nullable=True),
+    Column("requested_at_ms", BigInteger, nullable=False),
+    Column("started_at_ms", BigInteger, nullable=True),
+    Column("not_before_ms", BigInteger, nullable=True),
+    Column("wake_requested", Boolean, nullable=False, server_default=false()),
+    Column("recovery_count", Integer, nullable=False, server_default="0"),
+    Column("deliveries", Integer, nullable=False, server_default="0"),
+    Column("cancel_requested", Boolean, nullable=False, server_default=false()),
+    Column("cancel_reason", Text, nullable=True),
+    # Why the execution waits (WAITING, WAITING_OPERATOR, PARKED): never a business key.
+    Column("reason", Text, nullable=True),
+    Column("result", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("terminal_at_ms", BigInteger, nullable=True),
+    # The terminal delivery's links (chain, callbacks, errbacks) went out: a later
+    # duplicate that replays the stored outcome must not send them again.
+    Column("links_dispatched", Boolean, nullable=False, server_default=false()),
+    Column("updated_at_ms", BigInteger, nullable=False),
+    Index(None, "state", "not_before_ms"),
+    Index(None, "terminal_at_ms"),
+)
+
+audit = Table(
+    "agboss_audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", _ID, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("before", Text, nullable=True),
+    Column("after", Text, nullable=True),
+    Index(None, "target"),
+)
+
+meta = Table(
+    "agboss_meta",
+    metadata,
+    Column("key", String(200), primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at_ms", BigInteger, nullable=False),
+)
+
+pauses = Table(
+    "agboss_pauses",
+    metadata,
+    Column("id", String(800), primary_key=True),  # "<execution id>:<name>"
+    Column("execution_id", _ID, nullable=False, index=True),
+    Column("name", _NAME, nullable=False),
+    Column("status", String(16), nullable=False),  # PENDING, ANSWERED
+    Column("payload", Text, nullable=True),
+    Column("answer", Text, nullable=True),
+    Column("created_at_ms", BigInteger, nullable=False),
+    Column("answered_at_ms", BigInteger, nullable=True),
+)
+
+__all__ = ["audit", "executions", "meta", "pauses"]

@@ -1,0 +1,326 @@
+"""``SQLAlchemyStore``: the store protocol on SQLite or PostgreSQL through SQLAlchemy Core.
+
+Each verb is one short transaction; ``fenced()`` and ``transaction()`` hand out an
+open one. The fence is the first statement of its transaction: one guarded
+``UPDATE`` of the lease row that both checks the holder and extends the lease, so
+the check and the writes after it commit together or not at all (PS4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, Engine
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.faults import (
+    FENCED_AFTER_CHECK,
+    FENCED_AFTER_COMMIT,
+    FENCED_BEFORE_BEGIN,
+    FENCED_BEFORE_COMMIT,
+    LEASE_BEFORE_COMMIT,
+    fault_point,
+)
+from celery_agboss.core.store import (
+    EffectRecord,
+    HistoryRow,
+    IntentRecord,
+    LeaseGrant,
+    LeaseRef,
+    LeaseState,
+    RenewOutcome,
+    Store,
+)
+from celery_agboss.errors import (
+    CommitInsideFencedEffectError,
+    ExecutionFencedError,
+    StoreLockTimeoutError,
+    StoreUnavailableError,
+)
+from celery_agboss.store import effects, intents
+from celery_agboss.store import leases as lease_sql
+from celery_agboss.store.dialect import is_postgresql
+from celery_agboss.store.driver_errors import DRIVER_ERRORS, translate, translated
+from celery_agboss.store.engine import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
+from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
+
+T = TypeVar("T")
+
+
+def lock_timeout_ms(ttl_ms: int) -> int:
+    """A fenced transaction's lock timeout: well below ttl/3, so one slow effect cannot
+    hold up another execution's fence long enough to lose it its lease."""
+    return max(50, ttl_ms // 4)
+
+
+class SQLAlchemyStore:
+    """The store on one database URL (or an engine the caller owns).
+
+    ``engine_options`` go to ``create_store_engine`` (e.g. ``pool_size`` for a worker
+    with many threads, ``sqlite_busy_timeout_ms``). An engine passed in must come from
+    ``create_store_engine`` (SQLite needs its set-up) and is not disposed by ``close()``.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | URL | Engine,
+        *,
+        clock_offset_source: Callable[[], int] | None = None,
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isinstance(url_or_engine, Engine):
+            if engine_options:
+                raise ValueError("engine_options apply only when the store makes its engine")
+            self.engine = url_or_engine
+            self._owns_engine = False
+        else:
+            self.engine = create_store_engine(url_or_engine, **dict(engine_options or {}))
+            self._owns_engine = True
+        self.clock_offset_source = clock_offset_source
+        _stores_to_dispose_after_fork.add(self)
+        self.caller_clock_skew_ms = 0
+        """Sabotage only (``EXPIRY_BY_CALLER_CLOCK``): the acquiring caller's clock skew."""
+
+    # --- plumbing ----------------------------------------------------------------
+
+    @property
+    def dialect_name(self) -> str:
+        return self.engine.dialect.name
+
+    def offset_ms(self) -> int:
+        source = self.clock_offset_source
+        return 0 if source is None else int(source())
+
+    @contextlib.contextmanager
+    def _begin(self, *, read_only: bool = False) -> Iterator[Connection]:
+        """A connection in an open transaction: committed on success, rolled back on any
+        exception (which propagates unchanged if it is not a driver error)."""
+        with translated():
+            conn = self.engine.connect()
+        guard = _CommitGuard(conn)
+        try:
+            if read_only:
+                conn = conn.execution_options(**{BEGIN_MODE_OPTION: "deferred"})
+            with translated():
+                trans = conn.begin()
+            guard.allowed = False
+            try:
+                yield conn
+            except BaseException as error:
+                guard.allowed = True
+                _quietly(conn.rollback)
+                _raise_if_store_trouble(error)
+                raise
+            guard.allowed = True
+            with translated():
+                trans.commit()
+        finally:
+            guard.allowed = True
+            _quietly(conn.close)
+
+    def _run(self, body: Callable[[Connection], T], *, read_only: bool = False) -> T:
+        with self._begin(read_only=read_only) as conn, translated():
+            return body(conn)
+
+    # --- clock ---------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        offset = self.offset_ms()
+        return self._run(lambda conn: lease_sql.now_txn(conn, offset_ms=offset), read_only=True)
+
+    # --- leases --------------------------------------------------------------------
+
+    def acquire_lease(self, scope: str, holder: str, ttl_ms: int) -> LeaseGrant | None:
+        offset = self.offset_ms()
+        with self._begin() as conn:
+            with translated():
+                grant = lease_sql.acquire_txn(
+                    conn,
+                    scope,
+                    holder,
+                    ttl_ms,
+                    offset_ms=offset,
+                    caller_skew_ms=self.caller_clock_skew_ms,
+                )
+            fault_point(LEASE_BEFORE_COMMIT, scope=scope, holder=holder)
+        return grant
+
+    def renew_lease(self, lease: LeaseRef, ttl_ms: int) -> int | None:
+        offset = self.offset_ms()
+        return self._run(lambda conn: lease_sql.renew_txn(conn, lease, ttl_ms, offset_ms=offset))
+
+    def renew_leases(self, leases: Sequence[LeaseRef], ttl_ms: int) -> dict[LeaseRef, RenewOutcome]:
+        if not leases:
+            return {}
+        offset = self.offset_ms()
+        return self._run(
+            lambda conn: lease_sql.renew_many_txn(conn, leases, ttl_ms, offset_ms=offset)
+        )
+
+    def release_lease(self, lease: LeaseRef) -> bool:
+        return self._run(lambda conn: lease_sql.release_txn(conn, lease))
+
+    def read_lease(self, scope: str) -> LeaseState | None:
+        offset = self.offset_ms()
+        return self._run(
+            lambda conn: lease_sql.read_txn(conn, scope, offset_ms=offset), read_only=True
+        )
+
+    # --- transactions ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def fenced(self, lease: LeaseRef, ttl_ms: int) -> Iterator[SQLFencedTransaction]:
+        """Check and extend ``lease`` as the first statement of a transaction, then yield it.
+
+        Raises ``ExecutionFencedError`` (nothing written) when ``lease`` is not the live
+        holder. On PostgreSQL the transaction's ``lock_timeout`` is below ttl/3.
+        """
+        offset = self.offset_ms()
+        where = {"scope": lease.scope, "holder": lease.holder, "token": lease.token}
+        separate = sabotage.active(sabotage.LEASE_CHECK_IN_SEPARATE_ROUND_TRIP)
+        checked: tuple[int, int] | None = None
+        if separate:
+            # The PS4 twin: check in its own committed transaction, write in another.
+            checked = self._run(
+                lambda conn: lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=offset)
+            )
+            if checked is None:
+                raise _fenced(lease)
+        fault_point(FENCED_BEFORE_BEGIN, **where)
+        with self._begin() as conn:
+            with translated():
+                if is_postgresql(conn):
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{lock_timeout_ms(ttl_ms)}ms'")
+                if not separate:
+                    checked = lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=offset)
+            if checked is None:
+                raise _fenced(lease)
+            expires_at_ms, now = checked
+            fault_point(FENCED_AFTER_CHECK, **where)
+            yield SQLFencedTransaction(
+                conn, now, offset, lease, expires_at_ms, self.caller_clock_skew_ms
+            )
+            fault_point(FENCED_BEFORE_COMMIT, **where)
+        fault_point(FENCED_AFTER_COMMIT, **where)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[SQLTransaction]:
+        """An unfenced transaction (sweep, operators): every write in it is a guarded CAS."""
+        offset = self.offset_ms()
+        with self._begin() as conn:
+            with translated():
+                now = lease_sql.now_txn(conn, offset_ms=offset)
+            yield SQLTransaction(conn, now, offset, self.caller_clock_skew_ms)
+
+    @contextlib.contextmanager
+    def read_transaction(self) -> Iterator[SQLTransaction]:
+        """A transaction for reads only: on SQLite it does not take the write lock."""
+        offset = self.offset_ms()
+        with self._begin(read_only=True) as conn:
+            with translated():
+                now = lease_sql.now_txn(conn, offset_ms=offset)
+            yield SQLTransaction(conn, now, offset, self.caller_clock_skew_ms)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def read_intent(self, idempotency_key: str) -> IntentRecord | None:
+        offset = self.offset_ms()
+        return self._run(
+            lambda conn: intents.read_txn(conn, idempotency_key, offset_ms=offset),
+            read_only=True,
+        )
+
+    def read_history(self, idempotency_key: str) -> list[HistoryRow]:
+        return self._run(
+            lambda conn: intents.read_history_txn(conn, idempotency_key), read_only=True
+        )
+
+    def read_effect(self, key: str) -> EffectRecord | None:
+        return self._run(lambda conn: effects.read_txn(conn, key), read_only=True)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def dispose_after_fork(self) -> None:
+        """Call in a forked child (``worker_process_init``): drop the parent's pool."""
+        dispose_after_fork(self.engine)
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> SQLAlchemyStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+_stores_to_dispose_after_fork: weakref.WeakSet[SQLAlchemyStore] = weakref.WeakSet()
+
+
+def _dispose_all_after_fork() -> None:
+    """In a forked child, no store may use the parent's pooled connections (trap 12).
+    Celery's ``worker_process_init`` does the same; this covers any other fork."""
+    for store in list(_stores_to_dispose_after_fork):
+        with contextlib.suppress(Exception):
+            store.dispose_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_dispose_all_after_fork)
+
+
+def _fenced(lease: LeaseRef) -> ExecutionFencedError:
+    return ExecutionFencedError(
+        f"lease {lease.scope!r} (token {lease.token}) is no longer held by {lease.holder}",
+        scope=lease.scope,
+        holder=lease.holder,
+        token=lease.token,
+    )
+
+
+class _CommitGuard:
+    """Refuses ``commit()``/``rollback()`` on our connection from code run inside the
+    transaction (a fenced effect's ``fn``): its writes must commit with the lease check
+    and the effect's record, or not at all. The refused transaction is rolled back."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.allowed = True  # until our own BEGIN has succeeded
+        event.listen(conn, "commit", self._check)
+        event.listen(conn, "rollback", self._check)
+
+    def _check(self, _conn: Connection) -> None:
+        if not self.allowed:
+            raise CommitInsideFencedEffectError(
+                "commit() and rollback() are refused inside a store transaction: its writes "
+                "commit with the lease check and the effect's record (use a savepoint, e.g. "
+                "Session(bind=conn, join_transaction_mode='create_savepoint'))"
+            )
+
+
+def _raise_if_store_trouble(error: BaseException) -> None:
+    """A driver error from code run inside the transaction (a fenced effect's ``fn``):
+    a lost connection or a lock timeout is the store's trouble and is raised as such;
+    any other (an ``IntegrityError`` of the application's own insert) stays the
+    application's exception, unchanged."""
+    if isinstance(error, DRIVER_ERRORS):
+        translated_error = translate(error)
+        if isinstance(translated_error, (StoreUnavailableError, StoreLockTimeoutError)):
+            raise translated_error from error
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    """Rollback/close while another exception is already on its way: never mask it."""
+    with contextlib.suppress(*DRIVER_ERRORS):
+        action()
+
+
+if TYPE_CHECKING:  # mypy proves the class implements the protocol the core speaks
+
+    def _implements_the_protocol(store: SQLAlchemyStore) -> Store:
+        return store

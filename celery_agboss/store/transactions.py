@@ -1,0 +1,183 @@
+"""The open-transaction objects that ``SQLAlchemyStore.transaction()`` and ``fenced()`` yield.
+
+Each verb runs on the transaction's one connection and translates driver errors.
+Beyond the protocol they offer a few additive verbs for the Celery layer (lease
+verbs folded into its own transactions, the sweep's listing, retention) and
+``now_expr()``, the database-clock expression with the test offset, for its SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import Subquery
+
+from celery_agboss.core.store import (
+    EffectRecord,
+    HistoryRow,
+    IntentGuard,
+    IntentRecord,
+    IntentUpdate,
+    LeaseGrant,
+    LeaseRef,
+    LeaseState,
+    NewIntent,
+)
+from celery_agboss.store import effects, intents, leases
+from celery_agboss.store.dialect import clock, now_expr
+from celery_agboss.store.driver_errors import translated
+
+
+class SQLTransaction:
+    """One open transaction on one connection (implements ``StoreTransaction``)."""
+
+    def __init__(
+        self, conn: Connection, now_ms: int, offset_ms: int, caller_skew_ms: int = 0
+    ) -> None:
+        self._conn = conn
+        self._now_ms = now_ms
+        self._offset_ms = offset_ms
+        self._caller_skew_ms = caller_skew_ms
+
+    # --- protocol ----------------------------------------------------------------
+
+    @property
+    def now_ms(self) -> int:
+        return self._now_ms
+
+    @property
+    def connection(self) -> Connection:
+        return self._conn
+
+    def read_intent(self, idempotency_key: str) -> IntentRecord | None:
+        with translated():
+            return intents.read_txn(self._conn, idempotency_key, offset_ms=self._offset_ms)
+
+    def insert_intent(self, intent: NewIntent) -> bool:
+        with translated():
+            return intents.insert_txn(self._conn, intent, offset_ms=self._offset_ms)
+
+    def update_intent(self, idempotency_key: str, guard: IntentGuard, update: IntentUpdate) -> bool:
+        with translated():
+            return intents.update_txn(
+                self._conn, idempotency_key, guard, update, offset_ms=self._offset_ms
+            )
+
+    def last_history(self, idempotency_key: str) -> HistoryRow | None:
+        with translated():
+            return intents.last_history_txn(self._conn, idempotency_key)
+
+    def append_history(self, row: HistoryRow) -> None:
+        with translated():
+            intents.append_history_txn(self._conn, row)
+
+    def read_effect(self, key: str) -> EffectRecord | None:
+        with translated():
+            return effects.read_txn(self._conn, key)
+
+    def insert_effect(self, record: EffectRecord) -> bool:
+        with translated():
+            return effects.insert_txn(self._conn, record, offset_ms=self._offset_ms)
+
+    # --- additive verbs ------------------------------------------------------------
+
+    @property
+    def offset_ms(self) -> int:
+        """The test-only clock offset this transaction applies (0 in production)."""
+        return self._offset_ms
+
+    def now_expr(self) -> ColumnElement[int]:
+        """The database clock in ms plus the test offset, for the Celery layer's own SQL."""
+        return now_expr(self._conn, self._offset_ms)
+
+    def clock(self) -> Subquery:
+        """A one-row relation ``(now)`` reading the clock once for a whole statement:
+        join it (``.c.now``) when a statement needs "now" in several places."""
+        return clock(self._conn, self._offset_ms)
+
+    def read_now_ms(self) -> int:
+        """The database clock now (``now_ms`` is the one read when the transaction began)."""
+        with translated():
+            return leases.now_txn(self._conn, offset_ms=self._offset_ms)
+
+    def acquire_lease(self, scope: str, holder: str, ttl_ms: int) -> LeaseGrant | None:
+        """``Store.acquire_lease`` inside this transaction (e.g. with marking RUNNING)."""
+        with translated():
+            return leases.acquire_txn(
+                self._conn,
+                scope,
+                holder,
+                ttl_ms,
+                offset_ms=self._offset_ms,
+                caller_skew_ms=self._caller_skew_ms,
+            )
+
+    def release_lease(self, lease: LeaseRef) -> bool:
+        """``Store.release_lease`` inside this transaction (e.g. with a re-publish mark)."""
+        with translated():
+            return leases.release_txn(self._conn, lease)
+
+    def read_lease(self, scope: str) -> LeaseState | None:
+        with translated():
+            return leases.read_txn(self._conn, scope, offset_ms=self._offset_ms)
+
+    def find_stranded_intents(
+        self, limit: int, names: Sequence[str] | None = None
+    ) -> list[IntentRecord]:
+        """PENDING intents with no live owner whose next lookup is due (the sweep's list)."""
+        with translated():
+            return intents.find_stranded_txn(
+                self._conn, limit=limit, offset_ms=self._offset_ms, names=names
+            )
+
+    def list_intents(self, execution_id: str) -> list[IntentRecord]:
+        """Every intent of one execution, oldest first."""
+        with translated():
+            return intents.list_for_execution_txn(
+                self._conn, execution_id, offset_ms=self._offset_ms
+            )
+
+    def delete_settled_intents(self, execution_ids: Sequence[str]) -> int:
+        """Retention of intents and their history; PENDING ones are never deleted."""
+        with translated():
+            return intents.delete_settled_for_executions_txn(self._conn, execution_ids)
+
+    def delete_effects(self, execution_ids: Sequence[str]) -> int:
+        """Retention of fenced-effect records."""
+        with translated():
+            return effects.delete_for_executions_txn(self._conn, execution_ids)
+
+    def execute(self, statement: Any, parameters: Any = None) -> Any:
+        """Run a SQLAlchemy statement on this transaction, driver errors translated."""
+        with translated():
+            if parameters is None:
+                return self._conn.execute(statement)
+            return self._conn.execute(statement, parameters)
+
+
+class SQLFencedTransaction(SQLTransaction):
+    """A transaction that began by checking and extending ``lease`` (``FencedTransaction``)."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        now_ms: int,
+        offset_ms: int,
+        lease: LeaseRef,
+        expires_at_ms: int,
+        caller_skew_ms: int = 0,
+    ) -> None:
+        super().__init__(conn, now_ms, offset_ms, caller_skew_ms)
+        self._lease = lease
+        self._expires_at_ms = expires_at_ms
+
+    @property
+    def lease(self) -> LeaseRef:
+        return self._lease
+
+    @property
+    def expires_at_ms(self) -> int:
+        return self._expires_at_ms

@@ -1,0 +1,86 @@
+"""Fixtures for the store contract suite: every test runs once per store backend.
+
+- ``store_url``: a migrated, empty database of its own, parametrized ``sqlite`` and
+  ``postgresql`` (the latter marked ``postgres``; skipped on a laptop without it,
+  failed under CI; ``AGBOSS_TEST_BACKENDS`` narrows the set);
+- ``db_clock``: a ``VirtualClock`` whose offset every store below adds to the
+  database clock (``db_clock.advance(31)`` expires a 30 s lease, no sleeping);
+- ``store``: an open ``SQLAlchemyStore`` on ``store_url``;
+- ``store_factory(**kwargs)``: another ``SQLAlchemyStore`` on the same database
+  (its own engine and pool, as a second worker process would have), closed after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_agboss.store.migrate import migrate
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.stores import sqlite_store_url
+from tests.support import services
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite", marks=pytest.mark.sqlite),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+]
+
+StoreFactory = Callable[..., SQLAlchemyStore]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty store database for this test (dropped after it on PostgreSQL)."""
+    backend: str = request.param
+    if backend not in services.selected_backends():
+        pytest.skip(f"{backend} not in {services.BACKENDS_ENV_VAR}")
+    if backend == "sqlite":
+        url = sqlite_store_url(tmp_path)
+        migrate(url)
+        return url
+    templates = request.getfixturevalue("postgres_templates")
+    clone = request.getfixturevalue("clone_postgres")
+    url: str = clone(templates("store", migrate))
+    return url
+
+
+@pytest.fixture
+def store_backend(store_url: str) -> str:
+    """``"sqlite"`` or ``"postgresql"``: the backend of this test's ``store_url``."""
+    return "sqlite" if store_url.startswith("sqlite") else "postgresql"
+
+
+@pytest.fixture
+def db_clock() -> VirtualClock:
+    """The database clock's test offset, shared by ``store`` and ``store_factory`` stores."""
+    return VirtualClock()
+
+
+@pytest.fixture
+def store_factory(store_url: str, db_clock: VirtualClock) -> Iterator[StoreFactory]:
+    """``store_factory(**kwargs)``: a new ``SQLAlchemyStore`` on ``store_url``.
+
+    Keyword arguments go to ``SQLAlchemyStore``; ``clock_offset_source`` defaults
+    to ``db_clock``'s. Every store made is closed after the test.
+    """
+    made: list[SQLAlchemyStore] = []
+
+    def make(**kwargs: Any) -> SQLAlchemyStore:
+        kwargs.setdefault("clock_offset_source", db_clock.offset_ms)
+        opened = SQLAlchemyStore(store_url, **kwargs)
+        made.append(opened)
+        return opened
+
+    yield make
+    for opened in reversed(made):
+        opened.close()
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory) -> SQLAlchemyStore:
+    """An open store on a fresh database, its clock driven by ``db_clock``."""
+    return store_factory()
