@@ -1,0 +1,84 @@
+"""The contract suite fails a backend that breaks a guarantee, naming the guarantee.
+
+A suite that passes every store proves nothing; here it is run against the real
+store with one protection switched off, and against a hand-broken wrapper, and
+must report exactly the case that guards the broken protection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_agboss.core.sabotage import (
+    LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
+    RENEW_REVIVES_EXPIRED_LEASE,
+)
+from celery_agboss.core.store import LeaseGrant, Store
+from celery_agboss.testing.contract import (
+    CONTRACT_CASES,
+    ContractViolation,
+    StoreFactory,
+    run_contract,
+)
+from celery_agboss.testing.sabotage import sabotage
+from tests.contract.conftest import StoreFactory as SQLStoreFactory
+
+
+def _cases(*names: str) -> list[Any]:
+    chosen = [case for case in CONTRACT_CASES if case.name in names]
+    assert len(chosen) == len(names)
+    return chosen
+
+
+def test_a_store_checking_the_lease_in_a_separate_round_trip_fails_ps4(
+    store_factory: SQLStoreFactory,
+) -> None:
+    with sabotage(LEASE_CHECK_IN_SEPARATE_ROUND_TRIP):
+        report = run_contract(store_factory, _cases("zombie_write_is_fenced"))
+    failure = report["zombie_write_is_fenced"]
+    assert isinstance(failure, ContractViolation) and str(failure).startswith("[PS4]")
+
+
+def test_a_store_reviving_expired_leases_fails_r19(store_factory: SQLStoreFactory) -> None:
+    with sabotage(RENEW_REVIVES_EXPIRED_LEASE):
+        report = run_contract(
+            store_factory, _cases("late_renewal_is_refused", "acquire_is_never_reentrant")
+        )
+    failure = report["late_renewal_is_refused"]
+    assert isinstance(failure, ContractViolation) and str(failure).startswith("[R19]")
+    assert report["acquire_is_never_reentrant"] is None
+
+
+class ReentrantStore:
+    """A custom backend with a classic bug: a holder that asks again gets its lease again."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.granted: dict[tuple[str, str], LeaseGrant] = {}
+
+    def acquire_lease(self, scope: str, holder: str, ttl_ms: int) -> LeaseGrant | None:
+        grant = self.inner.acquire_lease(scope, holder, ttl_ms)
+        if grant is not None:
+            self.granted[(scope, holder)] = grant
+            return grant
+        return self.granted.get((scope, holder))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "clock_offset_source":
+            setattr(self.inner, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+
+def test_a_custom_store_with_a_re_entrant_acquire_fails_p1(store_factory: SQLStoreFactory) -> None:
+    def broken_factory() -> Store:
+        return ReentrantStore(store_factory())  # type: ignore[return-value]
+
+    factory: StoreFactory = broken_factory
+    report = run_contract(factory, _cases("acquire_is_never_reentrant", "late_renewal_is_refused"))
+    failure = report["acquire_is_never_reentrant"]
+    assert isinstance(failure, ContractViolation) and str(failure).startswith("[P1]")
+    assert report["late_renewal_is_refused"] is None
