@@ -22,6 +22,7 @@ LEASE_CHECK_IN_SEPARATE_ROUND_TRIP = "lease-check-in-separate-round-trip"  # PS4
 RENEW_REVIVES_EXPIRED_LEASE = "renew-revives-expired-lease"  # R19
 EXPIRY_BY_CALLER_CLOCK = "expiry-by-caller-clock"  # PS13
 HOLDER_TRUSTS_LEASE_FOREVER = "holder-trusts-lease-forever"  # PS13 holder side
+FENCE_NOT_RECHECKED_AT_COMMIT = "fence-not-rechecked-at-commit"  # P1 at the commit boundary
 
 _active: set[str] = set()
 _known: set[str] = {
@@ -29,6 +30,7 @@ _known: set[str] = {
     RENEW_REVIVES_EXPIRED_LEASE,
     EXPIRY_BY_CALLER_CLOCK,
     HOLDER_TRUSTS_LEASE_FOREVER,
+    FENCE_NOT_RECHECKED_AT_COMMIT,
 }
 _lock = threading.Lock()
 ENV_SWITCH = "AGBOSS_ALLOW_SABOTAGE"

@@ -205,6 +205,14 @@ class SQLAlchemyStore:
             yield SQLFencedTransaction(
                 conn, now, offset, lease, expires_at_ms, self.caller_clock_skew_ms
             )
+            if not separate and not sabotage.active(sabotage.FENCE_NOT_RECHECKED_AT_COMMIT):
+                # Extend again at the commit boundary: a long transaction keeps its lease
+                # (the renewer skipped the locked row meanwhile), and one that outlived
+                # its lease on the database clock commits nothing (P1).
+                with translated():
+                    again = lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=self.offset_ms())
+                    if again is None:
+                        raise _fenced(lease)
             fault_point(FENCED_BEFORE_COMMIT, **where)
         fault_point(FENCED_AFTER_COMMIT, **where)
 

@@ -1,0 +1,62 @@
+"""The fence is checked again at the commit boundary (P1, P2).
+
+A fenced transaction extends its lease when it begins and once more right before
+COMMIT: a long effect keeps its lease after it commits (the renewer skipped the
+locked row meanwhile), and a transaction that outlived its lease on the database
+clock commits nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_agboss.core.sabotage import FENCE_NOT_RECHECKED_AT_COMMIT
+from celery_agboss.core.store import EffectRecord, Store
+from celery_agboss.errors import ExecutionFencedError
+from celery_agboss.testing import VirtualClock, sabotage
+
+TTL_MS = 10_000
+
+
+def _effect(scope: str, token: int) -> EffectRecord:
+    return EffectRecord(
+        key=f"{scope}:effect", execution_id=scope, name="test.effect", result={"ok": True},
+        token=token, created_at_ms=0,
+    )
+
+
+def test_a_long_fenced_transaction_keeps_its_lease_after_it_commits(
+    store: Store, db_clock: VirtualClock
+) -> None:
+    grant = store.acquire_lease("long", "holder-a", TTL_MS)
+    assert grant is not None
+    with store.fenced(grant.lease, TTL_MS) as tx:
+        tx.insert_effect(_effect("long", grant.lease.token))
+        db_clock.advance(TTL_MS * 0.9 / 1000)
+    state = store.read_lease("long")
+    assert state is not None and state.live
+    assert state.expires_at_ms - state.db_now_ms > TTL_MS * 0.9
+    assert store.read_effect("long:effect") is not None
+
+
+def test_a_fenced_transaction_that_outlived_its_lease_commits_nothing(
+    store: Store, db_clock: VirtualClock
+) -> None:
+    grant = store.acquire_lease("late", "holder-a", TTL_MS)
+    assert grant is not None
+    with pytest.raises(ExecutionFencedError), store.fenced(grant.lease, TTL_MS) as tx:
+        tx.insert_effect(_effect("late", grant.lease.token))
+        db_clock.advance(TTL_MS * 1.1 / 1000)
+    assert store.read_effect("late:effect") is None
+
+
+def test_without_the_commit_check_a_transaction_past_its_lease_commits(
+    store: Store, db_clock: VirtualClock
+) -> None:
+    """Sabotage twin: the write of a holder past its lease goes in."""
+    grant = store.acquire_lease("late", "holder-a", TTL_MS)
+    assert grant is not None
+    with sabotage(FENCE_NOT_RECHECKED_AT_COMMIT), store.fenced(grant.lease, TTL_MS) as tx:
+        tx.insert_effect(_effect("late", grant.lease.token))
+        db_clock.advance(TTL_MS * 1.1 / 1000)
+    assert store.read_effect("late:effect") is not None
