@@ -122,15 +122,15 @@ class IntentUpdate:
 
     status: IntentStatus | None = None
     attempt: int | None = None
-    owner: LeaseRef | None | _Unset = UNSET
+    owner: LeaseRef | _Unset | None = UNSET
     start_attempt: bool = False  # attempt_started_at = now
     complete: bool = False  # completed_at = now
     result: JSON | _Unset = UNSET
     result_stored: bool | None = None
     request: JSON | _Unset = UNSET
-    gateway_transaction_id: str | None | _Unset = UNSET
+    gateway_transaction_id: str | _Unset | None = UNSET
     needs_operator: bool | None = None
-    operator_reason: str | None | _Unset = UNSET
+    operator_reason: str | _Unset | None = UNSET
     not_sent_confirmed: bool | None = None
     # Added by the store engineer (additive): the sweep's lookup back-off.
     next_lookup_delay_ms: int | None = None  # next_lookup_at = now + this

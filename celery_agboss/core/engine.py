@@ -1,0 +1,212 @@
+"""The outbound-call state machine, holder side (DESIGN §4): the claim, and the loop that
+hands each case to its step.
+
+One ``run_outbound`` per ``outbound()`` call. Every write is one fenced transaction
+and every compare-and-set one guarded ``UPDATE`` judged by its row count; reads are
+their own transactions, so a race is decided by the predicates, not by which
+database happens to serialise transactions (SQLite does, PostgreSQL does not). No
+transaction is open while the gateway is called. A ``PENDING`` intent is always
+treated as possibly sent: it goes to reconcile (``core/reconcile.py``), never
+straight back to the gateway. Sending and settling live in ``core/settle.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery_agboss.core import faults, sabotage
+from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.inflight import IN_FLIGHT, InFlightSend
+from celery_agboss.core.outbound import Outcome
+from celery_agboss.core.prepared import Holder, PreparedCall, Resend, prepare_call
+from celery_agboss.core.protections import (
+    FINGERPRINT_NOT_CHECKED,
+    JOIN_ON_ANY_FINGERPRINT,
+    REPLAY_NOT_STORED_MARKER,
+)
+from celery_agboss.core.reconcile import reconcile_pending, take_for_reconcile
+from celery_agboss.core.settle import send_and_settle
+from celery_agboss.core.store import (
+    IntentGuard,
+    IntentRecord,
+    IntentStatus,
+    IntentUpdate,
+    NewIntent,
+)
+from celery_agboss.core.transitions import append_history, cas, fault, log_event
+from celery_agboss.errors import (
+    IdempotencyKeyConflictError,
+    OutboundCallInFlightError,
+    OutboundCallResultNotStoredError,
+)
+
+MAX_CLAIM_ROUNDS = 8
+"""Reads and compare-and-sets one call may go through before it reports contention."""
+
+
+def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
+    """Claim (DESIGN §4.1), then send/settle, reconcile, replay or join; the result and how."""
+    me = holder.lease_ref
+    saw_live_owner = False
+    for _ in range(MAX_CLAIM_ROUNDS):
+        record = _read(holder, p.idempotency_key)
+        fault(
+            faults.OUTBOUND_AFTER_READ, me, p.ref, status=None if record is None else record.status
+        )
+        if record is None:
+            if _insert(holder, p):
+                return send_and_settle(holder, p, 1)
+            continue  # another claim inserted first: read what it wrote
+        if record.status is IntentStatus.COMPLETED:
+            return _replay(p, record)
+        if record.status is IntentStatus.FAILED:
+            _check_fingerprint(p, record.fingerprint)
+            if _claim_failed(holder, p, record):
+                return send_and_settle(holder, p, record.attempt + 1)
+            continue
+        # PENDING: possibly sent, whoever owns it.
+        if record.owner == me or record.owner_live:
+            running = IN_FLIGHT.find(p.idempotency_key, record.owner, record.attempt)
+            if running is not None:
+                joined = _join(p, running)
+                if joined is not None:
+                    return joined
+                continue
+            if record.owner != me:
+                if saw_live_owner:
+                    raise OutboundCallInFlightError(
+                        **p.ref.fields(attempt=record.attempt),
+                    )
+                saw_live_owner = True  # read once more: a sender here may just have settled
+                continue
+            mine = record  # my own earlier attempt, not running
+        else:
+            taken = take_for_reconcile(holder, p, record)
+            if taken is None:
+                continue
+            mine = taken
+        answer = reconcile_pending(holder, p, mine)
+        if isinstance(answer, Resend):
+            return send_and_settle(holder, p, answer.attempt)
+        return answer
+    raise OutboundCallInFlightError(
+        "the intent kept changing under this call; another party is working on it",
+        **p.ref.fields(),
+    )
+
+
+def _read(holder: Holder, key: str) -> IntentRecord | None:
+    with holder.fenced() as tx:
+        return tx.read_intent(key)
+
+
+def _insert(holder: Holder, p: PreparedCall) -> bool:
+    me = holder.lease_ref
+    with holder.fenced() as tx:
+        inserted = tx.insert_intent(
+            NewIntent(
+                idempotency_key=p.idempotency_key,
+                execution_id=holder.execution_id,
+                name=p.call.name,
+                business_key_handle=p.ref.handle,
+                fingerprint=p.fingerprint,
+                request=p.stored_request,
+                owner=me,
+            )
+        )
+        if inserted:
+            append_history(
+                tx,
+                holder.settings.pseudonym_key,
+                p.idempotency_key,
+                HistoryEvent.CLAIMED,
+                from_status=None,
+                to_status=IntentStatus.PENDING,
+                attempt=1,
+                owner=me,
+                detail={"call": p.call.name, "execution_id": holder.execution_id},
+            )
+    return inserted
+
+
+def _check_fingerprint(p: PreparedCall, stored: str) -> None:
+    """Another request under this key is refused, never sent, replayed or joined."""
+    if stored != p.fingerprint and not sabotage.active(FINGERPRINT_NOT_CHECKED):
+        raise IdempotencyKeyConflictError(
+            f"the idempotency key of {p.call.name!r} was used with another request; "
+            "nothing was sent",
+            **p.ref.fields(),
+        )
+
+
+def _replay(p: PreparedCall, record: IntentRecord) -> tuple[Any, Outcome]:
+    _check_fingerprint(p, record.fingerprint)
+    if not record.result_stored and not sabotage.active(REPLAY_NOT_STORED_MARKER):
+        raise OutboundCallResultNotStoredError(
+            "the call completed but its result could not be stored; an operator must supply it",
+            **p.ref.fields(attempt=record.attempt),
+        )
+    log_event(
+        logging.INFO,
+        "outbound-call.replayed",
+        "stored result returned",
+        p.ref,
+        attempt=record.attempt,
+    )
+    return record.result, Outcome.REPLAYED
+
+
+def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool:
+    """``(FAILED, attempt, owner) → (PENDING, attempt + 1, me)``: a definite failure moved no
+    money, so the next attempt is sent under the same key without a lookup."""
+    me = holder.lease_ref
+    with holder.fenced() as tx:
+        won = cas(
+            tx,
+            p.idempotency_key,
+            IntentGuard(IntentStatus.FAILED, record.attempt, record.owner),
+            IntentUpdate(
+                status=IntentStatus.PENDING,
+                attempt=record.attempt + 1,
+                owner=me,
+                start_attempt=True,
+                not_sent_confirmed=False,
+            ),
+        )
+        if won:
+            append_history(
+                tx,
+                holder.settings.pseudonym_key,
+                p.idempotency_key,
+                HistoryEvent.CLAIMED,
+                from_status=IntentStatus.FAILED,
+                to_status=IntentStatus.PENDING,
+                attempt=record.attempt + 1,
+                owner=me,
+                detail={"after": "definite-failure"},
+            )
+    return won
+
+
+def _join(p: PreparedCall, running: InFlightSend) -> tuple[Any, Outcome] | None:
+    """Wait for this process's own send of the key; only an equal request may join (R16)."""
+    if running.fingerprint != p.fingerprint and not sabotage.active(JOIN_ON_ANY_FINGERPRINT):
+        raise IdempotencyKeyConflictError(
+            f"a call of {p.call.name!r} with another request is in flight under this key; "
+            "nothing was sent",
+            **p.ref.fields(),
+        )
+    if running.wait():
+        log_event(
+            logging.INFO,
+            "outbound-call.joined",
+            "joined the send in flight",
+            p.ref,
+            attempt=running.attempt,
+        )
+        return running.result, Outcome.JOINED
+    return None  # it ended without a result: the store decides what comes next
+
+
+__all__ = ["MAX_CLAIM_ROUNDS", "Holder", "PreparedCall", "prepare_call", "run_outbound"]

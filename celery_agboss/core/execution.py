@@ -1,0 +1,311 @@
+"""``ExecutionContext``: one delivery of one execution, as the engine sees it — no Celery.
+
+It owns the delivery's lease handle, counts the calls of each name for step keys,
+remembers how the last outbound call got its result, and keeps the sends it started
+so that the lease is never released while one of them may still reach the gateway
+(R18, R23). The Celery layer makes one per delivery (``PaymentTask``); tests and
+other frameworks can drive it directly::
+
+    with ExecutionContext.start(store, task_id, settings) as ctx:
+        receipt = ctx.outbound(charge, {"amount": 1000}, business_key="order:42")
+        ctx.fenced_effect("mark-paid", lambda conn: mark_paid(conn, 42))
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, TypeVar
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
+from celery_agboss.core.effects import run_fenced_effect
+from celery_agboss.core.engine import prepare_call, run_outbound
+from celery_agboss.core.executions import execution_scope
+from celery_agboss.core.inflight import BoundedRun
+from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
+from celery_agboss.core.outbound import OutboundCall, Outcome
+from celery_agboss.core.protections import RECLAIM_BUMPS_TOKEN, RELEASE_WITH_UNSETTLED_ATTEMPT
+from celery_agboss.core.settings import EngineSettings
+from celery_agboss.core.store import FencedTransaction, LeaseRef, Store
+from celery_agboss.errors import ExecutionFencedError, LeaseNotHeldError
+
+logger = logging.getLogger("celery_agboss")
+
+T = TypeVar("T")
+
+
+class ExecutionContext:
+    """One delivery's view of an execution: its lease, its calls, its effects."""
+
+    def __init__(
+        self,
+        store: Store,
+        lease: LeaseHandle,
+        execution_id: str,
+        settings: EngineSettings,
+        *,
+        renewer: LeaseRenewer | None = None,
+    ) -> None:
+        self._store = store
+        self._lease = lease
+        self._execution_id = execution_id
+        self._settings = settings
+        self._renewer = renewer
+        self._lock = threading.Lock()
+        self._occurrences: dict[tuple[str, str], int] = {}
+        self._last_outcome: Outcome | None = None
+        self._runs: list[BoundedRun] = []
+        self._released = False
+
+    @classmethod
+    def start(
+        cls,
+        store: Store,
+        execution_id: str,
+        settings: EngineSettings,
+        *,
+        clock: HolderClock = SYSTEM_CLOCK,
+        renewer: LeaseRenewer | None = None,
+    ) -> ExecutionContext:
+        """Acquire the execution's lease for a new holder; ``LeaseNotHeldError`` when a live
+        lease is held elsewhere (even by an earlier delivery of this process)."""
+        handle = acquire(
+            store, execution_scope(execution_id), ttl_ms=settings.lease_ttl_ms, clock=clock
+        )
+        if handle is None:
+            raise LeaseNotHeldError(
+                "a live lease on this execution is held by another delivery",
+                execution_id=execution_id,
+            )
+        if renewer is not None:
+            renewer.track(handle)
+        return cls(store, handle, execution_id, settings, renewer=renewer)
+
+    # --- what it is --------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def settings(self) -> EngineSettings:
+        return self._settings
+
+    @property
+    def execution_id(self) -> str:
+        return self._execution_id
+
+    @property
+    def lease(self) -> LeaseHandle:
+        with self._lock:
+            return self._lease
+
+    @property
+    def lease_ref(self) -> LeaseRef:
+        return self.lease.ref
+
+    @property
+    def last_outcome(self) -> Outcome | None:
+        """How the last outbound call of this delivery got its result (None if it raised)."""
+        with self._lock:
+            return self._last_outcome
+
+    # --- the body's verbs ----------------------------------------------------------------
+
+    def outbound(self, call: OutboundCall, request: Any, business_key: str | None = None) -> Any:
+        """Send ``request`` through ``call`` exactly once (DESIGN §4); the gateway's result."""
+        occurrence = 1 if business_key is not None else self._next("call", call.name)
+        with self._lock:
+            self._last_outcome = None
+        prepared = prepare_call(
+            self._settings, self._execution_id, call, request, business_key, occurrence
+        )
+        result, outcome = run_outbound(self, prepared)
+        with self._lock:
+            self._last_outcome = outcome
+        return result
+
+    def fenced_effect(
+        self,
+        name: str,
+        fn: Callable[[Any], T],
+        business_key: str | None = None,
+        request: Any = None,
+    ) -> T:
+        """Run ``fn(conn)`` once per key, inside the transaction that checks the lease."""
+        occurrence = 1 if business_key is not None else self._next("effect", name)
+        result: T = run_fenced_effect(
+            self, name, fn, business_key_text=business_key, request=request, occurrence=occurrence
+        )
+        return result
+
+    def assert_held(self) -> None:
+        """Raise ``ExecutionFencedError`` unless this delivery may still trust its lease."""
+        self.lease.assert_held()
+
+    def _next(self, kind: str, name: str) -> int:
+        with self._lock:
+            n = self._occurrences.get((kind, name), 0) + 1
+            self._occurrences[(kind, name)] = n
+            return n
+
+    # --- what the engine calls back (engine.Holder) --------------------------------------
+
+    @contextmanager
+    def fenced(self) -> Iterator[FencedTransaction]:
+        """A fenced transaction under this lease; a refusal ends the holder's trust in it."""
+        lease = self.lease
+        lease.assert_held()
+        sent = SentAt.now(lease.clock)
+        try:
+            with self._store.fenced(lease.ref, lease.ttl_ms) as tx:
+                yield tx
+        except ExecutionFencedError:
+            lease.mark_lost("a fenced transaction found the lease lost")
+            raise
+        lease.note_extended_at(sent)
+
+    def assert_can_send(self) -> None:
+        self.lease.assert_held()
+
+    def send_started(self, run: BoundedRun) -> None:
+        with self._lock:
+            self._runs = [r for r in self._runs if not r.done.is_set()] + [run]
+
+    def send_overran(self, run: BoundedRun) -> None:
+        """A send is still running past its bound: stop trusting and renewing the lease.
+
+        It expires on its own; the next holder reconciles. Never released while the send
+        runs, so no take-over (and no token bump) happens under a live send (R22, R23).
+        """
+        if sabotage.active(RECLAIM_BUMPS_TOKEN):
+            self._reclaim()
+            return
+        lease = self.lease
+        lease.mark_lost("a send overran attempt_timeout; the lease is left to expire")
+        if self._renewer is not None:
+            self._renewer.untrack(lease)
+
+    def _reclaim(self) -> None:
+        """Sabotage only (R23): release and re-acquire as the same holder, token + 1."""
+        old = self.lease
+        self._store.release_lease(old.ref)
+        fresh = acquire(
+            self._store, old.ref.scope, ttl_ms=old.ttl_ms, clock=old.clock, holder=old.ref.holder
+        )
+        if fresh is None:
+            old.mark_lost("reclaim failed")
+            return
+        with self._lock:
+            self._lease = fresh
+        if self._renewer is not None:
+            self._renewer.untrack(old)
+            self._renewer.track(fresh)
+
+    # --- the end of the delivery ---------------------------------------------------------
+
+    def unsettled_sends(self) -> int:
+        """Sends of this delivery still running (each may still reach the gateway)."""
+        with self._lock:
+            return sum(1 for run in self._runs if not run.done.is_set())
+
+    def settle_all(self) -> bool:
+        """Wait for running sends, each up to its own ``attempt_timeout`` deadline.
+
+        True when none is left running: the lease may be released. False otherwise,
+        and the lease is no longer trusted or renewed: it will expire, and the next
+        holder reconciles.
+        """
+        with self._lock:
+            runs = list(self._runs)
+        for run in runs:
+            remaining = run.deadline - time.monotonic()
+            if remaining > 0:
+                run.done.wait(remaining)
+        stuck = [run for run in runs if not run.done.is_set()]
+        if stuck:
+            for run in stuck:
+                self.send_overran(run)
+            return False
+        return True
+
+    def _running(self) -> list[BoundedRun]:
+        with self._lock:
+            return [run for run in self._runs if not run.done.is_set()]
+
+    def may_release(self) -> bool:
+        """True when releasing cannot hand over a send still running (R18, R23)."""
+        if sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
+            return True
+        return self.unsettled_sends() == 0 and self.lease.lost_reason is None
+
+    def release(self, releaser: Callable[[LeaseRef], T] | None = None) -> bool:
+        """Release the lease unless a send under it may still be running; True if released.
+
+        ``releaser`` replaces the plain ``store.release_lease`` (the Celery layer releases
+        and reads ``wake_requested`` in one transaction); it is called at most once.
+        """
+        if not self.may_release():
+            logger.warning(
+                "lease.release-refused: a send under this lease may still be running",
+                extra={
+                    "event": "lease.release-refused",
+                    "execution_id": self._execution_id,
+                    "unsettled": self.unsettled_sends(),
+                },
+            )
+            return False
+        lease = self.lease
+        with self._lock:
+            if self._released:
+                return False
+            self._released = True
+        if self._renewer is not None:
+            self._renewer.untrack(lease)
+        if releaser is not None:
+            outcome = releaser(lease.ref)
+            released = bool(getattr(outcome, "released", outcome))
+        else:
+            released = self._store.release_lease(lease.ref)
+        lease.mark_lost("released")
+        return released
+
+    def settle_all_and_release(self) -> bool:
+        """``settle_all()``, then ``release()`` if it may; True when the lease was released."""
+        if not self.settle_all() and not sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
+            return False
+        return self.release()
+
+    def __enter__(self) -> ExecutionContext:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, ExecutionFencedError):
+            return  # superseded: the lease is someone else's now
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) and self.unsettled_sends():
+            for run in self._running():
+                self.send_overran(run)  # stopping now: never wait, never release under a send
+            return
+        try:
+            self.settle_all_and_release()
+        except Exception:
+            logger.exception(
+                "lease.release-failed",
+                extra={"event": "lease.release-failed", "execution_id": self._execution_id},
+            )
+
+    def __repr__(self) -> str:
+        return f"ExecutionContext({self._execution_id!r}, {self.lease!r})"
+
+
+__all__ = ["ExecutionContext"]

@@ -1,0 +1,115 @@
+"""What reconcile is told and how it is asked, for both of its callers (the holder's
+``core/reconcile.py`` and the sweep's ``core/stranded.py``).
+
+``lookup_of`` hands reconcile the stored (masked) request and the attempt's times on
+the database clock; ``ask`` runs the user's ``reconcile`` bounded like a send; a
+lookup that raises or hangs is ``LookupFailed`` — no answer, never a ``NotSent``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.inflight import RunState, run_bounded
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    Lookup,
+    NotSent,
+    OutboundCall,
+    Unknown,
+)
+from celery_agboss.core.protections import NO_KEY_AGE_CHECK
+from celery_agboss.core.store import IntentRecord, IntentStatus, IntentUpdate, LeaseRef
+from celery_agboss.core.transitions import error_detail, mask_result, transaction_id_of
+
+
+def lookup_of(record: IntentRecord) -> Lookup:
+    """What reconcile is told: the stored request and the times, all on the database clock."""
+    key_age = None
+    if record.first_attempt_at_ms is not None:
+        key_age = timedelta(milliseconds=max(record.read_at_ms - record.first_attempt_at_ms, 0))
+    started = None
+    if record.attempt_started_at_ms is not None:
+        started = record.attempt_started_at_ms / 1000
+    return Lookup(
+        idempotency_key=record.idempotency_key,
+        request=record.request,
+        attempt=record.attempt,
+        attempt_started_at=started,
+        key_age=key_age,
+    )
+
+
+def max_key_age_ms(call: OutboundCall, attempt_timeout_ms: int) -> int | None:
+    """The key-age bound of a resend: ``key_retention - attempt_timeout``, or None when the
+    lookup proves absence (any age may be resent)."""
+    if call.lookup_proves_absence or sabotage.active(NO_KEY_AGE_CHECK):
+        return None
+    assert call.key_retention_seconds is not None  # OutboundCall refuses the other case
+    return round(call.key_retention_seconds * 1000) - attempt_timeout_ms
+
+
+class LookupFailed(Exception):
+    def __init__(self, detail: dict[str, Any]) -> None:
+        super().__init__(detail.get("reason"))
+        self.detail = detail
+
+
+def ask(
+    call: OutboundCall, context: CallContext, lookup: Lookup, timeout_ms: int
+) -> Completed[Any] | NotSent | Unknown:
+    """Run ``call.reconcile`` bounded by ``timeout_ms``; anything but an answer is LookupFailed."""
+    run = run_bounded(
+        f"reconcile:{call.name}",
+        lambda ctx: call.reconcile(ctx, lookup),
+        context,
+        timeout_ms / 1000,
+    )
+    state = run.wait()
+    if state is RunState.TIMED_OUT:
+        raise LookupFailed({"reason": "reconcile-timeout"})
+    if state is RunState.RAISED:
+        assert run.error is not None
+        if not isinstance(run.error, Exception):
+            raise run.error
+        raise LookupFailed({"reason": "reconcile-raised", **error_detail(call, run.error)})
+    answer = run.result
+    if isinstance(answer, (Completed, NotSent, Unknown)):
+        return answer
+    return Unknown(f"reconcile returned {type(answer).__name__}, not Completed/NotSent/Unknown")
+
+
+def completed_update(call: OutboundCall, result: Any) -> tuple[bool, IntentUpdate, str | None]:
+    stored_ok, stored = mask_result(call, result)
+    gateway_id = transaction_id_of(call, result)
+    update = IntentUpdate(
+        status=IntentStatus.COMPLETED,
+        complete=True,
+        result=stored,
+        result_stored=stored_ok,
+        gateway_transaction_id=gateway_id,
+        needs_operator=not stored_ok,
+        operator_reason=None if stored_ok else "result-not-stored",
+        not_sent_confirmed=False,
+        clear_next_lookup=True,
+    )
+    return stored_ok, update, gateway_id
+
+
+def previous_owner(owner: LeaseRef | None) -> dict[str, Any]:
+    if owner is None:
+        return {"previous_holder": None, "previous_token": None}
+    return {"previous_holder": owner.holder, "previous_token": owner.token}
+
+
+__all__ = [
+    "LookupFailed",
+    "ask",
+    "completed_update",
+    "lookup_of",
+    "max_key_age_ms",
+    "previous_owner",
+]

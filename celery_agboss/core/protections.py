@@ -1,0 +1,67 @@
+"""The engine's protections that tests switch off (``celery_agboss.core.sabotage``).
+
+Each name is one check of the outbound-call state machine, the fenced effects or the
+execution context. A guarantee test proves its protection by switching it off in a
+twin and counting the harm at the fake gateway. None of these is ever a setting.
+"""
+
+from __future__ import annotations
+
+from celery_agboss.core.sabotage import register
+
+INTENT_CAS_WITHOUT_PREDICATE = register("intent-cas-without-predicate")
+"""R15: a compare-and-set that misses writes anyway (an UPDATE without its predicate)."""
+
+JOIN_ON_ANY_FINGERPRINT = register("join-on-any-fingerprint")
+"""R16: join a send in flight whatever request the joiner asked for."""
+
+RELEASE_WITH_UNSETTLED_ATTEMPT = register("release-with-unsettled-attempt")
+"""R18/R23: release the lease while a send under it is still running."""
+
+NO_KEY_AGE_CHECK = register("no-key-age-check")
+"""R26/PS17: resend a ``NotSent()`` whatever the key's age."""
+
+UNKNOWN_ERRORS_ARE_DEFINITE = register("unknown-errors-are-definite")
+"""R25/PS1: every exception from send is a definite failure (FAILED, resent, no lookup)."""
+
+RECLAIM_BUMPS_TOKEN = register("reclaim-bumps-token")
+"""R23: after a send overran, the holder re-acquires its lease (token + 1) and carries on,
+so its own send, still running, looks dead to everyone else."""
+
+FINGERPRINT_NOT_CHECKED = register("fingerprint-not-checked")
+"""PS7/PS20/PS22: another request under the same key is replayed, resent or reconciled."""
+
+REPLAY_NOT_STORED_MARKER = register("replay-not-stored-marker")
+"""R24: a replay of a result that could not be stored returns the marker as the result."""
+
+SUPERSEDED_SILENTLY_REPORTED = register("superseded-silently-reported")
+"""R20: an answer whose attempt was handed over is returned as if it had been stored."""
+
+SEND_WITHOUT_LEASE_CHECK = register("send-without-lease-check")
+"""PS3: send without checking the lease on the holder's clocks first."""
+
+PENDING_RESENT_WITHOUT_RECONCILE = register("pending-resent-without-reconcile")
+"""PS5: a pending intent is sent again (a new attempt) without asking reconcile first."""
+
+SEND_NOT_BOUNDED = register("send-not-bounded")
+"""R22: wait for a send however long it takes."""
+
+COMMIT_INSIDE_FENCED_EFFECT_ALLOWED = register("commit-inside-fenced-effect-allowed")
+"""P2: a fenced effect's function may commit its own writes before the effect's record."""
+
+
+__all__ = [
+    "COMMIT_INSIDE_FENCED_EFFECT_ALLOWED",
+    "FINGERPRINT_NOT_CHECKED",
+    "INTENT_CAS_WITHOUT_PREDICATE",
+    "JOIN_ON_ANY_FINGERPRINT",
+    "NO_KEY_AGE_CHECK",
+    "PENDING_RESENT_WITHOUT_RECONCILE",
+    "RECLAIM_BUMPS_TOKEN",
+    "RELEASE_WITH_UNSETTLED_ATTEMPT",
+    "REPLAY_NOT_STORED_MARKER",
+    "SEND_NOT_BOUNDED",
+    "SEND_WITHOUT_LEASE_CHECK",
+    "SUPERSEDED_SILENTLY_REPORTED",
+    "UNKNOWN_ERRORS_ARE_DEFINITE",
+]

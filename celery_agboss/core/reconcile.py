@@ -1,0 +1,351 @@
+"""Reconcile (DESIGN §4.4 and §6.2): ask the gateway what became of a PENDING intent.
+
+The holder of an execution takes a stranded intent by compare-and-set and may, on a
+proven ``NotSent()``, send it again — but only through the key-age compare-and-set
+(R26): the database decides whether
+``now - first_attempt_at + attempt_timeout < key_retention``. The sweep's side,
+which never sends, is ``core/stranded.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from celery_agboss.core import faults, sabotage
+from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.lookup import (
+    LookupFailed,
+    ask,
+    completed_update,
+    lookup_of,
+    max_key_age_ms,
+    previous_owner,
+)
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    NotSent,
+    Outcome,
+)
+from celery_agboss.core.prepared import Holder, PreparedCall, Resend
+from celery_agboss.core.protections import (
+    FINGERPRINT_NOT_CHECKED,
+    PENDING_RESENT_WITHOUT_RECONCILE,
+    SUPERSEDED_SILENTLY_REPORTED,
+)
+from celery_agboss.core.settings import EngineSettings
+from celery_agboss.core.settle import record_unknown
+from celery_agboss.core.store import (
+    UNSET,
+    IntentGuard,
+    IntentRecord,
+    IntentStatus,
+    IntentUpdate,
+    LeaseRef,
+)
+from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
+from celery_agboss.core.transitions import (
+    CallRef,
+    append_history,
+    cas,
+    fault,
+    log_event,
+)
+from celery_agboss.errors import (
+    ExecutionFencedError,
+    IdempotencyKeyConflictError,
+    OutboundCallOutcomeUnknownError,
+    OutboundCallResultNotStoredError,
+    OutboundCallUnreconciledError,
+)
+
+# --- the holder's side ------------------------------------------------------------
+
+
+def take_for_reconcile(
+    holder: Holder, p: PreparedCall, record: IntentRecord
+) -> IntentRecord | None:
+    """``(PENDING, attempt, dead owner) → (PENDING, attempt, me)``; None when another won."""
+    me = holder.lease_ref
+    with holder.fenced() as tx:
+        won = cas(
+            tx,
+            p.idempotency_key,
+            IntentGuard(IntentStatus.PENDING, record.attempt, record.owner, owner_not_live=True),
+            IntentUpdate(owner=me),
+        )
+        if won:
+            append_history(
+                tx,
+                holder.settings.pseudonym_key,
+                p.idempotency_key,
+                HistoryEvent.TAKEN_FOR_RECONCILE,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.PENDING,
+                attempt=record.attempt,
+                owner=me,
+                detail=previous_owner(record.owner),
+            )
+    return replace(record, owner=me, owner_live=True) if won else None
+
+
+def reconcile_pending(
+    holder: Holder, p: PreparedCall, record: IntentRecord
+) -> tuple[Any, Outcome] | Resend:
+    """Reconcile an intent this holder owns; a ``Resend`` when a new attempt is authorised."""
+    me = holder.lease_ref
+    settings = holder.settings
+    attempt = record.attempt
+    if sabotage.active(PENDING_RESENT_WITHOUT_RECONCILE):
+        with holder.fenced() as tx:
+            if cas(
+                tx,
+                p.idempotency_key,
+                IntentGuard(IntentStatus.PENDING, attempt, me),
+                IntentUpdate(attempt=attempt + 1, start_attempt=True),
+            ):
+                return Resend(attempt + 1)
+        raise ExecutionFencedError(**p.ref.fields(attempt=attempt))
+    log_event(
+        logging.INFO,
+        "outbound-call.reconciling",
+        "asking reconcile before anything is sent",
+        p.ref,
+        attempt=attempt,
+    )
+    context = CallContext(p.idempotency_key, p.request, attempt, p.call.name)
+    try:
+        answer = ask(p.call, context, lookup_of(record), settings.attempt_timeout_ms)
+    except LookupFailed as failed:
+        record_unknown(holder, p, attempt, failed.detail)
+        raise OutboundCallOutcomeUnknownError(
+            "reconcile could not be asked; the intent stays pending and will be reconciled again",
+            **p.ref.fields(attempt=attempt),
+        ) from failed
+    fault(faults.RECONCILE_AFTER_LOOKUP, me, p.ref, attempt=attempt, answer=type(answer).__name__)
+    if isinstance(answer, Completed):
+        return _reconciled_completed(holder, p, record, answer.result)
+    if isinstance(answer, NotSent):
+        return _reconciled_not_sent(holder, p, record)
+    _flag(
+        holder.fenced(),
+        settings,
+        p.ref,
+        p.idempotency_key,
+        attempt,
+        me,
+        HistoryEvent.UNRECONCILED,
+        {"reason": answer.reason[:500]},
+        IntentUpdate(needs_operator=True, operator_reason=f"unknown: {answer.reason}"[:500]),
+    )
+    log_event(
+        logging.WARNING,
+        "outbound-call.unreconciled",
+        "reconcile could not tell; nothing sent, an operator decides",
+        p.ref,
+        attempt=attempt,
+    )
+    raise OutboundCallUnreconciledError(
+        "reconcile could not tell whether the call reached the gateway; an operator decides",
+        **p.ref.fields(attempt=attempt, reason="unknown"),
+    )
+
+
+def _superseded(p: PreparedCall, attempt: int) -> ExecutionFencedError:
+    log_event(
+        logging.WARNING,
+        "outbound-call.superseded",
+        "the intent was taken by another holder during reconcile; nothing stored",
+        p.ref,
+        attempt=attempt,
+    )
+    return ExecutionFencedError(**p.ref.fields(attempt=attempt))
+
+
+def _reconciled_completed(
+    holder: Holder, p: PreparedCall, record: IntentRecord, result: Any
+) -> tuple[Any, Outcome]:
+    me = holder.lease_ref
+    stored_ok, update, gateway_id = completed_update(p.call, result)
+    with holder.fenced() as tx:
+        won = cas(
+            tx, p.idempotency_key, IntentGuard(IntentStatus.PENDING, record.attempt, me), update
+        )
+        if won:
+            append_history(
+                tx,
+                holder.settings.pseudonym_key,
+                p.idempotency_key,
+                HistoryEvent.RECONCILED_COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.COMPLETED,
+                attempt=record.attempt,
+                owner=me,
+                detail={"gateway_transaction_id": gateway_id, "by": "holder"},
+            )
+    if not won:
+        if sabotage.active(SUPERSEDED_SILENTLY_REPORTED):
+            return result, Outcome.RECONCILED
+        raise _superseded(p, record.attempt)
+    log_event(
+        logging.INFO,
+        "outbound-call.reconciled",
+        "found at the gateway; nothing sent",
+        p.ref,
+        attempt=record.attempt,
+        gateway_transaction_id=gateway_id,
+    )
+    if record.fingerprint != p.fingerprint and not sabotage.active(FINGERPRINT_NOT_CHECKED):
+        raise IdempotencyKeyConflictError(
+            f"the intent of {p.call.name!r} under this key completed with another request; "
+            "nothing was sent",
+            **p.ref.fields(),
+        )
+    if not stored_ok:
+        raise OutboundCallResultNotStoredError(
+            "the call completed but its result could not be stored; an operator must supply it",
+            **p.ref.fields(attempt=record.attempt),
+        )
+    return result, Outcome.RECONCILED
+
+
+def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) -> Resend:
+    me = holder.lease_ref
+    settings = holder.settings
+    attempt = record.attempt
+    if record.fingerprint != p.fingerprint and not sabotage.active(FINGERPRINT_NOT_CHECKED):
+        own = record.execution_id == holder.execution_id
+        _flag(
+            holder.fenced(),
+            settings,
+            p.ref,
+            p.idempotency_key,
+            attempt,
+            me,
+            HistoryEvent.FINGERPRINT_CONFLICT,
+            {"not_sent": True, "own_execution": own},
+            IntentUpdate(
+                not_sent_confirmed=True,
+                needs_operator=True if own else None,
+                operator_reason="fingerprint-conflict" if own else UNSET,
+            ),
+        )
+        raise IdempotencyKeyConflictError(
+            f"the pending intent of {p.call.name!r} under this key holds another request; "
+            "nothing was sent",
+            **p.ref.fields(),
+        )
+    bound = max_key_age_ms(p.call, settings.attempt_timeout_ms)
+    too_old = False
+    with holder.fenced() as tx:
+        won = cas(
+            tx,
+            p.idempotency_key,
+            IntentGuard(IntentStatus.PENDING, attempt, me, max_key_age_ms=bound),
+            IntentUpdate(
+                attempt=attempt + 1,
+                start_attempt=True,
+                not_sent_confirmed=False,
+                needs_operator=False,
+                operator_reason=None,
+                clear_next_lookup=True,
+            ),
+        )
+        if won:
+            append_history(
+                tx,
+                settings.pseudonym_key,
+                p.idempotency_key,
+                HistoryEvent.RECONCILED_NOT_SENT,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.PENDING,
+                attempt=attempt + 1,
+                owner=me,
+                detail={"previous_attempt": attempt, "resend": True, "key_age_bound_ms": bound},
+            )
+        else:
+            too_old = tx.update_intent(
+                p.idempotency_key,
+                IntentGuard(IntentStatus.PENDING, attempt, me),
+                IntentUpdate(
+                    needs_operator=True, operator_reason="key-too-old", not_sent_confirmed=True
+                ),
+            )
+            if too_old:
+                append_history(
+                    tx,
+                    settings.pseudonym_key,
+                    p.idempotency_key,
+                    HistoryEvent.UNRECONCILED,
+                    from_status=IntentStatus.PENDING,
+                    to_status=IntentStatus.PENDING,
+                    attempt=attempt,
+                    owner=me,
+                    detail={"reason": "key-too-old", "key_age_bound_ms": bound},
+                )
+    if won:
+        return Resend(attempt + 1)
+    if not too_old:
+        raise _superseded(p, attempt)
+    log_event(
+        logging.WARNING,
+        "outbound-call.unreconciled",
+        "not sent, but the key may have expired at the gateway: nothing resent",
+        p.ref,
+        attempt=attempt,
+        reason="key-too-old",
+    )
+    raise OutboundCallUnreconciledError(
+        "reconcile found nothing, but the idempotency key is too old to resend safely "
+        "(key_age + attempt_timeout >= key_retention); an operator decides",
+        **p.ref.fields(attempt=attempt, reason="key-too-old"),
+    )
+
+
+def _flag(
+    fenced: Any,
+    settings: EngineSettings,
+    ref: CallRef,
+    key: str,
+    attempt: int,
+    owner: LeaseRef,
+    event: HistoryEvent,
+    detail: dict[str, Any],
+    update: IntentUpdate,
+) -> None:
+    """Write a flag on an intent this owner holds, with its history row; miss → fenced."""
+    with fenced as tx:
+        won = tx.update_intent(key, IntentGuard(IntentStatus.PENDING, attempt, owner), update)
+        if won:
+            append_history(
+                tx,
+                settings.pseudonym_key,
+                key,
+                event,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.PENDING,
+                attempt=attempt,
+                owner=owner,
+                detail=detail,
+            )
+    if not won:
+        log_event(
+            logging.WARNING,
+            "outbound-call.superseded",
+            "the intent was taken by another holder; nothing stored",
+            ref,
+            attempt=attempt,
+        )
+        raise ExecutionFencedError(**ref.fields(attempt=attempt))
+
+
+# ``StrandedOutcome`` and ``reconcile_stranded`` (the sweep's side) live in
+# core/stranded.py and are re-exported here.
+__all__ = [
+    "StrandedOutcome",
+    "reconcile_pending",
+    "reconcile_stranded",
+    "take_for_reconcile",
+]

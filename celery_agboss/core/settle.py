@@ -1,0 +1,336 @@
+"""Send one claimed attempt and settle what came back (DESIGN §4.2–4.3).
+
+The send runs in a worker thread bounded by ``attempt_timeout``; the lease is checked
+on the holder's clocks immediately before it, nothing awaited in between. A result
+is settled by ``(PENDING, attempt, me) → COMPLETED``; a definite failure by
+``→ FAILED`` and re-raised; anything else (an error of unknown outcome, a timeout, a
+lost lease) leaves the intent PENDING, recorded as such, for reconcile (R25).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from celery_agboss.core import faults, sabotage
+from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.inflight import IN_FLIGHT, BoundedRun, InFlightSend, RunState, run_bounded
+from celery_agboss.core.outbound import CallContext, Outcome
+from celery_agboss.core.prepared import Holder, PreparedCall
+from celery_agboss.core.protections import (
+    SEND_NOT_BOUNDED,
+    SEND_WITHOUT_LEASE_CHECK,
+    SUPERSEDED_SILENTLY_REPORTED,
+    UNKNOWN_ERRORS_ARE_DEFINITE,
+)
+from celery_agboss.core.store import JSON, IntentGuard, IntentStatus, IntentUpdate
+from celery_agboss.core.transitions import (
+    append_history,
+    cas,
+    error_detail,
+    fault,
+    log_event,
+    mask_result,
+    transaction_id_of,
+)
+from celery_agboss.errors import (
+    ExecutionFencedError,
+    OutboundCallOutcomeUnknownError,
+    OutboundCallResultNotStoredError,
+    StoreError,
+)
+
+UNBOUNDED_SEND_S = 365 * 86400.0
+"""The "bound" of a send when the R22 protection is switched off (tests only)."""
+
+
+def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any, Outcome]:
+    """Send ``attempt`` (already claimed by this holder) and settle what came back."""
+    me = holder.lease_ref
+    timeout_s = holder.settings.attempt_timeout_ms / 1000
+    if sabotage.active(SEND_NOT_BOUNDED):
+        timeout_s = UNBOUNDED_SEND_S
+    entry = InFlightSend(
+        p.idempotency_key, me, attempt, p.fingerprint, time.monotonic() + timeout_s
+    )
+    IN_FLIGHT.begin(entry)
+    try:
+        fault(faults.OUTBOUND_BEFORE_SEND, me, p.ref, attempt=attempt)
+        if not sabotage.active(SEND_WITHOUT_LEASE_CHECK):
+            try:
+                holder.assert_can_send()
+            except ExecutionFencedError:
+                log_event(
+                    logging.WARNING,
+                    "outbound-call.superseded",
+                    "the lease was lost before the send; nothing sent",
+                    p.ref,
+                    attempt=attempt,
+                )
+                raise
+        context = CallContext(p.idempotency_key, p.request, attempt, p.call.name)
+        run = run_bounded(
+            f"send:{p.call.name}",
+            p.call.send,
+            context,
+            timeout_s,
+            on_late=_late_answer_logger(p, attempt),
+            before_start=holder.send_started,
+        )
+        try:
+            state = run.wait()
+        except BaseException:
+            holder.send_overran(run)  # interrupted while the send runs: never release under it
+            raise
+        fault(faults.OUTBOUND_AFTER_SEND, me, p.ref, attempt=attempt, outcome=state.value)
+        if state is RunState.RETURNED:
+            result = settle_result(holder, p, attempt, run.result)
+            entry.finish(succeeded=True, result=result)
+            return result, Outcome.SENT
+        if state is RunState.RAISED:
+            assert run.error is not None
+            settle_error(holder, p, attempt, run.error)
+        record_unknown(holder, p, attempt, {"reason": "attempt-timeout"})
+        holder.send_overran(run)
+        log_event(
+            logging.WARNING,
+            "outbound-call.outcome-unknown",
+            "the send overran attempt_timeout; the lease is no longer renewed",
+            p.ref,
+            attempt=attempt,
+        )
+        raise OutboundCallOutcomeUnknownError(
+            "the send did not answer within attempt_timeout; it will be reconciled",
+            **p.ref.fields(attempt=attempt),
+        )
+    finally:
+        if not entry.finished.is_set():
+            entry.finish(succeeded=False)
+        IN_FLIGHT.end(entry)
+
+
+def _late_answer_logger(p: PreparedCall, attempt: int) -> Callable[[BoundedRun], None]:
+    def on_late(run: BoundedRun) -> None:
+        log_event(
+            logging.WARNING,
+            "outbound-call.answered-after-hand-over",
+            "a send that overran attempt_timeout answered; nothing stored",
+            p.ref,
+            attempt=attempt,
+            raised=run.error is not None,
+        )
+
+    return on_late
+
+
+def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) -> Any:
+    """``(PENDING, attempt, me) → COMPLETED``; a miss is success only if my attempt completed."""
+    me = holder.lease_ref
+    stored_ok, stored = mask_result(p.call, result)
+    gateway_id = transaction_id_of(p.call, result)
+    fault(faults.OUTBOUND_BEFORE_SETTLE, me, p.ref, attempt=attempt)
+    mine = False
+    try:
+        with holder.fenced() as tx:
+            won = cas(
+                tx,
+                p.idempotency_key,
+                IntentGuard(IntentStatus.PENDING, attempt, me),
+                IntentUpdate(
+                    status=IntentStatus.COMPLETED,
+                    complete=True,
+                    result=stored,
+                    result_stored=stored_ok,
+                    gateway_transaction_id=gateway_id,
+                    needs_operator=not stored_ok,
+                    operator_reason=None if stored_ok else "result-not-stored",
+                ),
+            )
+            if won:
+                append_history(
+                    tx,
+                    holder.settings.pseudonym_key,
+                    p.idempotency_key,
+                    HistoryEvent.COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
+                    from_status=IntentStatus.PENDING,
+                    to_status=IntentStatus.COMPLETED,
+                    attempt=attempt,
+                    owner=me,
+                    detail={"gateway_transaction_id": gateway_id},
+                )
+            else:
+                now = tx.read_intent(p.idempotency_key)
+                mine = (
+                    now is not None
+                    and now.status is IntentStatus.COMPLETED
+                    and now.attempt == attempt
+                    and now.owner == me
+                )
+    except ExecutionFencedError:
+        return _handed_over(p, attempt, result)
+    except StoreError as exc:
+        log_event(
+            logging.WARNING,
+            "outbound-call.outcome-unknown",
+            "the store failed while settling; the intent will be reconciled",
+            p.ref,
+            attempt=attempt,
+        )
+        raise OutboundCallOutcomeUnknownError(
+            "the gateway answered but the store failed while recording it; it will be reconciled",
+            **p.ref.fields(attempt=attempt),
+        ) from exc
+    if not won and not mine:
+        return _handed_over(p, attempt, result)
+    log_event(
+        logging.INFO,
+        "outbound-call.sent",
+        "sent and settled",
+        p.ref,
+        attempt=attempt,
+        gateway_transaction_id=gateway_id,
+    )
+    if not stored_ok:
+        raise OutboundCallResultNotStoredError(
+            "the call completed but its result could not be stored; an operator must supply it",
+            **p.ref.fields(attempt=attempt),
+        )
+    return result
+
+
+def _handed_over(p: PreparedCall, attempt: int, result: Any) -> Any:
+    """The answer came after the attempt was handed over: stored nowhere, reported (R20)."""
+    log_event(
+        logging.WARNING,
+        "outbound-call.answered-after-hand-over",
+        "the attempt was handed over before its answer was stored; nothing stored",
+        p.ref,
+        attempt=attempt,
+    )
+    if sabotage.active(SUPERSEDED_SILENTLY_REPORTED):
+        return result
+    log_event(
+        logging.WARNING,
+        "outbound-call.superseded",
+        "this delivery's attempt was superseded",
+        p.ref,
+        attempt=attempt,
+    )
+    raise ExecutionFencedError(
+        "the lease was handed over while the call was in flight; the new holder reconciles it",
+        **p.ref.fields(attempt=attempt),
+    )
+
+
+def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseException) -> NoReturn:
+    """A definite failure becomes FAILED and is re-raised; anything else stays PENDING (R25)."""
+    if sabotage.active(UNKNOWN_ERRORS_ARE_DEFINITE):
+        definite = True
+    else:
+        try:
+            definite = p.call.is_definite_failure(exc) is True
+        except Exception:
+            definite = False  # a classifier that fails classifies nothing as definite (A15)
+    detail = error_detail(p.call, exc)
+    if not definite:
+        record_unknown(holder, p, attempt, {"reason": "send-raised", **detail})
+        log_event(
+            logging.WARNING,
+            "outbound-call.outcome-unknown",
+            "send raised an error of unknown outcome; it will be reconciled",
+            p.ref,
+            attempt=attempt,
+            error_type=detail["error_type"],
+        )
+        raise OutboundCallOutcomeUnknownError(
+            "send raised an error that is not a definite failure; it will be reconciled",
+            **p.ref.fields(attempt=attempt),
+        ) from exc
+    me = holder.lease_ref
+    try:
+        with holder.fenced() as tx:
+            won = cas(
+                tx,
+                p.idempotency_key,
+                IntentGuard(IntentStatus.PENDING, attempt, me),
+                IntentUpdate(status=IntentStatus.FAILED),
+            )
+            if won:
+                append_history(
+                    tx,
+                    holder.settings.pseudonym_key,
+                    p.idempotency_key,
+                    HistoryEvent.FAILED_DEFINITE,
+                    from_status=IntentStatus.PENDING,
+                    to_status=IntentStatus.FAILED,
+                    attempt=attempt,
+                    owner=me,
+                    detail=detail,
+                )
+    except ExecutionFencedError as fenced:
+        _handed_over_error(p, attempt, fenced)
+    except StoreError as store_error:
+        raise OutboundCallOutcomeUnknownError(
+            "a definite failure could not be recorded; the intent will be reconciled",
+            **p.ref.fields(attempt=attempt),
+        ) from store_error
+    if not won:
+        _handed_over_error(p, attempt, None)
+    log_event(
+        logging.INFO,
+        "outbound-call.failed",
+        "definite failure recorded",
+        p.ref,
+        attempt=attempt,
+        error_type=detail["error_type"],
+    )
+    raise exc
+
+
+def _handed_over_error(p: PreparedCall, attempt: int, cause: BaseException | None) -> NoReturn:
+    log_event(
+        logging.WARNING,
+        "outbound-call.answered-after-hand-over",
+        "a definite failure arrived after the attempt was handed over; nothing stored",
+        p.ref,
+        attempt=attempt,
+    )
+    raise ExecutionFencedError(
+        "the lease was handed over while the call was in flight; the new holder reconciles it",
+        **p.ref.fields(attempt=attempt),
+    ) from cause
+
+
+def record_unknown(holder: Holder, p: PreparedCall, attempt: int, detail: JSON) -> None:
+    """Quarantine record of an unknown outcome (best effort: the intent is PENDING anyway)."""
+    me = holder.lease_ref
+    try:
+        with holder.fenced() as tx:
+            if tx.update_intent(
+                p.idempotency_key, IntentGuard(IntentStatus.PENDING, attempt, me), IntentUpdate()
+            ):
+                append_history(
+                    tx,
+                    holder.settings.pseudonym_key,
+                    p.idempotency_key,
+                    HistoryEvent.OUTCOME_UNKNOWN,
+                    from_status=IntentStatus.PENDING,
+                    to_status=IntentStatus.PENDING,
+                    attempt=attempt,
+                    owner=me,
+                    detail=detail,
+                )
+    except (ExecutionFencedError, StoreError) as exc:
+        log_event(
+            logging.WARNING,
+            "outbound-call.history-not-written",
+            "the unknown outcome could not be recorded in history; the intent stays PENDING",
+            p.ref,
+            attempt=attempt,
+            error_type=type(exc).__name__,
+        )
+
+
+__all__ = ["record_unknown", "send_and_settle", "settle_error", "settle_result"]

@@ -1,0 +1,232 @@
+"""The sweep's reconcile (DESIGN §6.2): take a PENDING intent that no live lease owns,
+under the sweeper's own short lease, and ask the gateway — never send.
+
+``Completed`` is stored; ``NotSent`` is recorded as ``not_sent_confirmed`` and the
+intent handed back (no owner) for the execution's next delivery, which decides a
+resend through the key-age compare-and-set; ``Unknown`` flags the intent for an
+operator. Lookups of the same intent back off.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any, Protocol
+
+from celery_agboss.core import faults
+from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.lookup import (
+    LookupFailed,
+    ask,
+    completed_update,
+    lookup_of,
+    previous_owner,
+)
+from celery_agboss.core.outbound import CallContext, Completed, NotSent, OutboundCall, Unknown
+from celery_agboss.core.settings import EngineSettings
+from celery_agboss.core.store import (
+    IntentGuard,
+    IntentRecord,
+    IntentStatus,
+    IntentUpdate,
+    LeaseRef,
+    Store,
+)
+from celery_agboss.core.transitions import CallRef, append_history, cas, fault, log_event
+
+LOOKUP_BACKOFF_BASE_MS = 30_000
+LOOKUP_BACKOFF_CAP_MS = 3_600_000
+
+
+class StrandedOutcome(str, enum.Enum):
+    """What ``reconcile_stranded`` did with one intent."""
+
+    COMPLETED = "COMPLETED"  # found at the gateway and stored
+    NOT_SENT_CONFIRMED = "NOT_SENT_CONFIRMED"  # recorded; the execution's holder resends
+    UNRECONCILED = "UNRECONCILED"  # flagged for an operator
+    LOOKUP_FAILED = "LOOKUP_FAILED"  # reconcile raised or timed out; looked up again later
+    SKIPPED = "SKIPPED"  # not pending, owned by a live lease, or taken by someone else
+    UNKNOWN_CALL = "UNKNOWN_CALL"  # no OutboundCall of that name is registered here
+
+
+class _HasRef(Protocol):
+    @property
+    def ref(self) -> LeaseRef: ...
+
+
+def _backoff_ms(failures: int) -> int:
+    return int(min(LOOKUP_BACKOFF_BASE_MS * 2 ** min(failures, 20), LOOKUP_BACKOFF_CAP_MS))
+
+
+def reconcile_stranded(
+    store: Store,
+    settings: EngineSettings,
+    idempotency_key: str,
+    *,
+    sweeper_lease: LeaseRef | _HasRef,
+    sweeper_ttl_ms: int | None = None,
+) -> StrandedOutcome:
+    """Take a PENDING intent with no live owner under the sweeper's own lease and reconcile
+    it. Never sends: the execution's next delivery does, through the key-age CAS."""
+    lease = sweeper_lease if isinstance(sweeper_lease, LeaseRef) else sweeper_lease.ref
+    ttl = settings.lease_ttl_ms if sweeper_ttl_ms is None else sweeper_ttl_ms
+    with store.fenced(lease, ttl) as tx:
+        record = tx.read_intent(idempotency_key)
+        if record is None or record.status is not IntentStatus.PENDING or record.owner_live:
+            return StrandedOutcome.SKIPPED
+        call = settings.call_named(record.name)
+        ref = CallRef(record.name, record.execution_id, idempotency_key, record.business_key_handle)
+        if call is None:
+            log_event(
+                logging.WARNING,
+                "outbound-call.unreconciled",
+                "no OutboundCall of this name is registered in this process",
+                ref,
+                attempt=record.attempt,
+                reason="unknown-call",
+            )
+            return StrandedOutcome.UNKNOWN_CALL
+        won = cas(
+            tx,
+            idempotency_key,
+            IntentGuard(IntentStatus.PENDING, record.attempt, record.owner, owner_not_live=True),
+            IntentUpdate(owner=lease),
+        )
+        if not won:
+            return StrandedOutcome.SKIPPED
+        append_history(
+            tx,
+            settings.pseudonym_key,
+            idempotency_key,
+            HistoryEvent.TAKEN_FOR_RECONCILE,
+            from_status=IntentStatus.PENDING,
+            to_status=IntentStatus.PENDING,
+            attempt=record.attempt,
+            owner=lease,
+            detail={"by": "sweep", **previous_owner(record.owner)},
+        )
+    attempt = record.attempt
+    context = CallContext(idempotency_key, record.request, attempt, call.name)
+    try:
+        answer: Completed[Any] | NotSent | Unknown | None = ask(
+            call, context, lookup_of(record), settings.attempt_timeout_ms
+        )
+        failure: dict[str, Any] | None = None
+    except LookupFailed as failed:
+        answer, failure = None, failed.detail
+    fault(faults.RECONCILE_AFTER_LOOKUP, lease, ref, attempt=attempt, answer=type(answer).__name__)
+    return _settle_stranded(store, settings, lease, ttl, record, call, ref, answer, failure)
+
+
+def _settle_stranded(
+    store: Store,
+    settings: EngineSettings,
+    lease: LeaseRef,
+    ttl: int,
+    record: IntentRecord,
+    call: OutboundCall,
+    ref: CallRef,
+    answer: Completed[Any] | NotSent | Unknown | None,
+    failure: dict[str, Any] | None,
+) -> StrandedOutcome:
+    key = record.idempotency_key
+    attempt = record.attempt
+    guard = IntentGuard(IntentStatus.PENDING, attempt, lease)
+    failures = record.lookup_failures + 1
+    with store.fenced(lease, ttl) as tx:
+        history: tuple[HistoryEvent, IntentStatus, dict[str, Any]] | None
+        if isinstance(answer, Completed):
+            stored_ok, update, gateway_id = completed_update(call, answer.result)
+            outcome = StrandedOutcome.COMPLETED
+            event = (
+                HistoryEvent.RECONCILED_COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED
+            )
+            history = (
+                event,
+                IntentStatus.COMPLETED,
+                {"gateway_transaction_id": gateway_id, "by": "sweep"},
+            )
+        elif isinstance(answer, NotSent):
+            update = IntentUpdate(
+                owner=None, not_sent_confirmed=True, next_lookup_delay_ms=_backoff_ms(0)
+            )
+            outcome = StrandedOutcome.NOT_SENT_CONFIRMED
+            history = (
+                HistoryEvent.RECONCILED_NOT_SENT,
+                IntentStatus.PENDING,
+                {"by": "sweep", "resend": False},
+            )
+        elif isinstance(answer, Unknown):
+            update = IntentUpdate(
+                owner=None,
+                needs_operator=True,
+                operator_reason=f"unknown: {answer.reason}"[:500],
+                lookup_failures=failures,
+                next_lookup_delay_ms=_backoff_ms(failures),
+            )
+            outcome = StrandedOutcome.UNRECONCILED
+            history = (
+                HistoryEvent.UNRECONCILED,
+                IntentStatus.PENDING,
+                {"by": "sweep", "reason": answer.reason[:500]},
+            )
+        else:
+            update = IntentUpdate(
+                owner=None, lookup_failures=failures, next_lookup_delay_ms=_backoff_ms(failures)
+            )
+            outcome = StrandedOutcome.LOOKUP_FAILED
+            history = None
+        won = cas(tx, key, guard, update)
+        if won and history is not None:
+            event, to_status, detail = history
+            append_history(
+                tx,
+                settings.pseudonym_key,
+                key,
+                event,
+                from_status=IntentStatus.PENDING,
+                to_status=to_status,
+                attempt=attempt,
+                owner=lease,
+                detail=detail,
+            )
+    if not won:
+        return StrandedOutcome.SKIPPED
+    names = {
+        StrandedOutcome.COMPLETED: (
+            "outbound-call.reconciled",
+            "found at the gateway by the sweep",
+        ),
+        StrandedOutcome.NOT_SENT_CONFIRMED: (
+            "outbound-call.not-sent-confirmed",
+            "the sweep confirmed it was not sent; the execution's holder decides a resend",
+        ),
+        StrandedOutcome.UNRECONCILED: (
+            "outbound-call.unreconciled",
+            "the sweep could not tell; an operator decides",
+        ),
+        StrandedOutcome.LOOKUP_FAILED: (
+            "outbound-call.lookup-failed",
+            "reconcile could not be asked; looked up again later",
+        ),
+    }
+    event_name, message = names[outcome]
+    level = logging.INFO if outcome is StrandedOutcome.COMPLETED else logging.WARNING
+    log_event(
+        level,
+        event_name,
+        message,
+        ref,
+        attempt=attempt,
+        by="sweep",
+        **({} if failure is None else {"error_type": failure.get("error_type")}),
+    )
+    return outcome
+
+
+__all__ = [
+    "LOOKUP_BACKOFF_BASE_MS",
+    "LOOKUP_BACKOFF_CAP_MS",
+    "StrandedOutcome",
+    "reconcile_stranded",
+]

@@ -1,0 +1,173 @@
+"""The pieces every intent transition is made of: one guarded compare-and-set, one
+chained history row in the same transaction, one structured log event.
+
+Shared by the holder's state machine (``engine``) and the sweep's reconcile
+(``reconcile``), so the two can never disagree on what a transition writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.faults import fault_point
+from celery_agboss.core.history import HistoryEvent, next_history_row
+from celery_agboss.core.masking import NO_MASKING, MaskingPolicy
+from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.protections import INTENT_CAS_WITHOUT_PREDICATE
+from celery_agboss.core.store import (
+    JSON,
+    IntentGuard,
+    IntentStatus,
+    IntentUpdate,
+    LeaseRef,
+    StoreTransaction,
+)
+
+logger = logging.getLogger("celery_agboss")
+
+ERROR_TEXT_LIMIT = 500
+"""Characters of an error text kept in history: enough to read, too little to hold a dump."""
+
+
+def cas(tx: StoreTransaction, key: str, guard: IntentGuard, update: IntentUpdate) -> bool:
+    """One ``UPDATE … WHERE <guard>``, judged by its row count.
+
+    Sabotaged (R15), a miss writes anyway: the row is re-read and updated under a
+    guard built from what it now holds, which is an UPDATE without a predicate.
+    """
+    if tx.update_intent(key, guard, update):
+        return True
+    if not sabotage.active(INTENT_CAS_WITHOUT_PREDICATE):
+        return False
+    for _ in range(5):  # the row may change between the read and the write: chase it
+        current = tx.read_intent(key)
+        if current is None:
+            return False
+        loose = IntentGuard(status=current.status, attempt=current.attempt, owner=current.owner)
+        if tx.update_intent(key, loose, update):
+            return True
+    return False
+
+
+def append_history(
+    tx: StoreTransaction,
+    pseudonym_key: bytes,
+    key: str,
+    event: HistoryEvent,
+    *,
+    from_status: IntentStatus | None,
+    to_status: IntentStatus,
+    attempt: int,
+    owner: LeaseRef | None,
+    detail: JSON = None,
+) -> None:
+    """Chain one row to the intent's history (call it after the CAS, which locked the row)."""
+    row = next_history_row(
+        pseudonym_key,
+        tx.last_history(key),
+        idempotency_key=key,
+        at_ms=tx.now_ms,
+        event=event,
+        from_status=None if from_status is None else from_status.value,
+        to_status=to_status.value,
+        attempt=attempt,
+        holder=None if owner is None else owner.holder,
+        token=None if owner is None else owner.token,
+        detail=detail if detail is not None else {},
+    )
+    tx.append_history(row)
+
+
+def policy_of(call: OutboundCall) -> MaskingPolicy:
+    mask = call.mask
+    return mask if isinstance(mask, MaskingPolicy) else NO_MASKING
+
+
+def mask_result(call: OutboundCall, result: Any) -> tuple[bool, JSON]:
+    """``(True, stored form)`` or ``(False, a not-stored marker)``; never raises (R24)."""
+    try:
+        return policy_of(call).try_mask_result(result)
+    except Exception as exc:  # a custom policy object that raised something else
+        return False, {"agboss_result_not_stored": f"masking raised {type(exc).__name__}"}
+
+
+def transaction_id_of(call: OutboundCall, result: Any) -> str | None:
+    """The gateway's own id when the call can tell it; a failing extractor records none."""
+    if call.transaction_id is None:
+        return None
+    try:
+        value = call.transaction_id(result)
+    except Exception as exc:
+        logger.warning(
+            "transaction_id of %s raised %s; no gateway id recorded",
+            call.name,
+            type(exc).__name__,
+            extra={"event": "outbound-call.transaction-id-failed", "call": call.name},
+        )
+        return None
+    return None if value is None else str(value)[:256]
+
+
+def error_detail(call: OutboundCall, exc: BaseException) -> dict[str, Any]:
+    """What history keeps of an exception: its type, and its text masked by the policy."""
+    detail: dict[str, Any] = {"error_type": f"{type(exc).__module__}.{type(exc).__qualname__}"}
+    try:
+        detail["error"] = policy_of(call).mask_error_text(str(exc))[:ERROR_TEXT_LIMIT]
+    except Exception:
+        detail["error"] = None  # the policy failed: the text is not stored (fail closed)
+    return detail
+
+
+@dataclass(frozen=True)
+class CallRef:
+    """How logs and errors name an intent: never the business key in clear."""
+
+    call: str
+    execution_id: str
+    idempotency_key: str  # for fault points only: it holds a business key in clear
+    handle: str | None  # HMAC handle of the business key, for business-keyed calls
+
+    def fields(self, **more: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"call": self.call, "execution_id": self.execution_id}
+        if self.handle is not None:
+            out["business_key_handle"] = self.handle
+        else:
+            out["idempotency_key"] = self.idempotency_key  # a step key: task id and name only
+        out.update(more)
+        return out
+
+
+def log_event(level: int, event: str, message: str, ref: CallRef, **more: Any) -> None:
+    """One structured event on the ``celery_agboss`` logger (``extra["event"]`` names it)."""
+    fields = ref.fields(**more)
+    logger.log(level, "%s: %s (%s)", event, message, ref.call, extra={"event": event, **fields})
+
+
+def fault(name: str, lease: LeaseRef, ref: CallRef, **more: object) -> None:
+    """A fault point with the context tests filter on: scope, holder, token, key."""
+    fault_point(
+        name,
+        scope=lease.scope,
+        holder=lease.holder,
+        token=lease.token,
+        call=ref.call,
+        key=ref.idempotency_key,
+        execution_id=ref.execution_id,
+        **more,
+    )
+
+
+__all__ = [
+    "CallRef",
+    "append_history",
+    "cas",
+    "error_detail",
+    "fault",
+    "log_event",
+    "mask_result",
+    "policy_of",
+    "transaction_id_of",
+]

@@ -1,0 +1,221 @@
+"""Helpers of the engine suite: calls against the fake gateway, deliveries, threads.
+
+A "delivery" is one ``ExecutionContext`` (what one Celery delivery of a task gets).
+A crash is a ``Crash`` raised at a fault point: the delivery stops where it is and
+never releases its lease — exactly what a SIGKILL leaves behind.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
+from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.masking import MaskingPolicy
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    Lookup,
+    NotSent,
+    OutboundCall,
+    Unknown,
+)
+from celery_agboss.core.settings import EngineSettings
+from celery_agboss.core.store import IntentRecord, Store
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.faults import ArmedPoint
+from celery_agboss.testing.gateway import (
+    FakeGateway,
+    FakeGatewayError,
+    FakeGatewayErrorKind,
+    is_definite_failure,
+)
+
+PSEUDONYM_KEY = b"engine-suite-pseudonym-key-not-a-secret"
+DAY = timedelta(days=1)
+
+
+class Crash(BaseException):
+    """The delivery died here (SIGKILL, OOM): nothing after this point runs."""
+
+
+def reconcile_by_lookup(gateway: FakeGateway) -> Callable[[CallContext, Lookup], Any]:
+    """G2: find the payment by the call's key; absent means not sent."""
+
+    def reconcile(call: CallContext, lookup: Lookup) -> Completed[Any] | NotSent | Unknown:
+        found = gateway.lookup(lookup.idempotency_key)
+        return NotSent() if found is None else Completed(found)
+
+    return reconcile
+
+
+def reconcile_by_replay(call: CallContext, lookup: Lookup) -> NotSent:
+    """No lookup (G1 + G3 only): answer NotSent and let the gateway replay the key."""
+    return NotSent()
+
+
+def reconcile_unknown(call: CallContext, lookup: Lookup) -> Unknown:
+    """Neither G1 nor G2: nothing can tell what happened."""
+    return Unknown("this gateway has no lookup")
+
+
+def _charge(gateway: FakeGateway) -> Callable[[CallContext], Any]:
+    def send(call: CallContext) -> Any:
+        request = call.request
+        return gateway.charge(
+            request["amount"], call.idempotency_key, currency=request.get("currency", "usd")
+        )
+
+    return send
+
+
+@dataclass
+class Shop:
+    """The application side of a test: its outbound calls and its deliveries."""
+
+    store: SQLAlchemyStore
+    store_factory: Callable[..., SQLAlchemyStore]
+    settings: EngineSettings
+    gateway: FakeGateway
+    clock: VirtualClock
+    _names: int = field(default=0)
+
+    def charge_call(
+        self,
+        name: str = "fake.charge",
+        *,
+        reconcile: Callable[[CallContext, Lookup], Any] | str = "lookup",
+        key_retention: timedelta | None = DAY,
+        lookup_proves_absence: bool = False,
+        mask: MaskingPolicy | None = None,
+        send: Callable[[CallContext], Any] | None = None,
+        definite: Callable[[BaseException], bool] = is_definite_failure,
+    ) -> OutboundCall:
+        if reconcile == "lookup":
+            reconcile = reconcile_by_lookup(self.gateway)
+        elif reconcile == "replay":
+            reconcile = reconcile_by_replay
+        elif reconcile == "unknown":
+            reconcile = reconcile_unknown
+        assert callable(reconcile)
+        return OutboundCall(
+            name=name,
+            send=send or _charge(self.gateway),
+            reconcile=reconcile,
+            is_definite_failure=definite,
+            key_retention=key_retention,
+            lookup_proves_absence=lookup_proves_absence,
+            mask=mask,
+            transaction_id=lambda result: result.get("id") if isinstance(result, dict) else None,
+        )
+
+    def start(
+        self,
+        execution_id: str,
+        *,
+        clock: HolderClock = SYSTEM_CLOCK,
+        store: Store | None = None,
+        settings: EngineSettings | None = None,
+    ) -> ExecutionContext:
+        """A new delivery of ``execution_id`` (a new holder, never re-entrant)."""
+        return ExecutionContext.start(
+            store or self.store, execution_id, settings or self.settings, clock=clock
+        )
+
+    def expire_leases(self) -> None:
+        """Move the database clock past every lease taken so far (no sleeping)."""
+        self.clock.advance(self.settings.lease_ttl_ms / 1000 + 1)
+
+    def intent(self, ctx: ExecutionContext, key: str) -> IntentRecord:
+        record = self.store.read_intent(key)
+        assert record is not None, "no intent under that key"
+        return record
+
+    def payments(self) -> list[dict[str, Any]]:
+        return self.gateway.payments
+
+
+def business_intent_key(settings: EngineSettings, business_key: str, name: str) -> str:
+    from celery_agboss.core.keys import business_key as make
+
+    return make(settings.tenant, business_key, name)
+
+
+def step_intent_key(settings: EngineSettings, execution_id: str, name: str, n: int = 1) -> str:
+    from celery_agboss.core.keys import step_key
+
+    return step_key(settings.tenant, execution_id, name, n)
+
+
+class Background:
+    """A callable run in a thread; ``join()`` returns its value or re-raises its exception."""
+
+    def __init__(self, fn: Callable[[], Any], name: str = "background") -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout: float = 20.0) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"{self._thread.name} still running after {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def outcome(self, timeout: float = 20.0) -> tuple[Any, BaseException | None]:
+        """``(result, error)`` without raising."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"{self._thread.name} still running after {timeout} s"
+        return self.result, self.error
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+def wait_for_hits(point: ArmedPoint, hits: int, timeout: float = 10.0) -> None:
+    """Wait until ``hits`` threads reached an armed point (bounded)."""
+    deadline = time.monotonic() + timeout
+    while point.hits < hits:
+        assert time.monotonic() < deadline, f"{point.point}: {point.hits} of {hits} hits"
+        time.sleep(0.005)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        time.sleep(0.005)
+
+
+def lookup_unsupported(exc: BaseException) -> bool:
+    return isinstance(exc, FakeGatewayError) and exc.kind is FakeGatewayErrorKind.LOOKUP_UNSUPPORTED
+
+
+__all__ = [
+    "DAY",
+    "PSEUDONYM_KEY",
+    "Background",
+    "Crash",
+    "Shop",
+    "business_intent_key",
+    "reconcile_by_lookup",
+    "reconcile_by_replay",
+    "reconcile_unknown",
+    "step_intent_key",
+    "wait_for_hits",
+    "wait_until",
+]

@@ -1,0 +1,87 @@
+"""``reconcile_stranded``: the sweep's side of reconcile (DESIGN §6.2). It takes a PENDING
+intent with no live owner under its own short lease, stores Completed, records NotSent
+as ``not_sent_confirmed`` and flags Unknown — and never sends."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_agboss.core.lease import acquire
+from celery_agboss.core.outbound import Outcome
+from celery_agboss.core.settings import EngineSettings
+from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
+from celery_agboss.testing.faults import OUTBOUND_AFTER_SEND, OUTBOUND_BEFORE_SEND, arm_raise
+from tests.engine.helpers import Crash, Shop, step_intent_key
+
+
+def _stranded(shop: Shop, point: str, reconcile: str = "lookup") -> str:
+    charge = shop.charge_call(reconcile=reconcile)
+    dead = shop.start("task-1")
+    arm_raise(point, Crash, only={"holder": dead.lease_ref.holder})
+    with pytest.raises(Crash):
+        dead.outbound(charge, {"amount": 700})
+    shop.expire_leases()
+    return step_intent_key(shop.settings, "task-1", "fake.charge")
+
+
+def _sweep(shop: Shop, key: str, settings: EngineSettings | None = None) -> StrandedOutcome:
+    sweeper = acquire(shop.store, "agboss-sweep-test", ttl_ms=10_000)
+    assert sweeper is not None
+    try:
+        return reconcile_stranded(shop.store, settings or shop.settings, key, sweeper_lease=sweeper)
+    finally:
+        shop.store.release_lease(sweeper.ref)
+
+
+def test_the_sweep_stores_a_payment_it_finds_and_the_next_delivery_replays_it(shop: Shop) -> None:
+    key = _stranded(shop, OUTBOUND_AFTER_SEND)
+    assert _sweep(shop, key) is StrandedOutcome.COMPLETED
+    record = shop.store.read_intent(key)
+    assert record is not None and record.status is IntentStatus.COMPLETED
+    with shop.start("task-1") as redriven:
+        redriven.outbound(shop.settings.registry["fake.charge"], {"amount": 700})
+        assert redriven.last_outcome is Outcome.REPLAYED
+    assert len(shop.gateway.requests) == 1
+
+
+def test_the_sweep_records_not_sent_and_never_sends(shop: Shop) -> None:
+    key = _stranded(shop, OUTBOUND_BEFORE_SEND)
+    assert _sweep(shop, key) is StrandedOutcome.NOT_SENT_CONFIRMED
+    assert shop.gateway.requests == []
+    record = shop.store.read_intent(key)
+    assert record is not None
+    assert record.status is IntentStatus.PENDING and record.not_sent_confirmed
+    assert record.owner is None
+    with shop.start("task-1") as redriven:  # the execution's holder decides the resend
+        redriven.outbound(shop.settings.registry["fake.charge"], {"amount": 700})
+        assert redriven.last_outcome is Outcome.SENT
+    assert len(shop.gateway.payments) == 1
+
+
+def test_the_sweep_flags_an_unknown_outcome_for_an_operator(shop: Shop) -> None:
+    key = _stranded(shop, OUTBOUND_AFTER_SEND, reconcile="unknown")
+    assert _sweep(shop, key) is StrandedOutcome.UNRECONCILED
+    record = shop.store.read_intent(key)
+    assert record is not None
+    assert record.status is IntentStatus.PENDING and record.needs_operator
+    assert record.next_lookup_at_ms is not None  # looked up again later, backing off
+    assert len(shop.gateway.requests) == 1
+
+
+def test_the_sweep_leaves_an_intent_whose_owner_is_alive(shop: Shop) -> None:
+    charge = shop.charge_call()
+    alive = shop.start("task-1")
+    arm_raise(OUTBOUND_BEFORE_SEND, Crash, only={"holder": alive.lease_ref.holder})
+    with pytest.raises(Crash):
+        alive.outbound(charge, {"amount": 700})
+    key = step_intent_key(shop.settings, "task-1", "fake.charge")
+    assert _sweep(shop, key) is StrandedOutcome.SKIPPED
+
+
+def test_the_sweep_skips_an_intent_of_a_call_it_does_not_know(shop: Shop) -> None:
+    key = _stranded(shop, OUTBOUND_AFTER_SEND)
+    other = EngineSettings(pseudonym_key=shop.settings.pseudonym_key)
+    assert _sweep(shop, key, other) is StrandedOutcome.UNKNOWN_CALL
+    record = shop.store.read_intent(key)
+    assert record is not None and record.status is IntentStatus.PENDING
