@@ -1,0 +1,314 @@
+"""Executions: one logical task run, from its publish to its terminal state.
+
+This is the protocol the Celery layer, the sweep and the operator commands speak;
+``celery_agboss.store.executions`` implements it on SQLAlchemy. No Celery and no
+SQLAlchemy here: the message (arguments, publish options), results and errors
+arrive already encoded as text by the Celery layer, and the store keeps them as is.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from celery_agboss.core.store import FencedTransaction, LeaseGrant, LeaseRef
+
+
+class ExecutionState(str, enum.Enum):
+    REQUESTED = "REQUESTED"  # recorded at publish, not started yet
+    RUNNING = "RUNNING"  # a delivery holds (or held, until it expires) the lease
+    WAITING = "WAITING"  # a retry or a long wait; re-driven once not_before passed
+    PAUSED = "PAUSED"  # waits for answer_pause()
+    WAITING_OPERATOR = "WAITING_OPERATOR"  # waits for an operator's decision
+    COMPENSATING = "COMPENSATING"  # undo running
+    PARKED = "PARKED"  # recovery cap reached; an operator re-drives it
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    EXPIRED = "EXPIRED"
+
+
+TERMINAL_STATES = frozenset(
+    {
+        ExecutionState.COMPLETED,
+        ExecutionState.FAILED,
+        ExecutionState.CANCELLED,
+        ExecutionState.EXPIRED,
+    }
+)
+"""A delivery of an execution in one of these never runs the body."""
+
+ANSWER_STATES = frozenset(
+    {ExecutionState.PAUSED, ExecutionState.WAITING_OPERATOR, ExecutionState.PARKED}
+)
+"""Visibly waiting for a person (or ``answer_pause``): neither a delivery nor the sweep
+runs the body until the answer moves the execution on."""
+
+REDRIVABLE_STATES = frozenset(
+    {
+        ExecutionState.REQUESTED,
+        ExecutionState.RUNNING,
+        ExecutionState.WAITING,
+        ExecutionState.COMPENSATING,
+    }
+)
+"""States the sweep re-drives when no lease is live and their time has come."""
+
+
+def execution_scope(execution_id: str) -> str:
+    """The lease scope of an execution: its task id (one lease row per execution)."""
+    return execution_id
+
+
+@dataclass(frozen=True)
+class ExecutionMessage:
+    """An execution's message as the broker holds it: what a re-publish sends again.
+
+    ``args``, ``kwargs`` and ``options`` are JSON text made by the Celery layer
+    (``options``: queue, routing, priority, links, chain, root and parent ids,
+    time limits, retries, custom headers). Times are ms since the epoch.
+    """
+
+    execution_id: str
+    task_name: str
+    args: str
+    kwargs: str
+    options: str
+    eta_ms: int | None = None
+    expires_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    id: str
+    task_name: str
+    state: ExecutionState
+    args: str
+    kwargs: str
+    options: str
+    eta_ms: int | None
+    expires_ms: int | None
+    requested_at_ms: int
+    started_at_ms: int | None
+    not_before_ms: int | None
+    wake_requested: bool
+    recovery_count: int
+    deliveries: int
+    cancel_requested: bool
+    cancel_reason: str | None
+    reason: str | None
+    result: str | None  # encoded by the Celery layer
+    error: str | None  # encoded by the Celery layer
+    terminal_at_ms: int | None
+    links_dispatched: bool  # the terminal delivery's chain/callbacks went out
+    updated_at_ms: int
+    read_at_ms: int  # the database clock when read
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def message(self) -> ExecutionMessage:
+        return ExecutionMessage(
+            execution_id=self.id,
+            task_name=self.task_name,
+            args=self.args,
+            kwargs=self.kwargs,
+            options=self.options,
+            eta_ms=self.eta_ms,
+            expires_ms=self.expires_ms,
+        )
+
+
+class StartKind(str, enum.Enum):
+    STARTED = "STARTED"  # this delivery holds the lease; the execution is RUNNING
+    DEFERRED = "DEFERRED"  # a live lease elsewhere: wake_requested set, body not run
+    TERMINAL = "TERMINAL"  # already terminal (maybe just now: expired or cancelled)
+    WAITING_ANSWER = "WAITING_ANSWER"  # PAUSED, WAITING_OPERATOR or PARKED: body not run
+    PARKED = "PARKED"  # this take-over went past the recovery cap: PARKED now
+
+
+@dataclass(frozen=True)
+class DeliveryStart:
+    kind: StartKind
+    execution: ExecutionRecord
+    grant: LeaseGrant | None = None  # set when STARTED
+    took_over: bool = False  # STARTED by taking over a delivery that did not end
+
+
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    released: bool  # the lease was still this holder's
+    republish: bool  # woken and not terminal: publish the message again (wake cleared)
+    execution: ExecutionRecord | None
+
+
+@dataclass(frozen=True)
+class RedriveDecision:
+    """The sweep's claim on one execution: publish it again, or it was parked."""
+
+    republish: bool
+    parked: bool
+    execution: ExecutionRecord | None  # None when another sweeper got there first
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    id: int
+    at_ms: int
+    actor: str
+    action: str
+    target: str
+    reason: str
+    before: str | None
+    after: str | None
+
+
+class ExecutionStore(Protocol):
+    """The verbs on executions. Every verb is one transaction on the database clock."""
+
+    # --- the delivery's life -------------------------------------------------------
+
+    def record_requested(self, message: ExecutionMessage) -> bool:
+        """At publish: insert ``REQUESTED``; an existing non-terminal execution gets the
+        newer message (a retry's). True when inserted."""
+
+    def start_delivery(
+        self, message: ExecutionMessage, holder: str, ttl_ms: int, max_recovery_attempts: int
+    ) -> DeliveryStart:
+        """In one transaction: acquire the lease (never re-entrant) AND mark ``RUNNING``.
+
+        A live lease elsewhere sets ``wake_requested`` (and keeps this message for the
+        wake) and gives ``DEFERRED``. Taking over a delivery that did not end counts
+        toward the cap; past it the execution is ``PARKED`` instead."""
+
+    def finish_in(self, tx: FencedTransaction, result: str) -> ExecutionRecord:
+        """In the caller's fenced transaction (its lease's scope is the execution): store
+        the result, ``COMPLETED``."""
+
+    def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
+        """Fenced: ``FAILED`` with the stored failure — unless the execution owns a PENDING
+        intent, then ``WAITING_OPERATOR`` (never FAILED while a payment may be in flight)."""
+
+    def wait_in(self, tx: FencedTransaction, delay_ms: int, reason: str) -> ExecutionRecord:
+        """Fenced: ``WAITING`` with ``not_before = now + delay_ms``."""
+
+    def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
+        """Fenced: ``WAITING_OPERATOR`` (an operator decides; nothing runs until then)."""
+
+    def pause_in(
+        self, tx: FencedTransaction, name: str, payload: str | None
+    ) -> tuple[bool, str | None]:
+        """Fenced: ``(True, answer)`` once the pause ``<id>:<name>`` was answered; otherwise
+        record it PENDING, the execution ``PAUSED``, and ``(False, None)``."""
+
+    def finish(self, lease: LeaseRef, ttl_ms: int, result: str) -> ExecutionRecord:
+        """``finish_in`` in a fenced transaction of its own."""
+
+    def fail(self, lease: LeaseRef, ttl_ms: int, error: str, reason: str = "") -> ExecutionRecord:
+        """``fail_in`` in a fenced transaction of its own."""
+
+    def wait(self, lease: LeaseRef, ttl_ms: int, delay_ms: int, reason: str) -> ExecutionRecord:
+        """``wait_in`` in a fenced transaction of its own."""
+
+    def waiting_operator(self, lease: LeaseRef, ttl_ms: int, reason: str) -> ExecutionRecord:
+        """``waiting_operator_in`` in a fenced transaction of its own."""
+
+    def release_delivery(self, lease: LeaseRef, *, will_republish: bool = False) -> ReleaseOutcome:
+        """Release the lease and, in the same transaction, read and clear ``wake_requested``:
+        ``republish`` when it was set and the execution is not terminal or waiting for an
+        answer. ``will_republish``: the caller publishes anyway (its own retry), so the
+        wake is cleared and folded into that message."""
+
+    def mark_links_dispatched(self, execution_id: str) -> None:
+        """The terminal delivery's chain and callbacks went out; replays send none."""
+
+    # --- reads -------------------------------------------------------------------------
+
+    def read_execution(self, execution_id: str) -> ExecutionRecord | None: ...
+
+    def list_executions(
+        self,
+        states: Sequence[ExecutionState] | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+    ) -> list[ExecutionRecord]:
+        """By id, for operators; ``after_id`` pages."""
+
+    def has_pending_intent(self, execution_id: str) -> bool:
+        """True while the execution owns a PENDING outbound-call intent."""
+
+    # --- the sweep ---------------------------------------------------------------------
+
+    def find_redrivable(self, limit: int, requested_grace_ms: int) -> list[ExecutionRecord]:
+        """Non-terminal executions with no live lease whose time came: ``RUNNING``,
+        ``WAITING`` or ``COMPENSATING`` past ``not_before``; ``REQUESTED`` past
+        ``max(eta, requested_at) + grace``. Oldest first."""
+
+    def claim_redrive(
+        self,
+        execution_id: str,
+        expected_updated_at_ms: int,
+        max_recovery_attempts: int,
+        *,
+        next_redrive_delay_ms: int = 0,
+    ) -> RedriveDecision:
+        """Compare-and-set on ``updated_at_ms`` (so one sweeper wins), re-checking that no
+        lease is live: count a re-publish toward the cap (for a RUNNING execution the
+        take-over it leads to is what counts), or ``PARKED`` past it. The next
+        re-drive waits ``next_redrive_delay_ms`` (``not_before``), so a message that sits
+        in a backlog is not counted as one failed recovery after another."""
+
+    def expire_due(self, limit: int) -> list[ExecutionRecord]:
+        """``REQUESTED`` or ``WAITING`` executions past ``expires`` with no live lease and
+        no PENDING intent become ``EXPIRED``; the ones changed."""
+
+    def find_terminal_before(self, cutoff_ms: int, limit: int) -> list[str]:
+        """Ids of executions terminal since before ``cutoff_ms`` (retention)."""
+
+    # --- operators ---------------------------------------------------------------------
+
+    def request_cancel(self, execution_id: str, reason: str) -> ExecutionRecord | None:
+        """A not-running execution with no PENDING intent becomes ``CANCELLED``; a running
+        one (or one owning a PENDING intent) gets ``cancel_requested``. None when unknown."""
+
+    def move(
+        self,
+        execution_id: str,
+        from_states: Sequence[ExecutionState],
+        to_state: ExecutionState,
+        reason: str,
+        *,
+        not_before_delay_ms: int | None = None,
+        reset_recovery_count: bool = False,
+    ) -> ExecutionRecord | None:
+        """Compare-and-set an execution with no live lease from one of ``from_states`` to
+        ``to_state`` (e.g. an operator's resolve: WAITING_OPERATOR → WAITING). None when it
+        was not in those states."""
+
+    def answer_pause(self, pause_id: str, answer: str) -> ExecutionRecord:
+        """Answer a PENDING pause once (``NotPausedError`` otherwise); its PAUSED execution
+        becomes WAITING, due now (the caller re-publishes it)."""
+
+    def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:
+        """``(pause_id, execution_id, status)`` of pending pauses, oldest first."""
+
+    def append_audit(
+        self,
+        actor: str,
+        action: str,
+        target: str,
+        reason: str,
+        before: str | None = None,
+        after: str | None = None,
+    ) -> None: ...
+
+    def list_audit(self, target: str | None = None, limit: int = 100) -> list[AuditEntry]: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    def get_meta(self, key: str) -> tuple[str, int] | None:
+        """The value and when it was written (database clock), or None."""

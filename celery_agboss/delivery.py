@@ -1,0 +1,413 @@
+"""One delivery of a ``PaymentTask``: start it, run the body under the lease, map the end.
+
+DESIGN §2.2 is this module's table. The start (lease + ``RUNNING``) is one
+transaction; a duplicate of a live execution is deferred, one of a terminal
+execution replays the stored outcome. Around the body, what a delivery must stop
+for (``AGBossSignal``) becomes ``Ignore`` or a retry and never a failure; only an
+application exception with every intent settled makes ``FAILED``. The verdict is
+written in a fenced transaction *before* Celery hears of it (so ``SUCCESS`` is
+never written for a deferral), and the lease is released only once no send under
+it can still be running; a release that finds the execution woken re-publishes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
+
+from celery_agboss.app import AGBoss
+from celery_agboss.core import sabotage
+from celery_agboss.core.clock import SYSTEM_CLOCK
+from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.executions import (
+    DeliveryStart,
+    ExecutionRecord,
+    ExecutionState,
+    ReleaseOutcome,
+    StartKind,
+)
+from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
+from celery_agboss.core.store import LeaseRef
+from celery_agboss.errors import (
+    AGBossSignal,
+    ExecutionFencedError,
+    OutboundCallInFlightError,
+    OutboundCallResultNotStoredError,
+    OutboundCallUnreconciledError,
+    StoreError,
+)
+from celery_agboss.events import (
+    EXECUTION_COMPLETED,
+    EXECUTION_DEFERRED,
+    EXECUTION_FAILED,
+    EXECUTION_FENCED,
+    EXECUTION_PARKED,
+    EXECUTION_RELEASE_FAILED,
+    EXECUTION_REPLAYED,
+    EXECUTION_STARTED,
+    EXECUTION_STORE_FAILED,
+    EXECUTION_TAKEN_OVER,
+    EXECUTION_WAITING,
+    EXECUTION_WAITING_OPERATOR,
+    TASK_DEFERRED,
+    TASK_FENCED,
+    TASK_PARKED,
+    TASK_PAUSED,
+    TASK_RECONCILING,
+    TASK_REPLAYED,
+    TASK_UNRECONCILED,
+    TASK_WAITING,
+    log_event,
+    send_agboss_event,
+)
+from celery_agboss.messages import message_from_request
+from celery_agboss.outcomes import decode_error, decode_result, encode_error, encode_result
+
+REPLAY_SENDS_LINKS = sabotage.register("replay-sends-links")
+"""Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
+again, although the completing delivery already did."""
+
+FENCE_RECORDED_AS_FAILURE = sabotage.register("fence-recorded-as-failure")
+"""Sabotage: a fenced (superseded) delivery lets Celery record a FAILURE, over the
+holder that finished the payment."""
+
+CONTEXT_ATTRIBUTE = "agboss_context"
+"""Where a delivery keeps its ``ExecutionContext``: on ``task.request``, which is
+per-thread (a threads pool runs several deliveries of one task instance at once)."""
+
+
+class PauseRequested(BaseException):
+    """``self.pause()`` ends the delivery here; not an application failure."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class Delivery:
+    """The life of one delivery; made and run by ``PaymentTask.__call__``."""
+
+    def __init__(self, task: Any, agboss: AGBoss, request: Any) -> None:
+        self.task = task
+        self.agboss = agboss
+        self.request = request
+        self.settings = agboss.settings
+        self.execution_id = str(request.id)
+        self.ctx: ExecutionContext | None = None
+
+    # --- start -------------------------------------------------------------------------
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        message = message_from_request(self.task.name, self.request)
+        sent = SentAt.now(SYSTEM_CLOCK)
+        try:
+            start = self.agboss.executions.start_delivery(
+                message,
+                new_holder(),
+                self.settings.lease_ttl_ms,
+                self.settings.max_recovery_attempts,
+            )
+        except StoreError as exc:
+            self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc))
+            self._retry_or_requeue(self.settings.retry_delay_seconds, exc)
+        if start.kind is not StartKind.STARTED:
+            return self._not_started(start)
+        assert start.grant is not None
+        lease = handle_for_grant(start.grant, self.settings.lease_ttl_ms, sent)
+        self.agboss.renewer.track(lease)
+        self.ctx = ExecutionContext(
+            self.agboss.store,
+            lease,
+            self.execution_id,
+            self.agboss.engine_settings,
+            renewer=self.agboss.renewer,
+        )
+        setattr(self.request, CONTEXT_ATTRIBUTE, self.ctx)
+        fields = {"token": lease.ref.token, "recovery_count": start.execution.recovery_count}
+        if start.took_over:
+            self._log(EXECUTION_TAKEN_OVER, logging.WARNING, **fields)
+            self._event(TASK_RECONCILING, reason="taken-over", **fields)
+        else:
+            self._log(EXECUTION_STARTED, **fields)
+        try:
+            return self._run_body(args, kwargs)
+        finally:
+            setattr(self.request, CONTEXT_ATTRIBUTE, None)
+
+    def _not_started(self, start: DeliveryStart) -> Any:
+        record = start.execution
+        if start.kind is StartKind.TERMINAL:
+            return self._replay(record)
+        if start.kind is StartKind.DEFERRED:
+            self._log(EXECUTION_DEFERRED)
+            self._event(TASK_DEFERRED, reason="a live delivery holds the lease; woken on release")
+        elif start.kind is StartKind.PARKED:
+            self._log(EXECUTION_PARKED, logging.ERROR, recovery_count=record.recovery_count)
+            self._event(TASK_PARKED, recovery_count=record.recovery_count)
+        else:  # waiting for an answer
+            event = {
+                ExecutionState.PAUSED: TASK_PAUSED,
+                ExecutionState.PARKED: TASK_PARKED,
+            }.get(record.state, TASK_UNRECONCILED)
+            self._log(EXECUTION_WAITING, state=record.state.value)
+            self._event(event, state=record.state.value)
+        raise Ignore()
+
+    def _replay(self, record: ExecutionRecord) -> Any:
+        """A terminal execution: its stored outcome, without running the body."""
+        self._log(EXECUTION_REPLAYED, state=record.state.value)
+        resend = sabotage.active(REPLAY_SENDS_LINKS)
+        if record.state is ExecutionState.COMPLETED:
+            if record.links_dispatched and not resend:
+                self.request.callbacks = None
+                self.request.chain = None
+            self._event(TASK_REPLAYED, outcome="REPLAYED")
+            return decode_result(record.result, allow_pickle=self._pickle())
+        if record.state is ExecutionState.FAILED:
+            if record.links_dispatched and not resend:
+                self.request.errbacks = None
+            raise decode_error(record.error)
+        raise Ignore()  # CANCELLED or EXPIRED: never runs
+
+    # --- the body ---------------------------------------------------------------------
+
+    def _run_body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            result = self.task.run(*args, **kwargs)
+        except Retry as exc:
+            self._user_retry(exc)
+        except Reject:
+            self._verdict("wait", delay_ms=0, reason="rejected")
+            self._release()
+            raise
+        except Ignore:
+            self._verdict("finish", result=encode_result(None))
+            self._release()
+            raise
+        except PauseRequested as exc:
+            self._release()
+            self._event(TASK_PAUSED, pause_id=f"{self.execution_id}:{exc.name}")
+            raise Ignore() from None
+        except ExecutionFencedError as exc:
+            self._fenced(exc)
+        except (OutboundCallUnreconciledError, OutboundCallResultNotStoredError) as exc:
+            self._for_operator(exc)
+        except AGBossSignal as exc:  # unknown outcome, in flight elsewhere
+            self._later(exc)
+        except StoreError as exc:
+            self._store_failed(exc)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        except BaseException:
+            self._abandon()
+            raise
+        return self._completed(result)
+
+    def _completed(self, result: Any) -> Any:
+        encoded = encode_result(result, allow_pickle=self._pickle())
+        self._verdict("finish", result=encoded)
+        self._release()
+        self._log(EXECUTION_COMPLETED, outcome=self._last_outcome())
+        outcome = self._last_outcome()
+        if outcome == "RECONCILED":
+            self._event(TASK_RECONCILING, outcome=outcome)
+        elif outcome == "REPLAYED":
+            self._event(TASK_REPLAYED, outcome=outcome)
+        return result
+
+    def _failed(self, exc: Exception) -> None:
+        """An application exception: ``FAILED`` (stored) unless an intent is pending."""
+        ctx = self._context()
+        if not ctx.settle_all():
+            self._abandon()
+            raise Ignore() from None
+        record = self._verdict("fail", error=encode_error(exc), reason=type(exc).__name__)
+        self._release()
+        if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
+            self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc))
+            self._event(TASK_UNRECONCILED, reason="failed while an outbound call is pending")
+            raise Ignore() from None
+        self._log(EXECUTION_FAILED, logging.WARNING, error=type(exc))
+
+    def _user_retry(self, exc: Retry) -> NoReturn:
+        """``self.retry()``: its message (same id) is already out; WAITING until it runs.
+
+        ``not_before`` leaves the retry message a lease's time to start before the sweep
+        counts it lost; a wake re-publishes that message (it was consumed) at its ETA.
+        """
+        delay = _seconds_until(exc.when)
+        self._verdict("wait", delay_ms=self._sweep_after_ms(delay), reason="retry")
+        self._log(EXECUTION_WAITING, reason="retry", delay=delay)
+        self._release()
+        raise exc
+
+    def _later(self, exc: AGBossSignal) -> NoReturn:
+        """Not known yet: retry soon through the broker, or (a longer wait) through the store."""
+        in_flight = isinstance(exc, OutboundCallInFlightError)
+        delay = self.settings.lease_ttl_seconds if in_flight else self.settings.retry_delay_seconds
+        settled = self._context().settle_all()
+        if settled:
+            self._verdict("wait", delay_ms=self._sweep_after_ms(delay), reason=type(exc).__name__)
+        else:
+            # A send may still be running: the lease is left to expire; start after it.
+            delay = max(delay, self.settings.lease_ttl_seconds + 1)
+        self._log(EXECUTION_WAITING, reason=type(exc).__name__, delay=delay)
+        self._wait_then_retry(delay, release=settled, cause=exc)
+
+    def _wait_then_retry(self, delay: float, *, release: bool, cause: BaseException) -> NoReturn:
+        if delay <= self.settings.max_broker_countdown_seconds:
+            if release:
+                self._release(will_republish=True)
+            try:
+                raise self.task.retry(countdown=delay)
+            except MaxRetriesExceededError:
+                pass  # WAITING is stored: the sweep re-drives it
+        elif release:
+            self._release()
+        self._event(TASK_WAITING, reason=type(cause).__name__, delay=delay)
+        raise Ignore() from None
+
+    def _for_operator(self, exc: AGBossSignal) -> NoReturn:
+        self._context().settle_all()
+        self._verdict("operator", reason=f"{type(exc).__name__}: {exc}")
+        self._release()
+        self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=type(exc))
+        self._event(TASK_UNRECONCILED, reason=type(exc).__name__)
+        raise Ignore() from None
+
+    def _fenced(self, exc: ExecutionFencedError) -> NoReturn:
+        """Superseded: nothing stored, nothing released; the new holder continues."""
+        ctx = self._context()
+        ctx.lease.mark_lost("fenced")
+        self.agboss.renewer.untrack(ctx.lease)
+        self._log(EXECUTION_FENCED, logging.WARNING, token=ctx.lease.ref.token)
+        self._event(TASK_FENCED, token=ctx.lease.ref.token)
+        if sabotage.active(FENCE_RECORDED_AS_FAILURE):
+            raise RuntimeError(f"sabotage: fenced delivery recorded as a failure ({exc})")
+        raise Ignore() from None
+
+    def _store_failed(self, exc: StoreError) -> NoReturn:
+        """The store failed mid-delivery: leave the lease to expire; try again after it."""
+        self._abandon()
+        self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", error=type(exc))
+        self._retry_or_requeue(self.settings.lease_ttl_seconds + 1, exc)
+
+    def _retry_or_requeue(self, delay: float, cause: BaseException) -> NoReturn:
+        if delay <= self.settings.max_broker_countdown_seconds:
+            try:
+                raise self.task.retry(countdown=delay)
+            except MaxRetriesExceededError:
+                pass
+        raise Reject(cause, requeue=True)
+
+    def _abandon(self) -> None:
+        """Stop renewing without releasing: the lease expires, the next holder reconciles."""
+        ctx = self.ctx
+        if ctx is not None:
+            ctx.lease.mark_lost("the delivery stopped without a verdict")
+            self.agboss.renewer.untrack(ctx.lease)
+
+    # --- writes -----------------------------------------------------------------------
+
+    def _verdict(self, kind: str, **values: Any) -> ExecutionRecord | None:
+        """Write the delivery's verdict in a fenced transaction (holder clocks checked first).
+
+        A fence turns into ``Ignore`` (nothing stored); a store error leaves the lease to
+        expire and schedules another delivery after it.
+        """
+        executions = self.agboss.executions
+        try:
+            with self._context().fenced() as tx:
+                if kind == "finish":
+                    return executions.finish_in(tx, values["result"])
+                if kind == "fail":
+                    return executions.fail_in(tx, values["error"], values["reason"])
+                if kind == "wait":
+                    return executions.wait_in(tx, values["delay_ms"], values["reason"])
+                return executions.waiting_operator_in(tx, values["reason"])
+        except ExecutionFencedError as exc:
+            self._fenced(exc)
+        except StoreError as exc:
+            self._store_failed(exc)
+
+    def _release(self, *, will_republish: bool = False) -> None:
+        ctx = self._context()
+        if not ctx.settle_all():
+            return  # a send may still be running: never released under it
+        captured: list[ReleaseOutcome] = []
+
+        def releaser(ref: LeaseRef) -> ReleaseOutcome:
+            outcome = self.agboss.executions.release_delivery(ref, will_republish=will_republish)
+            captured.append(outcome)
+            return outcome
+
+        try:
+            ctx.release(releaser)
+        except StoreError as exc:
+            self._log(EXECUTION_RELEASE_FAILED, logging.WARNING, step="release", error=type(exc))
+            return
+        if captured and captured[0].republish and captured[0].execution is not None:
+            try:
+                self.agboss.republish(
+                    captured[0].execution, reason="woken", honour_not_before=False
+                )
+            except Exception:
+                # The execution is not terminal and has no lease: the sweep re-drives it.
+                self._log(EXECUTION_RELEASE_FAILED, logging.WARNING, step="republish")
+
+    # --- small things -------------------------------------------------------------------
+
+    def _sweep_after_ms(self, delay: float) -> int:
+        """``not_before`` of a retry: its countdown, plus a lease's time for the message to
+        start (until then the sweep leaves it alone; only a lost message is re-driven)."""
+        return round((delay + self.settings.lease_ttl_seconds) * 1000)
+
+    def _context(self) -> ExecutionContext:
+        assert self.ctx is not None
+        return self.ctx
+
+    def _last_outcome(self) -> str | None:
+        outcome = self.ctx.last_outcome if self.ctx is not None else None
+        return None if outcome is None else outcome.value
+
+    def _pickle(self) -> bool:
+        return str(self.agboss.app.conf.result_serializer) == "pickle"
+
+    def _log(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
+        log_event(event, level, execution=self.execution_id, task=self.task.name, **fields)
+
+    def _event(self, type_: str, **fields: Any) -> None:
+        send_agboss_event(self.task, type_, execution=self.execution_id, **fields)
+
+
+def _seconds_until(when: Any) -> float:
+    """``Retry.when``: a countdown in seconds or an ETA (datetime or ISO text)."""
+    if when is None:
+        return 0.0
+    if isinstance(when, str):
+        try:
+            when = datetime.fromisoformat(when)
+        except ValueError:
+            return 0.0
+    if isinstance(when, datetime):
+        eta: datetime = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+        left: float = (eta - datetime.now(timezone.utc)).total_seconds()
+        return max(0.0, left)
+    try:
+        seconds = float(when)
+    except (TypeError, ValueError):
+        return 0.0
+    return max(0.0, seconds)
+
+
+__all__ = [
+    "CONTEXT_ATTRIBUTE",
+    "FENCE_RECORDED_AS_FAILURE",
+    "REPLAY_SENDS_LINKS",
+    "Delivery",
+    "PauseRequested",
+]

@@ -1,0 +1,213 @@
+"""An execution's message: captured at publish or at delivery, published again as it was.
+
+The sweep, a woken release and an operator's re-drive all send "the same message
+again": the same task id (so it is the same execution), the same arguments, and
+the same publish options (queue and routing, priority, links and chain, root and
+parent ids, time limits, retries, custom headers, ``argsrepr``). What is kept is
+JSON text in kombu's encoding, so dates, decimals and UUIDs survive the round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from kombu.utils import json as kombu_json
+
+from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord
+
+# Headers of Celery's message protocol 2 that are not custom headers.
+_PROTOCOL_HEADERS = frozenset(
+    {
+        "lang",
+        "task",
+        "id",
+        "shadow",
+        "eta",
+        "expires",
+        "group",
+        "group_index",
+        "retries",
+        "timelimit",
+        "root_id",
+        "parent_id",
+        "argsrepr",
+        "kwargsrepr",
+        "origin",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "stamps",
+        "x-death",
+    }
+)
+
+
+_kombu_dumps: Callable[[Any], str] = kombu_json.dumps
+_kombu_loads: Callable[[str], Any] = kombu_json.loads
+
+
+def dumps(value: Any) -> str:
+    """kombu's JSON: dates, decimals, UUIDs and bytes kept with type markers."""
+    return _kombu_dumps(value)
+
+
+def loads(text: str) -> Any:
+    return _kombu_loads(text)
+
+
+def _limits(value: Any) -> tuple[Any, Any]:
+    """Celery's ``timelimit`` pair ``[hard, soft]`` (either may be missing)."""
+    hard, soft, *_ = [*list(value or ()), None, None]
+    return hard, soft
+
+
+def _ms(value: Any) -> int | None:
+    """A header time (ISO text or datetime) as epoch ms; None when absent or unreadable."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return int(value.timestamp() * 1000)
+    return None
+
+
+def _drop_none(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in options.items() if value not in (None, [], {})}
+
+
+def _routing(exchange: Any, routing_key: Any) -> dict[str, Any]:
+    exchange_name = getattr(exchange, "name", exchange)
+    if not exchange_name and routing_key:
+        return {"queue": routing_key}
+    return {"exchange": exchange_name, "routing_key": routing_key}
+
+
+def message_from_publish(
+    *,
+    body: Any,
+    exchange: Any,
+    routing_key: Any,
+    headers: Mapping[str, Any],
+    properties: Mapping[str, Any],
+) -> ExecutionMessage | None:
+    """The message ``before_task_publish`` is about to send (protocol 2 only)."""
+    task_id = headers.get("id")
+    name = headers.get("task")
+    if not task_id or not name or not isinstance(body, (tuple, list)) or len(body) != 3:
+        return None
+    args, kwargs, embed = body
+    embed = embed or {}
+    time_limit, soft_time_limit = _limits(headers.get("timelimit"))
+    custom = {k: v for k, v in headers.items() if k not in _PROTOCOL_HEADERS}
+    options = _drop_none(
+        {
+            **_routing(exchange, routing_key),
+            "priority": properties.get("priority"),
+            "link": embed.get("callbacks"),
+            "link_error": embed.get("errbacks"),
+            "chain": embed.get("chain"),
+            "chord": embed.get("chord"),
+            "root_id": headers.get("root_id"),
+            "parent_id": headers.get("parent_id"),
+            "group_id": headers.get("group"),
+            "group_index": headers.get("group_index"),
+            "shadow": headers.get("shadow"),
+            "time_limit": time_limit,
+            "soft_time_limit": soft_time_limit,
+            "retries": headers.get("retries") or None,
+            "ignore_result": headers.get("ignore_result") or None,
+            "argsrepr": headers.get("argsrepr"),
+            "kwargsrepr": headers.get("kwargsrepr"),
+            "headers": custom,
+        }
+    )
+    return ExecutionMessage(
+        execution_id=str(task_id),
+        task_name=str(name),
+        args=dumps(list(args or ())),
+        kwargs=dumps(dict(kwargs or {})),
+        options=dumps(options),
+        eta_ms=_ms(headers.get("eta")),
+        expires_ms=_ms(headers.get("expires")),
+    )
+
+
+def message_from_request(task_name: str, request: Any) -> ExecutionMessage:
+    """The message a delivery is running, rebuilt from ``task.request``."""
+    delivery = getattr(request, "delivery_info", None) or {}
+    time_limit, soft_time_limit = _limits(getattr(request, "timelimit", None))
+    headers = getattr(request, "headers", None) or {}
+    custom = {k: v for k, v in headers.items() if k not in _PROTOCOL_HEADERS}
+    options = _drop_none(
+        {
+            **_routing(delivery.get("exchange"), delivery.get("routing_key")),
+            "priority": delivery.get("priority"),
+            "link": getattr(request, "callbacks", None),
+            "link_error": getattr(request, "errbacks", None),
+            "chain": getattr(request, "chain", None),
+            "chord": getattr(request, "chord", None),
+            "root_id": getattr(request, "root_id", None),
+            "parent_id": getattr(request, "parent_id", None),
+            "group_id": getattr(request, "group", None),
+            "group_index": getattr(request, "group_index", None),
+            "shadow": getattr(request, "shadow", None),
+            "time_limit": time_limit,
+            "soft_time_limit": soft_time_limit,
+            "retries": getattr(request, "retries", 0) or None,
+            "ignore_result": getattr(request, "ignore_result", False) or None,
+            "argsrepr": getattr(request, "argsrepr", None),
+            "kwargsrepr": getattr(request, "kwargsrepr", None),
+            "headers": custom,
+        }
+    )
+    return ExecutionMessage(
+        execution_id=str(request.id),
+        task_name=task_name,
+        args=dumps(list(getattr(request, "args", None) or ())),
+        kwargs=dumps(dict(getattr(request, "kwargs", None) or {})),
+        options=dumps(options),
+        eta_ms=_ms(getattr(request, "eta", None)),
+        expires_ms=_ms(getattr(request, "expires", None)),
+    )
+
+
+def republish(
+    app: Any, record: ExecutionRecord | ExecutionMessage, *, not_before_ms: int | None = None
+) -> Any:
+    """Publish the execution's message again, same id, arguments and options.
+
+    The ETA is the latest of the message's own and ``not_before_ms``; a time in the
+    past is simply "now". Returns the ``AsyncResult``.
+    """
+    message = record.message if isinstance(record, ExecutionRecord) else record
+    options: dict[str, Any] = dict(loads(message.options) or {})
+    args = loads(message.args) or []
+    kwargs = loads(message.kwargs) or {}
+    eta_candidates = [t for t in (message.eta_ms, not_before_ms) if t is not None]
+    eta_ms = max(eta_candidates) if eta_candidates else None
+    now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
+    if eta_ms is not None and eta_ms > now_ms:
+        options["eta"] = datetime.fromtimestamp(eta_ms / 1000, tz=timezone.utc)
+    started = isinstance(record, ExecutionRecord) and record.started_at_ms is not None
+    # ``expires`` bounds when an execution may *start*; one that started must finish.
+    if message.expires_ms is not None and not started:
+        options["expires"] = datetime.fromtimestamp(message.expires_ms / 1000, tz=timezone.utc)
+    return app.send_task(
+        message.task_name,
+        args=args,
+        kwargs=kwargs,
+        task_id=message.execution_id,
+        add_to_parent=False,
+        **options,
+    )
+
+
+__all__ = ["dumps", "loads", "message_from_publish", "message_from_request", "republish"]

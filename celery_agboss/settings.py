@@ -1,0 +1,272 @@
+"""The ``agboss_*`` settings, read once from ``app.conf`` into a frozen object.
+
+Reading them once (at ``on_after_configure``) means a worker never runs with half
+of one configuration and half of another, and a wrong value is refused when the
+app starts, with the exact setting to change, instead of in the middle of a payment.
+Durations accept seconds or a ``timedelta``; the attributes carry their unit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from celery_agboss.core.durations import to_seconds
+from celery_agboss.errors import ConfigurationError
+
+logger = logging.getLogger("celery_agboss")
+
+PREFIX = "agboss_"
+TESTING_ENV = "AGBOSS_TESTING"
+# Only ever used when AGBOSS_TESTING=1: handles and fingerprints made with it mean nothing.
+TESTING_PSEUDONYM_KEY = b"celery-agboss-testing-pseudonym-key-not-a-secret"
+
+# Redis (and SQS) redeliver an unacked message after this long; RabbitMQ closes a
+# channel whose message is held unacked longer than its consumer_timeout.
+REDIS_DEFAULT_VISIBILITY_TIMEOUT = 3600.0
+RABBITMQ_DEFAULT_CONSUMER_TIMEOUT = 1800.0
+
+_DURATIONS: dict[str, float] = {
+    "lease_ttl": 30.0,
+    "attempt_timeout": 120.0,
+    "sweep_interval": 30.0,
+    "requested_grace": 300.0,
+    "outbound_retention": 604800.0,
+    "fenced_effect_retention": 604800.0,
+    "retry_delay": 5.0,
+}
+_KNOWN = {
+    *_DURATIONS,
+    "database_url",
+    "pseudonym_key",
+    "tenant",
+    "max_recovery_attempts",
+    "visibility_timeout",
+    "sweep_queue",
+}
+
+
+@dataclass(frozen=True)
+class AGBossSettings:
+    """Everything ``AGBoss`` needs, validated; build it with :func:`settings_from_conf`."""
+
+    database_url: str
+    pseudonym_key: bytes = field(repr=False)
+    tenant: str = "default"
+    lease_ttl_seconds: float = 30.0
+    attempt_timeout_seconds: float = 120.0
+    sweep_interval_seconds: float = 30.0
+    requested_grace_seconds: float = 300.0
+    outbound_retention_seconds: float = 604800.0
+    fenced_effect_retention_seconds: float = 604800.0
+    max_recovery_attempts: int = 10
+    # The shortest broker redelivery timeout of any worker: a broker countdown
+    # must stay below half of it (trap 1); longer waits go through the store.
+    visibility_timeout_seconds: float = REDIS_DEFAULT_VISIBILITY_TIMEOUT
+    # The countdown of the retry after an unknown outcome (then reconciled).
+    retry_delay_seconds: float = 5.0
+    sweep_queue: str = "agboss.sweep"
+    testing_key: bool = False
+
+    @property
+    def max_broker_countdown_seconds(self) -> float:
+        """The longest countdown a retry may carry in a message (trap 1)."""
+        return self.visibility_timeout_seconds / 2
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return round(self.lease_ttl_seconds * 1000)
+
+    def redacted_database_url(self) -> str:
+        """The store URL with its password hidden, for logs."""
+        return redact_url(self.database_url)
+
+
+def redact_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable URL>"
+
+
+def _get(conf: Mapping[str, Any], name: str) -> Any:
+    """``agboss_<name>`` from the app's conf; also Django's upper-case namespace form."""
+    key = PREFIX + name
+    value = conf.get(key)
+    if value is None:
+        value = conf.get(key.upper())
+    return value
+
+
+def _duration(conf: Mapping[str, Any], name: str, default: float, *, allow_zero: bool) -> float:
+    raw = _get(conf, name)
+    if raw is None:
+        return default
+    try:
+        seconds = to_seconds(raw, what=PREFIX + name)
+    except TypeError as exc:
+        raise ConfigurationError(str(exc), setting=PREFIX + name) from None
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ConfigurationError(
+            f"{PREFIX}{name} must be {'zero or ' if allow_zero else ''}positive "
+            f"(seconds or a timedelta), not {raw!r}",
+            setting=PREFIX + name,
+        )
+    return seconds
+
+
+def _database_url(conf: Mapping[str, Any]) -> str:
+    url = _get(conf, "database_url")
+    if not url or not isinstance(url, str):
+        raise ConfigurationError(
+            "agboss_database_url is not set: set app.conf.agboss_database_url to the store, e.g. "
+            "'postgresql+psycopg://user@host/db' or 'sqlite:////absolute/path/agboss.db'",
+            setting="agboss_database_url",
+        )
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigurationError(
+            f"agboss_database_url {redact_url(url)!r} is not a database URL",
+            setting="agboss_database_url",
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        path = parsed.database or ""
+        if path in ("", ":memory:") or path.startswith("file:"):
+            raise ConfigurationError(
+                "agboss_database_url: a SQLite store must be a file every worker process opens; "
+                "set an absolute path, e.g. 'sqlite:////var/lib/shop/agboss.db'",
+                setting="agboss_database_url",
+            )
+        if not os.path.isabs(path):
+            raise ConfigurationError(
+                f"agboss_database_url: the SQLite path {path!r} is relative, so each worker "
+                "would open the file under its own working directory; set an absolute path, "
+                f"e.g. 'sqlite:///{os.path.abspath(path)}'",
+                setting="agboss_database_url",
+            )
+    elif backend != "postgresql":
+        raise ConfigurationError(
+            f"agboss_database_url: backend {backend!r} is not supported; use "
+            "'postgresql+psycopg://…' or an absolute 'sqlite:////…' path",
+            setting="agboss_database_url",
+        )
+    return url
+
+
+def _pseudonym_key(conf: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[bytes, bool]:
+    key = _get(conf, "pseudonym_key")
+    if key is None or key == "" or key == b"":
+        if environ.get(TESTING_ENV) == "1":
+            logger.warning(
+                "agboss_pseudonym_key is not set; %s=1, so a fixed test key is used. "
+                "Never run payments like this.",
+                TESTING_ENV,
+            )
+            return TESTING_PSEUDONYM_KEY, True
+        raise ConfigurationError(
+            "agboss_pseudonym_key is not set: set app.conf.agboss_pseudonym_key to a secret of "
+            "at least 16 bytes, the same on every worker (e.g. from an environment variable)",
+            setting="agboss_pseudonym_key",
+        )
+    if isinstance(key, str):
+        key = key.encode("utf-8")
+    if not isinstance(key, bytes):
+        raise ConfigurationError(
+            "agboss_pseudonym_key must be a str or bytes", setting="agboss_pseudonym_key"
+        )
+    if len(key) < 16:
+        raise ConfigurationError(
+            "agboss_pseudonym_key is shorter than 16 bytes; set a longer secret",
+            setting="agboss_pseudonym_key",
+        )
+    return key, False
+
+
+def _visibility_timeout(conf: Mapping[str, Any]) -> float:
+    """The declared shortest timeout, else this app's own broker's, else its default."""
+    declared = _get(conf, "visibility_timeout")
+    if declared is not None:
+        return _duration(conf, "visibility_timeout", 0.0, allow_zero=False)
+    options = conf.get("broker_transport_options") or {}
+    if "visibility_timeout" in options:
+        return float(options["visibility_timeout"])
+    broker = str(conf.get("broker_url") or "")
+    if broker.startswith(("amqp", "pyamqp", "rabbitmq")):
+        return RABBITMQ_DEFAULT_CONSUMER_TIMEOUT
+    return REDIS_DEFAULT_VISIBILITY_TIMEOUT
+
+
+def _unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
+    """A misspelt ``agboss_*`` key (also under Django's namespace) is refused, not ignored."""
+    lowered = key.lower()
+    for namespace in {(getattr(conf, "prefix", None) or "").lower(), "celery_"} - {""}:
+        if lowered.startswith(namespace):
+            lowered = lowered[len(namespace) :]
+    if not lowered.startswith(PREFIX):
+        return False
+    return lowered[len(PREFIX) :] not in _KNOWN
+
+
+def settings_from_conf(
+    conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> AGBossSettings:
+    """Validate and freeze the ``agboss_*`` settings; ConfigurationError names what to set."""
+    env = os.environ if environ is None else environ
+    unknown = sorted(key for key in map(str, conf) if _unknown_agboss_key(key, conf))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown celery_agboss settings {unknown}; known: "
+            f"{sorted(PREFIX + name for name in _KNOWN)}",
+            setting=unknown[0],
+        )
+    database_url = _database_url(conf)
+    key, testing_key = _pseudonym_key(conf, env)
+    tenant = _get(conf, "tenant") or "default"
+    if not isinstance(tenant, str):
+        raise ConfigurationError("agboss_tenant must be a string", setting="agboss_tenant")
+    cap = _get(conf, "max_recovery_attempts")
+    if cap is None:
+        cap = 10
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ConfigurationError(
+            f"agboss_max_recovery_attempts must be a positive integer, not {cap!r}",
+            setting="agboss_max_recovery_attempts",
+        )
+    durations = {
+        name: _duration(conf, name, default, allow_zero=name == "sweep_interval")
+        for name, default in _DURATIONS.items()
+    }
+    if durations["lease_ttl"] < 3:
+        raise ConfigurationError(
+            "agboss_lease_ttl below 3 s leaves no room for renewals every ttl/3 and a 1 s margin",
+            setting="agboss_lease_ttl",
+        )
+    visibility = _visibility_timeout(conf)
+    sweep_queue = _get(conf, "sweep_queue") or "agboss.sweep"
+    return AGBossSettings(
+        database_url=database_url,
+        pseudonym_key=key,
+        tenant=tenant,
+        lease_ttl_seconds=durations["lease_ttl"],
+        attempt_timeout_seconds=durations["attempt_timeout"],
+        sweep_interval_seconds=durations["sweep_interval"],
+        requested_grace_seconds=durations["requested_grace"],
+        outbound_retention_seconds=durations["outbound_retention"],
+        fenced_effect_retention_seconds=durations["fenced_effect_retention"],
+        max_recovery_attempts=cap,
+        visibility_timeout_seconds=visibility,
+        retry_delay_seconds=durations["retry_delay"],
+        sweep_queue=str(sweep_queue),
+        testing_key=testing_key,
+    )
+
+
+__all__ = ["AGBossSettings", "redact_url", "settings_from_conf"]

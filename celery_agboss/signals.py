@@ -1,0 +1,164 @@
+"""The Celery signals ``AGBoss(app)`` connects, each bound to that app.
+
+- ``before_task_publish``: every ``PaymentTask`` message is recorded ``REQUESTED``
+  (with its ETA, expiry and publish options) before it reaches the broker, so a
+  message lost before any worker starts it is still known (trap 9). It fires for
+  ``send_task`` too, and for retries and re-publishes (which refresh the message).
+- ``worker_init``: the worker refuses to start on a wrong configuration;
+  ``worker_ready`` logs the store it uses (without its password).
+- ``worker_process_init``: a forked child drops the connections it inherited.
+- ``worker_shutting_down``: logged; running bodies keep their leases until they
+  return (a warm shutdown waits for them; a cold one leaves the lease to expire).
+- ``task_revoked``: a revoked execution that never started is cancelled (or
+  expired); a running one gets a cancel request.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import signals as celery_signals
+
+from celery_agboss.core.executions import ExecutionState
+from celery_agboss.errors import ConfigurationError
+from celery_agboss.events import (
+    EXECUTION_NOT_RECORDED,
+    WORKER_SHUTTING_DOWN,
+    log_event,
+)
+from celery_agboss.messages import message_from_publish
+
+if TYPE_CHECKING:
+    from celery_agboss.app import AGBoss
+
+logger = logging.getLogger("celery_agboss")
+
+
+def _is_payment_task(agboss: AGBoss, name: Any) -> bool:
+    """Only this app's ``PaymentTask`` tasks; looked up without finalizing the app."""
+    from celery_agboss.task import PaymentTask
+
+    tasks = getattr(agboss.app, "_tasks", None)
+    task = tasks.get(name) if tasks is not None and isinstance(name, str) else None
+    return isinstance(task, PaymentTask)
+
+
+def connect(agboss: AGBoss) -> None:
+    """Connect this app's handlers (strong references: they live as long as the app)."""
+
+    def before_task_publish(
+        sender: Any = None,
+        body: Any = None,
+        exchange: Any = None,
+        routing_key: Any = None,
+        headers: Any = None,
+        properties: Any = None,
+        **_: Any,
+    ) -> None:
+        headers = headers or {}
+        name = headers.get("task", sender)
+        if not _is_payment_task(agboss, name):
+            return
+        message = message_from_publish(
+            body=body,
+            exchange=exchange,
+            routing_key=routing_key,
+            headers=headers,
+            properties=properties or {},
+        )
+        if message is None:
+            log_event(
+                EXECUTION_NOT_RECORDED, logging.ERROR, task=name, reason="unreadable message"
+            )
+            return
+        try:
+            agboss.executions.record_requested(message)
+        except Exception:
+            # The publish goes on: the worker records the execution when it starts it;
+            # only a message lost before that is not covered (trap 9).
+            log_event(
+                EXECUTION_NOT_RECORDED,
+                logging.ERROR,
+                exc_info=True,
+                execution=message.execution_id,
+                task=name,
+                reason="store error at publish",
+            )
+
+    def worker_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not agboss.app:
+            return
+        try:
+            agboss.settings  # noqa: B018 - resolving them is the check
+        except ConfigurationError as exc:
+            logger.critical("celery_agboss refuses to start this worker: %s", exc)
+            # Celery swallows Exceptions raised by signal handlers; SystemExit stops it.
+            raise SystemExit(f"celery_agboss: {exc}") from None
+
+    def worker_ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not agboss.app:
+            return
+        settings = agboss.settings
+        logger.info(
+            "celery_agboss store: %s (lease ttl %.0f s, sweep every %.0f s)",
+            settings.redacted_database_url(),
+            settings.lease_ttl_seconds,
+            settings.sweep_interval_seconds,
+        )
+
+    def worker_process_init(**_: Any) -> None:
+        agboss.after_fork()
+
+    def worker_shutting_down(
+        sender: Any = None, sig: Any = None, how: Any = None, **_: Any
+    ) -> None:
+        try:
+            tracked = len(agboss.renewer.tracked()) if agboss._process is not None else 0
+        except Exception:
+            tracked = -1
+        log_event(WORKER_SHUTTING_DOWN, hostname=sender, signal=sig, how=how, leases=tracked)
+
+    def task_revoked(
+        sender: Any = None,
+        request: Any = None,
+        terminated: bool = False,
+        expired: bool = False,
+        **_: Any,
+    ) -> None:
+        name = getattr(sender, "name", None) or getattr(request, "task_name", None)
+        execution_id = getattr(request, "id", None)
+        if not execution_id or not _is_payment_task(agboss, name):
+            return
+        try:
+            if expired:
+                agboss.executions.move(
+                    execution_id, [ExecutionState.REQUESTED], ExecutionState.EXPIRED, "expired"
+                )
+            else:
+                why = "revoked with terminate" if terminated else "revoked"
+                agboss.executions.request_cancel(execution_id, why)
+        except Exception:
+            logger.exception("could not record the revoke of %s", execution_id)
+
+    handlers = {
+        celery_signals.before_task_publish: before_task_publish,
+        celery_signals.worker_init: worker_init,
+        celery_signals.worker_ready: worker_ready,
+        celery_signals.worker_process_init: worker_process_init,
+        celery_signals.worker_shutting_down: worker_shutting_down,
+        celery_signals.task_revoked: task_revoked,
+    }
+    for signal, handler in handlers.items():
+        signal.connect(handler, weak=False)
+    agboss._signal_handlers = handlers
+
+
+def disconnect(agboss: AGBoss) -> None:
+    """Disconnect this app's handlers (tests that build many apps in one process)."""
+    for signal, handler in getattr(agboss, "_signal_handlers", {}).items():
+        signal.disconnect(handler)
+    agboss._signal_handlers = {}
+
+
+__all__ = ["connect", "disconnect"]

@@ -1,0 +1,209 @@
+"""Row plumbing shared by the execution verbs: decoding, locking, guarded updates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import and_, not_, or_, select, update
+from sqlalchemy.engine import Row
+from sqlalchemy.sql.elements import ColumnElement
+
+from celery_agboss.core.executions import (
+    TERMINAL_STATES,
+    ExecutionMessage,
+    ExecutionRecord,
+    ExecutionState,
+    execution_scope,
+)
+from celery_agboss.core.store import IntentStatus, StoreTransaction
+from celery_agboss.store.dialect import insert_or_nothing
+from celery_agboss.store.schema import leases, outbound_calls
+from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.store.transactions import SQLTransaction
+
+_e = executions.c
+_l = leases.c
+_i = outbound_calls.c
+
+TERMINAL_VALUES = [state.value for state in TERMINAL_STATES]
+
+
+def record_of(row: Row[Any]) -> ExecutionRecord:
+    m = row._mapping
+    return ExecutionRecord(
+        id=m["id"],
+        task_name=m["task_name"],
+        state=ExecutionState(m["state"]),
+        args=m["args"],
+        kwargs=m["kwargs"],
+        options=m["options"],
+        eta_ms=m["eta_ms"],
+        expires_ms=m["expires_ms"],
+        requested_at_ms=int(m["requested_at_ms"]),
+        started_at_ms=m["started_at_ms"],
+        not_before_ms=m["not_before_ms"],
+        wake_requested=bool(m["wake_requested"]),
+        recovery_count=int(m["recovery_count"]),
+        deliveries=int(m["deliveries"]),
+        cancel_requested=bool(m["cancel_requested"]),
+        cancel_reason=m["cancel_reason"],
+        reason=m["reason"],
+        result=m["result"],
+        error=m["error"],
+        terminal_at_ms=m["terminal_at_ms"],
+        links_dispatched=bool(m["links_dispatched"]),
+        updated_at_ms=int(m["updated_at_ms"]),
+        read_at_ms=int(m["read_at_ms"]),
+    )
+
+
+def message_values(message: ExecutionMessage) -> dict[str, Any]:
+    return {
+        "args": message.args,
+        "kwargs": message.kwargs,
+        "options": message.options,
+        "eta_ms": message.eta_ms,
+        "expires_ms": message.expires_ms,
+    }
+
+
+def _retries(options: str) -> int:
+    try:
+        value = json.loads(options).get("retries", 0)
+    except (ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) else 0
+
+
+def newer_or_same(message: ExecutionMessage, record: ExecutionRecord) -> bool:
+    """Keep the newest message of an execution: a retry's (more ``retries``) is never
+    replaced by a late copy of the message it retried."""
+    return _retries(message.options) >= _retries(record.options)
+
+
+def lease_live(tx: SQLTransaction, scope: ColumnElement[str]) -> ColumnElement[bool]:
+    """A live lease on ``scope`` exists (database clock), as a correlated ``EXISTS``."""
+    now = tx.now_expr()
+    return (
+        select(_l.scope)
+        .where(_l.scope == scope, not_(_l.released), _l.expires_at_ms > now)
+        .exists()
+    )
+
+
+def sql(tx: StoreTransaction) -> SQLTransaction:
+    """The SQLAlchemy transaction behind a protocol transaction (one store, one backend)."""
+    if not isinstance(tx, SQLTransaction):
+        raise TypeError(f"the execution verbs need a SQLAlchemyStore transaction, not {tx!r}")
+    return tx
+
+
+class ExecutionRows:
+    """The helpers every execution verb uses, on a ``SQLAlchemyStore``."""
+
+    def __init__(self, store: SQLAlchemyStore) -> None:
+        self.store = store
+
+    def _read(
+        self, tx: SQLTransaction, execution_id: str, *, lock: bool = False
+    ) -> ExecutionRecord | None:
+        statement = select(executions, tx.now_expr().label("read_at_ms")).where(
+            _e.id == execution_id
+        )
+        if lock and self.store.dialect_name == "postgresql":
+            statement = statement.with_for_update(of=executions)
+        row = tx.execute(statement).first()
+        return None if row is None else record_of(row)
+
+    def _require(self, tx: SQLTransaction, execution_id: str) -> ExecutionRecord:
+        record = self._read(tx, execution_id)
+        if record is None:  # pragma: no cover - rows are never deleted under a lease
+            raise LookupError(f"execution {execution_id!r} disappeared")
+        return record
+
+    def _set(self, tx: SQLTransaction, execution_id: str, **values: Any) -> int:
+        values.setdefault("updated_at_ms", tx.now_expr())
+        result = tx.execute(update(executions).where(_e.id == execution_id).values(**values))
+        return int(result.rowcount)
+
+    def _set_unless_terminal(self, tx: SQLTransaction, execution_id: str, **values: Any) -> int:
+        values.setdefault("updated_at_ms", tx.now_expr())
+        result = tx.execute(
+            update(executions)
+            .where(_e.id == execution_id, _e.state.not_in(TERMINAL_VALUES))
+            .values(**values)
+        )
+        return int(result.rowcount)
+
+    def _pending_intent(self, tx: SQLTransaction, execution_id: str) -> bool:
+        """The execution owns a PENDING intent (as its current owner, or as its creator
+        when nobody owns it)."""
+        scope = execution_scope(execution_id)
+        owned = or_(
+            _i.owner_scope == scope,
+            and_(_i.owner_scope.is_(None), _i.execution_id == execution_id),
+        )
+        row = tx.execute(
+            select(_i.idempotency_key)
+            .where(_i.status == IntentStatus.PENDING.value, owned)
+            .limit(1)
+        ).first()
+        return row is not None
+
+    def _insert_requested(self, tx: SQLTransaction, message: ExecutionMessage) -> bool:
+        now = tx.now_expr()
+        row = tx.execute(
+            insert_or_nothing(tx.connection, executions)
+            .values(
+                id=message.execution_id,
+                task_name=message.task_name,
+                state=ExecutionState.REQUESTED.value,
+                requested_at_ms=now,
+                updated_at_ms=now,
+                wake_requested=False,
+                recovery_count=0,
+                deliveries=0,
+                cancel_requested=False,
+                links_dispatched=False,
+                **message_values(message),
+            )
+            .returning(_e.id)
+        ).first()
+        return row is not None
+
+    def _terminal(
+        self, tx: SQLTransaction, execution_id: str, state: ExecutionState, **values: Any
+    ) -> None:
+        self._set(
+            tx,
+            execution_id,
+            state=state.value,
+            terminal_at_ms=tx.now_expr(),
+            not_before_ms=None,
+            wake_requested=False,
+            **values,
+        )
+
+    def _park(self, tx: SQLTransaction, execution_id: str, count: int, cap: int) -> None:
+        self._set(
+            tx,
+            execution_id,
+            state=ExecutionState.PARKED.value,
+            wake_requested=False,
+            reason=(
+                f"recovery cap reached: {count} take-overs and re-publishes "
+                f"(agboss_max_recovery_attempts={cap})"
+            ),
+        )
+
+
+__all__ = [
+    "ExecutionRows",
+    "lease_live",
+    "message_values",
+    "newer_or_same",
+    "record_of",
+    "sql",
+]

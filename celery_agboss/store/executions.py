@@ -1,0 +1,235 @@
+"""The execution verbs (``core.executions.ExecutionStore``) on SQLAlchemy: the delivery's.
+
+Each verb is one transaction of ``SQLAlchemyStore``. The verdicts a delivery writes
+while it holds the lease (``finish``, ``fail``, ``wait``…) run in a fenced
+transaction — the ``*_in(tx)`` forms take one the caller opened (the
+``ExecutionContext``'s, which also checks the holder's own clocks) — so a
+superseded delivery's verdict is refused in the transaction that would write it.
+The execution row is locked first (``FOR UPDATE`` on PostgreSQL; SQLite's
+``BEGIN IMMEDIATE`` already serialises writers), so two deliveries, or a delivery
+and a sweeper, decide one after the other. The sweep's and operators' verbs are
+in ``executions_admin``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import case, insert, select
+
+from celery_agboss.core.executions import (
+    ANSWER_STATES,
+    TERMINAL_STATES,
+    DeliveryStart,
+    ExecutionMessage,
+    ExecutionRecord,
+    ExecutionState,
+    ReleaseOutcome,
+    StartKind,
+    execution_scope,
+)
+from celery_agboss.core.store import FencedTransaction, LeaseRef
+from celery_agboss.store.execution_rows import message_values, newer_or_same, sql
+from celery_agboss.store.executions_admin import ExecutionAdminVerbs
+from celery_agboss.store.schema_executions import executions, pauses
+
+_e = executions.c
+_p = pauses.c
+
+
+class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
+    """Execution verbs on the same database (and engine) as a ``SQLAlchemyStore``."""
+
+    # --- publish and start ---------------------------------------------------------
+
+    def record_requested(self, message: ExecutionMessage) -> bool:
+        with self.store.transaction() as tx:
+            if self._insert_requested(tx, message):
+                return True
+            record = self._read(tx, message.execution_id, lock=True)
+            if record is not None and newer_or_same(message, record):
+                self._set_unless_terminal(tx, message.execution_id, **message_values(message))
+            return False
+
+    def start_delivery(
+        self, message: ExecutionMessage, holder: str, ttl_ms: int, max_recovery_attempts: int
+    ) -> DeliveryStart:
+        execution_id = message.execution_id
+        scope = execution_scope(execution_id)
+        with self.store.transaction() as tx:
+            self._insert_requested(tx, message)
+            record = self._read(tx, execution_id, lock=True)
+            assert record is not None  # inserted above or already there
+            if record.state in TERMINAL_STATES:
+                return DeliveryStart(StartKind.TERMINAL, record)
+            if record.state in ANSWER_STATES:
+                return DeliveryStart(StartKind.WAITING_ANSWER, record)
+            cancellable = record.state in (ExecutionState.REQUESTED, ExecutionState.WAITING)
+            if (
+                record.cancel_requested
+                and cancellable
+                and not self._pending_intent(tx, execution_id)
+            ):
+                self._terminal(tx, execution_id, ExecutionState.CANCELLED)
+                return DeliveryStart(StartKind.TERMINAL, self._require(tx, execution_id))
+            lease = tx.read_lease(scope)
+            if lease is not None and lease.live:
+                # The live holder continues; it re-publishes this message when it releases.
+                kept = message_values(message) if newer_or_same(message, record) else {}
+                self._set(tx, execution_id, wake_requested=True, **kept)
+                return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
+            # The previous delivery never said how it ended: this is a take-over.
+            took_over = record.state in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
+            if took_over and record.recovery_count + 1 > max_recovery_attempts:
+                self._park(tx, execution_id, record.recovery_count, max_recovery_attempts)
+                return DeliveryStart(StartKind.PARKED, self._require(tx, execution_id))
+            grant = tx.acquire_lease(scope, holder, ttl_ms)
+            if grant is None:  # pragma: no cover - the row lock makes this unreachable
+                self._set(tx, execution_id, wake_requested=True)
+                return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
+            now = tx.now_expr()
+            self._set(
+                tx,
+                execution_id,
+                state=ExecutionState.RUNNING.value,
+                started_at_ms=case((_e.started_at_ms.is_(None), now), else_=_e.started_at_ms),
+                not_before_ms=None,
+                wake_requested=False,
+                reason=None,
+                deliveries=_e.deliveries + 1,
+                recovery_count=_e.recovery_count + (1 if took_over else 0),
+                **(message_values(message) if newer_or_same(message, record) else {}),
+            )
+            return DeliveryStart(
+                StartKind.STARTED, self._require(tx, execution_id), grant, took_over
+            )
+
+    # --- verdicts, inside a fenced transaction ------------------------------------------
+
+    def finish_in(self, tx: FencedTransaction, result: str) -> ExecutionRecord:
+        """Store the result, ``COMPLETED`` (an already terminal execution is left alone)."""
+        t, execution_id = sql(tx), tx.lease.scope
+        record = self._require(t, execution_id)
+        if not record.terminal:
+            self._terminal(t, execution_id, ExecutionState.COMPLETED, result=result, reason=None)
+        return self._require(t, execution_id)
+
+    def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
+        """``FAILED`` with the stored failure — unless the execution owns a PENDING intent:
+        then ``WAITING_OPERATOR`` (never FAILED while a payment may be in flight)."""
+        t, execution_id = sql(tx), tx.lease.scope
+        record = self._require(t, execution_id)
+        if record.terminal:
+            return record
+        if self._pending_intent(t, execution_id):
+            self._set(
+                t,
+                execution_id,
+                state=ExecutionState.WAITING_OPERATOR.value,
+                not_before_ms=None,
+                error=error,
+                reason=f"failed while an outbound call is pending: {reason}"[:1000],
+            )
+        else:
+            self._terminal(t, execution_id, ExecutionState.FAILED, error=error, reason=reason)
+        return self._require(t, execution_id)
+
+    def wait_in(self, tx: FencedTransaction, delay_ms: int, reason: str) -> ExecutionRecord:
+        """``WAITING`` with ``not_before = now + delay_ms``."""
+        t, execution_id = sql(tx), tx.lease.scope
+        self._set_unless_terminal(
+            t,
+            execution_id,
+            state=ExecutionState.WAITING.value,
+            not_before_ms=t.now_expr() + max(0, delay_ms),
+            reason=reason[:1000],
+        )
+        return self._require(t, execution_id)
+
+    def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
+        """``WAITING_OPERATOR``: an operator decides; nothing runs until then."""
+        t, execution_id = sql(tx), tx.lease.scope
+        self._set_unless_terminal(
+            t,
+            execution_id,
+            state=ExecutionState.WAITING_OPERATOR.value,
+            not_before_ms=None,
+            reason=reason[:1000],
+        )
+        return self._require(t, execution_id)
+
+    def pause_in(
+        self, tx: FencedTransaction, name: str, payload: str | None
+    ) -> tuple[bool, str | None]:
+        """The pause ``<execution id>:<name>``: ``(True, answer)`` once answered; else it is
+        recorded PENDING (if new), the execution ``PAUSED``, and ``(False, None)``."""
+        t, execution_id = sql(tx), tx.lease.scope
+        pause_id = f"{execution_id}:{name}"
+        row = t.execute(select(_p.status, _p.answer).where(_p.id == pause_id)).first()
+        if row is not None and row.status == "ANSWERED":
+            return True, row.answer
+        if row is None:
+            t.execute(
+                insert(pauses).values(
+                    id=pause_id,
+                    execution_id=execution_id,
+                    name=name,
+                    status="PENDING",
+                    payload=payload,
+                    created_at_ms=t.now_expr(),
+                )
+            )
+        self._set_unless_terminal(
+            t,
+            execution_id,
+            state=ExecutionState.PAUSED.value,
+            not_before_ms=None,
+            reason=f"paused at {name}"[:1000],
+        )
+        return False, None
+
+    # --- the same verdicts, each in its own fenced transaction ----------------------------
+
+    def finish(self, lease: LeaseRef, ttl_ms: int, result: str) -> ExecutionRecord:
+        with self.store.fenced(lease, ttl_ms) as tx:
+            return self.finish_in(tx, result)
+
+    def fail(self, lease: LeaseRef, ttl_ms: int, error: str, reason: str = "") -> ExecutionRecord:
+        with self.store.fenced(lease, ttl_ms) as tx:
+            return self.fail_in(tx, error, reason)
+
+    def wait(self, lease: LeaseRef, ttl_ms: int, delay_ms: int, reason: str) -> ExecutionRecord:
+        with self.store.fenced(lease, ttl_ms) as tx:
+            return self.wait_in(tx, delay_ms, reason)
+
+    def waiting_operator(self, lease: LeaseRef, ttl_ms: int, reason: str) -> ExecutionRecord:
+        with self.store.fenced(lease, ttl_ms) as tx:
+            return self.waiting_operator_in(tx, reason)
+
+    # --- the end of a delivery ---------------------------------------------------------------
+
+    def release_delivery(
+        self, lease: LeaseRef, *, will_republish: bool = False
+    ) -> ReleaseOutcome:
+        with self.store.transaction() as tx:
+            record = self._read(tx, lease.scope, lock=True)
+            released = tx.release_lease(lease)
+            if record is None:
+                return ReleaseOutcome(released, False, None)
+            woken = (
+                released
+                and record.wake_requested
+                and record.state not in TERMINAL_STATES
+                and record.state not in ANSWER_STATES
+            )
+            if record.wake_requested and released:
+                self._set(tx, lease.scope, wake_requested=False)
+            return ReleaseOutcome(
+                released, woken and not will_republish, self._require(tx, lease.scope)
+            )
+
+    def mark_links_dispatched(self, execution_id: str) -> None:
+        """The terminal delivery's chain and callbacks went out (Celery's ``on_success``)."""
+        with self.store.transaction() as tx:
+            self._set(tx, execution_id, links_dispatched=True)
+
+
+__all__ = ["SQLAlchemyExecutionStore"]

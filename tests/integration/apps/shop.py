@@ -1,0 +1,241 @@
+"""A small shop for the integration tests: payment tasks and their unprotected twins.
+
+``make_app(config)`` builds the Celery app; the worker subprocess runs
+``celery -A tests.integration.apps.shop:app`` with the config in ``AGBOSS_IT_CONFIG``
+(JSON), and the test process builds its own app from the same config to publish and
+to read the store. Tasks are not shared between apps (``shared=False``), so every
+test's app is its own. The gateway is the test process's ``FakeGateway`` behind
+``tests.integration.gateway_http``; each request carries this process's pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+
+from celery import Celery
+
+from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask, Unknown
+from celery_agboss.core import sabotage
+from celery_agboss.core.outbound import CallContext, Lookup
+
+CONFIG_ENV = "AGBOSS_IT_CONFIG"
+HTTP_TIMEOUT_SECONDS = 30.0
+
+
+class GatewayDeclined(Exception):
+    """The gateway answered that it processed nothing (a definite failure)."""
+
+
+class GatewayAnswerLost(Exception):
+    """No answer: the gateway may or may not have charged."""
+
+
+def _http(base: str, method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        base + path,
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json", "X-Worker-Pid": str(os.getpid())},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as exc:
+        payload = json.loads(exc.read() or b"{}")
+        if exc.code == 402:
+            raise GatewayDeclined(payload.get("error")) from None
+        raise GatewayAnswerLost(f"HTTP {exc.code}: {payload.get('error')}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise GatewayAnswerLost(str(exc)) from None
+    return json.loads(raw) if raw else None
+
+
+def make_app(config: dict[str, Any]) -> Celery:
+    gateway = config["gateway_url"]
+    app = Celery(f"agboss_it_{config['queue']}", broker=config["broker_url"])
+    transport_options: dict[str, Any] = {}
+    if config["broker_url"].startswith("redis"):
+        transport_options = {
+            "visibility_timeout": config.get("visibility_timeout", 60),
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }
+    app.conf.update(
+        result_backend=config["backend_url"],
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        task_default_queue=config["queue"],
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=True,
+        result_extended=True,
+        agboss_database_url=config["database_url"],
+        agboss_pseudonym_key="integration-tests-pseudonym-key",
+        agboss_lease_ttl=config.get("lease_ttl", 5),
+        agboss_sweep_interval=0,
+        agboss_retry_delay=config.get("retry_delay", 1),
+        agboss_max_recovery_attempts=config.get("max_recovery_attempts", 10),
+    )
+    agboss = AGBoss(app)
+
+    def note(event: str, task_id: str | None, **fields: Any) -> None:
+        _http(gateway, "POST", "/note", {"event": event, "task_id": task_id, **fields})
+
+    def gate(name: str) -> None:
+        _http(gateway, "POST", "/gate", {"name": name})
+
+    def send_charge(call: CallContext) -> Any:
+        return _http(
+            gateway,
+            "POST",
+            "/charge",
+            {
+                "amount": call.request["amount"],
+                "idempotency_key": call.idempotency_key,
+                "reference": call.request["order"],
+            },
+        )
+
+    def reconcile_charge(call: CallContext, lookup: Lookup) -> Any:
+        try:
+            found = _http(gateway, "GET", f"/lookup?key={quote(call.idempotency_key, safe='')}")
+        except GatewayAnswerLost as exc:
+            return Unknown(f"lookup failed: {exc}")
+        return NotSent() if found is None else Completed(found)
+
+    charge_call = OutboundCall(
+        name="it.charge",
+        send=send_charge,
+        reconcile=reconcile_charge,
+        is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
+        key_retention=timedelta(hours=24),
+    )
+    agboss.register(charge_call)
+
+    def charge(task: Any, order_id: str, amount: int) -> Any:
+        return task.outbound(
+            charge_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
+        )
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.charge_order")
+    def charge_order(self: Any, order_id: str, amount: int = 1000, gate_name: str | None = None):  # type: ignore[no-untyped-def]
+        note("body-start", self.request.id)
+        if gate_name:
+            gate(gate_name)
+        receipt = charge(self, order_id, amount)
+        note("body-end", self.request.id, outcome=str(self.last_outcome))
+        return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.slow_charge")
+    def slow_charge(self: Any, order_id: str, seconds: float, amount: int = 1000):  # type: ignore[no-untyped-def]
+        note("body-start", self.request.id)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        receipt = charge(self, order_id, amount)
+        note("body-end", self.request.id)
+        return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.retrying_charge")
+    def retrying_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        note("body-start", self.request.id, retries=self.request.retries)
+        if self.request.retries == 0:
+            retry = self.retry(countdown=0, throw=False)
+            # Hold the lease until the retry message has been delivered and deferred.
+            deadline = time.monotonic() + 20
+            executions = AGBoss.of(app).executions
+            while time.monotonic() < deadline:
+                record = executions.read_execution(self.request.id)
+                if record is not None and record.wake_requested:
+                    break
+                time.sleep(0.1)
+            note("retry-deferred-seen", self.request.id)
+            raise retry
+        receipt = charge(self, order_id, amount)
+        note("body-end", self.request.id)
+        return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.approved_charge")
+    def approved_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        note("body-start", self.request.id)
+        answer = self.pause("approve", {"order": order_id})
+        if not answer.get("approved"):
+            return {"declined": order_id}
+        receipt = charge(self, order_id, amount)
+        return {"payment": receipt["id"], "order": order_id, "by": answer.get("by")}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.failing_charge")
+    def failing_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        note("body-start", self.request.id)
+        charge(self, order_id, amount)
+        raise ValueError(f"order {order_id} cannot be fulfilled")
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.ship")
+    def ship(self: Any, charged: dict[str, Any]):  # type: ignore[no-untyped-def]
+        note("ship", self.request.id, payment=charged["payment"])
+        return {"shipped": charged["order"]}
+
+    @app.task(bind=True, shared=False, name="it.plain_ship")
+    def plain_ship(self: Any, charged: dict[str, Any]):  # type: ignore[no-untyped-def]
+        note("ship", self.request.id, payment=charged["payment"])
+        return {"shipped": charged["order"]}
+
+    # --- unprotected twins: what plain Celery does ---------------------------------------
+
+    def plain_charge_body(
+        task: Any, order_id: str, amount: int, gate_name: str | None, seconds: float
+    ) -> Any:
+        note("body-start", task.request.id)
+        if gate_name:
+            gate(gate_name)
+        time.sleep(seconds)
+        receipt = _http(
+            gateway,
+            "POST",
+            "/charge",
+            {"amount": amount, "idempotency_key": None, "reference": order_id},
+        )
+        note("body-end", task.request.id)
+        return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(
+        bind=True,
+        shared=False,
+        name="it.plain_charge",
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )
+    def plain_charge(  # type: ignore[no-untyped-def]
+        self: Any,
+        order_id: str,
+        amount: int = 1000,
+        gate_name: str | None = None,
+        seconds: float = 0.0,
+    ):
+        return plain_charge_body(self, order_id, amount, gate_name, seconds)
+
+    @app.task(bind=True, shared=False, name="it.plain_charge_acks_late", acks_late=True)
+    def plain_charge_acks_late(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        return plain_charge_body(self, order_id, amount, None, 0.0)
+
+    return app
+
+
+def _from_environment() -> Celery | None:
+    raw = os.environ.get(CONFIG_ENV)
+    if raw:
+        import celery_agboss.delivery  # registers the Celery layer's sabotage names
+
+        del celery_agboss.delivery
+        sabotage.activate_from_environment()
+    return make_app(json.loads(raw)) if raw else None
+
+
+app = _from_environment()

@@ -1,0 +1,69 @@
+"""Trap 1 and trap 3: copies of a message delivered while its execution runs.
+
+A ``self.retry()`` message is published before the original delivery ends, and a
+Redis visibility timeout shorter than a task hands the running message to another
+child. Either copy finds the lease live: it is deferred (``Ignore``, ``wake_requested``
+set in the same transaction) and never runs the body beside the holder; the holder's
+release re-publishes the execution if it is not finished. The twin is plain Celery:
+the visibility timeout runs the long task twice, concurrently, and it pays twice.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.gateway_http import wait_for
+from tests.integration.harness import ShopFactory
+
+pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
+
+
+def test_a_retry_delivered_while_the_original_holds_the_lease_is_woken_on_release(
+    shop_factory: ShopFactory,
+) -> None:
+    shop = shop_factory()
+    shop.start_worker()
+    with shop.capturing_events() as events:
+        task_id = str(shop.app.signature("it.retrying_charge", args=("o-3",)).apply_async().id)
+        record = shop.wait_state(task_id, "COMPLETED", timeout=30)
+        shop.wait_backend(task_id, "SUCCESS")
+        wait_for(
+            lambda: any(e["type"] == "task-deferred" for e in events), 10, "the event"
+        )
+    assert "DEFERRED" in shop.flower_state(events, task_id), "Flower shows the deferral"
+    log = shop.worker_log()
+    assert "execution.deferred" in log, "the retry message met the original's live lease"
+    assert "execution.republished" in log and "reason=woken" in log
+    starts = shop.gateway.notes_of("body-start", task_id)
+    assert [note.fields["retries"] for note in starts] == [0, 1], "the deferred copy never ran"
+    assert len(shop.gateway.notes_of("retry-deferred-seen", task_id)) == 1
+    assert len(shop.gateway.gateway.payments) == 1
+    assert record.deliveries == 2
+    assert record.recovery_count == 0, "a wake is not a recovery"
+
+
+def test_a_task_longer_than_the_visibility_timeout_runs_its_body_once(
+    shop_factory: ShopFactory,
+) -> None:
+    shop = shop_factory(visibility_timeout=3)
+    shop.start_worker()
+    task_id = str(shop.app.signature("it.slow_charge", args=("o-4", 9.0)).apply_async().id)
+    record = shop.wait_state(task_id, "COMPLETED", timeout=40)
+    shop.wait_backend(task_id, "SUCCESS")
+    assert "execution.deferred" in shop.worker_log(), "the broker did hand the message out again"
+    assert len(shop.gateway.notes_of("body-start", task_id)) == 1, "no concurrent body"
+    assert len(shop.gateway.gateway.payments) == 1
+    assert record.deliveries == 1
+
+
+def test_without_agboss_a_task_longer_than_the_visibility_timeout_pays_twice(
+    shop_factory: ShopFactory,
+) -> None:
+    shop = shop_factory(visibility_timeout=3)
+    shop.start_worker()
+    signature = shop.app.signature("it.plain_charge", args=("o-4",), kwargs={"seconds": 6.0})
+    task_id = str(signature.apply_async().id)
+    wait_for(lambda: len(shop.gateway.gateway.payments) == 2, 30, "a second payment")
+    starts = shop.gateway.notes_of("body-start", task_id)
+    ends = shop.gateway.notes_of("body-end", task_id)
+    assert starts[1].at < ends[0].at, "the copies ran at the same time"

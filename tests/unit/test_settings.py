@@ -1,0 +1,211 @@
+"""The ``agboss_*`` settings: read once into a frozen object, refused with what to set."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_agboss import AGBoss, ConfigurationError
+from celery_agboss.settings import (
+    TESTING_ENV,
+    TESTING_PSEUDONYM_KEY,
+    AGBossSettings,
+    settings_from_conf,
+)
+from celery_agboss.signals import disconnect
+
+URL = "sqlite:////var/lib/shop/agboss.db"
+KEY = "a-pseudonym-key-of-enough-bytes"
+
+
+def conf(**values: Any) -> dict[str, Any]:
+    return {"agboss_database_url": URL, "agboss_pseudonym_key": KEY, **values}
+
+
+def test_the_defaults_are_the_documented_ones() -> None:
+    s = settings_from_conf(conf(), environ={})
+    assert (s.tenant, s.lease_ttl_seconds, s.attempt_timeout_seconds) == ("default", 30, 120)
+    assert (s.sweep_interval_seconds, s.requested_grace_seconds) == (30, 300)
+    assert s.outbound_retention_seconds == s.fenced_effect_retention_seconds == 604800
+    assert s.max_recovery_attempts == 10
+    assert s.pseudonym_key == KEY.encode()
+    assert s.lease_ttl_ms == 30_000
+
+
+def test_durations_accept_seconds_or_a_timedelta() -> None:
+    s = settings_from_conf(
+        conf(agboss_lease_ttl=timedelta(seconds=12), agboss_attempt_timeout=45.5), environ={}
+    )
+    assert (s.lease_ttl_seconds, s.attempt_timeout_seconds) == (12.0, 45.5)
+
+
+def test_the_settings_are_frozen_and_never_show_the_key() -> None:
+    s = settings_from_conf(conf(), environ={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.lease_ttl_seconds = 1  # type: ignore[misc]
+    assert KEY not in repr(s)
+
+
+def test_a_missing_database_url_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ConfigurationError, match="agboss_database_url is not set"):
+        settings_from_conf({"agboss_pseudonym_key": KEY}, environ={})
+
+
+def test_a_relative_sqlite_path_is_refused_with_the_absolute_one_to_set() -> None:
+    with pytest.raises(ConfigurationError, match="relative") as caught:
+        settings_from_conf(conf(agboss_database_url="sqlite:///agboss.db"), environ={})
+    assert "absolute path" in str(caught.value)
+    assert caught.value.setting == "agboss_database_url"
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "mysql://h/db"])
+def test_a_store_every_worker_cannot_share_is_refused(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="agboss_database_url"):
+        settings_from_conf(conf(agboss_database_url=url), environ={})
+
+
+def test_a_missing_pseudonym_key_is_refused_outside_the_tests() -> None:
+    with pytest.raises(ConfigurationError, match="agboss_pseudonym_key is not set"):
+        settings_from_conf({"agboss_database_url": URL}, environ={})
+
+
+def test_under_the_test_kit_a_fixed_key_is_used_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="celery_agboss"):
+        s = settings_from_conf({"agboss_database_url": URL}, environ={TESTING_ENV: "1"})
+    assert s.pseudonym_key == TESTING_PSEUDONYM_KEY and s.testing_key
+    assert "fixed test key" in caplog.text
+
+
+def test_a_short_pseudonym_key_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="shorter than 16 bytes"):
+        settings_from_conf(conf(agboss_pseudonym_key="short"), environ={})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("agboss_lease_ttl", -1), ("agboss_lease_ttl", 0), ("agboss_attempt_timeout", "soon")],
+)
+def test_a_wrong_duration_is_refused_naming_the_setting(name: str, value: Any) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        settings_from_conf(conf(**{name: value}), environ={})
+    assert caught.value.setting == name
+
+
+def test_a_sweep_interval_of_zero_means_no_beat_entry_and_is_allowed() -> None:
+    assert settings_from_conf(conf(agboss_sweep_interval=0), environ={}).sweep_interval_seconds == 0
+
+
+def test_a_misspelt_setting_is_refused_not_ignored() -> None:
+    with pytest.raises(ConfigurationError, match="agboss_lease_tll"):
+        settings_from_conf(conf(agboss_lease_tll=5), environ={})
+
+
+def test_the_broker_countdown_stays_below_half_the_visibility_timeout() -> None:
+    s = settings_from_conf(
+        conf(broker_transport_options={"visibility_timeout": 40}), environ={}
+    )
+    assert s.visibility_timeout_seconds == 40 and s.max_broker_countdown_seconds == 20
+    declared = settings_from_conf(conf(agboss_visibility_timeout=10), environ={})
+    assert declared.max_broker_countdown_seconds == 5
+
+
+def test_the_logged_store_url_hides_its_password() -> None:
+    s = settings_from_conf(
+        conf(agboss_database_url="postgresql+psycopg://shop:secret@db/shop"), environ={}
+    )
+    assert "secret" not in s.redacted_database_url()
+    assert "shop" in s.redacted_database_url()
+
+
+# --- AGBoss(app) reads them -------------------------------------------------------------
+
+
+@pytest.fixture
+def apps() -> Iterator[list[Celery]]:
+    made: list[Celery] = []
+    yield made
+    for app in made:
+        agboss = getattr(app, "_agboss", None)
+        if agboss is not None:
+            disconnect(agboss)
+        app.close()
+
+
+def new_app(apps: list[Celery], **values: Any) -> Celery:
+    app = Celery(f"settings-{len(apps)}", broker="memory://", set_as_current=False)
+    app.conf.update(values)
+    apps.append(app)
+    return app
+
+
+def test_agboss_twice_on_one_app_is_the_same_object(apps: list[Celery]) -> None:
+    app = new_app(apps, **conf())
+    assert AGBoss(app) is AGBoss(app)
+    assert AGBoss.of(app) is AGBoss(app)
+
+
+def test_agboss_reads_the_settings_from_a_pending_configuration(apps: list[Celery]) -> None:
+    """Django's way: ``config_from_object`` is lazy; AGBoss reads once it is loaded."""
+    app = new_app(apps)
+    app.config_from_object(
+        {"CELERY_AGBOSS_DATABASE_URL": URL, "CELERY_AGBOSS_PSEUDONYM_KEY": KEY,
+         "CELERY_AGBOSS_LEASE_TTL": 7},
+        namespace="CELERY",
+    )
+    agboss = AGBoss(app)
+    assert app.conf.broker_url  # configured (by now at the latest)
+    assert isinstance(agboss.settings, AGBossSettings)
+    assert agboss.settings.lease_ttl_seconds == 7
+
+
+def test_agboss_on_an_already_configured_app_reads_them_at_once(apps: list[Celery]) -> None:
+    app = new_app(apps, **conf(agboss_lease_ttl=9))
+    assert app.conf.agboss_lease_ttl == 9
+    assert AGBoss(app).settings.lease_ttl_seconds == 9
+
+
+def test_agboss_refuses_a_missing_database_url_when_it_is_first_needed(
+    apps: list[Celery],
+) -> None:
+    app = new_app(apps, agboss_pseudonym_key=KEY)
+    with pytest.raises(ConfigurationError, match="agboss_database_url"):
+        AGBoss(app).settings  # noqa: B018
+
+
+def test_a_worker_of_a_misconfigured_app_refuses_to_start(apps: list[Celery]) -> None:
+    from celery import signals
+
+    app = new_app(apps, agboss_pseudonym_key=KEY)
+    AGBoss(app)
+
+    class FakeWorker:
+        pass
+
+    worker = FakeWorker()
+    worker.app = app  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit, match="agboss_database_url"):
+        signals.worker_init.send(sender=worker)
+
+
+def test_the_sweep_gets_a_beat_entry_on_its_own_queue_with_an_expiry(apps: list[Celery]) -> None:
+    app = new_app(apps, **conf(agboss_sweep_interval=timedelta(seconds=20)))
+    AGBoss(app)
+    entry = app.conf.beat_schedule["celery_agboss.sweep"]
+    assert entry["task"] == "celery_agboss.sweep"
+    assert entry["schedule"] == 20
+    assert entry["options"] == {"queue": "agboss.sweep", "expires": 20}
+    assert "celery_agboss.sweep" in app.tasks
+
+
+def test_no_beat_entry_when_the_sweep_interval_is_zero(apps: list[Celery]) -> None:
+    app = new_app(apps, **conf(agboss_sweep_interval=0))
+    AGBoss(app)
+    assert "celery_agboss.sweep" not in (app.conf.beat_schedule or {})
