@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from celery_agboss import answer_pause
 from celery_agboss.errors import NotPausedError
-from celery_agboss.messages import dumps
+from celery_agboss.operator import list_pauses
 from celery_agboss.testing.gateway import FakeGatewayFault, GatewayCapabilities
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import ShopFactory
@@ -112,12 +113,10 @@ def test_a_paused_payment_waits_for_its_answer_and_then_charges_once(
         wait_for(lambda: any(e["type"] == "task-paused" for e in events), 10, "the event")
     assert "PAUSED" in shop.flower_state(events, task_id)
     assert shop.gateway.gateway.payments == []
-    answered = shop.agboss.executions.answer_pause(
-        f"{task_id}:approve", dumps({"approved": True, "by": "ops"})
-    )
+    assert [p for p, _, _ in list_pauses(shop.app)] == [f"{task_id}:approve"]
+    answer_pause(shop.app, f"{task_id}:approve", {"approved": True, "by": "ops"})
     with pytest.raises(NotPausedError):
-        shop.agboss.executions.answer_pause(f"{task_id}:approve", dumps({"approved": False}))
-    shop.agboss.republish(answered, reason="pause answered")
+        answer_pause(shop.app, f"{task_id}:approve", {"approved": False})
     shop.wait_state(task_id, "COMPLETED")
     shop.wait_backend(task_id, "SUCCESS")
     assert shop.app.AsyncResult(task_id).result["by"] == "ops"

@@ -1,0 +1,211 @@
+"""How the ``celery -A proj agboss`` commands show records: text for people, dicts for
+``--json``. Times are ISO 8601 in UTC; requests and results appear as stored (masked).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.store import HistoryRow, IntentRecord, IntentStatus, LeaseState
+
+if TYPE_CHECKING:
+    from celery_agboss.operator import Description
+    from celery_agboss.sweep import SweepReport
+
+
+def iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def age(now_ms: int, then_ms: int | None) -> str:
+    if then_ms is None:
+        return "-"
+    seconds = max(0, (now_ms - then_ms) // 1000)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [list(headers), *rows]
+    )
+
+
+# --- views: what a record looks like to people and to machines -----------------------
+
+
+def intent_view(intent: IntentRecord, *, full: bool = False) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "idempotency_key": intent.idempotency_key,
+        "execution_id": intent.execution_id,
+        "name": intent.name,
+        "status": intent.status.value,
+        "attempt": intent.attempt,
+        "owner": None if intent.owner is None else {
+            "holder": intent.owner.holder, "token": intent.owner.token,
+            "live": intent.owner_live,
+        },
+        "needs_operator": intent.needs_operator,
+        "operator_reason": intent.operator_reason,
+        "not_sent_confirmed": intent.not_sent_confirmed,
+        "result_stored": intent.result_stored,
+        "gateway_transaction_id": intent.gateway_transaction_id,
+        "first_attempt_at": iso(intent.first_attempt_at_ms),
+        "attempt_started_at": iso(intent.attempt_started_at_ms),
+        "completed_at": iso(intent.completed_at_ms),
+        "next_lookup_at": iso(intent.next_lookup_at_ms),
+        "lookup_failures": intent.lookup_failures,
+        "age_seconds": None if intent.first_attempt_at_ms is None
+        else (intent.read_at_ms - intent.first_attempt_at_ms) // 1000,
+    }
+    if full:
+        view["request"] = intent.request  # as stored: masked by the call's policy
+        view["result"] = intent.result
+    return view
+
+
+def execution_view(record: ExecutionRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "task_name": record.task_name,
+        "state": record.state.value,
+        "reason": record.reason,
+        "cancel_requested": record.cancel_requested,
+        "cancel_reason": record.cancel_reason,
+        "recovery_count": record.recovery_count,
+        "deliveries": record.deliveries,
+        "wake_requested": record.wake_requested,
+        "requested_at": iso(record.requested_at_ms),
+        "started_at": iso(record.started_at_ms),
+        "not_before": iso(record.not_before_ms),
+        "eta": iso(record.eta_ms),
+        "expires": iso(record.expires_ms),
+        "terminal_at": iso(record.terminal_at_ms),
+    }
+
+
+def lease_view(lease: LeaseState | None) -> dict[str, Any] | None:
+    if lease is None:
+        return None
+    return {"holder": lease.holder, "token": lease.token, "live": lease.live,
+            "released": lease.released, "expires_at": iso(lease.expires_at_ms)}
+
+
+def history_view(row: HistoryRow) -> dict[str, Any]:
+    return {"seq": row.seq, "at": iso(row.at_ms), "event": row.event,
+            "from": row.from_status, "to": row.to_status, "attempt": row.attempt,
+            "holder": row.holder, "token": row.token, "detail": row.detail}
+
+
+RESOLVE_HINT = (
+    "\nLook one up at the gateway, then settle it:\n"
+    "  celery -A proj agboss show KEY\n"
+    "  celery -A proj agboss resolve KEY --completed RESULT_JSON --reason TEXT\n"
+    "  celery -A proj agboss resolve KEY --not-sent --reason TEXT"
+)
+
+
+def waits_for_operator(intent: IntentRecord) -> bool:
+    if intent.status is IntentStatus.COMPLETED:
+        return not intent.result_stored
+    return intent.needs_operator
+
+
+def intent_state(intent: IntentRecord) -> str:
+    if intent.status is IntentStatus.COMPLETED and not intent.result_stored:
+        return "NEEDS OPERATOR: result not stored"
+    if intent.needs_operator:
+        return f"NEEDS OPERATOR: {intent.operator_reason or 'unreconciled'}"
+    if intent.owner_live:
+        return "IN FLIGHT (owner live)"
+    if intent.not_sent_confirmed:
+        return "NOT SENT (confirmed; resent by its next delivery)"
+    return "PENDING (the sweep looks it up)"
+
+
+
+
+def describe_text(found: Description) -> str:
+    lines: list[str] = []
+    e = found.execution
+    if e is not None:
+        lines.append(f"Execution {e.id}  ({e.task_name})")
+        lines.append(f"  state: {e.state.value}" + (f" — {e.reason}" if e.reason else ""))
+        if e.cancel_requested:
+            lines.append(f"  cancel requested: {e.cancel_reason or 'yes'}")
+        lines.append(f"  recovery count: {e.recovery_count}, deliveries: {e.deliveries}")
+        for label, ms in (("requested", e.requested_at_ms), ("started", e.started_at_ms),
+                          ("not before", e.not_before_ms), ("eta", e.eta_ms),
+                          ("expires", e.expires_ms), ("terminal", e.terminal_at_ms)):
+            if ms is not None:
+                lines.append(f"  {label}: {iso(ms)}")
+    lease = found.lease
+    if lease is not None:
+        state = "LIVE" if lease.live else ("released" if lease.released else "expired")
+        lines.append(f"  lease: {state}, holder {lease.holder}, token {lease.token}")
+    for intent in found.intents:
+        marker = " <-" if intent.idempotency_key == found.focus else ""
+        lines.append(f"Intent {intent.idempotency_key}{marker}")
+        lines.append(f"  call: {intent.name}, attempt {intent.attempt}, {intent.status.value}: "
+                     f"{intent_state(intent) if intent.status is IntentStatus.PENDING else ''}"
+                     .rstrip(": "))
+        if intent.gateway_transaction_id:
+            lines.append(f"  gateway transaction: {intent.gateway_transaction_id}")
+        lines.append(f"  request (as stored): {json.dumps(intent.request, sort_keys=True)}")
+        if intent.status is IntentStatus.COMPLETED:
+            lines.append(f"  result (as stored): {json.dumps(intent.result, sort_keys=True)}")
+        for row in found.history.get(intent.idempotency_key, []):
+            lines.append(f"    {row.seq:>3} {iso(row.at_ms)} {row.event:<22} "
+                         f"{row.from_status or '-'} -> {row.to_status} (attempt {row.attempt})")
+    if found.audit:
+        lines.append("Audit:")
+        for a in found.audit:
+            lines.append(f"  {iso(a.at_ms)} {a.actor} {a.action} {a.target}: {a.reason}")
+    return "\n".join(lines)
+
+
+
+
+def report_data(report: SweepReport) -> dict[str, Any]:
+    return {**report.as_dict(), "republished_ids": report.republished_ids}
+
+
+def report_text(report: SweepReport) -> str:
+    if not report.ran:
+        return f"Sweep skipped: {report.skipped}."
+    done = {k: v for k, v in report.as_dict().items()
+            if v and k not in ("tick", "skipped", "duration_ms")}
+    what = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in done.items()) or "nothing to do"
+    return f"Sweep done in {report.duration_ms} ms: {what}."
+
+
+__all__ = [
+    "RESOLVE_HINT",
+    "age",
+    "describe_text",
+    "execution_view",
+    "history_view",
+    "intent_state",
+    "intent_view",
+    "iso",
+    "lease_view",
+    "report_data",
+    "report_text",
+    "table",
+    "waits_for_operator",
+]

@@ -1,0 +1,379 @@
+"""The steps of one sweep run (DESIGN §6), each bounded by the batch size.
+
+``celery_agboss.sweep`` runs them in order: expire, reconcile stranded intents, end
+cancel requests, re-drive, retention. Every claim is a compare-and-set committed before
+any gateway call or publish; one failing row is logged (``sweep.error``) and left for
+the next run, never stopping this one.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.executions import ExecutionRecord, ExecutionState
+from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
+from celery_agboss.core.store import IntentGuard, IntentStatus, IntentUpdate, LeaseRef
+from celery_agboss.core.transitions import append_history
+from celery_agboss.errors import ExecutionFencedError
+from celery_agboss.events import (
+    EXECUTION_PARKED,
+    TASK_EVENTS,
+    TASK_PARKED,
+    TASK_UNRECONCILED,
+    log_event,
+)
+from celery_agboss.messages import republish
+from celery_agboss.store import sweep_queries as q
+
+if TYPE_CHECKING:
+    from celery_agboss.app import AGBoss
+    from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+
+logger = logging.getLogger("celery_agboss")
+
+DEFAULT_INTERVAL_SECONDS = 30.0
+
+SWEEP_REPUBLISHED = "sweep.republished"
+SWEEP_ERROR = "sweep.error"
+EXECUTION_EXPIRED = "execution.expired"
+EXECUTION_CANCELLED = "execution.cancelled"
+
+REDRIVE_WITHOUT_CLAIM = sabotage.register("sweep-redrive-without-claim")
+"""Sabotage (trap 10): re-publish what the listing found without the compare-and-set
+claim, so two sweepers publish one execution twice."""
+
+
+@dataclass
+class SweepReport:
+    """What one run did; its ``as_dict()`` is the task's result (Flower shows it)."""
+
+    tick: int | None = None
+    skipped: str | None = None
+    republished: int = 0
+    parked: int = 0
+    expired: int = 0
+    cancelled: int = 0
+    reconciled: int = 0
+    not_sent_confirmed: int = 0
+    unreconciled: int = 0
+    lookup_failed: int = 0
+    unknown_calls: int = 0
+    intents_deleted: int = 0
+    effects_deleted: int = 0
+    errors: int = 0
+    duration_ms: int = 0
+    republished_ids: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def ran(self) -> bool:
+        return self.skipped is None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("republished_ids")
+        return data
+
+    def summary(self) -> dict[str, Any]:
+        """The task's result, short enough to read in Flower: the main counts always,
+        the others when not zero."""
+        if not self.ran:
+            return {"skipped": self.skipped}
+        data = self.as_dict()
+        main = ("republished", "reconciled", "unreconciled", "parked", "expired",
+                "cancelled", "errors")
+        short = {name: data[name] for name in main}
+        short.update({k: v for k, v in data.items()
+                      if v and k not in short and k not in ("skipped", "duration_ms")})
+        short["duration_ms"] = self.duration_ms
+        return short
+
+class SweepRun:
+    """One sweep run: the app, its store, the settings, and the sweeper's own lease."""
+
+    def __init__(self, agboss: AGBoss, batch_size: int, report: SweepReport) -> None:
+        self.agboss = agboss
+        self.app = agboss.app
+        self.settings = agboss.settings
+        self.store: SQLAlchemyStore = agboss.store
+        self.executions = agboss.executions
+        self.batch = batch_size
+        self.report = report
+        # A lookup is bounded by attempt_timeout; the lease must outlive one lookup.
+        self.lease_ttl_ms = self.settings.lease_ttl_ms + round(
+            self.settings.attempt_timeout_seconds * 1000
+        )
+        self.lease: LeaseRef | None = None
+
+    # --- 1. expiry -----------------------------------------------------------------
+
+    def expire(self) -> None:
+        for record in self.executions.expire_due(self.batch):
+            self.report.expired += 1
+            log_event(EXECUTION_EXPIRED, execution=record.id, task=record.task_name)
+            send_task_event(self.app, "task-revoked", record.id, expired=True,
+                            agboss_state=ExecutionState.EXPIRED.value)
+
+    # --- 2. stranded intents ---------------------------------------------------------
+
+    def reconcile(self) -> None:
+        keys = q.find_stranded_keys(self.store, self.batch)
+        if not keys:
+            return
+        grant = self.store.acquire_lease(
+            f"{q.SWEEPER_SCOPE_PREFIX}{uuid.uuid4()}", str(uuid.uuid4()), self.lease_ttl_ms
+        )
+        if grant is None:  # pragma: no cover - a fresh uuid scope is never held
+            return
+        self.lease = grant.lease
+        settings = self.agboss.engine_settings
+        for key, execution_id in keys:
+            try:
+                outcome = reconcile_stranded(
+                    self.store, settings, key,
+                    sweeper_lease=self.lease, sweeper_ttl_ms=self.lease_ttl_ms,
+                )
+            except ExecutionFencedError:
+                # Our own lease was lost (a lookup overran it): stop; the next run goes on.
+                self.report.errors += 1
+                log_event(SWEEP_ERROR, logging.WARNING, step="reconcile", reason="lease-lost")
+                return
+            except Exception:
+                self.report.errors += 1
+                log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="reconcile",
+                          execution=execution_id)
+                continue
+            self._after_reconcile(outcome, execution_id)
+
+    def _after_reconcile(self, outcome: StrandedOutcome, execution_id: str) -> None:
+        report = self.report
+        if outcome is StrandedOutcome.COMPLETED:
+            report.reconciled += 1
+            self._unblock(execution_id)
+        elif outcome is StrandedOutcome.NOT_SENT_CONFIRMED:
+            report.not_sent_confirmed += 1
+            self._unblock(execution_id)
+        elif outcome is StrandedOutcome.UNRECONCILED:
+            report.unreconciled += 1
+            moved = self.executions.move(
+                execution_id,
+                [ExecutionState.REQUESTED, ExecutionState.RUNNING, ExecutionState.WAITING],
+                ExecutionState.WAITING_OPERATOR,
+                "unreconciled: the sweep's lookup could not tell; an operator decides "
+                "(celery agboss pending)",
+            )
+            if moved is not None:
+                send_task_event(self.app, TASK_UNRECONCILED, execution_id,
+                                agboss_state=moved.state.value, by="sweep")
+        elif outcome is StrandedOutcome.LOOKUP_FAILED:
+            report.lookup_failed += 1
+        elif outcome is StrandedOutcome.UNKNOWN_CALL:
+            report.unknown_calls += 1
+
+    def _unblock(self, execution_id: str) -> None:
+        """An execution waiting for an operator only because of intents that are now
+        settled goes back to ``WAITING``; the re-drive below publishes it."""
+        record = self.executions.read_execution(execution_id)
+        if record is None or record.state is not ExecutionState.WAITING_OPERATOR:
+            return
+        if any(_needs_operator(i) for i in q.list_intents_of(self.store, execution_id)):
+            return
+        self.executions.move(
+            execution_id, [ExecutionState.WAITING_OPERATOR], ExecutionState.WAITING,
+            "the sweep settled the intent it waited for", not_before_delay_ms=0,
+        )
+
+    # --- 3. cancels -----------------------------------------------------------------
+
+    def cancel(self) -> None:
+        for execution_id in q.find_cancel_requested(self.store, self.batch):
+            try:
+                self._cancel_one(execution_id)
+            except Exception:
+                self.report.errors += 1
+                log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="cancel",
+                          execution=execution_id)
+
+    def _cancel_one(self, execution_id: str) -> None:
+        pending = [
+            i for i in q.list_intents_of(self.store, execution_id)
+            if i.status is IntentStatus.PENDING
+        ]
+        for intent in pending:
+            if intent.not_sent_confirmed and not intent.needs_operator and not intent.owner_live:
+                self._settle_not_sent_for_cancel(intent.idempotency_key)
+        record = self.executions.read_execution(execution_id)
+        if record is None:
+            return
+        reason = record.cancel_reason or "cancel requested"
+        if q.cancel_if_settled(self.store, execution_id, reason):
+            self.report.cancelled += 1
+            log_event(EXECUTION_CANCELLED, execution=execution_id, task=record.task_name)
+            send_task_event(self.app, "task-revoked", execution_id, terminated=False,
+                            agboss_state=ExecutionState.CANCELLED.value)
+        elif any(_needs_operator(i) for i in pending):
+            self.executions.move(
+                execution_id,
+                [ExecutionState.REQUESTED, ExecutionState.RUNNING, ExecutionState.WAITING],
+                ExecutionState.WAITING_OPERATOR,
+                "cancel requested, but an intent needs an operator first (celery agboss pending)",
+            )
+
+    def _settle_not_sent_for_cancel(self, key: str) -> None:
+        """A cancelled execution never resends: its intent that reconcile proved was never
+        processed is settled ``FAILED`` (with its history row), so the cancel can end."""
+        pseudonym_key = self.agboss.engine_settings.pseudonym_key
+        with self.store.transaction() as tx:
+            intent = tx.read_intent(key)
+            if (
+                intent is None
+                or intent.status is not IntentStatus.PENDING
+                or not intent.not_sent_confirmed
+                or intent.needs_operator
+            ):
+                return
+            won = tx.update_intent(
+                key,
+                IntentGuard(IntentStatus.PENDING, intent.attempt, intent.owner,
+                            owner_not_live=True),
+                IntentUpdate(status=IntentStatus.FAILED, owner=None, clear_next_lookup=True),
+            )
+            if won:
+                append_history(
+                    tx, pseudonym_key, key, HistoryEvent.FAILED_DEFINITE,
+                    from_status=IntentStatus.PENDING, to_status=IntentStatus.FAILED,
+                    attempt=intent.attempt, owner=None,
+                    detail={"by": "sweep", "why": "cancel requested; reconcile proved not sent"},
+                )
+
+    # --- 4. re-drive -----------------------------------------------------------------
+
+    def redrive(self) -> None:
+        s = self.settings
+        grace_ms = round(s.requested_grace_seconds * 1000)
+        interval_ms = round(effective_interval(s.sweep_interval_seconds) * 1000)
+        ttl_ms = s.lease_ttl_ms
+        for record in self.executions.find_redrivable(self.batch, grace_ms):
+            if record.cancel_requested and record.state is not ExecutionState.COMPENSATING:
+                continue  # the cancel step ends it; a re-drive could send something new
+            if (
+                record.state is ExecutionState.WAITING
+                and record.not_before_ms is not None
+                and record.read_at_ms < record.not_before_ms + ttl_ms
+            ):
+                # A retry's own message is due about now: give it one lease TTL to start
+                # before publishing another copy.
+                continue
+            try:
+                self._redrive_one(record, grace_ms, interval_ms)
+            except Exception:
+                self.report.errors += 1
+                log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="redrive",
+                          execution=record.id)
+
+    def _redrive_one(self, record: ExecutionRecord, grace_ms: int, interval_ms: int) -> None:
+        if sabotage.active(REDRIVE_WITHOUT_CLAIM):
+            self._publish(record)
+            return
+        # Keep the next re-drive away while this message may still sit in a queue.
+        if record.state is ExecutionState.REQUESTED:
+            delay = grace_ms
+        else:
+            delay = max(2 * interval_ms, self.settings.lease_ttl_ms)
+        decision = self.executions.claim_redrive(
+            record.id, record.updated_at_ms, self.settings.max_recovery_attempts,
+            next_redrive_delay_ms=delay,
+        )
+        if decision.parked and decision.execution is not None:
+            self.report.parked += 1
+            log_event(EXECUTION_PARKED, logging.WARNING, execution=record.id,
+                      task=record.task_name, recovery_count=decision.execution.recovery_count,
+                      by="sweep")
+            send_task_event(self.app, TASK_PARKED, record.id,
+                            agboss_state=ExecutionState.PARKED.value,
+                            recovery_count=decision.execution.recovery_count)
+        elif decision.republish and decision.execution is not None:
+            self._publish(decision.execution, previous_state=record.state)
+
+    def _publish(
+        self, record: ExecutionRecord, *, previous_state: ExecutionState | None = None
+    ) -> None:
+        message = record
+        if record.started_at_ms is not None:
+            # An execution that already started is continued whatever its ``expires``:
+            # dropping the message now could strand a payment that was sent.
+            message = replace(record, expires_ms=None)
+        republish(self.app, message, not_before_ms=None)
+        self.report.republished += 1
+        self.report.republished_ids.append(record.id)
+        log_event(SWEEP_REPUBLISHED, execution=record.id, task=record.task_name,
+                  state=(previous_state or record.state).value,
+                  recovery_count=record.recovery_count)
+
+    # --- 5. retention ---------------------------------------------------------------
+
+    def retention(self) -> None:
+        s = self.settings
+        now = self.store.now_ms()
+        intents = q.delete_settled_intents_before(
+            self.store, now - round(s.outbound_retention_seconds * 1000), self.batch
+        )
+        effects = q.delete_effects_before(
+            self.store, now - round(s.fenced_effect_retention_seconds * 1000), self.batch
+        )
+        self.report.intents_deleted += intents.rows
+        self.report.effects_deleted += effects.rows
+        q.delete_dead_sweeper_leases(self.store, 3_600_000, self.batch)
+
+    # --- the end ----------------------------------------------------------------------
+
+    def release(self) -> None:
+        lease, self.lease = self.lease, None
+        if lease is None:
+            return
+        try:
+            if self.store.release_lease(lease):
+                q.delete_released_lease(self.store, lease)
+        except Exception:
+            log_event(SWEEP_ERROR, logging.WARNING, exc_info=True, step="release")
+
+
+def _needs_operator(intent: Any) -> bool:
+    if intent.status is IntentStatus.PENDING:
+        return bool(intent.needs_operator)
+    return intent.status is IntentStatus.COMPLETED and not intent.result_stored
+
+
+def effective_interval(configured: float) -> float:
+    return configured if configured > 0 else DEFAULT_INTERVAL_SECONDS
+
+
+# --- events for Flower -------------------------------------------------------------------
+
+
+def send_task_event(app: Any, type_: str, execution_id: str, **fields: Any) -> bool:
+    """A task event about ``execution_id`` sent from outside its task (the sweep, an
+    operator command): Flower files it under that task. Never raises."""
+    if type_ in TASK_EVENTS:
+        fields.setdefault("agboss_event", type_[len("task-"):])
+    try:
+        with app.events.default_dispatcher() as dispatcher:
+            dispatcher.send(type_, uuid=execution_id, **fields)
+    except Exception:
+        logger.debug("could not send the %s event", type_, exc_info=True)
+        return False
+    return True
+
+
+__all__ = [
+    "DEFAULT_INTERVAL_SECONDS",
+    "REDRIVE_WITHOUT_CLAIM",
+    "SweepReport",
+    "SweepRun",
+    "effective_interval",
+    "send_task_event",
+]

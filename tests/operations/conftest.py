@@ -1,0 +1,102 @@
+"""Fixtures of the operations tests: a real Celery app bound to a real store (SQLite file or
+PostgreSQL clone), a virtual database clock, a fake gateway, and a ``World`` that puts
+executions and intents into the states the sweep and the operator commands act on.
+
+Messages go to Celery's in-memory transport: nothing consumes them, and every publish
+(the first and each re-publish) is counted through ``after_task_publish``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery import signals as celery_signals
+
+from celery_agboss.store.migrate import migrate
+from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.gateway import FakeGateway
+from celery_agboss.testing.stores import sqlite_store_url
+from tests.operations.world import World, make_world
+from tests.support import services
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite", marks=pytest.mark.sqlite),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def ops_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty store of its own, on each backend."""
+    backend: str = request.param
+    if backend not in services.selected_backends():
+        pytest.skip(f"{backend} not in {services.BACKENDS_ENV_VAR}")
+    if backend == "sqlite":
+        url = sqlite_store_url(tmp_path)
+        migrate(url)
+        return url
+    templates = request.getfixturevalue("postgres_templates")
+    clone = request.getfixturevalue("clone_postgres")
+    url: str = clone(templates("operations-migrated", migrate))
+    return url
+
+
+@pytest.fixture
+def published() -> Iterator[list[str]]:
+    """Task ids of every message published in this test (first publishes and re-publishes)."""
+    ids: list[str] = []
+
+    def on_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        task_id = (headers or {}).get("id")
+        if task_id:
+            ids.append(str(task_id))
+
+    celery_signals.after_task_publish.connect(on_publish, weak=False)
+    try:
+        yield ids
+    finally:
+        celery_signals.after_task_publish.disconnect(on_publish)
+
+
+WorldFactory = Callable[..., World]
+
+
+@pytest.fixture
+def world_factory(
+    ops_store_url: str, published: list[str]
+) -> Iterator[WorldFactory]:
+    """``world_factory(**settings) -> World`` on this test's store (several share it)."""
+    clock = VirtualClock()
+    gateway = FakeGateway(clock=clock)
+    made: list[World] = []
+
+    def build(**settings: Any) -> World:
+        made_world = make_world(
+            ops_store_url, clock=clock, gateway=gateway, published=published, **settings
+        )
+        made.append(made_world)
+        return made_world
+
+    try:
+        yield build
+    finally:
+        for made_world in made:
+            made_world.close()
+        gateway.close()
+
+
+@pytest.fixture
+def world(world_factory: WorldFactory) -> World:
+    return world_factory()
+
+
+def new_app_name() -> str:
+    return f"ops_{uuid.uuid4().hex[:8]}"
+
+
+__all__ = ["Celery", "WorldFactory", "new_app_name"]

@@ -1,0 +1,148 @@
+"""Two beats, two sweepers (trap 10): each execution is re-published once per tick.
+
+Sweepers in two threads of this process, each with its own app and connection pool (as
+two processes would have), and one sweeper in a real second process
+(``celery -A … agboss sweep --json``). Each twin switches a protection off and shows
+the duplicate publishes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from celery_agboss.sweep import REDRIVE_WITHOUT_CLAIM, SWEEP_WITHOUT_TICK, SweepReport, run_sweep
+from celery_agboss.testing.sabotage import sabotage
+from tests.conftest import ProcessFactory
+from tests.operations.apps.ops_app import CONFIG_ENV
+from tests.operations.conftest import WorldFactory
+from tests.operations.world import GRACE_SECONDS, INTERVAL_SECONDS, World
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXECUTIONS = 24
+
+
+def _lost_messages(world: World, count: int = EXECUTIONS) -> list[str]:
+    """``count`` executions whose messages were lost before any worker started them."""
+    ids = [world.publish(f"order-{n}") for n in range(count)]
+    world.clock.advance(GRACE_SECONDS + 1)
+    return ids
+
+
+def _start_of_a_tick(world: World) -> None:
+    """Move the database clock to 1 s into a tick, so the next runs share it."""
+    interval_ms = INTERVAL_SECONDS * 1000
+    into = world.agboss.store.now_ms() % interval_ms
+    world.clock.advance((interval_ms - into + 1000) / 1000)
+
+
+def _race(*sweeps: World) -> list[SweepReport]:
+    barrier = threading.Barrier(len(sweeps))
+    reports: list[SweepReport] = []
+    errors: list[BaseException] = []
+
+    def run(world: World) -> None:
+        try:
+            barrier.wait(10)
+            reports.append(run_sweep(world.agboss, batch_size=EXECUTIONS))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in sweeps]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    return reports
+
+
+def test_two_sweepers_at_once_republish_each_execution_once(
+    world_factory: WorldFactory,
+) -> None:
+    """Trap 10 / P4: the claim is a compare-and-set, so the racing sweeper gets nothing."""
+    first, second = world_factory(), world_factory()
+    ids = _lost_messages(first)
+    reports = _race(first, second)
+    assert sum(r.republished for r in reports) == EXECUTIONS
+    for task_id in ids:
+        assert first.publishes_of(task_id) == 2, task_id
+        assert first.execution(task_id).recovery_count == 1
+
+
+def test_without_the_claim_two_sweepers_republish_each_execution_twice(
+    world_factory: WorldFactory,
+) -> None:
+    """The twin: re-publishing what the listing found, without the claim, duplicates."""
+    first, second = world_factory(), world_factory()
+    ids = _lost_messages(first)
+    with sabotage(REDRIVE_WITHOUT_CLAIM):
+        run_sweep(first.agboss)
+        run_sweep(second.agboss)
+    assert all(first.publishes_of(task_id) == 3 for task_id in ids)
+
+
+def test_a_sweeper_in_another_process_and_one_here_republish_each_execution_once(
+    world_factory: WorldFactory, managed_process: ProcessFactory, ops_store_url: str
+) -> None:
+    """Both sweep in a loop while N leases run out at the same (real) moment."""
+    here = world_factory()
+    ids = [here.publish(f"order-{n}") for n in range(EXECUTIONS)]
+    for task_id in ids:
+        here.start(task_id)  # live leases, TTL 5 s of real time from now
+    config = {"database_url": ops_store_url, "clock_offset_ms": here.clock.offset_ms()}
+    other = managed_process(
+        [sys.executable, "-m", "celery", "-A", "tests.operations.apps.ops_app:app",
+         "agboss", "sweep", "--loop", "--interval", "0.1", "--max-runs", "400", "--json"],
+        name="sweeper",
+        env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)},
+        cwd=str(REPO_ROOT),
+    )
+    other.wait_until(lambda: '"republished"' in other.output(), 30,
+                     message="the other sweeper to run")
+
+    def theirs() -> list[str]:
+        found: list[str] = []
+        for line in other.output().splitlines():
+            try:
+                found += json.loads(line)["republished_ids"]
+            except (ValueError, KeyError):  # not a report, or one still being written
+                continue
+        return found
+
+    mine: list[str] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and set(mine + theirs()) != set(ids):
+        mine += run_sweep(here.agboss).republished_ids
+        time.sleep(0.01)
+    other.send_signal(signal.SIGTERM)
+    assert other.wait(30) == 0, other.describe()
+    both = mine + theirs()
+    assert sorted(both) == sorted(ids)  # every execution once, none twice
+    assert mine and theirs(), (len(mine), len(theirs()))  # it was a race, not a relay
+
+
+def test_two_beats_in_one_tick_run_one_sweep(world_factory: WorldFactory) -> None:
+    """A per-tick row under a unique key: the second beat's sweep does nothing."""
+    first, second = world_factory(), world_factory()
+    _start_of_a_tick(first)
+    a = run_sweep(first.agboss, claim_tick=True)
+    b = run_sweep(second.agboss, claim_tick=True)
+    assert sorted([a.ran, b.ran]) == [False, True]
+    skipped = b if a.ran else a
+    assert skipped.skipped == "another sweeper already ran this tick"
+    first.clock.advance(31)
+    assert run_sweep(second.agboss, claim_tick=True).ran
+
+
+def test_without_the_tick_row_two_beats_run_two_sweeps(world_factory: WorldFactory) -> None:
+    first, second = world_factory(), world_factory()
+    _start_of_a_tick(first)
+    with sabotage(SWEEP_WITHOUT_TICK):
+        a = run_sweep(first.agboss, claim_tick=True)
+        b = run_sweep(second.agboss, claim_tick=True)
+    assert a.ran and b.ran

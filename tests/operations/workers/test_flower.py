@@ -1,0 +1,221 @@
+"""Flower against the test broker: celery_agboss's events become states an operator can read.
+
+A real ``celery flower`` subprocess (``FLOWER_UNAUTHENTICATED_API=true``, a free port on
+127.0.0.1, ``flowerconfig.py`` importing ``celery_agboss.flower.format_task``) watches a
+real worker. A deferred, a replayed and a reconciled delivery all end ``SUCCESS`` in
+Celery's terms; Flower's HTTP API tells them apart: ``DEFERRED`` while the holder runs,
+and ``format_task``'s ``agboss`` outcome in the tasks table. A headless Chromium keeps a
+screenshot of the tasks page under ``artifacts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+import requests
+
+from celery_agboss.testing.gateway_types import FakeGatewayFault
+from tests.conftest import ProcessFactory
+from tests.integration.apps.shop import CONFIG_ENV
+from tests.integration.gateway_http import wait_for
+from tests.integration.harness import Shop, ShopFactory
+from tests.support.processes import ManagedProcess, wait_until
+from tests.support.services import in_ci
+
+pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+ARTIFACTS = REPO_ROOT / "artifacts"
+FLOWER_CONFIG = """\
+# What docs/operators.md recommends.
+from celery_agboss.flower import format_task  # noqa: F401
+tasks_columns = "name,uuid,state,args,result,received,runtime,worker"
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Flower:
+    def __init__(self, process: ManagedProcess, port: int) -> None:
+        self.process = process
+        self.url = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = requests.get(self.url + path, params=params or None, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        response = requests.get(f"{self.url}/api/task/info/{task_id}", timeout=10)
+        return None if response.status_code == 404 else dict(response.json())
+
+    def state(self, task_id: str) -> str | None:
+        task = self.task(task_id)
+        return None if task is None else str(task.get("state"))
+
+    def table(self) -> dict[str, dict[str, Any]]:
+        """The tasks page's own data (``format_task`` applied), by task id."""
+        query = {"draw": 1, "start": 0, "length": 100, "search[value]": "",
+                 "order[0][column]": 0, "order[0][dir]": "asc", "columns[0][data]": "received"}
+        data = requests.get(f"{self.url}/tasks/datatable?{urlencode(query)}", timeout=10)
+        data.raise_for_status()
+        return {row["uuid"]: row for row in data.json()["data"]}
+
+
+def _start_flower(shop: Shop, managed_process: ProcessFactory, tmp_path: Path) -> Flower:
+    config = tmp_path / "flowerconfig.py"
+    config.write_text(FLOWER_CONFIG)
+    port = _free_port()
+    process = managed_process(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.apps.shop:app", "flower",
+         f"--port={port}", "--address=127.0.0.1", f"--conf={config}"],
+        name="flower",
+        env={CONFIG_ENV: json.dumps(shop.config), "PYTHONPATH": str(REPO_ROOT),
+             "FLOWER_UNAUTHENTICATED_API": "true"},
+        cwd=str(REPO_ROOT),
+    )
+    flower = Flower(process, port)
+
+    def answers() -> bool:
+        try:
+            return requests.get(flower.url + "/healthcheck", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    process.wait_until(answers, 30, message="Flower to answer")
+    return flower
+
+
+def _start_worker_with_events(shop: Shop, managed_process: ProcessFactory) -> ManagedProcess:
+    """The harness's worker with ``-E``: a worker started without gossip and heartbeat
+    cannot have its task events switched on remotely (Flower's way)."""
+    worker = managed_process(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.apps.shop:app", "worker",
+         "-E", "-P", "prefork", "-c", "2", "--without-heartbeat", "--without-gossip",
+         "--without-mingle", "-Q", shop.config["queue"], "-n", "flower-w@%h", "-l", "info"],
+        name="worker-events",
+        env={CONFIG_ENV: json.dumps(shop.config), "PYTHONPATH": str(REPO_ROOT),
+             "AGBOSS_ALLOW_SABOTAGE": "0"},
+        cwd=str(REPO_ROOT),
+    )
+    shop.workers.append(worker)
+    worker.wait_for_output(" ready.", 30)
+    return worker
+
+
+def _publish(shop: Shop, order: str, **options: Any) -> str:
+    return str(shop.app.signature("it.charge_order", args=(order,)).apply_async(**options).id)
+
+
+def test_flower_tells_a_deferred_a_replayed_and_a_reconciled_task_apart(
+    shop_factory: ShopFactory, managed_process: ProcessFactory, tmp_path: Path
+) -> None:
+    shop = shop_factory()
+    flower = _start_flower(shop, managed_process, tmp_path)
+    _start_worker_with_events(shop, managed_process)
+
+    def probe_seen() -> bool:
+        probe = shop.app.signature("it.ship", args=({"payment": "p", "order": "probe"},))
+        task_id = str(probe.apply_async().id)
+        return bool(wait_for(lambda: flower.state(task_id) == "SUCCESS", 5, "the probe"))
+
+    wait_for(_quietly(probe_seen), 30, "Flower to receive the worker's events")
+    gateway = shop.gateway.gateway
+
+    # Deferred: a duplicate message arrives while the first delivery is charging.
+    hold = gateway.hold(operation="charge", before_processing=True)
+    deferred = _publish(shop, "o-deferred")
+    try:
+        hold.wait_reached(timeout=20)
+        shop.app.signature("it.charge_order", args=("o-deferred",)).apply_async(
+            task_id=deferred)
+        wait_for(lambda: flower.state(deferred) == "DEFERRED", 20, "DEFERRED in Flower")
+    finally:
+        hold.release()
+    shop.wait_backend(deferred, "SUCCESS")
+
+    # Replayed: a duplicate of a completed execution returns the stored result.
+    replayed = _publish(shop, "o-replayed")
+    shop.wait_backend(replayed, "SUCCESS")
+    shop.app.signature("it.charge_order", args=("o-replayed",)).apply_async(task_id=replayed)
+
+    # Reconciled: the charge's answer is lost; the retry looks it up instead of resending.
+    gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
+    reconciled = _publish(shop, "o-reconciled")
+    shop.wait_state(reconciled, "COMPLETED", timeout=30)
+
+    # The sweep's counts show as its result.
+    sweep = str(shop.app.send_task("celery_agboss.sweep", queue=shop.config["queue"]).id)
+
+    expected = {deferred: "DEFERRED", replayed: "REPLAYED", reconciled: "RECONCILED"}
+
+    def outcomes() -> dict[str, Any]:
+        table = flower.table()
+        return {task_id: (table.get(task_id) or {}).get("agboss", {}).get("outcome")
+                for task_id in expected}
+
+    wait_until(lambda: outcomes() == expected, 30,
+               message=lambda: f"the outcomes {expected} (are {outcomes()}; table "
+               f"{json.dumps(flower.table(), default=str)[:3000]})")
+    table = flower.table()
+    for task_id, label in expected.items():
+        assert table[task_id]["state"] == f"SUCCESS · {label}"
+        assert flower.state(task_id) == "SUCCESS"  # Celery's own view cannot tell them apart
+    wait_for(lambda: "republished" in str((flower.task(sweep) or {}).get("result")), 20,
+             "the sweep's counts in Flower")
+    assert len(gateway.payments) == 3
+    if _chromium() is not None:  # without it, the test below says what to install
+        _screenshot(flower.url + "/tasks", ARTIFACTS / "flower-tasks.png")
+
+
+def test_chromium_is_installed_for_the_screenshot_of_flower() -> None:
+    """The test above keeps a screenshot of the tasks page when Chromium is there."""
+    if _chromium() is None:
+        message = ("chromium is not installed, so no screenshot of Flower's tasks page is "
+                   "kept under artifacts/: apt-get install chromium")
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def _quietly(check: Any) -> Any:
+    def run() -> bool:
+        try:
+            return bool(check())
+        except AssertionError:
+            return False
+
+    return run
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _screenshot(url: str, target: Path) -> None:
+    """A headless Chromium's picture of ``url`` (the page's scripts get 5 s to load)."""
+    chromium = _chromium()
+    assert chromium is not None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        target.unlink()
+    completed = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--virtual-time-budget=5000",
+         f"--screenshot={target}", "--window-size=1400,900", url],
+        capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert target.exists() and target.stat().st_size > 10_000, completed.stderr[-2000:]
