@@ -106,20 +106,23 @@ class OutboundCall:
             )
         if not callable(self.send) or not callable(self.reconcile):
             raise OutboundCallDefinitionError(
-                f"OutboundCall {self.name!r} needs callables for send and reconcile", rule="callables"
+                f"OutboundCall {self.name!r} needs callables for send and reconcile",
+                rule="callables",
             )
         if self.key_retention is None:
             if not self.lookup_proves_absence:
                 raise OutboundCallDefinitionError(
                     f"OutboundCall {self.name!r} needs key_retention (the gateway's documented "
-                    "minimum, e.g. timedelta(hours=24)); only lookup_proves_absence=True may omit it",
+                    "minimum, e.g. timedelta(hours=24)); only lookup_proves_absence=True may "
+                    "omit it",
                     rule="key_retention",
                 )
         else:
             seconds = to_seconds(self.key_retention, what="key_retention")
             if seconds <= 0:
                 raise OutboundCallDefinitionError(
-                    f"OutboundCall {self.name!r}: key_retention must be positive", rule="key_retention"
+                    f"OutboundCall {self.name!r}: key_retention must be positive",
+                    rule="key_retention",
                 )
             object.__setattr__(self, "key_retention_seconds", seconds)
         if self.max_key_length is not None and self.max_key_length < 16:

@@ -13,9 +13,9 @@ import enum
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, Union
+from typing import Any, Protocol, TypeAlias
 
-JSON = Union[dict[str, Any], list[Any], str, int, float, bool, None]
+JSON: TypeAlias = dict[str, Any] | list[Any] | str | int | float | bool | None
 
 
 class _Unset(enum.Enum):
@@ -195,7 +195,7 @@ class StoreTransaction(Protocol):
     def read_effect(self, key: str) -> EffectRecord | None: ...
 
     def insert_effect(self, record: EffectRecord) -> bool:
-        """``INSERT … ON CONFLICT DO NOTHING``; True when inserted. ``created_at_ms`` is ignored (now)."""
+        """``INSERT … ON CONFLICT DO NOTHING``; True when inserted (``created_at_ms``: now)."""
 
 
 class FencedTransaction(StoreTransaction, Protocol):
