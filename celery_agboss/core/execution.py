@@ -174,7 +174,17 @@ class ExecutionContext:
         self.lease.assert_held()
 
     def send_started(self, run: BoundedRun) -> None:
+        """Register a send about to start, or refuse it once the lease was released.
+
+        Checked under the same lock as ``release()``: a send that passed its lease check
+        just before another thread released the lease must not go out after it (R18).
+        """
         with self._lock:
+            if self._released and not sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
+                raise ExecutionFencedError(
+                    "the lease was released before this send started; nothing sent",
+                    execution_id=self._execution_id,
+                )
             self._runs = [r for r in self._runs if not r.done.is_set()] + [run]
 
     def send_overran(self, run: BoundedRun) -> None:
@@ -250,21 +260,28 @@ class ExecutionContext:
         ``releaser`` replaces the plain ``store.release_lease`` (the Celery layer releases
         and reads ``wake_requested`` in one transaction); it is called at most once.
         """
-        if not self.may_release():
+        lease = self.lease
+        with self._lock:
+            # The check and the mark are one step under the lock ``send_started`` takes:
+            # no send can register between "none running" and "released".
+            if self._released:
+                return False
+            running = sum(1 for run in self._runs if not run.done.is_set())
+            refused = (running > 0 or lease.lost_reason is not None) and not sabotage.active(
+                RELEASE_WITH_UNSETTLED_ATTEMPT
+            )
+            if not refused:
+                self._released = True
+        if refused:
             logger.warning(
                 "lease.release-refused: a send under this lease may still be running",
                 extra={
                     "event": "lease.release-refused",
                     "execution_id": self._execution_id,
-                    "unsettled": self.unsettled_sends(),
+                    "unsettled": running,
                 },
             )
             return False
-        lease = self.lease
-        with self._lock:
-            if self._released:
-                return False
-            self._released = True
         if self._renewer is not None:
             self._renewer.untrack(lease)
         if releaser is not None:

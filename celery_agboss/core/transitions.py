@@ -108,14 +108,32 @@ def transaction_id_of(call: OutboundCall, result: Any) -> str | None:
             extra={"event": "outbound-call.transaction-id-failed", "call": call.name},
         )
         return None
-    return None if value is None else str(value)[:256]
+    if value is None:
+        return None
+    try:
+        text = str(value)[:256]
+        text.encode("utf-8")  # a lone surrogate cannot be stored by either database
+    except Exception as exc:
+        logger.warning(
+            "transaction_id of %s returned a value that cannot be stored (%s); none recorded",
+            call.name,
+            type(exc).__name__,
+            extra={"event": "outbound-call.transaction-id-failed", "call": call.name},
+        )
+        return None
+    if "\x00" in text:  # PostgreSQL text holds no NUL: settle would fail on every try
+        return None
+    return text
 
 
 def error_detail(call: OutboundCall, exc: BaseException) -> dict[str, Any]:
     """What history keeps of an exception: its type, and its text masked by the policy."""
     detail: dict[str, Any] = {"error_type": f"{type(exc).__module__}.{type(exc).__qualname__}"}
     try:
-        detail["error"] = policy_of(call).mask_error_text(str(exc))[:ERROR_TEXT_LIMIT]
+        masked = policy_of(call).mask_error_text(str(exc))[:ERROR_TEXT_LIMIT]
+        # History is canonical JSON: a lone surrogate (bytes decoded with surrogateescape)
+        # would make the transition that records this error fail, after the money moved.
+        detail["error"] = masked.encode("utf-8", "backslashreplace").decode("utf-8")
     except Exception:
         detail["error"] = None  # the policy failed: the text is not stored (fail closed)
     return detail

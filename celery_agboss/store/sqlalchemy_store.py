@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +27,7 @@ from celery_agboss.core.faults import (
     LEASE_BEFORE_COMMIT,
     fault_point,
 )
+from celery_agboss.core.protections import COMMIT_INSIDE_FENCED_EFFECT_ALLOWED
 from celery_agboss.core.store import (
     EffectRecord,
     HistoryRow,
@@ -301,6 +303,7 @@ class _CommitGuard:
         self.allowed = True  # until our own BEGIN has succeeded
         event.listen(conn, "commit", self._check)
         event.listen(conn, "rollback", self._check)
+        event.listen(conn, "before_cursor_execute", self._check_statement)
 
     def _check(self, _conn: Connection) -> None:
         if not self.allowed:
@@ -309,6 +312,24 @@ class _CommitGuard:
                 "commit with the lease check and the effect's record (use a savepoint, e.g. "
                 "Session(bind=conn, join_transaction_mode='create_savepoint'))"
             )
+
+    def _check_statement(self, conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        """``COMMIT`` (or ``END``, ``ROLLBACK``, ``BEGIN``) sent as SQL text would end the
+        transaction behind SQLAlchemy's back: the writes before it would commit without
+        the commit-time lease check and without the effect's record. Savepoints pass."""
+        if (
+            not self.allowed
+            and _ENDS_TRANSACTION.match(statement)
+            and not sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED)
+        ):
+            self._check(conn)
+
+
+_ENDS_TRANSACTION = re.compile(
+    r"\s*;*\s*(COMMIT|END|ABORT|BEGIN|START\s+TRANSACTION|PREPARE\s+TRANSACTION"
+    r"|ROLLBACK(?!(\s+(WORK|TRANSACTION))?\s+TO\b))\b",
+    re.IGNORECASE,
+)
 
 
 def _raise_if_store_trouble(error: BaseException) -> None:
