@@ -206,6 +206,10 @@ class SweepRun:
         for intent in pending:
             if intent.not_sent_confirmed and not intent.needs_operator and not intent.owner_live:
                 self._settle_not_sent_for_cancel(intent.idempotency_key)
+        pending = [
+            i for i in q.list_intents_of(self.store, execution_id)
+            if i.status is IntentStatus.PENDING
+        ]
         record = self.executions.read_execution(execution_id)
         if record is None:
             return
@@ -224,9 +228,12 @@ class SweepRun:
             )
 
     def _settle_not_sent_for_cancel(self, key: str) -> None:
-        """A cancelled execution never resends: its intent that reconcile proved was never
-        processed is settled ``FAILED`` (with its history row), so the cancel can end."""
-        pseudonym_key = self.agboss.engine_settings.pseudonym_key
+        """A cancelled execution never resends. Its intent is settled ``FAILED`` only when
+        reconcile's ``NotSent`` is a proof (``lookup_proves_absence``); a replay-only
+        ``NotSent`` just means a resend under the same key would be safe, so the payment
+        may exist: a person decides (never an ambiguous payment marked failed)."""
+        engine_settings = self.agboss.engine_settings
+        pseudonym_key = engine_settings.pseudonym_key
         with self.store.transaction() as tx:
             intent = tx.read_intent(key)
             if (
@@ -235,6 +242,27 @@ class SweepRun:
                 or not intent.not_sent_confirmed
                 or intent.needs_operator
             ):
+                return
+            call = engine_settings.call_named(intent.name)
+            if call is None or not call.lookup_proves_absence:
+                flagged = tx.update_intent(
+                    key,
+                    IntentGuard(IntentStatus.PENDING, intent.attempt, intent.owner,
+                                owner_not_live=True),
+                    IntentUpdate(
+                        needs_operator=True,
+                        operator_reason="cancel requested; reconcile answered NotSent, which "
+                        "does not prove the gateway never processed it: check the gateway, "
+                        "then `agboss resolve`",
+                    ),
+                )
+                if flagged:
+                    append_history(
+                        tx, pseudonym_key, key, HistoryEvent.UNRECONCILED,
+                        from_status=IntentStatus.PENDING, to_status=IntentStatus.PENDING,
+                        attempt=intent.attempt, owner=intent.owner,
+                        detail={"by": "sweep", "why": "cancel requested; absence not proven"},
+                    )
                 return
             won = tx.update_intent(
                 key,

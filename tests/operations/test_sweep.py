@@ -212,9 +212,12 @@ def test_lookups_of_the_same_intent_back_off(world_factory: WorldFactory) -> Non
     assert world.sweep().unreconciled == 1
 
 
-def test_a_cancel_waits_until_the_pending_intent_is_settled_then_cancels(world: World) -> None:
+def test_a_cancel_waits_until_the_pending_intent_is_settled_then_cancels(
+    world_factory: WorldFactory,
+) -> None:
     """DESIGN §2.2 revoked: the pending intent is settled first (reconcile only), then
-    CANCELLED; nothing new is sent."""
+    CANCELLED; nothing new is sent. Here the lookup proves absence."""
+    world = world_factory(proves_absence=True)
     task_id = world.publish()
     world.strand(task_id, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     world.agboss.executions.request_cancel(task_id, "revoked")
@@ -226,6 +229,24 @@ def test_a_cancel_waits_until_the_pending_intent_is_settled_then_cancels(world: 
     assert world.execution(task_id).state is ExecutionState.CANCELLED
     (intent,) = world.intents(task_id)
     assert intent.status is IntentStatus.FAILED  # proven never processed; never resent
+    assert len(world.gateway.requests) == requests_before
+
+
+def test_a_cancel_never_marks_an_intent_failed_on_a_not_sent_that_proves_nothing(
+    world: World,
+) -> None:
+    """A replay-only NotSent means "a resend would be deduplicated", not "never charged":
+    cancelling must not mark the payment failed (ambiguous is quarantined, never failed)."""
+    task_id = world.publish()
+    world.strand(task_id, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
+    world.agboss.executions.request_cancel(task_id, "revoked")
+    requests_before = len(world.gateway.requests)
+    report = world.sweep()
+    assert report.cancelled == 0
+    (intent,) = world.intents(task_id)
+    assert intent.status is IntentStatus.PENDING
+    assert intent.needs_operator
+    assert world.execution(task_id).state is ExecutionState.WAITING_OPERATOR
     assert len(world.gateway.requests) == requests_before
 
 

@@ -134,7 +134,7 @@ def make_world(
         agboss_attempt_timeout=10,
     )
     app.conf.update({f"agboss_{k}" if not k.startswith("agboss_") else k: v
-                     for k, v in settings.items() if k != "lookup"})
+                     for k, v in settings.items() if k not in ("lookup", "proves_absence")})
     agboss = AGBoss(app)
     agboss.clock_offset_source = clock.offset_ms
     mode: str = settings.get("lookup", "gateway")
@@ -154,6 +154,7 @@ def make_world(
         send=send,
         reconcile=reconcile,
         key_retention=timedelta(hours=24),
+        lookup_proves_absence=bool(settings.get("proves_absence", False)),
         transaction_id=lambda result: result.get("id"),
     )
     agboss.register(call)
