@@ -66,7 +66,7 @@ class AGBoss:
         self._settings: AGBossSettings | None = None
         self._settings_error: ConfigurationError | None = None
         self._engine_settings: EngineSettings | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reading conf may configure the app, which calls back in
         self._process: _ProcessStore | None = None
         self.clock_offset_source: Any = None  # tests only: ms added to the database clock
         from celery_agboss import signals

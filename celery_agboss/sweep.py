@@ -217,7 +217,7 @@ def install(agboss: AGBoss) -> None:
     app = agboss.app
 
     @app.task(  # type: ignore[untyped-decorator]
-        name=SWEEP_TASK_NAME, shared=False, lazy=False, ignore_result=True
+        name=SWEEP_TASK_NAME, shared=False, ignore_result=True
     )
     def sweep(batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
         """Re-drive and reconcile what dead workers and lost messages left behind."""
