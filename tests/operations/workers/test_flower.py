@@ -166,7 +166,16 @@ def test_flower_tells_a_deferred_a_replayed_and_a_reconciled_task_apart(
         return {task_id: (table.get(task_id) or {}).get("agboss", {}).get("outcome")
                 for task_id in expected}
 
-    wait_until(lambda: outcomes() == expected, 30,
+    def settled() -> bool:
+        # The worker's main process buffers Celery's own task events, while the pool
+        # child sends ours at once: wait until Flower has seen both.
+        table = flower.table()
+        return outcomes() == expected and all(
+            (table.get(task_id) or {}).get("state") == f"SUCCESS · {label}"
+            for task_id, label in expected.items()
+        )
+
+    wait_until(settled, 30,
                message=lambda: f"the outcomes {expected} (are {outcomes()}; table "
                f"{json.dumps(flower.table(), default=str)[:3000]})")
     table = flower.table()
