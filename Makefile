@@ -34,7 +34,7 @@ check-services: venv
 	$(BIN)/python -m tests.support.services
 
 lint: venv
-	$(BIN)/ruff check celery_agboss tests
+	$(BIN)/ruff check celery_agboss tests bench
 
 types: venv
 	$(BIN)/mypy --strict celery_agboss

@@ -1,0 +1,143 @@
+"""Worker subprocesses of the benchmark: started in a process group of their own,
+measured (resident memory of the whole group), and always ended, group and all.
+
+Every wait has a deadline; ``close()`` is safe to call twice and after a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+STOP_GRACE_SECONDS = 10.0
+
+
+class WorkerTimeout(RuntimeError):
+    """A worker did not get where it should have before its deadline."""
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Every live process whose process group is ``pgid`` (from ``/proc/<pid>/stat``)."""
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name is in parentheses and may hold spaces: count after the last ")".
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def _kib_field(path: str, name: str) -> int:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(name):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return 0
+    return 0
+
+
+def rss_kib(pid: int) -> int:
+    """``VmRSS`` of one process in KiB (0 if it is gone)."""
+    return _kib_field(f"/proc/{pid}/status", "VmRSS:")
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size in KiB: shared pages divided among their sharers (0 if gone)."""
+    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
+
+
+@dataclass(frozen=True)
+class GroupMemory:
+    """Memory of a process group: summed RSS (counts pages shared after a fork once per
+    process) and summed PSS (counts them once in all)."""
+
+    rss_kib: int
+    pss_kib: int
+    processes: int
+
+
+class WorkerProcess:
+    """``celery worker`` (or any command) in its own session; output in ``log_path``."""
+
+    def __init__(
+        self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], cwd: Path
+    ) -> None:
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self._popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                cwd=str(cwd),
+                start_new_session=True,  # its own process group: pool children go with it
+            )
+        self.pid = self._popen.pid
+        self.pgid = self.pid
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_for_output(self, needle: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.output():
+            if self._popen.poll() is not None:
+                raise WorkerTimeout(
+                    f"the worker exited ({self._popen.returncode}) before printing {needle!r}:\n"
+                    + self.output()[-3000:]
+                )
+            if time.monotonic() >= deadline:
+                raise WorkerTimeout(
+                    f"the worker did not print {needle!r} within {timeout:g} s:\n"
+                    + self.output()[-3000:]
+                )
+            time.sleep(0.05)
+
+    def memory(self) -> GroupMemory:
+        """The summed ``VmRSS`` (and PSS) of the worker's process group."""
+        pids = group_pids(self.pgid)
+        return GroupMemory(
+            rss_kib=sum(rss_kib(pid) for pid in pids),
+            pss_kib=sum(pss_kib(pid) for pid in pids),
+            processes=len(pids),
+        )
+
+    def close(self) -> None:
+        """Warm shutdown (SIGTERM to the group), then SIGKILL whatever is left, bounded."""
+        if self._popen.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(STOP_GRACE_SECONDS)
+        self._signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(STOP_GRACE_SECONDS)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while group_pids(self.pgid) and time.monotonic() < deadline:
+            self._signal_group(signal.SIGKILL)
+            time.sleep(0.05)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, sig)
+
+
+__all__ = ["GroupMemory", "WorkerProcess", "WorkerTimeout", "group_pids", "pss_kib", "rss_kib"]
