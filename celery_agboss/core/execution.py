@@ -29,10 +29,14 @@ from celery_agboss.core.executions import execution_scope
 from celery_agboss.core.inflight import BoundedRun
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
 from celery_agboss.core.outbound import OutboundCall, Outcome
-from celery_agboss.core.protections import RECLAIM_BUMPS_TOKEN, RELEASE_WITH_UNSETTLED_ATTEMPT
+from celery_agboss.core.protections import (
+    CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,
+    RECLAIM_BUMPS_TOKEN,
+    RELEASE_WITH_UNSETTLED_ATTEMPT,
+)
 from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import FencedTransaction, LeaseRef, Store
-from celery_agboss.errors import ExecutionFencedError, LeaseNotHeldError
+from celery_agboss.errors import AGBossSignal, ExecutionFencedError, LeaseNotHeldError
 
 logger = logging.getLogger("celery_agboss")
 
@@ -61,6 +65,7 @@ class ExecutionContext:
         self._last_outcome: Outcome | None = None
         self._runs: list[BoundedRun] = []
         self._released = False
+        self._stopped_by: AGBossSignal | None = None
 
     @classmethod
     def start(
@@ -119,13 +124,15 @@ class ExecutionContext:
 
     def outbound(self, call: OutboundCall, request: Any, business_key: str | None = None) -> Any:
         """Send ``request`` through ``call`` exactly once (DESIGN §4); the gateway's result."""
+        self._refuse_after_signal()
         occurrence = 1 if business_key is not None else self._next("call", call.name)
         with self._lock:
             self._last_outcome = None
         prepared = prepare_call(
             self._settings, self._execution_id, call, request, business_key, occurrence
         )
-        result, outcome = run_outbound(self, prepared)
+        with self._stop_on_signal():
+            result, outcome = run_outbound(self, prepared)
         with self._lock:
             self._last_outcome = outcome
         return result
@@ -138,11 +145,36 @@ class ExecutionContext:
         request: Any = None,
     ) -> T:
         """Run ``fn(conn)`` once per key, inside the transaction that checks the lease."""
+        self._refuse_after_signal()
         occurrence = 1 if business_key is not None else self._next("effect", name)
-        result: T = run_fenced_effect(
-            self, name, fn, business_key_text=business_key, request=request, occurrence=occurrence
-        )
+        with self._stop_on_signal():
+            result: T = run_fenced_effect(
+                self, name, fn, business_key_text=business_key, request=request,
+                occurrence=occurrence,
+            )
         return result
+
+    def _refuse_after_signal(self) -> None:
+        """A signal means "this delivery must stop". A body that caught one and went on
+        would get new step keys for the same calls (``#2``): a second charge. So every
+        later verb raises the same signal again."""
+        stopped = self._stopped_by
+        if stopped is not None and not sabotage.active(CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY):
+            raise type(stopped)(
+                f"this delivery already stopped on {type(stopped).__name__}; a body must let "
+                "celery_agboss signals propagate instead of calling on",
+                **stopped.fields,
+            )
+
+    @contextmanager
+    def _stop_on_signal(self) -> Iterator[None]:
+        try:
+            yield
+        except AGBossSignal as signal:
+            with self._lock:
+                if self._stopped_by is None:
+                    self._stopped_by = signal
+            raise
 
     def assert_held(self) -> None:
         """Raise ``ExecutionFencedError`` unless this delivery may still trust its lease."""

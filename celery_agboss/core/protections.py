@@ -65,3 +65,7 @@ __all__ = [
     "SUPERSEDED_SILENTLY_REPORTED",
     "UNKNOWN_ERRORS_ARE_DEFINITE",
 ]
+
+CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY = register("caught-signal-does-not-stop-delivery")
+"""A body that catches an unknown outcome and calls again gets a new step key: a second
+charge. With the protection, every later verb of that delivery raises the signal again."""
