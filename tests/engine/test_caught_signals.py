@@ -7,6 +7,8 @@ and charge a second time, so every later verb of that delivery raises the signal
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from celery_agboss.core.protections import CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY
@@ -19,10 +21,9 @@ def _charge_twice_catching_the_first_unknown(shop: Shop) -> None:
     charge = shop.charge_call()
     shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     with shop.start("task-caught") as ctx:
-        try:
+        # The mistake: swallowing the signal and trying again.
+        with contextlib.suppress(OutboundCallOutcomeUnknownError):
             ctx.outbound(charge, {"amount": 1000})
-        except OutboundCallOutcomeUnknownError:
-            pass  # the mistake: swallowing the signal and trying again
         ctx.outbound(charge, {"amount": 1000})
 
 
