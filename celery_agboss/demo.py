@@ -178,12 +178,15 @@ def charge_story(store: Store, advance: Any, story: Story) -> None:
         b.last_outcome is Outcome.RECONCILED and len(gateway.requests) == 1,
         f"requests={len(gateway.requests)}",
     )
+    # A frozen copy of A's delivery wakes up, still holding token 1, and charges again.
+    zombie = ExecutionContext(store, a.lease, execution, settings)
     try:
-        a.outbound(charge, request, business_key="order:43")
+        zombie.outbound(charge, request, business_key="order:43")
         fenced = False
     except ExecutionFencedError:
         fenced = True
-    story.step("zombie A retries its charge -> refused: ExecutionFencedError, nothing sent",
+    story.step("zombie A (token 1) wakes up and retries its charge -> refused: "
+               "ExecutionFencedError, nothing sent",
                fenced and len(gateway.requests) == 1)
     b.release()
     intents = _intents(store, execution)

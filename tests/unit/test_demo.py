@@ -19,7 +19,7 @@ KEY_LINES = (
     "nothing of A's write is stored",
     "stored row: key='demo:order-42:mark-paid' result={'by': 'B'} token=2",
     "outcome RECONCILED",
-    "zombie A retries its charge -> refused: ExecutionFencedError, nothing sent",
+    "retries its charge -> refused: ExecutionFencedError, nothing sent",
     "the gateway saw 1 charge request and made 1 payment",
     "As told:",
 )
