@@ -8,20 +8,28 @@ application exception with every intent settled makes ``FAILED``. The verdict is
 written in a fenced transaction *before* Celery hears of it (so ``SUCCESS`` is
 never written for a deferral), and the lease is released only once no send under
 it can still be running; a release that finds the execution woken re-publishes it.
+A delivery of an execution with a cancel request (a revoke) runs no body: it
+reconciles what is pending and ends it ``CANCELLED`` (``celery_agboss.cancelling``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_agboss.app import AGBoss
+from celery_agboss.cancelling import (
+    CancelReadiness,
+    cancel_request_of,
+    reconcile_for_cancel,
+    send_revoked_event,
+)
 from celery_agboss.core import sabotage
 from celery_agboss.core.clock import SYSTEM_CLOCK
-from celery_agboss.core.execution import ExecutionContext
 from celery_agboss.core.executions import (
     DeliveryStart,
     ExecutionRecord,
@@ -30,7 +38,9 @@ from celery_agboss.core.executions import (
     StartKind,
 )
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
+from celery_agboss.core.protections import RELEASE_WITH_UNSETTLED_ATTEMPT
 from celery_agboss.core.store import LeaseRef
+from celery_agboss.delivery_context import DeliveryContext
 from celery_agboss.errors import (
     AGBossSignal,
     ExecutionFencedError,
@@ -74,6 +84,13 @@ FENCE_RECORDED_AS_FAILURE = sabotage.register("fence-recorded-as-failure")
 """Sabotage: a fenced (superseded) delivery lets Celery record a FAILURE, over the
 holder that finished the payment."""
 
+CANCEL_REQUEST_IGNORED = sabotage.register("cancel-request-ignored")
+"""Sabotage: a delivery of an execution with a cancel request runs the body as if
+there were none (a pending intent is reconciled, and resent when it was not sent)."""
+
+EXECUTION_CANCELLING = "execution.cancelling"
+EXECUTION_CANCELLED = "execution.cancelled"
+
 CONTEXT_ATTRIBUTE = "agboss_context"
 """Where a delivery keeps its ``ExecutionContext``: on ``task.request``, which is
 per-thread (a threads pool runs several deliveries of one task instance at once)."""
@@ -96,7 +113,8 @@ class Delivery:
         self.request = request
         self.settings = agboss.settings
         self.execution_id = str(request.id)
-        self.ctx: ExecutionContext | None = None
+        self.ctx: DeliveryContext | None = None
+        self.cancel_reason = "cancel requested"
 
     # --- start -------------------------------------------------------------------------
 
@@ -118,7 +136,7 @@ class Delivery:
         assert start.grant is not None
         lease = handle_for_grant(start.grant, self.settings.lease_ttl_ms, sent)
         self.agboss.renewer.track(lease)
-        self.ctx = ExecutionContext(
+        self.ctx = DeliveryContext(
             self.agboss.store,
             lease,
             self.execution_id,
@@ -133,6 +151,9 @@ class Delivery:
         else:
             self._log(EXECUTION_STARTED, **fields)
         try:
+            if start.execution.cancel_requested and not sabotage.active(CANCEL_REQUEST_IGNORED):
+                self.cancel_reason = start.execution.cancel_reason or self.cancel_reason
+                self._cancel()
             return self._run_body(args, kwargs)
         finally:
             setattr(self.request, CONTEXT_ATTRIBUTE, None)
@@ -220,11 +241,16 @@ class Delivery:
         return result
 
     def _failed(self, exc: Exception) -> None:
-        """An application exception: ``FAILED`` (stored) unless an intent is pending."""
-        ctx = self._context()
-        if not ctx.settle_all():
+        """An application exception: ``FAILED`` (stored) unless an intent is pending.
+
+        One raised by a revoke (``SoftTimeLimitExceeded`` from ``terminate=True,
+        signal="SIGUSR1"``) meets a cancel request: the execution is cancelled instead,
+        once what it left pending is reconciled."""
+        if not self._settle_sends():
             self._abandon()
             raise Ignore() from None
+        if self._cancel_requested_now():
+            self._cancel()
         record = self._verdict("fail", error=encode_error(exc), reason=type(exc).__name__)
         self._release()
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
@@ -249,16 +275,16 @@ class Delivery:
         """Not known yet: retry soon through the broker, or (a longer wait) through the store."""
         in_flight = isinstance(exc, OutboundCallInFlightError)
         delay = self.settings.lease_ttl_seconds if in_flight else self.settings.retry_delay_seconds
-        settled = self._context().settle_all()
+        settled = self._settle_sends()
         if settled:
             self._verdict("wait", delay_ms=self._sweep_after_ms(delay), reason=type(exc).__name__)
         else:
             # A send may still be running: the lease is left to expire; start after it.
             delay = max(delay, self.settings.lease_ttl_seconds + 1)
         self._log(EXECUTION_WAITING, reason=type(exc).__name__, delay=delay)
-        self._wait_then_retry(delay, release=settled, cause=exc)
+        self._wait_then_retry(delay, release=settled, reason=type(exc).__name__)
 
-    def _wait_then_retry(self, delay: float, *, release: bool, cause: BaseException) -> NoReturn:
+    def _wait_then_retry(self, delay: float, *, release: bool, reason: str) -> NoReturn:
         if delay <= self.settings.max_broker_countdown_seconds:
             if release:
                 self._release(will_republish=True)
@@ -268,22 +294,66 @@ class Delivery:
                 pass  # WAITING is stored: the sweep re-drives it
         elif release:
             self._release()
-        self._event(TASK_WAITING, reason=type(cause).__name__, delay=delay)
+        self._event(TASK_WAITING, reason=reason, delay=delay)
         raise Ignore() from None
 
     def _for_operator(self, exc: AGBossSignal) -> NoReturn:
-        self._context().settle_all()
+        self._settle_sends()
         self._verdict("operator", reason=f"{type(exc).__name__}: {exc}")
         self._release()
         self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=type(exc))
         self._event(TASK_UNRECONCILED, reason=type(exc).__name__)
         raise Ignore() from None
 
+    def _cancel(self) -> NoReturn:
+        """A cancel was requested (a revoke, ``cancel()``): the body does not run. What
+        earlier deliveries left PENDING is looked up, never sent; then ``CANCELLED``."""
+        self._log(EXECUTION_CANCELLING, reason=self.cancel_reason)
+        try:
+            readiness = reconcile_for_cancel(self.agboss, self._context())
+        except ExecutionFencedError as exc:
+            self._fenced(exc)
+        except StoreError as exc:
+            self._store_failed(exc)
+        if readiness is CancelReadiness.SETTLED:
+            record = self._verdict("cancel", reason=self.cancel_reason)
+            if record is not None and record.state is ExecutionState.CANCELLED:
+                self._release()
+                self._log(EXECUTION_CANCELLED, reason=self.cancel_reason)
+                send_revoked_event(self.task)
+                raise Ignore()
+            readiness = CancelReadiness.LATER  # an intent appeared meanwhile: look again
+        if readiness is CancelReadiness.OPERATOR:
+            self._verdict("operator", reason="cancel requested; a lookup could not tell")
+            self._release()
+            self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason="cancel-unreconciled")
+            self._event(TASK_UNRECONCILED, reason="cancel requested; a lookup could not tell")
+            raise Ignore()
+        if readiness is CancelReadiness.OWN_SEND:
+            # This delivery's own attempt is pending (its body was stopped mid-send): the
+            # lease expires once the send settled, and the next holder reconciles it.
+            self._abandon()
+            self._log(EXECUTION_WAITING, reason="cancel requested; own attempt pending")
+            self._event(TASK_WAITING, reason="cancel requested; own attempt pending")
+            raise Ignore()
+        delay = self.settings.retry_delay_seconds
+        self._verdict("wait", delay_ms=self._sweep_after_ms(delay), reason="cancel requested")
+        self._log(EXECUTION_WAITING, reason="cancel requested; an intent is not settled yet")
+        self._wait_then_retry(delay, release=True, reason="cancel-requested")
+
+    def _cancel_requested_now(self) -> bool:
+        reason = cancel_request_of(self.agboss, self.execution_id)
+        if reason is None or sabotage.active(CANCEL_REQUEST_IGNORED):
+            return False
+        self.cancel_reason = reason
+        return True
+
     def _fenced(self, exc: ExecutionFencedError) -> NoReturn:
         """Superseded: nothing stored, nothing released; the new holder continues."""
         ctx = self._context()
-        ctx.lease.mark_lost("fenced")
-        self.agboss.renewer.untrack(ctx.lease)
+        # No write of this delivery is trusted any more; its renewals stop once no send
+        # under the lease can still be running (if the lease was lost, they stop at once).
+        ctx.stop_renewing_when_settled("fenced")
         self._log(EXECUTION_FENCED, logging.WARNING, token=ctx.lease.ref.token)
         self._event(TASK_FENCED, token=ctx.lease.ref.token)
         if sabotage.active(FENCE_RECORDED_AS_FAILURE):
@@ -305,11 +375,22 @@ class Delivery:
         raise Reject(cause, requeue=True)
 
     def _abandon(self) -> None:
-        """Stop renewing without releasing: the lease expires, the next holder reconciles."""
+        """Stop without a verdict and without releasing: the lease is renewed until no send
+        under it can still be running, then left to expire; the next holder reconciles."""
         ctx = self.ctx
-        if ctx is not None:
-            ctx.lease.mark_lost("the delivery stopped without a verdict")
-            self.agboss.renewer.untrack(ctx.lease)
+        if ctx is None:
+            return
+        if sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT) and ctx.running_sends():
+            ctx.release(self._releaser([]))  # R18 sabotage: handed over under a live send
+            return
+        ctx.stop_renewing_when_settled("the delivery stopped without a verdict")
+
+    def _settle_sends(self) -> bool:
+        """Wait for this delivery's sends, each up to its ``attempt_timeout`` bound; False
+        while one may still reach the gateway (then its lease is never released)."""
+        if sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
+            return True  # R18 sabotage: stop waiting for sends still on the wire
+        return self._context().settle_all()
 
     # --- writes -----------------------------------------------------------------------
 
@@ -328,25 +409,33 @@ class Delivery:
                     return executions.fail_in(tx, values["error"], values["reason"])
                 if kind == "wait":
                     return executions.wait_in(tx, values["delay_ms"], values["reason"])
+                if kind == "cancel":
+                    return executions.cancel_in(tx, values["reason"])
                 return executions.waiting_operator_in(tx, values["reason"])
         except ExecutionFencedError as exc:
             self._fenced(exc)
         except StoreError as exc:
             self._store_failed(exc)
 
-    def _release(self, *, will_republish: bool = False) -> None:
-        ctx = self._context()
-        if not ctx.settle_all():
-            return  # a send may still be running: never released under it
-        captured: list[ReleaseOutcome] = []
+    def _releaser(
+        self, captured: list[ReleaseOutcome], *, will_republish: bool = False
+    ) -> Callable[[LeaseRef], ReleaseOutcome]:
+        """Release and read ``wake_requested`` in one transaction (``captured`` gets it)."""
 
         def releaser(ref: LeaseRef) -> ReleaseOutcome:
             outcome = self.agboss.executions.release_delivery(ref, will_republish=will_republish)
             captured.append(outcome)
             return outcome
 
+        return releaser
+
+    def _release(self, *, will_republish: bool = False) -> None:
+        ctx = self._context()
+        if not self._settle_sends():
+            return  # a send may still be running: never released under it
+        captured: list[ReleaseOutcome] = []
         try:
-            ctx.release(releaser)
+            ctx.release(self._releaser(captured, will_republish=will_republish))
         except StoreError as exc:
             self._log(EXECUTION_RELEASE_FAILED, logging.WARNING, step="release", error=type(exc))
             return
@@ -366,7 +455,7 @@ class Delivery:
         start (until then the sweep leaves it alone; only a lost message is re-driven)."""
         return round((delay + self.settings.lease_ttl_seconds) * 1000)
 
-    def _context(self) -> ExecutionContext:
+    def _context(self) -> DeliveryContext:
         assert self.ctx is not None
         return self.ctx
 

@@ -4,8 +4,10 @@
   (with its ETA, expiry and publish options) before it reaches the broker, so a
   message lost before any worker starts it is still known (trap 9). It fires for
   ``send_task`` too, and for retries and re-publishes (which refresh the message).
-- ``worker_init``: the worker refuses to start on a wrong configuration;
-  ``worker_ready`` logs the store it uses (without its password).
+- ``worker_init``: the worker refuses to start on a wrong configuration; a worker
+  started by a test inherits the protections it switched off (``AGBOSS_SABOTAGE``,
+  refused outside tests); ``worker_ready`` logs the store it uses (without its
+  password).
 - ``worker_process_init``: a forked child drops the connections it inherited.
 - ``worker_shutting_down``: logged; running bodies keep their leases until they
   return (a warm shutdown waits for them; a cold one leaves the lease to expire).
@@ -20,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from celery import signals as celery_signals
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.errors import ConfigurationError
+from celery_agboss.errors import ConfigurationError, SabotageRefusedError
 from celery_agboss.events import (
     EXECUTION_NOT_RECORDED,
     WORKER_SHUTTING_DOWN,
@@ -94,6 +97,11 @@ def connect(agboss: AGBoss) -> None:
         except ConfigurationError as exc:
             logger.critical("celery_agboss refuses to start this worker: %s", exc)
             # Celery swallows Exceptions raised by signal handlers; SystemExit stops it.
+            raise SystemExit(f"celery_agboss: {exc}") from None
+        try:
+            sabotage.activate_from_environment()
+        except SabotageRefusedError as exc:
+            logger.critical("celery_agboss refuses to start this worker: %s", exc)
             raise SystemExit(f"celery_agboss: {exc}") from None
 
     def worker_ready(sender: Any = None, **_: Any) -> None:

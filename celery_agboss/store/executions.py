@@ -26,7 +26,7 @@ from celery_agboss.core.executions import (
     StartKind,
     execution_scope,
 )
-from celery_agboss.core.store import FencedTransaction, LeaseRef
+from celery_agboss.core.store import FencedTransaction, IntentStatus, LeaseRef
 from celery_agboss.store.execution_rows import message_values, newer_or_same, sql
 from celery_agboss.store.executions_admin import ExecutionAdminVerbs
 from celery_agboss.store.schema_executions import executions, pauses
@@ -152,6 +152,30 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             execution_id,
             state=ExecutionState.WAITING_OPERATOR.value,
             not_before_ms=None,
+            reason=reason[:1000],
+        )
+        return self._require(t, execution_id)
+
+    def cancel_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
+        """``CANCELLED`` — unless the execution has a PENDING intent (created by it, or owned
+        by its lease): a payment may be in flight, so it is reconciled first and the
+        execution is left as it was. Added by the Celery layer (a revoke's cancel request
+        ends in the delivery that settled its intents)."""
+        t, execution_id = sql(tx), tx.lease.scope
+        record = self._require(t, execution_id)
+        if record.terminal:
+            return record
+        pending = self._pending_intent(t, execution_id) or any(
+            intent.status is IntentStatus.PENDING for intent in t.list_intents(execution_id)
+        )
+        if pending:
+            return record
+        self._terminal(
+            t,
+            execution_id,
+            ExecutionState.CANCELLED,
+            cancel_requested=True,
+            cancel_reason=record.cancel_reason or reason[:1000],
             reason=reason[:1000],
         )
         return self._require(t, execution_id)

@@ -29,6 +29,7 @@ from kombu import Connection
 
 from celery_agboss.app import AGBoss
 from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.store import IntentRecord
 from celery_agboss.signals import disconnect
 from tests.integration.apps.shop import CONFIG_ENV, make_app
 from tests.integration.gateway_http import GatewayHTTPServer, wait_for
@@ -62,8 +63,10 @@ class Shop:
         concurrency: int = 2,
         name: str | None = None,
         sabotage: tuple[str, ...] = (),
+        config: dict[str, Any] | None = None,
     ) -> ManagedProcess:
-        """A worker consuming this test's queue; ``sabotage`` switches protections off in it."""
+        """A worker consuming this test's queue; ``sabotage`` switches protections off in it;
+        ``config`` overrides this worker's config only (e.g. its broker URL, via a proxy)."""
         node = f"{name or 'w'}{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}@%h"
         argv = [
             sys.executable,
@@ -88,7 +91,7 @@ class Shop:
             "-E",  # task events, as a worker watched by Flower sends them
         ]
         env = {
-            CONFIG_ENV: json.dumps(self.config),
+            CONFIG_ENV: json.dumps({**self.config, **(config or {})}),
             "PYTHONPATH": str(REPO_ROOT),
             "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
             "AGBOSS_SABOTAGE_SUBPROCESS": "1" if sabotage else "0",
@@ -225,6 +228,33 @@ class Shop:
         os.kill(pid, signal.SIGCONT)
 
     # --- the sweep's re-drive -------------------------------------------------------------
+
+    def wait_cancel_requested(self, execution_id: str, timeout: float = 10.0) -> ExecutionRecord:
+        def requested() -> ExecutionRecord | None:
+            record = self.execution(execution_id)
+            return record if record is not None and record.cancel_requested else None
+
+        record: ExecutionRecord = wait_for(
+            requested, timeout, f"a cancel request on {execution_id}"
+        )
+        return record
+
+    def intents_of(self, execution_id: str) -> list[IntentRecord]:
+        """Every outbound-call intent the execution created, oldest first."""
+        with self.agboss.store.read_transaction() as tx:
+            return tx.list_intents(execution_id)
+
+    def lease_of(self, execution_id: str) -> Any:
+        """The execution's lease row as the store sees it now (``LeaseState`` or None)."""
+        return self.agboss.store.read_lease(execution_id)
+
+    def wait_lease_dead(self, execution_id: str, timeout: float = 30.0) -> None:
+        """Until the execution's lease is no longer live (expired or released)."""
+        wait_for(
+            lambda: not getattr(self.lease_of(execution_id), "live", False),
+            timeout,
+            f"the lease of {execution_id} to expire",
+        )
 
     def sweep_once(self) -> None:
         """One run of the real sweep (``celery_agboss.sweep.run_sweep``), as a beat would."""

@@ -19,11 +19,13 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
-from celery import Celery
+from celery import Celery, signals
+from sqlalchemy import text
 
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask, Unknown
 from celery_agboss.core import sabotage
 from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss.errors import OutboundCallOutcomeUnknownError
 
 CONFIG_ENV = "AGBOSS_IT_CONFIG"
 HTTP_TIMEOUT_SECONDS = 30.0
@@ -82,6 +84,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         agboss_sweep_interval=0,
         agboss_retry_delay=config.get("retry_delay", 1),
         agboss_max_recovery_attempts=config.get("max_recovery_attempts", 10),
+        agboss_attempt_timeout=config.get("attempt_timeout", 120),
     )
     agboss = AGBoss(app)
 
@@ -116,6 +119,9 @@ def make_app(config: dict[str, Any]) -> Celery:
         reconcile=reconcile_charge,
         is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
         key_retention=timedelta(hours=24),
+        # The fake gateway's lookup by key is consistent: a test may say its "not found"
+        # proves absence (a cancel then settles the intent FAILED instead of asking a person).
+        lookup_proves_absence=bool(config.get("lookup_proves_absence", False)),
     )
     agboss.register(charge_call)
 
@@ -126,7 +132,8 @@ def make_app(config: dict[str, Any]) -> Celery:
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.charge_order")
     def charge_order(self: Any, order_id: str, amount: int = 1000, gate_name: str | None = None):  # type: ignore[no-untyped-def]
-        note("body-start", self.request.id)
+        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+        note("body-start", self.request.id, redelivered=redelivered)
         if gate_name:
             gate(gate_name)
         receipt = charge(self, order_id, amount)
@@ -187,6 +194,42 @@ def make_app(config: dict[str, Any]) -> Celery:
         note("ship", self.request.id, payment=charged["payment"])
         return {"shipped": charged["order"]}
 
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.insistent_charge")
+    def insistent_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        """Catches an unknown outcome and calls again in the same delivery (R23)."""
+        note("body-start", self.request.id)
+        try:
+            receipt = charge(self, order_id, amount)
+        except OutboundCallOutcomeUnknownError:
+            note("charge-again", self.request.id)
+            receipt = charge(self, order_id, amount)
+        note("body-end", self.request.id)
+        return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.store_pids")
+    def store_pids(self: Any, gate_name: str | None = None):  # type: ignore[no-untyped-def]
+        """Which process, on which PostgreSQL backend, wrote this execution's effect (trap 12)."""
+        if gate_name:
+            gate(gate_name)
+
+        def backend(conn: Any) -> dict[str, int]:
+            pid = conn.execute(text("select pg_backend_pid()")).scalar()
+            return {"pid": os.getpid(), "backend": int(pid)}
+
+        return self.fenced_effect("pids", backend)
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.bump_counter")
+    def bump_counter(self: Any, times: int = 3, hold_seconds: float = 0.03):  # type: ignore[no-untyped-def]
+        """Read-modify-write one row in fenced effects (trap 12, SQLite's BEGIN IMMEDIATE)."""
+
+        def bump(conn: Any) -> int:
+            value = int(conn.execute(text("select value from it_counter where id = 1")).scalar())
+            time.sleep(hold_seconds)  # widen the window between the read and the write
+            conn.execute(text("update it_counter set value = :v where id = 1"), {"v": value + 1})
+            return value + 1
+
+        return [self.fenced_effect(f"bump-{n}", bump) for n in range(times)]
+
     # --- unprotected twins: what plain Celery does ---------------------------------------
 
     def plain_charge_body(
@@ -224,6 +267,19 @@ def make_app(config: dict[str, Any]) -> Celery:
     @app.task(bind=True, shared=False, name="it.plain_charge_acks_late", acks_late=True)
     def plain_charge_acks_late(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
         return plain_charge_body(self, order_id, amount, None, 0.0)
+
+    if config.get("connect_before_fork"):
+
+        def connect_in_the_parent(sender: Any = None, **_: Any) -> None:
+            """Trap 12: the worker's main process holds a pooled store connection before
+            the pool forks; it says which PostgreSQL backend that is."""
+            if getattr(sender, "app", None) is not app:
+                return
+            with agboss.store.engine.connect() as conn:
+                pid = conn.execute(text("select pg_backend_pid()")).scalar()
+            note("parent-backend", None, backend=int(str(pid)))
+
+        signals.worker_init.connect(connect_in_the_parent, weak=False)
 
     return app
 

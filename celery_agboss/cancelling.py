@@ -1,0 +1,166 @@
+"""A delivery of an execution with a cancel request: reconcile only, then ``CANCELLED``.
+
+A revoke (with or without ``terminate``) or ``cancel()`` is recorded as a cancel
+request (DESIGN §2.2). The body never runs again after it: a delivery that starts
+with the request set only settles what earlier deliveries left ``PENDING`` — each
+intent is looked up through the engine's ``reconcile_stranded`` under this
+delivery's lease, which never sends — and then writes ``CANCELLED`` in a fenced
+transaction. An intent the lookup proved was never processed (``NotSent`` from a call
+that declares ``lookup_proves_absence``) is settled ``FAILED``: nothing moved, and a
+cancelled execution never resends it. A ``NotSent`` that proves nothing (a replay-only
+gateway: "a resend under this key would be deduplicated") may hide a payment, so the
+intent is flagged for an operator instead — an ambiguous payment is never "failed".
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.store import IntentGuard, IntentRecord, IntentStatus, IntentUpdate
+from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
+from celery_agboss.core.transitions import append_history
+from celery_agboss.errors import StoreError
+
+if TYPE_CHECKING:
+    from celery_agboss.app import AGBoss
+    from celery_agboss.core.execution import ExecutionContext
+
+logger = logging.getLogger("celery_agboss")
+
+class CancelReadiness(str, enum.Enum):
+    """What stands between a cancel request and ``CANCELLED``."""
+
+    SETTLED = "SETTLED"  # no PENDING intent left: cancel now
+    OWN_SEND = "OWN_SEND"  # this delivery's own attempt is pending: leave the lease to expire
+    LATER = "LATER"  # a lookup failed, or another live owner: try again later
+    OPERATOR = "OPERATOR"  # a lookup could not tell: an operator decides
+
+
+def pending_intents(agboss: AGBoss, execution_id: str) -> list[IntentRecord]:
+    """The PENDING intents this execution created, oldest first."""
+    with agboss.store.read_transaction() as tx:
+        return [i for i in tx.list_intents(execution_id) if i.status is IntentStatus.PENDING]
+
+
+def reconcile_for_cancel(agboss: AGBoss, ctx: ExecutionContext) -> CancelReadiness:
+    """Look up every PENDING intent of the execution (never send); how far that got."""
+    me = ctx.lease_ref
+    ttl_ms = ctx.lease.ttl_ms
+    for intent in pending_intents(agboss, ctx.execution_id):
+        if intent.owner == me:
+            return CancelReadiness.OWN_SEND
+        if intent.owner_live:
+            return CancelReadiness.LATER
+        ctx.assert_held()
+        outcome = reconcile_stranded(
+            agboss.store,
+            agboss.engine_settings,
+            intent.idempotency_key,
+            sweeper_lease=me,
+            sweeper_ttl_ms=ttl_ms,
+        )
+        if outcome is StrandedOutcome.COMPLETED:
+            continue
+        if outcome is StrandedOutcome.NOT_SENT_CONFIRMED:
+            settled = _settle_not_sent(agboss, ctx, intent.idempotency_key)
+            if settled is not CancelReadiness.SETTLED:
+                return settled
+            continue
+        if outcome is StrandedOutcome.UNRECONCILED:
+            return CancelReadiness.OPERATOR
+        return CancelReadiness.LATER  # lookup failed, unknown call, taken by another
+    return CancelReadiness.SETTLED
+
+
+def cancel_request_of(agboss: AGBoss, execution_id: str) -> str | None:
+    """The reason of the execution's cancel request, read now; None when there is none
+    (or the store cannot say: the delivery then goes on as it would have)."""
+    try:
+        record = agboss.executions.read_execution(execution_id)
+    except StoreError:
+        return None
+    if record is None or not record.cancel_requested:
+        return None
+    return record.cancel_reason or "cancel requested"
+
+
+def send_revoked_event(task: Any) -> None:
+    """Celery's own ``task-revoked`` event (Flower shows REVOKED), with the store's state."""
+    try:
+        task.send_event(
+            "task-revoked",
+            retry=False,
+            terminated=False,
+            expired=False,
+            agboss_state=ExecutionState.CANCELLED.value,
+        )
+    except Exception:
+        logger.warning("could not send the task-revoked event", exc_info=True)
+
+
+def _settle_not_sent(agboss: AGBoss, ctx: ExecutionContext, key: str) -> CancelReadiness:
+    """After a ``NotSent`` (the intent handed back with no owner), under this delivery's
+    lease and with its history row: ``FAILED`` when the call's lookup proves absence,
+    else flagged for an operator (the payment may exist)."""
+    settings = agboss.engine_settings
+    with ctx.fenced() as tx:
+        intent = tx.read_intent(key)
+        if intent is None or intent.status is not IntentStatus.PENDING:
+            return CancelReadiness.SETTLED if intent is not None else CancelReadiness.LATER
+        if not intent.not_sent_confirmed or intent.owner is not None:
+            return CancelReadiness.LATER
+        guard = IntentGuard(IntentStatus.PENDING, intent.attempt, None)
+        call = settings.call_named(intent.name)
+        if call is None or not call.lookup_proves_absence:
+            flagged = tx.update_intent(
+                key,
+                guard,
+                IntentUpdate(
+                    needs_operator=True,
+                    operator_reason="cancel requested; reconcile answered NotSent, which does "
+                    "not prove the gateway never processed it: check the gateway, then "
+                    "`agboss resolve`",
+                ),
+            )
+            if flagged:
+                append_history(
+                    tx,
+                    settings.pseudonym_key,
+                    key,
+                    HistoryEvent.UNRECONCILED,
+                    from_status=IntentStatus.PENDING,
+                    to_status=IntentStatus.PENDING,
+                    attempt=intent.attempt,
+                    owner=ctx.lease_ref,
+                    detail={"by": "cancel", "why": "cancel requested; absence not proven"},
+                )
+            return CancelReadiness.OPERATOR if flagged else CancelReadiness.LATER
+        won = tx.update_intent(
+            key, guard, IntentUpdate(status=IntentStatus.FAILED, clear_next_lookup=True)
+        )
+        if won:
+            append_history(
+                tx,
+                settings.pseudonym_key,
+                key,
+                HistoryEvent.FAILED_DEFINITE,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.FAILED,
+                attempt=intent.attempt,
+                owner=ctx.lease_ref,
+                detail={"by": "cancel", "why": "cancel requested; reconcile proved not sent"},
+            )
+        return CancelReadiness.SETTLED if won else CancelReadiness.LATER
+
+
+__all__ = [
+    "CancelReadiness",
+    "cancel_request_of",
+    "pending_intents",
+    "reconcile_for_cancel",
+    "send_revoked_event",
+]

@@ -1,0 +1,140 @@
+"""A TCP proxy in front of a broker, to cut a worker's connections on purpose.
+
+A worker given ``proxy.url_for(broker_url)`` talks to Redis or RabbitMQ through
+it; :meth:`BrokerProxy.cut_all` closes every connection it carries at once (a
+network blip, a broker restart, a RabbitMQ channel closed), while new
+connections are still accepted, so the worker reconnects as it would in life.
+The test process keeps its own direct connection. Every thread is a daemon and
+every socket is closed by :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
+
+_CHUNK = 65536
+
+
+class BrokerProxy:
+    """``with BrokerProxy("127.0.0.1", 6379) as proxy: proxy.url_for(url); proxy.cut_all()``."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._closing = threading.Event()
+        self.accepted = 0
+        self.cuts = 0
+        self._thread = threading.Thread(target=self._accept, name="broker-proxy", daemon=True)
+
+    @classmethod
+    def for_url(cls, url: str) -> BrokerProxy:
+        parts = urlsplit(url)
+        default = 5672 if parts.scheme.startswith("amqp") else 6379
+        return cls(parts.hostname or "127.0.0.1", parts.port or default)
+
+    @property
+    def port(self) -> int:
+        port: int = self._listener.getsockname()[1]
+        return port
+
+    def url_for(self, url: str) -> str:
+        """``url`` with its host and port replaced by the proxy's."""
+        parts = urlsplit(url)
+        netloc = parts.netloc.rsplit("@", 1)
+        address = f"127.0.0.1:{self.port}"
+        netloc_text = f"{netloc[0]}@{address}" if len(netloc) == 2 else address
+        return urlunsplit(parts._replace(netloc=netloc_text))
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> BrokerProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closing.set()
+        self.cut_all()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    # --- what tests do --------------------------------------------------------------------
+
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._pairs)
+
+    def cut_all(self) -> int:
+        """Close every carried connection now (both ends); how many were cut."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+            self.cuts += 1
+        for client, upstream in pairs:
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    sock.close()
+        return len(pairs)
+
+    # --- the forwarding -------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            client.settimeout(None)
+            with self._lock:
+                self._pairs.append((client, upstream))
+                self.accepted += 1
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(
+                    target=self._pump, args=(source, sink), name="broker-proxy-pump", daemon=True
+                ).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while True:
+                data = source.recv(_CHUNK)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    sock.close()
+            with self._lock:
+                self._pairs = [p for p in self._pairs if source not in p]
+
+
+__all__ = ["BrokerProxy"]
