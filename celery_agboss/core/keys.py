@@ -25,6 +25,7 @@ import hmac
 import unicodedata
 from dataclasses import dataclass
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import canonical_json
 from celery_agboss.errors import ConfigurationError, InvalidBusinessKeyError
 
@@ -270,7 +271,13 @@ def encode_component(text: str) -> str:
         raise ValueError(
             f"a key component holds a lone surrogate at index {exc.start}; it is not text"
         ) from None
+    if sabotage.active(KEY_COMPONENTS_NOT_ESCAPED):
+        return text
     return "".join(chr(byte) if byte in _UNRESERVED else f"%{byte:02X}" for byte in data)
+
+
+KEY_COMPONENTS_NOT_ESCAPED = sabotage.register("key-components-not-escaped")
+"""R21: components joined as they are, so a ':' in a tenant or key can make two calls one."""
 
 
 def _component(value: object, what: str) -> str:
