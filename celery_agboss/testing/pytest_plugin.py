@@ -7,6 +7,11 @@ nothing beyond pytest itself: each fixture imports what it needs when used.
 - ``fake_gateway``: a ``FakeGateway`` on that clock (holds released at teardown);
 - ``agboss_store``: a migrated SQLite store in ``tmp_path`` whose database clock
   moves with ``agboss_clock`` (needs the store's dependencies, SQLAlchemy);
+- ``agboss_app``: a Celery app (in-memory broker and results) with ``AGBoss`` on
+  that same database, a 5 s lease and no sweep beat; ``agboss_app_config``
+  (override it) adds or changes settings;
+- ``agboss_worker``: a real worker for ``agboss_app`` in a thread of this process;
+  ``agboss_worker_parameters`` (override it) changes its pool or concurrency;
 - after every test, armed fault points are disarmed and paused threads woken.
 """
 
@@ -16,11 +21,13 @@ import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from celery_agboss.core.store import Store
     from celery_agboss.testing.clock import VirtualClock
     from celery_agboss.testing.gateway import FakeGateway
@@ -57,16 +64,85 @@ def agboss_store(tmp_path: Path, agboss_clock: VirtualClock) -> Iterator[Store]:
             f"dependencies (SQLAlchemy, alembic), which could not be imported: {exc}",
             pytrace=False,
         )
-    directory = tmp_path / "agboss-store"
-    directory.mkdir(exist_ok=True)
     store: Store = stores.open_store(
-        stores.sqlite_store_url(directory), clock_offset_source=agboss_clock.offset_ms
+        _store_url(stores, tmp_path), clock_offset_source=agboss_clock.offset_ms
     )
     agboss_clock.attach(store)
     try:
         yield store
     finally:
         store.close()
+
+
+def _store_url(stores: Any, tmp_path: Path) -> str:
+    """The one throwaway database of a test: ``agboss_store`` and ``agboss_app`` share it."""
+    directory = tmp_path / "agboss-store"
+    directory.mkdir(exist_ok=True)
+    url: str = stores.sqlite_store_url(directory)
+    return url
+
+
+@pytest.fixture
+def agboss_app_config() -> dict[str, Any]:
+    """Celery and ``agboss_*`` settings for ``agboss_app``; override it to change them."""
+    return {}
+
+
+@pytest.fixture
+def agboss_app(
+    tmp_path: Path,
+    agboss_clock: VirtualClock,
+    agboss_store: Store,
+    agboss_app_config: dict[str, Any],
+) -> Iterator[Celery]:
+    """A Celery app with ``AGBoss`` on the ``agboss_store`` database, on ``agboss_clock``.
+
+    Declare tasks on it with ``@agboss_app.task(base=PaymentTask, bind=True)``. Without
+    ``agboss_worker``, ``task.apply(...)`` runs one delivery in the test's thread.
+    """
+    stores = importlib.import_module("celery_agboss.testing.stores")
+    from celery_agboss.testing.celery_app import close_test_app, make_test_app
+
+    app = make_test_app(
+        _store_url(stores, tmp_path),
+        clock_offset_source=agboss_clock.offset_ms,
+        config=agboss_app_config,
+    )
+    try:
+        yield app
+    finally:
+        close_test_app(app)
+
+
+@pytest.fixture
+def agboss_worker_parameters() -> dict[str, Any]:
+    """Keyword arguments of ``running_worker`` (``pool``, ``concurrency``, …); override it."""
+    return {}
+
+
+@pytest.fixture
+def agboss_worker(
+    agboss_app: Celery,
+    fake_gateway: FakeGateway,
+    agboss_worker_parameters: dict[str, Any],
+) -> Iterator[Any]:
+    """A real Celery worker for ``agboss_app``, in a thread of this process (threads pool).
+
+    It also runs tasks declared after it started. Before it stops, ``fake_gateway``'s
+    holds are released and paused fault points woken, so that no task it runs stays
+    blocked and its shutdown is quick.
+    """
+    from celery_agboss.testing.celery_app import running_worker
+
+    with running_worker(agboss_app, **agboss_worker_parameters) as worker:
+        try:
+            yield worker
+        finally:
+            fake_gateway.close()
+            if "celery_agboss.core.faults" in sys.modules:
+                from celery_agboss.testing.faults import disarm_all
+
+                disarm_all()
 
 
 @pytest.fixture(autouse=True)
