@@ -164,6 +164,11 @@ class Shop:
     def worker_log(self) -> str:
         return "\n".join(worker.output() for worker in self.workers)
 
+    def wait_logged(self, text: str, timeout: float = 15.0) -> None:
+        """A worker writes its log line after the store change a test waited for: wait
+        for the line too, never assert it at once."""
+        wait_for(lambda: text in self.worker_log(), timeout, f"{text!r} in the worker log")
+
     @contextmanager
     def capturing_events(self) -> Iterator[list[dict[str, Any]]]:
         """Every task event on the broker while the block runs (what Flower would get)."""

@@ -90,7 +90,7 @@ def test_a_charge_revoked_mid_send_with_its_answer_lost_is_reconciled_then_cance
     assert len(gateway.payments) == 1, "the gateway charged before the delivery was killed"
     redeliver(shop, task_id)
     record = shop.wait_state(task_id, "CANCELLED", timeout=30)
-    assert f"execution.cancelled execution={task_id}" in shop.worker_log()
+    shop.wait_logged(f"execution.cancelled execution={task_id}")
     assert len(shop.gateway.notes_of("body-start", task_id)) == 1, "the body never ran again"
     assert (len(gateway.requests), len(gateway.payments)) == (1, 1), "looked up, never resent"
     assert gateway.lookups, "the intent was reconciled first"

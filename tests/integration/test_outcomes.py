@@ -32,8 +32,8 @@ def test_an_answer_lost_on_the_way_back_is_retried_and_reconciled_into_one_payme
     shop.wait_backend(task_id, "SUCCESS")
     gateway = shop.gateway.gateway
     assert (len(gateway.payments), len(gateway.requests)) == (1, 1), "reconciled, not resent"
-    assert "reason=OutboundCallOutcomeUnknownError" in shop.worker_log()
-    assert f"it.charge_order[{task_id}] retry" in shop.worker_log(), "Celery saw a RETRY"
+    shop.wait_logged("reason=OutboundCallOutcomeUnknownError")
+    shop.wait_logged(f"it.charge_order[{task_id}] retry")
     assert record.deliveries == 2
     assert shop.app.AsyncResult(task_id).result["payment"] == gateway.payments[0]["id"]
 
@@ -48,7 +48,7 @@ def test_an_outcome_no_lookup_can_settle_waits_for_an_operator(
     shop.start_worker()
     task_id = str(shop.app.signature("it.charge_order", args=("o-9",)).apply_async().id)
     record = shop.wait_state(task_id, "WAITING_OPERATOR", timeout=30)
-    assert "execution.waiting-operator" in shop.worker_log()
+    shop.wait_logged("execution.waiting-operator")
     assert (len(gateway.payments), len(gateway.requests)) == (1, 1), "nothing sent again"
     assert shop.backend_state(task_id) == "RETRY", "never a FAILURE"
     assert record.reason and "OutboundCallUnreconciledError" in record.reason

@@ -136,8 +136,7 @@ def test_r22_a_send_that_never_returns_is_bounded_and_its_late_answer_stored_now
     task_id = str(shop.app.signature("it.charge_order", args=("o-52",)).apply_async().id)
     hold.wait_reached(timeout=20)
     record = shop.wait_state(task_id, "COMPLETED", timeout=30)
-    log = shop.worker_log()
-    assert "execution.taken-over" in log, "the bound passed, renewals stopped, a take-over"
+    shop.wait_logged("execution.taken-over")  # the bound passed, renewals stopped
     assert record.recovery_count == 1
     lease = shop.lease_of(task_id)
     assert lease is not None and lease.token == 2
@@ -187,7 +186,7 @@ def test_r23_a_send_longer_than_the_lease_but_within_its_bound_keeps_its_lease(
     shop.agboss.republish(shop.execution(task_id), reason="test: duplicate")  # type: ignore[arg-type]
     record = shop.wait_state(task_id, "COMPLETED", timeout=30)
     assert time.monotonic() - started >= shop.config["lease_ttl"], "the send outlived a TTL"
-    assert f"execution.deferred execution={task_id}" in shop.worker_log()
+    shop.wait_logged(f"execution.deferred execution={task_id}")
     assert (len(gateway.requests), len(gateway.payments)) == (1, 1)
     assert record.recovery_count == 0 and record.deliveries == 1
     lease = shop.lease_of(task_id)

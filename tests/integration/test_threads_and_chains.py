@@ -88,7 +88,7 @@ def test_a_chained_ship_runs_once_and_only_after_the_charge_completed(
     shop = shop_factory()
     shop.start_worker()
     charge_id, ship_id = charge_then_ship_with_duplicates(shop)
-    assert f"execution.replayed execution={charge_id}" in shop.worker_log()
+    shop.wait_logged(f"execution.replayed execution={charge_id}")
     shop.assert_stays(lambda: len(shop.gateway.notes_of("ship")) == 1, 1.0)
     ships = shop.gateway.notes_of("ship")
     assert ships[0].task_id == ship_id

@@ -31,7 +31,7 @@ def test_a_child_killed_before_the_charge_answer_is_reconciled_into_one_payment(
     assert gateway.lookups, "the new delivery asked the gateway"
     assert shop.app.AsyncResult(task_id).result["payment"] == gateway.payments[0]["id"]
     assert record.recovery_count >= 1
-    assert "execution.taken-over" in shop.worker_log()
+    shop.wait_logged("execution.taken-over")
 
 
 def test_without_agboss_a_redelivered_charge_pays_twice(shop_factory: ShopFactory) -> None:
