@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_agboss")
 
+RECONCILED_BY = "cancel"
+"""How history rows and log lines name this reconcile (the sweep's says "sweep")."""
+
+
 class CancelReadiness(str, enum.Enum):
     """What stands between a cancel request and ``CANCELLED``."""
 
@@ -62,6 +66,7 @@ def reconcile_for_cancel(agboss: AGBoss, ctx: ExecutionContext) -> CancelReadine
             intent.idempotency_key,
             sweeper_lease=me,
             sweeper_ttl_ms=ttl_ms,
+            by=RECONCILED_BY,
         )
         if outcome is StrandedOutcome.COMPLETED:
             continue
@@ -136,7 +141,7 @@ def _settle_not_sent(agboss: AGBoss, ctx: ExecutionContext, key: str) -> CancelR
                     to_status=IntentStatus.PENDING,
                     attempt=intent.attempt,
                     owner=ctx.lease_ref,
-                    detail={"by": "cancel", "why": "cancel requested; absence not proven"},
+                    detail={"by": RECONCILED_BY, "why": "cancel requested; absence not proven"},
                 )
             return CancelReadiness.OPERATOR if flagged else CancelReadiness.LATER
         won = tx.update_intent(
@@ -152,7 +157,7 @@ def _settle_not_sent(agboss: AGBoss, ctx: ExecutionContext, key: str) -> CancelR
                 to_status=IntentStatus.FAILED,
                 attempt=intent.attempt,
                 owner=ctx.lease_ref,
-                detail={"by": "cancel", "why": "cancel requested; reconcile proved not sent"},
+                detail={"by": RECONCILED_BY, "why": "cancel requested; reconcile proved not sent"},
             )
         return CancelReadiness.SETTLED if won else CancelReadiness.LATER
 

@@ -30,6 +30,7 @@ from celery_agboss.cancelling import (
 )
 from celery_agboss.core import sabotage
 from celery_agboss.core.clock import SYSTEM_CLOCK
+from celery_agboss.core.execution import ExecutionContext
 from celery_agboss.core.executions import (
     DeliveryStart,
     ExecutionRecord,
@@ -40,7 +41,6 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
 from celery_agboss.core.protections import RELEASE_WITH_UNSETTLED_ATTEMPT
 from celery_agboss.core.store import LeaseRef
-from celery_agboss.delivery_context import DeliveryContext
 from celery_agboss.errors import (
     AGBossSignal,
     ExecutionFencedError,
@@ -50,6 +50,8 @@ from celery_agboss.errors import (
     StoreError,
 )
 from celery_agboss.events import (
+    EXECUTION_CANCELLED,
+    EXECUTION_CANCELLING,
     EXECUTION_COMPLETED,
     EXECUTION_DEFERRED,
     EXECUTION_FAILED,
@@ -88,9 +90,6 @@ CANCEL_REQUEST_IGNORED = sabotage.register("cancel-request-ignored")
 """Sabotage: a delivery of an execution with a cancel request runs the body as if
 there were none (a pending intent is reconciled, and resent when it was not sent)."""
 
-EXECUTION_CANCELLING = "execution.cancelling"
-EXECUTION_CANCELLED = "execution.cancelled"
-
 CONTEXT_ATTRIBUTE = "agboss_context"
 """Where a delivery keeps its ``ExecutionContext``: on ``task.request``, which is
 per-thread (a threads pool runs several deliveries of one task instance at once)."""
@@ -113,7 +112,7 @@ class Delivery:
         self.request = request
         self.settings = agboss.settings
         self.execution_id = str(request.id)
-        self.ctx: DeliveryContext | None = None
+        self.ctx: ExecutionContext | None = None
         self.cancel_reason = "cancel requested"
 
     # --- start -------------------------------------------------------------------------
@@ -136,7 +135,7 @@ class Delivery:
         assert start.grant is not None
         lease = handle_for_grant(start.grant, self.settings.lease_ttl_ms, sent)
         self.agboss.renewer.track(lease)
-        self.ctx = DeliveryContext(
+        self.ctx = ExecutionContext(
             self.agboss.store,
             lease,
             self.execution_id,
@@ -455,7 +454,7 @@ class Delivery:
         start (until then the sweep leaves it alone; only a lost message is re-driven)."""
         return round((delay + self.settings.lease_ttl_seconds) * 1000)
 
-    def _context(self) -> DeliveryContext:
+    def _context(self) -> ExecutionContext:
         assert self.ctx is not None
         return self.ctx
 

@@ -54,6 +54,8 @@ EXECUTION_REPUBLISHED = "execution.republished"
 EXECUTION_RELEASE_FAILED = "execution.release-failed"
 EXECUTION_STORE_FAILED = "execution.store-failed"
 EXECUTION_NOT_RECORDED = "execution.not-recorded"
+EXECUTION_CANCELLING = "execution.cancelling"  # a delivery reconciles before cancelling
+EXECUTION_CANCELLED = "execution.cancelled"  # by a delivery or by the sweep
 STORE_OPENED = "store.opened"
 WORKER_SHUTTING_DOWN = "worker.shutting-down"
 
@@ -114,6 +116,8 @@ def log_event(
 
 
 __all__ = [
+    "EXECUTION_CANCELLED",
+    "EXECUTION_CANCELLING",
     "EXECUTION_COMPLETED",
     "EXECUTION_DEFERRED",
     "EXECUTION_FAILED",

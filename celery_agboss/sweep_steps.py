@@ -21,6 +21,7 @@ from celery_agboss.core.store import IntentGuard, IntentStatus, IntentUpdate, Le
 from celery_agboss.core.transitions import append_history
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.events import (
+    EXECUTION_CANCELLED,
     EXECUTION_PARKED,
     TASK_EVENTS,
     TASK_PARKED,
@@ -41,7 +42,6 @@ DEFAULT_INTERVAL_SECONDS = 30.0
 SWEEP_REPUBLISHED = "sweep.republished"
 SWEEP_ERROR = "sweep.error"
 EXECUTION_EXPIRED = "execution.expired"
-EXECUTION_CANCELLED = "execution.cancelled"
 
 REDRIVE_WITHOUT_CLAIM = sabotage.register("sweep-redrive-without-claim")
 """Sabotage (trap 10): re-publish what the listing found without the compare-and-set

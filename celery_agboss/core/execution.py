@@ -3,8 +3,12 @@
 It owns the delivery's lease handle, counts the calls of each name for step keys,
 remembers how the last outbound call got its result, and keeps the sends it started
 so that the lease is never released while one of them may still reach the gateway
-(R18, R23). The Celery layer makes one per delivery (``PaymentTask``); tests and
-other frameworks can drive it directly::
+(R18, R23). A wait interrupted while its send is on the wire (``KeyboardInterrupt``, a
+shutdown's ``SystemExit``, a soft time limit, a revoke's signal) ends the delivery's
+trust in its lease but not the lease: it is renewed until that send ends or passes
+``attempt_timeout``, then left to expire, never released, and the delivery writes
+and sends nothing more (``send_interrupted``). The Celery layer makes one per
+delivery (``PaymentTask``); tests and other frameworks can drive it directly::
 
     with ExecutionContext.start(store, task_id, settings) as ctx:
         receipt = ctx.outbound(charge, {"amount": 1000}, business_key="order:42")
@@ -31,6 +35,7 @@ from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.core.protections import (
     CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,
+    INTERRUPTED_SEND_STOPS_RENEWING,
     RECLAIM_BUMPS_TOKEN,
     RELEASE_WITH_UNSETTLED_ATTEMPT,
 )
@@ -66,6 +71,7 @@ class ExecutionContext:
         self._runs: list[BoundedRun] = []
         self._released = False
         self._stopped_by: AGBossSignal | None = None
+        self._interrupted: str | None = None
 
     @classmethod
     def start(
@@ -113,6 +119,12 @@ class ExecutionContext:
     @property
     def lease_ref(self) -> LeaseRef:
         return self.lease.ref
+
+    @property
+    def interrupted(self) -> str | None:
+        """Why this delivery stopped trusting its lease after an interrupted send, or None."""
+        with self._lock:
+            return self._interrupted
 
     @property
     def last_outcome(self) -> Outcome | None:
@@ -178,7 +190,20 @@ class ExecutionContext:
 
     def assert_held(self) -> None:
         """Raise ``ExecutionFencedError`` unless this delivery may still trust its lease."""
+        self._refuse_if_interrupted()
         self.lease.assert_held()
+
+    def _refuse_if_interrupted(self) -> None:
+        reason = self.interrupted
+        if reason is not None:
+            ref = self.lease_ref
+            raise ExecutionFencedError(
+                f"lease {ref.scope!r} (token {ref.token}) is no longer trusted by this "
+                f"delivery: {reason}",
+                scope=ref.scope,
+                holder=ref.holder,
+                token=ref.token,
+            )
 
     def _next(self, kind: str, name: str) -> int:
         with self._lock:
@@ -191,6 +216,7 @@ class ExecutionContext:
     @contextmanager
     def fenced(self) -> Iterator[FencedTransaction]:
         """A fenced transaction under this lease; a refusal ends the holder's trust in it."""
+        self._refuse_if_interrupted()
         lease = self.lease
         lease.assert_held()
         sent = SentAt.now(lease.clock)
@@ -203,18 +229,24 @@ class ExecutionContext:
         lease.note_extended_at(sent)
 
     def assert_can_send(self) -> None:
-        self.lease.assert_held()
+        self.assert_held()
 
     def send_started(self, run: BoundedRun) -> None:
         """Register a send about to start, or refuse it once the lease was released.
 
-        Checked under the same lock as ``release()``: a send that passed its lease check
-        just before another thread released the lease must not go out after it (R18).
+        Checked under the same lock as ``release()`` and ``send_interrupted()``: a send
+        that passed its lease check just before another thread released the lease (or was
+        interrupted) must not go out after it (R18).
         """
         with self._lock:
             if self._released and not sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
                 raise ExecutionFencedError(
                     "the lease was released before this send started; nothing sent",
+                    execution_id=self._execution_id,
+                )
+            if self._interrupted is not None:
+                raise ExecutionFencedError(
+                    f"{self._interrupted}; nothing more is sent by this delivery",
                     execution_id=self._execution_id,
                 )
             self._runs = [r for r in self._runs if not r.done.is_set()] + [run]
@@ -232,6 +264,54 @@ class ExecutionContext:
         lease.mark_lost("a send overran attempt_timeout; the lease is left to expire")
         if self._renewer is not None:
             self._renewer.untrack(lease)
+
+    def send_interrupted(self, run: BoundedRun) -> None:
+        """The wait for ``run`` was interrupted while it may still be sending.
+
+        The send goes on in its thread and may reach the gateway until its bound. Had
+        renewals stopped now, the lease could expire under it and a take-over look the
+        payment up before it exists, then send it again (R18, R23). So: from now on this
+        delivery writes and sends nothing (its attempt stays PENDING for a later holder
+        to reconcile); its lease is renewed until every send under it ended or passed
+        ``attempt_timeout``, then left to expire; it is never released.
+        """
+        if sabotage.active(INTERRUPTED_SEND_STOPS_RENEWING):
+            self.send_overran(run)
+            return
+        with self._lock:
+            if self._interrupted is None:
+                self._interrupted = f"the wait for {run.name} was interrupted while it was sending"
+            reason = self._interrupted
+        self.stop_renewing_when_settled(reason)
+
+    def stop_renewing_when_settled(self, reason: str) -> None:
+        """The delivery ends without releasing: its lease is left to expire, but renewed
+        until the sends under it ended or passed their bound (a send past its bound stops
+        renewals as an overrun does). Returns at once; a daemon thread does the waiting."""
+        running = self.running_sends()
+        if not running or all(time.monotonic() >= run.deadline for run in running):
+            self._stop_renewing_after(running, reason)
+            return
+        threading.Thread(
+            target=self._stop_renewing_after,
+            args=(running, reason),
+            name="agboss-send-watch",
+            daemon=True,
+        ).start()
+
+    def _stop_renewing_after(self, runs: list[BoundedRun], reason: str) -> None:
+        for run in runs:
+            remaining = run.deadline - time.monotonic()
+            if remaining > 0:
+                run.done.wait(remaining)
+        stuck = [run for run in runs if not run.done.is_set()]
+        for run in stuck:
+            self.send_overran(run)
+        if not stuck:
+            lease = self.lease
+            lease.mark_lost(reason)
+            if self._renewer is not None:
+                self._renewer.untrack(lease)
 
     def _reclaim(self) -> None:
         """Sabotage only (R23): release and re-acquire as the same holder, token + 1."""
@@ -276,7 +356,8 @@ class ExecutionContext:
             return False
         return True
 
-    def _running(self) -> list[BoundedRun]:
+    def running_sends(self) -> list[BoundedRun]:
+        """This delivery's sends that may still reach the gateway."""
         with self._lock:
             return [run for run in self._runs if not run.done.is_set()]
 
@@ -284,7 +365,11 @@ class ExecutionContext:
         """True when releasing cannot hand over a send still running (R18, R23)."""
         if sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
             return True
-        return self.unsettled_sends() == 0 and self.lease.lost_reason is None
+        return (
+            self.unsettled_sends() == 0
+            and self.lease.lost_reason is None
+            and self.interrupted is None
+        )
 
     def release(self, releaser: Callable[[LeaseRef], T] | None = None) -> bool:
         """Release the lease unless a send under it may still be running; True if released.
@@ -299,9 +384,8 @@ class ExecutionContext:
             if self._released:
                 return False
             running = sum(1 for run in self._runs if not run.done.is_set())
-            refused = (running > 0 or lease.lost_reason is not None) and not sabotage.active(
-                RELEASE_WITH_UNSETTLED_ATTEMPT
-            )
+            unsafe = running > 0 or lease.lost_reason is not None or self._interrupted is not None
+            refused = unsafe and not sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT)
             if not refused:
                 self._released = True
         if refused:
@@ -339,11 +423,11 @@ class ExecutionContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if isinstance(exc, ExecutionFencedError):
-            return  # superseded: the lease is someone else's now
+        if isinstance(exc, ExecutionFencedError) or self.interrupted is not None:
+            return  # superseded, or interrupted mid-send (renewals stop once it settled)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)) and self.unsettled_sends():
-            for run in self._running():
-                self.send_overran(run)  # stopping now: never wait, never release under a send
+            # Stopping now: never wait, never release under a send.
+            self.stop_renewing_when_settled("the delivery stopped while a send was running")
             return
         try:
             self.settle_all_and_release()

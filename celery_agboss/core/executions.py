@@ -199,6 +199,12 @@ class ExecutionStore(Protocol):
     def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
         """Fenced: ``WAITING_OPERATOR`` (an operator decides; nothing runs until then)."""
 
+    def cancel_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
+        """Fenced: ``CANCELLED`` (a cancel request's delivery settled every intent) —
+        unless the execution has a PENDING intent (created by it or owned by its lease):
+        a payment may be in flight, so the execution is left as it was, to be reconciled
+        first. A terminal execution is returned unchanged."""
+
     def pause_in(
         self, tx: FencedTransaction, name: str, payload: str | None
     ) -> tuple[bool, str | None]:

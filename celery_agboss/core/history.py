@@ -46,6 +46,7 @@ class HistoryEvent(str, enum.Enum):
     RESOLVED_BY_OPERATOR = "resolved-by-operator"  # a person decided
     RESULT_NOT_STORED = "result-not-stored"  # COMPLETED with a not-stored marker (R24)
     FINGERPRINT_CONFLICT = "fingerprint-conflict"  # its own pending intent, another request
+    LOOKUP_FAILED = "lookup-failed"  # reconcile raised or timed out: PENDING, handed back
 
 
 @dataclass(frozen=True)

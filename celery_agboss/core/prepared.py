@@ -50,6 +50,11 @@ class Holder(Protocol):
     def send_overran(self, run: BoundedRun) -> None:
         """The send passed ``attempt_timeout``: stop trusting and renewing the lease."""
 
+    def send_interrupted(self, run: BoundedRun) -> None:
+        """The wait for a running send was interrupted (a signal, a soft time limit): write
+        and send nothing more, keep the lease renewed until the send ends or passes its
+        bound, then let it expire; never release it."""
+
 
 @dataclass(frozen=True)
 class PreparedCall:

@@ -49,11 +49,22 @@ SEND_NOT_BOUNDED = register("send-not-bounded")
 COMMIT_INSIDE_FENCED_EFFECT_ALLOWED = register("commit-inside-fenced-effect-allowed")
 """P2: a fenced effect's function may commit its own writes before the effect's record."""
 
+CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY = register("caught-signal-does-not-stop-delivery")
+"""A body that catches an unknown outcome and calls again gets a new step key: a second
+charge. With the protection, every later verb of that delivery raises the signal again."""
+
+INTERRUPTED_SEND_STOPS_RENEWING = register("interrupted-send-stops-renewing")
+"""R18/R23: a wait interrupted while its send is on the wire (KeyboardInterrupt, a soft
+time limit) stops renewing the lease at once, so it can expire and be taken over, and
+the payment looked up (and sent again) while the first send may still reach the gateway."""
+
 
 __all__ = [
+    "CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY",
     "COMMIT_INSIDE_FENCED_EFFECT_ALLOWED",
     "FINGERPRINT_NOT_CHECKED",
     "INTENT_CAS_WITHOUT_PREDICATE",
+    "INTERRUPTED_SEND_STOPS_RENEWING",
     "JOIN_ON_ANY_FINGERPRINT",
     "NO_KEY_AGE_CHECK",
     "PENDING_RESENT_WITHOUT_RECONCILE",
@@ -65,7 +76,3 @@ __all__ = [
     "SUPERSEDED_SILENTLY_REPORTED",
     "UNKNOWN_ERRORS_ARE_DEFINITE",
 ]
-
-CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY = register("caught-signal-does-not-stop-delivery")
-"""A body that catches an unknown outcome and calls again gets a new step key: a second
-charge. With the protection, every later verb of that delivery raises the signal again."""

@@ -4,7 +4,9 @@ The send runs in a worker thread bounded by ``attempt_timeout``; the lease is ch
 on the holder's clocks immediately before it, nothing awaited in between. A result
 is settled by ``(PENDING, attempt, me) → COMPLETED``; a definite failure by
 ``→ FAILED`` and re-raised; anything else (an error of unknown outcome, a timeout, a
-lost lease) leaves the intent PENDING, recorded as such, for reconcile (R25).
+lost lease) leaves the intent PENDING, recorded as such, for reconcile (R25). A wait
+interrupted while the send runs (a signal, a soft time limit) settles nothing: the
+holder's ``send_interrupted`` keeps the lease alive under the send (R18, R23).
 """
 
 from __future__ import annotations
@@ -71,18 +73,27 @@ def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any,
                 )
                 raise
         context = CallContext(p.idempotency_key, p.request, attempt, p.call.name)
-        run = run_bounded(
-            f"send:{p.call.name}",
-            p.call.send,
-            context,
-            timeout_s,
-            on_late=_late_answer_logger(p, attempt),
-            before_start=holder.send_started,
-        )
+        started: list[BoundedRun] = []
+
+        def before_start(run: BoundedRun) -> None:
+            holder.send_started(run)  # refuses (nothing sent) once released or interrupted
+            started.append(run)
+
         try:
+            run = run_bounded(
+                f"send:{p.call.name}",
+                p.call.send,
+                context,
+                timeout_s,
+                on_late=_late_answer_logger(p, attempt),
+                before_start=before_start,
+            )
             state = run.wait()
         except BaseException:
-            holder.send_overran(run)  # interrupted while the send runs: never release under it
+            # A signal, a soft time limit, a shutdown while the send may be on the wire:
+            # the send goes on in its thread, so the lease must outlive it (R18, R23).
+            if started:
+                holder.send_interrupted(started[0])
             raise
         fault(faults.OUTBOUND_AFTER_SEND, me, p.ref, attempt=attempt, outcome=state.value)
         if state is RunState.RETURNED:

@@ -4,7 +4,11 @@ under the sweeper's own short lease, and ask the gateway — never send.
 ``Completed`` is stored; ``NotSent`` is recorded as ``not_sent_confirmed`` and the
 intent handed back (no owner) for the execution's next delivery, which decides a
 resend through the key-age compare-and-set; ``Unknown`` flags the intent for an
-operator. Lookups of the same intent back off.
+operator; a lookup that raised or timed out hands the intent back, with its history
+row, to be looked up again later. Lookups of the same intent back off.
+
+The sweep calls it, and so does a delivery of a cancelled execution (under its own
+lease): ``by`` names the caller in the history rows and the log lines.
 """
 
 from __future__ import annotations
@@ -65,9 +69,12 @@ def reconcile_stranded(
     *,
     sweeper_lease: LeaseRef | _HasRef,
     sweeper_ttl_ms: int | None = None,
+    by: str = "sweep",
 ) -> StrandedOutcome:
     """Take a PENDING intent with no live owner under the sweeper's own lease and reconcile
-    it. Never sends: the execution's next delivery does, through the key-age CAS."""
+    it. Never sends: the execution's next delivery does, through the key-age CAS.
+
+    ``by`` says who asked ("sweep", "cancel"…) in the history detail and the logs."""
     lease = sweeper_lease if isinstance(sweeper_lease, LeaseRef) else sweeper_lease.ref
     ttl = settings.lease_ttl_ms if sweeper_ttl_ms is None else sweeper_ttl_ms
     with store.fenced(lease, ttl) as tx:
@@ -103,7 +110,7 @@ def reconcile_stranded(
             to_status=IntentStatus.PENDING,
             attempt=record.attempt,
             owner=lease,
-            detail={"by": "sweep", **previous_owner(record.owner)},
+            detail={"by": by, **previous_owner(record.owner)},
         )
     attempt = record.attempt
     context = CallContext(idempotency_key, record.request, attempt, call.name)
@@ -115,7 +122,7 @@ def reconcile_stranded(
     except LookupFailed as failed:
         answer, failure = None, failed.detail
     fault(faults.RECONCILE_AFTER_LOOKUP, lease, ref, attempt=attempt, answer=type(answer).__name__)
-    return _settle_stranded(store, settings, lease, ttl, record, call, ref, answer, failure)
+    return _settle_stranded(store, settings, lease, ttl, record, call, ref, answer, failure, by)
 
 
 def _settle_stranded(
@@ -128,13 +135,14 @@ def _settle_stranded(
     ref: CallRef,
     answer: Completed[Any] | NotSent | Unknown | None,
     failure: dict[str, Any] | None,
+    by: str,
 ) -> StrandedOutcome:
     key = record.idempotency_key
     attempt = record.attempt
     guard = IntentGuard(IntentStatus.PENDING, attempt, lease)
     failures = record.lookup_failures + 1
     with store.fenced(lease, ttl) as tx:
-        history: tuple[HistoryEvent, IntentStatus, dict[str, Any]] | None
+        history: tuple[HistoryEvent, IntentStatus, dict[str, Any]]
         if isinstance(answer, Completed):
             stored_ok, update, gateway_id = completed_update(call, answer.result)
             outcome = StrandedOutcome.COMPLETED
@@ -144,7 +152,7 @@ def _settle_stranded(
             history = (
                 event,
                 IntentStatus.COMPLETED,
-                {"gateway_transaction_id": gateway_id, "by": "sweep"},
+                {"gateway_transaction_id": gateway_id, "by": by},
             )
         elif isinstance(answer, NotSent):
             update = IntentUpdate(
@@ -154,7 +162,7 @@ def _settle_stranded(
             history = (
                 HistoryEvent.RECONCILED_NOT_SENT,
                 IntentStatus.PENDING,
-                {"by": "sweep", "resend": False},
+                {"by": by, "resend": False},
             )
         elif isinstance(answer, Unknown):
             update = IntentUpdate(
@@ -168,16 +176,21 @@ def _settle_stranded(
             history = (
                 HistoryEvent.UNRECONCILED,
                 IntentStatus.PENDING,
-                {"by": "sweep", "reason": answer.reason[:500]},
+                {"by": by, "reason": answer.reason[:500]},
             )
         else:
             update = IntentUpdate(
                 owner=None, lookup_failures=failures, next_lookup_delay_ms=_backoff_ms(failures)
             )
             outcome = StrandedOutcome.LOOKUP_FAILED
-            history = None
+            history = (
+                HistoryEvent.LOOKUP_FAILED,
+                IntentStatus.PENDING,
+                # the error's text is masked by the call's policy (error_detail)
+                {"by": by, "lookup_failures": failures, **(failure or {})},
+            )
         won = cas(tx, key, guard, update)
-        if won and history is not None:
+        if won:
             event, to_status, detail = history
             append_history(
                 tx,
@@ -195,15 +208,15 @@ def _settle_stranded(
     names = {
         StrandedOutcome.COMPLETED: (
             "outbound-call.reconciled",
-            "found at the gateway by the sweep",
+            f"found at the gateway by a lookup ({by})",
         ),
         StrandedOutcome.NOT_SENT_CONFIRMED: (
             "outbound-call.not-sent-confirmed",
-            "the sweep confirmed it was not sent; the execution's holder decides a resend",
+            f"a lookup ({by}) confirmed it was not sent; the execution's holder resends",
         ),
         StrandedOutcome.UNRECONCILED: (
             "outbound-call.unreconciled",
-            "the sweep could not tell; an operator decides",
+            f"a lookup ({by}) could not tell; an operator decides",
         ),
         StrandedOutcome.LOOKUP_FAILED: (
             "outbound-call.lookup-failed",
@@ -218,7 +231,7 @@ def _settle_stranded(
         message,
         ref,
         attempt=attempt,
-        by="sweep",
+        by=by,
         **({} if failure is None else {"error_type": failure.get("error_type")}),
     )
     return outcome

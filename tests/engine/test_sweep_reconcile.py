@@ -4,10 +4,13 @@ as ``not_sent_confirmed`` and flags Unknown — and never sends."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from celery_agboss.core.history import HistoryEvent, verify_history
 from celery_agboss.core.lease import acquire
-from celery_agboss.core.outbound import Outcome
+from celery_agboss.core.outbound import CallContext, Lookup, Outcome
 from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
@@ -15,7 +18,7 @@ from celery_agboss.testing.faults import OUTBOUND_AFTER_SEND, OUTBOUND_BEFORE_SE
 from tests.engine.helpers import Crash, Shop, step_intent_key
 
 
-def _stranded(shop: Shop, point: str, reconcile: str = "lookup") -> str:
+def _stranded(shop: Shop, point: str, reconcile: Any = "lookup") -> str:
     charge = shop.charge_call(reconcile=reconcile)
     dead = shop.start("task-1")
     arm_raise(point, Crash, only={"holder": dead.lease_ref.holder})
@@ -25,11 +28,15 @@ def _stranded(shop: Shop, point: str, reconcile: str = "lookup") -> str:
     return step_intent_key(shop.settings, "task-1", "fake.charge")
 
 
-def _sweep(shop: Shop, key: str, settings: EngineSettings | None = None) -> StrandedOutcome:
+def _sweep(
+    shop: Shop, key: str, settings: EngineSettings | None = None, by: str = "sweep"
+) -> StrandedOutcome:
     sweeper = acquire(shop.store, "agboss-sweep-test", ttl_ms=10_000)
     assert sweeper is not None
     try:
-        return reconcile_stranded(shop.store, settings or shop.settings, key, sweeper_lease=sweeper)
+        return reconcile_stranded(
+            shop.store, settings or shop.settings, key, sweeper_lease=sweeper, by=by
+        )
     finally:
         shop.store.release_lease(sweeper.ref)
 
@@ -85,3 +92,36 @@ def test_the_sweep_skips_an_intent_of_a_call_it_does_not_know(shop: Shop) -> Non
     assert _sweep(shop, key, other) is StrandedOutcome.UNKNOWN_CALL
     record = shop.store.read_intent(key)
     assert record is not None and record.status is IntentStatus.PENDING
+
+
+def _lookup_breaks(call: CallContext, lookup: Lookup) -> Any:
+    raise ConnectionError("the gateway's lookup endpoint is down")
+
+
+def test_a_failed_lookup_hands_the_intent_back_with_a_history_row(shop: Shop) -> None:
+    key = _stranded(shop, OUTBOUND_AFTER_SEND, reconcile=_lookup_breaks)
+    assert _sweep(shop, key) is StrandedOutcome.LOOKUP_FAILED
+    record = shop.store.read_intent(key)
+    assert record is not None and record.status is IntentStatus.PENDING
+    assert record.owner is None and record.lookup_failures == 1
+    rows = shop.store.read_history(key)
+    last = rows[-1]
+    assert last.event == HistoryEvent.LOOKUP_FAILED.value
+    assert (last.from_status, last.to_status) == ("PENDING", "PENDING")
+    assert last.detail["by"] == "sweep" and last.detail["reason"] == "reconcile-raised"
+    assert last.detail["lookup_failures"] == 1
+    verdict = verify_history(
+        shop.settings.pseudonym_key, rows, expected_last_status=IntentStatus.PENDING
+    )
+    assert verdict.ok, verdict.reason
+    assert len(shop.gateway.requests) == 1
+
+
+def test_a_reconcile_names_who_asked_in_its_history(shop: Shop) -> None:
+    key = _stranded(shop, OUTBOUND_AFTER_SEND)
+    assert _sweep(shop, key, by="cancel") is StrandedOutcome.COMPLETED
+    rows = shop.store.read_history(key)
+    taken, found = rows[-2], rows[-1]
+    assert taken.event == HistoryEvent.TAKEN_FOR_RECONCILE.value
+    assert found.event == HistoryEvent.RECONCILED_COMPLETED.value
+    assert taken.detail["by"] == found.detail["by"] == "cancel"
