@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
@@ -77,6 +76,7 @@ from celery_agboss.events import (
 )
 from celery_agboss.messages import message_from_request
 from celery_agboss.outcomes import decode_error, decode_result, encode_error, encode_result
+from celery_agboss.waits import LongWaitRequested, message_after_wait, seconds_until
 
 REPLAY_SENDS_LINKS = sabotage.register("replay-sends-links")
 """Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
@@ -199,6 +199,8 @@ class Delivery:
             result = self.task.run(*args, **kwargs)
         except Retry as exc:
             self._user_retry(exc)
+        except LongWaitRequested as exc:
+            self._long_wait(exc)
         except Reject:
             self._verdict("wait", delay_ms=0, reason="rejected")
             self._release()
@@ -264,11 +266,22 @@ class Delivery:
         ``not_before`` leaves the retry message a lease's time to start before the sweep
         counts it lost; a wake re-publishes that message (it was consumed) at its ETA.
         """
-        delay = _seconds_until(exc.when)
+        delay = seconds_until(exc.when)
         self._verdict("wait", delay_ms=self._sweep_after_ms(delay), reason="retry")
         self._log(EXECUTION_WAITING, reason="retry", delay=delay)
         self._release()
         raise exc
+
+    def _long_wait(self, wait: LongWaitRequested) -> NoReturn:
+        """A ``retry()`` the broker must not hold: ``WAITING`` until ``not_before``, with
+        the message the sweep publishes then; nothing waits in the broker."""
+        message = message_after_wait(self.task.name, self.request, wait)
+        delay_ms = round(wait.delay_seconds * 1000)
+        self._verdict("wait", delay_ms=delay_ms, reason="retry", message=message)
+        self._log(EXECUTION_WAITING, reason="retry", delay=wait.delay_seconds)
+        self._release()
+        self._event(TASK_WAITING, reason="retry", delay=wait.delay_seconds)
+        raise Ignore() from None
 
     def _later(self, exc: AGBossSignal) -> NoReturn:
         """Not known yet: retry soon through the broker, or (a longer wait) through the store."""
@@ -407,7 +420,9 @@ class Delivery:
                 if kind == "fail":
                     return executions.fail_in(tx, values["error"], values["reason"])
                 if kind == "wait":
-                    return executions.wait_in(tx, values["delay_ms"], values["reason"])
+                    return executions.wait_in(
+                        tx, values["delay_ms"], values["reason"], values.get("message")
+                    )
                 if kind == "cancel":
                     return executions.cancel_in(tx, values["reason"])
                 return executions.waiting_operator_in(tx, values["reason"])
@@ -471,25 +486,6 @@ class Delivery:
     def _event(self, type_: str, **fields: Any) -> None:
         send_agboss_event(self.task, type_, execution=self.execution_id, **fields)
 
-
-def _seconds_until(when: Any) -> float:
-    """``Retry.when``: a countdown in seconds or an ETA (datetime or ISO text)."""
-    if when is None:
-        return 0.0
-    if isinstance(when, str):
-        try:
-            when = datetime.fromisoformat(when)
-        except ValueError:
-            return 0.0
-    if isinstance(when, datetime):
-        eta: datetime = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
-        left: float = (eta - datetime.now(timezone.utc)).total_seconds()
-        return max(0.0, left)
-    try:
-        seconds = float(when)
-    except (TypeError, ValueError):
-        return 0.0
-    return max(0.0, seconds)
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.delivery import CONTEXT_ATTRIBUTE, Delivery, PauseRequested
 from celery_agboss.errors import ConfigurationError, StoreError
 from celery_agboss.messages import dumps, loads
+from celery_agboss.waits import LongWaitRequested, seconds_until
 
 logger = logging.getLogger("celery_agboss")
 
@@ -102,6 +103,36 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         its JSON result is stored and returned again on every later run."""
         return self._context().fenced_effect(
             name, fn, business_key=business_key, request=request
+        )
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``retry()``, except that a wait longer than half the shortest
+        visibility timeout is kept in the store, not in a broker message (trap 1): the
+        execution waits ``WAITING`` and the sweep publishes it again when it is due."""
+        ctx = getattr(self.request, CONTEXT_ATTRIBUTE, None)
+        if isinstance(ctx, ExecutionContext) and not getattr(self.request, "is_eager", False):
+            from celery_agboss.app import AGBoss
+
+            delay = seconds_until(eta if countdown is None and eta is not None else countdown)
+            if countdown is None and eta is None:
+                delay = float(self.default_retry_delay or 0)
+            limit = self.max_retries if max_retries is None else max_retries
+            exhausted = limit is not None and int(self.request.retries or 0) >= limit
+            if delay > AGBoss.of(self.app).settings.max_broker_countdown_seconds and not exhausted:
+                raise LongWaitRequested(delay, args, kwargs)
+        return super().retry(
+            args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown,
+            max_retries=max_retries, **options,
         )
 
     @property

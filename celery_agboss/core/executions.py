@@ -193,8 +193,15 @@ class ExecutionStore(Protocol):
         """Fenced: ``FAILED`` with the stored failure — unless the execution owns a PENDING
         intent, then ``WAITING_OPERATOR`` (never FAILED while a payment may be in flight)."""
 
-    def wait_in(self, tx: FencedTransaction, delay_ms: int, reason: str) -> ExecutionRecord:
-        """Fenced: ``WAITING`` with ``not_before = now + delay_ms``."""
+    def wait_in(
+        self,
+        tx: FencedTransaction,
+        delay_ms: int,
+        reason: str,
+        message: ExecutionMessage | None = None,
+    ) -> ExecutionRecord:
+        """Fenced: ``WAITING`` with ``not_before = now + delay_ms``; with ``message``, the
+        message a re-publish sends after the wait (a long ``retry()``: its retries + 1)."""
 
     def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
         """Fenced: ``WAITING_OPERATOR`` (an operator decides; nothing runs until then)."""

@@ -132,15 +132,24 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             self._terminal(t, execution_id, ExecutionState.FAILED, error=error, reason=reason)
         return self._require(t, execution_id)
 
-    def wait_in(self, tx: FencedTransaction, delay_ms: int, reason: str) -> ExecutionRecord:
-        """``WAITING`` with ``not_before = now + delay_ms``."""
+    def wait_in(
+        self,
+        tx: FencedTransaction,
+        delay_ms: int,
+        reason: str,
+        message: ExecutionMessage | None = None,
+    ) -> ExecutionRecord:
+        """``WAITING`` with ``not_before = now + delay_ms``; ``message`` replaces the stored
+        one (what the sweep re-publishes after the wait)."""
         t, execution_id = sql(tx), tx.lease.scope
+        replaced = {} if message is None else message_values(message)
         self._set_unless_terminal(
             t,
             execution_id,
             state=ExecutionState.WAITING.value,
             not_before_ms=t.now_expr() + max(0, delay_ms),
             reason=reason[:1000],
+            **replaced,
         )
         return self._require(t, execution_id)
 

@@ -56,6 +56,42 @@ def test_a_task_longer_than_the_visibility_timeout_runs_its_body_once(
     assert record.deliveries == 1
 
 
+def test_a_retry_whose_countdown_is_longer_than_the_visibility_timeout_runs_once(
+    shop_factory: ShopFactory,
+) -> None:
+    """Trap 1: a message waiting in Redis longer than the visibility timeout is handed out
+    again. The wait is kept in the store instead (WAITING, not_before) and the sweep
+    publishes the task when it is due: the body runs once, not before its countdown."""
+    shop = shop_factory(visibility_timeout=3)
+    shop.start_worker()
+    with shop.sweeping():
+        task_id = str(
+            shop.app.signature("it.waiting_charge", args=("o-4b", 8.0)).apply_async().id
+        )
+        waiting = shop.wait_state(task_id, "WAITING", timeout=20)
+        assert waiting.not_before_ms is not None and waiting.reason == "retry"
+        record = shop.wait_state(task_id, "COMPLETED", timeout=60)
+    shop.wait_logged(f"execution.waiting delay=8.0 execution={task_id} reason=retry")
+    shop.wait_backend(task_id, "SUCCESS")
+    starts = shop.gateway.notes_of("body-start", task_id)
+    after_wait = [n for n in starts if n.fields["retries"] == 1]
+    assert len(after_wait) == 1, f"the body after the wait ran once (starts: {starts})"
+    assert after_wait[0].at - starts[0].at >= 8.0 - 0.5, "not before its countdown"
+    assert len(shop.gateway.gateway.payments) == 1
+    payment = shop.gateway.gateway.payments[0]["id"]
+    assert shop.app.AsyncResult(task_id).result == {"payment": payment, "order": "o-4b"}
+    assert record.state.value == "COMPLETED"
+
+
+def test_without_agboss_a_retry_longer_than_the_visibility_timeout_pays_twice(
+    shop_factory: ShopFactory,
+) -> None:
+    shop = shop_factory(visibility_timeout=3)
+    shop.start_worker()
+    shop.app.signature("it.plain_waiting_charge", args=("o-4c", 8.0)).apply_async()
+    wait_for(lambda: len(shop.gateway.gateway.payments) >= 2, 40, "a second payment")
+
+
 def test_without_agboss_a_task_longer_than_the_visibility_timeout_pays_twice(
     shop_factory: ShopFactory,
 ) -> None:

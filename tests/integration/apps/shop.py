@@ -169,6 +169,15 @@ def make_app(config: dict[str, Any]) -> Celery:
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
 
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.waiting_charge")
+    def waiting_charge(self: Any, order_id: str, wait: float, amount: int = 1000):  # type: ignore[no-untyped-def]
+        note("body-start", self.request.id, retries=self.request.retries)
+        if self.request.retries == 0:
+            raise self.retry(countdown=wait)
+        receipt = charge(self, order_id, amount)
+        note("body-end", self.request.id)
+        return {"payment": receipt["id"], "order": order_id}
+
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.approved_charge")
     def approved_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
         note("body-start", self.request.id)
@@ -247,6 +256,12 @@ def make_app(config: dict[str, Any]) -> Celery:
         )
         note("body-end", task.request.id)
         return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(bind=True, shared=False, name="it.plain_waiting_charge", acks_late=True)
+    def plain_waiting_charge(self: Any, order_id: str, wait: float):  # type: ignore[no-untyped-def]
+        if self.request.retries == 0:
+            raise self.retry(countdown=wait)
+        return plain_charge_body(self, order_id, 1000, None, 0.0)
 
     @app.task(
         bind=True,
