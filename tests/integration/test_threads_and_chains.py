@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from celery_agboss import answer_pause
 from celery_agboss.delivery import REPLAY_SENDS_LINKS
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
@@ -101,3 +102,23 @@ def test_a_replay_that_resends_its_links_ships_twice(shop_factory: ShopFactory) 
     shop.start_worker(sabotage=(REPLAY_SENDS_LINKS,))
     charge_then_ship_with_duplicates(shop)
     wait_for(lambda: len(shop.gateway.notes_of("ship")) == 2, 20, "a second ship")
+
+
+def test_a_chained_ship_waits_for_a_paused_charge_and_runs_once_after_it(
+    shop_factory: ShopFactory,
+) -> None:
+    shop = shop_factory()
+    shop.start_worker()
+    charge = shop.app.signature("it.approved_charge", args=("o-13",))
+    final = (charge | shop.app.signature("it.plain_ship")).apply_async()
+    charge_id = str(final.parent.id)
+    shop.wait_state(charge_id, "PAUSED")
+    shop.assert_stays(lambda: not shop.gateway.notes_of("ship"), 1.0)  # no link on a pause
+    answer_pause(shop.app, f"{charge_id}:approve", {"approved": True, "by": "ops"})
+    completed = shop.wait_state(charge_id, "COMPLETED", timeout=30)
+    shop.wait_backend(str(final.id), "SUCCESS")
+    shop.assert_stays(lambda: len(shop.gateway.notes_of("ship")) == 1, 1.0)
+    assert shop.gateway.notes_of("ship")[0].task_id == str(final.id)
+    assert completed.terminal_at_ms is not None
+    assert shop.gateway.notes_of("ship")[0].at * 1000 >= completed.terminal_at_ms - 1000
+    assert len(shop.gateway.gateway.payments) == 1
