@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.inflight import BoundedRun
 from celery_agboss.core.keys import (
     business_key,
@@ -21,6 +22,7 @@ from celery_agboss.core.keys import (
     validate_business_key,
 )
 from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.protections import REQUEST_STORED_UNMASKED
 from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import JSON, FencedTransaction, LeaseRef
 from celery_agboss.core.transitions import CallRef, policy_of
@@ -91,6 +93,8 @@ def prepare_call(
         raw = step_key(settings.tenant, execution_id, call.name, occurrence)
     key = fit_key(raw, call.max_key_length)
     stored = policy_of(call).mask_request(request)
+    if sabotage.active(REQUEST_STORED_UNMASKED):
+        stored = request
     return PreparedCall(
         call=call,
         idempotency_key=key,

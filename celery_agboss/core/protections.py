@@ -59,6 +59,9 @@ time limit) stops renewing the lease at once, so it can expire and be taken over
 the payment looked up (and sent again) while the first send may still reach the gateway."""
 
 
+REQUEST_STORED_UNMASKED = register("request-stored-unmasked")
+"""R17: the intent stores the request as given, ignoring the call's masking policy."""
+
 __all__ = [
     "CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY",
     "COMMIT_INSIDE_FENCED_EFFECT_ALLOWED",
@@ -71,6 +74,7 @@ __all__ = [
     "RECLAIM_BUMPS_TOKEN",
     "RELEASE_WITH_UNSETTLED_ATTEMPT",
     "REPLAY_NOT_STORED_MARKER",
+    "REQUEST_STORED_UNMASKED",
     "SEND_NOT_BOUNDED",
     "SEND_WITHOUT_LEASE_CHECK",
     "SUPERSEDED_SILENTLY_REPORTED",

@@ -10,6 +10,7 @@ import pytest
 from celery_agboss.core.lease import acquire
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, OutboundCall
+from celery_agboss.core.protections import REQUEST_STORED_UNMASKED
 from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.stranded import reconcile_stranded
 from celery_agboss.errors import (
@@ -18,6 +19,7 @@ from celery_agboss.errors import (
     InvalidBusinessKeyError,
     MaskingPolicyError,
 )
+from celery_agboss.testing import sabotage
 from celery_agboss.testing.faults import OUTBOUND_BEFORE_SEND, arm_raise
 from tests.engine.helpers import (
     PSEUDONYM_KEY,
@@ -141,3 +143,12 @@ def test_outbound_call_names_must_be_dotted() -> None:
         OutboundCall(
             name="charge", send=lambda c: None, reconcile=reconcile_by_replay, key_retention=60
         )
+
+
+def test_r17_twin_without_masking_the_card_number_is_stored_in_clear(shop: Shop) -> None:
+    charge = shop.charge_call(mask=MaskingPolicy(mask=["card.number"]))
+    with sabotage(REQUEST_STORED_UNMASKED), shop.start("task-1") as ctx:
+        ctx.outbound(charge, {"amount": 10, "card": {"number": "4242424242424242"}})
+    record = shop.store.read_intent("default:t:task-1:fake.charge")
+    assert record is not None
+    assert record.request == {"amount": 10, "card": {"number": "4242424242424242"}}
