@@ -48,7 +48,6 @@ OPERATOR_RESOLVED = "operator.resolved"
 OPERATOR_CANCELLED = "operator.cancelled"
 OPERATOR_UNPARKED = "operator.unparked"
 OPERATOR_REDRIVEN = "operator.redriven"
-EXECUTION_REVOKED = "execution.revoked"
 
 _NO_RESULT = object()
 
@@ -445,83 +444,17 @@ def list_pauses(app: Any, *, limit: int = 100) -> list[tuple[str, str, str]]:
     return _agboss(app).executions.list_pauses(limit)
 
 
-# --- revokes ----------------------------------------------------------------------------
-
-
-def record_revoke(agboss: AGBoss, task_ids: Sequence[str], *, terminated: bool) -> int:
-    """Record a revoke as a cancel request of each known execution: a ``REQUESTED`` or
-    waiting one is ``CANCELLED`` at once (so a lost message re-published later never
-    runs); a running one is cancelled by the sweep once nothing is pending. Never raises."""
-    recorded = 0
-    why = "revoked with terminate" if terminated else "revoked"
-    for task_id in task_ids:
-        try:
-            record = agboss.executions.request_cancel(str(task_id), why)
-        except Exception:
-            logger.warning("could not record the revoke of %s", task_id, exc_info=True)
-            continue
-        if record is not None:
-            recorded += 1
-            log_event(EXECUTION_REVOKED, execution=record.id, state=record.state.value,
-                      terminated=terminated)
-    return recorded
-
-
-def install_revoke_recorder(agboss: AGBoss) -> None:
-    """Make ``app.control.revoke`` (and so ``AsyncResult.revoke``) record the revoke in the
-    store before broadcasting it: workers that are not running (or not born yet) never
-    hear a broadcast, but every worker reads the store."""
-    app = agboss.app
-    if "control" in vars(app):  # already made: wrap this instance's method
-        control = app.control
-        if getattr(control.revoke, "_agboss_records_revokes", False):
-            return
-        original = control.revoke
-
-        def revoke(task_id: Any, destination: Any = None, terminate: bool = False,
-                   *args: Any, **kwargs: Any) -> Any:
-            record_revoke(agboss, _ids(task_id), terminated=bool(terminate))
-            return original(task_id, destination, terminate, *args, **kwargs)
-
-        revoke._agboss_records_revokes = True  # type: ignore[attr-defined]
-        control.revoke = revoke
-        return
-    from celery.utils.imports import symbol_by_name
-
-    base = symbol_by_name(app.control_cls)
-    if getattr(base, "_agboss_records_revokes", False):
-        return
-
-    class RecordingControl(base):  # type: ignore[misc, valid-type]
-        """Celery's control, recording revokes in the celery_agboss store first."""
-
-        _agboss_records_revokes = True
-
-        def revoke(self, task_id: Any, destination: Any = None, terminate: bool = False,
-                   *args: Any, **kwargs: Any) -> Any:
-            record_revoke(agboss, _ids(task_id), terminated=bool(terminate))
-            return super().revoke(task_id, destination, terminate, *args, **kwargs)
-
-    app.control_cls = RecordingControl
-
-
-def _ids(task_id: Any) -> list[str]:
-    if isinstance(task_id, (list, tuple, set, frozenset)):
-        return [str(item) for item in task_id]
-    return [str(task_id)]
-
-
 __all__ = [
     "Description",
     "ResolveResult",
     "UnparkResult",
+    "answer_pause",
     "cancel",
     "default_actor",
     "describe",
-    "install_revoke_recorder",
     "list_executions",
+    "list_pauses",
     "list_pending",
-    "record_revoke",
     "redrive_now",
     "resolve",
     "unpark",

@@ -212,7 +212,7 @@ def install(agboss: AGBoss) -> None:
     ``last_sweep_at``, and the recording of revokes made from this process."""
     from celery import signals
 
-    from celery_agboss.operator import install_revoke_recorder
+    from celery_agboss.revokes import install_revoke_recorder
 
     app = agboss.app
 

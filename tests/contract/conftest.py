@@ -23,11 +23,9 @@ from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.stores import sqlite_store_url
 from tests.support import services
+from tests.support.stores import STORE_BACKENDS, fresh_store_url
 
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite", marks=pytest.mark.sqlite),
-    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-]
+BACKENDS = STORE_BACKENDS
 
 StoreFactory = Callable[..., SQLAlchemyStore]
 
@@ -35,17 +33,7 @@ StoreFactory = Callable[..., SQLAlchemyStore]
 @pytest.fixture(params=BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty store database for this test (dropped after it on PostgreSQL)."""
-    backend: str = request.param
-    if backend not in services.selected_backends():
-        pytest.skip(f"{backend} not in {services.BACKENDS_ENV_VAR}")
-    if backend == "sqlite":
-        url = sqlite_store_url(tmp_path)
-        migrate(url)
-        return url
-    templates = request.getfixturevalue("postgres_templates")
-    clone = request.getfixturevalue("clone_postgres")
-    url: str = clone(templates("store", migrate))
-    return url
+    return fresh_store_url(request, tmp_path, "store")
 
 
 @pytest.fixture

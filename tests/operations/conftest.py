@@ -23,27 +23,15 @@ from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.stores import sqlite_store_url
 from tests.operations.world import World, make_world
 from tests.support import services
+from tests.support.stores import STORE_BACKENDS, fresh_store_url
 
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite", marks=pytest.mark.sqlite),
-    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-]
+BACKENDS = STORE_BACKENDS
 
 
 @pytest.fixture(params=BACKENDS)
 def ops_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty store of its own, on each backend."""
-    backend: str = request.param
-    if backend not in services.selected_backends():
-        pytest.skip(f"{backend} not in {services.BACKENDS_ENV_VAR}")
-    if backend == "sqlite":
-        url = sqlite_store_url(tmp_path)
-        migrate(url)
-        return url
-    templates = request.getfixturevalue("postgres_templates")
-    clone = request.getfixturevalue("clone_postgres")
-    url: str = clone(templates("operations-migrated", migrate))
-    return url
+    return fresh_store_url(request, tmp_path, "operations-migrated")
 
 
 @pytest.fixture
