@@ -59,10 +59,33 @@ time limit) stops renewing the lease at once, so it can expire and be taken over
 the payment looked up (and sent again) while the first send may still reach the gateway."""
 
 
+CANCEL_NOT_CHECKED_MID_BODY = register("cancel-not-checked-mid-body")
+"""DESIGN §2.2: a cancel requested while the body runs (a revoke without terminate) is
+not looked at by its next outbound() or fenced_effect(): the charge still goes out."""
+
+RECORD_USE_NOT_NOTED = register("record-use-not-noted")
+"""DESIGN §6.3: an execution that replays (or joins, or takes over) another execution's
+intent or fenced effect is not noted as its user, so retention follows the creator only
+and deletes a record a waiting execution still relies on."""
+
+SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED = register("sqlite-long-transaction-not-interrupted")
+"""DESIGN §5: on SQLite a fenced transaction may hold the single write lock as long as its
+code runs, so every other execution's lease renewal waits behind it and their leases lapse."""
+
+STORE_FAILURE_CATCHABLE = register("store-failure-catchable")
+"""DESIGN §2.2: a store failure inside outbound() or fenced_effect() reaches the body as an
+ordinary exception, so a body's ``except Exception`` fallback (another card) runs while
+the first payment may exist."""
+
+STORED_ERROR_UNMASKED = register("stored-error-unmasked")
+"""R17: the execution's stored failure keeps the exception's text and arguments as they
+are, a decline quoting the card number included."""
+
 REQUEST_STORED_UNMASKED = register("request-stored-unmasked")
 """R17: the intent stores the request as given, ignoring the call's masking policy."""
 
 __all__ = [
+    "CANCEL_NOT_CHECKED_MID_BODY",
     "CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY",
     "COMMIT_INSIDE_FENCED_EFFECT_ALLOWED",
     "FINGERPRINT_NOT_CHECKED",
@@ -72,11 +95,15 @@ __all__ = [
     "NO_KEY_AGE_CHECK",
     "PENDING_RESENT_WITHOUT_RECONCILE",
     "RECLAIM_BUMPS_TOKEN",
+    "RECORD_USE_NOT_NOTED",
     "RELEASE_WITH_UNSETTLED_ATTEMPT",
     "REPLAY_NOT_STORED_MARKER",
     "REQUEST_STORED_UNMASKED",
     "SEND_NOT_BOUNDED",
     "SEND_WITHOUT_LEASE_CHECK",
+    "SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED",
+    "STORED_ERROR_UNMASKED",
+    "STORE_FAILURE_CATCHABLE",
     "SUPERSEDED_SILENTLY_REPORTED",
     "UNKNOWN_ERRORS_ARE_DEFINITE",
 ]

@@ -2,7 +2,8 @@
 
 Above the store, code reasons about three cases: the store could not be reached
 or the connection broke (the write may or may not have committed: re-read),
-a row stayed locked past the lock timeout, and anything else.
+a row stayed locked past the lock timeout (or, on SQLite, a fenced transaction held
+the write lock past its bound and was rolled back), and anything else.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import psycopg
 from sqlalchemy import exc as sa_exc
 
 from celery_agboss.errors import StoreError, StoreLockTimeoutError, StoreUnavailableError
+from celery_agboss.store.sqlite_watch import (
+    FencedTransactionEndedError,
+    FencedTransactionInterruptedError,
+)
 
 # SQLSTATE classes and codes (PostgreSQL appendix A).
 _CONNECTION_CLASSES = ("08",)
@@ -59,6 +64,11 @@ def _from_psycopg(error: psycopg.Error) -> StoreError:
 
 
 def _from_sqlite(error: sqlite3.Error) -> StoreError:
+    # The watchdog's own errors carry the whole story (and the advice) in their message.
+    if isinstance(error, FencedTransactionInterruptedError):
+        return StoreLockTimeoutError(str(error))
+    if isinstance(error, FencedTransactionEndedError):
+        return StoreError(str(error))
     text = str(error).lower()
     if "database is locked" in text or "database table is locked" in text or "busy" in text:
         return StoreLockTimeoutError(f"lock timeout: {_short(error)}")

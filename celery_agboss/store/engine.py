@@ -1,9 +1,10 @@
 """Engines for the two supported databases, configured the way the store relies on.
 
 SQLite: an absolute path only (a relative one would silently give each worker
-its own database), WAL, a generous busy timeout, foreign keys, and pysqlite's own
+its own database), WAL, a generous busy timeout, foreign keys, pysqlite's own
 transaction handling switched off so that our ``BEGIN IMMEDIATE`` is what really
-runs (DESIGN §2.3 trap 12). PostgreSQL: psycopg 3, ``pool_pre_ping``.
+runs (DESIGN §2.3 trap 12), and connections a watchdog can interrupt safely
+(``sqlite_watch``). PostgreSQL: psycopg 3, ``pool_pre_ping``.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from celery_agboss.errors import ConfigurationError
+from celery_agboss.store.sqlite_watch import WatchedConnection
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-"""How long a SQLite writer waits for the single write lock. It must outlast a slow
-fenced transaction (say 10 s) with room to spare, or the renewer would lose leases
-(TTL 30 s) merely by waiting its turn."""
+"""How long a SQLite writer waits for the single write lock. A fenced transaction holds
+it at most a quarter of its lease TTL (``sqlite_watch`` rolls back one that holds it
+longer), so a renewal queued behind one or two of them still lands in time; the
+generous value is for migrations and other unfenced writers."""
 
 POSTGRES_CONNECT_TIMEOUT_SECONDS = 10
 """Unless the URL sets ``connect_timeout``: how long opening a connection may take."""
@@ -103,6 +106,13 @@ def _sqlite_engine(url: URL, busy_timeout_ms: int, kwargs: dict[str, Any]) -> En
     connect_args = dict(kwargs.pop("connect_args", {}))
     connect_args.setdefault("timeout", busy_timeout_ms / 1000)
     connect_args.setdefault("check_same_thread", False)
+    # Every connection can be watched: a long fenced transaction is rolled back (§5).
+    factory = connect_args.setdefault("factory", WatchedConnection)
+    if not (isinstance(factory, type) and issubclass(factory, WatchedConnection)):
+        raise ConfigurationError(
+            "a SQLite connection factory for the store must subclass "
+            "celery_agboss.store.sqlite_watch.WatchedConnection"
+        )
     engine = create_engine(url, connect_args=connect_args, **kwargs)
 
     @event.listens_for(engine, "connect")

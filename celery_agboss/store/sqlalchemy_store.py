@@ -27,7 +27,10 @@ from celery_agboss.core.faults import (
     LEASE_BEFORE_COMMIT,
     fault_point,
 )
-from celery_agboss.core.protections import COMMIT_INSIDE_FENCED_EFFECT_ALLOWED
+from celery_agboss.core.protections import (
+    COMMIT_INSIDE_FENCED_EFFECT_ALLOWED,
+    SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED,
+)
 from celery_agboss.core.store import (
     EffectRecord,
     HistoryRow,
@@ -41,6 +44,7 @@ from celery_agboss.core.store import (
 from celery_agboss.errors import (
     CommitInsideFencedEffectError,
     ExecutionFencedError,
+    StoreError,
     StoreLockTimeoutError,
     StoreUnavailableError,
 )
@@ -49,6 +53,7 @@ from celery_agboss.store import leases as lease_sql
 from celery_agboss.store.dialect import is_postgresql
 from celery_agboss.store.driver_errors import DRIVER_ERRORS, translate, translated
 from celery_agboss.store.engine import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
+from celery_agboss.store.sqlite_watch import FencedTransactionWatchdog, FencedWatch
 from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
 
 T = TypeVar("T")
@@ -58,6 +63,16 @@ def lock_timeout_ms(ttl_ms: int) -> int:
     """A fenced transaction's lock timeout: well below ttl/3, so one slow effect cannot
     hold up another execution's fence long enough to lose it its lease."""
     return max(50, ttl_ms // 4)
+
+
+def sqlite_write_lock_bound_ms(ttl_ms: int) -> int:
+    """How long a SQLite fenced transaction may hold the single write lock before the
+    watchdog rolls it back: the PostgreSQL lock timeout, ttl/4, rather than ttl/3. A
+    renewal sent ttl/3 after a lease's last extension and queued behind one such
+    transaction lands by 7/12 ttl; behind two in a row still by 10/12 ttl, before the
+    holder's own deadline (ttl minus its 1 s margin) for any TTL above 6 s. With ttl/3
+    the second would already cost the lease."""
+    return lock_timeout_ms(ttl_ms)
 
 
 class SQLAlchemyStore:
@@ -84,6 +99,8 @@ class SQLAlchemyStore:
             self.engine = create_store_engine(url_or_engine, **dict(engine_options or {}))
             self._owns_engine = True
         self.clock_offset_source = clock_offset_source
+        self._watchdog = FencedTransactionWatchdog()
+        """Rolls back SQLite fenced transactions that hold the write lock too long (§5)."""
         _stores_to_dispose_after_fork.add(self)
         self.caller_clock_skew_ms = 0
         """Sabotage only (``EXPIRY_BY_CALLER_CLOCK``): the acquiring caller's clock skew."""
@@ -99,23 +116,38 @@ class SQLAlchemyStore:
         return 0 if source is None else int(source())
 
     @contextlib.contextmanager
-    def _begin(self, *, read_only: bool = False) -> Iterator[Connection]:
+    def _begin(
+        self, *, read_only: bool = False, watch_ttl_ms: int | None = None
+    ) -> Iterator[Connection]:
         """A connection in an open transaction: committed on success, rolled back on any
-        exception (which propagates unchanged if it is not a driver error)."""
+        exception (which propagates unchanged if it is not a driver error).
+
+        ``watch_ttl_ms`` (fenced transactions on SQLite): the watchdog rolls the
+        transaction back once it has held the write lock ``sqlite_write_lock_bound_ms``;
+        it then raises ``StoreLockTimeoutError`` and its connection is thrown away.
+        """
         with translated():
             conn = self.engine.connect()
         guard = _CommitGuard(conn)
+        watch: FencedWatch | None = None
         try:
             if read_only:
                 conn = conn.execution_options(**{BEGIN_MODE_OPTION: "deferred"})
             with translated():
                 trans = conn.begin()
+            if watch_ttl_ms is not None:
+                # Counted from here: waiting for the write lock is not holding it.
+                watch = self._watchdog.watch(
+                    conn, bound_ms=sqlite_write_lock_bound_ms(watch_ttl_ms), ttl_ms=watch_ttl_ms
+                )
             guard.allowed = False
             try:
                 yield conn
             except BaseException as error:
                 guard.allowed = True
                 _quietly(conn.rollback)
+                if watch is not None and watch.interrupted:
+                    _raise_interrupted(watch, error)
                 _raise_if_store_trouble(error)
                 raise
             guard.allowed = True
@@ -123,7 +155,19 @@ class SQLAlchemyStore:
                 trans.commit()
         finally:
             guard.allowed = True
+            if watch is not None and self._watchdog.unwatch(watch):
+                # Rolled back from another thread: never hand this connection out again.
+                _quietly(conn.invalidate)
             _quietly(conn.close)
+
+    def _watch_ttl_ms(self, ttl_ms: int) -> int | None:
+        """Fenced transactions are watched on SQLite only: PostgreSQL has row locks and a
+        lock timeout, so a long one there holds up nobody else's renewal."""
+        if self.dialect_name != "sqlite" or sabotage.active(
+            SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED
+        ):
+            return None
+        return ttl_ms
 
     def _run(self, body: Callable[[Connection], T], *, read_only: bool = False) -> T:
         with self._begin(read_only=read_only) as conn, translated():
@@ -180,7 +224,9 @@ class SQLAlchemyStore:
         """Check and extend ``lease`` as the first statement of a transaction, then yield it.
 
         Raises ``ExecutionFencedError`` (nothing written) when ``lease`` is not the live
-        holder. On PostgreSQL the transaction's ``lock_timeout`` is below ttl/3.
+        holder. On PostgreSQL the transaction's ``lock_timeout`` is below ttl/3; on SQLite
+        it is rolled back (``StoreLockTimeoutError``) once it has held the database's
+        single write lock for ttl/4, so that other executions' renewals go through.
         """
         offset = self.offset_ms()
         where = {"scope": lease.scope, "holder": lease.holder, "token": lease.token}
@@ -194,7 +240,7 @@ class SQLAlchemyStore:
             if checked is None:
                 raise _fenced(lease)
         fault_point(FENCED_BEFORE_BEGIN, **where)
-        with self._begin() as conn:
+        with self._begin(watch_ttl_ms=self._watch_ttl_ms(ttl_ms)) as conn:
             with translated():
                 if is_postgresql(conn):
                     conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{lock_timeout_ms(ttl_ms)}ms'")
@@ -260,6 +306,7 @@ class SQLAlchemyStore:
         dispose_after_fork(self.engine)
 
     def close(self) -> None:
+        self._watchdog.stop()
         if self._owns_engine:
             self.engine.dispose()
 
@@ -341,6 +388,14 @@ def _raise_if_store_trouble(error: BaseException) -> None:
         translated_error = translate(error)
         if isinstance(translated_error, (StoreUnavailableError, StoreLockTimeoutError)):
             raise translated_error from error
+
+
+def _raise_interrupted(watch: FencedWatch, error: BaseException) -> None:
+    """The watchdog rolled the transaction back: say so, whatever the code inside it
+    raised on finding out (its own exception stays the cause). Signals and
+    ``KeyboardInterrupt`` pass unchanged, and so does a store error already raised."""
+    if isinstance(error, Exception) and not isinstance(error, StoreError):
+        raise translate(watch.error()) from error
 
 
 def _quietly(action: Callable[[], object]) -> None:
