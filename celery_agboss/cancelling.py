@@ -45,9 +45,10 @@ class CancelReadiness(str, enum.Enum):
 
 
 def pending_intents(agboss: AGBoss, execution_id: str) -> list[IntentRecord]:
-    """The PENDING intents this execution created, oldest first."""
-    with agboss.store.read_transaction() as tx:
-        return [i for i in tx.list_intents(execution_id) if i.status is IntentStatus.PENDING]
+    """The execution's pending intents (the one definition: created by it, owned through
+    its lease, or held on its behalf), oldest first."""
+    records = map(agboss.store.read_intent, agboss.executions.pending_intent_keys(execution_id))
+    return [i for i in records if i is not None and i.status is IntentStatus.PENDING]
 
 
 def reconcile_for_cancel(agboss: AGBoss, ctx: ExecutionContext) -> CancelReadiness:

@@ -163,29 +163,50 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @_command
 @click.pass_context
 def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) -> None:
-    """Outbound calls that may have reached the gateway and are not settled."""
-    from celery_agboss.operator import list_pending
+    """Outbound calls that may have reached the gateway and are not settled, and every
+    execution waiting for an operator with the command that ends its wait."""
+    from celery_agboss.operator import list_pending, list_waits
 
     out = _Out(as_json)
     with _agboss(ctx, out) as boss:
         intents = list_pending(boss, operator_only=operator_only, limit=limit)
         flagged = sum(1 for i in intents if waits_for_operator(i))
+        waits = list_waits(boss, limit=limit)
 
         def text() -> str:
-            if not intents:
-                return "Nothing pending: every outbound call is settled."
-            rows = [
-                [i.idempotency_key, i.execution_id, i.name, str(i.attempt),
-                 age(i.read_at_ms, i.first_attempt_at_ms), intent_state(i)]
-                for i in intents
-            ]
-            head = (f"{len(intents)} outbound call(s) not settled, "
-                    f"{flagged} waiting for an operator:")
-            hint = RESOLVE_HINT if flagged else ""
-            listing = table(["KEY", "EXECUTION", "CALL", "ATTEMPT", "AGE", "STATE"], rows)
-            return f"{head}\n{listing}{hint}"
+            parts = []
+            if intents:
+                rows = [
+                    [i.idempotency_key, i.execution_id, i.name, str(i.attempt),
+                     age(i.read_at_ms, i.first_attempt_at_ms), intent_state(i)]
+                    for i in intents
+                ]
+                head = (f"{len(intents)} outbound call(s) not settled, "
+                        f"{flagged} waiting for an operator:")
+                hint = RESOLVE_HINT if flagged else ""
+                listing = table(["KEY", "EXECUTION", "CALL", "ATTEMPT", "AGE", "STATE"], rows)
+                parts.append(f"{head}\n{listing}{hint}")
+            else:
+                parts.append("Nothing pending: every outbound call is settled.")
+            if waits:
+                rows = [[w.execution.id, w.execution.task_name, w.execution.reason or "",
+                         w.ends_with] for w in waits]
+                parts.append(f"{len(waits)} execution(s) waiting for an operator:\n"
+                             + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows))
+            return "\n\n".join(parts)
 
-        out.emit({"pending": [intent_view(i) for i in intents], "needs_operator": flagged}, text)
+        out.emit(
+            {
+                "pending": [intent_view(i) for i in intents],
+                "needs_operator": flagged,
+                "waiting_executions": [
+                    {**execution_view(w.execution), "intents": w.intents,
+                     "ends_with": w.ends_with}
+                    for w in waits
+                ],
+            },
+            text,
+        )
 
 
 @agboss.command()
@@ -329,24 +350,54 @@ def unpark(ctx: click.Context, execution_id: str, reason: str, actor: str | None
 
 @agboss.command()
 @click.argument("execution_id")
+@click.option("--payments-handled", is_flag=True,
+              help="Confirm the cancel of an execution whose payment completed (after "
+              "refunding it at the gateway, or deciding to keep it).")
 @reason_option
 @actor_option
 @_command
 @click.pass_context
-def cancel(ctx: click.Context, execution_id: str, reason: str, actor: str | None,
-           as_json: bool) -> None:
+def cancel(ctx: click.Context, execution_id: str, payments_handled: bool, reason: str,
+           actor: str | None, as_json: bool) -> None:
     """Cancel an execution that is not running; refused while a payment may be in flight."""
     from celery_agboss.operator import cancel as cancel_execution
 
     out = _Out(as_json)
     with _agboss(ctx, out) as boss:
-        record = cancel_execution(boss, execution_id, reason, actor=actor)
+        record = cancel_execution(boss, execution_id, reason, actor=actor,
+                                  payments_handled=payments_handled)
         if record.state is ExecutionState.CANCELLED:
             text = f"Cancelled {execution_id}: it will never run."
+        elif record.state is ExecutionState.WAITING_OPERATOR:
+            text = (f"{execution_id} completed a payment, so it is not cancelled silently: it "
+                    "waits for you. Refund the payment at the gateway if it must go, then "
+                    f"`celery -A proj agboss cancel {execution_id} --payments-handled "
+                    "--reason TEXT`.")
         else:
             text = (f"Cancel requested for {execution_id} ({record.state.value}); the sweep "
                     "cancels it once nothing is pending.")
         out.emit({"execution": execution_view(record)}, text)
+
+
+@agboss.command()
+@click.argument("execution_id")
+@reason_option
+@actor_option
+@_command
+@click.pass_context
+def redrive(ctx: click.Context, execution_id: str, reason: str, actor: str | None,
+            as_json: bool) -> None:
+    """Send on an execution waiting for an operator once nothing is left to decide."""
+    from celery_agboss.operator import redrive as redrive_execution
+
+    out = _Out(as_json)
+    with _agboss(ctx, out) as boss:
+        republished = redrive_execution(boss, execution_id, reason, actor=actor)
+        record = boss.executions.read_execution(execution_id)
+        assert record is not None
+        text = (f"Re-drove {execution_id}: published again." if republished else
+                f"{execution_id} is WAITING again; the sweep publishes it.")
+        out.emit({"execution": execution_view(record), "republished": republished}, text)
 
 
 @agboss.command()

@@ -42,10 +42,14 @@ from celery_agboss.core.protections import RELEASE_WITH_UNSETTLED_ATTEMPT
 from celery_agboss.core.store import LeaseRef
 from celery_agboss.errors import (
     AGBossSignal,
+    CancelRequestedError,
     ExecutionFencedError,
+    ExecutionIdConflictError,
     OutboundCallInFlightError,
     OutboundCallResultNotStoredError,
     OutboundCallUnreconciledError,
+    ResultNotStorableError,
+    StoredFailureError,
     StoreError,
 )
 from celery_agboss.events import (
@@ -55,7 +59,9 @@ from celery_agboss.events import (
     EXECUTION_DEFERRED,
     EXECUTION_FAILED,
     EXECUTION_FENCED,
+    EXECUTION_NOT_RECORDED_AT_PUBLISH,
     EXECUTION_PARKED,
+    EXECUTION_REFUSED,
     EXECUTION_RELEASE_FAILED,
     EXECUTION_REPLAYED,
     EXECUTION_STARTED,
@@ -68,6 +74,7 @@ from celery_agboss.events import (
     TASK_PARKED,
     TASK_PAUSED,
     TASK_RECONCILING,
+    TASK_REFUSED,
     TASK_REPLAYED,
     TASK_UNRECONCILED,
     TASK_WAITING,
@@ -88,7 +95,17 @@ holder that finished the payment."""
 
 CANCEL_REQUEST_IGNORED = sabotage.register("cancel-request-ignored")
 """Sabotage: a delivery of an execution with a cancel request runs the body as if
-there were none (a pending intent is reconciled, and resent when it was not sent)."""
+there were none, at its start and at every outbound call (a pending intent is
+reconciled, and resent when it was not sent)."""
+
+UNSTORED_RESULT_REPLAYED_AS_FAILURE = sabotage.register("unstored-result-replayed-as-failure")
+"""Sabotage: a duplicate of a completed execution whose result this store cannot hand back
+raises, so Celery writes FAILURE over the SUCCESS the completing delivery stored, and
+fires ``link_error`` (an errback that refunds the order)."""
+
+WAKE_FOLDED_INTO_REFUSED_RETRY = sabotage.register("wake-folded-into-refused-retry")
+"""Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
+(past max_retries), so no message carries the continuation."""
 
 CONTEXT_ATTRIBUTE = "agboss_context"
 """Where a delivery keeps its ``ExecutionContext``: on ``task.request``, which is
@@ -127,6 +144,8 @@ class Delivery:
                 self.settings.lease_ttl_ms,
                 self.settings.max_recovery_attempts,
             )
+        except ExecutionIdConflictError as exc:
+            self._refuse_another_task(exc)
         except StoreError as exc:
             self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc))
             self._retry_or_requeue(self.settings.retry_delay_seconds, exc)
@@ -141,6 +160,11 @@ class Delivery:
             self.execution_id,
             self.agboss.engine_settings,
             renewer=self.agboss.renewer,
+            cancel_probe=(
+                None
+                if sabotage.active(CANCEL_REQUEST_IGNORED)
+                else self.agboss.executions.cancel_request_in
+            ),
         )
         setattr(self.request, CONTEXT_ATTRIBUTE, self.ctx)
         fields = {"token": lease.ref.token, "recovery_count": start.execution.recovery_count}
@@ -149,6 +173,15 @@ class Delivery:
             self._event(TASK_RECONCILING, reason="taken-over", **fields)
         else:
             self._log(EXECUTION_STARTED, **fields)
+        if start.recorded_at_start and not getattr(self.request, "is_eager", False):
+            self._log(
+                EXECUTION_NOT_RECORDED_AT_PUBLISH,
+                logging.WARNING,
+                hint="the publisher did not know this task as a PaymentTask, so a message "
+                "the broker lost before a worker started it would have left no trace: "
+                "import the task's module where you publish, or list its name in "
+                "agboss_payment_tasks",
+            )
         try:
             if start.execution.cancel_requested and not sabotage.active(CANCEL_REQUEST_IGNORED):
                 self.cancel_reason = start.execution.cancel_reason or self.cancel_reason
@@ -156,6 +189,17 @@ class Delivery:
             return self._run_body(args, kwargs)
         finally:
             setattr(self.request, CONTEXT_ATTRIBUTE, None)
+
+    def _refuse_another_task(self, exc: ExecutionIdConflictError) -> NoReturn:
+        """Another task's execution id: its body never runs and nothing of the other task
+        is returned. Run in-process (``apply``), the caller gets the error; from a broker,
+        the message is dropped without writing the result backend (under this id it holds
+        the other task's result)."""
+        self._log(EXECUTION_REFUSED, logging.ERROR, reason=str(exc))
+        if getattr(self.request, "is_eager", False):
+            raise exc
+        self._event(TASK_REFUSED, reason="the execution id belongs to another task")
+        raise Ignore()
 
     def _not_started(self, start: DeliveryStart) -> Any:
         record = start.execution
@@ -185,7 +229,16 @@ class Delivery:
                 self.request.callbacks = None
                 self.request.chain = None
             self._event(TASK_REPLAYED, outcome="REPLAYED")
-            return decode_result(record.result, allow_pickle=self._pickle())
+            try:
+                return decode_result(record.result, allow_pickle=self._pickle())
+            except StoredFailureError:
+                if sabotage.active(UNSTORED_RESULT_REPLAYED_AS_FAILURE):
+                    raise
+                # What the completing delivery gave the result backend stands: a duplicate
+                # never writes FAILURE over SUCCESS, nor fires link_error.
+                self._log(EXECUTION_REPLAYED, logging.WARNING, state=record.state.value,
+                          reason="result not stored: the result backend keeps what it has")
+                raise Ignore() from None
         if record.state is ExecutionState.FAILED:
             if record.links_dispatched and not resend:
                 self.request.errbacks = None
@@ -217,10 +270,13 @@ class Delivery:
             self._fenced(exc)
         except (OutboundCallUnreconciledError, OutboundCallResultNotStoredError) as exc:
             self._for_operator(exc)
+        except CancelRequestedError as exc:  # recorded while the body ran: stop it here
+            self.cancel_reason = str(exc.fields.get("reason") or self.cancel_reason)
+            self._cancel()
+        except StoreError as exc:  # a signal too: handed over, never the body's failure
+            self._store_failed(exc)
         except AGBossSignal as exc:  # unknown outcome, in flight elsewhere
             self._later(exc)
-        except StoreError as exc:
-            self._store_failed(exc)
         except Exception as exc:
             self._failed(exc)
             raise
@@ -230,7 +286,12 @@ class Delivery:
         return self._completed(result)
 
     def _completed(self, result: Any) -> Any:
-        encoded = encode_result(result, allow_pickle=self._pickle())
+        try:
+            encoded = encode_result(result, allow_pickle=self._pickle())
+        except ResultNotStorableError as exc:
+            # Refused before anything is recorded as done: a duplicate could not return it.
+            self._failed(exc)
+            raise exc from None
         self._verdict("finish", result=encoded)
         self._release()
         self._log(EXECUTION_COMPLETED, outcome=self._last_outcome())
@@ -252,7 +313,8 @@ class Delivery:
             raise Ignore() from None
         if self._cancel_requested_now():
             self._cancel()
-        record = self._verdict("fail", error=encode_error(exc), reason=type(exc).__name__)
+        error = encode_error(exc, self._context().mask_error_text)
+        record = self._verdict("fail", error=error, reason=type(exc).__name__)
         self._release()
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc))
@@ -297,17 +359,33 @@ class Delivery:
         self._wait_then_retry(delay, release=settled, reason=type(exc).__name__)
 
     def _wait_then_retry(self, delay: float, *, release: bool, reason: str) -> NoReturn:
-        if delay <= self.settings.max_broker_countdown_seconds:
+        """A retry message after ``delay`` when the broker may hold it and Celery will send
+        it; otherwise the stored ``WAITING`` is the continuation (the sweep re-drives it).
+        The wake of a deferred duplicate is folded into the retry only when that retry is
+        really published: past ``max_retries`` the release re-publishes it instead."""
+        if delay <= self.settings.max_broker_countdown_seconds and self._retry_allowed():
             if release:
                 self._release(will_republish=True)
             try:
-                raise self.task.retry(countdown=delay)
+                raise self._retry(delay)
             except MaxRetriesExceededError:
                 pass  # WAITING is stored: the sweep re-drives it
         elif release:
             self._release()
         self._event(TASK_WAITING, reason=reason, delay=delay)
         raise Ignore() from None
+
+    def _retry_allowed(self) -> bool:
+        """Whether Celery publishes a retry now (it refuses one past ``max_retries``)."""
+        if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
+            return True
+        limit = self.task.max_retries
+        return limit is None or int(getattr(self.request, "retries", 0) or 0) < int(limit)
+
+    def _retry(self, delay: float) -> Any:
+        """Celery's retry of this delivery, without the message's ``expires``: an execution
+        that started continues whatever its ``expires`` (DESIGN §2.1)."""
+        return self.task.retry(countdown=delay, expires=None)
 
     def _for_operator(self, exc: AGBossSignal) -> NoReturn:
         self._settle_sends()
@@ -333,6 +411,12 @@ class Delivery:
                 self._release()
                 self._log(EXECUTION_CANCELLED, reason=self.cancel_reason)
                 send_revoked_event(self.task)
+                raise Ignore()
+            if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
+                # A payment of it completed: never silently CANCELLED; a person decides.
+                self._release()
+                self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
+                self._event(TASK_UNRECONCILED, reason=record.reason)
                 raise Ignore()
             readiness = CancelReadiness.LATER  # an intent appeared meanwhile: look again
         if readiness is CancelReadiness.OPERATOR:
@@ -379,9 +463,9 @@ class Delivery:
         self._retry_or_requeue(self.settings.lease_ttl_seconds + 1, exc)
 
     def _retry_or_requeue(self, delay: float, cause: BaseException) -> NoReturn:
-        if delay <= self.settings.max_broker_countdown_seconds:
+        if delay <= self.settings.max_broker_countdown_seconds and self._retry_allowed():
             try:
-                raise self.task.retry(countdown=delay)
+                raise self._retry(delay)
             except MaxRetriesExceededError:
                 pass
         raise Reject(cause, requeue=True)
@@ -458,7 +542,7 @@ class Delivery:
                 self.agboss.republish(
                     captured[0].execution, reason="woken", honour_not_before=False
                 )
-            except Exception:
+            except (Exception, StoreError):
                 # The execution is not terminal and has no lease: the sweep re-drives it.
                 self._log(EXECUTION_RELEASE_FAILED, logging.WARNING, step="republish")
 

@@ -66,6 +66,32 @@ class OutboundCallResultNotStoredError(AGBossSignal):
     """The call completed but its result could not be stored; an operator must supply it."""
 
 
+class CancelRequestedError(AGBossSignal):
+    """A cancel was requested for this execution (a revoke, ``cancel()``): this delivery
+    sends and writes nothing more; what is pending is reconciled, then it ends."""
+
+
+class StoreError(AGBossSignal):
+    """The store failed; what was committed is re-read from the store, never guessed.
+
+    A signal, not an ``Exception``: inside a delivery a store failure means "this
+    delivery must stop" (it is handed over, never recorded as the body's failure), and
+    a body's ``except Exception`` fallback must not turn a payment the store could not
+    record into a second payment elsewhere. Outside a delivery (the CLI, the sweep, an
+    operator's script) catch it by name.
+    """
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached, the connection broke or timed out, or a commit's
+    outcome is unknown; a write may have committed."""
+
+
+class StoreLockTimeoutError(StoreUnavailableError):
+    """A row stayed locked longer than the fenced transaction's lock timeout: the store
+    could not serve this transaction in time; nothing of it committed."""
+
+
 # --- errors: bad input or misuse ----------------------------------------------
 
 
@@ -103,20 +129,26 @@ class OutboundCallDefinitionError(AGBossError):
     """An OutboundCall was declared with invalid parameters."""
 
 
+class ExecutionIdConflictError(AGBossError):
+    """This execution id belongs to another task; nothing of that task was run or returned.
+
+    An execution (a Celery task id) belongs to one task name: ``refund.apply(task_id=…)``
+    under the id of a charge must not be handed the charge's receipt."""
+
+
+class PublishRefusedError(AGBossError):
+    """The publish of a PaymentTask could not be recorded in the store, so nothing was
+    published; publish again once the store answers (a message the broker lost before
+    any worker started it would otherwise leave no trace)."""
+
+
+class ResultNotStorableError(AGBossError):
+    """The task's result cannot be stored (JSON cannot hold it), so the execution was not
+    recorded as done; return JSON, or set ``result_serializer = "pickle"``."""
+
+
 class LeaseNotHeldError(AGBossError):
     """The lease is held by another live delivery; this one must not run the body."""
-
-
-class StoreError(AGBossError):
-    """The store failed; what was committed is re-read from the store, never guessed."""
-
-
-class StoreUnavailableError(StoreError):
-    """The store could not be reached or the connection broke; a write may have committed."""
-
-
-class StoreLockTimeoutError(StoreError):
-    """A row stayed locked longer than the fenced transaction's lock timeout."""
 
 
 class SabotageRefusedError(AGBossError):

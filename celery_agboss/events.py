@@ -25,6 +25,8 @@ TASK_PARKED = "task-parked"
 TASK_WAITING = "task-waiting"
 # A terminal execution's stored result, or a run whose calls all replayed.
 TASK_REPLAYED = "task-replayed"
+# A delivery of another task under an execution's id: dropped, nothing run or returned.
+TASK_REFUSED = "task-refused"
 
 TASK_EVENTS = frozenset(
     {
@@ -36,6 +38,7 @@ TASK_EVENTS = frozenset(
         TASK_PARKED,
         TASK_WAITING,
         TASK_REPLAYED,
+        TASK_REFUSED,
     }
 )
 
@@ -54,6 +57,8 @@ EXECUTION_REPUBLISHED = "execution.republished"
 EXECUTION_RELEASE_FAILED = "execution.release-failed"
 EXECUTION_STORE_FAILED = "execution.store-failed"
 EXECUTION_NOT_RECORDED = "execution.not-recorded"
+EXECUTION_NOT_RECORDED_AT_PUBLISH = "execution.not-recorded-at-publish"
+EXECUTION_REFUSED = "execution.refused"  # another task's execution id
 EXECUTION_CANCELLING = "execution.cancelling"  # a delivery reconciles before cancelling
 EXECUTION_CANCELLED = "execution.cancelled"  # by a delivery or by the sweep
 STORE_OPENED = "store.opened"
@@ -123,7 +128,9 @@ __all__ = [
     "EXECUTION_FAILED",
     "EXECUTION_FENCED",
     "EXECUTION_NOT_RECORDED",
+    "EXECUTION_NOT_RECORDED_AT_PUBLISH",
     "EXECUTION_PARKED",
+    "EXECUTION_REFUSED",
     "EXECUTION_RELEASE_FAILED",
     "EXECUTION_REPLAYED",
     "EXECUTION_REPUBLISHED",
@@ -139,6 +146,7 @@ __all__ = [
     "TASK_PARKED",
     "TASK_PAUSED",
     "TASK_RECONCILING",
+    "TASK_REFUSED",
     "TASK_REPLAYED",
     "TASK_UNRECONCILED",
     "TASK_WAITING",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core.executions import (
+    CANCELLED_AFTER_PAYMENT,
     REDRIVABLE_STATES,
     TERMINAL_STATES,
     AuditEntry,
@@ -68,6 +69,14 @@ def default_actor() -> str:
 
 def _refuse(code: str, message: str, **fields: Any) -> OperatorRefusedError:
     return OperatorRefusedError(message, code=code, **fields)
+
+
+def _execution(agboss: AGBoss, execution_id: str, listing: str) -> ExecutionRecord:
+    """The execution an operator named, or a not-found refusal saying how to list them."""
+    record = agboss.executions.read_execution(execution_id)
+    if record is None:
+        raise _refuse("not-found", f"no execution has the id {execution_id!r}; list {listing}")
+    return record
 
 
 def _require_reason(reason: str) -> str:
@@ -169,28 +178,91 @@ def redrive_now(agboss: AGBoss, execution_id: str, *, reason: str) -> bool:
 
 
 def _after_answer(
-    agboss: AGBoss, execution_id: str, note: str
+    agboss: AGBoss, idempotency_key: str, note: str
 ) -> tuple[ExecutionRecord | None, bool]:
-    """An intent was settled by a person: an execution that waited only for it goes on."""
-    record = agboss.executions.read_execution(execution_id)
-    if record is None or record.state in TERMINAL_STATES:
-        return record, False
-    if record.state is ExecutionState.WAITING_OPERATOR:
-        if any(_waits_for_operator(i) for i in q.list_intents_of(agboss.store, execution_id)):
-            return record, False
-        moved = agboss.executions.move(
-            execution_id, [ExecutionState.WAITING_OPERATOR], ExecutionState.WAITING, note,
-            not_before_delay_ms=0, reset_recovery_count=True,
-        )
-        record = moved or agboss.executions.read_execution(execution_id)
-    republished = redrive_now(agboss, execution_id, reason=note)
-    return agboss.executions.read_execution(execution_id), republished
+    """An intent was settled by a person: every execution that waited for it (its creator,
+    and any that replayed, joined or took it over) goes on. The creator's record and
+    whether it was published again are returned."""
+    waiting = agboss.executions.executions_waiting_on(idempotency_key)
+    republished: dict[str, bool] = {}
+    for execution_id in waiting:
+        record = agboss.executions.read_execution(execution_id)
+        if record is None or record.state in TERMINAL_STATES:
+            continue
+        agboss.executions.unblock(execution_id, note, reset_recovery_count=True)
+        republished[execution_id] = redrive_now(agboss, execution_id, reason=note)
+    creator = waiting[0] if waiting else None
+    if creator is None:
+        return None, False
+    return agboss.executions.read_execution(creator), republished.get(creator, False)
 
 
-def _waits_for_operator(intent: IntentRecord) -> bool:
-    if intent.status is IntentStatus.PENDING:
-        return intent.needs_operator
-    return intent.status is IntentStatus.COMPLETED and not intent.result_stored
+# --- waits for an operator ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OperatorWait:
+    """An execution waiting for a person, and the command that ends the wait."""
+
+    execution: ExecutionRecord
+    intents: list[str]  # keys of the intents (created or used) that need an operator
+    ends_with: str  # the command that ends it
+
+
+def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
+    """Every ``WAITING_OPERATOR`` execution with what ends its wait: ``resolve`` of the
+    intents it waits for, ``cancel --payments-handled`` after a cancel that came when a
+    payment had completed, or ``redrive`` when nothing is left to decide. A wait nobody
+    can end is never listed: there is always one of these."""
+    agboss = _agboss(app)
+    waits = []
+    for record in agboss.executions.list_executions(
+        [ExecutionState.WAITING_OPERATOR], limit=limit
+    ):
+        keys = agboss.executions.intents_needing_operator(record.id)
+        if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
+            ends = (f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
+                    "(once the payment is refunded at the gateway, or left as it is)")
+        elif keys:
+            ends = ("celery -A proj agboss resolve KEY (--completed RESULT_JSON | --not-sent) "
+                    "--reason TEXT, for each key")
+        else:
+            ends = f"celery -A proj agboss redrive {record.id} --reason TEXT"
+        waits.append(OperatorWait(record, keys, ends))
+    return waits
+
+
+def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:
+    """Send a ``WAITING_OPERATOR`` execution on when nothing is left for a person to
+    decide (every intent it created or used is settled): ``WAITING`` and published again
+    now, its recovery count reset. Refused while an intent still needs an operator
+    (resolve it instead), after a cancel that came when a payment had completed (cancel
+    it), or while it runs. True when it was published again."""
+    why = _require_reason(reason)
+    who = actor or default_actor()
+    agboss = _agboss(app)
+    record = _execution(agboss, execution_id, "the waiting ones with `celery -A proj agboss "
+                        "pending`")
+    if record.state is not ExecutionState.WAITING_OPERATOR:
+        raise _refuse("wrong-state", f"execution {execution_id} is {record.state.value}; only "
+                      "one waiting for an operator is re-driven by hand (PARKED: `unpark`)")
+    if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
+        raise _refuse("wrong-state", f"execution {execution_id} was {CANCELLED_AFTER_PAYMENT}: "
+                      "refund it at the gateway if needed, then `celery -A proj agboss cancel "
+                      f"{execution_id} --payments-handled --reason TEXT`")
+    keys = agboss.executions.intents_needing_operator(execution_id)
+    if keys:
+        raise _refuse("pending-intent", f"execution {execution_id} waits for these intents: "
+                      f"{', '.join(keys)}; look each up at the gateway and `resolve` it (the "
+                      "execution then goes on by itself)")
+    moved = agboss.executions.unblock(execution_id, f"re-driven by {who}: {why}",
+                                      reset_recovery_count=True)
+    if moved is None:
+        raise _refuse("conflict", f"execution {execution_id} changed (or a delivery holds its "
+                      "lease) while it was being re-driven; look at it again")
+    agboss.executions.append_audit(who, "redrive", execution_id, why,
+                                   _execution_summary(record), _execution_summary(moved))
+    return redrive_now(agboss, execution_id, reason=f"re-driven by {who}")
 
 
 # --- resolve ---------------------------------------------------------------------------
@@ -266,7 +338,7 @@ def resolve(
         if stored_marker and not_sent:
             raise _refuse("wrong-state", "the gateway answered this intent (it is COMPLETED, "
                           "only its result could not be stored): resolve it with --completed")
-        call = agboss.registry.get(intent.name)
+        call = agboss.engine_settings.call_named(intent.name)
         if not_sent:
             decision = "not-sent"
             to_status = IntentStatus.FAILED
@@ -312,7 +384,7 @@ def resolve(
         )
     log_event(OPERATOR_RESOLVED, execution=intent.execution_id, call=intent.name,
               decision=decision, actor=who)
-    execution, republished = _after_answer(agboss, intent.execution_id, f"resolved by {who}")
+    execution, republished = _after_answer(agboss, idempotency_key, f"resolved by {who}")
     return ResolveResult(after, execution, republished)
 
 
@@ -329,19 +401,26 @@ def _execution_summary(record: ExecutionRecord) -> str:
 
 
 def cancel(
-    app: Any, execution_id: str, reason: str, *, actor: str | None = None
+    app: Any,
+    execution_id: str,
+    reason: str,
+    *,
+    actor: str | None = None,
+    payments_handled: bool = False,
 ) -> ExecutionRecord:
     """Stop an execution that is not running: a ``REQUESTED`` or waiting execution becomes
-    ``CANCELLED`` and never runs. Refused while it owns a ``PENDING`` intent (the payment
-    may have been made: settle it first) or while a delivery runs it under a live lease."""
+    ``CANCELLED`` and never runs. Refused while it has a pending intent (the payment may
+    have been made: settle it first) or while a delivery runs it under a live lease.
+
+    One that completed an outbound call (money moved) is never silently cancelled: it
+    waits for an operator, "cancelled after a completed payment", until the call is
+    dealt with at the gateway (a refund, or nothing) and ``payments_handled=True``
+    (``--payments-handled``) confirms the cancel."""
     why = _require_reason(reason)
     who = actor or default_actor()
     agboss = _agboss(app)
     executions = agboss.executions
-    record = executions.read_execution(execution_id)
-    if record is None:
-        raise _refuse("not-found", f"no execution has the id {execution_id!r}; list them with "
-                      "`celery -A proj agboss executions`")
+    record = _execution(agboss, execution_id, "them with `celery -A proj agboss executions`")
     if record.state is ExecutionState.CANCELLED:
         return record
     if record.state in TERMINAL_STATES:
@@ -350,30 +429,31 @@ def cancel(
     if record.state is ExecutionState.COMPENSATING:
         raise _refuse("wrong-state", f"execution {execution_id} is running its undo "
                       "(COMPENSATING); it ends FAILED once the undo is done")
-    pending = [i for i in q.list_intents_of(agboss.store, execution_id)
-               if i.status is IntentStatus.PENDING]
+    pending = executions.pending_intent_keys(execution_id)
     if pending:
-        keys = ", ".join(i.idempotency_key for i in pending)
         raise _refuse(
             "pending-intent",
-            f"execution {execution_id} owns a PENDING intent ({keys}): the payment may have "
-            "been made. Settle it first — the sweep reconciles it, or `celery -A proj agboss "
-            "resolve KEY --completed RESULT_JSON | --not-sent --reason TEXT` — then cancel again",
+            f"execution {execution_id} has a PENDING intent ({', '.join(pending)}): the "
+            "payment may have been made. Settle it first — the sweep reconciles it, or "
+            "`celery -A proj agboss resolve KEY --completed RESULT_JSON | --not-sent --reason "
+            "TEXT` — then cancel again",
         )
     lease = agboss.store.read_lease(execution_id)
     if lease is not None and lease.live:
         raise _refuse(
             "lease-live",
             f"execution {execution_id} is running now (holder {lease.holder}, token "
-            f"{lease.token}); wait for it to end, or revoke it (app.control.revoke(id, "
-            "terminate=True)): the sweep then cancels it once nothing is pending",
+            f"{lease.token}); wait for it to end, or revoke it (app.control.revoke(id)): "
+            "its next outbound call or fenced effect then stops it",
         )
-    updated = executions.request_cancel(execution_id, why)
+    updated = executions.request_cancel(execution_id, why, payments_handled=payments_handled)
     if updated is not None and updated.state not in TERMINAL_STATES:
-        q.cancel_if_settled(agboss.store, execution_id, why)
-        updated = executions.read_execution(execution_id)
+        updated = executions.end_cancel_requested(
+            execution_id, why, payments_handled=payments_handled
+        )
     assert updated is not None
-    executions.append_audit(who, "cancel", execution_id, why, _execution_summary(record),
+    action = "cancel:payments-handled" if payments_handled else "cancel"
+    executions.append_audit(who, action, execution_id, why, _execution_summary(record),
                             _execution_summary(updated))
     log_event(OPERATOR_CANCELLED, execution=execution_id, state=updated.state.value, actor=who)
     if updated.state is ExecutionState.CANCELLED:
@@ -398,16 +478,15 @@ def unpark(
     why = _require_reason(reason)
     who = actor or default_actor()
     agboss = _agboss(app)
-    record = agboss.executions.read_execution(execution_id)
-    if record is None:
-        raise _refuse("not-found", f"no execution has the id {execution_id!r}; list the parked "
-                      "ones with `celery -A proj agboss executions --state PARKED`")
+    record = _execution(agboss, execution_id, "the parked ones with `celery -A proj agboss "
+                        "executions --state PARKED`")
     if record.state is not ExecutionState.PARKED:
         raise _refuse("wrong-state", f"execution {execution_id} is {record.state.value}, not "
                       "PARKED; only a parked execution can be unparked")
     moved = agboss.executions.move(
         execution_id, [ExecutionState.PARKED], ExecutionState.WAITING,
         f"unparked by {who}: {why}", not_before_delay_ms=0, reset_recovery_count=True,
+        planned=True,
     )
     if moved is None:
         raise _refuse("conflict", f"execution {execution_id} changed (or a delivery holds its "
@@ -446,6 +525,7 @@ def list_pauses(app: Any, *, limit: int = 100) -> list[tuple[str, str, str]]:
 
 __all__ = [
     "Description",
+    "OperatorWait",
     "ResolveResult",
     "UnparkResult",
     "answer_pause",
@@ -455,6 +535,8 @@ __all__ = [
     "list_executions",
     "list_pauses",
     "list_pending",
+    "list_waits",
+    "redrive",
     "redrive_now",
     "resolve",
     "unpark",

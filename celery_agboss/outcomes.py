@@ -14,15 +14,18 @@ from __future__ import annotations
 import base64
 import pickle
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from celery_agboss.errors import StoredFailureError
+from celery_agboss.errors import ResultNotStorableError, StoredFailureError
 from celery_agboss.messages import dumps, loads
 
 MAX_MESSAGE_CHARS = 2000
 
 
 def encode_result(value: Any, *, allow_pickle: bool = False) -> str:
+    """The result as the store keeps it; ``ResultNotStorableError`` when it cannot be kept
+    (then the execution must not be recorded as done: a duplicate could not return it)."""
     try:
         return dumps({"json": value})
     except (TypeError, ValueError):
@@ -32,7 +35,14 @@ def encode_result(value: Any, *, allow_pickle: bool = False) -> str:
             return dumps({"pickle": base64.b64encode(pickle.dumps(value)).decode("ascii")})
         except Exception:
             pass
-    return dumps({"unstorable": _type_name(type(value))})
+    kind = _type_name(type(value))
+    raise ResultNotStorableError(
+        f"the task returned a {kind}, which cannot be stored as JSON"
+        + ("" if allow_pickle else ' (nor pickled: result_serializer is not "pickle")')
+        + "; nothing was recorded as done. Return JSON (a dict of strings and numbers, e.g. "
+        "the gateway's id), or set result_serializer = \"pickle\"",
+        result_type=kind,
+    )
 
 
 def decode_result(text: str | None, *, allow_pickle: bool = False) -> Any:
@@ -54,18 +64,33 @@ def _type_name(cls: type[Any]) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def encode_error(exc: BaseException) -> str:
+def encode_error(exc: BaseException, mask_text: Callable[[str], str] | None = None) -> str:
+    """The failure as the store keeps it. ``mask_text`` (the delivery's calls' masking)
+    passes over the message and every text in the arguments, so a decline that quotes a
+    card number is stored masked (DESIGN §7); an argument it changes is kept as the
+    masked text."""
     try:
         args = loads(dumps(list(exc.args)))
     except (TypeError, ValueError):
         args = None
-    return dumps(
-        {
-            "type": _type_name(type(exc)),
-            "message": str(exc)[:MAX_MESSAGE_CHARS],
-            "args": args,
-        }
-    )
+    message = str(exc)[:MAX_MESSAGE_CHARS]
+    if mask_text is not None:
+        message = mask_text(message)
+        if args is not None:
+            args = [_masked_arg(arg, mask_text) for arg in args]
+    return dumps({"type": _type_name(type(exc)), "message": message, "args": args})
+
+
+def _masked_arg(value: Any, mask_text: Callable[[str], str]) -> Any:
+    if isinstance(value, dict):
+        return {key: _masked_arg(item, mask_text) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_masked_arg(item, mask_text) for item in value]
+    if value is None or isinstance(value, bool):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    masked = mask_text(text)
+    return value if masked == text else masked
 
 
 def _loaded_class(name: str) -> type[BaseException] | None:

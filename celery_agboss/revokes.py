@@ -10,6 +10,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from celery_agboss.errors import StoreError
 from celery_agboss.events import log_event
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def record_revoke(agboss: AGBoss, task_ids: Sequence[str], *, terminated: bool) 
     for task_id in task_ids:
         try:
             record = agboss.executions.request_cancel(str(task_id), why)
-        except Exception:
+        except (Exception, StoreError):
             logger.warning("could not record the revoke of %s", task_id, exc_info=True)
             continue
         if record is not None:

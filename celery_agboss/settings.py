@@ -4,6 +4,10 @@ Reading them once (at ``on_after_configure``) means a worker never runs with hal
 of one configuration and half of another, and a wrong value is refused when the
 app starts, with the exact setting to change, instead of in the middle of a payment.
 Durations accept seconds or a ``timedelta``; the attributes carry their unit.
+
+A setting the app's conf does not give is read from the environment variable of the
+same name in upper case (``AGBOSS_LEASE_TTL=10``), so a container or a process
+manager can set it without touching the app's code; the conf wins when both are set.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ _KNOWN = {
     "max_recovery_attempts",
     "visibility_timeout",
     "sweep_queue",
+    "execution_retention",
+    "payment_tasks",
 }
 
 
@@ -72,6 +78,11 @@ class AGBossSettings:
     # The countdown of the retry after an unknown outcome (then reconciled).
     retry_delay_seconds: float = 5.0
     sweep_queue: str = "agboss.sweep"
+    # None: the longer of the two retentions above (DESIGN §6.3).
+    execution_retention_seconds: float | None = None
+    # Task names (``fnmatch`` patterns) recorded at publish as PaymentTasks even in a
+    # process that never imported their module (``app.send_task("shop.charge")``).
+    payment_tasks: tuple[str, ...] = ()
     testing_key: bool = False
 
     @property
@@ -82,6 +93,13 @@ class AGBossSettings:
     @property
     def lease_ttl_ms(self) -> int:
         return round(self.lease_ttl_seconds * 1000)
+
+    @property
+    def terminal_execution_retention_seconds(self) -> float:
+        """How long a terminal execution's row is kept (its records are kept as long)."""
+        if self.execution_retention_seconds is not None:
+            return self.execution_retention_seconds
+        return max(self.outbound_retention_seconds, self.fenced_effect_retention_seconds)
 
     def redacted_database_url(self) -> str:
         """The store URL with its password hidden, for logs."""
@@ -95,34 +113,64 @@ def redact_url(url: str) -> str:
         return "<unparseable URL>"
 
 
-def _get(conf: Mapping[str, Any], name: str) -> Any:
-    """``agboss_<name>`` from the app's conf; also Django's upper-case namespace form."""
-    key = PREFIX + name
-    value = conf.get(key)
-    if value is None:
-        value = conf.get(key.upper())
-    return value
+@dataclass(frozen=True)
+class _Source:
+    """Where the settings come from: the app's conf, then the environment."""
+
+    conf: Mapping[str, Any]
+    environ: Mapping[str, str]
+
+    def get(self, name: str) -> Any:
+        """``agboss_<name>`` from the conf (also Django's upper-case namespace form), else
+        the environment variable ``AGBOSS_<NAME>`` (a string), else None."""
+        key = PREFIX + name
+        value = self.conf.get(key)
+        if value is None:
+            value = self.conf.get(key.upper())
+        if value is None:
+            text = self.environ.get(key.upper())
+            value = text if text not in (None, "") else None
+        return value
+
+    def where(self, name: str) -> str:
+        """How a message names the setting: the conf key, or the variable it came from."""
+        key = PREFIX + name
+        in_conf = self.conf.get(key) is not None or self.conf.get(key.upper()) is not None
+        if not in_conf and self.environ.get(key.upper()) not in (None, ""):
+            return f"the environment variable {key.upper()}"
+        return key
 
 
-def _duration(conf: Mapping[str, Any], name: str, default: float, *, allow_zero: bool) -> float:
-    raw = _get(conf, name)
+def _number(raw: Any) -> Any:
+    """A value from the environment is text: a number in it becomes a number."""
+    if isinstance(raw, str):
+        try:
+            return float(raw.strip())
+        except ValueError:
+            return raw
+    return raw
+
+
+def _duration(source: _Source, name: str, default: float, *, allow_zero: bool) -> float:
+    raw = _number(source.get(name))
     if raw is None:
         return default
+    where = source.where(name)
     try:
-        seconds = to_seconds(raw, what=PREFIX + name)
+        seconds = to_seconds(raw, what=where)
     except TypeError as exc:
         raise ConfigurationError(str(exc), setting=PREFIX + name) from None
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigurationError(
-            f"{PREFIX}{name} must be {'zero or ' if allow_zero else ''}positive "
+            f"{where} must be {'zero or ' if allow_zero else ''}positive "
             f"(seconds or a timedelta), not {raw!r}",
             setting=PREFIX + name,
         )
     return seconds
 
 
-def _database_url(conf: Mapping[str, Any]) -> str:
-    url = _get(conf, "database_url")
+def _database_url(source: _Source) -> str:
+    url = source.get("database_url")
     if not url or not isinstance(url, str):
         raise ConfigurationError(
             "agboss_database_url is not set: set app.conf.agboss_database_url to the store, e.g. "
@@ -161,10 +209,10 @@ def _database_url(conf: Mapping[str, Any]) -> str:
     return url
 
 
-def _pseudonym_key(conf: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[bytes, bool]:
-    key = _get(conf, "pseudonym_key")
+def _pseudonym_key(source: _Source) -> tuple[bytes, bool]:
+    key = source.get("pseudonym_key")
     if key is None or key == "" or key == b"":
-        if environ.get(TESTING_ENV) == "1":
+        if source.environ.get(TESTING_ENV) == "1":
             logger.warning(
                 "agboss_pseudonym_key is not set; %s=1, so a fixed test key is used. "
                 "Never run payments like this.",
@@ -190,11 +238,12 @@ def _pseudonym_key(conf: Mapping[str, Any], environ: Mapping[str, str]) -> tuple
     return key, False
 
 
-def _visibility_timeout(conf: Mapping[str, Any]) -> float:
+def _visibility_timeout(source: _Source) -> float:
     """The declared shortest timeout, else this app's own broker's, else its default."""
-    declared = _get(conf, "visibility_timeout")
+    conf = source.conf
+    declared = source.get("visibility_timeout")
     if declared is not None:
-        return _duration(conf, "visibility_timeout", 0.0, allow_zero=False)
+        return _duration(source, "visibility_timeout", 0.0, allow_zero=False)
     options = conf.get("broker_transport_options") or {}
     if "visibility_timeout" in options:
         return float(options["visibility_timeout"])
@@ -215,10 +264,45 @@ def _unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
     return lowered[len(PREFIX) :] not in _KNOWN
 
 
+def _payment_tasks(source: _Source) -> tuple[str, ...]:
+    raw = source.get("payment_tasks")
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        raw = [part.strip() for part in raw.split(",")]
+    if not isinstance(raw, (list, tuple, set, frozenset)) or not all(
+        isinstance(name, str) for name in raw
+    ):
+        raise ConfigurationError(
+            f"{source.where('payment_tasks')} must be a list of task names (fnmatch "
+            f"patterns such as 'shop.charge_*' allowed), not {raw!r}",
+            setting="agboss_payment_tasks",
+        )
+    return tuple(sorted({name for name in raw if name}))
+
+
+def _positive_int(source: _Source, name: str, default: int) -> int:
+    raw = source.get(name)
+    if raw is None:
+        return default
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw.strip())
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ConfigurationError(
+            f"{source.where(name)} must be a positive integer, not {raw!r}",
+            setting=PREFIX + name,
+        )
+    return raw
+
+
 def settings_from_conf(
     conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
 ) -> AGBossSettings:
-    """Validate and freeze the ``agboss_*`` settings; ConfigurationError names what to set."""
+    """Validate and freeze the ``agboss_*`` settings; ConfigurationError names what to set.
+
+    A setting missing from ``conf`` is read from ``environ`` (default ``os.environ``)
+    under its upper-case name, ``AGBOSS_LEASE_TTL`` for ``agboss_lease_ttl``.
+    """
     env = os.environ if environ is None else environ
     unknown = sorted(key for key in map(str, conf) if _unknown_agboss_key(key, conf))
     if unknown:
@@ -227,21 +311,15 @@ def settings_from_conf(
             f"{sorted(PREFIX + name for name in _KNOWN)}",
             setting=unknown[0],
         )
-    database_url = _database_url(conf)
-    key, testing_key = _pseudonym_key(conf, env)
-    tenant = _get(conf, "tenant") or "default"
+    source = _Source(conf, env)
+    database_url = _database_url(source)
+    key, testing_key = _pseudonym_key(source)
+    tenant = source.get("tenant") or "default"
     if not isinstance(tenant, str):
         raise ConfigurationError("agboss_tenant must be a string", setting="agboss_tenant")
-    cap = _get(conf, "max_recovery_attempts")
-    if cap is None:
-        cap = 10
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ConfigurationError(
-            f"agboss_max_recovery_attempts must be a positive integer, not {cap!r}",
-            setting="agboss_max_recovery_attempts",
-        )
+    cap = _positive_int(source, "max_recovery_attempts", 10)
     durations = {
-        name: _duration(conf, name, default, allow_zero=name == "sweep_interval")
+        name: _duration(source, name, default, allow_zero=name == "sweep_interval")
         for name, default in _DURATIONS.items()
     }
     if durations["lease_ttl"] < 3:
@@ -249,8 +327,13 @@ def settings_from_conf(
             "agboss_lease_ttl below 3 s leaves no room for renewals every ttl/3 and a 1 s margin",
             setting="agboss_lease_ttl",
         )
-    visibility = _visibility_timeout(conf)
-    sweep_queue = _get(conf, "sweep_queue") or "agboss.sweep"
+    execution_retention = (
+        None
+        if source.get("execution_retention") is None
+        else _duration(source, "execution_retention", 0.0, allow_zero=False)
+    )
+    visibility = _visibility_timeout(source)
+    sweep_queue = source.get("sweep_queue") or "agboss.sweep"
     return AGBossSettings(
         database_url=database_url,
         pseudonym_key=key,
@@ -265,6 +348,8 @@ def settings_from_conf(
         visibility_timeout_seconds=visibility,
         retry_delay_seconds=durations["retry_delay"],
         sweep_queue=str(sweep_queue),
+        execution_retention_seconds=execution_retention,
+        payment_tasks=_payment_tasks(source),
         testing_key=testing_key,
     )
 

@@ -3,7 +3,10 @@
 - ``before_task_publish``: every ``PaymentTask`` message is recorded ``REQUESTED``
   (with its ETA, expiry and publish options) before it reaches the broker, so a
   message lost before any worker starts it is still known (trap 9). It fires for
-  ``send_task`` too, and for retries and re-publishes (which refresh the message).
+  ``send_task`` too (by name: ``agboss_payment_tasks`` lists names a process knows
+  without importing them), and for retries and re-publishes (which refresh the
+  message). A publish the store cannot record is refused: the caller gets
+  ``PublishRefusedError`` and nothing reaches the broker.
 - ``worker_init``: the worker refuses to start on a wrong configuration; a worker
   started by a test inherits the protections it switched off (``AGBOSS_SABOTAGE``,
   refused outside tests); ``worker_ready`` logs the store it uses (without its
@@ -17,6 +20,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +30,13 @@ from celery import signals as celery_signals
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.errors import ConfigurationError, SabotageRefusedError
+from celery_agboss.errors import (
+    ConfigurationError,
+    ExecutionIdConflictError,
+    PublishRefusedError,
+    SabotageRefusedError,
+    StoreError,
+)
 from celery_agboss.events import (
     EXECUTION_NOT_RECORDED,
     WORKER_SHUTTING_DOWN,
@@ -37,14 +49,39 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_agboss")
 
+PUBLISH_WITHOUT_RECORD = sabotage.register("publish-without-record")
+"""Sabotage (trap 9): a publish the store could not record goes to the broker anyway, and
+a message the broker then loses leaves no trace."""
+
 
 def _is_payment_task(agboss: AGBoss, name: Any) -> bool:
-    """Only this app's ``PaymentTask`` tasks; looked up without finalizing the app."""
+    """This app's ``PaymentTask`` tasks (looked up without finalizing the app), and the
+    names ``agboss_payment_tasks`` lists, for a process that publishes by name without
+    importing the task's module."""
     from celery_agboss.task import PaymentTask
 
+    if not isinstance(name, str):
+        return False
     tasks = getattr(agboss.app, "_tasks", None)
-    task = tasks.get(name) if tasks is not None and isinstance(name, str) else None
-    return isinstance(task, PaymentTask)
+    task = tasks.get(name) if tasks is not None else None
+    if task is not None:
+        return isinstance(task, PaymentTask)
+    try:
+        patterns = agboss.settings.payment_tasks
+    except ConfigurationError:
+        return False
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+class PublishNotRecorded(BaseException):
+    """Carries why a publish was refused out of ``before_task_publish``: Celery logs and
+    swallows an ``Exception`` raised by a signal handler and publishes anyway, so the
+    handler raises this instead, and ``AGBoss``'s ``send_task`` turns it back into the
+    error for the caller (``PublishRefusedError`` or ``ExecutionIdConflictError``)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def connect(agboss: AGBoss) -> None:
@@ -74,20 +111,40 @@ def connect(agboss: AGBoss) -> None:
             log_event(
                 EXECUTION_NOT_RECORDED, logging.ERROR, task=name, reason="unreadable message"
             )
+            raise PublishNotRecorded(
+                PublishRefusedError(
+                    f"the publish of {name!r} could not be read (Celery's message protocol 2 "
+                    "is needed: leave task_protocol at its default), so it was not recorded "
+                    "and nothing was published",
+                    task=name,
+                )
+            )
+        if sabotage.active(PUBLISH_WITHOUT_RECORD):
+            with contextlib.suppress(Exception, StoreError):
+                agboss.executions.record_requested(message)
             return
         try:
             agboss.executions.record_requested(message)
-        except Exception:
-            # The publish goes on: the worker records the execution when it starts it;
-            # only a message lost before that is not covered (trap 9).
+        except ExecutionIdConflictError as exc:
+            raise PublishNotRecorded(exc) from None
+        except (StoreError, ConfigurationError) as exc:
+            # A message the broker then lost would leave no trace: publish nothing.
             log_event(
                 EXECUTION_NOT_RECORDED,
                 logging.ERROR,
-                exc_info=True,
                 execution=message.execution_id,
                 task=name,
-                reason="store error at publish",
+                reason=f"{type(exc).__name__} at publish",
             )
+            refused = PublishRefusedError(
+                f"the publish of {name!r} ({message.execution_id}) could not be recorded in "
+                f"the store ({type(exc).__name__}: {exc}), so nothing was published; publish "
+                "again once the store answers",
+                task=name,
+                execution_id=message.execution_id,
+            )
+            refused.__cause__ = exc
+            raise PublishNotRecorded(refused) from None
 
     def worker_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not agboss.app:
@@ -146,7 +203,7 @@ def connect(agboss: AGBoss) -> None:
             else:
                 why = "revoked with terminate" if terminated else "revoked"
                 agboss.executions.request_cancel(execution_id, why)
-        except Exception:
+        except (Exception, StoreError):
             logger.exception("could not record the revoke of %s", execution_id)
 
     handlers = {
@@ -160,6 +217,26 @@ def connect(agboss: AGBoss) -> None:
     for signal, handler in handlers.items():
         signal.connect(handler, weak=False)
     agboss._signal_handlers = handlers
+    _refuse_unrecorded_publishes(agboss.app)
+
+
+def _refuse_unrecorded_publishes(app: Any) -> None:
+    """Make ``app.send_task`` (which ``apply_async``, ``delay``, canvas and ``retry`` all
+    go through) raise the error ``before_task_publish`` refused a publish with, as an
+    ordinary exception for the caller; nothing reached the broker."""
+    original = app.send_task
+    if getattr(original, "_agboss_refuses_unrecorded", False):
+        return
+
+    @functools.wraps(original)
+    def send_task(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except PublishNotRecorded as refused:
+            raise refused.error from refused.error.__cause__
+
+    send_task._agboss_refuses_unrecorded = True  # type: ignore[attr-defined]
+    app.send_task = send_task
 
 
 def disconnect(agboss: AGBoss) -> None:
@@ -169,4 +246,4 @@ def disconnect(agboss: AGBoss) -> None:
     agboss._signal_handlers = {}
 
 
-__all__ = ["connect", "disconnect"]
+__all__ = ["PUBLISH_WITHOUT_RECORD", "PublishNotRecorded", "connect", "disconnect"]

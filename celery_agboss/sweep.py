@@ -10,7 +10,12 @@ One run, in bounded batches, safe with several beats or sweepers at once:
 4. re-drives every execution with no live lease whose time came: the same message
    again (same id, arguments and options), or ``PARKED`` past the recovery cap;
 5. deletes settled intents and fenced-effect records past their retention;
-6. records ``last_sweep_at``, which workers watch (``sweep.stale``).
+6. records ``last_sweep_at``, which workers watch (``sweep.stale``): while no sweep
+   finishes for three intervals they run it themselves, once per tick.
+
+A worker started without ``-Q`` consumes the sweep queue too, so "run workers and
+beat as usual" is all a deployment needs; a missing beat delays recovery by three
+intervals at most.
 
 Every claim is a compare-and-set committed before any gateway call or publish, so two
 sweepers decide each row one after the other; a per-tick row makes two beats run one
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core import sabotage
+from celery_agboss.errors import StoreError
 from celery_agboss.events import log_event
 from celery_agboss.store import sweep_queries as q
 from celery_agboss.sweep_steps import (
@@ -53,9 +59,14 @@ STALE_AFTER_INTERVALS = 3
 SWEEP_FINISHED = "sweep.finished"
 SWEEP_SKIPPED = "sweep.skipped"
 SWEEP_STALE = "sweep.stale"
+SWEEP_QUEUE_NOT_CONSUMED = "sweep.queue-not-consumed"
 
 SWEEP_WITHOUT_TICK = sabotage.register("sweep-without-tick")
 """Sabotage (trap 10): every beat's sweep runs, even when another already ran this tick."""
+
+
+BY_WORKER = "worker"
+"""``by`` of the workers' own sweeps, run while no other sweep finishes (no beat)."""
 
 
 def run_sweep(
@@ -64,9 +75,13 @@ def run_sweep(
     batch_size: int = DEFAULT_BATCH_SIZE,
     claim_tick: bool = False,
     interval_seconds: float | None = None,
+    by: str = "operator",
 ) -> SweepReport:
     """One sweep run; never sends money. ``claim_tick``: run only if no other sweeper ran
-    this tick (the beat task and ``--loop`` do; an operator's one-off run does not)."""
+    this tick (the beat task, ``--loop`` and the workers' own sweeps do; an operator's
+    one-off run does not). ``by`` says who ran it: ``beat``, ``loop``, ``operator``, or
+    ``worker`` for the workers' own sweeps, which never count as "a sweep finished" —
+    the workers keep sweeping until some other sweeper (beat) is back."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
     started = time.monotonic()
@@ -78,7 +93,10 @@ def run_sweep(
         tick = q.claim_tick(agboss.store, round(interval * 1000), claimant=str(uuid.uuid4()))
         if tick is None:
             report.skipped = "another sweeper already ran this tick"
-            log_event(SWEEP_SKIPPED, reason="tick already swept")
+            log_event(SWEEP_SKIPPED, reason="tick already swept", by=by)
+            # A beat sweep that reached a worker proves beat works, even when the workers'
+            # own sweep took this tick first: record it, so that they stop.
+            _record_finished(agboss, report, interval, by)
             return report
         report.tick = tick
     run = SweepRun(agboss, batch_size, report)
@@ -87,21 +105,27 @@ def run_sweep(
         for step in steps:
             try:
                 step()
-            except Exception:
+            except (Exception, StoreError):
                 report.errors += 1
                 log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step=step.__name__)
     finally:
         run.release()
     report.duration_ms = round((time.monotonic() - started) * 1000)
+    _record_finished(agboss, report, interval, by)
+    log_event(SWEEP_FINISHED, by=by, **{k: v for k, v in report.as_dict().items() if v})
+    return report
+
+
+def _record_finished(agboss: AGBoss, report: SweepReport, interval: float, by: str) -> None:
+    """``last_sweep_at`` (what workers watch), or, for the workers' own sweeps, a key of
+    their own: those must not hide that no beat is running."""
+    key = q.LAST_WORKER_SWEEP_KEY if by == BY_WORKER else q.LAST_SWEEP_KEY
+    value = json.dumps({**report.as_dict(), "interval_seconds": interval, "by": by})
     try:
-        agboss.executions.set_meta(
-            q.LAST_SWEEP_KEY, json.dumps({**report.as_dict(), "interval_seconds": interval})
-        )
-    except Exception:
+        agboss.executions.set_meta(key, value)
+    except (Exception, StoreError):
         report.errors += 1
         log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="last-sweep-at")
-    log_event(SWEEP_FINISHED, **{k: v for k, v in report.as_dict().items() if v})
-    return report
 
 
 def run_sweep_loop(
@@ -126,9 +150,13 @@ def run_sweep_loop(
         runs += 1
         try:
             report = run_sweep(
-                agboss, batch_size=batch_size, claim_tick=True, interval_seconds=interval
+                agboss,
+                batch_size=batch_size,
+                claim_tick=True,
+                interval_seconds=interval,
+                by="loop",
             )
-        except Exception:
+        except (Exception, StoreError):
             log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="run")
         else:
             if on_report is not None:
@@ -138,7 +166,7 @@ def run_sweep_loop(
         # Sleep to the next tick boundary (ticks are the database clock's).
         try:
             now_ms = agboss.store.now_ms()
-        except Exception:
+        except (Exception, StoreError):
             now_ms = int(time.time() * 1000)
         stop.wait(((now_ms // interval_ms + 1) * interval_ms - now_ms) / 1000 + 0.01)
     return runs
@@ -167,7 +195,14 @@ def sweep_freshness(agboss: AGBoss) -> SweepFreshness:
     return SweepFreshness(age, interval, age > STALE_AFTER_INTERVALS * interval)
 
 
-def check_sweep_freshness(agboss: AGBoss) -> SweepFreshness:
+WATCH_JOIN_SECONDS = 10.0
+"""At worker shutdown, how long its watch's sweep in progress may take to end."""
+
+STALE_LOG_EVERY_INTERVALS = 10
+"""While the sweep stays stale, each worker repeats its warning this seldom."""
+
+
+def check_sweep_freshness(agboss: AGBoss, *, workers_sweep: bool = False) -> SweepFreshness:
     """Log ``sweep.stale`` (a warning) when the last sweep is older than three intervals:
     no beat is running, or its sweeps never reach a worker."""
     freshness = sweep_freshness(agboss)
@@ -180,20 +215,34 @@ def check_sweep_freshness(agboss: AGBoss) -> SweepFreshness:
                 else round(freshness.last_sweep_age_seconds, 1)
             ),
             interval_seconds=freshness.interval_seconds,
-            hint="run celery beat (or celery agboss sweep --loop) and a worker on the "
-            "sweep queue",
+            workers_sweep=workers_sweep,
+            hint="run celery beat (or celery agboss sweep --loop) beside a worker that "
+            "consumes the sweep queue (a worker started without -Q does)"
+            + ("; meanwhile the workers sweep themselves, once per tick" if workers_sweep else ""),
         )
     return freshness
 
 
-class _FreshnessWatch:
-    """A daemon thread in the worker's main process: checks every interval, the first
-    time after three intervals (a fresh deployment's beat gets that long)."""
+class _SweepWatch:
+    """A daemon thread in each worker's main process, on ``last_sweep_at``.
+
+    While no sweep has finished for three intervals (beat not deployed, down, or its
+    sweeps reaching no worker), it warns and runs the sweep itself at every tick of the
+    database clock; ``claim_tick`` makes that one sweep per tick however many workers
+    try. Its own runs never count as "a sweep finished", so the workers stop as soon as
+    beat's sweeps arrive again. The first judgement waits three intervals after the
+    worker started: a fresh deployment's beat gets that long.
+    """
 
     def __init__(self, agboss: AGBoss) -> None:
         self.agboss = agboss
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="agboss-sweep-watch", daemon=True)
+        self._since_warning: int | None = None
+
+    @property
+    def sweeps_itself(self) -> bool:
+        return self.agboss.settings.sweep_interval_seconds > 0
 
     def _run(self) -> None:
         interval = effective_interval(self.agboss.settings.sweep_interval_seconds)
@@ -201,15 +250,66 @@ class _FreshnessWatch:
             return
         while not self.stop.is_set():
             try:
-                interval = check_sweep_freshness(self.agboss).interval_seconds
-            except Exception:
-                logger.debug("could not check the sweep's freshness", exc_info=True)
-            self.stop.wait(interval)
+                self._tick()
+            except (Exception, StoreError):
+                logger.warning("the sweep watch could not look at the store", exc_info=True)
+            self.stop.wait(self._until_next_tick(interval))
+
+    def _tick(self) -> None:
+        freshness = sweep_freshness(self.agboss)
+        if not freshness.stale:
+            self._since_warning = None
+            return
+        if self._since_warning is None or self._since_warning >= STALE_LOG_EVERY_INTERVALS:
+            check_sweep_freshness(self.agboss, workers_sweep=self.sweeps_itself)
+            self._since_warning = 0
+        self._since_warning += 1
+        if self.sweeps_itself:
+            run_sweep(self.agboss, claim_tick=True, by=BY_WORKER)
+
+    def _until_next_tick(self, interval: float) -> float:
+        """Seconds to just after the next tick boundary of the database clock."""
+        interval_ms = round(interval * 1000)
+        try:
+            now_ms = self.agboss.store.now_ms()
+        except (Exception, StoreError):
+            return interval
+        return ((now_ms // interval_ms + 1) * interval_ms - now_ms) / 1000 + 0.05
+
+
+def _consume_the_sweep_queue(agboss: AGBoss, worker: Any) -> Callable[[], None]:
+    """The default worker runs the sweep (DESIGN §6): a worker started without ``-Q``
+    consumes the sweep queue too; one whose ``-Q`` leaves it out says so, once. Decided
+    at ``worker_init`` (before the consumer starts); what to say is returned, to be said
+    once Celery has set up its logging (``worker_ready``)."""
+    settings = agboss.settings
+    if settings.sweep_interval_seconds <= 0:
+        return lambda: None  # no beat entry: `celery agboss sweep --loop` sweeps instead
+    queues = agboss.app.amqp.queues
+    name = settings.sweep_queue
+    if getattr(queues, "_consume_from", None) is None:  # no -Q: every declared queue
+        queues.select_add(name)
+        return lambda: logger.info(
+            "celery_agboss: this worker also consumes the sweep queue %r", name
+        )
+    if name in queues.consume_from:
+        return lambda: None
+    hostname = getattr(worker, "hostname", None)
+    return lambda: log_event(
+        SWEEP_QUEUE_NOT_CONSUMED,
+        logging.WARNING,
+        queue=name,
+        worker=hostname,
+        hint=f"this worker will not run beat's sweeps (its -Q leaves out {name!r}); "
+        "make sure another worker consumes it, or add it to -Q. While no sweep finishes "
+        "for three intervals, the workers sweep themselves",
+    )
 
 
 def install(agboss: AGBoss) -> None:
-    """Called by ``AGBoss(app)``: the ``celery_agboss.sweep`` task, the workers' watch on
-    ``last_sweep_at``, and the recording of revokes made from this process."""
+    """Called by ``AGBoss(app)``: the ``celery_agboss.sweep`` task, the sweep queue on the
+    default worker, each worker's watch on ``last_sweep_at`` (and its own sweeps while
+    none finishes), and the recording of revokes made from this process."""
     from celery import signals
 
     from celery_agboss.revokes import install_revoke_recorder
@@ -222,21 +322,33 @@ def install(agboss: AGBoss) -> None:
     def sweep(batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
         """Re-drive and reconcile what dead workers and lost messages left behind."""
         interval = agboss.settings.sweep_interval_seconds
-        return run_sweep(agboss, batch_size=batch_size, claim_tick=interval > 0).summary()
+        return run_sweep(
+            agboss, batch_size=batch_size, claim_tick=interval > 0, by="beat"
+        ).summary()
 
-    watches: list[_FreshnessWatch] = []
+    watches: list[_SweepWatch] = []
+    to_say: list[Callable[[], None]] = []
+
+    def on_worker_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            to_say.append(_consume_the_sweep_queue(agboss, sender))
 
     def on_worker_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app or watches:
             return
-        watch = _FreshnessWatch(agboss)
+        while to_say:
+            to_say.pop(0)()
+        watch = _SweepWatch(agboss)
         watches.append(watch)
         watch.thread.start()
 
     def on_worker_shutdown(**_: Any) -> None:
         for watch in watches:
             watch.stop.set()
+        for watch in watches:  # a sweep of its own may be running: let it end (bounded)
+            watch.thread.join(WATCH_JOIN_SECONDS)
 
+    signals.worker_init.connect(on_worker_init, weak=False)
     signals.worker_ready.connect(on_worker_ready, weak=False)
     signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
     install_revoke_recorder(agboss)

@@ -19,10 +19,11 @@ from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
 from celery_agboss.core.store import IntentGuard, IntentStatus, IntentUpdate, LeaseRef
 from celery_agboss.core.transitions import append_history
-from celery_agboss.errors import ExecutionFencedError
+from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.events import (
     EXECUTION_CANCELLED,
     EXECUTION_PARKED,
+    EXECUTION_WAITING_OPERATOR,
     TASK_EVENTS,
     TASK_PARKED,
     TASK_UNRECONCILED,
@@ -65,6 +66,7 @@ class SweepReport:
     unknown_calls: int = 0
     intents_deleted: int = 0
     effects_deleted: int = 0
+    executions_deleted: int = 0
     errors: int = 0
     duration_ms: int = 0
     republished_ids: list[str] = field(default_factory=list, repr=False)
@@ -142,21 +144,21 @@ class SweepRun:
                 self.report.errors += 1
                 log_event(SWEEP_ERROR, logging.WARNING, step="reconcile", reason="lease-lost")
                 return
-            except Exception:
+            except (Exception, StoreError):
                 self.report.errors += 1
                 log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="reconcile",
                           execution=execution_id)
                 continue
-            self._after_reconcile(outcome, execution_id)
+            self._after_reconcile(outcome, key, execution_id)
 
-    def _after_reconcile(self, outcome: StrandedOutcome, execution_id: str) -> None:
+    def _after_reconcile(self, outcome: StrandedOutcome, key: str, execution_id: str) -> None:
         report = self.report
         if outcome is StrandedOutcome.COMPLETED:
             report.reconciled += 1
-            self._unblock(execution_id)
+            self._unblock(key)
         elif outcome is StrandedOutcome.NOT_SENT_CONFIRMED:
             report.not_sent_confirmed += 1
-            self._unblock(execution_id)
+            self._unblock(key)
         elif outcome is StrandedOutcome.UNRECONCILED:
             report.unreconciled += 1
             moved = self.executions.move(
@@ -174,18 +176,12 @@ class SweepRun:
         elif outcome is StrandedOutcome.UNKNOWN_CALL:
             report.unknown_calls += 1
 
-    def _unblock(self, execution_id: str) -> None:
-        """An execution waiting for an operator only because of intents that are now
-        settled goes back to ``WAITING``; the re-drive below publishes it."""
-        record = self.executions.read_execution(execution_id)
-        if record is None or record.state is not ExecutionState.WAITING_OPERATOR:
-            return
-        if any(_needs_operator(i) for i in q.list_intents_of(self.store, execution_id)):
-            return
-        self.executions.move(
-            execution_id, [ExecutionState.WAITING_OPERATOR], ExecutionState.WAITING,
-            "the sweep settled the intent it waited for", not_before_delay_ms=0,
-        )
+    def _unblock(self, key: str) -> None:
+        """Every execution that waited for an operator only because of this intent (its
+        creator, or one that used it) goes back to ``WAITING``; the re-drive below
+        publishes it."""
+        for execution_id in self.executions.executions_waiting_on(key):
+            self.executions.unblock(execution_id, "the sweep settled the intent it waited for")
 
     # --- 3. cancels -----------------------------------------------------------------
 
@@ -193,32 +189,40 @@ class SweepRun:
         for execution_id in q.find_cancel_requested(self.store, self.batch):
             try:
                 self._cancel_one(execution_id)
-            except Exception:
+            except (Exception, StoreError):
                 self.report.errors += 1
                 log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="cancel",
                           execution=execution_id)
 
     def _cancel_one(self, execution_id: str) -> None:
+        for key in self.executions.pending_intent_keys(execution_id):
+            intent = self.store.read_intent(key)
+            if (
+                intent is not None
+                and intent.not_sent_confirmed
+                and not intent.needs_operator
+                and not intent.owner_live
+            ):
+                self._settle_not_sent_for_cancel(key)
         pending = [
-            i for i in q.list_intents_of(self.store, execution_id)
-            if i.status is IntentStatus.PENDING
+            intent
+            for intent in map(self.store.read_intent,
+                              self.executions.pending_intent_keys(execution_id))
+            if intent is not None
         ]
-        for intent in pending:
-            if intent.not_sent_confirmed and not intent.needs_operator and not intent.owner_live:
-                self._settle_not_sent_for_cancel(intent.idempotency_key)
-        pending = [
-            i for i in q.list_intents_of(self.store, execution_id)
-            if i.status is IntentStatus.PENDING
-        ]
-        record = self.executions.read_execution(execution_id)
+        record = self.executions.end_cancel_requested(execution_id, "cancel requested")
         if record is None:
             return
-        reason = record.cancel_reason or "cancel requested"
-        if q.cancel_if_settled(self.store, execution_id, reason):
+        if record.state is ExecutionState.CANCELLED:
             self.report.cancelled += 1
             log_event(EXECUTION_CANCELLED, execution=execution_id, task=record.task_name)
             send_task_event(self.app, "task-revoked", execution_id, terminated=False,
                             agboss_state=ExecutionState.CANCELLED.value)
+        elif record.state is ExecutionState.WAITING_OPERATOR:
+            log_event(EXECUTION_WAITING_OPERATOR, logging.WARNING, execution=execution_id,
+                      task=record.task_name, reason=record.reason)
+            send_task_event(self.app, TASK_UNRECONCILED, execution_id,
+                            agboss_state=record.state.value, reason=record.reason)
         elif any(_needs_operator(i) for i in pending):
             self.executions.move(
                 execution_id,
@@ -290,15 +294,17 @@ class SweepRun:
                 continue  # the cancel step ends it; a re-drive could send something new
             if (
                 record.state is ExecutionState.WAITING
+                and not record.redrive_planned
                 and record.not_before_ms is not None
                 and record.read_at_ms < record.not_before_ms + ttl_ms
             ):
                 # A retry's own message is due about now: give it one lease TTL to start
-                # before publishing another copy.
+                # before publishing another copy. (A planned wait has no message on the
+                # way: the sweep's re-publish is its continuation, due at once.)
                 continue
             try:
                 self._redrive_one(record, grace_ms, interval_ms)
-            except Exception:
+            except (Exception, StoreError):
                 self.report.errors += 1
                 log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="redrive",
                           execution=record.id)
@@ -355,6 +361,9 @@ class SweepRun:
         )
         self.report.intents_deleted += intents.rows
         self.report.effects_deleted += effects.rows
+        self.report.executions_deleted += q.delete_terminal_executions_before(
+            self.store, now - round(s.terminal_execution_retention_seconds * 1000), self.batch
+        )
         q.delete_dead_sweeper_leases(self.store, 3_600_000, self.batch)
 
     # --- the end ----------------------------------------------------------------------
@@ -366,7 +375,7 @@ class SweepRun:
         try:
             if self.store.release_lease(lease):
                 q.delete_released_lease(self.store, lease)
-        except Exception:
+        except (Exception, StoreError):
             log_event(SWEEP_ERROR, logging.WARNING, exc_info=True, step="release")
 
 

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from celery import Task
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.execution import ExecutionContext
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.delivery import CONTEXT_ATTRIBUTE, Delivery, PauseRequested
@@ -29,6 +30,10 @@ from celery_agboss.messages import dumps, loads
 from celery_agboss.waits import LongWaitRequested, seconds_until
 
 logger = logging.getLogger("celery_agboss")
+
+RETRY_KEEPS_EXPIRES = sabotage.register("retry-keeps-expires")
+"""Sabotage (DESIGN §2.1): ``self.retry()`` carries the message's ``expires``, so a retry
+after it is dropped by the worker while the execution, charged, waits for it."""
 
 T = TypeVar("T")
 
@@ -118,7 +123,11 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     ) -> Any:
         """Celery's ``retry()``, except that a wait longer than half the shortest
         visibility timeout is kept in the store, not in a broker message (trap 1): the
-        execution waits ``WAITING`` and the sweep publishes it again when it is due."""
+        execution waits ``WAITING`` and the sweep publishes it again when it is due. The
+        retry carries no ``expires``: an execution that started (and may have charged)
+        continues whatever its ``expires`` (DESIGN §2.1); pass one to bound the retry."""
+        if not sabotage.active(RETRY_KEEPS_EXPIRES):
+            options.setdefault("expires", None)
         ctx = getattr(self.request, CONTEXT_ATTRIBUTE, None)
         if isinstance(ctx, ExecutionContext) and not getattr(self.request, "is_eager", False):
             from celery_agboss.app import AGBoss

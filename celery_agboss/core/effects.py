@@ -27,9 +27,12 @@ from celery_agboss.core.keys import (
     step_key,
     validate_business_key,
 )
-from celery_agboss.core.protections import COMMIT_INSIDE_FENCED_EFFECT_ALLOWED
+from celery_agboss.core.protections import (
+    COMMIT_INSIDE_FENCED_EFFECT_ALLOWED,
+    RECORD_USE_NOT_NOTED,
+)
 from celery_agboss.core.settings import EngineSettings
-from celery_agboss.core.store import EffectRecord, FencedTransaction, LeaseRef
+from celery_agboss.core.store import EFFECT_RECORD, EffectRecord, FencedTransaction, LeaseRef
 from celery_agboss.errors import (
     CommitInsideFencedEffectError,
     FencedEffectConflictError,
@@ -54,6 +57,9 @@ class EffectHolder(Protocol):
     def lease_ref(self) -> LeaseRef: ...
 
     def fenced(self) -> AbstractContextManager[FencedTransaction]: ...
+
+    def check_cancel(self, tx: FencedTransaction) -> None:
+        """Raise ``CancelRequestedError`` when the execution's cancel was recorded."""
 
 
 def effect_key(
@@ -93,9 +99,16 @@ def run_fenced_effect(
     for _ in range(MAX_INSERT_ROUNDS):
         try:
             with holder.fenced() as tx:
+                holder.check_cancel(tx)  # before a replay too: the body stops here
                 record = tx.read_effect(key)
                 if record is not None:
-                    return _replay(record, name, wanted, log_ref)
+                    replayed = _replay(record, name, wanted, log_ref)
+                    if record.execution_id != holder.execution_id and not sabotage.active(
+                        RECORD_USE_NOT_NOTED
+                    ):
+                        # Kept while this execution lives (DESIGN §6.3).
+                        tx.record_use(EFFECT_RECORD, key, holder.execution_id)
+                    return replayed
                 result = _run(fn, tx.connection)
                 try:
                     ensure_json(result)

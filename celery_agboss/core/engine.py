@@ -23,11 +23,13 @@ from celery_agboss.core.prepared import Holder, PreparedCall, Resend, prepare_ca
 from celery_agboss.core.protections import (
     FINGERPRINT_NOT_CHECKED,
     JOIN_ON_ANY_FINGERPRINT,
+    RECORD_USE_NOT_NOTED,
     REPLAY_NOT_STORED_MARKER,
 )
 from celery_agboss.core.reconcile import reconcile_pending, take_for_reconcile
 from celery_agboss.core.settle import send_and_settle
 from celery_agboss.core.store import (
+    INTENT_RECORD,
     IntentGuard,
     IntentRecord,
     IntentStatus,
@@ -49,8 +51,8 @@ def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
     """Claim (DESIGN §4.1), then send/settle, reconcile, replay or join; the result and how."""
     me = holder.lease_ref
     saw_live_owner = False
-    for _ in range(MAX_CLAIM_ROUNDS):
-        record = _read(holder, p.idempotency_key)
+    for round_ in range(MAX_CLAIM_ROUNDS):
+        record = _read(holder, p.idempotency_key, check_cancel=round_ == 0)
         fault(
             faults.OUTBOUND_AFTER_READ, me, p.ref, status=None if record is None else record.status
         )
@@ -96,14 +98,28 @@ def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
     )
 
 
-def _read(holder: Holder, key: str) -> IntentRecord | None:
+def _read(holder: Holder, key: str, *, check_cancel: bool = False) -> IntentRecord | None:
+    """The intent as it stands; one another execution created (a shared business key) is
+    noted as used by this one, in the same transaction, before this one relies on it:
+    retention keeps it while this execution lives (DESIGN §6.3). The first read of an
+    ``outbound()`` also stops the body when a cancel was recorded."""
     with holder.fenced() as tx:
-        return tx.read_intent(key)
+        if check_cancel:
+            holder.check_cancel(tx)
+        record = tx.read_intent(key)
+        if (
+            record is not None
+            and record.execution_id != holder.execution_id
+            and not sabotage.active(RECORD_USE_NOT_NOTED)
+        ):
+            tx.record_use(INTENT_RECORD, key, holder.execution_id)
+        return record
 
 
 def _insert(holder: Holder, p: PreparedCall) -> bool:
     me = holder.lease_ref
     with holder.fenced() as tx:
+        holder.check_cancel(tx)  # the claim that authorises the send
         inserted = tx.insert_intent(
             NewIntent(
                 idempotency_key=p.idempotency_key,
@@ -162,6 +178,7 @@ def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool
     money, so the next attempt is sent under the same key without a lookup."""
     me = holder.lease_ref
     with holder.fenced() as tx:
+        holder.check_cancel(tx)  # the claim that authorises the send
         won = cas(
             tx,
             p.idempotency_key,

@@ -34,14 +34,24 @@ from celery_agboss.core.inflight import BoundedRun
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.core.protections import (
+    CANCEL_NOT_CHECKED_MID_BODY,
     CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,
     INTERRUPTED_SEND_STOPS_RENEWING,
     RECLAIM_BUMPS_TOKEN,
     RELEASE_WITH_UNSETTLED_ATTEMPT,
+    STORE_FAILURE_CATCHABLE,
+    STORED_ERROR_UNMASKED,
 )
 from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import FencedTransaction, LeaseRef, Store
-from celery_agboss.errors import AGBossSignal, ExecutionFencedError, LeaseNotHeldError
+from celery_agboss.core.transitions import NOT_STORED_TEXT, masked_text, policy_of
+from celery_agboss.errors import (
+    AGBossSignal,
+    CancelRequestedError,
+    ExecutionFencedError,
+    LeaseNotHeldError,
+    StoreError,
+)
 
 logger = logging.getLogger("celery_agboss")
 
@@ -59,14 +69,17 @@ class ExecutionContext:
         settings: EngineSettings,
         *,
         renewer: LeaseRenewer | None = None,
+        cancel_probe: Callable[[FencedTransaction], str | None] | None = None,
     ) -> None:
         self._store = store
         self._lease = lease
         self._execution_id = execution_id
         self._settings = settings
         self._renewer = renewer
+        self._cancel_probe = cancel_probe
         self._lock = threading.Lock()
         self._occurrences: dict[tuple[str, str], int] = {}
+        self._calls: dict[str, OutboundCall] = {}
         self._last_outcome: Outcome | None = None
         self._runs: list[BoundedRun] = []
         self._released = False
@@ -140,6 +153,7 @@ class ExecutionContext:
         occurrence = 1 if business_key is not None else self._next("call", call.name)
         with self._lock:
             self._last_outcome = None
+            self._calls.setdefault(call.name, call)
         prepared = prepare_call(
             self._settings, self._execution_id, call, request, business_key, occurrence
         )
@@ -166,6 +180,22 @@ class ExecutionContext:
             )
         return result
 
+    def mask_error_text(self, text: str) -> str:
+        """An error text of this delivery as the store may keep it (the execution's stored
+        failure): through the error masking of every call this delivery made, in turn — a
+        decline quoting a card number is masked by the policy of the call that got it. A
+        policy that fails stores a marker instead (fail closed)."""
+        if sabotage.active(STORED_ERROR_UNMASKED):
+            return text
+        with self._lock:
+            calls = [c for c in self._calls.values() if policy_of(c).masks_errors]
+        masked = text
+        for call in calls:
+            masked = masked_text(call, masked)
+            if masked == NOT_STORED_TEXT:
+                break
+        return masked
+
     def _refuse_after_signal(self) -> None:
         """A signal means "this delivery must stop". A body that caught one and went on
         would get new step keys for the same calls (``#2``): a second charge. So every
@@ -183,6 +213,8 @@ class ExecutionContext:
         try:
             yield
         except AGBossSignal as signal:
+            if isinstance(signal, StoreError) and sabotage.active(STORE_FAILURE_CATCHABLE):
+                raise RuntimeError(f"sabotage: the store failed ({signal})") from signal
             with self._lock:
                 if self._stopped_by is None:
                     self._stopped_by = signal
@@ -230,6 +262,22 @@ class ExecutionContext:
 
     def assert_can_send(self) -> None:
         self.assert_held()
+
+    def check_cancel(self, tx: FencedTransaction) -> None:
+        """``CancelRequestedError`` when a cancel of this execution was recorded: read in
+        ``tx``, the transaction that would authorise the next send or write (DESIGN §2.2).
+        ``cancel_probe`` (given by the layer that records executions) reads it; without
+        one (an execution run without that layer) nothing can request a cancel."""
+        if self._cancel_probe is None or sabotage.active(CANCEL_NOT_CHECKED_MID_BODY):
+            return
+        reason = self._cancel_probe(tx)
+        if reason is not None:
+            raise CancelRequestedError(
+                f"a cancel was requested ({reason}); this delivery sends and writes nothing "
+                "more",
+                execution_id=self._execution_id,
+                reason=reason,
+            )
 
     def send_started(self, run: BoundedRun) -> None:
         """Register a send about to start, or refuse it once the lease was released.
@@ -431,7 +479,7 @@ class ExecutionContext:
             return
         try:
             self.settle_all_and_release()
-        except Exception:
+        except (Exception, StoreError):
             logger.exception(
                 "lease.release-failed",
                 extra={"event": "lease.release-failed", "execution_id": self._execution_id},

@@ -57,6 +57,26 @@ REDRIVABLE_STATES = frozenset(
 """States the sweep re-drives when no lease is live and their time has come."""
 
 
+CANCELLED_AFTER_PAYMENT = "cancelled after a completed payment"
+"""The reason of an execution whose cancel request came after one of its outbound calls
+completed: money moved, so it is never silently ``CANCELLED``. It waits for an operator
+(``celery -A proj agboss cancel ID --payments-handled``) until undo exists."""
+
+
+CANCELLABLE_STATES = frozenset(
+    {
+        ExecutionState.REQUESTED,
+        ExecutionState.RUNNING,
+        ExecutionState.WAITING,
+        ExecutionState.PAUSED,
+        ExecutionState.WAITING_OPERATOR,
+        ExecutionState.PARKED,
+    }
+)
+"""States a cancel request ends (once no lease is live and nothing is pending).
+``COMPENSATING`` is not one: an undo that started runs to its end."""
+
+
 def execution_scope(execution_id: str) -> str:
     """The lease scope of an execution: its task id (one lease row per execution)."""
     return execution_id
@@ -105,6 +125,9 @@ class ExecutionRecord:
     links_dispatched: bool  # the terminal delivery's chain/callbacks went out
     updated_at_ms: int
     read_at_ms: int  # the database clock when read
+    # The next re-publish continues a planned wait (a long retry's end, an answered
+    # pause, an operator's decision): it does not count toward the recovery cap.
+    redrive_planned: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -137,6 +160,9 @@ class DeliveryStart:
     execution: ExecutionRecord
     grant: LeaseGrant | None = None  # set when STARTED
     took_over: bool = False  # STARTED by taking over a delivery that did not end
+    # The execution was first recorded by this delivery, not at publish: the publisher
+    # did not know the task as a PaymentTask (a message lost before now left no trace).
+    recorded_at_start: bool = False
 
 
 @dataclass(frozen=True)

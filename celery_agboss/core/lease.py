@@ -313,7 +313,7 @@ class LeaseRenewer:
             outcomes: dict[LeaseRef, RenewOutcome] = {}
             try:
                 outcomes = self.renew_now(due)
-            except Exception:  # the renewer must outlive any one bad round
+            except (Exception, StoreError):  # the renewer must outlive any one bad round
                 logger.exception("lease.renewer-round-failed")
             self._retry_soon(due, outcomes, now)
 

@@ -20,11 +20,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
 from celery_agboss.core.store import JSON
 from celery_agboss.errors import MaskingPolicyError
 
-__all__ = ["MASK", "NO_MASKING", "RESULT_NOT_STORED_KEY", "MaskingPolicy"]
+__all__ = [
+    "LISTS_NOT_MASKED_ELEMENT_WISE",
+    "MASK",
+    "NO_MASKING",
+    "RESULT_NOT_STORED_KEY",
+    "MaskingPolicy",
+]
+
+LISTS_NOT_MASKED_ELEMENT_WISE = sabotage.register("lists-not-masked-element-wise")
+"""Sabotage (R17): a field path that meets a list looks for the field name among the
+list's indexes, finds none, and stores every element in clear."""
 
 MASK = "***"
 """What a masked value becomes, whatever its type (a string, a number, a whole object)."""
@@ -195,14 +206,19 @@ def _copy_masked(value: Any, paths: tuple[_Path, ...]) -> Any:
 
     A path that ends at a value masks it. A path that still has segments but meets a
     string or number masks that scalar too: it may hold what the path meant to hide.
-    ``None`` and missing keys have nothing to hide.
+    Lists are masked element-wise: ``"cards.number"`` masks the number of every card in
+    a list of cards (``"cards.*.number"`` and ``"cards.0.number"`` work as well). ``None``
+    and missing keys have nothing to hide.
     """
     if any(not path for path in paths):
         return MASK
     if isinstance(value, dict):
         return {key: _copy_masked(item, _descend(paths, key)) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_copy_masked(item, _descend(paths, index)) for index, item in enumerate(value)]
+        return [
+            _copy_masked(item, _descend_into_list(paths, index))
+            for index, item in enumerate(value)
+        ]
     if paths and value is not None:
         return MASK
     return value
@@ -214,6 +230,23 @@ def _descend(paths: tuple[_Path, ...], key: object) -> tuple[_Path, ...]:
     if not isinstance(key, (str, int)):
         return paths[:0]
     return tuple(path[1:] for path in paths if _segment_matches(path[0], key))
+
+
+def _descend_into_list(paths: tuple[_Path, ...], index: int) -> tuple[_Path, ...]:
+    """Into one element of a list: a path whose next segment names the element (``*`` or
+    its index) moves past it; a path whose next segment is a field name goes on
+    unchanged into every element (a list is transparent)."""
+    if sabotage.active(LISTS_NOT_MASKED_ELEMENT_WISE):
+        return _descend(paths, index)
+    moved = []
+    for path in paths:
+        head = path[0]
+        if head == "*" or head.isdigit():
+            if _segment_matches(head, index):
+                moved.append(path[1:])
+        else:
+            moved.append(path)
+    return tuple(moved)
 
 
 NO_MASKING = MaskingPolicy()

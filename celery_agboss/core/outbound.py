@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import enum
 import re
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from celery_agboss.core.durations import to_seconds
+from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.errors import OutboundCallDefinitionError
 
 ResultT = TypeVar("ResultT")
@@ -93,7 +96,7 @@ class OutboundCall:
     is_definite_failure: Callable[[BaseException], bool] = _never_definite
     lookup_proves_absence: bool = False
     max_key_length: int | None = None
-    mask: Any = None  # a celery_agboss.core.masking.MaskingPolicy
+    mask: MaskingPolicy | None = None
     transaction_id: Callable[[Any], str | None] | None = None
     key_retention_seconds: float | None = field(init=False, default=None)
 
@@ -125,9 +128,38 @@ class OutboundCall:
                     rule="key_retention",
                 )
             object.__setattr__(self, "key_retention_seconds", seconds)
+        if self.mask is not None and not isinstance(self.mask, MaskingPolicy):
+            raise OutboundCallDefinitionError(
+                f"OutboundCall {self.name!r}: mask must be a MaskingPolicy (or None), not "
+                f"{type(self.mask).__name__} {self.mask!r}: it would mask nothing. Pass "
+                "mask=MaskingPolicy(mask=[...], keep_for_reconcile=[...], mask_errors=...), "
+                "from celery_agboss.core.masking",
+                rule="mask",
+            )
         if self.max_key_length is not None and self.max_key_length < 16:
             raise OutboundCallDefinitionError(
                 f"OutboundCall {self.name!r}: max_key_length {self.max_key_length} is too short "
                 "for a collision-safe digest (at least 16)",
                 rule="max_key_length",
             )
+        _declared_in_this_process(self)
+
+
+_declared: dict[str, weakref.WeakSet[OutboundCall]] = {}
+_declared_lock = threading.Lock()
+
+
+def _declared_in_this_process(call: OutboundCall) -> None:
+    with _declared_lock:
+        _declared.setdefault(call.name, weakref.WeakSet()).add(call)
+
+
+def declared_call(name: str) -> OutboundCall | None:
+    """The ``OutboundCall`` of this name declared in this process, when there is exactly
+    one: how a process that never ran a task using it (a worker's main process sweeping,
+    ``celery agboss sweep``) still reconciles its intents — importing the app's module
+    declared it. None when unknown, or when two calls share the name (then only an
+    explicit registration, ``AGBoss(app).register(call)``, says which one an app uses)."""
+    with _declared_lock:
+        found = list(_declared.get(name, ()))
+    return found[0] if len(found) == 1 else None

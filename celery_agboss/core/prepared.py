@@ -46,6 +46,11 @@ class Holder(Protocol):
     def assert_can_send(self) -> None:
         """Raise ``ExecutionFencedError`` unless the lease is held on the holder's clocks."""
 
+    def check_cancel(self, tx: FencedTransaction) -> None:
+        """Raise ``CancelRequestedError`` when a cancel of the execution was recorded, read
+        in ``tx`` — the transaction that would authorise a send or a write — so a cancel
+        recorded before it commits is never followed by that send (DESIGN §2.2)."""
+
     def send_started(self, run: BoundedRun) -> None:
         """Remember a running send: the lease is never released under it."""
 

@@ -52,8 +52,10 @@ from celery_agboss.core.transitions import (
     cas,
     fault,
     log_event,
+    masked_text,
 )
 from celery_agboss.errors import (
+    CancelRequestedError,
     ExecutionFencedError,
     IdempotencyKeyConflictError,
     OutboundCallOutcomeUnknownError,
@@ -137,8 +139,11 @@ def reconcile_pending(
         attempt,
         me,
         HistoryEvent.UNRECONCILED,
-        {"reason": answer.reason[:500]},
-        IntentUpdate(needs_operator=True, operator_reason=f"unknown: {answer.reason}"[:500]),
+        {"reason": masked_text(p.call, answer.reason)},
+        IntentUpdate(
+            needs_operator=True,
+            operator_reason=f"unknown: {masked_text(p.call, answer.reason)}"[:500],
+        ),
     )
     log_event(
         logging.WARNING,
@@ -239,6 +244,12 @@ def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) 
         )
     bound = max_key_age_ms(p.call, settings.attempt_timeout_ms)
     too_old = False
+    try:
+        with holder.fenced() as tx:
+            holder.check_cancel(tx)  # a resend is a new send: never after a cancel
+    except CancelRequestedError:
+        _hand_back_not_sent(holder, p, attempt)
+        raise
     with holder.fenced() as tx:
         won = cas(
             tx,
@@ -302,6 +313,30 @@ def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) 
         "(key_age + attempt_timeout >= key_retention); an operator decides",
         **p.ref.fields(attempt=attempt, reason="key-too-old"),
     )
+
+
+def _hand_back_not_sent(holder: Holder, p: PreparedCall, attempt: int) -> None:
+    """A cancel came before the resend: the lookup's ``NotSent`` is recorded and the intent
+    handed back (no owner), for the cancel to settle without sending anything."""
+    me = holder.lease_ref
+    with holder.fenced() as tx:
+        if cas(
+            tx,
+            p.idempotency_key,
+            IntentGuard(IntentStatus.PENDING, attempt, me),
+            IntentUpdate(owner=None, not_sent_confirmed=True),
+        ):
+            append_history(
+                tx,
+                holder.settings.pseudonym_key,
+                p.idempotency_key,
+                HistoryEvent.RECONCILED_NOT_SENT,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.PENDING,
+                attempt=attempt,
+                owner=me,
+                detail={"by": "holder", "resend": False, "why": "cancel requested"},
+            )
 
 
 def _flag(

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from celery_agboss.core.keys import pseudonym_key_bytes, validate_tenant
-from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.outbound import OutboundCall, declared_call
 from celery_agboss.errors import ConfigurationError
 
 
@@ -102,8 +102,14 @@ class EngineSettings:
         return registry.register(call)
 
     def call_named(self, name: str) -> OutboundCall | None:
-        """The registered call of that name, or None (the sweep's way in)."""
-        return self.registry.get(name)
+        """The registered call of that name, else the one call of that name declared in
+        this process (then registered), or None: the sweep's way in."""
+        found = self.registry.get(name)
+        if found is None:
+            found = declared_call(name)
+            if found is not None:
+                self.register(found)
+        return found
 
 
 __all__ = ["EngineSettings", "OutboundRegistry"]

@@ -25,6 +25,11 @@ class _Unset(enum.Enum):
 UNSET = _Unset.UNSET
 
 
+INTENT_RECORD = "intent"
+EFFECT_RECORD = "effect"
+"""The two kinds of record an execution can use without having created it."""
+
+
 class IntentStatus(str, enum.Enum):
     PENDING = "PENDING"
     COMPLETED = "COMPLETED"
@@ -196,6 +201,12 @@ class StoreTransaction(Protocol):
 
     def insert_effect(self, record: EffectRecord) -> bool:
         """``INSERT … ON CONFLICT DO NOTHING``; True when inserted (``created_at_ms``: now)."""
+
+    def record_use(self, kind: str, record_key: str, execution_id: str) -> None:
+        """Note that ``execution_id``, not the record's creator, used the intent
+        (``kind="intent"``) or fenced effect (``"effect"``) under ``record_key``: retention
+        keeps the record while that execution is not terminal, and settling the record
+        re-drives it. Once per execution and record."""
 
 
 class FencedTransaction(StoreTransaction, Protocol):

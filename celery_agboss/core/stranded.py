@@ -17,7 +17,7 @@ import enum
 import logging
 from typing import Any, Protocol
 
-from celery_agboss.core import faults
+from celery_agboss.core import faults, sabotage
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.lookup import (
     LookupFailed,
@@ -36,10 +36,21 @@ from celery_agboss.core.store import (
     LeaseRef,
     Store,
 )
-from celery_agboss.core.transitions import CallRef, append_history, cas, fault, log_event
+from celery_agboss.core.transitions import (
+    CallRef,
+    append_history,
+    cas,
+    fault,
+    log_event,
+    masked_text,
+)
 
 LOOKUP_BACKOFF_BASE_MS = 30_000
 LOOKUP_BACKOFF_CAP_MS = 3_600_000
+
+NOT_SENT_LOOKUPS_NOT_BACKED_OFF = sabotage.register("not-sent-lookups-not-backed-off")
+"""Sabotage: an intent whose lookups keep answering ``NotSent`` is looked up every 30 s for
+ever, instead of backing off exponentially to the cap."""
 
 
 class StrandedOutcome(str, enum.Enum):
@@ -155,8 +166,15 @@ def _settle_stranded(
                 {"gateway_transaction_id": gateway_id, "by": by},
             )
         elif isinstance(answer, NotSent):
+            # Not settled either: until the execution's holder resends, lookups of it back
+            # off like any other that could not settle it (30 s, 60 s, … to an hour).
             update = IntentUpdate(
-                owner=None, not_sent_confirmed=True, next_lookup_delay_ms=_backoff_ms(0)
+                owner=None,
+                not_sent_confirmed=True,
+                lookup_failures=failures,
+                next_lookup_delay_ms=_backoff_ms(
+                    0 if sabotage.active(NOT_SENT_LOOKUPS_NOT_BACKED_OFF) else failures - 1
+                ),
             )
             outcome = StrandedOutcome.NOT_SENT_CONFIRMED
             history = (
@@ -168,7 +186,7 @@ def _settle_stranded(
             update = IntentUpdate(
                 owner=None,
                 needs_operator=True,
-                operator_reason=f"unknown: {answer.reason}"[:500],
+                operator_reason=f"unknown: {masked_text(call, answer.reason)}"[:500],
                 lookup_failures=failures,
                 next_lookup_delay_ms=_backoff_ms(failures),
             )
@@ -176,7 +194,7 @@ def _settle_stranded(
             history = (
                 HistoryEvent.UNRECONCILED,
                 IntentStatus.PENDING,
-                {"by": by, "reason": answer.reason[:500]},
+                {"by": by, "reason": masked_text(call, answer.reason)},
             )
         else:
             update = IntentUpdate(

@@ -126,6 +126,20 @@ def transaction_id_of(call: OutboundCall, result: Any) -> str | None:
     return text
 
 
+NOT_STORED_TEXT = "<not stored: the masking policy failed>"
+
+
+def masked_text(call: OutboundCall, text: Any) -> str:
+    """A text the store keeps about a call (an error's, a reconcile's ``Unknown`` reason),
+    as the call's policy lets it be stored; a marker when the policy fails (fail
+    closed: the text may hold what the policy hides)."""
+    try:
+        masked = policy_of(call).mask_error_text(str(text))[:ERROR_TEXT_LIMIT]
+        return masked.encode("utf-8", "backslashreplace").decode("utf-8")
+    except Exception:
+        return NOT_STORED_TEXT
+
+
 def error_detail(call: OutboundCall, exc: BaseException) -> dict[str, Any]:
     """What history keeps of an exception: its type, and its text masked by the policy."""
     detail: dict[str, Any] = {"error_type": f"{type(exc).__module__}.{type(exc).__qualname__}"}
@@ -186,6 +200,7 @@ __all__ = [
     "fault",
     "log_event",
     "mask_result",
+    "masked_text",
     "policy_of",
     "transaction_id_of",
 ]

@@ -48,9 +48,9 @@ def insert_txn(conn: Connection, record: EffectRecord, *, offset_ms: int = 0) ->
     return inserted is not None
 
 
-def delete_for_executions_txn(conn: Connection, execution_ids: Sequence[str]) -> int:
-    """Retention: delete the fenced-effect records of these (terminal) executions."""
-    ids = list(execution_ids)
-    if not ids:
+def delete_by_keys_txn(conn: Connection, keys: Sequence[str]) -> int:
+    """Retention: delete these fenced-effect records."""
+    wanted = list(keys)
+    if not wanted:
         return 0
-    return int(conn.execute(delete(fenced_effects).where(_e.execution_id.in_(ids))).rowcount)
+    return int(conn.execute(delete(fenced_effects).where(_e.key.in_(wanted))).rowcount)

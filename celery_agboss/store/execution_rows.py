@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import and_, not_, or_, select, update
+from sqlalchemy import and_, exists, func, not_, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.sql.elements import ColumnElement
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
+    CANCELLED_AFTER_PAYMENT,
     TERMINAL_STATES,
     ExecutionMessage,
     ExecutionRecord,
     ExecutionState,
-    execution_scope,
 )
 from celery_agboss.core.store import IntentStatus, StoreTransaction
+from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.schema import leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
@@ -54,6 +56,7 @@ def record_of(row: Row[Any]) -> ExecutionRecord:
         error=m["error"],
         terminal_at_ms=m["terminal_at_ms"],
         links_dispatched=bool(m["links_dispatched"]),
+        redrive_planned=bool(m["redrive_planned"]),
         updated_at_ms=int(m["updated_at_ms"]),
         read_at_ms=int(m["read_at_ms"]),
     )
@@ -91,6 +94,60 @@ def lease_live(tx: SQLTransaction, scope: ColumnElement[str]) -> ColumnElement[b
         .where(_l.scope == scope, not_(_l.released), _l.expires_at_ms > now)
         .exists()
     )
+
+
+PENDING_INTENT_NARROW = sabotage.register("pending-intent-narrow")
+"""Sabotage (DESIGN §2.1): count an intent as the execution's only while nobody else
+holds it (the old definition), so one the sweep holds for its lookup is not counted."""
+
+
+def _pending_predicate(execution_id: Any) -> ColumnElement[bool]:
+    if sabotage.active(PENDING_INTENT_NARROW):
+        owned = or_(
+            _i.owner_scope == execution_id,
+            and_(_i.owner_scope.is_(None), _i.execution_id == execution_id),
+        )
+    else:
+        # The lease scope of an execution is its id, so "owns through its lease" is
+        # ``owner_scope == id``; "held on its behalf" (by the sweep, or another
+        # execution that took it over for reconcile) keeps ``execution_id`` its own.
+        owned = or_(_i.execution_id == execution_id, _i.owner_scope == execution_id)
+    return and_(_i.status == IntentStatus.PENDING.value, owned)
+
+
+def pending_intent_of(execution_id: Any) -> ColumnElement[bool]:
+    """DESIGN §2.1, "the pending intent of an execution", the one definition every verb
+    uses (fail, cancel, expire, and the sweep's and the operators' verbs): a ``PENDING``
+    intent it created, owns through its lease, or that is held on its behalf.
+    ``execution_id`` is a value or a column (an ``EXISTS`` correlated to it). While one
+    exists the execution never becomes ``FAILED``, ``CANCELLED`` or ``EXPIRED``."""
+    return exists().where(_pending_predicate(execution_id))
+
+
+def completed_call_of(execution_id: Any) -> ColumnElement[bool]:
+    """The execution completed an outbound call (money may have moved): a cancel then
+    never ends it silently ``CANCELLED`` (DESIGN §2.2)."""
+    return exists().where(
+        _i.execution_id == execution_id, _i.status == IntentStatus.COMPLETED.value
+    )
+
+
+def refuse_another_task(record: ExecutionRecord, task_name: str) -> None:
+    """An execution id belongs to one task name (DESIGN §2.1)."""
+    if record.task_name != task_name and not sabotage.active(TASK_NAME_NOT_CHECKED):
+        raise ExecutionIdConflictError(
+            f"the execution id {record.id!r} belongs to the task {record.task_name!r}, not "
+            f"to {task_name!r}: nothing of {task_name!r} ran under it and nothing of "
+            f"{record.task_name!r} is returned. Give each task run an id of its own",
+            execution_id=record.id,
+            task=task_name,
+            recorded_task=record.task_name,
+        )
+
+
+TASK_NAME_NOT_CHECKED = sabotage.register("task-name-not-checked")
+"""Sabotage (DESIGN §2.1): a delivery of another task under an execution's id is treated
+as that execution (the charge's receipt returned to a refund)."""
 
 
 def sql(tx: StoreTransaction) -> SQLTransaction:
@@ -138,19 +195,21 @@ class ExecutionRows:
         return int(result.rowcount)
 
     def _pending_intent(self, tx: SQLTransaction, execution_id: str) -> bool:
-        """The execution owns a PENDING intent (as its current owner, or as its creator
-        when nobody owns it)."""
-        scope = execution_scope(execution_id)
-        owned = or_(
-            _i.owner_scope == scope,
-            and_(_i.owner_scope.is_(None), _i.execution_id == execution_id),
-        )
-        row = tx.execute(
+        """The execution has a pending intent (``pending_intent_of``)."""
+        return bool(tx.execute(select(pending_intent_of(execution_id))).scalar())
+
+    def _pending_intent_keys(self, tx: SQLTransaction, execution_id: str) -> list[str]:
+        """The idempotency keys of the execution's pending intents, oldest first."""
+        rows = tx.execute(
             select(_i.idempotency_key)
-            .where(_i.status == IntentStatus.PENDING.value, owned)
-            .limit(1)
-        ).first()
-        return row is not None
+            .where(_pending_predicate(execution_id))
+            .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
+        ).all()
+        return [str(row.idempotency_key) for row in rows]
+
+    def _completed_payment(self, tx: SQLTransaction, execution_id: str) -> bool:
+        """The execution completed a call that left the system (``completed_call_of``)."""
+        return bool(tx.execute(select(completed_call_of(execution_id))).scalar())
 
     def _insert_requested(self, tx: SQLTransaction, message: ExecutionMessage) -> bool:
         now = tx.now_expr()
@@ -186,6 +245,42 @@ class ExecutionRows:
             **values,
         )
 
+    def _end_cancelled(
+        self,
+        tx: SQLTransaction,
+        execution_id: str,
+        reason: str,
+        *,
+        payments_handled: bool = False,
+    ) -> ExecutionRecord:
+        """The end of a cancel request, once nothing is pending and no lease is live (the
+        caller checked both under the row locks): ``CANCELLED`` — or, when an outbound call
+        of the execution completed (money moved) and no operator said it was handled,
+        ``WAITING_OPERATOR`` "cancelled after a completed payment", listed by
+        ``agboss pending`` until an operator (or, later, its undo) settles it."""
+        reason = reason[:900]
+        if not payments_handled and self._completed_payment(tx, execution_id):
+            self._set(
+                tx,
+                execution_id,
+                state=ExecutionState.WAITING_OPERATOR.value,
+                not_before_ms=None,
+                wake_requested=False,
+                cancel_requested=True,
+                cancel_reason=func.coalesce(_e.cancel_reason, reason),
+                reason=f"{CANCELLED_AFTER_PAYMENT}: {reason}",
+            )
+        else:
+            self._terminal(
+                tx,
+                execution_id,
+                ExecutionState.CANCELLED,
+                cancel_requested=True,
+                cancel_reason=func.coalesce(_e.cancel_reason, reason),
+                reason=reason,
+            )
+        return self._require(tx, execution_id)
+
     def _park(self, tx: SQLTransaction, execution_id: str, count: int, cap: int) -> None:
         self._set(
             tx,
@@ -200,10 +295,15 @@ class ExecutionRows:
 
 
 __all__ = [
+    "PENDING_INTENT_NARROW",
+    "TASK_NAME_NOT_CHECKED",
     "ExecutionRows",
+    "completed_call_of",
     "lease_live",
     "message_values",
     "newer_or_same",
+    "pending_intent_of",
     "record_of",
+    "refuse_another_task",
     "sql",
 ]

@@ -26,8 +26,13 @@ from celery_agboss.core.executions import (
     StartKind,
     execution_scope,
 )
-from celery_agboss.core.store import FencedTransaction, IntentStatus, LeaseRef
-from celery_agboss.store.execution_rows import message_values, newer_or_same, sql
+from celery_agboss.core.store import FencedTransaction, LeaseRef
+from celery_agboss.store.execution_rows import (
+    message_values,
+    newer_or_same,
+    refuse_another_task,
+    sql,
+)
 from celery_agboss.store.executions_admin import ExecutionAdminVerbs
 from celery_agboss.store.schema_executions import executions, pauses
 
@@ -45,8 +50,12 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             if self._insert_requested(tx, message):
                 return True
             record = self._read(tx, message.execution_id, lock=True)
-            if record is not None and newer_or_same(message, record):
-                self._set_unless_terminal(tx, message.execution_id, **message_values(message))
+            if record is not None:
+                refuse_another_task(record, message.task_name)
+                if newer_or_same(message, record):
+                    self._set_unless_terminal(
+                        tx, message.execution_id, **message_values(message)
+                    )
             return False
 
     def start_delivery(
@@ -55,23 +64,29 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         execution_id = message.execution_id
         scope = execution_scope(execution_id)
         with self.store.transaction() as tx:
-            self._insert_requested(tx, message)
+            recorded_now = self._insert_requested(tx, message)
             record = self._read(tx, execution_id, lock=True)
             assert record is not None  # inserted above or already there
+            refuse_another_task(record, message.task_name)
             if record.state in TERMINAL_STATES:
                 return DeliveryStart(StartKind.TERMINAL, record)
             if record.state in ANSWER_STATES:
                 return DeliveryStart(StartKind.WAITING_ANSWER, record)
+            lease = tx.lock_lease(scope)
+            live = lease is not None and lease.live
             cancellable = record.state in (ExecutionState.REQUESTED, ExecutionState.WAITING)
             if (
                 record.cancel_requested
                 and cancellable
+                and not live
                 and not self._pending_intent(tx, execution_id)
             ):
-                self._terminal(tx, execution_id, ExecutionState.CANCELLED)
-                return DeliveryStart(StartKind.TERMINAL, self._require(tx, execution_id))
-            lease = tx.read_lease(scope)
-            if lease is not None and lease.live:
+                ended = self._end_cancelled(
+                    tx, execution_id, record.cancel_reason or "cancel requested"
+                )
+                kind = StartKind.TERMINAL if ended.terminal else StartKind.WAITING_ANSWER
+                return DeliveryStart(kind, ended)
+            if live:
                 # The live holder continues; it re-publishes this message when it releases.
                 kept = message_values(message) if newer_or_same(message, record) else {}
                 self._set(tx, execution_id, wake_requested=True, **kept)
@@ -93,13 +108,18 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
                 started_at_ms=case((_e.started_at_ms.is_(None), now), else_=_e.started_at_ms),
                 not_before_ms=None,
                 wake_requested=False,
+                redrive_planned=False,
                 reason=None,
                 deliveries=_e.deliveries + 1,
                 recovery_count=_e.recovery_count + (1 if took_over else 0),
                 **(message_values(message) if newer_or_same(message, record) else {}),
             )
             return DeliveryStart(
-                StartKind.STARTED, self._require(tx, execution_id), grant, took_over
+                StartKind.STARTED,
+                self._require(tx, execution_id),
+                grant,
+                took_over,
+                recorded_at_start=recorded_now,
             )
 
     # --- verdicts, inside a fenced transaction ------------------------------------------
@@ -140,7 +160,10 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         message: ExecutionMessage | None = None,
     ) -> ExecutionRecord:
         """``WAITING`` with ``not_before = now + delay_ms``; ``message`` replaces the stored
-        one (what the sweep re-publishes after the wait)."""
+        one (what the sweep re-publishes after the wait). A wait with ``message`` has no
+        broker message behind it: the sweep's re-publish is its planned continuation and
+        does not count toward the recovery cap; without one, a retry message is on its
+        way, and a re-publish means it was lost (that counts)."""
         t, execution_id = sql(tx), tx.lease.scope
         replaced = {} if message is None else message_values(message)
         self._set_unless_terminal(
@@ -149,6 +172,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             state=ExecutionState.WAITING.value,
             not_before_ms=t.now_expr() + max(0, delay_ms),
             reason=reason[:1000],
+            redrive_planned=message is not None,
             **replaced,
         )
         return self._require(t, execution_id)
@@ -166,28 +190,31 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         return self._require(t, execution_id)
 
     def cancel_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
-        """``CANCELLED`` — unless the execution has a PENDING intent (created by it, or owned
-        by its lease): a payment may be in flight, so it is reconciled first and the
-        execution is left as it was. Added by the Celery layer (a revoke's cancel request
-        ends in the delivery that settled its intents)."""
+        """``CANCELLED`` — unless the execution has a pending intent (a payment may be in
+        flight: it is reconciled first and the execution is left as it was), or completed
+        an outbound call (money moved: ``WAITING_OPERATOR``, "cancelled after a completed
+        payment", never silently ``CANCELLED``). A revoke's cancel request ends here, in
+        the delivery that settled its intents."""
         t, execution_id = sql(tx), tx.lease.scope
         record = self._require(t, execution_id)
-        if record.terminal:
+        if record.terminal or self._pending_intent(t, execution_id):
             return record
-        pending = self._pending_intent(t, execution_id) or any(
-            intent.status is IntentStatus.PENDING for intent in t.list_intents(execution_id)
-        )
-        if pending:
-            return record
-        self._terminal(
-            t,
-            execution_id,
-            ExecutionState.CANCELLED,
-            cancel_requested=True,
-            cancel_reason=record.cancel_reason or reason[:1000],
-            reason=reason[:1000],
-        )
-        return self._require(t, execution_id)
+        return self._end_cancelled(t, execution_id, record.cancel_reason or reason)
+
+    def cancel_request_in(self, tx: FencedTransaction) -> str | None:
+        """The reason of the execution's cancel request, read in the caller's fenced
+        transaction (the one that would authorise the next send or write); None when there
+        is none. On PostgreSQL the row is read ``FOR SHARE``: a cancel being recorded now
+        waits for this transaction, so it either is seen here or comes after this send's
+        claim (and stops the next one)."""
+        t, execution_id = sql(tx), tx.lease.scope
+        statement = select(_e.cancel_requested, _e.cancel_reason).where(_e.id == execution_id)
+        if self.store.dialect_name == "postgresql":
+            statement = statement.with_for_update(read=True, of=executions)
+        row = t.execute(statement).first()
+        if row is None or not row.cancel_requested:
+            return None
+        return str(row.cancel_reason or "cancel requested")
 
     def pause_in(
         self, tx: FencedTransaction, name: str, payload: str | None

@@ -11,16 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, case, not_, or_, select, update
+from sqlalchemy import and_, case, exists, func, not_, or_, select, update
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
+    CANCELLABLE_STATES,
+    CANCELLED_AFTER_PAYMENT,
     REDRIVABLE_STATES,
+    TERMINAL_STATES,
     AuditEntry,
     ExecutionRecord,
     ExecutionState,
     RedriveDecision,
     execution_scope,
 )
+from celery_agboss.core.store import INTENT_RECORD, IntentStatus
 from celery_agboss.errors import NotPausedError
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.execution_rows import (
@@ -29,11 +34,26 @@ from celery_agboss.store.execution_rows import (
     lease_live,
     record_of,
 )
+from celery_agboss.store.schema import outbound_calls, record_uses
 from celery_agboss.store.schema_executions import audit, executions, meta, pauses
 
 _e = executions.c
 _p = pauses.c
+_i = outbound_calls.c
+_u = record_uses.c
 _REDRIVABLE = [state.value for state in REDRIVABLE_STATES]
+PLANNED_WAITS_COUNTED = sabotage.register("planned-waits-counted")
+"""Sabotage (DESIGN §6.1): every re-publish of a waiting execution counts toward the
+recovery cap, the planned end of a long wait or an answered pause too."""
+
+RESOLVE_REDRIVES_CREATOR_ONLY = sabotage.register("resolve-redrives-creator-only")
+"""Sabotage (DESIGN §2.1): settling an intent sends on only the execution that created
+it; another that took it over and waits for an operator waits for ever."""
+
+STARTED_EXECUTIONS_EXPIRE = sabotage.register("started-executions-expire")
+"""Sabotage (DESIGN §2.1): ``expires`` ends a waiting execution that already started
+(and charged), not only one no delivery started."""
+
 _NOT_RUNNING = [
     ExecutionState.REQUESTED.value,
     ExecutionState.WAITING.value,
@@ -41,6 +61,21 @@ _NOT_RUNNING = [
     ExecutionState.WAITING_OPERATOR.value,
     ExecutionState.PARKED.value,
 ]
+
+
+def _operator_needed_by(execution_id: str) -> Any:
+    """An intent the execution created or used still needs an operator: a PENDING one
+    flagged for a person, or a COMPLETED one whose result could not be stored."""
+    used = select(_u.record_key).where(
+        _u.kind == INTENT_RECORD, _u.execution_id == execution_id
+    )
+    waiting = or_(
+        and_(_i.status == IntentStatus.PENDING.value, _i.needs_operator),
+        and_(_i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)),
+    )
+    return exists().where(
+        waiting, or_(_i.execution_id == execution_id, _i.idempotency_key.in_(used))
+    )
 
 
 class ExecutionAdminVerbs(ExecutionRows):
@@ -113,32 +148,47 @@ class ExecutionAdminVerbs(ExecutionRows):
                 or record.state not in REDRIVABLE_STATES
             ):
                 return RedriveDecision(False, False, None)
-            lease = tx.read_lease(execution_scope(execution_id))
+            lease = tx.lock_lease(execution_scope(execution_id))
             if lease is not None and lease.live:
                 return RedriveDecision(False, False, None)
-            if record.recovery_count + 1 > max_recovery_attempts:
+            # Only recoveries count toward the cap (DESIGN §6.1): a RUNNING execution's
+            # delivery died (its take-over counts, once, when the new delivery starts);
+            # a REQUESTED one's message, or a waiting one's retry message, was lost
+            # (counted here). The planned end of a wait (a long retry, an answered pause,
+            # an operator's decision) is no recovery.
+            taken_over = record.state in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
+            planned = record.redrive_planned and not sabotage.active(PLANNED_WAITS_COUNTED)
+            counted = not taken_over and not planned
+            if (taken_over or counted) and record.recovery_count + 1 > max_recovery_attempts:
                 self._park(tx, execution_id, record.recovery_count, max_recovery_attempts)
                 return RedriveDecision(False, True, self._require(tx, execution_id))
-            # A RUNNING execution's delivery died: the take-over that this re-publish
-            # causes counts it (once). Anything else counts here.
-            counted = record.state not in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
             self._set(
                 tx,
                 execution_id,
                 recovery_count=_e.recovery_count + (1 if counted else 0),
                 wake_requested=False,
+                redrive_planned=False,
                 not_before_ms=tx.now_expr() + max(0, next_redrive_delay_ms),
             )
             return RedriveDecision(True, False, self._require(tx, execution_id))
 
     def expire_due(self, limit: int) -> list[ExecutionRecord]:
+        """``expires`` bounds when an execution may start (DESIGN §2.1): only one that no
+        delivery ever started becomes ``EXPIRED``. One that started, charged and then
+        waits (a retry, a long wait, an unknown outcome) continues whatever its
+        ``expires``: expiring it would leave the customer charged and the rest undone."""
         changed: list[ExecutionRecord] = []
+        never_started = (
+            _e.state.in_([ExecutionState.REQUESTED.value, ExecutionState.WAITING.value])
+            if sabotage.active(STARTED_EXECUTIONS_EXPIRE)
+            else and_(_e.state == ExecutionState.REQUESTED.value, _e.started_at_ms.is_(None))
+        )
         with self.store.transaction() as tx:
             now = tx.now_expr()
             rows = tx.execute(
                 select(_e.id)
                 .where(
-                    _e.state.in_([ExecutionState.REQUESTED.value, ExecutionState.WAITING.value]),
+                    never_started,
                     _e.expires_ms.is_not(None),
                     _e.expires_ms <= now,
                     not_(lease_live(tx, _e.id)),
@@ -148,7 +198,14 @@ class ExecutionAdminVerbs(ExecutionRows):
             ).all()
             for row in rows:
                 execution_id = str(row.id)
-                if self._pending_intent(tx, execution_id):
+                record = self._read(tx, execution_id, lock=True)
+                lease = tx.lock_lease(execution_scope(execution_id))
+                if (
+                    record is None
+                    or record.terminal
+                    or (lease is not None and lease.live)
+                    or self._pending_intent(tx, execution_id)
+                ):
                     continue
                 self._terminal(tx, execution_id, ExecutionState.EXPIRED, reason="expired")
                 changed.append(self._require(tx, execution_id))
@@ -166,29 +223,132 @@ class ExecutionAdminVerbs(ExecutionRows):
 
     # --- operators ---------------------------------------------------------------------
 
-    def request_cancel(self, execution_id: str, reason: str) -> ExecutionRecord | None:
+    def request_cancel(
+        self, execution_id: str, reason: str, *, payments_handled: bool = False
+    ) -> ExecutionRecord | None:
+        """Record a cancel request. A not-running execution with no live lease and no
+        pending intent ends now (``CANCELLED``, or "cancelled after a completed payment");
+        any other keeps the request, which its running body's next ``outbound()`` or
+        ``fenced_effect()`` honours, or its next delivery, or the sweep.
+        ``payments_handled``: an operator says the completed payments are dealt with."""
         with self.store.transaction() as tx:
             record = self._read(tx, execution_id, lock=True)
             if record is None or record.terminal:
                 return record
-            lease = tx.read_lease(execution_scope(execution_id))
+            lease = tx.lock_lease(execution_scope(execution_id))
             live = lease is not None and lease.live
             if (
                 record.state.value in _NOT_RUNNING
                 and not live
                 and not self._pending_intent(tx, execution_id)
             ):
-                self._terminal(
-                    tx,
-                    execution_id,
-                    ExecutionState.CANCELLED,
-                    cancel_requested=True,
-                    cancel_reason=reason,
-                    reason=reason,
-                )
-            else:
                 self._set(tx, execution_id, cancel_requested=True, cancel_reason=reason)
+                return self._end_cancelled(
+                    tx, execution_id, reason, payments_handled=payments_handled
+                )
+            self._set(
+                tx,
+                execution_id,
+                cancel_requested=True,
+                cancel_reason=func.coalesce(_e.cancel_reason, reason),
+            )
             return self._require(tx, execution_id)
+
+    def end_cancel_requested(
+        self, execution_id: str, reason: str, *, payments_handled: bool = False
+    ) -> ExecutionRecord | None:
+        """The sweep's and the operators' end of a cancel request, under the execution's
+        row lock and its lease's: only while it is not running (no live lease), not
+        ``COMPENSATING`` and has no pending intent; the record as it is then (None when
+        unknown). ``CANCELLED``, or "cancelled after a completed payment"."""
+        with self.store.transaction() as tx:
+            record = self._read(tx, execution_id, lock=True)
+            if record is None or record.terminal:
+                return record
+            if record.state not in CANCELLABLE_STATES:
+                return record
+            if record.state is ExecutionState.WAITING_OPERATOR and not payments_handled:
+                return record  # waits for its operator; the sweep does not churn it
+            lease = tx.lock_lease(execution_scope(execution_id))
+            if (lease is not None and lease.live) or self._pending_intent(tx, execution_id):
+                return record
+            return self._end_cancelled(
+                tx, execution_id, record.cancel_reason or reason,
+                payments_handled=payments_handled,
+            )
+
+    def executions_waiting_on(self, idempotency_key: str) -> list[str]:
+        """Every execution an intent may hold up: its creator and each execution that used
+        it (replayed, joined, took it over for reconcile). Settling the intent re-drives
+        each one that waits for it (DESIGN §2.1: no wait nobody can end)."""
+        with self.store.read_transaction() as tx:
+            row = tx.execute(
+                select(_i.execution_id).where(_i.idempotency_key == idempotency_key)
+            ).first()
+            users = (
+                []
+                if sabotage.active(RESOLVE_REDRIVES_CREATOR_ONLY)
+                else tx.users_of(INTENT_RECORD, idempotency_key)
+            )
+        creator = [] if row is None else [str(row.execution_id)]
+        return list(dict.fromkeys(creator + users))
+
+    def unblock(
+        self, execution_id: str, reason: str, *, reset_recovery_count: bool = False
+    ) -> ExecutionRecord | None:
+        """``WAITING_OPERATOR`` → ``WAITING`` (due now, a planned re-drive) once no intent it
+        created or used needs an operator any more, under its row and lease locks; None
+        when it does not wait for an intent (another state, "cancelled after a completed
+        payment", a live lease) or an intent still needs a person."""
+        with self.store.transaction() as tx:
+            record = self._read(tx, execution_id, lock=True)
+            if (
+                record is None
+                or record.state is not ExecutionState.WAITING_OPERATOR
+                or (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT)
+            ):
+                return None
+            lease = tx.lock_lease(execution_scope(execution_id))
+            if lease is not None and lease.live:
+                return None
+            if tx.execute(select(_operator_needed_by(execution_id))).scalar():
+                return None
+            values: dict[str, Any] = {
+                "state": ExecutionState.WAITING.value,
+                "reason": reason[:1000],
+                "not_before_ms": tx.now_expr(),
+                "redrive_planned": True,
+            }
+            if reset_recovery_count:
+                values["recovery_count"] = 0
+            self._set(tx, execution_id, **values)
+            return self._require(tx, execution_id)
+
+    def intents_needing_operator(self, execution_id: str) -> list[str]:
+        """Keys of the intents the execution created or used that wait for a person."""
+        used = select(_u.record_key).where(
+            _u.kind == INTENT_RECORD, _u.execution_id == execution_id
+        )
+        with self.store.read_transaction() as tx:
+            rows = tx.execute(
+                select(_i.idempotency_key)
+                .where(
+                    or_(
+                        and_(_i.status == IntentStatus.PENDING.value, _i.needs_operator),
+                        and_(
+                            _i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)
+                        ),
+                    ),
+                    or_(_i.execution_id == execution_id, _i.idempotency_key.in_(used)),
+                )
+                .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
+            ).all()
+            return [str(row.idempotency_key) for row in rows]
+
+    def pending_intent_keys(self, execution_id: str) -> list[str]:
+        """The keys of the execution's pending intents (``pending_intent_of``)."""
+        with self.store.read_transaction() as tx:
+            return self._pending_intent_keys(tx, execution_id)
 
     def move(
         self,
@@ -199,15 +359,20 @@ class ExecutionAdminVerbs(ExecutionRows):
         *,
         not_before_delay_ms: int | None = None,
         reset_recovery_count: bool = False,
+        planned: bool = False,
     ) -> ExecutionRecord | None:
         with self.store.transaction() as tx:
             record = self._read(tx, execution_id, lock=True)
             if record is None or record.state not in from_states:
                 return None
-            lease = tx.read_lease(execution_scope(execution_id))
+            lease = tx.lock_lease(execution_scope(execution_id))
             if lease is not None and lease.live:
                 return None
+            if to_state in TERMINAL_STATES and self._pending_intent(tx, execution_id):
+                return None  # never terminal while an intent is pending (DESIGN §2.1)
             values: dict[str, Any] = {"state": to_state.value, "reason": reason}
+            if planned:
+                values["redrive_planned"] = True
             if not_before_delay_ms is not None:
                 values["not_before_ms"] = tx.now_expr() + max(0, not_before_delay_ms)
             if reset_recovery_count:
@@ -243,6 +408,7 @@ class ExecutionAdminVerbs(ExecutionRows):
                     state=ExecutionState.WAITING.value,
                     not_before_ms=tx.now_expr(),
                     reason="pause answered",
+                    redrive_planned=True,  # its re-publish continues the pause: no recovery
                     updated_at_ms=tx.now_expr(),
                 )
             )

@@ -26,6 +26,7 @@ from celery_agboss.core.store import (
 )
 from celery_agboss.store.codec import dumps, loads
 from celery_agboss.store.dialect import clock, insert_or_nothing
+from celery_agboss.store.leases import owner_locked_or_live_txn
 from celery_agboss.store.schema import intent_history, leases, outbound_calls
 
 _i = outbound_calls.c
@@ -192,7 +193,18 @@ def update_txn(
     *,
     offset_ms: int = 0,
 ) -> bool:
-    """One ``UPDATE … WHERE <guard>``; True when exactly one row matched."""
+    """One ``UPDATE … WHERE <guard>``; True when exactly one row matched.
+
+    A guard that requires the owner's lease to be dead first locks that lease row
+    (``leases.owner_locked_or_live_txn``): an owner inside a fenced transaction is live
+    although its committed expiry passed, which the guard's own subquery cannot see.
+    """
+    if (
+        guard.owner_not_live
+        and guard.owner is not None
+        and owner_locked_or_live_txn(conn, guard.owner, offset_ms=offset_ms)
+    ):
+        return False
     now = clock(conn, offset_ms).c.now
     values = _values(update_, now)
     if not values:
@@ -240,15 +252,15 @@ def list_for_execution_txn(
     return [_record(row) for row in conn.execute(statement)]
 
 
-def delete_settled_for_executions_txn(conn: Connection, execution_ids: Sequence[str]) -> int:
-    """Retention: delete the settled intents (and their history) of these executions.
+def delete_settled_by_keys_txn(conn: Connection, keys: Sequence[str]) -> int:
+    """Retention: delete these intents and their history, if settled.
 
     A PENDING intent is never deleted (P4), whatever the caller asked.
     """
-    ids = list(execution_ids)
-    if not ids:
+    wanted = list(keys)
+    if not wanted:
         return 0
-    settled = and_(_i.execution_id.in_(ids), _i.status != IntentStatus.PENDING.value)
+    settled = and_(_i.idempotency_key.in_(wanted), _i.status != IntentStatus.PENDING.value)
     conn.execute(
         delete(intent_history).where(
             _h.idempotency_key.in_(select(_i.idempotency_key).where(settled))
@@ -329,7 +341,7 @@ def append_history_txn(conn: Connection, row: HistoryRow) -> None:
 
 __all__ = [
     "append_history_txn",
-    "delete_settled_for_executions_txn",
+    "delete_settled_by_keys_txn",
     "find_stranded_txn",
     "guard_predicate",
     "insert_txn",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -38,6 +39,10 @@ from celery_agboss.store.dialect import (
 from celery_agboss.store.schema import KEY, leases
 
 _c = leases.c
+
+LEASE_DECISION_ON_COMMITTED_READ = sabotage.register("lease-decision-on-committed-read")
+"""Sabotage (DESIGN §5): decide about another holder's lease from its last committed row,
+as a plain read sees it, instead of under its row lock."""
 
 
 _INSERT_COLUMNS = [
@@ -249,8 +254,10 @@ def read_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState 
             _c.scope == scope
         )
     ).first()
-    if row is None:
-        return None
+    return None if row is None else _state(row)
+
+
+def _state(row: Any) -> LeaseState:
     db_now = int(row.db_now)
     released = bool(row.released)
     return LeaseState(
@@ -264,6 +271,62 @@ def read_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState 
     )
 
 
+def lock_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState | None:
+    """The lease of ``scope`` read under its row lock, for a decision about another
+    holder's lease (DESIGN §5): the lock is held until the caller's transaction ends.
+
+    On PostgreSQL a plain read sees only the last committed expiry, and a fenced
+    transaction's extension stays invisible until it commits: a lease whose committed
+    expiry passed may be alive and about to commit a charge. So the row is locked with
+    ``FOR UPDATE SKIP LOCKED``; a row another transaction holds locked is live. SQLite
+    serialises writers (the caller's ``BEGIN IMMEDIATE`` waited for any fenced
+    transaction), so its plain read is current.
+    """
+    if not is_postgresql(conn) or sabotage.active(LEASE_DECISION_ON_COMMITTED_READ):
+        return read_txn(conn, scope, offset_ms=offset_ms)
+    now = now_expr(conn, offset_ms).label("db_now")
+    row = conn.execute(
+        select(_c.scope, _c.holder, _c.token, _c.expires_at_ms, _c.released, now)
+        .where(_c.scope == scope)
+        .with_for_update(skip_locked=True)
+    ).first()
+    if row is not None:
+        return _state(row)
+    committed = read_txn(conn, scope, offset_ms=offset_ms)
+    if committed is None:
+        return None
+    # Locked by a running transaction (a fenced one extends it): live, whatever its
+    # committed expiry says.
+    return LeaseState(
+        scope=committed.scope,
+        holder=committed.holder,
+        token=committed.token,
+        expires_at_ms=committed.expires_at_ms,
+        released=False,
+        live=True,
+        db_now_ms=committed.db_now_ms,
+    )
+
+
+def owner_locked_or_live_txn(
+    conn: Connection, owner: LeaseRef, *, offset_ms: int = 0
+) -> bool:
+    """For a compare-and-set that requires an intent's owner to be dead: True when the
+    owner's lease row is locked by a running transaction (PostgreSQL; so live), which
+    the guard's own ``NOT EXISTS`` on committed rows cannot see. The row stays locked by
+    the caller until its transaction ends, so the owner cannot extend it meanwhile."""
+    if not is_postgresql(conn) or sabotage.active(LEASE_DECISION_ON_COMMITTED_READ):
+        return False
+    mine = _is_mine(owner)
+    locked = conn.execute(
+        select(_c.scope).where(mine).with_for_update(skip_locked=True)
+    ).first()
+    if locked is not None:
+        return False
+    exists = conn.execute(select(_c.scope).where(mine)).first()
+    return exists is not None
+
+
 def now_txn(conn: Connection, *, offset_ms: int = 0) -> int:
     """The database clock (plus the offset), read on ``conn``."""
     value = conn.execute(select(now_expr(conn, offset_ms))).scalar_one()
@@ -273,7 +336,9 @@ def now_txn(conn: Connection, *, offset_ms: int = 0) -> int:
 __all__ = [
     "acquire_txn",
     "extend_txn",
+    "lock_txn",
     "now_txn",
+    "owner_locked_or_live_txn",
     "read_txn",
     "release_txn",
     "renew_many_txn",

@@ -24,7 +24,14 @@ from sqlalchemy import (
 
 from celery_agboss.store.metadata import metadata
 
-__all__ = ["fenced_effects", "intent_history", "leases", "metadata", "outbound_calls"]
+__all__ = [
+    "fenced_effects",
+    "intent_history",
+    "leases",
+    "metadata",
+    "outbound_calls",
+    "record_uses",
+]
 
 # Identifiers we mint or receive: task ids, holders (uuid4), idempotency keys.
 KEY = String(512)
@@ -99,6 +106,21 @@ fenced_effects = Table(
     Column("token", BigInteger, nullable=False),
     Column("created_at_ms", BigInteger, nullable=False),
     Column("fingerprint", String(128), nullable=True),
+)
+
+
+record_uses = Table(
+    "agboss_record_uses",
+    metadata,
+    # An intent (``kind = "intent"``, keyed by its idempotency key) or a fenced effect
+    # (``"effect"``) that an execution other than its creator used: replayed, joined,
+    # took over or reconciled. Retention keeps the record while any of them is not
+    # terminal, and resolving the record re-drives every one of them that waits on it.
+    Column("kind", String(16), primary_key=True),
+    Column("record_key", KEY, primary_key=True),
+    Column("execution_id", KEY, primary_key=True),
+    Column("used_at_ms", BigInteger, nullable=False),
+    Index(None, "execution_id"),
 )
 
 

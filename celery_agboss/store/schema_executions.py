@@ -55,6 +55,10 @@ executions = Table(
     # The terminal delivery's links (chain, callbacks, errbacks) went out: a later
     # duplicate that replays the stored outcome must not send them again.
     Column("links_dispatched", Boolean, nullable=False, server_default=false()),
+    # The next re-publish is the planned continuation (a long wait's end, an answered
+    # pause, an operator's decision), not the recovery of a lost message: it does not
+    # count toward agboss_max_recovery_attempts.
+    Column("redrive_planned", Boolean, nullable=False, server_default=false()),
     Column("updated_at_ms", BigInteger, nullable=False),
     Index(None, "state", "not_before_ms"),
     Index(None, "terminal_at_ms"),

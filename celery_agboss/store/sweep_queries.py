@@ -12,19 +12,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, func, not_, or_, select, update
+from sqlalchemy import and_, delete, exists, false, not_, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
+    CANCELLABLE_STATES,
     TERMINAL_STATES,
     ExecutionState,
     execution_scope,
 )
-from celery_agboss.core.store import IntentRecord, IntentStatus, LeaseRef
+from celery_agboss.core.store import (
+    EFFECT_RECORD,
+    INTENT_RECORD,
+    IntentRecord,
+    IntentStatus,
+    LeaseRef,
+)
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.intents import owner_live_expr
-from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
-from celery_agboss.store.schema_executions import audit, executions, meta
+from celery_agboss.store.schema import fenced_effects, leases, outbound_calls, record_uses
+from celery_agboss.store.schema_executions import audit, executions, meta, pauses
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
 
@@ -33,33 +41,24 @@ _i = outbound_calls.c
 _l = leases.c
 _f = fenced_effects.c
 _m = meta.c
+_u = record_uses.c
+
+RECORD_USES_IGNORED_BY_RETENTION = sabotage.register("record-uses-ignored-by-retention")
+"""Sabotage (DESIGN §6.3): retention follows the creating execution only, so a record
+another execution replayed is deleted while that one still waits."""
 
 TICK_KEY_PREFIX = "sweep.tick."
 LAST_SWEEP_KEY = "sweep.last"
+LAST_WORKER_SWEEP_KEY = "sweep.last-by-workers"
 SWEEPER_SCOPE_PREFIX = "agboss.sweeper:"
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
-CANCELLABLE_STATES = (
-    ExecutionState.REQUESTED,
-    ExecutionState.RUNNING,
-    ExecutionState.WAITING,
-    ExecutionState.PAUSED,
-    ExecutionState.WAITING_OPERATOR,
-    ExecutionState.PARKED,
-)
-"""States a cancel request ends in ``CANCELLED`` once no lease is live and no intent is
-pending. ``COMPENSATING`` is not one: an undo that started runs to its end."""
 
 
 def _execution_lease_live(now: ColumnElement[int], execution_id: Any) -> ColumnElement[bool]:
+    """For listings only: a decision re-checks under the lease row's lock."""
     return exists().where(
         _l.scope == execution_id, not_(_l.released), _l.expires_at_ms > now
-    )
-
-
-def _pending_of(execution_id: Any) -> ColumnElement[bool]:
-    return exists().where(
-        _i.execution_id == execution_id, _i.status == IntentStatus.PENDING.value
     )
 
 
@@ -145,47 +144,23 @@ def list_intents_of(store: SQLAlchemyStore, execution_id: str) -> list[IntentRec
 
 
 def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:
-    """Ids of non-terminal executions with a cancel request and no live lease."""
+    """Ids of executions with a cancel request the sweep may end: not terminal, not
+    running (no live lease), not waiting for their operator. Only a listing: each is
+    ended under its row locks (``end_cancel_requested``)."""
+    states = [state.value for state in CANCELLABLE_STATES - {ExecutionState.WAITING_OPERATOR}]
     with store.read_transaction() as tx:
         now = tx.now_expr()
         rows = tx.execute(
             select(_e.id)
             .where(
                 _e.cancel_requested,
-                _e.state.in_([state.value for state in CANCELLABLE_STATES]),
+                _e.state.in_(states),
                 not_(_execution_lease_live(now, _e.id)),
             )
             .order_by(_e.updated_at_ms, _e.id)
             .limit(limit)
         ).all()
         return [str(row.id) for row in rows]
-
-
-def cancel_if_settled(store: SQLAlchemyStore, execution_id: str, reason: str) -> bool:
-    """``CANCELLED`` in one transaction, only while the execution is in a cancellable state,
-    holds no live lease and owns no PENDING intent; True when this call changed it."""
-    with store.transaction() as tx:
-        now = tx.now_expr()
-        changed = tx.execute(
-            update(executions)
-            .where(
-                _e.id == execution_id,
-                _e.state.in_([state.value for state in CANCELLABLE_STATES]),
-                not_(_execution_lease_live(now, _e.id)),
-                not_(_pending_of(_e.id)),
-            )
-            .values(
-                state=ExecutionState.CANCELLED.value,
-                cancel_requested=True,
-                cancel_reason=func.coalesce(_e.cancel_reason, reason),
-                reason=reason,
-                terminal_at_ms=now,
-                not_before_ms=None,
-                wake_requested=False,
-                updated_at_ms=now,
-            )
-        ).rowcount
-        return bool(changed)
 
 
 # --- retention ---------------------------------------------------------------------------
@@ -197,43 +172,116 @@ class RetentionResult:
     rows: int
 
 
+def _kept_for_a_user(kind: str, record_key: Any, cutoff_ms: int) -> ColumnElement[bool]:
+    """Some execution that used the record (not its creator) is not terminal, or became
+    terminal after ``cutoff_ms``: the record stays (DESIGN §6.3)."""
+    user = executions.alias("agboss_user")
+    return exists().where(
+        _u.kind == kind,
+        _u.record_key == record_key,
+        user.c.id == _u.execution_id,
+        or_(
+            user.c.state.not_in(_TERMINAL),
+            user.c.terminal_at_ms.is_(None),
+            user.c.terminal_at_ms >= cutoff_ms,
+        ),
+    )
+
+
+def _creator_done_before(execution_id: Any, cutoff_ms: int) -> ColumnElement[bool]:
+    return exists().where(
+        _e.id == execution_id,
+        _e.state.in_(_TERMINAL),
+        _e.terminal_at_ms.is_not(None),
+        _e.terminal_at_ms < cutoff_ms,
+    )
+
+
 def delete_settled_intents_before(
     store: SQLAlchemyStore, cutoff_ms: int, limit: int
 ) -> RetentionResult:
-    """Settled intents (and their history) of executions terminal since before
-    ``cutoff_ms``; never a PENDING intent, never a row of a non-terminal execution."""
+    """Settled intents (with their history and uses) whose every user — the execution that
+    created it and every one that replayed, joined, took over or reconciled it — has been
+    terminal since before ``cutoff_ms``. Never a PENDING intent, never one a non-terminal
+    execution used, whoever created it."""
+    kept = (
+        false()
+        if sabotage.active(RECORD_USES_IGNORED_BY_RETENTION)
+        else _kept_for_a_user(INTENT_RECORD, _i.idempotency_key, cutoff_ms)
+    )
     with store.transaction() as tx:
-        ids = _terminal_with(
-            tx, cutoff_ms, limit,
-            exists().where(
-                _i.execution_id == _e.id, _i.status != IntentStatus.PENDING.value
-            ),
-        )
-        return RetentionResult(len(ids), tx.delete_settled_intents(ids) if ids else 0)
+        rows = tx.execute(
+            select(_i.idempotency_key, _i.execution_id)
+            .where(
+                _i.status != IntentStatus.PENDING.value,
+                _creator_done_before(_i.execution_id, cutoff_ms),
+                not_(kept),
+            )
+            .order_by(_i.completed_at_ms, _i.idempotency_key)
+            .limit(limit)
+        ).all()
+        keys = [str(row.idempotency_key) for row in rows]
+        deleted = tx.delete_settled_intents_by_key(keys) if keys else 0
+        if keys:
+            tx.delete_record_uses(INTENT_RECORD, keys)
+        return RetentionResult(len({str(row.execution_id) for row in rows}), deleted)
 
 
 def delete_effects_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> RetentionResult:
-    """Fenced-effect records of executions terminal since before ``cutoff_ms``."""
+    """Fenced-effect records (and their uses) whose every user has been terminal since
+    before ``cutoff_ms``."""
+    kept = (
+        false()
+        if sabotage.active(RECORD_USES_IGNORED_BY_RETENTION)
+        else _kept_for_a_user(EFFECT_RECORD, _f.key, cutoff_ms)
+    )
     with store.transaction() as tx:
-        ids = _terminal_with(tx, cutoff_ms, limit, exists().where(_f.execution_id == _e.id))
-        return RetentionResult(len(ids), tx.delete_effects(ids) if ids else 0)
+        rows = tx.execute(
+            select(_f.key, _f.execution_id)
+            .where(_creator_done_before(_f.execution_id, cutoff_ms), not_(kept))
+            .order_by(_f.created_at_ms, _f.key)
+            .limit(limit)
+        ).all()
+        keys = [str(row.key) for row in rows]
+        deleted = 0
+        if keys:
+            deleted = tx.delete_effects_by_key(keys)
+            tx.delete_record_uses(EFFECT_RECORD, keys)
+        return RetentionResult(len({str(row.execution_id) for row in rows}), deleted)
 
 
-def _terminal_with(
-    tx: SQLTransaction, cutoff_ms: int, limit: int, has_rows: ColumnElement[bool]
-) -> list[str]:
-    rows = tx.execute(
-        select(_e.id)
-        .where(
-            _e.state.in_(_TERMINAL),
-            _e.terminal_at_ms.is_not(None),
-            _e.terminal_at_ms < cutoff_ms,
-            has_rows,
+def delete_terminal_executions_before(
+    store: SQLAlchemyStore, cutoff_ms: int, limit: int
+) -> int:
+    """Execution rows terminal since before ``cutoff_ms`` whose intents and fenced effects
+    are gone already (retention keeps those as long as they are needed), with their
+    lease row, pauses and uses: history does not grow without bound. The audit trail of
+    operators' decisions stays."""
+    with store.transaction() as tx:
+        rows = tx.execute(
+            select(_e.id)
+            .where(
+                _e.state.in_(_TERMINAL),
+                _e.terminal_at_ms.is_not(None),
+                _e.terminal_at_ms < cutoff_ms,
+                not_(exists().where(_i.execution_id == _e.id)),
+                not_(exists().where(_f.execution_id == _e.id)),
+            )
+            .order_by(_e.terminal_at_ms, _e.id)
+            .limit(limit)
+        ).all()
+        ids = [str(row.id) for row in rows]
+        if not ids:
+            return 0
+        tx.execute(delete(pauses).where(pauses.c.execution_id.in_(ids)))
+        tx.execute(delete(record_uses).where(_u.execution_id.in_(ids)))
+        tx.execute(delete(leases).where(_l.scope.in_(ids), _l.released))
+        # A terminal execution's lease was released; one left unreleased (its holder
+        # died after the verdict) has expired long ago: gone too.
+        tx.execute(
+            delete(leases).where(_l.scope.in_(ids), _l.expires_at_ms < tx.now_expr())
         )
-        .order_by(_e.terminal_at_ms, _e.id)
-        .limit(limit)
-    ).all()
-    return [str(row.id) for row in rows]
+        return int(tx.execute(delete(executions).where(_e.id.in_(ids))).rowcount)
 
 
 # --- the sweeper's own lease -----------------------------------------------------------
@@ -301,7 +349,9 @@ def insert_audit_txn(
 
 
 def execution_lease_live(tx: SQLTransaction, execution_id: str) -> bool:
-    lease = tx.read_lease(execution_scope(execution_id))
+    """Whether the execution runs under a live lease, decided under its row lock (held
+    until ``tx`` ends, so the answer stays true while the caller writes its decision)."""
+    lease = tx.lock_lease(execution_scope(execution_id))
     return lease is not None and lease.live
 
 
@@ -315,17 +365,18 @@ def executions_by_ids(store: SQLAlchemyStore, ids: Sequence[str]) -> dict[str, s
 
 
 __all__ = [
-    "CANCELLABLE_STATES",
     "LAST_SWEEP_KEY",
+    "LAST_WORKER_SWEEP_KEY",
+    "RECORD_USES_IGNORED_BY_RETENTION",
     "SWEEPER_SCOPE_PREFIX",
     "TICK_KEY_PREFIX",
     "RetentionResult",
-    "cancel_if_settled",
     "claim_tick",
     "delete_dead_sweeper_leases",
     "delete_effects_before",
     "delete_released_lease",
     "delete_settled_intents_before",
+    "delete_terminal_executions_before",
     "execution_lease_live",
     "executions_by_ids",
     "find_cancel_requested",

@@ -26,7 +26,7 @@ from celery_agboss.core.store import (
     LeaseState,
     NewIntent,
 )
-from celery_agboss.store import effects, intents, leases
+from celery_agboss.store import effects, intents, leases, record_uses
 from celery_agboss.store.dialect import clock, now_expr
 from celery_agboss.store.driver_errors import translated
 
@@ -82,6 +82,12 @@ class SQLTransaction:
         with translated():
             return effects.insert_txn(self._conn, record, offset_ms=self._offset_ms)
 
+    def record_use(self, kind: str, record_key: str, execution_id: str) -> None:
+        with translated():
+            record_uses.record_use_txn(
+                self._conn, kind, record_key, execution_id, offset_ms=self._offset_ms
+            )
+
     # --- additive verbs ------------------------------------------------------------
 
     @property
@@ -121,8 +127,17 @@ class SQLTransaction:
             return leases.release_txn(self._conn, lease)
 
     def read_lease(self, scope: str) -> LeaseState | None:
+        """The last committed lease row: for listings and reports, never for a decision
+        about another holder's lease (``lock_lease``)."""
         with translated():
             return leases.read_txn(self._conn, scope, offset_ms=self._offset_ms)
+
+    def lock_lease(self, scope: str) -> LeaseState | None:
+        """The lease under its row lock, held until this transaction ends; a row a running
+        transaction holds locked is live (DESIGN §5). Every decision about another
+        holder's lease reads it this way, in the transaction that writes the decision."""
+        with translated():
+            return leases.lock_txn(self._conn, scope, offset_ms=self._offset_ms)
 
     def find_stranded_intents(
         self, limit: int, names: Sequence[str] | None = None
@@ -140,15 +155,25 @@ class SQLTransaction:
                 self._conn, execution_id, offset_ms=self._offset_ms
             )
 
-    def delete_settled_intents(self, execution_ids: Sequence[str]) -> int:
+    def delete_settled_intents_by_key(self, keys: Sequence[str]) -> int:
         """Retention of intents and their history; PENDING ones are never deleted."""
         with translated():
-            return intents.delete_settled_for_executions_txn(self._conn, execution_ids)
+            return intents.delete_settled_by_keys_txn(self._conn, keys)
 
-    def delete_effects(self, execution_ids: Sequence[str]) -> int:
+    def delete_effects_by_key(self, keys: Sequence[str]) -> int:
         """Retention of fenced-effect records."""
         with translated():
-            return effects.delete_for_executions_txn(self._conn, execution_ids)
+            return effects.delete_by_keys_txn(self._conn, keys)
+
+    def delete_record_uses(self, kind: str, record_keys: Sequence[str]) -> int:
+        """Forget who used records that retention deleted."""
+        with translated():
+            return record_uses.delete_uses_txn(self._conn, kind, record_keys)
+
+    def users_of(self, kind: str, record_key: str) -> list[str]:
+        """The executions other than its creator that used the record."""
+        with translated():
+            return record_uses.users_of_txn(self._conn, kind, record_key)
 
     def execute(self, statement: Any, parameters: Any = None) -> Any:
         """Run a SQLAlchemy statement on this transaction, driver errors translated."""

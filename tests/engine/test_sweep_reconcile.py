@@ -4,13 +4,14 @@ as ``not_sent_confirmed`` and flags Unknown — and never sends."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
 
 from celery_agboss.core.history import HistoryEvent, verify_history
 from celery_agboss.core.lease import acquire
-from celery_agboss.core.outbound import CallContext, Lookup, Outcome
+from celery_agboss.core.outbound import CallContext, Completed, Lookup, OutboundCall, Outcome
 from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
@@ -87,11 +88,36 @@ def test_the_sweep_leaves_an_intent_whose_owner_is_alive(shop: Shop) -> None:
 
 
 def test_the_sweep_skips_an_intent_of_a_call_it_does_not_know(shop: Shop) -> None:
+    """Neither registered with the sweep's app nor declared once in the process: two
+    declarations of the name leave only an explicit registration to say which is meant."""
     key = _stranded(shop, OUTBOUND_AFTER_SEND)
+    same_name = shop.charge_call()  # a second declaration of "fake.charge"
     other = EngineSettings(pseudonym_key=shop.settings.pseudonym_key)
     assert _sweep(shop, key, other) is StrandedOutcome.UNKNOWN_CALL
     record = shop.store.read_intent(key)
     assert record is not None and record.status is IntentStatus.PENDING
+    del same_name
+
+
+def test_a_sweep_in_a_process_that_never_used_the_call_finds_it_by_its_declaration(
+    shop: Shop,
+) -> None:
+    """A worker's main process sweeping never ran the task: importing the app's module
+    declared the call, and that is enough to reconcile with it."""
+    name = f"solo.charge_{uuid.uuid4().hex[:8]}"
+    call = OutboundCall(name=name, send=lambda c: shop.gateway.charge(700, c.idempotency_key),
+                        reconcile=lambda c, lookup: Completed(shop.gateway.lookup(
+                            lookup.idempotency_key)), key_retention=86400)
+    dead = shop.start("task-1")
+    arm_raise(OUTBOUND_AFTER_SEND, Crash, only={"holder": dead.lease_ref.holder})
+    with pytest.raises(Crash):
+        dead.outbound(call, {"amount": 700})
+    shop.expire_leases()
+    key = step_intent_key(shop.settings, "task-1", name)
+    elsewhere = EngineSettings(pseudonym_key=shop.settings.pseudonym_key)
+    assert name not in elsewhere.registry
+    assert _sweep(shop, key, elsewhere) is StrandedOutcome.COMPLETED
+    assert elsewhere.registry[name] is call
 
 
 def _lookup_breaks(call: CallContext, lookup: Lookup) -> Any:
@@ -125,3 +151,36 @@ def test_a_reconcile_names_who_asked_in_its_history(shop: Shop) -> None:
     assert taken.event == HistoryEvent.TAKEN_FOR_RECONCILE.value
     assert found.event == HistoryEvent.RECONCILED_COMPLETED.value
     assert taken.detail["by"] == found.detail["by"] == "cancel"
+
+
+def _next_lookup_in_seconds(shop: Shop, key: str) -> float:
+    record = shop.store.read_intent(key)
+    assert record is not None and record.next_lookup_at_ms is not None
+    return (record.next_lookup_at_ms - record.read_at_ms) / 1000
+
+
+def _not_sent_lookups(shop: Shop, times: int) -> list[float]:
+    """An intent never processed whose execution does not run again: the sweep keeps
+    finding it, and each lookup answers ``NotSent``."""
+    key = _stranded(shop, OUTBOUND_BEFORE_SEND)
+    delays = []
+    for _ in range(times):
+        assert _sweep(shop, key) is StrandedOutcome.NOT_SENT_CONFIRMED
+        delays.append(_next_lookup_in_seconds(shop, key))
+        shop.clock.advance(delays[-1] + 1)
+    return delays
+
+
+def test_lookups_that_keep_answering_not_sent_back_off_to_the_cap(shop: Shop) -> None:
+    delays = _not_sent_lookups(shop, 4)
+    assert [round(d) for d in delays] == [30, 60, 120, 240]
+    assert shop.gateway.requests == [], "the sweep never sends"
+
+
+def test_without_back_off_a_not_sent_intent_is_looked_up_every_30_seconds(shop: Shop) -> None:
+    from celery_agboss.core.stranded import NOT_SENT_LOOKUPS_NOT_BACKED_OFF
+    from celery_agboss.testing.sabotage import sabotage
+
+    with sabotage(NOT_SENT_LOOKUPS_NOT_BACKED_OFF):
+        delays = _not_sent_lookups(shop, 3)
+    assert [round(d) for d in delays] == [30, 30, 30]

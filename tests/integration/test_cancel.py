@@ -4,20 +4,26 @@ A revoke (with or without ``terminate``) is recorded as a cancel request. An
 execution that never started becomes ``CANCELLED`` and its message never runs
 the body. One revoked mid-send (``terminate=True`` kills the pool child while
 the charge is on the wire) is left with a PENDING intent: the next delivery does
-not run the body — it looks the intent up (never sends), settles it, and ends the
-execution ``CANCELLED``; at most one payment. A lookup's "not found" settles the
+not run the body — it looks the intent up (never sends) and settles it; at most one
+payment. A lookup's "not found" settles the
 intent ``FAILED`` only when the call's lookup proves absence; otherwise a person
-decides (``WAITING_OPERATOR``, never "failed"). The twin ignores the cancel request
+decides (``WAITING_OPERATOR``, never "failed"); one whose payment went through is
+never silently ``CANCELLED`` either: it waits for a person. The twin ignores the cancel request
 and runs the body: the lookup finds nothing, so the charge is sent again and a
 cancelled order is paid.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.delivery import CANCEL_REQUEST_IGNORED
+from celery_agboss.operator import cancel, list_waits
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
@@ -80,23 +86,29 @@ def test_a_payment_revoked_before_it_started_never_runs(shop_factory: ShopFactor
     assert shop.execution(task_id).state.value == "CANCELLED"  # type: ignore[union-attr]
 
 
-def test_a_charge_revoked_mid_send_with_its_answer_lost_is_reconciled_then_cancelled(
+def test_a_charge_revoked_mid_send_with_its_answer_lost_is_reconciled_and_waits_for_a_person(
     shop_factory: ShopFactory,
 ) -> None:
+    """The lookup finds the payment: money moved, so the cancel never ends it silently
+    ``CANCELLED``; it waits for an operator ("cancelled after a completed payment"),
+    listed by ``agboss pending`` with the command that ends it."""
     shop = shop_factory()
     shop.start_worker()
     gateway = shop.gateway.gateway
     task_id = revoke_with_terminate_mid_send(shop, "o-42", processed=True)
     assert len(gateway.payments) == 1, "the gateway charged before the delivery was killed"
     redeliver(shop, task_id)
-    record = shop.wait_state(task_id, "CANCELLED", timeout=30)
-    shop.wait_logged(f"execution.cancelled execution={task_id}")
+    record = shop.wait_state(task_id, "WAITING_OPERATOR", timeout=30)
+    assert record.reason and record.reason.startswith(CANCELLED_AFTER_PAYMENT)
     assert len(shop.gateway.notes_of("body-start", task_id)) == 1, "the body never ran again"
     assert (len(gateway.requests), len(gateway.payments)) == (1, 1), "looked up, never resent"
     assert gateway.lookups, "the intent was reconciled first"
     (intent,) = shop.intents_of(task_id)
     assert intent.status is IntentStatus.COMPLETED, "the payment is recorded, not lost"
-    assert record.cancel_requested and record.terminal_at_ms is not None
+    (wait,) = [w for w in list_waits(shop.app) if w.execution.id == task_id]
+    assert "--payments-handled" in wait.ends_with
+    ended = cancel(shop.app, task_id, "refunded by hand", payments_handled=True)
+    assert ended.state.value == "CANCELLED" and ended.terminal_at_ms is not None
 
 
 def test_a_charge_revoked_before_the_gateway_processed_it_is_cancelled_with_nothing_paid(

@@ -277,11 +277,16 @@ def test_celery_agboss_pending_runs_as_a_celery_subcommand(
 def test_resolve_completed_is_refused_where_the_call_is_not_registered(
     no_lookup: World, ops_store_url: str
 ) -> None:
-    """Fail closed: without the call, its masking policy is unknown; nothing is stored."""
+    """Fail closed: without the call, its masking policy is unknown; nothing is stored.
+    Unknown here: not registered with this app, and declared twice in the process (so
+    the declaration cannot say which one the intent belongs to)."""
+    from dataclasses import replace
+
     from celery_agboss import AGBoss
     from celery_agboss.signals import disconnect
 
     _, key = _waiting_for_operator(no_lookup)
+    second_declaration = replace(no_lookup.call)  # another "ops.charge" in this process
     app = Celery("unregistered", broker="memory://")
     app.conf.update(agboss_database_url=ops_store_url,
                     agboss_pseudonym_key="operations-tests-pseudonym-key")
@@ -294,6 +299,7 @@ def test_resolve_completed_is_refused_where_the_call_is_not_registered(
         app.close()
     assert result.exit_code == EXIT_REFUSED
     assert "AGBoss(app).register(call)" in result.output
+    del second_declaration
     (intent,) = no_lookup.intents(no_lookup.execution(intent_execution(no_lookup, key)).id)
     assert intent.status is IntentStatus.PENDING
 

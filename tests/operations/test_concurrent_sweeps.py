@@ -24,6 +24,7 @@ from tests.operations.world import GRACE_SECONDS, INTERVAL_SECONDS, World
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXECUTIONS = 24
+RACE_BATCH = 2
 
 
 def _lost_messages(world: World, count: int = EXECUTIONS) -> list[str]:
@@ -89,7 +90,11 @@ def test_without_the_claim_two_sweepers_republish_each_execution_twice(
 def test_a_sweeper_in_another_process_and_one_here_republish_each_execution_once(
     world_factory: WorldFactory, managed_process: ProcessFactory, ops_store_url: str
 ) -> None:
-    """Both sweep in a loop while N leases run out at the same (real) moment."""
+    """Both sweep in a loop while N leases run out at the same (real) moment.
+
+    Small batches on both sides: with one batch of all 24, whichever sweeper runs first
+    after the expiry claims everything before the other is scheduled (on a loaded
+    machine, a relay, not a race); a few claims per sweep make them interleave."""
     here = world_factory()
     ids = [here.publish(f"order-{n}") for n in range(EXECUTIONS)]
     for task_id in ids:
@@ -97,7 +102,8 @@ def test_a_sweeper_in_another_process_and_one_here_republish_each_execution_once
     config = {"database_url": ops_store_url, "clock_offset_ms": here.clock.offset_ms()}
     other = managed_process(
         [sys.executable, "-m", "celery", "-A", "tests.operations.apps.ops_app:app",
-         "agboss", "sweep", "--loop", "--interval", "0.1", "--max-runs", "400", "--json"],
+         "agboss", "sweep", "--loop", "--interval", "0.1", "--max-runs", "400",
+         "--batch-size", str(RACE_BATCH), "--json"],
         name="sweeper",
         env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)},
         cwd=str(REPO_ROOT),
@@ -117,7 +123,7 @@ def test_a_sweeper_in_another_process_and_one_here_republish_each_execution_once
     mine: list[str] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and set(mine + theirs()) != set(ids):
-        mine += run_sweep(here.agboss).republished_ids
+        mine += run_sweep(here.agboss, batch_size=RACE_BATCH).republished_ids
         time.sleep(0.01)
     other.send_signal(signal.SIGTERM)
     assert other.wait(30) == 0, other.describe()

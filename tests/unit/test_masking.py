@@ -194,3 +194,39 @@ def test_a_masking_error_pickles_with_its_fields() -> None:
         MaskingPolicy(mask=["a"], keep_for_reconcile=["a"])
     copy_ = pickle.loads(pickle.dumps(caught.value))
     assert (copy_.policy, copy_.field, str(copy_)) == ("mask", "a", str(caught.value))
+
+
+# --- lists are masked element-wise (DESIGN §7) ------------------------------------------
+
+
+def test_a_path_through_a_list_masks_that_field_of_every_element() -> None:
+    masked = MaskingPolicy(mask=["items.card.number"]).mask_request(REQUEST)
+    assert isinstance(masked, dict)
+    assert [item["card"]["number"] for item in masked["items"]] == [MASK, MASK]
+    assert [item["sku"] for item in masked["items"]] == ["a", "b"]
+
+
+def test_a_list_of_values_under_a_masked_path_is_masked_value_by_value() -> None:
+    masked = MaskingPolicy(mask=["cards"]).mask_request({"cards": ["4242", "5555"]})
+    assert masked == {"cards": MASK}
+    masked = MaskingPolicy(mask=["cards.number"]).mask_request({"cards": ["4242", "5555"]})
+    assert masked == {"cards": [MASK, MASK]}
+
+
+def test_without_element_wise_masking_a_list_keeps_the_card_numbers() -> None:
+    from celery_agboss.core.masking import LISTS_NOT_MASKED_ELEMENT_WISE
+    from celery_agboss.testing.sabotage import sabotage
+
+    with sabotage(LISTS_NOT_MASKED_ELEMENT_WISE):
+        masked = MaskingPolicy(mask=["items.card.number"]).mask_request(REQUEST)
+    assert "4000000000000002" in repr(masked), "stored in clear"
+
+
+def test_a_mask_that_is_not_a_policy_is_refused_at_declaration_naming_what_to_pass() -> None:
+    from celery_agboss import NotSent, OutboundCall
+    from celery_agboss.errors import OutboundCallDefinitionError
+
+    with pytest.raises(OutboundCallDefinitionError, match=r"mask=MaskingPolicy\(mask=") as caught:
+        OutboundCall(name="shop.charge", send=lambda c: None, reconcile=lambda c, lk: NotSent(),
+                     key_retention=86400, mask=["card.number"])  # type: ignore[arg-type]
+    assert getattr(caught.value, "rule", None) == "mask"

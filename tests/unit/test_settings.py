@@ -209,3 +209,53 @@ def test_no_beat_entry_when_the_sweep_interval_is_zero(apps: list[Celery]) -> No
     app = new_app(apps, **conf(agboss_sweep_interval=0))
     AGBoss(app)
     assert "celery_agboss.sweep" not in (app.conf.beat_schedule or {})
+
+
+# --- from the environment ----------------------------------------------------------------
+
+
+def test_a_setting_the_conf_lacks_is_read_from_its_environment_variable() -> None:
+    s = settings_from_conf(
+        {"agboss_pseudonym_key": KEY},
+        environ={"AGBOSS_DATABASE_URL": URL, "AGBOSS_LEASE_TTL": "10",
+                 "AGBOSS_SWEEP_INTERVAL": "0", "AGBOSS_MAX_RECOVERY_ATTEMPTS": "4",
+                 "AGBOSS_PAYMENT_TASKS": "shop.charge_*, shop.refund"},
+    )
+    assert s.database_url == URL and s.lease_ttl_seconds == 10.0
+    assert s.sweep_interval_seconds == 0 and s.max_recovery_attempts == 4
+    assert s.payment_tasks == ("shop.charge_*", "shop.refund")
+
+
+def test_the_conf_wins_over_the_environment() -> None:
+    s = settings_from_conf(conf(agboss_lease_ttl=20), environ={"AGBOSS_LEASE_TTL": "10"})
+    assert s.lease_ttl_seconds == 20.0
+
+
+def test_a_wrong_value_in_the_environment_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ConfigurationError, match="the environment variable AGBOSS_LEASE_TTL"):
+        settings_from_conf(conf(), environ={"AGBOSS_LEASE_TTL": "ten seconds"})
+    with pytest.raises(ConfigurationError, match="AGBOSS_MAX_RECOVERY_ATTEMPTS"):
+        settings_from_conf(conf(), environ={"AGBOSS_MAX_RECOVERY_ATTEMPTS": "-1"})
+
+
+def test_an_empty_environment_variable_is_unset() -> None:
+    s = settings_from_conf(conf(), environ={"AGBOSS_LEASE_TTL": ""})
+    assert s.lease_ttl_seconds == 30.0
+
+
+def test_other_agboss_environment_variables_are_not_settings() -> None:
+    s = settings_from_conf(conf(), environ={"AGBOSS_TEST_POSTGRES_URL": "x", "AGBOSS_TESTING": "0"})
+    assert s.tenant == "default"
+
+
+def test_terminal_executions_are_kept_as_long_as_the_longer_retention_unless_set() -> None:
+    s = settings_from_conf(conf(agboss_outbound_retention=100, agboss_fenced_effect_retention=50),
+                           environ={})
+    assert s.terminal_execution_retention_seconds == 100
+    s = settings_from_conf(conf(agboss_execution_retention=timedelta(days=1)), environ={})
+    assert s.terminal_execution_retention_seconds == 86400
+
+
+def test_payment_tasks_must_be_a_list_of_names() -> None:
+    with pytest.raises(ConfigurationError, match="agboss_payment_tasks must be a list"):
+        settings_from_conf(conf(agboss_payment_tasks=[1, 2]), environ={})

@@ -1,0 +1,147 @@
+"""What one delivery of a ``PaymentTask`` does, in a real worker, on both stores.
+
+``shop`` is a Celery app with ``AGBoss`` on a throwaway store (a SQLite file, or a
+PostgreSQL clone of a migrated template), Celery's in-memory broker and results, and
+a ``FakeGateway`` on a virtual clock that also moves the database clock. Tests declare
+their own tasks on it and run them in ``shop.worker()``, a real worker in a thread of
+this process (``celery_agboss.testing.celery_app.running_worker``). The speed-ups these
+tests rely on, which a deployment does not use: the in-memory broker, a 5 s lease, a
+0.2 s retry after an unknown outcome, no sweep beat (a test runs the sweep itself), and
+the virtual clock for waits longer than a test should take.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask
+from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss.core.store import IntentRecord
+from celery_agboss.sweep import SweepReport, run_sweep
+from celery_agboss.testing.celery_app import close_test_app, make_test_app, running_worker
+from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.gateway import FakeGateway
+from celery_agboss.testing.gateway_types import is_definite_failure
+from tests.support.processes import wait_until
+from tests.support.stores import STORE_BACKENDS, fresh_store_url
+
+
+@dataclass
+class PaymentShop:
+    """An app, its store, a gateway, and the calls its tasks make."""
+
+    app: Celery
+    clock: VirtualClock
+    gateway: FakeGateway
+    calls: dict[str, OutboundCall] = field(default_factory=dict)
+
+    @property
+    def agboss(self) -> AGBoss:
+        return AGBoss.of(self.app)
+
+    def call(self, name: str = "shop.charge", **options: Any) -> OutboundCall:
+        """An outbound call charging ``request["amount"]`` at the fake gateway, reconciled
+        by a lookup of its key (a decline is the only definite failure)."""
+        if name in self.calls:
+            return self.calls[name]
+        gateway = self.gateway
+
+        def send(call: CallContext) -> Any:
+            return gateway.charge(call.request["amount"], call.idempotency_key,
+                                  reference=call.request.get("order"))
+
+        def reconcile(call: CallContext, lookup: Lookup) -> Any:
+            found = gateway.lookup(lookup.idempotency_key)
+            return NotSent() if found is None else Completed(found)
+
+        made = OutboundCall(
+            name=name,
+            send=send,
+            reconcile=reconcile,
+            key_retention=timedelta(hours=24),
+            is_definite_failure=is_definite_failure,
+            transaction_id=lambda result: result.get("id"),
+            **options,
+        )
+        self.calls[name] = self.agboss.register(made)
+        return made
+
+    def task(self, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        """``@shop.task()``: a bound ``PaymentTask`` of this app, named after the function."""
+
+        def declare(fn: Callable[..., Any]) -> Any:
+            return self.app.task(base=PaymentTask, bind=True, shared=False,
+                                 name=f"shop.{fn.__name__}", **options)(fn)
+
+        return declare
+
+    @contextmanager
+    def worker(self, **options: Any) -> Iterator[Any]:
+        with running_worker(self.app, **options) as worker:
+            try:
+                yield worker
+            finally:
+                self.gateway.release()
+
+    # --- what tests read -----------------------------------------------------------
+
+    def execution(self, execution_id: str) -> ExecutionRecord:
+        record = self.agboss.executions.read_execution(execution_id)
+        assert record is not None, f"no execution {execution_id}"
+        return record
+
+    def wait_state(self, execution_id: str, *states: str, timeout: float = 20) -> ExecutionRecord:
+        def reached() -> ExecutionRecord | None:
+            record = self.agboss.executions.read_execution(execution_id)
+            return record if record is not None and record.state.value in states else None
+
+        found: ExecutionRecord = wait_until(
+            reached, timeout,
+            message=lambda: f"{execution_id} to be {'/'.join(states)} "
+            f"(is {getattr(self.agboss.executions.read_execution(execution_id), 'state', None)})",
+        )
+        return found
+
+    def intents(self, execution_id: str) -> list[IntentRecord]:
+        with self.agboss.store.read_transaction() as tx:
+            return tx.list_intents(execution_id)
+
+    def sweep(self, **options: Any) -> SweepReport:
+        return run_sweep(self.agboss, **options)
+
+    def new_id(self) -> str:
+        return f"exec-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def delivery_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return fresh_store_url(request, tmp_path, "delivery-migrated")
+
+
+@pytest.fixture
+def shop_config() -> dict[str, Any]:
+    """Settings a test adds to its app (override it in a module)."""
+    return {}
+
+
+@pytest.fixture
+def shop(delivery_store_url: str, shop_config: dict[str, Any]) -> Iterator[PaymentShop]:
+    clock = VirtualClock()
+    app = make_test_app(delivery_store_url, clock_offset_source=clock.offset_ms,
+                        config=shop_config)
+    gateway = FakeGateway(clock=clock, hold_timeout=20)
+    try:
+        yield PaymentShop(app=app, clock=clock, gateway=gateway)
+    finally:
+        gateway.close()
+        close_test_app(app)

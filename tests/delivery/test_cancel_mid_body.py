@@ -1,0 +1,94 @@
+"""DESIGN §2.2: a cancel request recorded while the body runs stops it at its next
+``outbound()`` or ``fenced_effect()``, which sends and writes nothing; the execution ends
+``CANCELLED`` — unless a money-moving call of it already completed: then it never ends
+silently cancelled but waits for an operator, listed with the command that ends it.
+
+The revoke is ``app.control.revoke(id)`` without ``terminate`` (the body keeps running:
+Celery itself does not stop it), recorded in the store by ``AGBoss``'s revoke recorder.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
+from celery_agboss.core.protections import CANCEL_NOT_CHECKED_MID_BODY
+from celery_agboss.operator import cancel, list_waits
+from celery_agboss.testing.sabotage import sabotage
+from tests.delivery.conftest import PaymentShop
+from tests.support.processes import wait_until
+
+
+def _revoked_before_the_charge(shop: PaymentShop) -> str:
+    """The body does a step, waits there while the revoke is recorded, then charges."""
+    charge = shop.call()
+    at_the_step, go_on = threading.Event(), threading.Event()
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        at_the_step.set()  # e.g. a fraud check before the charge
+        assert go_on.wait(20)
+        return self.outbound(charge, {"amount": 1000, "order": order},
+                             business_key=f"order:{order}")
+
+    with shop.worker():
+        task_id = str(pay.delay("o-1").id)
+        assert at_the_step.wait(20)
+        shop.app.control.revoke(task_id)
+        wait_until(lambda: shop.execution(task_id).cancel_requested, 10,
+                   message="the revoke to be recorded")
+        go_on.set()
+        shop.wait_state(task_id, "CANCELLED", "COMPLETED")
+    return task_id
+
+
+def test_a_revoke_while_the_body_runs_stops_it_before_the_charge(shop: PaymentShop) -> None:
+    task_id = _revoked_before_the_charge(shop)
+    assert shop.execution(task_id).state.value == "CANCELLED"
+    assert shop.gateway.requests == [], "nothing sent after the cancel was recorded"
+    assert shop.intents(task_id) == []
+
+
+def test_without_the_check_a_revoked_body_still_charges(shop: PaymentShop) -> None:
+    with sabotage(CANCEL_NOT_CHECKED_MID_BODY):
+        task_id = _revoked_before_the_charge(shop)
+    assert shop.execution(task_id).state.value == "COMPLETED"
+    assert len(shop.gateway.payments) == 1, "a revoked order paid"
+
+
+def test_a_revoke_after_the_charge_waits_for_an_operator_never_silently_cancelled(
+    shop: PaymentShop,
+) -> None:
+    charge = shop.call()
+    charged, go_on = threading.Event(), threading.Event()
+    written: list[str] = []
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000, "order": order},
+                                business_key=f"order:{order}")
+        charged.set()
+        assert go_on.wait(20)
+        self.fenced_effect("mark-paid", lambda conn: written.append(order))
+        return receipt
+
+    with shop.worker():
+        task_id = str(pay.delay("o-2").id)
+        assert charged.wait(20)
+        shop.app.control.revoke(task_id)
+        wait_until(lambda: shop.execution(task_id).cancel_requested, 10,
+                   message="the revoke to be recorded")
+        go_on.set()
+        record = shop.wait_state(task_id, "WAITING_OPERATOR", "CANCELLED", "COMPLETED")
+    assert record.state.value == "WAITING_OPERATOR"
+    assert record.reason is not None and record.reason.startswith(CANCELLED_AFTER_PAYMENT)
+    assert written == [], "the fenced effect after the cancel wrote nothing"
+    assert len(shop.gateway.payments) == 1
+    (wait,) = [w for w in list_waits(shop.app) if w.execution.id == task_id]
+    assert f"cancel {task_id} --payments-handled" in wait.ends_with
+    # Without the operator's word the cancel stays a visible wait; with it, it ends.
+    assert cancel(shop.app, task_id, "checking").state.value == "WAITING_OPERATOR"
+    ended = cancel(shop.app, task_id, "refunded at the gateway", payments_handled=True)
+    assert ended.state.value == "CANCELLED"
+    assert shop.sweep().cancelled == 0  # nothing for the sweep to redo

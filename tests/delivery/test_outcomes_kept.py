@@ -1,0 +1,287 @@
+"""What a delivery keeps, and what a duplicate gives back.
+
+- DESIGN §7: the execution's stored failure passes the masking policy of the calls its
+  delivery made (a decline quoting a card number is stored masked), and so does a
+  reconcile's ``Unknown`` reason kept for the operator.
+- A result JSON cannot hold is refused at completion, before anything is recorded as
+  done; a duplicate of a completed execution whose result this store cannot give back
+  never writes ``FAILURE`` over the ``SUCCESS`` the result backend holds, nor fires
+  ``link_error``.
+- A retry Celery refuses (past ``max_retries``) does not swallow a deferred duplicate's
+  wake: the release publishes the continuation. ``self.retry()`` of a started execution
+  carries no ``expires`` (DESIGN §2.1).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from celery_agboss import NotSent, OutboundCall, Unknown
+from celery_agboss.core.masking import MaskingPolicy
+from celery_agboss.core.protections import STORED_ERROR_UNMASKED
+from celery_agboss.delivery import (
+    UNSTORED_RESULT_REPLAYED_AS_FAILURE,
+    WAKE_FOLDED_INTO_REFUSED_RETRY,
+)
+from celery_agboss.task import RETRY_KEEPS_EXPIRES
+from celery_agboss.testing.gateway_types import FakeGatewayFault
+from celery_agboss.testing.sabotage import sabotage
+from tests.delivery.conftest import PaymentShop
+from tests.support.processes import wait_until
+
+CARD = "4242424242424242"
+
+
+class Declined(Exception):
+    """The gateway processed nothing (a definite failure); its text quotes the card."""
+
+
+def _hide_cards(text: str) -> str:
+    return re.sub(r"\d{12,19}", "****", text)
+
+
+def _strict_charge(shop: PaymentShop, reconcile: Any = None) -> OutboundCall:
+    def send(call: Any) -> Any:
+        raise Declined(f"card {call.request['card']} declined: insufficient funds")
+
+    call = OutboundCall(
+        name="shop.strict_charge",
+        send=send,
+        reconcile=reconcile or (lambda call, lookup: NotSent()),
+        key_retention=timedelta(hours=24),
+        is_definite_failure=lambda exc: isinstance(exc, Declined),
+        mask=MaskingPolicy(mask=["card"], mask_errors=_hide_cards),
+    )
+    return shop.agboss.register(call)
+
+
+def _declined_order(shop: PaymentShop) -> str:
+    call = _strict_charge(shop)
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        return self.outbound(call, {"amount": 1000, "card": CARD}, business_key=order)
+
+    with shop.worker():
+        task_id = str(pay.delay("o-1").id)
+        shop.wait_state(task_id, "FAILED")
+    return task_id
+
+
+def test_a_decline_quoting_the_card_is_stored_masked(shop: PaymentShop) -> None:
+    task_id = _declined_order(shop)
+    error = shop.execution(task_id).error or ""
+    assert "declined" in error and "****" in error
+    assert CARD not in error
+    (intent,) = shop.intents(task_id)
+    assert CARD not in repr(intent.request)
+
+
+def test_without_masking_the_stored_failure_quotes_the_card(shop: PaymentShop) -> None:
+    with sabotage(STORED_ERROR_UNMASKED):
+        task_id = _declined_order(shop)
+    assert CARD in (shop.execution(task_id).error or ""), "stored in clear"
+
+
+def test_a_reconcile_reason_kept_for_the_operator_is_masked(shop: PaymentShop) -> None:
+    def unsure(call: Any, lookup: Any) -> Any:
+        return Unknown(f"the gateway shows card {CARD} under review")
+
+    call = OutboundCall(
+        name="shop.review_charge",
+        send=lambda c: shop.gateway.charge(1000, c.idempotency_key),
+        reconcile=unsure,
+        key_retention=timedelta(hours=24),
+        mask=MaskingPolicy(mask_errors=_hide_cards),
+    )
+    shop.agboss.register(call)
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        return self.outbound(call, {"amount": 1000}, business_key=order)
+
+    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
+    with shop.worker():
+        task_id = str(pay.delay("o-5").id)
+        shop.wait_state(task_id, "WAITING_OPERATOR")
+    (intent,) = shop.intents(task_id)
+    assert intent.needs_operator and "under review" in (intent.operator_reason or "")
+    assert CARD not in (intent.operator_reason or "")
+    history = shop.agboss.store.read_history(intent.idempotency_key)
+    assert all(CARD not in repr(row.detail) for row in history)
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+class Receipt:
+    """Not JSON: what a body must not return without ``result_serializer = "pickle"``."""
+
+
+def test_a_result_json_cannot_hold_is_refused_before_it_is_recorded_as_done(
+    shop: PaymentShop,
+) -> None:
+    @shop.task()
+    def pay(self: Any) -> Any:
+        return Receipt()
+
+    with shop.worker():
+        result = pay.delay()
+        record = shop.wait_state(str(result.id), "FAILED", "COMPLETED")
+    assert record.state.value == "FAILED"
+    assert "cannot be stored as JSON" in (record.error or "")
+    assert result.state == "FAILURE"
+
+
+def _completed_with_a_pickled_result_then_a_duplicate(
+    shop: PaymentShop, *, expect_refund: bool = False
+) -> tuple[Any, list[str]]:
+    """A result kept pickled (``result_serializer = "pickle"``); then the app moves to
+    JSON results, and a late duplicate of the execution arrives with an errback (a
+    refund). Returns once the duplicate was delivered and had its chance to write."""
+    errbacks: list[str] = []
+
+    @shop.task()
+    def pay(self: Any) -> Any:
+        return {"when": datetime(2026, 12, 1, tzinfo=timezone.utc), "receipt": Receipt()}
+
+    @shop.app.task(shared=False, name="shop.refund_on_error")
+    def refund_on_error(*args: Any, **kwargs: Any) -> None:
+        errbacks.append("refund")
+
+    shop.app.conf.result_serializer = "pickle"
+    shop.app.conf.accept_content = ["json", "pickle"]
+    shop.app.conf.result_accept_content = ["json", "pickle"]
+    with shop.worker():
+        first = pay.apply_async()
+        shop.wait_state(str(first.id), "COMPLETED")
+        wait_until(lambda: first.state == "SUCCESS", 10, message="SUCCESS in the backend")
+        shop.app.conf.result_serializer = "json"
+        pay.apply_async(task_id=str(first.id), link_error=refund_on_error.s())
+        if expect_refund:
+            wait_until(lambda: errbacks, 10, message="the errback")
+        else:  # a negative claim needs a window: nothing may change in it
+            stays_true(lambda: backend_state(shop, first) == "SUCCESS" and not errbacks, 2.0)
+    return first, errbacks
+
+
+def backend_state(shop: PaymentShop, result: Any) -> str:
+    """What the result backend holds now (an ``AsyncResult`` caches a ready state)."""
+    return str(shop.app.AsyncResult(str(result.id)).state)
+
+
+def stays_true(predicate: Any, seconds: float) -> None:
+    """``predicate`` holds now and for ``seconds`` (a negative claim needs a window)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert predicate(), "the condition stopped holding"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
+
+
+def test_a_duplicate_never_writes_failure_over_success_nor_fires_link_error(
+    shop: PaymentShop,
+) -> None:
+    first, errbacks = _completed_with_a_pickled_result_then_a_duplicate(shop)
+    assert backend_state(shop, first) == "SUCCESS" and errbacks == []
+
+
+def test_a_duplicate_that_raises_instead_refunds_a_paid_order(shop: PaymentShop) -> None:
+    with sabotage(UNSTORED_RESULT_REPLAYED_AS_FAILURE):
+        _, errbacks = _completed_with_a_pickled_result_then_a_duplicate(
+            shop, expect_refund=True
+        )
+    # Celery's key-value backends keep a SUCCESS they hold; a database backend would not.
+    # The errback runs either way: a refund of a paid order.
+    assert errbacks == ["refund"]
+
+
+# --- retries --------------------------------------------------------------------------
+
+
+def _duplicate_then_an_unknown_outcome_past_max_retries(
+    shop: PaymentShop, *, continues: bool
+) -> str:
+    """``max_retries=0``: the delivery holds the lease while a duplicate is deferred (its
+    wake set); the charge's answer is lost; Celery refuses the retry. No sweep runs here:
+    only a published message can continue the execution."""
+    charge = shop.call()
+    go = threading.Event()
+
+    @shop.task(max_retries=0)
+    def pay(self: Any, order: str) -> Any:
+        assert go.wait(20)
+        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+
+    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
+    with shop.worker(concurrency=2):
+        task_id = str(pay.delay("o-7").id)
+        wait_until(lambda: shop.execution(task_id).state.value == "RUNNING", 10,
+                   message="the first delivery")
+        pay.apply_async(("o-7",), task_id=task_id)
+        wait_until(lambda: shop.execution(task_id).wake_requested, 10,
+                   message="the duplicate to be deferred")
+        go.set()
+        if continues:
+            shop.wait_state(task_id, "COMPLETED")
+        else:
+            shop.wait_state(task_id, "WAITING")
+            stays_true(lambda: shop.execution(task_id).state.value == "WAITING", 3.0)
+    return task_id
+
+
+def test_a_refused_retry_leaves_the_wake_to_publish_the_continuation(shop: PaymentShop) -> None:
+    task_id = _duplicate_then_an_unknown_outcome_past_max_retries(shop, continues=True)
+    assert shop.execution(task_id).state.value == "COMPLETED"
+    assert len(shop.gateway.requests) == 1 and shop.gateway.lookups, "reconciled, not resent"
+
+
+def test_folding_the_wake_into_a_refused_retry_loses_the_continuation(shop: PaymentShop) -> None:
+    with sabotage(WAKE_FOLDED_INTO_REFUSED_RETRY):
+        task_id = _duplicate_then_an_unknown_outcome_past_max_retries(shop, continues=False)
+    assert shop.execution(task_id).state.value == "WAITING", "charged, and nothing continues"
+    assert len(shop.gateway.payments) == 1
+
+
+def _retry_after_the_message_expired(shop: PaymentShop, *, runs: bool) -> str:
+    """Published with ``expires`` a second ahead; the body charges, then retries in 1.5 s
+    (after the message's ``expires``)."""
+    charge = shop.call()
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+        if self.request.retries == 0:
+            raise self.retry(countdown=1.5)  # e.g. wait for the warehouse
+        return receipt
+
+    expires = datetime.now(timezone.utc) + timedelta(seconds=1)
+    with shop.worker():
+        task_id = str(pay.apply_async(("o-8",), expires=expires).id)
+        if runs:
+            shop.wait_state(task_id, "COMPLETED", timeout=10)
+        else:  # the dropped retry changes nothing: a window to see it
+            stays_true(lambda: shop.execution(task_id).state.value != "COMPLETED", 4.0)
+    return task_id
+
+
+def test_a_retry_of_a_started_execution_runs_past_the_messages_expires(
+    shop: PaymentShop,
+) -> None:
+    task_id = _retry_after_the_message_expired(shop, runs=True)
+    assert shop.execution(task_id).state.value == "COMPLETED"
+    assert len(shop.gateway.payments) == 1
+
+
+def test_a_retry_carrying_expires_is_dropped_with_the_customer_charged(
+    shop: PaymentShop,
+) -> None:
+    with sabotage(RETRY_KEEPS_EXPIRES):
+        task_id = _retry_after_the_message_expired(shop, runs=False)
+    assert shop.execution(task_id).state.value == "WAITING"
+    assert len(shop.gateway.payments) == 1

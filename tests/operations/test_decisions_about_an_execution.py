@@ -1,0 +1,169 @@
+"""Decisions about an execution another party is acting on: taken on what is really
+there, never on what a plain read shows.
+
+- DESIGN §2.1, "the pending intent of an execution", one definition for every verb: a
+  ``PENDING`` intent it created, owns through its lease, or that is held on its behalf.
+  While the sweep holds an intent for its lookup, a redelivery whose body raises must
+  not make the execution ``FAILED`` (the lookup then finds the payment), nor may a
+  cancel end it.
+- DESIGN §5: every decision about another holder's lease is taken under that lease
+  row's lock. On PostgreSQL at READ COMMITTED a fenced transaction's extension is
+  invisible until it commits: once the committed expiry passed, a plain read says
+  "dead" while the holder is committing the claim of a charge. (SQLite serialises
+  writers: a decision waits for the fenced transaction, so only PostgreSQL has the
+  hole; those tests run there.)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from celery_agboss.core.executions import ExecutionState, StartKind
+from celery_agboss.core.faults import (
+    FENCED_BEFORE_COMMIT,
+    OUTBOUND_AFTER_READ,
+    RECONCILE_AFTER_LOOKUP,
+)
+from celery_agboss.core.lease import new_holder
+from celery_agboss.core.store import IntentStatus
+from celery_agboss.store.execution_rows import PENDING_INTENT_NARROW
+from celery_agboss.store.leases import LEASE_DECISION_ON_COMMITTED_READ
+from celery_agboss.testing.faults import arm_pause
+from celery_agboss.testing.gateway_types import FakeGatewayFault
+from celery_agboss.testing.sabotage import sabotage
+from tests.operations.world import TTL_SECONDS, World
+
+POSTGRES_ONLY = pytest.mark.parametrize(
+    "ops_store_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+ERROR = '{"type": "builtins.ValueError", "message": "out of stock", "args": ["out of stock"]}'
+
+
+def _sweep_holds_the_intent(world: World) -> tuple[str, Any, threading.Thread]:
+    """A delivery's charge lost its answer and the delivery died; the sweep takes the
+    intent for its lookup and is paused right after the gateway answered."""
+    task_id = world.publish()
+    world.strand(task_id, FakeGatewayFault.ANSWER_THEN_DROP)
+    paused = arm_pause(RECONCILE_AFTER_LOOKUP)
+    sweeper = threading.Thread(target=world.sweep, name="sweeper")
+    sweeper.start()
+    paused.wait_reached(10)
+    return task_id, paused, sweeper
+
+
+def _redelivery_body_raises(world: World, task_id: str) -> ExecutionState:
+    ctx = world.start(task_id)
+    with ctx.fenced() as tx:
+        state = world.agboss.executions.fail_in(tx, ERROR, "ValueError").state
+    ctx.settle_all_and_release()
+    return state
+
+
+def test_an_intent_the_sweep_holds_for_its_lookup_is_still_the_executions(
+    world: World,
+) -> None:
+    task_id, paused, sweeper = _sweep_holds_the_intent(world)
+    try:
+        assert _redelivery_body_raises(world, task_id) is ExecutionState.WAITING_OPERATOR
+        cancelled = world.agboss.executions.request_cancel(task_id, "revoked")
+        assert cancelled is not None and cancelled.state is not ExecutionState.CANCELLED
+    finally:
+        paused.release()
+        sweeper.join(20)
+    (intent,) = world.intents(task_id)
+    assert intent.status is IntentStatus.COMPLETED, "the lookup found the payment"
+    assert world.execution(task_id).state is not ExecutionState.FAILED
+
+
+def test_a_narrower_definition_fails_an_execution_whose_payment_went_through(
+    world: World,
+) -> None:
+    with sabotage(PENDING_INTENT_NARROW):
+        task_id, paused, sweeper = _sweep_holds_the_intent(world)
+        try:
+            assert _redelivery_body_raises(world, task_id) is ExecutionState.FAILED
+        finally:
+            paused.release()
+            sweeper.join(20)
+    (intent,) = world.intents(task_id)
+    assert intent.status is IntentStatus.COMPLETED
+    assert len(world.gateway.payments) == 1, "a FAILED execution, and the customer charged"
+
+
+# --- decisions under the lease row's lock (PostgreSQL) -----------------------------------
+
+
+def _claiming_while_the_committed_expiry_passes(world: World) -> tuple[str, Any, Any]:
+    """The holder's claim of a charge begins near the end of its lease's committed expiry
+    (its fenced transaction extends the lease, uncommitted) and is paused before COMMIT
+    while the clock passes that committed expiry. Returns once paused; the claim commits
+    and the charge goes out when ``_release`` lets it go on."""
+    task_id = world.publish()
+    ctx = world.start(task_id)
+    after_read = arm_pause(OUTBOUND_AFTER_READ)  # the claim's read committed an extension
+    done: dict[str, Any] = {}
+
+    def charge() -> None:
+        try:
+            done["result"] = ctx.outbound(world.call, {"amount": 1000, "order": task_id},
+                                          business_key=f"order:{task_id}")
+        except BaseException as exc:  # reported by the test
+            done["error"] = exc
+
+    holder = threading.Thread(target=charge, name="holder")
+    holder.start()
+    after_read.wait_reached(10)
+    world.clock.advance(TTL_SECONDS - 1)  # the claim begins a second before expiry
+    before_commit = arm_pause(FENCED_BEFORE_COMMIT)
+    after_read.release()
+    before_commit.wait_reached(10)
+    world.clock.advance(1.5)  # committed expiry passed; the claim's own extension did not
+    return task_id, before_commit, (holder, done)
+
+
+def _release(paused: Any, holder: Any) -> dict[str, Any]:
+    thread, done = holder
+    paused.release()
+    thread.join(20)
+    return done  # type: ignore[no-any-return]
+
+
+@POSTGRES_ONLY
+def test_a_lease_inside_a_running_fenced_transaction_is_live_to_every_decision(
+    world: World,
+) -> None:
+    task_id, paused, holder = _claiming_while_the_committed_expiry_passes(world)
+    try:
+        executions = world.agboss.executions
+        executions.request_cancel(task_id, "revoked")
+        ended = executions.end_cancel_requested(task_id, "revoked")  # the sweep's verb
+        assert ended is not None and ended.state is ExecutionState.RUNNING
+        record = world.execution(task_id)
+        claim = executions.claim_redrive(task_id, record.updated_at_ms, 10)
+        assert not claim.republish, "a live delivery is never re-published"
+        duplicate = executions.start_delivery(record.message, new_holder(), 5000, 10)
+        assert duplicate.kind is StartKind.DEFERRED, "nor taken over"
+    finally:
+        done = _release(paused, holder)
+    assert "result" in done, done
+    assert world.execution(task_id).state is not ExecutionState.CANCELLED
+    assert len(world.gateway.payments) == 1
+
+
+@POSTGRES_ONLY
+def test_on_a_committed_read_a_running_delivery_is_cancelled_while_it_charges(
+    world: World,
+) -> None:
+    with sabotage(LEASE_DECISION_ON_COMMITTED_READ):
+        task_id, paused, holder = _claiming_while_the_committed_expiry_passes(world)
+        try:
+            world.agboss.executions.request_cancel(task_id, "revoked")
+            cancelled = world.agboss.executions.end_cancel_requested(task_id, "revoked")
+        finally:
+            done = _release(paused, holder)
+    assert cancelled is not None and cancelled.state is ExecutionState.CANCELLED
+    assert "result" in done, done
+    assert len(world.gateway.payments) == 1, "a CANCELLED order, charged"

@@ -1,0 +1,160 @@
+"""Records other executions used: kept while they live, and their waits ended with it.
+
+Two executions of one order (a double click) share a business key: the first charges, the
+second replays its receipt. DESIGN §6.3: a record is never deleted while any
+non-terminal execution used it (created, replayed, joined, took over or reconciled it);
+retention counts from the last such use reaching a terminal state. DESIGN §2.1: an
+intent settled by an operator re-drives every execution waiting on it, not only the one
+that created it — ``agboss pending`` never lists a wait nobody can end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import Any
+
+from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.outbound import Outcome
+from celery_agboss.core.store import IntentStatus
+from celery_agboss.errors import AGBossSignal, OutboundCallUnreconciledError
+from celery_agboss.operator import list_waits, resolve
+from celery_agboss.store.executions_admin import RESOLVE_REDRIVES_CREATOR_ONLY
+from celery_agboss.store.sweep_queries import RECORD_USES_IGNORED_BY_RETENTION
+from celery_agboss.testing.gateway_types import FakeGatewayFault
+from celery_agboss.testing.sabotage import sabotage
+from tests.operations.conftest import WorldFactory
+from tests.operations.world import World
+
+EIGHT_DAYS = timedelta(days=8)  # past the 7-day default retentions
+
+
+def _charge(world: World, execution_id: str, order: str) -> tuple[Outcome | None, Any]:
+    """A delivery of ``execution_id`` charges ``order``: how it got its result, and the
+    delivery (still holding its lease)."""
+    ctx = world.start(execution_id)
+    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
+    return ctx.last_outcome, ctx
+
+
+def _a_replayed_charge_then_a_long_wait(world: World) -> tuple[str, str]:
+    """A charges order o-1 and completes; B, a second execution of o-1, replays A's
+    receipt, then waits eight days (a long retry, a pause)."""
+    first, second = world.publish("o-1"), world.publish("o-1")
+    outcome, ctx = _charge(world, first, "o-1")
+    assert outcome is Outcome.SENT
+    with ctx.fenced() as tx:
+        world.agboss.executions.finish_in(tx, '{"json": "paid"}')
+    ctx.settle_all_and_release()
+    outcome, ctx = _charge(world, second, "o-1")
+    assert outcome is Outcome.REPLAYED
+    with ctx.fenced() as tx:
+        world.agboss.executions.wait_in(tx, round(EIGHT_DAYS.total_seconds() * 1000), "retry")
+    ctx.settle_all_and_release()
+    world.clock.advance(EIGHT_DAYS + timedelta(hours=1))
+    world.sweep()  # retention runs; A has been terminal for eight days
+    return first, second
+
+
+def test_a_receipt_another_execution_replayed_is_kept_while_that_one_waits(
+    world: World,
+) -> None:
+    first, second = _a_replayed_charge_then_a_long_wait(world)
+    assert [i.status for i in world.intents(first)] == [IntentStatus.COMPLETED]
+    outcome, ctx = _charge(world, second, "o-1")  # B's body runs again after its wait
+    ctx.settle_all_and_release()
+    assert outcome is Outcome.REPLAYED
+    assert len(world.gateway.requests) == 1, "charged once, for two executions of one order"
+
+
+def test_without_its_users_retention_deletes_it_and_the_waiting_one_charges_again(
+    world: World,
+) -> None:
+    with sabotage(RECORD_USES_IGNORED_BY_RETENTION):
+        first, second = _a_replayed_charge_then_a_long_wait(world)
+    assert world.intents(first) == [], "deleted under a waiting execution"
+    outcome, ctx = _charge(world, second, "o-1")
+    ctx.settle_all_and_release()
+    assert outcome is Outcome.SENT
+    assert len(world.gateway.requests) == 2, "the order charged twice"
+
+
+def test_once_every_user_is_terminal_past_retention_the_record_goes(world: World) -> None:
+    first, second = _a_replayed_charge_then_a_long_wait(world)
+    _, ctx = _charge(world, second, "o-1")
+    with ctx.fenced() as tx:
+        world.agboss.executions.finish_in(tx, '{"json": "paid"}')
+    ctx.settle_all_and_release()
+    report = world.sweep()
+    assert [i.status for i in world.intents(first)] == [IntentStatus.COMPLETED]  # B: just now
+    assert report.executions_deleted == 0, "A's row stays while its intent does"
+    world.clock.advance(EIGHT_DAYS)
+    report = world.sweep()
+    assert report.intents_deleted == 1 and world.intents(first) == []
+    assert report.executions_deleted == 2, "then both rows, with nothing left of them"
+    assert world.agboss.executions.read_execution(first) is None
+
+
+# --- an intent resolved by an operator ---------------------------------------------------
+
+
+def _two_executions_waiting_on_one_intent(world: World) -> tuple[str, str, str]:
+    """A's answer is lost and A dies; B, a second execution of the order, takes A's intent
+    over for reconcile, the lookup cannot tell, and B waits for an operator; the sweep's
+    lookup cannot tell either, and A waits for one too."""
+    first, second = world.publish("o-9"), world.publish("o-9")
+    dying = world.start(first)
+    world.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
+    with contextlib.suppress(AGBossSignal):
+        dying.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
+    (intent,) = world.intents(first)
+    key = intent.idempotency_key
+    world.die()
+    ctx = world.start(second)
+    with contextlib.suppress(OutboundCallUnreconciledError):
+        ctx.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
+    with ctx.fenced() as tx:
+        world.agboss.executions.waiting_operator_in(tx, "OutboundCallUnreconciledError")
+    ctx.settle_all_and_release()
+    world.sweep()
+    assert world.execution(first).state is ExecutionState.WAITING_OPERATOR
+    assert world.execution(second).state is ExecutionState.WAITING_OPERATOR
+    return first, second, key
+
+
+def test_resolving_an_intent_sends_on_every_execution_waiting_on_it(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    first, second, key = _two_executions_waiting_on_one_intent(world)
+    payment = world.gateway.payments[0]
+    resolve(world.app, key, completed=payment, reason="seen at the gateway")
+    for execution_id in (first, second):
+        assert world.execution(execution_id).state is ExecutionState.WAITING
+        assert world.publishes_of(execution_id) == 2, "published again now"
+    assert [w.execution.id for w in list_waits(world.app)] == []
+
+
+def test_resolving_for_the_creator_only_strands_the_other_for_ever(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    first, second, key = _two_executions_waiting_on_one_intent(world)
+    with sabotage(RESOLVE_REDRIVES_CREATOR_ONLY):
+        resolve(world.app, key, completed=world.gateway.payments[0], reason="seen")
+    assert world.execution(first).state is ExecutionState.WAITING
+    assert world.execution(second).state is ExecutionState.WAITING_OPERATOR
+    world.clock.advance(3600)
+    world.sweep()
+    assert world.execution(second).state is ExecutionState.WAITING_OPERATOR, "nobody ends it"
+
+
+def test_pending_lists_every_wait_with_the_command_that_ends_it(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    first, second, key = _two_executions_waiting_on_one_intent(world)
+    waits = {w.execution.id: w for w in list_waits(world.app)}
+    assert set(waits) == {first, second}
+    for wait in waits.values():
+        assert wait.intents == [key] and "resolve KEY" in wait.ends_with
