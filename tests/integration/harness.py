@@ -6,6 +6,15 @@ in its own process group (killed by pid, whatever happens), with a queue of its
 own, on a Redis database (or RabbitMQ) of its own, and a store of its own. The test
 process builds the same app from the same config to publish, to read the store and
 the result backend, and to run the real sweep as a beat would.
+
+Speed-ups a deployment does not use (the README's deployment itself, with none of
+them, is tests/deployment/): every worker is started with ``-Q <the test's queue>``
+(isolation: tests share one RabbitMQ vhost; so it does not consume
+``agboss.sweep``), ``--without-heartbeat --without-gossip --without-mingle``
+(start-up time) and ``-E``; the app sets ``agboss_sweep_interval = 0`` and a test that
+needs the sweep runs the real one itself (``Shop.sweeping``), a 5 s lease
+(``agboss_lease_ttl``), a 1 s retry delay, and on Redis ``broker_transport_options``
+with a 60 s visibility timeout and a 1 s unacked-restore interval (trap 14).
 """
 
 from __future__ import annotations

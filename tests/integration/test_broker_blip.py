@@ -7,6 +7,9 @@ the next free pool child. The holder is a uuid4 minted per delivery and acquire
 is never re-entrant, so that copy meets a live lease and is deferred
 (``execution.deferred`` / ``task-deferred``), never run beside the holder: one
 request at the gateway. The twin is plain Celery: the copy runs, and pays again.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

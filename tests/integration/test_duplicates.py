@@ -6,6 +6,9 @@ child. Either copy finds the lease live: it is deferred (``Ignore``, ``wake_requ
 set in the same transaction) and never runs the body beside the holder; the holder's
 release re-publishes the execution if it is not finished. The twin is plain Celery:
 the visibility timeout runs the long task twice, concurrently, and it pays twice.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The execution verbs on both stores, without a worker: one transaction each, decided
-by the database (P1, P4; traps 3, 4, 9, 10)."""
+by the database (P1, P4; traps 3, 4, 9, 10).
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ outcome no lookup can settle waits for an operator (nothing sent, nothing failed
 an application error after the charge settled is FAILED once, and a late duplicate
 re-raises the stored failure without running the body; a definite decline is FAILED
 with no payment; a pause ends the delivery until it is answered, once.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Trap 4 on RabbitMQ: the killed child's message comes back (``reject_on_worker_lost``),
-and the execution is reconciled into one payment, as on Redis."""
+and the execution is reconciled into one payment, as on Redis.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
+"""
 
 from __future__ import annotations
 

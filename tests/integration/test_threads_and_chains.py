@@ -6,6 +6,9 @@ running execution delivered to another thread of the same process is deferred li
 any other (the lease is never re-entrant). In a chain ``charge | ship``, a deferred
 copy of the charge and a late duplicate of the finished charge send no ``ship``:
 it runs once, after the charge completed.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ PostgreSQL backend, none on the parent's. On SQLite, pysqlite's own transaction
 handling is switched off so that ``BEGIN IMMEDIATE`` is what runs: fenced effects
 of four processes that read, wait and write one row serialize on the write lock —
 no update is lost, and no "database is locked" escapes to a task.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

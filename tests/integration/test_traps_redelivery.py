@@ -11,6 +11,9 @@
 - Trap 13: on RabbitMQ a channel closed under a running task (``consumer_timeout``, a
   network blip) requeues it; the requeued copy meets the live lease and is deferred,
   never run twice. The twin is plain Celery, which pays twice.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

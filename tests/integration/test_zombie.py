@@ -6,6 +6,9 @@ body, but its next step checks the lease first: it sends nothing, writes nothing
 and Celery records nothing for it (``Ignore`` + ``task-fenced``) — never a FAILURE
 over the holder that finished the payment. The twin is plain Celery, where the
 Redis visibility timeout hands the frozen task to another child: two payments.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ real worker. A deferred, a replayed and a reconciled delivery all end ``SUCCESS`
 Celery's terms; Flower's HTTP API tells them apart: ``DEFERRED`` while the holder runs,
 and ``format_task``'s ``agboss`` outcome in the tasks table. A headless Chromium keeps a
 screenshot of the tasks page under ``artifacts/``.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 quarantined (WAITING_OPERATOR), listed by ``celery … agboss pending``, settled by
 ``celery … agboss resolve`` (with an audit row) and then completed by a worker — one
 payment. A resolve while the intent's owner is alive is refused.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

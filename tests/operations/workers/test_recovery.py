@@ -3,6 +3,9 @@
 P4 (nothing lost) and P3 (never sent twice), through traps 5 and 9: a whole worker
 SIGKILLed while its charges were at the gateway (a 1-hour visibility timeout keeps
 their messages unacked), and messages lost before any worker started them.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations

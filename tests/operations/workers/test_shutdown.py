@@ -4,6 +4,9 @@ A warm shutdown (SIGTERM) waits for the running body: the charge's answer arrive
 verdict is stored and the lease released by the delivery itself. When the platform's
 grace is shorter than the body (SIGKILL after it), the lease is never released: it
 expires, and the next worker (through the sweep) reconciles — one payment, one request.
+
+Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, no beat:
+tests/integration/harness.py).
 """
 
 from __future__ import annotations
