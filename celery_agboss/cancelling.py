@@ -153,7 +153,7 @@ def _settle_not_sent(agboss: AGBoss, ctx: ExecutionContext, key: str) -> CancelR
                 tx,
                 settings.pseudonym_key,
                 key,
-                HistoryEvent.FAILED_DEFINITE,
+                HistoryEvent.NOT_SENT_PROVEN,
                 from_status=IntentStatus.PENDING,
                 to_status=IntentStatus.FAILED,
                 attempt=intent.attempt,

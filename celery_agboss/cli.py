@@ -385,6 +385,26 @@ def cancel(ctx: click.Context, execution_id: str, payments_handled: bool, reason
 @actor_option
 @_command
 @click.pass_context
+def accept(ctx: click.Context, execution_id: str, reason: str, actor: str | None,
+           as_json: bool) -> None:
+    """Accept a divergence: COMPLETED with the result the re-run's body returned."""
+    from celery_agboss.operator import accept as accept_divergence
+
+    out = _Out(as_json)
+    with _agboss(ctx, out) as boss:
+        accept_divergence(boss, execution_id, reason, actor=actor)
+        record = boss.executions.read_execution(execution_id)
+        assert record is not None
+        out.emit({"execution": execution_view(record)},
+                 f"Accepted {execution_id}: COMPLETED; published again to hand its result on.")
+
+
+@agboss.command()
+@click.argument("execution_id")
+@reason_option
+@actor_option
+@_command
+@click.pass_context
 def redrive(ctx: click.Context, execution_id: str, reason: str, actor: str | None,
             as_json: bool) -> None:
     """Send on an execution waiting for an operator once nothing is left to decide."""

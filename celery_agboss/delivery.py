@@ -45,6 +45,7 @@ from celery_agboss.errors import (
     CancelRequestedError,
     ExecutionFencedError,
     ExecutionIdConflictError,
+    OutboundCallFailureNotReplayableError,
     OutboundCallInFlightError,
     OutboundCallResultNotStoredError,
     OutboundCallUnreconciledError,
@@ -83,7 +84,14 @@ from celery_agboss.events import (
 )
 from celery_agboss.messages import message_from_request
 from celery_agboss.outcomes import decode_error, decode_result, encode_error, encode_result
-from celery_agboss.waits import LongWaitRequested, message_after_wait, seconds_until
+from celery_agboss.waits import (
+    PACKAGE_RETRY_BUDGET,
+    LongWaitRequested,
+    RetryNotPublished,
+    message_after_wait,
+    own_retries,
+    seconds_until,
+)
 
 REPLAY_SENDS_LINKS = sabotage.register("replay-sends-links")
 """Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
@@ -102,6 +110,19 @@ UNSTORED_RESULT_REPLAYED_AS_FAILURE = sabotage.register("unstored-result-replaye
 """Sabotage: a duplicate of a completed execution whose result this store cannot hand back
 raises, so Celery writes FAILURE over the SUCCESS the completing delivery stored, and
 fires ``link_error`` (an errback that refunds the order)."""
+
+REJECT_WAITS_FOR_THE_SWEEP = sabotage.register("reject-waits-for-the-sweep")
+"""Sabotage: a body's own ``Reject(requeue=False)`` leaves the execution WAITING, so the
+sweep brings back what the body dropped, again and again until it is PARKED."""
+
+REPLAY_COUNTS_CHORD = sabotage.register("replay-counts-chord")
+"""Sabotage: a duplicate of a completed chord header part counts its part again, so a
+counter backend (Redis) thinks the header done early, or fails the chord."""
+
+LEASE_KEPT_AFTER_A_BROKEN_END = sabotage.register("lease-kept-after-a-broken-end")
+"""Sabotage: a delivery whose own end-of-run code raised keeps its lease renewed for as
+long as the worker process lives: the execution looks RUNNING, and the sweep never
+takes it."""
 
 WAKE_FOLDED_INTO_REFUSED_RETRY = sabotage.register("wake-folded-into-refused-retry")
 """Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
@@ -147,7 +168,7 @@ class Delivery:
         except ExecutionIdConflictError as exc:
             self._refuse_another_task(exc)
         except StoreError as exc:
-            self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc))
+            self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc).__name__)
             self._retry_or_requeue(self.settings.retry_delay_seconds, exc)
         if start.kind is not StartKind.STARTED:
             return self._not_started(start)
@@ -189,6 +210,8 @@ class Delivery:
             return self._run_body(args, kwargs)
         finally:
             setattr(self.request, CONTEXT_ATTRIBUTE, None)
+            if not sabotage.active(LEASE_KEPT_AFTER_A_BROKEN_END):
+                self.ctx.end_if_open("the delivery ended without releasing its lease")
 
     def _refuse_another_task(self, exc: ExecutionIdConflictError) -> NoReturn:
         """Another task's execution id: its body never runs and nothing of the other task
@@ -224,6 +247,9 @@ class Delivery:
         """A terminal execution: its stored outcome, without running the body."""
         self._log(EXECUTION_REPLAYED, state=record.state.value)
         resend = sabotage.active(REPLAY_SENDS_LINKS)
+        if record.links_dispatched and not resend and not sabotage.active(REPLAY_COUNTS_CHORD):
+            # The completing delivery counted its chord part: a replay must not count again.
+            self.request.chord = None
         if record.state is ExecutionState.COMPLETED:
             if record.links_dispatched and not resend:
                 self.request.callbacks = None
@@ -254,10 +280,10 @@ class Delivery:
             self._user_retry(exc)
         except LongWaitRequested as exc:
             self._long_wait(exc)
-        except Reject:
-            self._verdict("wait", delay_ms=0, reason="rejected")
-            self._release()
-            raise
+        except RetryNotPublished as exc:
+            self._retry_not_published(exc)
+        except Reject as exc:
+            self._rejected(exc)
         except Ignore:
             self._verdict("finish", result=encode_result(None))
             self._release()
@@ -268,7 +294,11 @@ class Delivery:
             raise Ignore() from None
         except ExecutionFencedError as exc:
             self._fenced(exc)
-        except (OutboundCallUnreconciledError, OutboundCallResultNotStoredError) as exc:
+        except (
+            OutboundCallUnreconciledError,
+            OutboundCallResultNotStoredError,
+            OutboundCallFailureNotReplayableError,
+        ) as exc:
             self._for_operator(exc)
         except CancelRequestedError as exc:  # recorded while the body ran: stop it here
             self.cancel_reason = str(exc.fields.get("reason") or self.cancel_reason)
@@ -285,6 +315,19 @@ class Delivery:
             raise
         return self._completed(result)
 
+    def _rejected(self, exc: Reject) -> NoReturn:
+        """A body's own ``Reject``: requeued, the message comes back (``WAITING`` for it);
+        not requeued, Celery drops (dead-letters) it, so the execution ends as Celery
+        means it — ``FAILED`` (``WAITING_OPERATOR`` while an intent is pending), never
+        brought back by the sweep until it is ``PARKED``."""
+        if exc.requeue or sabotage.active(REJECT_WAITS_FOR_THE_SWEEP):
+            self._verdict("wait", delay_ms=0, reason="rejected, requeued")
+            self._release()
+            raise exc
+        reason = exc.reason if isinstance(exc.reason, BaseException) else exc
+        self._failed(reason if isinstance(reason, Exception) else RuntimeError(repr(reason)))
+        raise exc
+
     def _completed(self, result: Any) -> Any:
         try:
             encoded = encode_result(result, allow_pickle=self._pickle())
@@ -292,8 +335,13 @@ class Delivery:
             # Refused before anything is recorded as done: a duplicate could not return it.
             self._failed(exc)
             raise exc from None
-        self._verdict("finish", result=encoded)
+        record = self._verdict("finish", result=encoded)
         self._release()
+        if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
+            # A divergence, or an intent still pending: never silently COMPLETED.
+            self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
+            self._event(TASK_UNRECONCILED, reason=record.reason)
+            raise Ignore()
         self._log(EXECUTION_COMPLETED, outcome=self._last_outcome())
         outcome = self._last_outcome()
         if outcome == "RECONCILED":
@@ -317,10 +365,10 @@ class Delivery:
         record = self._verdict("fail", error=error, reason=type(exc).__name__)
         self._release()
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
-            self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc))
+            self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc).__name__)
             self._event(TASK_UNRECONCILED, reason="failed while an outbound call is pending")
             raise Ignore() from None
-        self._log(EXECUTION_FAILED, logging.WARNING, error=type(exc))
+        self._log(EXECUTION_FAILED, logging.WARNING, error=type(exc).__name__)
 
     def _user_retry(self, exc: Retry) -> NoReturn:
         """``self.retry()``: its message (same id) is already out; WAITING until it runs.
@@ -333,6 +381,20 @@ class Delivery:
         self._log(EXECUTION_WAITING, reason="retry", delay=delay)
         self._release()
         raise exc
+
+    def _retry_not_published(self, exc: RetryNotPublished) -> NoReturn:
+        """``self.retry()`` could not publish its message: the execution waits in the store
+        with the message the retry meant to send, and the sweep publishes it when the
+        countdown is over (no message is on its way); this one is acknowledged, nothing
+        says FAILURE."""
+        message = message_after_wait(self.task.name, self.request, exc)
+        self._verdict("wait", delay_ms=round(exc.delay_seconds * 1000),
+                      reason="retry not published", message=message)
+        self._log(EXECUTION_WAITING, logging.WARNING, reason="retry not published",
+                  error=type(exc.cause).__name__)
+        self._release()
+        self._event(TASK_WAITING, reason="retry not published")
+        raise Ignore() from None
 
     def _long_wait(self, wait: LongWaitRequested) -> NoReturn:
         """A ``retry()`` the broker must not hold: ``WAITING`` until ``not_before``, with
@@ -368,7 +430,7 @@ class Delivery:
                 self._release(will_republish=True)
             try:
                 raise self._retry(delay)
-            except MaxRetriesExceededError:
+            except (MaxRetriesExceededError, RetryNotPublished):
                 pass  # WAITING is stored: the sweep re-drives it
         elif release:
             self._release()
@@ -376,22 +438,24 @@ class Delivery:
         raise Ignore() from None
 
     def _retry_allowed(self) -> bool:
-        """Whether Celery publishes a retry now (it refuses one past ``max_retries``)."""
+        """Whether the package's own retries may still go through the broker; past their
+        budget the stored ``WAITING`` and the sweep continue the execution."""
         if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
             return True
-        limit = self.task.max_retries
-        return limit is None or int(getattr(self.request, "retries", 0) or 0) < int(limit)
+        return own_retries(self.request) < PACKAGE_RETRY_BUDGET
 
     def _retry(self, delay: float) -> Any:
-        """Celery's retry of this delivery, without the message's ``expires``: an execution
-        that started continues whatever its ``expires`` (DESIGN §2.1)."""
-        return self.task.retry(countdown=delay, expires=None)
+        """The package's own retry of this delivery: outside the application's
+        ``max_retries``, without the message's ``expires`` (DESIGN §2.1)."""
+        if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
+            return self.task.retry(countdown=delay, expires=None, max_retries=0)
+        return self.task.package_retry(delay)
 
     def _for_operator(self, exc: AGBossSignal) -> NoReturn:
         self._settle_sends()
         self._verdict("operator", reason=f"{type(exc).__name__}: {exc}")
         self._release()
-        self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=type(exc))
+        self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=type(exc).__name__)
         self._event(TASK_UNRECONCILED, reason=type(exc).__name__)
         raise Ignore() from None
 
@@ -459,14 +523,14 @@ class Delivery:
     def _store_failed(self, exc: StoreError) -> NoReturn:
         """The store failed mid-delivery: leave the lease to expire; try again after it."""
         self._abandon()
-        self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", error=type(exc))
+        self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", error=type(exc).__name__)
         self._retry_or_requeue(self.settings.lease_ttl_seconds + 1, exc)
 
     def _retry_or_requeue(self, delay: float, cause: BaseException) -> NoReturn:
         if delay <= self.settings.max_broker_countdown_seconds and self._retry_allowed():
             try:
                 raise self._retry(delay)
-            except MaxRetriesExceededError:
+            except (MaxRetriesExceededError, RetryNotPublished):
                 pass
         raise Reject(cause, requeue=True)
 
@@ -497,10 +561,12 @@ class Delivery:
         expire and schedules another delivery after it.
         """
         executions = self.agboss.executions
+        ctx = self._context()
         try:
-            with self._context().fenced() as tx:
+            with ctx.fenced() as tx:
                 if kind == "finish":
-                    return executions.finish_in(tx, values["result"])
+                    ctx.pass_failures(tx)
+                    return executions.finish_in(tx, values["result"], ctx.reached_keys())
                 if kind == "fail":
                     return executions.fail_in(tx, values["error"], values["reason"])
                 if kind == "wait":
@@ -535,7 +601,10 @@ class Delivery:
         try:
             ctx.release(self._releaser(captured, will_republish=will_republish))
         except StoreError as exc:
-            self._log(EXECUTION_RELEASE_FAILED, logging.WARNING, step="release", error=type(exc))
+            self._log(
+                EXECUTION_RELEASE_FAILED, logging.WARNING, step="release",
+                error=type(exc).__name__,
+            )
             return
         if captured and captured[0].republish and captured[0].execution is not None:
             try:

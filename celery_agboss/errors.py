@@ -66,6 +66,11 @@ class OutboundCallResultNotStoredError(AGBossSignal):
     """The call completed but its result could not be stored; an operator must supply it."""
 
 
+class OutboundCallFailureNotReplayableError(AGBossSignal):
+    """A definite failure an earlier delivery went past cannot be raised again as it was;
+    the body could take another path, so an operator decides."""
+
+
 class CancelRequestedError(AGBossSignal):
     """A cancel was requested for this execution (a revoke, ``cancel()``): this delivery
     sends and writes nothing more; what is pending is reconciled, then it ends."""
@@ -140,6 +145,12 @@ class PublishRefusedError(AGBossError):
     """The publish of a PaymentTask could not be recorded in the store, so nothing was
     published; publish again once the store answers (a message the broker lost before
     any worker started it would otherwise leave no trace)."""
+
+
+class ExecutionNotFinishedError(AGBossError):
+    """An eager run (``apply()``, ``task_always_eager``) ended without finishing the
+    execution: it is paused, waiting (for an operator, a retry, a live delivery) or was
+    cancelled. Nothing was returned; ``.state`` names where it is."""
 
 
 class ResultNotStorableError(AGBossError):

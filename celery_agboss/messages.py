@@ -17,6 +17,9 @@ from kombu.utils import json as kombu_json
 
 from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord
 
+OWN_RETRIES_HEADER = "agboss_retries"
+"""The header counting celery_agboss's own retries of a message (``waits``)."""
+
 # Headers of Celery's message protocol 2 that are not custom headers.
 _PROTOCOL_HEADERS = frozenset(
     {
@@ -189,6 +192,10 @@ def republish(
     """
     message = record.message if isinstance(record, ExecutionRecord) else record
     options: dict[str, Any] = dict(loads(message.options) or {})
+    headers = options.get("headers")
+    if isinstance(headers, dict) and OWN_RETRIES_HEADER in headers:
+        # A re-publish starts the package's own retry budget again (the sweep spaced it).
+        options["headers"] = {k: v for k, v in headers.items() if k != OWN_RETRIES_HEADER}
     args = loads(message.args) or []
     kwargs = loads(message.kwargs) or {}
     eta_candidates = [t for t in (message.eta_ms, not_before_ms) if t is not None]

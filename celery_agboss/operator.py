@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
     CANCELLED_AFTER_PAYMENT,
+    DIVERGENCE,
     REDRIVABLE_STATES,
     TERMINAL_STATES,
     AuditEntry,
@@ -26,6 +28,7 @@ from celery_agboss.core.executions import (
     ExecutionState,
 )
 from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.store import (
     HistoryRow,
     IntentGuard,
@@ -49,8 +52,14 @@ OPERATOR_RESOLVED = "operator.resolved"
 OPERATOR_CANCELLED = "operator.cancelled"
 OPERATOR_UNPARKED = "operator.unparked"
 OPERATOR_REDRIVEN = "operator.redriven"
+OPERATOR_ACCEPTED = "operator.accepted"
 
 _NO_RESULT = object()
+
+OPERATOR_RESULT_UNCHECKED = sabotage.register("operator-result-unchecked")
+"""Sabotage: ``resolve --completed`` stores whatever JSON it is given (a bare charge id
+pasted from the dashboard); the next delivery replays it into a body that expected the
+receipt, and fails there."""
 
 
 def _agboss(app: Any) -> AGBoss:
@@ -223,6 +232,9 @@ def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
         if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
             ends = (f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
                     "(once the payment is refunded at the gateway, or left as it is)")
+        elif (record.reason or "").startswith(DIVERGENCE):
+            ends = (f"celery -A proj agboss accept {record.id} --reason TEXT (once what the "
+                    "old path charged is refunded, or kept), or cancel it --payments-handled")
         elif keys:
             ends = ("celery -A proj agboss resolve KEY (--completed RESULT_JSON | --not-sent) "
                     "--reason TEXT, for each key")
@@ -250,6 +262,10 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
         raise _refuse("wrong-state", f"execution {execution_id} was {CANCELLED_AFTER_PAYMENT}: "
                       "refund it at the gateway if needed, then `celery -A proj agboss cancel "
                       f"{execution_id} --payments-handled --reason TEXT`")
+    if (record.reason or "").startswith(DIVERGENCE):
+        raise _refuse("wrong-state", f"execution {execution_id} diverged: a re-run would "
+                      "diverge again. Deal with what the old path charged, then `celery -A "
+                      f"proj agboss accept {execution_id} --reason TEXT`")
     keys = agboss.executions.intents_needing_operator(execution_id)
     if keys:
         raise _refuse("pending-intent", f"execution {execution_id} waits for these intents: "
@@ -265,7 +281,67 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
     return redrive_now(agboss, execution_id, reason=f"re-driven by {who}")
 
 
+def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:
+    """Accept a divergence (DESIGN §4): a re-run's body no longer reached a call an earlier
+    delivery made and that completed (or may have). Once what that old path charged is
+    dealt with at the gateway (refunded, or kept), the execution ``COMPLETED`` with the
+    result its body returned, and is published again so that a delivery hands it to the
+    result backend and its links. Refused while an intent of it is pending (resolve it
+    first) or a delivery runs it. True when it was published again."""
+    why = _require_reason(reason)
+    who = actor or default_actor()
+    agboss = _agboss(app)
+    record = _execution(agboss, execution_id, "the waiting ones with `celery -A proj agboss "
+                        "pending`")
+    if record.state is not ExecutionState.WAITING_OPERATOR or not (
+        record.reason or ""
+    ).startswith(DIVERGENCE):
+        raise _refuse("wrong-state", f"execution {execution_id} is {record.state.value} "
+                      f"({record.reason or 'no reason'}), not waiting for a divergence")
+    pending = agboss.executions.pending_intent_keys(execution_id)
+    if pending:
+        raise _refuse("pending-intent", f"execution {execution_id} has a PENDING intent "
+                      f"({', '.join(pending)}): settle it first (`agboss resolve`)")
+    accepted = agboss.executions.accept_divergence(execution_id, f"accepted by {who}: {why}")
+    if accepted is None:
+        raise _refuse("conflict", f"execution {execution_id} changed (or a delivery holds its "
+                      "lease) while it was being accepted; look at it again")
+    agboss.executions.append_audit(who, "accept-divergence", execution_id, why,
+                                   _execution_summary(record), _execution_summary(accepted))
+    log_event(OPERATOR_ACCEPTED, execution=execution_id, actor=who)
+    republish(agboss.app, replace(accepted, expires_ms=None), not_before_ms=None)
+    return True
+
+
 # --- resolve ---------------------------------------------------------------------------
+
+
+def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) -> None:
+    """The next delivery replays the operator's result as if ``send`` had returned it: a
+    bare charge id pasted for a receipt would make its body fail. Checked by the call's
+    ``validate_result``, else by its ``transaction_id`` reader (which must find the id)."""
+    if sabotage.active(OPERATOR_RESULT_UNCHECKED):
+        return
+    if call.validate_result is not None:
+        try:
+            call.validate_result(result)
+        except Exception as exc:
+            raise _refuse("bad-input", f"{call.name} does not take this result: {exc}. Give "
+                          "the result in the form its send returns") from None
+        return
+    if call.transaction_id is None:
+        return
+    try:
+        found = call.transaction_id(result)
+    except Exception:
+        found = None
+    if not found:
+        raise _refuse(
+            "bad-input",
+            f"{call.name} finds no gateway id in this result ({type(result).__name__}): give "
+            "the result in the form its send returns, e.g. the receipt as JSON "
+            "'{\"id\": \"ch_...\", \"status\": \"succeeded\", ...}', not the bare id",
+        )
 
 
 @dataclass(frozen=True)
@@ -357,6 +433,7 @@ def resolve(
                     "its masking policy is unknown and nothing is stored (fail closed): "
                     "register it where the app is made, AGBoss(app).register(call)",
                 )
+            _refuse_a_result_the_call_would_not_return(call, completed)
             stored_ok, stored = mask_result(call, completed)
             if not stored_ok:
                 raise _refuse("bad-input", f"the masking policy of {intent.name} cannot store "
@@ -528,6 +605,7 @@ __all__ = [
     "OperatorWait",
     "ResolveResult",
     "UnparkResult",
+    "accept",
     "answer_pause",
     "cancel",
     "default_actor",

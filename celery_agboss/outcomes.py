@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import base64
 import pickle
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from celery_agboss.core.failures import loaded_class, masked_value, text_of, type_name
 from celery_agboss.errors import ResultNotStorableError, StoredFailureError
 from celery_agboss.messages import dumps, loads
 
@@ -35,7 +35,7 @@ def encode_result(value: Any, *, allow_pickle: bool = False) -> str:
             return dumps({"pickle": base64.b64encode(pickle.dumps(value)).decode("ascii")})
         except Exception:
             pass
-    kind = _type_name(type(value))
+    kind = type_name(type(value))
     raise ResultNotStorableError(
         f"the task returned a {kind}, which cannot be stored as JSON"
         + ("" if allow_pickle else ' (nor pickled: result_serializer is not "pickle")')
@@ -60,10 +60,6 @@ def decode_result(text: str | None, *, allow_pickle: bool = False) -> Any:
     )
 
 
-def _type_name(cls: type[Any]) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def encode_error(exc: BaseException, mask_text: Callable[[str], str] | None = None) -> str:
     """The failure as the store keeps it. ``mask_text`` (the delivery's calls' masking)
     passes over the message and every text in the arguments, so a decline that quotes a
@@ -73,35 +69,12 @@ def encode_error(exc: BaseException, mask_text: Callable[[str], str] | None = No
         args = loads(dumps(list(exc.args)))
     except (TypeError, ValueError):
         args = None
-    message = str(exc)[:MAX_MESSAGE_CHARS]
+    message = text_of(exc)[:MAX_MESSAGE_CHARS]
     if mask_text is not None:
         message = mask_text(message)
         if args is not None:
-            args = [_masked_arg(arg, mask_text) for arg in args]
-    return dumps({"type": _type_name(type(exc)), "message": message, "args": args})
-
-
-def _masked_arg(value: Any, mask_text: Callable[[str], str]) -> Any:
-    if isinstance(value, dict):
-        return {key: _masked_arg(item, mask_text) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_masked_arg(item, mask_text) for item in value]
-    if value is None or isinstance(value, bool):
-        return value
-    text = value if isinstance(value, str) else str(value)
-    masked = mask_text(text)
-    return value if masked == text else masked
-
-
-def _loaded_class(name: str) -> type[BaseException] | None:
-    module_name, _, qualname = name.rpartition(".")
-    module = sys.modules.get(module_name)
-    target: Any = module
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-    if isinstance(target, type) and issubclass(target, Exception):
-        return target
-    return None
+            args = [masked_value(arg, mask_text) for arg in args]
+    return dumps({"type": type_name(type(exc)), "message": message, "args": args})
 
 
 def decode_error(text: str | None) -> BaseException:
@@ -109,7 +82,7 @@ def decode_error(text: str | None) -> BaseException:
     stored = loads(text) if text else {}
     name = str(stored.get("type") or "Exception")
     message = str(stored.get("message") or "")
-    cls = _loaded_class(name)
+    cls = loaded_class(name)
     args = stored.get("args")
     if cls is not None and isinstance(args, list):
         try:

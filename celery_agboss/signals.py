@@ -24,6 +24,7 @@ import contextlib
 import fnmatch
 import functools
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from celery import signals as celery_signals
@@ -48,6 +49,14 @@ if TYPE_CHECKING:
     from celery_agboss.app import AGBoss
 
 logger = logging.getLogger("celery_agboss")
+
+LINK_IDS_NOT_FIXED = sabotage.register("link-ids-not-fixed")
+"""Sabotage (DESIGN §4): an execution's unfrozen links get a new id each time a delivery
+sends them, so a duplicate that replays them starts a second execution."""
+
+BODY_PUBLISHES_GET_NEW_IDS = sabotage.register("body-publishes-get-new-ids")
+"""Sabotage (DESIGN §4): a PaymentTask published from a body gets a new id on every
+re-run: two executions, two shipping charges."""
 
 PUBLISH_WITHOUT_RECORD = sabotage.register("publish-without-record")
 """Sabotage (trap 9): a publish the store could not record goes to the broker anyway, and
@@ -100,6 +109,8 @@ def connect(agboss: AGBoss) -> None:
         name = headers.get("task", sender)
         if not _is_payment_task(agboss, name):
             return
+        if not sabotage.active(LINK_IDS_NOT_FIXED):
+            _fix_link_ids(body, str(headers.get("id")))
         message = message_from_publish(
             body=body,
             exchange=exchange,
@@ -217,21 +228,87 @@ def connect(agboss: AGBoss) -> None:
     for signal, handler in handlers.items():
         signal.connect(handler, weak=False)
     agboss._signal_handlers = handlers
-    _refuse_unrecorded_publishes(agboss.app)
+    _refuse_unrecorded_publishes(agboss)
 
 
-def _refuse_unrecorded_publishes(app: Any) -> None:
+def _fix_link_ids(body: Any, execution_id: str) -> None:
+    """Links, errbacks and the chain of an execution go out under ids fixed before its
+    first publish, derived from the execution: every delivery that sends them (a
+    duplicate replaying, a retry) sends the same executions, never a second charge.
+    The signatures are replaced by copies, never changed: the caller's may be reused."""
+    if not isinstance(body, (tuple, list)) or len(body) != 3 or not isinstance(body[2], dict):
+        return
+    embed = body[2]
+    for part in ("callbacks", "errbacks", "chain"):
+        signatures = embed.get(part)
+        if not signatures:
+            continue
+        embed[part] = [
+            _with_fixed_id(sig, derived_task_id(execution_id, f"{part}#{n}"))
+            for n, sig in enumerate(signatures, 1)
+        ]
+
+
+def _with_fixed_id(signature: Any, task_id: str) -> Any:
+    if not isinstance(signature, dict):
+        return signature
+    options = dict(signature.get("options") or {})
+    if options.get("task_id"):
+        return signature  # frozen already (a chain's own ids, or the caller's choice)
+    options["task_id"] = task_id
+    return {**signature, "options": options}
+
+
+def derived_task_id(parent_execution_id: str, position: str) -> str:
+    """The id of a task an execution publishes (from its body, or as its link), the same
+    on every re-run: derived from the parent's id and the publish's position or name."""
+    return str(uuid.uuid5(_DERIVED_IDS, f"{parent_execution_id}/{position}"))
+
+
+_DERIVED_IDS = uuid.UUID("5c0f6c62-9b6e-4bb1-9d3c-5a7c1f0e2d41")
+
+
+def _published_from_a_body(agboss: AGBoss, name: Any) -> str | None:
+    """The stable id of a PaymentTask published from inside a PaymentTask's delivery
+    (``ship.delay(order)`` in ``charge_order``'s body), or None: outside a delivery,
+    or a task that is not a PaymentTask. The n-th publish of one task name in a
+    delivery gets the same id on every re-run (DESIGN §4)."""
+    from celery._state import get_current_worker_task
+
+    from celery_agboss.delivery import CONTEXT_ATTRIBUTE
+
+    current = get_current_worker_task()
+    if current is None or not isinstance(name, str):
+        return None
+    ctx = getattr(current.request, CONTEXT_ATTRIBUTE, None)
+    if ctx is None or not _is_payment_task(agboss, name):
+        return None
+    position: int = ctx.next_publish(name)
+    return derived_task_id(ctx.execution_id, f"publish/{name}#{position}")
+
+
+def _refuse_unrecorded_publishes(agboss: AGBoss) -> None:
     """Make ``app.send_task`` (which ``apply_async``, ``delay``, canvas and ``retry`` all
     go through) raise the error ``before_task_publish`` refused a publish with, as an
-    ordinary exception for the caller; nothing reached the broker."""
+    ordinary exception for the caller; nothing reached the broker. A PaymentTask
+    published from a PaymentTask's body without a ``task_id`` gets a stable one."""
+    app = agboss.app
     original = app.send_task
     if getattr(original, "_agboss_refuses_unrecorded", False):
         return
 
     @functools.wraps(original)
-    def send_task(*args: Any, **kwargs: Any) -> Any:
+    def send_task(name: Any, *args: Any, **kwargs: Any) -> Any:
+        if (
+            not args[3:4]
+            and kwargs.get("task_id") is None
+            and not sabotage.active(BODY_PUBLISHES_GET_NEW_IDS)
+        ):
+            stable = _published_from_a_body(agboss, name)
+            if stable is not None:
+                kwargs["task_id"] = stable
         try:
-            return original(*args, **kwargs)
+            return original(name, *args, **kwargs)
         except PublishNotRecorded as refused:
             raise refused.error from refused.error.__cause__
 

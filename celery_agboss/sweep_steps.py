@@ -276,7 +276,7 @@ class SweepRun:
             )
             if won:
                 append_history(
-                    tx, pseudonym_key, key, HistoryEvent.FAILED_DEFINITE,
+                    tx, pseudonym_key, key, HistoryEvent.NOT_SENT_PROVEN,
                     from_status=IntentStatus.PENDING, to_status=IntentStatus.FAILED,
                     attempt=intent.attempt, owner=None,
                     detail={"by": "sweep", "why": "cancel requested; reconcile proved not sent"},

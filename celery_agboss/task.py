@@ -20,20 +20,51 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task
+from celery.exceptions import Ignore, Reject
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.delivery import CONTEXT_ATTRIBUTE, Delivery, PauseRequested
-from celery_agboss.errors import ConfigurationError, StoreError
+from celery_agboss.errors import ConfigurationError, ExecutionNotFinishedError, StoreError
 from celery_agboss.messages import dumps, loads
-from celery_agboss.waits import LongWaitRequested, seconds_until
+from celery_agboss.waits import (
+    OWN_RETRIES_HEADER,
+    UNBOUNDED_RETRIES,
+    LongWaitRequested,
+    RetryNotPublished,
+    application_retries,
+    own_retries,
+    seconds_until,
+)
 
 logger = logging.getLogger("celery_agboss")
+
+EAGER_IGNORE_READ = sabotage.register("eager-ignore-read-as-success")
+"""Sabotage: an eager run that ended unfinished (paused, waiting) returns None, as
+Celery reads an Ignore, so a test suite reads a paused payment as paid."""
+
+FAILURE_FOR_AN_UNFINISHED_EXECUTION = sabotage.register("failure-for-an-unfinished-execution")
+"""Sabotage: Celery writes FAILURE and fires errbacks for an execution that is only waiting
+or about to be continued (a hard time limit, a retry whose publish failed)."""
+
+RETRY_PUBLISH_FAILURE_REJECTS = sabotage.register("retry-publish-failure-rejects")
+"""Sabotage: a retry whose publish failed is Celery's ``Reject(requeue=False)``, so the
+message is dropped as failed while the execution only waits."""
+
+PACKAGE_RETRIES_COUNTED = sabotage.register("package-retries-counted")
+"""Sabotage: the application's ``max_retries`` counts celery_agboss's own retries too (an
+unknown outcome's), so ``autoretry_for`` gives up early."""
 
 RETRY_KEEPS_EXPIRES = sabotage.register("retry-keeps-expires")
 """Sabotage (DESIGN §2.1): ``self.retry()`` carries the message's ``expires``, so a retry
 after it is dropped by the worker while the execution, charged, waits for it."""
+
+REPLACE_HANDED_TO_CELERY = sabotage.register("replace-handed-to-celery")
+"""Sabotage: ``self.replace()`` is Celery's: the replacement runs under this execution's
+id, finds it COMPLETED(None) and replays that instead of running, so the payments it
+would have made are never made."""
 
 T = TypeVar("T")
 
@@ -51,12 +82,64 @@ def _refuse_unbound(cls: type[Any]) -> None:
         )
 
 
+class _FailureOnlyWhenFailed:
+    """The result backend as a ``PaymentTask`` writes to it: ``FAILURE`` (and with it the
+    errbacks, the chain's failure, a chord part counted as failed) only for an execution
+    the store holds ``FAILED``. Celery writes FAILURE on its own in several places — a
+    hard time limit (from the worker's main process), a retry whose publish failed, a
+    ``Reject(requeue=False)`` — while the execution is only waiting, or about to be
+    continued; an errback that refunds the order would then refund a paid one."""
+
+    def __init__(self, backend: Any, task: PaymentTask) -> None:
+        self._backend = backend
+        self._task = task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def mark_as_failure(self, task_id: str, exc: BaseException, *args: Any, **kwargs: Any) -> Any:
+        if self._failed(task_id) or sabotage.active(FAILURE_FOR_AN_UNFINISHED_EXECUTION):
+            return self._backend.mark_as_failure(task_id, exc, *args, **kwargs)
+        logger.warning(
+            "result-backend.failure-withheld: %s[%s] raised %s, but the execution is not "
+            "FAILED: nothing written to the result backend, no errback fired",
+            self._task.name, task_id, type(exc).__name__,
+            extra={"event": "result-backend.failure-withheld", "execution_id": task_id},
+        )
+        return None
+
+    def _failed(self, task_id: str) -> bool:
+        from celery_agboss.app import AGBoss
+
+        try:
+            record = AGBoss.of(self._task.app).executions.read_execution(task_id)
+        except (Exception, StoreError):
+            return False  # unknown: never a FAILURE on a guess (the store decides later)
+        return record is None or record.state is ExecutionState.FAILED
+
+
 class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     """A Celery task whose payment side effects happen exactly once (see the module doc)."""
 
     abstract = True
     acks_late = True
     reject_on_worker_lost = True
+    # A hard time limit kills the child mid-body: the message is given back, not
+    # acknowledged as failed; every take-over counts toward the recovery cap, so a body
+    # that always overruns its limit ends PARKED, visibly.
+    acks_on_timeout = False
+    # (Celery < 5.7 has no acks_on_timeout: the worker request below does it, for every
+    # version, from the worker's main process.)
+    Request = "celery_agboss.worker_request:PaymentRequest"
+
+    @property
+    def backend(self) -> Any:
+        """Celery's result backend, writing FAILURE only for a FAILED execution."""
+        return _FailureOnlyWhenFailed(Task.backend.fget(self), self)
+
+    @backend.setter
+    def backend(self, value: Any) -> None:
+        Task.backend.fset(self, value)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -73,7 +156,23 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
             )
         from celery_agboss.app import AGBoss
 
-        return Delivery(self, AGBoss.of(self.app), request).run(args, kwargs)
+        agboss = AGBoss.of(self.app)
+        try:
+            return Delivery(self, agboss, request).run(args, kwargs)
+        except Ignore:
+            if not getattr(request, "is_eager", False) or sabotage.active(EAGER_IGNORE_READ):
+                raise
+            # Eager: Celery would read an Ignore as a result of None. Say where it is.
+            record = agboss.executions.read_execution(str(request.id))
+            state = "unknown" if record is None else record.state.value
+            raise ExecutionNotFinishedError(
+                f"{self.name}[{request.id}] did not finish in this eager run: the execution "
+                f"is {state}" + ("" if record is None or not record.reason
+                                 else f" ({record.reason})")
+                + ". A worker (or the sweep) continues it; nothing was returned",
+                execution_id=str(request.id),
+                state=state,
+            ) from None
 
     # --- what the body calls ----------------------------------------------------------------
 
@@ -121,27 +220,92 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         max_retries: int | None = None,
         **options: Any,
     ) -> Any:
-        """Celery's ``retry()``, except that a wait longer than half the shortest
-        visibility timeout is kept in the store, not in a broker message (trap 1): the
-        execution waits ``WAITING`` and the sweep publishes it again when it is due. The
-        retry carries no ``expires``: an execution that started (and may have charged)
-        continues whatever its ``expires`` (DESIGN §2.1); pass one to bound the retry."""
+        """Celery's ``retry()``, with three differences inside a delivery. ``max_retries``
+        counts the application's retries only (``self.retry()``, ``autoretry_for``), never
+        celery_agboss's own. A wait longer than half the shortest visibility timeout is
+        kept in the store, not in a broker message (trap 1): the execution waits
+        ``WAITING`` and the sweep publishes it again when it is due. The retry carries no
+        ``expires``: an execution that started (and may have charged) continues whatever
+        its ``expires`` (DESIGN §2.1); pass one to bound the retry."""
         if not sabotage.active(RETRY_KEEPS_EXPIRES):
             options.setdefault("expires", None)
-        ctx = getattr(self.request, CONTEXT_ATTRIBUTE, None)
-        if isinstance(ctx, ExecutionContext) and not getattr(self.request, "is_eager", False):
-            from celery_agboss.app import AGBoss
+        request = self.request
+        ctx = getattr(request, CONTEXT_ATTRIBUTE, None)
+        if not isinstance(ctx, ExecutionContext) or getattr(request, "is_eager", False):
+            return super().retry(
+                args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown,
+                max_retries=max_retries, **options,
+            )
+        from celery_agboss.app import AGBoss
 
-            delay = seconds_until(eta if countdown is None and eta is not None else countdown)
-            if countdown is None and eta is None:
-                delay = float(self.default_retry_delay or 0)
-            limit = self.max_retries if max_retries is None else max_retries
-            exhausted = limit is not None and int(self.request.retries or 0) >= limit
-            if delay > AGBoss.of(self.app).settings.max_broker_countdown_seconds and not exhausted:
-                raise LongWaitRequested(delay, args, kwargs)
-        return super().retry(
-            args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown,
-            max_retries=max_retries, **options,
+        limit = self.max_retries if max_retries is None else max_retries
+        counted = (
+            int(request.retries or 0)
+            if sabotage.active(PACKAGE_RETRIES_COUNTED)
+            else application_retries(request)
+        )
+        if limit is not None and counted + 1 > limit:
+            if exc is not None:
+                raise exc
+            raise self.MaxRetriesExceededError(
+                f"Can't retry {self.name}[{request.id}]: {counted} retries of "
+                f"max_retries={limit}",
+                task_args=request.args, task_kwargs=request.kwargs,
+            )
+        delay = seconds_until(eta if countdown is None and eta is not None else countdown)
+        if countdown is None and eta is None:
+            delay = float(self.default_retry_delay or 0)
+        if delay > AGBoss.of(self.app).settings.max_broker_countdown_seconds:
+            raise LongWaitRequested(delay, args, kwargs)
+        return self._retry_checked(
+            delay, args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
+            countdown=countdown, **options,
+        )
+
+    def _retry_checked(self, delay: float, **options: Any) -> Any:
+        """Celery's retry once the budget was checked here: unbounded for Celery, and
+        Celery's memory of that bound (``override_max_retries``, which ``autoretry_for``
+        reads on the shared task object) put back as it was. A publish that fails is a
+        ``RetryNotPublished``, not Celery's ``Reject(requeue=False)``."""
+        state: dict[str, Any] = self.__dict__
+        had = "override_max_retries" in state
+        before = state.get("override_max_retries")
+        try:
+            return super().retry(max_retries=UNBOUNDED_RETRIES, **options)
+        except Reject as refused:
+            if sabotage.active(RETRY_PUBLISH_FAILURE_REJECTS):
+                raise
+            raise RetryNotPublished(
+                delay, refused.reason or refused, options.get("args"), options.get("kwargs")
+            ) from None
+        finally:
+            if had:
+                state["override_max_retries"] = before
+            else:
+                state.pop("override_max_retries", None)
+
+    def package_retry(self, delay: float) -> Any:
+        """celery_agboss's own retry of this delivery (an unknown outcome, a store
+        outage): one more in the ``agboss_retries`` header, outside the application's
+        ``max_retries``, with no ``expires``."""
+        request = self.request
+        headers = {**(getattr(request, "headers", None) or {}),
+                   OWN_RETRIES_HEADER: own_retries(request) + 1}
+        return self._retry_checked(delay, countdown=delay, expires=None, headers=headers)
+
+    def replace(self, sig: Any) -> Any:
+        """Refused: Celery's ``replace()`` hands this task id to another signature, which
+        would then find this execution recorded and replay its result instead of running
+        (three installments would make one payment, and a chain would get ``None``)."""
+        if sabotage.active(REPLACE_HANDED_TO_CELERY):
+            return super().replace(sig)
+        raise ConfigurationError(
+            f"PaymentTask {self.name!r} cannot use self.replace(): the replacement would run "
+            "under this execution's id and replay its stored result instead of running. "
+            "Publish the follow-up from the body instead (a PaymentTask's .delay() from a "
+            "body gets an id of its own, stable across re-runs) and return, or link it "
+            "(link=...) when you publish this task",
+            task=self.name,
         )
 
     @property
@@ -161,6 +325,8 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         ctx = self._context()
         executions = AGBoss.of(self.app).executions
         with ctx.fenced() as tx:
+            ctx.check_cancel(tx)
+            ctx.pass_failures(tx)  # waiting for a person is going on past a failure
             answered, answer = executions.pause_in(
                 tx, name, None if payload is None else dumps(payload)
             )

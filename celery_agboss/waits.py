@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from celery_agboss import messages
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.messages import dumps, loads, message_from_request
 
@@ -27,6 +28,48 @@ class LongWaitRequested(BaseException):
         self.delay_seconds = delay_seconds
         self.args_after = args
         self.kwargs_after = kwargs
+
+
+class RetryNotPublished(BaseException):
+    """A retry's message could not be published (the broker or the store refused it):
+    Celery would turn that into ``Reject(requeue=False)`` — FAILURE in the result backend
+    and the errbacks fired — for an execution that is only waiting. The delivery keeps
+    ``WAITING`` in the store instead; the sweep publishes it."""
+
+    def __init__(
+        self, delay_seconds: float, cause: BaseException, args: Any = None, kwargs: Any = None
+    ) -> None:
+        super().__init__(str(cause))
+        self.delay_seconds = delay_seconds
+        self.cause = cause
+        self.args_after = args
+        self.kwargs_after = kwargs
+
+
+# How many of a message's ``retries`` are celery_agboss's own (an unknown outcome's, a
+# store outage's), not the application's: they never use the application's budget.
+OWN_RETRIES_HEADER = messages.OWN_RETRIES_HEADER
+
+PACKAGE_RETRY_BUDGET = 5
+"""The package's own broker retries in a row; past them the stored ``WAITING`` and the
+sweep (which spaces its re-drives, and starts the count again) continue the execution."""
+
+UNBOUNDED_RETRIES = 2**62
+"""``max_retries`` given to Celery for a retry whose budget was already checked here."""
+
+
+def own_retries(request: Any) -> int:
+    headers = getattr(request, "headers", None) or {}
+    try:
+        return max(0, int(headers.get(OWN_RETRIES_HEADER, 0) or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def application_retries(request: Any) -> int:
+    """The retries of this execution the application asked for (``self.retry()``,
+    ``autoretry_for``): Celery's count less the package's own."""
+    return max(0, int(getattr(request, "retries", 0) or 0) - own_retries(request))
 
 
 def seconds_until(when: Any) -> float:
@@ -49,7 +92,9 @@ def seconds_until(when: Any) -> float:
     return max(0.0, seconds)
 
 
-def message_after_wait(task_name: str, request: Any, wait: LongWaitRequested) -> ExecutionMessage:
+def message_after_wait(
+    task_name: str, request: Any, wait: LongWaitRequested | RetryNotPublished
+) -> ExecutionMessage:
     """The message the sweep publishes after the wait: what Celery's retry would have
     sent (new arguments if given, retries + 1), without an ETA (the store holds it)."""
     message = message_from_request(task_name, request)

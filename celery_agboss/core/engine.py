@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from celery_agboss.core import faults, sabotage
+from celery_agboss.core.failures import rebuild_failure
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.inflight import IN_FLIGHT, InFlightSend
 from celery_agboss.core.outbound import Outcome
@@ -23,6 +24,7 @@ from celery_agboss.core.prepared import Holder, PreparedCall, Resend, prepare_ca
 from celery_agboss.core.protections import (
     FINGERPRINT_NOT_CHECKED,
     JOIN_ON_ANY_FINGERPRINT,
+    PASSED_FAILURE_RESENT,
     RECORD_USE_NOT_NOTED,
     REPLAY_NOT_STORED_MARKER,
 )
@@ -39,6 +41,7 @@ from celery_agboss.core.store import (
 from celery_agboss.core.transitions import append_history, cas, fault, log_event
 from celery_agboss.errors import (
     IdempotencyKeyConflictError,
+    OutboundCallFailureNotReplayableError,
     OutboundCallInFlightError,
     OutboundCallResultNotStoredError,
 )
@@ -64,6 +67,12 @@ def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
             return _replay(p, record)
         if record.status is IntentStatus.FAILED:
             _check_fingerprint(p, record.fingerprint)
+            if (
+                record.failure_passed
+                and record.execution_id == holder.execution_id
+                and not sabotage.active(PASSED_FAILURE_RESENT)
+            ):
+                raise _replayed_failure(p, record)
             if _claim_failed(holder, p, record):
                 return send_and_settle(holder, p, record.attempt + 1)
             continue
@@ -106,6 +115,7 @@ def _read(holder: Holder, key: str, *, check_cancel: bool = False) -> IntentReco
     with holder.fenced() as tx:
         if check_cancel:
             holder.check_cancel(tx)
+            holder.pass_failures(tx)  # this call goes on past the failures before it
         record = tx.read_intent(key)
         if (
             record is not None
@@ -171,6 +181,31 @@ def _replay(p: PreparedCall, record: IntentRecord) -> tuple[Any, Outcome]:
         attempt=record.attempt,
     )
     return record.result, Outcome.REPLAYED
+
+
+def _replayed_failure(p: PreparedCall, record: IntentRecord) -> BaseException:
+    """An earlier delivery of this execution went past this definite failure (it caught
+    it and went on, to a backup card say): the re-run gets the same failure, so it takes
+    the same path; sending it again could charge both cards. A failure that cannot be
+    rebuilt as it was stops the delivery for an operator instead of another branch."""
+    failure = rebuild_failure(record.failure)
+    if failure is None:
+        stored = record.failure if isinstance(record.failure, dict) else {}
+        return OutboundCallFailureNotReplayableError(
+            f"{p.call.name} failed definitely in an earlier delivery, which went past the "
+            f"failure ({stored.get('type', 'unknown type')}); it cannot be raised again here "
+            "as it was (its class is not imported, or will not take its arguments), so "
+            "the body could take another path: an operator decides",
+            **p.ref.fields(attempt=record.attempt),
+        )
+    log_event(
+        logging.INFO,
+        "outbound-call.failure-replayed",
+        "an earlier delivery went past this definite failure: raised again, not resent",
+        p.ref,
+        attempt=record.attempt,
+    )
+    return failure
 
 
 def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool:

@@ -37,17 +37,26 @@ from celery_agboss.core.protections import (
     CANCEL_NOT_CHECKED_MID_BODY,
     CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,
     INTERRUPTED_SEND_STOPS_RENEWING,
+    PASSED_FAILURE_RESENT,
     RECLAIM_BUMPS_TOKEN,
     RELEASE_WITH_UNSETTLED_ATTEMPT,
     STORE_FAILURE_CATCHABLE,
     STORED_ERROR_UNMASKED,
 )
 from celery_agboss.core.settings import EngineSettings
-from celery_agboss.core.store import FencedTransaction, LeaseRef, Store
+from celery_agboss.core.store import (
+    FencedTransaction,
+    IntentGuard,
+    IntentStatus,
+    IntentUpdate,
+    LeaseRef,
+    Store,
+)
 from celery_agboss.core.transitions import NOT_STORED_TEXT, masked_text, policy_of
 from celery_agboss.errors import (
     AGBossSignal,
     CancelRequestedError,
+    ConfigurationError,
     ExecutionFencedError,
     LeaseNotHeldError,
     StoreError,
@@ -56,6 +65,27 @@ from celery_agboss.errors import (
 logger = logging.getLogger("celery_agboss")
 
 T = TypeVar("T")
+
+
+_warned_position_keys: set[str] = set()
+
+
+def _warn_position_keys(call_name: str) -> None:
+    """Once per call name and process: a call made twice in one delivery without a business
+    key is keyed by position (``name#1``, ``name#2``), which is only as stable as the
+    body's loop; a loop whose length can change between deliveries (over "the
+    installments not paid yet") would charge one installment twice and another never."""
+    if call_name in _warned_position_keys:
+        return
+    _warned_position_keys.add(call_name)
+    logger.warning(
+        "outbound-call.position-keys: %s is called more than once in one delivery without a "
+        "business key; its calls are keyed by position (#1, #2, …). If the body's loop can "
+        "change between deliveries, give each call a business_key of its own "
+        "(e.g. f'installment:{installment.id}')",
+        call_name,
+        extra={"event": "outbound-call.position-keys", "call": call_name},
+    )
 
 
 class ExecutionContext:
@@ -80,9 +110,13 @@ class ExecutionContext:
         self._lock = threading.Lock()
         self._occurrences: dict[tuple[str, str], int] = {}
         self._calls: dict[str, OutboundCall] = {}
+        self._reached: set[str] = set()  # intents this delivery's body called
+        self._failures: dict[str, int] = {}  # definite failures raised to the body: attempt
+        self._in_effect = threading.local()  # depth of fenced effects running, per thread
         self._last_outcome: Outcome | None = None
         self._runs: list[BoundedRun] = []
         self._released = False
+        self._ending = False  # left to expire (renewed only until its sends settled)
         self._stopped_by: AGBossSignal | None = None
         self._interrupted: str | None = None
 
@@ -150,6 +184,7 @@ class ExecutionContext:
     def outbound(self, call: OutboundCall, request: Any, business_key: str | None = None) -> Any:
         """Send ``request`` through ``call`` exactly once (DESIGN §4); the gateway's result."""
         self._refuse_after_signal()
+        self._refuse_inside_an_effect("outbound()")
         occurrence = 1 if business_key is not None else self._next("call", call.name)
         with self._lock:
             self._last_outcome = None
@@ -157,6 +192,10 @@ class ExecutionContext:
         prepared = prepare_call(
             self._settings, self._execution_id, call, request, business_key, occurrence
         )
+        with self._lock:
+            self._reached.add(prepared.idempotency_key)
+        if occurrence == 2:
+            _warn_position_keys(call.name)
         with self._stop_on_signal():
             result, outcome = run_outbound(self, prepared)
         with self._lock:
@@ -172,13 +211,30 @@ class ExecutionContext:
     ) -> T:
         """Run ``fn(conn)`` once per key, inside the transaction that checks the lease."""
         self._refuse_after_signal()
+        self._refuse_inside_an_effect("fenced_effect()")
         occurrence = 1 if business_key is not None else self._next("effect", name)
-        with self._stop_on_signal():
-            result: T = run_fenced_effect(
-                self, name, fn, business_key_text=business_key, request=request,
-                occurrence=occurrence,
-            )
+        self._in_effect.depth = getattr(self._in_effect, "depth", 0) + 1
+        try:
+            with self._stop_on_signal():
+                result: T = run_fenced_effect(
+                    self, name, fn, business_key_text=business_key, request=request,
+                    occurrence=occurrence,
+                )
+        finally:
+            self._in_effect.depth -= 1
         return result
+
+    def _refuse_inside_an_effect(self, verb: str) -> None:
+        """A fenced effect's ``fn`` runs inside the store's transaction: a call to the
+        gateway there would hold the transaction (and on SQLite the write lock) open
+        across the send, and the effect's record commits only after it."""
+        if getattr(self._in_effect, "depth", 0):
+            raise ConfigurationError(
+                f"{verb} inside a fenced effect's fn is refused: fn runs inside the store's "
+                "transaction, which must never stay open across a gateway call or another "
+                "transaction. Call it before or after the fenced effect, in the body",
+                execution_id=self._execution_id,
+            )
 
     def mask_error_text(self, text: str) -> str:
         """An error text of this delivery as the store may keep it (the execution's stored
@@ -263,6 +319,36 @@ class ExecutionContext:
     def assert_can_send(self) -> None:
         self.assert_held()
 
+    def next_publish(self, task_name: str) -> int:
+        """The position of this publish of ``task_name`` from the body (1, 2, …): what a
+        stable id of the published task is derived from."""
+        return self._next("publish", task_name)
+
+    def reached_keys(self) -> frozenset[str]:
+        """The idempotency keys of every outbound call this delivery's body made: an intent
+        an earlier delivery created that is not among them is a divergence (DESIGN §4)."""
+        with self._lock:
+            return frozenset(self._reached)
+
+    def failure_raised(self, idempotency_key: str, attempt: int) -> None:
+        with self._lock:
+            self._failures[idempotency_key] = attempt
+
+    def pass_failures(self, tx: FencedTransaction) -> None:
+        """The body went on past the definite failures raised to it: a re-run raises them
+        again. Idempotent: every later call writes it again (it costs nothing when no
+        failure was raised), so a transaction that rolled back loses nothing."""
+        with self._lock:
+            failures = dict(self._failures)
+        if not failures or sabotage.active(PASSED_FAILURE_RESENT):
+            return
+        for key, attempt in failures.items():
+            tx.update_intent(
+                key,
+                IntentGuard(IntentStatus.FAILED, attempt, self.lease_ref),
+                IntentUpdate(failure_passed=True),
+            )
+
     def check_cancel(self, tx: FencedTransaction) -> None:
         """``CancelRequestedError`` when a cancel of this execution was recorded: read in
         ``tx``, the transaction that would authorise the next send or write (DESIGN §2.2).
@@ -332,10 +418,21 @@ class ExecutionContext:
             reason = self._interrupted
         self.stop_renewing_when_settled(reason)
 
+    def end_if_open(self, reason: str) -> None:
+        """The delivery is over whatever happened (its own end-of-run code raised, say):
+        a lease neither released nor already left to expire is left to expire now, once
+        no send under it can still be running. Every way out of a delivery ends here."""
+        with self._lock:
+            concluded = self._released or self._ending
+        if not concluded:
+            self.stop_renewing_when_settled(reason)
+
     def stop_renewing_when_settled(self, reason: str) -> None:
         """The delivery ends without releasing: its lease is left to expire, but renewed
         until the sends under it ended or passed their bound (a send past its bound stops
         renewals as an overrun does). Returns at once; a daemon thread does the waiting."""
+        with self._lock:
+            self._ending = True
         running = self.running_sends()
         if not running or all(time.monotonic() >= run.deadline for run in running):
             self._stop_renewing_after(running, reason)

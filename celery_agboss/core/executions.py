@@ -9,7 +9,7 @@ arrive already encoded as text by the Celery layer, and the store keeps them as 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,6 +62,16 @@ CANCELLED_AFTER_PAYMENT = "cancelled after a completed payment"
 completed: money moved, so it is never silently ``CANCELLED``. It waits for an operator
 (``celery -A proj agboss cancel ID --payments-handled``) until undo exists."""
 
+
+DIVERGENCE = "divergence"
+"""The reason of an execution whose re-run no longer reached an intent an earlier delivery
+created that completed or may have: the body took another path, so it waits for an
+operator, who refunds what must go and accepts the result
+(``celery -A proj agboss accept ID``), or cancels it."""
+
+PERSON_DECIDES = (CANCELLED_AFTER_PAYMENT, DIVERGENCE)
+"""Reasons of ``WAITING_OPERATOR`` executions that settling an intent never ends: only an
+operator's decision does (``agboss cancel --payments-handled``, ``agboss accept``)."""
 
 CANCELLABLE_STATES = frozenset(
     {
@@ -211,9 +221,12 @@ class ExecutionStore(Protocol):
         wake) and gives ``DEFERRED``. Taking over a delivery that did not end counts
         toward the cap; past it the execution is ``PARKED`` instead."""
 
-    def finish_in(self, tx: FencedTransaction, result: str) -> ExecutionRecord:
+    def finish_in(
+        self, tx: FencedTransaction, result: str, reached: Collection[str] | None = None
+    ) -> ExecutionRecord:
         """In the caller's fenced transaction (its lease's scope is the execution): store
-        the result, ``COMPLETED``."""
+        the result, ``COMPLETED`` — or ``WAITING_OPERATOR`` when an intent is pending or
+        ``reached`` misses an intent an earlier delivery created (a divergence)."""
 
     def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
         """Fenced: ``FAILED`` with the stored failure — unless the execution owns a PENDING

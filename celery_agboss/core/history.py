@@ -47,6 +47,9 @@ class HistoryEvent(str, enum.Enum):
     RESULT_NOT_STORED = "result-not-stored"  # COMPLETED with a not-stored marker (R24)
     FINGERPRINT_CONFLICT = "fingerprint-conflict"  # its own pending intent, another request
     LOOKUP_FAILED = "lookup-failed"  # reconcile raised or timed out: PENDING, handed back
+    # A cancelled execution's intent whose lookup proved it never reached the gateway:
+    # PENDING → FAILED, never resent (not a gateway's "nothing processed" answer).
+    NOT_SENT_PROVEN = "not-sent-proven"
 
 
 @dataclass(frozen=True)

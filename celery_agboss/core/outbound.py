@@ -98,6 +98,9 @@ class OutboundCall:
     max_key_length: int | None = None
     mask: MaskingPolicy | None = None
     transaction_id: Callable[[Any], str | None] | None = None
+    # Checks a result an operator supplies (``agboss resolve --completed``) before it is
+    # stored: raise with what is wrong. Without it, ``transaction_id`` must find an id.
+    validate_result: Callable[[Any], object] | None = None
     key_retention_seconds: float | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -128,6 +131,12 @@ class OutboundCall:
                     rule="key_retention",
                 )
             object.__setattr__(self, "key_retention_seconds", seconds)
+        if self.validate_result is not None and not callable(self.validate_result):
+            raise OutboundCallDefinitionError(
+                f"OutboundCall {self.name!r}: validate_result must be callable (result) -> "
+                "None, raising when the result is not what send returns",
+                rule="validate_result",
+            )
         if self.mask is not None and not isinstance(self.mask, MaskingPolicy):
             raise OutboundCallDefinitionError(
                 f"OutboundCall {self.name!r}: mask must be a MaskingPolicy (or None), not "

@@ -46,6 +46,14 @@ class Holder(Protocol):
     def assert_can_send(self) -> None:
         """Raise ``ExecutionFencedError`` unless the lease is held on the holder's clocks."""
 
+    def failure_raised(self, idempotency_key: str, attempt: int) -> None:
+        """A definite failure of this attempt is being raised to the body: if the body goes
+        on to another call, a re-run must raise it again, never send it again."""
+
+    def pass_failures(self, tx: FencedTransaction) -> None:
+        """In ``tx``: the body went past the definite failures raised to it so far (it
+        made another outbound call, paused, or completed): record that on their intents."""
+
     def check_cancel(self, tx: FencedTransaction) -> None:
         """Raise ``CancelRequestedError`` when a cancel of the execution was recorded, read
         in ``tx`` — the transaction that would authorise a send or a write — so a cancel

@@ -59,6 +59,14 @@ time limit) stops renewing the lease at once, so it can expire and be taken over
 the payment looked up (and sent again) while the first send may still reach the gateway."""
 
 
+PASSED_FAILURE_RESENT = register("passed-failure-resent")
+"""DESIGN §4: a definite failure the body went past in an earlier delivery (it caught the
+decline and charged a backup card) is sent again on the re-run, so both cards pay."""
+
+DIVERGENCE_COMPLETED = register("divergence-completed")
+"""DESIGN §4: a re-run whose body no longer reaches an intent an earlier delivery
+created (it took another branch) completes anyway, hiding a payment that may exist."""
+
 CANCEL_NOT_CHECKED_MID_BODY = register("cancel-not-checked-mid-body")
 """DESIGN §2.2: a cancel requested while the body runs (a revoke without terminate) is
 not looked at by its next outbound() or fenced_effect(): the charge still goes out."""
@@ -88,11 +96,13 @@ __all__ = [
     "CANCEL_NOT_CHECKED_MID_BODY",
     "CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY",
     "COMMIT_INSIDE_FENCED_EFFECT_ALLOWED",
+    "DIVERGENCE_COMPLETED",
     "FINGERPRINT_NOT_CHECKED",
     "INTENT_CAS_WITHOUT_PREDICATE",
     "INTERRUPTED_SEND_STOPS_RENEWING",
     "JOIN_ON_ANY_FINGERPRINT",
     "NO_KEY_AGE_CHECK",
+    "PASSED_FAILURE_RESENT",
     "PENDING_RESENT_WITHOUT_RECONCILE",
     "RECLAIM_BUMPS_TOKEN",
     "RECORD_USE_NOT_NOTED",

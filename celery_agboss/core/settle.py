@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery_agboss.core import faults, sabotage
+from celery_agboss.core.failures import encode_failure
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.inflight import IN_FLIGHT, BoundedRun, InFlightSend, RunState, run_bounded
 from celery_agboss.core.outbound import CallContext, Outcome
@@ -35,6 +36,7 @@ from celery_agboss.core.transitions import (
     fault,
     log_event,
     mask_result,
+    masked_text,
     transaction_id_of,
 )
 from celery_agboss.errors import (
@@ -260,13 +262,14 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
             **p.ref.fields(attempt=attempt),
         ) from exc
     me = holder.lease_ref
+    failure = encode_failure(exc, lambda text: masked_text(p.call, text))
     try:
         with holder.fenced() as tx:
             won = cas(
                 tx,
                 p.idempotency_key,
                 IntentGuard(IntentStatus.PENDING, attempt, me),
-                IntentUpdate(status=IntentStatus.FAILED),
+                IntentUpdate(status=IntentStatus.FAILED, failure=failure, failure_passed=False),
             )
             if won:
                 append_history(
@@ -297,6 +300,7 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
         attempt=attempt,
         error_type=detail["error_type"],
     )
+    holder.failure_raised(p.idempotency_key, attempt)
     raise exc
 
 

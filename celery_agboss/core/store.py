@@ -95,6 +95,10 @@ class IntentRecord:
     # Added by the store engineer (additive): the sweep's lookup back-off.
     next_lookup_at_ms: int | None = None  # the sweep looks this intent up again from then
     lookup_failures: int = 0  # lookups that could not settle it, for the back-off
+    # A FAILED intent's definite failure (type, masked message and arguments), and whether
+    # the body went past it: then a re-run raises it again, never sends again.
+    failure: JSON = None
+    failure_passed: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,8 @@ class IntentUpdate:
     next_lookup_delay_ms: int | None = None  # next_lookup_at = now + this
     clear_next_lookup: bool = False  # next_lookup_at = NULL
     lookup_failures: int | None = None
+    failure: JSON | _Unset = UNSET
+    failure_passed: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,14 @@ in ``executions_admin``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sqlalchemy import case, insert, select
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
     ANSWER_STATES,
+    DIVERGENCE,
     TERMINAL_STATES,
     DeliveryStart,
     ExecutionMessage,
@@ -26,7 +30,8 @@ from celery_agboss.core.executions import (
     StartKind,
     execution_scope,
 )
-from celery_agboss.core.store import FencedTransaction, LeaseRef
+from celery_agboss.core.protections import DIVERGENCE_COMPLETED
+from celery_agboss.core.store import FencedTransaction, IntentStatus, LeaseRef
 from celery_agboss.store.execution_rows import (
     message_values,
     newer_or_same,
@@ -34,10 +39,13 @@ from celery_agboss.store.execution_rows import (
     sql,
 )
 from celery_agboss.store.executions_admin import ExecutionAdminVerbs
+from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions, pauses
+from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _p = pauses.c
+_i = outbound_calls.c
 
 
 class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
@@ -124,13 +132,51 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
 
     # --- verdicts, inside a fenced transaction ------------------------------------------
 
-    def finish_in(self, tx: FencedTransaction, result: str) -> ExecutionRecord:
-        """Store the result, ``COMPLETED`` (an already terminal execution is left alone)."""
+    def finish_in(
+        self, tx: FencedTransaction, result: str, reached: Collection[str] | None = None
+    ) -> ExecutionRecord:
+        """Store the result, ``COMPLETED`` — unless an intent of the execution is pending, or
+        ``reached`` (the keys of the calls this delivery's body made) misses an intent an
+        earlier delivery created that completed or may have (a divergence: the body no
+        longer takes the path that charged). Then ``WAITING_OPERATOR``, named as such, with
+        the body's result kept for an operator who accepts it. An already terminal
+        execution is left alone."""
         t, execution_id = sql(tx), tx.lease.scope
         record = self._require(t, execution_id)
-        if not record.terminal:
+        if record.terminal:
+            return record
+        if sabotage.active(DIVERGENCE_COMPLETED):
             self._terminal(t, execution_id, ExecutionState.COMPLETED, result=result, reason=None)
+            return self._require(t, execution_id)
+        unreached = [] if reached is None else self._unreached(t, execution_id, reached)
+        if unreached:
+            names = ", ".join(sorted({name for _, name in unreached}))
+            keys = ", ".join(key for key, _ in unreached)
+            reason = (f"{DIVERGENCE}: the body no longer calls {names}; an earlier delivery "
+                      f"did, and it may have charged ({keys})")
+        elif self._pending_intent(t, execution_id):
+            reason = "completed while an outbound call of it is pending"
+        else:
+            self._terminal(t, execution_id, ExecutionState.COMPLETED, result=result, reason=None)
+            return self._require(t, execution_id)
+        self._set(t, execution_id, state=ExecutionState.WAITING_OPERATOR.value,
+                  not_before_ms=None, result=result, reason=reason[:1000])
         return self._require(t, execution_id)
+
+    def _unreached(
+        self, t: SQLTransaction, execution_id: str, reached: Collection[str]
+    ) -> list[tuple[str, str]]:
+        """``(key, call name)`` of the execution's own intents, pending or completed, that
+        the keys in ``reached`` do not name."""
+        rows = t.execute(
+            select(_i.idempotency_key, _i.name).where(
+                _i.execution_id == execution_id,
+                _i.status.in_([IntentStatus.PENDING.value, IntentStatus.COMPLETED.value]),
+            )
+        ).all()
+        wanted = set(reached)
+        return [(str(r.idempotency_key), str(r.name)) for r in rows
+                if str(r.idempotency_key) not in wanted]
 
     def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
         """``FAILED`` with the stored failure — unless the execution owns a PENDING intent:

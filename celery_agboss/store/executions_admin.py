@@ -16,7 +16,8 @@ from sqlalchemy import and_, case, exists, func, not_, or_, select, update
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
     CANCELLABLE_STATES,
-    CANCELLED_AFTER_PAYMENT,
+    DIVERGENCE,
+    PERSON_DECIDES,
     REDRIVABLE_STATES,
     TERMINAL_STATES,
     AuditEntry,
@@ -305,7 +306,7 @@ class ExecutionAdminVerbs(ExecutionRows):
             if (
                 record is None
                 or record.state is not ExecutionState.WAITING_OPERATOR
-                or (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT)
+                or (record.reason or "").startswith(PERSON_DECIDES)
             ):
                 return None
             lease = tx.lock_lease(execution_scope(execution_id))
@@ -344,6 +345,24 @@ class ExecutionAdminVerbs(ExecutionRows):
                 .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
             ).all()
             return [str(row.idempotency_key) for row in rows]
+
+    def accept_divergence(self, execution_id: str, reason: str) -> ExecutionRecord | None:
+        """An operator accepts a divergence: the execution ``COMPLETED`` with the result its
+        body returned (kept when it diverged), under its row and lease locks; None unless
+        it waits for a divergence, runs under no live lease and has no pending intent."""
+        with self.store.transaction() as tx:
+            record = self._read(tx, execution_id, lock=True)
+            if (
+                record is None
+                or record.state is not ExecutionState.WAITING_OPERATOR
+                or not (record.reason or "").startswith(DIVERGENCE)
+            ):
+                return None
+            lease = tx.lock_lease(execution_scope(execution_id))
+            if (lease is not None and lease.live) or self._pending_intent(tx, execution_id):
+                return None
+            self._terminal(tx, execution_id, ExecutionState.COMPLETED, reason=reason[:1000])
+            return self._require(tx, execution_id)
 
     def pending_intent_keys(self, execution_id: str) -> list[str]:
         """The keys of the execution's pending intents (``pending_intent_of``)."""

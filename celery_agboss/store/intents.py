@@ -83,6 +83,8 @@ def _record(row: Row[Any]) -> IntentRecord:
         read_at_ms=int(m["read_at_ms"]),
         next_lookup_at_ms=m["next_lookup_at_ms"],
         lookup_failures=int(m["lookup_failures"]),
+        failure=None if m["failure"] is None else loads(m["failure"]),
+        failure_passed=bool(m["failure_passed"]),
     )
 
 
@@ -182,6 +184,10 @@ def _values(update_: IntentUpdate, now: ColumnElement[int]) -> dict[str, Any]:
         values["next_lookup_at_ms"] = None
     if update_.lookup_failures is not None:
         values["lookup_failures"] = update_.lookup_failures
+    if update_.failure is not UNSET:
+        values["failure"] = None if update_.failure is None else dumps(update_.failure)
+    if update_.failure_passed is not None:
+        values["failure_passed"] = update_.failure_passed
     return values
 
 

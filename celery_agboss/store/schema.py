@@ -74,6 +74,11 @@ outbound_calls = Table(
     Column("not_sent_confirmed", Boolean, nullable=False, server_default=false()),
     Column("next_lookup_at_ms", BigInteger, nullable=True),
     Column("lookup_failures", Integer, nullable=False, server_default="0"),
+    # A definite failure as the store keeps it (type, masked text, masked arguments), and
+    # whether the body went past it in a delivery: then a re-run raises it again instead
+    # of sending again (DESIGN §4, "what a re-run replays").
+    Column("failure", Text, nullable=True),
+    Column("failure_passed", Boolean, nullable=False, server_default=false()),
     Index(None, "status"),
 )
 

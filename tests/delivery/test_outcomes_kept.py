@@ -7,9 +7,9 @@
   done; a duplicate of a completed execution whose result this store cannot give back
   never writes ``FAILURE`` over the ``SUCCESS`` the result backend holds, nor fires
   ``link_error``.
-- A retry Celery refuses (past ``max_retries``) does not swallow a deferred duplicate's
-  wake: the release publishes the continuation. ``self.retry()`` of a started execution
-  carries no ``expires`` (DESIGN §2.1).
+- A retry that does not go out (the package's own budget spent) does not swallow a
+  deferred duplicate's wake: the release publishes the continuation. ``self.retry()``
+  of a started execution carries no ``expires`` (DESIGN §2.1).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from celery_agboss.delivery import (
     UNSTORED_RESULT_REPLAYED_AS_FAILURE,
     WAKE_FOLDED_INTO_REFUSED_RETRY,
 )
-from celery_agboss.task import RETRY_KEEPS_EXPIRES
+from celery_agboss.task import FAILURE_FOR_AN_UNFINISHED_EXECUTION, RETRY_KEEPS_EXPIRES
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.waits import OWN_RETRIES_HEADER, PACKAGE_RETRY_BUDGET
 from tests.delivery.conftest import PaymentShop
 from tests.support.processes import wait_until
 
@@ -192,7 +193,9 @@ def test_a_duplicate_never_writes_failure_over_success_nor_fires_link_error(
 
 
 def test_a_duplicate_that_raises_instead_refunds_a_paid_order(shop: PaymentShop) -> None:
-    with sabotage(UNSTORED_RESULT_REPLAYED_AS_FAILURE):
+    # Two protections stand here since the result backend writes FAILURE only for a
+    # FAILED execution: both are off.
+    with sabotage(UNSTORED_RESULT_REPLAYED_AS_FAILURE, FAILURE_FOR_AN_UNFINISHED_EXECUTION):
         _, errbacks = _completed_with_a_pickled_result_then_a_duplicate(
             shop, expect_refund=True
         )
@@ -207,20 +210,22 @@ def test_a_duplicate_that_raises_instead_refunds_a_paid_order(shop: PaymentShop)
 def _duplicate_then_an_unknown_outcome_past_max_retries(
     shop: PaymentShop, *, continues: bool
 ) -> str:
-    """``max_retries=0``: the delivery holds the lease while a duplicate is deferred (its
-    wake set); the charge's answer is lost; Celery refuses the retry. No sweep runs here:
-    only a published message can continue the execution."""
+    """The package's own retries are spent (a message that already went through its
+    budget): the delivery holds the lease while a duplicate is deferred (its wake set);
+    the charge's answer is lost; no retry goes out. No sweep runs here: only a published
+    message can continue the execution."""
     charge = shop.call()
     go = threading.Event()
 
-    @shop.task(max_retries=0)
+    @shop.task()
     def pay(self: Any, order: str) -> Any:
         assert go.wait(20)
         return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
 
     shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
+    spent = {OWN_RETRIES_HEADER: PACKAGE_RETRY_BUDGET}
     with shop.worker(concurrency=2):
-        task_id = str(pay.delay("o-7").id)
+        task_id = str(pay.apply_async(("o-7",), headers=spent).id)
         wait_until(lambda: shop.execution(task_id).state.value == "RUNNING", 10,
                    message="the first delivery")
         pay.apply_async(("o-7",), task_id=task_id)
@@ -235,13 +240,17 @@ def _duplicate_then_an_unknown_outcome_past_max_retries(
     return task_id
 
 
-def test_a_refused_retry_leaves_the_wake_to_publish_the_continuation(shop: PaymentShop) -> None:
+def test_a_retry_that_does_not_go_out_leaves_the_wake_to_publish_the_continuation(
+    shop: PaymentShop,
+) -> None:
     task_id = _duplicate_then_an_unknown_outcome_past_max_retries(shop, continues=True)
     assert shop.execution(task_id).state.value == "COMPLETED"
     assert len(shop.gateway.requests) == 1 and shop.gateway.lookups, "reconciled, not resent"
 
 
-def test_folding_the_wake_into_a_refused_retry_loses_the_continuation(shop: PaymentShop) -> None:
+def test_folding_the_wake_into_a_retry_that_does_not_go_out_loses_the_continuation(
+    shop: PaymentShop,
+) -> None:
     with sabotage(WAKE_FOLDED_INTO_REFUSED_RETRY):
         task_id = _duplicate_then_an_unknown_outcome_past_max_retries(shop, continues=False)
     assert shop.execution(task_id).state.value == "WAITING", "charged, and nothing continues"

@@ -9,6 +9,8 @@ asks the store what happened. An application's own SQL error inside a fenced eff
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
@@ -45,7 +47,7 @@ def _store_fails_after_reconcile_found_the_payment(shop: PaymentShop) -> str:
               only={"call": "shop.primary"})
     with shop.worker():
         task_id = str(pay.delay("o-1").id)  # type: ignore[attr-defined]
-        shop.wait_state(task_id, "COMPLETED", timeout=40)
+        shop.wait_state(task_id, "COMPLETED", "WAITING_OPERATOR", timeout=40)
     return task_id
 
 
@@ -59,6 +61,7 @@ def test_a_store_outage_after_reconcile_found_the_payment_hands_over_instead_of_
     shop: PaymentShop,
 ) -> None:
     task_id = _store_fails_after_reconcile_found_the_payment(shop)
+    assert shop.execution(task_id).state.value == "COMPLETED"
     charged = [r.idempotency_key or "" for r in shop.gateway.requests]
     assert len(shop.gateway.payments) == 1
     assert all("shop.primary" in key for key in charged), charged
@@ -67,19 +70,26 @@ def test_a_store_outage_after_reconcile_found_the_payment_hands_over_instead_of_
 
 def test_without_the_signal_the_fallback_card_is_charged_too(shop: PaymentShop) -> None:
     with sabotage(STORE_FAILURE_CATCHABLE):
-        _store_fails_after_reconcile_found_the_payment(shop)
+        task_id = _store_fails_after_reconcile_found_the_payment(shop)
     assert len(shop.gateway.payments) == 1 + 1, "the backup card, beside the first payment"
+    # (The primary's intent is still pending, so the execution does not complete over it:
+    # a second line of defence, too late for the money.)
+    assert shop.execution(task_id).state.value == "WAITING_OPERATOR"
 
 
-def test_a_store_outage_on_the_claim_read_hands_the_delivery_over(shop: PaymentShop) -> None:
+def test_a_store_outage_on_the_claim_read_hands_the_delivery_over(
+    shop: PaymentShop, caplog: pytest.LogCaptureFixture
+) -> None:
     pay = _with_a_fallback_card(shop)
     arm_raise(OUTBOUND_AFTER_READ, StoreUnavailableError("connection lost"),
               only={"call": "shop.primary"})
-    with shop.worker():
+    with shop.worker(), caplog.at_level(logging.ERROR, logger="celery_agboss"):
         task_id = str(pay.delay("o-2").id)  # type: ignore[attr-defined]
         shop.wait_state(task_id, "COMPLETED", timeout=40)
     charged = [r.idempotency_key or "" for r in shop.gateway.requests]
     assert len(charged) == 1 and "shop.primary" in charged[0]
+    (line,) = [r.getMessage() for r in caplog.records if "store-failed" in r.getMessage()]
+    assert "error=StoreUnavailableError" in line, line  # the class, not "type"
 
 
 def test_the_applications_own_sql_error_in_a_fenced_effect_stays_its_own(

@@ -21,7 +21,9 @@ from celery_agboss.cli import EXIT_CONFIGURATION, EXIT_NOT_FOUND, EXIT_REFUSED, 
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store import IntentStatus
+from celery_agboss.operator import OPERATOR_RESULT_UNCHECKED
 from celery_agboss.testing.gateway_types import FakeGatewayFault
+from celery_agboss.testing.sabotage import sabotage
 from tests.operations.apps.ops_app import CONFIG_ENV
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import CAP, INTERVAL_SECONDS, World
@@ -166,6 +168,57 @@ def test_resolve_needs_exactly_one_decision_and_valid_json(no_lookup: World) -> 
     assert missing.exit_code == EXIT_NOT_FOUND
 
 
+def _resolve_with_a_bare_charge_id(world: World) -> tuple[str, str, Result]:
+    """What an operator pastes from the dashboard: the charge id, not the receipt."""
+    task_id, key = _waiting_for_operator(world)
+    result = run(world.app, "resolve", key, "--completed", '"ch_123"', "--reason", "pasted")
+    return task_id, key, result
+
+
+def test_resolve_completed_refuses_a_result_the_call_would_not_return(
+    no_lookup: World,
+) -> None:
+    """The next delivery replays the operator's result as if send returned it."""
+    task_id, key, result = _resolve_with_a_bare_charge_id(no_lookup)
+    assert result.exit_code == EXIT_REFUSED
+    assert "finds no gateway id" in result.output and '{"id": "ch_...' in result.output
+    (intent,) = no_lookup.intents(task_id)
+    assert intent.status is IntentStatus.PENDING, "nothing written"
+    assert no_lookup.agboss.executions.list_audit(key) == []
+
+
+def test_storing_it_unchecked_hands_the_body_a_string_for_its_receipt(
+    no_lookup: World,
+) -> None:
+    with sabotage(OPERATOR_RESULT_UNCHECKED):
+        task_id, _, result = _resolve_with_a_bare_charge_id(no_lookup)
+    assert result.exit_code == 0
+    ctx = no_lookup.start(task_id)
+    receipt = ctx.outbound(no_lookup.call, {"amount": 1000, "order": task_id},
+                           business_key=f"order:{task_id}")
+    with pytest.raises(TypeError):
+        receipt["id"]  # what the body does with the receipt
+
+
+def test_resolve_completed_is_checked_by_the_calls_own_validator(
+    world_factory: WorldFactory,
+) -> None:
+    def a_receipt(result: Any) -> None:
+        if not isinstance(result, dict) or result.get("status") != "succeeded":
+            raise ValueError("expected a receipt with status 'succeeded'")
+
+    world = world_factory(lookup="none", validate_result=a_receipt)
+    task_id, key = _waiting_for_operator(world)
+    refused = run(world.app, "resolve", key, "--completed", '{"id": "ch_1"}', "--reason", "x")
+    assert refused.exit_code == EXIT_REFUSED
+    assert "status 'succeeded'" in refused.output
+    accepted = run(world.app, "resolve", key, "--completed",
+                   '{"id": "ch_1", "status": "succeeded"}', "--reason", "x")
+    assert accepted.exit_code == 0, accepted.output
+    (intent,) = world.intents(task_id)
+    assert intent.status is IntentStatus.COMPLETED
+
+
 def test_resolve_of_a_settled_intent_is_refused(no_lookup: World) -> None:
     _, key = _waiting_for_operator(no_lookup)
     assert run(no_lookup.app, "resolve", key, "--not-sent", "--reason", "x").exit_code == 0
@@ -195,6 +248,16 @@ def test_cancel_is_refused_while_an_intent_is_pending(no_lookup: World) -> None:
     assert result.exit_code == EXIT_REFUSED
     assert key in result.output and "resolve" in result.output
     assert no_lookup.execution(task_id).state is ExecutionState.WAITING_OPERATOR
+
+
+def test_accept_is_only_for_a_divergence(no_lookup: World) -> None:
+    """An unknown outcome is settled by ``resolve``; ``accept`` would complete over it."""
+    task_id, _ = _waiting_for_operator(no_lookup)
+    result = run(no_lookup.app, "accept", task_id, "--reason", "looks fine")
+    assert result.exit_code == EXIT_REFUSED
+    assert "not waiting for a divergence" in result.output
+    assert no_lookup.execution(task_id).state is ExecutionState.WAITING_OPERATOR
+    assert no_lookup.agboss.executions.list_audit(task_id) == []
 
 
 def test_cancel_is_refused_while_a_delivery_runs_it(world: World) -> None:

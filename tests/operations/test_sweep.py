@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.store import sweep_queries
 from celery_agboss.sweep import check_sweep_freshness, sweep_freshness
@@ -230,6 +231,10 @@ def test_a_cancel_waits_until_the_pending_intent_is_settled_then_cancels(
     (intent,) = world.intents(task_id)
     assert intent.status is IntentStatus.FAILED  # proven never processed; never resent
     assert len(world.gateway.requests) == requests_before
+    # Named for what it is: a lookup proved it was never processed (not a decline).
+    events = [row.event for row in world.agboss.store.read_history(intent.idempotency_key)]
+    assert HistoryEvent.NOT_SENT_PROVEN.value in events
+    assert HistoryEvent.FAILED_DEFINITE.value not in events
 
 
 def test_a_cancel_never_marks_an_intent_failed_on_a_not_sent_that_proves_nothing(

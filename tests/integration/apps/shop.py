@@ -10,6 +10,7 @@ test's app is its own. The gateway is the test process's ``FakeGateway`` behind
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -149,6 +150,25 @@ def make_app(config: dict[str, Any]) -> Celery:
         receipt = charge(self, order_id, amount)
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.charge_then_overrun")
+    def charge_then_overrun(self: Any, order_id: str, seconds: float, amount: int = 1000):  # type: ignore[no-untyped-def]
+        """Charges, then (on its first delivery only) overruns its hard time limit."""
+        note("body-start", self.request.id)
+        receipt = charge(self, order_id, amount)
+        record = AGBoss.of(app).executions.read_execution(self.request.id)
+        if record is not None and record.deliveries == 1:
+            note("overrunning", self.request.id)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+        note("body-end", self.request.id)
+        return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(bind=True, shared=False, name="it.refund_on_error")
+    def refund_on_error(self: Any, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        """An errback a shop would attach: it refunds the order it is told failed."""
+        note("refund", self.request.id)
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.retrying_charge")
     def retrying_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
@@ -302,9 +322,9 @@ def make_app(config: dict[str, Any]) -> Celery:
 def _from_environment() -> Celery | None:
     raw = os.environ.get(CONFIG_ENV)
     if raw:
-        import celery_agboss.delivery  # registers the Celery layer's sabotage names
-
-        del celery_agboss.delivery
+        # The Celery layer's sabotage names are registered where they are defined.
+        for module in ("celery_agboss.delivery", "celery_agboss.worker_request"):
+            importlib.import_module(module)
         sabotage.activate_from_environment()
     return make_app(json.loads(raw)) if raw else None
 

@@ -1,0 +1,109 @@
+"""A definite failure as the store keeps it, and the same exception raised again.
+
+A re-run replays what earlier deliveries recorded (DESIGN §4): a decline the body went
+past (it caught it and charged a backup card) must be raised again on the next
+delivery, never sent again. So the failure is kept with its intent: its type, its text
+masked by the call's policy, and its arguments (their texts masked). It is rebuilt
+only from a class this process already imported (nothing is imported because the
+database says so); when it cannot be rebuilt as it was, the delivery stops instead of
+taking another branch.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from celery_agboss.core.canonical import ensure_json
+from celery_agboss.core.store import JSON
+
+
+def type_name(cls: type[Any]) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def loaded_class(name: str) -> type[BaseException] | None:
+    """The exception class named ``module.Qualname``, if its module is already imported."""
+    module_name, _, qualname = name.rpartition(".")
+    target: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if isinstance(target, type) and issubclass(target, Exception):
+        return target
+    return None
+
+
+def text_of(exc: BaseException) -> str:
+    """``str(exc)``, or what can be said of an exception whose ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception as broken:
+        return f"<{type(exc).__name__}: str() raised {type(broken).__name__}>"
+
+
+def encode_failure(exc: BaseException, mask_text: Callable[[str], str]) -> JSON:
+    """What the store keeps of a definite failure: type, masked text, masked arguments
+    (None when they cannot be stored as JSON: then it is rebuilt from its text alone)."""
+    args: JSON = None
+    try:
+        candidate = [masked_value(arg, mask_text) for arg in _constructor_args(exc)]
+        ensure_json(candidate)
+        args = candidate
+    except (TypeError, ValueError):
+        args = None
+    return {"type": type_name(type(exc)), "message": mask_text(text_of(exc)), "args": args}
+
+
+def _constructor_args(exc: BaseException) -> tuple[Any, ...]:
+    """What the class is called with to make ``exc`` again: its ``__reduce__`` says so
+    when it calls the class itself (exceptions whose ``__init__`` takes more than their
+    message, as SDK errors often do); else ``exc.args``."""
+    try:
+        reduced = exc.__reduce__()
+    except Exception:
+        return tuple(exc.args)
+    if isinstance(reduced, tuple) and len(reduced) >= 2 and reduced[0] is type(exc):
+        return tuple(reduced[1])
+    return tuple(exc.args)
+
+
+def masked_value(value: Any, mask_text: Callable[[str], str]) -> Any:
+    """Every text in ``value`` through ``mask_text``; a number whose text it changes is
+    kept as the masked text (a card number given as an int)."""
+    if isinstance(value, dict):
+        return {key: masked_value(item, mask_text) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [masked_value(item, mask_text) for item in value]
+    if value is None or isinstance(value, bool):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    masked = mask_text(text)
+    return value if masked == text else masked
+
+
+def rebuild_failure(stored: JSON) -> BaseException | None:
+    """The stored failure as an exception of its own class, or None when that class is
+    not imported here or will not take the stored arguments."""
+    if not isinstance(stored, dict):
+        return None
+    cls = loaded_class(str(stored.get("type") or ""))
+    if cls is None:
+        return None
+    args = stored.get("args")
+    try:
+        if isinstance(args, list):
+            return cls(*args)
+        return cls(str(stored.get("message") or ""))
+    except Exception:
+        return None
+
+
+__all__ = [
+    "encode_failure",
+    "loaded_class",
+    "masked_value",
+    "rebuild_failure",
+    "text_of",
+    "type_name",
+]

@@ -1,0 +1,70 @@
+"""How the worker's main process handles a PaymentTask's hard time limit.
+
+Celery kills the pool child that overran ``time_limit`` and then, from the main
+process, writes FAILURE to the result backend, calls ``on_failure``, fires the
+``task_failure`` signal and sends ``task-failed`` — whatever the task's ack settings.
+For a payment that is the wrong story: the child may have charged a moment before it
+was killed, and nothing it recorded is lost, so the execution continues on the next
+delivery (after its lease expires), replaying what was recorded. The message is given
+back to the broker instead; every take-over counts toward the recovery cap, so a body
+that always overruns its limit ends ``PARKED``, visibly, never ``FAILED`` on a guess.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.exceptions import TimeLimitExceeded
+from celery.worker.request import Request
+from celery.worker.state import task_ready
+
+from celery_agboss.core import sabotage
+
+logger = logging.getLogger("celery_agboss")
+
+TIME_LIMIT_FAILS_THE_TASK = sabotage.register("time-limit-fails-the-task")
+"""Sabotage: a hard time limit is handled as Celery does it — FAILURE written (unless the
+result backend withholds it), ``on_failure`` and the errbacks run — for an execution
+that will be continued and may already have charged."""
+
+EXECUTION_TIME_LIMIT = "execution.time-limit"
+
+
+class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type information
+    """Celery's worker request, with a hard time limit handed back instead of failed."""
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if soft or not self.task.acks_late or sabotage.active(TIME_LIMIT_FAILS_THE_TASK):
+            super().on_timeout(soft, timeout)
+            return
+        task_ready(self)
+        logger.error(
+            "%s execution=%s task=%s limit=%s: the pool process was killed; the message is "
+            "given back, and the next delivery continues the execution once its lease "
+            "expires (nothing is marked FAILURE)",
+            EXECUTION_TIME_LIMIT, self.id, self.name, timeout,
+            extra={"agboss_event": EXECUTION_TIME_LIMIT,
+                   "agboss_fields": {"execution": self.id, "limit": timeout}},
+        )
+        self.reject(requeue=True)
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> None:
+        """The pool then reports the killed job as failed with ``TimeLimitExceeded``: the
+        message was already given back; nothing else is written."""
+        exc = getattr(exc_info, "exception", None)
+        exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback
+        if (
+            isinstance(exc, TimeLimitExceeded)
+            and self.task.acks_late
+            and not sabotage.active(TIME_LIMIT_FAILS_THE_TASK)
+        ):
+            task_ready(self)
+            if not self.acknowledged:
+                self.reject(requeue=True)
+            return
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+
+__all__ = ["EXECUTION_TIME_LIMIT", "TIME_LIMIT_FAILS_THE_TASK", "PaymentRequest"]
