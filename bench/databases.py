@@ -73,7 +73,7 @@ def postgres_version(admin_url: str) -> str:
 
 def prepare(url: str) -> None:
     """The celery_agboss schema and the benchmark's own table."""
-    from celery_agboss.store.engine import create_store_engine
+    from celery_agboss.store.databases import create_store_engine
     from celery_agboss.store.migrate import migrate
 
     migrate(url)

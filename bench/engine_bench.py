@@ -93,9 +93,9 @@ class _Sides:
     """The two ways of doing one payment, against one store and one gateway."""
 
     def __init__(self, url: str) -> None:
+        from celery_agboss.core.engine_settings import EngineSettings
         from celery_agboss.core.outbound import Completed, NotSent, OutboundCall
-        from celery_agboss.core.settings import EngineSettings
-        from celery_agboss.store.engine import create_store_engine
+        from celery_agboss.store.databases import create_store_engine
         from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
         from celery_agboss.testing.gateway import FakeGateway
 
@@ -142,7 +142,7 @@ class _Sides:
             _insert_row(conn, ref, receipt)
 
     def agboss(self, i: int) -> None:
-        from celery_agboss.core.execution import ExecutionContext
+        from celery_agboss.core.execution_context import ExecutionContext
 
         ref = f"agboss-{self.run_id}-{i}"
         key = f"order:{ref}"

@@ -16,15 +16,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from celery_agboss.core.engine_settings import EngineSettings, OutboundRegistry
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.core.settings import EngineSettings, OutboundRegistry
 from celery_agboss.errors import ConfigurationError
 from celery_agboss.events import EXECUTION_REPUBLISHED, STORE_OPENED, log_event
 from celery_agboss.messages import republish
 from celery_agboss.settings import AGBossSettings, settings_from_conf
-from celery_agboss.store.executions import SQLAlchemyExecutionStore
+from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 logger = logging.getLogger("celery_agboss")

@@ -116,9 +116,9 @@ def fence_story(store: Store, advance: Any, story: Story) -> None:
 
 def charge_story(store: Store, advance: Any, story: Story) -> None:
     """A lost answer is reconciled, not resent: one payment at the gateway."""
-    from celery_agboss.core.execution import ExecutionContext
+    from celery_agboss.core.engine_settings import EngineSettings
+    from celery_agboss.core.execution_context import ExecutionContext
     from celery_agboss.core.outbound import Completed, NotSent, OutboundCall, Outcome
-    from celery_agboss.core.settings import EngineSettings
     from celery_agboss.testing.gateway import FakeGateway
     from celery_agboss.testing.gateway_types import FakeGatewayFault
 
@@ -213,7 +213,7 @@ def _intents(store: Store, execution_id: str) -> list[Any]:
 
 def _engine_available() -> bool:
     try:
-        import celery_agboss.core.execution
+        import celery_agboss.core.execution_context
         import celery_agboss.testing.gateway  # noqa: F401
     except ImportError:
         return False

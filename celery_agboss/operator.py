@@ -534,7 +534,7 @@ def cancel(
                             _execution_summary(updated))
     log_event(OPERATOR_CANCELLED, execution=execution_id, state=updated.state.value, actor=who)
     if updated.state is ExecutionState.CANCELLED:
-        from celery_agboss.sweep_steps import send_task_event
+        from celery_agboss.sweep.steps import send_task_event
 
         send_task_event(agboss.app, "task-revoked", execution_id, terminated=False,
                         agboss_state=ExecutionState.CANCELLED.value)

@@ -275,7 +275,7 @@ def _published_from_a_body(agboss: AGBoss, name: Any) -> str | None:
     delivery gets the same id on every re-run (DESIGN §4)."""
     from celery._state import get_current_worker_task
 
-    from celery_agboss.delivery import CONTEXT_ATTRIBUTE
+    from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE
 
     current = get_current_worker_task()
     if current is None or not isinstance(name, str):

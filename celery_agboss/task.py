@@ -23,13 +23,11 @@ from celery import Task
 from celery.exceptions import Ignore, Reject
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.outbound import OutboundCall, Outcome
-from celery_agboss.delivery import CONTEXT_ATTRIBUTE, Delivery, PauseRequested
-from celery_agboss.errors import ConfigurationError, ExecutionNotFinishedError, StoreError
-from celery_agboss.messages import dumps, loads
-from celery_agboss.waits import (
+from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE, Delivery, PauseRequested
+from celery_agboss.delivery.waits import (
     OWN_RETRIES_HEADER,
     UNBOUNDED_RETRIES,
     LongWaitRequested,
@@ -38,6 +36,8 @@ from celery_agboss.waits import (
     own_retries,
     seconds_until,
 )
+from celery_agboss.errors import ConfigurationError, ExecutionNotFinishedError, StoreError
+from celery_agboss.messages import dumps, loads
 
 logger = logging.getLogger("celery_agboss")
 
@@ -130,7 +130,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     acks_on_timeout = False
     # (Celery < 5.7 has no acks_on_timeout: the worker request below does it, for every
     # version, from the worker's main process.)
-    Request = "celery_agboss.worker_request:PaymentRequest"
+    Request = "celery_agboss.delivery.time_limits:PaymentRequest"
 
     @property
     def backend(self) -> Any:

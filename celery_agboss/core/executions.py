@@ -1,7 +1,7 @@
 """Executions: one logical task run, from its publish to its terminal state.
 
 This is the protocol the Celery layer, the sweep and the operator commands speak;
-``celery_agboss.store.executions`` implements it on SQLAlchemy. No Celery and no
+``celery_agboss.store.execution_store`` implements it on SQLAlchemy. No Celery and no
 SQLAlchemy here: the message (arguments, publish options), results and errors
 arrive already encoded as text by the Celery layer, and the store keeps them as is.
 """

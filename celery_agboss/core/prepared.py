@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.inflight import BoundedRun
 from celery_agboss.core.keys import (
     business_key,
@@ -23,7 +24,6 @@ from celery_agboss.core.keys import (
 )
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.protections import REQUEST_STORED_UNMASKED
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import JSON, FencedTransaction, LeaseRef
 from celery_agboss.core.transitions import CallRef, policy_of
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from celery_agboss.core import faults, sabotage
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.lookup import (
     LookupFailed,
@@ -35,7 +36,6 @@ from celery_agboss.core.protections import (
     PENDING_RESENT_WITHOUT_RECONCILE,
     SUPERSEDED_SILENTLY_REPORTED,
 )
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.settle import record_unknown
 from celery_agboss.core.store import (
     UNSET,

@@ -3,7 +3,7 @@
 A guarantee test without a twin that fails when the protection is removed proves
 nothing. The switches live here (so the store and the engine can consult them
 without importing the testing package) but can only be turned on through
-``celery_agboss.testing.sabotage``, which refuses unless the process runs under
+``celery_agboss.testing.switches``, which refuses unless the process runs under
 pytest with ``AGBOSS_ALLOW_SABOTAGE=1``. They are never settings.
 """
 

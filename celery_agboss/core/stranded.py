@@ -18,6 +18,7 @@ import logging
 from typing import Any, Protocol
 
 from celery_agboss.core import faults, sabotage
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.lookup import (
     LookupFailed,
@@ -27,7 +28,6 @@ from celery_agboss.core.lookup import (
     previous_owner,
 )
 from celery_agboss.core.outbound import CallContext, Completed, NotSent, OutboundCall, Unknown
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import (
     IntentGuard,
     IntentRecord,

@@ -12,7 +12,7 @@ from celery_agboss.store.metadata import metadata
 from celery_agboss.store.schema import metadata as _schema_metadata  # registers the tables
 
 if TYPE_CHECKING:
-    from celery_agboss.store.engine import create_store_engine
+    from celery_agboss.store.databases import create_store_engine
     from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 assert _schema_metadata is metadata
@@ -27,7 +27,7 @@ def __getattr__(name: str) -> object:
 
         return SQLAlchemyStore
     if name == "create_store_engine":
-        from celery_agboss.store.engine import create_store_engine
+        from celery_agboss.store.databases import create_store_engine
 
         return create_store_engine
     raise AttributeError(f"module 'celery_agboss.store' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
 
-from celery_agboss.store.engine import SQLITE_NOW_FUNCTION
+from celery_agboss.store.databases import SQLITE_NOW_FUNCTION
 
 
 def is_postgresql(conn: Connection) -> bool:

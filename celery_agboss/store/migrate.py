@@ -13,8 +13,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import URL, Connection, Engine
 
+from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.driver_errors import translated
-from celery_agboss.store.engine import create_store_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _ADVISORY_LOCK_KEY = 0x61676_B6F5  # arbitrary, constant: "agbos"

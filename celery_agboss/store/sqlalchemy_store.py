@@ -50,9 +50,9 @@ from celery_agboss.errors import (
 )
 from celery_agboss.store import effects, intents
 from celery_agboss.store import leases as lease_sql
+from celery_agboss.store.databases import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
 from celery_agboss.store.dialect import is_postgresql
 from celery_agboss.store.driver_errors import DRIVER_ERRORS, translate, translated
-from celery_agboss.store.engine import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
 from celery_agboss.store.sqlite_watch import FencedTransactionWatchdog, FencedWatch
 from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
 

@@ -40,7 +40,7 @@ from celery_agboss.testing.gateway import (
     GatewayRequestOutcome,
     is_definite_failure,
 )
-from celery_agboss.testing.sabotage import SabotageRefusedError, sabotage
+from celery_agboss.testing.switches import SabotageRefusedError, sabotage
 
 __all__ = [
     "ArmedPoint",

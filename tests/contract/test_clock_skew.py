@@ -20,7 +20,7 @@ from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import SkewedHolderClock, VirtualClock
 from celery_agboss.testing.contract import write_effect
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.contract.conftest import StoreFactory
 
 TTL_MS = 10_000

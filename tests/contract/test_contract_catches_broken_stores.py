@@ -20,7 +20,7 @@ from celery_agboss.testing.contract import (
     StoreFactory,
     run_contract,
 )
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.contract.conftest import StoreFactory as SQLStoreFactory
 
 

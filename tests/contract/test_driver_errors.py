@@ -20,7 +20,7 @@ from sqlalchemy import exc as sa_exc
 
 from celery_agboss.core.store import LeaseRef
 from celery_agboss.errors import StoreError, StoreLockTimeoutError, StoreUnavailableError
-from celery_agboss.store.engine import create_store_engine
+from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore, lock_timeout_ms
 from tests.contract.conftest import StoreFactory

@@ -17,7 +17,7 @@ from celery_agboss.core.store import RenewOutcome
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.contract import TTL_MS, late_renewal, write_effect
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.contract.conftest import StoreFactory
 
 

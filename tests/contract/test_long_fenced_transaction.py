@@ -43,10 +43,10 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 from sqlalchemy.sql.selectable import Select
 
-from celery_agboss.core.effects import effect_key, run_fenced_effect
+from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.fenced_effects import effect_key, run_fenced_effect
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
 from celery_agboss.core.protections import SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import LeaseRef, RenewOutcome
 from celery_agboss.errors import StoreLockTimeoutError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore, sqlite_write_lock_bound_ms

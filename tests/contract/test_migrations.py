@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
 from celery_agboss.store import metadata
-from celery_agboss.store.engine import create_store_engine
+from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import MIGRATIONS_DIR, alembic_config, current_revision, migrate
 from tests.support import services
 

@@ -33,7 +33,7 @@ from celery_agboss.errors import (
     StoreLockTimeoutError,
     StoreUnavailableError,
 )
-from celery_agboss.store.engine import create_store_engine
+from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import alembic_config, current_revision, migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock

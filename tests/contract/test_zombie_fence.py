@@ -10,7 +10,7 @@ from __future__ import annotations
 from celery_agboss.core import faults
 from celery_agboss.core.sabotage import LEASE_CHECK_IN_SEPARATE_ROUND_TRIP
 from celery_agboss.testing.contract import zombie_race
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.contract.conftest import StoreFactory
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
 from celery_agboss.core.protections import CANCEL_NOT_CHECKED_MID_BODY
 from celery_agboss.operator import cancel, list_waits
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 from tests.support.processes import wait_until
 

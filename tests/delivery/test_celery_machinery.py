@@ -19,7 +19,7 @@ from celery import signals as celery_signals
 from celery.exceptions import Reject
 
 from celery_agboss.core.faults import FENCED_BEFORE_BEGIN
-from celery_agboss.delivery import (
+from celery_agboss.delivery.lifecycle import (
     LEASE_KEPT_AFTER_A_BROKEN_END,
     REJECT_WAITS_FOR_THE_SWEEP,
     REPLAY_SENDS_LINKS,
@@ -38,7 +38,7 @@ from celery_agboss.task import (
 )
 from celery_agboss.testing.faults import arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayFault
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.test_outcomes_kept import backend_state, stays_true
 from tests.support.processes import wait_until

@@ -23,7 +23,7 @@ from celery_agboss.errors import ExecutionIdConflictError, PublishRefusedError
 from celery_agboss.signals import PUBLISH_WITHOUT_RECORD
 from celery_agboss.store.execution_rows import TASK_NAME_NOT_CHECKED
 from celery_agboss.testing.celery_app import close_test_app, make_test_app
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 from tests.support.processes import wait_until
 

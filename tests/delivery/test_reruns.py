@@ -28,7 +28,7 @@ from celery_agboss.core.protections import DIVERGENCE_COMPLETED, PASSED_FAILURE_
 from celery_agboss.operator import accept, list_waits
 from celery_agboss.signals import BODY_PUBLISHES_GET_NEW_IDS
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayFault
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 from tests.support.processes import wait_until
 

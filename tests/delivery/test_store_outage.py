@@ -20,7 +20,7 @@ from celery_agboss.core.protections import STORE_FAILURE_CATCHABLE
 from celery_agboss.errors import AGBossSignal, StoreError, StoreUnavailableError
 from celery_agboss.testing.faults import arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayFault
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from celery_agboss.core.executions import ExecutionRecord
-from celery_agboss.store.executions import SQLAlchemyExecutionStore
+from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.deployment import readme
 from tests.deployment.gateway import (

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from celery_agboss.sweep import SWEEP_FINISHED, SWEEP_STALE
-from celery_agboss.sweep_steps import SWEEP_REPUBLISHED
+from celery_agboss.sweep.runner import SWEEP_FINISHED, SWEEP_STALE
+from celery_agboss.sweep.steps import SWEEP_REPUBLISHED
 from tests.deployment import brokers
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import SPEEDUPS, Deployment

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from celery_agboss.core.settings import EngineSettings
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 
-from celery_agboss.store.engine import SQLITE_NOW_FUNCTION
+from celery_agboss.store.databases import SQLITE_NOW_FUNCTION
 
 _SCHEMA = "agboss_frozen_clock"
 

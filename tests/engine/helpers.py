@@ -15,7 +15,8 @@ from datetime import timedelta
 from typing import Any
 
 from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
@@ -25,7 +26,6 @@ from celery_agboss.core.outbound import (
     OutboundCall,
     Unknown,
 )
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import IntentRecord, Store
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock

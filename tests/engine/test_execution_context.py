@@ -7,11 +7,11 @@ from datetime import datetime, timezone
 
 import pytest
 
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.lease import acquire
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, OutboundCall
 from celery_agboss.core.protections import REQUEST_STORED_UNMASKED
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.stranded import reconcile_stranded
 from celery_agboss.errors import (
     ConfigurationError,

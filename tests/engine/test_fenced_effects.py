@@ -56,7 +56,7 @@ def test_a_business_keyed_effect_is_shared_by_every_execution_that_names_it(shop
 
 
 def test_a_renamed_step_is_not_handed_the_old_result(shop: Shop) -> None:
-    from celery_agboss.core.effects import effect_key
+    from celery_agboss.core.fenced_effects import effect_key
 
     with shop.start("task-1") as ctx:
         key = effect_key(shop.settings, "task-1", "mark-paid", None, 1)

@@ -25,12 +25,12 @@ from types import FrameType
 import pytest
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.outbound import Outcome
 from celery_agboss.core.protections import INTERRUPTED_SEND_STOPS_RENEWING
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import IntentStatus, RenewOutcome
 from celery_agboss.errors import ExecutionFencedError, LeaseNotHeldError
 from celery_agboss.testing.gateway_types import GatewayHold

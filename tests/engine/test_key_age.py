@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import text
 
 from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, Outcome
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
 from celery_agboss.testing.clock import SkewedHolderClock
 from celery_agboss.testing.faults import OUTBOUND_BEFORE_SEND, arm_raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.keys import KEY_COMPONENTS_NOT_ESCAPED, business_key, step_key
 from celery_agboss.testing import sabotage
 from tests.engine.helpers import Shop

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import insert
 
 from celery_agboss.core import protections, sabotage
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.outbound import CallContext, Outcome
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.errors import (

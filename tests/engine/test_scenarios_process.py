@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from celery_agboss.core import protections, sabotage
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.outbound import OutboundCall, Outcome
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.errors import (
     ExecutionFencedError,

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent, verify_history
 from celery_agboss.core.lease import acquire
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, OutboundCall, Outcome
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
 from celery_agboss.testing.faults import OUTBOUND_AFTER_SEND, OUTBOUND_BEFORE_SEND, arm_raise
@@ -179,7 +179,7 @@ def test_lookups_that_keep_answering_not_sent_back_off_to_the_cap(shop: Shop) ->
 
 def test_without_back_off_a_not_sent_intent_is_looked_up_every_30_seconds(shop: Shop) -> None:
     from celery_agboss.core.stranded import NOT_SENT_LOOKUPS_NOT_BACKED_OFF
-    from celery_agboss.testing.sabotage import sabotage
+    from celery_agboss.testing.switches import sabotage
 
     with sabotage(NOT_SENT_LOOKUPS_NOT_BACKED_OFF):
         delays = _not_sent_lookups(shop, 3)

@@ -22,7 +22,7 @@ import pytest
 
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
 from celery_agboss.core.store import IntentStatus
-from celery_agboss.delivery import CANCEL_REQUEST_IGNORED
+from celery_agboss.delivery.lifecycle import CANCEL_REQUEST_IGNORED
 from celery_agboss.operator import cancel, list_waits
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
 from tests.integration.gateway_http import wait_for

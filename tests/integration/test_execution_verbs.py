@@ -10,7 +10,7 @@ import pytest
 
 from celery_agboss.core.executions import ExecutionMessage, ExecutionState, StartKind
 from celery_agboss.errors import ExecutionFencedError, NotPausedError
-from celery_agboss.store.executions import SQLAlchemyExecutionStore
+from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 TTL_MS = 5_000

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
+from celery_agboss.delivery.time_limits import EXECUTION_TIME_LIMIT, TIME_LIMIT_FAILS_THE_TASK
 from celery_agboss.task import FAILURE_FOR_AN_UNFINISHED_EXECUTION
-from celery_agboss.worker_request import EXECUTION_TIME_LIMIT, TIME_LIMIT_FAILS_THE_TASK
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
 

@@ -25,7 +25,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.errors import OutboundCallOutcomeUnknownError
 from celery_agboss.testing.gateway import FakeGatewayFault
 from tests.integration.broker_proxy import BrokerProxy

@@ -23,7 +23,7 @@ from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.operator import OPERATOR_RESULT_UNCHECKED
 from celery_agboss.testing.gateway_types import FakeGatewayFault
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.operations.apps.ops_app import CONFIG_ENV
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import CAP, INTERVAL_SECONDS, World

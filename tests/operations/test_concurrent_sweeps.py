@@ -15,8 +15,10 @@ import threading
 import time
 from pathlib import Path
 
-from celery_agboss.sweep import REDRIVE_WITHOUT_CLAIM, SWEEP_WITHOUT_TICK, SweepReport, run_sweep
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.sweep import SweepReport, run_sweep
+from celery_agboss.sweep.runner import SWEEP_WITHOUT_TICK
+from celery_agboss.sweep.steps import REDRIVE_WITHOUT_CLAIM
+from celery_agboss.testing.switches import sabotage
 from tests.conftest import ProcessFactory
 from tests.operations.apps.ops_app import CONFIG_ENV
 from tests.operations.conftest import WorldFactory

@@ -33,7 +33,7 @@ from celery_agboss.store.execution_rows import PENDING_INTENT_NARROW
 from celery_agboss.store.leases import LEASE_DECISION_ON_COMMITTED_READ
 from celery_agboss.testing.faults import arm_pause
 from celery_agboss.testing.gateway_types import FakeGatewayFault
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.operations.world import TTL_SECONDS, World
 
 POSTGRES_ONLY = pytest.mark.parametrize(

@@ -19,10 +19,10 @@ from celery_agboss.core.outbound import Outcome
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.errors import AGBossSignal, OutboundCallUnreconciledError
 from celery_agboss.operator import list_waits, resolve
-from celery_agboss.store.executions_admin import RESOLVE_REDRIVES_CREATOR_ONLY
+from celery_agboss.store.execution_admin_verbs import RESOLVE_REDRIVES_CREATOR_ONLY
 from celery_agboss.store.sweep_queries import RECORD_USES_IGNORED_BY_RETENTION
 from celery_agboss.testing.gateway_types import FakeGatewayFault
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import World
 

@@ -14,8 +14,11 @@ from datetime import datetime, timedelta, timezone
 
 from celery_agboss import answer_pause
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.store.executions_admin import PLANNED_WAITS_COUNTED, STARTED_EXECUTIONS_EXPIRE
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.store.execution_admin_verbs import (
+    PLANNED_WAITS_COUNTED,
+    STARTED_EXECUTIONS_EXPIRE,
+)
+from celery_agboss.testing.switches import sabotage
 from tests.operations.world import CAP, GRACE_SECONDS, TTL_SECONDS, World
 
 HOUR_MS = 3_600_000

@@ -18,7 +18,7 @@ from celery import Celery
 
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, Unknown
 from celery_agboss.core.clock import SYSTEM_CLOCK
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionRecord, StartKind
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
 from celery_agboss.core.outbound import CallContext, Lookup

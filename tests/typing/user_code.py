@@ -29,9 +29,9 @@ from celery_agboss import (
     Unknown,
     validate_business_key,
 )
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.masking import MaskingPolicy
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import Store
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
 from celery_agboss.testing import FakeGateway, FakeGatewayError, VirtualClock

@@ -10,7 +10,7 @@ import pytest
 
 from celery_agboss import demo
 from celery_agboss.core.protections import UNKNOWN_ERRORS_ARE_DEFINITE
-from celery_agboss.testing.sabotage import sabotage
+from celery_agboss.testing.switches import sabotage
 
 KEY_LINES = (
     "holder A acquires the lease of demo:order-42: token 1",

@@ -26,7 +26,7 @@ from celery_agboss.testing import (
     disarm_all,
     sabotage,
 )
-from celery_agboss.testing.sabotage import allowed, names
+from celery_agboss.testing.switches import allowed, names
 
 JOIN_SECONDS = 10.0
 SUBPROCESS_SECONDS = 120.0
@@ -191,7 +191,7 @@ def _without_sabotage_env() -> dict[str, str]:
 _TRY_SABOTAGE = textwrap.dedent(
     """
     from celery_agboss.testing import SabotageRefusedError, sabotage
-    from celery_agboss.testing.sabotage import names
+    from celery_agboss.testing.switches import names
     try:
         with sabotage(names()[0]):
             print("sabotaged")

@@ -215,7 +215,7 @@ def test_a_list_of_values_under_a_masked_path_is_masked_value_by_value() -> None
 
 def test_without_element_wise_masking_a_list_keeps_the_card_numbers() -> None:
     from celery_agboss.core.masking import LISTS_NOT_MASKED_ELEMENT_WISE
-    from celery_agboss.testing.sabotage import sabotage
+    from celery_agboss.testing.switches import sabotage
 
     with sabotage(LISTS_NOT_MASKED_ELEMENT_WISE):
         masked = MaskingPolicy(mask=["items.card.number"]).mask_request(REQUEST)

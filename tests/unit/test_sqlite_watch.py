@@ -24,7 +24,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from celery_agboss.errors import StoreLockTimeoutError
-from celery_agboss.store.engine import create_store_engine
+from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.sqlite_watch import (

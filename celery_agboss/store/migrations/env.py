@@ -34,7 +34,7 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    from celery_agboss.store.engine import create_store_engine
+    from celery_agboss.store.databases import create_store_engine
 
     url = context.config.get_main_option("sqlalchemy.url")
     if not url:

@@ -323,7 +323,7 @@ def _from_environment() -> Celery | None:
     raw = os.environ.get(CONFIG_ENV)
     if raw:
         # The Celery layer's sabotage names are registered where they are defined.
-        for module in ("celery_agboss.delivery", "celery_agboss.worker_request"):
+        for module in ("celery_agboss.delivery.lifecycle", "celery_agboss.delivery.time_limits"):
             importlib.import_module(module)
         sabotage.activate_from_environment()
     return make_app(json.loads(raw)) if raw else None

@@ -29,9 +29,9 @@ def allowed() -> bool:
 class Sabotage:
     """``sabotage(*protections)``: a ``with`` block without them; refused outside tests.
 
-    An object rather than a function so that ``celery_agboss.testing.sabotage`` — which
-    the package's export of this object shadows the module with — still offers
-    ``.names()`` and ``.allowed()``.
+    An object, so that ``sabotage.names()`` and ``sabotage.allowed()`` travel with the
+    one name tests import (``celery_agboss.testing.sabotage``); this module is named
+    ``switches`` so that name never hides it.
     """
 
     def __call__(self, *protections: str) -> AbstractContextManager[None]:

@@ -32,13 +32,13 @@ from celery_agboss.core.executions import (
 )
 from celery_agboss.core.protections import DIVERGENCE_COMPLETED
 from celery_agboss.core.store import FencedTransaction, IntentStatus, LeaseRef
+from celery_agboss.store.execution_admin_verbs import ExecutionAdminVerbs
 from celery_agboss.store.execution_rows import (
     message_values,
     newer_or_same,
     refuse_another_task,
     sql,
 )
-from celery_agboss.store.executions_admin import ExecutionAdminVerbs
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions, pauses
 from celery_agboss.store.transactions import SQLTransaction

@@ -19,7 +19,7 @@ intervals at most.
 
 Every claim is a compare-and-set committed before any gateway call or publish, so two
 sweepers decide each row one after the other; a per-tick row makes two beats run one
-sweep per tick. The steps themselves are in ``celery_agboss.sweep_steps``.
+sweep per tick. The steps themselves are in ``celery_agboss.sweep.steps``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.errors import StoreError
 from celery_agboss.events import log_event
 from celery_agboss.store import sweep_queries as q
-from celery_agboss.sweep_steps import (
+from celery_agboss.sweep.steps import (
     REDRIVE_WITHOUT_CLAIM,
     SWEEP_ERROR,
     SweepReport,

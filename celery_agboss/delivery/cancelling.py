@@ -27,7 +27,7 @@ from celery_agboss.errors import StoreError
 
 if TYPE_CHECKING:
     from celery_agboss.app import AGBoss
-    from celery_agboss.core.execution import ExecutionContext
+    from celery_agboss.core.execution_context import ExecutionContext
 
 logger = logging.getLogger("celery_agboss")
 

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
-from celery_agboss.core.effects import run_fenced_effect
-from celery_agboss.core.engine import prepare_call, run_outbound
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.executions import execution_scope
+from celery_agboss.core.fenced_effects import run_fenced_effect
 from celery_agboss.core.inflight import BoundedRun
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
 from celery_agboss.core.outbound import OutboundCall, Outcome
@@ -43,7 +43,7 @@ from celery_agboss.core.protections import (
     STORE_FAILURE_CATCHABLE,
     STORED_ERROR_UNMASKED,
 )
-from celery_agboss.core.settings import EngineSettings
+from celery_agboss.core.state_machine import prepare_call, run_outbound
 from celery_agboss.core.store import (
     FencedTransaction,
     IntentGuard,

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
+from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.keys import (
     business_key,
     business_key_handle,
@@ -31,7 +32,6 @@ from celery_agboss.core.protections import (
     COMMIT_INSIDE_FENCED_EFFECT_ALLOWED,
     RECORD_USE_NOT_NOTED,
 )
-from celery_agboss.core.settings import EngineSettings
 from celery_agboss.core.store import EFFECT_RECORD, EffectRecord, FencedTransaction, LeaseRef
 from celery_agboss.errors import (
     CommitInsideFencedEffectError,

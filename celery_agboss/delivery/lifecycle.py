@@ -9,7 +9,7 @@ written in a fenced transaction *before* Celery hears of it (so ``SUCCESS`` is
 never written for a deferral), and the lease is released only once no send under
 it can still be running; a release that finds the execution woken re-publishes it.
 A delivery of an execution with a cancel request (a revoke) runs no body: it
-reconciles what is pending and ends it ``CANCELLED`` (``celery_agboss.cancelling``).
+reconciles what is pending and ends it ``CANCELLED`` (``celery_agboss.delivery.cancelling``).
 """
 
 from __future__ import annotations
@@ -21,15 +21,9 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_agboss.app import AGBoss
-from celery_agboss.cancelling import (
-    CancelReadiness,
-    cancel_request_of,
-    reconcile_for_cancel,
-    send_revoked_event,
-)
 from celery_agboss.core import sabotage
 from celery_agboss.core.clock import SYSTEM_CLOCK
-from celery_agboss.core.execution import ExecutionContext
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import (
     DeliveryStart,
     ExecutionRecord,
@@ -40,6 +34,21 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
 from celery_agboss.core.protections import RELEASE_WITH_UNSETTLED_ATTEMPT
 from celery_agboss.core.store import LeaseRef
+from celery_agboss.delivery.cancelling import (
+    CancelReadiness,
+    cancel_request_of,
+    reconcile_for_cancel,
+    send_revoked_event,
+)
+from celery_agboss.delivery.outcomes import decode_error, decode_result, encode_error, encode_result
+from celery_agboss.delivery.waits import (
+    PACKAGE_RETRY_BUDGET,
+    LongWaitRequested,
+    RetryNotPublished,
+    message_after_wait,
+    own_retries,
+    seconds_until,
+)
 from celery_agboss.errors import (
     AGBossSignal,
     CancelRequestedError,
@@ -83,15 +92,6 @@ from celery_agboss.events import (
     send_agboss_event,
 )
 from celery_agboss.messages import message_from_request
-from celery_agboss.outcomes import decode_error, decode_result, encode_error, encode_result
-from celery_agboss.waits import (
-    PACKAGE_RETRY_BUDGET,
-    LongWaitRequested,
-    RetryNotPublished,
-    message_after_wait,
-    own_retries,
-    seconds_until,
-)
 
 REPLAY_SENDS_LINKS = sabotage.register("replay-sends-links")
 """Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks

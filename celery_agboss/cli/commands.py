@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from celery_agboss.cli_views import (
+from celery_agboss.cli.views import (
     RESOLVE_HINT,
     age,
     describe_text,

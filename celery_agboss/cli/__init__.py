@@ -1,0 +1,14 @@
+"""``celery -A proj agboss …``: the operator's commands (``commands``) and how they
+show records (``views``). The ``celery.commands`` entry point names ``agboss`` here."""
+
+from __future__ import annotations
+
+from celery_agboss.cli.commands import (
+    EXIT_CONFIGURATION,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    agboss,
+)
+
+__all__ = ["EXIT_CONFIGURATION", "EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_USAGE", "agboss"]
