@@ -7,13 +7,14 @@ STAMP  := $(VENV)/.installed
 EXTRAS := test,dev,flower
 
 .DEFAULT_GOAL := help
-.PHONY: help venv check-services lint types pytest test demo bench clean distclean
+.PHONY: help venv check-services lint format types pytest test demo bench clean distclean
 
 help:
 	@echo "make venv            create or reuse .venv and install the package (editable)"
 	@echo "make test            services check, lint, types and the whole test suite (what CI runs)"
 	@echo "make demo            run the demo"
-	@echo "make lint | types    ruff check | mypy --strict"
+	@echo "make lint | types    ruff check and ruff format --check | mypy --strict"
+	@echo "make format          ruff check --fix, then ruff format (what pre-commit runs)"
 	@echo "make bench           run bench/run.py"
 	@echo "make clean           remove build and tool caches (distclean: and .venv)"
 
@@ -33,8 +34,14 @@ $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 check-services: venv
 	$(BIN)/python -m tests.support.services
 
+# The formatter is enforced, not advised: `make format` applies it.
 lint: venv
 	$(BIN)/ruff check celery_agboss tests bench
+	$(BIN)/ruff format --check celery_agboss tests bench
+
+format: venv
+	$(BIN)/ruff check --fix celery_agboss tests bench
+	$(BIN)/ruff format celery_agboss tests bench
 
 types: venv
 	$(BIN)/mypy --strict celery_agboss

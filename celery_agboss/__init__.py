@@ -1,11 +1,19 @@
 """Exactly-once payment side effects for Celery apps.
 
+The package in layers, bottom up (docs/architecture.md; a test holds every import
+to this order): ``errors`` and ``core/`` (no Celery, no SQLAlchemy); ``store/``;
+``settings``, ``messages``, ``task_events`` and ``runtime``; ``delivery/`` (one
+delivery, driven only by ``task``); ``task``; what ``AGBoss`` installs
+(``signals``, ``sweep/``) and the ``operator``'s verbs; ``app`` (``AGBoss``); the
+tools (``cli/``, ``flower``, ``demo``, ``testing/``).
+
 The Celery-facing names are imported lazily so that ``celery_agboss.core`` can be
 imported (and tested) without Celery or SQLAlchemy installed.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core.keys import validate_business_key
@@ -39,7 +47,7 @@ if TYPE_CHECKING:
     from celery_agboss.store.migrate import migrate
     from celery_agboss.task import PaymentTask
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0.dev0"  # the one copy: setup.cfg reads it (attr:)
 
 _LAZY = {
     "AGBoss": "celery_agboss.app",
@@ -54,8 +62,6 @@ def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'celery_agboss' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module_name), name)
 
 

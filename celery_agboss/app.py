@@ -1,271 +1,40 @@
 """``AGBoss(app)``: binds celery_agboss to one Celery app.
 
-It reads the ``agboss_*`` settings once the app is configured, opens the store
-lazily in each process (a prefork child never uses its parent's connections),
-keeps one lease renewer per worker process, records every ``PaymentTask`` message
-at publish, holds the registry of outbound calls the sweep reconciles through,
-and installs the sweep's beat entry. Everything is bound to the app: two apps in
-one process have two ``AGBoss`` objects and never share a store.
+``AGBoss`` is the app's ``Runtime`` (settings, registry, the per-process store; see
+``celery_agboss.runtime``) and the one place that installs the rest on top of it:
+the signals (publish records, revoke recording, worker start-up; ``signals``) and the
+sweep (its task, beat entry and watch; ``sweep``). ``AGBoss(app)`` twice gives the
+same object.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-from dataclasses import dataclass
 from typing import Any
 
-from celery_agboss.core.engine_settings import EngineSettings, OutboundRegistry
-from celery_agboss.core.executions import ExecutionRecord
-from celery_agboss.core.lease import LeaseRenewer
-from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.errors import ConfigurationError
-from celery_agboss.events import EXECUTION_REPUBLISHED, STORE_OPENED, log_event
-from celery_agboss.messages import republish
-from celery_agboss.settings import AGBossSettings, settings_from_conf
-from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
-from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
-
-logger = logging.getLogger("celery_agboss")
-
-SWEEP_TASK_NAME = "celery_agboss.sweep"
-SWEEP_BEAT_ENTRY = "celery_agboss.sweep"
-_APP_ATTRIBUTE = "_agboss"
+from celery_agboss import signals, sweep
+from celery_agboss.runtime import _APP_ATTRIBUTE, Runtime
 
 
-@dataclass
-class _ProcessStore:
-    """The store objects of one process: never carried across a fork."""
-
-    pid: int
-    store: SQLAlchemyStore
-    executions: SQLAlchemyExecutionStore
-    renewer: LeaseRenewer
-
-
-class AGBoss:
+class AGBoss(Runtime):
     """celery_agboss for one Celery app; ``AGBoss(app)`` twice gives the same object."""
-
-    app: Any
-    registry: OutboundRegistry
-    _signal_handlers: dict[Any, Any]
 
     def __new__(cls, app: Any) -> AGBoss:
         existing = getattr(app, _APP_ATTRIBUTE, None)
         if isinstance(existing, AGBoss):
             return existing
         self = super().__new__(cls)
-        self._init(app)
-        setattr(app, _APP_ATTRIBUTE, self)
+        self._init_runtime(app)
+        signals.connect(self)
+        sweep.install(self)
+        if app.configured:
+            self._configured()
+        else:
+            app.on_after_configure.connect(self._on_after_configure, weak=False)
         return self
 
-    def _init(self, app: Any) -> None:
-        self.app = app
-        self.registry = OutboundRegistry()
-        self._settings: AGBossSettings | None = None
-        self._settings_error: ConfigurationError | None = None
-        self._engine_settings: EngineSettings | None = None
-        self._lock = threading.RLock()  # reading conf may configure the app, which calls back in
-        self._process: _ProcessStore | None = None
-        self.clock_offset_source: Any = None  # tests only: ms added to the database clock
-        from celery_agboss import signals
-
-        signals.connect(self)
-        if app.configured:
-            self._on_after_configure()
-        else:
-            app.on_after_configure.connect(self._on_after_configure_signal, weak=False)
-        self._install_sweep_task()
-
-    @classmethod
-    def of(cls, app: Any) -> AGBoss:
-        """The ``AGBoss`` bound to ``app``; ConfigurationError when there is none."""
-        existing = getattr(app, _APP_ATTRIBUTE, None)
-        if not isinstance(existing, AGBoss):
-            raise ConfigurationError(
-                f"celery_agboss is not set up on the Celery app {getattr(app, 'main', app)!r}: "
-                "call AGBoss(app) where the app is created"
-            )
-        return existing
-
-    # --- settings ------------------------------------------------------------------
-
-    def _on_after_configure_signal(self, sender: Any = None, **_: Any) -> None:
+    def _on_after_configure(self, sender: Any = None, **_: Any) -> None:
         if sender is self.app:
-            self._on_after_configure()
-
-    def _on_after_configure(self) -> None:
-        try:
-            self._resolve_settings()
-        except ConfigurationError as exc:
-            # Celery logs and swallows signal handler errors; keep it for the first use
-            # and for worker start-up, which refuses to run (signals.on_worker_init).
-            self._settings_error = exc
-            logger.error("celery_agboss is not configured: %s", exc)
-            return
-        self._install_beat_entry()
-
-    def _resolve_settings(self) -> AGBossSettings:
-        with self._lock:
-            if self._settings is None:
-                self._settings = settings_from_conf(self.app.conf)
-                self._settings_error = None
-            return self._settings
-
-    @property
-    def settings(self) -> AGBossSettings:
-        """The frozen settings; raises ConfigurationError saying exactly what to set."""
-        if self._settings is not None:
-            return self._settings
-        return self._resolve_settings()
-
-    @property
-    def engine_settings(self) -> EngineSettings:
-        """What the engine needs, built once from the settings and this app's registry."""
-        if self._engine_settings is None:
-            s = self.settings
-            self._engine_settings = EngineSettings(
-                pseudonym_key=s.pseudonym_key,
-                tenant=s.tenant,
-                lease_ttl_ms=s.lease_ttl_ms,
-                attempt_timeout_ms=round(s.attempt_timeout_seconds * 1000),
-                registry=self.registry,
-            )
-        return self._engine_settings
-
-    # --- outbound calls ------------------------------------------------------------
-
-    def register(self, call: OutboundCall) -> OutboundCall:
-        """Make ``call`` known to the sweep before any task used it in this process.
-
-        A worker that only sweeps must know every call whose intents it may reconcile;
-        register them where the app is created (tasks register theirs on first use).
-        """
-        return self.registry.register(call)
-
-    # --- the store, per process ----------------------------------------------------
-
-    def _process_store(self) -> _ProcessStore:
-        current = self._process
-        pid = os.getpid()
-        if current is not None and current.pid == pid:
-            return current
-        with self._lock:
-            current = self._process
-            if current is not None and current.pid == pid:
-                return current
-            if current is not None:
-                # Inherited across a fork: forget the parent's pool without closing it.
-                current.store.dispose_after_fork()
-            settings = self._settings or settings_from_conf(self.app.conf)
-            store = SQLAlchemyStore(settings.database_url)
-            store.clock_offset_source = self.clock_offset_source
-            current = _ProcessStore(
-                pid=pid,
-                store=store,
-                executions=SQLAlchemyExecutionStore(store),
-                renewer=LeaseRenewer.for_store(store),
-            )
-            self._process = current
-        log_event(STORE_OPENED, url=settings.redacted_database_url(), pid=pid)
-        return current
-
-    @property
-    def store(self) -> SQLAlchemyStore:
-        """This process's store (opened on first use)."""
-        return self._process_store().store
-
-    @property
-    def executions(self) -> SQLAlchemyExecutionStore:
-        """This process's execution verbs (the same database as ``store``)."""
-        return self._process_store().executions
-
-    @property
-    def renewer(self) -> LeaseRenewer:
-        """The one lease renewer of this process."""
-        return self._process_store().renewer
-
-    def after_fork(self) -> None:
-        """In a forked child: drop the parent's connections (``dispose(close=False)``)."""
-        current = self._process
-        if current is not None and current.pid != os.getpid():
-            with self._lock:
-                current.store.dispose_after_fork()
-                self._process = None
-
-    def close(self) -> None:
-        """Stop this process's renewer and close its store (tests, CLI)."""
-        with self._lock:
-            current, self._process = self._process, None
-        if current is not None and current.pid == os.getpid():
-            current.renewer.stop()
-            current.store.close()
-
-    # --- publishing ----------------------------------------------------------------
-
-    def republish(
-        self, record: ExecutionRecord, *, reason: str = "republish", honour_not_before: bool = True
-    ) -> Any:
-        """Publish an execution's stored message again: same id, arguments and options.
-
-        The message keeps its own ETA; ``honour_not_before`` also delays it to the
-        execution's ``not_before``, so a waiting execution does not run early. For the
-        sweep, a woken release and operators.
-        """
-        not_before = record.not_before_ms if honour_not_before else None
-        result = republish(self.app, record, not_before_ms=not_before)
-        log_event(
-            EXECUTION_REPUBLISHED, execution=record.id, task=record.task_name, reason=reason
-        )
-        return result
-
-    # --- sweep -----------------------------------------------------------------------
-
-    def _install_beat_entry(self) -> None:
-        settings = self._settings
-        if settings is None or settings.sweep_interval_seconds <= 0:
-            return
-        schedule = dict(self.app.conf.beat_schedule or {})
-        if SWEEP_BEAT_ENTRY in schedule:
-            return
-        interval = settings.sweep_interval_seconds
-        schedule[SWEEP_BEAT_ENTRY] = {
-            "task": SWEEP_TASK_NAME,
-            "schedule": interval,
-            # Its own queue, so it never waits behind the backlog it rescues; a run
-            # that did not start within one interval is dropped (the next one comes).
-            "options": {"queue": settings.sweep_queue, "expires": interval},
-        }
-        self.app.conf.beat_schedule = schedule
-
-    def _install_sweep_task(self) -> None:
-        """The sweep task comes from ``celery_agboss.sweep``; a placeholder until it exists."""
-        try:
-            from celery_agboss import sweep
-        except ModuleNotFoundError as exc:
-            if exc.name != "celery_agboss.sweep":
-                raise
-            self._install_placeholder_sweep()
-            return
-        install = getattr(sweep, "install", None)
-        if callable(install):
-            install(self)
-        else:
-            self._install_placeholder_sweep()
-
-    def _install_placeholder_sweep(self) -> None:
-        if SWEEP_TASK_NAME in self.app._tasks:
-            return
-        self.app.task(name=SWEEP_TASK_NAME, shared=False, ignore_result=True)(
-            _placeholder_sweep
-        )
+            self._configured()
 
 
-def _placeholder_sweep() -> dict[str, int]:
-    """Stands in for ``celery_agboss.sweep`` while that module is missing."""
-    logger.warning("the celery_agboss sweep is not installed in this version; nothing re-driven")
-    return {}
-
-
-__all__ = ["SWEEP_TASK_NAME", "AGBoss"]
+__all__ = ["AGBoss"]

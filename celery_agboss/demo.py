@@ -26,12 +26,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.outbound import Completed, NotSent, OutboundCall, Outcome
 from celery_agboss.core.store import EffectRecord, LeaseRef, Store
 from celery_agboss.errors import (
     AGBossSignal,
     ExecutionFencedError,
     OutboundCallOutcomeUnknownError,
 )
+from celery_agboss.store.migrate import migrate
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.gateway import FakeGateway
+from celery_agboss.testing.gateway_types import FakeGatewayFault
 
 TTL_MS = 30_000
 PSEUDONYM_KEY = b"celery-agboss-demo-pseudonym-key-not-a-secret"
@@ -116,12 +124,6 @@ def fence_story(store: Store, advance: Any, story: Story) -> None:
 
 def charge_story(store: Store, advance: Any, story: Story) -> None:
     """A lost answer is reconciled, not resent: one payment at the gateway."""
-    from celery_agboss.core.engine_settings import EngineSettings
-    from celery_agboss.core.execution_context import ExecutionContext
-    from celery_agboss.core.outbound import Completed, NotSent, OutboundCall, Outcome
-    from celery_agboss.testing.gateway import FakeGateway
-    from celery_agboss.testing.gateway_types import FakeGatewayFault
-
     story.title("a lost answer is charged once")
     gateway = FakeGateway()
 
@@ -141,8 +143,9 @@ def charge_story(store: Store, advance: Any, story: Story) -> None:
     request = {"amount": 1000, "currency": "usd"}
 
     a = ExecutionContext.start(store, execution, settings)
-    story.step(f"holder A starts execution {execution}: token {a.lease_ref.token}",
-               a.lease_ref.token == 1)
+    story.step(
+        f"holder A starts execution {execution}: token {a.lease_ref.token}", a.lease_ref.token == 1
+    )
     gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     try:
         a.outbound(charge, request, business_key="order:43")
@@ -169,8 +172,9 @@ def charge_story(store: Store, advance: Any, story: Story) -> None:
 
     advance(TTL_MS / 1000 + 1)
     b = ExecutionContext.start(store, execution, settings)
-    story.step(f"after its expiry, holder B takes over: token {b.lease_ref.token}",
-               b.lease_ref.token == 2)
+    story.step(
+        f"after its expiry, holder B takes over: token {b.lease_ref.token}", b.lease_ref.token == 2
+    )
     receipt = b.outbound(charge, request, business_key="order:43")
     story.step(
         f"B runs the same step: the pending intent is reconciled by a lookup, nothing is sent "
@@ -185,15 +189,20 @@ def charge_story(store: Store, advance: Any, story: Story) -> None:
         fenced = False
     except ExecutionFencedError:
         fenced = True
-    story.step("zombie A (token 1) wakes up and retries its charge -> refused: "
-               "ExecutionFencedError, nothing sent",
-               fenced and len(gateway.requests) == 1)
+    story.step(
+        "zombie A (token 1) wakes up and retries its charge -> refused: "
+        "ExecutionFencedError, nothing sent",
+        fenced and len(gateway.requests) == 1,
+    )
     b.release()
     intents = _intents(store, execution)
     story.step(
         "the intent is COMPLETED by B's reconcile: "
-        + ", ".join(f"{i.status.value} attempt {i.attempt} token {i.owner.token}"
-                    for i in intents if i.owner is not None),
+        + ", ".join(
+            f"{i.status.value} attempt {i.attempt} token {i.owner.token}"
+            for i in intents
+            if i.owner is not None
+        ),
         [(i.status.value, i.attempt) for i in intents] == [("COMPLETED", 1)],
     )
     payments = gateway.payments
@@ -211,21 +220,8 @@ def _intents(store: Store, execution_id: str) -> list[Any]:
         return [] if listing is None else list(listing(execution_id))
 
 
-def _engine_available() -> bool:
-    try:
-        import celery_agboss.core.execution_context
-        import celery_agboss.testing.gateway  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def run(directory: Path) -> None:
     """Tell both stories on a fresh SQLite store in ``directory``; raises ``Deviation``."""
-    from celery_agboss.store.migrate import migrate
-    from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
-    from celery_agboss.testing.clock import VirtualClock
-
     url = f"sqlite:///{directory.resolve() / 'agboss-demo.db'}"
     migrate(url)
     clock = VirtualClock()
@@ -234,10 +230,7 @@ def run(directory: Path) -> None:
     story = Story()
     try:
         fence_story(store, clock.advance, story)
-        if _engine_available():
-            charge_story(store, clock.advance, story)
-        else:
-            print("\n(the outbound-call engine is not installed: second story skipped)")
+        charge_story(store, clock.advance, story)
     except (Exception, AGBossSignal) as exc:
         if isinstance(exc, Deviation):
             raise

@@ -5,6 +5,10 @@ Two families. ``AGBossSignal`` derives from ``BaseException`` on purpose: it mea
 task body must not be able to turn it into a failure. ``AGBossError`` is ordinary
 bad input or misuse. Every class pickles with its fields (Celery result backends
 store exceptions), and each docstring is its default message.
+
+A third group, at the end, never reaches users: control flow raised and caught
+inside celery_agboss (a pause or a long wait that ends a delivery, a publish the
+store refused, a lookup with no answer).
 """
 
 from __future__ import annotations
@@ -188,3 +192,59 @@ class OperatorRefusedError(AGBossError):
     ``code`` names the reason for scripts: ``not-found``, ``pending-intent``,
     ``lease-live``, ``owner-live``, ``wrong-state``, ``conflict``, ``bad-input``.
     """
+
+
+# --- control flow: raised and caught inside celery_agboss, never a user's ------
+
+
+class PauseRequested(BaseException):
+    """``self.pause()`` ends the delivery here; not an application failure."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class LongWaitRequested(BaseException):
+    """``self.retry()`` asked for a wait the broker must not hold; not a failure."""
+
+    def __init__(self, delay_seconds: float, args: Any = None, kwargs: Any = None) -> None:
+        super().__init__(delay_seconds)
+        self.delay_seconds = delay_seconds
+        self.args_after = args
+        self.kwargs_after = kwargs
+
+
+class RetryNotPublished(BaseException):
+    """A retry's message could not be published (the broker or the store refused it):
+    Celery would turn that into ``Reject(requeue=False)`` — FAILURE in the result backend
+    and the errbacks fired — for an execution that is only waiting. The delivery keeps
+    ``WAITING`` in the store instead; the sweep publishes it."""
+
+    def __init__(
+        self, delay_seconds: float, cause: BaseException, args: Any = None, kwargs: Any = None
+    ) -> None:
+        super().__init__(str(cause))
+        self.delay_seconds = delay_seconds
+        self.cause = cause
+        self.args_after = args
+        self.kwargs_after = kwargs
+
+
+class PublishNotRecorded(BaseException):
+    """Carries why a publish was refused out of ``before_task_publish``: Celery logs and
+    swallows an ``Exception`` raised by a signal handler and publishes anyway, so the
+    handler raises this instead, and ``AGBoss``'s ``send_task`` turns it back into the
+    error for the caller (``PublishRefusedError`` or ``ExecutionIdConflictError``)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class LookupFailed(Exception):
+    """A reconcile gave no answer (it raised or ran out of time): never a ``NotSent``."""
+
+    def __init__(self, detail: dict[str, Any]) -> None:
+        super().__init__(detail.get("reason"))
+        self.detail = detail

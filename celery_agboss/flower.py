@@ -26,10 +26,10 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from celery_agboss.events import TASK_EVENTS
+from celery_agboss.task_events import TASK_EVENTS
 
 AGBOSS_STATES: dict[str, str] = {
-    event: event[len("task-"):].upper() for event in sorted(TASK_EVENTS)
+    event: event[len("task-") :].upper() for event in sorted(TASK_EVENTS)
 }
 """Each celery_agboss task event and the state Flower shows for it."""
 
@@ -47,11 +47,33 @@ SURFACED_FIELDS = (
 """Fields of celery_agboss events that ``format_task`` brings out (ids and counts only:
 events never carry a business key, an amount or a card field)."""
 
-DEFAULT_HIDDEN_KEYS = frozenset({
-    "card", "card_number", "cardnumber", "number", "pan", "cvc", "cvv", "cvv2", "cvn",
-    "exp_month", "exp_year", "expiry", "track", "track1", "track2", "pin", "iban",
-    "account_number", "token", "source", "payment_method", "password", "secret",
-})
+DEFAULT_HIDDEN_KEYS = frozenset(
+    {
+        "card",
+        "card_number",
+        "cardnumber",
+        "number",
+        "pan",
+        "cvc",
+        "cvv",
+        "cvv2",
+        "cvn",
+        "exp_month",
+        "exp_year",
+        "expiry",
+        "track",
+        "track1",
+        "track2",
+        "pin",
+        "iban",
+        "account_number",
+        "token",
+        "source",
+        "payment_method",
+        "password",
+        "secret",
+    }
+)
 """Keys whose values ``repr_options`` replaces by ``'***'`` (compared lower-cased)."""
 
 _CARD_NUMBER = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")
@@ -67,7 +89,7 @@ def _copy_task(task: Any) -> Any:
 def keep_custom_fields_on_copies() -> None:
     """Give Celery's event-state ``Task`` a ``__copy__`` that keeps every field (see the
     module docstring); idempotent. Done on import."""
-    from celery.events.state import Task
+    from celery.events.state import Task  # deferred: only Flower's process needs it
 
     if "__copy__" not in vars(Task):
         Task.__copy__ = _copy_task

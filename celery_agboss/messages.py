@@ -18,7 +18,7 @@ from kombu.utils import json as kombu_json
 from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord
 
 OWN_RETRIES_HEADER = "agboss_retries"
-"""The header counting celery_agboss's own retries of a message (``waits``)."""
+"""The header counting celery_agboss's own retries of a message (``delivery.waits``)."""
 
 # Headers of Celery's message protocol 2 that are not custom headers.
 _PROTOCOL_HEADERS = frozenset(

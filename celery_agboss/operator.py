@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
@@ -28,6 +28,15 @@ from celery_agboss.core.executions import (
     ExecutionState,
 )
 from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.log_events import (
+    OPERATOR_ACCEPTED,
+    OPERATOR_CANCELLED,
+    OPERATOR_PAUSE_ANSWERED,
+    OPERATOR_REDRIVEN,
+    OPERATOR_RESOLVED,
+    OPERATOR_UNPARKED,
+    log_event,
+)
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.store import (
     HistoryRow,
@@ -37,22 +46,14 @@ from celery_agboss.core.store import (
     IntentUpdate,
     LeaseState,
 )
-from celery_agboss.core.transitions import append_history, mask_result, transaction_id_of
+from celery_agboss.core.transitions import mask_result, transaction_id_of, transition
 from celery_agboss.errors import OperatorRefusedError
-from celery_agboss.events import log_event
-from celery_agboss.messages import republish
+from celery_agboss.messages import dumps, republish
+from celery_agboss.runtime import Runtime, runtime_of
 from celery_agboss.store import sweep_queries as q
-
-if TYPE_CHECKING:
-    from celery_agboss.app import AGBoss
+from celery_agboss.task_events import send_task_event
 
 logger = logging.getLogger("celery_agboss")
-
-OPERATOR_RESOLVED = "operator.resolved"
-OPERATOR_CANCELLED = "operator.cancelled"
-OPERATOR_UNPARKED = "operator.unparked"
-OPERATOR_REDRIVEN = "operator.redriven"
-OPERATOR_ACCEPTED = "operator.accepted"
 
 _NO_RESULT = object()
 
@@ -62,10 +63,8 @@ pasted from the dashboard); the next delivery replays it into a body that expect
 receipt, and fails there."""
 
 
-def _agboss(app: Any) -> AGBoss:
-    from celery_agboss.app import AGBoss
-
-    return app if isinstance(app, AGBoss) else AGBoss.of(app)
+def _agboss(app: Any) -> Runtime:
+    return runtime_of(app)
 
 
 def default_actor() -> str:
@@ -80,7 +79,7 @@ def _refuse(code: str, message: str, **fields: Any) -> OperatorRefusedError:
     return OperatorRefusedError(message, code=code, **fields)
 
 
-def _execution(agboss: AGBoss, execution_id: str, listing: str) -> ExecutionRecord:
+def _execution(agboss: Runtime, execution_id: str, listing: str) -> ExecutionRecord:
     """The execution an operator named, or a not-found refusal saying how to list them."""
     record = agboss.executions.read_execution(execution_id)
     if record is None:
@@ -160,7 +159,7 @@ def describe(app: Any, key_or_id: str) -> Description:
 # --- re-driving ----------------------------------------------------------------------
 
 
-def redrive_now(agboss: AGBoss, execution_id: str, *, reason: str) -> bool:
+def redrive_now(agboss: Runtime, execution_id: str, *, reason: str) -> bool:
     """Publish the execution's message again now (same id, arguments and options), by the
     same compare-and-set the sweep uses; False when it is not due for one (running under a
     live lease, terminal, waiting for an answer, or a cancel is pending)."""
@@ -187,7 +186,7 @@ def redrive_now(agboss: AGBoss, execution_id: str, *, reason: str) -> bool:
 
 
 def _after_answer(
-    agboss: AGBoss, idempotency_key: str, note: str
+    agboss: Runtime, idempotency_key: str, note: str
 ) -> tuple[ExecutionRecord | None, bool]:
     """An intent was settled by a person: every execution that waited for it (its creator,
     and any that replayed, joined or took it over) goes on. The creator's record and
@@ -225,19 +224,23 @@ def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
     can end is never listed: there is always one of these."""
     agboss = _agboss(app)
     waits = []
-    for record in agboss.executions.list_executions(
-        [ExecutionState.WAITING_OPERATOR], limit=limit
-    ):
+    for record in agboss.executions.list_executions([ExecutionState.WAITING_OPERATOR], limit=limit):
         keys = agboss.executions.intents_needing_operator(record.id)
         if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
-            ends = (f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
-                    "(once the payment is refunded at the gateway, or left as it is)")
+            ends = (
+                f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
+                "(once the payment is refunded at the gateway, or left as it is)"
+            )
         elif (record.reason or "").startswith(DIVERGENCE):
-            ends = (f"celery -A proj agboss accept {record.id} --reason TEXT (once what the "
-                    "old path charged is refunded, or kept), or cancel it --payments-handled")
+            ends = (
+                f"celery -A proj agboss accept {record.id} --reason TEXT (once what the "
+                "old path charged is refunded, or kept), or cancel it --payments-handled"
+            )
         elif keys:
-            ends = ("celery -A proj agboss resolve KEY (--completed RESULT_JSON | --not-sent) "
-                    "--reason TEXT, for each key")
+            ends = (
+                "celery -A proj agboss resolve KEY (--completed RESULT_JSON | --not-sent) "
+                "--reason TEXT, for each key"
+            )
         else:
             ends = f"celery -A proj agboss redrive {record.id} --reason TEXT"
         waits.append(OperatorWait(record, keys, ends))
@@ -253,31 +256,49 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
     why = _require_reason(reason)
     who = actor or default_actor()
     agboss = _agboss(app)
-    record = _execution(agboss, execution_id, "the waiting ones with `celery -A proj agboss "
-                        "pending`")
+    record = _execution(
+        agboss, execution_id, "the waiting ones with `celery -A proj agboss pending`"
+    )
     if record.state is not ExecutionState.WAITING_OPERATOR:
-        raise _refuse("wrong-state", f"execution {execution_id} is {record.state.value}; only "
-                      "one waiting for an operator is re-driven by hand (PARKED: `unpark`)")
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is {record.state.value}; only "
+            "one waiting for an operator is re-driven by hand (PARKED: `unpark`)",
+        )
     if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
-        raise _refuse("wrong-state", f"execution {execution_id} was {CANCELLED_AFTER_PAYMENT}: "
-                      "refund it at the gateway if needed, then `celery -A proj agboss cancel "
-                      f"{execution_id} --payments-handled --reason TEXT`")
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} was {CANCELLED_AFTER_PAYMENT}: "
+            "refund it at the gateway if needed, then `celery -A proj agboss cancel "
+            f"{execution_id} --payments-handled --reason TEXT`",
+        )
     if (record.reason or "").startswith(DIVERGENCE):
-        raise _refuse("wrong-state", f"execution {execution_id} diverged: a re-run would "
-                      "diverge again. Deal with what the old path charged, then `celery -A "
-                      f"proj agboss accept {execution_id} --reason TEXT`")
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} diverged: a re-run would "
+            "diverge again. Deal with what the old path charged, then `celery -A "
+            f"proj agboss accept {execution_id} --reason TEXT`",
+        )
     keys = agboss.executions.intents_needing_operator(execution_id)
     if keys:
-        raise _refuse("pending-intent", f"execution {execution_id} waits for these intents: "
-                      f"{', '.join(keys)}; look each up at the gateway and `resolve` it (the "
-                      "execution then goes on by itself)")
-    moved = agboss.executions.unblock(execution_id, f"re-driven by {who}: {why}",
-                                      reset_recovery_count=True)
+        raise _refuse(
+            "pending-intent",
+            f"execution {execution_id} waits for these intents: "
+            f"{', '.join(keys)}; look each up at the gateway and `resolve` it (the "
+            "execution then goes on by itself)",
+        )
+    moved = agboss.executions.unblock(
+        execution_id, f"re-driven by {who}: {why}", reset_recovery_count=True
+    )
     if moved is None:
-        raise _refuse("conflict", f"execution {execution_id} changed (or a delivery holds its "
-                      "lease) while it was being re-driven; look at it again")
-    agboss.executions.append_audit(who, "redrive", execution_id, why,
-                                   _execution_summary(record), _execution_summary(moved))
+        raise _refuse(
+            "conflict",
+            f"execution {execution_id} changed (or a delivery holds its "
+            "lease) while it was being re-driven; look at it again",
+        )
+    agboss.executions.append_audit(
+        who, "redrive", execution_id, why, _execution_summary(record), _execution_summary(moved)
+    )
     return redrive_now(agboss, execution_id, reason=f"re-driven by {who}")
 
 
@@ -291,23 +312,39 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     why = _require_reason(reason)
     who = actor or default_actor()
     agboss = _agboss(app)
-    record = _execution(agboss, execution_id, "the waiting ones with `celery -A proj agboss "
-                        "pending`")
-    if record.state is not ExecutionState.WAITING_OPERATOR or not (
-        record.reason or ""
-    ).startswith(DIVERGENCE):
-        raise _refuse("wrong-state", f"execution {execution_id} is {record.state.value} "
-                      f"({record.reason or 'no reason'}), not waiting for a divergence")
+    record = _execution(
+        agboss, execution_id, "the waiting ones with `celery -A proj agboss pending`"
+    )
+    if record.state is not ExecutionState.WAITING_OPERATOR or not (record.reason or "").startswith(
+        DIVERGENCE
+    ):
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is {record.state.value} "
+            f"({record.reason or 'no reason'}), not waiting for a divergence",
+        )
     pending = agboss.executions.pending_intent_keys(execution_id)
     if pending:
-        raise _refuse("pending-intent", f"execution {execution_id} has a PENDING intent "
-                      f"({', '.join(pending)}): settle it first (`agboss resolve`)")
+        raise _refuse(
+            "pending-intent",
+            f"execution {execution_id} has a PENDING intent "
+            f"({', '.join(pending)}): settle it first (`agboss resolve`)",
+        )
     accepted = agboss.executions.accept_divergence(execution_id, f"accepted by {who}: {why}")
     if accepted is None:
-        raise _refuse("conflict", f"execution {execution_id} changed (or a delivery holds its "
-                      "lease) while it was being accepted; look at it again")
-    agboss.executions.append_audit(who, "accept-divergence", execution_id, why,
-                                   _execution_summary(record), _execution_summary(accepted))
+        raise _refuse(
+            "conflict",
+            f"execution {execution_id} changed (or a delivery holds its "
+            "lease) while it was being accepted; look at it again",
+        )
+    agboss.executions.append_audit(
+        who,
+        "accept-divergence",
+        execution_id,
+        why,
+        _execution_summary(record),
+        _execution_summary(accepted),
+    )
     log_event(OPERATOR_ACCEPTED, execution=execution_id, actor=who)
     republish(agboss.app, replace(accepted, expires_ms=None), not_before_ms=None)
     return True
@@ -326,8 +363,11 @@ def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) 
         try:
             call.validate_result(result)
         except Exception as exc:
-            raise _refuse("bad-input", f"{call.name} does not take this result: {exc}. Give "
-                          "the result in the form its send returns") from None
+            raise _refuse(
+                "bad-input",
+                f"{call.name} does not take this result: {exc}. Give "
+                "the result in the form its send returns",
+            ) from None
         return
     if call.transaction_id is None:
         return
@@ -340,7 +380,7 @@ def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) 
             "bad-input",
             f"{call.name} finds no gateway id in this result ({type(result).__name__}): give "
             "the result in the form its send returns, e.g. the receipt as JSON "
-            "'{\"id\": \"ch_...\", \"status\": \"succeeded\", ...}', not the bare id",
+            '\'{"id": "ch_...", "status": "succeeded", ...}\', not the bare id',
         )
 
 
@@ -382,8 +422,9 @@ def resolve(
     live. The change, its history row and the audit row commit together.
     """
     if (completed is _NO_RESULT) == (not not_sent):
-        raise _refuse("bad-input", "say what happened: exactly one of completed=RESULT or "
-                      "not_sent=True")
+        raise _refuse(
+            "bad-input", "say what happened: exactly one of completed=RESULT or not_sent=True"
+        )
     why = _require_reason(reason)
     who = actor or default_actor()
     agboss = _agboss(app)
@@ -392,8 +433,11 @@ def resolve(
     with store.transaction() as tx:
         intent = tx.read_intent(idempotency_key)
         if intent is None:
-            raise _refuse("not-found", f"no intent has the idempotency key {idempotency_key!r}; "
-                          "list them with `celery -A proj agboss pending`")
+            raise _refuse(
+                "not-found",
+                f"no intent has the idempotency key {idempotency_key!r}; "
+                "list them with `celery -A proj agboss pending`",
+            )
         if intent.owner_live and intent.owner is not None:
             raise _refuse(
                 "owner-live",
@@ -409,18 +453,25 @@ def resolve(
             )
         stored_marker = intent.status is IntentStatus.COMPLETED and not intent.result_stored
         if intent.status is not IntentStatus.PENDING and not stored_marker:
-            raise _refuse("wrong-state", f"the intent is already {intent.status.value}; "
-                          "nothing to resolve")
+            raise _refuse(
+                "wrong-state", f"the intent is already {intent.status.value}; nothing to resolve"
+            )
         if stored_marker and not_sent:
-            raise _refuse("wrong-state", "the gateway answered this intent (it is COMPLETED, "
-                          "only its result could not be stored): resolve it with --completed")
+            raise _refuse(
+                "wrong-state",
+                "the gateway answered this intent (it is COMPLETED, "
+                "only its result could not be stored): resolve it with --completed",
+            )
         call = agboss.engine_settings.call_named(intent.name)
         if not_sent:
             decision = "not-sent"
             to_status = IntentStatus.FAILED
             update = IntentUpdate(
-                status=IntentStatus.FAILED, owner=None, needs_operator=False,
-                operator_reason=f"resolved by {who}: not sent", not_sent_confirmed=True,
+                status=IntentStatus.FAILED,
+                owner=None,
+                needs_operator=False,
+                operator_reason=f"resolved by {who}: not sent",
+                not_sent_confirmed=True,
                 clear_next_lookup=True,
             )
         else:
@@ -436,31 +487,59 @@ def resolve(
             _refuse_a_result_the_call_would_not_return(call, completed)
             stored_ok, stored = mask_result(call, completed)
             if not stored_ok:
-                raise _refuse("bad-input", f"the masking policy of {intent.name} cannot store "
-                              "this result; give the result in the form the call returns")
+                raise _refuse(
+                    "bad-input",
+                    f"the masking policy of {intent.name} cannot store "
+                    "this result; give the result in the form the call returns",
+                )
             update = IntentUpdate(
-                status=IntentStatus.COMPLETED, owner=None, complete=not stored_marker,
-                result=stored, result_stored=True, needs_operator=False,
-                operator_reason=f"resolved by {who}: completed", clear_next_lookup=True,
+                status=IntentStatus.COMPLETED,
+                owner=None,
+                complete=not stored_marker,
+                result=stored,
+                result_stored=True,
+                needs_operator=False,
+                operator_reason=f"resolved by {who}: completed",
+                clear_next_lookup=True,
                 gateway_transaction_id=transaction_id_of(call, completed),
             )
         guard = IntentGuard(intent.status, intent.attempt, intent.owner, owner_not_live=True)
-        if not tx.update_intent(idempotency_key, guard, update):
-            raise _refuse("conflict", "the intent changed while it was being resolved; "
-                          "look at it again (`agboss show KEY`)")
-        append_history(
-            tx, pseudonym_key, idempotency_key, HistoryEvent.RESOLVED_BY_OPERATOR,
-            from_status=intent.status, to_status=to_status, attempt=intent.attempt, owner=None,
+        if not transition(
+            tx,
+            pseudonym_key,
+            idempotency_key,
+            guard,
+            update,
+            HistoryEvent.RESOLVED_BY_OPERATOR,
+            from_status=intent.status,
+            to_status=to_status,
+            attempt=intent.attempt,
+            owner=None,
             detail={"actor": who, "decision": decision, "reason": why[:500]},
-        )
+        ):
+            raise _refuse(
+                "conflict",
+                "the intent changed while it was being resolved; "
+                "look at it again (`agboss show KEY`)",
+            )
         after = tx.read_intent(idempotency_key)
         assert after is not None
         q.insert_audit_txn(
-            tx, actor=who, action=f"resolve:{decision}", target=idempotency_key, reason=why,
-            before=json.dumps(_intent_summary(intent)), after=json.dumps(_intent_summary(after)),
+            tx,
+            actor=who,
+            action=f"resolve:{decision}",
+            target=idempotency_key,
+            reason=why,
+            before=json.dumps(_intent_summary(intent)),
+            after=json.dumps(_intent_summary(after)),
         )
-    log_event(OPERATOR_RESOLVED, execution=intent.execution_id, call=intent.name,
-              decision=decision, actor=who)
+    log_event(
+        OPERATOR_RESOLVED,
+        execution=intent.execution_id,
+        call=intent.name,
+        decision=decision,
+        actor=who,
+    )
     execution, republished = _after_answer(agboss, idempotency_key, f"resolved by {who}")
     return ResolveResult(after, execution, republished)
 
@@ -469,12 +548,14 @@ def resolve(
 
 
 def _execution_summary(record: ExecutionRecord) -> str:
-    return json.dumps({
-        "state": record.state.value,
-        "cancel_requested": record.cancel_requested,
-        "recovery_count": record.recovery_count,
-        "reason": record.reason,
-    })
+    return json.dumps(
+        {
+            "state": record.state.value,
+            "cancel_requested": record.cancel_requested,
+            "recovery_count": record.recovery_count,
+            "reason": record.reason,
+        }
+    )
 
 
 def cancel(
@@ -501,11 +582,16 @@ def cancel(
     if record.state is ExecutionState.CANCELLED:
         return record
     if record.state in TERMINAL_STATES:
-        raise _refuse("wrong-state", f"execution {execution_id} is already "
-                      f"{record.state.value}; there is nothing to cancel")
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is already {record.state.value}; there is nothing to cancel",
+        )
     if record.state is ExecutionState.COMPENSATING:
-        raise _refuse("wrong-state", f"execution {execution_id} is running its undo "
-                      "(COMPENSATING); it ends FAILED once the undo is done")
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is running its undo "
+            "(COMPENSATING); it ends FAILED once the undo is done",
+        )
     pending = executions.pending_intent_keys(execution_id)
     if pending:
         raise _refuse(
@@ -530,14 +616,18 @@ def cancel(
         )
     assert updated is not None
     action = "cancel:payments-handled" if payments_handled else "cancel"
-    executions.append_audit(who, action, execution_id, why, _execution_summary(record),
-                            _execution_summary(updated))
+    executions.append_audit(
+        who, action, execution_id, why, _execution_summary(record), _execution_summary(updated)
+    )
     log_event(OPERATOR_CANCELLED, execution=execution_id, state=updated.state.value, actor=who)
     if updated.state is ExecutionState.CANCELLED:
-        from celery_agboss.sweep.steps import send_task_event
-
-        send_task_event(agboss.app, "task-revoked", execution_id, terminated=False,
-                        agboss_state=ExecutionState.CANCELLED.value)
+        send_task_event(
+            agboss.app,
+            "task-revoked",
+            execution_id,
+            terminated=False,
+            agboss_state=ExecutionState.CANCELLED.value,
+        )
     return updated
 
 
@@ -547,29 +637,41 @@ class UnparkResult:
     republished: bool
 
 
-def unpark(
-    app: Any, execution_id: str, reason: str, *, actor: str | None = None
-) -> UnparkResult:
+def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> UnparkResult:
     """Give a ``PARKED`` execution (recovery cap reached) another go: its recovery count
     starts again from zero and its message is published again now."""
     why = _require_reason(reason)
     who = actor or default_actor()
     agboss = _agboss(app)
-    record = _execution(agboss, execution_id, "the parked ones with `celery -A proj agboss "
-                        "executions --state PARKED`")
+    record = _execution(
+        agboss,
+        execution_id,
+        "the parked ones with `celery -A proj agboss executions --state PARKED`",
+    )
     if record.state is not ExecutionState.PARKED:
-        raise _refuse("wrong-state", f"execution {execution_id} is {record.state.value}, not "
-                      "PARKED; only a parked execution can be unparked")
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is {record.state.value}, not "
+            "PARKED; only a parked execution can be unparked",
+        )
     moved = agboss.executions.move(
-        execution_id, [ExecutionState.PARKED], ExecutionState.WAITING,
-        f"unparked by {who}: {why}", not_before_delay_ms=0, reset_recovery_count=True,
+        execution_id,
+        [ExecutionState.PARKED],
+        ExecutionState.WAITING,
+        f"unparked by {who}: {why}",
+        not_before_delay_ms=0,
+        reset_recovery_count=True,
         planned=True,
     )
     if moved is None:
-        raise _refuse("conflict", f"execution {execution_id} changed (or a delivery holds its "
-                      "lease) while it was being unparked; look at it again")
-    agboss.executions.append_audit(who, "unpark", execution_id, why,
-                                   _execution_summary(record), _execution_summary(moved))
+        raise _refuse(
+            "conflict",
+            f"execution {execution_id} changed (or a delivery holds its "
+            "lease) while it was being unparked; look at it again",
+        )
+    agboss.executions.append_audit(
+        who, "unpark", execution_id, why, _execution_summary(record), _execution_summary(moved)
+    )
     log_event(OPERATOR_UNPARKED, execution=execution_id, actor=who)
     republished = redrive_now(agboss, execution_id, reason=f"unparked by {who}")
     final = agboss.executions.read_execution(execution_id) or moved
@@ -579,16 +681,11 @@ def unpark(
 # --- pauses ----------------------------------------------------------------------------
 
 
-OPERATOR_PAUSE_ANSWERED = "pause.answered"
-
-
 def answer_pause(app: Any, pause_id: str, answer: Any) -> bool:
     """Answer a pause once and publish its task again; a second answer raises
     ``NotPausedError`` and moves nothing (PS11). ``pause_id`` is
     ``"<execution id>:<name>"``, as ``celery -A proj agboss pauses`` lists it.
     True when the task was published again now (else the sweep re-drives it)."""
-    from celery_agboss.messages import dumps
-
     agboss = _agboss(app)
     record = agboss.executions.answer_pause(pause_id, dumps(answer))
     log_event(OPERATOR_PAUSE_ANSWERED, execution=record.id, pause=pause_id)

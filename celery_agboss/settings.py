@@ -22,6 +22,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from celery_agboss.core.durations import to_seconds
+from celery_agboss.core.engine_settings import (
+    DEFAULT_ATTEMPT_TIMEOUT_MS,
+    DEFAULT_LEASE_TTL_MS,
+    DEFAULT_TENANT,
+)
 from celery_agboss.errors import ConfigurationError
 
 logger = logging.getLogger("celery_agboss")
@@ -36,14 +41,25 @@ TESTING_PSEUDONYM_KEY = b"celery-agboss-testing-pseudonym-key-not-a-secret"
 REDIS_DEFAULT_VISIBILITY_TIMEOUT = 3600.0
 RABBITMQ_DEFAULT_CONSUMER_TIMEOUT = 1800.0
 
+# Each default is written once, here (the engine's two in core.engine_settings): the
+# fields of AGBossSettings and settings_from_conf both read these.
+DEFAULT_LEASE_TTL_SECONDS = DEFAULT_LEASE_TTL_MS / 1000
+DEFAULT_ATTEMPT_TIMEOUT_SECONDS = DEFAULT_ATTEMPT_TIMEOUT_MS / 1000
+DEFAULT_SWEEP_INTERVAL_SECONDS = 30.0
+DEFAULT_REQUESTED_GRACE_SECONDS = 300.0
+DEFAULT_RETENTION_SECONDS = 604800.0  # 7 days: outbound-call and fenced-effect records
+DEFAULT_RETRY_DELAY_SECONDS = 5.0
+DEFAULT_MAX_RECOVERY_ATTEMPTS = 10
+DEFAULT_SWEEP_QUEUE = "agboss.sweep"
+
 _DURATIONS: dict[str, float] = {
-    "lease_ttl": 30.0,
-    "attempt_timeout": 120.0,
-    "sweep_interval": 30.0,
-    "requested_grace": 300.0,
-    "outbound_retention": 604800.0,
-    "fenced_effect_retention": 604800.0,
-    "retry_delay": 5.0,
+    "lease_ttl": DEFAULT_LEASE_TTL_SECONDS,
+    "attempt_timeout": DEFAULT_ATTEMPT_TIMEOUT_SECONDS,
+    "sweep_interval": DEFAULT_SWEEP_INTERVAL_SECONDS,
+    "requested_grace": DEFAULT_REQUESTED_GRACE_SECONDS,
+    "outbound_retention": DEFAULT_RETENTION_SECONDS,
+    "fenced_effect_retention": DEFAULT_RETENTION_SECONDS,
+    "retry_delay": DEFAULT_RETRY_DELAY_SECONDS,
 }
 _KNOWN = {
     *_DURATIONS,
@@ -64,20 +80,20 @@ class AGBossSettings:
 
     database_url: str
     pseudonym_key: bytes = field(repr=False)
-    tenant: str = "default"
-    lease_ttl_seconds: float = 30.0
-    attempt_timeout_seconds: float = 120.0
-    sweep_interval_seconds: float = 30.0
-    requested_grace_seconds: float = 300.0
-    outbound_retention_seconds: float = 604800.0
-    fenced_effect_retention_seconds: float = 604800.0
-    max_recovery_attempts: int = 10
+    tenant: str = DEFAULT_TENANT
+    lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS
+    attempt_timeout_seconds: float = DEFAULT_ATTEMPT_TIMEOUT_SECONDS
+    sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
+    requested_grace_seconds: float = DEFAULT_REQUESTED_GRACE_SECONDS
+    outbound_retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    fenced_effect_retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    max_recovery_attempts: int = DEFAULT_MAX_RECOVERY_ATTEMPTS
     # The shortest broker redelivery timeout of any worker: a broker countdown
     # must stay below half of it (trap 1); longer waits go through the store.
     visibility_timeout_seconds: float = REDIS_DEFAULT_VISIBILITY_TIMEOUT
     # The countdown of the retry after an unknown outcome (then reconciled).
-    retry_delay_seconds: float = 5.0
-    sweep_queue: str = "agboss.sweep"
+    retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
+    sweep_queue: str = DEFAULT_SWEEP_QUEUE
     # None: the longer of the two retentions above (DESIGN §6.3).
     execution_retention_seconds: float | None = None
     # Task names (``fnmatch`` patterns) recorded at publish as PaymentTasks even in a
@@ -314,10 +330,10 @@ def settings_from_conf(
     source = _Source(conf, env)
     database_url = _database_url(source)
     key, testing_key = _pseudonym_key(source)
-    tenant = source.get("tenant") or "default"
+    tenant = source.get("tenant") or DEFAULT_TENANT
     if not isinstance(tenant, str):
         raise ConfigurationError("agboss_tenant must be a string", setting="agboss_tenant")
-    cap = _positive_int(source, "max_recovery_attempts", 10)
+    cap = _positive_int(source, "max_recovery_attempts", DEFAULT_MAX_RECOVERY_ATTEMPTS)
     durations = {
         name: _duration(source, name, default, allow_zero=name == "sweep_interval")
         for name, default in _DURATIONS.items()
@@ -333,7 +349,7 @@ def settings_from_conf(
         else _duration(source, "execution_retention", 0.0, allow_zero=False)
     )
     visibility = _visibility_timeout(source)
-    sweep_queue = source.get("sweep_queue") or "agboss.sweep"
+    sweep_queue = source.get("sweep_queue") or DEFAULT_SWEEP_QUEUE
     return AGBossSettings(
         database_url=database_url,
         pseudonym_key=key,

@@ -16,6 +16,10 @@
   return (a warm shutdown waits for them; a cold one leaves the lease to expire).
 - ``task_revoked``: a revoked execution that never started is cancelled (or
   expired); a running one gets a cancel request.
+- ``app.control.revoke`` (and so ``AsyncResult.revoke``) records the revoke in the
+  store before broadcasting it: a broadcast reaches only the workers running at that
+  moment, while a recorded cancel request is honoured by every later delivery and by
+  the sweep (DESIGN §2.2).
 """
 
 from __future__ import annotations
@@ -25,28 +29,32 @@ import fnmatch
 import functools
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from celery import signals as celery_signals
+from celery._state import get_current_worker_task
+from celery.utils.imports import symbol_by_name
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.log_events import (
+    EXECUTION_NOT_RECORDED,
+    EXECUTION_REVOKED,
+    WORKER_SHUTTING_DOWN,
+    log_event,
+)
 from celery_agboss.errors import (
     ConfigurationError,
     ExecutionIdConflictError,
+    PublishNotRecorded,
     PublishRefusedError,
     SabotageRefusedError,
     StoreError,
 )
-from celery_agboss.events import (
-    EXECUTION_NOT_RECORDED,
-    WORKER_SHUTTING_DOWN,
-    log_event,
-)
 from celery_agboss.messages import message_from_publish
-
-if TYPE_CHECKING:
-    from celery_agboss.app import AGBoss
+from celery_agboss.runtime import Runtime
+from celery_agboss.task import PaymentTask, execution_context_of
 
 logger = logging.getLogger("celery_agboss")
 
@@ -63,12 +71,10 @@ PUBLISH_WITHOUT_RECORD = sabotage.register("publish-without-record")
 a message the broker then loses leaves no trace."""
 
 
-def _is_payment_task(agboss: AGBoss, name: Any) -> bool:
+def _is_payment_task(agboss: Runtime, name: Any) -> bool:
     """This app's ``PaymentTask`` tasks (looked up without finalizing the app), and the
     names ``agboss_payment_tasks`` lists, for a process that publishes by name without
     importing the task's module."""
-    from celery_agboss.task import PaymentTask
-
     if not isinstance(name, str):
         return False
     tasks = getattr(agboss.app, "_tasks", None)
@@ -82,18 +88,7 @@ def _is_payment_task(agboss: AGBoss, name: Any) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-class PublishNotRecorded(BaseException):
-    """Carries why a publish was refused out of ``before_task_publish``: Celery logs and
-    swallows an ``Exception`` raised by a signal handler and publishes anyway, so the
-    handler raises this instead, and ``AGBoss``'s ``send_task`` turns it back into the
-    error for the caller (``PublishRefusedError`` or ``ExecutionIdConflictError``)."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def connect(agboss: AGBoss) -> None:
+def connect(agboss: Runtime) -> None:
     """Connect this app's handlers (strong references: they live as long as the app)."""
 
     def before_task_publish(
@@ -119,9 +114,7 @@ def connect(agboss: AGBoss) -> None:
             properties=properties or {},
         )
         if message is None:
-            log_event(
-                EXECUTION_NOT_RECORDED, logging.ERROR, task=name, reason="unreadable message"
-            )
+            log_event(EXECUTION_NOT_RECORDED, logging.ERROR, task=name, reason="unreadable message")
             raise PublishNotRecorded(
                 PublishRefusedError(
                     f"the publish of {name!r} could not be read (Celery's message protocol 2 "
@@ -229,6 +222,7 @@ def connect(agboss: AGBoss) -> None:
         signal.connect(handler, weak=False)
     agboss._signal_handlers = handlers
     _refuse_unrecorded_publishes(agboss)
+    install_revoke_recorder(agboss)
 
 
 def _fix_link_ids(body: Any, execution_id: str) -> None:
@@ -268,26 +262,22 @@ def derived_task_id(parent_execution_id: str, position: str) -> str:
 _DERIVED_IDS = uuid.UUID("5c0f6c62-9b6e-4bb1-9d3c-5a7c1f0e2d41")
 
 
-def _published_from_a_body(agboss: AGBoss, name: Any) -> str | None:
+def _published_from_a_body(agboss: Runtime, name: Any) -> str | None:
     """The stable id of a PaymentTask published from inside a PaymentTask's delivery
     (``ship.delay(order)`` in ``charge_order``'s body), or None: outside a delivery,
     or a task that is not a PaymentTask. The n-th publish of one task name in a
     delivery gets the same id on every re-run (DESIGN §4)."""
-    from celery._state import get_current_worker_task
-
-    from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE
-
     current = get_current_worker_task()
     if current is None or not isinstance(name, str):
         return None
-    ctx = getattr(current.request, CONTEXT_ATTRIBUTE, None)
+    ctx = execution_context_of(current.request)
     if ctx is None or not _is_payment_task(agboss, name):
         return None
     position: int = ctx.next_publish(name)
     return derived_task_id(ctx.execution_id, f"publish/{name}#{position}")
 
 
-def _refuse_unrecorded_publishes(agboss: AGBoss) -> None:
+def _refuse_unrecorded_publishes(agboss: Runtime) -> None:
     """Make ``app.send_task`` (which ``apply_async``, ``delay``, canvas and ``retry`` all
     go through) raise the error ``before_task_publish`` refused a publish with, as an
     ordinary exception for the caller; nothing reached the broker. A PaymentTask
@@ -316,11 +306,94 @@ def _refuse_unrecorded_publishes(agboss: AGBoss) -> None:
     app.send_task = send_task
 
 
-def disconnect(agboss: AGBoss) -> None:
+def record_revoke(agboss: Runtime, task_ids: Sequence[str], *, terminated: bool) -> int:
+    """Record a revoke as a cancel request of each known execution: a ``REQUESTED`` or
+    waiting one is ``CANCELLED`` at once (so a lost message re-published later never
+    runs); a running one is cancelled by the sweep once nothing is pending. Never raises."""
+    recorded = 0
+    why = "revoked with terminate" if terminated else "revoked"
+    for task_id in task_ids:
+        try:
+            record = agboss.executions.request_cancel(str(task_id), why)
+        except (Exception, StoreError):
+            logger.warning("could not record the revoke of %s", task_id, exc_info=True)
+            continue
+        if record is not None:
+            recorded += 1
+            log_event(
+                EXECUTION_REVOKED,
+                execution=record.id,
+                state=record.state.value,
+                terminated=terminated,
+            )
+    return recorded
+
+
+def install_revoke_recorder(agboss: Runtime) -> None:
+    """Make ``app.control.revoke`` (and so ``AsyncResult.revoke``) record the revoke in the
+    store before broadcasting it: workers that are not running (or not born yet) never
+    hear a broadcast, but every worker reads the store."""
+    app = agboss.app
+    if "control" in vars(app):  # already made: wrap this instance's method
+        control = app.control
+        if getattr(control.revoke, "_agboss_records_revokes", False):
+            return
+        original = control.revoke
+
+        def revoke(
+            task_id: Any,
+            destination: Any = None,
+            terminate: bool = False,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            record_revoke(agboss, _ids(task_id), terminated=bool(terminate))
+            return original(task_id, destination, terminate, *args, **kwargs)
+
+        revoke._agboss_records_revokes = True  # type: ignore[attr-defined]
+        control.revoke = revoke
+        return
+    base = symbol_by_name(app.control_cls)
+    if getattr(base, "_agboss_records_revokes", False):
+        return
+
+    class RecordingControl(base):  # type: ignore[misc, valid-type]
+        """Celery's control, recording revokes in the celery_agboss store first."""
+
+        _agboss_records_revokes = True
+
+        def revoke(
+            self,
+            task_id: Any,
+            destination: Any = None,
+            terminate: bool = False,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            record_revoke(agboss, _ids(task_id), terminated=bool(terminate))
+            return super().revoke(task_id, destination, terminate, *args, **kwargs)
+
+    app.control_cls = RecordingControl
+
+
+def _ids(task_id: Any) -> list[str]:
+    if isinstance(task_id, (list, tuple, set, frozenset)):
+        return [str(item) for item in task_id]
+    return [str(task_id)]
+
+
+def disconnect(agboss: Runtime) -> None:
     """Disconnect this app's handlers (tests that build many apps in one process)."""
     for signal, handler in getattr(agboss, "_signal_handlers", {}).items():
         signal.disconnect(handler)
     agboss._signal_handlers = {}
 
 
-__all__ = ["PUBLISH_WITHOUT_RECORD", "PublishNotRecorded", "connect", "disconnect"]
+__all__ = [
+    "EXECUTION_REVOKED",
+    "PUBLISH_WITHOUT_RECORD",
+    "connect",
+    "disconnect",
+    "install_revoke_recorder",
+    "record_revoke",
+]

@@ -25,19 +25,26 @@ from celery.exceptions import Ignore, Reject
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.log_events import RESULT_BACKEND_FAILURE_WITHHELD, log_event
 from celery_agboss.core.outbound import OutboundCall, Outcome
-from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE, Delivery, PauseRequested
+from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE, Delivery
 from celery_agboss.delivery.waits import (
     OWN_RETRIES_HEADER,
     UNBOUNDED_RETRIES,
-    LongWaitRequested,
-    RetryNotPublished,
     application_retries,
     own_retries,
     seconds_until,
 )
-from celery_agboss.errors import ConfigurationError, ExecutionNotFinishedError, StoreError
+from celery_agboss.errors import (
+    ConfigurationError,
+    ExecutionNotFinishedError,
+    LongWaitRequested,
+    PauseRequested,
+    RetryNotPublished,
+    StoreError,
+)
 from celery_agboss.messages import dumps, loads
+from celery_agboss.runtime import Runtime
 
 logger = logging.getLogger("celery_agboss")
 
@@ -100,22 +107,30 @@ class _FailureOnlyWhenFailed:
     def mark_as_failure(self, task_id: str, exc: BaseException, *args: Any, **kwargs: Any) -> Any:
         if self._failed(task_id) or sabotage.active(FAILURE_FOR_AN_UNFINISHED_EXECUTION):
             return self._backend.mark_as_failure(task_id, exc, *args, **kwargs)
-        logger.warning(
-            "result-backend.failure-withheld: %s[%s] raised %s, but the execution is not "
-            "FAILED: nothing written to the result backend, no errback fired",
-            self._task.name, task_id, type(exc).__name__,
-            extra={"event": "result-backend.failure-withheld", "execution_id": task_id},
+        log_event(
+            RESULT_BACKEND_FAILURE_WITHHELD,
+            logging.WARNING,
+            "the task raised, but the execution is not FAILED: nothing written to the result "
+            "backend, no errback fired",
+            execution_id=task_id,
+            task=self._task.name,
+            error=type(exc).__name__,
         )
         return None
 
     def _failed(self, task_id: str) -> bool:
-        from celery_agboss.app import AGBoss
-
         try:
-            record = AGBoss.of(self._task.app).executions.read_execution(task_id)
+            record = Runtime.of(self._task.app).executions.read_execution(task_id)
         except (Exception, StoreError):
             return False  # unknown: never a FAILURE on a guess (the store decides later)
         return record is None or record.state is ExecutionState.FAILED
+
+
+def execution_context_of(request: Any) -> ExecutionContext | None:
+    """The execution a delivery is running in (None outside a ``PaymentTask``'s body):
+    what ``self.outbound()`` and a publish from the body belong to."""
+    ctx: ExecutionContext | None = getattr(request, CONTEXT_ATTRIBUTE, None)
+    return ctx
 
 
 class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
@@ -154,9 +169,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
                 f"PaymentTask {self.name!r} runs only as a Celery task (delay, apply_async, "
                 "apply): called directly, its effects would have no execution to belong to"
             )
-        from celery_agboss.app import AGBoss
-
-        agboss = AGBoss.of(self.app)
+        agboss = Runtime.of(self.app)
         try:
             return Delivery(self, agboss, request).run(args, kwargs)
         except Ignore:
@@ -167,8 +180,8 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
             state = "unknown" if record is None else record.state.value
             raise ExecutionNotFinishedError(
                 f"{self.name}[{request.id}] did not finish in this eager run: the execution "
-                f"is {state}" + ("" if record is None or not record.reason
-                                 else f" ({record.reason})")
+                f"is {state}"
+                + ("" if record is None or not record.reason else f" ({record.reason})")
                 + ". A worker (or the sweep) continues it; nothing was returned",
                 execution_id=str(request.id),
                 state=state,
@@ -177,7 +190,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     # --- what the body calls ----------------------------------------------------------------
 
     def _context(self) -> ExecutionContext:
-        ctx = getattr(self.request, CONTEXT_ATTRIBUTE, None)
+        ctx = execution_context_of(self.request)
         if not isinstance(ctx, ExecutionContext):
             raise ConfigurationError(
                 f"{self.name}: outbound(), fenced_effect() and pause() work only inside the "
@@ -189,11 +202,10 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         """Send ``request`` through ``call`` exactly once; the gateway's result.
 
         Recorded as an intent before it is sent; a pending intent is reconciled (looked
-        up) before anything is sent again; a stored result is replayed.
+        up) before anything is sent again; a stored result is replayed. The call is
+        registered (its name checked against the app's other calls) on its first use,
+        once, by the context, before anything is recorded.
         """
-        from celery_agboss.app import AGBoss
-
-        AGBoss.of(self.app).register(call)
         return self._context().outbound(call, request, business_key=business_key)
 
     def fenced_effect(
@@ -205,9 +217,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     ) -> T:
         """Run ``fn(conn)`` once per key inside the transaction that checks the lease;
         its JSON result is stored and returned again on every later run."""
-        return self._context().fenced_effect(
-            name, fn, business_key=business_key, request=request
-        )
+        return self._context().fenced_effect(name, fn, business_key=business_key, request=request)
 
     def retry(
         self,
@@ -230,14 +240,18 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         if not sabotage.active(RETRY_KEEPS_EXPIRES):
             options.setdefault("expires", None)
         request = self.request
-        ctx = getattr(request, CONTEXT_ATTRIBUTE, None)
+        ctx = execution_context_of(request)
         if not isinstance(ctx, ExecutionContext) or getattr(request, "is_eager", False):
             return super().retry(
-                args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown,
-                max_retries=max_retries, **options,
+                args=args,
+                kwargs=kwargs,
+                exc=exc,
+                throw=throw,
+                eta=eta,
+                countdown=countdown,
+                max_retries=max_retries,
+                **options,
             )
-        from celery_agboss.app import AGBoss
-
         limit = self.max_retries if max_retries is None else max_retries
         counted = (
             int(request.retries or 0)
@@ -248,18 +262,24 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
             if exc is not None:
                 raise exc
             raise self.MaxRetriesExceededError(
-                f"Can't retry {self.name}[{request.id}]: {counted} retries of "
-                f"max_retries={limit}",
-                task_args=request.args, task_kwargs=request.kwargs,
+                f"Can't retry {self.name}[{request.id}]: {counted} retries of max_retries={limit}",
+                task_args=request.args,
+                task_kwargs=request.kwargs,
             )
         delay = seconds_until(eta if countdown is None and eta is not None else countdown)
         if countdown is None and eta is None:
             delay = float(self.default_retry_delay or 0)
-        if delay > AGBoss.of(self.app).settings.max_broker_countdown_seconds:
+        if delay > Runtime.of(self.app).settings.max_broker_countdown_seconds:
             raise LongWaitRequested(delay, args, kwargs)
         return self._retry_checked(
-            delay, args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
-            countdown=countdown, **options,
+            delay,
+            args=args,
+            kwargs=kwargs,
+            exc=exc,
+            throw=throw,
+            eta=eta,
+            countdown=countdown,
+            **options,
         )
 
     def _retry_checked(self, delay: float, **options: Any) -> Any:
@@ -289,8 +309,10 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         outage): one more in the ``agboss_retries`` header, outside the application's
         ``max_retries``, with no ``expires``."""
         request = self.request
-        headers = {**(getattr(request, "headers", None) or {}),
-                   OWN_RETRIES_HEADER: own_retries(request) + 1}
+        headers = {
+            **(getattr(request, "headers", None) or {}),
+            OWN_RETRIES_HEADER: own_retries(request) + 1,
+        }
         return self._retry_checked(delay, countdown=delay, expires=None, headers=headers)
 
     def replace(self, sig: Any) -> Any:
@@ -311,7 +333,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     @property
     def last_outcome(self) -> Outcome | None:
         """How the last outbound call of this delivery got its result."""
-        ctx = getattr(self.request, CONTEXT_ATTRIBUTE, None)
+        ctx = execution_context_of(self.request)
         return ctx.last_outcome if isinstance(ctx, ExecutionContext) else None
 
     def pause(self, name: str, payload: Any = None) -> Any:
@@ -320,10 +342,8 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         ``answer_pause(app, "<execution id>:<name>", answer)`` answers it (once) and
         publishes the task again.
         """
-        from celery_agboss.app import AGBoss
-
         ctx = self._context()
-        executions = AGBoss.of(self.app).executions
+        executions = Runtime.of(self.app).executions
         with ctx.fenced() as tx:
             ctx.check_cancel(tx)
             ctx.pass_failures(tx)  # waiting for a person is going on past a failure
@@ -346,10 +366,8 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         self._links_sent(task_id)
 
     def _links_sent(self, task_id: str) -> None:
-        from celery_agboss.app import AGBoss
-
         try:
-            AGBoss.of(self.app).executions.mark_links_dispatched(task_id)
+            Runtime.of(self.app).executions.mark_links_dispatched(task_id)
         except (StoreError, ConfigurationError):
             logger.warning("could not record that %s sent its links", task_id, exc_info=True)
 

@@ -14,6 +14,10 @@ code  meaning
 3     not found
 4     celery_agboss is not configured, or the store cannot be reached
 ====  =====================================================================
+
+Celery loads this plugin for every ``celery`` command (``worker`` and ``beat``
+included), so each command imports the store, the operator's verbs and the sweep
+only when it runs: those imports are deferred for start-up time alone.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 actor_option = click.option(
-    "--actor", default=None, metavar="NAME",
+    "--actor",
+    default=None,
+    metavar="NAME",
     help="Who acts, for the audit trail (default: the OS user).",
 )
 reason_option = click.option(
@@ -115,7 +121,8 @@ def _agboss(ctx: click.Context, out: _Out) -> Iterator[AGBoss]:
         out.fail(EXIT_CONFIGURATION, "configuration", str(exc))
     except StoreError as exc:
         out.fail(
-            EXIT_CONFIGURATION, "store",
+            EXIT_CONFIGURATION,
+            "store",
             f"the store could not be used ({type(exc).__name__}: {exc}); check "
             "agboss_database_url and that the database is up, and that `celery -A proj "
             "agboss migrate` was run",
@@ -153,8 +160,10 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
         run_migrations(settings.database_url)
         revision = current_revision(settings.database_url)
         url = settings.redacted_database_url()
-        out.emit({"database": url, "revision": revision},
-                 f"The store at {url} is at revision {revision}.")
+        out.emit(
+            {"database": url, "revision": revision},
+            f"The store at {url} is at revision {revision}.",
+        )
 
 
 @agboss.command()
@@ -177,22 +186,34 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
             parts = []
             if intents:
                 rows = [
-                    [i.idempotency_key, i.execution_id, i.name, str(i.attempt),
-                     age(i.read_at_ms, i.first_attempt_at_ms), intent_state(i)]
+                    [
+                        i.idempotency_key,
+                        i.execution_id,
+                        i.name,
+                        str(i.attempt),
+                        age(i.read_at_ms, i.first_attempt_at_ms),
+                        intent_state(i),
+                    ]
                     for i in intents
                 ]
-                head = (f"{len(intents)} outbound call(s) not settled, "
-                        f"{flagged} waiting for an operator:")
+                head = (
+                    f"{len(intents)} outbound call(s) not settled, "
+                    f"{flagged} waiting for an operator:"
+                )
                 hint = RESOLVE_HINT if flagged else ""
                 listing = table(["KEY", "EXECUTION", "CALL", "ATTEMPT", "AGE", "STATE"], rows)
                 parts.append(f"{head}\n{listing}{hint}")
             else:
                 parts.append("Nothing pending: every outbound call is settled.")
             if waits:
-                rows = [[w.execution.id, w.execution.task_name, w.execution.reason or "",
-                         w.ends_with] for w in waits]
-                parts.append(f"{len(waits)} execution(s) waiting for an operator:\n"
-                             + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows))
+                rows = [
+                    [w.execution.id, w.execution.task_name, w.execution.reason or "", w.ends_with]
+                    for w in waits
+                ]
+                parts.append(
+                    f"{len(waits)} execution(s) waiting for an operator:\n"
+                    + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows)
+                )
             return "\n\n".join(parts)
 
         out.emit(
@@ -200,8 +221,7 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
                 "pending": [intent_view(i) for i in intents],
                 "needs_operator": flagged,
                 "waiting_executions": [
-                    {**execution_view(w.execution), "intents": w.intents,
-                     "ends_with": w.ends_with}
+                    {**execution_view(w.execution), "intents": w.intents, "ends_with": w.ends_with}
                     for w in waits
                 ],
             },
@@ -226,8 +246,16 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
             "intents": [intent_view(i, full=True) for i in found.intents],
             "history": {k: [history_view(r) for r in rows] for k, rows in found.history.items()},
             "audit": [
-                {"id": a.id, "at": iso(a.at_ms), "actor": a.actor, "action": a.action,
-                 "target": a.target, "reason": a.reason, "before": a.before, "after": a.after}
+                {
+                    "id": a.id,
+                    "at": iso(a.at_ms),
+                    "actor": a.actor,
+                    "action": a.action,
+                    "target": a.target,
+                    "reason": a.reason,
+                    "before": a.before,
+                    "after": a.after,
+                }
                 for a in found.audit
             ],
         }
@@ -236,56 +264,92 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
 
 @agboss.command()
 @click.argument("key")
-@click.option("--completed", "completed_json", metavar="RESULT_JSON", default=None,
-              help="The payment exists: its result, as JSON (what send would have returned).")
-@click.option("--not-sent", is_flag=True,
-              help="The gateway never processed it: the next delivery sends it again.")
+@click.option(
+    "--completed",
+    "completed_json",
+    metavar="RESULT_JSON",
+    default=None,
+    help="The payment exists: its result, as JSON (what send would have returned).",
+)
+@click.option(
+    "--not-sent",
+    is_flag=True,
+    help="The gateway never processed it: the next delivery sends it again.",
+)
 @reason_option
 @actor_option
 @_command
 @click.pass_context
-def resolve(ctx: click.Context, key: str, completed_json: str | None, not_sent: bool,
-            reason: str, actor: str | None, as_json: bool) -> None:
+def resolve(
+    ctx: click.Context,
+    key: str,
+    completed_json: str | None,
+    not_sent: bool,
+    reason: str,
+    actor: str | None,
+    as_json: bool,
+) -> None:
     """Settle an intent you checked at the gateway; its execution then goes on."""
     from celery_agboss.operator import resolve as resolve_intent
 
     out = _Out(as_json)
     if (completed_json is None) == (not not_sent):
-        out.fail(EXIT_USAGE, "usage", "say what the gateway shows: exactly one of "
-                 "--completed RESULT_JSON or --not-sent")
+        out.fail(
+            EXIT_USAGE,
+            "usage",
+            "say what the gateway shows: exactly one of --completed RESULT_JSON or --not-sent",
+        )
     kwargs: dict[str, Any] = {"not_sent": True} if not_sent else {}
     if completed_json is not None:
         try:
             kwargs["completed"] = json.loads(completed_json)
         except ValueError as exc:
-            out.fail(EXIT_USAGE, "usage", f"--completed must be JSON ({exc}), for example "
-                     "--completed '{\"id\": \"ch_123\", \"status\": \"succeeded\"}'")
+            out.fail(
+                EXIT_USAGE,
+                "usage",
+                f"--completed must be JSON ({exc}), for example "
+                '--completed \'{"id": "ch_123", "status": "succeeded"}\'',
+            )
     with _agboss(ctx, out) as boss:
         result = resolve_intent(boss, key, reason=reason, actor=actor, **kwargs)
         execution = result.execution
-        data = {"intent": intent_view(result.intent),
-                "execution": None if execution is None else execution_view(execution),
-                "republished": result.republished}
-        text = (f"Resolved {key}: {result.intent.status.value}"
-                f"{' (it will be sent again)' if not_sent else ' (nothing will be sent)'}.")
+        data = {
+            "intent": intent_view(result.intent),
+            "execution": None if execution is None else execution_view(execution),
+            "republished": result.republished,
+        }
+        text = (
+            f"Resolved {key}: {result.intent.status.value}"
+            f"{' (it will be sent again)' if not_sent else ' (nothing will be sent)'}."
+        )
         if execution is not None:
             text += f"\nExecution {execution.id} is {execution.state.value}"
-            text += ("; its message was published again." if result.republished
-                     else "." if execution.state.value != "WAITING_OPERATOR"
-                     else "; another intent still needs you (agboss pending).")
+            text += (
+                "; its message was published again."
+                if result.republished
+                else "."
+                if execution.state.value != "WAITING_OPERATOR"
+                else "; another intent still needs you (agboss pending)."
+            )
         out.emit(data, text)
 
 
 @agboss.command()
-@click.option("--state", "states", multiple=True, metavar="STATE",
-              type=click.Choice([s.value for s in ExecutionState], case_sensitive=False),
-              help="Only executions in this state (repeatable).")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    metavar="STATE",
+    type=click.Choice([s.value for s in ExecutionState], case_sensitive=False),
+    help="Only executions in this state (repeatable).",
+)
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000))
 @click.option("--after", "after_id", default=None, metavar="ID", help="Page after this id.")
 @_command
 @click.pass_context
-def executions(ctx: click.Context, states: tuple[str, ...], limit: int, after_id: str | None,
-               as_json: bool) -> None:
+def executions(
+    ctx: click.Context, states: tuple[str, ...], limit: int, after_id: str | None, as_json: bool
+) -> None:
     """Executions (one per task id) and their states."""
     from celery_agboss.operator import list_executions
 
@@ -296,11 +360,20 @@ def executions(ctx: click.Context, states: tuple[str, ...], limit: int, after_id
 
         def text() -> str:
             if not records:
-                return "No executions" + (f" in {', '.join(s.value for s in chosen)}."
-                                          if chosen else ".")
-            rows = [[r.id, r.task_name, r.state.value, str(r.recovery_count),
-                     age(r.read_at_ms, r.requested_at_ms), (r.reason or "")[:60]]
-                    for r in records]
+                return "No executions" + (
+                    f" in {', '.join(s.value for s in chosen)}." if chosen else "."
+                )
+            rows = [
+                [
+                    r.id,
+                    r.task_name,
+                    r.state.value,
+                    str(r.recovery_count),
+                    age(r.read_at_ms, r.requested_at_ms),
+                    (r.reason or "")[:60],
+                ]
+                for r in records
+            ]
             return table(["ID", "TASK", "STATE", "RECOVERIES", "AGE", "REASON"], rows)
 
         out.emit({"executions": [execution_view(r) for r in records]}, text)
@@ -323,8 +396,9 @@ def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
                 return "No pause waits for an answer."
             return table(["PAUSE", "EXECUTION", "STATUS"], [list(row) for row in found])
 
-        out.emit({"pauses": [{"pause_id": p, "execution": e, "status": st}
-                             for p, e, st in found]}, text)
+        out.emit(
+            {"pauses": [{"pause_id": p, "execution": e, "status": st} for p, e, st in found]}, text
+        )
 
 
 @agboss.command()
@@ -333,8 +407,9 @@ def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
 @actor_option
 @_command
 @click.pass_context
-def unpark(ctx: click.Context, execution_id: str, reason: str, actor: str | None,
-           as_json: bool) -> None:
+def unpark(
+    ctx: click.Context, execution_id: str, reason: str, actor: str | None, as_json: bool
+) -> None:
     """Give a PARKED execution (recovery cap reached) another go."""
     from celery_agboss.operator import unpark as unpark_execution
 
@@ -350,32 +425,46 @@ def unpark(ctx: click.Context, execution_id: str, reason: str, actor: str | None
 
 @agboss.command()
 @click.argument("execution_id")
-@click.option("--payments-handled", is_flag=True,
-              help="Confirm the cancel of an execution whose payment completed (after "
-              "refunding it at the gateway, or deciding to keep it).")
+@click.option(
+    "--payments-handled",
+    is_flag=True,
+    help="Confirm the cancel of an execution whose payment completed (after "
+    "refunding it at the gateway, or deciding to keep it).",
+)
 @reason_option
 @actor_option
 @_command
 @click.pass_context
-def cancel(ctx: click.Context, execution_id: str, payments_handled: bool, reason: str,
-           actor: str | None, as_json: bool) -> None:
+def cancel(
+    ctx: click.Context,
+    execution_id: str,
+    payments_handled: bool,
+    reason: str,
+    actor: str | None,
+    as_json: bool,
+) -> None:
     """Cancel an execution that is not running; refused while a payment may be in flight."""
     from celery_agboss.operator import cancel as cancel_execution
 
     out = _Out(as_json)
     with _agboss(ctx, out) as boss:
-        record = cancel_execution(boss, execution_id, reason, actor=actor,
-                                  payments_handled=payments_handled)
+        record = cancel_execution(
+            boss, execution_id, reason, actor=actor, payments_handled=payments_handled
+        )
         if record.state is ExecutionState.CANCELLED:
             text = f"Cancelled {execution_id}: it will never run."
         elif record.state is ExecutionState.WAITING_OPERATOR:
-            text = (f"{execution_id} completed a payment, so it is not cancelled silently: it "
-                    "waits for you. Refund the payment at the gateway if it must go, then "
-                    f"`celery -A proj agboss cancel {execution_id} --payments-handled "
-                    "--reason TEXT`.")
+            text = (
+                f"{execution_id} completed a payment, so it is not cancelled silently: it "
+                "waits for you. Refund the payment at the gateway if it must go, then "
+                f"`celery -A proj agboss cancel {execution_id} --payments-handled "
+                "--reason TEXT`."
+            )
         else:
-            text = (f"Cancel requested for {execution_id} ({record.state.value}); the sweep "
-                    "cancels it once nothing is pending.")
+            text = (
+                f"Cancel requested for {execution_id} ({record.state.value}); the sweep "
+                "cancels it once nothing is pending."
+            )
         out.emit({"execution": execution_view(record)}, text)
 
 
@@ -385,8 +474,9 @@ def cancel(ctx: click.Context, execution_id: str, payments_handled: bool, reason
 @actor_option
 @_command
 @click.pass_context
-def accept(ctx: click.Context, execution_id: str, reason: str, actor: str | None,
-           as_json: bool) -> None:
+def accept(
+    ctx: click.Context, execution_id: str, reason: str, actor: str | None, as_json: bool
+) -> None:
     """Accept a divergence: COMPLETED with the result the re-run's body returned."""
     from celery_agboss.operator import accept as accept_divergence
 
@@ -395,8 +485,10 @@ def accept(ctx: click.Context, execution_id: str, reason: str, actor: str | None
         accept_divergence(boss, execution_id, reason, actor=actor)
         record = boss.executions.read_execution(execution_id)
         assert record is not None
-        out.emit({"execution": execution_view(record)},
-                 f"Accepted {execution_id}: COMPLETED; published again to hand its result on.")
+        out.emit(
+            {"execution": execution_view(record)},
+            f"Accepted {execution_id}: COMPLETED; published again to hand its result on.",
+        )
 
 
 @agboss.command()
@@ -405,8 +497,9 @@ def accept(ctx: click.Context, execution_id: str, reason: str, actor: str | None
 @actor_option
 @_command
 @click.pass_context
-def redrive(ctx: click.Context, execution_id: str, reason: str, actor: str | None,
-            as_json: bool) -> None:
+def redrive(
+    ctx: click.Context, execution_id: str, reason: str, actor: str | None, as_json: bool
+) -> None:
     """Send on an execution waiting for an operator once nothing is left to decide."""
     from celery_agboss.operator import redrive as redrive_execution
 
@@ -415,23 +508,42 @@ def redrive(ctx: click.Context, execution_id: str, reason: str, actor: str | Non
         republished = redrive_execution(boss, execution_id, reason, actor=actor)
         record = boss.executions.read_execution(execution_id)
         assert record is not None
-        text = (f"Re-drove {execution_id}: published again." if republished else
-                f"{execution_id} is WAITING again; the sweep publishes it.")
+        text = (
+            f"Re-drove {execution_id}: published again."
+            if republished
+            else f"{execution_id} is WAITING again; the sweep publishes it."
+        )
         out.emit({"execution": execution_view(record), "republished": republished}, text)
 
 
 @agboss.command()
 @click.option("--loop", is_flag=True, help="Sweep every interval until stopped (no beat).")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
-              help="With --loop: seconds between runs (default: agboss_sweep_interval).")
-@click.option("--max-runs", type=click.IntRange(min=1), default=None,
-              help="With --loop: stop after this many runs.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Rows per step and run.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    metavar="SECONDS",
+    help="With --loop: seconds between runs (default: agboss_sweep_interval).",
+)
+@click.option(
+    "--max-runs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --loop: stop after this many runs.",
+)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=None, help="Rows per step and run."
+)
 @_command
 @click.pass_context
-def sweep(ctx: click.Context, loop: bool, interval: float | None, max_runs: int | None,
-          batch_size: int | None, as_json: bool) -> None:
+def sweep(
+    ctx: click.Context,
+    loop: bool,
+    interval: float | None,
+    max_runs: int | None,
+    batch_size: int | None,
+    as_json: bool,
+) -> None:
     """Re-drive and reconcile what dead workers and lost messages left (never sends money)."""
     from celery_agboss.sweep import DEFAULT_BATCH_SIZE, run_sweep, run_sweep_loop
 
@@ -444,9 +556,14 @@ def sweep(ctx: click.Context, loop: bool, interval: float | None, max_runs: int 
             return
         stop = threading.Event()
         with _stop_on_signals(stop):
-            run_sweep_loop(boss, interval_seconds=interval, batch_size=batch,
-                           max_runs=max_runs, stop=stop,
-                           on_report=functools.partial(_print_report, as_json))
+            run_sweep_loop(
+                boss,
+                interval_seconds=interval,
+                batch_size=batch,
+                max_runs=max_runs,
+                stop=stop,
+                on_report=functools.partial(_print_report, as_json),
+            )
 
 
 def _print_report(as_json: bool, report: SweepReport) -> None:

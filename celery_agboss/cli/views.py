@@ -56,8 +56,11 @@ def intent_view(intent: IntentRecord, *, full: bool = False) -> dict[str, Any]:
         "name": intent.name,
         "status": intent.status.value,
         "attempt": intent.attempt,
-        "owner": None if intent.owner is None else {
-            "holder": intent.owner.holder, "token": intent.owner.token,
+        "owner": None
+        if intent.owner is None
+        else {
+            "holder": intent.owner.holder,
+            "token": intent.owner.token,
             "live": intent.owner_live,
         },
         "needs_operator": intent.needs_operator,
@@ -70,7 +73,8 @@ def intent_view(intent: IntentRecord, *, full: bool = False) -> dict[str, Any]:
         "completed_at": iso(intent.completed_at_ms),
         "next_lookup_at": iso(intent.next_lookup_at_ms),
         "lookup_failures": intent.lookup_failures,
-        "age_seconds": None if intent.first_attempt_at_ms is None
+        "age_seconds": None
+        if intent.first_attempt_at_ms is None
         else (intent.read_at_ms - intent.first_attempt_at_ms) // 1000,
     }
     if full:
@@ -102,14 +106,27 @@ def execution_view(record: ExecutionRecord) -> dict[str, Any]:
 def lease_view(lease: LeaseState | None) -> dict[str, Any] | None:
     if lease is None:
         return None
-    return {"holder": lease.holder, "token": lease.token, "live": lease.live,
-            "released": lease.released, "expires_at": iso(lease.expires_at_ms)}
+    return {
+        "holder": lease.holder,
+        "token": lease.token,
+        "live": lease.live,
+        "released": lease.released,
+        "expires_at": iso(lease.expires_at_ms),
+    }
 
 
 def history_view(row: HistoryRow) -> dict[str, Any]:
-    return {"seq": row.seq, "at": iso(row.at_ms), "event": row.event,
-            "from": row.from_status, "to": row.to_status, "attempt": row.attempt,
-            "holder": row.holder, "token": row.token, "detail": row.detail}
+    return {
+        "seq": row.seq,
+        "at": iso(row.at_ms),
+        "event": row.event,
+        "from": row.from_status,
+        "to": row.to_status,
+        "attempt": row.attempt,
+        "holder": row.holder,
+        "token": row.token,
+        "detail": row.detail,
+    }
 
 
 RESOLVE_HINT = (
@@ -138,8 +155,6 @@ def intent_state(intent: IntentRecord) -> str:
     return "PENDING (the sweep looks it up)"
 
 
-
-
 def describe_text(found: Description) -> str:
     lines: list[str] = []
     e = found.execution
@@ -149,9 +164,14 @@ def describe_text(found: Description) -> str:
         if e.cancel_requested:
             lines.append(f"  cancel requested: {e.cancel_reason or 'yes'}")
         lines.append(f"  recovery count: {e.recovery_count}, deliveries: {e.deliveries}")
-        for label, ms in (("requested", e.requested_at_ms), ("started", e.started_at_ms),
-                          ("not before", e.not_before_ms), ("eta", e.eta_ms),
-                          ("expires", e.expires_ms), ("terminal", e.terminal_at_ms)):
+        for label, ms in (
+            ("requested", e.requested_at_ms),
+            ("started", e.started_at_ms),
+            ("not before", e.not_before_ms),
+            ("eta", e.eta_ms),
+            ("expires", e.expires_ms),
+            ("terminal", e.terminal_at_ms),
+        ):
             if ms is not None:
                 lines.append(f"  {label}: {iso(ms)}")
     lease = found.lease
@@ -161,24 +181,25 @@ def describe_text(found: Description) -> str:
     for intent in found.intents:
         marker = " <-" if intent.idempotency_key == found.focus else ""
         lines.append(f"Intent {intent.idempotency_key}{marker}")
-        lines.append(f"  call: {intent.name}, attempt {intent.attempt}, {intent.status.value}: "
-                     f"{intent_state(intent) if intent.status is IntentStatus.PENDING else ''}"
-                     .rstrip(": "))
+        lines.append(
+            f"  call: {intent.name}, attempt {intent.attempt}, {intent.status.value}: "
+            f"{intent_state(intent) if intent.status is IntentStatus.PENDING else ''}".rstrip(": ")
+        )
         if intent.gateway_transaction_id:
             lines.append(f"  gateway transaction: {intent.gateway_transaction_id}")
         lines.append(f"  request (as stored): {json.dumps(intent.request, sort_keys=True)}")
         if intent.status is IntentStatus.COMPLETED:
             lines.append(f"  result (as stored): {json.dumps(intent.result, sort_keys=True)}")
         for row in found.history.get(intent.idempotency_key, []):
-            lines.append(f"    {row.seq:>3} {iso(row.at_ms)} {row.event:<22} "
-                         f"{row.from_status or '-'} -> {row.to_status} (attempt {row.attempt})")
+            lines.append(
+                f"    {row.seq:>3} {iso(row.at_ms)} {row.event:<22} "
+                f"{row.from_status or '-'} -> {row.to_status} (attempt {row.attempt})"
+            )
     if found.audit:
         lines.append("Audit:")
         for a in found.audit:
             lines.append(f"  {iso(a.at_ms)} {a.actor} {a.action} {a.target}: {a.reason}")
     return "\n".join(lines)
-
-
 
 
 def report_data(report: SweepReport) -> dict[str, Any]:
@@ -188,8 +209,11 @@ def report_data(report: SweepReport) -> dict[str, Any]:
 def report_text(report: SweepReport) -> str:
     if not report.ran:
         return f"Sweep skipped: {report.skipped}."
-    done = {k: v for k, v in report.as_dict().items()
-            if v and k not in ("tick", "skipped", "duration_ms")}
+    done = {
+        k: v
+        for k, v in report.as_dict().items()
+        if v and k not in ("tick", "skipped", "duration_ms")
+    }
     what = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in done.items()) or "nothing to do"
     return f"Sweep done in {report.duration_ms} ms: {what}."
 

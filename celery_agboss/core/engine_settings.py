@@ -16,6 +16,12 @@ from celery_agboss.core.keys import pseudonym_key_bytes, validate_tenant
 from celery_agboss.core.outbound import OutboundCall, declared_call
 from celery_agboss.errors import ConfigurationError
 
+DEFAULT_TENANT = "default"
+DEFAULT_LEASE_TTL_MS = 30_000
+"""30 s: ``EngineSettings.lease_ttl_ms``'s default, and ``agboss_lease_ttl``'s."""
+DEFAULT_ATTEMPT_TIMEOUT_MS = 120_000
+"""120 s: ``EngineSettings.attempt_timeout_ms``'s default, and ``agboss_attempt_timeout``'s."""
+
 
 class OutboundRegistry(Mapping[str, OutboundCall]):
     """Outbound calls by name: the sweep finds a stranded intent's reconcile here.
@@ -73,9 +79,9 @@ class EngineSettings:
     """The engine's configuration; every worker of one app must agree on all of it."""
 
     pseudonym_key: bytes = field(repr=False)
-    tenant: str = "default"
-    lease_ttl_ms: int = 30_000
-    attempt_timeout_ms: int = 120_000
+    tenant: str = DEFAULT_TENANT
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
+    attempt_timeout_ms: int = DEFAULT_ATTEMPT_TIMEOUT_MS
     registry: Mapping[str, OutboundCall] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

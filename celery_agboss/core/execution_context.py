@@ -26,12 +26,18 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.executions import execution_scope
 from celery_agboss.core.fenced_effects import run_fenced_effect
+from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.inflight import BoundedRun
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
+from celery_agboss.core.log_events import (
+    LEASE_RELEASE_FAILED,
+    LEASE_RELEASE_REFUSED,
+    OUTBOUND_CALL_POSITION_KEYS,
+    log_event,
+)
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.core.protections import (
     CANCEL_NOT_CHECKED_MID_BODY,
@@ -62,8 +68,6 @@ from celery_agboss.errors import (
     StoreError,
 )
 
-logger = logging.getLogger("celery_agboss")
-
 T = TypeVar("T")
 
 
@@ -78,13 +82,13 @@ def _warn_position_keys(call_name: str) -> None:
     if call_name in _warned_position_keys:
         return
     _warned_position_keys.add(call_name)
-    logger.warning(
-        "outbound-call.position-keys: %s is called more than once in one delivery without a "
-        "business key; its calls are keyed by position (#1, #2, …). If the body's loop can "
-        "change between deliveries, give each call a business_key of its own "
-        "(e.g. f'installment:{installment.id}')",
-        call_name,
-        extra={"event": "outbound-call.position-keys", "call": call_name},
+    log_event(
+        OUTBOUND_CALL_POSITION_KEYS,
+        logging.WARNING,
+        "called more than once in one delivery without a business key; its calls are keyed "
+        "by position (#1, #2, …). If the body's loop can change between deliveries, give "
+        "each call a business_key of its own (e.g. f'installment:{installment.id}')",
+        call=call_name,
     )
 
 
@@ -183,6 +187,9 @@ class ExecutionContext:
 
     def outbound(self, call: OutboundCall, request: Any, business_key: str | None = None) -> Any:
         """Send ``request`` through ``call`` exactly once (DESIGN §4); the gateway's result."""
+        # First, as a PaymentTask's outbound() always did: a second call object under a
+        # taken name is refused before this delivery counts anything.
+        self._settings.register(call)
         self._refuse_after_signal()
         self._refuse_inside_an_effect("outbound()")
         occurrence = 1 if business_key is not None else self._next("call", call.name)
@@ -217,7 +224,11 @@ class ExecutionContext:
         try:
             with self._stop_on_signal():
                 result: T = run_fenced_effect(
-                    self, name, fn, business_key_text=business_key, request=request,
+                    self,
+                    name,
+                    fn,
+                    business_key_text=business_key,
+                    request=request,
                     occurrence=occurrence,
                 )
         finally:
@@ -359,8 +370,7 @@ class ExecutionContext:
         reason = self._cancel_probe(tx)
         if reason is not None:
             raise CancelRequestedError(
-                f"a cancel was requested ({reason}); this delivery sends and writes nothing "
-                "more",
+                f"a cancel was requested ({reason}); this delivery sends and writes nothing more",
                 execution_id=self._execution_id,
                 reason=reason,
             )
@@ -506,16 +516,6 @@ class ExecutionContext:
         with self._lock:
             return [run for run in self._runs if not run.done.is_set()]
 
-    def may_release(self) -> bool:
-        """True when releasing cannot hand over a send still running (R18, R23)."""
-        if sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
-            return True
-        return (
-            self.unsettled_sends() == 0
-            and self.lease.lost_reason is None
-            and self.interrupted is None
-        )
-
     def release(self, releaser: Callable[[LeaseRef], T] | None = None) -> bool:
         """Release the lease unless a send under it may still be running; True if released.
 
@@ -534,13 +534,12 @@ class ExecutionContext:
             if not refused:
                 self._released = True
         if refused:
-            logger.warning(
-                "lease.release-refused: a send under this lease may still be running",
-                extra={
-                    "event": "lease.release-refused",
-                    "execution_id": self._execution_id,
-                    "unsettled": running,
-                },
+            log_event(
+                LEASE_RELEASE_REFUSED,
+                logging.WARNING,
+                "a send under this lease may still be running",
+                execution_id=self._execution_id,
+                unsettled=running,
             )
             return False
         if self._renewer is not None:
@@ -577,9 +576,11 @@ class ExecutionContext:
         try:
             self.settle_all_and_release()
         except (Exception, StoreError):
-            logger.exception(
-                "lease.release-failed",
-                extra={"event": "lease.release-failed", "execution_id": self._execution_id},
+            log_event(
+                LEASE_RELEASE_FAILED,
+                logging.ERROR,
+                exc_info=True,
+                execution_id=self._execution_id,
             )
 
     def __repr__(self) -> str:

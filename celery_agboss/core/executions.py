@@ -257,18 +257,6 @@ class ExecutionStore(Protocol):
         """Fenced: ``(True, answer)`` once the pause ``<id>:<name>`` was answered; otherwise
         record it PENDING, the execution ``PAUSED``, and ``(False, None)``."""
 
-    def finish(self, lease: LeaseRef, ttl_ms: int, result: str) -> ExecutionRecord:
-        """``finish_in`` in a fenced transaction of its own."""
-
-    def fail(self, lease: LeaseRef, ttl_ms: int, error: str, reason: str = "") -> ExecutionRecord:
-        """``fail_in`` in a fenced transaction of its own."""
-
-    def wait(self, lease: LeaseRef, ttl_ms: int, delay_ms: int, reason: str) -> ExecutionRecord:
-        """``wait_in`` in a fenced transaction of its own."""
-
-    def waiting_operator(self, lease: LeaseRef, ttl_ms: int, reason: str) -> ExecutionRecord:
-        """``waiting_operator_in`` in a fenced transaction of its own."""
-
     def release_delivery(self, lease: LeaseRef, *, will_republish: bool = False) -> ReleaseOutcome:
         """Release the lease and, in the same transaction, read and clear ``wake_requested``:
         ``republish`` when it was set and the execution is not terminal or waiting for an
@@ -289,9 +277,6 @@ class ExecutionStore(Protocol):
         after_id: str | None = None,
     ) -> list[ExecutionRecord]:
         """By id, for operators; ``after_id`` pages."""
-
-    def has_pending_intent(self, execution_id: str) -> bool:
-        """True while the execution owns a PENDING outbound-call intent."""
 
     # --- the sweep ---------------------------------------------------------------------
 
@@ -317,9 +302,6 @@ class ExecutionStore(Protocol):
     def expire_due(self, limit: int) -> list[ExecutionRecord]:
         """``REQUESTED`` or ``WAITING`` executions past ``expires`` with no live lease and
         no PENDING intent become ``EXPIRED``; the ones changed."""
-
-    def find_terminal_before(self, cutoff_ms: int, limit: int) -> list[str]:
-        """Ids of executions terminal since before ``cutoff_ms`` (retention)."""
 
     # --- operators ---------------------------------------------------------------------
 

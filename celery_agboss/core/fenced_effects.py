@@ -6,16 +6,15 @@ record is the answer (after checking the step's name, and the request's fingerpr
 when one was given); otherwise run ``fn(conn)`` on the transaction's connection,
 store its JSON result under the key, and commit both together. A superseded token
 is refused by the fenced transaction itself, before ``fn`` runs. ``fn`` may not end
-the transaction: ``commit()``, ``rollback()`` and ``close()`` on the connection it
-gets raise ``CommitInsideFencedEffectError`` — its writes commit with the record or
-not at all.
+the transaction: the store refuses ``commit()``, ``rollback()`` and ``close()`` on the
+connection it gets (``CommitInsideFencedEffectError``, its guard of every store
+transaction) — its writes commit with the record or not at all.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from celery_agboss.core import sabotage
@@ -28,18 +27,10 @@ from celery_agboss.core.keys import (
     step_key,
     validate_business_key,
 )
-from celery_agboss.core.protections import (
-    COMMIT_INSIDE_FENCED_EFFECT_ALLOWED,
-    RECORD_USE_NOT_NOTED,
-)
+from celery_agboss.core.log_events import FENCED_EFFECT_APPLIED, FENCED_EFFECT_REPLAYED, log_event
+from celery_agboss.core.protections import RECORD_USE_NOT_NOTED
 from celery_agboss.core.store import EFFECT_RECORD, EffectRecord, FencedTransaction, LeaseRef
-from celery_agboss.errors import (
-    CommitInsideFencedEffectError,
-    FencedEffectConflictError,
-    IdempotencyKeyConflictError,
-)
-
-logger = logging.getLogger("celery_agboss")
+from celery_agboss.errors import FencedEffectConflictError, IdempotencyKeyConflictError
 
 MAX_INSERT_ROUNDS = 3
 
@@ -109,7 +100,7 @@ def run_fenced_effect(
                         # Kept while this execution lives (DESIGN §6.3).
                         tx.record_use(EFFECT_RECORD, key, holder.execution_id)
                     return replayed
-                result = _run(fn, tx.connection)
+                result = fn(tx.connection)  # the store refuses an end of tx from fn
                 try:
                     ensure_json(result)
                 except TypeError as exc:
@@ -127,11 +118,7 @@ def run_fenced_effect(
                 )
                 if not inserted:
                     raise _LostInsert()
-            logger.info(
-                "fenced-effect.applied: %s",
-                name,
-                extra={"event": "fenced-effect.applied", **log_ref},
-            )
+            log_event(FENCED_EFFECT_APPLIED, **log_ref)
             return result
         except _LostInsert:
             continue  # the winner's record is read (and replayed) in a new transaction
@@ -162,70 +149,8 @@ def _replay(record: EffectRecord, name: str, wanted: str | None, log_ref: dict[s
             f"fenced effect {name!r} was recorded with another request; nothing was written",
             effect=name,
         )
-    logger.info(
-        "fenced-effect.replayed: %s", name, extra={"event": "fenced-effect.replayed", **log_ref}
-    )
+    log_event(FENCED_EFFECT_REPLAYED, **log_ref)
     return record.result
-
-
-def _run(fn: Callable[[Any], Any], conn: Any) -> Any:
-    if sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
-        return fn(conn)
-    with _refusing_commit(conn) as guarded:
-        return fn(guarded)
-
-
-def _refuse(what: str) -> Callable[..., Any]:
-    def refused(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise CommitInsideFencedEffectError(
-            f"{what}() inside a fenced effect is refused: the effect's writes commit with its "
-            "record, in the transaction that checked the lease. For an ORM session use "
-            "Session(bind=conn, join_transaction_mode='create_savepoint')",
-            method=what,
-        )
-
-    refused.__name__ = what
-    return refused
-
-
-_REFUSED = {name: _refuse(name) for name in ("commit", "rollback", "close")}
-_guarded_classes: dict[type[Any], type[Any]] = {}
-
-
-def _guarded_class(cls: type[Any]) -> type[Any]:
-    guarded = _guarded_classes.get(cls)
-    if guarded is None:
-        guarded = type(f"FencedEffect{cls.__name__}", (cls,), {**_REFUSED, "__module__": __name__})
-        _guarded_classes[cls] = guarded
-    return guarded
-
-
-class _Proxy:
-    """For connections whose class cannot be swapped: forwards everything but the refusals."""
-
-    def __init__(self, conn: Any) -> None:
-        object.__setattr__(self, "_conn", conn)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _REFUSED:
-            return _REFUSED[name].__get__(self)
-        return getattr(object.__getattribute__(self, "_conn"), name)
-
-
-@contextmanager
-def _refusing_commit(conn: Any) -> Iterator[Any]:
-    """The same connection object, its class swapped for one that refuses to end the
-    transaction — so the ORM (which checks it is a real ``Connection``) still accepts it."""
-    original = type(conn)
-    try:
-        conn.__class__ = _guarded_class(original)
-    except TypeError:
-        yield _Proxy(conn)
-        return
-    try:
-        yield conn
-    finally:
-        conn.__class__ = original
 
 
 __all__ = ["EffectHolder", "effect_key", "run_fenced_effect"]

@@ -21,12 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
-from celery_agboss.core.faults import RENEWER_BEFORE_RENEW, fault_point
+from celery_agboss.core.fault_points import RENEWER_BEFORE_RENEW, fault_point
+from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
+from celery_agboss.core.log_events import (
+    LEASE_RENEWAL_FAILED,
+    LEASE_RENEWER_ROUND_FAILED,
+    log_event,
+)
 from celery_agboss.core.store import LeaseGrant, LeaseRef, RenewOutcome, Store
 from celery_agboss.errors import ExecutionFencedError, StoreError
-
-logger = logging.getLogger("celery_agboss.lease")
 
 SAFETY_MARGIN_SECONDS = 1.0
 """Subtracted from every deadline: the holder stops trusting its lease this much before
@@ -262,10 +265,7 @@ class LeaseRenewer:
             try:
                 result = self.store.renew_leases(refs, ttl_ms)
             except StoreError as exc:
-                logger.warning(
-                    "lease.renewal-failed",
-                    extra={"leases": len(refs), "error": str(exc)},
-                )
+                log_event(LEASE_RENEWAL_FAILED, logging.WARNING, leases=len(refs), error=str(exc))
                 continue
             for handle in group:
                 outcome = result.get(handle.ref, RenewOutcome.LOST)
@@ -314,7 +314,7 @@ class LeaseRenewer:
             try:
                 outcomes = self.renew_now(due)
             except (Exception, StoreError):  # the renewer must outlive any one bad round
-                logger.exception("lease.renewer-round-failed")
+                log_event(LEASE_RENEWER_ROUND_FAILED, logging.ERROR, exc_info=True)
             self._retry_soon(due, outcomes, now)
 
     def _retry_soon(

@@ -24,6 +24,7 @@ from celery_agboss.core.outbound import (
 from celery_agboss.core.protections import NO_KEY_AGE_CHECK
 from celery_agboss.core.store import IntentRecord, IntentStatus, IntentUpdate, LeaseRef
 from celery_agboss.core.transitions import error_detail, mask_result, transaction_id_of
+from celery_agboss.errors import LookupFailed
 
 
 def lookup_of(record: IntentRecord) -> Lookup:
@@ -50,12 +51,6 @@ def max_key_age_ms(call: OutboundCall, attempt_timeout_ms: int) -> int | None:
         return None
     assert call.key_retention_seconds is not None  # OutboundCall refuses the other case
     return round(call.key_retention_seconds * 1000) - attempt_timeout_ms
-
-
-class LookupFailed(Exception):
-    def __init__(self, detail: dict[str, Any]) -> None:
-        super().__init__(detail.get("reason"))
-        self.detail = detail
 
 
 def ask(
@@ -106,7 +101,6 @@ def previous_owner(owner: LeaseRef | None) -> dict[str, Any]:
 
 
 __all__ = [
-    "LookupFailed",
     "ask",
     "completed_update",
     "lookup_of",

@@ -216,8 +216,7 @@ def _copy_masked(value: Any, paths: tuple[_Path, ...]) -> Any:
         return {key: _copy_masked(item, _descend(paths, key)) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [
-            _copy_masked(item, _descend_into_list(paths, index))
-            for index, item in enumerate(value)
+            _copy_masked(item, _descend_into_list(paths, index)) for index, item in enumerate(value)
         ]
     if paths and value is not None:
         return MASK

@@ -1,5 +1,5 @@
 """The public shape of an outbound call: its declaration, what send and reconcile get,
-and what reconcile answers. The state machine that drives them lives in ``engine``.
+and what reconcile answers. The state machine that drives them lives in ``state_machine``.
 """
 
 from __future__ import annotations

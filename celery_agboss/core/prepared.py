@@ -1,7 +1,7 @@
 """What one ``outbound()`` call is before the store is touched, and what the state
 machine needs from the delivery running it.
 
-Shared by the claim (``engine``), the send and settle (``settle``) and the holder's
+Shared by the claim (``state_machine``), the send and settle (``settle``) and the holder's
 reconcile (``reconcile``), which import it rather than each other.
 """
 
@@ -96,7 +96,6 @@ def prepare_call(
     The masking policy fails closed here (``MaskingPolicyError``): nothing is claimed,
     nothing is sent.
     """
-    settings.register(call)
     handle: str | None = None
     if business_key_text is not None:
         validate_business_key(business_key_text)

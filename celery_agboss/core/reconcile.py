@@ -13,11 +13,17 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from celery_agboss.core import faults, sabotage
+from celery_agboss.core import fault_points, sabotage
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.log_events import (
+    OUTBOUND_CALL_RECONCILED,
+    OUTBOUND_CALL_RECONCILING,
+    OUTBOUND_CALL_SUPERSEDED,
+    OUTBOUND_CALL_UNRECONCILED,
+    log_event,
+)
 from celery_agboss.core.lookup import (
-    LookupFailed,
     ask,
     completed_update,
     lookup_of,
@@ -51,13 +57,13 @@ from celery_agboss.core.transitions import (
     append_history,
     cas,
     fault,
-    log_event,
     masked_text,
 )
 from celery_agboss.errors import (
     CancelRequestedError,
     ExecutionFencedError,
     IdempotencyKeyConflictError,
+    LookupFailed,
     OutboundCallOutcomeUnknownError,
     OutboundCallResultNotStoredError,
     OutboundCallUnreconciledError,
@@ -111,11 +117,10 @@ def reconcile_pending(
                 return Resend(attempt + 1)
         raise ExecutionFencedError(**p.ref.fields(attempt=attempt))
     log_event(
+        OUTBOUND_CALL_RECONCILING,
         logging.INFO,
-        "outbound-call.reconciling",
         "asking reconcile before anything is sent",
-        p.ref,
-        attempt=attempt,
+        **p.ref.fields(attempt=attempt),
     )
     context = CallContext(p.idempotency_key, p.request, attempt, p.call.name)
     try:
@@ -126,7 +131,13 @@ def reconcile_pending(
             "reconcile could not be asked; the intent stays pending and will be reconciled again",
             **p.ref.fields(attempt=attempt),
         ) from failed
-    fault(faults.RECONCILE_AFTER_LOOKUP, me, p.ref, attempt=attempt, answer=type(answer).__name__)
+    fault(
+        fault_points.RECONCILE_AFTER_LOOKUP,
+        me,
+        p.ref,
+        attempt=attempt,
+        answer=type(answer).__name__,
+    )
     if isinstance(answer, Completed):
         return _reconciled_completed(holder, p, record, answer.result)
     if isinstance(answer, NotSent):
@@ -146,11 +157,10 @@ def reconcile_pending(
         ),
     )
     log_event(
+        OUTBOUND_CALL_UNRECONCILED,
         logging.WARNING,
-        "outbound-call.unreconciled",
         "reconcile could not tell; nothing sent, an operator decides",
-        p.ref,
-        attempt=attempt,
+        **p.ref.fields(attempt=attempt),
     )
     raise OutboundCallUnreconciledError(
         "reconcile could not tell whether the call reached the gateway; an operator decides",
@@ -160,11 +170,10 @@ def reconcile_pending(
 
 def _superseded(p: PreparedCall, attempt: int) -> ExecutionFencedError:
     log_event(
+        OUTBOUND_CALL_SUPERSEDED,
         logging.WARNING,
-        "outbound-call.superseded",
         "the intent was taken by another holder during reconcile; nothing stored",
-        p.ref,
-        attempt=attempt,
+        **p.ref.fields(attempt=attempt),
     )
     return ExecutionFencedError(**p.ref.fields(attempt=attempt))
 
@@ -195,12 +204,10 @@ def _reconciled_completed(
             return result, Outcome.RECONCILED
         raise _superseded(p, record.attempt)
     log_event(
+        OUTBOUND_CALL_RECONCILED,
         logging.INFO,
-        "outbound-call.reconciled",
         "found at the gateway; nothing sent",
-        p.ref,
-        attempt=record.attempt,
-        gateway_transaction_id=gateway_id,
+        **p.ref.fields(attempt=record.attempt, gateway_transaction_id=gateway_id),
     )
     if record.fingerprint != p.fingerprint and not sabotage.active(FINGERPRINT_NOT_CHECKED):
         raise IdempotencyKeyConflictError(
@@ -301,12 +308,10 @@ def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) 
     if not too_old:
         raise _superseded(p, attempt)
     log_event(
+        OUTBOUND_CALL_UNRECONCILED,
         logging.WARNING,
-        "outbound-call.unreconciled",
         "not sent, but the key may have expired at the gateway: nothing resent",
-        p.ref,
-        attempt=attempt,
-        reason="key-too-old",
+        **p.ref.fields(attempt=attempt, reason="key-too-old"),
     )
     raise OutboundCallUnreconciledError(
         "reconcile found nothing, but the idempotency key is too old to resend safely "
@@ -367,11 +372,10 @@ def _flag(
             )
     if not won:
         log_event(
+            OUTBOUND_CALL_SUPERSEDED,
             logging.WARNING,
-            "outbound-call.superseded",
             "the intent was taken by another holder; nothing stored",
-            ref,
-            attempt=attempt,
+            **ref.fields(attempt=attempt),
         )
         raise ExecutionFencedError(**ref.fields(attempt=attempt))
 

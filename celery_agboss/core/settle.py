@@ -16,10 +16,19 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery_agboss.core import faults, sabotage
+from celery_agboss.core import fault_points, sabotage
 from celery_agboss.core.failures import encode_failure
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.inflight import IN_FLIGHT, BoundedRun, InFlightSend, RunState, run_bounded
+from celery_agboss.core.log_events import (
+    OUTBOUND_CALL_ANSWERED_AFTER_HAND_OVER,
+    OUTBOUND_CALL_FAILED,
+    OUTBOUND_CALL_HISTORY_NOT_WRITTEN,
+    OUTBOUND_CALL_OUTCOME_UNKNOWN,
+    OUTBOUND_CALL_SENT,
+    OUTBOUND_CALL_SUPERSEDED,
+    log_event,
+)
 from celery_agboss.core.outbound import CallContext, Outcome
 from celery_agboss.core.prepared import Holder, PreparedCall
 from celery_agboss.core.protections import (
@@ -34,7 +43,6 @@ from celery_agboss.core.transitions import (
     cas,
     error_detail,
     fault,
-    log_event,
     mask_result,
     masked_text,
     transaction_id_of,
@@ -61,17 +69,16 @@ def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any,
     )
     IN_FLIGHT.begin(entry)
     try:
-        fault(faults.OUTBOUND_BEFORE_SEND, me, p.ref, attempt=attempt)
+        fault(fault_points.OUTBOUND_BEFORE_SEND, me, p.ref, attempt=attempt)
         if not sabotage.active(SEND_WITHOUT_LEASE_CHECK):
             try:
                 holder.assert_can_send()
             except ExecutionFencedError:
                 log_event(
+                    OUTBOUND_CALL_SUPERSEDED,
                     logging.WARNING,
-                    "outbound-call.superseded",
                     "the lease was lost before the send; nothing sent",
-                    p.ref,
-                    attempt=attempt,
+                    **p.ref.fields(attempt=attempt),
                 )
                 raise
         context = CallContext(p.idempotency_key, p.request, attempt, p.call.name)
@@ -97,7 +104,7 @@ def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any,
             if started:
                 holder.send_interrupted(started[0])
             raise
-        fault(faults.OUTBOUND_AFTER_SEND, me, p.ref, attempt=attempt, outcome=state.value)
+        fault(fault_points.OUTBOUND_AFTER_SEND, me, p.ref, attempt=attempt, outcome=state.value)
         if state is RunState.RETURNED:
             result = settle_result(holder, p, attempt, run.result)
             entry.finish(succeeded=True, result=result)
@@ -108,11 +115,10 @@ def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any,
         record_unknown(holder, p, attempt, {"reason": "attempt-timeout"})
         holder.send_overran(run)
         log_event(
+            OUTBOUND_CALL_OUTCOME_UNKNOWN,
             logging.WARNING,
-            "outbound-call.outcome-unknown",
             "the send overran attempt_timeout; the lease is no longer renewed",
-            p.ref,
-            attempt=attempt,
+            **p.ref.fields(attempt=attempt),
         )
         raise OutboundCallOutcomeUnknownError(
             "the send did not answer within attempt_timeout; it will be reconciled",
@@ -127,12 +133,10 @@ def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any,
 def _late_answer_logger(p: PreparedCall, attempt: int) -> Callable[[BoundedRun], None]:
     def on_late(run: BoundedRun) -> None:
         log_event(
+            OUTBOUND_CALL_ANSWERED_AFTER_HAND_OVER,
             logging.WARNING,
-            "outbound-call.answered-after-hand-over",
             "a send that overran attempt_timeout answered; nothing stored",
-            p.ref,
-            attempt=attempt,
-            raised=run.error is not None,
+            **p.ref.fields(attempt=attempt, raised=run.error is not None),
         )
 
     return on_late
@@ -143,7 +147,7 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
     me = holder.lease_ref
     stored_ok, stored = mask_result(p.call, result)
     gateway_id = transaction_id_of(p.call, result)
-    fault(faults.OUTBOUND_BEFORE_SETTLE, me, p.ref, attempt=attempt)
+    fault(fault_points.OUTBOUND_BEFORE_SETTLE, me, p.ref, attempt=attempt)
     mine = False
     try:
         with holder.fenced() as tx:
@@ -185,11 +189,10 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
         return _handed_over(p, attempt, result)
     except StoreError as exc:
         log_event(
+            OUTBOUND_CALL_OUTCOME_UNKNOWN,
             logging.WARNING,
-            "outbound-call.outcome-unknown",
             "the store failed while settling; the intent will be reconciled",
-            p.ref,
-            attempt=attempt,
+            **p.ref.fields(attempt=attempt),
         )
         raise OutboundCallOutcomeUnknownError(
             "the gateway answered but the store failed while recording it; it will be reconciled",
@@ -198,12 +201,10 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
     if not won and not mine:
         return _handed_over(p, attempt, result)
     log_event(
+        OUTBOUND_CALL_SENT,
         logging.INFO,
-        "outbound-call.sent",
         "sent and settled",
-        p.ref,
-        attempt=attempt,
-        gateway_transaction_id=gateway_id,
+        **p.ref.fields(attempt=attempt, gateway_transaction_id=gateway_id),
     )
     if not stored_ok:
         raise OutboundCallResultNotStoredError(
@@ -216,20 +217,18 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
 def _handed_over(p: PreparedCall, attempt: int, result: Any) -> Any:
     """The answer came after the attempt was handed over: stored nowhere, reported (R20)."""
     log_event(
+        OUTBOUND_CALL_ANSWERED_AFTER_HAND_OVER,
         logging.WARNING,
-        "outbound-call.answered-after-hand-over",
         "the attempt was handed over before its answer was stored; nothing stored",
-        p.ref,
-        attempt=attempt,
+        **p.ref.fields(attempt=attempt),
     )
     if sabotage.active(SUPERSEDED_SILENTLY_REPORTED):
         return result
     log_event(
+        OUTBOUND_CALL_SUPERSEDED,
         logging.WARNING,
-        "outbound-call.superseded",
         "this delivery's attempt was superseded",
-        p.ref,
-        attempt=attempt,
+        **p.ref.fields(attempt=attempt),
     )
     raise ExecutionFencedError(
         "the lease was handed over while the call was in flight; the new holder reconciles it",
@@ -250,12 +249,10 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
     if not definite:
         record_unknown(holder, p, attempt, {"reason": "send-raised", **detail})
         log_event(
+            OUTBOUND_CALL_OUTCOME_UNKNOWN,
             logging.WARNING,
-            "outbound-call.outcome-unknown",
             "send raised an error of unknown outcome; it will be reconciled",
-            p.ref,
-            attempt=attempt,
-            error_type=detail["error_type"],
+            **p.ref.fields(attempt=attempt, error_type=detail["error_type"]),
         )
         raise OutboundCallOutcomeUnknownError(
             "send raised an error that is not a definite failure; it will be reconciled",
@@ -293,12 +290,10 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
     if not won:
         _handed_over_error(p, attempt, None)
     log_event(
+        OUTBOUND_CALL_FAILED,
         logging.INFO,
-        "outbound-call.failed",
         "definite failure recorded",
-        p.ref,
-        attempt=attempt,
-        error_type=detail["error_type"],
+        **p.ref.fields(attempt=attempt, error_type=detail["error_type"]),
     )
     holder.failure_raised(p.idempotency_key, attempt)
     raise exc
@@ -306,11 +301,10 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
 
 def _handed_over_error(p: PreparedCall, attempt: int, cause: BaseException | None) -> NoReturn:
     log_event(
+        OUTBOUND_CALL_ANSWERED_AFTER_HAND_OVER,
         logging.WARNING,
-        "outbound-call.answered-after-hand-over",
         "a definite failure arrived after the attempt was handed over; nothing stored",
-        p.ref,
-        attempt=attempt,
+        **p.ref.fields(attempt=attempt),
     )
     raise ExecutionFencedError(
         "the lease was handed over while the call was in flight; the new holder reconciles it",
@@ -339,12 +333,10 @@ def record_unknown(holder: Holder, p: PreparedCall, attempt: int, detail: JSON) 
                 )
     except (ExecutionFencedError, StoreError) as exc:
         log_event(
+            OUTBOUND_CALL_HISTORY_NOT_WRITTEN,
             logging.WARNING,
-            "outbound-call.history-not-written",
             "the unknown outcome could not be recorded in history; the intent stays PENDING",
-            p.ref,
-            attempt=attempt,
-            error_type=type(exc).__name__,
+            **p.ref.fields(attempt=attempt, error_type=type(exc).__name__),
         )
 
 

@@ -15,10 +15,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery_agboss.core import faults, sabotage
+from celery_agboss.core import fault_points, sabotage
 from celery_agboss.core.failures import rebuild_failure
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.inflight import IN_FLIGHT, InFlightSend
+from celery_agboss.core.log_events import (
+    OUTBOUND_CALL_FAILURE_REPLAYED,
+    OUTBOUND_CALL_JOINED,
+    OUTBOUND_CALL_REPLAYED,
+    log_event,
+)
 from celery_agboss.core.outbound import Outcome
 from celery_agboss.core.prepared import Holder, PreparedCall, Resend, prepare_call
 from celery_agboss.core.protections import (
@@ -38,7 +44,7 @@ from celery_agboss.core.store import (
     IntentUpdate,
     NewIntent,
 )
-from celery_agboss.core.transitions import append_history, cas, fault, log_event
+from celery_agboss.core.transitions import append_history, cas, fault
 from celery_agboss.errors import (
     IdempotencyKeyConflictError,
     OutboundCallFailureNotReplayableError,
@@ -57,7 +63,10 @@ def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
     for round_ in range(MAX_CLAIM_ROUNDS):
         record = _read(holder, p.idempotency_key, check_cancel=round_ == 0)
         fault(
-            faults.OUTBOUND_AFTER_READ, me, p.ref, status=None if record is None else record.status
+            fault_points.OUTBOUND_AFTER_READ,
+            me,
+            p.ref,
+            status=None if record is None else record.status,
         )
         if record is None:
             if _insert(holder, p):
@@ -174,11 +183,10 @@ def _replay(p: PreparedCall, record: IntentRecord) -> tuple[Any, Outcome]:
             **p.ref.fields(attempt=record.attempt),
         )
     log_event(
+        OUTBOUND_CALL_REPLAYED,
         logging.INFO,
-        "outbound-call.replayed",
         "stored result returned",
-        p.ref,
-        attempt=record.attempt,
+        **p.ref.fields(attempt=record.attempt),
     )
     return record.result, Outcome.REPLAYED
 
@@ -199,11 +207,10 @@ def _replayed_failure(p: PreparedCall, record: IntentRecord) -> BaseException:
             **p.ref.fields(attempt=record.attempt),
         )
     log_event(
+        OUTBOUND_CALL_FAILURE_REPLAYED,
         logging.INFO,
-        "outbound-call.failure-replayed",
         "an earlier delivery went past this definite failure: raised again, not resent",
-        p.ref,
-        attempt=record.attempt,
+        **p.ref.fields(attempt=record.attempt),
     )
     return failure
 
@@ -251,11 +258,10 @@ def _join(p: PreparedCall, running: InFlightSend) -> tuple[Any, Outcome] | None:
         )
     if running.wait():
         log_event(
+            OUTBOUND_CALL_JOINED,
             logging.INFO,
-            "outbound-call.joined",
             "joined the send in flight",
-            p.ref,
-            attempt=running.attempt,
+            **p.ref.fields(attempt=running.attempt),
         )
         return running.result, Outcome.JOINED
     return None  # it ended without a result: the store decides what comes next

@@ -17,11 +17,17 @@ import enum
 import logging
 from typing import Any, Protocol
 
-from celery_agboss.core import faults, sabotage
+from celery_agboss.core import fault_points, sabotage
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.log_events import (
+    OUTBOUND_CALL_LOOKUP_FAILED,
+    OUTBOUND_CALL_NOT_SENT_CONFIRMED,
+    OUTBOUND_CALL_RECONCILED,
+    OUTBOUND_CALL_UNRECONCILED,
+    log_event,
+)
 from celery_agboss.core.lookup import (
-    LookupFailed,
     ask,
     completed_update,
     lookup_of,
@@ -41,9 +47,9 @@ from celery_agboss.core.transitions import (
     append_history,
     cas,
     fault,
-    log_event,
     masked_text,
 )
+from celery_agboss.errors import LookupFailed
 
 LOOKUP_BACKOFF_BASE_MS = 30_000
 LOOKUP_BACKOFF_CAP_MS = 3_600_000
@@ -96,12 +102,10 @@ def reconcile_stranded(
         ref = CallRef(record.name, record.execution_id, idempotency_key, record.business_key_handle)
         if call is None:
             log_event(
+                OUTBOUND_CALL_UNRECONCILED,
                 logging.WARNING,
-                "outbound-call.unreconciled",
                 "no OutboundCall of this name is registered in this process",
-                ref,
-                attempt=record.attempt,
-                reason="unknown-call",
+                **ref.fields(attempt=record.attempt, reason="unknown-call"),
             )
             return StrandedOutcome.UNKNOWN_CALL
         won = cas(
@@ -132,7 +136,13 @@ def reconcile_stranded(
         failure: dict[str, Any] | None = None
     except LookupFailed as failed:
         answer, failure = None, failed.detail
-    fault(faults.RECONCILE_AFTER_LOOKUP, lease, ref, attempt=attempt, answer=type(answer).__name__)
+    fault(
+        fault_points.RECONCILE_AFTER_LOOKUP,
+        lease,
+        ref,
+        attempt=attempt,
+        answer=type(answer).__name__,
+    )
     return _settle_stranded(store, settings, lease, ttl, record, call, ref, answer, failure, by)
 
 
@@ -223,35 +233,39 @@ def _settle_stranded(
             )
     if not won:
         return StrandedOutcome.SKIPPED
-    names = {
-        StrandedOutcome.COMPLETED: (
-            "outbound-call.reconciled",
-            f"found at the gateway by a lookup ({by})",
-        ),
-        StrandedOutcome.NOT_SENT_CONFIRMED: (
-            "outbound-call.not-sent-confirmed",
-            f"a lookup ({by}) confirmed it was not sent; the execution's holder resends",
-        ),
-        StrandedOutcome.UNRECONCILED: (
-            "outbound-call.unreconciled",
-            f"a lookup ({by}) could not tell; an operator decides",
-        ),
-        StrandedOutcome.LOOKUP_FAILED: (
-            "outbound-call.lookup-failed",
-            "reconcile could not be asked; looked up again later",
-        ),
-    }
-    event_name, message = names[outcome]
-    level = logging.INFO if outcome is StrandedOutcome.COMPLETED else logging.WARNING
-    log_event(
-        level,
-        event_name,
-        message,
-        ref,
+    fields = ref.fields(
         attempt=attempt,
         by=by,
         **({} if failure is None else {"error_type": failure.get("error_type")}),
     )
+    if outcome is StrandedOutcome.COMPLETED:
+        log_event(
+            OUTBOUND_CALL_RECONCILED,
+            logging.INFO,
+            f"found at the gateway by a lookup ({by})",
+            **fields,
+        )
+    elif outcome is StrandedOutcome.NOT_SENT_CONFIRMED:
+        log_event(
+            OUTBOUND_CALL_NOT_SENT_CONFIRMED,
+            logging.WARNING,
+            f"a lookup ({by}) confirmed it was not sent; the execution's holder resends",
+            **fields,
+        )
+    elif outcome is StrandedOutcome.UNRECONCILED:
+        log_event(
+            OUTBOUND_CALL_UNRECONCILED,
+            logging.WARNING,
+            f"a lookup ({by}) could not tell; an operator decides",
+            **fields,
+        )
+    else:  # StrandedOutcome.LOOKUP_FAILED
+        log_event(
+            OUTBOUND_CALL_LOOKUP_FAILED,
+            logging.WARNING,
+            "reconcile could not be asked; looked up again later",
+            **fields,
+        )
     return outcome
 
 

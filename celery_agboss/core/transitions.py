@@ -1,8 +1,11 @@
 """The pieces every intent transition is made of: one guarded compare-and-set, one
-chained history row in the same transaction, one structured log event.
+chained history row in the same transaction, one structured log event
+(``celery_agboss.core.log_events``).
 
-Shared by the holder's state machine (``engine``) and the sweep's reconcile
-(``reconcile``), so the two can never disagree on what a transition writes.
+Every intent transition is written through here: the holder's state machine
+(``state_machine``, ``settle``), reconcile (``reconcile``, ``stranded``), a cancel's
+``NotSent`` (``cancelled_intents``) and the operator's ``resolve``, so none of them can
+disagree on what a transition writes.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.faults import fault_point
+from celery_agboss.core.fault_points import fault_point
 from celery_agboss.core.history import HistoryEvent, next_history_row
+from celery_agboss.core.log_events import OUTBOUND_CALL_TRANSACTION_ID_FAILED, log_event
 from celery_agboss.core.masking import NO_MASKING, MaskingPolicy
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.protections import INTENT_CAS_WITHOUT_PREDICATE
@@ -25,8 +29,6 @@ from celery_agboss.core.store import (
     LeaseRef,
     StoreTransaction,
 )
-
-logger = logging.getLogger("celery_agboss")
 
 ERROR_TEXT_LIMIT = 500
 """Characters of an error text kept in history: enough to read, too little to hold a dump."""
@@ -50,6 +52,38 @@ def cas(tx: StoreTransaction, key: str, guard: IntentGuard, update: IntentUpdate
         if tx.update_intent(key, loose, update):
             return True
     return False
+
+
+def transition(
+    tx: StoreTransaction,
+    pseudonym_key: bytes,
+    key: str,
+    guard: IntentGuard,
+    update: IntentUpdate,
+    event: HistoryEvent,
+    *,
+    from_status: IntentStatus,
+    to_status: IntentStatus,
+    attempt: int,
+    owner: LeaseRef | None,
+    detail: JSON = None,
+) -> bool:
+    """The guarded compare-and-set and, when it won, its history row; False when it lost
+    (someone else moved the intent first) and nothing was written."""
+    if not cas(tx, key, guard, update):
+        return False
+    append_history(
+        tx,
+        pseudonym_key,
+        key,
+        event,
+        from_status=from_status,
+        to_status=to_status,
+        attempt=attempt,
+        owner=owner,
+        detail=detail,
+    )
+    return True
 
 
 def append_history(
@@ -101,11 +135,12 @@ def transaction_id_of(call: OutboundCall, result: Any) -> str | None:
     try:
         value = call.transaction_id(result)
     except Exception as exc:
-        logger.warning(
-            "transaction_id of %s raised %s; no gateway id recorded",
-            call.name,
-            type(exc).__name__,
-            extra={"event": "outbound-call.transaction-id-failed", "call": call.name},
+        log_event(
+            OUTBOUND_CALL_TRANSACTION_ID_FAILED,
+            logging.WARNING,
+            "transaction_id raised; no gateway id recorded",
+            call=call.name,
+            error=type(exc).__name__,
         )
         return None
     if value is None:
@@ -114,11 +149,12 @@ def transaction_id_of(call: OutboundCall, result: Any) -> str | None:
         text = str(value)[:256]
         text.encode("utf-8")  # a lone surrogate cannot be stored by either database
     except Exception as exc:
-        logger.warning(
-            "transaction_id of %s returned a value that cannot be stored (%s); none recorded",
-            call.name,
-            type(exc).__name__,
-            extra={"event": "outbound-call.transaction-id-failed", "call": call.name},
+        log_event(
+            OUTBOUND_CALL_TRANSACTION_ID_FAILED,
+            logging.WARNING,
+            "transaction_id returned a value that cannot be stored; none recorded",
+            call=call.name,
+            error=type(exc).__name__,
         )
         return None
     if "\x00" in text:  # PostgreSQL text holds no NUL: settle would fail on every try
@@ -172,12 +208,6 @@ class CallRef:
         return out
 
 
-def log_event(level: int, event: str, message: str, ref: CallRef, **more: Any) -> None:
-    """One structured event on the ``celery_agboss`` logger (``extra["event"]`` names it)."""
-    fields = ref.fields(**more)
-    logger.log(level, "%s: %s (%s)", event, message, ref.call, extra={"event": event, **fields})
-
-
 def fault(name: str, lease: LeaseRef, ref: CallRef, **more: object) -> None:
     """A fault point with the context tests filter on: scope, holder, token, key."""
     fault_point(
@@ -198,9 +228,9 @@ __all__ = [
     "cas",
     "error_detail",
     "fault",
-    "log_event",
     "mask_result",
     "masked_text",
     "policy_of",
     "transaction_id_of",
+    "transition",
 ]

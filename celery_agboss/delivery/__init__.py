@@ -5,6 +5,7 @@
 - ``cancelling``: a delivery of an execution with a cancel request reconciles, then
   ends ``CANCELLED``;
 - ``waits``: long waits and retries kept in the store, not the broker;
+- ``verdicts``: what a delivery writes at its end, a closed set;
 - ``outcomes``: how results and failures are kept for a late duplicate;
 - ``time_limits``: the worker's hard time limit, handled as a continuation.
 """

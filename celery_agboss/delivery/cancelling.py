@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from celery_agboss.core.cancelled_intents import CancelledIntent, settle_not_sent_for_cancel
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.core.history import HistoryEvent
-from celery_agboss.core.store import IntentGuard, IntentRecord, IntentStatus, IntentUpdate
+from celery_agboss.core.store import IntentGuard, IntentRecord, IntentStatus
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
-from celery_agboss.core.transitions import append_history
 from celery_agboss.errors import StoreError
-
-if TYPE_CHECKING:
-    from celery_agboss.app import AGBoss
-    from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.runtime import Runtime
 
 logger = logging.getLogger("celery_agboss")
 
@@ -44,14 +41,14 @@ class CancelReadiness(str, enum.Enum):
     OPERATOR = "OPERATOR"  # a lookup could not tell: an operator decides
 
 
-def pending_intents(agboss: AGBoss, execution_id: str) -> list[IntentRecord]:
+def pending_intents(agboss: Runtime, execution_id: str) -> list[IntentRecord]:
     """The execution's pending intents (the one definition: created by it, owned through
     its lease, or held on its behalf), oldest first."""
     records = map(agboss.store.read_intent, agboss.executions.pending_intent_keys(execution_id))
     return [i for i in records if i is not None and i.status is IntentStatus.PENDING]
 
 
-def reconcile_for_cancel(agboss: AGBoss, ctx: ExecutionContext) -> CancelReadiness:
+def reconcile_for_cancel(agboss: Runtime, ctx: ExecutionContext) -> CancelReadiness:
     """Look up every PENDING intent of the execution (never send); how far that got."""
     me = ctx.lease_ref
     ttl_ms = ctx.lease.ttl_ms
@@ -82,7 +79,7 @@ def reconcile_for_cancel(agboss: AGBoss, ctx: ExecutionContext) -> CancelReadine
     return CancelReadiness.SETTLED
 
 
-def cancel_request_of(agboss: AGBoss, execution_id: str) -> str | None:
+def cancel_request_of(agboss: Runtime, execution_id: str) -> str | None:
     """The reason of the execution's cancel request, read now; None when there is none
     (or the store cannot say: the delivery then goes on as it would have)."""
     try:
@@ -108,59 +105,31 @@ def send_revoked_event(task: Any) -> None:
         logger.warning("could not send the task-revoked event", exc_info=True)
 
 
-def _settle_not_sent(agboss: AGBoss, ctx: ExecutionContext, key: str) -> CancelReadiness:
+def _settle_not_sent(agboss: Runtime, ctx: ExecutionContext, key: str) -> CancelReadiness:
     """After a ``NotSent`` (the intent handed back with no owner), under this delivery's
-    lease and with its history row: ``FAILED`` when the call's lookup proves absence,
-    else flagged for an operator (the payment may exist)."""
-    settings = agboss.engine_settings
+    lease: the one rule of ``settle_not_sent_for_cancel``."""
     with ctx.fenced() as tx:
         intent = tx.read_intent(key)
         if intent is None or intent.status is not IntentStatus.PENDING:
             return CancelReadiness.SETTLED if intent is not None else CancelReadiness.LATER
         if not intent.not_sent_confirmed or intent.owner is not None:
             return CancelReadiness.LATER
-        guard = IntentGuard(IntentStatus.PENDING, intent.attempt, None)
-        call = settings.call_named(intent.name)
-        if call is None or not call.lookup_proves_absence:
-            flagged = tx.update_intent(
-                key,
-                guard,
-                IntentUpdate(
-                    needs_operator=True,
-                    operator_reason="cancel requested; reconcile answered NotSent, which does "
-                    "not prove the gateway never processed it: check the gateway, then "
-                    "`agboss resolve`",
-                ),
-            )
-            if flagged:
-                append_history(
-                    tx,
-                    settings.pseudonym_key,
-                    key,
-                    HistoryEvent.UNRECONCILED,
-                    from_status=IntentStatus.PENDING,
-                    to_status=IntentStatus.PENDING,
-                    attempt=intent.attempt,
-                    owner=ctx.lease_ref,
-                    detail={"by": RECONCILED_BY, "why": "cancel requested; absence not proven"},
-                )
-            return CancelReadiness.OPERATOR if flagged else CancelReadiness.LATER
-        won = tx.update_intent(
-            key, guard, IntentUpdate(status=IntentStatus.FAILED, clear_next_lookup=True)
+        ended = settle_not_sent_for_cancel(
+            tx,
+            agboss.engine_settings,
+            intent,
+            IntentGuard(IntentStatus.PENDING, intent.attempt, None),
+            by=RECONCILED_BY,
+            actor=ctx.lease_ref,
         )
-        if won:
-            append_history(
-                tx,
-                settings.pseudonym_key,
-                key,
-                HistoryEvent.NOT_SENT_PROVEN,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.FAILED,
-                attempt=intent.attempt,
-                owner=ctx.lease_ref,
-                detail={"by": RECONCILED_BY, "why": "cancel requested; reconcile proved not sent"},
-            )
-        return CancelReadiness.SETTLED if won else CancelReadiness.LATER
+    return _READINESS_AFTER[ended]
+
+
+_READINESS_AFTER = {
+    CancelledIntent.FAILED: CancelReadiness.SETTLED,
+    CancelledIntent.FLAGGED: CancelReadiness.OPERATOR,
+    CancelledIntent.LOST: CancelReadiness.LATER,
+}
 
 
 __all__ = [

@@ -20,9 +20,7 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
-from celery_agboss.app import AGBoss
 from celery_agboss.core import sabotage
-from celery_agboss.core.clock import SYSTEM_CLOCK
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import (
     DeliveryStart,
@@ -31,38 +29,9 @@ from celery_agboss.core.executions import (
     ReleaseOutcome,
     StartKind,
 )
+from celery_agboss.core.holder_clocks import SYSTEM_CLOCK
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
-from celery_agboss.core.protections import RELEASE_WITH_UNSETTLED_ATTEMPT
-from celery_agboss.core.store import LeaseRef
-from celery_agboss.delivery.cancelling import (
-    CancelReadiness,
-    cancel_request_of,
-    reconcile_for_cancel,
-    send_revoked_event,
-)
-from celery_agboss.delivery.outcomes import decode_error, decode_result, encode_error, encode_result
-from celery_agboss.delivery.waits import (
-    PACKAGE_RETRY_BUDGET,
-    LongWaitRequested,
-    RetryNotPublished,
-    message_after_wait,
-    own_retries,
-    seconds_until,
-)
-from celery_agboss.errors import (
-    AGBossSignal,
-    CancelRequestedError,
-    ExecutionFencedError,
-    ExecutionIdConflictError,
-    OutboundCallFailureNotReplayableError,
-    OutboundCallInFlightError,
-    OutboundCallResultNotStoredError,
-    OutboundCallUnreconciledError,
-    ResultNotStorableError,
-    StoredFailureError,
-    StoreError,
-)
-from celery_agboss.events import (
+from celery_agboss.core.log_events import (
     EXECUTION_CANCELLED,
     EXECUTION_CANCELLING,
     EXECUTION_COMPLETED,
@@ -79,6 +48,43 @@ from celery_agboss.events import (
     EXECUTION_TAKEN_OVER,
     EXECUTION_WAITING,
     EXECUTION_WAITING_OPERATOR,
+    log_event,
+)
+from celery_agboss.core.protections import RELEASE_WITH_UNSETTLED_ATTEMPT
+from celery_agboss.core.store import LeaseRef
+from celery_agboss.delivery.cancelling import (
+    CancelReadiness,
+    cancel_request_of,
+    reconcile_for_cancel,
+    send_revoked_event,
+)
+from celery_agboss.delivery.outcomes import decode_error, decode_result, encode_error, encode_result
+from celery_agboss.delivery.verdicts import Cancel, Fail, Finish, ForOperator, Verdict, Wait
+from celery_agboss.delivery.waits import (
+    PACKAGE_RETRY_BUDGET,
+    message_after_wait,
+    own_retries,
+    seconds_until,
+)
+from celery_agboss.errors import (
+    AGBossSignal,
+    CancelRequestedError,
+    ExecutionFencedError,
+    ExecutionIdConflictError,
+    LongWaitRequested,
+    OutboundCallFailureNotReplayableError,
+    OutboundCallInFlightError,
+    OutboundCallResultNotStoredError,
+    OutboundCallUnreconciledError,
+    PauseRequested,
+    ResultNotStorableError,
+    RetryNotPublished,
+    StoredFailureError,
+    StoreError,
+)
+from celery_agboss.messages import message_from_request
+from celery_agboss.runtime import Runtime
+from celery_agboss.task_events import (
     TASK_DEFERRED,
     TASK_FENCED,
     TASK_PARKED,
@@ -88,10 +94,8 @@ from celery_agboss.events import (
     TASK_REPLAYED,
     TASK_UNRECONCILED,
     TASK_WAITING,
-    log_event,
     send_agboss_event,
 )
-from celery_agboss.messages import message_from_request
 
 REPLAY_SENDS_LINKS = sabotage.register("replay-sends-links")
 """Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
@@ -133,18 +137,10 @@ CONTEXT_ATTRIBUTE = "agboss_context"
 per-thread (a threads pool runs several deliveries of one task instance at once)."""
 
 
-class PauseRequested(BaseException):
-    """``self.pause()`` ends the delivery here; not an application failure."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
-
-
 class Delivery:
     """The life of one delivery; made and run by ``PaymentTask.__call__``."""
 
-    def __init__(self, task: Any, agboss: AGBoss, request: Any) -> None:
+    def __init__(self, task: Any, agboss: Runtime, request: Any) -> None:
         self.task = task
         self.agboss = agboss
         self.request = request
@@ -262,8 +258,12 @@ class Delivery:
                     raise
                 # What the completing delivery gave the result backend stands: a duplicate
                 # never writes FAILURE over SUCCESS, nor fires link_error.
-                self._log(EXECUTION_REPLAYED, logging.WARNING, state=record.state.value,
-                          reason="result not stored: the result backend keeps what it has")
+                self._log(
+                    EXECUTION_REPLAYED,
+                    logging.WARNING,
+                    state=record.state.value,
+                    reason="result not stored: the result backend keeps what it has",
+                )
                 raise Ignore() from None
         if record.state is ExecutionState.FAILED:
             if record.links_dispatched and not resend:
@@ -285,7 +285,7 @@ class Delivery:
         except Reject as exc:
             self._rejected(exc)
         except Ignore:
-            self._verdict("finish", result=encode_result(None))
+            self._verdict(Finish(encode_result(None)))
             self._release()
             raise
         except PauseRequested as exc:
@@ -321,7 +321,7 @@ class Delivery:
         means it — ``FAILED`` (``WAITING_OPERATOR`` while an intent is pending), never
         brought back by the sweep until it is ``PARKED``."""
         if exc.requeue or sabotage.active(REJECT_WAITS_FOR_THE_SWEEP):
-            self._verdict("wait", delay_ms=0, reason="rejected, requeued")
+            self._verdict(Wait(0, "rejected, requeued"))
             self._release()
             raise exc
         reason = exc.reason if isinstance(exc.reason, BaseException) else exc
@@ -335,7 +335,7 @@ class Delivery:
             # Refused before anything is recorded as done: a duplicate could not return it.
             self._failed(exc)
             raise exc from None
-        record = self._verdict("finish", result=encoded)
+        record = self._verdict(Finish(encoded))
         self._release()
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             # A divergence, or an intent still pending: never silently COMPLETED.
@@ -362,7 +362,7 @@ class Delivery:
         if self._cancel_requested_now():
             self._cancel()
         error = encode_error(exc, self._context().mask_error_text)
-        record = self._verdict("fail", error=error, reason=type(exc).__name__)
+        record = self._verdict(Fail(error, type(exc).__name__))
         self._release()
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc).__name__)
@@ -377,7 +377,7 @@ class Delivery:
         counts it lost; a wake re-publishes that message (it was consumed) at its ETA.
         """
         delay = seconds_until(exc.when)
-        self._verdict("wait", delay_ms=self._sweep_after_ms(delay), reason="retry")
+        self._verdict(Wait(self._sweep_after_ms(delay), "retry"))
         self._log(EXECUTION_WAITING, reason="retry", delay=delay)
         self._release()
         raise exc
@@ -388,10 +388,13 @@ class Delivery:
         countdown is over (no message is on its way); this one is acknowledged, nothing
         says FAILURE."""
         message = message_after_wait(self.task.name, self.request, exc)
-        self._verdict("wait", delay_ms=round(exc.delay_seconds * 1000),
-                      reason="retry not published", message=message)
-        self._log(EXECUTION_WAITING, logging.WARNING, reason="retry not published",
-                  error=type(exc.cause).__name__)
+        self._verdict(Wait(round(exc.delay_seconds * 1000), "retry not published", message))
+        self._log(
+            EXECUTION_WAITING,
+            logging.WARNING,
+            reason="retry not published",
+            error=type(exc.cause).__name__,
+        )
         self._release()
         self._event(TASK_WAITING, reason="retry not published")
         raise Ignore() from None
@@ -401,7 +404,7 @@ class Delivery:
         the message the sweep publishes then; nothing waits in the broker."""
         message = message_after_wait(self.task.name, self.request, wait)
         delay_ms = round(wait.delay_seconds * 1000)
-        self._verdict("wait", delay_ms=delay_ms, reason="retry", message=message)
+        self._verdict(Wait(delay_ms, "retry", message))
         self._log(EXECUTION_WAITING, reason="retry", delay=wait.delay_seconds)
         self._release()
         self._event(TASK_WAITING, reason="retry", delay=wait.delay_seconds)
@@ -413,7 +416,7 @@ class Delivery:
         delay = self.settings.lease_ttl_seconds if in_flight else self.settings.retry_delay_seconds
         settled = self._settle_sends()
         if settled:
-            self._verdict("wait", delay_ms=self._sweep_after_ms(delay), reason=type(exc).__name__)
+            self._verdict(Wait(self._sweep_after_ms(delay), type(exc).__name__))
         else:
             # A send may still be running: the lease is left to expire; start after it.
             delay = max(delay, self.settings.lease_ttl_seconds + 1)
@@ -453,7 +456,7 @@ class Delivery:
 
     def _for_operator(self, exc: AGBossSignal) -> NoReturn:
         self._settle_sends()
-        self._verdict("operator", reason=f"{type(exc).__name__}: {exc}")
+        self._verdict(ForOperator(f"{type(exc).__name__}: {exc}"))
         self._release()
         self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=type(exc).__name__)
         self._event(TASK_UNRECONCILED, reason=type(exc).__name__)
@@ -470,7 +473,7 @@ class Delivery:
         except StoreError as exc:
             self._store_failed(exc)
         if readiness is CancelReadiness.SETTLED:
-            record = self._verdict("cancel", reason=self.cancel_reason)
+            record = self._verdict(Cancel(self.cancel_reason))
             if record is not None and record.state is ExecutionState.CANCELLED:
                 self._release()
                 self._log(EXECUTION_CANCELLED, reason=self.cancel_reason)
@@ -484,7 +487,7 @@ class Delivery:
                 raise Ignore()
             readiness = CancelReadiness.LATER  # an intent appeared meanwhile: look again
         if readiness is CancelReadiness.OPERATOR:
-            self._verdict("operator", reason="cancel requested; a lookup could not tell")
+            self._verdict(ForOperator("cancel requested; a lookup could not tell"))
             self._release()
             self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason="cancel-unreconciled")
             self._event(TASK_UNRECONCILED, reason="cancel requested; a lookup could not tell")
@@ -497,7 +500,7 @@ class Delivery:
             self._event(TASK_WAITING, reason="cancel requested; own attempt pending")
             raise Ignore()
         delay = self.settings.retry_delay_seconds
-        self._verdict("wait", delay_ms=self._sweep_after_ms(delay), reason="cancel requested")
+        self._verdict(Wait(self._sweep_after_ms(delay), "cancel requested"))
         self._log(EXECUTION_WAITING, reason="cancel requested; an intent is not settled yet")
         self._wait_then_retry(delay, release=True, reason="cancel-requested")
 
@@ -554,7 +557,7 @@ class Delivery:
 
     # --- writes -----------------------------------------------------------------------
 
-    def _verdict(self, kind: str, **values: Any) -> ExecutionRecord | None:
+    def _verdict(self, verdict: Verdict) -> ExecutionRecord | None:
         """Write the delivery's verdict in a fenced transaction (holder clocks checked first).
 
         A fence turns into ``Ignore`` (nothing stored); a store error leaves the lease to
@@ -564,18 +567,7 @@ class Delivery:
         ctx = self._context()
         try:
             with ctx.fenced() as tx:
-                if kind == "finish":
-                    ctx.pass_failures(tx)
-                    return executions.finish_in(tx, values["result"], ctx.reached_keys())
-                if kind == "fail":
-                    return executions.fail_in(tx, values["error"], values["reason"])
-                if kind == "wait":
-                    return executions.wait_in(
-                        tx, values["delay_ms"], values["reason"], values.get("message")
-                    )
-                if kind == "cancel":
-                    return executions.cancel_in(tx, values["reason"])
-                return executions.waiting_operator_in(tx, values["reason"])
+                return verdict.write_in(executions, ctx, tx)
         except ExecutionFencedError as exc:
             self._fenced(exc)
         except StoreError as exc:
@@ -602,7 +594,9 @@ class Delivery:
             ctx.release(self._releaser(captured, will_republish=will_republish))
         except StoreError as exc:
             self._log(
-                EXECUTION_RELEASE_FAILED, logging.WARNING, step="release",
+                EXECUTION_RELEASE_FAILED,
+                logging.WARNING,
+                step="release",
                 error=type(exc).__name__,
             )
             return
@@ -640,11 +634,9 @@ class Delivery:
         send_agboss_event(self.task, type_, execution=self.execution_id, **fields)
 
 
-
 __all__ = [
     "CONTEXT_ATTRIBUTE",
     "FENCE_RECORDED_AS_FAILURE",
     "REPLAY_SENDS_LINKS",
     "Delivery",
-    "PauseRequested",
 ]

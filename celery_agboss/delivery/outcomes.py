@@ -40,7 +40,7 @@ def encode_result(value: Any, *, allow_pickle: bool = False) -> str:
         f"the task returned a {kind}, which cannot be stored as JSON"
         + ("" if allow_pickle else ' (nor pickled: result_serializer is not "pickle")')
         + "; nothing was recorded as done. Return JSON (a dict of strings and numbers, e.g. "
-        "the gateway's id), or set result_serializer = \"pickle\"",
+        'the gateway\'s id), or set result_serializer = "pickle"',
         result_type=kind,
     )
 

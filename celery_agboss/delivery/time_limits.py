@@ -20,15 +20,12 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from celery_agboss.core import sabotage
-
-logger = logging.getLogger("celery_agboss")
+from celery_agboss.core.log_events import EXECUTION_TIME_LIMIT, log_event
 
 TIME_LIMIT_FAILS_THE_TASK = sabotage.register("time-limit-fails-the-task")
 """Sabotage: a hard time limit is handled as Celery does it — FAILURE written (unless the
 result backend withholds it), ``on_failure`` and the errbacks run — for an execution
 that will be continued and may already have charged."""
-
-EXECUTION_TIME_LIMIT = "execution.time-limit"
 
 
 class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type information
@@ -39,18 +36,20 @@ class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type infor
             super().on_timeout(soft, timeout)
             return
         task_ready(self)
-        logger.error(
-            "%s execution=%s task=%s limit=%s: the pool process was killed; the message is "
-            "given back, and the next delivery continues the execution once its lease "
-            "expires (nothing is marked FAILURE)",
-            EXECUTION_TIME_LIMIT, self.id, self.name, timeout,
-            extra={"agboss_event": EXECUTION_TIME_LIMIT,
-                   "agboss_fields": {"execution": self.id, "limit": timeout}},
+        log_event(
+            EXECUTION_TIME_LIMIT,
+            logging.ERROR,
+            "the pool process was killed; the message is given back, and the next delivery "
+            "continues the execution once its lease expires (nothing is marked FAILURE)",
+            execution=self.id,
+            task=self.name,
+            limit=timeout,
         )
         self.reject(requeue=True)
 
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
-                   return_ok: bool = False) -> None:
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
         """The pool then reports the killed job as failed with ``TimeLimitExceeded``: the
         message was already given back; nothing else is written."""
         exc = getattr(exc_info, "exception", None)

@@ -15,36 +15,8 @@ from typing import Any
 
 from celery_agboss import messages
 from celery_agboss.core.executions import ExecutionMessage
+from celery_agboss.errors import LongWaitRequested, RetryNotPublished
 from celery_agboss.messages import dumps, loads, message_from_request
-
-
-class LongWaitRequested(BaseException):
-    """``self.retry()`` asked for a wait the broker must not hold; not a failure."""
-
-    def __init__(
-        self, delay_seconds: float, args: Any = None, kwargs: Any = None
-    ) -> None:
-        super().__init__(delay_seconds)
-        self.delay_seconds = delay_seconds
-        self.args_after = args
-        self.kwargs_after = kwargs
-
-
-class RetryNotPublished(BaseException):
-    """A retry's message could not be published (the broker or the store refused it):
-    Celery would turn that into ``Reject(requeue=False)`` — FAILURE in the result backend
-    and the errbacks fired — for an execution that is only waiting. The delivery keeps
-    ``WAITING`` in the store instead; the sweep publishes it."""
-
-    def __init__(
-        self, delay_seconds: float, cause: BaseException, args: Any = None, kwargs: Any = None
-    ) -> None:
-        super().__init__(str(cause))
-        self.delay_seconds = delay_seconds
-        self.cause = cause
-        self.args_after = args
-        self.kwargs_after = kwargs
-
 
 # How many of a message's ``retries`` are celery_agboss's own (an unknown outcome's, a
 # store outage's), not the application's: they never use the application's budget.

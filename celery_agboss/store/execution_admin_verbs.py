@@ -67,9 +67,7 @@ _NOT_RUNNING = [
 def _operator_needed_by(execution_id: str) -> Any:
     """An intent the execution created or used still needs an operator: a PENDING one
     flagged for a person, or a COMPLETED one whose result could not be stored."""
-    used = select(_u.record_key).where(
-        _u.kind == INTENT_RECORD, _u.execution_id == execution_id
-    )
+    used = select(_u.record_key).where(_u.kind == INTENT_RECORD, _u.execution_id == execution_id)
     waiting = or_(
         and_(_i.status == IntentStatus.PENDING.value, _i.needs_operator),
         and_(_i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)),
@@ -102,10 +100,6 @@ class ExecutionAdminVerbs(ExecutionRows):
                 statement = statement.where(_e.id > after_id)
             rows = tx.execute(statement.order_by(_e.id).limit(limit)).all()
             return [record_of(row) for row in rows]
-
-    def has_pending_intent(self, execution_id: str) -> bool:
-        with self.store.read_transaction() as tx:
-            return self._pending_intent(tx, execution_id)
 
     # --- the sweep ---------------------------------------------------------------------
 
@@ -212,16 +206,6 @@ class ExecutionAdminVerbs(ExecutionRows):
                 changed.append(self._require(tx, execution_id))
         return changed
 
-    def find_terminal_before(self, cutoff_ms: int, limit: int) -> list[str]:
-        with self.store.read_transaction() as tx:
-            rows = tx.execute(
-                select(_e.id)
-                .where(_e.state.in_(TERMINAL_VALUES), _e.terminal_at_ms < cutoff_ms)
-                .order_by(_e.terminal_at_ms)
-                .limit(limit)
-            ).all()
-            return [str(row.id) for row in rows]
-
     # --- operators ---------------------------------------------------------------------
 
     def request_cancel(
@@ -274,7 +258,9 @@ class ExecutionAdminVerbs(ExecutionRows):
             if (lease is not None and lease.live) or self._pending_intent(tx, execution_id):
                 return record
             return self._end_cancelled(
-                tx, execution_id, record.cancel_reason or reason,
+                tx,
+                execution_id,
+                record.cancel_reason or reason,
                 payments_handled=payments_handled,
             )
 
@@ -336,9 +322,7 @@ class ExecutionAdminVerbs(ExecutionRows):
                 .where(
                     or_(
                         and_(_i.status == IntentStatus.PENDING.value, _i.needs_operator),
-                        and_(
-                            _i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)
-                        ),
+                        and_(_i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)),
                     ),
                     or_(_i.execution_id == execution_id, _i.idempotency_key.in_(used)),
                 )

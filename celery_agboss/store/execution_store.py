@@ -1,14 +1,14 @@
 """The execution verbs (``core.executions.ExecutionStore``) on SQLAlchemy: the delivery's.
 
 Each verb is one transaction of ``SQLAlchemyStore``. The verdicts a delivery writes
-while it holds the lease (``finish``, ``fail``, ``wait``…) run in a fenced
-transaction — the ``*_in(tx)`` forms take one the caller opened (the
-``ExecutionContext``'s, which also checks the holder's own clocks) — so a
-superseded delivery's verdict is refused in the transaction that would write it.
+while it holds the lease (``finish_in``, ``fail_in``, ``wait_in``…) run in the fenced
+transaction the caller opened (the ``ExecutionContext``'s, which also checks the
+holder's own clocks), so a superseded delivery's verdict is refused in the
+transaction that would write it.
 The execution row is locked first (``FOR UPDATE`` on PostgreSQL; SQLite's
 ``BEGIN IMMEDIATE`` already serialises writers), so two deliveries, or a delivery
 and a sweeper, decide one after the other. The sweep's and operators' verbs are
-in ``executions_admin``.
+in ``execution_admin_verbs``.
 """
 
 from __future__ import annotations
@@ -61,9 +61,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             if record is not None:
                 refuse_another_task(record, message.task_name)
                 if newer_or_same(message, record):
-                    self._set_unless_terminal(
-                        tx, message.execution_id, **message_values(message)
-                    )
+                    self._set_unless_terminal(tx, message.execution_id, **message_values(message))
             return False
 
     def start_delivery(
@@ -152,15 +150,23 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         if unreached:
             names = ", ".join(sorted({name for _, name in unreached}))
             keys = ", ".join(key for key, _ in unreached)
-            reason = (f"{DIVERGENCE}: the body no longer calls {names}; an earlier delivery "
-                      f"did, and it may have charged ({keys})")
+            reason = (
+                f"{DIVERGENCE}: the body no longer calls {names}; an earlier delivery "
+                f"did, and it may have charged ({keys})"
+            )
         elif self._pending_intent(t, execution_id):
             reason = "completed while an outbound call of it is pending"
         else:
             self._terminal(t, execution_id, ExecutionState.COMPLETED, result=result, reason=None)
             return self._require(t, execution_id)
-        self._set(t, execution_id, state=ExecutionState.WAITING_OPERATOR.value,
-                  not_before_ms=None, result=result, reason=reason[:1000])
+        self._set(
+            t,
+            execution_id,
+            state=ExecutionState.WAITING_OPERATOR.value,
+            not_before_ms=None,
+            result=result,
+            reason=reason[:1000],
+        )
         return self._require(t, execution_id)
 
     def _unreached(
@@ -175,8 +181,11 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             )
         ).all()
         wanted = set(reached)
-        return [(str(r.idempotency_key), str(r.name)) for r in rows
-                if str(r.idempotency_key) not in wanted]
+        return [
+            (str(r.idempotency_key), str(r.name))
+            for r in rows
+            if str(r.idempotency_key) not in wanted
+        ]
 
     def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
         """``FAILED`` with the stored failure — unless the execution owns a PENDING intent:
@@ -292,29 +301,9 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         )
         return False, None
 
-    # --- the same verdicts, each in its own fenced transaction ----------------------------
-
-    def finish(self, lease: LeaseRef, ttl_ms: int, result: str) -> ExecutionRecord:
-        with self.store.fenced(lease, ttl_ms) as tx:
-            return self.finish_in(tx, result)
-
-    def fail(self, lease: LeaseRef, ttl_ms: int, error: str, reason: str = "") -> ExecutionRecord:
-        with self.store.fenced(lease, ttl_ms) as tx:
-            return self.fail_in(tx, error, reason)
-
-    def wait(self, lease: LeaseRef, ttl_ms: int, delay_ms: int, reason: str) -> ExecutionRecord:
-        with self.store.fenced(lease, ttl_ms) as tx:
-            return self.wait_in(tx, delay_ms, reason)
-
-    def waiting_operator(self, lease: LeaseRef, ttl_ms: int, reason: str) -> ExecutionRecord:
-        with self.store.fenced(lease, ttl_ms) as tx:
-            return self.waiting_operator_in(tx, reason)
-
     # --- the end of a delivery ---------------------------------------------------------------
 
-    def release_delivery(
-        self, lease: LeaseRef, *, will_republish: bool = False
-    ) -> ReleaseOutcome:
+    def release_delivery(self, lease: LeaseRef, *, will_republish: bool = False) -> ReleaseOutcome:
         with self.store.transaction() as tx:
             record = self._read(tx, lease.scope, lock=True)
             released = tx.release_lease(lease)

@@ -308,9 +308,7 @@ def lock_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState 
     )
 
 
-def owner_locked_or_live_txn(
-    conn: Connection, owner: LeaseRef, *, offset_ms: int = 0
-) -> bool:
+def owner_locked_or_live_txn(conn: Connection, owner: LeaseRef, *, offset_ms: int = 0) -> bool:
     """For a compare-and-set that requires an intent's owner to be dead: True when the
     owner's lease row is locked by a running transaction (PostgreSQL; so live), which
     the guard's own ``NOT EXISTS`` on committed rows cannot see. The row stays locked by
@@ -318,9 +316,7 @@ def owner_locked_or_live_txn(
     if not is_postgresql(conn) or sabotage.active(LEASE_DECISION_ON_COMMITTED_READ):
         return False
     mine = _is_mine(owner)
-    locked = conn.execute(
-        select(_c.scope).where(mine).with_for_update(skip_locked=True)
-    ).first()
+    locked = conn.execute(select(_c.scope).where(mine).with_for_update(skip_locked=True)).first()
     if locked is not None:
         return False
     exists = conn.execute(select(_c.scope).where(mine)).first()

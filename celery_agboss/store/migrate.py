@@ -11,6 +11,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import URL, Connection, Engine
 
 from celery_agboss.store.databases import create_store_engine
@@ -50,8 +51,6 @@ def _upgrade(engine: Engine, revision: str) -> None:
 
 def current_revision(url: str | URL | Engine) -> str | None:
     """The revision the database is at, or None when it was never migrated."""
-    from alembic.runtime.migration import MigrationContext
-
     engine = url if isinstance(url, Engine) else create_store_engine(url)
     try:
         with translated(), engine.connect() as conn:

@@ -70,9 +70,7 @@ def delete_uses_txn(conn: Connection, kind: str, record_keys: Sequence[str]) -> 
     keys = list(record_keys)
     if not keys:
         return 0
-    result = conn.execute(
-        delete(record_uses).where(_u.kind == kind, _u.record_key.in_(keys))
-    )
+    result = conn.execute(delete(record_uses).where(_u.kind == kind, _u.record_key.in_(keys)))
     return int(result.rowcount)
 
 

@@ -19,7 +19,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.faults import (
+from celery_agboss.core.fault_points import (
     FENCED_AFTER_CHECK,
     FENCED_AFTER_COMMIT,
     FENCED_BEFORE_BEGIN,
@@ -127,7 +127,7 @@ class SQLAlchemyStore:
         it then raises ``StoreLockTimeoutError`` and its connection is thrown away.
         """
         with translated():
-            conn = self.engine.connect()
+            conn: Connection = _StoreConnection(self.engine)  # what engine.connect() makes
         guard = _CommitGuard(conn)
         watch: FencedWatch | None = None
         try:
@@ -342,34 +342,77 @@ def _fenced(lease: LeaseRef) -> ExecutionFencedError:
 
 
 class _CommitGuard:
-    """Refuses ``commit()``/``rollback()`` on our connection from code run inside the
-    transaction (a fenced effect's ``fn``): its writes must commit with the lease check
-    and the effect's record, or not at all. The refused transaction is rolled back."""
+    """The one guard of the rule that code run inside a store transaction (a fenced
+    effect's ``fn``) may not end it: its writes commit with the lease check and the
+    effect's record, or not at all. Savepoints (an ORM session joined with
+    ``join_transaction_mode='create_savepoint'``) pass.
+
+    ``commit()``, ``rollback()`` and ``close()`` on the connection are refused before
+    they touch the transaction (``_StoreConnection``), so code that catches the refusal
+    goes on in the same open transaction. The connection's ``commit`` and ``rollback``
+    events refuse what reaches the transaction another way (its ``Transaction`` object,
+    an ORM session joined without a savepoint); that refused transaction is rolled back.
+    ``COMMIT`` and its kin sent as SQL text are refused before they run."""
 
     def __init__(self, conn: Connection) -> None:
         self.allowed = True  # until our own BEGIN has succeeded
-        event.listen(conn, "commit", self._check)
-        event.listen(conn, "rollback", self._check)
+        if isinstance(conn, _StoreConnection):
+            conn.agboss_guard = self
+        event.listen(conn, "commit", self._check_commit)
+        event.listen(conn, "rollback", self._check_rollback)
         event.listen(conn, "before_cursor_execute", self._check_statement)
 
-    def _check(self, _conn: Connection) -> None:
+    def refuse(self, method: str) -> None:
+        """Raise ``CommitInsideFencedEffectError`` unless the store itself is ending it."""
         if not self.allowed:
             raise CommitInsideFencedEffectError(
-                "commit() and rollback() are refused inside a store transaction: its writes "
-                "commit with the lease check and the effect's record (use a savepoint, e.g. "
-                "Session(bind=conn, join_transaction_mode='create_savepoint'))"
+                f"{method} inside a store transaction (a fenced effect's fn) is refused: its "
+                "writes commit with the lease check and the effect's record, or not at all. "
+                "For an ORM session use "
+                "Session(bind=conn, join_transaction_mode='create_savepoint')",
+                method=method,
             )
+
+    def _check_commit(self, _conn: Connection) -> None:
+        self.refuse("commit()")
+
+    def _check_rollback(self, _conn: Connection) -> None:
+        self.refuse("rollback()")
 
     def _check_statement(self, conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
         """``COMMIT`` (or ``END``, ``ROLLBACK``, ``BEGIN``) sent as SQL text would end the
         transaction behind SQLAlchemy's back: the writes before it would commit without
         the commit-time lease check and without the effect's record. Savepoints pass."""
-        if (
-            not self.allowed
-            and _ENDS_TRANSACTION.match(statement)
-            and not sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED)
-        ):
-            self._check(conn)
+        if self.allowed or sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
+            return
+        ends = _ENDS_TRANSACTION.match(statement)
+        if ends:
+            self.refuse(f"{ends.group(1).upper()} sent as SQL text")
+
+
+class _StoreConnection(Connection):
+    """The connection of one store transaction: while its ``_CommitGuard`` is closed,
+    ``commit()``, ``rollback()`` and ``close()`` are refused before SQLAlchemy changes
+    anything (an ORM ``Session`` still takes it: it is a ``Connection``)."""
+
+    agboss_guard: _CommitGuard | None = None
+
+    def _refuse(self, method: str) -> None:
+        guard = self.agboss_guard
+        if guard is not None and not sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
+            guard.refuse(method)
+
+    def commit(self) -> None:
+        self._refuse("commit()")
+        super().commit()
+
+    def rollback(self) -> None:
+        self._refuse("rollback()")
+        super().rollback()
+
+    def close(self) -> None:
+        self._refuse("close()")
+        super().close()
 
 
 _ENDS_TRANSACTION = re.compile(

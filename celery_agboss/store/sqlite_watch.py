@@ -33,9 +33,13 @@ from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy.engine import Connection
 
+from celery_agboss.core.log_events import (
+    STORE_SQLITE_FENCED_TRANSACTION_INTERRUPTED,
+    STORE_SQLITE_WATCHDOG_FAILED,
+    STORE_SQLITE_WATCHDOG_ROLLBACK_FAILED,
+    log_event,
+)
 from celery_agboss.errors import CommitInsideFencedEffectError, ConfigurationError
-
-logger = logging.getLogger("celery_agboss.store")
 
 T = TypeVar("T")
 C = TypeVar("C", bound="WatchedCursor")
@@ -114,13 +118,15 @@ class FencedWatch:
             try:
                 sqlite3.Connection.rollback(conn)
             except sqlite3.Error as exc:  # closed meanwhile: nothing holds the lock then
-                logger.warning("store.sqlite-watchdog-rollback-failed", extra={"error": str(exc)})
+                log_event(STORE_SQLITE_WATCHDOG_ROLLBACK_FAILED, logging.WARNING, error=str(exc))
             self.finish()
         finally:
             conn.agboss_guard.release()
-        logger.warning(
-            "store.sqlite-fenced-transaction-interrupted",
-            extra={"bound_ms": self.bound_ms, "ttl_ms": self.ttl_ms},
+        log_event(
+            STORE_SQLITE_FENCED_TRANSACTION_INTERRUPTED,
+            logging.WARNING,
+            bound_ms=self.bound_ms,
+            ttl_ms=self.ttl_ms,
         )
 
     def _interrupt(self, *, first: bool) -> bool:
@@ -378,7 +384,7 @@ class FencedTransactionWatchdog:
                 try:
                     watch.interrupt_and_roll_back()
                 except Exception:  # the watchdog must outlive any one bad connection
-                    logger.exception("store.sqlite-watchdog-failed")
+                    log_event(STORE_SQLITE_WATCHDOG_FAILED, logging.ERROR, exc_info=True)
 
     def _reset_if_forked(self) -> None:
         if self._pid != os.getpid():

@@ -57,9 +57,7 @@ _TERMINAL = [state.value for state in TERMINAL_STATES]
 
 def _execution_lease_live(now: ColumnElement[int], execution_id: Any) -> ColumnElement[bool]:
     """For listings only: a decision re-checks under the lease row's lock."""
-    return exists().where(
-        _l.scope == execution_id, not_(_l.released), _l.expires_at_ms > now
-    )
+    return exists().where(_l.scope == execution_id, not_(_l.released), _l.expires_at_ms > now)
 
 
 # --- ticks: one sweep per tick, however many beats ----------------------------------
@@ -250,9 +248,7 @@ def delete_effects_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) ->
         return RetentionResult(len({str(row.execution_id) for row in rows}), deleted)
 
 
-def delete_terminal_executions_before(
-    store: SQLAlchemyStore, cutoff_ms: int, limit: int
-) -> int:
+def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> int:
     """Execution rows terminal since before ``cutoff_ms`` whose intents and fenced effects
     are gone already (retention keeps those as long as they are needed), with their
     lease row, pauses and uses: history does not grow without bound. The audit trail of
@@ -278,9 +274,7 @@ def delete_terminal_executions_before(
         tx.execute(delete(leases).where(_l.scope.in_(ids), _l.released))
         # A terminal execution's lease was released; one left unreleased (its holder
         # died after the verdict) has expired long ago: gone too.
-        tx.execute(
-            delete(leases).where(_l.scope.in_(ids), _l.expires_at_ms < tx.now_expr())
-        )
+        tx.execute(delete(leases).where(_l.scope.in_(ids), _l.expires_at_ms < tx.now_expr()))
         return int(tx.execute(delete(executions).where(_e.id.in_(ids))).rowcount)
 
 
@@ -310,11 +304,15 @@ def delete_dead_sweeper_leases(store: SQLAlchemyStore, older_than_ms: int, limit
         owned = exists().where(
             _i.owner_scope == _l.scope, _i.owner_holder == _l.holder, _i.owner_token == _l.token
         )
-        scopes = select(_l.scope).where(
-            _l.scope.like(f"{SWEEPER_SCOPE_PREFIX}%"),
-            _l.expires_at_ms < now - older_than_ms,
-            not_(owned),
-        ).limit(limit)
+        scopes = (
+            select(_l.scope)
+            .where(
+                _l.scope.like(f"{SWEEPER_SCOPE_PREFIX}%"),
+                _l.expires_at_ms < now - older_than_ms,
+                not_(owned),
+            )
+            .limit(limit)
+        )
         dead = [str(row.scope) for row in tx.execute(scopes).all()]
         if not dead:
             return 0

@@ -32,34 +32,35 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from celery import signals as celery_signals
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.log_events import (
+    SWEEP_ERROR,
+    SWEEP_FINISHED,
+    SWEEP_QUEUE_NOT_CONSUMED,
+    SWEEP_SKIPPED,
+    SWEEP_STALE,
+    log_event,
+)
 from celery_agboss.errors import StoreError
-from celery_agboss.events import log_event
+from celery_agboss.runtime import Runtime
+from celery_agboss.settings import AGBossSettings
 from celery_agboss.store import sweep_queries as q
 from celery_agboss.sweep.steps import (
-    REDRIVE_WITHOUT_CLAIM,
-    SWEEP_ERROR,
     SweepReport,
     SweepRun,
     effective_interval,
-    send_task_event,
 )
-
-if TYPE_CHECKING:
-    from celery_agboss.app import AGBoss
 
 logger = logging.getLogger("celery_agboss")
 
 SWEEP_TASK_NAME = "celery_agboss.sweep"
+SWEEP_BEAT_ENTRY = SWEEP_TASK_NAME
 DEFAULT_BATCH_SIZE = 200
 STALE_AFTER_INTERVALS = 3
-
-SWEEP_FINISHED = "sweep.finished"
-SWEEP_SKIPPED = "sweep.skipped"
-SWEEP_STALE = "sweep.stale"
-SWEEP_QUEUE_NOT_CONSUMED = "sweep.queue-not-consumed"
 
 SWEEP_WITHOUT_TICK = sabotage.register("sweep-without-tick")
 """Sabotage (trap 10): every beat's sweep runs, even when another already ran this tick."""
@@ -70,7 +71,7 @@ BY_WORKER = "worker"
 
 
 def run_sweep(
-    agboss: AGBoss,
+    agboss: Runtime,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     claim_tick: bool = False,
@@ -116,7 +117,7 @@ def run_sweep(
     return report
 
 
-def _record_finished(agboss: AGBoss, report: SweepReport, interval: float, by: str) -> None:
+def _record_finished(agboss: Runtime, report: SweepReport, interval: float, by: str) -> None:
     """``last_sweep_at`` (what workers watch), or, for the workers' own sweeps, a key of
     their own: those must not hide that no beat is running."""
     key = q.LAST_WORKER_SWEEP_KEY if by == BY_WORKER else q.LAST_SWEEP_KEY
@@ -129,7 +130,7 @@ def _record_finished(agboss: AGBoss, report: SweepReport, interval: float, by: s
 
 
 def run_sweep_loop(
-    agboss: AGBoss,
+    agboss: Runtime,
     *,
     interval_seconds: float | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -182,7 +183,7 @@ class SweepFreshness:
     stale: bool
 
 
-def sweep_freshness(agboss: AGBoss) -> SweepFreshness:
+def sweep_freshness(agboss: Runtime) -> SweepFreshness:
     """How long ago the last sweep finished, on the database clock."""
     interval = effective_interval(agboss.settings.sweep_interval_seconds)
     found = agboss.executions.get_meta(q.LAST_SWEEP_KEY)
@@ -202,7 +203,7 @@ STALE_LOG_EVERY_INTERVALS = 10
 """While the sweep stays stale, each worker repeats its warning this seldom."""
 
 
-def check_sweep_freshness(agboss: AGBoss, *, workers_sweep: bool = False) -> SweepFreshness:
+def check_sweep_freshness(agboss: Runtime, *, workers_sweep: bool = False) -> SweepFreshness:
     """Log ``sweep.stale`` (a warning) when the last sweep is older than three intervals:
     no beat is running, or its sweeps never reach a worker."""
     freshness = sweep_freshness(agboss)
@@ -211,7 +212,8 @@ def check_sweep_freshness(agboss: AGBoss, *, workers_sweep: bool = False) -> Swe
             SWEEP_STALE,
             logging.WARNING,
             last_sweep_age_seconds=(
-                None if freshness.last_sweep_age_seconds is None
+                None
+                if freshness.last_sweep_age_seconds is None
                 else round(freshness.last_sweep_age_seconds, 1)
             ),
             interval_seconds=freshness.interval_seconds,
@@ -234,7 +236,7 @@ class _SweepWatch:
     worker started: a fresh deployment's beat gets that long.
     """
 
-    def __init__(self, agboss: AGBoss) -> None:
+    def __init__(self, agboss: Runtime) -> None:
         self.agboss = agboss
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="agboss-sweep-watch", daemon=True)
@@ -277,7 +279,7 @@ class _SweepWatch:
         return ((now_ms // interval_ms + 1) * interval_ms - now_ms) / 1000 + 0.05
 
 
-def _consume_the_sweep_queue(agboss: AGBoss, worker: Any) -> Callable[[], None]:
+def _consume_the_sweep_queue(agboss: Runtime, worker: Any) -> Callable[[], None]:
     """The default worker runs the sweep (DESIGN §6): a worker started without ``-Q``
     consumes the sweep queue too; one whose ``-Q`` leaves it out says so, once. Decided
     at ``worker_init`` (before the consumer starts); what to say is returned, to be said
@@ -306,15 +308,30 @@ def _consume_the_sweep_queue(agboss: AGBoss, worker: Any) -> Callable[[], None]:
     )
 
 
-def install(agboss: AGBoss) -> None:
-    """Called by ``AGBoss(app)``: the ``celery_agboss.sweep`` task, the sweep queue on the
-    default worker, each worker's watch on ``last_sweep_at`` (and its own sweeps while
-    none finishes), and the recording of revokes made from this process."""
-    from celery import signals
+def _install_beat_entry(agboss: Runtime, settings: AGBossSettings) -> None:
+    """The beat entry that sends the sweep every interval (none when it is 0)."""
+    if settings.sweep_interval_seconds <= 0:
+        return
+    schedule = dict(agboss.app.conf.beat_schedule or {})
+    if SWEEP_BEAT_ENTRY in schedule:
+        return
+    interval = settings.sweep_interval_seconds
+    schedule[SWEEP_BEAT_ENTRY] = {
+        "task": SWEEP_TASK_NAME,
+        "schedule": interval,
+        # Its own queue, so it never waits behind the backlog it rescues; a run that
+        # did not start within one interval is dropped (the next one comes).
+        "options": {"queue": settings.sweep_queue, "expires": interval},
+    }
+    agboss.app.conf.beat_schedule = schedule
 
-    from celery_agboss.revokes import install_revoke_recorder
 
+def install(agboss: Runtime) -> None:
+    """Called by ``AGBoss(app)``: the ``celery_agboss.sweep`` task and its beat entry, the
+    sweep queue on the default worker, and each worker's watch on ``last_sweep_at`` (and
+    its own sweeps while none finishes)."""
     app = agboss.app
+    agboss.when_configured(lambda settings: _install_beat_entry(agboss, settings))
 
     @app.task(  # type: ignore[untyped-decorator]
         name=SWEEP_TASK_NAME, shared=False, ignore_result=True
@@ -348,15 +365,14 @@ def install(agboss: AGBoss) -> None:
         for watch in watches:  # a sweep of its own may be running: let it end (bounded)
             watch.thread.join(WATCH_JOIN_SECONDS)
 
-    signals.worker_init.connect(on_worker_init, weak=False)
-    signals.worker_ready.connect(on_worker_ready, weak=False)
-    signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
-    install_revoke_recorder(agboss)
+    celery_signals.worker_init.connect(on_worker_init, weak=False)
+    celery_signals.worker_ready.connect(on_worker_ready, weak=False)
+    celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
 
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
-    "REDRIVE_WITHOUT_CLAIM",
+    "SWEEP_BEAT_ENTRY",
     "SWEEP_TASK_NAME",
     "SWEEP_WITHOUT_TICK",
     "SweepFreshness",
@@ -365,6 +381,5 @@ __all__ = [
     "install",
     "run_sweep",
     "run_sweep_loop",
-    "send_task_event",
     "sweep_freshness",
 ]

@@ -14,35 +14,31 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.cancelled_intents import settle_not_sent_for_cancel
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
-from celery_agboss.core.history import HistoryEvent
-from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
-from celery_agboss.core.store import IntentGuard, IntentStatus, IntentUpdate, LeaseRef
-from celery_agboss.core.transitions import append_history
-from celery_agboss.errors import ExecutionFencedError, StoreError
-from celery_agboss.events import (
+from celery_agboss.core.log_events import (
     EXECUTION_CANCELLED,
+    EXECUTION_EXPIRED,
     EXECUTION_PARKED,
     EXECUTION_WAITING_OPERATOR,
-    TASK_EVENTS,
-    TASK_PARKED,
-    TASK_UNRECONCILED,
+    SWEEP_ERROR,
+    SWEEP_REPUBLISHED,
     log_event,
 )
+from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
+from celery_agboss.core.store import IntentGuard, IntentStatus, LeaseRef
+from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.messages import republish
+from celery_agboss.runtime import Runtime
+from celery_agboss.settings import DEFAULT_SWEEP_INTERVAL_SECONDS
 from celery_agboss.store import sweep_queries as q
+from celery_agboss.task_events import TASK_PARKED, TASK_UNRECONCILED, send_task_event
 
 if TYPE_CHECKING:
-    from celery_agboss.app import AGBoss
     from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 logger = logging.getLogger("celery_agboss")
 
-DEFAULT_INTERVAL_SECONDS = 30.0
-
-SWEEP_REPUBLISHED = "sweep.republished"
-SWEEP_ERROR = "sweep.error"
-EXECUTION_EXPIRED = "execution.expired"
 
 REDRIVE_WITHOUT_CLAIM = sabotage.register("sweep-redrive-without-claim")
 """Sabotage (trap 10): re-publish what the listing found without the compare-and-set
@@ -86,18 +82,31 @@ class SweepReport:
         if not self.ran:
             return {"skipped": self.skipped}
         data = self.as_dict()
-        main = ("republished", "reconciled", "unreconciled", "parked", "expired",
-                "cancelled", "errors")
+        main = (
+            "republished",
+            "reconciled",
+            "unreconciled",
+            "parked",
+            "expired",
+            "cancelled",
+            "errors",
+        )
         short = {name: data[name] for name in main}
-        short.update({k: v for k, v in data.items()
-                      if v and k not in short and k not in ("skipped", "duration_ms")})
+        short.update(
+            {
+                k: v
+                for k, v in data.items()
+                if v and k not in short and k not in ("skipped", "duration_ms")
+            }
+        )
         short["duration_ms"] = self.duration_ms
         return short
+
 
 class SweepRun:
     """One sweep run: the app, its store, the settings, and the sweeper's own lease."""
 
-    def __init__(self, agboss: AGBoss, batch_size: int, report: SweepReport) -> None:
+    def __init__(self, agboss: Runtime, batch_size: int, report: SweepReport) -> None:
         self.agboss = agboss
         self.app = agboss.app
         self.settings = agboss.settings
@@ -117,8 +126,13 @@ class SweepRun:
         for record in self.executions.expire_due(self.batch):
             self.report.expired += 1
             log_event(EXECUTION_EXPIRED, execution=record.id, task=record.task_name)
-            send_task_event(self.app, "task-revoked", record.id, expired=True,
-                            agboss_state=ExecutionState.EXPIRED.value)
+            send_task_event(
+                self.app,
+                "task-revoked",
+                record.id,
+                expired=True,
+                agboss_state=ExecutionState.EXPIRED.value,
+            )
 
     # --- 2. stranded intents ---------------------------------------------------------
 
@@ -136,8 +150,11 @@ class SweepRun:
         for key, execution_id in keys:
             try:
                 outcome = reconcile_stranded(
-                    self.store, settings, key,
-                    sweeper_lease=self.lease, sweeper_ttl_ms=self.lease_ttl_ms,
+                    self.store,
+                    settings,
+                    key,
+                    sweeper_lease=self.lease,
+                    sweeper_ttl_ms=self.lease_ttl_ms,
                 )
             except ExecutionFencedError:
                 # Our own lease was lost (a lookup overran it): stop; the next run goes on.
@@ -146,8 +163,13 @@ class SweepRun:
                 return
             except (Exception, StoreError):
                 self.report.errors += 1
-                log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="reconcile",
-                          execution=execution_id)
+                log_event(
+                    SWEEP_ERROR,
+                    logging.ERROR,
+                    exc_info=True,
+                    step="reconcile",
+                    execution=execution_id,
+                )
                 continue
             self._after_reconcile(outcome, key, execution_id)
 
@@ -169,8 +191,13 @@ class SweepRun:
                 "(celery agboss pending)",
             )
             if moved is not None:
-                send_task_event(self.app, TASK_UNRECONCILED, execution_id,
-                                agboss_state=moved.state.value, by="sweep")
+                send_task_event(
+                    self.app,
+                    TASK_UNRECONCILED,
+                    execution_id,
+                    agboss_state=moved.state.value,
+                    by="sweep",
+                )
         elif outcome is StrandedOutcome.LOOKUP_FAILED:
             report.lookup_failed += 1
         elif outcome is StrandedOutcome.UNKNOWN_CALL:
@@ -191,8 +218,9 @@ class SweepRun:
                 self._cancel_one(execution_id)
             except (Exception, StoreError):
                 self.report.errors += 1
-                log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="cancel",
-                          execution=execution_id)
+                log_event(
+                    SWEEP_ERROR, logging.ERROR, exc_info=True, step="cancel", execution=execution_id
+                )
 
     def _cancel_one(self, execution_id: str) -> None:
         for key in self.executions.pending_intent_keys(execution_id):
@@ -206,8 +234,9 @@ class SweepRun:
                 self._settle_not_sent_for_cancel(key)
         pending = [
             intent
-            for intent in map(self.store.read_intent,
-                              self.executions.pending_intent_keys(execution_id))
+            for intent in map(
+                self.store.read_intent, self.executions.pending_intent_keys(execution_id)
+            )
             if intent is not None
         ]
         record = self.executions.end_cancel_requested(execution_id, "cancel requested")
@@ -216,13 +245,28 @@ class SweepRun:
         if record.state is ExecutionState.CANCELLED:
             self.report.cancelled += 1
             log_event(EXECUTION_CANCELLED, execution=execution_id, task=record.task_name)
-            send_task_event(self.app, "task-revoked", execution_id, terminated=False,
-                            agboss_state=ExecutionState.CANCELLED.value)
+            send_task_event(
+                self.app,
+                "task-revoked",
+                execution_id,
+                terminated=False,
+                agboss_state=ExecutionState.CANCELLED.value,
+            )
         elif record.state is ExecutionState.WAITING_OPERATOR:
-            log_event(EXECUTION_WAITING_OPERATOR, logging.WARNING, execution=execution_id,
-                      task=record.task_name, reason=record.reason)
-            send_task_event(self.app, TASK_UNRECONCILED, execution_id,
-                            agboss_state=record.state.value, reason=record.reason)
+            log_event(
+                EXECUTION_WAITING_OPERATOR,
+                logging.WARNING,
+                execution=execution_id,
+                task=record.task_name,
+                reason=record.reason,
+            )
+            send_task_event(
+                self.app,
+                TASK_UNRECONCILED,
+                execution_id,
+                agboss_state=record.state.value,
+                reason=record.reason,
+            )
         elif any(_needs_operator(i) for i in pending):
             self.executions.move(
                 execution_id,
@@ -232,12 +276,8 @@ class SweepRun:
             )
 
     def _settle_not_sent_for_cancel(self, key: str) -> None:
-        """A cancelled execution never resends. Its intent is settled ``FAILED`` only when
-        reconcile's ``NotSent`` is a proof (``lookup_proves_absence``); a replay-only
-        ``NotSent`` just means a resend under the same key would be safe, so the payment
-        may exist: a person decides (never an ambiguous payment marked failed)."""
-        engine_settings = self.agboss.engine_settings
-        pseudonym_key = engine_settings.pseudonym_key
+        """The one rule of ``settle_not_sent_for_cancel``, for an intent no live lease
+        owns (the sweep acts under none)."""
         with self.store.transaction() as tx:
             intent = tx.read_intent(key)
             if (
@@ -247,40 +287,16 @@ class SweepRun:
                 or intent.needs_operator
             ):
                 return
-            call = engine_settings.call_named(intent.name)
-            if call is None or not call.lookup_proves_absence:
-                flagged = tx.update_intent(
-                    key,
-                    IntentGuard(IntentStatus.PENDING, intent.attempt, intent.owner,
-                                owner_not_live=True),
-                    IntentUpdate(
-                        needs_operator=True,
-                        operator_reason="cancel requested; reconcile answered NotSent, which "
-                        "does not prove the gateway never processed it: check the gateway, "
-                        "then `agboss resolve`",
-                    ),
-                )
-                if flagged:
-                    append_history(
-                        tx, pseudonym_key, key, HistoryEvent.UNRECONCILED,
-                        from_status=IntentStatus.PENDING, to_status=IntentStatus.PENDING,
-                        attempt=intent.attempt, owner=intent.owner,
-                        detail={"by": "sweep", "why": "cancel requested; absence not proven"},
-                    )
-                return
-            won = tx.update_intent(
-                key,
-                IntentGuard(IntentStatus.PENDING, intent.attempt, intent.owner,
-                            owner_not_live=True),
-                IntentUpdate(status=IntentStatus.FAILED, owner=None, clear_next_lookup=True),
+            settle_not_sent_for_cancel(
+                tx,
+                self.agboss.engine_settings,
+                intent,
+                IntentGuard(
+                    IntentStatus.PENDING, intent.attempt, intent.owner, owner_not_live=True
+                ),
+                by="sweep",
+                actor=None,
             )
-            if won:
-                append_history(
-                    tx, pseudonym_key, key, HistoryEvent.NOT_SENT_PROVEN,
-                    from_status=IntentStatus.PENDING, to_status=IntentStatus.FAILED,
-                    attempt=intent.attempt, owner=None,
-                    detail={"by": "sweep", "why": "cancel requested; reconcile proved not sent"},
-                )
 
     # --- 4. re-drive -----------------------------------------------------------------
 
@@ -306,8 +322,9 @@ class SweepRun:
                 self._redrive_one(record, grace_ms, interval_ms)
             except (Exception, StoreError):
                 self.report.errors += 1
-                log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="redrive",
-                          execution=record.id)
+                log_event(
+                    SWEEP_ERROR, logging.ERROR, exc_info=True, step="redrive", execution=record.id
+                )
 
     def _redrive_one(self, record: ExecutionRecord, grace_ms: int, interval_ms: int) -> None:
         if sabotage.active(REDRIVE_WITHOUT_CLAIM):
@@ -319,17 +336,28 @@ class SweepRun:
         else:
             delay = max(2 * interval_ms, self.settings.lease_ttl_ms)
         decision = self.executions.claim_redrive(
-            record.id, record.updated_at_ms, self.settings.max_recovery_attempts,
+            record.id,
+            record.updated_at_ms,
+            self.settings.max_recovery_attempts,
             next_redrive_delay_ms=delay,
         )
         if decision.parked and decision.execution is not None:
             self.report.parked += 1
-            log_event(EXECUTION_PARKED, logging.WARNING, execution=record.id,
-                      task=record.task_name, recovery_count=decision.execution.recovery_count,
-                      by="sweep")
-            send_task_event(self.app, TASK_PARKED, record.id,
-                            agboss_state=ExecutionState.PARKED.value,
-                            recovery_count=decision.execution.recovery_count)
+            log_event(
+                EXECUTION_PARKED,
+                logging.WARNING,
+                execution=record.id,
+                task=record.task_name,
+                recovery_count=decision.execution.recovery_count,
+                by="sweep",
+            )
+            send_task_event(
+                self.app,
+                TASK_PARKED,
+                record.id,
+                agboss_state=ExecutionState.PARKED.value,
+                recovery_count=decision.execution.recovery_count,
+            )
         elif decision.republish and decision.execution is not None:
             self._publish(decision.execution, previous_state=record.state)
 
@@ -344,9 +372,13 @@ class SweepRun:
         republish(self.app, message, not_before_ms=None)
         self.report.republished += 1
         self.report.republished_ids.append(record.id)
-        log_event(SWEEP_REPUBLISHED, execution=record.id, task=record.task_name,
-                  state=(previous_state or record.state).value,
-                  recovery_count=record.recovery_count)
+        log_event(
+            SWEEP_REPUBLISHED,
+            execution=record.id,
+            task=record.task_name,
+            state=(previous_state or record.state).value,
+            recovery_count=record.recovery_count,
+        )
 
     # --- 5. retention ---------------------------------------------------------------
 
@@ -386,31 +418,12 @@ def _needs_operator(intent: Any) -> bool:
 
 
 def effective_interval(configured: float) -> float:
-    return configured if configured > 0 else DEFAULT_INTERVAL_SECONDS
-
-
-# --- events for Flower -------------------------------------------------------------------
-
-
-def send_task_event(app: Any, type_: str, execution_id: str, **fields: Any) -> bool:
-    """A task event about ``execution_id`` sent from outside its task (the sweep, an
-    operator command): Flower files it under that task. Never raises."""
-    if type_ in TASK_EVENTS:
-        fields.setdefault("agboss_event", type_[len("task-"):])
-    try:
-        with app.events.default_dispatcher() as dispatcher:
-            dispatcher.send(type_, uuid=execution_id, **fields)
-    except Exception:
-        logger.debug("could not send the %s event", type_, exc_info=True)
-        return False
-    return True
+    return configured if configured > 0 else DEFAULT_SWEEP_INTERVAL_SECONDS
 
 
 __all__ = [
-    "DEFAULT_INTERVAL_SECONDS",
     "REDRIVE_WITHOUT_CLAIM",
     "SweepReport",
     "SweepRun",
     "effective_interval",
-    "send_task_event",
 ]

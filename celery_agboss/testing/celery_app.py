@@ -27,6 +27,7 @@ from celery import Celery
 from celery import _state as celery_state
 from celery import signals as celery_signals
 from celery.contrib.testing.worker import start_worker
+from celery.worker import state as worker_state
 
 from celery_agboss import signals as agboss_signals
 from celery_agboss.app import AGBoss
@@ -102,8 +103,6 @@ def _wake_until_stopped(app: Celery, worker: Any) -> Callable[[], None]:
     the broker (twice: 4 s per test). A control message to this worker ends each wait
     at once; it is a ``ping`` nobody answers, so it leaves nothing behind.
     """
-    from celery.worker import state as worker_state
-
     worker_state.should_terminate = 0
     done = threading.Event()
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
-from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.durations import to_seconds
+from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
 
 
 class ClockOffsetTarget(Protocol):

@@ -1,4 +1,4 @@
-"""Arm the named fault points of ``core.faults``: pause, raise or sleep where a crash matters.
+"""Arm the named fault points of ``core.fault_points``: pause, raise or sleep where a crash matters.
 
 A race test needs two things at one instant: a zombie's write and a take-over, a
 commit and a connection cut. Production code marks those boundaries with
@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 
-from celery_agboss.core import faults as _core
+from celery_agboss.core import fault_points as _core
 from celery_agboss.core.durations import to_seconds
-from celery_agboss.core.faults import (
+from celery_agboss.core.fault_points import (
     FENCED_AFTER_CHECK,
     FENCED_AFTER_COMMIT,
     FENCED_BEFORE_BEGIN,

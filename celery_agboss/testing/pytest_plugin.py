@@ -139,7 +139,7 @@ def agboss_worker(
             yield worker
         finally:
             fake_gateway.close()
-            if "celery_agboss.core.faults" in sys.modules:
+            if "celery_agboss.core.fault_points" in sys.modules:
                 from celery_agboss.testing.faults import disarm_all
 
                 disarm_all()
@@ -149,7 +149,7 @@ def agboss_worker(
 def _agboss_disarm_fault_points() -> Iterator[None]:
     """A test that armed a fault point and failed must not leave it armed for the next."""
     yield
-    if "celery_agboss.core.faults" in sys.modules:  # nothing to disarm otherwise
+    if "celery_agboss.core.fault_points" in sys.modules:  # nothing to disarm otherwise
         from celery_agboss.testing.faults import disarm_all
 
         disarm_all()

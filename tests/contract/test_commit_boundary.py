@@ -3,16 +3,19 @@
 A fenced transaction extends its lease when it begins and once more right before
 COMMIT: a long effect keeps its lease after it commits (the renewer skipped the
 locked row meanwhile), and a transaction that outlived its lease on the database
-clock commits nothing.
+clock commits nothing. ``COMMIT`` (or ``END``, ``ROLLBACK``, ``BEGIN``) sent as SQL text
+by code inside a store transaction would end it behind SQLAlchemy's back, without that
+check: the store refuses it as it refuses ``Connection.commit()``; savepoints work.
 """
 
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
 
 from celery_agboss.core.sabotage import FENCE_NOT_RECHECKED_AT_COMMIT
 from celery_agboss.core.store import EffectRecord, Store
-from celery_agboss.errors import ExecutionFencedError
+from celery_agboss.errors import CommitInsideFencedEffectError, ExecutionFencedError
 from celery_agboss.testing import VirtualClock, sabotage
 
 TTL_MS = 10_000
@@ -20,8 +23,12 @@ TTL_MS = 10_000
 
 def _effect(scope: str, token: int) -> EffectRecord:
     return EffectRecord(
-        key=f"{scope}:effect", execution_id=scope, name="test.effect", result={"ok": True},
-        token=token, created_at_ms=0,
+        key=f"{scope}:effect",
+        execution_id=scope,
+        name="test.effect",
+        result={"ok": True},
+        token=token,
+        created_at_ms=0,
     )
 
 
@@ -60,3 +67,31 @@ def test_without_the_commit_check_a_transaction_past_its_lease_commits(
         tx.insert_effect(_effect("late", grant.lease.token))
         db_clock.advance(TTL_MS * 1.1 / 1000)
     assert store.read_effect("late:effect") is not None
+
+
+# --- transaction control sent as SQL text ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "statement", ["COMMIT", "  commit;", "END", "ROLLBACK", "BEGIN", "START TRANSACTION"]
+)
+def test_transaction_control_sent_as_text_inside_a_fenced_transaction_is_refused(
+    store: Store, statement: str
+) -> None:
+    grant = store.acquire_lease("sneaky", "holder-a", TTL_MS)
+    assert grant is not None
+    with pytest.raises(CommitInsideFencedEffectError), store.fenced(grant.lease, TTL_MS) as tx:
+        tx.insert_effect(_effect("sneaky", grant.lease.token))
+        tx.connection.exec_driver_sql(statement)
+    assert store.read_effect("sneaky:effect") is None
+
+
+def test_savepoints_sent_as_text_still_work_inside_a_fenced_transaction(store: Store) -> None:
+    grant = store.acquire_lease("savepoint", "holder-a", TTL_MS)
+    assert grant is not None
+    with store.fenced(grant.lease, TTL_MS) as tx:
+        tx.connection.execute(text("SAVEPOINT agboss_review"))
+        tx.insert_effect(_effect("savepoint", grant.lease.token))
+        tx.connection.execute(text("ROLLBACK TO SAVEPOINT agboss_review"))
+        tx.connection.execute(text("RELEASE SAVEPOINT agboss_review"))
+    assert store.read_effect("savepoint:effect") is None

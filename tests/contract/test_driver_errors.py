@@ -32,9 +32,7 @@ DRIVER_ERRORS = (psycopg.Error, sqlite3.Error, sa_exc.SQLAlchemyError)
 TTL_MS = 2_000  # lock timeout ttl/4 = 500 ms on PostgreSQL
 
 
-def _raises_store_error(
-    expected: type[StoreError], action: Callable[[], object]
-) -> StoreError:
+def _raises_store_error(expected: type[StoreError], action: Callable[[], object]) -> StoreError:
     with pytest.raises(StoreError) as caught:
         action()
     assert isinstance(caught.value, expected), repr(caught.value)

@@ -16,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.faults import FENCED_BEFORE_BEGIN
+from celery_agboss.core.fault_points import FENCED_BEFORE_BEGIN
 from celery_agboss.core.store import (
     EffectRecord,
     IntentGuard,

@@ -57,8 +57,9 @@ class PaymentShop:
         gateway = self.gateway
 
         def send(call: CallContext) -> Any:
-            return gateway.charge(call.request["amount"], call.idempotency_key,
-                                  reference=call.request.get("order"))
+            return gateway.charge(
+                call.request["amount"], call.idempotency_key, reference=call.request.get("order")
+            )
 
         def reconcile(call: CallContext, lookup: Lookup) -> Any:
             found = gateway.lookup(lookup.idempotency_key)
@@ -80,8 +81,9 @@ class PaymentShop:
         """``@shop.task()``: a bound ``PaymentTask`` of this app, named after the function."""
 
         def declare(fn: Callable[..., Any]) -> Any:
-            return self.app.task(base=PaymentTask, bind=True, shared=False,
-                                 name=f"shop.{fn.__name__}", **options)(fn)
+            return self.app.task(
+                base=PaymentTask, bind=True, shared=False, name=f"shop.{fn.__name__}", **options
+            )(fn)
 
         return declare
 
@@ -105,10 +107,13 @@ class PaymentShop:
             record = self.agboss.executions.read_execution(execution_id)
             return record if record is not None and record.state.value in states else None
 
+        def now() -> object:
+            return getattr(self.agboss.executions.read_execution(execution_id), "state", None)
+
         found: ExecutionRecord = wait_until(
-            reached, timeout,
-            message=lambda: f"{execution_id} to be {'/'.join(states)} "
-            f"(is {getattr(self.agboss.executions.read_execution(execution_id), 'state', None)})",
+            reached,
+            timeout,
+            message=lambda: f"{execution_id} to be {'/'.join(states)} (is {now()})",
         )
         return found
 
@@ -137,8 +142,7 @@ def shop_config() -> dict[str, Any]:
 @pytest.fixture
 def shop(delivery_store_url: str, shop_config: dict[str, Any]) -> Iterator[PaymentShop]:
     clock = VirtualClock()
-    app = make_test_app(delivery_store_url, clock_offset_source=clock.offset_ms,
-                        config=shop_config)
+    app = make_test_app(delivery_store_url, clock_offset_source=clock.offset_ms, config=shop_config)
     gateway = FakeGateway(clock=clock, hold_timeout=20)
     try:
         yield PaymentShop(app=app, clock=clock, gateway=gateway)

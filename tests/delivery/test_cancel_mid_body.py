@@ -29,15 +29,19 @@ def _revoked_before_the_charge(shop: PaymentShop) -> str:
     def pay(self: Any, order: str) -> Any:
         at_the_step.set()  # e.g. a fraud check before the charge
         assert go_on.wait(20)
-        return self.outbound(charge, {"amount": 1000, "order": order},
-                             business_key=f"order:{order}")
+        return self.outbound(
+            charge, {"amount": 1000, "order": order}, business_key=f"order:{order}"
+        )
 
     with shop.worker():
         task_id = str(pay.delay("o-1").id)
         assert at_the_step.wait(20)
         shop.app.control.revoke(task_id)
-        wait_until(lambda: shop.execution(task_id).cancel_requested, 10,
-                   message="the revoke to be recorded")
+        wait_until(
+            lambda: shop.execution(task_id).cancel_requested,
+            10,
+            message="the revoke to be recorded",
+        )
         go_on.set()
         shop.wait_state(task_id, "CANCELLED", "COMPLETED")
     return task_id
@@ -66,8 +70,9 @@ def test_a_revoke_after_the_charge_waits_for_an_operator_never_silently_cancelle
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000, "order": order},
-                                business_key=f"order:{order}")
+        receipt = self.outbound(
+            charge, {"amount": 1000, "order": order}, business_key=f"order:{order}"
+        )
         charged.set()
         assert go_on.wait(20)
         self.fenced_effect("mark-paid", lambda conn: written.append(order))
@@ -77,8 +82,11 @@ def test_a_revoke_after_the_charge_waits_for_an_operator_never_silently_cancelle
         task_id = str(pay.delay("o-2").id)
         assert charged.wait(20)
         shop.app.control.revoke(task_id)
-        wait_until(lambda: shop.execution(task_id).cancel_requested, 10,
-                   message="the revoke to be recorded")
+        wait_until(
+            lambda: shop.execution(task_id).cancel_requested,
+            10,
+            message="the revoke to be recorded",
+        )
         go_on.set()
         record = shop.wait_state(task_id, "WAITING_OPERATOR", "CANCELLED", "COMPLETED")
     assert record.state.value == "WAITING_OPERATOR"

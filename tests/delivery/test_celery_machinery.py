@@ -18,7 +18,7 @@ import pytest
 from celery import signals as celery_signals
 from celery.exceptions import Reject
 
-from celery_agboss.core.faults import FENCED_BEFORE_BEGIN
+from celery_agboss.core.fault_points import FENCED_BEFORE_BEGIN
 from celery_agboss.delivery.lifecycle import (
     LEASE_KEPT_AFTER_A_BROKEN_END,
     REJECT_WAITS_FOR_THE_SWEEP,
@@ -27,9 +27,10 @@ from celery_agboss.delivery.lifecycle import (
 from celery_agboss.errors import (
     ConfigurationError,
     ExecutionNotFinishedError,
+    PublishNotRecorded,
     PublishRefusedError,
 )
-from celery_agboss.signals import LINK_IDS_NOT_FIXED, PublishNotRecorded
+from celery_agboss.signals import LINK_IDS_NOT_FIXED
 from celery_agboss.task import (
     EAGER_IGNORE_READ,
     PACKAGE_RETRIES_COUNTED,
@@ -96,8 +97,9 @@ def _three_installments_by_replace(shop: PaymentShop) -> tuple[str, list[BaseExc
 
     @shop.task()
     def installments(self: Any, order: str, left: int) -> Any:
-        receipt = self.outbound(charge, {"amount": 100, "order": order},
-                                business_key=f"{order}:{left}")
+        receipt = self.outbound(
+            charge, {"amount": 100, "order": order}, business_key=f"{order}:{left}"
+        )
         if left == 1:
             return receipt
         try:
@@ -162,11 +164,13 @@ def _a_retry_the_store_refuses(shop: PaymentShop) -> tuple[str, str, list[str]]:
             ended = shop.wait_state(task_id, "WAITING", "FAILED", timeout=10)
             result = pay.AsyncResult(task_id)
             if ended.state.value == "FAILED":  # Celery's Reject: FAILURE, errbacks
-                wait_until(lambda: backend_state(shop, result) == "FAILURE" and errbacks, 10,
-                           message="Celery to record the rejected retry")
+                wait_until(
+                    lambda: backend_state(shop, result) == "FAILURE" and errbacks,
+                    10,
+                    message="Celery to record the rejected retry",
+                )
             else:
-                stays_true(lambda: backend_state(shop, result) != "FAILURE"
-                           and not errbacks, 0.5)
+                stays_true(lambda: backend_state(shop, result) != "FAILURE" and not errbacks, 0.5)
             seen = backend_state(shop, result)
             if ended.state.value == "WAITING":
                 shop.clock.advance(1)
@@ -223,8 +227,9 @@ def _renewed_after_a_broken_end(shop: PaymentShop) -> bool:
             assert lease is not None and not lease.released
             renewal_period = shop.agboss.settings.lease_ttl_seconds / 3
             try:
-                stays_true(lambda: _expiry(shop, task_id) == lease.expires_at_ms,
-                           2 * renewal_period + 0.5)
+                stays_true(
+                    lambda: _expiry(shop, task_id) == lease.expires_at_ms, 2 * renewal_period + 0.5
+                )
             except AssertionError:
                 return True
             return False

@@ -57,8 +57,11 @@ def _a_chord_whose_part_is_replayed(shop: PaymentShop) -> tuple[Any, list[Any]]:
             result = chord(header)(collect.s())
             first_id = str(result.parent.results[0].id)
             shop.wait_state(first_id, "COMPLETED")
-            wait_until(lambda: shop.execution(first_id).links_dispatched, 10,
-                       message="the first part's links")
+            wait_until(
+                lambda: shop.execution(first_id).links_dispatched,
+                10,
+                message="the first part's links",
+            )
             shop.agboss.republish(shop.execution(first_id), reason="test: a duplicate")
             # Celery counts a part (and joins, when the count is full) before task_postrun.
             wait_until(lambda: finished.count(first_id) == 2, 10, message="the replay")

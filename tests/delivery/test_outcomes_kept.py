@@ -196,9 +196,7 @@ def test_a_duplicate_that_raises_instead_refunds_a_paid_order(shop: PaymentShop)
     # Two protections stand here since the result backend writes FAILURE only for a
     # FAILED execution: both are off.
     with sabotage(UNSTORED_RESULT_REPLAYED_AS_FAILURE, FAILURE_FOR_AN_UNFINISHED_EXECUTION):
-        _, errbacks = _completed_with_a_pickled_result_then_a_duplicate(
-            shop, expect_refund=True
-        )
+        _, errbacks = _completed_with_a_pickled_result_then_a_duplicate(shop, expect_refund=True)
     # Celery's key-value backends keep a SUCCESS they hold; a database backend would not.
     # The errback runs either way: a refund of a paid order.
     assert errbacks == ["refund"]
@@ -226,11 +224,17 @@ def _duplicate_then_an_unknown_outcome_past_max_retries(
     spent = {OWN_RETRIES_HEADER: PACKAGE_RETRY_BUDGET}
     with shop.worker(concurrency=2):
         task_id = str(pay.apply_async(("o-7",), headers=spent).id)
-        wait_until(lambda: shop.execution(task_id).state.value == "RUNNING", 10,
-                   message="the first delivery")
+        wait_until(
+            lambda: shop.execution(task_id).state.value == "RUNNING",
+            10,
+            message="the first delivery",
+        )
         pay.apply_async(("o-7",), task_id=task_id)
-        wait_until(lambda: shop.execution(task_id).wake_requested, 10,
-                   message="the duplicate to be deferred")
+        wait_until(
+            lambda: shop.execution(task_id).wake_requested,
+            10,
+            message="the duplicate to be deferred",
+        )
         go.set()
         if continues:
             shop.wait_state(task_id, "COMPLETED")

@@ -108,8 +108,11 @@ def test_a_worker_says_how_to_fix_a_publisher_that_recorded_nothing(
 ) -> None:
     plain = Celery("plain-publisher", broker="memory://", set_as_current=False)
     try:
-        task_id = str(plain.send_task("shop.charge_later", args=("o-3",),
-                                      queue=shop.app.conf.task_default_queue).id)
+        task_id = str(
+            plain.send_task(
+                "shop.charge_later", args=("o-3",), queue=shop.app.conf.task_default_queue
+            ).id
+        )
     finally:
         plain.close()
     charge = shop.call()
@@ -120,8 +123,9 @@ def test_a_worker_says_how_to_fix_a_publisher_that_recorded_nothing(
 
     with caplog.at_level(logging.WARNING, logger="celery_agboss"), shop.worker():
         shop.wait_state(task_id, "COMPLETED")
-        wait_until(lambda: "execution.not-recorded-at-publish" in caplog.text, 10,
-                   message="the warning")
+        wait_until(
+            lambda: "execution.not-recorded-at-publish" in caplog.text, 10, message="the warning"
+        )
     assert "agboss_payment_tasks" in caplog.text
 
 
@@ -133,8 +137,9 @@ def _charged_under(shop: PaymentShop, task_id: str) -> Any:
 
     @shop.task()
     def charge_order(self: Any, order: str) -> Any:
-        return self.outbound(charge, {"amount": 1000, "order": order},
-                             business_key=f"order:{order}")
+        return self.outbound(
+            charge, {"amount": 1000, "order": order}, business_key=f"order:{order}"
+        )
 
     @shop.task()
     def refund_order(self: Any, order: str) -> Any:

@@ -138,13 +138,16 @@ def _a_passed_failure_of_a_class_that_cannot_be_rebuilt(shop: PaymentShop) -> st
         except FakeGatewayError as exc:
             raise CardDeclined(str(exc)) from exc
 
-    primary = shop.agboss.register(OutboundCall(
-        name="shop.primary", send=send,
-        reconcile=lambda call, lookup: NotSent(),
-        key_retention=timedelta(hours=24),
-        is_definite_failure=lambda exc: isinstance(exc, CardDeclined),
-        transaction_id=lambda result: result.get("id"),
-    ))
+    primary = shop.agboss.register(
+        OutboundCall(
+            name="shop.primary",
+            send=send,
+            reconcile=lambda call, lookup: NotSent(),
+            key_retention=timedelta(hours=24),
+            is_definite_failure=lambda exc: isinstance(exc, CardDeclined),
+            transaction_id=lambda result: result.get("id"),
+        )
+    )
     backup = shop.call("shop.backup")
 
     @shop.task()
@@ -263,15 +266,20 @@ def _ship_then_a_lost_answer(shop: PaymentShop) -> str:
     celery_signals.after_task_publish.connect(on_publish, weak=False)
     celery_signals.task_postrun.connect(on_postrun, weak=False)
     try:
-        shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge",
-                                  times=1)
+        shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge", times=1)
         with shop.worker():
             task_id = str(pay.delay("o-5").id)
             shop.wait_state(task_id, "COMPLETED", timeout=30)
-            wait_until(lambda: len(published) >= 2, 10,
-                       message=lambda: f"both publishes of ship (saw {published})")
-            wait_until(lambda: len(ran) >= len(published), 20,
-                       message=lambda: f"every ship published {published} to run (ran {ran})")
+            wait_until(
+                lambda: len(published) >= 2,
+                10,
+                message=lambda: f"both publishes of ship (saw {published})",
+            )
+            wait_until(
+                lambda: len(ran) >= len(published),
+                20,
+                message=lambda: f"every ship published {published} to run (ran {ran})",
+            )
     finally:
         celery_signals.after_task_publish.disconnect(on_publish)
         celery_signals.task_postrun.disconnect(on_postrun)

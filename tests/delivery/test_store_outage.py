@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from celery_agboss.core.faults import OUTBOUND_AFTER_READ, RECONCILE_AFTER_LOOKUP
+from celery_agboss.core.fault_points import OUTBOUND_AFTER_READ, RECONCILE_AFTER_LOOKUP
 from celery_agboss.core.protections import STORE_FAILURE_CATCHABLE
 from celery_agboss.errors import AGBossSignal, StoreError, StoreUnavailableError
 from celery_agboss.testing.faults import arm_raise
@@ -43,8 +43,11 @@ def _store_fails_after_reconcile_found_the_payment(shop: PaymentShop) -> str:
     store is unreachable while that is being recorded."""
     pay = _with_a_fallback_card(shop)
     shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
-    arm_raise(RECONCILE_AFTER_LOOKUP, StoreUnavailableError("connection refused"),
-              only={"call": "shop.primary"})
+    arm_raise(
+        RECONCILE_AFTER_LOOKUP,
+        StoreUnavailableError("connection refused"),
+        only={"call": "shop.primary"},
+    )
     with shop.worker():
         task_id = str(pay.delay("o-1").id)  # type: ignore[attr-defined]
         shop.wait_state(task_id, "COMPLETED", "WAITING_OPERATOR", timeout=40)
@@ -81,8 +84,9 @@ def test_a_store_outage_on_the_claim_read_hands_the_delivery_over(
     shop: PaymentShop, caplog: pytest.LogCaptureFixture
 ) -> None:
     pay = _with_a_fallback_card(shop)
-    arm_raise(OUTBOUND_AFTER_READ, StoreUnavailableError("connection lost"),
-              only={"call": "shop.primary"})
+    arm_raise(
+        OUTBOUND_AFTER_READ, StoreUnavailableError("connection lost"), only={"call": "shop.primary"}
+    )
     with shop.worker(), caplog.at_level(logging.ERROR, logger="celery_agboss"):
         task_id = str(pay.delay("o-2").id)  # type: ignore[attr-defined]
         shop.wait_state(task_id, "COMPLETED", timeout=40)

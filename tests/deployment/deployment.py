@@ -77,9 +77,7 @@ def neutral_environment(venv: DeployedVenv) -> dict[str, str]:
     every ``AGBOSS_*``/``CELERY_*`` variable of the test process (the sabotage switch
     ``AGBOSS_ALLOW_SABOTAGE`` above all) is blanked, which the product reads as unset.
     """
-    env = {
-        name: "" for name in os.environ if name.startswith(("AGBOSS_", "CELERY_", "PYTHON"))
-    }
+    env = {name: "" for name in os.environ if name.startswith(("AGBOSS_", "CELERY_", "PYTHON"))}
     env.pop("PYTHONUNBUFFERED", None)  # harmless, and ManagedProcess sets it anyway
     env.update(
         {
@@ -234,9 +232,7 @@ class Deployment:
     def settled(self, ids: Mapping[int, str]) -> bool:
         """Every execution COMPLETED and every order marked paid."""
         states = self.states(ids.values())
-        return all(s == "COMPLETED" for s in states.values()) and len(self.paid_rows()) == len(
-            ids
-        )
+        return all(s == "COMPLETED" for s in states.values()) and len(self.paid_rows()) == len(ids)
 
     def progress(self, ids: Mapping[int, str]) -> str:
         """What a timed-out wait reports: states, rows, the gateway's counts."""

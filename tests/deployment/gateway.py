@@ -74,7 +74,6 @@ class RecordingGatewayServer(GatewayHTTPServer):
                     return pid
         raise AssertionError(f"no charge under {key!r} reached the gateway")
 
-
     def __enter__(self) -> RecordingGatewayServer:
         super().__enter__()
         return self

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_agboss.sweep.runner import SWEEP_QUEUE_NOT_CONSUMED
+from celery_agboss.core.log_events import SWEEP_QUEUE_NOT_CONSUMED
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.venv import DeployedVenv, run
 

@@ -22,8 +22,7 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from celery_agboss.sweep.runner import SWEEP_FINISHED, SWEEP_STALE
-from celery_agboss.sweep.steps import SWEEP_REPUBLISHED
+from celery_agboss.core.log_events import SWEEP_FINISHED, SWEEP_REPUBLISHED, SWEEP_STALE
 from tests.deployment import brokers
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import SPEEDUPS, Deployment
@@ -124,9 +123,9 @@ def assert_reconciled_not_resent(
     """The killed charge was looked up at the gateway (reconcile first), never sent again
     (one request under its key, checked with the rest), by a delivery that took over."""
     key = idempotency_key(order)
-    assert any(
-        lookup.value == key for lookup in deployment.gateway.gateway.lookups
-    ), f"order {order}'s pending charge was never looked up"
+    assert any(lookup.value == key for lookup in deployment.gateway.gateway.lookups), (
+        f"order {order}'s pending charge was never looked up"
+    )
     record = deployment.execution(ids[order])
     assert record is not None and record.recovery_count >= 1, record
 
@@ -172,8 +171,9 @@ def test_messages_lost_before_any_worker_started_are_republished_by_the_sweep(
     wait_until(
         lambda: brokers.queue_length(broker_url) == len(ORDERS),
         10,
-        message=lambda: f"{len(ORDERS)} messages in the queue "
-        f"(has {brokers.queue_length(broker_url)})",
+        message=lambda: (
+            f"{len(ORDERS)} messages in the queue (has {brokers.queue_length(broker_url)})"
+        ),
     )
     assert brokers.lose_every_message(broker_url) == len(ORDERS)
     assert brokers.queue_length(broker_url) == 0
@@ -211,8 +211,11 @@ def test_without_beat_the_workers_sweep_themselves_after_a_worker_was_killed(
     assert_recovered_past_the_broker(deployment, ids, held, survivor)
     assert SWEEP_STALE in survivor.output(), "the surviving worker never warned that no sweep runs"
     # The sweep that re-published the last order logs its end after that order settled.
-    survivor.wait_until(lambda: _own_sweeps(survivor.output()), 15,
-                        message="the surviving worker's own sweep to finish")
+    survivor.wait_until(
+        lambda: _own_sweeps(survivor.output()),
+        15,
+        message="the surviving worker's own sweep to finish",
+    )
 
 
 @pytest.mark.redis
@@ -234,9 +237,13 @@ def test_the_workers_own_sweep_reconciles_the_stranded_charge_itself(
     deployment.assert_each_paid_once(ids)
     survivor = next(w for w in workers if w is not victim)
     survivor.wait_until(
-        lambda: [line for line in _own_sweeps(survivor.output())
-                 if re.search(r"\breconciled=[1-9]", line)],
-        15, message="the surviving worker's own sweep that reconciled the charge",
+        lambda: [
+            line
+            for line in _own_sweeps(survivor.output())
+            if re.search(r"\breconciled=[1-9]", line)
+        ],
+        15,
+        message="the surviving worker's own sweep that reconciled the charge",
     )
     own_sweeps = _own_sweeps(survivor.output())
     assert not [line for line in own_sweeps if "unknown_calls=" in line], own_sweeps
@@ -245,4 +252,3 @@ def test_the_workers_own_sweep_reconciles_the_stranded_charge_itself(
 def _own_sweeps(log: str) -> list[str]:
     """The ``sweep.finished by=worker`` lines of a worker's log."""
     return [line for line in log.splitlines() if SWEEP_FINISHED in line and "by=worker" in line]
-

@@ -48,9 +48,7 @@ class DeployedVenv:
     def wheel_files(self) -> frozenset[str]:
         """The package's files in the wheel (``celery_agboss/…``)."""
         with zipfile.ZipFile(self.wheel) as archive:
-            return frozenset(
-                name for name in archive.namelist() if name.startswith(f"{PACKAGE}/")
-            )
+            return frozenset(name for name in archive.namelist() if name.startswith(f"{PACKAGE}/"))
 
 
 def run(argv: list[str], *, cwd: Path | None = None, timeout: float = BUILD_TIMEOUT_SECONDS) -> str:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from celery_agboss.core.clock import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, Outcome
 from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
 from celery_agboss.testing.clock import SkewedHolderClock

@@ -105,9 +105,12 @@ def test_a_sweep_in_a_process_that_never_used_the_call_finds_it_by_its_declarati
     """A worker's main process sweeping never ran the task: importing the app's module
     declared the call, and that is enough to reconcile with it."""
     name = f"solo.charge_{uuid.uuid4().hex[:8]}"
-    call = OutboundCall(name=name, send=lambda c: shop.gateway.charge(700, c.idempotency_key),
-                        reconcile=lambda c, lookup: Completed(shop.gateway.lookup(
-                            lookup.idempotency_key)), key_retention=86400)
+    call = OutboundCall(
+        name=name,
+        send=lambda c: shop.gateway.charge(700, c.idempotency_key),
+        reconcile=lambda c, lookup: Completed(shop.gateway.lookup(lookup.idempotency_key)),
+        key_retention=86400,
+    )
     dead = shop.start("task-1")
     arm_raise(OUTBOUND_AFTER_SEND, Crash, only={"holder": dead.lease_ref.holder})
     with pytest.raises(Crash):

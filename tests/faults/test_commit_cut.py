@@ -93,8 +93,9 @@ def test_a_settle_whose_commit_answer_is_lost_is_found_completed_by_its_own_atte
             NewIntent(key, lease.scope, "stripe.charge", None, "fp", {"amount": 1000}, lease)
         )
     guard = IntentGuard(status=IntentStatus.PENDING, attempt=1, owner=lease)
-    settle = IntentUpdate(status=IntentStatus.COMPLETED, complete=True, result={"id": "ch_1"},
-                          result_stored=True)
+    settle = IntentUpdate(
+        status=IntentStatus.COMPLETED, complete=True, result={"id": "ch_1"}, result_stored=True
+    )
     postgres_proxy.drop_answer_after_commit()
     with pytest.raises(StoreUnavailableError), proxied.fenced(lease, TTL_MS) as tx:
         assert tx.update_intent(key, guard, settle)

@@ -208,9 +208,7 @@ class GatewayHTTPServer:
         return Handler
 
 
-def wait_for(
-    predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str]
-) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str]) -> Any:
     """Poll ``predicate`` until truthy; AssertionError naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

@@ -148,8 +148,9 @@ class Shop:
         wait_for(
             lambda: self.backend_state(task_id) == state,
             timeout,
-            lambda: f"{task_id} to be {state} in the result backend "
-            f"(is {self.backend_state(task_id)})",
+            lambda: (
+                f"{task_id} to be {state} in the result backend (is {self.backend_state(task_id)})"
+            ),
         )
 
     @staticmethod

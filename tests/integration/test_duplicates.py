@@ -30,9 +30,7 @@ def test_a_retry_delivered_while_the_original_holds_the_lease_is_woken_on_releas
         task_id = str(shop.app.signature("it.retrying_charge", args=("o-3",)).apply_async().id)
         record = shop.wait_state(task_id, "COMPLETED", timeout=30)
         shop.wait_backend(task_id, "SUCCESS")
-        wait_for(
-            lambda: any(e["type"] == "task-deferred" for e in events), 10, "the event"
-        )
+        wait_for(lambda: any(e["type"] == "task-deferred" for e in events), 10, "the event")
     assert "DEFERRED" in shop.flower_state(events, task_id), "Flower shows the deferral"
     shop.wait_logged("execution.deferred")  # the retry message met the original's lease
     shop.wait_logged("execution.republished")
@@ -68,9 +66,7 @@ def test_a_retry_whose_countdown_is_longer_than_the_visibility_timeout_runs_once
     shop = shop_factory(visibility_timeout=3)
     shop.start_worker()
     with shop.sweeping():
-        task_id = str(
-            shop.app.signature("it.waiting_charge", args=("o-4b", 8.0)).apply_async().id
-        )
+        task_id = str(shop.app.signature("it.waiting_charge", args=("o-4b", 8.0)).apply_async().id)
         waiting = shop.wait_state(task_id, "WAITING", timeout=20)
         assert waiting.not_before_ms is not None and waiting.reason == "retry"
         record = shop.wait_state(task_id, "COMPLETED", timeout=60)

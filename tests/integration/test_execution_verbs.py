@@ -57,7 +57,8 @@ def test_a_second_delivery_under_a_live_lease_is_deferred_and_woken_on_release(
     assert second.kind is StartKind.DEFERRED and second.execution.wake_requested
     # Not re-entrant: the same holder is deferred too.
     assert verbs.start_delivery(message(), "h1", TTL_MS, CAP).kind is StartKind.DEFERRED
-    verbs.wait(first.grant.lease, TTL_MS, 0, "retry")
+    with verbs.store.fenced(first.grant.lease, TTL_MS) as tx:
+        verbs.wait_in(tx, 0, "retry")
     released = verbs.release_delivery(first.grant.lease)
     assert released.released and released.republish
     assert released.execution is not None and released.execution.options == '{"retries": 1}'
@@ -70,7 +71,8 @@ def test_a_release_of_a_finished_execution_publishes_nothing(
     first = verbs.start_delivery(message(), "h1", TTL_MS, CAP)
     assert first.grant is not None
     verbs.start_delivery(message(), "h2", TTL_MS, CAP)
-    verbs.finish(first.grant.lease, TTL_MS, '{"json": 1}')
+    with verbs.store.fenced(first.grant.lease, TTL_MS) as tx:
+        verbs.finish_in(tx, '{"json": 1}')
     released = verbs.release_delivery(first.grant.lease)
     assert released.released and not released.republish
     again = verbs.start_delivery(message(), "h3", TTL_MS, CAP)
@@ -98,8 +100,8 @@ def test_a_superseded_holder_can_write_no_verdict(verbs: SQLAlchemyExecutionStor
     advance(verbs, TTL_MS + 1)
     new = verbs.start_delivery(message(), "new", TTL_MS, CAP)
     assert new.grant is not None and new.grant.lease.token == old.grant.lease.token + 1
-    with pytest.raises(ExecutionFencedError):
-        verbs.fail(old.grant.lease, TTL_MS, '{"type": "x"}', "zombie")
+    with pytest.raises(ExecutionFencedError), verbs.store.fenced(old.grant.lease, TTL_MS) as tx:
+        verbs.fail_in(tx, '{"type": "x"}', "zombie")
     assert not verbs.release_delivery(old.grant.lease).released
     record = verbs.read_execution("t-1")
     assert record is not None and record.state is ExecutionState.RUNNING

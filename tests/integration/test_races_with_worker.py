@@ -203,9 +203,7 @@ def charge_past_its_bound(shop: Shop, order: str) -> str:
     ``attempt_timeout``: the body catches the unknown outcome and calls again."""
     shop.gateway.gateway.hold(operation="charge", before_processing=True, timeout=20)
     task_id = str(shop.app.signature("it.insistent_charge", args=(order,)).apply_async().id)
-    wait_for(
-        lambda: shop.gateway.notes_of("charge-again", task_id), 20, "the body to call again"
-    )
+    wait_for(lambda: shop.gateway.notes_of("charge-again", task_id), 20, "the body to call again")
     return task_id
 
 

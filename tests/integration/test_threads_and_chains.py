@@ -41,9 +41,9 @@ def test_two_executions_interleaved_in_a_threads_pool_keep_their_own_state(
         wait_for(lambda order=order: shop.gateway.gate_waiters(order), 20, f"{order} at its gate")
     assert {shop.gateway.gate_waiters(o)[0] for o in orders} == {worker.pid}, "one process"
     # A copy of o-5a, delivered to another thread of the same process, while it runs.
-    shop.app.signature(
-        "it.charge_order", args=("o-5a",), kwargs={"gate_name": "o-5a"}
-    ).apply_async(task_id=ids["o-5a"])
+    shop.app.signature("it.charge_order", args=("o-5a",), kwargs={"gate_name": "o-5a"}).apply_async(
+        task_id=ids["o-5a"]
+    )
     wait_for(lambda: "execution.deferred" in shop.worker_log(), 20, "the copy to be deferred")
     shop.gateway.open_gate("o-5b")
     shop.wait_state(ids["o-5b"], "COMPLETED")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_agboss.delivery.time_limits import EXECUTION_TIME_LIMIT, TIME_LIMIT_FAILS_THE_TASK
+from celery_agboss.core.log_events import EXECUTION_TIME_LIMIT
+from celery_agboss.delivery.time_limits import TIME_LIMIT_FAILS_THE_TASK
 from celery_agboss.task import FAILURE_FOR_AN_UNFINISHED_EXECUTION
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory

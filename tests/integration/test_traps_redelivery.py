@@ -116,9 +116,7 @@ def test_trap_7_a_first_delivery_of_an_execution_with_a_pending_intent_reconcile
 
 
 @pytest.fixture
-def rabbit_shop(
-    shop_factory: ShopFactory, rabbitmq_url: str
-) -> Iterator[tuple[Shop, BrokerProxy]]:
+def rabbit_shop(shop_factory: ShopFactory, rabbitmq_url: str) -> Iterator[tuple[Shop, BrokerProxy]]:
     """A RabbitMQ shop whose worker's connection goes through a proxy the test can cut:
     RabbitMQ then closes its channel and requeues what it held unacknowledged."""
     shop = shop_factory(broker_url=rabbitmq_url)

@@ -99,9 +99,7 @@ def test_without_agboss_a_frozen_task_is_charged_twice(shop_factory: ShopFactory
     shop.start_worker()
     _, zombie = freeze_the_child_at_the_gate(shop, "it.plain_charge", "o-2")
     try:
-        wait_for(
-            lambda: len(shop.gateway.gateway.payments) == 1, 30, "the redelivered copy to pay"
-        )
+        wait_for(lambda: len(shop.gateway.gateway.payments) == 1, 30, "the redelivered copy to pay")
     finally:
         shop.cont(zombie)
     wait_for(lambda: len(shop.gateway.gateway.payments) == 2, 30, "the zombie to pay again")

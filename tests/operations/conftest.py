@@ -55,9 +55,7 @@ WorldFactory = Callable[..., World]
 
 
 @pytest.fixture
-def world_factory(
-    ops_store_url: str, published: list[str]
-) -> Iterator[WorldFactory]:
+def world_factory(ops_store_url: str, published: list[str]) -> Iterator[WorldFactory]:
     """``world_factory(**settings) -> World`` on this test's store (several share it)."""
     clock = VirtualClock()
     gateway = FakeGateway(clock=clock)

@@ -33,7 +33,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def run(app: Celery, *args: str) -> Result:
     return CliRunner().invoke(
-        agboss, list(args), obj=CLIContext(app=app, no_color=True, workdir=None),
+        agboss,
+        list(args),
+        obj=CLIContext(app=app, no_color=True, workdir=None),
         catch_exceptions=False,
     )
 
@@ -107,8 +109,17 @@ def test_resolve_completed_stores_the_result_audits_and_redrives(no_lookup: Worl
     task_id, key = _waiting_for_operator(no_lookup)
     publishes = no_lookup.publishes_of(task_id)
     receipt = {"id": "ch_manual", "status": "succeeded", "amount": 1000}
-    result = run(no_lookup.app, "resolve", key, "--completed", json.dumps(receipt),
-                 "--reason", "seen in the dashboard", "--actor", "alice")
+    result = run(
+        no_lookup.app,
+        "resolve",
+        key,
+        "--completed",
+        json.dumps(receipt),
+        "--reason",
+        "seen in the dashboard",
+        "--actor",
+        "alice",
+    )
     assert result.exit_code == 0, result.output
     assert "nothing will be sent" in result.output
     (intent,) = no_lookup.intents(task_id)
@@ -120,7 +131,10 @@ def test_resolve_completed_stores_the_result_audits_and_redrives(no_lookup: Worl
     assert history[-1].event == HistoryEvent.RESOLVED_BY_OPERATOR.value
     (audit,) = no_lookup.agboss.executions.list_audit(key)
     assert (audit.actor, audit.action, audit.reason) == (
-        "alice", "resolve:completed", "seen in the dashboard")
+        "alice",
+        "resolve:completed",
+        "seen in the dashboard",
+    )
     assert json.loads(audit.before or "")["status"] == "PENDING"
     assert json.loads(audit.after or "")["status"] == "COMPLETED"
     assert no_lookup.publishes_of(task_id) == publishes + 1
@@ -144,11 +158,13 @@ def test_resolve_is_refused_while_the_owner_lease_is_live(no_lookup: World) -> N
     ctx = no_lookup.start(task_id)
     no_lookup.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     with pytest.raises(BaseException):  # noqa: B017 - the outcome is unknown
-        ctx.outbound(no_lookup.call, {"amount": 1000, "order": task_id},
-                     business_key=f"order:{task_id}")
+        ctx.outbound(
+            no_lookup.call, {"amount": 1000, "order": task_id}, business_key=f"order:{task_id}"
+        )
     (intent,) = no_lookup.intents(task_id)
-    result = run(no_lookup.app, "resolve", intent.idempotency_key, "--not-sent",
-                 "--reason", "too early")
+    result = run(
+        no_lookup.app, "resolve", intent.idempotency_key, "--not-sent", "--reason", "too early"
+    )
     assert result.exit_code == EXIT_REFUSED
     assert "live" in result.output
     (after,) = no_lookup.intents(task_id)
@@ -194,8 +210,9 @@ def test_storing_it_unchecked_hands_the_body_a_string_for_its_receipt(
         task_id, _, result = _resolve_with_a_bare_charge_id(no_lookup)
     assert result.exit_code == 0
     ctx = no_lookup.start(task_id)
-    receipt = ctx.outbound(no_lookup.call, {"amount": 1000, "order": task_id},
-                           business_key=f"order:{task_id}")
+    receipt = ctx.outbound(
+        no_lookup.call, {"amount": 1000, "order": task_id}, business_key=f"order:{task_id}"
+    )
     with pytest.raises(TypeError):
         receipt["id"]  # what the body does with the receipt
 
@@ -212,8 +229,15 @@ def test_resolve_completed_is_checked_by_the_calls_own_validator(
     refused = run(world.app, "resolve", key, "--completed", '{"id": "ch_1"}', "--reason", "x")
     assert refused.exit_code == EXIT_REFUSED
     assert "status 'succeeded'" in refused.output
-    accepted = run(world.app, "resolve", key, "--completed",
-                   '{"id": "ch_1", "status": "succeeded"}', "--reason", "x")
+    accepted = run(
+        world.app,
+        "resolve",
+        key,
+        "--completed",
+        '{"id": "ch_1", "status": "succeeded"}',
+        "--reason",
+        "x",
+    )
     assert accepted.exit_code == 0, accepted.output
     (intent,) = world.intents(task_id)
     assert intent.status is IntentStatus.COMPLETED
@@ -327,11 +351,21 @@ def test_celery_agboss_pending_runs_as_a_celery_subcommand(
     task_id, key = _waiting_for_operator(no_lookup)
     config = {"database_url": ops_store_url, "clock_offset_ms": no_lookup.clock.offset_ms()}
     completed = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.operations.apps.ops_app:app",
-         "agboss", "pending"],
-        env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT),
-             "PATH": "/usr/bin:/bin"},
-        cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.operations.apps.ops_app:app",
+            "agboss",
+            "pending",
+        ],
+        env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert completed.returncode == 0, completed.stderr
     assert key in completed.stdout and task_id in completed.stdout
@@ -351,8 +385,9 @@ def test_resolve_completed_is_refused_where_the_call_is_not_registered(
     _, key = _waiting_for_operator(no_lookup)
     second_declaration = replace(no_lookup.call)  # another "ops.charge" in this process
     app = Celery("unregistered", broker="memory://")
-    app.conf.update(agboss_database_url=ops_store_url,
-                    agboss_pseudonym_key="operations-tests-pseudonym-key")
+    app.conf.update(
+        agboss_database_url=ops_store_url, agboss_pseudonym_key="operations-tests-pseudonym-key"
+    )
     boss = AGBoss(app)
     boss.clock_offset_source = no_lookup.clock.offset_ms
     try:

@@ -103,15 +103,30 @@ def test_a_sweeper_in_another_process_and_one_here_republish_each_execution_once
         here.start(task_id)  # live leases, TTL 5 s of real time from now
     config = {"database_url": ops_store_url, "clock_offset_ms": here.clock.offset_ms()}
     other = managed_process(
-        [sys.executable, "-m", "celery", "-A", "tests.operations.apps.ops_app:app",
-         "agboss", "sweep", "--loop", "--interval", "0.1", "--max-runs", "400",
-         "--batch-size", str(RACE_BATCH), "--json"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.operations.apps.ops_app:app",
+            "agboss",
+            "sweep",
+            "--loop",
+            "--interval",
+            "0.1",
+            "--max-runs",
+            "400",
+            "--batch-size",
+            str(RACE_BATCH),
+            "--json",
+        ],
         name="sweeper",
         env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)},
         cwd=str(REPO_ROOT),
     )
-    other.wait_until(lambda: '"republished"' in other.output(), 30,
-                     message="the other sweeper to run")
+    other.wait_until(
+        lambda: '"republished"' in other.output(), 30, message="the other sweeper to run"
+    )
 
     def theirs() -> list[str]:
         found: list[str] = []

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from celery_agboss.core.executions import ExecutionState, StartKind
-from celery_agboss.core.faults import (
+from celery_agboss.core.fault_points import (
     FENCED_BEFORE_COMMIT,
     OUTBOUND_AFTER_READ,
     RECONCILE_AFTER_LOOKUP,
@@ -108,8 +108,9 @@ def _claiming_while_the_committed_expiry_passes(world: World) -> tuple[str, Any,
 
     def charge() -> None:
         try:
-            done["result"] = ctx.outbound(world.call, {"amount": 1000, "order": task_id},
-                                          business_key=f"order:{task_id}")
+            done["result"] = ctx.outbound(
+                world.call, {"amount": 1000, "order": task_id}, business_key=f"order:{task_id}"
+            )
         except BaseException as exc:  # reported by the test
             done["error"] = exc
 

@@ -77,8 +77,11 @@ def test_without_a_beat_the_workers_sweep_once_per_tick_until_beat_is_back(
     first.start(stranded)
     first.die()  # a worker was killed mid-body; no beat is deployed
     with _a_worker(first), _a_worker(second):
-        wait_until(lambda: first.publishes_of(stranded) >= 2, 15,
-                   message="the workers' own sweep to re-drive it")
+        wait_until(
+            lambda: first.publishes_of(stranded) >= 2,
+            15,
+            message="the workers' own sweep to re-drive it",
+        )
         assert first.publishes_of(stranded) == 2, "once, though two workers sweep"
         by_workers = first.agboss.executions.get_meta(q.LAST_WORKER_SWEEP_KEY)
         assert by_workers is not None and '"by": "worker"' in by_workers[0]

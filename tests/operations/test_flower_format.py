@@ -29,23 +29,37 @@ def _feed(*events: tuple[str, dict[str, Any]]) -> Any:
     state = State()
     task_id = str(uuid.uuid4())
     for clock, (type_, fields) in enumerate(events, start=1):
-        state.event({"type": type_, "uuid": task_id, "hostname": "w@h", "clock": clock,
-                     "timestamp": time.time(), "local_received": time.time(), **fields})
+        state.event(
+            {
+                "type": type_,
+                "uuid": task_id,
+                "hostname": "w@h",
+                "clock": clock,
+                "timestamp": time.time(),
+                "local_received": time.time(),
+                **fields,
+            }
+        )
     return state.tasks[task_id]
 
 
 def test_every_agboss_event_becomes_its_own_state_in_flower() -> None:
     for event, label in AGBOSS_STATES.items():
-        task = _feed(("task-received", {"name": "shop.charge"}), ("task-started", {}),
-                     (event, {"agboss_event": event[5:]}))
+        task = _feed(
+            ("task-received", {"name": "shop.charge"}),
+            ("task-started", {}),
+            (event, {"agboss_event": event[5:]}),
+        )
         assert task.state == label
 
 
 def test_a_reconciled_success_is_labelled_and_its_fields_surface() -> None:
-    task = _feed(("task-received", {"name": "shop.charge", "args": "('o-1',)"}),
-                 ("task-started", {}),
-                 ("task-reconciling", {"agboss_event": "reconciling", "outcome": "RECONCILED"}),
-                 ("task-succeeded", {"result": "{'payment': 'ch_1'}", "runtime": 0.1}))
+    task = _feed(
+        ("task-received", {"name": "shop.charge", "args": "('o-1',)"}),
+        ("task-started", {}),
+        ("task-reconciling", {"agboss_event": "reconciling", "outcome": "RECONCILED"}),
+        ("task-succeeded", {"result": "{'payment': 'ch_1'}", "runtime": 0.1}),
+    )
     assert task.state == "SUCCESS"
     shown = format_task(copy.copy(task))
     assert shown.state == "SUCCESS · RECONCILED"
@@ -55,16 +69,20 @@ def test_a_reconciled_success_is_labelled_and_its_fields_surface() -> None:
 
 
 def test_a_deferred_task_keeps_its_state_label() -> None:
-    task = _feed(("task-received", {"name": "shop.charge"}),
-                 ("task-deferred", {"agboss_event": "deferred", "reason": "live lease"}))
+    task = _feed(
+        ("task-received", {"name": "shop.charge"}),
+        ("task-deferred", {"agboss_event": "deferred", "reason": "live lease"}),
+    )
     shown = format_task(copy.copy(task))
     assert shown.state == "DEFERRED"
     assert shown.agboss["reason"] == "live lease"
 
 
 def test_a_plain_task_is_only_scrubbed() -> None:
-    task = _feed(("task-received", {"name": "shop.ship", "args": f"('{CARD}',)"}),
-                 ("task-succeeded", {"result": "'ok'"}))
+    task = _feed(
+        ("task-received", {"name": "shop.ship", "args": f"('{CARD}',)"}),
+        ("task-succeeded", {"result": "'ok'"}),
+    )
     shown = format_task(copy.copy(task))
     assert shown.state == "SUCCESS"
     assert "agboss" not in shown.as_dict()

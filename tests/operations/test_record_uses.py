@@ -16,6 +16,7 @@ from typing import Any
 
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.outbound import Outcome
+from celery_agboss.core.protections import RECORD_USE_NOT_NOTED
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.errors import AGBossSignal, OutboundCallUnreconciledError
 from celery_agboss.operator import list_waits, resolve
@@ -71,6 +72,19 @@ def test_without_its_users_retention_deletes_it_and_the_waiting_one_charges_agai
     world: World,
 ) -> None:
     with sabotage(RECORD_USES_IGNORED_BY_RETENTION):
+        first, second = _a_replayed_charge_then_a_long_wait(world)
+    assert world.intents(first) == [], "deleted under a waiting execution"
+    outcome, ctx = _charge(world, second, "o-1")
+    ctx.settle_all_and_release()
+    assert outcome is Outcome.SENT
+    assert len(world.gateway.requests) == 2, "the order charged twice"
+
+
+def test_a_replay_that_is_not_noted_as_a_use_lets_retention_delete_it_and_charge_again(
+    world: World,
+) -> None:
+    """The other half of the rule: retention can only keep what the replay recorded."""
+    with sabotage(RECORD_USE_NOT_NOTED):
         first, second = _a_replayed_charge_then_a_long_wait(world)
     assert world.intents(first) == [], "deleted under a waiting execution"
     outcome, ctx = _charge(world, second, "o-1")

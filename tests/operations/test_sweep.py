@@ -198,8 +198,7 @@ def test_an_unknown_lookup_flags_the_intent_and_the_execution_waits_for_an_opera
     assert intent.needs_operator
     record = world.execution(task_id)
     assert record.state is ExecutionState.WAITING_OPERATOR
-    pending = sweep_queries.list_pending_intents(world.agboss.store, limit=10,
-                                                 operator_only=True)
+    pending = sweep_queries.list_pending_intents(world.agboss.store, limit=10, operator_only=True)
     assert [p.idempotency_key for p in pending] == [key]
 
 
@@ -270,8 +269,7 @@ def test_retention_deletes_settled_records_of_long_terminal_executions_only(
         world.agboss.executions.finish_in(tx, '{"json": null}')
     running = world.publish()
     ctx2 = world.start(running)
-    ctx2.outbound(world.call, {"amount": 1000, "order": running},
-                  business_key=f"order:{running}")
+    ctx2.outbound(world.call, {"amount": 1000, "order": running}, business_key=f"order:{running}")
     stranded = world.publish()
     world.strand(stranded, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     world.clock.advance(timedelta(days=8))
@@ -310,8 +308,11 @@ def test_a_worker_logs_sweep_stale_when_no_sweep_ran_for_three_intervals(
     with caplog.at_level(logging.WARNING, logger="celery_agboss"):
         signals.worker_ready.send(sender=Consumer())
         try:
-            wait_until(lambda: any("sweep.stale" in r.getMessage() for r in caplog.records),
-                       10, message="sweep.stale in the log")
+            wait_until(
+                lambda: any("sweep.stale" in r.getMessage() for r in caplog.records),
+                10,
+                message="sweep.stale in the log",
+            )
         finally:
             signals.worker_shutdown.send(sender=None)
 

@@ -17,9 +17,9 @@ from typing import Any
 from celery import Celery
 
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, Unknown
-from celery_agboss.core.clock import SYSTEM_CLOCK
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionRecord, StartKind
+from celery_agboss.core.holder_clocks import SYSTEM_CLOCK
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
 from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.core.store import IntentRecord, LeaseRef
@@ -80,9 +80,7 @@ class World:
         assert start.kind is StartKind.STARTED, start.kind
         assert start.grant is not None
         lease = handle_for_grant(start.grant, settings.lease_ttl_ms, sent)
-        return ExecutionContext(
-            self.agboss.store, lease, execution_id, self.agboss.engine_settings
-        )
+        return ExecutionContext(self.agboss.store, lease, execution_id, self.agboss.engine_settings)
 
     def die(self) -> None:
         """Every live holder stops (nothing released); its lease passes on the database clock."""
@@ -95,8 +93,11 @@ class World:
         ctx = self.start(execution_id)
         self.gateway.inject_fault(fault)
         try:
-            ctx.outbound(self.call, {"amount": 1000, "order": execution_id},
-                         business_key=f"order:{execution_id}")
+            ctx.outbound(
+                self.call,
+                {"amount": 1000, "order": execution_id},
+                business_key=f"order:{execution_id}",
+            )
         except OutboundCallOutcomeUnknownError:
             pass  # what the fault makes of it; any other signal says what went wrong
         else:  # pragma: no cover - the fault makes the outcome unknown
@@ -138,15 +139,21 @@ def make_world(
         agboss_max_recovery_attempts=CAP,
         agboss_attempt_timeout=10,
     )
-    app.conf.update({f"agboss_{k}" if not k.startswith("agboss_") else k: v
-                     for k, v in settings.items() if k not in _CALL_OPTIONS})
+    app.conf.update(
+        {
+            f"agboss_{k}" if not k.startswith("agboss_") else k: v
+            for k, v in settings.items()
+            if k not in _CALL_OPTIONS
+        }
+    )
     agboss = AGBoss(app)
     agboss.clock_offset_source = clock.offset_ms
     mode: str = settings.get("lookup", "gateway")
 
     def send(call: CallContext) -> Any:
-        return gateway.charge(call.request["amount"], call.idempotency_key,
-                              reference=call.request["order"])
+        return gateway.charge(
+            call.request["amount"], call.idempotency_key, reference=call.request["order"]
+        )
 
     def reconcile(call: CallContext, lookup: Lookup) -> Any:
         if mode == "none":
@@ -169,8 +176,15 @@ def make_world(
     def charge_order(self: Any, order: str) -> Any:  # pragma: no cover - no worker here
         return self.outbound(call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
 
-    return World(app=app, agboss=agboss, clock=clock, gateway=gateway, call=call,
-                 task=charge_order, published=published)
+    return World(
+        app=app,
+        agboss=agboss,
+        clock=clock,
+        gateway=gateway,
+        call=call,
+        task=charge_order,
+        published=published,
+    )
 
 
 __all__ = ["CAP", "GRACE_SECONDS", "INTERVAL_SECONDS", "TTL_SECONDS", "World", "make_world"]

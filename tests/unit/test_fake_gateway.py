@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from celery_agboss.core.clock import HolderClock
+from celery_agboss.core.holder_clocks import HolderClock
 from celery_agboss.testing import (
     FakeGateway,
     FakeGatewayError,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from celery_agboss.core import faults as core_faults
+from celery_agboss.core import fault_points as core_faults
 from celery_agboss.core import sabotage as core_sabotage
-from celery_agboss.core.faults import FENCED_BEFORE_COMMIT, OUTBOUND_BEFORE_SEND, fault_point
+from celery_agboss.core.fault_points import FENCED_BEFORE_COMMIT, OUTBOUND_BEFORE_SEND, fault_point
 from celery_agboss.errors import FaultInjected, SabotageRefusedError
 from celery_agboss.testing import (
     PausedPointTimeoutError,
@@ -257,17 +257,17 @@ def test_names_lists_every_protection_that_can_be_switched_off() -> None:
 
 _USER_TESTS = textwrap.dedent(
     """
-    from celery_agboss.core import faults
+    from celery_agboss.core import fault_points
     from celery_agboss.testing import FakeGateway, VirtualClock, arm_pause
 
 
     def test_a_user_arms_a_point_and_forgets_it():
-        arm_pause(faults.OUTBOUND_BEFORE_SEND)
-        assert faults._armed
+        arm_pause(fault_points.OUTBOUND_BEFORE_SEND)
+        assert fault_points._armed
 
 
     def test_the_next_test_starts_with_nothing_armed():
-        assert faults._armed == {}
+        assert fault_points._armed == {}
 
 
     def test_the_gateway_and_the_store_share_the_clock(agboss_clock, fake_gateway, agboss_store):

@@ -227,6 +227,11 @@ def test_a_mask_that_is_not_a_policy_is_refused_at_declaration_naming_what_to_pa
     from celery_agboss.errors import OutboundCallDefinitionError
 
     with pytest.raises(OutboundCallDefinitionError, match=r"mask=MaskingPolicy\(mask=") as caught:
-        OutboundCall(name="shop.charge", send=lambda c: None, reconcile=lambda c, lk: NotSent(),
-                     key_retention=86400, mask=["card.number"])  # type: ignore[arg-type]
+        OutboundCall(
+            name="shop.charge",
+            send=lambda c: None,
+            reconcile=lambda c, lk: NotSent(),
+            key_retention=86400,
+            mask=["card.number"],
+        )  # type: ignore[arg-type]
     assert getattr(caught.value, "rule", None) == "mask"

@@ -50,9 +50,7 @@ def test_bind_false_is_refused_as_well(app: Celery) -> None:
     def refund(order_id: int) -> None: ...
 
     with pytest.raises(ConfigurationError, match="bind=True"):
-        app.task(base=PaymentTask, bind=False, name="shop.refund", shared=False, lazy=False)(
-            refund
-        )
+        app.task(base=PaymentTask, bind=False, name="shop.refund", shared=False, lazy=False)(refund)
 
 
 def test_a_lazily_declared_unbound_task_is_refused_when_the_app_is_finalized(
@@ -132,8 +130,9 @@ def test_the_body_verbs_outside_a_delivery_say_where_they_work(app: Celery) -> N
 
 
 def test_acks_late_can_still_be_set_per_task(app: Celery) -> None:
-    @app.task(base=PaymentTask, bind=True, name="shop.early", acks_late=False, shared=False,
-               lazy=False)
+    @app.task(
+        base=PaymentTask, bind=True, name="shop.early", acks_late=False, shared=False, lazy=False
+    )
     def early(self: Any) -> None: ...
 
     assert early.acks_late is False

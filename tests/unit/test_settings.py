@@ -109,9 +109,7 @@ def test_a_misspelt_setting_is_refused_not_ignored() -> None:
 
 
 def test_the_broker_countdown_stays_below_half_the_visibility_timeout() -> None:
-    s = settings_from_conf(
-        conf(broker_transport_options={"visibility_timeout": 40}), environ={}
-    )
+    s = settings_from_conf(conf(broker_transport_options={"visibility_timeout": 40}), environ={})
     assert s.visibility_timeout_seconds == 40 and s.max_broker_countdown_seconds == 20
     declared = settings_from_conf(conf(agboss_visibility_timeout=10), environ={})
     assert declared.max_broker_countdown_seconds == 5
@@ -156,8 +154,11 @@ def test_agboss_reads_the_settings_from_a_pending_configuration(apps: list[Celer
     """Django's way: ``config_from_object`` is lazy; AGBoss reads once it is loaded."""
     app = new_app(apps)
     app.config_from_object(
-        {"CELERY_AGBOSS_DATABASE_URL": URL, "CELERY_AGBOSS_PSEUDONYM_KEY": KEY,
-         "CELERY_AGBOSS_LEASE_TTL": 7},
+        {
+            "CELERY_AGBOSS_DATABASE_URL": URL,
+            "CELERY_AGBOSS_PSEUDONYM_KEY": KEY,
+            "CELERY_AGBOSS_LEASE_TTL": 7,
+        },
         namespace="CELERY",
     )
     agboss = AGBoss(app)
@@ -217,9 +218,13 @@ def test_no_beat_entry_when_the_sweep_interval_is_zero(apps: list[Celery]) -> No
 def test_a_setting_the_conf_lacks_is_read_from_its_environment_variable() -> None:
     s = settings_from_conf(
         {"agboss_pseudonym_key": KEY},
-        environ={"AGBOSS_DATABASE_URL": URL, "AGBOSS_LEASE_TTL": "10",
-                 "AGBOSS_SWEEP_INTERVAL": "0", "AGBOSS_MAX_RECOVERY_ATTEMPTS": "4",
-                 "AGBOSS_PAYMENT_TASKS": "shop.charge_*, shop.refund"},
+        environ={
+            "AGBOSS_DATABASE_URL": URL,
+            "AGBOSS_LEASE_TTL": "10",
+            "AGBOSS_SWEEP_INTERVAL": "0",
+            "AGBOSS_MAX_RECOVERY_ATTEMPTS": "4",
+            "AGBOSS_PAYMENT_TASKS": "shop.charge_*, shop.refund",
+        },
     )
     assert s.database_url == URL and s.lease_ttl_seconds == 10.0
     assert s.sweep_interval_seconds == 0 and s.max_recovery_attempts == 4
@@ -249,8 +254,9 @@ def test_other_agboss_environment_variables_are_not_settings() -> None:
 
 
 def test_terminal_executions_are_kept_as_long_as_the_longer_retention_unless_set() -> None:
-    s = settings_from_conf(conf(agboss_outbound_retention=100, agboss_fenced_effect_retention=50),
-                           environ={})
+    s = settings_from_conf(
+        conf(agboss_outbound_retention=100, agboss_fenced_effect_retention=50), environ={}
+    )
     assert s.terminal_execution_retention_seconds == 100
     s = settings_from_conf(conf(agboss_execution_retention=timedelta(days=1)), environ={})
     assert s.terminal_execution_retention_seconds == 86400

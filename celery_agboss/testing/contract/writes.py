@@ -7,7 +7,7 @@ import functools
 import threading
 from dataclasses import dataclass
 
-from celery_agboss.core import faults
+from celery_agboss.core import fault_points
 from celery_agboss.core.store import JSON, EffectRecord, IntentStatus, LeaseRef, NewIntent
 from celery_agboss.errors import ExecutionFencedError, StoreUnavailableError
 from celery_agboss.testing.clock import VirtualClock
@@ -40,7 +40,9 @@ class ZombieRace:
     stored: EffectRecord | None
 
 
-def zombie_race(factory: StoreFactory, *, point: str = faults.FENCED_BEFORE_BEGIN) -> ZombieRace:
+def zombie_race(
+    factory: StoreFactory, *, point: str = fault_points.FENCED_BEFORE_BEGIN
+) -> ZombieRace:
     """The zombie holder's fenced write pauses at ``point``; meanwhile its lease expires on
     the database clock and a new holder takes over; then the zombie goes on, then the
     new holder writes the same effect (record-and-replay)."""
@@ -141,7 +143,7 @@ def commit_crash(factory: StoreFactory, point: str) -> CommitCrash:
 
 def check_a_crash_before_commit_commits_nothing(factory: StoreFactory) -> None:
     """PS14/P2: a write that died before COMMIT is absent; the retry writes it, once."""
-    crash = commit_crash(factory, faults.FENCED_BEFORE_COMMIT)
+    crash = commit_crash(factory, fault_points.FENCED_BEFORE_COMMIT)
     require(crash.error is not None, "PS14", "the fault before COMMIT did not fire")
     require(not crash.found_on_retry, "PS14", "a write that died before COMMIT was stored")
     require(
@@ -153,7 +155,7 @@ def check_a_crash_before_commit_commits_nothing(factory: StoreFactory) -> None:
 
 def check_a_crash_after_commit_is_found_on_retry(factory: StoreFactory) -> None:
     """PS14/P2: a write that committed but whose caller saw an error is found and replayed."""
-    crash = commit_crash(factory, faults.FENCED_AFTER_COMMIT)
+    crash = commit_crash(factory, fault_points.FENCED_AFTER_COMMIT)
     require(crash.error is not None, "PS14", "the fault after COMMIT did not fire")
     require(crash.found_on_retry, "PS14", "a committed write is missing after the error")
     require(

@@ -45,14 +45,14 @@ def make_app(config: dict[str, Any]) -> Celery:
     agboss = AGBoss(app)
     offset = int(config.get("clock_offset_ms", 0))
     agboss.clock_offset_source = lambda: offset
-    call = OutboundCall(name="ops.charge", send=_no_send, reconcile=_no_lookup,
-                        key_retention=timedelta(hours=24))
+    call = OutboundCall(
+        name="ops.charge", send=_no_send, reconcile=_no_lookup, key_retention=timedelta(hours=24)
+    )
     agboss.register(call)
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="ops.charge_order")
     def charge_order(self: Any, order: str) -> Any:
-        return self.outbound(call, {"amount": 1000, "order": order},
-                             business_key=f"order:{order}")
+        return self.outbound(call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
 
     return app
 

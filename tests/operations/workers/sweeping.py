@@ -21,9 +21,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @contextmanager
-def sweeping(shop: Shop, *, interval: float = 1.0, grace: float = 300.0) -> Iterator[
-    list[SweepReport]
-]:
+def sweeping(
+    shop: Shop, *, interval: float = 1.0, grace: float = 300.0
+) -> Iterator[list[SweepReport]]:
     """Sweep every ``interval`` seconds while the block runs (a beat, or ``--loop``).
 
     The shop app does not configure the sweep; its settings are set here for this test
@@ -39,8 +39,7 @@ def sweeping(shop: Shop, *, interval: float = 1.0, grace: float = 300.0) -> Iter
 
     def loop() -> None:
         try:
-            run_sweep_loop(agboss, interval_seconds=interval, stop=stop,
-                           on_report=reports.append)
+            run_sweep_loop(agboss, interval_seconds=interval, stop=stop, on_report=reports.append)
         except BaseException as exc:  # reported when the block ends
             errors.append(exc)
 
@@ -59,11 +58,18 @@ def sweeping(shop: Shop, *, interval: float = 1.0, grace: float = 300.0) -> Iter
 def agboss_cli(shop: Shop, *args: str) -> subprocess.CompletedProcess[str]:
     """``celery -A tests.integration.apps.shop:app agboss ARGS`` in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.integration.apps.shop:app", "agboss",
-         *args],
-        env={CONFIG_ENV: json.dumps(shop.config), "PYTHONPATH": str(REPO_ROOT),
-             "PATH": "/usr/bin:/bin", "AGBOSS_ALLOW_SABOTAGE": "0"},
-        cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=60, check=False,
+        [sys.executable, "-m", "celery", "-A", "tests.integration.apps.shop:app", "agboss", *args],
+        env={
+            CONFIG_ENV: json.dumps(shop.config),
+            "PYTHONPATH": str(REPO_ROOT),
+            "PATH": "/usr/bin:/bin",
+            "AGBOSS_ALLOW_SABOTAGE": "0",
+        },
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

@@ -40,28 +40,65 @@ def test_two_beats_run_one_sweep_per_tick_on_the_sweep_queue(
     env = {CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)}
     app = make_app(config)
     try:
-        lost = str(app.signature("ops.charge_order", args=("o-1",)).apply_async(
-            queue="nobody-consumes-this").id)
+        lost = str(
+            app.signature("ops.charge_order", args=("o-1",))
+            .apply_async(queue="nobody-consumes-this")
+            .id
+        )
         worker = managed_process(
-            [sys.executable, "-m", "celery", "-A", "tests.operations.apps.ops_app:app",
-             "worker", "-Q", "agboss.sweep", "-c", "1", "-l", "info", "--without-gossip",
-             "--without-mingle", "--without-heartbeat", "-n", "sweeper@%h"],
-            name="sweep-worker", env=env, cwd=str(REPO_ROOT),
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.operations.apps.ops_app:app",
+                "worker",
+                "-Q",
+                "agboss.sweep",
+                "-c",
+                "1",
+                "-l",
+                "info",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-n",
+                "sweeper@%h",
+            ],
+            name="sweep-worker",
+            env=env,
+            cwd=str(REPO_ROOT),
         )
         worker.wait_for_output(" ready.", 30)
         for n in range(2):
             managed_process(
-                [sys.executable, "-m", "celery", "-A", "tests.operations.apps.ops_app:app",
-                 "beat", "-l", "info", "-s", str(tmp_path / f"beat-{n}-schedule"),
-                 "--pidfile", str(tmp_path / f"beat-{n}.pid")],
-                name=f"beat-{n}", env=env, cwd=str(REPO_ROOT),
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "tests.operations.apps.ops_app:app",
+                    "beat",
+                    "-l",
+                    "info",
+                    "-s",
+                    str(tmp_path / f"beat-{n}-schedule"),
+                    "--pidfile",
+                    str(tmp_path / f"beat-{n}.pid"),
+                ],
+                name=f"beat-{n}",
+                env=env,
+                cwd=str(REPO_ROOT),
             )
 
         def ticks() -> list[str]:
             return _TICK.findall(worker.output())
 
-        wait_until(lambda: len(ticks()) >= 4, 30,
-                   message=lambda: f"four sweeps to finish\n{worker.tail(30)}")
+        wait_until(
+            lambda: len(ticks()) >= 4,
+            30,
+            message=lambda: f"four sweeps to finish\n{worker.tail(30)}",
+        )
         time.sleep(0.5)
         done = ticks()
         assert len(done) == len(set(done)), f"a tick was swept twice: {done}"

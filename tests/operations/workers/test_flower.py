@@ -70,8 +70,15 @@ class Flower:
 
     def table(self) -> dict[str, dict[str, Any]]:
         """The tasks page's own data (``format_task`` applied), by task id."""
-        query = {"draw": 1, "start": 0, "length": 100, "search[value]": "",
-                 "order[0][column]": 0, "order[0][dir]": "asc", "columns[0][data]": "received"}
+        query = {
+            "draw": 1,
+            "start": 0,
+            "length": 100,
+            "search[value]": "",
+            "order[0][column]": 0,
+            "order[0][dir]": "asc",
+            "columns[0][data]": "received",
+        }
         data = requests.get(f"{self.url}/tasks/datatable?{urlencode(query)}", timeout=10)
         data.raise_for_status()
         return {row["uuid"]: row for row in data.json()["data"]}
@@ -82,11 +89,23 @@ def _start_flower(shop: Shop, managed_process: ProcessFactory, tmp_path: Path) -
     config.write_text(FLOWER_CONFIG)
     port = _free_port()
     process = managed_process(
-        [sys.executable, "-m", "celery", "-A", "tests.integration.apps.shop:app", "flower",
-         f"--port={port}", "--address=127.0.0.1", f"--conf={config}"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.apps.shop:app",
+            "flower",
+            f"--port={port}",
+            "--address=127.0.0.1",
+            f"--conf={config}",
+        ],
         name="flower",
-        env={CONFIG_ENV: json.dumps(shop.config), "PYTHONPATH": str(REPO_ROOT),
-             "FLOWER_UNAUTHENTICATED_API": "true"},
+        env={
+            CONFIG_ENV: json.dumps(shop.config),
+            "PYTHONPATH": str(REPO_ROOT),
+            "FLOWER_UNAUTHENTICATED_API": "true",
+        },
         cwd=str(REPO_ROOT),
     )
     flower = Flower(process, port)
@@ -105,12 +124,34 @@ def _start_worker_with_events(shop: Shop, managed_process: ProcessFactory) -> Ma
     """The harness's worker with ``-E``: a worker started without gossip and heartbeat
     cannot have its task events switched on remotely (Flower's way)."""
     worker = managed_process(
-        [sys.executable, "-m", "celery", "-A", "tests.integration.apps.shop:app", "worker",
-         "-E", "-P", "prefork", "-c", "2", "--without-heartbeat", "--without-gossip",
-         "--without-mingle", "-Q", shop.config["queue"], "-n", "flower-w@%h", "-l", "info"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.apps.shop:app",
+            "worker",
+            "-E",
+            "-P",
+            "prefork",
+            "-c",
+            "2",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "-Q",
+            shop.config["queue"],
+            "-n",
+            "flower-w@%h",
+            "-l",
+            "info",
+        ],
         name="worker-events",
-        env={CONFIG_ENV: json.dumps(shop.config), "PYTHONPATH": str(REPO_ROOT),
-             "AGBOSS_ALLOW_SABOTAGE": "0"},
+        env={
+            CONFIG_ENV: json.dumps(shop.config),
+            "PYTHONPATH": str(REPO_ROOT),
+            "AGBOSS_ALLOW_SABOTAGE": "0",
+        },
         cwd=str(REPO_ROOT),
     )
     shop.workers.append(worker)
@@ -142,8 +183,7 @@ def test_flower_tells_a_deferred_a_replayed_and_a_reconciled_task_apart(
     deferred = _publish(shop, "o-deferred")
     try:
         hold.wait_reached(timeout=20)
-        shop.app.signature("it.charge_order", args=("o-deferred",)).apply_async(
-            task_id=deferred)
+        shop.app.signature("it.charge_order", args=("o-deferred",)).apply_async(task_id=deferred)
         wait_for(lambda: flower.state(deferred) == "DEFERRED", 20, "DEFERRED in Flower")
     finally:
         hold.release()
@@ -166,8 +206,10 @@ def test_flower_tells_a_deferred_a_replayed_and_a_reconciled_task_apart(
 
     def outcomes() -> dict[str, Any]:
         table = flower.table()
-        return {task_id: (table.get(task_id) or {}).get("agboss", {}).get("outcome")
-                for task_id in expected}
+        return {
+            task_id: (table.get(task_id) or {}).get("agboss", {}).get("outcome")
+            for task_id in expected
+        }
 
     def settled() -> bool:
         # The worker's main process buffers Celery's own task events, while the pool
@@ -178,15 +220,23 @@ def test_flower_tells_a_deferred_a_replayed_and_a_reconciled_task_apart(
             for task_id, label in expected.items()
         )
 
-    wait_until(settled, 30,
-               message=lambda: f"the outcomes {expected} (are {outcomes()}; table "
-               f"{json.dumps(flower.table(), default=str)[:3000]})")
+    wait_until(
+        settled,
+        30,
+        message=lambda: (
+            f"the outcomes {expected} (are {outcomes()}; table "
+            f"{json.dumps(flower.table(), default=str)[:3000]})"
+        ),
+    )
     table = flower.table()
     for task_id, label in expected.items():
         assert table[task_id]["state"] == f"SUCCESS · {label}"
         assert flower.state(task_id) == "SUCCESS"  # Celery's own view cannot tell them apart
-    wait_for(lambda: "republished" in str((flower.task(sweep) or {}).get("result")), 20,
-             "the sweep's counts in Flower")
+    wait_for(
+        lambda: "republished" in str((flower.task(sweep) or {}).get("result")),
+        20,
+        "the sweep's counts in Flower",
+    )
     assert len(gateway.payments) == 3
     if _chromium() is not None:  # without it, the test below says what to install
         _screenshot(flower.url + "/tasks", ARTIFACTS / "flower-tasks.png")
@@ -195,8 +245,10 @@ def test_flower_tells_a_deferred_a_replayed_and_a_reconciled_task_apart(
 def test_chromium_is_installed_for_the_screenshot_of_flower() -> None:
     """The test above keeps a screenshot of the tasks page when Chromium is there."""
     if _chromium() is None:
-        message = ("chromium is not installed, so no screenshot of Flower's tasks page is "
-                   "kept under artifacts/: apt-get install chromium")
+        message = (
+            "chromium is not installed, so no screenshot of Flower's tasks page is "
+            "kept under artifacts/: apt-get install chromium"
+        )
         if in_ci():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
@@ -224,10 +276,21 @@ def _screenshot(url: str, target: Path) -> None:
     if target.exists():
         target.unlink()
     completed = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu",
-         "--disable-background-networking", "--virtual-time-budget=5000",
-         f"--screenshot={target}", "--window-size=1400,900", url],
-        capture_output=True, text=True, timeout=90, check=False,
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--virtual-time-budget=5000",
+            f"--screenshot={target}",
+            "--window-size=1400,900",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert target.exists() and target.stat().st_size > 10_000, completed.stderr[-2000:]

@@ -41,8 +41,17 @@ def test_an_unknown_outcome_without_lookup_is_resolved_by_an_operator_then_compl
     key = entry["idempotency_key"]
 
     receipt = gateway.payments[0]  # what the operator reads in the gateway's dashboard
-    resolved = agboss_cli(shop, "resolve", key, "--completed", json.dumps(receipt),
-                          "--reason", "found in the dashboard", "--actor", "ops-test")
+    resolved = agboss_cli(
+        shop,
+        "resolve",
+        key,
+        "--completed",
+        json.dumps(receipt),
+        "--reason",
+        "found in the dashboard",
+        "--actor",
+        "ops-test",
+    )
     assert resolved.returncode == 0, resolved.stderr + resolved.stdout
     shop.wait_state(task_id, "COMPLETED", timeout=30)
     shop.wait_backend(task_id, "SUCCESS")
@@ -63,8 +72,9 @@ def test_resolve_is_refused_while_the_owner_is_charging(shop_factory: ShopFactor
     try:
         hold.wait_reached(timeout=20)
         (intent,) = wait_for(lambda: _intents(shop, task_id), 10, "the intent")
-        refused = agboss_cli(shop, "resolve", intent.idempotency_key, "--not-sent",
-                             "--reason", "impatient")
+        refused = agboss_cli(
+            shop, "resolve", intent.idempotency_key, "--not-sent", "--reason", "impatient"
+        )
         assert refused.returncode == EXIT_REFUSED, refused.stdout + refused.stderr
         assert "live" in refused.stderr
     finally:

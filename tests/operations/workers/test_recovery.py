@@ -36,8 +36,10 @@ def test_a_whole_worker_killed_on_redis_is_finished_by_the_sweep_within_ttl_and_
     first = shop.start_worker(concurrency=2)
     gateway = shop.gateway.gateway
     hold = gateway.hold(times=2, operation="charge")  # charged; answers held back
-    ids = [str(shop.app.signature("it.charge_order", args=(f"o-{n}",)).apply_async().id)
-           for n in range(2)]
+    ids = [
+        str(shop.app.signature("it.charge_order", args=(f"o-{n}",)).apply_async().id)
+        for n in range(2)
+    ]
     wait_for(lambda: len(gateway.payments) == 2, 20, "both charges to be made")
     first.kill()  # the whole worker, main process and pool, at once
     killed_at = time.monotonic()
@@ -69,8 +71,7 @@ def test_messages_lost_before_any_worker_started_are_republished_from_the_store(
     shop = shop_factory(database_url=database_url)
 
     def publish(order: str, **options: object) -> str:
-        return str(shop.app.signature("it.charge_order", args=(order,)).apply_async(
-            **options).id)
+        return str(shop.app.signature("it.charge_order", args=(order,)).apply_async(**options).id)
 
     plain = publish("o-plain")
     eta = datetime.now(timezone.utc) + timedelta(seconds=6)
@@ -110,5 +111,6 @@ def test_without_the_sweep_a_killed_workers_orders_stay_unfinished(
     first.kill()
     hold.release()
     shop.start_worker(concurrency=1)
-    shop.assert_stays(lambda: shop.execution(task_id).state.value == "RUNNING",
-                      TTL + 2 * INTERVAL + RUN_ALLOWANCE)
+    shop.assert_stays(
+        lambda: shop.execution(task_id).state.value == "RUNNING", TTL + 2 * INTERVAL + RUN_ALLOWANCE
+    )

@@ -1,0 +1,87 @@
+"""What a delivery writes at its end (DESIGN §2.2): a closed set of verdicts.
+
+Each member writes itself through its own verb of the execution store, inside the
+delivery's fenced transaction, so a verdict mypy does not know is an error where it
+is made, never a silent fall-through to another state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord, ExecutionStore
+from celery_agboss.core.store import FencedTransaction
+
+
+@dataclass(frozen=True)
+class Finish:
+    """``COMPLETED`` with the encoded result — ``WAITING_OPERATOR`` when an intent is
+    pending or the body missed one an earlier delivery created (a divergence)."""
+
+    result: str
+
+    def write_in(
+        self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
+    ) -> ExecutionRecord:
+        ctx.pass_failures(tx)
+        return executions.finish_in(tx, self.result, ctx.reached_keys())
+
+
+@dataclass(frozen=True)
+class Fail:
+    """``FAILED`` with the stored error (``WAITING_OPERATOR`` while an intent is pending)."""
+
+    error: str
+    reason: str
+
+    def write_in(
+        self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
+    ) -> ExecutionRecord:
+        return executions.fail_in(tx, self.error, self.reason)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """``WAITING`` until ``now + delay_ms``; with ``message``, what the sweep publishes then."""
+
+    delay_ms: int
+    reason: str
+    message: ExecutionMessage | None = None
+
+    def write_in(
+        self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
+    ) -> ExecutionRecord:
+        return executions.wait_in(tx, self.delay_ms, self.reason, self.message)
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """``CANCELLED`` — unless an intent is pending (left as it was) or a payment of it
+    completed (``WAITING_OPERATOR``)."""
+
+    reason: str
+
+    def write_in(
+        self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
+    ) -> ExecutionRecord:
+        return executions.cancel_in(tx, self.reason)
+
+
+@dataclass(frozen=True)
+class ForOperator:
+    """``WAITING_OPERATOR``: a person decides; nothing runs until then."""
+
+    reason: str
+
+    def write_in(
+        self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
+    ) -> ExecutionRecord:
+        return executions.waiting_operator_in(tx, self.reason)
+
+
+Verdict = Finish | Fail | Wait | Cancel | ForOperator
+"""Every verdict there is."""
+
+
+__all__ = ["Cancel", "Fail", "Finish", "ForOperator", "Verdict", "Wait"]

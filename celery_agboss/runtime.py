@@ -1,0 +1,220 @@
+"""What every part of the Celery layer leans on for one app: its settings, its registry
+of outbound calls, and this process's store, execution verbs and lease renewer.
+
+``AGBoss(app)`` (``celery_agboss.app``) is a ``Runtime`` that also installs the signals
+and the sweep; the modules below it (the task, one delivery, the sweep's steps, the
+operator's verbs) take a ``Runtime`` and never import ``app.py``, so the layer has no
+import circle. The store is opened lazily in each process: a prefork child never uses
+its parent's connections. Two apps in one process have two runtimes and never share a
+store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from celery_agboss.core.engine_settings import EngineSettings, OutboundRegistry
+from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.lease import LeaseRenewer
+from celery_agboss.core.log_events import EXECUTION_REPUBLISHED, STORE_OPENED, log_event
+from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.errors import ConfigurationError
+from celery_agboss.messages import republish
+from celery_agboss.settings import AGBossSettings, settings_from_conf
+from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+
+logger = logging.getLogger("celery_agboss")
+
+_APP_ATTRIBUTE = "_agboss"
+
+R = TypeVar("R", bound="Runtime")
+
+
+@dataclass
+class _ProcessStore:
+    """The store objects of one process: never carried across a fork."""
+
+    pid: int
+    store: SQLAlchemyStore
+    executions: SQLAlchemyExecutionStore
+    renewer: LeaseRenewer
+
+
+class Runtime:
+    """One app's celery_agboss state; ``Runtime.of(app)`` finds the one bound to ``app``."""
+
+    app: Any
+    registry: OutboundRegistry
+    _signal_handlers: dict[Any, Any]
+
+    def _init_runtime(self, app: Any) -> None:
+        self.app = app
+        self.registry = OutboundRegistry()
+        self._settings: AGBossSettings | None = None
+        self._settings_error: ConfigurationError | None = None
+        self._engine_settings: EngineSettings | None = None
+        self._lock = threading.RLock()  # reading conf may configure the app, which calls back in
+        self._process: _ProcessStore | None = None
+        self._when_configured: list[Callable[[AGBossSettings], None]] = []
+        self._signal_handlers = {}
+        self.clock_offset_source: Any = None  # tests only: ms added to the database clock
+        setattr(app, _APP_ATTRIBUTE, self)
+
+    @classmethod
+    def of(cls: type[R], app: Any) -> R:
+        """The runtime bound to ``app``; ConfigurationError when there is none."""
+        existing = getattr(app, _APP_ATTRIBUTE, None)
+        if not isinstance(existing, cls):
+            raise ConfigurationError(
+                f"celery_agboss is not set up on the Celery app {getattr(app, 'main', app)!r}: "
+                "call AGBoss(app) where the app is created"
+            )
+        return existing
+
+    # --- settings ------------------------------------------------------------------
+
+    def when_configured(self, then: Callable[[AGBossSettings], None]) -> None:
+        """Run ``then(settings)`` once the app is configured with valid settings (now, if
+        it already is); the sweep installs its beat entry this way."""
+        self._when_configured.append(then)
+        if self._settings is not None:
+            then(self._settings)
+
+    def _configured(self) -> None:
+        """The app is configured: read the settings, then run what waited for them."""
+        try:
+            settings = self._resolve_settings()
+        except ConfigurationError as exc:
+            # Celery logs and swallows signal handler errors; keep it for the first use
+            # and for worker start-up, which refuses to run (signals.on_worker_init).
+            self._settings_error = exc
+            logger.error("celery_agboss is not configured: %s", exc)
+            return
+        for then in list(self._when_configured):
+            then(settings)
+
+    def _resolve_settings(self) -> AGBossSettings:
+        with self._lock:
+            if self._settings is None:
+                self._settings = settings_from_conf(self.app.conf)
+                self._settings_error = None
+            return self._settings
+
+    @property
+    def settings(self) -> AGBossSettings:
+        """The frozen settings; raises ConfigurationError saying exactly what to set."""
+        if self._settings is not None:
+            return self._settings
+        return self._resolve_settings()
+
+    @property
+    def engine_settings(self) -> EngineSettings:
+        """What the engine needs, built once from the settings and this app's registry."""
+        if self._engine_settings is None:
+            s = self.settings
+            self._engine_settings = EngineSettings(
+                pseudonym_key=s.pseudonym_key,
+                tenant=s.tenant,
+                lease_ttl_ms=s.lease_ttl_ms,
+                attempt_timeout_ms=round(s.attempt_timeout_seconds * 1000),
+                registry=self.registry,
+            )
+        return self._engine_settings
+
+    # --- outbound calls ------------------------------------------------------------
+
+    def register(self, call: OutboundCall) -> OutboundCall:
+        """Make ``call`` known to the sweep before any task used it in this process.
+
+        A worker that only sweeps must know every call whose intents it may reconcile;
+        register them where the app is created (tasks register theirs on first use).
+        """
+        return self.registry.register(call)
+
+    # --- the store, per process ----------------------------------------------------
+
+    def _process_store(self) -> _ProcessStore:
+        current = self._process
+        pid = os.getpid()
+        if current is not None and current.pid == pid:
+            return current
+        with self._lock:
+            current = self._process
+            if current is not None and current.pid == pid:
+                return current
+            if current is not None:
+                # Inherited across a fork: forget the parent's pool without closing it.
+                current.store.dispose_after_fork()
+            settings = self._settings or settings_from_conf(self.app.conf)
+            store = SQLAlchemyStore(settings.database_url)
+            store.clock_offset_source = self.clock_offset_source
+            current = _ProcessStore(
+                pid=pid,
+                store=store,
+                executions=SQLAlchemyExecutionStore(store),
+                renewer=LeaseRenewer.for_store(store),
+            )
+            self._process = current
+        log_event(STORE_OPENED, url=settings.redacted_database_url(), pid=pid)
+        return current
+
+    @property
+    def store(self) -> SQLAlchemyStore:
+        """This process's store (opened on first use)."""
+        return self._process_store().store
+
+    @property
+    def executions(self) -> SQLAlchemyExecutionStore:
+        """This process's execution verbs (the same database as ``store``)."""
+        return self._process_store().executions
+
+    @property
+    def renewer(self) -> LeaseRenewer:
+        """The one lease renewer of this process."""
+        return self._process_store().renewer
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's connections (``dispose(close=False)``)."""
+        current = self._process
+        if current is not None and current.pid != os.getpid():
+            with self._lock:
+                current.store.dispose_after_fork()
+                self._process = None
+
+    def close(self) -> None:
+        """Stop this process's renewer and close its store (tests, CLI)."""
+        with self._lock:
+            current, self._process = self._process, None
+        if current is not None and current.pid == os.getpid():
+            current.renewer.stop()
+            current.store.close()
+
+    # --- publishing ----------------------------------------------------------------
+
+    def republish(
+        self, record: ExecutionRecord, *, reason: str = "republish", honour_not_before: bool = True
+    ) -> Any:
+        """Publish an execution's stored message again: same id, arguments and options.
+
+        The message keeps its own ETA; ``honour_not_before`` also delays it to the
+        execution's ``not_before``, so a waiting execution does not run early. For the
+        sweep, a woken release and operators.
+        """
+        not_before = record.not_before_ms if honour_not_before else None
+        result = republish(self.app, record, not_before_ms=not_before)
+        log_event(EXECUTION_REPUBLISHED, execution=record.id, task=record.task_name, reason=reason)
+        return result
+
+
+def runtime_of(app: Any) -> Runtime:
+    """``app``'s runtime; ``app`` may be a Celery app or already its runtime."""
+    return app if isinstance(app, Runtime) else Runtime.of(app)
+
+
+__all__ = ["Runtime", "runtime_of"]

@@ -1,0 +1,53 @@
+"""Every default is written once: the settings' fields, the conf reader, the engine's own
+settings and the documented defaults all say the same."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from celery_agboss.core.engine_settings import (
+    DEFAULT_ATTEMPT_TIMEOUT_MS,
+    DEFAULT_LEASE_TTL_MS,
+    DEFAULT_TENANT,
+    EngineSettings,
+)
+from celery_agboss.settings import (
+    DEFAULT_RETRY_DELAY_SECONDS,
+    DEFAULT_SWEEP_QUEUE,
+    AGBossSettings,
+    settings_from_conf,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+URL = "sqlite:////var/lib/shop/agboss.db"
+KEY = "a-pseudonym-key-of-enough-bytes"
+
+
+def test_a_conf_that_sets_nothing_reads_the_fields_defaults() -> None:
+    read = settings_from_conf({"agboss_database_url": URL, "agboss_pseudonym_key": KEY}, {})
+    assert read == AGBossSettings(database_url=URL, pseudonym_key=KEY.encode())
+
+
+def test_the_engine_defaults_are_the_settings_defaults() -> None:
+    settings = AGBossSettings(database_url=URL, pseudonym_key=KEY.encode())
+    engine = EngineSettings(pseudonym_key=KEY.encode())
+    assert engine.tenant == settings.tenant == DEFAULT_TENANT
+    assert engine.lease_ttl_ms == settings.lease_ttl_ms == DEFAULT_LEASE_TTL_MS
+    assert engine.attempt_timeout_ms == round(settings.attempt_timeout_seconds * 1000)
+    assert engine.attempt_timeout_ms == DEFAULT_ATTEMPT_TIMEOUT_MS
+
+
+def test_the_documented_defaults_are_the_constants() -> None:
+    api = (DOCS / "api.md").read_text(encoding="utf-8")
+    signature = re.search(r"EngineSettings\(pseudonym_key,([^)]*)\)", api)
+    assert signature is not None, "docs/api.md lost the EngineSettings signature"
+    documented = " ".join(signature.group(1).split())
+    assert f'tenant="{DEFAULT_TENANT}"' in documented
+    assert f"lease_ttl_ms={DEFAULT_LEASE_TTL_MS}" in documented
+    assert f"attempt_timeout_ms={DEFAULT_ATTEMPT_TIMEOUT_MS}" in documented
+    assert f"| `agboss_retry_delay` | {DEFAULT_RETRY_DELAY_SECONDS:g} |" in api
+    assert f'| `agboss_sweep_queue` | `"{DEFAULT_SWEEP_QUEUE}"` |' in api
+    leases = " ".join((DOCS / "leases.md").read_text(encoding="utf-8").split())
+    assert f"(`agboss_lease_ttl`, default {DEFAULT_LEASE_TTL_MS // 1000} s)" in leases
+    assert f"`attempt_timeout` (default {DEFAULT_ATTEMPT_TIMEOUT_MS // 1000} s)" in leases

@@ -1,0 +1,202 @@
+"""The package's imports form layers with no circle (docs/architecture.md).
+
+Every ``import`` of a ``celery_agboss`` module is read from the source with ``ast``
+(deferred imports and ``TYPE_CHECKING`` ones included: a circle that only type
+checking closes is still a circle for a reader), and held against the layer table
+below. A module may import its own layer and the layers under it, never one above;
+a new module must be given a layer here, so the table stays the map of the tree.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "celery_agboss"
+
+# Bottom first. A name is a module, or a package followed by ".*" for all it holds.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("core", ["celery_agboss.errors", "celery_agboss.core", "celery_agboss.core.*"]),
+    ("store", ["celery_agboss.store", "celery_agboss.store.*"]),
+    (
+        "runtime",
+        [
+            "celery_agboss.settings",
+            "celery_agboss.messages",
+            "celery_agboss.task_events",
+            "celery_agboss.runtime",
+        ],
+    ),
+    ("delivery", ["celery_agboss.delivery", "celery_agboss.delivery.*"]),
+    ("task", ["celery_agboss.task"]),
+    (
+        "installed by AGBoss",
+        [
+            "celery_agboss.signals",
+            "celery_agboss.sweep",
+            "celery_agboss.sweep.*",
+            "celery_agboss.operator",
+        ],
+    ),
+    ("binding", ["celery_agboss.app", "celery_agboss"]),
+    (
+        "tools",
+        [
+            "celery_agboss.cli",
+            "celery_agboss.cli.*",
+            "celery_agboss.flower",
+            "celery_agboss.demo",
+            "celery_agboss.testing",
+            "celery_agboss.testing.*",
+        ],
+    ),
+]
+
+# Who may use one delivery: the task that drives it, and the delivery's own modules.
+DELIVERY_USERS = ("celery_agboss.task", "celery_agboss.delivery")
+
+
+def package_modules() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for path in PACKAGE_DIR.rglob("*.py"):
+        if "migrations" in path.parts:  # Alembic's scripts, run by Alembic only
+            continue
+        parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _owner(name: str, modules: Mapping[str, Path]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(modules: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (a ``from pkg import mod`` names ``mod``)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(
+                    _owner(alias.name, modules)
+                    for alias in node.names
+                    if alias.name.startswith("celery_agboss")
+                )
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if not node.module.startswith("celery_agboss"):
+                    continue
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in modules else _owner(node.module, modules))
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected parts of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    for number, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if module == name or (name.endswith(".*") and module.startswith(name[:-1])):
+                return number
+    return None
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph(package_modules())
+
+
+def test_the_package_has_no_import_circle(graph: dict[str, set[str]]) -> None:
+    assert circles(graph) == []
+
+
+def test_every_module_has_a_layer(graph: dict[str, set[str]]) -> None:
+    assert [module for module in sorted(graph) if layer_of(module) is None] == []
+
+
+def test_no_module_imports_a_layer_above_its_own(graph: dict[str, set[str]]) -> None:
+    upward = [
+        f"{module} ({LAYERS[layer_of(module) or 0][0]}) imports {target} "
+        f"({LAYERS[layer_of(target) or 0][0]})"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if (layer_of(target) or 0) > (layer_of(module) or 0)
+    ]
+    assert upward == []
+
+
+def test_one_delivery_is_used_only_by_the_task(graph: dict[str, set[str]]) -> None:
+    users = sorted(
+        module
+        for module, targets in graph.items()
+        if any(
+            t == "celery_agboss.delivery" or t.startswith("celery_agboss.delivery.")
+            for t in targets
+        )
+        and not module.startswith(DELIVERY_USERS)
+    )
+    assert users == []
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    """The twin of the first test: a graph with a circle is reported, so an empty
+    answer above means the package has none, not that the finder is blind."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_the_graph_reader_sees_deferred_and_type_checking_imports(tmp_path: Path) -> None:
+    """Also a twin: imports inside a function or under ``TYPE_CHECKING`` are arrows too."""
+    (tmp_path / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from celery_agboss.b import X\n"
+        "def f():\n    import celery_agboss.c\n",
+        encoding="utf-8",
+    )
+    modules = {
+        "celery_agboss.a": tmp_path / "a.py",
+        "celery_agboss.b": tmp_path / "a.py",
+        "celery_agboss.c": tmp_path / "a.py",
+    }
+    assert import_graph(modules)["celery_agboss.a"] == {"celery_agboss.b", "celery_agboss.c"}
