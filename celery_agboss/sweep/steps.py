@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_agboss")
 
 
+STRANDED_NOT_RECONCILED = sabotage.register("sweep-stranded-not-reconciled")
+"""Sabotage (DESIGN §6.2): the sweep leaves a dead holder's PENDING intent to the next
+delivery; with that delivery's reconcile-first also off, a charge is sent again."""
+
 REDRIVE_WITHOUT_CLAIM = sabotage.register("sweep-redrive-without-claim")
 """Sabotage (trap 10): re-publish what the listing found without the compare-and-set
 claim, so two sweepers publish one execution twice."""
@@ -137,6 +141,8 @@ class SweepRun:
     # --- 2. stranded intents ---------------------------------------------------------
 
     def reconcile(self) -> None:
+        if sabotage.active(STRANDED_NOT_RECONCILED):
+            return
         keys = q.find_stranded_keys(self.store, self.batch)
         if not keys:
             return
@@ -423,6 +429,7 @@ def effective_interval(configured: float) -> float:
 
 __all__ = [
     "REDRIVE_WITHOUT_CLAIM",
+    "STRANDED_NOT_RECONCILED",
     "SweepReport",
     "SweepRun",
     "effective_interval",

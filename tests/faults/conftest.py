@@ -1,5 +1,6 @@
 """The fault suite runs on the same throwaway stores as the contract suite, plus a
-PostgreSQL-only store for the tests that go through the TCP proxy."""
+PostgreSQL-only store for the tests that go through the TCP proxy; its scenarios on
+real workers deploy the README's shop with the deployment suite's fixtures."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ from tests.contract.conftest import (
     store_backend,
     store_factory,
     store_url,
+)
+from tests.deployment.conftest import (
+    _stale_vhosts_dropped,
+    deploy,
+    deployed_venv,
+    gateway_server,
+    rabbitmq_vhost_url,
+    sqlite_url,
 )
 from tests.support.databases import TemplateDatabase
 

@@ -1,0 +1,310 @@
+"""Fault scenarios of the seeds (payment-scenarios.txt, "Proof" lines) on real workers
+deployed as README.md says: the wheel in a fresh venv, the README's ``shop.py``, its
+``celery -A shop worker`` and ``celery -A shop beat`` lines, nothing else.
+
+Each guarantee is counted at the gateway, which does not deduplicate keys (a second
+send under one key is a second payment): payments and requests per order's key, the
+app's ``shop_paid_orders`` rows, and the executions' states in the store. Each has a
+sabotage run on PostgreSQL + Redis that switches its protection off in the workers
+(``AGBOSS_SABOTAGE``, refused outside a test run) and shows the harm.
+
+- s03, a pool child SIGKILLed after the gateway charged, before its answer came
+  back: SQLite+Redis, PostgreSQL+Redis, PostgreSQL+RabbitMQ;
+- s09, a whole worker SIGKILLed with the answer in flight: its guarantee runs in
+  tests/deployment/test_recovery.py on all four; its sabotage run is here;
+- s10, one order, two executions at once: SQLite+Redis, PostgreSQL+Redis;
+- s14, the gateway charged and the answer was lost (an error after processing):
+  SQLite+Redis, PostgreSQL+Redis.
+
+Speed-ups, all README ``AGBOSS_<NAME>`` variables: the deployment suite's (TTL 5 s,
+sweep every 2 s, grace 3 s) and ``AGBOSS_RETRY_DELAY=1`` (5 s): an unknown outcome or
+a charge in flight elsewhere is retried after 1 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from celery_agboss.core.protections import (
+    PENDING_RESENT_WITHOUT_RECONCILE,
+    UNKNOWN_ERRORS_ARE_DEFINITE,
+)
+from celery_agboss.sweep.steps import STRANDED_NOT_RECONCILED
+from celery_agboss.testing.gateway_types import FakeGatewayFault
+from tests.deployment.conftest import DeployFactory
+from tests.deployment.deployment import SPEEDUPS, Deployment
+from tests.deployment.gateway import idempotency_key
+from tests.deployment.test_recovery import (
+    HELD_SECONDS,
+    KILL_SECONDS,
+    kill_the_worker_on_the_wire,
+    recovery_deadline,
+    start_two_workers,
+)
+from tests.support.processes import ManagedProcess, wait_until
+
+pytestmark = [pytest.mark.worker, pytest.mark.slow]
+
+FAULT_SPEEDUPS: Mapping[str, str] = {**SPEEDUPS, "AGBOSS_RETRY_DELAY": "1"}
+ORDERS = (1, 2, 3)
+
+Stack = tuple[str, str]  # (broker URL, database URL)
+
+
+def sabotaged(*protections: str) -> dict[str, str]:
+    """The environment that makes the deployment's workers run without ``protections``
+    (honoured only because a test process started them)."""
+    return {
+        "AGBOSS_ALLOW_SABOTAGE": "1",
+        "AGBOSS_SABOTAGE_SUBPROCESS": "1",
+        "AGBOSS_SABOTAGE": ",".join(protections),
+    }
+
+
+NOT_RECONCILED = sabotaged(PENDING_RESENT_WITHOUT_RECONCILE, STRANDED_NOT_RECONCILED)
+"""Reconcile-first off in both places that ask the gateway before a resend: the next
+delivery and the sweep."""
+
+
+def _stack(request: pytest.FixtureRequest, store: str, broker: str) -> Stack:
+    if broker == "redis":
+        broker_url: str = request.getfixturevalue("redis_url_factory")()
+    else:
+        broker_url = request.getfixturevalue("rabbitmq_vhost_url")
+    if store == "sqlite":
+        database_url: str = request.getfixturevalue("sqlite_url")
+    else:
+        database_url = request.getfixturevalue("empty_postgres_url")
+    return broker_url, database_url
+
+
+def _param(store: str, broker: str) -> Any:
+    marks = [
+        getattr(pytest.mark, broker),
+        getattr(pytest.mark, "postgres" if store != "sqlite" else "sqlite"),
+    ]
+    return pytest.param((store, broker), id=f"{store}-{broker}", marks=marks)
+
+
+SQLITE_REDIS = _param("sqlite", "redis")
+POSTGRES_REDIS = _param("postgresql", "redis")
+POSTGRES_RABBITMQ = _param("postgresql", "rabbitmq")
+
+
+@pytest.fixture
+def stack(request: pytest.FixtureRequest) -> Stack:
+    store, broker = request.param
+    return _stack(request, store, broker)
+
+
+@pytest.fixture
+def sabotage_stack(request: pytest.FixtureRequest) -> Stack:
+    """Where every sabotage run goes: PostgreSQL + Redis."""
+    return _stack(request, "postgresql", "redis")
+
+
+def _deployed(
+    deploy: DeployFactory, stack: Stack, extra: Mapping[str, str] | None = None
+) -> Deployment:
+    deployment = deploy(*stack, speedups={**FAULT_SPEEDUPS, **(extra or {})})
+    deployment.prepare()
+    return deployment
+
+
+def _worker_and_beat(deployment: Deployment) -> ManagedProcess:
+    beat = deployment.start_beat()
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    deployment.wait_beat(beat)
+    return worker
+
+
+def _charges_of(deployment: Deployment, order: int) -> tuple[int, int]:
+    """(payments, charge requests) at the gateway under ``order``'s key."""
+    fake, key = deployment.gateway.gateway, idempotency_key(order)
+    return len(fake.payments_for(key)), len(fake.requests_for(key))
+
+
+# --- s03: a pool child killed after the charge ----------------------------------------
+
+
+def kill_the_child_on_the_wire(
+    deployment: Deployment, worker: ManagedProcess
+) -> tuple[dict[int, str], int]:
+    """Publish the orders with the gateway holding the answer to the first charge (it is
+    processed: the money moved); SIGKILL the pool child that sent it, and only that
+    process (the worker's main process lives on and starts a new child); then release
+    the hold. Returns the task ids and the held order."""
+    fake = deployment.gateway.gateway
+    hold = fake.hold(operation="charge")
+    ids = deployment.publish(ORDERS)
+    hold.wait_reached(timeout=HELD_SECONDS)
+    held_key = fake.requests[0].idempotency_key
+    held = next(o for o in ORDERS if idempotency_key(o) == held_key)
+    child = deployment.gateway.pid_of_charge(idempotency_key(held))
+    assert child != worker.pid and child in worker.group_pids(), (child, worker.group_pids())
+    os.kill(child, signal.SIGKILL)
+    wait_until(
+        lambda: child not in worker.group_pids(),
+        KILL_SECONDS,
+        message=f"pool child {child} to be gone",
+    )
+    hold.release()
+    assert worker.running, f"the worker's main process died with its child\n{worker.tail()}"
+    return ids, held
+
+
+@pytest.mark.parametrize("stack", [SQLITE_REDIS, POSTGRES_REDIS, POSTGRES_RABBITMQ], indirect=True)
+def test_s03_a_child_killed_after_the_charge_leaves_one_payment(
+    stack: Stack, deploy: DeployFactory
+) -> None:
+    """The charge went through, its child died before the answer came back: its lease
+    expires, the sweep re-drives the execution, and the next delivery looks the charge
+    up first (reconcile) instead of sending it again. One payment per order."""
+    deployment = _deployed(deploy, stack)
+    worker = _worker_and_beat(deployment)
+    ids, held = kill_the_child_on_the_wire(deployment, worker)
+    deployment.wait_settled(ids, recovery_deadline())
+    deployment.assert_each_paid_once(ids)
+    key = idempotency_key(held)
+    assert any(lookup.value == key for lookup in deployment.gateway.gateway.lookups), (
+        "the killed child's charge was never looked up"
+    )
+
+
+def test_s03_sabotaged_a_resend_without_reconcile_pays_the_order_twice(
+    sabotage_stack: Stack, deploy: DeployFactory
+) -> None:
+    deployment = _deployed(deploy, sabotage_stack, NOT_RECONCILED)
+    worker = _worker_and_beat(deployment)
+    ids, held = kill_the_child_on_the_wire(deployment, worker)
+    wait_until(
+        lambda: _charges_of(deployment, held)[0] >= 2,
+        recovery_deadline(),
+        message=lambda: f"the second payment of order {held}\n{deployment.progress(ids)}",
+    )
+    assert _charges_of(deployment, held) == (2, 2)
+
+
+# --- s09: the whole worker killed (its guarantee: tests/deployment/test_recovery.py) ---
+
+
+def test_s09_sabotaged_a_killed_workers_charge_resent_without_reconcile_pays_twice(
+    sabotage_stack: Stack, deploy: DeployFactory
+) -> None:
+    deployment = _deployed(deploy, sabotage_stack, NOT_RECONCILED)
+    beat = deployment.start_beat()
+    workers = start_two_workers(deployment)
+    deployment.wait_beat(beat)
+    ids, held, _ = kill_the_worker_on_the_wire(deployment, workers)
+    wait_until(
+        lambda: _charges_of(deployment, held)[0] >= 2,
+        recovery_deadline(),
+        message=lambda: f"the second payment of order {held}\n{deployment.progress(ids)}",
+    )
+    assert _charges_of(deployment, held) == (2, 2)
+
+
+# --- s10: one order, two executions -----------------------------------------------------
+
+PUBLISH_TWICE = (
+    "import json, sys\n"
+    "from shop import charge_order\n"
+    "order = int(sys.argv[1])\n"
+    "print('published-task-ids', json.dumps([charge_order.delay(order).id for _ in '12']))\n"
+)
+
+
+def _publish_one_order_twice(deployment: Deployment, order: int) -> list[str]:
+    """A double click: ``charge_order.delay(order)`` twice, two executions of one order."""
+    output = deployment.run(
+        [str(deployment.venv.python), "-c", PUBLISH_TWICE, str(order)], "publish-twice"
+    )
+    for line in output.splitlines():
+        if line.startswith("published-task-ids "):
+            ids: list[str] = json.loads(line.split(" ", 1)[1])
+            return ids
+    raise AssertionError(f"the publisher printed no task ids:\n{output}")
+
+
+@pytest.mark.parametrize("stack", [SQLITE_REDIS, POSTGRES_REDIS], indirect=True)
+def test_s10_one_order_published_twice_is_paid_once(stack: Stack, deploy: DeployFactory) -> None:
+    """Both executions run at once on the worker's two children; the first charge is held
+    at the gateway so they overlap. The business key makes them one intent: the second
+    finds it in flight, retries, and replays the first one's receipt. One payment, one
+    request, one row; both executions COMPLETED with the same receipt."""
+    deployment = _deployed(deploy, stack)
+    worker = _worker_and_beat(deployment)
+    fake = deployment.gateway.gateway
+    hold = fake.hold(operation="charge")
+    first, second = _publish_one_order_twice(deployment, 7)
+    hold.wait_reached(timeout=HELD_SECONDS)
+    wait_until(
+        lambda: "in flight" in worker.output() or "OutboundCallInFlight" in worker.output(),
+        HELD_SECONDS,
+        message=lambda: f"the second execution to find the charge in flight\n{worker.tail()}",
+    )
+    hold.release()
+    deployment.wait_settled({7: first}, recovery_deadline())
+    wait_until(
+        lambda: deployment.states([second]) == {second: "COMPLETED"},
+        recovery_deadline(),
+        message=lambda: f"the second execution to complete: {deployment.states([second])}",
+    )
+    deployment.assert_each_paid_once({7: first})
+    a, b = deployment.execution(first), deployment.execution(second)
+    assert a is not None and b is not None and a.result and b.result
+    assert json.loads(a.result) == json.loads(b.result), "the second replayed the first's receipt"
+
+
+# --- s14: the answer lost after the charge -----------------------------------------------
+
+
+def _an_answer_lost_after_the_charge(
+    deployment: Deployment, order: int
+) -> tuple[Mapping[int, str], Callable[[], str]]:
+    deployment.gateway.gateway.inject_fault(
+        FakeGatewayFault.ANSWER_THEN_DROP, operation="charge", times=1
+    )
+    ids = deployment.publish([order])
+    return ids, lambda: deployment.progress(ids)
+
+
+@pytest.mark.parametrize("stack", [SQLITE_REDIS, POSTGRES_REDIS], indirect=True)
+def test_s14_an_answer_lost_after_the_charge_is_reconciled_into_one_payment(
+    stack: Stack, deploy: DeployFactory
+) -> None:
+    """The gateway charged, then the worker got an error instead of the answer: the
+    outcome is unknown, never a failure. The retry looks the charge up and finds it:
+    one payment, the order marked paid with it."""
+    deployment = _deployed(deploy, stack)
+    _worker_and_beat(deployment)
+    ids, _ = _an_answer_lost_after_the_charge(deployment, 4)
+    deployment.wait_settled(ids, recovery_deadline())
+    deployment.assert_each_paid_once(ids)
+    assert any(lookup.value == idempotency_key(4) for lookup in deployment.gateway.gateway.lookups)
+
+
+def test_s14_sabotaged_an_error_taken_as_definite_fails_a_paid_order(
+    sabotage_stack: Stack, deploy: DeployFactory
+) -> None:
+    """Every error read as "nothing processed": the execution ends FAILED while the
+    gateway holds the customer's payment (the seed's version then pays again on the
+    application's retry)."""
+    deployment = _deployed(deploy, sabotage_stack, sabotaged(UNKNOWN_ERRORS_ARE_DEFINITE))
+    _worker_and_beat(deployment)
+    ids, progress = _an_answer_lost_after_the_charge(deployment, 4)
+    task_id = ids[4]
+    wait_until(
+        lambda: deployment.states([task_id])[task_id] == "FAILED",
+        recovery_deadline(),
+        message=lambda: f"the order to be recorded failed\n{progress()}",
+    )
+    assert _charges_of(deployment, 4)[0] == 1, "charged, and the order says it failed"
+    assert deployment.paid_rows() == {}
