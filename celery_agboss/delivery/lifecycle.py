@@ -15,6 +15,7 @@ reconciles what is pending and ends it ``CANCELLED`` (``celery_agboss.delivery.c
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -131,6 +132,14 @@ takes it."""
 WAKE_FOLDED_INTO_REFUSED_RETRY = sabotage.register("wake-folded-into-refused-retry")
 """Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
 (past max_retries), so no message carries the continuation."""
+
+REQUEUE_WITHOUT_PAUSE = sabotage.register("requeue-without-pause")
+"""Sabotage: a message handed back to the broker because the store is down is
+redelivered at once, over and over, for as long as the outage lasts."""
+
+REQUEUE_PAUSE_SECONDS = 1.0
+"""How long a delivery that could not reach the store waits before it hands its message
+back: one redelivery per second per process during an outage, not hundreds."""
 
 CONTEXT_ATTRIBUTE = "agboss_context"
 """Where a delivery keeps its ``ExecutionContext``: on ``task.request``, which is
@@ -535,6 +544,11 @@ class Delivery:
                 raise self._retry(delay)
             except (MaxRetriesExceededError, RetryNotPublished):
                 pass
+        # The retry could not go out (the store is down, so it cannot be recorded):
+        # the broker hands the message back at once, so pause first, or an outage
+        # becomes a loop of deliveries (and error lines) as fast as the broker goes.
+        if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
+            time.sleep(min(delay, REQUEUE_PAUSE_SECONDS))
         raise Reject(cause, requeue=True)
 
     def _abandon(self) -> None:

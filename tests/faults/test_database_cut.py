@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from celery_agboss.delivery.lifecycle import REQUEUE_WITHOUT_PAUSE
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
 from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
-from tests.faults.test_crash_windows import FAULT_SPEEDUPS, NOT_RECONCILED
+from tests.faults.test_crash_windows import FAULT_SPEEDUPS, NOT_RECONCILED, sabotaged
 from tests.support.processes import ManagedProcess, wait_until
 from tests.support.tcp_proxy import CommitFault, PostgresProxy
 
@@ -41,6 +42,9 @@ pytestmark = [pytest.mark.worker, pytest.mark.slow, pytest.mark.postgres, pytest
 ORDER = 5
 TTL = float(FAULT_SPEEDUPS["AGBOSS_LEASE_TTL"])
 FAILED_COMMITS_SECONDS = 30.0
+OUTAGE_REQUEUES_AT_MOST = 30
+"""About one hand-back a second for a 6 s outage, with room for a loaded machine; a
+delivery that does not pause hands its message back hundreds of times."""
 
 
 @pytest.fixture
@@ -103,13 +107,16 @@ def test_s08_commits_cut_when_the_answer_comes_hand_over_and_pay_once(
     deployment.assert_each_paid_once(ids)
 
 
-def test_s08b_the_database_back_only_after_the_lease_expired_pays_once(
-    redis_url_factory: Callable[[], str],
-    proxied: tuple[PostgresProxy, str, str],
+def _an_outage_past_the_lease(
     deploy: DeployFactory,
-) -> None:
+    redis_url: str,
+    proxied: tuple[PostgresProxy, str, str],
+    extra: dict[str, str],
+) -> tuple[Deployment, ManagedProcess, dict[int, str]]:
+    """s08b's outage: COMMITs fail from the gateway's answer until the worker's lease
+    has expired (TTL + 1 s after the first failure), then the database answers again."""
     proxy, via_proxy, direct = proxied
-    deployment, worker = _deployed(deploy, redis_url_factory(), via_proxy, direct, {})
+    deployment, worker = _deployed(deploy, redis_url, via_proxy, direct, extra)
     ids = _commits_fail_when_the_answer_comes(deployment, proxy, worker, CommitFault.DROP_ANSWER)
     seen = time.monotonic()
     wait_until(
@@ -118,8 +125,37 @@ def test_s08b_the_database_back_only_after_the_lease_expired_pays_once(
         message="the worker's lease to expire while the database fails",
     )
     proxy.disarm()
+    return deployment, worker, ids
+
+
+def _requeues(worker: ManagedProcess) -> int:
+    """Deliveries the worker handed back to the broker because the store was down."""
+    return worker.output().count("reject requeue=True")
+
+
+def test_s08b_the_database_back_only_after_the_lease_expired_pays_once(
+    redis_url_factory: Callable[[], str],
+    proxied: tuple[PostgresProxy, str, str],
+    deploy: DeployFactory,
+) -> None:
+    """Also: during the outage (about TTL + 1 = 6 s) the message is handed back about
+    once a second (REQUEUE_PAUSE_SECONDS), not in a loop as fast as the broker goes."""
+    deployment, worker, ids = _an_outage_past_the_lease(deploy, redis_url_factory(), proxied, {})
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
+    assert _requeues(worker) <= OUTAGE_REQUEUES_AT_MOST, worker.tail()
+
+
+def test_s08b_sabotaged_without_the_pause_an_outage_is_a_loop_of_redeliveries(
+    redis_url_factory: Callable[[], str],
+    proxied: tuple[PostgresProxy, str, str],
+    deploy: DeployFactory,
+) -> None:
+    deployment, worker, ids = _an_outage_past_the_lease(
+        deploy, redis_url_factory(), proxied, sabotaged(REQUEUE_WITHOUT_PAUSE)
+    )
+    deployment.wait_settled(ids, recovery_deadline())
+    assert _requeues(worker) > OUTAGE_REQUEUES_AT_MOST
 
 
 def test_s08_sabotaged_a_cut_settle_resent_without_reconcile_pays_twice(
