@@ -4,7 +4,7 @@ The package in layers, bottom up (docs/architecture.md; a test holds every impor
 to this order): ``errors`` and ``core/`` (no Celery, no SQLAlchemy); ``store/``;
 ``settings``, ``messages``, ``task_events`` and ``runtime``; ``delivery/`` (one
 delivery, driven only by ``task``); ``task``; what ``AGBoss`` installs
-(``signals``, ``sweep/``) and the ``operator``'s verbs; ``app`` (``AGBoss``); the
+(``signals``, ``sweep/``) and the operator's verbs (``operator/``); ``app`` (``AGBoss``); the
 tools (``cli/``, ``flower``, ``demo``, ``testing/``).
 
 The Celery-facing names are imported lazily so that ``celery_agboss.core`` can be

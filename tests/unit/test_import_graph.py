@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.sweep",
             "celery_agboss.sweep.*",
             "celery_agboss.operator",
+            "celery_agboss.operator.*",
         ],
     ),
     ("binding", ["celery_agboss.app", "celery_agboss"]),

@@ -1,0 +1,56 @@
+"""What an operator may do, in Python (``celery -A proj agboss …`` calls the same functions).
+
+``reading`` (pending intents, executions, waits, pauses), ``resolving`` (``resolve``)
+and ``acting`` (re-drive, accept, cancel, unpark, answer a pause) hold the verbs;
+``common`` what they share. Every name is exported here.
+
+Every action is refused (``OperatorRefusedError``, nothing changed) while it could race
+with a delivery that may still send money: an intent whose owner's lease is live, an
+execution running under a live lease, a cancel while a payment's outcome is unknown.
+Every change is a compare-and-set and leaves an audit row (who, when, why, before and
+after); ``resolve`` writes its audit row in the same transaction as the change.
+"""
+
+from __future__ import annotations
+
+from celery_agboss.operator.acting import (
+    UnparkResult,
+    accept,
+    answer_pause,
+    cancel,
+    redrive,
+    redrive_now,
+    unpark,
+)
+from celery_agboss.operator.common import default_actor
+from celery_agboss.operator.reading import (
+    Description,
+    OperatorWait,
+    describe,
+    list_executions,
+    list_pauses,
+    list_pending,
+    list_waits,
+)
+from celery_agboss.operator.resolving import OPERATOR_RESULT_UNCHECKED, ResolveResult, resolve
+
+__all__ = [
+    "OPERATOR_RESULT_UNCHECKED",
+    "Description",
+    "OperatorWait",
+    "ResolveResult",
+    "UnparkResult",
+    "accept",
+    "answer_pause",
+    "cancel",
+    "default_actor",
+    "describe",
+    "list_executions",
+    "list_pauses",
+    "list_pending",
+    "list_waits",
+    "redrive",
+    "redrive_now",
+    "resolve",
+    "unpark",
+]

@@ -1,0 +1,316 @@
+"""What an operator changes about an execution: re-drive, accept a divergence, cancel,
+unpark, answer a pause. Each is refused while it could race a delivery that may
+still send money, and leaves an audit row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from celery_agboss.core.executions import (
+    CANCELLED_AFTER_PAYMENT,
+    DIVERGENCE,
+    REDRIVABLE_STATES,
+    TERMINAL_STATES,
+    ExecutionRecord,
+    ExecutionState,
+)
+from celery_agboss.core.log_events import (
+    OPERATOR_ACCEPTED,
+    OPERATOR_CANCELLED,
+    OPERATOR_PAUSE_ANSWERED,
+    OPERATOR_REDRIVEN,
+    OPERATOR_UNPARKED,
+    log_event,
+)
+from celery_agboss.messages import dumps, republish
+from celery_agboss.operator.common import (
+    _agboss,
+    _execution,
+    _execution_summary,
+    _refuse,
+    _require_reason,
+    default_actor,
+)
+from celery_agboss.runtime import Runtime
+from celery_agboss.task_events import send_task_event
+
+
+def redrive_now(agboss: Runtime, execution_id: str, *, reason: str) -> bool:
+    """Publish the execution's message again now (same id, arguments and options), by the
+    same compare-and-set the sweep uses; False when it is not due for one (running under a
+    live lease, terminal, waiting for an answer, or a cancel is pending)."""
+    record = agboss.executions.read_execution(execution_id)
+    if record is None or record.state not in REDRIVABLE_STATES or record.cancel_requested:
+        return False
+    settings = agboss.settings
+    decision = agboss.executions.claim_redrive(
+        execution_id,
+        record.updated_at_ms,
+        settings.max_recovery_attempts,
+        next_redrive_delay_ms=max(
+            2 * round(max(settings.sweep_interval_seconds, 1.0) * 1000), settings.lease_ttl_ms
+        ),
+    )
+    if not decision.republish or decision.execution is None:
+        return False
+    message = decision.execution
+    if message.started_at_ms is not None:
+        message = replace(message, expires_ms=None)
+    republish(agboss.app, message, not_before_ms=None)
+    log_event(OPERATOR_REDRIVEN, execution=execution_id, task=record.task_name, reason=reason)
+    return True
+
+
+def _after_answer(
+    agboss: Runtime, idempotency_key: str, note: str
+) -> tuple[ExecutionRecord | None, bool]:
+    """An intent was settled by a person: every execution that waited for it (its creator,
+    and any that replayed, joined or took it over) goes on. The creator's record and
+    whether it was published again are returned."""
+    waiting = agboss.executions.executions_waiting_on(idempotency_key)
+    republished: dict[str, bool] = {}
+    for execution_id in waiting:
+        record = agboss.executions.read_execution(execution_id)
+        if record is None or record.state in TERMINAL_STATES:
+            continue
+        agboss.executions.unblock(execution_id, note, reset_recovery_count=True)
+        republished[execution_id] = redrive_now(agboss, execution_id, reason=note)
+    creator = waiting[0] if waiting else None
+    if creator is None:
+        return None, False
+    return agboss.executions.read_execution(creator), republished.get(creator, False)
+
+
+def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:
+    """Send a ``WAITING_OPERATOR`` execution on when nothing is left for a person to
+    decide (every intent it created or used is settled): ``WAITING`` and published again
+    now, its recovery count reset. Refused while an intent still needs an operator
+    (resolve it instead), after a cancel that came when a payment had completed (cancel
+    it), or while it runs. True when it was published again."""
+    why = _require_reason(reason)
+    who = actor or default_actor()
+    agboss = _agboss(app)
+    record = _execution(
+        agboss, execution_id, "the waiting ones with `celery -A proj agboss pending`"
+    )
+    if record.state is not ExecutionState.WAITING_OPERATOR:
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is {record.state.value}; only "
+            "one waiting for an operator is re-driven by hand (PARKED: `unpark`)",
+        )
+    if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} was {CANCELLED_AFTER_PAYMENT}: "
+            "refund it at the gateway if needed, then `celery -A proj agboss cancel "
+            f"{execution_id} --payments-handled --reason TEXT`",
+        )
+    if (record.reason or "").startswith(DIVERGENCE):
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} diverged: a re-run would "
+            "diverge again. Deal with what the old path charged, then `celery -A "
+            f"proj agboss accept {execution_id} --reason TEXT`",
+        )
+    keys = agboss.executions.intents_needing_operator(execution_id)
+    if keys:
+        raise _refuse(
+            "pending-intent",
+            f"execution {execution_id} waits for these intents: "
+            f"{', '.join(keys)}; look each up at the gateway and `resolve` it (the "
+            "execution then goes on by itself)",
+        )
+    moved = agboss.executions.unblock(
+        execution_id, f"re-driven by {who}: {why}", reset_recovery_count=True
+    )
+    if moved is None:
+        raise _refuse(
+            "conflict",
+            f"execution {execution_id} changed (or a delivery holds its "
+            "lease) while it was being re-driven; look at it again",
+        )
+    agboss.executions.append_audit(
+        who, "redrive", execution_id, why, _execution_summary(record), _execution_summary(moved)
+    )
+    return redrive_now(agboss, execution_id, reason=f"re-driven by {who}")
+
+
+def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:
+    """Accept a divergence (DESIGN §4): a re-run's body no longer reached a call an earlier
+    delivery made and that completed (or may have). Once what that old path charged is
+    dealt with at the gateway (refunded, or kept), the execution ``COMPLETED`` with the
+    result its body returned, and is published again so that a delivery hands it to the
+    result backend and its links. Refused while an intent of it is pending (resolve it
+    first) or a delivery runs it. True when it was published again."""
+    why = _require_reason(reason)
+    who = actor or default_actor()
+    agboss = _agboss(app)
+    record = _execution(
+        agboss, execution_id, "the waiting ones with `celery -A proj agboss pending`"
+    )
+    if record.state is not ExecutionState.WAITING_OPERATOR or not (record.reason or "").startswith(
+        DIVERGENCE
+    ):
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is {record.state.value} "
+            f"({record.reason or 'no reason'}), not waiting for a divergence",
+        )
+    pending = agboss.executions.pending_intent_keys(execution_id)
+    if pending:
+        raise _refuse(
+            "pending-intent",
+            f"execution {execution_id} has a PENDING intent "
+            f"({', '.join(pending)}): settle it first (`agboss resolve`)",
+        )
+    accepted = agboss.executions.accept_divergence(execution_id, f"accepted by {who}: {why}")
+    if accepted is None:
+        raise _refuse(
+            "conflict",
+            f"execution {execution_id} changed (or a delivery holds its "
+            "lease) while it was being accepted; look at it again",
+        )
+    agboss.executions.append_audit(
+        who,
+        "accept-divergence",
+        execution_id,
+        why,
+        _execution_summary(record),
+        _execution_summary(accepted),
+    )
+    log_event(OPERATOR_ACCEPTED, execution=execution_id, actor=who)
+    republish(agboss.app, replace(accepted, expires_ms=None), not_before_ms=None)
+    return True
+
+
+def cancel(
+    app: Any,
+    execution_id: str,
+    reason: str,
+    *,
+    actor: str | None = None,
+    payments_handled: bool = False,
+) -> ExecutionRecord:
+    """Stop an execution that is not running: a ``REQUESTED`` or waiting execution becomes
+    ``CANCELLED`` and never runs. Refused while it has a pending intent (the payment may
+    have been made: settle it first) or while a delivery runs it under a live lease.
+
+    One that completed an outbound call (money moved) is never silently cancelled: it
+    waits for an operator, "cancelled after a completed payment", until the call is
+    dealt with at the gateway (a refund, or nothing) and ``payments_handled=True``
+    (``--payments-handled``) confirms the cancel."""
+    why = _require_reason(reason)
+    who = actor or default_actor()
+    agboss = _agboss(app)
+    executions = agboss.executions
+    record = _execution(agboss, execution_id, "them with `celery -A proj agboss executions`")
+    if record.state is ExecutionState.CANCELLED:
+        return record
+    if record.state in TERMINAL_STATES:
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is already {record.state.value}; there is nothing to cancel",
+        )
+    if record.state is ExecutionState.COMPENSATING:
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is running its undo "
+            "(COMPENSATING); it ends FAILED once the undo is done",
+        )
+    pending = executions.pending_intent_keys(execution_id)
+    if pending:
+        raise _refuse(
+            "pending-intent",
+            f"execution {execution_id} has a PENDING intent ({', '.join(pending)}): the "
+            "payment may have been made. Settle it first — the sweep reconciles it, or "
+            "`celery -A proj agboss resolve KEY --completed RESULT_JSON | --not-sent --reason "
+            "TEXT` — then cancel again",
+        )
+    lease = agboss.store.read_lease(execution_id)
+    if lease is not None and lease.live:
+        raise _refuse(
+            "lease-live",
+            f"execution {execution_id} is running now (holder {lease.holder}, token "
+            f"{lease.token}); wait for it to end, or revoke it (app.control.revoke(id)): "
+            "its next outbound call or fenced effect then stops it",
+        )
+    updated = executions.request_cancel(execution_id, why, payments_handled=payments_handled)
+    if updated is not None and updated.state not in TERMINAL_STATES:
+        updated = executions.end_cancel_requested(
+            execution_id, why, payments_handled=payments_handled
+        )
+    assert updated is not None
+    action = "cancel:payments-handled" if payments_handled else "cancel"
+    executions.append_audit(
+        who, action, execution_id, why, _execution_summary(record), _execution_summary(updated)
+    )
+    log_event(OPERATOR_CANCELLED, execution=execution_id, state=updated.state.value, actor=who)
+    if updated.state is ExecutionState.CANCELLED:
+        send_task_event(
+            agboss.app,
+            "task-revoked",
+            execution_id,
+            terminated=False,
+            agboss_state=ExecutionState.CANCELLED.value,
+        )
+    return updated
+
+
+@dataclass(frozen=True)
+class UnparkResult:
+    execution: ExecutionRecord
+    republished: bool
+
+
+def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> UnparkResult:
+    """Give a ``PARKED`` execution (recovery cap reached) another go: its recovery count
+    starts again from zero and its message is published again now."""
+    why = _require_reason(reason)
+    who = actor or default_actor()
+    agboss = _agboss(app)
+    record = _execution(
+        agboss,
+        execution_id,
+        "the parked ones with `celery -A proj agboss executions --state PARKED`",
+    )
+    if record.state is not ExecutionState.PARKED:
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is {record.state.value}, not "
+            "PARKED; only a parked execution can be unparked",
+        )
+    moved = agboss.executions.move(
+        execution_id,
+        [ExecutionState.PARKED],
+        ExecutionState.WAITING,
+        f"unparked by {who}: {why}",
+        not_before_delay_ms=0,
+        reset_recovery_count=True,
+        planned=True,
+    )
+    if moved is None:
+        raise _refuse(
+            "conflict",
+            f"execution {execution_id} changed (or a delivery holds its "
+            "lease) while it was being unparked; look at it again",
+        )
+    agboss.executions.append_audit(
+        who, "unpark", execution_id, why, _execution_summary(record), _execution_summary(moved)
+    )
+    log_event(OPERATOR_UNPARKED, execution=execution_id, actor=who)
+    republished = redrive_now(agboss, execution_id, reason=f"unparked by {who}")
+    final = agboss.executions.read_execution(execution_id) or moved
+    return UnparkResult(final, republished)
+
+
+def answer_pause(app: Any, pause_id: str, answer: Any) -> bool:
+    """Answer a pause once and publish its task again; a second answer raises
+    ``NotPausedError`` and moves nothing (PS11). ``pause_id`` is
+    ``"<execution id>:<name>"``, as ``celery -A proj agboss pauses`` lists it.
+    True when the task was published again now (else the sweep re-drives it)."""
+    agboss = _agboss(app)
+    record = agboss.executions.answer_pause(pause_id, dumps(answer))
+    log_event(OPERATOR_PAUSE_ANSWERED, execution=record.id, pause=pause_id)
+    return redrive_now(agboss, record.id, reason=f"pause {pause_id} answered")

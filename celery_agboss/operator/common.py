@@ -1,0 +1,74 @@
+"""What every operator verb shares: the runtime it acts on, who acts, and the refusals."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from typing import Any
+
+from celery_agboss.core.executions import (
+    ExecutionRecord,
+)
+from celery_agboss.core.store import (
+    IntentRecord,
+)
+from celery_agboss.errors import OperatorRefusedError
+from celery_agboss.runtime import Runtime, runtime_of
+
+_NO_RESULT = object()
+
+
+def _agboss(app: Any) -> Runtime:
+    return runtime_of(app)
+
+
+def default_actor() -> str:
+    """Who is acting: the OS user (what the audit row records unless told otherwise)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (containers): the uid still identifies someone
+        return os.environ.get("USER") or f"uid:{os.getuid()}"
+
+
+def _refuse(code: str, message: str, **fields: Any) -> OperatorRefusedError:
+    return OperatorRefusedError(message, code=code, **fields)
+
+
+def _execution(agboss: Runtime, execution_id: str, listing: str) -> ExecutionRecord:
+    """The execution an operator named, or a not-found refusal saying how to list them."""
+    record = agboss.executions.read_execution(execution_id)
+    if record is None:
+        raise _refuse("not-found", f"no execution has the id {execution_id!r}; list {listing}")
+    return record
+
+
+def _require_reason(reason: str) -> str:
+    text = (reason or "").strip()
+    if not text:
+        raise _refuse("bad-input", "a reason is required: say why, it goes into the audit trail")
+    return text
+
+
+def _intent_summary(intent: IntentRecord) -> dict[str, Any]:
+    return {
+        "status": intent.status.value,
+        "attempt": intent.attempt,
+        "needs_operator": intent.needs_operator,
+        "operator_reason": intent.operator_reason,
+        "not_sent_confirmed": intent.not_sent_confirmed,
+        "result_stored": intent.result_stored,
+        "gateway_transaction_id": intent.gateway_transaction_id,
+        "execution_id": intent.execution_id,
+    }
+
+
+def _execution_summary(record: ExecutionRecord) -> str:
+    return json.dumps(
+        {
+            "state": record.state.value,
+            "cancel_requested": record.cancel_requested,
+            "recovery_count": record.recovery_count,
+            "reason": record.reason,
+        }
+    )

@@ -1,0 +1,125 @@
+"""What an operator reads: pending intents, executions, waits for a person, pauses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery_agboss.core.executions import (
+    CANCELLED_AFTER_PAYMENT,
+    DIVERGENCE,
+    AuditEntry,
+    ExecutionRecord,
+    ExecutionState,
+)
+from celery_agboss.core.store import (
+    HistoryRow,
+    IntentRecord,
+    LeaseState,
+)
+from celery_agboss.operator.common import _agboss, _refuse
+from celery_agboss.store import sweep_queries as q
+
+
+def list_pending(app: Any, *, operator_only: bool = False, limit: int = 100) -> list[IntentRecord]:
+    """Intents that may have been sent and are not settled (and completed ones whose result
+    could not be stored), the ones waiting for an operator first."""
+    return q.list_pending_intents(_agboss(app).store, limit=limit, operator_only=operator_only)
+
+
+def list_executions(
+    app: Any,
+    *,
+    states: Sequence[ExecutionState] | None = None,
+    limit: int = 100,
+    after_id: str | None = None,
+) -> list[ExecutionRecord]:
+    """Executions by id (``after_id`` pages), optionally only those in ``states``."""
+    return _agboss(app).executions.list_executions(states or None, limit=limit, after_id=after_id)
+
+
+@dataclass(frozen=True)
+class Description:
+    """Everything known about one execution, or about the execution of one intent."""
+
+    execution: ExecutionRecord | None
+    lease: LeaseState | None
+    intents: list[IntentRecord]
+    history: dict[str, list[HistoryRow]]
+    audit: list[AuditEntry]
+    focus: str | None  # the idempotency key asked for, when one was
+
+
+def describe(app: Any, key_or_id: str) -> Description:
+    """An idempotency key or an execution (task) id: the execution, its lease, its intents
+    with their history, and the audit trail."""
+    agboss = _agboss(app)
+    store = agboss.store
+    intent = store.read_intent(key_or_id)
+    execution_id = intent.execution_id if intent is not None else key_or_id
+    execution = agboss.executions.read_execution(execution_id)
+    if intent is None and execution is None:
+        raise _refuse(
+            "not-found",
+            f"no intent and no execution is named {key_or_id!r}; list them with "
+            "`celery -A proj agboss pending` or `… agboss executions`",
+        )
+    intents = q.list_intents_of(store, execution_id) if execution is not None else [intent]
+    intents = [i for i in intents if i is not None]
+    audit = agboss.executions.list_audit(execution_id, limit=50)
+    for item in intents:
+        audit += agboss.executions.list_audit(item.idempotency_key, limit=50)
+    audit.sort(key=lambda entry: entry.id)
+    return Description(
+        execution=execution,
+        lease=store.read_lease(execution_id) if execution is not None else None,
+        intents=intents,
+        history={i.idempotency_key: store.read_history(i.idempotency_key) for i in intents},
+        audit=audit,
+        focus=intent.idempotency_key if intent is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class OperatorWait:
+    """An execution waiting for a person, and the command that ends the wait."""
+
+    execution: ExecutionRecord
+    intents: list[str]  # keys of the intents (created or used) that need an operator
+    ends_with: str  # the command that ends it
+
+
+def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
+    """Every ``WAITING_OPERATOR`` execution with what ends its wait: ``resolve`` of the
+    intents it waits for, ``cancel --payments-handled`` after a cancel that came when a
+    payment had completed, or ``redrive`` when nothing is left to decide. A wait nobody
+    can end is never listed: there is always one of these."""
+    agboss = _agboss(app)
+    waits = []
+    for record in agboss.executions.list_executions([ExecutionState.WAITING_OPERATOR], limit=limit):
+        keys = agboss.executions.intents_needing_operator(record.id)
+        if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
+            ends = (
+                f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
+                "(once the payment is refunded at the gateway, or left as it is)"
+            )
+        elif (record.reason or "").startswith(DIVERGENCE):
+            ends = (
+                f"celery -A proj agboss accept {record.id} --reason TEXT (once what the "
+                "old path charged is refunded, or kept), or cancel it --payments-handled"
+            )
+        elif keys:
+            ends = (
+                "celery -A proj agboss resolve KEY (--completed RESULT_JSON | --not-sent) "
+                "--reason TEXT, for each key"
+            )
+        else:
+            ends = f"celery -A proj agboss redrive {record.id} --reason TEXT"
+        waits.append(OperatorWait(record, keys, ends))
+    return waits
+
+
+def list_pauses(app: Any, *, limit: int = 100) -> list[tuple[str, str, str]]:
+    """``(pause_id, execution_id, status)`` of the pauses waiting for an answer."""
+    return _agboss(app).executions.list_pauses(limit)

@@ -1,0 +1,219 @@
+"""``resolve``: an operator says what became of an intent the gateway could not tell us
+about, checked against the call before anything is written (DESIGN §6.3)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.executions import (
+    ExecutionRecord,
+)
+from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.log_events import (
+    OPERATOR_RESOLVED,
+    log_event,
+)
+from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.store import (
+    IntentGuard,
+    IntentRecord,
+    IntentStatus,
+    IntentUpdate,
+)
+from celery_agboss.core.transitions import mask_result, transaction_id_of, transition
+from celery_agboss.operator.acting import _after_answer
+from celery_agboss.operator.common import (
+    _NO_RESULT,
+    _agboss,
+    _intent_summary,
+    _refuse,
+    _require_reason,
+    default_actor,
+)
+from celery_agboss.store import sweep_queries as q
+
+OPERATOR_RESULT_UNCHECKED = sabotage.register("operator-result-unchecked")
+"""Sabotage: ``resolve --completed`` stores whatever JSON it is given (a bare charge id
+pasted from the dashboard); the next delivery replays it into a body that expected the
+receipt, and fails there."""
+
+
+def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) -> None:
+    """The next delivery replays the operator's result as if ``send`` had returned it: a
+    bare charge id pasted for a receipt would make its body fail. Checked by the call's
+    ``validate_result``, else by its ``transaction_id`` reader (which must find the id)."""
+    if sabotage.active(OPERATOR_RESULT_UNCHECKED):
+        return
+    if call.validate_result is not None:
+        try:
+            call.validate_result(result)
+        except Exception as exc:
+            raise _refuse(
+                "bad-input",
+                f"{call.name} does not take this result: {exc}. Give "
+                "the result in the form its send returns",
+            ) from None
+        return
+    if call.transaction_id is None:
+        return
+    try:
+        found = call.transaction_id(result)
+    except Exception:
+        found = None
+    if not found:
+        raise _refuse(
+            "bad-input",
+            f"{call.name} finds no gateway id in this result ({type(result).__name__}): give "
+            "the result in the form its send returns, e.g. the receipt as JSON "
+            '\'{"id": "ch_...", "status": "succeeded", ...}\', not the bare id',
+        )
+
+
+@dataclass(frozen=True)
+class ResolveResult:
+    intent: IntentRecord
+    execution: ExecutionRecord | None
+    republished: bool
+
+
+def resolve(
+    app: Any,
+    idempotency_key: str,
+    *,
+    reason: str,
+    completed: Any = _NO_RESULT,
+    not_sent: bool = False,
+    actor: str | None = None,
+) -> ResolveResult:
+    """Settle an intent an operator checked at the gateway, then let its execution go on.
+
+    ``completed=result``: the payment exists; its result is stored (masked as the call
+    says) and replayed by the next delivery, nothing is sent. ``not_sent=True``: the
+    gateway never processed it; the intent becomes ``FAILED`` and the next delivery sends
+    it again under the same key. Refused while its owner's lease (or the execution's) is
+    live. The change, its history row and the audit row commit together.
+    """
+    if (completed is _NO_RESULT) == (not not_sent):
+        raise _refuse(
+            "bad-input", "say what happened: exactly one of completed=RESULT or not_sent=True"
+        )
+    why = _require_reason(reason)
+    who = actor or default_actor()
+    agboss = _agboss(app)
+    store = agboss.store
+    pseudonym_key = agboss.engine_settings.pseudonym_key
+    with store.transaction() as tx:
+        intent = tx.read_intent(idempotency_key)
+        if intent is None:
+            raise _refuse(
+                "not-found",
+                f"no intent has the idempotency key {idempotency_key!r}; "
+                "list them with `celery -A proj agboss pending`",
+            )
+        if intent.owner_live and intent.owner is not None:
+            raise _refuse(
+                "owner-live",
+                f"the intent is held right now by a live delivery (holder {intent.owner.holder}, "
+                f"token {intent.owner.token}): it is being sent or looked up. Wait until its "
+                "lease ends (`agboss show KEY`), then resolve it if it still needs you",
+            )
+        if q.execution_lease_live(tx, intent.execution_id):
+            raise _refuse(
+                "lease-live",
+                f"execution {intent.execution_id} is running under a live lease; its delivery "
+                "reconciles this intent itself. Wait for it to end, then look again",
+            )
+        stored_marker = intent.status is IntentStatus.COMPLETED and not intent.result_stored
+        if intent.status is not IntentStatus.PENDING and not stored_marker:
+            raise _refuse(
+                "wrong-state", f"the intent is already {intent.status.value}; nothing to resolve"
+            )
+        if stored_marker and not_sent:
+            raise _refuse(
+                "wrong-state",
+                "the gateway answered this intent (it is COMPLETED, "
+                "only its result could not be stored): resolve it with --completed",
+            )
+        call = agboss.engine_settings.call_named(intent.name)
+        if not_sent:
+            decision = "not-sent"
+            to_status = IntentStatus.FAILED
+            update = IntentUpdate(
+                status=IntentStatus.FAILED,
+                owner=None,
+                needs_operator=False,
+                operator_reason=f"resolved by {who}: not sent",
+                not_sent_confirmed=True,
+                clear_next_lookup=True,
+            )
+        else:
+            decision = "completed"
+            to_status = IntentStatus.COMPLETED
+            if call is None:
+                raise _refuse(
+                    "bad-input",
+                    f"no OutboundCall named {intent.name!r} is registered in this process, so "
+                    "its masking policy is unknown and nothing is stored (fail closed): "
+                    "register it where the app is made, AGBoss(app).register(call)",
+                )
+            _refuse_a_result_the_call_would_not_return(call, completed)
+            stored_ok, stored = mask_result(call, completed)
+            if not stored_ok:
+                raise _refuse(
+                    "bad-input",
+                    f"the masking policy of {intent.name} cannot store "
+                    "this result; give the result in the form the call returns",
+                )
+            update = IntentUpdate(
+                status=IntentStatus.COMPLETED,
+                owner=None,
+                complete=not stored_marker,
+                result=stored,
+                result_stored=True,
+                needs_operator=False,
+                operator_reason=f"resolved by {who}: completed",
+                clear_next_lookup=True,
+                gateway_transaction_id=transaction_id_of(call, completed),
+            )
+        guard = IntentGuard(intent.status, intent.attempt, intent.owner, owner_not_live=True)
+        if not transition(
+            tx,
+            pseudonym_key,
+            idempotency_key,
+            guard,
+            update,
+            HistoryEvent.RESOLVED_BY_OPERATOR,
+            from_status=intent.status,
+            to_status=to_status,
+            attempt=intent.attempt,
+            owner=None,
+            detail={"actor": who, "decision": decision, "reason": why[:500]},
+        ):
+            raise _refuse(
+                "conflict",
+                "the intent changed while it was being resolved; "
+                "look at it again (`agboss show KEY`)",
+            )
+        after = tx.read_intent(idempotency_key)
+        assert after is not None
+        q.insert_audit_txn(
+            tx,
+            actor=who,
+            action=f"resolve:{decision}",
+            target=idempotency_key,
+            reason=why,
+            before=json.dumps(_intent_summary(intent)),
+            after=json.dumps(_intent_summary(after)),
+        )
+    log_event(
+        OPERATOR_RESOLVED,
+        execution=intent.execution_id,
+        call=intent.name,
+        decision=decision,
+        actor=who,
+    )
+    execution, republished = _after_answer(agboss, idempotency_key, f"resolved by {who}")
+    return ResolveResult(after, execution, republished)
