@@ -43,6 +43,10 @@ SEND_WITHOUT_LEASE_CHECK = register("send-without-lease-check")
 PENDING_RESENT_WITHOUT_RECONCILE = register("pending-resent-without-reconcile")
 """PS5: a pending intent is sent again (a new attempt) without asking reconcile first."""
 
+LIVE_OWNER_TAKEN_OVER = register("live-owner-taken-over")
+"""PS8: a pending intent whose owner's lease is live (a send in flight in another
+execution) is taken over and reconciled as if its owner were dead."""
+
 SEND_NOT_BOUNDED = register("send-not-bounded")
 """R22: wait for a send however long it takes."""
 

@@ -39,6 +39,7 @@ from celery_agboss.core.outbound import (
 from celery_agboss.core.prepared import Holder, PreparedCall, Resend
 from celery_agboss.core.protections import (
     FINGERPRINT_NOT_CHECKED,
+    LIVE_OWNER_TAKEN_OVER,
     PENDING_RESENT_WITHOUT_RECONCILE,
     SUPERSEDED_SILENTLY_REPORTED,
 )
@@ -81,7 +82,12 @@ def take_for_reconcile(
         won = cas(
             tx,
             p.idempotency_key,
-            IntentGuard(IntentStatus.PENDING, record.attempt, record.owner, owner_not_live=True),
+            IntentGuard(
+                IntentStatus.PENDING,
+                record.attempt,
+                record.owner,
+                owner_not_live=not sabotage.active(LIVE_OWNER_TAKEN_OVER),
+            ),
             IntentUpdate(owner=me),
         )
         if won:

@@ -30,6 +30,7 @@ from celery_agboss.core.prepared import Holder, PreparedCall, Resend, prepare_ca
 from celery_agboss.core.protections import (
     FINGERPRINT_NOT_CHECKED,
     JOIN_ON_ANY_FINGERPRINT,
+    LIVE_OWNER_TAKEN_OVER,
     PASSED_FAILURE_RESENT,
     RECORD_USE_NOT_NOTED,
     REPLAY_NOT_STORED_MARKER,
@@ -86,7 +87,7 @@ def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
                 return send_and_settle(holder, p, record.attempt + 1)
             continue
         # PENDING: possibly sent, whoever owns it.
-        if record.owner == me or record.owner_live:
+        if record.owner == me or (record.owner_live and not sabotage.active(LIVE_OWNER_TAKEN_OVER)):
             running = IN_FLIGHT.find(p.idempotency_key, record.owner, record.attempt)
             if running is not None:
                 joined = _join(p, running)

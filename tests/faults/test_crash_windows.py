@@ -12,7 +12,8 @@ sabotage run on PostgreSQL + Redis that switches its protection off in the worke
   back: SQLite+Redis, PostgreSQL+Redis, PostgreSQL+RabbitMQ;
 - s09, a whole worker SIGKILLed with the answer in flight: its guarantee runs in
   tests/deployment/test_recovery.py on all four; its sabotage run is here;
-- s10, one order, two executions at once: SQLite+Redis, PostgreSQL+Redis;
+- s10, one order, two executions at once: SQLite+Redis, PostgreSQL+Redis,
+  PostgreSQL+RabbitMQ;
 - s14, the gateway charged and the answer was lost (an error after processing):
   SQLite+Redis, PostgreSQL+Redis.
 
@@ -32,6 +33,7 @@ from typing import Any
 import pytest
 
 from celery_agboss.core.protections import (
+    LIVE_OWNER_TAKEN_OVER,
     PENDING_RESENT_WITHOUT_RECONCILE,
     UNKNOWN_ERRORS_ARE_DEFINITE,
 )
@@ -233,16 +235,17 @@ def _publish_one_order_twice(deployment: Deployment, order: int) -> list[str]:
     raise AssertionError(f"the publisher printed no task ids:\n{output}")
 
 
-@pytest.mark.parametrize("stack", [SQLITE_REDIS, POSTGRES_REDIS], indirect=True)
+@pytest.mark.parametrize("stack", [SQLITE_REDIS, POSTGRES_REDIS, POSTGRES_RABBITMQ], indirect=True)
 def test_s10_one_order_published_twice_is_paid_once(stack: Stack, deploy: DeployFactory) -> None:
     """Both executions run at once on the worker's two children; the first charge is held
-    at the gateway so they overlap. The business key makes them one intent: the second
+    at the gateway before it is processed, so they overlap and a lookup would find
+    nothing. The business key makes them one intent: the second
     finds it in flight, retries, and replays the first one's receipt. One payment, one
     request, one row; both executions COMPLETED with the same receipt."""
     deployment = _deployed(deploy, stack)
     worker = _worker_and_beat(deployment)
     fake = deployment.gateway.gateway
-    hold = fake.hold(operation="charge")
+    hold = fake.hold(operation="charge", before_processing=True)
     first, second = _publish_one_order_twice(deployment, 7)
     hold.wait_reached(timeout=HELD_SECONDS)
     wait_until(
@@ -261,6 +264,33 @@ def test_s10_one_order_published_twice_is_paid_once(stack: Stack, deploy: Deploy
     a, b = deployment.execution(first), deployment.execution(second)
     assert a is not None and b is not None and a.result and b.result
     assert json.loads(a.result) == json.loads(b.result), "the second replayed the first's receipt"
+
+
+def test_s10_sabotaged_a_live_owners_charge_taken_over_pays_the_order_twice(
+    sabotage_stack: Stack, deploy: DeployFactory
+) -> None:
+    """The second execution treats the first one's pending charge as abandoned although
+    its owner's lease is live: it takes the intent, looks the charge up while the first
+    send is still on the wire (held before the gateway processed it), finds nothing and
+    sends again. Both requests are processed: two payments under the order's key."""
+    deployment = _deployed(deploy, sabotage_stack, sabotaged(LIVE_OWNER_TAKEN_OVER))
+    _worker_and_beat(deployment)
+    fake = deployment.gateway.gateway
+    hold = fake.hold(operation="charge", before_processing=True)
+    first, _ = _publish_one_order_twice(deployment, 7)
+    hold.wait_reached(timeout=HELD_SECONDS)
+    wait_until(
+        lambda: _charges_of(deployment, 7)[0] >= 1,
+        recovery_deadline(),
+        message=lambda: f"the second execution's own charge\n{deployment.progress({7: first})}",
+    )
+    hold.release()
+    wait_until(
+        lambda: _charges_of(deployment, 7)[0] >= 2,
+        recovery_deadline(),
+        message=lambda: f"the held charge to be processed too\n{deployment.progress({7: first})}",
+    )
+    assert _charges_of(deployment, 7) == (2, 2)
 
 
 # --- s14: the answer lost after the charge -----------------------------------------------
