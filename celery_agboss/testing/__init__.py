@@ -5,8 +5,8 @@ clock, the checklist, fault points and sabotage switches are plain Python. Parts
 that need the store (``celery_agboss.testing.stores``, the store contract suite in
 ``celery_agboss.testing.contract``) are imported from their own modules.
 
-Still to come: ``FakeGatewayServer(gateway=None, dialect="stripe")`` — the same fake
-over HTTP on 127.0.0.1 for official SDKs — will be exported here, imported lazily.
+``FakeGatewayServer`` serves a fake over HTTP on 127.0.0.1 (plain JSON endpoints; the
+dialects official SDKs speak are still to come).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from celery_agboss.testing.gateway import (
     GatewayRequestOutcome,
     is_definite_failure,
 )
+from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.switches import SabotageRefusedError, sabotage
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "FakeGatewayError",
     "FakeGatewayErrorKind",
     "FakeGatewayFault",
+    "FakeGatewayServer",
     "FakeGatewayTimeout",
     "GatewayCapabilities",
     "GatewayCheckResult",

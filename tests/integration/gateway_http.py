@@ -17,17 +17,16 @@ SIGKILL or SIGSTOP exactly the pool child that is charging.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from celery_agboss.testing.gateway import FakeGateway
-from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayTimeout
+from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_types import FakeGatewayErrorKind
 
 GATE_BOUND_SECONDS = 60.0
 
@@ -47,45 +46,47 @@ class _Gate:
         self.waiting: list[int] = []  # pids that reached the gate (in order)
 
 
-class GatewayHTTPServer:
-    """``with GatewayHTTPServer(gateway) as server: server.url``; see the module docstring."""
+class GatewayHTTPServer(FakeGatewayServer):
+    """``with GatewayHTTPServer(gateway) as server: server.url``; see the module docstring.
+
+    The package's :class:`FakeGatewayServer` with the test-only ``/note`` and ``/gate``
+    endpoints, its port bound at construction, and the status mapping these tests were
+    written against (every error but a decline or a conflict is a 503)."""
+
+    error_status = {
+        FakeGatewayErrorKind.DECLINED: 402,
+        FakeGatewayErrorKind.CONFLICT: 409,
+        FakeGatewayErrorKind.IN_PROGRESS: 409,
+        FakeGatewayErrorKind.LOOKUP_UNSUPPORTED: 501,
+    }
 
     def __init__(self, gateway: FakeGateway | None = None) -> None:
-        self.gateway = gateway or FakeGateway()
-        self._lock = threading.Lock()
+        super().__init__(gateway or FakeGateway(), declined_cards=())
         self._notes: list[Note] = []
         self._gates: dict[str, _Gate] = {}
-        self.charge_pids: list[int] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="gateway-http", daemon=True
-        )
+        self.route("POST", "/note", self._note_endpoint)
+        self.route("POST", "/gate", self._gate_endpoint)
+        self.start()  # the URL is known from construction on; __enter__ only returns it
 
     # --- life cycle -------------------------------------------------------------------
 
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
     def __enter__(self) -> GatewayHTTPServer:
-        self._thread.start()
+        self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
+    def stop(self) -> None:
         with self._lock:
             gates = list(self._gates.values())
         for gate in gates:
             gate.opened.set()
-        self.gateway.close()
-        self._server.shutdown()
-        self._server.server_close()
+        super().stop()
 
     # --- what tests read and do ---------------------------------------------------------
+
+    @property
+    def charge_pids(self) -> list[int]:
+        """The pid of every charge's sender, in the order the charges arrived."""
+        return [seen.pid for seen in self.charges_seen if seen.pid is not None]
 
     @property
     def notes(self) -> list[Note]:
@@ -109,103 +110,46 @@ class GatewayHTTPServer:
     def open_gate(self, name: str) -> None:
         self._gate(name).opened.set()
 
-    # --- the endpoint -------------------------------------------------------------------
+    # --- the endpoints ------------------------------------------------------------------
 
-    def _record_note(self, body: dict[str, Any], pid: int | None) -> None:
+    def _note_endpoint(self, call: GatewayCall) -> Reply:
+        body = dict(call.body)
         note = Note(
             event=str(body.pop("event")),
             task_id=body.pop("task_id", None),
-            pid=pid,
+            pid=call.pid,
             at=time.time(),
             fields=body,
         )
         with self._lock:
             self._notes.append(note)
+        return Reply(204)
 
-    def _wait_gate(self, name: str, pid: int | None) -> bool:
-        gate = self._gate(name)
+    def _gate_endpoint(self, call: GatewayCall) -> Reply:
+        gate = self._gate(str(call.body.get("name")))
         with self._lock:
-            gate.waiting.append(pid or 0)
-        return gate.opened.wait(GATE_BOUND_SECONDS)
+            gate.waiting.append(call.pid or 0)
+        opened = gate.opened.wait(GATE_BOUND_SECONDS)
+        return Reply(200 if opened else 504, {"opened": opened})
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        """The base handler, with ``_charge(body, pid)`` as the hook a subclass's handler
+        overrides (tests/deployment/gateway.py's ``RecordingGatewayServer`` does)."""
+        base: Any = super()._handler_class()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # quiet
-                pass
-
-            def _pid(self) -> int | None:
-                value = self.headers.get("X-Worker-Pid")
-                return int(value) if value and value.isdigit() else None
-
-            def _body(self) -> dict[str, Any]:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b"{}"
-                value = json.loads(raw or b"{}")
-                return value if isinstance(value, dict) else {}
-
-            def _send(self, status: int, payload: Any = None) -> None:
-                data = b"" if status == 204 else json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass  # the caller died while we answered: exactly what some tests do
-
-            def do_GET(self) -> None:
-                parts = urlsplit(self.path)
-                if parts.path != "/lookup":
-                    self._send(404, {"error": "not found"})
-                    return
-                key = parse_qs(parts.query).get("key", [""])[0]
-                try:
-                    self._send(200, server.gateway.lookup(key))
-                except FakeGatewayError as exc:
-                    self._send(501, {"error": exc.kind.value})
-
-            def do_POST(self) -> None:
-                path = urlsplit(self.path).path
-                body = self._body()
-                pid = self._pid()
-                if path == "/note":
-                    server._record_note(body, pid)
-                    self._send(204)
-                elif path == "/gate":
-                    opened = server._wait_gate(str(body.get("name")), pid)
-                    self._send(200 if opened else 504, {"opened": opened})
-                elif path == "/charge":
-                    self._charge(body, pid)
+        class Handler(base):  # type: ignore[misc]
+            def dispatch(self, call: GatewayCall) -> None:
+                if (call.method, call.path) == ("POST", "/charge"):
+                    self._charge(call.body, call.pid)
                 else:
-                    self._send(404, {"error": "not found"})
+                    super().dispatch(call)
 
             def _charge(self, body: dict[str, Any], pid: int | None) -> None:
-                if pid is not None:
-                    with server._lock:
-                        server.charge_pids.append(pid)
-                try:
-                    receipt = server.gateway.charge(
-                        int(body["amount"]),
-                        body.get("idempotency_key"),
-                        reference=body.get("reference"),
-                    )
-                except FakeGatewayTimeout:
-                    self.close_connection = True  # the answer is lost: no response at all
-                    return
-                except FakeGatewayError as exc:
-                    status = {"CONFLICT": 409, "IN_PROGRESS": 409, "DECLINED": 402}.get(
-                        exc.kind.value, 503
-                    )
-                    self._send(status, {"error": exc.kind.value, "message": str(exc)})
-                    return
-                self._send(200, receipt)
+                self.reply(server.charge_endpoint(GatewayCall("POST", "/charge", {}, body, pid)))
 
-        return Handler
+        handler: type[BaseHTTPRequestHandler] = Handler
+        return handler
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str]) -> Any:

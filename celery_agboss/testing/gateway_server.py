@@ -1,0 +1,359 @@
+"""A :class:`FakeGateway` served over HTTP on 127.0.0.1, for code in other processes.
+
+The process that owns the server keeps the one ``FakeGateway`` whose ``payments`` and
+``requests`` it asserts on; workers (subprocesses) reach it with any HTTP client. Only
+127.0.0.1 is ever bound, on a free port: the fake cannot be mistaken for, or exposed
+as, a real gateway.
+
+The JSON endpoints of this base (a dialect for an official SDK adds its own through
+:meth:`FakeGatewayServer.route`):
+
+- ``POST /charge`` ``{"amount", "idempotency_key", "reference", "card", "metadata"}``
+  → 200 and the receipt; or ``{"error": kind, "message"}`` with the status of
+  :attr:`FakeGatewayServer.error_status` (402 declined, 409 conflict or in progress,
+  503 nothing processed, ...); a dropped answer (``ANSWER_THEN_DROP``, a hold that
+  timed out) closes the connection without a response. A ``card`` in
+  ``declined_cards`` is declined before anything is processed, every time: a
+  deterministic decline, unlike an injected ``DECLINE`` fault.
+- ``GET /lookup?key=…`` → 200 and the receipt, or ``null`` (G2); 501 when lookup is off.
+- ``GET /health`` → 200 ``{"ok": true}``.
+
+A client may send its pid in the ``X-Worker-Pid`` header: every charge is recorded with
+it (:attr:`charges_seen`), so a test can signal exactly the process that is charging, and
+:meth:`hold_next_answer` keeps the next charge's answer in the server (the payment is
+made) and says who sent it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from celery_agboss.testing.gateway import FakeGateway
+from celery_agboss.testing.gateway_types import (
+    FakeGatewayError,
+    FakeGatewayErrorKind,
+    FakeGatewayTimeout,
+)
+
+HOST = "127.0.0.1"
+DECLINED_CARD = "tok_chargeDeclined"
+PID_HEADER = "X-Worker-Pid"
+
+
+@dataclass(frozen=True)
+class GatewayCall:
+    """One HTTP request as an endpoint sees it."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: dict[str, Any]
+    pid: int | None  # the sender's, from the X-Worker-Pid header
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What an endpoint answers; ``drop`` closes the connection without any response."""
+
+    status: int
+    payload: Any = None
+    drop: bool = False
+
+
+Endpoint = Callable[[GatewayCall], Reply]
+
+
+@dataclass(frozen=True)
+class ChargeSeen:
+    """A charge as it reached the server, before the gateway processed it."""
+
+    pid: int | None
+    idempotency_key: str | None
+    reference: str | None
+    at: float
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A charge declined by its card (``declined_cards``): nothing was processed."""
+
+    idempotency_key: str | None
+    reference: str | None
+    card: str
+    at: float
+
+
+@dataclass(eq=False)
+class HeldAnswer:
+    """One charge's answer kept in the server (:meth:`FakeGatewayServer.hold_next_answer`)."""
+
+    timeout: float
+    pid: int | None = None
+    idempotency_key: str | None = None
+    reference: str | None = None
+    _reached: threading.Event = field(default_factory=threading.Event)
+    _released: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def reached(self) -> bool:
+        """True once a charge was processed and its answer is held."""
+        return self._reached.is_set()
+
+    def wait_reached(self, timeout: float) -> bool:
+        return self._reached.wait(timeout)
+
+    def release(self) -> None:
+        """Let the held answer go (to a caller that may be dead or frozen by now)."""
+        self._released.set()
+
+
+class FakeGatewayServer:
+    """``with FakeGatewayServer(gateway) as server: server.url``; see the module docstring."""
+
+    error_status: dict[FakeGatewayErrorKind, int] = {
+        FakeGatewayErrorKind.DECLINED: 402,
+        FakeGatewayErrorKind.CONFLICT: 409,
+        FakeGatewayErrorKind.IN_PROGRESS: 409,
+        FakeGatewayErrorKind.INVALID_REQUEST: 400,
+        FakeGatewayErrorKind.NOT_FOUND: 404,
+        FakeGatewayErrorKind.LOOKUP_UNSUPPORTED: 501,
+    }
+    """Status per error kind; any other kind (``NOT_PROCESSED`` above all) is 503."""
+
+    def __init__(
+        self,
+        gateway: FakeGateway | None = None,
+        *,
+        declined_cards: Iterable[str] = (DECLINED_CARD,),
+        hold_timeout: float = 60.0,
+    ) -> None:
+        self.gateway = gateway if gateway is not None else FakeGateway()
+        self.declined_cards = frozenset(declined_cards)
+        self.hold_timeout = hold_timeout
+        self._lock = threading.Lock()
+        self._charges: list[ChargeSeen] = []
+        self._declines: list[Decline] = []
+        self._held: list[HeldAnswer] = []
+        self._routes: dict[tuple[str, str], Endpoint] = {}
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.route("POST", "/charge", self.charge_endpoint)
+        self.route("GET", "/lookup", self.lookup_endpoint)
+        self.route("GET", "/health", lambda call: Reply(200, {"ok": True}))
+
+    # --- life cycle -------------------------------------------------------------------
+
+    def start(self) -> FakeGatewayServer:
+        """Listen on 127.0.0.1, on a free port; idempotent."""
+        if self._server is None:
+            server = ThreadingHTTPServer((HOST, 0), self._handler_class())
+            server.daemon_threads = True
+            self._server = server
+            self._thread = threading.Thread(
+                target=server.serve_forever, name="fake-gateway-http", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Release every held answer, stop serving and free the port; idempotent."""
+        with self._lock:
+            held = list(self._held)
+        for answer in held:
+            answer.release()
+        self.gateway.close()
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop()
+
+    def __enter__(self) -> FakeGatewayServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>`` (the server must be started)."""
+        if self._server is None:
+            raise RuntimeError("the fake gateway server is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    # --- extending it ------------------------------------------------------------------
+
+    def route(self, method: str, path: str, endpoint: Endpoint) -> None:
+        """Serve ``endpoint`` for ``method path`` (replacing any earlier one)."""
+        self._routes[(method.upper(), path)] = endpoint
+
+    def handle(self, call: GatewayCall) -> Reply:
+        """The one dispatch every request goes through."""
+        endpoint = self._routes.get((call.method, call.path))
+        if endpoint is None:
+            return Reply(404, {"error": "NOT_FOUND", "message": f"no {call.method} {call.path}"})
+        return endpoint(call)
+
+    def error_reply(self, exc: FakeGatewayError) -> Reply:
+        if isinstance(exc, FakeGatewayTimeout):
+            return Reply(0, drop=True)
+        status = self.error_status.get(exc.kind, 503)
+        return Reply(status, {"error": exc.kind.value, "message": str(exc)})
+
+    # --- what the owner reads and does ----------------------------------------------------
+
+    @property
+    def charges_seen(self) -> list[ChargeSeen]:
+        with self._lock:
+            return list(self._charges)
+
+    @property
+    def declines(self) -> list[Decline]:
+        with self._lock:
+            return list(self._declines)
+
+    def pid_of_charge(self, idempotency_key: str) -> int | None:
+        """The process that sent the first charge under ``idempotency_key``, if it said."""
+        for seen in self.charges_seen:
+            if seen.idempotency_key == idempotency_key and seen.pid is not None:
+                return seen.pid
+        return None
+
+    def hold_next_answer(self, timeout: float | None = None) -> HeldAnswer:
+        """Keep the answer to the next charge the gateway processes in the server.
+
+        The payment is made; the caller waits until :meth:`HeldAnswer.release` (or
+        ``timeout``, then its connection is closed with no answer). ``pid`` and
+        ``idempotency_key`` say who it is once ``reached``.
+        """
+        answer = HeldAnswer(timeout=self.hold_timeout if timeout is None else timeout)
+        with self._lock:
+            self._held.append(answer)
+        return answer
+
+    def cancel_hold(self, answer: HeldAnswer) -> None:
+        """Disarm a hold no charge reached yet (one that was reached is released instead)."""
+        with self._lock:
+            if answer in self._held:
+                self._held.remove(answer)
+
+    def _take_held(self) -> HeldAnswer | None:
+        with self._lock:
+            return self._held.pop(0) if self._held else None
+
+    # --- the endpoints ----------------------------------------------------------------------
+
+    def charge_endpoint(self, call: GatewayCall) -> Reply:
+        body = call.body
+        key = body.get("idempotency_key")
+        reference = body.get("reference")
+        card = str(body.get("card") or "")
+        now = time.time()
+        with self._lock:
+            self._charges.append(ChargeSeen(call.pid, key, reference, now))
+        if card in self.declined_cards:
+            with self._lock:
+                self._declines.append(Decline(key, reference, card, now))
+            return Reply(402, {"error": "DECLINED", "message": f"card {card} declined"})
+        try:
+            amount = int(body["amount"])
+        except (KeyError, TypeError, ValueError):
+            return Reply(400, {"error": "INVALID_REQUEST", "message": "amount is required"})
+        metadata = body.get("metadata")
+        extra = dict(metadata) if isinstance(metadata, dict) else {}
+        try:
+            receipt = self.gateway.charge(amount, key, reference=reference, **extra)
+        except FakeGatewayError as exc:
+            return self.error_reply(exc)
+        held = self._take_held()
+        if held is not None:
+            held.pid, held.idempotency_key, held.reference = call.pid, key, reference
+            held._reached.set()
+            if not held._released.wait(held.timeout):
+                return Reply(0, drop=True)
+        return Reply(200, receipt)
+
+    def lookup_endpoint(self, call: GatewayCall) -> Reply:
+        try:
+            return Reply(200, self.gateway.lookup(call.query.get("key", "")))
+        except FakeGatewayError as exc:
+            return self.error_reply(exc)
+
+    # --- HTTP ------------------------------------------------------------------------------
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the owner reads the records, not a log."""
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def _serve(self, method: str) -> None:
+                parts = urlsplit(self.path)
+                query = {k: v[0] for k, v in parse_qs(parts.query).items() if v}
+                pid_text = self.headers.get(PID_HEADER) or ""
+                try:
+                    body = self._body()
+                except ValueError:
+                    self.reply(Reply(400, {"error": "INVALID_REQUEST", "message": "not JSON"}))
+                    return
+                pid = int(pid_text) if pid_text.isdigit() else None
+                self.dispatch(GatewayCall(method, parts.path, query, body, pid))
+
+            def dispatch(self, call: GatewayCall) -> None:
+                """Answer one request (a subclass may take some paths itself)."""
+                self.reply(owner.handle(call))
+
+            def _body(self) -> dict[str, Any]:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                value = json.loads(raw) if raw else {}
+                return value if isinstance(value, dict) else {}
+
+            def reply(self, reply: Reply) -> None:
+                if reply.drop:
+                    self.close_connection = True  # the answer is lost: no response at all
+                    return
+                data = b"" if reply.status == 204 else json.dumps(reply.payload).encode()
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    self.close_connection = True  # the caller died (or was killed) meanwhile
+
+        return Handler
+
+
+__all__ = [
+    "DECLINED_CARD",
+    "ChargeSeen",
+    "Decline",
+    "FakeGatewayServer",
+    "GatewayCall",
+    "HeldAnswer",
+    "Reply",
+]
