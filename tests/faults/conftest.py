@@ -4,7 +4,7 @@ real workers deploy the README's shop with the deployment suite's fixtures."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -25,6 +25,9 @@ from tests.deployment.conftest import (
     rabbitmq_vhost_url,
     sqlite_url,
 )
+from tests.faults.cluster import Cluster, ClusterUnavailable
+from tests.faults.scenario import Stack, stack_for
+from tests.support import services
 from tests.support.databases import TemplateDatabase
 
 TemplateFactory = Callable[[str, Callable[[str], None]], TemplateDatabase]
@@ -36,3 +39,32 @@ def postgres_store_url(
 ) -> str:
     """A migrated, empty store database on PostgreSQL (dropped after the test)."""
     return clone_postgres(postgres_templates("store", migrate))
+
+
+@pytest.fixture(scope="session")
+def crashable_postgres() -> Iterator[Cluster]:
+    """A PostgreSQL cluster of this session's own, on a free port of 127.0.0.1, that a
+    test may stop with ``pg_ctl -m immediate`` (tests/faults/cluster.py); removed at the
+    end of the session."""
+    try:
+        cluster = Cluster.create()
+    except ClusterUnavailable as exc:
+        if services.in_ci():
+            services.fail(str(exc))
+        pytest.skip(str(exc))
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def stack(request: pytest.FixtureRequest) -> Stack:
+    store, broker = request.param
+    return stack_for(request, store, broker)
+
+
+@pytest.fixture
+def sabotage_stack(request: pytest.FixtureRequest) -> Stack:
+    """Where every sabotage run goes: PostgreSQL + Redis."""
+    return stack_for(request, "postgresql", "redis")

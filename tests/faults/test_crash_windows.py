@@ -17,9 +17,8 @@ sabotage run on PostgreSQL + Redis that switches its protection off in the worke
 - s14, the gateway charged and the answer was lost (an error after processing):
   SQLite+Redis, PostgreSQL+Redis.
 
-Speed-ups, all README ``AGBOSS_<NAME>`` variables: the deployment suite's (TTL 5 s,
-sweep every 2 s, grace 3 s) and ``AGBOSS_RETRY_DELAY=1`` (5 s): an unknown outcome or
-a charge in flight elsewhere is retried after 1 s.
+Speed-ups: those of tests/faults/scenario.py (lease TTL 5 s, sweep every 2 s,
+requested grace 3 s, retry after 1 s), all README ``AGBOSS_<NAME>`` variables.
 """
 
 from __future__ import annotations
@@ -28,19 +27,16 @@ import json
 import os
 import signal
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import pytest
 
 from celery_agboss.core.protections import (
     LIVE_OWNER_TAKEN_OVER,
-    PENDING_RESENT_WITHOUT_RECONCILE,
     UNKNOWN_ERRORS_ARE_DEFINITE,
 )
-from celery_agboss.sweep.steps import STRANDED_NOT_RECONCILED
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.deployment.conftest import DeployFactory
-from tests.deployment.deployment import SPEEDUPS, Deployment
+from tests.deployment.deployment import Deployment
 from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import (
     HELD_SECONDS,
@@ -49,88 +45,23 @@ from tests.deployment.test_recovery import (
     recovery_deadline,
     start_two_workers,
 )
+from tests.faults.scenario import (
+    NOT_RECONCILED,
+    POSTGRES_RABBITMQ,
+    POSTGRES_REDIS,
+    SQLITE_REDIS,
+    Stack,
+    charges_of,
+    deployed,
+    sabotaged,
+    wait_for_a_second_payment,
+    worker_and_beat,
+)
 from tests.support.processes import ManagedProcess, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
-FAULT_SPEEDUPS: Mapping[str, str] = {**SPEEDUPS, "AGBOSS_RETRY_DELAY": "1"}
 ORDERS = (1, 2, 3)
-
-Stack = tuple[str, str]  # (broker URL, database URL)
-
-
-def sabotaged(*protections: str) -> dict[str, str]:
-    """The environment that makes the deployment's workers run without ``protections``
-    (honoured only because a test process started them)."""
-    return {
-        "AGBOSS_ALLOW_SABOTAGE": "1",
-        "AGBOSS_SABOTAGE_SUBPROCESS": "1",
-        "AGBOSS_SABOTAGE": ",".join(protections),
-    }
-
-
-NOT_RECONCILED = sabotaged(PENDING_RESENT_WITHOUT_RECONCILE, STRANDED_NOT_RECONCILED)
-"""Reconcile-first off in both places that ask the gateway before a resend: the next
-delivery and the sweep."""
-
-
-def _stack(request: pytest.FixtureRequest, store: str, broker: str) -> Stack:
-    if broker == "redis":
-        broker_url: str = request.getfixturevalue("redis_url_factory")()
-    else:
-        broker_url = request.getfixturevalue("rabbitmq_vhost_url")
-    if store == "sqlite":
-        database_url: str = request.getfixturevalue("sqlite_url")
-    else:
-        database_url = request.getfixturevalue("empty_postgres_url")
-    return broker_url, database_url
-
-
-def _param(store: str, broker: str) -> Any:
-    marks = [
-        getattr(pytest.mark, broker),
-        getattr(pytest.mark, "postgres" if store != "sqlite" else "sqlite"),
-    ]
-    return pytest.param((store, broker), id=f"{store}-{broker}", marks=marks)
-
-
-SQLITE_REDIS = _param("sqlite", "redis")
-POSTGRES_REDIS = _param("postgresql", "redis")
-POSTGRES_RABBITMQ = _param("postgresql", "rabbitmq")
-
-
-@pytest.fixture
-def stack(request: pytest.FixtureRequest) -> Stack:
-    store, broker = request.param
-    return _stack(request, store, broker)
-
-
-@pytest.fixture
-def sabotage_stack(request: pytest.FixtureRequest) -> Stack:
-    """Where every sabotage run goes: PostgreSQL + Redis."""
-    return _stack(request, "postgresql", "redis")
-
-
-def _deployed(
-    deploy: DeployFactory, stack: Stack, extra: Mapping[str, str] | None = None
-) -> Deployment:
-    deployment = deploy(*stack, speedups={**FAULT_SPEEDUPS, **(extra or {})})
-    deployment.prepare()
-    return deployment
-
-
-def _worker_and_beat(deployment: Deployment) -> ManagedProcess:
-    beat = deployment.start_beat()
-    worker = deployment.start_worker()
-    deployment.wait_ready(worker)
-    deployment.wait_beat(beat)
-    return worker
-
-
-def _charges_of(deployment: Deployment, order: int) -> tuple[int, int]:
-    """(payments, charge requests) at the gateway under ``order``'s key."""
-    fake, key = deployment.gateway.gateway, idempotency_key(order)
-    return len(fake.payments_for(key)), len(fake.requests_for(key))
 
 
 # --- s03: a pool child killed after the charge ----------------------------------------
@@ -169,8 +100,8 @@ def test_s03_a_child_killed_after_the_charge_leaves_one_payment(
     """The charge went through, its child died before the answer came back: its lease
     expires, the sweep re-drives the execution, and the next delivery looks the charge
     up first (reconcile) instead of sending it again. One payment per order."""
-    deployment = _deployed(deploy, stack)
-    worker = _worker_and_beat(deployment)
+    deployment = deployed(deploy, stack)
+    worker = worker_and_beat(deployment)
     ids, held = kill_the_child_on_the_wire(deployment, worker)
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
@@ -183,15 +114,10 @@ def test_s03_a_child_killed_after_the_charge_leaves_one_payment(
 def test_s03_sabotaged_a_resend_without_reconcile_pays_the_order_twice(
     sabotage_stack: Stack, deploy: DeployFactory
 ) -> None:
-    deployment = _deployed(deploy, sabotage_stack, NOT_RECONCILED)
-    worker = _worker_and_beat(deployment)
+    deployment = deployed(deploy, sabotage_stack, NOT_RECONCILED)
+    worker = worker_and_beat(deployment)
     ids, held = kill_the_child_on_the_wire(deployment, worker)
-    wait_until(
-        lambda: _charges_of(deployment, held)[0] >= 2,
-        recovery_deadline(),
-        message=lambda: f"the second payment of order {held}\n{deployment.progress(ids)}",
-    )
-    assert _charges_of(deployment, held) == (2, 2)
+    wait_for_a_second_payment(deployment, held, ids)
 
 
 # --- s09: the whole worker killed (its guarantee: tests/deployment/test_recovery.py) ---
@@ -200,17 +126,12 @@ def test_s03_sabotaged_a_resend_without_reconcile_pays_the_order_twice(
 def test_s09_sabotaged_a_killed_workers_charge_resent_without_reconcile_pays_twice(
     sabotage_stack: Stack, deploy: DeployFactory
 ) -> None:
-    deployment = _deployed(deploy, sabotage_stack, NOT_RECONCILED)
+    deployment = deployed(deploy, sabotage_stack, NOT_RECONCILED)
     beat = deployment.start_beat()
     workers = start_two_workers(deployment)
     deployment.wait_beat(beat)
     ids, held, _ = kill_the_worker_on_the_wire(deployment, workers)
-    wait_until(
-        lambda: _charges_of(deployment, held)[0] >= 2,
-        recovery_deadline(),
-        message=lambda: f"the second payment of order {held}\n{deployment.progress(ids)}",
-    )
-    assert _charges_of(deployment, held) == (2, 2)
+    wait_for_a_second_payment(deployment, held, ids)
 
 
 # --- s10: one order, two executions -----------------------------------------------------
@@ -242,8 +163,8 @@ def test_s10_one_order_published_twice_is_paid_once(stack: Stack, deploy: Deploy
     nothing. The business key makes them one intent: the second
     finds it in flight, retries, and replays the first one's receipt. One payment, one
     request, one row; both executions COMPLETED with the same receipt."""
-    deployment = _deployed(deploy, stack)
-    worker = _worker_and_beat(deployment)
+    deployment = deployed(deploy, stack)
+    worker = worker_and_beat(deployment)
     fake = deployment.gateway.gateway
     hold = fake.hold(operation="charge", before_processing=True)
     first, second = _publish_one_order_twice(deployment, 7)
@@ -273,24 +194,19 @@ def test_s10_sabotaged_a_live_owners_charge_taken_over_pays_the_order_twice(
     its owner's lease is live: it takes the intent, looks the charge up while the first
     send is still on the wire (held before the gateway processed it), finds nothing and
     sends again. Both requests are processed: two payments under the order's key."""
-    deployment = _deployed(deploy, sabotage_stack, sabotaged(LIVE_OWNER_TAKEN_OVER))
-    _worker_and_beat(deployment)
+    deployment = deployed(deploy, sabotage_stack, sabotaged(LIVE_OWNER_TAKEN_OVER))
+    worker_and_beat(deployment)
     fake = deployment.gateway.gateway
     hold = fake.hold(operation="charge", before_processing=True)
     first, _ = _publish_one_order_twice(deployment, 7)
     hold.wait_reached(timeout=HELD_SECONDS)
     wait_until(
-        lambda: _charges_of(deployment, 7)[0] >= 1,
+        lambda: charges_of(deployment, 7)[0] >= 1,
         recovery_deadline(),
         message=lambda: f"the second execution's own charge\n{deployment.progress({7: first})}",
     )
     hold.release()
-    wait_until(
-        lambda: _charges_of(deployment, 7)[0] >= 2,
-        recovery_deadline(),
-        message=lambda: f"the held charge to be processed too\n{deployment.progress({7: first})}",
-    )
-    assert _charges_of(deployment, 7) == (2, 2)
+    wait_for_a_second_payment(deployment, 7, {7: first})
 
 
 # --- s14: the answer lost after the charge -----------------------------------------------
@@ -313,8 +229,8 @@ def test_s14_an_answer_lost_after_the_charge_is_reconciled_into_one_payment(
     """The gateway charged, then the worker got an error instead of the answer: the
     outcome is unknown, never a failure. The retry looks the charge up and finds it:
     one payment, the order marked paid with it."""
-    deployment = _deployed(deploy, stack)
-    _worker_and_beat(deployment)
+    deployment = deployed(deploy, stack)
+    worker_and_beat(deployment)
     ids, _ = _an_answer_lost_after_the_charge(deployment, 4)
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
@@ -327,8 +243,8 @@ def test_s14_sabotaged_an_error_taken_as_definite_fails_a_paid_order(
     """Every error read as "nothing processed": the execution ends FAILED while the
     gateway holds the customer's payment (the seed's version then pays again on the
     application's retry)."""
-    deployment = _deployed(deploy, sabotage_stack, sabotaged(UNKNOWN_ERRORS_ARE_DEFINITE))
-    _worker_and_beat(deployment)
+    deployment = deployed(deploy, sabotage_stack, sabotaged(UNKNOWN_ERRORS_ARE_DEFINITE))
+    worker_and_beat(deployment)
     ids, progress = _an_answer_lost_after_the_charge(deployment, 4)
     task_id = ids[4]
     wait_until(
@@ -336,5 +252,5 @@ def test_s14_sabotaged_an_error_taken_as_definite_fails_a_paid_order(
         recovery_deadline(),
         message=lambda: f"the order to be recorded failed\n{progress()}",
     )
-    assert _charges_of(deployment, 4)[0] == 1, "charged, and the order says it failed"
+    assert charges_of(deployment, 4)[0] == 1, "charged, and the order says it failed"
     assert deployment.paid_rows() == {}

@@ -17,7 +17,7 @@ The sabotage run takes reconcile-first away (in the next delivery and in the swe
 the charge whose settle was cut is sent again. The test itself reads the store
 directly, not through the proxy.
 
-Speed-ups: as tests/faults/test_crash_windows.py (TTL 5 s, sweep every 2 s, grace 3 s,
+Speed-ups: as tests/faults/scenario.py (TTL 5 s, sweep every 2 s, grace 3 s,
 retry after 1 s), all README ``AGBOSS_<NAME>`` variables.
 """
 
@@ -33,7 +33,7 @@ from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
 from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
-from tests.faults.test_crash_windows import FAULT_SPEEDUPS, NOT_RECONCILED, sabotaged
+from tests.faults.scenario import FAULT_SPEEDUPS, NOT_RECONCILED, sabotaged
 from tests.support.processes import ManagedProcess, wait_until
 from tests.support.tcp_proxy import CommitFault, PostgresProxy
 
@@ -56,7 +56,7 @@ def proxied(
         yield proxy, proxy.url_for(empty_postgres_url), empty_postgres_url
 
 
-def _deployed(
+def deployed(
     deploy: DeployFactory, redis_url: str, proxied_url: str, direct_url: str, extra: dict[str, str]
 ) -> tuple[Deployment, ManagedProcess]:
     deployment = deploy(redis_url, proxied_url, speedups={**FAULT_SPEEDUPS, **extra})
@@ -100,7 +100,7 @@ def test_s08_commits_cut_when_the_answer_comes_hand_over_and_pay_once(
     deploy: DeployFactory,
 ) -> None:
     proxy, via_proxy, direct = proxied
-    deployment, worker = _deployed(deploy, redis_url_factory(), via_proxy, direct, {})
+    deployment, worker = deployed(deploy, redis_url_factory(), via_proxy, direct, {})
     ids = _commits_fail_when_the_answer_comes(deployment, proxy, worker, fault)
     proxy.disarm()
     deployment.wait_settled(ids, recovery_deadline())
@@ -116,7 +116,7 @@ def _an_outage_past_the_lease(
     """s08b's outage: COMMITs fail from the gateway's answer until the worker's lease
     has expired (TTL + 1 s after the first failure), then the database answers again."""
     proxy, via_proxy, direct = proxied
-    deployment, worker = _deployed(deploy, redis_url, via_proxy, direct, extra)
+    deployment, worker = deployed(deploy, redis_url, via_proxy, direct, extra)
     ids = _commits_fail_when_the_answer_comes(deployment, proxy, worker, CommitFault.DROP_ANSWER)
     seen = time.monotonic()
     wait_until(
@@ -164,7 +164,7 @@ def test_s08_sabotaged_a_cut_settle_resent_without_reconcile_pays_twice(
     deploy: DeployFactory,
 ) -> None:
     proxy, via_proxy, direct = proxied
-    deployment, worker = _deployed(deploy, redis_url_factory(), via_proxy, direct, NOT_RECONCILED)
+    deployment, worker = deployed(deploy, redis_url_factory(), via_proxy, direct, NOT_RECONCILED)
     ids = _commits_fail_when_the_answer_comes(deployment, proxy, worker, CommitFault.CUT_BEFORE)
     proxy.disarm()
     fake = deployment.gateway.gateway
