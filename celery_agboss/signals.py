@@ -35,6 +35,7 @@ from typing import Any
 from celery import signals as celery_signals
 from celery._state import get_current_worker_task
 from celery.utils.imports import symbol_by_name
+from celery.worker import state as worker_state
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionState
@@ -44,6 +45,7 @@ from celery_agboss.core.log_events import (
     WORKER_SHUTTING_DOWN,
     log_event,
 )
+from celery_agboss.core.store import LeaseRef
 from celery_agboss.errors import (
     ConfigurationError,
     ExecutionIdConflictError,
@@ -69,6 +71,10 @@ re-run: two executions, two shipping charges."""
 PUBLISH_WITHOUT_RECORD = sabotage.register("publish-without-record")
 """Sabotage (trap 9): a publish the store could not record goes to the broker anyway, and
 a message the broker then loses leaves no trace."""
+
+SHUTDOWN_HANDS_OVER_RUNNING_LEASES = sabotage.register("shutdown-hands-over-running-leases")
+"""Sabotage (PS12): a stopping worker releases the leases of the bodies it still runs, so
+another worker re-runs a step whose charge is still on the wire here."""
 
 
 def _is_payment_task(agboss: Runtime, name: Any) -> bool:
@@ -187,6 +193,8 @@ def connect(agboss: Runtime) -> None:
         except Exception:
             tracked = -1
         log_event(WORKER_SHUTTING_DOWN, hostname=sender, signal=sig, how=how, leases=tracked)
+        if sabotage.active(SHUTDOWN_HANDS_OVER_RUNNING_LEASES):
+            _hand_over_running_leases(agboss)
 
     def task_revoked(
         sender: Any = None,
@@ -223,6 +231,14 @@ def connect(agboss: Runtime) -> None:
     agboss._signal_handlers = handlers
     _refuse_unrecorded_publishes(agboss)
     install_revoke_recorder(agboss)
+
+
+def _hand_over_running_leases(agboss: Runtime) -> None:
+    """The sabotage above: release every live lease of this worker's running requests."""
+    for request in tuple(worker_state.active_requests):
+        found = agboss.store.read_lease(request.id)
+        if found is not None and found.live:
+            agboss.store.release_lease(LeaseRef(found.scope, found.holder, found.token))
 
 
 def _fix_link_ids(body: Any, execution_id: str) -> None:
