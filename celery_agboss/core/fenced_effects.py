@@ -28,7 +28,7 @@ from celery_agboss.core.keys import (
     validate_business_key,
 )
 from celery_agboss.core.log_events import FENCED_EFFECT_APPLIED, FENCED_EFFECT_REPLAYED, log_event
-from celery_agboss.core.protections import RECORD_USE_NOT_NOTED
+from celery_agboss.core.protections import FENCED_EFFECT_NOT_REPLAYED, RECORD_USE_NOT_NOTED
 from celery_agboss.core.store import EFFECT_RECORD, EffectRecord, FencedTransaction, LeaseRef
 from celery_agboss.errors import FencedEffectConflictError, IdempotencyKeyConflictError
 
@@ -92,7 +92,7 @@ def run_fenced_effect(
             with holder.fenced() as tx:
                 holder.check_cancel(tx)  # before a replay too: the body stops here
                 record = tx.read_effect(key)
-                if record is not None:
+                if record is not None and not sabotage.active(FENCED_EFFECT_NOT_REPLAYED):
                     replayed = _replay(record, name, wanted, log_ref)
                     if record.execution_id != holder.execution_id and not sabotage.active(
                         RECORD_USE_NOT_NOTED

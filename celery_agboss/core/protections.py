@@ -80,6 +80,10 @@ RECORD_USE_NOT_NOTED = register("record-use-not-noted")
 intent or fenced effect is not noted as its user, so retention follows the creator only
 and deletes a record a waiting execution still relies on."""
 
+FENCED_EFFECT_NOT_REPLAYED = register("fenced-effect-not-replayed")
+"""P2: a re-run does not replay a fenced effect's record: it runs ``fn`` again, so the
+app's write goes in twice (or its own constraint refuses it and the paid order fails)."""
+
 SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED = register("sqlite-long-transaction-not-interrupted")
 """DESIGN §5: on SQLite a fenced transaction may hold the single write lock as long as its
 code runs, so every other execution's lease renewal waits behind it and their leases lapse."""
@@ -101,6 +105,7 @@ __all__ = [
     "CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY",
     "COMMIT_INSIDE_FENCED_EFFECT_ALLOWED",
     "DIVERGENCE_COMPLETED",
+    "FENCED_EFFECT_NOT_REPLAYED",
     "FINGERPRINT_NOT_CHECKED",
     "INTENT_CAS_WITHOUT_PREDICATE",
     "INTERRUPTED_SEND_STOPS_RENEWING",
