@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
@@ -271,7 +272,18 @@ def _state(row: Any) -> LeaseState:
     )
 
 
-def lock_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState | None:
+def _judged_by_caller(state: LeaseState | None, caller_skew_ms: int) -> LeaseState | None:
+    """Sabotage only (``EXPIRY_BY_CALLER_CLOCK``, PS13): the decision about a lease row is
+    taken on the deciding process's own clock, as ``acquire_txn`` then takes it over."""
+    if state is None or not sabotage.active(sabotage.EXPIRY_BY_CALLER_CLOCK):
+        return state
+    caller_now = int(time.time() * 1000) + caller_skew_ms
+    return replace(state, live=not state.released and state.expires_at_ms > caller_now)
+
+
+def lock_txn(
+    conn: Connection, scope: str, *, offset_ms: int = 0, caller_skew_ms: int = 0
+) -> LeaseState | None:
     """The lease of ``scope`` read under its row lock, for a decision about another
     holder's lease (DESIGN §5): the lock is held until the caller's transaction ends.
 
@@ -283,7 +295,7 @@ def lock_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState 
     transaction), so its plain read is current.
     """
     if not is_postgresql(conn) or sabotage.active(LEASE_DECISION_ON_COMMITTED_READ):
-        return read_txn(conn, scope, offset_ms=offset_ms)
+        return _judged_by_caller(read_txn(conn, scope, offset_ms=offset_ms), caller_skew_ms)
     now = now_expr(conn, offset_ms).label("db_now")
     row = conn.execute(
         select(_c.scope, _c.holder, _c.token, _c.expires_at_ms, _c.released, now)
@@ -291,7 +303,7 @@ def lock_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState 
         .with_for_update(skip_locked=True)
     ).first()
     if row is not None:
-        return _state(row)
+        return _judged_by_caller(_state(row), caller_skew_ms)
     committed = read_txn(conn, scope, offset_ms=offset_ms)
     if committed is None:
         return None

@@ -137,7 +137,9 @@ class SQLTransaction:
         transaction holds locked is live (DESIGN §5). Every decision about another
         holder's lease reads it this way, in the transaction that writes the decision."""
         with translated():
-            return leases.lock_txn(self._conn, scope, offset_ms=self._offset_ms)
+            return leases.lock_txn(
+                self._conn, scope, offset_ms=self._offset_ms, caller_skew_ms=self._caller_skew_ms
+            )
 
     def find_stranded_intents(
         self, limit: int, names: Sequence[str] | None = None
