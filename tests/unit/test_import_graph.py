@@ -52,6 +52,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.demo",
             "celery_agboss.testing",
             "celery_agboss.testing.*",
+            "celery_agboss.chaos",
+            "celery_agboss.chaos.*",
         ],
     ),
 ]
