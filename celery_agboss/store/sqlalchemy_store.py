@@ -65,6 +65,25 @@ def lock_timeout_ms(ttl_ms: int) -> int:
     return max(50, ttl_ms // 4)
 
 
+FENCED_TRANSACTION_IDLE_UNBOUNDED = sabotage.register("fenced-transaction-idle-unbounded")
+"""Sabotage (PS3 on PostgreSQL): a holder frozen inside a fenced transaction keeps its
+session, and with it the lock on its lease row, for as long as it stays frozen, so no
+other worker can decide on that lease and the payment stalls."""
+
+
+def postgres_transaction_bounds_sql(ttl_ms: int) -> str:
+    """One statement for a fenced transaction's two bounds on PostgreSQL: its lock
+    timeout, and an idle-in-transaction timeout of one TTL. A session idle that long in
+    a fenced transaction is a frozen holder (SIGSTOP, a VM paused): its commit would be
+    refused anyway, since its lease expired on the database clock meanwhile, so the
+    server ends the session and frees the lease row for a take-over."""
+    idle = "0" if sabotage.active(FENCED_TRANSACTION_IDLE_UNBOUNDED) else f"{ttl_ms}ms"
+    return (
+        f"SELECT set_config('lock_timeout', '{lock_timeout_ms(ttl_ms)}ms', true),"
+        f" set_config('idle_in_transaction_session_timeout', '{idle}', true)"
+    )
+
+
 def sqlite_write_lock_bound_ms(ttl_ms: int) -> int:
     """How long a SQLite fenced transaction may hold the single write lock before the
     watchdog rolls it back: the PostgreSQL lock timeout, ttl/4, rather than ttl/3. A
@@ -224,7 +243,8 @@ class SQLAlchemyStore:
         """Check and extend ``lease`` as the first statement of a transaction, then yield it.
 
         Raises ``ExecutionFencedError`` (nothing written) when ``lease`` is not the live
-        holder. On PostgreSQL the transaction's ``lock_timeout`` is below ttl/3; on SQLite
+        holder. On PostgreSQL the transaction's ``lock_timeout`` is below ttl/3 and a
+        session idle in it for a TTL is ended by the server; on SQLite
         it is rolled back (``StoreLockTimeoutError``) once it has held the database's
         single write lock for ttl/4, so that other executions' renewals go through.
         """
@@ -243,7 +263,7 @@ class SQLAlchemyStore:
         with self._begin(watch_ttl_ms=self._watch_ttl_ms(ttl_ms)) as conn:
             with translated():
                 if is_postgresql(conn):
-                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{lock_timeout_ms(ttl_ms)}ms'")
+                    conn.exec_driver_sql(postgres_transaction_bounds_sql(ttl_ms))
                 if not separate:
                     checked = lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=offset)
             if checked is None:

@@ -18,7 +18,9 @@ a second payment), in the app's ``shop_paid_orders`` and in the store:
 - s03b, a child SIGKILLed right after ``mark-paid`` committed: the re-run replays the
   charge and the effect;
 - trap 6, ``SystemExit`` raised inside the COMMIT that settles the charge: nothing
-  written, the re-run reconciles.
+  written, the re-run reconciles;
+- a holder frozen inside its ``mark-paid`` transaction (PostgreSQL only): the server
+  ends its idle session after one TTL, and the take-over goes on while it is frozen.
 
 Each on SQLite+Redis and PostgreSQL+Redis; each sabotage run on PostgreSQL+Redis.
 
@@ -57,11 +59,13 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.core.sabotage import LEASE_CHECK_IN_SEPARATE_ROUND_TRIP
 from celery_agboss.delivery.lifecycle import FENCE_RECORDED_AS_FAILURE
+from celery_agboss.store.sqlalchemy_store import FENCED_TRANSACTION_IDLE_UNBOUNDED
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
 from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import HELD_SECONDS, KILL_SECONDS, recovery_deadline
 from tests.faults.scenario import (
+    FAULT_SPEEDUPS,
     NOT_RECONCILED,
     POSTGRES_REDIS,
     SQLITE_REDIS,
@@ -72,7 +76,7 @@ from tests.faults.scenario import (
     wait_for_a_second_payment,
     worker_and_beat,
 )
-from tests.support.processes import ManagedProcess, wait_until
+from tests.support.processes import ManagedProcess, WaitTimeout, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
@@ -83,6 +87,7 @@ KEY = idempotency_key(ORDER)
 MARK_PAID_KEY = business_key("default", f"order:{ORDER}", "mark-paid")
 BOTH = [SQLITE_REDIS, POSTGRES_REDIS]
 WOKEN_SECONDS = 30.0  # a continued child's next step, on a loaded machine
+TTL_SECONDS = float(FAULT_SPEEDUPS["AGBOSS_LEASE_TTL"])
 
 Rule = dict[str, Any]
 
@@ -556,3 +561,72 @@ def test_trap6_sabotaged_a_resend_without_reconcile_after_the_exit_pays_twice(
 ) -> None:
     deployment, ids = exit_in_the_settle_commit(deploy, sabotage_stack, faults, NOT_RECONCILED)
     wait_for_a_second_payment(deployment, ORDER, ids)
+
+
+# --- a holder frozen inside its fenced transaction (PostgreSQL) -------------------------
+
+FROZEN_IN_MARK_PAID = zombie_rule(FENCED_BEFORE_COMMIT, effect="mark-paid")
+STALLED_SECONDS = 4 * TTL_SECONDS
+"""How long the twin watches a frozen holder's execution not being taken over: four
+TTLs, where the protected run is taken over after about two."""
+
+
+def freeze_inside_mark_paid(
+    deploy: DeployFactory, stack: Stack, faults: Faults, extra: Mapping[str, str]
+) -> tuple[Deployment, ManagedProcess, dict[int, str], int]:
+    """The child stops inside ``mark-paid``'s transaction, right before its COMMIT: the
+    charge is settled, the app's row written but not committed, and the transaction
+    holds the lock on the execution's lease row."""
+    deployment, worker = _start(deploy, stack, {**faults.env(FROZEN_IN_MARK_PAID), **extra})
+    ids, _ = _publish(deployment)
+    zombie = faults.wait_claimed("zombie", worker, HELD_SECONDS)
+    return deployment, worker, ids, int(zombie["pid"])
+
+
+def _taken_over(deployment: Deployment, task_id: str) -> bool:
+    record = deployment.execution(task_id)
+    return record is not None and record.recovery_count >= 1
+
+
+@pytest.mark.parametrize("stack", [POSTGRES_REDIS], indirect=True)
+def test_s05_a_holder_frozen_inside_its_transaction_is_cut_off_and_the_order_paid_once(
+    stack: Stack, deploy: DeployFactory, faults: Faults
+) -> None:
+    """PostgreSQL ends a session idle in a fenced transaction for one TTL (its commit
+    would be refused: the lease expired meanwhile), so the lease row's lock goes with
+    it. While the zombie is still frozen, the other child takes the execution over,
+    replays the charge and writes the row under token 2; woken, the zombie's COMMIT
+    finds its session gone. One payment, one row. PostgreSQL only: on SQLite a frozen
+    process holding the store's one write lock stops every writer until it is woken
+    (docs/operators.md)."""
+    deployment, worker, ids, zombie = freeze_inside_mark_paid(deploy, stack, faults, {})
+    with frozen(zombie):
+        deployment.wait_settled(ids, recovery_deadline())
+    deployment.assert_each_paid_once(ids)
+    effect = deployment.store.read_effect(MARK_PAID_KEY)
+    assert effect is not None and effect.token == 2, effect
+    ended = f"execution.store-failed error=StoreUnavailableError execution={ids[ORDER]}"
+    worker.wait_until(
+        lambda: ended in worker.output(),
+        WOKEN_SECONDS,
+        message="the woken zombie to find its session ended",
+    )
+    deployment.assert_each_paid_once(ids)
+
+
+def test_s05_sabotaged_a_frozen_holders_open_transaction_stalls_its_payment(
+    sabotage_stack: Stack, deploy: DeployFactory, faults: Faults
+) -> None:
+    """Without the idle bound the frozen session keeps the lease row locked: no worker
+    can decide on the lease, and the paid order waits for as long as the process stays
+    frozen (here, four TTLs: not taken over, not marked paid)."""
+    environment = sabotaged(FENCED_TRANSACTION_IDLE_UNBOUNDED)
+    deployment, _, ids, zombie = freeze_inside_mark_paid(
+        deploy, sabotage_stack, faults, environment
+    )
+    task_id = ids[ORDER]
+    with frozen(zombie):
+        with pytest.raises(WaitTimeout):
+            wait_until(lambda: _taken_over(deployment, task_id), STALLED_SECONDS, interval=0.5)
+        assert deployment.paid_rows() == {}
+    assert charges_of(deployment, ORDER) == (1, 1)
