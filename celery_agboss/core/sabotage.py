@@ -4,7 +4,8 @@ A guarantee test without a twin that fails when the protection is removed proves
 nothing. The switches live here (so the store and the engine can consult them
 without importing the testing package) but can only be turned on through
 ``celery_agboss.testing.switches``, which refuses unless the process runs under
-pytest with ``AGBOSS_ALLOW_SABOTAGE=1``. They are never settings.
+pytest with ``AGBOSS_ALLOW_SABOTAGE=1`` (or descends from the pytest process named by
+``AGBOSS_SABOTAGE_SUBPROCESS``: a worker a test started). They are never settings.
 """
 
 from __future__ import annotations
@@ -47,10 +48,52 @@ def active(name: str) -> bool:
     return bool(_active) and name in _active
 
 
+SUBPROCESS_SWITCH = "AGBOSS_SABOTAGE_SUBPROCESS"
+"""Set by a test to the pid of its pytest process, for the workers it starts."""
+_MAX_ANCESTORS = 64
+
+
 def _allowed() -> bool:
-    return os.environ.get(ENV_SWITCH) == "1" and (
-        "pytest" in sys.modules or os.environ.get("AGBOSS_SABOTAGE_SUBPROCESS") == "1"
-    )
+    if os.environ.get(ENV_SWITCH) != "1":
+        return False
+    return "pytest" in sys.modules or _started_by_a_test_run(os.environ.get(SUBPROCESS_SWITCH, ""))
+
+
+def _started_by_a_test_run(value: str) -> bool:
+    """Whether this process descends from the pytest process ``value`` names.
+
+    A worker (or a pool child, or the chaos explorer's worker) that a test started has
+    that process among its ancestors; a deployment where someone set the variables by
+    hand has not, so the switches stay off there whatever the environment says.
+    """
+    if not value.isdigit():
+        return False
+    wanted = int(value)
+    pid: int | None = os.getpid()
+    for _ in range(_MAX_ANCESTORS):
+        pid = _parent_of(pid) if pid is not None else None
+        if pid is None or pid <= 1:
+            return False
+        if pid == wanted:
+            return _is_pytest(pid)
+    return False
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None  # no /proc (not Linux) or the process is gone: not proven
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _is_pytest(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"pytest" in cmdline.read()
+    except OSError:
+        return False
 
 
 @contextmanager

@@ -8,6 +8,7 @@ Speed-ups, all README ``AGBOSS_<NAME>`` variables: the deployment suite's (lease
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,10 +29,10 @@ Stack = tuple[str, str]  # (broker URL, database URL)
 
 def sabotaged(*protections: str) -> dict[str, str]:
     """The environment that makes the deployment's workers run without ``protections``
-    (honoured only because a test process started them)."""
+    (honoured only in processes that descend from this pytest process)."""
     return {
         "AGBOSS_ALLOW_SABOTAGE": "1",
-        "AGBOSS_SABOTAGE_SUBPROCESS": "1",
+        "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()),
         "AGBOSS_SABOTAGE": ",".join(protections),
     }
 

@@ -103,7 +103,7 @@ class Shop:
             CONFIG_ENV: json.dumps({**self.config, **(config or {})}),
             "PYTHONPATH": str(REPO_ROOT),
             "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
-            "AGBOSS_SABOTAGE_SUBPROCESS": "1" if sabotage else "0",
+            "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()) if sabotage else "",
             "AGBOSS_SABOTAGE": ",".join(sabotage),
         }
         process = self.start_process(argv, name=f"worker-{pool}", env=env, cwd=str(REPO_ROOT))

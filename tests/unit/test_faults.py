@@ -184,7 +184,7 @@ def _without_sabotage_env() -> dict[str, str]:
     return {
         k: v
         for k, v in os.environ.items()
-        if k not in (core_sabotage.ENV_SWITCH, "AGBOSS_SABOTAGE_SUBPROCESS", "AGBOSS_SABOTAGE")
+        if k not in (core_sabotage.ENV_SWITCH, core_sabotage.SUBPROCESS_SWITCH, "AGBOSS_SABOTAGE")
     }
 
 
@@ -216,6 +216,40 @@ def test_sabotage_is_refused_outside_a_test_run(env_switch: str | None) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "refused"
+
+
+def _try_sabotage_in_a_child(subprocess_switch: str) -> str:
+    env = {
+        **_without_sabotage_env(),
+        core_sabotage.ENV_SWITCH: "1",
+        core_sabotage.SUBPROCESS_SWITCH: subprocess_switch,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _TRY_SABOTAGE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_SECONDS,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_worker_started_by_this_test_run_may_be_sabotaged() -> None:
+    assert _try_sabotage_in_a_child(str(os.getpid())) == "sabotaged"
+
+
+def test_a_subprocess_switch_set_by_hand_is_refused() -> None:
+    """What someone could put in a deployment's environment: a flag, or the pid of a
+    process that is not the worker's pytest ancestor."""
+    assert _try_sabotage_in_a_child("1") == "refused"
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert _try_sabotage_in_a_child(str(unrelated.pid)) == "refused"
+    finally:
+        unrelated.kill()
+        unrelated.wait(SUBPROCESS_SECONDS)
 
 
 def test_sabotage_is_refused_in_a_test_that_did_not_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
