@@ -2,9 +2,10 @@
 hands each case to its step.
 
 One ``run_outbound`` per ``outbound()`` call. Every write is one fenced transaction
-and every compare-and-set one guarded ``UPDATE`` judged by its row count; reads are
-their own transactions, so a race is decided by the predicates, not by which
-database happens to serialise transactions (SQLite does, PostgreSQL does not). No
+and every compare-and-set one guarded ``UPDATE`` judged by its row count, so a race is
+decided by the predicates, not by which database happens to serialise transactions
+(SQLite does, PostgreSQL does not). The claim inserts first and reads only on a
+conflict, in the same transaction: a first call pays one round of the store. No
 transaction is open while the gateway is called. A ``PENDING`` intent is always
 treated as possibly sent: it goes to reconcile (``core/reconcile.py``), never
 straight back to the gateway. Sending and settling live in ``core/settle.py``.
@@ -62,17 +63,17 @@ def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
     me = holder.lease_ref
     saw_live_owner = False
     for round_ in range(MAX_CLAIM_ROUNDS):
-        record = _read(holder, p.idempotency_key, check_cancel=round_ == 0)
+        inserted, record = _claim_or_read(holder, p, first=round_ == 0)
         fault(
             fault_points.OUTBOUND_AFTER_READ,
             me,
             p.ref,
             status=None if record is None else record.status,
         )
+        if inserted:
+            return send_and_settle(holder, p, 1)
         if record is None:
-            if _insert(holder, p):
-                return send_and_settle(holder, p, 1)
-            continue  # another claim inserted first: read what it wrote
+            continue  # gone between the insert and the read (retention): claim again
         if record.status is IntentStatus.COMPLETED:
             return _replay(p, record)
         if record.status is IntentStatus.FAILED:
@@ -117,29 +118,25 @@ def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
     )
 
 
-def _read(holder: Holder, key: str, *, check_cancel: bool = False) -> IntentRecord | None:
-    """The intent as it stands; one another execution created (a shared business key) is
-    noted as used by this one, in the same transaction, before this one relies on it:
-    retention keeps it while this execution lives (DESIGN §6.3). The first read of an
-    ``outbound()`` also stops the body when a cancel was recorded."""
-    with holder.fenced() as tx:
-        if check_cancel:
-            holder.check_cancel(tx)
-            holder.pass_failures(tx)  # this call goes on past the failures before it
-        record = tx.read_intent(key)
-        if (
-            record is not None
-            and record.execution_id != holder.execution_id
-            and not sabotage.active(RECORD_USE_NOT_NOTED)
-        ):
-            tx.record_use(INTENT_RECORD, key, holder.execution_id)
-        return record
+def _claim_or_read(
+    holder: Holder, p: PreparedCall, *, first: bool
+) -> tuple[bool, IntentRecord | None]:
+    """Claim the intent (``PENDING``, attempt 1, owned by me) or, when one exists, read it:
+    one fenced transaction either way, so a first call costs one round of the store and
+    not a read followed by an insert. The insert is ``ON CONFLICT DO NOTHING``: a
+    concurrent claim of the same key makes it insert nothing, and the read that follows
+    in the same transaction sees the row that claim committed.
 
-
-def _insert(holder: Holder, p: PreparedCall) -> bool:
+    The claim that authorises the send checks the cancel request in its transaction; the
+    first one of an ``outbound()`` also records the failures the body went past. An
+    intent another execution created (a shared business key) is noted as used by this
+    one before this one relies on it: retention keeps it while this execution lives
+    (DESIGN §6.3)."""
     me = holder.lease_ref
     with holder.fenced() as tx:
-        holder.check_cancel(tx)  # the claim that authorises the send
+        holder.check_cancel(tx)
+        if first:
+            holder.pass_failures(tx)  # this call goes on past the failures before it
         inserted = tx.insert_intent(
             NewIntent(
                 idempotency_key=p.idempotency_key,
@@ -163,7 +160,15 @@ def _insert(holder: Holder, p: PreparedCall) -> bool:
                 owner=me,
                 detail={"call": p.call.name, "execution_id": holder.execution_id},
             )
-    return inserted
+            return True, None
+        record = tx.read_intent(p.idempotency_key)
+        if (
+            record is not None
+            and record.execution_id != holder.execution_id
+            and not sabotage.active(RECORD_USE_NOT_NOTED)
+        ):
+            tx.record_use(INTENT_RECORD, p.idempotency_key, holder.execution_id)
+        return False, record
 
 
 def _check_fingerprint(p: PreparedCall, stored: str) -> None:
