@@ -366,10 +366,18 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         self._links_sent(task_id)
 
     def _links_sent(self, task_id: str) -> None:
+        if not _has_links(self.request):
+            return  # nothing went out that a replay could send again: no transaction
         try:
             Runtime.of(self.app).executions.mark_links_dispatched(task_id)
         except (StoreError, ConfigurationError):
             logger.warning("could not record that %s sent its links", task_id, exc_info=True)
+
+
+def _has_links(request: Any) -> bool:
+    """Whether this delivery's end sent (or counted) anything a replay must not repeat:
+    callbacks, a chain, errbacks, or a chord part."""
+    return any(getattr(request, name, None) for name in ("callbacks", "chain", "errbacks", "chord"))
 
 
 __all__ = ["PaymentTask"]

@@ -552,6 +552,27 @@ class ExecutionContext:
         lease.mark_lost("released")
         return released
 
+    def reserve_release(self) -> bool:
+        """Take the release for a fenced transaction that ends the lease
+        (``release_at_commit``): True when no send under it can still be running. From
+        then on no send starts and the renewer lets the lease go; if that transaction
+        fails, the lease is left to expire, never released under a send."""
+        lease = self.lease
+        with self._lock:
+            if self._released:
+                return False
+            running = any(not run.done.is_set() for run in self._runs)
+            if running or lease.lost_reason is not None or self._interrupted is not None:
+                return False
+            self._released = True
+        if self._renewer is not None:
+            self._renewer.untrack(lease)
+        return True
+
+    def released_at_commit(self) -> None:
+        """The transaction that took ``reserve_release()`` committed: the lease is gone."""
+        self.lease.mark_lost("released")
+
     def settle_all_and_release(self) -> bool:
         """``settle_all()``, then ``release()`` if it may; True when the lease was released."""
         if not self.settle_all() and not sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):

@@ -263,6 +263,13 @@ class ExecutionStore(Protocol):
         answer. ``will_republish``: the caller publishes anyway (its own retry), so the
         wake is cleared and folded into that message."""
 
+    def release_in(
+        self, tx: FencedTransaction, record: ExecutionRecord, *, will_republish: bool = False
+    ) -> ReleaseOutcome:
+        """In the fenced transaction that wrote ``record`` (the verdict) and releases the
+        lease at its commit: read and clear ``wake_requested`` as ``release_delivery``
+        does, without another transaction."""
+
     def mark_links_dispatched(self, execution_id: str) -> None:
         """The terminal delivery's chain and callbacks went out; replays send none."""
 

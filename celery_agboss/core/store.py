@@ -225,6 +225,12 @@ class FencedTransaction(StoreTransaction, Protocol):
     def expires_at_ms(self) -> int:
         """The lease's expiry as extended inside this transaction."""
 
+    def release_at_commit(self) -> None:
+        """End this transaction by releasing the lease instead of extending it again: the
+        release is checked like that extension (still mine, not expired on the database
+        clock), so a holder that outlived its lease commits nothing; a delivery's verdict
+        and its release then cost one round of the store, not two."""
+
 
 class Store(Protocol):
     """The domain verbs of the lease, fence, intents, fenced effects and their history."""

@@ -344,8 +344,7 @@ class Delivery:
             # Refused before anything is recorded as done: a duplicate could not return it.
             self._failed(exc)
             raise exc from None
-        record = self._verdict(Finish(encoded))
-        self._release()
+        record = self._conclude(Finish(encoded))
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             # A divergence, or an intent still pending: never silently COMPLETED.
             self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
@@ -371,8 +370,7 @@ class Delivery:
         if self._cancel_requested_now():
             self._cancel()
         error = encode_error(exc, self._context().mask_error_text)
-        record = self._verdict(Fail(error, type(exc).__name__))
-        self._release()
+        record = self._conclude(Fail(error, type(exc).__name__))
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc).__name__)
             self._event(TASK_UNRECONCILED, reason="failed while an outbound call is pending")
@@ -587,6 +585,35 @@ class Delivery:
         except StoreError as exc:
             self._store_failed(exc)
 
+    def _conclude(self, verdict: Finish | Fail) -> ExecutionRecord | None:
+        """The verdict and the release in one fenced transaction, when no send under the
+        lease can still be running (the common end of a delivery: one round of the store,
+        not two); otherwise the verdict alone, and the release once the sends settled.
+        The release is checked like the commit-time extension it replaces, so a holder
+        that outlived its lease commits neither."""
+        ctx = self._context()
+        if (
+            sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT)
+            or not self._settle_sends()
+            or not ctx.reserve_release()
+        ):
+            record = self._verdict(verdict)
+            self._release()
+            return record
+        executions = self.agboss.executions
+        try:
+            with ctx.fenced() as tx:
+                record = verdict.write_in(executions, ctx, tx)
+                outcome = executions.release_in(tx, record)
+                tx.release_at_commit()
+        except ExecutionFencedError as exc:
+            self._fenced(exc)
+        except StoreError as exc:
+            self._store_failed(exc)
+        ctx.released_at_commit()
+        self._republish_if_woken(outcome)
+        return record
+
     def _releaser(
         self, captured: list[ReleaseOutcome], *, will_republish: bool = False
     ) -> Callable[[LeaseRef], ReleaseOutcome]:
@@ -614,11 +641,13 @@ class Delivery:
                 error=type(exc).__name__,
             )
             return
-        if captured and captured[0].republish and captured[0].execution is not None:
+        if captured:
+            self._republish_if_woken(captured[0])
+
+    def _republish_if_woken(self, outcome: ReleaseOutcome) -> None:
+        if outcome.republish and outcome.execution is not None:
             try:
-                self.agboss.republish(
-                    captured[0].execution, reason="woken", honour_not_before=False
-                )
+                self.agboss.republish(outcome.execution, reason="woken", honour_not_before=False)
             except (Exception, StoreError):
                 # The execution is not terminal and has no lease: the sweep re-drives it.
                 self._log(EXECUTION_RELEASE_FAILED, logging.WARNING, step="republish")

@@ -321,6 +321,16 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
                 released, woken and not will_republish, self._require(tx, lease.scope)
             )
 
+    def release_in(
+        self, tx: FencedTransaction, record: ExecutionRecord, *, will_republish: bool = False
+    ) -> ReleaseOutcome:
+        if not record.wake_requested:
+            return ReleaseOutcome(True, False, record)
+        t = sql(tx)
+        woken = record.state not in TERMINAL_STATES and record.state not in ANSWER_STATES
+        self._set(t, record.id, wake_requested=False)
+        return ReleaseOutcome(True, woken and not will_republish, self._require(t, record.id))
+
     def mark_links_dispatched(self, execution_id: str) -> None:
         """The terminal delivery's chain and callbacks went out (Celery's ``on_success``)."""
         with self.store.transaction() as tx:

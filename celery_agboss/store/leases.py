@@ -248,6 +248,19 @@ def release_txn(conn: Connection, lease: LeaseRef) -> bool:
     return result.rowcount == 1
 
 
+def release_live_txn(conn: Connection, lease: LeaseRef, *, offset_ms: int = 0) -> bool:
+    """Release ``lease`` only while it is live and mine (one guarded ``UPDATE``): the last
+    statement of a fenced transaction that ends the lease, standing for the extension
+    it would otherwise end with."""
+    now = clock(conn, offset_ms).c.now
+    result = conn.execute(
+        update(leases)
+        .where(_is_mine(lease), not_(_c.released), _c.expires_at_ms > now)
+        .values(released=True, renewed_at_ms=now)
+    )
+    return result.rowcount == 1
+
+
 def read_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState | None:
     now = now_expr(conn, offset_ms).label("db_now")
     row = conn.execute(

@@ -270,10 +270,20 @@ class SQLAlchemyStore:
                 raise _fenced(lease)
             expires_at_ms, now = checked
             fault_point(FENCED_AFTER_CHECK, **where)
-            yield SQLFencedTransaction(
+            tx = SQLFencedTransaction(
                 conn, now, offset, lease, expires_at_ms, self.caller_clock_skew_ms
             )
-            if not separate and not sabotage.active(sabotage.FENCE_NOT_RECHECKED_AT_COMMIT):
+            yield tx
+            unchecked = separate or sabotage.active(sabotage.FENCE_NOT_RECHECKED_AT_COMMIT)
+            if tx.releases_at_commit:
+                # The verdict's transaction ends the lease: released only while it is
+                # still live, so an outlived holder's verdict is rolled back with it.
+                with translated():
+                    if unchecked:
+                        lease_sql.release_txn(conn, lease)
+                    elif not lease_sql.release_live_txn(conn, lease, offset_ms=self.offset_ms()):
+                        raise _fenced(lease)
+            elif not unchecked:
                 # Extend again at the commit boundary: a long transaction keeps its lease
                 # (the renewer skipped the locked row meanwhile), and one that outlived
                 # its lease on the database clock commits nothing (P1).
@@ -289,18 +299,14 @@ class SQLAlchemyStore:
         """An unfenced transaction (sweep, operators): every write in it is a guarded CAS."""
         offset = self.offset_ms()
         with self._begin() as conn:
-            with translated():
-                now = lease_sql.now_txn(conn, offset_ms=offset)
-            yield SQLTransaction(conn, now, offset, self.caller_clock_skew_ms)
+            yield SQLTransaction(conn, None, offset, self.caller_clock_skew_ms)
 
     @contextlib.contextmanager
     def read_transaction(self) -> Iterator[SQLTransaction]:
         """A transaction for reads only: on SQLite it does not take the write lock."""
         offset = self.offset_ms()
         with self._begin(read_only=True) as conn:
-            with translated():
-                now = lease_sql.now_txn(conn, offset_ms=offset)
-            yield SQLTransaction(conn, now, offset, self.caller_clock_skew_ms)
+            yield SQLTransaction(conn, None, offset, self.caller_clock_skew_ms)
 
     # --- reads -------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ class SQLTransaction:
     """One open transaction on one connection (implements ``StoreTransaction``)."""
 
     def __init__(
-        self, conn: Connection, now_ms: int, offset_ms: int, caller_skew_ms: int = 0
+        self, conn: Connection, now_ms: int | None, offset_ms: int, caller_skew_ms: int = 0
     ) -> None:
         self._conn = conn
         self._now_ms = now_ms
@@ -46,6 +46,11 @@ class SQLTransaction:
 
     @property
     def now_ms(self) -> int:
+        """The database clock, read once, when first asked: most transactions never ask
+        (their SQL reads the clock itself), and a read nobody uses is a round trip."""
+        if self._now_ms is None:
+            with translated():
+                self._now_ms = leases.now_txn(self._conn, offset_ms=self._offset_ms)
         return self._now_ms
 
     @property
@@ -200,6 +205,10 @@ class SQLFencedTransaction(SQLTransaction):
         super().__init__(conn, now_ms, offset_ms, caller_skew_ms)
         self._lease = lease
         self._expires_at_ms = expires_at_ms
+        self.releases_at_commit = False
+
+    def release_at_commit(self) -> None:
+        self.releases_at_commit = True
 
     @property
     def lease(self) -> LeaseRef:

@@ -69,6 +69,50 @@ def test_without_the_commit_check_a_transaction_past_its_lease_commits(
     assert store.read_effect("late:effect") is not None
 
 
+# --- a transaction that ends its lease (a delivery's verdict and release) -------------------
+
+
+def test_a_fenced_transaction_can_end_by_releasing_its_lease(store: Store) -> None:
+    grant = store.acquire_lease("done", "holder-a", TTL_MS)
+    assert grant is not None
+    with store.fenced(grant.lease, TTL_MS) as tx:
+        tx.insert_effect(_effect("done", grant.lease.token))
+        tx.release_at_commit()
+    state = store.read_lease("done")
+    assert state is not None and state.released and not state.live
+    assert store.read_effect("done:effect") is not None
+    assert store.acquire_lease("done", "holder-b", TTL_MS) is not None  # free at once
+
+
+def test_a_releasing_transaction_that_outlived_its_lease_commits_nothing(
+    store: Store, db_clock: VirtualClock
+) -> None:
+    """The release stands for the commit-time extension: an outlived holder writes
+    nothing, and a take-over that happened meanwhile is not released by it."""
+    grant = store.acquire_lease("late-end", "holder-a", TTL_MS)
+    assert grant is not None
+    with pytest.raises(ExecutionFencedError), store.fenced(grant.lease, TTL_MS) as tx:
+        tx.insert_effect(_effect("late-end", grant.lease.token))
+        tx.release_at_commit()
+        db_clock.advance(TTL_MS * 1.1 / 1000)
+    assert store.read_effect("late-end:effect") is None
+    state = store.read_lease("late-end")
+    assert state is not None and not state.released
+
+
+def test_without_the_commit_check_a_releasing_transaction_past_its_lease_commits(
+    store: Store, db_clock: VirtualClock
+) -> None:
+    """Sabotage twin of the one above."""
+    grant = store.acquire_lease("late-end", "holder-a", TTL_MS)
+    assert grant is not None
+    with sabotage(FENCE_NOT_RECHECKED_AT_COMMIT), store.fenced(grant.lease, TTL_MS) as tx:
+        tx.insert_effect(_effect("late-end", grant.lease.token))
+        tx.release_at_commit()
+        db_clock.advance(TTL_MS * 1.1 / 1000)
+    assert store.read_effect("late-end:effect") is not None
+
+
 # --- transaction control sent as SQL text ------------------------------------------------
 
 

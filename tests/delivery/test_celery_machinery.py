@@ -202,10 +202,13 @@ def test_celerys_reject_for_it_fails_the_payment_over_a_passing_outage(
 # --- every way out stops renewing --------------------------------------------------------
 
 
-def _renewed_after_a_broken_end(shop: PaymentShop) -> bool:
+def _renewed_after_a_broken_end(shop: PaymentShop, *, ends_with_retry: bool) -> bool:
     """The verdict's own transaction fails with an error nothing expects: whether the
     lease is still renewed after the delivery is over (watched for two renewal periods
-    of the 5 s test lease)."""
+    of the 5 s test lease). A body that returns ends in one transaction that writes the
+    verdict and releases the lease, so its lease is let go before that transaction
+    begins; one that retries writes ``WAITING`` first and releases after, so there
+    only the end-of-delivery guard stops the renewals."""
     charge = shop.call()
     ended: list[str] = []
 
@@ -213,6 +216,8 @@ def _renewed_after_a_broken_end(shop: PaymentShop) -> bool:
     def pay(self: Any, order: str) -> Any:
         receipt = self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
         arm_raise(FENCED_BEFORE_BEGIN, RuntimeError("a bug in the end-of-run code"))
+        if ends_with_retry:
+            raise self.retry(countdown=60)
         return receipt
 
     def record_the_end(task_id: Any = None, **_: Any) -> None:
@@ -247,15 +252,19 @@ def _lease_live(shop: PaymentShop, task_id: str) -> bool:
     return bool(lease is not None and lease.live)
 
 
-def test_a_delivery_whose_own_end_raised_stops_renewing_its_lease(shop: PaymentShop) -> None:
-    assert not _renewed_after_a_broken_end(shop), "left to expire: the sweep can take it"
+@pytest.mark.parametrize("ends_with_retry", [False, True], ids=["returned", "retried"])
+def test_a_delivery_whose_own_end_raised_stops_renewing_its_lease(
+    shop: PaymentShop, ends_with_retry: bool
+) -> None:
+    renewed = _renewed_after_a_broken_end(shop, ends_with_retry=ends_with_retry)
+    assert not renewed, "left to expire: the sweep can take it"
 
 
 def test_without_that_its_lease_is_renewed_for_as_long_as_the_worker_lives(
     shop: PaymentShop,
 ) -> None:
     with sabotage(LEASE_KEPT_AFTER_A_BROKEN_END):
-        assert _renewed_after_a_broken_end(shop)
+        assert _renewed_after_a_broken_end(shop, ends_with_retry=True)
 
 
 def test_an_exception_whose_str_raises_is_still_recorded_failed(shop: PaymentShop) -> None:
