@@ -234,7 +234,10 @@ def test_a_forked_child_interrupts_its_own_long_fenced_transactions(tmp_path: Pa
         ttl_ms = 400  # bound 100 ms
         grant = store.acquire_lease("forked", "holder", 60_000)
         assert grant is not None
-        with store.fenced(grant.lease, ttl_ms):  # the parent's watchdog thread is running
+        # The parent's watchdog thread is running. On the long TTL: this transaction's
+        # extension must not leave the lease to expire before the child's (a fork on a
+        # busy machine can take longer than 400 ms).
+        with store.fenced(grant.lease, 60_000):
             pass
         pid = os.fork()
         if pid == 0:  # the child: a fenced transaction that holds the lock too long
