@@ -48,6 +48,11 @@ def active(name: str) -> bool:
     return bool(_active) and name in _active
 
 
+def any_active() -> bool:
+    """True while a test has any protection switched off (cached SQL is then rebuilt)."""
+    return bool(_active)
+
+
 SUBPROCESS_SWITCH = "AGBOSS_SABOTAGE_SUBPROCESS"
 """Set by a test to the pid of its pytest process, for the workers it starts."""
 _MAX_ANCESTORS = 64

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import and_, exists, func, not_, or_, select, update
-from sqlalchemy.engine import Row
+from sqlalchemy import and_, bindparam, exists, func, not_, or_, select, update
+from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import sabotage
@@ -19,10 +19,11 @@ from celery_agboss.core.executions import (
 )
 from celery_agboss.core.store import IntentStatus, StoreTransaction
 from celery_agboss.errors import ExecutionIdConflictError
-from celery_agboss.store.dialect import insert_or_nothing
+from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.schema import leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.store.statement_cache import built_once
 from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
@@ -157,6 +158,41 @@ def sql(tx: StoreTransaction) -> SQLTransaction:
     return tx
 
 
+@built_once
+def _read_statement(conn: Connection, offset_ms: int, lock: bool) -> Any:
+    statement = select(executions, now_expr(conn, offset_ms).label("read_at_ms")).where(
+        _e.id == bindparam("e_id")
+    )
+    if lock and conn.dialect.name == "postgresql":
+        statement = statement.with_for_update(of=executions)
+    return statement
+
+
+_MESSAGE_COLUMNS = ("args", "kwargs", "options", "eta_ms", "expires_ms")
+
+
+@built_once
+def _insert_requested_statement(conn: Connection, offset_ms: int) -> Any:
+    now = now_expr(conn, offset_ms)
+    return (
+        insert_or_nothing(conn, executions)
+        .values(
+            id=bindparam("r_id"),
+            task_name=bindparam("r_task_name"),
+            state=ExecutionState.REQUESTED.value,
+            requested_at_ms=now,
+            updated_at_ms=now,
+            wake_requested=False,
+            recovery_count=0,
+            deliveries=0,
+            cancel_requested=False,
+            links_dispatched=False,
+            **{name: bindparam(f"r_{name}", type_=_e[name].type) for name in _MESSAGE_COLUMNS},
+        )
+        .returning(_e.id)
+    )
+
+
 class ExecutionRows:
     """The helpers every execution verb uses, on a ``SQLAlchemyStore``."""
 
@@ -166,12 +202,8 @@ class ExecutionRows:
     def _read(
         self, tx: SQLTransaction, execution_id: str, *, lock: bool = False
     ) -> ExecutionRecord | None:
-        statement = select(executions, tx.now_expr().label("read_at_ms")).where(
-            _e.id == execution_id
-        )
-        if lock and self.store.dialect_name == "postgresql":
-            statement = statement.with_for_update(of=executions)
-        row = tx.execute(statement).first()
+        statement = _read_statement(tx.connection, tx.offset_ms, lock)
+        row = tx.execute(statement, {"e_id": execution_id}).first()
         return None if row is None else record_of(row)
 
     def _require(self, tx: SQLTransaction, execution_id: str) -> ExecutionRecord:
@@ -212,25 +244,14 @@ class ExecutionRows:
         return bool(tx.execute(select(completed_call_of(execution_id))).scalar())
 
     def _insert_requested(self, tx: SQLTransaction, message: ExecutionMessage) -> bool:
-        now = tx.now_expr()
-        row = tx.execute(
-            insert_or_nothing(tx.connection, executions)
-            .values(
-                id=message.execution_id,
-                task_name=message.task_name,
-                state=ExecutionState.REQUESTED.value,
-                requested_at_ms=now,
-                updated_at_ms=now,
-                wake_requested=False,
-                recovery_count=0,
-                deliveries=0,
-                cancel_requested=False,
-                links_dispatched=False,
-                **message_values(message),
-            )
-            .returning(_e.id)
-        ).first()
-        return row is not None
+        """Record the execution ``REQUESTED`` unless it is there (the publish record)."""
+        values = {
+            "r_id": message.execution_id,
+            "r_task_name": message.task_name,
+            **{f"r_{name}": value for name, value in message_values(message).items()},
+        }
+        row = tx.execute(_insert_requested_statement(tx.connection, tx.offset_ms), values)
+        return row.first() is not None
 
     def _terminal(
         self, tx: SQLTransaction, execution_id: str, state: ExecutionState, **values: Any

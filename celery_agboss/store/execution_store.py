@@ -14,8 +14,10 @@ in ``execution_admin_verbs``.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
-from sqlalchemy import case, insert, select
+from sqlalchemy import bindparam, case, insert, select
+from sqlalchemy.engine import Connection
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
@@ -41,11 +43,20 @@ from celery_agboss.store.execution_rows import (
 )
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions, pauses
+from celery_agboss.store.statement_cache import built_once
 from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _p = pauses.c
 _i = outbound_calls.c
+
+
+@built_once
+def _cancel_request_statement(conn: Connection) -> Any:
+    statement = select(_e.cancel_requested, _e.cancel_reason).where(_e.id == bindparam("e_id"))
+    if conn.dialect.name == "postgresql":
+        statement = statement.with_for_update(read=True, of=executions)
+    return statement
 
 
 class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
@@ -263,10 +274,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         waits for this transaction, so it either is seen here or comes after this send's
         claim (and stops the next one)."""
         t, execution_id = sql(tx), tx.lease.scope
-        statement = select(_e.cancel_requested, _e.cancel_reason).where(_e.id == execution_id)
-        if self.store.dialect_name == "postgresql":
-            statement = statement.with_for_update(read=True, of=executions)
-        row = t.execute(statement).first()
+        row = t.execute(_cancel_request_statement(t.connection), {"e_id": execution_id}).first()
         if row is None or not row.cancel_requested:
             return None
         return str(row.cancel_reason or "cancel requested")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, literal, not_, or_, select, true, update
+from sqlalchemy import and_, bindparam, delete, exists, not_, or_, select, true, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -28,6 +28,7 @@ from celery_agboss.store.codec import dumps, loads
 from celery_agboss.store.dialect import clock, insert_or_nothing
 from celery_agboss.store.leases import owner_locked_or_live_txn
 from celery_agboss.store.schema import intent_history, leases, outbound_calls
+from celery_agboss.store.statement_cache import built_once
 
 _i = outbound_calls.c
 _l = leases.c
@@ -89,13 +90,17 @@ def _record(row: Row[Any]) -> IntentRecord:
 
 
 def read_txn(conn: Connection, key: str, *, offset_ms: int = 0) -> IntentRecord | None:
-    row = conn.execute(_select_intents(conn, offset_ms).where(_i.idempotency_key == key)).first()
+    row = conn.execute(_read_statement(conn, offset_ms), {"i_key": key}).first()
     return None if row is None else _record(row)
+
+
+@built_once
+def _read_statement(conn: Connection, offset_ms: int) -> Any:
+    return _select_intents(conn, offset_ms).where(_i.idempotency_key == bindparam("i_key"))
 
 
 def insert_txn(conn: Connection, intent: NewIntent, *, offset_ms: int = 0) -> bool:
     """Insert as PENDING, attempt 1, both attempt times = now; True when this call inserted."""
-    clk = clock(conn, offset_ms)
     values: dict[str, Any] = {
         "idempotency_key": intent.idempotency_key,
         "execution_id": intent.execution_id,
@@ -114,17 +119,23 @@ def insert_txn(conn: Connection, intent: NewIntent, *, offset_ms: int = 0) -> bo
         "not_sent_confirmed": False,
         "lookup_failures": 0,
     }
-    columns = list(values)
-    row = [literal(value, outbound_calls.c[name].type) for name, value in values.items()]
-    inserted = conn.execute(
+    statement = _insert_statement(conn, offset_ms, tuple(values))
+    inserted = conn.execute(statement, {f"n_{name}": value for name, value in values.items()})
+    return inserted.first() is not None
+
+
+@built_once
+def _insert_statement(conn: Connection, offset_ms: int, columns: tuple[str, ...]) -> Any:
+    clk = clock(conn, offset_ms)
+    row = [bindparam(f"n_{name}", type_=outbound_calls.c[name].type) for name in columns]
+    return (
         insert_or_nothing(conn, outbound_calls)
         .from_select(
             [*columns, "first_attempt_at_ms", "attempt_started_at_ms"],
             select(*row, clk.c.now, clk.c.now).select_from(clk).where(true()),
         )
         .returning(_i.idempotency_key)
-    ).first()
-    return inserted is not None
+    )
 
 
 def guard_predicate(guard: IntentGuard, now: ColumnElement[int]) -> list[ColumnElement[bool]]:
@@ -314,10 +325,16 @@ _HISTORY_COLUMNS = [
 
 
 def last_history_txn(conn: Connection, key: str) -> HistoryRow | None:
-    row = conn.execute(
-        select(*_HISTORY_COLUMNS).where(_h.idempotency_key == key).order_by(_h.seq.desc()).limit(1)
-    ).first()
+    row = conn.execute(_LAST_HISTORY, {"h_key": key}).first()
     return None if row is None else _history(row)
+
+
+_LAST_HISTORY = (
+    select(*_HISTORY_COLUMNS)
+    .where(_h.idempotency_key == bindparam("h_key"))
+    .order_by(_h.seq.desc())
+    .limit(1)
+)
 
 
 def read_history_txn(conn: Connection, key: str) -> list[HistoryRow]:
@@ -328,21 +345,25 @@ def read_history_txn(conn: Connection, key: str) -> list[HistoryRow]:
 def append_history_txn(conn: Connection, row: HistoryRow) -> None:
     """Append one row; a second row with the same (key, seq) fails (a lost race)."""
     conn.execute(
-        intent_history.insert().values(
-            idempotency_key=row.idempotency_key,
-            seq=row.seq,
-            at_ms=row.at_ms,
-            event=row.event,
-            from_status=row.from_status,
-            to_status=row.to_status,
-            attempt=row.attempt,
-            holder=row.holder,
-            token=row.token,
-            detail=dumps(row.detail),
-            prev_digest=row.prev_digest,
-            digest=row.digest,
-        )
+        _APPEND_HISTORY,
+        {
+            "idempotency_key": row.idempotency_key,
+            "seq": row.seq,
+            "at_ms": row.at_ms,
+            "event": row.event,
+            "from_status": row.from_status,
+            "to_status": row.to_status,
+            "attempt": row.attempt,
+            "holder": row.holder,
+            "token": row.token,
+            "detail": dumps(row.detail),
+            "prev_digest": row.prev_digest,
+            "digest": row.digest,
+        },
     )
+
+
+_APPEND_HISTORY = intent_history.insert()
 
 
 __all__ = [

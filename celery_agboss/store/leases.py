@@ -38,6 +38,7 @@ from celery_agboss.store.dialect import (
     now_expr,
 )
 from celery_agboss.store.schema import KEY, leases
+from celery_agboss.store.statement_cache import built_once
 
 _c = leases.c
 
@@ -149,16 +150,33 @@ def extend_txn(
     for it and then sees the extended expiry. Used by fenced transactions (always
     with the expiry predicate: a fence never revives) and by renewals.
     """
-    now = clock(conn, offset_ms).c.now
-    row = conn.execute(
-        update(leases)
-        .where(_is_mine(lease), not_(_c.released), _c.expires_at_ms > now)
-        .values(expires_at_ms=now + ttl_ms, renewed_at_ms=now)
-        .returning(_c.expires_at_ms, _c.renewed_at_ms)
-    ).first()
+    row = conn.execute(_extend_statement(conn, offset_ms), {**_mine(lease), "ttl": ttl_ms}).first()
     if row is None:
         return None
     return int(row.expires_at_ms), int(row.renewed_at_ms)
+
+
+def _mine(lease: LeaseRef) -> dict[str, Any]:
+    """The values of ``_IS_MINE_PARAMS`` for ``lease``."""
+    return {"l_scope": lease.scope, "l_holder": lease.holder, "l_token": lease.token}
+
+
+_IS_MINE_PARAMS = (
+    (_c.scope == bindparam("l_scope"))
+    & (_c.holder == bindparam("l_holder"))
+    & (_c.token == bindparam("l_token"))
+)
+
+
+@built_once
+def _extend_statement(conn: Connection, offset_ms: int) -> Any:
+    now = clock(conn, offset_ms).c.now
+    return (
+        update(leases)
+        .where(_IS_MINE_PARAMS, not_(_c.released), _c.expires_at_ms > now)
+        .values(expires_at_ms=now + bindparam("ttl", type_=BigInteger), renewed_at_ms=now)
+        .returning(_c.expires_at_ms, _c.renewed_at_ms)
+    )
 
 
 def renew_txn(conn: Connection, lease: LeaseRef, ttl_ms: int, *, offset_ms: int = 0) -> int | None:
@@ -252,13 +270,18 @@ def release_live_txn(conn: Connection, lease: LeaseRef, *, offset_ms: int = 0) -
     """Release ``lease`` only while it is live and mine (one guarded ``UPDATE``): the last
     statement of a fenced transaction that ends the lease, standing for the extension
     it would otherwise end with."""
+    result = conn.execute(_release_live_statement(conn, offset_ms), _mine(lease))
+    return result.rowcount == 1
+
+
+@built_once
+def _release_live_statement(conn: Connection, offset_ms: int) -> Any:
     now = clock(conn, offset_ms).c.now
-    result = conn.execute(
+    return (
         update(leases)
-        .where(_is_mine(lease), not_(_c.released), _c.expires_at_ms > now)
+        .where(_IS_MINE_PARAMS, not_(_c.released), _c.expires_at_ms > now)
         .values(released=True, renewed_at_ms=now)
     )
-    return result.rowcount == 1
 
 
 def read_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState | None:
