@@ -4,7 +4,8 @@ SQLite: an absolute path only (a relative one would silently give each worker
 its own database), WAL, a generous busy timeout, foreign keys, pysqlite's own
 transaction handling switched off so that our ``BEGIN IMMEDIATE`` is what really
 runs (DESIGN §2.3 trap 12), and connections a watchdog can interrupt safely
-(``sqlite_watch``). PostgreSQL: psycopg 3, ``pool_pre_ping``.
+(``sqlite_watch``). PostgreSQL: psycopg 3, a connection that sat idle in the pool is
+pinged before it is handed out (``ping_connections_idle_for``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 
 from celery_agboss.errors import ConfigurationError
 from celery_agboss.store.sqlite_watch import WatchedConnection
@@ -26,6 +27,14 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 it at most a quarter of its lease TTL (``sqlite_watch`` rolls back one that holds it
 longer), so a renewal queued behind one or two of them still lands in time; the
 generous value is for migrations and other unfenced writers."""
+
+POOL_PING_AFTER_IDLE_SECONDS = 2.0
+"""A pooled PostgreSQL connection idle longer than this is pinged before use. SQLAlchemy's
+``pool_pre_ping`` pings at every checkout, and on psycopg each ping is a transaction of
+its own: as many as the store's (one per transaction the store opens). A connection used
+a moment ago is alive or fails its first statement, which the store reports as
+``StoreUnavailableError`` (the delivery is retried) and which makes SQLAlchemy throw the
+pool's older connections away."""
 
 POSTGRES_CONNECT_TIMEOUT_SECONDS = 10
 """Unless the URL sets ``connect_timeout``: how long opening a connection may take."""
@@ -93,13 +102,41 @@ def create_store_engine(
     kwargs.setdefault("enable_from_linting", False)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, sqlite_busy_timeout_ms, kwargs)
-    kwargs.setdefault("pool_pre_ping", True)
     if "connect_timeout" not in parsed.query:
         # libpq waits forever by default; an unreachable store must become an error.
         connect_args = dict(kwargs.pop("connect_args", {}))
         connect_args.setdefault("connect_timeout", POSTGRES_CONNECT_TIMEOUT_SECONDS)
         kwargs["connect_args"] = connect_args
-    return create_engine(parsed, **kwargs)
+    engine = create_engine(parsed, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        ping_connections_idle_for(engine, POOL_PING_AFTER_IDLE_SECONDS)
+    return engine
+
+
+_CHECKED_IN_AT = "agboss_checked_in_at"
+
+
+def ping_connections_idle_for(engine: Engine, seconds: float) -> None:
+    """Ping a pooled connection before it is handed out only when it sat idle in the pool
+    for more than ``seconds`` (or was never used): SQLAlchemy's pessimistic disconnect
+    handling, without a round trip (and a transaction) in front of every transaction.
+    A dead one is replaced (``DisconnectionError`` makes the pool connect again)."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_CHECKED_IN_AT] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        checked_in_at = record.info.get(_CHECKED_IN_AT)
+        if checked_in_at is not None and time.monotonic() - checked_in_at <= seconds:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError(f"a pooled connection failed its ping: {exc}") from exc
+        if not alive:
+            raise DisconnectionError("a pooled connection failed its ping")
 
 
 def _sqlite_engine(url: URL, busy_timeout_ms: int, kwargs: dict[str, Any]) -> Engine:
