@@ -1,10 +1,11 @@
-"""The command line of ``bench/run.py``: choose sizes, run the benchmarks, print the ratios.
+"""The command line of ``bench/run.py``: choose sizes, run the benchmarks, print the results.
 
 Each benchmark makes its own throwaway resources (SQLite file, PostgreSQL database,
 Redis database, worker processes) and removes them on the way out, also when it
 fails or the run is interrupted (SIGINT, SIGTERM). A service that cannot be reached
 is skipped with a message; a benchmark that fails is reported and makes the exit
-status 1, after the others ran.
+status 1, after the others ran. Sizes are bounded by time budgets as well as by
+counts, so a slow machine makes a shorter run that says so, not a longer one.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import databases, redis_db
-from bench.e2e_bench import E2ERun, E2ESizes, E2EWorld, RemoteGateway, run_e2e_benchmark
-from bench.engine_bench import EngineResult, EngineSizes, run_engine_benchmark
-from bench.stats import fmt, fmt_ratio, ratio, table
+from bench import databases, e2e_report, redis_db
+from bench.e2e_bench import E2ESizes, E2EWorld, Setting, run_e2e_benchmark
+from bench.engine_bench import EngineSizes, run_engine_benchmark
+from bench.extras import EXTRA_BENCHMARKS, BenchContext
+from bench.report import Report, render
 
 BACKENDS = ("sqlite", "postgresql")
 
@@ -40,26 +42,20 @@ class Sizes:
     e2e: E2ESizes
 
 
-DEFAULT_SIZES = Sizes(EngineSizes(500, 20, 90.0), E2ESizes(300, 150.0))
-QUICK_SIZES = Sizes(EngineSizes(25, 3, 30.0), E2ESizes(20, 60.0))
-
-
-@dataclass
-class Report:
-    started: datetime
-    environment: dict[str, str] = field(default_factory=dict)
-    engine: list[EngineResult] = field(default_factory=list)
-    e2e: list[E2ERun] = field(default_factory=list)
-    e2e_backend: str | None = None
-    notes: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
+DEFAULT_SIZES = Sizes(
+    EngineSizes(300, 10, 30.0),
+    E2ESizes((Setting(0.0, 2000, 2, 45.0), Setting(50.0, 300, 2, 20.0))),
+)
+QUICK_SIZES = Sizes(
+    EngineSizes(25, 3, 30.0),
+    E2ESizes((Setting(0.0, 40, 1, 20.0), Setting(50.0, 10, 1, 10.0)), drain_seconds=60.0),
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/run.py",
-        description="celery_agboss against plain Celery: ratios measured in one run "
-        "(docs/benchmarks.md).",
+        description="celery_agboss against plain Celery, measured in one run (docs/benchmarks.md).",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     only = parser.add_mutually_exclusive_group()
@@ -77,7 +73,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="store of the end-to-end benchmark (auto: postgresql if reachable, else sqlite)",
     )
     parser.add_argument("--executions", type=int, help="engine executions per side")
-    parser.add_argument("--tasks", type=int, help="end-to-end tasks per side and pool")
+    parser.add_argument("--tasks", type=int, help="end-to-end tasks per round at 0 ms")
+    parser.add_argument("--latency-tasks", type=int, help="end-to-end tasks per round at 50 ms")
+    parser.add_argument("--rounds", type=int, help="end-to-end rounds per side and latency")
+    parser.add_argument(
+        "--round-seconds", type=float, help="time budget of each end-to-end round (publishing)"
+    )
     parser.add_argument("--redis-db", type=int, default=14, help="Redis database to lease")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -86,10 +87,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     args.backends = backends
-    for name in ("executions", "tasks"):
+    for name in ("executions", "tasks", "latency_tasks", "rounds"):
         value = getattr(args, name)
         if value is not None and not 1 <= value <= 100_000:
-            parser.error(f"--{name} must be between 1 and 100000")
+            parser.error(f"--{name.replace('_', '-')} must be between 1 and 100000")
+    if args.round_seconds is not None and not 1 <= args.round_seconds <= 3600:
+        parser.error("--round-seconds must be between 1 and 3600")
     if not 1 <= args.redis_db <= 15:
         parser.error("--redis-db must be between 1 and 15")
     return args
@@ -97,12 +100,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _sizes(args: argparse.Namespace) -> Sizes:
     base = QUICK_SIZES if args.quick else DEFAULT_SIZES
-    engine, e2e = base.engine, base.e2e
+    engine = base.engine
     if args.executions is not None:
         engine = EngineSizes(args.executions, engine.warmup, engine.budget_seconds)
-    if args.tasks is not None:
-        e2e = E2ESizes(args.tasks, max(e2e.budget_seconds, args.tasks * 1.0))
-    return Sizes(engine, e2e)
+    settings = []
+    for setting in base.e2e.settings:
+        tasks = args.tasks if setting.latency_ms == 0 else args.latency_tasks
+        settings.append(
+            replace(
+                setting,
+                tasks=tasks or setting.tasks,
+                rounds=args.rounds or setting.rounds,
+                round_budget_seconds=args.round_seconds or setting.round_budget_seconds,
+            )
+        )
+    return Sizes(engine, replace(base.e2e, settings=tuple(settings)))
 
 
 def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -138,6 +150,19 @@ def _environment(report: Report) -> None:
     )
 
 
+def _postgres(report: Report, purpose: str) -> str | None:
+    """The admin URL when PostgreSQL can be reached, else None (and a note)."""
+    admin = databases.postgres_admin_url()
+    reason = databases.postgres_unreachable(admin)
+    if reason is not None:
+        report.notes.append(
+            f"PostgreSQL skipped ({purpose}): cannot reach {_redact(admin)}: {reason}"
+        )
+        return None
+    report.environment["postgresql"] = databases.postgres_version(admin)
+    return admin
+
+
 def _run_engine(args: argparse.Namespace, sizes: Sizes, folder: Path, report: Report) -> None:
     for backend in args.backends:
         _progress(f"engine benchmark on {backend} ({sizes.engine.executions} per side)")
@@ -146,14 +171,9 @@ def _run_engine(args: argparse.Namespace, sizes: Sizes, folder: Path, report: Re
                 with databases.sqlite_database(folder) as url:
                     result = run_engine_benchmark(backend, url, sizes.engine)
             else:
-                admin = databases.postgres_admin_url()
-                reason = databases.postgres_unreachable(admin)
-                if reason is not None:
-                    report.notes.append(
-                        f"PostgreSQL skipped (engine): cannot reach {_redact(admin)}: {reason}"
-                    )
+                admin = _postgres(report, "engine")
+                if admin is None:
                     continue
-                report.environment["postgresql"] = databases.postgres_version(admin)
                 with databases.postgres_database(admin) as url:
                     result = run_engine_benchmark(backend, url, sizes.engine)
         except Exception:
@@ -173,155 +193,62 @@ def _run_e2e(args: argparse.Namespace, sizes: Sizes, folder: Path, report: Repor
         report.notes.append(f"end-to-end skipped: cannot reach Redis at {base}: {reason}")
         return
     report.environment["redis"] = redis_db.redis_version(base)
-    backend = args.e2e_backend
-    admin = databases.postgres_admin_url()
-    if backend in ("auto", "postgresql"):
-        unreachable = databases.postgres_unreachable(admin)
-        if unreachable is None:
-            backend = "postgresql"
-            report.environment["postgresql"] = databases.postgres_version(admin)
-        elif backend == "auto":
-            report.notes.append(f"end-to-end on SQLite: PostgreSQL unreachable: {unreachable}")
-            backend = "sqlite"
-        else:
-            report.notes.append(f"end-to-end skipped: PostgreSQL unreachable: {unreachable}")
-            return
-    report.e2e_backend = backend
+    admin = None if args.e2e_backend == "sqlite" else _postgres(report, "end-to-end")
+    if admin is None and args.e2e_backend == "postgresql":
+        report.notes.append("end-to-end skipped: --e2e-backend postgresql is unreachable")
+        return
+    _progress(f"end-to-end benchmark on {'postgresql' if admin else 'sqlite'}")
     try:
-        with (
-            redis_db.leased_database(base, args.redis_db) as redis_url,
-            RemoteGateway(folder) as gw,
-        ):
+        with redis_db.leased_database(base, args.redis_db) as redis_url:
             report.environment["redis_database"] = redis_url.rsplit("/", 1)[-1]
-            if backend == "sqlite":
-                store = databases.sqlite_database(folder)
-            else:
-                store = databases.postgres_database(admin)
+            store = (
+                databases.sqlite_database(folder)
+                if admin is None
+                else databases.postgres_database(admin)
+            )
             with store as url:
-                world = E2EWorld(url, redis_url, gw, folder)
-                report.e2e.extend(run_e2e_benchmark(world, sizes.e2e, progress=_progress))
+                world = E2EWorld(url, redis_url, folder, admin)
+                report.e2e = run_e2e_benchmark(world, sizes.e2e, progress=_progress)
     except Exception:
         report.failures.append(f"end-to-end benchmark:\n{traceback.format_exc()}")
+        return
+    report.metrics.update(e2e_report.metrics(report.e2e))
+    for setting in report.e2e.settings:
+        cut = sum(1 for r in setting.rounds if r.timing.cut_short)
+        if cut:
+            report.notes.append(
+                f"end-to-end at {setting.setting.latency_ms:g} ms: {cut} of "
+                f"{len(setting.rounds)} rounds cut short by their "
+                f"{setting.setting.round_budget_seconds:g} s budget (marked *)"
+            )
+
+
+def _run_extras(args: argparse.Namespace, folder: Path, report: Report) -> None:
+    for extra in EXTRA_BENCHMARKS:
+        admin = _postgres(report, extra.name) if extra.needs_postgresql else None
+        if extra.needs_postgresql and admin is None:
+            continue
+        _progress(f"{extra.name} benchmark")
+        context = BenchContext(
+            quick=args.quick,
+            folder=folder,
+            admin_url=admin or databases.postgres_admin_url(),
+            redis_url=redis_db.redis_base_url(),
+            progress=_progress,
+        )
+        try:
+            lines, metrics = extra.run(context)
+        except Exception:
+            report.failures.append(f"{extra.name} benchmark:\n{traceback.format_exc()}")
+            continue
+        report.extra_lines += [*lines, ""]
+        report.metrics.update(metrics)
 
 
 def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
-
-
-# --- printing ------------------------------------------------------------------------
-
-
-def _x(numerator: float, denominator: float) -> str:
-    return fmt_ratio(ratio(numerator, denominator))
-
-
-def _engine_section(report: Report) -> tuple[list[str], list[str]]:
-    rows: list[list[str]] = []
-    ratios: list[str] = []
-    for r in report.engine:
-        for side, sample, sql in (
-            ("plain", r.plain, r.plain_sql),
-            ("agboss", r.agboss, r.agboss_sql),
-        ):
-            rows.append(
-                [
-                    r.backend,
-                    side,
-                    fmt(sample.per_second),
-                    fmt(sample.p50_ms, 2),
-                    fmt(sample.p95_ms, 2),
-                    fmt(sql.statements),
-                    fmt(sql.transactions),
-                ]
-            )
-        ratios.append(
-            f"ratio: engine {r.backend:<13}"
-            f"  throughput {_x(r.agboss.per_second, r.plain.per_second)}"
-            f"  p50 {_x(r.agboss.p50_ms, r.plain.p50_ms)}"
-            f"  p95 {_x(r.agboss.p95_ms, r.plain.p95_ms)}"
-            f"  (+{fmt(r.agboss.p50_ms - r.plain.p50_ms, 2)} ms per execution at p50)"
-        )
-    lines = [
-        "Engine (no broker, one thread): ExecutionContext acquire + outbound + fenced effect"
-        " + release,",
-        "vs a direct gateway call + a plain INSERT; "
-        f"{report.engine[0].plain.count} executions per side, interleaved",
-        table(["backend", "side", "exec/s", "p50 ms", "p95 ms", "SQL/exec", "commits/exec"], rows),
-        "",
-    ]
-    return lines, ratios
-
-
-def _e2e_section(report: Report) -> tuple[list[str], list[str]]:
-    rows = [
-        [
-            run.spec.label,
-            run.side,
-            str(run.tasks),
-            fmt(run.publish_seconds, 2),
-            fmt(run.wall_seconds, 2),
-            fmt(run.per_second),
-            fmt(run.memory.rss_kib / 1024),
-            fmt(run.memory.pss_kib / 1024),
-            str(run.memory.processes),
-        ]
-        for run in report.e2e
-    ]
-    ratios: list[str] = []
-    by_key = {(run.spec.label, run.side): run for run in report.e2e}
-    for label in dict.fromkeys(run.spec.label for run in report.e2e):
-        plain, agboss = by_key.get((label, "plain")), by_key.get((label, "agboss"))
-        if plain is None or agboss is None:
-            continue
-        extra_mib = (agboss.memory.rss_kib - plain.memory.rss_kib) / 1024
-        ratios.append(
-            f"ratio: e2e {label:<16}"
-            f"  tasks/s {_x(agboss.per_second, plain.per_second)}"
-            f"  wall {_x(agboss.wall_seconds, plain.wall_seconds)}"
-            f"  RSS {_x(agboss.memory.rss_kib, plain.memory.rss_kib)} (+{fmt(extra_mib)} MiB)"
-            f"  PSS {_x(agboss.memory.pss_kib, plain.memory.pss_kib)}"
-        )
-    headers = ["pool", "side", "tasks", "publish s", "wall s", "tasks/s", "RSS MiB", "PSS MiB"]
-    lines = [
-        "End-to-end: a celery worker subprocess, Redis broker + result backend, store on "
-        f"{report.e2e_backend};",
-        f"{report.e2e[0].tasks} tasks per side; wall: from the first publish until every "
-        "result is in the backend;",
-        "memory: the worker's process group right after the run",
-        table([*headers, "procs"], rows),
-        "",
-    ]
-    return lines, ratios
-
-
-def render(report: Report) -> str:
-    env = report.environment
-    versions = ("python", "celery", "sqlalchemy", "sqlite", "postgresql", "redis")
-    lines = [
-        f"celery_agboss benchmark, {report.started:%Y-%m-%d %H:%M} UTC",
-        f"machine: {env.get('cores')} cores ({env.get('cpu')}), "
-        f"load average at start {env.get('load_average_at_start')}",
-        "versions: " + ", ".join(f"{k} {env[k]}" for k in versions if k in env),
-        "",
-    ]
-    ratio_lines: list[str] = []
-    for present, section in ((report.engine, _engine_section), (report.e2e, _e2e_section)):
-        if present:
-            more, ratios = section(report)
-            lines += more
-            ratio_lines += ratios
-    if ratio_lines:
-        lines += [
-            "Ratios, celery_agboss / plain (throughput below 1x is slower; latency, wall "
-            "time and memory above 1x are more):",
-            *ratio_lines,
-            "",
-        ]
-    lines += [f"note: {note}" for note in report.notes]
-    lines += [f"FAILED: {failure}" for failure in report.failures]
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def _as_json(report: Report) -> dict[str, Any]:
@@ -351,22 +278,8 @@ def _as_json(report: Report) -> dict[str, Any]:
             }
             for r in report.engine
         ],
-        "e2e_backend": report.e2e_backend,
-        "e2e": [
-            {
-                "pool": run.spec.pool,
-                "concurrency": run.spec.concurrency,
-                "side": run.side,
-                "tasks": run.tasks,
-                "publish_seconds": clean(run.publish_seconds),
-                "wall_seconds": clean(run.wall_seconds),
-                "per_second": clean(run.per_second),
-                "rss_kib": run.memory.rss_kib,
-                "pss_kib": run.memory.pss_kib,
-                "processes": run.memory.processes,
-            }
-            for run in report.e2e
-        ],
+        "e2e": None if report.e2e is None else e2e_report.as_json(report.e2e),
+        "metrics": {name: clean(value) for name, value in report.metrics.items()},
         "notes": report.notes,
         "failures": report.failures,
     }
@@ -386,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                 _run_engine(args, sizes, folder, report)
             if not args.engine_only:
                 _run_e2e(args, sizes, folder, report)
+            if not (args.engine_only or args.e2e_only):
+                _run_extras(args, folder, report)
     except (KeyboardInterrupt, SystemExit):
         _progress("interrupted: workers stopped, databases dropped, nothing printed")
         raise

@@ -1,12 +1,19 @@
 """The end-to-end benchmark: real ``celery worker`` subprocesses, Redis, a gateway over HTTP.
 
-For each pool (threads ``-c 4``, prefork ``-c 2``) and each side (``plain``, then
-``agboss``), a fresh worker is started on a queue of its own; a few warm-up tasks
-run first (imports, connections, the first statements), then ``tasks`` tasks are
-published at once and the clock runs until the result backend holds a result for
-every one of them (polled with one ``MGET`` per round, under a deadline). The
-worker's memory is read right after: the summed ``VmRSS`` of its process group.
-Every worker is stopped, group and all, whatever happened.
+For each gateway latency (0 ms, then 50 ms) a fake gateway process and two prefork
+``-c 2`` workers are started, one per side, each on a queue of its own: ``plain`` (a
+plain task making the HTTP call) and ``agboss`` (a ``PaymentTask`` making the same
+call through one ``self.outbound``). After a few warm-up tasks each, timed rounds
+alternate plain, agboss, plain, agboss (``bench.e2e_rounds``), so a background load
+slows both sides alike; the idle worker waits on its empty queue meanwhile.
+
+Around every agboss round the run's database counts its transactions
+(``bench.pg_counters``: publisher and workers alike, read once the counters stopped
+moving) and the processes say which step opened each (``bench.transaction_kinds``).
+At the end come the workers' peak memory (``VmHWM``) and the store's rows and bytes
+per payment, before and after the benchmark's own retention sweep. Every check is
+made: each task charged once at the gateway and ended ``SUCCESS``, or the run fails.
+Every worker and gateway is stopped, group and all, whatever happened.
 """
 
 from __future__ import annotations
@@ -16,70 +23,90 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Celery
-from sqlalchemy import create_engine, func, select
 
-from bench.databases import bench_payments
+from bench.e2e_rounds import RoundTiming, run_round
 from bench.gateway_client import payments_over_http
 from bench.gateway_http import LISTENING
-from bench.processes import GroupMemory, WorkerProcess, WorkerTimeout
+from bench.pg_counters import TableFootprint, TransactionCounters, store_footprint
+from bench.processes import PeakMemory, WorkerProcess, WorkerTimeout
+from bench.transaction_kinds import TransactionCounter, difference, read_counts
 from bench.worker_app import AGBOSS_TASK, CONFIG_ENV, PLAIN_TASK, make_app
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER_READY_SECONDS = 60.0
-POLL_SECONDS = 0.02
-READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+CONCURRENCY = 2
+WARMUP_TASKS = 4 * CONCURRENCY
 SIDES = ("plain", "agboss")
+TASK_OF_SIDE = {"plain": PLAIN_TASK, "agboss": AGBOSS_TASK}
+RETENTION_SECONDS = 1.0
+"""The benchmark's own sweep deletes what has been terminal this long (7 days by default)."""
 
 
 @dataclass(frozen=True)
-class PoolSpec:
-    pool: str
-    concurrency: int
+class Setting:
+    """One gateway latency and its rounds: ``rounds`` per side of up to ``tasks`` each,
+    each round publishing for at most ``round_budget_seconds``."""
 
-    @property
-    def label(self) -> str:
-        return f"{self.pool} -c {self.concurrency}"
-
-
-POOLS = (PoolSpec("threads", 4), PoolSpec("prefork", 2))
+    latency_ms: float
+    tasks: int
+    rounds: int
+    round_budget_seconds: float
 
 
 @dataclass(frozen=True)
 class E2ESizes:
-    tasks: int
-    budget_seconds: float
-    """Deadline for one side's timed tasks to be done (then the run fails)."""
+    settings: tuple[Setting, ...]
+    drain_seconds: float = 120.0
+    """After a round's last publish, its tasks must be done within this (or it fails)."""
 
 
 @dataclass(frozen=True)
-class E2ERun:
-    spec: PoolSpec
+class RoundResult:
     side: str
-    tasks: int
-    publish_seconds: float
-    """Of ``wall_seconds``: publishing them all (a ``PaymentTask`` is recorded at publish)."""
-    wall_seconds: float
-    memory: GroupMemory
+    timing: RoundTiming
+    transactions: int | None = None
+    """Of the database (PostgreSQL's counters) during an agboss round; None otherwise."""
+    settled: bool = True
+    kinds: Counter[str] = field(default_factory=Counter)
+    """Of the same round, by the step that opened each (``role: kind``)."""
 
-    @property
-    def per_second(self) -> float:
-        return self.tasks / self.wall_seconds if self.wall_seconds > 0 else float("nan")
+
+@dataclass(frozen=True)
+class SettingResult:
+    setting: Setting
+    rounds: tuple[RoundResult, ...]
+    peak: dict[str, PeakMemory]
+
+    def of(self, side: str) -> list[RoundResult]:
+        return [r for r in self.rounds if r.side == side]
+
+
+@dataclass
+class E2EResult:
+    backend: str
+    settings: list[SettingResult] = field(default_factory=list)
+    payments: int = 0
+    """agboss payments made in the run, warm-ups included: what the store holds."""
+    retained: list[TableFootprint] = field(default_factory=list)
+    after_retention: list[TableFootprint] = field(default_factory=list)
+    retention_note: str = ""
 
 
 class RemoteGateway:
     """The fake gateway in a process of its own (``python -m bench.gateway_http``)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, latency_ms: float = 0.0) -> None:
         self._process = WorkerProcess(
-            [sys.executable, "-m", "bench.gateway_http"],
-            log_path=folder / "gateway.log",
+            [sys.executable, "-m", "bench.gateway_http", "--latency-ms", str(latency_ms)],
+            log_path=folder / f"gateway-{uuid.uuid4().hex[:8]}.log",
             env={"PYTHONPATH": str(REPO_ROOT)},
             cwd=REPO_ROOT,
         )
@@ -105,151 +132,251 @@ class RemoteGateway:
 
 @dataclass
 class E2EWorld:
-    """What every run shares: the store's database, the broker database, the gateway."""
+    """What every run shares: the store's database, the broker database, a folder."""
 
     database_url: str
     redis_url: str
-    gateway: RemoteGateway
     folder: Path
+    admin_url: str | None = None
+    """PostgreSQL only: where to read the run database's transaction counters from."""
 
 
 def run_e2e_benchmark(
-    world: E2EWorld,
-    sizes: E2ESizes,
-    pools: tuple[PoolSpec, ...] = POOLS,
-    progress: Callable[[str], None] = lambda _: None,
-) -> list[E2ERun]:
-    runs: list[E2ERun] = []
-    for spec in pools:
-        for side in SIDES:
-            progress(f"  end-to-end: {spec.label}, {side} ({sizes.tasks} tasks)")
-            runs.append(_one_run(world, spec, side, sizes))
-    return runs
+    world: E2EWorld, sizes: E2ESizes, progress: Callable[[str], None] = lambda _: None
+) -> E2EResult:
+    backend = "postgresql" if world.admin_url is not None else "sqlite"
+    result = E2EResult(backend)
+    for setting in sizes.settings:
+        progress(
+            f"  end-to-end at {setting.latency_ms:g} ms gateway latency: {setting.rounds} rounds "
+            f"per side of up to {setting.tasks} tasks ({setting.round_budget_seconds:g} s each)"
+        )
+        outcome, agboss_payments = _one_setting(world, setting, sizes, progress)
+        result.settings.append(outcome)
+        result.payments += agboss_payments
+    if backend == "postgresql":
+        progress("  end-to-end: the store's footprint, then the retention sweep")
+        result.retained = store_footprint(world.database_url)
+        result.retention_note = _retention_sweep(world)
+        result.after_retention = store_footprint(world.database_url)
+    return result
 
 
-def _one_run(world: E2EWorld, spec: PoolSpec, side: str, sizes: E2ESizes) -> E2ERun:
-    run_id = uuid.uuid4().hex[:8]
-    config = {
+def _config(world: E2EWorld, side: str, gateway: RemoteGateway, run_id: str) -> dict[str, Any]:
+    config: dict[str, Any] = {
         "mode": side,
-        "queue": f"bench-{side}-{spec.pool}-{run_id}",
+        "queue": f"bench-{side}-{run_id}",
         "broker_url": world.redis_url,
-        "gateway_url": world.gateway.url,
+        "gateway_url": gateway.url,
         "database_url": world.database_url,
     }
+    if side == "agboss":
+        folder = world.folder / f"transactions-{run_id}"
+        folder.mkdir()
+        config["transactions_folder"] = str(folder)
+    return config
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    transactions: int | None
+    settled: bool
+    kinds: dict[str, Counter[str]]
+
+
+@dataclass
+class _Tally:
+    """Readings of the store's transactions, taken while the agboss side is idle: before
+    each agboss round and once at the end. The plain round that follows an agboss round
+    touches no database, so it gives PostgreSQL the time to flush that round's counts."""
+
+    counters: TransactionCounters | None
+    publisher: TransactionCounter
+    folder: Path
+    idle_since: float = field(default_factory=time.monotonic)
+    """When the agboss side last had work (``time.monotonic()``)."""
+
+    def read(self) -> _Snapshot:
+        reading = None if self.counters is None else self.counters.settled(self.idle_since)
+        self.publisher.flush()
+        kinds = _settled_kinds(self.folder)
+        if reading is None:
+            return _Snapshot(None, True, kinds)
+        return _Snapshot(reading.transactions, reading.settled, kinds)
+
+
+def _closed(timing: RoundTiming, before: _Snapshot, after: _Snapshot) -> RoundResult:
+    """An agboss round with what the store counted between the readings around it."""
+    kinds = difference(after.kinds, before.kinds)
+    if before.transactions is None or after.transactions is None:
+        return RoundResult("agboss", timing, None, True, kinds)
+    spent = after.transactions - before.transactions
+    return RoundResult("agboss", timing, spent, before.settled and after.settled, kinds)
+
+
+def _one_setting(
+    world: E2EWorld, setting: Setting, sizes: E2ESizes, progress: Callable[[str], None]
+) -> tuple[SettingResult, int]:
+    run_id = uuid.uuid4().hex[:8]
+    with ExitStack() as stack:
+        gateway = stack.enter_context(RemoteGateway(world.folder, setting.latency_ms))
+        configs = {side: _config(world, side, gateway, run_id) for side in SIDES}
+        apps = {side: stack.enter_context(_app(configs[side])) for side in SIDES}
+        workers = {side: stack.enter_context(_worker(world, configs[side])) for side in SIDES}
+        for worker in workers.values():
+            worker.wait_for_output(" ready.", WORKER_READY_SECONDS)
+        folder = Path(configs["agboss"]["transactions_folder"])
+        counters = None
+        if world.admin_url is not None:
+            counters = TransactionCounters(world.admin_url, _database_name(world.database_url))
+            stack.callback(counters.close)
+        publisher = _count_publisher(apps["agboss"], folder, world.database_url)
+        tally = _Tally(counters, publisher, folder)
+
+        def timed(side: str, name: str, tasks: int, budget: float) -> RoundTiming:
+            timing = run_round(
+                apps[side], TASK_OF_SIDE[side], f"{run_id}-{side}-{name}", tasks, budget,
+                sizes.drain_seconds, workers[side],
+            )  # fmt: skip
+            if side == "agboss":
+                tally.idle_since = time.monotonic()
+            return timing
+
+        published = sum(timed(side, "warm", WARMUP_TASKS, 60.0).tasks for side in SIDES)
+        rounds: list[RoundResult] = []
+        unclosed: tuple[int, RoundTiming, _Snapshot] | None = None
+        for number in range(setting.rounds):
+            for side in SIDES:
+                progress(f"    round {number + 1}/{setting.rounds}: {side}")
+                before = tally.read() if side == "agboss" else None
+                if before is not None and unclosed is not None:
+                    rounds[unclosed[0]] = _closed(unclosed[1], unclosed[2], before)
+                timing = timed(side, str(number), setting.tasks, setting.round_budget_seconds)
+                rounds.append(RoundResult(side, timing))
+                if before is not None:
+                    unclosed = (len(rounds) - 1, timing, before)
+                published += timing.tasks
+        if unclosed is not None:
+            rounds[unclosed[0]] = _closed(unclosed[1], unclosed[2], tally.read())
+        peak = {side: workers[side].peak_memory() for side in SIDES}
+        made = gateway.payments()
+        if made != published:
+            raise RuntimeError(
+                f"end-to-end run {run_id}: {published} tasks succeeded but the gateway made "
+                f"{made} payments"
+            )
+        agboss_payments = WARMUP_TASKS + sum(r.timing.tasks for r in rounds if r.side == "agboss")
+        return SettingResult(setting, tuple(rounds), peak), agboss_payments
+    raise AssertionError("unreachable")  # pragma: no cover (ExitStack re-raises)
+
+
+def _settled_kinds(folder: Path, timeout: float = 10.0) -> dict[str, Counter[str]]:
+    """The processes' files once two readings a flush interval apart agree (bounded)."""
+    deadline = time.monotonic() + timeout
+    reading = read_counts(folder)
+    while time.monotonic() < deadline:
+        time.sleep(0.6)
+        latest = read_counts(folder)
+        if latest == reading:
+            break
+        reading = latest
+    return reading
+
+
+def _count_publisher(app: Celery, folder: Path, database_url: str) -> TransactionCounter:
+    """The benchmark process publishes: its store transactions (publish records) count."""
+    from celery_agboss import AGBoss
+
+    counter = TransactionCounter(folder, "publisher", _database_name(database_url))
+    counter.install(AGBoss.of(app).store.engine)
+    return counter
+
+
+def _database_name(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return str(make_url(url).database)
+
+
+@contextmanager
+def _app(config: dict[str, Any]) -> Iterator[Celery]:
     app = make_app(config)
-    worker: WorkerProcess | None = None
     try:
-        worker = _start_worker(world, spec, config, run_id)
-        task = app.tasks[PLAIN_TASK if side == "plain" else AGBOSS_TASK]
-        payments_before = world.gateway.payments()
-        warmup = [f"{run_id}-w{i}" for i in range(spec.concurrency * 2)]
-        _wait_done(app, [task.apply_async(args=(ref,)).id for ref in warmup], 60.0, worker)
-        refs = [f"{run_id}-{i}" for i in range(sizes.tasks)]
-        start = time.perf_counter()
-        ids = [task.apply_async(args=(ref,)).id for ref in refs]
-        published = time.perf_counter() - start
-        _wait_done(app, ids, sizes.budget_seconds, worker)
-        wall = time.perf_counter() - start
-        memory = worker.memory()
-        _check_work_done(world, run_id, payments_before, len(warmup) + len(refs))
-        return E2ERun(spec, side, len(refs), published, wall, memory)
+        yield app
     finally:
-        if worker is not None:
-            worker.close()
-        _close_app(app, side)
+        if config["mode"] == "agboss":
+            _close_agboss(app)
+        app.close()
 
 
-def _start_worker(
-    world: E2EWorld, spec: PoolSpec, config: dict[str, Any], run_id: str
-) -> WorkerProcess:
+def _close_agboss(app: Celery) -> None:
+    from celery_agboss.app import AGBoss
+    from celery_agboss.signals import disconnect
+
+    agboss = AGBoss.of(app)
+    disconnect(agboss)
+    agboss.close()
+
+
+@contextmanager
+def _worker(world: E2EWorld, config: dict[str, Any]) -> Iterator[WorkerProcess]:
+    """A prefork ``-c 2`` worker on the config's queue; waited for by the caller."""
     argv = [
         sys.executable, "-m", "celery", "-A", "bench.worker_app:app", "worker",
-        "-P", spec.pool, "-c", str(spec.concurrency),
+        "-P", "prefork", "-c", str(CONCURRENCY),
         "--without-heartbeat", "--without-gossip", "--without-mingle",
-        "-Q", config["queue"], "-n", f"bench-{config['mode']}-{run_id}@%h", "-l", "info",
+        "-Q", config["queue"], "-n", f"{config['queue']}@%h", "-l", "info",
     ]  # fmt: skip
     worker = WorkerProcess(
         argv,
-        log_path=world.folder / f"worker-{config['mode']}-{spec.pool}-{run_id}.log",
+        log_path=world.folder / f"worker-{config['queue']}.log",
         env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)},
         cwd=REPO_ROOT,
     )
     try:
-        worker.wait_for_output(" ready.", WORKER_READY_SECONDS)
-    except BaseException:
+        yield worker
+    finally:
         worker.close()
-        raise
-    return worker
 
 
-def _wait_done(app: Celery, task_ids: list[str], timeout: float, worker: WorkerProcess) -> None:
-    """Poll the result backend until every task has a final state; fail on any FAILURE."""
-    keys = {app.backend.get_key_for_task(task_id): task_id for task_id in task_ids}
-    client = redis.Redis.from_url(app.conf.result_backend, socket_timeout=10)
-    deadline = time.monotonic() + timeout
-    failed: list[str] = []
-    try:
-        while keys:
-            pending = list(keys)
-            for key, raw in zip(pending, client.mget(pending), strict=True):
-                if raw is None:
-                    continue
-                meta = json.loads(raw)
-                if meta.get("status") in READY_STATES:
-                    if meta["status"] != "SUCCESS":
-                        failed.append(f"{keys[key]}: {meta['status']} {meta.get('result')}")
-                    del keys[key]
-            if not keys:
+def _retention_sweep(world: E2EWorld) -> str:
+    """Run the sweep with a 1 s retention until it deletes nothing more (bounded)."""
+    from celery_agboss import AGBoss
+    from celery_agboss.sweep import run_sweep
+
+    config = {
+        "mode": "agboss",
+        "queue": f"bench-sweep-{uuid.uuid4().hex[:8]}",
+        "broker_url": world.redis_url,
+        "gateway_url": "http://127.0.0.1:9",  # the sweep never sends; nothing is stranded
+        "database_url": world.database_url,
+        "retention_seconds": RETENTION_SECONDS,
+    }
+    time.sleep(RETENTION_SECONDS + 0.5)  # what ended last must be older than the retention
+    deleted = Counter[str]()
+    with _app(config) as app:
+        for _ in range(200):
+            report = run_sweep(AGBoss.of(app), batch_size=2000)
+            if report.errors:
+                return f"the retention sweep failed ({report.errors} errors): see the log"
+            done = {
+                "intents": report.intents_deleted,
+                "fenced effects": report.effects_deleted,
+                "executions": report.executions_deleted,
+            }
+            deleted.update(done)
+            if not any(done.values()):
                 break
-            if time.monotonic() >= deadline:
-                raise WorkerTimeout(
-                    f"{len(keys)} of {len(task_ids)} tasks not done after {timeout:g} s; "
-                    f"worker log tail:\n{worker.output()[-3000:]}"
-                )
-            time.sleep(POLL_SECONDS)
-    finally:
-        client.close()
-    if failed:
-        raise RuntimeError(f"{len(failed)} tasks did not succeed, e.g. {failed[0]}")
-
-
-def _check_work_done(world: E2EWorld, run_id: str, payments_before: int, expected: int) -> None:
-    """Each task charged once and wrote its row once: else the numbers mean nothing."""
-    made = world.gateway.payments() - payments_before
-    engine = create_engine(world.database_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                select(func.count())
-                .select_from(bench_payments)
-                .where(bench_payments.c.ref.like(f"{run_id}-%"))
-            ).scalar_one()
-    finally:
-        engine.dispose()
-    if made != expected or rows != expected:
-        raise RuntimeError(
-            f"end-to-end run {run_id}: expected {expected} payments and rows, "
-            f"found {made} payments and {rows} rows"
-        )
-
-
-def _close_app(app: Celery, side: str) -> None:
-    if side == "agboss":
-        from celery_agboss.app import AGBoss
-        from celery_agboss.signals import disconnect
-
-        agboss = AGBoss.of(app)
-        disconnect(agboss)
-        agboss.close()
-    app.close()
+    return "deleted " + ", ".join(f"{n} {what}" for what, n in deleted.items())
 
 
 __all__ = [
-    "POOLS",
-    "E2ERun",
+    "E2EResult",
     "E2ESizes",
     "E2EWorld",
-    "PoolSpec",
     "RemoteGateway",
+    "RoundResult",
+    "Setting",
+    "SettingResult",
     "run_e2e_benchmark",
 ]

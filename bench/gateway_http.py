@@ -3,7 +3,9 @@
 A small JSON endpoint on 127.0.0.1 (a free port): ``POST /charge`` ``{"amount",
 "idempotency_key", "reference"}`` → the receipt, ``GET /lookup?key=…`` → the
 receipt or ``null``, ``GET /payments`` → ``{"count": n}`` (how the benchmark
-checks that each task charged once). It runs as ``python -m bench.gateway_http``,
+checks that each task charged once). ``--latency-ms N`` makes every charge and
+lookup answer N ms late, as a gateway across the internet does (the benchmark's
+second setting). It runs as ``python -m bench.gateway_http``,
 apart from the benchmark process, as a real gateway is remote: the publisher and
 the gateway never share one interpreter lock. Both sides of the comparison call
 it the same way, one connection per call (``bench.gateway_client``).
@@ -11,10 +13,12 @@ it the same way, one connection per call (``bench.gateway_client``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -25,9 +29,11 @@ from celery_agboss.testing.gateway import FakeGateway, FakeGatewayError
 class GatewayServer:
     """``with GatewayServer() as server: server.url``; ``server.gateway`` is the fake."""
 
-    def __init__(self, gateway: FakeGateway | None = None) -> None:
+    def __init__(self, gateway: FakeGateway | None = None, *, latency_ms: float = 0.0) -> None:
         self.gateway = gateway or FakeGateway()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.gateway))
+        self._server = ThreadingHTTPServer(
+            ("127.0.0.1", 0), _handler(self.gateway, latency_ms / 1000)
+        )
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="bench-gateway", daemon=True
@@ -49,7 +55,7 @@ class GatewayServer:
         self._thread.join(10)
 
 
-def _handler(gateway: FakeGateway) -> type[BaseHTTPRequestHandler]:
+def _handler(gateway: FakeGateway, latency_seconds: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -74,6 +80,8 @@ def _handler(gateway: FakeGateway) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": "not found"})
                 return
             key = parse_qs(parts.query).get("key", [""])[0]
+            if latency_seconds > 0:
+                time.sleep(latency_seconds)
             self._send(200, gateway.lookup(key))
 
         def do_POST(self) -> None:
@@ -82,6 +90,8 @@ def _handler(gateway: FakeGateway) -> type[BaseHTTPRequestHandler]:
                 return
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
+            if latency_seconds > 0:
+                time.sleep(latency_seconds)
             try:
                 receipt = gateway.charge(
                     int(body["amount"]),
@@ -96,11 +106,16 @@ def _handler(gateway: FakeGateway) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM; the first line printed names the URL."""
+    parser = argparse.ArgumentParser(prog="python -m bench.gateway_http")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay of each answer")
+    args = parser.parse_args(argv)
+    if not 0 <= args.latency_ms <= 60_000:
+        parser.error("--latency-ms must be between 0 and 60000")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    with GatewayServer() as server:
+    with GatewayServer(latency_ms=args.latency_ms) as server:
         print(f"{LISTENING} {server.url}", flush=True)
         while not stop.wait(1.0):
             pass

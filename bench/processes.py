@@ -1,5 +1,6 @@
 """Worker subprocesses of the benchmark: started in a process group of their own,
-measured (resident memory of the whole group), and always ended, group and all.
+measured (resident memory of the whole group, peak resident memory of each
+process), and always ended, group and all.
 
 Every wait has a deadline; ``close()`` is safe to call twice and after a failure.
 """
@@ -59,6 +60,24 @@ def rss_kib(pid: int) -> int:
 def pss_kib(pid: int) -> int:
     """Proportional set size in KiB: shared pages divided among their sharers (0 if gone)."""
     return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
+
+
+def peak_kib(pid: int) -> int:
+    """``VmHWM`` of one process in KiB: the most it was ever resident (0 if it is gone)."""
+    return _kib_field(f"/proc/{pid}/status", "VmHWM:")
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """``VmHWM`` of a worker's main process and of its largest pool child (prefork)."""
+
+    main_kib: int
+    max_child_kib: int
+    children: int
+
+    @property
+    def max_kib(self) -> int:
+        return max(self.main_kib, self.max_child_kib)
 
 
 @dataclass(frozen=True)
@@ -121,6 +140,15 @@ class WorkerProcess:
             processes=len(pids),
         )
 
+    def peak_memory(self) -> PeakMemory:
+        """The peak resident memory of the main process and of each pool child."""
+        children = [pid for pid in group_pids(self.pgid) if pid != self.pid]
+        return PeakMemory(
+            main_kib=peak_kib(self.pid),
+            max_child_kib=max((peak_kib(pid) for pid in children), default=0),
+            children=len(children),
+        )
+
     def close(self) -> None:
         """Warm shutdown (SIGTERM to the group), then SIGKILL whatever is left, bounded."""
         if self._popen.poll() is None:
@@ -140,4 +168,13 @@ class WorkerProcess:
             os.killpg(self.pgid, sig)
 
 
-__all__ = ["GroupMemory", "WorkerProcess", "WorkerTimeout", "group_pids", "pss_kib", "rss_kib"]
+__all__ = [
+    "GroupMemory",
+    "PeakMemory",
+    "WorkerProcess",
+    "WorkerTimeout",
+    "group_pids",
+    "peak_kib",
+    "pss_kib",
+    "rss_kib",
+]

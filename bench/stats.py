@@ -7,7 +7,7 @@ run, on the same machine, so a busy or slow machine moves both sides together.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 
@@ -63,8 +63,10 @@ def fmt_ratio(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.2f}x"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain-text table: first column left-aligned, the others right-aligned."""
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], left: Collection[int] = (0,)
+) -> str:
+    """A plain-text table: the ``left`` columns (the first) left-aligned, numbers right."""
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -72,7 +74,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
     def line(cells: Sequence[str]) -> str:
         parts = [
-            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+            cell.ljust(widths[i]) if i in left else cell.rjust(widths[i])
             for i, cell in enumerate(cells)
         ]
         return "  ".join(parts).rstrip()

@@ -1,74 +1,37 @@
 """The Celery app of the end-to-end benchmark, in one of two modes.
 
-``plain``: a plain ``@app.task`` that charges through the gateway and INSERTs the
-payment row in its own transaction — what the task looks like without
-celery_agboss; this mode imports nothing of celery_agboss. ``agboss``: the same
-work as a ``PaymentTask``: one ``self.outbound`` call and one ``self.fenced_effect``.
+``plain``: a plain ``@app.task`` that charges through the gateway over HTTP — what
+the task looks like without celery_agboss; this mode imports nothing of
+celery_agboss. ``agboss``: the same charge as a ``PaymentTask`` making one
+``self.outbound`` call (no fenced effect): the price of protecting one single-charge
+task. Both return how long the call itself took (``call_ms``), so the benchmark can
+tell what ``self.outbound`` adds over the direct call.
 
 The worker subprocess runs ``celery -A bench.worker_app:app`` with the config in
 ``AGBOSS_BENCH_CONFIG`` (JSON); the benchmark process builds the same app from the
 same config with ``make_app`` to publish (and, in ``agboss`` mode, to record each
-execution at publish, as every ``PaymentTask`` publisher does).
+execution at publish, as every ``PaymentTask`` publisher does). When the config names
+a ``transactions_folder``, the worker counts its store transactions by kind there
+(``bench.transaction_kinds``): only in the benchmark, never in the product.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
+import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import create_engine, event, insert
-from sqlalchemy.engine import Connection, Engine
 
-from bench.databases import bench_payments
 from bench.gateway_client import charge_over_http, lookup_over_http
 
 CONFIG_ENV = "AGBOSS_BENCH_CONFIG"
 PLAIN_TASK = "bench.plain_charge"
 AGBOSS_TASK = "bench.agboss_charge"
 PSEUDONYM_KEY = "bench-pseudonym-key-not-a-secret-0123456789"
-
-
-def insert_row(conn: Connection, ref: str, receipt: dict[str, Any]) -> str:
-    conn.execute(
-        insert(bench_payments).values(ref=ref, payment_id=receipt["id"], amount=receipt["amount"])
-    )
-    return str(receipt["id"])
-
-
-class _PlainEngine:
-    """A plain app's SQLAlchemy engine, made in each process on first use (never
-    inherited across the prefork pool's fork)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._lock = threading.Lock()
-        self._pid = 0
-        self._engine: Engine | None = None
-
-    def get(self) -> Engine:
-        with self._lock:
-            if self._engine is None or self._pid != os.getpid():
-                self._engine = self._make()
-                self._pid = os.getpid()
-            return self._engine
-
-    def _make(self) -> Engine:
-        if not self.url.startswith("sqlite"):
-            return create_engine(self.url)
-        engine = create_engine(self.url, connect_args={"timeout": 30, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _wal(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA busy_timeout = 30000")
-            cursor.close()
-
-        return engine
 
 
 def make_app(config: dict[str, Any]) -> Celery:
@@ -81,21 +44,27 @@ def make_app(config: dict[str, Any]) -> Celery:
         broker_connection_retry_on_startup=True,
     )
     if mode == "plain":
-        _plain_tasks(app, gateway, _PlainEngine(config["database_url"]))
+        _plain_tasks(app, gateway)
     elif mode == "agboss":
+        if config.get("retention_seconds"):  # the benchmark's own sweep, never the workers'
+            seconds = float(config["retention_seconds"])
+            app.conf.update(
+                agboss_outbound_retention=seconds,
+                agboss_fenced_effect_retention=seconds,
+                agboss_execution_retention=seconds,
+            )
         _agboss_tasks(app, gateway, config["database_url"])
     else:
         raise ValueError(f"unknown benchmark mode {mode!r}")
     return app
 
 
-def _plain_tasks(app: Celery, gateway: str, engine: _PlainEngine) -> None:
+def _plain_tasks(app: Celery, gateway: str) -> None:
     @app.task(name=PLAIN_TASK, shared=False)  # type: ignore[untyped-decorator]
     def plain_charge(ref: str, amount: int = 1000) -> dict[str, Any]:
+        started = time.perf_counter()
         receipt = charge_over_http(gateway, amount, f"plain:{ref}", ref)
-        with engine.get().begin() as conn:
-            insert_row(conn, ref, receipt)
-        return {"payment": receipt["id"]}
+        return {"payment": receipt["id"], "call_ms": (time.perf_counter() - started) * 1000}
 
 
 def _agboss_tasks(app: Celery, gateway: str, database_url: str) -> None:
@@ -127,15 +96,38 @@ def _agboss_tasks(app: Celery, gateway: str, database_url: str) -> None:
 
     @app.task(base=PaymentTask, bind=True, shared=False, name=AGBOSS_TASK)  # type: ignore[untyped-decorator]
     def agboss_charge(self: Any, ref: str, amount: int = 1000) -> dict[str, Any]:
-        key = f"order:{ref}"
-        receipt = self.outbound(charge, {"amount": amount, "order": ref}, business_key=key)
-        self.fenced_effect("mark-paid", lambda conn: insert_row(conn, ref, receipt), key)
-        return {"payment": receipt["id"]}
+        started = time.perf_counter()
+        receipt = self.outbound(
+            charge, {"amount": amount, "order": ref}, business_key=f"order:{ref}"
+        )
+        return {"payment": receipt["id"], "call_ms": (time.perf_counter() - started) * 1000}
+
+
+def _count_transactions(config: dict[str, Any]) -> None:
+    """Count this worker's store transactions by kind, in every process of it."""
+    from celery import signals
+    from sqlalchemy.engine import make_url
+
+    from bench.transaction_kinds import TransactionCounter
+
+    counter = TransactionCounter(
+        Path(config["transactions_folder"]),
+        "worker",
+        str(make_url(config["database_url"]).database),
+    )
+    counter.install()  # every engine: the store is opened lazily, in each child
+    for signal in (signals.worker_process_shutdown, signals.worker_shutdown):
+        signal.connect(lambda *args, **kwargs: counter.flush(), weak=False)
 
 
 def _from_environment() -> Celery | None:
     raw = os.environ.get(CONFIG_ENV)
-    return make_app(json.loads(raw)) if raw else None
+    if not raw:
+        return None
+    config = json.loads(raw)
+    if config.get("transactions_folder") and config["mode"] == "agboss":
+        _count_transactions(config)
+    return make_app(config)
 
 
 app = _from_environment()

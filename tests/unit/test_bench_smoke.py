@@ -1,7 +1,8 @@
 """The benchmark script still runs (``make bench``; docs/benchmarks.md).
 
-Only that it finishes and prints its ratios is checked: speed and memory are the
-benchmark's business, never timed assertions in the test suite.
+Only that it finishes and prints its ratios and ``name=value`` lines is checked, and
+how it names transactions and judges goals: speed and memory are the benchmark's
+business, never timed assertions in the test suite.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +42,45 @@ def test_the_quick_engine_benchmark_on_sqlite_exits_cleanly_and_prints_a_ratio()
         output
     )
     assert "FAILED" not in completed.stdout, output
+    assert re.search(r"^commits_per_task=n/a$", completed.stdout, re.M), output
+    assert re.search(r"^goal throughput_ratio >= 0\.7: not measured", completed.stdout, re.M), (
+        output
+    )
+
+
+def _frames_of_a_fake_store_call(module: str) -> dict[str, Any]:
+    """Functions compiled as if they lived in ``module``: ``_begin`` classifies its stack."""
+    from bench.transaction_kinds import classify
+
+    namespace: dict[str, Any] = {"__name__": module, "sys": sys, "classify": classify}
+    exec(  # the classifier reads module names off frames: make such frames
+        "def _begin():\n    return classify(sys._getframe(0))\n"
+        "def start_delivery():\n    return _begin()\n"
+        "def a_new_step():\n    return _begin()\n",
+        namespace,
+    )
+    return namespace
+
+
+def test_a_store_transaction_is_named_by_the_innermost_celery_agboss_step_it_knows() -> None:
+    fake = _frames_of_a_fake_store_call("celery_agboss.store.fake")
+    assert fake["start_delivery"]() == "start"
+
+
+def test_a_transaction_from_an_unknown_step_shows_the_steps_name() -> None:
+    fake = _frames_of_a_fake_store_call("celery_agboss.store.fake")
+    assert fake["a_new_step"]() == "other:store.fake.a_new_step"
+    outside = _frames_of_a_fake_store_call("somebody_else")
+    assert outside["start_delivery"]() == "other:outside celery_agboss"
+
+
+def test_a_missed_goal_says_by_how_much() -> None:
+    from bench.report import Goal
+
+    at_most = Goal("commits_per_task", at_most=True, target=5.0, stretch=4.0)
+    assert "MISSED by 1.00 (20% over) at 6.00" in at_most.verdict(6.0)
+    assert "met at 4.50; stretch missed by 0.50" in at_most.verdict(4.5)
+    assert "met, stretch too" in at_most.verdict(3.9)
+    at_least = Goal("throughput_ratio", at_most=False, target=0.7)
+    assert "MISSED by 0.35 (50% short) at 0.35" in at_least.verdict(0.35)
+    assert at_least.verdict(float("nan")).endswith("not measured in this run")
