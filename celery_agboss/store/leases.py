@@ -23,6 +23,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.engine import Connection
@@ -194,68 +195,93 @@ def renew_txn(conn: Connection, lease: LeaseRef, ttl_ms: int, *, offset_ms: int 
 def renew_many_txn(
     conn: Connection, refs: Sequence[LeaseRef], ttl_ms: int, *, offset_ms: int = 0
 ) -> dict[LeaseRef, RenewOutcome]:
-    """Renew a process's leases together: one ``UPDATE`` for all of them.
+    """Renew a process's leases together: one statement for all of them.
 
-    PostgreSQL first locks the rows no other transaction holds (``FOR UPDATE SKIP
+    On PostgreSQL it locks the rows no other transaction holds (``FOR UPDATE SKIP
     LOCKED``) and renews among those only. A row it had to skip is locked by a running
     fenced transaction (which extends that lease itself): BUSY while its last committed
     state is still ours and not released — even if that committed expiry has passed,
     since the uncommitted extension is what counts and the holder's own deadline bounds
     it anyway. A row it locked but could not renew (expired, released, taken over) is
-    LOST. SQLite has a single writer: the statement waits its turn on the busy timeout,
-    so nothing is ever BUSY there.
+    LOST. The lock, the renewal and the read of the skipped rows' committed state are
+    one statement (three CTEs on one snapshot), so a renewal round is one round trip
+    whatever the number of leases. SQLite has a single writer: the ``UPDATE`` waits its
+    turn on the busy timeout, so nothing is ever BUSY there.
     """
     wanted = list(dict.fromkeys(refs))
     if not wanted:
         return {}
-    scopes = sorted({ref.scope for ref in wanted})
-    lockable: set[str] | None = None
     if is_postgresql(conn):
-        lockable = {
-            str(scope)
-            for scope in conn.execute(
-                select(_c.scope)
-                .where(_c.scope.in_(scopes))
-                .order_by(_c.scope)
-                .with_for_update(skip_locked=True)
-            ).scalars()
-        }
-    candidates = wanted if lockable is None else [r for r in wanted if r.scope in lockable]
-    renewed: set[LeaseRef] = set()
-    if candidates:
-        now = clock(conn, offset_ms).c.now
-        mine = tuple_(_c.scope, _c.holder, _c.token).in_(
-            [(ref.scope, ref.holder, ref.token) for ref in candidates]
-        )
-        renewed = {
-            LeaseRef(str(row.scope), str(row.holder), int(row.token))
-            for row in conn.execute(
-                update(leases)
-                .where(mine, _live_predicate(now))
-                .values(expires_at_ms=now + ttl_ms, renewed_at_ms=now)
-                .returning(_c.scope, _c.holder, _c.token)
-            )
-        }
-    outcome = {ref: RenewOutcome.RENEWED for ref in wanted if ref in renewed}
-    skipped = [ref for ref in wanted if lockable is not None and ref.scope not in lockable]
-    busy: set[LeaseRef] = set()
-    if skipped:
-        # A plain read does not wait for row locks: it sees the last committed row.
-        busy = {
-            LeaseRef(str(row.scope), str(row.holder), int(row.token))
-            for row in conn.execute(
-                select(_c.scope, _c.holder, _c.token).where(
-                    tuple_(_c.scope, _c.holder, _c.token).in_(
-                        [(ref.scope, ref.holder, ref.token) for ref in skipped]
-                    ),
-                    not_(_c.released),
-                )
-            )
-        }
+        renewed, busy = _renew_many_postgresql(conn, wanted, ttl_ms, offset_ms)
+    else:
+        renewed, busy = _renew_rows(conn, wanted, ttl_ms, offset_ms), set()
+    outcome: dict[LeaseRef, RenewOutcome] = {}
     for ref in wanted:
-        if ref not in outcome:
+        if ref in renewed:
+            outcome[ref] = RenewOutcome.RENEWED
+        else:
             outcome[ref] = RenewOutcome.BUSY if ref in busy else RenewOutcome.LOST
     return outcome
+
+
+def _triples(refs: Sequence[LeaseRef]) -> ColumnElement[bool]:
+    return tuple_(_c.scope, _c.holder, _c.token).in_([(r.scope, r.holder, r.token) for r in refs])
+
+
+def _ref(row: Any) -> LeaseRef:
+    return LeaseRef(str(row.scope), str(row.holder), int(row.token))
+
+
+def _renew_rows(
+    conn: Connection, refs: Sequence[LeaseRef], ttl_ms: int, offset_ms: int
+) -> set[LeaseRef]:
+    now = clock(conn, offset_ms).c.now
+    rows = conn.execute(
+        update(leases)
+        .where(_triples(refs), _live_predicate(now))
+        .values(expires_at_ms=now + ttl_ms, renewed_at_ms=now)
+        .returning(_c.scope, _c.holder, _c.token)
+    )
+    return {_ref(row) for row in rows}
+
+
+def _renew_many_postgresql(
+    conn: Connection, refs: Sequence[LeaseRef], ttl_ms: int, offset_ms: int
+) -> tuple[set[LeaseRef], set[LeaseRef]]:
+    """``(renewed, busy)`` in one statement; rows are locked in scope order."""
+    scopes = sorted({ref.scope for ref in refs})
+    locked = (
+        select(_c.scope)
+        .where(_c.scope.in_(scopes))
+        .order_by(_c.scope)
+        .with_for_update(skip_locked=True)
+        .cte("agboss_lockable")
+    )
+    now = clock(conn, offset_ms).c.now
+    renewed = (
+        update(leases)
+        .where(_triples(refs), _c.scope.in_(select(locked.c.scope)), _live_predicate(now))
+        .values(expires_at_ms=now + ttl_ms, renewed_at_ms=now)
+        .returning(_c.scope, _c.holder, _c.token)
+        .cte("agboss_renewed")
+    )
+    # A plain read does not wait for row locks: it sees the last committed row.
+    skipped = (
+        select(_c.scope, _c.holder, _c.token)
+        .where(_triples(refs), not_(_c.released), _c.scope.not_in(select(locked.c.scope)))
+        .cte("agboss_skipped")
+    )
+    statement = union_all(
+        select(
+            literal("renewed").label("kind"), renewed.c.scope, renewed.c.holder, renewed.c.token
+        ),
+        select(literal("busy").label("kind"), skipped.c.scope, skipped.c.holder, skipped.c.token),
+    )
+    renewed_refs: set[LeaseRef] = set()
+    busy: set[LeaseRef] = set()
+    for row in conn.execute(statement):
+        (renewed_refs if row.kind == "renewed" else busy).add(_ref(row))
+    return renewed_refs, busy
 
 
 def release_txn(conn: Connection, lease: LeaseRef) -> bool:
