@@ -20,11 +20,16 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
+from sqlalchemy.sql.elements import TextClause
 
 from celery_agboss.store.metadata import metadata
 
 __all__ = [
+    "SETTLED_ONLY_EXCLUDES",
+    "SWEEPER_SCOPE_PATTERN",
+    "SWEEPER_SCOPE_PREFIX",
     "fenced_effects",
     "intent_history",
     "leases",
@@ -37,6 +42,28 @@ __all__ = [
 KEY = String(512)
 NAME = String(200)
 
+SWEEPER_SCOPE_PREFIX = "agboss.sweeper:"
+"""The scope of every sweeper's own lease: the prefix, then a uuid."""
+SWEEPER_SCOPE_PATTERN = f"{SWEEPER_SCOPE_PREFIX}%"
+
+
+SETTLED_ONLY_EXCLUDES = "PENDING"
+"""The status the partial index of settled intents leaves out."""
+
+
+def _partial(predicate: str) -> TextClause:
+    """The ``WHERE`` of a partial index (the same text on both databases). A query reaches
+    the index only when it spells the same predicate with literals, not parameters (the
+    planner cannot prove a parameter's value implies it): see ``sweep_queries``."""
+    return text(predicate)
+
+
+def _sweeper_rows(column: str) -> TextClause:
+    """A partial index over sweeper leases only: a handful of rows among one per
+    execution (``sweep_queries.sweeper_scope`` spells the same predicate)."""
+    return _partial(f"{column} LIKE '{SWEEPER_SCOPE_PATTERN}'")
+
+
 leases = Table(
     "agboss_leases",
     metadata,
@@ -47,6 +74,15 @@ leases = Table(
     Column("released", Boolean, nullable=False, server_default=false()),
     Column("acquired_at_ms", BigInteger, nullable=False),
     Column("renewed_at_ms", BigInteger, nullable=False),
+    # The sweep's clean-up of dead sweepers' leases reads these, never the table. Keyed
+    # on ``scope`` (never updated), so renewals, which change ``expires_at_ms`` and
+    # ``renewed_at_ms`` only, stay heap-only (HOT) updates on PostgreSQL.
+    Index(
+        "ix_agboss_leases_sweeper_scope",
+        "scope",
+        postgresql_where=_sweeper_rows("scope"),
+        sqlite_where=_sweeper_rows("scope"),
+    ),
 )
 
 outbound_calls = Table(
@@ -80,6 +116,25 @@ outbound_calls = Table(
     Column("failure", Text, nullable=True),
     Column("failure_passed", Boolean, nullable=False, server_default=false()),
     Index(None, "status"),
+    # Retention reads settled intents old enough to go in this order, never the whole
+    # history. Partial: the sweep's look-up of PENDING ones keeps its index on status.
+    Index(
+        "ix_agboss_outbound_calls_settled_first_attempt_at_ms",
+        "first_attempt_at_ms",
+        postgresql_where=_partial(f"status <> '{SETTLED_ONLY_EXCLUDES}'"),
+        sqlite_where=_partial(f"status <> '{SETTLED_ONLY_EXCLUDES}'"),
+    ),
+    # Whether a dead sweeper's lease still owns an intent (the lease row must stay). An
+    # update of the owner alone is no longer heap-only (HOT) on PostgreSQL: take-overs
+    # are rare, and a settle changes ``status``, indexed already.
+    Index(
+        "ix_agboss_outbound_calls_sweeper_owner",
+        "owner_scope",
+        "owner_holder",
+        "owner_token",
+        postgresql_where=_sweeper_rows("owner_scope"),
+        sqlite_where=_sweeper_rows("owner_scope"),
+    ),
 )
 
 intent_history = Table(
@@ -111,6 +166,8 @@ fenced_effects = Table(
     Column("token", BigInteger, nullable=False),
     Column("created_at_ms", BigInteger, nullable=False),
     Column("fingerprint", String(128), nullable=True),
+    # Retention reads records old enough to go in this order, never the whole history.
+    Index(None, "created_at_ms"),
 )
 
 

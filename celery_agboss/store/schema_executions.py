@@ -19,6 +19,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    text,
 )
 
 from celery_agboss.store.metadata import metadata
@@ -62,6 +63,14 @@ executions = Table(
     Column("updated_at_ms", BigInteger, nullable=False),
     Index(None, "state", "not_before_ms"),
     Index(None, "terminal_at_ms"),
+    # The sweep's look-up of cancel requests to end: executions with one, by state. On
+    # SQLite the index above looks too broad for a list of states and the table is read.
+    Index(
+        "ix_agboss_executions_cancel_requested_state",
+        "state",
+        postgresql_where=text("cancel_requested"),
+        sqlite_where=text("cancel_requested = 1"),
+    ),
 )
 
 audit = Table(

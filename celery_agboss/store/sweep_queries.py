@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, false, not_, or_, select
+from sqlalchemy import and_, delete, exists, false, literal_column, not_, or_, select
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.schema import Column
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
@@ -31,7 +32,15 @@ from celery_agboss.core.store import (
 )
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.intents import owner_live_expr
-from celery_agboss.store.schema import fenced_effects, leases, outbound_calls, record_uses
+from celery_agboss.store.schema import (
+    SETTLED_ONLY_EXCLUDES,
+    SWEEPER_SCOPE_PATTERN,
+    SWEEPER_SCOPE_PREFIX,
+    fenced_effects,
+    leases,
+    outbound_calls,
+    record_uses,
+)
 from celery_agboss.store.schema_executions import audit, executions, meta, pauses
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
@@ -50,9 +59,9 @@ another execution replayed is deleted while that one still waits."""
 TICK_KEY_PREFIX = "sweep.tick."
 LAST_SWEEP_KEY = "sweep.last"
 LAST_WORKER_SWEEP_KEY = "sweep.last-by-workers"
-SWEEPER_SCOPE_PREFIX = "agboss.sweeper:"
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
+_NOT_TERMINAL = [state.value for state in ExecutionState if state not in TERMINAL_STATES]
 
 
 def _execution_lease_live(now: ColumnElement[int], execution_id: Any) -> ColumnElement[bool]:
@@ -111,17 +120,22 @@ def find_stranded_keys(store: SQLAlchemyStore, limit: int) -> list[tuple[str, st
         return [(str(row.idempotency_key), str(row.execution_id)) for row in rows]
 
 
+def unsettled_intent() -> ColumnElement[bool]:
+    """What ``agboss pending`` lists (and the metrics count): PENDING intents, and
+    completed ones whose result could not be stored."""
+    return or_(
+        _i.status == IntentStatus.PENDING.value,
+        and_(_i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)),
+    )
+
+
 def list_pending_intents(
     store: SQLAlchemyStore, *, limit: int, operator_only: bool = False
 ) -> list[IntentRecord]:
     """PENDING intents (and completed ones whose result could not be stored), the ones
     flagged for an operator first, then oldest first."""
     with store.read_transaction() as tx:
-        waiting = or_(
-            _i.status == IntentStatus.PENDING.value,
-            and_(_i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)),
-        )
-        statement = select(_i.idempotency_key).where(waiting)
+        statement = select(_i.idempotency_key).where(unsettled_intent())
         if operator_only:
             statement = statement.where(_i.needs_operator)
         rows = tx.execute(
@@ -201,7 +215,11 @@ def delete_settled_intents_before(
     """Settled intents (with their history and uses) whose every user — the execution that
     created it and every one that replayed, joined, took over or reconciled it — has been
     terminal since before ``cutoff_ms``. Never a PENDING intent, never one a non-terminal
-    execution used, whoever created it."""
+    execution used, whoever created it.
+
+    Its creator recorded it while running, so an intent whose creator ended before the
+    cutoff was first attempted before it too: that bound, on its index, keeps the read
+    to intents old enough to go, whatever the history (DESIGN §6.3)."""
     kept = (
         false()
         if sabotage.active(RECORD_USES_IGNORED_BY_RETENTION)
@@ -211,11 +229,12 @@ def delete_settled_intents_before(
         rows = tx.execute(
             select(_i.idempotency_key, _i.execution_id)
             .where(
-                _i.status != IntentStatus.PENDING.value,
+                _i.first_attempt_at_ms < cutoff_ms,
+                _i.status != literal_column(f"'{SETTLED_ONLY_EXCLUDES}'"),  # its index's
                 _creator_done_before(_i.execution_id, cutoff_ms),
                 not_(kept),
             )
-            .order_by(_i.completed_at_ms, _i.idempotency_key)
+            .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
             .limit(limit)
         ).all()
         keys = [str(row.idempotency_key) for row in rows]
@@ -227,7 +246,8 @@ def delete_settled_intents_before(
 
 def delete_effects_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> RetentionResult:
     """Fenced-effect records (and their uses) whose every user has been terminal since
-    before ``cutoff_ms``."""
+    before ``cutoff_ms``. A record is made while its creator runs: one whose creator
+    ended before the cutoff was made before it (the bound its index serves)."""
     kept = (
         false()
         if sabotage.active(RECORD_USES_IGNORED_BY_RETENTION)
@@ -236,7 +256,11 @@ def delete_effects_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) ->
     with store.transaction() as tx:
         rows = tx.execute(
             select(_f.key, _f.execution_id)
-            .where(_creator_done_before(_f.execution_id, cutoff_ms), not_(kept))
+            .where(
+                _f.created_at_ms < cutoff_ms,
+                _creator_done_before(_f.execution_id, cutoff_ms),
+                not_(kept),
+            )
             .order_by(_f.created_at_ms, _f.key)
             .limit(limit)
         ).all()
@@ -257,7 +281,10 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
         rows = tx.execute(
             select(_e.id)
             .where(
-                _e.state.in_(_TERMINAL),
+                # "Not one of the others", not "one of these": a planner without
+                # statistics (SQLite's, as the store runs no ANALYZE) would walk every
+                # terminal execution on the state index instead of the terminal_at_ms one.
+                _e.state.not_in(_NOT_TERMINAL),
                 _e.terminal_at_ms.is_not(None),
                 _e.terminal_at_ms < cutoff_ms,
                 not_(exists().where(_i.execution_id == _e.id)),
@@ -296,18 +323,29 @@ def delete_released_lease(store: SQLAlchemyStore, lease: LeaseRef) -> bool:
         )
 
 
+def sweeper_scope(column: Column[str]) -> ColumnElement[bool]:
+    """``column LIKE 'agboss.sweeper:%'`` with the pattern as a literal: the planner then
+    proves the partial indexes over sweeper leases apply (a parameter it cannot see)."""
+    return column.like(literal_column(f"'{SWEEPER_SCOPE_PATTERN}'"))
+
+
 def delete_dead_sweeper_leases(store: SQLAlchemyStore, older_than_ms: int, limit: int) -> int:
     """Lease rows of sweepers that died mid-run, expired for longer than ``older_than_ms``
-    and owning no intent (an intent names its owner by these rows)."""
+    and owning no intent (an intent names its owner by these rows). Both reads go through
+    partial indexes over sweeper leases: one lease and one intent per execution in the
+    same tables are never read."""
     with store.transaction() as tx:
         now = tx.now_expr()
         owned = exists().where(
-            _i.owner_scope == _l.scope, _i.owner_holder == _l.holder, _i.owner_token == _l.token
+            sweeper_scope(_i.owner_scope),  # implied by the join below; lets the index in
+            _i.owner_scope == _l.scope,
+            _i.owner_holder == _l.holder,
+            _i.owner_token == _l.token,
         )
         scopes = (
             select(_l.scope)
             .where(
-                _l.scope.like(f"{SWEEPER_SCOPE_PREFIX}%"),
+                sweeper_scope(_l.scope),
                 _l.expires_at_ms < now - older_than_ms,
                 not_(owned),
             )
@@ -382,4 +420,5 @@ __all__ = [
     "insert_audit_txn",
     "list_intents_of",
     "list_pending_intents",
+    "unsettled_intent",
 ]
