@@ -54,7 +54,29 @@ def lines_and_metrics(result: Any) -> ExtraOutcome:
     return [str(line) for line in lines], {k: float(v) for k, v in metrics.items()}
 
 
-EXTRA_BENCHMARKS: list[ExtraBenchmark] = []
+def _sweep(ctx: BenchContext) -> ExtraOutcome:
+    from bench.sweep_bench import DEFAULT_SWEEP_SIZES, QUICK_SWEEP_SIZES, run_sweep_benchmark
+
+    sizes = QUICK_SWEEP_SIZES if ctx.quick else DEFAULT_SWEEP_SIZES
+    return lines_and_metrics(run_sweep_benchmark(ctx.admin_url, sizes, ctx.progress))
+
+
+def _renewals(ctx: BenchContext) -> ExtraOutcome:
+    from bench.renewal_bench import (
+        DEFAULT_RENEWAL_SIZES,
+        QUICK_RENEWAL_SIZES,
+        run_renewal_benchmark,
+    )
+
+    sizes = QUICK_RENEWAL_SIZES if ctx.quick else DEFAULT_RENEWAL_SIZES
+    result = run_renewal_benchmark(ctx.admin_url, ctx.redis_url, sizes, ctx.progress)
+    return lines_and_metrics(result)
+
+
+EXTRA_BENCHMARKS: list[ExtraBenchmark] = [
+    ExtraBenchmark("sweep", _sweep),
+    ExtraBenchmark("renewal", _renewals),
+]
 """Run in this order by ``bench/run.py``."""
 
 
