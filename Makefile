@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := test,dev,flower
+EXTRAS := test,dev,flower,metrics
 
 .DEFAULT_GOAL := help
 .PHONY: help venv check-services lint format types pytest test demo bench clean distclean

@@ -2,8 +2,9 @@
 
 ``AGBoss`` is the app's ``Runtime`` (settings, registry, the per-process store; see
 ``celery_agboss.runtime``) and the one place that installs the rest on top of it:
-the signals (publish records, revoke recording, worker start-up; ``signals``) and the
-sweep (its task, beat entry and watch; ``sweep``). ``AGBoss(app)`` twice gives the
+the signals (publish records, revoke recording, worker start-up; ``signals``), the
+sweep (its task, beat entry and watch; ``sweep``) and the worker's metrics endpoint
+when ``agboss_metrics_port`` asks for it (``metrics``). ``AGBoss(app)`` twice gives the
 same object.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_agboss import signals, sweep
+from celery_agboss import metrics, signals, sweep
 from celery_agboss.runtime import _APP_ATTRIBUTE, Runtime
 
 
@@ -26,6 +27,7 @@ class AGBoss(Runtime):
         self._init_runtime(app)
         signals.connect(self)
         sweep.install(self)
+        metrics.install(self)
         if app.configured:
             self._configured()
         else:

@@ -51,6 +51,7 @@ DEFAULT_RETENTION_SECONDS = 604800.0  # 7 days: outbound-call and fenced-effect 
 DEFAULT_RETRY_DELAY_SECONDS = 5.0
 DEFAULT_MAX_RECOVERY_ATTEMPTS = 10
 DEFAULT_SWEEP_QUEUE = "agboss.sweep"
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"  # loopback: exposing it wider is a choice to make
 
 _DURATIONS: dict[str, float] = {
     "lease_ttl": DEFAULT_LEASE_TTL_SECONDS,
@@ -71,6 +72,9 @@ _KNOWN = {
     "sweep_queue",
     "execution_retention",
     "payment_tasks",
+    "metrics_port",
+    "metrics_address",
+    "metrics_dir",
 }
 
 
@@ -99,6 +103,11 @@ class AGBossSettings:
     # Task names (``fnmatch`` patterns) recorded at publish as PaymentTasks even in a
     # process that never imported their module (``app.send_task("shop.charge")``).
     payment_tasks: tuple[str, ...] = ()
+    # The worker's Prometheus endpoint (celery_agboss.metrics): None is off.
+    metrics_port: int | None = None
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+    # prometheus_client's multiprocess directory; None: a fresh one per worker.
+    metrics_dir: str | None = None
     testing_key: bool = False
 
     @property
@@ -311,6 +320,49 @@ def _positive_int(source: _Source, name: str, default: int) -> int:
     return raw
 
 
+def _metrics_port(source: _Source) -> int | None:
+    """A TCP port, or None (unset, or 0) for no endpoint."""
+    raw = _number(source.get("metrics_port"))
+    if raw is None:
+        return None
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= 65535:
+        raise ConfigurationError(
+            f"{source.where('metrics_port')} must be a TCP port (1-65535, or 0 for no "
+            f"metrics endpoint), not {raw!r}",
+            setting="agboss_metrics_port",
+        )
+    return raw or None
+
+
+def _metrics_address(source: _Source) -> str:
+    raw = source.get("metrics_address")
+    if raw is None:
+        return DEFAULT_METRICS_ADDRESS
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigurationError(
+            f"{source.where('metrics_address')} must be an address to listen on, such as "
+            f"'127.0.0.1' or '0.0.0.0', not {raw!r}",
+            setting="agboss_metrics_address",
+        )
+    return raw.strip()
+
+
+def _metrics_dir(source: _Source) -> str | None:
+    raw = source.get("metrics_dir")
+    if raw is None:
+        return None
+    path = os.fspath(raw) if isinstance(raw, os.PathLike) else raw
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise ConfigurationError(
+            f"{source.where('metrics_dir')} must be an absolute directory path (one per "
+            f"worker, never shared), not {raw!r}",
+            setting="agboss_metrics_dir",
+        )
+    return path
+
+
 def settings_from_conf(
     conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
 ) -> AGBossSettings:
@@ -366,6 +418,9 @@ def settings_from_conf(
         sweep_queue=str(sweep_queue),
         execution_retention_seconds=execution_retention,
         payment_tasks=_payment_tasks(source),
+        metrics_port=_metrics_port(source),
+        metrics_address=_metrics_address(source),
+        metrics_dir=_metrics_dir(source),
         testing_key=testing_key,
     )
 

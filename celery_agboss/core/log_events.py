@@ -17,6 +17,9 @@ A field named like an attribute ``logging`` gives every record (``name``, ``msg`
 ``process``…) is logged with a trailing underscore (``name_``): ``logging`` refuses
 to overwrite its own.
 
+Observers added with ``add_event_observer`` are told of every event before it is
+logged, whatever the logger's level (``celery_agboss.metrics`` counts them so).
+
 Custom task events for Flower (``task-deferred``…) are not log records: they are in
 ``celery_agboss.task_events``.
 """
@@ -24,6 +27,9 @@ Custom task events for Flower (``task-deferred``…) are not log records: they a
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 logger = logging.getLogger("celery_agboss")
@@ -140,6 +146,41 @@ def field_name(name: str) -> str:
     return f"{name}_" if name in _RESERVED else name
 
 
+EventObserver = Callable[[str, Mapping[str, Any]], None]
+"""``observer(event, fields)``: told of every event, its fields made safe as logged."""
+
+_observers: tuple[EventObserver, ...] = ()
+_observers_lock = threading.Lock()
+
+
+def add_event_observer(observer: EventObserver) -> None:
+    """Tell ``observer`` of every event from now on (metrics count them this way).
+
+    It is called before the record is logged, whatever the logger's level, with the
+    event's name and its fields as ``safe_value`` made them (names as the caller gave
+    them). What it raises is swallowed: counting must never break a payment.
+    """
+    global _observers
+    with _observers_lock:
+        if observer not in _observers:
+            _observers = (*_observers, observer)
+
+
+def remove_event_observer(observer: EventObserver) -> None:
+    """Stop telling ``observer``; one that was never added is ignored."""
+    global _observers
+    with _observers_lock:
+        _observers = tuple(known for known in _observers if known != observer)
+
+
+def _tell_observers(event: str, values: Mapping[str, Any]) -> None:
+    for observer in _observers:
+        try:
+            observer(event, values)
+        except Exception:  # an observer never breaks the caller (nor the next observer)
+            continue
+
+
 def log_event(
     event: str,
     level: int = logging.INFO,
@@ -155,7 +196,10 @@ def log_event(
     people (ids, counts and the like go in fields). The record gets ``event`` and each
     field as attributes; its text is ``<event> key=value …[: message]``.
     """
-    safe = {field_name(name): safe_value(value) for name, value in fields.items()}
+    values = {name: safe_value(value) for name, value in fields.items()}
+    if _observers:
+        _tell_observers(event, MappingProxyType(values))
+    safe = {field_name(name): value for name, value in values.items()}
     parts = [event, *(f"{name}={value}" for name, value in sorted(safe.items()))]
     text = " ".join(parts)
     if message:
@@ -226,7 +270,10 @@ __all__ = [
     "SWEEP_SKIPPED",
     "SWEEP_STALE",
     "WORKER_SHUTTING_DOWN",
+    "EventObserver",
+    "add_event_observer",
     "field_name",
     "log_event",
+    "remove_event_observer",
     "safe_value",
 ]

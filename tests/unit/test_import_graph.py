@@ -40,6 +40,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.sweep.*",
             "celery_agboss.operator",
             "celery_agboss.operator.*",
+            "celery_agboss.metrics",
+            "celery_agboss.metrics.*",
         ],
     ),
     ("binding", ["celery_agboss.app", "celery_agboss"]),

@@ -1,0 +1,52 @@
+"""``celery -A proj agboss metrics``: one Prometheus exposition, printed.
+
+The store's gauges, read now, and the counters a worker wrote to
+``agboss_metrics_dir`` (or ``PROMETHEUS_MULTIPROC_DIR``) when this process is told
+where: a worker's own temporary directory is known to that worker only. For a
+textfile collector, a cron check, or a look without Prometheus.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from celery_agboss.cli.commands import _agboss, _command, _Out, agboss
+
+
+@agboss.command()
+@click.option(
+    "--dir",
+    "directory",
+    default=None,
+    metavar="PATH",
+    type=click.Path(exists=True, file_okay=False),
+    help="The multiprocess directory to read counters from "
+    "(default: agboss_metrics_dir, else PROMETHEUS_MULTIPROC_DIR).",
+)
+@_command
+@click.pass_context
+def metrics(ctx: click.Context, directory: str | None, as_json: bool) -> None:
+    """Print the metrics once (Prometheus text; --json: every sample)."""
+    from celery_agboss.metrics.exporter import (
+        build_registry,
+        configured_directory,
+        exposition,
+    )
+
+    out = _Out(as_json)
+    with _agboss(ctx, out) as boss:
+        chosen = directory if directory is not None else configured_directory(boss)
+        if not as_json:
+            click.echo(exposition(boss, directory=chosen).decode("utf-8"), nl=False)
+            return
+        samples: list[dict[str, Any]] = [
+            {"name": sample.name, "labels": dict(sample.labels), "value": sample.value}
+            for family in build_registry(boss, chosen).collect()
+            for sample in family.samples
+        ]
+        out.emit({"directory": chosen, "samples": samples}, "")
+
+
+__all__ = ["metrics"]

@@ -1,0 +1,53 @@
+"""Counts of what waits in the store, for the metrics read at scrape time.
+
+Each is one ``COUNT`` on an indexed column (intents by ``status``, executions by
+``state``), in one read transaction: a scrape every few seconds costs little. What
+counts as pending is the predicate ``agboss pending`` lists with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import case, func, select
+
+from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
+from celery_agboss.store.schema import outbound_calls
+from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.store.sweep_queries import unsettled_intent
+
+LIVE_STATES = tuple(state for state in ExecutionState if state not in TERMINAL_STATES)
+"""The states counted: the terminal ones only grow until retention deletes them."""
+
+
+@dataclass(frozen=True)
+class StoreCounts:
+    pending_intents: int  # what ``agboss pending`` lists
+    intents_needing_operator: int  # of those, the ones an operator must resolve
+    executions: dict[ExecutionState, int]  # every state of LIVE_STATES, zero included
+
+
+def read_counts(store: SQLAlchemyStore) -> StoreCounts:
+    """The counts, in one read transaction."""
+    i = outbound_calls.c
+    e = executions.c
+    with store.read_transaction() as tx:
+        pending, needing = tx.execute(
+            select(
+                func.count(),
+                func.coalesce(func.sum(case((i.needs_operator, 1), else_=0)), 0),
+            ).where(unsettled_intent())
+        ).one()
+        rows = tx.execute(
+            select(e.state, func.count())
+            .where(e.state.in_([state.value for state in LIVE_STATES]))
+            .group_by(e.state)
+        ).all()
+    by_state = {state: 0 for state in LIVE_STATES}
+    for state, count in rows:
+        by_state[ExecutionState(state)] = int(count)
+    return StoreCounts(int(pending), int(needing or 0), by_state)
+
+
+__all__ = ["LIVE_STATES", "StoreCounts", "read_counts"]
