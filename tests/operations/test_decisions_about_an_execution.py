@@ -24,7 +24,6 @@ import pytest
 from celery_agboss.core.executions import ExecutionState, StartKind
 from celery_agboss.core.fault_points import (
     FENCED_BEFORE_COMMIT,
-    OUTBOUND_AFTER_READ,
     RECONCILE_AFTER_LOOKUP,
 )
 from celery_agboss.core.lease import new_holder
@@ -97,13 +96,12 @@ def test_a_narrower_definition_fails_an_execution_whose_payment_went_through(
 
 
 def _claiming_while_the_committed_expiry_passes(world: World) -> tuple[str, Any, Any]:
-    """The holder's claim of a charge begins near the end of its lease's committed expiry
-    (its fenced transaction extends the lease, uncommitted) and is paused before COMMIT
-    while the clock passes that committed expiry. Returns once paused; the claim commits
-    and the charge goes out when ``_release`` lets it go on."""
+    """The holder's claim of a charge (one fenced transaction: the intent inserted, the
+    lease extended uncommitted) begins a second before its lease's committed expiry and
+    is paused before COMMIT while the clock passes that committed expiry. Returns once
+    paused; the claim commits and the charge goes out when ``_release`` lets it go on."""
     task_id = world.publish()
     ctx = world.start(task_id)
-    after_read = arm_pause(OUTBOUND_AFTER_READ)  # the claim's read committed an extension
     done: dict[str, Any] = {}
 
     def charge() -> None:
@@ -114,12 +112,10 @@ def _claiming_while_the_committed_expiry_passes(world: World) -> tuple[str, Any,
         except BaseException as exc:  # reported by the test
             done["error"] = exc
 
-    holder = threading.Thread(target=charge, name="holder")
-    holder.start()
-    after_read.wait_reached(10)
     world.clock.advance(TTL_SECONDS - 1)  # the claim begins a second before expiry
     before_commit = arm_pause(FENCED_BEFORE_COMMIT)
-    after_read.release()
+    holder = threading.Thread(target=charge, name="holder")
+    holder.start()
     before_commit.wait_reached(10)
     world.clock.advance(1.5)  # committed expiry passed; the claim's own extension did not
     return task_id, before_commit, (holder, done)
