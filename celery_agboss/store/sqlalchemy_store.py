@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine
 
 from celery_agboss.core import sabotage
@@ -29,7 +26,6 @@ from celery_agboss.core.fault_points import (
     fault_point,
 )
 from celery_agboss.core.protections import (
-    COMMIT_INSIDE_FENCED_EFFECT_ALLOWED,
     SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED,
 )
 from celery_agboss.core.store import (
@@ -43,7 +39,6 @@ from celery_agboss.core.store import (
     Store,
 )
 from celery_agboss.errors import (
-    CommitInsideFencedEffectError,
     ExecutionFencedError,
     StoreError,
     StoreLockTimeoutError,
@@ -51,6 +46,7 @@ from celery_agboss.errors import (
 )
 from celery_agboss.store import effects, intents
 from celery_agboss.store import leases as lease_sql
+from celery_agboss.store.commit_guard import CommitGuard, StoreConnection, guard_engine
 from celery_agboss.store.databases import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
 from celery_agboss.store.dialect import is_postgresql
 from celery_agboss.store.driver_errors import DRIVER_ERRORS, translate, translated
@@ -118,7 +114,7 @@ class SQLAlchemyStore:
         else:
             self.engine = create_store_engine(url_or_engine, **dict(engine_options or {}))
             self._owns_engine = True
-        _guard_engine(self.engine)
+        guard_engine(self.engine)
         self.clock_offset_source = clock_offset_source
         self._watchdog = FencedTransactionWatchdog()
         """Rolls back SQLite fenced transactions that hold the write lock too long (§5)."""
@@ -148,8 +144,8 @@ class SQLAlchemyStore:
         it then raises ``StoreLockTimeoutError`` and its connection is thrown away.
         """
         with translated():
-            conn: Connection = _StoreConnection(self.engine)  # what engine.connect() makes
-        guard = _CommitGuard(conn)
+            conn: Connection = StoreConnection(self.engine)  # what engine.connect() makes
+        guard = CommitGuard(conn)
         watch: FencedWatch | None = None
         try:
             if read_only:
@@ -367,124 +363,6 @@ def _fenced(lease: LeaseRef) -> ExecutionFencedError:
         holder=lease.holder,
         token=lease.token,
     )
-
-
-class _CommitGuard:
-    """The one guard of the rule that code run inside a store transaction (a fenced
-    effect's ``fn``) may not end it: its writes commit with the lease check and the
-    effect's record, or not at all. Savepoints (an ORM session joined with
-    ``join_transaction_mode='create_savepoint'``) pass.
-
-    ``commit()``, ``rollback()`` and ``close()`` on the connection are refused before
-    they touch the transaction (``_StoreConnection``), so code that catches the refusal
-    goes on in the same open transaction. The connection's ``commit`` and ``rollback``
-    events refuse what reaches the transaction another way (its ``Transaction`` object,
-    an ORM session joined without a savepoint); that refused transaction is rolled back.
-    ``COMMIT`` and its kin sent as SQL text are refused before they run."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.allowed = True  # until our own BEGIN has succeeded
-        if isinstance(conn, _StoreConnection):
-            conn.agboss_guard = self
-
-    def refuse(self, method: str) -> None:
-        """Raise ``CommitInsideFencedEffectError`` unless the store itself is ending it."""
-        if not self.allowed:
-            raise CommitInsideFencedEffectError(
-                f"{method} inside a store transaction (a fenced effect's fn) is refused: its "
-                "writes commit with the lease check and the effect's record, or not at all. "
-                "For an ORM session use "
-                "Session(bind=conn, join_transaction_mode='create_savepoint')",
-                method=method,
-            )
-
-    def _check_commit(self, _conn: Connection) -> None:
-        self.refuse("commit()")
-
-    def _check_rollback(self, _conn: Connection) -> None:
-        self.refuse("rollback()")
-
-    def _check_statement(self, conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
-        """``COMMIT`` (or ``END``, ``ROLLBACK``, ``BEGIN``) sent as SQL text would end the
-        transaction behind SQLAlchemy's back: the writes before it would commit without
-        the commit-time lease check and without the effect's record. Savepoints pass."""
-        if self.allowed or sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
-            return
-        ends = _ENDS_TRANSACTION.match(statement)
-        if ends:
-            self.refuse(f"{ends.group(1).upper()} sent as SQL text")
-
-
-_GUARDED_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
-_GUARDING = threading.Lock()
-
-
-def _guard_engine(engine: Engine) -> None:
-    """The ``_CommitGuard`` checks as engine events, installed once per engine: events
-    listened to on each transaction's connection cost more than its statements (about
-    1 ms a transaction, measured), so each event finds its connection's guard instead."""
-    with _GUARDING:
-        if engine in _GUARDED_ENGINES:
-            return
-        event.listen(engine, "commit", _on_commit)
-        event.listen(engine, "rollback", _on_rollback)
-        event.listen(engine, "before_cursor_execute", _on_statement)
-        _GUARDED_ENGINES.add(engine)
-
-
-def _guard_of(conn: Connection) -> _CommitGuard | None:
-    guard: _CommitGuard | None = getattr(conn, "agboss_guard", None)
-    return guard
-
-
-def _on_commit(conn: Connection) -> None:
-    guard = _guard_of(conn)
-    if guard is not None:
-        guard._check_commit(conn)
-
-
-def _on_rollback(conn: Connection) -> None:
-    guard = _guard_of(conn)
-    if guard is not None:
-        guard._check_rollback(conn)
-
-
-def _on_statement(conn: Connection, cursor: Any, statement: str, *rest: Any) -> None:
-    guard = _guard_of(conn)
-    if guard is not None:
-        guard._check_statement(conn, cursor, statement, *rest)
-
-
-class _StoreConnection(Connection):
-    """The connection of one store transaction: while its ``_CommitGuard`` is closed,
-    ``commit()``, ``rollback()`` and ``close()`` are refused before SQLAlchemy changes
-    anything (an ORM ``Session`` still takes it: it is a ``Connection``)."""
-
-    agboss_guard: _CommitGuard | None = None
-
-    def _refuse(self, method: str) -> None:
-        guard = self.agboss_guard
-        if guard is not None and not sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
-            guard.refuse(method)
-
-    def commit(self) -> None:
-        self._refuse("commit()")
-        super().commit()
-
-    def rollback(self) -> None:
-        self._refuse("rollback()")
-        super().rollback()
-
-    def close(self) -> None:
-        self._refuse("close()")
-        super().close()
-
-
-_ENDS_TRANSACTION = re.compile(
-    r"\s*;*\s*(COMMIT|END|ABORT|BEGIN|START\s+TRANSACTION|PREPARE\s+TRANSACTION"
-    r"|ROLLBACK(?!(\s+(WORK|TRANSACTION))?\s+TO\b))\b",
-    re.IGNORECASE,
-)
 
 
 def _raise_if_store_trouble(error: BaseException) -> None:

@@ -1,0 +1,145 @@
+"""The rule that code inside a store transaction (a fenced effect's ``fn``) may not end it.
+
+Its writes commit with the lease check and the effect's record, or not at all: a
+``commit()``, ``rollback()`` or ``close()`` of the transaction's connection, a commit
+reaching the transaction another way (its ``Transaction``, an ORM session joined
+without a savepoint), and ``COMMIT`` or its kin sent as SQL text are refused while
+the store's own transaction is open. ``SQLAlchemyStore`` opens each transaction on a
+``StoreConnection`` with a ``CommitGuard``, and installs the checks on its engine once
+(``guard_engine``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.protections import COMMIT_INSIDE_FENCED_EFFECT_ALLOWED
+from celery_agboss.errors import CommitInsideFencedEffectError
+
+
+class CommitGuard:
+    """The one guard of the rule that code run inside a store transaction (a fenced
+    effect's ``fn``) may not end it: its writes commit with the lease check and the
+    effect's record, or not at all. Savepoints (an ORM session joined with
+    ``join_transaction_mode='create_savepoint'``) pass.
+
+    ``commit()``, ``rollback()`` and ``close()`` on the connection are refused before
+    they touch the transaction (``StoreConnection``), so code that catches the refusal
+    goes on in the same open transaction. The connection's ``commit`` and ``rollback``
+    events refuse what reaches the transaction another way (its ``Transaction`` object,
+    an ORM session joined without a savepoint); that refused transaction is rolled back.
+    ``COMMIT`` and its kin sent as SQL text are refused before they run."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.allowed = True  # until our own BEGIN has succeeded
+        if isinstance(conn, StoreConnection):
+            conn.agboss_guard = self
+
+    def refuse(self, method: str) -> None:
+        """Raise ``CommitInsideFencedEffectError`` unless the store itself is ending it."""
+        if not self.allowed:
+            raise CommitInsideFencedEffectError(
+                f"{method} inside a store transaction (a fenced effect's fn) is refused: its "
+                "writes commit with the lease check and the effect's record, or not at all. "
+                "For an ORM session use "
+                "Session(bind=conn, join_transaction_mode='create_savepoint')",
+                method=method,
+            )
+
+    def _check_commit(self, _conn: Connection) -> None:
+        self.refuse("commit()")
+
+    def _check_rollback(self, _conn: Connection) -> None:
+        self.refuse("rollback()")
+
+    def _check_statement(self, conn: Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        """``COMMIT`` (or ``END``, ``ROLLBACK``, ``BEGIN``) sent as SQL text would end the
+        transaction behind SQLAlchemy's back: the writes before it would commit without
+        the commit-time lease check and without the effect's record. Savepoints pass."""
+        if self.allowed or sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
+            return
+        ends = _ENDS_TRANSACTION.match(statement)
+        if ends:
+            self.refuse(f"{ends.group(1).upper()} sent as SQL text")
+
+
+_GUARDED_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+_GUARDING = threading.Lock()
+
+
+def guard_engine(engine: Engine) -> None:
+    """The ``CommitGuard`` checks as engine events, installed once per engine: events
+    listened to on each transaction's connection cost more than its statements (about
+    1 ms a transaction, measured), so each event finds its connection's guard instead."""
+    with _GUARDING:
+        if engine in _GUARDED_ENGINES:
+            return
+        event.listen(engine, "commit", _on_commit)
+        event.listen(engine, "rollback", _on_rollback)
+        event.listen(engine, "before_cursor_execute", _on_statement)
+        _GUARDED_ENGINES.add(engine)
+
+
+def _guard_of(conn: Connection) -> CommitGuard | None:
+    guard: CommitGuard | None = getattr(conn, "agboss_guard", None)
+    return guard
+
+
+def _on_commit(conn: Connection) -> None:
+    guard = _guard_of(conn)
+    if guard is not None:
+        guard._check_commit(conn)
+
+
+def _on_rollback(conn: Connection) -> None:
+    guard = _guard_of(conn)
+    if guard is not None:
+        guard._check_rollback(conn)
+
+
+def _on_statement(conn: Connection, cursor: Any, statement: str, *rest: Any) -> None:
+    guard = _guard_of(conn)
+    if guard is not None:
+        guard._check_statement(conn, cursor, statement, *rest)
+
+
+class StoreConnection(Connection):
+    """The connection of one store transaction: while its ``CommitGuard`` is closed,
+    ``commit()``, ``rollback()`` and ``close()`` are refused before SQLAlchemy changes
+    anything (an ORM ``Session`` still takes it: it is a ``Connection``)."""
+
+    agboss_guard: CommitGuard | None = None
+
+    def _refuse(self, method: str) -> None:
+        guard = self.agboss_guard
+        if guard is not None and not sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
+            guard.refuse(method)
+
+    def commit(self) -> None:
+        self._refuse("commit()")
+        super().commit()
+
+    def rollback(self) -> None:
+        self._refuse("rollback()")
+        super().rollback()
+
+    def close(self) -> None:
+        self._refuse("close()")
+        super().close()
+
+
+_ENDS_TRANSACTION = re.compile(
+    r"\s*;*\s*(COMMIT|END|ABORT|BEGIN|START\s+TRANSACTION|PREPARE\s+TRANSACTION"
+    r"|ROLLBACK(?!(\s+(WORK|TRANSACTION))?\s+TO\b))\b",
+    re.IGNORECASE,
+)
+
+
+__all__ = ["CommitGuard", "StoreConnection", "guard_engine"]
