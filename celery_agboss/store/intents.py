@@ -344,23 +344,8 @@ def read_history_txn(conn: Connection, key: str) -> list[HistoryRow]:
 
 def append_history_txn(conn: Connection, row: HistoryRow) -> None:
     """Append one row; a second row with the same (key, seq) fails (a lost race)."""
-    conn.execute(
-        _APPEND_HISTORY,
-        {
-            "idempotency_key": row.idempotency_key,
-            "seq": row.seq,
-            "at_ms": row.at_ms,
-            "event": row.event,
-            "from_status": row.from_status,
-            "to_status": row.to_status,
-            "attempt": row.attempt,
-            "holder": row.holder,
-            "token": row.token,
-            "detail": dumps(row.detail),
-            "prev_digest": row.prev_digest,
-            "digest": row.digest,
-        },
-    )
+    # The row's fields are the table's columns; only ``detail`` is stored as JSON text.
+    conn.execute(_APPEND_HISTORY, {**vars(row), "detail": dumps(row.detail)})
 
 
 _APPEND_HISTORY = intent_history.insert()
