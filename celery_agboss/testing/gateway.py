@@ -13,7 +13,9 @@ Rules a test can rely on (docs/testing.md repeats them):
 - a repeat with other parameters is refused with ``CONFLICT`` when
   ``conflict_on_mismatch``, else answered as a plain repeat (the change is ignored);
 - failures (``NOT_PROCESSED``, ``DECLINED``, ``INVALID_REQUEST``) are not saved
-  under the key: a retry under the same key is processed afresh;
+  under the key: a retry under the same key is processed afresh; except that with
+  ``replays_failures`` a ``NOT_PROCESSED`` is saved and raised again to every repeat
+  inside retention (a gateway that replays its 5xx answers);
 - a lookup finds what a key produced whatever the key's age (retention bounds
   replays, not lookups), and raises ``LOOKUP_UNSUPPORTED`` when G2 is off.
 """
@@ -63,6 +65,7 @@ class _KeyEntry:
     response: Receipt
     created: float
     object_id: str
+    error: FakeGatewayErrorKind | None = None  # a saved failure (replays_failures)
 
 
 def _invalid(message: str) -> FakeGatewayError:
@@ -112,6 +115,7 @@ class FakeGateway:
             first_response_on_repeat=self.first_response_on_repeat,
             conflict_on_mismatch=self.conflict_on_mismatch,
             reference_lookup=self.reference_lookup,
+            replays_failures=self.replays_failures,
         )
 
     @capabilities.setter
@@ -122,6 +126,7 @@ class FakeGateway:
         self.first_response_on_repeat = value.first_response_on_repeat
         self.conflict_on_mismatch = value.conflict_on_mismatch
         self.reference_lookup = value.reference_lookup
+        self.replays_failures = value.replays_failures
 
     def now(self) -> float:
         """The gateway's time: the virtual clock's when it has one."""
@@ -401,8 +406,15 @@ class FakeGateway:
                 with self._lock:
                     self._in_flight.discard(key or "")
         with self._lock:
+            saved = self._saved_failure(request, key if keyed else None, fingerprint)
+            if saved is not None:
+                raise saved
             if armed is not None and armed.fault is FakeGatewayFault.FAIL_BEFORE_PROCESSING:
                 self._finish(request, GatewayRequestOutcome.NOT_PROCESSED)
+                if keyed and self.replays_failures:
+                    self._keys[key or ""] = _KeyEntry(
+                        fingerprint, {}, self.now(), "", FakeGatewayErrorKind.NOT_PROCESSED
+                    )
                 raise FakeGatewayError(
                     FakeGatewayErrorKind.NOT_PROCESSED, "the gateway failed before processing"
                 )
@@ -458,6 +470,21 @@ class FakeGateway:
         if key is not None:
             self._keys[key] = _KeyEntry(fingerprint, copy.deepcopy(response), now, body["id"])
         return response
+
+    def _saved_failure(
+        self, request: GatewayRequest, key: str | None, fingerprint: str
+    ) -> FakeGatewayError | None:
+        """Under the lock: the failure saved under ``key`` (replays_failures), to raise again."""
+        entry = self._keys.get(key) if key is not None else None
+        if entry is None or entry.error is None:
+            return None
+        if self.now() - entry.created >= self.key_retention:
+            del self._keys[key or ""]
+            return None
+        if entry.fingerprint != fingerprint and self.conflict_on_mismatch:
+            return None  # _answer refuses it as a conflict
+        request.outcome = GatewayRequestOutcome.REPLAYED
+        return FakeGatewayError(entry.error, "the saved failure under this key, replayed")
 
     def _finish(self, request: GatewayRequest, outcome: GatewayRequestOutcome) -> None:
         with self._lock:

@@ -18,6 +18,12 @@ The JSON endpoints of this base (a dialect for an official SDK adds its own thro
 - ``GET /lookup?key=…`` → 200 and the receipt, or ``null`` (G2); 501 when lookup is off.
 - ``GET /health`` → 200 ``{"ok": true}``.
 
+A dialect (``dialect="stripe"``, the default, ``"checkout"``, ``"adyen"``, ``"paypal"``,
+or a :class:`~celery_agboss.testing.dialects.Dialect` object with its own options) adds
+the routes an official SDK calls, on top of these, over the same ``FakeGateway``: its
+``payments`` and ``requests`` count what every SDK sent. Routes may hold ``{name}``
+segments (``/v1/payment_intents/{id}``), read from :attr:`GatewayCall.params`.
+
 A client may send its pid in the ``X-Worker-Pid`` header: every charge is recorded with
 it (:attr:`charges_seen`), so a test can signal exactly the process that is charging, and
 :meth:`hold_next_answer` keeps the next charge's answer in the server (the payment is
@@ -26,36 +32,50 @@ made) and says who sent it.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, ClassVar, Protocol, runtime_checkable
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
     FakeGatewayTimeout,
+    GatewayCapabilities,
 )
 
 HOST = "127.0.0.1"
+_SEGMENT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DECLINED_CARD = "tok_chargeDeclined"
 PID_HEADER = "X-Worker-Pid"
 
 
 @dataclass(frozen=True)
 class GatewayCall:
-    """One HTTP request as an endpoint sees it."""
+    """One HTTP request as an endpoint sees it.
+
+    ``body`` is the JSON object sent, or a form's fields (flat: ``metadata[order]`` stays
+    one name; a dialect that needs nesting unfolds it). ``headers`` have lower-case names.
+    """
 
     method: str
     path: str
     query: dict[str, str]
     body: dict[str, Any]
     pid: int | None  # the sender's, from the X-Worker-Pid header
+    headers: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)  # the route's {name} segments
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,7 @@ class Reply:
     status: int
     payload: Any = None
     drop: bool = False
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 Endpoint = Callable[[GatewayCall], Reply]
@@ -133,6 +154,7 @@ class FakeGatewayServer:
         *,
         declined_cards: Iterable[str] = (DECLINED_CARD,),
         hold_timeout: float = 60.0,
+        dialect: str | Dialect | None = "stripe",
     ) -> None:
         self.gateway = gateway if gateway is not None else FakeGateway()
         self.declined_cards = frozenset(declined_cards)
@@ -142,11 +164,15 @@ class FakeGatewayServer:
         self._declines: list[Decline] = []
         self._held: list[HeldAnswer] = []
         self._routes: dict[tuple[str, str], Endpoint] = {}
+        self._patterns: list[tuple[str, re.Pattern[str], Endpoint]] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.route("POST", "/charge", self.charge_endpoint)
         self.route("GET", "/lookup", self.lookup_endpoint)
         self.route("GET", "/health", lambda call: Reply(200, {"ok": True}))
+        self.dialect = resolve_dialect(dialect)
+        if self.dialect is not None:
+            self.dialect.install(self)
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -197,15 +223,31 @@ class FakeGatewayServer:
     # --- extending it ------------------------------------------------------------------
 
     def route(self, method: str, path: str, endpoint: Endpoint) -> None:
-        """Serve ``endpoint`` for ``method path`` (replacing any earlier one)."""
-        self._routes[(method.upper(), path)] = endpoint
+        """Serve ``endpoint`` for ``method path``; ``{name}`` segments match one segment.
+
+        A fixed path replaces any earlier route for it; patterns are tried in the order
+        they were added, after every fixed path.
+        """
+        method = method.upper()
+        if "{" not in path:
+            self._routes[(method, path)] = endpoint
+            return
+        parts = []
+        for segment in path.split("/"):
+            named = _SEGMENT.fullmatch(segment)
+            parts.append(f"(?P<{named.group(1)}>[^/]+)" if named else re.escape(segment))
+        self._patterns.append((method, re.compile("/".join(parts)), endpoint))
 
     def handle(self, call: GatewayCall) -> Reply:
         """The one dispatch every request goes through."""
         endpoint = self._routes.get((call.method, call.path))
-        if endpoint is None:
-            return Reply(404, {"error": "NOT_FOUND", "message": f"no {call.method} {call.path}"})
-        return endpoint(call)
+        if endpoint is not None:
+            return endpoint(call)
+        for method, pattern, found in self._patterns:
+            matched = pattern.fullmatch(call.path) if method == call.method else None
+            if matched is not None:
+                return found(dataclasses.replace(call, params=matched.groupdict()))
+        return Reply(404, {"error": "NOT_FOUND", "message": f"no {call.method} {call.path}"})
 
     def error_reply(self, exc: FakeGatewayError) -> Reply:
         if isinstance(exc, FakeGatewayTimeout):
@@ -254,6 +296,39 @@ class FakeGatewayServer:
         with self._lock:
             return self._held.pop(0) if self._held else None
 
+    # --- for dialects: what every charge goes through ---------------------------------------
+
+    def charge_arrived(self, call: GatewayCall, key: str | None, reference: str | None) -> None:
+        """Record a charge as it reached the server (before the gateway processes it)."""
+        with self._lock:
+            self._charges.append(ChargeSeen(call.pid, key, reference, time.time()))
+
+    def is_declined_card(
+        self, call: GatewayCall, card: str, key: str | None, reference: str | None
+    ) -> bool:
+        """True (and recorded in :attr:`declines`) when ``card`` is one that always declines."""
+        if card not in self.declined_cards:
+            return False
+        with self._lock:
+            self._declines.append(Decline(key, reference, card, time.time()))
+        return True
+
+    def deliver_answer(
+        self, call: GatewayCall, key: str | None, reference: str | None, reply: Reply
+    ) -> Reply:
+        """The processed charge's reply, or a drop when a hold on it timed out.
+
+        Dialects pass every successful charge's reply through here, so
+        :meth:`hold_next_answer` works whatever API the client speaks.
+        """
+        held = self._take_held()
+        if held is not None:
+            held.pid, held.idempotency_key, held.reference = call.pid, key, reference
+            held._reached.set()
+            if not held._released.wait(held.timeout):
+                return Reply(0, drop=True)
+        return reply
+
     # --- the endpoints ----------------------------------------------------------------------
 
     def charge_endpoint(self, call: GatewayCall) -> Reply:
@@ -261,12 +336,8 @@ class FakeGatewayServer:
         key = body.get("idempotency_key")
         reference = body.get("reference")
         card = str(body.get("card") or "")
-        now = time.time()
-        with self._lock:
-            self._charges.append(ChargeSeen(call.pid, key, reference, now))
-        if card in self.declined_cards:
-            with self._lock:
-                self._declines.append(Decline(key, reference, card, now))
+        self.charge_arrived(call, key, reference)
+        if self.is_declined_card(call, card, key, reference):
             return Reply(402, {"error": "DECLINED", "message": f"card {card} declined"})
         try:
             amount = int(body["amount"])
@@ -278,13 +349,7 @@ class FakeGatewayServer:
             receipt = self.gateway.charge(amount, key, reference=reference, **extra)
         except FakeGatewayError as exc:
             return self.error_reply(exc)
-        held = self._take_held()
-        if held is not None:
-            held.pid, held.idempotency_key, held.reference = call.pid, key, reference
-            held._reached.set()
-            if not held._released.wait(held.timeout):
-                return Reply(0, drop=True)
-        return Reply(200, receipt)
+        return self.deliver_answer(call, key, reference, Reply(200, receipt))
 
     def lookup_endpoint(self, call: GatewayCall) -> Reply:
         try:
@@ -309,6 +374,15 @@ class FakeGatewayServer:
             def do_POST(self) -> None:
                 self._serve("POST")
 
+            def do_DELETE(self) -> None:
+                self._serve("DELETE")
+
+            def do_PATCH(self) -> None:
+                self._serve("PATCH")
+
+            def do_PUT(self) -> None:
+                self._serve("PUT")
+
             def _serve(self, method: str) -> None:
                 parts = urlsplit(self.path)
                 query = {k: v[0] for k, v in parse_qs(parts.query).items() if v}
@@ -319,7 +393,8 @@ class FakeGatewayServer:
                     self.reply(Reply(400, {"error": "INVALID_REQUEST", "message": "not JSON"}))
                     return
                 pid = int(pid_text) if pid_text.isdigit() else None
-                self.dispatch(GatewayCall(method, parts.path, query, body, pid))
+                headers = {name.lower(): value for name, value in self.headers.items()}
+                self.dispatch(GatewayCall(method, parts.path, query, body, pid, headers))
 
             def dispatch(self, call: GatewayCall) -> None:
                 """Answer one request (a subclass may take some paths itself)."""
@@ -328,7 +403,12 @@ class FakeGatewayServer:
             def _body(self) -> dict[str, Any]:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                value = json.loads(raw) if raw else {}
+                if not raw:
+                    return {}
+                kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+                if kind == "application/x-www-form-urlencoded":
+                    return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True))
+                value = json.loads(raw)
                 return value if isinstance(value, dict) else {}
 
             def reply(self, reply: Reply) -> None:
@@ -340,6 +420,8 @@ class FakeGatewayServer:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(data)
                 except OSError:
@@ -348,12 +430,69 @@ class FakeGatewayServer:
         return Handler
 
 
+@runtime_checkable
+class Dialect(Protocol):
+    """One gateway's API, installed as routes on a server (``celery_agboss.testing.dialects``)."""
+
+    name: str
+    documented_capabilities: ClassVar[GatewayCapabilities]  # what the gateway's docs say
+
+    def install(self, server: FakeGatewayServer) -> None: ...
+
+
+# name -> "module:class", imported only when asked for, so one dialect's imports never
+# reach a test that speaks another (and this module imports none of them).
+DIALECTS: dict[str, str] = {
+    "stripe": "celery_agboss.testing.dialects.stripe:StripeDialect",
+    "checkout": "celery_agboss.testing.dialects.checkout:CheckoutDialect",
+    "adyen": "celery_agboss.testing.dialects.adyen:AdyenDialect",
+    "paypal": "celery_agboss.testing.dialects.paypal:PayPalDialect",
+}
+
+
+def dialect_class(name: str) -> type[Dialect]:
+    try:
+        target = DIALECTS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown gateway dialect {name!r}: choose one of {sorted(DIALECTS)}, or pass a "
+            "Dialect object (with name and install(server))"
+        ) from None
+    module_name, _, attribute = target.partition(":")
+    found: type[Dialect] = getattr(importlib.import_module(module_name), attribute)
+    return found
+
+
+def resolve_dialect(dialect: str | Dialect | None) -> Dialect | None:
+    """A dialect object for ``FakeGatewayServer(dialect=...)``: a name, an object, or None."""
+    if dialect is None:
+        return None
+    if isinstance(dialect, str):
+        return dialect_class(dialect)()
+    if not isinstance(dialect, Dialect):
+        raise TypeError(
+            f"dialect must be a name ({sorted(DIALECTS)}) or an object with name and "
+            f"install(server), not {type(dialect).__name__}"
+        )
+    return dialect
+
+
+def documented_capabilities(name: str) -> GatewayCapabilities:
+    """What the named gateway documents (G1–G5), as ``FakeGateway`` capabilities."""
+    return dialect_class(name).documented_capabilities
+
+
 __all__ = [
     "DECLINED_CARD",
+    "DIALECTS",
     "ChargeSeen",
     "Decline",
+    "Dialect",
     "FakeGatewayServer",
     "GatewayCall",
     "HeldAnswer",
     "Reply",
+    "dialect_class",
+    "documented_capabilities",
+    "resolve_dialect",
 ]

@@ -22,6 +22,9 @@ class GatewayCapabilities:
     first_response_on_repeat: bool = True  # G4: a repeat gets the first response
     conflict_on_mismatch: bool = True  # G5: same key, other parameters → refused
     reference_lookup: bool = True  # G2 by the client's own reference (lookup_by_reference)
+    # A failure that processed nothing (NOT_PROCESSED) is saved under its key and
+    # answered again to every repeat inside retention, as Stripe does with its 500s.
+    replays_failures: bool = False
 
     FULL: ClassVar[GatewayCapabilities]
     NO_LOOKUP: ClassVar[GatewayCapabilities]

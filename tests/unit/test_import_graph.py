@@ -20,6 +20,8 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / "celery_agboss"
 # Bottom first. A name is a module, or a package followed by ".*" for all it holds.
 LAYERS: list[tuple[str, list[str]]] = [
     ("core", ["celery_agboss.errors", "celery_agboss.core", "celery_agboss.core.*"]),
+    # Gateway adapters: OutboundCalls over the official SDKs, needing only the core.
+    ("adapters", ["celery_agboss.adapters", "celery_agboss.adapters.*"]),
     ("store", ["celery_agboss.store", "celery_agboss.store.*"]),
     (
         "runtime",

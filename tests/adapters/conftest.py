@@ -1,0 +1,75 @@
+"""Fixtures of the adapter suite: an official SDK against ``FakeGatewayServer``.
+
+Each gateway's tests get the engine suite's ``shop`` (deliveries on a store, a
+``VirtualClock`` shared by the database and the gateway) and ``served(name)``: the
+fake gateway behind an HTTP server speaking that gateway's dialect, set to the
+capabilities its docs state. The store runs on SQLite only here: what these tests
+prove is the adapter's classification and reconcile through the real SDK; the store
+itself is proven on both backends by the contract and engine suites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.gateway import FakeGateway
+from celery_agboss.testing.gateway_server import FakeGatewayServer, documented_capabilities
+from tests.contract.conftest import db_clock, store, store_backend, store_factory
+from tests.engine.conftest import settings
+from tests.engine.helpers import Shop
+from tests.support.stores import fresh_store_url
+
+__all__ = ["db_clock", "settings", "store", "store_backend", "store_factory"]
+
+
+@pytest.fixture(params=["sqlite"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite only (see the module docstring)."""
+    return fresh_store_url(request, tmp_path, "store")
+
+
+ServeFn = Callable[..., FakeGatewayServer]
+
+
+@pytest.fixture
+def served(db_clock: VirtualClock) -> Iterator[ServeFn]:
+    """``served("stripe", **capability_overrides)``: a started server on ``db_clock``.
+
+    The gateway gets its dialect's ``documented_capabilities`` (overrides replace
+    single fields), so a test runs against what the gateway's docs promise; every server
+    made is stopped after the test.
+    """
+    made: list[FakeGatewayServer] = []
+
+    def serve(name: str, *, dialect: Any = None, **overrides: Any) -> FakeGatewayServer:
+        capabilities = documented_capabilities(name)
+        if overrides:
+            capabilities = type(capabilities)(**{**capabilities.__dict__, **overrides})
+        gateway = FakeGateway(clock=db_clock, capabilities=capabilities, hold_timeout=20.0)
+        server = FakeGatewayServer(gateway, dialect=dialect or name, hold_timeout=20.0)
+        made.append(server)
+        return server.start()
+
+    try:
+        yield serve
+    finally:
+        for server in made:
+            server.stop()
+
+
+@pytest.fixture
+def shop(
+    store: SQLAlchemyStore,
+    store_factory: Callable[..., SQLAlchemyStore],
+    settings: EngineSettings,
+    db_clock: VirtualClock,
+) -> Shop:
+    """Deliveries on ``store``; its ``gateway`` is a bare fake, unused by adapter tests."""
+    return Shop(store, store_factory, settings, FakeGateway(clock=db_clock), db_clock)
