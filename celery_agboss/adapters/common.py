@@ -9,6 +9,7 @@ sabotage switch can turn every error definite and show the second payment.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -41,6 +42,20 @@ class GatewayAdapter(Protocol):
 
     @property
     def calls(self) -> tuple[OutboundCall, ...]: ...
+
+
+def require_sdk(module: str, *, extra: str, gateway: str) -> None:
+    """Refuse, naming the extra to install, when the gateway's SDK is missing.
+
+    Called by an adapter module before it imports its SDK, so the error says what to do
+    instead of naming a module the user never heard of.
+    """
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(
+            f"celery_agboss.adapters.{extra} talks to {gateway} through its official SDK "
+            f"({module!r}), which is not installed: pip install 'celery_agboss[{extra}]'",
+            name=module,
+        )
 
 
 def http_timeout_seconds(
@@ -85,4 +100,5 @@ __all__ = [
     "GatewayAdapter",
     "definite_verdict",
     "http_timeout_seconds",
+    "require_sdk",
 ]

@@ -183,7 +183,11 @@ class FakeGatewayServer:
             server.daemon_threads = True
             self._server = server
             self._thread = threading.Thread(
-                target=server.serve_forever, name="fake-gateway-http", daemon=True
+                # A short poll: stop() waits for one, and tests start and stop many.
+                target=server.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name="fake-gateway-http",
+                daemon=True,
             )
             self._thread.start()
         return self

@@ -1,16 +1,272 @@
-"""The adyen dialect of ``FakeGatewayServer`` (being written: no routes yet)."""
+"""The Adyen dialect of ``FakeGatewayServer``: enough of Checkout API v72 for the
+official ``Adyen`` Python SDK to run against the fake unmodified.
+
+Adyen is named only to identify its public API; these notes are not affiliated with
+or endorsed by Adyen.
+
+What it speaks (every route under ``/v72``, each taking the ``Idempotency-Key`` header
+as the fake's key):
+
+- ``POST /payments``: ``captureDelayHours: 0`` charges now; without it, or with
+  ``additionalData.manualCapture: "true"``, the payment is only authorised (the fake's
+  merchant account is set to manual capture). A refusal is a 200 with
+  ``resultCode: "Refused"``, as Adyen answers one.
+- ``POST /payments/{paymentPspReference}/captures``, ``/refunds``, ``/cancels``:
+  Adyen answers these 201 ``status: "received"`` and tells the outcome later by
+  webhook. The fake applies the modification at once and still answers "received", so
+  an adapter never learns more from the answer than Adyen would tell it.
+- No payment lookup: Checkout v72 has no GET for a payment, so none is served.
+
+Errors come in Adyen's JSON shape ``{"status", "errorCode", "message", "errorType",
+"pspReference"}``, with the statuses the SDK turns into its own exceptions: a request
+under a key whose first request is still being processed gets Adyen's 422 with
+``errorCode "704"``; a failure before processing a 500. Codes 704 and 703 are Adyen's
+documented idempotency codes; the validation codes are representative of Adyen's.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import uuid
+from typing import Any, ClassVar
 
-from celery_agboss.testing.gateway_server import FakeGatewayServer
-from celery_agboss.testing.gateway_types import GatewayCapabilities
+from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_types import (
+    FakeGatewayError,
+    FakeGatewayErrorKind,
+    FakeGatewayTimeout,
+    GatewayCapabilities,
+)
+
+API_VERSION = "v72"
+KEY_HEADER = "Idempotency-Key"
+MAX_KEY_LENGTH = 64  # Adyen refuses a longer key; an adapter must send a digest
+SEVEN_DAYS = 7 * 86400.0
+DECLINED_HOLDER_NAME = "DECLINED"  # Adyen's test trigger: holderName names the refusal
+
+# kind -> (HTTP status, errorCode, errorType); the message is the fake's own.
+_ERRORS: dict[FakeGatewayErrorKind, tuple[int, str, str]] = {
+    FakeGatewayErrorKind.IN_PROGRESS: (422, "704", "validation"),
+    # Adyen documents no refusal of a key reused with other parameters (G5): a fake
+    # switched to refuse one answers the one key error Adyen does document.
+    FakeGatewayErrorKind.CONFLICT: (422, "704", "validation"),
+    FakeGatewayErrorKind.INVALID_REQUEST: (422, "137", "validation"),
+    FakeGatewayErrorKind.NOT_FOUND: (422, "167", "validation"),
+}
+_INTERNAL = (500, "701", "internal")  # NOT_PROCESSED and anything else
+
+
+def adyen_error(status: int, code: str, message: str, kind: str, psp: str | None = None) -> Reply:
+    """A reply in Adyen's error shape (also what tests use to make the fake answer one)."""
+    body = {
+        "status": status,
+        "errorCode": code,
+        "message": message,
+        "errorType": kind,
+        "pspReference": psp or _psp(),
+    }
+    return Reply(status, body)
+
+
+def _psp() -> str:
+    return uuid.uuid4().hex[:16].upper()
+
+
+def _amount(receipt: dict[str, Any]) -> dict[str, Any]:
+    return {"value": receipt["amount"], "currency": receipt["currency"]}
 
 
 class AdyenDialect:
+    """Checkout API v72 over the server's ``FakeGateway`` (see the module docstring)."""
+
     name = "adyen"
-    documented_capabilities: ClassVar[GatewayCapabilities] = GatewayCapabilities()
+    documented_capabilities: ClassVar[GatewayCapabilities] = GatewayCapabilities(
+        idempotency_keys=True,  # G1: Idempotency-Key on every POST
+        lookup_by_key=False,  # G2: no read API for payments in Checkout v72
+        reference_lookup=False,
+        key_retention=SEVEN_DAYS,  # G3: "7 to 14 days": the lowest documented value
+        first_response_on_repeat=True,  # G4: the first response is returned
+        conflict_on_mismatch=False,  # G5: not documented
+    )
 
     def install(self, server: FakeGatewayServer) -> None:
-        """No routes yet."""
+        api = _CheckoutApi(server)
+        base = f"/{API_VERSION}"
+        server.route("POST", f"{base}/payments", api.payments)
+        server.route("POST", f"{base}/payments/{{paymentPspReference}}/captures", api.captures)
+        server.route("POST", f"{base}/payments/{{paymentPspReference}}/refunds", api.refunds)
+        server.route("POST", f"{base}/payments/{{paymentPspReference}}/cancels", api.cancels)
+
+
+class _CheckoutApi:
+    def __init__(self, server: FakeGatewayServer) -> None:
+        self.server = server
+
+    # --- what every request passes first --------------------------------------------
+
+    def _refusal(self, call: GatewayCall) -> Reply | None:
+        """Adyen's answer when the request is refused before anything is looked at."""
+        if not (call.header("x-api-key") or call.header("authorization")):
+            return adyen_error(401, "000", "HTTP Status Response - Unauthorized", "security")
+        key = call.header(KEY_HEADER)
+        if key is not None and len(key) > MAX_KEY_LENGTH:
+            return adyen_error(
+                422, "702", f"{KEY_HEADER} longer than {MAX_KEY_LENGTH} characters", "validation"
+            )
+        if not call.body.get("merchantAccount"):
+            return adyen_error(
+                422, "702", "Required field 'merchantAccount' is not provided.", "validation"
+            )
+        return None
+
+    def _error(self, exc: FakeGatewayError) -> Reply:
+        if isinstance(exc, FakeGatewayTimeout):
+            return Reply(0, drop=True)
+        status, code, kind = _ERRORS.get(exc.kind, _INTERNAL)
+        return adyen_error(status, code, str(exc), kind)
+
+    # --- POST /payments ---------------------------------------------------------------
+
+    def payments(self, call: GatewayCall) -> Reply:
+        refused = self._refusal(call)
+        if refused is not None:
+            return refused
+        body = call.body
+        key = call.header(KEY_HEADER)
+        reference = body.get("reference")
+        self.server.charge_arrived(call, key, reference)
+        amount = body.get("amount")
+        if not isinstance(amount, dict) or not isinstance(amount.get("value"), int):
+            return adyen_error(422, "100", "No amount specified", "validation")
+        if not reference:
+            return adyen_error(
+                422, "702", "Required field 'reference' is not provided.", "validation"
+            )
+        method = body.get("paymentMethod")
+        if not isinstance(method, dict):
+            return adyen_error(
+                422, "702", "Required field 'paymentMethod' is not provided.", "validation"
+            )
+        if self._declined(call, method, key, reference):
+            return self._refused(reference, amount)
+        additional = body.get("additionalData") or {}
+        manual = str(additional.get("manualCapture", "")).lower() == "true"
+        capture = body.get("captureDelayHours") == 0 and not manual
+        try:
+            receipt = self.server.gateway.charge(
+                amount["value"],
+                key,
+                currency=str(amount.get("currency", "")),
+                reference=reference,
+                capture=capture,
+            )
+        except FakeGatewayError as exc:
+            if exc.kind is FakeGatewayErrorKind.DECLINED:
+                return self._refused(reference, amount)
+            return self._error(exc)
+        answer = {
+            "pspReference": receipt["id"],
+            "resultCode": "Authorised",
+            "amount": _amount(receipt),
+            "merchantReference": receipt["reference"],
+        }
+        return self.server.deliver_answer(call, key, reference, Reply(200, answer))
+
+    def _declined(
+        self, call: GatewayCall, method: dict[str, Any], key: str | None, reference: str
+    ) -> bool:
+        token = (
+            method.get("storedPaymentMethodId")
+            or method.get("encryptedCardNumber")
+            or method.get("number")
+            or ""
+        )
+        if method.get("holderName") == DECLINED_HOLDER_NAME:
+            # Adyen's own test trigger, counted as a decline of one of the server's cards.
+            token = next(iter(sorted(self.server.declined_cards)), token)
+        return self.server.is_declined_card(call, str(token), key, reference)
+
+    @staticmethod
+    def _refused(reference: str, amount: dict[str, Any]) -> Reply:
+        return Reply(
+            200,
+            {
+                "pspReference": _psp(),
+                "resultCode": "Refused",
+                "refusalReason": "Refused",
+                "refusalReasonCode": "2",
+                "merchantReference": reference,
+                "amount": amount,
+            },
+        )
+
+    # --- modifications: 201 "received" -------------------------------------------------
+
+    def _modification(self, call: GatewayCall, *, needs_amount: bool) -> Reply | int | None:
+        """A refusal, or the amount the modification asks for (None when it takes none)."""
+        refused = self._refusal(call)
+        if refused is not None:
+            return refused
+        if not needs_amount:
+            return None
+        amount = call.body.get("amount")
+        if not isinstance(amount, dict) or not isinstance(amount.get("value"), int):
+            return adyen_error(422, "100", "No amount specified", "validation")
+        value: int = amount["value"]
+        return value
+
+    def _received(self, call: GatewayCall, payment: str, psp: str, **extra: Any) -> Reply:
+        return Reply(
+            201,
+            {
+                "merchantAccount": call.body["merchantAccount"],
+                "paymentPspReference": payment,
+                "pspReference": psp,
+                "reference": call.body.get("reference"),
+                "status": "received",
+                **extra,
+            },
+        )
+
+    def captures(self, call: GatewayCall) -> Reply:
+        amount = self._modification(call, needs_amount=True)
+        if isinstance(amount, Reply):
+            return amount
+        payment = call.params["paymentPspReference"]
+        try:
+            receipt = self.server.gateway.capture(payment, call.header(KEY_HEADER), amount=amount)
+        except FakeGatewayError as exc:
+            return self._error(exc)
+        # The capture's own pspReference: from the request that made it, so a replay
+        # of the key answers the same one.
+        amount_answer = {"value": amount, "currency": receipt["currency"]}
+        return self._received(call, payment, receipt["request_id"], amount=amount_answer)
+
+    def refunds(self, call: GatewayCall) -> Reply:
+        amount = self._modification(call, needs_amount=True)
+        if isinstance(amount, Reply):
+            return amount
+        payment = call.params["paymentPspReference"]
+        try:
+            refund = self.server.gateway.refund(
+                payment,
+                call.header(KEY_HEADER),
+                amount=amount,
+                reference=call.body.get("reference"),
+            )
+        except FakeGatewayError as exc:
+            return self._error(exc)
+        return self._received(call, payment, refund["id"], amount=_amount(refund))
+
+    def cancels(self, call: GatewayCall) -> Reply:
+        refused = self._modification(call, needs_amount=False)
+        if isinstance(refused, Reply):
+            return refused
+        payment = call.params["paymentPspReference"]
+        try:
+            receipt = self.server.gateway.void(payment, call.header(KEY_HEADER))
+        except FakeGatewayError as exc:
+            return self._error(exc)
+        return self._received(call, payment, receipt["request_id"])
+
+
+__all__ = ["API_VERSION", "DECLINED_HOLDER_NAME", "AdyenDialect", "adyen_error"]

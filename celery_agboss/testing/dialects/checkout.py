@@ -1,16 +1,448 @@
-"""The checkout dialect of ``FakeGatewayServer`` (being written: no routes yet)."""
+"""The Checkout.com dialect of ``FakeGatewayServer``: enough of its payments API for the
+official ``checkout-sdk`` to run against the fake unmodified.
+
+Checkout.com is named only to identify its public API; this fake is not affiliated
+with or endorsed by it. Paths and bodies are those the SDK sends and parses:
+
+- ``POST /payments`` (``capture`` true or false) → 201 with ``approved``; a declined
+  card is a 201 too, ``approved: false`` and status ``Declined`` (nothing moved);
+- ``GET /payments?reference=`` (paged by ``limit``/``skip``), ``GET /payments/{id}``
+  (with ``balances`` and ``metadata``), ``GET /payments/{id}/actions``;
+- ``POST /payments/{id}/captures``, ``/refunds``, ``/voids`` → 202 ``{"action_id"}``.
+
+``Cko-Idempotency-Key`` is the fake's key; like Checkout.com, only a processed (2xx)
+answer is kept under it, so failures are never replayed. Errors come in Checkout.com's
+shape, ``{"request_id", "error_type", "error_codes"}``: 401 without a secret key, 404
+for an unknown payment, 422 ``request_invalid`` for a malformed body or an action the
+payment does not allow, 429 for a key whose first request is still in flight (as the
+idempotency page documents), 409 for a key reused with other parameters (only when a
+test turns ``conflict_on_mismatch`` on), 502 when the fake failed before processing.
+A decline is not kept under its key here; a declined card declines every time anyway.
+:meth:`CheckoutDialect.answer_next` makes the next request answer any status and body.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, ClassVar
 
-from celery_agboss.testing.gateway_server import FakeGatewayServer
-from celery_agboss.testing.gateway_types import GatewayCapabilities
+from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_types import (
+    FakeGatewayError,
+    FakeGatewayErrorKind,
+    FakeGatewayTimeout,
+    GatewayCapabilities,
+    GatewayRequestOutcome,
+)
+
+KEY_HEADER = "Cko-Idempotency-Key"
+_PAYMENT_PREFIX, _FAKE_PAYMENT_PREFIX = "pay_", "ch_"
+_ACTION_TYPES = {"capture": "Capture", "refund": "Refund", "void": "Void"}
+_ERROR_STATUS = {
+    FakeGatewayErrorKind.NOT_FOUND: 404,
+    FakeGatewayErrorKind.CONFLICT: 409,
+    FakeGatewayErrorKind.IN_PROGRESS: 429,
+    FakeGatewayErrorKind.INVALID_REQUEST: 422,
+    FakeGatewayErrorKind.LOOKUP_UNSUPPORTED: 501,
+}
+_ERROR_TYPE = {
+    409: "idempotency_key_conflict",
+    422: "request_invalid",
+    429: "too_many_requests",
+    501: "not_implemented",
+    502: "bad_gateway",
+}
+_ACTION_REFUSED = {
+    "capture": "capture_not_allowed",
+    "refund": "refund_not_allowed",
+    "void": "void_not_allowed",
+}
+OPERATIONS = ("payment", "capture", "refund", "void", "get", "list", "actions")
+
+
+def _request_id() -> str:
+    return uuid.uuid4().hex[:13].upper()
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def checkout_id(fake_id: str) -> str:
+    """The Checkout-looking id of a fake payment (``ch_x`` → ``pay_x``)."""
+    return _PAYMENT_PREFIX + fake_id.removeprefix(_FAKE_PAYMENT_PREFIX)
+
+
+def _fake_id(payment_id: str) -> str:
+    return _FAKE_PAYMENT_PREFIX + payment_id.removeprefix(_PAYMENT_PREFIX)
+
+
+def _action_id(request_id: str, suffix: str = "") -> str:
+    return "act_" + request_id.removeprefix("req_") + suffix
+
+
+def error_body(error_type: str, *codes: str) -> dict[str, Any]:
+    """A body in Checkout.com's error shape."""
+    return {"request_id": _request_id(), "error_type": error_type, "error_codes": list(codes)}
+
+
+def _status_of(payment: dict[str, Any]) -> str:
+    status = payment["status"]
+    if status == "requires_capture":
+        return "Authorized"
+    if status == "canceled":
+        return "Voided"
+    if status == "refunded":
+        return "Refunded"
+    if payment["amount_refunded"]:
+        return "Partially Refunded"
+    return "Captured" if payment["amount_captured"] >= payment["amount"] else "Partially Captured"
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _card_of(source: Any) -> str:
+    """What ``is_declined_card`` checks: the token, the card number or the source id."""
+    if not isinstance(source, dict):
+        return ""
+    return str(source.get("token") or source.get("number") or source.get("id") or "")
+
+
+@dataclass
+class _Canned:
+    status: int
+    payload: Any
+    operation: str | None
+    remaining: int
 
 
 class CheckoutDialect:
+    """Checkout.com's payments API over the server's one ``FakeGateway``."""
+
     name = "checkout"
-    documented_capabilities: ClassVar[GatewayCapabilities] = GatewayCapabilities()
+    documented_capabilities: ClassVar[GatewayCapabilities] = GatewayCapabilities(
+        idempotency_keys=True,  # G1: Cko-Idempotency-Key on payments and their actions
+        lookup_by_key=False,  # no read by the key itself ...
+        reference_lookup=True,  # ... G2 is GET /payments?reference= (not unique)
+        key_retention=86400.0,  # G3: 24 h by default (an account may be set otherwise)
+        first_response_on_repeat=True,  # G4: for a 2xx answer only
+        conflict_on_mismatch=False,  # G5: not documented for payments
+        replays_failures=False,  # "an idempotent result will not be saved" for a failure
+    )
+
+    def __init__(self) -> None:
+        self._server: FakeGatewayServer | None = None
+        self._lock = threading.Lock()
+        self._canned: list[_Canned] = []
+        self._action_details: dict[str, dict[str, Any]] = {}  # key -> reference, metadata
 
     def install(self, server: FakeGatewayServer) -> None:
-        """No routes yet."""
+        self._server = server
+        server.route("POST", "/payments", self._guarded("payment", self._request_payment))
+        server.route("GET", "/payments", self._guarded("list", self._list_payments))
+        server.route("GET", "/payments/{id}", self._guarded("get", self._get_payment))
+        server.route("GET", "/payments/{id}/actions", self._guarded("actions", self._actions))
+        for operation in _ACTION_TYPES:
+            handler = self._action_handler(operation)
+            server.route(
+                "POST", f"/payments/{{id}}/{operation}s", self._guarded(operation, handler)
+            )
+
+    def answer_next(
+        self, status: int, payload: Any = None, *, operation: str | None = None, times: int = 1
+    ) -> None:
+        """Answer the next ``times`` requests (of ``operation``, one of ``OPERATIONS``, or
+        any) with this status and body, before the gateway sees them: nothing is processed."""
+        if operation is not None and operation not in OPERATIONS:
+            raise ValueError(f"operation must be one of {OPERATIONS}, not {operation!r}")
+        with self._lock:
+            self._canned.append(
+                _Canned(status, {} if payload is None else payload, operation, times)
+            )
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    @property
+    def server(self) -> FakeGatewayServer:
+        if self._server is None:
+            raise RuntimeError("the checkout dialect is not installed on a server")
+        return self._server
+
+    def _guarded(self, operation: str, handler: Endpoint) -> Endpoint:
+        def endpoint(call: GatewayCall) -> Reply:
+            canned = self._take_canned(operation)
+            if canned is not None:
+                return canned
+            authorization = call.header("Authorization") or ""
+            if not authorization.startswith("Bearer sk_"):
+                return Reply(401, {}, headers={"Cko-Request-Id": _request_id()})
+            return handler(call)
+
+        return endpoint
+
+    def _take_canned(self, operation: str) -> Reply | None:
+        with self._lock:
+            for canned in self._canned:
+                if canned.operation in (None, operation):
+                    canned.remaining -= 1
+                    if canned.remaining == 0:
+                        self._canned.remove(canned)
+                    return Reply(canned.status, canned.payload)
+        return None
+
+    def _error(self, exc: FakeGatewayError, operation: str) -> Reply:
+        if isinstance(exc, FakeGatewayTimeout):
+            return Reply(0, drop=True)
+        status = _ERROR_STATUS.get(exc.kind, 502)
+        if status == 404:
+            return Reply(404, {}, headers={"Cko-Request-Id": _request_id()})
+        code = (
+            _ACTION_REFUSED.get(operation, "payment_invalid") if status == 422 else exc.kind.value
+        )
+        return Reply(status, error_body(_ERROR_TYPE[status], code.lower()))
+
+    def _href(self, payment_id: str) -> dict[str, Any]:
+        return {"self": {"href": f"{self.server.url}/payments/{payment_id}"}}
+
+    # --- payments ----------------------------------------------------------------------
+
+    def _request_payment(self, call: GatewayCall) -> Reply:
+        body, key = call.body, call.header(KEY_HEADER)
+        reference = body.get("reference")
+        self.server.charge_arrived(call, key, reference)
+        amount: Any = body.get("amount")
+        currency: Any = body.get("currency")
+        source: Any = body.get("source")
+        invalid = []
+        if not _positive_int(amount):
+            invalid.append("amount_invalid" if "amount" in body else "amount_required")
+        if not (isinstance(currency, str) and len(currency) == 3 and currency.isalpha()):
+            invalid.append("currency_invalid" if "currency" in body else "currency_required")
+        if not (isinstance(source, dict) and source.get("type")):
+            invalid.append("source_type_required")
+        metadata = body.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            invalid.append("metadata_invalid")
+        if invalid:
+            return Reply(422, error_body("request_invalid", *invalid))
+        if self.server.is_declined_card(call, _card_of(source), key, reference):
+            return Reply(201, self._declined(amount, currency, reference))
+        try:
+            receipt = self.server.gateway.charge(
+                amount,
+                key,
+                currency=currency.lower(),
+                reference=reference,
+                capture=body.get("capture", True) is not False,
+                metadata=metadata,
+                source=source,
+            )
+        except FakeGatewayError as exc:
+            if exc.kind is FakeGatewayErrorKind.DECLINED:
+                return Reply(201, self._declined(amount, currency, reference))
+            return self._error(exc, "payment")
+        reply = Reply(201, self._created(receipt))
+        return self.server.deliver_answer(call, key, reference, reply)
+
+    def _created(self, receipt: dict[str, Any]) -> dict[str, Any]:
+        payment_id = checkout_id(receipt["id"])
+        return {
+            "id": payment_id,
+            "action_id": _action_id(receipt["request_id"]),
+            "amount": receipt["amount"],
+            "currency": receipt["currency"].upper(),
+            "approved": True,
+            "status": _status_of(receipt),
+            "auth_code": "770687",
+            "response_code": "10000",
+            "response_summary": "Approved",
+            "processed_on": _iso(receipt["created"]),
+            "reference": receipt["reference"],
+            "risk": {"flagged": False},
+            "_links": self._href(payment_id),
+        }
+
+    def _declined(self, amount: int, currency: str, reference: Any) -> dict[str, Any]:
+        payment_id = _PAYMENT_PREFIX + uuid.uuid4().hex[:24]
+        return {
+            "id": payment_id,
+            "action_id": "act_" + uuid.uuid4().hex[:24],
+            "amount": amount,
+            "currency": currency.upper(),
+            "approved": False,
+            "status": "Declined",
+            "response_code": "20005",
+            "response_summary": "Declined - Do Not Honour",
+            "processed_on": _iso(self.server.gateway.now()),
+            "reference": reference,
+            "risk": {"flagged": False},
+            "_links": self._href(payment_id),
+        }
+
+    def _details(self, payment: dict[str, Any]) -> dict[str, Any]:
+        payment_id = checkout_id(payment["id"])
+        extra = payment.get("metadata") or {}
+        amount, captured, refunded = (
+            payment["amount"],
+            payment["amount_captured"],
+            payment["amount_refunded"],
+        )
+        authorised = payment["status"] == "requires_capture"
+        settled = payment["status"] in ("succeeded", "refunded")
+        return {
+            "id": payment_id,
+            "requested_on": _iso(payment["created"]),
+            "source": {"type": (extra.get("source") or {}).get("type", "card")},
+            "amount": amount,
+            "currency": payment["currency"].upper(),
+            "payment_type": "Regular",
+            "reference": payment["reference"],
+            "approved": True,
+            "status": _status_of(payment),
+            "balances": {
+                "total_authorized": amount,
+                "total_voided": amount if payment["status"] == "canceled" else 0,
+                "available_to_void": amount if authorised else 0,
+                "total_captured": captured,
+                "available_to_capture": amount if authorised else 0,
+                "total_refunded": refunded,
+                "available_to_refund": captured - refunded if settled else 0,
+            },
+            "metadata": dict(extra.get("metadata") or {}),
+            "risk": {"flagged": False},
+            "_links": self._href(payment_id),
+        }
+
+    def _get_payment(self, call: GatewayCall) -> Reply:
+        try:
+            payment = self.server.gateway.retrieve(_fake_id(call.params["id"]))
+        except FakeGatewayError as exc:
+            return self._error(exc, "get")
+        return Reply(200, self._details(payment))
+
+    def _list_payments(self, call: GatewayCall) -> Reply:
+        reference = call.query.get("reference")
+        try:
+            limit = int(call.query.get("limit", "10"))
+            skip = int(call.query.get("skip", "0"))
+        except ValueError:
+            return Reply(422, error_body("request_invalid", "paging_invalid"))
+        if not reference:
+            return Reply(422, error_body("request_invalid", "reference_required"))
+        if not 1 <= limit <= 100 or skip < 0:
+            return Reply(422, error_body("request_invalid", "paging_invalid"))
+        try:
+            found = self.server.gateway.lookup_by_reference(reference)
+        except FakeGatewayError as exc:
+            return self._error(exc, "list")
+        payments = [self._details(p) for p in found if p.get("object") == "charge"]
+        return Reply(
+            200,
+            {
+                "limit": limit,
+                "skip": skip,
+                "total_count": len(payments),
+                "data": payments[skip : skip + limit],
+            },
+        )
+
+    # --- payment actions -----------------------------------------------------------------
+
+    def _action_handler(self, operation: str) -> Endpoint:
+        def handle(call: GatewayCall) -> Reply:
+            return self._request_action(call, operation)
+
+        return handle
+
+    def _request_action(self, call: GatewayCall, operation: str) -> Reply:
+        body, key = call.body, call.header(KEY_HEADER)
+        amount, metadata = body.get("amount"), body.get("metadata") or {}
+        if (amount is not None and not _positive_int(amount)) or not isinstance(metadata, dict):
+            return Reply(422, error_body("request_invalid", f"{operation}_request_invalid"))
+        if key is not None:
+            with self._lock:
+                self._action_details.setdefault(
+                    key, {"reference": body.get("reference"), "metadata": dict(metadata)}
+                )
+        payment_id = _fake_id(call.params["id"])
+        gateway = self.server.gateway
+        try:
+            if operation == "capture":
+                answer = gateway.capture(payment_id, key, amount=amount)
+            elif operation == "refund":
+                answer = gateway.refund(
+                    payment_id, key, amount=amount, reference=body.get("reference")
+                )
+            else:
+                answer = gateway.void(payment_id, key)
+        except FakeGatewayError as exc:
+            return self._error(exc, operation)
+        return Reply(
+            202,
+            {
+                "action_id": _action_id(answer["request_id"]),
+                "reference": body.get("reference"),
+                "_links": {"payment": self._href(call.params["id"])["self"]},
+            },
+        )
+
+    def _actions(self, call: GatewayCall) -> Reply:
+        """The payment's actions, newest first, rebuilt from what the gateway processed
+        (so an action whose answer was dropped is listed like any other)."""
+        gateway = self.server.gateway
+        payment_id = _fake_id(call.params["id"])
+        try:
+            payment = gateway.retrieve(payment_id)
+        except FakeGatewayError as exc:
+            return self._error(exc, "actions")
+        refunds = {r["id"]: r for r in gateway.refunds}
+        processed = [r for r in gateway.requests if r.outcome is GatewayRequestOutcome.PROCESSED]
+        captured_later = any(
+            r.operation == "capture" and r.payment_id == payment_id for r in processed
+        )
+        actions: list[dict[str, Any]] = []
+        for request in processed:
+            if request.operation == "charge" and request.object_id == payment_id:
+                first = {
+                    "reference": payment["reference"],
+                    "metadata": (payment.get("metadata") or {}).get("metadata") or {},
+                }
+                at, amount = request.at, payment["amount"]
+                actions.append(self._action(request.request_id, "Authorization", amount, first, at))
+                if payment["amount_captured"] and not captured_later:  # capture: true
+                    auto = self._action(request.request_id, "Capture", amount, first, at)
+                    actions.append({**auto, "id": _action_id(request.request_id, "c")})
+            elif request.operation in _ACTION_TYPES and request.payment_id == payment_id:
+                amount = request.amount
+                if request.operation == "refund" and request.object_id in refunds:
+                    amount = refunds[request.object_id]["amount"]
+                elif amount is None:
+                    amount = payment["amount"]
+                with self._lock:
+                    details = self._action_details.get(request.idempotency_key or "", {})
+                kind = _ACTION_TYPES[request.operation]
+                actions.append(self._action(request.request_id, kind, amount, details, request.at))
+        return Reply(200, list(reversed(actions)))
+
+    def _action(
+        self, request_id: str, kind: str, amount: int | None, details: dict[str, Any], at: float
+    ) -> dict[str, Any]:
+        return {
+            "id": _action_id(request_id),
+            "type": kind,
+            "processed_on": _iso(at),
+            "amount": amount,
+            "approved": True,
+            "response_code": "10000",
+            "response_summary": "Approved",
+            "reference": details.get("reference"),
+            "metadata": dict(details.get("metadata") or {}),
+        }
+
+
+__all__ = ["KEY_HEADER", "OPERATIONS", "CheckoutDialect", "checkout_id", "error_body"]

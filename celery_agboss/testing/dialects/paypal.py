@@ -1,16 +1,509 @@
-"""The paypal dialect of ``FakeGatewayServer`` (being written: no routes yet)."""
+"""The PayPal dialect of ``FakeGatewayServer``: OAuth, Orders v2 and Payments v2.
+
+Enough of PayPal's REST API for the official ``paypal-server-sdk`` to run unmodified,
+every money-moving call keyed by ``PayPal-Request-Id``, errors in PayPal's own shape
+(``{"name", "message", "debug_id", "details": [{"issue", "description"}]}``) so the SDK
+raises its ``ErrorException``/``ApiException``. An order is kept here and moves no
+money; capturing one is ``gateway.charge(capture=True)``, authorizing one
+``charge(capture=False)``, under the request's key; captures of authorizations, voids and
+refunds are the fake's. As PayPal documents: a repeat answers the CURRENT state of what
+the first request made, a repeat with other parameters is not refused, and an order's key
+lives 6 h (here: the fake's ``key_retention`` and ``idempotency_keys``, on its clock).
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any, ClassVar
 
-from celery_agboss.testing.gateway_server import FakeGatewayServer
-from celery_agboss.testing.gateway_types import GatewayCapabilities
+from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_types import (
+    FakeGatewayError,
+    FakeGatewayErrorKind,
+    FakeGatewayTimeout,
+    GatewayCapabilities,
+)
+
+ORDER_KEY_RETENTION = 6 * 3600.0
+"""Orders v2 keeps a ``PayPal-Request-Id`` 6 hours (its API spec and its SDK say so)."""
+
+ZERO_DECIMAL_CURRENCIES = frozenset({"HUF", "JPY", "TWD"})
+_NAMES = {
+    400: "INVALID_REQUEST",
+    401: "AUTHENTICATION_FAILURE",
+    403: "NOT_AUTHORIZED",
+    404: "RESOURCE_NOT_FOUND",
+    409: "RESOURCE_CONFLICT",
+    422: "UNPROCESSABLE_ENTITY",
+    429: "RATE_LIMIT_REACHED",
+    503: "SERVICE_UNAVAILABLE",
+}
+_ERRORS_PAGE = "https://developer.paypal.com/api/rest/reference/orders/v2/errors/"
+Body = dict[str, Any]
+_Act = Callable[[Body, int | None, str | None], Reply]  # payment, amount, key -> reply
+
+
+def paypal_error(status: int, issue: str | None = None, description: str = "") -> Reply:
+    """A PayPal error reply: the name PayPal gives the status, and the issue as a detail."""
+    name = _NAMES.get(status, "INTERNAL_SERVER_ERROR")
+    body: Body = {
+        "name": name,
+        "message": description or name.replace("_", " ").capitalize(),
+        "debug_id": uuid.uuid4().hex[:13],
+        "links": [{"href": _ERRORS_PAGE, "rel": "information_link", "method": "GET"}],
+    }
+    if issue is not None:
+        body["details"] = [{"issue": issue, "description": description or issue}]
+    return Reply(status, body)
+
+
+_KIND_ERRORS: dict[FakeGatewayErrorKind, tuple[int, str | None, str]] = {
+    FakeGatewayErrorKind.DECLINED: (422, "INSTRUMENT_DECLINED", "The instrument was declined."),
+    FakeGatewayErrorKind.IN_PROGRESS: (409, "PREVIOUS_REQUEST_IN_PROGRESS", "In progress."),
+    FakeGatewayErrorKind.CONFLICT: (422, "DUPLICATE_REQUEST_ID", "Request id already used."),
+    FakeGatewayErrorKind.NOT_FOUND: (404, "INVALID_RESOURCE_ID", "No such resource."),
+}
+_NOTHING_PROCESSED = (503, None, "Service unavailable; nothing was processed.")
+
+
+def _not_found() -> Reply:
+    return paypal_error(404, "INVALID_RESOURCE_ID", "Specified resource ID does not exist.")
+
+
+def to_value(amount: int, currency: str) -> str:
+    """Minor units as PayPal's decimal string ("10.00"; "1000" for a zero-decimal currency)."""
+    if currency.upper() in ZERO_DECIMAL_CURRENCIES:
+        return str(amount)
+    return f"{Decimal(amount) / 100:.2f}"
+
+
+def from_value(value: object, currency: str) -> int | None:
+    """PayPal's decimal string as minor units; None when it is not a positive amount."""
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation:
+        return None
+    minor = number if currency.upper() in ZERO_DECIMAL_CURRENCIES else number * 100
+    if not minor.is_finite() or minor != minor.to_integral_value() or minor <= 0:
+        return None
+    return int(minor)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _capture_id_of_authorization(payment_id: str) -> str:
+    """An order's capture is the fake's payment itself; an authorization's is "cap_…"."""
+    return "cap_" + payment_id.removeprefix("ch_")
+
+
+def _payment_of_capture(capture_id: str) -> str:
+    return "ch_" + capture_id.removeprefix("cap_") if capture_id.startswith("cap_") else capture_id
+
+
+@dataclass
+class PayPalOrder:
+    """An order as this dialect keeps it; ``payment_id`` is the fake's charge once paid."""
+
+    id: str
+    intent: str  # "CAPTURE" or "AUTHORIZE"
+    amount: int
+    currency: str  # PayPal's upper-case code
+    reference: str | None  # the purchase unit's custom_id
+    source: str | None  # the payment source's vault id: with one, the order is approved
+    request_id: str | None
+    created: float
+    payment_id: str | None = None
+    payment_key: str | None = None  # the PayPal-Request-Id that captured/authorized it
+    paid_at: float = 0.0
+
+
+@dataclass
+class _Canned:
+    reply: Reply
+    path: str | None  # None: any request
+    remaining: int
+
+
+@dataclass
+class _State:
+    orders: dict[str, PayPalOrder] = field(default_factory=dict)
+    order_keys: dict[str, str] = field(default_factory=dict)  # PayPal-Request-Id -> order id
+    order_of_payment: dict[str, str] = field(default_factory=dict)
+    paying: dict[str, str | None] = field(default_factory=dict)  # order id -> its payment's key
+    tokens: set[str] = field(default_factory=set)
+    canned: list[_Canned] = field(default_factory=list)
 
 
 class PayPalDialect:
+    """PayPal's REST API over the server's ``FakeGateway`` (see the module docstring)."""
+
     name = "paypal"
-    documented_capabilities: ClassVar[GatewayCapabilities] = GatewayCapabilities()
+    documented_capabilities: ClassVar[GatewayCapabilities] = GatewayCapabilities(
+        idempotency_keys=True,  # PayPal-Request-Id on every money-moving call
+        lookup_by_key=True,  # replay the order's key, then GET /v2/checkout/orders/{id}
+        key_retention=ORDER_KEY_RETENTION,  # the lowest: orders 6 h (payments v2: 45 days)
+        first_response_on_repeat=False,  # "the latest status", not the original response
+        conflict_on_mismatch=False,  # not documented
+        reference_lookup=False,  # no search by invoice_id or custom_id
+        replays_failures=False,
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = _State()
+        self._server: FakeGatewayServer | None = None
 
     def install(self, server: FakeGatewayServer) -> None:
-        """No routes yet."""
+        self._server = server
+        server.route("POST", "/v1/oauth2/token", self._guarded(self._token, token=True))
+        routes: list[tuple[str, str, Endpoint]] = [
+            ("POST", "/v2/checkout/orders", self._create_order),
+            ("GET", "/v2/checkout/orders/{id}", self._get_order),
+            ("POST", "/v2/checkout/orders/{id}/capture", self._pay_order),
+            ("POST", "/v2/checkout/orders/{id}/authorize", self._pay_order),
+            ("GET", "/v2/payments/authorizations/{id}", self._get_authorization),
+            ("POST", "/v2/payments/authorizations/{id}/capture", self._capture_authorization),
+            ("POST", "/v2/payments/authorizations/{id}/void", self._void),
+            ("GET", "/v2/payments/captures/{id}", self._get_capture),
+            ("POST", "/v2/payments/captures/{id}/refund", self._refund),
+        ]
+        for method, path, endpoint in routes:
+            server.route(method, path, self._guarded(endpoint))
+
+    # --- what a test reads and arms ----------------------------------------------------------
+
+    @property
+    def orders(self) -> list[PayPalOrder]:
+        """Every order made, oldest first (copies)."""
+        with self._lock:
+            return [replace(order) for order in self._state.orders.values()]
+
+    def answer_next(
+        self, status: int, body: Any = None, *, path: str | None = None, times: int = 1
+    ) -> None:
+        """Answer the next ``times`` requests (whose path ends with ``path``, or any) with
+        ``status`` and ``body`` (default: PayPal's error body for the status), before
+        anything is processed: any status or error body PayPal documents, on demand."""
+        reply = paypal_error(status) if body is None else Reply(status, body)
+        with self._lock:
+            self._state.canned.append(_Canned(reply, path, times))
+
+    def forget_keys(self) -> None:
+        """Drop every order's key, as PayPal does after 6 h (``FakeGateway.forget_keys``
+        drops the payments' keys)."""
+        with self._lock:
+            self._state.order_keys.clear()
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    @property
+    def server(self) -> FakeGatewayServer:
+        if self._server is None:
+            raise RuntimeError("the PayPal dialect is not installed on a server")
+        return self._server
+
+    def _guarded(self, endpoint: Endpoint, *, token: bool = False) -> Endpoint:
+        """A canned answer first; then the bearer token every API call needs."""
+
+        def serve(call: GatewayCall) -> Reply:
+            with self._lock:
+                canned = next(
+                    (c for c in self._state.canned if c.path is None or call.path.endswith(c.path)),
+                    None,
+                )
+                if canned is not None:
+                    canned.remaining -= 1
+                    if canned.remaining == 0:
+                        self._state.canned.remove(canned)
+                    return canned.reply
+                scheme, _, bearer = (call.header("Authorization") or "").partition(" ")
+                authorized = scheme == "Bearer" and bearer in self._state.tokens
+            if not token and not authorized:
+                return paypal_error(401, None, "Authentication failed due to invalid token.")
+            return endpoint(call)
+
+        return serve
+
+    def _token(self, call: GatewayCall) -> Reply:
+        """Any client id and secret get a token (a test refuses one with ``answer_next``)."""
+        scheme, _, encoded = (call.header("Authorization") or "").partition(" ")
+        if scheme != "Basic" or not encoded or call.body.get("grant_type") != "client_credentials":
+            return Reply(401, {"error": "invalid_client", "error_description": "Basic auth"})
+        issued = f"A21AA{uuid.uuid4().hex}"
+        with self._lock:
+            self._state.tokens.add(issued)
+        body = {"access_token": issued, "token_type": "Bearer", "expires_in": 32400}
+        return Reply(200, {**body, "scope": "https://uri.paypal.com/services/payments/payment"})
+
+    def _gateway_error(self, exc: FakeGatewayError, invalid_issue: str) -> Reply:
+        if isinstance(exc, FakeGatewayTimeout):
+            return Reply(0, drop=True)
+        if exc.kind is FakeGatewayErrorKind.INVALID_REQUEST:
+            return paypal_error(422, invalid_issue, str(exc))
+        status, issue, description = _KIND_ERRORS.get(exc.kind, _NOTHING_PROCESSED)
+        return paypal_error(status, issue, description)
+
+    # --- orders ----------------------------------------------------------------------------------
+
+    def _create_order(self, call: GatewayCall) -> Reply:
+        body, key, gateway = call.body, call.header("PayPal-Request-Id"), self.server.gateway
+        with self._lock:
+            known = self._state.order_keys.get(key) if key and gateway.idempotency_keys else None
+            order = self._state.orders.get(known or "")
+        if order is not None and gateway.now() - order.created < gateway.key_retention:
+            return Reply(200, self._order_body(self._catch_up(order)))
+        intent, units = body.get("intent"), body.get("purchase_units")
+        if intent not in ("CAPTURE", "AUTHORIZE"):
+            return paypal_error(400, "INVALID_PARAMETER_VALUE", "intent: CAPTURE or AUTHORIZE.")
+        if not isinstance(units, list) or len(units) != 1 or not isinstance(units[0], dict):
+            return paypal_error(400, "INVALID_ARRAY_LENGTH", "one purchase unit is supported.")
+        money = units[0].get("amount") or {}
+        currency = str(money.get("currency_code") or "")
+        amount = from_value(money.get("value"), currency) if len(currency) == 3 else None
+        if amount is None:
+            return paypal_error(422, "INVALID_PARAMETER_VALUE", "amount is not valid.")
+        sources = (body.get("payment_source") or {}).values()
+        vault = next((s.get("vault_id") for s in sources if isinstance(s, dict)), None)
+        reference, order_id = units[0].get("custom_id"), uuid.uuid4().hex[:17].upper()
+        order = PayPalOrder(
+            order_id, intent, amount, currency, reference, vault, key, gateway.now()
+        )
+        with self._lock:
+            self._state.orders[order.id] = order
+            if key:
+                self._state.order_keys[key] = order.id
+        return Reply(201, self._order_body(order))
+
+    def _get_order(self, call: GatewayCall) -> Reply:
+        with self._lock:
+            order = self._state.orders.get(call.params["id"])
+        return (
+            _not_found() if order is None else Reply(200, self._order_body(self._catch_up(order)))
+        )
+
+    def _pay_order(self, call: GatewayCall) -> Reply:
+        """Capture or authorize an order: where the money moves."""
+        wanted = "CAPTURE" if call.path.endswith("/capture") else "AUTHORIZE"
+        key, gateway = call.header("PayPal-Request-Id"), self.server.gateway
+        with self._lock:
+            found = self._state.orders.get(call.params["id"])
+        if found is None:
+            return _not_found()
+        order = self._catch_up(found)
+        with self._lock:
+            if order.intent != wanted:
+                return paypal_error(422, "ACTION_DOES_NOT_MATCH_INTENT", f"intent {order.intent}")
+            if order.payment_id is not None:
+                fresh = gateway.now() - order.paid_at < gateway.key_retention
+                if key and key == order.payment_key and gateway.idempotency_keys and fresh:
+                    return Reply(200, self._order_body(order))
+                issue = f"ORDER_ALREADY_{'CAPTURED' if wanted == 'CAPTURE' else 'AUTHORIZED'}"
+                return paypal_error(422, issue, "The order was already paid.")
+            if order.source is None:
+                return paypal_error(422, "ORDER_NOT_APPROVED", "The payer has not approved it.")
+            if order.id in self._state.paying:
+                return paypal_error(409, "PREVIOUS_REQUEST_IN_PROGRESS", "Order being paid.")
+            self._state.paying[order.id] = key
+        try:
+            return self._charge_order(call, order, key, capture=wanted == "CAPTURE")
+        finally:
+            with self._lock:
+                self._state.paying.pop(order.id, None)
+
+    def _charge_order(
+        self, call: GatewayCall, order: PayPalOrder, key: str | None, *, capture: bool
+    ) -> Reply:
+        server, reference = self.server, order.reference
+        server.charge_arrived(call, key, reference)
+        if server.is_declined_card(call, order.source or "", key, reference):
+            return paypal_error(422, "INSTRUMENT_DECLINED", "The instrument was declined.")
+        try:
+            paying: Body = {"currency": order.currency.lower(), "reference": reference}
+            receipt = server.gateway.charge(order.amount, key, capture=capture, **paying)
+        except FakeGatewayTimeout:
+            self._catch_up(order)  # processed, its answer lost: the order shows the payment
+            return Reply(0, drop=True)
+        except FakeGatewayError as exc:
+            return self._gateway_error(exc, "TRANSACTION_REFUSED")
+        owner = self._attach(order, receipt["id"], key)
+        reply = Reply(201 if owner is order else 200, self._order_body(owner))
+        return server.deliver_answer(call, key, reference, reply)
+
+    def _catch_up(self, order: PayPalOrder) -> PayPalOrder:
+        """A payment the fake made for this order while its answer is held (or was lost)
+        shows in the order at once, as in PayPal's own GET."""
+        with self._lock:
+            key = self._state.paying.get(order.id) if order.payment_id is None else None
+        made = [r.object_id for r in self.server.gateway.requests_for(key)] if key else []
+        if made and made[-1] is not None:
+            self._attach(order, made[-1], key)
+        return order
+
+    def _attach(self, order: PayPalOrder, payment_id: str, key: str | None) -> PayPalOrder:
+        """Record the order's payment. A key the fake replayed for ANOTHER order answers
+        that order (PayPal: "the latest status of the previous request")."""
+        with self._lock:
+            owner = self._state.order_of_payment.get(payment_id)
+            if owner is not None:
+                return self._state.orders[owner]
+            order.payment_id, order.payment_key = payment_id, key
+            order.paid_at = self.server.gateway.now()
+            self._state.order_of_payment[payment_id] = order.id
+            return order
+
+    # --- payments ---------------------------------------------------------------------------------
+
+    def _get_authorization(self, call: GatewayCall) -> Reply:
+        found = self._payment(call.params["id"])
+        return _not_found() if found is None else Reply(200, self._authorization(found))
+
+    def _get_capture(self, call: GatewayCall) -> Reply:
+        found = self._payment(_payment_of_capture(call.params["id"]))
+        if found is None or found["amount_captured"] == 0:
+            return _not_found()
+        return Reply(200, self._capture(found, call.params["id"]))
+
+    def _capture_authorization(self, call: GatewayCall) -> Reply:
+        def capture(payment: Body, amount: int | None, key: str | None) -> Reply:
+            done = self.server.gateway.capture(payment["id"], key, amount=amount)
+            return Reply(201, self._capture(done, _capture_id_of_authorization(done["id"])))
+
+        issues = {"succeeded": "AUTHORIZATION_ALREADY_CAPTURED", "canceled": "AUTHORIZATION_VOIDED"}
+        return self._payment_call(call, call.params["id"], capture, issues, "AMOUNT_MISMATCH")
+
+    def _void(self, call: GatewayCall) -> Reply:
+        def void(payment: Body, amount: int | None, key: str | None) -> Reply:
+            done = self.server.gateway.void(payment["id"], key)
+            minimal = "return=representation" not in (call.header("Prefer") or "")
+            return Reply(204) if minimal else Reply(200, self._authorization(done))
+
+        issues = {"succeeded": "AUTHORIZATION_ALREADY_CAPTURED", "canceled": "PREVIOUSLY_VOIDED"}
+        return self._payment_call(call, call.params["id"], void, issues, "CANNOT_BE_VOIDED")
+
+    def _refund(self, call: GatewayCall) -> Reply:
+        def refund(payment: Body, amount: int | None, key: str | None) -> Reply:
+            done = self.server.gateway.refund(payment["id"], key, amount=amount)
+            return Reply(201, self._refund_body(done))
+
+        issues = {"refunded": "CAPTURE_FULLY_REFUNDED"}
+        payment_id = _payment_of_capture(call.params["id"])
+        return self._payment_call(call, payment_id, refund, issues, "REFUND_AMOUNT_EXCEEDED")
+
+    def _payment_call(
+        self, call: GatewayCall, payment_id: str, act: _Act, issues: dict[str, str], issue: str
+    ) -> Reply:
+        """One Payments v2 call on the fake's payment: its amount read, its refusals named."""
+        payment = self._payment(payment_id)
+        if payment is None:
+            return _not_found()
+        money, amount = call.body.get("amount"), None
+        if isinstance(money, dict):
+            amount = from_value(money.get("value"), payment["currency"])
+            if amount is None:
+                return paypal_error(422, "INVALID_PARAMETER_VALUE", "amount is not valid.")
+        try:
+            return act(payment, amount, call.header("PayPal-Request-Id"))
+        except FakeGatewayError as exc:
+            return self._gateway_error(exc, issues.get(payment["status"], issue))
+
+    def _payment(self, payment_id: str) -> Body | None:
+        try:
+            return self.server.gateway.retrieve(payment_id)
+        except FakeGatewayError:
+            return None
+
+    # --- bodies -----------------------------------------------------------------------------
+
+    def _money(self, amount: int, currency: str) -> dict[str, str]:
+        return {"currency_code": currency.upper(), "value": to_value(amount, currency)}
+
+    def _resource(self, kind: str, object_id: str, status: str, created: float) -> Body:
+        href = f"{self.server.url}/v2/{kind}/{object_id}"
+        return {
+            "id": object_id,
+            "status": status,
+            "create_time": _iso(created),
+            "update_time": _iso(created),
+            "links": [{"href": href, "rel": "self", "method": "GET"}],
+        }
+
+    def _capture(self, payment: Body, capture_id: str) -> Body:
+        refunded, captured = payment["amount_refunded"], payment["amount_captured"]
+        status = "COMPLETED" if refunded == 0 else "PARTIALLY_REFUNDED"
+        status = "REFUNDED" if refunded >= captured else status
+        body = self._resource("payments/captures", capture_id, status, payment["created"])
+        body.update(
+            amount=self._money(captured, payment["currency"]),
+            final_capture=True,
+            custom_id=payment["reference"],
+        )
+        return body
+
+    def _authorization(self, payment: Body) -> Body:
+        status = {"requires_capture": "CREATED", "canceled": "VOIDED"}.get(payment["status"])
+        if status is None:
+            whole = payment["amount_captured"] >= payment["amount"]
+            status = "CAPTURED" if whole else "PARTIALLY_CAPTURED"
+        created = payment["created"]
+        body = self._resource("payments/authorizations", payment["id"], status, created)
+        body.update(
+            amount=self._money(payment["amount"], payment["currency"]),
+            custom_id=payment["reference"],
+            expiration_time=_iso(created + 29 * 86400),
+        )
+        return body
+
+    def _refund_body(self, refund: Body) -> Body:
+        body = self._resource("payments/refunds", refund["id"], "COMPLETED", refund["created"])
+        body["amount"] = self._money(refund["amount"], refund["currency"])
+        return body
+
+    def _order_body(self, order: PayPalOrder) -> Body:
+        unit: Body = {
+            "reference_id": "default",
+            "amount": self._money(order.amount, order.currency),
+        }
+        if order.reference is not None:
+            unit["custom_id"] = order.reference
+        status = "APPROVED" if order.source else "CREATED"
+        payment = self._payment(order.payment_id) if order.payment_id else None
+        if payment is not None:
+            status, unit["payments"] = "COMPLETED", self._payments_of(order, payment)
+        body = self._resource("checkout/orders", order.id, status, order.created)
+        body.update(
+            intent=order.intent,
+            purchase_units=[unit],
+            update_time=_iso(order.paid_at or order.created),
+        )
+        return body
+
+    def _payments_of(self, order: PayPalOrder, payment: Body) -> Body:
+        payments: Body = {}
+        capture_id = payment["id"]
+        if order.intent == "AUTHORIZE":
+            payments["authorizations"] = [self._authorization(payment)]
+            capture_id = _capture_id_of_authorization(payment["id"])
+        if payment["amount_captured"] > 0:
+            payments["captures"] = [self._capture(payment, capture_id)]
+        refunds = [r for r in self.server.gateway.refunds if r["payment"] == payment["id"]]
+        if refunds:
+            payments["refunds"] = [self._refund_body(r) for r in refunds]
+        return payments
+
+
+__all__ = [
+    "ORDER_KEY_RETENTION",
+    "ZERO_DECIMAL_CURRENCIES",
+    "PayPalDialect",
+    "PayPalOrder",
+    "from_value",
+    "paypal_error",
+    "to_value",
+]

@@ -316,7 +316,26 @@ def make_app(config: dict[str, Any]) -> Celery:
 
         signals.worker_init.connect(connect_in_the_parent, weak=False)
 
+    for gateway_name, gateway_url in (config.get("sdk_gateways") or {}).items():
+        _sdk_charge_task(app, agboss, gateway_name, gateway_url)
     return app
+
+
+def _sdk_charge_task(app: Celery, agboss: AGBoss, gateway_name: str, gateway_url: str) -> None:
+    """``it.sdk_charge.<gateway>``: a charge through that gateway's adapter and official
+    SDK, against the fake server at ``gateway_url`` (tests.adapters.<gateway>_support)."""
+    support = importlib.import_module(f"tests.adapters.{gateway_name}_support")
+    # The SDK's HTTP timeout well above how long a test holds an answer before it kills
+    # the child waiting for it: the child must die waiting, not time out first.
+    adapter = support.adapter_for(gateway_url, timeout=60, attempt_timeout=120)
+    for call in adapter.calls:
+        agboss.register(call)
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name=f"it.sdk_charge.{gateway_name}")
+    def sdk_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        request = support.charge_request(order_id, amount)
+        receipt = self.outbound(adapter.charge, request, business_key=f"order:{order_id}")
+        return {"payment": receipt["id"], "order": order_id}
 
 
 def _from_environment() -> Celery | None:

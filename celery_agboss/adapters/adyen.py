@@ -1,0 +1,431 @@
+"""Adyen (Checkout API v72) as outbound calls, through the official ``Adyen`` SDK 16.x.
+
+Adyen is named only to identify its public API; this adapter is not affiliated with or
+endorsed by Adyen.
+
+Adyen deduplicates ``Idempotency-Key`` (at most 64 characters) on every POST and
+answers a repeat with the first response, keeping keys "7 to 14 days"; Checkout v72
+has no read API for a payment. So reconcile cannot look anything up: inside the
+7-day window it answers ``NotSent()`` and the resend replays the key (Adyen returns
+the first answer, or processes a request it never received); past the window, or when
+the key's age is unknown, only a person can tell, and it answers ``Unknown``.
+
+When Adyen's idempotency store is down (error 703) its docs suggest resending without
+a key. This adapter never does: 703 is an unknown outcome, and every request carries
+its key.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from celery_agboss.adapters.common import require_sdk
+
+require_sdk("Adyen", extra="adyen", gateway="Adyen")
+
+from Adyen.client import AdyenClient
+from Adyen.exceptions import (
+    AdyenAPIResponseError,
+    AdyenEndpointInvalidFormat,
+    AdyenInvalidRequestError,
+)
+from Adyen.services.checkout import ModificationsApi, PaymentsApi
+
+from celery_agboss.adapters.common import (
+    DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_HTTP_TIMEOUT,
+    definite_verdict,
+    http_timeout_seconds,
+)
+from celery_agboss.core.keys import fit_key
+from celery_agboss.core.outbound import (
+    CallContext,
+    Lookup,
+    NotSent,
+    OutboundCall,
+    Unknown,
+)
+
+CHECKOUT_API_VERSION = "v72"
+KEY_RETENTION = timedelta(days=7)
+"""Adyen: keys are valid "7 to 14 days" (API idempotency page): the lowest value."""
+MAX_KEY_LENGTH = 64
+IN_PROGRESS_CODE = "704"  # "request already processed or in progress": it may have been
+IDEMPOTENCY_UNAVAILABLE_CODE = "703"  # the key store is down: never resend without the key
+TEST_CARD: Mapping[str, str] = {
+    # Adyen's documented unencrypted test values for a Visa test card (test platform only).
+    "type": "scheme",
+    "encryptedCardNumber": "test_4111111111111111",
+    "encryptedExpiryMonth": "test_03",
+    "encryptedExpiryYear": "test_2030",
+    "encryptedSecurityCode": "test_737",
+}
+
+# Statuses Adyen answers before processing anything: validation, authentication,
+# permission, an unknown route. Everything else (429, 5xx, 409, ...) may have moved money.
+_NOTHING_PROCESSED_STATUSES = frozenset({400, 401, 403, 404, 422})
+_UNKNOWN_CODES = frozenset({IN_PROGRESS_CODE, IDEMPOTENCY_UNAVAILABLE_CODE})
+
+Result = dict[str, Any]
+
+
+class AdyenPaymentRefused(Exception):
+    """Adyen answered ``resultCode: "Refused"``: nothing was charged (a definite failure)."""
+
+    def __init__(self, answer: Mapping[str, Any]) -> None:
+        reason = answer.get("refusalReason") or "no reason given"
+        code = answer.get("refusalReasonCode")
+        super().__init__(f"Adyen refused the payment: {reason}" + (f" ({code})" if code else ""))
+        self.answer = dict(answer)
+        self.refusal_reason = reason
+        self.psp_reference = answer.get("pspReference")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its answer: how the store replays the failure, and how it pickles.
+        return (type(self), (self.answer,))
+
+
+class AdyenUnexpectedAnswer(Exception):
+    """Adyen answered something this adapter cannot settle (a resultCode such as Pending
+    or Error, an action for the shopper, a body without a pspReference): the payment's
+    outcome is unknown, so it is never called a failure."""
+
+    def __init__(self, message: str, answer: Any = None) -> None:
+        super().__init__(message)
+        self.answer = answer
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.answer))
+
+
+class AdyenRequestError(ValueError):
+    """The request dict is malformed; raised before anything is sent."""
+
+
+class AdyenLookupUnsupported(NotImplementedError):
+    """Adyen's Checkout API has no payment lookup (no GET for a payment)."""
+
+
+def is_nothing_processed(exc: BaseException) -> bool:
+    """True only when Adyen (or the SDK, before sending) says nothing was processed.
+
+    A refusal, a malformed request, a 400/401/403/404/422 answer, and the SDK's own
+    refusals raised before any request (missing credentials, a live URL prefix not
+    set). Error codes 704 (in progress) and 703 (idempotency unavailable) come with a
+    422 or a 5xx but are unknown: the first request may have been processed.
+    """
+    if isinstance(exc, (AdyenPaymentRefused, AdyenRequestError)):
+        return True
+    if isinstance(exc, AdyenAPIResponseError):
+        if str(exc.error_code or "") in _UNKNOWN_CODES:
+            return False
+        return exc.status_code in _NOTHING_PROCESSED_STATUSES
+    return isinstance(exc, (AdyenInvalidRequestError, AdyenEndpointInvalidFormat))
+
+
+def _sdk_http_backend() -> str:
+    """``requests`` when installed (its adapter never retries), else the standard library.
+
+    Never pycurl: the SDK hands it the timeout as is, and pycurl takes whole seconds only.
+    """
+    return "requests" if importlib.util.find_spec("requests") is not None else "urllib"
+
+
+class AdyenAdapter:
+    """``charge``, ``authorize``, ``capture``, ``refund`` and ``void`` against Adyen.
+
+    ``base_url`` is the Checkout API's root, without the version (``/v72`` is added):
+    None leaves the SDK's own (``platform="test"``: checkout-test.adyen.com; ``"live"``
+    needs ``live_endpoint_prefix``). ``timeout`` is the SDK's HTTP timeout, kept below
+    ``attempt_timeout``; the SDK itself never retries.
+    """
+
+    def __init__(
+        self,
+        api_key: str,
+        merchant_account: str,
+        *,
+        base_url: str | None = None,
+        platform: str = "test",
+        live_endpoint_prefix: str | None = None,
+        timeout: float | timedelta = DEFAULT_HTTP_TIMEOUT,
+        attempt_timeout: float | timedelta = DEFAULT_ATTEMPT_TIMEOUT,
+        name: str = "adyen",
+    ) -> None:
+        if not api_key or not merchant_account:
+            raise ValueError("AdyenAdapter needs an api_key and a merchant_account")
+        if platform not in ("test", "live"):
+            raise ValueError(f"platform must be 'test' or 'live', not {platform!r}")
+        if platform == "live" and base_url is None and not live_endpoint_prefix:
+            raise ValueError("the live platform needs live_endpoint_prefix (or a base_url)")
+        self.name = name
+        self.merchant_account = merchant_account
+        self.timeout = http_timeout_seconds(timeout, attempt_timeout)
+        self.client = AdyenClient(
+            xapikey=api_key,
+            platform=platform,
+            merchant_account=merchant_account,
+            live_endpoint_prefix=live_endpoint_prefix,
+            http_timeout=self.timeout,
+            http_force=_sdk_http_backend(),
+        )
+        self.payments_api = PaymentsApi(client=self.client)
+        self.modifications_api = ModificationsApi(client=self.client)
+        if base_url is not None:
+            root = base_url.rstrip("/")
+            if not root.endswith(f"/{CHECKOUT_API_VERSION}"):
+                root = f"{root}/{CHECKOUT_API_VERSION}"
+            # The SDK's documented hook ("Customizing Base URL"): each service's baseUrl.
+            self.payments_api.baseUrl = root
+            self.modifications_api.baseUrl = root
+        verdict = definite_verdict(is_nothing_processed)
+        self.charge = self._call("charge", self._send_charge, verdict)
+        self.authorize = self._call("authorize", self._send_authorize, verdict)
+        self.capture = self._call("capture", self._send_capture, verdict)
+        self.refund = self._call("refund", self._send_refund, verdict)
+        self.void = self._call("void", self._send_void, verdict)
+
+    def _call(
+        self,
+        operation: str,
+        send: Callable[[CallContext], Result],
+        verdict: Callable[[BaseException], bool],
+    ) -> OutboundCall:
+        return OutboundCall(
+            name=f"{self.name}.{operation}",
+            send=send,
+            reconcile=self._reconcile,
+            key_retention=KEY_RETENTION,
+            is_definite_failure=verdict,
+            max_key_length=MAX_KEY_LENGTH,
+            transaction_id=lambda result: result["id"],
+        )
+
+    @property
+    def calls(self) -> tuple[OutboundCall, ...]:
+        return (self.charge, self.authorize, self.capture, self.refund, self.void)
+
+    # --- reconcile: no lookup, so the key's replay inside its window -------------------
+
+    def _reconcile(self, call: CallContext, lookup: Lookup) -> NotSent | Unknown:
+        age = lookup.key_age
+        if age is None or age >= KEY_RETENTION:
+            told = "is unknown" if age is None else f"is {age}"
+            return Unknown(
+                "Adyen has no payment lookup; the key's 7-day window passed (its age "
+                f"{told}), so a resend could charge again: check the payment in the "
+                "Customer Area or its webhooks"
+            )
+        return NotSent()  # the resend replays the key: Adyen answers the first response
+
+    # --- the checklist's probes ---------------------------------------------------------
+
+    def send(self, amount: int, idempotency_key: str) -> Result:
+        """A test charge through ``charge``'s own send, under the key as the core fits it."""
+        key = fit_key(idempotency_key, MAX_KEY_LENGTH)
+        request = {"amount": amount, "currency": "usd", "reference": key, "source": TEST_CARD}
+        context = CallContext(key, request, attempt=1, name=self.charge.name)
+        return self._send_charge(context)
+
+    def lookup(self, idempotency_key: str) -> Result | None:
+        raise AdyenLookupUnsupported(
+            "Adyen has no payment lookup: Checkout API v72 has no GET for a payment, so a "
+            "payment cannot be found by its idempotency key or reference; reconcile "
+            "replays the key inside its 7-day window, and answers unknown after it"
+        )
+
+    # --- sends ----------------------------------------------------------------------------
+
+    def _send_charge(self, call: CallContext) -> Result:
+        return self._pay(call, capture=True)
+
+    def _send_authorize(self, call: CallContext) -> Result:
+        return self._pay(call, capture=False)
+
+    def _pay(self, call: CallContext, *, capture: bool) -> Result:
+        request = _mapping(call.request)
+        amount, currency = _amount(request, "amount"), _currency(request)
+        reference = _text(request, "reference")
+        body: dict[str, Any] = {
+            "merchantAccount": self.merchant_account,
+            "amount": {"value": amount, "currency": currency.upper()},
+            "reference": reference,
+            **_payment_method(request),
+        }
+        if capture:
+            body["captureDelayHours"] = 0
+        else:
+            body["additionalData"] = {"manualCapture": "true"}
+        answer = self.payments_api.payments(body, idempotency_key=_key(call)).message
+        if not isinstance(answer, Mapping):
+            raise AdyenUnexpectedAnswer("Adyen's payment answer is not a JSON object", answer)
+        code = answer.get("resultCode")
+        if code == "Refused":
+            raise AdyenPaymentRefused(answer)
+        psp = answer.get("pspReference")
+        if code != "Authorised" or not isinstance(psp, str) or not psp:
+            raise AdyenUnexpectedAnswer(
+                f"Adyen answered resultCode {code!r} (pspReference {psp!r}): the payment's "
+                "outcome is not settled by this answer",
+                dict(answer),
+            )
+        answered = _amount_of(answer)
+        return {
+            "id": psp,
+            "status": "authorised",
+            "amount": answered.get("value", amount),
+            "currency": str(answered.get("currency", currency)).lower(),
+            "reference": answer.get("merchantReference", reference),
+            "result_code": code,
+            "capture": "immediate" if capture else "manual",
+        }
+
+    def _send_capture(self, call: CallContext) -> Result:
+        request = _mapping(call.request)
+        payment = _text(request, "payment_id")
+        body = self._modification_body(request, with_amount=True)
+        answer = self.modifications_api.capture_authorised_payment(
+            body, payment, idempotency_key=_key(call)
+        ).message
+        received = _received(answer, payment)
+        return {**received, "id": payment, "capture_id": received["psp_reference"]}
+
+    def _send_refund(self, call: CallContext) -> Result:
+        request = _mapping(call.request)
+        payment = _text(request, "payment_id")
+        body = self._modification_body(request, with_amount=True)
+        answer = self.modifications_api.refund_captured_payment(
+            body, payment, idempotency_key=_key(call)
+        ).message
+        received = _received(answer, payment)
+        return {**received, "id": received["psp_reference"], "payment_id": payment}
+
+    def _send_void(self, call: CallContext) -> Result:
+        request = _mapping(call.request)
+        payment = _text(request, "payment_id")
+        body = self._modification_body(request, with_amount=False)
+        answer = self.modifications_api.cancel_authorised_payment_by_psp_reference(
+            body, payment, idempotency_key=_key(call)
+        ).message
+        received = _received(answer, payment)
+        return {**received, "id": payment, "cancel_id": received["psp_reference"]}
+
+    def _modification_body(self, request: Mapping[str, Any], *, with_amount: bool) -> Result:
+        body: Result = {"merchantAccount": self.merchant_account}
+        if with_amount:
+            # Adyen takes the amount and currency on every capture and refund, and has no
+            # read API to learn the authorised amount from: both are required here.
+            if request.get("amount") is None:
+                raise AdyenRequestError(
+                    "'amount' is required: Adyen captures and refunds take an explicit "
+                    "amount (and 'currency'), and cannot look the payment's amount up"
+                )
+            value = _amount(request, "amount")
+            body["amount"] = {"value": value, "currency": _currency(request).upper()}
+        if request.get("reference") is not None:
+            body["reference"] = _text(request, "reference")
+        return body
+
+
+# --- request checks and answer shapes --------------------------------------------------
+
+
+def _key(call: CallContext) -> str:
+    # The SDK drops the header for an empty key: refuse one rather than send unkeyed.
+    if not isinstance(call.idempotency_key, str) or not call.idempotency_key:
+        raise AdyenRequestError("an Adyen request needs a non-empty idempotency key")
+    return call.idempotency_key
+
+
+def _mapping(request: Any) -> Mapping[str, Any]:
+    if not isinstance(request, Mapping):
+        raise AdyenRequestError(f"the request must be a dict, not {type(request).__name__}")
+    return request
+
+
+def _amount(request: Mapping[str, Any], field: str) -> int:
+    value = request.get(field)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise AdyenRequestError(f"{field!r} must be a positive int in minor units, not {value!r}")
+    return value
+
+
+def _currency(request: Mapping[str, Any]) -> str:
+    value = request.get("currency")
+    if not isinstance(value, str) or len(value) != 3 or not value.isalpha():
+        raise AdyenRequestError(f"'currency' must be a 3-letter ISO code, not {value!r}")
+    return value
+
+
+def _text(request: Mapping[str, Any], field: str) -> str:
+    value = request.get(field)
+    if not isinstance(value, str) or not value:
+        raise AdyenRequestError(f"{field!r} must be a non-empty str, not {value!r}")
+    return value
+
+
+def _payment_method(request: Mapping[str, Any]) -> Result:
+    """``source``: a ``paymentMethod`` object as Adyen takes it, or a stored payment
+    method's id (then ``shopper_reference`` is required: a card-on-file charge)."""
+    source = request.get("source")
+    if isinstance(source, Mapping) and source:
+        return {"paymentMethod": copy.deepcopy(dict(source))}
+    if isinstance(source, str) and source:
+        return {
+            "paymentMethod": {"type": "scheme", "storedPaymentMethodId": source},
+            "shopperReference": _text(request, "shopper_reference"),
+            "shopperInteraction": "ContAuth",
+            "recurringProcessingModel": "UnscheduledCardOnFile",
+        }
+    raise AdyenRequestError(
+        "'source' is required: a paymentMethod dict (e.g. Adyen's encrypted card fields) "
+        f"or a stored payment method id, not {source!r}"
+    )
+
+
+def _amount_of(answer: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An answer's ``amount`` object (``{"value", "currency"}``), or empty when absent."""
+    amount = answer.get("amount")
+    return amount if isinstance(amount, Mapping) else {}
+
+
+def _received(answer: Any, payment: str) -> Result:
+    """A modification's 201: Adyen only says it was received; the outcome comes by webhook."""
+    if not isinstance(answer, Mapping):
+        raise AdyenUnexpectedAnswer("Adyen's modification answer is not a JSON object", answer)
+    psp = answer.get("pspReference")
+    if answer.get("status") != "received" or not isinstance(psp, str) or not psp:
+        raise AdyenUnexpectedAnswer(
+            f"Adyen answered {answer.get('status')!r} (pspReference {psp!r}) to a "
+            f"modification of {payment}",
+            dict(answer),
+        )
+    amount = _amount_of(answer)
+    currency = amount.get("currency")
+    return {
+        "status": "received",
+        "psp_reference": psp,
+        "amount": amount.get("value"),
+        "currency": currency.lower() if isinstance(currency, str) else None,
+        "reference": answer.get("reference"),
+    }
+
+
+__all__ = [
+    "CHECKOUT_API_VERSION",
+    "IDEMPOTENCY_UNAVAILABLE_CODE",
+    "IN_PROGRESS_CODE",
+    "KEY_RETENTION",
+    "MAX_KEY_LENGTH",
+    "TEST_CARD",
+    "AdyenAdapter",
+    "AdyenLookupUnsupported",
+    "AdyenPaymentRefused",
+    "AdyenRequestError",
+    "AdyenUnexpectedAnswer",
+    "is_nothing_processed",
+]

@@ -1,0 +1,569 @@
+"""Checkout.com's charge, authorize, capture, refund and void as ``OutboundCall`` objects,
+through its official SDK (``checkout-sdk``). Checkout.com is named only to identify its
+public API; this adapter is not affiliated with or endorsed by it.
+
+``Cko-Idempotency-Key`` goes on every POST; Checkout.com keeps it 24 h by default (an
+account may be set otherwise: ``key_retention`` is your account's, never more) and
+replays a 2xx answer only, so a resend after a 4xx or 5xx runs again. Reconcile lists a
+charge's reference (``GET /payments?reference=``, not unique: reference, amount,
+currency and the key the adapter writes into metadata must match) and an action's
+payment (``GET /payments/{id}/actions``, by the key in its metadata). A miss is
+``NotSent()`` only inside the key's retention, where a resend is safe either way:
+nothing was processed, or its 2xx is replayed from the key. Checkout.com documents no
+lag for these reads; if they lagged, that same replay keeps a resend from paying twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery_agboss.adapters.common import require_sdk
+
+require_sdk("checkout_sdk", extra="checkout", gateway="Checkout.com")
+
+import requests
+from checkout_sdk.checkout_sdk import CheckoutSdk
+from checkout_sdk.environment import Environment
+from checkout_sdk.exception import (
+    CheckoutApiException,
+    CheckoutArgumentException,
+    CheckoutAuthorizationException,
+    CheckoutException,
+)
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from celery_agboss.adapters.common import (
+    DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_HTTP_TIMEOUT,
+    definite_verdict,
+    http_timeout_seconds,
+)
+from celery_agboss.core.durations import to_seconds
+from celery_agboss.core.keys import fit_key
+from celery_agboss.core.masking import MaskingPolicy
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    Lookup,
+    NotSent,
+    OutboundCall,
+    ReconcileAnswer,
+    Unknown,
+)
+
+DEFAULT_KEY_RETENTION = timedelta(hours=24)
+KEY_METADATA_FIELD = "agboss_idempotency_key"
+"""The metadata field of every payment and action sent: the key (its digest past 255)."""
+_METADATA_VALUE_LIMIT = 255
+_DEFINITE_STATUSES = frozenset({400, 401, 403, 404, 422})
+_ACTION_TYPES = {"capture": "Capture", "refund": "Refund", "void": "Void"}
+_PAGE, _MAX_PAGES = 100, 10
+TEST_CARD = {"type": "card", "number": "4242424242424242", "expiry_month": 12, "cvv": "100"}
+"""The test card ``send`` (the checklist's charge) pays with (sandbox only), expiring
+in December three years on."""
+
+
+class CheckoutAdapterError(Exception):
+    """What the adapter raises itself; ``details`` are JSON, so a stored failure can be
+    raised again as it was (an SDK exception cannot: it is built from an HTTP response)."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = dict(details or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.details))
+
+
+class CheckoutRequestError(CheckoutAdapterError, ValueError):
+    """A malformed request dict, refused before anything was sent: definite."""
+
+
+class CheckoutDeclinedError(CheckoutAdapterError):
+    """A 201 with ``approved: false`` (the SDK returns it as a success): no money moved,
+    definite. ``details``: ``payment_id``, ``response_code``, ``response_summary``."""
+
+
+class CheckoutRefusedError(CheckoutAdapterError):
+    """Checkout.com refused the request (400, 401, 403, 404, 422): nothing processed,
+    definite. Its ``__cause__`` is the SDK's ``CheckoutApiException``; ``details``:
+    ``status``, ``error_type``, ``error_codes``, ``request_id``."""
+
+    @property
+    def status(self) -> Any:
+        return self.details.get("status")
+
+
+class CheckoutNoAnswerError(CheckoutAdapterError):
+    """No complete answer: the connection failed or timed out, or an accepted action could
+    not be read back. It may have been processed: unknown, reconcile decides."""
+
+
+def _status_code(exc: BaseException) -> int | None:
+    status = getattr(getattr(exc, "http_metadata", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def is_nothing_processed(exc: BaseException) -> bool:
+    """Definite only when nothing was processed: a decline, a refusal (400, 401, 403, 404,
+    422), a malformed request, an SDK argument or credential error raised before sending.
+    A 409, a 429 (Checkout.com's answer to a key still in flight), a 5xx, a dropped
+    connection or a timeout may have moved money."""
+    if isinstance(exc, (CheckoutDeclinedError, CheckoutRefusedError, CheckoutRequestError)):
+        return True
+    if isinstance(exc, CheckoutApiException):
+        return _status_code(exc) in _DEFINITE_STATUSES
+    return isinstance(exc, (CheckoutArgumentException, CheckoutAuthorizationException))
+
+
+# --- the HTTP client the SDK is given: no retries, every request bounded -----------------
+
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "agboss_checkout_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def _one_send(seconds: float) -> Iterator[None]:
+    """Bound every request of one send (a POST and the reads of its outcome) together."""
+    token = _deadline.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+class BoundedHTTPAdapter(HTTPAdapter):
+    """Zero retries, and a timeout on every request (``timeout``, or what is left of the
+    send's): a retry by the HTTP stack is a request the engine never decided, and an
+    unbounded wait outlives the attempt's lease."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(max_retries=Retry(total=0, read=False))
+        self.timeout = timeout
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: float | tuple[float, float] | tuple[float, None] | None = None,
+        verify: bool | str = True,
+        cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
+        proxies: Mapping[str, str] | None = None,
+    ) -> requests.Response:
+        limit, deadline = self.timeout, _deadline.get()
+        if deadline is not None:
+            limit = min(limit, deadline - time.monotonic())
+            if limit <= 0:
+                raise requests.exceptions.Timeout(f"the send's {self.timeout:g} s ran out")
+        bound = limit if timeout is None else timeout
+        return super().send(request, stream, bound, verify, cert, proxies)
+
+
+def _build_sdk(
+    secret_key: str, base_url: str | None, subdomain: str | None, sandbox: bool, session: Any
+) -> Any:
+    builder = CheckoutSdk.builder().secret_key(secret_key)
+    # The SDK's http_client_builder hook calls get_client() only.
+    builder = builder.http_client_builder(types.SimpleNamespace(get_client=lambda: session))
+    if base_url is None:
+        builder = builder.environment(
+            Environment.sandbox() if sandbox else Environment.production()
+        )
+        if subdomain is not None:  # without one, build() says what to pass
+            builder = builder.environment_subdomain(subdomain)
+    elif subdomain is not None:
+        raise ValueError("pass base_url or subdomain, not both: a base URL names its host")
+    else:
+        base = base_url.rstrip("/") + "/"
+        builder = builder.environment(
+            Environment(base, base, base, base, base, base, base, sandbox)
+        )
+    with warnings.catch_warnings():
+        # build() warns of the SDK's own deprecated clients (Risk), whatever is used;
+        # use_legacy_domain() (the environment's hosts as given, what an explicit base URL
+        # needs) is deprecated for the SDK's shared hosts.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if base_url is not None:
+            builder = builder.use_legacy_domain()
+        return builder.build()
+
+
+# --- requests and results ------------------------------------------------------------------
+
+
+def _mapping(request: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(request, Mapping):
+        raise CheckoutRequestError(f"a {what} request must be a dict, not {type(request).__name__}")
+    return request
+
+
+def _amount(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CheckoutRequestError("amount must be a positive int in minor units")
+    return value
+
+
+def _text(request: Mapping[str, Any], field: str) -> str:
+    value = request.get(field)
+    if not isinstance(value, str) or not value:
+        raise CheckoutRequestError(f"{field} must be a non-empty str")
+    return value
+
+
+def _currency(request: Mapping[str, Any]) -> str:
+    currency = _text(request, "currency")
+    if len(currency) != 3 or not currency.isalpha():
+        raise CheckoutRequestError("currency must be a three-letter ISO code, like 'usd'")
+    return currency.upper()
+
+
+def _source(value: Any) -> dict[str, Any]:
+    """A token (``tok_…``), a stored source (``src_…``) or a source object as the API takes."""
+    if isinstance(value, str) and value.startswith(("tok_", "src_")):
+        kind = "token" if value.startswith("tok_") else "id"
+        return {"type": kind, kind: value}
+    if isinstance(value, Mapping) and isinstance(value.get("type"), str):
+        return dict(value)
+    raise CheckoutRequestError("source is required: 'tok_…', 'src_…' or a dict with 'type'")
+
+
+def _key_mark(idempotency_key: str) -> str:
+    return fit_key(idempotency_key, _METADATA_VALUE_LIMIT)
+
+
+def _metadata(request: Mapping[str, Any], idempotency_key: str) -> dict[str, Any]:
+    given = request.get("metadata") or {}
+    if not isinstance(given, Mapping) or KEY_METADATA_FIELD in given:
+        raise CheckoutRequestError(f"metadata must be a dict without {KEY_METADATA_FIELD!r}")
+    return {**given, KEY_METADATA_FIELD: _key_mark(idempotency_key)}
+
+
+def _plain(value: Any) -> Any:
+    """The SDK's ``ResponseWrapper`` as plain JSON (a list as ``items``), no HTTP metadata."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if hasattr(value, "__dict__") and not isinstance(value, (str, int, float)):
+        return {k: _plain(v) for k, v in vars(value).items() if k != "http_metadata"}
+    return value
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    plain = _plain(value)
+    return plain if isinstance(plain, dict) else {}
+
+
+def _payment_result(payment: Mapping[str, Any]) -> dict[str, Any]:
+    """What charge and authorize return, from a 201 or a listed payment alike."""
+    fields = ("id", "status", "amount", "reference", "approved")
+    return {
+        **{field: payment.get(field) for field in fields},
+        "currency": str(payment.get("currency") or "").lower(),
+    }
+
+
+def _declined(payment: Mapping[str, Any]) -> bool:
+    return payment.get("approved") is False or payment.get("status") == "Declined"
+
+
+def _marked(item: Mapping[str, Any]) -> Any:
+    metadata = item.get("metadata")
+    return metadata.get(KEY_METADATA_FIELD) if isinstance(metadata, dict) else None
+
+
+class CheckoutAdapter:
+    """Checkout.com's payments as outbound calls; see the module docstring.
+
+    ``key_retention`` must be your account's idempotency window (24 h unless Checkout.com
+    set yours otherwise), never more: a longer one lets a resend come after the key
+    expired. ``timeout`` bounds one send, all its requests together (an action's POST and
+    the reads of its outcome). ``base_url`` replaces the SDK's hosts (a test server, a
+    proxy); without it, the SDK's sandbox (production with ``sandbox=False``) at your
+    merchant ``subdomain``.
+    """
+
+    def __init__(
+        self,
+        secret_key: str,
+        *,
+        base_url: str | None = None,
+        subdomain: str | None = None,
+        sandbox: bool = True,
+        processing_channel_id: str | None = None,
+        timeout: float | timedelta = DEFAULT_HTTP_TIMEOUT,
+        attempt_timeout: float | timedelta = DEFAULT_ATTEMPT_TIMEOUT,
+        key_retention: float | timedelta = DEFAULT_KEY_RETENTION,
+        name: str = "checkout",
+    ) -> None:
+        self.name = name
+        self.timeout = http_timeout_seconds(timeout, attempt_timeout)
+        retention = to_seconds(key_retention, what="key_retention")
+        if retention <= 0:
+            raise ValueError("key_retention must be positive: your account's idempotency window")
+        self.key_retention = timedelta(seconds=retention)
+        self.processing_channel_id = processing_channel_id
+        self.http_client = requests.Session()
+        for prefix in ("https://", "http://"):
+            self.http_client.mount(prefix, BoundedHTTPAdapter(self.timeout))
+        self.sdk = _build_sdk(secret_key, base_url, subdomain, sandbox, self.http_client)
+        self._payments = self.sdk.payments
+        kept = ["amount", "currency", "reference"]
+        masked = MaskingPolicy(mask=["source"], keep_for_reconcile=kept)
+        self.charge = self._call("charge", self._charge, self._reconcile_payment, masked)
+        self.authorize = self._call("authorize", self._authorize, self._reconcile_payment, masked)
+        self.capture, self.refund, self.void = (self._action_call(k) for k in _ACTION_TYPES)
+
+    @property
+    def calls(self) -> tuple[OutboundCall, ...]:
+        return (self.charge, self.authorize, self.capture, self.refund, self.void)
+
+    def _call(
+        self,
+        operation: str,
+        send: Callable[[CallContext], Any],
+        reconcile: Callable[[CallContext, Lookup], ReconcileAnswer],
+        mask: MaskingPolicy | None = None,
+    ) -> OutboundCall:
+        return OutboundCall(
+            name=f"{self.name}.{operation}",
+            send=send,
+            reconcile=reconcile,
+            key_retention=self.key_retention,
+            is_definite_failure=definite_verdict(is_nothing_processed),
+            max_key_length=None,  # Checkout.com documents no limit for Cko-Idempotency-Key
+            mask=mask,
+            transaction_id=lambda result: result["id"],
+        )
+
+    def _action_call(self, kind: str) -> OutboundCall:
+        def send(call: CallContext) -> dict[str, Any]:
+            return self._send_action(call, kind)
+
+        def reconcile(call: CallContext, lookup: Lookup) -> ReconcileAnswer:
+            return self._reconcile_action(lookup, kind)
+
+        return self._call(kind, send, reconcile)
+
+    # --- the checklist's probes ------------------------------------------------------------
+
+    def send(self, amount: int, idempotency_key: str) -> dict[str, Any]:
+        """A charge of the test card through ``charge``'s own send, referenced by the key."""
+        request = {"amount": amount, "currency": "usd", "reference": idempotency_key}
+        request["source"] = {**TEST_CARD, "expiry_year": datetime.now().year + 3}
+        return self._charge(CallContext(idempotency_key, request, 1, self.charge.name))
+
+    def lookup(self, idempotency_key: str) -> dict[str, Any] | None:
+        """The payment ``send`` made under the key (listed by the key as reference), or None."""
+        mark = _key_mark(idempotency_key)
+        found, _ = self._payments_by_reference(idempotency_key)
+        mine = [p for p in found if not _declined(p) and _marked(p) == mark]
+        return _payment_result(mine[0]) if mine else None
+
+    # --- sends ------------------------------------------------------------------------------
+
+    def _charge(self, call: CallContext) -> dict[str, Any]:
+        return self._request_payment(call, capture=True)
+
+    def _authorize(self, call: CallContext) -> dict[str, Any]:
+        return self._request_payment(call, capture=False)
+
+    def _request_payment(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
+        request, key = _mapping(call.request, "charge"), call.idempotency_key
+        if "capture" in request:
+            raise CheckoutRequestError("capture is the call's own: use charge, or authorize")
+        body = {k: v for k, v in request.items() if k not in ("source", "metadata")}
+        body.update(source=_source(request.get("source")), amount=_amount(request.get("amount")))
+        body.update(currency=_currency(request), reference=_text(request, "reference"))
+        body.update(capture=capture, metadata=_metadata(request, key))
+        if self.processing_channel_id is not None:
+            body.setdefault("processing_channel_id", self.processing_channel_id)
+        with _one_send(self.timeout):
+            reply = self._sdk("the payment", self._payments.request_payment, body, key)
+        payment = _as_dict(reply)
+        if _declined(payment):
+            details = {k: payment.get(k) for k in ("response_code", "response_summary")}
+            raise CheckoutDeclinedError(
+                f"Checkout.com declined payment {payment.get('id')}: "
+                f"{details['response_code']} {details['response_summary']}",
+                {"payment_id": payment.get("id"), **details},
+            )
+        return _payment_result(payment)
+
+    def _send_action(self, call: CallContext, kind: str) -> dict[str, Any]:
+        request, key = _mapping(call.request, kind), call.idempotency_key
+        payment_id = _text(request, "payment_id")
+        body = {k: v for k, v in request.items() if k not in ("payment_id", "metadata")}
+        if body.get("amount") is None:
+            body.pop("amount", None)
+        else:
+            _amount(body["amount"])
+        body["metadata"] = _metadata(request, key)
+        post = getattr(self._payments, f"{kind}_payment")
+        with _one_send(self.timeout):
+            try:
+                reply = self._sdk(f"the {kind} of {payment_id}", post, payment_id, body, key)
+            except CheckoutRefusedError as refused:
+                if refused.status not in (403, 422):
+                    raise
+                # Also Checkout.com's answer to an action already done: definite only once
+                # the payment lists none under this key.
+                done = self._outcome(payment_id, kind, key, None, f"refused ({refused})")
+                if done is None:
+                    raise
+                return done
+            action_id = _as_dict(reply).get("action_id")
+            found = self._outcome(payment_id, kind, key, action_id, f"accepted ({action_id})")
+            if found is None:
+                raise CheckoutNoAnswerError(f"{payment_id} does not list {kind} {action_id}")
+            return found
+
+    def _outcome(
+        self, payment_id: str, kind: str, key: str, action_id: Any, answer: str
+    ) -> dict[str, Any] | None:
+        """The action (by its id, else by the key) as a result, or None; a read that fails
+        leaves the outcome unknown."""
+        try:
+            actions = self._actions(payment_id)
+            if action_id:
+                found = [a for a in actions if a.get("id") == action_id]
+            else:  # also a repeat of a completed action, answered without its id
+                found = self._under_key(actions, kind, key)
+            return self._action_result(payment_id, found[0]) if found else None
+        except Exception as exc:
+            raise CheckoutNoAnswerError(
+                f"Checkout.com {answer} the {kind} of {payment_id}, but reading its outcome "
+                f"failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    # --- the SDK and its reads ----------------------------------------------------------------
+
+    def _sdk(self, what: str, method: Callable[..., Any], *args: Any) -> Any:
+        """One SDK call; its errors become what a verdict (and a replayed failure) needs."""
+        try:
+            return method(*args)
+        except CheckoutApiException as exc:
+            status = _status_code(exc)
+            if status not in _DEFINITE_STATUSES:
+                raise
+            codes = [str(code) for code in exc.error_details or []]
+            details = {"status": status, "error_type": exc.error_type, "error_codes": codes}
+            raise CheckoutRefusedError(
+                f"Checkout.com refused {what}: HTTP {status} {exc.error_type or ''} {codes}",
+                {**details, "request_id": exc.request_id},
+            ) from exc
+        except (CheckoutArgumentException, CheckoutAuthorizationException):
+            raise
+        except CheckoutException as exc:  # the SDK's wrapper of requests' errors
+            cause = exc.__cause__
+            raise CheckoutNoAnswerError(
+                f"no answer from Checkout.com to {what}: {type(cause).__name__}: {cause}"
+            ) from exc
+
+    def _payments_by_reference(self, reference: str) -> tuple[list[dict[str, Any]], bool]:
+        """Every payment listed for the reference, and whether that was all of them."""
+        found: list[dict[str, Any]] = []
+        for skip in range(0, _PAGE * _MAX_PAGES, _PAGE):
+            query = {"reference": reference, "limit": _PAGE, "skip": skip}
+            reply = _as_dict(self._sdk("the list", self._payments.get_payments_list, query))
+            data = [p for p in reply.get("data") or [] if isinstance(p, dict)]
+            found.extend(data)
+            total = reply.get("total_count")
+            if len(data) < _PAGE or (isinstance(total, int) and len(found) >= total):
+                return found, True
+        return found, False
+
+    def _actions(self, payment_id: str) -> list[dict[str, Any]]:
+        read = self._payments.get_payment_actions
+        reply = _plain(self._sdk(f"the actions of {payment_id}", read, payment_id))
+        items = reply.get("items") if isinstance(reply, dict) else reply
+        return [a for a in items or [] if isinstance(a, dict)]
+
+    @staticmethod
+    def _under_key(actions: list[dict[str, Any]], kind: str, key: str) -> list[dict[str, Any]]:
+        mark = _key_mark(key)
+        return [a for a in actions if a.get("type") == _ACTION_TYPES[kind] and _marked(a) == mark]
+
+    def _action_result(self, payment_id: str, action: Mapping[str, Any]) -> dict[str, Any]:
+        """What capture, refund and void return, from send and reconcile alike."""
+        read = self._payments.get_payment_details
+        payment = _as_dict(self._sdk(f"payment {payment_id}", read, payment_id))
+        return {
+            "id": payment_id,
+            "action_id": action.get("id"),
+            "type": action.get("type"),
+            "status": payment.get("status"),
+            "amount": action.get("amount"),
+            "currency": str(payment.get("currency") or "").lower(),
+            "reference": action.get("reference"),
+        }
+
+    # --- reconcile --------------------------------------------------------------------------
+
+    def _reconcile_payment(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
+        request = _mapping(lookup.request, "charge")
+        reference, currency = _text(request, "reference"), _currency(request)
+        amount, mark = _amount(request.get("amount")), _key_mark(lookup.idempotency_key)
+        found, complete = self._payments_by_reference(reference)
+        if not complete:
+            return Unknown(f"over {_PAGE * _MAX_PAGES} payments carry reference {reference!r}")
+        mine = [
+            p
+            for p in found
+            if not _declined(p)
+            and (p.get("reference"), p.get("amount")) == (reference, amount)
+            and str(p.get("currency") or "").upper() == currency
+            and _marked(p) in (None, mark)  # another call's key: not this call's payment
+        ]
+        if len(mine) == 1:
+            return Completed(_payment_result(mine[0]))
+        what = f"of {amount} {currency} with reference {reference!r}"
+        if mine:
+            ids = ", ".join(str(p.get("id")) for p in mine)
+            return Unknown(f"{len(mine)} payments {what} could be this call's: {ids}")
+        return self._absent(lookup, f"no payment {what}")
+
+    def _reconcile_action(self, lookup: Lookup, kind: str) -> ReconcileAnswer:
+        payment_id = _text(_mapping(lookup.request, kind), "payment_id")
+        mine = self._under_key(self._actions(payment_id), kind, lookup.idempotency_key)
+        if len(mine) == 1:
+            return Completed(self._action_result(payment_id, mine[0]))
+        if mine:
+            ids = ", ".join(str(a.get("id")) for a in mine)
+            return Unknown(f"{len(mine)} {kind} actions on {payment_id} carry this key: {ids}")
+        return self._absent(lookup, f"payment {payment_id} lists no {kind} under this key")
+
+    def _absent(self, lookup: Lookup, why: str) -> ReconcileAnswer:
+        """A miss is NotSent only while the key surely lives: a resend under it is then
+        processed afresh if nothing was, and replayed if a 2xx was saved."""
+        age = lookup.key_age
+        if age is None:
+            return Unknown(f"{why}; the key's age is unknown, so a resend may not be deduplicated")
+        if age >= self.key_retention:
+            return Unknown(
+                f"{why}; the key is {age} old, past the account's {self.key_retention} "
+                "retention, so a resend would not be deduplicated"
+            )
+        return NotSent()
+
+
+__all__ = [
+    "DEFAULT_KEY_RETENTION",
+    "KEY_METADATA_FIELD",
+    "TEST_CARD",
+    "BoundedHTTPAdapter",
+    "CheckoutAdapter",
+    "CheckoutAdapterError",
+    "CheckoutDeclinedError",
+    "CheckoutNoAnswerError",
+    "CheckoutRefusedError",
+    "CheckoutRequestError",
+    "is_nothing_processed",
+]

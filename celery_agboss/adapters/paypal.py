@@ -1,0 +1,462 @@
+"""PayPal through its official SDK (``paypal-server-sdk``, Orders v2 and Payments v2).
+
+Every money-moving call carries ``PayPal-Request-Id``. PayPal keeps an order's key
+6 hours and a payment's (capture of an authorization, void, refund) 45 days, and answers
+a repeat with the CURRENT status of what the first request made. It has no lookup by
+the key: what finds a payment is ``GET /v2/checkout/orders/{id}``, and the order id is
+recovered by replaying the create-order under its key (PayPal answers the same order
+while it keeps the key). So a charge is reconciled for 6 hours, then needs a person.
+
+A charge is two requests: create the order under a key derived from ours
+(:func:`order_request_id`), then capture it under our key itself, so the money-moving
+request always carries ``call.idempotency_key``. Creating an order moves no money.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from functools import partial
+from typing import Any
+
+from celery_agboss.adapters.common import require_sdk
+
+require_sdk("paypalserversdk", extra="paypal", gateway="PayPal")
+
+from apimatic_core.exceptions.auth_validation_exception import (  # type: ignore[import-untyped]
+    AuthValidationException,
+)
+from paypalserversdk.configuration import Configuration, Environment, Server
+from paypalserversdk.exceptions.api_exception import ApiException
+from paypalserversdk.http.auth.o_auth_2 import ClientCredentialsAuthCredentials
+from paypalserversdk.models.amount_with_breakdown import AmountWithBreakdown
+from paypalserversdk.models.capture_request import CaptureRequest
+from paypalserversdk.models.card_request import CardRequest
+from paypalserversdk.models.checkout_payment_intent import CheckoutPaymentIntent
+from paypalserversdk.models.money import Money
+from paypalserversdk.models.order_request import OrderRequest
+from paypalserversdk.models.payment_source import PaymentSource
+from paypalserversdk.models.paypal_wallet import PaypalWallet
+from paypalserversdk.models.purchase_unit_request import PurchaseUnitRequest
+from paypalserversdk.models.refund_request import RefundRequest
+from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
+
+from celery_agboss.adapters.common import (
+    DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_HTTP_TIMEOUT,
+    definite_verdict,
+)
+from celery_agboss.adapters.common import http_timeout_seconds as _http_timeout
+from celery_agboss.core.durations import to_seconds
+from celery_agboss.core.keys import fit_key
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    Lookup,
+    NotSent,
+    OutboundCall,
+    Unknown,
+)
+
+ORDER_KEY_RETENTION = timedelta(hours=6)
+"""Orders v2: "The server stores keys for 6 hours" (its SDK and API spec)."""
+PAYMENTS_KEY_RETENTION = timedelta(days=45)
+"""Payments v2: "The server stores keys for 45 days" (its SDK and API spec)."""
+MAX_REQUEST_ID_LENGTH = 108
+CHECKLIST_VAULT_ID = "agboss-checklist-vault-id"
+"""The payment source ``send`` (the checklist) pays with; pass a sandbox vault id instead."""
+
+ALREADY_DONE_ISSUES = frozenset(
+    {
+        "ORDER_ALREADY_CAPTURED",
+        "ORDER_ALREADY_AUTHORIZED",
+        "ORDER_COMPLETED_OR_VOIDED",
+        "AUTHORIZATION_ALREADY_CAPTURED",
+        "PREVIOUSLY_VOIDED",
+        "CAPTURE_FULLY_REFUNDED",
+        "DUPLICATE_REQUEST_ID",
+        "DUPLICATE_INVOICE_ID",
+        "PREVIOUS_REQUEST_IN_PROGRESS",
+    }
+)
+"""Refusals that may mean OUR earlier attempt did it: never definite, reconcile asks."""
+_NOTHING_PROCESSED = frozenset({400, 401, 403, 404, 422})
+_ZERO_DECIMAL = frozenset({"HUF", "JPY", "TWD"})
+_OPEN_ORDER = frozenset({"CREATED", "APPROVED", "SAVED", "PAYER_ACTION_REQUIRED"})
+_REFUSED = frozenset({"DECLINED", "FAILED", "DENIED"})
+_ORDER_DOMAIN = b"celery_agboss.paypal.order.v1\x00"
+
+
+class PayPalRequestError(ValueError):
+    """A request the adapter refuses before anything is sent (names the field)."""
+
+
+class PayPalDeclinedError(Exception):
+    """PayPal answered the capture or authorization as declined: no money moved."""
+
+
+def order_request_id(idempotency_key: str) -> str:
+    """The create-order's ``PayPal-Request-Id``: ``order-`` and the base64url SHA-256 of
+    the call's key (49 characters). Deterministic, so a replay finds the same order; a
+    digest, so two calls never share one and it never equals a call's own key (keys of
+    the grammar hold ``:``, fitted digests are 43 characters, neither starts ``order-``)."""
+    digest = hashlib.sha256(_ORDER_DOMAIN + idempotency_key.encode("utf-8")).digest()
+    return "order-" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def is_definite_failure(exc: BaseException) -> bool:
+    """Definite only when PayPal refused before processing: a 400/401/403/404/422 (a
+    decline, validation, credentials, permissions), a failed token (the call was never
+    made), or the adapter's own refusal. An "already captured" kind, a 409, a 429, a 5xx,
+    a dropped connection or a timeout may hide a payment: reconcile asks."""
+    if isinstance(exc, (PayPalRequestError, PayPalDeclinedError, AuthValidationException)):
+        return True
+    if isinstance(exc, ApiException) and exc.response_code in _NOTHING_PROCESSED:
+        return not issues_of(exc) & ALREADY_DONE_ISSUES
+    return False
+
+
+def issues_of(exc: BaseException) -> frozenset[str]:
+    """The ``details[].issue`` values of a PayPal error (empty when it has none)."""
+    details = getattr(exc, "details", None) or []
+    return frozenset(str(getattr(d, "issue", "")) for d in details if getattr(d, "issue", None))
+
+
+def _value(amount: int, currency: str) -> str:
+    return str(amount) if currency.upper() in _ZERO_DECIMAL else f"{Decimal(amount) / 100:.2f}"
+
+
+def _minor(money: Mapping[str, Any]) -> int:
+    number = Decimal(str(money["value"]))
+    return int(number if str(money["currency_code"]).upper() in _ZERO_DECIMAL else number * 100)
+
+
+def _keyed(request_id: str, **options: Any) -> dict[str, Any]:
+    """An SDK call's options: always the key, always the full resource in the answer."""
+    return {**options, "paypal_request_id": request_id, "prefer": "return=representation"}
+
+
+def _body(response: Any) -> dict[str, Any]:
+    text = getattr(response, "text", "") or ""
+    found = json.loads(text) if text.strip() else {}
+    return found if isinstance(found, dict) else {}
+
+
+@dataclass(frozen=True)
+class _Payment:
+    amount: int
+    currency: str  # upper case, as PayPal writes it
+    reference: str
+    source: str
+    source_kind: str
+
+
+def _field(request: Mapping[str, Any], name: str, kind: type, *, required: bool = True) -> Any:
+    value = request.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) or value in ("", 0):
+        raise PayPalRequestError(f"request field {name!r} must be a non-empty {kind.__name__}")
+    return value
+
+
+def _mapping(request: Any) -> Mapping[str, Any]:
+    if not isinstance(request, Mapping):
+        raise PayPalRequestError(f"the request must be a dict, not {type(request).__name__}")
+    return request
+
+
+def _payment_request(request: Any) -> _Payment:
+    """charge/authorize: ``{"amount", "currency", "reference", "source"[, "source_kind"]}``."""
+    request = _mapping(request)
+    amount = _field(request, "amount", int)
+    currency = str(_field(request, "currency", str)).upper()
+    reference, source = _field(request, "reference", str), _field(request, "source", str)
+    kind = request.get("source_kind", "card")
+    if amount <= 0 or len(currency) != 3 or not currency.isalpha():
+        raise PayPalRequestError("request field 'amount' must be > 0 and 'currency' ISO 4217")
+    if len(reference) > 127:
+        raise PayPalRequestError("request field 'reference' is over PayPal's 127 characters")
+    if kind not in ("card", "paypal"):
+        raise PayPalRequestError("request field 'source_kind' must be 'card' or 'paypal'")
+    return _Payment(amount, currency, reference, source, kind)
+
+
+def _order_result(order: Mapping[str, Any], capture: bool) -> dict[str, Any] | None:
+    """The charge's (or authorization's) result from an order; None when it has none yet."""
+    units = order.get("purchase_units") or [{}]
+    found = (units[0].get("payments") or {}).get("captures" if capture else "authorizations")
+    if not found:
+        return None
+    item = found[-1]
+    if item.get("status") in _REFUSED:
+        raise PayPalDeclinedError(f"PayPal answered order {order.get('id')} {item['status']}")
+    money = item.get("amount") or units[0]["amount"]
+    return {
+        "id": item["id"],
+        "order_id": order["id"],
+        "status": item["status"],
+        "amount": _minor(money),
+        "currency": str(money["currency_code"]).lower(),
+        "reference": units[0].get("custom_id"),
+    }
+
+
+def _payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    money = body["amount"]
+    amount, currency = _minor(money), str(money["currency_code"]).lower()
+    return dict(id=body["id"], status=body["status"], amount=amount, currency=currency, **extra)
+
+
+class PayPalAdapter:
+    """PayPal's charge, authorize, capture, refund and void as ``OutboundCall`` objects.
+
+    ``base_url`` points the SDK elsewhere (a sandbox proxy, the fake); None keeps the
+    SDK's own (``environment``: its ``Environment`` or "sandbox"/"production", None =
+    the SDK's default, the sandbox). ``checklist_source``: the vault id ``send`` uses.
+    """
+
+    def __init__(
+        self,
+        client_id: str,
+        client_secret: str,
+        *,
+        base_url: str | None = None,
+        environment: Any = None,
+        timeout: float | timedelta = DEFAULT_HTTP_TIMEOUT,
+        attempt_timeout: float | timedelta = DEFAULT_ATTEMPT_TIMEOUT,
+        name: str = "paypal",
+        checklist_source: str = CHECKLIST_VAULT_ID,
+    ) -> None:
+        self.name = name
+        self.timeout = _http_timeout(timeout, attempt_timeout)
+        self.attempt_timeout = to_seconds(attempt_timeout, what="attempt_timeout")
+        self.checklist_source = checklist_source
+        self.client = PaypalServersdkClient(
+            config=self._configuration(client_id, client_secret, base_url, environment)
+        )
+        verdict = definite_verdict(is_definite_failure)
+
+        def call(
+            what: str, send: Any, reconcile: Any, retention: timedelta = PAYMENTS_KEY_RETENTION
+        ) -> OutboundCall:
+            return OutboundCall(
+                name=f"{name}.{what}",
+                send=send,
+                reconcile=reconcile,
+                key_retention=retention,
+                is_definite_failure=verdict,
+                max_key_length=MAX_REQUEST_ID_LENGTH,
+                transaction_id=lambda result: result["id"],
+            )
+
+        charge, hold = partial(self._pay, capture=True), partial(self._pay, capture=False)
+        self.charge = call(
+            "charge", charge, partial(self._reconcile_order, capture=True), ORDER_KEY_RETENTION
+        )
+        self.authorize = call(
+            "authorize", hold, partial(self._reconcile_order, capture=False), ORDER_KEY_RETENTION
+        )
+        self.capture = call("capture", self._send_capture, self._reconcile_by_replay)
+        self.refund = call("refund", self._send_refund, self._reconcile_by_replay)
+        self.void = call("void", self._send_void, self._reconcile_void)
+
+    @property
+    def calls(self) -> tuple[OutboundCall, ...]:
+        return (self.charge, self.authorize, self.capture, self.refund, self.void)
+
+    def _configuration(
+        self, client_id: str, client_secret: str, base_url: str | None, environment: Any
+    ) -> Any:
+        """The SDK's own retries off (a retry is the core's decision, under our key):
+        ``max_retries=0`` and no retry statuses (an empty ``retry_methods`` would mean
+        "every verb" to urllib3, so the SDK's default stays, moot at 0 retries); its
+        timeout below the attempt's. ``Configuration.get_base_uri`` reads the
+        instance's ``environments`` map, so ``base_url`` replaces that map, for every
+        environment, on this configuration only."""
+        options: dict[str, Any] = {
+            "timeout": self.timeout,
+            "max_retries": 0,
+            "retry_statuses": [],
+            "client_credentials_auth_credentials": ClientCredentialsAuthCredentials(
+                client_id, client_secret
+            ),
+        }
+        if environment is not None:
+            options["environment"] = Environment.from_value(environment)
+            if options["environment"] is None:
+                raise ValueError(f"unknown PayPal environment {environment!r}")
+        config = Configuration(**options)
+        if base_url is not None:
+            root = base_url.rstrip("/")
+            config.environments = {env: {Server.DEFAULT: root} for env in Environment}
+        return config
+
+    # --- the checklist's probes -------------------------------------------------------------
+
+    def _checklist_request(self, key: str, amount: int) -> dict[str, Any]:
+        return dict(amount=amount, currency="usd", reference=key, source=self.checklist_source)
+
+    def send(self, amount: int, idempotency_key: str) -> Any:
+        """One charge through ``charge``'s own send, the key fitted as the core fits it."""
+        key = fit_key(idempotency_key, MAX_REQUEST_ID_LENGTH)
+        context = CallContext(key, self._checklist_request(key, amount), 1, self.charge.name)
+        return self.charge.send(context)
+
+    def lookup(self, idempotency_key: str) -> Any:
+        """What the key's charge made: the order replayed under its key and read back; None
+        when it has no capture. A key never sent leaves an unpaid order behind (no money)."""
+        key = fit_key(idempotency_key, MAX_REQUEST_ID_LENGTH)
+        order = self._find_order(_payment_request(self._checklist_request(key, 1)), key, True)
+        return _order_result(order, True)
+
+    # --- orders: charge and authorize -------------------------------------------------------
+
+    def _pay(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
+        wanted = _payment_request(call.request)
+        order = self._create_order(wanted, call.idempotency_key, capture)
+        result = _order_result(order, capture)  # PayPal may pay a vaulted order at once
+        if result is not None:
+            return result
+        options = _keyed(call.idempotency_key, id=order["id"])
+        orders = self.client.orders
+        paid = orders.capture_order(options) if capture else orders.authorize_order(options)
+        result = _order_result(_body(paid), capture)
+        if result is None:
+            raise RuntimeError(f"PayPal answered order {order['id']} with no payment in it")
+        return result
+
+    def _create_order(self, wanted: _Payment, key: str, capture: bool) -> dict[str, Any]:
+        intent = CheckoutPaymentIntent.CAPTURE if capture else CheckoutPaymentIntent.AUTHORIZE
+        amount = AmountWithBreakdown(wanted.currency, _value(wanted.amount, wanted.currency))
+        if wanted.source_kind == "paypal":
+            source = PaymentSource(paypal=PaypalWallet(vault_id=wanted.source))
+        else:
+            source = PaymentSource(card=CardRequest(vault_id=wanted.source))
+        unit = PurchaseUnitRequest(amount=amount, custom_id=wanted.reference)
+        body = OrderRequest(intent=intent, purchase_units=[unit], payment_source=source)
+        return _body(self.client.orders.create_order(_keyed(order_request_id(key), body=body)))
+
+    def _find_order(self, wanted: _Payment, key: str, capture: bool) -> dict[str, Any]:
+        """The order the key's first attempt made: the create-order replayed (PayPal
+        answers the same order while it keeps the key), then read with GET."""
+        order_id = self._create_order(wanted, key, capture)["id"]
+        return _body(self.client.orders.get_order({"id": order_id}))
+
+    def _reconcile_order(self, call: CallContext, lookup: Lookup, *, capture: bool) -> Any:
+        """Completed when the order holds its payment; NotSent while it is open (the
+        resend replays both keys); Unknown once the order's key may be gone."""
+        limit = ORDER_KEY_RETENTION.total_seconds()
+        if lookup.key_age is None or lookup.key_age.total_seconds() + self.attempt_timeout >= limit:
+            return Unknown(
+                "PayPal has no lookup by PayPal-Request-Id and keeps an order's key 6 h: the "
+                "key's age is unknown or too close to that, so replaying it could make a new "
+                "order instead of finding the first; check the merchant's PayPal activity"
+            )
+        try:
+            wanted = _payment_request(lookup.request)
+        except PayPalRequestError as exc:
+            return Unknown(f"the stored request cannot replay the order ({exc}): masked?")
+        order = self._find_order(wanted, lookup.idempotency_key, capture)
+        try:
+            result = _order_result(order, capture)
+        except PayPalDeclinedError as exc:
+            return Unknown(f"{exc}: no money moved; decide whether to charge again")
+        if result is not None:
+            return Completed(result)
+        if order.get("status") in _OPEN_ORDER:
+            return NotSent()
+        return Unknown(f"PayPal order {order.get('id')} is {order.get('status')}, unpaid")
+
+    # --- payments: capture an authorization, refund a capture, void an authorization ----
+
+    def _target(self, request: Any) -> tuple[str, int | None, str | None]:
+        """``{"payment_id", "amount": int | None[, "currency"]}`` checked."""
+        request = _mapping(request)
+        payment_id = _field(request, "payment_id", str)
+        amount = _field(request, "amount", int, required=False)
+        if amount is not None and amount <= 0:
+            raise PayPalRequestError("request field 'amount' must be > 0")
+        currency = _field(request, "currency", str, required=False)
+        return payment_id, amount, currency
+
+    def _money(self, amount: int | None, currency: str | None, read: Any) -> Any:
+        """PayPal's ``Money`` for a partial amount; the currency read back when not given."""
+        if amount is None:
+            return None
+        code = (currency or _body(read())["amount"]["currency_code"]).upper()
+        return Money(code, _value(amount, code))
+
+    def _send_capture(self, call: CallContext) -> dict[str, Any]:
+        auth_id, amount, currency = self._target(call.request)
+        payments = self.client.payments
+        money = self._money(
+            amount, currency, lambda: payments.get_authorized_payment({"authorization_id": auth_id})
+        )
+        body = CaptureRequest(final_capture=True, **({"amount": money} if money else {}))
+        keyed = _keyed(call.idempotency_key, authorization_id=auth_id, body=body)
+        response = payments.capture_authorized_payment(keyed)
+        return _payment_result(_body(response), authorization_id=auth_id)
+
+    def _send_refund(self, call: CallContext) -> dict[str, Any]:
+        capture_id, amount, currency = self._target(call.request)
+        payments = self.client.payments
+        money = self._money(
+            amount, currency, lambda: payments.get_captured_payment({"capture_id": capture_id})
+        )
+        body = RefundRequest(**({"amount": money} if money else {}))
+        keyed = _keyed(call.idempotency_key, capture_id=capture_id, body=body)
+        response = payments.refund_captured_payment(keyed)
+        return _payment_result(_body(response), capture_id=capture_id)
+
+    def _send_void(self, call: CallContext) -> dict[str, Any]:
+        auth_id = _field(_mapping(call.request), "payment_id", str)
+        payments = self.client.payments
+        body = _body(payments.void_payment(_keyed(call.idempotency_key, authorization_id=auth_id)))
+        if not body:  # 204: PayPal answered minimally; read the authorization back
+            body = _body(payments.get_authorized_payment({"authorization_id": auth_id}))
+        return _payment_result(body)
+
+    def _reconcile_by_replay(self, call: CallContext, lookup: Lookup) -> Any:
+        """No read shows which capture or refund a key made, but PayPal keeps the key 45
+        days: NotSent replays it (the core refuses that near the end of the window)."""
+        if lookup.key_age is None or lookup.key_age >= PAYMENTS_KEY_RETENTION:
+            return Unknown(
+                "PayPal keeps a payment's PayPal-Request-Id 45 days and has no lookup by it; "
+                "the key's age is unknown or past that, so a replay could act twice"
+            )
+        return NotSent()
+
+    def _reconcile_void(self, call: CallContext, lookup: Lookup) -> Any:
+        """The authorization's own status tells: VOIDED is done, CREATED is not yet."""
+        auth_id = _field(_mapping(lookup.request), "payment_id", str)
+        read = self.client.payments.get_authorized_payment({"authorization_id": auth_id})
+        body = _body(read)
+        if body.get("status") == "VOIDED":
+            return Completed(_payment_result(body))
+        if body.get("status") == "CREATED":
+            return NotSent()
+        return Unknown(
+            f"authorization {auth_id} is {body.get('status')}: it can no longer be "
+            "voided (refund its capture instead)"
+        )
+
+
+__all__ = [
+    "ALREADY_DONE_ISSUES",
+    "CHECKLIST_VAULT_ID",
+    "MAX_REQUEST_ID_LENGTH",
+    "ORDER_KEY_RETENTION",
+    "PAYMENTS_KEY_RETENTION",
+    "PayPalAdapter",
+    "PayPalDeclinedError",
+    "PayPalRequestError",
+    "is_definite_failure",
+    "issues_of",
+    "order_request_id",
+]

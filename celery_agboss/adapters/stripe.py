@@ -1,0 +1,458 @@
+"""Stripe through its official SDK (``stripe`` 16): PaymentIntents and refunds as calls.
+
+Stripe is named only to identify its public API; celery_agboss is not affiliated with
+or endorsed by Stripe.
+
+Why a customer is not charged twice: every POST carries ``call.idempotency_key`` in
+the ``Idempotency-Key`` header (Stripe keeps keys at least 24 h and answers a repeat
+with the first response, 500s included), and a charge carries it in its metadata too,
+so reconcile can search for it. Stripe's search lags (up to an hour), so an empty
+search proves nothing: inside the key's retention reconcile answers ``NotSent`` and the
+resend under the same key gets the first answer back; with no key age, or past it,
+``Unknown``. Captures, voids and refunds are read consistently: the PaymentIntent by
+id, and its refunds listed and matched by the key in their metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from celery_agboss.adapters.common import require_sdk
+
+require_sdk("stripe", extra="stripe", gateway="Stripe")
+
+import stripe
+
+from celery_agboss.adapters.common import (
+    DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_HTTP_TIMEOUT,
+    definite_verdict,
+    http_timeout_seconds,
+)
+from celery_agboss.core.keys import fit_key
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    Lookup,
+    NotSent,
+    OutboundCall,
+    ReconcileAnswer,
+    Unknown,
+)
+
+KEY_RETENTION = timedelta(hours=24)
+"""Stripe's idempotent-requests page: "Stripe retains keys for at least 24 hours"."""
+
+MAX_KEY_LENGTH = 255
+"""Stripe's limit on ``Idempotency-Key``; longer keys get the core's digest, never a cut."""
+
+KEY_METADATA = "agboss_key"
+"""The metadata field a charge, an authorisation and a refund carry the key in."""
+
+REFERENCE_METADATA = "reference"
+"""The metadata field a charge carries the request's ``reference`` (the order) in."""
+
+TEST_PAYMENT_METHOD = "pm_card_visa"
+"""Stripe's test card, used by ``send`` (the checklist's charge) only."""
+
+_RESERVED = frozenset({KEY_METADATA, REFERENCE_METADATA})
+_PAYMENT_FIELDS = frozenset(
+    {"amount", "currency", "reference", "source", "metadata", "description", "customer"}
+)
+
+
+class InvalidStripeRequestError(ValueError):
+    """The request dict cannot be sent (it names the field): nothing reached Stripe."""
+
+
+def is_definite_stripe_failure(exc: BaseException) -> bool:
+    """Only answers that say nothing was processed: a decline (402), a validation error
+    (400, 404), a refused key (401, 403), or a request this adapter refused to send.
+
+    A 5xx, a 409 (the key in flight), a 429, a refused key reuse (the key's first
+    request may have moved money), a dropped connection or a timeout may all hide a
+    payment: unknown, so reconcile asks Stripe first.
+    """
+    if isinstance(exc, InvalidStripeRequestError):
+        return True
+    if isinstance(exc, stripe.IdempotencyError):
+        return False
+    if isinstance(exc, (stripe.CardError, stripe.AuthenticationError, stripe.PermissionError)):
+        return True
+    if isinstance(exc, stripe.InvalidRequestError):
+        return exc.http_status in (400, 404)
+    return False
+
+
+@dataclass(frozen=True)
+class _Payment:
+    amount: int
+    currency: str
+    reference: str
+    source: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    description: str | None = None
+    customer: str | None = None
+
+
+def _refuse(message: str) -> InvalidStripeRequestError:
+    return InvalidStripeRequestError(f"Stripe request refused, nothing sent: {message}")
+
+
+def _mapping(request: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(request, Mapping):
+        raise _refuse(f"a {what} request must be a dict, not {type(request).__name__}")
+    return request
+
+
+def _unknown_fields(request: Mapping[str, Any], allowed: frozenset[str], what: str) -> None:
+    extra = sorted(str(name) for name in request if name not in allowed)
+    if extra:
+        raise _refuse(f"{what} does not take {', '.join(extra)} (it takes {sorted(allowed)})")
+
+
+def _positive_int(request: Mapping[str, Any], name: str, *, optional: bool = False) -> int | None:
+    value = request.get(name)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _refuse(f"{name} must be a positive int in minor units, not {value!r}")
+    return value
+
+
+def _text(request: Mapping[str, Any], name: str, *, limit: int, optional: bool = False) -> Any:
+    value = request.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise _refuse(f"{name} must be a non-empty str of at most {limit} characters")
+    return value
+
+
+def _payment(request: Any) -> _Payment:
+    request = _mapping(request, "charge")
+    _unknown_fields(request, _PAYMENT_FIELDS, "a charge")
+    amount = _positive_int(request, "amount")
+    currency = _text(request, "currency", limit=3)
+    if len(currency) != 3 or not currency.isalpha():
+        raise _refuse(f"currency must be a three-letter ISO code, not {currency!r}")
+    metadata = request.get("metadata") or {}
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(k, str) and 0 < len(k) <= 40 and isinstance(v, str) and len(v) <= 500
+        for k, v in metadata.items()
+    ):
+        raise _refuse("metadata must map str keys (≤ 40 characters) to str values (≤ 500)")
+    if _RESERVED & set(metadata):
+        raise _refuse(f"metadata must not set {sorted(_RESERVED)}: the adapter sets them")
+    assert amount is not None
+    return _Payment(
+        amount=amount,
+        currency=currency.lower(),
+        reference=_text(request, "reference", limit=500),
+        source=_text(request, "source", limit=255),
+        metadata=dict(metadata),
+        description=_text(request, "description", limit=1000, optional=True),
+        customer=_text(request, "customer", limit=255, optional=True),
+    )
+
+
+def _payment_id(request: Any, what: str, allowed: frozenset[str]) -> tuple[str, Mapping[str, Any]]:
+    request = _mapping(request, what)
+    _unknown_fields(request, allowed, f"a {what}")
+    return _text(request, "payment_id", limit=255), request
+
+
+def _id_of(value: Any) -> str | None:
+    """An id field, whether Stripe answered it as an id or as an expanded object."""
+    if value is None or isinstance(value, str):
+        return value
+    found = value.get("id") if isinstance(value, Mapping) else None
+    return str(found) if found is not None else None
+
+
+def intent_result(intent: Mapping[str, Any]) -> dict[str, Any]:
+    """A PaymentIntent as the JSON result charge, authorize, capture and void return."""
+    metadata = intent.get("metadata") or {}
+    return {
+        "id": intent["id"],
+        "object": "payment_intent",
+        "status": intent.get("status"),
+        "amount": intent.get("amount"),
+        "currency": intent.get("currency"),
+        "amount_received": intent.get("amount_received"),
+        "amount_capturable": intent.get("amount_capturable"),
+        "capture_method": intent.get("capture_method"),
+        "reference": metadata.get(REFERENCE_METADATA),
+        "latest_charge": _id_of(intent.get("latest_charge")),
+    }
+
+
+def refund_result(refund: Mapping[str, Any]) -> dict[str, Any]:
+    """A Refund as the JSON result refund returns."""
+    return {
+        "id": refund["id"],
+        "object": "refund",
+        "status": refund.get("status"),
+        "amount": refund.get("amount"),
+        "currency": refund.get("currency"),
+        "payment_intent": _id_of(refund.get("payment_intent")),
+    }
+
+
+def _result_id(result: Any) -> str:
+    return str(result["id"])
+
+
+def _search_text(value: str) -> str:
+    """A value quoted for Stripe's search query language (backslash escapes)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _resend_or_unknown(lookup: Lookup, why: str) -> NotSent | Unknown:
+    """Nothing proves the attempt absent: replay the key while Stripe keeps it."""
+    if lookup.key_age is None:
+        return Unknown(f"{why}; the key's age is unknown, so a resend might not be replayed")
+    if lookup.key_age >= KEY_RETENTION:
+        return Unknown(
+            f"{why}; the key is {lookup.key_age} old, past Stripe's 24 h retention, so a "
+            "resend could be a second charge"
+        )
+    return NotSent()
+
+
+class StripeAdapter:
+    """Stripe's money-moving calls as ``OutboundCall`` objects, over one ``StripeClient``.
+
+    ``base_url`` points the SDK elsewhere (a fake, a proxy); None keeps the SDK's own
+    ``https://api.stripe.com``, where the API key says test or live mode. The SDK's own
+    retries are off: a retry is the engine's, after reconcile.
+    """
+
+    def __init__(
+        self,
+        api_key: str,
+        *,
+        base_url: str | None = None,
+        timeout: float | timedelta = DEFAULT_HTTP_TIMEOUT,
+        attempt_timeout: float | timedelta = DEFAULT_ATTEMPT_TIMEOUT,
+        name: str = "stripe",
+        stripe_account: str | None = None,
+    ) -> None:
+        if not isinstance(api_key, str) or not api_key:
+            raise ValueError("api_key must be the Stripe secret (or restricted) key, a str")
+        self.name = name
+        self.http_timeout = http_timeout_seconds(timeout, attempt_timeout)
+        addresses: dict[str, str | None] = {}
+        if base_url is not None:
+            base = base_url.rstrip("/")
+            addresses = {"api": base, "connect": base, "files": base, "meter_events": base}
+        self.client = stripe.StripeClient(
+            api_key,
+            stripe_account=stripe_account,
+            base_addresses=addresses,  # type: ignore[arg-type]
+            max_network_retries=0,
+            http_client=stripe.RequestsClient(timeout=self.http_timeout),
+        )
+        verdict = definite_verdict(is_definite_stripe_failure)
+
+        def call(
+            kind: str, send: Callable[[CallContext], Any], reconcile: Callable[..., Any]
+        ) -> OutboundCall:
+            return OutboundCall(
+                name=f"{name}.{kind}",
+                send=send,
+                reconcile=reconcile,
+                key_retention=KEY_RETENTION,
+                is_definite_failure=verdict,
+                max_key_length=MAX_KEY_LENGTH,
+                transaction_id=_result_id,
+            )
+
+        self.charge = call("charge", self._send_charge, self._reconcile_payment)
+        self.authorize = call("authorize", self._send_authorize, self._reconcile_payment)
+        self.capture = call("capture", self._send_capture, self._reconcile_capture)
+        self.refund = call("refund", self._send_refund, self._reconcile_refund)
+        self.void = call("void", self._send_void, self._reconcile_void)
+
+    @property
+    def calls(self) -> tuple[OutboundCall, ...]:
+        return (self.charge, self.authorize, self.capture, self.refund, self.void)
+
+    # --- the checklist's probes ---------------------------------------------------------
+
+    def send(self, amount: int, idempotency_key: str) -> dict[str, Any]:
+        """One test-card charge through ``charge``'s own send path."""
+        key = fit_key(idempotency_key, MAX_KEY_LENGTH)
+        request = {"amount": amount, "currency": "usd", "reference": key}
+        request["source"] = TEST_PAYMENT_METHOD
+        return self._send_charge(CallContext(key, request, 1, self.charge.name))
+
+    def lookup(self, idempotency_key: str) -> dict[str, Any] | None:
+        """The PaymentIntent the key made (by metadata search, which lags), or None."""
+        found = self._intents_with_key(fit_key(idempotency_key, MAX_KEY_LENGTH))
+        if len(found) > 1:
+            raise LookupError(f"{len(found)} PaymentIntents carry the key {idempotency_key!r}")
+        return intent_result(found[0]) if found else None
+
+    # --- send ----------------------------------------------------------------------------
+
+    def _options(self, call: CallContext) -> Any:
+        return {"idempotency_key": call.idempotency_key}
+
+    def _create_intent(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
+        payment = _payment(call.request)
+        params: Any = {
+            "amount": payment.amount,
+            "currency": payment.currency,
+            "payment_method": payment.source,
+            "confirm": True,
+            "capture_method": "automatic" if capture else "manual",
+            # confirm at creation with no return_url: redirect-based methods are off
+            "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
+            "metadata": {
+                **payment.metadata,
+                KEY_METADATA: call.idempotency_key,
+                REFERENCE_METADATA: payment.reference,
+            },
+        }
+        if payment.description is not None:
+            params["description"] = payment.description
+        if payment.customer is not None:
+            params["customer"] = payment.customer
+        intent = self.client.v1.payment_intents.create(params=params, options=self._options(call))
+        return intent_result(intent.to_dict())
+
+    def _send_charge(self, call: CallContext) -> dict[str, Any]:
+        return self._create_intent(call, capture=True)
+
+    def _send_authorize(self, call: CallContext) -> dict[str, Any]:
+        return self._create_intent(call, capture=False)
+
+    def _send_capture(self, call: CallContext) -> dict[str, Any]:
+        payment_id, request = _payment_id(
+            call.request, "capture", frozenset({"payment_id", "amount"})
+        )
+        amount = _positive_int(request, "amount", optional=True)
+        params: Any = {} if amount is None else {"amount_to_capture": amount}
+        intent = self.client.v1.payment_intents.capture(
+            payment_id, params=params, options=self._options(call)
+        )
+        return intent_result(intent.to_dict())
+
+    def _send_void(self, call: CallContext) -> dict[str, Any]:
+        allowed = frozenset({"payment_id", "cancellation_reason"})
+        payment_id, request = _payment_id(call.request, "void", allowed)
+        reason = _text(request, "cancellation_reason", limit=64, optional=True)
+        params: Any = {} if reason is None else {"cancellation_reason": reason}
+        intent = self.client.v1.payment_intents.cancel(
+            payment_id, params=params, options=self._options(call)
+        )
+        return intent_result(intent.to_dict())
+
+    def _send_refund(self, call: CallContext) -> dict[str, Any]:
+        allowed = frozenset({"payment_id", "amount", "reason"})
+        payment_id, request = _payment_id(call.request, "refund", allowed)
+        params: Any = {
+            "payment_intent": payment_id,
+            "metadata": {KEY_METADATA: call.idempotency_key},
+        }
+        amount = _positive_int(request, "amount", optional=True)
+        if amount is not None:
+            params["amount"] = amount
+        reason = _text(request, "reason", limit=64, optional=True)
+        if reason is not None:
+            params["reason"] = reason
+        refund = self.client.v1.refunds.create(params=params, options=self._options(call))
+        return refund_result(refund.to_dict())
+
+    # --- reconcile -----------------------------------------------------------------------
+
+    def _intents_with_key(self, key: str) -> list[dict[str, Any]]:
+        """Every PaymentIntent whose metadata carries ``key``, oldest first (search lags)."""
+        query = f"metadata['{KEY_METADATA}']:{_search_text(key)}"
+        page = self.client.v1.payment_intents.search(params={"query": query, "limit": 100})
+        found = [intent.to_dict() for intent in page.auto_paging_iter()]
+        return sorted(found, key=lambda intent: intent.get("created") or 0)
+
+    def _reconcile_payment(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
+        """Search the key in metadata; an empty search may only be lagging."""
+        found = self._intents_with_key(lookup.idempotency_key)
+        if len(found) > 1:
+            ids = ", ".join(str(intent["id"]) for intent in found)
+            return Unknown(f"{len(found)} PaymentIntents carry this key ({ids})")
+        if not found:
+            return _resend_or_unknown(lookup, "Stripe's search found no PaymentIntent yet")
+        intent = found[0]
+        if intent.get("status") == "requires_payment_method":
+            # A decline's answer lost: the resend gets the decline back under the key.
+            return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} was declined")
+        return Completed(intent_result(intent))
+
+    def _retrieve(self, call: CallContext) -> dict[str, Any] | None:
+        payment_id = call.request.get("payment_id") if isinstance(call.request, Mapping) else None
+        if not isinstance(payment_id, str) or not payment_id:
+            return None
+        try:
+            return self.client.v1.payment_intents.retrieve(payment_id).to_dict()
+        except stripe.InvalidRequestError as exc:
+            if exc.http_status == 404:
+                return None
+            raise
+
+    def _reconcile_capture(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
+        """A PaymentIntent captures once: ``succeeded`` means the capture happened."""
+        intent = self._retrieve(call)
+        if intent is None:
+            return Unknown("no PaymentIntent by the request's payment_id")
+        status = intent.get("status")
+        if status == "succeeded":
+            return Completed(intent_result(intent))
+        if status in ("requires_capture", "canceled"):
+            return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} is {status}")
+        return Unknown(f"PaymentIntent {intent['id']} is {status}")
+
+    def _reconcile_void(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
+        intent = self._retrieve(call)
+        if intent is None:
+            return Unknown("no PaymentIntent by the request's payment_id")
+        status = intent.get("status")
+        if status == "canceled":
+            return Completed(intent_result(intent))
+        if status in ("requires_capture", "succeeded"):
+            return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} is {status}")
+        return Unknown(f"PaymentIntent {intent['id']} is {status}")
+
+    def _reconcile_refund(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
+        """The PaymentIntent's refunds, listed (consistent), matched by the key."""
+        payment_id = call.request.get("payment_id") if isinstance(call.request, Mapping) else None
+        if not isinstance(payment_id, str) or not payment_id:
+            return Unknown("the stored request has no payment_id to list refunds of")
+        page = self.client.v1.refunds.list(params={"payment_intent": payment_id, "limit": 100})
+        refunds = [refund.to_dict() for refund in page.auto_paging_iter()]
+        mine = [
+            r
+            for r in refunds
+            if (r.get("metadata") or {}).get(KEY_METADATA) == lookup.idempotency_key
+        ]
+        if len(mine) > 1:
+            return Unknown(f"{len(mine)} refunds of {payment_id} carry this key")
+        if mine:
+            return Completed(refund_result(mine[0]))
+        return _resend_or_unknown(lookup, f"no refund of {payment_id} carries this key")
+
+
+__all__ = [
+    "KEY_METADATA",
+    "KEY_RETENTION",
+    "MAX_KEY_LENGTH",
+    "REFERENCE_METADATA",
+    "TEST_PAYMENT_METHOD",
+    "InvalidStripeRequestError",
+    "StripeAdapter",
+    "intent_result",
+    "is_definite_stripe_failure",
+    "refund_result",
+]

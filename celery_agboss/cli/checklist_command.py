@@ -1,0 +1,117 @@
+"""``celery -A proj agboss checklist --adapter module:object``: G1–G5 against a sandbox.
+
+What a gateway's docs promise and what the account behind your credentials does can
+differ (a retention set per account, a feature switched off), so a team probes its
+own adapter by hand before trusting it with money. The probes make real requests of a
+small amount under a key prefix of their own per run; point the adapter at a sandbox.
+Without the gateway's clock G3 is skipped: its evidence says which retention to check
+in the gateway's docs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from celery_agboss.cli.commands import EXIT_REFUSED, EXIT_USAGE, _command, _Out, agboss
+
+
+def load_adapter(target: str) -> Any:
+    """``module:object`` → the adapter (an object, or a callable returning one)."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(
+            f"{target!r} is not module:object (e.g. shop.gateways:stripe_adapter)",
+            param_hint="--adapter",
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exc}", param_hint="--adapter"
+        ) from exc
+    found: Any = module
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise click.BadParameter(
+                f"{module_name!r} has no {attribute!r}", param_hint="--adapter"
+            )
+        found = getattr(found, part)
+    adapter = found if hasattr(found, "send") else found() if callable(found) else found
+    if not callable(getattr(adapter, "send", None)):
+        raise click.BadParameter(
+            f"{target!r} has no send(amount, idempotency_key): give an adapter from "
+            "celery_agboss.adapters (or a callable that returns one)",
+            param_hint="--adapter",
+        )
+    return adapter
+
+
+@agboss.command()
+@click.option(
+    "--adapter",
+    "target",
+    required=True,
+    metavar="MODULE:OBJECT",
+    help=("The adapter to probe, or a callable returning it (e.g. shop.gateways:stripe_adapter)."),
+)
+@click.option(
+    "--key-prefix",
+    default=None,
+    metavar="TEXT",
+    help=("Prefix of every probe's idempotency key (default: a new one per run)."),
+)
+@click.option(
+    "--required-retention",
+    default=86400.0,
+    type=float,
+    show_default=True,
+    metavar="SECONDS",
+    help="Your longest recovery: how long keys must be kept.",
+)
+@click.option(
+    "--amount",
+    default=100,
+    type=int,
+    show_default=True,
+    metavar="MINOR_UNITS",
+    help="The amount each probe charges.",
+)
+@_command
+def checklist(
+    target: str, key_prefix: str | None, required_retention: float, amount: int, as_json: bool
+) -> None:
+    """Probe an adapter for G1–G5 with real requests (exit 1 when one failed)."""
+    from celery_agboss.testing.checklist import gateway_checklist
+
+    out = _Out(as_json)
+    if amount <= 0 or required_retention <= 0:
+        out.fail(EXIT_USAGE, "usage", "--amount and --required-retention must be positive")
+    adapter = load_adapter(target)
+    lookup = getattr(adapter, "lookup", None)
+    report = gateway_checklist(
+        adapter.send,
+        lookup if callable(lookup) else None,
+        clock=None,
+        key_prefix=key_prefix,
+        required_retention=required_retention,
+        amount=amount,
+    )
+    data = {
+        "adapter": target,
+        "key_prefix": report.key_prefix,
+        "passed": report.passed,
+        "results": [
+            {"requirement": r.requirement, "status": r.status.value, "evidence": r.evidence}
+            for r in report.results
+        ],
+    }
+    verdict = "passed" if report.passed else "FAILED"
+    out.emit(data, f"{report}\nkeys under {report.key_prefix!r}; checklist {verdict}")
+    if not report.passed:
+        raise SystemExit(EXIT_REFUSED)
+
+
+__all__ = ["checklist", "load_adapter"]
