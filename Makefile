@@ -46,9 +46,14 @@ format: venv
 types: venv
 	$(BIN)/mypy --strict celery_agboss
 
-# pytest's exit code 5 ("no tests collected") is a failure here.
+# Two test processes (pytest-xdist), a file each at a time: most tests wait on real
+# workers, leases and brokers rather than compute, and every test makes its own
+# databases, Redis database numbers, queues and vhosts, so they do not collide.
+# PYTEST_WORKERS=0 runs them in this process. pytest's exit code 5 ("no tests
+# collected") is a failure here.
+PYTEST_WORKERS ?= 2
 pytest: venv
-	@rc=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
 

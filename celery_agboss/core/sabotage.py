@@ -65,7 +65,8 @@ def _allowed() -> bool:
 
 
 def _started_by_a_test_run(value: str) -> bool:
-    """Whether this process descends from the pytest process ``value`` names.
+    """Whether this process descends from the pytest process ``value`` names (or from a
+    pytest-xdist worker of it).
 
     A worker (or a pool child, or the chaos explorer's worker) that a test started has
     that process among its ancestors; a deployment where someone set the variables by
@@ -80,7 +81,7 @@ def _started_by_a_test_run(value: str) -> bool:
         if pid is None or pid <= 1:
             return False
         if pid == wanted:
-            return _is_pytest(pid)
+            return _is_pytest(pid) or _is_xdist_worker_of_pytest(pid)
     return False
 
 
@@ -99,6 +100,14 @@ def _is_pytest(pid: int) -> bool:
             return b"pytest" in cmdline.read()
     except OSError:
         return False
+
+
+def _is_xdist_worker_of_pytest(pid: int) -> bool:
+    """A pytest-xdist worker: pytest started it, with a command line that does not say
+    pytest (and it sets ``PYTEST_XDIST_WORKER`` only after it started, where /proc does
+    not show it), so its parent is what proves it."""
+    parent = _parent_of(pid)
+    return parent is not None and parent > 1 and _is_pytest(parent)
 
 
 @contextmanager

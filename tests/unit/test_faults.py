@@ -252,6 +252,39 @@ def test_a_subprocess_switch_set_by_hand_is_refused() -> None:
         unrelated.wait(SUBPROCESS_SECONDS)
 
 
+def test_an_ancestor_that_pytest_did_not_start_is_refused() -> None:
+    """A named ancestor counts when it is pytest or what pytest started (a pytest-xdist
+    worker, whose command line does not say pytest): here a plain wrapper started it,
+    so the child it starts is refused, whatever its environment says."""
+    middle = (
+        "import os, subprocess, sys\n"
+        f"env = {{**os.environ, {core_sabotage.ENV_SWITCH!r}: '1'}}\n"
+        f"env[{core_sabotage.SUBPROCESS_SWITCH!r}] = str(os.getpid())\n"
+        f"code = {_TRY_SABOTAGE!r}\n"
+        "done = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True,"
+        " text=True, timeout=60)\n"
+        "sys.stdout.write(done.stdout)\n"
+    )
+    wrapper = (
+        "import os, subprocess, sys\n"
+        f"code = {middle!r}\n"
+        "env = {**os.environ, 'PYTEST_XDIST_WORKER': 'gw9'}\n"
+        "done = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True,"
+        " text=True, timeout=60)\n"
+        "sys.stdout.write(done.stdout)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", wrapper],
+        env=_without_sabotage_env(),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_SECONDS,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused"
+
+
 def test_sabotage_is_refused_in_a_test_that_did_not_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(core_sabotage.ENV_SWITCH, raising=False)
     with pytest.raises(SabotageRefusedError), sabotage(core_sabotage.EXPIRY_BY_CALLER_CLOCK):
