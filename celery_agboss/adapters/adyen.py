@@ -25,7 +25,7 @@ from typing import Any
 
 from celery_agboss.adapters.common import require_sdk
 
-require_sdk("Adyen", extra="adyen", gateway="Adyen")
+require_sdk("Adyen", pip_extra="adyen", gateway="Adyen")
 
 from Adyen.client import AdyenClient
 from Adyen.exceptions import (

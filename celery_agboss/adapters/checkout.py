@@ -26,7 +26,7 @@ from typing import Any
 
 from celery_agboss.adapters.common import require_sdk
 
-require_sdk("checkout_sdk", extra="checkout", gateway="Checkout.com")
+require_sdk("checkout_sdk", pip_extra="checkout", gateway="Checkout.com")
 
 import requests
 from checkout_sdk.checkout_sdk import CheckoutSdk

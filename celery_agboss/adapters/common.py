@@ -44,7 +44,7 @@ class GatewayAdapter(Protocol):
     def calls(self) -> tuple[OutboundCall, ...]: ...
 
 
-def require_sdk(module: str, *, extra: str, gateway: str) -> None:
+def require_sdk(module: str, *, pip_extra: str, gateway: str) -> None:
     """Refuse, naming the extra to install, when the gateway's SDK is missing.
 
     Called by an adapter module before it imports its SDK, so the error says what to do
@@ -52,8 +52,8 @@ def require_sdk(module: str, *, extra: str, gateway: str) -> None:
     """
     if importlib.util.find_spec(module) is None:
         raise ImportError(
-            f"celery_agboss.adapters.{extra} talks to {gateway} through its official SDK "
-            f"({module!r}), which is not installed: pip install 'celery_agboss[{extra}]'",
+            f"celery_agboss.adapters.{pip_extra} talks to {gateway} through its official SDK "
+            f"({module!r}), which is not installed: pip install 'celery_agboss[{pip_extra}]'",
             name=module,
         )
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from celery_agboss.adapters.common import require_sdk
 
-require_sdk("paypalserversdk", extra="paypal", gateway="PayPal")
+require_sdk("paypalserversdk", pip_extra="paypal", gateway="PayPal")
 
 from apimatic_core.exceptions.auth_validation_exception import (  # type: ignore[import-untyped]
     AuthValidationException,

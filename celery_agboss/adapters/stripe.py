@@ -22,7 +22,7 @@ from typing import Any
 
 from celery_agboss.adapters.common import require_sdk
 
-require_sdk("stripe", extra="stripe", gateway="Stripe")
+require_sdk("stripe", pip_extra="stripe", gateway="Stripe")
 
 import stripe
 
