@@ -384,7 +384,7 @@ def executions(
 @_command
 @click.pass_context
 def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
-    """Pauses waiting for an answer (answer one with celery_agboss.answer_pause)."""
+    """Pauses waiting for an answer (answer one with `agboss answer-pause PAUSE_ID ANSWER`)."""
     from celery_agboss.operator import list_pauses
 
     out = _Out(as_json)

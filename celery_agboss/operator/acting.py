@@ -305,12 +305,27 @@ def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     return UnparkResult(final, republished)
 
 
-def answer_pause(app: Any, pause_id: str, answer: Any) -> bool:
+def answer_pause(app: Any, pause_id: str, answer: Any, *, actor: str | None = None) -> bool:
     """Answer a pause once and publish its task again; a second answer raises
-    ``NotPausedError`` and moves nothing (PS11). ``pause_id`` is
-    ``"<execution id>:<name>"``, as ``celery -A proj agboss pauses`` lists it.
-    True when the task was published again now (else the sweep re-drives it)."""
+    ``NotPausedError`` and moves nothing (PS11), also when answers race on several
+    processes, and so does an answer to a pause whose execution no longer waits for it
+    (cancelled, ended). ``pause_id`` is ``"<execution id>:<name>"``, as
+    ``celery -A proj agboss pauses`` lists it. With ``actor`` (an operator's answer, as
+    ``agboss answer-pause`` gives) the answer goes into the audit trail.
+
+    True when the task was published again now; False when the delivery that paused
+    still held its lease (it publishes the task when it lets go) or the publish must be
+    left to the sweep."""
     agboss = _agboss(app)
     record = agboss.executions.answer_pause(pause_id, dumps(answer))
     log_event(OPERATOR_PAUSE_ANSWERED, execution=record.id, pause=pause_id)
+    if actor is not None:
+        agboss.executions.append_audit(
+            actor,
+            "answer-pause",
+            record.id,
+            f"pause {pause_id} answered",
+            None,
+            _execution_summary(record),
+        )
     return redrive_now(agboss, record.id, reason=f"pause {pause_id} answered")

@@ -1,5 +1,6 @@
 """The sweep's and the operators' execution verbs: listing, re-driving, expiring,
-cancelling, moving by hand, the audit trail, meta values and pause answers.
+cancelling, moving by hand, the audit trail and meta values (pause answers:
+``pause_verbs``).
 
 Every claim is a compare-and-set under the execution row's lock that re-checks
 that no lease is live, so several sweepers (two beats) and operators at once
@@ -27,19 +28,17 @@ from celery_agboss.core.executions import (
     execution_scope,
 )
 from celery_agboss.core.store import INTENT_RECORD, IntentStatus
-from celery_agboss.errors import NotPausedError
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.execution_rows import (
     TERMINAL_VALUES,
-    ExecutionRows,
     lease_live,
     record_of,
 )
+from celery_agboss.store.pause_verbs import PauseVerbs
 from celery_agboss.store.schema import outbound_calls, record_uses
-from celery_agboss.store.schema_executions import audit, executions, meta, pauses
+from celery_agboss.store.schema_executions import audit, executions, meta
 
 _e = executions.c
-_p = pauses.c
 _i = outbound_calls.c
 _u = record_uses.c
 _REDRIVABLE = [state.value for state in REDRIVABLE_STATES]
@@ -77,8 +76,9 @@ def _operator_needed_by(execution_id: str) -> Any:
     )
 
 
-class ExecutionAdminVerbs(ExecutionRows):
-    """Sweep and operator verbs (see ``core.executions.ExecutionStore``)."""
+class ExecutionAdminVerbs(PauseVerbs):
+    """Sweep and operator verbs (see ``core.executions.ExecutionStore``); pause answers
+    in ``PauseVerbs``."""
 
     # --- reads -------------------------------------------------------------------------
 
@@ -385,48 +385,6 @@ class ExecutionAdminVerbs(ExecutionRows):
                 values["wake_requested"] = False
             self._set(tx, execution_id, **values)
             return self._require(tx, execution_id)
-
-    def answer_pause(self, pause_id: str, answer: str) -> ExecutionRecord:
-        """Answer a PENDING pause once (``NotPausedError`` otherwise) and move its PAUSED
-        execution to WAITING, due now; the caller re-publishes it."""
-        with self.store.transaction() as tx:
-            row = tx.execute(select(_p.execution_id).where(_p.id == pause_id)).first()
-            if row is None:
-                raise NotPausedError(f"no pause {pause_id!r}", pause_id=pause_id)
-            execution_id = str(row.execution_id)
-            self._read(tx, execution_id, lock=True)
-            won = tx.execute(
-                update(pauses)
-                .where(_p.id == pause_id, _p.status == "PENDING")
-                .values(status="ANSWERED", answer=answer, answered_at_ms=tx.now_expr())
-            ).rowcount
-            if won != 1:
-                raise NotPausedError(
-                    f"the pause {pause_id!r} was already answered", pause_id=pause_id
-                )
-            tx.execute(
-                update(executions)
-                .where(_e.id == execution_id, _e.state == ExecutionState.PAUSED.value)
-                .values(
-                    state=ExecutionState.WAITING.value,
-                    not_before_ms=tx.now_expr(),
-                    reason="pause answered",
-                    redrive_planned=True,  # its re-publish continues the pause: no recovery
-                    updated_at_ms=tx.now_expr(),
-                )
-            )
-            return self._require(tx, execution_id)
-
-    def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:
-        """``(pause_id, execution_id, status)`` of pending pauses, oldest first."""
-        with self.store.read_transaction() as tx:
-            rows = tx.execute(
-                select(_p.id, _p.execution_id, _p.status)
-                .where(_p.status == "PENDING")
-                .order_by(_p.created_at_ms)
-                .limit(limit)
-            ).all()
-            return [(str(r.id), str(r.execution_id), str(r.status)) for r in rows]
 
     def append_audit(
         self,

@@ -56,6 +56,10 @@ RECORD_USES_IGNORED_BY_RETENTION = sabotage.register("record-uses-ignored-by-ret
 """Sabotage (DESIGN §6.3): retention follows the creating execution only, so a record
 another execution replayed is deleted while that one still waits."""
 
+PAUSED_RECORDS_EXPIRE = sabotage.register("paused-records-expire")
+"""Sabotage (pauses): retention counts a paused execution idle past the cutoff as done,
+so the intents and fenced effects before its pause go while it waits for its answer."""
+
 TICK_KEY_PREFIX = "sweep.tick."
 LAST_SWEEP_KEY = "sweep.last"
 LAST_WORKER_SWEEP_KEY = "sweep.last-by-workers"
@@ -201,12 +205,13 @@ def _kept_for_a_user(kind: str, record_key: Any, cutoff_ms: int) -> ColumnElemen
 
 
 def _creator_done_before(execution_id: Any, cutoff_ms: int) -> ColumnElement[bool]:
-    return exists().where(
-        _e.id == execution_id,
-        _e.state.in_(_TERMINAL),
-        _e.terminal_at_ms.is_not(None),
-        _e.terminal_at_ms < cutoff_ms,
+    done = and_(
+        _e.state.in_(_TERMINAL), _e.terminal_at_ms.is_not(None), _e.terminal_at_ms < cutoff_ms
     )
+    if sabotage.active(PAUSED_RECORDS_EXPIRE):
+        paused = and_(_e.state == ExecutionState.PAUSED.value, _e.updated_at_ms < cutoff_ms)
+        done = or_(done, paused)
+    return exists().where(_e.id == execution_id, done)
 
 
 def delete_settled_intents_before(

@@ -1,0 +1,64 @@
+"""``celery -A proj agboss answer-pause PAUSE_ID ANSWER``: answer a pause from a shell.
+
+The same verb as ``celery_agboss.answer_pause`` (one answer wins, whoever else answers
+at the same time), with the operator in the audit trail. ``ANSWER`` is JSON; what is
+not JSON is taken as a string, so ``approve`` and ``'"approve"'`` say the same.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from celery_agboss.cli.commands import (
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    _agboss,
+    _command,
+    _Out,
+    actor_option,
+    agboss,
+)
+from celery_agboss.errors import NotPausedError
+
+
+def _parse_answer(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@agboss.command(name="answer-pause")
+@click.argument("pause_id")
+@click.argument("answer")
+@actor_option
+@_command
+@click.pass_context
+def answer_pause(
+    ctx: click.Context, pause_id: str, answer: str, actor: str | None, as_json: bool
+) -> None:
+    """Answer a pause (as `agboss pauses` lists it) once; its task runs again."""
+    from celery_agboss.operator import answer_pause as answer_it
+    from celery_agboss.operator.common import default_actor
+
+    out = _Out(as_json)
+    with _agboss(ctx, out) as boss:
+        try:
+            republished = answer_it(
+                boss, pause_id, _parse_answer(answer), actor=actor or default_actor()
+            )
+        except NotPausedError as exc:
+            if getattr(exc, "found", True):
+                out.fail(EXIT_REFUSED, "not-paused", str(exc))
+            out.fail(EXIT_NOT_FOUND, "not-found", f"{exc}; list them with `agboss pauses`")
+        when = "now" if republished else "when the delivery that paused lets go, or by the sweep"
+        out.emit(
+            {"pause_id": pause_id, "answered": True, "republished": republished},
+            f"Answered {pause_id}; its task is published again {when}.",
+        )
+
+
+__all__ = ["answer_pause"]

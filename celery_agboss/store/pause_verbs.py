@@ -1,0 +1,131 @@
+"""Answering a pause, and listing the pauses that wait for one.
+
+An answer is one compare-and-set under the execution row's lock: the pause moves
+``PENDING`` → ``ANSWERED`` and its ``PAUSED`` execution → ``WAITING`` (due now, a
+planned re-drive) together, or nothing moves and the caller gets ``NotPausedError``.
+Two approvers, a return page and a webhook, or an operator and a retrying browser can
+answer at once on different processes: the row lock orders them, and the second finds
+the pause answered (PS11, PS21).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, update
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.executions import ExecutionRecord, ExecutionState, execution_scope
+from celery_agboss.errors import NotPausedError
+from celery_agboss.store.execution_rows import ExecutionRows
+from celery_agboss.store.schema_executions import executions, pauses
+from celery_agboss.store.transactions import SQLTransaction
+
+_e = executions.c
+_p = pauses.c
+
+PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET = sabotage.register("pause-answer-without-compare-and-set")
+"""Sabotage (PS11): an answer is an unconditional update of the pause and its
+execution, whatever either's state: a second answer also "wins", and one that comes
+after the execution completed runs it again from the pause on."""
+
+PENDING = "PENDING"
+ANSWERED = "ANSWERED"
+
+
+class PauseVerbs(ExecutionRows):
+    """``answer_pause`` and ``list_pauses`` (see ``core.executions.ExecutionStore``)."""
+
+    def answer_pause(self, pause_id: str, answer: str) -> ExecutionRecord:
+        """Answer a pending pause of a ``PAUSED`` execution once and move the execution
+        to ``WAITING``, due now; the caller re-publishes it. ``NotPausedError`` (nothing
+        moved) when the pause was answered already, does not exist, or its execution no
+        longer waits for it (cancelled, ended, waiting for an operator).
+
+        While the delivery that paused still holds the lease (the answer came between its
+        pause and its release), the caller's re-publish is refused; the execution is then
+        marked to be woken, so that delivery re-publishes it when it lets go."""
+        with self.store.transaction() as tx:
+            row = tx.execute(select(_p.execution_id).where(_p.id == pause_id)).first()
+            if row is None:
+                raise NotPausedError(f"no pause {pause_id!r}", pause_id=pause_id, found=False)
+            execution_id = str(row.execution_id)
+            record = self._read(tx, execution_id, lock=True)  # orders concurrent answers
+            if sabotage.active(PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET):
+                return self._answer_unconditionally(tx, pause_id, execution_id, answer)
+            status = tx.execute(select(_p.status).where(_p.id == pause_id)).scalar()
+            if status != PENDING:
+                raise NotPausedError(
+                    f"the pause {pause_id!r} was already answered", pause_id=pause_id
+                )
+            refusal = _not_waiting(record, execution_id)
+            if refusal is not None:
+                raise NotPausedError(
+                    f"{refusal}: it no longer waits for the pause {pause_id!r}",
+                    pause_id=pause_id,
+                )
+            won = tx.execute(
+                update(pauses)
+                .where(_p.id == pause_id, _p.status == PENDING)
+                .values(status=ANSWERED, answer=answer, answered_at_ms=tx.now_expr())
+            ).rowcount
+            if won != 1:  # pragma: no cover - the row lock above orders every answer
+                raise NotPausedError(
+                    f"the pause {pause_id!r} was already answered", pause_id=pause_id
+                )
+            lease = tx.lock_lease(execution_scope(execution_id))
+            self._set(tx, execution_id, **_continue_values(tx, lease is not None and lease.live))
+            return self._require(tx, execution_id)
+
+    def _answer_unconditionally(
+        self, tx: SQLTransaction, pause_id: str, execution_id: str, answer: str
+    ) -> ExecutionRecord:
+        """The sabotaged answer: the pause and the execution updated whatever they are."""
+        tx.execute(
+            update(pauses)
+            .where(_p.id == pause_id)
+            .values(status=ANSWERED, answer=answer, answered_at_ms=tx.now_expr())
+        )
+        self._set(tx, execution_id, terminal_at_ms=None, **_continue_values(tx, False))
+        return self._require(tx, execution_id)
+
+    def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:
+        """``(pause_id, execution_id, status)`` of the pending pauses whose execution
+        still waits for them (``PAUSED``), oldest first."""
+        with self.store.read_transaction() as tx:
+            rows = tx.execute(
+                select(_p.id, _p.execution_id, _p.status)
+                .join(executions, _e.id == _p.execution_id)
+                .where(_p.status == PENDING, _e.state == ExecutionState.PAUSED.value)
+                .order_by(_p.created_at_ms, _p.id)
+                .limit(limit)
+            ).all()
+            return [(str(r.id), str(r.execution_id), str(r.status)) for r in rows]
+
+
+def _not_waiting(record: ExecutionRecord | None, execution_id: str) -> str | None:
+    """Why the execution does not wait for an answer any more, or None when it does."""
+    if record is None:
+        return f"execution {execution_id} is gone"
+    if record.state is not ExecutionState.PAUSED:
+        return f"execution {execution_id} is {record.state.value}"
+    if record.cancel_requested:
+        return f"a cancel was requested for execution {execution_id}"
+    return None
+
+
+def _continue_values(tx: SQLTransaction, lease_live: bool) -> dict[str, Any]:
+    """The answered execution: ``WAITING`` and due now; its re-publish is the planned end
+    of the wait (no recovery). ``wake_requested`` when a delivery still holds the lease."""
+    values: dict[str, Any] = {
+        "state": ExecutionState.WAITING.value,
+        "not_before_ms": tx.now_expr(),
+        "reason": "pause answered",
+        "redrive_planned": True,
+    }
+    if lease_live:
+        values["wake_requested"] = True
+    return values
+
+
+__all__ = ["PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET", "PauseVerbs"]

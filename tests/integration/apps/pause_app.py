@@ -1,0 +1,188 @@
+"""The pause tests' worker app: the shop's app (tests.integration.apps.shop) plus tasks that
+pause.
+
+- ``ps.approve_then_charge``: pauses for an approval, then charges (PS11);
+- ``ps.checkout_3ds``: authorises, pauses for the 3-D Secure outcome, reads the payment's
+  status from the gateway and captures it (PS21);
+- ``ps.charge_record_then_pause``: charges and records the order in an app table (a
+  fenced effect) before it pauses (retention while it waits).
+
+Each body says where it is through the gateway's ``/note``: ``before-pause`` on every run
+of the steps before the pause, ``after-pause`` on every run past it. ``install_routes``
+gives the test's gateway server the authorise, capture and read endpoints.
+
+The worker runs ``celery -A tests.integration.apps.pause_app:app`` with the config in
+``AGBOSS_PS_CONFIG`` (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+
+from celery import Celery
+from sqlalchemy import text
+
+from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask, Unknown
+from celery_agboss.core import sabotage
+from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_types import FakeGatewayError
+from tests.integration.apps.shop import GatewayAnswerLost, GatewayDeclined, _http
+from tests.integration.apps.shop import make_app as make_shop_app
+
+CONFIG_ENV = "AGBOSS_PS_CONFIG"
+"""Not the shop's variable: importing the shop must not build its own app here too."""
+ORDERS_TABLE = "ps_orders"
+
+
+def install_routes(server: FakeGatewayServer) -> None:
+    """``POST /authorize``, ``POST /capture`` and ``GET /payments/{id}`` on the server."""
+    gateway = server.gateway
+
+    def answered(make: Any) -> Reply:
+        try:
+            return Reply(200, make())
+        except FakeGatewayError as exc:
+            return server.error_reply(exc)
+
+    def authorize(call: GatewayCall) -> Reply:
+        body = call.body
+        return answered(
+            lambda: gateway.charge(
+                int(body["amount"]),
+                body.get("idempotency_key"),
+                reference=body.get("reference"),
+                capture=False,
+            )
+        )
+
+    def capture(call: GatewayCall) -> Reply:
+        body = call.body
+        return answered(
+            lambda: gateway.capture(str(body["payment_id"]), body.get("idempotency_key"))
+        )
+
+    def retrieve(call: GatewayCall) -> Reply:
+        return answered(lambda: gateway.retrieve(call.params["payment_id"]))
+
+    server.route("POST", "/authorize", authorize)
+    server.route("POST", "/capture", capture)
+    server.route("GET", "/payments/{payment_id}", retrieve)
+
+
+def create_orders_table(conn: Any) -> None:
+    conn.execute(
+        text(
+            f"create table if not exists {ORDERS_TABLE} "
+            "(order_id varchar(100) not null, payment varchar(100) not null)"
+        )
+    )
+
+
+def make_app(config: dict[str, Any]) -> Celery:
+    app = make_shop_app(config)
+    agboss = AGBoss.of(app)
+    base = config["gateway_url"]
+
+    def note(event: str, task_id: str | None, **fields: Any) -> None:
+        _http(base, "POST", "/note", {"event": event, "task_id": task_id, **fields})
+
+    def reconcile(call: CallContext, lookup: Lookup) -> Any:
+        try:
+            found = _http(base, "GET", f"/lookup?key={quote(call.idempotency_key, safe='')}")
+        except GatewayAnswerLost as exc:
+            return Unknown(f"lookup failed: {exc}")
+        return NotSent() if found is None else Completed(found)
+
+    def posting(path: str, body: Any) -> Any:
+        def send(call: CallContext) -> Any:
+            return _http(
+                base, "POST", path, {**body(call), "idempotency_key": call.idempotency_key}
+            )
+
+        return send
+
+    def call(name: str, path: str, body: Any) -> OutboundCall:
+        made = OutboundCall(
+            name=name,
+            send=posting(path, body),
+            reconcile=reconcile,
+            is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
+            key_retention=timedelta(hours=24),
+        )
+        agboss.register(made)
+        return made
+
+    def order_body(call: CallContext) -> dict[str, Any]:
+        return {"amount": call.request["amount"], "reference": call.request["order"]}
+
+    charge_call = call("ps.charge", "/charge", order_body)
+    authorize_call = call("ps.authorize", "/authorize", order_body)
+    capture_call = call(
+        "ps.capture", "/capture", lambda call: {"payment_id": call.request["payment"]}
+    )
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="ps.approve_then_charge")
+    def approve_then_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        note("before-pause", self.request.id)
+        answer = self.pause("approve", {"order": order_id, "amount": amount})
+        note("after-pause", self.request.id, by=answer["by"])
+        receipt = self.outbound(
+            charge_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
+        )
+        return {"payment": receipt["id"], "by": answer["by"]}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="ps.checkout_3ds")
+    def checkout_3ds(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        note("before-pause", self.request.id)
+        payment = self.outbound(
+            authorize_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
+        )
+        answer = self.pause("3ds", {"payment": payment["id"]})
+        note("after-pause", self.request.id, source=answer["source"])
+        # The outcome comes from the gateway (G6), never from who answered the pause.
+        status = _http(base, "GET", f"/payments/{payment['id']}")["status"]
+        if status != "requires_capture":
+            return {"order": order_id, "status": status, "source": answer["source"]}
+        captured = self.outbound(
+            capture_call,
+            {"payment": payment["id"], "order": order_id},
+            business_key=f"order:{order_id}:capture",
+        )
+        return {"order": order_id, "status": captured["status"], "source": answer["source"]}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="ps.charge_record_then_pause")
+    def charge_record_then_pause(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        note("before-pause", self.request.id)
+        receipt = self.outbound(
+            charge_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
+        )
+
+        def record(conn: Any) -> str:
+            conn.execute(
+                text(f"insert into {ORDERS_TABLE} (order_id, payment) values (:o, :p)"),
+                {"o": order_id, "p": receipt["id"]},
+            )
+            return str(receipt["id"])
+
+        self.fenced_effect("record-order", record)
+        answer = self.pause("ship", {"order": order_id})
+        note("after-pause", self.request.id, by=answer["by"])
+        return {"payment": receipt["id"], "by": answer["by"]}
+
+    return app
+
+
+def _from_environment() -> Celery | None:
+    raw = os.environ.get(CONFIG_ENV)
+    if not raw:
+        return None
+    sabotage.activate_from_environment()
+    return make_app(json.loads(raw))
+
+
+app = _from_environment()

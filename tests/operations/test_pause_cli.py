@@ -1,0 +1,114 @@
+"""``celery -A proj agboss answer-pause`` and ``pauses`` through click's CliRunner, on a real
+app and store (SQLite and PostgreSQL), with deliveries cut short as the World makes them.
+
+An answer moves the pause once and publishes the task again; a second one, an unknown
+pause, and a pause whose execution no longer waits for it are refused with the exit
+codes scripts rely on, and publish nothing. An answer that comes while the delivery
+that paused still holds the lease is not lost: that delivery publishes it on release.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner, Result
+
+from celery_agboss import answer_pause, cancel
+from celery_agboss.cli import EXIT_NOT_FOUND, EXIT_REFUSED, agboss
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.executions import ExecutionState
+from tests.operations.world import World
+
+
+def run(app: Celery, *args: str) -> Result:
+    return CliRunner().invoke(
+        agboss,
+        list(args),
+        obj=CLIContext(app=app, no_color=True, workdir=None),
+        catch_exceptions=False,
+    )
+
+
+def run_json(app: Celery, *args: str) -> Any:
+    return json.loads(run(app, *args, "--json").output)
+
+
+def _paused(world: World, name: str = "approve") -> tuple[str, ExecutionContext]:
+    """A delivery that paused at ``name``; its lease still held (the caller releases)."""
+    task_id = world.publish()
+    ctx = world.start(task_id)
+    with ctx.fenced() as tx:
+        assert world.agboss.executions.pause_in(tx, name, '{"order": 1}') == (False, None)
+    return task_id, ctx
+
+
+def _paused_and_released(world: World) -> str:
+    task_id, ctx = _paused(world)
+    assert ctx.settle_all_and_release()
+    return task_id
+
+
+def test_answer_pause_answers_once_audits_and_publishes_again(world: World) -> None:
+    task_id = _paused_and_released(world)
+    pause_id = f"{task_id}:approve"
+    assert run_json(world.app, "pauses")["pauses"] == [
+        {"pause_id": pause_id, "execution": task_id, "status": "PENDING"}
+    ]
+    result = run(world.app, "answer-pause", pause_id, '{"approved": true}', "--actor", "ana")
+    assert result.exit_code == 0, result.output
+    assert f"Answered {pause_id}; its task is published again now." in result.output
+    assert world.execution(task_id).state is ExecutionState.WAITING
+    assert world.publishes_of(task_id) == 2, "published once, and once more by the answer"
+    (entry,) = world.agboss.executions.list_audit(task_id)
+    assert (entry.actor, entry.action) == ("ana", "answer-pause")
+    assert run_json(world.app, "pauses")["pauses"] == []
+    ctx = world.start(task_id)  # the re-run's pause() returns the answer
+    with ctx.fenced() as tx:
+        assert world.agboss.executions.pause_in(tx, "approve", None) == (
+            True,
+            '{"approved": true}',
+        )
+
+
+def test_a_second_answer_is_refused_and_publishes_nothing(world: World) -> None:
+    task_id = _paused_and_released(world)
+    pause_id = f"{task_id}:approve"
+    assert run_json(world.app, "answer-pause", pause_id, "approve")["answered"] is True
+    again = run_json(world.app, "answer-pause", pause_id, "reject")
+    assert again["error"]["code"] == "not-paused"
+    assert "already answered" in again["error"]["message"]
+    assert run(world.app, "answer-pause", pause_id, "reject").exit_code == EXIT_REFUSED
+    assert world.publishes_of(task_id) == 2
+
+
+def test_an_unknown_pause_is_not_found(world: World) -> None:
+    result = run(world.app, "answer-pause", "no-such-execution:approve", "yes")
+    assert result.exit_code == EXIT_NOT_FOUND
+    assert "agboss pauses" in result.output
+
+
+def test_a_pause_of_a_cancelled_execution_is_no_longer_answered_nor_listed(world: World) -> None:
+    task_id = _paused_and_released(world)
+    assert cancel(world.app, task_id, "customer left").state is ExecutionState.CANCELLED
+    assert run_json(world.app, "pauses")["pauses"] == []
+    result = run(world.app, "answer-pause", f"{task_id}:approve", "yes")
+    assert result.exit_code == EXIT_REFUSED
+    assert "CANCELLED" in result.output
+    assert world.execution(task_id).state is ExecutionState.CANCELLED
+    assert world.publishes_of(task_id) == 1
+
+
+def test_an_answer_while_the_pausing_delivery_holds_the_lease_is_published_on_release(
+    world: World,
+) -> None:
+    task_id, ctx = _paused(world)
+    assert answer_pause(world.app, f"{task_id}:approve", "yes") is False, "a lease is live"
+    record = world.execution(task_id)
+    assert record.state is ExecutionState.WAITING and record.wake_requested
+    released = []
+    ctx.release(lambda ref: released.append(world.agboss.executions.release_delivery(ref)))
+    (outcome,) = released
+    assert outcome.republish, "the delivery that paused publishes the answered task"
