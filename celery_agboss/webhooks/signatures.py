@@ -1,0 +1,265 @@
+"""Signature checks of incoming webhooks: nothing of a webhook is believed before one passes.
+
+Each check works on the raw request body exactly as it arrived (bytes): a body parsed
+and serialised again may differ by one space or one escaped character, and then a
+genuine webhook is refused, or, worse, a check written to be lenient accepts a forged
+one. Every comparison is ``hmac.compare_digest`` (constant time), so the time a refusal
+takes says nothing about how much of a forged signature was right.
+
+A refusal is a ``WebhookSignatureError`` naming the gateway and the reason; a missing
+or unusable secret is the application's ``ConfigurationError``, not the sender's fault.
+The gateways are named only to identify their public webhook formats.
+
+The ``sign_*`` functions make what a gateway would send, for tests and fake gateways.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from celery_agboss.errors import AGBossError, ConfigurationError
+
+STRIPE_SIGNATURE_HEADER = "Stripe-Signature"
+CHECKOUT_SIGNATURE_HEADER = "Cko-Signature"
+DEFAULT_TOLERANCE_SECONDS = 300.0
+"""How far a Stripe-style timestamp may be from this clock, either way (replay window)."""
+
+ADYEN_SIGNED_FIELDS = (
+    "pspReference",
+    "originalReference",
+    "merchantAccountCode",
+    "merchantReference",
+    "value",
+    "currency",
+    "eventCode",
+    "success",
+)
+"""The notification item's fields Adyen signs, in order (``value`` and ``currency``
+come from the item's ``amount``)."""
+
+_STRIPE_SCHEME = "v1"
+
+
+class SignatureFault(str, enum.Enum):
+    """Stable ids of what was wrong (``WebhookSignatureError.reason``)."""
+
+    MISSING = "missing"  # no signature at all
+    MALFORMED = "malformed"  # a signature that cannot be read
+    MISMATCH = "mismatch"  # no signature matches the body: forged or modified
+    STALE = "stale"  # the timestamp is older than the tolerance
+    FUTURE = "future"  # the timestamp is further ahead than the tolerance
+
+
+class WebhookSignatureError(AGBossError):
+    """The webhook's signature was refused; nothing of it was recorded."""
+
+    # Typed fields (set per instance; defaults only for bare construction).
+    gateway: str = ""
+    reason: str = ""
+
+
+def _refuse(gateway: str, fault: SignatureFault, detail: str) -> WebhookSignatureError:
+    return WebhookSignatureError(
+        f"{gateway} webhook refused ({fault.value}): {detail}; nothing was recorded",
+        gateway=gateway,
+        reason=fault.value,
+    )
+
+
+def _secret_bytes(gateway: str, secret: str | bytes) -> bytes:
+    raw = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if not raw.strip():
+        raise ConfigurationError(
+            f"no {gateway} webhook secret was given: every webhook would be refused "
+            "(or, checked without one, believed)",
+            gateway=gateway,
+        )
+    return raw
+
+
+def _hmac_sha256(key: bytes, message: bytes) -> bytes:
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def _same(expected: str, given: str) -> bool:
+    """Constant time, whatever ``given`` holds (compare_digest refuses non-ASCII str)."""
+    return hmac.compare_digest(expected.encode("ascii"), given.encode("utf-8", "replace"))
+
+
+# --- Stripe: Stripe-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>…] --------------------
+
+
+def _parse_stripe_header(header: str) -> tuple[int, list[str]]:
+    timestamps: list[str] = []
+    signatures: list[str] = []
+    for item in header.split(","):
+        name, sep, value = item.strip().partition("=")
+        if not sep:
+            raise _refuse("stripe", SignatureFault.MALFORMED, f"header item {name!r} has no '='")
+        if name == "t":
+            timestamps.append(value.strip())
+        elif name == _STRIPE_SCHEME:
+            signatures.append(value.strip())
+        # other schemes (v0, …) are not what the endpoint secret signs: ignored
+    if len(timestamps) != 1 or not timestamps[0].isdigit():
+        raise _refuse(
+            "stripe", SignatureFault.MALFORMED, "the header needs exactly one t=<seconds>"
+        )
+    if not signatures:
+        raise _refuse("stripe", SignatureFault.MISSING, f"the header has no {_STRIPE_SCHEME}=")
+    return int(timestamps[0]), signatures
+
+
+def stripe_signature(body: bytes, secret: str | bytes, timestamp: int) -> str:
+    """The v1 signature of ``body`` sent at ``timestamp``: hex HMAC-SHA256 of ``"{t}.{body}"``."""
+    signed = str(int(timestamp)).encode("ascii") + b"." + bytes(body)
+    return _hmac_sha256(_secret_bytes("stripe", secret), signed).hex()
+
+
+def sign_stripe(body: bytes, secret: str | bytes, timestamp: int | None = None) -> str:
+    """A ``Stripe-Signature`` header value for ``body`` (tests, fake gateways)."""
+    at = int(time.time()) if timestamp is None else int(timestamp)
+    return f"t={at},{_STRIPE_SCHEME}={stripe_signature(body, secret, at)}"
+
+
+def check_stripe_signature(
+    body: bytes,
+    header: str | None,
+    secret: str | bytes,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE_SECONDS,
+    now: float | None = None,
+) -> int:
+    """Refuse unless one of the header's v1 signatures matches and its timestamp is
+    within ``tolerance`` seconds of ``now``, either way; the timestamp.
+
+    The signature is checked before the timestamp, so a forger learns nothing about
+    the clock. A far-future timestamp is refused too: it would stay "fresh" for as
+    long as it is ahead, a replay window the tolerance was meant to close.
+    """
+    if not tolerance > 0:
+        raise ConfigurationError(
+            f"the webhook tolerance must be a positive number of seconds, not {tolerance!r}: "
+            "without it a recorded webhook could be replayed forever",
+            gateway="stripe",
+        )
+    key = _secret_bytes("stripe", secret)
+    if not header or not header.strip():
+        raise _refuse("stripe", SignatureFault.MISSING, f"no {STRIPE_SIGNATURE_HEADER} header")
+    timestamp, given = _parse_stripe_header(header)
+    expected = _hmac_sha256(key, str(timestamp).encode("ascii") + b"." + bytes(body)).hex()
+    matches = [_same(expected, candidate) for candidate in given]  # every one, no early exit
+    if not any(matches):
+        raise _refuse("stripe", SignatureFault.MISMATCH, "no v1 signature matches the body")
+    clock = time.time() if now is None else now
+    if timestamp < clock - tolerance:
+        raise _refuse(
+            "stripe",
+            SignatureFault.STALE,
+            f"signed {clock - timestamp:.0f} s ago, beyond the {tolerance:g} s tolerance",
+        )
+    if timestamp > clock + tolerance:
+        raise _refuse(
+            "stripe",
+            SignatureFault.FUTURE,
+            f"signed {timestamp - clock:.0f} s ahead of this clock, beyond the "
+            f"{tolerance:g} s tolerance",
+        )
+    return timestamp
+
+
+# --- Checkout.com: Cko-Signature: <hex HMAC-SHA256 of the body> --------------------------
+
+
+def sign_checkout(body: bytes, secret: str | bytes) -> str:
+    """A ``Cko-Signature`` header value for ``body`` (tests, fake gateways)."""
+    return _hmac_sha256(_secret_bytes("checkout", secret), bytes(body)).hex()
+
+
+def check_checkout_signature(body: bytes, header: str | None, secret: str | bytes) -> None:
+    """Refuse unless the header is the hex HMAC-SHA256 of the raw body under ``secret``
+    (the key the webhook was configured with)."""
+    expected = sign_checkout(body, secret)
+    if not header or not header.strip():
+        raise _refuse("checkout", SignatureFault.MISSING, f"no {CHECKOUT_SIGNATURE_HEADER} header")
+    if not _same(expected, header.strip().lower()):
+        raise _refuse("checkout", SignatureFault.MISMATCH, "the signature does not match the body")
+
+
+# --- Adyen: additionalData.hmacSignature, base64 HMAC-SHA256 of the item's fields ----------
+
+
+def _adyen_key(hmac_key_hex: str) -> bytes:
+    try:
+        key = bytes.fromhex(hmac_key_hex.strip())
+    except (ValueError, AttributeError):
+        raise ConfigurationError(
+            "the Adyen HMAC key must be the hex string the webhook was configured with",
+            gateway="adyen",
+        ) from None
+    if not key:
+        raise ConfigurationError("no Adyen HMAC key was given", gateway="adyen")
+    return key
+
+
+def _signing_field(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):  # sent as the strings "true"/"false"; a bool reads the same
+        return "true" if value else "false"
+    return str(value)
+
+
+def adyen_signing_text(item: Mapping[str, Any]) -> str:
+    """The text Adyen signs for one notification item: its fields joined by ``:``, a
+    missing one as empty."""
+    amount = item.get("amount")
+    amount = amount if isinstance(amount, Mapping) else {}
+    fields = {**item, "value": amount.get("value"), "currency": amount.get("currency")}
+    return ":".join(_signing_field(fields.get(name)) for name in ADYEN_SIGNED_FIELDS)
+
+
+def sign_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> str:
+    """The base64 ``hmacSignature`` of one notification item (tests, fake gateways)."""
+    text = adyen_signing_text(item).encode("utf-8")
+    return base64.b64encode(_hmac_sha256(_adyen_key(hmac_key_hex), text)).decode("ascii")
+
+
+def check_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> None:
+    """Refuse unless the item's ``additionalData.hmacSignature`` signs its fields."""
+    expected = sign_adyen_item(item, hmac_key_hex)
+    additional = item.get("additionalData")
+    given = additional.get("hmacSignature") if isinstance(additional, Mapping) else None
+    if not isinstance(given, str) or not given.strip():
+        raise _refuse("adyen", SignatureFault.MISSING, "no additionalData.hmacSignature")
+    try:
+        base64.b64decode(given.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise _refuse("adyen", SignatureFault.MALFORMED, "hmacSignature is not base64") from None
+    if not _same(expected, given.strip()):
+        raise _refuse("adyen", SignatureFault.MISMATCH, "the signature does not match the item")
+
+
+__all__ = [
+    "ADYEN_SIGNED_FIELDS",
+    "CHECKOUT_SIGNATURE_HEADER",
+    "DEFAULT_TOLERANCE_SECONDS",
+    "STRIPE_SIGNATURE_HEADER",
+    "SignatureFault",
+    "WebhookSignatureError",
+    "adyen_signing_text",
+    "check_adyen_item",
+    "check_checkout_signature",
+    "check_stripe_signature",
+    "sign_adyen_item",
+    "sign_checkout",
+    "sign_stripe",
+    "stripe_signature",
+]
