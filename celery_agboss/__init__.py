@@ -45,13 +45,14 @@ if TYPE_CHECKING:
     from celery_agboss.app import AGBoss
     from celery_agboss.operator import answer_pause, cancel
     from celery_agboss.store.migrate import migrate
-    from celery_agboss.task import PaymentTask
+    from celery_agboss.task import PaymentTask, undo_function
 
 __version__ = "0.1.0.dev0"  # the one copy: setup.cfg reads it (attr:)
 
 _LAZY = {
     "AGBoss": "celery_agboss.app",
     "PaymentTask": "celery_agboss.task",
+    "undo_function": "celery_agboss.task",
     "migrate": "celery_agboss.store.migrate",
     "cancel": "celery_agboss.operator",
     "answer_pause": "celery_agboss.operator",
@@ -90,5 +91,6 @@ __all__ = [
     "answer_pause",
     "cancel",
     "migrate",
+    "undo_function",
     "validate_business_key",
 ]

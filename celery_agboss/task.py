@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
-from celery_agboss.core import sabotage
+from celery_agboss import outbox
+from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import RESULT_BACKEND_FAILURE_WITHHELD, log_event
@@ -126,6 +127,21 @@ class _FailureOnlyWhenFailed:
         return record is None or record.state is ExecutionState.FAILED
 
 
+UndoFunctionT = TypeVar("UndoFunctionT", bound=Callable[..., Any])
+
+
+def undo_function(app: Any, name: str) -> Callable[[UndoFunctionT], UndoFunctionT]:
+    """Register ``fn(task, undo, **arguments)`` as the undo ``name`` of ``app``'s payment
+    tasks (``self.undo_with(name, ...)``); every worker must import it. ``undo`` is an
+    ``UndoStep``: its ``key`` is what a refund inside it is keyed by, by default."""
+
+    def register(fn: UndoFunctionT) -> UndoFunctionT:
+        compensation.undo_registry(app).register(name, fn)
+        return fn
+
+    return register
+
+
 def execution_context_of(request: Any) -> ExecutionContext | None:
     """The execution a delivery is running in (None outside a ``PaymentTask``'s body):
     what ``self.outbound()`` and a publish from the body belong to."""
@@ -206,7 +222,9 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         registered (its name checked against the app's other calls) on its first use,
         once, by the context, before anything is recorded.
         """
-        return self._context().outbound(call, request, business_key=business_key)
+        ctx = self._context()
+        with compensation.outbound_step(ctx, call, business_key):  # what undo_with() undoes
+            return ctx.outbound(call, request, business_key=business_key)
 
     def fenced_effect(
         self,
@@ -216,8 +234,22 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         request: Any = None,
     ) -> T:
         """Run ``fn(conn)`` once per key inside the transaction that checks the lease;
-        its JSON result is stored and returned again on every later run."""
-        return self._context().fenced_effect(name, fn, business_key=business_key, request=request)
+        its JSON result is stored and returned again on every later run. The follow-up
+        tasks ``fn`` wrote with ``celery_agboss.outbox.enqueue`` are published once that
+        transaction committed, never before."""
+        ctx = self._context()
+        with compensation.effect_step(ctx, name, business_key):  # what undo_with() undoes
+            return outbox.run_fenced_effect(
+                self.app, ctx, name, fn, business_key=business_key, request=request
+            )
+
+    def undo_with(self, undo: str, /, **arguments: Any) -> None:
+        """Declare the undo of the step that just returned (the last ``outbound()`` or
+        ``fenced_effect()``): the undo function registered as ``undo`` (``undo_function``),
+        called with these JSON ``arguments`` if the execution fails for real after it, or
+        is cancelled. Stored under the lease, so it survives a crash; it runs once, under
+        ``<step key>:compensation``, the default business key of the calls it makes."""
+        compensation.declare_undo(self._context(), undo, arguments)
 
     def retry(
         self,
@@ -380,4 +412,4 @@ def _has_links(request: Any) -> bool:
     return any(getattr(request, name, None) for name in ("callbacks", "chain", "errbacks", "chord"))
 
 
-__all__ = ["PaymentTask"]
+__all__ = ["PaymentTask", "undo_function"]

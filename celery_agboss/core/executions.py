@@ -59,8 +59,9 @@ REDRIVABLE_STATES = frozenset(
 
 CANCELLED_AFTER_PAYMENT = "cancelled after a completed payment"
 """The reason of an execution whose cancel request came after one of its outbound calls
-completed: money moved, so it is never silently ``CANCELLED``. It waits for an operator
-(``celery -A proj agboss cancel ID --payments-handled``) until undo exists."""
+completed: money moved, so it is never silently ``CANCELLED``. One that declared undos
+runs them first (``COMPENSATING``); one that did not, or whose undos left a completed call
+undone, waits for an operator (``celery -A proj agboss cancel ID --payments-handled``)."""
 
 
 DIVERGENCE = "divergence"
@@ -245,11 +246,28 @@ class ExecutionStore(Protocol):
     def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
         """Fenced: ``WAITING_OPERATOR`` (an operator decides; nothing runs until then)."""
 
-    def cancel_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
+    def cancel_in(
+        self, tx: FencedTransaction, reason: str, *, payments_handled: bool = False
+    ) -> ExecutionRecord:
         """Fenced: ``CANCELLED`` (a cancel request's delivery settled every intent) —
         unless the execution has a PENDING intent (created by it or owned by its lease):
         a payment may be in flight, so the execution is left as it was, to be reconciled
-        first. A terminal execution is returned unchanged."""
+        first. A terminal execution is returned unchanged. ``payments_handled``: its undos
+        took care of every completed call (else one of them makes it wait for a person)."""
+
+    def compensating_in(
+        self,
+        tx: FencedTransaction,
+        reason: str,
+        error: str | None = None,
+        *,
+        continuing: bool = False,
+    ) -> ExecutionRecord:
+        """Fenced: ``COMPENSATING`` (its undos run now), with ``error`` (the failure it ends
+        with) when given — unless it is terminal or, when it does not continue an undo
+        that started (``continuing``: its own refund is reconciled by the undo that made
+        it), has a PENDING intent (no undo starts while a payment may be in flight): then
+        it is returned unchanged."""
 
     def pause_in(
         self, tx: FencedTransaction, name: str, payload: str | None
@@ -331,11 +349,13 @@ class ExecutionStore(Protocol):
         was not in those states."""
 
     def answer_pause(self, pause_id: str, answer: str) -> ExecutionRecord:
-        """Answer a PENDING pause once (``NotPausedError`` otherwise); its PAUSED execution
-        becomes WAITING, due now (the caller re-publishes it)."""
+        """Answer a PENDING pause of a PAUSED execution once (``NotPausedError``, nothing
+        moved, otherwise); the execution becomes WAITING, due now (the caller re-publishes
+        it; while a delivery still holds the lease it is marked to be woken instead)."""
 
     def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:
-        """``(pause_id, execution_id, status)`` of pending pauses, oldest first."""
+        """``(pause_id, execution_id, status)`` of pending pauses whose execution still
+        waits for them, oldest first."""
 
     def append_audit(
         self,

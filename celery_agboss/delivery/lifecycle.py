@@ -59,6 +59,11 @@ from celery_agboss.delivery.cancelling import (
     reconcile_for_cancel,
     send_revoked_event,
 )
+from celery_agboss.delivery.compensating import (
+    resume_undo,
+    undo_after_failure,
+    undo_before_cancel,
+)
 from celery_agboss.delivery.outcomes import decode_error, decode_result, encode_error, encode_result
 from celery_agboss.delivery.verdicts import Cancel, Fail, Finish, ForOperator, Verdict, Wait
 from celery_agboss.delivery.waits import (
@@ -209,6 +214,7 @@ class Delivery:
                 "agboss_payment_tasks",
             )
         try:
+            resume_undo(self, start)  # an undo that started goes on; the body never runs again
             if start.execution.cancel_requested and not sabotage.active(CANCEL_REQUEST_IGNORED):
                 self.cancel_reason = start.execution.cancel_reason or self.cancel_reason
                 self._cancel()
@@ -370,6 +376,7 @@ class Delivery:
         if self._cancel_requested_now():
             self._cancel()
         error = encode_error(exc, self._context().mask_error_text)
+        undo_after_failure(self, error, type(exc).__name__)  # the declared undos, first
         record = self._conclude(Fail(error, type(exc).__name__))
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc).__name__)
@@ -480,7 +487,9 @@ class Delivery:
         except StoreError as exc:
             self._store_failed(exc)
         if readiness is CancelReadiness.SETTLED:
-            record = self._verdict(Cancel(self.cancel_reason))
+            record = undo_before_cancel(self, self.cancel_reason)  # its undos run first
+            if record is None:
+                record = self._verdict(Cancel(self.cancel_reason))
             if record is not None and record.state is ExecutionState.CANCELLED:
                 self._release()
                 self._log(EXECUTION_CANCELLED, reason=self.cancel_reason)
@@ -662,6 +671,11 @@ class Delivery:
     def _context(self) -> ExecutionContext:
         assert self.ctx is not None
         return self.ctx
+
+    def use_context(self, ctx: ExecutionContext) -> None:
+        """Go on in ``ctx`` (the undos', on this delivery's lease) for the rest of it."""
+        self.ctx = ctx
+        setattr(self.request, CONTEXT_ATTRIBUTE, ctx)
 
     def _last_outcome(self) -> str | None:
         outcome = self.ctx.last_outcome if self.ctx is not None else None

@@ -9,7 +9,7 @@ from sqlalchemy import and_, bindparam, exists, func, not_, or_, select, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
-from celery_agboss.core import sabotage
+from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.executions import (
     CANCELLED_AFTER_PAYMENT,
     TERMINAL_STATES,
@@ -20,7 +20,7 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.store import IntentStatus, StoreTransaction
 from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
-from celery_agboss.store.schema import leases, outbound_calls
+from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.statement_cache import built_once
@@ -29,6 +29,7 @@ from celery_agboss.store.transactions import SQLTransaction
 _e = executions.c
 _l = leases.c
 _i = outbound_calls.c
+_f = fenced_effects.c
 
 TERMINAL_VALUES = [state.value for state in TERMINAL_STATES]
 
@@ -243,6 +244,13 @@ class ExecutionRows:
         """The execution completed a call that left the system (``completed_call_of``)."""
         return bool(tx.execute(select(completed_call_of(execution_id))).scalar())
 
+    def _declared_undo(self, tx: SQLTransaction, execution_id: str) -> bool:
+        """The execution declared an undo (``core.compensation``'s declaration records)."""
+        declared = exists().where(
+            _f.execution_id == execution_id, _f.name == compensation.UNDO_RECORD
+        )
+        return bool(tx.execute(select(declared)).scalar())
+
     def _insert_requested(self, tx: SQLTransaction, message: ExecutionMessage) -> bool:
         """Record the execution ``REQUESTED`` unless it is there (the publish record)."""
         values = {
@@ -273,14 +281,27 @@ class ExecutionRows:
         reason: str,
         *,
         payments_handled: bool = False,
+        undo_first: bool = True,
     ) -> ExecutionRecord:
         """The end of a cancel request, once nothing is pending and no lease is live (the
         caller checked both under the row locks): ``CANCELLED`` — or, when an outbound call
         of the execution completed (money moved) and no operator said it was handled,
-        ``WAITING_OPERATOR`` "cancelled after a completed payment", listed by
-        ``agboss pending`` until an operator (or, later, its undo) settles it."""
+        ``COMPENSATING`` when it declared undos (``undo_first``: a delivery runs them, then
+        cancels it), else ``WAITING_OPERATOR`` "cancelled after a completed payment", listed
+        by ``agboss pending`` until an operator settles it."""
         reason = reason[:900]
         if not payments_handled and self._completed_payment(tx, execution_id):
+            if undo_first and self._declared_undo(tx, execution_id):
+                self._set(
+                    tx,
+                    execution_id,
+                    state=ExecutionState.COMPENSATING.value,
+                    not_before_ms=None,
+                    cancel_requested=True,
+                    cancel_reason=func.coalesce(_e.cancel_reason, reason),
+                    reason=f"cancel requested; its undos run first: {reason}",
+                )
+                return self._require(tx, execution_id)
             self._set(
                 tx,
                 execution_id,

@@ -101,8 +101,10 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
                 ended = self._end_cancelled(
                     tx, execution_id, record.cancel_reason or "cancel requested"
                 )
-                kind = StartKind.TERMINAL if ended.terminal else StartKind.WAITING_ANSWER
-                return DeliveryStart(kind, ended)
+                if ended.state is not ExecutionState.COMPENSATING:
+                    kind = StartKind.TERMINAL if ended.terminal else StartKind.WAITING_ANSWER
+                    return DeliveryStart(kind, ended)
+                # Its undos run first: in this delivery, which starts it below.
             if live:
                 # The live holder continues; it re-publishes this message when it releases.
                 kept = message_values(message) if newer_or_same(message, record) else {}
@@ -255,17 +257,52 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         )
         return self._require(t, execution_id)
 
-    def cancel_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
+    def cancel_in(
+        self, tx: FencedTransaction, reason: str, *, payments_handled: bool = False
+    ) -> ExecutionRecord:
         """``CANCELLED`` — unless the execution has a pending intent (a payment may be in
         flight: it is reconciled first and the execution is left as it was), or completed
-        an outbound call (money moved: ``WAITING_OPERATOR``, "cancelled after a completed
-        payment", never silently ``CANCELLED``). A revoke's cancel request ends here, in
-        the delivery that settled its intents."""
+        an outbound call its undos did not take care of (money moved: ``WAITING_OPERATOR``,
+        "cancelled after a completed payment", never silently ``CANCELLED``). A revoke's
+        cancel request ends here, in the delivery that settled its intents (and ran its
+        undos: it never hands them to a re-drive)."""
         t, execution_id = sql(tx), tx.lease.scope
         record = self._require(t, execution_id)
         if record.terminal or self._pending_intent(t, execution_id):
             return record
-        return self._end_cancelled(t, execution_id, record.cancel_reason or reason)
+        return self._end_cancelled(
+            t,
+            execution_id,
+            record.cancel_reason or reason,
+            payments_handled=payments_handled,
+            undo_first=False,
+        )
+
+    def compensating_in(
+        self,
+        tx: FencedTransaction,
+        reason: str,
+        error: str | None = None,
+        *,
+        continuing: bool = False,
+    ) -> ExecutionRecord:
+        """``COMPENSATING`` (undos run in this delivery), with the failure it will end with
+        — unless terminal or, starting, an intent of it is PENDING (no undo starts while a
+        payment may be in flight): unchanged then."""
+        t, execution_id = sql(tx), tx.lease.scope
+        record = self._require(t, execution_id)
+        if record.terminal or (not continuing and self._pending_intent(t, execution_id)):
+            return record
+        kept = {} if error is None else {"error": error}
+        self._set(
+            t,
+            execution_id,
+            state=ExecutionState.COMPENSATING.value,
+            not_before_ms=None,
+            reason=reason[:1000],
+            **kept,
+        )
+        return self._require(t, execution_id)
 
     def cancel_request_in(self, tx: FencedTransaction) -> str | None:
         """The reason of the execution's cancel request, read in the caller's fenced

@@ -1,4 +1,5 @@
-"""The Celery layer's tables: executions, the operators' audit trail, meta values, pauses.
+"""The Celery layer's tables: executions, the operators' audit trail, meta values, pauses,
+the outbox.
 
 One row per execution (a Celery task id), from its publish to its terminal state.
 It keeps the message as the broker held it (arguments and publish options as
@@ -108,4 +109,30 @@ pauses = Table(
     Column("answered_at_ms", BigInteger, nullable=True),
 )
 
-__all__ = ["audit", "executions", "meta", "pauses"]
+outbox = Table(
+    "agboss_outbox",
+    metadata,
+    # One follow-up task to publish once the transaction that wrote this row committed
+    # (celery_agboss.outbox): its stable task id, and its message as kombu's JSON text.
+    Column("task_id", _ID, primary_key=True),
+    Column("task_name", _NAME, nullable=False),
+    Column("args", Text, nullable=False),
+    Column("kwargs", Text, nullable=False),
+    Column("options", Text, nullable=False),
+    Column("execution_id", _ID, nullable=True),  # whose fenced effect enqueued it
+    Column("created_at_ms", BigInteger, nullable=False),
+    # The sweep publishes an unpublished row from then on (moved on at each claim).
+    Column("publish_after_ms", BigInteger, nullable=False),
+    Column("published_at_ms", BigInteger, nullable=True),
+    Column("sweep_publishes", Integer, nullable=False, server_default="0"),
+    # The sweep reads the few unpublished rows that are due, never the published history.
+    Index(
+        "ix_agboss_outbox_unpublished_publish_after_ms",
+        "publish_after_ms",
+        postgresql_where=text("published_at_ms IS NULL"),
+        sqlite_where=text("published_at_ms IS NULL"),
+    ),
+    Index(None, "published_at_ms"),
+)
+
+__all__ = ["audit", "executions", "meta", "outbox", "pauses"]

@@ -9,6 +9,7 @@ One run, in bounded batches, safe with several beats or sweepers at once:
 3. ends cancel requests (a revoke, ``cancel()``) once no intent is pending;
 4. re-drives every execution with no live lease whose time came: the same message
    again (same id, arguments and options), or ``PARKED`` past the recovery cap;
+   then publishes the outbox rows left unpublished past their grace (``celery_agboss.outbox``);
 5. deletes settled intents and fenced-effect records past their retention;
 6. records ``last_sweep_at``, which workers watch (``sweep.stale``): while no sweep
    finishes for three intervals they run it themselves, once per tick.
@@ -101,7 +102,7 @@ def run_sweep(
             return report
         report.tick = tick
     run = SweepRun(agboss, batch_size, report)
-    steps = (run.expire, run.reconcile, run.cancel, run.redrive, run.retention)
+    steps = (run.expire, run.reconcile, run.cancel, run.redrive, run.outbox, run.retention)
     try:
         for step in steps:
             try:

@@ -1,9 +1,9 @@
 """The steps of one sweep run (DESIGN §6), each bounded by the batch size.
 
 ``celery_agboss.sweep`` runs them in order: expire, reconcile stranded intents, end
-cancel requests, re-drive, retention. Every claim is a compare-and-set committed before
-any gateway call or publish; one failing row is logged (``sweep.error``) and left for
-the next run, never stopping this one.
+cancel requests, re-drive, the outbox's leftovers, retention. Every claim is a
+compare-and-set committed before any gateway call or publish; one failing row is
+logged (``sweep.error``) and left for the next run, never stopping this one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
 from celery_agboss.core.store import IntentGuard, IntentStatus, LeaseRef
 from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.messages import republish
+from celery_agboss.outbox import sweep_outbox
 from celery_agboss.runtime import Runtime
 from celery_agboss.settings import DEFAULT_SWEEP_INTERVAL_SECONDS
 from celery_agboss.store import sweep_queries as q
@@ -67,6 +68,8 @@ class SweepReport:
     intents_deleted: int = 0
     effects_deleted: int = 0
     executions_deleted: int = 0
+    outbox_published: int = 0
+    outbox_deleted: int = 0
     errors: int = 0
     duration_ms: int = 0
     republished_ids: list[str] = field(default_factory=list, repr=False)
@@ -385,6 +388,15 @@ class SweepRun:
             state=(previous_state or record.state).value,
             recovery_count=record.recovery_count,
         )
+
+    # --- 4b. the outbox (celery_agboss.outbox) ------------------------------------------
+
+    def outbox(self) -> None:
+        """Publish the follow-ups a worker committed but died before publishing."""
+        done = sweep_outbox(self.agboss, self.batch)
+        self.report.outbox_published += done.published
+        self.report.outbox_deleted += done.deleted
+        self.report.errors += done.errors
 
     # --- 5. retention ---------------------------------------------------------------
 

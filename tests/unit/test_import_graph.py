@@ -33,6 +33,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("delivery", ["celery_agboss.delivery", "celery_agboss.delivery.*"]),
+    # The transactional outbox: what a fenced effect enqueues, published after its commit.
+    ("outbox", ["celery_agboss.outbox"]),
     ("task", ["celery_agboss.task"]),
     (
         "installed by AGBoss",
@@ -44,6 +46,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.operator.*",
             "celery_agboss.metrics",
             "celery_agboss.metrics.*",
+            # Webhook intake: signature checks, and events applied through PaymentTask.
+            "celery_agboss.webhooks",
+            "celery_agboss.webhooks.*",
         ],
     ),
     ("binding", ["celery_agboss.app", "celery_agboss"]),

@@ -1,0 +1,387 @@
+"""Undo once (a saga's compensation), as the engine sees it — no Celery, no SQL.
+
+A step that succeeded (an outbound call, a fenced effect) may declare its undo: the
+name of a registered undo function and JSON arguments. The declaration is a
+fenced-effect record of the execution, numbered in the order the body declared them
+(``<tenant>:t:<execution id>:agboss.undo#n``), so it survives a crash and every
+delivery reads the same list. When the execution fails for real, or is cancelled
+after a completed payment, the undos run in reverse order, each under its own key,
+``<step key>:compensation``:
+
+- each one is marked done by a fenced-effect record under that key, written in a
+  fenced transaction once the undo function returned, and an undo whose mark exists
+  is never run again, on any worker;
+- calls and effects inside an undo default their business key to that key, so a
+  refund made there is one intent whatever delivery makes it: an undo that crashed
+  after its refund and before its mark replays the refund, it does not send it again
+  (PS10). Between the refund's effect and the mark, the undo function runs again: only
+  what it does through ``outbound()`` or ``fenced_effect()`` is exactly once;
+- a mark that compensation started (``agboss.compensating``) keeps the original
+  failure, so a delivery after a crash continues the undo, never the body.
+
+A business-keyed step is one step for every execution that names its key: its undo
+runs once, by whichever execution undoes it first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.canonical import ensure_json
+from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.keys import fit_key, step_key
+from celery_agboss.core.lease import LeaseRenewer
+from celery_agboss.core.log_events import FENCED_EFFECT_APPLIED, FENCED_EFFECT_REPLAYED, log_event
+from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.store import (
+    EFFECT_RECORD,
+    EffectRecord,
+    FencedTransaction,
+    Store,
+    StoreTransaction,
+)
+from celery_agboss.core.undo_steps import (
+    StepTrail,
+    UndoFunction,
+    UndoRegistry,
+    check_undo_name,
+    effect_step,
+    outbound_step,
+    trail_of,
+    undo_registry,
+)
+from celery_agboss.errors import ConfigurationError
+
+T = TypeVar("T")
+
+UNDO_RECORD = "agboss.undo"
+"""The fenced-effect name of an undo declaration (the store finds an execution's by it)."""
+
+DONE_RECORD = "agboss.compensation"
+"""The fenced-effect name of an undo's done mark, kept under ``<step key>:compensation``."""
+
+STARTED_RECORD = "agboss.compensating"
+"""The fenced-effect name of the mark that an execution's compensation started."""
+
+COMPENSATION_SUFFIX = ":compensation"
+COMPENSATION_KEY_LIMIT = 200
+"""A longer ``<step key>:compensation`` becomes its digest (``fit_key``): it is also the
+business key of the calls inside the undo, and their intent keys must fit the store."""
+
+FAILURE = "failure"
+CANCEL = "cancel"
+"""Why compensation started: the body failed for real, or a cancel came after a payment."""
+
+UNDO_NOT_MARKED_DONE = sabotage.register("undo-not-marked-done")
+"""Sabotage (PS10): an undo's done mark is neither written nor read, so every delivery of
+a compensating execution runs every undo again, one already done included."""
+
+
+def compensation_key(step: str) -> str:
+    """``<step key>:compensation``: the key an undo runs under (its done mark's key, and
+    the default business key of the calls it makes)."""
+    return fit_key(step + COMPENSATION_SUFFIX, COMPENSATION_KEY_LIMIT)
+
+
+def declaration_key(settings: EngineSettings, execution_id: str, position: int) -> str:
+    return step_key(settings.tenant, execution_id, UNDO_RECORD, position)
+
+
+def started_key(settings: EngineSettings, execution_id: str) -> str:
+    return step_key(settings.tenant, execution_id, STARTED_RECORD, 1)
+
+
+@dataclass(frozen=True)
+class UndoDeclaration:
+    """The undo one step declared, as stored: what runs, with what, in which order."""
+
+    position: int
+    step_key: str
+    undo: str
+    arguments: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return compensation_key(self.step_key)
+
+
+@dataclass(frozen=True)
+class UndoStep:
+    """What an undo function is given besides its arguments."""
+
+    name: str  # the registered undo function's name
+    step_key: str  # the step it undoes
+    key: str  # ``<step key>:compensation``: the default business key of its calls
+    arguments: Mapping[str, Any]
+    execution_id: str
+    cause: str  # FAILURE or CANCEL
+
+
+@dataclass(frozen=True)
+class CompensationStarted:
+    """The mark that compensation started, with what the execution ends with after it."""
+
+    cause: str
+    reason: str
+    error: str | None  # the failure, encoded by the layer above (FAILURE only)
+
+
+# --- declarations ------------------------------------------------------------------------
+
+
+def read_declarations(
+    tx: StoreTransaction, settings: EngineSettings, execution_id: str
+) -> list[UndoDeclaration]:
+    """Every undo the execution declared, in the order it declared them."""
+    found: list[UndoDeclaration] = []
+    position = 1
+    while True:
+        record = tx.read_effect(declaration_key(settings, execution_id, position))
+        if record is None or not isinstance(record.result, dict):
+            return found
+        value = record.result
+        found.append(
+            UndoDeclaration(
+                position=position,
+                step_key=str(value["step"]),
+                undo=str(value["undo"]),
+                arguments=dict(value.get("arguments") or {}),
+            )
+        )
+        position += 1
+
+
+def declare_undo(ctx: ExecutionContext, undo: str, arguments: Mapping[str, Any]) -> UndoDeclaration:
+    """Declare the undo of the step this delivery completed last; the same step again
+    keeps its first declaration. Not refused by a cancel request: declaring moves no
+    money, and the cancel needs the undo."""
+    check_undo_name(undo)
+    if isinstance(ctx, UndoContext):
+        raise ConfigurationError("an undo cannot declare an undo of its own", undo=undo)
+    trail = trail_of(ctx)
+    step = trail.last_step
+    if step is None:
+        raise ConfigurationError(
+            "undo_with() declares the undo of the step that just returned: call it right "
+            "after the outbound() or fenced_effect() it undoes",
+            undo=undo,
+        )
+    values = dict(arguments)
+    try:
+        ensure_json(values)
+    except TypeError as exc:
+        raise ConfigurationError(f"the arguments of undo {undo!r} must be JSON: {exc}") from None
+    with ctx.fenced() as tx:
+        known = read_declarations(tx, ctx.settings, ctx.execution_id)
+        for declaration in known:
+            if declaration.step_key == step:
+                trail.declared = max(trail.declared, len(known))
+                return declaration
+        declaration = UndoDeclaration(len(known) + 1, step, undo, values)
+        tx.insert_effect(
+            EffectRecord(
+                key=declaration_key(ctx.settings, ctx.execution_id, declaration.position),
+                execution_id=ctx.execution_id,
+                name=UNDO_RECORD,
+                result={"step": step, "undo": undo, "arguments": values},
+                token=ctx.lease_ref.token,
+                created_at_ms=tx.now_ms,
+            )
+        )
+    trail.declared = declaration.position
+    return declaration
+
+
+# --- the start mark ----------------------------------------------------------------------
+
+
+def mark_started_in(
+    tx: FencedTransaction,
+    settings: EngineSettings,
+    execution_id: str,
+    started: CompensationStarted,
+) -> None:
+    """Record that compensation started (once: a later start keeps the first mark)."""
+    key = started_key(settings, execution_id)
+    if tx.read_effect(key) is not None:
+        return
+    tx.insert_effect(
+        EffectRecord(
+            key=key,
+            execution_id=execution_id,
+            name=STARTED_RECORD,
+            result={"cause": started.cause, "reason": started.reason, "error": started.error},
+            token=tx.lease.token,
+            created_at_ms=tx.now_ms,
+        )
+    )
+
+
+def read_started(
+    store: Store, settings: EngineSettings, execution_id: str
+) -> CompensationStarted | None:
+    record = store.read_effect(started_key(settings, execution_id))
+    if record is None or not isinstance(record.result, dict):
+        return None
+    value = record.result
+    error = value.get("error")
+    return CompensationStarted(
+        cause=str(value.get("cause") or FAILURE),
+        reason=str(value.get("reason") or ""),
+        error=None if error is None else str(error),
+    )
+
+
+# --- running them -------------------------------------------------------------------------
+
+
+class UndoContext(ExecutionContext):
+    """The context undos run in: the delivery's own lease, no cancel check (an undo that
+    started runs to its end), and the running undo's key as the default business key of
+    every call and effect, so that its refund has one key on every delivery."""
+
+    current: UndoStep | None = None
+
+    @classmethod
+    def over(cls, ctx: ExecutionContext, renewer: LeaseRenewer | None = None) -> UndoContext:
+        """A context on ``ctx``'s lease (``ctx`` is not used after this)."""
+        return cls(ctx.store, ctx.lease, ctx.execution_id, ctx.settings, renewer=renewer)
+
+    def outbound(self, call: OutboundCall, request: Any, business_key: str | None = None) -> Any:
+        return super().outbound(call, request, business_key=self._key(business_key))
+
+    def fenced_effect(
+        self,
+        name: str,
+        fn: Callable[[Any], T],
+        business_key: str | None = None,
+        request: Any = None,
+    ) -> T:
+        return super().fenced_effect(
+            name, fn, business_key=self._key(business_key), request=request
+        )
+
+    def _key(self, given: str | None) -> str:
+        if given is not None:
+            return given
+        if self.current is None:
+            raise ConfigurationError(
+                "outbound() and fenced_effect() run here only inside an undo",
+                execution_id=self.execution_id,
+            )
+        return self.current.key
+
+
+def run_undos(
+    ctx: UndoContext,
+    declarations: Iterable[UndoDeclaration],
+    call: Callable[[UndoStep], Any],
+    *,
+    cause: str,
+) -> int:
+    """Run every undo not marked done, last declared first, each marked done in a fenced
+    write once ``call`` returned; the number run. Whatever ``call`` raises propagates (the
+    undo is then not done, and the next delivery runs it again)."""
+    ran = 0
+    for declaration in sorted(declarations, key=lambda d: d.position, reverse=True):
+        step = UndoStep(
+            name=declaration.undo,
+            step_key=declaration.step_key,
+            key=declaration.key,
+            arguments=declaration.arguments,
+            execution_id=ctx.execution_id,
+            cause=cause,
+        )
+        log_ref: dict[str, Any] = {
+            "effect": DONE_RECORD,
+            "execution_id": ctx.execution_id,
+            "undo": step.name,
+        }
+        if _done(ctx, step):
+            log_event(FENCED_EFFECT_REPLAYED, **log_ref)
+            continue
+        ctx.current = step
+        before = ctx.reached_keys()
+        try:
+            call(step)
+        finally:
+            ctx.current = None
+        if not sabotage.active(UNDO_NOT_MARKED_DONE):
+            with ctx.fenced() as tx:
+                tx.insert_effect(
+                    EffectRecord(
+                        key=step.key,
+                        execution_id=ctx.execution_id,
+                        name=DONE_RECORD,
+                        result={
+                            "undo": step.name,
+                            "step": step.step_key,
+                            "intents": sorted(ctx.reached_keys() - before),
+                        },
+                        token=ctx.lease_ref.token,
+                        created_at_ms=tx.now_ms,
+                    )
+                )
+        log_event(FENCED_EFFECT_APPLIED, **log_ref)
+        ran += 1
+    return ran
+
+
+def _done(ctx: UndoContext, step: UndoStep) -> bool:
+    """Whether the undo's done mark exists (read under the lease, noted when another
+    execution made it, so retention keeps it while this one lives)."""
+    if sabotage.active(UNDO_NOT_MARKED_DONE):
+        return False
+    with ctx.fenced() as tx:
+        mark = tx.read_effect(step.key)
+        if mark is not None and mark.execution_id != ctx.execution_id:
+            tx.record_use(EFFECT_RECORD, step.key, ctx.execution_id)
+    return mark is not None
+
+
+def undone_intents(tx: StoreTransaction, declarations: Iterable[UndoDeclaration]) -> set[str]:
+    """The keys an undo took care of: each step whose undo is done, and every intent the
+    undos made (their refunds)."""
+    covered: set[str] = set()
+    for declaration in declarations:
+        mark = tx.read_effect(declaration.key)
+        if mark is None:
+            continue
+        covered.add(declaration.step_key)
+        if isinstance(mark.result, dict):
+            covered.update(str(key) for key in mark.result.get("intents") or ())
+    return covered
+
+
+__all__ = [
+    "CANCEL",
+    "DONE_RECORD",
+    "FAILURE",
+    "STARTED_RECORD",
+    "UNDO_NOT_MARKED_DONE",
+    "UNDO_RECORD",
+    "CompensationStarted",
+    "StepTrail",
+    "UndoContext",
+    "UndoDeclaration",
+    "UndoFunction",
+    "UndoRegistry",
+    "UndoStep",
+    "compensation_key",
+    "declaration_key",
+    "declare_undo",
+    "effect_step",
+    "mark_started_in",
+    "outbound_step",
+    "read_declarations",
+    "read_started",
+    "run_undos",
+    "started_key",
+    "trail_of",
+    "undo_registry",
+    "undone_intents",
+]

@@ -1,0 +1,152 @@
+"""What undo declarations refer to: the step a delivery completed last, and the
+registered undo functions (``celery_agboss.core.compensation`` runs them).
+
+``PaymentTask.outbound()`` and ``fenced_effect()`` run inside ``outbound_step`` and
+``effect_step``, which note the key of each step that returned; ``undo_with()`` declares
+the undo of the last one. Undo functions are registered by name, per application, so
+that a declaration stored by one worker finds the same function on every other.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.fenced_effects import effect_key
+from celery_agboss.core.keys import business_key, fit_key, validate_business_key
+from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.errors import ConfigurationError
+
+UndoFunction = Callable[..., Any]
+"""``fn(task, undo: UndoStep, **arguments)``: ``task`` is what the body calls verbs on."""
+
+
+# --- registered undo functions -------------------------------------------------------
+
+
+class UndoRegistry:
+    """Undo functions by name, for one application (a Celery app, say)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._functions: dict[str, UndoFunction] = {}
+
+    def register(self, name: str, fn: UndoFunction) -> UndoFunction:
+        check_undo_name(name)
+        if not callable(fn):
+            raise ConfigurationError(f"the undo {name!r} must be a function, not {fn!r}")
+        with self._lock:
+            known = self._functions.setdefault(name, fn)
+        if known is not fn:
+            raise ConfigurationError(
+                f"another undo function is already registered as {name!r}: an undo declared "
+                "by a running execution must always find the same function",
+                undo=name,
+            )
+        return fn
+
+    def get(self, name: str) -> UndoFunction | None:
+        with self._lock:
+            return self._functions.get(name)
+
+    def require(self, name: str) -> UndoFunction:
+        fn = self.get(name)
+        if fn is None:
+            raise ConfigurationError(
+                f"no undo function is registered as {name!r} in this process: import the "
+                "module that registers it in every worker",
+                undo=name,
+            )
+        return fn
+
+
+_registries: weakref.WeakKeyDictionary[Any, UndoRegistry] = weakref.WeakKeyDictionary()
+_registries_lock = threading.Lock()
+
+
+def undo_registry(owner: Any) -> UndoRegistry:
+    """The registry of ``owner`` (an app): each app has its own, made on first use."""
+    with _registries_lock:
+        registry = _registries.get(owner)
+        if registry is None:
+            registry = _registries[owner] = UndoRegistry()
+        return registry
+
+
+def check_undo_name(name: Any) -> None:
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ConfigurationError(f"an undo needs a name of 1 to 200 characters, not {name!r}")
+
+
+# --- what the body did: the step an undo declaration belongs to -----------------------
+
+
+@dataclass
+class StepTrail:
+    """One delivery's last completed step, and its count of effects keyed by position."""
+
+    last_step: str | None = None
+    effects: dict[str, int] = field(default_factory=dict)
+    declared: int = 0  # declarations this delivery wrote or found
+    earlier_deliveries: bool = False  # another delivery may have declared undos
+
+
+_trails: weakref.WeakKeyDictionary[ExecutionContext, StepTrail] = weakref.WeakKeyDictionary()
+_trails_lock = threading.Lock()
+
+
+def trail_of(ctx: ExecutionContext) -> StepTrail:
+    with _trails_lock:
+        trail = _trails.get(ctx)
+        if trail is None:
+            trail = _trails[ctx] = StepTrail()
+        return trail
+
+
+@contextmanager
+def outbound_step(
+    ctx: ExecutionContext, call: OutboundCall, business_key_text: str | None
+) -> Iterator[None]:
+    """Around ``ctx.outbound(call, …)``: once it returned, its key is the step an undo
+    declared next belongs to."""
+    before = ctx.reached_keys()
+    yield
+    if business_key_text is not None:
+        raw = business_key(ctx.settings.tenant, validate_business_key(business_key_text), call.name)
+        key: str | None = fit_key(raw, call.max_key_length)
+    else:
+        new = ctx.reached_keys() - before
+        key = next(iter(new)) if len(new) == 1 else None
+    trail_of(ctx).last_step = key
+
+
+@contextmanager
+def effect_step(ctx: ExecutionContext, name: str, business_key_text: str | None) -> Iterator[None]:
+    """Around ``ctx.fenced_effect(name, …)``: the same, its key counted by position as the
+    context counts it."""
+    trail = trail_of(ctx)
+    occurrence = 1
+    if business_key_text is None:
+        occurrence = trail.effects.get(name, 0) + 1
+        trail.effects[name] = occurrence
+    yield
+    trail.last_step = effect_key(
+        ctx.settings, ctx.execution_id, name, business_key_text, occurrence
+    )
+
+
+__all__ = [
+    "StepTrail",
+    "UndoFunction",
+    "UndoRegistry",
+    "check_undo_name",
+    "effect_step",
+    "outbound_step",
+    "trail_of",
+    "undo_registry",
+]

@@ -1,0 +1,276 @@
+"""A delivery runs its execution's undos (``celery_agboss.core.compensation``).
+
+Only two things start them, both inside the delivery, under its lease, in the body's
+wrapper (never from ``on_failure`` in the worker's main process):
+
+- an application exception from the body once every intent is settled (DESIGN §2.1):
+  ``COMPENSATING``, the undos in reverse, then ``FAILED`` with that exception;
+- a cancel request on an execution that declared undos: they run, then ``CANCELLED``
+  (or, when a completed call was not undone, "cancelled after a completed payment").
+
+A hard time limit, a kill, ``SystemExit``, a fence or an unknown outcome never does: a
+crash is a hand-over (P5). A delivery of an execution whose compensation started
+continues it — the undos not marked done — and never runs the body again. While an undo
+runs, what stops it maps as it does for the body (an unknown outcome waits and retries,
+an unreconciled refund waits for an operator, a fence hands over); an undo that raises
+leaves the execution waiting for an operator: money moved and its undo did not happen.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn, Protocol
+
+from celery.exceptions import Ignore
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.compensation import (
+    CANCEL,
+    FAILURE,
+    CompensationStarted,
+    UndoContext,
+    UndoDeclaration,
+    UndoStep,
+    mark_started_in,
+    read_declarations,
+    read_started,
+    run_undos,
+    trail_of,
+    undo_registry,
+    undone_intents,
+)
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.executions import DeliveryStart, ExecutionRecord, ExecutionState
+from celery_agboss.core.log_events import EXECUTION_FAILED, EXECUTION_WAITING_OPERATOR
+from celery_agboss.core.store import IntentStatus
+from celery_agboss.delivery.outcomes import decode_error, encode_error
+from celery_agboss.delivery.verdicts import Fail, Finish, ForOperator, Verdict
+from celery_agboss.errors import (
+    AGBossSignal,
+    ExecutionFencedError,
+    OutboundCallFailureNotReplayableError,
+    OutboundCallResultNotStoredError,
+    OutboundCallUnreconciledError,
+    PauseRequested,
+    StoreError,
+)
+from celery_agboss.runtime import Runtime
+from celery_agboss.task_events import TASK_PAUSED, TASK_UNRECONCILED
+
+UNDO_ON_ANY_FAILURE = sabotage.register("undo-on-any-failure")
+"""Sabotage (P5): a delivery that ended without a verdict (a hard time limit, a kill)
+counts as a failure, so the delivery that takes it over runs the undos instead of
+continuing the body — refunding a payment that went through and whose order goes on."""
+
+FAILURE_SKIPS_UNDO = sabotage.register("failure-skips-undo")
+"""Sabotage: a real failure ends ``FAILED`` without running the undos it declared, as
+before undo existed: the customer stays charged for an order that failed."""
+
+TAKEN_OVER = "the previous delivery ended without a verdict"
+
+
+class DeliveryLike(Protocol):
+    """What of ``lifecycle.Delivery`` running undos uses."""
+
+    task: Any
+    agboss: Runtime
+    execution_id: str
+    cancel_reason: str
+
+    def use_context(self, ctx: ExecutionContext) -> None: ...
+    def _context(self) -> ExecutionContext: ...
+    def _verdict(self, verdict: Verdict) -> ExecutionRecord | None: ...
+    def _conclude(self, verdict: Finish | Fail) -> ExecutionRecord | None: ...
+    def _release(self, *, will_republish: bool = False) -> None: ...
+    def _settle_sends(self) -> bool: ...
+    def _abandon(self) -> None: ...
+    def _cancel(self) -> NoReturn: ...
+    def _fenced(self, exc: ExecutionFencedError) -> NoReturn: ...
+    def _store_failed(self, exc: StoreError) -> NoReturn: ...
+    def _for_operator(self, exc: AGBossSignal) -> NoReturn: ...
+    def _later(self, exc: AGBossSignal) -> NoReturn: ...
+    def _log(self, event: str, level: int = logging.INFO, **fields: Any) -> None: ...
+    def _event(self, type_: str, **fields: Any) -> None: ...
+
+
+# --- the three ways in -------------------------------------------------------------------
+
+
+def resume_undo(d: DeliveryLike, start: DeliveryStart) -> None:
+    """At the start of a delivery: continue a compensation an earlier delivery started
+    (the remaining undos, then its end); return when there is none. Only an execution
+    delivered before can have one, so a first delivery reads nothing."""
+    ctx = d._context()
+    earlier = start.execution.deliveries > 1
+    trail_of(ctx).earlier_deliveries = earlier
+    if not earlier:
+        return
+    try:
+        started = read_started(d.agboss.store, ctx.settings, ctx.execution_id)
+    except StoreError as exc:
+        d._store_failed(exc)
+    if started is None:
+        if start.took_over and sabotage.active(UNDO_ON_ANY_FAILURE):
+            error = encode_error(RuntimeError(TAKEN_OVER))
+            undo_after_failure(d, error, "TakenOver")
+            _end_failed(d, CompensationStarted(FAILURE, "TakenOver", error))
+        return
+    _start(d, started, continuing=True)
+    _run(d, _declarations(d), started.cause)
+    if started.cause == CANCEL:
+        d.cancel_reason = started.reason or d.cancel_reason
+        d._cancel()  # nothing left to undo: settles and ends the cancel
+    _end_failed(d, started)
+
+
+def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> None:
+    """The body failed for real, every send settled: its undos, before ``FAILED`` is
+    written (by the caller). Returns at once when none was declared, or when an intent
+    is pending (no undo then: the execution waits for an operator instead)."""
+    if sabotage.active(FAILURE_SKIPS_UNDO):
+        return
+    declarations = _declarations(d)
+    if declarations and _start(d, CompensationStarted(FAILURE, reason, error)):
+        _run(d, declarations, FAILURE)
+
+
+def undo_before_cancel(d: DeliveryLike, reason: str) -> ExecutionRecord | None:
+    """A cancel request with nothing pending: the declared undos, then the cancel, as
+    ``cancel_in`` wrote it; None when no undo was declared (the caller cancels)."""
+    declarations = _declarations(d)
+    if not declarations or not _start(d, CompensationStarted(CANCEL, reason, None)):
+        return None
+    _run(d, declarations, CANCEL)
+    return _end_cancel(d, declarations, reason)
+
+
+# --- the steps -----------------------------------------------------------------------------
+
+
+def _declarations(d: DeliveryLike) -> list[UndoDeclaration]:
+    ctx = d._context()
+    trail = trail_of(ctx)
+    if not trail.declared and not trail.earlier_deliveries:
+        return []  # nothing declared by this delivery, and there was no other
+    try:
+        with ctx.fenced() as tx:
+            return read_declarations(tx, ctx.settings, ctx.execution_id)
+    except ExecutionFencedError as exc:
+        d._fenced(exc)
+    except StoreError as exc:
+        d._store_failed(exc)
+
+
+def _start(d: DeliveryLike, started: CompensationStarted, *, continuing: bool = False) -> bool:
+    """``COMPENSATING`` and the start mark, in one fenced transaction; False when the
+    execution may not start undo (an intent of it is pending)."""
+    ctx = d._context()
+    executions = d.agboss.executions
+    why = f"undo after {started.reason}" if started.cause == FAILURE else "undo before cancel"
+    try:
+        with ctx.fenced() as tx:
+            record = executions.compensating_in(tx, why, started.error, continuing=continuing)
+            if record.state is not ExecutionState.COMPENSATING:
+                return False
+            mark_started_in(tx, ctx.settings, ctx.execution_id, started)
+    except ExecutionFencedError as exc:
+        d._fenced(exc)
+    except StoreError as exc:
+        d._store_failed(exc)
+    return True
+
+
+def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> None:
+    """The undos, in an ``UndoContext`` on this delivery's lease; whatever stops one
+    ends the delivery as it would have ended the body (the next one continues)."""
+    undo_ctx = UndoContext.over(d._context(), renewer=d.agboss.renewer)
+    d.use_context(undo_ctx)
+    registry = undo_registry(d.task.app)
+    task = d.task
+    running: list[UndoStep] = []
+
+    def call(step: UndoStep) -> None:
+        running.append(step)
+        registry.require(step.name)(task, step, **step.arguments)
+
+    try:
+        run_undos(undo_ctx, declarations, call, cause=cause)
+    except PauseRequested as exc:
+        d._release()
+        d._event(TASK_PAUSED, pause_id=f"{d.execution_id}:{exc.name}")
+        raise Ignore() from None
+    except ExecutionFencedError as exc:
+        d._fenced(exc)
+    except (
+        OutboundCallUnreconciledError,
+        OutboundCallResultNotStoredError,
+        OutboundCallFailureNotReplayableError,
+    ) as exc:
+        d._for_operator(exc)
+    except StoreError as exc:
+        d._store_failed(exc)
+    except AGBossSignal as exc:  # unknown outcome, in flight elsewhere: WAITING, retried
+        d._later(exc)
+    except Exception as exc:
+        _undo_failed(d, running[-1] if running else None, exc)
+    except BaseException:
+        d._abandon()
+        raise
+
+
+def _undo_failed(d: DeliveryLike, step: UndoStep | None, exc: Exception) -> NoReturn:
+    """An undo raised: money moved and was not given back, so a person decides (the
+    undo is not marked done: a re-drive runs it again)."""
+    if not d._settle_sends():
+        d._abandon()
+        raise Ignore() from None
+    ctx = d._context()
+    name = step.name if step is not None else "?"
+    reason = f"undo {name} failed: {type(exc).__name__}: {ctx.mask_error_text(str(exc))}"
+    d._verdict(ForOperator(reason[:1000]))
+    d._release()
+    d._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason="undo failed", undo=name)
+    d._event(TASK_UNRECONCILED, reason=f"undo {name} failed")
+    raise Ignore() from None
+
+
+def _end_failed(d: DeliveryLike, started: CompensationStarted) -> NoReturn:
+    """``FAILED`` with the original failure, raised again for Celery (FAILURE, errbacks)."""
+    error = started.error or encode_error(RuntimeError(started.reason))
+    record = d._conclude(Fail(error, started.reason))
+    if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
+        d._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
+        d._event(TASK_UNRECONCILED, reason=record.reason)
+        raise Ignore()
+    d._log(EXECUTION_FAILED, logging.WARNING, error=started.reason, undone=True)
+    raise decode_error(error)
+
+
+def _end_cancel(
+    d: DeliveryLike, declarations: list[UndoDeclaration], reason: str
+) -> ExecutionRecord | None:
+    """``CANCELLED`` when the undos took care of every call of it that completed."""
+    ctx = d._context()
+    try:
+        with d.agboss.store.read_transaction() as tx:
+            completed = {
+                intent.idempotency_key
+                for intent in tx.list_intents(ctx.execution_id)
+                if intent.status is IntentStatus.COMPLETED
+            }
+            covered = undone_intents(tx, declarations)
+        with ctx.fenced() as ftx:
+            return d.agboss.executions.cancel_in(ftx, reason, payments_handled=completed <= covered)
+    except ExecutionFencedError as exc:
+        d._fenced(exc)
+    except StoreError as exc:
+        d._store_failed(exc)
+
+
+__all__ = [
+    "FAILURE_SKIPS_UNDO",
+    "UNDO_ON_ANY_FAILURE",
+    "resume_undo",
+    "undo_after_failure",
+    "undo_before_cancel",
+]

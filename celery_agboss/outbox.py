@@ -1,0 +1,343 @@
+"""The transactional outbox: follow-up tasks published if and only if a transaction committed.
+
+A publish inside a fenced effect's ``fn`` would reach the broker before the effect's
+transaction commits — and a rolled-back effect would still have its follow-up — while
+a publish after it is lost when the worker dies in between. So ``enqueue(conn, …)``
+writes the follow-up as a row on ``fn``'s connection, in the effect's transaction;
+``PaymentTask.fenced_effect`` publishes the rows its effect wrote once that transaction
+committed, and marks them published; the sweep publishes the rows a dead worker left
+unpublished past their grace. Every row has a stable task id (derived from the effect's
+key and the row's position in ``fn``, or from the application's ``key``), so the worst
+case — a publish whose "published" mark was lost, then the sweep's — is one message
+twice under one id, which a ``PaymentTask`` consumer runs once. A plain Celery task
+would run twice: the consumer of an outbox message must be a ``PaymentTask`` (or
+deduplicate on its task id itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from celery.canvas import Signature
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.durations import to_ms
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.fenced_effects import effect_key
+from celery_agboss.core.log_events import SWEEP_ERROR, log_event
+from celery_agboss.errors import ConfigurationError, StoreError
+from celery_agboss.messages import dumps, loads
+from celery_agboss.runtime import Runtime, runtime_of
+from celery_agboss.settings import DEFAULT_SWEEP_INTERVAL_SECONDS
+from celery_agboss.store import outbox as rows
+from celery_agboss.store.driver_errors import translated
+from celery_agboss.store.outbox import OutboxMessage, OutboxRow
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+
+logger = logging.getLogger("celery_agboss")
+
+T = TypeVar("T")
+
+PUBLISHED_WITHOUT_COMMIT = sabotage.register("outbox-published-without-commit")
+"""Sabotage: what ``fn`` enqueued is published from memory when the effect ends, committed
+or not — as a publish placed before the commit would be: a rolled-back effect's
+follow-up runs."""
+
+SWEEP_NOT_REPUBLISHING = sabotage.register("outbox-sweep-not-republishing")
+"""Sabotage: the sweep leaves unpublished rows alone, so a follow-up whose worker died
+between the commit and the publish never runs."""
+
+DEFAULT_GRACE = timedelta(seconds=30)
+"""How long the sweep leaves a committed row to the process that committed it (which
+publishes it at once) before it publishes the row itself."""
+
+_IDS = uuid.UUID("0b7d3c4e-8f21-4a6b-9c55-2e1f7a9d4b10")
+_EFFECT_COUNTER = "agboss.outbox:effect:"  # ExecutionContext.next_publish, per effect name
+
+
+@dataclass
+class _EffectScope:
+    """The fenced effect whose ``fn`` is running on this thread: what ``enqueue`` derives
+    the task id from, and what its delivery publishes once the effect committed."""
+
+    conn: Connection
+    key: str
+    execution_id: str
+    offset_ms: int
+    enqueued: list[OutboxMessage] = field(default_factory=list)
+
+
+_current: ContextVar[_EffectScope | None] = ContextVar("agboss_outbox_effect", default=None)
+
+
+def enqueue(
+    conn: Connection | Session,
+    task: Signature | str | Any,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    options: Mapping[str, Any] | None = None,
+    key: str | None = None,
+    grace: float | timedelta = DEFAULT_GRACE,
+) -> str:
+    """Write a follow-up task in ``conn``'s transaction; its task id.
+
+    ``task`` is a signature (``send_receipt.s(order_id).set(queue="mail")``), a task, or
+    a task name with ``args``, ``kwargs`` and publish ``options``. Inside a fenced
+    effect's ``fn`` (``conn`` is ``fn``'s connection, or an ORM session joined to it) the
+    id is derived from the effect's key and this call's position in ``fn``, so every
+    re-run of the body names the same task; elsewhere (the application's own transaction
+    on the store's database) give ``key`` — unique in the store — or a ``task_id`` in
+    the options. Published once the transaction committed (by the fenced effect, or by
+    your ``publish(app, task_id)`` after your commit); the sweep publishes it ``grace``
+    after the commit if nobody did.
+    """
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    name, call_args, call_kwargs, call_options = _message_parts(task, args, kwargs, options)
+    scope = _current.get()
+    if scope is not None and connection is not scope.conn:
+        raise ConfigurationError(
+            "outbox.enqueue() inside a fenced effect takes the connection fn was given: a "
+            "row written on another connection would not commit with the effect",
+            task=name,
+        )
+    task_id = _task_id(scope, key, call_options.pop("task_id", None), name)
+    message = OutboxMessage(
+        task_id=task_id,
+        task_name=name,
+        args=dumps(call_args),
+        kwargs=dumps(call_kwargs),
+        options=dumps(call_options),
+        execution_id=None if scope is None else scope.execution_id,
+    )
+    grace_ms = to_ms(grace, what="grace")
+    if grace_ms < 0:
+        raise ValueError("grace must not be negative")
+    with translated():
+        rows.insert_txn(
+            connection,
+            message,
+            grace_ms=grace_ms,
+            offset_ms=0 if scope is None else scope.offset_ms,
+        )
+    if scope is not None:
+        scope.enqueued.append(message)
+    return task_id
+
+
+def _message_parts(
+    task: Any,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None,
+) -> tuple[str, list[Any], dict[str, Any], dict[str, Any]]:
+    if isinstance(task, Signature):
+        if task.get("subtask_type"):
+            raise ConfigurationError(
+                "outbox.enqueue() takes one task, not a canvas (chain, group, chord): enqueue "
+                "its first task and link the rest (link=…)",
+                task=str(task.get("task")),
+            )
+        if args is not None or kwargs is not None or options is not None:
+            raise TypeError("give a signature, or a task name with args/kwargs/options: not both")
+        return (
+            str(task.task),
+            list(task.args or ()),
+            dict(task.kwargs or {}),
+            dict(task.options or {}),
+        )
+    name = task if isinstance(task, str) else getattr(task, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"outbox.enqueue() needs a signature, a task or a task name, not {task!r}")
+    return name, list(args or ()), dict(kwargs or {}), dict(options or {})
+
+
+def _task_id(scope: _EffectScope | None, key: str | None, given: Any, name: str) -> str:
+    if given is not None:
+        return str(given)
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"an outbox key must be a non-empty string, not {key!r}")
+        return str(uuid.uuid5(_IDS, f"key/{key}"))
+    if scope is None:
+        raise ConfigurationError(
+            "outbox.enqueue() outside a PaymentTask's fenced effect needs key=… (unique in "
+            "the store) or a task_id: a retried transaction must name the same task again",
+            task=name,
+        )
+    return str(uuid.uuid5(_IDS, f"effect/{scope.key}/{len(scope.enqueued) + 1}"))
+
+
+# --- the delivery: after the effect's commit ------------------------------------------------
+
+
+def run_fenced_effect(
+    app: Any,
+    ctx: ExecutionContext,
+    name: str,
+    fn: Callable[[Any], T],
+    *,
+    business_key: str | None = None,
+    request: Any = None,
+) -> T:
+    """``ctx.fenced_effect`` with the outbox: what ``fn`` enqueued is published after the
+    effect's transaction committed, and only then. ``PaymentTask.fenced_effect`` calls it."""
+    # Counted as the context counts the effects of one name, on every call (replayed or
+    # not), so a re-run derives the same effect key, and so the same task ids.
+    occurrence = 1 if business_key is not None else ctx.next_publish(_EFFECT_COUNTER + name)
+    offset_ms = ctx.store.offset_ms() if isinstance(ctx.store, SQLAlchemyStore) else 0
+    runs: list[_EffectScope] = []
+
+    def with_outbox(conn: Any) -> T:
+        key = effect_key(ctx.settings, ctx.execution_id, name, business_key, occurrence)
+        scope = _EffectScope(conn, key, ctx.execution_id, offset_ms)
+        runs[:] = [scope]  # a run that lost its insert was rolled back: only the last counts
+        token = _current.set(scope)
+        try:
+            return fn(conn)
+        finally:
+            _current.reset(token)
+
+    try:
+        result = ctx.fenced_effect(name, with_outbox, business_key=business_key, request=request)
+    finally:
+        if runs and sabotage.active(PUBLISHED_WITHOUT_COMMIT):
+            for message in runs[-1].enqueued:
+                _send(app, message)
+    if runs and runs[-1].enqueued:
+        publish(app, *(message.task_id for message in runs[-1].enqueued))
+    return result
+
+
+def publish(app: Any, *task_ids: str) -> list[str]:
+    """Publish these outbox rows if they committed and are not published yet; the ids
+    published. Never raises for a publish that failed: the row stays, the sweep
+    publishes it. Call it after your own transaction committed (a fenced effect does)."""
+    agboss = runtime_of(app)
+    try:
+        committed = rows.unpublished(agboss.store, task_ids)
+    except (Exception, StoreError):
+        logger.warning(
+            "celery_agboss outbox: rows not read; the sweep publishes them", exc_info=True
+        )
+        return []
+    published: list[str] = []
+    for row in committed:
+        task_id = row.message.task_id
+        try:
+            _send(agboss.app, row.message)
+        except (Exception, StoreError):
+            logger.warning(
+                "celery_agboss outbox: %s (%s) not published; the sweep publishes it",
+                task_id,
+                row.message.task_name,
+                exc_info=True,
+            )
+            continue
+        published.append(task_id)
+        try:
+            rows.mark_published(agboss.store, task_id)
+        except (Exception, StoreError):
+            # Sent, not marked: the sweep sends it again, under the same id (harmless
+            # for a PaymentTask consumer, the reason it must be one).
+            logger.warning(
+                "celery_agboss outbox: %s published but not marked so", task_id, exc_info=True
+            )
+    return published
+
+
+def _send(app: Any, message: OutboxMessage) -> Any:
+    """The message as enqueued, under its own task id (never one derived for a publish
+    from a body: the outbox's id is the one that must be stable)."""
+    options = dict(loads(message.options) or {})
+    return app.send_task(
+        message.task_name,
+        args=loads(message.args) or [],
+        kwargs=loads(message.kwargs) or {},
+        task_id=message.task_id,
+        add_to_parent=False,
+        **options,
+    )
+
+
+# --- the sweep ------------------------------------------------------------------------------
+
+
+@dataclass
+class OutboxSweep:
+    """What the sweep's outbox step did: rows published, published rows deleted, errors."""
+
+    published: int = 0
+    deleted: int = 0
+    errors: int = 0
+    published_ids: list[str] = field(default_factory=list)
+
+
+def sweep_outbox(agboss: Runtime, batch_size: int) -> OutboxSweep:
+    """Publish the committed rows nobody published within their grace (the process that
+    committed them died, or the broker refused), at most ``batch_size``, each claimed
+    first; then delete published rows older than the fenced-effect retention."""
+    done = OutboxSweep()
+    settings = agboss.settings
+    store = agboss.store
+    if not sabotage.active(SWEEP_NOT_REPUBLISHING):
+        interval = settings.sweep_interval_seconds or DEFAULT_SWEEP_INTERVAL_SECONDS
+        # The claim keeps other sweepers away while this one publishes (or dies trying).
+        retry_after_ms = max(2 * round(interval * 1000), settings.lease_ttl_ms)
+        for row in rows.claim_due(store, batch_size, retry_after_ms):
+            try:
+                _send(agboss.app, row.message)
+                rows.mark_published(store, row.message.task_id)
+            except (Exception, StoreError):
+                done.errors += 1
+                log_event(
+                    SWEEP_ERROR,
+                    logging.ERROR,
+                    exc_info=True,
+                    step="outbox",
+                    task=row.message.task_name,
+                    task_id=row.message.task_id,
+                )
+                continue
+            done.published += 1
+            done.published_ids.append(row.message.task_id)
+    cutoff = store.now_ms() - round(settings.fenced_effect_retention_seconds * 1000)
+    done.deleted = rows.delete_published_before(store, cutoff, batch_size)
+    return done
+
+
+# --- what operators and tests read ----------------------------------------------------------
+
+
+def read(app: Any, task_id: str) -> OutboxRow | None:
+    """The committed outbox row of ``task_id`` (None: never committed, or retention's)."""
+    return rows.read(runtime_of(app).store, task_id)
+
+
+def count_unpublished(app: Any) -> int:
+    """Committed rows still waiting for their publish."""
+    return rows.count_unpublished(runtime_of(app).store)
+
+
+__all__ = [
+    "DEFAULT_GRACE",
+    "PUBLISHED_WITHOUT_COMMIT",
+    "SWEEP_NOT_REPUBLISHING",
+    "OutboxMessage",
+    "OutboxRow",
+    "OutboxSweep",
+    "count_unpublished",
+    "enqueue",
+    "publish",
+    "read",
+    "run_fenced_effect",
+    "sweep_outbox",
+]

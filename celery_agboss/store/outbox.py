@@ -1,0 +1,229 @@
+"""The outbox table's statements (``celery_agboss.outbox`` is the verb the body calls).
+
+A row is written on the caller's connection, inside the caller's transaction (a fenced
+effect's, or the application's own), so it exists if and only if that transaction
+committed. Everything after that — reading what to publish, marking it published, the
+sweep's claim of rows left unpublished, retention — is one short transaction of its
+own on the store. Texts (arguments, options) are the caller's: this module stores and
+returns them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import Connection
+
+from celery_agboss.errors import IdempotencyKeyConflictError
+from celery_agboss.store.dialect import insert_or_nothing, is_postgresql, now_expr
+from celery_agboss.store.driver_errors import translated
+from celery_agboss.store.schema_executions import outbox
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+
+_o = outbox.c
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """One follow-up task as it will be published: its id, name and kombu-JSON texts."""
+
+    task_id: str
+    task_name: str
+    args: str
+    kwargs: str
+    options: str
+    execution_id: str | None = None
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """A committed outbox row: the message, and where its publish stands."""
+
+    message: OutboxMessage
+    created_at_ms: int
+    publish_after_ms: int
+    published_at_ms: int | None
+    sweep_publishes: int
+
+    @property
+    def published(self) -> bool:
+        return self.published_at_ms is not None
+
+
+def _row(row: Any) -> OutboxRow:
+    return OutboxRow(
+        message=OutboxMessage(
+            task_id=str(row.task_id),
+            task_name=str(row.task_name),
+            args=str(row.args),
+            kwargs=str(row.kwargs),
+            options=str(row.options),
+            execution_id=None if row.execution_id is None else str(row.execution_id),
+        ),
+        created_at_ms=int(row.created_at_ms),
+        publish_after_ms=int(row.publish_after_ms),
+        published_at_ms=None if row.published_at_ms is None else int(row.published_at_ms),
+        sweep_publishes=int(row.sweep_publishes),
+    )
+
+
+# --- inside the caller's transaction ------------------------------------------------------
+
+
+def insert_txn(
+    conn: Connection, message: OutboxMessage, *, grace_ms: int, offset_ms: int = 0
+) -> bool:
+    """Write the row in the caller's transaction; True when this call wrote it.
+
+    The same task id enqueued again with the same message is no second row (a retried
+    application transaction, a lost race on one business key); with another message it
+    is ``IdempotencyKeyConflictError``: one id must never stand for two tasks.
+    """
+    now = now_expr(conn, offset_ms)
+    inserted = conn.execute(
+        insert_or_nothing(conn, outbox)
+        .values(
+            task_id=message.task_id,
+            task_name=message.task_name,
+            args=message.args,
+            kwargs=message.kwargs,
+            options=message.options,
+            execution_id=message.execution_id,
+            created_at_ms=now,
+            publish_after_ms=now + grace_ms,
+        )
+        .returning(_o.task_id)
+    ).first()
+    if inserted is not None:
+        return True
+    found = read_txn(conn, message.task_id)
+    if found is not None and (
+        found.message.task_name,
+        found.message.args,
+        found.message.kwargs,
+    ) != (message.task_name, message.args, message.kwargs):
+        raise IdempotencyKeyConflictError(
+            f"outbox task id {message.task_id!r} was enqueued for {found.message.task_name!r} "
+            "with other arguments; nothing was written",
+            task_id=message.task_id,
+            task=message.task_name,
+        )
+    return False
+
+
+def read_txn(conn: Connection, task_id: str) -> OutboxRow | None:
+    row = conn.execute(select(outbox).where(_o.task_id == task_id)).first()
+    return None if row is None else _row(row)
+
+
+# --- transactions of their own ------------------------------------------------------------
+
+
+def read(store: SQLAlchemyStore, task_id: str) -> OutboxRow | None:
+    """The committed row, published or not (None: never committed, or deleted)."""
+    with store.read_transaction() as tx, translated():
+        return read_txn(tx.connection, task_id)
+
+
+def unpublished(store: SQLAlchemyStore, task_ids: Sequence[str]) -> list[OutboxRow]:
+    """The committed, unpublished rows among ``task_ids``, in their order: a row of a
+    transaction that rolled back does not exist, so it is never published."""
+    wanted = list(dict.fromkeys(task_ids))
+    if not wanted:
+        return []
+    with store.read_transaction() as tx:
+        rows = tx.execute(
+            select(outbox).where(_o.task_id.in_(wanted), _o.published_at_ms.is_(None))
+        ).all()
+    found = {str(row.task_id): _row(row) for row in rows}
+    return [found[task_id] for task_id in wanted if task_id in found]
+
+
+def mark_published(store: SQLAlchemyStore, task_id: str) -> bool:
+    """Record that the broker took the message; False when it was marked already."""
+    with store.transaction() as tx:
+        moved = tx.execute(
+            update(outbox)
+            .where(_o.task_id == task_id, _o.published_at_ms.is_(None))
+            .values(published_at_ms=tx.now_expr())
+        ).rowcount
+    return bool(moved)
+
+
+def claim_due(store: SQLAlchemyStore, limit: int, retry_after_ms: int) -> list[OutboxRow]:
+    """The sweep's claim: up to ``limit`` unpublished rows whose ``publish_after_ms`` passed,
+    oldest first, moved ``retry_after_ms`` on in the same transaction, so that another
+    sweeper skips them until this one published them (or died trying). On PostgreSQL the
+    rows another sweeper is claiming are skipped (``FOR UPDATE SKIP LOCKED``); on SQLite
+    the write lock orders two claims, and the second finds the rows moved on."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    with store.transaction() as tx:
+        now = tx.now_expr()
+        due = (
+            select(outbox)
+            .where(_o.published_at_ms.is_(None), _o.publish_after_ms <= now)
+            .order_by(_o.publish_after_ms, _o.task_id)
+            .limit(limit)
+        )
+        if is_postgresql(tx.connection):
+            due = due.with_for_update(skip_locked=True)
+        rows = [_row(row) for row in tx.execute(due).all()]
+        if not rows:
+            return []
+        tx.execute(
+            update(outbox)
+            .where(
+                _o.task_id.in_([row.message.task_id for row in rows]),
+                _o.published_at_ms.is_(None),
+            )
+            .values(
+                publish_after_ms=tx.now_expr() + retry_after_ms,
+                sweep_publishes=_o.sweep_publishes + 1,
+            )
+        )
+    return rows
+
+
+def delete_published_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> int:
+    """Retention: up to ``limit`` rows published before ``cutoff_ms``, oldest first. An
+    unpublished row is never deleted."""
+    with store.transaction() as tx:
+        keys = [
+            str(row.task_id)
+            for row in tx.execute(
+                select(_o.task_id)
+                .where(_o.published_at_ms < cutoff_ms)
+                .order_by(_o.published_at_ms, _o.task_id)
+                .limit(limit)
+            ).all()
+        ]
+        if not keys:
+            return 0
+        return int(tx.execute(delete(outbox).where(_o.task_id.in_(keys))).rowcount)
+
+
+def count_unpublished(store: SQLAlchemyStore) -> int:
+    """How many committed rows wait for their publish (for operators and metrics)."""
+    with store.read_transaction() as tx:
+        counted = tx.execute(
+            select(func.count()).select_from(outbox).where(_o.published_at_ms.is_(None))
+        ).scalar()
+    return int(counted or 0)
+
+
+__all__ = [
+    "OutboxMessage",
+    "OutboxRow",
+    "claim_due",
+    "count_unpublished",
+    "delete_published_before",
+    "insert_txn",
+    "mark_published",
+    "read",
+    "read_txn",
+    "unpublished",
+]

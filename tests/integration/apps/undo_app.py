@@ -1,0 +1,157 @@
+"""The worker app of the undo tests (tests/integration/test_undo.py): charges with undos.
+
+``make_app(config)`` builds it; a worker runs ``celery -A tests.integration.apps.undo_app:app``
+with the config (JSON) in ``AGBOSS_UNDO_IT_CONFIG``, and the test process builds the same
+app to publish and to read the store. The gateway is the test's ``FakeGateway`` behind
+``tests.integration.gateway_http``, with a ``POST /refund`` route the test adds; every
+request carries the sender's pid, so a test can kill the pool child that is refunding.
+
+Two undos: ``refund-charge`` refunds through an outbound call (keyed by the undo's
+``<step key>:compensation``: exactly once, PS10), ``plain-refund`` with a plain HTTP call
+(PS10's "wrong", a part of the payment: it shows every time the undo runs again).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+
+from celery import Celery
+
+from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask, Unknown
+from celery_agboss.core import sabotage
+from celery_agboss.core.compensation import UndoStep
+from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss.task import undo_function
+from tests.integration.apps.shop import GatewayAnswerLost, GatewayDeclined
+from tests.integration.apps.shop import _http as http
+
+CONFIG_ENV = "AGBOSS_UNDO_IT_CONFIG"
+PLAIN_REFUND_AMOUNT = 100
+
+
+def make_app(config: dict[str, Any]) -> Celery:
+    gateway = config["gateway_url"]
+    app = Celery(f"agboss_undo_{config['queue']}", broker=config["broker_url"])
+    app.conf.update(
+        result_backend=config["backend_url"],
+        broker_transport_options={
+            "visibility_timeout": 60,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
+        broker_connection_retry_on_startup=True,
+        task_default_queue=config["queue"],
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=True,
+        result_extended=True,
+        agboss_database_url=config["database_url"],
+        agboss_pseudonym_key="integration-tests-pseudonym-key",
+        agboss_lease_ttl=config.get("lease_ttl", 5),
+        agboss_sweep_interval=0,
+        agboss_retry_delay=1,
+    )
+    agboss = AGBoss(app)
+
+    def note(event: str, task_id: str | None, **fields: Any) -> None:
+        http(gateway, "POST", "/note", {"event": event, "task_id": task_id, **fields})
+
+    def lookup(call: CallContext, found: Lookup) -> Any:
+        try:
+            receipt = http(gateway, "GET", f"/lookup?key={quote(found.idempotency_key, safe='')}")
+        except GatewayAnswerLost as exc:
+            return Unknown(f"lookup failed: {exc}")
+        return NotSent() if receipt is None else Completed(receipt)
+
+    def send_charge(call: CallContext) -> Any:
+        body = {"amount": call.request["amount"], "idempotency_key": call.idempotency_key}
+        return http(gateway, "POST", "/charge", {**body, "reference": call.request["order"]})
+
+    def send_refund(call: CallContext) -> Any:
+        body = {"payment": call.request["payment"], "idempotency_key": call.idempotency_key}
+        return http(gateway, "POST", "/refund", body)
+
+    charge_call, refund_call = (
+        OutboundCall(
+            name=name,
+            send=send,
+            reconcile=lookup,
+            is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
+            key_retention=timedelta(hours=24),
+        )
+        for name, send in (("undo_it.charge", send_charge), ("undo_it.refund", send_refund))
+    )
+    agboss.register(charge_call)
+    agboss.register(refund_call)
+
+    @undo_function(app, "refund-charge")
+    def refund_charge(task: Any, undo: UndoStep, payment: str, order: str) -> None:
+        note("undo-start", task.request.id, undo=undo.name, order=order)
+        task.outbound(refund_call, {"payment": payment})  # business key: undo.key
+        note("undo-end", task.request.id, undo=undo.name, order=order)
+
+    @undo_function(app, "plain-refund")
+    def plain_refund(task: Any, undo: UndoStep, payment: str, order: str) -> None:
+        note("undo-start", task.request.id, undo=undo.name, order=order)
+        body = {"payment": payment, "amount": PLAIN_REFUND_AMOUNT, "idempotency_key": None}
+        http(gateway, "POST", "/refund", body)
+        note("undo-end", task.request.id, undo=undo.name, order=order)
+
+    def charge(task: Any, order: str, amount: int) -> Any:
+        request = {"amount": amount, "order": order}
+        receipt = task.outbound(charge_call, request, business_key=f"order:{order}")
+        return receipt
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="undo_it.charge_then_fail")
+    def charge_then_fail(self: Any, order: str, amount: int = 1000) -> Any:
+        note("body-start", self.request.id)
+        receipt = charge(self, order, amount)
+        self.undo_with("refund-charge", payment=receipt["id"], order=order)
+        raise ValueError(f"order {order} cannot be fulfilled")
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="undo_it.two_charges_then_fail")
+    def two_charges_then_fail(self: Any, order: str) -> Any:
+        """Goods (refunded through an outbound call), then shipping (a plain refund): the
+        shipping's undo runs first, then the goods'."""
+        note("body-start", self.request.id)
+        goods = charge(self, f"{order}:goods", 1000)
+        self.undo_with("refund-charge", payment=goods["id"], order=f"{order}:goods")
+        shipping = charge(self, f"{order}:shipping", 500)
+        self.undo_with("plain-refund", payment=shipping["id"], order=f"{order}:shipping")
+        raise ValueError(f"order {order} cannot be shipped")
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="undo_it.charge_then_overrun")
+    def charge_then_overrun(self: Any, order: str, seconds: float) -> Any:
+        """Charges, then (on its first delivery only) overruns its hard time limit."""
+        note("body-start", self.request.id)
+        receipt = charge(self, order, 1000)
+        self.undo_with("refund-charge", payment=receipt["id"], order=order)
+        record = AGBoss.of(app).executions.read_execution(self.request.id)
+        if record is not None and record.deliveries == 1:
+            note("overrunning", self.request.id)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+        note("body-end", self.request.id)
+        return {"payment": receipt["id"], "order": order}
+
+    return app
+
+
+def _from_environment() -> Celery | None:
+    raw = os.environ.get(CONFIG_ENV)
+    if not raw:
+        return None
+    # The sabotage names are registered where they are defined.
+    for module in ("celery_agboss.delivery.lifecycle", "celery_agboss.delivery.time_limits"):
+        importlib.import_module(module)
+    sabotage.activate_from_environment()
+    return make_app(json.loads(raw))
+
+
+app = _from_environment()

@@ -1,0 +1,289 @@
+"""Undo once (PS10) in real prefork workers: refunded once, never again, never on a crash.
+
+- s12: a real failure after the charge runs the charge's undo in the delivery: one
+  refund, then ``FAILED`` (and Celery's FAILURE) with the original exception;
+- s12b: the pool child is SIGKILLed inside an undo while its refund's answer is held
+  at the gateway; the next delivery continues the undo, never the body: the refund is
+  reconciled (one refund), and the undo that was already marked done (a plain refund,
+  which would show a second run) is not run again;
+- a hard time limit after the charge never starts undo: the execution continues and
+  completes, nothing is refunded (P5: a crash is a hand-over, never a failure).
+
+Each has its sabotage twin. Speed-ups a deployment does not use: the harness's
+(``-Q``, no beat: the test runs the sweep), a 4 s lease, one pool child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_agboss.core.compensation import UNDO_NOT_MARKED_DONE
+from celery_agboss.delivery.compensating import FAILURE_SKIPS_UNDO, UNDO_ON_ANY_FAILURE
+from celery_agboss.store.migrate import migrate
+from celery_agboss.testing.gateway_server import GatewayCall, Reply
+from celery_agboss.testing.gateway_types import FakeGatewayError
+from tests.conftest import ProcessFactory
+from tests.integration.apps import undo_app
+from tests.integration.gateway_http import GatewayHTTPServer, wait_for
+from tests.integration.harness import REPO_ROOT, WORKER_READY_SECONDS, Shop
+from tests.support.processes import ManagedProcess
+
+pytestmark = [pytest.mark.worker, pytest.mark.redis]
+
+LEASE_TTL_SECONDS = 3
+TIME_LIMIT_SECONDS = 1
+
+
+class UndoShop(Shop):
+    """The harness's shop, with the undo app in its workers."""
+
+    refund_hold: RefundHold
+
+    def start_worker(  # type: ignore[override]
+        self, *, sabotage: tuple[str, ...] = (), concurrency: int = 1, **_: Any
+    ) -> ManagedProcess:
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.apps.undo_app:app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "-Q",
+            self.config["queue"],
+            "-n",
+            f"undo{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}@%h",
+            "-l",
+            "info",
+        ]
+        env = {
+            undo_app.CONFIG_ENV: json.dumps(self.config),
+            "PYTHONPATH": str(REPO_ROOT),
+            "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
+            "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()) if sabotage else "",
+            "AGBOSS_SABOTAGE": ",".join(sabotage),
+        }
+        process = self.start_process(argv, name="undo-worker", env=env, cwd=str(REPO_ROOT))
+        self.workers.append(process)
+        process.wait_until(
+            lambda: " ready." in process.output(), WORKER_READY_SECONDS, message="the worker"
+        )
+        return process
+
+    @property
+    def refunds(self) -> list[dict[str, Any]]:
+        return self.gateway.gateway.refunds
+
+
+class RefundHold:
+    """Holds the answers to the next ``count`` refunds made under a key (an outbound
+    call's): the gateway has refunded, each sender waits; released once the test has
+    killed them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self.pids: list[int] = []
+        self.released = threading.Event()
+
+    def keep(self, call: GatewayCall) -> None:
+        with self._lock:
+            if self.count <= 0 or not call.body.get("idempotency_key"):
+                return
+            self.count -= 1
+            self.pids.append(call.pid or 0)
+        self.released.wait(30)
+
+    def wait_reached(self, count: int) -> list[int]:
+        pids: list[int] = wait_for(
+            lambda: len(self.pids) >= count and list(self.pids),
+            20,
+            f"{count} refunds to reach the gateway",
+        )
+        return pids
+
+
+def _refund_route(server: GatewayHTTPServer, hold: RefundHold) -> Callable[[GatewayCall], Reply]:
+    def refund(call: GatewayCall) -> Reply:
+        body = call.body
+        try:
+            receipt = server.gateway.refund(
+                str(body["payment"]), body.get("idempotency_key"), amount=body.get("amount")
+            )
+        except FakeGatewayError as exc:
+            return server.error_reply(exc)
+        hold.keep(call)
+        return Reply(200, receipt)
+
+    return refund
+
+
+@pytest.fixture
+def undo_shop(
+    redis_url_factory: Callable[[], str],
+    gateway: GatewayHTTPServer,
+    managed_process: ProcessFactory,
+    tmp_path: Path,
+) -> Iterator[Callable[..., UndoShop]]:
+    """``undo_shop(database_url=None)``: a shop on its own queue and (by default) its own
+    SQLite store, so a test can run a protected worker and its twin side by side."""
+    made: list[UndoShop] = []
+    hold = RefundHold()
+    gateway.route("POST", "/refund", _refund_route(gateway, hold))
+
+    def build(database_url: str | None = None) -> UndoShop:
+        if database_url is None:
+            database_url = f"sqlite:///{(tmp_path / f'undo-{len(made)}.db').resolve()}"
+            migrate(database_url)
+        config: dict[str, Any] = {
+            "queue": f"undo-{uuid.uuid4().hex[:10]}",
+            "broker_url": redis_url_factory(),
+            "backend_url": redis_url_factory(),
+            "database_url": database_url,
+            "gateway_url": gateway.url,
+            "lease_ttl": LEASE_TTL_SECONDS,
+        }
+        shop = UndoShop(
+            config=config,
+            app=undo_app.make_app(config),
+            gateway=gateway,
+            start_process=managed_process,
+        )
+        shop.refund_hold = hold
+        made.append(shop)
+        return shop
+
+    yield build
+    for shop in made:
+        shop.close()
+
+
+# --- s12 -------------------------------------------------------------------------------------
+
+
+def _fail_after_the_charge(shop: UndoShop, order: str) -> str:
+    task_id = str(shop.app.signature("undo_it.charge_then_fail", args=(order,)).apply_async().id)
+    shop.wait_state(task_id, "FAILED", timeout=20)
+    shop.wait_backend(task_id, "FAILURE")
+    return task_id
+
+
+def test_s12_a_real_failure_after_the_charge_is_refunded_once(
+    undo_shop: Callable[..., UndoShop], database_url: str
+) -> None:
+    shop = undo_shop(database_url)
+    shop.start_worker()
+    task_id = _fail_after_the_charge(shop, "s12")
+    [payment] = shop.gateway.gateway.payments
+    assert [r["payment"] for r in shop.refunds] == [payment["id"]]
+    assert len(shop.gateway.notes_of("undo-end", task_id)) == 1
+    error = shop.app.AsyncResult(task_id).result
+    assert isinstance(error, ValueError) and "cannot be fulfilled" in str(error)
+
+
+def test_s12_twin_without_undo_a_failed_order_stays_charged(
+    undo_shop: Callable[..., UndoShop],
+) -> None:
+    shop = undo_shop()
+    shop.start_worker(sabotage=(FAILURE_SKIPS_UNDO,))
+    _fail_after_the_charge(shop, "s12-twin")
+    assert len(shop.gateway.gateway.payments) == 1
+    assert shop.refunds == [], "charged for an order that failed"
+
+
+# --- s12b: killed inside the undo --------------------------------------------------------
+#
+# A protected worker and its sabotaged twin run side by side (one test, two queues).
+
+
+def _refunds_of(shop: UndoShop, order: str) -> list[dict[str, Any]]:
+    charged = {p["id"]: p for p in shop.gateway.gateway.payments}
+    return [r for r in shop.refunds if charged[r["payment"]]["reference"] == order]
+
+
+def test_s12b_killed_inside_an_undo_it_continues_and_a_marked_undo_is_not_run_again(
+    undo_shop: Callable[..., UndoShop],
+) -> None:
+    """Goods (an outbound refund) then shipping (a plain refund): the shipping's undo runs
+    and is marked done; the goods' refund is processed, its answer held, and the child
+    that sent it is killed. The next delivery (the sweep's, after the lease expired)
+    continues the undo: the goods' refund is reconciled, the shipping's is not redone.
+    The twin, without done marks, refunds the shipping twice."""
+    shop, twin = undo_shop(), undo_shop()
+    shop.start_worker()
+    twin.start_worker(sabotage=(UNDO_NOT_MARKED_DONE,))
+    shop.refund_hold.count = 2
+    task_ids = [
+        str(s.app.signature("undo_it.two_charges_then_fail", args=(order,)).apply_async().id)
+        for s, order in ((shop, "s12b"), (twin, "s12b-twin"))
+    ]
+    pids = shop.refund_hold.wait_reached(2)
+    for s, task_id in zip((shop, twin), task_ids, strict=True):
+        record = s.execution(task_id)
+        assert record is not None and record.state.value == "COMPENSATING"
+    for pid in pids:
+        shop.kill(pid)
+    shop.refund_hold.released.set()
+    with shop.sweeping(), twin.sweeping():  # the dead children's leases expire
+        for s, task_id in zip((shop, twin), task_ids, strict=True):
+            s.wait_state(task_id, "FAILED", timeout=30)
+            s.wait_backend(task_id, "FAILURE")
+    assert len(_refunds_of(shop, "s12b:goods")) == 1, "the held refund was reconciled"
+    assert len(_refunds_of(shop, "s12b:shipping")) == 1, "the undo marked done ran once"
+    assert len(shop.gateway.notes_of("body-start", task_ids[0])) == 1, "no body re-run"
+    record = shop.execution(task_ids[0])
+    assert record is not None and record.recovery_count == 1
+    assert len(_refunds_of(twin, "s12b-twin:goods")) == 1
+    assert len(_refunds_of(twin, "s12b-twin:shipping")) == 2, "the twin refunded twice"
+
+
+# --- a hard time limit never starts undo -------------------------------------------------
+
+
+def test_a_hard_time_limit_after_the_charge_never_starts_undo(
+    undo_shop: Callable[..., UndoShop],
+) -> None:
+    """P5: the child is killed past its time limit after the charge; the next delivery
+    continues the body and completes — nothing refunded. The twin, which counts a
+    delivery that died as a failure, refunds the paid order."""
+    shop, twin = undo_shop(), undo_shop()
+    shop.start_worker()
+    twin.start_worker(sabotage=(UNDO_ON_ANY_FAILURE,))
+    task_ids = [
+        str(
+            s.app.signature("undo_it.charge_then_overrun", args=(order, 60))
+            .apply_async(time_limit=TIME_LIMIT_SECONDS)
+            .id
+        )
+        for s, order in ((shop, "tl"), (twin, "tl-twin"))
+    ]
+    with shop.sweeping(), twin.sweeping():
+        ended = [
+            wait_for(
+                lambda s=s, t=t: (r := s.execution(t)) is not None and r.terminal and r,
+                30,
+                "the execution to end",
+            )
+            for s, t in zip((shop, twin), task_ids, strict=True)
+        ]
+    assert [record.state.value for record in ended] == ["COMPLETED", "FAILED"]
+    assert len(shop.gateway.notes_of("overrunning", task_ids[0])) == 1
+    assert len(shop.gateway.gateway.payments) == 2
+    charged = {p["id"]: p["reference"] for p in shop.gateway.gateway.payments}
+    assert [charged[r["payment"]] for r in shop.refunds] == ["tl-twin"], "only the twin refunds"
