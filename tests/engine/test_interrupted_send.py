@@ -115,10 +115,16 @@ def interruption(shop: Shop) -> Iterator[Callable[[EngineSettings], Interruption
             each.renewer.stop()
 
 
+def _roomy(settings: EngineSettings) -> EngineSettings:
+    """An attempt bound far from the test's real time: the bound is the next test's
+    subject, and a loaded machine can take the suite's 5 s between two steps here."""
+    return dataclasses.replace(settings, attempt_timeout_ms=60_000)
+
+
 def test_an_interrupted_send_keeps_its_lease_renewed_and_unreleased_until_it_ends(
     shop: Shop, interruption: Callable[[EngineSettings], Interruption]
 ) -> None:
-    it = interruption(shop.settings)
+    it = interruption(_roomy(shop.settings))
     ctx, gateway = it.ctx, shop.gateway
     assert ctx.unsettled_sends() == 1, "the send is still on the wire"
     assert ctx.interrupted is not None
@@ -178,7 +184,7 @@ def test_an_interrupted_send_that_passes_its_bound_stops_renewals_but_is_never_r
 def test_an_interruption_at_exit_of_the_context_leaves_the_lease_to_the_send(
     shop: Shop, interruption: Callable[[EngineSettings], Interruption]
 ) -> None:
-    it = interruption(shop.settings)
+    it = interruption(_roomy(shop.settings))
     it.ctx.__exit__(Interrupted, Interrupted(), None)  # the `with` block ends on it
     shop.clock.advance(20)
     assert it.renewed(), "leaving the block neither releases nor stops the renewals"
