@@ -55,20 +55,31 @@ def interrupt_when(ready: Callable[[], None]) -> Iterator[None]:
     assert main.ident is not None
     ident = main.ident
 
+    handled = threading.Event()
+
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted()
+        if not handled.is_set():
+            handled.set()
+            raise Interrupted()
 
     def fire() -> None:
         ready()
-        signal.pthread_kill(ident, signal.SIGUSR1)
+        # Sent again until handled (bounded): under the full suite one signal was seen
+        # to reach the waiting thread only when its wait ended by itself.
+        for _ in range(50):
+            signal.pthread_kill(ident, signal.SIGUSR1)
+            if handled.wait(0.2):
+                return
 
     previous = signal.signal(signal.SIGUSR1, handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     firing = threading.Thread(target=fire, name="interrupter", daemon=True)
     firing.start()
     try:
         yield
     finally:
         firing.join(15)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         signal.signal(signal.SIGUSR1, previous)
 
 
