@@ -6,12 +6,13 @@ a publish after it is lost when the worker dies in between. So ``enqueue(conn, �
 writes the follow-up as a row on ``fn``'s connection, in the effect's transaction;
 ``PaymentTask.fenced_effect`` publishes the rows its effect wrote once that transaction
 committed, and marks them published; the sweep publishes the rows a dead worker left
-unpublished past their grace. Every row has a stable task id (derived from the effect's
-key and the row's position in ``fn``, or from the application's ``key``), so the worst
-case — a publish whose "published" mark was lost, then the sweep's — is one message
-twice under one id, which a ``PaymentTask`` consumer runs once. A plain Celery task
-would run twice: the consumer of an outbox message must be a ``PaymentTask`` (or
-deduplicate on its task id itself).
+unpublished past their grace (``agboss_outbox_grace``, unless the call gave one). Every
+row has a stable task id (derived from the effect's key and the row's position in
+``fn``, or from the application's ``key``), so the worst case — a publish whose
+"published" mark was lost, then the sweep's — is one message twice under one id,
+which a ``PaymentTask`` consumer runs once. A plain Celery task would run twice: the
+consumer of an outbox message must be a ``PaymentTask`` (or deduplicate on its task id
+itself).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from celery import current_app
 from celery.canvas import Signature
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -32,17 +34,21 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_ms
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.fenced_effects import effect_key
-from celery_agboss.core.log_events import SWEEP_ERROR, log_event
+from celery_agboss.core.log_events import (
+    OUTBOX_PUBLISH_FAILED,
+    OUTBOX_PUBLISHED,
+    OUTBOX_REPUBLISHED,
+    SWEEP_ERROR,
+    log_event,
+)
 from celery_agboss.errors import ConfigurationError, StoreError
 from celery_agboss.messages import dumps, loads
 from celery_agboss.runtime import Runtime, runtime_of
-from celery_agboss.settings import DEFAULT_SWEEP_INTERVAL_SECONDS
+from celery_agboss.settings import DEFAULT_OUTBOX_GRACE_SECONDS, DEFAULT_SWEEP_INTERVAL_SECONDS
 from celery_agboss.store import outbox as rows
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.outbox import OutboxMessage, OutboxRow
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
-
-logger = logging.getLogger("celery_agboss")
 
 T = TypeVar("T")
 
@@ -55,9 +61,10 @@ SWEEP_NOT_REPUBLISHING = sabotage.register("outbox-sweep-not-republishing")
 """Sabotage: the sweep leaves unpublished rows alone, so a follow-up whose worker died
 between the commit and the publish never runs."""
 
-DEFAULT_GRACE = timedelta(seconds=30)
+DEFAULT_GRACE = timedelta(seconds=DEFAULT_OUTBOX_GRACE_SECONDS)
 """How long the sweep leaves a committed row to the process that committed it (which
-publishes it at once) before it publishes the row itself."""
+publishes it at once) before it publishes the row itself: ``agboss_outbox_grace``'s
+default."""
 
 _IDS = uuid.UUID("0b7d3c4e-8f21-4a6b-9c55-2e1f7a9d4b10")
 _EFFECT_COUNTER = "agboss.outbox:effect:"  # ExecutionContext.next_publish, per effect name
@@ -72,6 +79,7 @@ class _EffectScope:
     key: str
     execution_id: str
     offset_ms: int
+    grace_ms: int  # the app's agboss_outbox_grace
     enqueued: list[OutboxMessage] = field(default_factory=list)
 
 
@@ -86,7 +94,7 @@ def enqueue(
     *,
     options: Mapping[str, Any] | None = None,
     key: str | None = None,
-    grace: float | timedelta = DEFAULT_GRACE,
+    grace: float | timedelta | None = None,
 ) -> str:
     """Write a follow-up task in ``conn``'s transaction; its task id.
 
@@ -98,7 +106,8 @@ def enqueue(
     on the store's database) give ``key`` — unique in the store — or a ``task_id`` in
     the options. Published once the transaction committed (by the fenced effect, or by
     your ``publish(app, task_id)`` after your commit); the sweep publishes it ``grace``
-    after the commit if nobody did.
+    after the commit if nobody did. Without ``grace``: the app's ``agboss_outbox_grace``
+    (outside a fenced effect, the current Celery app's, else :data:`DEFAULT_GRACE`).
     """
     connection = conn.connection() if isinstance(conn, Session) else conn
     name, call_args, call_kwargs, call_options = _message_parts(task, args, kwargs, options)
@@ -118,9 +127,12 @@ def enqueue(
         options=dumps(call_options),
         execution_id=None if scope is None else scope.execution_id,
     )
-    grace_ms = to_ms(grace, what="grace")
-    if grace_ms < 0:
-        raise ValueError("grace must not be negative")
+    if grace is not None:
+        grace_ms = to_ms(grace, what="grace")
+        if grace_ms < 0:
+            raise ValueError("grace must not be negative")
+    else:
+        grace_ms = scope.grace_ms if scope is not None else _current_app_grace_ms()
     with translated():
         rows.insert_txn(
             connection,
@@ -131,6 +143,16 @@ def enqueue(
     if scope is not None:
         scope.enqueued.append(message)
     return task_id
+
+
+def _current_app_grace_ms() -> int:
+    """Outside a fenced effect no app is at hand: the current Celery app's setting (the
+    one process-wide app of most projects), or the default when it has no ``AGBoss``."""
+    try:
+        agboss = runtime_of(current_app._get_current_object())
+    except ConfigurationError:
+        return round(DEFAULT_OUTBOX_GRACE_SECONDS * 1000)
+    return round(agboss.settings.outbox_grace_seconds * 1000)
 
 
 def _message_parts(
@@ -194,11 +216,12 @@ def run_fenced_effect(
     # not), so a re-run derives the same effect key, and so the same task ids.
     occurrence = 1 if business_key is not None else ctx.next_publish(_EFFECT_COUNTER + name)
     offset_ms = ctx.store.offset_ms() if isinstance(ctx.store, SQLAlchemyStore) else 0
+    grace_ms = round(runtime_of(app).settings.outbox_grace_seconds * 1000)
     runs: list[_EffectScope] = []
 
     def with_outbox(conn: Any) -> T:
         key = effect_key(ctx.settings, ctx.execution_id, name, business_key, occurrence)
-        scope = _EffectScope(conn, key, ctx.execution_id, offset_ms)
+        scope = _EffectScope(conn, key, ctx.execution_id, offset_ms, grace_ms)
         runs[:] = [scope]  # a run that lost its insert was rolled back: only the last counts
         token = _current.set(scope)
         try:
@@ -213,7 +236,8 @@ def run_fenced_effect(
             for message in runs[-1].enqueued:
                 _send(app, message)
     if runs and runs[-1].enqueued:
-        publish(app, *(message.task_id for message in runs[-1].enqueued))
+        task_ids = [message.task_id for message in runs[-1].enqueued]
+        _publish(runtime_of(app), task_ids, ctx.execution_id)
     return result
 
 
@@ -221,13 +245,14 @@ def publish(app: Any, *task_ids: str) -> list[str]:
     """Publish these outbox rows if they committed and are not published yet; the ids
     published. Never raises for a publish that failed: the row stays, the sweep
     publishes it. Call it after your own transaction committed (a fenced effect does)."""
-    agboss = runtime_of(app)
+    return _publish(runtime_of(app), list(task_ids), None)
+
+
+def _publish(agboss: Runtime, task_ids: list[str], execution: str | None) -> list[str]:
     try:
         committed = rows.unpublished(agboss.store, task_ids)
     except (Exception, StoreError):
-        logger.warning(
-            "celery_agboss outbox: rows not read; the sweep publishes them", exc_info=True
-        )
+        _publish_failed("read", count=len(task_ids), execution=execution)
         return []
     published: list[str] = []
     for row in committed:
@@ -235,12 +260,7 @@ def publish(app: Any, *task_ids: str) -> list[str]:
         try:
             _send(agboss.app, row.message)
         except (Exception, StoreError):
-            logger.warning(
-                "celery_agboss outbox: %s (%s) not published; the sweep publishes it",
-                task_id,
-                row.message.task_name,
-                exc_info=True,
-            )
+            _publish_failed("send", task_id=task_id, task=row.message.task_name)
             continue
         published.append(task_id)
         try:
@@ -248,10 +268,24 @@ def publish(app: Any, *task_ids: str) -> list[str]:
         except (Exception, StoreError):
             # Sent, not marked: the sweep sends it again, under the same id (harmless
             # for a PaymentTask consumer, the reason it must be one).
-            logger.warning(
-                "celery_agboss outbox: %s published but not marked so", task_id, exc_info=True
-            )
+            _publish_failed("mark", task_id=task_id, task=row.message.task_name, sent=True)
+    if published:
+        log_event(OUTBOX_PUBLISHED, execution=execution, count=len(published))
     return published
+
+
+def _publish_failed(stage: str, *, sent: bool = False, **fields: Any) -> None:
+    """Never more than a warning: the committed row stays, and the sweep publishes it."""
+    log_event(
+        OUTBOX_PUBLISH_FAILED,
+        logging.WARNING,
+        "sent, not marked: the sweep sends it again under its id"
+        if sent
+        else "the row stays: the sweep publishes it after its grace",
+        exc_info=True,
+        stage=stage,
+        **fields,
+    )
 
 
 def _send(app: Any, message: OutboxMessage) -> Any:
@@ -278,6 +312,7 @@ class OutboxSweep:
     published: int = 0
     deleted: int = 0
     errors: int = 0
+    oldest_age_ms: int = 0  # of the rows published: how long after its commit
     published_ids: list[str] = field(default_factory=list)
 
 
@@ -292,7 +327,9 @@ def sweep_outbox(agboss: Runtime, batch_size: int) -> OutboxSweep:
         interval = settings.sweep_interval_seconds or DEFAULT_SWEEP_INTERVAL_SECONDS
         # The claim keeps other sweepers away while this one publishes (or dies trying).
         retry_after_ms = max(2 * round(interval * 1000), settings.lease_ttl_ms)
-        for row in rows.claim_due(store, batch_size, retry_after_ms):
+        claimed = rows.claim_due(store, batch_size, retry_after_ms)
+        now_ms = store.now_ms() if claimed else 0
+        for row in claimed:
             try:
                 _send(agboss.app, row.message)
                 rows.mark_published(store, row.message.task_id)
@@ -309,6 +346,15 @@ def sweep_outbox(agboss: Runtime, batch_size: int) -> OutboxSweep:
                 continue
             done.published += 1
             done.published_ids.append(row.message.task_id)
+            done.oldest_age_ms = max(done.oldest_age_ms, now_ms - row.created_at_ms)
+        if done.published:
+            log_event(
+                OUTBOX_REPUBLISHED,
+                logging.WARNING,
+                "committed rows nobody published within their grace",
+                count=done.published,
+                oldest_age_ms=done.oldest_age_ms,
+            )
     cutoff = store.now_ms() - round(settings.fenced_effect_retention_seconds * 1000)
     done.deleted = rows.delete_published_before(store, cutoff, batch_size)
     return done

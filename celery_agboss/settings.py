@@ -49,6 +49,7 @@ DEFAULT_SWEEP_INTERVAL_SECONDS = 30.0
 DEFAULT_REQUESTED_GRACE_SECONDS = 300.0
 DEFAULT_RETENTION_SECONDS = 604800.0  # 7 days: outbound-call and fenced-effect records
 DEFAULT_RETRY_DELAY_SECONDS = 5.0
+DEFAULT_OUTBOX_GRACE_SECONDS = 30.0  # before the sweep publishes a committed outbox row
 DEFAULT_MAX_RECOVERY_ATTEMPTS = 10
 DEFAULT_SWEEP_QUEUE = "agboss.sweep"
 DEFAULT_METRICS_ADDRESS = "127.0.0.1"  # loopback: exposing it wider is a choice to make
@@ -61,6 +62,7 @@ _DURATIONS: dict[str, float] = {
     "outbound_retention": DEFAULT_RETENTION_SECONDS,
     "fenced_effect_retention": DEFAULT_RETENTION_SECONDS,
     "retry_delay": DEFAULT_RETRY_DELAY_SECONDS,
+    "outbox_grace": DEFAULT_OUTBOX_GRACE_SECONDS,
 }
 _KNOWN = {
     *_DURATIONS,
@@ -97,6 +99,9 @@ class AGBossSettings:
     visibility_timeout_seconds: float = REDIS_DEFAULT_VISIBILITY_TIMEOUT
     # The countdown of the retry after an unknown outcome (then reconciled).
     retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
+    # How long a committed outbox row is left to its own delivery before the sweep
+    # publishes it (celery_agboss.outbox; an enqueue's grace= wins).
+    outbox_grace_seconds: float = DEFAULT_OUTBOX_GRACE_SECONDS
     sweep_queue: str = DEFAULT_SWEEP_QUEUE
     # None: the longer of the two retentions above (DESIGN §6.3).
     execution_retention_seconds: float | None = None
@@ -387,7 +392,9 @@ def settings_from_conf(
         raise ConfigurationError("agboss_tenant must be a string", setting="agboss_tenant")
     cap = _positive_int(source, "max_recovery_attempts", DEFAULT_MAX_RECOVERY_ATTEMPTS)
     durations = {
-        name: _duration(source, name, default, allow_zero=name == "sweep_interval")
+        name: _duration(
+            source, name, default, allow_zero=name in ("sweep_interval", "outbox_grace")
+        )
         for name, default in _DURATIONS.items()
     }
     if durations["lease_ttl"] < 3:
@@ -415,6 +422,7 @@ def settings_from_conf(
         max_recovery_attempts=cap,
         visibility_timeout_seconds=visibility,
         retry_delay_seconds=durations["retry_delay"],
+        outbox_grace_seconds=durations["outbox_grace"],
         sweep_queue=str(sweep_queue),
         execution_retention_seconds=execution_retention,
         payment_tasks=_payment_tasks(source),

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task
+from celery.canvas import Signature
 from celery.exceptions import Ignore, Reject
 
 from celery_agboss import outbox
@@ -46,6 +47,7 @@ from celery_agboss.errors import (
 )
 from celery_agboss.messages import dumps, loads
 from celery_agboss.runtime import Runtime
+from celery_agboss.undo_tasks import undo_task_parts
 
 logger = logging.getLogger("celery_agboss")
 
@@ -238,17 +240,25 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         tasks ``fn`` wrote with ``celery_agboss.outbox.enqueue`` are published once that
         transaction committed, never before."""
         ctx = self._context()
+        if isinstance(ctx, compensation.UndoContext):  # the outbox keys what fn enqueues by it
+            business_key = ctx.business_key_for(business_key)
         with compensation.effect_step(ctx, name, business_key):  # what undo_with() undoes
             return outbox.run_fenced_effect(
                 self.app, ctx, name, fn, business_key=business_key, request=request
             )
 
-    def undo_with(self, undo: str, /, **arguments: Any) -> None:
+    def undo_with(self, undo: str | Signature, /, **arguments: Any) -> None:
         """Declare the undo of the step that just returned (the last ``outbound()`` or
         ``fenced_effect()``): the undo function registered as ``undo`` (``undo_function``),
         called with these JSON ``arguments`` if the execution fails for real after it, or
         is cancelled. Stored under the lease, so it survives a crash; it runs once, under
-        ``<step key>:compensation``, the default business key of the calls it makes."""
+        ``<step key>:compensation``, the default business key of the calls it makes.
+        ``undo`` may be a Celery signature instead (``refund.s(payment_id)``, JSON
+        arguments): it is then published once, under a task id derived from that key."""
+        if isinstance(undo, Signature):
+            parts = undo_task_parts(undo)
+            compensation.declare_undo(self._context(), parts["task"], arguments, task=parts)
+            return
         compensation.declare_undo(self._context(), undo, arguments)
 
     def retry(

@@ -1,7 +1,8 @@
 """Undo once (a saga's compensation), as the engine sees it — no Celery, no SQL.
 
 A step that succeeded (an outbound call, a fenced effect) may declare its undo: the
-name of a registered undo function and JSON arguments. The declaration is a
+name of a registered undo function and JSON arguments, or a Celery signature (kept as
+its parts: task name, args, kwargs, options, all JSON). The declaration is a
 fenced-effect record of the execution, numbered in the order the body declared them
 (``<tenant>:t:<execution id>:agboss.undo#n``), so it survives a crash and every
 delivery reads the same list. When the execution fails for real, or is cancelled
@@ -21,6 +22,9 @@ after a completed payment, the undos run in reverse order, each under its own ke
 
 A business-keyed step is one step for every execution that names its key: its undo
 runs once, by whichever execution undoes it first.
+
+Every read and write that starts an undo is fenced: a holder superseded mid-body whose
+body then raises (a zombie woken after the take-over completed) runs none (P5).
 """
 
 from __future__ import annotations
@@ -33,9 +37,9 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.keys import fit_key, step_key
+from celery_agboss.core.keys import business_key_handle, fit_key, step_key
 from celery_agboss.core.lease import LeaseRenewer
-from celery_agboss.core.log_events import FENCED_EFFECT_APPLIED, FENCED_EFFECT_REPLAYED, log_event
+from celery_agboss.core.log_events import FENCED_EFFECT_REPLAYED, UNDO_DONE, log_event
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.store import (
     EFFECT_RECORD,
@@ -51,6 +55,8 @@ from celery_agboss.core.undo_steps import (
     check_undo_name,
     effect_step,
     outbound_step,
+    run_task_undos_with,
+    task_undo_runner,
     trail_of,
     undo_registry,
 )
@@ -80,6 +86,14 @@ UNDO_NOT_MARKED_DONE = sabotage.register("undo-not-marked-done")
 """Sabotage (PS10): an undo's done mark is neither written nor read, so every delivery of
 a compensating execution runs every undo again, one already done included."""
 
+FENCED_HOLDER_STARTS_UNDO = sabotage.register("fenced-holder-starts-undo")
+"""Sabotage (P5): the reads that start an undo, and the start mark, go on past a fence —
+as undo started from a failure handler outside the lease would: a holder superseded
+mid-body, woken after the take-over completed the payment, refunds the paid order."""
+
+TASK_PARTS = ("task", "args", "kwargs", "options")
+"""What an undo declared as a Celery signature keeps of it (``UndoDeclaration.task``)."""
+
 
 def compensation_key(step: str) -> str:
     """``<step key>:compensation``: the key an undo runs under (its done mark's key, and
@@ -101,8 +115,9 @@ class UndoDeclaration:
 
     position: int
     step_key: str
-    undo: str
+    undo: str  # the undo function's name, or the signature's task name
     arguments: dict[str, Any]
+    task: dict[str, Any] | None = None  # a signature's parts (TASK_PARTS), or None
 
     @property
     def key(self) -> str:
@@ -119,6 +134,7 @@ class UndoStep:
     arguments: Mapping[str, Any]
     execution_id: str
     cause: str  # FAILURE or CANCEL
+    task: Mapping[str, Any] | None = None  # declared as a Celery signature: its parts
 
 
 @dataclass(frozen=True)
@@ -144,22 +160,32 @@ def read_declarations(
         if record is None or not isinstance(record.result, dict):
             return found
         value = record.result
+        task = value.get("task")
         found.append(
             UndoDeclaration(
                 position=position,
                 step_key=str(value["step"]),
                 undo=str(value["undo"]),
                 arguments=dict(value.get("arguments") or {}),
+                task=dict(task) if isinstance(task, dict) else None,
             )
         )
         position += 1
 
 
-def declare_undo(ctx: ExecutionContext, undo: str, arguments: Mapping[str, Any]) -> UndoDeclaration:
+def declare_undo(
+    ctx: ExecutionContext,
+    undo: str,
+    arguments: Mapping[str, Any],
+    *,
+    task: Mapping[str, Any] | None = None,
+) -> UndoDeclaration:
     """Declare the undo of the step this delivery completed last; the same step again
     keeps its first declaration. Not refused by a cancel request: declaring moves no
-    money, and the cancel needs the undo."""
+    money, and the cancel needs the undo. ``task``: the parts of a Celery signature
+    (``TASK_PARTS``, ``undo`` its task name), run by ``task_undo_runner()``."""
     check_undo_name(undo)
+    parts = None if task is None else _task_parts(undo, task, arguments)
     if isinstance(ctx, UndoContext):
         raise ConfigurationError("an undo cannot declare an undo of its own", undo=undo)
     trail = trail_of(ctx)
@@ -172,7 +198,7 @@ def declare_undo(ctx: ExecutionContext, undo: str, arguments: Mapping[str, Any])
         )
     values = dict(arguments)
     try:
-        ensure_json(values)
+        ensure_json(values if parts is None else parts)
     except TypeError as exc:
         raise ConfigurationError(f"the arguments of undo {undo!r} must be JSON: {exc}") from None
     with ctx.fenced() as tx:
@@ -181,19 +207,32 @@ def declare_undo(ctx: ExecutionContext, undo: str, arguments: Mapping[str, Any])
             if declaration.step_key == step:
                 trail.declared = max(trail.declared, len(known))
                 return declaration
-        declaration = UndoDeclaration(len(known) + 1, step, undo, values)
+        declaration = UndoDeclaration(len(known) + 1, step, undo, values, parts)
+        stored: dict[str, Any] = {"step": step, "undo": undo, "arguments": values}
+        if parts is not None:
+            stored["task"] = parts
         tx.insert_effect(
             EffectRecord(
                 key=declaration_key(ctx.settings, ctx.execution_id, declaration.position),
                 execution_id=ctx.execution_id,
                 name=UNDO_RECORD,
-                result={"step": step, "undo": undo, "arguments": values},
+                result=stored,
                 token=ctx.lease_ref.token,
                 created_at_ms=tx.now_ms,
             )
         )
     trail.declared = declaration.position
     return declaration
+
+
+def _task_parts(undo: str, task: Mapping[str, Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
+    if arguments:
+        raise ConfigurationError(f"undo {undo!r} is a signature: it carries its own arguments")
+    parts = {name: task.get(name) for name in TASK_PARTS}
+    kinds = (str, list, dict, dict)
+    if parts["task"] != undo or not all(map(isinstance, parts.values(), kinds)):
+        raise ConfigurationError(f"undo {undo!r}: a signature's parts are {TASK_PARTS}")
+    return parts
 
 
 # --- the start mark ----------------------------------------------------------------------
@@ -265,6 +304,10 @@ class UndoContext(ExecutionContext):
             name, fn, business_key=self._key(business_key), request=request
         )
 
+    def business_key_for(self, given: str | None) -> str:
+        """The business key a call or effect inside the running undo is made under."""
+        return self._key(given)
+
     def _key(self, given: str | None) -> str:
         if given is not None:
             return given
@@ -295,14 +338,11 @@ def run_undos(
             arguments=declaration.arguments,
             execution_id=ctx.execution_id,
             cause=cause,
+            task=declaration.task,
         )
-        log_ref: dict[str, Any] = {
-            "effect": DONE_RECORD,
-            "execution_id": ctx.execution_id,
-            "undo": step.name,
-        }
+        log_ref: dict[str, Any] = {"execution_id": ctx.execution_id, "undo": step.name}
         if _done(ctx, step):
-            log_event(FENCED_EFFECT_REPLAYED, **log_ref)
+            log_event(FENCED_EFFECT_REPLAYED, effect=DONE_RECORD, **log_ref)
             continue
         ctx.current = step
         before = ctx.reached_keys()
@@ -326,9 +366,17 @@ def run_undos(
                         created_at_ms=tx.now_ms,
                     )
                 )
-        log_event(FENCED_EFFECT_APPLIED, **log_ref)
+        log_event(UNDO_DONE, **log_ref, **_loggable_step(ctx.settings, step.step_key))
         ran += 1
     return ran
+
+
+def _loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
+    """A step key as a log may show it (R17): a business-keyed one (``<tenant>:b:…``)
+    holds the business key in clear, so only its HMAC handle is logged."""
+    if key.split(":", 2)[1:2] == ["b"]:
+        return {"step_key_handle": business_key_handle(settings.pseudonym_key, key)}
+    return {"step_key": key}
 
 
 def _done(ctx: UndoContext, step: UndoStep) -> bool:
@@ -336,6 +384,8 @@ def _done(ctx: UndoContext, step: UndoStep) -> bool:
     execution made it, so retention keeps it while this one lives)."""
     if sabotage.active(UNDO_NOT_MARKED_DONE):
         return False
+    if sabotage.active(FENCED_HOLDER_STARTS_UNDO):
+        return ctx.store.read_effect(step.key) is not None
     with ctx.fenced() as tx:
         mark = tx.read_effect(step.key)
         if mark is not None and mark.execution_id != ctx.execution_id:
@@ -361,7 +411,9 @@ __all__ = [
     "CANCEL",
     "DONE_RECORD",
     "FAILURE",
+    "FENCED_HOLDER_STARTS_UNDO",
     "STARTED_RECORD",
+    "TASK_PARTS",
     "UNDO_NOT_MARKED_DONE",
     "UNDO_RECORD",
     "CompensationStarted",
@@ -379,8 +431,10 @@ __all__ = [
     "outbound_step",
     "read_declarations",
     "read_started",
+    "run_task_undos_with",
     "run_undos",
     "started_key",
+    "task_undo_runner",
     "trail_of",
     "undo_registry",
     "undone_intents",

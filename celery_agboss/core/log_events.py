@@ -56,6 +56,11 @@ OUTBOUND_CALL_TRANSACTION_ID_FAILED = "outbound-call.transaction-id-failed"
 FENCED_EFFECT_APPLIED = "fenced-effect.applied"
 FENCED_EFFECT_REPLAYED = "fenced-effect.replayed"
 
+# --- the transactional outbox (celery_agboss.outbox) ------------------------------------
+OUTBOX_PUBLISHED = "outbox.published"  # after the commit, by the delivery (or the app)
+OUTBOX_REPUBLISHED = "outbox.republished"  # by the sweep: rows a dead worker left
+OUTBOX_PUBLISH_FAILED = "outbox.publish-failed"  # the row stays for the sweep
+
 # --- leases -----------------------------------------------------------------------------
 LEASE_RELEASE_REFUSED = "lease.release-refused"  # a send under it may still be running
 LEASE_RELEASE_FAILED = "lease.release-failed"
@@ -85,6 +90,10 @@ EXECUTION_EXPIRED = "execution.expired"
 EXECUTION_REVOKED = "execution.revoked"
 EXECUTION_TIME_LIMIT = "execution.time-limit"
 RESULT_BACKEND_FAILURE_WITHHELD = "result-backend.failure-withheld"
+
+# --- undo (celery_agboss.core.compensation, celery_agboss.delivery.compensating) --------
+EXECUTION_COMPENSATING = "execution.compensating"  # a delivery starts (or continues) undos
+UNDO_DONE = "undo.done"  # an undo ran and its done mark committed: never run again
 
 # --- the sweep --------------------------------------------------------------------------
 SWEEP_REPUBLISHED = "sweep.republished"
@@ -210,6 +219,7 @@ def log_event(
 __all__ = [
     "EXECUTION_CANCELLED",
     "EXECUTION_CANCELLING",
+    "EXECUTION_COMPENSATING",
     "EXECUTION_COMPLETED",
     "EXECUTION_DEFERRED",
     "EXECUTION_EXPIRED",
@@ -258,6 +268,9 @@ __all__ = [
     "OUTBOUND_CALL_SUPERSEDED",
     "OUTBOUND_CALL_TRANSACTION_ID_FAILED",
     "OUTBOUND_CALL_UNRECONCILED",
+    "OUTBOX_PUBLISHED",
+    "OUTBOX_PUBLISH_FAILED",
+    "OUTBOX_REPUBLISHED",
     "RESULT_BACKEND_FAILURE_WITHHELD",
     "STORE_OPENED",
     "STORE_SQLITE_FENCED_TRANSACTION_INTERRUPTED",
@@ -269,6 +282,7 @@ __all__ = [
     "SWEEP_REPUBLISHED",
     "SWEEP_SKIPPED",
     "SWEEP_STALE",
+    "UNDO_DONE",
     "WORKER_SHUTTING_DOWN",
     "EventObserver",
     "add_event_observer",

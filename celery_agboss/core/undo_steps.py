@@ -4,7 +4,9 @@ registered undo functions (``celery_agboss.core.compensation`` runs them).
 ``PaymentTask.outbound()`` and ``fenced_effect()`` run inside ``outbound_step`` and
 ``effect_step``, which note the key of each step that returned; ``undo_with()`` declares
 the undo of the last one. Undo functions are registered by name, per application, so
-that a declaration stored by one worker finds the same function on every other.
+that a declaration stored by one worker finds the same function on every other. An
+undo declared as a Celery signature has one runner for every app: publishing goes
+through the outbox, a layer above the core, so ``celery_agboss.task`` installs it.
 """
 
 from __future__ import annotations
@@ -78,6 +80,24 @@ def undo_registry(owner: Any) -> UndoRegistry:
         return registry
 
 
+_task_undo_runner: list[UndoFunction] = []
+
+
+def run_task_undos_with(runner: UndoFunction) -> None:
+    """Install ``runner(task, undo)``, which runs every undo declared as a Celery signature
+    (``celery_agboss.task`` does, on import: every worker imports it)."""
+    _task_undo_runner[:] = [runner]
+
+
+def task_undo_runner() -> UndoFunction:
+    if not _task_undo_runner:
+        raise ConfigurationError(
+            "an undo declared as a Celery signature runs through celery_agboss.task: "
+            "import it in this process"
+        )
+    return _task_undo_runner[0]
+
+
 def check_undo_name(name: Any) -> None:
     if not isinstance(name, str) or not name or len(name) > 200:
         raise ConfigurationError(f"an undo needs a name of 1 to 200 characters, not {name!r}")
@@ -147,6 +167,8 @@ __all__ = [
     "check_undo_name",
     "effect_step",
     "outbound_step",
+    "run_task_undos_with",
+    "task_undo_runner",
     "trail_of",
     "undo_registry",
 ]

@@ -9,11 +9,13 @@ wrapper (never from ``on_failure`` in the worker's main process):
   (or, when a completed call was not undone, "cancelled after a completed payment").
 
 A hard time limit, a kill, ``SystemExit``, a fence or an unknown outcome never does: a
-crash is a hand-over (P5). A delivery of an execution whose compensation started
-continues it — the undos not marked done — and never runs the body again. While an undo
-runs, what stops it maps as it does for the body (an unknown outcome waits and retries,
-an unreconciled refund waits for an operator, a fence hands over); an undo that raises
-leaves the execution waiting for an operator: money moved and its undo did not happen.
+crash is a hand-over (P5). The declarations are read and ``COMPENSATING`` is written in
+fenced transactions, so a holder superseded mid-body whose body then raises runs none.
+A delivery of an execution whose compensation started continues it — the undos not
+marked done — and never runs the body again. While an undo runs, what stops it maps as
+it does for the body (an unknown outcome waits and retries, an unreconciled refund
+waits for an operator, a fence hands over); an undo that raises leaves the execution
+waiting for an operator: money moved and its undo did not happen.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.compensation import (
     CANCEL,
     FAILURE,
+    FENCED_HOLDER_STARTS_UNDO,
     CompensationStarted,
     UndoContext,
     UndoDeclaration,
@@ -35,13 +38,19 @@ from celery_agboss.core.compensation import (
     read_declarations,
     read_started,
     run_undos,
+    task_undo_runner,
     trail_of,
     undo_registry,
     undone_intents,
 )
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import DeliveryStart, ExecutionRecord, ExecutionState
-from celery_agboss.core.log_events import EXECUTION_FAILED, EXECUTION_WAITING_OPERATOR
+from celery_agboss.core.log_events import (
+    EXECUTION_COMPENSATING,
+    EXECUTION_FAILED,
+    EXECUTION_WAITING_OPERATOR,
+    log_event,
+)
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.delivery.outcomes import decode_error, encode_error
 from celery_agboss.delivery.verdicts import Fail, Finish, ForOperator, Verdict
@@ -115,8 +124,9 @@ def resume_undo(d: DeliveryLike, start: DeliveryStart) -> None:
             undo_after_failure(d, error, "TakenOver")
             _end_failed(d, CompensationStarted(FAILURE, "TakenOver", error))
         return
-    _start(d, started, continuing=True)
-    _run(d, _declarations(d), started.cause)
+    declarations = _declarations(d)
+    _start(d, started, len(declarations), continuing=True)
+    _run(d, declarations, started.cause)
     if started.cause == CANCEL:
         d.cancel_reason = started.reason or d.cancel_reason
         d._cancel()  # nothing left to undo: settles and ends the cancel
@@ -130,7 +140,7 @@ def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> None:
     if sabotage.active(FAILURE_SKIPS_UNDO):
         return
     declarations = _declarations(d)
-    if declarations and _start(d, CompensationStarted(FAILURE, reason, error)):
+    if declarations and _start(d, CompensationStarted(FAILURE, reason, error), len(declarations)):
         _run(d, declarations, FAILURE)
 
 
@@ -138,7 +148,8 @@ def undo_before_cancel(d: DeliveryLike, reason: str) -> ExecutionRecord | None:
     """A cancel request with nothing pending: the declared undos, then the cancel, as
     ``cancel_in`` wrote it; None when no undo was declared (the caller cancels)."""
     declarations = _declarations(d)
-    if not declarations or not _start(d, CompensationStarted(CANCEL, reason, None)):
+    started = CompensationStarted(CANCEL, reason, None)
+    if not declarations or not _start(d, started, len(declarations)):
         return None
     _run(d, declarations, CANCEL)
     return _end_cancel(d, declarations, reason)
@@ -156,12 +167,17 @@ def _declarations(d: DeliveryLike) -> list[UndoDeclaration]:
         with ctx.fenced() as tx:
             return read_declarations(tx, ctx.settings, ctx.execution_id)
     except ExecutionFencedError as exc:
-        d._fenced(exc)
+        if not sabotage.active(FENCED_HOLDER_STARTS_UNDO):
+            d._fenced(exc)
+        with d.agboss.store.read_transaction() as read:
+            return read_declarations(read, ctx.settings, ctx.execution_id)
     except StoreError as exc:
         d._store_failed(exc)
 
 
-def _start(d: DeliveryLike, started: CompensationStarted, *, continuing: bool = False) -> bool:
+def _start(
+    d: DeliveryLike, started: CompensationStarted, count: int, *, continuing: bool = False
+) -> bool:
     """``COMPENSATING`` and the start mark, in one fenced transaction; False when the
     execution may not start undo (an intent of it is pending)."""
     ctx = d._context()
@@ -174,9 +190,18 @@ def _start(d: DeliveryLike, started: CompensationStarted, *, continuing: bool = 
                 return False
             mark_started_in(tx, ctx.settings, ctx.execution_id, started)
     except ExecutionFencedError as exc:
-        d._fenced(exc)
+        if not sabotage.active(FENCED_HOLDER_STARTS_UNDO):
+            d._fenced(exc)
     except StoreError as exc:
         d._store_failed(exc)
+    log_event(
+        EXECUTION_COMPENSATING,
+        execution=d.execution_id,
+        task=d.task.name,
+        cause=started.cause,
+        count=count,
+        continuing=continuing,
+    )
     return True
 
 
@@ -191,7 +216,10 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
 
     def call(step: UndoStep) -> None:
         running.append(step)
-        registry.require(step.name)(task, step, **step.arguments)
+        if step.task is not None:  # declared as a Celery signature
+            task_undo_runner()(task, step)
+        else:
+            registry.require(step.name)(task, step, **step.arguments)
 
     try:
         run_undos(undo_ctx, declarations, call, cause=cause)

@@ -216,8 +216,9 @@ def cancel(
     if record.state is ExecutionState.COMPENSATING:
         raise _refuse(
             "wrong-state",
-            f"execution {execution_id} is running its undo "
-            "(COMPENSATING); it ends FAILED once the undo is done",
+            f"execution {execution_id} is running its undos (COMPENSATING), which a "
+            "cancel cannot stop: once they are done it ends FAILED (undone after a "
+            "failure) or CANCELLED (undone for a cancel)",
         )
     pending = executions.pending_intent_keys(execution_id)
     if pending:

@@ -5,23 +5,40 @@ exception with every intent settled, or a cancel after the charge, runs the decl
 undos — inside the delivery, under its lease — then the execution ends ``FAILED`` (the
 original failure) or ``CANCELLED``; an unknown outcome never does (P5). An undo that
 raises leaves the execution waiting for an operator.
+
+An undo declared as a Celery signature is published once, under a task id derived from
+its step's key, through the outbox: a crash right before or right after its publish,
+then the redelivery (the crashed lease expired on the virtual clock, the sweep's
+re-drive) still runs its ``PaymentTask`` once — one refund. The twin publishes it
+straight from the undo, under a new id each time: two refunds.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery import chain
+from celery import signals as celery_signals
+from celery.utils.dispatch import Signal
 
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
+from celery_agboss.core.log_events import EXECUTION_COMPENSATING, UNDO_DONE
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
+from celery_agboss.errors import ConfigurationError, OperatorRefusedError
 from celery_agboss.operator import cancel
 from celery_agboss.task import undo_function
+from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
+from celery_agboss.undo_tasks import UNDO_TASK_PUBLISHED_DIRECTLY
 from tests.delivery.conftest import PaymentShop
+from tests.engine.helpers import Crash
 from tests.support.processes import wait_until
 
 sqlite_only = pytest.mark.parametrize("delivery_store_url", ["sqlite"], indirect=True)
@@ -149,6 +166,8 @@ def test_a_cancel_of_a_waiting_execution_runs_its_undo_in_a_delivery(shop: Payme
         shop.wait_state(task_id, "WAITING")
         moved = cancel(shop.app, task_id, "the customer changed their mind")
         assert moved.state.value == "COMPENSATING"
+        with pytest.raises(OperatorRefusedError, match=r"ends FAILED .* or CANCELLED"):
+            cancel(shop.app, task_id, "again")  # the undo that started is not stopped
         shop.sweep()
         record = shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR")
     assert record.state.value == "CANCELLED", record.reason
@@ -193,3 +212,180 @@ def test_an_undo_that_raises_waits_for_an_operator(shop: PaymentShop) -> None:
         record = shop.wait_state(task_id, "WAITING_OPERATOR", "FAILED")
     assert record.state.value == "WAITING_OPERATOR"
     assert (record.reason or "").startswith("undo refund-charge failed: RuntimeError")
+
+
+# --- an undo declared as a Celery signature ------------------------------------------------
+
+REFUND_PART = 400
+"""Each refund task refunds a part of the charge, so a second run shows (and fits)."""
+
+
+def _refund_task(shop: PaymentShop) -> tuple[Any, list[str]]:
+    """A ``PaymentTask`` refunding a part of a payment; the ids of the runs of its body."""
+    gateway = shop.gateway
+    ran: list[str] = []
+
+    def send(call: CallContext) -> Any:
+        return gateway.refund(call.request["payment"], call.idempotency_key, amount=REFUND_PART)
+
+    def reconcile(call: CallContext, lookup: Lookup) -> Any:
+        found = gateway.lookup(lookup.idempotency_key)
+        return NotSent() if found is None else Completed(found)
+
+    part_refund = shop.agboss.register(
+        OutboundCall(
+            name="shop.part-refund",
+            send=send,
+            reconcile=reconcile,
+            key_retention=timedelta(hours=24),
+        )
+    )
+
+    @shop.task()
+    def refund_payment(self: Any, payment: str) -> Any:
+        ran.append(str(self.request.id))
+        return self.outbound(part_refund, {"payment": payment})
+
+    return refund_payment, ran
+
+
+@contextmanager
+def _crash_at(signal: Signal, task_name: str, nth: int) -> Iterator[list[str]]:
+    """The delivery dies (a ``BaseException``, what a SIGKILL leaves behind) at the
+    ``nth`` ``signal`` of a publish of ``task_name``: before that message left, or
+    right after it did."""
+    seen: list[str] = []
+    crashed: list[str] = []
+
+    def crash(sender: Any = None, **_: Any) -> None:
+        if sender != task_name or crashed:
+            return
+        seen.append(str(sender))
+        if len(seen) == nth:
+            crashed.append(str(sender))
+            raise Crash()
+
+    signal.connect(crash, weak=False)
+    try:
+        yield crashed
+    finally:
+        signal.disconnect(crash)
+
+
+def _redrive_after_the_crash(shop: PaymentShop, task_id: str) -> None:
+    """The crashed delivery's lease is left to expire (the virtual clock moves past it),
+    and the sweep re-drives the execution, as a beat would, until a new holder has it."""
+    crashed = shop.agboss.store.read_lease(task_id)
+    assert crashed is not None
+    ttl = shop.agboss.settings.lease_ttl_seconds
+
+    def taken_over() -> bool:
+        lease = shop.agboss.store.read_lease(task_id)
+        if lease is not None and lease.token != crashed.token:
+            return True
+        if lease is not None and lease.live:
+            shop.clock.advance(ttl + 1)
+        shop.sweep()
+        return False
+
+    wait_until(taken_over, 15, interval=0.2, message="a new holder of the crashed execution")
+
+
+def _quiet(shop: PaymentShop, ran: list[str], count: int) -> None:
+    """Until ``count`` undo tasks ran to their end (none is left running when the virtual
+    clock next moves past a lease)."""
+    wait_until(lambda: len(set(ran)) >= count, 10, message=f"{count} undo tasks to run")
+    for task_id in set(ran):
+        shop.wait_state(task_id, "COMPLETED")
+
+
+def _undo_tasks_across_a_crash(shop: PaymentShop, signal: Signal) -> tuple[str, list[str]]:
+    """Two charges, each undone by ``refund_payment.s(payment)``, then a failure; the
+    delivery dies at ``signal`` of the second undo task's publish (the first charge's:
+    undos run last declared first); the redelivery continues the undo."""
+    charge = shop.call()
+    refund_payment, ran = _refund_task(shop)
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        for part in ("goods", "shipping"):
+            receipt = self.outbound(charge, {"amount": 1000}, business_key=f"{order}:{part}")
+            self.undo_with(refund_payment.s(receipt["id"]))
+        raise LookupError(f"order {order} is out of stock")
+
+    with shop.worker(), _crash_at(signal, refund_payment.name, nth=2) as crashed:
+        task_id = str(pay.delay("o-7").id)
+        wait_until(lambda: crashed, 10, message="the crash at the undo task's publish")
+        _quiet(shop, ran, 2 if signal is celery_signals.after_task_publish else 1)
+        _redrive_after_the_crash(shop, task_id)
+        record = shop.wait_state(task_id, "FAILED", "WAITING_OPERATOR")
+        assert record.state.value == "FAILED", record.reason
+        wait_until(lambda: len(shop.gateway.refunds) >= len(set(ran)), 10, message="refunds")
+        _quiet(shop, ran, len(set(ran)))
+    return task_id, ran
+
+
+def _refunded(shop: PaymentShop) -> list[tuple[str, int]]:
+    return sorted((r["payment"], r["amount"]) for r in shop.gateway.refunds)
+
+
+@pytest.mark.parametrize(
+    "signal",
+    [celery_signals.before_task_publish, celery_signals.after_task_publish],
+    ids=["before-the-publish", "after-the-publish"],
+)
+def test_an_undo_signature_runs_once_across_a_crash_and_a_redelivery(
+    shop: PaymentShop, signal: Signal, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_agboss")
+    task_id, ran = _undo_tasks_across_a_crash(shop, signal)
+    assert len(ran) == 2 and len(set(ran)) == 2, "one task per undo, each body run once"
+    assert _refunded(shop) == sorted((p["id"], REFUND_PART) for p in shop.gateway.payments)
+    events = [vars(r) for r in caplog.records if getattr(r, "execution", None) == task_id]
+    starts = [e for e in events if e["event"] == EXECUTION_COMPENSATING]
+    assert [(e["cause"], e["count"], e["continuing"]) for e in starts] == [
+        ("failure", 2, False),
+        ("failure", 2, True),
+    ]
+    done = [vars(r) for r in caplog.records if getattr(r, "event", None) == UNDO_DONE]
+    assert [(e["execution_id"], e["undo"]) for e in done] == [(task_id, "shop.refund_payment")] * 2
+    assert all("step_key_handle" in e for e in done), "business-keyed steps: handles"
+    assert "o-7:goods" not in caplog.text, "R17: no business key in clear"
+
+
+@pytest.mark.parametrize("delivery_store_url", ["sqlite"], indirect=True)
+def test_twin_an_undo_task_published_under_a_new_id_refunds_twice(shop: PaymentShop) -> None:
+    with sabotage(UNDO_TASK_PUBLISHED_DIRECTLY):
+        _, ran = _undo_tasks_across_a_crash(shop, celery_signals.after_task_publish)
+    assert len(set(ran)) == 3, "published again under a new id: a third refund task"
+    goods = shop.gateway.payments[0]["id"]
+    assert [payment for payment, _ in _refunded(shop)].count(goods) == 2, "refunded twice"
+
+
+@sqlite_only
+def test_an_undo_signature_is_one_task_with_its_own_arguments(shop: PaymentShop) -> None:
+    charge = shop.call()
+    refund_payment, _ = _refund_task(shop)
+
+    @shop.task()
+    def pay(self: Any, order: str) -> list[str]:
+        self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        refused = []
+        for undo, arguments in (
+            (chain(refund_payment.s("a"), refund_payment.s("b")), {}),
+            (refund_payment.s("a"), {"amount": 1}),
+            (refund_payment.s(object()), {}),
+        ):
+            try:
+                self.undo_with(undo, **arguments)
+            except ConfigurationError as exc:
+                refused.append(str(exc))
+        return refused
+
+    with shop.worker():
+        refused = pay.delay("o-8").get(timeout=10)
+    assert [text.split(":")[0] for text in refused] == [
+        "undo_with() takes the signature of one task, not a canvas (chain, group, chord)",
+        "undo 'shop.refund_payment' is a signature",
+        "the arguments of undo 'shop.refund_payment' must be JSON",
+    ]

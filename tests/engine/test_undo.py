@@ -242,3 +242,35 @@ def test_a_redelivered_body_finds_its_declarations_where_it_left_them(shop: Shop
     with second.fenced() as tx:
         assert len(read_declarations(tx, shop.settings, "exec-5")) == 1
     second.release()
+
+
+@sqlite_only
+def test_a_signature_is_declared_as_its_parts_which_its_undo_step_carries(shop: Shop) -> None:
+    """What ``undo_with(signature)`` stores: the task's name and JSON parts, which survive
+    the crash of the delivery that declared them; its undo step carries them (to the
+    Celery layer's runner), and it is marked done like any undo."""
+    charge = shop.charge_call()
+    first = shop.start("exec-6")
+    receipt = _charge(first, charge, "6")
+    parts = {
+        "task": "shop.refund_payment",
+        "args": [receipt["id"]],
+        "kwargs": {"amount": 400},
+        "options": {"queue": "refunds"},
+    }
+    with pytest.raises(ConfigurationError, match="its own arguments"):
+        declare_undo(first, "shop.refund_payment", {"amount": 1}, task=parts)
+    with pytest.raises(ConfigurationError, match="a signature's parts"):
+        declare_undo(first, "shop.refund_payment", {}, task={**parts, "args": "x"})
+    declare_undo(first, "shop.refund_payment", {}, task=parts)
+    shop.expire_leases()
+    second = shop.start("exec-6")
+    with second.fenced() as tx:
+        [declared] = read_declarations(tx, shop.settings, "exec-6")
+    assert (declared.undo, declared.task, declared.arguments) == ("shop.refund_payment", parts, {})
+    handed: list[UndoStep] = []
+    functions = {"shop.refund_payment": lambda ctx, step: handed.append(step)}
+    assert _compensate(second, functions) == 1
+    assert [(step.task, step.key) for step in handed] == [(parts, declared.key)]
+    mark = shop.store.read_effect(declared.key)
+    assert mark is not None and mark.name == DONE_RECORD

@@ -7,10 +7,14 @@
   reconciled (one refund), and the undo that was already marked done (a plain refund,
   which would show a second run) is not run again;
 - a hard time limit after the charge never starts undo: the execution continues and
-  completes, nothing is refunded (P5: a crash is a hand-over, never a failure).
+  completes, nothing is refunded (P5: a crash is a hand-over, never a failure);
+- nor does a fence: a child frozen (SIGSTOP) mid-body past its lease, its order taken
+  over and completed by the other child, then continued (SIGCONT) into a failure, is
+  fenced — no ``COMPENSATING``, no undo run, the paid order not refunded.
 
 Each has its sabotage twin. Speed-ups a deployment does not use: the harness's
-(``-Q``, no beat: the test runs the sweep), a 4 s lease, one pool child.
+(``-Q``, no beat: the test runs the sweep), a 3 s lease, one pool child (two where
+a frozen child is taken over by the other).
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.core.compensation import UNDO_NOT_MARKED_DONE
+from celery_agboss.core.compensation import (
+    FENCED_HOLDER_STARTS_UNDO,
+    UNDO_NOT_MARKED_DONE,
+    read_started,
+)
 from celery_agboss.delivery.compensating import FAILURE_SKIPS_UNDO, UNDO_ON_ANY_FAILURE
 from celery_agboss.store.migrate import migrate
 from celery_agboss.testing.gateway_server import GatewayCall, Reply
@@ -49,8 +57,15 @@ class UndoShop(Shop):
     refund_hold: RefundHold
 
     def start_worker(  # type: ignore[override]
-        self, *, sabotage: tuple[str, ...] = (), concurrency: int = 1, **_: Any
+        self,
+        *,
+        sabotage: tuple[str, ...] = (),
+        concurrency: int = 1,
+        ready: bool = True,
+        **_: Any,
     ) -> ManagedProcess:
+        """A worker of the undo app; ``ready=False`` returns before it is (``wait_ready``
+        then), so that two workers start side by side."""
         argv = [
             sys.executable,
             "-m",
@@ -81,10 +96,15 @@ class UndoShop(Shop):
         }
         process = self.start_process(argv, name="undo-worker", env=env, cwd=str(REPO_ROOT))
         self.workers.append(process)
+        if ready:
+            self.wait_ready(process)
+        return process
+
+    @staticmethod
+    def wait_ready(process: ManagedProcess) -> None:
         process.wait_until(
             lambda: " ready." in process.output(), WORKER_READY_SECONDS, message="the worker"
         )
-        return process
 
     @property
     def refunds(self) -> list[dict[str, Any]]:
@@ -287,3 +307,55 @@ def test_a_hard_time_limit_after_the_charge_never_starts_undo(
     assert len(shop.gateway.gateway.payments) == 2
     charged = {p["id"]: p["reference"] for p in shop.gateway.gateway.payments}
     assert [charged[r["payment"]] for r in shop.refunds] == ["tl-twin"], "only the twin refunds"
+
+
+# --- a fence never starts undo ----------------------------------------------------------------
+
+
+def _freeze_past_the_lease(shop: UndoShop, order: str) -> tuple[str, int]:
+    """Publish ``charge_then_freeze(order)``; SIGSTOP the child waiting at its gate (after
+    the charge and its undo's declaration); the task id and the frozen pid."""
+    task_id = str(shop.app.signature("undo_it.charge_then_freeze", args=(order,)).apply_async().id)
+    gate = f"freeze:{order}"
+    [pid] = wait_for(lambda: shop.gateway.gate_waiters(gate), 20, f"the body at {gate}")
+    shop.stop(pid)
+    return task_id, pid
+
+
+def test_a_fenced_holder_whose_body_fails_never_starts_undo(
+    undo_shop: Callable[..., UndoShop],
+) -> None:
+    """P5, with a real worker: the frozen child's lease expires, the sweep re-drives the
+    order, the worker's other child takes it over and completes it (the charge replayed).
+    The frozen child, continued, fails: fenced, so no ``COMPENSATING``, its undo (a plain
+    refund, which nothing else would stop) never runs, and the paid order stays paid.
+    The twin lets a fenced holder start its undo: the paid order is refunded."""
+    shop, twin = undo_shop(), undo_shop()
+    workers = [
+        shop.start_worker(concurrency=2, ready=False),
+        twin.start_worker(concurrency=2, sabotage=(FENCED_HOLDER_STARTS_UNDO,), ready=False),
+    ]
+    for worker in workers:
+        UndoShop.wait_ready(worker)
+    frozen = [_freeze_past_the_lease(s, order) for s, order in ((shop, "zf"), (twin, "zf-twin"))]
+    try:
+        with shop.sweeping(), twin.sweeping():
+            for s, (task_id, _) in zip((shop, twin), frozen, strict=True):
+                s.wait_state(task_id, "COMPLETED", timeout=20)
+    finally:
+        for s, order, (_, pid) in zip((shop, twin), ("zf", "zf-twin"), frozen, strict=True):
+            s.gateway.open_gate(f"freeze:{order}")
+            s.cont(pid)
+    for worker, (task_id, _) in zip(workers, frozen, strict=True):
+        fenced = f"execution.fenced execution={task_id} task=undo_it.charge_then_freeze token=1"
+        worker.wait_until(lambda f=fenced, w=worker: f in w.output(), 10, message=fenced)
+    task_id = frozen[0][0]
+    record = shop.execution(task_id)
+    assert record is not None and record.state.value == "COMPLETED"
+    assert read_started(shop.agboss.store, shop.agboss.engine_settings, task_id) is None
+    assert shop.gateway.notes_of("undo-start", task_id) == [], "no undo ran"
+    assert _refunds_of(shop, "zf") == [], "the paid order stays paid"
+    shop.wait_backend(task_id, "SUCCESS")
+    twin_record = twin.execution(frozen[1][0])
+    assert twin_record is not None and twin_record.state.value == "COMPLETED"
+    assert len(_refunds_of(twin, "zf-twin")) == 1, "the twin refunded a paid order"

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("delivery", ["celery_agboss.delivery", "celery_agboss.delivery.*"]),
     # The transactional outbox: what a fenced effect enqueues, published after its commit.
-    ("outbox", ["celery_agboss.outbox"]),
+    ("outbox", ["celery_agboss.outbox", "celery_agboss.undo_tasks"]),
     ("task", ["celery_agboss.task"]),
     (
         "installed by AGBoss",

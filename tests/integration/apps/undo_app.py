@@ -6,13 +6,16 @@ app to publish and to read the store. The gateway is the test's ``FakeGateway`` 
 ``tests.integration.gateway_http``, with a ``POST /refund`` route the test adds; every
 request carries the sender's pid, so a test can kill the pool child that is refunding.
 
-Two undos: ``refund-charge`` refunds through an outbound call (keyed by the undo's
-``<step key>:compensation``: exactly once, PS10), ``plain-refund`` with a plain HTTP call
-(PS10's "wrong", a part of the payment: it shows every time the undo runs again).
+``charge_then_freeze`` waits at a gate on its first delivery, so a test can freeze
+(SIGSTOP) the pool child there. Two undos: ``refund-charge`` refunds through an outbound
+call (keyed by the undo's ``<step key>:compensation``: exactly once, PS10),
+``plain-refund`` with a plain HTTP call (PS10's "wrong", a part of the payment: it shows
+every time the undo runs again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -138,6 +141,21 @@ def make_app(config: dict[str, Any]) -> Celery:
             while time.monotonic() < deadline:
                 time.sleep(0.1)
         note("body-end", self.request.id)
+        return {"payment": receipt["id"], "order": order}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="undo_it.charge_then_freeze")
+    def charge_then_freeze(self: Any, order: str) -> Any:
+        """Charges (its undo a plain refund, which would show any run of it); on its first
+        delivery waits at the gate ``freeze:<order>`` — the test freezes the child there
+        past its lease, the order is taken over and completed — then fails."""
+        note("body-start", self.request.id)
+        receipt = charge(self, order, 1000)
+        self.undo_with("plain-refund", payment=receipt["id"], order=order)
+        record = AGBoss.of(app).executions.read_execution(self.request.id)
+        if record is not None and record.deliveries == 1:
+            with contextlib.suppress(GatewayAnswerLost):  # lost to the freeze: fails anyway
+                http(gateway, "POST", "/gate", {"name": f"freeze:{order}"})
+            raise ValueError(f"order {order} failed after its take-over")
         return {"payment": receipt["id"], "order": order}
 
     return app
