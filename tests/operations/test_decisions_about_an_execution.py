@@ -33,7 +33,8 @@ from celery_agboss.store.leases import LEASE_DECISION_ON_COMMITTED_READ
 from celery_agboss.testing.faults import arm_pause
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
-from tests.operations.world import TTL_SECONDS, World
+from tests.operations.conftest import WorldFactory
+from tests.operations.world import World
 
 POSTGRES_ONLY = pytest.mark.parametrize(
     "ops_store_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
@@ -95,11 +96,22 @@ def test_a_narrower_definition_fails_an_execution_whose_payment_went_through(
 # --- decisions under the lease row's lock (PostgreSQL) -----------------------------------
 
 
+CLAIM_TTL_SECONDS = 30
+
+
+@pytest.fixture
+def claiming_world(world_factory: WorldFactory) -> World:
+    """A 30 s lease: the claim below must begin before the committed expiry in real time
+    too, and a loaded machine took more than the suite's 5 s lease's last second."""
+    return world_factory(lease_ttl=CLAIM_TTL_SECONDS)
+
+
 def _claiming_while_the_committed_expiry_passes(world: World) -> tuple[str, Any, Any]:
     """The holder's claim of a charge (one fenced transaction: the intent inserted, the
-    lease extended uncommitted) begins a second before its lease's committed expiry and
-    is paused before COMMIT while the clock passes that committed expiry. Returns once
-    paused; the claim commits and the charge goes out when ``_release`` lets it go on."""
+    lease extended uncommitted) begins before its lease's committed expiry and is paused
+    before COMMIT while the clock passes that committed expiry (a ``claiming_world``'s
+    lease: 10 s of real time on each side). Returns once paused; the claim commits and
+    the charge goes out when ``_release`` lets it go on."""
     task_id = world.publish()
     ctx = world.start(task_id)
     done: dict[str, Any] = {}
@@ -112,12 +124,12 @@ def _claiming_while_the_committed_expiry_passes(world: World) -> tuple[str, Any,
         except BaseException as exc:  # reported by the test
             done["error"] = exc
 
-    world.clock.advance(TTL_SECONDS - 1)  # the claim begins a second before expiry
+    world.clock.advance(CLAIM_TTL_SECONDS - 10)  # the claim begins before the expiry
     before_commit = arm_pause(FENCED_BEFORE_COMMIT)
     holder = threading.Thread(target=charge, name="holder")
     holder.start()
     before_commit.wait_reached(10)
-    world.clock.advance(1.5)  # committed expiry passed; the claim's own extension did not
+    world.clock.advance(12)  # committed expiry passed; the claim's own extension did not
     return task_id, before_commit, (holder, done)
 
 
@@ -130,8 +142,9 @@ def _release(paused: Any, holder: Any) -> dict[str, Any]:
 
 @POSTGRES_ONLY
 def test_a_lease_inside_a_running_fenced_transaction_is_live_to_every_decision(
-    world: World,
+    claiming_world: World,
 ) -> None:
+    world = claiming_world
     task_id, paused, holder = _claiming_while_the_committed_expiry_passes(world)
     try:
         executions = world.agboss.executions
@@ -152,8 +165,9 @@ def test_a_lease_inside_a_running_fenced_transaction_is_live_to_every_decision(
 
 @POSTGRES_ONLY
 def test_on_a_committed_read_a_running_delivery_is_cancelled_while_it_charges(
-    world: World,
+    claiming_world: World,
 ) -> None:
+    world = claiming_world
     with sabotage(LEASE_DECISION_ON_COMMITTED_READ):
         task_id, paused, holder = _claiming_while_the_committed_expiry_passes(world)
         try:
