@@ -148,6 +148,17 @@ def test_a_revoke_after_the_charge_runs_the_undo_then_cancels(shop: PaymentShop)
 
 
 @sqlite_only
+def _wait_released(shop: PaymentShop, task_id: str) -> None:
+    """WAITING, and the delivery that wrote it let its lease go: its verdict and its
+    release are two transactions, and a cancel is refused while the lease is live."""
+    shop.wait_state(task_id, "WAITING")
+    wait_until(
+        lambda: not getattr(shop.agboss.store.read_lease(task_id), "live", False),
+        20,
+        message=f"the lease of {task_id} to be released",
+    )
+
+
 def test_a_cancel_of_a_waiting_execution_runs_its_undo_in_a_delivery(shop: PaymentShop) -> None:
     """An operator's cancel of an execution that waits (here for a long retry): it is
     handed to a delivery (the sweep re-drives it), which undoes the charge, then cancels."""
@@ -163,7 +174,7 @@ def test_a_cancel_of_a_waiting_execution_runs_its_undo_in_a_delivery(shop: Payme
 
     with shop.worker():
         task_id = str(pay.delay("o-4").id)
-        shop.wait_state(task_id, "WAITING")
+        _wait_released(shop, task_id)
         moved = cancel(shop.app, task_id, "the customer changed their mind")
         assert moved.state.value == "COMPENSATING"
         with pytest.raises(OperatorRefusedError, match=r"ends FAILED .* or CANCELLED"):
@@ -187,7 +198,7 @@ def test_without_an_undo_a_cancel_after_the_charge_still_waits_for_an_operator(
 
     with shop.worker():
         task_id = str(pay.delay("o-5").id)
-        shop.wait_state(task_id, "WAITING")
+        _wait_released(shop, task_id)
         moved = cancel(shop.app, task_id, "changed their mind")
     assert moved.state.value == "WAITING_OPERATOR"
     assert (moved.reason or "").startswith(CANCELLED_AFTER_PAYMENT)
