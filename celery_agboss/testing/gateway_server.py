@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import re
 import threading
 import time
@@ -58,6 +59,43 @@ DECLINED_CARD = "tok_chargeDeclined"
 PID_HEADER = "X-Worker-Pid"
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client killed mid-request (what the tests do) is not an error of the server."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+def loopback_peer_pid(port: int) -> int | None:
+    """The pid of the local process whose TCP socket has local port ``port`` (Linux)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines, None)
+                for line in lines:
+                    fields = line.split()
+                    if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{fields[9]}]")
+        except OSError:
+            continue
+    if not inodes:
+        return None
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                if os.readlink(fd.path) in inodes:
+                    return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
 @dataclass(frozen=True)
 class GatewayCall:
     """One HTTP request as an endpoint sees it.
@@ -73,6 +111,14 @@ class GatewayCall:
     pid: int | None  # the sender's, from the X-Worker-Pid header
     headers: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, str] = field(default_factory=dict)  # the route's {name} segments
+    peer_port: int | None = None  # the client's port on 127.0.0.1
+
+    def sender_pid(self) -> int | None:
+        """The sender's pid: from ``X-Worker-Pid``, else (an official SDK sends no such
+        header) the local process that owns the connection's other end (Linux /proc)."""
+        if self.pid is not None or self.peer_port is None:
+            return self.pid
+        return loopback_peer_pid(self.peer_port)
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -155,7 +201,11 @@ class FakeGatewayServer:
         declined_cards: Iterable[str] = (DECLINED_CARD,),
         hold_timeout: float = 60.0,
         dialect: str | Dialect | None = "stripe",
+        port: int = 0,
     ) -> None:
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be a TCP port on 127.0.0.1 (0: a free one), not {port!r}")
+        self.port = port
         self.gateway = gateway if gateway is not None else FakeGateway()
         self.declined_cards = frozenset(declined_cards)
         self.hold_timeout = hold_timeout
@@ -177,9 +227,9 @@ class FakeGatewayServer:
     # --- life cycle -------------------------------------------------------------------
 
     def start(self) -> FakeGatewayServer:
-        """Listen on 127.0.0.1, on a free port; idempotent."""
+        """Listen on 127.0.0.1, on ``port`` (a free one by default); idempotent."""
         if self._server is None:
-            server = ThreadingHTTPServer((HOST, 0), self._handler_class())
+            server = _QuietServer((HOST, self.port), self._handler_class())
             server.daemon_threads = True
             self._server = server
             self._thread = threading.Thread(
@@ -327,7 +377,7 @@ class FakeGatewayServer:
         """
         held = self._take_held()
         if held is not None:
-            held.pid, held.idempotency_key, held.reference = call.pid, key, reference
+            held.pid, held.idempotency_key, held.reference = call.sender_pid(), key, reference
             held._reached.set()
             if not held._released.wait(held.timeout):
                 return Reply(0, drop=True)
@@ -398,7 +448,8 @@ class FakeGatewayServer:
                     return
                 pid = int(pid_text) if pid_text.isdigit() else None
                 headers = {name.lower(): value for name, value in self.headers.items()}
-                self.dispatch(GatewayCall(method, parts.path, query, body, pid, headers))
+                peer = int(self.client_address[1])
+                self.dispatch(GatewayCall(method, parts.path, query, body, pid, headers, {}, peer))
 
             def dispatch(self, call: GatewayCall) -> None:
                 """Answer one request (a subclass may take some paths itself)."""

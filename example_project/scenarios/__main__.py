@@ -1,0 +1,199 @@
+"""``python -m example_project.scenarios [ps1 …] [--unprotected | --protected]``: run the table.
+
+With no ids, every scenario; each is run twice, with the plain-Celery twin and with the
+shop's ``PaymentTask``s (``--unprotected`` or ``--protected`` runs one column only), on
+real worker processes, and the run ends with the table. By default the store is an
+SQLite file and the broker kombu's filesystem transport, both in a temporary directory
+(``--data-dir`` keeps them); ``--broker-url redis://…`` and ``--database-url
+postgresql+psycopg://…`` run the same on Redis and PostgreSQL. Exit status 1 when a
+protected row missed its bar, or a scenario could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from example_project.scenarios.catalog import SCENARIOS, Outcome
+from example_project.scenarios.world import SPEED_UPS, World
+
+MODULES = (
+    "example_project.scenarios.crashes",
+    "example_project.scenarios.duplicates",
+    "example_project.scenarios.gateway_side",
+    "example_project.scenarios.sagas",
+)
+
+TITLES = {
+    "ps1": "A retry after a timeout",
+    "ps2": "A crash after the charge, before the checkpoint",
+    "ps3": "A zombie after a takeover",
+    "ps4": "The zombie reaches the write first",
+    "ps5": "A crash after the send, before the answer",
+    "ps6": "Support levels: full, no lookup, no keys",
+    "ps7": "The model calls the charge tool twice",
+    "ps8": "Two executions for one order",
+    "ps9": "Parallel branches charging one aggregate",
+    "ps10": "A saga: a charge and its refund, replayed or interrupted",
+    "ps11": "A pause answered twice",
+    "ps12": "A rolling deploy or a graceful stop mid-payment",
+    "ps13": "Clock skew and lease expiry",
+    "ps14": "The database lost mid-commit",
+    "ps15": "A webhook delivered twice",
+    "ps16": "Webhooks out of order",
+    "ps17": "The idempotency key expires before a retry",
+    "ps18": "A partial capture",
+    "ps19": "A refund retried",
+    "ps20": "A void and a capture race",
+    "ps21": "A redirect or 3DS flow: the browser retries",
+    "ps22": "A retry with another card after a decline",
+    "ps23": "Two requests under one key at once",
+}
+
+
+def _load() -> None:
+    for module in MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as missing:
+            if missing.name != module:
+                raise
+
+
+def _reachable(url: str, what: str, setting: str) -> None:
+    """Fail early, naming the setting, when a service in ``url`` does not answer."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return
+    default = {"redis": 6379, "amqp": 5672, "postgresql": 5432}
+    port = parts.port or default.get(parts.scheme.split("+")[0], 0)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=3):
+            return
+    except OSError as exc:
+        raise SystemExit(
+            f"{what} at {parts.hostname}:{port} does not answer ({exc}): check {setting}"
+        ) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m example_project.scenarios")
+    parser.add_argument("ids", nargs="*", help="ps1 … ps23 (all when none)")
+    column = parser.add_mutually_exclusive_group()
+    column.add_argument("--unprotected", action="store_true", help="the plain-Celery column only")
+    column.add_argument("--protected", action="store_true", help="the celery_agboss column only")
+    parser.add_argument(
+        "--broker-url", help="a broker URL (default: the embedded filesystem transport)"
+    )
+    parser.add_argument(
+        "--database-url", help="the store's database URL (default: SQLite in the data dir)"
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, help="keep the run's files here (default: a temporary directory)"
+    )
+    args = parser.parse_args(argv)
+    ids = [name.lower() for name in args.ids] or list(TITLES)
+    unknown = [name for name in ids if name not in TITLES]
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}: one of ps1 … ps23")
+    if args.broker_url:
+        _reachable(args.broker_url, "the broker", "--broker-url")
+    if args.database_url:
+        _reachable(args.database_url, "the database", "--database-url")
+    _load()
+    columns = [False] if args.unprotected else [True] if args.protected else [False, True]
+    if args.data_dir is not None:
+        return _run(args.data_dir.resolve(), ids, columns, args)
+    with tempfile.TemporaryDirectory(prefix="agboss-shop-") as directory:
+        return _run(Path(directory), ids, columns, args)
+
+
+def _run(root: Path, ids: list[str], columns: list[bool], args: argparse.Namespace) -> int:
+    speed = ", ".join(f"{name}={value}" for name, value in SPEED_UPS.items())
+    print(
+        f"example shop: store {args.database_url or 'SQLite in ' + str(root)}, broker "
+        f"{args.broker_url or 'kombu filesystem transport in ' + str(root / 'broker')}"
+    )
+    print(f"short timings for the demo (a deployment keeps the defaults): {speed}")
+    started = time.monotonic()
+    world = World(root, broker_url=args.broker_url, database_url=args.database_url)
+    results: dict[tuple[str, bool], Outcome | str] = {}
+    try:
+        world.open()
+        print(f"2 workers and beat up in {time.monotonic() - started:.0f} s\n")
+        total, done = len(ids) * len(columns), 0
+        for name in ids:
+            for protected in columns:
+                done += 1
+                label = "protected" if protected else "unprotected"
+                elapsed = time.monotonic() - started
+                print(
+                    f"[{done}/{total} {elapsed:5.0f} s] {name} {label}: {TITLES[name]}", flush=True
+                )
+                results[(name, protected)] = _one(world, name, protected)
+    finally:
+        world.close()
+    _table(ids, columns, results)
+    print(f"\n{len(ids)} scenarios in {time.monotonic() - started:.0f} s")
+    missed = [
+        name
+        for (name, protected), got in results.items()
+        if protected and (not isinstance(got, Outcome) or not got.as_expected)
+    ]
+    broken = [name for (name, _), got in results.items() if not isinstance(got, Outcome)]
+    if missed or broken:
+        print(f"NOT AS EXPECTED: {', '.join(sorted(set(missed + broken)))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _one(world: World, name: str, protected: bool) -> Outcome | str:
+    found = SCENARIOS.get(name)
+    if found is None:
+        print("    not built yet")
+        return "not built yet"
+    try:
+        outcome = found.run(world, protected, lambda line: print(f"    {line}", flush=True))
+    except Exception as exc:  # the table says which row broke, and why
+        traceback.print_exc()
+        return f"could not run: {type(exc).__name__}: {exc}"
+    mark = "" if outcome.as_expected else "  (not as expected)"
+    print(f"    => {outcome.text}{mark}")
+    return outcome
+
+
+def _cell(got: Outcome | str | None) -> str:
+    if got is None:
+        return "-"
+    if isinstance(got, str):
+        return got
+    text = got.text + ("" if got.as_expected else " (!)")
+    return text + (f" [simulated: {got.simulated}]" if got.simulated else "")
+
+
+def _table(
+    ids: list[str], columns: list[bool], results: dict[tuple[str, bool], Outcome | str]
+) -> None:
+    rows = [
+        (name, TITLES[name], _cell(results.get((name, False))), _cell(results.get((name, True))))
+        for name in ids
+    ]
+    head = ("scenario", "", "unprotected (plain Celery)", "protected (celery_agboss)")
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(4)]
+    print()
+    for row in [head, tuple("-" * w for w in widths), *rows]:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The shop's Celery app: every payment through celery_agboss, through Stripe's official SDK.
+
+``celery -A example_project.shop worker -l INFO`` and ``celery -A example_project.shop beat``
+run it; ``example_project.config`` says where its database, broker and gateway are. In the
+demo the SDK talks to ``celery_agboss.testing.FakeGatewayServer`` (its Stripe dialect);
+point ``STRIPE_API_BASE`` away and set a test-mode ``STRIPE_API_KEY`` to use Stripe's own
+sandbox. Stripe is named only to identify its public API; no affiliation or endorsement.
+
+What each task shows (the scenarios in ``example_project.scenarios`` drive them):
+``charge_order`` (a charge, the order marked paid, a receipt through the outbox),
+``place_order`` (a saga: refunded once when the order cannot be fulfilled),
+``checkout_3ds`` (a 3-D Secure-style pause answered by the return page or the webhook),
+``approve_large_order`` (a person's approval, answered once), ``capture_shipment`` and
+``settle_authorization`` (captures, voids and their keys), ``refund_order`` (one refund
+key for every path) and ``handle_stripe_event`` (a webhook applied once, status only
+forward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Connection
+
+from celery_agboss import AGBoss, PaymentTask, outbox, undo_function
+from celery_agboss.adapters.stripe import StripeAdapter
+from celery_agboss.errors import IdempotencyKeyConflictError
+from celery_agboss.webhooks import WebhookEvent, record_event
+from example_project import config, orders
+
+app = Celery("example_project", broker=config.broker_url())
+app.conf.update(
+    broker_transport_options=config.broker_transport_options(config.broker_url()),
+    broker_connection_retry_on_startup=True,
+    worker_prefetch_multiplier=1,
+    agboss_database_url=config.database_url(),
+    agboss_pseudonym_key=config.pseudonym_key(),
+)
+agboss = AGBoss(app)
+
+stripe = StripeAdapter(config.stripe_api_key(), base_url=config.stripe_api_base())
+for call in stripe.calls:
+    agboss.register(call)
+
+
+def _read(order_id: str) -> dict[str, Any]:
+    """A plain read: harmless to repeat, so it needs no fence."""
+    with agboss.store.engine.connect() as conn:
+        return orders.load(conn, order_id)
+
+
+def payment_request(order: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "amount": order["amount"],
+        "currency": order["currency"],
+        "reference": order["id"],
+        "source": order["card"],
+    }
+
+
+def refund_key(payment_id: str, n: int = 1) -> str:
+    """The one place a refund's key is built: the saga's undo, an operator and the
+    customer's request all refund under it, so a payment is refunded once (PS19)."""
+    return f"refund:{payment_id}:{n}"
+
+
+@app.task(base=PaymentTask, bind=True)
+def charge_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
+    order = _read(order_id)
+    receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
+
+    def mark_paid(conn: Connection) -> None:
+        orders.mark_paid(conn, order_id, receipt["id"])
+        outbox.enqueue(conn, send_receipt.s(order_id))  # sent if and only if this commits
+
+    self.fenced_effect("mark-paid", mark_paid, business_key=f"order:{order_id}")
+    return receipt
+
+
+@app.task(base=PaymentTask, bind=True)
+def send_receipt(self: PaymentTask, order_id: str) -> int:
+    """The follow-up the outbox publishes: a PaymentTask, so a copy of it runs once."""
+    return self.fenced_effect(
+        "receipt",
+        lambda conn: orders.note(conn, order_id, "receipt"),
+        business_key=f"receipt:{order_id}",
+    )
+
+
+@app.task(base=PaymentTask, bind=True)
+def place_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
+    """Charge, then reserve the goods; out of stock refunds the charge, once, then FAILED."""
+    order = _read(order_id)
+    receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
+    self.undo_with("shop.refund-payment", payment_id=receipt["id"], order_id=order_id)
+    self.fenced_effect("reserve", lambda conn: orders.reserve(conn, order_id, order["sku"]))
+    self.fenced_effect(
+        "mark-paid",
+        lambda conn: orders.mark_paid(conn, order_id, receipt["id"]),
+        business_key=f"order:{order_id}",
+    )
+    return receipt
+
+
+@undo_function(app, "shop.refund-payment")
+def refund_payment(task: PaymentTask, undo: Any, payment_id: str, order_id: str) -> None:
+    refund(task, order_id, payment_id)
+
+
+def refund(task: PaymentTask, order_id: str, payment_id: str, n: int = 1) -> dict[str, Any]:
+    """Refund through the outbound call under the payment's one refund key."""
+    done = task.outbound(
+        stripe.refund, {"payment_id": payment_id}, business_key=refund_key(payment_id, n)
+    )
+
+    def mark_refunded(conn: Connection) -> None:
+        orders.move(conn, order_id, "refunded")
+        orders.note(conn, order_id, "refunded", done["id"])
+
+    task.fenced_effect("mark-refunded", mark_refunded, business_key=refund_key(payment_id, n))
+    return done
+
+
+@app.task(base=PaymentTask, bind=True)
+def refund_order(self: PaymentTask, order_id: str, n: int = 1) -> dict[str, Any]:
+    """The customer's or an operator's refund: the same key as the saga's undo."""
+    return refund(self, order_id, _read(order_id)["payment_id"], n)
+
+
+@app.task(base=PaymentTask, bind=True)
+def approve_large_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
+    """A person approves before a large charge; the pause is answered once (PS11)."""
+    answer = self.pause("approve", {"order": order_id})
+    if not answer.get("approved"):
+        return {"declined_by": answer.get("by")}
+    order = _read(order_id)
+    receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
+    self.fenced_effect(
+        "mark-paid",
+        lambda conn: orders.mark_paid(conn, order_id, receipt["id"]),
+        business_key=f"order:{order_id}",
+    )
+    return {**receipt, "approved_by": answer.get("by")}
+
+
+@app.task(base=PaymentTask, bind=True)
+def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
+    """Authorise, wait for the customer's authentication (the return page or the
+    webhook answers, once), read the outcome from Stripe, then capture (PS21)."""
+    order = _read(order_id)
+    authorization = self.outbound(
+        stripe.authorize, payment_request(order), business_key=f"authorization:{order_id}"
+    )
+    self.fenced_effect(
+        "authorized",
+        lambda conn: orders.move(conn, order_id, "authorized", authorization["id"]),
+        business_key=f"authorization:{order_id}",
+    )
+    self.pause("3ds", {"payment_id": authorization["id"]})
+    # The answer is a hint: the payment's state is what Stripe says now (G6).
+    current = stripe.client.v1.payment_intents.retrieve(authorization["id"])
+    if current.status != "requires_capture":
+        return {"not_captured": current.status}
+    captured = self.outbound(
+        stripe.capture,
+        {"payment_id": authorization["id"]},
+        business_key=f"capture:{authorization['id']}:1",
+    )
+    self.fenced_effect(
+        "mark-paid",
+        lambda conn: orders.mark_paid(conn, order_id, captured["id"]),
+        business_key=f"order:{order_id}",
+    )
+    return captured
+
+
+@app.task(base=PaymentTask, bind=True)
+def authorize_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
+    order = _read(order_id)
+    authorization = self.outbound(
+        stripe.authorize, payment_request(order), business_key=f"authorization:{order_id}"
+    )
+    self.fenced_effect(
+        "authorized",
+        lambda conn: orders.move(conn, order_id, "authorized", authorization["id"]),
+        business_key=f"authorization:{order_id}",
+    )
+    return authorization
+
+
+@app.task(base=PaymentTask, bind=True)
+def capture_shipment(
+    self: PaymentTask, order_id: str, shipment: int, amount: int
+) -> dict[str, Any]:
+    """One capture per shipment, keyed by the authorisation and the shipment's number (PS18)."""
+    payment_id = _read(order_id)["payment_id"]
+    captured = self.outbound(
+        stripe.capture,
+        {"payment_id": payment_id, "amount": amount},
+        business_key=f"capture:{payment_id}:{shipment}",
+    )
+    self.fenced_effect(
+        "captured",
+        lambda conn: orders.note(conn, order_id, "captured", str(amount)),
+        business_key=f"capture:{payment_id}:{shipment}",
+    )
+    return captured
+
+
+@app.task(base=PaymentTask, bind=True)
+def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[str, Any]:
+    """Capture (fulfilment) or void (the customer cancelled): one disposition per
+    authorisation, recorded before either is sent (PS20). The loser takes the other
+    route: a cancel after the capture becomes a refund."""
+    payment_id = _read(order_id)["payment_id"]
+    try:
+        self.fenced_effect(
+            "disposition",
+            lambda conn: orders.note(conn, order_id, f"disposition:{action}"),
+            business_key=f"disposition:{payment_id}",
+            request={"action": action},
+        )
+    except IdempotencyKeyConflictError:
+        if action == "void":
+            return {"refunded": refund(self, order_id, payment_id)["id"]}
+        return {"not_captured": "the order was cancelled first"}
+    call = stripe.capture if action == "capture" else stripe.void
+    done = self.outbound(call, {"payment_id": payment_id}, business_key=f"disposition:{payment_id}")
+    status = "captured" if action == "capture" else "voided"
+    self.fenced_effect(
+        status,
+        lambda conn: orders.move(conn, order_id, status),
+        business_key=f"disposition:{payment_id}",
+    )
+    return done
+
+
+@app.task(base=PaymentTask, bind=True)
+def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
+    """A webhook's event, applied once under ``event:stripe:<id>`` (PS15), and only
+    ever moving the order forward to what Stripe says now (PS16)."""
+    event = WebhookEvent.from_message(message)
+    payment_id = (
+        event.payload.get("data", {}).get("object", {}).get("payment_intent") or event.object_id
+    )
+    intent = stripe.client.v1.payment_intents.retrieve(payment_id)
+    refunded = bool(stripe.client.v1.refunds.list(params={"payment_intent": payment_id}).data)
+    status = "refunded" if refunded else ("paid" if intent.status == "succeeded" else "new")
+    order_id = (intent.metadata or {}).get("reference")
+
+    def apply(conn: Connection) -> bool:
+        orders.note(conn, order_id, f"webhook:{event.type}", event.event_id)
+        return orders.move(conn, order_id, status)
+
+    return record_event(self, event, apply).result

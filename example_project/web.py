@@ -1,0 +1,144 @@
+"""``python -m example_project.web [--host H] [--port N]``: the shop's HTTP entry point.
+
+The smallest thing a browser and a gateway can reach, on the standard library's WSGI
+server: place an order, come back from 3-D Secure, and receive Stripe's webhooks.
+
+- ``POST /orders`` ``{"order_id", "amount", "flow": "charge" | "3ds" | "saga"}`` stores the
+  order and publishes its task under a task id made of the order (``order-<id>``): a
+  double click or a proxy's retry is the same execution, not a second one.
+- ``GET /return?order=<id>`` (the 3-D Secure return page) answers the checkout's pause.
+- ``POST /webhooks/stripe`` verifies ``Stripe-Signature`` over the raw body (400 and
+  nothing recorded when it does not verify), answers the checkout's pause when the event
+  says the customer authenticated, and publishes one ``handle_stripe_event`` per event.
+- ``GET /health``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from socketserver import ThreadingMixIn
+from typing import Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from sqlalchemy.exc import IntegrityError
+
+from celery_agboss import answer_pause
+from celery_agboss.errors import NotPausedError
+from celery_agboss.webhooks import (
+    STRIPE_SIGNATURE_HEADER,
+    WebhookPayloadError,
+    WebhookSignatureError,
+    answer_pause_with_event,
+    verify_stripe,
+)
+from example_project import config, orders, shop
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+FLOWS = {"charge": shop.charge_order, "3ds": shop.checkout_3ds, "saga": shop.place_order}
+AUTHENTICATED = "payment_intent.amount_capturable_updated"
+
+
+def task_id_of(order_id: str) -> str:
+    return f"order-{order_id}"
+
+
+def _reply(start: StartResponse, status: int, body: Any) -> Iterable[bytes]:
+    phrases = {200: "OK", 202: "Accepted", 400: "Bad Request", 404: "Not Found", 409: "Conflict"}
+    start(f"{status} {phrases.get(status, 'Error')}", [("Content-Type", "application/json")])
+    return [json.dumps(body).encode()]
+
+
+def place_order(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    order_id, amount = str(body.get("order_id") or ""), body.get("amount")
+    flow = body.get("flow", "charge")
+    if not order_id or not isinstance(amount, int) or amount <= 0 or flow not in FLOWS:
+        return 400, {
+            "error": "give order_id, a positive integer amount, flow in " + ", ".join(FLOWS)
+        }
+    try:
+        with shop.agboss.store.engine.begin() as conn:
+            orders.place(conn, order_id, amount, card=str(body.get("card") or orders.DEFAULT_CARD))
+    except IntegrityError:
+        pass  # the same order again: its task id below makes it the same execution
+    result = FLOWS[flow].apply_async((order_id,), task_id=task_id_of(order_id))
+    return 202, {"order_id": order_id, "task_id": result.id}
+
+
+def returned(order_id: str) -> tuple[int, dict[str, Any]]:
+    """The return page: a hint that the customer authenticated; the task reads Stripe."""
+    try:
+        answer_pause(shop.app, f"{task_id_of(order_id)}:3ds", {"source": "return-page"})
+    except NotPausedError:
+        return 200, {"order_id": order_id, "answered": False}
+    return 200, {"order_id": order_id, "answered": True}
+
+
+def stripe_webhook(raw: bytes, signature: str | None) -> tuple[int, dict[str, Any]]:
+    try:
+        events = verify_stripe(raw, signature, config.stripe_webhook_secret())
+    except (WebhookSignatureError, WebhookPayloadError) as refused:
+        return 400, {"error": str(refused)}
+    published = []
+    for event in events if isinstance(events, list) else [events]:
+        reference = ((event.payload.get("data") or {}).get("object") or {}).get("metadata", {})
+        order_id = reference.get("reference") if isinstance(reference, dict) else None
+        if event.type == AUTHENTICATED and order_id:
+            answer_pause_with_event(shop.app, f"{task_id_of(order_id)}:3ds", event)
+        published.append(shop.handle_stripe_event.delay(event.to_message()).id)
+    return 200, {"published": published}
+
+
+def application(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
+    method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    raw = environ["wsgi.input"].read(length) if length else b""
+    if method == "GET" and path == "/health":
+        return _reply(start, 200, {"ok": True})
+    if method == "POST" and path == "/orders":
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            return _reply(start, 400, {"error": "the body must be JSON"})
+        return _reply(start, *place_order(body if isinstance(body, dict) else {}))
+    if method == "GET" and path == "/return":
+        order = parse_qs(environ.get("QUERY_STRING", "")).get("order", [""])[0]
+        if not order:
+            return _reply(start, 400, {"error": "give ?order=<id>"})
+        return _reply(start, *returned(order))
+    if method == "POST" and path == "/webhooks/stripe":
+        header = "HTTP_" + STRIPE_SIGNATURE_HEADER.upper().replace("-", "_")
+        return _reply(start, *stripe_webhook(raw, environ.get(header)))
+    return _reply(start, 404, {"error": f"no {method} {path}"})
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"web: {format % args}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the shop's HTTP entry point")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    server = make_server(args.host, args.port, application, _ThreadingServer, _QuietHandler)
+    print(f"shop listening on http://{args.host}:{server.server_port}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
