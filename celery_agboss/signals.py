@@ -65,6 +65,9 @@ LINK_IDS_NOT_FIXED = sabotage.register("link-ids-not-fixed")
 sends them, so a duplicate that replays them starts a second execution."""
 
 BODY_PUBLISHES_GET_NEW_IDS = sabotage.register("body-publishes-get-new-ids")
+UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = sabotage.register(
+    "undo-publishes-counted-in-the-delivery"
+)
 """Sabotage (DESIGN §4): a PaymentTask published from a body gets a new id on every
 re-run: two executions, two shipping charges."""
 
@@ -289,7 +292,13 @@ def _published_from_a_body(agboss: Runtime, name: Any) -> str | None:
     ctx = execution_context_of(current.request)
     if ctx is None or not _is_payment_task(agboss, name):
         return None
-    position: int = ctx.next_publish(name)
+    undo = getattr(ctx, "current", None)
+    if undo is not None and not sabotage.active(UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY):
+        # Inside an undo, counted within that undo: a delivery that continues the undos
+        # after a crash skips those already done, so a position in the delivery shifts.
+        position = ctx.next_publish(f"{undo.key}/{name}")
+        return derived_task_id(ctx.execution_id, f"{undo.key}/publish/{name}#{position}")
+    position = ctx.next_publish(name)
     return derived_task_id(ctx.execution_id, f"publish/{name}#{position}")
 
 

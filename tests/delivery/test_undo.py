@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -33,6 +34,7 @@ from celery_agboss.core.log_events import EXECUTION_COMPENSATING, UNDO_DONE
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
 from celery_agboss.errors import ConfigurationError, OperatorRefusedError
 from celery_agboss.operator import cancel
+from celery_agboss.signals import UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
@@ -400,3 +402,65 @@ def test_an_undo_signature_is_one_task_with_its_own_arguments(shop: PaymentShop)
         "undo 'shop.refund_payment' is a signature",
         "the arguments of undo 'shop.refund_payment' must be JSON",
     ]
+
+
+def _undos_publishing_across_a_crash(shop: PaymentShop) -> list[str]:
+    """Two charges, each undone by a function that publishes ``notify(payment)`` with a
+    plain ``.delay()``; the delivery dies at the second publish (the first charge's undo:
+    undos run last declared first), before that message left; the redelivery continues
+    with that undo alone. The payments whose notify ran."""
+    charge = shop.call()
+    notified: list[str] = []
+
+    @shop.task()
+    def notify(self: Any, payment: str) -> str:
+        notified.append(payment)
+        return payment
+
+    @undo_function(shop.app, "notify-refund")
+    def notify_refund(task: Any, undo: UndoStep, payment: str) -> None:
+        notify.delay(payment)
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        for part in ("goods", "shipping"):
+            receipt = self.outbound(charge, {"amount": 1000}, business_key=f"{order}:{part}")
+            self.undo_with("notify-refund", payment=receipt["id"])
+        raise LookupError(f"order {order} is out of stock")
+
+    with (
+        shop.worker(),
+        _crash_at(celery_signals.before_task_publish, notify.name, nth=2) as crashed,
+    ):
+        task_id = str(pay.delay("o-9").id)
+        wait_until(lambda: crashed, 10, message="the crash at the second undo's publish")
+        wait_until(lambda: notified, 10, message="the first undo's notify to run")
+        _redrive_after_the_crash(shop, task_id)
+        record = shop.wait_state(task_id, "FAILED", "WAITING_OPERATOR")
+        assert record.state.value == "FAILED", record.reason
+        payments = {p["id"] for p in shop.gateway.payments}
+        # Bounded, not asserted here: in the twin the second notify never comes.
+        deadline = time.monotonic() + 5
+        while set(notified) != payments and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return notified
+
+
+def test_a_task_published_from_an_undo_keeps_its_id_when_the_undos_continue(
+    shop: PaymentShop,
+) -> None:
+    """Its id is counted within its undo: the continuing delivery's publish is the same
+    task as the crashed one's, and no other undo's publish takes its id."""
+    notified = _undos_publishing_across_a_crash(shop)
+    assert sorted(notified) == sorted(p["id"] for p in shop.gateway.payments)
+
+
+def test_an_undo_publish_counted_in_the_delivery_runs_another_undos_task(
+    shop: PaymentShop,
+) -> None:
+    """Twin: counted in the delivery, the continuing undo's publish is the delivery's
+    first again: the id of the first undo's task, which ran already, so the second
+    undo's notify is taken for it and never runs."""
+    with sabotage(UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY):
+        notified = _undos_publishing_across_a_crash(shop)
+    assert sorted(notified) != sorted(p["id"] for p in shop.gateway.payments)
