@@ -12,7 +12,7 @@ EXTRAS := test,dev,flower,metrics,stripe,checkout,adyen,paypal
 help:
 	@echo "make venv            create or reuse .venv and install the package (editable)"
 	@echo "make test            services check, lint, types and the whole test suite (what CI runs)"
-	@echo "make demo            run the demo"
+	@echo "make demo            the example shop's PS1-PS23 table, unprotected vs protected"
 	@echo "make lint | types    ruff check and ruff format --check | mypy --strict"
 	@echo "make format          ruff check --fix, then ruff format (what pre-commit runs)"
 	@echo "make bench           run bench/run.py"
@@ -36,12 +36,12 @@ check-services: venv
 
 # The formatter is enforced, not advised: `make format` applies it.
 lint: venv
-	$(BIN)/ruff check celery_agboss tests bench
-	$(BIN)/ruff format --check celery_agboss tests bench
+	$(BIN)/ruff check celery_agboss tests bench example_project
+	$(BIN)/ruff format --check celery_agboss tests bench example_project
 
 format: venv
-	$(BIN)/ruff check --fix celery_agboss tests bench
-	$(BIN)/ruff format celery_agboss tests bench
+	$(BIN)/ruff check --fix celery_agboss tests bench example_project
+	$(BIN)/ruff format celery_agboss tests bench example_project
 
 types: venv
 	$(BIN)/mypy --strict celery_agboss
@@ -57,11 +57,20 @@ pytest: venv
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
 
-test: venv check-services lint types
-	@$(MAKE) --no-print-directory pytest
+# Under tests/support/throwaway.py: a service that does not answer but whose server is
+# installed gets a throwaway instance for this run; a missing one is named, with the
+# variable to set and the docker compose command that starts it.
+test: venv
+	@$(BIN)/python -m tests.support.throwaway -- \
+		$(MAKE) --no-print-directory check-services lint types pytest
 
+# The example shop's scenario table (example_project/scenarios), on the embedded default:
+# SQLite and kombu's filesystem transport in a temporary directory, real worker processes.
+# `make demo BROKER_URL=redis://... DATABASE_URL=postgresql+psycopg://...` runs the same on
+# services; DEMO_ARGS passes the runner's own arguments (`DEMO_ARGS="ps5 --protected"`).
 demo: venv
-	$(BIN)/python -m celery_agboss.demo
+	$(BIN)/python -m example_project.scenarios $(if $(BROKER_URL),--broker-url '$(BROKER_URL)') \
+	  $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)') $(DEMO_ARGS)
 
 bench: venv
 	$(BIN)/python bench/run.py
