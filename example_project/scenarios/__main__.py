@@ -12,7 +12,9 @@ protected row missed its bar, or a scenario could not run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import json
 import socket
 import sys
 import tempfile
@@ -81,6 +83,7 @@ def _reachable(url: str, what: str, setting: str) -> None:
     except OSError as exc:
         raise SystemExit(
             f"{what} at {parts.hostname}:{port} does not answer ({exc}): check {setting}"
+            f" ({'BROKER_URL' if 'broker' in setting else 'DATABASE_URL'}= with make demo)"
         ) from None
 
 
@@ -142,6 +145,8 @@ def _run(root: Path, ids: list[str], columns: list[bool], args: argparse.Namespa
     finally:
         world.close()
     _table(ids, columns, results)
+    if args.results is not None:
+        _write_results(args.results, ids, columns, results)
     print(f"\n{len(ids)} scenarios in {time.monotonic() - started:.0f} s")
     missed = [
         name
@@ -170,20 +175,50 @@ def _one(world: World, name: str, protected: bool) -> Outcome | str:
     return outcome
 
 
-def _cell(got: Outcome | str | None) -> str:
+def _write_results(
+    path: Path, ids: list[str], columns: list[bool], results: dict[tuple[str, bool], Outcome | str]
+) -> None:
+    def entry(got: Outcome | str | None) -> dict[str, object] | None:
+        if got is None:
+            return None
+        if isinstance(got, str):
+            return {"text": got, "as_expected": False, "ran": False, "simulated": None}
+        return {**dataclasses.asdict(got), "ran": True}
+
+    table = {
+        name: {
+            ("protected" if protected else "unprotected"): entry(results.get((name, protected)))
+            for protected in columns
+        }
+        for name in ids
+    }
+    path.write_text(json.dumps(table, indent=2))
+
+
+def _cell(got: Outcome | str | None, notes: list[str]) -> str:
     if got is None:
         return "-"
     if isinstance(got, str):
         return got
     text = got.text + ("" if got.as_expected else " (!)")
-    return text + (f" [simulated: {got.simulated}]" if got.simulated else "")
+    if got.simulated:
+        if got.simulated not in notes:
+            notes.append(got.simulated)
+        text += f" [{notes.index(got.simulated) + 1}]"
+    return text
 
 
 def _table(
     ids: list[str], columns: list[bool], results: dict[tuple[str, bool], Outcome | str]
 ) -> None:
+    notes: list[str] = []
     rows = [
-        (name, TITLES[name], _cell(results.get((name, False))), _cell(results.get((name, True))))
+        (
+            name,
+            TITLES[name],
+            _cell(results.get((name, False)), notes),
+            _cell(results.get((name, True)), notes),
+        )
         for name in ids
     ]
     head = ("scenario", "", "unprotected (plain Celery)", "protected (celery_agboss)")

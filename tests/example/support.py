@@ -1,0 +1,60 @@
+"""Running ``python -m example_project.scenarios`` as a user does, and reading its table.
+
+The runner writes its table as JSON too (``--results``); the tests read that, and the
+bar is the runner's own (each scenario computes it from the fake gateway's counts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_SECONDS = 900.0
+
+
+@dataclass(frozen=True)
+class ScenarioRun:
+    returncode: int
+    output: str
+    table: dict[str, dict[str, Any]]
+
+    def missed(self) -> list[str]:
+        """Every cell that did not run, or missed its bar (``"ps5 protected: ..."``)."""
+        found = []
+        for name, columns in self.table.items():
+            for column, cell in columns.items():
+                if cell is None or not cell["ran"] or not cell["as_expected"]:
+                    found.append(f"{name} {column}: {cell and cell['text']}")
+        return found
+
+
+def run_scenarios(
+    python: str | Path,
+    arguments: list[str],
+    *,
+    cwd: Path,
+    results: Path,
+    env: dict[str, str] | None = None,
+) -> ScenarioRun:
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run(
+        [str(python), "-m", "example_project.scenarios", *arguments, "--results", str(results)],
+        cwd=cwd,
+        env={**base, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=RUN_TIMEOUT_SECONDS,
+        check=False,
+    )
+    output = done.stdout.decode(errors="replace")
+    table = json.loads(results.read_text()) if results.exists() else {}
+    return ScenarioRun(done.returncode, output, table)
+
+
+ALL_SCENARIOS = [f"ps{n}" for n in range(1, 24)]
