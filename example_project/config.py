@@ -4,9 +4,11 @@ Every value comes from the environment, so the worker, beat, the web entry point
 scenario runner (which starts them) agree without a settings file:
 
 - ``CELERY_BROKER_URL``: the broker. Unset, the embedded default: kombu's filesystem
-  transport in ``$EXAMPLE_DATA_DIR/broker`` — real worker processes share it through
-  files and ``flock``, with nothing to install (kombu's SQLAlchemy transport would do too,
-  but on SQLite it would contend with the store for the database file's one write lock).
+  transport in ``$EXAMPLE_DATA_DIR/broker`` (``example_project.broker``, each message
+  written whole) — real worker processes share it through files, with nothing to
+  install. kombu's SQLAlchemy transport would do too, but on an SQLite file its
+  consumers' read-then-update is not serialised, and on the store's own file it would
+  contend with the store for the one write lock.
 - ``AGBOSS_DATABASE_URL``: the store, read by celery_agboss itself; the shop's own tables
   live in the same database. Unset: ``sqlite:////$EXAMPLE_DATA_DIR/shop.db``.
 - ``STRIPE_API_KEY``, ``STRIPE_API_BASE`` (a fake gateway, for the demo), ``STRIPE_WEBHOOK_SECRET``.
@@ -39,6 +41,11 @@ def database_url() -> str:
 
 def broker_url() -> str:
     return os.environ.get("CELERY_BROKER_URL") or FILESYSTEM_BROKER
+
+
+def broker_transport(url: str) -> str | None:
+    """The embedded default's transport class (``example_project.broker``), else the URL's."""
+    return "example_project.broker:Transport" if url.startswith("filesystem") else None
 
 
 def broker_transport_options(url: str) -> dict[str, Any]:

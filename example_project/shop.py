@@ -31,6 +31,7 @@ from example_project import config, orders
 
 app = Celery("example_project", broker=config.broker_url())
 app.conf.update(
+    broker_transport=config.broker_transport(config.broker_url()),
     broker_transport_options=config.broker_transport_options(config.broker_url()),
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
@@ -223,6 +224,11 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
         )
     except IdempotencyKeyConflictError:
         if action == "void":
+            # The capture won, but may not be sent yet: the same call under the same key
+            # waits for it (or sends it, once), so the refund never precedes the capture.
+            self.outbound(
+                stripe.capture, {"payment_id": payment_id}, business_key=f"disposition:{payment_id}"
+            )
             return {"refunded": refund(self, order_id, payment_id)["id"]}
         return {"not_captured": "the order was cancelled first"}
     call = stripe.capture if action == "capture" else stripe.void
@@ -247,7 +253,7 @@ def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
     intent = stripe.client.v1.payment_intents.retrieve(payment_id)
     refunded = bool(stripe.client.v1.refunds.list(params={"payment_intent": payment_id}).data)
     status = "refunded" if refunded else ("paid" if intent.status == "succeeded" else "new")
-    order_id = (intent.metadata or {}).get("reference")
+    order_id = (intent.to_dict().get("metadata") or {}).get("reference")
 
     def apply(conn: Connection) -> bool:
         orders.note(conn, order_id, f"webhook:{event.type}", event.event_id)

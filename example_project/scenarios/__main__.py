@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +28,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from example_project.scenarios.catalog import SCENARIOS, Outcome
-from example_project.scenarios.world import SPEED_UPS, World
+from example_project.scenarios.world import SPEED_UPS, WORKER_LOST_WAIT_SECONDS, World
+
+DEFAULT_JOBS = 3
+SIDE_BY_SIDE_LIMIT_SECONDS = 1200.0
 
 MODULES = (
     "example_project.scenarios.crashes",
@@ -99,9 +105,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--database-url", help="the store's database URL (default: SQLite in the data dir)"
     )
+    parser.add_argument("--results", type=Path, help="also write the table as JSON to this file")
     parser.add_argument(
         "--data-dir", type=Path, help="keep the run's files here (default: a temporary directory)"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        help="worlds run side by side, each with its own workers (default: 3 on the embedded "
+        "default, 1 with --broker-url or --database-url, whose queues and tables they would share)",
+    )
+    parser.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     ids = [name.lower() for name in args.ids] or list(TITLES)
     unknown = [name for name in ids if name not in TITLES]
@@ -113,19 +127,99 @@ def main(argv: Sequence[str] | None = None) -> int:
         _reachable(args.database_url, "the database", "--database-url")
     _load()
     columns = [False] if args.unprotected else [True] if args.protected else [False, True]
+    shared = bool(args.broker_url or args.database_url)
+    jobs = args.jobs if args.jobs is not None else (1 if shared else DEFAULT_JOBS)
+    if jobs < 1:
+        parser.error("--jobs must be at least 1")
+    jobs = min(jobs, len(ids))
+    run = _run if jobs == 1 else functools.partial(_run_side_by_side, jobs=jobs)
     if args.data_dir is not None:
-        return _run(args.data_dir.resolve(), ids, columns, args)
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        return run(args.data_dir.resolve(), ids, columns, args)
     with tempfile.TemporaryDirectory(prefix="agboss-shop-") as directory:
-        return _run(Path(directory), ids, columns, args)
+        return run(Path(directory), ids, columns, args)
 
 
-def _run(root: Path, ids: list[str], columns: list[bool], args: argparse.Namespace) -> int:
+def _header(root: Path, args: argparse.Namespace) -> None:
     speed = ", ".join(f"{name}={value}" for name, value in SPEED_UPS.items())
     print(
         f"example shop: store {args.database_url or 'SQLite in ' + str(root)}, broker "
         f"{args.broker_url or 'kombu filesystem transport in ' + str(root / 'broker')}"
     )
-    print(f"short timings for the demo (a deployment keeps the defaults): {speed}")
+    speed += f", Celery's worker_lost_wait={WORKER_LOST_WAIT_SECONDS:g}"
+    print(f"short timings for the demo (a deployment keeps the defaults): {speed}", flush=True)
+
+
+def _run_side_by_side(
+    root: Path, ids: list[str], columns: list[bool], args: argparse.Namespace, *, jobs: int
+) -> int:
+    """``jobs`` runners, each on its own world (data directory, workers, beat, fake
+    gateway), the scenarios dealt out in turn; a progress line as each one ends."""
+    _header(root, args)
+    print(f"{jobs} worlds side by side, each with 2 workers and beat\n", flush=True)
+    started = time.monotonic()
+    flag = ["--unprotected"] if columns == [False] else ["--protected"] if columns == [True] else []
+    runners = []
+    for number in range(1, jobs + 1):
+        part = ids[number - 1 :: jobs]
+        log, results = root / f"world-{number}.log", root / f"world-{number}.json"
+        argv = [sys.executable, "-m", "example_project.scenarios", *part, *flag, "--jobs", "1"]
+        argv += ["--data-dir", str(root / f"world-{number}"), "--results", str(results)]
+        argv.append("--no-table")
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        runners.append((popen, log, results, part))
+    total, shown = len(ids) * len(columns), 0
+    try:
+        deadline = time.monotonic() + SIDE_BY_SIDE_LIMIT_SECONDS
+        while any(popen.poll() is None for popen, *_ in runners):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scenarios ran over {SIDE_BY_SIDE_LIMIT_SECONDS:.0f} s")
+            ended = [
+                line
+                for _, log, _, _ in runners
+                for line in log.read_text(errors="replace").splitlines()
+                if line.startswith("    => ")
+            ]
+            if len(ended) > shown:
+                shown = len(ended)
+                elapsed = time.monotonic() - started
+                print(f"[{shown}/{total} {elapsed:4.0f} s] {ended[-1].strip()}", flush=True)
+            time.sleep(0.5)
+    finally:
+        for popen, *_ in runners:
+            if popen.poll() is None:
+                popen.send_signal(signal.SIGINT)  # each closes its world: no worker left
+        for popen, *_ in runners:
+            try:
+                popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+    results: dict[tuple[str, bool], Outcome | str] = {}
+    for number, (popen, log, table, part) in enumerate(runners, 1):
+        print(f"\n--- world {number}: {' '.join(part)} ---")
+        print(log.read_text(errors="replace").rstrip())
+        stored = json.loads(table.read_text()) if table.exists() else {}
+        for name in part:
+            for protected in columns:
+                cell = (stored.get(name) or {}).get("protected" if protected else "unprotected")
+                results[(name, protected)] = _from_json(cell, popen.returncode)
+    return _report(ids, columns, results, args, started)
+
+
+def _from_json(cell: dict[str, object] | None, returncode: int | None) -> Outcome | str:
+    if cell is None:
+        return f"did not run (its runner exited {returncode})"
+    if not cell.get("ran"):
+        return str(cell.get("text"))
+    simulated = cell.get("simulated")
+    return Outcome(
+        str(cell["text"]), bool(cell["as_expected"]), None if simulated is None else str(simulated)
+    )
+
+
+def _run(root: Path, ids: list[str], columns: list[bool], args: argparse.Namespace) -> int:
+    _header(root, args)
     started = time.monotonic()
     world = World(root, broker_url=args.broker_url, database_url=args.database_url)
     results: dict[tuple[str, bool], Outcome | str] = {}
@@ -141,10 +235,21 @@ def _run(root: Path, ids: list[str], columns: list[bool], args: argparse.Namespa
                 print(
                     f"[{done}/{total} {elapsed:5.0f} s] {name} {label}: {TITLES[name]}", flush=True
                 )
-                results[(name, protected)] = _one(world, name, protected)
+                results[(name, protected)] = _one(world, name, protected, label)
     finally:
         world.close()
-    _table(ids, columns, results)
+    return _report(ids, columns, results, args, started)
+
+
+def _report(
+    ids: list[str],
+    columns: list[bool],
+    results: dict[tuple[str, bool], Outcome | str],
+    args: argparse.Namespace,
+    started: float,
+) -> int:
+    if not args.no_table:
+        _table(ids, columns, results)
     if args.results is not None:
         _write_results(args.results, ids, columns, results)
     print(f"\n{len(ids)} scenarios in {time.monotonic() - started:.0f} s")
@@ -160,7 +265,7 @@ def _run(root: Path, ids: list[str], columns: list[bool], args: argparse.Namespa
     return 0
 
 
-def _one(world: World, name: str, protected: bool) -> Outcome | str:
+def _one(world: World, name: str, protected: bool, label: str) -> Outcome | str:
     found = SCENARIOS.get(name)
     if found is None:
         print("    not built yet")
@@ -169,9 +274,10 @@ def _one(world: World, name: str, protected: bool) -> Outcome | str:
         outcome = found.run(world, protected, lambda line: print(f"    {line}", flush=True))
     except Exception as exc:  # the table says which row broke, and why
         traceback.print_exc()
+        print(f"    => {name} {label}: could not run: {type(exc).__name__}: {exc}", flush=True)
         return f"could not run: {type(exc).__name__}: {exc}"
     mark = "" if outcome.as_expected else "  (not as expected)"
-    print(f"    => {outcome.text}{mark}")
+    print(f"    => {name} {label}: {outcome.text}{mark}")
     return outcome
 
 

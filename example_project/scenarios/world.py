@@ -43,6 +43,10 @@ SPEED_UPS = {
 }
 
 
+WORKER_LOST_WAIT_SECONDS = 1.0
+"""Celery's ``worker_lost_wait`` in the demo's workers (10 s by default)."""
+
+
 class ScenarioFailed(Exception):
     """Something a scenario waited for did not happen in time."""
 
