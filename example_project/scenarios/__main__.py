@@ -169,7 +169,7 @@ def _run_side_by_side(
         with open(log, "wb") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         runners.append((popen, log, results, part))
-    total, shown = len(ids) * len(columns), 0
+    total, seen = len(ids) * len(columns), set[str]()
     try:
         deadline = time.monotonic() + SIDE_BY_SIDE_LIMIT_SECONDS
         while any(popen.poll() is None for popen, *_ in runners):
@@ -181,10 +181,11 @@ def _run_side_by_side(
                 for line in log.read_text(errors="replace").splitlines()
                 if line.startswith("    => ")
             ]
-            if len(ended) > shown:
-                shown = len(ended)
-                elapsed = time.monotonic() - started
-                print(f"[{shown}/{total} {elapsed:4.0f} s] {ended[-1].strip()}", flush=True)
+            for line in ended:
+                if line not in seen:
+                    seen.add(line)
+                    elapsed = time.monotonic() - started
+                    print(f"[{len(seen)}/{total} {elapsed:4.0f} s] {line.strip()}", flush=True)
             time.sleep(0.5)
     finally:
         for popen, *_ in runners:
@@ -334,6 +335,10 @@ def _table(
         print(
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         )
+    for number, note in enumerate(notes, 1):
+        print(f"[{number}] simulated: {note}")
+    if any(isinstance(got, Outcome) and not got.as_expected for got in results.values()):
+        print("(!) not as expected in this run")
 
 
 if __name__ == "__main__":

@@ -29,11 +29,18 @@ def _settled(
 
 
 def _paid_once(world: World, order_id: str, say: Say, protected: bool, how: str) -> Outcome:
+    """Counted at the gateway; the order's paid marks and receipts in the shop's ledger
+    (the receipt is the follow-up task the outbox publishes once the mark committed)."""
+    world.wait(lambda: world.count(order_id, "receipt") >= 1, 30, f"{order_id}'s receipt")
     payments = len(world.payments(order_id))
-    paid = world.count(order_id, "paid")
-    say(f"the gateway made {charges(payments)}; the order was marked paid {paid}x")
+    paid, receipts = world.count(order_id, "paid"), world.count(order_id, "receipt")
+    say(
+        f"the gateway made {charges(payments)}; the order was marked paid {paid}x, "
+        f"its receipt sent {receipts}x"
+    )
     if protected:
-        return Outcome(f"{charges(payments)}, {how}", payments == 1 and paid == 1)
+        once = payments == 1 and paid == 1 and receipts == 1
+        return Outcome(f"{charges(payments)}, {how}", once)
     return Outcome(charges(payments), payments > 1)
 
 
