@@ -20,6 +20,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 
 from celery_agboss.errors import ConfigurationError
+from celery_agboss.store import sqlite_fork
 from celery_agboss.store.sqlite_watch import WatchedConnection
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -169,7 +170,20 @@ def _sqlite_engine(url: URL, busy_timeout_ms: int, kwargs: dict[str, Any]) -> En
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get(BEGIN_MODE_OPTION)
-        conn.exec_driver_sql("BEGIN DEFERRED" if mode == "deferred" else "BEGIN IMMEDIATE")
+        if mode == "deferred":
+            conn.exec_driver_sql("BEGIN DEFERRED")
+            return
+        # A write transaction: no fork of this process while it holds the lock.
+        sqlite_fork.GUARD.begin_write(conn.connection.info)
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        sqlite_fork.GUARD.end_write(record.info)
+
+    @event.listens_for(engine, "invalidate")
+    def _on_invalidate(_dbapi_connection: Any, record: Any, _exc: Any) -> None:
+        sqlite_fork.GUARD.end_write(record.info)  # a discarded connection writes no more
 
     return engine
 
