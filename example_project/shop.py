@@ -149,15 +149,7 @@ def approve_large_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
 def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     """Authorise, wait for the customer's authentication (the return page or the
     webhook answers, once), read the outcome from Stripe, then capture (PS21)."""
-    order = _read(order_id)
-    authorization = self.outbound(
-        stripe.authorize, payment_request(order), business_key=f"authorization:{order_id}"
-    )
-    self.fenced_effect(
-        "authorized",
-        lambda conn: orders.move(conn, order_id, "authorized", authorization["id"]),
-        business_key=f"authorization:{order_id}",
-    )
+    authorization = authorize(self, order_id)
     self.pause("3ds", {"payment_id": authorization["id"]})
     # The answer is a hint: the payment's state is what Stripe says now (G6).
     current = stripe.client.v1.payment_intents.retrieve(authorization["id"])
@@ -176,18 +168,22 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     return captured
 
 
-@app.task(base=PaymentTask, bind=True)
-def authorize_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
-    order = _read(order_id)
-    authorization = self.outbound(
-        stripe.authorize, payment_request(order), business_key=f"authorization:{order_id}"
+def authorize(task: PaymentTask, order_id: str) -> dict[str, Any]:
+    """Authorise the order's amount (captured later) and note it on the order."""
+    authorization = task.outbound(
+        stripe.authorize, payment_request(_read(order_id)), business_key=f"authorization:{order_id}"
     )
-    self.fenced_effect(
+    task.fenced_effect(
         "authorized",
         lambda conn: orders.move(conn, order_id, "authorized", authorization["id"]),
         business_key=f"authorization:{order_id}",
     )
     return authorization
+
+
+@app.task(base=PaymentTask, bind=True)
+def authorize_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
+    return authorize(self, order_id)
 
 
 @app.task(base=PaymentTask, bind=True)
