@@ -65,9 +65,7 @@ LINK_IDS_NOT_FIXED = sabotage.register("link-ids-not-fixed")
 sends them, so a duplicate that replays them starts a second execution."""
 
 BODY_PUBLISHES_GET_NEW_IDS = sabotage.register("body-publishes-get-new-ids")
-UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = sabotage.register(
-    "undo-publishes-counted-in-the-delivery"
-)
+UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = sabotage.register("undo-publishes-counted-in-the-delivery")
 """Sabotage (DESIGN §4): a PaymentTask published from a body gets a new id on every
 re-run: two executions, two shipping charges."""
 
