@@ -342,24 +342,3 @@ def plain_settle_authorization(self: Any, order_id: str, action: str) -> str:
 
 
 # --- PS23: one key, two senders -------------------------------------------------------
-
-
-@app.task(name="plain.charge_order_keyed", **PLAIN)
-def plain_charge_order_keyed(self: Any, order_id: str) -> str:
-    """A careful plain charge: a key of its own, made of the order, on every send."""
-    order = read(order_id)
-    request = payment_request(order)
-    intent = stripe.client.v1.payment_intents.create(
-        params={
-            "amount": request["amount"],
-            "currency": request["currency"],
-            "payment_method": request["source"],
-            "confirm": True,
-            "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
-            "metadata": {"reference": order_id},
-        },
-        options={"idempotency_key": f"order-{order_id}"},
-    )
-    with engine().begin() as conn:
-        orders.mark_paid(conn, order_id, intent.id)
-    return str(intent.id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from example_project import orders
-from example_project.shop import app, payment_request
+from example_project.shop import app
 from example_project.shop import stripe as adapter
 from example_project.unprotected import PLAIN, create_intent, engine, plain_charge_order, read
 
@@ -26,28 +26,6 @@ def plain_approve_large_order(self: Any, order_id: str, by: str) -> str:
     with engine().begin() as conn:
         orders.note(conn, order_id, "approved", by)
     return str(plain_charge_order.delay(order_id).id)
-
-
-@app.task(name="plain.charge_order_with_key", **PLAIN)
-def plain_charge_order_with_key(self: Any, order_id: str) -> str:
-    """A careful plain charge: one idempotency key per order, kept across retries and
-    redeliveries. It rests on the gateway's key alone: once the gateway forgot it (24 h
-    at Stripe), a redelivery is a new charge (PS17)."""
-    request = payment_request(read(order_id))
-    intent = adapter.client.v1.payment_intents.create(
-        params={
-            "amount": request["amount"],
-            "currency": request["currency"],
-            "payment_method": request["source"],
-            "confirm": True,
-            "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
-            "metadata": {"reference": order_id},
-        },
-        options={"idempotency_key": f"order:{order_id}"},
-    )
-    with engine().begin() as conn:
-        orders.mark_paid(conn, order_id, intent.id)
-    return str(intent.id)
 
 
 @app.task(name="plain.checkout_3ds", **PLAIN)

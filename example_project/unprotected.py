@@ -40,8 +40,9 @@ def read(order_id: str) -> dict[str, Any]:
         return orders.load(conn, order_id)
 
 
-def create_intent(order: dict[str, Any], *, capture: bool = True) -> Any:
-    """One PaymentIntent, as the SDK sends it: under a new idempotency key every time."""
+def create_intent(order: dict[str, Any], *, capture: bool = True, key: str | None = None) -> Any:
+    """One PaymentIntent, as the SDK sends it: under a new idempotency key every time,
+    unless the caller gives its own ``key``."""
     request = payment_request(order)
     return adapter.client.v1.payment_intents.create(
         params={
@@ -52,7 +53,8 @@ def create_intent(order: dict[str, Any], *, capture: bool = True) -> Any:
             "capture_method": "automatic" if capture else "manual",
             "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
             "metadata": {"reference": order["id"]},
-        }
+        },
+        options={} if key is None else {"idempotency_key": key},
     )
 
 
@@ -66,6 +68,18 @@ def plain_charge_order(self: Any, order_id: str) -> str:
     with engine().begin() as conn:
         orders.mark_paid(conn, order_id, intent.id)
     plain_send_receipt.delay(order_id)
+    return str(intent.id)
+
+
+@app.task(name="plain.charge_order_keyed", **PLAIN)
+def plain_charge_order_keyed(self: Any, order_id: str) -> str:
+    """A careful plain charge: one idempotency key per order, kept across retries and
+    redeliveries. It rests on the gateway's key alone: two senders of it at once get
+    the gateway's in-flight answer (PS23), and once the gateway forgot the key (24 h at
+    Stripe) a redelivery is a new charge (PS17)."""
+    intent = create_intent(read(order_id), key=f"order:{order_id}")
+    with engine().begin() as conn:
+        orders.mark_paid(conn, order_id, intent.id)
     return str(intent.id)
 
 

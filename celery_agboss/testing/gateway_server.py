@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import os
 import re
 import threading
 import time
@@ -52,48 +51,12 @@ from celery_agboss.testing.gateway_types import (
     FakeGatewayTimeout,
     GatewayCapabilities,
 )
+from celery_agboss.testing.loopback import QuietServer, loopback_peer_pid
 
 HOST = "127.0.0.1"
 _SEGMENT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DECLINED_CARD = "tok_chargeDeclined"
 PID_HEADER = "X-Worker-Pid"
-
-
-class _QuietServer(ThreadingHTTPServer):
-    """A client killed mid-request (what the tests do) is not an error of the server."""
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
-
-
-def loopback_peer_pid(port: int) -> int | None:
-    """The pid of the local process whose TCP socket has local port ``port`` (Linux)."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as lines:
-                next(lines, None)
-                for line in lines:
-                    fields = line.split()
-                    if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(f"socket:[{fields[9]}]")
-        except OSError:
-            continue
-    if not inodes:
-        return None
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            for fd in os.scandir(f"/proc/{entry.name}/fd"):
-                if os.readlink(fd.path) in inodes:
-                    return int(entry.name)
-        except OSError:
-            continue
-    return None
 
 
 @dataclass(frozen=True)
@@ -229,7 +192,7 @@ class FakeGatewayServer:
     def start(self) -> FakeGatewayServer:
         """Listen on 127.0.0.1, on ``port`` (a free one by default); idempotent."""
         if self._server is None:
-            server = _QuietServer((HOST, self.port), self._handler_class())
+            server = QuietServer((HOST, self.port), self._handler_class())
             server.daemon_threads = True
             self._server = server
             self._thread = threading.Thread(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 from example_project.scenarios.catalog import Outcome, Say, charges, scenario
 from example_project.scenarios.world import SPEED_UPS, World
@@ -58,27 +59,29 @@ def ps2(world: World, protected: bool, say: Say) -> Outcome:
 
 @scenario("ps5", "A crash after the send, before the answer")
 def ps5(world: World, protected: bool, say: Say) -> Outcome:
-    assert world.gateway is not None
     order_id = world.order("ps5")
-    held = world.gateway.hold_next_answer(timeout=30)
-    task_id = world.publish(_charge_task(protected), order_id)
-    world.wait(lambda: held.reached, 30, "the charge to reach the gateway")
+    task_id, held = _charge_answer_held(world, order_id, protected)
     say(f"the gateway charged; its answer is held; the sender, pool process {held.pid}: SIGKILL")
-    assert held.pid is not None
     world.kill(held.pid)
     held.release()
     _settled(world, order_id, task_id, protected)
     return _paid_once(world, order_id, say, protected, "reconciled")
 
 
-def _frozen_mid_charge(world: World, order_id: str, protected: bool) -> tuple[str, int, object]:
-    """Publish the charge; freeze (SIGSTOP) the pool process whose charge the gateway
-    made, its answer on the wire; the task id, the pid, and the released hold."""
+def _charge_answer_held(world: World, order_id: str, protected: bool) -> tuple[str, Any]:
+    """Publish the charge and hold its answer at the gateway (the payment made): the task
+    id and the hold, whose ``pid`` is the pool process waiting for the answer."""
     assert world.gateway is not None
     held = world.gateway.hold_next_answer(timeout=30)
     task_id = world.publish(_charge_task(protected), order_id)
-    world.wait(lambda: held.reached, 30, "the charge to reach the gateway")
-    assert held.pid is not None
+    world.wait(lambda: held.reached and held.pid, 30, "the charge to reach the gateway")
+    return task_id, held
+
+
+def _frozen_mid_charge(world: World, order_id: str, protected: bool) -> tuple[str, int, object]:
+    """Publish the charge; freeze (SIGSTOP) the pool process whose charge the gateway
+    made, its answer on the wire; the task id, the pid, and the released hold."""
+    task_id, held = _charge_answer_held(world, order_id, protected)
     world.stop(held.pid)
     held.release()
     return task_id, held.pid, held
@@ -117,12 +120,8 @@ def ps3(world: World, protected: bool, say: Say) -> Outcome:
 
 @scenario("ps12", "A rolling deploy or a graceful stop mid-payment")
 def ps12(world: World, protected: bool, say: Say) -> Outcome:
-    assert world.gateway is not None
     order_id = world.order("ps12")
-    held = world.gateway.hold_next_answer(timeout=30)
-    task_id = world.publish(_charge_task(protected), order_id)
-    world.wait(lambda: held.reached, 30, "the charge to reach the gateway")
-    assert held.pid is not None
+    task_id, held = _charge_answer_held(world, order_id, protected)
     worker = world.worker_of(held.pid)
     os.kill(worker.pid, signal.SIGTERM)
     say(f"the deploy sends SIGTERM to {worker.name} while its charge is on the wire")

@@ -52,7 +52,7 @@ from example_project.scenarios.world import World
 
 CHARGE = "example_project.shop.charge_order"
 PLAIN_CHARGE = "plain.charge_order"
-PLAIN_CHARGE_WITH_KEY = "plain.charge_order_with_key"
+PLAIN_CHARGE_WITH_KEY = "plain.charge_order_keyed"
 PLAIN_HANDLE_EVENT = "plain.handle_stripe_event"
 PLAIN_CHECKOUT_3DS = "plain.checkout_3ds"
 PLAIN_FINISH_3DS = "plain.finish_3ds"
