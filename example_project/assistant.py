@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from celery_agboss import PaymentTask
 from celery_agboss.errors import IdempotencyKeyConflictError
 from example_project import orders
-from example_project.shop import agboss, app, payment_request, refund, stripe
+from example_project.shop import agboss, app, mark_paid, payment_request, refund, stripe
 from example_project.unprotected import PLAIN, create_intent, engine, read, refund_intent
 
 
@@ -42,11 +42,7 @@ def _charge_tool(task: PaymentTask, order: dict[str, Any], amount: int) -> dict[
         refused = "this order was already charged with another amount"
         return {"tool": "charge", "amount": amount, "refused": refused}
     outcome = task.last_outcome
-    task.fenced_effect(
-        "mark-paid",
-        lambda conn: orders.mark_paid(conn, order_id, receipt["id"]),
-        business_key=f"order:{order_id}",
-    )
+    mark_paid(task, order_id, receipt["id"])
     return {
         "tool": "charge",
         "amount": amount,
@@ -93,11 +89,7 @@ def ship_part(self: PaymentTask, order_id: str, part: str) -> dict[str, Any]:
     Every branch charges under the order's key, so the order is charged once."""
     order = _read(order_id)
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
-    self.fenced_effect(
-        "mark-paid",
-        lambda conn: orders.mark_paid(conn, order_id, receipt["id"]),
-        business_key=f"order:{order_id}",
-    )
+    mark_paid(self, order_id, receipt["id"])
     self.fenced_effect(
         "ship",
         lambda conn: orders.note(conn, order_id, "shipped", part),
@@ -154,11 +146,7 @@ def spend_budget(self: PaymentTask, order_id: str, customer: str) -> dict[str, A
     except IntegrityError:  # rolled back with the effect: nothing drawn, nothing recorded
         return {"refused": f"{order['amount']} is over {customer}'s budget"}
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
-    self.fenced_effect(
-        "mark-paid",
-        lambda conn: orders.mark_paid(conn, order_id, receipt["id"]),
-        business_key=f"order:{order_id}",
-    )
+    mark_paid(self, order_id, receipt["id"])
     return {"payment": receipt["id"]}
 
 
@@ -224,11 +212,7 @@ def _charge_attempt(task: PaymentTask, order_id: str, n: int, card: str) -> dict
         )
         return {"attempt": n, "declined": True}
     outcome = task.last_outcome
-    task.fenced_effect(
-        "mark-paid",
-        lambda conn: orders.mark_paid(conn, order_id, receipt["id"]),
-        business_key=f"order:{order_id}",
-    )
+    mark_paid(task, order_id, receipt["id"])
     return {
         "attempt": n,
         "payment": receipt["id"],

@@ -60,6 +60,15 @@ def payment_request(order: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def mark_paid(task: PaymentTask, order_id: str, payment_id: str) -> None:
+    """The order is paid, once: keyed by the order, so any execution for it marks it once."""
+    task.fenced_effect(
+        "mark-paid",
+        lambda conn: orders.mark_paid(conn, order_id, payment_id),
+        business_key=f"order:{order_id}",
+    )
+
+
 def refund_key(payment_id: str, n: int = 1) -> str:
     """The one place a refund's key is built: the saga's undo, an operator and the
     customer's request all refund under it, so a payment is refunded once (PS19)."""
@@ -71,11 +80,11 @@ def charge_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
     order = _read(order_id)
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
 
-    def mark_paid(conn: Connection) -> None:
+    def paid_with_receipt(conn: Connection) -> None:
         orders.mark_paid(conn, order_id, receipt["id"])
         outbox.enqueue(conn, send_receipt.s(order_id))  # sent if and only if this commits
 
-    self.fenced_effect("mark-paid", mark_paid, business_key=f"order:{order_id}")
+    self.fenced_effect("mark-paid", paid_with_receipt, business_key=f"order:{order_id}")
     return receipt
 
 
@@ -96,11 +105,7 @@ def place_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
     self.undo_with("shop.refund-payment", payment_id=receipt["id"], order_id=order_id)
     self.fenced_effect("reserve", lambda conn: orders.reserve(conn, order_id, order["sku"]))
-    self.fenced_effect(
-        "mark-paid",
-        lambda conn: orders.mark_paid(conn, order_id, receipt["id"]),
-        business_key=f"order:{order_id}",
-    )
+    mark_paid(self, order_id, receipt["id"])
     return receipt
 
 
@@ -137,11 +142,7 @@ def approve_large_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
         return {"declined_by": answer.get("by")}
     order = _read(order_id)
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
-    self.fenced_effect(
-        "mark-paid",
-        lambda conn: orders.mark_paid(conn, order_id, receipt["id"]),
-        business_key=f"order:{order_id}",
-    )
+    mark_paid(self, order_id, receipt["id"])
     return {**receipt, "approved_by": answer.get("by")}
 
 
@@ -160,11 +161,7 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
         {"payment_id": authorization["id"]},
         business_key=f"capture:{authorization['id']}:1",
     )
-    self.fenced_effect(
-        "mark-paid",
-        lambda conn: orders.mark_paid(conn, order_id, captured["id"]),
-        business_key=f"order:{order_id}",
-    )
+    mark_paid(self, order_id, captured["id"])
     return captured
 
 
