@@ -9,8 +9,6 @@ and the unprotected twin runs it in a transaction of its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import (
@@ -74,12 +72,6 @@ def create_tables(url_or_engine: str | Engine) -> None:
 
 def _engine(url_or_engine: str | Engine) -> Engine:
     return create_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
-
-
-@contextmanager
-def transaction(engine: Engine) -> Iterator[Connection]:
-    with engine.begin() as conn:
-        yield conn
 
 
 def place(
