@@ -85,7 +85,8 @@ def ps10(world: World, protected: bool, say: Say) -> Outcome:
             if protected:
                 world.wait_state(task_id, "FAILED", timeout=40)
             else:
-                world.wait(lambda: len(refunds_of(world, order_id)) >= 2, 40, "a second refund")
+                # Observed, not required: the plain twin's harm is reported as it came.
+                world.observe(lambda: len(refunds_of(world, order_id)) >= 2, 40)
     finally:
         held.release()  # a hold never reached passes every later refund through
     payments, refunds = len(world.payments(order_id)), len(refunds_of(world, order_id))

@@ -268,6 +268,16 @@ class World:
         os.kill(pid, signal.SIGCONT)
 
     @staticmethod
+    def observe(predicate: Callable[[], object], timeout: float) -> bool:
+        """Until ``predicate`` holds or ``timeout`` passes; whether it held (no error)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    @staticmethod
     def wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
         deadline = time.monotonic() + timeout
         while True:

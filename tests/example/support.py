@@ -24,13 +24,23 @@ class ScenarioRun:
     table: dict[str, dict[str, Any]]
 
     def missed(self) -> list[str]:
-        """Every cell that did not run, or missed its bar (``"ps5 protected: ..."``)."""
+        """Every cell that did not run, and every protected cell that missed its bar
+        (``"ps5 protected: ..."``). An unprotected cell whose harm did not show this time
+        is the plain twin's luck, not a guarantee: it is in ``harm_not_shown``."""
         found = []
         for name, columns in self.table.items():
             for column, cell in columns.items():
-                if cell is None or not cell["ran"] or not cell["as_expected"]:
+                ran = cell is not None and cell["ran"]
+                if not ran or (column == "protected" and not cell["as_expected"]):
                     found.append(f"{name} {column}: {cell and cell['text']}")
         return found
+
+    def harm_not_shown(self) -> list[str]:
+        return [
+            f"{name}: {cell['text']}"
+            for name, columns in self.table.items()
+            if (cell := columns.get("unprotected")) and cell["ran"] and not cell["as_expected"]
+        ]
 
 
 def run_scenarios(
