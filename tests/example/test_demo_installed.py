@@ -6,8 +6,8 @@ The wheel built from this tree goes into a fresh virtualenv with the ``stripe`` 
 embedded default — SQLite and kombu's filesystem transport, real worker processes.
 A package-data file or a dependency the wheel lacks fails here. The whole table runs:
 every scenario in both columns, each protected row at its bar; an unprotected row whose
-harm did not show in this run (the plain twin's luck under load) is printed, not failed. The run's time is printed (the issue's "under three minutes"), not
-asserted.
+harm did not show in this run (the plain twin's luck under load) is printed, not failed.
+The run's time is printed (the issue's "under three minutes"), not asserted.
 """
 
 from __future__ import annotations
