@@ -31,7 +31,7 @@ from celery_agboss.core.compensation import (
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
 from celery_agboss.errors import ConfigurationError, ExecutionFencedError
-from celery_agboss.testing import sabotage
+from celery_agboss.testing import FakeGateway, sabotage
 from tests.engine.helpers import DAY, Crash, Shop, business_intent_key
 
 UndoFunctions = dict[str, Callable[..., Any]]
@@ -40,14 +40,16 @@ sqlite_only = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 """For checks of this module's own logic: the store's part is the same on both."""
 
 
-_refund_calls: dict[int, OutboundCall] = {}
+_refund_call_of_this_test: list[tuple[FakeGateway, OutboundCall]] = []
 
 
 def _refund_call(shop: Shop) -> OutboundCall:
-    """One refund call per test (its name is registered once per registry)."""
-    known = _refund_calls.get(id(shop.settings))
-    if known is not None:
-        return known
+    """One refund call per test (its name is registered once per registry), bound to this
+    test's gateway: the cache holds the gateway itself, never its ``id()``, which a later
+    test's gateway may reuse once this one is collected."""
+    for gateway, made in _refund_call_of_this_test:
+        if gateway is shop.gateway:
+            return made
     gateway = shop.gateway
 
     def send(call: CallContext) -> Any:
@@ -60,8 +62,7 @@ def _refund_call(shop: Shop) -> OutboundCall:
     made = OutboundCall(
         name="fake.refund", send=send, reconcile=reconcile, key_retention=timedelta(days=1)
     )
-    _refund_calls.clear()
-    _refund_calls[id(shop.settings)] = made
+    _refund_call_of_this_test[:] = [(gateway, made)]
     return made
 
 
