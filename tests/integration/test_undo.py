@@ -12,9 +12,10 @@
   over and completed by the other child, then continued (SIGCONT) into a failure, is
   fenced — no ``COMPENSATING``, no undo run, the paid order not refunded.
 
-Each has its sabotage twin. Speed-ups a deployment does not use: the harness's
-(``-Q``, no beat: the test runs the sweep), a 3 s lease, one pool child (two where
-a frozen child is taken over by the other).
+Each runs on SQLite and on PostgreSQL, beside its sabotage twin (on SQLite: the
+protection it removes is the same on both stores). Speed-ups a deployment does not
+use: the harness's (``-Q``, no beat: the test runs the sweep), a 3 s lease, one pool
+child (two where a frozen child is taken over by the other).
 """
 
 from __future__ import annotations
@@ -238,14 +239,14 @@ def _refunds_of(shop: UndoShop, order: str) -> list[dict[str, Any]]:
 
 
 def test_s12b_killed_inside_an_undo_it_continues_and_a_marked_undo_is_not_run_again(
-    undo_shop: Callable[..., UndoShop],
+    undo_shop: Callable[..., UndoShop], database_url: str
 ) -> None:
     """Goods (an outbound refund) then shipping (a plain refund): the shipping's undo runs
     and is marked done; the goods' refund is processed, its answer held, and the child
     that sent it is killed. The next delivery (the sweep's, after the lease expired)
     continues the undo: the goods' refund is reconciled, the shipping's is not redone.
     The twin, without done marks, refunds the shipping twice."""
-    shop, twin = undo_shop(), undo_shop()
+    shop, twin = undo_shop(database_url), undo_shop()
     shop.start_worker()
     twin.start_worker(sabotage=(UNDO_NOT_MARKED_DONE,))
     shop.refund_hold.count = 2
@@ -277,12 +278,12 @@ def test_s12b_killed_inside_an_undo_it_continues_and_a_marked_undo_is_not_run_ag
 
 
 def test_a_hard_time_limit_after_the_charge_never_starts_undo(
-    undo_shop: Callable[..., UndoShop],
+    undo_shop: Callable[..., UndoShop], database_url: str
 ) -> None:
     """P5: the child is killed past its time limit after the charge; the next delivery
     continues the body and completes — nothing refunded. The twin, which counts a
     delivery that died as a failure, refunds the paid order."""
-    shop, twin = undo_shop(), undo_shop()
+    shop, twin = undo_shop(database_url), undo_shop()
     shop.start_worker()
     twin.start_worker(sabotage=(UNDO_ON_ANY_FAILURE,))
     task_ids = [
@@ -323,14 +324,14 @@ def _freeze_past_the_lease(shop: UndoShop, order: str) -> tuple[str, int]:
 
 
 def test_a_fenced_holder_whose_body_fails_never_starts_undo(
-    undo_shop: Callable[..., UndoShop],
+    undo_shop: Callable[..., UndoShop], database_url: str
 ) -> None:
     """P5, with a real worker: the frozen child's lease expires, the sweep re-drives the
     order, the worker's other child takes it over and completes it (the charge replayed).
     The frozen child, continued, fails: fenced, so no ``COMPENSATING``, its undo (a plain
     refund, which nothing else would stop) never runs, and the paid order stays paid.
     The twin lets a fenced holder start its undo: the paid order is refunded."""
-    shop, twin = undo_shop(), undo_shop()
+    shop, twin = undo_shop(database_url), undo_shop()
     workers = [
         shop.start_worker(concurrency=2, ready=False),
         twin.start_worker(concurrency=2, sabotage=(FENCED_HOLDER_STARTS_UNDO,), ready=False),
