@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from celery_agboss.cli.commands import EXIT_REFUSED, EXIT_USAGE, _command, _Out, agboss
+from celery_agboss.cli.group import EXIT_REFUSED, EXIT_USAGE, CommandOutput, agboss, json_command
 
 
 def load_adapter(target: str) -> Any:
@@ -79,14 +79,14 @@ def load_adapter(target: str) -> Any:
     metavar="MINOR_UNITS",
     help="The amount each probe charges.",
 )
-@_command
+@json_command
 def checklist(
     target: str, key_prefix: str | None, required_retention: float, amount: int, as_json: bool
 ) -> None:
     """Probe an adapter for G1–G5 with real requests (exit 1 when one failed)."""
     from celery_agboss.testing.checklist import gateway_checklist
 
-    out = _Out(as_json)
+    out = CommandOutput(as_json)
     if amount <= 0 or required_retention <= 0:
         out.fail(EXIT_USAGE, "usage", "--amount and --required-retention must be positive")
     adapter = load_adapter(target)

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from celery_agboss.cli.commands import _agboss, _command, _Out, agboss
+from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_agboss
 
 
 @agboss.command()
@@ -25,7 +25,7 @@ from celery_agboss.cli.commands import _agboss, _command, _Out, agboss
     help="The multiprocess directory to read counters from "
     "(default: agboss_metrics_dir, else PROMETHEUS_MULTIPROC_DIR).",
 )
-@_command
+@json_command
 @click.pass_context
 def metrics(ctx: click.Context, directory: str | None, as_json: bool) -> None:
     """Print the metrics once (Prometheus text; --json: every sample)."""
@@ -35,8 +35,8 @@ def metrics(ctx: click.Context, directory: str | None, as_json: bool) -> None:
         exposition,
     )
 
-    out = _Out(as_json)
-    with _agboss(ctx, out) as boss:
+    out = CommandOutput(as_json)
+    with open_agboss(ctx, out) as boss:
         chosen = directory if directory is not None else configured_directory(boss)
         if not as_json:
             click.echo(exposition(boss, directory=chosen).decode("utf-8"), nl=False)

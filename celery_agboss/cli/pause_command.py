@@ -12,14 +12,14 @@ from typing import Any
 
 import click
 
-from celery_agboss.cli.commands import (
+from celery_agboss.cli.group import (
     EXIT_NOT_FOUND,
     EXIT_REFUSED,
-    _agboss,
-    _command,
-    _Out,
+    CommandOutput,
     actor_option,
     agboss,
+    json_command,
+    open_agboss,
 )
 from celery_agboss.errors import NotPausedError
 
@@ -35,7 +35,7 @@ def _parse_answer(text: str) -> Any:
 @click.argument("pause_id")
 @click.argument("answer")
 @actor_option
-@_command
+@json_command
 @click.pass_context
 def answer_pause(
     ctx: click.Context, pause_id: str, answer: str, actor: str | None, as_json: bool
@@ -44,8 +44,8 @@ def answer_pause(
     from celery_agboss.operator import answer_pause as answer_it
     from celery_agboss.operator.common import default_actor
 
-    out = _Out(as_json)
-    with _agboss(ctx, out) as boss:
+    out = CommandOutput(as_json)
+    with open_agboss(ctx, out) as boss:
         try:
             republished = answer_it(
                 boss, pause_id, _parse_answer(answer), actor=actor or default_actor()

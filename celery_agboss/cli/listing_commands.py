@@ -1,0 +1,187 @@
+"""``agboss pending | show | executions | pauses``: what waits, and why, read only."""
+
+from __future__ import annotations
+
+import click
+
+from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_agboss
+from celery_agboss.cli.views import (
+    RESOLVE_HINT,
+    age,
+    describe_text,
+    execution_view,
+    history_view,
+    intent_state,
+    intent_view,
+    iso,
+    lease_view,
+    table,
+    waits_for_operator,
+)
+from celery_agboss.core.executions import ExecutionState
+
+
+@agboss.command()
+@click.option("--operator-only", is_flag=True, help="Only what waits for an operator.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000))
+@json_command
+@click.pass_context
+def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) -> None:
+    """Outbound calls that may have reached the gateway and are not settled, and every
+    execution waiting for an operator with the command that ends its wait."""
+    from celery_agboss.operator import list_pending, list_waits
+
+    out = CommandOutput(as_json)
+    with open_agboss(ctx, out) as boss:
+        intents = list_pending(boss, operator_only=operator_only, limit=limit)
+        flagged = sum(1 for i in intents if waits_for_operator(i))
+        waits = list_waits(boss, limit=limit)
+
+        def text() -> str:
+            parts = []
+            if intents:
+                rows = [
+                    [
+                        i.idempotency_key,
+                        i.execution_id,
+                        i.name,
+                        str(i.attempt),
+                        age(i.read_at_ms, i.first_attempt_at_ms),
+                        intent_state(i),
+                    ]
+                    for i in intents
+                ]
+                head = (
+                    f"{len(intents)} outbound call(s) not settled, "
+                    f"{flagged} waiting for an operator:"
+                )
+                hint = RESOLVE_HINT if flagged else ""
+                listing = table(["KEY", "EXECUTION", "CALL", "ATTEMPT", "AGE", "STATE"], rows)
+                parts.append(f"{head}\n{listing}{hint}")
+            else:
+                parts.append("Nothing pending: every outbound call is settled.")
+            if waits:
+                rows = [
+                    [w.execution.id, w.execution.task_name, w.execution.reason or "", w.ends_with]
+                    for w in waits
+                ]
+                parts.append(
+                    f"{len(waits)} execution(s) waiting for an operator:\n"
+                    + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows)
+                )
+            return "\n\n".join(parts)
+
+        out.emit(
+            {
+                "pending": [intent_view(i) for i in intents],
+                "needs_operator": flagged,
+                "waiting_executions": [
+                    {**execution_view(w.execution), "intents": w.intents, "ends_with": w.ends_with}
+                    for w in waits
+                ],
+            },
+            text,
+        )
+
+
+@agboss.command()
+@click.argument("key")
+@json_command
+@click.pass_context
+def show(ctx: click.Context, key: str, as_json: bool) -> None:
+    """One intent (by idempotency key) or execution (by task id), with its history."""
+    from celery_agboss.operator import describe
+
+    out = CommandOutput(as_json)
+    with open_agboss(ctx, out) as boss:
+        found = describe(boss, key)
+        data = {
+            "execution": None if found.execution is None else execution_view(found.execution),
+            "lease": lease_view(found.lease),
+            "intents": [intent_view(i, full=True) for i in found.intents],
+            "history": {k: [history_view(r) for r in rows] for k, rows in found.history.items()},
+            "audit": [
+                {
+                    "id": a.id,
+                    "at": iso(a.at_ms),
+                    "actor": a.actor,
+                    "action": a.action,
+                    "target": a.target,
+                    "reason": a.reason,
+                    "before": a.before,
+                    "after": a.after,
+                }
+                for a in found.audit
+            ],
+        }
+        out.emit(data, lambda: describe_text(found))
+
+
+@agboss.command()
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    metavar="STATE",
+    type=click.Choice([s.value for s in ExecutionState], case_sensitive=False),
+    help="Only executions in this state (repeatable).",
+)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--after", "after_id", default=None, metavar="ID", help="Page after this id.")
+@json_command
+@click.pass_context
+def executions(
+    ctx: click.Context, states: tuple[str, ...], limit: int, after_id: str | None, as_json: bool
+) -> None:
+    """Executions (one per task id) and their states."""
+    from celery_agboss.operator import list_executions
+
+    out = CommandOutput(as_json)
+    with open_agboss(ctx, out) as boss:
+        chosen = [ExecutionState(s.upper()) for s in states]
+        records = list_executions(boss, states=chosen or None, limit=limit, after_id=after_id)
+
+        def text() -> str:
+            if not records:
+                return "No executions" + (
+                    f" in {', '.join(s.value for s in chosen)}." if chosen else "."
+                )
+            rows = [
+                [
+                    r.id,
+                    r.task_name,
+                    r.state.value,
+                    str(r.recovery_count),
+                    age(r.read_at_ms, r.requested_at_ms),
+                    (r.reason or "")[:60],
+                ]
+                for r in records
+            ]
+            return table(["ID", "TASK", "STATE", "RECOVERIES", "AGE", "REASON"], rows)
+
+        out.emit({"executions": [execution_view(r) for r in records]}, text)
+
+
+@agboss.command()
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000))
+@json_command
+@click.pass_context
+def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Pauses waiting for an answer (answer one with `agboss answer-pause PAUSE_ID ANSWER`)."""
+    from celery_agboss.operator import list_pauses
+
+    out = CommandOutput(as_json)
+    with open_agboss(ctx, out) as boss:
+        found = list_pauses(boss, limit=limit)
+
+        def text() -> str:
+            if not found:
+                return "No pause waits for an answer."
+            return table(["PAUSE", "EXECUTION", "STATUS"], [list(row) for row in found])
+
+        out.emit(
+            {"pauses": [{"pause_id": p, "execution": e, "status": st} for p, e, st in found]}, text
+        )
+
+
+__all__ = ["executions", "pauses", "pending", "show"]

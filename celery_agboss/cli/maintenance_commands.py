@@ -1,0 +1,120 @@
+"""``agboss migrate | sweep``: the store's tables, and the sweep run by hand or in a loop
+(for a deployment without beat, ``agboss_sweep_interval = 0``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_agboss
+from celery_agboss.cli.views import report_data, report_text
+
+if TYPE_CHECKING:
+    from celery_agboss.sweep import SweepReport
+
+
+@agboss.command()
+@json_command
+@click.pass_context
+def migrate(ctx: click.Context, as_json: bool) -> None:
+    """Create or upgrade the celery_agboss tables (idempotent; safe on every deploy)."""
+    from celery_agboss.store.migrate import current_revision
+    from celery_agboss.store.migrate import migrate as run_migrations
+
+    out = CommandOutput(as_json)
+    with open_agboss(ctx, out) as boss:
+        settings = boss.settings
+        run_migrations(settings.database_url)
+        revision = current_revision(settings.database_url)
+        url = settings.redacted_database_url()
+        out.emit(
+            {"database": url, "revision": revision},
+            f"The store at {url} is at revision {revision}.",
+        )
+
+
+@agboss.command()
+@click.option("--loop", is_flag=True, help="Sweep every interval until stopped (no beat).")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    metavar="SECONDS",
+    help="With --loop: seconds between runs (default: agboss_sweep_interval).",
+)
+@click.option(
+    "--max-runs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --loop: stop after this many runs.",
+)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=None, help="Rows per step and run."
+)
+@json_command
+@click.pass_context
+def sweep(
+    ctx: click.Context,
+    loop: bool,
+    interval: float | None,
+    max_runs: int | None,
+    batch_size: int | None,
+    as_json: bool,
+) -> None:
+    """Re-drive and reconcile what dead workers and lost messages left (never sends money)."""
+    from celery_agboss.sweep import DEFAULT_BATCH_SIZE, run_sweep, run_sweep_loop
+
+    out = CommandOutput(as_json)
+    batch = batch_size or DEFAULT_BATCH_SIZE
+    with open_agboss(ctx, out) as boss:
+        if not loop:
+            report = run_sweep(boss, batch_size=batch)
+            out.emit(report_data(report), report_text(report))
+            return
+        stop = threading.Event()
+        with _stop_on_signals(stop):
+            run_sweep_loop(
+                boss,
+                interval_seconds=interval,
+                batch_size=batch,
+                max_runs=max_runs,
+                stop=stop,
+                on_report=functools.partial(_print_report, as_json),
+            )
+
+
+def _print_report(as_json: bool, report: SweepReport) -> None:
+    if as_json:
+        click.echo(json.dumps(report_data(report), sort_keys=True))
+    else:
+        click.echo(report_text(report))
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT end the loop after the current run (never in the middle)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+__all__ = ["migrate", "sweep"]
