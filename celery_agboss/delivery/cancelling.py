@@ -16,15 +16,28 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Any
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore
 
 from celery_agboss.core.cancelled_intents import CancelledIntent, settle_not_sent_for_cancel
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.log_events import (
+    EXECUTION_CANCELLED,
+    EXECUTION_CANCELLING,
+    EXECUTION_WAITING,
+    EXECUTION_WAITING_OPERATOR,
+)
 from celery_agboss.core.store import IntentGuard, IntentRecord, IntentStatus
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
-from celery_agboss.errors import StoreError
+from celery_agboss.delivery.compensating import undo_before_cancel
+from celery_agboss.delivery.delivery_like import DeliveryLike
+from celery_agboss.delivery.verdicts import Cancel, ForOperator, Wait
+from celery_agboss.delivery.waits import sweep_after_ms, wait_then_retry
+from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.runtime import Runtime
+from celery_agboss.task_events import TASK_UNRECONCILED, TASK_WAITING
 
 logger = logging.getLogger("celery_agboss")
 
@@ -39,6 +52,52 @@ class CancelReadiness(str, enum.Enum):
     OWN_SEND = "OWN_SEND"  # this delivery's own attempt is pending: leave the lease to expire
     LATER = "LATER"  # a lookup failed, or another live owner: try again later
     OPERATOR = "OPERATOR"  # a lookup could not tell: an operator decides
+
+
+def end_with_cancel(d: DeliveryLike) -> NoReturn:
+    """A cancel was requested (a revoke, ``cancel()``): the body does not run. What
+    earlier deliveries left PENDING is looked up, never sent; then the declared undos
+    and ``CANCELLED``, or a wait for what is not settled yet, or an operator."""
+    d._log(EXECUTION_CANCELLING, reason=d.cancel_reason)
+    try:
+        readiness = reconcile_for_cancel(d.agboss, d._context())
+    except ExecutionFencedError as exc:
+        d._fenced(exc)
+    except StoreError as exc:
+        d._store_failed(exc)
+    if readiness is CancelReadiness.SETTLED:
+        record = undo_before_cancel(d, d.cancel_reason)  # its undos run first
+        if record is None:
+            record = d._verdict(Cancel(d.cancel_reason))
+        if record is not None and record.state is ExecutionState.CANCELLED:
+            d._release()
+            d._log(EXECUTION_CANCELLED, reason=d.cancel_reason)
+            send_revoked_event(d.task)
+            raise Ignore()
+        if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
+            # A payment of it completed: never silently CANCELLED; a person decides.
+            d._release()
+            d._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
+            d._event(TASK_UNRECONCILED, reason=record.reason)
+            raise Ignore()
+        readiness = CancelReadiness.LATER  # an intent appeared meanwhile: look again
+    if readiness is CancelReadiness.OPERATOR:
+        d._verdict(ForOperator("cancel requested; a lookup could not tell"))
+        d._release()
+        d._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason="cancel-unreconciled")
+        d._event(TASK_UNRECONCILED, reason="cancel requested; a lookup could not tell")
+        raise Ignore()
+    if readiness is CancelReadiness.OWN_SEND:
+        # This delivery's own attempt is pending (its body was stopped mid-send): the
+        # lease expires once the send settled, and the next holder reconciles it.
+        d._abandon()
+        d._log(EXECUTION_WAITING, reason="cancel requested; own attempt pending")
+        d._event(TASK_WAITING, reason="cancel requested; own attempt pending")
+        raise Ignore()
+    delay = d.settings.retry_delay_seconds
+    d._verdict(Wait(sweep_after_ms(d.settings, delay), "cancel requested"))
+    d._log(EXECUTION_WAITING, reason="cancel requested; an intent is not settled yet")
+    wait_then_retry(d, delay, release=True, reason="cancel-requested")
 
 
 def pending_intents(agboss: Runtime, execution_id: str) -> list[IntentRecord]:
@@ -135,6 +194,7 @@ _READINESS_AFTER = {
 __all__ = [
     "CancelReadiness",
     "cancel_request_of",
+    "end_with_cancel",
     "pending_intents",
     "reconcile_for_cancel",
     "send_revoked_event",

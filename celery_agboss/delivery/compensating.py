@@ -21,7 +21,7 @@ waiting for an operator: money moved and its undo did not happen.
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn
 
 from celery.exceptions import Ignore
 
@@ -43,7 +43,6 @@ from celery_agboss.core.compensation import (
     undo_registry,
     undone_intents,
 )
-from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import DeliveryStart, ExecutionRecord, ExecutionState
 from celery_agboss.core.log_events import (
     EXECUTION_COMPENSATING,
@@ -52,8 +51,9 @@ from celery_agboss.core.log_events import (
     log_event,
 )
 from celery_agboss.core.store import IntentStatus
+from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, encode_error
-from celery_agboss.delivery.verdicts import Fail, Finish, ForOperator, Verdict
+from celery_agboss.delivery.verdicts import Fail, ForOperator
 from celery_agboss.errors import (
     AGBossSignal,
     ExecutionFencedError,
@@ -63,7 +63,6 @@ from celery_agboss.errors import (
     PauseRequested,
     StoreError,
 )
-from celery_agboss.runtime import Runtime
 from celery_agboss.task_events import TASK_PAUSED, TASK_UNRECONCILED
 
 UNDO_ON_ANY_FAILURE = sabotage.register("undo-on-any-failure")
@@ -76,30 +75,6 @@ FAILURE_SKIPS_UNDO = sabotage.register("failure-skips-undo")
 before undo existed: the customer stays charged for an order that failed."""
 
 TAKEN_OVER = "the previous delivery ended without a verdict"
-
-
-class DeliveryLike(Protocol):
-    """What of ``lifecycle.Delivery`` running undos uses."""
-
-    task: Any
-    agboss: Runtime
-    execution_id: str
-    cancel_reason: str
-
-    def use_context(self, ctx: ExecutionContext) -> None: ...
-    def _context(self) -> ExecutionContext: ...
-    def _verdict(self, verdict: Verdict) -> ExecutionRecord | None: ...
-    def _conclude(self, verdict: Finish | Fail) -> ExecutionRecord | None: ...
-    def _release(self, *, will_republish: bool = False) -> None: ...
-    def _settle_sends(self) -> bool: ...
-    def _abandon(self) -> None: ...
-    def _cancel(self) -> NoReturn: ...
-    def _fenced(self, exc: ExecutionFencedError) -> NoReturn: ...
-    def _store_failed(self, exc: StoreError) -> NoReturn: ...
-    def _for_operator(self, exc: AGBossSignal) -> NoReturn: ...
-    def _later(self, exc: AGBossSignal) -> NoReturn: ...
-    def _log(self, event: str, level: int = logging.INFO, **fields: Any) -> None: ...
-    def _event(self, type_: str, **fields: Any) -> None: ...
 
 
 # --- the three ways in -------------------------------------------------------------------

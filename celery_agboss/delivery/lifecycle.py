@@ -2,9 +2,10 @@
 
 DESIGN §2.2 is this module's table. The start (lease + ``RUNNING``) is one
 transaction; a duplicate of a live execution is deferred, one of a terminal
-execution replays the stored outcome. Around the body, what a delivery must stop
-for (``AGBossSignal``) becomes ``Ignore`` or a retry and never a failure; only an
-application exception with every intent settled makes ``FAILED``. The verdict is
+execution replays the stored outcome (``replaying``). Around the body, what a
+delivery must stop for (``AGBossSignal``) becomes ``Ignore`` or a retry (``waits``)
+and never a failure; only an application exception with every intent settled makes
+``FAILED`` (after its undos, ``compensating``). The verdict is
 written in a fenced transaction *before* Celery hears of it (so ``SUCCESS`` is
 never written for a deferral), and the lease is released only once no send under
 it can still be running; a release that finds the execution woken re-publishes it.
@@ -15,11 +16,10 @@ reconciles what is pending and ends it ``CANCELLED`` (``celery_agboss.delivery.c
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
@@ -33,8 +33,6 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.holder_clocks import SYSTEM_CLOCK
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
 from celery_agboss.core.log_events import (
-    EXECUTION_CANCELLED,
-    EXECUTION_CANCELLING,
     EXECUTION_COMPLETED,
     EXECUTION_DEFERRED,
     EXECUTION_FAILED,
@@ -43,7 +41,6 @@ from celery_agboss.core.log_events import (
     EXECUTION_PARKED,
     EXECUTION_REFUSED,
     EXECUTION_RELEASE_FAILED,
-    EXECUTION_REPLAYED,
     EXECUTION_STARTED,
     EXECUTION_STORE_FAILED,
     EXECUTION_TAKEN_OVER,
@@ -53,24 +50,18 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.core.protections import RELEASE_WITH_UNSETTLED_ATTEMPT
 from celery_agboss.core.store import LeaseRef
-from celery_agboss.delivery.cancelling import (
-    CancelReadiness,
-    cancel_request_of,
-    reconcile_for_cancel,
-    send_revoked_event,
-)
-from celery_agboss.delivery.compensating import (
-    resume_undo,
-    undo_after_failure,
-    undo_before_cancel,
-)
-from celery_agboss.delivery.outcomes import decode_error, decode_result, encode_error, encode_result
-from celery_agboss.delivery.verdicts import Cancel, Fail, Finish, ForOperator, Verdict, Wait
+from celery_agboss.delivery.cancelling import cancel_request_of, end_with_cancel
+from celery_agboss.delivery.compensating import resume_undo, undo_after_failure
+from celery_agboss.delivery.outcomes import encode_error, encode_result
+from celery_agboss.delivery.replaying import replay_terminal
+from celery_agboss.delivery.verdicts import Fail, Finish, ForOperator, Verdict, Wait
 from celery_agboss.delivery.waits import (
-    PACKAGE_RETRY_BUDGET,
-    message_after_wait,
-    own_retries,
-    seconds_until,
+    long_wait,
+    retry_not_published,
+    retry_or_requeue,
+    retry_requested,
+    sweep_after_ms,
+    wait_then_retry,
 )
 from celery_agboss.errors import (
     AGBossSignal,
@@ -85,7 +76,6 @@ from celery_agboss.errors import (
     PauseRequested,
     ResultNotStorableError,
     RetryNotPublished,
-    StoredFailureError,
     StoreError,
 )
 from celery_agboss.messages import message_from_request
@@ -99,13 +89,8 @@ from celery_agboss.task_events import (
     TASK_REFUSED,
     TASK_REPLAYED,
     TASK_UNRECONCILED,
-    TASK_WAITING,
     send_agboss_event,
 )
-
-REPLAY_SENDS_LINKS = sabotage.register("replay-sends-links")
-"""Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
-again, although the completing delivery already did."""
 
 FENCE_RECORDED_AS_FAILURE = sabotage.register("fence-recorded-as-failure")
 """Sabotage: a fenced (superseded) delivery lets Celery record a FAILURE, over the
@@ -116,35 +101,14 @@ CANCEL_REQUEST_IGNORED = sabotage.register("cancel-request-ignored")
 there were none, at its start and at every outbound call (a pending intent is
 reconciled, and resent when it was not sent)."""
 
-UNSTORED_RESULT_REPLAYED_AS_FAILURE = sabotage.register("unstored-result-replayed-as-failure")
-"""Sabotage: a duplicate of a completed execution whose result this store cannot hand back
-raises, so Celery writes FAILURE over the SUCCESS the completing delivery stored, and
-fires ``link_error`` (an errback that refunds the order)."""
-
 REJECT_WAITS_FOR_THE_SWEEP = sabotage.register("reject-waits-for-the-sweep")
 """Sabotage: a body's own ``Reject(requeue=False)`` leaves the execution WAITING, so the
 sweep brings back what the body dropped, again and again until it is PARKED."""
-
-REPLAY_COUNTS_CHORD = sabotage.register("replay-counts-chord")
-"""Sabotage: a duplicate of a completed chord header part counts its part again, so a
-counter backend (Redis) thinks the header done early, or fails the chord."""
 
 LEASE_KEPT_AFTER_A_BROKEN_END = sabotage.register("lease-kept-after-a-broken-end")
 """Sabotage: a delivery whose own end-of-run code raised keeps its lease renewed for as
 long as the worker process lives: the execution looks RUNNING, and the sweep never
 takes it."""
-
-WAKE_FOLDED_INTO_REFUSED_RETRY = sabotage.register("wake-folded-into-refused-retry")
-"""Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
-(past max_retries), so no message carries the continuation."""
-
-REQUEUE_WITHOUT_PAUSE = sabotage.register("requeue-without-pause")
-"""Sabotage: a message handed back to the broker because the store is down is
-redelivered at once, over and over, for as long as the outage lasts."""
-
-REQUEUE_PAUSE_SECONDS = 1.0
-"""How long a delivery that could not reach the store waits before it hands its message
-back: one redelivery per second per process during an outage, not hundreds."""
 
 CONTEXT_ATTRIBUTE = "agboss_context"
 """Where a delivery keeps its ``ExecutionContext``: on ``task.request``, which is
@@ -179,7 +143,7 @@ class Delivery:
             self._refuse_another_task(exc)
         except StoreError as exc:
             self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc).__name__)
-            self._retry_or_requeue(self.settings.retry_delay_seconds, exc)
+            retry_or_requeue(self, self.settings.retry_delay_seconds, exc)
         if start.kind is not StartKind.STARTED:
             return self._not_started(start)
         assert start.grant is not None
@@ -238,7 +202,7 @@ class Delivery:
     def _not_started(self, start: DeliveryStart) -> Any:
         record = start.execution
         if start.kind is StartKind.TERMINAL:
-            return self._replay(record)
+            return replay_terminal(self, record)
         if start.kind is StartKind.DEFERRED:
             self._log(EXECUTION_DEFERRED)
             self._event(TASK_DEFERRED, reason="a live delivery holds the lease; woken on release")
@@ -254,49 +218,17 @@ class Delivery:
             self._event(event, state=record.state.value)
         raise Ignore()
 
-    def _replay(self, record: ExecutionRecord) -> Any:
-        """A terminal execution: its stored outcome, without running the body."""
-        self._log(EXECUTION_REPLAYED, state=record.state.value)
-        resend = sabotage.active(REPLAY_SENDS_LINKS)
-        if record.links_dispatched and not resend and not sabotage.active(REPLAY_COUNTS_CHORD):
-            # The completing delivery counted its chord part: a replay must not count again.
-            self.request.chord = None
-        if record.state is ExecutionState.COMPLETED:
-            if record.links_dispatched and not resend:
-                self.request.callbacks = None
-                self.request.chain = None
-            self._event(TASK_REPLAYED, outcome="REPLAYED")
-            try:
-                return decode_result(record.result, allow_pickle=self._pickle())
-            except StoredFailureError:
-                if sabotage.active(UNSTORED_RESULT_REPLAYED_AS_FAILURE):
-                    raise
-                # What the completing delivery gave the result backend stands: a duplicate
-                # never writes FAILURE over SUCCESS, nor fires link_error.
-                self._log(
-                    EXECUTION_REPLAYED,
-                    logging.WARNING,
-                    state=record.state.value,
-                    reason="result not stored: the result backend keeps what it has",
-                )
-                raise Ignore() from None
-        if record.state is ExecutionState.FAILED:
-            if record.links_dispatched and not resend:
-                self.request.errbacks = None
-            raise decode_error(record.error)
-        raise Ignore()  # CANCELLED or EXPIRED: never runs
-
     # --- the body ---------------------------------------------------------------------
 
     def _run_body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             result = self.task.run(*args, **kwargs)
         except Retry as exc:
-            self._user_retry(exc)
+            retry_requested(self, exc)
         except LongWaitRequested as exc:
-            self._long_wait(exc)
+            long_wait(self, exc)
         except RetryNotPublished as exc:
-            self._retry_not_published(exc)
+            retry_not_published(self, exc)
         except Reject as exc:
             self._rejected(exc)
         except Ignore:
@@ -384,89 +316,18 @@ class Delivery:
             raise Ignore() from None
         self._log(EXECUTION_FAILED, logging.WARNING, error=type(exc).__name__)
 
-    def _user_retry(self, exc: Retry) -> NoReturn:
-        """``self.retry()``: its message (same id) is already out; WAITING until it runs.
-
-        ``not_before`` leaves the retry message a lease's time to start before the sweep
-        counts it lost; a wake re-publishes that message (it was consumed) at its ETA.
-        """
-        delay = seconds_until(exc.when)
-        self._verdict(Wait(self._sweep_after_ms(delay), "retry"))
-        self._log(EXECUTION_WAITING, reason="retry", delay=delay)
-        self._release()
-        raise exc
-
-    def _retry_not_published(self, exc: RetryNotPublished) -> NoReturn:
-        """``self.retry()`` could not publish its message: the execution waits in the store
-        with the message the retry meant to send, and the sweep publishes it when the
-        countdown is over (no message is on its way); this one is acknowledged, nothing
-        says FAILURE."""
-        message = message_after_wait(self.task.name, self.request, exc)
-        self._verdict(Wait(round(exc.delay_seconds * 1000), "retry not published", message))
-        self._log(
-            EXECUTION_WAITING,
-            logging.WARNING,
-            reason="retry not published",
-            error=type(exc.cause).__name__,
-        )
-        self._release()
-        self._event(TASK_WAITING, reason="retry not published")
-        raise Ignore() from None
-
-    def _long_wait(self, wait: LongWaitRequested) -> NoReturn:
-        """A ``retry()`` the broker must not hold: ``WAITING`` until ``not_before``, with
-        the message the sweep publishes then; nothing waits in the broker."""
-        message = message_after_wait(self.task.name, self.request, wait)
-        delay_ms = round(wait.delay_seconds * 1000)
-        self._verdict(Wait(delay_ms, "retry", message))
-        self._log(EXECUTION_WAITING, reason="retry", delay=wait.delay_seconds)
-        self._release()
-        self._event(TASK_WAITING, reason="retry", delay=wait.delay_seconds)
-        raise Ignore() from None
-
     def _later(self, exc: AGBossSignal) -> NoReturn:
         """Not known yet: retry soon through the broker, or (a longer wait) through the store."""
         in_flight = isinstance(exc, OutboundCallInFlightError)
         delay = self.settings.lease_ttl_seconds if in_flight else self.settings.retry_delay_seconds
         settled = self._settle_sends()
         if settled:
-            self._verdict(Wait(self._sweep_after_ms(delay), type(exc).__name__))
+            self._verdict(Wait(sweep_after_ms(self.settings, delay), type(exc).__name__))
         else:
             # A send may still be running: the lease is left to expire; start after it.
             delay = max(delay, self.settings.lease_ttl_seconds + 1)
         self._log(EXECUTION_WAITING, reason=type(exc).__name__, delay=delay)
-        self._wait_then_retry(delay, release=settled, reason=type(exc).__name__)
-
-    def _wait_then_retry(self, delay: float, *, release: bool, reason: str) -> NoReturn:
-        """A retry message after ``delay`` when the broker may hold it and Celery will send
-        it; otherwise the stored ``WAITING`` is the continuation (the sweep re-drives it).
-        The wake of a deferred duplicate is folded into the retry only when that retry is
-        really published: past ``max_retries`` the release re-publishes it instead."""
-        if delay <= self.settings.max_broker_countdown_seconds and self._retry_allowed():
-            if release:
-                self._release(will_republish=True)
-            try:
-                raise self._retry(delay)
-            except (MaxRetriesExceededError, RetryNotPublished):
-                pass  # WAITING is stored: the sweep re-drives it
-        elif release:
-            self._release()
-        self._event(TASK_WAITING, reason=reason, delay=delay)
-        raise Ignore() from None
-
-    def _retry_allowed(self) -> bool:
-        """Whether the package's own retries may still go through the broker; past their
-        budget the stored ``WAITING`` and the sweep continue the execution."""
-        if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
-            return True
-        return own_retries(self.request) < PACKAGE_RETRY_BUDGET
-
-    def _retry(self, delay: float) -> Any:
-        """The package's own retry of this delivery: outside the application's
-        ``max_retries``, without the message's ``expires`` (DESIGN §2.1)."""
-        if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
-            return self.task.retry(countdown=delay, expires=None, max_retries=0)
-        return self.task.package_retry(delay)
+        wait_then_retry(self, delay, release=settled, reason=type(exc).__name__)
 
     def _for_operator(self, exc: AGBossSignal) -> NoReturn:
         self._settle_sends()
@@ -477,48 +338,8 @@ class Delivery:
         raise Ignore() from None
 
     def _cancel(self) -> NoReturn:
-        """A cancel was requested (a revoke, ``cancel()``): the body does not run. What
-        earlier deliveries left PENDING is looked up, never sent; then ``CANCELLED``."""
-        self._log(EXECUTION_CANCELLING, reason=self.cancel_reason)
-        try:
-            readiness = reconcile_for_cancel(self.agboss, self._context())
-        except ExecutionFencedError as exc:
-            self._fenced(exc)
-        except StoreError as exc:
-            self._store_failed(exc)
-        if readiness is CancelReadiness.SETTLED:
-            record = undo_before_cancel(self, self.cancel_reason)  # its undos run first
-            if record is None:
-                record = self._verdict(Cancel(self.cancel_reason))
-            if record is not None and record.state is ExecutionState.CANCELLED:
-                self._release()
-                self._log(EXECUTION_CANCELLED, reason=self.cancel_reason)
-                send_revoked_event(self.task)
-                raise Ignore()
-            if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
-                # A payment of it completed: never silently CANCELLED; a person decides.
-                self._release()
-                self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
-                self._event(TASK_UNRECONCILED, reason=record.reason)
-                raise Ignore()
-            readiness = CancelReadiness.LATER  # an intent appeared meanwhile: look again
-        if readiness is CancelReadiness.OPERATOR:
-            self._verdict(ForOperator("cancel requested; a lookup could not tell"))
-            self._release()
-            self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason="cancel-unreconciled")
-            self._event(TASK_UNRECONCILED, reason="cancel requested; a lookup could not tell")
-            raise Ignore()
-        if readiness is CancelReadiness.OWN_SEND:
-            # This delivery's own attempt is pending (its body was stopped mid-send): the
-            # lease expires once the send settled, and the next holder reconciles it.
-            self._abandon()
-            self._log(EXECUTION_WAITING, reason="cancel requested; own attempt pending")
-            self._event(TASK_WAITING, reason="cancel requested; own attempt pending")
-            raise Ignore()
-        delay = self.settings.retry_delay_seconds
-        self._verdict(Wait(self._sweep_after_ms(delay), "cancel requested"))
-        self._log(EXECUTION_WAITING, reason="cancel requested; an intent is not settled yet")
-        self._wait_then_retry(delay, release=True, reason="cancel-requested")
+        """A cancel was requested: the body does not run (``cancelling.end_with_cancel``)."""
+        end_with_cancel(self)
 
     def _cancel_requested_now(self) -> bool:
         reason = cancel_request_of(self.agboss, self.execution_id)
@@ -543,20 +364,7 @@ class Delivery:
         """The store failed mid-delivery: leave the lease to expire; try again after it."""
         self._abandon()
         self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", error=type(exc).__name__)
-        self._retry_or_requeue(self.settings.lease_ttl_seconds + 1, exc)
-
-    def _retry_or_requeue(self, delay: float, cause: BaseException) -> NoReturn:
-        if delay <= self.settings.max_broker_countdown_seconds and self._retry_allowed():
-            try:
-                raise self._retry(delay)
-            except (MaxRetriesExceededError, RetryNotPublished):
-                pass
-        # The retry could not go out (the store is down, so it cannot be recorded):
-        # the broker hands the message back at once, so pause first, or an outage
-        # becomes a loop of deliveries (and error lines) as fast as the broker goes.
-        if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
-            time.sleep(min(delay, REQUEUE_PAUSE_SECONDS))
-        raise Reject(cause, requeue=True)
+        retry_or_requeue(self, self.settings.lease_ttl_seconds + 1, exc)
 
     def _abandon(self) -> None:
         """Stop without a verdict and without releasing: the lease is renewed until no send
@@ -663,11 +471,6 @@ class Delivery:
 
     # --- small things -------------------------------------------------------------------
 
-    def _sweep_after_ms(self, delay: float) -> int:
-        """``not_before`` of a retry: its countdown, plus a lease's time for the message to
-        start (until then the sweep leaves it alone; only a lost message is re-driven)."""
-        return round((delay + self.settings.lease_ttl_seconds) * 1000)
-
     def _context(self) -> ExecutionContext:
         assert self.ctx is not None
         return self.ctx
@@ -691,9 +494,4 @@ class Delivery:
         send_agboss_event(self.task, type_, execution=self.execution_id, **fields)
 
 
-__all__ = [
-    "CONTEXT_ATTRIBUTE",
-    "FENCE_RECORDED_AS_FAILURE",
-    "REPLAY_SENDS_LINKS",
-    "Delivery",
-]
+__all__ = ["CONTEXT_ATTRIBUTE", "FENCE_RECORDED_AS_FAILURE", "Delivery"]

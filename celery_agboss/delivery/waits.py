@@ -1,22 +1,35 @@
-"""Long waits go through the store, not the broker (DESIGN §2.3 traps 1 and 13).
+"""How a delivery that must wait ends: a retry through the broker while the broker may
+hold it, a long wait in the store otherwise (DESIGN §2.3 traps 1 and 13).
 
 A message that waits in Redis longer than the shortest visibility timeout is handed
 out again while the first copy still waits; RabbitMQ closes a channel whose message
 stays unacked past its consumer timeout. So a ``retry()`` whose countdown is longer
 than half the visibility timeout publishes nothing: the execution waits ``WAITING``
-with ``not_before`` in the store, and the sweep re-publishes it then.
+with ``not_before`` in the store, and the sweep re-publishes it then. The package's
+own retries (an unknown outcome, a store outage) never use the application's
+``max_retries``; past their own budget, the stored ``WAITING`` and the sweep go on.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_agboss import messages
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionMessage
+from celery_agboss.core.log_events import EXECUTION_WAITING
+from celery_agboss.delivery.delivery_like import DeliveryLike
+from celery_agboss.delivery.verdicts import Wait
 from celery_agboss.errors import LongWaitRequested, RetryNotPublished
 from celery_agboss.messages import dumps, loads, message_from_request
+from celery_agboss.settings import AGBossSettings
+from celery_agboss.task_events import TASK_WAITING
 
 # How many of a message's ``retries`` are celery_agboss's own (an unknown outcome's, a
 # store outage's), not the application's: they never use the application's budget.
@@ -25,6 +38,18 @@ OWN_RETRIES_HEADER = messages.OWN_RETRIES_HEADER
 PACKAGE_RETRY_BUDGET = 5
 """The package's own broker retries in a row; past them the stored ``WAITING`` and the
 sweep (which spaces its re-drives, and starts the count again) continue the execution."""
+
+WAKE_FOLDED_INTO_REFUSED_RETRY = sabotage.register("wake-folded-into-refused-retry")
+"""Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
+(past max_retries), so no message carries the continuation."""
+
+REQUEUE_WITHOUT_PAUSE = sabotage.register("requeue-without-pause")
+"""Sabotage: a message handed back to the broker because the store is down is
+redelivered at once, over and over, for as long as the outage lasts."""
+
+REQUEUE_PAUSE_SECONDS = 1.0
+"""How long a delivery that could not reach the store waits before it hands its message
+back: one redelivery per second per process during an outage, not hundreds."""
 
 UNBOUNDED_RETRIES = 2**62
 """``max_retries`` given to Celery for a retry whose budget was already checked here."""
@@ -79,3 +104,108 @@ def message_after_wait(
         options=dumps(options),
         eta_ms=None,
     )
+
+
+def sweep_after_ms(settings: AGBossSettings, delay: float) -> int:
+    """``not_before`` of a retry: its countdown, plus a lease's time for the message to
+    start (until then the sweep leaves it alone; only a lost message is re-driven)."""
+    return round((delay + settings.lease_ttl_seconds) * 1000)
+
+
+# --- the body asked for a retry ---------------------------------------------------------
+
+
+def retry_requested(d: DeliveryLike, exc: Retry) -> NoReturn:
+    """``self.retry()``: its message (same id) is already out; WAITING until it runs.
+
+    ``not_before`` leaves the retry message a lease's time to start before the sweep
+    counts it lost; a wake re-publishes that message (it was consumed) at its ETA.
+    """
+    delay = seconds_until(exc.when)
+    d._verdict(Wait(sweep_after_ms(d.settings, delay), "retry"))
+    d._log(EXECUTION_WAITING, reason="retry", delay=delay)
+    d._release()
+    raise exc
+
+
+def retry_not_published(d: DeliveryLike, exc: RetryNotPublished) -> NoReturn:
+    """``self.retry()`` could not publish its message: the execution waits in the store
+    with the message the retry meant to send, and the sweep publishes it when the
+    countdown is over (no message is on its way); this one is acknowledged, nothing
+    says FAILURE."""
+    message = message_after_wait(d.task.name, d.request, exc)
+    d._verdict(Wait(round(exc.delay_seconds * 1000), "retry not published", message))
+    d._log(
+        EXECUTION_WAITING,
+        logging.WARNING,
+        reason="retry not published",
+        error=type(exc.cause).__name__,
+    )
+    d._release()
+    d._event(TASK_WAITING, reason="retry not published")
+    raise Ignore() from None
+
+
+def long_wait(d: DeliveryLike, wait: LongWaitRequested) -> NoReturn:
+    """A ``retry()`` the broker must not hold: ``WAITING`` until ``not_before``, with
+    the message the sweep publishes then; nothing waits in the broker."""
+    message = message_after_wait(d.task.name, d.request, wait)
+    delay_ms = round(wait.delay_seconds * 1000)
+    d._verdict(Wait(delay_ms, "retry", message))
+    d._log(EXECUTION_WAITING, reason="retry", delay=wait.delay_seconds)
+    d._release()
+    d._event(TASK_WAITING, reason="retry", delay=wait.delay_seconds)
+    raise Ignore() from None
+
+
+# --- the package's own retries ----------------------------------------------------------
+
+
+def wait_then_retry(d: DeliveryLike, delay: float, *, release: bool, reason: str) -> NoReturn:
+    """A retry message after ``delay`` when the broker may hold it and Celery will send
+    it; otherwise the stored ``WAITING`` is the continuation (the sweep re-drives it).
+    The wake of a deferred duplicate is folded into the retry only when that retry is
+    really published: past ``max_retries`` the release re-publishes it instead."""
+    if delay <= d.settings.max_broker_countdown_seconds and _retry_allowed(d):
+        if release:
+            d._release(will_republish=True)
+        try:
+            raise _retry(d, delay)
+        except (MaxRetriesExceededError, RetryNotPublished):
+            pass  # WAITING is stored: the sweep re-drives it
+    elif release:
+        d._release()
+    d._event(TASK_WAITING, reason=reason, delay=delay)
+    raise Ignore() from None
+
+
+def retry_or_requeue(d: DeliveryLike, delay: float, cause: BaseException) -> NoReturn:
+    """The store could not be reached: a retry after ``delay``, or the message handed back
+    to the broker when even the retry cannot go out."""
+    if delay <= d.settings.max_broker_countdown_seconds and _retry_allowed(d):
+        try:
+            raise _retry(d, delay)
+        except (MaxRetriesExceededError, RetryNotPublished):
+            pass
+    # The retry could not go out (the store is down, so it cannot be recorded):
+    # the broker hands the message back at once, so pause first, or an outage
+    # becomes a loop of deliveries (and error lines) as fast as the broker goes.
+    if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
+        time.sleep(min(delay, REQUEUE_PAUSE_SECONDS))
+    raise Reject(cause, requeue=True)
+
+
+def _retry_allowed(d: DeliveryLike) -> bool:
+    """Whether the package's own retries may still go through the broker; past their
+    budget the stored ``WAITING`` and the sweep continue the execution."""
+    if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
+        return True
+    return own_retries(d.request) < PACKAGE_RETRY_BUDGET
+
+
+def _retry(d: DeliveryLike, delay: float) -> Any:
+    """The package's own retry of this delivery: outside the application's
+    ``max_retries``, without the message's ``expires`` (DESIGN §2.1)."""
+    if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
+        return d.task.retry(countdown=delay, expires=None, max_retries=0)
+    return d.task.package_retry(delay)

@@ -22,8 +22,8 @@ from celery_agboss.core.fault_points import FENCED_BEFORE_BEGIN
 from celery_agboss.delivery.lifecycle import (
     LEASE_KEPT_AFTER_A_BROKEN_END,
     REJECT_WAITS_FOR_THE_SWEEP,
-    REPLAY_SENDS_LINKS,
 )
+from celery_agboss.delivery.replaying import REPLAY_SENDS_LINKS
 from celery_agboss.errors import (
     ConfigurationError,
     ExecutionNotFinishedError,

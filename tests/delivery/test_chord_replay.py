@@ -18,7 +18,7 @@ import pytest
 from celery import chord
 from celery import signals as celery_signals
 
-from celery_agboss.delivery.lifecycle import REPLAY_COUNTS_CHORD
+from celery_agboss.delivery.replaying import REPLAY_COUNTS_CHORD
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 from tests.support.processes import wait_until

@@ -23,11 +23,12 @@ from typing import Any
 from celery_agboss import NotSent, OutboundCall, Unknown
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.protections import STORED_ERROR_UNMASKED
-from celery_agboss.delivery.lifecycle import (
-    UNSTORED_RESULT_REPLAYED_AS_FAILURE,
+from celery_agboss.delivery.replaying import UNSTORED_RESULT_REPLAYED_AS_FAILURE
+from celery_agboss.delivery.waits import (
+    OWN_RETRIES_HEADER,
+    PACKAGE_RETRY_BUDGET,
     WAKE_FOLDED_INTO_REFUSED_RETRY,
 )
-from celery_agboss.delivery.waits import OWN_RETRIES_HEADER, PACKAGE_RETRY_BUDGET
 from celery_agboss.task import FAILURE_FOR_AN_UNFINISHED_EXECUTION, RETRY_KEEPS_EXPIRES
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage

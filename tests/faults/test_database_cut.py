@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from celery_agboss.delivery.lifecycle import REQUEUE_WITHOUT_PAUSE
+from celery_agboss.delivery.waits import REQUEUE_WITHOUT_PAUSE
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from celery_agboss import answer_pause
-from celery_agboss.delivery.lifecycle import REPLAY_SENDS_LINKS
+from celery_agboss.delivery.replaying import REPLAY_SENDS_LINKS
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
 

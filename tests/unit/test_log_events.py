@@ -119,16 +119,17 @@ def _enclosing_parameters(tree: ast.Module) -> dict[ast.Call, set[str]]:
 
 def _event_calls() -> Iterator[tuple[Path, ast.Call, bool, dict[str, str], set[str]]]:
     """Every call that names a log event: ``log_event(...)`` itself, and the calls of a
-    function that forwards its parameter as the event (``self._log(EVENT, ...)``).
+    function that forwards its parameter as the event (``self._log(EVENT, ...)``, also
+    from another module: ``d._log(EVENT, ...)`` in the parts of a delivery).
 
     Yields (file, call, forwarded, imported constants, module aliases); ``forwarded``
     is True for a ``log_event`` call inside such a function, whose event is its
     parameter (its callers are yielded instead)."""
-    for path, tree in _sources():
-        imported, aliases = _imported_constants(tree), _module_aliases(tree)
+    sources = list(_sources())
+    forwarded: set[ast.Call] = set()
+    forwarders: set[str] = set()
+    for _, tree in sources:
         parameters = _enclosing_parameters(tree)
-        forwarded: set[ast.Call] = set()
-        forwarders: set[str] = set()
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -142,6 +143,8 @@ def _event_calls() -> Iterator[tuple[Path, ast.Call, bool, dict[str, str], set[s
                 ):
                     forwarded.add(node)
                     forwarders.add(function.name)
+    for path, tree in sources:
+        imported, aliases = _imported_constants(tree), _module_aliases(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and (
                 _callee(node) == "log_event" or _callee(node) in forwarders

@@ -1,0 +1,49 @@
+"""What the parts of a delivery that live beside ``lifecycle`` use of its ``Delivery``.
+
+The replay of a terminal execution, the retries and long waits, the cancel and the
+undos are functions of their own modules over this protocol; ``Delivery`` keeps the
+start, the body and the ends every one of them shares (a verdict, a release, a fence,
+a store failure, an unknown outcome), so each way a delivery ends is written once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn, Protocol
+
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.delivery.verdicts import Fail, Finish, Verdict
+from celery_agboss.errors import AGBossSignal, ExecutionFencedError, StoreError
+from celery_agboss.runtime import Runtime
+from celery_agboss.settings import AGBossSettings
+
+
+class DeliveryLike(Protocol):
+    """One delivery of a ``PaymentTask`` (``lifecycle.Delivery``)."""
+
+    task: Any
+    request: Any
+    agboss: Runtime
+    settings: AGBossSettings
+    execution_id: str
+    cancel_reason: str
+
+    def use_context(self, ctx: ExecutionContext) -> None: ...
+    def _context(self) -> ExecutionContext: ...
+    def _verdict(self, verdict: Verdict) -> ExecutionRecord | None: ...
+    def _conclude(self, verdict: Finish | Fail) -> ExecutionRecord | None: ...
+    def _release(self, *, will_republish: bool = False) -> None: ...
+    def _settle_sends(self) -> bool: ...
+    def _abandon(self) -> None: ...
+    def _cancel(self) -> NoReturn: ...
+    def _fenced(self, exc: ExecutionFencedError) -> NoReturn: ...
+    def _store_failed(self, exc: StoreError) -> NoReturn: ...
+    def _for_operator(self, exc: AGBossSignal) -> NoReturn: ...
+    def _later(self, exc: AGBossSignal) -> NoReturn: ...
+    def _pickle(self) -> bool: ...
+    def _log(self, event: str, level: int = logging.INFO, **fields: Any) -> None: ...
+    def _event(self, type_: str, **fields: Any) -> None: ...
+
+
+__all__ = ["DeliveryLike"]
