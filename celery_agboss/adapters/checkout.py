@@ -15,12 +15,7 @@ lag for these reads; if they lagged, that same replay keeps a resend from paying
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import time
-import types
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,18 +23,19 @@ from celery_agboss.adapters.common import require_sdk
 
 require_sdk("checkout_sdk", pip_extra="checkout", gateway="Checkout.com")
 
-import requests
-from checkout_sdk.checkout_sdk import CheckoutSdk
-from checkout_sdk.environment import Environment
 from checkout_sdk.exception import (
     CheckoutApiException,
     CheckoutArgumentException,
     CheckoutAuthorizationException,
     CheckoutException,
 )
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
 
+from celery_agboss.adapters.checkout_client import (
+    BoundedHTTPAdapter,
+    bounded_session,
+    build_sdk,
+    one_send,
+)
 from celery_agboss.adapters.common import (
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
@@ -122,79 +118,6 @@ def is_nothing_processed(exc: BaseException) -> bool:
     if isinstance(exc, CheckoutApiException):
         return _status_code(exc) in _DEFINITE_STATUSES
     return isinstance(exc, (CheckoutArgumentException, CheckoutAuthorizationException))
-
-
-# --- the HTTP client the SDK is given: no retries, every request bounded -----------------
-
-_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "agboss_checkout_deadline", default=None
-)
-
-
-@contextlib.contextmanager
-def _one_send(seconds: float) -> Iterator[None]:
-    """Bound every request of one send (a POST and the reads of its outcome) together."""
-    token = _deadline.set(time.monotonic() + seconds)
-    try:
-        yield
-    finally:
-        _deadline.reset(token)
-
-
-class BoundedHTTPAdapter(HTTPAdapter):
-    """Zero retries, and a timeout on every request (``timeout``, or what is left of the
-    send's): a retry by the HTTP stack is a request the engine never decided, and an
-    unbounded wait outlives the attempt's lease."""
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(max_retries=Retry(total=0, read=False))
-        self.timeout = timeout
-
-    def send(
-        self,
-        request: requests.PreparedRequest,
-        stream: bool = False,
-        timeout: float | tuple[float, float] | tuple[float, None] | None = None,
-        verify: bool | str = True,
-        cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
-        proxies: Mapping[str, str] | None = None,
-    ) -> requests.Response:
-        limit, deadline = self.timeout, _deadline.get()
-        if deadline is not None:
-            limit = min(limit, deadline - time.monotonic())
-            if limit <= 0:
-                raise requests.exceptions.Timeout(f"the send's {self.timeout:g} s ran out")
-        bound = limit if timeout is None else timeout
-        return super().send(request, stream, bound, verify, cert, proxies)
-
-
-def _build_sdk(
-    secret_key: str, base_url: str | None, subdomain: str | None, sandbox: bool, session: Any
-) -> Any:
-    builder = CheckoutSdk.builder().secret_key(secret_key)
-    # The SDK's http_client_builder hook calls get_client() only.
-    builder = builder.http_client_builder(types.SimpleNamespace(get_client=lambda: session))
-    if base_url is None:
-        builder = builder.environment(
-            Environment.sandbox() if sandbox else Environment.production()
-        )
-        if subdomain is not None:  # without one, build() says what to pass
-            builder = builder.environment_subdomain(subdomain)
-    elif subdomain is not None:
-        raise ValueError("pass base_url or subdomain, not both: a base URL names its host")
-    else:
-        base = base_url.rstrip("/") + "/"
-        builder = builder.environment(
-            Environment(base, base, base, base, base, base, base, sandbox)
-        )
-    with warnings.catch_warnings():
-        # build() warns of the SDK's own deprecated clients (Risk), whatever is used;
-        # use_legacy_domain() (the environment's hosts as given, what an explicit base URL
-        # needs) is deprecated for the SDK's shared hosts.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if base_url is not None:
-            builder = builder.use_legacy_domain()
-        return builder.build()
 
 
 # --- requests and results ------------------------------------------------------------------
@@ -310,10 +233,8 @@ class CheckoutAdapter:
             raise ValueError("key_retention must be positive: your account's idempotency window")
         self.key_retention = timedelta(seconds=retention)
         self.processing_channel_id = processing_channel_id
-        self.http_client = requests.Session()
-        for prefix in ("https://", "http://"):
-            self.http_client.mount(prefix, BoundedHTTPAdapter(self.timeout))
-        self.sdk = _build_sdk(secret_key, base_url, subdomain, sandbox, self.http_client)
+        self.http_client = bounded_session(self.timeout)
+        self.sdk = build_sdk(secret_key, base_url, subdomain, sandbox, self.http_client)
         self._payments = self.sdk.payments
         kept = ["amount", "currency", "reference"]
         masked = MaskingPolicy(mask=["source"], keep_for_reconcile=kept)
@@ -385,7 +306,7 @@ class CheckoutAdapter:
         body.update(capture=capture, metadata=_metadata(request, key))
         if self.processing_channel_id is not None:
             body.setdefault("processing_channel_id", self.processing_channel_id)
-        with _one_send(self.timeout):
+        with one_send(self.timeout):
             reply = self._sdk("the payment", self._payments.request_payment, body, key)
         payment = _as_dict(reply)
         if _declined(payment):
@@ -407,7 +328,7 @@ class CheckoutAdapter:
             _amount(body["amount"])
         body["metadata"] = _metadata(request, key)
         post = getattr(self._payments, f"{kind}_payment")
-        with _one_send(self.timeout):
+        with one_send(self.timeout):
             try:
                 reply = self._sdk(f"the {kind} of {payment_id}", post, payment_id, body, key)
             except CheckoutRefusedError as refused:
