@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, literal, select, true, update
 from sqlalchemy.engine import Connection
 
 from celery_agboss.errors import IdempotencyKeyConflictError
-from celery_agboss.store.dialect import insert_or_nothing, is_postgresql, now_expr
+from celery_agboss.store.dialect import clock, insert_or_nothing, is_postgresql
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.schema_executions import outbox
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -82,18 +82,23 @@ def insert_txn(
     application transaction, a lost race on one business key); with another message it
     is ``IdempotencyKeyConflictError``: one id must never stand for two tasks.
     """
-    now = now_expr(conn, offset_ms)
+    clk = clock(conn, offset_ms)  # one clock read: the grace is exactly grace_ms
+    values = {
+        "task_id": message.task_id,
+        "task_name": message.task_name,
+        "args": message.args,
+        "kwargs": message.kwargs,
+        "options": message.options,
+        "execution_id": message.execution_id,
+    }
+    row = [literal(value, _o[name].type) for name, value in values.items()]
     inserted = conn.execute(
         insert_or_nothing(conn, outbox)
-        .values(
-            task_id=message.task_id,
-            task_name=message.task_name,
-            args=message.args,
-            kwargs=message.kwargs,
-            options=message.options,
-            execution_id=message.execution_id,
-            created_at_ms=now,
-            publish_after_ms=now + grace_ms,
+        .from_select(
+            [*values, "created_at_ms", "publish_after_ms"],
+            select(*row, clk.c.now, clk.c.now + grace_ms)
+            .select_from(clk)
+            .where(true()),  # SQLite: "INSERT … SELECT … ON CONFLICT" needs a WHERE
         )
         .returning(_o.task_id)
     ).first()
