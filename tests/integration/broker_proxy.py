@@ -4,6 +4,11 @@ A worker given ``proxy.url_for(broker_url)`` talks to Redis or RabbitMQ through
 it; :meth:`BrokerProxy.cut_all` closes every connection it carries at once (a
 network blip, a broker restart, a RabbitMQ channel closed), while new
 connections are still accepted, so the worker reconnects as it would in life.
+"At once" matters: the connections are closed one after another, so every one of
+them first stops forwarding, as a network partition silences them all together.
+Otherwise a worker that reacts to the first closed connection could begin a
+transaction (kombu's restore of its unacknowledged messages: WATCH, then MULTI)
+on a pooled connection the loop closes a moment later, and fail it.
 The test process keeps its own direct connection. Every thread is a daemon and
 every socket is closed by :meth:`close`.
 """
@@ -28,6 +33,7 @@ class BrokerProxy:
         self._listener.settimeout(0.2)
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._silenced: set[socket.socket] = set()  # client sockets of pairs being cut
         self._closing = threading.Event()
         self.accepted = 0
         self.cuts = 0
@@ -84,6 +90,7 @@ class BrokerProxy:
         """Close every carried connection now (both ends); how many were cut."""
         with self._lock:
             pairs, self._pairs = self._pairs, []
+            self._silenced.update(client for client, _ in pairs)
             self.cuts += 1
         for client, upstream in pairs:
             for sock in (client, upstream):
@@ -115,14 +122,17 @@ class BrokerProxy:
                 self.accepted += 1
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(
-                    target=self._pump, args=(source, sink), name="broker-proxy-pump", daemon=True
+                    target=self._pump,
+                    args=(source, sink, client),
+                    name="broker-proxy-pump",
+                    daemon=True,
                 ).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, client: socket.socket) -> None:
         try:
             while True:
                 data = source.recv(_CHUNK)
-                if not data:
+                if not data or client in self._silenced:
                     break
                 sink.sendall(data)
         except OSError:
@@ -135,6 +145,7 @@ class BrokerProxy:
                     sock.close()
             with self._lock:
                 self._pairs = [p for p in self._pairs if source not in p]
+                self._silenced.discard(client)
 
 
 __all__ = ["BrokerProxy"]
