@@ -179,6 +179,7 @@ class FakeGatewayServer:
         self._routes: dict[tuple[str, str], Endpoint] = {}
         self._patterns: list[tuple[str, re.Pattern[str], Endpoint]] = []
         self._server: ThreadingHTTPServer | None = None
+        self._url: str | None = None  # set by start(), kept through stop()
         self._thread: threading.Thread | None = None
         self.route("POST", "/charge", self.charge_endpoint)
         self.route("GET", "/lookup", self.lookup_endpoint)
@@ -195,6 +196,8 @@ class FakeGatewayServer:
             server = QuietServer((HOST, self.port), self._handler_class())
             server.daemon_threads = True
             self._server = server
+            host, port = server.server_address[:2]
+            self._url = f"http://{host!s}:{port}"
             self._thread = threading.Thread(
                 # A short poll: stop() waits for one, and tests start and stop many.
                 target=server.serve_forever,
@@ -231,11 +234,11 @@ class FakeGatewayServer:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>`` (the server must be started)."""
-        if self._server is None:
+        """``http://127.0.0.1:<port>``, from ``start()`` on. It stays readable while the
+        server stops: an answer released by ``stop()`` still names it in its body."""
+        if self._url is None:
             raise RuntimeError("the fake gateway server is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._url
 
     # --- extending it ------------------------------------------------------------------
 
