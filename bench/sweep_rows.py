@@ -62,14 +62,14 @@ _TERMINAL = (
     """INSERT INTO agboss_outbound_calls (idempotency_key, execution_id, name, fingerprint,
         request, result, result_stored, status, attempt, first_attempt_at_ms,
         attempt_started_at_ms, completed_at_ms, gateway_transaction_id, owner_scope,
-        owner_holder, owner_token, failure, failure_passed)
+        owner_holder, owner_token, failure, sent_by)
     SELECT 'bench:' || id || '\\:charge', id, :call, 'f' || g,
         '{"amount"\\:1000,"order":"order-' || g || '"}',
         CASE WHEN failed THEN 'null' ELSE '{"id":"pay_' || g || '"}' END, NOT failed,
         CASE WHEN failed THEN 'FAILED' ELSE 'COMPLETED' END, 1, done - 1400, done - 1400,
         CASE WHEN failed THEN NULL ELSE done - 1200 END,
         CASE WHEN failed THEN NULL ELSE 'pay_' || g END, id, 'h' || g, 1,
-        CASE WHEN failed THEN '{"type":"CardDeclined"}' END, failed
+        CASE WHEN failed THEN '{"type":"CardDeclined"}' END, id
     FROM bench_rows""",
     """INSERT INTO agboss_fenced_effects (key, execution_id, name, result, token,
         created_at_ms)
@@ -91,10 +91,10 @@ _STRANDED = (
     SELECT id, 'dead-' || g, 1, :expired, false, :started, :started FROM bench_stranded""",
     """INSERT INTO agboss_outbound_calls (idempotency_key, execution_id, name, fingerprint,
         request, result, status, attempt, owner_scope, owner_holder, owner_token,
-        first_attempt_at_ms, attempt_started_at_ms)
+        first_attempt_at_ms, attempt_started_at_ms, sent_by)
     SELECT 'bench:' || id || '\\:charge', id, :call, 'f' || g,
         '{"amount"\\:1000,"order":"order-' || g || '"}', 'null', 'PENDING', 1, id,
-        'dead-' || g, 1, :started + 100, :started + 100
+        'dead-' || g, 1, :started + 100, :started + 100, id
     FROM bench_stranded WHERE g % 2 = 0""",
 )
 

@@ -138,6 +138,12 @@ class OutboundCallDefinitionError(AGBossError):
     """An OutboundCall was declared with invalid parameters."""
 
 
+class OutboundCallCompensatedError(AGBossError):
+    """This step's undo is done (it was refunded, released…), so its stored success is
+    never handed out again. Open a new attempt under a new business key (e.g.
+    ``business_key=f"order:{order_id}:attempt:2"``) if the body must pay again."""
+
+
 class ExecutionIdConflictError(AGBossError):
     """This execution id belongs to another task; nothing of that task was run or returned.
 
@@ -203,6 +209,16 @@ class PauseRequested(BaseException):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
+
+
+class UndoMustWait(BaseException):
+    """An undo of a step another execution still uses waits for that one to end (the
+    delivery stops here, ``COMPENSATING``, and is re-driven later); not a failure."""
+
+    def __init__(self, other: str, step: str) -> None:
+        super().__init__(other)
+        self.other = other
+        self.step = step
 
 
 class LongWaitRequested(BaseException):

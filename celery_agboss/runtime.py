@@ -157,7 +157,12 @@ class Runtime:
             current = _ProcessStore(
                 pid=pid,
                 store=store,
-                executions=SQLAlchemyExecutionStore(store),
+                executions=SQLAlchemyExecutionStore(
+                    store,
+                    shared_wait_ms=max(
+                        settings.lease_ttl_ms, round(settings.sweep_interval_seconds * 1000)
+                    ),
+                ),
                 renewer=LeaseRenewer.for_store(store),
             )
             self._process = current

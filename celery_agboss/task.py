@@ -388,7 +388,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         executions = Runtime.of(self.app).executions
         with ctx.fenced() as tx:
             ctx.check_cancel(tx)
-            ctx.pass_failures(tx)  # waiting for a person is going on past a failure
+            ctx.pass_failures()  # waiting for a person is going on past a failure
             answered, answer = executions.pause_in(
                 tx, name, None if payload is None else dumps(payload)
             )

@@ -29,13 +29,14 @@ from celery_agboss.core.executions import ExecutionState
 def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) -> None:
     """Outbound calls that may have reached the gateway and are not settled, and every
     execution waiting for an operator with the command that ends its wait."""
-    from celery_agboss.operator import list_pending, list_waits
+    from celery_agboss.operator import list_pending, list_shared_waits, list_waits
 
     out = CommandOutput(as_json)
     with open_agboss(ctx, out) as boss:
         intents = list_pending(boss, operator_only=operator_only, limit=limit)
         flagged = sum(1 for i in intents if waits_for_operator(i))
         waits = list_waits(boss, limit=limit)
+        shared = list_shared_waits(boss, limit=limit)
 
         def text() -> str:
             parts = []
@@ -69,6 +70,16 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
                     f"{len(waits)} execution(s) waiting for an operator:\n"
                     + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows)
                 )
+            if shared:
+                rows = [
+                    [w.execution.id, w.execution.state.value, w.other, w.execution.reason or ""]
+                    for w in shared
+                ]
+                parts.append(
+                    f"{len(shared)} execution(s) waiting for another execution that shares a "
+                    "payment with them (nothing to do: each goes on when the other ends):\n"
+                    + table(["EXECUTION", "STATE", "WAITS FOR", "WHY"], rows)
+                )
             return "\n\n".join(parts)
 
         out.emit(
@@ -78,6 +89,9 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
                 "waiting_executions": [
                     {**execution_view(w.execution), "intents": w.intents, "ends_with": w.ends_with}
                     for w in waits
+                ],
+                "waiting_on_executions": [
+                    {**execution_view(w.execution), "waits_for": w.other} for w in shared
                 ],
             },
             text,

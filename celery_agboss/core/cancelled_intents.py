@@ -46,10 +46,12 @@ def settle_not_sent_for_cancel(
     *,
     by: str,
     actor: LeaseRef | None,
+    execution_id: str | None = None,
 ) -> CancelledIntent:
     """End ``intent`` (PENDING, reconcile answered ``NotSent``) of a cancelled execution,
     guarded by ``guard``, with its history row; ``by`` names the caller there and
-    ``actor`` the lease it acts under (None: the sweep, which holds none)."""
+    ``actor`` the lease it acts under (None: the sweep, which holds none), and
+    ``execution_id`` the execution whose delivery acts (None: the sweep)."""
     key = intent.idempotency_key
     call = settings.call_named(intent.name)
     if call is None or not call.lookup_proves_absence:
@@ -65,6 +67,7 @@ def settle_not_sent_for_cancel(
             attempt=intent.attempt,
             owner=actor,
             detail={"by": by, "why": "cancel requested; absence not proven"},
+            execution_id=execution_id,
         )
         return CancelledIntent.FLAGGED if flagged else CancelledIntent.LOST
     failed = transition(
@@ -79,6 +82,7 @@ def settle_not_sent_for_cancel(
         attempt=intent.attempt,
         owner=actor,
         detail={"by": by, "why": "cancel requested; reconcile proved not sent"},
+        execution_id=execution_id,
     )
     return CancelledIntent.FAILED if failed else CancelledIntent.LOST
 

@@ -29,7 +29,9 @@ body then raises (a zombie woken after the take-over completed) runs none (P5).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -37,14 +39,25 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.fault_points import UNDO_BEFORE_CLAIM, fault_point
 from celery_agboss.core.keys import business_key_handle, fit_key, step_key
 from celery_agboss.core.lease import LeaseRenewer
-from celery_agboss.core.log_events import FENCED_EFFECT_REPLAYED, UNDO_DONE, log_event
+from celery_agboss.core.log_events import (
+    FENCED_EFFECT_REPLAYED,
+    UNDO_COVERED,
+    UNDO_DONE,
+    UNDO_KEPT,
+    UNDO_WAITS,
+    log_event,
+)
 from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.shared_records import UndoDecision, UndoOutcome, undo_decision
 from celery_agboss.core.store import (
     EFFECT_RECORD,
+    INTENT_RECORD,
     EffectRecord,
     FencedTransaction,
+    SharedRecord,
     Store,
     StoreTransaction,
 )
@@ -60,9 +73,12 @@ from celery_agboss.core.undo_steps import (
     trail_of,
     undo_registry,
 )
-from celery_agboss.errors import ConfigurationError
+from celery_agboss.errors import ConfigurationError, OutboundCallInFlightError, UndoMustWait
 
 T = TypeVar("T")
+
+MAX_DECISION_ROUNDS = 8
+"""Reads and claims one step's undo decision may go through before it reports contention."""
 
 UNDO_RECORD = "agboss.undo"
 """The fenced-effect name of an undo declaration (the store finds an execution's by it)."""
@@ -82,6 +98,10 @@ FAILURE = "failure"
 CANCEL = "cancel"
 """Why compensation started: the body failed for real, or a cancel came after a payment."""
 
+ONE_UNDO_PER_STEP = sabotage.register("one-undo-per-step")
+"""Sabotage: a second ``undo_with`` after one step is taken for the first (kept once), so
+only the first declared undo runs: the hold is released, the charge never refunded."""
+
 UNDO_NOT_MARKED_DONE = sabotage.register("undo-not-marked-done")
 """Sabotage (PS10): an undo's done mark is neither written nor read, so every delivery of
 a compensating execution runs every undo again, one already done included."""
@@ -95,10 +115,12 @@ TASK_PARTS = ("task", "args", "kwargs", "options")
 """What an undo declared as a Celery signature keeps of it (``UndoDeclaration.task``)."""
 
 
-def compensation_key(step: str) -> str:
-    """``<step key>:compensation``: the key an undo runs under (its done mark's key, and
-    the default business key of the calls it makes)."""
-    return fit_key(step + COMPENSATION_SUFFIX, COMPENSATION_KEY_LIMIT)
+def compensation_key(step: str, n: int = 1) -> str:
+    """``<step key>:compensation`` (``…:compensation#n`` for the n-th undo declared after
+    one step): the key an undo runs under (its done mark's key, and the default business
+    key of the calls it makes)."""
+    suffix = COMPENSATION_SUFFIX if n == 1 else f"{COMPENSATION_SUFFIX}#{n}"
+    return fit_key(step + suffix, COMPENSATION_KEY_LIMIT)
 
 
 def declaration_key(settings: EngineSettings, execution_id: str, position: int) -> str:
@@ -118,10 +140,12 @@ class UndoDeclaration:
     undo: str  # the undo function's name, or the signature's task name
     arguments: dict[str, Any]
     task: dict[str, Any] | None = None  # a signature's parts (TASK_PARTS), or None
+    n: int = 1  # the n-th undo declared after this step (all are kept, and all run)
+    kind: str | None = None  # the step's record: an intent or a fenced effect (None: unknown)
 
     @property
     def key(self) -> str:
-        return compensation_key(self.step_key)
+        return compensation_key(self.step_key, self.n)
 
 
 @dataclass(frozen=True)
@@ -159,18 +183,23 @@ def read_declarations(
         record = tx.read_effect(declaration_key(settings, execution_id, position))
         if record is None or not isinstance(record.result, dict):
             return found
-        value = record.result
-        task = value.get("task")
-        found.append(
-            UndoDeclaration(
-                position=position,
-                step_key=str(value["step"]),
-                undo=str(value["undo"]),
-                arguments=dict(value.get("arguments") or {}),
-                task=dict(task) if isinstance(task, dict) else None,
-            )
-        )
+        found.append(declaration_of(position, record.result))
         position += 1
+
+
+def declaration_of(position: int, value: Mapping[str, Any]) -> UndoDeclaration:
+    """A declaration as its record stores it (``declare_undo`` writes it)."""
+    task = value.get("task")
+    kind = value.get("kind")
+    return UndoDeclaration(
+        position=position,
+        step_key=str(value["step"]),
+        undo=str(value["undo"]),
+        arguments=dict(value.get("arguments") or {}),
+        task=dict(task) if isinstance(task, dict) else None,
+        n=int(value.get("n") or 1),
+        kind=str(kind) if kind in (INTENT_RECORD, EFFECT_RECORD) else None,
+    )
 
 
 def declare_undo(
@@ -180,10 +209,12 @@ def declare_undo(
     *,
     task: Mapping[str, Any] | None = None,
 ) -> UndoDeclaration:
-    """Declare the undo of the step this delivery completed last; the same step again
-    keeps its first declaration. Not refused by a cancel request: declaring moves no
-    money, and the cancel needs the undo. ``task``: the parts of a Celery signature
-    (``TASK_PARTS``, ``undo`` its task name), run by ``task_undo_runner()``."""
+    """Declare the undo of the step this delivery completed last. Several after one step
+    are all kept, numbered in the order the body declares them (and run in reverse); a
+    re-run that declares them again finds each one where it was. Not refused by a cancel
+    request: declaring moves no money, and the cancel needs the undo. ``task``: the
+    parts of a Celery signature (``TASK_PARTS``, ``undo`` its task name), run by
+    ``task_undo_runner()``."""
     check_undo_name(undo)
     parts = None if task is None else _task_parts(undo, task, arguments)
     if isinstance(ctx, UndoContext):
@@ -201,14 +232,19 @@ def declare_undo(
         ensure_json(values if parts is None else parts)
     except TypeError as exc:
         raise ConfigurationError(f"the arguments of undo {undo!r} must be JSON: {exc}") from None
+    n = 1 if sabotage.active(ONE_UNDO_PER_STEP) else trail.step_undos.get(step, 0) + 1
+    trail.step_undos[step] = n
     with ctx.fenced() as tx:
         known = read_declarations(tx, ctx.settings, ctx.execution_id)
         for declaration in known:
-            if declaration.step_key == step:
+            if declaration.step_key == step and declaration.n == n:
                 trail.declared = max(trail.declared, len(known))
                 return declaration
-        declaration = UndoDeclaration(len(known) + 1, step, undo, values, parts)
-        stored: dict[str, Any] = {"step": step, "undo": undo, "arguments": values}
+        kind = trail.last_kind
+        declaration = UndoDeclaration(len(known) + 1, step, undo, values, parts, n, kind)
+        stored: dict[str, Any] = {"step": step, "undo": undo, "arguments": values, "n": n}
+        if kind is not None:
+            stored["kind"] = kind
         if parts is not None:
             stored["task"] = parts
         tx.insert_effect(
@@ -284,6 +320,11 @@ class UndoContext(ExecutionContext):
     every call and effect, so that its refund has one key on every delivery."""
 
     current: UndoStep | None = None
+    decisions: dict[str, UndoDecision]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.decisions = {}  # per step: what this execution does with it (decide_step)
 
     @classmethod
     def over(cls, ctx: ExecutionContext, renewer: LeaseRenewer | None = None) -> UndoContext:
@@ -327,10 +368,29 @@ def run_undos(
     cause: str,
 ) -> int:
     """Run every undo not marked done, last declared first, each marked done in a fenced
-    write once ``call`` returned; the number run. Whatever ``call`` raises propagates (the
-    undo is then not done, and the next delivery runs it again)."""
+    write once ``call`` returned; the number run. A step is first decided as a record
+    several executions may share (``decide_step``): kept for another execution that
+    completed on it, covered by another's undo, or waited for (``UndoMustWait``) while
+    another still uses it; only a step this execution claimed is undone. Whatever
+    ``call`` raises propagates (the undo is then not done, and the next delivery runs it
+    again)."""
+    wanted = list(declarations)
+    first_position: dict[str, int] = {}
+    for declaration in wanted:
+        step_key = declaration.step_key
+        first_position[step_key] = min(
+            first_position.get(step_key, declaration.position), declaration.position
+        )
     ran = 0
-    for declaration in sorted(declarations, key=lambda d: d.position, reverse=True):
+    for declaration in sorted(wanted, key=lambda d: d.position, reverse=True):
+        decision = ctx.decisions.get(declaration.step_key)
+        if decision is None:
+            decision = ctx.decisions[declaration.step_key] = decide_step(ctx, declaration)
+        if decision.outcome is UndoOutcome.WAIT:
+            assert decision.other is not None
+            raise UndoMustWait(decision.other, declaration.step_key)
+        if decision.outcome is not UndoOutcome.UNDO:
+            continue
         step = UndoStep(
             name=declaration.undo,
             step_key=declaration.step_key,
@@ -340,9 +400,13 @@ def run_undos(
             cause=cause,
             task=declaration.task,
         )
+        finishing = declaration.position == first_position[declaration.step_key]
         log_ref: dict[str, Any] = {"execution_id": ctx.execution_id, "undo": step.name}
         if _done(ctx, step):
             log_event(FENCED_EFFECT_REPLAYED, effect=DONE_RECORD, **log_ref)
+            if finishing:
+                with ctx.fenced() as tx:
+                    _mark_compensated(tx, ctx, declaration)
             continue
         ctx.current = step
         before = ctx.reached_keys()
@@ -366,9 +430,86 @@ def run_undos(
                         created_at_ms=tx.now_ms,
                     )
                 )
+                if finishing:
+                    _mark_compensated(tx, ctx, declaration)
         log_event(UNDO_DONE, **log_ref, **_loggable_step(ctx.settings, step.step_key))
         ran += 1
     return ran
+
+
+def decide_step(ctx: UndoContext, declaration: UndoDeclaration) -> UndoDecision:
+    """What this execution does with the step an undo belongs to (the one rule,
+    ``shared_records.undo_decision``), read and — when it undoes — claimed in one fenced
+    transaction: the claim matches the record's reliance as read, so an execution that
+    relied on it meanwhile makes it miss, and the decision is taken again."""
+    me = ctx.execution_id
+    for _ in range(MAX_DECISION_ROUNDS):
+        with _decision_transaction(ctx) as tx:
+            kind, record = _step_record(tx, declaration)
+            if record is None:
+                return UndoDecision(UndoOutcome.UNDO)  # nothing left to share it with
+            decision = undo_decision(record, me)
+            claims = decision.outcome is UndoOutcome.UNDO and record.undo_by is None
+            if claims:
+                fault_point(UNDO_BEFORE_CLAIM, execution_id=me, key=record.key)
+            if claims and not tx.claim_undo(kind, record.key, me, record.reliance):
+                continue
+        _log_decision(ctx, declaration, decision)
+        return decision
+    raise OutboundCallInFlightError(
+        "the step kept changing while its undo was being decided; another execution is "
+        "working on it",
+        execution_id=me,
+    )
+
+
+def _decision_transaction(ctx: UndoContext) -> AbstractContextManager[StoreTransaction]:
+    if sabotage.active(FENCED_HOLDER_STARTS_UNDO):
+        return ctx.store.transaction()
+    return ctx.fenced()
+
+
+def _step_record(
+    tx: StoreTransaction, declaration: UndoDeclaration
+) -> tuple[str, SharedRecord | None]:
+    kinds = [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]
+    for kind in kinds:
+        record = tx.read_shared(kind, declaration.step_key)
+        if record is not None:
+            return kind, record
+    return kinds[0], None
+
+
+def _mark_compensated(tx: StoreTransaction, ctx: UndoContext, declaration: UndoDeclaration) -> None:
+    """Every undo this execution declared after the step is done: the step is compensated,
+    and a later replay of it raises ``OutboundCallCompensatedError``."""
+    for kind in [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]:
+        tx.mark_compensated(kind, declaration.step_key, ctx.execution_id)
+
+
+def _log_decision(ctx: UndoContext, declaration: UndoDeclaration, decision: UndoDecision) -> None:
+    fields = {
+        "execution_id": ctx.execution_id,
+        "other": decision.other,
+        **_loggable_step(ctx.settings, declaration.step_key),
+    }
+    if decision.outcome is UndoOutcome.KEEP:
+        log_event(UNDO_KEPT, logging.INFO, "another execution completed on this step", **fields)
+    elif decision.outcome is UndoOutcome.COVERED:
+        log_event(UNDO_COVERED, logging.INFO, "another execution's undo claimed it", **fields)
+    elif decision.outcome is UndoOutcome.WAIT:
+        log_event(UNDO_WAITS, logging.INFO, "another execution still uses this step", **fields)
+
+
+def step_notes(settings: EngineSettings, decisions: Mapping[str, UndoDecision]) -> list[str]:
+    """How the steps an execution did not undo are named in its reason ("kept for …")."""
+    notes = []
+    for key, decision in decisions.items():
+        if decision.outcome in (UndoOutcome.KEEP, UndoOutcome.COVERED):
+            what = "kept for" if decision.outcome is UndoOutcome.KEEP else "undone by"
+            name = next(iter(_loggable_step(settings, key).values()))
+            notes.append(f"step {name} {what} {decision.other}")
+    return notes
 
 
 def _loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
@@ -380,31 +521,28 @@ def _loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
 
 
 def _done(ctx: UndoContext, step: UndoStep) -> bool:
-    """Whether the undo's done mark exists (read under the lease, noted when another
-    execution made it, so retention keeps it while this one lives)."""
+    """Whether the undo's done mark exists (read under the lease). Only this execution
+    writes the marks of the steps it claimed."""
     if sabotage.active(UNDO_NOT_MARKED_DONE):
         return False
     if sabotage.active(FENCED_HOLDER_STARTS_UNDO):
         return ctx.store.read_effect(step.key) is not None
     with ctx.fenced() as tx:
         mark = tx.read_effect(step.key)
-        if mark is not None and mark.execution_id != ctx.execution_id:
-            tx.record_use(EFFECT_RECORD, step.key, ctx.execution_id)
     return mark is not None
 
 
-def undone_intents(tx: StoreTransaction, declarations: Iterable[UndoDeclaration]) -> set[str]:
-    """The keys an undo took care of: each step whose undo is done, and every intent the
-    undos made (their refunds)."""
-    covered: set[str] = set()
+def intents_made_by_undos(
+    tx: StoreTransaction, declarations: Iterable[UndoDeclaration]
+) -> set[str]:
+    """The intents the execution's undos made (their refunds): the undo itself, not a
+    payment a cancel must account for."""
+    made: set[str] = set()
     for declaration in declarations:
         mark = tx.read_effect(declaration.key)
-        if mark is None:
-            continue
-        covered.add(declaration.step_key)
-        if isinstance(mark.result, dict):
-            covered.update(str(key) for key in mark.result.get("intents") or ())
-    return covered
+        if mark is not None and isinstance(mark.result, dict):
+            made.update(str(key) for key in mark.result.get("intents") or ())
+    return made
 
 
 __all__ = [
@@ -412,6 +550,7 @@ __all__ = [
     "DONE_RECORD",
     "FAILURE",
     "FENCED_HOLDER_STARTS_UNDO",
+    "ONE_UNDO_PER_STEP",
     "STARTED_RECORD",
     "TASK_PARTS",
     "UNDO_NOT_MARKED_DONE",
@@ -424,9 +563,11 @@ __all__ = [
     "UndoRegistry",
     "UndoStep",
     "compensation_key",
+    "decide_step",
     "declaration_key",
     "declare_undo",
     "effect_step",
+    "intents_made_by_undos",
     "mark_started_in",
     "outbound_step",
     "read_declarations",
@@ -434,8 +575,8 @@ __all__ = [
     "run_task_undos_with",
     "run_undos",
     "started_key",
+    "step_notes",
     "task_undo_runner",
     "trail_of",
     "undo_registry",
-    "undone_intents",
 ]

@@ -43,7 +43,6 @@ from celery_agboss.core.protections import (
     CANCEL_NOT_CHECKED_MID_BODY,
     CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,
     INTERRUPTED_SEND_STOPS_RENEWING,
-    PASSED_FAILURE_RESENT,
     RECLAIM_BUMPS_TOKEN,
     RELEASE_WITH_UNSETTLED_ATTEMPT,
     STORE_FAILURE_CATCHABLE,
@@ -201,6 +200,7 @@ class ExecutionContext:
         )
         with self._lock:
             self._reached.add(prepared.idempotency_key)
+        self.pass_failures()  # this call goes on past the failures before it
         if occurrence == 2:
             _warn_position_keys(call.name)
         with self._stop_on_signal():
@@ -345,19 +345,33 @@ class ExecutionContext:
         with self._lock:
             self._failures[idempotency_key] = attempt
 
-    def pass_failures(self, tx: FencedTransaction) -> None:
-        """The body went on past the definite failures raised to it: a re-run raises them
-        again. Idempotent: every later call writes it again (it costs nothing when no
-        failure was raised), so a transaction that rolled back loses nothing."""
+    def pass_failures(self) -> None:
+        """The body went on past the definite failures raised to it (it made another
+        outbound call, or paused): they are not what ends this delivery, so a retry it
+        asks for later does not authorise sending them again."""
+        with self._lock:
+            self._failures.clear()
+
+    def authorise_retries(self, tx: FencedTransaction) -> None:
+        """In the verdict of a retry the body asked for (``self.retry()``,
+        ``autoretry_for``): the definite failures that ended this delivery may be sent
+        again by this execution's next delivery — each only if this execution's attempt
+        failed and the failure was never handed to another execution (that hand-out
+        revoked it for good, DESIGN §4 claim step 1)."""
         with self._lock:
             failures = dict(self._failures)
-        if not failures or sabotage.active(PASSED_FAILURE_RESENT):
-            return
         for key, attempt in failures.items():
             tx.update_intent(
                 key,
-                IntentGuard(IntentStatus.FAILED, attempt, self.lease_ref),
-                IntentUpdate(failure_passed=True),
+                IntentGuard(
+                    IntentStatus.FAILED,
+                    attempt,
+                    None,
+                    any_owner=True,
+                    sent_by=self._execution_id,
+                    failure_shared=False,
+                ),
+                IntentUpdate(retry_for=self._execution_id),
             )
 
     def check_cancel(self, tx: FencedTransaction) -> None:

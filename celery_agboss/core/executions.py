@@ -64,6 +64,15 @@ runs them first (``COMPENSATING``); one that did not, or whose undos left a comp
 undone, waits for an operator (``celery -A proj agboss cancel ID --payments-handled``)."""
 
 
+CANCEL_WAITS = "cancel waits"
+"""The reason of a cancelled execution whose payment another execution still uses (a
+double click whose other order may still complete on it): it waits, re-driven, until
+that one ended, then is kept for it, undone, or left to a person."""
+
+UNDO_WAITS = "undo waits"
+"""The reason of a ``COMPENSATING`` execution whose undo of a shared step waits for
+another execution that still uses the step (re-driven until that one ended)."""
+
 DIVERGENCE = "divergence"
 """The reason of an execution whose re-run no longer reached an intent an earlier delivery
 created that completed or may have: the body took another path, so it waits for an
@@ -242,6 +251,14 @@ class ExecutionStore(Protocol):
     ) -> ExecutionRecord:
         """Fenced: ``WAITING`` with ``not_before = now + delay_ms``; with ``message``, the
         message a re-publish sends after the wait (a long ``retry()``: its retries + 1)."""
+
+    def undo_wait_in(self, tx: FencedTransaction, delay_ms: int, reason: str) -> ExecutionRecord:
+        """Fenced: still ``COMPENSATING``, due again at ``now + delay_ms``, the re-drive a
+        planned one (an undo waits for another execution that shares its step)."""
+
+    @property
+    def shared_wait_ms(self) -> int:
+        """How long an execution waiting for another one on a shared record waits."""
 
     def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
         """Fenced: ``WAITING_OPERATOR`` (an operator decides; nothing runs until then)."""

@@ -22,6 +22,8 @@ FENCED_AFTER_CHECK = "fenced.after-lease-check"
 FENCED_BEFORE_COMMIT = "fenced.before-commit"
 FENCED_AFTER_COMMIT = "fenced.after-commit"
 OUTBOUND_AFTER_READ = "outbound.after-read"
+OUTBOUND_BEFORE_RELY = "outbound.before-rely"  # a completed record read, its reliance not yet
+UNDO_BEFORE_CLAIM = "undo.before-claim"  # a shared step's undo decided, not yet claimed
 OUTBOUND_BEFORE_SEND = "outbound.before-send"
 OUTBOUND_AFTER_SEND = "outbound.after-send"
 OUTBOUND_BEFORE_SETTLE = "outbound.before-settle"
@@ -36,6 +38,8 @@ KNOWN_POINTS = frozenset(
         FENCED_BEFORE_COMMIT,
         FENCED_AFTER_COMMIT,
         OUTBOUND_AFTER_READ,
+        OUTBOUND_BEFORE_RELY,
+        UNDO_BEFORE_CLAIM,
         OUTBOUND_BEFORE_SEND,
         OUTBOUND_AFTER_SEND,
         OUTBOUND_BEFORE_SETTLE,

@@ -13,6 +13,7 @@ transaction) — its writes commit with the record or not at all.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -27,10 +28,26 @@ from celery_agboss.core.keys import (
     step_key,
     validate_business_key,
 )
-from celery_agboss.core.log_events import FENCED_EFFECT_APPLIED, FENCED_EFFECT_REPLAYED, log_event
+from celery_agboss.core.log_events import (
+    FENCED_EFFECT_APPLIED,
+    FENCED_EFFECT_REPLAYED,
+    OUTBOUND_CALL_COMPENSATED,
+    log_event,
+)
 from celery_agboss.core.protections import FENCED_EFFECT_NOT_REPLAYED, RECORD_USE_NOT_NOTED
-from celery_agboss.core.store import EFFECT_RECORD, EffectRecord, FencedTransaction, LeaseRef
-from celery_agboss.errors import FencedEffectConflictError, IdempotencyKeyConflictError
+from celery_agboss.core.shared_records import REPLAY_AFTER_UNDO
+from celery_agboss.core.store import (
+    EFFECT_RECORD,
+    EffectRecord,
+    FencedTransaction,
+    LeaseRef,
+    Reliance,
+)
+from celery_agboss.errors import (
+    FencedEffectConflictError,
+    IdempotencyKeyConflictError,
+    OutboundCallCompensatedError,
+)
 
 MAX_INSERT_ROUNDS = 3
 
@@ -87,6 +104,7 @@ def run_fenced_effect(
     key = effect_key(settings, holder.execution_id, name, business_key_text, occurrence)
     wanted = None if request is None else fingerprint(settings.pseudonym_key, request)
     log_ref = _log_ref(settings, holder.execution_id, name, key, business_key_text)
+    shared = business_key_text is not None
     for _ in range(MAX_INSERT_ROUNDS):
         try:
             with holder.fenced() as tx:
@@ -94,11 +112,14 @@ def run_fenced_effect(
                 record = tx.read_effect(key)
                 if record is not None and not sabotage.active(FENCED_EFFECT_NOT_REPLAYED):
                     replayed = _replay(record, name, wanted, log_ref)
-                    if record.execution_id != holder.execution_id and not sabotage.active(
-                        RECORD_USE_NOT_NOTED
-                    ):
+                    if sabotage.active(RECORD_USE_NOT_NOTED):
+                        return replayed
+                    if record.execution_id != holder.execution_id:
                         # Kept while this execution lives (DESIGN §6.3).
                         tx.record_use(EFFECT_RECORD, key, holder.execution_id)
+                    relied = tx.rely_on(EFFECT_RECORD, key, holder.execution_id) if shared else None
+                    if relied is Reliance.UNDONE and not sabotage.active(REPLAY_AFTER_UNDO):
+                        raise _undone(name, log_ref)
                     return replayed
                 result = fn(tx.connection)  # the store refuses an end of tx from fn
                 try:
@@ -114,10 +135,13 @@ def run_fenced_effect(
                         token=holder.lease_ref.token,
                         created_at_ms=tx.now_ms,
                         fingerprint=wanted,
+                        reliance=1 if shared else 0,
                     )
                 )
                 if not inserted:
                     raise _LostInsert()
+                if shared:  # its creator relies on what it wrote (one record for all)
+                    tx.rely_on(EFFECT_RECORD, key, holder.execution_id, counted=True)
             log_event(FENCED_EFFECT_APPLIED, **log_ref)
             return result
         except _LostInsert:
@@ -134,6 +158,17 @@ def _log_ref(
     else:
         ref["business_key_handle"] = business_key_handle(settings.pseudonym_key, business)
     return ref
+
+
+def _undone(name: str, log_ref: dict[str, Any]) -> OutboundCallCompensatedError:
+    """The effect's undo claimed it before this execution relied on it: never replayed."""
+    log_event(OUTBOUND_CALL_COMPENSATED, logging.WARNING, **log_ref)
+    return OutboundCallCompensatedError(
+        f"fenced effect {name!r} under this business key was undone after it was written: "
+        "its result is not handed out again. Open a new attempt under a new business key, "
+        "e.g. business_key=f'order:{order_id}:attempt:2'",
+        effect=name,
+    )
 
 
 def _replay(record: EffectRecord, name: str, wanted: str | None, log_ref: dict[str, Any]) -> Any:

@@ -87,7 +87,10 @@ def _require_key(pseudonym_key: bytes) -> None:
 
 
 def _fields(row: HistoryRow) -> dict[str, Any]:
-    return {
+    """What a digest covers. ``execution_id`` only when the row names one: rows written
+    before executions were named (and the sweep's and operators') hash as they did, so
+    old chains still verify, and a name added or removed later breaks the digest."""
+    fields = {
         "idempotency_key": row.idempotency_key,
         "seq": row.seq,
         "at_ms": row.at_ms,
@@ -100,6 +103,9 @@ def _fields(row: HistoryRow) -> dict[str, Any]:
         "detail": row.detail,
         "prev_digest": row.prev_digest,
     }
+    if row.execution_id is not None:
+        fields["execution_id"] = row.execution_id
+    return fields
 
 
 def history_digest(pseudonym_key: bytes, row: HistoryRow) -> str:
@@ -131,8 +137,11 @@ def next_history_row(
     holder: str | None,
     token: int | None,
     detail: JSON,
+    execution_id: str | None = None,
 ) -> HistoryRow:
     """The row that follows ``previous`` (or the first row of the intent), with its digest.
+    ``execution_id``: the execution whose delivery made the transition (who sent, who
+    took over, who reconciled), None for the sweep and operators.
 
     ``detail`` is stored in clear: put ids and reasons in it, never request data.
     Enum values (``IntentStatus``, ``HistoryEvent``) are stored as their plain strings.
@@ -166,8 +175,15 @@ def next_history_row(
         detail=detail,
         prev_digest=None if previous is None else previous.digest,
         digest="",
+        execution_id=execution_id,
     )
-    return HistoryRow(**{**_fields(unsigned), "digest": history_digest(pseudonym_key, unsigned)})
+    return HistoryRow(
+        **{
+            **_fields(unsigned),
+            "execution_id": execution_id,
+            "digest": history_digest(pseudonym_key, unsigned),
+        }
+    )
 
 
 def verify_history(

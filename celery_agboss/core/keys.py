@@ -41,6 +41,7 @@ __all__ = [
     "encode_component",
     "fingerprint",
     "fit_key",
+    "is_business_key",
     "pseudonym_key_bytes",
     "step_key",
     "validate_business_key",
@@ -315,6 +316,15 @@ def business_key(tenant: str, business_key: str, name: str) -> str:
             _component(name, "the call's name"),
         )
     )
+
+
+def is_business_key(key: str) -> bool:
+    """Whether a key of the grammar is business-keyed (``<tenant>:b:…``): its record may
+    be shared by several executions. Components are percent-encoded, so the second one
+    is ``b`` exactly then. (A digest made by ``fit_key`` is of an intent, whose row
+    keeps its business key's handle instead.)"""
+    parts = key.split(":")
+    return len(parts) == 4 and parts[1] == "b"
 
 
 def fit_key(key: str, max_length: int | None) -> str:

@@ -40,6 +40,7 @@ OUTBOUND_CALL_REPLAYED = "outbound-call.replayed"  # the stored result returned
 OUTBOUND_CALL_JOINED = "outbound-call.joined"  # joined a send in flight in this process
 OUTBOUND_CALL_FAILED = "outbound-call.failed"  # a definite failure recorded
 OUTBOUND_CALL_FAILURE_REPLAYED = "outbound-call.failure-replayed"  # raised again, not resent
+OUTBOUND_CALL_COMPENSATED = "outbound-call.compensated"  # its undo is done: never replayed
 OUTBOUND_CALL_OUTCOME_UNKNOWN = "outbound-call.outcome-unknown"  # reconciled later
 OUTBOUND_CALL_ANSWERED_AFTER_HAND_OVER = "outbound-call.answered-after-hand-over"
 OUTBOUND_CALL_SUPERSEDED = "outbound-call.superseded"  # another holder took the intent
@@ -94,6 +95,9 @@ RESULT_BACKEND_FAILURE_WITHHELD = "result-backend.failure-withheld"
 # --- undo (celery_agboss.core.compensation, celery_agboss.delivery.compensating) --------
 EXECUTION_COMPENSATING = "execution.compensating"  # a delivery starts (or continues) undos
 UNDO_DONE = "undo.done"  # an undo ran and its done mark committed: never run again
+UNDO_KEPT = "undo.kept"  # a shared step another execution completed on: not undone
+UNDO_COVERED = "undo.covered"  # a shared step another execution's undo claimed: not run here
+UNDO_WAITS = "undo.waits"  # a shared step another execution still uses: wait for it
 
 # --- the sweep --------------------------------------------------------------------------
 SWEEP_REPUBLISHED = "sweep.republished"
@@ -253,6 +257,7 @@ __all__ = [
     "OPERATOR_RESOLVED",
     "OPERATOR_UNPARKED",
     "OUTBOUND_CALL_ANSWERED_AFTER_HAND_OVER",
+    "OUTBOUND_CALL_COMPENSATED",
     "OUTBOUND_CALL_FAILED",
     "OUTBOUND_CALL_FAILURE_REPLAYED",
     "OUTBOUND_CALL_HISTORY_NOT_WRITTEN",
@@ -282,7 +287,10 @@ __all__ = [
     "SWEEP_REPUBLISHED",
     "SWEEP_SKIPPED",
     "SWEEP_STALE",
+    "UNDO_COVERED",
     "UNDO_DONE",
+    "UNDO_KEPT",
+    "UNDO_WAITS",
     "WORKER_SHUTTING_DOWN",
     "EventObserver",
     "add_event_observer",

@@ -47,12 +47,8 @@ class Holder(Protocol):
         """Raise ``ExecutionFencedError`` unless the lease is held on the holder's clocks."""
 
     def failure_raised(self, idempotency_key: str, attempt: int) -> None:
-        """A definite failure of this attempt is being raised to the body: if the body goes
-        on to another call, a re-run must raise it again, never send it again."""
-
-    def pass_failures(self, tx: FencedTransaction) -> None:
-        """In ``tx``: the body went past the definite failures raised to it so far (it
-        made another outbound call, paused, or completed): record that on their intents."""
+        """A definite failure of this attempt is being raised to the body: a retry the
+        body asks for before it goes on to another call authorises sending it again."""
 
     def check_cancel(self, tx: FencedTransaction) -> None:
         """Raise ``CancelRequestedError`` when a cancel of the execution was recorded, read

@@ -64,8 +64,10 @@ the payment looked up (and sent again) while the first send may still reach the 
 
 
 PASSED_FAILURE_RESENT = register("passed-failure-resent")
-"""DESIGN §4: a definite failure the body went past in an earlier delivery (it caught the
-decline and charged a backup card) is sent again on the re-run, so both cards pay."""
+"""DESIGN §4 claim step 1: a definite failure is sent again by any execution that
+reaches it, with no retry authorisation: the re-run of a body that went past it (it
+caught the decline and charged a backup card), or a second click on the same order,
+charges the first card too."""
 
 DIVERGENCE_COMPLETED = register("divergence-completed")
 """DESIGN §4: a re-run whose body no longer reaches an intent an earlier delivery

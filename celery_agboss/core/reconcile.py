@@ -45,6 +45,7 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.core.settle import record_unknown
 from celery_agboss.core.store import (
+    INTENT_RECORD,
     UNSET,
     IntentGuard,
     IntentRecord,
@@ -55,10 +56,10 @@ from celery_agboss.core.store import (
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
 from celery_agboss.core.transitions import (
     CallRef,
-    append_history,
     cas,
     fault,
     masked_text,
+    transition,
 )
 from celery_agboss.errors import (
     CancelRequestedError,
@@ -79,8 +80,9 @@ def take_for_reconcile(
     """``(PENDING, attempt, dead owner) → (PENDING, attempt, me)``; None when another won."""
     me = holder.lease_ref
     with holder.fenced() as tx:
-        won = cas(
+        won = transition(
             tx,
+            holder.settings.pseudonym_key,
             p.idempotency_key,
             IntentGuard(
                 IntentStatus.PENDING,
@@ -89,19 +91,14 @@ def take_for_reconcile(
                 owner_not_live=not sabotage.active(LIVE_OWNER_TAKEN_OVER),
             ),
             IntentUpdate(owner=me),
+            HistoryEvent.TAKEN_FOR_RECONCILE,
+            from_status=IntentStatus.PENDING,
+            to_status=IntentStatus.PENDING,
+            attempt=record.attempt,
+            owner=me,
+            detail=previous_owner(record.owner),
+            execution_id=holder.execution_id,
         )
-        if won:
-            append_history(
-                tx,
-                holder.settings.pseudonym_key,
-                p.idempotency_key,
-                HistoryEvent.TAKEN_FOR_RECONCILE,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.PENDING,
-                attempt=record.attempt,
-                owner=me,
-                detail=previous_owner(record.owner),
-            )
     return replace(record, owner=me, owner_live=True) if won else None
 
 
@@ -118,7 +115,7 @@ def reconcile_pending(
                 tx,
                 p.idempotency_key,
                 IntentGuard(IntentStatus.PENDING, attempt, me),
-                IntentUpdate(attempt=attempt + 1, start_attempt=True),
+                IntentUpdate(attempt=attempt + 1, start_attempt=True, sent_by=holder.execution_id),
             ):
                 return Resend(attempt + 1)
         raise ExecutionFencedError(**p.ref.fields(attempt=attempt))
@@ -189,22 +186,25 @@ def _reconciled_completed(
 ) -> tuple[Any, Outcome]:
     me = holder.lease_ref
     stored_ok, update, gateway_id = completed_update(p.call, result)
+    # Reconciled by this delivery, its result handed to it: it relies on it from now on.
+    shared = p.ref.handle is not None and stored_ok and record.fingerprint == p.fingerprint
     with holder.fenced() as tx:
-        won = cas(
-            tx, p.idempotency_key, IntentGuard(IntentStatus.PENDING, record.attempt, me), update
+        won = transition(
+            tx,
+            holder.settings.pseudonym_key,
+            p.idempotency_key,
+            IntentGuard(IntentStatus.PENDING, record.attempt, me),
+            replace(update, rely=shared),
+            HistoryEvent.RECONCILED_COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
+            from_status=IntentStatus.PENDING,
+            to_status=IntentStatus.COMPLETED,
+            attempt=record.attempt,
+            owner=me,
+            detail={"gateway_transaction_id": gateway_id, "by": "holder"},
+            execution_id=holder.execution_id,
         )
-        if won:
-            append_history(
-                tx,
-                holder.settings.pseudonym_key,
-                p.idempotency_key,
-                HistoryEvent.RECONCILED_COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.COMPLETED,
-                attempt=record.attempt,
-                owner=me,
-                detail={"gateway_transaction_id": gateway_id, "by": "holder"},
-            )
+        if won and shared:
+            tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id, counted=True)
     if not won:
         if sabotage.active(SUPERSEDED_SILENTLY_REPORTED):
             return result, Outcome.RECONCILED
@@ -234,7 +234,9 @@ def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) 
     settings = holder.settings
     attempt = record.attempt
     if record.fingerprint != p.fingerprint and not sabotage.active(FINGERPRINT_NOT_CHECKED):
-        own = record.execution_id == holder.execution_id
+        # The pending intent this execution sent holds another request: its own body
+        # changed (a person decides); another execution's pending intent stays its own.
+        own = record.sent_by == holder.execution_id
         _flag(
             holder.fenced(),
             settings,
@@ -264,8 +266,9 @@ def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) 
         _hand_back_not_sent(holder, p, attempt)
         raise
     with holder.fenced() as tx:
-        won = cas(
+        won = transition(
             tx,
+            settings.pseudonym_key,
             p.idempotency_key,
             IntentGuard(IntentStatus.PENDING, attempt, me, max_key_age_ms=bound),
             IntentUpdate(
@@ -275,40 +278,33 @@ def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) 
                 needs_operator=False,
                 operator_reason=None,
                 clear_next_lookup=True,
+                sent_by=holder.execution_id,
             ),
+            HistoryEvent.RECONCILED_NOT_SENT,
+            from_status=IntentStatus.PENDING,
+            to_status=IntentStatus.PENDING,
+            attempt=attempt + 1,
+            owner=me,
+            detail={"previous_attempt": attempt, "resend": True, "key_age_bound_ms": bound},
+            execution_id=holder.execution_id,
         )
-        if won:
-            append_history(
+        if not won:
+            too_old = transition(
                 tx,
                 settings.pseudonym_key,
-                p.idempotency_key,
-                HistoryEvent.RECONCILED_NOT_SENT,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.PENDING,
-                attempt=attempt + 1,
-                owner=me,
-                detail={"previous_attempt": attempt, "resend": True, "key_age_bound_ms": bound},
-            )
-        else:
-            too_old = tx.update_intent(
                 p.idempotency_key,
                 IntentGuard(IntentStatus.PENDING, attempt, me),
                 IntentUpdate(
                     needs_operator=True, operator_reason="key-too-old", not_sent_confirmed=True
                 ),
+                HistoryEvent.UNRECONCILED,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.PENDING,
+                attempt=attempt,
+                owner=me,
+                detail={"reason": "key-too-old", "key_age_bound_ms": bound},
+                execution_id=holder.execution_id,
             )
-            if too_old:
-                append_history(
-                    tx,
-                    settings.pseudonym_key,
-                    p.idempotency_key,
-                    HistoryEvent.UNRECONCILED,
-                    from_status=IntentStatus.PENDING,
-                    to_status=IntentStatus.PENDING,
-                    attempt=attempt,
-                    owner=me,
-                    detail={"reason": "key-too-old", "key_age_bound_ms": bound},
-                )
     if won:
         return Resend(attempt + 1)
     if not too_old:
@@ -331,23 +327,20 @@ def _hand_back_not_sent(holder: Holder, p: PreparedCall, attempt: int) -> None:
     handed back (no owner), for the cancel to settle without sending anything."""
     me = holder.lease_ref
     with holder.fenced() as tx:
-        if cas(
+        transition(
             tx,
+            holder.settings.pseudonym_key,
             p.idempotency_key,
             IntentGuard(IntentStatus.PENDING, attempt, me),
             IntentUpdate(owner=None, not_sent_confirmed=True),
-        ):
-            append_history(
-                tx,
-                holder.settings.pseudonym_key,
-                p.idempotency_key,
-                HistoryEvent.RECONCILED_NOT_SENT,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.PENDING,
-                attempt=attempt,
-                owner=me,
-                detail={"by": "holder", "resend": False, "why": "cancel requested"},
-            )
+            HistoryEvent.RECONCILED_NOT_SENT,
+            from_status=IntentStatus.PENDING,
+            to_status=IntentStatus.PENDING,
+            attempt=attempt,
+            owner=me,
+            detail={"by": "holder", "resend": False, "why": "cancel requested"},
+            execution_id=holder.execution_id,
+        )
 
 
 def _flag(
@@ -363,19 +356,20 @@ def _flag(
 ) -> None:
     """Write a flag on an intent this owner holds, with its history row; miss → fenced."""
     with fenced as tx:
-        won = tx.update_intent(key, IntentGuard(IntentStatus.PENDING, attempt, owner), update)
-        if won:
-            append_history(
-                tx,
-                settings.pseudonym_key,
-                key,
-                event,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.PENDING,
-                attempt=attempt,
-                owner=owner,
-                detail=detail,
-            )
+        won = transition(
+            tx,
+            settings.pseudonym_key,
+            key,
+            IntentGuard(IntentStatus.PENDING, attempt, owner),
+            update,
+            event,
+            from_status=IntentStatus.PENDING,
+            to_status=IntentStatus.PENDING,
+            attempt=attempt,
+            owner=owner,
+            detail=detail,
+            execution_id=ref.execution_id,
+        )
     if not won:
         log_event(
             OUTBOUND_CALL_SUPERSEDED,

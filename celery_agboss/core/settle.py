@@ -37,15 +37,14 @@ from celery_agboss.core.protections import (
     SUPERSEDED_SILENTLY_REPORTED,
     UNKNOWN_ERRORS_ARE_DEFINITE,
 )
-from celery_agboss.core.store import JSON, IntentGuard, IntentStatus, IntentUpdate
+from celery_agboss.core.store import INTENT_RECORD, JSON, IntentGuard, IntentStatus, IntentUpdate
 from celery_agboss.core.transitions import (
-    append_history,
-    cas,
     error_detail,
     fault,
     mask_result,
     masked_text,
     transaction_id_of,
+    transition,
 )
 from celery_agboss.errors import (
     ExecutionFencedError,
@@ -149,10 +148,12 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
     gateway_id = transaction_id_of(p.call, result)
     fault(fault_points.OUTBOUND_BEFORE_SETTLE, me, p.ref, attempt=attempt)
     mine = False
+    shared = p.ref.handle is not None and stored_ok  # its result is handed to me now
     try:
         with holder.fenced() as tx:
-            won = cas(
+            won = transition(
                 tx,
+                holder.settings.pseudonym_key,
                 p.idempotency_key,
                 IntentGuard(IntentStatus.PENDING, attempt, me),
                 IntentUpdate(
@@ -163,21 +164,19 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
                     gateway_transaction_id=gateway_id,
                     needs_operator=not stored_ok,
                     operator_reason=None if stored_ok else "result-not-stored",
+                    rely=shared,
                 ),
+                HistoryEvent.COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.COMPLETED,
+                attempt=attempt,
+                owner=me,
+                detail={"gateway_transaction_id": gateway_id},
+                execution_id=holder.execution_id,
             )
-            if won:
-                append_history(
-                    tx,
-                    holder.settings.pseudonym_key,
-                    p.idempotency_key,
-                    HistoryEvent.COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
-                    from_status=IntentStatus.PENDING,
-                    to_status=IntentStatus.COMPLETED,
-                    attempt=attempt,
-                    owner=me,
-                    detail={"gateway_transaction_id": gateway_id},
-                )
-            else:
+            if won and shared:
+                tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id, counted=True)
+            if not won:
                 now = tx.read_intent(p.idempotency_key)
                 mine = (
                     now is not None
@@ -262,24 +261,25 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
     failure = encode_failure(exc, lambda text: masked_text(p.call, text))
     try:
         with holder.fenced() as tx:
-            won = cas(
+            won = transition(
                 tx,
+                holder.settings.pseudonym_key,
                 p.idempotency_key,
                 IntentGuard(IntentStatus.PENDING, attempt, me),
-                IntentUpdate(status=IntentStatus.FAILED, failure=failure, failure_passed=False),
+                IntentUpdate(
+                    status=IntentStatus.FAILED,
+                    failure=failure,
+                    retry_for=None,
+                    failure_shared=False,
+                ),
+                HistoryEvent.FAILED_DEFINITE,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.FAILED,
+                attempt=attempt,
+                owner=me,
+                detail=detail,
+                execution_id=holder.execution_id,
             )
-            if won:
-                append_history(
-                    tx,
-                    holder.settings.pseudonym_key,
-                    p.idempotency_key,
-                    HistoryEvent.FAILED_DEFINITE,
-                    from_status=IntentStatus.PENDING,
-                    to_status=IntentStatus.FAILED,
-                    attempt=attempt,
-                    owner=me,
-                    detail=detail,
-                )
     except ExecutionFencedError as fenced:
         _handed_over_error(p, attempt, fenced)
     except StoreError as store_error:
@@ -317,20 +317,20 @@ def record_unknown(holder: Holder, p: PreparedCall, attempt: int, detail: JSON) 
     me = holder.lease_ref
     try:
         with holder.fenced() as tx:
-            if tx.update_intent(
-                p.idempotency_key, IntentGuard(IntentStatus.PENDING, attempt, me), IntentUpdate()
-            ):
-                append_history(
-                    tx,
-                    holder.settings.pseudonym_key,
-                    p.idempotency_key,
-                    HistoryEvent.OUTCOME_UNKNOWN,
-                    from_status=IntentStatus.PENDING,
-                    to_status=IntentStatus.PENDING,
-                    attempt=attempt,
-                    owner=me,
-                    detail=detail,
-                )
+            transition(
+                tx,
+                holder.settings.pseudonym_key,
+                p.idempotency_key,
+                IntentGuard(IntentStatus.PENDING, attempt, me),
+                IntentUpdate(),
+                HistoryEvent.OUTCOME_UNKNOWN,
+                from_status=IntentStatus.PENDING,
+                to_status=IntentStatus.PENDING,
+                attempt=attempt,
+                owner=me,
+                detail=detail,
+                execution_id=holder.execution_id,
+            )
     except (ExecutionFencedError, StoreError) as exc:
         log_event(
             OUTBOUND_CALL_HISTORY_NOT_WRITTEN,

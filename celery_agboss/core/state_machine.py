@@ -14,6 +14,8 @@ straight back to the gateway. Sending and settling live in ``core/settle.py``.
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from celery_agboss.core import fault_points, sabotage
@@ -21,6 +23,7 @@ from celery_agboss.core.failures import rebuild_failure
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.inflight import IN_FLIGHT, InFlightSend
 from celery_agboss.core.log_events import (
+    OUTBOUND_CALL_COMPENSATED,
     OUTBOUND_CALL_FAILURE_REPLAYED,
     OUTBOUND_CALL_JOINED,
     OUTBOUND_CALL_REPLAYED,
@@ -32,12 +35,17 @@ from celery_agboss.core.protections import (
     FINGERPRINT_NOT_CHECKED,
     JOIN_ON_ANY_FINGERPRINT,
     LIVE_OWNER_TAKEN_OVER,
-    PASSED_FAILURE_RESENT,
     RECORD_USE_NOT_NOTED,
     REPLAY_NOT_STORED_MARKER,
 )
 from celery_agboss.core.reconcile import reconcile_pending, take_for_reconcile
 from celery_agboss.core.settle import send_and_settle
+from celery_agboss.core.shared_records import (
+    REPLAY_AFTER_UNDO,
+    FailureClaim,
+    failure_claim,
+    hands_failure_to_another,
+)
 from celery_agboss.core.store import (
     INTENT_RECORD,
     IntentGuard,
@@ -45,10 +53,12 @@ from celery_agboss.core.store import (
     IntentStatus,
     IntentUpdate,
     NewIntent,
+    Reliance,
 )
-from celery_agboss.core.transitions import append_history, cas, fault
+from celery_agboss.core.transitions import append_history, fault, transition
 from celery_agboss.errors import (
     IdempotencyKeyConflictError,
+    OutboundCallCompensatedError,
     OutboundCallFailureNotReplayableError,
     OutboundCallInFlightError,
     OutboundCallResultNotStoredError,
@@ -57,41 +67,46 @@ from celery_agboss.errors import (
 MAX_CLAIM_ROUNDS = 8
 """Reads and compare-and-sets one call may go through before it reports contention."""
 
+COMPENSATION_WAIT_S = 5.0
+COMPENSATION_POLL_S = 0.25
+"""How long a replay that found its step's undo started waits for that undo to end."""
+
 
 def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
     """Claim (DESIGN §4.1), then send/settle, reconcile, replay or join; the result and how."""
     me = holder.lease_ref
     saw_live_owner = False
-    for round_ in range(MAX_CLAIM_ROUNDS):
-        inserted, record = _claim_or_read(holder, p, first=round_ == 0)
+    for _ in range(MAX_CLAIM_ROUNDS):
+        claim = _claim_or_read(holder, p)
+        record = claim.record
         fault(
             fault_points.OUTBOUND_AFTER_READ,
             me,
             p.ref,
             status=None if record is None else record.status,
         )
-        if inserted:
+        if claim.inserted:
             return send_and_settle(holder, p, 1)
         if record is None:
             continue  # gone between the insert and the read (retention): claim again
         if record.status is IntentStatus.COMPLETED:
+            if claim.reliance is Reliance.UNDONE and not sabotage.active(REPLAY_AFTER_UNDO):
+                raise _compensated(holder, p)
             return _replay(p, record)
         if record.status is IntentStatus.FAILED:
             _check_fingerprint(p, record.fingerprint)
-            if (
-                record.failure_passed
-                and record.execution_id == holder.execution_id
-                and not sabotage.active(PASSED_FAILURE_RESENT)
-            ):
-                raise _replayed_failure(p, record)
-            if _claim_failed(holder, p, record):
-                return send_and_settle(holder, p, record.attempt + 1)
+            if failure_claim(record, holder.execution_id) is FailureClaim.RESEND:
+                if _claim_failed(holder, p, record):
+                    return send_and_settle(holder, p, record.attempt + 1)
+                continue
+            if _hand_out_failure(holder, p, record):
+                raise _replayed_failure(holder, p, record)
             continue
         # PENDING: possibly sent, whoever owns it.
         if record.owner == me or (record.owner_live and not sabotage.active(LIVE_OWNER_TAKEN_OVER)):
             running = IN_FLIGHT.find(p.idempotency_key, record.owner, record.attempt)
             if running is not None:
-                joined = _join(p, running)
+                joined = _join(holder, p, running)
                 if joined is not None:
                     return joined
                 continue
@@ -118,25 +133,28 @@ def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
     )
 
 
-def _claim_or_read(
-    holder: Holder, p: PreparedCall, *, first: bool
-) -> tuple[bool, IntentRecord | None]:
-    """Claim the intent (``PENDING``, attempt 1, owned by me) or, when one exists, read it:
-    one fenced transaction either way, so a first call costs one round of the store and
-    not a read followed by an insert. The insert is ``ON CONFLICT DO NOTHING``: a
-    concurrent claim of the same key makes it insert nothing, and the read that follows
-    in the same transaction sees the row that claim committed.
+@dataclass(frozen=True)
+class _Claim:
+    inserted: bool
+    record: IntentRecord | None
+    reliance: Reliance | None = None  # a completed business-keyed intent's hand-out
 
-    The claim that authorises the send checks the cancel request in its transaction; the
-    first one of an ``outbound()`` also records the failures the body went past. An
+
+def _claim_or_read(holder: Holder, p: PreparedCall) -> _Claim:
+    """Claim the intent (``PENDING``, attempt 1, owned and sent by me) or, when one exists,
+    read it: one fenced transaction either way, so a first call costs one round of the
+    store and not a read followed by an insert. The insert is ``ON CONFLICT DO
+    NOTHING``: a concurrent claim of the same key makes it insert nothing, and the read
+    that follows in the same transaction sees the row that claim committed.
+
+    The claim that authorises the send checks the cancel request in its transaction. An
     intent another execution created (a shared business key) is noted as used by this
-    one before this one relies on it: retention keeps it while this execution lives
-    (DESIGN §6.3)."""
+    one (retention keeps it while this execution lives, DESIGN §6.3), and a completed
+    one's result handed to this execution is written on the record in the same
+    transaction — unless an undo claimed it first (``Reliance.UNDONE``)."""
     me = holder.lease_ref
     with holder.fenced() as tx:
         holder.check_cancel(tx)
-        if first:
-            holder.pass_failures(tx)  # this call goes on past the failures before it
         inserted = tx.insert_intent(
             NewIntent(
                 idempotency_key=p.idempotency_key,
@@ -159,16 +177,51 @@ def _claim_or_read(
                 attempt=1,
                 owner=me,
                 detail={"call": p.call.name, "execution_id": holder.execution_id},
+                execution_id=holder.execution_id,
             )
-            return True, None
+            return _Claim(True, None)
         record = tx.read_intent(p.idempotency_key)
-        if (
-            record is not None
-            and record.execution_id != holder.execution_id
-            and not sabotage.active(RECORD_USE_NOT_NOTED)
-        ):
+        if record is None:
+            return _Claim(False, None)
+        if sabotage.active(RECORD_USE_NOT_NOTED):
+            return _Claim(False, record)
+        if record.execution_id != holder.execution_id:
             tx.record_use(INTENT_RECORD, p.idempotency_key, holder.execution_id)
-        return False, record
+        reliance = None
+        if (
+            record.status is IntentStatus.COMPLETED
+            and record.business_key_handle is not None
+            and record.result_stored
+            and record.fingerprint == p.fingerprint
+        ):
+            fault(fault_points.OUTBOUND_BEFORE_RELY, me, p.ref)
+            reliance = tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id)
+        return _Claim(False, record, reliance)
+
+
+def _compensated(holder: Holder, p: PreparedCall) -> OutboundCallCompensatedError:
+    """The step's undo claimed it before this execution relied on it: its success is never
+    handed out again. The undo may still be running: wait for it, bounded, so the error
+    says it is done (the body may then open a new attempt under a new business key)."""
+    deadline = time.monotonic() + COMPENSATION_WAIT_S
+    while time.monotonic() < deadline:
+        with holder.fenced() as tx:
+            record = tx.read_intent(p.idempotency_key)
+        if record is None or record.compensated_at_ms is not None:
+            break
+        time.sleep(COMPENSATION_POLL_S)
+    log_event(
+        OUTBOUND_CALL_COMPENSATED,
+        logging.WARNING,
+        "this step was undone by another execution; its result is not handed out",
+        **p.ref.fields(),
+    )
+    return OutboundCallCompensatedError(
+        f"{p.call.name} under this business key was undone (refunded, released…) after it "
+        "completed: its result is not handed out again. To pay again, open a new attempt "
+        "under a new business key, e.g. business_key=f'order:{order_id}:attempt:2'",
+        **p.ref.fields(),
+    )
 
 
 def _check_fingerprint(p: PreparedCall, stored: str) -> None:
@@ -197,11 +250,26 @@ def _replay(p: PreparedCall, record: IntentRecord) -> tuple[Any, Outcome]:
     return record.result, Outcome.REPLAYED
 
 
-def _replayed_failure(p: PreparedCall, record: IntentRecord) -> BaseException:
-    """An earlier delivery of this execution went past this definite failure (it caught
-    it and went on, to a backup card say): the re-run gets the same failure, so it takes
-    the same path; sending it again could charge both cards. A failure that cannot be
-    rebuilt as it was stops the delivery for an operator instead of another branch."""
+def _hand_out_failure(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool:
+    """Before a failure is raised to another execution than the one whose attempt failed,
+    that execution's retry authorisation is revoked, for good, by a compare-and-set on
+    the same row its own claim would change: the two never both win. False when the row
+    moved first (the authorised retry took it): read it again."""
+    if not hands_failure_to_another(record, holder.execution_id):
+        return True
+    with holder.fenced() as tx:
+        return tx.update_intent(
+            p.idempotency_key,
+            IntentGuard(IntentStatus.FAILED, record.attempt, record.owner),
+            IntentUpdate(retry_for=None, failure_shared=True),
+        )
+
+
+def _replayed_failure(holder: Holder, p: PreparedCall, record: IntentRecord) -> BaseException:
+    """A definite failure is raised again, as it was, so the re-run (or another execution
+    of the same business key) takes the path its first sender's body took; sending it
+    again could charge the card a body went past and another too. A failure that cannot
+    be rebuilt as it was stops the delivery for an operator instead of another branch."""
     failure = rebuild_failure(record.failure)
     if failure is None:
         stored = record.failure if isinstance(record.failure, dict) else {}
@@ -215,47 +283,51 @@ def _replayed_failure(p: PreparedCall, record: IntentRecord) -> BaseException:
     log_event(
         OUTBOUND_CALL_FAILURE_REPLAYED,
         logging.INFO,
-        "an earlier delivery went past this definite failure: raised again, not resent",
+        "a definite failure is raised again, not resent",
         **p.ref.fields(attempt=record.attempt),
     )
+    holder.failure_raised(p.idempotency_key, record.attempt)
     return failure
 
 
 def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool:
-    """``(FAILED, attempt, owner) → (PENDING, attempt + 1, me)``: a definite failure moved no
-    money, so the next attempt is sent under the same key without a lookup."""
+    """``(FAILED, attempt, retry_for) → (PENDING, attempt + 1, me)``: a definite failure
+    moved no money, so the next attempt is sent under the same key without a lookup —
+    by the execution a retry authorised, the authorisation consumed by the same
+    compare-and-set (a hand-out to another execution that revoked it makes it miss)."""
     me = holder.lease_ref
     with holder.fenced() as tx:
         holder.check_cancel(tx)  # the claim that authorises the send
-        won = cas(
+        return transition(
             tx,
+            holder.settings.pseudonym_key,
             p.idempotency_key,
-            IntentGuard(IntentStatus.FAILED, record.attempt, record.owner),
+            IntentGuard(
+                IntentStatus.FAILED, record.attempt, record.owner, retry_for=record.retry_for
+            ),
             IntentUpdate(
                 status=IntentStatus.PENDING,
                 attempt=record.attempt + 1,
                 owner=me,
                 start_attempt=True,
                 not_sent_confirmed=False,
+                retry_for=None,
+                failure=None,  # this attempt's outcome replaces the failure it follows
+                sent_by=holder.execution_id,
             ),
+            HistoryEvent.CLAIMED,
+            from_status=IntentStatus.FAILED,
+            to_status=IntentStatus.PENDING,
+            attempt=record.attempt + 1,
+            owner=me,
+            detail={"after": "definite-failure"},
+            execution_id=holder.execution_id,
         )
-        if won:
-            append_history(
-                tx,
-                holder.settings.pseudonym_key,
-                p.idempotency_key,
-                HistoryEvent.CLAIMED,
-                from_status=IntentStatus.FAILED,
-                to_status=IntentStatus.PENDING,
-                attempt=record.attempt + 1,
-                owner=me,
-                detail={"after": "definite-failure"},
-            )
-    return won
 
 
-def _join(p: PreparedCall, running: InFlightSend) -> tuple[Any, Outcome] | None:
-    """Wait for this process's own send of the key; only an equal request may join (R16)."""
+def _join(holder: Holder, p: PreparedCall, running: InFlightSend) -> tuple[Any, Outcome] | None:
+    """Wait for this process's own send of the key; only an equal request may join (R16).
+    The joiner relies on the result: written on a business-keyed record like a replay."""
     if running.fingerprint != p.fingerprint and not sabotage.active(JOIN_ON_ANY_FINGERPRINT):
         raise IdempotencyKeyConflictError(
             f"a call of {p.call.name!r} with another request is in flight under this key; "
@@ -263,6 +335,11 @@ def _join(p: PreparedCall, running: InFlightSend) -> tuple[Any, Outcome] | None:
             **p.ref.fields(),
         )
     if running.wait():
+        if p.ref.handle is not None:
+            with holder.fenced() as tx:
+                relied = tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id)
+            if relied is Reliance.UNDONE:
+                raise _compensated(holder, p)
         log_event(
             OUTBOUND_CALL_JOINED,
             logging.INFO,

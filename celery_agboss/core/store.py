@@ -95,10 +95,18 @@ class IntentRecord:
     # Added by the store engineer (additive): the sweep's lookup back-off.
     next_lookup_at_ms: int | None = None  # the sweep looks this intent up again from then
     lookup_failures: int = 0  # lookups that could not settle it, for the back-off
-    # A FAILED intent's definite failure (type, masked message and arguments), and whether
-    # the body went past it: then a re-run raises it again, never sends again.
+    # A FAILED intent's definite failure (type, masked message and arguments); a re-run
+    # raises it again, never sends again, unless ``retry_for`` names the execution a
+    # retry authorised (and, once handed to another execution, never: ``failure_shared``).
     failure: JSON = None
-    failure_passed: bool = False
+    retry_for: str | None = None
+    failure_shared: bool = False
+    # Who sent the current attempt, and what the record says about sharing (the store
+    # reads them; ``core/shared_records.py`` decides).
+    sent_by: str | None = None
+    reliance: int = 0
+    undo_by: str | None = None
+    compensated_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,10 @@ class IntentGuard:
     owner: LeaseRef | None  # None matches a row with no owner
     owner_not_live: bool = False  # the owner's lease must not be live (database clock)
     max_key_age_ms: int | None = None  # now - first_attempt_at must be below this
+    retry_for: str | _Unset | None = UNSET  # the retry authorisation must be this one
+    any_owner: bool = False  # match whatever owner the row has (``owner`` is ignored)
+    sent_by: str | None = None  # the current attempt must have been sent by this one
+    failure_shared: bool | None = None  # the failure must (not) have been handed out
 
 
 @dataclass(frozen=True)
@@ -146,7 +158,10 @@ class IntentUpdate:
     clear_next_lookup: bool = False  # next_lookup_at = NULL
     lookup_failures: int | None = None
     failure: JSON | _Unset = UNSET
-    failure_passed: bool | None = None
+    retry_for: str | _Unset | None = UNSET
+    failure_shared: bool | None = None
+    sent_by: str | _Unset = UNSET  # the execution that sends the attempt this starts
+    rely: bool = False  # reliance + 1: this change hands the result to a new relier
 
 
 @dataclass(frozen=True)
@@ -165,6 +180,9 @@ class HistoryRow:
     detail: JSON
     prev_digest: str | None
     digest: str
+    # The execution whose delivery made the transition (None: the sweep, an operator, or
+    # a row from before executions were named); covered by the digest when set.
+    execution_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +196,46 @@ class EffectRecord:
     # HMAC of the canonical request when the effect was given one (None otherwise): a
     # second run with another request is a conflict, not a replay. Added by the engine.
     fingerprint: str | None = None
+    reliance: int = 0
+    undo_by: str | None = None
+    compensated_at_ms: int | None = None
+
+
+class Reliance(str, enum.Enum):
+    """What handing a record's result to an execution found (``rely_on``)."""
+
+    RELIED = "RELIED"  # its reliance is on the record (noted now, or before)
+    UNDONE = "UNDONE"  # an undo claimed the record first: its result is no longer handed out
+    ABSENT = "ABSENT"  # no such record, or not settled as expected
+
+
+@dataclass(frozen=True)
+class RecordUser:
+    """One execution that used a record, as the record and the execution row say."""
+
+    execution_id: str
+    relied: bool  # the record's result was handed to it
+    completed_on: bool  # it completed while relying on the record (kept for it)
+    state: str | None  # its ExecutionState's value now; None once retention removed it
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class SharedRecord:
+    """An intent or a fenced effect with everything the decisions about the executions
+    that share it read (``core/shared_records.py``): one read of the store."""
+
+    kind: str  # INTENT_RECORD or EFFECT_RECORD
+    key: str
+    name: str
+    status: IntentStatus  # a fenced effect's record is COMPLETED: it exists
+    creator: str
+    sent_by: str | None  # an intent's current attempt's sender
+    reliance: int
+    undo_by: str | None
+    compensated: bool
+    users: tuple[RecordUser, ...]  # every execution that used it, its creator first
+    business_keyed: bool = True
 
 
 class StoreTransaction(Protocol):
@@ -213,6 +271,30 @@ class StoreTransaction(Protocol):
         (``kind="intent"``) or fenced effect (``"effect"``) under ``record_key``: retention
         keeps the record while that execution is not terminal, and settling the record
         re-drives it. Once per execution and record."""
+
+    def rely_on(
+        self, kind: str, record_key: str, execution_id: str, *, counted: bool = False
+    ) -> Reliance:
+        """Hand the record's result to ``execution_id``: its reliance is written on the
+        record (``reliance`` + 1, by a compare-and-set that fails once an undo claimed it:
+        ``UNDONE``) and its use marked relied, unless it relied already. ``counted``: the
+        caller's own compare-and-set (a settle) already counted it."""
+
+    def read_shared(self, kind: str, record_key: str) -> SharedRecord | None:
+        """The record and every execution that used it, with their states."""
+
+    def shared_records_of(self, execution_id: str) -> list[SharedRecord]:
+        """Every intent the execution created, sent an attempt of, or used."""
+
+    def claim_undo(self, kind: str, record_key: str, execution_id: str, reliance: int) -> bool:
+        """``undo_by = execution_id`` while no undo claimed the record and its reliance is
+        still ``reliance`` (no execution relied on it since it was read)."""
+
+    def mark_compensated(self, kind: str, record_key: str, execution_id: str) -> None:
+        """The undo ``execution_id`` claimed is done."""
+
+    def completed_on_records(self, execution_id: str) -> None:
+        """The execution completed: every record it relies on is kept for it."""
 
 
 class FencedTransaction(StoreTransaction, Protocol):

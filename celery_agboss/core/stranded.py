@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from dataclasses import replace
 from typing import Any, Protocol
 
 from celery_agboss.core import fault_points, sabotage
@@ -35,6 +36,7 @@ from celery_agboss.core.lookup import (
 )
 from celery_agboss.core.outbound import CallContext, Completed, NotSent, OutboundCall, Unknown
 from celery_agboss.core.store import (
+    INTENT_RECORD,
     IntentGuard,
     IntentRecord,
     IntentStatus,
@@ -44,10 +46,9 @@ from celery_agboss.core.store import (
 )
 from celery_agboss.core.transitions import (
     CallRef,
-    append_history,
-    cas,
     fault,
     masked_text,
+    transition,
 )
 from celery_agboss.errors import LookupFailed
 
@@ -87,11 +88,14 @@ def reconcile_stranded(
     sweeper_lease: LeaseRef | _HasRef,
     sweeper_ttl_ms: int | None = None,
     by: str = "sweep",
+    for_execution: str | None = None,
 ) -> StrandedOutcome:
     """Take a PENDING intent with no live owner under the sweeper's own lease and reconcile
     it. Never sends: the execution's next delivery does, through the key-age CAS.
 
-    ``by`` says who asked ("sweep", "cancel"…) in the history detail and the logs."""
+    ``by`` says who asked ("sweep", "cancel"…) in the history detail and the logs;
+    ``for_execution``, the execution whose delivery asks (a cancel's: it relies on what
+    the lookup finds), None for the sweep."""
     lease = sweeper_lease if isinstance(sweeper_lease, LeaseRef) else sweeper_lease.ref
     ttl = settings.lease_ttl_ms if sweeper_ttl_ms is None else sweeper_ttl_ms
     with store.fenced(lease, ttl) as tx:
@@ -108,25 +112,22 @@ def reconcile_stranded(
                 **ref.fields(attempt=record.attempt, reason="unknown-call"),
             )
             return StrandedOutcome.UNKNOWN_CALL
-        won = cas(
-            tx,
-            idempotency_key,
-            IntentGuard(IntentStatus.PENDING, record.attempt, record.owner, owner_not_live=True),
-            IntentUpdate(owner=lease),
-        )
-        if not won:
-            return StrandedOutcome.SKIPPED
-        append_history(
+        won = transition(
             tx,
             settings.pseudonym_key,
             idempotency_key,
+            IntentGuard(IntentStatus.PENDING, record.attempt, record.owner, owner_not_live=True),
+            IntentUpdate(owner=lease),
             HistoryEvent.TAKEN_FOR_RECONCILE,
             from_status=IntentStatus.PENDING,
             to_status=IntentStatus.PENDING,
             attempt=record.attempt,
             owner=lease,
             detail={"by": by, **previous_owner(record.owner)},
+            execution_id=for_execution,
         )
+        if not won:
+            return StrandedOutcome.SKIPPED
     attempt = record.attempt
     context = CallContext(idempotency_key, record.request, attempt, call.name)
     try:
@@ -143,7 +144,9 @@ def reconcile_stranded(
         attempt=attempt,
         answer=type(answer).__name__,
     )
-    return _settle_stranded(store, settings, lease, ttl, record, call, ref, answer, failure, by)
+    return _settle_stranded(
+        store, settings, lease, ttl, record, call, ref, answer, failure, by, for_execution
+    )
 
 
 def _settle_stranded(
@@ -157,8 +160,10 @@ def _settle_stranded(
     answer: Completed[Any] | NotSent | Unknown | None,
     failure: dict[str, Any] | None,
     by: str,
+    for_execution: str | None,
 ) -> StrandedOutcome:
     key = record.idempotency_key
+    relier = for_execution if record.business_key_handle is not None else None
     attempt = record.attempt
     guard = IntentGuard(IntentStatus.PENDING, attempt, lease)
     failures = record.lookup_failures + 1
@@ -166,6 +171,10 @@ def _settle_stranded(
         history: tuple[HistoryEvent, IntentStatus, dict[str, Any]]
         if isinstance(answer, Completed):
             stored_ok, update, gateway_id = completed_update(call, answer.result)
+            if relier is not None and stored_ok:
+                update = replace(update, rely=True)
+            else:
+                relier = None
             outcome = StrandedOutcome.COMPLETED
             event = (
                 HistoryEvent.RECONCILED_COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED
@@ -217,20 +226,23 @@ def _settle_stranded(
                 # the error's text is masked by the call's policy (error_detail)
                 {"by": by, "lookup_failures": failures, **(failure or {})},
             )
-        won = cas(tx, key, guard, update)
-        if won:
-            event, to_status, detail = history
-            append_history(
-                tx,
-                settings.pseudonym_key,
-                key,
-                event,
-                from_status=IntentStatus.PENDING,
-                to_status=to_status,
-                attempt=attempt,
-                owner=lease,
-                detail=detail,
-            )
+        event, to_status, detail = history
+        won = transition(
+            tx,
+            settings.pseudonym_key,
+            key,
+            guard,
+            update,
+            event,
+            from_status=IntentStatus.PENDING,
+            to_status=to_status,
+            attempt=attempt,
+            owner=lease,
+            detail=detail,
+            execution_id=for_execution,
+        )
+        if won and outcome is StrandedOutcome.COMPLETED and relier is not None:
+            tx.rely_on(INTENT_RECORD, key, relier, counted=True)
     if not won:
         return StrandedOutcome.SKIPPED
     fields = ref.fields(

@@ -67,9 +67,11 @@ def transition(
     attempt: int,
     owner: LeaseRef | None,
     detail: JSON = None,
+    execution_id: str | None = None,
 ) -> bool:
     """The guarded compare-and-set and, when it won, its history row; False when it lost
-    (someone else moved the intent first) and nothing was written."""
+    (someone else moved the intent first) and nothing was written. ``execution_id``: the
+    execution whose delivery makes the change (None for the sweep and operators)."""
     if not cas(tx, key, guard, update):
         return False
     append_history(
@@ -82,6 +84,7 @@ def transition(
         attempt=attempt,
         owner=owner,
         detail=detail,
+        execution_id=execution_id,
     )
     return True
 
@@ -97,6 +100,7 @@ def append_history(
     attempt: int,
     owner: LeaseRef | None,
     detail: JSON = None,
+    execution_id: str | None = None,
 ) -> None:
     """Chain one row to the intent's history (call it after the CAS, which locked the row)."""
     row = next_history_row(
@@ -111,6 +115,7 @@ def append_history(
         holder=None if owner is None else owner.holder,
         token=None if owner is None else owner.token,
         detail=detail if detail is not None else {},
+        execution_id=execution_id,
     )
     tx.append_history(row)
 

@@ -22,6 +22,7 @@ from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.fenced_effects import effect_key
 from celery_agboss.core.keys import business_key, fit_key, validate_business_key
 from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.store import EFFECT_RECORD, INTENT_RECORD
 from celery_agboss.errors import ConfigurationError
 
 UndoFunction = Callable[..., Any]
@@ -111,7 +112,9 @@ class StepTrail:
     """One delivery's last completed step, and its count of effects keyed by position."""
 
     last_step: str | None = None
+    last_kind: str | None = None  # the last step's record: an intent or a fenced effect
     effects: dict[str, int] = field(default_factory=dict)
+    step_undos: dict[str, int] = field(default_factory=dict)  # undo_with() calls per step
     declared: int = 0  # declarations this delivery wrote or found
     earlier_deliveries: bool = False  # another delivery may have declared undos
 
@@ -142,7 +145,8 @@ def outbound_step(
     else:
         new = ctx.reached_keys() - before
         key = next(iter(new)) if len(new) == 1 else None
-    trail_of(ctx).last_step = key
+    trail = trail_of(ctx)
+    trail.last_step, trail.last_kind = key, INTENT_RECORD
 
 
 @contextmanager
@@ -158,6 +162,7 @@ def effect_step(ctx: ExecutionContext, name: str, business_key_text: str | None)
     trail.last_step = effect_key(
         ctx.settings, ctx.execution_id, name, business_key_text, occurrence
     )
+    trail.last_kind = EFFECT_RECORD
 
 
 __all__ = [

@@ -124,6 +124,7 @@ def reconcile_for_cancel(agboss: Runtime, ctx: ExecutionContext) -> CancelReadin
             sweeper_lease=me,
             sweeper_ttl_ms=ttl_ms,
             by=RECONCILED_BY,
+            for_execution=ctx.execution_id,
         )
         if outcome is StrandedOutcome.COMPLETED:
             continue
@@ -180,6 +181,7 @@ def _settle_not_sent(agboss: Runtime, ctx: ExecutionContext, key: str) -> Cancel
             IntentGuard(IntentStatus.PENDING, intent.attempt, None),
             by=RECONCILED_BY,
             actor=ctx.lease_ref,
+            execution_id=ctx.execution_id,
         )
     return _READINESS_AFTER[ended]
 

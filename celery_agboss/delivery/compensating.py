@@ -38,22 +38,27 @@ from celery_agboss.core.compensation import (
     read_declarations,
     read_started,
     run_undos,
+    step_notes,
     task_undo_runner,
     trail_of,
     undo_registry,
-    undone_intents,
 )
-from celery_agboss.core.executions import DeliveryStart, ExecutionRecord, ExecutionState
+from celery_agboss.core.executions import (
+    UNDO_WAITS,
+    DeliveryStart,
+    ExecutionRecord,
+    ExecutionState,
+)
 from celery_agboss.core.log_events import (
     EXECUTION_COMPENSATING,
     EXECUTION_FAILED,
+    EXECUTION_WAITING,
     EXECUTION_WAITING_OPERATOR,
     log_event,
 )
-from celery_agboss.core.store import IntentStatus
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, encode_error
-from celery_agboss.delivery.verdicts import Fail, ForOperator
+from celery_agboss.delivery.verdicts import Fail, ForOperator, UndoWait
 from celery_agboss.errors import (
     AGBossSignal,
     ExecutionFencedError,
@@ -62,8 +67,9 @@ from celery_agboss.errors import (
     OutboundCallUnreconciledError,
     PauseRequested,
     StoreError,
+    UndoMustWait,
 )
-from celery_agboss.task_events import TASK_PAUSED, TASK_UNRECONCILED
+from celery_agboss.task_events import TASK_PAUSED, TASK_UNRECONCILED, TASK_WAITING
 
 UNDO_ON_ANY_FAILURE = sabotage.register("undo-on-any-failure")
 """Sabotage (P5): a delivery that ended without a verdict (a hard time limit, a kill)
@@ -108,15 +114,25 @@ def resume_undo(d: DeliveryLike, start: DeliveryStart) -> None:
     _end_failed(d, started)
 
 
-def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> None:
+def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> str:
     """The body failed for real, every send settled: its undos, before ``FAILED`` is
-    written (by the caller). Returns at once when none was declared, or when an intent
-    is pending (no undo then: the execution waits for an operator instead)."""
+    written (by the caller, with the reason returned: ``reason`` and the shared steps it
+    left alone). Returns at once when none was declared, or when an intent is pending
+    (no undo then: the execution waits for an operator instead)."""
     if sabotage.active(FAILURE_SKIPS_UNDO):
-        return
+        return reason
     declarations = _declarations(d)
     if declarations and _start(d, CompensationStarted(FAILURE, reason, error), len(declarations)):
         _run(d, declarations, FAILURE)
+    return _with_notes(d, reason)
+
+
+def _with_notes(d: DeliveryLike, reason: str) -> str:
+    """The execution's reason, naming the shared steps its undos left alone ("step … kept
+    for <execution>", "undone by <execution>")."""
+    ctx = d._context()
+    notes = step_notes(ctx.settings, ctx.decisions) if isinstance(ctx, UndoContext) else []
+    return "; ".join([reason, *notes])[:1000]
 
 
 def undo_before_cancel(d: DeliveryLike, reason: str) -> ExecutionRecord | None:
@@ -127,7 +143,7 @@ def undo_before_cancel(d: DeliveryLike, reason: str) -> ExecutionRecord | None:
     if not declarations or not _start(d, started, len(declarations)):
         return None
     _run(d, declarations, CANCEL)
-    return _end_cancel(d, declarations, reason)
+    return _end_cancel(d, reason)
 
 
 # --- the steps -----------------------------------------------------------------------------
@@ -202,6 +218,8 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
         d._release()
         d._event(TASK_PAUSED, pause_id=f"{d.execution_id}:{exc.name}")
         raise Ignore() from None
+    except UndoMustWait as exc:
+        _wait_for_other(d, exc)
     except ExecutionFencedError as exc:
         d._fenced(exc)
     except (
@@ -221,6 +239,22 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
         raise
 
 
+def _wait_for_other(d: DeliveryLike, wait: UndoMustWait) -> NoReturn:
+    """A step to undo is one another execution still uses: this execution stays
+    ``COMPENSATING`` (so that one never waits for it in turn) and is re-driven once the
+    wait is over, to decide again; the wait is planned, not a recovery."""
+    if not d._settle_sends():
+        d._abandon()
+        raise Ignore() from None
+    delay_ms = d.agboss.executions.shared_wait_ms
+    reason = f"{UNDO_WAITS}: execution {wait.other} still uses a step to undo"
+    d._verdict(UndoWait(delay_ms, reason))
+    d._release()
+    d._log(EXECUTION_WAITING, reason="undo-waits", other=wait.other, delay=delay_ms / 1000)
+    d._event(TASK_WAITING, reason=reason, delay=delay_ms / 1000)
+    raise Ignore() from None
+
+
 def _undo_failed(d: DeliveryLike, step: UndoStep | None, exc: Exception) -> NoReturn:
     """An undo raised: money moved and was not given back, so a person decides (the
     undo is not marked done: a re-drive runs it again)."""
@@ -238,9 +272,10 @@ def _undo_failed(d: DeliveryLike, step: UndoStep | None, exc: Exception) -> NoRe
 
 
 def _end_failed(d: DeliveryLike, started: CompensationStarted) -> NoReturn:
-    """``FAILED`` with the original failure, raised again for Celery (FAILURE, errbacks)."""
+    """``FAILED`` with the original failure, raised again for Celery (FAILURE, errbacks);
+    its reason names the shared steps it left alone ("kept for <execution>")."""
     error = started.error or encode_error(RuntimeError(started.reason))
-    record = d._conclude(Fail(error, started.reason))
+    record = d._conclude(Fail(error, _with_notes(d, started.reason)))
     if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
         d._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
         d._event(TASK_UNRECONCILED, reason=record.reason)
@@ -249,21 +284,14 @@ def _end_failed(d: DeliveryLike, started: CompensationStarted) -> NoReturn:
     raise decode_error(error)
 
 
-def _end_cancel(
-    d: DeliveryLike, declarations: list[UndoDeclaration], reason: str
-) -> ExecutionRecord | None:
-    """``CANCELLED`` when the undos took care of every call of it that completed."""
+def _end_cancel(d: DeliveryLike, reason: str) -> ExecutionRecord | None:
+    """The cancel's end once its undos ran: ``CANCELLED`` when every payment of it is
+    accounted for (undone, kept for another execution), else a wait or a person — the
+    store's ``cancel_in``, by the one rule (``shared_records.cancel_decision``)."""
     ctx = d._context()
     try:
-        with d.agboss.store.read_transaction() as tx:
-            completed = {
-                intent.idempotency_key
-                for intent in tx.list_intents(ctx.execution_id)
-                if intent.status is IntentStatus.COMPLETED
-            }
-            covered = undone_intents(tx, declarations)
         with ctx.fenced() as ftx:
-            return d.agboss.executions.cancel_in(ftx, reason, payments_handled=completed <= covered)
+            return d.agboss.executions.cancel_in(ftx, reason)
     except ExecutionFencedError as exc:
         d._fenced(exc)
     except StoreError as exc:

@@ -89,6 +89,7 @@ from celery_agboss.task_events import (
     TASK_REFUSED,
     TASK_REPLAYED,
     TASK_UNRECONCILED,
+    TASK_WAITING,
     send_agboss_event,
 )
 
@@ -213,6 +214,7 @@ class Delivery:
             event = {
                 ExecutionState.PAUSED: TASK_PAUSED,
                 ExecutionState.PARKED: TASK_PARKED,
+                ExecutionState.WAITING: TASK_WAITING,  # a cancel waits for another execution
             }.get(record.state, TASK_UNRECONCILED)
             self._log(EXECUTION_WAITING, state=record.state.value)
             self._event(event, state=record.state.value)
@@ -308,8 +310,8 @@ class Delivery:
         if self._cancel_requested_now():
             self._cancel()
         error = encode_error(exc, self._context().mask_error_text)
-        undo_after_failure(self, error, type(exc).__name__)  # the declared undos, first
-        record = self._conclude(Fail(error, type(exc).__name__))
+        reason = undo_after_failure(self, error, type(exc).__name__)  # the undos, first
+        record = self._conclude(Fail(error, reason))
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc).__name__)
             self._event(TASK_UNRECONCILED, reason="failed while an outbound call is pending")

@@ -24,7 +24,6 @@ class Finish:
     def write_in(
         self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
     ) -> ExecutionRecord:
-        ctx.pass_failures(tx)
         return executions.finish_in(tx, self.result, ctx.reached_keys())
 
 
@@ -43,15 +42,20 @@ class Fail:
 
 @dataclass(frozen=True)
 class Wait:
-    """``WAITING`` until ``now + delay_ms``; with ``message``, what the sweep publishes then."""
+    """``WAITING`` until ``now + delay_ms``; with ``message``, what the sweep publishes then.
+    ``retry_asked``: the body asked for this retry (``self.retry()``, ``autoretry_for``),
+    which authorises sending again the definite failures that ended the delivery."""
 
     delay_ms: int
     reason: str
     message: ExecutionMessage | None = None
+    retry_asked: bool = False
 
     def write_in(
         self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
     ) -> ExecutionRecord:
+        if self.retry_asked:
+            ctx.authorise_retries(tx)
         return executions.wait_in(tx, self.delay_ms, self.reason, self.message)
 
 
@@ -69,6 +73,20 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class UndoWait:
+    """Still ``COMPENSATING``, re-driven after ``delay_ms``: an undo waits for another
+    execution that still uses a step it shares (a planned wait, not a recovery)."""
+
+    delay_ms: int
+    reason: str
+
+    def write_in(
+        self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
+    ) -> ExecutionRecord:
+        return executions.undo_wait_in(tx, self.delay_ms, self.reason)
+
+
+@dataclass(frozen=True)
 class ForOperator:
     """``WAITING_OPERATOR``: a person decides; nothing runs until then."""
 
@@ -80,8 +98,8 @@ class ForOperator:
         return executions.waiting_operator_in(tx, self.reason)
 
 
-Verdict = Finish | Fail | Wait | Cancel | ForOperator
+Verdict = Finish | Fail | Wait | UndoWait | Cancel | ForOperator
 """Every verdict there is."""
 
 
-__all__ = ["Cancel", "Fail", "Finish", "ForOperator", "Verdict", "Wait"]
+__all__ = ["Cancel", "Fail", "Finish", "ForOperator", "UndoWait", "Verdict", "Wait"]

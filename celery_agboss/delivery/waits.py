@@ -122,7 +122,7 @@ def retry_requested(d: DeliveryLike, exc: Retry) -> NoReturn:
     counts it lost; a wake re-publishes that message (it was consumed) at its ETA.
     """
     delay = seconds_until(exc.when)
-    d._verdict(Wait(sweep_after_ms(d.settings, delay), "retry"))
+    d._verdict(Wait(sweep_after_ms(d.settings, delay), "retry", retry_asked=True))
     d._log(EXECUTION_WAITING, reason="retry", delay=delay)
     d._release()
     raise exc
@@ -134,7 +134,9 @@ def retry_not_published(d: DeliveryLike, exc: RetryNotPublished) -> NoReturn:
     countdown is over (no message is on its way); this one is acknowledged, nothing
     says FAILURE."""
     message = message_after_wait(d.task.name, d.request, exc)
-    d._verdict(Wait(round(exc.delay_seconds * 1000), "retry not published", message))
+    d._verdict(
+        Wait(round(exc.delay_seconds * 1000), "retry not published", message, retry_asked=True)
+    )
     d._log(
         EXECUTION_WAITING,
         logging.WARNING,
@@ -151,7 +153,7 @@ def long_wait(d: DeliveryLike, wait: LongWaitRequested) -> NoReturn:
     the message the sweep publishes then; nothing waits in the broker."""
     message = message_after_wait(d.task.name, d.request, wait)
     delay_ms = round(wait.delay_seconds * 1000)
-    d._verdict(Wait(delay_ms, "retry", message))
+    d._verdict(Wait(delay_ms, "retry", message, retry_asked=True))
     d._log(EXECUTION_WAITING, reason="retry", delay=wait.delay_seconds)
     d._release()
     d._event(TASK_WAITING, reason="retry", delay=wait.delay_seconds)

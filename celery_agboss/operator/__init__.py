@@ -26,10 +26,12 @@ from celery_agboss.operator.common import default_actor
 from celery_agboss.operator.reading import (
     Description,
     OperatorWait,
+    SharedWait,
     describe,
     list_executions,
     list_pauses,
     list_pending,
+    list_shared_waits,
     list_waits,
 )
 from celery_agboss.operator.resolving import OPERATOR_RESULT_UNCHECKED, ResolveResult, resolve
@@ -39,6 +41,7 @@ __all__ = [
     "Description",
     "OperatorWait",
     "ResolveResult",
+    "SharedWait",
     "UnparkResult",
     "accept",
     "answer_pause",
@@ -48,6 +51,7 @@ __all__ = [
     "list_executions",
     "list_pauses",
     "list_pending",
+    "list_shared_waits",
     "list_waits",
     "redrive",
     "redrive_now",

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_agboss.core.executions import (
+    CANCEL_WAITS,
     CANCELLED_AFTER_PAYMENT,
     DIVERGENCE,
+    UNDO_WAITS,
     AuditEntry,
     ExecutionRecord,
     ExecutionState,
@@ -117,6 +119,30 @@ def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
         else:
             ends = f"celery -A proj agboss redrive {record.id} --reason TEXT"
         waits.append(OperatorWait(record, keys, ends))
+    return waits
+
+
+@dataclass(frozen=True)
+class SharedWait:
+    """An execution waiting for another one that shares a record with it: a cancel, or an
+    undo, of a step the other still uses. It ends by itself when the other one ends
+    (re-driven, it then keeps the step for it, undoes it, or asks a person)."""
+
+    execution: ExecutionRecord
+    other: str  # the execution it waits for
+
+
+def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
+    """Every execution that waits for another one on a shared record."""
+    records = _agboss(app).executions.list_executions(
+        [ExecutionState.WAITING, ExecutionState.COMPENSATING], limit=limit
+    )
+    waits = []
+    for record in records:
+        reason = record.reason or ""
+        if reason.startswith((CANCEL_WAITS, UNDO_WAITS)):
+            other = reason.split("execution ", 1)[-1].split(" ", 1)[0]
+            waits.append(SharedWait(record, other))
     return waits
 
 

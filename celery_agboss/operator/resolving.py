@@ -141,6 +141,9 @@ def resolve(
         if not_sent:
             decision = "not-sent"
             to_status = IntentStatus.FAILED
+            # FAILED with no failure: no body was handed one, so no body took another path
+            # on it, and the next execution that reaches it sends it under the same key
+            # (DESIGN §4, claim step 1: ``shared_records.failure_claim``).
             update = IntentUpdate(
                 status=IntentStatus.FAILED,
                 owner=None,
@@ -148,6 +151,8 @@ def resolve(
                 operator_reason=f"resolved by {who}: not sent",
                 not_sent_confirmed=True,
                 clear_next_lookup=True,
+                failure=None,
+                retry_for=None,
             )
         else:
             decision = "completed"

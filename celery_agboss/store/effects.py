@@ -27,6 +27,9 @@ def read_txn(conn: Connection, key: str) -> EffectRecord | None:
         token=int(row.token),
         created_at_ms=int(row.created_at_ms),
         fingerprint=row.fingerprint,
+        reliance=int(row.reliance),
+        undo_by=row.undo_by,
+        compensated_at_ms=row.compensated_at_ms,
     )
 
 
@@ -41,6 +44,7 @@ def insert_txn(conn: Connection, record: EffectRecord, *, offset_ms: int = 0) ->
             result=dumps(record.result),
             token=record.token,
             fingerprint=record.fingerprint,
+            reliance=record.reliance,
             created_at_ms=now_expr(conn, offset_ms),
         )
         .returning(_e.key)

@@ -151,8 +151,11 @@ class ExecutionAdminVerbs(PauseVerbs):
             # a REQUESTED one's message, or a waiting one's retry message, was lost
             # (counted here). The planned end of a wait (a long retry, an answered pause,
             # an operator's decision) is no recovery.
-            taken_over = record.state in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
             planned = record.redrive_planned and not sabotage.active(PLANNED_WAITS_COUNTED)
+            taken_over = (
+                record.state in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
+                and not planned
+            )
             counted = not taken_over and not planned
             if (taken_over or counted) and record.recovery_count + 1 > max_recovery_attempts:
                 self._park(tx, execution_id, record.recovery_count, max_recovery_attempts)
@@ -162,7 +165,9 @@ class ExecutionAdminVerbs(PauseVerbs):
                 execution_id,
                 recovery_count=_e.recovery_count + (1 if counted else 0),
                 wake_requested=False,
-                redrive_planned=False,
+                # An undo's planned wait is read again by the delivery it leads to: no
+                # take-over either (start_delivery).
+                redrive_planned=planned and record.state is ExecutionState.COMPENSATING,
                 not_before_ms=tx.now_expr() + max(0, next_redrive_delay_ms),
             )
             return RedriveDecision(True, False, self._require(tx, execution_id))

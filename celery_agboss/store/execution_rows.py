@@ -11,14 +11,17 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.executions import (
+    CANCEL_WAITS,
     CANCELLED_AFTER_PAYMENT,
     TERMINAL_STATES,
     ExecutionMessage,
     ExecutionRecord,
     ExecutionState,
 )
+from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.store import IntentStatus, StoreTransaction
 from celery_agboss.errors import ExecutionIdConflictError
+from celery_agboss.store.codec import loads
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
@@ -32,6 +35,8 @@ _i = outbound_calls.c
 _f = fenced_effects.c
 
 TERMINAL_VALUES = [state.value for state in TERMINAL_STATES]
+
+SHARED_WAIT_MS = 30_000
 
 
 def record_of(row: Row[Any]) -> ExecutionRecord:
@@ -126,14 +131,6 @@ def pending_intent_of(execution_id: Any) -> ColumnElement[bool]:
     return exists().where(_pending_predicate(execution_id))
 
 
-def completed_call_of(execution_id: Any) -> ColumnElement[bool]:
-    """The execution completed an outbound call (money may have moved): a cancel then
-    never ends it silently ``CANCELLED`` (DESIGN §2.2)."""
-    return exists().where(
-        _i.execution_id == execution_id, _i.status == IntentStatus.COMPLETED.value
-    )
-
-
 def refuse_another_task(record: ExecutionRecord, task_name: str) -> None:
     """An execution id belongs to one task name (DESIGN §2.1)."""
     if record.task_name != task_name and not sabotage.active(TASK_NAME_NOT_CHECKED):
@@ -197,8 +194,11 @@ def _insert_requested_statement(conn: Connection, offset_ms: int) -> Any:
 class ExecutionRows:
     """The helpers every execution verb uses, on a ``SQLAlchemyStore``."""
 
-    def __init__(self, store: SQLAlchemyStore) -> None:
+    def __init__(self, store: SQLAlchemyStore, *, shared_wait_ms: int = SHARED_WAIT_MS) -> None:
         self.store = store
+        # How long an execution that waits for another one on a shared record waits
+        # before it looks again (re-driven by the sweep).
+        self.shared_wait_ms = shared_wait_ms
 
     def _read(
         self, tx: SQLTransaction, execution_id: str, *, lock: bool = False
@@ -240,16 +240,19 @@ class ExecutionRows:
         ).all()
         return [str(row.idempotency_key) for row in rows]
 
-    def _completed_payment(self, tx: SQLTransaction, execution_id: str) -> bool:
-        """The execution completed a call that left the system (``completed_call_of``)."""
-        return bool(tx.execute(select(completed_call_of(execution_id))).scalar())
-
-    def _declared_undo(self, tx: SQLTransaction, execution_id: str) -> bool:
-        """The execution declared an undo (``core.compensation``'s declaration records)."""
-        declared = exists().where(
-            _f.execution_id == execution_id, _f.name == compensation.UNDO_RECORD
-        )
-        return bool(tx.execute(select(declared)).scalar())
+    def _undo_declarations(
+        self, tx: SQLTransaction, execution_id: str
+    ) -> list[compensation.UndoDeclaration]:
+        """The undos the execution declared (``core.compensation``'s declaration records)."""
+        rows = tx.execute(
+            select(_f.result).where(
+                _f.execution_id == execution_id, _f.name == compensation.UNDO_RECORD
+            )
+        ).all()
+        values = [loads(row.result) for row in rows]
+        return [
+            compensation.declaration_of(0, value) for value in values if isinstance(value, dict)
+        ]
 
     def _insert_requested(self, tx: SQLTransaction, message: ExecutionMessage) -> bool:
         """Record the execution ``REQUESTED`` unless it is there (the publish record)."""
@@ -273,6 +276,8 @@ class ExecutionRows:
             wake_requested=False,
             **values,
         )
+        if state is ExecutionState.COMPLETED:
+            tx.completed_on_records(execution_id)  # what it relies on is kept for it
 
     def _end_cancelled(
         self,
@@ -281,45 +286,63 @@ class ExecutionRows:
         reason: str,
         *,
         payments_handled: bool = False,
-        undo_first: bool = True,
+        undos_ran: bool = False,
     ) -> ExecutionRecord:
         """The end of a cancel request, once nothing is pending and no lease is live (the
-        caller checked both under the row locks): ``CANCELLED`` — or, when an outbound call
-        of the execution completed (money moved) and no operator said it was handled,
-        ``COMPENSATING`` when it declared undos (``undo_first``: a delivery runs them, then
-        cancels it), else ``WAITING_OPERATOR`` "cancelled after a completed payment", listed
-        by ``agboss pending`` until an operator settles it."""
+        caller checked both under the row locks), as ``shared_records.cancel_decision``
+        rules from its payments: ``CANCELLED``; ``COMPENSATING`` when its undos must run
+        first (a delivery runs them, then cancels it); ``WAITING`` while another execution
+        still uses one of its payments; or ``WAITING_OPERATOR`` "cancelled after a
+        completed payment", listed by ``agboss pending`` until an operator settles it.
+        ``payments_handled``: an operator says the payments are dealt with;
+        ``undos_ran``: the delivery that ran its undos ends it."""
         reason = reason[:900]
-        if not payments_handled and self._completed_payment(tx, execution_id):
-            if undo_first and self._declared_undo(tx, execution_id):
-                self._set(
-                    tx,
-                    execution_id,
-                    state=ExecutionState.COMPENSATING.value,
-                    not_before_ms=None,
-                    cancel_requested=True,
-                    cancel_reason=func.coalesce(_e.cancel_reason, reason),
-                    reason=f"cancel requested; its undos run first: {reason}",
-                )
-                return self._require(tx, execution_id)
+        cancel = {
+            "cancel_requested": True,
+            "cancel_reason": func.coalesce(_e.cancel_reason, reason),
+        }
+        step = CancelStep.CANCEL
+        if not payments_handled:
+            declarations = self._undo_declarations(tx, execution_id)
+            decision = cancel_decision(
+                tx.shared_records_of(execution_id),
+                execution_id,
+                undoable={d.step_key for d in declarations},
+                undone=compensation.intents_made_by_undos(tx, declarations),
+                undos_ran=undos_ran,
+            )
+            step = decision.step
+        if step is CancelStep.CANCEL:
+            self._terminal(tx, execution_id, ExecutionState.CANCELLED, reason=reason, **cancel)
+        elif step is CancelStep.UNDO_FIRST:
+            self._set(
+                tx,
+                execution_id,
+                state=ExecutionState.COMPENSATING.value,
+                not_before_ms=None,
+                reason=f"cancel requested; its undos run first: {reason}",
+                **cancel,
+            )
+        elif step is CancelStep.WAIT:
+            self._set(
+                tx,
+                execution_id,
+                state=ExecutionState.WAITING.value,
+                not_before_ms=tx.now_expr() + self.shared_wait_ms,
+                redrive_planned=True,
+                wake_requested=False,
+                reason=f"{CANCEL_WAITS}: execution {decision.other} still uses a payment of it",
+                **cancel,
+            )
+        else:
             self._set(
                 tx,
                 execution_id,
                 state=ExecutionState.WAITING_OPERATOR.value,
                 not_before_ms=None,
                 wake_requested=False,
-                cancel_requested=True,
-                cancel_reason=func.coalesce(_e.cancel_reason, reason),
                 reason=f"{CANCELLED_AFTER_PAYMENT}: {reason}",
-            )
-        else:
-            self._terminal(
-                tx,
-                execution_id,
-                ExecutionState.CANCELLED,
-                cancel_requested=True,
-                cancel_reason=func.coalesce(_e.cancel_reason, reason),
-                reason=reason,
+                **cancel,
             )
         return self._require(tx, execution_id)
 
@@ -340,7 +363,6 @@ __all__ = [
     "PENDING_INTENT_NARROW",
     "TASK_NAME_NOT_CHECKED",
     "ExecutionRows",
-    "completed_call_of",
     "lease_live",
     "message_values",
     "newer_or_same",

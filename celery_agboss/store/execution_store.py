@@ -33,7 +33,8 @@ from celery_agboss.core.executions import (
     execution_scope,
 )
 from celery_agboss.core.protections import DIVERGENCE_COMPLETED
-from celery_agboss.core.store import FencedTransaction, IntentStatus, LeaseRef
+from celery_agboss.core.shared_records import diverged
+from celery_agboss.core.store import FencedTransaction, LeaseRef
 from celery_agboss.store.execution_admin_verbs import ExecutionAdminVerbs
 from celery_agboss.store.execution_rows import (
     message_values,
@@ -44,7 +45,6 @@ from celery_agboss.store.execution_rows import (
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions, pauses
 from celery_agboss.store.statement_cache import built_once
-from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _p = pauses.c
@@ -110,8 +110,12 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
                 kept = message_values(message) if newer_or_same(message, record) else {}
                 self._set(tx, execution_id, wake_requested=True, **kept)
                 return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
-            # The previous delivery never said how it ended: this is a take-over.
-            took_over = record.state in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
+            # The previous delivery never said how it ended: this is a take-over (not the
+            # planned end of an undo's wait for another execution).
+            took_over = (
+                record.state in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
+                and not record.redrive_planned
+            )
             if took_over and record.recovery_count + 1 > max_recovery_attempts:
                 self._park(tx, execution_id, record.recovery_count, max_recovery_attempts)
                 return DeliveryStart(StartKind.PARKED, self._require(tx, execution_id))
@@ -159,10 +163,14 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         if sabotage.active(DIVERGENCE_COMPLETED):
             self._terminal(t, execution_id, ExecutionState.COMPLETED, result=result, reason=None)
             return self._require(t, execution_id)
-        unreached = [] if reached is None else self._unreached(t, execution_id, reached)
+        unreached = (
+            []
+            if reached is None
+            else diverged(t.shared_records_of(execution_id), reached, execution_id)
+        )
         if unreached:
-            names = ", ".join(sorted({name for _, name in unreached}))
-            keys = ", ".join(key for key, _ in unreached)
+            names = ", ".join(sorted({record.name for record in unreached}))
+            keys = ", ".join(record.key for record in unreached)
             reason = (
                 f"{DIVERGENCE}: the body no longer calls {names}; an earlier delivery "
                 f"did, and it may have charged ({keys})"
@@ -181,24 +189,6 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             reason=reason[:1000],
         )
         return self._require(t, execution_id)
-
-    def _unreached(
-        self, t: SQLTransaction, execution_id: str, reached: Collection[str]
-    ) -> list[tuple[str, str]]:
-        """``(key, call name)`` of the execution's own intents, pending or completed, that
-        the keys in ``reached`` do not name."""
-        rows = t.execute(
-            select(_i.idempotency_key, _i.name).where(
-                _i.execution_id == execution_id,
-                _i.status.in_([IntentStatus.PENDING.value, IntentStatus.COMPLETED.value]),
-            )
-        ).all()
-        wanted = set(reached)
-        return [
-            (str(r.idempotency_key), str(r.name))
-            for r in rows
-            if str(r.idempotency_key) not in wanted
-        ]
 
     def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
         """``FAILED`` with the stored failure — unless the execution owns a PENDING intent:
@@ -245,6 +235,21 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         )
         return self._require(t, execution_id)
 
+    def undo_wait_in(self, tx: FencedTransaction, delay_ms: int, reason: str) -> ExecutionRecord:
+        """Still ``COMPENSATING`` (another execution deciding about the shared step sees it
+        undoing, so it never waits for this one), due at ``now + delay_ms``; the sweep's
+        re-drive then is planned: neither a take-over nor a recovery counted."""
+        t, execution_id = sql(tx), tx.lease.scope
+        self._set_unless_terminal(
+            t,
+            execution_id,
+            state=ExecutionState.COMPENSATING.value,
+            not_before_ms=t.now_expr() + max(0, delay_ms),
+            reason=reason[:1000],
+            redrive_planned=True,
+        )
+        return self._require(t, execution_id)
+
     def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
         """``WAITING_OPERATOR``: an operator decides; nothing runs until then."""
         t, execution_id = sql(tx), tx.lease.scope
@@ -275,7 +280,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             execution_id,
             record.cancel_reason or reason,
             payments_handled=payments_handled,
-            undo_first=False,
+            undos_ran=True,
         )
 
     def compensating_in(

@@ -85,7 +85,12 @@ def _record(row: Row[Any]) -> IntentRecord:
         next_lookup_at_ms=m["next_lookup_at_ms"],
         lookup_failures=int(m["lookup_failures"]),
         failure=None if m["failure"] is None else loads(m["failure"]),
-        failure_passed=bool(m["failure_passed"]),
+        retry_for=m["retry_for"],
+        failure_shared=bool(m["failure_shared"]),
+        sent_by=m["sent_by"],
+        reliance=int(m["reliance"]),
+        undo_by=m["undo_by"],
+        compensated_at_ms=m["compensated_at_ms"],
     )
 
 
@@ -115,6 +120,7 @@ def insert_txn(conn: Connection, intent: NewIntent, *, offset_ms: int = 0) -> bo
         "owner_scope": intent.owner.scope,
         "owner_holder": intent.owner.holder,
         "owner_token": intent.owner.token,
+        "sent_by": intent.execution_id,
         "needs_operator": False,
         "not_sent_confirmed": False,
         "lookup_failures": 0,
@@ -144,7 +150,9 @@ def guard_predicate(guard: IntentGuard, now: ColumnElement[int]) -> list[ColumnE
         _i.status == guard.status.value,
         _i.attempt == guard.attempt,
     ]
-    if guard.owner is None:
+    if guard.any_owner:
+        pass
+    elif guard.owner is None:
         clauses += [_i.owner_scope.is_(None), _i.owner_holder.is_(None), _i.owner_token.is_(None)]
     else:
         clauses += [
@@ -157,6 +165,13 @@ def guard_predicate(guard: IntentGuard, now: ColumnElement[int]) -> list[ColumnE
     if guard.max_key_age_ms is not None:
         clauses.append(_i.first_attempt_at_ms.is_not(None))
         clauses.append(now - _i.first_attempt_at_ms < guard.max_key_age_ms)
+    if guard.sent_by is not None:
+        clauses.append(_i.sent_by == guard.sent_by)
+    if guard.failure_shared is not None:
+        clauses.append(_i.failure_shared == guard.failure_shared)
+    if guard.retry_for is not UNSET:
+        retry_for = guard.retry_for
+        clauses.append(_i.retry_for.is_(None) if retry_for is None else _i.retry_for == retry_for)
     return clauses
 
 
@@ -197,8 +212,14 @@ def _values(update_: IntentUpdate, now: ColumnElement[int]) -> dict[str, Any]:
         values["lookup_failures"] = update_.lookup_failures
     if update_.failure is not UNSET:
         values["failure"] = None if update_.failure is None else dumps(update_.failure)
-    if update_.failure_passed is not None:
-        values["failure_passed"] = update_.failure_passed
+    if update_.retry_for is not UNSET:
+        values["retry_for"] = update_.retry_for
+    if update_.failure_shared is not None:
+        values["failure_shared"] = update_.failure_shared
+    if update_.sent_by is not UNSET:
+        values["sent_by"] = update_.sent_by
+    if update_.rely:
+        values["reliance"] = _i.reliance + 1
     return values
 
 
@@ -305,6 +326,7 @@ def _history(row: Row[Any]) -> HistoryRow:
         detail=loads(m["detail"]),
         prev_digest=m["prev_digest"],
         digest=m["digest"],
+        execution_id=m["execution_id"],
     )
 
 
@@ -321,6 +343,7 @@ _HISTORY_COLUMNS = [
     _h.detail,
     _h.prev_digest,
     _h.digest,
+    _h.execution_id,
 ]
 
 

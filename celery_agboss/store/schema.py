@@ -64,6 +64,19 @@ def _sweeper_rows(column: str) -> TextClause:
     return _partial(f"{column} LIKE '{SWEEPER_SCOPE_PATTERN}'")
 
 
+def _sharing_columns() -> list[Column[object]]:
+    """What a business-keyed record says about the executions that share it (an intent's
+    and a fenced effect's alike): ``reliance`` counts the times its result was handed to
+    an execution that had not relied on it yet (each in the compare-and-set that hands it
+    out), and an undo starts only by a compare-and-set that matches the count it read,
+    with ``undo_by`` still empty; ``compensated_at_ms``: that undo is done."""
+    return [
+        Column("reliance", Integer, nullable=False, server_default="0"),
+        Column("undo_by", KEY, nullable=True),
+        Column("compensated_at_ms", BigInteger, nullable=True),
+    ]
+
+
 leases = Table(
     "agboss_leases",
     metadata,
@@ -110,11 +123,17 @@ outbound_calls = Table(
     Column("not_sent_confirmed", Boolean, nullable=False, server_default=false()),
     Column("next_lookup_at_ms", BigInteger, nullable=True),
     Column("lookup_failures", Integer, nullable=False, server_default="0"),
-    # A definite failure as the store keeps it (type, masked text, masked arguments), and
-    # whether the body went past it in a delivery: then a re-run raises it again instead
-    # of sending again (DESIGN §4, "what a re-run replays").
+    # A definite failure as the store keeps it (type, masked text, masked arguments): a
+    # re-run raises it again rather than sending again ("what a re-run replays"), unless
+    # ``retry_for`` names the execution a retry authorised to send it again; once it was
+    # handed to another execution than its sender (``failure_shared``), never.
     Column("failure", Text, nullable=True),
-    Column("failure_passed", Boolean, nullable=False, server_default=false()),
+    Column("retry_for", KEY, nullable=True),
+    Column("failure_shared", Boolean, nullable=False, server_default=false()),
+    # The execution whose delivery sent the current attempt: it moved the money when
+    # that attempt completed (docs/design.md, "records several executions share").
+    Column("sent_by", KEY, nullable=False),
+    *_sharing_columns(),
     Index(None, "status"),
     # Retention reads settled intents old enough to go in this order, never the whole
     # history. Partial: the sweep's look-up of PENDING ones keeps its index on status.
@@ -151,6 +170,9 @@ intent_history = Table(
     Column("holder", String(64), nullable=True),
     Column("token", BigInteger, nullable=True),
     Column("detail", Text, nullable=False),
+    # The execution whose delivery made the transition (NULL: the sweep, an operator, or a
+    # row written before executions were named); covered by the digest when set.
+    Column("execution_id", KEY, nullable=True),
     Column("prev_digest", String(128), nullable=True),
     Column("digest", String(128), nullable=False),
     UniqueConstraint("idempotency_key", "seq"),
@@ -166,6 +188,7 @@ fenced_effects = Table(
     Column("token", BigInteger, nullable=False),
     Column("created_at_ms", BigInteger, nullable=False),
     Column("fingerprint", String(128), nullable=True),
+    *_sharing_columns(),
     # Retention reads records old enough to go in this order, never the whole history.
     Index(None, "created_at_ms"),
 )
@@ -175,13 +198,18 @@ record_uses = Table(
     "agboss_record_uses",
     metadata,
     # An intent (``kind = "intent"``, keyed by its idempotency key) or a fenced effect
-    # (``"effect"``) that an execution other than its creator used: replayed, joined,
-    # took over or reconciled. Retention keeps the record while any of them is not
-    # terminal, and resolving the record re-drives every one of them that waits on it.
+    # (``"effect"``) an execution used: replayed, joined, took over, reconciled, or relied
+    # on. Retention keeps the record while any of them is not terminal, and resolving the
+    # record re-drives every one of them that waits on it. ``relied_at_ms``: the record's
+    # result was handed to this execution (a business-keyed record only; its creator
+    # too); ``completed_at_ms``: the execution then completed, so the record is kept for
+    # it — both outlive the execution's own row.
     Column("kind", String(16), primary_key=True),
     Column("record_key", KEY, primary_key=True),
     Column("execution_id", KEY, primary_key=True),
     Column("used_at_ms", BigInteger, nullable=False),
+    Column("relied_at_ms", BigInteger, nullable=True),
+    Column("completed_at_ms", BigInteger, nullable=True),
     Index(None, "execution_id"),
 )
 

@@ -280,8 +280,8 @@ def delete_effects_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) ->
 def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> int:
     """Execution rows terminal since before ``cutoff_ms`` whose intents and fenced effects
     are gone already (retention keeps those as long as they are needed), with their
-    lease row, pauses and uses: history does not grow without bound. The audit trail of
-    operators' decisions stays."""
+    lease row, pauses and the uses it did not rely on: history does not grow without
+    bound. The audit trail of operators' decisions stays."""
     with store.transaction() as tx:
         rows = tx.execute(
             select(_e.id)
@@ -302,7 +302,10 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
         if not ids:
             return 0
         tx.execute(delete(pauses).where(pauses.c.execution_id.in_(ids)))
-        tx.execute(delete(record_uses).where(_u.execution_id.in_(ids)))
+        # Its uses go too, but not its reliance on records that live on: what a record
+        # says about the executions that relied on it (and completed on it) is the
+        # record's, and goes with the record.
+        tx.execute(delete(record_uses).where(_u.execution_id.in_(ids), _u.relied_at_ms.is_(None)))
         tx.execute(delete(leases).where(_l.scope.in_(ids), _l.released))
         # A terminal execution's lease was released; one left unreleased (its holder
         # died after the verdict) has expired long ago: gone too.

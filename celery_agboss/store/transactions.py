@@ -25,8 +25,10 @@ from celery_agboss.core.store import (
     LeaseRef,
     LeaseState,
     NewIntent,
+    Reliance,
+    SharedRecord,
 )
-from celery_agboss.store import effects, intents, leases, record_uses
+from celery_agboss.store import effects, intents, leases, record_uses, shared_records
 from celery_agboss.store.dialect import clock, now_expr
 from celery_agboss.store.driver_errors import translated
 
@@ -91,6 +93,45 @@ class SQLTransaction:
         with translated():
             record_uses.record_use_txn(
                 self._conn, kind, record_key, execution_id, offset_ms=self._offset_ms
+            )
+
+    def rely_on(
+        self, kind: str, record_key: str, execution_id: str, *, counted: bool = False
+    ) -> Reliance:
+        with translated():
+            return shared_records.rely_on_txn(
+                self._conn,
+                kind,
+                record_key,
+                execution_id,
+                counted=counted,
+                offset_ms=self._offset_ms,
+            )
+
+    def read_shared(self, kind: str, record_key: str) -> SharedRecord | None:
+        with translated():
+            return shared_records.read_shared_txn(self._conn, kind, record_key)
+
+    def shared_records_of(self, execution_id: str) -> list[SharedRecord]:
+        with translated():
+            return shared_records.shared_records_of_txn(self._conn, execution_id)
+
+    def claim_undo(self, kind: str, record_key: str, execution_id: str, reliance: int) -> bool:
+        with translated():
+            return shared_records.claim_undo_txn(
+                self._conn, kind, record_key, execution_id, reliance
+            )
+
+    def mark_compensated(self, kind: str, record_key: str, execution_id: str) -> None:
+        with translated():
+            shared_records.mark_compensated_txn(
+                self._conn, kind, record_key, execution_id, offset_ms=self._offset_ms
+            )
+
+    def completed_on_records(self, execution_id: str) -> None:
+        with translated():
+            shared_records.completed_on_records_txn(
+                self._conn, execution_id, offset_ms=self._offset_ms
             )
 
     # --- additive verbs ------------------------------------------------------------

@@ -201,6 +201,14 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
         time.sleep(0.005)
 
 
+def retry_asked(ctx: ExecutionContext) -> None:
+    """End ``ctx``'s delivery as a retry its body asked for (``self.retry()``,
+    ``autoretry_for``) ends it in a worker: the definite failures that ended it may be
+    sent again by the execution's next delivery (its retry authorisation)."""
+    with ctx.fenced() as tx:
+        ctx.authorise_retries(tx)
+
+
 def lookup_unsupported(exc: BaseException) -> bool:
     return isinstance(exc, FakeGatewayError) and exc.kind is FakeGatewayErrorKind.LOOKUP_UNSUPPORTED
 
@@ -215,6 +223,7 @@ __all__ = [
     "reconcile_by_lookup",
     "reconcile_by_replay",
     "reconcile_unknown",
+    "retry_asked",
     "step_intent_key",
     "wait_for_hits",
     "wait_until",

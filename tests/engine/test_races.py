@@ -22,7 +22,7 @@ import pytest
 from celery_agboss.core import protections, sabotage
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.outbound import Outcome
-from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.store import IntentGuard, IntentStatus, IntentUpdate
 from celery_agboss.errors import (
     ExecutionFencedError,
     IdempotencyKeyConflictError,
@@ -39,6 +39,7 @@ from tests.engine.helpers import (
     Background,
     Shop,
     business_intent_key,
+    retry_asked,
     step_intent_key,
     wait_for_hits,
     wait_until,
@@ -59,11 +60,20 @@ def _events(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def _both_read_a_failed_intent(shop: Shop) -> list[tuple[Any, BaseException | None]]:
+    """An intent settled FAILED with no failure handed to any body (what a cancel's proven
+    ``NotSent``, or an operator's ``resolve --not-sent``, leaves): whoever reaches it may
+    send it, so two executions race for one compare-and-set."""
     shop.gateway.idempotency_keys = False  # so a second send is a second payment
     charge = shop.charge_call()
     shop.gateway.inject_fault(FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     with shop.start("task-0") as first, pytest.raises(FakeGatewayError):
         first.outbound(charge, {"amount": 500}, business_key="order:15")
+    key = business_intent_key(shop.settings, "order:15", "fake.charge")
+    with shop.store.transaction() as tx:
+        failed = tx.read_intent(key)
+        assert failed is not None
+        guard = IntentGuard(IntentStatus.FAILED, failed.attempt, failed.owner)
+        assert tx.update_intent(key, guard, IntentUpdate(failure=None, owner=None))
     paused = arm_pause(OUTBOUND_AFTER_READ, times=2)
     racers = [shop.start(f"task-{n}", store=shop.store_factory()) for n in (1, 2)]
     threads = [
@@ -329,11 +339,10 @@ def test_r24_twin_a_replay_returns_the_not_stored_marker_as_the_gateway_s_result
 def _answer_lost_then_retried_after_the_gateway_forgot_the_key(shop: Shop) -> Any:
     charge = shop.charge_call()
     shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with (
-        shop.start("task-1") as first,
-        pytest.raises((OutboundCallOutcomeUnknownError, FakeGatewayTimeout)),
-    ):
-        first.outbound(charge, {"amount": 1200})
+    with shop.start("task-1") as first:
+        with pytest.raises((OutboundCallOutcomeUnknownError, FakeGatewayTimeout)):
+            first.outbound(charge, {"amount": 1200})
+        retry_asked(first)  # the body's autoretry_for=(Exception,)
     shop.clock.advance(2 * DAY)
     shop.gateway.forget_keys()
     with shop.start("task-1") as second:

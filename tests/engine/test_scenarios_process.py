@@ -32,7 +32,7 @@ from celery_agboss.testing.faults import (
 )
 from celery_agboss.testing.gateway import FakeGatewayFault, GatewayCapabilities
 from tests.engine.app_tables import create_app_tables, notes, write_note
-from tests.engine.helpers import DAY, Background, Crash, Shop, step_intent_key
+from tests.engine.helpers import DAY, Background, Crash, Shop, retry_asked, step_intent_key
 
 # --- PS1: a retry after a timeout -----------------------------------------------------------
 
@@ -71,8 +71,10 @@ def test_ps1_twin_a_timeout_taken_for_a_failure_pays_twice_once_the_key_expired(
     charge = shop.charge_call()
     shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     with sabotage.switched_off(protections.UNKNOWN_ERRORS_ARE_DEFINITE):
-        with shop.start("task-1") as first, pytest.raises(Exception):  # noqa: B017
-            first.outbound(charge, {"amount": 1000})
+        with shop.start("task-1") as first:
+            with pytest.raises(Exception):  # noqa: B017
+                first.outbound(charge, {"amount": 1000})
+            retry_asked(first)  # the body's autoretry_for=(Exception,)
         shop.clock.advance(2 * DAY)  # the retry comes after the gateway's retention
         with shop.start("task-1") as retry:
             retry.outbound(charge, {"amount": 1000})

@@ -8,6 +8,7 @@ all children hit the database at the same instant, and reports through a queue.
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 import uuid
 from collections.abc import Sequence
@@ -121,3 +122,156 @@ def insert_keys(
     finally:
         if store is not None:
             store.close()
+
+
+# --- an undo and a replay of one shared record ------------------------------------------
+
+SHARED_CALL = "race.charge"
+SHARED_REQUEST = {"amount": 1000, "order": "shared"}
+
+
+def shared_settings(pseudonym_key: bytes, send: Any = None) -> Any:
+    """The engine settings both sides of a shared-record race run with: one call, which
+    is only ever replayed there (its send, unless given, and its lookup must not be
+    reached)."""
+    from datetime import timedelta
+
+    from celery_agboss.core.engine_settings import EngineSettings
+    from celery_agboss.core.outbound import OutboundCall, Unknown
+
+    def refuse(call: Any) -> Any:
+        raise AssertionError("the shared record is replayed, never sent again")
+
+    settings = EngineSettings(
+        pseudonym_key=pseudonym_key, lease_ttl_ms=30_000, attempt_timeout_ms=5_000
+    )
+    settings.register(
+        OutboundCall(
+            name=SHARED_CALL,
+            send=send or refuse,
+            reconcile=lambda call, lookup: Unknown("not asked in this race"),
+            key_retention=timedelta(days=1),
+        )
+    )
+    return settings
+
+
+def _hold(middle: Barrier | None, done: Any) -> Any:
+    """A fault point's action: wait for the other side at ``middle``, then until it is
+    done, so that its whole transaction commits between this side's read and write."""
+
+    def action(context: Any) -> None:
+        assert middle is not None
+        middle.wait(BARRIER_SECONDS)
+        if not done.wait(BARRIER_SECONDS):
+            raise RuntimeError("the other side never finished")
+
+    return action
+
+
+def undo_shared_step(
+    url: str,
+    pseudonym_key: bytes,
+    execution_id: str,
+    step_key: str,
+    sabotage: Sequence[str],
+    start: Barrier,
+    middle: Barrier | None,
+    done: Any,
+    hold: str,
+    results: Queue[dict[str, Any]],
+) -> None:
+    """Decide (and claim, when it undoes) the undo of ``step_key`` as a failing
+    execution does (``core.compensation.decide_step``). ``hold == "undo"``: pause
+    between the decision and the claim until the replay side committed."""
+    from celery_agboss.core import sabotage as switches
+    from celery_agboss.core.compensation import UndoContext, UndoDeclaration, decide_step
+    from celery_agboss.core.execution_context import ExecutionContext
+    from celery_agboss.core.store import INTENT_RECORD
+    from celery_agboss.testing.faults import UNDO_BEFORE_CLAIM, arm_fault
+
+    store = None
+    try:
+        store = _open_store(url, _Zero())
+        settings = shared_settings(pseudonym_key)
+        if hold == "undo":
+            arm_fault(UNDO_BEFORE_CLAIM, _hold(middle, done))
+        with switches.switched_off(*sabotage) if sabotage else contextlib.nullcontext():
+            start.wait(BARRIER_SECONDS)
+            if hold == "replay":
+                assert middle is not None
+                middle.wait(BARRIER_SECONDS)
+            with ExecutionContext.start(store, execution_id, settings) as ctx:
+                undo = UndoContext.over(ctx)
+                declaration = UndoDeclaration(1, step_key, "refund", {}, kind=INTENT_RECORD)
+                decision = decide_step(undo, declaration)
+        if hold == "replay":
+            done.set()
+        results.put({"side": "undo", "outcome": decision.outcome.value, "error": None})
+    except BaseException as exc:
+        start.abort()
+        if middle is not None:
+            middle.abort()
+        results.put({"side": "undo", "error": f"{exc!r}\n{traceback.format_exc()}"})
+    finally:
+        if store is not None:
+            store.close()
+
+
+def replay_shared_step(
+    url: str,
+    pseudonym_key: bytes,
+    execution_id: str,
+    business_key: str,
+    sabotage: Sequence[str],
+    start: Barrier,
+    middle: Barrier | None,
+    done: Any,
+    hold: str,
+    results: Queue[dict[str, Any]],
+) -> None:
+    """Call the shared step as another execution's body does: replayed (its reliance
+    written) or refused as undone. ``hold == "replay"``: pause between the read of the
+    record and the reliance until the undo side claimed it."""
+    from celery_agboss.core import sabotage as switches
+    from celery_agboss.core import state_machine
+    from celery_agboss.core.execution_context import ExecutionContext
+    from celery_agboss.errors import OutboundCallCompensatedError
+    from celery_agboss.testing.faults import OUTBOUND_BEFORE_RELY, arm_fault
+
+    store = None
+    try:
+        store = _open_store(url, _Zero())
+        settings = shared_settings(pseudonym_key)
+        state_machine.COMPENSATION_WAIT_S = 0.05  # the undo here is claimed, never run
+        if hold == "replay":
+            arm_fault(OUTBOUND_BEFORE_RELY, _hold(middle, done))
+        with switches.switched_off(*sabotage) if sabotage else contextlib.nullcontext():
+            start.wait(BARRIER_SECONDS)
+            if hold == "undo":
+                assert middle is not None
+                middle.wait(BARRIER_SECONDS)
+            call = settings.registry[SHARED_CALL]
+            with ExecutionContext.start(store, execution_id, settings) as ctx:
+                try:
+                    ctx.outbound(call, SHARED_REQUEST, business_key=business_key)
+                    outcome = "relied"
+                except OutboundCallCompensatedError:
+                    outcome = "compensated"
+        if hold == "undo":
+            done.set()
+        results.put({"side": "replay", "outcome": outcome, "error": None})
+    except BaseException as exc:
+        start.abort()
+        if middle is not None:
+            middle.abort()
+        results.put({"side": "replay", "error": f"{exc!r}\n{traceback.format_exc()}"})
+    finally:
+        if store is not None:
+            store.close()
+
+
+class _Zero:
+    """A clock offset of zero, shaped like the shared ``multiprocessing.Value``."""
+
+    value = 0

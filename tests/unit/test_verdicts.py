@@ -11,6 +11,7 @@ from celery_agboss.delivery.verdicts import (
     Fail,
     Finish,
     ForOperator,
+    UndoWait,
     Verdict,
     Wait,
 )
@@ -28,6 +29,7 @@ SAMPLES: dict[type[Any], tuple[Any, str, tuple[Any, ...]]] = {
     Finish: (Finish("RESULT"), "finish_in", ("RESULT", frozenset({"k-1"}))),
     Fail: (Fail("ERROR", "ValueError"), "fail_in", ("ERROR", "ValueError")),
     Wait: (Wait(1500, "retry", MESSAGE), "wait_in", (1500, "retry", MESSAGE)),
+    UndoWait: (UndoWait(30000, "undo waits"), "undo_wait_in", (30000, "undo waits")),
     Cancel: (Cancel("revoked"), "cancel_in", ("revoked",)),
     ForOperator: (ForOperator("unreconciled"), "waiting_operator_in", ("unreconciled",)),
 }
@@ -52,10 +54,10 @@ class RecordingExecutions:
 
 class FakeContext:
     def __init__(self) -> None:
-        self.failures_passed_in: list[object] = []
+        self.retries_authorised_in: list[object] = []
 
-    def pass_failures(self, tx: object) -> None:
-        self.failures_passed_in.append(tx)
+    def authorise_retries(self, tx: object) -> None:
+        self.retries_authorised_in.append(tx)
 
     def reached_keys(self) -> frozenset[str]:
         return frozenset({"k-1"})
@@ -77,11 +79,14 @@ def test_every_verdict_writes_through_its_own_verb() -> None:
     assert len(verbs) == len(SAMPLES)
 
 
-def test_only_a_finish_passes_the_raised_failures_on() -> None:
+def test_only_a_retry_the_body_asked_for_authorises_sending_its_failures_again() -> None:
     for member, (verdict, _, _) in SAMPLES.items():
         ctx, tx = FakeContext(), object()
         verdict.write_in(RecordingExecutions(), ctx, tx)
-        assert ctx.failures_passed_in == ([tx] if member is Finish else []), member.__name__
+        assert ctx.retries_authorised_in == [], member.__name__
+    ctx, tx = FakeContext(), object()
+    Wait(1500, "retry", retry_asked=True).write_in(RecordingExecutions(), ctx, tx)
+    assert ctx.retries_authorised_in == [tx]
 
 
 def test_a_wait_without_a_message_writes_none() -> None:

@@ -1,0 +1,286 @@
+"""Records several executions share: every decision about one, read from the record.
+
+A business-keyed intent or fenced effect is one record for every execution that names
+its key: a double click, a saga's later step, a duplicate publish. Which execution
+happened to create it decides nothing. Each rule here is one function over what the
+store reads of the record (``SharedRecord``: its row, the executions that used it,
+relied on it or completed on it, and their states), and the delivery, the sweep and
+the operator all call the same one:
+
+- **who sent**: an intent's ``sent_by`` is the execution whose delivery started its
+  current attempt (history rows name the execution of every transition); an execution
+  **moved money** when it sent the attempt a ``COMPLETED`` intent completed with;
+- **who relies**: an execution relies on a record whose result was handed to it (it
+  settled, replayed, joined or reconciled it). The hand-out writes it on the record, by
+  a compare-and-set that an undo's start makes fail (and the reverse), so an undo and a
+  replay never both win; it outlives the execution's own row;
+- **what a failing or cancelled execution does with a step it relied on**
+  (``undo_decision``): another execution completed on it → keep it; another still uses
+  it → wait for that one; otherwise undo it, once, by whichever execution claims it;
+- **whose payment it is** on a cancel (``payment_of``), and **which records a re-run
+  must reach** (``counts_for_divergence``): every record any delivery of the execution
+  sent, took over, reconciled or replayed, not only those it created;
+- **may a definite failure be sent again** (``failure_claim``): replayed by default;
+  sent again only under a retry authorisation for this execution, which any hand-out of
+  the failure to another execution revokes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
+from celery_agboss.core.protections import PASSED_FAILURE_RESENT
+from celery_agboss.core.store import (
+    INTENT_RECORD,
+    IntentRecord,
+    IntentStatus,
+    RecordUser,
+    SharedRecord,
+)
+
+UNDO_IGNORES_OTHER_EXECUTIONS = sabotage.register("undo-ignores-other-executions")
+"""Sabotage: an execution undoes a step it shares as if it were alone on it — the
+refund of a charge another execution completed on (a paid, shipped order)."""
+
+PAYMENTS_BY_CREATOR = sabotage.register("payments-by-creator")
+"""Sabotage: "did this execution move money?" counts only the intents it created, so a
+cancel of an execution that sent the winning attempt of another's intent keeps it."""
+
+DIVERGENCE_BY_CREATOR = sabotage.register("divergence-by-creator")
+"""Sabotage: a re-run must reach only the intents its execution created: a charge it sent
+through another execution's intent, then left for another path, is not noticed."""
+
+COMPLETION_READ_FROM_EXECUTION_ROWS = sabotage.register("completion-read-from-execution-rows")
+"""Sabotage: "another execution completed on this step" is read from that execution's own
+row only, not from the record: once retention removed the row, its completed order's
+charge is refunded by the other click's undo."""
+
+REPLAY_AFTER_UNDO = sabotage.register("replay-after-undo")
+"""Sabotage: a step whose undo is done is replayed like any completed one: a later click
+gets the refunded charge's receipt and marks its order paid with a refunded payment."""
+
+HAND_OUT_KEEPS_RETRY = sabotage.register("hand-out-keeps-retry")
+"""Sabotage: handing a failure to another execution does not revoke its sender's retry
+authorisation: the sender's retry re-sends the card another execution was declined on
+and went past (to its backup), while that one pays there: two payments."""
+
+_SETTLED_FOR_DIVERGENCE = (IntentStatus.PENDING, IntentStatus.COMPLETED)
+_NOT_RUNNING_AGAIN = frozenset(TERMINAL_STATES)
+
+
+class UndoOutcome(str, enum.Enum):
+    UNDO = "UNDO"  # nobody else relies on it: undo it (claimed by compare-and-set)
+    KEEP = "KEEP"  # another execution completed on it: never undone
+    WAIT = "WAIT"  # another execution still uses it: wait for it to end
+    COVERED = "COVERED"  # another execution's undo claimed it: undone once, by that one
+
+
+@dataclass(frozen=True)
+class UndoDecision:
+    outcome: UndoOutcome
+    other: str | None = None  # the execution it is kept for, waits for, or is covered by
+
+
+def user(record: SharedRecord, execution_id: str) -> RecordUser | None:
+    for found in record.users:
+        if found.execution_id == execution_id:
+            return found
+    return None
+
+
+def relies(record: SharedRecord, execution_id: str) -> bool:
+    """The record's result was handed to the execution (who relies)."""
+    found = user(record, execution_id)
+    return found is not None and found.relied
+
+
+def moved_money(record: SharedRecord, execution_id: str) -> bool:
+    """The execution sent the attempt this ``COMPLETED`` intent completed with (who sent)."""
+    return (
+        record.kind == INTENT_RECORD
+        and record.status is IntentStatus.COMPLETED
+        and record.sent_by == execution_id
+    )
+
+
+def payment_of(record: SharedRecord, execution_id: str) -> bool:
+    """A completed intent the execution moved the money of, or relies on: what a cancel
+    must account for (its undo, another execution's, or a person)."""
+    if record.kind != INTENT_RECORD or record.status is not IntentStatus.COMPLETED:
+        return False
+    if sabotage.active(PAYMENTS_BY_CREATOR):
+        return record.creator == execution_id
+    return moved_money(record, execution_id) or relies(record, execution_id)
+
+
+def used_by(record: SharedRecord, execution_id: str) -> bool:
+    """Any delivery of the execution created, sent, took over, reconciled, replayed or
+    joined the record."""
+    return (
+        record.creator == execution_id
+        or record.sent_by == execution_id
+        or user(record, execution_id) is not None
+    )
+
+
+def counts_for_divergence(record: SharedRecord, execution_id: str) -> bool:
+    """A record a re-run of the execution must reach again: one an earlier delivery used
+    and that completed or may have (``PENDING``)."""
+    if record.status not in _SETTLED_FOR_DIVERGENCE:
+        return False
+    if sabotage.active(DIVERGENCE_BY_CREATOR):
+        return record.creator == execution_id
+    return used_by(record, execution_id)
+
+
+def diverged(
+    records: Iterable[SharedRecord], reached: Collection[str], execution_id: str
+) -> list[SharedRecord]:
+    """The records an earlier delivery used that this delivery's body no longer reached:
+    the body took another path, so the execution waits for a person."""
+    return [r for r in records if counts_for_divergence(r, execution_id) and r.key not in reached]
+
+
+def _still_uses(other: RecordUser) -> bool:
+    """Live, and neither undoing (``COMPENSATING``) nor on its way to a cancel: it may
+    still complete on the record. A cancelled execution waiting for its turn is not, so
+    two executions never wait for each other."""
+    if other.state is None:
+        return False
+    state = ExecutionState(other.state)
+    if state in _NOT_RUNNING_AGAIN or state is ExecutionState.COMPENSATING:
+        return False
+    return not (other.cancel_requested and state is not ExecutionState.RUNNING)
+
+
+def _completed_on(other: RecordUser) -> bool:
+    """It completed while relying on the record: written on the record (its use) when it
+    completed, so it outlives the execution's row."""
+    on_record = other.completed_on and not sabotage.active(COMPLETION_READ_FROM_EXECUTION_ROWS)
+    return on_record or (other.relied and other.state == ExecutionState.COMPLETED.value)
+
+
+def undo_decision(record: SharedRecord, execution_id: str) -> UndoDecision:
+    """What a failing or cancelled execution does with a step it relied on: keep it for
+    an execution that completed on it, wait for one that still uses it, or undo it —
+    once: an undo another execution claimed covers this one."""
+    if record.undo_by is not None:
+        if record.undo_by == execution_id:
+            return UndoDecision(UndoOutcome.UNDO)
+        return UndoDecision(UndoOutcome.COVERED, record.undo_by)
+    if sabotage.active(UNDO_IGNORES_OTHER_EXECUTIONS):
+        return UndoDecision(UndoOutcome.UNDO)
+    others = [u for u in record.users if u.execution_id != execution_id]
+    for other in others:
+        if _completed_on(other):
+            return UndoDecision(UndoOutcome.KEEP, other.execution_id)
+    for other in others:
+        if _still_uses(other):
+            return UndoDecision(UndoOutcome.WAIT, other.execution_id)
+    return UndoDecision(UndoOutcome.UNDO)
+
+
+class CancelStep(str, enum.Enum):
+    CANCEL = "CANCEL"  # every payment is accounted for: CANCELLED
+    UNDO_FIRST = "UNDO_FIRST"  # its undos run first (COMPENSATING), then the cancel ends
+    WAIT = "WAIT"  # a payment another execution still uses: wait for it
+    OPERATOR = "OPERATOR"  # a payment nobody undoes: a person decides
+
+
+@dataclass(frozen=True)
+class CancelDecision:
+    step: CancelStep
+    other: str | None = None  # the execution a WAIT waits for
+    unhandled: tuple[str, ...] = ()  # keys of the payments a person must deal with
+
+
+def cancel_decision(
+    records: Iterable[SharedRecord],
+    execution_id: str,
+    *,
+    undoable: Collection[str] = (),
+    undone: Collection[str] = (),
+    undos_ran: bool = False,
+) -> CancelDecision:
+    """How a cancel of the execution ends, from its payments: each is kept for an
+    execution that completed on it, covered by an undo (its own, run or to run, or
+    another's), waited for while another execution still uses it — or left for a person
+    ("cancelled after a completed payment"), never silently ``CANCELLED``.
+    ``undoable``: the steps it declared undos for; ``undone``: the intents its undos made
+    (their refunds, not payments to account for)."""
+    unhandled: list[str] = []
+    for record in records:
+        if not payment_of(record, execution_id) or record.key in undone:
+            continue
+        if record.compensated and record.undo_by is not None:
+            continue
+        decision = undo_decision(record, execution_id)
+        if decision.outcome in (UndoOutcome.KEEP, UndoOutcome.COVERED):
+            continue
+        if decision.outcome is UndoOutcome.WAIT:
+            return CancelDecision(CancelStep.WAIT, decision.other)
+        unhandled.append(record.key)
+    if not unhandled:
+        return CancelDecision(CancelStep.CANCEL)
+    if not undos_ran and any(key in undoable for key in unhandled):
+        return CancelDecision(CancelStep.UNDO_FIRST)
+    return CancelDecision(CancelStep.OPERATOR, unhandled=tuple(unhandled))
+
+
+class FailureClaim(str, enum.Enum):
+    RESEND = "RESEND"  # this execution may send it again (authorised, or never answered)
+    REPLAY = "REPLAY"  # raise the failure again
+
+
+def failure_claim(record: IntentRecord, execution_id: str) -> FailureClaim:
+    """A ``FAILED`` intent is replayed (the failure raised again), so a re-run or another
+    execution takes the path its first sender's body took; it is sent again only by the
+    execution a retry authorised (``retry_for``). One settled ``FAILED`` without a
+    failure (a lookup proved it never reached the gateway, or an operator said so) was
+    never handed to a body, so no body took another path on it: whoever reaches it
+    sends it, under the same key."""
+    if sabotage.active(PASSED_FAILURE_RESENT):
+        return FailureClaim.RESEND
+    if record.failure is None or record.retry_for == execution_id:
+        return FailureClaim.RESEND
+    return FailureClaim.REPLAY
+
+
+def hands_failure_to_another(record: IntentRecord, execution_id: str) -> bool:
+    """Replaying this failure to ``execution_id`` hands it to another execution than the
+    one whose attempt failed: the hand-out revokes any retry authorisation, for good."""
+    if sabotage.active(HAND_OUT_KEEPS_RETRY):
+        return False
+    return record.sent_by != execution_id and (
+        not record.failure_shared or record.retry_for is not None
+    )
+
+
+__all__ = [
+    "COMPLETION_READ_FROM_EXECUTION_ROWS",
+    "DIVERGENCE_BY_CREATOR",
+    "HAND_OUT_KEEPS_RETRY",
+    "PAYMENTS_BY_CREATOR",
+    "REPLAY_AFTER_UNDO",
+    "UNDO_IGNORES_OTHER_EXECUTIONS",
+    "CancelDecision",
+    "CancelStep",
+    "FailureClaim",
+    "UndoDecision",
+    "UndoOutcome",
+    "cancel_decision",
+    "counts_for_divergence",
+    "diverged",
+    "failure_claim",
+    "hands_failure_to_another",
+    "moved_money",
+    "payment_of",
+    "relies",
+    "undo_decision",
+    "used_by",
+    "user",
+]

@@ -1,0 +1,310 @@
+"""What a record several executions share says about them, read and written in SQL.
+
+The rules over it are ``celery_agboss.core.shared_records``; these bodies (on a
+connection, inside the caller's transaction) only read the record with every
+execution that used it, and write the three guarded changes the rules need:
+a reliance (``reliance`` + 1, only while no undo claimed the record), an undo's claim
+(only while the reliance is the one its decision read), and an undo's end. Every
+guard reads only the row it writes, so it holds at READ COMMITTED: a reliance
+committed while an undo's claim waited for the row changes ``reliance``, and the
+claim's predicate, evaluated again on the new row, no longer matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Table, and_, bindparam, literal, select, true, union, update
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql.elements import ColumnElement
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.keys import is_business_key
+from celery_agboss.core.store import (
+    EFFECT_RECORD,
+    INTENT_RECORD,
+    IntentStatus,
+    RecordUser,
+    Reliance,
+    SharedRecord,
+)
+from celery_agboss.store.dialect import clock, insert_or_nothing, now_expr
+from celery_agboss.store.schema import fenced_effects, outbound_calls, record_uses
+from celery_agboss.store.schema_executions import executions
+
+RELIANCE_OFF_THE_RECORD = sabotage.register("reliance-off-the-record")
+"""Sabotage: a reliance is noted beside the record, not by a compare-and-set on it, and an
+undo's claim does not compare the reliance it read: a replay and an undo that race both
+win — the second click gets the receipt of a charge the first click refunds."""
+
+_i = outbound_calls.c
+_f = fenced_effects.c
+_u = record_uses.c
+_e = executions.c
+
+
+def _table(kind: str) -> tuple[Table, ColumnElement[str]]:
+    if kind == INTENT_RECORD:
+        return outbound_calls, _i.idempotency_key
+    if kind == EFFECT_RECORD:
+        return fenced_effects, _f.key
+    raise ValueError(f"a record is an {INTENT_RECORD!r} or an {EFFECT_RECORD!r}, not {kind!r}")
+
+
+# --- reads ----------------------------------------------------------------------------
+
+
+def _users_statement(kind: str, keys: Any) -> Any:
+    """Every use of the records, with the user's state (NULL once its row is gone)."""
+    return (
+        select(
+            _u.record_key,
+            _u.execution_id,
+            _u.relied_at_ms,
+            _u.completed_at_ms,
+            _e.state,
+            _e.cancel_requested,
+        )
+        .select_from(record_uses.outerjoin(executions, _e.id == _u.execution_id))
+        .where(_u.kind == kind, _u.record_key.in_(keys))
+        .order_by(_u.used_at_ms, _u.execution_id)
+    )
+
+
+def _creator_states(conn: Connection, creators: set[str]) -> dict[str, tuple[str, bool]]:
+    if not creators:
+        return {}
+    rows = conn.execute(
+        select(_e.id, _e.state, _e.cancel_requested).where(_e.id.in_(sorted(creators)))
+    ).all()
+    return {str(r.id): (str(r.state), bool(r.cancel_requested)) for r in rows}
+
+
+def _records(conn: Connection, kind: str, rows: Sequence[Row[Any]]) -> list[SharedRecord]:
+    """The records of ``rows`` with their users: the creator first, then every other."""
+    if not rows:
+        return []
+    column = "idempotency_key" if kind == INTENT_RECORD else "key"
+    keys = [str(r._mapping[column]) for r in rows]
+    uses: dict[str, list[Row[Any]]] = {}
+    for use in conn.execute(_users_statement(kind, keys)).all():
+        uses.setdefault(str(use.record_key), []).append(use)
+    creators = _creator_states(conn, {str(r.execution_id) for r in rows})
+    made: list[SharedRecord] = []
+    for key, row in zip(keys, rows, strict=True):
+        creator = str(row.execution_id)
+        found = {str(u.execution_id): u for u in uses.get(key, [])}
+        state, cancel = creators.get(creator, (None, False))
+        own = found.pop(creator, None)
+        users = [
+            RecordUser(
+                creator,
+                relied=own is not None and own.relied_at_ms is not None,
+                completed_on=own is not None and own.completed_at_ms is not None,
+                state=state,
+                cancel_requested=cancel,
+            )
+        ]
+        users += [
+            RecordUser(
+                execution_id,
+                relied=use.relied_at_ms is not None,
+                completed_on=use.completed_at_ms is not None,
+                state=None if use.state is None else str(use.state),
+                cancel_requested=bool(use.cancel_requested),
+            )
+            for execution_id, use in found.items()
+        ]
+        if kind == INTENT_RECORD:
+            status = IntentStatus(row.status)
+            sent_by = None if row.sent_by is None else str(row.sent_by)
+            business = row.business_key_handle is not None
+        else:
+            status, sent_by, business = IntentStatus.COMPLETED, None, is_business_key(key)
+        made.append(
+            SharedRecord(
+                kind=kind,
+                key=key,
+                name=str(row.name),
+                status=status,
+                creator=creator,
+                sent_by=sent_by,
+                reliance=int(row.reliance),
+                undo_by=None if row.undo_by is None else str(row.undo_by),
+                compensated=row.compensated_at_ms is not None,
+                users=tuple(users),
+                business_keyed=business,
+            )
+        )
+    return made
+
+
+def _columns(kind: str) -> list[Any]:
+    if kind == INTENT_RECORD:
+        return [
+            _i.idempotency_key,
+            _i.execution_id,
+            _i.name,
+            _i.status,
+            _i.sent_by,
+            _i.business_key_handle,
+            _i.reliance,
+            _i.undo_by,
+            _i.compensated_at_ms,
+            _i.first_attempt_at_ms,
+        ]
+    return [
+        _f.key,
+        _f.execution_id,
+        _f.name,
+        _f.reliance,
+        _f.undo_by,
+        _f.compensated_at_ms,
+    ]
+
+
+def read_shared_txn(conn: Connection, kind: str, record_key: str) -> SharedRecord | None:
+    _, key_column = _table(kind)
+    rows = conn.execute(select(*_columns(kind)).where(key_column == record_key)).all()
+    found = _records(conn, kind, rows)
+    return found[0] if found else None
+
+
+def shared_records_of_txn(conn: Connection, execution_id: str) -> list[SharedRecord]:
+    """Every intent the execution created or used (a use is noted before an execution
+    sends an attempt of an intent it did not create), oldest first."""
+    keys = union(
+        select(_i.idempotency_key.label("key")).where(_i.execution_id == execution_id),
+        select(_u.record_key.label("key")).where(
+            _u.kind == INTENT_RECORD, _u.execution_id == execution_id
+        ),
+    ).subquery()
+    rows = conn.execute(
+        select(*_columns(INTENT_RECORD))
+        .where(_i.idempotency_key.in_(select(keys.c.key)))
+        .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
+    ).all()
+    return _records(conn, INTENT_RECORD, rows)
+
+
+# --- writes ---------------------------------------------------------------------------
+
+
+def _relied(conn: Connection, kind: str, record_key: str, execution_id: str) -> bool:
+    row = conn.execute(
+        select(_u.relied_at_ms).where(
+            _u.kind == kind, _u.record_key == record_key, _u.execution_id == execution_id
+        )
+    ).first()
+    return row is not None and row.relied_at_ms is not None
+
+
+def rely_on_txn(
+    conn: Connection,
+    kind: str,
+    record_key: str,
+    execution_id: str,
+    *,
+    counted: bool = False,
+    offset_ms: int = 0,
+) -> Reliance:
+    """Write that the record's result is handed to ``execution_id`` (see the module doc):
+    ``reliance`` + 1 by a compare-and-set that fails once an undo claimed the record,
+    then the use marked relied. An execution that relied already changes nothing."""
+    table, key_column = _table(kind)
+    if not counted and not sabotage.active(RELIANCE_OFF_THE_RECORD):
+        if _relied(conn, kind, record_key, execution_id):
+            return Reliance.RELIED
+        guard = [key_column == record_key, table.c.undo_by.is_(None)]
+        if kind == INTENT_RECORD:
+            guard.append(_i.status == IntentStatus.COMPLETED.value)
+        changed = conn.execute(
+            update(table).where(*guard).values(reliance=table.c.reliance + 1)
+        ).rowcount
+        if changed != 1:
+            claimed = and_(key_column == record_key, table.c.undo_by.is_not(None))
+            undone = conn.execute(select(table.c.undo_by).where(claimed)).first()
+            return Reliance.UNDONE if undone is not None else Reliance.ABSENT
+    _note_relied(conn, kind, record_key, execution_id, offset_ms)
+    return Reliance.RELIED
+
+
+def _note_relied(
+    conn: Connection, kind: str, record_key: str, execution_id: str, offset_ms: int
+) -> None:
+    changed = conn.execute(
+        update(record_uses)
+        .where(_u.kind == kind, _u.record_key == record_key, _u.execution_id == execution_id)
+        .values(relied_at_ms=now_expr(conn, offset_ms))
+    ).rowcount
+    if changed:
+        return
+    clk = clock(conn, offset_ms)
+    conn.execute(
+        insert_or_nothing(conn, record_uses).from_select(
+            ["kind", "record_key", "execution_id", "used_at_ms", "relied_at_ms"],
+            select(
+                literal(kind, _u.kind.type),
+                literal(record_key, _u.record_key.type),
+                literal(execution_id, _u.execution_id.type),
+                clk.c.now,
+                clk.c.now,
+            )
+            .select_from(clk)
+            .where(true()),
+        )
+    )
+
+
+def claim_undo_txn(
+    conn: Connection, kind: str, record_key: str, execution_id: str, reliance: int
+) -> bool:
+    table, key_column = _table(kind)
+    guard = [key_column == record_key, table.c.undo_by.is_(None)]
+    if not sabotage.active(RELIANCE_OFF_THE_RECORD):
+        guard.append(table.c.reliance == bindparam("seen", reliance))
+    changed = conn.execute(update(table).where(*guard).values(undo_by=execution_id)).rowcount
+    return bool(changed == 1)
+
+
+def mark_compensated_txn(
+    conn: Connection, kind: str, record_key: str, execution_id: str, *, offset_ms: int = 0
+) -> None:
+    table, key_column = _table(kind)
+    conn.execute(
+        update(table)
+        .where(
+            key_column == record_key,
+            table.c.undo_by == execution_id,
+            table.c.compensated_at_ms.is_(None),
+        )
+        .values(compensated_at_ms=now_expr(conn, offset_ms))
+    )
+
+
+def completed_on_records_txn(conn: Connection, execution_id: str, *, offset_ms: int = 0) -> None:
+    """The execution completed: every record it relies on is kept for it, on the record
+    (its use), so that this outlives the execution's own row."""
+    conn.execute(
+        update(record_uses)
+        .where(
+            and_(
+                _u.execution_id == execution_id,
+                _u.relied_at_ms.is_not(None),
+                _u.completed_at_ms.is_(None),
+            )
+        )
+        .values(completed_at_ms=now_expr(conn, offset_ms))
+    )
+
+
+__all__ = [
+    "RELIANCE_OFF_THE_RECORD",
+    "claim_undo_txn",
+    "completed_on_records_txn",
+    "mark_compensated_txn",
+    "read_shared_txn",
+    "rely_on_txn",
+    "shared_records_of_txn",
+]
