@@ -31,6 +31,8 @@ TASK_WAITING = "task-waiting"
 TASK_REPLAYED = "task-replayed"
 # A delivery of another task under an execution's id: dropped, nothing run or returned.
 TASK_REFUSED = "task-refused"
+# A recorded execution's message ran as a task that is not a PaymentTask: UNMANAGED.
+TASK_UNMANAGED = "task-unmanaged"
 
 TASK_EVENTS = frozenset(
     {
@@ -43,6 +45,7 @@ TASK_EVENTS = frozenset(
         TASK_WAITING,
         TASK_REPLAYED,
         TASK_REFUSED,
+        TASK_UNMANAGED,
     }
 )
 
@@ -96,6 +99,7 @@ __all__ = [
     "TASK_RECONCILING",
     "TASK_REFUSED",
     "TASK_REPLAYED",
+    "TASK_UNMANAGED",
     "TASK_UNRECONCILED",
     "TASK_WAITING",
     "send_agboss_event",

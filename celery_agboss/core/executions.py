@@ -28,6 +28,10 @@ class ExecutionState(str, enum.Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     EXPIRED = "EXPIRED"
+    # The message reached a worker whose task is not a PaymentTask (a plain task that
+    # matched ``agboss_payment_tasks``, an old worker of a rolling deploy): it ran there
+    # once, unprotected, and is never re-published.
+    UNMANAGED = "UNMANAGED"
 
 
 TERMINAL_STATES = frozenset(
@@ -36,6 +40,7 @@ TERMINAL_STATES = frozenset(
         ExecutionState.FAILED,
         ExecutionState.CANCELLED,
         ExecutionState.EXPIRED,
+        ExecutionState.UNMANAGED,
     }
 )
 """A delivery of an execution in one of these never runs the body."""

@@ -89,6 +89,7 @@ EXECUTION_CANCELLING = "execution.cancelling"  # a delivery reconciles before ca
 EXECUTION_CANCELLED = "execution.cancelled"  # by a delivery or by the sweep
 EXECUTION_EXPIRED = "execution.expired"
 EXECUTION_REVOKED = "execution.revoked"
+EXECUTION_UNMANAGED = "execution.unmanaged"  # a plain task got a recorded execution's message
 EXECUTION_TIME_LIMIT = "execution.time-limit"
 RESULT_BACKEND_FAILURE_WITHHELD = "result-backend.failure-withheld"
 
@@ -241,6 +242,7 @@ __all__ = [
     "EXECUTION_STORE_FAILED",
     "EXECUTION_TAKEN_OVER",
     "EXECUTION_TIME_LIMIT",
+    "EXECUTION_UNMANAGED",
     "EXECUTION_WAITING",
     "EXECUTION_WAITING_OPERATOR",
     "FENCED_EFFECT_APPLIED",

@@ -68,7 +68,7 @@ def replay_terminal(d: DeliveryLike, record: ExecutionRecord) -> Any:
         if record.links_dispatched and not resend:
             request.errbacks = None
         raise decode_error(record.error)
-    raise Ignore()  # CANCELLED or EXPIRED: never runs
+    raise Ignore()  # CANCELLED, EXPIRED or UNMANAGED: never runs
 
 
 __all__ = [

@@ -23,6 +23,7 @@ from celery_agboss.core.log_events import (
     EXECUTION_DEFERRED,
     EXECUTION_FENCED,
     EXECUTION_REPLAYED,
+    EXECUTION_UNMANAGED,
     FENCED_EFFECT_REPLAYED,
     LOG_EVENTS,
     OUTBOUND_CALL_FAILED,
@@ -115,6 +116,13 @@ OUTBOUND_CALLS = MetricSpec(
     ("call", "outcome"),
     "Outbound-call attempts by outcome (sent, failed, unknown, joined).",
 )
+UNMANAGED_EXECUTIONS = MetricSpec(
+    "agboss_unmanaged_executions",
+    COUNTER,
+    ("task",),
+    "Recorded executions whose message ran as a task that is not a PaymentTask (a plain "
+    "task matching agboss_payment_tasks, an old worker of a rolling deploy): UNMANAGED.",
+)
 SWEEPS = MetricSpec(
     "agboss_sweeps",
     COUNTER,
@@ -147,6 +155,7 @@ EVENT_METRICS = (
     SUPERSEDED_CALLS,
     DEFERRED_DUPLICATES,
     OUTBOUND_CALLS,
+    UNMANAGED_EXECUTIONS,
     SWEEPS,
     SWEEP_DURATION,
     SWEEP_ROWS,
@@ -243,6 +252,7 @@ _SIMPLE: dict[str, tuple[MetricSpec, tuple[str, ...]]] = {
     OUTBOUND_CALL_FAILED: (OUTBOUND_CALLS, ("call", "=failed")),
     OUTBOUND_CALL_OUTCOME_UNKNOWN: (OUTBOUND_CALLS, ("call", "=unknown")),
     OUTBOUND_CALL_JOINED: (OUTBOUND_CALLS, ("call", "=joined")),
+    EXECUTION_UNMANAGED: (UNMANAGED_EXECUTIONS, ("task",)),
 }
 
 
