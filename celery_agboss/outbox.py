@@ -291,6 +291,8 @@ def _publish_failed(stage: str, *, sent: bool = False, **fields: Any) -> None:
 def _send(app: Any, message: OutboxMessage) -> Any:
     """The message as enqueued, under its own task id (never one derived for a publish
     from a body: the outbox's id is the one that must be stable)."""
+    if message.task_name == CANVAS_TASK_NAME:
+        return _send_canvas(app, message)
     options = dict(loads(message.options) or {})
     return app.send_task(
         message.task_name,
@@ -300,6 +302,60 @@ def _send(app: Any, message: OutboxMessage) -> Any:
         add_to_parent=False,
         **options,
     )
+
+
+# --- a canvas published from a body (celery_agboss.body_publishes) -------------------------
+
+CANVAS_TASK_NAME = "celery_agboss.canvas"
+"""The task name of an outbox row that holds a canvas (chain, group, chord) published from
+a body: its ``args`` are the canvas, every task id in it fixed; its ``kwargs`` the
+arguments it was applied with. Sending the row applies the canvas, under those ids."""
+
+_sending_canvas: ContextVar[bool] = ContextVar("agboss_outbox_sending_canvas", default=False)
+
+
+def sending_canvas() -> bool:
+    """True while a recorded canvas is being sent: Celery's own apply, left alone."""
+    return _sending_canvas.get()
+
+
+def record_canvas(
+    conn: Connection,
+    app: Any,
+    task_id: str,
+    canvas: Mapping[str, Any],
+    call: Mapping[str, Any],
+    *,
+    execution_id: str,
+    offset_ms: int = 0,
+) -> None:
+    """Write ``canvas`` as an outbox row in ``conn``'s transaction (a fenced effect's),
+    published once that transaction committed; the sweep publishes it after the app's
+    ``agboss_outbox_grace`` if nobody did. ``call``: ``args``, ``kwargs`` and publish
+    ``options`` of the apply."""
+    message = OutboxMessage(
+        task_id=task_id,
+        task_name=CANVAS_TASK_NAME,
+        args=dumps([dict(canvas)]),
+        kwargs=dumps(dict(call)),
+        options=dumps({}),
+        execution_id=execution_id,
+    )
+    grace_ms = round(runtime_of(app).settings.outbox_grace_seconds * 1000)
+    with translated():
+        rows.insert_txn(conn, message, grace_ms=grace_ms, offset_ms=offset_ms)
+
+
+def _send_canvas(app: Any, message: OutboxMessage) -> Any:
+    canvas = app.signature((loads(message.args) or [{}])[0])
+    call = dict(loads(message.kwargs) or {})
+    token = _sending_canvas.set(True)
+    try:
+        return canvas.apply_async(
+            call.get("args") or None, call.get("kwargs") or None, **(call.get("options") or {})
+        )
+    finally:
+        _sending_canvas.reset(token)
 
 
 # --- the sweep ------------------------------------------------------------------------------
@@ -374,6 +430,7 @@ def count_unpublished(app: Any) -> int:
 
 
 __all__ = [
+    "CANVAS_TASK_NAME",
     "DEFAULT_GRACE",
     "PUBLISHED_WITHOUT_COMMIT",
     "SWEEP_NOT_REPUBLISHING",
@@ -384,6 +441,8 @@ __all__ = [
     "enqueue",
     "publish",
     "read",
+    "record_canvas",
     "run_fenced_effect",
+    "sending_canvas",
     "sweep_outbox",
 ]

@@ -40,6 +40,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "installed by AGBoss",
         [
             "celery_agboss.signals",
+            # What a body publishes (a canvas recorded through the outbox); signals use it.
+            "celery_agboss.body_publishes",
             "celery_agboss.sweep",
             "celery_agboss.sweep.*",
             "celery_agboss.operator",
