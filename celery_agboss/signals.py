@@ -6,7 +6,12 @@
   ``send_task`` too (by name: ``agboss_payment_tasks`` lists names a process knows
   without importing them), and for retries and re-publishes (which refresh the
   message). A publish the store cannot record is refused: the caller gets
-  ``PublishRefusedError`` and nothing reaches the broker.
+  ``PublishRefusedError`` and nothing reaches the broker. A recorded message carries
+  the header ``agboss_recorded`` (why it was taken for a ``PaymentTask``).
+- ``task_prerun``: a recorded message that reaches a task which is not a
+  ``PaymentTask`` (a plain task matching ``agboss_payment_tasks``, an old worker of a
+  rolling deploy) ends its execution ``UNMANAGED`` before that task runs, logged once
+  with the task's name and why it was recorded; the sweep never re-publishes it.
 - ``worker_init``: the worker refuses to start on a wrong configuration; a worker
   started by a test inherits the protections it switched off (``AGBOSS_SABOTAGE``,
   refused outside tests); ``worker_ready`` logs the store it uses (without its
@@ -28,20 +33,27 @@ import contextlib
 import fnmatch
 import functools
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from celery import signals as celery_signals
-from celery._state import get_current_worker_task
 from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 
+from celery_agboss import body_publishes
+from celery_agboss.body_publishes import (
+    BODY_PUBLISHES_GET_NEW_IDS,
+    UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY,
+    body_context,
+    derived_task_id,
+    publish_position,
+)
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import (
     EXECUTION_NOT_RECORDED,
     EXECUTION_REVOKED,
+    EXECUTION_UNMANAGED,
     WORKER_SHUTTING_DOWN,
     log_event,
 )
@@ -56,18 +68,14 @@ from celery_agboss.errors import (
 )
 from celery_agboss.messages import message_from_publish
 from celery_agboss.runtime import Runtime
-from celery_agboss.task import PaymentTask, execution_context_of
+from celery_agboss.task import PaymentTask
+from celery_agboss.task_events import TASK_UNMANAGED, send_agboss_event
 
 logger = logging.getLogger("celery_agboss")
 
 LINK_IDS_NOT_FIXED = sabotage.register("link-ids-not-fixed")
 """Sabotage (DESIGN §4): an execution's unfrozen links get a new id each time a delivery
 sends them, so a duplicate that replays them starts a second execution."""
-
-BODY_PUBLISHES_GET_NEW_IDS = sabotage.register("body-publishes-get-new-ids")
-UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = sabotage.register("undo-publishes-counted-in-the-delivery")
-"""Sabotage (DESIGN §4): a PaymentTask published from a body gets a new id on every
-re-run: two executions, two shipping charges."""
 
 PUBLISH_WITHOUT_RECORD = sabotage.register("publish-without-record")
 """Sabotage (trap 9): a publish the store could not record goes to the broker anyway, and
@@ -77,22 +85,41 @@ SHUTDOWN_HANDS_OVER_RUNNING_LEASES = sabotage.register("shutdown-hands-over-runn
 """Sabotage (PS12): a stopping worker releases the leases of the bodies it still runs, so
 another worker re-runs a step whose charge is still on the wire here."""
 
+PLAIN_TASK_LEFT_REQUESTED = sabotage.register("plain-task-left-requested")
+"""Sabotage (DESIGN §2.1): a recorded message that runs as a plain task leaves its
+execution ``REQUESTED``, so the sweep publishes it again and again until it is PARKED:
+one charge per run."""
 
-def _is_payment_task(agboss: Runtime, name: Any) -> bool:
-    """This app's ``PaymentTask`` tasks (looked up without finalizing the app), and the
-    names ``agboss_payment_tasks`` lists, for a process that publishes by name without
-    importing the task's module."""
+RECORDED_HEADER = "agboss_recorded"
+"""The header of a message whose execution was recorded at publish: why the publisher
+took the task for a ``PaymentTask`` (``PaymentTask``, or the pattern that matched)."""
+
+PAYMENT_TASK = "PaymentTask"
+
+
+def _payment_task_reason(agboss: Runtime, name: Any) -> str | None:
+    """Why ``name`` is a ``PaymentTask`` here, or None: this app's task is one (looked up
+    without finalizing the app), or, for a process that publishes by name without
+    importing the task's module, the ``agboss_payment_tasks`` pattern it matches."""
     if not isinstance(name, str):
-        return False
+        return None
     tasks = getattr(agboss.app, "_tasks", None)
     task = tasks.get(name) if tasks is not None else None
     if task is not None:
-        return isinstance(task, PaymentTask)
+        return PAYMENT_TASK if isinstance(task, PaymentTask) else None
+    return _matched_pattern(agboss, name)
+
+
+def _matched_pattern(agboss: Runtime, name: str) -> str | None:
     try:
         patterns = agboss.settings.payment_tasks
     except ConfigurationError:
-        return False
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+        return None
+    return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
+
+
+def _is_payment_task(agboss: Runtime, name: Any) -> bool:
+    return _payment_task_reason(agboss, name) is not None
 
 
 def connect(agboss: Runtime) -> None:
@@ -107,10 +134,13 @@ def connect(agboss: Runtime) -> None:
         properties: Any = None,
         **_: Any,
     ) -> None:
-        headers = headers or {}
+        headers = {} if headers is None else headers
         name = headers.get("task", sender)
-        if not _is_payment_task(agboss, name):
+        reason = _payment_task_reason(agboss, name)
+        if reason is None:
             return
+        # Kept with the recorded message, so every re-publish says it too.
+        headers.setdefault(RECORDED_HEADER, reason)
         if not sabotage.active(LINK_IDS_NOT_FIXED):
             _fix_link_ids(body, str(headers.get("id")))
         message = message_from_publish(
@@ -197,6 +227,14 @@ def connect(agboss: Runtime) -> None:
         if sabotage.active(SHUTDOWN_HANDS_OVER_RUNNING_LEASES):
             _hand_over_running_leases(agboss)
 
+    def task_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: Any) -> None:
+        task = task or sender
+        if getattr(task, "app", None) is not agboss.app or isinstance(task, PaymentTask):
+            return
+        if sabotage.active(PLAIN_TASK_LEFT_REQUESTED):
+            return
+        _end_unmanaged(agboss, task, task_id)
+
     def task_revoked(
         sender: Any = None,
         request: Any = None,
@@ -226,12 +264,52 @@ def connect(agboss: Runtime) -> None:
         celery_signals.worker_process_init: worker_process_init,
         celery_signals.worker_shutting_down: worker_shutting_down,
         celery_signals.task_revoked: task_revoked,
+        celery_signals.task_prerun: task_prerun,
     }
     for signal, handler in handlers.items():
         signal.connect(handler, weak=False)
     agboss._signal_handlers = handlers
     _refuse_unrecorded_publishes(agboss)
     install_revoke_recorder(agboss)
+    body_publishes.install()
+
+
+def _end_unmanaged(agboss: Runtime, task: Any, task_id: Any) -> None:
+    """A message whose execution was recorded is about to run as ``task``, which is not a
+    ``PaymentTask``: it runs once, unprotected, and its execution ends ``UNMANAGED`` now,
+    so the sweep never publishes it again. Never raises: the plain task runs regardless."""
+    request = getattr(task, "request", None)
+    if not task_id or getattr(request, "is_eager", False):
+        return
+    headers = getattr(request, "headers", None) or {}
+    reason = headers.get(RECORDED_HEADER) if isinstance(headers, dict) else None
+    reason = reason or getattr(request, RECORDED_HEADER, None)
+    if not reason:  # a publisher without the header: this worker's own patterns decide
+        reason = _matched_pattern(agboss, str(task.name))
+    if not reason:
+        return
+    why = (
+        f"recorded at publish ({reason}), run by a worker where {task.name!r} is not a PaymentTask"
+    )
+    try:
+        record = agboss.executions.move(
+            str(task_id), [ExecutionState.REQUESTED], ExecutionState.UNMANAGED, why
+        )
+    except (Exception, StoreError):
+        logger.warning("could not end the execution %s UNMANAGED", task_id, exc_info=True)
+        return
+    if record is None:
+        return  # not recorded, or not waiting for its first run: left as it is
+    log_event(
+        EXECUTION_UNMANAGED,
+        logging.ERROR,
+        "runs unprotected as a plain task and is never re-published: make it a "
+        "PaymentTask on every worker, or take its name out of agboss_payment_tasks",
+        execution=record.id,
+        task=task.name,
+        pattern=str(reason),
+    )
+    send_agboss_event(task, TASK_UNMANAGED, agboss_state=ExecutionState.UNMANAGED.value)
 
 
 def _hand_over_running_leases(agboss: Runtime) -> None:
@@ -270,34 +348,17 @@ def _with_fixed_id(signature: Any, task_id: str) -> Any:
     return {**signature, "options": options}
 
 
-def derived_task_id(parent_execution_id: str, position: str) -> str:
-    """The id of a task an execution publishes (from its body, or as its link), the same
-    on every re-run: derived from the parent's id and the publish's position or name."""
-    return str(uuid.uuid5(_DERIVED_IDS, f"{parent_execution_id}/{position}"))
-
-
-_DERIVED_IDS = uuid.UUID("5c0f6c62-9b6e-4bb1-9d3c-5a7c1f0e2d41")
-
-
 def _published_from_a_body(agboss: Runtime, name: Any) -> str | None:
     """The stable id of a PaymentTask published from inside a PaymentTask's delivery
     (``ship.delay(order)`` in ``charge_order``'s body), or None: outside a delivery,
     or a task that is not a PaymentTask. The n-th publish of one task name in a
     delivery gets the same id on every re-run (DESIGN §4)."""
-    current = get_current_worker_task()
-    if current is None or not isinstance(name, str):
+    if not isinstance(name, str):
         return None
-    ctx = execution_context_of(current.request)
+    ctx = body_context()
     if ctx is None or not _is_payment_task(agboss, name):
         return None
-    undo = getattr(ctx, "current", None)
-    if undo is not None and not sabotage.active(UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY):
-        # Inside an undo, counted within that undo: a delivery that continues the undos
-        # after a crash skips those already done, so a position in the delivery shifts.
-        position = ctx.next_publish(f"{undo.key}/{name}")
-        return derived_task_id(ctx.execution_id, f"{undo.key}/publish/{name}#{position}")
-    position = ctx.next_publish(name)
-    return derived_task_id(ctx.execution_id, f"publish/{name}#{position}")
+    return derived_task_id(ctx.execution_id, publish_position(ctx, name))
 
 
 def _refuse_unrecorded_publishes(agboss: Runtime) -> None:
@@ -413,8 +474,12 @@ def disconnect(agboss: Runtime) -> None:
 
 
 __all__ = [
+    "BODY_PUBLISHES_GET_NEW_IDS",
     "EXECUTION_REVOKED",
+    "PLAIN_TASK_LEFT_REQUESTED",
     "PUBLISH_WITHOUT_RECORD",
+    "RECORDED_HEADER",
+    "UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY",
     "connect",
     "disconnect",
     "install_revoke_recorder",

@@ -16,6 +16,7 @@ import pytest
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store import IntentStatus
+from celery_agboss.signals import RECORDED_HEADER
 from celery_agboss.store import sweep_queries
 from celery_agboss.sweep import check_sweep_freshness, sweep_freshness
 from celery_agboss.testing.gateway_types import FakeGatewayFault
@@ -46,7 +47,9 @@ def test_a_republished_message_keeps_its_id_arguments_and_options(world: World) 
     assert json.loads(after.args) == json.loads(before.args) == ["order-7"]
     options = json.loads(after.options)
     assert options["priority"] == 3
-    assert options["headers"] == {"tenant-ref": "abc"}
+    # The application's header, and why the publisher recorded it (read by a worker
+    # whose task is not a PaymentTask: UNMANAGED).
+    assert options["headers"] == {"tenant-ref": "abc", RECORDED_HEADER: "PaymentTask"}
 
 
 def test_an_eta_execution_is_not_republished_before_its_eta_and_grace(world: World) -> None:
