@@ -27,6 +27,7 @@ from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask,
 from celery_agboss.core import sabotage
 from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.errors import OutboundCallOutcomeUnknownError
+from tests.integration.apps.body_publish_tasks import add_body_publish_tasks
 
 CONFIG_ENV = "AGBOSS_IT_CONFIG"
 HTTP_TIMEOUT_SECONDS = 30.0
@@ -85,6 +86,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         agboss_sweep_interval=0,
         agboss_retry_delay=config.get("retry_delay", 1),
         agboss_max_recovery_attempts=config.get("max_recovery_attempts", 10),
+        agboss_requested_grace=config.get("requested_grace", 300),
         agboss_attempt_timeout=config.get("attempt_timeout", 120),
     )
     agboss = AGBoss(app)
@@ -315,6 +317,8 @@ def make_app(config: dict[str, Any]) -> Celery:
             note("parent-backend", None, backend=int(str(pid)))
 
         signals.worker_init.connect(connect_in_the_parent, weak=False)
+
+    add_body_publish_tasks(app, charge_call, note, gate)
 
     for gateway_name, gateway_url in (config.get("sdk_gateways") or {}).items():
         _sdk_charge_task(app, agboss, gateway_name, gateway_url)
