@@ -29,9 +29,7 @@ body then raises (a zombie woken after the take-over completed) runs none (P5).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,33 +37,37 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.fault_points import UNDO_BEFORE_CLAIM, fault_point
-from celery_agboss.core.keys import business_key_handle, fit_key, step_key
+from celery_agboss.core.keys import step_key
 from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.log_events import (
     FENCED_EFFECT_REPLAYED,
-    UNDO_COVERED,
     UNDO_DONE,
-    UNDO_KEPT,
-    UNDO_WAITS,
     log_event,
 )
 from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.core.shared_records import UndoDecision, UndoOutcome, undo_decision
+from celery_agboss.core.shared_records import UndoDecision, UndoOutcome
+from celery_agboss.core.shared_steps import (
+    decide_step,
+    loggable_step,
+    mark_compensated,
+    step_notes,
+)
 from celery_agboss.core.store import (
     EFFECT_RECORD,
     INTENT_RECORD,
     EffectRecord,
     FencedTransaction,
-    SharedRecord,
     Store,
     StoreTransaction,
 )
 from celery_agboss.core.undo_steps import (
+    FENCED_HOLDER_STARTS_UNDO,
     StepTrail,
+    UndoDeclaration,
     UndoFunction,
     UndoRegistry,
     check_undo_name,
+    compensation_key,
     effect_step,
     outbound_step,
     run_task_undos_with,
@@ -73,12 +75,9 @@ from celery_agboss.core.undo_steps import (
     trail_of,
     undo_registry,
 )
-from celery_agboss.errors import ConfigurationError, OutboundCallInFlightError, UndoMustWait
+from celery_agboss.errors import ConfigurationError, UndoMustWait
 
 T = TypeVar("T")
-
-MAX_DECISION_ROUNDS = 8
-"""Reads and claims one step's undo decision may go through before it reports contention."""
 
 UNDO_RECORD = "agboss.undo"
 """The fenced-effect name of an undo declaration (the store finds an execution's by it)."""
@@ -88,11 +87,6 @@ DONE_RECORD = "agboss.compensation"
 
 STARTED_RECORD = "agboss.compensating"
 """The fenced-effect name of the mark that an execution's compensation started."""
-
-COMPENSATION_SUFFIX = ":compensation"
-COMPENSATION_KEY_LIMIT = 200
-"""A longer ``<step key>:compensation`` becomes its digest (``fit_key``): it is also the
-business key of the calls inside the undo, and their intent keys must fit the store."""
 
 FAILURE = "failure"
 CANCEL = "cancel"
@@ -106,21 +100,8 @@ UNDO_NOT_MARKED_DONE = sabotage.register("undo-not-marked-done")
 """Sabotage (PS10): an undo's done mark is neither written nor read, so every delivery of
 a compensating execution runs every undo again, one already done included."""
 
-FENCED_HOLDER_STARTS_UNDO = sabotage.register("fenced-holder-starts-undo")
-"""Sabotage (P5): the reads that start an undo, and the start mark, go on past a fence —
-as undo started from a failure handler outside the lease would: a holder superseded
-mid-body, woken after the take-over completed the payment, refunds the paid order."""
-
 TASK_PARTS = ("task", "args", "kwargs", "options")
 """What an undo declared as a Celery signature keeps of it (``UndoDeclaration.task``)."""
-
-
-def compensation_key(step: str, n: int = 1) -> str:
-    """``<step key>:compensation`` (``…:compensation#n`` for the n-th undo declared after
-    one step): the key an undo runs under (its done mark's key, and the default business
-    key of the calls it makes)."""
-    suffix = COMPENSATION_SUFFIX if n == 1 else f"{COMPENSATION_SUFFIX}#{n}"
-    return fit_key(step + suffix, COMPENSATION_KEY_LIMIT)
 
 
 def declaration_key(settings: EngineSettings, execution_id: str, position: int) -> str:
@@ -129,23 +110,6 @@ def declaration_key(settings: EngineSettings, execution_id: str, position: int) 
 
 def started_key(settings: EngineSettings, execution_id: str) -> str:
     return step_key(settings.tenant, execution_id, STARTED_RECORD, 1)
-
-
-@dataclass(frozen=True)
-class UndoDeclaration:
-    """The undo one step declared, as stored: what runs, with what, in which order."""
-
-    position: int
-    step_key: str
-    undo: str  # the undo function's name, or the signature's task name
-    arguments: dict[str, Any]
-    task: dict[str, Any] | None = None  # a signature's parts (TASK_PARTS), or None
-    n: int = 1  # the n-th undo declared after this step (all are kept, and all run)
-    kind: str | None = None  # the step's record: an intent or a fenced effect (None: unknown)
-
-    @property
-    def key(self) -> str:
-        return compensation_key(self.step_key, self.n)
 
 
 @dataclass(frozen=True)
@@ -406,7 +370,7 @@ def run_undos(
             log_event(FENCED_EFFECT_REPLAYED, effect=DONE_RECORD, **log_ref)
             if finishing:
                 with ctx.fenced() as tx:
-                    _mark_compensated(tx, ctx, declaration)
+                    mark_compensated(tx, ctx.execution_id, declaration)
             continue
         ctx.current = step
         before = ctx.reached_keys()
@@ -431,93 +395,10 @@ def run_undos(
                     )
                 )
                 if finishing:
-                    _mark_compensated(tx, ctx, declaration)
-        log_event(UNDO_DONE, **log_ref, **_loggable_step(ctx.settings, step.step_key))
+                    mark_compensated(tx, ctx.execution_id, declaration)
+        log_event(UNDO_DONE, **log_ref, **loggable_step(ctx.settings, step.step_key))
         ran += 1
     return ran
-
-
-def decide_step(ctx: UndoContext, declaration: UndoDeclaration) -> UndoDecision:
-    """What this execution does with the step an undo belongs to (the one rule,
-    ``shared_records.undo_decision``), read and — when it undoes — claimed in one fenced
-    transaction: the claim matches the record's reliance as read, so an execution that
-    relied on it meanwhile makes it miss, and the decision is taken again."""
-    me = ctx.execution_id
-    for _ in range(MAX_DECISION_ROUNDS):
-        with _decision_transaction(ctx) as tx:
-            kind, record = _step_record(tx, declaration)
-            if record is None:
-                return UndoDecision(UndoOutcome.UNDO)  # nothing left to share it with
-            decision = undo_decision(record, me)
-            claims = decision.outcome is UndoOutcome.UNDO and record.undo_by is None
-            if claims:
-                fault_point(UNDO_BEFORE_CLAIM, execution_id=me, key=record.key)
-            if claims and not tx.claim_undo(kind, record.key, me, record.reliance):
-                continue
-        _log_decision(ctx, declaration, decision)
-        return decision
-    raise OutboundCallInFlightError(
-        "the step kept changing while its undo was being decided; another execution is "
-        "working on it",
-        execution_id=me,
-    )
-
-
-def _decision_transaction(ctx: UndoContext) -> AbstractContextManager[StoreTransaction]:
-    if sabotage.active(FENCED_HOLDER_STARTS_UNDO):
-        return ctx.store.transaction()
-    return ctx.fenced()
-
-
-def _step_record(
-    tx: StoreTransaction, declaration: UndoDeclaration
-) -> tuple[str, SharedRecord | None]:
-    kinds = [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]
-    for kind in kinds:
-        record = tx.read_shared(kind, declaration.step_key)
-        if record is not None:
-            return kind, record
-    return kinds[0], None
-
-
-def _mark_compensated(tx: StoreTransaction, ctx: UndoContext, declaration: UndoDeclaration) -> None:
-    """Every undo this execution declared after the step is done: the step is compensated,
-    and a later replay of it raises ``OutboundCallCompensatedError``."""
-    for kind in [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]:
-        tx.mark_compensated(kind, declaration.step_key, ctx.execution_id)
-
-
-def _log_decision(ctx: UndoContext, declaration: UndoDeclaration, decision: UndoDecision) -> None:
-    fields = {
-        "execution_id": ctx.execution_id,
-        "other": decision.other,
-        **_loggable_step(ctx.settings, declaration.step_key),
-    }
-    if decision.outcome is UndoOutcome.KEEP:
-        log_event(UNDO_KEPT, logging.INFO, "another execution completed on this step", **fields)
-    elif decision.outcome is UndoOutcome.COVERED:
-        log_event(UNDO_COVERED, logging.INFO, "another execution's undo claimed it", **fields)
-    elif decision.outcome is UndoOutcome.WAIT:
-        log_event(UNDO_WAITS, logging.INFO, "another execution still uses this step", **fields)
-
-
-def step_notes(settings: EngineSettings, decisions: Mapping[str, UndoDecision]) -> list[str]:
-    """How the steps an execution did not undo are named in its reason ("kept for …")."""
-    notes = []
-    for key, decision in decisions.items():
-        if decision.outcome in (UndoOutcome.KEEP, UndoOutcome.COVERED):
-            what = "kept for" if decision.outcome is UndoOutcome.KEEP else "undone by"
-            name = next(iter(_loggable_step(settings, key).values()))
-            notes.append(f"step {name} {what} {decision.other}")
-    return notes
-
-
-def _loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
-    """A step key as a log may show it (R17): a business-keyed one (``<tenant>:b:…``)
-    holds the business key in clear, so only its HMAC handle is logged."""
-    if key.split(":", 2)[1:2] == ["b"]:
-        return {"step_key_handle": business_key_handle(settings.pseudonym_key, key)}
-    return {"step_key": key}
 
 
 def _done(ctx: UndoContext, step: UndoStep) -> bool:

@@ -18,12 +18,49 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.fenced_effects import effect_key
 from celery_agboss.core.keys import business_key, fit_key, validate_business_key
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.store import EFFECT_RECORD, INTENT_RECORD
 from celery_agboss.errors import ConfigurationError
+
+COMPENSATION_SUFFIX = ":compensation"
+COMPENSATION_KEY_LIMIT = 200
+"""A longer ``<step key>:compensation`` becomes its digest (``fit_key``): it is also the
+business key of the calls inside the undo, and their intent keys must fit the store."""
+
+FENCED_HOLDER_STARTS_UNDO = sabotage.register("fenced-holder-starts-undo")
+"""Sabotage (P5): the reads that start an undo, and the start mark, go on past a fence —
+as undo started from a failure handler outside the lease would: a holder superseded
+mid-body, woken after the take-over completed the payment, refunds the paid order."""
+
+
+def compensation_key(step: str, n: int = 1) -> str:
+    """``<step key>:compensation`` (``…:compensation#n`` for the n-th undo declared after
+    one step): the key an undo runs under (its done mark's key, and the default business
+    key of the calls it makes)."""
+    suffix = COMPENSATION_SUFFIX if n == 1 else f"{COMPENSATION_SUFFIX}#{n}"
+    return fit_key(step + suffix, COMPENSATION_KEY_LIMIT)
+
+
+@dataclass(frozen=True)
+class UndoDeclaration:
+    """The undo one step declared, as stored: what runs, with what, in which order."""
+
+    position: int
+    step_key: str
+    undo: str  # the undo function's name, or the signature's task name
+    arguments: dict[str, Any]
+    task: dict[str, Any] | None = None  # a signature's parts (TASK_PARTS), or None
+    n: int = 1  # the n-th undo declared after this step (all are kept, and all run)
+    kind: str | None = None  # the step's record: an intent or a fenced effect (None: unknown)
+
+    @property
+    def key(self) -> str:
+        return compensation_key(self.step_key, self.n)
+
 
 UndoFunction = Callable[..., Any]
 """``fn(task, undo: UndoStep, **arguments)``: ``task`` is what the body calls verbs on."""
@@ -166,10 +203,15 @@ def effect_step(ctx: ExecutionContext, name: str, business_key_text: str | None)
 
 
 __all__ = [
+    "COMPENSATION_KEY_LIMIT",
+    "COMPENSATION_SUFFIX",
+    "FENCED_HOLDER_STARTS_UNDO",
     "StepTrail",
+    "UndoDeclaration",
     "UndoFunction",
     "UndoRegistry",
     "check_undo_name",
+    "compensation_key",
     "effect_step",
     "outbound_step",
     "run_task_undos_with",

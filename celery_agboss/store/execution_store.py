@@ -124,10 +124,16 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
                 self._set(tx, execution_id, wake_requested=True)
                 return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
             now = tx.now_expr()
+            # An execution whose undos started stays COMPENSATING: this delivery continues
+            # them, never the body, and another execution deciding about a step they
+            # share must go on seeing it undoing (or the two could wait for each other).
+            compensating = record.state is ExecutionState.COMPENSATING
             self._set(
                 tx,
                 execution_id,
-                state=ExecutionState.RUNNING.value,
+                state=(
+                    ExecutionState.COMPENSATING if compensating else ExecutionState.RUNNING
+                ).value,
                 started_at_ms=case((_e.started_at_ms.is_(None), now), else_=_e.started_at_ms),
                 not_before_ms=None,
                 wake_requested=False,

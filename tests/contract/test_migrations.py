@@ -8,16 +8,20 @@ check procrastinate runs in CI — on SQLite and on PostgreSQL.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
+from celery_agboss.core.history import HistoryEvent, next_history_row, verify_history
+from celery_agboss.core.store import INTENT_RECORD
 from celery_agboss.store import metadata
 from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import MIGRATIONS_DIR, alembic_config, current_revision, migrate
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.support import services
 
 VERSION_TABLE = "agboss_alembic_version"
@@ -83,3 +87,115 @@ def test_every_table_is_prefixed_and_the_migrations_ship_in_the_package() -> Non
     assert all(name.startswith("agboss_") for name in metadata.tables)
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert list((MIGRATIONS_DIR / "versions").glob("*.py"))
+
+
+# --- 0006: records several executions share --------------------------------------------
+
+_OLD_KEY = b"migration-tests-pseudonym-key-32b"
+
+
+def _old_rows(conn: Any) -> None:
+    """What the code before 0006 left: A charged order 1 (business-keyed) and completed;
+    B replayed it and waits; A's step-keyed charge of order 2 was declined and A's body
+    did not go past it (a retry may send it again); C's decline it did go past."""
+    now = 1_800_000_000_000
+    conn.execute(
+        text(
+            "INSERT INTO agboss_executions (id, task_name, state, args, kwargs, options, "
+            "requested_at_ms, wake_requested, recovery_count, deliveries, cancel_requested, "
+            "links_dispatched, redrive_planned, updated_at_ms, terminal_at_ms) VALUES "
+            "('exec-a', 'shop.pay', 'COMPLETED', '[]', '{}', '{}', :now, false, 0, 1, false, "
+            "false, false, :now, :now), "
+            "('exec-b', 'shop.pay', 'WAITING', '[]', '{}', '{}', :now, false, 0, 1, false, "
+            "false, false, :now, NULL)"
+        ),
+        {"now": now},
+    )
+    insert = text(
+        "INSERT INTO agboss_outbound_calls (idempotency_key, execution_id, name, "
+        "business_key_handle, fingerprint, request, result, result_stored, status, attempt, "
+        "first_attempt_at_ms, completed_at_ms, failure, failure_passed) VALUES (:key, :by, "
+        "'shop.charge', :handle, 'f', '{}', 'null', :stored, :status, 1, :now, :done, "
+        ":failure, :passed)"
+    )
+    rows = [
+        ("default:b:order%3A1:shop.charge", "exec-a", "h1", True, "COMPLETED", None, False),
+        ("default:t:exec-a:shop.charge", "exec-a", None, False, "FAILED", "{}", False),
+        ("default:t:exec-c:shop.charge", "exec-c", None, False, "FAILED", "{}", True),
+    ]
+    for key, by, handle, stored, status, failure, passed in rows:
+        conn.execute(
+            insert,
+            {
+                "key": key,
+                "by": by,
+                "handle": handle,
+                "stored": stored,
+                "status": status,
+                "now": now,
+                "done": now if status == "COMPLETED" else None,
+                "failure": failure,
+                "passed": passed,
+            },
+        )
+    conn.execute(
+        text(
+            "INSERT INTO agboss_record_uses (kind, record_key, execution_id, used_at_ms) "
+            "VALUES ('intent', 'default:b:order%3A1:shop.charge', 'exec-b', :now)"
+        ),
+        {"now": now},
+    )
+    first = next_history_row(
+        _OLD_KEY,
+        None,
+        idempotency_key="default:b:order%3A1:shop.charge",
+        at_ms=now,
+        event=HistoryEvent.CLAIMED,
+        from_status=None,
+        to_status="PENDING",
+        attempt=1,
+        holder="h",
+        token=1,
+        detail={},
+    )
+    conn.execute(
+        text(
+            "INSERT INTO agboss_intent_history (idempotency_key, seq, at_ms, event, "
+            "from_status, to_status, attempt, holder, token, detail, prev_digest, digest) "
+            "VALUES (:k, 1, :at, :event, NULL, 'PENDING', 1, 'h', 1, '{}', NULL, :digest)"
+        ),
+        {"k": first.idempotency_key, "at": now, "event": first.event, "digest": first.digest},
+    )
+
+
+def test_0006_gives_rows_in_flight_the_meaning_the_old_code_acted_on(
+    empty_database_url: str,
+) -> None:
+    migrate(empty_database_url, "0005")
+    engine = create_store_engine(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            _old_rows(conn)
+    finally:
+        engine.dispose()
+    migrate(empty_database_url)
+    store = SQLAlchemyStore(empty_database_url)
+    try:
+        shared = store.read_intent("default:b:order%3A1:shop.charge")
+        declined = store.read_intent("default:t:exec-a:shop.charge")
+        went_past = store.read_intent("default:t:exec-c:shop.charge")
+        assert shared is not None and declined is not None and went_past is not None
+        assert {shared.sent_by, declined.sent_by} == {"exec-a"}
+        assert declined.retry_for == "exec-a", "its creator's retry may still send it"
+        assert went_past.retry_for is None, "a decline its body went past is replayed"
+        with store.read_transaction() as tx:
+            record = tx.read_shared(INTENT_RECORD, shared.idempotency_key)
+        assert record is not None and record.reliance == 2
+        users = {user.execution_id: user for user in record.users}
+        assert users["exec-a"].relied and users["exec-a"].completed_on
+        assert users["exec-b"].relied and not users["exec-b"].completed_on
+        history = store.read_history(shared.idempotency_key)
+        assert verify_history(_OLD_KEY, history).ok
+        assert history[0].execution_id is None
+    finally:
+        store.close()

@@ -26,7 +26,7 @@ from typing import Any
 
 from celery_agboss import OutboundCallCompensatedError
 from celery_agboss.core.compensation import ONE_UNDO_PER_STEP, UndoStep
-from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT, DIVERGENCE
+from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT, DIVERGENCE, UNDO_WAITS
 from celery_agboss.core.keys import business_key
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
 from celery_agboss.core.protections import PASSED_FAILURE_RESENT
@@ -36,7 +36,7 @@ from celery_agboss.core.shared_records import (
     REPLAY_AFTER_UNDO,
     UNDO_IGNORES_OTHER_EXECUTIONS,
 )
-from celery_agboss.operator import cancel, list_waits
+from celery_agboss.operator import cancel, list_shared_waits, list_waits
 from celery_agboss.task import undo_function
 from celery_agboss.testing.faults import OUTBOUND_BEFORE_SEND, arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayFault
@@ -229,6 +229,89 @@ def test_f1_twin_the_revoked_duplicate_refunds_the_completed_order(shop: Payment
     with sabotage(UNDO_IGNORES_OTHER_EXECUTIONS):
         _revoke_the_duplicate(shop)
     assert _net(shop) == 0, "the completed order's charge refunded"
+
+
+def _gated_saga(shop: PaymentShop, gates: dict[str, threading.Event]) -> Any:
+    """The saga, each click held at its own gate (``hold``) after its charge and its
+    declared refund, then failing its stock check (``fail``) or marking the order paid."""
+    charge = shop.call()
+    _refund_undo(shop)
+    reached: dict[str, threading.Event] = {name: threading.Event() for name in gates}
+
+    @shop.task()
+    def place_order(self: Any, order: str, hold: str, fail: bool) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        self.undo_with("refund-charge", payment=receipt["id"])
+        reached[hold].set()
+        assert gates[hold].wait(GATE_SECONDS)
+        if fail:
+            raise LookupError(f"order {order} is out of stock")
+        self.fenced_effect(
+            "mark-paid", lambda conn: {"payment": receipt["id"]}, business_key=f"order:{order}"
+        )
+        return receipt
+
+    place_order.reached = reached
+    return place_order
+
+
+def _one_fails_while_the_other_still_uses_the_charge(
+    shop: PaymentShop, *, other_fails: bool
+) -> tuple[str, str]:
+    """A and B both hold on the order's one charge; A fails first while B still runs: A's
+    undo waits for B. Then B completes (or fails too), and A is re-driven."""
+    gates = {"a": threading.Event(), "b": threading.Event()}
+    place_order = _gated_saga(shop, gates)
+    with shop.worker():
+        first = str(place_order.delay("o-4", "a", True).id)
+        assert place_order.reached["a"].wait(GATE_SECONDS)
+        second = str(place_order.delay("o-4", "b", other_fails).id)
+        assert place_order.reached["b"].wait(GATE_SECONDS)
+        gates["a"].set()
+        wait_until(
+            lambda: (shop.execution(first).reason or "").startswith(UNDO_WAITS),
+            20,
+            message="A's undo to wait for B",
+        )
+        waiting = shop.execution(first)
+        assert [w.other for w in list_shared_waits(shop.app)] == [second], waiting.reason
+        assert shop.gateway.refunds == [], "nothing undone while B still uses the charge"
+        gates["b"].set()
+        shop.wait_state(second, "COMPLETED" if not other_fails else "FAILED")
+
+        def redriven() -> bool:
+            if shop.execution(first).state.value in ("FAILED", "WAITING_OPERATOR"):
+                return True
+            shop.clock.advance(shop.agboss.executions.shared_wait_ms / 1000 + 1)
+            shop.sweep()  # re-drives A once its wait is over
+            return False
+
+        wait_until(redriven, 30, interval=0.3, message="A re-driven after its wait")
+    return first, second
+
+
+def test_f1_an_undo_waits_while_another_click_still_uses_the_charge_then_keeps_it(
+    shop: PaymentShop,
+) -> None:
+    first, second = _one_fails_while_the_other_still_uses_the_charge(shop, other_fails=False)
+    failed = shop.execution(first)
+    assert failed.state.value == "FAILED", failed.reason
+    assert f"kept for {second}" in (failed.reason or "")
+    assert shop.gateway.refunds == [] and _net(shop) == 1000
+    assert _paid_with(shop, "o-4") is not None
+
+
+def test_f1_two_clicks_failing_one_after_the_other_undo_the_charge_once(
+    shop: PaymentShop,
+) -> None:
+    """B sees A undoing (never waits for it in turn), undoes the charge itself; A, re-driven,
+    finds it undone by B: one refund, both FAILED."""
+    first, second = _one_fails_while_the_other_still_uses_the_charge(shop, other_fails=True)
+    assert shop.execution(second).state.value == "FAILED"
+    failed = shop.execution(first)
+    assert failed.state.value == "FAILED", failed.reason
+    assert f"undone by {second}" in (failed.reason or "")
+    assert len(shop.gateway.refunds) == 1 and _net(shop) == 0
 
 
 # --- 2. a primary/backup body clicked twice --------------------------------------------------

@@ -105,6 +105,7 @@ _CHANGES: dict[str, Any] = {
     "detail": {"reason": "edited"},
     "prev_digest": "0" * 64,
     "digest": "f" * 64,
+    "execution_id": "exec-mallory",
 }
 
 
@@ -117,6 +118,24 @@ def test_changing_any_single_field_of_any_row_is_detected_with_that_rows_seq(
     verdict = verify_history(KEY, rows)
     assert not verdict.ok
     assert verdict.first_broken_seq == index + 1, verdict.reason
+
+
+def test_a_row_names_the_execution_that_made_it_under_its_digest() -> None:
+    claimed = _row(None, HistoryEvent.CLAIMED, from_status=None, execution_id="exec-a")
+    assert claimed.execution_id == "exec-a"
+    assert verify_history(KEY, [claimed]).ok
+    for other in ("exec-b", None):
+        verdict = verify_history(KEY, [dataclasses.replace(claimed, execution_id=other)])
+        assert (verdict.ok, verdict.first_broken_seq) == (False, 1), other
+
+
+def test_rows_written_before_executions_were_named_still_verify_beside_new_ones() -> None:
+    """A chain begun before the upgrade (rows without an execution) goes on after it."""
+    old = _unknown_outcome_then_reconciled()[:3]
+    taken = _row(old[-1], HistoryEvent.TAKEN_FOR_RECONCILE, execution_id="exec-b", token=2)
+    assert all(row.execution_id is None for row in old)
+    assert verify_history(KEY, [*old, taken]).ok
+    assert old[0].digest == _row(None, HistoryEvent.CLAIMED, from_status=None).digest
 
 
 def test_a_missing_row_is_named_by_its_seq() -> None:

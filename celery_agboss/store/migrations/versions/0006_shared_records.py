@@ -101,11 +101,15 @@ def _reliance_of_existing_records() -> None:
         for r in creators
         if r.kind == "intent" or _is_business_key(str(r.record_key))
     ]
+    kind, key, execution = (
+        f"CAST(:{name} AS VARCHAR({size}))"
+        for name, size in (("kind", 16), ("key", 512), ("execution", 512))
+    )
     insert = sa.text(
         "INSERT INTO agboss_record_uses (kind, record_key, execution_id, used_at_ms) "
-        "SELECT :kind, :key, :execution, :at WHERE NOT EXISTS (SELECT 1 FROM "
-        "agboss_record_uses WHERE kind = :kind AND record_key = :key "
-        "AND execution_id = :execution)"
+        f"SELECT {kind}, {key}, {execution}, CAST(:at AS BIGINT) WHERE NOT EXISTS (SELECT 1 "
+        f"FROM agboss_record_uses WHERE kind = {kind} AND record_key = {key} "
+        f"AND execution_id = {execution})"
     )
     for start in range(0, len(rows), _BATCH):
         conn.execute(insert, rows[start : start + _BATCH])
