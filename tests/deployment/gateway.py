@@ -118,8 +118,17 @@ class Gateway:
     def lookup(self, key):
         return _call("GET", "/lookup?" + urllib.parse.urlencode({{"key": key}}))
 
+    def refund(self, payment, idempotency_key):
+        return _call("POST", "/refund", {{"payment": payment, "idempotency_key": idempotency_key}})
+
+
+class Warehouse:
+    def reserve(self, order_id):
+        return _call("POST", "/warehouse/reserve", {{"order": str(order_id)}})["reserved"]
+
 
 gateway = Gateway()
+warehouse = Warehouse()
 
 
 def mark_paid(conn, order_id, receipt):
