@@ -35,6 +35,12 @@ from celery_agboss.core.executions import ExecutionState
     is_flag=True,
     help="The gateway never processed it: the next delivery sends it again.",
 )
+@click.option(
+    "--may-charge-twice",
+    is_flag=True,
+    help="With --not-sent past the key's retention at the gateway: send it again anyway, "
+    "knowing that if the gateway did process it, the resend is a second charge.",
+)
 @reason_option
 @actor_option
 @json_command
@@ -44,6 +50,7 @@ def resolve(
     key: str,
     completed_json: str | None,
     not_sent: bool,
+    may_charge_twice: bool,
     reason: str,
     actor: str | None,
     as_json: bool,
@@ -59,6 +66,8 @@ def resolve(
             "say what the gateway shows: exactly one of --completed RESULT_JSON or --not-sent",
         )
     kwargs: dict[str, Any] = {"not_sent": True} if not_sent else {}
+    if may_charge_twice:
+        kwargs["may_charge_twice"] = True
     if completed_json is not None:
         try:
             kwargs["completed"] = json.loads(completed_json)
@@ -208,4 +217,26 @@ def redrive(
         out.emit({"execution": execution_view(record), "republished": republished}, text)
 
 
-__all__ = ["accept", "cancel", "redrive", "resolve", "unpark"]
+@agboss.command("payments-handled")
+@click.argument("execution_id")
+@reason_option
+@actor_option
+@json_command
+@click.pass_context
+def payments_handled(
+    ctx: click.Context, execution_id: str, reason: str, actor: str | None, as_json: bool
+) -> None:
+    """Say the payment a FAILED or CANCELLED execution left behind is dealt with."""
+    from celery_agboss.operator import payments_handled as mark_handled
+
+    out = CommandOutput(as_json)
+    with open_agboss(ctx, out) as boss:
+        record = mark_handled(boss, execution_id, reason, actor=actor)
+        out.emit(
+            {"execution": execution_view(record)},
+            f"{execution_id} ({record.state.value}): its payments are marked handled; "
+            "`agboss pending` no longer lists it.",
+        )
+
+
+__all__ = ["accept", "cancel", "payments_handled", "redrive", "resolve", "unpark"]

@@ -29,7 +29,12 @@ from celery_agboss.core.executions import ExecutionState
 def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) -> None:
     """Outbound calls that may have reached the gateway and are not settled, and every
     execution waiting for an operator with the command that ends its wait."""
-    from celery_agboss.operator import list_pending, list_shared_waits, list_waits
+    from celery_agboss.operator import (
+        list_failed_after_payment,
+        list_pending,
+        list_shared_waits,
+        list_waits,
+    )
 
     out = CommandOutput(as_json)
     with open_agboss(ctx, out) as boss:
@@ -37,6 +42,7 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
         flagged = sum(1 for i in intents if waits_for_operator(i))
         waits = list_waits(boss, limit=limit)
         shared = list_shared_waits(boss, limit=limit)
+        left = list_failed_after_payment(boss, limit=limit)
 
         def text() -> str:
             parts = []
@@ -70,6 +76,15 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
                     f"{len(waits)} execution(s) waiting for an operator:\n"
                     + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows)
                 )
+            if left:
+                rows = [
+                    [p.execution.id, p.execution.state.value, ", ".join(p.intents), p.ends_with]
+                    for p in left
+                ]
+                parts.append(
+                    f"{len(left)} execution(s) failed after a payment (the customer is "
+                    "charged):\n" + table(["EXECUTION", "STATE", "PAYMENTS", "ENDS WITH"], rows)
+                )
             if shared:
                 rows = [
                     [w.execution.id, w.execution.state.value, w.other, w.execution.reason or ""]
@@ -89,6 +104,10 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
                 "waiting_executions": [
                     {**execution_view(w.execution), "intents": w.intents, "ends_with": w.ends_with}
                     for w in waits
+                ],
+                "failed_after_payment": [
+                    {**execution_view(p.execution), "intents": p.intents, "ends_with": p.ends_with}
+                    for p in left
                 ],
                 "waiting_on_executions": [
                     {**execution_view(w.execution), "waits_for": w.other} for w in shared

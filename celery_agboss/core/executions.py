@@ -9,6 +9,7 @@ arrive already encoded as text by the Celery layer, and the store keeps them as 
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -102,6 +103,34 @@ CANCELLABLE_STATES = frozenset(
 ``COMPENSATING`` is not one: an undo that started runs to its end."""
 
 
+FAILED_AFTER_PAYMENT = "failed after a payment"
+"""How ``agboss pending`` names a ``FAILED`` or ``CANCELLED`` execution that left a
+completed payment behind (one it sent or relies on, neither undone nor kept for another
+execution), until an operator says it is dealt with (``agboss payments-handled``)."""
+
+
+@dataclass(frozen=True)
+class Audit:
+    """An operator's decision: written as an audit row in the transaction that makes the
+    change, so a change never commits without its row (nor a row without its change)."""
+
+    actor: str
+    action: str
+    reason: str
+
+
+def execution_summary(record: ExecutionRecord) -> str:
+    """What an audit row keeps of an execution before and after a decision (JSON)."""
+    return json.dumps(
+        {
+            "state": record.state.value,
+            "cancel_requested": record.cancel_requested,
+            "recovery_count": record.recovery_count,
+            "reason": record.reason,
+        }
+    )
+
+
 def execution_scope(execution_id: str) -> str:
     """The lease scope of an execution: its task id (one lease row per execution)."""
     return execution_id
@@ -153,6 +182,8 @@ class ExecutionRecord:
     # The next re-publish continues a planned wait (a long retry's end, an answered
     # pause, an operator's decision): it does not count toward the recovery cap.
     redrive_planned: bool = False
+    # An operator said the payment it left behind (FAILED, CANCELLED) is dealt with.
+    payments_handled_at_ms: int | None = None
 
     @property
     def terminal(self) -> bool:

@@ -114,6 +114,7 @@ OPERATOR_CANCELLED = "operator.cancelled"
 OPERATOR_UNPARKED = "operator.unparked"
 OPERATOR_REDRIVEN = "operator.redriven"
 OPERATOR_ACCEPTED = "operator.accepted"
+OPERATOR_PAYMENTS_HANDLED = "operator.payments-handled"
 OPERATOR_PAUSE_ANSWERED = "pause.answered"
 
 # --- processes and the store ------------------------------------------------------------
@@ -255,6 +256,7 @@ __all__ = [
     "OPERATOR_ACCEPTED",
     "OPERATOR_CANCELLED",
     "OPERATOR_PAUSE_ANSWERED",
+    "OPERATOR_PAYMENTS_HANDLED",
     "OPERATOR_REDRIVEN",
     "OPERATOR_RESOLVED",
     "OPERATOR_UNPARKED",

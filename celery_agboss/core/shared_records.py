@@ -231,6 +231,19 @@ def cancel_decision(
     return CancelDecision(CancelStep.OPERATOR, unhandled=tuple(unhandled))
 
 
+def unhandled_payments(records: Iterable[SharedRecord], execution_id: str) -> list[SharedRecord]:
+    """The payments a ``FAILED`` or ``CANCELLED`` execution left behind: completed ones it
+    moved the money of or relies on that nobody undid, no other execution completed on,
+    and none still uses — the customer is charged and nothing will change that."""
+    return [
+        record
+        for record in records
+        if payment_of(record, execution_id)
+        and not (record.compensated and record.undo_by is not None)
+        and undo_decision(record, execution_id).outcome is UndoOutcome.UNDO
+    ]
+
+
 class FailureClaim(str, enum.Enum):
     RESEND = "RESEND"  # this execution may send it again (authorised, or never answered)
     REPLAY = "REPLAY"  # raise the failure again
@@ -281,6 +294,7 @@ __all__ = [
     "payment_of",
     "relies",
     "undo_decision",
+    "unhandled_payments",
     "used_by",
     "user",
 ]

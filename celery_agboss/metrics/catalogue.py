@@ -186,6 +186,13 @@ EXECUTIONS = MetricSpec(
     ("state",),
     "Executions in each state that is not terminal (PARKED, WAITING_OPERATOR…).",
 )
+EXECUTIONS_FAILED_AFTER_PAYMENT = MetricSpec(
+    "agboss_executions_failed_after_payment",
+    GAUGE,
+    (),
+    "FAILED or CANCELLED executions that left a completed payment behind, not yet marked "
+    "handled (agboss pending, agboss payments-handled).",
+)
 SECONDS_SINCE_LAST_SWEEP = MetricSpec(
     "agboss_seconds_since_last_sweep",
     GAUGE,
@@ -199,6 +206,7 @@ STORE_METRICS = (
     PENDING_INTENTS,
     INTENTS_NEEDING_OPERATOR,
     EXECUTIONS,
+    EXECUTIONS_FAILED_AFTER_PAYMENT,
     SECONDS_SINCE_LAST_SWEEP,
 )
 

@@ -26,6 +26,7 @@ from celery_agboss.metrics.catalogue import (
     COUNTER,
     EVENT_METRICS,
     EXECUTIONS,
+    EXECUTIONS_FAILED_AFTER_PAYMENT,
     HISTOGRAM,
     INTENTS_NEEDING_OPERATOR,
     PENDING_INTENTS,
@@ -181,6 +182,9 @@ class StoreCollector:
         for state, count in counts.executions.items():
             executions.add_metric([state.value], float(count))
         yield executions
+        left = _family(EXECUTIONS_FAILED_AFTER_PAYMENT)
+        left.add_metric([], float(counts.failed_after_payment))
+        yield left
         age = _family(SECONDS_SINCE_LAST_SWEEP)
         seconds = freshness.last_sweep_age_seconds
         age.add_metric([], math.inf if seconds is None else float(seconds))

@@ -1,24 +1,29 @@
 """What an operator changes about an execution: re-drive, accept a divergence, cancel,
 unpark, answer a pause. Each is refused while it could race a delivery that may
-still send money, and leaves an audit row."""
+still send money, and leaves an audit row, written in the transaction of the change.
+A FAILED or CANCELLED execution that left a payment behind is marked handled here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
     CANCELLED_AFTER_PAYMENT,
     DIVERGENCE,
     REDRIVABLE_STATES,
     TERMINAL_STATES,
+    Audit,
     ExecutionRecord,
     ExecutionState,
+    execution_summary,
 )
 from celery_agboss.core.log_events import (
     OPERATOR_ACCEPTED,
     OPERATOR_CANCELLED,
     OPERATOR_PAUSE_ANSWERED,
+    OPERATOR_PAYMENTS_HANDLED,
     OPERATOR_REDRIVEN,
     OPERATOR_UNPARKED,
     log_event,
@@ -27,13 +32,29 @@ from celery_agboss.messages import dumps, republish
 from celery_agboss.operator.common import (
     _agboss,
     _execution,
-    _execution_summary,
     _refuse,
     _require_reason,
     default_actor,
 )
 from celery_agboss.runtime import Runtime
+from celery_agboss.store.execution_rows import AUDIT_AFTER_THE_CHANGE
 from celery_agboss.task_events import send_task_event
+
+
+def _audit_afterwards(
+    agboss: Runtime, audit: Audit, target: str, before: ExecutionRecord | None, after: Any
+) -> None:
+    """Sabotage only (``AUDIT_AFTER_THE_CHANGE``): the audit row as it once was written,
+    after the change, in a transaction of its own."""
+    if sabotage.active(AUDIT_AFTER_THE_CHANGE) and isinstance(after, ExecutionRecord):
+        agboss.executions.append_audit(
+            audit.actor,
+            audit.action,
+            target,
+            audit.reason,
+            None if before is None else execution_summary(before),
+            execution_summary(after),
+        )
 
 
 def redrive_now(agboss: Runtime, execution_id: str, *, reason: str) -> bool:
@@ -122,18 +143,17 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
             f"{', '.join(keys)}; look each up at the gateway and `resolve` it (the "
             "execution then goes on by itself)",
         )
+    audit = Audit(who, "redrive", why)
     moved = agboss.executions.unblock(
-        execution_id, f"re-driven by {who}: {why}", reset_recovery_count=True
+        execution_id, f"re-driven by {who}: {why}", reset_recovery_count=True, audit=audit
     )
+    _audit_afterwards(agboss, audit, execution_id, record, moved)
     if moved is None:
         raise _refuse(
             "conflict",
             f"execution {execution_id} changed (or a delivery holds its "
             "lease) while it was being re-driven; look at it again",
         )
-    agboss.executions.append_audit(
-        who, "redrive", execution_id, why, _execution_summary(record), _execution_summary(moved)
-    )
     return redrive_now(agboss, execution_id, reason=f"re-driven by {who}")
 
 
@@ -165,21 +185,17 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
             f"execution {execution_id} has a PENDING intent "
             f"({', '.join(pending)}): settle it first (`agboss resolve`)",
         )
-    accepted = agboss.executions.accept_divergence(execution_id, f"accepted by {who}: {why}")
+    audit = Audit(who, "accept-divergence", why)
+    accepted = agboss.executions.accept_divergence(
+        execution_id, f"accepted by {who}: {why}", audit=audit
+    )
+    _audit_afterwards(agboss, audit, execution_id, record, accepted)
     if accepted is None:
         raise _refuse(
             "conflict",
             f"execution {execution_id} changed (or a delivery holds its "
             "lease) while it was being accepted; look at it again",
         )
-    agboss.executions.append_audit(
-        who,
-        "accept-divergence",
-        execution_id,
-        why,
-        _execution_summary(record),
-        _execution_summary(accepted),
-    )
     log_event(OPERATOR_ACCEPTED, execution=execution_id, actor=who)
     republish(agboss.app, replace(accepted, expires_ms=None), not_before_ms=None)
     return True
@@ -237,16 +253,12 @@ def cancel(
             f"{lease.token}); wait for it to end, or revoke it (app.control.revoke(id)): "
             "its next outbound call or fenced effect then stops it",
         )
-    updated = executions.request_cancel(execution_id, why, payments_handled=payments_handled)
-    if updated is not None and updated.state not in TERMINAL_STATES:
-        updated = executions.end_cancel_requested(
-            execution_id, why, payments_handled=payments_handled
-        )
-    assert updated is not None
-    action = "cancel:payments-handled" if payments_handled else "cancel"
-    executions.append_audit(
-        who, action, execution_id, why, _execution_summary(record), _execution_summary(updated)
+    audit = Audit(who, "cancel:payments-handled" if payments_handled else "cancel", why)
+    updated = executions.request_cancel(
+        execution_id, why, payments_handled=payments_handled, audit=audit
     )
+    assert updated is not None
+    _audit_afterwards(agboss, audit, execution_id, record, updated)
     log_event(OPERATOR_CANCELLED, execution=execution_id, state=updated.state.value, actor=who)
     if updated.state is ExecutionState.CANCELLED:
         send_task_event(
@@ -257,6 +269,32 @@ def cancel(
             agboss_state=ExecutionState.CANCELLED.value,
         )
     return updated
+
+
+def payments_handled(
+    app: Any, execution_id: str, reason: str, *, actor: str | None = None
+) -> ExecutionRecord:
+    """Say that the payment a ``FAILED`` or ``CANCELLED`` execution left behind ("failed
+    after a payment", listed by ``agboss pending``) is dealt with: refunded at the
+    gateway, or kept on purpose. Nothing is sent; ``pending`` stops listing it."""
+    why = _require_reason(reason)
+    who = actor or default_actor()
+    agboss = _agboss(app)
+    record = _execution(agboss, execution_id, "them with `celery -A proj agboss pending`")
+    if record.state not in (ExecutionState.FAILED, ExecutionState.CANCELLED):
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is {record.state.value}: only a FAILED or CANCELLED "
+            "execution that left a payment behind is marked handled (a waiting one: "
+            "`agboss cancel ID --payments-handled`)",
+        )
+    audit = Audit(who, "payments-handled", why)
+    marked = agboss.executions.mark_payments_handled(execution_id, audit=audit)
+    _audit_afterwards(agboss, audit, execution_id, record, marked)
+    if marked is None:
+        raise _refuse("conflict", f"execution {execution_id} changed; look at it again")
+    log_event(OPERATOR_PAYMENTS_HANDLED, execution=execution_id, actor=who)
+    return marked
 
 
 @dataclass(frozen=True)
@@ -290,16 +328,15 @@ def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None
         not_before_delay_ms=0,
         reset_recovery_count=True,
         planned=True,
+        audit=(audit := Audit(who, "unpark", why)),
     )
+    _audit_afterwards(agboss, audit, execution_id, record, moved)
     if moved is None:
         raise _refuse(
             "conflict",
             f"execution {execution_id} changed (or a delivery holds its "
             "lease) while it was being unparked; look at it again",
         )
-    agboss.executions.append_audit(
-        who, "unpark", execution_id, why, _execution_summary(record), _execution_summary(moved)
-    )
     log_event(OPERATOR_UNPARKED, execution=execution_id, actor=who)
     republished = redrive_now(agboss, execution_id, reason=f"unparked by {who}")
     final = agboss.executions.read_execution(execution_id) or moved
@@ -318,15 +355,9 @@ def answer_pause(app: Any, pause_id: str, answer: Any, *, actor: str | None = No
     still held its lease (it publishes the task when it lets go) or the publish must be
     left to the sweep."""
     agboss = _agboss(app)
-    record = agboss.executions.answer_pause(pause_id, dumps(answer))
+    audit = None if actor is None else Audit(actor, "answer-pause", f"pause {pause_id} answered")
+    record = agboss.executions.answer_pause(pause_id, dumps(answer), audit=audit)
+    if audit is not None:
+        _audit_afterwards(agboss, audit, record.id, None, record)
     log_event(OPERATOR_PAUSE_ANSWERED, execution=record.id, pause=pause_id)
-    if actor is not None:
-        agboss.executions.append_audit(
-            actor,
-            "answer-pause",
-            record.id,
-            f"pause {pause_id} answered",
-            None,
-            _execution_summary(record),
-        )
     return redrive_now(agboss, record.id, reason=f"pause {pause_id} answered")

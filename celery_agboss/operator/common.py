@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import os
 from typing import Any
 
@@ -61,14 +60,3 @@ def _intent_summary(intent: IntentRecord) -> dict[str, Any]:
         "gateway_transaction_id": intent.gateway_transaction_id,
         "execution_id": intent.execution_id,
     }
-
-
-def _execution_summary(record: ExecutionRecord) -> str:
-    return json.dumps(
-        {
-            "state": record.state.value,
-            "cancel_requested": record.cancel_requested,
-            "recovery_count": record.recovery_count,
-            "reason": record.reason,
-        }
-    )

@@ -123,6 +123,32 @@ def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
 
 
 @dataclass(frozen=True)
+class PaymentLeftBehind:
+    """A ``FAILED`` or ``CANCELLED`` execution that left a completed payment behind
+    ("failed after a payment"): the customer is charged and nothing will change that."""
+
+    execution: ExecutionRecord
+    intents: list[str]  # the keys of those payments
+    ends_with: str  # the command that ends the listing, once the payment is dealt with
+
+
+def list_failed_after_payment(app: Any, *, limit: int = 100) -> list[PaymentLeftBehind]:
+    """Every ``FAILED`` or ``CANCELLED`` execution with a completed payment it sent or
+    relies on that no undo took back and no other execution completed on or still uses,
+    until an operator says it is dealt with."""
+    found = _agboss(app).executions.failed_after_payment(limit)
+    return [
+        PaymentLeftBehind(
+            record,
+            keys,
+            f"refund it at the gateway (or keep it on purpose), then `celery -A proj agboss "
+            f"payments-handled {record.id} --reason TEXT`",
+        )
+        for record, keys in found
+    ]
+
+
+@dataclass(frozen=True)
 class SharedWait:
     """An execution waiting for another one that shares a record with it: a cancel, or an
     undo, of a step the other still uses. It ends by itself when the other one ends

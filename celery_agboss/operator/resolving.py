@@ -16,6 +16,7 @@ from celery_agboss.core.log_events import (
     OPERATOR_RESOLVED,
     log_event,
 )
+from celery_agboss.core.lookup import max_key_age_ms
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.store import (
     IntentGuard,
@@ -58,7 +59,14 @@ def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) 
             ) from None
         return
     if call.transaction_id is None:
-        return
+        raise _refuse(
+            "bad-input",
+            f"{call.name} declares no way to check a result an operator gives (neither "
+            "validate_result= nor transaction_id= on its OutboundCall), so a mistyped one "
+            "would reach its body as the gateway's answer: declare one (e.g. "
+            "transaction_id=lambda receipt: receipt['id']) where the call is made, "
+            "then resolve again",
+        )
     try:
         found = call.transaction_id(result)
     except Exception:
@@ -70,6 +78,35 @@ def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) 
             "the result in the form its send returns, e.g. the receipt as JSON "
             '\'{"id": "ch_...", "status": "succeeded", ...}\', not the bare id',
         )
+
+
+def _refuse_a_resend_past_retention(
+    agboss: Any, intent: IntentRecord, now_ms: int, may_charge_twice: bool
+) -> None:
+    """A ``--not-sent`` makes the next delivery send the intent again under its key; past
+    the call's key retention the gateway may no longer deduplicate it (the one bound a
+    reconcile's resend uses: ``lookup.max_key_age_ms``). Refused then, unless the
+    operator names the risk."""
+    if may_charge_twice:
+        return
+    call = agboss.engine_settings.call_named(intent.name)
+    bound = (
+        None if call is None else max_key_age_ms(call, agboss.engine_settings.attempt_timeout_ms)
+    )
+    first = intent.first_attempt_at_ms
+    if call is not None and (bound is None or (first is not None and now_ms - first < bound)):
+        return
+    why = (
+        f"no OutboundCall named {intent.name!r} is registered here, so its key retention is unknown"
+        if call is None
+        else "its idempotency key may have expired at the gateway (key_retention)"
+    )
+    raise _refuse(
+        "past-retention",
+        f"a --not-sent makes the next delivery send this intent again, but {why}: if the "
+        "gateway did process it, the resend is a second charge. Check the gateway once "
+        "more; to send it again anyway, add --may-charge-twice (may_charge_twice=True)",
+    )
 
 
 @dataclass(frozen=True)
@@ -87,14 +124,18 @@ def resolve(
     completed: Any = _NO_RESULT,
     not_sent: bool = False,
     actor: str | None = None,
+    may_charge_twice: bool = False,
 ) -> ResolveResult:
     """Settle an intent an operator checked at the gateway, then let its execution go on.
 
     ``completed=result``: the payment exists; its result is stored (masked as the call
     says) and replayed by the next delivery, nothing is sent. ``not_sent=True``: the
     gateway never processed it; the intent becomes ``FAILED`` and the next delivery sends
-    it again under the same key. Refused while its owner's lease (or the execution's) is
-    live. The change, its history row and the audit row commit together.
+    it again under the same key — refused once that key may have expired at the gateway
+    (past the call's ``key_retention``), where a resend is deduplicated no more: if the
+    gateway did process it, that is a second charge; ``may_charge_twice=True``
+    (``--may-charge-twice``) says so and goes on. Refused while its owner's lease (or the
+    execution's) is live. The change, its history row and the audit row commit together.
     """
     if (completed is _NO_RESULT) == (not not_sent):
         raise _refuse(
@@ -139,6 +180,7 @@ def resolve(
             )
         call = agboss.engine_settings.call_named(intent.name)
         if not_sent:
+            _refuse_a_resend_past_retention(agboss, intent, tx.now_ms, may_charge_twice)
             decision = "not-sent"
             to_status = IntentStatus.FAILED
             # FAILED with no failure: no body was handed one, so no body took another path

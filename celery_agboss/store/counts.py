@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import case, func, select
 
 from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
+from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -26,6 +27,7 @@ class StoreCounts:
     pending_intents: int  # what ``agboss pending`` lists
     intents_needing_operator: int  # of those, the ones an operator must resolve
     executions: dict[ExecutionState, int]  # every state of LIVE_STATES, zero included
+    failed_after_payment: int = 0  # FAILED/CANCELLED, a payment left behind, not handled
 
 
 def read_counts(store: SQLAlchemyStore) -> StoreCounts:
@@ -47,7 +49,13 @@ def read_counts(store: SQLAlchemyStore) -> StoreCounts:
     by_state = {state: 0 for state in LIVE_STATES}
     for state, count in rows:
         by_state[ExecutionState(state)] = int(count)
-    return StoreCounts(int(pending), int(needing or 0), by_state)
+    left = len(SQLAlchemyExecutionStore(store).failed_after_payment(FAILED_AFTER_PAYMENT_CAP))
+    return StoreCounts(int(pending), int(needing or 0), by_state, left)
+
+
+FAILED_AFTER_PAYMENT_CAP = 1000
+"""The most "failed after a payment" executions one scrape counts (each is a person's
+work: a gauge at the cap already says enough)."""
 
 
 __all__ = ["LIVE_STATES", "StoreCounts", "read_counts"]

@@ -21,12 +21,14 @@ from celery_agboss.core.executions import (
     PERSON_DECIDES,
     REDRIVABLE_STATES,
     TERMINAL_STATES,
+    Audit,
     AuditEntry,
     ExecutionRecord,
     ExecutionState,
     RedriveDecision,
     execution_scope,
 )
+from celery_agboss.core.shared_records import unhandled_payments
 from celery_agboss.core.store import INTENT_RECORD, IntentStatus
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.execution_rows import (
@@ -53,14 +55,6 @@ it; another that took it over and waits for an operator waits for ever."""
 STARTED_EXECUTIONS_EXPIRE = sabotage.register("started-executions-expire")
 """Sabotage (DESIGN §2.1): ``expires`` ends a waiting execution that already started
 (and charged), not only one no delivery started."""
-
-_NOT_RUNNING = [
-    ExecutionState.REQUESTED.value,
-    ExecutionState.WAITING.value,
-    ExecutionState.PAUSED.value,
-    ExecutionState.WAITING_OPERATOR.value,
-    ExecutionState.PARKED.value,
-]
 
 
 def _operator_needed_by(execution_id: str) -> Any:
@@ -214,13 +208,20 @@ class ExecutionAdminVerbs(PauseVerbs):
     # --- operators ---------------------------------------------------------------------
 
     def request_cancel(
-        self, execution_id: str, reason: str, *, payments_handled: bool = False
+        self,
+        execution_id: str,
+        reason: str,
+        *,
+        payments_handled: bool = False,
+        audit: Audit | None = None,
     ) -> ExecutionRecord | None:
-        """Record a cancel request. A not-running execution with no live lease and no
-        pending intent ends now (``CANCELLED``, or "cancelled after a completed payment");
-        any other keeps the request, which its running body's next ``outbound()`` or
-        ``fenced_effect()`` honours, or its next delivery, or the sweep.
-        ``payments_handled``: an operator says the completed payments are dealt with."""
+        """Record a cancel request. An execution that runs under no live lease, has no
+        pending intent and is not ``COMPENSATING`` ends now (``CANCELLED``, its undos
+        first, a wait for another execution that shares a payment, or "cancelled after
+        a completed payment"); any other keeps the request, which its running body's next
+        ``outbound()`` or ``fenced_effect()`` honours, or its next delivery, or the
+        sweep. ``payments_handled``: an operator says the completed payments are dealt
+        with. ``audit``: the operator's row, written in this transaction."""
         with self.store.transaction() as tx:
             record = self._read(tx, execution_id, lock=True)
             if record is None or record.terminal:
@@ -228,21 +229,24 @@ class ExecutionAdminVerbs(PauseVerbs):
             lease = tx.lock_lease(execution_scope(execution_id))
             live = lease is not None and lease.live
             if (
-                record.state.value in _NOT_RUNNING
+                record.state in CANCELLABLE_STATES
                 and not live
                 and not self._pending_intent(tx, execution_id)
             ):
                 self._set(tx, execution_id, cancel_requested=True, cancel_reason=reason)
-                return self._end_cancelled(
+                after = self._end_cancelled(
                     tx, execution_id, reason, payments_handled=payments_handled
                 )
-            self._set(
-                tx,
-                execution_id,
-                cancel_requested=True,
-                cancel_reason=func.coalesce(_e.cancel_reason, reason),
-            )
-            return self._require(tx, execution_id)
+            else:
+                self._set(
+                    tx,
+                    execution_id,
+                    cancel_requested=True,
+                    cancel_reason=func.coalesce(_e.cancel_reason, reason),
+                )
+                after = self._require(tx, execution_id)
+            self._audit(tx, audit, execution_id, record, after)
+            return after
 
     def end_cancel_requested(
         self, execution_id: str, reason: str, *, payments_handled: bool = False
@@ -286,7 +290,12 @@ class ExecutionAdminVerbs(PauseVerbs):
         return list(dict.fromkeys(creator + users))
 
     def unblock(
-        self, execution_id: str, reason: str, *, reset_recovery_count: bool = False
+        self,
+        execution_id: str,
+        reason: str,
+        *,
+        reset_recovery_count: bool = False,
+        audit: Audit | None = None,
     ) -> ExecutionRecord | None:
         """``WAITING_OPERATOR`` → ``WAITING`` (due now, a planned re-drive) once no intent it
         created or used needs an operator any more, under its row and lease locks; None
@@ -314,7 +323,9 @@ class ExecutionAdminVerbs(PauseVerbs):
             if reset_recovery_count:
                 values["recovery_count"] = 0
             self._set(tx, execution_id, **values)
-            return self._require(tx, execution_id)
+            after = self._require(tx, execution_id)
+            self._audit(tx, audit, execution_id, record, after)
+            return after
 
     def intents_needing_operator(self, execution_id: str) -> list[str]:
         """Keys of the intents the execution created or used that wait for a person."""
@@ -335,7 +346,9 @@ class ExecutionAdminVerbs(PauseVerbs):
             ).all()
             return [str(row.idempotency_key) for row in rows]
 
-    def accept_divergence(self, execution_id: str, reason: str) -> ExecutionRecord | None:
+    def accept_divergence(
+        self, execution_id: str, reason: str, *, audit: Audit | None = None
+    ) -> ExecutionRecord | None:
         """An operator accepts a divergence: the execution ``COMPLETED`` with the result its
         body returned (kept when it diverged), under its row and lease locks; None unless
         it waits for a divergence, runs under no live lease and has no pending intent."""
@@ -351,7 +364,9 @@ class ExecutionAdminVerbs(PauseVerbs):
             if (lease is not None and lease.live) or self._pending_intent(tx, execution_id):
                 return None
             self._terminal(tx, execution_id, ExecutionState.COMPLETED, reason=reason[:1000])
-            return self._require(tx, execution_id)
+            after = self._require(tx, execution_id)
+            self._audit(tx, audit, execution_id, record, after)
+            return after
 
     def pending_intent_keys(self, execution_id: str) -> list[str]:
         """The keys of the execution's pending intents (``pending_intent_of``)."""
@@ -368,6 +383,7 @@ class ExecutionAdminVerbs(PauseVerbs):
         not_before_delay_ms: int | None = None,
         reset_recovery_count: bool = False,
         planned: bool = False,
+        audit: Audit | None = None,
     ) -> ExecutionRecord | None:
         with self.store.transaction() as tx:
             record = self._read(tx, execution_id, lock=True)
@@ -389,7 +405,58 @@ class ExecutionAdminVerbs(PauseVerbs):
                 values["terminal_at_ms"] = tx.now_expr()
                 values["wake_requested"] = False
             self._set(tx, execution_id, **values)
-            return self._require(tx, execution_id)
+            after = self._require(tx, execution_id)
+            self._audit(tx, audit, execution_id, record, after)
+            return after
+
+    # --- payments left behind ---------------------------------------------------------
+
+    def failed_after_payment(self, limit: int = 100) -> list[tuple[ExecutionRecord, list[str]]]:
+        """``FAILED`` or ``CANCELLED`` executions that left a completed payment behind
+        (``shared_records.unhandled_payments``: nobody undid it, no other execution
+        completed on it or still uses it) and no operator said is dealt with, with the
+        keys of those payments; oldest first."""
+        used = select(_u.record_key).where(_u.kind == INTENT_RECORD, _u.execution_id == _e.id)
+        payment = exists().where(
+            _i.status == IntentStatus.COMPLETED.value,
+            _i.compensated_at_ms.is_(None),
+            or_(_i.execution_id == _e.id, _i.idempotency_key.in_(used.scalar_subquery())),
+        )
+        found: list[tuple[ExecutionRecord, list[str]]] = []
+        with self.store.read_transaction() as tx:
+            rows = tx.execute(
+                select(executions, tx.now_expr().label("read_at_ms"))
+                .where(
+                    _e.state.in_([ExecutionState.FAILED.value, ExecutionState.CANCELLED.value]),
+                    _e.payments_handled_at_ms.is_(None),
+                    payment,
+                )
+                .order_by(_e.terminal_at_ms, _e.id)
+                .limit(limit)
+            ).all()
+            for row in rows:
+                record = record_of(row)
+                left = unhandled_payments(tx.shared_records_of(record.id), record.id)
+                if left:
+                    found.append((record, [payment.key for payment in left]))
+        return found
+
+    def mark_payments_handled(
+        self, execution_id: str, *, audit: Audit | None = None
+    ) -> ExecutionRecord | None:
+        """An operator dealt with the payments a ``FAILED`` or ``CANCELLED`` execution left
+        behind (refunded at the gateway, or kept); None unless it is one of those."""
+        with self.store.transaction() as tx:
+            record = self._read(tx, execution_id, lock=True)
+            if record is None or record.state not in (
+                ExecutionState.FAILED,
+                ExecutionState.CANCELLED,
+            ):
+                return None
+            self._set(tx, execution_id, payments_handled_at_ms=tx.now_expr())
+            after = self._require(tx, execution_id)
+            self._audit(tx, audit, execution_id, record, after)
+            return after
 
     def append_audit(
         self,

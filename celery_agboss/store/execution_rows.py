@@ -14,9 +14,11 @@ from celery_agboss.core.executions import (
     CANCEL_WAITS,
     CANCELLED_AFTER_PAYMENT,
     TERMINAL_STATES,
+    Audit,
     ExecutionMessage,
     ExecutionRecord,
     ExecutionState,
+    execution_summary,
 )
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.store import IntentStatus, StoreTransaction
@@ -24,6 +26,7 @@ from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.codec import loads
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
+from celery_agboss.store.schema_executions import audit as audit_table
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.statement_cache import built_once
@@ -64,6 +67,7 @@ def record_of(row: Row[Any]) -> ExecutionRecord:
         terminal_at_ms=m["terminal_at_ms"],
         links_dispatched=bool(m["links_dispatched"]),
         redrive_planned=bool(m["redrive_planned"]),
+        payments_handled_at_ms=m["payments_handled_at_ms"],
         updated_at_ms=int(m["updated_at_ms"]),
         read_at_ms=int(m["read_at_ms"]),
     )
@@ -143,6 +147,11 @@ def refuse_another_task(record: ExecutionRecord, task_name: str) -> None:
             recorded_task=record.task_name,
         )
 
+
+AUDIT_AFTER_THE_CHANGE = sabotage.register("audit-after-the-change")
+"""Sabotage: an operator's audit row is written after the change, in a transaction of its
+own (``operator.acting`` then appends it): a crash, or a failure of that write, leaves a
+change nobody can trace to a person."""
 
 TASK_NAME_NOT_CHECKED = sabotage.register("task-name-not-checked")
 """Sabotage (DESIGN §2.1): a delivery of another task under an execution's id is treated
@@ -346,6 +355,30 @@ class ExecutionRows:
             )
         return self._require(tx, execution_id)
 
+    def _audit(
+        self,
+        tx: SQLTransaction,
+        audit: Audit | None,
+        target: str,
+        before: ExecutionRecord | None,
+        after: ExecutionRecord | None,
+    ) -> None:
+        """An operator's decision, in the transaction that makes the change (nothing
+        without ``audit``): the change and its row commit together, or neither does."""
+        if audit is None or sabotage.active(AUDIT_AFTER_THE_CHANGE):
+            return
+        tx.execute(
+            audit_table.insert().values(
+                at_ms=tx.now_expr(),
+                actor=audit.actor,
+                action=audit.action,
+                target=target,
+                reason=audit.reason,
+                before=None if before is None else execution_summary(before),
+                after=None if after is None else execution_summary(after),
+            )
+        )
+
     def _park(self, tx: SQLTransaction, execution_id: str, count: int, cap: int) -> None:
         self._set(
             tx,
@@ -360,6 +393,7 @@ class ExecutionRows:
 
 
 __all__ = [
+    "AUDIT_AFTER_THE_CHANGE",
     "PENDING_INTENT_NARROW",
     "TASK_NAME_NOT_CHECKED",
     "ExecutionRows",

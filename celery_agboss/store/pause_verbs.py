@@ -15,7 +15,12 @@ from typing import Any
 from sqlalchemy import select, update
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.executions import ExecutionRecord, ExecutionState, execution_scope
+from celery_agboss.core.executions import (
+    Audit,
+    ExecutionRecord,
+    ExecutionState,
+    execution_scope,
+)
 from celery_agboss.errors import NotPausedError
 from celery_agboss.store.execution_rows import ExecutionRows
 from celery_agboss.store.schema_executions import executions, pauses
@@ -36,7 +41,9 @@ ANSWERED = "ANSWERED"
 class PauseVerbs(ExecutionRows):
     """``answer_pause`` and ``list_pauses`` (see ``core.executions.ExecutionStore``)."""
 
-    def answer_pause(self, pause_id: str, answer: str) -> ExecutionRecord:
+    def answer_pause(
+        self, pause_id: str, answer: str, *, audit: Audit | None = None
+    ) -> ExecutionRecord:
         """Answer a pending pause of a ``PAUSED`` execution once and move the execution
         to ``WAITING``, due now; the caller re-publishes it. ``NotPausedError`` (nothing
         moved) when the pause was answered already, does not exist, or its execution no
@@ -75,7 +82,9 @@ class PauseVerbs(ExecutionRows):
                 )
             lease = tx.lock_lease(execution_scope(execution_id))
             self._set(tx, execution_id, **_continue_values(tx, lease is not None and lease.live))
-            return self._require(tx, execution_id)
+            after = self._require(tx, execution_id)
+            self._audit(tx, audit, execution_id, record, after)
+            return after
 
     def _answer_unconditionally(
         self, tx: SQLTransaction, pause_id: str, execution_id: str, answer: str

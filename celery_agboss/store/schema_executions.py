@@ -61,6 +61,9 @@ executions = Table(
     # pause, an operator's decision), not the recovery of a lost message: it does not
     # count toward agboss_max_recovery_attempts.
     Column("redrive_planned", Boolean, nullable=False, server_default=false()),
+    # An operator dealt with the payment a FAILED or CANCELLED execution left behind
+    # (refunded at the gateway, or kept): ``agboss pending`` stops listing it.
+    Column("payments_handled_at_ms", BigInteger, nullable=True),
     Column("updated_at_ms", BigInteger, nullable=False),
     Index(None, "state", "not_before_ms"),
     Index(None, "terminal_at_ms"),

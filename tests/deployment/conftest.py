@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -28,13 +30,20 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DeployFactory = Callable[..., Deployment]
 
 
+WHEEL_BUILD_LOCK = Path(tempfile.gettempdir()) / "celery_agboss-wheel-build.lock"
+"""Held while one test process builds the wheel: setuptools builds in the tree's
+``build/`` directory, and two pytest-xdist workers building at once collide there."""
+
+
 @pytest.fixture(scope="session")
 def deployed_venv(tmp_path_factory: pytest.TempPathFactory) -> DeployedVenv:
     """The built wheel in a fresh venv (no system site-packages, nothing else installed)."""
-    try:
-        return venv.build(REPO_ROOT, tmp_path_factory.mktemp("deployed"))
-    except venv.BuildFailed as exc:
-        pytest.fail(f"could not deploy the wheel: {exc}", pytrace=False)
+    with WHEEL_BUILD_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        try:
+            return venv.build(REPO_ROOT, tmp_path_factory.mktemp("deployed"))
+        except venv.BuildFailed as exc:
+            pytest.fail(f"could not deploy the wheel: {exc}", pytrace=False)
 
 
 @pytest.fixture

@@ -116,7 +116,7 @@ class World:
         self.app.close()
 
 
-_CALL_OPTIONS = ("lookup", "proves_absence", "validate_result")
+_CALL_OPTIONS = ("lookup", "proves_absence", "validate_result", "unchecked")
 """``make_world`` options that shape its outbound call, not the app's settings."""
 
 
@@ -167,7 +167,7 @@ def make_world(
         reconcile=reconcile,
         key_retention=timedelta(hours=24),
         lookup_proves_absence=bool(settings.get("proves_absence", False)),
-        transaction_id=lambda result: result.get("id"),
+        transaction_id=None if settings.get("unchecked") else lambda result: result.get("id"),
         validate_result=settings.get("validate_result"),
     )
     agboss.register(call)

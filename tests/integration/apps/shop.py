@@ -125,6 +125,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         # The fake gateway's lookup by key is consistent: a test may say its "not found"
         # proves absence (a cancel then settles the intent FAILED instead of asking a person).
         lookup_proves_absence=bool(config.get("lookup_proves_absence", False)),
+        transaction_id=lambda receipt: receipt["id"],  # checks an operator's --completed
     )
     agboss.register(charge_call)
 

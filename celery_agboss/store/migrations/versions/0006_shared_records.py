@@ -1,6 +1,7 @@
 """Records several executions share: who sent an intent's attempt, who relies on a
 business-keyed record and whether it completed on it, the undo that claimed it, the
-retry a failure authorises, and the execution that made each history row.
+retry a failure authorises, and the execution that made each history row; and when an
+operator dealt with the payment a failed execution left behind.
 
 Existing rows are given the meaning the code before this revision acted on, so that no
 execution in flight across the upgrade changes its path:
@@ -69,6 +70,8 @@ def upgrade() -> None:
         batch.add_column(sa.Column("completed_at_ms", sa.BigInteger(), nullable=True))
     with op.batch_alter_table("agboss_intent_history") as batch:
         batch.add_column(sa.Column("execution_id", _KEY, nullable=True))
+    with op.batch_alter_table("agboss_executions") as batch:
+        batch.add_column(sa.Column("payments_handled_at_ms", sa.BigInteger(), nullable=True))
 
     op.execute("UPDATE agboss_outbound_calls SET sent_by = execution_id")
     op.execute(
@@ -138,6 +141,8 @@ def _reliance_of_existing_records() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("agboss_executions") as batch:
+        batch.drop_column("payments_handled_at_ms")
     with op.batch_alter_table("agboss_intent_history") as batch:
         batch.drop_column("execution_id")
     with op.batch_alter_table("agboss_record_uses") as batch:

@@ -1,0 +1,209 @@
+"""What an operator's decision may not do silently (issue "hardening", items 1 and 6).
+
+- ``resolve --completed`` is checked against the call (its ``validate_result``, else its
+  ``transaction_id``); a call that declares neither refuses every operator's answer,
+  since a mistyped one would reach the body as the gateway's answer (twin: the check
+  switched off, the execution then fails with the customer charged).
+- A ``FAILED`` execution that left a completed payment behind is listed by ``agboss
+  pending`` as "failed after a payment" and counted by a gauge, until an operator says
+  it is dealt with (``payments-handled``); one whose payment another execution
+  completed on is not.
+- ``resolve --not-sent`` past the key's retention is refused unless the operator names
+  the risk (``may_charge_twice``): with it, the resend is a second charge.
+- Every operator decision writes its audit row in the change's transaction: when the
+  row cannot be written, nothing changes (twin: the row written afterwards, apart, and
+  the change stands with no row).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.store import IntentStatus
+from celery_agboss.errors import AGBossSignal, OperatorRefusedError, StoreError
+from celery_agboss.metrics.exporter import exposition
+from celery_agboss.operator import (
+    cancel,
+    list_failed_after_payment,
+    payments_handled,
+    resolve,
+    unpark,
+)
+from celery_agboss.operator.resolving import OPERATOR_RESULT_UNCHECKED
+from celery_agboss.store.execution_rows import AUDIT_AFTER_THE_CHANGE
+from celery_agboss.testing.switches import sabotage
+from tests.operations.conftest import WorldFactory
+from tests.operations.world import CAP, World
+
+REQUEST = {"amount": 1000, "order": "o-1"}
+
+
+# --- 1. resolve --completed is checked ------------------------------------------------------
+
+
+def _stranded_without_a_lookup(world: World) -> str:
+    """An answer lost, the lookup unable to tell: the intent waits for an operator."""
+    execution = world.publish("o-1")
+    key, _ = world.strand(execution)
+    world.sweep()
+    intent = world.agboss.store.read_intent(key)
+    assert intent is not None and intent.needs_operator
+    return key
+
+
+def test_an_answer_for_a_call_that_cannot_check_it_is_refused(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(unchecked=True, lookup="none")
+    key = _stranded_without_a_lookup(world)
+    with pytest.raises(OperatorRefusedError, match="declares no way to check"):
+        resolve(world.app, key, completed={"status": "succeeded"}, reason="dashboard says paid")
+    intent = world.agboss.store.read_intent(key)
+    assert intent is not None and intent.status is IntentStatus.PENDING
+
+
+def test_twin_an_unchecked_answer_reaches_the_body_as_the_gateway_s(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(unchecked=True, lookup="none")
+    key = _stranded_without_a_lookup(world)
+    with sabotage(OPERATOR_RESULT_UNCHECKED):
+        resolve(world.app, key, completed={"status": "succeeded"}, reason="dashboard says paid")
+    intent = world.agboss.store.read_intent(key)
+    assert intent is not None and intent.result == {"status": "succeeded"}, "no receipt id"
+
+
+# --- 1. failed after a payment ----------------------------------------------------------------
+
+
+def _charged_then_failed(world: World, order: str) -> str:
+    execution = world.publish(order)
+    ctx = world.start(execution)
+    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
+    with ctx.fenced() as tx:
+        world.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
+    ctx.settle_all_and_release()
+    return execution
+
+
+def _gauge(world: World) -> float:
+    for line in exposition(world.app).decode().splitlines():
+        if line.startswith("agboss_executions_failed_after_payment "):
+            return float(line.split()[1])
+    raise AssertionError("the gauge is not exposed")
+
+
+def test_a_failure_after_a_payment_is_listed_and_counted_until_marked_handled(
+    world: World,
+) -> None:
+    execution = _charged_then_failed(world, "o-2")
+    [left] = list_failed_after_payment(world.app)
+    assert left.execution.id == execution and left.execution.state is ExecutionState.FAILED
+    assert left.intents == [i.idempotency_key for i in world.intents(execution)]
+    assert "payments-handled" in left.ends_with
+    assert _gauge(world) == 1.0
+    marked = payments_handled(world.app, execution, "refunded at the gateway", actor="ops")
+    assert marked.payments_handled_at_ms is not None
+    assert list_failed_after_payment(world.app) == [] and _gauge(world) == 0.0
+    [row] = world.agboss.executions.list_audit(execution)
+    assert (row.actor, row.action) == ("ops", "payments-handled")
+
+
+def test_a_failure_whose_charge_another_execution_completed_on_is_not_listed(
+    world: World,
+) -> None:
+    first = _charged_then_failed(world, "o-3")
+    second = world.publish("o-3")
+    ctx = world.start(second)  # a second click of the order replays the charge, completes
+    ctx.outbound(world.call, {"amount": 1000, "order": "o-3"}, business_key="order:o-3")
+    with ctx.fenced() as tx:
+        world.agboss.executions.finish_in(tx, '{"json": "paid"}')
+    ctx.settle_all_and_release()
+    assert [p.execution.id for p in list_failed_after_payment(world.app)] == []
+    assert world.execution(first).state is ExecutionState.FAILED
+
+
+# --- 6. resolve --not-sent past the key's retention -------------------------------------------
+
+
+def _not_sent_past_retention(world: World, **options: bool) -> str:
+    execution = world.publish("o-4")
+    key, _ = world.strand(execution)
+    world.sweep()  # the lookup cannot tell (the gateway's lookup is switched off)
+    world.clock.advance(timedelta(hours=25))  # past the call's 24 h key retention
+    world.gateway.forget_keys()
+    resolve(world.app, key, not_sent=True, reason="not in the dashboard", **options)
+    return execution
+
+
+def test_a_not_sent_past_the_key_s_retention_is_refused_without_naming_the_risk(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    with pytest.raises(OperatorRefusedError, match=r"second charge.*--may-charge-twice"):
+        _not_sent_past_retention(world)
+    assert len(world.gateway.payments) == 1
+
+
+def test_twin_naming_the_risk_resends_it_and_the_customer_pays_twice(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    execution = _not_sent_past_retention(world, may_charge_twice=True)
+    ctx = world.start(execution)
+    with contextlib.suppress(AGBossSignal):
+        ctx.outbound(world.call, {"amount": 1000, "order": "o-4"}, business_key="order:o-4")
+    ctx.settle_all_and_release()
+    assert len(world.gateway.payments) == 2, "the risk the flag names"
+
+
+# --- 6. the audit row commits with the change ---------------------------------------------------
+
+
+def _audit_table_broken(world: World) -> None:
+    """The audit row cannot be written (a lost grant, a full disk: here, no table)."""
+    with world.agboss.store.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE agboss_audit RENAME TO agboss_audit_gone"))
+
+
+def _waiting(world: World) -> str:
+    execution = world.publish("o-5")
+    ctx = world.start(execution)
+    with ctx.fenced() as tx:
+        world.agboss.executions.wait_in(tx, 3_600_000, "retry")
+    ctx.settle_all_and_release()
+    return execution
+
+
+def test_a_cancel_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
+    execution = _waiting(world)
+    _audit_table_broken(world)
+    with pytest.raises(StoreError):
+        cancel(world.app, execution, "the customer changed their mind", actor="ops")
+    assert world.execution(execution).state is ExecutionState.WAITING
+
+
+def test_twin_an_audit_row_written_apart_leaves_a_cancel_nobody_can_trace(world: World) -> None:
+    execution = _waiting(world)
+    _audit_table_broken(world)
+    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
+        cancel(world.app, execution, "the customer changed their mind", actor="ops")
+    assert world.execution(execution).state is ExecutionState.CANCELLED, "and no audit row"
+
+
+def test_an_unpark_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
+    execution = world.publish("o-6")
+    for _ in range(CAP + 1):  # a delivery that keeps dying: PARKED
+        world.start(execution)
+        world.die()
+        world.sweep()
+    assert world.execution(execution).state is ExecutionState.PARKED
+    _audit_table_broken(world)
+    with pytest.raises(StoreError):
+        unpark(world.app, execution, "fixed the OOM", actor="ops")
+    assert world.execution(execution).state is ExecutionState.PARKED
