@@ -26,6 +26,7 @@ from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.errors import ConfigurationError
 from celery_agboss.messages import republish
 from celery_agboss.settings import AGBossSettings, settings_from_conf
+from celery_agboss.store.deployment import read_store_tenant
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
@@ -115,17 +116,42 @@ class Runtime:
 
     @property
     def engine_settings(self) -> EngineSettings:
-        """What the engine needs, built once from the settings and this app's registry."""
+        """What the engine needs, built once from the settings and this app's registry,
+        with the tenant: ``agboss_tenant``, else the store's deployment id (one read; a
+        store that cannot answer raises ``StoreError`` and is asked again next time)."""
         if self._engine_settings is None:
-            s = self.settings
-            self._engine_settings = EngineSettings(
-                pseudonym_key=s.pseudonym_key,
-                tenant=s.tenant,
-                lease_ttl_ms=s.lease_ttl_ms,
-                attempt_timeout_ms=round(s.attempt_timeout_seconds * 1000),
-                registry=self.registry,
-            )
+            with self._lock:
+                if self._engine_settings is None:
+                    s = self.settings
+                    tenant = s.tenant if s.tenant is not None else self._store_tenant(s)
+                    self._engine_settings = EngineSettings(
+                        pseudonym_key=s.pseudonym_key,
+                        tenant=tenant,
+                        lease_ttl_ms=s.lease_ttl_ms,
+                        attempt_timeout_ms=round(s.attempt_timeout_seconds * 1000),
+                        registry=self.registry,
+                    )
         return self._engine_settings
+
+    @property
+    def tenant(self) -> str:
+        """The first part of every idempotency key of this app (docs/keys.md)."""
+        return self.engine_settings.tenant
+
+    def _store_tenant(self, settings: AGBossSettings) -> str:
+        """The store's deployment id; never minted here (a store without one was not
+        migrated, and a guess could change the keys of payments in flight)."""
+        found = read_store_tenant(self.store)
+        if found is None:
+            raise ConfigurationError(
+                f"the store at {settings.redacted_database_url()} holds no deployment id "
+                "(the tenant every idempotency key starts with): it was not migrated by "
+                "this version of celery_agboss. Run `celery -A proj agboss migrate` "
+                "before starting workers; a store that already holds payments keeps the "
+                "tenant 'default', so no key in flight changes",
+                setting="agboss_tenant",
+            )
+        return found
 
     # --- outbound calls ------------------------------------------------------------
 

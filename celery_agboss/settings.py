@@ -25,8 +25,8 @@ from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.engine_settings import (
     DEFAULT_ATTEMPT_TIMEOUT_MS,
     DEFAULT_LEASE_TTL_MS,
-    DEFAULT_TENANT,
 )
+from celery_agboss.core.keys import validate_tenant
 from celery_agboss.errors import ConfigurationError
 
 logger = logging.getLogger("celery_agboss")
@@ -86,7 +86,9 @@ class AGBossSettings:
 
     database_url: str
     pseudonym_key: bytes = field(repr=False)
-    tenant: str = DEFAULT_TENANT
+    # None: the store's deployment id (agboss_meta, minted by the migration); a value
+    # set here wins, e.g. to make two stores share keys on purpose (docs/keys.md).
+    tenant: str | None = None
     lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS
     attempt_timeout_seconds: float = DEFAULT_ATTEMPT_TIMEOUT_SECONDS
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
@@ -294,6 +296,19 @@ def _unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
     return lowered[len(PREFIX) :] not in _KNOWN
 
 
+def _tenant(source: _Source) -> str | None:
+    """``agboss_tenant`` checked by the key rules, or None: the store's deployment id."""
+    tenant = source.get("tenant")
+    if tenant is None or tenant == "":
+        return None
+    if not isinstance(tenant, str):
+        raise ConfigurationError(
+            f"{source.where('tenant')} must be a string, not {type(tenant).__name__}",
+            setting="agboss_tenant",
+        )
+    return validate_tenant(tenant)
+
+
 def _payment_tasks(source: _Source) -> tuple[str, ...]:
     raw = source.get("payment_tasks")
     if raw is None:
@@ -387,9 +402,7 @@ def settings_from_conf(
     source = _Source(conf, env)
     database_url = _database_url(source)
     key, testing_key = _pseudonym_key(source)
-    tenant = source.get("tenant") or DEFAULT_TENANT
-    if not isinstance(tenant, str):
-        raise ConfigurationError("agboss_tenant must be a string", setting="agboss_tenant")
+    tenant = _tenant(source)
     cap = _positive_int(source, "max_recovery_attempts", DEFAULT_MAX_RECOVERY_ATTEMPTS)
     durations = {
         name: _duration(

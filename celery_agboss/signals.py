@@ -14,8 +14,9 @@
   with the task's name and why it was recorded; the sweep never re-publishes it.
 - ``worker_init``: the worker refuses to start on a wrong configuration; a worker
   started by a test inherits the protections it switched off (``AGBOSS_SABOTAGE``,
-  refused outside tests); ``worker_ready`` logs the store it uses (without its
-  password).
+  refused outside tests), and reads the tenant (a store without its deployment id
+  stops it); ``worker_ready`` logs the store it uses (without its password) and the
+  tenant.
 - ``worker_process_init``: a forked child drops the connections it inherited.
 - ``worker_shutting_down``: logged; running bodies keep their leases until they
   return (a warm shutdown waits for them; a cold one leaves the lease to expire).
@@ -201,6 +202,7 @@ def connect(agboss: Runtime) -> None:
         except SabotageRefusedError as exc:
             logger.critical("celery_agboss refuses to start this worker: %s", exc)
             raise SystemExit(f"celery_agboss: {exc}") from None
+        _read_tenant_at_start(agboss)
 
     def worker_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not agboss.app:
@@ -212,6 +214,7 @@ def connect(agboss: Runtime) -> None:
             settings.lease_ttl_seconds,
             settings.sweep_interval_seconds,
         )
+        _log_tenant(agboss)
 
     def worker_process_init(**_: Any) -> None:
         agboss.after_fork()
@@ -310,6 +313,34 @@ def _end_unmanaged(agboss: Runtime, task: Any, task_id: Any) -> None:
         pattern=str(reason),
     )
     send_agboss_event(task, TASK_UNMANAGED, agboss_state=ExecutionState.UNMANAGED.value)
+
+
+def _read_tenant_at_start(agboss: Runtime) -> None:
+    """Read the tenant before the pool forks, so every child uses the one read here. A
+    store without a deployment id stops the worker (it was not migrated); one that does
+    not answer yet is asked again by the first delivery."""
+    try:
+        agboss.engine_settings  # noqa: B018 - resolving it reads the tenant
+    except ConfigurationError as exc:
+        logger.critical("celery_agboss refuses to start this worker: %s", exc)
+        raise SystemExit(f"celery_agboss: {exc}") from None
+    except StoreError as exc:
+        logger.warning(
+            "celery_agboss could not read the tenant from the store at start (%s: %s); "
+            "the first delivery reads it",
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _log_tenant(agboss: Runtime) -> None:
+    """Which tenant this worker's keys start with, and where it came from (docs/keys.md)."""
+    engine = agboss._engine_settings
+    if engine is None:
+        logger.info("celery_agboss tenant: not read yet (the store did not answer at start)")
+        return
+    origin = "agboss_tenant" if agboss.settings.tenant is not None else "the store's deployment id"
+    logger.info("celery_agboss tenant: %s (%s)", engine.tenant, origin)
 
 
 def _hand_over_running_leases(agboss: Runtime) -> None:

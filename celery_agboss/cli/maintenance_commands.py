@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 @click.pass_context
 def migrate(ctx: click.Context, as_json: bool) -> None:
     """Create or upgrade the celery_agboss tables (idempotent; safe on every deploy)."""
+    from celery_agboss.store.deployment import read_store_tenant
     from celery_agboss.store.migrate import current_revision
     from celery_agboss.store.migrate import migrate as run_migrations
 
@@ -34,9 +35,16 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
         run_migrations(settings.database_url)
         revision = current_revision(settings.database_url)
         url = settings.redacted_database_url()
+        deployment_id = read_store_tenant(boss.store)
+        used = "" if settings.tenant is None else f"; agboss_tenant {settings.tenant!r} is used"
         out.emit(
-            {"database": url, "revision": revision},
-            f"The store at {url} is at revision {revision}.",
+            {
+                "database": url,
+                "revision": revision,
+                "deployment_id": deployment_id,
+                "tenant": settings.tenant or deployment_id,
+            },
+            f"The store at {url} is at revision {revision}, deployment id {deployment_id}{used}.",
         )
 
 

@@ -134,6 +134,7 @@ class Delivery:
         message = message_from_request(self.task.name, self.request)
         sent = SentAt.now(SYSTEM_CLOCK)
         try:
+            self.agboss.engine_settings  # noqa: B018 - the tenant, read before any lease
             start = self.agboss.executions.start_delivery(
                 message,
                 new_holder(),

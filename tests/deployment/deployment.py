@@ -23,6 +23,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.store.deployment import read_store_tenant
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.deployment import readme
@@ -103,6 +104,7 @@ class Deployment:
     commands: readme.ReadmeCommands = field(default_factory=readme.commands)
     processes: list[ManagedProcess] = field(default_factory=list)
     _store: SQLAlchemyStore | None = None
+    _tenant: str | None = None
 
     # --- setting it up ---------------------------------------------------------------
 
@@ -213,6 +215,20 @@ class Deployment:
             self._store = SQLAlchemyStore(self.database_url)
         return self._store
 
+    @property
+    def tenant(self) -> str:
+        """The store's deployment id, which every key of the README's shop starts with
+        (minted by ``migrate``: read it after ``prepare()``)."""
+        if self._tenant is None:
+            found = read_store_tenant(self.store)
+            assert found is not None, "the store holds no deployment id: was it migrated?"
+            self._tenant = found
+        return self._tenant
+
+    def key_of(self, order: int) -> str:
+        """The idempotency key the README's ``charge_order(order)`` sends here."""
+        return idempotency_key(order, self.tenant)
+
     def execution(self, task_id: str) -> ExecutionRecord | None:
         return SQLAlchemyExecutionStore(self.store).read_execution(task_id)
 
@@ -243,8 +259,8 @@ class Deployment:
         lines.append(
             "gateway: "
             + ", ".join(
-                f"order {o}: {len(fake.payments_for(idempotency_key(o)))} payments,"
-                f" {len(fake.requests_for(idempotency_key(o)))} requests"
+                f"order {o}: {len(fake.payments_for(self.key_of(o)))} payments,"
+                f" {len(fake.requests_for(self.key_of(o)))} requests"
                 for o in sorted(ids)
             )
         )
@@ -268,7 +284,7 @@ class Deployment:
         fake = self.gateway.gateway
         payments = fake.payments
         for order in ids:
-            key = idempotency_key(order)
+            key = self.key_of(order)
             paid = fake.payments_for(key)
             assert len(paid) == 1, f"order {order}: {len(paid)} payments at the gateway"
             sent = fake.requests_for(key)
@@ -278,7 +294,7 @@ class Deployment:
             f"{[p['idempotency_key'] for p in payments]}"
         )
         rows = self.paid_rows()
-        expected = {str(o): fake.payments_for(idempotency_key(o))[0]["id"] for o in ids}
+        expected = {str(o): fake.payments_for(self.key_of(o))[0]["id"] for o in ids}
         assert rows == expected, f"shop_paid_orders {rows} != the gateway's payments {expected}"
         states = self.states(ids.values())
         assert set(states.values()) == {"COMPLETED"}, states

@@ -35,14 +35,20 @@ HOLD_TIMEOUT_SECONDS = 60.0
 PAID_TABLE_DDL = "CREATE TABLE shop_paid_orders (order_id text PRIMARY KEY, payment text)"
 
 # The README's OutboundCall and business key: charge = OutboundCall(name="gateway.charge"),
-# business_key=f"order:{order_id}", in the default tenant.
+# business_key=f"order:{order_id}", under the store's deployment id (no agboss_tenant).
 CALL_NAME = "gateway.charge"
-TENANT = "default"
 
 
-def idempotency_key(order: int) -> str:
-    """The key the README's ``charge_order(order)`` sends (its business key's)."""
-    return business_key(TENANT, f"order:{order}", CALL_NAME)
+def idempotency_key(order: int, tenant: str) -> str:
+    """The key the README's ``charge_order(order)`` sends (its business key's), in the
+    deployment whose store holds ``tenant``."""
+    return business_key(tenant, f"order:{order}", CALL_NAME)
+
+
+def key_tail(order: int) -> str:
+    """How the order's key ends in every deployment: all of it after the tenant (what a
+    rule set before the store is migrated, and its id minted, can match)."""
+    return idempotency_key(order, "t").removeprefix("t")
 
 
 class RecordingGatewayServer(GatewayHTTPServer):
@@ -149,6 +155,7 @@ __all__ = [
     "PAID_TABLE_DDL",
     "RecordingGatewayServer",
     "idempotency_key",
+    "key_tail",
     "new_gateway_server",
     "payments_source",
 ]

@@ -65,11 +65,15 @@ def test_the_readme_worker_starts_from_the_installed_wheel(
     and kombu come from the venv, ``shop`` from the app directory, nothing from the
     repository. No speed-ups: the defaults, as a user starts."""
     deployment = deploy(broker_url, sqlite_url, speedups=NO_SPEEDUPS)
-    deployment.migrate()
+    migrated = deployment.migrate()
     worker = deployment.start_worker()
     deployment.wait_ready(worker)
     log = worker.output()
     assert "Traceback" not in log and "ModuleNotFoundError" not in log, log
+    # The store got a deployment id of its own at migrate, and the worker says so.
+    tenant = deployment.tenant
+    assert tenant != "default" and f"deployment id {tenant}" in migrated, migrated
+    assert f"celery_agboss tenant: {tenant} (the store's deployment id)" in log, log
     # `celery` resolved through the deployment's PATH: the venv's console script, run by
     # the venv's python (its shebang).
     cmdline = Path(f"/proc/{worker.pid}/cmdline").read_bytes().decode().split("\0")

@@ -26,7 +26,6 @@ from celery_agboss.core.log_events import SWEEP_FINISHED, SWEEP_REPUBLISHED, SWE
 from tests.deployment import brokers
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import SPEEDUPS, Deployment
-from tests.deployment.gateway import idempotency_key
 from tests.support.processes import ManagedProcess, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
@@ -77,7 +76,7 @@ def kill_the_worker_on_the_wire(
     hold.wait_reached(timeout=HELD_SECONDS)
     held_key = fake.requests[0].idempotency_key  # the hold takes the first charge
     assert held_key is not None
-    held_order = next(o for o in ORDERS if idempotency_key(o) == held_key)
+    held_order = next(o for o in ORDERS if deployment.key_of(o) == held_key)
     pid = deployment.gateway.pid_of_charge(held_key)
     victims = [w for w in workers if pid in w.group_pids()]
     assert len(victims) == 1, f"pid {pid} is in no worker's (or several) process group"
@@ -122,7 +121,7 @@ def assert_reconciled_not_resent(
 ) -> None:
     """The killed charge was looked up at the gateway (reconcile first), never sent again
     (one request under its key, checked with the rest), by a delivery that took over."""
-    key = idempotency_key(order)
+    key = deployment.key_of(order)
     assert any(lookup.value == key for lookup in deployment.gateway.gateway.lookups), (
         f"order {order}'s pending charge was never looked up"
     )

@@ -18,7 +18,6 @@ from celery_agboss.core.protections import PENDING_RESENT_WITHOUT_RECONCILE
 from celery_agboss.sweep.steps import STRANDED_NOT_RECONCILED
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import SPEEDUPS, Deployment
-from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import recovery_deadline
 from tests.support.processes import ManagedProcess, wait_until
 
@@ -85,7 +84,7 @@ def worker_and_beat(deployment: Deployment) -> ManagedProcess:
 
 def charges_of(deployment: Deployment, order: int) -> tuple[int, int]:
     """(payments, charge requests) at the gateway under ``order``'s key."""
-    fake, key = deployment.gateway.gateway, idempotency_key(order)
+    fake, key = deployment.gateway.gateway, deployment.key_of(order)
     return len(fake.payments_for(key)), len(fake.requests_for(key))
 
 

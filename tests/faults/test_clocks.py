@@ -52,7 +52,6 @@ from celery_agboss.core.sabotage import EXPIRY_BY_CALLER_CLOCK
 from celery_agboss.testing.gateway_types import GatewayHold
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
 from tests.faults.scenario import (
     POSTGRES_REDIS,
@@ -161,7 +160,7 @@ def _a_duplicate_while_the_charge_is_on_the_wire(
     hold = fake.hold(operation="charge", before_processing=True)
     task_id = deployment.publish([ORDER])[ORDER]
     hold.wait_reached(timeout=HELD_SECONDS)
-    holder = deployment.gateway.pid_of_charge(idempotency_key(ORDER))
+    holder = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
     assert clock.in_force(holder), f"the holder {holder} runs unskewed: {clock.seen()}"
     if mid_lease is not None:
         version = clock.set(**mid_lease)

@@ -37,7 +37,6 @@ from celery_agboss.core.protections import (
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import (
     HELD_SECONDS,
     KILL_SECONDS,
@@ -79,8 +78,8 @@ def kill_the_child_on_the_wire(
     ids = deployment.publish(ORDERS)
     hold.wait_reached(timeout=HELD_SECONDS)
     held_key = fake.requests[0].idempotency_key
-    held = next(o for o in ORDERS if idempotency_key(o) == held_key)
-    child = deployment.gateway.pid_of_charge(idempotency_key(held))
+    held = next(o for o in ORDERS if deployment.key_of(o) == held_key)
+    child = deployment.gateway.pid_of_charge(deployment.key_of(held))
     assert child != worker.pid and child in worker.group_pids(), (child, worker.group_pids())
     os.kill(child, signal.SIGKILL)
     wait_until(
@@ -105,7 +104,7 @@ def test_s03_a_child_killed_after_the_charge_leaves_one_payment(
     ids, held = kill_the_child_on_the_wire(deployment, worker)
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    key = idempotency_key(held)
+    key = deployment.key_of(held)
     assert any(lookup.value == key for lookup in deployment.gateway.gateway.lookups), (
         "the killed child's charge was never looked up"
     )
@@ -234,7 +233,9 @@ def test_s14_an_answer_lost_after_the_charge_is_reconciled_into_one_payment(
     ids, _ = _an_answer_lost_after_the_charge(deployment, 4)
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    assert any(lookup.value == idempotency_key(4) for lookup in deployment.gateway.gateway.lookups)
+    assert any(
+        lookup.value == deployment.key_of(4) for lookup in deployment.gateway.gateway.lookups
+    )
 
 
 def test_s14_sabotaged_an_error_taken_as_definite_fails_a_paid_order(

@@ -41,7 +41,7 @@ from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import migrate
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import PAID_TABLE_DDL, idempotency_key
+from tests.deployment.gateway import PAID_TABLE_DDL
 from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
 from tests.faults.cluster import Cluster
 from tests.faults.scenario import FAULT_SPEEDUPS, NOT_RECONCILED
@@ -109,7 +109,7 @@ def _crash_when_the_answer_comes(
 def _looked_up(deployment: Deployment) -> bool:
     """The gateway was asked about the order's charge (reconcile), by a delivery or the
     sweep."""
-    key = idempotency_key(ORDER)
+    key = deployment.key_of(ORDER)
     return any(lookup.value == key for lookup in deployment.gateway.gateway.lookups)
 
 
@@ -159,7 +159,7 @@ def test_s08_sabotaged_a_crash_recovered_without_reconcile_pays_twice(
     deployment, worker = deployed(deploy, redis_url_factory(), crashable_store, NOT_RECONCILED)
     ids, _ = _crash_when_the_answer_comes(deployment, crashable_postgres, worker)
     crashable_postgres.start()
-    fake, key = deployment.gateway.gateway, idempotency_key(ORDER)
+    fake, key = deployment.gateway.gateway, deployment.key_of(ORDER)
     wait_until(
         lambda: len(fake.payments_for(key)) >= 2,
         recovery_deadline(),

@@ -40,7 +40,6 @@ from celery_agboss.core.store import IntentRecord
 from celery_agboss.store.intents import read_txn
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import HELD_SECONDS, KILL_SECONDS, recovery_deadline
 from tests.faults.scenario import (
     FAULT_SPEEDUPS,
@@ -127,7 +126,7 @@ def _kill_the_child_with_the_answer_in_flight(
     hold = fake.hold(operation="charge")
     task_id = deployment.publish([ORDER])[ORDER]
     hold.wait_reached(timeout=HELD_SECONDS)
-    child = deployment.gateway.pid_of_charge(idempotency_key(ORDER))
+    child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
     assert child != worker.pid and child in worker.group_pids(), (child, worker.group_pids())
     os.kill(child, signal.SIGKILL)
     wait_until(
@@ -141,7 +140,7 @@ def _kill_the_child_with_the_answer_in_flight(
 
 def _intent(deployment: Deployment) -> IntentRecord | None:
     with deployment.store.engine.connect() as conn:
-        return read_txn(conn, idempotency_key(ORDER))
+        return read_txn(conn, deployment.key_of(ORDER))
 
 
 def _pending_listing(deployment: Deployment) -> dict[str, Any]:
@@ -175,7 +174,7 @@ def test_s15_a_key_expired_before_the_take_over_is_not_resent_and_waits_for_an_o
     assert intent.needs_operator and intent.operator_reason == "key-too-old", intent
     listing = _pending_listing(deployment)
     keys = {i["idempotency_key"]: i for i in listing["pending"]}
-    assert keys[idempotency_key(ORDER)]["operator_reason"] == "key-too-old", listing
+    assert keys[deployment.key_of(ORDER)]["operator_reason"] == "key-too-old", listing
     assert task_id in {e["id"] for e in listing["waiting_executions"]}, listing
 
 

@@ -46,7 +46,6 @@ from celery_agboss.signals import SHUTDOWN_HANDS_OVER_RUNNING_LEASES
 from celery_agboss.testing.gateway_types import GatewayHold
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import (
     HELD_SECONDS,
     KILL_SECONDS,
@@ -267,7 +266,7 @@ def _killed_right_after_sigterm(
     hold = fake.hold(operation="charge")
     ids = deployment.publish([ORDER])
     hold.wait_reached(timeout=HELD_SECONDS)
-    pid = deployment.gateway.pid_of_charge(idempotency_key(ORDER))
+    pid = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
     (old,) = [w for w in workers if pid in w.group_pids()]
     (new,) = [w for w in workers if w is not old]
     _sigterm(old)

@@ -62,7 +62,7 @@ from celery_agboss.delivery.lifecycle import FENCE_RECORDED_AS_FAILURE
 from celery_agboss.store.sqlalchemy_store import FENCED_TRANSACTION_IDLE_UNBOUNDED
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import idempotency_key
+from tests.deployment.gateway import key_tail
 from tests.deployment.test_recovery import HELD_SECONDS, KILL_SECONDS, recovery_deadline
 from tests.faults.scenario import (
     FAULT_SPEEDUPS,
@@ -83,13 +83,19 @@ pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 HOOKS = Path(__file__).resolve().parent / "hooks"
 ORDER = 5
-KEY = idempotency_key(ORDER)
-MARK_PAID_KEY = business_key("default", f"order:{ORDER}", "mark-paid")
+# The keys end the same in every deployment; they start with the store's deployment id,
+# minted when the test migrates it (deployment.key_of, mark_paid_key).
+KEY_TAIL = key_tail(ORDER)
 BOTH = [SQLITE_REDIS, POSTGRES_REDIS]
 WOKEN_SECONDS = 30.0  # a continued child's next step, on a loaded machine
 TTL_SECONDS = float(FAULT_SPEEDUPS["AGBOSS_LEASE_TTL"])
 
 Rule = dict[str, Any]
+
+
+def mark_paid_key(deployment: Deployment) -> str:
+    """The key of the README's ``mark-paid`` effect for ``ORDER`` in this deployment."""
+    return business_key(deployment.tenant, f"order:{ORDER}", "mark-paid")
 
 
 class Faults:
@@ -210,7 +216,7 @@ def freeze_the_child_on_the_wire(deployment: Deployment) -> tuple[dict[int, str]
     hold = fake.hold(operation="charge")
     ids, _ = _publish(deployment)
     hold.wait_reached(timeout=HELD_SECONDS)
-    child = deployment.gateway.pid_of_charge(KEY)
+    child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
     os.kill(child, signal.SIGSTOP)
     wait_until(lambda: _is_stopped(child), KILL_SECONDS, message=f"pid {child} to stop")
     hold.release()
@@ -233,7 +239,9 @@ def test_s04_a_child_frozen_mid_charge_past_its_lease_is_taken_over_and_pays_onc
         before = deployment.execution(task_id)
     _wait_fenced(worker, task_id)
     deployment.assert_each_paid_once(ids)
-    assert any(lookup.value == KEY for lookup in deployment.gateway.gateway.lookups)
+    assert any(
+        lookup.value == deployment.key_of(ORDER) for lookup in deployment.gateway.gateway.lookups
+    )
     after = deployment.execution(task_id)
     assert before is not None and after is not None
     assert (after.state, after.result) == (before.state, before.result), "the zombie wrote"
@@ -265,7 +273,7 @@ def freeze_before_the_settle(
     return ids, int(zombie["pid"])
 
 
-SETTLE_ZOMBIE = zombie_rule(OUTBOUND_BEFORE_SETTLE, match={"key": KEY})
+SETTLE_ZOMBIE = zombie_rule(OUTBOUND_BEFORE_SETTLE, match_end={"key": KEY_TAIL})
 
 
 @pytest.mark.parametrize("stack", BOTH, indirect=True)
@@ -340,7 +348,7 @@ def _settled_by(deployment: Deployment, holder: str) -> list[str]:
     """The events of the charge's intent that ``holder`` wrote to settle it."""
     return [
         row.event
-        for row in deployment.store.read_history(KEY)
+        for row in deployment.store.read_history(deployment.key_of(ORDER))
         if row.to_status == "COMPLETED" and row.holder == holder
     ]
 
@@ -405,11 +413,11 @@ def test_s05c_a_zombie_marking_the_order_paid_first_is_refused_and_the_new_holde
     ids, holder = zombie_first(deployment, worker, faults)
     assert holder["context"]["token"] == 2
     assert deployment.paid_rows() == {}, "the zombie's mark_paid went in"
-    assert deployment.store.read_effect(MARK_PAID_KEY) is None
+    assert deployment.store.read_effect(mark_paid_key(deployment)) is None
     faults.release("go")
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    effect = deployment.store.read_effect(MARK_PAID_KEY)
+    effect = deployment.store.read_effect(mark_paid_key(deployment))
     assert effect is not None and effect.token == 2
 
 
@@ -422,7 +430,7 @@ def test_s05c_sabotaged_a_lease_checked_apart_from_the_write_lets_the_zombie_mar
     environment = {**payment_race(faults), **sabotaged(LEASE_CHECK_IN_SEPARATE_ROUND_TRIP)}
     deployment, worker = _start(deploy, sabotage_stack, environment)
     ids, _ = zombie_first(deployment, worker, faults)
-    effect = deployment.store.read_effect(MARK_PAID_KEY)
+    effect = deployment.store.read_effect(mark_paid_key(deployment))
     assert effect is not None and effect.token == 1, "the zombie's write went in"
     assert deployment.paid_rows() != {}
     faults.release("go")
@@ -432,7 +440,7 @@ def test_s05c_sabotaged_a_lease_checked_apart_from_the_write_lets_the_zombie_mar
 
 # --- s05d: recorded, frozen before the send ---------------------------------------------
 
-SEND_ZOMBIE = zombie_rule(OUTBOUND_BEFORE_SEND, match={"key": KEY, "attempt": 1})
+SEND_ZOMBIE = zombie_rule(OUTBOUND_BEFORE_SEND, match={"attempt": 1}, match_end={"key": KEY_TAIL})
 
 
 @pytest.mark.parametrize("stack", BOTH, indirect=True)
@@ -449,7 +457,9 @@ def test_s05d_a_zombie_frozen_before_its_send_checks_its_lease_and_sends_nothing
         deployment.wait_settled(ids, recovery_deadline())
     _wait_fenced(worker, ids[ORDER])
     deployment.assert_each_paid_once(ids)
-    assert any(lookup.value == KEY for lookup in deployment.gateway.gateway.lookups)
+    assert any(
+        lookup.value == deployment.key_of(ORDER) for lookup in deployment.gateway.gateway.lookups
+    )
 
 
 def test_s05d_sabotaged_a_send_without_a_lease_check_pays_the_order_twice(
@@ -499,7 +509,7 @@ def test_s03b_a_child_killed_after_mark_paid_committed_is_replayed_from_the_stor
     deployment, ids = kill_after_mark_paid(deploy, stack, faults, {})
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    effect = deployment.store.read_effect(MARK_PAID_KEY)
+    effect = deployment.store.read_effect(mark_paid_key(deployment))
     assert effect is not None and effect.token == 1, "the re-run wrote the effect again"
     assert not deployment.gateway.gateway.lookups, "a completed charge needs no lookup"
 
@@ -553,7 +563,9 @@ def test_trap6_a_system_exit_inside_the_settle_commit_writes_nothing_and_pays_on
     deployment, ids = exit_in_the_settle_commit(deploy, stack, faults, {})
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    assert any(lookup.value == KEY for lookup in deployment.gateway.gateway.lookups)
+    assert any(
+        lookup.value == deployment.key_of(ORDER) for lookup in deployment.gateway.gateway.lookups
+    )
 
 
 def test_trap6_sabotaged_a_resend_without_reconcile_after_the_exit_pays_twice(
@@ -603,7 +615,7 @@ def test_s05_a_holder_frozen_inside_its_transaction_is_cut_off_and_the_order_pai
     with frozen(zombie):
         deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    effect = deployment.store.read_effect(MARK_PAID_KEY)
+    effect = deployment.store.read_effect(mark_paid_key(deployment))
     assert effect is not None and effect.token == 2, effect
     ended = f"execution.store-failed error=StoreUnavailableError execution={ids[ORDER]}"
     worker.wait_until(

@@ -17,6 +17,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
+from celery_agboss.app import AGBoss
 from celery_agboss.cli import EXIT_CONFIGURATION, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_USAGE, agboss
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.history import HistoryEvent
@@ -332,6 +333,14 @@ def test_migrate_is_idempotent_and_names_the_revision(world: World) -> None:
     data = run_json(world.app, "migrate")
     assert data["revision"]
     assert run(world.app, "migrate").exit_code == 0
+
+
+def test_migrate_names_the_store_s_deployment_id_which_is_the_app_s_tenant(
+    world: World,
+) -> None:
+    data = run_json(world.app, "migrate")
+    assert data["deployment_id"] == data["tenant"] == AGBoss.of(world.app).tenant
+    assert f"deployment id {data['deployment_id']}." in run(world.app, "migrate").output
 
 
 def test_an_app_without_agboss_exits_with_what_to_do() -> None:

@@ -30,7 +30,7 @@ def conf(**values: Any) -> dict[str, Any]:
 
 def test_the_defaults_are_the_documented_ones() -> None:
     s = settings_from_conf(conf(), environ={})
-    assert (s.tenant, s.lease_ttl_seconds, s.attempt_timeout_seconds) == ("default", 30, 120)
+    assert (s.tenant, s.lease_ttl_seconds, s.attempt_timeout_seconds) == (None, 30, 120)
     assert (s.sweep_interval_seconds, s.requested_grace_seconds) == (30, 300)
     assert s.outbound_retention_seconds == s.fenced_effect_retention_seconds == 604800
     assert s.max_recovery_attempts == 10
@@ -250,7 +250,7 @@ def test_an_empty_environment_variable_is_unset() -> None:
 
 def test_other_agboss_environment_variables_are_not_settings() -> None:
     s = settings_from_conf(conf(), environ={"AGBOSS_TEST_POSTGRES_URL": "x", "AGBOSS_TESTING": "0"})
-    assert s.tenant == "default"
+    assert s.tenant is None
 
 
 def test_terminal_executions_are_kept_as_long_as_the_longer_retention_unless_set() -> None:
@@ -265,3 +265,11 @@ def test_terminal_executions_are_kept_as_long_as_the_longer_retention_unless_set
 def test_payment_tasks_must_be_a_list_of_names() -> None:
     with pytest.raises(ConfigurationError, match="agboss_payment_tasks must be a list"):
         settings_from_conf(conf(agboss_payment_tasks=[1, 2]), environ={})
+
+
+def test_agboss_tenant_is_checked_by_the_key_rules_when_the_app_is_configured() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        settings_from_conf(conf(agboss_tenant="shop\u200b"), environ={})
+    assert caught.value.fields["setting"] == "agboss_tenant"
+    assert settings_from_conf(conf(), environ={"AGBOSS_TENANT": "shop-eu"}).tenant == "shop-eu"
+    assert settings_from_conf(conf(agboss_tenant=""), environ={}).tenant is None

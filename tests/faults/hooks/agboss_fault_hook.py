@@ -11,6 +11,8 @@ at interpreter start-up, before the worker forks its pool) arms it through
      "action": "stop",                 # stop (SIGSTOP), kill (SIGKILL), exit (SystemExit),
                                        # or hold (block this thread until `release` exists)
      "match": {"key": "..."},          # context values the hit must carry (optional)
+     "match_end": {"key": "..."},      # ... or end with (a key whose tenant is not known
+                                       # before the store is migrated) (optional)
      "within": "settle_result",        # a function that must be on the stack (optional)
      "effect": "mark-paid",            # only inside this fenced effect (optional)
      "flag": "zombie",                 # once across all processes: the first claimant wins
@@ -81,6 +83,7 @@ class Rule:
         if self.action not in ACTIONS:
             raise ValueError(f"{POINTS_ENV}: unknown action {self.action!r}; one of {ACTIONS}")
         self.match: dict[str, object] = dict(spec.get("match") or {})
+        self.match_end: dict[str, str] = dict(spec.get("match_end") or {})
         self.within: str | None = spec.get("within")
         self.effect: str | None = spec.get("effect")
         self.flag: str | None = spec.get("flag")
@@ -98,6 +101,8 @@ class Rule:
         if self.flag is not None and (self.directory / self.flag).exists():
             return False  # claimed already: let a later rule on this point have the hit
         if any(context.get(k) != v for k, v in self.match.items()):
+            return False
+        if any(not str(context.get(k)).endswith(v) for k, v in self.match_end.items()):
             return False
         if self.after is not None:
             claimed = _read_flag(self.directory / self.after)

@@ -1,0 +1,68 @@
+"""The store's deployment id: the tenant every idempotency key starts with.
+
+An **empty** store gets a short id of its own (10 characters of ``a-z2-7``, 50 random
+bits), so two deployments with their own stores never send one key, even on one
+gateway account. A store that already holds executions or records keeps ``"default"``,
+the tenant its keys in flight were made with: changing it would make a redelivery
+compute another key and send the payment again. One ``INSERT … SELECT`` decides both,
+insert-if-absent (``ON CONFLICT DO NOTHING``); on PostgreSQL the tables it looks at
+are locked (SHARE) until the migration commits, so no row can slip in between the
+look and the insert. The id is a row of ``agboss_meta``, so a restored or moved store
+keeps it.
+
+No schema change. Downgrading removes the row: upgrading again then decides afresh.
+
+Revision ID: 0007
+Revises: 0005
+Create Date: 2026-12-14
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+from celery_agboss.store.deployment import TENANT_MINTED_WHILE_IN_USE
+
+revision: str = "0007"
+down_revision: str | None = "0005"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+# Spelled out rather than imported: a migration keeps what it did when the code moves on.
+_KEY = "deployment.tenant"
+_IN_USE = "default"
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
+_LENGTH = 10
+_KEYED_TABLES = ("agboss_executions", "agboss_outbound_calls", "agboss_fenced_effects")
+
+
+def _minted() -> str:
+    return "".join(secrets.choice(_ALPHABET) for _ in range(_LENGTH))
+
+
+def upgrade() -> None:
+    from celery_agboss.core import sabotage
+
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        op.execute(f"LOCK TABLE {', '.join(_KEYED_TABLES)} IN SHARE MODE")
+    in_use = " OR ".join(f"EXISTS (SELECT 1 FROM {table})" for table in _KEYED_TABLES)
+    if sabotage.active(TENANT_MINTED_WHILE_IN_USE):
+        in_use = "1 = 0"
+    op.execute(
+        sa.text(
+            "INSERT INTO agboss_meta (key, value, updated_at_ms) "
+            f"SELECT :key, CASE WHEN {in_use} THEN :in_use ELSE :minted END, :now "
+            "WHERE NOT EXISTS (SELECT 1 FROM agboss_meta WHERE key = :key) "
+            "ON CONFLICT (key) DO NOTHING"
+        ).bindparams(key=_KEY, in_use=_IN_USE, minted=_minted(), now=time.time_ns() // 1_000_000)
+    )
+
+
+def downgrade() -> None:
+    op.execute(sa.text("DELETE FROM agboss_meta WHERE key = :key").bindparams(key=_KEY))
