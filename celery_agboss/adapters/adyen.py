@@ -13,13 +13,18 @@ the key's age is unknown, only a person can tell, and it answers ``Unknown``.
 When Adyen's idempotency store is down (error 703) its docs suggest resending without
 a key. This adapter never does: 703 is an unknown outcome, and every request carries
 its key.
+
+A resend's answer is the key's first answer, whoever sent it (Adyen documents no refusal
+of a key reused with another request): an answer whose amount, currency or reference
+is not the request's is another request's payment, never taken for this one
+(``AnotherRequestsAnswerError``, definite: nothing was processed for this request).
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -36,17 +41,25 @@ from Adyen.exceptions import (
 from Adyen.services.checkout import ModificationsApi, PaymentsApi
 
 from celery_agboss.adapters.common import (
+    ACTION_KEPT,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
+    PAYMENT_KEPT,
+    PaymentFacts,
+    adapter_policy,
     definite_verdict,
     http_timeout_seconds,
+    reconcile_as_stored,
+    refuse_another_requests_answer,
 )
 from celery_agboss.core.keys import fit_key
+from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
     Lookup,
     NotSent,
     OutboundCall,
+    ReconcileAnswer,
     Unknown,
 )
 
@@ -65,6 +78,23 @@ TEST_CARD: Mapping[str, str] = {
     "encryptedSecurityCode": "test_737",
 }
 
+CARD_DATA = ("source",)
+"""What the policy of every call masks by default: ``source``, the ``paymentMethod``, where
+a raw card's ``number``, ``expiryMonth``, ``expiryYear``, ``cvc`` and ``holderName`` go
+(Adyen takes them from PCI-compliant merchants), as do their encrypted forms and a
+stored payment method's id."""
+
+_REFUSAL_FIELDS = (
+    "pspReference",
+    "resultCode",
+    "refusalReason",
+    "refusalReasonCode",
+    "merchantReference",
+    "amount",
+)
+"""What a refusal keeps of Adyen's answer (it is stored with the failure): never its
+``additionalData``, which can name the card's holder, expiry and digits."""
+
 # Statuses Adyen answers before processing anything: validation, authentication,
 # permission, an unknown route. Everything else (429, 5xx, 409, ...) may have moved money.
 _NOTHING_PROCESSED_STATUSES = frozenset({400, 401, 403, 404, 422})
@@ -80,7 +110,7 @@ class AdyenPaymentRefused(Exception):
         reason = answer.get("refusalReason") or "no reason given"
         code = answer.get("refusalReasonCode")
         super().__init__(f"Adyen refused the payment: {reason}" + (f" ({code})" if code else ""))
-        self.answer = dict(answer)
+        self.answer = {key: answer[key] for key in _REFUSAL_FIELDS if key in answer}
         self.refusal_reason = reason
         self.psp_reference = answer.get("pspReference")
 
@@ -141,7 +171,9 @@ class AdyenAdapter:
     ``base_url`` is the Checkout API's root, without the version (``/v72`` is added):
     None leaves the SDK's own (``platform="test"``: checkout-test.adyen.com; ``"live"``
     needs ``live_endpoint_prefix``). ``timeout`` is the SDK's HTTP timeout, kept below
-    ``attempt_timeout``; the SDK itself never retries.
+    ``attempt_timeout``; the SDK itself never retries. Every call masks ``CARD_DATA`` in
+    what is stored; ``mask=`` adds field paths, never one the adapter compares
+    (``amount``, ``currency``, ``reference``, ``payment_id``).
     """
 
     def __init__(
@@ -155,6 +187,7 @@ class AdyenAdapter:
         timeout: float | timedelta = DEFAULT_HTTP_TIMEOUT,
         attempt_timeout: float | timedelta = DEFAULT_ATTEMPT_TIMEOUT,
         name: str = "adyen",
+        mask: Iterable[str] = (),
     ) -> None:
         if not api_key or not merchant_account:
             raise ValueError("AdyenAdapter needs an api_key and a merchant_account")
@@ -183,17 +216,21 @@ class AdyenAdapter:
             self.payments_api.baseUrl = root
             self.modifications_api.baseUrl = root
         verdict = definite_verdict(is_nothing_processed)
-        self.charge = self._call("charge", self._send_charge, verdict)
-        self.authorize = self._call("authorize", self._send_authorize, verdict)
-        self.capture = self._call("capture", self._send_capture, verdict)
-        self.refund = self._call("refund", self._send_refund, verdict)
-        self.void = self._call("void", self._send_void, verdict)
+        extra = tuple(mask) if not isinstance(mask, str) else mask
+        payments = adapter_policy(CARD_DATA, PAYMENT_KEPT, extra)
+        actions = adapter_policy(CARD_DATA, ACTION_KEPT, extra)
+        self.charge = self._call("charge", self._send_charge, verdict, payments)
+        self.authorize = self._call("authorize", self._send_authorize, verdict, payments)
+        self.capture = self._call("capture", self._send_capture, verdict, actions)
+        self.refund = self._call("refund", self._send_refund, verdict, actions)
+        self.void = self._call("void", self._send_void, verdict, actions)
 
     def _call(
         self,
         operation: str,
         send: Callable[[CallContext], Result],
         verdict: Callable[[BaseException], bool],
+        mask: MaskingPolicy,
     ) -> OutboundCall:
         return OutboundCall(
             name=f"{self.name}.{operation}",
@@ -202,6 +239,7 @@ class AdyenAdapter:
             key_retention=KEY_RETENTION,
             is_definite_failure=verdict,
             max_key_length=MAX_KEY_LENGTH,
+            mask=mask,
             transaction_id=lambda result: result["id"],
         )
 
@@ -227,9 +265,14 @@ class AdyenAdapter:
     def send(self, amount: int, idempotency_key: str) -> Result:
         """A test charge through ``charge``'s own send, under the key as the core fits it."""
         key = fit_key(idempotency_key, MAX_KEY_LENGTH)
-        request = {"amount": amount, "currency": "usd", "reference": key, "source": TEST_CARD}
-        context = CallContext(key, request, attempt=1, name=self.charge.name)
+        context = CallContext(key, _checklist_request(amount, key), 1, self.charge.name)
         return self._send_charge(context)
+
+    def reconcile(self, amount: int, idempotency_key: str) -> ReconcileAnswer:
+        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own
+        (no lookup: ``NotSent`` inside the key's window, and the resend's answer tells)."""
+        key = fit_key(idempotency_key, MAX_KEY_LENGTH)
+        return reconcile_as_stored(self.charge, key, _checklist_request(amount, key))
 
     def lookup(self, idempotency_key: str) -> Result | None:
         raise AdyenLookupUnsupported(
@@ -274,6 +317,17 @@ class AdyenAdapter:
                 dict(answer),
             )
         answered = _amount_of(answer)
+        # The answer to a resend is the key's first answer (G4), whoever sent it: the
+        # only place this adapter can tell another request's payment from its own.
+        refuse_another_requests_answer(
+            f"Adyen's payment {psp}",
+            PaymentFacts(amount, currency, reference),
+            PaymentFacts(
+                answered.get("value", amount),
+                answered.get("currency", currency),
+                answer.get("merchantReference", reference),
+            ),
+        )
         return {
             "id": psp,
             "status": "authorised",
@@ -291,7 +345,7 @@ class AdyenAdapter:
         answer = self.modifications_api.capture_authorised_payment(
             body, payment, idempotency_key=_key(call)
         ).message
-        received = _received(answer, payment)
+        received = _received(answer, payment, body)
         return {**received, "id": payment, "capture_id": received["psp_reference"]}
 
     def _send_refund(self, call: CallContext) -> Result:
@@ -301,7 +355,7 @@ class AdyenAdapter:
         answer = self.modifications_api.refund_captured_payment(
             body, payment, idempotency_key=_key(call)
         ).message
-        received = _received(answer, payment)
+        received = _received(answer, payment, body)
         return {**received, "id": received["psp_reference"], "payment_id": payment}
 
     def _send_void(self, call: CallContext) -> Result:
@@ -311,7 +365,7 @@ class AdyenAdapter:
         answer = self.modifications_api.cancel_authorised_payment_by_psp_reference(
             body, payment, idempotency_key=_key(call)
         ).message
-        received = _received(answer, payment)
+        received = _received(answer, payment, body)
         return {**received, "id": payment, "cancel_id": received["psp_reference"]}
 
     def _modification_body(self, request: Mapping[str, Any], *, with_amount: bool) -> Result:
@@ -332,6 +386,10 @@ class AdyenAdapter:
 
 
 # --- request checks and answer shapes --------------------------------------------------
+
+
+def _checklist_request(amount: int, key: str) -> Result:
+    return {"amount": amount, "currency": "usd", "reference": key, "source": dict(TEST_CARD)}
 
 
 def _key(call: CallContext) -> str:
@@ -393,8 +451,10 @@ def _amount_of(answer: Mapping[str, Any]) -> Mapping[str, Any]:
     return amount if isinstance(amount, Mapping) else {}
 
 
-def _received(answer: Any, payment: str) -> Result:
-    """A modification's 201: Adyen only says it was received; the outcome comes by webhook."""
+def _received(answer: Any, payment: str, body: Mapping[str, Any]) -> Result:
+    """A modification's 201: Adyen only says it was received; the outcome comes by webhook.
+    Its amount, when it names one, is the request's (else it answers another request
+    made first under this key)."""
     if not isinstance(answer, Mapping):
         raise AdyenUnexpectedAnswer("Adyen's modification answer is not a JSON object", answer)
     psp = answer.get("pspReference")
@@ -406,6 +466,12 @@ def _received(answer: Any, payment: str) -> Result:
         )
     amount = _amount_of(answer)
     currency = amount.get("currency")
+    asked = _amount_of(body)
+    refuse_another_requests_answer(
+        f"Adyen's modification {psp} of {payment}",
+        PaymentFacts(asked.get("value"), asked.get("currency")),
+        PaymentFacts(amount.get("value", asked.get("value")), currency or asked.get("currency")),
+    )
     return {
         "status": "received",
         "psp_reference": psp,
@@ -416,6 +482,7 @@ def _received(answer: Any, payment: str) -> Result:
 
 
 __all__ = [
+    "CARD_DATA",
     "CHECKOUT_API_VERSION",
     "IDEMPOTENCY_UNAVAILABLE_CODE",
     "IN_PROGRESS_CODE",

@@ -6,7 +6,8 @@ public API; this adapter is not affiliated with or endorsed by it.
 account may be set otherwise: ``key_retention`` is your account's, never more) and
 replays a 2xx answer only, so a resend after a 4xx or 5xx runs again. Reconcile lists a
 charge's reference (``GET /payments?reference=``, not unique: reference, amount,
-currency and the key the adapter writes into metadata must match) and an action's
+currency and the key the adapter writes into metadata must match, or the payment is
+not taken for the call's, ``Unknown``) and an action's
 payment (``GET /payments/{id}/actions``, by the key in its metadata). A miss is
 ``NotSent()`` only inside the key's retention, where a resend is safe either way:
 nothing was processed, or its 2xx is replayed from the key. Checkout.com documents no
@@ -15,7 +16,7 @@ lag for these reads; if they lagged, that same replay keeps a resend from paying
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,17 +38,25 @@ from celery_agboss.adapters.checkout_client import (
     one_send,
 )
 from celery_agboss.adapters.common import (
+    ACTION_KEPT,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
+    PAYMENT_KEPT,
+    PaymentFacts,
+    adapter_policy,
+    adopt,
+    adopt_one_of,
     definite_verdict,
     http_timeout_seconds,
+    reconcile_as_stored,
+    refuse_another_requests_answer,
+    request_facts,
 )
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
-    Completed,
     Lookup,
     NotSent,
     OutboundCall,
@@ -62,6 +71,10 @@ _METADATA_VALUE_LIMIT = 255
 _DEFINITE_STATUSES = frozenset({400, 401, 403, 404, 422})
 _ACTION_TYPES = {"capture": "Capture", "refund": "Refund", "void": "Void"}
 _PAGE, _MAX_PAGES = 100, 10
+CARD_DATA = ("source",)
+"""What the policy of every call masks by default: the payment source, where a card's
+number, expiry, CVV and holder name go (``{"type": "card", "number": …}``), as do the
+token or stored source that stands for one."""
 TEST_CARD = {"type": "card", "number": "4242424242424242", "expiry_month": 12, "cvv": "100"}
 """The test card ``send`` (the checklist's charge) pays with (sandbox only), expiring
 in December three years on."""
@@ -202,6 +215,17 @@ def _marked(item: Mapping[str, Any]) -> Any:
     return metadata.get(KEY_METADATA_FIELD) if isinstance(metadata, dict) else None
 
 
+def _facts(payment: Mapping[str, Any]) -> PaymentFacts:
+    """A payment (a 201, or listed by reference) as what tells it from another; the key
+    is the mark in its metadata."""
+    return PaymentFacts(
+        amount=payment.get("amount"),
+        currency=payment.get("currency"),
+        reference=payment.get("reference"),
+        key=_marked(payment),
+    )
+
+
 class CheckoutAdapter:
     """Checkout.com's payments as outbound calls; see the module docstring.
 
@@ -210,7 +234,9 @@ class CheckoutAdapter:
     expired. ``timeout`` bounds one send, all its requests together (an action's POST and
     the reads of its outcome). ``base_url`` replaces the SDK's hosts (a test server, a
     proxy); without it, the SDK's sandbox (production with ``sandbox=False``) at your
-    merchant ``subdomain``.
+    merchant ``subdomain``. Every call masks ``CARD_DATA`` in what is stored; ``mask=``
+    adds field paths, never one reconcile reads (``amount``, ``currency``,
+    ``reference``, ``payment_id``).
     """
 
     def __init__(
@@ -225,6 +251,7 @@ class CheckoutAdapter:
         attempt_timeout: float | timedelta = DEFAULT_ATTEMPT_TIMEOUT,
         key_retention: float | timedelta = DEFAULT_KEY_RETENTION,
         name: str = "checkout",
+        mask: Iterable[str] = (),
     ) -> None:
         self.name = name
         self.timeout = http_timeout_seconds(timeout, attempt_timeout)
@@ -236,11 +263,14 @@ class CheckoutAdapter:
         self.http_client = bounded_session(self.timeout)
         self.sdk = build_sdk(secret_key, base_url, subdomain, sandbox, self.http_client)
         self._payments = self.sdk.payments
-        kept = ["amount", "currency", "reference"]
-        masked = MaskingPolicy(mask=["source"], keep_for_reconcile=kept)
-        self.charge = self._call("charge", self._charge, self._reconcile_payment, masked)
-        self.authorize = self._call("authorize", self._authorize, self._reconcile_payment, masked)
-        self.capture, self.refund, self.void = (self._action_call(k) for k in _ACTION_TYPES)
+        extra = tuple(mask) if not isinstance(mask, str) else mask
+        payments = adapter_policy(CARD_DATA, PAYMENT_KEPT, extra)
+        actions = adapter_policy(CARD_DATA, ACTION_KEPT, extra)
+        self.charge = self._call("charge", self._charge, self._reconcile_payment, payments)
+        self.authorize = self._call("authorize", self._authorize, self._reconcile_payment, payments)
+        self.capture, self.refund, self.void = (
+            self._action_call(k, actions) for k in _ACTION_TYPES
+        )
 
     @property
     def calls(self) -> tuple[OutboundCall, ...]:
@@ -251,7 +281,7 @@ class CheckoutAdapter:
         operation: str,
         send: Callable[[CallContext], Any],
         reconcile: Callable[[CallContext, Lookup], ReconcileAnswer],
-        mask: MaskingPolicy | None = None,
+        mask: MaskingPolicy,
     ) -> OutboundCall:
         return OutboundCall(
             name=f"{self.name}.{operation}",
@@ -264,22 +294,31 @@ class CheckoutAdapter:
             transaction_id=lambda result: result["id"],
         )
 
-    def _action_call(self, kind: str) -> OutboundCall:
+    def _action_call(self, kind: str, mask: MaskingPolicy) -> OutboundCall:
         def send(call: CallContext) -> dict[str, Any]:
             return self._send_action(call, kind)
 
         def reconcile(call: CallContext, lookup: Lookup) -> ReconcileAnswer:
             return self._reconcile_action(lookup, kind)
 
-        return self._call(kind, send, reconcile)
+        return self._call(kind, send, reconcile, mask)
 
     # --- the checklist's probes ------------------------------------------------------------
 
+    @staticmethod
+    def _checklist_request(amount: int, key: str) -> dict[str, Any]:
+        source = {**TEST_CARD, "expiry_year": datetime.now().year + 3}
+        return {"amount": amount, "currency": "usd", "reference": key, "source": source}
+
     def send(self, amount: int, idempotency_key: str) -> dict[str, Any]:
         """A charge of the test card through ``charge``'s own send, referenced by the key."""
-        request = {"amount": amount, "currency": "usd", "reference": idempotency_key}
-        request["source"] = {**TEST_CARD, "expiry_year": datetime.now().year + 3}
+        request = self._checklist_request(amount, idempotency_key)
         return self._charge(CallContext(idempotency_key, request, 1, self.charge.name))
+
+    def reconcile(self, amount: int, idempotency_key: str) -> ReconcileAnswer:
+        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own."""
+        request = self._checklist_request(amount, idempotency_key)
+        return reconcile_as_stored(self.charge, idempotency_key, request)
 
     def lookup(self, idempotency_key: str) -> dict[str, Any] | None:
         """The payment ``send`` made under the key (listed by the key as reference), or None."""
@@ -309,6 +348,11 @@ class CheckoutAdapter:
         with one_send(self.timeout):
             reply = self._sdk("the payment", self._payments.request_payment, body, key)
         payment = _as_dict(reply)
+        # A 201 carries no metadata, so no key: amount, currency and reference tell.
+        wanted = PaymentFacts(body["amount"], body["currency"], body["reference"])
+        refuse_another_requests_answer(
+            f"Checkout.com's payment {payment.get('id')}", wanted, _facts(payment)
+        )
         if _declined(payment):
             details = {k: payment.get(k) for k in ("response_code", "response_summary")}
             raise CheckoutDeclinedError(
@@ -429,33 +473,36 @@ class CheckoutAdapter:
     # --- reconcile --------------------------------------------------------------------------
 
     def _reconcile_payment(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
+        """The payments listed for the reference: the one that carries this call's key
+        and matches the request is this call's. Another call's key is another call's
+        payment; one with no key, or ours with another amount or currency, is not taken
+        for this one (``Unknown``: an operator decides)."""
         request = _mapping(lookup.request, "charge")
         reference, currency = _text(request, "reference"), _currency(request)
         amount, mark = _amount(request.get("amount")), _key_mark(lookup.idempotency_key)
         found, complete = self._payments_by_reference(reference)
         if not complete:
             return Unknown(f"over {_PAGE * _MAX_PAGES} payments carry reference {reference!r}")
-        mine = [
-            p
-            for p in found
-            if not _declined(p)
-            and (p.get("reference"), p.get("amount")) == (reference, amount)
-            and str(p.get("currency") or "").upper() == currency
-            and _marked(p) in (None, mark)  # another call's key: not this call's payment
-        ]
-        if len(mine) == 1:
-            return Completed(_payment_result(mine[0]))
+        wanted = request_facts(request, mark)
+        # Another call's key marks another call's payment: only ours, or none, can be.
+        listed = [p for p in found if not _declined(p) and _marked(p) in (None, mark)]
+        answer = adopt_one_of(
+            wanted,
+            [(f"payment {p.get('id')}", _facts(p), _payment_result(p)) for p in listed],
+        )
+        if answer is not None:
+            return answer
         what = f"of {amount} {currency} with reference {reference!r}"
-        if mine:
-            ids = ", ".join(str(p.get("id")) for p in mine)
-            return Unknown(f"{len(mine)} payments {what} could be this call's: {ids}")
         return self._absent(lookup, f"no payment {what}")
 
     def _reconcile_action(self, lookup: Lookup, kind: str) -> ReconcileAnswer:
         payment_id = _text(_mapping(lookup.request, kind), "payment_id")
         mine = self._under_key(self._actions(payment_id), kind, lookup.idempotency_key)
         if len(mine) == 1:
-            return Completed(self._action_result(payment_id, mine[0]))
+            wanted = PaymentFacts(amount=request_facts(lookup.request).amount)
+            found = PaymentFacts(amount=mine[0].get("amount"))
+            what = f"Checkout.com's {kind} {mine[0].get('id')} of {payment_id}"
+            return adopt(what, wanted, found, self._action_result(payment_id, mine[0]))
         if mine:
             ids = ", ".join(str(a.get("id")) for a in mine)
             return Unknown(f"{len(mine)} {kind} actions on {payment_id} carry this key: {ids}")
@@ -476,6 +523,7 @@ class CheckoutAdapter:
 
 
 __all__ = [
+    "CARD_DATA",
     "DEFAULT_KEY_RETENTION",
     "KEY_METADATA_FIELD",
     "TEST_CARD",

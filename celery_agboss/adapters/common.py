@@ -1,25 +1,50 @@
-"""What every gateway adapter shares: its shape, its timeouts and its error verdicts.
+"""What every gateway adapter shares: its shape, its timeouts, its error verdicts and
+how it tells its own payment from another.
 
 An adapter is the one place where a gateway's errors become "nothing was processed"
 (definite: the call may be sent again under the same key) or "it may have been"
 (unknown: reconcile asks the gateway first). Getting that wrong is a double charge, so
 every adapter routes its verdict through :func:`definite_verdict`, where a test's
 sabotage switch can turn every error definite and show the second payment.
+
+It is also where a payment the gateway shows, or answers again under a key, is taken
+for the request's own (DESIGN §4: a reconcile never adopts a payment that is not this
+request's). One rule, :func:`differences`, compares amount, currency, reference and our
+key (where the gateway keeps it) with the stored request: reconcile answers ``Unknown``
+naming what differed (:func:`adopt`), and a send whose answer is another request's
+(a key another deployment used first, replayed by the gateway) raises
+:class:`AnotherRequestsAnswerError` (:func:`refuse_another_requests_answer`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_seconds
-from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.masking import MaskingPolicy
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    Lookup,
+    OutboundCall,
+    ReconcileAnswer,
+    Unknown,
+)
+from celery_agboss.core.transitions import policy_of
+from celery_agboss.errors import MaskingPolicyError
 
 EVERY_ERROR_DEFINITE = sabotage.register("adapter-every-error-definite")
 """Sabotage: every adapter calls every error definite (a timeout is resent as new)."""
+
+ADOPTS_ANY_PAYMENT = sabotage.register("adapter-adopts-any-payment")
+"""Sabotage (DESIGN §4): every adapter takes the payment it finds, or the answer a key
+replays, for the request's own, whatever its amount, currency, reference or key: an
+order is marked paid with another order's payment, and its customer is never charged."""
 
 DEFAULT_HTTP_TIMEOUT = 30.0
 DEFAULT_ATTEMPT_TIMEOUT = 120.0  # agboss_attempt_timeout's default
@@ -31,7 +56,9 @@ class GatewayAdapter(Protocol):
 
     ``send`` makes one payment of ``amount`` (minor units) under ``idempotency_key``
     through the adapter's own charge path; ``lookup`` answers what that key made, or
-    None when the gateway shows nothing (raise when the gateway cannot be asked).
+    None when the gateway shows nothing (raise when the gateway cannot be asked);
+    ``reconcile`` is what the charge's reconcile answers about a request of ``amount``
+    made as ``send`` makes its own, under a key sent a moment ago (the ``OWN`` probe).
     """
 
     name: str
@@ -39,6 +66,8 @@ class GatewayAdapter(Protocol):
     def send(self, amount: int, idempotency_key: str) -> Any: ...
 
     def lookup(self, idempotency_key: str) -> Any: ...
+
+    def reconcile(self, amount: int, idempotency_key: str) -> Any: ...
 
     @property
     def calls(self) -> tuple[OutboundCall, ...]: ...
@@ -80,25 +109,190 @@ def http_timeout_seconds(
 def definite_verdict(classify: Callable[[BaseException], bool]) -> Callable[[BaseException], bool]:
     """``is_definite_failure`` for an OutboundCall, from the adapter's own ``classify``.
 
-    Under the ``adapter-every-error-definite`` sabotage (tests only) every error is
-    definite, so the test guarding the classification can show the double charge.
+    :class:`AnotherRequestsAnswerError` is definite for every adapter. Under the
+    ``adapter-every-error-definite`` sabotage (tests only) every error is definite, so
+    the test guarding the classification can show the double charge.
     """
 
     def is_definite_failure(exc: BaseException) -> bool:
         if sabotage.active(EVERY_ERROR_DEFINITE):
             return True
-        return classify(exc)
+        return isinstance(exc, AnotherRequestsAnswerError) or classify(exc)
 
     is_definite_failure.__doc__ = classify.__doc__
     return is_definite_failure
 
 
+# --- what is stored: card data never, what reconcile compares always --------------------
+
+PAYMENT_KEPT = ("amount", "currency", "reference")
+"""What every charge's and authorisation's policy keeps: what reconcile compares."""
+
+ACTION_KEPT = ("payment_id", "amount", "currency")
+"""What every capture's, refund's and void's policy keeps: the payment it acts on and
+how much, which reconcile reads and compares."""
+
+
+def adapter_policy(
+    card_data: Sequence[str], kept: Sequence[str], mask: Iterable[str]
+) -> MaskingPolicy:
+    """The masking policy of an adapter's call (DESIGN §7): the card data its gateway's
+    API can carry (``card_data``, the adapter's own), plus the paths the user adds with
+    ``mask=``, never what reconcile reads (``kept``: a ``mask=`` path that would hide it
+    is refused here, when the adapter is built)."""
+    if isinstance(mask, str):
+        raise MaskingPolicyError(
+            f"mask= takes a list of field paths, not one str: mask=[{mask!r}]", policy="mask"
+        )
+    return MaskingPolicy(mask=[*card_data, *mask], keep_for_reconcile=kept)
+
+
+# --- this request's payment, or another's ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class PaymentFacts:
+    """What tells one payment from another: of the stored request, or of what the gateway
+    shows. ``None`` in a request's facts is not compared (a capture without an amount);
+    ``key`` is our idempotency key as the gateway keeps it (in metadata), and None in a
+    request's facts where the gateway keeps none."""
+
+    amount: int | None = None
+    currency: str | None = None
+    reference: str | None = None
+    key: str | None = None
+
+
+def request_facts(request: Any, key: str | None = None) -> PaymentFacts:
+    """The facts of a charge's request as stored (masked: the adapters' policies keep
+    ``amount``, ``currency`` and ``reference``), with our key where the gateway keeps it."""
+    given: Mapping[str, Any] = request if isinstance(request, Mapping) else {}
+    amount = given.get("amount")
+    currency = given.get("currency")
+    reference = given.get("reference")
+    return PaymentFacts(
+        amount=amount if isinstance(amount, int) and not isinstance(amount, bool) else None,
+        currency=currency if isinstance(currency, str) else None,
+        reference=reference if isinstance(reference, str) else None,
+        key=key,
+    )
+
+
+def differences(request: PaymentFacts, found: PaymentFacts) -> list[str]:
+    """What differs between the request and the payment the gateway shows: empty when it
+    is this request's. Currencies compare without case (gateways write them both ways).
+    Messages never quote a key: it holds the business key."""
+    found_differ = []
+    if request.amount is not None and found.amount != request.amount:
+        found_differ.append(f"amount {found.amount!r}, not {request.amount!r}")
+    if request.currency is not None and (found.currency or "").lower() != request.currency.lower():
+        found_differ.append(f"currency {found.currency!r}, not {request.currency!r}")
+    if request.reference is not None and found.reference != request.reference:
+        found_differ.append(f"reference {found.reference!r}, not {request.reference!r}")
+    if request.key is not None and found.key != request.key:
+        found_differ.append(
+            "no key of ours (made outside this call: a payment link, a manual charge)"
+            if found.key is None
+            else "another call's key"
+        )
+    return found_differ
+
+
+def _compared(request: PaymentFacts, found: PaymentFacts) -> list[str]:
+    return [] if sabotage.active(ADOPTS_ANY_PAYMENT) else differences(request, found)
+
+
+_ADVICE = (
+    "Another deployment sharing this tenant (agboss_tenant) on the account, or a payment "
+    "made by hand? Check the account, then resolve"
+)
+
+
+def adopt_one_of(
+    request: PaymentFacts, candidates: Sequence[tuple[str, PaymentFacts, Any]]
+) -> Completed[Any] | Unknown | None:
+    """Reconcile's answer from the payments the gateway shows for a request, each
+    ``(how to name it, its facts, its result)``: ``Completed`` with the one that is this
+    request's; ``Unknown`` when several could be, or when none is (naming what differed,
+    for an operator); None when the gateway shows none."""
+    if not candidates:
+        return None
+    taken = [(what, result) for what, facts, result in candidates if not _compared(request, facts)]
+    if len(taken) == 1:
+        return Completed(taken[0][1])
+    if taken:
+        names = ", ".join(what for what, _ in taken)
+        return Unknown(f"{len(taken)} payments could be this request's: {names}. {_ADVICE}")
+    described = "; ".join(
+        f"{what}: {', '.join(_compared(request, facts))}" for what, facts, _ in candidates
+    )
+    return Unknown(f"not this request's payment ({described}): not taken for it. {_ADVICE}")
+
+
+def adopt(
+    what: str, request: PaymentFacts, found: PaymentFacts, result: Any
+) -> Completed[Any] | Unknown:
+    """Reconcile's answer for the one payment the gateway shows: ``Completed(result)`` when
+    it is this request's, else ``Unknown`` naming what differed (an operator decides)."""
+    answer = adopt_one_of(request, [(what, found, result)])
+    assert answer is not None
+    return answer
+
+
+def reconcile_as_stored(call: OutboundCall, idempotency_key: str, request: Any) -> ReconcileAnswer:
+    """What ``call``'s reconcile answers about ``request`` sent under ``idempotency_key`` a
+    moment ago (key age 0), handed the request as the store keeps it: masked by the
+    call's policy, as on every real path. The adapters' ``reconcile`` probe."""
+    stored = policy_of(call).mask_request(request)
+    lookup = Lookup(idempotency_key, stored, 1, None, timedelta(0))
+    return call.reconcile(CallContext(idempotency_key, request, 1, call.name), lookup)
+
+
+class AnotherRequestsAnswerError(Exception):
+    """The gateway answered a send with a payment that is not this request's: it replayed
+    the first answer of another request made under the same key (a deployment sharing
+    this tenant on one account). Nothing was processed for this request, and the same
+    key will never be: definite, for every adapter. The message names what differed."""
+
+    def __init__(self, message: str, differences: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.differences = list(differences or [])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.differences))
+
+
+def refuse_another_requests_answer(what: str, request: PaymentFacts, found: PaymentFacts) -> None:
+    """Raise :class:`AnotherRequestsAnswerError` unless ``found`` (what a send answered)
+    is this request's payment."""
+    found_differ = _compared(request, found)
+    if found_differ:
+        raise AnotherRequestsAnswerError(
+            f"{what} answered a payment that is not this request's ({'; '.join(found_differ)}): "
+            "the gateway replayed another request made under this key (another deployment "
+            "sharing this tenant on the account?); nothing was processed for this one",
+            found_differ,
+        )
+
+
 __all__ = [
+    "ACTION_KEPT",
+    "ADOPTS_ANY_PAYMENT",
     "DEFAULT_ATTEMPT_TIMEOUT",
     "DEFAULT_HTTP_TIMEOUT",
     "EVERY_ERROR_DEFINITE",
+    "PAYMENT_KEPT",
+    "AnotherRequestsAnswerError",
     "GatewayAdapter",
+    "PaymentFacts",
+    "adapter_policy",
+    "adopt",
+    "adopt_one_of",
     "definite_verdict",
+    "differences",
     "http_timeout_seconds",
+    "reconcile_as_stored",
+    "refuse_another_requests_answer",
+    "request_facts",
     "require_sdk",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -47,13 +47,21 @@ from paypalserversdk.models.refund_request import RefundRequest
 from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
 
 from celery_agboss.adapters.common import (
+    ACTION_KEPT,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
+    PAYMENT_KEPT,
+    PaymentFacts,
+    adapter_policy,
+    adopt,
     definite_verdict,
+    reconcile_as_stored,
+    refuse_another_requests_answer,
 )
 from celery_agboss.adapters.common import http_timeout_seconds as _http_timeout
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.keys import fit_key
+from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
     Completed,
@@ -85,6 +93,11 @@ ALREADY_DONE_ISSUES = frozenset(
     }
 )
 """Refusals that may mean OUR earlier attempt did it: never definite, reconcile asks."""
+CARD_DATA = ("payment_source", "card")
+"""What the policy of every call masks by default: PayPal's own fields for a card's
+number, expiry, security code and holder name (``payment_source.card``), should a
+request carry them. The adapter pays with a vault id (``source``) only, and refuses a
+request that carries either (nothing sent); masking keeps them out of the store too."""
 _NOTHING_PROCESSED = frozenset({400, 401, 403, 404, 422})
 _ZERO_DECIMAL = frozenset({"HUF", "JPY", "TWD"})
 _OPEN_ORDER = frozenset({"CREATED", "APPROVED", "SAVED", "PAYER_ACTION_REQUIRED"})
@@ -174,6 +187,12 @@ def _mapping(request: Any) -> Mapping[str, Any]:
 def _payment_request(request: Any) -> _Payment:
     """charge/authorize: ``{"amount", "currency", "reference", "source"[, "source_kind"]}``."""
     request = _mapping(request)
+    carried = sorted(name for name in CARD_DATA if name in request)
+    if carried:
+        raise PayPalRequestError(
+            f"request fields {carried} are card details: this adapter pays with a vaulted "
+            "source ('source', a vault id) only"
+        )
     amount = _field(request, "amount", int)
     currency = str(_field(request, "currency", str)).upper()
     reference, source = _field(request, "reference", str), _field(request, "source", str)
@@ -207,6 +226,26 @@ def _order_result(order: Mapping[str, Any], capture: bool) -> dict[str, Any] | N
     }
 
 
+def _wanted(payment: _Payment) -> PaymentFacts:
+    """What tells the request's order from another (PayPal keeps no key of ours to read)."""
+    return PaymentFacts(payment.amount, payment.currency, payment.reference)
+
+
+def _order_facts(order: Mapping[str, Any]) -> PaymentFacts:
+    """An order's first purchase unit: its amount, currency and ``custom_id``."""
+    unit = (order.get("purchase_units") or [{}])[0]
+    money = unit.get("amount") or {}
+    try:
+        amount: int | None = _minor(money)
+    except (KeyError, ArithmeticError, ValueError):
+        amount = None
+    return PaymentFacts(amount, money.get("currency_code"), unit.get("custom_id"))
+
+
+def _result_facts(result: Mapping[str, Any]) -> PaymentFacts:
+    return PaymentFacts(result.get("amount"), result.get("currency"), result.get("reference"))
+
+
 def _payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     money = body["amount"]
     amount, currency = _minor(money), str(money["currency_code"]).lower()
@@ -219,6 +258,9 @@ class PayPalAdapter:
     ``base_url`` points the SDK elsewhere (a sandbox proxy, the fake); None keeps the
     SDK's own (``environment``: its ``Environment`` or "sandbox"/"production", None =
     the SDK's default, the sandbox). ``checklist_source``: the vault id ``send`` uses.
+    It pays with vaulted sources only; every call masks ``CARD_DATA`` in what is stored,
+    and ``mask=`` adds field paths, never one reconcile reads (``amount``, ``currency``,
+    ``reference``, ``source``, ``payment_id``).
     """
 
     def __init__(
@@ -232,6 +274,7 @@ class PayPalAdapter:
         attempt_timeout: float | timedelta = DEFAULT_ATTEMPT_TIMEOUT,
         name: str = "paypal",
         checklist_source: str = CHECKLIST_VAULT_ID,
+        mask: Iterable[str] = (),
     ) -> None:
         self.name = name
         self.timeout = _http_timeout(timeout, attempt_timeout)
@@ -241,9 +284,18 @@ class PayPalAdapter:
             config=self._configuration(client_id, client_secret, base_url, environment)
         )
         verdict = definite_verdict(is_definite_failure)
+        extra = tuple(mask) if not isinstance(mask, str) else mask
+        # An order's reconcile replays its create-order from the stored request: the
+        # vaulted source (an id, not card data) is kept with what it compares.
+        orders = adapter_policy(CARD_DATA, (*PAYMENT_KEPT, "source", "source_kind"), extra)
+        payments = adapter_policy(CARD_DATA, ACTION_KEPT, extra)
 
         def call(
-            what: str, send: Any, reconcile: Any, retention: timedelta = PAYMENTS_KEY_RETENTION
+            what: str,
+            send: Any,
+            reconcile: Any,
+            policy: MaskingPolicy,
+            retention: timedelta = PAYMENTS_KEY_RETENTION,
         ) -> OutboundCall:
             return OutboundCall(
                 name=f"{name}.{what}",
@@ -252,19 +304,28 @@ class PayPalAdapter:
                 key_retention=retention,
                 is_definite_failure=verdict,
                 max_key_length=MAX_REQUEST_ID_LENGTH,
+                mask=policy,
                 transaction_id=lambda result: result["id"],
             )
 
         charge, hold = partial(self._pay, capture=True), partial(self._pay, capture=False)
         self.charge = call(
-            "charge", charge, partial(self._reconcile_order, capture=True), ORDER_KEY_RETENTION
+            "charge",
+            charge,
+            partial(self._reconcile_order, capture=True),
+            orders,
+            ORDER_KEY_RETENTION,
         )
         self.authorize = call(
-            "authorize", hold, partial(self._reconcile_order, capture=False), ORDER_KEY_RETENTION
+            "authorize",
+            hold,
+            partial(self._reconcile_order, capture=False),
+            orders,
+            ORDER_KEY_RETENTION,
         )
-        self.capture = call("capture", self._send_capture, self._reconcile_by_replay)
-        self.refund = call("refund", self._send_refund, self._reconcile_by_replay)
-        self.void = call("void", self._send_void, self._reconcile_void)
+        self.capture = call("capture", self._send_capture, self._reconcile_by_replay, payments)
+        self.refund = call("refund", self._send_refund, self._reconcile_by_replay, payments)
+        self.void = call("void", self._send_void, self._reconcile_void, payments)
 
     @property
     def calls(self) -> tuple[OutboundCall, ...]:
@@ -308,6 +369,11 @@ class PayPalAdapter:
         context = CallContext(key, self._checklist_request(key, amount), 1, self.charge.name)
         return self.charge.send(context)
 
+    def reconcile(self, amount: int, idempotency_key: str) -> Any:
+        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own."""
+        key = fit_key(idempotency_key, MAX_REQUEST_ID_LENGTH)
+        return reconcile_as_stored(self.charge, key, self._checklist_request(key, amount))
+
     def lookup(self, idempotency_key: str) -> Any:
         """What the key's charge made: the order replayed under its key and read back; None
         when it has no capture. A key never sent leaves an unpaid order behind (no money)."""
@@ -320,8 +386,11 @@ class PayPalAdapter:
     def _pay(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
         wanted = _payment_request(call.request)
         order = self._create_order(wanted, call.idempotency_key, capture)
+        what = f"PayPal's order {order.get('id')}"
+        refuse_another_requests_answer(what, _wanted(wanted), _order_facts(order))
         result = _order_result(order, capture)  # PayPal may pay a vaulted order at once
         if result is not None:
+            refuse_another_requests_answer(what, _wanted(wanted), _result_facts(result))
             return result
         options = _keyed(call.idempotency_key, id=order["id"])
         orders = self.client.orders
@@ -329,6 +398,7 @@ class PayPalAdapter:
         result = _order_result(_body(paid), capture)
         if result is None:
             raise RuntimeError(f"PayPal answered order {order['id']} with no payment in it")
+        refuse_another_requests_answer(what, _wanted(wanted), _result_facts(result))
         return result
 
     def _create_order(self, wanted: _Payment, key: str, capture: bool) -> dict[str, Any]:
@@ -363,12 +433,16 @@ class PayPalAdapter:
         except PayPalRequestError as exc:
             return Unknown(f"the stored request cannot replay the order ({exc}): masked?")
         order = self._find_order(wanted, lookup.idempotency_key, capture)
+        what = f"PayPal's order {order.get('id')}"
+        mine = adopt(what, _wanted(wanted), _order_facts(order), None)
+        if isinstance(mine, Unknown):
+            return mine
         try:
             result = _order_result(order, capture)
         except PayPalDeclinedError as exc:
             return Unknown(f"{exc}: no money moved; decide whether to charge again")
         if result is not None:
-            return Completed(result)
+            return adopt(what, _wanted(wanted), _result_facts(result), result)
         if order.get("status") in _OPEN_ORDER:
             return NotSent()
         return Unknown(f"PayPal order {order.get('id')} is {order.get('status')}, unpaid")
@@ -449,6 +523,7 @@ class PayPalAdapter:
 
 __all__ = [
     "ALREADY_DONE_ISSUES",
+    "CARD_DATA",
     "CHECKLIST_VAULT_ID",
     "MAX_REQUEST_ID_LENGTH",
     "ORDER_KEY_RETENTION",

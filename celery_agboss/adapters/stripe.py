@@ -15,7 +15,7 @@ id, and its refunds listed and matched by the key in their metadata.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -27,12 +27,21 @@ require_sdk("stripe", pip_extra="stripe", gateway="Stripe")
 import stripe
 
 from celery_agboss.adapters.common import (
+    ACTION_KEPT,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
+    PAYMENT_KEPT,
+    PaymentFacts,
+    adapter_policy,
+    adopt,
     definite_verdict,
     http_timeout_seconds,
+    reconcile_as_stored,
+    refuse_another_requests_answer,
+    request_facts,
 )
 from celery_agboss.core.keys import fit_key
+from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
     Completed,
@@ -57,6 +66,12 @@ REFERENCE_METADATA = "reference"
 
 TEST_PAYMENT_METHOD = "pm_card_visa"
 """Stripe's test card, used by ``send`` (the checklist's charge) only."""
+
+CARD_DATA = ("source", "payment_method_data")
+"""What the policy of every call masks by default: the PaymentMethod (``source``: an id,
+or card details someone passed in its place, as Stripe's Charges API takes them) and
+Stripe's raw-card field (``payment_method_data``: number, expiry, CVC, holder name),
+which the adapter refuses to send but would otherwise be stored."""
 
 _RESERVED = frozenset({KEY_METADATA, REFERENCE_METADATA})
 _PAYMENT_FIELDS = frozenset(
@@ -202,6 +217,18 @@ def refund_result(refund: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def intent_facts(intent: Mapping[str, Any]) -> PaymentFacts:
+    """What tells a PaymentIntent from another: amount, currency, the reference and our
+    key it carries in its metadata."""
+    metadata = intent.get("metadata") or {}
+    return PaymentFacts(
+        amount=intent.get("amount"),
+        currency=intent.get("currency"),
+        reference=metadata.get(REFERENCE_METADATA),
+        key=metadata.get(KEY_METADATA),
+    )
+
+
 def _result_id(result: Any) -> str:
     return str(result["id"])
 
@@ -209,6 +236,11 @@ def _result_id(result: Any) -> str:
 def _search_text(value: str) -> str:
     """A value quoted for Stripe's search query language (backslash escapes)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _requested_amount(request: Any) -> int | None:
+    """A capture's or a refund's amount, when the request names one (else: all of it)."""
+    return request_facts(request).amount
 
 
 def _resend_or_unknown(lookup: Lookup, why: str) -> NotSent | Unknown:
@@ -228,7 +260,9 @@ class StripeAdapter:
 
     ``base_url`` points the SDK elsewhere (a fake, a proxy); None keeps the SDK's own
     ``https://api.stripe.com``, where the API key says test or live mode. The SDK's own
-    retries are off: a retry is the engine's, after reconcile.
+    retries are off: a retry is the engine's, after reconcile. Every call masks
+    ``CARD_DATA`` in what is stored; ``mask=`` adds field paths (``"customer"``), never
+    one reconcile reads (``amount``, ``currency``, ``reference``, ``payment_id``).
     """
 
     def __init__(
@@ -240,6 +274,7 @@ class StripeAdapter:
         attempt_timeout: float | timedelta = DEFAULT_ATTEMPT_TIMEOUT,
         name: str = "stripe",
         stripe_account: str | None = None,
+        mask: Iterable[str] = (),
     ) -> None:
         if not isinstance(api_key, str) or not api_key:
             raise ValueError("api_key must be the Stripe secret (or restricted) key, a str")
@@ -257,9 +292,15 @@ class StripeAdapter:
             http_client=stripe.RequestsClient(timeout=self.http_timeout),
         )
         verdict = definite_verdict(is_definite_stripe_failure)
+        extra = tuple(mask) if not isinstance(mask, str) else mask
+        payments = adapter_policy(CARD_DATA, PAYMENT_KEPT, extra)
+        actions = adapter_policy(CARD_DATA, ACTION_KEPT, extra)
 
         def call(
-            kind: str, send: Callable[[CallContext], Any], reconcile: Callable[..., Any]
+            kind: str,
+            send: Callable[[CallContext], Any],
+            reconcile: Callable[..., Any],
+            policy: MaskingPolicy,
         ) -> OutboundCall:
             return OutboundCall(
                 name=f"{name}.{kind}",
@@ -268,14 +309,15 @@ class StripeAdapter:
                 key_retention=KEY_RETENTION,
                 is_definite_failure=verdict,
                 max_key_length=MAX_KEY_LENGTH,
+                mask=policy,
                 transaction_id=_result_id,
             )
 
-        self.charge = call("charge", self._send_charge, self._reconcile_payment)
-        self.authorize = call("authorize", self._send_authorize, self._reconcile_payment)
-        self.capture = call("capture", self._send_capture, self._reconcile_capture)
-        self.refund = call("refund", self._send_refund, self._reconcile_refund)
-        self.void = call("void", self._send_void, self._reconcile_void)
+        self.charge = call("charge", self._send_charge, self._reconcile_payment, payments)
+        self.authorize = call("authorize", self._send_authorize, self._reconcile_payment, payments)
+        self.capture = call("capture", self._send_capture, self._reconcile_capture, actions)
+        self.refund = call("refund", self._send_refund, self._reconcile_refund, actions)
+        self.void = call("void", self._send_void, self._reconcile_void, actions)
 
     @property
     def calls(self) -> tuple[OutboundCall, ...]:
@@ -283,12 +325,25 @@ class StripeAdapter:
 
     # --- the checklist's probes ---------------------------------------------------------
 
+    @staticmethod
+    def _checklist_request(amount: int, key: str) -> dict[str, Any]:
+        return {
+            "amount": amount,
+            "currency": "usd",
+            "reference": key,
+            "source": TEST_PAYMENT_METHOD,
+        }
+
     def send(self, amount: int, idempotency_key: str) -> dict[str, Any]:
         """One test-card charge through ``charge``'s own send path."""
         key = fit_key(idempotency_key, MAX_KEY_LENGTH)
-        request = {"amount": amount, "currency": "usd", "reference": key}
-        request["source"] = TEST_PAYMENT_METHOD
+        request = self._checklist_request(amount, key)
         return self._send_charge(CallContext(key, request, 1, self.charge.name))
+
+    def reconcile(self, amount: int, idempotency_key: str) -> ReconcileAnswer:
+        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own."""
+        key = fit_key(idempotency_key, MAX_KEY_LENGTH)
+        return reconcile_as_stored(self.charge, key, self._checklist_request(amount, key))
 
     def lookup(self, idempotency_key: str) -> dict[str, Any] | None:
         """The PaymentIntent the key made (by metadata search, which lags), or None."""
@@ -323,7 +378,14 @@ class StripeAdapter:
         if payment.customer is not None:
             params["customer"] = payment.customer
         intent = self.client.v1.payment_intents.create(params=params, options=self._options(call))
-        return intent_result(intent.to_dict())
+        answered = intent.to_dict()
+        wanted = PaymentFacts(
+            payment.amount, payment.currency, payment.reference, call.idempotency_key
+        )
+        refuse_another_requests_answer(
+            f"Stripe's PaymentIntent {answered.get('id')}", wanted, intent_facts(answered)
+        )
+        return intent_result(answered)
 
     def _send_charge(self, call: CallContext) -> dict[str, Any]:
         return self._create_intent(call, capture=True)
@@ -386,6 +448,10 @@ class StripeAdapter:
         if not found:
             return _resend_or_unknown(lookup, "Stripe's search found no PaymentIntent yet")
         intent = found[0]
+        wanted = request_facts(lookup.request, lookup.idempotency_key)
+        mine = adopt(f"PaymentIntent {intent['id']}", wanted, intent_facts(intent), None)
+        if isinstance(mine, Unknown):
+            return mine
         if intent.get("status") == "requires_payment_method":
             # A decline's answer lost: the resend gets the decline back under the key.
             return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} was declined")
@@ -409,7 +475,10 @@ class StripeAdapter:
             return Unknown("no PaymentIntent by the request's payment_id")
         status = intent.get("status")
         if status == "succeeded":
-            return Completed(intent_result(intent))
+            # A partial capture's amount is what was received; without one, all of it.
+            wanted = PaymentFacts(amount=_requested_amount(lookup.request))
+            found = PaymentFacts(amount=intent.get("amount_received"))
+            return adopt(f"PaymentIntent {intent['id']}", wanted, found, intent_result(intent))
         if status in ("requires_capture", "canceled"):
             return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} is {status}")
         return Unknown(f"PaymentIntent {intent['id']} is {status}")
@@ -440,11 +509,14 @@ class StripeAdapter:
         if len(mine) > 1:
             return Unknown(f"{len(mine)} refunds of {payment_id} carry this key")
         if mine:
-            return Completed(refund_result(mine[0]))
+            wanted = PaymentFacts(amount=_requested_amount(lookup.request))
+            found = PaymentFacts(amount=mine[0].get("amount"))
+            return adopt(f"refund {mine[0]['id']}", wanted, found, refund_result(mine[0]))
         return _resend_or_unknown(lookup, f"no refund of {payment_id} carries this key")
 
 
 __all__ = [
+    "CARD_DATA",
     "KEY_METADATA",
     "KEY_RETENTION",
     "MAX_KEY_LENGTH",
@@ -452,6 +524,7 @@ __all__ = [
     "TEST_PAYMENT_METHOD",
     "InvalidStripeRequestError",
     "StripeAdapter",
+    "intent_facts",
     "intent_result",
     "is_definite_stripe_failure",
     "refund_result",

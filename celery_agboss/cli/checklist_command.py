@@ -1,4 +1,5 @@
-"""``celery -A proj agboss checklist --adapter module:object``: G1–G5 against a sandbox.
+"""``celery -A proj agboss checklist --adapter module:object``: G1–G5 against a sandbox,
+and ``OWN`` (the adapter takes only its own payment) when the adapter has ``reconcile``.
 
 What a gateway's docs promise and what the account behind your credentials does can
 differ (a retention set per account, a feature switched off), so a team probes its
@@ -83,7 +84,7 @@ def load_adapter(target: str) -> Any:
 def checklist(
     target: str, key_prefix: str | None, required_retention: float, amount: int, as_json: bool
 ) -> None:
-    """Probe an adapter for G1–G5 with real requests (exit 1 when one failed)."""
+    """Probe an adapter for G1–G5 (and OWN) with real requests (exit 1 when one failed)."""
     from celery_agboss.testing.checklist import gateway_checklist
 
     out = CommandOutput(as_json)
@@ -91,6 +92,7 @@ def checklist(
         out.fail(EXIT_USAGE, "usage", "--amount and --required-retention must be positive")
     adapter = load_adapter(target)
     lookup = getattr(adapter, "lookup", None)
+    reconcile = getattr(adapter, "reconcile", None)
     report = gateway_checklist(
         adapter.send,
         lookup if callable(lookup) else None,
@@ -98,6 +100,7 @@ def checklist(
         key_prefix=key_prefix,
         required_retention=required_retention,
         amount=amount,
+        reconcile=reconcile if callable(reconcile) else None,
     )
     data = {
         "adapter": target,

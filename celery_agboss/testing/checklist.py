@@ -6,6 +6,12 @@ team checks its adapter, not the gateway's marketing: offline against
 against a sandbox. Each probe makes real requests through ``send`` (small amounts,
 keys under ``key_prefix``) and reports what it saw as evidence. G6 (late outcomes
 by webhook or status API) needs the gateway's own events and is not probed.
+
+Given the adapter's ``reconcile`` too, a sixth probe, ``OWN``, checks the adapter's
+side of DESIGN §4: a payment made under a key is never taken for a request of another
+amount under that key, neither by reconcile nor from the answer a resend replays
+(two deployments sharing a tenant on one account would otherwise mark an order paid
+with another order's payment).
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from celery_agboss.adapters.common import AnotherRequestsAnswerError
+from celery_agboss.core.outbound import Completed, NotSent, Unknown
 
 
 class GatewayCheckStatus(str, enum.Enum):
@@ -61,6 +70,10 @@ class AdvanceableClock(Protocol):
 
 SendFn = Callable[[int, str], Any]
 LookupFn = Callable[[str], Any]
+ReconcileFn = Callable[[int, str], Any]
+"""``reconcile(amount, key)``: the adapter's charge reconcile asked about a request of
+``amount`` made as ``send`` makes its own, under ``key`` (sent a moment ago):
+``Completed``, ``NotSent`` or ``Unknown``."""
 
 
 class _ProbeError(Exception):
@@ -84,8 +97,10 @@ def gateway_checklist(
     *,
     amount: int = 100,
     payment_id: Callable[[Any], Any] | None = None,
+    reconcile: ReconcileFn | None = None,
 ) -> GatewayChecklistReport:
-    """Run the G1–G5 probes through the adapter's ``send(amount, key)`` and ``lookup(key)``.
+    """Run the G1–G5 probes through the adapter's ``send(amount, key)`` and ``lookup(key)``,
+    and ``OWN`` after them when ``reconcile(amount, key)`` is given.
 
     ``clock`` must be the gateway's own clock (the one ``FakeGateway`` was given): G3
     advances it by just under ``required_retention`` seconds, for good. ``payment_id``
@@ -102,6 +117,7 @@ def gateway_checklist(
         float(required_retention),
         amount,
         payment_id or _default_payment_id,
+        reconcile,
     )
     checks = [
         ("G1", probe.g1),
@@ -110,6 +126,8 @@ def gateway_checklist(
         ("G4", probe.g4),
         ("G5", probe.g5),
     ]
+    if reconcile is not None:
+        checks.append(("OWN", probe.own))
     results = []
     for requirement, check in checks:
         try:
@@ -138,6 +156,7 @@ class _Probe:
     retention: float
     amount: int
     payment_id: Callable[[Any], Any]
+    reconcile_fn: ReconcileFn | None = None
 
     def _send(self, step: str, amount: int, key: str) -> Any:
         try:
@@ -243,6 +262,12 @@ class _Probe:
         other = self.amount * 2
         try:
             second = self.send_fn(other, key)
+        except AnotherRequestsAnswerError as exc:
+            return _FAIL, (
+                f"amount {other} under {key!r} (first sent with {self.amount}) was answered "
+                f"with the first payment again; the adapter refused to take it ({exc}), "
+                "the gateway did not"
+            )
         except Exception as exc:
             return _PASS, (
                 f"amount {other} under {key!r} (first sent with {self.amount}) was refused: "
@@ -253,4 +278,45 @@ class _Probe:
         return _FAIL, (
             f"amount {other} under {key!r} (first sent with {self.amount}) was accepted and "
             f"answered {b!r}, {what}; only celery_agboss's own fingerprint check catches it"
+        )
+
+    def own(self) -> Outcome:
+        """A payment made under a key is never taken for a request of another amount
+        under that key: reconcile answers Unknown, or finds nothing to compare and the
+        resend it allows is refused."""
+        assert self.reconcile_fn is not None
+        key = f"{self.prefix}:own"
+        made = self.payment_id(self._send(f"the send under {key!r}", self.amount, key))
+        other = self.amount * 2
+        try:
+            answer = self.reconcile_fn(other, key)
+        except Exception as exc:
+            return _FAIL, (
+                f"reconcile of a request of {other} under {key!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            )
+        if isinstance(answer, Unknown):
+            return _PASS, (
+                f"reconcile of a request of {other} under {key!r}, where payment {made!r} of "
+                f"{self.amount} was made, answered Unknown: {answer.reason}"
+            )
+        if isinstance(answer, Completed):
+            return _FAIL, (
+                f"reconcile took payment {self.payment_id(answer.result)!r} (made with "
+                f"{self.amount}) for a request of {other} under {key!r}: an order would be "
+                "marked paid with another order's payment"
+            )
+        if not isinstance(answer, NotSent):
+            return _FAIL, f"reconcile answered {answer!r}, not Completed, NotSent or Unknown"
+        try:
+            resent = self.send_fn(other, key)
+        except Exception as exc:
+            return _PASS, (
+                f"reconcile found nothing to compare under {key!r}; the resend of {other} it "
+                f"allows was refused: {type(exc).__name__}: {exc}"
+            )
+        return _FAIL, (
+            f"reconcile answered NotSent under {key!r}, where payment {made!r} of "
+            f"{self.amount} was made, and the resend of {other} was answered "
+            f"{self.payment_id(resent)!r}: taken for the request's own"
         )

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from celery_agboss.adapters.common import AnotherRequestsAnswerError
+from celery_agboss.core.outbound import Completed, NotSent, Unknown
 from celery_agboss.testing import (
     FakeGateway,
     GatewayCapabilities,
@@ -198,3 +200,82 @@ def test_the_report_reads_as_one_line_per_requirement() -> None:
 def test_a_required_retention_must_be_positive() -> None:
     with pytest.raises(ValueError):
         gateway_checklist(FakeGateway().charge, required_retention=0)
+
+
+# --- OWN: the adapter takes only its own payment (given its reconcile) ---------------------
+
+
+def _adopting_reconcile(gateway: FakeGateway) -> Any:
+    """A reconcile that takes whatever the key made, whatever the request's amount."""
+
+    def reconcile(amount: int, key: str) -> Any:
+        found = gateway.lookup(key)
+        return NotSent() if found is None else Completed(found)
+
+    return reconcile
+
+
+def _comparing_reconcile(gateway: FakeGateway) -> Any:
+    def reconcile(amount: int, key: str) -> Any:
+        found = gateway.lookup(key)
+        if found is None:
+            return NotSent()
+        if found["amount"] != amount:
+            return Unknown(f"amount {found['amount']}, not {amount}")
+        return Completed(found)
+
+    return reconcile
+
+
+def test_without_a_reconcile_the_report_is_g1_to_g5() -> None:
+    gateway = FakeGateway()
+    report = gateway_checklist(gateway.charge, gateway.lookup)
+    assert [r.requirement for r in report.results] == REQUIREMENTS
+
+
+def test_own_passes_when_reconcile_refuses_a_payment_of_another_amount() -> None:
+    gateway = FakeGateway()
+    report = gateway_checklist(
+        gateway.charge, gateway.lookup, reconcile=_comparing_reconcile(gateway)
+    )
+    own = report.result("OWN")
+    assert (own.status, report.results[-1].requirement) == (PASSED, "OWN")
+    assert "answered Unknown: amount 100, not 200" in own.evidence
+
+
+def test_own_fails_when_reconcile_takes_the_key_s_payment_for_any_request() -> None:
+    gateway = FakeGateway()
+    report = gateway_checklist(
+        gateway.charge, gateway.lookup, reconcile=_adopting_reconcile(gateway)
+    )
+    own = report.result("OWN")
+    assert own.status is FAILED and "marked paid with another order's payment" in own.evidence
+    assert not report.passed
+
+
+def test_own_after_not_sent_depends_on_the_resend_being_refused() -> None:
+    """No lookup (reconcile answers NotSent): the resend of another amount under the key
+    must be refused; a gateway that replays the first payment to it fails OWN."""
+    refusing = FakeGateway(capabilities=GatewayCapabilities.NO_LOOKUP)
+    report = gateway_checklist(refusing.charge, reconcile=lambda amount, key: NotSent())
+    assert report.result("OWN").status is PASSED, str(report)
+    replaying = FakeGateway(
+        capabilities=dataclasses.replace(GatewayCapabilities.NO_LOOKUP, conflict_on_mismatch=False)
+    )
+    report = gateway_checklist(replaying.charge, reconcile=lambda amount, key: NotSent())
+    assert report.result("OWN").status is FAILED, str(report)
+
+
+def test_g5_fails_when_only_the_adapter_refused_the_gateway_s_replay() -> None:
+    gateway = FakeGateway(
+        capabilities=dataclasses.replace(GatewayCapabilities.FULL, conflict_on_mismatch=False)
+    )
+
+    def send(amount: int, key: str) -> Any:
+        receipt = gateway.charge(amount, key)
+        if receipt["amount"] != amount:
+            raise AnotherRequestsAnswerError("answered another request's payment")
+        return receipt
+
+    g5 = gateway_checklist(send, gateway.lookup).result("G5")
+    assert g5.status is FAILED and "the gateway did not" in g5.evidence

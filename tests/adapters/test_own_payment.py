@@ -1,0 +1,216 @@
+"""DESIGN §4, per adapter: a reconcile never adopts a payment that is not this request's.
+
+The case: another deployment on the same gateway account (its own store, the same
+tenant) charged order 42 first, 1000, under the very key this one sends for its own
+order 42 of 2500. What the gateway then shows under the key (reconcile), or answers
+again to it (a resend), is the other shop's payment. Each adapter compares amount,
+currency, reference and, where the gateway keeps it in metadata, our key with the
+stored request (``celery_agboss.adapters.common.differences``): reconcile answers
+``Unknown`` naming what differed, a resend's replayed answer is refused
+(``AnotherRequestsAnswerError``, definite: nothing was processed for this request).
+Each twin switches the comparison off (``adapter-adopts-any-payment``) and shows the
+harm: the order marked paid with the other shop's payment, its customer never charged.
+
+Through each gateway's official SDK against ``FakeGatewayServer`` set to what the
+gateway documents; a real-worker version of the whole story (two shops, two stores,
+one account) is tests/integration/test_two_deployments.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from celery_agboss.adapters.common import ADOPTS_ANY_PAYMENT, AnotherRequestsAnswerError
+from celery_agboss.core.keys import fit_key
+from celery_agboss.core.outbound import (
+    CallContext,
+    Completed,
+    Lookup,
+    NotSent,
+    OutboundCall,
+    Unknown,
+)
+from celery_agboss.core.transitions import policy_of
+from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
+from celery_agboss.testing import sabotage
+from celery_agboss.testing.checklist import GatewayCheckStatus, gateway_checklist
+from celery_agboss.testing.gateway_server import FakeGatewayServer
+from tests.adapters.conftest import ServeFn
+from tests.adapters.stripe_support import dialect_of as stripe_dialect
+from tests.engine.helpers import Shop, business_intent_key
+
+GATEWAYS = ["stripe", "checkout", "adyen", "paypal"]
+THEIRS, OURS = 1000, 2500
+ORDER = "order-42"
+BUSINESS_KEY = "order:42"
+RECENT = timedelta(minutes=1)
+
+
+def _support(gateway: str) -> Any:
+    return importlib.import_module(f"tests.adapters.{gateway}_support")
+
+
+def _served(served: ServeFn, gateway: str) -> tuple[FakeGatewayServer, Any]:
+    server = served(gateway)
+    if gateway == "stripe":
+        stripe_dialect(server).search_lag = 0.0  # a consistent search: the answer is what it finds
+    return server, _support(gateway).adapter_for(server.url)
+
+
+def _key(shop: Shop, call: OutboundCall) -> str:
+    """The key this shop's ``outbound(call, …, business_key="order:42")`` sends."""
+    raw = business_intent_key(shop.settings, BUSINESS_KEY, call.name)
+    return fit_key(raw, call.max_key_length)
+
+
+def _the_other_shop_charges(gateway: str, adapter: Any, key: str) -> dict[str, Any]:
+    """Shop A's charge of order 42 under the shared key: its payment, made first."""
+    request = _support(gateway).charge_request(ORDER, THEIRS)
+    made: dict[str, Any] = adapter.charge.send(CallContext(key, request, 1, adapter.charge.name))
+    return made
+
+
+def _reconcile_ours(adapter: Any, key: str, gateway: str) -> Any:
+    """What this shop's reconcile answers for its own order 42 of 2500, handed the request
+    as the store keeps it (masked by the adapter's policy)."""
+    request = _support(gateway).charge_request(ORDER, OURS)
+    stored = policy_of(adapter.charge).mask_request(request)
+    call = CallContext(key, request, 1, adapter.charge.name)
+    return adapter.charge.reconcile(call, Lookup(key, stored, 1, None, RECENT))
+
+
+def _resend_ours(adapter: Any, key: str, gateway: str) -> dict[str, Any]:
+    request = _support(gateway).charge_request(ORDER, OURS)
+    sent: dict[str, Any] = adapter.charge.send(CallContext(key, request, 2, adapter.charge.name))
+    return sent
+
+
+# --- reconcile, and the resend it allows ---------------------------------------------------
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+def test_reconcile_never_takes_another_deployments_payment_of_another_amount(
+    gateway: str, served: ServeFn, shop: Shop
+) -> None:
+    server, adapter = _served(served, gateway)
+    key = _key(shop, adapter.charge)
+    _the_other_shop_charges(gateway, adapter, key)
+    answer = _reconcile_ours(adapter, key, gateway)
+    if gateway == "adyen":  # no lookup: the resend's answer (the key's first) tells
+        assert answer == NotSent()
+        with pytest.raises(AnotherRequestsAnswerError, match=f"amount {THEIRS}, not {OURS}"):
+            _resend_ours(adapter, key, gateway)
+    else:
+        assert isinstance(answer, Unknown), answer
+        assert f"amount {THEIRS}, not {OURS}" in answer.reason, answer.reason
+    assert len(server.gateway.payments) == 1
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+def test_twin_a_reconcile_that_does_not_compare_takes_the_other_shop_s_payment(
+    gateway: str, served: ServeFn, shop: Shop
+) -> None:
+    server, adapter = _served(served, gateway)
+    key = _key(shop, adapter.charge)
+    theirs = _the_other_shop_charges(gateway, adapter, key)
+    with sabotage(ADOPTS_ANY_PAYMENT):
+        answer = _reconcile_ours(adapter, key, gateway)
+        taken = _resend_ours(adapter, key, gateway) if answer == NotSent() else answer.result
+    assert isinstance(answer, (Completed, NotSent)), answer
+    assert taken["id"] == theirs["id"] and taken["amount"] == THEIRS  # order 42 "paid"
+    assert len(server.gateway.payments) == 1  # ... and its customer never charged
+
+
+def test_a_listed_payment_without_our_key_is_not_taken_for_the_charge(
+    served: ServeFn, shop: Shop
+) -> None:
+    """Checkout.com lists a charge's reference and keeps our key in metadata: a payment of
+    the same reference, amount and currency that carries no key (a payment link, a
+    manual charge) is not this call's."""
+    server, adapter = _served(served, "checkout")
+    key = _key(shop, adapter.charge)
+    server.gateway.charge(OURS, "walk-in", currency="usd", reference=ORDER, metadata={})
+    answer = _reconcile_ours(adapter, key, "checkout")
+    assert isinstance(answer, Unknown) and "no key of ours" in answer.reason, answer
+    with sabotage(ADOPTS_ANY_PAYMENT):
+        adopted = _reconcile_ours(adapter, key, "checkout")
+    assert isinstance(adopted, Completed), "the twin takes the walk-in payment for ours"
+
+
+# --- the same, through deliveries ----------------------------------------------------------
+
+
+def _deliver_ours(shop: Shop, adapter: Any, gateway: str, deliveries: int = 3) -> Any:
+    """Up to ``deliveries`` deliveries of this shop's execution of order 42 (each a
+    re-run after the last one stopped): the receipt the body got, or the last error."""
+    request = _support(gateway).charge_request(ORDER, OURS)
+    last: BaseException | None = None
+    for _ in range(deliveries):
+        try:
+            with shop.start("shop-b-order-42") as delivery:
+                return delivery.outbound(adapter.charge, request, business_key=BUSINESS_KEY)
+        except (OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError) as exc:
+            last = exc
+            if isinstance(exc, OutboundCallUnreconciledError):
+                return exc
+        except AnotherRequestsAnswerError as exc:
+            return exc
+    return last
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+def test_an_order_is_never_marked_paid_with_another_deployments_payment(
+    gateway: str, served: ServeFn, shop: Shop
+) -> None:
+    server, adapter = _served(served, gateway)
+    _the_other_shop_charges(gateway, adapter, _key(shop, adapter.charge))
+    ended = _deliver_ours(shop, adapter, gateway)
+    assert isinstance(ended, (OutboundCallUnreconciledError, AnotherRequestsAnswerError)), ended
+    assert len(server.gateway.payments) == 1
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+def test_twin_without_the_comparison_the_order_is_marked_paid_with_their_payment(
+    gateway: str, served: ServeFn, shop: Shop
+) -> None:
+    server, adapter = _served(served, gateway)
+    theirs = _the_other_shop_charges(gateway, adapter, _key(shop, adapter.charge))
+    with sabotage(ADOPTS_ANY_PAYMENT):
+        receipt = _deliver_ours(shop, adapter, gateway)
+    assert isinstance(receipt, dict) and receipt["id"] == theirs["id"], receipt
+    assert len(server.gateway.payments) == 1
+
+
+def test_stripe_s_case_of_issue_22_waits_for_an_operator_naming_the_amount(
+    served: ServeFn, shop: Shop
+) -> None:
+    """Stripe refuses the key reused with another amount (``idempotency_error``, unknown);
+    reconcile finds the other shop's PaymentIntent under the key and says it is not ours."""
+    server, adapter = _served(served, "stripe")
+    _the_other_shop_charges("stripe", adapter, _key(shop, adapter.charge))
+    ended = _deliver_ours(shop, adapter, "stripe")
+    assert isinstance(ended, OutboundCallUnreconciledError), ended
+    record = shop.store.read_intent(_key(shop, adapter.charge))
+    assert record is not None and record.needs_operator, record
+    assert f"amount {THEIRS}, not {OURS}" in (record.operator_reason or ""), record
+    assert len(server.gateway.payments) == 1
+
+
+# --- the checklist's probe ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+def test_the_checklist_probes_that_the_adapter_takes_only_its_own_payment(
+    gateway: str, served: ServeFn
+) -> None:
+    _, adapter = _served(served, gateway)
+    report = gateway_checklist(adapter.send, adapter.lookup, reconcile=adapter.reconcile)
+    own = report.result("OWN")
+    assert own.status is GatewayCheckStatus.PASSED, str(report)
+    with sabotage(ADOPTS_ANY_PAYMENT):
+        sabotaged = gateway_checklist(adapter.send, adapter.lookup, reconcile=adapter.reconcile)
+    assert sabotaged.result("OWN").status is GatewayCheckStatus.FAILED, str(sabotaged)
