@@ -72,6 +72,15 @@ PSEUDONYM_KEY = b"0123456789abcdef0123456789abcdef"
             "%E6%9D%B1%E4%BA%AC:b:%E6%B3%A8%E6%96%87-7:adyen.payment",
         ),
         (lambda: business_key("default", "🙂", "x.y"), "default:b:%F0%9F%99%82:x.y"),
+        # A store's own deployment id (migration 0007: a-z2-7, needs no encoding).
+        (
+            lambda: business_key("k3v7q2m5xa", "order:42", "stripe.charge"),
+            "k3v7q2m5xa:b:order%3A42:stripe.charge",
+        ),
+        (
+            lambda: step_key("k3v7q2m5xa", TASK_ID, "adyen.charge", 2),
+            f"k3v7q2m5xa:t:{TASK_ID}:adyen.charge#2",
+        ),
         (lambda: business_key("default", "A-z_0.9~", "x.y"), "default:b:A-z_0.9~:x.y"),
         (
             lambda: business_key("default", "a/b+c=d?e&f@g", "x.y"),

@@ -89,6 +89,8 @@ def make_app(config: dict[str, Any]) -> Celery:
         agboss_requested_grace=config.get("requested_grace", 300),
         agboss_attempt_timeout=config.get("attempt_timeout", 120),
     )
+    if config.get("tenant"):  # two stores sharing keys on purpose (docs/keys.md)
+        app.conf.agboss_tenant = config["tenant"]
     agboss = AGBoss(app)
 
     def note(event: str, task_id: str | None, **fields: Any) -> None:
@@ -341,6 +343,41 @@ def _sdk_charge_task(app: Celery, agboss: AGBoss, gateway_name: str, gateway_url
         request = support.charge_request(order_id, amount)
         receipt = self.outbound(adapter.charge, request, business_key=f"order:{order_id}")
         return {"payment": receipt["id"], "order": order_id}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name=f"it.sdk_pay_order.{gateway_name}")
+    def sdk_pay_order(self: Any, order_id: str, amount: int):  # type: ignore[no-untyped-def]
+        """The README's shop on this gateway: charge the order, then mark it paid in the
+        shop's own table (``PAID_ORDERS_DDL``, created by the test) with that payment."""
+        request = support.charge_request(order_id, amount)
+        receipt = self.outbound(adapter.charge, request, business_key=f"order:{order_id}")
+        self.fenced_effect(
+            "mark-paid",
+            lambda conn: mark_paid(conn, order_id, amount, receipt),
+            business_key=f"order:{order_id}",
+        )
+        return {"payment": receipt["id"], "order": order_id}
+
+
+PAID_ORDERS_DDL = (
+    "CREATE TABLE it_paid_orders (order_id text PRIMARY KEY, amount integer NOT NULL, "
+    "payment text NOT NULL, receipt text NOT NULL)"
+)
+
+
+def mark_paid(conn: Any, order_id: str, amount: int, receipt: dict[str, Any]) -> None:
+    """The shop's own write: this order, the amount it asked, the payment it was told of."""
+    conn.execute(
+        text(
+            "INSERT INTO it_paid_orders (order_id, amount, payment, receipt) "
+            "VALUES (:order, :amount, :payment, :receipt)"
+        ),
+        {
+            "order": order_id,
+            "amount": amount,
+            "payment": str(receipt["id"]),
+            "receipt": json.dumps(receipt, sort_keys=True),
+        },
+    )
 
 
 def _from_environment() -> Celery | None:
