@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from celery_agboss.core import sabotage
 from celery_agboss.store.deployment import TENANT_MINTED_WHILE_IN_USE
 
 revision: str = "0007"
@@ -46,10 +47,7 @@ def _minted() -> str:
 
 
 def upgrade() -> None:
-    from celery_agboss.core import sabotage
-
-    bind = op.get_bind()
-    if bind.dialect.name == "postgresql":
+    if op.get_context().dialect.name == "postgresql":
         op.execute(f"LOCK TABLE {', '.join(_KEYED_TABLES)} IN SHARE MODE")
     in_use = " OR ".join(f"EXISTS (SELECT 1 FROM {table})" for table in _KEYED_TABLES)
     if sabotage.active(TENANT_MINTED_WHILE_IN_USE):
