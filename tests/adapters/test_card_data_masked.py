@@ -27,6 +27,7 @@ from click.testing import CliRunner
 from sqlalchemy import text
 
 from celery_agboss import AGBoss, PaymentTask
+from celery_agboss.adapters.adyen import AdyenPaymentRefused
 from celery_agboss.adapters.stripe import StripeAdapter
 from celery_agboss.cli import agboss
 from celery_agboss.errors import MaskingPolicyError
@@ -163,3 +164,23 @@ def test_every_call_of_the_adapter_masks_by_default(gateway: str, served: ServeF
     for call in adapter.calls:
         masked = call.mask.mask_request(card)
         assert _card_data_in(json.dumps(masked)) == [], (call.name, masked)
+
+
+def test_an_adyen_refusal_keeps_none_of_the_card_details_adyen_adds_to_its_answer() -> None:
+    """A refusal is stored with the failure (its arguments): Adyen's ``additionalData`` can
+    name the card's holder, expiry and digits, and is not kept."""
+    answer = {
+        "pspReference": "PSP1",
+        "resultCode": "Refused",
+        "refusalReason": "Refused",
+        "merchantReference": "order-7",
+        "additionalData": {
+            "cardHolderName": HOLDER,
+            "expiryDate": f"11/{YEAR}",
+            "cardBin": PAN[:6],
+        },
+    }
+    refused = AdyenPaymentRefused(answer)
+    kept = json.dumps(refused.__reduce__()[1])
+    assert HOLDER not in kept and YEAR not in kept and "additionalData" not in kept, kept
+    assert refused.answer["pspReference"] == "PSP1" and refused.psp_reference == "PSP1"
