@@ -13,7 +13,7 @@ keeps it.
 No schema change. Downgrading removes the row: upgrading again then decides afresh.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-14
 """
 
@@ -30,7 +30,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.store.deployment import TENANT_MINTED_WHILE_IN_USE
 
 revision: str = "0007"
-down_revision: str | None = "0005"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
