@@ -25,7 +25,7 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.adyen_support import adapter_for, charge_request
 from tests.adapters.conftest import ServeFn
-from tests.engine.helpers import Shop, business_intent_key, step_intent_key
+from tests.engine.helpers import Shop, business_intent_key, retry_asked, step_intent_key
 
 PASSED, FAILED = GatewayCheckStatus.PASSED, GatewayCheckStatus.FAILED
 DOCUMENTED_LEVEL = {"G1": PASSED, "G2": FAILED, "G3": PASSED, "G4": PASSED, "G5": FAILED}
@@ -69,11 +69,14 @@ def test_ps1_a_lost_answer_is_resent_under_its_key_and_adyen_replays_it(
 def _answer_lost_then_key_forgotten(
     server: FakeGatewayServer, shop: Shop, lost: type[BaseException]
 ) -> AdyenAdapter:
-    """A charge whose answer is lost; then a week and an hour pass and Adyen forgets the key."""
+    """A charge whose answer is lost, and the body asks for a retry (``autoretry_for``);
+    then a week and an hour pass and Adyen forgets the key."""
     adapter = adapter_for(server.url)
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("task-17") as first, pytest.raises(lost):
-        first.outbound(adapter.charge, charge_request("order-17"))
+    with shop.start("task-17") as first:
+        with pytest.raises(lost):
+            first.outbound(adapter.charge, charge_request("order-17"))
+        retry_asked(first)
     shop.clock.advance(WEEK + 3600)
     server.gateway.forget_keys()
     return adapter

@@ -23,7 +23,7 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.checkout_support import DECLINED_TOKEN, adapter_for, charge_request
 from tests.adapters.conftest import ServeFn
-from tests.engine.helpers import DAY, Shop, business_intent_key
+from tests.engine.helpers import DAY, Shop, business_intent_key, retry_asked
 
 RETENTION = 86400  # Checkout.com's documented default: 24 h
 DOCUMENTED = {  # what Checkout.com's docs promise, requirement by requirement
@@ -107,8 +107,10 @@ def test_sabotage_twin_a_lost_answer_taken_for_a_failure_pays_twice_past_the_key
     adapter = adapter_for(server.url)
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     with sabotage(EVERY_ERROR_DEFINITE):
-        with shop.start("order-17") as first, pytest.raises(Exception):  # noqa: B017
-            first.outbound(adapter.charge, charge_request("order-17"))
+        with shop.start("order-17") as first:
+            with pytest.raises(Exception):  # noqa: B017
+                first.outbound(adapter.charge, charge_request("order-17"))
+            retry_asked(first)  # the body's autoretry_for=(Exception,)
         shop.clock.advance(DAY + timedelta(minutes=1))
         server.gateway.forget_keys()
         with shop.start("order-17") as retry:
