@@ -30,6 +30,7 @@ from celery_agboss.webhooks.intake import (
     record_event,
 )
 from celery_agboss.webhooks.signatures import (
+    ADYEN_PSP_REFERENCE,
     CHECKOUT_SIGNATURE_HEADER,
     DEFAULT_TOLERANCE_SECONDS,
     STRIPE_SIGNATURE_HEADER,
@@ -46,6 +47,7 @@ from celery_agboss.webhooks.signatures import (
 
 __all__ = [
     "ADYEN",
+    "ADYEN_PSP_REFERENCE",
     "CHECKOUT",
     "CHECKOUT_SIGNATURE_HEADER",
     "DEFAULT_TOLERANCE_SECONDS",

@@ -14,13 +14,15 @@ on any worker; ``celery_agboss.webhooks.record_event`` applies it under that key
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.keys import validate_business_key
-from celery_agboss.errors import AGBossError, InvalidBusinessKeyError
+from celery_agboss.errors import AGBossError, ConfigurationError, InvalidBusinessKeyError
 from celery_agboss.webhooks.signatures import (
+    ADYEN_FIELDS_UNCHECKED,
     CHECKOUT_SIGNATURE_HEADER,
     DEFAULT_TOLERANCE_SECONDS,
     STRIPE_SIGNATURE_HEADER,
@@ -98,7 +100,9 @@ def _refuse(gateway: str, reason: str, detail: str) -> WebhookPayloadError:
 def _json_object(gateway: str, body: bytes) -> dict[str, Any]:
     try:
         parsed = json.loads(bytes(body).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        # RecursionError: nesting deeper than the parser goes (an unsigned Adyen body is
+        # parsed before its items' signatures can be checked).
         raise _refuse(gateway, "not-json", "the body is not UTF-8 JSON") from None
     if not isinstance(parsed, dict):
         raise _refuse(gateway, "not-an-object", "the body is not a JSON object")
@@ -181,18 +185,49 @@ def _adyen_items(parsed: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
-def verify_adyen(body: bytes, hmac_key_hex: str) -> list[WebhookEvent]:
+def _merchant_accounts(accounts: str | Iterable[str]) -> frozenset[str]:
+    """The configured merchant account codes; none configured is the application's error."""
+    names = [accounts] if isinstance(accounts, str) else list(accounts)
+    if not names or not all(isinstance(name, str) and name.strip() for name in names):
+        raise ConfigurationError(
+            "verify_adyen needs merchant_accounts: the Adyen merchant account code(s) this "
+            "endpoint receives notifications for (as in the Customer Area), e.g. "
+            "merchant_accounts=['ShopAccount']",
+            gateway=ADYEN,
+        )
+    return frozenset(names)
+
+
+def verify_adyen(
+    body: bytes, hmac_key_hex: str, *, merchant_accounts: str | Iterable[str]
+) -> list[WebhookEvent]:
     """Check every notification item's HMAC, then read each as an event; one bad item
     refuses the whole body (a request partly forged is not trusted in part).
+
+    An item whose signed fields hold a ``:`` (Adyen does not escape them in the signed
+    text) or whose references are not Adyen's 16 letters and digits is refused before
+    its signature is believed; one for a merchant account not in ``merchant_accounts``
+    is refused after it (an HMAC key can cover every account of a company).
 
     Adyen's items carry no event id: an item is named by what makes it one event,
     ``<pspReference>:<eventCode>:<success>`` (a refusal then a success of the same
     payment are two events), about ``originalReference`` (the payment a modification
     is about) or else ``pspReference``.
     """
+    accounts = _merchant_accounts(merchant_accounts)
     items = _adyen_items(_json_object(ADYEN, body))
     for item in items:
         check_adyen_item(item, hmac_key_hex)
+    if not sabotage.active(ADYEN_FIELDS_UNCHECKED):
+        for item in items:
+            account = item.get("merchantAccountCode")
+            if account not in accounts:
+                raise _refuse(
+                    ADYEN,
+                    "merchant-account",
+                    f"merchantAccountCode {account!r} is not one this endpoint receives "
+                    f"({', '.join(sorted(accounts))})",
+                )
     events = []
     for item in items:
         psp = _text(ADYEN, item.get("pspReference"), "pspReference")
@@ -226,9 +261,11 @@ def verify_webhook(
     *,
     tolerance: float = DEFAULT_TOLERANCE_SECONDS,
     now: float | None = None,
+    merchant_accounts: str | Iterable[str] = (),
 ) -> list[WebhookEvent]:
     """One endpoint for every gateway: the events of a verified webhook (Stripe and
-    Checkout.com send one, Adyen one or more). Header names are matched case-insensitively."""
+    Checkout.com send one, Adyen one or more; Adyen's need ``merchant_accounts``). Header
+    names are matched case-insensitively."""
     if gateway == STRIPE:
         header = _header(headers, STRIPE_SIGNATURE_HEADER)
         return [verify_stripe(body, header, secret, tolerance=tolerance, now=now)]
@@ -236,7 +273,7 @@ def verify_webhook(
         return [verify_checkout(body, _header(headers, CHECKOUT_SIGNATURE_HEADER), secret)]
     if gateway == ADYEN:
         key = secret.decode("ascii", "replace") if isinstance(secret, bytes) else secret
-        return verify_adyen(body, key)
+        return verify_adyen(body, key, merchant_accounts=merchant_accounts)
     raise ValueError(f"unknown webhook gateway {gateway!r}; one of {', '.join(GATEWAYS)}")
 
 

@@ -20,10 +20,12 @@ import binascii
 import enum
 import hashlib
 import hmac
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from celery_agboss.core import sabotage
 from celery_agboss.errors import AGBossError, ConfigurationError
 
 STRIPE_SIGNATURE_HEADER = "Stripe-Signature"
@@ -45,6 +47,10 @@ ADYEN_SIGNED_FIELDS = (
 come from the item's ``amount``)."""
 
 _STRIPE_SCHEME = "v1"
+_STRIPE_TIMESTAMP = re.compile(r"[0-9]{1,15}")
+"""Unix seconds in ASCII digits: ``str.isdigit`` also takes "²" and other digits ``int``
+refuses, and ``int`` refuses more than 4300 digits; either would escape as a bare
+``ValueError`` (an anonymous request's 500) instead of a refusal."""
 
 
 class SignatureFault(str, enum.Enum):
@@ -108,7 +114,7 @@ def _parse_stripe_header(header: str) -> tuple[int, list[str]]:
         elif name == _STRIPE_SCHEME:
             signatures.append(value.strip())
         # other schemes (v0, …) are not what the endpoint secret signs: ignored
-    if len(timestamps) != 1 or not timestamps[0].isdigit():
+    if len(timestamps) != 1 or not _STRIPE_TIMESTAMP.fullmatch(timestamps[0]):
         raise _refuse(
             "stripe", SignatureFault.MALFORMED, "the header needs exactly one t=<seconds>"
         )
@@ -195,6 +201,15 @@ def check_checkout_signature(body: bytes, header: str | None, secret: str | byte
 
 # --- Adyen: additionalData.hmacSignature, base64 HMAC-SHA256 of the item's fields ----------
 
+ADYEN_PSP_REFERENCE = re.compile(r"[0-9A-Za-z]{16}")
+"""The shape of Adyen's ``pspReference`` (and of ``originalReference``, the payment's):
+16 letters and digits."""
+
+ADYEN_FIELDS_UNCHECKED = sabotage.register("adyen-signed-fields-unchecked")
+"""Sabotage: an Adyen item's signed fields are not checked before their HMAC (a ``:`` in
+one, a reference of another shape) nor its merchant account after it, so one genuine
+notification, its fields split again at other colons, passes as another event."""
+
 
 def _adyen_key(hmac_key_hex: str) -> bytes:
     try:
@@ -217,13 +232,17 @@ def _signing_field(value: Any) -> str:
     return str(value)
 
 
-def adyen_signing_text(item: Mapping[str, Any]) -> str:
-    """The text Adyen signs for one notification item: its fields joined by ``:``, a
-    missing one as empty."""
+def _adyen_signed_values(item: Mapping[str, Any]) -> list[tuple[str, str]]:
     amount = item.get("amount")
     amount = amount if isinstance(amount, Mapping) else {}
     fields = {**item, "value": amount.get("value"), "currency": amount.get("currency")}
-    return ":".join(_signing_field(fields.get(name)) for name in ADYEN_SIGNED_FIELDS)
+    return [(name, _signing_field(fields.get(name))) for name in ADYEN_SIGNED_FIELDS]
+
+
+def adyen_signing_text(item: Mapping[str, Any]) -> str:
+    """The text Adyen signs for one notification item: its fields joined by ``:``, a
+    missing one as empty."""
+    return ":".join(value for _, value in _adyen_signed_values(item))
 
 
 def sign_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> str:
@@ -232,9 +251,41 @@ def sign_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> str:
     return base64.b64encode(_hmac_sha256(_adyen_key(hmac_key_hex), text)).decode("ascii")
 
 
+def _check_adyen_fields(item: Mapping[str, Any]) -> None:
+    """Refuse an item whose signed text could be split into other fields.
+
+    Adyen joins the fields with ``:`` without escaping, so a field holding a colon signs
+    the same text as other fields split elsewhere: one genuine notification, re-split,
+    would verify as another event (another ``pspReference``, another id) and be applied
+    again. No field may hold a colon, and the references must have Adyen's shape.
+    """
+    for name, value in _adyen_signed_values(item):
+        if ":" in value:
+            raise _refuse(
+                "adyen",
+                SignatureFault.MALFORMED,
+                f"{name} contains ':', so the signed text does not say where it ends",
+            )
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _refuse("adyen", SignatureFault.MALFORMED, f"{name} is not text") from None
+    for name in ("pspReference", "originalReference"):
+        reference = item.get(name)
+        if (name == "pspReference" or reference not in (None, "")) and not (
+            isinstance(reference, str) and ADYEN_PSP_REFERENCE.fullmatch(reference)
+        ):
+            raise _refuse(
+                "adyen",
+                SignatureFault.MALFORMED,
+                f"{name} is not an Adyen reference (16 letters and digits)",
+            )
+
+
 def check_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> None:
-    """Refuse unless the item's ``additionalData.hmacSignature`` signs its fields."""
-    expected = sign_adyen_item(item, hmac_key_hex)
+    """Refuse unless the item's ``additionalData.hmacSignature`` signs its fields, and its
+    signed fields can be read one way only (no ``:`` in any, references of Adyen's shape)."""
+    key = _adyen_key(hmac_key_hex)
     additional = item.get("additionalData")
     given = additional.get("hmacSignature") if isinstance(additional, Mapping) else None
     if not isinstance(given, str) or not given.strip():
@@ -243,11 +294,17 @@ def check_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> None:
         base64.b64decode(given.strip(), validate=True)
     except (binascii.Error, ValueError):
         raise _refuse("adyen", SignatureFault.MALFORMED, "hmacSignature is not base64") from None
+    if not sabotage.active(ADYEN_FIELDS_UNCHECKED):
+        _check_adyen_fields(item)
+    text = adyen_signing_text(item).encode("utf-8", "surrogatepass")
+    expected = base64.b64encode(_hmac_sha256(key, text)).decode("ascii")
     if not _same(expected, given.strip()):
         raise _refuse("adyen", SignatureFault.MISMATCH, "the signature does not match the item")
 
 
 __all__ = [
+    "ADYEN_FIELDS_UNCHECKED",
+    "ADYEN_PSP_REFERENCE",
     "ADYEN_SIGNED_FIELDS",
     "CHECKOUT_SIGNATURE_HEADER",
     "DEFAULT_TOLERANCE_SECONDS",

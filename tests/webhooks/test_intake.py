@@ -8,6 +8,7 @@ processes, two at once and on PostgreSQL, is tests/integration/test_webhooks.py.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -20,11 +21,16 @@ from celery_agboss import AGBoss, IdempotencyKeyConflictError, PaymentTask
 from celery_agboss.testing import sabotage
 from celery_agboss.webhooks import (
     WebhookEvent,
+    WebhookPayloadError,
+    WebhookSignatureError,
     answer_pause_with_event,
     event_answer,
     record_event,
+    sign_adyen_item,
+    verify_adyen,
 )
 from celery_agboss.webhooks.intake import EVENT_NOT_KEYED
+from celery_agboss.webhooks.signatures import ADYEN_FIELDS_UNCHECKED
 
 tables = MetaData()
 events_applied = Table(
@@ -140,3 +146,75 @@ def test_a_pause_answered_by_an_event_twice_is_answered_once(agboss_app: Celery)
     assert answer_pause_with_event(agboss_app, f"{execution_id}:no-such-pause", PAID) is False
     resumed = await_outcome.apply(args=("o-1",), task_id=execution_id).get()
     assert resumed == event_answer(PAID), "the first answer is the one the body gets"
+
+
+# --- an Adyen notification re-split at its unescaped colons --------------------------
+
+ADYEN_KEY = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"
+
+
+def _adyen_notification(**fields: Any) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "additionalData": {},
+        "amount": {"currency": "EUR", "value": 1130},
+        "eventCode": "AUTHORISATION",
+        "merchantAccountCode": "ShopAccount",
+        "merchantReference": "order:42",  # a merchant whose references hold a colon
+        "pspReference": "7914073381342284",
+        "success": "true",
+        **fields,
+    }
+    item["additionalData"] = {"hmacSignature": sign_adyen_item(item, ADYEN_KEY)}
+    return item
+
+
+def _re_split(item: dict[str, Any]) -> dict[str, Any]:
+    """The same signed text read at other colons: another pspReference, another event."""
+    return {
+        **item,
+        "pspReference": item["pspReference"] + ":",
+        "originalReference": "ShopAccount",
+        "merchantAccountCode": "order",
+        "merchantReference": "42",
+    }
+
+
+def _adyen_deliveries(task: Any) -> list[str]:
+    """The endpoint: verify, then one delivery per event; the refusals' reasons."""
+    genuine = _adyen_notification()
+    refused = []
+    for item in (genuine, _re_split(genuine)):
+        body = json.dumps({"notificationItems": [{"NotificationRequestItem": item}]}).encode()
+        try:
+            events = verify_adyen(body, ADYEN_KEY, merchant_accounts=["ShopAccount"])
+        except (WebhookSignatureError, WebhookPayloadError) as exc:
+            refused.append(exc.reason)
+            continue
+        for event in events:
+            deliver(task, event).get()
+    return refused
+
+
+def adyen_applications(app: Celery) -> int:
+    with AGBoss.of(app).store.engine.connect() as conn:
+        query = select(func.count()).where(events_applied.c.event_key.like("event:adyen:%"))
+        return int(conn.execute(query).scalar_one())
+
+
+def test_a_re_split_adyen_notification_is_never_applied_as_a_second_event(
+    agboss_app: Celery, apply_event: Any
+) -> None:
+    """Both readings of the one signed text are refused before anything is published
+    (a colon in a signed field), so the one authorisation is never applied twice."""
+    assert _adyen_deliveries(apply_event) == ["malformed", "malformed"]
+    assert adyen_applications(agboss_app) == 0
+
+
+def test_without_the_adyen_field_checks_a_re_split_notification_is_applied_twice(
+    agboss_app: Celery, apply_event: Any
+) -> None:
+    """The twin: with the signed fields unchecked, the re-split verifies under another
+    event id, and ``record_event`` applies the one authorisation a second time."""
+    with sabotage(ADYEN_FIELDS_UNCHECKED):
+        assert _adyen_deliveries(apply_event) == []
+    assert adyen_applications(agboss_app) == 2

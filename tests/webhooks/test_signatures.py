@@ -23,6 +23,7 @@ from celery_agboss.webhooks import (
     WebhookEvent,
     WebhookPayloadError,
     WebhookSignatureError,
+    adyen_signing_text,
     check_stripe_signature,
     sign_adyen_item,
     sign_checkout,
@@ -36,6 +37,7 @@ from celery_agboss.webhooks import (
 STRIPE_SECRET = "whsec_test_0123456789abcdef"
 CHECKOUT_SECRET = "cko-webhook-signature-key"
 ADYEN_KEY = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"
+ACCOUNTS = ["ShopAccount"]
 NOW = 1_700_000_000
 
 
@@ -250,18 +252,20 @@ def adyen_item(**changes: Any) -> dict[str, Any]:
 
 
 def adyen_signed(item: dict[str, Any]) -> dict[str, Any]:
-    text = ":".join(
-        [
-            item.get("pspReference", ""),
-            item.get("originalReference", ""),
-            item["merchantAccountCode"],
-            item["merchantReference"],
-            str(item["amount"]["value"]),
-            item["amount"]["currency"],
-            item["eventCode"],
-            item["success"],
-        ]
-    )
+    def as_text(value: Any) -> str:
+        return "" if value is None else str(value)
+
+    fields = [
+        item.get("pspReference"),
+        item.get("originalReference"),
+        item["merchantAccountCode"],
+        item["merchantReference"],
+        item["amount"]["value"],
+        item["amount"]["currency"],
+        item["eventCode"],
+        item["success"],
+    ]
+    text = ":".join(as_text(value) for value in fields)
     digest = hmac.new(bytes.fromhex(ADYEN_KEY), text.encode(), hashlib.sha256).digest()
     signed = dict(item)
     signed["additionalData"] = {
@@ -278,17 +282,21 @@ def adyen_body(*items: dict[str, Any]) -> bytes:
 
 def test_a_genuine_adyen_notification_is_one_event_per_item() -> None:
     capture = adyen_signed(
-        adyen_item(eventCode="CAPTURE", pspReference="8814", originalReference="7914073381342284")
+        adyen_item(
+            eventCode="CAPTURE",
+            pspReference="8814073381349981",
+            originalReference="7914073381342284",
+        )
     )
     body = adyen_body(adyen_signed(adyen_item()), capture)
-    first, second = verify_adyen(body, ADYEN_KEY)
+    first, second = verify_adyen(body, ADYEN_KEY, merchant_accounts=ACCOUNTS)
     assert (first.event_id, first.type, first.object_id) == (
         "7914073381342284:AUTHORISATION:true",
         "AUTHORISATION",
         "7914073381342284",
     )
     assert second.object_id == "7914073381342284", "a modification is about the payment"
-    assert second.business_key == "event:adyen:8814:CAPTURE:true"
+    assert second.business_key == "event:adyen:8814073381349981:CAPTURE:true"
     assert (
         sign_adyen_item(adyen_item(), ADYEN_KEY)
         == (adyen_signed(adyen_item())["additionalData"]["hmacSignature"])
@@ -296,8 +304,12 @@ def test_a_genuine_adyen_notification_is_one_event_per_item() -> None:
 
 
 def test_a_refusal_and_a_success_of_one_payment_are_two_events() -> None:
-    refused = verify_adyen(adyen_body(adyen_signed(adyen_item(success="false"))), ADYEN_KEY)
-    accepted = verify_adyen(adyen_body(adyen_signed(adyen_item())), ADYEN_KEY)
+    refused = verify_adyen(
+        adyen_body(adyen_signed(adyen_item(success="false"))), ADYEN_KEY, merchant_accounts=ACCOUNTS
+    )
+    accepted = verify_adyen(
+        adyen_body(adyen_signed(adyen_item())), ADYEN_KEY, merchant_accounts=ACCOUNTS
+    )
     assert refused[0].business_key != accepted[0].business_key
 
 
@@ -312,29 +324,93 @@ def test_a_refusal_and_a_success_of_one_payment_are_two_events() -> None:
 def test_a_modified_adyen_item_is_refused(change: dict[str, Any], fault: str) -> None:
     tampered = {**adyen_signed(adyen_item()), **change}
     with pytest.raises(WebhookSignatureError) as excinfo:
-        verify_adyen(adyen_body(tampered), ADYEN_KEY)
+        verify_adyen(adyen_body(tampered), ADYEN_KEY, merchant_accounts=ACCOUNTS)
     assert refusal(excinfo) == ("adyen", fault)
 
 
 def test_an_unsigned_or_garbled_adyen_item_is_refused() -> None:
     with pytest.raises(WebhookSignatureError) as excinfo:
-        verify_adyen(adyen_body(adyen_item()), ADYEN_KEY)
+        verify_adyen(adyen_body(adyen_item()), ADYEN_KEY, merchant_accounts=ACCOUNTS)
     assert refusal(excinfo) == ("adyen", "missing")
     garbled = adyen_item(additionalData={"hmacSignature": "***"})
     with pytest.raises(WebhookSignatureError) as excinfo:
-        verify_adyen(adyen_body(garbled), ADYEN_KEY)
+        verify_adyen(adyen_body(garbled), ADYEN_KEY, merchant_accounts=ACCOUNTS)
     assert refusal(excinfo) == ("adyen", "malformed")
 
 
 def test_one_forged_item_refuses_the_whole_notification() -> None:
-    forged = adyen_item(pspReference="9999", additionalData={"hmacSignature": "AAAA"})
+    forged = adyen_item(pspReference="9999073381349981", additionalData={"hmacSignature": "AAAA"})
     with pytest.raises(WebhookSignatureError):
-        verify_adyen(adyen_body(adyen_signed(adyen_item()), forged), ADYEN_KEY)
+        verify_adyen(
+            adyen_body(adyen_signed(adyen_item()), forged), ADYEN_KEY, merchant_accounts=ACCOUNTS
+        )
 
 
 def test_an_adyen_key_that_is_not_hex_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError):
-        verify_adyen(adyen_body(adyen_signed(adyen_item())), "not hex")
+        verify_adyen(adyen_body(adyen_signed(adyen_item())), "not hex", merchant_accounts=ACCOUNTS)
+
+
+# A merchant whose references hold a colon: Adyen signs "psp:orig:account:ref:…" without
+# escaping, so "order:42" can be read as another split of the same signed text.
+GENUINE_WITH_A_COLON = adyen_signed(adyen_item(merchantReference="order:42"))
+RE_SPLIT = {
+    **GENUINE_WITH_A_COLON,
+    "pspReference": GENUINE_WITH_A_COLON["pspReference"] + ":",
+    "originalReference": "ShopAccount",
+    "merchantAccountCode": "order",
+    "merchantReference": "42",
+}
+
+
+def test_one_signed_text_can_be_split_into_two_items_which_is_why_colons_are_refused() -> None:
+    """The attack the refusals below close: the same signature over two readings."""
+    assert adyen_signing_text(RE_SPLIT) == adyen_signing_text(GENUINE_WITH_A_COLON)
+    assert RE_SPLIT["additionalData"] == GENUINE_WITH_A_COLON["additionalData"]
+
+
+@pytest.mark.parametrize("item", [GENUINE_WITH_A_COLON, RE_SPLIT], ids=["genuine", "re-split"])
+def test_an_adyen_item_with_a_colon_in_a_signed_field_is_refused(item: dict[str, Any]) -> None:
+    with pytest.raises(WebhookSignatureError, match="contains ':'") as excinfo:
+        verify_adyen(adyen_body(item), ADYEN_KEY, merchant_accounts=ACCOUNTS)
+    assert refusal(excinfo) == ("adyen", "malformed")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"pspReference": "8814"},
+        {"pspReference": "7914073381342284X"},
+        {"pspReference": "79140733813422-4"},
+        {"pspReference": 7914073381342284},
+        {"pspReference": None},
+        {"originalReference": "ShopAccount"},
+    ],
+)
+def test_an_adyen_reference_not_of_adyens_shape_is_refused_though_signed(
+    change: dict[str, Any],
+) -> None:
+    item = adyen_signed(adyen_item(**change))
+    with pytest.raises(WebhookSignatureError, match="not an Adyen reference") as excinfo:
+        verify_adyen(adyen_body(item), ADYEN_KEY, merchant_accounts=ACCOUNTS)
+    assert refusal(excinfo) == ("adyen", "malformed")
+
+
+def test_an_adyen_notification_for_another_merchant_account_is_refused() -> None:
+    other = adyen_signed(adyen_item(merchantAccountCode="OtherAccount"))
+    body = adyen_body(adyen_signed(adyen_item()), other)
+    with pytest.raises(WebhookPayloadError, match="OtherAccount") as excinfo:
+        verify_adyen(body, ADYEN_KEY, merchant_accounts=ACCOUNTS)
+    assert (excinfo.value.gateway, excinfo.value.reason) == ("adyen", "merchant-account")
+    both = verify_adyen(body, ADYEN_KEY, merchant_accounts=["ShopAccount", "OtherAccount"])
+    assert len(both) == 2
+    assert verify_adyen(adyen_body(other), ADYEN_KEY, merchant_accounts="OtherAccount")
+
+
+@pytest.mark.parametrize("accounts", [[], "", [""], ["  "]])
+def test_verify_adyen_needs_the_merchant_accounts_it_receives(accounts: Any) -> None:
+    with pytest.raises(ConfigurationError, match="merchant_accounts"):
+        verify_adyen(adyen_body(adyen_signed(adyen_item())), ADYEN_KEY, merchant_accounts=accounts)
 
 
 # --- one endpoint for all -----------------------------------------------------------------
@@ -349,7 +425,9 @@ def test_verify_webhook_picks_the_gateway_and_reads_headers_in_any_case() -> Non
         "payment_captured"
     )
     adyen = adyen_body(adyen_signed(adyen_item()))
-    assert len(verify_webhook("adyen", adyen, {}, ADYEN_KEY)) == 1
+    assert len(verify_webhook("adyen", adyen, {}, ADYEN_KEY, merchant_accounts=ACCOUNTS)) == 1
+    with pytest.raises(ConfigurationError, match="merchant_accounts"):
+        verify_webhook("adyen", adyen, {}, ADYEN_KEY)
     with pytest.raises(WebhookSignatureError):
         verify_webhook("stripe", body, {}, STRIPE_SECRET, now=NOW)
     with pytest.raises(ValueError, match="unknown webhook gateway"):
