@@ -26,7 +26,7 @@ from celery_agboss.core.engine_settings import (
     DEFAULT_ATTEMPT_TIMEOUT_MS,
     DEFAULT_LEASE_TTL_MS,
 )
-from celery_agboss.core.keys import validate_tenant
+from celery_agboss.core.keys import pseudonym_key_bytes, validate_tenant
 from celery_agboss.errors import ConfigurationError
 
 logger = logging.getLogger("celery_agboss")
@@ -256,18 +256,9 @@ def _pseudonym_key(source: _Source) -> tuple[bytes, bool]:
             "at least 16 bytes, the same on every worker (e.g. from an environment variable)",
             setting="agboss_pseudonym_key",
         )
-    if isinstance(key, str):
-        key = key.encode("utf-8")
-    if not isinstance(key, bytes):
-        raise ConfigurationError(
-            "agboss_pseudonym_key must be a str or bytes", setting="agboss_pseudonym_key"
-        )
-    if len(key) < 16:
-        raise ConfigurationError(
-            "agboss_pseudonym_key is shorter than 16 bytes; set a longer secret",
-            setting="agboss_pseudonym_key",
-        )
-    return key, False
+    # One rule for every way a key arrives (the conf, the environment, the engine):
+    # core.keys decides what is refused, whitespace around it included.
+    return pseudonym_key_bytes(key), False
 
 
 def _visibility_timeout(source: _Source) -> float:

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_BUSINESS_KEY_LENGTH",
     "MIN_FITTED_KEY_LENGTH",
     "MIN_PSEUDONYM_KEY_BYTES",
+    "PSEUDONYM_KEY_WHITESPACE_ACCEPTED",
     "KeyRule",
     "business_key",
     "business_key_handle",
@@ -353,24 +354,41 @@ def fit_key(key: str, max_length: int | None) -> str:
     return text[:max_length]
 
 
-def pseudonym_key_bytes(value: str | bytes) -> bytes:
+PSEUDONYM_KEY_WHITESPACE_ACCEPTED = sabotage.register("pseudonym-key-whitespace-accepted")
+"""Sabotage (A8): a pseudonym key with surrounding whitespace is used as it is, so a
+worker whose key came from a file with its trailing newline computes other
+fingerprints and handles than the others."""
+
+
+def _surrounding_whitespace(value: str | bytes) -> bool:
+    """Whitespace around a key that is text. Random binary bytes (not UTF-8) are not text
+    and may begin or end with any byte; the same bytes as UTF-8 text are held to the
+    rule for ``str``, so ``read_bytes()`` of a secrets file is refused as ``read_text()``."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return value != value.strip()
+
+
+def pseudonym_key_bytes(value: str | bytes | bytearray) -> bytes:
     """The HMAC key from a setting; refuses what would silently differ between workers."""
-    if isinstance(value, str):
-        if value != value.strip():
-            raise ConfigurationError(
-                "agboss_pseudonym_key has leading or trailing whitespace (a newline read from "
-                "a file?); every worker must use byte-for-byte the same key (A8). Strip it.",
-                setting="agboss_pseudonym_key",
-            )
-        data = value.encode("utf-8", "strict")
-    elif isinstance(value, (bytes, bytearray)):
-        data = bytes(value)
-    else:
+    if isinstance(value, bytearray):
+        value = bytes(value)
+    if not isinstance(value, (str, bytes)):
         raise ConfigurationError(
             f"agboss_pseudonym_key must be a str or bytes, not {type(value).__name__}; "
             f"generate one with: {_GENERATE_KEY_HINT}",
             setting="agboss_pseudonym_key",
         )
+    if _surrounding_whitespace(value) and not sabotage.active(PSEUDONYM_KEY_WHITESPACE_ACCEPTED):
+        raise ConfigurationError(
+            "agboss_pseudonym_key has leading or trailing whitespace (a newline read from "
+            "a file?); every worker must use byte-for-byte the same key (A8). Strip it.",
+            setting="agboss_pseudonym_key",
+        )
+    data = value.encode("utf-8", "strict") if isinstance(value, str) else value
     if len(data) < MIN_PSEUDONYM_KEY_BYTES:
         raise ConfigurationError(
             f"agboss_pseudonym_key is {'empty' if not data else f'{len(data)} bytes'}; it needs "

@@ -12,6 +12,11 @@ import pytest
 from celery import Celery
 
 from celery_agboss import AGBoss, ConfigurationError
+from celery_agboss.core.keys import (
+    PSEUDONYM_KEY_WHITESPACE_ACCEPTED,
+    business_key_handle,
+    fingerprint,
+)
 from celery_agboss.settings import (
     TESTING_ENV,
     TESTING_PSEUDONYM_KEY,
@@ -19,6 +24,7 @@ from celery_agboss.settings import (
     settings_from_conf,
 )
 from celery_agboss.signals import disconnect
+from celery_agboss.testing import sabotage
 
 URL = "sqlite:////var/lib/shop/agboss.db"
 KEY = "a-pseudonym-key-of-enough-bytes"
@@ -85,8 +91,51 @@ def test_under_the_test_kit_a_fixed_key_is_used_with_a_warning(
 
 
 def test_a_short_pseudonym_key_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match="shorter than 16 bytes"):
+    with pytest.raises(ConfigurationError, match="needs at least 16 random bytes"):
         settings_from_conf(conf(agboss_pseudonym_key="short"), environ={})
+
+
+SECRET_FILE_KEYS = [KEY + "\n", (KEY + "\n").encode(), " " + KEY, KEY + "\r\n", "\t" + KEY]
+
+
+@pytest.mark.parametrize("value", SECRET_FILE_KEYS)
+def test_a_pseudonym_key_with_surrounding_whitespace_in_the_conf_is_refused(value: Any) -> None:
+    """A key read from a secrets file keeps its trailing newline: one worker with it
+    would compute other fingerprints and handles than the others (A8)."""
+    with pytest.raises(ConfigurationError, match="whitespace") as caught:
+        settings_from_conf(conf(agboss_pseudonym_key=value), environ={})
+    assert caught.value.setting == "agboss_pseudonym_key"
+
+
+def test_a_pseudonym_key_with_a_trailing_newline_in_the_environment_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="whitespace"):
+        settings_from_conf(
+            {"agboss_database_url": URL}, environ={"AGBOSS_PSEUDONYM_KEY": KEY + "\n"}
+        )
+
+
+def test_a_random_binary_key_may_begin_or_end_with_any_byte() -> None:
+    """Whitespace is refused around a key that is text; random bytes are not text."""
+    binary = b"\n\xff\xfe" + bytes(range(128, 160)) + b" "
+    assert settings_from_conf(conf(agboss_pseudonym_key=binary), environ={}).pseudonym_key == (
+        binary
+    )
+
+
+def test_without_the_whitespace_check_a_worker_with_a_newline_computes_other_digests() -> None:
+    """The twin: accepted, the key with its newline gives the same request another
+    fingerprint and the same order another handle, so a replay on that worker would be
+    refused as a conflict and a record shared by business key would not be found."""
+    with sabotage(PSEUDONYM_KEY_WHITESPACE_ACCEPTED):
+        from_file = settings_from_conf(conf(agboss_pseudonym_key=KEY + "\n"), environ={})
+    clean = settings_from_conf(conf(), environ={})
+    request = {"amount": 1000, "order": "42"}
+    assert fingerprint(from_file.pseudonym_key, request) != fingerprint(
+        clean.pseudonym_key, request
+    )
+    assert business_key_handle(from_file.pseudonym_key, "order:42") != business_key_handle(
+        clean.pseudonym_key, "order:42"
+    )
 
 
 @pytest.mark.parametrize(
