@@ -3,8 +3,9 @@
 ``AGBoss`` is the app's ``Runtime`` (settings, registry, the per-process store; see
 ``celery_agboss.runtime``) and the one place that installs the rest on top of it:
 the signals (publish records, revoke recording, worker start-up; ``signals``), the
-sweep (its task, beat entry and watch; ``sweep``) and the worker's metrics endpoint
-when ``agboss_metrics_port`` asks for it (``metrics``). ``AGBoss(app)`` twice gives the
+sweep (its task, beat entry and watch; ``sweep``), the worker's metrics endpoint
+when ``agboss_metrics_port`` asks for it (``metrics``) and the worker's check of its
+store at start (``store_check``). ``AGBoss(app)`` twice gives the
 same object.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_agboss import metrics, signals, sweep
+from celery_agboss import metrics, signals, store_check, sweep
 from celery_agboss.runtime import _APP_ATTRIBUTE, Runtime
 
 
@@ -28,6 +29,7 @@ class AGBoss(Runtime):
         signals.connect(self)
         sweep.install(self)
         metrics.install(self)
+        store_check.install(self)
         if app.configured:
             self._configured()
         else:

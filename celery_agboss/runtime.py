@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,10 +93,11 @@ class Runtime:
         try:
             settings = self._resolve_settings()
         except ConfigurationError as exc:
-            # Celery logs and swallows signal handler errors; keep it for the first use
-            # and for worker start-up, which refuses to run (signals.on_worker_init).
+            # Said once, by whoever uses it: a worker or beat refuses to start with it
+            # (signals), a publish is refused with it, a command exits with it. Logged
+            # here too, every process would print it once more.
             self._settings_error = exc
-            logger.error("celery_agboss is not configured: %s", exc)
+            logger.debug("celery_agboss is not configured: %s", exc)
             return
         for then in list(self._when_configured):
             then(settings)
@@ -243,9 +245,25 @@ class Runtime:
         return result
 
 
+def app_argument(app: Any) -> str:
+    """What this process was told to load the app with (``-A shop``), for the commands
+    a hint names: the ``-A``/``--app`` of its command line, else the app's main module,
+    else ``proj``."""
+    argv = list(sys.argv)
+    for index, token in enumerate(argv):
+        if token in ("-A", "--app") and index + 1 < len(argv):
+            return argv[index + 1]
+        if token.startswith("--app="):
+            return token.split("=", 1)[1]
+        if token.startswith("-A") and len(token) > 2:
+            return token[2:]
+    main = getattr(app, "main", None)
+    return main if isinstance(main, str) and main and main != "__main__" else "proj"
+
+
 def runtime_of(app: Any) -> Runtime:
     """``app``'s runtime; ``app`` may be a Celery app or already its runtime."""
     return app if isinstance(app, Runtime) else Runtime.of(app)
 
 
-__all__ = ["Runtime", "runtime_of"]
+__all__ = ["Runtime", "app_argument", "runtime_of"]

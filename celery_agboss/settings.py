@@ -12,6 +12,7 @@ manager can set it without touching the app's code; the conf wins when both are 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections.abc import Mapping
@@ -298,6 +299,49 @@ def _tenant(source: _Source) -> str | None:
             setting="agboss_tenant",
         )
     return validate_tenant(tenant)
+def _closest_setting(name: str) -> str | None:
+    """The known setting ``name`` was probably meant to be (``lease_tll`` → ``lease_ttl``)."""
+    found = difflib.get_close_matches(name.lower(), sorted(_KNOWN), n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
+def _unknown_settings_message(unknown: list[str]) -> str:
+    guesses = []
+    for key in unknown:
+        start = key.lower().index(PREFIX) + len(PREFIX)  # after Django's CELERY_ too
+        close = _closest_setting(key[start:])
+        meant = None if close is None else key[:start] + (close.upper() if key.isupper() else close)
+        guesses.append(f"{key!r}" + (f" (did you mean {meant!r}?)" if meant else ""))
+    return (
+        f"unknown celery_agboss setting{'s' if len(unknown) > 1 else ''} "
+        f"{', '.join(guesses)}: refused rather than ignored, so that no setting silently "
+        "keeps its default. "
+        f"Known: {', '.join(sorted(PREFIX + name for name in _KNOWN))} "
+        "(docs/api.md, Settings, has each one's default and unit)"
+    )
+
+
+_ENV_NOT_SETTINGS = ("AGBOSS_TEST", "AGBOSS_SABOTAGE", "AGBOSS_ALLOW_SABOTAGE", TESTING_ENV)
+
+
+def _warn_of_misspelt_variables(environ: Mapping[str, str]) -> None:
+    """An ``AGBOSS_*`` variable that is no setting but close to one is named (the
+    environment holds other programs' variables too, so it is not refused)."""
+    upper = PREFIX.upper()
+    for variable in sorted(environ):
+        if not variable.startswith(upper) or variable.startswith(_ENV_NOT_SETTINGS):
+            continue
+        name = variable[len(upper) :].lower()
+        if name in _KNOWN:
+            continue
+        close = _closest_setting(name)
+        if close is not None:
+            logger.warning(
+                "celery_agboss: the environment variable %s is not a setting and is ignored; "
+                "did you mean %s?",
+                variable,
+                (PREFIX + close).upper(),
+            )
 
 
 def _payment_tasks(source: _Source) -> tuple[str, ...]:
@@ -385,11 +429,8 @@ def settings_from_conf(
     env = os.environ if environ is None else environ
     unknown = sorted(key for key in map(str, conf) if _unknown_agboss_key(key, conf))
     if unknown:
-        raise ConfigurationError(
-            f"unknown celery_agboss settings {unknown}; known: "
-            f"{sorted(PREFIX + name for name in _KNOWN)}",
-            setting=unknown[0],
-        )
+        raise ConfigurationError(_unknown_settings_message(unknown), setting=unknown[0])
+    _warn_of_misspelt_variables(env)
     source = _Source(conf, env)
     database_url = _database_url(source)
     key, testing_key = _pseudonym_key(source)

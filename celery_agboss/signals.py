@@ -12,11 +12,11 @@
   ``PaymentTask`` (a plain task matching ``agboss_payment_tasks``, an old worker of a
   rolling deploy) ends its execution ``UNMANAGED`` before that task runs, logged once
   with the task's name and why it was recorded; the sweep never re-publishes it.
-- ``worker_init``: the worker refuses to start on a wrong configuration; a worker
-  started by a test inherits the protections it switched off (``AGBOSS_SABOTAGE``,
-  refused outside tests), and reads the tenant (a store without its deployment id
-  stops it); ``worker_ready`` logs the store it uses (without its password) and the
-  tenant.
+- ``worker_init`` and ``beat_init``: a worker or beat refuses to start on a wrong
+  configuration, saying why once; a worker started by a test inherits the protections
+  it switched off (``AGBOSS_SABOTAGE``, refused outside tests), and reads the tenant (a
+  store without its deployment id stops it); ``worker_ready`` logs the tenant. What a
+  worker says about its store at start is ``celery_agboss.store_check``.
 - ``worker_process_init``: a forked child drops the connections it inherited.
 - ``worker_shutting_down``: logged; running bodies keep their leases until they
   return (a warm shutdown waits for them; a cold one leaves the lease to expire).
@@ -178,10 +178,19 @@ def connect(agboss: Runtime) -> None:
                 task=name,
                 reason=f"{type(exc).__name__} at publish",
             )
+            if isinstance(exc, ConfigurationError):
+                what_to_do = (
+                    f"celery_agboss is not configured in this process ({exc}); fix that "
+                    "setting and start the process again, then publish again"
+                )
+            else:
+                what_to_do = (
+                    f"it could not be recorded in the store ({type(exc).__name__}: {exc}); "
+                    "publish again once the store answers"
+                )
             refused = PublishRefusedError(
-                f"the publish of {name!r} ({message.execution_id}) could not be recorded in "
-                f"the store ({type(exc).__name__}: {exc}), so nothing was published; publish "
-                "again once the store answers",
+                f"the publish of {name!r} ({message.execution_id}) was refused and nothing "
+                f"was published: {what_to_do}",
                 task=name,
                 execution_id=message.execution_id,
             )
@@ -191,30 +200,20 @@ def connect(agboss: Runtime) -> None:
     def worker_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not agboss.app:
             return
-        try:
-            agboss.settings  # noqa: B018 - resolving them is the check
-        except ConfigurationError as exc:
-            logger.critical("celery_agboss refuses to start this worker: %s", exc)
-            # Celery swallows Exceptions raised by signal handlers; SystemExit stops it.
-            raise SystemExit(f"celery_agboss: {exc}") from None
+        refuse_to_start_unless_configured(agboss, "worker")
         try:
             sabotage.activate_from_environment()
         except SabotageRefusedError as exc:
-            logger.critical("celery_agboss refuses to start this worker: %s", exc)
-            raise SystemExit(f"celery_agboss: {exc}") from None
+            raise SystemExit(f"celery_agboss refuses to start this worker: {exc}") from None
         _read_tenant_at_start(agboss)
 
     def worker_ready(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is not agboss.app:
-            return
-        settings = agboss.settings
-        logger.info(
-            "celery_agboss store: %s (lease ttl %.0f s, sweep every %.0f s)",
-            settings.redacted_database_url(),
-            settings.lease_ttl_seconds,
-            settings.sweep_interval_seconds,
-        )
-        _log_tenant(agboss)
+        if getattr(sender, "app", None) is agboss.app:
+            _log_tenant(agboss)
+
+    def beat_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is agboss.app:
+            refuse_to_start_unless_configured(agboss, "beat")
 
     def worker_process_init(**_: Any) -> None:
         agboss.after_fork()
@@ -264,6 +263,7 @@ def connect(agboss: Runtime) -> None:
         celery_signals.before_task_publish: before_task_publish,
         celery_signals.worker_init: worker_init,
         celery_signals.worker_ready: worker_ready,
+        celery_signals.beat_init: beat_init,
         celery_signals.worker_process_init: worker_process_init,
         celery_signals.worker_shutting_down: worker_shutting_down,
         celery_signals.task_revoked: task_revoked,
@@ -322,8 +322,7 @@ def _read_tenant_at_start(agboss: Runtime) -> None:
     try:
         agboss.engine_settings  # noqa: B018 - resolving it reads the tenant
     except ConfigurationError as exc:
-        logger.critical("celery_agboss refuses to start this worker: %s", exc)
-        raise SystemExit(f"celery_agboss: {exc}") from None
+        raise SystemExit(f"celery_agboss refuses to start this worker: {exc}") from None
     except StoreError as exc:
         logger.warning(
             "celery_agboss could not read the tenant from the store at start (%s: %s); "
@@ -341,6 +340,16 @@ def _log_tenant(agboss: Runtime) -> None:
         return
     origin = "agboss_tenant" if agboss.settings.tenant is not None else "the store's deployment id"
     logger.info("celery_agboss tenant: %s (%s)", engine.tenant, origin)
+
+
+def refuse_to_start_unless_configured(agboss: Runtime, what: str) -> None:
+    """A worker or beat with a wrong configuration does not start; the reason is said
+    once, as the process's exit message (Celery swallows Exceptions raised by signal
+    handlers; SystemExit stops it)."""
+    try:
+        agboss.settings  # noqa: B018 - resolving them is the check
+    except ConfigurationError as exc:
+        raise SystemExit(f"celery_agboss refuses to start this {what}: {exc}") from None
 
 
 def _hand_over_running_leases(agboss: Runtime) -> None:

@@ -23,6 +23,7 @@ only when it runs: those imports are deferred for start-up time alone.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -53,19 +54,45 @@ reason_option = click.option(
 )
 
 
+GENERIC_COMMAND = "celery -A proj "
+"""How messages written without an app name a command (docs, the operator API)."""
+
+
+def app_command() -> str:
+    """``celery -A <what this command was given> ``: the hints then name the user's own
+    app (``celery -A shop agboss resolve …``), not the docs' ``proj``."""
+    ctx = click.get_current_context(silent=True)
+    given = ctx.find_root().params.get("app") if ctx is not None else None
+    if isinstance(given, str) and given.strip():
+        return f"celery -A {shlex.quote(given.strip())} "
+    app = getattr(getattr(ctx, "obj", None), "app", None)
+    main = getattr(app, "main", None)
+    if isinstance(main, str) and main and main != "__main__":
+        return f"celery -A {shlex.quote(main)} "
+    return GENERIC_COMMAND
+
+
+def named_for_this_app(text: str) -> str:
+    """``text`` with each ``celery -A proj `` naming this command's app instead."""
+    command = app_command()
+    return text if command == GENERIC_COMMAND else text.replace(GENERIC_COMMAND, command)
+
+
 class CommandOutput:
-    """Where a command writes: people's text or one JSON document."""
+    """Where a command writes: people's text or one JSON document. Either way a command
+    a message names is this app's (``named_for_this_app``)."""
 
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
 
     def emit(self, data: Any, text: str | Callable[[], str]) -> None:
         if self.as_json:
-            click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+            click.echo(named_for_this_app(json.dumps(data, indent=2, sort_keys=True, default=str)))
         else:
-            click.echo(text() if callable(text) else text)
+            click.echo(named_for_this_app(text() if callable(text) else text))
 
     def fail(self, code: int, kind: str, message: str) -> NoReturn:
+        message = named_for_this_app(message)
         if self.as_json:
             click.echo(json.dumps({"error": {"code": kind, "message": message}}, indent=2))
         else:
@@ -128,10 +155,13 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_REFUSED",
     "EXIT_USAGE",
+    "GENERIC_COMMAND",
     "CommandOutput",
     "actor_option",
     "agboss",
+    "app_command",
     "json_command",
+    "named_for_this_app",
     "open_agboss",
     "reason_option",
 ]

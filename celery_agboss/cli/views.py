@@ -155,6 +155,16 @@ def intent_state(intent: IntentRecord) -> str:
     return "PENDING (the sweep looks it up)"
 
 
+def status_text(intent: IntentRecord) -> str:
+    """The intent's status, and for a pending one what it waits for, each said once
+    (``PENDING (the sweep looks it up)``, ``PENDING — NEEDS OPERATOR: …``)."""
+    status = intent.status.value
+    if intent.status is not IntentStatus.PENDING:
+        return status
+    detail = intent_state(intent)
+    return detail if detail.startswith(status) else f"{status} — {detail}"
+
+
 def describe_text(found: Description) -> str:
     lines: list[str] = []
     e = found.execution
@@ -181,10 +191,7 @@ def describe_text(found: Description) -> str:
     for intent in found.intents:
         marker = " <-" if intent.idempotency_key == found.focus else ""
         lines.append(f"Intent {intent.idempotency_key}{marker}")
-        lines.append(
-            f"  call: {intent.name}, attempt {intent.attempt}, {intent.status.value}: "
-            f"{intent_state(intent) if intent.status is IntentStatus.PENDING else ''}".rstrip(": ")
-        )
+        lines.append(f"  call: {intent.name}, attempt {intent.attempt}, {status_text(intent)}")
         if intent.gateway_transaction_id:
             lines.append(f"  gateway transaction: {intent.gateway_transaction_id}")
         lines.append(f"  request (as stored): {json.dumps(intent.request, sort_keys=True)}")
@@ -230,6 +237,7 @@ __all__ = [
     "lease_view",
     "report_data",
     "report_text",
+    "status_text",
     "table",
     "waits_for_operator",
 ]

@@ -119,6 +119,8 @@ OPERATOR_PAUSE_ANSWERED = "pause.answered"
 
 # --- processes and the store ------------------------------------------------------------
 STORE_OPENED = "store.opened"
+STORE_UNREACHABLE = "store.unreachable"  # a worker at start: the store does not answer
+STORE_ANSWERS = "store.answers"  # ... and now it does
 STORE_SQLITE_WATCHDOG_ROLLBACK_FAILED = "store.sqlite-watchdog-rollback-failed"
 STORE_SQLITE_FENCED_TRANSACTION_INTERRUPTED = "store.sqlite-fenced-transaction-interrupted"
 STORE_SQLITE_WATCHDOG_FAILED = "store.sqlite-watchdog-failed"
@@ -281,10 +283,12 @@ __all__ = [
     "OUTBOX_PUBLISH_FAILED",
     "OUTBOX_REPUBLISHED",
     "RESULT_BACKEND_FAILURE_WITHHELD",
+    "STORE_ANSWERS",
     "STORE_OPENED",
     "STORE_SQLITE_FENCED_TRANSACTION_INTERRUPTED",
     "STORE_SQLITE_WATCHDOG_FAILED",
     "STORE_SQLITE_WATCHDOG_ROLLBACK_FAILED",
+    "STORE_UNREACHABLE",
     "SWEEP_ERROR",
     "SWEEP_FINISHED",
     "SWEEP_QUEUE_NOT_CONSUMED",

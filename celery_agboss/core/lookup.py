@@ -70,11 +70,30 @@ def ask(
         assert run.error is not None
         if not isinstance(run.error, Exception):
             raise run.error
-        raise LookupFailed({"reason": "reconcile-raised", **error_detail(call, run.error)})
+        raise LookupFailed(
+            {
+                "reason": "reconcile-raised",
+                **error_detail(call, run.error),
+                **http_status_of(run.error),
+            }
+        )
     answer = run.result
     if isinstance(answer, (Completed, NotSent, Unknown)):
         return answer
     return Unknown(f"reconcile returned {type(answer).__name__}, not Completed/NotSent/Unknown")
+
+
+def http_status_of(error: BaseException) -> dict[str, int]:
+    """``{"http_status": N}`` when the error says which HTTP status the gateway answered
+    (an SDK's ``http_status``/``status_code``/``status``, or its ``response``'s): the one
+    fact about a failed lookup a log line may carry besides its type (its text can hold
+    the idempotency key, which holds the business key)."""
+    for holder in (error, getattr(error, "response", None)):
+        for name in ("http_status", "status_code", "status"):
+            value = getattr(holder, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+                return {"http_status": value}
+    return {}
 
 
 def completed_update(call: OutboundCall, result: Any) -> tuple[bool, IntentUpdate, str | None]:
@@ -103,6 +122,7 @@ def previous_owner(owner: LeaseRef | None) -> dict[str, Any]:
 __all__ = [
     "ask",
     "completed_update",
+    "http_status_of",
     "lookup_of",
     "max_key_age_ms",
     "previous_owner",

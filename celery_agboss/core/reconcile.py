@@ -17,6 +17,7 @@ from celery_agboss.core import fault_points, sabotage
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.log_events import (
+    OUTBOUND_CALL_LOOKUP_FAILED,
     OUTBOUND_CALL_RECONCILED,
     OUTBOUND_CALL_RECONCILING,
     OUTBOUND_CALL_SUPERSEDED,
@@ -130,6 +131,20 @@ def reconcile_pending(
         answer = ask(p.call, context, lookup_of(record), settings.attempt_timeout_ms)
     except LookupFailed as failed:
         record_unknown(holder, p, attempt, failed.detail)
+        # Why the delivery waits: the lookup's own error (its type and HTTP status; the
+        # masked text is in the intent's history, `agboss show KEY`).
+        log_event(
+            OUTBOUND_CALL_LOOKUP_FAILED,
+            logging.WARNING,
+            "reconcile could not be asked; the delivery retries and looks it up again",
+            **p.ref.fields(
+                attempt=attempt,
+                by="holder",
+                reason=failed.detail.get("reason"),
+                error_type=failed.detail.get("error_type"),
+                http_status=failed.detail.get("http_status"),
+            ),
+        )
         raise OutboundCallOutcomeUnknownError(
             "reconcile could not be asked; the intent stays pending and will be reconciled again",
             **p.ref.fields(attempt=attempt),

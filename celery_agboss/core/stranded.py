@@ -248,7 +248,14 @@ def _settle_stranded(
     fields = ref.fields(
         attempt=attempt,
         by=by,
-        **({} if failure is None else {"error_type": failure.get("error_type")}),
+        **(
+            {}
+            if failure is None
+            else {
+                "error_type": failure.get("error_type"),
+                "http_status": failure.get("http_status"),
+            }
+        ),
     )
     if outcome is StrandedOutcome.COMPLETED:
         log_event(

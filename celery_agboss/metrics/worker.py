@@ -193,9 +193,8 @@ def install(agboss: Runtime) -> None:
                 return
             metrics.start(settings)
         except ConfigurationError as exc:
-            logger.critical("celery_agboss refuses to start this worker: %s", exc)
-            # Celery swallows Exceptions raised by signal handlers; SystemExit stops it.
-            raise SystemExit(f"celery_agboss: {exc}") from None
+            # Said once, as the exit message (Celery swallows Exceptions from handlers).
+            raise SystemExit(f"celery_agboss refuses to start this worker: {exc}") from None
         started.append(os.getpid())
 
     def on_worker_ready(sender: Any = None, **_: Any) -> None:

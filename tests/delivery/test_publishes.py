@@ -19,6 +19,7 @@ import pytest
 from celery import Celery
 from celery import signals as celery_signals
 
+from celery_agboss import PaymentTask
 from celery_agboss.errors import ExecutionIdConflictError, PublishRefusedError
 from celery_agboss.signals import PUBLISH_WITHOUT_RECORD
 from celery_agboss.store.execution_rows import TASK_NAME_NOT_CHECKED
@@ -87,6 +88,28 @@ def test_a_publish_the_store_cannot_record_fails_and_nothing_is_published(
             web.send_task("shop.charge_order", args=("o-1",), task_id="t-refused")
         assert isinstance(refused.value, Exception), "a web handler catches it as usual"
         assert "t-refused" not in published, "nothing reached the broker"
+    finally:
+        close_test_app(web)
+
+
+def test_a_publish_refused_for_a_configuration_error_says_what_to_fix(
+    delivery_store_url: str, published: list[str]
+) -> None:
+    """Not "publish again once the store answers": the store is fine, this process's
+    settings are not, and waiting would never help."""
+    web = _publisher(delivery_store_url, agboss_lease_ttl=1)
+    try:
+
+        @web.task(base=PaymentTask, bind=True, name="shop.charge_order")  # type: ignore[untyped-decorator]
+        def charge_order(self: PaymentTask, order: str) -> str:
+            return order
+
+        with pytest.raises(PublishRefusedError) as refused:
+            charge_order.apply_async(args=("o-1",), task_id="t-misconfigured")
+        message = str(refused.value)
+        assert "celery_agboss is not configured" in message and "agboss_lease_ttl" in message
+        assert "fix that setting" in message and "once the store answers" not in message
+        assert "t-misconfigured" not in published
     finally:
         close_test_app(web)
 

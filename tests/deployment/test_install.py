@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from celery_agboss.core.log_events import SWEEP_QUEUE_NOT_CONSUMED
+from celery_agboss.core.log_events import (
+    STORE_ANSWERS,
+    STORE_UNREACHABLE,
+    SWEEP_QUEUE_NOT_CONSUMED,
+)
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.venv import DeployedVenv, run
 
@@ -106,3 +111,77 @@ def test_a_worker_whose_queues_leave_out_the_sweep_says_so_once(
     log = worker.output()
     assert log.count(SWEEP_QUEUE_NOT_CONSUMED) == 1, log
     assert QUEUE_LINE.findall(log) == ["celery"], log
+
+
+@pytest.mark.redis
+def test_a_worker_started_before_migrate_says_what_to_run_and_goes_on_once_it_ran(
+    redis_url_factory: Callable[[], str], sqlite_url: str, deploy: DeployFactory
+) -> None:
+    """The README's worker line before its ``agboss migrate``: ready, then one
+    ``store.unreachable`` error naming the README's own migrate command for this app
+    (``celery -A shop``); after the user runs it, ``store.answers``, without a restart.
+    No speed-ups."""
+    deployment = deploy(redis_url_factory(), sqlite_url, speedups=NO_SPEEDUPS)
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    worker.wait_until(
+        lambda: STORE_UNREACHABLE in worker.output(), 30, message="the store's complaint"
+    )
+    complaint = next(line for line in worker.output().splitlines() if STORE_UNREACHABLE in line)
+    assert "ERROR" in complaint and "`celery -A shop agboss migrate`" in complaint, complaint
+    deployment.migrate()
+    worker.wait_until(lambda: STORE_ANSWERS in worker.output(), 90, message="store.answers")
+    assert worker.output().count(STORE_UNREACHABLE) == 1, worker.output()
+
+
+@pytest.mark.redis
+def test_a_worker_whose_store_does_not_answer_says_so_at_start(
+    redis_url_factory: Callable[[], str], deploy: DeployFactory
+) -> None:
+    """``AGBOSS_DATABASE_URL`` names a PostgreSQL nothing listens on: the worker still
+    starts (the broker is up) but says, as an error, that its store does not answer and
+    what to check, and keeps trying. No speed-ups."""
+    with socket.socket() as sock:  # a free port, closed again: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/shop"
+    deployment = deploy(redis_url_factory(), url, speedups=NO_SPEEDUPS)
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    worker.wait_until(
+        lambda: STORE_UNREACHABLE in worker.output(), 60, message="the store's complaint"
+    )
+    complaint = next(line for line in worker.output().splitlines() if STORE_UNREACHABLE in line)
+    assert "error=StoreUnavailableError" in complaint, complaint
+    assert "check agboss_database_url" in complaint and "Trying again" in complaint, complaint
+    assert worker.running, "it keeps trying; it does not exit"
+
+
+@pytest.mark.redis
+def test_a_misspelt_setting_stops_the_worker_and_beat_with_one_did_you_mean(
+    redis_url_factory: Callable[[], str], sqlite_url: str, deploy: DeployFactory
+) -> None:
+    """``AGBOSS_LEASE_TLL`` in the environment is warned about (the environment holds
+    other programs' variables too); ``app.conf.agboss_lease_tll`` refuses the worker and
+    beat, each saying so once, with the setting it meant. No speed-ups."""
+    deployment = deploy(redis_url_factory(), sqlite_url, speedups={"AGBOSS_LEASE_TLL": "10"})
+    deployment.migrate()
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    assert worker.output().count("did you mean AGBOSS_LEASE_TTL?") == 1, worker.output()
+    shop = deployment.app_dir / "shop.py"
+    shop.write_text(
+        shop.read_text(encoding="utf-8").replace(
+            "AGBoss(app)", "app.conf.agboss_lease_tll = 10\nAGBoss(app)", 1
+        ),
+        encoding="utf-8",
+    )
+    for name, argv in (
+        ("worker-misspelt", deployment.commands.worker),
+        ("beat", deployment.commands.beat),
+    ):
+        process = deployment.start(argv, name)
+        assert process.wait(60) != 0, process.describe()
+        output = process.output()
+        assert output.count("did you mean 'agboss_lease_ttl'?") == 1, output
+        assert output.count("celery_agboss refuses to start") == 1, output

@@ -4,6 +4,7 @@ as ``not_sent_confirmed`` and flags Unknown — and never sends."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -12,9 +13,11 @@ import pytest
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent, verify_history
 from celery_agboss.core.lease import acquire
+from celery_agboss.core.log_events import OUTBOUND_CALL_LOOKUP_FAILED
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, OutboundCall, Outcome
 from celery_agboss.core.store import IntentStatus
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
+from celery_agboss.errors import OutboundCallOutcomeUnknownError
 from celery_agboss.testing.faults import OUTBOUND_AFTER_SEND, OUTBOUND_BEFORE_SEND, arm_raise
 from tests.engine.helpers import Crash, Shop, step_intent_key
 
@@ -125,6 +128,54 @@ def test_a_sweep_in_a_process_that_never_used_the_call_finds_it_by_its_declarati
 
 def _lookup_breaks(call: CallContext, lookup: Lookup) -> Any:
     raise ConnectionError("the gateway's lookup endpoint is down")
+
+
+class GatewayHTTPError(Exception):
+    """What an SDK raises for an HTTP 500: its text names the URL (and the key)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"500 Server Error: Internal Server Error for url: {url}")
+        self.response = type("Response", (), {"status_code": 500})()
+
+
+def _lookup_answers_500(call: CallContext, lookup: Lookup) -> Any:
+    raise GatewayHTTPError(f"https://gateway.example/charges?key={lookup.idempotency_key}")
+
+
+def _lookup_failed_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == OUTBOUND_CALL_LOOKUP_FAILED]
+
+
+def test_a_delivery_whose_lookup_fails_logs_the_lookups_error_not_only_its_own_wait(
+    shop: Shop, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The holder's reconcile raises the execution's "outcome unknown"; the log says
+    why: the lookup's error type and the HTTP status it carried. Never the error's text
+    (it names the key, which holds the business key): that is in the masked history."""
+    key = _stranded(shop, OUTBOUND_AFTER_SEND, reconcile=_lookup_answers_500)
+    with (
+        caplog.at_level(logging.INFO, logger="celery_agboss"),
+        shop.start("task-1") as redriven,
+        pytest.raises(OutboundCallOutcomeUnknownError),
+    ):
+        redriven.outbound(shop.settings.registry["fake.charge"], {"amount": 700})
+    (line,) = _lookup_failed_lines(caplog)
+    assert line.levelno == logging.WARNING
+    assert line.error_type.endswith("GatewayHTTPError")  # type: ignore[attr-defined]
+    assert line.http_status == 500  # type: ignore[attr-defined]
+    assert line.by == "holder" and line.reason == "reconcile-raised"  # type: ignore[attr-defined]
+    assert "Server Error" not in line.getMessage() and "gateway.example" not in line.getMessage()
+    assert shop.store.read_history(key)[-1].detail["http_status"] == 500
+
+
+def test_the_sweeps_failed_lookup_names_the_http_status_too(
+    shop: Shop, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = _stranded(shop, OUTBOUND_AFTER_SEND, reconcile=_lookup_answers_500)
+    with caplog.at_level(logging.INFO, logger="celery_agboss"):
+        assert _sweep(shop, key) is StrandedOutcome.LOOKUP_FAILED
+    (line,) = _lookup_failed_lines(caplog)
+    assert line.http_status == 500 and line.by == "sweep"  # type: ignore[attr-defined]
 
 
 def test_a_failed_lookup_hands_the_intent_back_with_a_history_row(shop: Shop) -> None:

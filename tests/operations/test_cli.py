@@ -96,6 +96,17 @@ def test_show_an_intent_gives_its_execution_history_and_quarantine_record(
     assert f"Execution {task_id}" in text and key in text
 
 
+def test_show_says_a_pending_intents_status_once_then_what_it_waits_for(
+    no_lookup: World,
+) -> None:
+    """Not ``PENDING: PENDING (…)``: the status, then the wait, each once."""
+    _, key = _waiting_for_operator(no_lookup)
+    text = run(no_lookup.app, "show", key).output
+    call_line = next(line for line in text.splitlines() if line.strip().startswith("call:"))
+    assert call_line.count("PENDING") == 1, call_line
+    assert "PENDING — NEEDS OPERATOR: " in call_line, call_line
+
+
 def test_show_of_an_unknown_name_exits_not_found(world: World) -> None:
     result = run(world.app, "show", "nope")
     assert result.exit_code == EXIT_NOT_FOUND
@@ -378,6 +389,9 @@ def test_celery_agboss_pending_runs_as_a_celery_subcommand(
     )
     assert completed.returncode == 0, completed.stderr
     assert key in completed.stdout and task_id in completed.stdout
+    # The hints name the app as this command was given it, not the docs' `proj`.
+    assert "celery -A tests.operations.apps.ops_app:app agboss resolve KEY" in completed.stdout
+    assert "celery -A proj" not in completed.stdout, completed.stdout
 
 
 def test_resolve_completed_is_refused_where_the_call_is_not_registered(

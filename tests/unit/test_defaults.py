@@ -13,8 +13,13 @@ from celery_agboss.core.engine_settings import (
     EngineSettings,
 )
 from celery_agboss.settings import (
+    _DURATIONS,
+    _KNOWN,
+    DEFAULT_MAX_RECOVERY_ATTEMPTS,
+    DEFAULT_METRICS_ADDRESS,
     DEFAULT_RETRY_DELAY_SECONDS,
     DEFAULT_SWEEP_QUEUE,
+    PREFIX,
     AGBossSettings,
     settings_from_conf,
 )
@@ -49,8 +54,44 @@ def test_the_documented_defaults_are_the_constants() -> None:
     assert f'tenant="{DEFAULT_TENANT}"' in documented
     assert f"lease_ttl_ms={DEFAULT_LEASE_TTL_MS}" in documented
     assert f"attempt_timeout_ms={DEFAULT_ATTEMPT_TIMEOUT_MS}" in documented
-    assert f"| `agboss_retry_delay` | {DEFAULT_RETRY_DELAY_SECONDS:g} |" in api
+    assert f"| `agboss_retry_delay` | {DEFAULT_RETRY_DELAY_SECONDS:g} | seconds |" in api
     assert f'| `agboss_sweep_queue` | `"{DEFAULT_SWEEP_QUEUE}"` |' in api
     leases = " ".join((DOCS / "leases.md").read_text(encoding="utf-8").split())
     assert f"(`agboss_lease_ttl`, default {DEFAULT_LEASE_TTL_MS // 1000} s)" in leases
     assert f"`attempt_timeout` (default {DEFAULT_ATTEMPT_TIMEOUT_MS // 1000} s)" in leases
+
+
+def _settings_table() -> dict[str, tuple[str, str]]:
+    """docs/api.md's Settings table: setting -> (default, unit), as written."""
+    api = (DOCS / "api.md").read_text(encoding="utf-8")
+    section = api.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, tuple[str, str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`agboss_"):
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    return rows
+
+
+def test_the_settings_table_lists_every_setting_with_its_default_and_unit() -> None:
+    """Users have docs/api.md, not the design: every ``agboss_*`` key the package reads is
+    a row, with a default and a unit; no row names a key the package refuses."""
+    table = _settings_table()
+    known = {PREFIX + name for name in _KNOWN}
+    assert set(table) == known, (
+        f"missing from docs/api.md: {sorted(known - set(table))}; "
+        f"not settings: {sorted(set(table) - known)}"
+    )
+    for name, (default, unit) in table.items():
+        assert default and unit, f"{name} needs a default and a unit"
+
+
+def test_the_settings_tables_durations_are_the_constants() -> None:
+    table = _settings_table()
+    for name, seconds in _DURATIONS.items():
+        default, unit = table[PREFIX + name]
+        assert default.split()[0] == f"{seconds:g}", f"{name}: {default} is not {seconds:g}"
+        assert unit.startswith("seconds"), f"{name}: {unit}"
+    assert table["agboss_max_recovery_attempts"][0] == str(DEFAULT_MAX_RECOVERY_ATTEMPTS)
+    assert table["agboss_tenant"][0] == f'`"{DEFAULT_TENANT}"`'
+    assert table["agboss_metrics_address"][0] == f'`"{DEFAULT_METRICS_ADDRESS}"`'

@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.operator.*",
             "celery_agboss.metrics",
             "celery_agboss.metrics.*",
+            "celery_agboss.store_check",
             # Webhook intake: signature checks, and events applied through PaymentTask.
             "celery_agboss.webhooks",
             "celery_agboss.webhooks.*",

@@ -157,6 +157,39 @@ def test_a_misspelt_setting_is_refused_not_ignored() -> None:
         settings_from_conf(conf(agboss_lease_tll=5), environ={})
 
 
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("agboss_lease_tll", "agboss_lease_ttl"),
+        ("agboss_sweep_intervall", "agboss_sweep_interval"),
+        ("agboss_pseudonymkey", "agboss_pseudonym_key"),
+        ("CELERY_AGBOSS_RETRY_DELAI", "CELERY_AGBOSS_RETRY_DELAY"),
+    ],
+)
+def test_a_misspelt_setting_is_told_which_setting_it_probably_meant(key: str, meant: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        settings_from_conf(conf(**{key: 5}), environ={})
+    assert f"{key!r} (did you mean {meant!r}?)" in str(caught.value)
+
+
+def test_a_setting_like_no_other_gets_no_guess() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        settings_from_conf(conf(agboss_colour="blue"), environ={})
+    assert "did you mean" not in str(caught.value) and "agboss_lease_ttl" in str(caught.value)
+
+
+def test_a_misspelt_environment_variable_is_named_with_the_one_it_probably_meant(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Warned, not refused: the environment holds other programs' AGBOSS_ variables."""
+    environ = {"AGBOSS_LEASE_TLL": "10", "AGBOSS_TEST_REDIS_URL": "redis://", "AGBOSS_X": "1"}
+    with caplog.at_level(logging.WARNING, logger="celery_agboss"):
+        s = settings_from_conf(conf(), environ=environ)
+    assert s.lease_ttl_seconds == 30
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "did you mean AGBOSS_LEASE_TTL?" in warnings[0], warnings
+
+
 def test_the_broker_countdown_stays_below_half_the_visibility_timeout() -> None:
     s = settings_from_conf(conf(broker_transport_options={"visibility_timeout": 40}), environ={})
     assert s.visibility_timeout_seconds == 40 and s.max_broker_countdown_seconds == 20

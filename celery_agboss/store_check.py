@@ -1,0 +1,119 @@
+"""What a worker says about its store when it starts, and until the store answers.
+
+Celery logs "ready" once its consumer runs, whether or not celery_agboss's store
+answers; a worker whose database is down, or whose tables were never made, would start
+silently and only fail delivery after delivery. When the worker is ready, a daemon
+thread of its main process reads the store once. If that fails it says so (an
+``ERROR`` naming what to do: check ``agboss_database_url`` and the database, or run
+``agboss migrate``) and tries again, backing off to every 30 s, until the store answers;
+then it says that too. Nothing waits for it: deliveries meanwhile stop at their first
+store call and are retried (``execution.store-failed``), never run without the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import signals as celery_signals
+
+from celery_agboss.core.log_events import STORE_ANSWERS, STORE_UNREACHABLE, log_event
+from celery_agboss.errors import StoreError, StoreUnavailableError
+from celery_agboss.runtime import Runtime, app_argument
+from celery_agboss.store import sweep_queries
+
+logger = logging.getLogger("celery_agboss")
+
+FIRST_RETRY_SECONDS = 1.0
+LAST_RETRY_SECONDS = 30.0
+REPEAT_EVERY_ATTEMPTS = 10
+"""While the store stays down, the error is said again every this many tries."""
+JOIN_SECONDS = 5.0
+
+
+def probe(agboss: Runtime) -> StoreError | None:
+    """Read one of celery_agboss's own rows: the store answers and holds its tables."""
+    try:
+        agboss.executions.get_meta(sweep_queries.LAST_SWEEP_KEY)
+    except StoreError as exc:
+        return exc
+    return None
+
+
+def _hint(agboss: Runtime, error: StoreError) -> str:
+    command = f"celery -A {app_argument(agboss.app)} agboss migrate"
+    if isinstance(error, StoreUnavailableError):
+        return (
+            "no payment can start until it answers (deliveries are retried, publishes "
+            "refused); check agboss_database_url and that the database is up"
+        )
+    return (
+        "it answers but cannot read celery_agboss's tables: were they created? Run "
+        f"`{command}` (once per deploy), then the worker goes on by itself"
+    )
+
+
+class StoreCheck:
+    """The worker's check of its store: once at ready, then until it answers."""
+
+    def __init__(self, agboss: Runtime) -> None:
+        self.agboss = agboss
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="agboss-store-check", daemon=True)
+
+    def _run(self) -> None:
+        url = self.agboss.settings.redacted_database_url()
+        delay = FIRST_RETRY_SECONDS
+        attempts = 0
+        while not self.stop.is_set():
+            attempts += 1
+            error = probe(self.agboss)
+            if error is None:
+                if attempts > 1:
+                    log_event(STORE_ANSWERS, logging.INFO, url=url, attempts=attempts)
+                return
+            if attempts == 1 or attempts % REPEAT_EVERY_ATTEMPTS == 0:
+                log_event(
+                    STORE_UNREACHABLE,
+                    logging.ERROR,
+                    f"the store does not answer as it should ({error}); "
+                    f"{_hint(self.agboss, error)}. Trying again every {delay:g} s",
+                    url=url,
+                    error=type(error).__name__,
+                    attempts=attempts,
+                )
+            if self.stop.wait(delay):
+                return
+            delay = min(delay * 2, LAST_RETRY_SECONDS)
+
+
+def install(agboss: Runtime) -> None:
+    """Called by ``AGBoss(app)``: this app's workers check their store when ready."""
+    app = agboss.app
+    checks: list[StoreCheck] = []
+
+    def on_worker_ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app or checks:
+            return
+        settings = agboss.settings
+        logger.info(
+            "celery_agboss store: %s (lease ttl %.0f s, sweep every %.0f s)",
+            settings.redacted_database_url(),
+            settings.lease_ttl_seconds,
+            settings.sweep_interval_seconds,
+        )
+        check = StoreCheck(agboss)
+        checks.append(check)
+        check.thread.start()
+
+    def on_worker_shutdown(**_: Any) -> None:
+        for check in checks:
+            check.stop.set()
+            check.thread.join(JOIN_SECONDS)
+
+    celery_signals.worker_ready.connect(on_worker_ready, weak=False)
+    celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
+
+
+__all__ = ["StoreCheck", "install", "probe"]
