@@ -127,6 +127,7 @@ class Delivery:
         self.execution_id = str(request.id)
         self.ctx: ExecutionContext | None = None
         self.cancel_reason = "cancel requested"
+        self.took_over = False  # this delivery continues one that died (a crash recovery)
 
     # --- start -------------------------------------------------------------------------
 
@@ -166,6 +167,7 @@ class Delivery:
         setattr(self.request, CONTEXT_ATTRIBUTE, self.ctx)
         fields = {"token": lease.ref.token, "recovery_count": start.execution.recovery_count}
         if start.took_over:
+            self.took_over = True
             self._log(EXECUTION_TAKEN_OVER, logging.WARNING, **fields)
             self._event(TASK_RECONCILING, reason="taken-over", **fields)
         else:
@@ -291,8 +293,10 @@ class Delivery:
             self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
             self._event(TASK_UNRECONCILED, reason=record.reason)
             raise Ignore()
-        self._log(EXECUTION_COMPLETED, outcome=self._last_outcome())
-        outcome = self._last_outcome()
+        # A crash recovery is RECONCILED, whatever its last call did: the sweep may
+        # have looked the payment up first, and then this delivery only replays it.
+        outcome = "RECONCILED" if self.took_over else self._last_outcome()
+        self._log(EXECUTION_COMPLETED, outcome=outcome)
         if outcome == "RECONCILED":
             self._event(TASK_RECONCILING, outcome=outcome)
         elif outcome == "REPLAYED":
