@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_agboss import metrics, signals, store_check, sweep
+from celery_agboss import held_messages, metrics, signals, store_check, sweep
 from celery_agboss.runtime import _APP_ATTRIBUTE, Runtime
 
 
@@ -30,6 +30,7 @@ class AGBoss(Runtime):
         sweep.install(self)
         metrics.install(self)
         store_check.install(self)
+        held_messages.install(self)
         if app.configured:
             self._configured()
         else:

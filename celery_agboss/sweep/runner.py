@@ -102,7 +102,15 @@ def run_sweep(
             return report
         report.tick = tick
     run = SweepRun(agboss, batch_size, report)
-    steps = (run.expire, run.reconcile, run.cancel, run.redrive, run.outbox, run.retention)
+    steps = (
+        run.expire,
+        run.reconcile,
+        run.cancel,
+        run.held,
+        run.redrive,
+        run.outbox,
+        run.retention,
+    )
     try:
         for step in steps:
             try:

@@ -33,6 +33,7 @@ from celery_agboss.outbox import sweep_outbox
 from celery_agboss.runtime import Runtime
 from celery_agboss.settings import DEFAULT_SWEEP_INTERVAL_SECONDS
 from celery_agboss.store import sweep_queries as q
+from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
 from celery_agboss.task_events import TASK_PARKED, TASK_UNRECONCILED, send_task_event
 
 if TYPE_CHECKING:
@@ -306,6 +307,40 @@ class SweepRun:
                 by="sweep",
                 actor=None,
             )
+
+    # --- 4a. messages a dead worker held unstarted ---------------------------------
+
+    def held(self) -> None:
+        """Re-publish at once what a worker that stopped writing its row (killed, or
+        frozen for a lease TTL) held unstarted, instead of after the requested grace
+        (``celery_agboss.held_messages`` says why that is safe); ids a live worker lists
+        too are left to it."""
+        ttl_ms = self.settings.lease_ttl_ms
+        grace_ms = round(self.settings.requested_grace_seconds * 1000)
+        interval_ms = round(effective_interval(self.settings.sweep_interval_seconds) * 1000)
+        rows = read_held(self.store)
+        live = {found for row in rows if row.age_ms < ttl_ms for found in row.execution_ids}
+        for row in rows:
+            if row.age_ms < ttl_ms:
+                continue
+            for execution_id in row.execution_ids:
+                record = (
+                    None if execution_id in live else self.executions.read_execution(execution_id)
+                )
+                if (
+                    record is None
+                    or record.state is not ExecutionState.REQUESTED
+                    or record.cancel_requested
+                ):
+                    continue
+                try:
+                    self._redrive_one(record, grace_ms, interval_ms)
+                except (Exception, StoreError):
+                    self.report.errors += 1
+                    log_event(
+                        SWEEP_ERROR, logging.ERROR, exc_info=True, step="held", execution=record.id
+                    )
+            forget_held_if_unchanged(self.store, row)
 
     # --- 4. re-drive -----------------------------------------------------------------
 

@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.metrics",
             "celery_agboss.metrics.*",
             "celery_agboss.store_check",
+            "celery_agboss.held_messages",
             # Webhook intake: signature checks, and events applied through PaymentTask.
             "celery_agboss.webhooks",
             "celery_agboss.webhooks.*",
