@@ -228,6 +228,16 @@ class Runtime:
             current.renewer.stop()
             current.store.close()
 
+    def reconfigure(self) -> None:
+        """Close this process's store and forget the settings: the next use reads the
+        app's conf again. For the test kit, which binds an application's own app to a
+        throwaway store and back (``celery_agboss.testing.celery_app.bound_app``)."""
+        self.close()
+        with self._lock:
+            self._settings = None
+            self._settings_error = None
+            self._engine_settings = None
+
     # --- publishing ----------------------------------------------------------------
 
     def republish(

@@ -96,6 +96,57 @@ def make_test_app(
     return app
 
 
+_UNSET = object()
+
+
+@contextmanager
+def bound_app(
+    app: Celery,
+    database_url: str,
+    *,
+    clock_offset_source: Callable[[], int] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Iterator[Celery]:
+    """The application's own app, its tasks as written, on a throwaway store and the
+    in-memory broker (``make_test_app``'s settings, ``config`` over them), for the
+    block; its own configuration is put back after it.
+
+    ``app`` must already have ``AGBoss(app)`` (the application's module calls it).
+    Celery's cached broker pool, result backend and queues are dropped on the way in
+    and out, so bind before the test uses the app. Messages go to a queue of the
+    block's own, deleted at the end.
+    """
+    boss = AGBoss.of(app)
+    queue = f"agboss-test-{os.getpid()}-{next(_counter)}"
+    overrides = {**throwaway_app_config(database_url, queue), **dict(config or {})}
+    saved = {key: app.conf.get(key, _UNSET) for key in overrides}
+    saved_clock = boss.clock_offset_source
+    app.conf.update(overrides)
+    _forget_connections(app)
+    boss.reconfigure()
+    boss.clock_offset_source = clock_offset_source
+    try:
+        yield app
+    finally:
+        boss.close()
+        _delete_queue(app, queue)
+        app.conf.update({key: None if value is _UNSET else value for key, value in saved.items()})
+        _forget_connections(app)
+        boss.reconfigure()
+        boss.clock_offset_source = saved_clock
+
+
+def _forget_connections(app: Celery) -> None:
+    """Celery caches its broker pool, result backend and queues on first use; a bound
+    app's must be made again from the conf it has now."""
+    pool, app._pool = app._pool, None  # not app.close(): that deregisters the app
+    if pool is not None:
+        pool.force_close_all()
+    app._backend_cache = None
+    app._local = threading.local()
+    app.__dict__.pop("amqp", None)
+
+
 def _wake_until_stopped(app: Celery, worker: Any) -> Callable[[], None]:
     """Ask the worker to stop, and keep waking its event loop until it has.
 
@@ -211,6 +262,7 @@ def _stop_pool(pool: Any, timeout: float) -> None:
 __all__ = [
     "TEST_LEASE_TTL_SECONDS",
     "TEST_RETRY_DELAY_SECONDS",
+    "bound_app",
     "close_test_app",
     "make_test_app",
     "running_worker",

@@ -10,6 +10,9 @@ nothing beyond pytest itself: each fixture imports what it needs when used.
 - ``agboss_app``: a Celery app (in-memory broker and results) with ``AGBoss`` on
   that same database, a 5 s lease and no sweep beat; ``agboss_app_config``
   (override it) adds or changes settings;
+- ``agboss_database_url``: that database's URL (your own tables and migrations);
+- ``agboss_bind``: ``agboss_bind(app)`` puts your own app, its tasks as written, on
+  that database, clock and broker for the test (override ``agboss_app`` with it);
 - ``agboss_worker``: a real worker for ``agboss_app`` in a thread of this process;
   ``agboss_worker_parameters`` (override it) changes its pool or concurrency;
 - after every test, armed fault points are disarmed and paused threads woken.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +83,46 @@ def _store_url(stores: Any, tmp_path: Path) -> str:
     directory.mkdir(exist_ok=True)
     url: str = stores.sqlite_store_url(directory)
     return url
+
+
+@pytest.fixture
+def agboss_database_url(tmp_path: Path, agboss_store: Store) -> str:
+    """The URL of ``agboss_store``'s database: run your own migrations there (your
+    tables beside celery_agboss's, as in production)."""
+    return _store_url(importlib.import_module("celery_agboss.testing.stores"), tmp_path)
+
+
+@pytest.fixture
+def agboss_bind(
+    agboss_clock: VirtualClock,
+    agboss_database_url: str,
+    agboss_app_config: dict[str, Any],
+) -> Iterator[Callable[[Celery], Celery]]:
+    """``agboss_bind(app) -> app``: your own app, its tasks as written, on this test's
+    store, clock and in-memory broker (``agboss_app``'s settings); put back after the
+    test. Override ``agboss_app`` with it so that ``agboss_worker`` runs your app::
+
+        @pytest.fixture
+        def agboss_app(agboss_bind):
+            return agboss_bind(shop.app)
+    """
+    from contextlib import ExitStack
+
+    from celery_agboss.testing.celery_app import bound_app
+
+    with ExitStack() as stack:
+
+        def bind(app: Celery) -> Celery:
+            return stack.enter_context(
+                bound_app(
+                    app,
+                    agboss_database_url,
+                    clock_offset_source=agboss_clock.offset_ms,
+                    config=agboss_app_config,
+                )
+            )
+
+        yield bind
 
 
 @pytest.fixture
