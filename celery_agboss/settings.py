@@ -299,6 +299,8 @@ def _tenant(source: _Source) -> str | None:
             setting="agboss_tenant",
         )
     return validate_tenant(tenant)
+
+
 def _closest_setting(name: str) -> str | None:
     """The known setting ``name`` was probably meant to be (``lease_tll`` → ``lease_ttl``)."""
     found = difflib.get_close_matches(name.lower(), sorted(_KNOWN), n=1, cutoff=0.75)
