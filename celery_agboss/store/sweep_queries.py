@@ -192,15 +192,21 @@ def _kept_for_a_user(kind: str, record_key: Any, cutoff_ms: int) -> ColumnElemen
     """Some execution that used the record (not its creator) is not terminal, or became
     terminal after ``cutoff_ms``: the record stays (DESIGN §6.3)."""
     user = executions.alias("agboss_user")
+    keeps = or_(
+        user.c.state.not_in(_TERMINAL),
+        user.c.terminal_at_ms.is_(None),
+        user.c.terminal_at_ms >= cutoff_ms,
+    )
+    if sabotage.active(PAUSED_RECORDS_EXPIRE):  # a long pause counts as done, here too
+        paused_long = and_(
+            user.c.state == ExecutionState.PAUSED.value, user.c.updated_at_ms < cutoff_ms
+        )
+        keeps = and_(keeps, not_(paused_long))
     return exists().where(
         _u.kind == kind,
         _u.record_key == record_key,
         user.c.id == _u.execution_id,
-        or_(
-            user.c.state.not_in(_TERMINAL),
-            user.c.terminal_at_ms.is_(None),
-            user.c.terminal_at_ms >= cutoff_ms,
-        ),
+        keeps,
     )
 
 
