@@ -134,6 +134,12 @@ class ConfigurationError(AGBossError):
     """celery_agboss is not configured correctly."""
 
 
+class StoreNotMigratedError(ConfigurationError):
+    """The store holds no deployment id: it was not migrated by this version (run
+    ``celery -A <app> agboss migrate``). A worker waits for it: its deliveries are
+    retried until then."""
+
+
 class OutboundCallDefinitionError(AGBossError):
     """An OutboundCall was declared with invalid parameters."""
 

@@ -24,7 +24,7 @@ from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.log_events import EXECUTION_REPUBLISHED, STORE_OPENED, log_event
 from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.errors import ConfigurationError
+from celery_agboss.errors import ConfigurationError, StoreNotMigratedError
 from celery_agboss.messages import republish
 from celery_agboss.settings import AGBossSettings, settings_from_conf
 from celery_agboss.store.deployment import read_store_tenant
@@ -145,12 +145,12 @@ class Runtime:
         migrated, and a guess could change the keys of payments in flight)."""
         found = read_store_tenant(self.store)
         if found is None:
-            raise ConfigurationError(
+            raise StoreNotMigratedError(
                 f"the store at {settings.redacted_database_url()} holds no deployment id "
                 "(the tenant every idempotency key starts with): it was not migrated by "
                 "this version of celery_agboss. Run `celery -A proj agboss migrate` "
-                "before starting workers; a store that already holds payments keeps the "
-                "tenant 'default', so no key in flight changes",
+                "(a worker started before waits for it); a store that already holds "
+                "payments keeps the tenant 'default', so no key in flight changes",
                 setting="agboss_tenant",
             )
         return found

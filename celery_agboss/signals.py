@@ -66,6 +66,7 @@ from celery_agboss.errors import (
     PublishRefusedError,
     SabotageRefusedError,
     StoreError,
+    StoreNotMigratedError,
 )
 from celery_agboss.messages import message_from_publish
 from celery_agboss.runtime import Runtime
@@ -317,12 +318,13 @@ def _end_unmanaged(agboss: Runtime, task: Any, task_id: Any) -> None:
 
 def _read_tenant_at_start(agboss: Runtime) -> None:
     """Read the tenant before the pool forks, so every child uses the one read here. A
-    store without a deployment id stops the worker (it was not migrated); one that does
-    not answer yet is asked again by the first delivery."""
+    store not migrated yet (no deployment id) or that does not answer is asked again by
+    the first delivery, which is retried until it does: a worker started before
+    ``agboss migrate`` goes on once it ran."""
     try:
         agboss.engine_settings  # noqa: B018 - resolving it reads the tenant
-    except ConfigurationError as exc:
-        raise SystemExit(f"celery_agboss refuses to start this worker: {exc}") from None
+    except StoreNotMigratedError as exc:
+        logger.error("celery_agboss: %s. Its payment tasks wait (retried) until then", exc)
     except StoreError as exc:
         logger.warning(
             "celery_agboss could not read the tenant from the store at start (%s: %s); "

@@ -77,6 +77,7 @@ from celery_agboss.errors import (
     ResultNotStorableError,
     RetryNotPublished,
     StoreError,
+    StoreNotMigratedError,
 )
 from celery_agboss.messages import message_from_request
 from celery_agboss.runtime import Runtime
@@ -144,7 +145,7 @@ class Delivery:
             )
         except ExecutionIdConflictError as exc:
             self._refuse_another_task(exc)
-        except StoreError as exc:
+        except (StoreError, StoreNotMigratedError) as exc:  # not migrated yet: wait for it
             self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc).__name__)
             retry_or_requeue(self, self.settings.retry_delay_seconds, exc)
         if start.kind is not StartKind.STARTED:

@@ -29,7 +29,11 @@ from celery_agboss.core.engine_settings import DEFAULT_TENANT, EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.keys import business_key, fit_key, validate_tenant
 from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.errors import ConfigurationError, OutboundCallOutcomeUnknownError
+from celery_agboss.errors import (
+    ConfigurationError,
+    OutboundCallOutcomeUnknownError,
+    StoreNotMigratedError,
+)
 from celery_agboss.store.deployment import (
     TENANT_META_KEY,
     TENANT_MINTED_WHILE_IN_USE,
@@ -291,12 +295,20 @@ class _Worker:
         self.hostname = "w1@test"
 
 
-def test_a_worker_refuses_to_start_on_a_store_without_a_deployment_id(
-    empty_url: str, apps: Callable[..., Celery]
+def test_a_worker_on_a_store_without_a_deployment_id_starts_and_says_to_migrate(
+    empty_url: str, apps: Callable[..., Celery], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Started before ``agboss migrate`` (a compose file's start order), the worker does
+    not exit: it says what to run, and its deliveries are retried until it ran."""
     migrate(empty_url, BEFORE)
-    with pytest.raises(SystemExit, match=r"celery -A proj agboss migrate"):
-        signals.worker_init.send(sender=_Worker(apps(empty_url)))
+    app = apps(empty_url)
+    with caplog.at_level(logging.ERROR, logger="celery_agboss"):
+        signals.worker_init.send(sender=_Worker(app))
+    assert "celery -A proj agboss migrate" in caplog.text
+    with pytest.raises(StoreNotMigratedError):
+        AGBoss.of(app).engine_settings  # noqa: B018
+    migrate(empty_url)
+    assert MINTED.match(AGBoss.of(app).tenant) or AGBoss.of(app).tenant == "default"
 
 
 def test_a_worker_logs_its_tenant_and_where_it_came_from_at_start(

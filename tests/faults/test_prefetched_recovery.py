@@ -31,7 +31,6 @@ from celery_agboss.store.held_messages import read_held
 from tests.deployment import brokers
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import HELD_SECONDS, KILL_SECONDS
 from tests.faults.scenario import (
     FAULT_SPEEDUPS,
@@ -69,7 +68,7 @@ def _killed_with_orders_prefetched(
     hold = fake.hold(operation="charge")
     ids = deployment.publish(ORDERS)
     hold.wait_reached(timeout=HELD_SECONDS)
-    charged = next(o for o in ORDERS if idempotency_key(o) == fake.requests[0].idempotency_key)
+    charged = next(o for o in ORDERS if deployment.key_of(o) == fake.requests[0].idempotency_key)
     waiting = [o for o in ORDERS if o != charged]
     wait_until(
         lambda: (

@@ -27,7 +27,6 @@ import signal
 import pytest
 
 from tests.deployment.conftest import DeployFactory
-from tests.deployment.gateway import idempotency_key
 from tests.deployment.test_recovery import HELD_SECONDS, KILL_SECONDS, recovery_deadline
 from tests.faults.scenario import SQLITE_REDIS, Stack, charges_of, deployed, worker_and_beat
 from tests.support.processes import wait_until
@@ -48,7 +47,7 @@ def test_a_stop_with_kill_mode_mixed_lets_the_body_finish_its_payment(
     hold = deployment.gateway.gateway.hold(operation="charge", before_processing=True)
     ids = deployment.publish([ORDER])
     hold.wait_reached(timeout=HELD_SECONDS)
-    child = deployment.gateway.pid_of_charge(idempotency_key(ORDER))
+    child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
     worker.signal_leader(signal.SIGTERM)  # KillMode=mixed: the main process alone
     worker.wait_until(
         lambda: WARM_SHUTDOWN_LINE in worker.output(), KILL_SECONDS, message="warm shutdown"
@@ -73,7 +72,7 @@ def test_a_stop_with_the_default_kill_mode_kills_the_body_and_leaves_it_to_the_s
     hold = deployment.gateway.gateway.hold(operation="charge", before_processing=True)
     ids = deployment.publish([ORDER])
     hold.wait_reached(timeout=HELD_SECONDS)
-    child = deployment.gateway.pid_of_charge(idempotency_key(ORDER))
+    child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
     worker.send_signal(signal.SIGTERM)  # KillMode=control-group: every process at once
     wait_until(
         lambda: child not in worker.group_pids(),
