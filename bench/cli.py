@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--engine-only", action="store_true", help="only the engine benchmark")
     only.add_argument("--e2e-only", action="store_true", help="only the end-to-end benchmark")
+    only.add_argument(
+        "--extras-only",
+        metavar="NAMES",
+        help="only these extra benchmarks, comma-separated: "
+        + ", ".join(extra.name for extra in EXTRA_BENCHMARKS),
+    )
     parser.add_argument(
         "--backends",
         default=",".join(BACKENDS),
@@ -87,6 +93,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     args.backends = backends
+    extras = [extra.name for extra in EXTRA_BENCHMARKS]
+    args.extras = extras
+    if args.extras_only is not None:
+        args.extras = [n.strip() for n in args.extras_only.split(",") if n.strip()]
+        wrong = sorted(set(args.extras) - set(extras))
+        if wrong or not args.extras:
+            parser.error(f"--extras-only: choose from {', '.join(extras)}")
     for name in ("executions", "tasks", "latency_tasks", "rounds"):
         value = getattr(args, name)
         if value is not None and not 1 <= value <= 100_000:
@@ -225,6 +238,8 @@ def _run_e2e(args: argparse.Namespace, sizes: Sizes, folder: Path, report: Repor
 
 def _run_extras(args: argparse.Namespace, folder: Path, report: Report) -> None:
     for extra in EXTRA_BENCHMARKS:
+        if extra.name not in args.extras:
+            continue
         admin = _postgres(report, extra.name) if extra.needs_postgresql else None
         if extra.needs_postgresql and admin is None:
             continue
@@ -295,11 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="agboss-bench-") as tmp:
             folder = Path(tmp)
-            if not args.e2e_only:
+            everything = not (args.engine_only or args.e2e_only or args.extras_only)
+            if everything or args.engine_only:
                 _run_engine(args, sizes, folder, report)
-            if not args.engine_only:
+            if everything or args.e2e_only:
                 _run_e2e(args, sizes, folder, report)
-            if not (args.engine_only or args.e2e_only):
+            if everything or args.extras_only:
                 _run_extras(args, folder, report)
     except (KeyboardInterrupt, SystemExit):
         _progress("interrupted: workers stopped, databases dropped, nothing printed")

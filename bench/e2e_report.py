@@ -24,12 +24,26 @@ def per_second(result: SettingResult, side: str) -> float:
     return tasks / wall if wall > 0 else math.nan
 
 
-def throughput_ratio(result: E2EResult) -> float:
-    """agboss / plain tasks per second at zero gateway latency (the issue's goal)."""
-    for setting in result.settings:
-        if setting.setting.latency_ms == 0:
-            return ratio(per_second(setting, "agboss"), per_second(setting, "plain"))
-    return math.nan
+def _at(result: E2EResult, latency_ms: float) -> SettingResult | None:
+    return next((s for s in result.settings if s.setting.latency_ms == latency_ms), None)
+
+
+def throughput_ratio(result: E2EResult, latency_ms: float = 0.0) -> float:
+    """agboss / plain tasks per second at a gateway latency (0 ms: the issue's goal)."""
+    setting = _at(result, latency_ms)
+    if setting is None:
+        return math.nan
+    return ratio(per_second(setting, "agboss"), per_second(setting, "plain"))
+
+
+def outbound_added_p50_ms(result: E2EResult, latency_ms: float = 0.0) -> float:
+    """What ``self.outbound`` adds over the direct call at p50, in ms."""
+    setting = _at(result, latency_ms)
+    if setting is None:
+        return math.nan
+    return percentile(_side(setting, "agboss")[2], 0.5) - percentile(
+        _side(setting, "plain")[2], 0.5
+    )
 
 
 def _agboss_rounds(result: E2EResult) -> list[RoundResult]:
@@ -65,6 +79,8 @@ def metrics(result: E2EResult) -> dict[str, float]:
     return {
         "commits_per_task": commits_per_task(result),
         "throughput_ratio": throughput_ratio(result),
+        "throughput_ratio_50ms": throughput_ratio(result, 50.0),
+        "outbound_added_p50_ms": outbound_added_p50_ms(result),
         "worker_peak_rss_mb": worker_peak_rss_mb(result),
     }
 
@@ -254,4 +270,12 @@ def as_json(result: E2EResult) -> dict[str, Any]:
     }
 
 
-__all__ = ["as_json", "breakdown", "commits_per_task", "metrics", "section", "throughput_ratio"]
+__all__ = [
+    "as_json",
+    "breakdown",
+    "commits_per_task",
+    "metrics",
+    "outbound_added_p50_ms",
+    "section",
+    "throughput_ratio",
+]

@@ -54,6 +54,15 @@ def lines_and_metrics(result: Any) -> ExtraOutcome:
     return [str(line) for line in lines], {k: float(v) for k, v in metrics.items()}
 
 
+def _hot_path(ctx: BenchContext) -> ExtraOutcome:
+    from bench.databases import postgres_database
+    from bench.hot_path import DEFAULT_HOT_PATH_SIZES, QUICK_HOT_PATH_SIZES, run_hot_path_benchmark
+
+    sizes = QUICK_HOT_PATH_SIZES if ctx.quick else DEFAULT_HOT_PATH_SIZES
+    with postgres_database(ctx.admin_url) as url:
+        return lines_and_metrics(run_hot_path_benchmark(url, ctx.folder, sizes, ctx.progress))
+
+
 def _sweep(ctx: BenchContext) -> ExtraOutcome:
     from bench.sweep_bench import DEFAULT_SWEEP_SIZES, QUICK_SWEEP_SIZES, run_sweep_benchmark
 
@@ -74,6 +83,7 @@ def _renewals(ctx: BenchContext) -> ExtraOutcome:
 
 
 EXTRA_BENCHMARKS: list[ExtraBenchmark] = [
+    ExtraBenchmark("hot-path", _hot_path),
     ExtraBenchmark("sweep", _sweep),
     ExtraBenchmark("renewal", _renewals),
 ]

@@ -37,7 +37,7 @@ PACKAGE = "celery_agboss"
 class Kind:
     name: str
     serves: str
-    """The guarantee the transaction is there for (DESIGN §1, §2.3)."""
+    """The guarantee the transaction is there for (design: guarantees, traps)."""
 
 
 PUBLISH = Kind("publish record", "trap 9: a message lost before any worker started it is re-sent")
@@ -88,10 +88,9 @@ KIND_OF_FUNCTION: dict[str, Kind] = {
     "settle": SETTLE,
     "settle_result": SETTLE,
     "fenced_effect": EFFECT,
-    "_verdict": VERDICT,
+    "verdict": VERDICT,
     "record_verdict": VERDICT,
-    "_conclude": COMPLETE,
-    "_release": RELEASE,
+    "conclude": COMPLETE,
     "release": RELEASE,
     "end_if_open": RELEASE,
     "record_links_dispatched": LINKS,

@@ -1,11 +1,12 @@
 """Exactly-once payment side effects for Celery apps.
 
 The package in layers, bottom up (docs/architecture.md; a test holds every import
-to this order): ``errors`` and ``core/`` (no Celery, no SQLAlchemy); ``store/``;
-``settings``, ``messages``, ``task_events`` and ``runtime``; ``delivery/`` (one
-delivery, driven only by ``task``); ``task``; what ``AGBoss`` installs
-(``signals``, ``sweep/``) and the operator's verbs (``operator/``); ``app`` (``AGBoss``); the
-tools (``cli/``, ``flower``, ``demo``, ``testing/``).
+to this order): ``errors`` and ``core/`` (no Celery, no SQLAlchemy); ``adapters/``;
+``store/``; ``runtime/`` and ``task_events``; ``delivery/`` (one delivery, driven only
+by ``task``); ``outbox/``; ``task``; what ``AGBoss`` installs (``signals/``,
+``body_publishes``, ``sweep/``, ``worker/``, ``metrics/``, ``webhooks/``) and the
+operator's verbs (``operator/``); ``app`` (``AGBoss``); the tools (``cli/``,
+``flower``, ``testing/``, ``chaos/``).
 
 The Celery-facing names are imported lazily so that ``celery_agboss.core`` can be
 imported (and tested) without Celery or SQLAlchemy installed.
@@ -44,6 +45,8 @@ from celery_agboss.errors import (
 
 if TYPE_CHECKING:
     from celery_agboss.app import AGBoss
+    from celery_agboss.core.compensation import UndoStep
+    from celery_agboss.core.masking import MaskingPolicy
     from celery_agboss.operator import answer_pause, cancel
     from celery_agboss.store.migrate import migrate
     from celery_agboss.task import PaymentTask, undo_function
@@ -52,6 +55,8 @@ __version__ = "0.1.0.dev0"  # the one copy: setup.cfg reads it (attr:)
 
 _LAZY = {
     "AGBoss": "celery_agboss.app",
+    "MaskingPolicy": "celery_agboss.core.masking",
+    "UndoStep": "celery_agboss.core.compensation",
     "PaymentTask": "celery_agboss.task",
     "undo_function": "celery_agboss.task",
     "migrate": "celery_agboss.store.migrate",
@@ -78,6 +83,7 @@ __all__ = [
     "IdempotencyKeyConflictError",
     "InvalidBusinessKeyError",
     "Lookup",
+    "MaskingPolicy",
     "MaskingPolicyError",
     "NotPausedError",
     "NotSent",
@@ -89,6 +95,7 @@ __all__ = [
     "OutboundCallUnreconciledError",
     "Outcome",
     "PaymentTask",
+    "UndoStep",
     "Unknown",
     "answer_pause",
     "cancel",

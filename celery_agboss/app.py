@@ -5,7 +5,7 @@
 the signals (publish records, revoke recording, worker start-up; ``signals``), the
 sweep (its task, beat entry and watch; ``sweep``), the worker's metrics endpoint
 when ``agboss_metrics_port`` asks for it (``metrics``) and the worker's check of its
-store at start (``store_check``). ``AGBoss(app)`` twice gives the
+store at start (``worker.store_check``). ``AGBoss(app)`` twice gives the
 same object.
 """
 
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_agboss import held_messages, metrics, signals, store_check, sweep
-from celery_agboss.runtime import _APP_ATTRIBUTE, Runtime
+from celery_agboss import signals, sweep
+from celery_agboss.metrics import worker as metrics_worker
+from celery_agboss.runtime.app_runtime import _APP_ATTRIBUTE, Runtime
+from celery_agboss.worker import held_messages, store_check
 
 
 class AGBoss(Runtime):
@@ -28,7 +30,7 @@ class AGBoss(Runtime):
         self._init_runtime(app)
         signals.connect(self)
         sweep.install(self)
-        metrics.install(self)
+        metrics_worker.install(self)
         store_check.install(self)
         held_messages.install(self)
         if app.configured:

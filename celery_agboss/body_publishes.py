@@ -1,4 +1,5 @@
-"""What a ``PaymentTask``'s body publishes: the same executions on every re-run (DESIGN §4).
+"""What a ``PaymentTask``'s body publishes: the same executions on every re-run
+(design: publishes from a body).
 
 The body runs again from the top on every delivery, so a publish in it is reached
 again by every re-run. Each publish from a body has a position — the n-th publish of
@@ -36,22 +37,18 @@ from typing import Any
 from celery._state import get_current_worker_task
 from celery.canvas import _chain, _chord, group
 
-from celery_agboss import outbox
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.protections import (
+    BODY_PUBLISHES_GET_NEW_IDS,
+    UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY,
+)
 from celery_agboss.errors import ConfigurationError
-from celery_agboss.messages import dumps, loads
-from celery_agboss.runtime import Runtime
+from celery_agboss.outbox import publishing as outbox
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.messages import dumps, loads
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.task import execution_context_of
-
-BODY_PUBLISHES_GET_NEW_IDS = sabotage.register("body-publishes-get-new-ids")
-"""Sabotage (DESIGN §4): a PaymentTask or a canvas published from a body gets new ids on
-every re-run, and a canvas is not recorded: two executions, two shipping charges."""
-
-UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = sabotage.register("undo-publishes-counted-in-the-delivery")
-"""Sabotage (DESIGN §4): a publish from an undo is counted in the delivery, not in its
-undo, so a delivery that skips the undos done already publishes under shifted ids."""
 
 PUBLISH_EFFECT = "agboss.publish"
 """The fenced effect that records a canvas published from a body: ``<this>/<row id>``, the
@@ -234,7 +231,7 @@ def _plan(kind: str, data: dict[str, Any], call: dict[str, Any]) -> CanvasPlan |
     return CanvasPlan(kind, data, call)
 
 
-def publish_canvas(agboss: Runtime, ctx: ExecutionContext, plan: CanvasPlan) -> Any:
+def publish_canvas(runtime: Runtime, ctx: ExecutionContext, plan: CanvasPlan) -> Any:
     """Publish ``plan`` once for this execution and position; the result Celery's apply
     returns (an ``AsyncResult`` for a chain or chord, a ``GroupResult`` for a group)."""
     position = publish_position(ctx, plan.name)
@@ -246,7 +243,7 @@ def publish_canvas(agboss: Runtime, ctx: ExecutionContext, plan: CanvasPlan) -> 
     def record(conn: Any) -> dict[str, Any]:
         outbox.record_canvas(
             conn,
-            agboss.app,
+            runtime.app,
             row,
             plan.data,
             plan.call,
@@ -256,8 +253,8 @@ def publish_canvas(agboss: Runtime, ctx: ExecutionContext, plan: CanvasPlan) -> 
         return fixed
 
     recorded = ctx.fenced_effect(f"{PUBLISH_EFFECT}/{row}", record)
-    outbox.publish(agboss.app, row)  # sends nothing once the row is marked published
-    return _result(agboss.app, recorded)
+    outbox.publish(runtime.app, row)  # sends nothing once the row is marked published
+    return _result(runtime.app, recorded)
 
 
 def _result(app: Any, fixed: dict[str, Any]) -> Any:
@@ -285,12 +282,12 @@ def _publishing_body(canvas: Any) -> tuple[Runtime, ExecutionContext] | None:
         return None
     current = get_current_worker_task()
     try:
-        agboss = Runtime.of(current.app)
+        runtime = Runtime.of(current.app)
     except ConfigurationError:
         return None
     if canvas.app.conf.task_always_eager:
         return None  # run in process, nothing published
-    return agboss, ctx
+    return runtime, ctx
 
 
 def _hooked(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -325,9 +322,7 @@ def install() -> None:
 
 
 __all__ = [
-    "BODY_PUBLISHES_GET_NEW_IDS",
     "PUBLISH_EFFECT",
-    "UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY",
     "CanvasPlan",
     "body_context",
     "derived_task_id",

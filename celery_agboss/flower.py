@@ -1,6 +1,6 @@
 """Flower 2.x: what celery_agboss's task events look like there, and how to show more.
 
-Flower builds each task from events only (DESIGN §2.3 trap 11). celery_agboss sends
+Flower builds each task from events only (design: trap 11). celery_agboss sends
 custom task events when a delivery ends without a result Celery knows about (a
 deferral, a reconcile, a fence, a pause, a wait, a park); Flower files each under the
 task's id and shows its type as the state (``task-deferred`` → ``DEFERRED``). Their
@@ -197,13 +197,6 @@ def format_task(task: Any) -> Any:
 
 
 __all__ = [
-    "AGBOSS_STATES",
-    "DEFAULT_HIDDEN_KEYS",
-    "SURFACED_FIELDS",
-    "agboss_fields",
     "format_task",
-    "keep_custom_fields_on_copies",
-    "outcome_label",
     "repr_options",
-    "scrub",
 ]

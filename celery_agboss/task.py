@@ -8,7 +8,7 @@ and must be harmless to repeat.
 
 Declared with ``bind=True`` (refused otherwise, when the task class is made), and
 with ``acks_late=True`` and ``reject_on_worker_lost=True`` by default, so that a
-killed worker's message comes back instead of being acknowledged as failed (trap 4).
+killed worker's message comes back instead of being acknowledged as failed (design: trap 4).
 Per-delivery state lives on ``self.request`` only: one task instance serves every
 thread of a threads pool at once.
 """
@@ -23,12 +23,19 @@ from celery import Task
 from celery.canvas import Signature
 from celery.exceptions import Ignore, Reject
 
-from celery_agboss import outbox
 from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import RESULT_BACKEND_FAILURE_WITHHELD, log_event
 from celery_agboss.core.outbound import OutboundCall, Outcome
+from celery_agboss.core.protections import (
+    EAGER_IGNORE_READ,
+    FAILURE_FOR_AN_UNFINISHED_EXECUTION,
+    PACKAGE_RETRIES_COUNTED,
+    REPLACE_HANDED_TO_CELERY,
+    RETRY_KEEPS_EXPIRES,
+    RETRY_PUBLISH_FAILURE_REJECTS,
+)
 from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE, Delivery
 from celery_agboss.delivery.waits import (
     OWN_RETRIES_HEADER,
@@ -45,36 +52,12 @@ from celery_agboss.errors import (
     RetryNotPublished,
     StoreError,
 )
-from celery_agboss.messages import dumps, loads
-from celery_agboss.runtime import Runtime
-from celery_agboss.undo_tasks import undo_task_parts
+from celery_agboss.outbox import publishing as outbox
+from celery_agboss.outbox.undo_tasks import undo_task_parts
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.messages import dumps, loads
 
 logger = logging.getLogger("celery_agboss")
-
-EAGER_IGNORE_READ = sabotage.register("eager-ignore-read-as-success")
-"""Sabotage: an eager run that ended unfinished (paused, waiting) returns None, as
-Celery reads an Ignore, so a test suite reads a paused payment as paid."""
-
-FAILURE_FOR_AN_UNFINISHED_EXECUTION = sabotage.register("failure-for-an-unfinished-execution")
-"""Sabotage: Celery writes FAILURE and fires errbacks for an execution that is only waiting
-or about to be continued (a hard time limit, a retry whose publish failed)."""
-
-RETRY_PUBLISH_FAILURE_REJECTS = sabotage.register("retry-publish-failure-rejects")
-"""Sabotage: a retry whose publish failed is Celery's ``Reject(requeue=False)``, so the
-message is dropped as failed while the execution only waits."""
-
-PACKAGE_RETRIES_COUNTED = sabotage.register("package-retries-counted")
-"""Sabotage: the application's ``max_retries`` counts celery_agboss's own retries too (an
-unknown outcome's), so ``autoretry_for`` gives up early."""
-
-RETRY_KEEPS_EXPIRES = sabotage.register("retry-keeps-expires")
-"""Sabotage (DESIGN §2.1): ``self.retry()`` carries the message's ``expires``, so a retry
-after it is dropped by the worker while the execution, charged, waits for it."""
-
-REPLACE_HANDED_TO_CELERY = sabotage.register("replace-handed-to-celery")
-"""Sabotage: ``self.replace()`` is Celery's: the replacement runs under this execution's
-id, finds it COMPLETED(None) and replays that instead of running, so the payments it
-would have made are never made."""
 
 T = TypeVar("T")
 
@@ -187,14 +170,14 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
                 f"PaymentTask {self.name!r} runs only as a Celery task (delay, apply_async, "
                 "apply): called directly, its effects would have no execution to belong to"
             )
-        agboss = Runtime.of(self.app)
+        runtime = Runtime.of(self.app)
         try:
-            return Delivery(self, agboss, request).run(args, kwargs)
+            return Delivery(self, runtime, request).run(args, kwargs)
         except Ignore:
             if not getattr(request, "is_eager", False) or sabotage.active(EAGER_IGNORE_READ):
                 raise
             # Eager: Celery would read an Ignore as a result of None. Say where it is.
-            record = agboss.executions.read_execution(str(request.id))
+            record = runtime.executions.read_execution(str(request.id))
             state = "unknown" if record is None else record.state.value
             raise ExecutionNotFinishedError(
                 f"{self.name}[{request.id}] did not finish in this eager run: the execution "
@@ -224,9 +207,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         registered (its name checked against the app's other calls) on its first use,
         once, by the context, before anything is recorded.
         """
-        ctx = self._context()
-        with compensation.outbound_step(ctx, call, business_key):  # what undo_with() undoes
-            return ctx.outbound(call, request, business_key=business_key)
+        return self._context().outbound(call, request, business_key=business_key)
 
     def fenced_effect(
         self,
@@ -242,10 +223,9 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         ctx = self._context()
         if isinstance(ctx, compensation.UndoContext):  # the outbox keys what fn enqueues by it
             business_key = ctx.business_key_for(business_key)
-        with compensation.effect_step(ctx, name, business_key):  # what undo_with() undoes
-            return outbox.run_fenced_effect(
-                self.app, ctx, name, fn, business_key=business_key, request=request
-            )
+        return outbox.run_fenced_effect(
+            self.app, ctx, name, fn, business_key=business_key, request=request
+        )
 
     def undo_with(self, undo: str | Signature, /, **arguments: Any) -> None:
         """Declare the undo of the step that just returned (the last ``outbound()`` or
@@ -275,10 +255,10 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         """Celery's ``retry()``, with three differences inside a delivery. ``max_retries``
         counts the application's retries only (``self.retry()``, ``autoretry_for``), never
         celery_agboss's own. A wait longer than half the shortest visibility timeout is
-        kept in the store, not in a broker message (trap 1): the execution waits
+        kept in the store, not in a broker message (design: trap 1): the execution waits
         ``WAITING`` and the sweep publishes it again when it is due. The retry carries no
         ``expires``: an execution that started (and may have charged) continues whatever
-        its ``expires`` (DESIGN §2.1); pass one to bound the retry."""
+        its ``expires`` (design: expires bounds the start); pass one to bound the retry."""
         if not sabotage.active(RETRY_KEEPS_EXPIRES):
             options.setdefault("expires", None)
         request = self.request

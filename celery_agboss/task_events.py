@@ -1,14 +1,14 @@
 """Custom task events for Flower: what a delivery that Celery has no word for ended in.
 
 Flower builds a task's state from the events it receives and never reads the result
-backend (DESIGN §2.3 trap 11), so a delivery that ends in ``Ignore`` would look
+backend (design: trap 11), so a delivery that ends in ``Ignore`` would look
 stuck there. Each such ending sends one custom event; Flower shows its type, minus
 ``task-``, upper-cased, as the task's state (``task-deferred`` → ``DEFERRED``).
 
 These are Celery events (``task.send_event``), not log records: the structured log
 events (``execution.deferred``…) and ``log_event`` are in ``celery_agboss.core.log_events``.
 Both carry ids, holders and tokens only: never a business key, an amount or a card
-field (R17).
+field (design: R17).
 """
 
 from __future__ import annotations

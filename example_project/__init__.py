@@ -3,5 +3,6 @@
 ``example_project.shop`` is the Celery app a team would write (its tasks read like the
 README's snippet); ``example_project.unprotected`` is the same shop written as plain
 Celery, so each way to charge twice can be watched happening; ``example_project.scenarios``
-runs the seeds' PS1–PS23 against both, on real worker processes (``make demo``).
+runs the scenarios PS1–PS23 (design: scenarios) against both, on real worker processes
+(``make demo``).
 """

@@ -15,8 +15,7 @@ import stripe as stripe_sdk
 from sqlalchemy import CheckConstraint, Column, Connection, Integer, String, Table, select, update
 from sqlalchemy.exc import IntegrityError
 
-from celery_agboss import PaymentTask
-from celery_agboss.errors import IdempotencyKeyConflictError
+from celery_agboss import IdempotencyKeyConflictError, PaymentTask
 from example_project import orders
 from example_project.shop import agboss, app, mark_paid, payment_request, refund, stripe
 from example_project.unprotected import PLAIN, create_intent, engine, read, refund_intent
@@ -28,7 +27,7 @@ def _read(order_id: str) -> dict[str, Any]:
         return orders.load(conn, order_id)
 
 
-# --- PS7: an assistant calls the charge tool ------------------------------------------
+# --- an assistant calls the charge tool (design: PS7) ---------------------------------
 
 
 def _charge_tool(task: PaymentTask, order: dict[str, Any], amount: int) -> dict[str, Any]:
@@ -80,7 +79,7 @@ def plain_assistant_session(self: Any, order_id: str, tool_calls: list[dict[str,
     return charged
 
 
-# --- PS9: parallel branches of one order ----------------------------------------------
+# --- parallel branches of one order (design: PS9) -------------------------------------
 
 
 @app.task(base=PaymentTask, bind=True)
@@ -118,7 +117,7 @@ budgets = Table(
     # The aggregate's invariant is the application's: the row refuses to go below zero.
     CheckConstraint("remaining >= 0", name="shop_budget_not_overspent"),
 )
-"""A customer's spending budget that parallel branches draw on (PS9)."""
+"""A customer's spending budget that parallel branches draw on (design: PS9)."""
 
 
 def _reserve(order_id: str, customer: str, amount: int) -> Any:
@@ -168,7 +167,7 @@ def plain_spend_budget(self: Any, order_id: str, customer: str) -> str:
     return str(intent.id)
 
 
-# --- PS19: a refund an operator or the customer asks for ------------------------------
+# --- a refund an operator or the customer asks for (design: PS19) ---------------------
 
 
 @app.task(base=PaymentTask, bind=True)
@@ -187,7 +186,7 @@ def plain_refund_payment(self: Any, order_id: str, payment_id: str, by: str) -> 
     return str(done.id)
 
 
-# --- PS22: another card after a decline -----------------------------------------------
+# --- another card after a decline (design: PS22) --------------------------------------
 
 
 def attempt_key(order_id: str, n: int) -> str:
@@ -289,7 +288,7 @@ def plain_retry_with_card(self: Any, order_id: str, card: str) -> str:
     return _plain_attempt(order_id)
 
 
-# --- PS18 and PS20: an authorisation, its captures and its void -----------------------
+# --- an authorisation, its captures and its void (design: PS18, PS20) -----------------
 
 
 @app.task(name="plain.authorize_order", **PLAIN)
@@ -325,4 +324,4 @@ def plain_settle_authorization(self: Any, order_id: str, action: str) -> str:
     return status
 
 
-# --- PS23: one key, two senders -------------------------------------------------------
+# --- one key, two senders (design: PS23) ----------------------------------------------

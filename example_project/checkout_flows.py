@@ -22,7 +22,7 @@ from example_project.unprotected import PLAIN, create_intent, engine, plain_char
 @app.task(name="plain.approve_large_order", **PLAIN)
 def plain_approve_large_order(self: Any, order_id: str, by: str) -> str:
     """An approver pressed "approve": the approval stored, and the charge it allows
-    published. Two approvers at once publish two charges (PS11)."""
+    published. Two approvers at once publish two charges (design: PS11)."""
     with engine().begin() as conn:
         orders.note(conn, order_id, "approved", by)
     return str(plain_charge_order.delay(order_id).id)
@@ -31,7 +31,7 @@ def plain_approve_large_order(self: Any, order_id: str, by: str) -> str:
 @app.task(name="plain.checkout_3ds", **PLAIN)
 def plain_checkout_3ds(self: Any, order_id: str) -> str:
     """The payment form's submit: a PaymentIntent authorised for the customer to
-    authenticate. A second submit authorises a second one (PS21)."""
+    authenticate. A second submit authorises a second one (design: PS21)."""
     intent = create_intent(read(order_id), capture=False)
     with engine().begin() as conn:
         orders.move(conn, order_id, "authorized", intent.id)
@@ -41,7 +41,7 @@ def plain_checkout_3ds(self: Any, order_id: str) -> str:
 @app.task(name="plain.finish_3ds", **PLAIN)
 def plain_finish_3ds(self: Any, order_id: str, payment_id: str | None = None) -> str:
     """The customer authenticated (the return page, or the webhook naming its
-    PaymentIntent): capture it and mark the order paid, on every report (PS21)."""
+    PaymentIntent): capture it and mark the order paid, on every report (design: PS21)."""
     payment_id = payment_id or read(order_id)["payment_id"]
     intent = adapter.client.v1.payment_intents.capture(payment_id)
     with engine().begin() as conn:

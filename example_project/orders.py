@@ -59,7 +59,7 @@ ledger = Table(
     Column("reference", String(120)),
 )
 
-# An order's status only moves forward (PS16): a late or out-of-order event can never
+# An order's status only moves forward (design: PS16): a late or out-of-order event can never
 # take a refunded order back to paid.
 PROGRESS = {"new": 0, "authorized": 1, "paid": 2, "captured": 2, "voided": 3, "refunded": 3}
 DEFAULT_CARD = "pm_card_visa"
@@ -136,7 +136,7 @@ def mark_paid(conn: Connection, order_id: str, payment_id: str) -> None:
 
 
 def next_attempt(conn: Connection, order_id: str) -> int:
-    """Number the next payment attempt on the order row (PS22)."""
+    """Number the next payment attempt on the order row (design: PS22)."""
     attempt = int(load(conn, order_id)["attempt"]) + 1
     conn.execute(update(orders).where(orders.c.id == order_id).values(attempt=attempt))
     return attempt

@@ -23,9 +23,8 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import Connection
 
-from celery_agboss import AGBoss, PaymentTask, outbox, undo_function
+from celery_agboss import AGBoss, IdempotencyKeyConflictError, PaymentTask, outbox, undo_function
 from celery_agboss.adapters.stripe import StripeAdapter
-from celery_agboss.errors import IdempotencyKeyConflictError
 from celery_agboss.webhooks import WebhookEvent, record_event
 from example_project import config, orders
 
@@ -71,7 +70,7 @@ def mark_paid(task: PaymentTask, order_id: str, payment_id: str) -> None:
 
 def refund_key(payment_id: str, n: int = 1) -> str:
     """The one place a refund's key is built: the saga's undo, an operator and the
-    customer's request all refund under it, so a payment is refunded once (PS19)."""
+    customer's request all refund under it, so a payment is refunded once (design: PS19)."""
     return f"refund:{payment_id}:{n}"
 
 
@@ -136,7 +135,7 @@ def refund_order(self: PaymentTask, order_id: str, n: int = 1) -> dict[str, Any]
 
 @app.task(base=PaymentTask, bind=True)
 def approve_large_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
-    """A person approves before a large charge; the pause is answered once (PS11)."""
+    """A person approves before a large charge; the pause is answered once (design: PS11)."""
     answer = self.pause("approve", {"order": order_id})
     if not answer.get("approved"):
         return {"declined_by": answer.get("by")}
@@ -149,10 +148,10 @@ def approve_large_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
 @app.task(base=PaymentTask, bind=True)
 def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     """Authorise, wait for the customer's authentication (the return page or the
-    webhook answers, once), read the outcome from Stripe, then capture (PS21)."""
+    webhook answers, once), read the outcome from Stripe, then capture (design: PS21)."""
     authorization = authorize(self, order_id)
     self.pause("3ds", {"payment_id": authorization["id"]})
-    # The answer is a hint: the payment's state is what Stripe says now (G6).
+    # The answer is a hint: the payment's state is what Stripe says now (design: G6).
     current = stripe.client.v1.payment_intents.retrieve(authorization["id"])
     if current.status != "requires_capture":
         return {"not_captured": current.status}
@@ -187,7 +186,8 @@ def authorize_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
 def capture_shipment(
     self: PaymentTask, order_id: str, shipment: int, amount: int
 ) -> dict[str, Any]:
-    """One capture per shipment, keyed by the authorisation and the shipment's number (PS18)."""
+    """One capture per shipment, keyed by the authorisation and the shipment's number
+    (design: PS18)."""
     payment_id = _read(order_id)["payment_id"]
     captured = self.outbound(
         stripe.capture,
@@ -205,7 +205,7 @@ def capture_shipment(
 @app.task(base=PaymentTask, bind=True)
 def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[str, Any]:
     """Capture (fulfilment) or void (the customer cancelled): one disposition per
-    authorisation, recorded before either is sent (PS20). The loser takes the other
+    authorisation, recorded before either is sent (design: PS20). The loser takes the other
     route: a cancel after the capture becomes a refund."""
     payment_id = _read(order_id)["payment_id"]
     try:
@@ -237,8 +237,8 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
 
 @app.task(base=PaymentTask, bind=True)
 def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
-    """A webhook's event, applied once under ``event:stripe:<id>`` (PS15), and only
-    ever moving the order forward to what Stripe says now (PS16)."""
+    """A webhook's event, applied once under ``event:stripe:<id>`` (design: PS15), and only
+    ever moving the order forward to what Stripe says now (design: PS16)."""
     event = WebhookEvent.from_message(message)
     payment_id = (
         event.payload.get("data", {}).get("object", {}).get("payment_intent") or event.object_id

@@ -75,8 +75,8 @@ def plain_charge_order(self: Any, order_id: str) -> str:
 def plain_charge_order_keyed(self: Any, order_id: str) -> str:
     """A careful plain charge: one idempotency key per order, kept across retries and
     redeliveries. It rests on the gateway's key alone: two senders of it at once get
-    the gateway's in-flight answer (PS23), and once the gateway forgot the key (24 h at
-    Stripe) a redelivery is a new charge (PS17)."""
+    the gateway's in-flight answer (design: PS23), and once the gateway forgot the key (24 h at
+    Stripe) a redelivery is a new charge (design: PS17)."""
     intent = create_intent(read(order_id), key=f"order:{order_id}")
     with engine().begin() as conn:
         orders.mark_paid(conn, order_id, intent.id)

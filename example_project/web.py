@@ -26,8 +26,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from sqlalchemy.exc import IntegrityError
 
-from celery_agboss import answer_pause
-from celery_agboss.errors import NotPausedError
+from celery_agboss import NotPausedError, answer_pause
 from celery_agboss.webhooks import (
     STRIPE_SIGNATURE_HEADER,
     WebhookPayloadError,

@@ -41,25 +41,20 @@ from Adyen.exceptions import (
 from Adyen.services.checkout import ModificationsApi, PaymentsApi
 
 from celery_agboss.adapters.common import (
-    ACTION_KEPT,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
-    PAYMENT_KEPT,
+    AdapterCalls,
+    CallMaker,
     PaymentFacts,
-    adapter_policy,
+    adapter_policies,
     definite_verdict,
     http_timeout_seconds,
-    reconcile_as_stored,
     refuse_another_requests_answer,
 )
-from celery_agboss.core.keys import fit_key
-from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
     Lookup,
     NotSent,
-    OutboundCall,
-    ReconcileAnswer,
     Unknown,
 )
 
@@ -165,7 +160,7 @@ def _sdk_http_backend() -> str:
     return "requests" if importlib.util.find_spec("requests") is not None else "urllib"
 
 
-class AdyenAdapter:
+class AdyenAdapter(AdapterCalls):
     """``charge``, ``authorize``, ``capture``, ``refund`` and ``void`` against Adyen.
 
     ``base_url`` is the Checkout API's root, without the version (``/v72`` is added):
@@ -215,37 +210,15 @@ class AdyenAdapter:
             # The SDK's documented hook ("Customizing Base URL"): each service's baseUrl.
             self.payments_api.baseUrl = root
             self.modifications_api.baseUrl = root
-        verdict = definite_verdict(is_nothing_processed)
-        extra = tuple(mask) if not isinstance(mask, str) else mask
-        payments = adapter_policy(CARD_DATA, PAYMENT_KEPT, extra)
-        actions = adapter_policy(CARD_DATA, ACTION_KEPT, extra)
-        self.charge = self._call("charge", self._send_charge, verdict, payments)
-        self.authorize = self._call("authorize", self._send_authorize, verdict, payments)
-        self.capture = self._call("capture", self._send_capture, verdict, actions)
-        self.refund = self._call("refund", self._send_refund, verdict, actions)
-        self.void = self._call("void", self._send_void, verdict, actions)
-
-    def _call(
-        self,
-        operation: str,
-        send: Callable[[CallContext], Result],
-        verdict: Callable[[BaseException], bool],
-        mask: MaskingPolicy,
-    ) -> OutboundCall:
-        return OutboundCall(
-            name=f"{self.name}.{operation}",
-            send=send,
-            reconcile=self._reconcile,
-            key_retention=KEY_RETENTION,
-            is_definite_failure=verdict,
-            max_key_length=MAX_KEY_LENGTH,
-            mask=mask,
-            transaction_id=lambda result: result["id"],
+        call = CallMaker(
+            name, KEY_RETENTION, definite_verdict(is_nothing_processed), MAX_KEY_LENGTH
         )
-
-    @property
-    def calls(self) -> tuple[OutboundCall, ...]:
-        return (self.charge, self.authorize, self.capture, self.refund, self.void)
+        payments, actions = adapter_policies(CARD_DATA, mask)
+        self.charge = call("charge", self._send_charge, self._reconcile, payments)
+        self.authorize = call("authorize", self._send_authorize, self._reconcile, payments)
+        self.capture = call("capture", self._send_capture, self._reconcile, actions)
+        self.refund = call("refund", self._send_refund, self._reconcile, actions)
+        self.void = call("void", self._send_void, self._reconcile, actions)
 
     # --- reconcile: no lookup, so the key's replay inside its window -------------------
 
@@ -262,17 +235,10 @@ class AdyenAdapter:
 
     # --- the checklist's probes ---------------------------------------------------------
 
-    def send(self, amount: int, idempotency_key: str) -> Result:
-        """A test charge through ``charge``'s own send, under the key as the core fits it."""
-        key = fit_key(idempotency_key, MAX_KEY_LENGTH)
-        context = CallContext(key, _checklist_request(amount, key), 1, self.charge.name)
-        return self._send_charge(context)
-
-    def reconcile(self, amount: int, idempotency_key: str) -> ReconcileAnswer:
-        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own
-        (no lookup: ``NotSent`` inside the key's window, and the resend's answer tells)."""
-        key = fit_key(idempotency_key, MAX_KEY_LENGTH)
-        return reconcile_as_stored(self.charge, key, _checklist_request(amount, key))
+    def _checklist_request(self, amount: int, key: str) -> Result:
+        """A test card's charge (no lookup: reconcile answers ``NotSent`` inside the key's
+        window, and the resend's answer tells)."""
+        return {"amount": amount, "currency": "usd", "reference": key, "source": dict(TEST_CARD)}
 
     def lookup(self, idempotency_key: str) -> Result | None:
         raise AdyenLookupUnsupported(
@@ -317,7 +283,7 @@ class AdyenAdapter:
                 dict(answer),
             )
         answered = _amount_of(answer)
-        # The answer to a resend is the key's first answer (G4), whoever sent it: the
+        # The answer to a resend is the key's first answer (design: G4), whoever sent it: the
         # only place this adapter can tell another request's payment from its own.
         refuse_another_requests_answer(
             f"Adyen's payment {psp}",
@@ -339,34 +305,30 @@ class AdyenAdapter:
         }
 
     def _send_capture(self, call: CallContext) -> Result:
-        request = _mapping(call.request)
-        payment = _text(request, "payment_id")
-        body = self._modification_body(request, with_amount=True)
-        answer = self.modifications_api.capture_authorised_payment(
-            body, payment, idempotency_key=_key(call)
-        ).message
-        received = _received(answer, payment, body)
+        capture = self.modifications_api.capture_authorised_payment
+        payment, received = self._modify(call, capture, with_amount=True)
         return {**received, "id": payment, "capture_id": received["psp_reference"]}
 
     def _send_refund(self, call: CallContext) -> Result:
-        request = _mapping(call.request)
-        payment = _text(request, "payment_id")
-        body = self._modification_body(request, with_amount=True)
-        answer = self.modifications_api.refund_captured_payment(
-            body, payment, idempotency_key=_key(call)
-        ).message
-        received = _received(answer, payment, body)
+        refund = self.modifications_api.refund_captured_payment
+        payment, received = self._modify(call, refund, with_amount=True)
         return {**received, "id": received["psp_reference"], "payment_id": payment}
 
     def _send_void(self, call: CallContext) -> Result:
+        cancel = self.modifications_api.cancel_authorised_payment_by_psp_reference
+        payment, received = self._modify(call, cancel, with_amount=False)
+        return {**received, "id": payment, "cancel_id": received["psp_reference"]}
+
+    def _modify(
+        self, call: CallContext, send: Callable[..., Any], *, with_amount: bool
+    ) -> tuple[str, Result]:
+        """A modification of the request's ``payment_id`` sent under the call's key: the
+        payment, and what Adyen answered (checked against what was sent)."""
         request = _mapping(call.request)
         payment = _text(request, "payment_id")
-        body = self._modification_body(request, with_amount=False)
-        answer = self.modifications_api.cancel_authorised_payment_by_psp_reference(
-            body, payment, idempotency_key=_key(call)
-        ).message
-        received = _received(answer, payment, body)
-        return {**received, "id": payment, "cancel_id": received["psp_reference"]}
+        body = self._modification_body(request, with_amount=with_amount)
+        answer = send(body, payment, idempotency_key=_key(call)).message
+        return payment, _received(answer, payment, body)
 
     def _modification_body(self, request: Mapping[str, Any], *, with_amount: bool) -> Result:
         body: Result = {"merchantAccount": self.merchant_account}
@@ -386,10 +348,6 @@ class AdyenAdapter:
 
 
 # --- request checks and answer shapes --------------------------------------------------
-
-
-def _checklist_request(amount: int, key: str) -> Result:
-    return {"amount": amount, "currency": "usd", "reference": key, "source": dict(TEST_CARD)}
 
 
 def _key(call: CallContext) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from celery_agboss.adapters.common import require_sdk
@@ -38,28 +39,25 @@ from celery_agboss.adapters.checkout_client import (
     one_send,
 )
 from celery_agboss.adapters.common import (
-    ACTION_KEPT,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
-    PAYMENT_KEPT,
+    AdapterCalls,
+    CallMaker,
     PaymentFacts,
-    adapter_policy,
+    adapter_policies,
     adopt,
     adopt_one_of,
     definite_verdict,
     http_timeout_seconds,
-    reconcile_as_stored,
     refuse_another_requests_answer,
     request_facts,
 )
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.keys import fit_key
-from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
     Lookup,
     NotSent,
-    OutboundCall,
     ReconcileAnswer,
     Unknown,
 )
@@ -226,7 +224,7 @@ def _facts(payment: Mapping[str, Any]) -> PaymentFacts:
     )
 
 
-class CheckoutAdapter:
+class CheckoutAdapter(AdapterCalls):
     """Checkout.com's payments as outbound calls; see the module docstring.
 
     ``key_retention`` must be your account's idempotency window (24 h unless Checkout.com
@@ -263,62 +261,28 @@ class CheckoutAdapter:
         self.http_client = bounded_session(self.timeout)
         self.sdk = build_sdk(secret_key, base_url, subdomain, sandbox, self.http_client)
         self._payments = self.sdk.payments
-        extra = tuple(mask) if not isinstance(mask, str) else mask
-        payments = adapter_policy(CARD_DATA, PAYMENT_KEPT, extra)
-        actions = adapter_policy(CARD_DATA, ACTION_KEPT, extra)
-        self.charge = self._call("charge", self._charge, self._reconcile_payment, payments)
-        self.authorize = self._call("authorize", self._authorize, self._reconcile_payment, payments)
+        # Checkout.com documents no limit for Cko-Idempotency-Key: no max_key_length.
+        call = CallMaker(name, self.key_retention, definite_verdict(is_nothing_processed), None)
+        payments, actions = adapter_policies(CARD_DATA, mask)
+        charge, authorize = (partial(self._request_payment, capture=c) for c in (True, False))
+        self.charge = call("charge", charge, self._reconcile_payment, payments)
+        self.authorize = call("authorize", authorize, self._reconcile_payment, payments)
         self.capture, self.refund, self.void = (
-            self._action_call(k, actions) for k in _ACTION_TYPES
+            call(
+                kind,
+                partial(self._send_action, kind=kind),
+                partial(self._reconcile_action, kind=kind),
+                actions,
+            )
+            for kind in _ACTION_TYPES
         )
-
-    @property
-    def calls(self) -> tuple[OutboundCall, ...]:
-        return (self.charge, self.authorize, self.capture, self.refund, self.void)
-
-    def _call(
-        self,
-        operation: str,
-        send: Callable[[CallContext], Any],
-        reconcile: Callable[[CallContext, Lookup], ReconcileAnswer],
-        mask: MaskingPolicy,
-    ) -> OutboundCall:
-        return OutboundCall(
-            name=f"{self.name}.{operation}",
-            send=send,
-            reconcile=reconcile,
-            key_retention=self.key_retention,
-            is_definite_failure=definite_verdict(is_nothing_processed),
-            max_key_length=None,  # Checkout.com documents no limit for Cko-Idempotency-Key
-            mask=mask,
-            transaction_id=lambda result: result["id"],
-        )
-
-    def _action_call(self, kind: str, mask: MaskingPolicy) -> OutboundCall:
-        def send(call: CallContext) -> dict[str, Any]:
-            return self._send_action(call, kind)
-
-        def reconcile(call: CallContext, lookup: Lookup) -> ReconcileAnswer:
-            return self._reconcile_action(lookup, kind)
-
-        return self._call(kind, send, reconcile, mask)
 
     # --- the checklist's probes ------------------------------------------------------------
 
-    @staticmethod
-    def _checklist_request(amount: int, key: str) -> dict[str, Any]:
+    def _checklist_request(self, amount: int, key: str) -> dict[str, Any]:
+        """A charge of the test card, referenced by the key."""
         source = {**TEST_CARD, "expiry_year": datetime.now().year + 3}
         return {"amount": amount, "currency": "usd", "reference": key, "source": source}
-
-    def send(self, amount: int, idempotency_key: str) -> dict[str, Any]:
-        """A charge of the test card through ``charge``'s own send, referenced by the key."""
-        request = self._checklist_request(amount, idempotency_key)
-        return self._charge(CallContext(idempotency_key, request, 1, self.charge.name))
-
-    def reconcile(self, amount: int, idempotency_key: str) -> ReconcileAnswer:
-        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own."""
-        request = self._checklist_request(amount, idempotency_key)
-        return reconcile_as_stored(self.charge, idempotency_key, request)
 
     def lookup(self, idempotency_key: str) -> dict[str, Any] | None:
         """The payment ``send`` made under the key (listed by the key as reference), or None."""
@@ -328,12 +292,6 @@ class CheckoutAdapter:
         return _payment_result(mine[0]) if mine else None
 
     # --- sends ------------------------------------------------------------------------------
-
-    def _charge(self, call: CallContext) -> dict[str, Any]:
-        return self._request_payment(call, capture=True)
-
-    def _authorize(self, call: CallContext) -> dict[str, Any]:
-        return self._request_payment(call, capture=False)
 
     def _request_payment(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
         request, key = _mapping(call.request, "charge"), call.idempotency_key
@@ -495,7 +453,7 @@ class CheckoutAdapter:
         what = f"of {amount} {currency} with reference {reference!r}"
         return self._absent(lookup, f"no payment {what}")
 
-    def _reconcile_action(self, lookup: Lookup, kind: str) -> ReconcileAnswer:
+    def _reconcile_action(self, call: CallContext, lookup: Lookup, kind: str) -> ReconcileAnswer:
         payment_id = _text(_mapping(lookup.request, kind), "payment_id")
         mine = self._under_key(self._actions(payment_id), kind, lookup.idempotency_key)
         if len(mine) == 1:

@@ -7,12 +7,12 @@ An adapter is the one place where a gateway's errors become "nothing was process
 every adapter routes its verdict through :func:`definite_verdict`, where a test's
 sabotage switch can turn every error definite and show the second payment.
 
-It is also where a payment the gateway shows, or answers again under a key, is taken
-for the request's own (DESIGN §4: a reconcile never adopts a payment that is not this
-request's). One rule, :func:`differences`, compares amount, currency, reference and our
-key (where the gateway keeps it) with the stored request: reconcile answers ``Unknown``
-naming what differed (:func:`adopt`), and a send whose answer is another request's
-(a key another deployment used first, replayed by the gateway) raises
+It is also where a payment the gateway shows, or answers again under a key, is taken for the
+request's own: a reconcile never adopts a payment that is not this request's
+(design: only the request's payment). One rule, :func:`differences`, compares amount,
+currency, reference and our key (where the gateway keeps it) with the stored request:
+reconcile answers ``Unknown`` naming what differed (:func:`adopt`), and a send whose answer
+is another request's (a key another deployment used first, replayed by the gateway) raises
 :class:`AnotherRequestsAnswerError` (:func:`refuse_another_requests_answer`).
 """
 
@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_seconds
+from celery_agboss.core.keys import fit_key
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
@@ -35,16 +36,9 @@ from celery_agboss.core.outbound import (
     ReconcileAnswer,
     Unknown,
 )
+from celery_agboss.core.protections import ADOPTS_ANY_PAYMENT, EVERY_ERROR_DEFINITE
 from celery_agboss.core.transitions import policy_of
 from celery_agboss.errors import MaskingPolicyError
-
-EVERY_ERROR_DEFINITE = sabotage.register("adapter-every-error-definite")
-"""Sabotage: every adapter calls every error definite (a timeout is resent as new)."""
-
-ADOPTS_ANY_PAYMENT = sabotage.register("adapter-adopts-any-payment")
-"""Sabotage (DESIGN §4): every adapter takes the payment it finds, or the answer a key
-replays, for the request's own, whatever its amount, currency, reference or key: an
-order is marked paid with another order's payment, and its customer is never charged."""
 
 DEFAULT_HTTP_TIMEOUT = 30.0
 DEFAULT_ATTEMPT_TIMEOUT = 120.0  # agboss_attempt_timeout's default
@@ -58,7 +52,7 @@ class GatewayAdapter(Protocol):
     through the adapter's own charge path; ``lookup`` answers what that key made, or
     None when the gateway shows nothing (raise when the gateway cannot be asked);
     ``reconcile`` is what the charge's reconcile answers about a request of ``amount``
-    made as ``send`` makes its own, under a key sent a moment ago (the ``OWN`` probe).
+    made as ``send`` makes its own, under a key sent a moment ago (design: OWN).
     """
 
     name: str
@@ -136,7 +130,7 @@ how much, which reconcile reads and compares."""
 def adapter_policy(
     card_data: Sequence[str], kept: Sequence[str], mask: Iterable[str]
 ) -> MaskingPolicy:
-    """The masking policy of an adapter's call (DESIGN §7): the card data its gateway's
+    """The masking policy of an adapter's call (design: masking): the card data its gateway's
     API can carry (``card_data``, the adapter's own), plus the paths the user adds with
     ``mask=``, never what reconcile reads (``kept``: a ``mask=`` path that would hide it
     is refused here, when the adapter is built)."""
@@ -145,6 +139,87 @@ def adapter_policy(
             f"mask= takes a list of field paths, not one str: mask=[{mask!r}]", policy="mask"
         )
     return MaskingPolicy(mask=[*card_data, *mask], keep_for_reconcile=kept)
+
+
+def adapter_policies(
+    card_data: Sequence[str], mask: Iterable[str], *, payment_kept: Sequence[str] = PAYMENT_KEPT
+) -> tuple[MaskingPolicy, MaskingPolicy]:
+    """The policies of an adapter's payments (charge, authorize: ``payment_kept``) and of
+    its actions on a payment (capture, refund, void: ``ACTION_KEPT``), from one ``mask=``
+    (read once: it may be an iterator; a str is left for :func:`adapter_policy` to refuse)."""
+    extra = tuple(mask) if not isinstance(mask, str) else mask
+    return (
+        adapter_policy(card_data, payment_kept, extra),
+        adapter_policy(card_data, ACTION_KEPT, extra),
+    )
+
+
+def result_id(result: Any) -> Any:
+    """A call's transaction id: its result's ``id``."""
+    return result["id"]
+
+
+@dataclass(frozen=True)
+class CallMaker:
+    """What an adapter's calls share, so each is named by its kind, send, reconcile and
+    policy only: ``<adapter>.<kind>``, the gateway's key retention (a call may keep its
+    own), the adapter's error verdict and its limit on a key's length."""
+
+    adapter: str
+    key_retention: timedelta
+    is_definite_failure: Callable[[BaseException], bool]
+    max_key_length: int | None
+    transaction_id: Callable[[Any], Any] = result_id
+
+    def __call__(
+        self,
+        kind: str,
+        send: Callable[[CallContext], Any],
+        reconcile: Callable[..., Any],
+        policy: MaskingPolicy,
+        key_retention: timedelta | None = None,
+    ) -> OutboundCall:
+        return OutboundCall(
+            name=f"{self.adapter}.{kind}",
+            send=send,
+            reconcile=reconcile,
+            key_retention=self.key_retention if key_retention is None else key_retention,
+            is_definite_failure=self.is_definite_failure,
+            max_key_length=self.max_key_length,
+            mask=policy,
+            transaction_id=self.transaction_id,
+        )
+
+
+class AdapterCalls:
+    """What every adapter has besides its five calls: ``calls``, and the checklist's
+    ``send`` and ``reconcile`` probes (:class:`GatewayAdapter`), both through its own
+    ``charge`` under the key as the core fits it. An adapter says what its test charge
+    is (``_checklist_request``)."""
+
+    charge: OutboundCall
+    authorize: OutboundCall
+    capture: OutboundCall
+    refund: OutboundCall
+    void: OutboundCall
+
+    @property
+    def calls(self) -> tuple[OutboundCall, ...]:
+        return (self.charge, self.authorize, self.capture, self.refund, self.void)
+
+    def _checklist_request(self, amount: int, key: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def send(self, amount: int, idempotency_key: str) -> Any:
+        """One test charge through ``charge``'s own send path."""
+        key = fit_key(idempotency_key, self.charge.max_key_length)
+        request = self._checklist_request(amount, key)
+        return self.charge.send(CallContext(key, request, 1, self.charge.name))
+
+    def reconcile(self, amount: int, idempotency_key: str) -> ReconcileAnswer:
+        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own."""
+        key = fit_key(idempotency_key, self.charge.max_key_length)
+        return reconcile_as_stored(self.charge, key, self._checklist_request(amount, key))
 
 
 # --- this request's payment, or another's ---------------------------------------------
@@ -277,14 +352,15 @@ def refuse_another_requests_answer(what: str, request: PaymentFacts, found: Paym
 
 __all__ = [
     "ACTION_KEPT",
-    "ADOPTS_ANY_PAYMENT",
     "DEFAULT_ATTEMPT_TIMEOUT",
     "DEFAULT_HTTP_TIMEOUT",
-    "EVERY_ERROR_DEFINITE",
     "PAYMENT_KEPT",
+    "AdapterCalls",
     "AnotherRequestsAnswerError",
+    "CallMaker",
     "GatewayAdapter",
     "PaymentFacts",
+    "adapter_policies",
     "adapter_policy",
     "adopt",
     "adopt_one_of",
@@ -295,4 +371,5 @@ __all__ = [
     "refuse_another_requests_answer",
     "request_facts",
     "require_sdk",
+    "result_id",
 ]

@@ -47,21 +47,20 @@ from paypalserversdk.models.refund_request import RefundRequest
 from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
 
 from celery_agboss.adapters.common import (
-    ACTION_KEPT,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
     PAYMENT_KEPT,
+    AdapterCalls,
+    CallMaker,
     PaymentFacts,
-    adapter_policy,
+    adapter_policies,
     adopt,
     definite_verdict,
-    reconcile_as_stored,
     refuse_another_requests_answer,
 )
 from celery_agboss.adapters.common import http_timeout_seconds as _http_timeout
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.keys import fit_key
-from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
     Completed,
@@ -252,7 +251,7 @@ def _payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     return dict(id=body["id"], status=body["status"], amount=amount, currency=currency, **extra)
 
 
-class PayPalAdapter:
+class PayPalAdapter(AdapterCalls):
     """PayPal's charge, authorize, capture, refund and void as ``OutboundCall`` objects.
 
     ``base_url`` points the SDK elsewhere (a sandbox proxy, the fake); None keeps the
@@ -283,53 +282,28 @@ class PayPalAdapter:
         self.client = PaypalServersdkClient(
             config=self._configuration(client_id, client_secret, base_url, environment)
         )
-        verdict = definite_verdict(is_definite_failure)
-        extra = tuple(mask) if not isinstance(mask, str) else mask
+        call = CallMaker(
+            name,
+            PAYMENTS_KEY_RETENTION,
+            definite_verdict(is_definite_failure),
+            MAX_REQUEST_ID_LENGTH,
+        )
         # An order's reconcile replays its create-order from the stored request: the
         # vaulted source (an id, not card data) is kept with what it compares.
-        orders = adapter_policy(CARD_DATA, (*PAYMENT_KEPT, "source", "source_kind"), extra)
-        payments = adapter_policy(CARD_DATA, ACTION_KEPT, extra)
-
-        def call(
-            what: str,
-            send: Any,
-            reconcile: Any,
-            policy: MaskingPolicy,
-            retention: timedelta = PAYMENTS_KEY_RETENTION,
-        ) -> OutboundCall:
-            return OutboundCall(
-                name=f"{name}.{what}",
-                send=send,
-                reconcile=reconcile,
-                key_retention=retention,
-                is_definite_failure=verdict,
-                max_key_length=MAX_REQUEST_ID_LENGTH,
-                mask=policy,
-                transaction_id=lambda result: result["id"],
-            )
-
-        charge, hold = partial(self._pay, capture=True), partial(self._pay, capture=False)
-        self.charge = call(
-            "charge",
-            charge,
-            partial(self._reconcile_order, capture=True),
-            orders,
-            ORDER_KEY_RETENTION,
+        orders, payments = adapter_policies(
+            CARD_DATA, mask, payment_kept=(*PAYMENT_KEPT, "source", "source_kind")
         )
-        self.authorize = call(
-            "authorize",
-            hold,
-            partial(self._reconcile_order, capture=False),
-            orders,
-            ORDER_KEY_RETENTION,
-        )
+
+        def order_call(kind: str, capture: bool) -> OutboundCall:
+            pay = partial(self._pay, capture=capture)
+            reconcile = partial(self._reconcile_order, capture=capture)
+            return call(kind, pay, reconcile, orders, ORDER_KEY_RETENTION)
+
+        self.charge = order_call("charge", capture=True)
+        self.authorize = order_call("authorize", capture=False)
         self.capture = call("capture", self._send_capture, self._reconcile_by_replay, payments)
         self.refund = call("refund", self._send_refund, self._reconcile_by_replay, payments)
         self.void = call("void", self._send_void, self._reconcile_void, payments)
-
-    @property
-    def calls(self) -> tuple[OutboundCall, ...]:
-        return (self.charge, self.authorize, self.capture, self.refund, self.void)
 
     def _configuration(
         self, client_id: str, client_secret: str, base_url: str | None, environment: Any
@@ -360,25 +334,14 @@ class PayPalAdapter:
 
     # --- the checklist's probes -------------------------------------------------------------
 
-    def _checklist_request(self, key: str, amount: int) -> dict[str, Any]:
+    def _checklist_request(self, amount: int, key: str) -> dict[str, Any]:
         return dict(amount=amount, currency="usd", reference=key, source=self.checklist_source)
-
-    def send(self, amount: int, idempotency_key: str) -> Any:
-        """One charge through ``charge``'s own send, the key fitted as the core fits it."""
-        key = fit_key(idempotency_key, MAX_REQUEST_ID_LENGTH)
-        context = CallContext(key, self._checklist_request(key, amount), 1, self.charge.name)
-        return self.charge.send(context)
-
-    def reconcile(self, amount: int, idempotency_key: str) -> Any:
-        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own."""
-        key = fit_key(idempotency_key, MAX_REQUEST_ID_LENGTH)
-        return reconcile_as_stored(self.charge, key, self._checklist_request(key, amount))
 
     def lookup(self, idempotency_key: str) -> Any:
         """What the key's charge made: the order replayed under its key and read back; None
         when it has no capture. A key never sent leaves an unpaid order behind (no money)."""
         key = fit_key(idempotency_key, MAX_REQUEST_ID_LENGTH)
-        order = self._find_order(_payment_request(self._checklist_request(key, 1)), key, True)
+        order = self._find_order(_payment_request(self._checklist_request(1, key)), key, True)
         return _order_result(order, True)
 
     # --- orders: charge and authorize -------------------------------------------------------

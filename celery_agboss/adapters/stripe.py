@@ -15,7 +15,7 @@ id, and its refunds listed and matched by the key in their metadata.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -27,27 +27,24 @@ require_sdk("stripe", pip_extra="stripe", gateway="Stripe")
 import stripe
 
 from celery_agboss.adapters.common import (
-    ACTION_KEPT,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
-    PAYMENT_KEPT,
+    AdapterCalls,
+    CallMaker,
     PaymentFacts,
-    adapter_policy,
+    adapter_policies,
     adopt,
     definite_verdict,
     http_timeout_seconds,
-    reconcile_as_stored,
     refuse_another_requests_answer,
     request_facts,
 )
 from celery_agboss.core.keys import fit_key
-from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.outbound import (
     CallContext,
     Completed,
     Lookup,
     NotSent,
-    OutboundCall,
     ReconcileAnswer,
     Unknown,
 )
@@ -255,7 +252,7 @@ def _resend_or_unknown(lookup: Lookup, why: str) -> NotSent | Unknown:
     return NotSent()
 
 
-class StripeAdapter:
+class StripeAdapter(AdapterCalls):
     """Stripe's money-moving calls as ``OutboundCall`` objects, over one ``StripeClient``.
 
     ``base_url`` points the SDK elsewhere (a fake, a proxy); None keeps the SDK's own
@@ -291,59 +288,29 @@ class StripeAdapter:
             max_network_retries=0,
             http_client=stripe.RequestsClient(timeout=self.http_timeout),
         )
-        verdict = definite_verdict(is_definite_stripe_failure)
-        extra = tuple(mask) if not isinstance(mask, str) else mask
-        payments = adapter_policy(CARD_DATA, PAYMENT_KEPT, extra)
-        actions = adapter_policy(CARD_DATA, ACTION_KEPT, extra)
-
-        def call(
-            kind: str,
-            send: Callable[[CallContext], Any],
-            reconcile: Callable[..., Any],
-            policy: MaskingPolicy,
-        ) -> OutboundCall:
-            return OutboundCall(
-                name=f"{name}.{kind}",
-                send=send,
-                reconcile=reconcile,
-                key_retention=KEY_RETENTION,
-                is_definite_failure=verdict,
-                max_key_length=MAX_KEY_LENGTH,
-                mask=policy,
-                transaction_id=_result_id,
-            )
-
+        call = CallMaker(
+            name,
+            KEY_RETENTION,
+            definite_verdict(is_definite_stripe_failure),
+            MAX_KEY_LENGTH,
+            transaction_id=_result_id,
+        )
+        payments, actions = adapter_policies(CARD_DATA, mask)
         self.charge = call("charge", self._send_charge, self._reconcile_payment, payments)
         self.authorize = call("authorize", self._send_authorize, self._reconcile_payment, payments)
         self.capture = call("capture", self._send_capture, self._reconcile_capture, actions)
         self.refund = call("refund", self._send_refund, self._reconcile_refund, actions)
         self.void = call("void", self._send_void, self._reconcile_void, actions)
 
-    @property
-    def calls(self) -> tuple[OutboundCall, ...]:
-        return (self.charge, self.authorize, self.capture, self.refund, self.void)
-
     # --- the checklist's probes ---------------------------------------------------------
 
-    @staticmethod
-    def _checklist_request(amount: int, key: str) -> dict[str, Any]:
+    def _checklist_request(self, amount: int, key: str) -> dict[str, Any]:
         return {
             "amount": amount,
             "currency": "usd",
             "reference": key,
             "source": TEST_PAYMENT_METHOD,
         }
-
-    def send(self, amount: int, idempotency_key: str) -> dict[str, Any]:
-        """One test-card charge through ``charge``'s own send path."""
-        key = fit_key(idempotency_key, MAX_KEY_LENGTH)
-        request = self._checklist_request(amount, key)
-        return self._send_charge(CallContext(key, request, 1, self.charge.name))
-
-    def reconcile(self, amount: int, idempotency_key: str) -> ReconcileAnswer:
-        """``charge``'s reconcile about a request of ``amount`` made as ``send`` makes its own."""
-        key = fit_key(idempotency_key, MAX_KEY_LENGTH)
-        return reconcile_as_stored(self.charge, key, self._checklist_request(amount, key))
 
     def lookup(self, idempotency_key: str) -> dict[str, Any] | None:
         """The PaymentIntent the key made (by metadata search, which lags), or None."""

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import Engine
 
-from celery_agboss.chaos.faults import FaultRunner
+from celery_agboss.chaos.fault_injector import FaultRunner
 from celery_agboss.chaos.options import (
     EXIT_COULD_NOT_RUN,
     EXIT_INTERRUPTED,
@@ -52,7 +52,7 @@ from celery_agboss.chaos.shop import (
 )
 from celery_agboss.chaos.supervisor import Supervisor
 from celery_agboss.chaos.verdict import WAITING, Execution, Verdict, settled, summarise
-from celery_agboss.settings import redact_url
+from celery_agboss.runtime.settings import redact_url
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.testing.gateway import FakeGateway

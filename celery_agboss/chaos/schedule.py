@@ -34,18 +34,7 @@ DEFAULT_KINDS: tuple[FaultKind, ...] = tuple(
 )
 """Every kind but ``freeze-worker``: a freeze landing between the lease check and the
 bytes leaving makes a late send that only the gateway's idempotency key absorbs
-(assumption A6), and the explorer's gateway deliberately does not deduplicate."""
-
-PROCESS_KINDS = frozenset(
-    {
-        FaultKind.KILL_CHILD,
-        FaultKind.KILL_CHILD_AFTER_CHARGE,
-        FaultKind.KILL_WORKER,
-        FaultKind.SIGTERM_WORKER,
-        FaultKind.FREEZE_CHILD_AFTER_CHARGE,
-        FaultKind.FREEZE_WORKER,
-    }
-)
+(design: A6), and the explorer's gateway deliberately does not deduplicate."""
 
 
 @dataclass(frozen=True)
@@ -113,4 +102,4 @@ def plan(
     return faults
 
 
-__all__ = ["DEFAULT_KINDS", "PROCESS_KINDS", "Fault", "FaultKind", "parse_kinds", "plan"]
+__all__ = ["DEFAULT_KINDS", "Fault", "FaultKind", "parse_kinds", "plan"]

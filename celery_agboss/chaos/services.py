@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_agboss.chaos.options import CouldNotRun
 from celery_agboss.chaos.shop import APP_MODULE, ShopConfig
-from celery_agboss.settings import redact_url
+from celery_agboss.runtime.settings import redact_url
 from celery_agboss.store.schema_executions import executions
 
 CONNECT_SECONDS = 5

@@ -1,12 +1,13 @@
-"""``celery -A proj agboss checklist --adapter module:object``: G1–G5 against a sandbox,
-and ``OWN`` (the adapter takes only its own payment) when the adapter has ``reconcile``.
+"""``celery -A proj agboss checklist --adapter module:object``: the gateway
+requirements against a sandbox (design: gateway requirements), and the adapter's own
+probe (design: OWN) when the adapter has ``reconcile``.
 
 What a gateway's docs promise and what the account behind your credentials does can
 differ (a retention set per account, a feature switched off), so a team probes its
 own adapter by hand before trusting it with money. The probes make real requests of a
 small amount under a key prefix of their own per run; point the adapter at a sandbox.
-Without the gateway's clock G3 is skipped: its evidence says which retention to check
-in the gateway's docs.
+Without the gateway's clock the retention probe is skipped (design: G3): its evidence says which
+retention to check in the gateway's docs.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def load_adapter(target: str) -> Any:
 def checklist(
     target: str, key_prefix: str | None, required_retention: float, amount: int, as_json: bool
 ) -> None:
-    """Probe an adapter for G1–G5 (and OWN) with real requests (exit 1 when one failed)."""
+    """Probe an adapter (design: gateway requirements, OWN) with real requests (exit 1 when one
+    failed)."""
     from celery_agboss.testing.checklist import gateway_checklist
 
     out = CommandOutput(as_json)

@@ -3,8 +3,10 @@ each refused with its reason when it could double a payment, each in the audit t
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,11 +16,43 @@ from celery_agboss.cli.group import (
     actor_option,
     agboss,
     json_command,
-    open_agboss,
+    open_runtime,
     reason_option,
 )
 from celery_agboss.cli.views import execution_view, intent_view
 from celery_agboss.core.executions import ExecutionState
+
+if TYPE_CHECKING:
+    from celery_agboss.app import AGBoss
+
+
+def _on_one_execution(
+    *options: Callable[[Any], Any], name: str | None = None
+) -> Callable[[Callable[..., None]], click.Command]:
+    """An operator's decision on one execution as a command: ``EXECUTION_ID``, the
+    command's own ``options``, then ``--reason``, ``--actor`` and ``--json``. The
+    decision is called inside the opened app, as ``decide(runtime, out, execution_id,
+    reason=..., actor=..., <its options>)``."""
+
+    def command(decide: Callable[..., None]) -> click.Command:
+        @functools.wraps(decide)
+        def run(ctx: click.Context, as_json: bool, **params: Any) -> None:
+            out = CommandOutput(as_json)
+            with open_runtime(ctx, out) as runtime:
+                decide(runtime, out, **params)
+
+        wrapped: Callable[..., Any] = click.pass_context(run)
+        for decorator in (
+            json_command,
+            actor_option,
+            reason_option,
+            *reversed(options),
+            click.argument("execution_id"),
+        ):
+            wrapped = decorator(wrapped)
+        return agboss.command(name=name)(wrapped)
+
+    return command
 
 
 @agboss.command()
@@ -78,8 +112,8 @@ def resolve(
                 f"--completed must be JSON ({exc}), for example "
                 '--completed \'{"id": "ch_123", "status": "succeeded"}\'',
             )
-    with open_agboss(ctx, out) as boss:
-        result = resolve_intent(boss, key, reason=reason, actor=actor, **kwargs)
+    with open_runtime(ctx, out) as runtime:
+        result = resolve_intent(runtime, key, reason=reason, actor=actor, **kwargs)
         execution = result.execution
         data = {
             "intent": intent_view(result.intent),
@@ -102,141 +136,107 @@ def resolve(
         out.emit(data, text)
 
 
-@agboss.command()
-@click.argument("execution_id")
-@reason_option
-@actor_option
-@json_command
-@click.pass_context
+@_on_one_execution()
 def unpark(
-    ctx: click.Context, execution_id: str, reason: str, actor: str | None, as_json: bool
+    runtime: AGBoss, out: CommandOutput, execution_id: str, reason: str, actor: str | None
 ) -> None:
     """Give a PARKED execution (recovery cap reached) another go."""
     from celery_agboss.operator import unpark as unpark_execution
 
-    out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        result = unpark_execution(boss, execution_id, reason, actor=actor)
-        out.emit(
-            {"execution": execution_view(result.execution), "republished": result.republished},
-            f"Unparked {execution_id}: {result.execution.state.value}"
-            + ("; its message was published again." if result.republished else "."),
-        )
+    result = unpark_execution(runtime, execution_id, reason, actor=actor)
+    out.emit(
+        {"execution": execution_view(result.execution), "republished": result.republished},
+        f"Unparked {execution_id}: {result.execution.state.value}"
+        + ("; its message was published again." if result.republished else "."),
+    )
 
 
-@agboss.command()
-@click.argument("execution_id")
-@click.option(
-    "--payments-handled",
-    is_flag=True,
-    help="Confirm the cancel of an execution whose payment completed (after "
-    "refunding it at the gateway, or deciding to keep it).",
+@_on_one_execution(
+    click.option(
+        "--payments-handled",
+        is_flag=True,
+        help="Confirm the cancel of an execution whose payment completed (after "
+        "refunding it at the gateway, or deciding to keep it).",
+    )
 )
-@reason_option
-@actor_option
-@json_command
-@click.pass_context
 def cancel(
-    ctx: click.Context,
+    runtime: AGBoss,
+    out: CommandOutput,
     execution_id: str,
     payments_handled: bool,
     reason: str,
     actor: str | None,
-    as_json: bool,
 ) -> None:
     """Cancel an execution that is not running; refused while a payment may be in flight."""
     from celery_agboss.operator import cancel as cancel_execution
 
-    out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        record = cancel_execution(
-            boss, execution_id, reason, actor=actor, payments_handled=payments_handled
+    record = cancel_execution(
+        runtime, execution_id, reason, actor=actor, payments_handled=payments_handled
+    )
+    if record.state is ExecutionState.CANCELLED:
+        text = f"Cancelled {execution_id}: it will never run."
+    elif record.state is ExecutionState.WAITING_OPERATOR:
+        text = (
+            f"{execution_id} completed a payment, so it is not cancelled silently: it "
+            "waits for you. Refund the payment at the gateway if it must go, then "
+            f"`celery -A proj agboss cancel {execution_id} --payments-handled "
+            "--reason TEXT`."
         )
-        if record.state is ExecutionState.CANCELLED:
-            text = f"Cancelled {execution_id}: it will never run."
-        elif record.state is ExecutionState.WAITING_OPERATOR:
-            text = (
-                f"{execution_id} completed a payment, so it is not cancelled silently: it "
-                "waits for you. Refund the payment at the gateway if it must go, then "
-                f"`celery -A proj agboss cancel {execution_id} --payments-handled "
-                "--reason TEXT`."
-            )
-        else:
-            text = (
-                f"Cancel requested for {execution_id} ({record.state.value}); the sweep "
-                "cancels it once nothing is pending."
-            )
-        out.emit({"execution": execution_view(record)}, text)
+    else:
+        text = (
+            f"Cancel requested for {execution_id} ({record.state.value}); the sweep "
+            "cancels it once nothing is pending."
+        )
+    out.emit({"execution": execution_view(record)}, text)
 
 
-@agboss.command()
-@click.argument("execution_id")
-@reason_option
-@actor_option
-@json_command
-@click.pass_context
+@_on_one_execution()
 def accept(
-    ctx: click.Context, execution_id: str, reason: str, actor: str | None, as_json: bool
+    runtime: AGBoss, out: CommandOutput, execution_id: str, reason: str, actor: str | None
 ) -> None:
     """Accept a divergence: COMPLETED with the result the re-run's body returned."""
     from celery_agboss.operator import accept as accept_divergence
 
-    out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        accept_divergence(boss, execution_id, reason, actor=actor)
-        record = boss.executions.read_execution(execution_id)
-        assert record is not None
-        out.emit(
-            {"execution": execution_view(record)},
-            f"Accepted {execution_id}: COMPLETED; published again to hand its result on.",
-        )
+    accept_divergence(runtime, execution_id, reason, actor=actor)
+    record = runtime.executions.read_execution(execution_id)
+    assert record is not None
+    out.emit(
+        {"execution": execution_view(record)},
+        f"Accepted {execution_id}: COMPLETED; published again to hand its result on.",
+    )
 
 
-@agboss.command()
-@click.argument("execution_id")
-@reason_option
-@actor_option
-@json_command
-@click.pass_context
+@_on_one_execution()
 def redrive(
-    ctx: click.Context, execution_id: str, reason: str, actor: str | None, as_json: bool
+    runtime: AGBoss, out: CommandOutput, execution_id: str, reason: str, actor: str | None
 ) -> None:
     """Send on an execution waiting for an operator once nothing is left to decide."""
     from celery_agboss.operator import redrive as redrive_execution
 
-    out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        republished = redrive_execution(boss, execution_id, reason, actor=actor)
-        record = boss.executions.read_execution(execution_id)
-        assert record is not None
-        text = (
-            f"Re-drove {execution_id}: published again."
-            if republished
-            else f"{execution_id} is WAITING again; the sweep publishes it."
-        )
-        out.emit({"execution": execution_view(record), "republished": republished}, text)
+    republished = redrive_execution(runtime, execution_id, reason, actor=actor)
+    record = runtime.executions.read_execution(execution_id)
+    assert record is not None
+    text = (
+        f"Re-drove {execution_id}: published again."
+        if republished
+        else f"{execution_id} is WAITING again; the sweep publishes it."
+    )
+    out.emit({"execution": execution_view(record), "republished": republished}, text)
 
 
-@agboss.command("payments-handled")
-@click.argument("execution_id")
-@reason_option
-@actor_option
-@json_command
-@click.pass_context
+@_on_one_execution(name="payments-handled")
 def payments_handled(
-    ctx: click.Context, execution_id: str, reason: str, actor: str | None, as_json: bool
+    runtime: AGBoss, out: CommandOutput, execution_id: str, reason: str, actor: str | None
 ) -> None:
     """Say the payment a FAILED or CANCELLED execution left behind is dealt with."""
     from celery_agboss.operator import payments_handled as mark_handled
 
-    out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        record = mark_handled(boss, execution_id, reason, actor=actor)
-        out.emit(
-            {"execution": execution_view(record)},
-            f"{execution_id} ({record.state.value}): its payments are marked handled; "
-            "`agboss pending` no longer lists it.",
-        )
+    record = mark_handled(runtime, execution_id, reason, actor=actor)
+    out.emit(
+        {"execution": execution_view(record)},
+        f"{execution_id} ({record.state.value}): its payments are marked handled; "
+        "`agboss pending` no longer lists it.",
+    )
 
 
 __all__ = ["accept", "cancel", "payments_handled", "redrive", "resolve", "unpark"]

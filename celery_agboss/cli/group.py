@@ -108,16 +108,17 @@ def _celery_app(ctx: click.Context) -> Any:
 
 
 @contextmanager
-def open_agboss(ctx: click.Context, out: CommandOutput) -> Iterator[AGBoss]:
-    """The app's AGBoss, its store closed after the command; configuration and store
-    trouble become exit code 4 with the message that says what to set."""
+def open_runtime(ctx: click.Context, out: CommandOutput) -> Iterator[AGBoss]:
+    """The app's runtime (its ``AGBoss``), its store closed after the command;
+    configuration and store trouble become exit code 4 with the message that says
+    what to set."""
     from celery_agboss.app import AGBoss
 
-    agboss: AGBoss | None = None
+    runtime: AGBoss | None = None
     try:
-        agboss = AGBoss.of(_celery_app(ctx))
-        agboss.settings  # noqa: B018 - refuses a wrong configuration now, with its reason
-        yield agboss
+        runtime = AGBoss.of(_celery_app(ctx))
+        runtime.settings  # noqa: B018 - refuses a wrong configuration now, with its reason
+        yield runtime
     except OperatorRefusedError as exc:
         code = getattr(exc, "code", "refused")
         out.fail(EXIT_NOT_FOUND if code == "not-found" else EXIT_REFUSED, code, str(exc))
@@ -132,8 +133,8 @@ def open_agboss(ctx: click.Context, out: CommandOutput) -> Iterator[AGBoss]:
             "agboss migrate` was run",
         )
     finally:
-        if agboss is not None:
-            agboss.close()
+        if runtime is not None:
+            runtime.close()
 
 
 def json_command(fn: F) -> F:
@@ -162,6 +163,6 @@ __all__ = [
     "app_command",
     "json_command",
     "named_for_this_app",
-    "open_agboss",
+    "open_runtime",
     "reason_option",
 ]

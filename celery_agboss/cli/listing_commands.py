@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import click
 
-from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_agboss
+from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_runtime
 from celery_agboss.cli.views import (
     RESOLVE_HINT,
     age,
@@ -19,6 +22,10 @@ from celery_agboss.cli.views import (
     waits_for_operator,
 )
 from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.store_protocol import IntentRecord
+
+if TYPE_CHECKING:
+    from celery_agboss.operator.reading import OperatorWait, PaymentLeftBehind, SharedWait
 
 
 @agboss.command()
@@ -37,65 +44,12 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
     )
 
     out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        intents = list_pending(boss, operator_only=operator_only, limit=limit)
+    with open_runtime(ctx, out) as runtime:
+        intents = list_pending(runtime, operator_only=operator_only, limit=limit)
         flagged = sum(1 for i in intents if waits_for_operator(i))
-        waits = list_waits(boss, limit=limit)
-        shared = list_shared_waits(boss, limit=limit)
-        left = list_failed_after_payment(boss, limit=limit)
-
-        def text() -> str:
-            parts = []
-            if intents:
-                rows = [
-                    [
-                        i.idempotency_key,
-                        i.execution_id,
-                        i.name,
-                        str(i.attempt),
-                        age(i.read_at_ms, i.first_attempt_at_ms),
-                        intent_state(i),
-                    ]
-                    for i in intents
-                ]
-                head = (
-                    f"{len(intents)} outbound call(s) not settled, "
-                    f"{flagged} waiting for an operator:"
-                )
-                hint = RESOLVE_HINT if flagged else ""
-                listing = table(["KEY", "EXECUTION", "CALL", "ATTEMPT", "AGE", "STATE"], rows)
-                parts.append(f"{head}\n{listing}{hint}")
-            else:
-                parts.append("Nothing pending: every outbound call is settled.")
-            if waits:
-                rows = [
-                    [w.execution.id, w.execution.task_name, w.execution.reason or "", w.ends_with]
-                    for w in waits
-                ]
-                parts.append(
-                    f"{len(waits)} execution(s) waiting for an operator:\n"
-                    + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows)
-                )
-            if left:
-                rows = [
-                    [p.execution.id, p.execution.state.value, ", ".join(p.intents), p.ends_with]
-                    for p in left
-                ]
-                parts.append(
-                    f"{len(left)} execution(s) failed after a payment (the customer is "
-                    "charged):\n" + table(["EXECUTION", "STATE", "PAYMENTS", "ENDS WITH"], rows)
-                )
-            if shared:
-                rows = [
-                    [w.execution.id, w.execution.state.value, w.other, w.execution.reason or ""]
-                    for w in shared
-                ]
-                parts.append(
-                    f"{len(shared)} execution(s) waiting for another execution that shares a "
-                    "payment with them (nothing to do: each goes on when the other ends):\n"
-                    + table(["EXECUTION", "STATE", "WAITS FOR", "WHY"], rows)
-                )
-            return "\n\n".join(parts)
+        waits = list_waits(runtime, limit=limit)
+        shared = list_shared_waits(runtime, limit=limit)
+        left = list_failed_after_payment(runtime, limit=limit)
 
         out.emit(
             {
@@ -113,8 +67,67 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
                     {**execution_view(w.execution), "waits_for": w.other} for w in shared
                 ],
             },
-            text,
+            lambda: _pending_text(intents, flagged, waits, left, shared),
         )
+
+
+def _pending_text(
+    intents: Sequence[IntentRecord],
+    flagged: int,
+    waits: Sequence[OperatorWait],
+    left: Sequence[PaymentLeftBehind],
+    shared: Sequence[SharedWait],
+) -> str:
+    """``agboss pending`` as tables: unsettled calls, operator waits, payments left
+    behind by a failed execution, and waits on another execution."""
+    parts = []
+    if intents:
+        rows = [
+            [
+                i.idempotency_key,
+                i.execution_id,
+                i.name,
+                str(i.attempt),
+                age(i.read_at_ms, i.first_attempt_at_ms),
+                intent_state(i),
+            ]
+            for i in intents
+        ]
+        head = f"{len(intents)} outbound call(s) not settled, {flagged} waiting for an operator:"
+        hint = RESOLVE_HINT if flagged else ""
+        listing = table(["KEY", "EXECUTION", "CALL", "ATTEMPT", "AGE", "STATE"], rows)
+        parts.append(f"{head}\n{listing}{hint}")
+    else:
+        parts.append("Nothing pending: every outbound call is settled.")
+    if waits:
+        rows = [
+            [w.execution.id, w.execution.task_name, w.execution.reason or "", w.ends_with]
+            for w in waits
+        ]
+        parts.append(
+            f"{len(waits)} execution(s) waiting for an operator:\n"
+            + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows)
+        )
+    if left:
+        rows = [
+            [p.execution.id, p.execution.state.value, ", ".join(p.intents), p.ends_with]
+            for p in left
+        ]
+        parts.append(
+            f"{len(left)} execution(s) failed after a payment (the customer is "
+            "charged):\n" + table(["EXECUTION", "STATE", "PAYMENTS", "ENDS WITH"], rows)
+        )
+    if shared:
+        rows = [
+            [w.execution.id, w.execution.state.value, w.other, w.execution.reason or ""]
+            for w in shared
+        ]
+        parts.append(
+            f"{len(shared)} execution(s) waiting for another execution that shares a "
+            "payment with them (nothing to do: each goes on when the other ends):\n"
+            + table(["EXECUTION", "STATE", "WAITS FOR", "WHY"], rows)
+        )
+    return "\n\n".join(parts)
 
 
 @agboss.command()
@@ -126,8 +139,8 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
     from celery_agboss.operator import describe
 
     out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        found = describe(boss, key)
+    with open_runtime(ctx, out) as runtime:
+        found = describe(runtime, key)
         data = {
             "execution": None if found.execution is None else execution_view(found.execution),
             "lease": lease_view(found.lease),
@@ -170,9 +183,9 @@ def executions(
     from celery_agboss.operator import list_executions
 
     out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
+    with open_runtime(ctx, out) as runtime:
         chosen = [ExecutionState(s.upper()) for s in states]
-        records = list_executions(boss, states=chosen or None, limit=limit, after_id=after_id)
+        records = list_executions(runtime, states=chosen or None, limit=limit, after_id=after_id)
 
         def text() -> str:
             if not records:
@@ -204,8 +217,8 @@ def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
     from celery_agboss.operator import list_pauses
 
     out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        found = list_pauses(boss, limit=limit)
+    with open_runtime(ctx, out) as runtime:
+        found = list_pauses(runtime, limit=limit)
 
         def text() -> str:
             if not found:

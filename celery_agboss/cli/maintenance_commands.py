@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_agboss
+from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_runtime
 from celery_agboss.cli.views import report_data, report_text
 
 if TYPE_CHECKING:
@@ -30,12 +30,12 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
     from celery_agboss.store.migrate import migrate as run_migrations
 
     out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        settings = boss.settings
+    with open_runtime(ctx, out) as runtime:
+        settings = runtime.settings
         run_migrations(settings.database_url)
         revision = current_revision(settings.database_url)
         url = settings.redacted_database_url()
-        deployment_id = read_store_tenant(boss.store)
+        deployment_id = read_store_tenant(runtime.store)
         used = "" if settings.tenant is None else f"; agboss_tenant {settings.tenant!r} is used"
         out.emit(
             {
@@ -81,15 +81,15 @@ def sweep(
 
     out = CommandOutput(as_json)
     batch = batch_size or DEFAULT_BATCH_SIZE
-    with open_agboss(ctx, out) as boss:
+    with open_runtime(ctx, out) as runtime:
         if not loop:
-            report = run_sweep(boss, batch_size=batch)
+            report = run_sweep(runtime, batch_size=batch)
             out.emit(report_data(report), report_text(report))
             return
         stop = threading.Event()
         with _stop_on_signals(stop):
             run_sweep_loop(
-                boss,
+                runtime,
                 interval_seconds=interval,
                 batch_size=batch,
                 max_runs=max_runs,

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_agboss
+from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_runtime
 
 
 @agboss.command()
@@ -36,14 +36,14 @@ def metrics(ctx: click.Context, directory: str | None, as_json: bool) -> None:
     )
 
     out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
-        chosen = directory if directory is not None else configured_directory(boss)
+    with open_runtime(ctx, out) as runtime:
+        chosen = directory if directory is not None else configured_directory(runtime)
         if not as_json:
-            click.echo(exposition(boss, directory=chosen).decode("utf-8"), nl=False)
+            click.echo(exposition(runtime, directory=chosen).decode("utf-8"), nl=False)
             return
         samples: list[dict[str, Any]] = [
             {"name": sample.name, "labels": dict(sample.labels), "value": sample.value}
-            for family in build_registry(boss, chosen).collect()
+            for family in build_registry(runtime, chosen).collect()
             for sample in family.samples
         ]
         out.emit({"directory": chosen, "samples": samples}, "")

@@ -19,7 +19,7 @@ from celery_agboss.cli.group import (
     actor_option,
     agboss,
     json_command,
-    open_agboss,
+    open_runtime,
 )
 from celery_agboss.errors import NotPausedError
 
@@ -45,10 +45,10 @@ def answer_pause(
     from celery_agboss.operator.common import default_actor
 
     out = CommandOutput(as_json)
-    with open_agboss(ctx, out) as boss:
+    with open_runtime(ctx, out) as runtime:
         try:
             republished = answer_it(
-                boss, pause_id, _parse_answer(answer), actor=actor or default_actor()
+                runtime, pause_id, _parse_answer(answer), actor=actor or default_actor()
             )
         except NotPausedError as exc:
             if getattr(exc, "found", True):

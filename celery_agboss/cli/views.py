@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core.executions import ExecutionRecord
-from celery_agboss.core.store import HistoryRow, IntentRecord, IntentStatus, LeaseState
+from celery_agboss.core.store_protocol import HistoryRow, IntentRecord, IntentStatus, LeaseState
 
 if TYPE_CHECKING:
     from celery_agboss.operator import Description

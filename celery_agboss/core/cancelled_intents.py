@@ -14,7 +14,7 @@ import enum
 
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     IntentGuard,
     IntentRecord,
     IntentStatus,
@@ -52,39 +52,38 @@ def settle_not_sent_for_cancel(
     guarded by ``guard``, with its history row; ``by`` names the caller there and
     ``actor`` the lease it acts under (None: the sweep, which holds none), and
     ``execution_id`` the execution whose delivery acts (None: the sweep)."""
-    key = intent.idempotency_key
     call = settings.call_named(intent.name)
     if call is None or not call.lookup_proves_absence:
-        flagged = transition(
-            tx,
-            settings.pseudonym_key,
-            key,
-            guard,
-            IntentUpdate(needs_operator=True, operator_reason=OPERATOR_REASON),
+        update = IntentUpdate(needs_operator=True, operator_reason=OPERATOR_REASON)
+        event, to_status, ended = (
             HistoryEvent.UNRECONCILED,
-            from_status=IntentStatus.PENDING,
-            to_status=IntentStatus.PENDING,
-            attempt=intent.attempt,
-            owner=actor,
-            detail={"by": by, "why": "cancel requested; absence not proven"},
-            execution_id=execution_id,
+            IntentStatus.PENDING,
+            CancelledIntent.FLAGGED,
         )
-        return CancelledIntent.FLAGGED if flagged else CancelledIntent.LOST
-    failed = transition(
+        why = "cancel requested; absence not proven"
+    else:
+        update = IntentUpdate(status=IntentStatus.FAILED, owner=None, clear_next_lookup=True)
+        event, to_status, ended = (
+            HistoryEvent.NOT_SENT_PROVEN,
+            IntentStatus.FAILED,
+            CancelledIntent.FAILED,
+        )
+        why = "cancel requested; reconcile proved not sent"
+    won = transition(
         tx,
         settings.pseudonym_key,
-        key,
+        intent.idempotency_key,
         guard,
-        IntentUpdate(status=IntentStatus.FAILED, owner=None, clear_next_lookup=True),
-        HistoryEvent.NOT_SENT_PROVEN,
+        update,
+        event,
         from_status=IntentStatus.PENDING,
-        to_status=IntentStatus.FAILED,
+        to_status=to_status,
         attempt=intent.attempt,
         owner=actor,
-        detail={"by": by, "why": "cancel requested; reconcile proved not sent"},
+        detail={"by": by, "why": why},
         execution_id=execution_id,
     )
-    return CancelledIntent.FAILED if failed else CancelledIntent.LOST
+    return ended if won else CancelledIntent.LOST
 
 
 __all__ = ["OPERATOR_REASON", "CancelledIntent", "settle_not_sent_for_cancel"]

@@ -15,7 +15,7 @@ after a completed payment, the undos run in reverse order, each under its own ke
 - calls and effects inside an undo default their business key to that key, so a
   refund made there is one intent whatever delivery makes it: an undo that crashed
   after its refund and before its mark replays the refund, it does not send it again
-  (PS10). Between the refund's effect and the mark, the undo function runs again: only
+  (design: PS10). Between the refund's effect and the mark, the undo function runs again: only
   what it does through ``outbound()`` or ``fenced_effect()`` is exactly once;
 - a mark that compensation started (``agboss.compensating``) keeps the original
   failure, so a delivery after a crash continues the undo, never the body.
@@ -24,7 +24,7 @@ A business-keyed step is one step for every execution that names its key: its un
 runs once, by whichever execution undoes it first.
 
 Every read and write that starts an undo is fenced: a holder superseded mid-body whose
-body then raises (a zombie woken after the take-over completed) runs none (P5).
+body then raises (a zombie woken after the take-over completed) runs none (design: P5).
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ from celery_agboss.core.log_events import (
     log_event,
 )
 from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.protections import (
+    FENCED_HOLDER_STARTS_UNDO,
+    ONE_UNDO_PER_STEP,
+    UNDO_NOT_MARKED_DONE,
+)
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome
 from celery_agboss.core.shared_steps import (
     decide_step,
@@ -52,7 +57,7 @@ from celery_agboss.core.shared_steps import (
     mark_compensated,
     step_notes,
 )
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
     EffectRecord,
@@ -61,15 +66,12 @@ from celery_agboss.core.store import (
     StoreTransaction,
 )
 from celery_agboss.core.undo_steps import (
-    FENCED_HOLDER_STARTS_UNDO,
     StepTrail,
     UndoDeclaration,
     UndoFunction,
     UndoRegistry,
     check_undo_name,
     compensation_key,
-    effect_step,
-    outbound_step,
     run_task_undos_with,
     task_undo_runner,
     trail_of,
@@ -91,14 +93,6 @@ STARTED_RECORD = "agboss.compensating"
 FAILURE = "failure"
 CANCEL = "cancel"
 """Why compensation started: the body failed for real, or a cancel came after a payment."""
-
-ONE_UNDO_PER_STEP = sabotage.register("one-undo-per-step")
-"""Sabotage: a second ``undo_with`` after one step is taken for the first (kept once), so
-only the first declared undo runs: the hold is released, the charge never refunded."""
-
-UNDO_NOT_MARKED_DONE = sabotage.register("undo-not-marked-done")
-"""Sabotage (PS10): an undo's done mark is neither written nor read, so every delivery of
-a compensating execution runs every undo again, one already done included."""
 
 TASK_PARTS = ("task", "args", "kwargs", "options")
 """What an undo declared as a Celery signature keeps of it (``UndoDeclaration.task``)."""
@@ -184,13 +178,14 @@ def declare_undo(
     if isinstance(ctx, UndoContext):
         raise ConfigurationError("an undo cannot declare an undo of its own", undo=undo)
     trail = trail_of(ctx)
-    step = trail.last_step
-    if step is None:
+    last = ctx.last_step
+    if last is None:
         raise ConfigurationError(
             "undo_with() declares the undo of the step that just returned: call it right "
             "after the outbound() or fenced_effect() it undoes",
             undo=undo,
         )
+    step = last.key
     values = dict(arguments)
     try:
         ensure_json(values if parts is None else parts)
@@ -204,11 +199,10 @@ def declare_undo(
             if declaration.step_key == step and declaration.n == n:
                 trail.declared = max(trail.declared, len(known))
                 return declaration
-        kind = trail.last_kind
+        kind = last.kind
         declaration = UndoDeclaration(len(known) + 1, step, undo, values, parts, n, kind)
         stored: dict[str, Any] = {"step": step, "undo": undo, "arguments": values, "n": n}
-        if kind is not None:
-            stored["kind"] = kind
+        stored["kind"] = kind
         if parts is not None:
             stored["task"] = parts
         tx.insert_effect(
@@ -430,11 +424,8 @@ __all__ = [
     "CANCEL",
     "DONE_RECORD",
     "FAILURE",
-    "FENCED_HOLDER_STARTS_UNDO",
-    "ONE_UNDO_PER_STEP",
     "STARTED_RECORD",
     "TASK_PARTS",
-    "UNDO_NOT_MARKED_DONE",
     "UNDO_RECORD",
     "CompensationStarted",
     "StepTrail",
@@ -447,10 +438,8 @@ __all__ = [
     "decide_step",
     "declaration_key",
     "declare_undo",
-    "effect_step",
     "intents_made_by_undos",
     "mark_started_in",
-    "outbound_step",
     "read_declarations",
     "read_started",
     "run_task_undos_with",

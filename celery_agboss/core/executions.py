@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from celery_agboss.core.store import FencedTransaction, LeaseGrant, LeaseRef
+from celery_agboss.core.store_protocol import FencedTransaction, LeaseGrant, LeaseRef
 
 
 class ExecutionState(str, enum.Enum):
@@ -85,9 +85,48 @@ created that completed or may have: the body took another path, so it waits for 
 operator, who refunds what must go and accepts the result
 (``celery -A proj agboss accept ID``), or cancels it."""
 
-PERSON_DECIDES = (CANCELLED_AFTER_PAYMENT, DIVERGENCE)
-"""Reasons of ``WAITING_OPERATOR`` executions that settling an intent never ends: only an
-operator's decision does (``agboss cancel --payments-handled``, ``agboss accept``)."""
+
+class WaitKind(enum.Enum):
+    """What an execution's reason says it waits for, read in one place so that the
+    operator's listing and its verbs never disagree about which command ends a wait."""
+
+    CANCELLED_AFTER_PAYMENT = "cancelled-after-payment"  # a person: cancel --payments-handled
+    DIVERGENCE = "divergence"  # a person: accept, or cancel --payments-handled
+    SHARED = "shared"  # another execution (a cancel or an undo waits): ends by itself
+    OTHER = "other"  # none of these: intents to resolve, or nothing left (redrive)
+
+    @property
+    def a_person_decides(self) -> bool:
+        """Settling an intent never ends it: only an operator's decision does (``agboss
+        cancel --payments-handled``, ``agboss accept``)."""
+        return self in (WaitKind.CANCELLED_AFTER_PAYMENT, WaitKind.DIVERGENCE)
+
+
+def wait_kind(reason: str | None) -> WaitKind:
+    """The kind of wait ``reason`` (an execution's ``reason``) names, by its prefix."""
+    text = reason or ""
+    if text.startswith(CANCELLED_AFTER_PAYMENT):
+        return WaitKind.CANCELLED_AFTER_PAYMENT
+    if text.startswith(DIVERGENCE):
+        return WaitKind.DIVERGENCE
+    if text.startswith((CANCEL_WAITS, UNDO_WAITS)):
+        return WaitKind.SHARED
+    return WaitKind.OTHER
+
+
+def shared_wait_reason(waits: str, other: str, why: str) -> str:
+    """The reason of an execution that waits for ``other`` on a shared record (``waits``:
+    ``CANCEL_WAITS`` or ``UNDO_WAITS``), written so that ``waited_for`` reads it back."""
+    return f"{waits}: execution {other} {why}"
+
+
+def waited_for(reason: str | None) -> str | None:
+    """The execution a shared wait's reason names (``shared_wait_reason``), else None."""
+    if wait_kind(reason) is not WaitKind.SHARED:
+        return None
+    rest = (reason or "").split(": execution ", 1)
+    return rest[1].split(" ", 1)[0] if len(rest) == 2 else None
+
 
 CANCELLABLE_STATES = frozenset(
     {
@@ -101,12 +140,6 @@ CANCELLABLE_STATES = frozenset(
 )
 """States a cancel request ends (once no lease is live and nothing is pending).
 ``COMPENSATING`` is not one: an undo that started runs to its end."""
-
-
-FAILED_AFTER_PAYMENT = "failed after a payment"
-"""How ``agboss pending`` names a ``FAILED`` or ``CANCELLED`` execution that left a
-completed payment behind (one it sent or relies on, neither undone nor kept for another
-execution), until an operator says it is dealt with (``agboss payments-handled``)."""
 
 
 @dataclass(frozen=True)

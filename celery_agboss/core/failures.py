@@ -1,6 +1,6 @@
 """A definite failure as the store keeps it, and the same exception raised again.
 
-A re-run replays what earlier deliveries recorded (DESIGN §4): a decline the body went
+A re-run replays what earlier deliveries recorded (design: failure replay): a decline the body went
 past (it caught it and charged a backup card) must be raised again on the next
 delivery, never sent again. So the failure is kept with its intent: its type, its text
 masked by the call's policy, and its arguments (their texts masked). It is rebuilt
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_agboss.core.canonical import ensure_json
-from celery_agboss.core.store import JSON
+from celery_agboss.core.store_protocol import JSON
 
 
 def type_name(cls: type[Any]) -> str:

@@ -1,4 +1,4 @@
-"""Fenced effects (P2): a write to the store's own database, committed at most once per key,
+"""Fenced effects (design: P2): a write to the store's own database, committed at most once per key,
 in the same transaction that checks the lease.
 
 The order is record-and-replay inside one fenced transaction: look the key up; a
@@ -21,22 +21,20 @@ from typing import Any, Protocol
 from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
 from celery_agboss.core.engine_settings import EngineSettings
-from celery_agboss.core.keys import (
-    business_key,
-    business_key_handle,
-    fingerprint,
-    step_key,
-    validate_business_key,
-)
+from celery_agboss.core.keys import business_key_handle, fingerprint
 from celery_agboss.core.log_events import (
     FENCED_EFFECT_APPLIED,
     FENCED_EFFECT_REPLAYED,
     OUTBOUND_CALL_COMPENSATED,
     log_event,
 )
-from celery_agboss.core.protections import FENCED_EFFECT_NOT_REPLAYED, RECORD_USE_NOT_NOTED
-from celery_agboss.core.shared_records import REPLAY_AFTER_UNDO
-from celery_agboss.core.store import (
+from celery_agboss.core.protections import (
+    FENCED_EFFECT_NOT_REPLAYED,
+    RECORD_USE_NOT_NOTED,
+    REPLAY_AFTER_UNDO,
+)
+from celery_agboss.core.step_identity import Step
+from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     EffectRecord,
     FencedTransaction,
@@ -64,25 +62,13 @@ class EffectHolder(Protocol):
     @property
     def lease_ref(self) -> LeaseRef: ...
 
-    def fenced(self) -> AbstractContextManager[FencedTransaction]: ...
+    def fenced(self) -> AbstractContextManager[FencedTransaction]:
+        """A fenced transaction under this holder's lease (refused once the lease is lost)."""
 
     def check_cancel(self, tx: FencedTransaction) -> None:
-        """Raise ``CancelRequestedError`` when the execution's cancel was recorded."""
-
-
-def effect_key(
-    settings: EngineSettings,
-    execution_id: str,
-    name: str,
-    business_key_text: str | None,
-    occurrence: int,
-) -> str:
-    """The same grammar as outbound calls, with the effect's name (core/keys.py)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a fenced effect needs a non-empty name, not {name!r}")
-    if business_key_text is not None:
-        return business_key(settings.tenant, validate_business_key(business_key_text), name)
-    return step_key(settings.tenant, execution_id, name, occurrence)
+        """Raise ``CancelRequestedError`` when a cancel of the execution was recorded, read
+        in ``tx`` — the transaction that would authorise a send or a write — so a cancel
+        recorded before it commits is never followed by that send (design: cancel request)."""
 
 
 class _LostInsert(Exception):
@@ -90,18 +76,12 @@ class _LostInsert(Exception):
 
 
 def run_fenced_effect(
-    holder: EffectHolder,
-    name: str,
-    fn: Callable[[Any], Any],
-    *,
-    business_key_text: str | None = None,
-    request: Any = None,
-    occurrence: int = 1,
+    holder: EffectHolder, step: Step, fn: Callable[[Any], Any], *, request: Any = None
 ) -> Any:
     """Replay the recorded result, or run ``fn(conn)`` and record its result, in one fenced
-    transaction."""
+    transaction, under the key of ``step`` (the delivery decided it: ``step_identity``)."""
     settings = holder.settings
-    key = effect_key(settings, holder.execution_id, name, business_key_text, occurrence)
+    name, key, business_key_text = step.name, step.key, step.business_key_text
     wanted = None if request is None else fingerprint(settings.pseudonym_key, request)
     log_ref = _log_ref(settings, holder.execution_id, name, key, business_key_text)
     shared = business_key_text is not None
@@ -115,7 +95,7 @@ def run_fenced_effect(
                     if sabotage.active(RECORD_USE_NOT_NOTED):
                         return replayed
                     if record.execution_id != holder.execution_id:
-                        # Kept while this execution lives (DESIGN §6.3).
+                        # Kept while this execution lives (design: retention).
                         tx.record_use(EFFECT_RECORD, key, holder.execution_id)
                     relied = tx.rely_on(EFFECT_RECORD, key, holder.execution_id) if shared else None
                     if relied is Reliance.UNDONE and not sabotage.active(REPLAY_AFTER_UNDO):
@@ -188,4 +168,4 @@ def _replay(record: EffectRecord, name: str, wanted: str | None, log_ref: dict[s
     return record.result
 
 
-__all__ = ["EffectHolder", "effect_key", "run_fenced_effect"]
+__all__ = ["EffectHolder", "run_fenced_effect"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from celery_agboss.core.canonical import canonical_json, json_path
 from celery_agboss.core.keys import MIN_PSEUDONYM_KEY_BYTES
-from celery_agboss.core.store import JSON, HistoryRow
+from celery_agboss.core.store_protocol import JSON, HistoryRow
 from celery_agboss.errors import ConfigurationError
 
 __all__ = ["HistoryEvent", "HistoryVerdict", "history_digest", "next_history_row", "verify_history"]
@@ -44,7 +44,7 @@ class HistoryEvent(str, enum.Enum):
     RECONCILED_NOT_SENT = "reconciled-not-sent"  # lookup proved absence: attempt + 1
     UNRECONCILED = "unreconciled"  # lookup cannot tell: PENDING, flagged for an operator
     RESOLVED_BY_OPERATOR = "resolved-by-operator"  # a person decided
-    RESULT_NOT_STORED = "result-not-stored"  # COMPLETED with a not-stored marker (R24)
+    RESULT_NOT_STORED = "result-not-stored"  # COMPLETED with a not-stored marker (design: R24)
     FINGERPRINT_CONFLICT = "fingerprint-conflict"  # its own pending intent, another request
     LOOKUP_FAILED = "lookup-failed"  # reconcile raised or timed out: PENDING, handed back
     # A cancelled execution's intent whose lookup proved it never reached the gateway:

@@ -1,4 +1,4 @@
-"""The holder's own clocks, injectable so tests can skew or step them (PS13)."""
+"""The holder's own clocks, injectable so tests can skew or step them (design: PS13)."""
 
 from __future__ import annotations
 

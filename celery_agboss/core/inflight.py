@@ -2,11 +2,11 @@
 
 Two needs meet here. A second caller of the same idempotency key in this process
 (another thread of a threads pool, two tasks for one order) must *join* the send in
-flight rather than be told "in flight elsewhere" (JOINED, PS7) — but only when it
-asks for the same request (R16). And a send must be bounded by ``attempt_timeout``:
+flight (``JOINED``), not be told "in flight elsewhere" (design: PS7) — but only when it
+asks for the same request (design: R16). And a send must be bounded by ``attempt_timeout``:
 it runs in a worker thread, and the caller stops waiting when the bound passes
-(R22), while the thread, which cannot be killed, is remembered as still running so
-that its lease is never released under it (R18, R23).
+(design: R22), while the thread, which cannot be killed, is remembered as still running so
+that its lease is never released under it (design: R18, R23).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_agboss.core.store import LeaseRef
+from celery_agboss.core.store_protocol import LeaseRef
 
 
 class RunState(str, enum.Enum):

@@ -23,10 +23,15 @@ import enum
 import hashlib
 import hmac
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import canonical_json
+from celery_agboss.core.protections import (
+    KEY_COMPONENTS_NOT_ESCAPED,
+    PSEUDONYM_KEY_WHITESPACE_ACCEPTED,
+)
 from celery_agboss.errors import ConfigurationError, InvalidBusinessKeyError
 
 __all__ = [
@@ -35,7 +40,6 @@ __all__ = [
     "MAX_BUSINESS_KEY_LENGTH",
     "MIN_FITTED_KEY_LENGTH",
     "MIN_PSEUDONYM_KEY_BYTES",
-    "PSEUDONYM_KEY_WHITESPACE_ACCEPTED",
     "KeyRule",
     "business_key",
     "business_key_handle",
@@ -236,27 +240,27 @@ def validate_business_key(text: str) -> str:
     Nothing is ever normalized here: a key that needs fixing is refused, because a
     fix applied on one path and not another would make one order two keys.
     """
-    violation = _find_violation(text, "the business key")
-    if violation is not None:
-        raise InvalidBusinessKeyError(
-            f"business key refused ({violation.rule.value}): {violation.message}",
-            rule=violation.rule.value,
-            position=violation.position,
-            code_point=violation.code_point,
-        )
-    return text
+    return _validated(text, "the business key", "business key", InvalidBusinessKeyError)
 
 
 def validate_tenant(text: str) -> str:
     """Return the tenant unchanged, or raise ``ConfigurationError`` (same rules as keys)."""
-    violation = _find_violation(text, "the tenant (agboss_tenant)")
+    what = "the tenant (agboss_tenant)"
+    return _validated(text, what, "tenant", ConfigurationError, setting="agboss_tenant")
+
+
+def _validated(
+    text: str, what: str, name: str, error: Callable[..., Exception], **fields: str
+) -> str:
+    """``text`` unchanged, or ``error`` raised naming the rule it breaks."""
+    violation = _find_violation(text, what)
     if violation is not None:
-        raise ConfigurationError(
-            f"tenant refused ({violation.rule.value}): {violation.message}",
+        raise error(
+            f"{name} refused ({violation.rule.value}): {violation.message}",
             rule=violation.rule.value,
             position=violation.position,
             code_point=violation.code_point,
-            setting="agboss_tenant",
+            **fields,
         )
     return text
 
@@ -276,10 +280,6 @@ def encode_component(text: str) -> str:
     if sabotage.active(KEY_COMPONENTS_NOT_ESCAPED):
         return text
     return "".join(chr(byte) if byte in _UNRESERVED else f"%{byte:02X}" for byte in data)
-
-
-KEY_COMPONENTS_NOT_ESCAPED = sabotage.register("key-components-not-escaped")
-"""R21: components joined as they are, so a ':' in a tenant or key can make two calls one."""
 
 
 def _component(value: object, what: str) -> str:
@@ -352,12 +352,6 @@ def fit_key(key: str, max_length: int | None) -> str:
     digest = hashlib.sha256(key.encode("utf-8")).digest()
     text = base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
     return text[:max_length]
-
-
-PSEUDONYM_KEY_WHITESPACE_ACCEPTED = sabotage.register("pseudonym-key-whitespace-accepted")
-"""Sabotage (A8): a pseudonym key with surrounding whitespace is used as it is, so a
-worker whose key came from a file with its trailing newline computes other
-fingerprints and handles than the others."""
 
 
 def _surrounding_whitespace(value: str | bytes) -> bool:

@@ -6,7 +6,7 @@ from when the last acquire, renewal or fenced extension was *sent* (not answered
 the database may have applied it at any point after sending), on both its
 monotonic and its wall clock, minus a margin. Whichever clock passes first ends
 the trust — a stepped wall clock or a frozen process cannot make the holder act on
-a lease the database already gave away (PS13). A renewal that finds the lease lost
+a lease the database already gave away (design: PS13). A renewal that finds the lease lost
 ends it for good.
 """
 
@@ -28,7 +28,8 @@ from celery_agboss.core.log_events import (
     LEASE_RENEWER_ROUND_FAILED,
     log_event,
 )
-from celery_agboss.core.store import LeaseGrant, LeaseRef, RenewOutcome, Store
+from celery_agboss.core.protections import HOLDER_TRUSTS_LEASE_FOREVER
+from celery_agboss.core.store_protocol import LeaseGrant, LeaseRef, RenewOutcome, Store
 from celery_agboss.errors import ExecutionFencedError, StoreError
 
 SAFETY_MARGIN_SECONDS = 1.0
@@ -96,7 +97,7 @@ class LeaseHandle:
 
     def is_trusted(self) -> bool:
         """True while neither clock has passed the deadline and no renewal found it lost."""
-        if sabotage.active(sabotage.HOLDER_TRUSTS_LEASE_FOREVER):
+        if sabotage.active(HOLDER_TRUSTS_LEASE_FOREVER):
             return True
         if self.lost_reason is not None:
             return False
@@ -147,7 +148,7 @@ class LeaseHandle:
 
 
 def new_holder() -> str:
-    """A holder id: minted per delivery, never reused (DESIGN §2.3 trap 2)."""
+    """A holder id: minted per delivery, never reused (design: trap 2)."""
     return str(uuid.uuid4())
 
 

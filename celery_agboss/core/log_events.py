@@ -5,13 +5,13 @@ Each record on the ``celery_agboss`` logger that reports a decision is written b
 
 - ``record.event`` is the event's name, one of the constants below (docs/api.md lists
   them all; the names are public: dashboards and alerts grep them);
-- each field is an attribute of the record of its own (``record.execution``,
+- each field is an attribute of the record of its own (``record.execution_id``,
   ``record.call``…), which JSON formatters pick up as they are;
 - the message reads ``<event> key=value …`` (keys sorted), then ``: <message>`` when
   the call gives a sentence for people.
 
 Fields carry ids, holders, tokens, counts and type names only: never a business key
-in clear, an amount or a card field (R17). A value that is not a str, int, float,
+in clear, an amount or a card field (design: R17). A value that is not a str, int, float,
 bool or None is logged as its type's name, never its repr (a repr may hold an amount).
 A field named like an attribute ``logging`` gives every record (``name``, ``msg``,
 ``process``…) is logged with a trailing underscore (``name_``): ``logging`` refuses

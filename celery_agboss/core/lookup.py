@@ -22,7 +22,7 @@ from celery_agboss.core.outbound import (
     Unknown,
 )
 from celery_agboss.core.protections import NO_KEY_AGE_CHECK
-from celery_agboss.core.store import IntentRecord, IntentStatus, IntentUpdate, LeaseRef
+from celery_agboss.core.store_protocol import IntentRecord, IntentStatus, IntentUpdate, LeaseRef
 from celery_agboss.core.transitions import error_detail, mask_result, transaction_id_of
 from celery_agboss.errors import LookupFailed
 
@@ -96,7 +96,11 @@ def http_status_of(error: BaseException) -> dict[str, int]:
     return {}
 
 
-def completed_update(call: OutboundCall, result: Any) -> tuple[bool, IntentUpdate, str | None]:
+def completed_update(
+    call: OutboundCall, result: Any, *, found_by_lookup: bool = True
+) -> tuple[bool, IntentUpdate, str | None]:
+    """``(stored_ok, update, gateway id)``: the update that settles an intent COMPLETED with
+    ``result`` (masked); one a lookup found also clears what the lookups marked."""
     stored_ok, stored = mask_result(call, result)
     gateway_id = transaction_id_of(call, result)
     update = IntentUpdate(
@@ -107,8 +111,8 @@ def completed_update(call: OutboundCall, result: Any) -> tuple[bool, IntentUpdat
         gateway_transaction_id=gateway_id,
         needs_operator=not stored_ok,
         operator_reason=None if stored_ok else "result-not-stored",
-        not_sent_confirmed=False,
-        clear_next_lookup=True,
+        not_sent_confirmed=False if found_by_lookup else None,
+        clear_next_lookup=found_by_lookup,
     )
     return stored_ok, update, gateway_id
 

@@ -22,20 +22,16 @@ from typing import Any
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
-from celery_agboss.core.store import JSON
+from celery_agboss.core.protections import LISTS_NOT_MASKED_ELEMENT_WISE
+from celery_agboss.core.store_protocol import JSON
 from celery_agboss.errors import MaskingPolicyError
 
 __all__ = [
-    "LISTS_NOT_MASKED_ELEMENT_WISE",
     "MASK",
     "NO_MASKING",
     "RESULT_NOT_STORED_KEY",
     "MaskingPolicy",
 ]
-
-LISTS_NOT_MASKED_ELEMENT_WISE = sabotage.register("lists-not-masked-element-wise")
-"""Sabotage (R17): a field path that meets a list looks for the field name among the
-list's indexes, finds none, and stores every element in clear."""
 
 MASK = "***"
 """What a masked value becomes, whatever its type (a string, a number, a whole object)."""

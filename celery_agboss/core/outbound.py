@@ -85,7 +85,7 @@ class OutboundCall:
     """A call that leaves the system: recorded as an intent before it is sent.
 
     ``key_retention`` is the gateway's documented minimum key retention; it bounds
-    when a ``NotSent()`` may be resent under the same key (R26). It may be omitted
+    when a ``NotSent()`` may be resent under the same key (design: R26). It may be omitted
     only with ``lookup_proves_absence=True``.
     """
 

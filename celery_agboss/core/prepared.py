@@ -7,41 +7,32 @@ reconcile (``reconcile``), which import it rather than each other.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.fenced_effects import EffectHolder
+from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.inflight import BoundedRun
-from celery_agboss.core.keys import (
-    business_key,
-    business_key_handle,
-    fingerprint,
-    fit_key,
-    step_key,
-    validate_business_key,
-)
+from celery_agboss.core.keys import business_key_handle, fingerprint
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.protections import REQUEST_STORED_UNMASKED
-from celery_agboss.core.store import JSON, FencedTransaction, LeaseRef
-from celery_agboss.core.transitions import CallRef, policy_of
+from celery_agboss.core.step_identity import Step
+from celery_agboss.core.store_protocol import (
+    JSON,
+    IntentGuard,
+    IntentStatus,
+    IntentUpdate,
+    LeaseRef,
+    StoreTransaction,
+)
+from celery_agboss.core.transitions import CallRef, policy_of, transition
 
 
-class Holder(Protocol):
-    """What the state machine needs from the delivery that runs it (``ExecutionContext``)."""
-
-    @property
-    def settings(self) -> EngineSettings: ...
-
-    @property
-    def execution_id(self) -> str: ...
-
-    @property
-    def lease_ref(self) -> LeaseRef: ...
-
-    def fenced(self) -> AbstractContextManager[FencedTransaction]:
-        """A fenced transaction under this holder's lease (refused once the lease is lost)."""
+class Holder(EffectHolder, Protocol):
+    """What the state machine needs from the delivery that runs it (``ExecutionContext``):
+    what a fenced effect needs, and the send's bookkeeping."""
 
     def assert_can_send(self) -> None:
         """Raise ``ExecutionFencedError`` unless the lease is held on the holder's clocks."""
@@ -49,11 +40,6 @@ class Holder(Protocol):
     def failure_raised(self, idempotency_key: str, attempt: int) -> None:
         """A definite failure of this attempt is being raised to the body: a retry the
         body asks for before it goes on to another call authorises sending it again."""
-
-    def check_cancel(self, tx: FencedTransaction) -> None:
-        """Raise ``CancelRequestedError`` when a cancel of the execution was recorded, read
-        in ``tx`` — the transaction that would authorise a send or a write — so a cancel
-        recorded before it commits is never followed by that send (DESIGN §2.2)."""
 
     def send_started(self, run: BoundedRun) -> None:
         """Remember a running send: the lease is never released under it."""
@@ -84,22 +70,18 @@ def prepare_call(
     execution_id: str,
     call: OutboundCall,
     request: Any,
-    business_key_text: str | None,
-    occurrence: int,
+    step: Step,
 ) -> PreparedCall:
-    """Key, fingerprint and masked request; refuses bad input before anything is written.
+    """Fingerprint and masked request of ``step`` (its key decided by the delivery,
+    ``core.step_identity``); refuses bad input before anything is written.
 
     The masking policy fails closed here (``MaskingPolicyError``): nothing is claimed,
     nothing is sent.
     """
     handle: str | None = None
-    if business_key_text is not None:
-        validate_business_key(business_key_text)
-        raw = business_key(settings.tenant, business_key_text, call.name)
-        handle = business_key_handle(settings.pseudonym_key, business_key_text)
-    else:
-        raw = step_key(settings.tenant, execution_id, call.name, occurrence)
-    key = fit_key(raw, call.max_key_length)
+    if step.business_key_text is not None:
+        handle = business_key_handle(settings.pseudonym_key, step.business_key_text)
+    key = step.key
     stored = policy_of(call).mask_request(request)
     if sabotage.active(REQUEST_STORED_UNMASKED):
         stored = request
@@ -110,6 +92,36 @@ def prepare_call(
         stored_request=stored,
         fingerprint=fingerprint(settings.pseudonym_key, request),
         ref=CallRef(call.name, execution_id, key, handle),
+    )
+
+
+def holder_transition(
+    tx: StoreTransaction,
+    holder: Holder,
+    p: PreparedCall,
+    me: LeaseRef,
+    attempt: int,
+    update: IntentUpdate,
+    event: HistoryEvent,
+    detail: JSON,
+    *,
+    to_status: IntentStatus = IntentStatus.PENDING,
+) -> bool:
+    """``transition()`` of the PENDING intent this holder owns (as ``me``) at ``attempt``:
+    the guard, the history row's owner and its execution are the holder's."""
+    return transition(
+        tx,
+        holder.settings.pseudonym_key,
+        p.idempotency_key,
+        IntentGuard(IntentStatus.PENDING, attempt, me),
+        update,
+        event,
+        from_status=IntentStatus.PENDING,
+        to_status=to_status,
+        attempt=attempt,
+        owner=me,
+        detail=detail,
+        execution_id=holder.execution_id,
     )
 
 

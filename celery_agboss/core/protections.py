@@ -1,130 +1,418 @@
-"""The engine's protections that tests switch off (``celery_agboss.core.sabotage``).
+"""Every protection a test may switch off, by name: the one home of the sabotage switches.
 
-Each name is one check of the outbound-call state machine, the fenced effects or the
-execution context. A guarantee test proves its protection by switching it off in a
-twin and counting the harm at the fake gateway. None of these is ever a setting.
+A guarantee test proves its protection by switching it off in a twin and counting the
+harm (two payments at the fake gateway). The code that holds a protection reads
+``sabotage.active(NAME)`` (``celery_agboss.core.sabotage``, which knows no other
+names than these); only ``celery_agboss.testing.sabotage`` switches one off, and it
+refuses outside a test run. None of these is ever a setting, and none is in a public
+``__all__``.
 """
 
 from __future__ import annotations
 
-from celery_agboss.core.sabotage import register
+# The engine (core/): the outbound-call state machine, fenced effects, the lease, keys, undo.
 
-INTENT_CAS_WITHOUT_PREDICATE = register("intent-cas-without-predicate")
-"""R15: a compare-and-set that misses writes anyway (an UPDATE without its predicate)."""
+NOT_SENT_LOOKUPS_NOT_BACKED_OFF = "not-sent-lookups-not-backed-off"
+"""Sabotage: an intent whose lookups keep answering ``NotSent`` is looked up every 30 s for
+ever, instead of backing off exponentially to the cap."""
 
-JOIN_ON_ANY_FINGERPRINT = register("join-on-any-fingerprint")
-"""R16: join a send in flight whatever request the joiner asked for."""
+FENCED_HOLDER_STARTS_UNDO = "fenced-holder-starts-undo"
+"""Sabotage (design: P5): the reads that start an undo, and the start mark, go on past a fence —
+as undo started from a failure handler outside the lease would: a holder superseded
+mid-body, woken after the take-over completed the payment, refunds the paid order."""
 
-RELEASE_WITH_UNSETTLED_ATTEMPT = register("release-with-unsettled-attempt")
-"""R18/R23: release the lease while a send under it is still running."""
+INTENT_CAS_WITHOUT_PREDICATE = "intent-cas-without-predicate"
+"""A compare-and-set that misses writes anyway (an UPDATE without its predicate) (design: R15)."""
 
-NO_KEY_AGE_CHECK = register("no-key-age-check")
-"""R26/PS17: resend a ``NotSent()`` whatever the key's age."""
+JOIN_ON_ANY_FINGERPRINT = "join-on-any-fingerprint"
+"""Join a send in flight whatever request the joiner asked for (design: R16)."""
 
-UNKNOWN_ERRORS_ARE_DEFINITE = register("unknown-errors-are-definite")
-"""R25/PS1: every exception from send is a definite failure (FAILED, resent, no lookup)."""
+RELEASE_WITH_UNSETTLED_ATTEMPT = "release-with-unsettled-attempt"
+"""Release the lease while a send under it is still running (design: R18, R23)."""
 
-RECLAIM_BUMPS_TOKEN = register("reclaim-bumps-token")
-"""R23: after a send overran, the holder re-acquires its lease (token + 1) and carries on,
+NO_KEY_AGE_CHECK = "no-key-age-check"
+"""Resend a ``NotSent()`` whatever the key's age (design: R26, PS17)."""
+
+UNKNOWN_ERRORS_ARE_DEFINITE = "unknown-errors-are-definite"
+"""Every exception from send is a definite failure (FAILED, resent, no lookup)
+(design: R25, PS1)."""
+
+RECLAIM_BUMPS_TOKEN = "reclaim-bumps-token"
+"""After a send overran (design: R23), the holder re-acquires its lease (token + 1) and carries on,
 so its own send, still running, looks dead to everyone else."""
 
-FINGERPRINT_NOT_CHECKED = register("fingerprint-not-checked")
-"""PS7/PS20/PS22: another request under the same key is replayed, resent or reconciled."""
+FINGERPRINT_NOT_CHECKED = "fingerprint-not-checked"
+"""Another request under the same key is replayed, resent or reconciled
+(design: PS7, PS20, PS22)."""
 
-REPLAY_NOT_STORED_MARKER = register("replay-not-stored-marker")
-"""R24: a replay of a result that could not be stored returns the marker as the result."""
+REPLAY_NOT_STORED_MARKER = "replay-not-stored-marker"
+"""A replay of a result that could not be stored returns the marker as the result (design: R24)."""
 
-SUPERSEDED_SILENTLY_REPORTED = register("superseded-silently-reported")
-"""R20: an answer whose attempt was handed over is returned as if it had been stored."""
+SUPERSEDED_SILENTLY_REPORTED = "superseded-silently-reported"
+"""An answer whose attempt was handed over is returned as if it had been stored (design: R20)."""
 
-SEND_WITHOUT_LEASE_CHECK = register("send-without-lease-check")
-"""PS3: send without checking the lease on the holder's clocks first."""
+SEND_WITHOUT_LEASE_CHECK = "send-without-lease-check"
+"""Send without checking the lease on the holder's clocks first (design: PS3)."""
 
-PENDING_RESENT_WITHOUT_RECONCILE = register("pending-resent-without-reconcile")
-"""PS5: a pending intent is sent again (a new attempt) without asking reconcile first."""
+PENDING_RESENT_WITHOUT_RECONCILE = "pending-resent-without-reconcile"
+"""A pending intent is sent again (a new attempt) without asking reconcile first (design: PS5)."""
 
-LIVE_OWNER_TAKEN_OVER = register("live-owner-taken-over")
-"""PS8: a pending intent whose owner's lease is live (a send in flight in another
+LIVE_OWNER_TAKEN_OVER = "live-owner-taken-over"
+"""A pending intent (design: PS8) whose owner's lease is live (a send in flight in another
 execution) is taken over and reconciled as if its owner were dead."""
 
-SEND_NOT_BOUNDED = register("send-not-bounded")
-"""R22: wait for a send however long it takes."""
+SEND_NOT_BOUNDED = "send-not-bounded"
+"""Wait for a send however long it takes (design: R22)."""
 
-COMMIT_INSIDE_FENCED_EFFECT_ALLOWED = register("commit-inside-fenced-effect-allowed")
-"""P2: a fenced effect's function may commit its own writes before the effect's record."""
+COMMIT_INSIDE_FENCED_EFFECT_ALLOWED = "commit-inside-fenced-effect-allowed"
+"""A fenced effect's function may commit its own writes before the effect's record (design: P2)."""
 
-CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY = register("caught-signal-does-not-stop-delivery")
+CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY = "caught-signal-does-not-stop-delivery"
 """A body that catches an unknown outcome and calls again gets a new step key: a second
 charge. With the protection, every later verb of that delivery raises the signal again."""
 
-INTERRUPTED_SEND_STOPS_RENEWING = register("interrupted-send-stops-renewing")
-"""R18/R23: a wait interrupted while its send is on the wire (KeyboardInterrupt, a soft
+INTERRUPTED_SEND_STOPS_RENEWING = "interrupted-send-stops-renewing"
+"""A wait interrupted (design: R18, R23) while its send is on the wire (KeyboardInterrupt, a soft
 time limit) stops renewing the lease at once, so it can expire and be taken over, and
 the payment looked up (and sent again) while the first send may still reach the gateway."""
 
-
-PASSED_FAILURE_RESENT = register("passed-failure-resent")
-"""DESIGN §4 claim step 1: a definite failure is sent again by any execution that
+PASSED_FAILURE_RESENT = "passed-failure-resent"
+"""A definite failure (design: retry authorisation) is sent again by any execution that
 reaches it, with no retry authorisation: the re-run of a body that went past it (it
 caught the decline and charged a backup card), or a second click on the same order,
 charges the first card too."""
 
-DIVERGENCE_COMPLETED = register("divergence-completed")
-"""DESIGN §4: a re-run whose body no longer reaches an intent an earlier delivery
+DIVERGENCE_COMPLETED = "divergence-completed"
+"""A re-run (design: divergence) whose body no longer reaches an intent an earlier delivery
 created (it took another branch) completes anyway, hiding a payment that may exist."""
 
-CANCEL_NOT_CHECKED_MID_BODY = register("cancel-not-checked-mid-body")
-"""DESIGN §2.2: a cancel requested while the body runs (a revoke without terminate) is
+CANCEL_NOT_CHECKED_MID_BODY = "cancel-not-checked-mid-body"
+"""A cancel (design: cancel request) requested while the body runs (a revoke without terminate) is
 not looked at by its next outbound() or fenced_effect(): the charge still goes out."""
 
-RECORD_USE_NOT_NOTED = register("record-use-not-noted")
-"""DESIGN §6.3: an execution that replays (or joins, or takes over) another execution's
+RECORD_USE_NOT_NOTED = "record-use-not-noted"
+"""An execution (design: retention) that replays (or joins, or takes over) another execution's
 intent or fenced effect is not noted as its user, so retention follows the creator only
 and deletes a record a waiting execution still relies on."""
 
-FENCED_EFFECT_NOT_REPLAYED = register("fenced-effect-not-replayed")
-"""P2: a re-run does not replay a fenced effect's record: it runs ``fn`` again, so the
+FENCED_EFFECT_NOT_REPLAYED = "fenced-effect-not-replayed"
+"""A re-run (design: P2) does not replay a fenced effect's record: it runs ``fn`` again, so the
 app's write goes in twice (or its own constraint refuses it and the paid order fails)."""
 
-SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED = register("sqlite-long-transaction-not-interrupted")
-"""DESIGN §5: on SQLite a fenced transaction may hold the single write lock as long as its
+SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED = "sqlite-long-transaction-not-interrupted"
+"""On SQLite (design: lock bound) a fenced transaction may hold the single write lock as long as its
 code runs, so every other execution's lease renewal waits behind it and their leases lapse."""
 
-STORE_FAILURE_CATCHABLE = register("store-failure-catchable")
-"""DESIGN §2.2: a store failure inside outbound() or fenced_effect() reaches the body as an
-ordinary exception, so a body's ``except Exception`` fallback (another card) runs while
+STORE_FAILURE_CATCHABLE = "store-failure-catchable"
+"""A store failure (design: store errors) inside outbound() or fenced_effect() reaches the body as
+an ordinary exception, so a body's ``except Exception`` fallback (another card) runs while
 the first payment may exist."""
 
-STORED_ERROR_UNMASKED = register("stored-error-unmasked")
-"""R17: the execution's stored failure keeps the exception's text and arguments as they
+STORED_ERROR_UNMASKED = "stored-error-unmasked"
+"""The execution's stored failure (design: R17) keeps the exception's text and arguments as they
 are, a decline quoting the card number included."""
 
-REQUEST_STORED_UNMASKED = register("request-stored-unmasked")
-"""R17: the intent stores the request as given, ignoring the call's masking policy."""
+REQUEST_STORED_UNMASKED = "request-stored-unmasked"
+"""The intent stores the request as given, ignoring the call's masking policy (design: R17)."""
 
-__all__ = [
-    "CANCEL_NOT_CHECKED_MID_BODY",
-    "CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY",
-    "COMMIT_INSIDE_FENCED_EFFECT_ALLOWED",
-    "DIVERGENCE_COMPLETED",
-    "FENCED_EFFECT_NOT_REPLAYED",
-    "FINGERPRINT_NOT_CHECKED",
-    "INTENT_CAS_WITHOUT_PREDICATE",
-    "INTERRUPTED_SEND_STOPS_RENEWING",
-    "JOIN_ON_ANY_FINGERPRINT",
-    "NO_KEY_AGE_CHECK",
-    "PASSED_FAILURE_RESENT",
-    "PENDING_RESENT_WITHOUT_RECONCILE",
-    "RECLAIM_BUMPS_TOKEN",
-    "RECORD_USE_NOT_NOTED",
-    "RELEASE_WITH_UNSETTLED_ATTEMPT",
-    "REPLAY_NOT_STORED_MARKER",
-    "REQUEST_STORED_UNMASKED",
-    "SEND_NOT_BOUNDED",
-    "SEND_WITHOUT_LEASE_CHECK",
-    "SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED",
-    "STORED_ERROR_UNMASKED",
-    "STORE_FAILURE_CATCHABLE",
-    "SUPERSEDED_SILENTLY_REPORTED",
-    "UNKNOWN_ERRORS_ARE_DEFINITE",
-]
+ONE_UNDO_PER_STEP = "one-undo-per-step"
+"""Sabotage: a second ``undo_with`` after one step is taken for the first (kept once), so
+only the first declared undo runs: the hold is released, the charge never refunded."""
+
+UNDO_NOT_MARKED_DONE = "undo-not-marked-done"
+"""Sabotage (design: PS10): an undo's done mark is neither written nor read, so every delivery of
+a compensating execution runs every undo again, one already done included."""
+
+UNDO_IGNORES_OTHER_EXECUTIONS = "undo-ignores-other-executions"
+"""Sabotage: an execution undoes a step it shares as if it were alone on it — the
+refund of a charge another execution completed on (a paid, shipped order)."""
+
+PAYMENTS_BY_CREATOR = "payments-by-creator"
+"""Sabotage: "did this execution move money?" counts only the intents it created, so a
+cancel of an execution that sent the winning attempt of another's intent keeps it."""
+
+DIVERGENCE_BY_CREATOR = "divergence-by-creator"
+"""Sabotage: a re-run must reach only the intents its execution created: a charge it sent
+through another execution's intent, then left for another path, is not noticed."""
+
+COMPLETION_READ_FROM_EXECUTION_ROWS = "completion-read-from-execution-rows"
+"""Sabotage: "another execution completed on this step" is read from that execution's own
+row only, not from the record: once retention removed the row, its completed order's
+charge is refunded by the other click's undo."""
+
+REPLAY_AFTER_UNDO = "replay-after-undo"
+"""Sabotage: a step whose undo is done is replayed like any completed one: a later click
+gets the refunded charge's receipt and marks its order paid with a refunded payment."""
+
+HAND_OUT_KEEPS_RETRY = "hand-out-keeps-retry"
+"""Sabotage: handing a failure to another execution does not revoke its sender's retry
+authorisation: the sender's retry re-sends the card another execution was declined on
+and went past (to its backup), while that one pays there: two payments."""
+
+LISTS_NOT_MASKED_ELEMENT_WISE = "lists-not-masked-element-wise"
+"""Sabotage (design: R17): a field path that meets a list looks for the field name among the
+list's indexes, finds none, and stores every element in clear."""
+
+KEY_COMPONENTS_NOT_ESCAPED = "key-components-not-escaped"
+"""Components joined as they are, so a ':' in a tenant or key can make two calls one
+(design: R21)."""
+
+PSEUDONYM_KEY_WHITESPACE_ACCEPTED = "pseudonym-key-whitespace-accepted"
+"""Sabotage (design: A8): a pseudonym key with surrounding whitespace is used as it is, so a
+worker whose key came from a file with its trailing newline computes other
+fingerprints and handles than the others."""
+
+LEASE_CHECK_IN_SEPARATE_ROUND_TRIP = "lease-check-in-separate-round-trip"
+"""The lease is checked in a round trip of its own, not in the writing transaction
+(design: PS4)."""
+
+RENEW_REVIVES_EXPIRED_LEASE = "renew-revives-expired-lease"
+"""A renewal revives a lease that already expired (design: R19)."""
+
+EXPIRY_BY_CALLER_CLOCK = "expiry-by-caller-clock"
+"""A lease's expiry is judged by the caller's clock, not the database's (design: PS13)."""
+
+HOLDER_TRUSTS_LEASE_FOREVER = "holder-trusts-lease-forever"
+"""The holder trusts its lease for ever, never checking its own clocks (design: PS13)."""
+
+FENCE_NOT_RECHECKED_AT_COMMIT = "fence-not-rechecked-at-commit"
+"""The fence is not checked again at the commit (design: P1)."""
+
+
+# The store (store/) and its migrations.
+
+LEASE_DECISION_ON_COMMITTED_READ = "lease-decision-on-committed-read"
+"""Sabotage (design: another holder's lease): decide about another holder's lease from its last
+committed row, as a plain read sees it, instead of under its row lock."""
+
+SQLITE_FORK_UNGUARDED = "sqlite-fork-unguarded"
+
+PLANNED_WAITS_COUNTED = "planned-waits-counted"
+"""Sabotage (design: recovery cap): every re-publish of a waiting execution counts toward the
+recovery cap, the planned end of a long wait or an answered pause too."""
+
+RESOLVE_REDRIVES_CREATOR_ONLY = "resolve-redrives-creator-only"
+"""Sabotage (design: waiters re-driven): settling an intent sends on only the execution that created
+it; another that took it over and waits for an operator waits for ever."""
+
+STARTED_EXECUTIONS_EXPIRE = "started-executions-expire"
+"""Sabotage (design: expires bounds the start): ``expires`` ends a waiting execution
+that already started (and charged), not only one no delivery started."""
+
+PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET = "pause-answer-without-compare-and-set"
+"""Sabotage (design: PS11): an answer is an unconditional update of the pause and its
+execution, whatever either's state: a second answer also "wins", and one that comes
+after the execution completed runs it again from the pause on."""
+
+PENDING_INTENT_NARROW = "pending-intent-narrow"
+"""Sabotage (design: pending intent): count an intent as the execution's only while nobody else
+holds it (the old definition), so one the sweep holds for its lookup is not counted."""
+
+PENDING_INTENT_BY_CREATOR = "pending-intent-by-creator"
+"""Sabotage (design: pending intent): count an intent as the execution's when it created or
+holds it, not when it sent the attempt on the wire (design: who sent), so a charge one
+click re-sent for another's intent is nobody's while the sweep looks it up."""
+
+AUDIT_AFTER_THE_CHANGE = "audit-after-the-change"
+"""Sabotage: an operator's audit row is written after the change, in a transaction of its
+own (``operator.acting`` then appends it): a crash, or a failure of that write, leaves a
+change nobody can trace to a person."""
+
+TASK_NAME_NOT_CHECKED = "task-name-not-checked"
+"""Sabotage (design: one task per id): a delivery of another task under an execution's id is treated
+as that execution (the charge's receipt returned to a refund)."""
+
+TENANT_MINTED_WHILE_IN_USE = "tenant-minted-while-in-use"
+"""Sabotage (revision 0007): a store upgraded while it holds executions gets a new id
+anyway, so a delivery after the upgrade computes another key for a payment sent
+before it, and the gateway cannot tell the resend from a new charge."""
+
+RECORD_USES_IGNORED_BY_RETENTION = "record-uses-ignored-by-retention"
+"""Sabotage (design: retention): retention follows the creating execution only, so a record
+another execution replayed is deleted while that one still waits."""
+
+PAUSED_RECORDS_EXPIRE = "paused-records-expire"
+"""Sabotage (pauses): retention counts a paused execution idle past the cutoff as done,
+so the intents and fenced effects before its pause go while it waits for its answer."""
+
+RELIANCE_OFF_THE_RECORD = "reliance-off-the-record"
+"""Sabotage: a reliance is noted beside the record, not by a compare-and-set on it, and an
+undo's claim does not compare the reliance it read: a replay and an undo that race both
+win — the second click gets the receipt of a charge the first click refunds."""
+
+FENCED_TRANSACTION_IDLE_UNBOUNDED = "fenced-transaction-idle-unbounded"
+"""Sabotage (design: PS3), on PostgreSQL: a holder frozen inside a fenced transaction keeps its
+session, and with it the lock on its lease row, for as long as it stays frozen, so no
+other worker can decide on that lease and the payment stalls."""
+
+
+# One delivery (delivery/) and the task (task.py).
+
+EAGER_IGNORE_READ = "eager-ignore-read-as-success"
+"""Sabotage: an eager run that ended unfinished (paused, waiting) returns None, as
+Celery reads an Ignore, so a test suite reads a paused payment as paid."""
+
+FAILURE_FOR_AN_UNFINISHED_EXECUTION = "failure-for-an-unfinished-execution"
+"""Sabotage: Celery writes FAILURE and fires errbacks for an execution that is only waiting
+or about to be continued (a hard time limit, a retry whose publish failed)."""
+
+RETRY_PUBLISH_FAILURE_REJECTS = "retry-publish-failure-rejects"
+"""Sabotage: a retry whose publish failed is Celery's ``Reject(requeue=False)``, so the
+message is dropped as failed while the execution only waits."""
+
+PACKAGE_RETRIES_COUNTED = "package-retries-counted"
+"""Sabotage: the application's ``max_retries`` counts celery_agboss's own retries too (an
+unknown outcome's), so ``autoretry_for`` gives up early."""
+
+RETRY_KEEPS_EXPIRES = "retry-keeps-expires"
+"""Sabotage (design: expires bounds the start): ``self.retry()`` carries the message's ``expires``,
+so a retry after it is dropped by the worker while the execution, charged, waits for it."""
+
+REPLACE_HANDED_TO_CELERY = "replace-handed-to-celery"
+"""Sabotage: ``self.replace()`` is Celery's: the replacement runs under this execution's
+id, finds it COMPLETED(None) and replays that instead of running, so the payments it
+would have made are never made."""
+
+UNDO_ON_ANY_FAILURE = "undo-on-any-failure"
+"""Sabotage (design: P5): a delivery that ended without a verdict (a hard time limit, a kill)
+counts as a failure, so the delivery that takes it over runs the undos instead of
+continuing the body — refunding a payment that went through and whose order goes on."""
+
+FAILURE_SKIPS_UNDO = "failure-skips-undo"
+"""Sabotage: a real failure ends ``FAILED`` without running the undos it declared, as
+before undo existed: the customer stays charged for an order that failed."""
+
+WAKE_FOLDED_INTO_REFUSED_RETRY = "wake-folded-into-refused-retry"
+"""Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
+(past max_retries), so no message carries the continuation."""
+
+REQUEUE_WITHOUT_PAUSE = "requeue-without-pause"
+"""Sabotage: a message handed back to the broker because the store is down is
+redelivered at once, over and over, for as long as the outage lasts."""
+
+FENCE_RECORDED_AS_FAILURE = "fence-recorded-as-failure"
+"""Sabotage: a fenced (superseded) delivery lets Celery record a FAILURE, over the
+holder that finished the payment."""
+
+CANCEL_REQUEST_IGNORED = "cancel-request-ignored"
+"""Sabotage: a delivery of an execution with a cancel request runs the body as if
+there were none, at its start and at every outbound call (a pending intent is
+reconciled, and resent when it was not sent)."""
+
+REJECT_WAITS_FOR_THE_SWEEP = "reject-waits-for-the-sweep"
+"""Sabotage: a body's own ``Reject(requeue=False)`` leaves the execution WAITING, so the
+sweep brings back what the body dropped, again and again until it is PARKED."""
+
+LEASE_KEPT_AFTER_A_BROKEN_END = "lease-kept-after-a-broken-end"
+"""Sabotage: a delivery whose own end-of-run code raised keeps its lease renewed for as
+long as the worker process lives: the execution looks RUNNING, and the sweep never
+takes it."""
+
+TIME_LIMIT_FAILS_THE_TASK = "time-limit-fails-the-task"
+"""Sabotage: a hard time limit is handled as Celery does it — FAILURE written (unless the
+result backend withholds it), ``on_failure`` and the errbacks run — for an execution
+that will be continued and may already have charged."""
+
+REPLAY_SENDS_LINKS = "replay-sends-links"
+"""Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
+again, although the completing delivery already did."""
+
+UNSTORED_RESULT_REPLAYED_AS_FAILURE = "unstored-result-replayed-as-failure"
+"""Sabotage: a duplicate of a completed execution whose result this store cannot hand back
+raises, so Celery writes FAILURE over the SUCCESS the completing delivery stored, and
+fires ``link_error`` (an errback that refunds the order)."""
+
+REPLAY_COUNTS_CHORD = "replay-counts-chord"
+"""Sabotage: a duplicate of a completed chord header part counts its part again, so a
+counter backend (Redis) thinks the header done early, or fails the chord."""
+
+
+# What the Celery layer records around a delivery: publishes, held messages, the outbox, undo tasks.
+
+HELD_NOT_REPORTED = "held-messages-not-reported"
+"""Sabotage: a worker never says which messages it holds unstarted; killed, they wait
+for ``agboss_requested_grace`` (Redis hides them for its visibility timeout)."""
+
+LINK_IDS_NOT_FIXED = "link-ids-not-fixed"
+"""Sabotage (design: publishes from a body): an execution's unfrozen links get a new id
+each time a delivery sends them, so a duplicate that replays them starts a second execution."""
+
+PUBLISH_WITHOUT_RECORD = "publish-without-record"
+"""Sabotage (design: trap 9): a publish the store could not record goes to the broker anyway, and
+a message the broker then loses leaves no trace."""
+
+SHUTDOWN_HANDS_OVER_RUNNING_LEASES = "shutdown-hands-over-running-leases"
+"""Sabotage (design: PS12): a stopping worker releases the leases of the bodies it still runs, so
+another worker re-runs a step whose charge is still on the wire here."""
+
+PLAIN_TASK_LEFT_REQUESTED = "plain-task-left-requested"
+"""Sabotage (design: unmanaged): a recorded message that runs as a plain task leaves its
+execution ``REQUESTED``, so the sweep publishes it again and again until it is PARKED:
+one charge per run."""
+
+BODY_PUBLISHES_GET_NEW_IDS = "body-publishes-get-new-ids"
+"""Sabotage (design: publishes from a body): a PaymentTask or a canvas published from a body gets
+new ids on every re-run, and a canvas is not recorded: two executions, two shipping charges."""
+
+UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = "undo-publishes-counted-in-the-delivery"
+"""Sabotage (design: publishes from a body): a publish from an undo is counted in the delivery, not
+in its undo, so a delivery that skips the undos done already publishes under shifted ids."""
+
+PUBLISHED_WITHOUT_COMMIT = "outbox-published-without-commit"
+"""Sabotage: what ``fn`` enqueued is published from memory when the effect ends, committed
+or not — as a publish placed before the commit would be: a rolled-back effect's
+follow-up runs."""
+
+SWEEP_NOT_REPUBLISHING = "outbox-sweep-not-republishing"
+"""Sabotage: the sweep leaves unpublished rows alone, so a follow-up whose worker died
+between the commit and the publish never runs."""
+
+UNDO_TASK_PUBLISHED_DIRECTLY = "undo-task-published-directly"
+"""Sabotage: an undo declared as a signature is published straight from the undo under a
+new task id on every run, not enqueued under its step's key: an undo run again after a
+crash (after its publish, before its done mark) publishes it again, and it refunds twice."""
+
+
+# The sweep (sweep/) and the operator's verbs (operator/).
+
+OPERATOR_RESULT_UNCHECKED = "operator-result-unchecked"
+"""Sabotage: ``resolve --completed`` stores whatever JSON it is given (a bare charge id
+pasted from the dashboard); the next delivery replays it into a body that expected the
+receipt, and fails there."""
+
+SWEEP_WITHOUT_TICK = "sweep-without-tick"
+"""Sabotage (design: trap 10): every beat's sweep runs, even when another already ran this tick."""
+
+STRANDED_NOT_RECONCILED = "sweep-stranded-not-reconciled"
+"""Sabotage (design: sweep reconciles): the sweep leaves a dead holder's PENDING intent to the next
+delivery; with that delivery's reconcile-first also off, a charge is sent again."""
+
+REDRIVE_WITHOUT_CLAIM = "sweep-redrive-without-claim"
+"""Sabotage (design: trap 10): re-publish what the listing found without the compare-and-set
+claim, so two sweepers publish one execution twice."""
+
+
+# Webhooks (webhooks/) and the gateway adapters (adapters/).
+
+EVENT_NOT_KEYED = "webhook-event-not-keyed"
+"""Sabotage (design: PS15): the event's effect is a fenced effect of the delivery's own
+execution, without the event's business key: every delivery applies it again."""
+
+ADYEN_FIELDS_UNCHECKED = "adyen-signed-fields-unchecked"
+"""Sabotage: an Adyen item's signed fields are not checked before their HMAC (a ``:`` in
+one, a reference of another shape) nor its merchant account after it, so one genuine
+notification, its fields split again at other colons, passes as another event."""
+
+EVERY_ERROR_DEFINITE = "adapter-every-error-definite"
+"""Sabotage: every adapter calls every error definite (a timeout is resent as new)."""
+
+ADOPTS_ANY_PAYMENT = "adapter-adopts-any-payment"
+"""Sabotage (design: only the request's payment): every adapter takes the payment it finds, or the
+answer a key replays, for the request's own, whatever its amount, currency, reference or key: an
+order is marked paid with another order's payment, and its customer is never charged."""
+
+
+ALL: frozenset[str] = frozenset(
+    value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str)
+)
+"""Every switch name above: what ``sabotage.switched_off`` accepts."""

@@ -1,8 +1,8 @@
-"""Reconcile (DESIGN §4.4 and §6.2): ask the gateway what became of a PENDING intent.
+"""Reconcile (design: reconcile, sweep reconciles): ask the gateway what became of a PENDING intent.
 
 The holder of an execution takes a stranded intent by compare-and-set and may, on a
 proven ``NotSent()``, send it again — but only through the key-age compare-and-set
-(R26): the database decides whether
+(design: R26): the database decides whether
 ``now - first_attempt_at + attempt_timeout < key_retention``. The sweep's side,
 which never sends, is ``core/stranded.py``.
 """
@@ -36,8 +36,9 @@ from celery_agboss.core.outbound import (
     Completed,
     NotSent,
     Outcome,
+    Unknown,
 )
-from celery_agboss.core.prepared import Holder, PreparedCall, Resend
+from celery_agboss.core.prepared import Holder, PreparedCall, Resend, holder_transition
 from celery_agboss.core.protections import (
     FINGERPRINT_NOT_CHECKED,
     LIVE_OWNER_TAKEN_OVER,
@@ -45,7 +46,7 @@ from celery_agboss.core.protections import (
     SUPERSEDED_SILENTLY_REPORTED,
 )
 from celery_agboss.core.settle import record_unknown
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     UNSET,
     IntentGuard,
@@ -111,15 +112,7 @@ def reconcile_pending(
     settings = holder.settings
     attempt = record.attempt
     if sabotage.active(PENDING_RESENT_WITHOUT_RECONCILE):
-        with holder.fenced() as tx:
-            if cas(
-                tx,
-                p.idempotency_key,
-                IntentGuard(IntentStatus.PENDING, attempt, me),
-                IntentUpdate(attempt=attempt + 1, start_attempt=True, sent_by=holder.execution_id),
-            ):
-                return Resend(attempt + 1)
-        raise ExecutionFencedError(**p.ref.fields(attempt=attempt))
+        return _resend_without_reconcile(holder, p, attempt)
     log_event(
         OUTBOUND_CALL_RECONCILING,
         logging.INFO,
@@ -130,25 +123,7 @@ def reconcile_pending(
     try:
         answer = ask(p.call, context, lookup_of(record), settings.attempt_timeout_ms)
     except LookupFailed as failed:
-        record_unknown(holder, p, attempt, failed.detail)
-        # Why the delivery waits: the lookup's own error (its type and HTTP status; the
-        # masked text is in the intent's history, `agboss show KEY`).
-        log_event(
-            OUTBOUND_CALL_LOOKUP_FAILED,
-            logging.WARNING,
-            "reconcile could not be asked; the delivery retries and looks it up again",
-            **p.ref.fields(
-                attempt=attempt,
-                by="holder",
-                reason=failed.detail.get("reason"),
-                error_type=failed.detail.get("error_type"),
-                http_status=failed.detail.get("http_status"),
-            ),
-        )
-        raise OutboundCallOutcomeUnknownError(
-            "reconcile could not be asked; the intent stays pending and will be reconciled again",
-            **p.ref.fields(attempt=attempt),
-        ) from failed
+        raise _lookup_failed(holder, p, attempt, failed) from failed
     fault(
         fault_points.RECONCILE_AFTER_LOOKUP,
         me,
@@ -160,13 +135,58 @@ def reconcile_pending(
         return _reconciled_completed(holder, p, record, answer.result)
     if isinstance(answer, NotSent):
         return _reconciled_not_sent(holder, p, record)
+    raise _reconciled_unknown(holder, p, attempt, answer)
+
+
+def _resend_without_reconcile(holder: Holder, p: PreparedCall, attempt: int) -> Resend:
+    """Sabotage only: a pending intent is sent again with no lookup before it."""
+    with holder.fenced() as tx:
+        if cas(
+            tx,
+            p.idempotency_key,
+            IntentGuard(IntentStatus.PENDING, attempt, holder.lease_ref),
+            IntentUpdate(attempt=attempt + 1, start_attempt=True, sent_by=holder.execution_id),
+        ):
+            return Resend(attempt + 1)
+    raise ExecutionFencedError(**p.ref.fields(attempt=attempt))
+
+
+def _lookup_failed(
+    holder: Holder, p: PreparedCall, attempt: int, failed: LookupFailed
+) -> OutboundCallOutcomeUnknownError:
+    """The lookup could not be asked: noted on the intent, which stays pending."""
+    record_unknown(holder, p, attempt, failed.detail)
+    # Why the delivery waits: the lookup's own error (its type and HTTP status; the
+    # masked text is in the intent's history, `agboss show KEY`).
+    log_event(
+        OUTBOUND_CALL_LOOKUP_FAILED,
+        logging.WARNING,
+        "reconcile could not be asked; the delivery retries and looks it up again",
+        **p.ref.fields(
+            attempt=attempt,
+            by="holder",
+            reason=failed.detail.get("reason"),
+            error_type=failed.detail.get("error_type"),
+            http_status=failed.detail.get("http_status"),
+        ),
+    )
+    return OutboundCallOutcomeUnknownError(
+        "reconcile could not be asked; the intent stays pending and will be reconciled again",
+        **p.ref.fields(attempt=attempt),
+    )
+
+
+def _reconciled_unknown(
+    holder: Holder, p: PreparedCall, attempt: int, answer: Unknown
+) -> OutboundCallUnreconciledError:
+    """The lookup could not tell: flagged for an operator, nothing sent."""
     _flag(
         holder.fenced(),
-        settings,
+        holder.settings,
         p.ref,
         p.idempotency_key,
         attempt,
-        me,
+        holder.lease_ref,
         HistoryEvent.UNRECONCILED,
         {"reason": masked_text(p.call, answer.reason)},
         IntentUpdate(
@@ -180,7 +200,7 @@ def reconcile_pending(
         "reconcile could not tell; nothing sent, an operator decides",
         **p.ref.fields(attempt=attempt),
     )
-    raise OutboundCallUnreconciledError(
+    return OutboundCallUnreconciledError(
         "reconcile could not tell whether the call reached the gateway; an operator decides",
         **p.ref.fields(attempt=attempt, reason="unknown"),
     )
@@ -204,19 +224,16 @@ def _reconciled_completed(
     # Reconciled by this delivery, its result handed to it: it relies on it from now on.
     shared = p.ref.handle is not None and stored_ok and record.fingerprint == p.fingerprint
     with holder.fenced() as tx:
-        won = transition(
+        won = holder_transition(
             tx,
-            holder.settings.pseudonym_key,
-            p.idempotency_key,
-            IntentGuard(IntentStatus.PENDING, record.attempt, me),
+            holder,
+            p,
+            me,
+            record.attempt,
             replace(update, rely=shared),
             HistoryEvent.RECONCILED_COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
-            from_status=IntentStatus.PENDING,
+            {"gateway_transaction_id": gateway_id, "by": "holder"},
             to_status=IntentStatus.COMPLETED,
-            attempt=record.attempt,
-            owner=me,
-            detail={"gateway_transaction_id": gateway_id, "by": "holder"},
-            execution_id=holder.execution_id,
         )
         if won and shared:
             tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id, counted=True)
@@ -245,41 +262,70 @@ def _reconciled_completed(
 
 
 def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) -> Resend:
-    me = holder.lease_ref
-    settings = holder.settings
     attempt = record.attempt
     if record.fingerprint != p.fingerprint and not sabotage.active(FINGERPRINT_NOT_CHECKED):
-        # The pending intent this execution sent holds another request: its own body
-        # changed (a person decides); another execution's pending intent stays its own.
-        own = record.sent_by == holder.execution_id
-        _flag(
-            holder.fenced(),
-            settings,
-            p.ref,
-            p.idempotency_key,
-            attempt,
-            me,
-            HistoryEvent.FINGERPRINT_CONFLICT,
-            {"not_sent": True, "own_execution": own},
-            IntentUpdate(
-                not_sent_confirmed=True,
-                needs_operator=True if own else None,
-                operator_reason="fingerprint-conflict" if own else UNSET,
-            ),
-        )
-        raise IdempotencyKeyConflictError(
-            f"the pending intent of {p.call.name!r} under this key holds another request; "
-            "nothing was sent",
-            **p.ref.fields(),
-        )
-    bound = max_key_age_ms(p.call, settings.attempt_timeout_ms)
-    too_old = False
+        raise _another_request(holder, p, record)
+    bound = max_key_age_ms(p.call, holder.settings.attempt_timeout_ms)
     try:
         with holder.fenced() as tx:
             holder.check_cancel(tx)  # a resend is a new send: never after a cancel
     except CancelRequestedError:
         _hand_back_not_sent(holder, p, attempt)
         raise
+    won, too_old = _claim_resend(holder, p, attempt, bound)
+    if won:
+        return Resend(attempt + 1)
+    if not too_old:
+        raise _superseded(p, attempt)
+    log_event(
+        OUTBOUND_CALL_UNRECONCILED,
+        logging.WARNING,
+        "not sent, but the key may have expired at the gateway: nothing resent",
+        **p.ref.fields(attempt=attempt, reason="key-too-old"),
+    )
+    raise OutboundCallUnreconciledError(
+        "reconcile found nothing, but the idempotency key is too old to resend safely "
+        "(key_age + attempt_timeout >= key_retention); an operator decides",
+        **p.ref.fields(attempt=attempt, reason="key-too-old"),
+    )
+
+
+def _another_request(
+    holder: Holder, p: PreparedCall, record: IntentRecord
+) -> IdempotencyKeyConflictError:
+    """The pending intent holds another request: the one this execution sent means its
+    own body changed (a person decides); another execution's stays its own."""
+    own = record.sent_by == holder.execution_id
+    _flag(
+        holder.fenced(),
+        holder.settings,
+        p.ref,
+        p.idempotency_key,
+        record.attempt,
+        holder.lease_ref,
+        HistoryEvent.FINGERPRINT_CONFLICT,
+        {"not_sent": True, "own_execution": own},
+        IntentUpdate(
+            not_sent_confirmed=True,
+            needs_operator=True if own else None,
+            operator_reason="fingerprint-conflict" if own else UNSET,
+        ),
+    )
+    return IdempotencyKeyConflictError(
+        f"the pending intent of {p.call.name!r} under this key holds another request; "
+        "nothing was sent",
+        **p.ref.fields(),
+    )
+
+
+def _claim_resend(
+    holder: Holder, p: PreparedCall, attempt: int, bound: int | None
+) -> tuple[bool, bool]:
+    """``(won, too_old)``: the next attempt claimed while the key is young enough for the
+    gateway to deduplicate it, else the intent flagged for an operator (key-too-old)."""
+    me = holder.lease_ref
+    settings = holder.settings
+    too_old = False
     with holder.fenced() as tx:
         won = transition(
             tx,
@@ -304,37 +350,19 @@ def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) 
             execution_id=holder.execution_id,
         )
         if not won:
-            too_old = transition(
+            too_old = holder_transition(
                 tx,
-                settings.pseudonym_key,
-                p.idempotency_key,
-                IntentGuard(IntentStatus.PENDING, attempt, me),
+                holder,
+                p,
+                me,
+                attempt,
                 IntentUpdate(
                     needs_operator=True, operator_reason="key-too-old", not_sent_confirmed=True
                 ),
                 HistoryEvent.UNRECONCILED,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.PENDING,
-                attempt=attempt,
-                owner=me,
-                detail={"reason": "key-too-old", "key_age_bound_ms": bound},
-                execution_id=holder.execution_id,
+                {"reason": "key-too-old", "key_age_bound_ms": bound},
             )
-    if won:
-        return Resend(attempt + 1)
-    if not too_old:
-        raise _superseded(p, attempt)
-    log_event(
-        OUTBOUND_CALL_UNRECONCILED,
-        logging.WARNING,
-        "not sent, but the key may have expired at the gateway: nothing resent",
-        **p.ref.fields(attempt=attempt, reason="key-too-old"),
-    )
-    raise OutboundCallUnreconciledError(
-        "reconcile found nothing, but the idempotency key is too old to resend safely "
-        "(key_age + attempt_timeout >= key_retention); an operator decides",
-        **p.ref.fields(attempt=attempt, reason="key-too-old"),
-    )
+    return won, too_old
 
 
 def _hand_back_not_sent(holder: Holder, p: PreparedCall, attempt: int) -> None:
@@ -342,19 +370,15 @@ def _hand_back_not_sent(holder: Holder, p: PreparedCall, attempt: int) -> None:
     handed back (no owner), for the cancel to settle without sending anything."""
     me = holder.lease_ref
     with holder.fenced() as tx:
-        transition(
+        holder_transition(
             tx,
-            holder.settings.pseudonym_key,
-            p.idempotency_key,
-            IntentGuard(IntentStatus.PENDING, attempt, me),
+            holder,
+            p,
+            me,
+            attempt,
             IntentUpdate(owner=None, not_sent_confirmed=True),
             HistoryEvent.RECONCILED_NOT_SENT,
-            from_status=IntentStatus.PENDING,
-            to_status=IntentStatus.PENDING,
-            attempt=attempt,
-            owner=me,
-            detail={"by": "holder", "resend": False, "why": "cancel requested"},
-            execution_id=holder.execution_id,
+            {"by": "holder", "resend": False, "why": "cancel requested"},
         )
 
 

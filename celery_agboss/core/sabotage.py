@@ -1,9 +1,10 @@
 """Protections that tests switch off to prove their test can fail.
 
 A guarantee test without a twin that fails when the protection is removed proves
-nothing. The switches live here (so the store and the engine can consult them
-without importing the testing package) but can only be turned on through
-``celery_agboss.testing.switches``, which refuses unless the process runs under
+nothing. The switches' names live in ``celery_agboss.core.protections``, and whether one
+is off is read here (so the store and the engine can consult them without importing the
+testing package); they can only be turned off through ``celery_agboss.testing.switches``,
+which refuses unless the process runs under
 pytest with ``AGBOSS_ALLOW_SABOTAGE=1`` (or descends from the pytest process named by
 ``AGBOSS_SABOTAGE_SUBPROCESS``: a worker a test started). They are never settings.
 """
@@ -16,31 +17,17 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from celery_agboss.core.protections import ALL as _KNOWN
 from celery_agboss.errors import SabotageRefusedError
 
-# Each name is a protection that can be removed. Engines/stores check ``active(NAME)``.
-LEASE_CHECK_IN_SEPARATE_ROUND_TRIP = "lease-check-in-separate-round-trip"  # PS4
-RENEW_REVIVES_EXPIRED_LEASE = "renew-revives-expired-lease"  # R19
-EXPIRY_BY_CALLER_CLOCK = "expiry-by-caller-clock"  # PS13
-HOLDER_TRUSTS_LEASE_FOREVER = "holder-trusts-lease-forever"  # PS13 holder side
-FENCE_NOT_RECHECKED_AT_COMMIT = "fence-not-rechecked-at-commit"  # P1 at the commit boundary
-
 _active: set[str] = set()
-_known: set[str] = {
-    LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
-    RENEW_REVIVES_EXPIRED_LEASE,
-    EXPIRY_BY_CALLER_CLOCK,
-    HOLDER_TRUSTS_LEASE_FOREVER,
-    FENCE_NOT_RECHECKED_AT_COMMIT,
-}
 _lock = threading.Lock()
 ENV_SWITCH = "AGBOSS_ALLOW_SABOTAGE"
 
 
-def register(name: str) -> str:
-    """Declare a protection that can be switched off (modules call this at import)."""
-    _known.add(name)
-    return name
+def known() -> frozenset[str]:
+    """Every protection that can be switched off (``celery_agboss.core.protections``)."""
+    return _KNOWN
 
 
 def active(name: str) -> bool:
@@ -115,9 +102,9 @@ def switched_off(*names: str) -> Iterator[None]:
     """Remove the named protections for the duration of the block (tests only)."""
     if not _allowed():
         raise SabotageRefusedError()
-    unknown = [name for name in names if name not in _known]
+    unknown = [name for name in names if name not in _KNOWN]
     if unknown:
-        raise ValueError(f"unknown protections {unknown}; known: {sorted(_known)}")
+        raise ValueError(f"unknown protections {unknown}; known: {sorted(_KNOWN)}")
     with _lock:
         _active.update(names)
     try:

@@ -1,12 +1,12 @@
-"""Send one claimed attempt and settle what came back (DESIGN §4.2–4.3).
+"""Send one claimed attempt and settle what came back (design: send, settle).
 
 The send runs in a worker thread bounded by ``attempt_timeout``; the lease is checked
 on the holder's clocks immediately before it, nothing awaited in between. A result
 is settled by ``(PENDING, attempt, me) → COMPLETED``; a definite failure by
 ``→ FAILED`` and re-raised; anything else (an error of unknown outcome, a timeout, a
-lost lease) leaves the intent PENDING, recorded as such, for reconcile (R25). A wait
+lost lease) leaves the intent PENDING, recorded as such, for reconcile (design: R25). A wait
 interrupted while the send runs (a signal, a soft time limit) settles nothing: the
-holder's ``send_interrupted`` keeps the lease alive under the send (R18, R23).
+holder's ``send_interrupted`` keeps the lease alive under the send (design: R18, R23).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from celery_agboss.core import fault_points, sabotage
@@ -29,22 +30,25 @@ from celery_agboss.core.log_events import (
     OUTBOUND_CALL_SUPERSEDED,
     log_event,
 )
+from celery_agboss.core.lookup import completed_update
 from celery_agboss.core.outbound import CallContext, Outcome
-from celery_agboss.core.prepared import Holder, PreparedCall
+from celery_agboss.core.prepared import Holder, PreparedCall, holder_transition
 from celery_agboss.core.protections import (
     SEND_NOT_BOUNDED,
     SEND_WITHOUT_LEASE_CHECK,
     SUPERSEDED_SILENTLY_REPORTED,
     UNKNOWN_ERRORS_ARE_DEFINITE,
 )
-from celery_agboss.core.store import INTENT_RECORD, JSON, IntentGuard, IntentStatus, IntentUpdate
+from celery_agboss.core.store_protocol import (
+    INTENT_RECORD,
+    JSON,
+    IntentStatus,
+    IntentUpdate,
+)
 from celery_agboss.core.transitions import (
     error_detail,
     fault,
-    mask_result,
     masked_text,
-    transaction_id_of,
-    transition,
 )
 from celery_agboss.errors import (
     ExecutionFencedError,
@@ -54,7 +58,7 @@ from celery_agboss.errors import (
 )
 
 UNBOUNDED_SEND_S = 365 * 86400.0
-"""The "bound" of a send when the R22 protection is switched off (tests only)."""
+"""The "bound" of a send when the protection (design: R22) is switched off (tests only)."""
 
 
 def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any, Outcome]:
@@ -99,7 +103,7 @@ def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any,
             state = run.wait()
         except BaseException:
             # A signal, a soft time limit, a shutdown while the send may be on the wire:
-            # the send goes on in its thread, so the lease must outlive it (R18, R23).
+            # the send goes on in its thread, so the lease must outlive it (design: R18, R23).
             if started:
                 holder.send_interrupted(started[0])
             raise
@@ -144,35 +148,17 @@ def _late_answer_logger(p: PreparedCall, attempt: int) -> Callable[[BoundedRun],
 def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) -> Any:
     """``(PENDING, attempt, me) → COMPLETED``; a miss is success only if my attempt completed."""
     me = holder.lease_ref
-    stored_ok, stored = mask_result(p.call, result)
-    gateway_id = transaction_id_of(p.call, result)
+    stored_ok, update, gateway_id = completed_update(p.call, result, found_by_lookup=False)
     fault(fault_points.OUTBOUND_BEFORE_SETTLE, me, p.ref, attempt=attempt)
     mine = False
     shared = p.ref.handle is not None and stored_ok  # its result is handed to me now
+    update = replace(update, rely=shared)
+    event = HistoryEvent.COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED
+    detail = {"gateway_transaction_id": gateway_id}
     try:
         with holder.fenced() as tx:
-            won = transition(
-                tx,
-                holder.settings.pseudonym_key,
-                p.idempotency_key,
-                IntentGuard(IntentStatus.PENDING, attempt, me),
-                IntentUpdate(
-                    status=IntentStatus.COMPLETED,
-                    complete=True,
-                    result=stored,
-                    result_stored=stored_ok,
-                    gateway_transaction_id=gateway_id,
-                    needs_operator=not stored_ok,
-                    operator_reason=None if stored_ok else "result-not-stored",
-                    rely=shared,
-                ),
-                HistoryEvent.COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.COMPLETED,
-                attempt=attempt,
-                owner=me,
-                detail={"gateway_transaction_id": gateway_id},
-                execution_id=holder.execution_id,
+            won = holder_transition(
+                tx, holder, p, me, attempt, update, event, detail, to_status=IntentStatus.COMPLETED
             )
             if won and shared:
                 tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id, counted=True)
@@ -214,7 +200,7 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
 
 
 def _handed_over(p: PreparedCall, attempt: int, result: Any) -> Any:
-    """The answer came after the attempt was handed over: stored nowhere, reported (R20)."""
+    """The answer came after the attempt was handed over: stored nowhere, reported (design: R20)."""
     log_event(
         OUTBOUND_CALL_ANSWERED_AFTER_HAND_OVER,
         logging.WARNING,
@@ -236,14 +222,15 @@ def _handed_over(p: PreparedCall, attempt: int, result: Any) -> Any:
 
 
 def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseException) -> NoReturn:
-    """A definite failure becomes FAILED and is re-raised; anything else stays PENDING (R25)."""
+    """A definite failure becomes FAILED and is re-raised; anything else stays PENDING
+    (design: R25)."""
     if sabotage.active(UNKNOWN_ERRORS_ARE_DEFINITE):
         definite = True
     else:
         try:
             definite = p.call.is_definite_failure(exc) is True
         except Exception:
-            definite = False  # a classifier that fails classifies nothing as definite (A15)
+            definite = False  # a classifier that fails classifies nothing as definite (design: A15)
     detail = error_detail(p.call, exc)
     if not definite:
         record_unknown(holder, p, attempt, {"reason": "send-raised", **detail})
@@ -259,26 +246,21 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
         ) from exc
     me = holder.lease_ref
     failure = encode_failure(exc, lambda text: masked_text(p.call, text))
+    update = IntentUpdate(
+        status=IntentStatus.FAILED, failure=failure, retry_for=None, failure_shared=False
+    )
     try:
         with holder.fenced() as tx:
-            won = transition(
+            won = holder_transition(
                 tx,
-                holder.settings.pseudonym_key,
-                p.idempotency_key,
-                IntentGuard(IntentStatus.PENDING, attempt, me),
-                IntentUpdate(
-                    status=IntentStatus.FAILED,
-                    failure=failure,
-                    retry_for=None,
-                    failure_shared=False,
-                ),
+                holder,
+                p,
+                me,
+                attempt,
+                update,
                 HistoryEvent.FAILED_DEFINITE,
-                from_status=IntentStatus.PENDING,
+                detail,
                 to_status=IntentStatus.FAILED,
-                attempt=attempt,
-                owner=me,
-                detail=detail,
-                execution_id=holder.execution_id,
             )
     except ExecutionFencedError as fenced:
         _handed_over_error(p, attempt, fenced)
@@ -317,19 +299,8 @@ def record_unknown(holder: Holder, p: PreparedCall, attempt: int, detail: JSON) 
     me = holder.lease_ref
     try:
         with holder.fenced() as tx:
-            transition(
-                tx,
-                holder.settings.pseudonym_key,
-                p.idempotency_key,
-                IntentGuard(IntentStatus.PENDING, attempt, me),
-                IntentUpdate(),
-                HistoryEvent.OUTCOME_UNKNOWN,
-                from_status=IntentStatus.PENDING,
-                to_status=IntentStatus.PENDING,
-                attempt=attempt,
-                owner=me,
-                detail=detail,
-                execution_id=holder.execution_id,
+            holder_transition(
+                tx, holder, p, me, attempt, IntentUpdate(), HistoryEvent.OUTCOME_UNKNOWN, detail
             )
     except (ExecutionFencedError, StoreError) as exc:
         log_event(

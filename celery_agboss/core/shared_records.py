@@ -33,40 +33,21 @@ from dataclasses import dataclass
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
-from celery_agboss.core.protections import PASSED_FAILURE_RESENT
-from celery_agboss.core.store import (
+from celery_agboss.core.protections import (
+    COMPLETION_READ_FROM_EXECUTION_ROWS,
+    DIVERGENCE_BY_CREATOR,
+    HAND_OUT_KEEPS_RETRY,
+    PASSED_FAILURE_RESENT,
+    PAYMENTS_BY_CREATOR,
+    UNDO_IGNORES_OTHER_EXECUTIONS,
+)
+from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     IntentRecord,
     IntentStatus,
     RecordUser,
     SharedRecord,
 )
-
-UNDO_IGNORES_OTHER_EXECUTIONS = sabotage.register("undo-ignores-other-executions")
-"""Sabotage: an execution undoes a step it shares as if it were alone on it — the
-refund of a charge another execution completed on (a paid, shipped order)."""
-
-PAYMENTS_BY_CREATOR = sabotage.register("payments-by-creator")
-"""Sabotage: "did this execution move money?" counts only the intents it created, so a
-cancel of an execution that sent the winning attempt of another's intent keeps it."""
-
-DIVERGENCE_BY_CREATOR = sabotage.register("divergence-by-creator")
-"""Sabotage: a re-run must reach only the intents its execution created: a charge it sent
-through another execution's intent, then left for another path, is not noticed."""
-
-COMPLETION_READ_FROM_EXECUTION_ROWS = sabotage.register("completion-read-from-execution-rows")
-"""Sabotage: "another execution completed on this step" is read from that execution's own
-row only, not from the record: once retention removed the row, its completed order's
-charge is refunded by the other click's undo."""
-
-REPLAY_AFTER_UNDO = sabotage.register("replay-after-undo")
-"""Sabotage: a step whose undo is done is replayed like any completed one: a later click
-gets the refunded charge's receipt and marks its order paid with a refunded payment."""
-
-HAND_OUT_KEEPS_RETRY = sabotage.register("hand-out-keeps-retry")
-"""Sabotage: handing a failure to another execution does not revoke its sender's retry
-authorisation: the sender's retry re-sends the card another execution was declined on
-and went past (to its backup), while that one pays there: two payments."""
 
 _SETTLED_FOR_DIVERGENCE = (IntentStatus.PENDING, IntentStatus.COMPLETED)
 _NOT_RUNNING_AGAIN = frozenset(TERMINAL_STATES)
@@ -274,12 +255,6 @@ def hands_failure_to_another(record: IntentRecord, execution_id: str) -> bool:
 
 
 __all__ = [
-    "COMPLETION_READ_FROM_EXECUTION_ROWS",
-    "DIVERGENCE_BY_CREATOR",
-    "HAND_OUT_KEEPS_RETRY",
-    "PAYMENTS_BY_CREATOR",
-    "REPLAY_AFTER_UNDO",
-    "UNDO_IGNORES_OTHER_EXECUTIONS",
     "CancelDecision",
     "CancelStep",
     "FailureClaim",

@@ -5,7 +5,7 @@ here what to do with the step (``decide_step``): ``shared_records.undo_decision`
 record as the store reads it, and — when it undoes — the claim of the record by a
 compare-and-set on the reliance that decision read, in the same fenced transaction. A
 claim that misses (another execution relied on the step, or claimed it, meanwhile) reads
-and decides again. A holder past its lease decides nothing (P5).
+and decides again. A holder past its lease decides nothing (design: P5).
 """
 
 from __future__ import annotations
@@ -21,9 +21,15 @@ from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.fault_points import UNDO_BEFORE_CLAIM, fault_point
 from celery_agboss.core.keys import business_key_handle
 from celery_agboss.core.log_events import UNDO_COVERED, UNDO_KEPT, UNDO_WAITS, log_event
+from celery_agboss.core.protections import FENCED_HOLDER_STARTS_UNDO
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome, undo_decision
-from celery_agboss.core.store import EFFECT_RECORD, INTENT_RECORD, SharedRecord, StoreTransaction
-from celery_agboss.core.undo_steps import FENCED_HOLDER_STARTS_UNDO, UndoDeclaration
+from celery_agboss.core.store_protocol import (
+    EFFECT_RECORD,
+    INTENT_RECORD,
+    SharedRecord,
+    StoreTransaction,
+)
+from celery_agboss.core.undo_steps import UndoDeclaration
 from celery_agboss.errors import OutboundCallInFlightError
 
 MAX_DECISION_ROUNDS = 8
@@ -108,7 +114,7 @@ def step_notes(settings: EngineSettings, decisions: Mapping[str, UndoDecision]) 
 
 
 def loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
-    """A step key as a log may show it (R17): a business-keyed one (``<tenant>:b:…``)
+    """A step key as a log may show it (design: R17): a business-keyed one (``<tenant>:b:…``)
     holds the business key in clear, so only its HMAC handle is logged."""
     if key.split(":", 2)[1:2] == ["b"]:
         return {"step_key_handle": business_key_handle(settings.pseudonym_key, key)}

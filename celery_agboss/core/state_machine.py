@@ -1,4 +1,4 @@
-"""The outbound-call state machine, holder side (DESIGN §4): the claim, and the loop that
+"""The outbound-call state machine, holder side (design: claim): the claim, and the loop that
 hands each case to its step.
 
 One ``run_outbound`` per ``outbound()`` call. Every write is one fenced transaction
@@ -36,17 +36,13 @@ from celery_agboss.core.protections import (
     JOIN_ON_ANY_FINGERPRINT,
     LIVE_OWNER_TAKEN_OVER,
     RECORD_USE_NOT_NOTED,
+    REPLAY_AFTER_UNDO,
     REPLAY_NOT_STORED_MARKER,
 )
 from celery_agboss.core.reconcile import reconcile_pending, take_for_reconcile
 from celery_agboss.core.settle import send_and_settle
-from celery_agboss.core.shared_records import (
-    REPLAY_AFTER_UNDO,
-    FailureClaim,
-    failure_claim,
-    hands_failure_to_another,
-)
-from celery_agboss.core.store import (
+from celery_agboss.core.shared_records import FailureClaim, failure_claim, hands_failure_to_another
+from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     IntentGuard,
     IntentRecord,
@@ -55,7 +51,7 @@ from celery_agboss.core.store import (
     NewIntent,
     Reliance,
 )
-from celery_agboss.core.transitions import append_history, fault, transition
+from celery_agboss.core.transitions import create, fault, transition
 from celery_agboss.errors import (
     IdempotencyKeyConflictError,
     OutboundCallCompensatedError,
@@ -73,7 +69,7 @@ COMPENSATION_POLL_S = 0.25
 
 
 def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
-    """Claim (DESIGN §4.1), then send/settle, reconcile, replay or join; the result and how."""
+    """Claim (design: claim), then send/settle, reconcile, replay or join; the result and how."""
     me = holder.lease_ref
     saw_live_owner = False
     for _ in range(MAX_CLAIM_ROUNDS):
@@ -149,36 +145,23 @@ def _claim_or_read(holder: Holder, p: PreparedCall) -> _Claim:
 
     The claim that authorises the send checks the cancel request in its transaction. An
     intent another execution created (a shared business key) is noted as used by this
-    one (retention keeps it while this execution lives, DESIGN §6.3), and a completed
+    one, so retention keeps it while this execution lives (design: retention); a completed
     one's result handed to this execution is written on the record in the same
     transaction — unless an undo claimed it first (``Reliance.UNDONE``)."""
     me = holder.lease_ref
     with holder.fenced() as tx:
         holder.check_cancel(tx)
-        inserted = tx.insert_intent(
-            NewIntent(
-                idempotency_key=p.idempotency_key,
-                execution_id=holder.execution_id,
-                name=p.call.name,
-                business_key_handle=p.ref.handle,
-                fingerprint=p.fingerprint,
-                request=p.stored_request,
-                owner=me,
-            )
+        intent = NewIntent(
+            idempotency_key=p.idempotency_key,
+            execution_id=holder.execution_id,
+            name=p.call.name,
+            business_key_handle=p.ref.handle,
+            fingerprint=p.fingerprint,
+            request=p.stored_request,
+            owner=me,
         )
-        if inserted:
-            append_history(
-                tx,
-                holder.settings.pseudonym_key,
-                p.idempotency_key,
-                HistoryEvent.CLAIMED,
-                from_status=None,
-                to_status=IntentStatus.PENDING,
-                attempt=1,
-                owner=me,
-                detail={"call": p.call.name, "execution_id": holder.execution_id},
-                execution_id=holder.execution_id,
-            )
+        detail = {"call": p.call.name, "execution_id": holder.execution_id}
+        if create(tx, holder.settings.pseudonym_key, intent, detail):
             return _Claim(True, None)
         record = tx.read_intent(p.idempotency_key)
         if record is None:
@@ -326,7 +309,7 @@ def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool
 
 
 def _join(holder: Holder, p: PreparedCall, running: InFlightSend) -> tuple[Any, Outcome] | None:
-    """Wait for this process's own send of the key; only an equal request may join (R16).
+    """Wait for this process's own send of the key; only an equal request may join (design: R16).
     The joiner relies on the result: written on a business-keyed record like a replay."""
     if running.fingerprint != p.fingerprint and not sabotage.active(JOIN_ON_ANY_FINGERPRINT):
         raise IdempotencyKeyConflictError(

@@ -1,4 +1,4 @@
-"""The sweep's reconcile (DESIGN §6.2): take a PENDING intent that no live lease owns,
+"""The sweep's reconcile (design: sweep reconciles): take a PENDING intent that no live lease owns,
 under the sweeper's own short lease, and ask the gateway — never send.
 
 ``Completed`` is stored; ``NotSent`` is recorded as ``not_sent_confirmed`` and the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from celery_agboss.core import fault_points, sabotage
@@ -35,7 +35,8 @@ from celery_agboss.core.lookup import (
     previous_owner,
 )
 from celery_agboss.core.outbound import CallContext, Completed, NotSent, OutboundCall, Unknown
-from celery_agboss.core.store import (
+from celery_agboss.core.protections import NOT_SENT_LOOKUPS_NOT_BACKED_OFF
+from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     IntentGuard,
     IntentRecord,
@@ -54,10 +55,6 @@ from celery_agboss.errors import LookupFailed
 
 LOOKUP_BACKOFF_BASE_MS = 30_000
 LOOKUP_BACKOFF_CAP_MS = 3_600_000
-
-NOT_SENT_LOOKUPS_NOT_BACKED_OFF = sabotage.register("not-sent-lookups-not-backed-off")
-"""Sabotage: an intent whose lookups keep answering ``NotSent`` is looked up every 30 s for
-ever, instead of backing off exponentially to the cap."""
 
 
 class StrandedOutcome(str, enum.Enum):
@@ -162,101 +159,127 @@ def _settle_stranded(
     by: str,
     for_execution: str | None,
 ) -> StrandedOutcome:
+    """Write what the lookup answered (one transition under the sweeper's lease), then log it."""
     key = record.idempotency_key
     relier = for_execution if record.business_key_handle is not None else None
-    attempt = record.attempt
-    guard = IntentGuard(IntentStatus.PENDING, attempt, lease)
-    failures = record.lookup_failures + 1
+    change = _stranded_change(call, answer, failure, record.lookup_failures + 1, by, relier)
     with store.fenced(lease, ttl) as tx:
-        history: tuple[HistoryEvent, IntentStatus, dict[str, Any]]
-        if isinstance(answer, Completed):
-            stored_ok, update, gateway_id = completed_update(call, answer.result)
-            if relier is not None and stored_ok:
-                update = replace(update, rely=True)
-            else:
-                relier = None
-            outcome = StrandedOutcome.COMPLETED
-            event = (
-                HistoryEvent.RECONCILED_COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED
-            )
-            history = (
-                event,
-                IntentStatus.COMPLETED,
-                {"gateway_transaction_id": gateway_id, "by": by},
-            )
-        elif isinstance(answer, NotSent):
-            # Not settled either: until the execution's holder resends, lookups of it back
-            # off like any other that could not settle it (30 s, 60 s, … to an hour).
-            update = IntentUpdate(
-                owner=None,
-                not_sent_confirmed=True,
-                lookup_failures=failures,
-                next_lookup_delay_ms=_backoff_ms(
-                    0 if sabotage.active(NOT_SENT_LOOKUPS_NOT_BACKED_OFF) else failures - 1
-                ),
-            )
-            outcome = StrandedOutcome.NOT_SENT_CONFIRMED
-            history = (
-                HistoryEvent.RECONCILED_NOT_SENT,
-                IntentStatus.PENDING,
-                {"by": by, "resend": False},
-            )
-        elif isinstance(answer, Unknown):
-            update = IntentUpdate(
-                owner=None,
-                needs_operator=True,
-                operator_reason=f"unknown: {masked_text(call, answer.reason)}"[:500],
-                lookup_failures=failures,
-                next_lookup_delay_ms=_backoff_ms(failures),
-            )
-            outcome = StrandedOutcome.UNRECONCILED
-            history = (
-                HistoryEvent.UNRECONCILED,
-                IntentStatus.PENDING,
-                {"by": by, "reason": masked_text(call, answer.reason)},
-            )
-        else:
-            update = IntentUpdate(
-                owner=None, lookup_failures=failures, next_lookup_delay_ms=_backoff_ms(failures)
-            )
-            outcome = StrandedOutcome.LOOKUP_FAILED
-            history = (
-                HistoryEvent.LOOKUP_FAILED,
-                IntentStatus.PENDING,
-                # the error's text is masked by the call's policy (error_detail)
-                {"by": by, "lookup_failures": failures, **(failure or {})},
-            )
-        event, to_status, detail = history
         won = transition(
             tx,
             settings.pseudonym_key,
             key,
-            guard,
-            update,
-            event,
+            IntentGuard(IntentStatus.PENDING, record.attempt, lease),
+            change.update,
+            change.event,
             from_status=IntentStatus.PENDING,
-            to_status=to_status,
-            attempt=attempt,
+            to_status=change.to_status,
+            attempt=record.attempt,
             owner=lease,
-            detail=detail,
+            detail=change.detail,
             execution_id=for_execution,
         )
-        if won and outcome is StrandedOutcome.COMPLETED and relier is not None:
-            tx.rely_on(INTENT_RECORD, key, relier, counted=True)
+        if won and change.relier is not None:
+            tx.rely_on(INTENT_RECORD, key, change.relier, counted=True)
     if not won:
         return StrandedOutcome.SKIPPED
-    fields = ref.fields(
-        attempt=attempt,
-        by=by,
-        **(
-            {}
-            if failure is None
-            else {
-                "error_type": failure.get("error_type"),
-                "http_status": failure.get("http_status"),
-            }
-        ),
+    _log_stranded(change.outcome, ref, record.attempt, by, failure)
+    return change.outcome
+
+
+@dataclass(frozen=True)
+class _StrandedChange:
+    """What one lookup's answer writes on the stranded intent."""
+
+    outcome: StrandedOutcome
+    update: IntentUpdate
+    event: HistoryEvent
+    to_status: IntentStatus
+    detail: dict[str, Any]
+    relier: str | None  # the execution that relies on a completed shared intent, or None
+
+
+def _stranded_change(
+    call: OutboundCall,
+    answer: Completed[Any] | NotSent | Unknown | None,
+    failure: dict[str, Any] | None,
+    failures: int,
+    by: str,
+    relier: str | None,
+) -> _StrandedChange:
+    """The change, its history event and the outcome for each answer a lookup can give
+    (None: the lookup itself failed; ``failures`` counts this one)."""
+    if isinstance(answer, Completed):
+        stored_ok, update, gateway_id = completed_update(call, answer.result)
+        relies = relier if stored_ok else None
+        return _StrandedChange(
+            StrandedOutcome.COMPLETED,
+            update if relies is None else replace(update, rely=True),
+            HistoryEvent.RECONCILED_COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED,
+            IntentStatus.COMPLETED,
+            {"gateway_transaction_id": gateway_id, "by": by},
+            relies,
+        )
+    if isinstance(answer, NotSent):
+        # Not settled either: until the execution's holder resends, lookups of it back
+        # off like any other that could not settle it (30 s, 60 s, … to an hour).
+        backoff = 0 if sabotage.active(NOT_SENT_LOOKUPS_NOT_BACKED_OFF) else failures - 1
+        update = IntentUpdate(
+            owner=None,
+            not_sent_confirmed=True,
+            lookup_failures=failures,
+            next_lookup_delay_ms=_backoff_ms(backoff),
+        )
+        return _StrandedChange(
+            StrandedOutcome.NOT_SENT_CONFIRMED,
+            update,
+            HistoryEvent.RECONCILED_NOT_SENT,
+            IntentStatus.PENDING,
+            {"by": by, "resend": False},
+            None,
+        )
+    if isinstance(answer, Unknown):
+        update = IntentUpdate(
+            owner=None,
+            needs_operator=True,
+            operator_reason=f"unknown: {masked_text(call, answer.reason)}"[:500],
+            lookup_failures=failures,
+            next_lookup_delay_ms=_backoff_ms(failures),
+        )
+        return _StrandedChange(
+            StrandedOutcome.UNRECONCILED,
+            update,
+            HistoryEvent.UNRECONCILED,
+            IntentStatus.PENDING,
+            {"by": by, "reason": masked_text(call, answer.reason)},
+            None,
+        )
+    update = IntentUpdate(
+        owner=None, lookup_failures=failures, next_lookup_delay_ms=_backoff_ms(failures)
     )
+    return _StrandedChange(
+        StrandedOutcome.LOOKUP_FAILED,
+        update,
+        HistoryEvent.LOOKUP_FAILED,
+        IntentStatus.PENDING,
+        # the error's text is masked by the call's policy (error_detail)
+        {"by": by, "lookup_failures": failures, **(failure or {})},
+        None,
+    )
+
+
+def _log_stranded(
+    outcome: StrandedOutcome,
+    ref: CallRef,
+    attempt: int,
+    by: str,
+    failure: dict[str, Any] | None,
+) -> None:
+    more = (
+        {}
+        if failure is None
+        else {"error_type": failure.get("error_type"), "http_status": failure.get("http_status")}
+    )
+    fields = ref.fields(attempt=attempt, by=by, **more)
     if outcome is StrandedOutcome.COMPLETED:
         log_event(
             OUTBOUND_CALL_RECONCILED,
@@ -285,7 +308,6 @@ def _settle_stranded(
             "reconcile could not be asked; looked up again later",
             **fields,
         )
-    return outcome
 
 
 __all__ = [

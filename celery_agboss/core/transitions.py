@@ -2,10 +2,10 @@
 chained history row in the same transaction, one structured log event
 (``celery_agboss.core.log_events``).
 
-Every intent transition is written through here: the holder's state machine
-(``state_machine``, ``settle``), reconcile (``reconcile``, ``stranded``), a cancel's
-``NotSent`` (``cancelled_intents``) and the operator's ``resolve``, so none of them can
-disagree on what a transition writes.
+Every intent write is made through here: its creation (``create``, the claim) and every
+transition after it — the holder's state machine (``state_machine``, ``settle``),
+reconcile (``reconcile``, ``stranded``), a cancel's ``NotSent`` (``cancelled_intents``)
+and the operator's ``resolve`` — so none of them can disagree on what a write records.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from celery_agboss.core.log_events import OUTBOUND_CALL_TRANSACTION_ID_FAILED, l
 from celery_agboss.core.masking import NO_MASKING, MaskingPolicy
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.protections import INTENT_CAS_WITHOUT_PREDICATE
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     JSON,
     IntentGuard,
     IntentStatus,
     IntentUpdate,
     LeaseRef,
+    NewIntent,
     StoreTransaction,
 )
 
@@ -37,7 +38,7 @@ ERROR_TEXT_LIMIT = 500
 def cas(tx: StoreTransaction, key: str, guard: IntentGuard, update: IntentUpdate) -> bool:
     """One ``UPDATE … WHERE <guard>``, judged by its row count.
 
-    Sabotaged (R15), a miss writes anyway: the row is re-read and updated under a
+    Sabotaged (design: R15), a miss writes anyway: the row is re-read and updated under a
     guard built from what it now holds, which is an UPDATE without a predicate.
     """
     if tx.update_intent(key, guard, update):
@@ -89,6 +90,32 @@ def transition(
     return True
 
 
+def create(
+    tx: StoreTransaction,
+    pseudonym_key: bytes,
+    intent: NewIntent,
+    detail: JSON = None,
+) -> bool:
+    """The claim of a new intent (``PENDING``, attempt 1, owned by its creator's lease) and,
+    when it inserted, its first history row; False when the key existed and nothing was
+    written (the insert does nothing on a conflict, so two claims never both win)."""
+    if not tx.insert_intent(intent):
+        return False
+    append_history(
+        tx,
+        pseudonym_key,
+        intent.idempotency_key,
+        HistoryEvent.CLAIMED,
+        from_status=None,
+        to_status=IntentStatus.PENDING,
+        attempt=1,
+        owner=intent.owner,
+        detail=detail,
+        execution_id=intent.execution_id,
+    )
+    return True
+
+
 def append_history(
     tx: StoreTransaction,
     pseudonym_key: bytes,
@@ -102,7 +129,8 @@ def append_history(
     detail: JSON = None,
     execution_id: str | None = None,
 ) -> None:
-    """Chain one row to the intent's history (call it after the CAS, which locked the row)."""
+    """Chain one row to the intent's history (after the write that locked the row: the
+    compare-and-set of ``transition`` or the insert of ``create``, its only callers)."""
     row = next_history_row(
         pseudonym_key,
         tx.last_history(key),
@@ -126,7 +154,7 @@ def policy_of(call: OutboundCall) -> MaskingPolicy:
 
 
 def mask_result(call: OutboundCall, result: Any) -> tuple[bool, JSON]:
-    """``(True, stored form)`` or ``(False, a not-stored marker)``; never raises (R24)."""
+    """``(True, stored form)`` or ``(False, a not-stored marker)``; never raises (design: R24)."""
     try:
         return policy_of(call).try_mask_result(result)
     except Exception as exc:  # a custom policy object that raised something else
@@ -231,6 +259,7 @@ __all__ = [
     "CallRef",
     "append_history",
     "cas",
+    "create",
     "error_detail",
     "fault",
     "mask_result",

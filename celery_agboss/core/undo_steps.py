@@ -1,10 +1,10 @@
-"""What undo declarations refer to: the step a delivery completed last, and the
+"""What undo declarations refer to: the declarations a delivery made, and the
 registered undo functions (``celery_agboss.core.compensation`` runs them).
 
-``PaymentTask.outbound()`` and ``fenced_effect()`` run inside ``outbound_step`` and
-``effect_step``, which note the key of each step that returned; ``undo_with()`` declares
-the undo of the last one. Undo functions are registered by name, per application, so
-that a declaration stored by one worker finds the same function on every other. An
+``undo_with()`` declares the undo of the step that returned last, as the delivery's
+``ExecutionContext`` names it (``last_step``: the one home of a step's key). Undo
+functions are registered by name, per application, so that a declaration stored by one
+worker finds the same function on every other. An
 undo declared as a Celery signature has one runner for every app: publishing goes
 through the outbox, a layer above the core, so ``celery_agboss.task`` installs it.
 """
@@ -13,28 +13,18 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.fenced_effects import effect_key
-from celery_agboss.core.keys import business_key, fit_key, validate_business_key
-from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.core.store import EFFECT_RECORD, INTENT_RECORD
+from celery_agboss.core.keys import fit_key
 from celery_agboss.errors import ConfigurationError
 
 COMPENSATION_SUFFIX = ":compensation"
 COMPENSATION_KEY_LIMIT = 200
 """A longer ``<step key>:compensation`` becomes its digest (``fit_key``): it is also the
 business key of the calls inside the undo, and their intent keys must fit the store."""
-
-FENCED_HOLDER_STARTS_UNDO = sabotage.register("fenced-holder-starts-undo")
-"""Sabotage (P5): the reads that start an undo, and the start mark, go on past a fence —
-as undo started from a failure handler outside the lease would: a holder superseded
-mid-body, woken after the take-over completed the payment, refunds the paid order."""
 
 
 def compensation_key(step: str, n: int = 1) -> str:
@@ -141,16 +131,13 @@ def check_undo_name(name: Any) -> None:
         raise ConfigurationError(f"an undo needs a name of 1 to 200 characters, not {name!r}")
 
 
-# --- what the body did: the step an undo declaration belongs to -----------------------
+# --- what the body declared ---------------------------------------------------------
 
 
 @dataclass
 class StepTrail:
-    """One delivery's last completed step, and its count of effects keyed by position."""
+    """One delivery's undo declarations (the step each belongs to: ``ctx.last_step``)."""
 
-    last_step: str | None = None
-    last_kind: str | None = None  # the last step's record: an intent or a fenced effect
-    effects: dict[str, int] = field(default_factory=dict)
     step_undos: dict[str, int] = field(default_factory=dict)  # undo_with() calls per step
     declared: int = 0  # declarations this delivery wrote or found
     earlier_deliveries: bool = False  # another delivery may have declared undos
@@ -168,52 +155,15 @@ def trail_of(ctx: ExecutionContext) -> StepTrail:
         return trail
 
 
-@contextmanager
-def outbound_step(
-    ctx: ExecutionContext, call: OutboundCall, business_key_text: str | None
-) -> Iterator[None]:
-    """Around ``ctx.outbound(call, …)``: once it returned, its key is the step an undo
-    declared next belongs to."""
-    before = ctx.reached_keys()
-    yield
-    if business_key_text is not None:
-        raw = business_key(ctx.settings.tenant, validate_business_key(business_key_text), call.name)
-        key: str | None = fit_key(raw, call.max_key_length)
-    else:
-        new = ctx.reached_keys() - before
-        key = next(iter(new)) if len(new) == 1 else None
-    trail = trail_of(ctx)
-    trail.last_step, trail.last_kind = key, INTENT_RECORD
-
-
-@contextmanager
-def effect_step(ctx: ExecutionContext, name: str, business_key_text: str | None) -> Iterator[None]:
-    """Around ``ctx.fenced_effect(name, …)``: the same, its key counted by position as the
-    context counts it."""
-    trail = trail_of(ctx)
-    occurrence = 1
-    if business_key_text is None:
-        occurrence = trail.effects.get(name, 0) + 1
-        trail.effects[name] = occurrence
-    yield
-    trail.last_step = effect_key(
-        ctx.settings, ctx.execution_id, name, business_key_text, occurrence
-    )
-    trail.last_kind = EFFECT_RECORD
-
-
 __all__ = [
     "COMPENSATION_KEY_LIMIT",
     "COMPENSATION_SUFFIX",
-    "FENCED_HOLDER_STARTS_UNDO",
     "StepTrail",
     "UndoDeclaration",
     "UndoFunction",
     "UndoRegistry",
     "check_undo_name",
     "compensation_key",
-    "effect_step",
-    "outbound_step",
     "run_task_undos_with",
     "task_undo_runner",
     "trail_of",

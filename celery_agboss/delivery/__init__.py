@@ -1,7 +1,7 @@
 """One delivery of a ``PaymentTask``, which only ``celery_agboss.task`` drives.
 
 - ``lifecycle``: start the execution, run the body under the lease, map how it ended
-  to a Celery outcome (DESIGN §2.2), with the ends the other parts share;
+  to a Celery outcome (design: what Celery records), with the ends the other parts share;
 - ``delivery_like``: what those other parts use of a delivery;
 - ``replaying``: a duplicate of a terminal execution gets the stored outcome;
 - ``waits``: retries, and long waits kept in the store, not the broker;

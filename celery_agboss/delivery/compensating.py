@@ -3,13 +3,14 @@
 Only two things start them, both inside the delivery, under its lease, in the body's
 wrapper (never from ``on_failure`` in the worker's main process):
 
-- an application exception from the body once every intent is settled (DESIGN §2.1):
-  ``COMPENSATING``, the undos in reverse, then ``FAILED`` with that exception;
+- an application exception from the body once every intent is settled
+  (design: what fails an execution): ``COMPENSATING``, the undos in reverse, then ``FAILED``
+  with that exception;
 - a cancel request on an execution that declared undos: they run, then ``CANCELLED``
   (or, when a completed call was not undone, "cancelled after a completed payment").
 
 A hard time limit, a kill, ``SystemExit``, a fence or an unknown outcome never does: a
-crash is a hand-over (P5). The declarations are read and ``COMPENSATING`` is written in
+crash is a hand-over (design: P5). The declarations are read and ``COMPENSATING`` is written in
 fenced transactions, so a holder superseded mid-body whose body then raises runs none.
 A delivery of an execution whose compensation started continues it — the undos not
 marked done — and never runs the body again. While an undo runs, what stops it maps as
@@ -29,7 +30,6 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.compensation import (
     CANCEL,
     FAILURE,
-    FENCED_HOLDER_STARTS_UNDO,
     CompensationStarted,
     UndoContext,
     UndoDeclaration,
@@ -48,6 +48,7 @@ from celery_agboss.core.executions import (
     DeliveryStart,
     ExecutionRecord,
     ExecutionState,
+    shared_wait_reason,
 )
 from celery_agboss.core.log_events import (
     EXECUTION_COMPENSATING,
@@ -55,6 +56,11 @@ from celery_agboss.core.log_events import (
     EXECUTION_WAITING,
     EXECUTION_WAITING_OPERATOR,
     log_event,
+)
+from celery_agboss.core.protections import (
+    FAILURE_SKIPS_UNDO,
+    FENCED_HOLDER_STARTS_UNDO,
+    UNDO_ON_ANY_FAILURE,
 )
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, encode_error
@@ -71,15 +77,6 @@ from celery_agboss.errors import (
 )
 from celery_agboss.task_events import TASK_PAUSED, TASK_UNRECONCILED, TASK_WAITING
 
-UNDO_ON_ANY_FAILURE = sabotage.register("undo-on-any-failure")
-"""Sabotage (P5): a delivery that ended without a verdict (a hard time limit, a kill)
-counts as a failure, so the delivery that takes it over runs the undos instead of
-continuing the body — refunding a payment that went through and whose order goes on."""
-
-FAILURE_SKIPS_UNDO = sabotage.register("failure-skips-undo")
-"""Sabotage: a real failure ends ``FAILED`` without running the undos it declared, as
-before undo existed: the customer stays charged for an order that failed."""
-
 TAKEN_OVER = "the previous delivery ended without a verdict"
 
 
@@ -90,15 +87,15 @@ def resume_undo(d: DeliveryLike, start: DeliveryStart) -> None:
     """At the start of a delivery: continue a compensation an earlier delivery started
     (the remaining undos, then its end); return when there is none. Only an execution
     delivered before can have one, so a first delivery reads nothing."""
-    ctx = d._context()
+    ctx = d.context()
     earlier = start.execution.deliveries > 1
     trail_of(ctx).earlier_deliveries = earlier
     if not earlier:
         return
     try:
-        started = read_started(d.agboss.store, ctx.settings, ctx.execution_id)
+        started = read_started(d.runtime.store, ctx.settings, ctx.execution_id)
     except StoreError as exc:
-        d._store_failed(exc)
+        d.store_failed(exc)
     if started is None:
         if start.took_over and sabotage.active(UNDO_ON_ANY_FAILURE):
             error = encode_error(RuntimeError(TAKEN_OVER))
@@ -110,7 +107,7 @@ def resume_undo(d: DeliveryLike, start: DeliveryStart) -> None:
     _run(d, declarations, started.cause)
     if started.cause == CANCEL:
         d.cancel_reason = started.reason or d.cancel_reason
-        d._cancel()  # nothing left to undo: settles and ends the cancel
+        d.cancel()  # nothing left to undo: settles and ends the cancel
     _end_failed(d, started)
 
 
@@ -130,7 +127,7 @@ def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> str:
 def _with_notes(d: DeliveryLike, reason: str) -> str:
     """The execution's reason, naming the shared steps its undos left alone ("step … kept
     for <execution>", "undone by <execution>")."""
-    ctx = d._context()
+    ctx = d.context()
     notes = step_notes(ctx.settings, ctx.decisions) if isinstance(ctx, UndoContext) else []
     return "; ".join([reason, *notes])[:1000]
 
@@ -150,7 +147,7 @@ def undo_before_cancel(d: DeliveryLike, reason: str) -> ExecutionRecord | None:
 
 
 def _declarations(d: DeliveryLike) -> list[UndoDeclaration]:
-    ctx = d._context()
+    ctx = d.context()
     trail = trail_of(ctx)
     if not trail.declared and not trail.earlier_deliveries:
         return []  # nothing declared by this delivery, and there was no other
@@ -159,11 +156,11 @@ def _declarations(d: DeliveryLike) -> list[UndoDeclaration]:
             return read_declarations(tx, ctx.settings, ctx.execution_id)
     except ExecutionFencedError as exc:
         if not sabotage.active(FENCED_HOLDER_STARTS_UNDO):
-            d._fenced(exc)
-        with d.agboss.store.read_transaction() as read:
+            d.fenced(exc)
+        with d.runtime.store.read_transaction() as read:
             return read_declarations(read, ctx.settings, ctx.execution_id)
     except StoreError as exc:
-        d._store_failed(exc)
+        d.store_failed(exc)
 
 
 def _start(
@@ -171,8 +168,8 @@ def _start(
 ) -> bool:
     """``COMPENSATING`` and the start mark, in one fenced transaction; False when the
     execution may not start undo (an intent of it is pending)."""
-    ctx = d._context()
-    executions = d.agboss.executions
+    ctx = d.context()
+    executions = d.runtime.executions
     why = f"undo after {started.reason}" if started.cause == FAILURE else "undo before cancel"
     try:
         with ctx.fenced() as tx:
@@ -182,12 +179,12 @@ def _start(
             mark_started_in(tx, ctx.settings, ctx.execution_id, started)
     except ExecutionFencedError as exc:
         if not sabotage.active(FENCED_HOLDER_STARTS_UNDO):
-            d._fenced(exc)
+            d.fenced(exc)
     except StoreError as exc:
-        d._store_failed(exc)
+        d.store_failed(exc)
     log_event(
         EXECUTION_COMPENSATING,
-        execution=d.execution_id,
+        execution_id=d.execution_id,
         task=d.task.name,
         cause=started.cause,
         count=count,
@@ -199,7 +196,7 @@ def _start(
 def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> None:
     """The undos, in an ``UndoContext`` on this delivery's lease; whatever stops one
     ends the delivery as it would have ended the body (the next one continues)."""
-    undo_ctx = UndoContext.over(d._context(), renewer=d.agboss.renewer)
+    undo_ctx = UndoContext.over(d.context(), renewer=d.runtime.renewer)
     d.use_context(undo_ctx)
     registry = undo_registry(d.task.app)
     task = d.task
@@ -215,27 +212,27 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
     try:
         run_undos(undo_ctx, declarations, call, cause=cause)
     except PauseRequested as exc:
-        d._release()
-        d._event(TASK_PAUSED, pause_id=f"{d.execution_id}:{exc.name}")
+        d.release()
+        d.send_event(TASK_PAUSED, pause_id=f"{d.execution_id}:{exc.name}")
         raise Ignore() from None
     except UndoMustWait as exc:
         _wait_for_other(d, exc)
     except ExecutionFencedError as exc:
-        d._fenced(exc)
+        d.fenced(exc)
     except (
         OutboundCallUnreconciledError,
         OutboundCallResultNotStoredError,
         OutboundCallFailureNotReplayableError,
     ) as exc:
-        d._for_operator(exc)
+        d.for_operator(exc)
     except StoreError as exc:
-        d._store_failed(exc)
+        d.store_failed(exc)
     except AGBossSignal as exc:  # unknown outcome, in flight elsewhere: WAITING, retried
-        d._later(exc)
+        d.later(exc)
     except Exception as exc:
         _undo_failed(d, running[-1] if running else None, exc)
     except BaseException:
-        d._abandon()
+        d.abandon()
         raise
 
 
@@ -243,31 +240,31 @@ def _wait_for_other(d: DeliveryLike, wait: UndoMustWait) -> NoReturn:
     """A step to undo is one another execution still uses: this execution stays
     ``COMPENSATING`` (so that one never waits for it in turn) and is re-driven once the
     wait is over, to decide again; the wait is planned, not a recovery."""
-    if not d._settle_sends():
-        d._abandon()
+    if not d.settle_sends():
+        d.abandon()
         raise Ignore() from None
-    delay_ms = d.agboss.executions.shared_wait_ms
-    reason = f"{UNDO_WAITS}: execution {wait.other} still uses a step to undo"
-    d._verdict(UndoWait(delay_ms, reason))
-    d._release()
-    d._log(EXECUTION_WAITING, reason="undo-waits", other=wait.other, delay=delay_ms / 1000)
-    d._event(TASK_WAITING, reason=reason, delay=delay_ms / 1000)
+    delay_ms = d.runtime.executions.shared_wait_ms
+    reason = shared_wait_reason(UNDO_WAITS, wait.other, "still uses a step to undo")
+    d.verdict(UndoWait(delay_ms, reason))
+    d.release()
+    d.log_decision(EXECUTION_WAITING, reason="undo-waits", other=wait.other, delay=delay_ms / 1000)
+    d.send_event(TASK_WAITING, reason=reason, delay=delay_ms / 1000)
     raise Ignore() from None
 
 
 def _undo_failed(d: DeliveryLike, step: UndoStep | None, exc: Exception) -> NoReturn:
     """An undo raised: money moved and was not given back, so a person decides (the
     undo is not marked done: a re-drive runs it again)."""
-    if not d._settle_sends():
-        d._abandon()
+    if not d.settle_sends():
+        d.abandon()
         raise Ignore() from None
-    ctx = d._context()
+    ctx = d.context()
     name = step.name if step is not None else "?"
     reason = f"undo {name} failed: {type(exc).__name__}: {ctx.mask_error_text(str(exc))}"
-    d._verdict(ForOperator(reason[:1000]))
-    d._release()
-    d._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason="undo failed", undo=name)
-    d._event(TASK_UNRECONCILED, reason=f"undo {name} failed")
+    d.verdict(ForOperator(reason[:1000]))
+    d.release()
+    d.log_decision(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason="undo failed", undo=name)
+    d.send_event(TASK_UNRECONCILED, reason=f"undo {name} failed")
     raise Ignore() from None
 
 
@@ -275,12 +272,12 @@ def _end_failed(d: DeliveryLike, started: CompensationStarted) -> NoReturn:
     """``FAILED`` with the original failure, raised again for Celery (FAILURE, errbacks);
     its reason names the shared steps it left alone ("kept for <execution>")."""
     error = started.error or encode_error(RuntimeError(started.reason))
-    record = d._conclude(Fail(error, _with_notes(d, started.reason)))
+    record = d.conclude(Fail(error, _with_notes(d, started.reason)))
     if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
-        d._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
-        d._event(TASK_UNRECONCILED, reason=record.reason)
+        d.log_decision(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
+        d.send_event(TASK_UNRECONCILED, reason=record.reason)
         raise Ignore()
-    d._log(EXECUTION_FAILED, logging.WARNING, error=started.reason, undone=True)
+    d.log_decision(EXECUTION_FAILED, logging.WARNING, error=started.reason, undone=True)
     raise decode_error(error)
 
 
@@ -288,19 +285,17 @@ def _end_cancel(d: DeliveryLike, reason: str) -> ExecutionRecord | None:
     """The cancel's end once its undos ran: ``CANCELLED`` when every payment of it is
     accounted for (undone, kept for another execution), else a wait or a person — the
     store's ``cancel_in``, by the one rule (``shared_records.cancel_decision``)."""
-    ctx = d._context()
+    ctx = d.context()
     try:
         with ctx.fenced() as ftx:
-            return d.agboss.executions.cancel_in(ftx, reason)
+            return d.runtime.executions.cancel_in(ftx, reason)
     except ExecutionFencedError as exc:
-        d._fenced(exc)
+        d.fenced(exc)
     except StoreError as exc:
-        d._store_failed(exc)
+        d.store_failed(exc)
 
 
 __all__ = [
-    "FAILURE_SKIPS_UNDO",
-    "UNDO_ON_ANY_FAILURE",
     "resume_undo",
     "undo_after_failure",
     "undo_before_cancel",

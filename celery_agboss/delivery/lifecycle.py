@@ -1,7 +1,7 @@
 """One delivery of a ``PaymentTask``: start it, run the body under the lease, map the end.
 
-DESIGN §2.2 is this module's table. The start (lease + ``RUNNING``) is one
-transaction; a duplicate of a live execution is deferred, one of a terminal
+This module follows the table of how a delivery ends (design: what Celery records). The start (lease
++ ``RUNNING``) is one transaction; a duplicate of a live execution is deferred, one of a terminal
 execution replays the stored outcome (``replaying``). Around the body, what a
 delivery must stop for (``AGBossSignal``) becomes ``Ignore`` or a retry (``waits``)
 and never a failure; only an application exception with every intent settled makes
@@ -48,8 +48,14 @@ from celery_agboss.core.log_events import (
     EXECUTION_WAITING_OPERATOR,
     log_event,
 )
-from celery_agboss.core.protections import RELEASE_WITH_UNSETTLED_ATTEMPT
-from celery_agboss.core.store import LeaseRef
+from celery_agboss.core.protections import (
+    CANCEL_REQUEST_IGNORED,
+    FENCE_RECORDED_AS_FAILURE,
+    LEASE_KEPT_AFTER_A_BROKEN_END,
+    REJECT_WAITS_FOR_THE_SWEEP,
+    RELEASE_WITH_UNSETTLED_ATTEMPT,
+)
+from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.delivery.cancelling import cancel_request_of, end_with_cancel
 from celery_agboss.delivery.compensating import resume_undo, undo_after_failure
 from celery_agboss.delivery.outcomes import encode_error, encode_result
@@ -79,8 +85,8 @@ from celery_agboss.errors import (
     StoreError,
     StoreNotMigratedError,
 )
-from celery_agboss.messages import message_from_request
-from celery_agboss.runtime import Runtime
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.messages import message_from_request
 from celery_agboss.task_events import (
     TASK_DEFERRED,
     TASK_FENCED,
@@ -94,24 +100,6 @@ from celery_agboss.task_events import (
     send_agboss_event,
 )
 
-FENCE_RECORDED_AS_FAILURE = sabotage.register("fence-recorded-as-failure")
-"""Sabotage: a fenced (superseded) delivery lets Celery record a FAILURE, over the
-holder that finished the payment."""
-
-CANCEL_REQUEST_IGNORED = sabotage.register("cancel-request-ignored")
-"""Sabotage: a delivery of an execution with a cancel request runs the body as if
-there were none, at its start and at every outbound call (a pending intent is
-reconciled, and resent when it was not sent)."""
-
-REJECT_WAITS_FOR_THE_SWEEP = sabotage.register("reject-waits-for-the-sweep")
-"""Sabotage: a body's own ``Reject(requeue=False)`` leaves the execution WAITING, so the
-sweep brings back what the body dropped, again and again until it is PARKED."""
-
-LEASE_KEPT_AFTER_A_BROKEN_END = sabotage.register("lease-kept-after-a-broken-end")
-"""Sabotage: a delivery whose own end-of-run code raised keeps its lease renewed for as
-long as the worker process lives: the execution looks RUNNING, and the sweep never
-takes it."""
-
 CONTEXT_ATTRIBUTE = "agboss_context"
 """Where a delivery keeps its ``ExecutionContext``: on ``task.request``, which is
 per-thread (a threads pool runs several deliveries of one task instance at once)."""
@@ -120,15 +108,15 @@ per-thread (a threads pool runs several deliveries of one task instance at once)
 class Delivery:
     """The life of one delivery; made and run by ``PaymentTask.__call__``."""
 
-    def __init__(self, task: Any, agboss: Runtime, request: Any) -> None:
+    def __init__(self, task: Any, runtime: Runtime, request: Any) -> None:
         self.task = task
-        self.agboss = agboss
+        self.runtime = runtime
         self.request = request
-        self.settings = agboss.settings
+        self.settings = runtime.settings
         self.execution_id = str(request.id)
         self.ctx: ExecutionContext | None = None
         self.cancel_reason = "cancel requested"
-        self.took_over = False  # this delivery continues one that died (a crash recovery)
+        self.recovering = False  # this execution is a crash recovery (see _start)
 
     # --- start -------------------------------------------------------------------------
 
@@ -136,8 +124,8 @@ class Delivery:
         message = message_from_request(self.task.name, self.request)
         sent = SentAt.now(SYSTEM_CLOCK)
         try:
-            self.agboss.engine_settings  # noqa: B018 - the tenant, read before any lease
-            start = self.agboss.executions.start_delivery(
+            self.runtime.engine_settings  # noqa: B018 - the tenant, read before any lease
+            start = self.runtime.executions.start_delivery(
                 message,
                 new_holder(),
                 self.settings.lease_ttl_ms,
@@ -146,35 +134,38 @@ class Delivery:
         except ExecutionIdConflictError as exc:
             self._refuse_another_task(exc)
         except (StoreError, StoreNotMigratedError) as exc:  # not migrated yet: wait for it
-            self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc).__name__)
+            self.log_decision(
+                EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc).__name__
+            )
             retry_or_requeue(self, self.settings.retry_delay_seconds, exc)
         if start.kind is not StartKind.STARTED:
             return self._not_started(start)
         assert start.grant is not None
         lease = handle_for_grant(start.grant, self.settings.lease_ttl_ms, sent)
-        self.agboss.renewer.track(lease)
+        self.runtime.renewer.track(lease)
         self.ctx = ExecutionContext(
-            self.agboss.store,
+            self.runtime.store,
             lease,
             self.execution_id,
-            self.agboss.engine_settings,
-            renewer=self.agboss.renewer,
+            self.runtime.engine_settings,
+            renewer=self.runtime.renewer,
             cancel_probe=(
                 None
                 if sabotage.active(CANCEL_REQUEST_IGNORED)
-                else self.agboss.executions.cancel_request_in
+                else self.runtime.executions.cancel_request_in
             ),
         )
         setattr(self.request, CONTEXT_ATTRIBUTE, self.ctx)
         fields = {"token": lease.ref.token, "recovery_count": start.execution.recovery_count}
+        # From the record: the take-over's own retry may be what finishes a recovery.
+        self.recovering = start.took_over or start.execution.recovery_count > 0
         if start.took_over:
-            self.took_over = True
-            self._log(EXECUTION_TAKEN_OVER, logging.WARNING, **fields)
-            self._event(TASK_RECONCILING, reason="taken-over", **fields)
+            self.log_decision(EXECUTION_TAKEN_OVER, logging.WARNING, **fields)
+            self.send_event(TASK_RECONCILING, reason="taken-over", **fields)
         else:
-            self._log(EXECUTION_STARTED, **fields)
+            self.log_decision(EXECUTION_STARTED, **fields)
         if start.recorded_at_start and not getattr(self.request, "is_eager", False):
-            self._log(
+            self.log_decision(
                 EXECUTION_NOT_RECORDED_AT_PUBLISH,
                 logging.WARNING,
                 hint="the publisher did not know this task as a PaymentTask, so a message "
@@ -186,7 +177,7 @@ class Delivery:
             resume_undo(self, start)  # an undo that started goes on; the body never runs again
             if start.execution.cancel_requested and not sabotage.active(CANCEL_REQUEST_IGNORED):
                 self.cancel_reason = start.execution.cancel_reason or self.cancel_reason
-                self._cancel()
+                self.cancel()
             return self._run_body(args, kwargs)
         finally:
             setattr(self.request, CONTEXT_ATTRIBUTE, None)
@@ -198,10 +189,10 @@ class Delivery:
         is returned. Run in-process (``apply``), the caller gets the error; from a broker,
         the message is dropped without writing the result backend (under this id it holds
         the other task's result)."""
-        self._log(EXECUTION_REFUSED, logging.ERROR, reason=str(exc))
+        self.log_decision(EXECUTION_REFUSED, logging.ERROR, reason=str(exc))
         if getattr(self.request, "is_eager", False):
             raise exc
-        self._event(TASK_REFUSED, reason="the execution id belongs to another task")
+        self.send_event(TASK_REFUSED, reason="the execution id belongs to another task")
         raise Ignore()
 
     def _not_started(self, start: DeliveryStart) -> Any:
@@ -209,19 +200,21 @@ class Delivery:
         if start.kind is StartKind.TERMINAL:
             return replay_terminal(self, record)
         if start.kind is StartKind.DEFERRED:
-            self._log(EXECUTION_DEFERRED)
-            self._event(TASK_DEFERRED, reason="a live delivery holds the lease; woken on release")
+            self.log_decision(EXECUTION_DEFERRED)
+            self.send_event(
+                TASK_DEFERRED, reason="a live delivery holds the lease; woken on release"
+            )
         elif start.kind is StartKind.PARKED:
-            self._log(EXECUTION_PARKED, logging.ERROR, recovery_count=record.recovery_count)
-            self._event(TASK_PARKED, recovery_count=record.recovery_count)
+            self.log_decision(EXECUTION_PARKED, logging.ERROR, recovery_count=record.recovery_count)
+            self.send_event(TASK_PARKED, recovery_count=record.recovery_count)
         else:  # waiting for an answer
             event = {
                 ExecutionState.PAUSED: TASK_PAUSED,
                 ExecutionState.PARKED: TASK_PARKED,
                 ExecutionState.WAITING: TASK_WAITING,  # a cancel waits for another execution
             }.get(record.state, TASK_UNRECONCILED)
-            self._log(EXECUTION_WAITING, state=record.state.value)
-            self._event(event, state=record.state.value)
+            self.log_decision(EXECUTION_WAITING, state=record.state.value)
+            self.send_event(event, state=record.state.value)
         raise Ignore()
 
     # --- the body ---------------------------------------------------------------------
@@ -238,33 +231,33 @@ class Delivery:
         except Reject as exc:
             self._rejected(exc)
         except Ignore:
-            self._verdict(Finish(encode_result(None)))
-            self._release()
+            self.verdict(Finish(encode_result(None)))
+            self.release()
             raise
         except PauseRequested as exc:
-            self._release()
-            self._event(TASK_PAUSED, pause_id=f"{self.execution_id}:{exc.name}")
+            self.release()
+            self.send_event(TASK_PAUSED, pause_id=f"{self.execution_id}:{exc.name}")
             raise Ignore() from None
         except ExecutionFencedError as exc:
-            self._fenced(exc)
+            self.fenced(exc)
         except (
             OutboundCallUnreconciledError,
             OutboundCallResultNotStoredError,
             OutboundCallFailureNotReplayableError,
         ) as exc:
-            self._for_operator(exc)
+            self.for_operator(exc)
         except CancelRequestedError as exc:  # recorded while the body ran: stop it here
             self.cancel_reason = str(exc.fields.get("reason") or self.cancel_reason)
-            self._cancel()
+            self.cancel()
         except StoreError as exc:  # a signal too: handed over, never the body's failure
-            self._store_failed(exc)
+            self.store_failed(exc)
         except AGBossSignal as exc:  # unknown outcome, in flight elsewhere
-            self._later(exc)
+            self.later(exc)
         except Exception as exc:
             self._failed(exc)
             raise
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
         return self._completed(result)
 
@@ -274,8 +267,8 @@ class Delivery:
         means it — ``FAILED`` (``WAITING_OPERATOR`` while an intent is pending), never
         brought back by the sweep until it is ``PARKED``."""
         if exc.requeue or sabotage.active(REJECT_WAITS_FOR_THE_SWEEP):
-            self._verdict(Wait(0, "rejected, requeued"))
-            self._release()
+            self.verdict(Wait(0, "rejected, requeued"))
+            self.release()
             raise exc
         reason = exc.reason if isinstance(exc.reason, BaseException) else exc
         self._failed(reason if isinstance(reason, Exception) else RuntimeError(repr(reason)))
@@ -283,25 +276,25 @@ class Delivery:
 
     def _completed(self, result: Any) -> Any:
         try:
-            encoded = encode_result(result, allow_pickle=self._pickle())
+            encoded = encode_result(result, allow_pickle=self.uses_pickle())
         except ResultNotStorableError as exc:
             # Refused before anything is recorded as done: a duplicate could not return it.
             self._failed(exc)
             raise exc from None
-        record = self._conclude(Finish(encoded))
+        record = self.conclude(Finish(encoded))
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             # A divergence, or an intent still pending: never silently COMPLETED.
-            self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
-            self._event(TASK_UNRECONCILED, reason=record.reason)
+            self.log_decision(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
+            self.send_event(TASK_UNRECONCILED, reason=record.reason)
             raise Ignore()
         # A crash recovery is RECONCILED, whatever its last call did: the sweep may
         # have looked the payment up first, and then this delivery only replays it.
-        outcome = "RECONCILED" if self.took_over else self._last_outcome()
-        self._log(EXECUTION_COMPLETED, outcome=outcome)
+        outcome = "RECONCILED" if self.recovering else self._last_outcome()
+        self.log_decision(EXECUTION_COMPLETED, outcome=outcome)
         if outcome == "RECONCILED":
-            self._event(TASK_RECONCILING, outcome=outcome)
+            self.send_event(TASK_RECONCILING, outcome=outcome)
         elif outcome == "REPLAYED":
-            self._event(TASK_REPLAYED, outcome=outcome)
+            self.send_event(TASK_REPLAYED, outcome=outcome)
         return result
 
     def _failed(self, exc: Exception) -> None:
@@ -310,131 +303,133 @@ class Delivery:
         One raised by a revoke (``SoftTimeLimitExceeded`` from ``terminate=True,
         signal="SIGUSR1"``) meets a cancel request: the execution is cancelled instead,
         once what it left pending is reconciled."""
-        if not self._settle_sends():
-            self._abandon()
+        if not self.settle_sends():
+            self.abandon()
             raise Ignore() from None
         if self._cancel_requested_now():
-            self._cancel()
-        error = encode_error(exc, self._context().mask_error_text)
+            self.cancel()
+        error = encode_error(exc, self.context().mask_error_text)
         reason = undo_after_failure(self, error, type(exc).__name__)  # the undos, first
-        record = self._conclude(Fail(error, reason))
+        record = self.conclude(Fail(error, reason))
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
-            self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc).__name__)
-            self._event(TASK_UNRECONCILED, reason="failed while an outbound call is pending")
+            self.log_decision(EXECUTION_WAITING_OPERATOR, logging.ERROR, error=type(exc).__name__)
+            self.send_event(TASK_UNRECONCILED, reason="failed while an outbound call is pending")
             raise Ignore() from None
-        self._log(EXECUTION_FAILED, logging.WARNING, error=type(exc).__name__)
+        self.log_decision(EXECUTION_FAILED, logging.WARNING, error=type(exc).__name__)
 
-    def _later(self, exc: AGBossSignal) -> NoReturn:
+    def later(self, exc: AGBossSignal) -> NoReturn:
         """Not known yet: retry soon through the broker, or (a longer wait) through the store."""
         in_flight = isinstance(exc, OutboundCallInFlightError)
         delay = self.settings.lease_ttl_seconds if in_flight else self.settings.retry_delay_seconds
-        settled = self._settle_sends()
+        settled = self.settle_sends()
         if settled:
-            self._verdict(Wait(sweep_after_ms(self.settings, delay), type(exc).__name__))
+            self.verdict(Wait(sweep_after_ms(self.settings, delay), type(exc).__name__))
         else:
             # A send may still be running: the lease is left to expire; start after it.
             delay = max(delay, self.settings.lease_ttl_seconds + 1)
-        self._log(EXECUTION_WAITING, reason=type(exc).__name__, delay=delay)
+        self.log_decision(EXECUTION_WAITING, reason=type(exc).__name__, delay=delay)
         wait_then_retry(self, delay, release=settled, reason=type(exc).__name__)
 
-    def _for_operator(self, exc: AGBossSignal) -> NoReturn:
-        self._settle_sends()
-        self._verdict(ForOperator(f"{type(exc).__name__}: {exc}"))
-        self._release()
-        self._log(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=type(exc).__name__)
-        self._event(TASK_UNRECONCILED, reason=type(exc).__name__)
+    def for_operator(self, exc: AGBossSignal) -> NoReturn:
+        self.settle_sends()
+        self.verdict(ForOperator(f"{type(exc).__name__}: {exc}"))
+        self.release()
+        self.log_decision(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=type(exc).__name__)
+        self.send_event(TASK_UNRECONCILED, reason=type(exc).__name__)
         raise Ignore() from None
 
-    def _cancel(self) -> NoReturn:
+    def cancel(self) -> NoReturn:
         """A cancel was requested: the body does not run (``cancelling.end_with_cancel``)."""
         end_with_cancel(self)
 
     def _cancel_requested_now(self) -> bool:
-        reason = cancel_request_of(self.agboss, self.execution_id)
+        reason = cancel_request_of(self.runtime, self.execution_id)
         if reason is None or sabotage.active(CANCEL_REQUEST_IGNORED):
             return False
         self.cancel_reason = reason
         return True
 
-    def _fenced(self, exc: ExecutionFencedError) -> NoReturn:
+    def fenced(self, exc: ExecutionFencedError) -> NoReturn:
         """Superseded: nothing stored, nothing released; the new holder continues."""
-        ctx = self._context()
+        ctx = self.context()
         # No write of this delivery is trusted any more; its renewals stop once no send
         # under the lease can still be running (if the lease was lost, they stop at once).
         ctx.stop_renewing_when_settled("fenced")
-        self._log(EXECUTION_FENCED, logging.WARNING, token=ctx.lease.ref.token)
-        self._event(TASK_FENCED, token=ctx.lease.ref.token)
+        self.log_decision(EXECUTION_FENCED, logging.WARNING, token=ctx.lease.ref.token)
+        self.send_event(TASK_FENCED, token=ctx.lease.ref.token)
         if sabotage.active(FENCE_RECORDED_AS_FAILURE):
             raise RuntimeError(f"sabotage: fenced delivery recorded as a failure ({exc})")
         raise Ignore() from None
 
-    def _store_failed(self, exc: StoreError) -> NoReturn:
+    def store_failed(self, exc: StoreError) -> NoReturn:
         """The store failed mid-delivery: leave the lease to expire; try again after it."""
-        self._abandon()
-        self._log(EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", error=type(exc).__name__)
+        self.abandon()
+        self.log_decision(
+            EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", error=type(exc).__name__
+        )
         retry_or_requeue(self, self.settings.lease_ttl_seconds + 1, exc)
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """Stop without a verdict and without releasing: the lease is renewed until no send
         under it can still be running, then left to expire; the next holder reconciles."""
         ctx = self.ctx
         if ctx is None:
             return
         if sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT) and ctx.running_sends():
-            ctx.release(self._releaser([]))  # R18 sabotage: handed over under a live send
+            ctx.release(self._releaser([]))  # sabotage: handed over under a live send (design: R18)
             return
         ctx.stop_renewing_when_settled("the delivery stopped without a verdict")
 
-    def _settle_sends(self) -> bool:
+    def settle_sends(self) -> bool:
         """Wait for this delivery's sends, each up to its ``attempt_timeout`` bound; False
         while one may still reach the gateway (then its lease is never released)."""
         if sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
-            return True  # R18 sabotage: stop waiting for sends still on the wire
-        return self._context().settle_all()
+            return True  # sabotage: stop waiting for sends on the wire (design: R18)
+        return self.context().settle_all()
 
     # --- writes -----------------------------------------------------------------------
 
-    def _verdict(self, verdict: Verdict) -> ExecutionRecord | None:
+    def verdict(self, verdict: Verdict) -> ExecutionRecord | None:
         """Write the delivery's verdict in a fenced transaction (holder clocks checked first).
 
         A fence turns into ``Ignore`` (nothing stored); a store error leaves the lease to
         expire and schedules another delivery after it.
         """
-        executions = self.agboss.executions
-        ctx = self._context()
+        executions = self.runtime.executions
+        ctx = self.context()
         try:
             with ctx.fenced() as tx:
                 return verdict.write_in(executions, ctx, tx)
         except ExecutionFencedError as exc:
-            self._fenced(exc)
+            self.fenced(exc)
         except StoreError as exc:
-            self._store_failed(exc)
+            self.store_failed(exc)
 
-    def _conclude(self, verdict: Finish | Fail) -> ExecutionRecord | None:
+    def conclude(self, verdict: Finish | Fail) -> ExecutionRecord | None:
         """The verdict and the release in one fenced transaction, when no send under the
         lease can still be running (the common end of a delivery: one round of the store,
         not two); otherwise the verdict alone, and the release once the sends settled.
         The release is checked like the commit-time extension it replaces, so a holder
         that outlived its lease commits neither."""
-        ctx = self._context()
+        ctx = self.context()
         if (
             sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT)
-            or not self._settle_sends()
+            or not self.settle_sends()
             or not ctx.reserve_release()
         ):
-            record = self._verdict(verdict)
-            self._release()
+            record = self.verdict(verdict)
+            self.release()
             return record
-        executions = self.agboss.executions
+        executions = self.runtime.executions
         try:
             with ctx.fenced() as tx:
                 record = verdict.write_in(executions, ctx, tx)
                 outcome = executions.release_in(tx, record)
                 tx.release_at_commit()
         except ExecutionFencedError as exc:
-            self._fenced(exc)
+            self.fenced(exc)
         except StoreError as exc:
-            self._store_failed(exc)
+            self.store_failed(exc)
         ctx.released_at_commit()
         self._republish_if_woken(outcome)
         return record
@@ -445,21 +440,21 @@ class Delivery:
         """Release and read ``wake_requested`` in one transaction (``captured`` gets it)."""
 
         def releaser(ref: LeaseRef) -> ReleaseOutcome:
-            outcome = self.agboss.executions.release_delivery(ref, will_republish=will_republish)
+            outcome = self.runtime.executions.release_delivery(ref, will_republish=will_republish)
             captured.append(outcome)
             return outcome
 
         return releaser
 
-    def _release(self, *, will_republish: bool = False) -> None:
-        ctx = self._context()
-        if not self._settle_sends():
+    def release(self, *, will_republish: bool = False) -> None:
+        ctx = self.context()
+        if not self.settle_sends():
             return  # a send may still be running: never released under it
         captured: list[ReleaseOutcome] = []
         try:
             ctx.release(self._releaser(captured, will_republish=will_republish))
         except StoreError as exc:
-            self._log(
+            self.log_decision(
                 EXECUTION_RELEASE_FAILED,
                 logging.WARNING,
                 step="release",
@@ -472,14 +467,14 @@ class Delivery:
     def _republish_if_woken(self, outcome: ReleaseOutcome) -> None:
         if outcome.republish and outcome.execution is not None:
             try:
-                self.agboss.republish(outcome.execution, reason="woken", honour_not_before=False)
+                self.runtime.republish(outcome.execution, reason="woken", honour_not_before=False)
             except (Exception, StoreError):
                 # The execution is not terminal and has no lease: the sweep re-drives it.
-                self._log(EXECUTION_RELEASE_FAILED, logging.WARNING, step="republish")
+                self.log_decision(EXECUTION_RELEASE_FAILED, logging.WARNING, step="republish")
 
     # --- small things -------------------------------------------------------------------
 
-    def _context(self) -> ExecutionContext:
+    def context(self) -> ExecutionContext:
         assert self.ctx is not None
         return self.ctx
 
@@ -492,14 +487,14 @@ class Delivery:
         outcome = self.ctx.last_outcome if self.ctx is not None else None
         return None if outcome is None else outcome.value
 
-    def _pickle(self) -> bool:
-        return str(self.agboss.app.conf.result_serializer) == "pickle"
+    def uses_pickle(self) -> bool:
+        return str(self.runtime.app.conf.result_serializer) == "pickle"
 
-    def _log(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
-        log_event(event, level, execution=self.execution_id, task=self.task.name, **fields)
+    def log_decision(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
+        log_event(event, level, execution_id=self.execution_id, task=self.task.name, **fields)
 
-    def _event(self, type_: str, **fields: Any) -> None:
+    def send_event(self, type_: str, **fields: Any) -> None:
         send_agboss_event(self.task, type_, execution=self.execution_id, **fields)
 
 
-__all__ = ["CONTEXT_ATTRIBUTE", "FENCE_RECORDED_AS_FAILURE", "Delivery"]
+__all__ = ["CONTEXT_ATTRIBUTE", "Delivery"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from celery_agboss.core.failures import loaded_class, masked_value, text_of, type_name
 from celery_agboss.errors import ResultNotStorableError, StoredFailureError
-from celery_agboss.messages import dumps, loads
+from celery_agboss.runtime.messages import dumps, loads
 
 MAX_MESSAGE_CHARS = 2000
 
@@ -63,7 +63,7 @@ def decode_result(text: str | None, *, allow_pickle: bool = False) -> Any:
 def encode_error(exc: BaseException, mask_text: Callable[[str], str] | None = None) -> str:
     """The failure as the store keeps it. ``mask_text`` (the delivery's calls' masking)
     passes over the message and every text in the arguments, so a decline that quotes a
-    card number is stored masked (DESIGN §7); an argument it changes is kept as the
+    card number is stored masked (design: masking); an argument it changes is kept as the
     masked text."""
     try:
         args = loads(dumps(list(exc.args)))

@@ -1,4 +1,5 @@
-"""A delivery of a terminal execution: the stored outcome, never the body (DESIGN §2.1).
+"""A delivery of a terminal execution: the stored outcome, never the body
+(design: terminal replays).
 
 A ``COMPLETED`` execution's duplicate returns the stored result and a ``FAILED`` one's
 raises the stored failure, without running the body; ``CANCELLED`` and ``EXPIRED`` end
@@ -18,28 +19,20 @@ from celery.exceptions import Ignore
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.log_events import EXECUTION_REPLAYED
+from celery_agboss.core.protections import (
+    REPLAY_COUNTS_CHORD,
+    REPLAY_SENDS_LINKS,
+    UNSTORED_RESULT_REPLAYED_AS_FAILURE,
+)
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, decode_result
 from celery_agboss.errors import StoredFailureError
 from celery_agboss.task_events import TASK_REPLAYED
 
-REPLAY_SENDS_LINKS = sabotage.register("replay-sends-links")
-"""Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
-again, although the completing delivery already did."""
-
-UNSTORED_RESULT_REPLAYED_AS_FAILURE = sabotage.register("unstored-result-replayed-as-failure")
-"""Sabotage: a duplicate of a completed execution whose result this store cannot hand back
-raises, so Celery writes FAILURE over the SUCCESS the completing delivery stored, and
-fires ``link_error`` (an errback that refunds the order)."""
-
-REPLAY_COUNTS_CHORD = sabotage.register("replay-counts-chord")
-"""Sabotage: a duplicate of a completed chord header part counts its part again, so a
-counter backend (Redis) thinks the header done early, or fails the chord."""
-
 
 def replay_terminal(d: DeliveryLike, record: ExecutionRecord) -> Any:
     """A terminal execution: its stored outcome, without running the body."""
-    d._log(EXECUTION_REPLAYED, state=record.state.value)
+    d.log_decision(EXECUTION_REPLAYED, state=record.state.value)
     request = d.request
     resend = sabotage.active(REPLAY_SENDS_LINKS)
     if record.links_dispatched and not resend and not sabotage.active(REPLAY_COUNTS_CHORD):
@@ -49,15 +42,15 @@ def replay_terminal(d: DeliveryLike, record: ExecutionRecord) -> Any:
         if record.links_dispatched and not resend:
             request.callbacks = None
             request.chain = None
-        d._event(TASK_REPLAYED, outcome="REPLAYED")
+        d.send_event(TASK_REPLAYED, outcome="REPLAYED")
         try:
-            return decode_result(record.result, allow_pickle=d._pickle())
+            return decode_result(record.result, allow_pickle=d.uses_pickle())
         except StoredFailureError:
             if sabotage.active(UNSTORED_RESULT_REPLAYED_AS_FAILURE):
                 raise
             # What the completing delivery gave the result backend stands: a duplicate
             # never writes FAILURE over SUCCESS, nor fires link_error.
-            d._log(
+            d.log_decision(
                 EXECUTION_REPLAYED,
                 logging.WARNING,
                 state=record.state.value,
@@ -72,8 +65,5 @@ def replay_terminal(d: DeliveryLike, record: ExecutionRecord) -> Any:
 
 
 __all__ = [
-    "REPLAY_COUNTS_CHORD",
-    "REPLAY_SENDS_LINKS",
-    "UNSTORED_RESULT_REPLAYED_AS_FAILURE",
     "replay_terminal",
 ]

@@ -21,11 +21,7 @@ from celery.worker.state import task_ready
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.log_events import EXECUTION_TIME_LIMIT, log_event
-
-TIME_LIMIT_FAILS_THE_TASK = sabotage.register("time-limit-fails-the-task")
-"""Sabotage: a hard time limit is handled as Celery does it — FAILURE written (unless the
-result backend withholds it), ``on_failure`` and the errbacks run — for an execution
-that will be continued and may already have charged."""
+from celery_agboss.core.protections import TIME_LIMIT_FAILS_THE_TASK
 
 
 class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type information
@@ -41,7 +37,7 @@ class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type infor
             logging.ERROR,
             "the pool process was killed; the message is given back, and the next delivery "
             "continues the execution once its lease expires (nothing is marked FAILURE)",
-            execution=self.id,
+            execution_id=self.id,
             task=self.name,
             limit=timeout,
         )
@@ -66,4 +62,4 @@ class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type infor
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
 
-__all__ = ["EXECUTION_TIME_LIMIT", "TIME_LIMIT_FAILS_THE_TASK", "PaymentRequest"]
+__all__ = ["EXECUTION_TIME_LIMIT", "PaymentRequest"]

@@ -1,4 +1,4 @@
-"""What a delivery writes at its end (DESIGN §2.2): a closed set of verdicts.
+"""What a delivery writes at its end (design: what Celery records): a closed set of verdicts.
 
 Each member writes itself through its own verb of the execution store, inside the
 delivery's fenced transaction, so a verdict mypy does not know is an error where it
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord, ExecutionStore
-from celery_agboss.core.store import FencedTransaction
+from celery_agboss.core.store_protocol import FencedTransaction
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """How a delivery that must wait ends: a retry through the broker while the broker may
-hold it, a long wait in the store otherwise (DESIGN §2.3 traps 1 and 13).
+hold it, a long wait in the store otherwise (design: trap 1, trap 13).
 
 A message that waits in Redis longer than the shortest visibility timeout is handed
 out again while the first copy still waits; RabbitMQ closes a channel whose message
@@ -20,15 +20,17 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
-from celery_agboss import messages
 from celery_agboss.core import sabotage
+from celery_agboss.core.durations import to_ms
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.core.log_events import EXECUTION_WAITING
+from celery_agboss.core.protections import REQUEUE_WITHOUT_PAUSE, WAKE_FOLDED_INTO_REFUSED_RETRY
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.verdicts import Wait
 from celery_agboss.errors import LongWaitRequested, RetryNotPublished
-from celery_agboss.messages import dumps, loads, message_from_request
-from celery_agboss.settings import AGBossSettings
+from celery_agboss.runtime import messages
+from celery_agboss.runtime.messages import dumps, loads, message_from_request
+from celery_agboss.runtime.settings import AGBossSettings
 from celery_agboss.task_events import TASK_WAITING
 
 # How many of a message's ``retries`` are celery_agboss's own (an unknown outcome's, a
@@ -38,14 +40,6 @@ OWN_RETRIES_HEADER = messages.OWN_RETRIES_HEADER
 PACKAGE_RETRY_BUDGET = 5
 """The package's own broker retries in a row; past them the stored ``WAITING`` and the
 sweep (which spaces its re-drives, and starts the count again) continue the execution."""
-
-WAKE_FOLDED_INTO_REFUSED_RETRY = sabotage.register("wake-folded-into-refused-retry")
-"""Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
-(past max_retries), so no message carries the continuation."""
-
-REQUEUE_WITHOUT_PAUSE = sabotage.register("requeue-without-pause")
-"""Sabotage: a message handed back to the broker because the store is down is
-redelivered at once, over and over, for as long as the outage lasts."""
 
 REQUEUE_PAUSE_SECONDS = 1.0
 """How long a delivery that could not reach the store waits before it hands its message
@@ -109,7 +103,7 @@ def message_after_wait(
 def sweep_after_ms(settings: AGBossSettings, delay: float) -> int:
     """``not_before`` of a retry: its countdown, plus a lease's time for the message to
     start (until then the sweep leaves it alone; only a lost message is re-driven)."""
-    return round((delay + settings.lease_ttl_seconds) * 1000)
+    return to_ms(delay + settings.lease_ttl_seconds, what="countdown")
 
 
 # --- the body asked for a retry ---------------------------------------------------------
@@ -122,9 +116,9 @@ def retry_requested(d: DeliveryLike, exc: Retry) -> NoReturn:
     counts it lost; a wake re-publishes that message (it was consumed) at its ETA.
     """
     delay = seconds_until(exc.when)
-    d._verdict(Wait(sweep_after_ms(d.settings, delay), "retry", retry_asked=True))
-    d._log(EXECUTION_WAITING, reason="retry", delay=delay)
-    d._release()
+    d.verdict(Wait(sweep_after_ms(d.settings, delay), "retry", retry_asked=True))
+    d.log_decision(EXECUTION_WAITING, reason="retry", delay=delay)
+    d.release()
     raise exc
 
 
@@ -134,17 +128,22 @@ def retry_not_published(d: DeliveryLike, exc: RetryNotPublished) -> NoReturn:
     countdown is over (no message is on its way); this one is acknowledged, nothing
     says FAILURE."""
     message = message_after_wait(d.task.name, d.request, exc)
-    d._verdict(
-        Wait(round(exc.delay_seconds * 1000), "retry not published", message, retry_asked=True)
+    d.verdict(
+        Wait(
+            to_ms(exc.delay_seconds, what="countdown"),
+            "retry not published",
+            message,
+            retry_asked=True,
+        )
     )
-    d._log(
+    d.log_decision(
         EXECUTION_WAITING,
         logging.WARNING,
         reason="retry not published",
         error=type(exc.cause).__name__,
     )
-    d._release()
-    d._event(TASK_WAITING, reason="retry not published")
+    d.release()
+    d.send_event(TASK_WAITING, reason="retry not published")
     raise Ignore() from None
 
 
@@ -152,11 +151,11 @@ def long_wait(d: DeliveryLike, wait: LongWaitRequested) -> NoReturn:
     """A ``retry()`` the broker must not hold: ``WAITING`` until ``not_before``, with
     the message the sweep publishes then; nothing waits in the broker."""
     message = message_after_wait(d.task.name, d.request, wait)
-    delay_ms = round(wait.delay_seconds * 1000)
-    d._verdict(Wait(delay_ms, "retry", message, retry_asked=True))
-    d._log(EXECUTION_WAITING, reason="retry", delay=wait.delay_seconds)
-    d._release()
-    d._event(TASK_WAITING, reason="retry", delay=wait.delay_seconds)
+    delay_ms = to_ms(wait.delay_seconds, what="countdown")
+    d.verdict(Wait(delay_ms, "retry", message, retry_asked=True))
+    d.log_decision(EXECUTION_WAITING, reason="retry", delay=wait.delay_seconds)
+    d.release()
+    d.send_event(TASK_WAITING, reason="retry", delay=wait.delay_seconds)
     raise Ignore() from None
 
 
@@ -170,14 +169,14 @@ def wait_then_retry(d: DeliveryLike, delay: float, *, release: bool, reason: str
     really published: past ``max_retries`` the release re-publishes it instead."""
     if delay <= d.settings.max_broker_countdown_seconds and _retry_allowed(d):
         if release:
-            d._release(will_republish=True)
+            d.release(will_republish=True)
         try:
             raise _retry(d, delay)
         except (MaxRetriesExceededError, RetryNotPublished):
             pass  # WAITING is stored: the sweep re-drives it
     elif release:
-        d._release()
-    d._event(TASK_WAITING, reason=reason, delay=delay)
+        d.release()
+    d.send_event(TASK_WAITING, reason=reason, delay=delay)
     raise Ignore() from None
 
 
@@ -207,7 +206,7 @@ def _retry_allowed(d: DeliveryLike) -> bool:
 
 def _retry(d: DeliveryLike, delay: float) -> Any:
     """The package's own retry of this delivery: outside the application's
-    ``max_retries``, without the message's ``expires`` (DESIGN §2.1)."""
+    ``max_retries``, without the message's ``expires`` (design: expires bounds the start)."""
     if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
         return d.task.retry(countdown=delay, expires=None, max_retries=0)
     return d.task.package_retry(delay)

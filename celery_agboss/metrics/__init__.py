@@ -15,6 +15,5 @@ from __future__ import annotations
 
 from celery_agboss.metrics.catalogue import METRICS, MetricSpec
 from celery_agboss.metrics.exporter import StoreCollector, exposition
-from celery_agboss.metrics.worker import install
 
-__all__ = ["METRICS", "MetricSpec", "StoreCollector", "exposition", "install"]
+__all__ = ["METRICS", "MetricSpec", "StoreCollector", "exposition"]

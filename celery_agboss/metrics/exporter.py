@@ -38,7 +38,7 @@ from celery_agboss.metrics.catalogue import (
     MetricSpec,
     observations,
 )
-from celery_agboss.runtime import Runtime, runtime_of
+from celery_agboss.runtime.app_runtime import Runtime, runtime_of
 
 INSTALL_HINT = "pip install celery_agboss[metrics]"
 
@@ -92,14 +92,14 @@ def _guard_forks() -> None:
     )
 
 
-def known_names(agboss: Runtime) -> KnownNames:
+def known_names(runtime: Runtime) -> KnownNames:
     """Task names of this app and call names of its registry: the only label values."""
 
     def is_task(name: str) -> bool:
-        tasks = getattr(agboss.app, "_tasks", None)
+        tasks = getattr(runtime.app, "_tasks", None)
         return tasks is not None and name in tasks
 
-    return KnownNames(is_task=is_task, is_call=agboss.registry.__contains__)
+    return KnownNames(is_task=is_task, is_call=runtime.registry.__contains__)
 
 
 class EventCounters:
@@ -151,7 +151,7 @@ class StoreCollector:
     """
 
     def __init__(self, app: Any) -> None:
-        self.agboss = runtime_of(app)
+        self.runtime = runtime_of(app)
 
     def describe(self) -> Iterator[Any]:
         """The families without samples: registering never reads the store."""
@@ -164,8 +164,8 @@ class StoreCollector:
 
         up = _family(STORE_UP)
         try:
-            counts = read_counts(self.agboss.store)
-            freshness = sweep_freshness(self.agboss)
+            counts = read_counts(self.runtime.store)
+            freshness = sweep_freshness(self.runtime)
         except (Exception, StoreError):
             up.add_metric([], 0.0)
             yield up

@@ -39,8 +39,8 @@ from celery_agboss.metrics.exporter import (
     require_prometheus,
     use_multiprocess_values,
 )
-from celery_agboss.runtime import Runtime
-from celery_agboss.settings import AGBossSettings
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.settings import AGBossSettings
 
 logger = logging.getLogger("celery_agboss")
 
@@ -63,8 +63,8 @@ class _QuietHandler(WSGIRequestHandler):
 class WorkerMetrics:
     """One worker's metrics: its directory, its counters and its endpoint."""
 
-    def __init__(self, agboss: Runtime) -> None:
-        self.agboss = agboss
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         self.directory: str | None = None
         self.made_directory = False
         self.previous_env: str | None = None
@@ -96,11 +96,11 @@ class WorkerMetrics:
                 setting="agboss_metrics_dir",
             ) from None
         use_multiprocess_values(self.directory)
-        self.counters = EventCounters(known_names(self.agboss))
+        self.counters = EventCounters(known_names(self.runtime))
         add_event_observer(self.counters.observe)
         from prometheus_client import make_wsgi_app
 
-        self.server.set_app(make_wsgi_app(build_registry(self.agboss, self.directory)))
+        self.server.set_app(make_wsgi_app(build_registry(self.runtime, self.directory)))
 
     @staticmethod
     def _bind(settings: AGBossSettings) -> WSGIServer:
@@ -178,17 +178,17 @@ def _not_ready(environ: Any, start_response: Any) -> list[bytes]:
     return [b"celery_agboss metrics are starting\n"]
 
 
-def install(agboss: Runtime) -> None:
+def install(runtime: Runtime) -> None:
     """Called by ``AGBoss(app)``: the worker signals above, for this app's workers only."""
-    app = agboss.app
-    metrics = WorkerMetrics(agboss)
+    app = runtime.app
+    metrics = WorkerMetrics(runtime)
     started: list[int] = []  # the main process's pid, once metrics run in it
 
     def on_worker_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
         try:
-            settings = agboss.settings
+            settings = runtime.settings
             if settings.metrics_port is None:
                 return
             metrics.start(settings)

@@ -2,7 +2,7 @@
 
 ``reading`` (pending intents, executions, waits, pauses), ``resolving`` (``resolve``)
 and ``acting`` (re-drive, accept, cancel, unpark, answer a pause) hold the verbs;
-``common`` what they share. Every name is exported here.
+``common`` what they share. Every public name (docs/api.md) is exported here.
 
 Every action is refused (``OperatorRefusedError``, nothing changed) while it could race
 with a delivery that may still send money: an intent whose owner's lease is live, an
@@ -20,7 +20,6 @@ from celery_agboss.operator.acting import (
     cancel,
     payments_handled,
     redrive,
-    redrive_now,
     unpark,
 )
 from celery_agboss.operator.common import default_actor
@@ -37,10 +36,9 @@ from celery_agboss.operator.reading import (
     list_shared_waits,
     list_waits,
 )
-from celery_agboss.operator.resolving import OPERATOR_RESULT_UNCHECKED, ResolveResult, resolve
+from celery_agboss.operator.resolving import ResolveResult, resolve
 
 __all__ = [
-    "OPERATOR_RESULT_UNCHECKED",
     "Description",
     "OperatorWait",
     "PaymentLeftBehind",
@@ -60,7 +58,6 @@ __all__ = [
     "list_waits",
     "payments_handled",
     "redrive",
-    "redrive_now",
     "resolve",
     "unpark",
 ]

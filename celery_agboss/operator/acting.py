@@ -11,13 +11,14 @@ from typing import Any
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
     CANCELLED_AFTER_PAYMENT,
-    DIVERGENCE,
     REDRIVABLE_STATES,
     TERMINAL_STATES,
     Audit,
     ExecutionRecord,
     ExecutionState,
+    WaitKind,
     execution_summary,
+    wait_kind,
 )
 from celery_agboss.core.log_events import (
     OPERATOR_ACCEPTED,
@@ -28,26 +29,25 @@ from celery_agboss.core.log_events import (
     OPERATOR_UNPARKED,
     log_event,
 )
-from celery_agboss.messages import dumps, republish
+from celery_agboss.core.protections import AUDIT_AFTER_THE_CHANGE
 from celery_agboss.operator.common import (
-    _agboss,
     _execution,
     _refuse,
     _require_reason,
     default_actor,
 )
-from celery_agboss.runtime import Runtime
-from celery_agboss.store.execution_rows import AUDIT_AFTER_THE_CHANGE
+from celery_agboss.runtime.app_runtime import Runtime, runtime_of
+from celery_agboss.runtime.messages import dumps, republish
 from celery_agboss.task_events import send_task_event
 
 
 def _audit_afterwards(
-    agboss: Runtime, audit: Audit, target: str, before: ExecutionRecord | None, after: Any
+    runtime: Runtime, audit: Audit, target: str, before: ExecutionRecord | None, after: Any
 ) -> None:
     """Sabotage only (``AUDIT_AFTER_THE_CHANGE``): the audit row as it once was written,
     after the change, in a transaction of its own."""
     if sabotage.active(AUDIT_AFTER_THE_CHANGE) and isinstance(after, ExecutionRecord):
-        agboss.executions.append_audit(
+        runtime.executions.append_audit(
             audit.actor,
             audit.action,
             target,
@@ -57,50 +57,48 @@ def _audit_afterwards(
         )
 
 
-def redrive_now(agboss: Runtime, execution_id: str, *, reason: str) -> bool:
+def redrive_now(runtime: Runtime, execution_id: str, *, reason: str) -> bool:
     """Publish the execution's message again now (same id, arguments and options), by the
     same compare-and-set the sweep uses; False when it is not due for one (running under a
     live lease, terminal, waiting for an answer, or a cancel is pending)."""
-    record = agboss.executions.read_execution(execution_id)
+    record = runtime.executions.read_execution(execution_id)
     if record is None or record.state not in REDRIVABLE_STATES or record.cancel_requested:
         return False
-    settings = agboss.settings
-    decision = agboss.executions.claim_redrive(
+    settings = runtime.settings
+    decision = runtime.executions.claim_redrive(
         execution_id,
         record.updated_at_ms,
         settings.max_recovery_attempts,
-        next_redrive_delay_ms=max(
-            2 * round(max(settings.sweep_interval_seconds, 1.0) * 1000), settings.lease_ttl_ms
-        ),
+        next_redrive_delay_ms=max(2 * max(settings.sweep_interval_ms, 1000), settings.lease_ttl_ms),
     )
     if not decision.republish or decision.execution is None:
         return False
     message = decision.execution
     if message.started_at_ms is not None:
         message = replace(message, expires_ms=None)
-    republish(agboss.app, message, not_before_ms=None)
-    log_event(OPERATOR_REDRIVEN, execution=execution_id, task=record.task_name, reason=reason)
+    republish(runtime.app, message, not_before_ms=None)
+    log_event(OPERATOR_REDRIVEN, execution_id=execution_id, task=record.task_name, reason=reason)
     return True
 
 
 def _after_answer(
-    agboss: Runtime, idempotency_key: str, note: str
+    runtime: Runtime, idempotency_key: str, note: str
 ) -> tuple[ExecutionRecord | None, bool]:
     """An intent was settled by a person: every execution that waited for it (its creator,
     and any that replayed, joined or took it over) goes on. The creator's record and
     whether it was published again are returned."""
-    waiting = agboss.executions.executions_waiting_on(idempotency_key)
+    waiting = runtime.executions.executions_waiting_on(idempotency_key)
     republished: dict[str, bool] = {}
     for execution_id in waiting:
-        record = agboss.executions.read_execution(execution_id)
+        record = runtime.executions.read_execution(execution_id)
         if record is None or record.state in TERMINAL_STATES:
             continue
-        agboss.executions.unblock(execution_id, note, reset_recovery_count=True)
-        republished[execution_id] = redrive_now(agboss, execution_id, reason=note)
+        runtime.executions.unblock(execution_id, note, reset_recovery_count=True)
+        republished[execution_id] = redrive_now(runtime, execution_id, reason=note)
     creator = waiting[0] if waiting else None
     if creator is None:
         return None, False
-    return agboss.executions.read_execution(creator), republished.get(creator, False)
+    return runtime.executions.read_execution(creator), republished.get(creator, False)
 
 
 def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:
@@ -111,9 +109,9 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
     it), or while it runs. True when it was published again."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    agboss = _agboss(app)
+    runtime = runtime_of(app)
     record = _execution(
-        agboss, execution_id, "the waiting ones with `celery -A proj agboss pending`"
+        runtime, execution_id, "the waiting ones with `celery -A proj agboss pending`"
     )
     if record.state is not ExecutionState.WAITING_OPERATOR:
         raise _refuse(
@@ -121,21 +119,22 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
             f"execution {execution_id} is {record.state.value}; only "
             "one waiting for an operator is re-driven by hand (PARKED: `unpark`)",
         )
-    if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
+    kind = wait_kind(record.reason)
+    if kind is WaitKind.CANCELLED_AFTER_PAYMENT:
         raise _refuse(
             "wrong-state",
             f"execution {execution_id} was {CANCELLED_AFTER_PAYMENT}: "
             "refund it at the gateway if needed, then `celery -A proj agboss cancel "
             f"{execution_id} --payments-handled --reason TEXT`",
         )
-    if (record.reason or "").startswith(DIVERGENCE):
+    if kind is WaitKind.DIVERGENCE:
         raise _refuse(
             "wrong-state",
             f"execution {execution_id} diverged: a re-run would "
             "diverge again. Deal with what the old path charged, then `celery -A "
             f"proj agboss accept {execution_id} --reason TEXT`",
         )
-    keys = agboss.executions.intents_needing_operator(execution_id)
+    keys = runtime.executions.intents_needing_operator(execution_id)
     if keys:
         raise _refuse(
             "pending-intent",
@@ -144,21 +143,21 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
             "execution then goes on by itself)",
         )
     audit = Audit(who, "redrive", why)
-    moved = agboss.executions.unblock(
+    moved = runtime.executions.unblock(
         execution_id, f"re-driven by {who}: {why}", reset_recovery_count=True, audit=audit
     )
-    _audit_afterwards(agboss, audit, execution_id, record, moved)
+    _audit_afterwards(runtime, audit, execution_id, record, moved)
     if moved is None:
         raise _refuse(
             "conflict",
             f"execution {execution_id} changed (or a delivery holds its "
             "lease) while it was being re-driven; look at it again",
         )
-    return redrive_now(agboss, execution_id, reason=f"re-driven by {who}")
+    return redrive_now(runtime, execution_id, reason=f"re-driven by {who}")
 
 
 def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:
-    """Accept a divergence (DESIGN §4): a re-run's body no longer reached a call an earlier
+    """Accept a divergence (design: divergence): a re-run's body no longer reached a call an earlier
     delivery made and that completed (or may have). Once what that old path charged is
     dealt with at the gateway (refunded, or kept), the execution ``COMPLETED`` with the
     result its body returned, and is published again so that a delivery hands it to the
@@ -166,19 +165,20 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     first) or a delivery runs it. True when it was published again."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    agboss = _agboss(app)
+    runtime = runtime_of(app)
     record = _execution(
-        agboss, execution_id, "the waiting ones with `celery -A proj agboss pending`"
+        runtime, execution_id, "the waiting ones with `celery -A proj agboss pending`"
     )
-    if record.state is not ExecutionState.WAITING_OPERATOR or not (record.reason or "").startswith(
-        DIVERGENCE
+    if (
+        record.state is not ExecutionState.WAITING_OPERATOR
+        or wait_kind(record.reason) is not WaitKind.DIVERGENCE
     ):
         raise _refuse(
             "wrong-state",
             f"execution {execution_id} is {record.state.value} "
             f"({record.reason or 'no reason'}), not waiting for a divergence",
         )
-    pending = agboss.executions.pending_intent_keys(execution_id)
+    pending = runtime.executions.pending_intent_keys(execution_id)
     if pending:
         raise _refuse(
             "pending-intent",
@@ -186,18 +186,18 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
             f"({', '.join(pending)}): settle it first (`agboss resolve`)",
         )
     audit = Audit(who, "accept-divergence", why)
-    accepted = agboss.executions.accept_divergence(
+    accepted = runtime.executions.accept_divergence(
         execution_id, f"accepted by {who}: {why}", audit=audit
     )
-    _audit_afterwards(agboss, audit, execution_id, record, accepted)
+    _audit_afterwards(runtime, audit, execution_id, record, accepted)
     if accepted is None:
         raise _refuse(
             "conflict",
             f"execution {execution_id} changed (or a delivery holds its "
             "lease) while it was being accepted; look at it again",
         )
-    log_event(OPERATOR_ACCEPTED, execution=execution_id, actor=who)
-    republish(agboss.app, replace(accepted, expires_ms=None), not_before_ms=None)
+    log_event(OPERATOR_ACCEPTED, execution_id=execution_id, actor=who)
+    republish(runtime.app, replace(accepted, expires_ms=None), not_before_ms=None)
     return True
 
 
@@ -219,9 +219,9 @@ def cancel(
     (``--payments-handled``) confirms the cancel."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    agboss = _agboss(app)
-    executions = agboss.executions
-    record = _execution(agboss, execution_id, "them with `celery -A proj agboss executions`")
+    runtime = runtime_of(app)
+    executions = runtime.executions
+    record = _execution(runtime, execution_id, "them with `celery -A proj agboss executions`")
     if record.state is ExecutionState.CANCELLED:
         return record
     if record.state in TERMINAL_STATES:
@@ -245,7 +245,7 @@ def cancel(
             "`celery -A proj agboss resolve KEY --completed RESULT_JSON | --not-sent --reason "
             "TEXT` — then cancel again",
         )
-    lease = agboss.store.read_lease(execution_id)
+    lease = runtime.store.read_lease(execution_id)
     if lease is not None and lease.live:
         raise _refuse(
             "lease-live",
@@ -258,11 +258,11 @@ def cancel(
         execution_id, why, payments_handled=payments_handled, audit=audit
     )
     assert updated is not None
-    _audit_afterwards(agboss, audit, execution_id, record, updated)
-    log_event(OPERATOR_CANCELLED, execution=execution_id, state=updated.state.value, actor=who)
+    _audit_afterwards(runtime, audit, execution_id, record, updated)
+    log_event(OPERATOR_CANCELLED, execution_id=execution_id, state=updated.state.value, actor=who)
     if updated.state is ExecutionState.CANCELLED:
         send_task_event(
-            agboss.app,
+            runtime.app,
             "task-revoked",
             execution_id,
             terminated=False,
@@ -279,8 +279,8 @@ def payments_handled(
     gateway, or kept on purpose. Nothing is sent; ``pending`` stops listing it."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    agboss = _agboss(app)
-    record = _execution(agboss, execution_id, "them with `celery -A proj agboss pending`")
+    runtime = runtime_of(app)
+    record = _execution(runtime, execution_id, "them with `celery -A proj agboss pending`")
     if record.state not in (ExecutionState.FAILED, ExecutionState.CANCELLED):
         raise _refuse(
             "wrong-state",
@@ -289,11 +289,11 @@ def payments_handled(
             "`agboss cancel ID --payments-handled`)",
         )
     audit = Audit(who, "payments-handled", why)
-    marked = agboss.executions.mark_payments_handled(execution_id, audit=audit)
-    _audit_afterwards(agboss, audit, execution_id, record, marked)
+    marked = runtime.executions.mark_payments_handled(execution_id, audit=audit)
+    _audit_afterwards(runtime, audit, execution_id, record, marked)
     if marked is None:
         raise _refuse("conflict", f"execution {execution_id} changed; look at it again")
-    log_event(OPERATOR_PAYMENTS_HANDLED, execution=execution_id, actor=who)
+    log_event(OPERATOR_PAYMENTS_HANDLED, execution_id=execution_id, actor=who)
     return marked
 
 
@@ -308,9 +308,9 @@ def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     starts again from zero and its message is published again now."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    agboss = _agboss(app)
+    runtime = runtime_of(app)
     record = _execution(
-        agboss,
+        runtime,
         execution_id,
         "the parked ones with `celery -A proj agboss executions --state PARKED`",
     )
@@ -320,7 +320,7 @@ def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None
             f"execution {execution_id} is {record.state.value}, not "
             "PARKED; only a parked execution can be unparked",
         )
-    moved = agboss.executions.move(
+    moved = runtime.executions.move(
         execution_id,
         [ExecutionState.PARKED],
         ExecutionState.WAITING,
@@ -330,22 +330,22 @@ def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None
         planned=True,
         audit=(audit := Audit(who, "unpark", why)),
     )
-    _audit_afterwards(agboss, audit, execution_id, record, moved)
+    _audit_afterwards(runtime, audit, execution_id, record, moved)
     if moved is None:
         raise _refuse(
             "conflict",
             f"execution {execution_id} changed (or a delivery holds its "
             "lease) while it was being unparked; look at it again",
         )
-    log_event(OPERATOR_UNPARKED, execution=execution_id, actor=who)
-    republished = redrive_now(agboss, execution_id, reason=f"unparked by {who}")
-    final = agboss.executions.read_execution(execution_id) or moved
+    log_event(OPERATOR_UNPARKED, execution_id=execution_id, actor=who)
+    republished = redrive_now(runtime, execution_id, reason=f"unparked by {who}")
+    final = runtime.executions.read_execution(execution_id) or moved
     return UnparkResult(final, republished)
 
 
 def answer_pause(app: Any, pause_id: str, answer: Any, *, actor: str | None = None) -> bool:
     """Answer a pause once and publish its task again; a second answer raises
-    ``NotPausedError`` and moves nothing (PS11), also when answers race on several
+    ``NotPausedError`` and moves nothing (design: PS11), also when answers race on several
     processes, and so does an answer to a pause whose execution no longer waits for it
     (cancelled, ended). ``pause_id`` is ``"<execution id>:<name>"``, as
     ``celery -A proj agboss pauses`` lists it. With ``actor`` (an operator's answer, as
@@ -354,10 +354,10 @@ def answer_pause(app: Any, pause_id: str, answer: Any, *, actor: str | None = No
     True when the task was published again now; False when the delivery that paused
     still held its lease (it publishes the task when it lets go) or the publish must be
     left to the sweep."""
-    agboss = _agboss(app)
+    runtime = runtime_of(app)
     audit = None if actor is None else Audit(actor, "answer-pause", f"pause {pause_id} answered")
-    record = agboss.executions.answer_pause(pause_id, dumps(answer), audit=audit)
+    record = runtime.executions.answer_pause(pause_id, dumps(answer), audit=audit)
     if audit is not None:
-        _audit_afterwards(agboss, audit, record.id, None, record)
-    log_event(OPERATOR_PAUSE_ANSWERED, execution=record.id, pause=pause_id)
-    return redrive_now(agboss, record.id, reason=f"pause {pause_id} answered")
+        _audit_afterwards(runtime, audit, record.id, None, record)
+    log_event(OPERATOR_PAUSE_ANSWERED, execution_id=record.id, pause=pause_id)
+    return redrive_now(runtime, record.id, reason=f"pause {pause_id} answered")

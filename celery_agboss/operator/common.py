@@ -9,17 +9,13 @@ from typing import Any
 from celery_agboss.core.executions import (
     ExecutionRecord,
 )
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     IntentRecord,
 )
 from celery_agboss.errors import OperatorRefusedError
-from celery_agboss.runtime import Runtime, runtime_of
+from celery_agboss.runtime.app_runtime import Runtime
 
 _NO_RESULT = object()
-
-
-def _agboss(app: Any) -> Runtime:
-    return runtime_of(app)
 
 
 def default_actor() -> str:
@@ -34,9 +30,9 @@ def _refuse(code: str, message: str, **fields: Any) -> OperatorRefusedError:
     return OperatorRefusedError(message, code=code, **fields)
 
 
-def _execution(agboss: Runtime, execution_id: str, listing: str) -> ExecutionRecord:
+def _execution(runtime: Runtime, execution_id: str, listing: str) -> ExecutionRecord:
     """The execution an operator named, or a not-found refusal saying how to list them."""
-    record = agboss.executions.read_execution(execution_id)
+    record = runtime.executions.read_execution(execution_id)
     if record is None:
         raise _refuse("not-found", f"no execution has the id {execution_id!r}; list {listing}")
     return record

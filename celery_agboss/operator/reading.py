@@ -7,27 +7,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_agboss.core.executions import (
-    CANCEL_WAITS,
-    CANCELLED_AFTER_PAYMENT,
-    DIVERGENCE,
-    UNDO_WAITS,
     AuditEntry,
     ExecutionRecord,
     ExecutionState,
+    WaitKind,
+    wait_kind,
+    waited_for,
 )
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     HistoryRow,
     IntentRecord,
     LeaseState,
 )
-from celery_agboss.operator.common import _agboss, _refuse
+from celery_agboss.operator.common import _refuse
+from celery_agboss.runtime.app_runtime import runtime_of
 from celery_agboss.store import sweep_queries as q
 
 
 def list_pending(app: Any, *, operator_only: bool = False, limit: int = 100) -> list[IntentRecord]:
     """Intents that may have been sent and are not settled (and completed ones whose result
     could not be stored), the ones waiting for an operator first."""
-    return q.list_pending_intents(_agboss(app).store, limit=limit, operator_only=operator_only)
+    return q.list_pending_intents(runtime_of(app).store, limit=limit, operator_only=operator_only)
 
 
 def list_executions(
@@ -38,7 +38,9 @@ def list_executions(
     after_id: str | None = None,
 ) -> list[ExecutionRecord]:
     """Executions by id (``after_id`` pages), optionally only those in ``states``."""
-    return _agboss(app).executions.list_executions(states or None, limit=limit, after_id=after_id)
+    return runtime_of(app).executions.list_executions(
+        states or None, limit=limit, after_id=after_id
+    )
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,11 @@ class Description:
 def describe(app: Any, key_or_id: str) -> Description:
     """An idempotency key or an execution (task) id: the execution, its lease, its intents
     with their history, and the audit trail."""
-    agboss = _agboss(app)
-    store = agboss.store
+    runtime = runtime_of(app)
+    store = runtime.store
     intent = store.read_intent(key_or_id)
     execution_id = intent.execution_id if intent is not None else key_or_id
-    execution = agboss.executions.read_execution(execution_id)
+    execution = runtime.executions.read_execution(execution_id)
     if intent is None and execution is None:
         raise _refuse(
             "not-found",
@@ -69,9 +71,9 @@ def describe(app: Any, key_or_id: str) -> Description:
         )
     intents = q.list_intents_of(store, execution_id) if execution is not None else [intent]
     intents = [i for i in intents if i is not None]
-    audit = agboss.executions.list_audit(execution_id, limit=50)
+    audit = runtime.executions.list_audit(execution_id, limit=50)
     for item in intents:
-        audit += agboss.executions.list_audit(item.idempotency_key, limit=50)
+        audit += runtime.executions.list_audit(item.idempotency_key, limit=50)
     audit.sort(key=lambda entry: entry.id)
     return Description(
         execution=execution,
@@ -97,16 +99,19 @@ def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
     intents it waits for, ``cancel --payments-handled`` after a cancel that came when a
     payment had completed, or ``redrive`` when nothing is left to decide. A wait nobody
     can end is never listed: there is always one of these."""
-    agboss = _agboss(app)
+    runtime = runtime_of(app)
     waits = []
-    for record in agboss.executions.list_executions([ExecutionState.WAITING_OPERATOR], limit=limit):
-        keys = agboss.executions.intents_needing_operator(record.id)
-        if (record.reason or "").startswith(CANCELLED_AFTER_PAYMENT):
+    for record in runtime.executions.list_executions(
+        [ExecutionState.WAITING_OPERATOR], limit=limit
+    ):
+        keys = runtime.executions.intents_needing_operator(record.id)
+        kind = wait_kind(record.reason)
+        if kind is WaitKind.CANCELLED_AFTER_PAYMENT:
             ends = (
                 f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
                 "(once the payment is refunded at the gateway, or left as it is)"
             )
-        elif (record.reason or "").startswith(DIVERGENCE):
+        elif kind is WaitKind.DIVERGENCE:
             ends = (
                 f"celery -A proj agboss accept {record.id} --reason TEXT (once what the "
                 "old path charged is refunded, or kept), or cancel it --payments-handled"
@@ -136,7 +141,7 @@ def list_failed_after_payment(app: Any, *, limit: int = 100) -> list[PaymentLeft
     """Every ``FAILED`` or ``CANCELLED`` execution with a completed payment it sent or
     relies on that no undo took back and no other execution completed on or still uses,
     until an operator says it is dealt with."""
-    found = _agboss(app).executions.failed_after_payment(limit)
+    found = runtime_of(app).executions.failed_after_payment(limit)
     return [
         PaymentLeftBehind(
             record,
@@ -160,18 +165,17 @@ class SharedWait:
 
 def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
     """Every execution that waits for another one on a shared record."""
-    records = _agboss(app).executions.list_executions(
+    records = runtime_of(app).executions.list_executions(
         [ExecutionState.WAITING, ExecutionState.COMPENSATING], limit=limit
     )
     waits = []
     for record in records:
-        reason = record.reason or ""
-        if reason.startswith((CANCEL_WAITS, UNDO_WAITS)):
-            other = reason.split("execution ", 1)[-1].split(" ", 1)[0]
+        other = waited_for(record.reason)
+        if other is not None:
             waits.append(SharedWait(record, other))
     return waits
 
 
 def list_pauses(app: Any, *, limit: int = 100) -> list[tuple[str, str, str]]:
     """``(pause_id, execution_id, status)`` of the pauses waiting for an answer."""
-    return _agboss(app).executions.list_pauses(limit)
+    return runtime_of(app).executions.list_pauses(limit)

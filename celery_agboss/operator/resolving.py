@@ -1,5 +1,5 @@
 """``resolve``: an operator says what became of an intent the gateway could not tell us
-about, checked against the call before anything is written (DESIGN §6.3)."""
+about, checked against the call before anything is written (design: operator decisions)."""
 
 from __future__ import annotations
 
@@ -18,28 +18,27 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.core.lookup import max_key_age_ms
 from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.core.store import (
-    IntentGuard,
-    IntentRecord,
-    IntentStatus,
-    IntentUpdate,
+from celery_agboss.core.protections import OPERATOR_RESULT_UNCHECKED
+from celery_agboss.core.resolutions import (
+    Resolution,
+    completed_resolution,
+    not_sent_resolution,
+    wrong_state,
 )
+from celery_agboss.core.store_protocol import IntentGuard, IntentRecord
 from celery_agboss.core.transitions import mask_result, transaction_id_of, transition
 from celery_agboss.operator.acting import _after_answer
 from celery_agboss.operator.common import (
     _NO_RESULT,
-    _agboss,
     _intent_summary,
     _refuse,
     _require_reason,
     default_actor,
 )
+from celery_agboss.runtime.app_runtime import runtime_of
 from celery_agboss.store import sweep_queries as q
-
-OPERATOR_RESULT_UNCHECKED = sabotage.register("operator-result-unchecked")
-"""Sabotage: ``resolve --completed`` stores whatever JSON it is given (a bare charge id
-pasted from the dashboard); the next delivery replays it into a body that expected the
-receipt, and fails there."""
+from celery_agboss.store.audit_trail import insert_audit_txn
+from celery_agboss.store.transactions import SQLTransaction
 
 
 def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) -> None:
@@ -81,7 +80,7 @@ def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) 
 
 
 def _refuse_a_resend_past_retention(
-    agboss: Any, intent: IntentRecord, now_ms: int, may_charge_twice: bool
+    runtime: Any, intent: IntentRecord, now_ms: int, may_charge_twice: bool
 ) -> None:
     """A ``--not-sent`` makes the next delivery send the intent again under its key; past
     the call's key retention the gateway may no longer deduplicate it (the one bound a
@@ -89,9 +88,9 @@ def _refuse_a_resend_past_retention(
     operator names the risk."""
     if may_charge_twice:
         return
-    call = agboss.engine_settings.call_named(intent.name)
+    call = runtime.engine_settings.call_named(intent.name)
     bound = (
-        None if call is None else max_key_age_ms(call, agboss.engine_settings.attempt_timeout_ms)
+        None if call is None else max_key_age_ms(call, runtime.engine_settings.attempt_timeout_ms)
     )
     first = intent.first_attempt_at_ms
     if call is not None and (bound is None or (first is not None and now_ms - first < bound)):
@@ -143,124 +142,115 @@ def resolve(
         )
     why = _require_reason(reason)
     who = actor or default_actor()
-    agboss = _agboss(app)
-    store = agboss.store
-    pseudonym_key = agboss.engine_settings.pseudonym_key
-    with store.transaction() as tx:
-        intent = tx.read_intent(idempotency_key)
-        if intent is None:
-            raise _refuse(
-                "not-found",
-                f"no intent has the idempotency key {idempotency_key!r}; "
-                "list them with `celery -A proj agboss pending`",
-            )
-        if intent.owner_live and intent.owner is not None:
-            raise _refuse(
-                "owner-live",
-                f"the intent is held right now by a live delivery (holder {intent.owner.holder}, "
-                f"token {intent.owner.token}): it is being sent or looked up. Wait until its "
-                "lease ends (`agboss show KEY`), then resolve it if it still needs you",
-            )
-        if q.execution_lease_live(tx, intent.execution_id):
-            raise _refuse(
-                "lease-live",
-                f"execution {intent.execution_id} is running under a live lease; its delivery "
-                "reconciles this intent itself. Wait for it to end, then look again",
-            )
-        stored_marker = intent.status is IntentStatus.COMPLETED and not intent.result_stored
-        if intent.status is not IntentStatus.PENDING and not stored_marker:
-            raise _refuse(
-                "wrong-state", f"the intent is already {intent.status.value}; nothing to resolve"
-            )
-        if stored_marker and not_sent:
-            raise _refuse(
-                "wrong-state",
-                "the gateway answered this intent (it is COMPLETED, "
-                "only its result could not be stored): resolve it with --completed",
-            )
-        call = agboss.engine_settings.call_named(intent.name)
+    runtime = runtime_of(app)
+    with runtime.store.transaction() as tx:
+        intent = _resolvable_intent(tx, idempotency_key, not_sent)
         if not_sent:
-            _refuse_a_resend_past_retention(agboss, intent, tx.now_ms, may_charge_twice)
-            decision = "not-sent"
-            to_status = IntentStatus.FAILED
-            # FAILED with no failure: no body was handed one, so no body took another path
-            # on it, and the next execution that reaches it sends it under the same key
-            # (DESIGN §4, claim step 1: ``shared_records.failure_claim``).
-            update = IntentUpdate(
-                status=IntentStatus.FAILED,
-                owner=None,
-                needs_operator=False,
-                operator_reason=f"resolved by {who}: not sent",
-                not_sent_confirmed=True,
-                clear_next_lookup=True,
-                failure=None,
-                retry_for=None,
-            )
+            _refuse_a_resend_past_retention(runtime, intent, tx.now_ms, may_charge_twice)
+            resolution = not_sent_resolution(who)
         else:
-            decision = "completed"
-            to_status = IntentStatus.COMPLETED
-            if call is None:
-                raise _refuse(
-                    "bad-input",
-                    f"no OutboundCall named {intent.name!r} is registered in this process, so "
-                    "its masking policy is unknown and nothing is stored (fail closed): "
-                    "register it where the app is made, AGBoss(app).register(call)",
-                )
-            _refuse_a_result_the_call_would_not_return(call, completed)
-            stored_ok, stored = mask_result(call, completed)
-            if not stored_ok:
-                raise _refuse(
-                    "bad-input",
-                    f"the masking policy of {intent.name} cannot store "
-                    "this result; give the result in the form the call returns",
-                )
-            update = IntentUpdate(
-                status=IntentStatus.COMPLETED,
-                owner=None,
-                complete=not stored_marker,
-                result=stored,
-                result_stored=True,
-                needs_operator=False,
-                operator_reason=f"resolved by {who}: completed",
-                clear_next_lookup=True,
-                gateway_transaction_id=transaction_id_of(call, completed),
-            )
-        guard = IntentGuard(intent.status, intent.attempt, intent.owner, owner_not_live=True)
-        if not transition(
-            tx,
-            pseudonym_key,
-            idempotency_key,
-            guard,
-            update,
-            HistoryEvent.RESOLVED_BY_OPERATOR,
-            from_status=intent.status,
-            to_status=to_status,
-            attempt=intent.attempt,
-            owner=None,
-            detail={"actor": who, "decision": decision, "reason": why[:500]},
-        ):
-            raise _refuse(
-                "conflict",
-                "the intent changed while it was being resolved; "
-                "look at it again (`agboss show KEY`)",
-            )
-        after = tx.read_intent(idempotency_key)
-        assert after is not None
-        q.insert_audit_txn(
-            tx,
-            actor=who,
-            action=f"resolve:{decision}",
-            target=idempotency_key,
-            reason=why,
-            before=json.dumps(_intent_summary(intent)),
-            after=json.dumps(_intent_summary(after)),
-        )
+            resolution = _completed(runtime, intent, who, completed)
+        after = _write(tx, runtime.engine_settings.pseudonym_key, intent, resolution, who, why)
     log_event(
         OPERATOR_RESOLVED,
-        execution=intent.execution_id,
+        execution_id=intent.execution_id,
         call=intent.name,
-        decision=decision,
+        decision=resolution.decision,
         actor=who,
     )
-    execution, republished = _after_answer(agboss, idempotency_key, f"resolved by {who}")
+    execution, republished = _after_answer(runtime, idempotency_key, f"resolved by {who}")
     return ResolveResult(after, execution, republished)
+
+
+def _resolvable_intent(tx: SQLTransaction, idempotency_key: str, not_sent: bool) -> IntentRecord:
+    """The intent, read under its row lock; refused while a delivery may still settle it
+    itself (its owner's lease, or its execution's, is live) or when it is in no state an
+    operator resolves (``resolutions.wrong_state``)."""
+    intent = tx.read_intent(idempotency_key)
+    if intent is None:
+        raise _refuse(
+            "not-found",
+            f"no intent has the idempotency key {idempotency_key!r}; "
+            "list them with `celery -A proj agboss pending`",
+        )
+    if intent.owner_live and intent.owner is not None:
+        raise _refuse(
+            "owner-live",
+            f"the intent is held right now by a live delivery (holder {intent.owner.holder}, "
+            f"token {intent.owner.token}): it is being sent or looked up. Wait until its "
+            "lease ends (`agboss show KEY`), then resolve it if it still needs you",
+        )
+    if q.execution_lease_live(tx, intent.execution_id):
+        raise _refuse(
+            "lease-live",
+            f"execution {intent.execution_id} is running under a live lease; its delivery "
+            "reconciles this intent itself. Wait for it to end, then look again",
+        )
+    refused = wrong_state(intent, not_sent)
+    if refused is not None:
+        raise _refuse("wrong-state", refused)
+    return intent
+
+
+def _completed(runtime: Any, intent: IntentRecord, who: str, completed: Any) -> Resolution:
+    """The operator's result, checked by the call and masked as it says (fail closed)."""
+    call = runtime.engine_settings.call_named(intent.name)
+    if call is None:
+        raise _refuse(
+            "bad-input",
+            f"no OutboundCall named {intent.name!r} is registered in this process, so "
+            "its masking policy is unknown and nothing is stored (fail closed): "
+            "register it where the app is made, AGBoss(app).register(call)",
+        )
+    _refuse_a_result_the_call_would_not_return(call, completed)
+    stored_ok, stored = mask_result(call, completed)
+    if not stored_ok:
+        raise _refuse(
+            "bad-input",
+            f"the masking policy of {intent.name} cannot store "
+            "this result; give the result in the form the call returns",
+        )
+    return completed_resolution(intent, who, stored, transaction_id_of(call, completed))
+
+
+def _write(
+    tx: SQLTransaction,
+    pseudonym_key: bytes,
+    intent: IntentRecord,
+    resolution: Resolution,
+    who: str,
+    why: str,
+) -> IntentRecord:
+    """The change through ``transition()`` (its compare-and-set and history row) and the
+    audit row, in the caller's transaction; the intent as it is then."""
+    key = intent.idempotency_key
+    guard = IntentGuard(intent.status, intent.attempt, intent.owner, owner_not_live=True)
+    if not transition(
+        tx,
+        pseudonym_key,
+        key,
+        guard,
+        resolution.update,
+        HistoryEvent.RESOLVED_BY_OPERATOR,
+        from_status=intent.status,
+        to_status=resolution.to_status,
+        attempt=intent.attempt,
+        owner=None,
+        detail={"actor": who, "decision": resolution.decision, "reason": why[:500]},
+    ):
+        raise _refuse(
+            "conflict",
+            "the intent changed while it was being resolved; look at it again (`agboss show KEY`)",
+        )
+    after = tx.read_intent(key)
+    assert after is not None
+    insert_audit_txn(
+        tx,
+        actor=who,
+        action=f"resolve:{resolution.decision}",
+        target=key,
+        reason=why,
+        before=json.dumps(_intent_summary(intent)),
+        after=json.dumps(_intent_summary(after)),
+    )
+    return after

@@ -1,4 +1,4 @@
-"""The SQLAlchemy store: schema, engine set-up, and the backend of ``core.store.Store``.
+"""The SQLAlchemy store: schema, engine set-up, and the backend of ``core.store_protocol.Store``.
 
 ``metadata`` holds every ``agboss_`` table (include it in your Alembic autogenerate,
 or exclude its tables); the tables themselves are in ``celery_agboss.store.schema``.
@@ -13,19 +13,14 @@ from celery_agboss.store.schema import metadata as _schema_metadata  # registers
 
 if TYPE_CHECKING:
     from celery_agboss.store.databases import create_store_engine
-    from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 assert _schema_metadata is metadata
 
-__all__ = ["SQLAlchemyStore", "create_store_engine", "metadata"]
+__all__ = ["create_store_engine", "metadata"]
 
 
 def __getattr__(name: str) -> object:
-    # The store class pulls in the driver modules; import it only when asked for.
-    if name == "SQLAlchemyStore":
-        from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
-
-        return SQLAlchemyStore
+    # The engine set-up pulls in the driver modules; import it only when asked for.
     if name == "create_store_engine":
         from celery_agboss.store.databases import create_store_engine
 

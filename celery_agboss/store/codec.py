@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from celery_agboss.core.store import JSON
+from celery_agboss.core.store_protocol import JSON
 
 
 def dumps(value: Any) -> str:

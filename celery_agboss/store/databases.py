@@ -3,7 +3,7 @@
 SQLite: an absolute path only (a relative one would silently give each worker
 its own database), WAL, a generous busy timeout, foreign keys, pysqlite's own
 transaction handling switched off so that our ``BEGIN IMMEDIATE`` is what really
-runs (DESIGN §2.3 trap 12), and connections a watchdog can interrupt safely
+runs (design: trap 12), and connections a watchdog can interrupt safely
 (``sqlite_watch``). PostgreSQL: psycopg 3, a connection that sat idle in the pool is
 pinged before it is handed out (``ping_connections_idle_for``).
 """
@@ -144,7 +144,8 @@ def _sqlite_engine(url: URL, busy_timeout_ms: int, kwargs: dict[str, Any]) -> En
     connect_args = dict(kwargs.pop("connect_args", {}))
     connect_args.setdefault("timeout", busy_timeout_ms / 1000)
     connect_args.setdefault("check_same_thread", False)
-    # Every connection can be watched: a long fenced transaction is rolled back (§5).
+    # Every connection can be watched: a long fenced transaction is rolled back
+    # (design: lock bound).
     factory = connect_args.setdefault("factory", WatchedConnection)
     if not (isinstance(factory, type) and issubclass(factory, WatchedConnection)):
         raise ConfigurationError(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from sqlalchemy import inspect, select
 
-from celery_agboss.core import sabotage
 from celery_agboss.errors import StoreError, StoreUnavailableError
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.schema_executions import meta
@@ -19,11 +18,6 @@ from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 TENANT_META_KEY = "deployment.tenant"
 """The ``agboss_meta`` row that holds the deployment id (revision 0007 spells it too)."""
-
-TENANT_MINTED_WHILE_IN_USE = sabotage.register("tenant-minted-while-in-use")
-"""Sabotage (revision 0007): a store upgraded while it holds executions gets a new id
-anyway, so a delivery after the upgrade computes another key for a payment sent
-before it, and the gateway cannot tell the resend from a new charge."""
 
 
 def read_store_tenant(store: SQLAlchemyStore) -> str | None:
@@ -46,4 +40,4 @@ def _has_meta_table(store: SQLAlchemyStore) -> bool:
         return bool(inspect(conn).has_table(meta.name))
 
 
-__all__ = ["TENANT_META_KEY", "TENANT_MINTED_WHILE_IN_USE", "read_store_tenant"]
+__all__ = ["TENANT_META_KEY", "read_store_tenant"]

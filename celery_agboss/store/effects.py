@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
-from celery_agboss.core.store import EffectRecord
+from celery_agboss.core.store_protocol import EffectRecord
 from celery_agboss.store.codec import dumps, loads
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.schema import fenced_effects

@@ -1,6 +1,6 @@
 """The sweep's and the operators' execution verbs: listing, re-driving, expiring,
-cancelling, moving by hand, the audit trail and meta values (pause answers:
-``pause_verbs``).
+cancelling, moving by hand (pause answers: ``pause_verbs``; the audit trail and meta
+values: ``audit_trail``).
 
 Every claim is a compare-and-set under the execution row's lock that re-checks
 that no lease is live, so several sweepers (two beats) and operators at once
@@ -12,25 +12,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, not_, or_, select, update
+from sqlalchemy import and_, case, exists, func, not_, or_, select
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.execution_states import (
+    cancel_ends_now,
+    may_move_by_hand,
+    over_recovery_cap,
+    redrive_count,
+)
 from celery_agboss.core.executions import (
     CANCELLABLE_STATES,
-    DIVERGENCE,
-    PERSON_DECIDES,
     REDRIVABLE_STATES,
-    TERMINAL_STATES,
     Audit,
-    AuditEntry,
     ExecutionRecord,
     ExecutionState,
     RedriveDecision,
+    WaitKind,
     execution_scope,
+    wait_kind,
+)
+from celery_agboss.core.protections import (
+    PLANNED_WAITS_COUNTED,
+    RESOLVE_REDRIVES_CREATOR_ONLY,
+    STARTED_EXECUTIONS_EXPIRE,
 )
 from celery_agboss.core.shared_records import unhandled_payments
-from celery_agboss.core.store import INTENT_RECORD, IntentStatus
-from celery_agboss.store.dialect import insert_or_nothing
+from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
+from celery_agboss.store.audit_trail import AuditVerbs
 from celery_agboss.store.execution_rows import (
     TERMINAL_VALUES,
     lease_live,
@@ -38,23 +47,12 @@ from celery_agboss.store.execution_rows import (
 )
 from celery_agboss.store.pause_verbs import PauseVerbs
 from celery_agboss.store.schema import outbound_calls, record_uses
-from celery_agboss.store.schema_executions import audit, executions, meta
+from celery_agboss.store.schema_executions import executions
 
 _e = executions.c
 _i = outbound_calls.c
 _u = record_uses.c
 _REDRIVABLE = [state.value for state in REDRIVABLE_STATES]
-PLANNED_WAITS_COUNTED = sabotage.register("planned-waits-counted")
-"""Sabotage (DESIGN §6.1): every re-publish of a waiting execution counts toward the
-recovery cap, the planned end of a long wait or an answered pause too."""
-
-RESOLVE_REDRIVES_CREATOR_ONLY = sabotage.register("resolve-redrives-creator-only")
-"""Sabotage (DESIGN §2.1): settling an intent sends on only the execution that created
-it; another that took it over and waits for an operator waits for ever."""
-
-STARTED_EXECUTIONS_EXPIRE = sabotage.register("started-executions-expire")
-"""Sabotage (DESIGN §2.1): ``expires`` ends a waiting execution that already started
-(and charged), not only one no delivery started."""
 
 
 def _operator_needed_by(execution_id: str) -> Any:
@@ -70,9 +68,9 @@ def _operator_needed_by(execution_id: str) -> Any:
     )
 
 
-class ExecutionAdminVerbs(PauseVerbs):
+class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
     """Sweep and operator verbs (see ``core.executions.ExecutionStore``); pause answers
-    in ``PauseVerbs``."""
+    in ``PauseVerbs``, the audit trail and meta values in ``AuditVerbs``."""
 
     # --- reads -------------------------------------------------------------------------
 
@@ -140,37 +138,30 @@ class ExecutionAdminVerbs(PauseVerbs):
             lease = tx.lock_lease(execution_scope(execution_id))
             if lease is not None and lease.live:
                 return RedriveDecision(False, False, None)
-            # Only recoveries count toward the cap (DESIGN §6.1): a RUNNING execution's
-            # delivery died (its take-over counts, once, when the new delivery starts);
-            # a REQUESTED one's message, or a waiting one's retry message, was lost
-            # (counted here). The planned end of a wait (a long retry, an answered pause,
-            # an operator's decision) is no recovery.
-            planned = record.redrive_planned and not sabotage.active(PLANNED_WAITS_COUNTED)
-            taken_over = (
-                record.state in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
-                and not planned
-            )
-            counted = not taken_over and not planned
-            if (taken_over or counted) and record.recovery_count + 1 > max_recovery_attempts:
+            # Only recoveries count toward the cap (design: recovery cap).
+            count = redrive_count(record, sabotage.active(PLANNED_WAITS_COUNTED))
+            recovery = count.taken_over or count.counted
+            if recovery and over_recovery_cap(record, max_recovery_attempts):
                 self._park(tx, execution_id, record.recovery_count, max_recovery_attempts)
                 return RedriveDecision(False, True, self._require(tx, execution_id))
             self._set(
                 tx,
                 execution_id,
-                recovery_count=_e.recovery_count + (1 if counted else 0),
+                recovery_count=_e.recovery_count + (1 if count.counted else 0),
                 wake_requested=False,
                 # An undo's planned wait is read again by the delivery it leads to: no
                 # take-over either (start_delivery).
-                redrive_planned=planned and record.state is ExecutionState.COMPENSATING,
+                redrive_planned=count.planned and record.state is ExecutionState.COMPENSATING,
                 not_before_ms=tx.now_expr() + max(0, next_redrive_delay_ms),
             )
             return RedriveDecision(True, False, self._require(tx, execution_id))
 
     def expire_due(self, limit: int) -> list[ExecutionRecord]:
-        """``expires`` bounds when an execution may start (DESIGN §2.1): only one that no
-        delivery ever started becomes ``EXPIRED``. One that started, charged and then
-        waits (a retry, a long wait, an unknown outcome) continues whatever its
-        ``expires``: expiring it would leave the customer charged and the rest undone."""
+        """``expires`` bounds when an execution may start (design: expires bounds the start):
+        only one that no delivery ever started becomes ``EXPIRED``. One that started,
+        charged and then waits (a retry, a long wait, an unknown outcome) continues
+        whatever its ``expires``: expiring it would leave the customer charged and the
+        rest undone."""
         changed: list[ExecutionRecord] = []
         never_started = (
             _e.state.in_([ExecutionState.REQUESTED.value, ExecutionState.WAITING.value])
@@ -228,11 +219,7 @@ class ExecutionAdminVerbs(PauseVerbs):
                 return record
             lease = tx.lock_lease(execution_scope(execution_id))
             live = lease is not None and lease.live
-            if (
-                record.state in CANCELLABLE_STATES
-                and not live
-                and not self._pending_intent(tx, execution_id)
-            ):
+            if cancel_ends_now(record, live, self._pending_intent(tx, execution_id)):
                 self._set(tx, execution_id, cancel_requested=True, cancel_reason=reason)
                 after = self._end_cancelled(
                     tx, execution_id, reason, payments_handled=payments_handled
@@ -276,7 +263,7 @@ class ExecutionAdminVerbs(PauseVerbs):
     def executions_waiting_on(self, idempotency_key: str) -> list[str]:
         """Every execution an intent may hold up: its creator and each execution that used
         it (replayed, joined, took it over for reconcile). Settling the intent re-drives
-        each one that waits for it (DESIGN §2.1: no wait nobody can end)."""
+        each one that waits for it: no wait nobody can end (design: waiters re-driven)."""
         with self.store.read_transaction() as tx:
             row = tx.execute(
                 select(_i.execution_id).where(_i.idempotency_key == idempotency_key)
@@ -306,7 +293,7 @@ class ExecutionAdminVerbs(PauseVerbs):
             if (
                 record is None
                 or record.state is not ExecutionState.WAITING_OPERATOR
-                or (record.reason or "").startswith(PERSON_DECIDES)
+                or wait_kind(record.reason).a_person_decides
             ):
                 return None
             lease = tx.lock_lease(execution_scope(execution_id))
@@ -357,7 +344,7 @@ class ExecutionAdminVerbs(PauseVerbs):
             if (
                 record is None
                 or record.state is not ExecutionState.WAITING_OPERATOR
-                or not (record.reason or "").startswith(DIVERGENCE)
+                or wait_kind(record.reason) is not WaitKind.DIVERGENCE
             ):
                 return None
             lease = tx.lock_lease(execution_scope(execution_id))
@@ -392,8 +379,8 @@ class ExecutionAdminVerbs(PauseVerbs):
             lease = tx.lock_lease(execution_scope(execution_id))
             if lease is not None and lease.live:
                 return None
-            if to_state in TERMINAL_STATES and self._pending_intent(tx, execution_id):
-                return None  # never terminal while an intent is pending (DESIGN §2.1)
+            if not may_move_by_hand(to_state, self._pending_intent(tx, execution_id)):
+                return None
             values: dict[str, Any] = {"state": to_state.value, "reason": reason}
             if planned:
                 values["redrive_planned"] = True
@@ -457,68 +444,6 @@ class ExecutionAdminVerbs(PauseVerbs):
             after = self._require(tx, execution_id)
             self._audit(tx, audit, execution_id, record, after)
             return after
-
-    def append_audit(
-        self,
-        actor: str,
-        action: str,
-        target: str,
-        reason: str,
-        before: str | None = None,
-        after: str | None = None,
-    ) -> None:
-        with self.store.transaction() as tx:
-            tx.execute(
-                audit.insert().values(
-                    at_ms=tx.now_expr(),
-                    actor=actor,
-                    action=action,
-                    target=target,
-                    reason=reason,
-                    before=before,
-                    after=after,
-                )
-            )
-
-    def list_audit(self, target: str | None = None, limit: int = 100) -> list[AuditEntry]:
-        with self.store.read_transaction() as tx:
-            statement = select(audit)
-            if target is not None:
-                statement = statement.where(audit.c.target == target)
-            rows = tx.execute(statement.order_by(audit.c.id.desc()).limit(limit)).all()
-            return [
-                AuditEntry(
-                    id=int(r.id),
-                    at_ms=int(r.at_ms),
-                    actor=r.actor,
-                    action=r.action,
-                    target=r.target,
-                    reason=r.reason,
-                    before=r.before,
-                    after=r.after,
-                )
-                for r in rows
-            ]
-
-    def set_meta(self, key: str, value: str) -> None:
-        with self.store.transaction() as tx:
-            now = tx.now_expr()
-            changed = tx.execute(
-                update(meta).where(meta.c.key == key).values(value=value, updated_at_ms=now)
-            ).rowcount
-            if not changed:
-                tx.execute(
-                    insert_or_nothing(tx.connection, meta).values(
-                        key=key, value=value, updated_at_ms=now
-                    )
-                )
-
-    def get_meta(self, key: str) -> tuple[str, int] | None:
-        with self.store.read_transaction() as tx:
-            row = tx.execute(
-                select(meta.c.value, meta.c.updated_at_ms).where(meta.c.key == key)
-            ).first()
-            return None if row is None else (str(row.value), int(row.updated_at_ms))
 
 
 __all__ = ["ExecutionAdminVerbs"]

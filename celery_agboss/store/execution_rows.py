@@ -10,9 +10,8 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import compensation, sabotage
+from celery_agboss.core.execution_states import Verdict, cancel_verdict
 from celery_agboss.core.executions import (
-    CANCEL_WAITS,
-    CANCELLED_AFTER_PAYMENT,
     TERMINAL_STATES,
     Audit,
     ExecutionMessage,
@@ -20,13 +19,19 @@ from celery_agboss.core.executions import (
     ExecutionState,
     execution_summary,
 )
+from celery_agboss.core.protections import (
+    AUDIT_AFTER_THE_CHANGE,
+    PENDING_INTENT_BY_CREATOR,
+    PENDING_INTENT_NARROW,
+    TASK_NAME_NOT_CHECKED,
+)
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
-from celery_agboss.core.store import IntentStatus, StoreTransaction
+from celery_agboss.core.store_protocol import IntentStatus, StoreTransaction
 from celery_agboss.errors import ExecutionIdConflictError
+from celery_agboss.store.audit_trail import insert_audit_txn
 from celery_agboss.store.codec import loads
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
-from celery_agboss.store.schema_executions import audit as audit_table
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.statement_cache import built_once
@@ -107,36 +112,39 @@ def lease_live(tx: SQLTransaction, scope: ColumnElement[str]) -> ColumnElement[b
     )
 
 
-PENDING_INTENT_NARROW = sabotage.register("pending-intent-narrow")
-"""Sabotage (DESIGN §2.1): count an intent as the execution's only while nobody else
-holds it (the old definition), so one the sweep holds for its lookup is not counted."""
-
-
 def _pending_predicate(execution_id: Any) -> ColumnElement[bool]:
     if sabotage.active(PENDING_INTENT_NARROW):
         owned = or_(
             _i.owner_scope == execution_id,
             and_(_i.owner_scope.is_(None), _i.execution_id == execution_id),
         )
+    elif sabotage.active(PENDING_INTENT_BY_CREATOR):
+        owned = or_(_i.execution_id == execution_id, _i.owner_scope == execution_id)
     else:
         # The lease scope of an execution is its id, so "owns through its lease" is
         # ``owner_scope == id``; "held on its behalf" (by the sweep, or another
-        # execution that took it over for reconcile) keeps ``execution_id`` its own.
-        owned = or_(_i.execution_id == execution_id, _i.owner_scope == execution_id)
+        # execution that took it over for reconcile) keeps ``execution_id`` (the
+        # creator) and ``sent_by`` (the execution whose attempt is on the wire) its own.
+        owned = or_(
+            _i.execution_id == execution_id,
+            _i.owner_scope == execution_id,
+            _i.sent_by == execution_id,
+        )
     return and_(_i.status == IntentStatus.PENDING.value, owned)
 
 
 def pending_intent_of(execution_id: Any) -> ColumnElement[bool]:
-    """DESIGN §2.1, "the pending intent of an execution", the one definition every verb
+    """The pending intent of an execution (design: pending intent), the one definition every verb
     uses (fail, cancel, expire, and the sweep's and the operators' verbs): a ``PENDING``
-    intent it created, owns through its lease, or that is held on its behalf.
+    intent it created, sent the current attempt of, owns through its lease, or that is
+    held on its behalf.
     ``execution_id`` is a value or a column (an ``EXISTS`` correlated to it). While one
     exists the execution never becomes ``FAILED``, ``CANCELLED`` or ``EXPIRED``."""
     return exists().where(_pending_predicate(execution_id))
 
 
 def refuse_another_task(record: ExecutionRecord, task_name: str) -> None:
-    """An execution id belongs to one task name (DESIGN §2.1)."""
+    """An execution id belongs to one task name (design: one task per id)."""
     if record.task_name != task_name and not sabotage.active(TASK_NAME_NOT_CHECKED):
         raise ExecutionIdConflictError(
             f"the execution id {record.id!r} belongs to the task {record.task_name!r}, not "
@@ -146,16 +154,6 @@ def refuse_another_task(record: ExecutionRecord, task_name: str) -> None:
             task=task_name,
             recorded_task=record.task_name,
         )
-
-
-AUDIT_AFTER_THE_CHANGE = sabotage.register("audit-after-the-change")
-"""Sabotage: an operator's audit row is written after the change, in a transaction of its
-own (``operator.acting`` then appends it): a crash, or a failure of that write, leaves a
-change nobody can trace to a person."""
-
-TASK_NAME_NOT_CHECKED = sabotage.register("task-name-not-checked")
-"""Sabotage (DESIGN §2.1): a delivery of another task under an execution's id is treated
-as that execution (the charge's receipt returned to a refund)."""
 
 
 def sql(tx: StoreTransaction) -> SQLTransaction:
@@ -310,7 +308,7 @@ class ExecutionRows:
             "cancel_requested": True,
             "cancel_reason": func.coalesce(_e.cancel_reason, reason),
         }
-        step = CancelStep.CANCEL
+        step, other = CancelStep.CANCEL, None
         if not payments_handled:
             declarations = self._undo_declarations(tx, execution_id)
             decision = cancel_decision(
@@ -320,39 +318,25 @@ class ExecutionRows:
                 undone=compensation.intents_made_by_undos(tx, declarations),
                 undos_ran=undos_ran,
             )
-            step = decision.step
-        if step is CancelStep.CANCEL:
-            self._terminal(tx, execution_id, ExecutionState.CANCELLED, reason=reason, **cancel)
-        elif step is CancelStep.UNDO_FIRST:
-            self._set(
-                tx,
-                execution_id,
-                state=ExecutionState.COMPENSATING.value,
-                not_before_ms=None,
-                reason=f"cancel requested; its undos run first: {reason}",
-                **cancel,
-            )
-        elif step is CancelStep.WAIT:
-            self._set(
-                tx,
-                execution_id,
-                state=ExecutionState.WAITING.value,
-                not_before_ms=tx.now_expr() + self.shared_wait_ms,
-                redrive_planned=True,
-                wake_requested=False,
-                reason=f"{CANCEL_WAITS}: execution {decision.other} still uses a payment of it",
-                **cancel,
-            )
+            step, other = decision.step, decision.other
+        verdict = cancel_verdict(step, reason, other)
+        values: dict[str, Any] = dict(cancel)
+        if verdict.state is ExecutionState.WAITING:  # looks again once the other may have ended
+            values.update(not_before_ms=tx.now_expr() + self.shared_wait_ms, redrive_planned=True)
+        if verdict.state in (ExecutionState.WAITING, ExecutionState.WAITING_OPERATOR):
+            values["wake_requested"] = False
+        return self._write_verdict(tx, execution_id, verdict, **values)
+
+    def _write_verdict(
+        self, tx: SQLTransaction, execution_id: str, verdict: Verdict, **values: Any
+    ) -> ExecutionRecord:
+        """Write the state ``core.execution_states`` answered, with its reason: a terminal
+        one with its end time; any other due now unless ``values`` say when."""
+        if verdict.terminal:
+            self._terminal(tx, execution_id, verdict.state, reason=verdict.reason, **values)
         else:
-            self._set(
-                tx,
-                execution_id,
-                state=ExecutionState.WAITING_OPERATOR.value,
-                not_before_ms=None,
-                wake_requested=False,
-                reason=f"{CANCELLED_AFTER_PAYMENT}: {reason}",
-                **cancel,
-            )
+            values.setdefault("not_before_ms", None)
+            self._set(tx, execution_id, state=verdict.state.value, reason=verdict.reason, **values)
         return self._require(tx, execution_id)
 
     def _audit(
@@ -367,16 +351,14 @@ class ExecutionRows:
         without ``audit``): the change and its row commit together, or neither does."""
         if audit is None or sabotage.active(AUDIT_AFTER_THE_CHANGE):
             return
-        tx.execute(
-            audit_table.insert().values(
-                at_ms=tx.now_expr(),
-                actor=audit.actor,
-                action=audit.action,
-                target=target,
-                reason=audit.reason,
-                before=None if before is None else execution_summary(before),
-                after=None if after is None else execution_summary(after),
-            )
+        insert_audit_txn(
+            tx,
+            actor=audit.actor,
+            action=audit.action,
+            target=target,
+            reason=audit.reason,
+            before=None if before is None else execution_summary(before),
+            after=None if after is None else execution_summary(after),
         )
 
     def _park(self, tx: SQLTransaction, execution_id: str, count: int, cap: int) -> None:
@@ -393,9 +375,6 @@ class ExecutionRows:
 
 
 __all__ = [
-    "AUDIT_AFTER_THE_CHANGE",
-    "PENDING_INTENT_NARROW",
-    "TASK_NAME_NOT_CHECKED",
     "ExecutionRows",
     "lease_live",
     "message_values",

@@ -19,11 +19,20 @@ from typing import Any
 from sqlalchemy import bindparam, case, insert, select
 from sqlalchemy.engine import Connection
 
-from celery_agboss.core import sabotage
+from celery_agboss.core.execution_states import (
+    DEFAULT_CANCEL_REASON,
+    cancel_ends_at_start,
+    cancel_reason_of,
+    delivery_state,
+    fail_verdict,
+    finish_verdict,
+    may_start_compensating,
+    over_recovery_cap,
+    start_without_body,
+    taken_over,
+    wakes_on_release,
+)
 from celery_agboss.core.executions import (
-    ANSWER_STATES,
-    DIVERGENCE,
-    TERMINAL_STATES,
     DeliveryStart,
     ExecutionMessage,
     ExecutionRecord,
@@ -32,9 +41,8 @@ from celery_agboss.core.executions import (
     StartKind,
     execution_scope,
 )
-from celery_agboss.core.protections import DIVERGENCE_COMPLETED
 from celery_agboss.core.shared_records import diverged
-from celery_agboss.core.store import FencedTransaction, LeaseRef
+from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef
 from celery_agboss.store.execution_admin_verbs import ExecutionAdminVerbs
 from celery_agboss.store.execution_rows import (
     message_values,
@@ -85,21 +93,14 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             record = self._read(tx, execution_id, lock=True)
             assert record is not None  # inserted above or already there
             refuse_another_task(record, message.task_name)
-            if record.state in TERMINAL_STATES:
-                return DeliveryStart(StartKind.TERMINAL, record)
-            if record.state in ANSWER_STATES:
-                return DeliveryStart(StartKind.WAITING_ANSWER, record)
+            idle = start_without_body(record)
+            if idle is not None:
+                return DeliveryStart(idle, record)
             lease = tx.lock_lease(scope)
             live = lease is not None and lease.live
-            cancellable = record.state in (ExecutionState.REQUESTED, ExecutionState.WAITING)
-            if (
-                record.cancel_requested
-                and cancellable
-                and not live
-                and not self._pending_intent(tx, execution_id)
-            ):
+            if cancel_ends_at_start(record, live, lambda: self._pending_intent(tx, execution_id)):
                 ended = self._end_cancelled(
-                    tx, execution_id, record.cancel_reason or "cancel requested"
+                    tx, execution_id, record.cancel_reason or DEFAULT_CANCEL_REASON
                 )
                 if ended.state is not ExecutionState.COMPENSATING:
                     kind = StartKind.TERMINAL if ended.terminal else StartKind.WAITING_ANSWER
@@ -110,13 +111,8 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
                 kept = message_values(message) if newer_or_same(message, record) else {}
                 self._set(tx, execution_id, wake_requested=True, **kept)
                 return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
-            # The previous delivery never said how it ended: this is a take-over (not the
-            # planned end of an undo's wait for another execution).
-            took_over = (
-                record.state in (ExecutionState.RUNNING, ExecutionState.COMPENSATING)
-                and not record.redrive_planned
-            )
-            if took_over and record.recovery_count + 1 > max_recovery_attempts:
+            took_over = taken_over(record)
+            if took_over and over_recovery_cap(record, max_recovery_attempts):
                 self._park(tx, execution_id, record.recovery_count, max_recovery_attempts)
                 return DeliveryStart(StartKind.PARKED, self._require(tx, execution_id))
             grant = tx.acquire_lease(scope, holder, ttl_ms)
@@ -124,16 +120,10 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
                 self._set(tx, execution_id, wake_requested=True)
                 return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
             now = tx.now_expr()
-            # An execution whose undos started stays COMPENSATING: this delivery continues
-            # them, never the body, and another execution deciding about a step they
-            # share must go on seeing it undoing (or the two could wait for each other).
-            compensating = record.state is ExecutionState.COMPENSATING
             self._set(
                 tx,
                 execution_id,
-                state=(
-                    ExecutionState.COMPENSATING if compensating else ExecutionState.RUNNING
-                ).value,
+                state=delivery_state(record).value,
                 started_at_ms=case((_e.started_at_ms.is_(None), now), else_=_e.started_at_ms),
                 not_before_ms=None,
                 wake_requested=False,
@@ -166,35 +156,15 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         record = self._require(t, execution_id)
         if record.terminal:
             return record
-        if sabotage.active(DIVERGENCE_COMPLETED):
-            self._terminal(t, execution_id, ExecutionState.COMPLETED, result=result, reason=None)
-            return self._require(t, execution_id)
         unreached = (
             []
             if reached is None
             else diverged(t.shared_records_of(execution_id), reached, execution_id)
         )
-        if unreached:
-            names = ", ".join(sorted({record.name for record in unreached}))
-            keys = ", ".join(record.key for record in unreached)
-            reason = (
-                f"{DIVERGENCE}: the body no longer calls {names}; an earlier delivery "
-                f"did, and it may have charged ({keys})"
-            )
-        elif self._pending_intent(t, execution_id):
-            reason = "completed while an outbound call of it is pending"
-        else:
-            self._terminal(t, execution_id, ExecutionState.COMPLETED, result=result, reason=None)
-            return self._require(t, execution_id)
-        self._set(
-            t,
-            execution_id,
-            state=ExecutionState.WAITING_OPERATOR.value,
-            not_before_ms=None,
-            result=result,
-            reason=reason[:1000],
+        pending = not unreached and self._pending_intent(t, execution_id)
+        return self._write_verdict(
+            t, execution_id, finish_verdict(unreached, pending), result=result
         )
-        return self._require(t, execution_id)
 
     def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
         """``FAILED`` with the stored failure — unless the execution owns a PENDING intent:
@@ -203,18 +173,8 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         record = self._require(t, execution_id)
         if record.terminal:
             return record
-        if self._pending_intent(t, execution_id):
-            self._set(
-                t,
-                execution_id,
-                state=ExecutionState.WAITING_OPERATOR.value,
-                not_before_ms=None,
-                error=error,
-                reason=f"failed while an outbound call is pending: {reason}"[:1000],
-            )
-        else:
-            self._terminal(t, execution_id, ExecutionState.FAILED, error=error, reason=reason)
-        return self._require(t, execution_id)
+        verdict = fail_verdict(reason, self._pending_intent(t, execution_id))
+        return self._write_verdict(t, execution_id, verdict, error=error)
 
     def wait_in(
         self,
@@ -302,7 +262,8 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         payment may be in flight): unchanged then."""
         t, execution_id = sql(tx), tx.lease.scope
         record = self._require(t, execution_id)
-        if record.terminal or (not continuing and self._pending_intent(t, execution_id)):
+        pending = not continuing and self._pending_intent(t, execution_id)
+        if not may_start_compensating(record, pending, continuing):
             return record
         kept = {} if error is None else {"error": error}
         self._set(
@@ -323,9 +284,9 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         claim (and stops the next one)."""
         t, execution_id = sql(tx), tx.lease.scope
         row = t.execute(_cancel_request_statement(t.connection), {"e_id": execution_id}).first()
-        if row is None or not row.cancel_requested:
+        if row is None:
             return None
-        return str(row.cancel_reason or "cancel requested")
+        return cancel_reason_of(bool(row.cancel_requested), row.cancel_reason)
 
     def pause_in(
         self, tx: FencedTransaction, name: str, payload: str | None
@@ -365,12 +326,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             released = tx.release_lease(lease)
             if record is None:
                 return ReleaseOutcome(released, False, None)
-            woken = (
-                released
-                and record.wake_requested
-                and record.state not in TERMINAL_STATES
-                and record.state not in ANSWER_STATES
-            )
+            woken = released and wakes_on_release(record)
             if record.wake_requested and released:
                 self._set(tx, lease.scope, wake_requested=False)
             return ReleaseOutcome(
@@ -383,7 +339,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         if not record.wake_requested:
             return ReleaseOutcome(True, False, record)
         t = sql(tx)
-        woken = record.state not in TERMINAL_STATES and record.state not in ANSWER_STATES
+        woken = wakes_on_release(record)
         self._set(t, record.id, wake_requested=False)
         return ReleaseOutcome(True, woken and not will_republish, self._require(t, record.id))
 

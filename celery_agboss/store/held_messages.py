@@ -7,7 +7,7 @@ among the unacked for the visibility timeout (an hour by default), and only the 
 ``agboss_meta`` row, ``worker.held:<worker id>``, whose value is the JSON list of the
 execution ids it holds and whose ``updated_at_ms`` is its heartbeat (database clock);
 the sweep treats a row older than a lease TTL as a dead worker's
-(``celery_agboss.held_messages``, ``SweepRun.held``).
+(``celery_agboss.worker.held_messages``, ``SweepRun.held``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select
 
-from celery_agboss.store.dialect import insert_or_nothing
+from celery_agboss.store.audit_trail import set_meta_txn
 from celery_agboss.store.schema_executions import meta
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
@@ -43,16 +43,7 @@ def write_held(store: SQLAlchemyStore, worker: str, execution_ids: list[str]) ->
     key = HELD_KEY_PREFIX + worker
     value = json.dumps(sorted(execution_ids)[:MAX_HELD_IDS])
     with store.transaction() as tx:
-        now = tx.now_expr()
-        changed = tx.execute(
-            update(meta).where(_m.key == key).values(value=value, updated_at_ms=now)
-        ).rowcount
-        if not changed:
-            tx.execute(
-                insert_or_nothing(tx.connection, meta).values(
-                    key=key, value=value, updated_at_ms=now
-                )
-            )
+        set_meta_txn(tx, key, value)
 
 
 def forget_held(store: SQLAlchemyStore, worker: str) -> None:

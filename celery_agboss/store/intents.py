@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, exists, not_, or_, select, true, update
+from sqlalchemy import and_, bindparam, delete, exists, not_, select, true, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     UNSET,
     HistoryRow,
     IntentGuard,
@@ -175,12 +175,29 @@ def guard_predicate(guard: IntentGuard, now: ColumnElement[int]) -> list[ColumnE
     return clauses
 
 
+# Fields of ``IntentUpdate`` written as they are to the column of the same name: those
+# whose "leave it alone" is None, and those whose "leave it alone" is UNSET (None is a value).
+_AS_IS_UNLESS_NONE = (
+    "attempt",
+    "result_stored",
+    "needs_operator",
+    "not_sent_confirmed",
+    "lookup_failures",
+    "failure_shared",
+)
+_AS_IS_UNLESS_UNSET = ("gateway_transaction_id", "operator_reason", "retry_for", "sent_by")
+
+
 def _values(update_: IntentUpdate, now: ColumnElement[int]) -> dict[str, Any]:
     values: dict[str, Any] = {}
+    for name in _AS_IS_UNLESS_NONE:
+        if getattr(update_, name) is not None:
+            values[name] = getattr(update_, name)
+    for name in _AS_IS_UNLESS_UNSET:
+        if getattr(update_, name) is not UNSET:
+            values[name] = getattr(update_, name)
     if update_.status is not None:
         values["status"] = update_.status.value
-    if update_.attempt is not None:
-        values["attempt"] = update_.attempt
     if update_.owner is not UNSET:
         owner = update_.owner
         values["owner_scope"] = None if owner is None else owner.scope
@@ -192,32 +209,14 @@ def _values(update_: IntentUpdate, now: ColumnElement[int]) -> dict[str, Any]:
         values["completed_at_ms"] = now
     if update_.result is not UNSET:
         values["result"] = dumps(update_.result)
-    if update_.result_stored is not None:
-        values["result_stored"] = update_.result_stored
     if update_.request is not UNSET:
         values["request"] = dumps(update_.request)
-    if update_.gateway_transaction_id is not UNSET:
-        values["gateway_transaction_id"] = update_.gateway_transaction_id
-    if update_.needs_operator is not None:
-        values["needs_operator"] = update_.needs_operator
-    if update_.operator_reason is not UNSET:
-        values["operator_reason"] = update_.operator_reason
-    if update_.not_sent_confirmed is not None:
-        values["not_sent_confirmed"] = update_.not_sent_confirmed
     if update_.next_lookup_delay_ms is not None:
         values["next_lookup_at_ms"] = now + update_.next_lookup_delay_ms
     if update_.clear_next_lookup:
         values["next_lookup_at_ms"] = None
-    if update_.lookup_failures is not None:
-        values["lookup_failures"] = update_.lookup_failures
     if update_.failure is not UNSET:
         values["failure"] = None if update_.failure is None else dumps(update_.failure)
-    if update_.retry_for is not UNSET:
-        values["retry_for"] = update_.retry_for
-    if update_.failure_shared is not None:
-        values["failure_shared"] = update_.failure_shared
-    if update_.sent_by is not UNSET:
-        values["sent_by"] = update_.sent_by
     if update_.rely:
         values["reliance"] = _i.reliance + 1
     return values
@@ -256,29 +255,6 @@ def update_txn(
     return result.rowcount == 1
 
 
-def find_stranded_txn(
-    conn: Connection, *, limit: int, offset_ms: int = 0, names: Sequence[str] | None = None
-) -> list[IntentRecord]:
-    """PENDING intents whose owner is not live and whose next lookup is due, oldest first.
-
-    Only a listing: the sweep still takes each one by compare-and-set.
-    """
-    statement = _select_intents(conn, offset_ms)
-    now = statement.selected_columns.read_at_ms
-    statement = (
-        statement.where(
-            _i.status == IntentStatus.PENDING.value,
-            not_(owner_live_expr(now)),
-            or_(_i.next_lookup_at_ms.is_(None), _i.next_lookup_at_ms <= now),
-        )
-        .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
-        .limit(limit)
-    )
-    if names is not None:
-        statement = statement.where(_i.name.in_(list(names)))
-    return [_record(row) for row in conn.execute(statement)]
-
-
 def list_for_execution_txn(
     conn: Connection, execution_id: str, *, offset_ms: int = 0
 ) -> list[IntentRecord]:
@@ -293,7 +269,7 @@ def list_for_execution_txn(
 def delete_settled_by_keys_txn(conn: Connection, keys: Sequence[str]) -> int:
     """Retention: delete these intents and their history, if settled.
 
-    A PENDING intent is never deleted (P4), whatever the caller asked.
+    A PENDING intent is never deleted (design: P4), whatever the caller asked.
     """
     wanted = list(keys)
     if not wanted:
@@ -377,7 +353,6 @@ _APPEND_HISTORY = intent_history.insert()
 __all__ = [
     "append_history_txn",
     "delete_settled_by_keys_txn",
-    "find_stranded_txn",
     "guard_predicate",
     "insert_txn",
     "last_history_txn",

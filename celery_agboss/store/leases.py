@@ -30,7 +30,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.store import LeaseGrant, LeaseRef, LeaseState, RenewOutcome
+from celery_agboss.core.protections import (
+    EXPIRY_BY_CALLER_CLOCK,
+    LEASE_DECISION_ON_COMMITTED_READ,
+    RENEW_REVIVES_EXPIRED_LEASE,
+)
+from celery_agboss.core.store_protocol import LeaseGrant, LeaseRef, LeaseState, RenewOutcome
 from celery_agboss.store.dialect import (
     CLOCK_ALIAS,
     clock,
@@ -42,10 +47,6 @@ from celery_agboss.store.schema import KEY, leases
 from celery_agboss.store.statement_cache import built_once
 
 _c = leases.c
-
-LEASE_DECISION_ON_COMMITTED_READ = sabotage.register("lease-decision-on-committed-read")
-"""Sabotage (DESIGN §5): decide about another holder's lease from its last committed row,
-as a plain read sees it, instead of under its row lock."""
 
 
 _INSERT_COLUMNS = [
@@ -64,7 +65,7 @@ def _is_mine(lease: LeaseRef) -> ColumnElement[bool]:
 
 
 def _caller_clock(caller_skew_ms: int) -> ColumnElement[int]:
-    """Sabotage only (PS13): the acquiring process's own clock instead of the database's."""
+    """Sabotage only (design: PS13): the acquiring process's own clock instead of the database's."""
     return bindparam(None, int(time.time() * 1000) + caller_skew_ms, type_=BigInteger)
 
 
@@ -81,7 +82,7 @@ def acquire_txn(
 
     Never re-entrant: a live lease gives None even when ``holder`` holds it.
     """
-    if sabotage.active(sabotage.EXPIRY_BY_CALLER_CLOCK):
+    if sabotage.active(EXPIRY_BY_CALLER_CLOCK):
         clk = select(_caller_clock(caller_skew_ms).label("now")).subquery(CLOCK_ALIAS)
     else:
         clk = clock(conn, offset_ms)
@@ -135,8 +136,8 @@ def acquire_txn(
 
 
 def _live_predicate(now: ColumnElement[int]) -> ColumnElement[bool]:
-    """Not released and not expired — unless a test removed R19's protection."""
-    if sabotage.active(sabotage.RENEW_REVIVES_EXPIRED_LEASE):
+    """Not released and not expired — unless a test removed that protection (design: R19)."""
+    if sabotage.active(RENEW_REVIVES_EXPIRED_LEASE):
         return not_(_c.released)
     return not_(_c.released) & (_c.expires_at_ms > now)
 
@@ -181,7 +182,7 @@ def _extend_statement(conn: Connection, offset_ms: int) -> Any:
 
 
 def renew_txn(conn: Connection, lease: LeaseRef, ttl_ms: int, *, offset_ms: int = 0) -> int | None:
-    """Extend a live lease; the new expiry, or None when it is lost (never revived: R19)."""
+    """Extend a live lease; the new expiry, or None when it is lost, never revived (design: R19)."""
     now = clock(conn, offset_ms).c.now
     row = conn.execute(
         update(leases)
@@ -335,9 +336,9 @@ def _state(row: Any) -> LeaseState:
 
 
 def _judged_by_caller(state: LeaseState | None, caller_skew_ms: int) -> LeaseState | None:
-    """Sabotage only (``EXPIRY_BY_CALLER_CLOCK``, PS13): the decision about a lease row is
+    """Sabotage only, ``EXPIRY_BY_CALLER_CLOCK`` (design: PS13): the decision about a lease row is
     taken on the deciding process's own clock, as ``acquire_txn`` then takes it over."""
-    if state is None or not sabotage.active(sabotage.EXPIRY_BY_CALLER_CLOCK):
+    if state is None or not sabotage.active(EXPIRY_BY_CALLER_CLOCK):
         return state
     caller_now = int(time.time() * 1000) + caller_skew_ms
     return replace(state, live=not state.released and state.expires_at_ms > caller_now)
@@ -346,8 +347,9 @@ def _judged_by_caller(state: LeaseState | None, caller_skew_ms: int) -> LeaseSta
 def lock_txn(
     conn: Connection, scope: str, *, offset_ms: int = 0, caller_skew_ms: int = 0
 ) -> LeaseState | None:
-    """The lease of ``scope`` read under its row lock, for a decision about another
-    holder's lease (DESIGN §5): the lock is held until the caller's transaction ends.
+    """The lease of ``scope`` read under its row lock, for a decision about another holder's
+    lease (design: another holder's lease): the lock is held until the caller's transaction
+    ends.
 
     On PostgreSQL a plain read sees only the last committed expiry, and a fenced
     transaction's extension stays invisible until it commits: a lease whose committed

@@ -5,7 +5,7 @@ An answer is one compare-and-set under the execution row's lock: the pause moves
 planned re-drive) together, or nothing moves and the caller gets ``NotPausedError``.
 Two approvers, a return page and a webhook, or an operator and a retrying browser can
 answer at once on different processes: the row lock orders them, and the second finds
-the pause answered (PS11, PS21).
+the pause answered (design: PS11, PS21).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from celery_agboss.core.executions import (
     ExecutionState,
     execution_scope,
 )
+from celery_agboss.core.protections import PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET
 from celery_agboss.errors import NotPausedError
 from celery_agboss.store.execution_rows import ExecutionRows
 from celery_agboss.store.schema_executions import executions, pauses
@@ -28,11 +29,6 @@ from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _p = pauses.c
-
-PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET = sabotage.register("pause-answer-without-compare-and-set")
-"""Sabotage (PS11): an answer is an unconditional update of the pause and its
-execution, whatever either's state: a second answer also "wins", and one that comes
-after the execution completed runs it again from the pause on."""
 
 PENDING = "PENDING"
 ANSWERED = "ANSWERED"
@@ -137,4 +133,4 @@ def _continue_values(tx: SQLTransaction, lease_live: bool) -> dict[str, Any]:
     return values
 
 
-__all__ = ["PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET", "PauseVerbs"]
+__all__ = ["PauseVerbs"]

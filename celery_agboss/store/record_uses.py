@@ -4,19 +4,20 @@ A record is used when an execution replays it, joins its send, takes it over for
 reconcile, or replays a fenced effect another execution recorded under a shared
 business key (a double click makes two executions of one order). Two rules read
 these rows: retention keeps a record while any execution that used it is not terminal
-(DESIGN §6.3), and resolving an intent re-drives every execution waiting on it.
+(design: retention), and resolving an intent re-drives every execution waiting on it.
 Bodies on a connection, inside the caller's transaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import delete, literal, select, true
 from sqlalchemy.engine import Connection
 
-from celery_agboss.core.store import EFFECT_RECORD as EFFECT
-from celery_agboss.core.store import INTENT_RECORD as INTENT
+from celery_agboss.core.store_protocol import EFFECT_RECORD as EFFECT
+from celery_agboss.core.store_protocol import INTENT_RECORD as INTENT
 from celery_agboss.store.dialect import clock, insert_or_nothing
 from celery_agboss.store.schema import record_uses
 
@@ -24,23 +25,32 @@ _u = record_uses.c
 
 
 def record_use_txn(
-    conn: Connection, kind: str, record_key: str, execution_id: str, *, offset_ms: int = 0
+    conn: Connection,
+    kind: str,
+    record_key: str,
+    execution_id: str,
+    *,
+    offset_ms: int = 0,
+    relied: bool = False,
 ) -> None:
-    """Note that ``execution_id`` used the record (once: ``ON CONFLICT DO NOTHING``)."""
+    """Note that ``execution_id`` used the record (once: ``ON CONFLICT DO NOTHING``); with
+    ``relied``, that it relies on the record's result from now on as well."""
     if kind not in (INTENT, EFFECT):
         raise ValueError(f"a record use is of an {INTENT!r} or an {EFFECT!r}, not {kind!r}")
     clk = clock(conn, offset_ms)
+    columns = ["kind", "record_key", "execution_id", "used_at_ms"]
+    values: list[Any] = [
+        literal(kind, _u.kind.type),
+        literal(record_key, _u.record_key.type),
+        literal(execution_id, _u.execution_id.type),
+        clk.c.now,
+    ]
+    if relied:
+        columns.append("relied_at_ms")
+        values.append(clk.c.now)
     conn.execute(
         insert_or_nothing(conn, record_uses).from_select(
-            ["kind", "record_key", "execution_id", "used_at_ms"],
-            select(
-                literal(kind, _u.kind.type),
-                literal(record_key, _u.record_key.type),
-                literal(execution_id, _u.execution_id.type),
-                clk.c.now,
-            )
-            .select_from(clk)
-            .where(true()),
+            columns, select(*values).select_from(clk).where(true())
         )
     )
 
@@ -53,16 +63,6 @@ def users_of_txn(conn: Connection, kind: str, record_key: str) -> list[str]:
         .order_by(_u.used_at_ms, _u.execution_id)
     ).all()
     return [str(row.execution_id) for row in rows]
-
-
-def used_by_txn(conn: Connection, kind: str, execution_id: str) -> list[str]:
-    """The keys of the records of ``kind`` that ``execution_id`` used (not created)."""
-    rows = conn.execute(
-        select(_u.record_key)
-        .where(_u.kind == kind, _u.execution_id == execution_id)
-        .order_by(_u.used_at_ms, _u.record_key)
-    ).all()
-    return [str(row.record_key) for row in rows]
 
 
 def delete_uses_txn(conn: Connection, kind: str, record_keys: Sequence[str]) -> int:
@@ -79,6 +79,5 @@ __all__ = [
     "INTENT",
     "delete_uses_txn",
     "record_use_txn",
-    "used_by_txn",
     "users_of_txn",
 ]

@@ -7,8 +7,6 @@ audit and meta tables are declared in ``schema_executions`` on the same metadata
 
 from __future__ import annotations
 
-import importlib
-
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -24,6 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import TextClause
 
+import celery_agboss.store.schema_executions  # noqa: F401 (its tables join the same metadata)
 from celery_agboss.store.metadata import metadata
 
 __all__ = [
@@ -212,15 +211,3 @@ record_uses = Table(
     Column("completed_at_ms", BigInteger, nullable=True),
     Index(None, "execution_id"),
 )
-
-
-def _load_execution_tables() -> None:
-    """Register the Celery layer's tables on ``metadata`` when that module exists."""
-    try:
-        importlib.import_module("celery_agboss.store.schema_executions")
-    except ModuleNotFoundError as exc:
-        if exc.name != "celery_agboss.store.schema_executions":
-            raise
-
-
-_load_execution_tables()

@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, literal, select, true, union, update
+from sqlalchemy import Table, and_, bindparam, select, union, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.keys import is_business_key
-from celery_agboss.core.store import (
+from celery_agboss.core.protections import RELIANCE_OFF_THE_RECORD
+from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
     IntentStatus,
@@ -29,14 +30,10 @@ from celery_agboss.core.store import (
     Reliance,
     SharedRecord,
 )
-from celery_agboss.store.dialect import clock, insert_or_nothing, now_expr
+from celery_agboss.store.dialect import now_expr
+from celery_agboss.store.record_uses import record_use_txn
 from celery_agboss.store.schema import fenced_effects, outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions
-
-RELIANCE_OFF_THE_RECORD = sabotage.register("reliance-off-the-record")
-"""Sabotage: a reliance is noted beside the record, not by a compare-and-set on it, and an
-undo's claim does not compare the reliance it read: a replay and an undo that race both
-win — the second click gets the receipt of a charge the first click refunds."""
 
 _i = outbound_calls.c
 _f = fenced_effects.c
@@ -238,23 +235,8 @@ def _note_relied(
         .where(_u.kind == kind, _u.record_key == record_key, _u.execution_id == execution_id)
         .values(relied_at_ms=now_expr(conn, offset_ms))
     ).rowcount
-    if changed:
-        return
-    clk = clock(conn, offset_ms)
-    conn.execute(
-        insert_or_nothing(conn, record_uses).from_select(
-            ["kind", "record_key", "execution_id", "used_at_ms", "relied_at_ms"],
-            select(
-                literal(kind, _u.kind.type),
-                literal(record_key, _u.record_key.type),
-                literal(execution_id, _u.execution_id.type),
-                clk.c.now,
-                clk.c.now,
-            )
-            .select_from(clk)
-            .where(true()),
-        )
-    )
+    if not changed:
+        record_use_txn(conn, kind, record_key, execution_id, offset_ms=offset_ms, relied=True)
 
 
 def claim_undo_txn(
@@ -300,7 +282,6 @@ def completed_on_records_txn(conn: Connection, execution_id: str, *, offset_ms: 
 
 
 __all__ = [
-    "RELIANCE_OFF_THE_RECORD",
     "claim_undo_txn",
     "completed_on_records_txn",
     "mark_compensated_txn",

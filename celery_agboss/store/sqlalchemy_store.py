@@ -3,7 +3,7 @@
 Each verb is one short transaction; ``fenced()`` and ``transaction()`` hand out an
 open one. The fence is the first statement of its transaction: one guarded
 ``UPDATE`` of the lease row that both checks the holder and extends the lease, so
-the check and the writes after it commit together or not at all (PS4).
+the check and the writes after it commit together or not at all (design: PS4).
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ from celery_agboss.core.fault_points import (
     fault_point,
 )
 from celery_agboss.core.protections import (
+    FENCE_NOT_RECHECKED_AT_COMMIT,
+    FENCED_TRANSACTION_IDLE_UNBOUNDED,
+    LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
     SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED,
 )
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     EffectRecord,
     HistoryRow,
     IntentRecord,
@@ -60,12 +63,6 @@ def lock_timeout_ms(ttl_ms: int) -> int:
     """A fenced transaction's lock timeout: well below ttl/3, so one slow effect cannot
     hold up another execution's fence long enough to lose it its lease."""
     return max(50, ttl_ms // 4)
-
-
-FENCED_TRANSACTION_IDLE_UNBOUNDED = sabotage.register("fenced-transaction-idle-unbounded")
-"""Sabotage (PS3 on PostgreSQL): a holder frozen inside a fenced transaction keeps its
-session, and with it the lock on its lease row, for as long as it stays frozen, so no
-other worker can decide on that lease and the payment stalls."""
 
 
 def postgres_transaction_bounds_sql(ttl_ms: int) -> str:
@@ -117,7 +114,8 @@ class SQLAlchemyStore:
         guard_engine(self.engine)
         self.clock_offset_source = clock_offset_source
         self._watchdog = FencedTransactionWatchdog()
-        """Rolls back SQLite fenced transactions that hold the write lock too long (§5)."""
+        """Rolls back SQLite fenced transactions that hold the write lock too long
+        (design: lock bound)."""
         _stores_to_dispose_after_fork.add(self)
         self.caller_clock_skew_ms = 0
         """Sabotage only (``EXPIRY_BY_CALLER_CLOCK``): the acquiring caller's clock skew."""
@@ -248,10 +246,11 @@ class SQLAlchemyStore:
         """
         offset = self.offset_ms()
         where = {"scope": lease.scope, "holder": lease.holder, "token": lease.token}
-        separate = sabotage.active(sabotage.LEASE_CHECK_IN_SEPARATE_ROUND_TRIP)
+        separate = sabotage.active(LEASE_CHECK_IN_SEPARATE_ROUND_TRIP)
         checked: tuple[int, int] | None = None
         if separate:
-            # The PS4 twin: check in its own committed transaction, write in another.
+            # The sabotage twin (design: PS4): check in its own committed transaction, write in
+            # another.
             checked = self._run(
                 lambda conn: lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=offset)
             )
@@ -272,7 +271,7 @@ class SQLAlchemyStore:
                 conn, now, offset, lease, expires_at_ms, self.caller_clock_skew_ms
             )
             yield tx
-            unchecked = separate or sabotage.active(sabotage.FENCE_NOT_RECHECKED_AT_COMMIT)
+            unchecked = separate or sabotage.active(FENCE_NOT_RECHECKED_AT_COMMIT)
             if tx.releases_at_commit:
                 # The verdict's transaction ends the lease: released only while it is
                 # still live, so an outlived holder's verdict is rolled back with it.
@@ -284,7 +283,7 @@ class SQLAlchemyStore:
             elif not unchecked:
                 # Extend again at the commit boundary: a long transaction keeps its lease
                 # (the renewer skipped the locked row meanwhile), and one that outlived
-                # its lease on the database clock commits nothing (P1).
+                # its lease on the database clock commits nothing (design: P1).
                 with translated():
                     again = lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=self.offset_ms())
                     if again is None:
@@ -345,7 +344,7 @@ _stores_to_dispose_after_fork: weakref.WeakSet[SQLAlchemyStore] = weakref.WeakSe
 
 
 def _dispose_all_after_fork() -> None:
-    """In a forked child, no store may use the parent's pooled connections (trap 12).
+    """In a forked child, no store may use the parent's pooled connections (design: trap 12).
     Celery's ``worker_process_init`` does the same; this covers any other fork."""
     for store in list(_stores_to_dispose_after_fork):
         with contextlib.suppress(Exception):

@@ -23,8 +23,7 @@ import time
 from typing import Any
 
 from celery_agboss.core import sabotage
-
-SQLITE_FORK_UNGUARDED = sabotage.register("sqlite-fork-unguarded")
+from celery_agboss.core.protections import SQLITE_FORK_UNGUARDED
 
 FORK_WAIT_SECONDS = 5.0
 """How long a fork waits for the write transactions in flight: a fenced one holds the

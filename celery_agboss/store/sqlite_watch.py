@@ -1,4 +1,5 @@
-"""SQLite fenced transactions may not hold the single write lock past their bound (DESIGN §5).
+"""SQLite fenced transactions may not hold the single write lock past their bound
+(design: lock bound).
 
 SQLite has one writer for the whole database and no lock timeout: a fenced
 transaction left open (a fenced effect's ``fn`` that sleeps or calls a slow service)

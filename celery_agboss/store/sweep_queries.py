@@ -8,7 +8,6 @@ one row decide one after the other and the loser changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,8 @@ from celery_agboss.core.executions import (
     ExecutionState,
     execution_scope,
 )
-from celery_agboss.core.store import (
+from celery_agboss.core.protections import PAUSED_RECORDS_EXPIRE, RECORD_USES_IGNORED_BY_RETENTION
+from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
     IntentRecord,
@@ -41,7 +41,7 @@ from celery_agboss.store.schema import (
     outbound_calls,
     record_uses,
 )
-from celery_agboss.store.schema_executions import audit, executions, meta, pauses
+from celery_agboss.store.schema_executions import executions, meta, pauses
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
 
@@ -51,14 +51,6 @@ _l = leases.c
 _f = fenced_effects.c
 _m = meta.c
 _u = record_uses.c
-
-RECORD_USES_IGNORED_BY_RETENTION = sabotage.register("record-uses-ignored-by-retention")
-"""Sabotage (DESIGN §6.3): retention follows the creating execution only, so a record
-another execution replayed is deleted while that one still waits."""
-
-PAUSED_RECORDS_EXPIRE = sabotage.register("paused-records-expire")
-"""Sabotage (pauses): retention counts a paused execution idle past the cutoff as done,
-so the intents and fenced effects before its pause go while it waits for its answer."""
 
 TICK_KEY_PREFIX = "sweep.tick."
 LAST_SWEEP_KEY = "sweep.last"
@@ -190,7 +182,7 @@ class RetentionResult:
 
 def _kept_for_a_user(kind: str, record_key: Any, cutoff_ms: int) -> ColumnElement[bool]:
     """Some execution that used the record (not its creator) is not terminal, or became
-    terminal after ``cutoff_ms``: the record stays (DESIGN §6.3)."""
+    terminal after ``cutoff_ms``: the record stays (design: retention)."""
     user = executions.alias("agboss_user")
     keeps = or_(
         user.c.state.not_in(_TERMINAL),
@@ -230,57 +222,58 @@ def delete_settled_intents_before(
 
     Its creator recorded it while running, so an intent whose creator ended before the
     cutoff was first attempted before it too: that bound, on its index, keeps the read
-    to intents old enough to go, whatever the history (DESIGN §6.3)."""
-    kept = (
-        false()
-        if sabotage.active(RECORD_USES_IGNORED_BY_RETENTION)
-        else _kept_for_a_user(INTENT_RECORD, _i.idempotency_key, cutoff_ms)
-    )
-    with store.transaction() as tx:
-        rows = tx.execute(
-            select(_i.idempotency_key, _i.execution_id)
-            .where(
-                _i.first_attempt_at_ms < cutoff_ms,
-                _i.status != literal_column(f"'{SETTLED_ONLY_EXCLUDES}'"),  # its index's
-                _creator_done_before(_i.execution_id, cutoff_ms),
-                not_(kept),
-            )
-            .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
-            .limit(limit)
-        ).all()
-        keys = [str(row.idempotency_key) for row in rows]
-        deleted = tx.delete_settled_intents_by_key(keys) if keys else 0
-        if keys:
-            tx.delete_record_uses(INTENT_RECORD, keys)
-        return RetentionResult(len({str(row.execution_id) for row in rows}), deleted)
+    to intents old enough to go, whatever the history (design: retention)."""
+    columns = (_i.idempotency_key, _i.execution_id, _i.first_attempt_at_ms)
+    settled = _i.status != literal_column(f"'{SETTLED_ONLY_EXCLUDES}'")  # its index's
+    return _delete_records_before(store, INTENT_RECORD, columns, cutoff_ms, limit, settled)
 
 
 def delete_effects_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> RetentionResult:
     """Fenced-effect records (and their uses) whose every user has been terminal since
     before ``cutoff_ms``. A record is made while its creator runs: one whose creator
     ended before the cutoff was made before it (the bound its index serves)."""
+    columns = (_f.key, _f.execution_id, _f.created_at_ms)
+    return _delete_records_before(store, EFFECT_RECORD, columns, cutoff_ms, limit)
+
+
+def _delete_records_before(
+    store: SQLAlchemyStore,
+    kind: str,
+    columns: tuple[Column[Any], Column[Any], Column[Any]],
+    cutoff_ms: int,
+    limit: int,
+    *narrower: ColumnElement[bool],
+) -> RetentionResult:
+    """Retention of one kind of shared record: ``columns`` are its key, its creator and
+    the time its index orders by (created before ``cutoff_ms``, ``narrower`` still),
+    oldest first; the records go with their uses, in one transaction."""
+    key, creator, made_at = columns
     kept = (
         false()
         if sabotage.active(RECORD_USES_IGNORED_BY_RETENTION)
-        else _kept_for_a_user(EFFECT_RECORD, _f.key, cutoff_ms)
+        else _kept_for_a_user(kind, key, cutoff_ms)
     )
     with store.transaction() as tx:
         rows = tx.execute(
-            select(_f.key, _f.execution_id)
+            select(key, creator)
             .where(
-                _f.created_at_ms < cutoff_ms,
-                _creator_done_before(_f.execution_id, cutoff_ms),
+                made_at < cutoff_ms,
+                *narrower,
+                _creator_done_before(creator, cutoff_ms),
                 not_(kept),
             )
-            .order_by(_f.created_at_ms, _f.key)
+            .order_by(made_at, key)
             .limit(limit)
         ).all()
-        keys = [str(row.key) for row in rows]
+        keys = [str(row[0]) for row in rows]
         deleted = 0
         if keys:
-            deleted = tx.delete_effects_by_key(keys)
-            tx.delete_record_uses(EFFECT_RECORD, keys)
-        return RetentionResult(len({str(row.execution_id) for row in rows}), deleted)
+            if kind == INTENT_RECORD:
+                deleted = tx.delete_settled_intents_by_key(keys)
+            else:
+                deleted = tx.delete_effects_by_key(keys)
+            tx.delete_record_uses(kind, keys)
+        return RetentionResult(len({str(row[1]) for row in rows}), deleted)
 
 
 def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> int:
@@ -371,33 +364,6 @@ def delete_dead_sweeper_leases(store: SQLAlchemyStore, older_than_ms: int, limit
         return int(tx.execute(delete(leases).where(_l.scope.in_(dead))).rowcount)
 
 
-# --- audit ------------------------------------------------------------------------------
-
-
-def insert_audit_txn(
-    tx: SQLTransaction,
-    *,
-    actor: str,
-    action: str,
-    target: str,
-    reason: str,
-    before: str | None,
-    after: str | None,
-) -> None:
-    """One audit row inside the caller's transaction: it commits with the change it records."""
-    tx.execute(
-        audit.insert().values(
-            at_ms=tx.now_expr(),
-            actor=actor,
-            action=action,
-            target=target,
-            reason=reason,
-            before=before,
-            after=after,
-        )
-    )
-
-
 def execution_lease_live(tx: SQLTransaction, execution_id: str) -> bool:
     """Whether the execution runs under a live lease, decided under its row lock (held
     until ``tx`` ends, so the answer stays true while the caller writes its decision)."""
@@ -405,19 +371,9 @@ def execution_lease_live(tx: SQLTransaction, execution_id: str) -> bool:
     return lease is not None and lease.live
 
 
-def executions_by_ids(store: SQLAlchemyStore, ids: Sequence[str]) -> dict[str, str]:
-    """``{id: state}`` for the given ids (the ones that exist)."""
-    if not ids:
-        return {}
-    with store.read_transaction() as tx:
-        rows = tx.execute(select(_e.id, _e.state).where(_e.id.in_(list(ids)))).all()
-        return {str(row.id): str(row.state) for row in rows}
-
-
 __all__ = [
     "LAST_SWEEP_KEY",
     "LAST_WORKER_SWEEP_KEY",
-    "RECORD_USES_IGNORED_BY_RETENTION",
     "SWEEPER_SCOPE_PREFIX",
     "TICK_KEY_PREFIX",
     "RetentionResult",
@@ -428,10 +384,8 @@ __all__ = [
     "delete_settled_intents_before",
     "delete_terminal_executions_before",
     "execution_lease_live",
-    "executions_by_ids",
     "find_cancel_requested",
     "find_stranded_keys",
-    "insert_audit_txn",
     "list_intents_of",
     "list_pending_intents",
     "unsettled_intent",

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
 
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     EffectRecord,
     HistoryRow,
     IntentGuard,
@@ -180,20 +180,11 @@ class SQLTransaction:
 
     def lock_lease(self, scope: str) -> LeaseState | None:
         """The lease under its row lock, held until this transaction ends; a row a running
-        transaction holds locked is live (DESIGN §5). Every decision about another
-        holder's lease reads it this way, in the transaction that writes the decision."""
+        transaction holds locked is live (design: another holder's lease). Every decision about
+        another holder's lease reads it this way, in the transaction that writes the decision."""
         with translated():
             return leases.lock_txn(
                 self._conn, scope, offset_ms=self._offset_ms, caller_skew_ms=self._caller_skew_ms
-            )
-
-    def find_stranded_intents(
-        self, limit: int, names: Sequence[str] | None = None
-    ) -> list[IntentRecord]:
-        """PENDING intents with no live owner whose next lookup is due (the sweep's list)."""
-        with translated():
-            return intents.find_stranded_txn(
-                self._conn, limit=limit, offset_ms=self._offset_ms, names=names
             )
 
     def list_intents(self, execution_id: str) -> list[IntentRecord]:

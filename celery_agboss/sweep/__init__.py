@@ -1,4 +1,4 @@
-"""The sweep (DESIGN §6): what dead workers, lost messages and missed answers left.
+"""The sweep (design: sweep): what dead workers, lost messages and missed answers left.
 
 ``runner`` holds the ``celery_agboss.sweep`` task, its beat entry and the workers'
 watch on ``last_sweep_at``; ``steps`` holds what one run does, step by step.

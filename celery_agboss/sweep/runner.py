@@ -1,4 +1,4 @@
-"""The sweep (DESIGN §6): what a dead worker, a lost message or a missed answer left behind.
+"""The sweep (design: sweep): what a dead worker, a lost message or a missed answer left behind.
 
 One run, in bounded batches, safe with several beats or sweepers at once:
 
@@ -46,9 +46,10 @@ from celery_agboss.core.log_events import (
     SWEEP_STALE,
     log_event,
 )
+from celery_agboss.core.protections import SWEEP_WITHOUT_TICK
 from celery_agboss.errors import StoreError
-from celery_agboss.runtime import Runtime
-from celery_agboss.settings import AGBossSettings
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.settings import AGBossSettings
 from celery_agboss.store import sweep_queries as q
 from celery_agboss.sweep.steps import (
     SweepReport,
@@ -63,16 +64,13 @@ SWEEP_BEAT_ENTRY = SWEEP_TASK_NAME
 DEFAULT_BATCH_SIZE = 200
 STALE_AFTER_INTERVALS = 3
 
-SWEEP_WITHOUT_TICK = sabotage.register("sweep-without-tick")
-"""Sabotage (trap 10): every beat's sweep runs, even when another already ran this tick."""
-
 
 BY_WORKER = "worker"
 """``by`` of the workers' own sweeps, run while no other sweep finishes (no beat)."""
 
 
 def run_sweep(
-    agboss: Runtime,
+    runtime: Runtime,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     claim_tick: bool = False,
@@ -89,19 +87,19 @@ def run_sweep(
     started = time.monotonic()
     report = SweepReport()
     interval = effective_interval(
-        agboss.settings.sweep_interval_seconds if interval_seconds is None else interval_seconds
+        runtime.settings.sweep_interval_seconds if interval_seconds is None else interval_seconds
     )
     if claim_tick and not sabotage.active(SWEEP_WITHOUT_TICK):
-        tick = q.claim_tick(agboss.store, round(interval * 1000), claimant=str(uuid.uuid4()))
+        tick = q.claim_tick(runtime.store, round(interval * 1000), claimant=str(uuid.uuid4()))
         if tick is None:
             report.skipped = "another sweeper already ran this tick"
             log_event(SWEEP_SKIPPED, reason="tick already swept", by=by)
             # A beat sweep that reached a worker proves beat works, even when the workers'
             # own sweep took this tick first: record it, so that they stop.
-            _record_finished(agboss, report, interval, by)
+            _record_finished(runtime, report, interval, by)
             return report
         report.tick = tick
-    run = SweepRun(agboss, batch_size, report)
+    run = SweepRun(runtime, batch_size, report)
     steps = (
         run.expire,
         run.reconcile,
@@ -121,25 +119,25 @@ def run_sweep(
     finally:
         run.release()
     report.duration_ms = round((time.monotonic() - started) * 1000)
-    _record_finished(agboss, report, interval, by)
+    _record_finished(runtime, report, interval, by)
     log_event(SWEEP_FINISHED, by=by, **{k: v for k, v in report.as_dict().items() if v})
     return report
 
 
-def _record_finished(agboss: Runtime, report: SweepReport, interval: float, by: str) -> None:
+def _record_finished(runtime: Runtime, report: SweepReport, interval: float, by: str) -> None:
     """``last_sweep_at`` (what workers watch), or, for the workers' own sweeps, a key of
     their own: those must not hide that no beat is running."""
     key = q.LAST_WORKER_SWEEP_KEY if by == BY_WORKER else q.LAST_SWEEP_KEY
     value = json.dumps({**report.as_dict(), "interval_seconds": interval, "by": by})
     try:
-        agboss.executions.set_meta(key, value)
+        runtime.executions.set_meta(key, value)
     except (Exception, StoreError):
         report.errors += 1
         log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step="last-sweep-at")
 
 
 def run_sweep_loop(
-    agboss: Runtime,
+    runtime: Runtime,
     *,
     interval_seconds: float | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -151,7 +149,7 @@ def run_sweep_loop(
     deployments without beat); the number of runs. Each run claims its tick, so loops and
     beats can mix. A run that fails (the store is down) is logged and the loop goes on."""
     interval = effective_interval(
-        agboss.settings.sweep_interval_seconds if interval_seconds is None else interval_seconds
+        runtime.settings.sweep_interval_seconds if interval_seconds is None else interval_seconds
     )
     interval_ms = round(interval * 1000)
     stop = stop or threading.Event()
@@ -160,7 +158,7 @@ def run_sweep_loop(
         runs += 1
         try:
             report = run_sweep(
-                agboss,
+                runtime,
                 batch_size=batch_size,
                 claim_tick=True,
                 interval_seconds=interval,
@@ -175,7 +173,7 @@ def run_sweep_loop(
             break
         # Sleep to the next tick boundary (ticks are the database clock's).
         try:
-            now_ms = agboss.store.now_ms()
+            now_ms = runtime.store.now_ms()
         except (Exception, StoreError):
             now_ms = int(time.time() * 1000)
         stop.wait(((now_ms // interval_ms + 1) * interval_ms - now_ms) / 1000 + 0.01)
@@ -192,16 +190,16 @@ class SweepFreshness:
     stale: bool
 
 
-def sweep_freshness(agboss: Runtime) -> SweepFreshness:
+def sweep_freshness(runtime: Runtime) -> SweepFreshness:
     """How long ago the last sweep finished, on the database clock."""
-    interval = effective_interval(agboss.settings.sweep_interval_seconds)
-    found = agboss.executions.get_meta(q.LAST_SWEEP_KEY)
+    interval = effective_interval(runtime.settings.sweep_interval_seconds)
+    found = runtime.executions.get_meta(q.LAST_SWEEP_KEY)
     if found is None:
         return SweepFreshness(None, interval, True)
     value, at_ms = found
     with contextlib.suppress(ValueError, AttributeError, TypeError):
         interval = float(json.loads(value).get("interval_seconds") or interval)
-    age = max(0.0, (agboss.store.now_ms() - at_ms) / 1000)
+    age = max(0.0, (runtime.store.now_ms() - at_ms) / 1000)
     return SweepFreshness(age, interval, age > STALE_AFTER_INTERVALS * interval)
 
 
@@ -212,10 +210,10 @@ STALE_LOG_EVERY_INTERVALS = 10
 """While the sweep stays stale, each worker repeats its warning this seldom."""
 
 
-def check_sweep_freshness(agboss: Runtime, *, workers_sweep: bool = False) -> SweepFreshness:
+def check_sweep_freshness(runtime: Runtime, *, workers_sweep: bool = False) -> SweepFreshness:
     """Log ``sweep.stale`` (a warning) when the last sweep is older than three intervals:
     no beat is running, or its sweeps never reach a worker."""
-    freshness = sweep_freshness(agboss)
+    freshness = sweep_freshness(runtime)
     if freshness.stale:
         log_event(
             SWEEP_STALE,
@@ -245,18 +243,18 @@ class _SweepWatch:
     worker started: a fresh deployment's beat gets that long.
     """
 
-    def __init__(self, agboss: Runtime) -> None:
-        self.agboss = agboss
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="agboss-sweep-watch", daemon=True)
         self._since_warning: int | None = None
 
     @property
     def sweeps_itself(self) -> bool:
-        return self.agboss.settings.sweep_interval_seconds > 0
+        return self.runtime.settings.sweep_interval_seconds > 0
 
     def _run(self) -> None:
-        interval = effective_interval(self.agboss.settings.sweep_interval_seconds)
+        interval = effective_interval(self.runtime.settings.sweep_interval_seconds)
         if self.stop.wait(STALE_AFTER_INTERVALS * interval):
             return
         while not self.stop.is_set():
@@ -267,36 +265,36 @@ class _SweepWatch:
             self.stop.wait(self._until_next_tick(interval))
 
     def _tick(self) -> None:
-        freshness = sweep_freshness(self.agboss)
+        freshness = sweep_freshness(self.runtime)
         if not freshness.stale:
             self._since_warning = None
             return
         if self._since_warning is None or self._since_warning >= STALE_LOG_EVERY_INTERVALS:
-            check_sweep_freshness(self.agboss, workers_sweep=self.sweeps_itself)
+            check_sweep_freshness(self.runtime, workers_sweep=self.sweeps_itself)
             self._since_warning = 0
         self._since_warning += 1
         if self.sweeps_itself:
-            run_sweep(self.agboss, claim_tick=True, by=BY_WORKER)
+            run_sweep(self.runtime, claim_tick=True, by=BY_WORKER)
 
     def _until_next_tick(self, interval: float) -> float:
         """Seconds to just after the next tick boundary of the database clock."""
         interval_ms = round(interval * 1000)
         try:
-            now_ms = self.agboss.store.now_ms()
+            now_ms = self.runtime.store.now_ms()
         except (Exception, StoreError):
             return interval
         return ((now_ms // interval_ms + 1) * interval_ms - now_ms) / 1000 + 0.05
 
 
-def _consume_the_sweep_queue(agboss: Runtime, worker: Any) -> Callable[[], None]:
-    """The default worker runs the sweep (DESIGN §6): a worker started without ``-Q``
+def _consume_the_sweep_queue(runtime: Runtime, worker: Any) -> Callable[[], None]:
+    """The default worker runs the sweep (design: sweep): a worker started without ``-Q``
     consumes the sweep queue too; one whose ``-Q`` leaves it out says so, once. Decided
     at ``worker_init`` (before the consumer starts); what to say is returned, to be said
     once Celery has set up its logging (``worker_ready``)."""
-    settings = agboss.settings
+    settings = runtime.settings
     if settings.sweep_interval_seconds <= 0:
         return lambda: None  # no beat entry: `celery agboss sweep --loop` sweeps instead
-    queues = agboss.app.amqp.queues
+    queues = runtime.app.amqp.queues
     name = settings.sweep_queue
     if getattr(queues, "_consume_from", None) is None:  # no -Q: every declared queue
         queues.select_add(name)
@@ -317,11 +315,11 @@ def _consume_the_sweep_queue(agboss: Runtime, worker: Any) -> Callable[[], None]
     )
 
 
-def _install_beat_entry(agboss: Runtime, settings: AGBossSettings) -> None:
+def _install_beat_entry(runtime: Runtime, settings: AGBossSettings) -> None:
     """The beat entry that sends the sweep every interval (none when it is 0)."""
     if settings.sweep_interval_seconds <= 0:
         return
-    schedule = dict(agboss.app.conf.beat_schedule or {})
+    schedule = dict(runtime.app.conf.beat_schedule or {})
     if SWEEP_BEAT_ENTRY in schedule:
         return
     interval = settings.sweep_interval_seconds
@@ -332,15 +330,15 @@ def _install_beat_entry(agboss: Runtime, settings: AGBossSettings) -> None:
         # did not start within one interval is dropped (the next one comes).
         "options": {"queue": settings.sweep_queue, "expires": interval},
     }
-    agboss.app.conf.beat_schedule = schedule
+    runtime.app.conf.beat_schedule = schedule
 
 
-def install(agboss: Runtime) -> None:
+def install(runtime: Runtime) -> None:
     """Called by ``AGBoss(app)``: the ``celery_agboss.sweep`` task and its beat entry, the
     sweep queue on the default worker, and each worker's watch on ``last_sweep_at`` (and
     its own sweeps while none finishes)."""
-    app = agboss.app
-    agboss.when_configured(lambda settings: _install_beat_entry(agboss, settings))
+    app = runtime.app
+    runtime.when_configured(lambda settings: _install_beat_entry(runtime, settings))
 
     # send_events=False: a run every interval would bury the payments on Flower's tasks
     # page. Its counts are in `sweep.finished` and the metrics; to see the runs in Flower
@@ -350,9 +348,9 @@ def install(agboss: Runtime) -> None:
     )
     def sweep(batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
         """Re-drive and reconcile what dead workers and lost messages left behind."""
-        interval = agboss.settings.sweep_interval_seconds
+        interval = runtime.settings.sweep_interval_seconds
         return run_sweep(
-            agboss, batch_size=batch_size, claim_tick=interval > 0, by="beat"
+            runtime, batch_size=batch_size, claim_tick=interval > 0, by="beat"
         ).summary()
 
     watches: list[_SweepWatch] = []
@@ -360,14 +358,14 @@ def install(agboss: Runtime) -> None:
 
     def on_worker_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
-            to_say.append(_consume_the_sweep_queue(agboss, sender))
+            to_say.append(_consume_the_sweep_queue(runtime, sender))
 
     def on_worker_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app or watches:
             return
         while to_say:
             to_say.pop(0)()
-        watch = _SweepWatch(agboss)
+        watch = _SweepWatch(runtime)
         watches.append(watch)
         watch.thread.start()
 
@@ -386,7 +384,6 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     "SWEEP_BEAT_ENTRY",
     "SWEEP_TASK_NAME",
-    "SWEEP_WITHOUT_TICK",
     "SweepFreshness",
     "SweepReport",
     "check_sweep_freshness",

@@ -1,4 +1,4 @@
-"""The steps of one sweep run (DESIGN §6), each bounded by the batch size.
+"""The steps of one sweep run (design: sweep), each bounded by the batch size.
 
 ``celery_agboss.sweep`` runs them in order: expire, reconcile stranded intents, end
 cancel requests, re-drive, the outbox's leftovers, retention. Every claim is a
@@ -25,13 +25,14 @@ from celery_agboss.core.log_events import (
     SWEEP_REPUBLISHED,
     log_event,
 )
+from celery_agboss.core.protections import REDRIVE_WITHOUT_CLAIM, STRANDED_NOT_RECONCILED
 from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
-from celery_agboss.core.store import IntentGuard, IntentStatus, LeaseRef
+from celery_agboss.core.store_protocol import IntentGuard, IntentStatus, LeaseRef
 from celery_agboss.errors import ExecutionFencedError, StoreError
-from celery_agboss.messages import republish
-from celery_agboss.outbox import sweep_outbox
-from celery_agboss.runtime import Runtime
-from celery_agboss.settings import DEFAULT_SWEEP_INTERVAL_SECONDS
+from celery_agboss.outbox.publishing import sweep_outbox
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.known_settings import DEFAULT_SWEEP_INTERVAL_SECONDS
+from celery_agboss.runtime.messages import republish
 from celery_agboss.store import sweep_queries as q
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
 from celery_agboss.task_events import TASK_PARKED, TASK_UNRECONCILED, send_task_event
@@ -40,15 +41,6 @@ if TYPE_CHECKING:
     from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 logger = logging.getLogger("celery_agboss")
-
-
-STRANDED_NOT_RECONCILED = sabotage.register("sweep-stranded-not-reconciled")
-"""Sabotage (DESIGN §6.2): the sweep leaves a dead holder's PENDING intent to the next
-delivery; with that delivery's reconcile-first also off, a charge is sent again."""
-
-REDRIVE_WITHOUT_CLAIM = sabotage.register("sweep-redrive-without-claim")
-"""Sabotage (trap 10): re-publish what the listing found without the compare-and-set
-claim, so two sweepers publish one execution twice."""
 
 
 @dataclass
@@ -114,18 +106,16 @@ class SweepReport:
 class SweepRun:
     """One sweep run: the app, its store, the settings, and the sweeper's own lease."""
 
-    def __init__(self, agboss: Runtime, batch_size: int, report: SweepReport) -> None:
-        self.agboss = agboss
-        self.app = agboss.app
-        self.settings = agboss.settings
-        self.store: SQLAlchemyStore = agboss.store
-        self.executions = agboss.executions
+    def __init__(self, runtime: Runtime, batch_size: int, report: SweepReport) -> None:
+        self.runtime = runtime
+        self.app = runtime.app
+        self.settings = runtime.settings
+        self.store: SQLAlchemyStore = runtime.store
+        self.executions = runtime.executions
         self.batch = batch_size
         self.report = report
         # A lookup is bounded by attempt_timeout; the lease must outlive one lookup.
-        self.lease_ttl_ms = self.settings.lease_ttl_ms + round(
-            self.settings.attempt_timeout_seconds * 1000
-        )
+        self.lease_ttl_ms = self.settings.lease_ttl_ms + self.settings.attempt_timeout_ms
         self.lease: LeaseRef | None = None
 
     # --- 1. expiry -----------------------------------------------------------------
@@ -133,7 +123,7 @@ class SweepRun:
     def expire(self) -> None:
         for record in self.executions.expire_due(self.batch):
             self.report.expired += 1
-            log_event(EXECUTION_EXPIRED, execution=record.id, task=record.task_name)
+            log_event(EXECUTION_EXPIRED, execution_id=record.id, task=record.task_name)
             send_task_event(
                 self.app,
                 "task-revoked",
@@ -156,7 +146,7 @@ class SweepRun:
         if grant is None:  # pragma: no cover - a fresh uuid scope is never held
             return
         self.lease = grant.lease
-        settings = self.agboss.engine_settings
+        settings = self.runtime.engine_settings
         for key, execution_id in keys:
             try:
                 outcome = reconcile_stranded(
@@ -172,14 +162,7 @@ class SweepRun:
                 log_event(SWEEP_ERROR, logging.WARNING, step="reconcile", reason="lease-lost")
                 return
             except (Exception, StoreError):
-                self.report.errors += 1
-                log_event(
-                    SWEEP_ERROR,
-                    logging.ERROR,
-                    exc_info=True,
-                    step="reconcile",
-                    execution=execution_id,
-                )
+                self._row_failed("reconcile", execution_id)
                 continue
             self._after_reconcile(outcome, key, execution_id)
 
@@ -227,10 +210,7 @@ class SweepRun:
             try:
                 self._cancel_one(execution_id)
             except (Exception, StoreError):
-                self.report.errors += 1
-                log_event(
-                    SWEEP_ERROR, logging.ERROR, exc_info=True, step="cancel", execution=execution_id
-                )
+                self._row_failed("cancel", execution_id)
 
     def _cancel_one(self, execution_id: str) -> None:
         for key in self.executions.pending_intent_keys(execution_id):
@@ -254,7 +234,7 @@ class SweepRun:
             return
         if record.state is ExecutionState.CANCELLED:
             self.report.cancelled += 1
-            log_event(EXECUTION_CANCELLED, execution=execution_id, task=record.task_name)
+            log_event(EXECUTION_CANCELLED, execution_id=execution_id, task=record.task_name)
             send_task_event(
                 self.app,
                 "task-revoked",
@@ -266,7 +246,7 @@ class SweepRun:
             log_event(
                 EXECUTION_WAITING_OPERATOR,
                 logging.WARNING,
-                execution=execution_id,
+                execution_id=execution_id,
                 task=record.task_name,
                 reason=record.reason,
             )
@@ -299,7 +279,7 @@ class SweepRun:
                 return
             settle_not_sent_for_cancel(
                 tx,
-                self.agboss.engine_settings,
+                self.runtime.engine_settings,
                 intent,
                 IntentGuard(
                     IntentStatus.PENDING, intent.attempt, intent.owner, owner_not_live=True
@@ -313,10 +293,10 @@ class SweepRun:
     def held(self) -> None:
         """Re-publish at once what a worker that stopped writing its row (killed, or
         frozen for a lease TTL) held unstarted, instead of after the requested grace
-        (``celery_agboss.held_messages`` says why that is safe); ids a live worker lists
+        (``celery_agboss.worker.held_messages`` says why that is safe); ids a live worker lists
         too are left to it."""
         ttl_ms = self.settings.lease_ttl_ms
-        grace_ms = round(self.settings.requested_grace_seconds * 1000)
+        grace_ms = self.settings.requested_grace_ms
         interval_ms = round(effective_interval(self.settings.sweep_interval_seconds) * 1000)
         rows = read_held(self.store)
         live = {found for row in rows if row.age_ms < ttl_ms for found in row.execution_ids}
@@ -336,17 +316,14 @@ class SweepRun:
                 try:
                     self._redrive_one(record, grace_ms, interval_ms)
                 except (Exception, StoreError):
-                    self.report.errors += 1
-                    log_event(
-                        SWEEP_ERROR, logging.ERROR, exc_info=True, step="held", execution=record.id
-                    )
+                    self._row_failed("held", record.id)
             forget_held_if_unchanged(self.store, row)
 
     # --- 4. re-drive -----------------------------------------------------------------
 
     def redrive(self) -> None:
         s = self.settings
-        grace_ms = round(s.requested_grace_seconds * 1000)
+        grace_ms = s.requested_grace_ms
         interval_ms = round(effective_interval(s.sweep_interval_seconds) * 1000)
         ttl_ms = s.lease_ttl_ms
         for record in self.executions.find_redrivable(self.batch, grace_ms):
@@ -365,10 +342,13 @@ class SweepRun:
             try:
                 self._redrive_one(record, grace_ms, interval_ms)
             except (Exception, StoreError):
-                self.report.errors += 1
-                log_event(
-                    SWEEP_ERROR, logging.ERROR, exc_info=True, step="redrive", execution=record.id
-                )
+                self._row_failed("redrive", record.id)
+
+    def _row_failed(self, step: str, execution_id: str) -> None:
+        """One row's step raised (called in its ``except``): counted and logged with the
+        traceback, left for the next run; the run goes on."""
+        self.report.errors += 1
+        log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step=step, execution_id=execution_id)
 
     def _redrive_one(self, record: ExecutionRecord, grace_ms: int, interval_ms: int) -> None:
         if sabotage.active(REDRIVE_WITHOUT_CLAIM):
@@ -390,7 +370,7 @@ class SweepRun:
             log_event(
                 EXECUTION_PARKED,
                 logging.WARNING,
-                execution=record.id,
+                execution_id=record.id,
                 task=record.task_name,
                 recovery_count=decision.execution.recovery_count,
                 by="sweep",
@@ -418,7 +398,7 @@ class SweepRun:
         self.report.republished_ids.append(record.id)
         log_event(
             SWEEP_REPUBLISHED,
-            execution=record.id,
+            execution_id=record.id,
             task=record.task_name,
             state=(previous_state or record.state).value,
             recovery_count=record.recovery_count,
@@ -428,7 +408,7 @@ class SweepRun:
 
     def outbox(self) -> None:
         """Publish the follow-ups a worker committed but died before publishing."""
-        done = sweep_outbox(self.agboss, self.batch)
+        done = sweep_outbox(self.runtime, self.batch)
         self.report.outbox_published += done.published
         self.report.outbox_deleted += done.deleted
         self.report.errors += done.errors
@@ -439,15 +419,15 @@ class SweepRun:
         s = self.settings
         now = self.store.now_ms()
         intents = q.delete_settled_intents_before(
-            self.store, now - round(s.outbound_retention_seconds * 1000), self.batch
+            self.store, now - s.outbound_retention_ms, self.batch
         )
         effects = q.delete_effects_before(
-            self.store, now - round(s.fenced_effect_retention_seconds * 1000), self.batch
+            self.store, now - s.fenced_effect_retention_ms, self.batch
         )
         self.report.intents_deleted += intents.rows
         self.report.effects_deleted += effects.rows
         self.report.executions_deleted += q.delete_terminal_executions_before(
-            self.store, now - round(s.terminal_execution_retention_seconds * 1000), self.batch
+            self.store, now - s.terminal_execution_retention_ms, self.batch
         )
         q.delete_dead_sweeper_leases(self.store, 3_600_000, self.batch)
 
@@ -475,8 +455,6 @@ def effective_interval(configured: float) -> float:
 
 
 __all__ = [
-    "REDRIVE_WITHOUT_CLAIM",
-    "STRANDED_NOT_RECONCILED",
     "SweepReport",
     "SweepRun",
     "effective_interval",

@@ -18,7 +18,7 @@ from celery_agboss.testing.checklist import (
     gateway_checklist,
 )
 from celery_agboss.testing.clock import SkewedHolderClock, VirtualClock
-from celery_agboss.testing.faults import (
+from celery_agboss.testing.fault_arming import (
     ArmedPoint,
     PausedPoint,
     PausedPointTimeoutError,

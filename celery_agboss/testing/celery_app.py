@@ -31,7 +31,7 @@ from celery.worker import state as worker_state
 
 from celery_agboss import signals as agboss_signals
 from celery_agboss.app import AGBoss
-from celery_agboss.settings import TESTING_PSEUDONYM_KEY
+from celery_agboss.runtime.settings import TESTING_PSEUDONYM_KEY
 
 TEST_LEASE_TTL_SECONDS = 5.0
 """Short, so a test that loses a lease waits seconds, not the default 30 s."""
@@ -91,8 +91,8 @@ def make_test_app(
     queue = f"agboss-test-{os.getpid()}-{number}"
     app = _ThrowawayCelery(f"agboss_test_{number}", set_as_current=False)
     app.conf.update({**throwaway_app_config(database_url, queue), **dict(config or {})})
-    boss = AGBoss(app)
-    boss.clock_offset_source = clock_offset_source
+    runtime = AGBoss(app)
+    runtime.clock_offset_source = clock_offset_source
     return app
 
 
@@ -116,24 +116,24 @@ def bound_app(
     and out, so bind before the test uses the app. Messages go to a queue of the
     block's own, deleted at the end.
     """
-    boss = AGBoss.of(app)
+    runtime = AGBoss.of(app)
     queue = f"agboss-test-{os.getpid()}-{next(_counter)}"
     overrides = {**throwaway_app_config(database_url, queue), **dict(config or {})}
     saved = {key: app.conf.get(key, _UNSET) for key in overrides}
-    saved_clock = boss.clock_offset_source
+    saved_clock = runtime.clock_offset_source
     app.conf.update(overrides)
     _forget_connections(app)
-    boss.reconfigure()
-    boss.clock_offset_source = clock_offset_source
+    runtime.reconfigure()
+    runtime.clock_offset_source = clock_offset_source
     try:
         yield app
     finally:
-        boss.close()
+        runtime.close()
         _delete_queue(app, queue)
         app.conf.update({key: None if value is _UNSET else value for key, value in saved.items()})
         _forget_connections(app)
-        boss.reconfigure()
-        boss.clock_offset_source = saved_clock
+        runtime.reconfigure()
+        runtime.clock_offset_source = saved_clock
 
 
 def _forget_connections(app: Celery) -> None:
@@ -178,11 +178,11 @@ def _wake_until_stopped(app: Celery, worker: Any) -> Callable[[], None]:
 
 def close_test_app(app: Celery) -> None:
     """Close the app's store, unhook its signal handlers, drop its queue, close the app."""
-    boss = AGBoss.of(app)
+    runtime = AGBoss.of(app)
     try:
-        boss.close()
+        runtime.close()
     finally:
-        agboss_signals.disconnect(boss)
+        agboss_signals.disconnect(runtime)
         _delete_queue(app, app.conf.task_default_queue)
         app.close()
 
@@ -260,11 +260,8 @@ def _stop_pool(pool: Any, timeout: float) -> None:
 
 
 __all__ = [
-    "TEST_LEASE_TTL_SECONDS",
-    "TEST_RETRY_DELAY_SECONDS",
     "bound_app",
     "close_test_app",
     "make_test_app",
     "running_worker",
-    "throwaway_app_config",
 ]

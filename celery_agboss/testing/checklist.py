@@ -1,16 +1,16 @@
-"""Probe a gateway adapter for G1–G5 (payment-gateways), one result per requirement.
+"""Probe a gateway adapter, one result per requirement (design: gateway requirements).
 
 Whether a customer can be charged twice depends on what the gateway offers, so a
 team checks its adapter, not the gateway's marketing: offline against
 ``FakeGateway`` with the capabilities it believes its gateway has, or by hand
 against a sandbox. Each probe makes real requests through ``send`` (small amounts,
-keys under ``key_prefix``) and reports what it saw as evidence. G6 (late outcomes
-by webhook or status API) needs the gateway's own events and is not probed.
+keys under ``key_prefix``) and reports what it saw as evidence. Late outcomes
+by webhook or status API (design: G6) need the gateway's own events and are not probed.
 
-Given the adapter's ``reconcile`` too, a sixth probe, ``OWN``, checks the adapter's
-side of DESIGN §4: a payment made under a key is never taken for a request of another
-amount under that key, neither by reconcile nor from the answer a resend replays
-(two deployments sharing a tenant on one account would otherwise mark an order paid
+Given the adapter's ``reconcile`` too, a sixth probe checks the adapter's side
+(design: OWN, only the request's payment): a payment made under a key is never taken for a
+request of another amount under that key, neither by reconcile nor from the answer a resend
+replays (two deployments sharing a tenant on one account would otherwise mark an order paid
 with another order's payment).
 """
 
@@ -29,12 +29,12 @@ from celery_agboss.core.outbound import Completed, NotSent, Unknown
 class GatewayCheckStatus(str, enum.Enum):
     PASSED = "PASSED"
     FAILED = "FAILED"
-    SKIPPED = "SKIPPED"  # could not be probed here (e.g. G3 without a clock); not a failure
+    SKIPPED = "SKIPPED"  # not probed here (the retention probe without a clock); not a failure
 
 
 @dataclass(frozen=True)
 class GatewayCheckResult:
-    requirement: str  # "G1" … "G5"
+    requirement: str  # the requirement's name (design: gateway requirements, OWN)
     status: GatewayCheckStatus
     evidence: str
 
@@ -63,7 +63,7 @@ class GatewayChecklistReport:
 
 
 class AdvanceableClock(Protocol):
-    """The gateway's clock, moved forward by the G3 probe (``VirtualClock`` is one)."""
+    """The gateway's clock, moved forward by the retention probe (design: G3)."""
 
     def advance(self, seconds: float, /) -> object: ...
 
@@ -99,12 +99,14 @@ def gateway_checklist(
     payment_id: Callable[[Any], Any] | None = None,
     reconcile: ReconcileFn | None = None,
 ) -> GatewayChecklistReport:
-    """Run the G1–G5 probes through the adapter's ``send(amount, key)`` and ``lookup(key)``,
-    and ``OWN`` after them when ``reconcile(amount, key)`` is given.
+    """Run the probes (design: gateway requirements) through the adapter's
+    ``send(amount, key)`` and ``lookup(key)``, and the last one (design: OWN) after them
+    when ``reconcile(amount, key)`` is given.
 
-    ``clock`` must be the gateway's own clock (the one ``FakeGateway`` was given): G3
-    advances it by just under ``required_retention`` seconds, for good. ``payment_id``
-    reads the payment's id from a receipt (default: ``receipt["id"]`` or ``.id``).
+    ``clock`` must be the gateway's own clock (the one ``FakeGateway`` was given): the
+    retention probe (design: G3) advances it by just under ``required_retention`` seconds,
+    for good. ``payment_id`` reads the payment's id from a receipt (default:
+    ``receipt["id"]`` or ``.id``).
     """
     if required_retention <= 0:
         raise ValueError("required_retention must be a positive number of seconds")

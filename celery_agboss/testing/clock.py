@@ -3,7 +3,7 @@
 Tests never sleep to let a lease expire. ``VirtualClock`` is real time plus an offset
 that only grows; attached to a store, the same offset is added to the database clock
 in SQL, so "the lease expired" is one ``advance()`` away. ``SkewedHolderClock`` is a
-holder's own monotonic and wall clocks, skewed or stepped (PS13).
+holder's own monotonic and wall clocks, skewed or stepped (design: PS13).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
 
 
 class ClockOffsetTarget(Protocol):
-    """Anything with the store's test-only offset hook (``core.store.Store`` has it)."""
+    """Anything with the store's test-only offset hook (``core.store_protocol.Store`` has it)."""
 
     clock_offset_source: Callable[[], int] | None
 

@@ -1,4 +1,5 @@
-"""An in-memory payment gateway whose capabilities (G1–G5) and failures a test chooses.
+"""An in-memory payment gateway whose capabilities and failures a test chooses
+(design: gateway requirements).
 
 ``FakeGateway`` moves no money, but it keeps the two records a payment test asserts
 on: ``payments`` (every payment made: a double charge shows here) and ``requests``
@@ -17,7 +18,7 @@ Rules a test can rely on (docs/testing.md repeats them):
   ``replays_failures`` a ``NOT_PROCESSED`` is saved and raised again to every repeat
   inside retention (a gateway that replays its 5xx answers);
 - a lookup finds what a key produced whatever the key's age (retention bounds
-  replays, not lookups), and raises ``LOOKUP_UNSUPPORTED`` when G2 is off.
+  replays, not lookups), and raises ``LOOKUP_UNSUPPORTED`` when lookup is off (design: G2).
 """
 
 from __future__ import annotations
@@ -25,16 +26,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from celery_agboss.core.durations import to_seconds
 from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.gateway_faults import ArmedFault, FaultsAndHolds
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
@@ -51,14 +50,6 @@ from celery_agboss.testing.gateway_types import (
 Receipt = dict[str, Any]
 
 
-@dataclass
-class _Armed:
-    fault: FakeGatewayFault
-    remaining: int
-    delay: float
-    operation: str | None
-
-
 @dataclass(frozen=True)
 class _KeyEntry:
     fingerprint: str
@@ -66,6 +57,18 @@ class _KeyEntry:
     created: float
     object_id: str
     error: FakeGatewayErrorKind | None = None  # a saved failure (replays_failures)
+
+
+@dataclass
+class _Arrival:
+    """A request as it arrived: the fault and hold it took, and whether it waits."""
+
+    request: GatewayRequest
+    armed: ArmedFault | None
+    hold: GatewayHold | None
+    dropped: bool
+    pre_delay: float
+    waits: bool
 
 
 def _invalid(message: str) -> FakeGatewayError:
@@ -79,7 +82,7 @@ def _new_id(prefix: str) -> str:
 Process = Callable[[float], Receipt]
 
 
-class FakeGateway:
+class FakeGateway(FaultsAndHolds):
     """A payment gateway in memory; see the module docstring for its rules."""
 
     def __init__(
@@ -89,11 +92,10 @@ class FakeGateway:
         *,
         hold_timeout: float = 30.0,
     ) -> None:
+        super().__init__()
         self.clock = clock
         self.capabilities = capabilities
         self.hold_timeout = hold_timeout
-        self._lock = threading.RLock()
-        self._closing = threading.Event()
         self._objects: dict[str, Receipt] = {}  # payments ("charge") and refunds, by id
         self._keys: dict[str, _KeyEntry] = {}
         self._by_key: dict[str, list[str]] = {}
@@ -101,8 +103,6 @@ class FakeGateway:
         self._in_flight: set[str] = set()
         self._requests: list[GatewayRequest] = []
         self._lookups: list[GatewayLookup] = []
-        self._faults: list[_Armed] = []
-        self._holds: list[GatewayHold] = []
 
     # --- capabilities: plain attributes, switchable mid-test ----------------------
 
@@ -174,7 +174,8 @@ class FakeGateway:
     def capture(
         self, payment_id: str, idempotency_key: str | None, *, amount: int | None = None
     ) -> Receipt:
-        """Capture an authorised payment, whole or in part; over-capture is refused (PS18)."""
+        """Capture an authorised payment, whole or in part; over-capture is refused
+        (design: PS18)."""
 
         def process(now: float) -> Receipt:
             payment = self._authorised(payment_id)
@@ -187,7 +188,7 @@ class FakeGateway:
         return self._perform("capture", idempotency_key, amount, payment_id, {}, process)
 
     def void(self, payment_id: str, idempotency_key: str | None) -> Receipt:
-        """Cancel an authorisation; a captured payment cannot be voided (PS20)."""
+        """Cancel an authorisation; a captured payment cannot be voided (design: PS20)."""
 
         def process(now: float) -> Receipt:
             payment = self._authorised(payment_id)
@@ -232,7 +233,7 @@ class FakeGateway:
         params = {"reference": reference}
         return self._perform("refund", idempotency_key, amount, payment_id, params, process)
 
-    # --- lookups (G2) ------------------------------------------------------------
+    # --- lookups (design: G2) ------------------------------------------------------------
 
     def lookup(self, idempotency_key: str) -> Receipt | None:
         """What the key produced (its first payment or refund, as it is now), or None."""
@@ -261,7 +262,7 @@ class FakeGateway:
             return found
 
     def retrieve(self, payment_id: str) -> Receipt:
-        """A payment by the id its answer carried (every gateway has this; it is not G2)."""
+        """A payment by the id its answer carried: every gateway has this, unlike ``lookup``."""
         with self._lock:
             return copy.deepcopy(self._payment(payment_id))
 
@@ -291,65 +292,14 @@ class FakeGateway:
         return [r for r in self.requests if r.idempotency_key == idempotency_key]
 
     def payments_for(self, idempotency_key: str) -> list[Receipt]:
-        """Payments made under this key (more than one only without G1, or past retention)."""
+        """Payments made under this key: more than one only without keys (design: G1) or past
+        retention."""
         return [p for p in self.payments if p["idempotency_key"] == idempotency_key]
 
-    # --- faults, holds, housekeeping ---------------------------------------------------
-
-    def inject_fault(
-        self,
-        fault: FakeGatewayFault,
-        *,
-        times: int = 1,
-        delay: float | timedelta | None = None,
-        operation: str | None = None,
-    ) -> None:
-        """Make the next ``times`` requests (of ``operation``, or any) fail this way.
-
-        ``delay`` is how long the caller waits first (required for ``SLOW``); on a virtual
-        clock it advances the clock, else it is a real sleep of at most ``delay`` (cut
-        short by ``close()``). Faults are used first armed, first used, one per request.
-        """
-        if times < 1:
-            raise ValueError("times must be >= 1")
-        if fault is FakeGatewayFault.SLOW and delay is None:
-            raise ValueError("FakeGatewayFault.SLOW needs a delay")
-        seconds = 0.0 if delay is None else to_seconds(delay, what="delay")
-        if seconds < 0:
-            raise ValueError("delay must be >= 0")
-        with self._lock:
-            self._faults.append(_Armed(FakeGatewayFault(fault), times, seconds, operation))
-
-    def clear_faults(self) -> None:
-        with self._lock:
-            self._faults.clear()
-
-    def hold(
-        self,
-        *,
-        times: int = 1,
-        before_processing: bool = False,
-        operation: str | None = None,
-        timeout: float | None = None,
-    ) -> GatewayHold:
-        """Keep the next ``times`` requests on the wire until the returned hold is released."""
-        if times < 1:
-            raise ValueError("times must be >= 1")
-        wait = self.hold_timeout if timeout is None else timeout
-        hold = GatewayHold(times=times, before=before_processing, operation=operation, timeout=wait)
-        with self._lock:
-            self._holds.append(hold)
-        return hold
-
-    def release(self) -> None:
-        """Release every hold (requests on the wire get their answers)."""
-        with self._lock:
-            holds = list(self._holds)
-        for hold in holds:
-            hold.release()
+    # --- housekeeping ----------------------------------------------------------------
 
     def forget_keys(self) -> None:
-        """Drop every saved key, as a gateway does once its retention passed (PS17)."""
+        """Drop every saved key, as a gateway does once its retention passed (design: PS17)."""
         with self._lock:
             self._keys.clear()
 
@@ -372,68 +322,94 @@ class FakeGateway:
         fingerprint = json.dumps(
             [operation, amount, payment_id, params], sort_keys=True, default=repr
         )
-        keyed = self.idempotency_keys and key is not None
+        keyed = key if self.idempotency_keys and key is not None else None
         with self._lock:
-            attempt = 1
-            if key is not None:
-                attempt = self._attempts[key] = self._attempts.get(key, 0) + 1
-            request = GatewayRequest(
-                _new_id("req"), operation, key, amount, payment_id, self.now(), attempt
-            )
-            self._requests.append(request)
-            if keyed and key in self._in_flight:
-                request.outcome = GatewayRequestOutcome.IN_PROGRESS
-                raise FakeGatewayError(
-                    FakeGatewayErrorKind.IN_PROGRESS, f"key {key!r} is still being processed"
-                )
-            armed = self._take_fault(operation)
-            hold = self._take_hold(operation)
-            request.fault = armed.fault if armed else None
-            dropped = armed is not None and armed.fault is FakeGatewayFault.ANSWER_THEN_DROP
-            pre_delay = armed.delay if armed is not None and not dropped else 0.0
-            waits = pre_delay > 0 or (hold is not None and hold.before_processing)
-            if keyed and waits:
-                self._in_flight.add(key or "")
-        try:
-            if hold is not None and hold.before_processing and not hold._block():
-                self._finish(request, GatewayRequestOutcome.TIMED_OUT)
-                raise FakeGatewayTimeout(
-                    FakeGatewayErrorKind.TIMED_OUT, "the request was held and never processed"
-                )
-            self._delay(pre_delay)
-        finally:
-            if keyed and waits:
-                with self._lock:
-                    self._in_flight.discard(key or "")
+            arrival = self._arrive(operation, key, amount, payment_id, keyed)
+        self._wait_to_process(arrival, keyed)
         with self._lock:
-            saved = self._saved_failure(request, key if keyed else None, fingerprint)
-            if saved is not None:
-                raise saved
-            if armed is not None and armed.fault is FakeGatewayFault.FAIL_BEFORE_PROCESSING:
-                self._finish(request, GatewayRequestOutcome.NOT_PROCESSED)
-                if keyed and self.replays_failures:
-                    self._keys[key or ""] = _KeyEntry(
-                        fingerprint, {}, self.now(), "", FakeGatewayErrorKind.NOT_PROCESSED
-                    )
-                raise FakeGatewayError(
-                    FakeGatewayErrorKind.NOT_PROCESSED, "the gateway failed before processing"
-                )
-            if armed is not None and armed.fault is FakeGatewayFault.DECLINE:
-                self._finish(request, GatewayRequestOutcome.DECLINED)
-                raise FakeGatewayError(FakeGatewayErrorKind.DECLINED, "the payment was declined")
-            response = self._answer(request, key if keyed else None, fingerprint, process)
+            response = self._process(arrival, keyed, fingerprint, process)
+        hold, armed = arrival.hold, arrival.armed
         if hold is not None and not hold.before_processing and not hold._block():
             raise FakeGatewayTimeout(
                 FakeGatewayErrorKind.ANSWER_DROPPED, "processed; the held answer never left"
             )
-        if armed is not None and dropped:
+        if armed is not None and arrival.dropped:
             self._delay(armed.delay)
             raise FakeGatewayTimeout(
                 FakeGatewayErrorKind.ANSWER_DROPPED, "processed, but the answer was lost"
             )
         with self._lock:
-            request.answered = True
+            arrival.request.answered = True
         return response
+
+    def _arrive(
+        self,
+        operation: str,
+        key: str | None,
+        amount: int | None,
+        payment_id: str | None,
+        keyed: str | None,
+    ) -> _Arrival:
+        """Under the lock: record the request, refuse a key in flight, take its fault and
+        hold; a request that waits before processing marks its key in flight."""
+        attempt = 1
+        if key is not None:
+            attempt = self._attempts[key] = self._attempts.get(key, 0) + 1
+        request = GatewayRequest(
+            _new_id("req"), operation, key, amount, payment_id, self.now(), attempt
+        )
+        self._requests.append(request)
+        if keyed is not None and keyed in self._in_flight:
+            request.outcome = GatewayRequestOutcome.IN_PROGRESS
+            raise FakeGatewayError(
+                FakeGatewayErrorKind.IN_PROGRESS, f"key {key!r} is still being processed"
+            )
+        armed = self._take_fault(operation)
+        hold = self._take_hold(operation)
+        request.fault = armed.fault if armed else None
+        dropped = armed is not None and armed.fault is FakeGatewayFault.ANSWER_THEN_DROP
+        pre_delay = armed.delay if armed is not None and not dropped else 0.0
+        waits = pre_delay > 0 or (hold is not None and hold.before_processing)
+        if keyed is not None and waits:
+            self._in_flight.add(keyed)
+        return _Arrival(request, armed, hold, dropped, pre_delay, waits)
+
+    def _wait_to_process(self, arrival: _Arrival, keyed: str | None) -> None:
+        """Outside the lock: a hold before processing, then the fault's delay."""
+        hold = arrival.hold
+        try:
+            if hold is not None and hold.before_processing and not hold._block():
+                self._finish(arrival.request, GatewayRequestOutcome.TIMED_OUT)
+                raise FakeGatewayTimeout(
+                    FakeGatewayErrorKind.TIMED_OUT, "the request was held and never processed"
+                )
+            self._delay(arrival.pre_delay)
+        finally:
+            if keyed is not None and arrival.waits:
+                with self._lock:
+                    self._in_flight.discard(keyed)
+
+    def _process(
+        self, arrival: _Arrival, keyed: str | None, fingerprint: str, process: Process
+    ) -> Receipt:
+        """Under the lock: a saved failure replayed, the armed failure, or the answer."""
+        request, armed = arrival.request, arrival.armed
+        saved = self._saved_failure(request, keyed, fingerprint)
+        if saved is not None:
+            raise saved
+        if armed is not None and armed.fault is FakeGatewayFault.FAIL_BEFORE_PROCESSING:
+            self._finish(request, GatewayRequestOutcome.NOT_PROCESSED)
+            if keyed is not None and self.replays_failures:
+                self._keys[keyed] = _KeyEntry(
+                    fingerprint, {}, self.now(), "", FakeGatewayErrorKind.NOT_PROCESSED
+                )
+            raise FakeGatewayError(
+                FakeGatewayErrorKind.NOT_PROCESSED, "the gateway failed before processing"
+            )
+        if armed is not None and armed.fault is FakeGatewayFault.DECLINE:
+            self._finish(request, GatewayRequestOutcome.DECLINED)
+            raise FakeGatewayError(FakeGatewayErrorKind.DECLINED, "the payment was declined")
+        return self._answer(request, keyed, fingerprint, process)
 
     def _answer(
         self, request: GatewayRequest, key: str | None, fingerprint: str, process: Process
@@ -489,31 +465,6 @@ class FakeGateway:
     def _finish(self, request: GatewayRequest, outcome: GatewayRequestOutcome) -> None:
         with self._lock:
             request.outcome = outcome
-
-    def _take_fault(self, operation: str) -> _Armed | None:
-        for armed in self._faults:
-            if armed.operation in (None, operation):
-                armed.remaining -= 1
-                if armed.remaining == 0:
-                    self._faults.remove(armed)
-                return armed
-        return None
-
-    def _take_hold(self, operation: str) -> GatewayHold | None:
-        for hold in self._holds:
-            if hold.remaining > 0 and hold.operation in (None, operation):
-                hold.remaining -= 1
-                hold.hits += 1
-                return hold
-        return None
-
-    def _delay(self, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        if self.clock is not None:
-            self.clock.advance(seconds)
-        else:
-            self._closing.wait(seconds)
 
     def _payment(self, payment_id: str) -> Receipt:
         payment = self._objects.get(payment_id)

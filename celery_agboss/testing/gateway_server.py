@@ -15,7 +15,7 @@ The JSON endpoints of this base (a dialect for an official SDK adds its own thro
   timed out) closes the connection without a response. A ``card`` in
   ``declined_cards`` is declined before anything is processed, every time: a
   deterministic decline, unlike an injected ``DECLINE`` fault.
-- ``GET /lookup?key=…`` → 200 and the receipt, or ``null`` (G2); 501 when lookup is off.
+- ``GET /lookup?key=…`` → 200 and the receipt, or ``null`` (design: G2); 501 when lookup is off.
 - ``GET /health`` → 200 ``{"ok": true}``.
 
 A dialect (``dialect="stripe"``, the default, ``"checkout"``, ``"adyen"``, ``"paypal"``,
@@ -34,67 +34,28 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar, Protocol, runtime_checkable
-from urllib.parse import parse_qs, parse_qsl, urlsplit
+from typing import ClassVar, Protocol, runtime_checkable
 
 from celery_agboss.testing.gateway import FakeGateway
+from celery_agboss.testing.gateway_handler import PID_HEADER as PID_HEADER
+from celery_agboss.testing.gateway_handler import GatewayCall, GatewayHandler, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
 )
-from celery_agboss.testing.loopback import QuietServer, loopback_peer_pid
+from celery_agboss.testing.loopback import QuietServer
 
 HOST = "127.0.0.1"
 _SEGMENT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DECLINED_CARD = "tok_chargeDeclined"
-PID_HEADER = "X-Worker-Pid"
-
-
-@dataclass(frozen=True)
-class GatewayCall:
-    """One HTTP request as an endpoint sees it.
-
-    ``body`` is the JSON object sent, or a form's fields (flat: ``metadata[order]`` stays
-    one name; a dialect that needs nesting unfolds it). ``headers`` have lower-case names.
-    """
-
-    method: str
-    path: str
-    query: dict[str, str]
-    body: dict[str, Any]
-    pid: int | None  # the sender's, from the X-Worker-Pid header
-    headers: Mapping[str, str] = field(default_factory=dict)
-    params: Mapping[str, str] = field(default_factory=dict)  # the route's {name} segments
-    peer_port: int | None = None  # the client's port on 127.0.0.1
-
-    def sender_pid(self) -> int | None:
-        """The sender's pid: from ``X-Worker-Pid``, else (an official SDK sends no such
-        header) the local process that owns the connection's other end (Linux /proc)."""
-        if self.pid is not None or self.peer_port is None:
-            return self.pid
-        return loopback_peer_pid(self.peer_port)
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name.lower())
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What an endpoint answers; ``drop`` closes the connection without any response."""
-
-    status: int
-    payload: Any = None
-    drop: bool = False
-    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 Endpoint = Callable[[GatewayCall], Reply]
@@ -128,6 +89,7 @@ class HeldAnswer:
     pid: int | None = None
     idempotency_key: str | None = None
     reference: str | None = None
+    only_reference: str | None = None
     _reached: threading.Event = field(default_factory=threading.Event)
     _released: threading.Event = field(default_factory=threading.Event)
 
@@ -294,14 +256,20 @@ class FakeGatewayServer:
                 return seen.pid
         return None
 
-    def hold_next_answer(self, timeout: float | None = None) -> HeldAnswer:
+    def hold_next_answer(
+        self, timeout: float | None = None, *, reference: str | None = None
+    ) -> HeldAnswer:
         """Keep the answer to the next charge the gateway processes in the server.
 
         The payment is made; the caller waits until :meth:`HeldAnswer.release` (or
         ``timeout``, then its connection is closed with no answer). ``pid`` and
-        ``idempotency_key`` say who it is once ``reached``.
+        ``idempotency_key`` say who it is once ``reached``. With ``reference``, only a
+        charge for that reference is held: a late charge of an earlier test, still in
+        flight, would otherwise take the hold and name the wrong process.
         """
-        answer = HeldAnswer(timeout=self.hold_timeout if timeout is None else timeout)
+        answer = HeldAnswer(
+            timeout=self.hold_timeout if timeout is None else timeout, only_reference=reference
+        )
         with self._lock:
             self._held.append(answer)
         return answer
@@ -312,9 +280,13 @@ class FakeGatewayServer:
             if answer in self._held:
                 self._held.remove(answer)
 
-    def _take_held(self) -> HeldAnswer | None:
+    def _take_held(self, reference: str | None) -> HeldAnswer | None:
         with self._lock:
-            return self._held.pop(0) if self._held else None
+            for held in self._held:
+                if held.only_reference is None or held.only_reference == reference:
+                    self._held.remove(held)
+                    return held
+            return None
 
     # --- for dialects: what every charge goes through ---------------------------------------
 
@@ -341,7 +313,7 @@ class FakeGatewayServer:
         Dialects pass every successful charge's reply through here, so
         :meth:`hold_next_answer` works whatever API the client speaks.
         """
-        held = self._take_held()
+        held = self._take_held(reference)
         if held is not None:
             held.pid, held.idempotency_key, held.reference = call.sender_pid(), key, reference
             held._reached.set()
@@ -380,75 +352,9 @@ class FakeGatewayServer:
     # --- HTTP ------------------------------------------------------------------------------
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                """Quiet: the owner reads the records, not a log."""
-
-            def do_GET(self) -> None:
-                self._serve("GET")
-
-            def do_POST(self) -> None:
-                self._serve("POST")
-
-            def do_DELETE(self) -> None:
-                self._serve("DELETE")
-
-            def do_PATCH(self) -> None:
-                self._serve("PATCH")
-
-            def do_PUT(self) -> None:
-                self._serve("PUT")
-
-            def _serve(self, method: str) -> None:
-                parts = urlsplit(self.path)
-                query = {k: v[0] for k, v in parse_qs(parts.query).items() if v}
-                pid_text = self.headers.get(PID_HEADER) or ""
-                try:
-                    body = self._body()
-                except ValueError:
-                    self.reply(Reply(400, {"error": "INVALID_REQUEST", "message": "not JSON"}))
-                    return
-                pid = int(pid_text) if pid_text.isdigit() else None
-                headers = {name.lower(): value for name, value in self.headers.items()}
-                peer = int(self.client_address[1])
-                self.dispatch(GatewayCall(method, parts.path, query, body, pid, headers, {}, peer))
-
-            def dispatch(self, call: GatewayCall) -> None:
-                """Answer one request (a subclass may take some paths itself)."""
-                self.reply(owner.handle(call))
-
-            def _body(self) -> dict[str, Any]:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                if not raw:
-                    return {}
-                kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-                if kind == "application/x-www-form-urlencoded":
-                    return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True))
-                value = json.loads(raw)
-                return value if isinstance(value, dict) else {}
-
-            def reply(self, reply: Reply) -> None:
-                if reply.drop:
-                    self.close_connection = True  # the answer is lost: no response at all
-                    return
-                data = b"" if reply.status == 204 else json.dumps(reply.payload).encode()
-                try:
-                    self.send_response(reply.status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    for name, value in reply.headers.items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    self.close_connection = True  # the caller died (or was killed) meanwhile
-
-        return Handler
+        """The request handler of this server: every request answered by :meth:`handle`
+        (a subclass's handler may take some paths itself, overriding ``dispatch``)."""
+        return type("Handler", (GatewayHandler,), {"owner": self})
 
 
 @runtime_checkable
@@ -499,7 +405,8 @@ def resolve_dialect(dialect: str | Dialect | None) -> Dialect | None:
 
 
 def documented_capabilities(name: str) -> GatewayCapabilities:
-    """What the named gateway documents (G1–G5), as ``FakeGateway`` capabilities."""
+    """What the named gateway documents (design: gateway requirements), as ``FakeGateway``
+    capabilities."""
     return dialect_class(name).documented_capabilities
 
 

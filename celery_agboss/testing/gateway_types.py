@@ -14,14 +14,14 @@ from typing import Any, ClassVar
 
 @dataclass(frozen=True)
 class GatewayCapabilities:
-    """What the fake offers, requirement by requirement (payment-gateways G1–G5)."""
+    """What the fake offers, requirement by requirement (design: gateway requirements)."""
 
-    idempotency_keys: bool = True  # G1: a key deduplicates repeats
-    lookup_by_key: bool = True  # G2: lookup(idempotency_key)
-    key_retention: float = 86400.0  # G3: seconds a key is kept (on the gateway's clock)
-    first_response_on_repeat: bool = True  # G4: a repeat gets the first response
-    conflict_on_mismatch: bool = True  # G5: same key, other parameters → refused
-    reference_lookup: bool = True  # G2 by the client's own reference (lookup_by_reference)
+    idempotency_keys: bool = True  # a key deduplicates repeats (design: G1)
+    lookup_by_key: bool = True  # lookup(idempotency_key) (design: G2)
+    key_retention: float = 86400.0  # seconds a key is kept (on the gateway's clock) (design: G3)
+    first_response_on_repeat: bool = True  # a repeat gets the first response (design: G4)
+    conflict_on_mismatch: bool = True  # same key, other parameters → refused (design: G5)
+    reference_lookup: bool = True  # ``lookup_by_reference``, by the client's reference (design: G2)
     # A failure that processed nothing (NOT_PROCESSED) is saved under its key and
     # answered again to every repeat inside retention, as Stripe does with its 500s.
     replays_failures: bool = False
@@ -57,13 +57,13 @@ class FakeGatewayFault(str, enum.Enum):
 
 
 class FakeGatewayErrorKind(str, enum.Enum):
-    CONFLICT = "CONFLICT"  # G5: the key was used with other parameters
+    CONFLICT = "CONFLICT"  # the key was used with other parameters (design: G5)
     IN_PROGRESS = "IN_PROGRESS"  # the key's first request is still being processed
     NOT_PROCESSED = "NOT_PROCESSED"  # definite: the gateway processed nothing
     DECLINED = "DECLINED"  # definite: declined, no money moved
     ANSWER_DROPPED = "ANSWER_DROPPED"  # processed, but the answer never reached the caller
     TIMED_OUT = "TIMED_OUT"  # a held request gave up before it was processed
-    LOOKUP_UNSUPPORTED = "LOOKUP_UNSUPPORTED"  # G2 is off
+    LOOKUP_UNSUPPORTED = "LOOKUP_UNSUPPORTED"  # lookup is off (design: G2)
     NOT_FOUND = "NOT_FOUND"  # no such payment
     INVALID_REQUEST = "INVALID_REQUEST"  # e.g. over-capture, refund of a voided payment
 
@@ -97,7 +97,7 @@ def is_definite_failure(exc: BaseException) -> bool:
     """True only when the fake said nothing was processed (``NOT_PROCESSED``, ``DECLINED``).
 
     Pass it as ``OutboundCall(is_definite_failure=...)`` in tests: every other error,
-    a timeout above all, is of unknown outcome (A15).
+    a timeout above all, is of unknown outcome (design: A15).
     """
     return isinstance(exc, FakeGatewayError) and exc.kind in _DEFINITE
 

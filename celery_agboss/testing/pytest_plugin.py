@@ -31,7 +31,7 @@ import pytest
 if TYPE_CHECKING:
     from celery import Celery
 
-    from celery_agboss.core.store import Store
+    from celery_agboss.core.store_protocol import Store
     from celery_agboss.testing.clock import VirtualClock
     from celery_agboss.testing.gateway import FakeGateway
 
@@ -182,17 +182,19 @@ def agboss_worker(
             yield worker
         finally:
             fake_gateway.close()
-            if "celery_agboss.core.fault_points" in sys.modules:
-                from celery_agboss.testing.faults import disarm_all
-
-                disarm_all()
+            _disarm_fault_points()
 
 
 @pytest.fixture(autouse=True)
 def _agboss_disarm_fault_points() -> Iterator[None]:
     """A test that armed a fault point and failed must not leave it armed for the next."""
     yield
-    if "celery_agboss.core.fault_points" in sys.modules:  # nothing to disarm otherwise
-        from celery_agboss.testing.faults import disarm_all
+    _disarm_fault_points()
+
+
+def _disarm_fault_points() -> None:
+    """Disarm (and wake) every fault point, when any could be armed: not imported, none is."""
+    if "celery_agboss.core.fault_points" in sys.modules:
+        from celery_agboss.testing.fault_arming import disarm_all
 
         disarm_all()

@@ -162,10 +162,6 @@ def throwaway_store_url(
 
 
 __all__ = [
-    "clone_postgres_database",
-    "drop_postgres_database",
-    "migrated_postgres_template",
     "open_store",
     "sqlite_store_url",
-    "throwaway_store_url",
 ]

@@ -12,13 +12,13 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 
 from celery_agboss.core import sabotage as _core
-from celery_agboss.core.sabotage import ENV_SWITCH, active, register
+from celery_agboss.core.sabotage import ENV_SWITCH, active
 from celery_agboss.errors import SabotageRefusedError
 
 
 def names() -> list[str]:
-    """Every protection that can be switched off, sorted (modules add theirs at import)."""
-    return sorted(_core._known)
+    """Every protection that can be switched off, sorted (``celery_agboss.core.protections``)."""
+    return sorted(_core.known())
 
 
 def allowed() -> bool:
@@ -55,6 +55,5 @@ __all__ = [
     "active",
     "allowed",
     "names",
-    "register",
     "sabotage",
 ]

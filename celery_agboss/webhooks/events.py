@@ -20,9 +20,9 @@ from typing import Any
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.keys import validate_business_key
+from celery_agboss.core.protections import ADYEN_FIELDS_UNCHECKED
 from celery_agboss.errors import AGBossError, ConfigurationError, InvalidBusinessKeyError
 from celery_agboss.webhooks.signatures import (
-    ADYEN_FIELDS_UNCHECKED,
     CHECKOUT_SIGNATURE_HEADER,
     DEFAULT_TOLERANCE_SECONDS,
     STRIPE_SIGNATURE_HEADER,
@@ -50,7 +50,7 @@ class WebhookEvent:
     """One gateway event: who sent it, its id, its type, the object it is about.
 
     ``payload`` is the event as the gateway sent it: a hint of what happened, not the
-    object's state now (events arrive late and out of order, PS16).
+    object's state now: events arrive late and out of order (design: PS16).
     """
 
     gateway: str
@@ -145,29 +145,28 @@ def verify_stripe(
     """Check ``Stripe-Signature`` over the raw body, then read the event
     (``id``, ``type``, ``data.object.id``)."""
     check_stripe_signature(body, signature_header, secret, tolerance=tolerance, now=now)
-    parsed = _json_object(STRIPE, body)
-    data = parsed.get("data")
-    obj = data.get("object") if isinstance(data, dict) else None
-    return _event(
-        STRIPE,
-        _text(STRIPE, parsed.get("id"), "id"),
-        _text(STRIPE, parsed.get("type"), "type"),
-        obj.get("id") if isinstance(obj, dict) else None,
-        parsed,
-    )
+    return _json_event(STRIPE, body, "data", "object")
 
 
 def verify_checkout(body: bytes, signature_header: str | None, secret: str | bytes) -> WebhookEvent:
     """Check ``Cko-Signature`` over the raw body, then read the event
     (``id``, ``type``, ``data.id``)."""
     check_checkout_signature(body, signature_header, secret)
-    parsed = _json_object(CHECKOUT, body)
-    data = parsed.get("data")
+    return _json_event(CHECKOUT, body, "data")
+
+
+def _json_event(gateway: str, body: bytes, *object_path: str) -> WebhookEvent:
+    """The event of a JSON body (Stripe's, Checkout's): its ``id`` and ``type``, and the
+    ``id`` of the object found by following ``object_path`` from the top."""
+    parsed = _json_object(gateway, body)
+    obj: Any = parsed
+    for step in object_path:
+        obj = obj.get(step) if isinstance(obj, dict) else None
     return _event(
-        CHECKOUT,
-        _text(CHECKOUT, parsed.get("id"), "id"),
-        _text(CHECKOUT, parsed.get("type"), "type"),
-        data.get("id") if isinstance(data, dict) else None,
+        gateway,
+        _text(gateway, parsed.get("id"), "id"),
+        _text(gateway, parsed.get("type"), "type"),
+        obj.get("id") if isinstance(obj, dict) else None,
         parsed,
     )
 

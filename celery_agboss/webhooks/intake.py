@@ -1,4 +1,5 @@
-"""Applying a verified webhook event once, however often and wherever it is delivered (PS15).
+"""Applying a verified webhook event once, however often and wherever it is delivered
+(design: PS15).
 
 Gateways deliver at least once: the same event comes again after a timeout, and two
 copies can reach two workers at the same moment. Each delivery is its own execution
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.protections import EVENT_NOT_KEYED
 from celery_agboss.errors import NotPausedError
 from celery_agboss.webhooks.events import WebhookEvent
 
@@ -30,10 +32,6 @@ T = TypeVar("T")
 EVENT_EFFECT_NAME = "webhook-event"
 """The fenced effect's name when ``record_event`` is given none. The key is made of the
 name and the business key, so two different effects of one event need two names."""
-
-EVENT_NOT_KEYED = sabotage.register("webhook-event-not-keyed")
-"""Sabotage (PS15): the event's effect is a fenced effect of the delivery's own
-execution, without the event's business key: every delivery applies it again."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ def record_event(
 
 def event_answer(event: WebhookEvent) -> dict[str, Any]:
     """The answer a pause gets from an event by default: which event, about what; a hint
-    the body checks with the gateway, never the payment's state itself (PS16)."""
+    the body checks with the gateway, never the payment's state itself (design: PS16)."""
     return {"source": "webhook", **event.identity()}
 
 
@@ -95,7 +93,7 @@ def answer_pause_with_event(
 
     ``answer_pause`` answers a pause once; a second answer raises ``NotPausedError``
     and moves nothing. For a webhook that is the normal case, not a failure: the same
-    event delivered again, or the customer's return page that answered first (PS21).
+    event delivered again, or the customer's return page that answered first (design: PS21).
     It is also what a pause never reached says, so an event that comes before the body
     paused answers nothing: the body reads the payment's status from the gateway before
     it pauses, and the event's own ``record_event`` keeps what it says.
@@ -111,7 +109,6 @@ def answer_pause_with_event(
 
 __all__ = [
     "EVENT_EFFECT_NAME",
-    "EVENT_NOT_KEYED",
     "RecordedEvent",
     "answer_pause_with_event",
     "event_answer",

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.protections import ADYEN_FIELDS_UNCHECKED
 from celery_agboss.errors import AGBossError, ConfigurationError
 
 STRIPE_SIGNATURE_HEADER = "Stripe-Signature"
@@ -205,11 +206,6 @@ ADYEN_PSP_REFERENCE = re.compile(r"[0-9A-Za-z]{16}")
 """The shape of Adyen's ``pspReference`` (and of ``originalReference``, the payment's):
 16 letters and digits."""
 
-ADYEN_FIELDS_UNCHECKED = sabotage.register("adyen-signed-fields-unchecked")
-"""Sabotage: an Adyen item's signed fields are not checked before their HMAC (a ``:`` in
-one, a reference of another shape) nor its merchant account after it, so one genuine
-notification, its fields split again at other colons, passes as another event."""
-
 
 def _adyen_key(hmac_key_hex: str) -> bytes:
     try:
@@ -303,7 +299,6 @@ def check_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> None:
 
 
 __all__ = [
-    "ADYEN_FIELDS_UNCHECKED",
     "ADYEN_PSP_REFERENCE",
     "ADYEN_SIGNED_FIELDS",
     "CHECKOUT_SIGNATURE_HEADER",

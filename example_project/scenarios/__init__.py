@@ -1,1 +1,2 @@
-"""PS1–PS23 on the example shop: ``python -m example_project.scenarios [ps1 …] [--unprotected]``."""
+"""The scenarios (design: scenarios) on the example shop:
+``python -m example_project.scenarios [ps1 …] [--unprotected]``."""

@@ -1,13 +1,13 @@
 """The scenario table: each PS id, its title, and the function that runs one column of it.
 
-A scenario function ``run(world, protected, say) -> Outcome`` plays the seed's story once:
-``protected=False`` with the plain-Celery twin (``example_project.unprotected``),
-``protected=True`` with the shop's ``PaymentTask``s. ``say`` prints a line of what
-happened. The ``Outcome`` is what the table shows, counted at the gateway (and, for what
-the gateway cannot see, in the shop's ledger), and whether it met the scenario's bar:
-for the protected column, one charge (or the seed's stated boundary); for the
-unprotected column, the harm the seed names shown happening (a scenario whose harm did
-not show this time says so, it is not hidden).
+A scenario function ``run(world, protected, say) -> Outcome`` plays the scenario's story
+once (design: scenarios): ``protected=False`` with the plain-Celery twin
+(``example_project.unprotected``), ``protected=True`` with the shop's ``PaymentTask``s.
+``say`` prints a line of what happened. The ``Outcome`` is what the table shows, counted at
+the gateway (and, for what the gateway cannot see, in the shop's ledger), and whether it met
+the scenario's bar: for the protected column, one charge (or the boundary the scenario
+states); for the unprotected column, the harm the scenario names shown happening (a scenario
+whose harm did not show this time says so, it is not hidden).
 """
 
 from __future__ import annotations

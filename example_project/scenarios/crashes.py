@@ -72,7 +72,7 @@ def _charge_answer_held(world: World, order_id: str, protected: bool) -> tuple[s
     """Publish the charge and hold its answer at the gateway (the payment made): the task
     id and the hold, whose ``pid`` is the pool process waiting for the answer."""
     assert world.gateway is not None
-    held = world.gateway.hold_next_answer(timeout=30)
+    held = world.gateway.hold_next_answer(timeout=30, reference=order_id)
     task_id = world.publish(_charge_task(protected), order_id)
     world.wait(lambda: held.reached and held.pid, 30, "the charge to reach the gateway")
     return task_id, held
@@ -173,7 +173,7 @@ def ps4(world: World, protected: bool, say: Say) -> Outcome:
                 say("refused although it came first: its lease is not the live one")
             world.wait_state(task_id, "COMPLETED", timeout=40)
         else:
-            held = world.gateway.hold_next_answer(timeout=30)
+            held = world.gateway.hold_next_answer(timeout=30, reference=order_id)
             _plain_redrive(world, order_id, say)
             world.wait(lambda: held.reached, 30, "the second charge to reach the gateway")
             world.cont(pid)

@@ -1,5 +1,5 @@
-"""Duplicates the application makes (PS7, PS8, PS9, PS22) and the gateway's side of keys
-(PS18, PS19, PS20, PS23): one order charged, captured, refunded or settled from two places.
+"""Duplicates the application makes (design: PS7, PS8, PS9, PS22) and the gateway's side of keys
+(design: PS18, PS19, PS20, PS23): one order charged, captured, refunded or settled from two places.
 
 Every count is taken at the gateway (``world.fake``: its payments, refunds and requests,
 and the server's ``charges_seen``, which records every charge that reached it, declined
@@ -88,9 +88,11 @@ def _intent_id(fake_id: str) -> str:
     return "pi_" + fake_id.removeprefix("ch_")
 
 
-def _hold(world: World) -> HeldAnswer:
+def _hold(world: World, order_id: str | None = None) -> HeldAnswer:
+    """The next charge's answer held (for ``order_id`` only, when given: a late charge of an
+    earlier scenario must not take the hold)."""
     assert world.gateway is not None
-    return world.gateway.hold_next_answer(timeout=20)
+    return world.gateway.hold_next_answer(timeout=20, reference=order_id)
 
 
 def _unhold(world: World, held: HeldAnswer) -> None:
@@ -158,7 +160,7 @@ def ps7(world: World, protected: bool, say: Say) -> Outcome:
 def ps8(world: World, protected: bool, say: Say) -> Outcome:
     order_id = world.order("ps8")
     task = SHOP + "charge_order" if protected else "plain.charge_order"
-    held = _hold(world)
+    held = _hold(world, order_id)
     try:
         ids = [world.publish(task, order_id), world.publish(task, order_id)]
         say(f"a double click: two executions of one order ({ids[0][:8]}…, {ids[1][:8]}…)")
@@ -219,7 +221,7 @@ def ps9(world: World, protected: bool, say: Say) -> Outcome:
     # 1. The same charge made by two branches.
     order_id = world.order("ps9")
     name = ASSISTANT + "ship_part" if protected else "plain.ship_part"
-    held = _hold(world)
+    held = _hold(world, order_id)
     try:
         ids = _branches(world, name, [(order_id, "a"), (order_id, "b")])
         say("a Celery group: branches a and b ship their parts; each makes sure the order is paid")
@@ -438,7 +440,7 @@ def ps22(world: World, protected: bool, say: Say) -> Outcome:
 
     # 2. The answer of attempt 1 lost, then another card: never a new attempt.
     unknown = world.order("ps22-unknown", 1000)
-    held = _hold(world)
+    held = _hold(world, unknown)
     try:
         paying = world.publish(pay, unknown)
         world.wait(lambda: held.reached, 20, "attempt 1's charge to reach the gateway")

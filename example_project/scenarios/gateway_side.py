@@ -42,7 +42,7 @@ from celery_agboss.testing import (
     gateway_checklist,
     is_definite_failure,
 )
-from celery_agboss.testing.faults import OUTBOUND_AFTER_SEND
+from celery_agboss.testing.fault_arming import OUTBOUND_AFTER_SEND
 from celery_agboss.testing.stores import open_store, sqlite_store_url
 from celery_agboss.webhooks import STRIPE_SIGNATURE_HEADER, sign_stripe
 from example_project import config, orders
@@ -223,7 +223,7 @@ LEVELS = (
     ("no keys", GatewayCapabilities.NO_KEYS),
 )
 CASES = ("timeout", "crash", "late")
-# The seed's PS6 table: (level, case) -> (payments, an operator decides). Without keys the
+# PS6's table (design: PS6): (level, case) -> (payments, an operator decides). Without keys the
 # stub's adapter can only replay after a timeout (a new charge) and only say Unknown after
 # a crash; its late replay claims absence (a new charge). The plain column resends under
 # one key, with no intent: what the gateway's own key alone can do.
@@ -498,7 +498,7 @@ def ps17(world: World, protected: bool, say: Say) -> Outcome:
     dialect: Any = world.gateway.dialect  # the Stripe dialect: its search lags on demand
     lag = dialect.search_lag
     order_id = world.order("ps17")
-    held = world.gateway.hold_next_answer(timeout=30)
+    held = world.gateway.hold_next_answer(timeout=30, reference=order_id)
     try:
         if protected:
             dialect.search_lag = 3600.0  # Stripe: search may lag "up to an hour"

@@ -255,17 +255,23 @@ class World:
             f"a worker to stop at {point} for {order_id}",
         )
 
-    @staticmethod
-    def kill(pid: int) -> None:
-        os.kill(pid, signal.SIGKILL)
+    def kill(self, pid: int) -> None:
+        self.signal(pid, signal.SIGKILL)
 
-    @staticmethod
-    def stop(pid: int) -> None:
-        os.kill(pid, signal.SIGSTOP)
+    def stop(self, pid: int) -> None:
+        self.signal(pid, signal.SIGSTOP)
 
     @staticmethod
     def cont(pid: int) -> None:
+        """Unchecked: a SIGCONT harms no bystander, and a frozen process whose worker is
+        gone (no longer a child of it) must still be woken."""
         os.kill(pid, signal.SIGCONT)
+
+    def signal(self, pid: int, signum: signal.Signals) -> None:
+        """Signal one of this run's worker processes, and nothing else: a pid read from a
+        request that did not come from a worker is refused (ScenarioFailed), never sent."""
+        self.worker_of(pid)
+        os.kill(pid, signum)
 
     @staticmethod
     def observe(predicate: Callable[[], object], timeout: float) -> bool:

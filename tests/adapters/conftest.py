@@ -17,10 +17,14 @@ from typing import Any
 import pytest
 
 from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.outbound import OutboundCall, Outcome
+from celery_agboss.errors import OutboundCallOutcomeUnknownError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.testing.checklist import GatewayChecklistReport, gateway_checklist
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, documented_capabilities
+from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.contract.conftest import db_clock, store, store_backend, store_factory
 from tests.engine.conftest import settings
 from tests.engine.helpers import Shop
@@ -73,3 +77,34 @@ def shop(
 ) -> Shop:
     """Deliveries on ``store``; its ``gateway`` is a bare fake, unused by adapter tests."""
     return Shop(store, store_factory, settings, FakeGateway(clock=db_clock), db_clock)
+
+
+def checklist(adapter: Any, clock: VirtualClock, retention: float) -> GatewayChecklistReport:
+    """The gateway checklist through the adapter's SDK, asking for ``retention`` seconds
+    of kept keys (what the gateway documents)."""
+    return gateway_checklist(
+        adapter.send, adapter.lookup, clock=clock, required_retention=retention
+    )
+
+
+def refund_from_every_path(
+    shop: Shop, server: FakeGatewayServer, refund: OutboundCall, request: Any, business_key: str
+) -> tuple[Any, Outcome | None]:
+    """PS19: a refund whose answer is lost is sent again by its own delivery, then once
+    more from another path (an operator's) under the same business key, which must get
+    the same refund replayed. Returns the refund and how the retry got it."""
+    shop.lose_the_answer(
+        "saga-undo",
+        refund,
+        request,
+        gateway=server.gateway,
+        operation="refund",
+        business_key=business_key,
+    )
+    with shop.start("saga-undo") as retry:
+        refunded = retry.outbound(refund, request, business_key=business_key)
+        outcome = retry.last_outcome
+    with shop.start("operator-refund") as other:
+        assert other.outbound(refund, request, business_key=business_key) == refunded
+        assert other.last_outcome is Outcome.REPLAYED
+    return refunded, outcome

@@ -28,8 +28,9 @@ from celery_agboss.adapters.adyen import (
     AdyenRequestError,
     AdyenUnexpectedAnswer,
 )
-from celery_agboss.adapters.common import EVERY_ERROR_DEFINITE, GatewayAdapter
+from celery_agboss.adapters.common import GatewayAdapter
 from celery_agboss.core.outbound import CallContext
+from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.dialects.adyen import adyen_error
 from celery_agboss.testing.gateway_server import (

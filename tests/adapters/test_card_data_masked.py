@@ -1,4 +1,4 @@
-"""DESIGN §7: every adapter masks the card data its gateway's API can carry (PAN, CVC,
+"""Every adapter (design: masking) masks the card data its gateway's API can carry (PAN, CVC,
 expiry, holder name) by default, and ``mask=`` adds fields; reconcile's fields stay.
 
 A ``PaymentTask`` pays through each adapter's ``charge`` on a real (in-process) Celery

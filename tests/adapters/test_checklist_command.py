@@ -2,7 +2,7 @@
 
 Against the fake server speaking each gateway's dialect, so the verdicts are known:
 Stripe passes (G3 skipped: the command has no gateway clock), Adyen fails G2 (it has
-no payment lookup) and the command exits 1; both take only their own payment (OWN).
+no payment lookup) and the command exits 1; both take only their own payment (design: OWN).
 """
 
 from __future__ import annotations

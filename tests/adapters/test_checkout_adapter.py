@@ -1,5 +1,5 @@
 """The Checkout.com adapter through the official SDK against the fake's checkout dialect:
-the checklist at the documented level, the payment scenarios (PS1, PS17, PS19) counted
+the checklist at the documented level, the payment scenarios (design: PS1, PS17, PS19) counted
 at the gateway, and the key the gateway saw on every money-moving request."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ from datetime import timedelta
 import pytest
 
 from celery_agboss.adapters.checkout import KEY_METADATA_FIELD, CheckoutDeclinedError
-from celery_agboss.adapters.common import EVERY_ERROR_DEFINITE
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, Outcome, Unknown
-from celery_agboss.core.store import IntentStatus
-from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
+from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
+from celery_agboss.core.store_protocol import IntentStatus
+from celery_agboss.errors import OutboundCallUnreconciledError
 from celery_agboss.testing import sabotage
-from celery_agboss.testing.checklist import GatewayCheckStatus, gateway_checklist
+from celery_agboss.testing.checklist import GatewayCheckStatus
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.dialects.checkout import checkout_id
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.checkout_support import DECLINED_TOKEN, adapter_for, charge_request
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
 from tests.engine.helpers import DAY, Shop, business_intent_key, retry_asked
 
 RETENTION = 86400  # Checkout.com's documented default: 24 h
@@ -45,9 +45,7 @@ def test_the_checklist_through_the_sdk_finds_what_checkout_documents(
 ) -> None:
     server = served("checkout")
     adapter = adapter_for(server.url)
-    report = gateway_checklist(
-        adapter.send, adapter.lookup, clock=db_clock, required_retention=RETENTION
-    )
+    report = checklist(adapter, db_clock, RETENTION)
     assert report.statuses() == DOCUMENTED, str(report)
 
 
@@ -56,12 +54,10 @@ def test_ps1_an_answer_lost_after_the_charge_is_reconciled_by_reference(
 ) -> None:
     server = served("checkout")
     adapter = adapter_for(server.url)
-    server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("order-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.charge, charge_request("order-1"))
-    with shop.start("order-1") as retry:
-        receipt = retry.outbound(adapter.charge, charge_request("order-1"))
-        assert retry.last_outcome is Outcome.RECONCILED
+    shop.lose_the_answer(
+        "order-1", adapter.charge, charge_request("order-1"), gateway=server.gateway
+    )
+    receipt = shop.reconciled("order-1", adapter.charge, charge_request("order-1"))
     assert [checkout_id(p["id"]) for p in server.gateway.payments] == [receipt["id"]]
     assert receipt["status"] == "Captured" and receipt["reference"] == "order-1"
     assert _charges(server) == [PROCESSED], "no second charge reached the gateway"
@@ -72,14 +68,12 @@ def test_ps17_a_retry_after_the_key_expired_finds_the_payment_instead_of_paying_
 ) -> None:
     server = served("checkout")
     adapter = adapter_for(server.url)
-    server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("order-17") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.charge, charge_request("order-17"))
+    shop.lose_the_answer(
+        "order-17", adapter.charge, charge_request("order-17"), gateway=server.gateway
+    )
     shop.clock.advance(DAY + timedelta(minutes=1))
     server.gateway.forget_keys()  # Checkout.com's 24 h passed
-    with shop.start("order-17") as retry:
-        receipt = retry.outbound(adapter.charge, charge_request("order-17"))
-        assert retry.last_outcome is Outcome.RECONCILED
+    receipt = shop.reconciled("order-17", adapter.charge, charge_request("order-17"))
     assert [checkout_id(p["id"]) for p in server.gateway.payments] == [receipt["id"]]
     assert _charges(server) == [PROCESSED]
 
@@ -90,8 +84,7 @@ def test_ps17_nothing_found_after_the_key_expired_is_left_to_an_operator(
     server = served("checkout")
     adapter = adapter_for(server.url)
     server.gateway.hold(before_processing=True, timeout=0.05)  # dropped, never processed
-    with shop.start("order-17b") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.charge, charge_request("order-17b"))
+    shop.unknown("order-17b", adapter.charge, charge_request("order-17b"))
     shop.clock.advance(DAY + timedelta(minutes=1))
     server.gateway.forget_keys()
     with shop.start("order-17b") as retry, pytest.raises(OutboundCallUnreconciledError):
@@ -128,15 +121,8 @@ def test_ps19_a_refund_whose_answer_was_lost_refunds_once_from_every_path(
         payment = ctx.outbound(adapter.charge, charge_request("order-19"))
     refund = {"payment_id": payment["id"], "amount": 300}
     business_key = f"refund:{payment['id']}:1"
-    server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="refund")
-    with shop.start("refund-19") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.refund, refund, business_key=business_key)
-    with shop.start("refund-19") as second:
-        refunded = second.outbound(adapter.refund, refund, business_key=business_key)
-        assert second.last_outcome is Outcome.RECONCILED
-    with shop.start("operator-refund-19") as other:
-        assert other.outbound(adapter.refund, refund, business_key=business_key) == refunded
-        assert other.last_outcome is Outcome.REPLAYED
+    refunded, outcome = refund_from_every_path(shop, server, adapter.refund, refund, business_key)
+    assert outcome is Outcome.RECONCILED
     assert len(server.gateway.refunds) == 1
     assert refunded["type"] == "Refund" and refunded["amount"] == 300
     assert refunded["status"] == "Partially Refunded" and refunded["currency"] == "usd"

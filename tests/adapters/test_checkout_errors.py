@@ -18,9 +18,9 @@ from celery_agboss.adapters.checkout import (
     CheckoutRefusedError,
     CheckoutRequestError,
 )
-from celery_agboss.adapters.common import EVERY_ERROR_DEFINITE
 from celery_agboss.core.failures import encode_failure, rebuild_failure
 from celery_agboss.core.outbound import CallContext
+from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.dialects.checkout import error_body
 from celery_agboss.testing.gateway_server import FakeGatewayServer

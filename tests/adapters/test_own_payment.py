@@ -1,4 +1,5 @@
-"""DESIGN §4, per adapter: a reconcile never adopts a payment that is not this request's.
+"""Per adapter (design: only the request's payment): a reconcile never adopts a payment that
+is not this request's.
 
 The case: another deployment on the same gateway account (its own store, the same
 tenant) charged order 42 first, 1000, under the very key this one sends for its own
@@ -19,12 +20,13 @@ one account) is tests/integration/test_two_deployments.py.
 from __future__ import annotations
 
 import importlib
+import re
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from celery_agboss.adapters.common import ADOPTS_ANY_PAYMENT, AnotherRequestsAnswerError
+from celery_agboss.adapters.common import AnotherRequestsAnswerError
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import (
     CallContext,
@@ -34,6 +36,7 @@ from celery_agboss.core.outbound import (
     OutboundCall,
     Unknown,
 )
+from celery_agboss.core.protections import ADOPTS_ANY_PAYMENT
 from celery_agboss.core.transitions import policy_of
 from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
 from celery_agboss.testing import sabotage
@@ -122,6 +125,56 @@ def test_twin_a_reconcile_that_does_not_compare_takes_the_other_shop_s_payment(
         taken = _resend_ours(adapter, key, gateway) if answer == NotSent() else answer.result
     assert isinstance(answer, (Completed, NotSent)), answer
     assert taken["id"] == theirs["id"] and taken["amount"] == THEIRS  # order 42 "paid"
+    assert len(server.gateway.payments) == 1  # ... and its customer never charged
+
+
+MISMATCHES = {
+    # what differs: (the other shop's request under our key, what the answer names)
+    "currency": ({"currency": "eur"}, r"currency '?eur'?, not '?usd'?"),
+    "reference": ({"reference": "order-41"}, r"reference '?order-41'?, not '?order-42'?"),
+}
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+@pytest.mark.parametrize("differs", sorted(MISMATCHES))
+def test_a_payment_of_the_same_amount_that_differs_otherwise_is_not_taken(
+    gateway: str, differs: str, served: ServeFn, shop: Shop
+) -> None:
+    """Amount alone is not the comparison: the same amount in another currency, or for
+    another order, under our key is not this request's payment either."""
+    server, adapter = _served(served, gateway)
+    key = _key(shop, adapter.charge)
+    change, named = MISMATCHES[differs]
+    theirs = {**_support(gateway).charge_request(ORDER, OURS), **change}
+    adapter.charge.send(CallContext(key, theirs, 1, adapter.charge.name))
+    answer = _reconcile_ours(adapter, key, gateway)
+    if answer == NotSent():
+        # Nothing shown for this request (Adyen has no lookup; Checkout.com lists the
+        # payments of our reference): the resend's replayed answer, the key's first, tells.
+        assert gateway == "adyen" or (gateway, differs) == ("checkout", "reference"), answer
+        with pytest.raises(AnotherRequestsAnswerError) as refused:
+            _resend_ours(adapter, key, gateway)
+        reason = str(refused.value)
+    else:
+        assert isinstance(answer, Unknown), answer
+        reason = answer.reason
+    assert re.search(named, reason, re.IGNORECASE), reason
+    assert len(server.gateway.payments) == 1
+
+
+@pytest.mark.parametrize("gateway", GATEWAYS)
+@pytest.mark.parametrize("differs", sorted(MISMATCHES))
+def test_twin_without_the_comparison_the_same_amount_is_taken_whatever_else_differs(
+    gateway: str, differs: str, served: ServeFn, shop: Shop
+) -> None:
+    server, adapter = _served(served, gateway)
+    key = _key(shop, adapter.charge)
+    theirs = {**_support(gateway).charge_request(ORDER, OURS), **MISMATCHES[differs][0]}
+    made = adapter.charge.send(CallContext(key, theirs, 1, adapter.charge.name))
+    with sabotage(ADOPTS_ANY_PAYMENT):
+        answer = _reconcile_ours(adapter, key, gateway)
+        taken = _resend_ours(adapter, key, gateway) if answer == NotSent() else answer.result
+    assert taken["id"] == made["id"]  # order 42 "paid" with their payment
     assert len(server.gateway.payments) == 1  # ... and its customer never charged
 
 

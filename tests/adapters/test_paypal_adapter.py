@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.adapters.common import EVERY_ERROR_DEFINITE
 from celery_agboss.adapters.paypal import (
     MAX_REQUEST_ID_LENGTH,
     ORDER_KEY_RETENTION,
@@ -22,6 +21,7 @@ from celery_agboss.adapters.paypal import (
 )
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import CallContext, Outcome
+from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
 from celery_agboss.errors import (
     ExecutionFencedError,
     OutboundCallOutcomeUnknownError,
@@ -32,7 +32,7 @@ from celery_agboss.testing.checklist import GatewayCheckStatus, gateway_checklis
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
 from tests.adapters.paypal_support import adapter_for, charge_request, dialect_of
 from tests.engine.helpers import Background, Shop, business_intent_key, retry_asked, step_intent_key
 
@@ -51,9 +51,7 @@ def test_the_checklist_through_the_sdk_reports_what_paypal_documents(
 ) -> None:
     server = served("paypal")
     adapter = adapter_for(server.url)
-    report = gateway_checklist(
-        adapter.send, adapter.lookup, clock=db_clock, required_retention=SIX_HOURS
-    )
+    report = checklist(adapter, db_clock, SIX_HOURS)
     assert report.statuses() == PROBED_LEVEL, str(report)
     longer = gateway_checklist(adapter.send, adapter.lookup, clock=db_clock)  # a day asked
     assert longer.result("G3").status is FAILED, "PayPal keeps an order's key 6 h, not 24"
@@ -74,9 +72,9 @@ def test_g4_a_repeat_answers_the_current_status_not_the_first_response(
 
 
 def _lose_the_charge_answer(shop: Shop, adapter: PayPalAdapter, server: FakeGatewayServer) -> None:
-    server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.charge, charge_request("order-1"))
+    shop.lose_the_answer(
+        "task-1", adapter.charge, charge_request("order-1"), gateway=server.gateway
+    )
     assert len(server.gateway.payments) == 1, "the capture was processed; its answer lost"
 
 
@@ -94,9 +92,7 @@ def test_ps1_a_lost_charge_answer_is_reconciled_by_the_order_s_get(
     server = served("paypal")
     adapter = adapter_for(server.url)
     _lose_the_charge_answer(shop, adapter, server)
-    with shop.start("task-1") as second:
-        receipt = second.outbound(adapter.charge, charge_request("order-1"))
-        assert second.last_outcome is Outcome.RECONCILED
+    receipt = shop.reconciled("task-1", adapter.charge, charge_request("order-1"))
     assert [p["id"] for p in server.gateway.payments] == [receipt["id"]]
     assert len(_processed_charges(server)) == 1
     assert receipt["order_id"] == dialect_of(server).orders[0].id
@@ -109,8 +105,7 @@ def test_ps1_an_order_never_captured_is_resent_and_captured_once(
     server = served("paypal")
     adapter = adapter_for(server.url)
     server.gateway.inject_fault(FakeGatewayFault.FAIL_BEFORE_PROCESSING)  # 503, nothing paid
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.charge, charge_request("order-1"))
+    shop.unknown("task-1", adapter.charge, charge_request("order-1"))
     assert server.gateway.payments == []
     with shop.start("task-1") as second:
         receipt = second.outbound(adapter.charge, charge_request("order-1"))
@@ -130,9 +125,7 @@ def test_ps5_a_capture_whose_answer_is_still_held_is_found_by_the_next_holder(
     try:
         hold.wait_reached()
         shop.expire_leases()  # the first holder is as good as dead
-        with shop.start("task-1") as second:
-            receipt = second.outbound(adapter.charge, charge_request("order-5"))
-            assert second.last_outcome is Outcome.RECONCILED
+        receipt = shop.reconciled("task-1", adapter.charge, charge_request("order-5"))
     finally:
         hold.release()
     _, late = sending.outcome()
@@ -187,15 +180,8 @@ def test_ps19_a_refund_whose_answer_was_lost_is_refunded_once(served: ServeFn, s
         capture_id = paying.outbound(adapter.charge, charge_request("order-19"))["id"]
     request = {"payment_id": capture_id, "amount": 400}
     business_key = f"refund:{capture_id}:1"
-    server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="refund")
-    with shop.start("refund-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.refund, request, business_key=business_key)
-    with shop.start("refund-1") as second:
-        refund = second.outbound(adapter.refund, request, business_key=business_key)
-        assert second.last_outcome is Outcome.SENT  # NotSent: replayed under its key
-    with shop.start("operator-refund") as other:  # the same refund from another path
-        assert other.outbound(adapter.refund, request, business_key=business_key) == refund
-        assert other.last_outcome is Outcome.REPLAYED
+    refund, outcome = refund_from_every_path(shop, server, adapter.refund, request, business_key)
+    assert outcome is Outcome.SENT  # NotSent: replayed under its key
     assert [r["id"] for r in server.gateway.refunds] == [refund["id"]]
     assert (refund["amount"], refund["capture_id"]) == (400, capture_id)
     replayed = [r.outcome for r in server.gateway.requests if r.operation == "refund"]
@@ -248,11 +234,8 @@ def test_a_lost_void_answer_is_reconciled_by_the_authorization_s_status(
         authorization = ctx.outbound(adapter.authorize, charge_request("order-20"))
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="void")
     request = {"payment_id": authorization["id"]}
-    with shop.start("cancel") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.void, request)
-    with shop.start("cancel") as second:
-        voided = second.outbound(adapter.void, request)
-        assert second.last_outcome is Outcome.RECONCILED
+    shop.unknown("cancel", adapter.void, request)
+    voided = shop.reconciled("cancel", adapter.void, request)
     assert voided == {
         "id": authorization["id"],
         "status": "VOIDED",

@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.adapters.common import EVERY_ERROR_DEFINITE
 from celery_agboss.adapters.stripe import KEY_METADATA, StripeAdapter
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, Outcome, Unknown
-from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
+from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
+from celery_agboss.errors import OutboundCallUnreconciledError
 from celery_agboss.testing import sabotage
-from celery_agboss.testing.checklist import GatewayCheckStatus, gateway_checklist
+from celery_agboss.testing.checklist import GatewayCheckStatus
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGatewayFault, GatewayRequestOutcome
 from celery_agboss.testing.gateway_server import FakeGatewayServer
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
 from tests.adapters.stripe_support import (  # noqa: F401 - the fixtures, used by name
     adapter_for,
     charge_request,
@@ -54,9 +54,9 @@ def _outcomes(server: FakeGatewayServer, operation: str) -> list[GatewayRequestO
 
 
 def _lose_the_first_charge(shop: Shop, server: FakeGatewayServer, adapter: StripeAdapter) -> None:
-    server.gateway.inject_fault(DROP)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.charge, charge_request("order-1"))
+    shop.lose_the_answer(
+        "task-1", adapter.charge, charge_request("order-1"), gateway=server.gateway
+    )
 
 
 # --- the checklist ------------------------------------------------------------------------
@@ -66,9 +66,7 @@ def test_the_checklist_through_the_sdk_shows_the_level_stripe_documents(
     served: ServeFn, db_clock: VirtualClock
 ) -> None:
     adapter = adapter_for(served("stripe").url)
-    report = gateway_checklist(
-        adapter.send, adapter.lookup, clock=db_clock, required_retention=RETENTION
-    )
+    report = checklist(adapter, db_clock, RETENTION)
     assert report.statuses() == DOCUMENTED_LEVEL, str(report)
 
 
@@ -76,14 +74,12 @@ def test_a_lagging_search_cannot_find_a_payment_just_made(
     stripe_fake: FakeGatewayServer, db_clock: VirtualClock
 ) -> None:
     _, adapter = _stripe(stripe_fake, search_lag=60)
-    report = gateway_checklist(
-        adapter.send, adapter.lookup, clock=db_clock, required_retention=RETENTION
-    )
+    report = checklist(adapter, db_clock, RETENTION)
     assert report.result("G2").status is FAILED
     assert "found nothing" in report.result("G2").evidence
 
 
-# --- PS1: the answer lost after the charge ------------------------------------------------
+# --- the answer lost after the charge (design: PS1) ---------------------------------------
 
 
 def test_ps1_a_charge_whose_answer_was_lost_is_found_by_search_on_the_retry(
@@ -91,9 +87,7 @@ def test_ps1_a_charge_whose_answer_was_lost_is_found_by_search_on_the_retry(
 ) -> None:
     server, adapter = _stripe(stripe_fake)
     _lose_the_first_charge(shop, server, adapter)
-    with shop.start("task-1") as retry:
-        receipt = retry.outbound(adapter.charge, charge_request("order-1"))
-        assert retry.last_outcome is Outcome.RECONCILED
+    receipt = shop.reconciled("task-1", adapter.charge, charge_request("order-1"))
     assert [p["id"] for p in server.gateway.payments] == [receipt["latest_charge"]]
     assert _outcomes(server, "charge") == [GatewayRequestOutcome.PROCESSED]
 
@@ -113,7 +107,7 @@ def test_ps1_with_a_lagging_search_the_resend_replays_the_key(
     ]
 
 
-# --- PS17: the key expired before the retry ------------------------------------------------
+# --- the key expired before the retry (design: PS17) ---------------------------------------
 
 
 def _past_retention(server: FakeGatewayServer, clock: VirtualClock) -> None:
@@ -127,9 +121,7 @@ def test_ps17_past_the_key_s_retention_search_still_finds_the_payment(
     server, adapter = _stripe(stripe_fake)
     _lose_the_first_charge(shop, server, adapter)
     _past_retention(server, db_clock)
-    with shop.start("task-1") as retry:
-        retry.outbound(adapter.charge, charge_request("order-1"))
-        assert retry.last_outcome is Outcome.RECONCILED
+    shop.reconciled("task-1", adapter.charge, charge_request("order-1"))
     assert len(server.gateway.payments) == 1
     assert _outcomes(server, "charge") == [GatewayRequestOutcome.PROCESSED]
 
@@ -186,12 +178,14 @@ def test_a_capture_or_void_whose_answer_was_lost_is_read_back_by_id(
     server, adapter = _stripe(stripe_fake)
     authorised = _authorised(shop, adapter, "order-20")
     call = getattr(adapter, kind)
-    server.gateway.inject_fault(DROP, operation=operation)
-    with shop.start("ship-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(call, {"payment_id": authorised["id"]})
-    with shop.start("ship-1") as retry:
-        result = retry.outbound(call, {"payment_id": authorised["id"]})
-        assert retry.last_outcome is Outcome.RECONCILED
+    shop.lose_the_answer(
+        "ship-1",
+        call,
+        {"payment_id": authorised["id"]},
+        operation=operation,
+        gateway=server.gateway,
+    )
+    result = shop.reconciled("ship-1", call, {"payment_id": authorised["id"]})
     assert result["id"] == authorised["id"] and result["status"] == status
     assert _outcomes(server, operation) == [GatewayRequestOutcome.PROCESSED]
 
@@ -204,15 +198,8 @@ def test_ps19_a_refund_retried_from_every_path_refunds_once(
         payment = ctx.outbound(adapter.charge, charge_request("order-19"), business_key="o:19")
     request = {"payment_id": payment["id"], "amount": 300}
     business_key = f"refund:{payment['id']}:1"
-    server.gateway.inject_fault(DROP, operation="refund")
-    with shop.start("saga-undo") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(adapter.refund, request, business_key=business_key)
-    with shop.start("saga-undo") as retry:
-        refund = retry.outbound(adapter.refund, request, business_key=business_key)
-        assert retry.last_outcome is Outcome.RECONCILED
-    with shop.start("operator-refund") as other:
-        assert other.outbound(adapter.refund, request, business_key=business_key) == refund
-        assert other.last_outcome is Outcome.REPLAYED
+    refund, outcome = refund_from_every_path(shop, server, adapter.refund, request, business_key)
+    assert outcome is Outcome.RECONCILED
     assert [r["id"] for r in server.gateway.refunds] == [refund["id"]]
     assert refund["amount"] == 300 and refund["payment_intent"] == payment["id"]
 

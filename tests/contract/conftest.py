@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from celery_agboss.core.store_protocol import LeaseGrant, Store
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock
@@ -72,3 +73,11 @@ def store_factory(store_url: str, db_clock: VirtualClock) -> Iterator[StoreFacto
 def store(store_factory: StoreFactory) -> SQLAlchemyStore:
     """An open store on a fresh database, its clock driven by ``db_clock``."""
     return store_factory()
+
+
+def granted(store: Store, scope: str, ttl_ms: int, holder: str = "holder-a") -> LeaseGrant:
+    """A lease on ``scope`` for ``holder``, which the test needs to go on (it asserts
+    the store granted it)."""
+    grant = store.acquire_lease(scope, holder, ttl_ms)
+    assert grant is not None, f"no lease on {scope} for {holder}"
+    return grant

@@ -1,4 +1,4 @@
-"""PS13 (P1): clocks that run ahead, behind, or are stepped mid-lease.
+"""PS13 (design: P1): clocks that run ahead, behind, or are stepped mid-lease.
 
 Who holds a lease is decided on the database clock alone; a holder stops trusting
 its lease by its own deadline — the TTL counted from when the acquire or renewal was
@@ -14,12 +14,12 @@ import uuid
 import pytest
 
 from celery_agboss.core.lease import SAFETY_MARGIN_SECONDS, LeaseHandle, LeaseRenewer, acquire
-from celery_agboss.core.sabotage import EXPIRY_BY_CALLER_CLOCK, HOLDER_TRUSTS_LEASE_FOREVER
-from celery_agboss.core.store import RenewOutcome
+from celery_agboss.core.protections import EXPIRY_BY_CALLER_CLOCK, HOLDER_TRUSTS_LEASE_FOREVER
+from celery_agboss.core.store_protocol import RenewOutcome
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import SkewedHolderClock, VirtualClock
-from celery_agboss.testing.contract import write_effect
+from celery_agboss.testing.contract.base import write_effect
 from celery_agboss.testing.switches import sabotage
 from tests.contract.conftest import StoreFactory
 

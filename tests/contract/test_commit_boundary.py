@@ -1,4 +1,4 @@
-"""The fence is checked again at the commit boundary (P1, P2).
+"""The fence is checked again at the commit boundary (design: P1, P2).
 
 A fenced transaction extends its lease when it begins and once more right before
 COMMIT: a long effect keeps its lease after it commits (the renewer skipped the
@@ -13,10 +13,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from celery_agboss.core.sabotage import FENCE_NOT_RECHECKED_AT_COMMIT
-from celery_agboss.core.store import EffectRecord, Store
+from celery_agboss.core.protections import FENCE_NOT_RECHECKED_AT_COMMIT
+from celery_agboss.core.store_protocol import EffectRecord, Store
 from celery_agboss.errors import CommitInsideFencedEffectError, ExecutionFencedError
 from celery_agboss.testing import VirtualClock, sabotage
+from tests.contract.conftest import granted
 
 TTL_MS = 10_000
 
@@ -32,11 +33,23 @@ def _effect(scope: str, token: int) -> EffectRecord:
     )
 
 
+def _write_past_the_lease(
+    store: Store, db_clock: VirtualClock, scope: str, *, release: bool = False
+) -> None:
+    """A holder's fenced write (ending its lease at commit if ``release``, as a
+    delivery's verdict does) whose transaction outlives the lease before its COMMIT."""
+    grant = granted(store, scope, TTL_MS)
+    with store.fenced(grant.lease, TTL_MS) as tx:
+        tx.insert_effect(_effect(scope, grant.lease.token))
+        if release:
+            tx.release_at_commit()
+        db_clock.advance(TTL_MS * 1.1 / 1000)
+
+
 def test_a_long_fenced_transaction_keeps_its_lease_after_it_commits(
     store: Store, db_clock: VirtualClock
 ) -> None:
-    grant = store.acquire_lease("long", "holder-a", TTL_MS)
-    assert grant is not None
+    grant = granted(store, "long", TTL_MS)
     with store.fenced(grant.lease, TTL_MS) as tx:
         tx.insert_effect(_effect("long", grant.lease.token))
         db_clock.advance(TTL_MS * 0.9 / 1000)
@@ -49,11 +62,8 @@ def test_a_long_fenced_transaction_keeps_its_lease_after_it_commits(
 def test_a_fenced_transaction_that_outlived_its_lease_commits_nothing(
     store: Store, db_clock: VirtualClock
 ) -> None:
-    grant = store.acquire_lease("late", "holder-a", TTL_MS)
-    assert grant is not None
-    with pytest.raises(ExecutionFencedError), store.fenced(grant.lease, TTL_MS) as tx:
-        tx.insert_effect(_effect("late", grant.lease.token))
-        db_clock.advance(TTL_MS * 1.1 / 1000)
+    with pytest.raises(ExecutionFencedError):
+        _write_past_the_lease(store, db_clock, "late")
     assert store.read_effect("late:effect") is None
 
 
@@ -61,11 +71,8 @@ def test_without_the_commit_check_a_transaction_past_its_lease_commits(
     store: Store, db_clock: VirtualClock
 ) -> None:
     """Sabotage twin: the write of a holder past its lease goes in."""
-    grant = store.acquire_lease("late", "holder-a", TTL_MS)
-    assert grant is not None
-    with sabotage(FENCE_NOT_RECHECKED_AT_COMMIT), store.fenced(grant.lease, TTL_MS) as tx:
-        tx.insert_effect(_effect("late", grant.lease.token))
-        db_clock.advance(TTL_MS * 1.1 / 1000)
+    with sabotage(FENCE_NOT_RECHECKED_AT_COMMIT):
+        _write_past_the_lease(store, db_clock, "late")
     assert store.read_effect("late:effect") is not None
 
 
@@ -73,8 +80,7 @@ def test_without_the_commit_check_a_transaction_past_its_lease_commits(
 
 
 def test_a_fenced_transaction_can_end_by_releasing_its_lease(store: Store) -> None:
-    grant = store.acquire_lease("done", "holder-a", TTL_MS)
-    assert grant is not None
+    grant = granted(store, "done", TTL_MS)
     with store.fenced(grant.lease, TTL_MS) as tx:
         tx.insert_effect(_effect("done", grant.lease.token))
         tx.release_at_commit()
@@ -89,12 +95,8 @@ def test_a_releasing_transaction_that_outlived_its_lease_commits_nothing(
 ) -> None:
     """The release stands for the commit-time extension: an outlived holder writes
     nothing, and a take-over that happened meanwhile is not released by it."""
-    grant = store.acquire_lease("late-end", "holder-a", TTL_MS)
-    assert grant is not None
-    with pytest.raises(ExecutionFencedError), store.fenced(grant.lease, TTL_MS) as tx:
-        tx.insert_effect(_effect("late-end", grant.lease.token))
-        tx.release_at_commit()
-        db_clock.advance(TTL_MS * 1.1 / 1000)
+    with pytest.raises(ExecutionFencedError):
+        _write_past_the_lease(store, db_clock, "late-end", release=True)
     assert store.read_effect("late-end:effect") is None
     state = store.read_lease("late-end")
     assert state is not None and not state.released
@@ -104,12 +106,8 @@ def test_without_the_commit_check_a_releasing_transaction_past_its_lease_commits
     store: Store, db_clock: VirtualClock
 ) -> None:
     """Sabotage twin of the one above."""
-    grant = store.acquire_lease("late-end", "holder-a", TTL_MS)
-    assert grant is not None
-    with sabotage(FENCE_NOT_RECHECKED_AT_COMMIT), store.fenced(grant.lease, TTL_MS) as tx:
-        tx.insert_effect(_effect("late-end", grant.lease.token))
-        tx.release_at_commit()
-        db_clock.advance(TTL_MS * 1.1 / 1000)
+    with sabotage(FENCE_NOT_RECHECKED_AT_COMMIT):
+        _write_past_the_lease(store, db_clock, "late-end", release=True)
     assert store.read_effect("late-end:effect") is not None
 
 
@@ -122,8 +120,7 @@ def test_without_the_commit_check_a_releasing_transaction_past_its_lease_commits
 def test_transaction_control_sent_as_text_inside_a_fenced_transaction_is_refused(
     store: Store, statement: str
 ) -> None:
-    grant = store.acquire_lease("sneaky", "holder-a", TTL_MS)
-    assert grant is not None
+    grant = granted(store, "sneaky", TTL_MS)
     with pytest.raises(CommitInsideFencedEffectError), store.fenced(grant.lease, TTL_MS) as tx:
         tx.insert_effect(_effect("sneaky", grant.lease.token))
         tx.connection.exec_driver_sql(statement)
@@ -131,8 +128,7 @@ def test_transaction_control_sent_as_text_inside_a_fenced_transaction_is_refused
 
 
 def test_savepoints_sent_as_text_still_work_inside_a_fenced_transaction(store: Store) -> None:
-    grant = store.acquire_lease("savepoint", "holder-a", TTL_MS)
-    assert grant is not None
+    grant = granted(store, "savepoint", TTL_MS)
     with store.fenced(grant.lease, TTL_MS) as tx:
         tx.connection.execute(text("SAVEPOINT agboss_review"))
         tx.insert_effect(_effect("savepoint", grant.lease.token))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_agboss.core.sabotage import (
+from celery_agboss.core.protections import (
     LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
     RENEW_REVIVES_EXPIRED_LEASE,
 )
-from celery_agboss.core.store import LeaseGrant, Store
+from celery_agboss.core.store_protocol import LeaseGrant, Store
 from celery_agboss.testing.contract import (
     CONTRACT_CASES,
     ContractViolation,

@@ -29,16 +29,13 @@ from celery_agboss.core.engine_settings import DEFAULT_TENANT, EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.keys import business_key, fit_key, validate_tenant
 from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.protections import TENANT_MINTED_WHILE_IN_USE
 from celery_agboss.errors import (
     ConfigurationError,
     OutboundCallOutcomeUnknownError,
     StoreNotMigratedError,
 )
-from celery_agboss.store.deployment import (
-    TENANT_META_KEY,
-    TENANT_MINTED_WHILE_IN_USE,
-    read_store_tenant,
-)
+from celery_agboss.store.deployment import TENANT_META_KEY, read_store_tenant
 from celery_agboss.store.migrate import alembic_config, migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing import sabotage

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from celery_agboss.core.store import LeaseRef
+from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.errors import StoreError, StoreLockTimeoutError, StoreUnavailableError
 from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import migrate

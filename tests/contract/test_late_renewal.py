@@ -12,11 +12,12 @@ import uuid
 import pytest
 
 from celery_agboss.core.lease import LeaseRenewer, acquire
-from celery_agboss.core.sabotage import RENEW_REVIVES_EXPIRED_LEASE
-from celery_agboss.core.store import RenewOutcome
+from celery_agboss.core.protections import RENEW_REVIVES_EXPIRED_LEASE
+from celery_agboss.core.store_protocol import RenewOutcome
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.testing.clock import VirtualClock
-from celery_agboss.testing.contract import TTL_MS, late_renewal, write_effect
+from celery_agboss.testing.contract.base import TTL_MS, write_effect
+from celery_agboss.testing.contract.leases import late_renewal
 from celery_agboss.testing.switches import sabotage
 from tests.contract.conftest import StoreFactory
 

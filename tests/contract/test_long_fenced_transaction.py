@@ -1,4 +1,4 @@
-"""§5: a 10-second fenced effect fences no other execution, on both stores.
+"""A 10-second fenced effect (design: lock bound) fences no other execution, on both stores.
 
 Two worker processes (two stores, each with its own ``LeaseRenewer``) hold leases; one
 execution of the first runs a fenced effect whose ``fn`` takes 10 real seconds. An
@@ -44,10 +44,11 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, s
 from sqlalchemy.sql.selectable import Select
 
 from celery_agboss.core.engine_settings import EngineSettings
-from celery_agboss.core.fenced_effects import effect_key, run_fenced_effect
+from celery_agboss.core.fenced_effects import run_fenced_effect
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
 from celery_agboss.core.protections import SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED
-from celery_agboss.core.store import LeaseRef, RenewOutcome
+from celery_agboss.core.step_identity import Step, step_of
+from celery_agboss.core.store_protocol import EFFECT_RECORD, LeaseRef, RenewOutcome
 from celery_agboss.errors import StoreLockTimeoutError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore, sqlite_write_lock_bound_ms
 from celery_agboss.store.transactions import SQLFencedTransaction
@@ -129,7 +130,10 @@ class Execution:
         """Nobody cancels this execution."""
 
     def key(self) -> str:
-        return effect_key(SETTINGS, self.execution_id, EFFECT, None, 1)
+        return self.step().key
+
+    def step(self) -> Step:
+        return step_of(EFFECT_RECORD, SETTINGS.tenant, self.execution_id, EFFECT, None, 1)
 
 
 @dataclass
@@ -268,7 +272,7 @@ def run_slow_effect(store_factory: StoreFactory, backend: str) -> SlowEffectRun:
 
     def slow_effect() -> None:
         try:
-            run.result = run_fenced_effect(execution, EFFECT, slow_fn)
+            run.result = run_fenced_effect(execution, execution.step(), slow_fn)
         except BaseException as exc:  # judged by the test
             run.error = exc
         finally:
@@ -410,13 +414,13 @@ def test_a_refused_slow_effect_applies_once_when_run_again_quickly(
     slow_seconds = bound + 0.5
     if store_backend == "sqlite":
         with pytest.raises(StoreLockTimeoutError):
-            run_fenced_effect(execution, EFFECT, fn(slow_seconds))
+            run_fenced_effect(execution, execution.step(), fn(slow_seconds))
         assert _count_writes(store, execution.execution_id) == 0
         assert store.read_effect(execution.key()) is None
     else:
-        assert run_fenced_effect(execution, EFFECT, fn(slow_seconds)) == {"applied": True}
-    assert run_fenced_effect(execution, EFFECT, fn(0)) == {"applied": True}
-    assert run_fenced_effect(execution, EFFECT, fn(0)) == {"applied": True}
+        assert run_fenced_effect(execution, execution.step(), fn(slow_seconds)) == {"applied": True}
+    assert run_fenced_effect(execution, execution.step(), fn(0)) == {"applied": True}
+    assert run_fenced_effect(execution, execution.step(), fn(0)) == {"applied": True}
     expected = [f"{slow_seconds}s"] if store_backend == "postgresql" else [f"{slow_seconds}s", "0s"]
     assert calls == expected
     assert _count_writes(store, execution.execution_id) == 1

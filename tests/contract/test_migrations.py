@@ -17,7 +17,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from celery_agboss.core.history import HistoryEvent, next_history_row, verify_history
-from celery_agboss.core.store import INTENT_RECORD
+from celery_agboss.core.store_protocol import INTENT_RECORD
 from celery_agboss.store import metadata
 from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import MIGRATIONS_DIR, alembic_config, current_revision, migrate

@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from celery_agboss import outbox
 from celery_agboss.errors import ConfigurationError, IdempotencyKeyConflictError
-from celery_agboss.messages import loads
-from celery_agboss.store import outbox as rows
+from celery_agboss.runtime.messages import loads
+from celery_agboss.store import outbox_rows as rows
 from celery_agboss.store.schema_executions import outbox as outbox_table
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock

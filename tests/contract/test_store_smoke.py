@@ -17,7 +17,12 @@ from sqlalchemy import text
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.fault_points import FENCED_BEFORE_BEGIN
-from celery_agboss.core.store import (
+from celery_agboss.core.protections import (
+    EXPIRY_BY_CALLER_CLOCK,
+    LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
+    RENEW_REVIVES_EXPIRED_LEASE,
+)
+from celery_agboss.core.store_protocol import (
     EffectRecord,
     IntentGuard,
     IntentStatus,
@@ -37,14 +42,14 @@ from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import alembic_config, current_revision, migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock
-from celery_agboss.testing.faults import arm_pause
+from celery_agboss.testing.fault_arming import arm_pause
+from tests.contract.conftest import granted
 
 TTL = 30_000
 
 
 def test_a_lease_is_acquired_once_and_never_re_entrant(store: SQLAlchemyStore) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    grant = granted(store, "exec-1", TTL)
     assert grant.lease == LeaseRef("exec-1", "holder-a", 1)
     assert not grant.took_over
     assert grant.expires_at_ms - grant.db_now_ms == TTL
@@ -55,8 +60,7 @@ def test_a_lease_is_acquired_once_and_never_re_entrant(store: SQLAlchemyStore) -
 def test_an_expired_lease_is_taken_over_with_the_next_token_and_not_renewed(
     store: SQLAlchemyStore, db_clock: VirtualClock
 ) -> None:
-    first = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert first is not None
+    first = granted(store, "exec-1", TTL)
     db_clock.advance(31)
     assert store.renew_lease(first.lease, TTL) is None
     second = store.acquire_lease("exec-1", "holder-b", TTL)
@@ -82,8 +86,7 @@ def test_renewals_extend_live_leases_and_report_lost_ones(
 def test_a_released_lease_is_taken_over_and_the_old_holder_is_fenced(
     store: SQLAlchemyStore,
 ) -> None:
-    first = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert first is not None
+    first = granted(store, "exec-1", TTL)
     assert store.release_lease(first.lease)
     assert not store.release_lease(first.lease)
     second = store.acquire_lease("exec-1", "holder-b", TTL)
@@ -95,8 +98,7 @@ def test_a_released_lease_is_taken_over_and_the_old_holder_is_fenced(
 def test_a_fenced_transaction_extends_the_lease_and_commits_its_writes(
     store: SQLAlchemyStore, db_clock: VirtualClock
 ) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    grant = granted(store, "exec-1", TTL)
     db_clock.advance(20)
     with store.fenced(grant.lease, TTL) as tx:
         assert tx.expires_at_ms == tx.now_ms + TTL
@@ -114,8 +116,7 @@ def test_a_fenced_transaction_extends_the_lease_and_commits_its_writes(
 
 
 def test_a_compare_and_set_matches_its_full_guard_once(store: SQLAlchemyStore) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    grant = granted(store, "exec-1", TTL)
     settle = IntentUpdate(status=IntentStatus.COMPLETED, result={"id": "ch_1"}, complete=True)
     with store.fenced(grant.lease, TTL) as tx:
         tx.insert_intent(NewIntent("k-1", "exec-1", "stripe.charge", None, "fp", {}, grant.lease))
@@ -129,8 +130,7 @@ def test_a_compare_and_set_matches_its_full_guard_once(store: SQLAlchemyStore) -
 
 
 def test_an_exception_in_a_fenced_transaction_rolls_it_back(store: SQLAlchemyStore) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    grant = granted(store, "exec-1", TTL)
 
     class Boom(Exception):
         pass
@@ -144,8 +144,7 @@ def test_an_exception_in_a_fenced_transaction_rolls_it_back(store: SQLAlchemySto
 def test_a_commit_from_inside_a_fenced_transaction_is_refused_and_nothing_commits(
     store: SQLAlchemyStore,
 ) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    grant = granted(store, "exec-1", TTL)
     with pytest.raises(CommitInsideFencedEffectError), store.fenced(grant.lease, TTL) as tx:
         tx.insert_effect(EffectRecord("e-1", "exec-1", "mark-paid", 1, 1, 0))
         tx.connection.commit()
@@ -157,8 +156,7 @@ def test_a_commit_from_inside_a_fenced_transaction_is_refused_and_nothing_commit
 def test_a_lock_held_past_the_timeout_is_a_store_lock_timeout(
     store: SQLAlchemyStore, store_url: str, store_backend: str
 ) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    grant = granted(store, "exec-1", TTL)
     impatient = SQLAlchemyStore(create_store_engine(store_url, sqlite_busy_timeout_ms=200))
     try:
         # The first holds the lease row (and, on SQLite, the database's write lock).
@@ -189,8 +187,7 @@ def test_a_sqlite_store_needs_an_absolute_path(url: str) -> None:
 def test_an_application_error_inside_a_transaction_stays_the_applications(
     store: SQLAlchemyStore,
 ) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    grant = granted(store, "exec-1", TTL)
     with pytest.raises(sa_exc.DBAPIError), store.fenced(grant.lease, TTL) as tx:
         tx.connection.execute(text("SELECT * FROM no_such_table_of_the_app"))
 
@@ -227,10 +224,9 @@ def test_a_forked_child_uses_connections_of_its_own(store: SQLAlchemyStore) -> N
 def test_with_r19s_protection_off_a_renewal_revives_an_expired_lease(
     store: SQLAlchemyStore, db_clock: VirtualClock
 ) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    grant = granted(store, "exec-1", TTL)
     db_clock.advance(31)
-    with sabotage.switched_off(sabotage.RENEW_REVIVES_EXPIRED_LEASE):
+    with sabotage.switched_off(RENEW_REVIVES_EXPIRED_LEASE):
         assert store.renew_lease(grant.lease, TTL) is not None  # the harm
         assert store.renew_leases([grant.lease], TTL) == {grant.lease: RenewOutcome.RENEWED}
     db_clock.advance(31)
@@ -240,12 +236,11 @@ def test_with_r19s_protection_off_a_renewal_revives_an_expired_lease(
 def test_with_ps13s_protection_off_a_caller_clock_ahead_takes_over_a_live_lease(
     store: SQLAlchemyStore, store_factory: Callable[..., SQLAlchemyStore]
 ) -> None:
-    grant = store.acquire_lease("exec-1", "holder-a", TTL)
-    assert grant is not None
+    granted(store, "exec-1", TTL)
     rival = store_factory()
     rival.caller_clock_skew_ms = 60_000
     assert rival.acquire_lease("exec-1", "holder-b", TTL) is None  # the database clock decides
-    with sabotage.switched_off(sabotage.EXPIRY_BY_CALLER_CLOCK):
+    with sabotage.switched_off(EXPIRY_BY_CALLER_CLOCK):
         stolen = rival.acquire_lease("exec-1", "holder-b", TTL)
     assert stolen is not None and stolen.lease.token == 2  # the harm: a live lease taken
 
@@ -269,7 +264,7 @@ def test_ps4_a_zombie_paused_at_its_fence_writes_nothing_after_a_take_over(
         except BaseException as exc:
             outcome.append(exc)
 
-    switches = () if protected else (sabotage.LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,)
+    switches = () if protected else (LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,)
     with sabotage.switched_off(*switches), arm_pause(FENCED_BEFORE_BEGIN) as paused:
         thread = threading.Thread(target=zombie_writes, daemon=True)
         thread.start()

@@ -1,4 +1,4 @@
-"""PS4 (P1, P2): the zombie's write reaches the commit boundary after a take-over.
+"""PS4 (design: P1, P2): the zombie's write reaches the commit boundary after a take-over.
 
 The guarantee itself is ``zombie_write_is_fenced`` in the contract catalogue; this is
 its sabotage twin, and a check that the guarantee holds whichever of the zombie's
@@ -8,8 +8,8 @@ fenced writes is in flight (an effect or an intent).
 from __future__ import annotations
 
 from celery_agboss.core import fault_points
-from celery_agboss.core.sabotage import LEASE_CHECK_IN_SEPARATE_ROUND_TRIP
-from celery_agboss.testing.contract import zombie_race
+from celery_agboss.core.protections import LEASE_CHECK_IN_SEPARATE_ROUND_TRIP
+from celery_agboss.testing.contract.writes import zombie_race
 from celery_agboss.testing.switches import sabotage
 from tests.contract.conftest import StoreFactory
 

@@ -12,6 +12,7 @@ the virtual clock for waits longer than a test should take.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from celery import Celery
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.outbound import CallContext, Lookup
-from celery_agboss.core.store import IntentRecord
+from celery_agboss.core.store_protocol import IntentRecord
 from celery_agboss.sweep import SweepReport, run_sweep
 from celery_agboss.testing.celery_app import close_test_app, make_test_app, running_worker
 from celery_agboss.testing.clock import VirtualClock
@@ -61,14 +62,10 @@ class PaymentShop:
                 call.request["amount"], call.idempotency_key, reference=call.request.get("order")
             )
 
-        def reconcile(call: CallContext, lookup: Lookup) -> Any:
-            found = gateway.lookup(lookup.idempotency_key)
-            return NotSent() if found is None else Completed(found)
-
         made = OutboundCall(
             name=name,
             send=send,
-            reconcile=reconcile,
+            reconcile=self._reconcile_by_lookup,
             key_retention=timedelta(hours=24),
             is_definite_failure=is_definite_failure,
             transaction_id=lambda result: result.get("id"),
@@ -76,6 +73,29 @@ class PaymentShop:
         )
         self.calls[name] = self.agboss.register(made)
         return made
+
+    def refund_call(self, name: str = "shop.refund") -> OutboundCall:
+        """An outbound call refunding ``request["payment"]`` at the fake gateway (what an
+        undo sends), reconciled by a lookup of its key."""
+        if name in self.calls:
+            return self.calls[name]
+        gateway = self.gateway
+
+        def send(call: CallContext) -> Any:
+            return gateway.refund(call.request["payment"], call.idempotency_key)
+
+        made = OutboundCall(
+            name=name,
+            send=send,
+            reconcile=self._reconcile_by_lookup,
+            key_retention=timedelta(hours=24),
+        )
+        self.calls[name] = self.agboss.register(made)
+        return made
+
+    def _reconcile_by_lookup(self, call: CallContext, lookup: Lookup) -> Any:
+        found = self.gateway.lookup(lookup.idempotency_key)
+        return NotSent() if found is None else Completed(found)
 
     def task(self, **options: Any) -> Callable[[Callable[..., Any]], Any]:
         """``@shop.task()``: a bound ``PaymentTask`` of this app, named after the function."""
@@ -94,6 +114,34 @@ class PaymentShop:
                 yield worker
             finally:
                 self.gateway.release()
+
+    def deliver(self, task: Any, *args: Any, states: tuple[str, ...], timeout: float = 20) -> str:
+        """Publish ``task(*args)`` to the running worker and wait for one of ``states``;
+        the task id."""
+        task_id = str(task.delay(*args).id)
+        self.wait_state(task_id, *states, timeout=timeout)
+        return task_id
+
+    def run(self, task: Any, *args: Any, states: tuple[str, ...], timeout: float = 20) -> str:
+        """``deliver`` in a worker of its own, which stops before the test reads what the
+        delivery left."""
+        with self.worker():
+            return self.deliver(task, *args, states=states, timeout=timeout)
+
+    def revoke_at(
+        self, task_id: str, reached: threading.Event, go_on: threading.Event, gate: float = 20
+    ) -> None:
+        """Revoke ``task_id`` (no ``terminate``: the body keeps running) once its body
+        reached ``reached``, and let it go on only once the revoke is recorded, so the
+        body's next step meets the cancel."""
+        assert reached.wait(gate), "the body to reach its gate"
+        self.app.control.revoke(task_id)
+        wait_until(
+            lambda: self.execution(task_id).cancel_requested,
+            10,
+            message="the revoke to be recorded",
+        )
+        go_on.set()
 
     # --- what tests read -----------------------------------------------------------
 
@@ -126,6 +174,16 @@ class PaymentShop:
 
     def new_id(self) -> str:
         return f"exec-{uuid.uuid4().hex[:12]}"
+
+
+def assert_waits_for_an_operator(record: ExecutionRecord, starts: str = "", *names: str) -> None:
+    """A person must decide: ``WAITING_OPERATOR``, with a reason that starts with
+    ``starts`` and names each of ``names``."""
+    assert record.state.value == "WAITING_OPERATOR", (record.state, record.reason)
+    reason = record.reason or ""
+    assert reason.startswith(starts), reason
+    for name in names:
+        assert name in reason, (name, reason)
 
 
 @pytest.fixture(params=STORE_BACKENDS)

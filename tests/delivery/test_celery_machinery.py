@@ -1,4 +1,5 @@
-"""DESIGN §2.1–§2.2: how a PaymentTask meets Celery's own machinery, and tells the truth.
+"""How a PaymentTask (design: what Celery records) meets Celery's own machinery, and tells
+the truth.
 
 Links go out at most once under ids fixed before the first send; ``replace()`` is
 refused; a retry whose publish failed leaves the execution waiting, never FAILURE;
@@ -19,30 +20,28 @@ from celery import signals as celery_signals
 from celery.exceptions import Reject
 
 from celery_agboss.core.fault_points import FENCED_BEFORE_BEGIN
-from celery_agboss.delivery.lifecycle import (
+from celery_agboss.core.protections import (
+    EAGER_IGNORE_READ,
     LEASE_KEPT_AFTER_A_BROKEN_END,
+    LINK_IDS_NOT_FIXED,
+    PACKAGE_RETRIES_COUNTED,
     REJECT_WAITS_FOR_THE_SWEEP,
+    REPLACE_HANDED_TO_CELERY,
+    REPLAY_SENDS_LINKS,
+    RETRY_PUBLISH_FAILURE_REJECTS,
 )
-from celery_agboss.delivery.replaying import REPLAY_SENDS_LINKS
 from celery_agboss.errors import (
     ConfigurationError,
     ExecutionNotFinishedError,
     PublishNotRecorded,
     PublishRefusedError,
 )
-from celery_agboss.signals import LINK_IDS_NOT_FIXED
-from celery_agboss.task import (
-    EAGER_IGNORE_READ,
-    PACKAGE_RETRIES_COUNTED,
-    REPLACE_HANDED_TO_CELERY,
-    RETRY_PUBLISH_FAILURE_REJECTS,
-)
-from celery_agboss.testing.faults import arm_raise
+from celery_agboss.testing.fault_arming import arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
-from tests.delivery.test_outcomes_kept import backend_state, stays_true
-from tests.support.processes import wait_until
+from tests.delivery.test_outcomes_kept import backend_state
+from tests.support.processes import assert_stays, wait_until
 
 
 def _shipping_requests(shop: PaymentShop) -> int:
@@ -72,7 +71,7 @@ def _a_duplicate_that_sends_the_links_again(shop: PaymentShop) -> str:
         wait_until(lambda: _shipping_requests(shop) == 1, 10, message="the shipping")
         with sabotage(REPLAY_SENDS_LINKS):
             shop.agboss.republish(shop.execution(task_id), reason="test: a duplicate")
-            stays_true(lambda: _shipping_requests(shop) <= 1, 2.0)
+            assert_stays(lambda: _shipping_requests(shop) <= 1, 2.0)
     return task_id
 
 
@@ -109,9 +108,8 @@ def _three_installments_by_replace(shop: PaymentShop) -> tuple[str, list[BaseExc
             raise
 
     with shop.worker():
-        task_id = str(installments.delay("o-r", 3).id)
-        shop.wait_state(task_id, "COMPLETED", "FAILED", timeout=20)
-        stays_true(lambda: shop.execution(task_id).state.value in ("COMPLETED", "FAILED"), 1.0)
+        task_id = shop.deliver(installments, "o-r", 3, states=("COMPLETED", "FAILED"), timeout=20)
+        assert_stays(lambda: shop.execution(task_id).state.value in ("COMPLETED", "FAILED"), 1.0)
     return task_id, refused
 
 
@@ -170,7 +168,7 @@ def _a_retry_the_store_refuses(shop: PaymentShop) -> tuple[str, str, list[str]]:
                     message="Celery to record the rejected retry",
                 )
             else:
-                stays_true(lambda: backend_state(shop, result) != "FAILURE" and not errbacks, 0.5)
+                assert_stays(lambda: backend_state(shop, result) != "FAILURE" and not errbacks, 0.5)
             seen = backend_state(shop, result)
             if ended.state.value == "WAITING":
                 shop.clock.advance(1)
@@ -232,7 +230,7 @@ def _renewed_after_a_broken_end(shop: PaymentShop, *, ends_with_retry: bool) -> 
             assert lease is not None and not lease.released
             renewal_period = shop.agboss.settings.lease_ttl_seconds / 3
             try:
-                stays_true(
+                assert_stays(
                     lambda: _expiry(shop, task_id) == lease.expires_at_ms, 2 * renewal_period + 0.5
                 )
             except AssertionError:
@@ -291,10 +289,7 @@ def _a_body_that_rejects(shop: PaymentShop) -> str:
     def pay(self: Any) -> Any:
         raise Reject("a poison message", requeue=False)
 
-    with shop.worker():
-        task_id = str(pay.delay().id)
-        shop.wait_state(task_id, "FAILED", "WAITING")
-    return task_id
+    return shop.run(pay, states=("FAILED", "WAITING"))
 
 
 def test_a_bodys_own_reject_without_requeue_ends_it_failed(shop: PaymentShop) -> None:
@@ -329,9 +324,7 @@ def _unknown_twice_then_declined_once(shop: PaymentShop) -> str:
         return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
 
     shop.gateway.hold(before_processing=True, operation="charge", times=2, timeout=0.3)
-    with shop.worker():
-        task_id = str(pay.delay("o-4").id)
-        shop.wait_state(task_id, "COMPLETED", "FAILED", timeout=40)
+    task_id = shop.run(pay, "o-4", states=("COMPLETED", "FAILED"), timeout=40)
     assert declined, "the third delivery was declined"
     return task_id
 

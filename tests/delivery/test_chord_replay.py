@@ -1,4 +1,4 @@
-"""DESIGN §2.1: a replay of a chord's header part touches no chord counter.
+"""A replay (design: terminal replays) of a chord's header part touches no chord counter.
 
 Celery's key-value result backends (memcached, the cache backend these tests use)
 count header parts as they return; a duplicate of a completed part that replayed its
@@ -18,7 +18,7 @@ import pytest
 from celery import chord
 from celery import signals as celery_signals
 
-from celery_agboss.delivery.replaying import REPLAY_COUNTS_CHORD
+from celery_agboss.core.protections import REPLAY_COUNTS_CHORD
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 from tests.support.processes import wait_until

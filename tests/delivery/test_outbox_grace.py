@@ -25,7 +25,7 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.delivery.outcomes import decode_result
 from celery_agboss.errors import ConfigurationError
-from celery_agboss.settings import settings_from_conf
+from celery_agboss.runtime.settings import settings_from_conf
 from tests.delivery.conftest import PaymentShop
 
 GRACE_SECONDS = 5
@@ -99,7 +99,7 @@ def test_rows_carry_the_setting_and_the_sweep_publishes_them_after_it_not_before
     assert republished["count"] == 2
     assert republished["oldest_age_ms"] >= (GRACE_SECONDS + 1) * 1000
     (published,) = _events(caplog, OUTBOX_PUBLISHED)
-    assert (published["execution"], published["count"]) == (None, 1)
+    assert (published["execution_id"], published["count"]) == (None, 1)
 
 
 @pytest.mark.parametrize("value", [-1, "soon"])

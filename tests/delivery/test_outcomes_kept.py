@@ -1,6 +1,6 @@
 """What a delivery keeps, and what a duplicate gives back.
 
-- DESIGN §7: the execution's stored failure passes the masking policy of the calls its
+- The execution's stored failure (design: masking) passes the masking policy of the calls its
   delivery made (a decline quoting a card number is stored masked), and so does a
   reconcile's ``Unknown`` reason kept for the operator.
 - A result JSON cannot hold is refused at completion, before anything is recorded as
@@ -9,31 +9,34 @@
   ``link_error``.
 - A retry that does not go out (the package's own budget spent) does not swallow a
   deferred duplicate's wake: the release publishes the continuation. ``self.retry()``
-  of a started execution carries no ``expires`` (DESIGN §2.1).
+  of a started execution carries no ``expires`` (design: expires bounds the start).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
+
 from celery_agboss import NotSent, OutboundCall, Unknown
+from celery_agboss.core.log_events import EXECUTION_COMPLETED
 from celery_agboss.core.masking import MaskingPolicy
-from celery_agboss.core.protections import STORED_ERROR_UNMASKED
-from celery_agboss.delivery.replaying import UNSTORED_RESULT_REPLAYED_AS_FAILURE
-from celery_agboss.delivery.waits import (
-    OWN_RETRIES_HEADER,
-    PACKAGE_RETRY_BUDGET,
+from celery_agboss.core.protections import (
+    FAILURE_FOR_AN_UNFINISHED_EXECUTION,
+    RETRY_KEEPS_EXPIRES,
+    STORED_ERROR_UNMASKED,
+    UNSTORED_RESULT_REPLAYED_AS_FAILURE,
     WAKE_FOLDED_INTO_REFUSED_RETRY,
 )
-from celery_agboss.task import FAILURE_FOR_AN_UNFINISHED_EXECUTION, RETRY_KEEPS_EXPIRES
+from celery_agboss.delivery.waits import OWN_RETRIES_HEADER, PACKAGE_RETRY_BUDGET
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
-from tests.support.processes import wait_until
+from tests.support.processes import assert_stays, wait_until
 
 CARD = "4242424242424242"
 
@@ -68,10 +71,7 @@ def _declined_order(shop: PaymentShop) -> str:
     def pay(self: Any, order: str) -> Any:
         return self.outbound(call, {"amount": 1000, "card": CARD}, business_key=order)
 
-    with shop.worker():
-        task_id = str(pay.delay("o-1").id)
-        shop.wait_state(task_id, "FAILED")
-    return task_id
+    return shop.run(pay, "o-1", states=("FAILED",))
 
 
 def test_a_decline_quoting_the_card_is_stored_masked(shop: PaymentShop) -> None:
@@ -107,9 +107,7 @@ def test_a_reconcile_reason_kept_for_the_operator_is_masked(shop: PaymentShop) -
         return self.outbound(call, {"amount": 1000}, business_key=order)
 
     shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.worker():
-        task_id = str(pay.delay("o-5").id)
-        shop.wait_state(task_id, "WAITING_OPERATOR")
+    task_id = shop.run(pay, "o-5", states=("WAITING_OPERATOR",))
     (intent,) = shop.intents(task_id)
     assert intent.needs_operator and "under review" in (intent.operator_reason or "")
     assert CARD not in (intent.operator_reason or "")
@@ -167,23 +165,13 @@ def _completed_with_a_pickled_result_then_a_duplicate(
         if expect_refund:
             wait_until(lambda: errbacks, 10, message="the errback")
         else:  # a negative claim needs a window: nothing may change in it
-            stays_true(lambda: backend_state(shop, first) == "SUCCESS" and not errbacks, 2.0)
+            assert_stays(lambda: backend_state(shop, first) == "SUCCESS" and not errbacks, 2.0)
     return first, errbacks
 
 
 def backend_state(shop: PaymentShop, result: Any) -> str:
     """What the result backend holds now (an ``AsyncResult`` caches a ready state)."""
     return str(shop.app.AsyncResult(str(result.id)).state)
-
-
-def stays_true(predicate: Any, seconds: float) -> None:
-    """``predicate`` holds now and for ``seconds`` (a negative claim needs a window)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        assert predicate(), "the condition stopped holding"
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(0.1)
 
 
 def test_a_duplicate_never_writes_failure_over_success_nor_fires_link_error(
@@ -241,7 +229,7 @@ def _duplicate_then_an_unknown_outcome_past_max_retries(
             shop.wait_state(task_id, "COMPLETED")
         else:
             shop.wait_state(task_id, "WAITING")
-            stays_true(lambda: shop.execution(task_id).state.value == "WAITING", 3.0)
+            assert_stays(lambda: shop.execution(task_id).state.value == "WAITING", 3.0)
     return task_id
 
 
@@ -280,7 +268,7 @@ def _retry_after_the_message_expired(shop: PaymentShop, *, runs: bool) -> str:
         if runs:
             shop.wait_state(task_id, "COMPLETED", timeout=10)
         else:  # the dropped retry changes nothing: a window to see it
-            stays_true(lambda: shop.execution(task_id).state.value != "COMPLETED", 4.0)
+            assert_stays(lambda: shop.execution(task_id).state.value != "COMPLETED", 4.0)
     return task_id
 
 
@@ -298,4 +286,34 @@ def test_a_retry_carrying_expires_is_dropped_with_the_customer_charged(
     with sabotage(RETRY_KEEPS_EXPIRES):
         task_id = _retry_after_the_message_expired(shop, runs=False)
     assert shop.execution(task_id).state.value == "WAITING"
+    assert len(shop.gateway.payments) == 1
+
+
+# --- the outcome a recovered execution ends with --------------------------------------------
+
+
+def test_a_recovered_execution_ends_reconciled_whichever_delivery_finishes_it(
+    shop: PaymentShop, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outcome is read from the execution's record (its recovery count), not from
+    whether the delivery that finishes it took over: a take-over's own retry, or the
+    delivery of a message the sweep re-published, finishes a recovery too. Flower's
+    ``SUCCESS · RECONCILED`` (docs/operators.md) rests on this."""
+    caplog.set_level(logging.INFO, logger="celery_agboss")
+    charge = shop.call()
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        return self.outbound(charge, {"amount": 1000, "order": order})
+
+    task_id = str(pay.delay("o-recovered").id)  # no worker yet: the message looks lost
+    shop.clock.advance(3600)
+    assert shop.sweep().republished == 1
+    assert shop.execution(task_id).recovery_count == 1
+    with shop.worker():
+        shop.wait_state(task_id, "COMPLETED")
+    completed = [
+        vars(r) for r in caplog.records if getattr(r, "event", None) == EXECUTION_COMPLETED
+    ]
+    assert [c["outcome"] for c in completed] == ["RECONCILED"]
     assert len(shop.gateway.payments) == 1

@@ -1,4 +1,4 @@
-"""Trap 9 and DESIGN §2.1: every ``PaymentTask`` publish leaves a record, or fails.
+"""Every ``PaymentTask`` publish (design: trap 9, execution states) leaves a record, or fails.
 
 A publisher that never imported the task's module knows it by name through
 ``agboss_payment_tasks``; a publish the store cannot record raises
@@ -20,9 +20,8 @@ from celery import Celery
 from celery import signals as celery_signals
 
 from celery_agboss import PaymentTask
+from celery_agboss.core.protections import PUBLISH_WITHOUT_RECORD, TASK_NAME_NOT_CHECKED
 from celery_agboss.errors import ExecutionIdConflictError, PublishRefusedError
-from celery_agboss.signals import PUBLISH_WITHOUT_RECORD
-from celery_agboss.store.execution_rows import TASK_NAME_NOT_CHECKED
 from celery_agboss.testing.celery_app import close_test_app, make_test_app
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop

@@ -1,5 +1,6 @@
-"""DESIGN §4, "what a re-run replays": the body runs again from the top on every delivery,
-and wherever money is involved it must follow the path the first runs took.
+"""What a re-run replays (design: what a re-run replays): the body runs again from the top
+on every delivery, and wherever money is involved it must follow the path the first runs
+took.
 
 - A definite failure the body went past (it caught the decline and charged a backup
   card, or tried the next step of a loop) is raised again on the re-run, never sent
@@ -24,17 +25,28 @@ from celery import signals as celery_signals
 from celery_agboss import NotSent, OutboundCall
 from celery_agboss.core.executions import DIVERGENCE
 from celery_agboss.core.outbound import CallContext
-from celery_agboss.core.protections import DIVERGENCE_COMPLETED, PASSED_FAILURE_RESENT
+from celery_agboss.core.protections import (
+    BODY_PUBLISHES_GET_NEW_IDS,
+    DIVERGENCE_COMPLETED,
+    PASSED_FAILURE_RESENT,
+)
 from celery_agboss.operator import accept, list_waits
-from celery_agboss.signals import BODY_PUBLISHES_GET_NEW_IDS
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
-from tests.delivery.conftest import PaymentShop
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.support.processes import wait_until
 
 
 def _requests_of(shop: PaymentShop, call: str) -> list[Any]:
     return [r for r in shop.gateway.requests if call in (r.idempotency_key or "")]
+
+
+def _declined_then_answer_lost(shop: PaymentShop, pay: Any, order: str) -> str:
+    """Runs ``pay(order)`` with the first charge declined and the next charge's answer
+    lost, so the body runs again past its decline."""
+    shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
+    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
+    return shop.run(pay, order, states=("COMPLETED", "WAITING_OPERATOR"), timeout=30)
 
 
 def _backup_after_a_decline(shop: PaymentShop) -> str:
@@ -50,12 +62,7 @@ def _backup_after_a_decline(shop: PaymentShop) -> str:
         except FakeGatewayError:  # declined: "nothing processed"
             return self.outbound(backup, request, business_key=order)
 
-    shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
-    with shop.worker():
-        task_id = str(pay.delay("o-1").id)
-        shop.wait_state(task_id, "COMPLETED", "WAITING_OPERATOR", timeout=30)
-    return task_id
+    return _declined_then_answer_lost(shop, pay, "o-1")
 
 
 def test_a_decline_the_body_went_past_is_raised_again_never_resent(shop: PaymentShop) -> None:
@@ -88,12 +95,7 @@ def _a_retry_loop_in_the_body(shop: PaymentShop) -> str:
                 continue
         raise RuntimeError("declined three times")
 
-    shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
-    with shop.worker():
-        task_id = str(pay.delay("o-2").id)
-        shop.wait_state(task_id, "COMPLETED", "WAITING_OPERATOR", timeout=30)
-    return task_id
+    return _declined_then_answer_lost(shop, pay, "o-2")
 
 
 def test_an_in_body_retry_loop_replays_its_declined_step(shop: PaymentShop) -> None:
@@ -118,9 +120,7 @@ def test_a_decline_that_ended_the_delivery_is_sent_again_by_autoretry(
         return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
 
     shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
-    with shop.worker():
-        task_id = str(pay.delay("o-3").id)
-        shop.wait_state(task_id, "COMPLETED", timeout=30)
+    shop.run(pay, "o-3", states=("COMPLETED",), timeout=30)
     assert len(shop.gateway.requests) == 2 and len(shop.gateway.payments) == 1
 
 
@@ -158,12 +158,7 @@ def _a_passed_failure_of_a_class_that_cannot_be_rebuilt(shop: PaymentShop) -> st
         except CardDeclined:
             return self.outbound(backup, request, business_key=order)
 
-    shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
-    with shop.worker():
-        task_id = str(pay.delay("o-6").id)
-        shop.wait_state(task_id, "COMPLETED", "WAITING_OPERATOR", timeout=30)
-    return task_id
+    return _declined_then_answer_lost(shop, pay, "o-6")
 
 
 def test_a_passed_failure_that_cannot_be_raised_again_waits_for_an_operator(
@@ -171,9 +166,9 @@ def test_a_passed_failure_that_cannot_be_raised_again_waits_for_an_operator(
 ) -> None:
     task_id = _a_passed_failure_of_a_class_that_cannot_be_rebuilt(shop)
     record = shop.execution(task_id)
-    assert record.state.value == "WAITING_OPERATOR"
-    assert "OutboundCallFailureNotReplayableError" in (record.reason or "")
-    assert "CardDeclined" in (record.reason or "")
+    assert_waits_for_an_operator(
+        record, "", "OutboundCallFailureNotReplayableError", "CardDeclined"
+    )
     assert len(_requests_of(shop, "shop.primary")) == 1, "never resent"
     assert len(shop.gateway.payments) == 1
 
@@ -202,10 +197,7 @@ def _a_circuit_breaker(shop: PaymentShop) -> str:
         return self.outbound(primary, request, business_key=order)
 
     shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
-    with shop.worker():
-        task_id = str(pay.delay("o-4").id)
-        shop.wait_state(task_id, "WAITING_OPERATOR", "COMPLETED", timeout=30)
-    return task_id
+    return shop.run(pay, "o-4", states=("WAITING_OPERATOR", "COMPLETED"), timeout=30)
 
 
 def test_a_rerun_that_no_longer_reaches_a_charge_waits_for_an_operator(
@@ -213,9 +205,7 @@ def test_a_rerun_that_no_longer_reaches_a_charge_waits_for_an_operator(
 ) -> None:
     task_id = _a_circuit_breaker(shop)
     record = shop.execution(task_id)
-    assert record.state.value == "WAITING_OPERATOR"
-    assert record.reason and record.reason.startswith(DIVERGENCE)
-    assert "shop.primary" in record.reason
+    assert_waits_for_an_operator(record, DIVERGENCE, "shop.primary")
     (wait,) = [w for w in list_waits(shop.app) if w.execution.id == task_id]
     assert f"accept {task_id}" in wait.ends_with
     report = shop.sweep()  # the primary charge, pending, is looked up
@@ -268,8 +258,7 @@ def _ship_then_a_lost_answer(shop: PaymentShop) -> str:
     try:
         shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge", times=1)
         with shop.worker():
-            task_id = str(pay.delay("o-5").id)
-            shop.wait_state(task_id, "COMPLETED", timeout=30)
+            task_id = shop.deliver(pay, "o-5", states=("COMPLETED",), timeout=30)
             wait_until(
                 lambda: len(published) >= 2,
                 10,

@@ -1,6 +1,7 @@
-"""Records several executions share (DESIGN §4): a business-keyed intent is one record for
-every execution that names its key — a double click, a saga's later step, a duplicate
-publish — and every decision about it is the record's, never its creator's.
+"""Records several executions share (design: records several executions share): a
+business-keyed intent is one record for every execution that names its key — a double click,
+a saga's later step, a duplicate publish — and every decision about it is the record's,
+never its creator's.
 
 The five ways a review charged twice or refunded a paid order on that seam, each on
 both stores beside its sabotage twin, harm counted at the fake gateway:
@@ -21,52 +22,34 @@ A worker in a thread of this process (tests/delivery/conftest.py, with its speed
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from typing import Any
 
 from celery_agboss import OutboundCallCompensatedError
-from celery_agboss.core.compensation import ONE_UNDO_PER_STEP, UndoStep
+from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT, DIVERGENCE, UNDO_WAITS
 from celery_agboss.core.keys import business_key
-from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
-from celery_agboss.core.protections import PASSED_FAILURE_RESENT
-from celery_agboss.core.shared_records import (
+from celery_agboss.core.protections import (
     DIVERGENCE_BY_CREATOR,
+    ONE_UNDO_PER_STEP,
+    PASSED_FAILURE_RESENT,
     PAYMENTS_BY_CREATOR,
     REPLAY_AFTER_UNDO,
     UNDO_IGNORES_OTHER_EXECUTIONS,
 )
 from celery_agboss.operator import cancel, list_shared_waits, list_waits
 from celery_agboss.task import undo_function
-from celery_agboss.testing.faults import OUTBOUND_BEFORE_SEND, arm_raise
+from celery_agboss.testing.fault_arming import OUTBOUND_BEFORE_SEND, arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
-from tests.delivery.conftest import PaymentShop
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.engine.helpers import Crash
 from tests.support.processes import wait_until
 
 GATE_SECONDS = 30
 
 
-def _refund_call(shop: PaymentShop) -> OutboundCall:
-    gateway = shop.gateway
-
-    def send(call: CallContext) -> Any:
-        return gateway.refund(call.request["payment"], call.idempotency_key)
-
-    def reconcile(call: CallContext, lookup: Lookup) -> Any:
-        found = gateway.lookup(lookup.idempotency_key)
-        return NotSent() if found is None else Completed(found)
-
-    made = OutboundCall(
-        name="shop.refund", send=send, reconcile=reconcile, key_retention=timedelta(hours=24)
-    )
-    shop.agboss.register(made)
-    return made
-
-
 def _refund_undo(shop: PaymentShop, ran: list[str] | None = None) -> None:
-    refund = _refund_call(shop)
+    refund = shop.refund_call()
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
@@ -124,8 +107,7 @@ def _first_fails_after_the_second_completed(shop: PaymentShop) -> tuple[str, str
     with shop.worker():
         first = str(place_order.delay("o-1", True).id)
         assert charged.wait(GATE_SECONDS)
-        second = str(place_order.delay("o-1").id)
-        shop.wait_state(second, "COMPLETED")
+        second = shop.deliver(place_order, "o-1", states=("COMPLETED",))
         go_on.set()
         shop.wait_state(first, "FAILED", "WAITING_OPERATOR")
     return first, second
@@ -158,10 +140,8 @@ def _a_click_after_the_refund(shop: PaymentShop) -> tuple[str, str]:
     go_on.set()
     place_order = _saga(shop, charged, go_on)
     with shop.worker():
-        first = str(place_order.delay("o-2", True).id)
-        shop.wait_state(first, "FAILED")
-        later = str(place_order.delay("o-2").id)
-        shop.wait_state(later, "COMPLETED", "FAILED")
+        first = shop.deliver(place_order, "o-2", True, states=("FAILED",))
+        later = shop.deliver(place_order, "o-2", states=("COMPLETED", "FAILED"))
     return first, later
 
 
@@ -206,13 +186,9 @@ def _revoke_the_duplicate(shop: PaymentShop) -> tuple[str, str]:
         return receipt
 
     with shop.worker():
-        first = str(place_order.delay("o-3").id)
-        shop.wait_state(first, "COMPLETED")
+        first = shop.deliver(place_order, "o-3", states=("COMPLETED",))
         duplicate = str(place_order.delay("o-3", True).id)
-        assert charged.wait(GATE_SECONDS)
-        shop.app.control.revoke(duplicate)
-        wait_until(lambda: shop.execution(duplicate).cancel_requested, 10, message="revoke")
-        go_on.set()
+        shop.revoke_at(duplicate, charged, go_on, gate=GATE_SECONDS)
         shop.wait_state(duplicate, "CANCELLED", "WAITING_OPERATOR", "FAILED")
     return first, duplicate
 
@@ -330,10 +306,8 @@ def _primary_then_backup_clicked_twice(shop: PaymentShop) -> tuple[str, str]:
 
     shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")  # once
     with shop.worker():
-        first = str(pay.delay("o-5").id)
-        shop.wait_state(first, "COMPLETED")
-        second = str(pay.delay("o-5").id)
-        shop.wait_state(second, "COMPLETED", "FAILED", "WAITING_OPERATOR")
+        first = shop.deliver(pay, "o-5", states=("COMPLETED",))
+        second = shop.deliver(pay, "o-5", states=("COMPLETED", "FAILED", "WAITING_OPERATOR"))
     return first, second
 
 
@@ -474,8 +448,7 @@ def test_f4_without_an_undo_the_cancel_waits_for_a_person(shop: PaymentShop) -> 
         _waits_released(shop, second)
         cancel(shop.app, first, "the first click")
         moved = cancel(shop.app, second, "changed their mind")
-    assert moved.state.value == "WAITING_OPERATOR"
-    assert (moved.reason or "").startswith(CANCELLED_AFTER_PAYMENT)
+    assert_waits_for_an_operator(moved, CANCELLED_AFTER_PAYMENT)
     assert [w.execution.id for w in list_waits(shop.app)] == [second]
 
 
@@ -532,8 +505,7 @@ def test_f5_a_re_run_that_left_another_execution_s_charge_waits_for_a_person(
 ) -> None:
     execution = _left_another_execution_s_intent_for_the_backup(shop)
     record = shop.execution(execution)
-    assert record.state.value == "WAITING_OPERATOR"
-    assert (record.reason or "").startswith(DIVERGENCE)
+    assert_waits_for_an_operator(record, DIVERGENCE)
     assert len(shop.gateway.payments) == 2, "both charges exist: a person refunds one"
 
 

@@ -1,4 +1,4 @@
-"""DESIGN §2.2: an unreachable store inside a delivery means "this delivery must stop".
+"""An unreachable store (design: store errors) inside a delivery means "this delivery must stop".
 
 ``StoreError`` (and ``StoreUnavailableError``) derive from ``AGBossSignal``: a body's
 ``except Exception`` fallback cannot mistake a payment the store could not record for a
@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from celery_agboss.core.fault_points import OUTBOUND_AFTER_READ, RECONCILE_AFTER_LOOKUP
 from celery_agboss.core.protections import STORE_FAILURE_CATCHABLE
 from celery_agboss.errors import AGBossSignal, StoreError, StoreUnavailableError
-from celery_agboss.testing.faults import arm_raise
+from celery_agboss.testing.fault_arming import arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop

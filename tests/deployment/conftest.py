@@ -12,8 +12,7 @@
 
 from __future__ import annotations
 
-import fcntl
-import tempfile
+import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -30,20 +29,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DeployFactory = Callable[..., Deployment]
 
 
-WHEEL_BUILD_LOCK = Path(tempfile.gettempdir()) / "celery_agboss-wheel-build.lock"
-"""Held while one test process builds the wheel: setuptools builds in the tree's
-``build/`` directory, and two pytest-xdist workers building at once collide there."""
-
-
 @pytest.fixture(scope="session")
 def deployed_venv(tmp_path_factory: pytest.TempPathFactory) -> DeployedVenv:
-    """The built wheel in a fresh venv (no system site-packages, nothing else installed)."""
-    with WHEEL_BUILD_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
-        try:
-            return venv.build(REPO_ROOT, tmp_path_factory.mktemp("deployed"))
-        except venv.BuildFailed as exc:
-            pytest.fail(f"could not deploy the wheel: {exc}", pytrace=False)
+    """The built wheel in a fresh venv (no system site-packages, nothing else installed),
+    built once per session and shared by its pytest-xdist workers (tests only read it)."""
+    session_dir = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' common parent directory
+        session_dir = session_dir.parent
+    try:
+        return venv.build_once(REPO_ROOT, session_dir / "deployed")
+    except venv.BuildFailed as exc:
+        pytest.fail(f"could not deploy the wheel: {exc}", pytrace=False)
 
 
 @pytest.fixture

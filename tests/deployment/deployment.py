@@ -41,7 +41,7 @@ PSEUDONYM_KEY = "deployment-tests-pseudonym-key-0123456789"
 SPEEDUPS: Mapping[str, str] = {
     # Defaults 30 s / 30 s / 300 s; the README documents every agboss_* setting as an
     # AGBOSS_<NAME> environment variable, which is how a user would shorten them too.
-    "AGBOSS_LEASE_TTL": "5",  # a dead worker's lease expires in 5 s (DESIGN: tests >= 5 s)
+    "AGBOSS_LEASE_TTL": "5",  # a dead worker's lease expires in 5 s (test TTLs stay >= 5 s)
     "AGBOSS_SWEEP_INTERVAL": "2",  # beat sweeps every 2 s; workers sweep after 6 s stale
     "AGBOSS_REQUESTED_GRACE": "3",  # a lost, never-started message is re-published after 3 s
 }

@@ -25,7 +25,7 @@ from tests.integration.gateway_http import GatewayHTTPServer
 
 NO_DEDUPLICATION = GatewayCapabilities(
     idempotency_keys=False,  # a repeat under one key is processed again: a second payment
-    lookup_by_key=True,  # G2: lookup(idempotency_key) finds what the key produced
+    lookup_by_key=True,  # lookup(idempotency_key) finds what the key produced (design: G2)
     first_response_on_repeat=False,
     conflict_on_mismatch=False,
     reference_lookup=False,

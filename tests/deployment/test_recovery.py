@@ -58,7 +58,7 @@ def start_two_workers(deployment: Deployment) -> list[ManagedProcess]:
 
 
 def assert_speedups_applied(worker: ManagedProcess) -> None:
-    """The worker's start line shows the AGBOSS_* variables were read (settings.py)."""
+    """The worker's start line shows the AGBOSS_* variables were read (runtime/settings.py)."""
     expected = f"(lease ttl {TTL:g} s, sweep every {INTERVAL:g} s)"
     assert expected in worker.output(), f"{expected!r} not in\n{worker.output()}"
 
@@ -222,12 +222,12 @@ def test_without_beat_the_workers_sweep_themselves_after_a_worker_was_killed(
 def test_the_workers_own_sweep_reconciles_the_stranded_charge_itself(
     redis_url_factory: Callable[[], str], sqlite_url: str, deploy: DeployFactory
 ) -> None:
-    """DESIGN §6 step 2 with the README's app and no beat: the surviving worker's own sweep
-    looks the killed worker's pending charge up at the gateway itself (``reconciled=1``,
-    never ``unknown_calls``), although that main process never ran a task: importing
-    ``shop.py`` declared the call. One deployment (Redis, SQLite): what a process knows
-    of its calls does not depend on the broker or the store. Speed-ups as in the test
-    above (TTL 5 s, interval 2 s, grace 3 s)."""
+    """The sweep's lookup (design: sweep reconciles) with the README's app and no beat: the
+    surviving worker's own sweep looks the killed worker's pending charge up at the gateway
+    itself (``reconciled=1``, never ``unknown_calls``), although that main process never ran
+    a task: importing ``shop.py`` declared the call. One deployment (Redis, SQLite): what a
+    process knows of its calls does not depend on the broker or the store. Speed-ups as in
+    the test above (TTL 5 s, interval 2 s, grace 3 s)."""
     deployment = deploy(redis_url_factory(), sqlite_url)
     deployment.prepare()
     workers = start_two_workers(deployment)

@@ -8,10 +8,13 @@ else. A command that fails raises :class:`BuildFailed` with its whole output.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +94,37 @@ def machine_python() -> str:
     return found
 
 
+WHEEL_BUILD_LOCK = Path(tempfile.gettempdir()) / "celery_agboss-wheel-build.lock"
+"""Held while one test process builds the wheel: setuptools builds in the tree's
+``build/`` directory, and two pytest-xdist workers building at once collide there."""
+
+BUILT_RECORD = "deployed-venv.pickle"
+
+
 def build(root: Path, workdir: Path) -> DeployedVenv:
-    """Build the wheel from ``root``, make a fresh venv in ``workdir``, install the wheel."""
+    """Build the wheel from ``root``, make a fresh venv in ``workdir``, install the wheel
+    (one build at a time on this machine: ``WHEEL_BUILD_LOCK``)."""
+    with WHEEL_BUILD_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        return _build(root, workdir)
+
+
+def build_once(root: Path, workdir: Path) -> DeployedVenv:
+    """``build`` into ``workdir`` unless a finished build is already there (another test
+    process of this session made it); the venv is only read by its tests, so one serves
+    every pytest-xdist worker."""
+    record = workdir / BUILT_RECORD
+    with WHEEL_BUILD_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if record.exists():
+            built: DeployedVenv = pickle.loads(record.read_bytes())
+            return built
+        deployed = _build(root, workdir)
+        record.write_bytes(pickle.dumps(deployed))
+        return deployed
+
+
+def _build(root: Path, workdir: Path) -> DeployedVenv:
     wheels = workdir / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     before = package_files(root)
@@ -112,4 +144,4 @@ def build(root: Path, workdir: Path) -> DeployedVenv:
     )
 
 
-__all__ = ["BuildFailed", "DeployedVenv", "build", "run"]
+__all__ = ["BuildFailed", "DeployedVenv", "build", "build_once", "run"]

@@ -7,6 +7,8 @@ never releases its lease — exactly what a SIGKILL leaves behind.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +16,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
+from celery_agboss.core import execution_context
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
@@ -24,16 +29,20 @@ from celery_agboss.core.outbound import (
     Lookup,
     NotSent,
     OutboundCall,
+    Outcome,
     Unknown,
 )
-from celery_agboss.core.store import IntentRecord, Store
+from celery_agboss.core.step_identity import Step, step_of
+from celery_agboss.core.store_protocol import IntentRecord, Store
+from celery_agboss.errors import OutboundCallOutcomeUnknownError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock
-from celery_agboss.testing.faults import ArmedPoint
+from celery_agboss.testing.fault_arming import OUTBOUND_AFTER_READ, ArmedPoint, arm_pause
 from celery_agboss.testing.gateway import (
     FakeGateway,
     FakeGatewayError,
     FakeGatewayErrorKind,
+    FakeGatewayFault,
     is_definite_failure,
 )
 
@@ -46,7 +55,7 @@ class Crash(BaseException):
 
 
 def reconcile_by_lookup(gateway: FakeGateway) -> Callable[[CallContext, Lookup], Any]:
-    """G2: find the payment by the call's key; absent means not sent."""
+    """Find the payment by the call's key; absent means not sent (design: G2)."""
 
     def reconcile(call: CallContext, lookup: Lookup) -> Completed[Any] | NotSent | Unknown:
         found = gateway.lookup(lookup.idempotency_key)
@@ -132,6 +141,63 @@ class Shop:
         """Move the database clock past every lease taken so far (no sleeping)."""
         self.clock.advance(self.settings.lease_ttl_ms / 1000 + 1)
 
+    def unknown(self, execution_id: str, call: OutboundCall, request: Any, **options: Any) -> None:
+        """A delivery of ``execution_id`` whose ``call`` ends on an unknown outcome (the
+        intent stays pending for the next delivery to reconcile)."""
+        with self.start(execution_id) as first, pytest.raises(OutboundCallOutcomeUnknownError):
+            first.outbound(call, request, **options)
+
+    def lose_the_answer(
+        self,
+        execution_id: str,
+        call: OutboundCall,
+        request: Any,
+        *,
+        gateway: FakeGateway | None = None,
+        operation: str | None = None,
+        **options: Any,
+    ) -> None:
+        """The gateway (``gateway``, or this shop's) processes the next request (of
+        ``operation``) and drops its answer: ``unknown`` for that delivery."""
+        (gateway or self.gateway).inject_fault(
+            FakeGatewayFault.ANSWER_THEN_DROP, operation=operation
+        )
+        self.unknown(execution_id, call, request, **options)
+
+    def reconciled(
+        self, execution_id: str, call: OutboundCall, request: Any, **options: Any
+    ) -> Any:
+        """The next delivery of ``execution_id``: ``call`` answered by reconcile, not
+        sent again. Returns what the body got."""
+        with self.start(execution_id) as retry:
+            result = retry.outbound(call, request, **options)
+            assert retry.last_outcome is Outcome.RECONCILED
+        return result
+
+    def race_past_the_read(
+        self,
+        names: tuple[str, ...],
+        call: OutboundCall,
+        request: Any,
+        business_key: str,
+        then: Callable[[], None] | None = None,
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Deliveries of ``names``, each on a store connection of its own, sending one
+        business key: all are held right after reading its intent and let go together,
+        so none has written when the others read. ``then`` runs once they are let go;
+        returns each one's ``(result, error)``."""
+        paused = arm_pause(OUTBOUND_AFTER_READ, times=len(names))
+        racers = [self.start(name, store=self.store_factory()) for name in names]
+        threads = [
+            Background(functools.partial(ctx.outbound, call, request, business_key=business_key))
+            for ctx in racers
+        ]
+        wait_for_hits(paused, len(names))  # all have read; none has written
+        paused.release()
+        if then is not None:
+            then()
+        return [thread.outcome() for thread in threads]
+
     def intent(self, ctx: ExecutionContext, key: str) -> IntentRecord:
         record = self.store.read_intent(key)
         assert record is not None, "no intent under that key"
@@ -139,6 +205,22 @@ class Shop:
 
     def payments(self) -> list[dict[str, Any]]:
         return self.gateway.payments
+
+
+def mark_every_step_key(monkeypatch: pytest.MonkeyPatch, mark: str) -> list[Step]:
+    """Make the one function that names a delivery's steps (``core.step_identity``) end
+    every key with ``mark``: a record kept under a key made anywhere else lacks it. The
+    steps it made, in order (filled in as the test runs)."""
+    made: list[Step] = []
+
+    def marked_step_of(*args: Any, **kwargs: Any) -> Step:
+        step = step_of(*args, **kwargs)
+        step = dataclasses.replace(step, key=step.key + mark)
+        made.append(step)
+        return step
+
+    monkeypatch.setattr(execution_context, "step_of", marked_step_of)
+    return made
 
 
 def business_intent_key(settings: EngineSettings, business_key: str, name: str) -> str:
@@ -220,6 +302,7 @@ __all__ = [
     "Crash",
     "Shop",
     "business_intent_key",
+    "mark_every_step_key",
     "reconcile_by_lookup",
     "reconcile_by_replay",
     "reconcile_unknown",

@@ -1,4 +1,4 @@
-"""A body that catches a celery_agboss signal and calls on is stopped (P3).
+"""A body that catches a celery_agboss signal and calls on is stopped (design: P3).
 
 An unknown outcome means "this delivery must stop": the next delivery reconciles. A
 body that catches it and calls the same step again would get a new step key (``#2``)

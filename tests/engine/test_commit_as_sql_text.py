@@ -1,5 +1,5 @@
 """``COMMIT`` sent as SQL text inside a fenced effect must not commit its writes without
-the effect's record and the commit-time lease check (P2), on both stores."""
+the effect's record and the commit-time lease check (design: P2), on both stores."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _commit_as_text_then_fail(shop: Shop, statement: str) -> None:
 def test_commit_sent_as_sql_text_inside_a_fenced_effect_is_refused(
     shop: Shop, statement: str
 ) -> None:
-    """P2: the effect's writes commit with its record, or not at all."""
+    """The effect's writes commit with its record, or not at all (design: P2)."""
     _commit_as_text_then_fail(shop, statement)
     assert notes(shop.store.engine) == ["paid"]
 

@@ -20,7 +20,7 @@ from celery_agboss.errors import (
     MaskingPolicyError,
 )
 from celery_agboss.testing import sabotage
-from celery_agboss.testing.faults import OUTBOUND_BEFORE_SEND, arm_raise
+from celery_agboss.testing.fault_arming import OUTBOUND_BEFORE_SEND, arm_raise
 from tests.engine.helpers import (
     PSEUDONYM_KEY,
     Crash,

@@ -1,4 +1,4 @@
-"""Fenced effects (P2): a write committed at most once per key, in the transaction that
+"""Fenced effects (design: P2): a write committed at most once per key, in the transaction that
 checks the lease; its result replayed, never recomputed."""
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.store import EffectRecord
+from celery_agboss.core.protections import LEASE_CHECK_IN_SEPARATE_ROUND_TRIP
+from celery_agboss.core.store_protocol import EffectRecord
 from celery_agboss.errors import (
     CommitInsideFencedEffectError,
     ExecutionFencedError,
     FencedEffectConflictError,
     IdempotencyKeyConflictError,
 )
-from celery_agboss.testing.faults import FENCED_BEFORE_BEGIN, arm_pause
+from celery_agboss.testing.fault_arming import FENCED_BEFORE_BEGIN, arm_pause
 from tests.engine.app_tables import create_app_tables, ledger, notes, write_note
 from tests.engine.helpers import Background, Shop
 
@@ -56,10 +57,11 @@ def test_a_business_keyed_effect_is_shared_by_every_execution_that_names_it(shop
 
 
 def test_a_renamed_step_is_not_handed_the_old_result(shop: Shop) -> None:
-    from celery_agboss.core.fenced_effects import effect_key
+    from celery_agboss.core.step_identity import step_of
+    from celery_agboss.core.store_protocol import EFFECT_RECORD
 
     with shop.start("task-1") as ctx:
-        key = effect_key(shop.settings, "task-1", "mark-paid", None, 1)
+        key = step_of(EFFECT_RECORD, shop.settings.tenant, "task-1", "mark-paid", None, 1).key
         with shop.store.fenced(ctx.lease_ref, 30_000) as tx:
             tx.insert_effect(EffectRecord(key, "task-1", "old-name", {"old": True}, 1, 0))
         with pytest.raises(FencedEffectConflictError):
@@ -154,7 +156,7 @@ def _zombie_race(shop: Shop) -> tuple[BaseException | None, Any]:
 
 
 def test_a_superseded_delivery_cannot_write_a_fenced_effect(shop: Shop) -> None:
-    """P1/P2 (PS3/PS4): the lease is checked in the write's own transaction."""
+    """P1/P2 (design: PS3, PS4): the lease is checked in the write's own transaction."""
     error, result = _zombie_race(shop)
     assert isinstance(error, ExecutionFencedError)
     assert result == {"note": "successor"}
@@ -164,7 +166,7 @@ def test_a_superseded_delivery_cannot_write_a_fenced_effect(shop: Shop) -> None:
 def test_twin_a_lease_checked_in_a_separate_round_trip_lets_the_zombie_write_first(
     shop: Shop,
 ) -> None:
-    with sabotage.switched_off(sabotage.LEASE_CHECK_IN_SEPARATE_ROUND_TRIP):
+    with sabotage.switched_off(LEASE_CHECK_IN_SEPARATE_ROUND_TRIP):
         error, result = _zombie_race(shop)
     assert error is None
     assert result == {"note": "zombie"}  # the new holder replays the zombie's write

@@ -29,9 +29,8 @@ from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.lease import LeaseRenewer
-from celery_agboss.core.outbound import Outcome
 from celery_agboss.core.protections import INTERRUPTED_SEND_STOPS_RENEWING
-from celery_agboss.core.store import IntentStatus, RenewOutcome
+from celery_agboss.core.store_protocol import IntentStatus, RenewOutcome
 from celery_agboss.errors import ExecutionFencedError, LeaseNotHeldError
 from celery_agboss.testing.gateway_types import GatewayHold
 from tests.engine.helpers import Background, Shop, step_intent_key, wait_until
@@ -171,9 +170,7 @@ def test_an_interrupted_send_keeps_its_lease_renewed_and_unreleased_until_it_end
     assert intent is not None and intent.status is IntentStatus.PENDING, "settled by no one yet"
 
     shop.expire_leases()
-    with shop.start("task-1") as second:
-        receipt = second.outbound(charge, {"amount": 700})
-        assert second.last_outcome is Outcome.RECONCILED
+    receipt = shop.reconciled("task-1", charge, {"amount": 700})
     assert receipt["id"] == gateway.payments[0]["id"]
     assert (len(gateway.requests), len(gateway.payments)) == (1, 1), "no second send"
 

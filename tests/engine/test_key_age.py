@@ -1,4 +1,4 @@
-"""The key-age rule of a resend (R26, PS17): ``key_age + attempt_timeout < key_retention``,
+"""The key-age rule of a resend (design: R26, PS17): ``key_age + attempt_timeout < key_retention``,
 decided by the compare-and-set on the database clock, to the millisecond.
 
 ``first_attempt_at`` is written directly and the database clock is frozen, so the age
@@ -20,7 +20,7 @@ from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, Outcome
 from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
 from celery_agboss.testing.clock import SkewedHolderClock
-from celery_agboss.testing.faults import OUTBOUND_BEFORE_SEND, arm_raise
+from celery_agboss.testing.fault_arming import OUTBOUND_BEFORE_SEND, arm_raise
 from celery_agboss.testing.gateway import FakeGatewayFault
 from tests.engine.frozen_clock import FrozenDatabaseClock
 from tests.engine.helpers import Background, Crash, Shop, step_intent_key
@@ -42,6 +42,18 @@ def frozen(shop: Shop) -> Iterator[FrozenDatabaseClock]:
 @pytest.fixture
 def slow(settings: EngineSettings) -> EngineSettings:
     return dataclasses.replace(settings, attempt_timeout_ms=ATTEMPT_TIMEOUT_MS)
+
+
+def _first_attempted(shop: Shop, key: str, at_ms: int) -> None:
+    """Backdate the intent's first attempt: its key is as old as the test needs."""
+    with shop.store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE agboss_outbound_calls SET first_attempt_at_ms = :at "
+                "WHERE idempotency_key = :k"
+            ),
+            {"at": at_ms, "k": key},
+        )
 
 
 def _retry_with_key_age(
@@ -67,15 +79,7 @@ def _retry_with_key_age(
         pytest.raises(OutboundCallOutcomeUnknownError),
     ):
         first.outbound(charge, {"amount": 250})
-    key = step_intent_key(settings, "task-1", "fake.charge")
-    with shop.store.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE agboss_outbound_calls SET first_attempt_at_ms = :at "
-                "WHERE idempotency_key = :k"
-            ),
-            {"at": now - age_ms, "k": key},
-        )
+    _first_attempted(shop, step_intent_key(settings, "task-1", "fake.charge"), now - age_ms)
     second = shop.start("task-1", settings=settings, clock=holder_clock)
     result, error = Background(lambda: second.outbound(charge, {"amount": 250})).outcome()
     return result, error, ages, second
@@ -120,15 +124,7 @@ def test_a_lookup_that_proves_absence_may_resend_at_any_age(
     with shop.start("task-1", settings=slow) as first, pytest.raises(Crash):
         first.outbound(charge, {"amount": 90})
     assert crash.hits == 1 and shop.gateway.requests == []
-    key = step_intent_key(slow, "task-1", "fake.charge")
-    with shop.store.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE agboss_outbound_calls SET first_attempt_at_ms = :at "
-                "WHERE idempotency_key = :k"
-            ),
-            {"at": now - 30 * 86_400_000, "k": key},
-        )
+    _first_attempted(shop, step_intent_key(slow, "task-1", "fake.charge"), now - 30 * 86_400_000)
     with shop.start("task-1", settings=slow) as second:
         second.outbound(charge, {"amount": 90})
         assert second.last_outcome is Outcome.SENT

@@ -1,4 +1,4 @@
-"""The outbound call's plain paths (P3): sent once, replayed, keyed as the grammar says."""
+"""The outbound call's plain paths (design: P3): sent once, replayed, keyed as the grammar says."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from celery_agboss.core.history import verify_history
 from celery_agboss.core.outbound import Outcome
-from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.errors import LeaseNotHeldError
 from tests.engine.helpers import PSEUDONYM_KEY, Shop, business_intent_key, step_intent_key
 

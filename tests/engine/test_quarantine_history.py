@@ -1,23 +1,18 @@
-"""The quarantine record (ambiguous-status-invariants.txt): every transition of an intent is
+"""The quarantine record (design: quarantine history): every transition of an intent is
 chained in its history, in the transition's own transaction; an unknown outcome is
 recorded as such — PENDING, never FAILED — and a changed row is detected."""
 
 from __future__ import annotations
 
-import pytest
 from sqlalchemy import text
 
 from celery_agboss.core.history import verify_history
-from celery_agboss.errors import OutboundCallOutcomeUnknownError
-from celery_agboss.testing.gateway import FakeGatewayFault
 from tests.engine.helpers import PSEUDONYM_KEY, Shop, step_intent_key
 
 
 def _unknown_then_reconciled(shop: Shop) -> str:
     charge = shop.charge_call()
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 1000})
+    shop.lose_the_answer("task-1", charge, {"amount": 1000})
     return step_intent_key(shop.settings, "task-1", "fake.charge")
 
 

@@ -1,4 +1,4 @@
-"""R21: keys are built from escaped components, so two calls never share one key (P3).
+"""R21: keys are built from escaped components, so two calls never share one key (design: P3).
 
 Unescaped, a tenant holding ':' makes a step-keyed call of one tenant and a
 business-keyed call of another the same idempotency key: the second call is
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.keys import KEY_COMPONENTS_NOT_ESCAPED, business_key, step_key
+from celery_agboss.core.keys import business_key, step_key
+from celery_agboss.core.protections import KEY_COMPONENTS_NOT_ESCAPED
 from celery_agboss.testing import sabotage
 from tests.engine.helpers import Shop
 

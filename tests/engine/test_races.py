@@ -1,4 +1,4 @@
-"""The races R15–R26 (payment-scenarios.txt), each forced on purpose with fault points so
+"""The races (design: races), each forced on purpose with fault points so
 that both parties read before either writes, each with the twin that shows its harm at
 the fake gateway.
 
@@ -11,7 +11,6 @@ shutdown, a worker's renewer) are the Celery layer's integration tests.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from datetime import datetime, timezone
@@ -22,7 +21,7 @@ import pytest
 from celery_agboss.core import protections, sabotage
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.outbound import Outcome
-from celery_agboss.core.store import IntentGuard, IntentStatus, IntentUpdate
+from celery_agboss.core.store_protocol import IntentGuard, IntentStatus, IntentUpdate
 from celery_agboss.errors import (
     ExecutionFencedError,
     IdempotencyKeyConflictError,
@@ -32,7 +31,7 @@ from celery_agboss.errors import (
     OutboundCallResultNotStoredError,
     OutboundCallUnreconciledError,
 )
-from celery_agboss.testing.faults import OUTBOUND_AFTER_READ, OUTBOUND_AFTER_SEND, arm_pause
+from celery_agboss.testing.fault_arming import OUTBOUND_AFTER_SEND, arm_pause
 from celery_agboss.testing.gateway import FakeGatewayError, FakeGatewayFault, FakeGatewayTimeout
 from tests.engine.helpers import (
     DAY,
@@ -41,7 +40,6 @@ from tests.engine.helpers import (
     business_intent_key,
     retry_asked,
     step_intent_key,
-    wait_for_hits,
     wait_until,
 )
 
@@ -56,7 +54,7 @@ def _events(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [getattr(record, "event", "") for record in caplog.records]
 
 
-# --- R15: two executions both read a FAILED intent; only the CAS winner sends ---------------
+# --- two executions both read a FAILED intent; only the CAS winner sends (design: R15) ------
 
 
 def _both_read_a_failed_intent(shop: Shop) -> list[tuple[Any, BaseException | None]]:
@@ -74,17 +72,8 @@ def _both_read_a_failed_intent(shop: Shop) -> list[tuple[Any, BaseException | No
         assert failed is not None
         guard = IntentGuard(IntentStatus.FAILED, failed.attempt, failed.owner)
         assert tx.update_intent(key, guard, IntentUpdate(failure=None, owner=None))
-    paused = arm_pause(OUTBOUND_AFTER_READ, times=2)
-    racers = [shop.start(f"task-{n}", store=shop.store_factory()) for n in (1, 2)]
-    threads = [
-        Background(
-            functools.partial(ctx.outbound, charge, {"amount": 500}, business_key="order:15")
-        )
-        for ctx in racers
-    ]
-    wait_for_hits(paused, 2)  # both read FAILED; neither has written
-    paused.release()
-    return [thread.outcome() for thread in threads]
+    # Both read FAILED; neither has written.
+    return shop.race_past_the_read(("task-1", "task-2"), charge, {"amount": 500}, "order:15")
 
 
 def test_r15_two_executions_reading_a_failed_intent_send_one_new_attempt(shop: Shop) -> None:
@@ -102,7 +91,7 @@ def test_r15_twin_a_cas_without_its_predicate_sends_twice(shop: Shop) -> None:
     assert len(shop.gateway.payments) == 2
 
 
-# --- R16: join only a send of the same request ----------------------------------------------
+# --- join only a send of the same request (design: R16) -------------------------------------
 
 
 def _second_caller_while_first_sends(shop: Shop, amount: int) -> tuple[Any, Any]:
@@ -143,7 +132,7 @@ def test_r16_twin_joining_on_any_fingerprint_hands_out_another_order_s_receipt(
     assert [p["amount"] for p in shop.gateway.payments] == [1000]
 
 
-# --- R18: a cancel does not release the lease under a send still running -----------------------
+# --- a cancel does not release the lease under a send still running (design: R18) --------------
 
 
 def _cancel_while_sending(shop: Shop) -> tuple[bool, BaseException | None]:
@@ -180,7 +169,7 @@ def test_r18_twin_releasing_under_a_running_send_charges_twice(shop: Shop) -> No
     assert len(shop.gateway.payments) == 2
 
 
-# --- R20: an answer after the hand-over is never reported as sent ---------------------------
+# --- an answer after the hand-over is never reported as sent (design: R20) ------------------
 
 
 def _answer_after_hand_over(shop: Shop) -> tuple[Any, Any]:
@@ -190,9 +179,7 @@ def _answer_after_hand_over(shop: Shop) -> tuple[Any, Any]:
     sending = Background(lambda: zombie.outbound(charge, {"amount": 900}))
     paused.wait_reached()  # the gateway answered; the zombie froze before recording it
     shop.expire_leases()
-    with shop.start("task-1") as successor:
-        successor.outbound(charge, {"amount": 900})
-        assert successor.last_outcome is Outcome.RECONCILED
+    shop.reconciled("task-1", charge, {"amount": 900})
     paused.release()
     return sending.outcome(), zombie
 
@@ -217,7 +204,7 @@ def test_r20_twin_a_superseded_attempt_silently_reported_as_sent(shop: Shop) -> 
     assert receipt["id"] == shop.gateway.payments[0]["id"]
 
 
-# --- R22: a send that never returns is bounded ----------------------------------------------
+# --- a send that never returns is bounded (design: R22) -------------------------------------
 
 
 def test_r22_a_send_that_never_returns_is_abandoned_at_attempt_timeout(
@@ -259,7 +246,7 @@ def test_r22_twin_an_unbounded_send_holds_the_delivery_past_its_timeout(
         body.join()
 
 
-# --- R23: no reclaim moves the token under a live send -------------------------------------
+# --- no reclaim moves the token under a live send (design: R23) ----------------------------
 
 
 def _overrun_then_another_execution(shop: Shop, fast: EngineSettings) -> BaseException | None:
@@ -297,7 +284,7 @@ def test_r23_twin_a_reclaim_that_bumps_the_token_makes_a_live_send_look_dead(
     assert len(shop.gateway.payments) == 2
 
 
-# --- R24: a result that could not be stored is never replayed as a result --------------------
+# --- a result that could not be stored is never replayed as a result (design: R24) -----------
 
 
 def _charge_with_unstorable_receipt(shop: Shop) -> Any:
@@ -333,7 +320,7 @@ def test_r24_twin_a_replay_returns_the_not_stored_marker_as_the_gateway_s_result
     assert "agboss_result_not_stored" in receipt
 
 
-# --- R25 (PS1): an error of unknown outcome stays PENDING and is reconciled ---------------------
+# --- an error of unknown outcome stays PENDING and is reconciled (design: R25, PS1) -------------
 
 
 def _answer_lost_then_retried_after_the_gateway_forgot_the_key(shop: Shop) -> Any:
@@ -364,15 +351,13 @@ def test_r25_twin_every_error_definite_pays_twice_once_the_key_is_forgotten(shop
     assert len(shop.gateway.payments) == 2
 
 
-# --- R26 (PS17): a NotSent() past the key's retention is not resent ------------------------------
+# --- a NotSent() past the key's retention is not resent (design: R26, PS17) ----------------------
 
 
 def _crash_then_replay_after(shop: Shop, age: Any) -> tuple[Any, BaseException | None]:
     shop.gateway.lookup_by_key = False  # G1 + G3 only: reconcile can only replay the key
     charge = shop.charge_call(reconcile="replay", key_retention=DAY)
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 300})
+    shop.lose_the_answer("task-1", charge, {"amount": 300})
     shop.clock.advance(age)
     second = shop.start("task-1")
     return Background(lambda: second.outbound(charge, {"amount": 300})).outcome()

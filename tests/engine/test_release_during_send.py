@@ -1,5 +1,5 @@
 """A send that passed its lease check just before another thread released the lease
-must not go out after the release (P1, R18), on both stores."""
+must not go out after the release (design: P1, R18), on both stores."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def _release_under_a_checked_send(shop: Shop) -> tuple[BaseException | None, int
 def test_a_send_checked_before_another_thread_released_the_lease_is_not_sent(
     shop: Shop,
 ) -> None:
-    """P1/R18: once the lease is released, no send of that holder starts."""
+    """Once the lease is released, no send of that holder starts (design: P1, R18)."""
     error, behind_its_back = _release_under_a_checked_send(shop)
     assert isinstance(error, ExecutionFencedError)
     assert behind_its_back == 0

@@ -1,9 +1,8 @@
-"""Duplicates the application makes (PS7, PS8, PS9, PS22, PS23), engine side: one business
+"""Duplicates the application makes (design: PS7, PS8, PS9, PS22, PS23), engine side: one business
 key, one charge; another request under it, a conflict and nothing sent."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
@@ -14,10 +13,8 @@ from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.errors import (
     IdempotencyKeyConflictError,
     OutboundCallInFlightError,
-    OutboundCallOutcomeUnknownError,
 )
-from celery_agboss.testing.faults import (
-    OUTBOUND_AFTER_READ,
+from celery_agboss.testing.fault_arming import (
     OUTBOUND_BEFORE_SEND,
     RECONCILE_AFTER_LOOKUP,
     arm_pause,
@@ -34,7 +31,7 @@ from tests.engine.app_tables import (
 )
 from tests.engine.helpers import Background, Crash, Shop, business_intent_key, wait_for_hits
 
-# --- PS7: the model calls the charge tool twice -------------------------------------------------
+# --- the model calls the charge tool twice (design: PS7) ----------------------------------------
 
 
 def test_ps7_a_second_tool_call_for_the_same_order_replays_the_first_receipt(shop: Shop) -> None:
@@ -78,7 +75,7 @@ def test_ps7_twin_without_the_fingerprint_another_amount_gets_the_first_receipt(
     assert [p["amount"] for p in shop.gateway.payments] == [2500]
 
 
-# --- PS8: two executions for one order -------------------------------------------------------
+# --- two executions for one order (design: PS8) ----------------------------------------------
 
 
 def test_ps8_the_second_execution_replays_the_first_one_s_receipt(shop: Shop) -> None:
@@ -112,20 +109,16 @@ def _two_executions_find_a_dead_pending_intent(
     with pytest.raises(Crash):
         dead.outbound(charge, {"amount": 4000}, business_key="order:8")
     shop.expire_leases()
-    paused = arm_pause(OUTBOUND_AFTER_READ, times=2)
-    racers = [shop.start(f"click-{n}", store=shop.store_factory()) for n in (2, 3)]
-    threads = [
-        Background(
-            functools.partial(ctx.outbound, charge, {"amount": 4000}, business_key="order:8")
-        )
-        for ctx in racers
-    ]
     looked_up = arm_pause(RECONCILE_AFTER_LOOKUP, times=2)
-    wait_for_hits(paused, 2)  # both read the dead PENDING intent; neither has written
-    paused.release()
-    wait_for_hits(looked_up, reconcilers)  # whoever took it looked it up: not there yet
-    looked_up.release()
-    return [thread.outcome() for thread in threads]
+
+    def taken_and_looked_up() -> None:
+        wait_for_hits(looked_up, reconcilers)  # whoever took it looked it up: not there yet
+        looked_up.release()
+
+    # Both read the dead PENDING intent; neither has written.
+    return shop.race_past_the_read(
+        ("click-2", "click-3"), charge, {"amount": 4000}, "order:8", then=taken_and_looked_up
+    )
 
 
 def test_ps8_of_two_executions_finding_a_dead_pending_intent_only_one_sends(shop: Shop) -> None:
@@ -140,7 +133,7 @@ def test_ps8_twin_both_take_the_dead_intent_and_both_send(shop: Shop) -> None:
     assert len(shop.gateway.payments) == 2
 
 
-# --- PS9: parallel branches charging one aggregate ----------------------------------------------
+# --- parallel branches charging one aggregate (design: PS9) -------------------------------------
 
 
 def test_ps9_two_branches_charging_one_business_key_make_one_charge(shop: Shop) -> None:
@@ -196,7 +189,7 @@ def test_ps9_twin_without_the_application_s_constraint_the_balance_is_overdrawn(
     assert balance(shop.store.engine, loose_accounts, 1) == -500
 
 
-# --- PS22: another card after a decline ------------------------------------------------------
+# --- another card after a decline (design: PS22) ---------------------------------------------
 
 
 def test_ps22_another_card_under_the_same_order_key_is_refused_after_a_decline(
@@ -214,9 +207,8 @@ def test_ps22_another_card_under_the_same_order_key_is_refused_after_a_decline(
 
 def _unknown_then_another_card(shop: Shop, key_for_try: Any) -> BaseException | None:
     charge = shop.charge_call()
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)  # charged, answer lost
-    with shop.start("try-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 3000, "card": "tok_1"}, business_key=key_for_try(1))
+    charged = {"amount": 3000, "card": "tok_1"}
+    shop.lose_the_answer("try-1", charge, charged, business_key=key_for_try(1))
     second = shop.start("try-2")
     return Background(
         lambda: second.outbound(
@@ -241,21 +233,12 @@ def test_ps22_twin_a_new_business_key_for_every_try_charges_twice(shop: Shop) ->
     assert len(shop.gateway.payments) == 2
 
 
-# --- PS23: two requests under one key at once ----------------------------------------------------
+# --- two requests under one key at once (design: PS23) -------------------------------------------
 
 
 def _insert_race(shop: Shop, charge: OutboundCall) -> list[Any]:
-    paused = arm_pause(OUTBOUND_AFTER_READ, times=2)
-    racers = [shop.start(f"req-{n}", store=shop.store_factory()) for n in (1, 2)]
-    threads = [
-        Background(
-            functools.partial(ctx.outbound, charge, {"amount": 100}, business_key="order:23")
-        )
-        for ctx in racers
-    ]
-    wait_for_hits(paused, 2)  # both found no intent; neither has inserted
-    paused.release()
-    return [thread.outcome() for thread in threads]
+    # Both found no intent; neither has inserted.
+    return shop.race_past_the_read(("req-1", "req-2"), charge, {"amount": 100}, "order:23")
 
 
 def test_ps23_two_claims_racing_to_insert_one_key_send_one_request(shop: Shop) -> None:
@@ -276,5 +259,5 @@ def test_ps23_twin_without_the_cas_one_key_reaches_the_gateway_twice(shop: Shop)
     with sabotage.switched_off(protections.INTENT_CAS_WITHOUT_PREDICATE):
         _two_executions_find_a_dead_pending_intent(shop, reconcilers=2, gateway_keys=True)
     key = business_intent_key(shop.settings, "order:8", "fake.charge")
-    # Only the gateway's own deduplication (G1, A6) stands between these and two charges.
+    # Only the gateway's own deduplication (design: G1, A6) stands between these and two charges.
     assert len(shop.gateway.requests_for(key)) == 2

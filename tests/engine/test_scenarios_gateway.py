@@ -1,4 +1,4 @@
-"""The gateway's side (PS17, PS18, PS19, PS20), engine side: keys that outlive the
+"""The gateway's side (design: PS17, PS18, PS19, PS20), engine side: keys that outlive the
 gateway's, one key per capture, per refund, per disposition."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from celery_agboss.errors import IdempotencyKeyConflictError
 from tests.engine.app_tables import create_app_tables, next_capture_number
 from tests.engine.helpers import DAY, Shop, reconcile_by_lookup
 
-# --- PS17: the idempotency key expires before a retry ------------------------------------------
+# --- the idempotency key expires before a retry (design: PS17) ---------------------------------
 
 
 def test_ps17_a_completed_intent_replays_days_later_without_reaching_the_gateway(
@@ -39,7 +39,7 @@ def test_ps17_twin_relying_on_the_gateway_s_key_alone_pays_twice_after_its_reten
     assert len(shop.gateway.payments) == 2
 
 
-# --- PS18: a partial capture -----------------------------------------------------------------
+# --- a partial capture (design: PS18) --------------------------------------------------------
 
 
 def _capture_call(shop: Shop, name: str = "fake.capture") -> OutboundCall:
@@ -100,7 +100,7 @@ def test_ps18_twin_step_keyed_captures_send_a_second_capture(shop: Shop) -> None
     assert len([r for r in shop.gateway.requests if r.operation == "capture"]) == 2
 
 
-# --- PS19: a refund retried ------------------------------------------------------------------
+# --- a refund retried (design: PS19) ---------------------------------------------------------
 
 
 def _refund_call(shop: Shop) -> OutboundCall:
@@ -139,7 +139,7 @@ def test_ps19_twin_each_path_with_its_own_key_refunds_three_times(shop: Shop) ->
     assert len(shop.gateway.refunds) == 3
 
 
-# --- PS20: a void and a capture race on one authorization ----------------------------------------
+# --- a void and a capture race on one authorization (design: PS20) -------------------------------
 
 
 def _disposition_call(shop: Shop) -> OutboundCall:

@@ -1,4 +1,4 @@
-"""Failures of the process (payment-scenarios.txt PS1, PS2, PS5, PS6, PS14), engine side.
+"""Failures of the process (design: PS1, PS2, PS5, PS6, PS14), engine side.
 
 Each scenario ends with the number of payments at the fake gateway; each protected
 run has a twin that shows the harm without the protection.
@@ -14,14 +14,14 @@ import pytest
 from celery_agboss.core import protections, sabotage
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.outbound import OutboundCall, Outcome
-from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.errors import (
     ExecutionFencedError,
     OutboundCallOutcomeUnknownError,
     OutboundCallUnreconciledError,
     StoreUnavailableError,
 )
-from celery_agboss.testing.faults import (
+from celery_agboss.testing.fault_arming import (
     FENCED_AFTER_COMMIT,
     FENCED_BEFORE_COMMIT,
     OUTBOUND_AFTER_SEND,
@@ -34,17 +34,13 @@ from celery_agboss.testing.gateway import FakeGatewayFault, GatewayCapabilities
 from tests.engine.app_tables import create_app_tables, notes, write_note
 from tests.engine.helpers import DAY, Background, Crash, Shop, retry_asked, step_intent_key
 
-# --- PS1: a retry after a timeout -----------------------------------------------------------
+# --- a retry after a timeout (design: PS1) --------------------------------------------------
 
 
 def test_ps1_an_answer_lost_to_an_sdk_timeout_is_reconciled_on_the_retry(shop: Shop) -> None:
     charge = shop.charge_call()
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 1000})
-    with shop.start("task-1") as retry:
-        receipt = retry.outbound(charge, {"amount": 1000})
-        assert retry.last_outcome is Outcome.RECONCILED
+    shop.lose_the_answer("task-1", charge, {"amount": 1000})
+    receipt = shop.reconciled("task-1", charge, {"amount": 1000})
     assert [p["id"] for p in shop.gateway.payments] == [receipt["id"]]
 
 
@@ -81,7 +77,7 @@ def test_ps1_twin_a_timeout_taken_for_a_failure_pays_twice_once_the_key_expired(
     assert len(shop.gateway.payments) == 2
 
 
-# --- PS2: a crash after the charge, before the checkpoint -------------------------------------
+# --- a crash after the charge, before the checkpoint (design: PS2) ----------------------------
 
 
 def _charge_then_mark_paid(ctx: Any, charge: OutboundCall, crash_before_mark: bool) -> Any:
@@ -122,7 +118,7 @@ def test_ps2_twin_a_plain_call_in_the_step_charges_again_after_the_crash(shop: S
     assert len(shop.gateway.payments) == 2
 
 
-# --- PS5: a crash after the send, before the answer -----------------------------------------
+# --- a crash after the send, before the answer (design: PS5) --------------------------------
 
 
 def _crash_at(shop: Shop, point: str, charge: OutboundCall) -> None:
@@ -136,9 +132,7 @@ def _crash_at(shop: Shop, point: str, charge: OutboundCall) -> None:
 def test_ps5_completed_the_payment_exists_and_nothing_is_sent(shop: Shop) -> None:
     charge = shop.charge_call()
     _crash_at(shop, OUTBOUND_AFTER_SEND, charge)
-    with shop.start("task-1") as next_holder:
-        receipt = next_holder.outbound(charge, {"amount": 800})
-        assert next_holder.last_outcome is Outcome.RECONCILED
+    receipt = shop.reconciled("task-1", charge, {"amount": 800})
     assert [p["id"] for p in shop.gateway.payments] == [receipt["id"]]
     assert len(shop.gateway.requests) == 1
 
@@ -179,7 +173,7 @@ def test_ps5_twin_a_pending_intent_resent_without_reconcile_pays_twice(shop: Sho
     assert len(shop.gateway.payments) == 2
 
 
-# --- PS6: support levels -----------------------------------------------------------------------
+# --- support levels (design: PS6) --------------------------------------------------------------
 
 LEVELS = {
     "full": (GatewayCapabilities.FULL, "lookup"),
@@ -189,9 +183,7 @@ LEVELS = {
 
 
 def _ps6_timeout(shop: Shop, charge: OutboundCall) -> BaseException | None:
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 700})
+    shop.lose_the_answer("task-1", charge, {"amount": 700})
     second = shop.start("task-1")
     return Background(lambda: second.outbound(charge, {"amount": 700})).outcome()[1]
 
@@ -203,9 +195,7 @@ def _ps6_crash_before_answer(shop: Shop, charge: OutboundCall) -> BaseException 
 
 
 def _ps6_late_replay(shop: Shop, charge: OutboundCall) -> BaseException | None:
-    shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 900})
+    shop.lose_the_answer("task-1", charge, {"amount": 900})
     shop.clock.advance(3 * DAY)
     second = shop.start("task-1")
     return Background(lambda: second.outbound(charge, {"amount": 900})).outcome()[1]
@@ -213,10 +203,10 @@ def _ps6_late_replay(shop: Shop, charge: OutboundCall) -> BaseException | None:
 
 SCENARIOS = {"timeout": _ps6_timeout, "crash": _ps6_crash_before_answer, "late": _ps6_late_replay}
 
-# (level, scenario) -> (reconcile override, payments, error): the seed's PS6 table.
+# (level, scenario) -> (reconcile override, payments, error): PS6's table (design: PS6).
 # No keys: reconcile can only guess NotSent (no lookup); a resend is a new charge, and
 # a crash before the answer can only be Unknown for a person. Such gateways are not
-# supported (payment-gateways.txt).
+# supported (design: G1, G2).
 PS6_TABLE = {
     ("full", "timeout"): (None, 1, None),
     ("full", "crash"): (None, 1, None),
@@ -253,7 +243,7 @@ def test_ps6_each_support_level_charges_as_the_table_says(
         assert isinstance(error, error_type)
 
 
-# --- PS14: the database lost mid-commit --------------------------------------------------------
+# --- the database lost mid-commit (design: PS14) -----------------------------------------------
 
 
 def _cut_the_settle(point: str) -> None:
@@ -275,8 +265,7 @@ def test_ps14_a_store_error_at_settle_is_an_unknown_outcome_the_next_attempt_res
 ) -> None:
     charge = shop.charge_call()
     _cut_the_settle(point)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 650})
+    shop.unknown("task-1", charge, {"amount": 650})
     record = shop.store.read_intent(step_intent_key(shop.settings, "task-1", "fake.charge"))
     assert record is not None
     expected = IntentStatus.PENDING if point == FENCED_BEFORE_COMMIT else IntentStatus.COMPLETED
@@ -292,8 +281,7 @@ def test_ps14_twin_a_store_error_taken_for_a_failure_pays_twice(shop: Shop) -> N
     shop.gateway.idempotency_keys = False
     charge = shop.charge_call()
     _cut_the_settle(FENCED_BEFORE_COMMIT)
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 650})
+    shop.unknown("task-1", charge, {"amount": 650})
     with (
         sabotage.switched_off(protections.PENDING_RESENT_WITHOUT_RECONCILE),
         shop.start("task-1") as second,
@@ -302,12 +290,12 @@ def test_ps14_twin_a_store_error_taken_for_a_failure_pays_twice(shop: Shop) -> N
     assert len(shop.gateway.payments) == 2
 
 
-# --- PS3: a zombie after a take-over ---------------------------------------------------------
+# --- a zombie after a take-over (design: PS3) ------------------------------------------------
 
 
 def _zombie_wakes_after_take_over(shop: Shop) -> tuple[BaseException | None, Any]:
     from celery_agboss.testing.clock import SkewedHolderClock
-    from celery_agboss.testing.faults import arm_pause
+    from celery_agboss.testing.fault_arming import arm_pause
 
     shop.gateway.idempotency_keys = False  # a second send is a second payment
     charge = shop.charge_call()

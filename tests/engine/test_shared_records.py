@@ -1,5 +1,5 @@
 """A definite failure is replayed, never re-sent, to every execution but the one a retry
-authorised (DESIGN §4, claim step 1), and any hand-out of it to another execution revokes
+authorised (design: retry authorisation), and any hand-out of it to another execution revokes
 that authorisation in the same compare-and-set that the retry's own claim needs.
 
 A's primary card is declined and A's body asks for a retry (``autoretry_for``): its next
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.core.shared_records import HAND_OUT_KEEPS_RETRY
+from celery_agboss.core.protections import HAND_OUT_KEEPS_RETRY
 from celery_agboss.testing import sabotage
-from celery_agboss.testing.faults import OUTBOUND_AFTER_READ, arm_pause
+from celery_agboss.testing.fault_arming import OUTBOUND_AFTER_READ, arm_pause
 from celery_agboss.testing.gateway import FakeGatewayError, FakeGatewayFault
 from tests.engine.helpers import Background, Shop, retry_asked, wait_for_hits
 

@@ -1,6 +1,6 @@
-"""``reconcile_stranded``: the sweep's side of reconcile (DESIGN §6.2). It takes a PENDING
-intent with no live owner under its own short lease, stores Completed, records NotSent
-as ``not_sent_confirmed`` and flags Unknown — and never sends."""
+"""``reconcile_stranded``: the sweep's side of reconcile (design: sweep reconciles). It
+takes a PENDING intent with no live owner under its own short lease, stores Completed,
+records NotSent as ``not_sent_confirmed`` and flags Unknown — and never sends."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from celery_agboss.core.history import HistoryEvent, verify_history
 from celery_agboss.core.lease import acquire
 from celery_agboss.core.log_events import OUTBOUND_CALL_LOOKUP_FAILED
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, OutboundCall, Outcome
-from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
 from celery_agboss.errors import OutboundCallOutcomeUnknownError
-from celery_agboss.testing.faults import OUTBOUND_AFTER_SEND, OUTBOUND_BEFORE_SEND, arm_raise
+from celery_agboss.testing.fault_arming import OUTBOUND_AFTER_SEND, OUTBOUND_BEFORE_SEND, arm_raise
 from tests.engine.helpers import Crash, Shop, step_intent_key
 
 
@@ -232,7 +232,7 @@ def test_lookups_that_keep_answering_not_sent_back_off_to_the_cap(shop: Shop) ->
 
 
 def test_without_back_off_a_not_sent_intent_is_looked_up_every_30_seconds(shop: Shop) -> None:
-    from celery_agboss.core.stranded import NOT_SENT_LOOKUPS_NOT_BACKED_OFF
+    from celery_agboss.core.protections import NOT_SENT_LOOKUPS_NOT_BACKED_OFF
     from celery_agboss.testing.switches import sabotage
 
     with sabotage(NOT_SENT_LOOKUPS_NOT_BACKED_OFF):

@@ -1,7 +1,7 @@
 """Texts the store cannot hold never stop a payment being recorded, on both stores.
 
 An error text with a lone surrogate once turned an unknown outcome (or a definite
-failure) into a raw ``TypeError``, so the quarantine row could not be written (R25);
+failure) into a raw ``TypeError``, so the quarantine row could not be written (design: R25);
 a gateway transaction id the database cannot hold made every settle and reconcile of
 a payment that moved money fail.
 """
@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from celery_agboss.core.outbound import CallContext, Outcome
-from celery_agboss.core.store import IntentStatus
-from celery_agboss.errors import OutboundCallOutcomeUnknownError
+from celery_agboss.core.store_protocol import IntentStatus
 from tests.engine.helpers import Shop, step_intent_key
 
 # --- error texts that are not storable text ---------------------------------------------
@@ -24,7 +23,8 @@ from tests.engine.helpers import Shop, step_intent_key
 def test_an_unknown_outcome_whose_error_text_holds_a_lone_surrogate_stays_quarantined(
     shop: Shop,
 ) -> None:
-    """R25: the money moved, the SDK error is odd text; still PENDING, recorded, reconciled."""
+    """The money moved, the SDK error is odd text; still PENDING, recorded, reconciled
+    (design: R25)."""
 
     def charge_then_reset(call: CallContext) -> Any:
         shop.gateway.charge(100, call.idempotency_key)
@@ -32,14 +32,11 @@ def test_an_unknown_outcome_whose_error_text_holds_a_lone_surrogate_stays_quaran
 
     charge = shop.charge_call(send=charge_then_reset)
     key = step_intent_key(shop.settings, "task-1", "fake.charge")
-    with shop.start("task-1") as first, pytest.raises(OutboundCallOutcomeUnknownError):
-        first.outbound(charge, {"amount": 100})
+    shop.unknown("task-1", charge, {"amount": 100})
     record = shop.store.read_intent(key)
     assert record is not None and record.status is IntentStatus.PENDING
     assert shop.store.read_history(key)[-1].event == "outcome-unknown"
-    with shop.start("task-1") as second:
-        second.outbound(charge, {"amount": 100})
-        assert second.last_outcome is Outcome.RECONCILED
+    shop.reconciled("task-1", charge, {"amount": 100})
     assert len(shop.gateway.payments) == 1
 
 

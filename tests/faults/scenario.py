@@ -9,16 +9,16 @@ Speed-ups, all README ``AGBOSS_<NAME>`` variables: the deployment suite's (lease
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from celery_agboss.core.protections import PENDING_RESENT_WITHOUT_RECONCILE
-from celery_agboss.sweep.steps import STRANDED_NOT_RECONCILED
+from celery_agboss.core.protections import PENDING_RESENT_WITHOUT_RECONCILE, STRANDED_NOT_RECONCILED
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import SPEEDUPS, Deployment
-from tests.deployment.test_recovery import recovery_deadline
+from tests.deployment.test_recovery import KILL_SECONDS, recovery_deadline
 from tests.support.processes import ManagedProcess, wait_until
 
 FAULT_SPEEDUPS: Mapping[str, str] = {**SPEEDUPS, "AGBOSS_RETRY_DELAY": "1"}
@@ -80,6 +80,18 @@ def worker_and_beat(deployment: Deployment) -> ManagedProcess:
     deployment.wait_ready(worker)
     deployment.wait_beat(beat)
     return worker
+
+
+def kill_the_child(worker: ManagedProcess, child: int) -> None:
+    """SIGKILL ``child``, one pool child of ``worker``, and only that process (the main
+    process lives on and starts a new child); until it is gone."""
+    assert child != worker.pid and child in worker.group_pids(), (child, worker.group_pids())
+    os.kill(child, signal.SIGKILL)
+    wait_until(
+        lambda: child not in worker.group_pids(),
+        KILL_SECONDS,
+        message=f"pool child {child} to be gone",
+    )
 
 
 def charges_of(deployment: Deployment, order: int) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""s13 of the seeds (payment-scenarios.txt, PS13 "Clock skew and lease expiry") on the
+"""Clock skew and lease expiry (design: PS13), the tests named s13, on the
 README's deployment: the worker's clocks are wrong, and a second delivery of an
 execution arrives while its charge is on the wire.
 
@@ -23,12 +23,12 @@ with no take-over, then lets the charge through: one payment, one request.
 - s13 drifting: both its clocks run 1.5 times too fast from its start (far beyond
   A4's 1 s per 30 s; a fast clock only makes the holder stop trusting its lease early).
 
-Each runs on SQLite+Redis and PostgreSQL+Redis, one order, the README's worker and
-beat. The sabotage run (PostgreSQL+Redis, the worker an hour ahead) decides expiry on
-the acquiring worker's own clock (``EXPIRY_BY_CALLER_CLOCK``): the duplicate takes the
-live lease and the order is paid twice. (A clock that runs *slow* beyond A4 is the
-seeds' boundary, not tested here: its renewals come too late, and a send already on
-the wire then rests on the gateway's key, G1, which this gateway does not honour.)
+Each runs on SQLite+Redis and PostgreSQL+Redis, one order, the README's worker and beat. The
+sabotage run (PostgreSQL+Redis, the worker an hour ahead) decides expiry on the acquiring
+worker's own clock (``EXPIRY_BY_CALLER_CLOCK``): the duplicate takes the live lease and the
+order is paid twice. (A clock that runs *slow* beyond A4 is outside the assumptions
+(design: A4), not tested here: its renewals come too late, and a send already on the wire
+then rests on the gateway's key, G1, which this gateway does not honour.)
 
 Speed-ups: tests/faults/scenario.py's README ``AGBOSS_<NAME>`` variables
 (TTL 5 s, sweep every 2 s, grace 3 s, retry after 1 s). Harness hook, not a setting:
@@ -48,7 +48,7 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.core.sabotage import EXPIRY_BY_CALLER_CLOCK
+from celery_agboss.core.protections import EXPIRY_BY_CALLER_CLOCK
 from celery_agboss.testing.gateway_types import GatewayHold
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment

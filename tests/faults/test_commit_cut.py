@@ -1,4 +1,4 @@
-"""PS14 (P2, P3): the database connection is lost mid-commit. The caller never guesses.
+"""PS14 (design: P2, P3): the database connection is lost mid-commit. The caller never guesses.
 
 PostgreSQL, through a TCP proxy that breaks the connection on purpose:
 - cut before COMMIT: the caller gets ``StoreUnavailableError``; the store, asked again
@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from celery_agboss.core.store import (
+from celery_agboss.core.store_protocol import (
     IntentGuard,
     IntentStatus,
     IntentUpdate,
@@ -23,7 +23,7 @@ from celery_agboss.core.store import (
 )
 from celery_agboss.errors import StoreUnavailableError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
-from celery_agboss.testing.contract import write_effect
+from celery_agboss.testing.contract.base import write_effect
 from tests.support.tcp_proxy import CommitFault, PostgresProxy
 
 TTL_MS = 30_000
@@ -83,7 +83,7 @@ def test_a_fenced_write_whose_commit_answer_is_lost_is_found_and_replayed_on_ret
 def test_a_settle_whose_commit_answer_is_lost_is_found_completed_by_its_own_attempt(
     stores: tuple[SQLAlchemyStore, SQLAlchemyStore], postgres_proxy: PostgresProxy
 ) -> None:
-    """The outbound call's settle (§4.3): PENDING → COMPLETED committed, answer lost. The
+    """The outbound call's settle (design: settle): PENDING → COMPLETED committed, answer lost. The
     re-read shows COMPLETED by this very attempt and owner: success, nothing resent."""
     proxied, direct = stores
     lease = _lease(direct)

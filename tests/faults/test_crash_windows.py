@@ -1,6 +1,7 @@
-"""Fault scenarios of the seeds (payment-scenarios.txt, "Proof" lines) on real workers
-deployed as README.md says: the wheel in a fresh venv, the README's ``shop.py``, its
-``celery -A shop worker`` and ``celery -A shop beat`` lines, nothing else.
+"""Crash windows of the payment scenarios (design: scenarios), each test named by its own
+``s<nn>`` label, on real workers deployed as README.md says: the wheel in a fresh venv, the
+README's ``shop.py``, its ``celery -A shop worker`` and ``celery -A shop beat`` lines,
+nothing else.
 
 Each guarantee is counted at the gateway, which does not deduplicate keys (a second
 send under one key is a second payment): payments and requests per order's key, the
@@ -24,8 +25,6 @@ requested grace 3 s, retry after 1 s), all README ``AGBOSS_<NAME>`` variables.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -39,7 +38,6 @@ from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
 from tests.deployment.test_recovery import (
     HELD_SECONDS,
-    KILL_SECONDS,
     kill_the_worker_on_the_wire,
     recovery_deadline,
     start_two_workers,
@@ -52,6 +50,7 @@ from tests.faults.scenario import (
     Stack,
     charges_of,
     deployed,
+    kill_the_child,
     sabotaged,
     wait_for_a_second_payment,
     worker_and_beat,
@@ -80,13 +79,7 @@ def kill_the_child_on_the_wire(
     held_key = fake.requests[0].idempotency_key
     held = next(o for o in ORDERS if deployment.key_of(o) == held_key)
     child = deployment.gateway.pid_of_charge(deployment.key_of(held))
-    assert child != worker.pid and child in worker.group_pids(), (child, worker.group_pids())
-    os.kill(child, signal.SIGKILL)
-    wait_until(
-        lambda: child not in worker.group_pids(),
-        KILL_SECONDS,
-        message=f"pool child {child} to be gone",
-    )
+    kill_the_child(worker, child)
     hold.release()
     assert worker.running, f"the worker's main process died with its child\n{worker.tail()}"
     return ids, held
@@ -242,7 +235,7 @@ def test_s14_sabotaged_an_error_taken_as_definite_fails_a_paid_order(
     sabotage_stack: Stack, deploy: DeployFactory
 ) -> None:
     """Every error read as "nothing processed": the execution ends FAILED while the
-    gateway holds the customer's payment (the seed's version then pays again on the
+    gateway holds the customer's payment (a plain Celery shop then pays again on the
     application's retry)."""
     deployment = deployed(deploy, sabotage_stack, sabotaged(UNKNOWN_ERRORS_ARE_DEFINITE))
     worker_and_beat(deployment)

@@ -1,4 +1,4 @@
-"""s08 and s08b of the seeds (payment-scenarios.txt, PS14): the database connection
+"""The database lost mid-commit (design: PS14), tests s08 and s08b: the connection
 of every process of the README's deployment goes through a TCP proxy the test holds,
 and the proxy fails COMMITs right when the gateway's answer comes back.
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from celery_agboss.delivery.waits import REQUEUE_WITHOUT_PAUSE
+from celery_agboss.core.protections import REQUEUE_WITHOUT_PAUSE
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment

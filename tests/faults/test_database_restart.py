@@ -1,4 +1,4 @@
-"""s08 and s08b of the seeds (payment-scenarios.txt, PS14) with a real database crash:
+"""The database lost mid-commit (design: PS14), tests s08 and s08b, in a real crash:
 the store of the README's deployment is a PostgreSQL cluster of the test session's own
 (tests/faults/cluster.py), stopped with ``pg_ctl stop -m immediate`` while the gateway
 holds the charge's answer (the charge is processed: the money moved). Every connection

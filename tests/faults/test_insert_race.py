@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.faults import workers
 

@@ -1,10 +1,10 @@
-"""s15 of the seeds (payment-scenarios.txt, PS17 "The idempotency key expires before a
-retry"): a pool child is SIGKILLed with its charge's answer in flight, on a gateway that
-cannot be looked up, and the key has expired at the gateway before the take-over.
+"""The idempotency key expires before a retry (design: PS17), the tests named s15: a pool
+child is SIGKILLed with its charge's answer in flight, on a gateway that cannot be looked
+up, and the key has expired at the gateway before the take-over.
 
 The shop differs from README.md's in one place, its ``reconcile``: this gateway has no
-lookup (G2), so the only way to learn what became of a charge is to send it again under
-its key, which the gateway answers from the first charge while it keeps the key (G1).
+lookup (design: G2), so the only way to learn what became of a charge is to send it again under
+its key, which the gateway answers from the first charge while it keeps the key (design: G1).
 ``reconcile`` therefore answers ``NotSent()`` — "resend under the same key" — and the
 call declares the gateway's documented retention, as PS17 asks of a replay-only
 gateway. Past ``key_retention - attempt_timeout`` of key age (on the database's clock)
@@ -28,25 +28,24 @@ hooks/agboss_clock_hook.py.)
 from __future__ import annotations
 
 import json
-import os
-import signal
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from celery_agboss.core.protections import NO_KEY_AGE_CHECK
-from celery_agboss.core.store import IntentRecord
+from celery_agboss.core.store_protocol import IntentRecord
 from celery_agboss.store.intents import read_txn
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.test_recovery import HELD_SECONDS, KILL_SECONDS, recovery_deadline
+from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
 from tests.faults.scenario import (
     FAULT_SPEEDUPS,
     POSTGRES_REDIS,
     SQLITE_REDIS,
     Stack,
     charges_of,
+    kill_the_child,
     sabotaged,
     wait_for_a_second_payment,
     worker_and_beat,
@@ -127,13 +126,7 @@ def _kill_the_child_with_the_answer_in_flight(
     task_id = deployment.publish([ORDER])[ORDER]
     hold.wait_reached(timeout=HELD_SECONDS)
     child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
-    assert child != worker.pid and child in worker.group_pids(), (child, worker.group_pids())
-    os.kill(child, signal.SIGKILL)
-    wait_until(
-        lambda: child not in worker.group_pids(),
-        KILL_SECONDS,
-        message=f"pool child {child} to be gone",
-    )
+    kill_the_child(worker, child)
     hold.release()
     return task_id
 

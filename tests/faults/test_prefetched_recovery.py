@@ -5,7 +5,7 @@ gateway holds the answer), the main process holds the next orders' messages unst
 Killed, the worker leaves them among Redis's unacked for the visibility timeout (an
 hour); their executions are ``REQUESTED``, so no lease speaks for them, and the sweep
 would re-publish them only ``agboss_requested_grace`` (5 minutes) after they were
-published. The worker's row of held messages (``celery_agboss.held_messages``) lets
+published. The worker's row of held messages (``celery_agboss.worker.held_messages``) lets
 the sweep re-publish them once the row is older than a lease TTL: every order settles
 within TTL + two sweep intervals + margin, each paid once.
 
@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from celery_agboss.held_messages import HELD_NOT_REPORTED
+from celery_agboss.core.protections import HELD_NOT_REPORTED
 from celery_agboss.store.held_messages import read_held
 from tests.deployment import brokers
 from tests.deployment.conftest import DeployFactory

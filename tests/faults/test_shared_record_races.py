@@ -1,5 +1,5 @@
-"""An undo and a replay of one shared record never both win (DESIGN §4, records several
-executions share), across two processes.
+"""An undo and a replay of one shared record never both win
+(design: undo outcomes), across two processes.
 
 A (the first click) charged the order and now fails: its undo of the charge is decided
 and, when nobody else relies on the charge, claimed by a compare-and-set on the intent
@@ -28,11 +28,11 @@ import pytest
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.core.keys import business_key as business_key_of
+from celery_agboss.core.protections import RELIANCE_OFF_THE_RECORD
 from celery_agboss.core.sabotage import SUBPROCESS_SWITCH
 from celery_agboss.core.shared_records import relies
-from celery_agboss.core.store import INTENT_RECORD, SharedRecord
+from celery_agboss.core.store_protocol import INTENT_RECORD, SharedRecord
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
-from celery_agboss.store.shared_records import RELIANCE_OFF_THE_RECORD
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.faults import workers
 

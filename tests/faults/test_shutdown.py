@@ -1,4 +1,4 @@
-"""s01, s01b, s11 and s11b of the seeds (payment-scenarios.txt, PS12): a rolling deploy or a
+"""A rolling deploy mid-payment (design: PS12), tests s01, s01b, s11, s11b: a deploy or a
 graceful stop sends SIGTERM to a worker of the README's deployment (the wheel in a fresh
 venv, its ``shop.py``, its ``celery -A shop worker -l INFO`` and ``celery -A shop beat``
 lines) while the worker's charge is held at the gateway. The test plays the platform:
@@ -36,13 +36,13 @@ tests/faults/scenario.py (lease TTL 5 s, sweep every 2 s, requested grace
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 
 from celery_agboss.core.log_events import SWEEP_FINISHED
-from celery_agboss.core.store import LeaseState
-from celery_agboss.signals import SHUTDOWN_HANDS_OVER_RUNNING_LEASES
+from celery_agboss.core.protections import SHUTDOWN_HANDS_OVER_RUNNING_LEASES
+from celery_agboss.core.store_protocol import LeaseState
 from celery_agboss.testing.gateway_types import GatewayHold
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
@@ -107,6 +107,19 @@ def _grace_over(worker: ManagedProcess) -> None:
     )
 
 
+def _killed_mid_body_then_replaced(
+    deployment: Deployment, task_id: str, old: ManagedProcess, hold: GatewayHold
+) -> ManagedProcess:
+    """``old``'s grace ends (SIGKILL) with ``task_id``'s body still running; the held
+    answer is let go and a new worker takes the old one's place. The new worker."""
+    assert deployment.states([task_id]) == {task_id: "RUNNING"}, "the body is still running"
+    _grace_over(old)
+    hold.release()
+    new = deployment.start_worker(name="worker-new")
+    deployment.wait_ready(new)
+    return new
+
+
 def _lease(deployment: Deployment, task_id: str) -> LeaseState:
     found = deployment.store.read_lease(task_id)
     assert found is not None, f"no lease for {task_id}"
@@ -118,6 +131,30 @@ def _sweeps(worker: ManagedProcess) -> int:
 
 
 # --- s01: the grace is long enough ----------------------------------------------------
+
+
+Scenario = Callable[[Deployment], tuple[Mapping[int, str], ManagedProcess]]
+"""A way the platform stops the worker mid-charge: the task ids and the worker left."""
+
+
+def _reconciled_into_one_payment(
+    deployment: Deployment, scenario: Scenario
+) -> tuple[Mapping[int, str], ManagedProcess]:
+    """``scenario`` on ``deployment``; then every order settles, each paid once, the
+    killed charge looked up and never sent again. What the scenario returned."""
+    ids, survivor = scenario(deployment)
+    deployment.wait_settled(ids, recovery_deadline())
+    deployment.assert_each_paid_once(ids)
+    assert_reconciled_not_resent(deployment, ids, ORDER)
+    return ids, survivor
+
+
+def _paid_twice(deploy: DeployFactory, stack: Stack, scenario: Scenario) -> None:
+    """The twin: ``scenario`` on a deployment whose workers resend without a lookup
+    pays the order a second time."""
+    deployment = deployed(deploy, stack, NOT_RECONCILED)
+    ids, _ = scenario(deployment)
+    wait_for_a_second_payment(deployment, ORDER, ids)
 
 
 def _stopped_with_the_new_worker_up(
@@ -219,12 +256,7 @@ def _killed_after_a_grace_longer_than_the_ttl(
         )
 
     old.wait_until(outlived, TTL + KILL_SECONDS, message="the drain to outlive a lease TTL")
-    assert deployment.states([task_id]) == {task_id: "RUNNING"}, "the body is still running"
-    _grace_over(old)
-    hold.release()
-    new = deployment.start_worker(name="worker-new")
-    deployment.wait_ready(new)
-    return ids, new
+    return ids, _killed_mid_body_then_replaced(deployment, task_id, old, hold)
 
 
 @pytest.mark.parametrize("stack", [SQLITE_REDIS, POSTGRES_REDIS], indirect=True)
@@ -234,19 +266,13 @@ def test_s01b_sigterm_shorter_than_the_step_is_reconciled_into_one_payment(
     """Killed mid-charge after a drain longer than the lease TTL: the lease was never
     released under the unsettled charge, it expires, the sweep re-drives the execution
     on the new worker, which looks the charge up instead of sending it again."""
-    deployment = deployed(deploy, stack)
-    ids, _ = _killed_after_a_grace_longer_than_the_ttl(deployment)
-    deployment.wait_settled(ids, recovery_deadline())
-    deployment.assert_each_paid_once(ids)
-    assert_reconciled_not_resent(deployment, ids, ORDER)
+    _reconciled_into_one_payment(deployed(deploy, stack), _killed_after_a_grace_longer_than_the_ttl)
 
 
 def test_s01b_sabotaged_a_resend_without_reconcile_pays_the_order_twice(
     sabotage_stack: Stack, deploy: DeployFactory
 ) -> None:
-    deployment = deployed(deploy, sabotage_stack, NOT_RECONCILED)
-    ids, _ = _killed_after_a_grace_longer_than_the_ttl(deployment)
-    wait_for_a_second_payment(deployment, ORDER, ids)
+    _paid_twice(deploy, sabotage_stack, _killed_after_a_grace_longer_than_the_ttl)
 
 
 # --- s11: a short grace ---------------------------------------------------------------
@@ -285,19 +311,14 @@ def test_s11_a_short_grace_leaves_a_live_lease_and_one_reconciled_payment(
     redelivery at once, deferred by that lease; on Redis the sweep after it expired) the
     next delivery looks the charge up and sends nothing: one payment."""
     deployment = deployed(deploy, stack)
-    ids, survivor = _killed_right_after_sigterm(deployment)
-    deployment.wait_settled(ids, recovery_deadline())
-    deployment.assert_each_paid_once(ids)
-    assert_reconciled_not_resent(deployment, ids, ORDER)
+    ids, survivor = _reconciled_into_one_payment(deployment, _killed_right_after_sigterm)
     assert_recovered_past_the_broker(deployment, ids, ORDER, survivor)
 
 
 def test_s11_sabotaged_a_resend_without_reconcile_pays_the_order_twice(
     sabotage_stack: Stack, deploy: DeployFactory
 ) -> None:
-    deployment = deployed(deploy, sabotage_stack, NOT_RECONCILED)
-    ids, _ = _killed_right_after_sigterm(deployment)
-    wait_for_a_second_payment(deployment, ORDER, ids)
+    _paid_twice(deploy, sabotage_stack, _killed_right_after_sigterm)
 
 
 # --- s11b: the worker's own shutdown timeout above the grace --------------------------
@@ -345,12 +366,7 @@ def _killed_while_the_worker_still_drains(
         message="the worker's soft shutdown, waiting for the body",
     )
     task_id = ids[ORDER]
-    assert deployment.states([task_id]) == {task_id: "RUNNING"}, "the body is still running"
-    _grace_over(old)
-    hold.release()
-    new = deployment.start_worker(name="worker-new")
-    deployment.wait_ready(new)
-    return ids, new
+    return ids, _killed_mid_body_then_replaced(deployment, task_id, old, hold)
 
 
 @pytest.mark.parametrize("stack", [SQLITE_REDIS, POSTGRES_REDIS], indirect=True)
@@ -360,16 +376,10 @@ def test_s11b_a_shutdown_timeout_above_the_grace_is_reconciled_into_one_payment(
     """SIGKILL lands while the worker still believes it is draining (its soft shutdown
     would wait a minute): the lease was never released under the unsettled charge, it
     expires, and the new worker's delivery looks the charge up: one payment."""
-    deployment = deployed(deploy, stack)
-    ids, _ = _killed_while_the_worker_still_drains(deployment)
-    deployment.wait_settled(ids, recovery_deadline())
-    deployment.assert_each_paid_once(ids)
-    assert_reconciled_not_resent(deployment, ids, ORDER)
+    _reconciled_into_one_payment(deployed(deploy, stack), _killed_while_the_worker_still_drains)
 
 
 def test_s11b_sabotaged_a_resend_without_reconcile_pays_the_order_twice(
     sabotage_stack: Stack, deploy: DeployFactory
 ) -> None:
-    deployment = deployed(deploy, sabotage_stack, NOT_RECONCILED)
-    ids, _ = _killed_while_the_worker_still_drains(deployment)
-    wait_for_a_second_payment(deployment, ORDER, ids)
+    _paid_twice(deploy, sabotage_stack, _killed_while_the_worker_still_drains)

@@ -23,13 +23,16 @@ every 2 s, requested grace 3 s, retry after 1 s).
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 
 import pytest
 
+from celery_agboss.testing.gateway_types import GatewayHold
 from tests.deployment.conftest import DeployFactory
+from tests.deployment.deployment import Deployment
 from tests.deployment.test_recovery import HELD_SECONDS, KILL_SECONDS, recovery_deadline
 from tests.faults.scenario import SQLITE_REDIS, Stack, charges_of, deployed, worker_and_beat
-from tests.support.processes import wait_until
+from tests.support.processes import ManagedProcess, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
@@ -38,16 +41,24 @@ WARM_SHUTDOWN_LINE = "Warm shutdown"
 DRAINED_SECONDS = 30.0
 
 
+def _a_charge_held_before_processing(
+    deployment: Deployment,
+) -> tuple[ManagedProcess, GatewayHold, Mapping[int, str], int]:
+    """The README's worker and beat; the order's charge held at the gateway before it
+    is processed. The worker, the hold, the task ids and the pid of the charging child."""
+    worker = worker_and_beat(deployment)
+    hold = deployment.gateway.gateway.hold(operation="charge", before_processing=True)
+    ids = deployment.publish([ORDER])
+    hold.wait_reached(timeout=HELD_SECONDS)
+    return worker, hold, ids, deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
+
+
 @pytest.mark.parametrize("stack", [SQLITE_REDIS], indirect=True)
 def test_a_stop_with_kill_mode_mixed_lets_the_body_finish_its_payment(
     stack: Stack, deploy: DeployFactory
 ) -> None:
     deployment = deployed(deploy, stack)
-    worker = worker_and_beat(deployment)
-    hold = deployment.gateway.gateway.hold(operation="charge", before_processing=True)
-    ids = deployment.publish([ORDER])
-    hold.wait_reached(timeout=HELD_SECONDS)
-    child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
+    worker, hold, ids, child = _a_charge_held_before_processing(deployment)
     worker.signal_leader(signal.SIGTERM)  # KillMode=mixed: the main process alone
     worker.wait_until(
         lambda: WARM_SHUTDOWN_LINE in worker.output(), KILL_SECONDS, message="warm shutdown"
@@ -68,11 +79,7 @@ def test_a_stop_with_the_default_kill_mode_kills_the_body_and_leaves_it_to_the_s
 ) -> None:
     """The twin: SIGTERM to every process, as ``KillMode=control-group`` sends it."""
     deployment = deployed(deploy, stack)
-    worker = worker_and_beat(deployment)
-    hold = deployment.gateway.gateway.hold(operation="charge", before_processing=True)
-    ids = deployment.publish([ORDER])
-    hold.wait_reached(timeout=HELD_SECONDS)
-    child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
+    worker, hold, ids, child = _a_charge_held_before_processing(deployment)
     worker.send_signal(signal.SIGTERM)  # KillMode=control-group: every process at once
     wait_until(
         lambda: child not in worker.group_pids(),

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.core.store import LeaseRef
+from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.faults import workers

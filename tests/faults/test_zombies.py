@@ -1,4 +1,4 @@
-"""Zombies on the README deployment (seeds PS3, PS4; DESIGN P1, P2, P3, P5): a pool child
+"""Zombies on the README deployment (design: PS3, PS4, P1, P2, P3, P5): a pool child
 frozen (SIGSTOP) past its lease, a take-over by the worker's other child (token + 1),
 then the frozen child continued (SIGCONT); and pool children killed or exited at a named
 fault point of a COMMIT.
@@ -53,13 +53,13 @@ from celery_agboss.core.fault_points import (
 )
 from celery_agboss.core.keys import business_key
 from celery_agboss.core.protections import (
+    FENCE_RECORDED_AS_FAILURE,
     FENCED_EFFECT_NOT_REPLAYED,
+    FENCED_TRANSACTION_IDLE_UNBOUNDED,
     INTENT_CAS_WITHOUT_PREDICATE,
+    LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
     SEND_WITHOUT_LEASE_CHECK,
 )
-from celery_agboss.core.sabotage import LEASE_CHECK_IN_SEPARATE_ROUND_TRIP
-from celery_agboss.delivery.lifecycle import FENCE_RECORDED_AS_FAILURE
-from celery_agboss.store.sqlalchemy_store import FENCED_TRANSACTION_IDLE_UNBOUNDED
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
 from tests.deployment.gateway import key_tail
@@ -76,7 +76,7 @@ from tests.faults.scenario import (
     wait_for_a_second_payment,
     worker_and_beat,
 )
-from tests.support.processes import ManagedProcess, WaitTimeout, wait_until
+from tests.support.processes import ManagedProcess, WaitTimeout, signal_process, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
@@ -183,7 +183,7 @@ def frozen(pid: int) -> Iterator[None]:
 
 
 def _fenced_line(task_id: str, token: int = 1) -> str:
-    return f"execution.fenced execution={task_id} task=shop.charge_order token={token}"
+    return f"execution.fenced execution_id={task_id} task=shop.charge_order token={token}"
 
 
 def _wait_fenced(worker: ManagedProcess, task_id: str) -> None:
@@ -217,7 +217,7 @@ def freeze_the_child_on_the_wire(deployment: Deployment) -> tuple[dict[int, str]
     ids, _ = _publish(deployment)
     hold.wait_reached(timeout=HELD_SECONDS)
     child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
-    os.kill(child, signal.SIGSTOP)
+    signal_process(child, signal.SIGSTOP)
     wait_until(lambda: _is_stopped(child), KILL_SECONDS, message=f"pid {child} to stop")
     hold.release()
     return ids, child
@@ -533,7 +533,7 @@ def test_s03b_sabotaged_a_fenced_effect_run_again_marks_a_paid_order_failed(
     assert len(deployment.paid_rows()) == 1
 
 
-# --- trap 6: SystemExit inside the COMMIT that settles the charge -----------------------
+# --- SystemExit inside the COMMIT that settles the charge (design: trap 6) --------------
 
 EXIT_IN_SETTLE_COMMIT = {
     "point": FENCED_BEFORE_COMMIT,
@@ -617,7 +617,7 @@ def test_s05_a_holder_frozen_inside_its_transaction_is_cut_off_and_the_order_pai
     deployment.assert_each_paid_once(ids)
     effect = deployment.store.read_effect(mark_paid_key(deployment))
     assert effect is not None and effect.token == 2, effect
-    ended = f"execution.store-failed error=StoreUnavailableError execution={ids[ORDER]}"
+    ended = f"execution.store-failed error=StoreUnavailableError execution_id={ids[ORDER]}"
     worker.wait_until(
         lambda: ended in worker.output(),
         WOKEN_SECONDS,

@@ -16,7 +16,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from celery_agboss.core.store import EffectRecord, NewIntent
+from celery_agboss.core.store_protocol import EffectRecord, NewIntent
 
 BARRIER_SECONDS = 60.0
 
@@ -187,8 +187,8 @@ def undo_shared_step(
     from celery_agboss.core import sabotage as switches
     from celery_agboss.core.compensation import UndoContext, UndoDeclaration, decide_step
     from celery_agboss.core.execution_context import ExecutionContext
-    from celery_agboss.core.store import INTENT_RECORD
-    from celery_agboss.testing.faults import UNDO_BEFORE_CLAIM, arm_fault
+    from celery_agboss.core.store_protocol import INTENT_RECORD
+    from celery_agboss.testing.fault_arming import UNDO_BEFORE_CLAIM, arm_fault
 
     store = None
     try:
@@ -237,7 +237,7 @@ def replay_shared_step(
     from celery_agboss.core import state_machine
     from celery_agboss.core.execution_context import ExecutionContext
     from celery_agboss.errors import OutboundCallCompensatedError
-    from celery_agboss.testing.faults import OUTBOUND_BEFORE_RELY, arm_fault
+    from celery_agboss.testing.fault_arming import OUTBOUND_BEFORE_RELY, arm_fault
 
     store = None
     try:

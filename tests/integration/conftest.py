@@ -54,7 +54,9 @@ def shop_factory(
     managed_process: ProcessFactory,
     sqlite_database_url: str,
 ) -> Iterator[ShopFactory]:
-    """``shop_factory(database_url=…, broker_url=…, **config) -> Shop`` (Redis by default)."""
+    """``shop_factory(database_url=…, broker_url=…, app_module=…, kind=…, **config) -> Shop``
+    (Redis by default; the shop app of ``tests.integration.apps.shop`` unless
+    ``app_module`` names another of ``tests.integration.apps``), closed after the test."""
     made: list[Shop] = []
 
     def build(**overrides: Any) -> Shop:

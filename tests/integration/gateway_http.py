@@ -5,7 +5,7 @@ asserts on; workers talk to it through a tiny JSON endpoint on 127.0.0.1:
 
 - ``POST /charge`` ``{"amount", "idempotency_key", "reference"}`` → the receipt, or
   ``{"error": kind}`` with 402/409/503 (a dropped answer closes the connection);
-- ``GET /lookup?key=…`` → the receipt or ``null`` (G2);
+- ``GET /lookup?key=…`` → the receipt or ``null`` (design: G2);
 - ``POST /note`` ``{"event", "task_id", "pid", …}`` → 204: a worker says where it is
   (a body started, ended); the test reads ``notes``;
 - ``POST /gate`` ``{"name", "pid"}`` → blocks until the test opens the gate (or a

@@ -1,6 +1,6 @@
 """Real ``celery worker`` subprocesses, their shop app, a sweeper, and what tests read.
 
-DESIGN §2.3 trap 14: the in-thread test worker cannot be killed alone and
+The in-thread test worker (design: trap 14) cannot be killed alone and
 pytest-celery needs Docker, so every test here starts ``python -m celery … worker``
 in its own process group (killed by pid, whatever happens), with a queue of its
 own, on a Redis database (or RabbitMQ) of its own, and a store of its own. The test
@@ -14,7 +14,7 @@ them, is tests/deployment/): every worker is started with ``-Q <the test's queue
 (start-up time) and ``-E``; the app sets ``agboss_sweep_interval = 0`` and a test that
 needs the sweep runs the real one itself (``Shop.sweeping``), a 5 s lease
 (``agboss_lease_ttl``), a 1 s retry delay, and on Redis ``broker_transport_options``
-with a 60 s visibility timeout and a 1 s unacked-restore interval (trap 14).
+with a 60 s visibility timeout and a 1 s unacked-restore interval (design: trap 14).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import os
 import signal
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar
 
 import redis
 from celery import Celery
@@ -38,11 +38,12 @@ from kombu import Connection
 
 from celery_agboss.app import AGBoss
 from celery_agboss.core.executions import ExecutionRecord
-from celery_agboss.core.store import IntentRecord
+from celery_agboss.core.store_protocol import IntentRecord
 from celery_agboss.signals import disconnect
-from tests.integration.apps.shop import CONFIG_ENV, make_app
+from tests.integration.apps import shop as shop_app
+from tests.integration.broker_proxy import BrokerProxy
 from tests.integration.gateway_http import GatewayHTTPServer, wait_for
-from tests.support.processes import ManagedProcess
+from tests.support.processes import ManagedProcess, assert_stays, every, signal_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_READY_SECONDS = 30.0
@@ -58,6 +59,9 @@ class Shop:
     gateway: GatewayHTTPServer
     start_process: Callable[..., ManagedProcess]
     workers: list[ManagedProcess] = field(default_factory=list)
+    app_module: ModuleType = shop_app
+    """The module the workers run (``-A <module>:app``): its ``make_app(config)`` built
+    ``app``, and its ``CONFIG_ENV`` carries the config to them."""
 
     @property
     def agboss(self) -> AGBoss:
@@ -73,34 +77,22 @@ class Shop:
         name: str | None = None,
         sabotage: tuple[str, ...] = (),
         config: dict[str, Any] | None = None,
+        ready: bool = True,
     ) -> ManagedProcess:
-        """A worker consuming this test's queue; ``sabotage`` switches protections off in it;
-        ``config`` overrides this worker's config only (e.g. its broker URL, via a proxy)."""
+        """A worker of ``app_module`` consuming this test's queue; ``sabotage`` switches
+        protections off in it; ``config`` overrides this worker's config only (e.g. its
+        broker URL, via a proxy); ``ready=False`` returns before it is ready (then
+        ``wait_ready``), so that several workers start side by side."""
         node = f"{name or 'w'}{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}@%h"
         argv = [
             sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.apps.shop:app",
-            "worker",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "--without-heartbeat",
-            "--without-gossip",
-            "--without-mingle",
-            "-Q",
-            self.config["queue"],
-            "-n",
-            node,
-            "-l",
-            "info",
+            *("-m", "celery", "-A", f"{self.app_module.__name__}:app", "worker"),
+            *("-P", pool, "-c", str(concurrency), "-Q", self.config["queue"], "-n", node),
+            *("--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info"),
             "-E",  # task events, as a worker watched by Flower sends them
         ]
         env = {
-            CONFIG_ENV: json.dumps({**self.config, **(config or {})}),
+            self.app_module.CONFIG_ENV: json.dumps({**self.config, **(config or {})}),
             "PYTHONPATH": str(REPO_ROOT),
             "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
             "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()) if sabotage else "",
@@ -108,12 +100,17 @@ class Shop:
         }
         process = self.start_process(argv, name=f"worker-{pool}", env=env, cwd=str(REPO_ROOT))
         self.workers.append(process)
+        if ready:
+            self.wait_ready(process)
+        return process
+
+    @staticmethod
+    def wait_ready(process: ManagedProcess) -> None:
         process.wait_until(
             lambda: " ready." in process.output(),
             WORKER_READY_SECONDS,
             message="the worker to be ready",
         )
-        return process
 
     @staticmethod
     def children(worker: ManagedProcess) -> list[int]:
@@ -153,15 +150,7 @@ class Shop:
             ),
         )
 
-    @staticmethod
-    def assert_stays(predicate: Callable[[], bool], seconds: float) -> None:
-        """``predicate`` holds now and for ``seconds`` (a negative claim needs a window)."""
-        deadline = time.monotonic() + seconds
-        while True:
-            assert predicate(), "the condition stopped holding"
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.1)
+    assert_stays = staticmethod(assert_stays)
 
     def broker_holds_nothing(self) -> bool:
         """Redis only: the test queue is empty and no message is waiting unacked."""
@@ -230,17 +219,80 @@ class Shop:
         hold.release()
         return str(result.id)
 
+    def a_killed_child_reconciled(self, order: str) -> tuple[str, ExecutionRecord]:
+        """Trap 4 with celery_agboss: a worker (and the sweep) run
+        ``it.charge_order(order)`` and its pool child is killed holding the answer; the
+        execution completes, its result stored, on one payment from one request
+        (reconciled by a lookup, never sent again). The task id and its record."""
+        self.start_worker()
+        with self.sweeping():
+            task_id = self.kill_the_child_holding_the_answer("it.charge_order", order)
+            record = self.wait_state(task_id, "COMPLETED", timeout=45)
+        self.wait_backend(task_id, "SUCCESS")
+        assert len(self.gateway.gateway.payments) == 1
+        assert len(self.gateway.gateway.requests) == 1, "reconciled by a lookup, never sent again"
+        return task_id, record
+
+    def a_killed_child_without_agboss_pays_twice(self, order: str) -> None:
+        """The twin of ``a_killed_child_reconciled``: plain Celery's redelivery of the
+        killed charge charges the order a second time."""
+        self.start_worker()
+        task_id = self.kill_the_child_holding_the_answer("it.plain_charge", order)
+        self.wait_backend(task_id, "SUCCESS")
+        assert len(self.gateway.gateway.payments) == 2
+
+    # --- a broker that drops the worker's connections ------------------------------------
+
+    def cut_under_a_running_charge(
+        self, proxy: BrokerProxy, order: str, timeout: float
+    ) -> tuple[str, ExecutionRecord]:
+        """``it.charge_order(order)`` runs, its charge processed and the answer held; the
+        worker's broker connections are cut, so the broker gives the message back while
+        the body runs. Waits (``timeout``) for the returned copy to meet the live lease
+        and be deferred, then lets the answer through. The task id and its COMPLETED record."""
+        hold = self.gateway.gateway.hold(operation="charge")  # processed; the answer waits
+        task_id = str(self.app.signature("it.charge_order", args=(order,)).apply_async().id)
+        hold.wait_reached(timeout=20)
+        assert proxy.cut_all() > 0, "the worker's broker connections were cut"
+        wait_for(
+            lambda: f"execution.deferred execution_id={task_id}" in self.worker_log(),
+            timeout,
+            "the returned copy to meet the live lease",
+        )
+        hold.release()
+        return task_id, self.wait_state(task_id, "COMPLETED", timeout=30)
+
+    def cut_under_a_plain_charge(
+        self, proxy: BrokerProxy, order: str, timeout: float
+    ) -> tuple[str, list[Any]]:
+        """The twin, without celery_agboss: ``it.plain_charge(order)`` waits at its gate
+        when the connections are cut; the returned copy runs the body beside the original
+        (waited for ``timeout``), and with the gate open both charge. The task id and the
+        bodies that waited at the gate."""
+        plain = self.app.signature("it.plain_charge", args=(order,), kwargs={"gate_name": order})
+        task_id = str(plain.apply_async().id)
+        wait_for(lambda: self.gateway.gate_waiters(order), 20, "the body at the gate")
+        assert proxy.cut_all() > 0
+        waiters: list[Any] = wait_for(
+            lambda: len(self.gateway.gate_waiters(order)) >= 2 and self.gateway.gate_waiters(order),
+            timeout,
+            "the returned copy to run the body beside the original",
+        )
+        self.gateway.open_gate(order)
+        wait_for(lambda: len(self.gateway.gateway.payments) == 2, 20, "the second payment")
+        return task_id, waiters
+
     @staticmethod
     def kill(pid: int) -> None:
-        os.kill(pid, signal.SIGKILL)
+        signal_process(pid, signal.SIGKILL)
 
     @staticmethod
     def stop(pid: int) -> None:
-        os.kill(pid, signal.SIGSTOP)
+        signal_process(pid, signal.SIGSTOP)
 
     @staticmethod
     def cont(pid: int) -> None:
-        os.kill(pid, signal.SIGCONT)
+        signal_process(pid, signal.SIGCONT)
 
     # --- the sweep's re-drive -------------------------------------------------------------
 
@@ -277,29 +329,19 @@ class Shop:
 
         run_sweep(self.agboss, claim_tick=False)
 
-    @contextmanager
-    def sweeping(self, period: float = SWEEP_PERIOD_SECONDS) -> Iterator[None]:
+    def sweeping(self, period: float = SWEEP_PERIOD_SECONDS) -> AbstractContextManager[None]:
         """Run ``sweep_once`` in the background (a beat that fires every ``period``)."""
-        stop = threading.Event()
-        errors: list[BaseException] = []
+        return every(period, self.sweep_once, "it-sweeper")
 
-        def loop() -> None:
-            while not stop.wait(period):
-                try:
-                    self.sweep_once()
-                except Exception as exc:  # reported when the block ends
-                    errors.append(exc)
-                    return
+    def beating(self, period: float = 0.5) -> AbstractContextManager[None]:
+        """Send the sweep task to the worker every ``period`` seconds, as beat would: the
+        sweep (and what it reconciles) then runs in a pool child."""
+        from celery_agboss.sweep import SWEEP_TASK_NAME
 
-        thread = threading.Thread(target=loop, name="it-sweeper", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(10)
-        if errors:
-            raise errors[0]
+        def beat() -> None:
+            self.app.send_task(SWEEP_TASK_NAME, queue=self.config["queue"])
+
+        return every(period, beat, "it-beat")
 
     def close(self) -> None:
         for worker in self.workers:
@@ -314,6 +356,25 @@ class Shop:
 
 
 ShopFactory = Callable[..., Shop]
+ShopT = TypeVar("ShopT", bound=Shop)
+
+
+def shop_config(
+    *, broker_url: str, backend_url: str, database_url: str, gateway_url: str, **overrides: Any
+) -> dict[str, Any]:
+    """What every integration app's ``make_app(config)`` reads: a queue of the test's own,
+    the services, and the speed-ups of this module's docstring (``overrides`` win)."""
+    return {
+        "queue": f"it-{uuid.uuid4().hex[:10]}",
+        "broker_url": broker_url,
+        "backend_url": backend_url,
+        "database_url": database_url,
+        "gateway_url": gateway_url,
+        "lease_ttl": 5,
+        "visibility_timeout": 60,
+        "retry_delay": 1,
+        **overrides,
+    }
 
 
 def make_shop(
@@ -323,20 +384,25 @@ def make_shop(
     database_url: str,
     gateway: GatewayHTTPServer,
     start_process: Callable[..., ManagedProcess],
+    app_module: ModuleType = shop_app,
+    kind: type[ShopT] = Shop,  # type: ignore[assignment]
     **overrides: Any,
-) -> Shop:
-    config: dict[str, Any] = {
-        "queue": f"it-{uuid.uuid4().hex[:10]}",
-        "broker_url": broker_url,
-        "backend_url": backend_url,
-        "database_url": database_url,
-        "gateway_url": gateway.url,
-        "lease_ttl": 5,
-        "visibility_timeout": 60,
-        "retry_delay": 1,
-    }
-    config.update(overrides)
-    return Shop(config=config, app=make_app(config), gateway=gateway, start_process=start_process)
+) -> ShopT:
+    """A ``kind`` of shop whose app, here and in its workers, is ``app_module``'s."""
+    config = shop_config(
+        broker_url=broker_url,
+        backend_url=backend_url,
+        database_url=database_url,
+        gateway_url=gateway.url,
+        **overrides,
+    )
+    return kind(
+        config=config,
+        app=app_module.make_app(config),
+        gateway=gateway,
+        start_process=start_process,
+        app_module=app_module,
+    )
 
 
-__all__ = ["Shop", "ShopFactory", "make_shop"]
+__all__ = ["Shop", "ShopFactory", "make_shop", "shop_config"]

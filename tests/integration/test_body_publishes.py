@@ -1,4 +1,5 @@
-"""DESIGN §4 (publishes from a body) and §2.1 (``UNMANAGED``), with real workers on Redis.
+"""Publishes from a body and ``UNMANAGED`` (design: publishes from a body, unmanaged), with
+real workers on Redis.
 
 P3 through what a payment body publishes. ``it.bp.pay_then_ship`` publishes a canvas
 of shipments, then charges; that charge's answer is lost (``ANSWER_THEN_DROP``), so
@@ -34,11 +35,8 @@ from click.testing import CliRunner
 from celery_agboss import AGBoss
 from celery_agboss.cli import agboss as agboss_command
 from celery_agboss.core.executions import ExecutionRecord
-from celery_agboss.signals import (
-    BODY_PUBLISHES_GET_NEW_IDS,
-    PLAIN_TASK_LEFT_REQUESTED,
-    disconnect,
-)
+from celery_agboss.core.protections import BODY_PUBLISHES_GET_NEW_IDS, PLAIN_TASK_LEFT_REQUESTED
+from celery_agboss.signals import disconnect
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory

@@ -40,17 +40,7 @@ def test_a_broker_blip_under_a_running_charge_defers_the_restored_copy(
     shop, proxy = proxied_shop
     gateway = shop.gateway.gateway
     with shop.capturing_events() as events:
-        hold = gateway.hold(operation="charge")  # processed; the answer waits
-        task_id = str(shop.app.signature("it.charge_order", args=("o-21",)).apply_async().id)
-        hold.wait_reached(timeout=20)
-        assert proxy.cut_all() > 0, "the worker's broker connections were cut"
-        wait_for(
-            lambda: f"execution.deferred execution={task_id}" in shop.worker_log(),
-            20,
-            "the restored copy to meet the live lease",
-        )
-        hold.release()
-        record = shop.wait_state(task_id, "COMPLETED", timeout=30)
+        task_id, record = shop.cut_under_a_running_charge(proxy, "o-21", timeout=20)
         shop.wait_backend(task_id, "SUCCESS")
         wait_for(lambda: any(e["type"] == "task-deferred" for e in events), 10, "the event")
     starts = shop.gateway.notes_of("body-start", task_id)
@@ -65,16 +55,6 @@ def test_without_agboss_a_broker_blip_runs_a_running_charge_twice(
     proxied_shop: tuple[Shop, BrokerProxy],
 ) -> None:
     shop, proxy = proxied_shop
-    signature = shop.app.signature("it.plain_charge", args=("o-21",), kwargs={"gate_name": "o-21"})
-    task_id = str(signature.apply_async().id)
-    wait_for(lambda: shop.gateway.gate_waiters("o-21"), 20, "the body at the gate")
-    assert proxy.cut_all() > 0
-    waiters = wait_for(
-        lambda: len(shop.gateway.gate_waiters("o-21")) >= 2 and shop.gateway.gate_waiters("o-21"),
-        20,
-        "the restored copy to run the body beside the original",
-    )
-    shop.gateway.open_gate("o-21")
-    wait_for(lambda: len(shop.gateway.gateway.payments) == 2, 20, "the second payment")
+    task_id, waiters = shop.cut_under_a_plain_charge(proxy, "o-21", timeout=20)
     assert len(shop.gateway.notes_of("body-start", task_id)) == 2
     assert waiters[0] != waiters[1], "the copy ran in the other child of the same worker"

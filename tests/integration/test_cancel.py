@@ -1,4 +1,5 @@
-"""DESIGN §2.2, revoked: a cancel request, a reconcile-only delivery, then ``CANCELLED``.
+"""Revoked (design: cancel request): a cancel request, a reconcile-only delivery, then
+``CANCELLED``.
 
 A revoke (with or without ``terminate``) is recorded as a cancel request. An
 execution that never started becomes ``CANCELLED`` and its message never runs
@@ -21,8 +22,8 @@ from __future__ import annotations
 import pytest
 
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
-from celery_agboss.core.store import IntentStatus
-from celery_agboss.delivery.lifecycle import CANCEL_REQUEST_IGNORED
+from celery_agboss.core.protections import CANCEL_REQUEST_IGNORED
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.operator import cancel, list_waits
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
 from tests.integration.gateway_http import wait_for
@@ -77,7 +78,7 @@ def test_a_payment_revoked_before_it_started_never_runs(shop_factory: ShopFactor
     assert record.cancel_requested
     shop.start_worker()
     wait_for(
-        lambda: f"execution.replayed execution={task_id}" in shop.worker_log(),
+        lambda: f"execution.replayed execution_id={task_id}" in shop.worker_log(),
         20,
         "the worker to turn the message away",
     )

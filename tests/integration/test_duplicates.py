@@ -70,7 +70,7 @@ def test_a_retry_whose_countdown_is_longer_than_the_visibility_timeout_runs_once
         waiting = shop.wait_state(task_id, "WAITING", timeout=20)
         assert waiting.not_before_ms is not None and waiting.reason == "retry"
         record = shop.wait_state(task_id, "COMPLETED", timeout=60)
-    shop.wait_logged(f"execution.waiting delay=8.0 execution={task_id} reason=retry")
+    shop.wait_logged(f"execution.waiting delay=8.0 execution_id={task_id} reason=retry")
     shop.wait_backend(task_id, "SUCCESS")
     starts = shop.gateway.notes_of("body-start", task_id)
     after_wait = [n for n in starts if n.fields["retries"] == 1]

@@ -16,11 +16,7 @@ tests/integration/harness.py) and a 1 s outbox grace (30 s by default).
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +24,16 @@ import pytest
 from sqlalchemy import select, text
 
 from celery_agboss import outbox
+from celery_agboss.core.protections import PUBLISHED_WITHOUT_COMMIT, SWEEP_NOT_REPUBLISHING
 from celery_agboss.delivery.outcomes import decode_result
-from celery_agboss.store.outbox import OutboxRow
+from celery_agboss.store.outbox_rows import OutboxRow
 from celery_agboss.store.schema_executions import outbox as outbox_table
 from celery_agboss.sweep import run_sweep
 from celery_agboss.testing.switches import sabotage
-from tests.conftest import ProcessFactory
-from tests.integration.apps.outbox_app import (
-    ORDERS_TABLE,
-    OUTBOX_CONFIG_ENV,
-    create_orders_table,
-    make_app,
-)
-from tests.integration.gateway_http import GatewayHTTPServer, wait_for
-from tests.integration.harness import REPO_ROOT, WORKER_READY_SECONDS, Shop
+from tests.integration.apps import outbox_app
+from tests.integration.apps.outbox_app import ORDERS_TABLE, create_orders_table
+from tests.integration.gateway_http import wait_for
+from tests.integration.harness import Shop, ShopFactory
 from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
@@ -49,34 +41,6 @@ pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
 class OutboxShop(Shop):
     """The harness's shop, its workers running the outbox app instead of the shop's."""
-
-    def start_worker(  # type: ignore[override]
-        self, *, sabotage: tuple[str, ...] = (), concurrency: int = 2
-    ) -> ManagedProcess:
-        node = f"ob{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}@%h"
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.apps.outbox_app:app",
-            "worker",
-            *("-P", "prefork", "-c", str(concurrency), "-Q", self.config["queue"], "-n", node),
-            *("--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info"),
-        ]
-        env = {
-            OUTBOX_CONFIG_ENV: json.dumps(self.config),
-            "PYTHONPATH": str(REPO_ROOT),
-            "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
-            "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()) if sabotage else "",
-            "AGBOSS_SABOTAGE": ",".join(sabotage),
-        }
-        process = self.start_process(argv, name="outbox-worker", env=env, cwd=str(REPO_ROOT))
-        self.workers.append(process)
-        process.wait_until(
-            lambda: " ready." in process.output(), WORKER_READY_SECONDS, message="a ready worker"
-        )
-        return process
 
     # --- what the tests read ----------------------------------------------------------
 
@@ -128,36 +92,17 @@ OutboxShopFactory = Callable[[str], OutboxShop]
 
 
 @pytest.fixture
-def outbox_shops(
-    redis_url_factory: Callable[[], str],
-    gateway: GatewayHTTPServer,
-    managed_process: ProcessFactory,
-) -> Iterator[OutboxShopFactory]:
+def outbox_shops(shop_factory: ShopFactory) -> OutboxShopFactory:
     """``outbox_shops(database_url)``: the harness's world, with a 1 s outbox grace."""
-    made: list[OutboxShop] = []
 
     def build(database_url: str) -> OutboxShop:
-        config: dict[str, Any] = {
-            "queue": f"it-outbox-{uuid.uuid4().hex[:10]}",
-            "broker_url": redis_url_factory(),
-            "backend_url": redis_url_factory(),
-            "database_url": database_url,
-            "gateway_url": gateway.url,
-            "lease_ttl": 5,
-            "visibility_timeout": 60,
-            "retry_delay": 1,
-            "outbox_grace": 1.0,
-        }
-        shop = OutboxShop(
-            config=config, app=make_app(config), gateway=gateway, start_process=managed_process
+        shop: OutboxShop = shop_factory(
+            database_url=database_url, app_module=outbox_app, kind=OutboxShop, outbox_grace=1.0
         )
-        made.append(shop)
         create_orders_table(shop.agboss.store.engine)
         return shop
 
-    yield build
-    for shop in made:
-        shop.close()
+    return build
 
 
 @pytest.fixture
@@ -199,7 +144,7 @@ def test_twin_published_without_waiting_for_the_commit_a_rolled_back_order_gets_
     twin_shop: OutboxShop,
 ) -> None:
     shop = twin_shop
-    shop.start_worker(sabotage=(outbox.PUBLISHED_WITHOUT_COMMIT,))
+    shop.start_worker(sabotage=(PUBLISHED_WITHOUT_COMMIT,))
     failed = shop.pay("o-fail", fail_in_effect=True)
     shop.wait_state(failed, "FAILED")
     wait_for(lambda: shop.receipts("o-fail") == 1, 10, "the rolled-back order's receipt")
@@ -227,7 +172,7 @@ def test_twin_a_sweep_that_does_not_republish_never_sends_the_killed_workers_rec
 ) -> None:
     shop = twin_shop
     _, row = shop.committed_then_killed("o-kill")
-    with sabotage(outbox.SWEEP_NOT_REPUBLISHING):
+    with sabotage(SWEEP_NOT_REPUBLISHING):
         report = run_sweep(shop.agboss, claim_tick=False)
     assert report.outbox_published == 0
     shop.assert_stays(lambda: shop.receipts("o-kill") == 0, 1.0)

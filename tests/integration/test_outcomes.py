@@ -1,6 +1,6 @@
-"""DESIGN §2.2 in a real worker: what Celery records for each way a delivery ends.
+"""In a real worker (design: what Celery records): what Celery records for each way a delivery ends.
 
-An unknown outcome is a retry, never a failure, and the retry reconciles (PS1); an
+An unknown outcome is a retry, never a failure, and the retry reconciles (design: PS1); an
 outcome no lookup can settle waits for an operator (nothing sent, nothing failed);
 an application error after the charge settled is FAILED once, and a late duplicate
 re-raises the stored failure without running the body; a definite decline is FAILED
@@ -58,7 +58,7 @@ def test_an_outcome_no_lookup_can_settle_waits_for_an_operator(
     # A duplicate finds it waiting for an answer: the body does not run.
     shop.app.signature("it.charge_order", args=("o-9",)).apply_async(task_id=task_id)
     wait_for(
-        lambda: shop.worker_log().count(f"execution.waiting execution={task_id}") >= 1,
+        lambda: shop.worker_log().count(f"execution.waiting execution_id={task_id}") >= 1,
         20,
         "the duplicate to be turned away",
     )
@@ -77,7 +77,7 @@ def test_an_application_error_fails_once_and_a_duplicate_reraises_it(
     assert record.error and "cannot be fulfilled" in record.error
     shop.app.signature("it.failing_charge", args=("o-10",)).apply_async(task_id=task_id)
     wait_for(
-        lambda: f"execution.replayed execution={task_id}" in shop.worker_log(),
+        lambda: f"execution.replayed execution_id={task_id}" in shop.worker_log(),
         20,
         "the duplicate to replay the failure",
     )

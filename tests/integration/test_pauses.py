@@ -16,9 +16,7 @@ tests/integration/harness.py (``-Q``, a 5 s lease, no beat).
 
 from __future__ import annotations
 
-import json
 import multiprocessing
-import sys
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -31,22 +29,25 @@ import pytest
 from sqlalchemy import func, select, text
 
 from celery_agboss import AGBoss, answer_pause
+from celery_agboss.core.protections import (
+    PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET,
+    PAUSED_RECORDS_EXPIRE,
+)
 from celery_agboss.errors import NotPausedError
 from celery_agboss.signals import disconnect
 from celery_agboss.store.migrate import migrate
-from celery_agboss.store.pause_verbs import PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET
 from celery_agboss.store.schema import fenced_effects
-from celery_agboss.store.sweep_queries import PAUSED_RECORDS_EXPIRE
 from celery_agboss.sweep import SweepReport, run_sweep
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
 from celery_agboss.testing.stores import sqlite_store_url
-from tests.integration.apps.pause_app import CONFIG_ENV, create_orders_table, install_routes
+from tests.integration.apps import pause_app
+from tests.integration.apps.pause_app import create_orders_table, install_routes
 from tests.integration.apps.pause_app import make_app as make_pause_app
 from tests.integration.gateway_http import GatewayHTTPServer, wait_for
-from tests.integration.harness import REPO_ROOT, WORKER_READY_SECONDS, Shop
+from tests.integration.harness import Shop, make_shop
 from tests.support import databases, services
 from tests.support.processes import ManagedProcess
 from tests.support.redis_databases import RedisDatabaseLeases
@@ -94,6 +95,14 @@ class PauseWorld:
     def result(self, task_id: str) -> Any:
         self.shop.wait_backend(task_id, "SUCCESS")
         return self.shop.app.AsyncResult(task_id).result
+
+    def one_answer_wins(self, pause_id: str, answers: list[Any]) -> tuple[int, dict[str, Any]]:
+        """``answers`` to one pause, sent at once (``answer_together``): exactly one
+        wins. The index of the winning answer, and what the other process said."""
+        said = self.answer_together([(pause_id, answer) for answer in answers])
+        assert sorted(s["won"] for s in said) == [False, True], said
+        (lost,) = [s for s in said if not s["won"]]
+        return [s["won"] for s in said].index(True), lost
 
     def answer_together(self, answers: list[tuple[str, Any]]) -> list[dict[str, Any]]:
         """Each ``(pause_id, answer)`` from an OS process of its own (forked: no start-up
@@ -152,22 +161,12 @@ class PauseWorld:
         return len(self.gateway.requests_for(key))
 
     def start_worker(self) -> None:
-        node = f"ps-{self.backend}-{uuid.uuid4().hex[:6]}@%h"
-        argv = [
-            *(sys.executable, "-m", "celery", "-A", "tests.integration.apps.pause_app:app"),
-            *("worker", "-P", "prefork", "-c", "2", "-Q", self.shop.config["queue"]),
-            *("--without-heartbeat", "--without-gossip", "--without-mingle", "-E"),
-            *("-n", node, "-l", "info"),
-        ]
-        env = {CONFIG_ENV: json.dumps(self.shop.config), "PYTHONPATH": str(REPO_ROOT)}
-        worker = self._start(argv, env)
-        self.shop.workers.append(worker)
-        worker.wait_until(
-            lambda: " ready." in worker.output(), WORKER_READY_SECONDS, message="the worker"
-        )
+        self.shop.start_process = self._start
+        self.shop.start_worker(name=f"ps-{self.backend}-")
 
-    def _start(self, argv: list[str], env: dict[str, str]) -> ManagedProcess:
-        process = ManagedProcess(argv, log_dir=self.logs, env=env, cwd=str(REPO_ROOT))
+    def _start(self, argv: list[str], **options: Any) -> ManagedProcess:
+        """A process of this module-wide world (not of one test's ``managed_process``)."""
+        process = ManagedProcess(argv, log_dir=self.logs, **options)
         self.processes.append(process.start())
         return process
 
@@ -209,17 +208,15 @@ def worlds(
             )
             url = databases.clone_database(template)
             clones.append((template.admin_url, url))
-        config: dict[str, Any] = {
-            "queue": f"ps-{uuid.uuid4().hex[:10]}",
-            "broker_url": leases.lease(),
-            "backend_url": leases.lease(),
-            "database_url": url,
-            "gateway_url": server.url,
-            "lease_ttl": 5,
-            "visibility_timeout": 60,
-            "retry_delay": 1,
-        }
-        shop = Shop(config, make_pause_app(config), server, _no_shop_workers)
+        shop = make_shop(
+            broker_url=leases.lease(),
+            backend_url=leases.lease(),
+            database_url=url,
+            gateway=server,
+            start_process=_no_shop_workers,
+            app_module=pause_app,
+        )
+        config = shop.config
         with shop.agboss.store.engine.begin() as conn:
             create_orders_table(conn)
         clock = VirtualClock()
@@ -265,7 +262,7 @@ def _no_shop_workers(*args: Any, **kwargs: Any) -> ManagedProcess:
     raise AssertionError("this module starts its workers with PauseWorld.start_worker")
 
 
-# --- PS11: two approvers at once --------------------------------------------------------
+# --- two approvers at once (design: PS11) -----------------------------------------------
 
 
 @pytest.mark.parametrize("backend", STORE_BACKENDS)
@@ -275,10 +272,8 @@ def test_two_approvers_at_once_on_two_processes_one_answer_wins(
     world = worlds(backend)
     task_id, order = world.paused("ps.approve_then_charge")
     pause_id = f"{task_id}:approve"
-    said = world.answer_together([(pause_id, {"by": "alice"}), (pause_id, {"by": "bob"})])
-    assert sorted(s["won"] for s in said) == [False, True], said
-    winner = ["alice", "bob"][[s["won"] for s in said].index(True)]
-    (lost,) = [s for s in said if not s["won"]]
+    won, lost = world.one_answer_wins(pause_id, [{"by": "alice"}, {"by": "bob"}])
+    winner = ["alice", "bob"][won]
     assert "already answered" in lost["error"]
     record = world.shop.wait_state(task_id, "COMPLETED")
     assert record.deliveries == 2, "the pause's delivery, and one re-run"
@@ -311,7 +306,7 @@ def test_answers_without_the_compare_and_set_all_win_and_run_the_task_on_again(
     assert record.deliveries >= 3 and "carol" in (record.result or ""), "it acted on carol's"
 
 
-# --- PS21: the return page and the webhook ----------------------------------------------
+# --- the return page and the webhook (design: PS21) -------------------------------------
 
 
 @pytest.mark.parametrize("backend", STORE_BACKENDS)
@@ -322,11 +317,10 @@ def test_the_return_page_and_the_webhook_answer_one_3ds_pause_and_capture_once(
     task_id, order = world.paused("ps.checkout_3ds")
     pause_id = f"{task_id}:3ds"
     sources = ["return-page", "webhook"]
-    said = world.answer_together(
-        [(pause_id, {"source": "return-page"}), (pause_id, {"source": "webhook", "id": "evt_1"})]
+    won, _ = world.one_answer_wins(
+        pause_id, [{"source": "return-page"}, {"source": "webhook", "id": "evt_1"}]
     )
-    assert sorted(s["won"] for s in said) == [False, True], said
-    winner = sources[[s["won"] for s in said].index(True)]
+    winner = sources[won]
     world.shop.wait_state(task_id, "COMPLETED")
     assert world.result(task_id) == {"order": order, "status": "succeeded", "source": winner}
     (payment,) = [p for p in world.gateway.payments if p["reference"] == order]

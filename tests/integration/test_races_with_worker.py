@@ -38,7 +38,7 @@ from celery_agboss.core.protections import (
     RELEASE_WITH_UNSETTLED_ATTEMPT,
     SEND_NOT_BOUNDED,
 )
-from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.testing.gateway import FakeGatewayFault
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
 from tests.integration.gateway_http import wait_for
@@ -190,7 +190,7 @@ def test_r23_a_send_longer_than_the_lease_but_within_its_bound_keeps_its_lease(
     shop.agboss.republish(shop.execution(task_id), reason="test: duplicate")  # type: ignore[arg-type]
     record = shop.wait_state(task_id, "COMPLETED", timeout=30)
     assert time.monotonic() - started >= shop.config["lease_ttl"], "the send outlived a TTL"
-    shop.wait_logged(f"execution.deferred execution={task_id}")
+    shop.wait_logged(f"execution.deferred execution_id={task_id}")
     assert (len(gateway.requests), len(gateway.payments)) == (1, 1)
     assert record.recovery_count == 0 and record.deliveries == 1
     lease = shop.lease_of(task_id)
@@ -214,7 +214,7 @@ def test_r23_past_its_bound_a_holder_never_reclaims_its_lease_under_its_own_send
     shop.start_worker(sabotage=(CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,))
     task_id = charge_past_its_bound(shop, "o-54")
     wait_for(
-        lambda: f"execution.fenced execution={task_id}" in shop.worker_log(),
+        lambda: f"execution.fenced execution_id={task_id}" in shop.worker_log(),
         10,
         "the second call to be refused",
     )

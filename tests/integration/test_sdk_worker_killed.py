@@ -17,8 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_agboss.core.protections import PENDING_RESENT_WITHOUT_RECONCILE
-from celery_agboss.sweep.steps import STRANDED_NOT_RECONCILED
+from celery_agboss.core.protections import PENDING_RESENT_WITHOUT_RECONCILE, STRANDED_NOT_RECONCILED
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGateway, GatewayRequestOutcome
 from celery_agboss.testing.gateway_server import FakeGatewayServer, documented_capabilities

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from celery_agboss import answer_pause
-from celery_agboss.delivery.replaying import REPLAY_SENDS_LINKS
+from celery_agboss.core.protections import REPLAY_SENDS_LINKS
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
 
@@ -92,7 +92,7 @@ def test_a_chained_ship_runs_once_and_only_after_the_charge_completed(
     shop = shop_factory()
     shop.start_worker()
     charge_id, ship_id = charge_then_ship_with_duplicates(shop)
-    shop.wait_logged(f"execution.replayed execution={charge_id}")
+    shop.wait_logged(f"execution.replayed execution_id={charge_id}")
     shop.assert_stays(lambda: len(shop.gateway.notes_of("ship")) == 1, 1.0)
     ships = shop.gateway.notes_of("ship")
     assert ships[0].task_id == ship_id

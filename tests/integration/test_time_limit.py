@@ -1,4 +1,5 @@
-"""DESIGN §2.2 in a real prefork worker: a hard time limit is not a failed payment.
+"""In a real prefork worker (design: what Celery records): a hard time limit is not a failed
+payment.
 
 Celery kills the pool child that overran ``time_limit`` and, from the worker's main
 process, writes FAILURE and fires the errbacks. The child may have charged a moment
@@ -16,8 +17,10 @@ from __future__ import annotations
 import pytest
 
 from celery_agboss.core.log_events import EXECUTION_TIME_LIMIT
-from celery_agboss.delivery.time_limits import TIME_LIMIT_FAILS_THE_TASK
-from celery_agboss.task import FAILURE_FOR_AN_UNFINISHED_EXECUTION
+from celery_agboss.core.protections import (
+    FAILURE_FOR_AN_UNFINISHED_EXECUTION,
+    TIME_LIMIT_FAILS_THE_TASK,
+)
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
 
@@ -56,7 +59,7 @@ def test_a_hard_time_limit_after_the_charge_continues_the_execution_never_failur
     assert "FAILURE" not in seen, seen
     assert shop.wait_state(task_id, "COMPLETED", timeout=30).deliveries == 2
     shop.wait_backend(task_id, "SUCCESS")
-    shop.wait_logged(f"{EXECUTION_TIME_LIMIT} execution={task_id}")
+    shop.wait_logged(f"{EXECUTION_TIME_LIMIT} execution_id={task_id}")
     assert len(shop.gateway.notes_of("overrunning", task_id)) == 1
     assert shop.gateway.notes_of("refund") == [], "no errback for a paid order"
     assert len(shop.gateway.gateway.payments) == 1

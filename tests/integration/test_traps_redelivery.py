@@ -29,7 +29,6 @@ from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.errors import OutboundCallOutcomeUnknownError
 from celery_agboss.testing.gateway import FakeGatewayFault
 from tests.integration.broker_proxy import BrokerProxy
-from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
@@ -131,17 +130,7 @@ def test_trap_13_a_channel_closed_under_a_running_charge_defers_the_requeued_cop
 ) -> None:
     shop, proxy = rabbit_shop
     gateway = shop.gateway.gateway
-    hold = gateway.hold(operation="charge")
-    task_id = str(shop.app.signature("it.charge_order", args=("o-33",)).apply_async().id)
-    hold.wait_reached(timeout=20)
-    assert proxy.cut_all() > 0
-    wait_for(
-        lambda: f"execution.deferred execution={task_id}" in shop.worker_log(),
-        30,
-        "the requeued copy to meet the live lease",
-    )
-    hold.release()
-    record = shop.wait_state(task_id, "COMPLETED", timeout=30)
+    task_id, record = shop.cut_under_a_running_charge(proxy, "o-33", timeout=30)
     starts = shop.gateway.notes_of("body-start", task_id)
     assert len(starts) == 1, "the requeued copy never ran the body"
     assert (len(gateway.requests), len(gateway.payments)) == (1, 1)
@@ -153,16 +142,6 @@ def test_trap_13_without_agboss_a_requeued_running_charge_pays_twice(
     rabbit_shop: tuple[Shop, BrokerProxy],
 ) -> None:
     shop, proxy = rabbit_shop
-    signature = shop.app.signature("it.plain_charge", args=("o-33",), kwargs={"gate_name": "o-33"})
-    task_id = str(signature.apply_async().id)
-    wait_for(lambda: shop.gateway.gate_waiters("o-33"), 20, "the body at the gate")
-    assert proxy.cut_all() > 0
-    wait_for(
-        lambda: len(shop.gateway.gate_waiters("o-33")) >= 2,
-        30,
-        "the requeued copy to run beside the original",
-    )
-    shop.gateway.open_gate("o-33")
-    wait_for(lambda: len(shop.gateway.gateway.payments) == 2, 20, "the second payment")
+    task_id, _ = shop.cut_under_a_plain_charge(proxy, "o-33", timeout=30)
     starts = shop.gateway.notes_of("body-start", task_id)
     assert len(starts) == 2

@@ -27,14 +27,14 @@ by the twins, as docs/keys.md says to share keys on purpose.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from celery_agboss.adapters.common import ADOPTS_ANY_PAYMENT
 from celery_agboss.core.keys import business_key
+from celery_agboss.core.protections import ADOPTS_ANY_PAYMENT
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, documented_capabilities
 from tests.integration.apps.shop import PAID_ORDERS_DDL
@@ -63,6 +63,28 @@ def _shop(
     with shop.agboss.store.engine.begin() as conn:
         conn.execute(text(PAID_ORDERS_DDL))
     return shop
+
+
+TwoShops = Callable[..., tuple[Shop, Shop]]
+
+
+@pytest.fixture
+def two_shops(
+    shop_factory: ShopFactory,
+    sqlite_database_url: str,
+    postgres_database_url: str,
+    stripe_account: FakeGatewayServer,
+) -> TwoShops:
+    """``two_shops(**config) -> (a, b)``: shop A on SQLite, shop B on PostgreSQL, one
+    Stripe account; ``config`` (e.g. ``tenant=``) set on both."""
+
+    def build(**config: Any) -> tuple[Shop, Shop]:
+        return (
+            _shop(shop_factory, sqlite_database_url, stripe_account, **config),
+            _shop(shop_factory, postgres_database_url, stripe_account, **config),
+        )
+
+    return build
 
 
 def _run(shop: Shop, amount: int, state: str, *, sabotage: tuple[str, ...] = ()) -> None:
@@ -114,13 +136,9 @@ def _b_paid_with_a_s_payments(stripe: FakeGatewayServer, a: Shop, b: Shop) -> No
 
 
 def test_two_shops_on_one_account_each_charge_their_own_customers_their_own_amounts(
-    shop_factory: ShopFactory,
-    sqlite_database_url: str,
-    postgres_database_url: str,
-    stripe_account: FakeGatewayServer,
+    two_shops: TwoShops, stripe_account: FakeGatewayServer
 ) -> None:
-    a = _shop(shop_factory, sqlite_database_url, stripe_account)
-    b = _shop(shop_factory, postgres_database_url, stripe_account)
+    a, b = two_shops()
     assert a.agboss.tenant != b.agboss.tenant, "each store has a deployment id of its own"
     _run(a, 1000, "COMPLETED")
     _run(b, 2500, "COMPLETED")
@@ -128,13 +146,9 @@ def test_two_shops_on_one_account_each_charge_their_own_customers_their_own_amou
 
 
 def test_shops_sharing_a_tenant_wait_for_an_operator_rather_than_take_the_other_s_payment(
-    shop_factory: ShopFactory,
-    sqlite_database_url: str,
-    postgres_database_url: str,
-    stripe_account: FakeGatewayServer,
+    two_shops: TwoShops, stripe_account: FakeGatewayServer
 ) -> None:
-    a = _shop(shop_factory, sqlite_database_url, stripe_account, tenant=SHARED_TENANT)
-    b = _shop(shop_factory, postgres_database_url, stripe_account, tenant=SHARED_TENANT)
+    a, b = two_shops(tenant=SHARED_TENANT)
     _run(a, 1000, "COMPLETED")
     _run(b, 2500, "WAITING_OPERATOR")
     assert _paid(b) == {}, "shop B marked an order paid"
@@ -147,13 +161,9 @@ def test_shops_sharing_a_tenant_wait_for_an_operator_rather_than_take_the_other_
 
 
 def test_twin_shops_sharing_a_tenant_without_the_comparison_mark_b_paid_with_a_s_payments(
-    shop_factory: ShopFactory,
-    sqlite_database_url: str,
-    postgres_database_url: str,
-    stripe_account: FakeGatewayServer,
+    two_shops: TwoShops, stripe_account: FakeGatewayServer
 ) -> None:
-    a = _shop(shop_factory, sqlite_database_url, stripe_account, tenant=SHARED_TENANT)
-    b = _shop(shop_factory, postgres_database_url, stripe_account, tenant=SHARED_TENANT)
+    a, b = two_shops(tenant=SHARED_TENANT)
     _run(a, 1000, "COMPLETED")
     _run(b, 2500, "COMPLETED", sabotage=(ADOPTS_ANY_PAYMENT,))
     _b_paid_with_a_s_payments(stripe_account, a, b)
@@ -163,27 +173,19 @@ def test_twin_shops_sharing_a_tenant_without_the_comparison_mark_b_paid_with_a_s
 
 
 def test_two_shops_charging_equal_amounts_each_charge_their_own_customers(
-    shop_factory: ShopFactory,
-    sqlite_database_url: str,
-    postgres_database_url: str,
-    stripe_account: FakeGatewayServer,
+    two_shops: TwoShops, stripe_account: FakeGatewayServer
 ) -> None:
-    a = _shop(shop_factory, sqlite_database_url, stripe_account)
-    b = _shop(shop_factory, postgres_database_url, stripe_account)
+    a, b = two_shops()
     _run(a, 1000, "COMPLETED")
     _run(b, 1000, "COMPLETED")
     _each_paid_its_own(stripe_account, [(a, 1000), (b, 1000)])
 
 
 def test_twin_shops_sharing_a_tenant_with_equal_amounts_lose_shop_b_s_payments(
-    shop_factory: ShopFactory,
-    sqlite_database_url: str,
-    postgres_database_url: str,
-    stripe_account: FakeGatewayServer,
+    two_shops: TwoShops, stripe_account: FakeGatewayServer
 ) -> None:
     """Nothing differs for a comparison to see: only keys of their own tell them apart."""
-    a = _shop(shop_factory, sqlite_database_url, stripe_account, tenant=SHARED_TENANT)
-    b = _shop(shop_factory, postgres_database_url, stripe_account, tenant=SHARED_TENANT)
+    a, b = two_shops(tenant=SHARED_TENANT)
     _run(a, 1000, "COMPLETED")
     _run(b, 1000, "COMPLETED")
     _b_paid_with_a_s_payments(stripe_account, a, b)

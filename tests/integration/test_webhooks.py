@@ -16,22 +16,18 @@ tests/integration/harness.py); workers are started together, each with one pool 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from celery_agboss.core.protections import EVENT_NOT_KEYED
 from celery_agboss.operator import list_executions
 from celery_agboss.webhooks import WebhookEvent, WebhookSignatureError, sign_stripe
-from celery_agboss.webhooks.intake import EVENT_NOT_KEYED
-from tests.conftest import ProcessFactory
 from tests.integration.apps import webhook_app
-from tests.integration.gateway_http import GatewayHTTPServer, wait_for
-from tests.integration.harness import REPO_ROOT, WORKER_READY_SECONDS, Shop
+from tests.integration.gateway_http import wait_for
+from tests.integration.harness import Shop, ShopFactory
 from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
@@ -41,79 +37,25 @@ GATE = "webhook-copies"
 
 
 @pytest.fixture
-def webhook_shop(
-    redis_url_factory: Callable[[], str],
-    gateway: GatewayHTTPServer,
-    managed_process: ProcessFactory,
-    sqlite_database_url: str,
-) -> Iterator[WebhookShopFactory]:
+def webhook_shop(shop_factory: ShopFactory) -> WebhookShopFactory:
     """``webhook_shop(database_url=…) -> Shop`` whose app (here and in its workers) is
     ``webhook_app``'s, with its ``wh_events_applied`` table created."""
-    made: list[Shop] = []
 
     def build(database_url: str | None = None) -> Shop:
-        config: dict[str, Any] = {
-            "queue": f"it-wh-{uuid.uuid4().hex[:10]}",
-            "broker_url": redis_url_factory(),
-            "backend_url": redis_url_factory(),
-            "database_url": database_url or sqlite_database_url,
-            "gateway_url": gateway.url,
-            "lease_ttl": 5,
-            "visibility_timeout": 60,
-            "retry_delay": 1,
-        }
-        app = webhook_app.make_app(config)
-        shop = Shop(config=config, app=app, gateway=gateway, start_process=managed_process)
-        made.append(shop)
-        webhook_app.create_tables(app)
+        shop = shop_factory(database_url=database_url, app_module=webhook_app)
+        webhook_app.create_tables(shop.app)
         return shop
 
-    yield build
-    for shop in made:
-        shop.close()
+    return build
 
 
 def start_workers(shop: Shop, count: int, sabotage: tuple[str, ...] = ()) -> list[ManagedProcess]:
     """``count`` webhook_app workers (one pool child each), started together."""
-    started: list[ManagedProcess] = []
-    for n in range(count):
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.apps.webhook_app:app",
-            "worker",
-            "-P",
-            "prefork",
-            "-c",
-            "1",
-            "--without-heartbeat",
-            "--without-gossip",
-            "--without-mingle",
-            "-Q",
-            shop.config["queue"],
-            "-n",
-            f"wh{n + 1}-{uuid.uuid4().hex[:6]}@%h",
-            "-l",
-            "info",
-        ]
-        env = {
-            webhook_app.CONFIG_ENV: json.dumps(shop.config),
-            "PYTHONPATH": str(REPO_ROOT),
-            "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
-            "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()) if sabotage else "",
-            "AGBOSS_SABOTAGE": ",".join(sabotage),
-        }
-        process = shop.start_process(argv, name="webhook-worker", env=env, cwd=str(REPO_ROOT))
-        shop.workers.append(process)
-        started.append(process)
+    started = [
+        shop.start_worker(concurrency=1, sabotage=sabotage, ready=False) for _ in range(count)
+    ]
     for process in started:
-        process.wait_until(
-            lambda process=process: " ready." in process.output(),  # type: ignore[misc]
-            WORKER_READY_SECONDS,
-            message="the worker to be ready",
-        )
+        shop.wait_ready(process)
     return started
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_agboss.delivery.lifecycle import FENCE_RECORDED_AS_FAILURE
+from celery_agboss.core.protections import FENCE_RECORDED_AS_FAILURE
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
 

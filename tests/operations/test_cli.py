@@ -8,42 +8,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from celery_agboss.app import AGBoss
-from celery_agboss.cli import EXIT_CONFIGURATION, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_USAGE, agboss
+from celery_agboss.cli import EXIT_CONFIGURATION, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_USAGE
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.history import HistoryEvent
-from celery_agboss.core.store import IntentStatus
-from celery_agboss.operator import OPERATOR_RESULT_UNCHECKED
+from celery_agboss.core.protections import OPERATOR_RESULT_UNCHECKED
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
-from tests.operations.apps.ops_app import CONFIG_ENV
+from tests.operations.cli import REPO_ROOT, ops_app_command, ops_app_env, run, run_json
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import CAP, INTERVAL_SECONDS, World
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(app: Celery, *args: str) -> Result:
-    return CliRunner().invoke(
-        agboss,
-        list(args),
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        catch_exceptions=False,
-    )
-
-
-def run_json(app: Celery, *args: str) -> Any:
-    result = run(app, *args, "--json")
-    return json.loads(result.output)
 
 
 @pytest.fixture
@@ -117,7 +98,7 @@ def test_show_of_an_unknown_name_exits_not_found(world: World) -> None:
 
 
 def test_resolve_completed_stores_the_result_audits_and_redrives(no_lookup: World) -> None:
-    """P4: an operator settles an unknown outcome; a person's decision is on the record."""
+    """An operator settles an unknown outcome; a person's decision is on the record (design: P4)."""
     task_id, key = _waiting_for_operator(no_lookup)
     publishes = no_lookup.publishes_of(task_id)
     receipt = {"id": "ch_manual", "status": "succeeded", "amount": 1000}
@@ -165,7 +146,8 @@ def test_resolve_not_sent_lets_the_next_delivery_send_it_again(no_lookup: World)
 
 
 def test_resolve_is_refused_while_the_owner_lease_is_live(no_lookup: World) -> None:
-    """P1: an intent that a live delivery holds may be on its way to the gateway right now."""
+    """An intent that a live delivery holds may be on its way to the gateway right now
+    (design: P1)."""
     task_id = no_lookup.publish()
     ctx = no_lookup.start(task_id)
     no_lookup.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
@@ -371,16 +353,8 @@ def test_celery_agboss_pending_runs_as_a_celery_subcommand(
     task_id, key = _waiting_for_operator(no_lookup)
     config = {"database_url": ops_store_url, "clock_offset_ms": no_lookup.clock.offset_ms()}
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.operations.apps.ops_app:app",
-            "agboss",
-            "pending",
-        ],
-        env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        ops_app_command("agboss", "pending"),
+        env=ops_app_env(config, PATH="/usr/bin:/bin"),
         cwd=str(REPO_ROOT),
         capture_output=True,
         text=True,

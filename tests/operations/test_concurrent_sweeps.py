@@ -1,4 +1,4 @@
-"""Two beats, two sweepers (trap 10): each execution is re-published once per tick.
+"""Two beats, two sweepers (design: trap 10): each execution is re-published once per tick.
 
 Sweepers in two threads of this process, each with its own app and connection pool (as
 two processes would have), and one sweeper in a real second process
@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
+from celery_agboss.core.protections import REDRIVE_WITHOUT_CLAIM, SWEEP_WITHOUT_TICK
 from celery_agboss.sweep import SweepReport, run_sweep
-from celery_agboss.sweep.runner import SWEEP_WITHOUT_TICK
-from celery_agboss.sweep.steps import REDRIVE_WITHOUT_CLAIM
 from celery_agboss.testing.switches import sabotage
 from tests.conftest import ProcessFactory
-from tests.operations.apps.ops_app import CONFIG_ENV
+from tests.operations.cli import REPO_ROOT, ops_app_command, ops_app_env
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import GRACE_SECONDS, INTERVAL_SECONDS, World
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 EXECUTIONS = 24
 RACE_BATCH = 2
 
@@ -102,26 +98,11 @@ def test_a_sweeper_in_another_process_and_one_here_republish_each_execution_once
     for task_id in ids:
         here.start(task_id)  # live leases, TTL 5 s of real time from now
     config = {"database_url": ops_store_url, "clock_offset_ms": here.clock.offset_ms()}
+    sweep = f"agboss sweep --loop --interval 0.1 --max-runs 400 --batch-size {RACE_BATCH} --json"
     other = managed_process(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.operations.apps.ops_app:app",
-            "agboss",
-            "sweep",
-            "--loop",
-            "--interval",
-            "0.1",
-            "--max-runs",
-            "400",
-            "--batch-size",
-            str(RACE_BATCH),
-            "--json",
-        ],
+        ops_app_command(*sweep.split()),
         name="sweeper",
-        env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)},
+        env=ops_app_env(config),
         cwd=str(REPO_ROOT),
     )
     other.wait_until(

@@ -1,13 +1,13 @@
 """Decisions about an execution another party is acting on: taken on what is really
 there, never on what a plain read shows.
 
-- DESIGN §2.1, "the pending intent of an execution", one definition for every verb: a
+- The pending intent of an execution (design: pending intent), one definition for every verb: a
   ``PENDING`` intent it created, owns through its lease, or that is held on its behalf.
   While the sweep holds an intent for its lookup, a redelivery whose body raises must
   not make the execution ``FAILED`` (the lookup then finds the payment), nor may a
   cancel end it.
-- DESIGN §5: every decision about another holder's lease is taken under that lease
-  row's lock. On PostgreSQL at READ COMMITTED a fenced transaction's extension is
+- Every decision about another holder's lease (design: another holder's lease) is taken under that
+  lease row's lock. On PostgreSQL at READ COMMITTED a fenced transaction's extension is
   invisible until it commits: once the committed expiry passed, a plain read says
   "dead" while the holder is committing the claim of a charge. (SQLite serialises
   writers: a decision waits for the fenced transaction, so only PostgreSQL has the
@@ -17,6 +17,7 @@ there, never on what a plain read shows.
 from __future__ import annotations
 
 import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -24,13 +25,18 @@ import pytest
 from celery_agboss.core.executions import ExecutionState, StartKind
 from celery_agboss.core.fault_points import (
     FENCED_BEFORE_COMMIT,
+    OUTBOUND_BEFORE_SEND,
     RECONCILE_AFTER_LOOKUP,
 )
 from celery_agboss.core.lease import new_holder
-from celery_agboss.core.store import IntentStatus
-from celery_agboss.store.execution_rows import PENDING_INTENT_NARROW
-from celery_agboss.store.leases import LEASE_DECISION_ON_COMMITTED_READ
-from celery_agboss.testing.faults import arm_pause
+from celery_agboss.core.protections import (
+    LEASE_DECISION_ON_COMMITTED_READ,
+    PENDING_INTENT_BY_CREATOR,
+    PENDING_INTENT_NARROW,
+)
+from celery_agboss.core.store_protocol import IntentStatus
+from celery_agboss.errors import OutboundCallOutcomeUnknownError
+from celery_agboss.testing.fault_arming import arm_pause, arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
 from tests.operations.conftest import WorldFactory
@@ -91,6 +97,72 @@ def test_a_narrower_definition_fails_an_execution_whose_payment_went_through(
     (intent,) = world.intents(task_id)
     assert intent.status is IntentStatus.COMPLETED
     assert len(world.gateway.payments) == 1, "a FAILED execution, and the customer charged"
+
+
+class Crash(BaseException):
+    """The delivery died here: nothing after this point runs."""
+
+
+def _sweep_holds_a_charge_another_click_re_sent(world: World) -> tuple[str, str, Any, Any]:
+    """Two clicks on one order: A claims the charge and dies before sending it; B takes
+    the intent over, finds nothing sent, sends it (its attempt: ``sent_by`` is B, the
+    creator stays A), loses the answer and dies. The sweep takes the intent for its
+    lookup and is paused right after the gateway answered. Returns B, the key, the
+    pause and the sweeper."""
+    order = uuid.uuid4().hex[:8]
+    request, key_of_order = {"amount": 1000, "order": order}, f"order:{order}"
+    first, second = world.publish(order), world.publish(order)
+    arm_raise(OUTBOUND_BEFORE_SEND, Crash)  # once
+    with pytest.raises(Crash):
+        world.start(first).outbound(world.call, request, business_key=key_of_order)
+    world.die()
+    world.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
+    with pytest.raises(OutboundCallOutcomeUnknownError):
+        world.start(second).outbound(world.call, request, business_key=key_of_order)
+    world.die()
+    (intent,) = world.intents(first)
+    assert (intent.execution_id, intent.sent_by) == (first, second), intent
+    paused = arm_pause(RECONCILE_AFTER_LOOKUP)
+    sweeper = threading.Thread(target=world.sweep, name="sweeper")
+    sweeper.start()
+    paused.wait_reached(10)
+    return second, intent.idempotency_key, paused, sweeper
+
+
+def _charged_after(world: World, key: str, paused: Any, sweeper: threading.Thread) -> None:
+    paused.release()
+    sweeper.join(20)
+    with world.agboss.store.read_transaction() as tx:
+        intent = tx.read_intent(key)
+    assert intent is not None and intent.status is IntentStatus.COMPLETED, "the payment found"
+    assert len(world.gateway.payments) == 1
+
+
+def test_a_charge_this_execution_re_sent_is_its_pending_intent_while_the_sweep_holds_it(
+    world: World,
+) -> None:
+    """Who sent decides, not who created (design: who sent): the execution whose attempt
+    is on the wire may not end FAILED or CANCELLED while the sweep looks it up."""
+    second, key, paused, sweeper = _sweep_holds_a_charge_another_click_re_sent(world)
+    try:
+        assert _redelivery_body_raises(world, second) is ExecutionState.WAITING_OPERATOR
+        cancelled = world.agboss.executions.request_cancel(second, "revoked")
+        assert cancelled is not None and cancelled.state is not ExecutionState.CANCELLED
+    finally:
+        _charged_after(world, key, paused, sweeper)
+    assert world.execution(second).state is not ExecutionState.FAILED
+
+
+def test_counting_only_what_it_created_or_holds_fails_the_execution_that_paid(
+    world: World,
+) -> None:
+    with sabotage(PENDING_INTENT_BY_CREATOR):
+        second, key, paused, sweeper = _sweep_holds_a_charge_another_click_re_sent(world)
+        try:
+            assert _redelivery_body_raises(world, second) is ExecutionState.FAILED
+        finally:
+            _charged_after(world, key, paused, sweeper)
+    assert world.execution(second).state is ExecutionState.FAILED, "FAILED, with its charge made"
 
 
 # --- decisions under the lease row's lock (PostgreSQL) -----------------------------------

@@ -1,4 +1,4 @@
-"""DESIGN §6, "the default worker": recovery never depends on a flag or a process.
+"""The default worker runs the sweep (design: sweep): recovery never depends on a flag or a process.
 
 A worker started without ``-Q`` consumes the sweep queue too; one whose ``-Q`` leaves it
 out says so once, when it is ready; ``agboss_sweep_interval = 0`` turns it all off.

@@ -19,11 +19,8 @@ import re
 import signal
 import socket
 import sys
-import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,7 +30,6 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import LOG_EVENTS
 from celery_agboss.metrics.catalogue import OTHER, SWEEP_ACTIONS, SWEEPERS
 from celery_agboss.metrics.exporter import exposition
-from celery_agboss.sweep import SWEEP_TASK_NAME
 from tests.integration.conftest import (  # noqa: F401 - the worker fixtures, reused
     gateway,
     shop_factory,
@@ -42,8 +38,8 @@ from tests.integration.conftest import (  # noqa: F401 - the worker fixtures, re
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
 from tests.integration.test_zombie import freeze_the_child_at_the_gate
+from tests.operations.cli import run
 from tests.operations.conftest import WorldFactory
-from tests.operations.test_cli import run
 from tests.operations.workers.sweeping import agboss_cli
 from tests.operations.world import World
 
@@ -84,25 +80,6 @@ def scrape_when(url: str, name: str, timeout: float = 20.0, **labels: str) -> st
 
     found: str = wait_for(counted, timeout, f"{name} {labels} to be counted")
     return found
-
-
-@contextmanager
-def beating(shop: Shop, period: float = 0.5) -> Iterator[None]:
-    """Send the sweep task to the worker every ``period`` seconds, as beat would: the
-    sweep (and what it reconciles) then runs in a pool child, counted there."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(period):
-            shop.app.send_task(SWEEP_TASK_NAME, queue=shop.config["queue"])
-
-    thread = threading.Thread(target=loop, name="metrics-beat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 def allowed_label_values(shop: Shop) -> set[str]:
@@ -156,7 +133,7 @@ def test_a_prefork_worker_exposes_a_replay_a_reconcile_and_a_fence_without_busin
     zombie_task, zombie = freeze_the_child_at_the_gate(shop, "it.charge_order", f"c-{secret}")
     try:
         killed_task = shop.kill_the_child_holding_the_answer("it.charge_order", f"b-{secret}")
-        with beating(shop):
+        with shop.beating():  # the sweep in a pool child, counted there
             shop.wait_state(killed_task, "COMPLETED", timeout=40)
             shop.wait_state(zombie_task, "COMPLETED", timeout=40)
     finally:

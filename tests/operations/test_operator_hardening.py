@@ -24,7 +24,8 @@ import pytest
 from sqlalchemy import text
 
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.protections import AUDIT_AFTER_THE_CHANGE, OPERATOR_RESULT_UNCHECKED
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.errors import AGBossSignal, OperatorRefusedError, StoreError
 from celery_agboss.metrics.exporter import exposition
 from celery_agboss.operator import (
@@ -34,8 +35,6 @@ from celery_agboss.operator import (
     resolve,
     unpark,
 )
-from celery_agboss.operator.resolving import OPERATOR_RESULT_UNCHECKED
-from celery_agboss.store.execution_rows import AUDIT_AFTER_THE_CHANGE
 from celery_agboss.testing.switches import sabotage
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import CAP, World

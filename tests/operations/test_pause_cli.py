@@ -9,31 +9,12 @@ that paused still holds the lease is not lost: that delivery publishes it on rel
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
-
 from celery_agboss import answer_pause, cancel
-from celery_agboss.cli import EXIT_NOT_FOUND, EXIT_REFUSED, agboss
+from celery_agboss.cli import EXIT_NOT_FOUND, EXIT_REFUSED
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
+from tests.operations.cli import run, run_json
 from tests.operations.world import World
-
-
-def run(app: Celery, *args: str) -> Result:
-    return CliRunner().invoke(
-        agboss,
-        list(args),
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        catch_exceptions=False,
-    )
-
-
-def run_json(app: Celery, *args: str) -> Any:
-    return json.loads(run(app, *args, "--json").output)
 
 
 def _paused(world: World, name: str = "approve") -> tuple[str, ExecutionContext]:

@@ -1,11 +1,11 @@
 """Records other executions used: kept while they live, and their waits ended with it.
 
 Two executions of one order (a double click) share a business key: the first charges, the
-second replays its receipt. DESIGN §6.3: a record is never deleted while any
+second replays its receipt. A record (design: retention) is never deleted while any
 non-terminal execution used it (created, replayed, joined, took over or reconciled it);
-retention counts from the last such use reaching a terminal state. DESIGN §2.1: an
-intent settled by an operator re-drives every execution waiting on it, not only the one
-that created it — ``agboss pending`` never lists a wait nobody can end.
+retention counts from the last such use reaching a terminal state. An
+intent (design: waiters re-driven) settled by an operator re-drives every execution waiting on it,
+not only the one that created it — ``agboss pending`` never lists a wait nobody can end.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from typing import Any
 
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.outbound import Outcome
-from celery_agboss.core.protections import RECORD_USE_NOT_NOTED
-from celery_agboss.core.store import IntentStatus
+from celery_agboss.core.protections import (
+    RECORD_USE_NOT_NOTED,
+    RECORD_USES_IGNORED_BY_RETENTION,
+    RESOLVE_REDRIVES_CREATOR_ONLY,
+)
+from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.errors import AGBossSignal, OutboundCallUnreconciledError
 from celery_agboss.operator import list_waits, resolve
-from celery_agboss.store.execution_admin_verbs import RESOLVE_REDRIVES_CREATOR_ONLY
-from celery_agboss.store.sweep_queries import RECORD_USES_IGNORED_BY_RETENTION
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
 from tests.operations.conftest import WorldFactory
@@ -68,29 +70,29 @@ def test_a_receipt_another_execution_replayed_is_kept_while_that_one_waits(
     assert len(world.gateway.requests) == 1, "charged once, for two executions of one order"
 
 
-def test_without_its_users_retention_deletes_it_and_the_waiting_one_charges_again(
-    world: World,
-) -> None:
-    with sabotage(RECORD_USES_IGNORED_BY_RETENTION):
+def _without(world: World, protection: str) -> None:
+    """The harm of a twin: with ``protection`` off, retention deletes the replayed
+    receipt under the waiting execution, which then charges the order again."""
+    with sabotage(protection):
         first, second = _a_replayed_charge_then_a_long_wait(world)
     assert world.intents(first) == [], "deleted under a waiting execution"
     outcome, ctx = _charge(world, second, "o-1")
     ctx.settle_all_and_release()
     assert outcome is Outcome.SENT
     assert len(world.gateway.requests) == 2, "the order charged twice"
+
+
+def test_without_its_users_retention_deletes_it_and_the_waiting_one_charges_again(
+    world: World,
+) -> None:
+    _without(world, RECORD_USES_IGNORED_BY_RETENTION)
 
 
 def test_a_replay_that_is_not_noted_as_a_use_lets_retention_delete_it_and_charge_again(
     world: World,
 ) -> None:
     """The other half of the rule: retention can only keep what the replay recorded."""
-    with sabotage(RECORD_USE_NOT_NOTED):
-        first, second = _a_replayed_charge_then_a_long_wait(world)
-    assert world.intents(first) == [], "deleted under a waiting execution"
-    outcome, ctx = _charge(world, second, "o-1")
-    ctx.settle_all_and_release()
-    assert outcome is Outcome.SENT
-    assert len(world.gateway.requests) == 2, "the order charged twice"
+    _without(world, RECORD_USE_NOT_NOTED)
 
 
 def test_once_every_user_is_terminal_past_retention_the_record_goes(world: World) -> None:

@@ -1,6 +1,6 @@
-"""Reliance lives on the record, not on the execution rows retention removes (DESIGN §4,
-§6.3): an execution that completed on a shared charge keeps it for good, even once its
-own row is gone.
+"""Reliance lives on the record, not on the execution rows retention removes
+(design: reliance, retention): an execution that completed on a shared charge keeps it for good,
+even once its own row is gone.
 
 A charges order o-1 and declares its refund; B, a second execution of the order,
 replays A's charge and completes (the order is paid) and then, terminal for longer than
@@ -20,12 +20,11 @@ from celery_agboss.core.compensation import (
     UndoContext,
     UndoStep,
     declare_undo,
-    outbound_step,
     read_declarations,
     run_undos,
 )
 from celery_agboss.core.outbound import Outcome
-from celery_agboss.core.shared_records import COMPLETION_READ_FROM_EXECUTION_ROWS
+from celery_agboss.core.protections import COMPLETION_READ_FROM_EXECUTION_ROWS
 from celery_agboss.testing.switches import sabotage
 from tests.operations.world import World
 
@@ -36,8 +35,7 @@ REQUEST = {"amount": 1000, "order": ORDER}
 
 def _charge(world: World, execution_id: str) -> tuple[Any, Any]:
     ctx = world.start(execution_id)
-    with outbound_step(ctx, world.call, f"order:{ORDER}"):
-        receipt = ctx.outbound(world.call, REQUEST, business_key=f"order:{ORDER}")
+    receipt = ctx.outbound(world.call, REQUEST, business_key=f"order:{ORDER}")
     return receipt, ctx
 
 

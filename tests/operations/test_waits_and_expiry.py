@@ -1,5 +1,6 @@
 """What a waiting execution is owed: its ``expires`` no longer applies once it started
-(DESIGN §2.1), and its planned waits are no recoveries (DESIGN §6.1).
+(design: expires bounds the start), and its planned waits are no recoveries
+(design: recovery cap).
 
 A task published with ``expires`` that charged and then waits (a ``retry()``, a long
 wait, an unknown outcome the sweep later settles) must go on: expiring it would leave
@@ -14,10 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 from celery_agboss import answer_pause
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.store.execution_admin_verbs import (
-    PLANNED_WAITS_COUNTED,
-    STARTED_EXECUTIONS_EXPIRE,
-)
+from celery_agboss.core.protections import PLANNED_WAITS_COUNTED, STARTED_EXECUTIONS_EXPIRE
 from celery_agboss.testing.switches import sabotage
 from tests.operations.world import CAP, GRACE_SECONDS, TTL_SECONDS, World
 

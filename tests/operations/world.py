@@ -4,7 +4,8 @@ Deliveries here are the real ones, cut short: ``start_delivery`` (lease + RUNNIN
 worker does), an ``ExecutionContext`` whose outbound call meets a gateway fault, and
 then the holder "dies" (nothing released; the virtual database clock moves past the
 lease). The sweep and the operator commands then act on exactly what a killed worker
-leaves behind.
+leaves behind. The app is ``make_test_app``'s (what the ``agboss_app`` fixture gives
+users), with the sweep's settings below.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from celery_agboss.core.executions import ExecutionRecord, StartKind
 from celery_agboss.core.holder_clocks import SYSTEM_CLOCK
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
 from celery_agboss.core.outbound import CallContext, Lookup
-from celery_agboss.core.store import IntentRecord, LeaseRef
+from celery_agboss.core.store_protocol import IntentRecord, LeaseRef
 from celery_agboss.errors import OutboundCallOutcomeUnknownError
-from celery_agboss.signals import disconnect
 from celery_agboss.sweep import SweepReport, run_sweep
 from celery_agboss.task import PaymentTask
+from celery_agboss.testing.celery_app import close_test_app, make_test_app
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_types import FakeGatewayFault
@@ -109,12 +110,29 @@ class World:
     def sweep(self, **kwargs: Any) -> SweepReport:
         return run_sweep(self.agboss, **kwargs)
 
-    def close(self) -> None:
-        agboss = AGBoss.of(self.app)
-        disconnect(agboss)
-        agboss.close()
-        self.app.close()
+    def sweep_sending_nothing(self, **kwargs: Any) -> SweepReport:
+        """A sweep, asserted to send no request to the gateway: it looks up and records,
+        it never sends money (design: P3)."""
+        before = len(self.gateway.requests)
+        report = self.sweep(**kwargs)
+        assert len(self.gateway.requests) == before, "the sweep sent a request"
+        return report
 
+    def close(self) -> None:
+        close_test_app(self.app)
+
+
+OPS_SETTINGS: dict[str, Any] = {
+    "task_default_queue": "ops",
+    "agboss_pseudonym_key": "operations-tests-pseudonym-key",
+    "agboss_lease_ttl": TTL_SECONDS,
+    "agboss_requested_grace": GRACE_SECONDS,
+    "agboss_sweep_interval": INTERVAL_SECONDS,
+    "agboss_max_recovery_attempts": CAP,
+    "agboss_attempt_timeout": 10,
+}
+"""The operations app's settings, in the test process (``make_world``) and in the CLI
+and worker subprocesses (``tests.operations.apps.ops_app``)."""
 
 _CALL_OPTIONS = ("lookup", "proves_absence", "validate_result", "unchecked")
 """``make_world`` options that shape its outbound call, not the app's settings."""
@@ -128,26 +146,16 @@ def make_world(
     published: list[str],
     **settings: Any,
 ) -> World:
-    app = Celery(f"ops_{uuid.uuid4().hex[:8]}", broker="memory://", backend="cache+memory://")
-    app.conf.update(
-        task_default_queue="ops",
-        agboss_database_url=database_url,
-        agboss_pseudonym_key="operations-tests-pseudonym-key",
-        agboss_lease_ttl=TTL_SECONDS,
-        agboss_requested_grace=GRACE_SECONDS,
-        agboss_sweep_interval=INTERVAL_SECONDS,
-        agboss_max_recovery_attempts=CAP,
-        agboss_attempt_timeout=10,
-    )
-    app.conf.update(
+    config = dict(OPS_SETTINGS)
+    config.update(
         {
             f"agboss_{k}" if not k.startswith("agboss_") else k: v
             for k, v in settings.items()
             if k not in _CALL_OPTIONS
         }
     )
-    agboss = AGBoss(app)
-    agboss.clock_offset_source = clock.offset_ms
+    app = make_test_app(database_url, clock_offset_source=clock.offset_ms, config=config)
+    agboss = AGBoss.of(app)
     mode: str = settings.get("lookup", "gateway")
 
     def send(call: CallContext) -> Any:
@@ -187,4 +195,12 @@ def make_world(
     )
 
 
-__all__ = ["CAP", "GRACE_SECONDS", "INTERVAL_SECONDS", "TTL_SECONDS", "World", "make_world"]
+__all__ = [
+    "CAP",
+    "GRACE_SECONDS",
+    "INTERVAL_SECONDS",
+    "OPS_SETTINGS",
+    "TTL_SECONDS",
+    "World",
+    "make_world",
+]

@@ -14,8 +14,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -50,6 +51,88 @@ def wait_until(
             text = message() if callable(message) else message
             raise WaitTimeout(f"timed out after {timeout:g}s waiting for {text}")
         time.sleep(min(interval, remaining))
+
+
+@contextlib.contextmanager
+def every(period: float, fn: Callable[[], object], name: str) -> Iterator[None]:
+    """Call ``fn`` every ``period`` seconds in a daemon thread while the block runs (a
+    beat). Its first error stops the loop and is raised when the block ends."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        while not stop.wait(period):
+            try:
+                fn()
+            except Exception as exc:  # reported when the block ends
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+    if errors:
+        raise errors[0]
+
+
+def in_a_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, object]]:
+    """Run ``fn`` in a daemon thread; its box gets ``"result"`` or ``"error"`` when it
+    ends (empty while it runs, so a test sees a thread held at a point)."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _ancestors_and_self() -> set[int]:
+    """This process and every process above it, up to init (Linux's /proc)."""
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def signal_process(pid: int | None, sig: int) -> None:
+    """Send ``sig`` to ``pid``: a process a test started, found through a request it sent.
+
+    Refuses the test's own process and its ancestors: a pid read from a gateway's request
+    is the test runner's when the request came from the test itself, and a SIGKILL or
+    SIGSTOP there takes down (or freezes) the whole pytest worker, not the test.
+    """
+    if pid is None or pid <= 1 or pid in _ancestors_and_self():
+        raise AssertionError(
+            f"refusing to send signal {sig} to pid {pid}: it is this test process "
+            "(or one above it), not a worker the test started; the request it was read "
+            "from did not come from a worker"
+        )
+    os.kill(pid, sig)
+
+
+def assert_stays(predicate: Callable[[], object], seconds: float, interval: float = 0.1) -> None:
+    """``predicate`` holds now and for ``seconds`` (a negative claim needs a window: keep
+    it as short as the claim allows)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert predicate(), "the condition stopped holding"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
 
 
 class ManagedProcess:

@@ -19,6 +19,7 @@ from celery_agboss import (
     ExecutionFencedError,
     IdempotencyKeyConflictError,
     Lookup,
+    MaskingPolicy,
     NotSent,
     OutboundCall,
     OutboundCallInFlightError,
@@ -29,11 +30,6 @@ from celery_agboss import (
     Unknown,
     validate_business_key,
 )
-from celery_agboss.core.engine_settings import EngineSettings
-from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.masking import MaskingPolicy
-from celery_agboss.core.store import Store
-from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
 from celery_agboss.testing import FakeGateway, FakeGatewayError, VirtualClock
 
 gateway = FakeGateway(clock=VirtualClock())
@@ -84,26 +80,23 @@ class ChargeOrder(PaymentTask):
         return {"receipt": receipt, "marked": marked, "replayed": outcome is Outcome.REPLAYED}
 
 
-def run_without_celery(store: Store, task_id: str) -> Any:
-    settings = EngineSettings(pseudonym_key=b"a-key-of-at-least-16-bytes", tenant="shop")
+def charge_in_a_helper(task: PaymentTask, order_id: int) -> tuple[Any, int] | None:
+    """A helper the body calls with ``self``: the verbs are typed on any PaymentTask."""
     try:
-        with ExecutionContext.start(store, task_id, settings) as ctx:
-            receipt = ctx.outbound(charge, {"amount": 500}, business_key="order:1")
-            count: int = ctx.fenced_effect("count", lambda conn: 1)
-            if ctx.last_outcome is Outcome.SENT:
-                return receipt, count
-            return None
-    except (OutboundCallOutcomeUnknownError, OutboundCallInFlightError):
-        return "later"
-    except (OutboundCallUnreconciledError, ExecutionFencedError):
-        return "someone else decides"
+        receipt = task.outbound(charge, {"amount": 500}, business_key=f"order:{order_id}")
+        count: int = task.fenced_effect("count", lambda conn: 1)
+    except (
+        OutboundCallOutcomeUnknownError,
+        OutboundCallInFlightError,
+        OutboundCallUnreconciledError,
+        ExecutionFencedError,
+    ):
+        raise  # signals: a body lets them through
     except IdempotencyKeyConflictError as conflict:
-        return str(conflict)
-
-
-def sweep_one(store: Store, settings: EngineSettings, key: str, ctx: ExecutionContext) -> bool:
-    outcome = reconcile_stranded(store, settings, key, sweeper_lease=ctx.lease)
-    return outcome is StrandedOutcome.COMPLETED
+        raise ValueError(str(conflict)) from conflict
+    if task.last_outcome is Outcome.SENT:
+        return receipt, count
+    return None
 
 
 def signals_are_not_exceptions(exc: AGBossSignal) -> BaseException:
@@ -119,11 +112,10 @@ def errors_are_exceptions(exc: AGBossError) -> Exception:
 Completed()  # type: ignore[call-arg]
 Unknown()  # type: ignore[call-arg]
 OutboundCall(name="fake.refund", send=send_charge)  # type: ignore[call-arg]
-EngineSettings(pseudonym_key="a str is not bytes")  # type: ignore[arg-type]
 
 
-def misuse(ctx: ExecutionContext) -> None:
-    ctx.outbound(charge)  # type: ignore[call-arg]
-    ctx.outbound(charge, {}, business_key=42)  # type: ignore[arg-type]
-    ctx.fenced_effect("x")  # type: ignore[call-arg]
-    ctx.last_outcome = Outcome.SENT  # type: ignore[misc]
+def misuse(task: PaymentTask) -> None:
+    task.outbound(charge)  # type: ignore[call-arg]
+    task.outbound(charge, {}, business_key=42)  # type: ignore[arg-type]
+    task.fenced_effect("x")  # type: ignore[call-arg]
+    task.last_outcome = Outcome.SENT  # type: ignore[misc]

@@ -1,7 +1,7 @@
 """How a canvas published from a body is planned: JSON, every id fixed, nested ones refused.
 
-DESIGN §4, "publishes from a body": the recorded canvas must go out under the same ids
-however often it is sent (its re-send by the sweep included), and a canvas whose ids
+Publishes from a body (design: publishes from a body): the recorded canvas must go out under the
+same ids however often it is sent (its re-send by the sweep included), and a canvas whose ids
 Celery would choose as it runs is refused, naming what to do. Sent here on Celery's
 in-memory transport, outside any body (so Celery's own apply runs), and read at
 ``before_task_publish``: what would reach the broker.
@@ -18,9 +18,9 @@ from celery import signals as celery_signals
 
 from celery_agboss import ConfigurationError
 from celery_agboss.body_publishes import CanvasPlan, install, plan_canvas
-from celery_agboss.messages import dumps
-from celery_agboss.outbox import CANVAS_TASK_NAME, _send_canvas
-from celery_agboss.store.outbox import OutboxMessage
+from celery_agboss.outbox.publishing import CANVAS_TASK_NAME, _send_canvas
+from celery_agboss.runtime.messages import dumps
+from celery_agboss.store.outbox_rows import OutboxMessage
 
 
 def _nothing(*args: Any) -> None:

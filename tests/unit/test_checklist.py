@@ -1,4 +1,5 @@
-"""gateway_checklist against FakeGateway at each support level (PS6) and against broken adapters."""
+"""gateway_checklist against FakeGateway at each support level (design: PS6) and against broken
+adapters."""
 
 from __future__ import annotations
 
@@ -202,7 +203,7 @@ def test_a_required_retention_must_be_positive() -> None:
         gateway_checklist(FakeGateway().charge, required_retention=0)
 
 
-# --- OWN: the adapter takes only its own payment (given its reconcile) ---------------------
+# --- the adapter takes only its own payment (given its reconcile) (design: OWN) ------------
 
 
 def _adopting_reconcile(gateway: FakeGateway) -> Any:

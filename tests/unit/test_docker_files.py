@@ -528,7 +528,7 @@ def _module_problems(argv: Sequence[str]) -> list[str]:
 
 def probe(commands: Sequence[Sequence[str]]) -> dict[str, Any]:
     """Run in a subprocess with one service's environment: what is wrong with each command."""
-    from celery_agboss.settings import settings_from_conf
+    from celery_agboss.runtime.settings import settings_from_conf
 
     results: dict[str, Any] = {}
     apps: dict[str, Any] = {}
@@ -859,7 +859,7 @@ def test_the_callers_of_the_fake_gateway_share_its_network_and_reach_its_port() 
 
 
 def test_every_agboss_variable_is_a_setting_celery_agboss_knows_and_parses() -> None:
-    from celery_agboss.settings import settings_from_conf
+    from celery_agboss.runtime.settings import settings_from_conf
 
     for name in built():
         env = environment_of(name)

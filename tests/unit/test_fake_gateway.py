@@ -24,6 +24,7 @@ from celery_agboss.testing import (
     VirtualClock,
     is_definite_failure,
 )
+from tests.support.processes import in_a_thread
 
 THREADS = 16
 JOIN_SECONDS = 10.0
@@ -31,20 +32,6 @@ JOIN_SECONDS = 10.0
 
 def _with(**switches: object) -> GatewayCapabilities:
     return dataclasses.replace(GatewayCapabilities.FULL, **switches)  # type: ignore[arg-type]
-
-
-def _run_in_thread(fn: object) -> tuple[threading.Thread, dict[str, object]]:
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = fn()  # type: ignore[operator]
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
 
 
 # --- the clocks ------------------------------------------------------------------------
@@ -98,7 +85,7 @@ def test_a_skewed_holder_clock_is_off_by_its_skews_and_steps_its_wall_clock_only
         clock.advance(-1)
 
 
-# --- G1, G4, G5: what a repeat under one key gets ------------------------------------------
+# --- what a repeat under one key gets (design: G1, G4, G5) ---------------------------------
 
 
 def test_two_charges_under_one_key_make_one_payment_and_two_requests() -> None:
@@ -175,7 +162,7 @@ def test_a_charge_without_any_key_is_never_deduplicated() -> None:
     assert len(gateway.payments) == 2
 
 
-# --- G3: retention on the virtual clock ------------------------------------------------
+# --- retention on the virtual clock (design: G3) ---------------------------------------
 
 
 def test_a_key_is_honoured_just_inside_its_retention_and_forgotten_after_it() -> None:
@@ -187,7 +174,7 @@ def test_a_key_is_honoured_just_inside_its_retention_and_forgotten_after_it() ->
     clock.advance(2)
     late = gateway.charge(1000, "k")
     assert late["id"] != first["id"]
-    assert len(gateway.payments_for("k")) == 2  # the late replay charged again (PS17)
+    assert len(gateway.payments_for("k")) == 2  # the late replay charged again (design: PS17)
 
 
 def test_forget_keys_makes_the_next_repeat_a_new_payment() -> None:
@@ -198,7 +185,7 @@ def test_forget_keys_makes_the_next_repeat_a_new_payment() -> None:
     assert len(gateway.payments) == 2
 
 
-# --- G2: lookups -----------------------------------------------------------------------
+# --- lookups (design: G2) --------------------------------------------------------------
 
 
 def test_lookup_finds_the_payment_a_key_made_whatever_the_keys_age() -> None:
@@ -379,7 +366,7 @@ def test_clear_faults_disarms_what_was_injected() -> None:
 def test_a_held_charge_is_made_but_not_answered_until_released() -> None:
     gateway = FakeGateway()
     with gateway.hold() as hold:
-        thread, box = _run_in_thread(lambda: gateway.charge(1000, "k"))
+        thread, box = in_a_thread(lambda: gateway.charge(1000, "k"))
         hold.wait_reached(JOIN_SECONDS)
         assert len(gateway.payments) == 1  # the money moved ...
         assert not gateway.requests[0].answered  # ... the answer is still on the wire
@@ -392,7 +379,7 @@ def test_a_held_charge_is_made_but_not_answered_until_released() -> None:
 def test_a_repeat_while_the_first_answer_is_on_the_wire_gets_the_first_response() -> None:
     gateway = FakeGateway()
     with gateway.hold() as hold:
-        thread, _ = _run_in_thread(lambda: gateway.charge(1000, "k"))
+        thread, _ = in_a_thread(lambda: gateway.charge(1000, "k"))
         hold.wait_reached(JOIN_SECONDS)
         repeat = gateway.charge(1000, "k")
     thread.join(JOIN_SECONDS)
@@ -402,7 +389,7 @@ def test_a_repeat_while_the_first_answer_is_on_the_wire_gets_the_first_response(
 def test_a_repeat_while_the_first_is_held_before_processing_is_refused_in_progress() -> None:
     gateway = FakeGateway()
     with gateway.hold(before_processing=True) as hold:
-        thread, box = _run_in_thread(lambda: gateway.charge(1000, "k"))
+        thread, box = in_a_thread(lambda: gateway.charge(1000, "k"))
         hold.wait_reached(JOIN_SECONDS)
         assert gateway.payments == []
         with pytest.raises(FakeGatewayError) as raised:
@@ -435,7 +422,7 @@ def test_a_hold_before_processing_that_times_out_processed_nothing() -> None:
 def test_close_releases_every_request_on_the_wire() -> None:
     gateway = FakeGateway()
     hold = gateway.hold(times=2)
-    threads = [_run_in_thread(lambda key=key: gateway.charge(1000, key)) for key in ("a", "b")]
+    threads = [in_a_thread(lambda key=key: gateway.charge(1000, key)) for key in ("a", "b")]
     hold.wait_reached(JOIN_SECONDS)
     gateway.close()
     for thread, _ in threads:

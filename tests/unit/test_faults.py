@@ -16,6 +16,12 @@ import pytest
 from celery_agboss.core import fault_points as core_faults
 from celery_agboss.core import sabotage as core_sabotage
 from celery_agboss.core.fault_points import FENCED_BEFORE_COMMIT, OUTBOUND_BEFORE_SEND, fault_point
+from celery_agboss.core.protections import (
+    EXPIRY_BY_CALLER_CLOCK,
+    HOLDER_TRUSTS_LEASE_FOREVER,
+    LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
+    RENEW_REVIVES_EXPIRED_LEASE,
+)
 from celery_agboss.errors import FaultInjected, SabotageRefusedError
 from celery_agboss.testing import (
     PausedPointTimeoutError,
@@ -27,6 +33,7 @@ from celery_agboss.testing import (
     sabotage,
 )
 from celery_agboss.testing.switches import allowed, names
+from tests.support.processes import in_a_thread
 
 JOIN_SECONDS = 10.0
 SUBPROCESS_SECONDS = 120.0
@@ -34,18 +41,12 @@ SUBPROCESS_SECONDS = 120.0
 
 def _reach(point: str, **context: object) -> tuple[threading.Thread, dict[str, object]]:
     """A thread that reaches ``point`` once, as production code would."""
-    box: dict[str, object] = {}
 
-    def run() -> None:
-        try:
-            fault_point(point, **context)
-            box["passed"] = True
-        except BaseException as exc:
-            box["error"] = exc
+    def run() -> str:
+        fault_point(point, **context)
+        return "passed"
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
+    return in_a_thread(run)
 
 
 # --- pause -------------------------------------------------------------------------------
@@ -59,7 +60,7 @@ def test_a_paused_point_holds_the_thread_that_reaches_it_until_released() -> Non
     assert thread.is_alive() and box == {}
     paused.release()
     thread.join(JOIN_SECONDS)
-    assert box == {"passed": True}
+    assert box == {"result": "passed"}
     assert paused.hits == 1 and paused.released
 
 
@@ -70,7 +71,7 @@ def test_a_pause_applies_only_to_the_hits_it_is_armed_for() -> None:
         paused.wait_reached(JOIN_SECONDS)
         assert thread.is_alive()
     thread.join(JOIN_SECONDS)
-    assert box == {"passed": True}
+    assert box == {"result": "passed"}
 
 
 def test_a_pause_with_a_predicate_sees_the_points_context() -> None:
@@ -114,7 +115,7 @@ def test_disarm_all_wakes_a_paused_thread_and_disarms_every_point() -> None:
     time.sleep(0.05)
     disarm_all()
     thread.join(JOIN_SECONDS)
-    assert box == {"passed": True}
+    assert box == {"result": "passed"}
     fault_point(FENCED_BEFORE_COMMIT)  # disarmed: nothing raised
 
 
@@ -154,7 +155,7 @@ def test_an_armed_sleep_delays_the_thread_and_disarm_all_cuts_it_short() -> None
     long_sleep.wait_reached(JOIN_SECONDS)
     disarm_all()
     thread.join(JOIN_SECONDS)
-    assert box == {"passed": True}
+    assert box == {"result": "passed"}
 
 
 def test_arm_fault_runs_any_action_with_the_points_context() -> None:
@@ -178,6 +179,26 @@ def test_the_plugin_disarmed_the_points_the_tests_above_left_armed() -> None:
 
 
 # --- sabotage ------------------------------------------------------------------------------
+
+
+def _python(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh interpreter, its output captured (bounded)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_SECONDS,
+        check=False,
+    )
+
+
+def _pytest_in(folder: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A pytest run of ``folder``'s tests, from ``folder``, in a fresh interpreter."""
+    return _python("-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder), cwd=folder, env=env)
 
 
 def _without_sabotage_env() -> dict[str, str]:
@@ -206,14 +227,7 @@ def test_sabotage_is_refused_outside_a_test_run(env_switch: str | None) -> None:
     env = _without_sabotage_env()
     if env_switch is not None:
         env[core_sabotage.ENV_SWITCH] = env_switch
-    done = subprocess.run(
-        [sys.executable, "-c", _TRY_SABOTAGE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_SECONDS,
-        check=False,
-    )
+    done = _python("-c", _TRY_SABOTAGE, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "refused"
 
@@ -224,14 +238,7 @@ def _try_sabotage_in_a_child(subprocess_switch: str) -> str:
         core_sabotage.ENV_SWITCH: "1",
         core_sabotage.SUBPROCESS_SWITCH: subprocess_switch,
     }
-    done = subprocess.run(
-        [sys.executable, "-c", _TRY_SABOTAGE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_SECONDS,
-        check=False,
-    )
+    done = _python("-c", _TRY_SABOTAGE, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -273,30 +280,23 @@ def test_an_ancestor_that_pytest_did_not_start_is_refused() -> None:
         " text=True, timeout=60)\n"
         "sys.stdout.write(done.stdout)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", wrapper],
-        env=_without_sabotage_env(),
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_SECONDS,
-        check=False,
-    )
+    done = _python("-c", wrapper, env=_without_sabotage_env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "refused"
 
 
 def test_sabotage_is_refused_in_a_test_that_did_not_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(core_sabotage.ENV_SWITCH, raising=False)
-    with pytest.raises(SabotageRefusedError), sabotage(core_sabotage.EXPIRY_BY_CALLER_CLOCK):
+    with pytest.raises(SabotageRefusedError), sabotage(EXPIRY_BY_CALLER_CLOCK):
         pass  # pragma: no cover - never entered
-    assert not core_sabotage.active(core_sabotage.EXPIRY_BY_CALLER_CLOCK)
+    assert not core_sabotage.active(EXPIRY_BY_CALLER_CLOCK)
 
 
 def test_sabotage_switches_a_protection_off_for_the_block_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(core_sabotage.ENV_SWITCH, "1")
-    name = core_sabotage.RENEW_REVIVES_EXPIRED_LEASE
+    name = RENEW_REVIVES_EXPIRED_LEASE
     assert allowed() and sabotage.allowed()
     with sabotage(name):
         assert core_sabotage.active(name)
@@ -313,10 +313,10 @@ def test_names_lists_every_protection_that_can_be_switched_off() -> None:
     listed = names()
     assert listed == sorted(listed) == sabotage.names()
     assert {
-        core_sabotage.LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
-        core_sabotage.RENEW_REVIVES_EXPIRED_LEASE,
-        core_sabotage.EXPIRY_BY_CALLER_CLOCK,
-        core_sabotage.HOLDER_TRUSTS_LEASE_FOREVER,
+        LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
+        RENEW_REVIVES_EXPIRED_LEASE,
+        EXPIRY_BY_CALLER_CLOCK,
+        HOLDER_TRUSTS_LEASE_FOREVER,
     } <= set(listed)
 
 
@@ -351,15 +351,7 @@ def test_the_plugin_gives_a_users_project_its_fixtures_and_disarms_after_each_te
     tmp_path: Path,
 ) -> None:
     (tmp_path / "test_user_code.py").write_text(_USER_TESTS)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path,
-        env=_without_sabotage_env(),
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_SECONDS,
-        check=False,
-    )
+    done = _pytest_in(tmp_path, env=_without_sabotage_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
 
@@ -369,13 +361,7 @@ def test_importing_the_plugin_imports_neither_celery_nor_sqlalchemy() -> None:
         "import sys, celery_agboss.testing.pytest_plugin, celery_agboss.testing; "
         "print(sorted(m for m in ('celery', 'kombu', 'sqlalchemy') if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_SECONDS,
-        check=False,
-    )
+    done = _python("-c", code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -387,13 +373,6 @@ def test_the_agboss_store_fixture_fails_clearly_when_the_store_cannot_be_importe
         "import sys\nsys.modules['celery_agboss.testing.stores'] = None  # unimportable\n"
     )
     (tmp_path / "test_store.py").write_text("def test_uses_a_store(agboss_store):\n    pass\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_SECONDS,
-        check=False,
-    )
+    done = _pytest_in(tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the agboss_store fixture needs celery_agboss.testing.stores" in done.stdout

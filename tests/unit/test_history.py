@@ -18,7 +18,7 @@ from celery_agboss.core.history import (
     next_history_row,
     verify_history,
 )
-from celery_agboss.core.store import HistoryRow, IntentStatus
+from celery_agboss.core.store_protocol import HistoryRow, IntentStatus
 from celery_agboss.errors import ConfigurationError
 
 KEY = b"0123456789abcdef0123456789abcdef"

@@ -1,5 +1,8 @@
 """The package's imports form layers with no circle (docs/architecture.md).
 
+``LAYERS`` below is the one layer table: docs/architecture.md shows it, and a test
+here fails when that page's table names other layers or other modules.
+
 Every ``import`` of a ``celery_agboss`` module is read from the source with ``ast``
 (deferred imports and ``TYPE_CHECKING`` ones included: a circle that only type
 checking closes is still a circle for a reader), and held against the layer table
@@ -10,12 +13,14 @@ a new module must be given a layer here, so the table stays the map of the tree.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "celery_agboss"
+ARCHITECTURE_MD = PACKAGE_DIR.parent / "docs" / "architecture.md"
 
 # Bottom first. A name is a module, or a package followed by ".*" for all it holds.
 LAYERS: list[tuple[str, list[str]]] = [
@@ -26,20 +31,20 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "runtime",
         [
-            "celery_agboss.settings",
-            "celery_agboss.messages",
-            "celery_agboss.task_events",
             "celery_agboss.runtime",
+            "celery_agboss.runtime.*",
+            "celery_agboss.task_events",
         ],
     ),
     ("delivery", ["celery_agboss.delivery", "celery_agboss.delivery.*"]),
     # The transactional outbox: what a fenced effect enqueues, published after its commit.
-    ("outbox", ["celery_agboss.outbox", "celery_agboss.undo_tasks"]),
+    ("outbox", ["celery_agboss.outbox", "celery_agboss.outbox.*"]),
     ("task", ["celery_agboss.task"]),
     (
         "installed by AGBoss",
         [
             "celery_agboss.signals",
+            "celery_agboss.signals.*",
             # What a body publishes (a canvas recorded through the outbox); signals use it.
             "celery_agboss.body_publishes",
             "celery_agboss.sweep",
@@ -48,8 +53,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.operator.*",
             "celery_agboss.metrics",
             "celery_agboss.metrics.*",
-            "celery_agboss.store_check",
-            "celery_agboss.held_messages",
+            # What AGBoss installs on each worker: its store check, the messages it holds.
+            "celery_agboss.worker",
+            "celery_agboss.worker.*",
             # Webhook intake: signature checks, and events applied through PaymentTask.
             "celery_agboss.webhooks",
             "celery_agboss.webhooks.*",
@@ -62,7 +68,6 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.cli",
             "celery_agboss.cli.*",
             "celery_agboss.flower",
-            "celery_agboss.demo",
             "celery_agboss.testing",
             "celery_agboss.testing.*",
             "celery_agboss.chaos",
@@ -216,3 +221,63 @@ def test_the_graph_reader_sees_deferred_and_type_checking_imports(tmp_path: Path
         "celery_agboss.c": tmp_path / "a.py",
     }
     assert import_graph(modules)["celery_agboss.a"] == {"celery_agboss.b", "celery_agboss.c"}
+
+
+def _as_written_in_the_doc(names: Iterable[str]) -> set[str]:
+    """How docs/architecture.md writes a layer's names: ``core/`` for a package and all
+    it holds, ``errors`` for a module, and "the package root" for ``celery_agboss``."""
+    written: set[str] = set()
+    packages = {name[: -len(".*")] for name in names if name.endswith(".*")}
+    for name in names:
+        if name == "celery_agboss":
+            written.add("the package root")
+        elif name.endswith(".*"):
+            written.add(name[len("celery_agboss.") : -len(".*")].replace(".", "/") + "/")
+        elif name not in packages:
+            written.add(name[len("celery_agboss.") :].replace(".", "/"))
+    return written
+
+
+def architecture_table(text: str) -> list[tuple[str, set[str]]]:
+    """The rows of the page's layer table: (layer, the names its modules cell gives)."""
+    rows: list[tuple[str, set[str]]] = []
+    lines = text.splitlines()
+    start = lines.index("| layer | modules | holds |")
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        layer, modules = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        written = set(re.findall(r"`([^`]+)`", modules))
+        if "the package root" in modules:
+            written.add("the package root")
+        rows.append((layer.replace("`", ""), written))
+    return rows
+
+
+def test_every_name_in_the_layer_table_is_a_module_of_the_package() -> None:
+    """A stale name (a module moved or deleted) would let its old layer hide the new one."""
+    modules = package_modules()
+    stale = [
+        name
+        for _, names in LAYERS
+        for name in names
+        if not (
+            name in modules
+            or (name.endswith(".*") and any(m.startswith(name[:-1]) for m in modules))
+        )
+    ]
+    assert stale == []
+
+
+def test_the_architecture_page_shows_this_layer_table() -> None:
+    """docs/architecture.md's table has these layers, in this order, each naming the
+    modules placed here and no other: the page cannot drift from what is enforced."""
+    expected = [(layer, _as_written_in_the_doc(names)) for layer, names in LAYERS]
+    assert architecture_table(ARCHITECTURE_MD.read_text(encoding="utf-8")) == expected
+
+
+def test_the_page_check_sees_a_module_missing_from_the_page() -> None:
+    """The twin of the check above: a page that leaves a placed module out differs."""
+    text = ARCHITECTURE_MD.read_text(encoding="utf-8").replace(", `chaos/`", "", 1)
+    expected = [(layer, _as_written_in_the_doc(names)) for layer, names in LAYERS]
+    assert architecture_table(text) != expected

@@ -2,7 +2,7 @@
 
 These prove the holder side of P1 (one owner): a holder past its own deadline, on
 either clock, or told by a renewal that its lease is gone, refuses to write or
-send — and with ``HOLDER_TRUSTS_LEASE_FOREVER`` switched off it does not (PS13).
+send — and with ``HOLDER_TRUSTS_LEASE_FOREVER`` switched off it does not (design: PS13).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
-from celery_agboss.core.store import LeaseGrant, LeaseRef, RenewOutcome
+from celery_agboss.core.protections import HOLDER_TRUSTS_LEASE_FOREVER
+from celery_agboss.core.store_protocol import LeaseGrant, LeaseRef, RenewOutcome
 from celery_agboss.errors import ExecutionFencedError, StoreUnavailableError
 
 REF = LeaseRef("exec-1", "holder-a", 1)
@@ -111,7 +112,7 @@ def test_with_the_protection_off_a_holder_trusts_its_lease_forever(
     handle = _handle(clock)
     handle.mark_lost()
     clock.advance(3600)
-    with sabotage.switched_off(sabotage.HOLDER_TRUSTS_LEASE_FOREVER):
+    with sabotage.switched_off(HOLDER_TRUSTS_LEASE_FOREVER):
         handle.assert_held()  # the harm: a zombie that would still write and send
     assert not handle.is_trusted()
 

@@ -11,6 +11,7 @@ module, and no logging call passes ``extra=`` or starts its text with an event n
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 import re
 from collections.abc import Iterator
@@ -43,11 +44,15 @@ FAMILIES = {value.partition(".")[0] for value in LOG_EVENTS}
 LOGGING_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "log"}
 
 
-def _sources() -> Iterator[tuple[Path, ast.Module]]:
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        if "migrations" in path.parts or path == MODULE_FILE:
-            continue
-        yield path, ast.parse(path.read_text(encoding="utf-8"), str(path))
+@functools.cache
+def _sources() -> tuple[tuple[Path, ast.Module], ...]:
+    """Every module of the package but the log events' own, parsed once for all tests
+    (the trees are only read)."""
+    return tuple(
+        (path, ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if "migrations" not in path.parts and path != MODULE_FILE
+    )
 
 
 def _where(path: Path, node: ast.AST) -> str:
@@ -117,15 +122,21 @@ def _enclosing_parameters(tree: ast.Module) -> dict[ast.Call, set[str]]:
     return found
 
 
-def _event_calls() -> Iterator[tuple[Path, ast.Call, bool, dict[str, str], set[str]]]:
+@functools.cache
+def _event_calls() -> tuple[tuple[Path, ast.Call, bool, dict[str, str], set[str]], ...]:
+    """``_event_calls_found`` once for all tests."""
+    return tuple(_event_calls_found())
+
+
+def _event_calls_found() -> Iterator[tuple[Path, ast.Call, bool, dict[str, str], set[str]]]:
     """Every call that names a log event: ``log_event(...)`` itself, and the calls of a
-    function that forwards its parameter as the event (``self._log(EVENT, ...)``, also
-    from another module: ``d._log(EVENT, ...)`` in the parts of a delivery).
+    function that forwards its parameter as the event (``self.log_decision(EVENT, ...)``, also
+    from another module: ``d.log_decision(EVENT, ...)`` in the parts of a delivery).
 
     Yields (file, call, forwarded, imported constants, module aliases); ``forwarded``
     is True for a ``log_event`` call inside such a function, whose event is its
     parameter (its callers are yielded instead)."""
-    sources = list(_sources())
+    sources = _sources()
     forwarded: set[ast.Call] = set()
     forwarders: set[str] = set()
     for _, tree in sources:
@@ -318,7 +329,7 @@ def test_a_message_follows_the_fields(caplog: pytest.LogCaptureFixture) -> None:
 def test_a_value_that_is_not_plain_is_logged_as_its_type_name(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """R17: never a repr, which could carry an amount or a card number."""
+    """Never a repr, which could carry an amount or a card number (design: R17)."""
     caplog.set_level(logging.INFO, logger="celery_agboss")
 
     class Card:

@@ -196,7 +196,7 @@ def test_a_masking_error_pickles_with_its_fields() -> None:
     assert (copy_.policy, copy_.field, str(copy_)) == ("mask", "a", str(caught.value))
 
 
-# --- lists are masked element-wise (DESIGN §7) ------------------------------------------
+# --- lists are masked element-wise (design: masking) ------------------------------------------
 
 
 def test_a_path_through_a_list_masks_that_field_of_every_element() -> None:
@@ -214,7 +214,7 @@ def test_a_list_of_values_under_a_masked_path_is_masked_value_by_value() -> None
 
 
 def test_without_element_wise_masking_a_list_keeps_the_card_numbers() -> None:
-    from celery_agboss.core.masking import LISTS_NOT_MASKED_ELEMENT_WISE
+    from celery_agboss.core.protections import LISTS_NOT_MASKED_ELEMENT_WISE
     from celery_agboss.testing.switches import sabotage
 
     with sabotage(LISTS_NOT_MASKED_ELEMENT_WISE):

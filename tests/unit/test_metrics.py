@@ -19,6 +19,7 @@ from celery_agboss.core.log_events import (
     EXECUTION_DEFERRED,
     EXECUTION_FENCED,
     EXECUTION_REPLAYED,
+    EXECUTION_UNMANAGED,
     LOG_EVENTS,
     OUTBOUND_CALL_RECONCILED,
     OUTBOUND_CALL_SENT,
@@ -40,7 +41,7 @@ from celery_agboss.metrics.catalogue import (
 )
 from celery_agboss.metrics.exporter import EventCounters, require_prometheus
 from celery_agboss.metrics.worker import MULTIPROC_ENV, WorkerMetrics
-from celery_agboss.settings import settings_from_conf
+from celery_agboss.runtime.settings import settings_from_conf
 
 SECRET = "order:4242-secret-7f3a"  # a business key, as a caller would pass it
 NAMES = KnownNames(is_task={"shop.charge_order"}.__contains__, is_call={"shop.charge"}.__contains__)
@@ -49,7 +50,7 @@ BASE_CONF = {"agboss_database_url": "sqlite:////tmp/agboss-metrics-unit.db"}
 
 def bare() -> WorkerMetrics:
     """A worker's metrics with no app: enough for what runs before one is needed."""
-    return WorkerMetrics(agboss=cast(Any, None))
+    return WorkerMetrics(runtime=cast(Any, None))
 
 
 # --- the observer hook ------------------------------------------------------------------
@@ -131,12 +132,13 @@ def _by_metric(event: str, fields: Mapping[str, Any]) -> dict[str, list[tuple[st
         (EXECUTION_DEFERRED, {"task": "shop.charge_order"}, "agboss_deferred_duplicates", ()),
         (OUTBOUND_CALL_RECONCILED, {"call": "shop.charge"}, "agboss_reconciliations", ("found",)),
         (OUTBOUND_CALL_SENT, {"call": "shop.charge"}, "agboss_outbound_calls", ("sent",)),
+        (EXECUTION_UNMANAGED, {"task": "shop.charge_order"}, "agboss_unmanaged_executions", ()),
     ],
 )
 def test_each_decision_moves_its_counter_and_the_events_counter(
     event: str, fields: dict[str, Any], metric: str, labels: tuple[str, ...]
 ) -> None:
-    found = _by_metric(event, {**fields, "execution": "e-1", "attempt": 1})
+    found = _by_metric(event, {**fields, "execution_id": "e-1", "attempt": 1})
     name = str(next(iter(fields.values())))
     assert found == {"agboss_events": [(event,)], metric: [(name, *labels)]}
 

@@ -150,7 +150,7 @@ def test_the_app_uses_the_throwaway_store_on_the_test_clock(
 class TestApplyWithoutAWorker:
     """An eager run's fenced transactions run in the test thread of the suite's one big
     process. On SQLite the watchdog rolls back one that holds the write lock for a
-    quarter of the lease TTL (DESIGN §5): with the plugin's 5 s, a pause of 1.25 s
+    quarter of the lease TTL (design: lock bound): with the plugin's 5 s, a pause of 1.25 s
     anywhere in that process (seen late in full-suite runs) ends this run RUNNING. A
     20 s lease keeps the test about ``apply``, not about the machine's pauses."""
 

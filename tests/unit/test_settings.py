@@ -12,13 +12,10 @@ import pytest
 from celery import Celery
 
 from celery_agboss import AGBoss, ConfigurationError
-from celery_agboss.core.keys import (
-    PSEUDONYM_KEY_WHITESPACE_ACCEPTED,
-    business_key_handle,
-    fingerprint,
-)
-from celery_agboss.settings import (
-    TESTING_ENV,
+from celery_agboss.core.keys import business_key_handle, fingerprint
+from celery_agboss.core.protections import PSEUDONYM_KEY_WHITESPACE_ACCEPTED
+from celery_agboss.runtime.known_settings import TESTING_ENV
+from celery_agboss.runtime.settings import (
     TESTING_PSEUDONYM_KEY,
     AGBossSettings,
     settings_from_conf,
@@ -101,7 +98,7 @@ SECRET_FILE_KEYS = [KEY + "\n", (KEY + "\n").encode(), " " + KEY, KEY + "\r\n", 
 @pytest.mark.parametrize("value", SECRET_FILE_KEYS)
 def test_a_pseudonym_key_with_surrounding_whitespace_in_the_conf_is_refused(value: Any) -> None:
     """A key read from a secrets file keeps its trailing newline: one worker with it
-    would compute other fingerprints and handles than the others (A8)."""
+    would compute other fingerprints and handles than the others (design: A8)."""
     with pytest.raises(ConfigurationError, match="whitespace") as caught:
         settings_from_conf(conf(agboss_pseudonym_key=value), environ={})
     assert caught.value.setting == "agboss_pseudonym_key"

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from celery_agboss.core.protections import SQLITE_FORK_UNGUARDED
 from celery_agboss.store.databases import create_store_engine
-from celery_agboss.store.sqlite_fork import SQLITE_FORK_UNGUARDED
 from celery_agboss.testing import sabotage
 
 CHILD_BUSY_TIMEOUT_MS = 3000

@@ -1,5 +1,5 @@
-"""The SQLite watchdog's race (DESIGN §5): once it rolled a fenced transaction back from its
-own thread, nothing more of that transaction may commit.
+"""The SQLite watchdog's race (design: lock bound): once it rolled a fenced transaction back from
+its own thread, nothing more of that transaction may commit.
 
 After a rollback from another thread the connection is in autocommit mode, where the
 fenced code's next statement would commit on its own and pysqlite's ``commit()``

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.settings import DEFAULT_ATTEMPT_TIMEOUT_SECONDS
+from celery_agboss.runtime.known_settings import DEFAULT_ATTEMPT_TIMEOUT_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "docs" / "systemd"

@@ -35,6 +35,18 @@ def committed_ids(url: str) -> list[int]:
         return [row[0] for row in conn.execute("SELECT id FROM payments ORDER BY id")]
 
 
+def _insert_then_the_commit_fails(proxy: PostgresProxy, database: str, payment: int) -> None:
+    """Insert ``payment`` through the proxy, whose armed fault makes the client's COMMIT
+    fail (whether the database committed is what the test asks)."""
+    conn = through(proxy, database)
+    try:
+        conn.execute(f"INSERT INTO payments VALUES ({payment})")
+        with pytest.raises(psycopg.OperationalError):
+            conn.commit()
+    finally:
+        conn.close()
+
+
 def test_a_query_through_the_proxy_gets_its_answer(
     postgres_proxy: PostgresProxy, database: str
 ) -> None:
@@ -58,13 +70,7 @@ def test_a_commit_whose_answer_is_dropped_errors_for_the_client_but_is_committed
     postgres_proxy: PostgresProxy, database: str
 ) -> None:
     postgres_proxy.drop_answer_after_commit()
-    conn = through(postgres_proxy, database)
-    try:
-        conn.execute("INSERT INTO payments VALUES (7)")
-        with pytest.raises(psycopg.OperationalError):
-            conn.commit()
-    finally:
-        conn.close()
+    _insert_then_the_commit_fails(postgres_proxy, database, 7)
 
     postgres_proxy.wait_for_faults(1)
     assert committed_ids(database) == [7]
@@ -89,13 +95,7 @@ def test_a_commit_cut_before_it_is_forwarded_commits_nothing(
     postgres_proxy: PostgresProxy, database: str
 ) -> None:
     postgres_proxy.arm_commit_fault(CommitFault.CUT_BEFORE)
-    conn = through(postgres_proxy, database)
-    try:
-        conn.execute("INSERT INTO payments VALUES (3)")
-        with pytest.raises(psycopg.OperationalError):
-            conn.commit()
-    finally:
-        conn.close()
+    _insert_then_the_commit_fails(postgres_proxy, database, 3)
 
     assert postgres_proxy.faults_fired == 1
     assert committed_ids(database) == []

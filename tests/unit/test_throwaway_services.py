@@ -286,8 +286,11 @@ def test_sigterm_to_the_wrapper_ends_the_command_and_the_throwaway_server(
         start_new_session=True,
     )
     try:
-        wait_until(ready.exists, timeout=60, message="the command to start")
-        url = ready.read_text()
+        # Its content, not only the file: exists() is true before write_text has written,
+        # and an empty URL reads as the default port, the real Redis's.
+        url = wait_until(
+            lambda: ready.exists() and ready.read_text(), timeout=60, message="the command's URL"
+        )
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:

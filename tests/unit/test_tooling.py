@@ -1,7 +1,8 @@
-"""The formatter and the linter are the same for a commit hook and for ``make lint``."""
+"""The formatter and the linter are the same for a commit hook, ``make lint`` and tox."""
 
 from __future__ import annotations
 
+import configparser
 import re
 from importlib import metadata
 from pathlib import Path
@@ -35,3 +36,40 @@ def test_make_lint_fails_on_unformatted_code() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
     assert "ruff format --check" in lint
+
+
+def _dev_extra_ruff_pin() -> str:
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    lines = config["options.extras_require"]["dev"].splitlines()
+    pins = [line.strip() for line in lines if line.strip().startswith("ruff")]
+    assert len(pins) == 1, f"one ruff in the dev extra, not {pins}"
+    found = re.fullmatch(r"ruff==(\S+)", pins[0])
+    assert found, f"the dev extra pins one ruff version exactly (ruff==X.Y.Z), not {pins[0]!r}"
+    return found.group(1)
+
+
+def _tox_lint() -> configparser.SectionProxy:
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "tox.ini", encoding="utf-8")
+    return config["testenv:lint"]
+
+
+def _make_lint_commands() -> list[str]:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    lines = [line.strip() for line in lint.splitlines()[1:]]
+    return [line.removeprefix("$(BIN)/") for line in lines if line]
+
+
+def test_one_ruff_version_for_the_dev_extra_the_commit_hooks_and_tox() -> None:
+    pin = _dev_extra_ruff_pin()
+    assert _precommit_ruff_rev() == pin
+    assert _tox_lint()["deps"].strip() == f"ruff=={pin}"
+
+
+def test_tox_lints_as_make_lint_does() -> None:
+    tox = [line.strip() for line in _tox_lint()["commands"].splitlines() if line.strip()]
+    make = _make_lint_commands()
+    assert any(command.startswith("ruff format --check ") for command in make)
+    assert tox == make

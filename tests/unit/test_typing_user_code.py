@@ -3,7 +3,9 @@ misuses in it stay rejected): tests/typing/user_code.py."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_CODE = ROOT / "tests" / "typing" / "user_code.py"
+API = ROOT / "docs" / "api.md"
+
+
+def test_user_code_imports_only_modules_the_public_api_names() -> None:
+    """User code sees the public surface only: a module docs/api.md does not name (the
+    core's, the store's) may change without notice, so checking it here would check
+    nothing a user may rely on."""
+    public = set(re.findall(r"`(celery_agboss(?:\.[a-z_]+)*)`", API.read_text(encoding="utf-8")))
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(USER_CODE.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("celery_agboss")
+    }
+    assert imported and imported <= public, sorted(imported - public)
 
 
 @pytest.mark.slow

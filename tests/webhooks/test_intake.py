@@ -18,6 +18,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, s
 from sqlalchemy.engine import Connection
 
 from celery_agboss import AGBoss, IdempotencyKeyConflictError, PaymentTask
+from celery_agboss.core.protections import ADYEN_FIELDS_UNCHECKED, EVENT_NOT_KEYED
 from celery_agboss.testing import sabotage
 from celery_agboss.webhooks import (
     WebhookEvent,
@@ -29,8 +30,7 @@ from celery_agboss.webhooks import (
     sign_adyen_item,
     verify_adyen,
 )
-from celery_agboss.webhooks.intake import EVENT_NOT_KEYED
-from celery_agboss.webhooks.signatures import ADYEN_FIELDS_UNCHECKED
+from tests.webhooks.signing_keys import ADYEN_KEY
 
 tables = MetaData()
 events_applied = Table(
@@ -149,8 +149,6 @@ def test_a_pause_answered_by_an_event_twice_is_answered_once(agboss_app: Celery)
 
 
 # --- an Adyen notification re-split at its unescaped colons --------------------------
-
-ADYEN_KEY = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"
 
 
 def _adyen_notification(**fields: Any) -> dict[str, Any]:

@@ -33,10 +33,8 @@ from celery_agboss.webhooks import (
     verify_stripe,
     verify_webhook,
 )
+from tests.webhooks.signing_keys import ADYEN_KEY, CHECKOUT_SECRET, STRIPE_SECRET
 
-STRIPE_SECRET = "whsec_test_0123456789abcdef"
-CHECKOUT_SECRET = "cko-webhook-signature-key"
-ADYEN_KEY = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"
 ACCOUNTS = ["ShopAccount"]
 NOW = 1_700_000_000
 

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
-from celery_agboss.core.store import JSON, EffectRecord, LeaseRef, Store
+from celery_agboss.core.store_protocol import JSON, EffectRecord, LeaseRef, Store
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.testing.clock import VirtualClock
 

@@ -1,5 +1,5 @@
-"""Contract cases of the lease: one owner (P1), no revival (R19), the database clock (PS13),
-renewals beside a running fenced transaction (§5)."""
+"""Contract cases of the lease: one owner, no revival, the database clock, renewals beside
+a running fenced transaction (design: P1, R19, PS13, renewal)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from celery_agboss.core.store import EffectRecord, LeaseGrant, RenewOutcome, Store
+from celery_agboss.core.store_protocol import EffectRecord, LeaseGrant, RenewOutcome, Store
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.contract.base import (
     JOIN_SECONDS,
@@ -26,7 +26,7 @@ from celery_agboss.testing.contract.base import (
     write_effect,
 )
 
-# --- P1: one owner ---------------------------------------------------------------
+# --- one owner (design: P1) ------------------------------------------------------
 
 
 @dataclass
@@ -78,7 +78,8 @@ def concurrent_acquire_rounds(
 
 
 def check_one_winner_per_token(factory: StoreFactory) -> None:
-    """P1: concurrent acquirers get one winner per round; tokens grow by one per take-over."""
+    """Concurrent acquirers get one winner per round; tokens grow by one per take-over
+    (design: P1)."""
     rounds = concurrent_acquire_rounds(factory)
     previous: int | None = None
     for number, outcome in enumerate(rounds):
@@ -102,8 +103,8 @@ def check_one_winner_per_token(factory: StoreFactory) -> None:
 
 
 def check_acquire_is_never_reentrant(factory: StoreFactory) -> None:
-    """P1 (trap 2): a live lease refuses its own holder too: a second copy of one delivery
-    on the same worker must not run the body."""
+    """A live lease refuses its own holder too (design: P1, trap 2): a second copy of one
+    delivery on the same worker must not run the body."""
     clock = VirtualClock()
     with open_stores(factory, 1, clock) as (store,):
         scope = new_scope("reentrant")
@@ -117,7 +118,8 @@ def check_acquire_is_never_reentrant(factory: StoreFactory) -> None:
 
 
 def check_take_over_fences_the_old_holder(factory: StoreFactory) -> None:
-    """P1/P2: after a take-over the old token writes nothing, renews nothing, releases nothing."""
+    """After a take-over the old token writes nothing, renews nothing, releases nothing
+    (design: P1, P2)."""
     clock = VirtualClock()
     with open_stores(factory, 2, clock) as (old_store, new_store):
         scope = new_scope("takeover")
@@ -151,7 +153,7 @@ def check_take_over_fences_the_old_holder(factory: StoreFactory) -> None:
         require(written and record.token == new.token, "P2", "the new holder could not write")
 
 
-# --- R19: renewals never revive ----------------------------------------------------
+# --- renewals never revive (design: R19) -------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ def late_renewal(factory: StoreFactory) -> LateRenewal:
 
 
 def check_late_renewal_is_refused(factory: StoreFactory) -> None:
-    """R19: a renewal after expiry is refused, even when nobody has taken the lease."""
+    """A renewal after expiry is refused, even when nobody has taken the lease (design: R19)."""
     outcome = late_renewal(factory)
     require(outcome.renew_result is None, "R19", f"an expired lease was renewed: {outcome}")
     require(
@@ -215,12 +217,12 @@ def check_live_renewal_extends_on_the_database_clock(factory: StoreFactory) -> N
         require(outcome.get(lease) is RenewOutcome.RENEWED, "P1", f"batch renewal: {outcome}")
 
 
-# --- PS13: expiry by the database clock --------------------------------------------------
+# --- expiry by the database clock (design: PS13) -----------------------------------------
 
 
 def check_expiry_is_decided_by_the_database_clock(factory: StoreFactory) -> None:
-    """PS13: a lease lives exactly until its expiry on the database clock: no earlier take-over,
-    fenced right after."""
+    """A lease lives exactly until its expiry on the database clock (design: PS13): no earlier
+    take-over, fenced right after."""
     clock = VirtualClock()
     with open_stores(factory, 2, clock) as (holder_store, rival_store):
         scope = new_scope("db-clock")
@@ -252,8 +254,8 @@ def check_expiry_is_decided_by_the_database_clock(factory: StoreFactory) -> None
 def check_renewals_skip_a_row_locked_by_a_fenced_transaction(
     factory: StoreFactory, *, hold_seconds: float = 1.0
 ) -> None:
-    """§5: while one execution's fenced transaction is open, a batch renewal of the process's
-    leases renews the others and reports the locked one BUSY (never LOST) — or, on a
+    """While one execution's fenced transaction is open, a batch renewal (design: renewal) of
+    the process's leases renews the others and reports the locked one BUSY (never LOST) — or, on a
     backend with one write lock for the whole database (SQLite), waits its turn."""
     clock = VirtualClock()
     with open_stores(factory, 2, clock) as (worker_store, renewer_store):

@@ -1,5 +1,5 @@
-"""Contract cases of fenced writes: the zombie's write (PS4), a commit whose answer is lost
-(PS14), two executions inserting one key at once (P2, P3)."""
+"""Contract cases of fenced writes: the zombie's write (design: PS4), a commit whose answer is lost
+(design: PS14), two executions inserting one key at once (design: P2, P3)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 
 from celery_agboss.core import fault_points
-from celery_agboss.core.store import JSON, EffectRecord, IntentStatus, LeaseRef, NewIntent
+from celery_agboss.core.store_protocol import JSON, EffectRecord, IntentStatus, LeaseRef, NewIntent
 from celery_agboss.errors import ExecutionFencedError, StoreUnavailableError
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.contract.base import (
@@ -23,9 +23,9 @@ from celery_agboss.testing.contract.base import (
     run_threads,
     write_effect,
 )
-from celery_agboss.testing.faults import arm_pause, arm_raise
+from celery_agboss.testing.fault_arming import arm_pause, arm_raise
 
-# --- PS4: the zombie reaches the write first -------------------------------------------
+# --- the zombie reaches the write first (design: PS4) ----------------------------------
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,8 @@ def zombie_race(
 
 
 def check_zombie_write_is_fenced(factory: StoreFactory) -> None:
-    """PS4/P2: a zombie's write landing after a take-over is refused in its own transaction;
-    nothing of it is stored and the new holder's write stands."""
+    """A zombie's write landing after a take-over is refused in its own transaction
+    (design: PS4, P2); nothing of it is stored and the new holder's write stands."""
     race = zombie_race(factory)
     require(
         isinstance(race.zombie_error, ExecutionFencedError),
@@ -104,7 +104,7 @@ def check_zombie_write_is_fenced(factory: StoreFactory) -> None:
     )
 
 
-# --- PS14: a commit whose answer is lost -----------------------------------------------------
+# --- a commit whose answer is lost (design: PS14) --------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def commit_crash(factory: StoreFactory, point: str) -> CommitCrash:
 
 
 def check_a_crash_before_commit_commits_nothing(factory: StoreFactory) -> None:
-    """PS14/P2: a write that died before COMMIT is absent; the retry writes it, once."""
+    """A write that died before COMMIT is absent; the retry writes it, once (design: PS14, P2)."""
     crash = commit_crash(factory, fault_points.FENCED_BEFORE_COMMIT)
     require(crash.error is not None, "PS14", "the fault before COMMIT did not fire")
     require(not crash.found_on_retry, "PS14", "a write that died before COMMIT was stored")
@@ -154,7 +154,8 @@ def check_a_crash_before_commit_commits_nothing(factory: StoreFactory) -> None:
 
 
 def check_a_crash_after_commit_is_found_on_retry(factory: StoreFactory) -> None:
-    """PS14/P2: a write that committed but whose caller saw an error is found and replayed."""
+    """A write that committed but whose caller saw an error is found and replayed
+    (design: PS14, P2)."""
     crash = commit_crash(factory, fault_points.FENCED_AFTER_COMMIT)
     require(crash.error is not None, "PS14", "the fault after COMMIT did not fire")
     require(crash.found_on_retry, "PS14", "a committed write is missing after the error")
@@ -183,8 +184,9 @@ def _intent(key: str, lease: LeaseRef, marker: str) -> NewIntent:
 
 
 def check_one_key_inserted_at_once_has_one_winner(factory: StoreFactory) -> None:
-    """P2/P3 (PS8): two executions insert one intent key and one effect key at the same moment:
-    one insert wins, the other reads the winner's row; no unique violation escapes."""
+    """Two executions insert one intent key and one effect key at the same moment
+    (design: P2, P3, PS8): one insert wins, the other reads the winner's row; no unique
+    violation escapes."""
     clock = VirtualClock()
     racers = 2
     with open_stores(factory, racers, clock) as stores:

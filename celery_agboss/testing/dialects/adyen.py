@@ -46,7 +46,7 @@ DECLINED_HOLDER_NAME = "DECLINED"  # Adyen's test trigger: holderName names the 
 # kind -> (HTTP status, errorCode, errorType); the message is the fake's own.
 _ERRORS: dict[FakeGatewayErrorKind, tuple[int, str, str]] = {
     FakeGatewayErrorKind.IN_PROGRESS: (422, "704", "validation"),
-    # Adyen documents no refusal of a key reused with other parameters (G5): a fake
+    # Adyen documents no refusal of a key reused with other parameters (design: G5): a fake
     # switched to refuse one answers the one key error Adyen does document.
     FakeGatewayErrorKind.CONFLICT: (422, "704", "validation"),
     FakeGatewayErrorKind.INVALID_REQUEST: (422, "137", "validation"),
@@ -80,12 +80,12 @@ class AdyenDialect:
 
     name = "adyen"
     documented_capabilities: ClassVar[GatewayCapabilities] = GatewayCapabilities(
-        idempotency_keys=True,  # G1: Idempotency-Key on every POST
-        lookup_by_key=False,  # G2: no read API for payments in Checkout v72
+        idempotency_keys=True,  # Idempotency-Key on every POST (design: G1)
+        lookup_by_key=False,  # no read API for payments in Checkout v72 (design: G2)
         reference_lookup=False,
-        key_retention=SEVEN_DAYS,  # G3: "7 to 14 days": the lowest documented value
-        first_response_on_repeat=True,  # G4: the first response is returned
-        conflict_on_mismatch=False,  # G5: not documented
+        key_retention=SEVEN_DAYS,  # "7 to 14 days": the lowest documented value (design: G3)
+        first_response_on_repeat=True,  # the first response is returned (design: G4)
+        conflict_on_mismatch=False,  # not documented (design: G5)
     )
 
     def install(self, server: FakeGatewayServer) -> None:

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import threading
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
+from celery_agboss.testing.dialects.canned import CannedReplies
 from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
@@ -113,32 +113,24 @@ def _card_of(source: Any) -> str:
     return str(source.get("token") or source.get("number") or source.get("id") or "")
 
 
-@dataclass
-class _Canned:
-    status: int
-    payload: Any
-    operation: str | None
-    remaining: int
-
-
 class CheckoutDialect:
     """Checkout.com's payments API over the server's one ``FakeGateway``."""
 
     name = "checkout"
     documented_capabilities: ClassVar[GatewayCapabilities] = GatewayCapabilities(
-        idempotency_keys=True,  # G1: Cko-Idempotency-Key on payments and their actions
+        idempotency_keys=True,  # Cko-Idempotency-Key on payments and their actions (design: G1)
         lookup_by_key=False,  # no read by the key itself ...
-        reference_lookup=True,  # ... G2 is GET /payments?reference= (not unique)
-        key_retention=86400.0,  # G3: 24 h by default (an account may be set otherwise)
-        first_response_on_repeat=True,  # G4: for a 2xx answer only
-        conflict_on_mismatch=False,  # G5: not documented for payments
+        reference_lookup=True,  # ... the lookup is GET /payments?reference= (design: G2)
+        key_retention=86400.0,  # 24 h by default (an account may be set otherwise) (design: G3)
+        first_response_on_repeat=True,  # for a 2xx answer only (design: G4)
+        conflict_on_mismatch=False,  # not documented for payments (design: G5)
         replays_failures=False,  # "an idempotent result will not be saved" for a failure
     )
 
     def __init__(self) -> None:
         self._server: FakeGatewayServer | None = None
         self._lock = threading.Lock()
-        self._canned: list[_Canned] = []
+        self._canned = CannedReplies()
         self._action_details: dict[str, dict[str, Any]] = {}  # key -> reference, metadata
 
     def install(self, server: FakeGatewayServer) -> None:
@@ -160,10 +152,8 @@ class CheckoutDialect:
         any) with this status and body, before the gateway sees them: nothing is processed."""
         if operation is not None and operation not in OPERATIONS:
             raise ValueError(f"operation must be one of {OPERATIONS}, not {operation!r}")
-        with self._lock:
-            self._canned.append(
-                _Canned(status, {} if payload is None else payload, operation, times)
-            )
+        reply = Reply(status, {} if payload is None else payload)
+        self._canned.arm(reply, None if operation is None else operation.__eq__, times)
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -175,7 +165,7 @@ class CheckoutDialect:
 
     def _guarded(self, operation: str, handler: Endpoint) -> Endpoint:
         def endpoint(call: GatewayCall) -> Reply:
-            canned = self._take_canned(operation)
+            canned = self._canned.take(operation)
             if canned is not None:
                 return canned
             authorization = call.header("Authorization") or ""
@@ -184,16 +174,6 @@ class CheckoutDialect:
             return handler(call)
 
         return endpoint
-
-    def _take_canned(self, operation: str) -> Reply | None:
-        with self._lock:
-            for canned in self._canned:
-                if canned.operation in (None, operation):
-                    canned.remaining -= 1
-                    if canned.remaining == 0:
-                        self._canned.remove(canned)
-                    return Reply(canned.status, canned.payload)
-        return None
 
     def _error(self, exc: FakeGatewayError, operation: str) -> Reply:
         if isinstance(exc, FakeGatewayTimeout):

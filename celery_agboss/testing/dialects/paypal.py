@@ -17,10 +17,19 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
 from typing import Any, ClassVar
 
+from celery_agboss.testing.dialects.canned import CannedReplies
+from celery_agboss.testing.dialects.paypal_wire import (
+    KIND_ERRORS,
+    NOTHING_PROCESSED,
+    ZERO_DECIMAL_CURRENCIES,
+    from_value,
+    iso,
+    not_found,
+    paypal_error,
+    to_value,
+)
 from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
@@ -32,70 +41,8 @@ from celery_agboss.testing.gateway_types import (
 ORDER_KEY_RETENTION = 6 * 3600.0
 """Orders v2 keeps a ``PayPal-Request-Id`` 6 hours (its API spec and its SDK say so)."""
 
-ZERO_DECIMAL_CURRENCIES = frozenset({"HUF", "JPY", "TWD"})
-_NAMES = {
-    400: "INVALID_REQUEST",
-    401: "AUTHENTICATION_FAILURE",
-    403: "NOT_AUTHORIZED",
-    404: "RESOURCE_NOT_FOUND",
-    409: "RESOURCE_CONFLICT",
-    422: "UNPROCESSABLE_ENTITY",
-    429: "RATE_LIMIT_REACHED",
-    503: "SERVICE_UNAVAILABLE",
-}
-_ERRORS_PAGE = "https://developer.paypal.com/api/rest/reference/orders/v2/errors/"
 Body = dict[str, Any]
 _Act = Callable[[Body, int | None, str | None], Reply]  # payment, amount, key -> reply
-
-
-def paypal_error(status: int, issue: str | None = None, description: str = "") -> Reply:
-    """A PayPal error reply: the name PayPal gives the status, and the issue as a detail."""
-    name = _NAMES.get(status, "INTERNAL_SERVER_ERROR")
-    body: Body = {
-        "name": name,
-        "message": description or name.replace("_", " ").capitalize(),
-        "debug_id": uuid.uuid4().hex[:13],
-        "links": [{"href": _ERRORS_PAGE, "rel": "information_link", "method": "GET"}],
-    }
-    if issue is not None:
-        body["details"] = [{"issue": issue, "description": description or issue}]
-    return Reply(status, body)
-
-
-_KIND_ERRORS: dict[FakeGatewayErrorKind, tuple[int, str | None, str]] = {
-    FakeGatewayErrorKind.DECLINED: (422, "INSTRUMENT_DECLINED", "The instrument was declined."),
-    FakeGatewayErrorKind.IN_PROGRESS: (409, "PREVIOUS_REQUEST_IN_PROGRESS", "In progress."),
-    FakeGatewayErrorKind.CONFLICT: (422, "DUPLICATE_REQUEST_ID", "Request id already used."),
-    FakeGatewayErrorKind.NOT_FOUND: (404, "INVALID_RESOURCE_ID", "No such resource."),
-}
-_NOTHING_PROCESSED = (503, None, "Service unavailable; nothing was processed.")
-
-
-def _not_found() -> Reply:
-    return paypal_error(404, "INVALID_RESOURCE_ID", "Specified resource ID does not exist.")
-
-
-def to_value(amount: int, currency: str) -> str:
-    """Minor units as PayPal's decimal string ("10.00"; "1000" for a zero-decimal currency)."""
-    if currency.upper() in ZERO_DECIMAL_CURRENCIES:
-        return str(amount)
-    return f"{Decimal(amount) / 100:.2f}"
-
-
-def from_value(value: object, currency: str) -> int | None:
-    """PayPal's decimal string as minor units; None when it is not a positive amount."""
-    try:
-        number = Decimal(str(value))
-    except InvalidOperation:
-        return None
-    minor = number if currency.upper() in ZERO_DECIMAL_CURRENCIES else number * 100
-    if not minor.is_finite() or minor != minor.to_integral_value() or minor <= 0:
-        return None
-    return int(minor)
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _capture_id_of_authorization(payment_id: str) -> str:
@@ -125,20 +72,13 @@ class PayPalOrder:
 
 
 @dataclass
-class _Canned:
-    reply: Reply
-    path: str | None  # None: any request
-    remaining: int
-
-
-@dataclass
 class _State:
     orders: dict[str, PayPalOrder] = field(default_factory=dict)
     order_keys: dict[str, str] = field(default_factory=dict)  # PayPal-Request-Id -> order id
     order_of_payment: dict[str, str] = field(default_factory=dict)
     paying: dict[str, str | None] = field(default_factory=dict)  # order id -> its payment's key
     tokens: set[str] = field(default_factory=set)
-    canned: list[_Canned] = field(default_factory=list)
+    canned: CannedReplies = field(default_factory=CannedReplies)
 
 
 class PayPalDialect:
@@ -192,8 +132,8 @@ class PayPalDialect:
         ``status`` and ``body`` (default: PayPal's error body for the status), before
         anything is processed: any status or error body PayPal documents, on demand."""
         reply = paypal_error(status) if body is None else Reply(status, body)
-        with self._lock:
-            self._state.canned.append(_Canned(reply, path, times))
+        matches = None if path is None else (lambda called: called.endswith(path))
+        self._state.canned.arm(reply, matches, times)
 
     def forget_keys(self) -> None:
         """Drop every order's key, as PayPal does after 6 h (``FakeGateway.forget_keys``
@@ -213,16 +153,10 @@ class PayPalDialect:
         """A canned answer first; then the bearer token every API call needs."""
 
         def serve(call: GatewayCall) -> Reply:
+            canned = self._state.canned.take(call.path)
+            if canned is not None:
+                return canned
             with self._lock:
-                canned = next(
-                    (c for c in self._state.canned if c.path is None or call.path.endswith(c.path)),
-                    None,
-                )
-                if canned is not None:
-                    canned.remaining -= 1
-                    if canned.remaining == 0:
-                        self._state.canned.remove(canned)
-                    return canned.reply
                 scheme, _, bearer = (call.header("Authorization") or "").partition(" ")
                 authorized = scheme == "Bearer" and bearer in self._state.tokens
             if not token and not authorized:
@@ -247,7 +181,7 @@ class PayPalDialect:
             return Reply(0, drop=True)
         if exc.kind is FakeGatewayErrorKind.INVALID_REQUEST:
             return paypal_error(422, invalid_issue, str(exc))
-        status, issue, description = _KIND_ERRORS.get(exc.kind, _NOTHING_PROCESSED)
+        status, issue, description = KIND_ERRORS.get(exc.kind, NOTHING_PROCESSED)
         return paypal_error(status, issue, description)
 
     # --- orders ----------------------------------------------------------------------------------
@@ -284,9 +218,7 @@ class PayPalDialect:
     def _get_order(self, call: GatewayCall) -> Reply:
         with self._lock:
             order = self._state.orders.get(call.params["id"])
-        return (
-            _not_found() if order is None else Reply(200, self._order_body(self._catch_up(order)))
-        )
+        return not_found() if order is None else Reply(200, self._order_body(self._catch_up(order)))
 
     def _pay_order(self, call: GatewayCall) -> Reply:
         """Capture or authorize an order: where the money moves."""
@@ -295,7 +227,7 @@ class PayPalDialect:
         with self._lock:
             found = self._state.orders.get(call.params["id"])
         if found is None:
-            return _not_found()
+            return not_found()
         order = self._catch_up(found)
         with self._lock:
             if order.intent != wanted:
@@ -362,12 +294,12 @@ class PayPalDialect:
 
     def _get_authorization(self, call: GatewayCall) -> Reply:
         found = self._payment(call.params["id"])
-        return _not_found() if found is None else Reply(200, self._authorization(found))
+        return not_found() if found is None else Reply(200, self._authorization(found))
 
     def _get_capture(self, call: GatewayCall) -> Reply:
         found = self._payment(_payment_of_capture(call.params["id"]))
         if found is None or found["amount_captured"] == 0:
-            return _not_found()
+            return not_found()
         return Reply(200, self._capture(found, call.params["id"]))
 
     def _capture_authorization(self, call: GatewayCall) -> Reply:
@@ -402,7 +334,7 @@ class PayPalDialect:
         """One Payments v2 call on the fake's payment: its amount read, its refusals named."""
         payment = self._payment(payment_id)
         if payment is None:
-            return _not_found()
+            return not_found()
         money, amount = call.body.get("amount"), None
         if isinstance(money, dict):
             amount = from_value(money.get("value"), payment["currency"])
@@ -429,8 +361,8 @@ class PayPalDialect:
         return {
             "id": object_id,
             "status": status,
-            "create_time": _iso(created),
-            "update_time": _iso(created),
+            "create_time": iso(created),
+            "update_time": iso(created),
             "links": [{"href": href, "rel": "self", "method": "GET"}],
         }
 
@@ -456,7 +388,7 @@ class PayPalDialect:
         body.update(
             amount=self._money(payment["amount"], payment["currency"]),
             custom_id=payment["reference"],
-            expiration_time=_iso(created + 29 * 86400),
+            expiration_time=iso(created + 29 * 86400),
         )
         return body
 
@@ -480,7 +412,7 @@ class PayPalDialect:
         body.update(
             intent=order.intent,
             purchase_units=[unit],
-            update_time=_iso(order.paid_at or order.created),
+            update_time=iso(order.paid_at or order.created),
         )
         return body
 

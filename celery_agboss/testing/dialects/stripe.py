@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from celery_agboss.core.durations import to_seconds
+from celery_agboss.testing.dialects.canned import CannedReplies
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
@@ -196,19 +196,16 @@ class StripeDialect:
         self.search_lag = to_seconds(search_lag, what="search_lag")
         if self.search_lag < 0:
             raise ValueError("search_lag must be >= 0 seconds")
-        self._lock = threading.Lock()
-        self._canned: list[Reply] = []
+        self._canned = CannedReplies()
 
     def answer_next(self, reply: Reply, *, times: int = 1) -> None:
         """Answer the next ``times`` requests with ``reply``, nothing reaching the gateway
         (build Stripe-shaped errors with :func:`stripe_error`)."""
-        with self._lock:
-            self._canned.extend([reply] * times)
+        self._canned.arm(reply, None, times)
 
     def clear_answers(self) -> None:
         """Disarm every ``answer_next`` not used yet."""
-        with self._lock:
-            self._canned.clear()
+        self._canned.clear()
 
     def install(self, server: FakeGatewayServer) -> None:
         api = _StripeApi(server, self)
@@ -227,9 +224,7 @@ class StripeDialect:
 
     def _guarded(self, handler: Handler) -> Handler:
         def endpoint(call: GatewayCall) -> Reply:
-            with self._lock:
-                canned = self._canned.pop(0) if self._canned else None
-            return canned or _authentication(call) or handler(call)
+            return self._canned.take(call.path) or _authentication(call) or handler(call)
 
         return endpoint
 

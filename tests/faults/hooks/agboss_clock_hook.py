@@ -1,4 +1,4 @@
-"""Skew one process's clocks from a JSON control file (PS13), for fault tests only.
+"""Skew one process's clocks from a JSON control file (design: PS13), for fault tests only.
 
 Imported by this directory's ``sitecustomize`` in every process of a deployment whose
 ``PYTHONPATH`` starts with it. Inert unless ``AGBOSS_TEST_CLOCK`` names a control file;

@@ -3,7 +3,7 @@
 A fault test cannot reach into a worker it started with the README's command, so it
 describes the fault in the environment and this hook (imported by ``sitecustomize``
 at interpreter start-up, before the worker forks its pool) arms it through
-``celery_agboss.testing.faults``. Unset, it imports nothing and arms nothing.
+``celery_agboss.testing.fault_arming``. Unset, it imports nothing and arms nothing.
 
 ``AGBOSS_TEST_FAULT_POINTS`` is a JSON list of rules::
 
@@ -157,7 +157,7 @@ def _read_flag(path: Path) -> dict[str, Any] | None:
 
 
 def _arm(rules: list[Rule]) -> None:
-    from celery_agboss.testing.faults import arm_fault
+    from celery_agboss.testing.fault_arming import arm_fault
 
     for rule in rules:
         only: Callable[[Context], bool] = rule.applies

@@ -14,7 +14,6 @@ app of its own in the worker).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -26,12 +25,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from celery_agboss import AGBoss, PaymentTask, outbox
-from celery_agboss.core import sabotage
 from celery_agboss.core.executions import execution_scope
-from celery_agboss.testing.faults import FENCED_AFTER_COMMIT, arm_fault
+from celery_agboss.testing.fault_arming import FENCED_AFTER_COMMIT, arm_fault
+from tests.integration.apps.shop import app_from_environment
 from tests.integration.apps.shop import make_app as make_shop_app
 
-OUTBOX_CONFIG_ENV = "AGBOSS_IT_OUTBOX_CONFIG"
+CONFIG_ENV = "AGBOSS_IT_OUTBOX_CONFIG"
 ORDERS_TABLE = "it_outbox_orders"
 
 
@@ -108,14 +107,4 @@ def make_app(config: dict[str, Any]) -> Celery:
     return app
 
 
-def _from_environment() -> Celery | None:
-    raw = os.environ.get(OUTBOX_CONFIG_ENV)
-    if not raw:
-        return None
-    for module in ("celery_agboss.delivery.lifecycle", "celery_agboss.delivery.time_limits"):
-        importlib.import_module(module)  # their sabotage names, registered where defined
-    sabotage.activate_from_environment()
-    return make_app(json.loads(raw))
-
-
-app = _from_environment()
+app = app_from_environment(CONFIG_ENV, make_app)

@@ -1,9 +1,9 @@
 """The pause tests' worker app: the shop's app (tests.integration.apps.shop) plus tasks that
 pause.
 
-- ``ps.approve_then_charge``: pauses for an approval, then charges (PS11);
+- ``ps.approve_then_charge``: pauses for an approval, then charges (design: PS11);
 - ``ps.checkout_3ds``: authorises, pauses for the 3-D Secure outcome, reads the payment's
-  status from the gateway and captures it (PS21);
+  status from the gateway and captures it (design: PS21);
 - ``ps.charge_record_then_pause``: charges and records the order in an app table (a
   fenced effect) before it pauses (retention while it waits).
 
@@ -17,8 +17,6 @@ The worker runs ``celery -A tests.integration.apps.pause_app:app`` with the conf
 
 from __future__ import annotations
 
-import json
-import os
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
@@ -27,11 +25,15 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask, Unknown
-from celery_agboss.core import sabotage
 from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import FakeGatewayError
-from tests.integration.apps.shop import GatewayAnswerLost, GatewayDeclined, _http
+from tests.integration.apps.shop import (
+    GatewayAnswerLost,
+    GatewayDeclined,
+    _http,
+    app_from_environment,
+)
 from tests.integration.apps.shop import make_app as make_shop_app
 
 CONFIG_ENV = "AGBOSS_PS_CONFIG"
@@ -144,7 +146,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         )
         answer = self.pause("3ds", {"payment": payment["id"]})
         note("after-pause", self.request.id, source=answer["source"])
-        # The outcome comes from the gateway (G6), never from who answered the pause.
+        # The outcome comes from the gateway (design: G6), never from who answered the pause.
         status = _http(base, "GET", f"/payments/{payment['id']}")["status"]
         if status != "requires_capture":
             return {"order": order_id, "status": status, "source": answer["source"]}
@@ -177,12 +179,4 @@ def make_app(config: dict[str, Any]) -> Celery:
     return app
 
 
-def _from_environment() -> Celery | None:
-    raw = os.environ.get(CONFIG_ENV)
-    if not raw:
-        return None
-    sabotage.activate_from_environment()
-    return make_app(json.loads(raw))
-
-
-app = _from_environment()
+app = app_from_environment(CONFIG_ENV, make_app)

@@ -16,6 +16,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
@@ -27,6 +28,7 @@ from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask,
 from celery_agboss.core import sabotage
 from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.errors import OutboundCallOutcomeUnknownError
+from celery_agboss.testing.celery_app import throwaway_app_config
 from tests.integration.apps.body_publish_tasks import add_body_publish_tasks
 
 CONFIG_ENV = "AGBOSS_IT_CONFIG"
@@ -62,9 +64,15 @@ def _http(base: str, method: str, path: str, body: Any = None) -> Any:
     return json.loads(raw) if raw else None
 
 
-def make_app(config: dict[str, Any]) -> Celery:
-    gateway = config["gateway_url"]
-    app = Celery(f"agboss_it_{config['queue']}", broker=config["broker_url"])
+PSEUDONYM_KEY = "integration-tests-pseudonym-key"
+
+
+def base_app(config: dict[str, Any], name: str) -> Celery:
+    """The app every integration app starts from, in the test process and in its workers:
+    ``make_test_app``'s settings (``throwaway_app_config``, what the ``agboss_app``
+    fixture gives users) moved onto the test's real broker, result backend and store,
+    with the speed-ups of tests/integration/harness.py; ``AGBoss`` on it."""
+    app = Celery(f"{name}_{config['queue']}", broker=config["broker_url"])
     transport_options: dict[str, Any] = {}
     if config["broker_url"].startswith("redis"):
         transport_options = {
@@ -73,25 +81,56 @@ def make_app(config: dict[str, Any]) -> Celery:
             "unacked_restore_throttle": 1,
         }
     app.conf.update(
-        result_backend=config["backend_url"],
-        broker_transport_options=transport_options,
-        broker_connection_retry_on_startup=True,
-        task_default_queue=config["queue"],
-        worker_prefetch_multiplier=1,
-        worker_hijack_root_logger=True,
-        result_extended=True,
-        agboss_database_url=config["database_url"],
-        agboss_pseudonym_key="integration-tests-pseudonym-key",
-        agboss_lease_ttl=config.get("lease_ttl", 5),
-        agboss_sweep_interval=0,
-        agboss_retry_delay=config.get("retry_delay", 1),
-        agboss_max_recovery_attempts=config.get("max_recovery_attempts", 10),
-        agboss_requested_grace=config.get("requested_grace", 300),
-        agboss_attempt_timeout=config.get("attempt_timeout", 120),
+        {
+            **throwaway_app_config(config["database_url"], config["queue"]),
+            "broker_url": config["broker_url"],
+            "result_backend": config["backend_url"],
+            "broker_transport_options": transport_options,
+            "worker_hijack_root_logger": True,  # a worker's log is what a test reads
+            "result_extended": True,
+            "agboss_pseudonym_key": PSEUDONYM_KEY,
+            "agboss_lease_ttl": config.get("lease_ttl", 5),
+            "agboss_retry_delay": config.get("retry_delay", 1),
+            "agboss_max_recovery_attempts": config.get("max_recovery_attempts", 10),
+            "agboss_requested_grace": config.get("requested_grace", 300),
+            "agboss_attempt_timeout": config.get("attempt_timeout", 120),
+        }
     )
     if config.get("tenant"):  # two stores sharing keys on purpose (docs/keys.md)
         app.conf.agboss_tenant = config["tenant"]
-    agboss = AGBoss(app)
+    AGBoss(app)
+    return app
+
+
+def app_from_environment(config_env: str, make_app: Callable[[dict[str, Any]], Celery]) -> Any:
+    """A worker's app (``-A <module>:app``): ``make_app`` of the config the test put in
+    ``config_env`` (JSON), with the protections it switched off; None when unset (the
+    test process, or another app's worker importing this module)."""
+    raw = os.environ.get(config_env)
+    if not raw:
+        return None
+    # The Celery layer's sabotage names are registered where they are defined.
+    for module in ("celery_agboss.delivery.lifecycle", "celery_agboss.delivery.time_limits"):
+        importlib.import_module(module)
+    sabotage.activate_from_environment()
+    return make_app(json.loads(raw))
+
+
+def overrun_on_first_delivery(task: Any, seconds: float, note: Callable[..., None]) -> None:
+    """On the execution's first delivery only: note ``overrunning``, then run on for
+    ``seconds`` (past the hard time limit a test set)."""
+    record = AGBoss.of(task.app).executions.read_execution(task.request.id)
+    if record is not None and record.deliveries == 1:
+        note("overrunning", task.request.id)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def make_app(config: dict[str, Any]) -> Celery:
+    gateway = config["gateway_url"]
+    app = base_app(config, "agboss_it")
+    agboss = AGBoss.of(app)
 
     def note(event: str, task_id: str | None, **fields: Any) -> None:
         _http(gateway, "POST", "/note", {"event": event, "task_id": task_id, **fields})
@@ -161,12 +200,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         """Charges, then (on its first delivery only) overruns its hard time limit."""
         note("body-start", self.request.id)
         receipt = charge(self, order_id, amount)
-        record = AGBoss.of(app).executions.read_execution(self.request.id)
-        if record is not None and record.deliveries == 1:
-            note("overrunning", self.request.id)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                time.sleep(0.1)
+        overrun_on_first_delivery(self, seconds, note)
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
 
@@ -230,7 +264,7 @@ def make_app(config: dict[str, Any]) -> Celery:
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.insistent_charge")
     def insistent_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
-        """Catches an unknown outcome and calls again in the same delivery (R23)."""
+        """Catches an unknown outcome and calls again in the same delivery (design: R23)."""
         note("body-start", self.request.id)
         try:
             receipt = charge(self, order_id, amount)
@@ -242,7 +276,8 @@ def make_app(config: dict[str, Any]) -> Celery:
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.store_pids")
     def store_pids(self: Any, gate_name: str | None = None):  # type: ignore[no-untyped-def]
-        """Which process, on which PostgreSQL backend, wrote this execution's effect (trap 12)."""
+        """Which process, on which PostgreSQL backend, wrote this execution's effect
+        (design: trap 12)."""
         if gate_name:
             gate(gate_name)
 
@@ -380,14 +415,4 @@ def mark_paid(conn: Any, order_id: str, amount: int, receipt: dict[str, Any]) ->
     )
 
 
-def _from_environment() -> Celery | None:
-    raw = os.environ.get(CONFIG_ENV)
-    if raw:
-        # The Celery layer's sabotage names are registered where they are defined.
-        for module in ("celery_agboss.delivery.lifecycle", "celery_agboss.delivery.time_limits"):
-            importlib.import_module(module)
-        sabotage.activate_from_environment()
-    return make_app(json.loads(raw)) if raw else None
-
-
-app = _from_environment()
+app = app_from_environment(CONFIG_ENV, make_app)

@@ -1,4 +1,4 @@
-"""The worker app of the undo tests (tests/integration/test_undo.py): charges with undos.
+"""The worker app of tests/integration/test_undo_in_killed_workers.py: charges with undos.
 
 ``make_app(config)`` builds it; a worker runs ``celery -A tests.integration.apps.undo_app:app``
 with the config (JSON) in ``AGBOSS_UNDO_IT_CONFIG``, and the test process builds the same
@@ -16,10 +16,6 @@ every time the undo runs again).
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
-import os
-import time
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
@@ -27,11 +23,16 @@ from urllib.parse import quote
 from celery import Celery
 
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask, Unknown
-from celery_agboss.core import sabotage
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.task import undo_function
-from tests.integration.apps.shop import GatewayAnswerLost, GatewayDeclined
+from tests.integration.apps.shop import (
+    GatewayAnswerLost,
+    GatewayDeclined,
+    app_from_environment,
+    base_app,
+    overrun_on_first_delivery,
+)
 from tests.integration.apps.shop import _http as http
 
 CONFIG_ENV = "AGBOSS_UNDO_IT_CONFIG"
@@ -40,26 +41,8 @@ PLAIN_REFUND_AMOUNT = 100
 
 def make_app(config: dict[str, Any]) -> Celery:
     gateway = config["gateway_url"]
-    app = Celery(f"agboss_undo_{config['queue']}", broker=config["broker_url"])
-    app.conf.update(
-        result_backend=config["backend_url"],
-        broker_transport_options={
-            "visibility_timeout": 60,
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-        },
-        broker_connection_retry_on_startup=True,
-        task_default_queue=config["queue"],
-        worker_prefetch_multiplier=1,
-        worker_hijack_root_logger=True,
-        result_extended=True,
-        agboss_database_url=config["database_url"],
-        agboss_pseudonym_key="integration-tests-pseudonym-key",
-        agboss_lease_ttl=config.get("lease_ttl", 5),
-        agboss_sweep_interval=0,
-        agboss_retry_delay=1,
-    )
-    agboss = AGBoss(app)
+    app = base_app(config, "agboss_undo")
+    agboss = AGBoss.of(app)
 
     def note(event: str, task_id: str | None, **fields: Any) -> None:
         http(gateway, "POST", "/note", {"event": event, "task_id": task_id, **fields})
@@ -134,12 +117,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         note("body-start", self.request.id)
         receipt = charge(self, order, 1000)
         self.undo_with("refund-charge", payment=receipt["id"], order=order)
-        record = AGBoss.of(app).executions.read_execution(self.request.id)
-        if record is not None and record.deliveries == 1:
-            note("overrunning", self.request.id)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                time.sleep(0.1)
+        overrun_on_first_delivery(self, seconds, note)
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order}
 
@@ -161,15 +139,4 @@ def make_app(config: dict[str, Any]) -> Celery:
     return app
 
 
-def _from_environment() -> Celery | None:
-    raw = os.environ.get(CONFIG_ENV)
-    if not raw:
-        return None
-    # The sabotage names are registered where they are defined.
-    for module in ("celery_agboss.delivery.lifecycle", "celery_agboss.delivery.time_limits"):
-        importlib.import_module(module)
-    sabotage.activate_from_environment()
-    return make_app(json.loads(raw))
-
-
-app = _from_environment()
+app = app_from_environment(CONFIG_ENV, make_app)

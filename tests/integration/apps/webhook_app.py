@@ -20,8 +20,8 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, s
 from sqlalchemy.engine import Connection
 
 from celery_agboss import AGBoss, PaymentTask
-from celery_agboss.core import sabotage
 from celery_agboss.webhooks import WebhookEvent, record_event, verify_webhook
+from tests.integration.apps.shop import app_from_environment
 from tests.integration.apps.shop import make_app as make_shop_app
 
 CONFIG_ENV = "AGBOSS_WH_CONFIG"
@@ -105,14 +105,4 @@ def make_app(config: dict[str, Any]) -> Celery:
     return app
 
 
-def _from_environment() -> Celery | None:
-    raw = os.environ.get(CONFIG_ENV)
-    if not raw:
-        return None
-    for module in ("celery_agboss.delivery.lifecycle", "celery_agboss.delivery.time_limits"):
-        __import__(module)  # the Celery layer's sabotage names are registered where defined
-    sabotage.activate_from_environment()
-    return make_app(json.loads(raw))
-
-
-app = _from_environment()
+app = app_from_environment(CONFIG_ENV, make_app)

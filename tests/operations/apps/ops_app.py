@@ -17,6 +17,7 @@ from celery import Celery
 
 from celery_agboss import AGBoss, OutboundCall, PaymentTask, Unknown
 from celery_agboss.core.outbound import CallContext, Lookup
+from tests.operations.world import OPS_SETTINGS
 
 CONFIG_ENV = "AGBOSS_OPS_CONFIG"
 
@@ -31,16 +32,7 @@ def _no_lookup(call: CallContext, lookup: Lookup) -> Any:
 
 def make_app(config: dict[str, Any]) -> Celery:
     app = Celery("ops_cli", broker=config.get("broker_url", "memory://"))
-    app.conf.update(
-        task_default_queue="ops",
-        agboss_database_url=config["database_url"],
-        agboss_pseudonym_key="operations-tests-pseudonym-key",
-        agboss_lease_ttl=5,
-        agboss_requested_grace=60,
-        agboss_sweep_interval=30,
-        agboss_max_recovery_attempts=3,
-        agboss_attempt_timeout=10,
-    )
+    app.conf.update(OPS_SETTINGS, agboss_database_url=config["database_url"])
     app.conf.update(config.get("conf", {}))
     agboss = AGBoss(app)
     offset = int(config.get("clock_offset_ms", 0))

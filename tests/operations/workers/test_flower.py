@@ -120,45 +120,6 @@ def _start_flower(shop: Shop, managed_process: ProcessFactory, tmp_path: Path) -
     return flower
 
 
-def _start_worker_with_events(shop: Shop, managed_process: ProcessFactory) -> ManagedProcess:
-    """The harness's worker with ``-E``: a worker started without gossip and heartbeat
-    cannot have its task events switched on remotely (Flower's way)."""
-    worker = managed_process(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.apps.shop:app",
-            "worker",
-            "-E",
-            "-P",
-            "prefork",
-            "-c",
-            "2",
-            "--without-heartbeat",
-            "--without-gossip",
-            "--without-mingle",
-            "-Q",
-            shop.config["queue"],
-            "-n",
-            "flower-w@%h",
-            "-l",
-            "info",
-        ],
-        name="worker-events",
-        env={
-            CONFIG_ENV: json.dumps(shop.config),
-            "PYTHONPATH": str(REPO_ROOT),
-            "AGBOSS_ALLOW_SABOTAGE": "0",
-        },
-        cwd=str(REPO_ROOT),
-    )
-    shop.workers.append(worker)
-    worker.wait_for_output(" ready.", 30)
-    return worker
-
-
 def _publish(shop: Shop, order: str, **options: Any) -> str:
     return str(shop.app.signature("it.charge_order", args=(order,)).apply_async(**options).id)
 
@@ -168,7 +129,7 @@ def test_flower_tells_a_deferred_a_replayed_and_a_reconciled_task_apart(
 ) -> None:
     shop = shop_factory()
     flower = _start_flower(shop, managed_process, tmp_path)
-    _start_worker_with_events(shop, managed_process)
+    shop.start_worker()  # with -E: events cannot be switched on without gossip
 
     def probe_seen() -> bool:
         probe = shop.app.signature("it.ship", args=({"payment": "p", "order": "probe"},))
@@ -251,7 +212,7 @@ def test_flower_calls_a_crash_recovery_reconciled(
     duplicate of a finished execution, where nothing ran)."""
     shop = shop_factory()
     flower = _start_flower(shop, managed_process, tmp_path)
-    _start_worker_with_events(shop, managed_process)
+    shop.start_worker()  # with -E: events cannot be switched on without gossip
     task_id = shop.kill_the_child_holding_the_answer("it.charge_order", "o-crash")
     shop.wait_lease_dead(task_id)
     shop.sweep_once()  # the sweep reconciles first, then re-drives
@@ -291,23 +252,17 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _screenshot(url: str, target: Path) -> None:
-    """A headless Chromium's picture of ``url`` (the page's scripts get 5 s to load)."""
+def headless_chromium(url: str, *output: str) -> str:
+    """A headless Chromium on ``url`` (the page's scripts get 5 s to load) writing
+    ``output`` (``--dump-dom``, ``--screenshot=…``); what it printed."""
     chromium = _chromium()
     assert chromium is not None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        target.unlink()
     completed = subprocess.run(
         [
             chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
+            *("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"),
             "--virtual-time-budget=5000",
-            f"--screenshot={target}",
-            "--window-size=1400,900",
+            *output,
             url,
         ],
         capture_output=True,
@@ -316,4 +271,13 @@ def _screenshot(url: str, target: Path) -> None:
         check=False,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
-    assert target.exists() and target.stat().st_size > 10_000, completed.stderr[-2000:]
+    return completed.stdout
+
+
+def _screenshot(url: str, target: Path) -> None:
+    """A headless Chromium's picture of ``url``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        target.unlink()
+    headless_chromium(url, f"--screenshot={target}", "--window-size=1400,900")
+    assert target.exists() and target.stat().st_size > 10_000, f"no screenshot at {target}"

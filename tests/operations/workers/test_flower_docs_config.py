@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import secrets
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 import requests
 
 from tests.conftest import ProcessFactory
-from tests.operations.workers.test_flower import _chromium
+from tests.operations.workers.test_flower import _chromium, headless_chromium
 from tests.support.processes import ManagedProcess
 from tests.support.services import in_ci
 
@@ -181,23 +180,4 @@ def test_chromium_is_installed_for_the_docs_config_check() -> None:
 
 def _dom(url: str) -> str:
     """The page as a headless Chromium renders it (its scripts get 5 s)."""
-    chromium = _chromium()
-    assert chromium is not None
-    done = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--virtual-time-budget=5000",
-            "--dump-dom",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+    return headless_chromium(url, "--dump-dom")

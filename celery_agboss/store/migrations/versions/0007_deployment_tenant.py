@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from celery_agboss.core import sabotage
-from celery_agboss.store.deployment import TENANT_MINTED_WHILE_IN_USE
+from celery_agboss.core.protections import TENANT_MINTED_WHILE_IN_USE
 
 revision: str = "0007"
 down_revision: str | None = "0006"

@@ -20,7 +20,7 @@ from celery import signals as celery_signals
 
 from celery_agboss.core.log_events import STORE_ANSWERS, STORE_UNREACHABLE, log_event
 from celery_agboss.errors import StoreError, StoreUnavailableError
-from celery_agboss.runtime import Runtime, app_argument
+from celery_agboss.runtime.app_runtime import Runtime, app_argument
 from celery_agboss.store import sweep_queries
 
 logger = logging.getLogger("celery_agboss")
@@ -32,17 +32,17 @@ REPEAT_EVERY_ATTEMPTS = 10
 JOIN_SECONDS = 5.0
 
 
-def probe(agboss: Runtime) -> StoreError | None:
+def probe(runtime: Runtime) -> StoreError | None:
     """Read one of celery_agboss's own rows: the store answers and holds its tables."""
     try:
-        agboss.executions.get_meta(sweep_queries.LAST_SWEEP_KEY)
+        runtime.executions.get_meta(sweep_queries.LAST_SWEEP_KEY)
     except StoreError as exc:
         return exc
     return None
 
 
-def _hint(agboss: Runtime, error: StoreError) -> str:
-    command = f"celery -A {app_argument(agboss.app)} agboss migrate"
+def _hint(runtime: Runtime, error: StoreError) -> str:
+    command = f"celery -A {app_argument(runtime.app)} agboss migrate"
     if isinstance(error, StoreUnavailableError):
         return (
             "no payment can start until it answers (deliveries are retried, publishes "
@@ -57,18 +57,18 @@ def _hint(agboss: Runtime, error: StoreError) -> str:
 class StoreCheck:
     """The worker's check of its store: once at ready, then until it answers."""
 
-    def __init__(self, agboss: Runtime) -> None:
-        self.agboss = agboss
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="agboss-store-check", daemon=True)
 
     def _run(self) -> None:
-        url = self.agboss.settings.redacted_database_url()
+        url = self.runtime.settings.redacted_database_url()
         delay = FIRST_RETRY_SECONDS
         attempts = 0
         while not self.stop.is_set():
             attempts += 1
-            error = probe(self.agboss)
+            error = probe(self.runtime)
             if error is None:
                 if attempts > 1:
                     log_event(STORE_ANSWERS, logging.INFO, url=url, attempts=attempts)
@@ -78,7 +78,7 @@ class StoreCheck:
                     STORE_UNREACHABLE,
                     logging.ERROR,
                     f"the store does not answer as it should ({error}); "
-                    f"{_hint(self.agboss, error)}. Trying again every {delay:g} s",
+                    f"{_hint(self.runtime, error)}. Trying again every {delay:g} s",
                     url=url,
                     error=type(error).__name__,
                     attempts=attempts,
@@ -88,22 +88,22 @@ class StoreCheck:
             delay = min(delay * 2, LAST_RETRY_SECONDS)
 
 
-def install(agboss: Runtime) -> None:
+def install(runtime: Runtime) -> None:
     """Called by ``AGBoss(app)``: this app's workers check their store when ready."""
-    app = agboss.app
+    app = runtime.app
     checks: list[StoreCheck] = []
 
     def on_worker_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app or checks:
             return
-        settings = agboss.settings
+        settings = runtime.settings
         logger.info(
             "celery_agboss store: %s (lease ttl %.0f s, sweep every %.0f s)",
             settings.redacted_database_url(),
             settings.lease_ttl_seconds,
             settings.sweep_interval_seconds,
         )
-        check = StoreCheck(agboss)
+        check = StoreCheck(runtime)
         checks.append(check)
         check.thread.start()
 

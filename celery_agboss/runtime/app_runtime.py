@@ -25,8 +25,8 @@ from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.log_events import EXECUTION_REPUBLISHED, STORE_OPENED, log_event
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.errors import ConfigurationError, StoreNotMigratedError
-from celery_agboss.messages import republish
-from celery_agboss.settings import AGBossSettings, settings_from_conf
+from celery_agboss.runtime.messages import republish
+from celery_agboss.runtime.settings import AGBossSettings, settings_from_conf
 from celery_agboss.store.deployment import read_store_tenant
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -130,7 +130,7 @@ class Runtime:
                         pseudonym_key=s.pseudonym_key,
                         tenant=tenant,
                         lease_ttl_ms=s.lease_ttl_ms,
-                        attempt_timeout_ms=round(s.attempt_timeout_seconds * 1000),
+                        attempt_timeout_ms=s.attempt_timeout_ms,
                         registry=self.registry,
                     )
         return self._engine_settings
@@ -187,9 +187,7 @@ class Runtime:
                 store=store,
                 executions=SQLAlchemyExecutionStore(
                     store,
-                    shared_wait_ms=max(
-                        settings.lease_ttl_ms, round(settings.sweep_interval_seconds * 1000)
-                    ),
+                    shared_wait_ms=max(settings.lease_ttl_ms, settings.sweep_interval_ms),
                 ),
                 renewer=LeaseRenewer.for_store(store),
             )
@@ -251,7 +249,9 @@ class Runtime:
         """
         not_before = record.not_before_ms if honour_not_before else None
         result = republish(self.app, record, not_before_ms=not_before)
-        log_event(EXECUTION_REPUBLISHED, execution=record.id, task=record.task_name, reason=reason)
+        log_event(
+            EXECUTION_REPUBLISHED, execution_id=record.id, task=record.task_name, reason=reason
+        )
         return result
 
 

@@ -154,7 +154,7 @@ def arm_raise(
 ) -> ArmedPoint:
     """Raise ``exc`` (default ``FaultInjected``) in the next ``times`` threads reaching ``point``.
 
-    A ``BaseException`` such as ``SystemExit`` models Celery's cold shutdown (trap 6).
+    A ``BaseException`` such as ``SystemExit`` models Celery's cold shutdown (design: trap 6).
     """
     handle = ArmedPoint(point)
 

@@ -66,7 +66,7 @@ class LeaseState:
 
 class RenewOutcome(str, enum.Enum):
     RENEWED = "RENEWED"
-    LOST = "LOST"  # expired, released or taken over: never revived (R19)
+    LOST = "LOST"  # expired, released or taken over: never revived (design: R19)
     BUSY = "BUSY"  # row locked by a running fenced transaction, which extends it itself
 
 

@@ -33,7 +33,6 @@ from sqlalchemy.orm import Session
 from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_ms
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.fenced_effects import effect_key
 from celery_agboss.core.log_events import (
     OUTBOX_PUBLISH_FAILED,
     OUTBOX_PUBLISHED,
@@ -41,25 +40,21 @@ from celery_agboss.core.log_events import (
     SWEEP_ERROR,
     log_event,
 )
+from celery_agboss.core.protections import PUBLISHED_WITHOUT_COMMIT, SWEEP_NOT_REPUBLISHING
 from celery_agboss.errors import ConfigurationError, StoreError
-from celery_agboss.messages import dumps, loads
-from celery_agboss.runtime import Runtime, runtime_of
-from celery_agboss.settings import DEFAULT_OUTBOX_GRACE_SECONDS, DEFAULT_SWEEP_INTERVAL_SECONDS
-from celery_agboss.store import outbox as rows
+from celery_agboss.runtime.app_runtime import Runtime, runtime_of
+from celery_agboss.runtime.known_settings import (
+    DEFAULT_OUTBOX_GRACE_MS,
+    DEFAULT_OUTBOX_GRACE_SECONDS,
+    DEFAULT_SWEEP_INTERVAL_SECONDS,
+)
+from celery_agboss.runtime.messages import dumps, loads
+from celery_agboss.store import outbox_rows as rows
 from celery_agboss.store.driver_errors import translated
-from celery_agboss.store.outbox import OutboxMessage, OutboxRow
+from celery_agboss.store.outbox_rows import OutboxMessage, OutboxRow
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 T = TypeVar("T")
-
-PUBLISHED_WITHOUT_COMMIT = sabotage.register("outbox-published-without-commit")
-"""Sabotage: what ``fn`` enqueued is published from memory when the effect ends, committed
-or not — as a publish placed before the commit would be: a rolled-back effect's
-follow-up runs."""
-
-SWEEP_NOT_REPUBLISHING = sabotage.register("outbox-sweep-not-republishing")
-"""Sabotage: the sweep leaves unpublished rows alone, so a follow-up whose worker died
-between the commit and the publish never runs."""
 
 DEFAULT_GRACE = timedelta(seconds=DEFAULT_OUTBOX_GRACE_SECONDS)
 """How long the sweep leaves a committed row to the process that committed it (which
@@ -67,7 +62,6 @@ publishes it at once) before it publishes the row itself: ``agboss_outbox_grace`
 default."""
 
 _IDS = uuid.UUID("0b7d3c4e-8f21-4a6b-9c55-2e1f7a9d4b10")
-_EFFECT_COUNTER = "agboss.outbox:effect:"  # ExecutionContext.next_publish, per effect name
 
 
 @dataclass
@@ -149,10 +143,10 @@ def _current_app_grace_ms() -> int:
     """Outside a fenced effect no app is at hand: the current Celery app's setting (the
     one process-wide app of most projects), or the default when it has no ``AGBoss``."""
     try:
-        agboss = runtime_of(current_app._get_current_object())
+        runtime = runtime_of(current_app._get_current_object())
     except ConfigurationError:
-        return round(DEFAULT_OUTBOX_GRACE_SECONDS * 1000)
-    return round(agboss.settings.outbox_grace_seconds * 1000)
+        return DEFAULT_OUTBOX_GRACE_MS
+    return runtime.settings.outbox_grace_ms
 
 
 def _message_parts(
@@ -212,16 +206,16 @@ def run_fenced_effect(
 ) -> T:
     """``ctx.fenced_effect`` with the outbox: what ``fn`` enqueued is published after the
     effect's transaction committed, and only then. ``PaymentTask.fenced_effect`` calls it."""
-    # Counted as the context counts the effects of one name, on every call (replayed or
-    # not), so a re-run derives the same effect key, and so the same task ids.
-    occurrence = 1 if business_key is not None else ctx.next_publish(_EFFECT_COUNTER + name)
     offset_ms = ctx.store.offset_ms() if isinstance(ctx.store, SQLAlchemyStore) else 0
-    grace_ms = round(runtime_of(app).settings.outbox_grace_seconds * 1000)
+    grace_ms = runtime_of(app).settings.outbox_grace_ms
     runs: list[_EffectScope] = []
 
     def with_outbox(conn: Any) -> T:
-        key = effect_key(ctx.settings, ctx.execution_id, name, business_key, occurrence)
-        scope = _EffectScope(conn, key, ctx.execution_id, offset_ms, grace_ms)
+        # The effect's key as its delivery decided it (``core.step_identity``): the same on
+        # every re-run of the body, and so the task ids derived from it.
+        step = ctx.running_effect
+        assert step is not None  # fn runs inside ctx.fenced_effect, on this thread
+        scope = _EffectScope(conn, step.key, ctx.execution_id, offset_ms, grace_ms)
         runs[:] = [scope]  # a run that lost its insert was rolled back: only the last counts
         token = _current.set(scope)
         try:
@@ -248,29 +242,29 @@ def publish(app: Any, *task_ids: str) -> list[str]:
     return _publish(runtime_of(app), list(task_ids), None)
 
 
-def _publish(agboss: Runtime, task_ids: list[str], execution: str | None) -> list[str]:
+def _publish(runtime: Runtime, task_ids: list[str], execution: str | None) -> list[str]:
     try:
-        committed = rows.unpublished(agboss.store, task_ids)
+        committed = rows.unpublished(runtime.store, task_ids)
     except (Exception, StoreError):
-        _publish_failed("read", count=len(task_ids), execution=execution)
+        _publish_failed("read", count=len(task_ids), execution_id=execution)
         return []
     published: list[str] = []
     for row in committed:
         task_id = row.message.task_id
         try:
-            _send(agboss.app, row.message)
+            _send(runtime.app, row.message)
         except (Exception, StoreError):
             _publish_failed("send", task_id=task_id, task=row.message.task_name)
             continue
         published.append(task_id)
         try:
-            rows.mark_published(agboss.store, task_id)
+            rows.mark_published(runtime.store, task_id)
         except (Exception, StoreError):
             # Sent, not marked: the sweep sends it again, under the same id (harmless
             # for a PaymentTask consumer, the reason it must be one).
             _publish_failed("mark", task_id=task_id, task=row.message.task_name, sent=True)
     if published:
-        log_event(OUTBOX_PUBLISHED, execution=execution, count=len(published))
+        log_event(OUTBOX_PUBLISHED, execution_id=execution, count=len(published))
     return published
 
 
@@ -341,7 +335,7 @@ def record_canvas(
         options=dumps({}),
         execution_id=execution_id,
     )
-    grace_ms = round(runtime_of(app).settings.outbox_grace_seconds * 1000)
+    grace_ms = runtime_of(app).settings.outbox_grace_ms
     with translated():
         rows.insert_txn(conn, message, grace_ms=grace_ms, offset_ms=offset_ms)
 
@@ -372,13 +366,13 @@ class OutboxSweep:
     published_ids: list[str] = field(default_factory=list)
 
 
-def sweep_outbox(agboss: Runtime, batch_size: int) -> OutboxSweep:
+def sweep_outbox(runtime: Runtime, batch_size: int) -> OutboxSweep:
     """Publish the committed rows nobody published within their grace (the process that
     committed them died, or the broker refused), at most ``batch_size``, each claimed
     first; then delete published rows older than the fenced-effect retention."""
     done = OutboxSweep()
-    settings = agboss.settings
-    store = agboss.store
+    settings = runtime.settings
+    store = runtime.store
     if not sabotage.active(SWEEP_NOT_REPUBLISHING):
         interval = settings.sweep_interval_seconds or DEFAULT_SWEEP_INTERVAL_SECONDS
         # The claim keeps other sweepers away while this one publishes (or dies trying).
@@ -387,7 +381,7 @@ def sweep_outbox(agboss: Runtime, batch_size: int) -> OutboxSweep:
         now_ms = store.now_ms() if claimed else 0
         for row in claimed:
             try:
-                _send(agboss.app, row.message)
+                _send(runtime.app, row.message)
                 rows.mark_published(store, row.message.task_id)
             except (Exception, StoreError):
                 done.errors += 1
@@ -411,7 +405,7 @@ def sweep_outbox(agboss: Runtime, batch_size: int) -> OutboxSweep:
                 count=done.published,
                 oldest_age_ms=done.oldest_age_ms,
             )
-    cutoff = store.now_ms() - round(settings.fenced_effect_retention_seconds * 1000)
+    cutoff = store.now_ms() - settings.fenced_effect_retention_ms
     done.deleted = rows.delete_published_before(store, cutoff, batch_size)
     return done
 
@@ -432,8 +426,6 @@ def count_unpublished(app: Any) -> int:
 __all__ = [
     "CANVAS_TASK_NAME",
     "DEFAULT_GRACE",
-    "PUBLISHED_WITHOUT_COMMIT",
-    "SWEEP_NOT_REPUBLISHING",
     "OutboxMessage",
     "OutboxRow",
     "OutboxSweep",

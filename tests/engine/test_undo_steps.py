@@ -1,4 +1,4 @@
-"""Undo once (PS10), engine side: declarations, done marks and the order undos run in.
+"""Undo once (design: PS10), engine side: declarations, done marks and the order undos run in.
 
 A "delivery" is an ``ExecutionContext``; a crash is a ``Crash`` raised inside an undo,
 after which the context is dropped without releasing its lease (what a SIGKILL leaves)
@@ -18,19 +18,17 @@ import pytest
 from celery_agboss.core.compensation import (
     DONE_RECORD,
     FAILURE,
-    UNDO_NOT_MARKED_DONE,
     UndoContext,
     UndoStep,
     compensation_key,
     declare_undo,
-    effect_step,
-    outbound_step,
     read_declarations,
     run_undos,
     trail_of,
 )
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
+from celery_agboss.core.protections import UNDO_NOT_MARKED_DONE
 from celery_agboss.errors import ConfigurationError, ExecutionFencedError
 from celery_agboss.testing import FakeGateway, sabotage
 from tests.engine.helpers import DAY, Crash, Shop, business_intent_key
@@ -69,8 +67,19 @@ def _refund_call(shop: Shop) -> OutboundCall:
 
 def _charge(ctx: ExecutionContext, call: OutboundCall, order: str, amount: int = 1000) -> Any:
     """A charge the body makes, as ``PaymentTask.outbound`` makes it (its step noted)."""
-    with outbound_step(ctx, call, f"order:{order}"):
-        return ctx.outbound(call, {"amount": amount}, business_key=f"order:{order}")
+    return ctx.outbound(call, {"amount": amount}, business_key=f"order:{order}")
+
+
+def _charged_with_a_refund(
+    shop: Shop, execution_id: str, order: str
+) -> tuple[ExecutionContext, OutboundCall, Any]:
+    """A delivery of ``execution_id`` charges ``order`` and declares its refund as the
+    charge's undo. The delivery (lease held), the call and the receipt."""
+    charge = shop.charge_call()
+    ctx = shop.start(execution_id)
+    receipt = _charge(ctx, charge, order)
+    declare_undo(ctx, "refund", {"payment": receipt["id"]})
+    return ctx, charge, receipt
 
 
 def _compensate(ctx: ExecutionContext, functions: UndoFunctions) -> int:
@@ -99,11 +108,8 @@ def _refunder(shop: Shop, runs: Counter[str], crash_first: set[str] | None = Non
 
 
 def test_s12_a_failure_after_the_charge_is_refunded_once(shop: Shop) -> None:
-    charge = shop.charge_call()
     runs: Counter[str] = Counter()
-    ctx = shop.start("exec-1")
-    receipt = _charge(ctx, charge, "1")
-    declare_undo(ctx, "refund", {"payment": receipt["id"]})
+    ctx, charge, receipt = _charged_with_a_refund(shop, "exec-1", "1")
     assert _compensate(ctx, {"refund": _refunder(shop, runs)}) == 1
     assert _compensate(ctx, {"refund": _refunder(shop, runs)}) == 0, "done: never again"
     assert runs == {"refund": 1}
@@ -118,11 +124,8 @@ def test_s12_a_failure_after_the_charge_is_refunded_once(shop: Shop) -> None:
 
 
 def test_ps10_a_crash_between_the_refund_and_its_mark_replays_the_refund(shop: Shop) -> None:
-    charge = shop.charge_call()
     runs: Counter[str] = Counter()
-    first = shop.start("exec-1")
-    receipt = _charge(first, charge, "1")
-    declare_undo(first, "refund", {"payment": receipt["id"]})
+    first, _, _ = _charged_with_a_refund(shop, "exec-1", "1")
     with pytest.raises(Crash):
         _compensate(first, {"refund": _refunder(shop, runs, crash_first={"refund"})})
     shop.expire_leases()
@@ -177,12 +180,9 @@ def test_s12b_twin_without_the_done_mark_a_plain_refund_is_made_twice(shop: Shop
 
 @sqlite_only
 def test_a_superseded_delivery_runs_no_undo(shop: Shop) -> None:
-    """P5: the fence refuses a holder past its lease before any undo function runs."""
-    charge = shop.charge_call()
+    """The fence refuses a holder past its lease before any undo function runs (design: P5)."""
     runs: Counter[str] = Counter()
-    zombie = shop.start("exec-3")
-    receipt = _charge(zombie, charge, "3")
-    declare_undo(zombie, "refund", {"payment": receipt["id"]})
+    zombie, _, _ = _charged_with_a_refund(shop, "exec-3", "3")
     shop.expire_leases()
     holder = shop.start("exec-3")  # took over: the body goes on there
     with pytest.raises(ExecutionFencedError):
@@ -216,8 +216,7 @@ def test_a_declaration_belongs_to_the_last_step_and_is_kept_once(shop: Shop) -> 
     assert again == first, "a re-run's declaration keeps the stored one"
     with pytest.raises(ConfigurationError, match="JSON"):
         declare_undo(ctx, "refund", {"at": object()})
-    with effect_step(ctx, "reserve", None):
-        ctx.fenced_effect("reserve", lambda conn: 1)
+    ctx.fenced_effect("reserve", lambda conn: 1)
     reserved = declare_undo(ctx, "release", {})
     assert reserved.step_key == f"{shop.settings.tenant}:t:exec-4:reserve"
     with ctx.fenced() as tx:

@@ -12,7 +12,6 @@ manager can set it without touching the app's code; the conf wins when both are 
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Mapping
@@ -22,63 +21,34 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from celery_agboss.core.durations import to_seconds
-from celery_agboss.core.engine_settings import (
-    DEFAULT_ATTEMPT_TIMEOUT_MS,
-    DEFAULT_LEASE_TTL_MS,
-)
+from celery_agboss.core.durations import to_ms, to_seconds
 from celery_agboss.core.keys import pseudonym_key_bytes, validate_tenant
 from celery_agboss.errors import ConfigurationError
+from celery_agboss.runtime.known_settings import (
+    DEFAULT_ATTEMPT_TIMEOUT_SECONDS,
+    DEFAULT_LEASE_TTL_SECONDS,
+    DEFAULT_MAX_RECOVERY_ATTEMPTS,
+    DEFAULT_METRICS_ADDRESS,
+    DEFAULT_OUTBOX_GRACE_SECONDS,
+    DEFAULT_REQUESTED_GRACE_SECONDS,
+    DEFAULT_RETENTION_SECONDS,
+    DEFAULT_RETRY_DELAY_SECONDS,
+    DEFAULT_SWEEP_INTERVAL_SECONDS,
+    DEFAULT_SWEEP_QUEUE,
+    DURATION_DEFAULTS,
+    PREFIX,
+    RABBITMQ_DEFAULT_CONSUMER_TIMEOUT,
+    REDIS_DEFAULT_VISIBILITY_TIMEOUT,
+    TESTING_ENV,
+    is_unknown_agboss_key,
+    unknown_settings_message,
+    warn_of_misspelt_variables,
+)
 
 logger = logging.getLogger("celery_agboss")
 
-PREFIX = "agboss_"
-TESTING_ENV = "AGBOSS_TESTING"
 # Only ever used when AGBOSS_TESTING=1: handles and fingerprints made with it mean nothing.
 TESTING_PSEUDONYM_KEY = b"celery-agboss-testing-pseudonym-key-not-a-secret"
-
-# Redis (and SQS) redeliver an unacked message after this long; RabbitMQ closes a
-# channel whose message is held unacked longer than its consumer_timeout.
-REDIS_DEFAULT_VISIBILITY_TIMEOUT = 3600.0
-RABBITMQ_DEFAULT_CONSUMER_TIMEOUT = 1800.0
-
-# Each default is written once, here (the engine's two in core.engine_settings): the
-# fields of AGBossSettings and settings_from_conf both read these.
-DEFAULT_LEASE_TTL_SECONDS = DEFAULT_LEASE_TTL_MS / 1000
-DEFAULT_ATTEMPT_TIMEOUT_SECONDS = DEFAULT_ATTEMPT_TIMEOUT_MS / 1000
-DEFAULT_SWEEP_INTERVAL_SECONDS = 30.0
-DEFAULT_REQUESTED_GRACE_SECONDS = 300.0
-DEFAULT_RETENTION_SECONDS = 604800.0  # 7 days: outbound-call and fenced-effect records
-DEFAULT_RETRY_DELAY_SECONDS = 5.0
-DEFAULT_OUTBOX_GRACE_SECONDS = 30.0  # before the sweep publishes a committed outbox row
-DEFAULT_MAX_RECOVERY_ATTEMPTS = 10
-DEFAULT_SWEEP_QUEUE = "agboss.sweep"
-DEFAULT_METRICS_ADDRESS = "127.0.0.1"  # loopback: exposing it wider is a choice to make
-
-_DURATIONS: dict[str, float] = {
-    "lease_ttl": DEFAULT_LEASE_TTL_SECONDS,
-    "attempt_timeout": DEFAULT_ATTEMPT_TIMEOUT_SECONDS,
-    "sweep_interval": DEFAULT_SWEEP_INTERVAL_SECONDS,
-    "requested_grace": DEFAULT_REQUESTED_GRACE_SECONDS,
-    "outbound_retention": DEFAULT_RETENTION_SECONDS,
-    "fenced_effect_retention": DEFAULT_RETENTION_SECONDS,
-    "retry_delay": DEFAULT_RETRY_DELAY_SECONDS,
-    "outbox_grace": DEFAULT_OUTBOX_GRACE_SECONDS,
-}
-_KNOWN = {
-    *_DURATIONS,
-    "database_url",
-    "pseudonym_key",
-    "tenant",
-    "max_recovery_attempts",
-    "visibility_timeout",
-    "sweep_queue",
-    "execution_retention",
-    "payment_tasks",
-    "metrics_port",
-    "metrics_address",
-    "metrics_dir",
-}
 
 
 @dataclass(frozen=True)
@@ -98,7 +68,7 @@ class AGBossSettings:
     fenced_effect_retention_seconds: float = DEFAULT_RETENTION_SECONDS
     max_recovery_attempts: int = DEFAULT_MAX_RECOVERY_ATTEMPTS
     # The shortest broker redelivery timeout of any worker: a broker countdown
-    # must stay below half of it (trap 1); longer waits go through the store.
+    # must stay below half of it (design: trap 1); longer waits go through the store.
     visibility_timeout_seconds: float = REDIS_DEFAULT_VISIBILITY_TIMEOUT
     # The countdown of the retry after an unknown outcome (then reconciled).
     retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
@@ -106,7 +76,7 @@ class AGBossSettings:
     # publishes it (celery_agboss.outbox; an enqueue's grace= wins).
     outbox_grace_seconds: float = DEFAULT_OUTBOX_GRACE_SECONDS
     sweep_queue: str = DEFAULT_SWEEP_QUEUE
-    # None: the longer of the two retentions above (DESIGN §6.3).
+    # None: the longer of the two retentions above (design: retention).
     execution_retention_seconds: float | None = None
     # Task names (``fnmatch`` patterns) recorded at publish as PaymentTasks even in a
     # process that never imported their module (``app.send_task("shop.charge")``).
@@ -120,12 +90,8 @@ class AGBossSettings:
 
     @property
     def max_broker_countdown_seconds(self) -> float:
-        """The longest countdown a retry may carry in a message (trap 1)."""
+        """The longest countdown a retry may carry in a message (design: trap 1)."""
         return self.visibility_timeout_seconds / 2
-
-    @property
-    def lease_ttl_ms(self) -> int:
-        return round(self.lease_ttl_seconds * 1000)
 
     @property
     def terminal_execution_retention_seconds(self) -> float:
@@ -133,6 +99,41 @@ class AGBossSettings:
         if self.execution_retention_seconds is not None:
             return self.execution_retention_seconds
         return max(self.outbound_retention_seconds, self.fenced_effect_retention_seconds)
+
+    # The engine counts in milliseconds and the settings in seconds (as app.conf gives
+    # them): these are the one place a duration setting becomes milliseconds.
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return to_ms(self.lease_ttl_seconds, what="agboss_lease_ttl")
+
+    @property
+    def attempt_timeout_ms(self) -> int:
+        return to_ms(self.attempt_timeout_seconds, what="agboss_attempt_timeout")
+
+    @property
+    def sweep_interval_ms(self) -> int:
+        return to_ms(self.sweep_interval_seconds, what="agboss_sweep_interval")
+
+    @property
+    def requested_grace_ms(self) -> int:
+        return to_ms(self.requested_grace_seconds, what="agboss_requested_grace")
+
+    @property
+    def outbox_grace_ms(self) -> int:
+        return to_ms(self.outbox_grace_seconds, what="agboss_outbox_grace")
+
+    @property
+    def outbound_retention_ms(self) -> int:
+        return to_ms(self.outbound_retention_seconds, what="agboss_outbound_retention")
+
+    @property
+    def fenced_effect_retention_ms(self) -> int:
+        return to_ms(self.fenced_effect_retention_seconds, what="agboss_fenced_effect_retention")
+
+    @property
+    def terminal_execution_retention_ms(self) -> int:
+        return to_ms(self.terminal_execution_retention_seconds, what="agboss_execution_retention")
 
     def redacted_database_url(self) -> str:
         """The store URL with its password hidden, for logs."""
@@ -277,17 +278,6 @@ def _visibility_timeout(source: _Source) -> float:
     return REDIS_DEFAULT_VISIBILITY_TIMEOUT
 
 
-def _unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
-    """A misspelt ``agboss_*`` key (also under Django's namespace) is refused, not ignored."""
-    lowered = key.lower()
-    for namespace in {(getattr(conf, "prefix", None) or "").lower(), "celery_"} - {""}:
-        if lowered.startswith(namespace):
-            lowered = lowered[len(namespace) :]
-    if not lowered.startswith(PREFIX):
-        return False
-    return lowered[len(PREFIX) :] not in _KNOWN
-
-
 def _tenant(source: _Source) -> str | None:
     """``agboss_tenant`` checked by the key rules, or None: the store's deployment id."""
     tenant = source.get("tenant")
@@ -299,51 +289,6 @@ def _tenant(source: _Source) -> str | None:
             setting="agboss_tenant",
         )
     return validate_tenant(tenant)
-
-
-def _closest_setting(name: str) -> str | None:
-    """The known setting ``name`` was probably meant to be (``lease_tll`` → ``lease_ttl``)."""
-    found = difflib.get_close_matches(name.lower(), sorted(_KNOWN), n=1, cutoff=0.75)
-    return found[0] if found else None
-
-
-def _unknown_settings_message(unknown: list[str]) -> str:
-    guesses = []
-    for key in unknown:
-        start = key.lower().index(PREFIX) + len(PREFIX)  # after Django's CELERY_ too
-        close = _closest_setting(key[start:])
-        meant = None if close is None else key[:start] + (close.upper() if key.isupper() else close)
-        guesses.append(f"{key!r}" + (f" (did you mean {meant!r}?)" if meant else ""))
-    return (
-        f"unknown celery_agboss setting{'s' if len(unknown) > 1 else ''} "
-        f"{', '.join(guesses)}: refused rather than ignored, so that no setting silently "
-        "keeps its default. "
-        f"Known: {', '.join(sorted(PREFIX + name for name in _KNOWN))} "
-        "(docs/api.md, Settings, has each one's default and unit)"
-    )
-
-
-_ENV_NOT_SETTINGS = ("AGBOSS_TEST", "AGBOSS_SABOTAGE", "AGBOSS_ALLOW_SABOTAGE", TESTING_ENV)
-
-
-def _warn_of_misspelt_variables(environ: Mapping[str, str]) -> None:
-    """An ``AGBOSS_*`` variable that is no setting but close to one is named (the
-    environment holds other programs' variables too, so it is not refused)."""
-    upper = PREFIX.upper()
-    for variable in sorted(environ):
-        if not variable.startswith(upper) or variable.startswith(_ENV_NOT_SETTINGS):
-            continue
-        name = variable[len(upper) :].lower()
-        if name in _KNOWN:
-            continue
-        close = _closest_setting(name)
-        if close is not None:
-            logger.warning(
-                "celery_agboss: the environment variable %s is not a setting and is ignored; "
-                "did you mean %s?",
-                variable,
-                (PREFIX + close).upper(),
-            )
 
 
 def _payment_tasks(source: _Source) -> tuple[str, ...]:
@@ -429,10 +374,10 @@ def settings_from_conf(
     under its upper-case name, ``AGBOSS_LEASE_TTL`` for ``agboss_lease_ttl``.
     """
     env = os.environ if environ is None else environ
-    unknown = sorted(key for key in map(str, conf) if _unknown_agboss_key(key, conf))
+    unknown = sorted(key for key in map(str, conf) if is_unknown_agboss_key(key, conf))
     if unknown:
-        raise ConfigurationError(_unknown_settings_message(unknown), setting=unknown[0])
-    _warn_of_misspelt_variables(env)
+        raise ConfigurationError(unknown_settings_message(unknown), setting=unknown[0])
+    warn_of_misspelt_variables(env)
     source = _Source(conf, env)
     database_url = _database_url(source)
     key, testing_key = _pseudonym_key(source)
@@ -442,7 +387,7 @@ def settings_from_conf(
         name: _duration(
             source, name, default, allow_zero=name in ("sweep_interval", "outbox_grace")
         )
-        for name, default in _DURATIONS.items()
+        for name, default in DURATION_DEFAULTS.items()
     }
     if durations["lease_ttl"] < 3:
         raise ConfigurationError(

@@ -13,7 +13,7 @@ undo. Exactly once, step by step:
   again) and publishes what the crash left unpublished (the sweep would, after its
   grace); a publish whose "published" mark was lost sends one id twice, which a
   ``PaymentTask`` consumer runs once (a plain task must deduplicate on its id itself);
-- a holder past its lease commits no effect, so it publishes nothing (P5).
+- a holder past its lease commits no effect, so it publishes nothing (design: P5).
 
 The consumer's own calls are keyed by its execution, whose id is stable: its refund
 is exactly once as well. Celery's layers put the runner here (the outbox is above the
@@ -27,14 +27,10 @@ from typing import Any
 
 from celery.canvas import Signature
 
-from celery_agboss import outbox
 from celery_agboss.core import compensation, sabotage
+from celery_agboss.core.protections import UNDO_TASK_PUBLISHED_DIRECTLY
 from celery_agboss.errors import ConfigurationError
-
-UNDO_TASK_PUBLISHED_DIRECTLY = sabotage.register("undo-task-published-directly")
-"""Sabotage: an undo declared as a signature is published straight from the undo under a
-new task id on every run, not enqueued under its step's key: an undo run again after a
-crash (after its publish, before its done mark) publishes it again, and it refunds twice."""
+from celery_agboss.outbox import publishing as outbox
 
 UNDO_TASK_EFFECT = "agboss.undo-task"
 """The fenced effect (keyed ``<step key>:compensation``) that enqueues an undo's task."""
@@ -77,7 +73,6 @@ compensation.run_task_undos_with(publish_undo_task)
 
 __all__ = [
     "UNDO_TASK_EFFECT",
-    "UNDO_TASK_PUBLISHED_DIRECTLY",
     "publish_undo_task",
     "undo_task_parts",
 ]

@@ -1,9 +1,10 @@
-"""Undo once in a delivery (DESIGN §2.1–§2.2): what starts the undos, and how they end.
+"""Undo once in a delivery (design: undo once, what fails an execution): what starts the
+undos, and how they end.
 
 A worker in a thread of this process (tests/delivery/conftest.py). Only an application
 exception with every intent settled, or a cancel after the charge, runs the declared
 undos — inside the delivery, under its lease — then the execution ends ``FAILED`` (the
-original failure) or ``CANCELLED``; an unknown outcome never does (P5). An undo that
+original failure) or ``CANCELLED``; an unknown outcome never does (design: P5). An undo that
 raises leaves the execution waiting for an operator.
 
 An undo declared as a Celery signature is published once, under a task id derived from
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -32,14 +33,16 @@ from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
 from celery_agboss.core.log_events import EXECUTION_COMPENSATING, UNDO_DONE
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
+from celery_agboss.core.protections import (
+    UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY,
+    UNDO_TASK_PUBLISHED_DIRECTLY,
+)
 from celery_agboss.errors import ConfigurationError, OperatorRefusedError
 from celery_agboss.operator import cancel
-from celery_agboss.signals import UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
-from celery_agboss.undo_tasks import UNDO_TASK_PUBLISHED_DIRECTLY
-from tests.delivery.conftest import PaymentShop
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.engine.helpers import Crash
 from tests.support.processes import wait_until
 
@@ -47,41 +50,33 @@ sqlite_only = pytest.mark.parametrize("delivery_store_url", ["sqlite"], indirect
 """The store's part is the engine suite's (both stores); these check the delivery's."""
 
 
-def _refund_call(shop: PaymentShop) -> OutboundCall:
-    gateway = shop.gateway
-
-    def send(call: CallContext) -> Any:
-        return gateway.refund(call.request["payment"], call.idempotency_key)
-
-    def reconcile(call: CallContext, lookup: Lookup) -> Any:
-        found = gateway.lookup(lookup.idempotency_key)
-        return NotSent() if found is None else Completed(found)
-
-    made = OutboundCall(
-        name="shop.refund", send=send, reconcile=reconcile, key_retention=timedelta(hours=24)
-    )
-    shop.agboss.register(made)
-    return made
-
-
-def _refund_undo(shop: PaymentShop, seen: list[UndoStep]) -> None:
-    refund = _refund_call(shop)
+def _charge_with_a_refund_undo(
+    shop: PaymentShop,
+) -> tuple[list[UndoStep], Callable[[Any, str], Any]]:
+    """The undo ``refund-charge`` (it refunds the payment, each run noted in the list)
+    and the body's step that charges ``order`` and declares that undo."""
+    charge, refund = shop.call(), shop.refund_call()
+    seen: list[UndoStep] = []
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
         seen.append(undo)
         task.outbound(refund, {"payment": payment})  # keyed <step key>:compensation
 
+    def charge_with_undo(task: Any, order: str) -> Any:
+        receipt = task.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        task.undo_with("refund-charge", payment=receipt["id"])
+        return receipt
+
+    return seen, charge_with_undo
+
 
 def test_a_failure_after_the_charge_runs_the_undo_then_fails(shop: PaymentShop) -> None:
-    charge = shop.call()
-    seen: list[UndoStep] = []
-    _refund_undo(shop, seen)
+    seen, charge_with_undo = _charge_with_a_refund_undo(shop)
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
+        charge_with_undo(self, order)
         raise LookupError(f"order {order} is out of stock")
 
     with shop.worker():
@@ -97,17 +92,14 @@ def test_a_failure_after_the_charge_runs_the_undo_then_fails(shop: PaymentShop) 
 
 @sqlite_only
 def test_an_unknown_outcome_after_the_charge_never_starts_undo(shop: PaymentShop) -> None:
-    """P5: the second call's answer is lost; the retry reconciles it and completes."""
-    charge = shop.call()
-    seen: list[UndoStep] = []
-    _refund_undo(shop, seen)
-
+    """The second call's answer is lost; the retry reconciles it and completes (design: P5)."""
+    seen, charge_with_undo = _charge_with_a_refund_undo(shop)
+    charge = shop.call()  # the same call: the fee is a second charge
     faulted: list[str] = []
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
+        charge_with_undo(self, order)
         if not faulted:  # the fee's answer is lost on the first delivery only
             faulted.append(self.request.id)
             shop.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
@@ -123,15 +115,12 @@ def test_an_unknown_outcome_after_the_charge_never_starts_undo(shop: PaymentShop
 
 @sqlite_only
 def test_a_revoke_after_the_charge_runs_the_undo_then_cancels(shop: PaymentShop) -> None:
-    charge = shop.call()
-    seen: list[UndoStep] = []
-    _refund_undo(shop, seen)
+    seen, charge_with_undo = _charge_with_a_refund_undo(shop)
     charged, go_on = threading.Event(), threading.Event()
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
+        receipt = charge_with_undo(self, order)
         charged.set()
         assert go_on.wait(20)
         self.fenced_effect("mark-paid", lambda conn: None)  # stops here: the cancel
@@ -139,17 +128,13 @@ def test_a_revoke_after_the_charge_runs_the_undo_then_cancels(shop: PaymentShop)
 
     with shop.worker():
         task_id = str(pay.delay("o-3").id)
-        assert charged.wait(20)
-        shop.app.control.revoke(task_id)
-        wait_until(lambda: shop.execution(task_id).cancel_requested, 10, message="the revoke")
-        go_on.set()
+        shop.revoke_at(task_id, charged, go_on)
         record = shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR", "FAILED")
     assert record.state.value == "CANCELLED", record.reason
     assert [undo.cause for undo in seen] == ["cancel"]
     assert len(shop.gateway.refunds) == 1
 
 
-@sqlite_only
 def _wait_released(shop: PaymentShop, task_id: str) -> None:
     """WAITING, and the delivery that wrote it let its lease go: its verdict and its
     release are two transactions, and a cancel is refused while the lease is live."""
@@ -164,14 +149,11 @@ def _wait_released(shop: PaymentShop, task_id: str) -> None:
 def test_a_cancel_of_a_waiting_execution_runs_its_undo_in_a_delivery(shop: PaymentShop) -> None:
     """An operator's cancel of an execution that waits (here for a long retry): it is
     handed to a delivery (the sweep re-drives it), which undoes the charge, then cancels."""
-    charge = shop.call()
-    seen: list[UndoStep] = []
-    _refund_undo(shop, seen)
+    seen, charge_with_undo = _charge_with_a_refund_undo(shop)
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
+        charge_with_undo(self, order)
         raise self.retry(countdown=3600)  # waits in the store, not in the broker
 
     with shop.worker():
@@ -202,8 +184,7 @@ def test_without_an_undo_a_cancel_after_the_charge_still_waits_for_an_operator(
         task_id = str(pay.delay("o-5").id)
         _wait_released(shop, task_id)
         moved = cancel(shop.app, task_id, "changed their mind")
-    assert moved.state.value == "WAITING_OPERATOR"
-    assert (moved.reason or "").startswith(CANCELLED_AFTER_PAYMENT)
+    assert_waits_for_an_operator(moved, CANCELLED_AFTER_PAYMENT)
 
 
 @sqlite_only
@@ -223,8 +204,7 @@ def test_an_undo_that_raises_waits_for_an_operator(shop: PaymentShop) -> None:
     with shop.worker():
         task_id = str(pay.delay("o-6").id)
         record = shop.wait_state(task_id, "WAITING_OPERATOR", "FAILED")
-    assert record.state.value == "WAITING_OPERATOR"
-    assert (record.reason or "").startswith("undo refund-charge failed: RuntimeError")
+    assert_waits_for_an_operator(record, "undo refund-charge failed: RuntimeError")
 
 
 # --- an undo declared as a Celery signature ------------------------------------------------
@@ -354,7 +334,7 @@ def test_an_undo_signature_runs_once_across_a_crash_and_a_redelivery(
     task_id, ran = _undo_tasks_across_a_crash(shop, signal)
     assert len(ran) == 2 and len(set(ran)) == 2, "one task per undo, each body run once"
     assert _refunded(shop) == sorted((p["id"], REFUND_PART) for p in shop.gateway.payments)
-    events = [vars(r) for r in caplog.records if getattr(r, "execution", None) == task_id]
+    events = [vars(r) for r in caplog.records if getattr(r, "execution_id", None) == task_id]
     starts = [e for e in events if e["event"] == EXECUTION_COMPENSATING]
     assert [(e["cause"], e["count"], e["continuing"]) for e in starts] == [
         ("failure", 2, False),

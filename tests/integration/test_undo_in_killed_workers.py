@@ -1,4 +1,4 @@
-"""Undo once (PS10) in real prefork workers: refunded once, never again, never on a crash.
+"""Undo once (design: PS10) in real prefork workers: refunded once, never again, never on a crash.
 
 - s12: a real failure after the charge runs the charge's undo in the delivery: one
   refund, then ``FAILED`` (and Celery's FAILURE) with the original exception;
@@ -20,30 +20,27 @@ child (two where a frozen child is taken over by the other).
 
 from __future__ import annotations
 
-import json
-import os
-import sys
+import itertools
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from celery_agboss.core.compensation import (
+from celery_agboss.core.compensation import read_started
+from celery_agboss.core.protections import (
+    FAILURE_SKIPS_UNDO,
     FENCED_HOLDER_STARTS_UNDO,
     UNDO_NOT_MARKED_DONE,
-    read_started,
+    UNDO_ON_ANY_FAILURE,
 )
-from celery_agboss.delivery.compensating import FAILURE_SKIPS_UNDO, UNDO_ON_ANY_FAILURE
 from celery_agboss.store.migrate import migrate
 from celery_agboss.testing.gateway_server import GatewayCall, Reply
 from celery_agboss.testing.gateway_types import FakeGatewayError
-from tests.conftest import ProcessFactory
 from tests.integration.apps import undo_app
 from tests.integration.gateway_http import GatewayHTTPServer, wait_for
-from tests.integration.harness import REPO_ROOT, WORKER_READY_SECONDS, Shop
+from tests.integration.harness import Shop, ShopFactory
 from tests.support.processes import ManagedProcess
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis]
@@ -57,55 +54,9 @@ class UndoShop(Shop):
 
     refund_hold: RefundHold
 
-    def start_worker(  # type: ignore[override]
-        self,
-        *,
-        sabotage: tuple[str, ...] = (),
-        concurrency: int = 1,
-        ready: bool = True,
-        **_: Any,
-    ) -> ManagedProcess:
-        """A worker of the undo app; ``ready=False`` returns before it is (``wait_ready``
-        then), so that two workers start side by side."""
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.apps.undo_app:app",
-            "worker",
-            "-P",
-            "prefork",
-            "-c",
-            str(concurrency),
-            "--without-heartbeat",
-            "--without-gossip",
-            "--without-mingle",
-            "-Q",
-            self.config["queue"],
-            "-n",
-            f"undo{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}@%h",
-            "-l",
-            "info",
-        ]
-        env = {
-            undo_app.CONFIG_ENV: json.dumps(self.config),
-            "PYTHONPATH": str(REPO_ROOT),
-            "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
-            "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()) if sabotage else "",
-            "AGBOSS_SABOTAGE": ",".join(sabotage),
-        }
-        process = self.start_process(argv, name="undo-worker", env=env, cwd=str(REPO_ROOT))
-        self.workers.append(process)
-        if ready:
-            self.wait_ready(process)
-        return process
-
-    @staticmethod
-    def wait_ready(process: ManagedProcess) -> None:
-        process.wait_until(
-            lambda: " ready." in process.output(), WORKER_READY_SECONDS, message="the worker"
-        )
+    def start_worker(self, *, concurrency: int = 1, **options: Any) -> ManagedProcess:
+        """A worker of the undo app, one pool child unless said otherwise."""
+        return super().start_worker(concurrency=concurrency, **options)
 
     @property
     def refunds(self) -> list[dict[str, Any]]:
@@ -157,42 +108,28 @@ def _refund_route(server: GatewayHTTPServer, hold: RefundHold) -> Callable[[Gate
 
 @pytest.fixture
 def undo_shop(
-    redis_url_factory: Callable[[], str],
-    gateway: GatewayHTTPServer,
-    managed_process: ProcessFactory,
-    tmp_path: Path,
-) -> Iterator[Callable[..., UndoShop]]:
+    shop_factory: ShopFactory, gateway: GatewayHTTPServer, tmp_path: Path
+) -> Callable[..., UndoShop]:
     """``undo_shop(database_url=None)``: a shop on its own queue and (by default) its own
     SQLite store, so a test can run a protected worker and its twin side by side."""
-    made: list[UndoShop] = []
     hold = RefundHold()
     gateway.route("POST", "/refund", _refund_route(gateway, hold))
+    stores = itertools.count()
 
     def build(database_url: str | None = None) -> UndoShop:
         if database_url is None:
-            database_url = f"sqlite:///{(tmp_path / f'undo-{len(made)}.db').resolve()}"
+            database_url = f"sqlite:///{(tmp_path / f'undo-{next(stores)}.db').resolve()}"
             migrate(database_url)
-        config: dict[str, Any] = {
-            "queue": f"undo-{uuid.uuid4().hex[:10]}",
-            "broker_url": redis_url_factory(),
-            "backend_url": redis_url_factory(),
-            "database_url": database_url,
-            "gateway_url": gateway.url,
-            "lease_ttl": LEASE_TTL_SECONDS,
-        }
-        shop = UndoShop(
-            config=config,
-            app=undo_app.make_app(config),
-            gateway=gateway,
-            start_process=managed_process,
+        shop: UndoShop = shop_factory(
+            database_url=database_url,
+            app_module=undo_app,
+            kind=UndoShop,
+            lease_ttl=LEASE_TTL_SECONDS,
         )
         shop.refund_hold = hold
-        made.append(shop)
         return shop
 
-    yield build
-    for shop in made:
-        shop.close()
+    return build
 
 
 # --- s12 -------------------------------------------------------------------------------------
@@ -348,7 +285,7 @@ def test_a_fenced_holder_whose_body_fails_never_starts_undo(
             s.gateway.open_gate(f"freeze:{order}")
             s.cont(pid)
     for worker, (task_id, _) in zip(workers, frozen, strict=True):
-        fenced = f"execution.fenced execution={task_id} task=undo_it.charge_then_freeze token=1"
+        fenced = f"execution.fenced execution_id={task_id} task=undo_it.charge_then_freeze token=1"
         worker.wait_until(lambda f=fenced, w=worker: f in w.output(), 10, message=fenced)
     task_id = frozen[0][0]
     record = shop.execution(task_id)

@@ -18,7 +18,7 @@ Why that is safe: it is the re-publish the grace would have made, only earlier, 
 only for executions still ``REQUESTED`` (a compare-and-set under the row's lock).
 RabbitMQ gives a dead consumer's messages back by itself: workers on it write no row. If
 the worker was only frozen and runs its copy after all, the two deliveries meet at the
-execution's lease, like any redelivered message (trap 2): one runs, the other is
+execution's lease, like any redelivered message (design: trap 2): one runs, the other is
 deferred or replays. The cost of a wrong guess is a duplicate message and one count
 toward ``agboss_max_recovery_attempts``, never a second payment. A worker that stops
 warmly gives its unstarted messages back to the broker and deletes its row first.
@@ -35,16 +35,13 @@ from celery import signals as celery_signals
 from celery.worker import state as worker_state
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.protections import HELD_NOT_REPORTED
 from celery_agboss.errors import StoreError
-from celery_agboss.runtime import Runtime
+from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.store.held_messages import forget_held, write_held
 from celery_agboss.task import PaymentTask
 
 logger = logging.getLogger("celery_agboss")
-
-HELD_NOT_REPORTED = sabotage.register("held-messages-not-reported")
-"""Sabotage: a worker never says which messages it holds unstarted; killed, they wait
-for ``agboss_requested_grace`` (Redis hides them for its visibility timeout)."""
 
 JOIN_SECONDS = 5.0
 
@@ -63,8 +60,8 @@ def _requests(*sets: Any) -> list[Any]:
 class HeldMessages:
     """The daemon thread of one worker's main process (see the module docstring)."""
 
-    def __init__(self, agboss: Runtime) -> None:
-        self.agboss = agboss
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         self.worker = uuid.uuid4().hex
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="agboss-held-messages", daemon=True)
@@ -72,7 +69,7 @@ class HeldMessages:
 
     def held(self) -> frozenset[str]:
         """Ids of this app's PaymentTask messages the worker holds and has not started."""
-        tasks = getattr(self.agboss.app, "_tasks", None) or {}
+        tasks = getattr(self.runtime.app, "_tasks", None) or {}
         active = {request.id for request in _requests(worker_state.active_requests)}
         return frozenset(
             str(request.id)
@@ -88,16 +85,16 @@ class HeldMessages:
         one delete when there are none left. One statement per worker per tick at
         most, as for the lease renewals; a message fetched and killed within one tick
         is left to the grace."""
-        heartbeat = self.agboss.settings.lease_ttl_seconds / 3
+        heartbeat = self.runtime.settings.lease_ttl_seconds / 3
         while not self.stop.wait(heartbeat):
             held = self.held()
             if (not held and not self._written) or sabotage.active(HELD_NOT_REPORTED):
                 continue
             try:
                 if held:
-                    write_held(self.agboss.store, self.worker, sorted(held))
+                    write_held(self.runtime.store, self.worker, sorted(held))
                 else:
-                    forget_held(self.agboss.store, self.worker)
+                    forget_held(self.runtime.store, self.worker)
             except (Exception, StoreError):
                 logger.debug("could not write the held messages", exc_info=True)
                 continue
@@ -109,7 +106,7 @@ class HeldMessages:
         self.thread.join(JOIN_SECONDS)
         if self._written:
             try:
-                forget_held(self.agboss.store, self.worker)
+                forget_held(self.runtime.store, self.worker)
             except (Exception, StoreError):
                 logger.debug("could not forget the held messages", exc_info=True)
 
@@ -122,15 +119,15 @@ def _gives_back_at_once(app: Any) -> bool:
         return bool(connection.transport.driver_type == "amqp")
 
 
-def install(agboss: Runtime) -> None:
+def install(runtime: Runtime) -> None:
     """Called by ``AGBoss(app)``: this app's workers say what they hold."""
-    app = agboss.app
+    app = runtime.app
     running: list[HeldMessages] = []
 
     def on_worker_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app or running or _gives_back_at_once(app):
             return
-        held = HeldMessages(agboss)
+        held = HeldMessages(runtime)
         running.append(held)
         held.thread.start()
 
@@ -142,4 +139,4 @@ def install(agboss: Runtime) -> None:
     celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
 
 
-__all__ = ["HELD_NOT_REPORTED", "HeldMessages", "install"]
+__all__ = ["HeldMessages", "install"]

@@ -1,0 +1,52 @@
+"""Which step of a delivery's body this is, and the key its record is kept under.
+
+Decided once, by the ``ExecutionContext`` that runs the step (it counts the steps of
+each name): the outbound call's intent, the fenced effect's record, the outbox rows the
+effect writes and the undo declared after the step all read the ``Step`` it made. Were
+the position counted, or the key derived, in two places, an undo could be declared
+under one key while the intent or the outbox row is kept under another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celery_agboss.core.keys import business_key, fit_key, step_key, validate_business_key
+
+
+@dataclass(frozen=True)
+class Step:
+    """One outbound call or fenced effect of a delivery's body, as its records name it."""
+
+    kind: str  # the record it is kept as: core.store_protocol.INTENT_RECORD or EFFECT_RECORD
+    name: str  # the call's or the effect's name
+    occurrence: int  # its position among this delivery's steps of this name (1 when keyed)
+    key: str  # the key its record (intent, effect) is kept under
+    business_key_text: str | None  # the body's business key, or None (keyed by position)
+
+
+def step_of(
+    kind: str,
+    tenant: str,
+    execution_id: str,
+    name: str,
+    business_key_text: str | None,
+    occurrence: int,
+    *,
+    max_key_length: int | None = None,
+) -> Step:
+    """The step and its key: ``<tenant>:b:<name>:<business key>`` under a business key,
+    else ``<tenant>:t:<execution id>:<name>[#n]`` by position (``core.keys``), made to
+    fit ``max_key_length`` when the gateway bounds it (an outbound call's)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a step needs a non-empty name, not {name!r}")
+    if business_key_text is not None:
+        raw = business_key(tenant, validate_business_key(business_key_text), name)
+        occurrence = 1
+    else:
+        raw = step_key(tenant, execution_id, name, occurrence)
+    key = raw if max_key_length is None else fit_key(raw, max_key_length)
+    return Step(kind, name, occurrence, key, business_key_text)
+
+
+__all__ = ["Step", "step_of"]

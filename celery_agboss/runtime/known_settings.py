@@ -1,0 +1,154 @@
+"""Which ``agboss_*`` settings exist, their defaults, and what a name that is none of them is told.
+
+runtime.settings parses the values; this module only knows the names, so that a
+misspelt key is refused (and a misspelt variable named) against the one table every
+default is read from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from celery_agboss.core.durations import to_ms
+from celery_agboss.core.engine_settings import (
+    DEFAULT_ATTEMPT_TIMEOUT_MS,
+    DEFAULT_LEASE_TTL_MS,
+)
+
+logger = logging.getLogger("celery_agboss")
+
+PREFIX = "agboss_"
+TESTING_ENV = "AGBOSS_TESTING"
+
+# Redis (and SQS) redeliver an unacked message after this long; RabbitMQ closes a
+# channel whose message is held unacked longer than its consumer_timeout.
+REDIS_DEFAULT_VISIBILITY_TIMEOUT = 3600.0
+RABBITMQ_DEFAULT_CONSUMER_TIMEOUT = 1800.0
+
+# Each default is written once, here (the engine's two in core.engine_settings): the
+# fields of AGBossSettings and settings_from_conf both read these.
+DEFAULT_LEASE_TTL_SECONDS = DEFAULT_LEASE_TTL_MS / 1000
+DEFAULT_ATTEMPT_TIMEOUT_SECONDS = DEFAULT_ATTEMPT_TIMEOUT_MS / 1000
+DEFAULT_SWEEP_INTERVAL_SECONDS = 30.0
+DEFAULT_REQUESTED_GRACE_SECONDS = 300.0
+DEFAULT_RETENTION_SECONDS = 604800.0  # 7 days: outbound-call and fenced-effect records
+DEFAULT_RETRY_DELAY_SECONDS = 5.0
+DEFAULT_OUTBOX_GRACE_SECONDS = 30.0  # before the sweep publishes a committed outbox row
+DEFAULT_OUTBOX_GRACE_MS = to_ms(DEFAULT_OUTBOX_GRACE_SECONDS, what="agboss_outbox_grace")
+DEFAULT_MAX_RECOVERY_ATTEMPTS = 10
+DEFAULT_SWEEP_QUEUE = "agboss.sweep"
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"  # loopback: exposing it wider is a choice to make
+
+# The durations read alike (seconds or a timedelta, with a default), by name.
+DURATION_DEFAULTS: dict[str, float] = {
+    "lease_ttl": DEFAULT_LEASE_TTL_SECONDS,
+    "attempt_timeout": DEFAULT_ATTEMPT_TIMEOUT_SECONDS,
+    "sweep_interval": DEFAULT_SWEEP_INTERVAL_SECONDS,
+    "requested_grace": DEFAULT_REQUESTED_GRACE_SECONDS,
+    "outbound_retention": DEFAULT_RETENTION_SECONDS,
+    "fenced_effect_retention": DEFAULT_RETENTION_SECONDS,
+    "retry_delay": DEFAULT_RETRY_DELAY_SECONDS,
+    "outbox_grace": DEFAULT_OUTBOX_GRACE_SECONDS,
+}
+# Every setting's name without its prefix: a key or variable not here is no setting.
+KNOWN_SETTINGS = frozenset(
+    {
+        *DURATION_DEFAULTS,
+        "database_url",
+        "pseudonym_key",
+        "tenant",
+        "max_recovery_attempts",
+        "visibility_timeout",
+        "sweep_queue",
+        "execution_retention",
+        "payment_tasks",
+        "metrics_port",
+        "metrics_address",
+        "metrics_dir",
+    }
+)
+
+
+def is_unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
+    """A misspelt ``agboss_*`` key (also under Django's namespace) is refused, not ignored."""
+    lowered = key.lower()
+    for namespace in {(getattr(conf, "prefix", None) or "").lower(), "celery_"} - {""}:
+        if lowered.startswith(namespace):
+            lowered = lowered[len(namespace) :]
+    if not lowered.startswith(PREFIX):
+        return False
+    return lowered[len(PREFIX) :] not in KNOWN_SETTINGS
+
+
+def closest_setting(name: str) -> str | None:
+    """The known setting ``name`` was probably meant to be (``lease_tll`` → ``lease_ttl``)."""
+    found = difflib.get_close_matches(name.lower(), sorted(KNOWN_SETTINGS), n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
+def unknown_settings_message(unknown: list[str]) -> str:
+    """The refusal of misspelt conf keys: each with the setting it was probably meant to be."""
+    guesses = []
+    for key in unknown:
+        start = key.lower().index(PREFIX) + len(PREFIX)  # after Django's CELERY_ too
+        close = closest_setting(key[start:])
+        meant = None if close is None else key[:start] + (close.upper() if key.isupper() else close)
+        guesses.append(f"{key!r}" + (f" (did you mean {meant!r}?)" if meant else ""))
+    return (
+        f"unknown celery_agboss setting{'s' if len(unknown) > 1 else ''} "
+        f"{', '.join(guesses)}: refused rather than ignored, so that no setting silently "
+        "keeps its default. "
+        f"Known: {', '.join(sorted(PREFIX + name for name in KNOWN_SETTINGS))} "
+        "(docs/api.md, Settings, has each one's default and unit)"
+    )
+
+
+_ENV_NOT_SETTINGS = ("AGBOSS_TEST", "AGBOSS_SABOTAGE", "AGBOSS_ALLOW_SABOTAGE", TESTING_ENV)
+
+
+def warn_of_misspelt_variables(environ: Mapping[str, str]) -> None:
+    """An ``AGBOSS_*`` variable that is no setting but close to one is named (the
+    environment holds other programs' variables too, so it is not refused)."""
+    upper = PREFIX.upper()
+    for variable in sorted(environ):
+        if not variable.startswith(upper) or variable.startswith(_ENV_NOT_SETTINGS):
+            continue
+        name = variable[len(upper) :].lower()
+        if name in KNOWN_SETTINGS:
+            continue
+        close = closest_setting(name)
+        if close is not None:
+            logger.warning(
+                "celery_agboss: the environment variable %s is not a setting and is ignored; "
+                "did you mean %s?",
+                variable,
+                (PREFIX + close).upper(),
+            )
+
+
+__all__ = [
+    "DEFAULT_ATTEMPT_TIMEOUT_SECONDS",
+    "DEFAULT_LEASE_TTL_SECONDS",
+    "DEFAULT_MAX_RECOVERY_ATTEMPTS",
+    "DEFAULT_METRICS_ADDRESS",
+    "DEFAULT_OUTBOX_GRACE_MS",
+    "DEFAULT_OUTBOX_GRACE_SECONDS",
+    "DEFAULT_REQUESTED_GRACE_SECONDS",
+    "DEFAULT_RETENTION_SECONDS",
+    "DEFAULT_RETRY_DELAY_SECONDS",
+    "DEFAULT_SWEEP_INTERVAL_SECONDS",
+    "DEFAULT_SWEEP_QUEUE",
+    "DURATION_DEFAULTS",
+    "KNOWN_SETTINGS",
+    "PREFIX",
+    "RABBITMQ_DEFAULT_CONSUMER_TIMEOUT",
+    "REDIS_DEFAULT_VISIBILITY_TIMEOUT",
+    "TESTING_ENV",
+    "closest_setting",
+    "is_unknown_agboss_key",
+    "unknown_settings_message",
+    "warn_of_misspelt_variables",
+]

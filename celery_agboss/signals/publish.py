@@ -1,0 +1,219 @@
+"""A ``PaymentTask``'s publish, recorded ``REQUESTED`` before it reaches the broker.
+
+``before_task_publish`` records the message (or refuses the publish: nothing reaches
+the broker); ``app.send_task`` is wrapped so that refusal reaches the caller as an
+ordinary exception, and so that a PaymentTask published from a body gets a stable id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+import logging
+from typing import Any
+
+from celery_agboss.body_publishes import (
+    body_context,
+    derived_task_id,
+    publish_position,
+)
+from celery_agboss.core import sabotage
+from celery_agboss.core.log_events import EXECUTION_NOT_RECORDED, log_event
+from celery_agboss.core.protections import (
+    BODY_PUBLISHES_GET_NEW_IDS,
+    LINK_IDS_NOT_FIXED,
+    PUBLISH_WITHOUT_RECORD,
+)
+from celery_agboss.errors import (
+    ConfigurationError,
+    ExecutionIdConflictError,
+    PublishNotRecorded,
+    PublishRefusedError,
+    StoreError,
+)
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.messages import message_from_publish
+from celery_agboss.task import PaymentTask
+
+RECORDED_HEADER = "agboss_recorded"
+"""The header of a message whose execution was recorded at publish: why the publisher
+took the task for a ``PaymentTask`` (``PaymentTask``, or the pattern that matched)."""
+
+PAYMENT_TASK = "PaymentTask"
+
+
+def payment_task_reason(runtime: Runtime, name: Any) -> str | None:
+    """Why ``name`` is a ``PaymentTask`` here, or None: this app's task is one (looked up
+    without finalizing the app), or, for a process that publishes by name without
+    importing the task's module, the ``agboss_payment_tasks`` pattern it matches."""
+    if not isinstance(name, str):
+        return None
+    tasks = getattr(runtime.app, "_tasks", None)
+    task = tasks.get(name) if tasks is not None else None
+    if task is not None:
+        return PAYMENT_TASK if isinstance(task, PaymentTask) else None
+    return matched_pattern(runtime, name)
+
+
+def matched_pattern(runtime: Runtime, name: str) -> str | None:
+    """The ``agboss_payment_tasks`` pattern ``name`` matches, or None."""
+    try:
+        patterns = runtime.settings.payment_tasks
+    except ConfigurationError:
+        return None
+    return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
+
+
+def is_payment_task(runtime: Runtime, name: Any) -> bool:
+    """Whether a message of task ``name`` is recorded at publish in this process."""
+    return payment_task_reason(runtime, name) is not None
+
+
+def before_task_publish(
+    runtime: Runtime,
+    sender: Any = None,
+    body: Any = None,
+    exchange: Any = None,
+    routing_key: Any = None,
+    headers: Any = None,
+    properties: Any = None,
+    **_: Any,
+) -> None:
+    """Record a PaymentTask's message ``REQUESTED``, or refuse its publish."""
+    headers = {} if headers is None else headers
+    name = headers.get("task", sender)
+    reason = payment_task_reason(runtime, name)
+    if reason is None:
+        return
+    # Kept with the recorded message, so every re-publish says it too.
+    headers.setdefault(RECORDED_HEADER, reason)
+    if not sabotage.active(LINK_IDS_NOT_FIXED):
+        _fix_link_ids(body, str(headers.get("id")))
+    message = message_from_publish(
+        body=body,
+        exchange=exchange,
+        routing_key=routing_key,
+        headers=headers,
+        properties=properties or {},
+    )
+    if message is None:
+        log_event(EXECUTION_NOT_RECORDED, logging.ERROR, task=name, reason="unreadable message")
+        raise PublishNotRecorded(
+            PublishRefusedError(
+                f"the publish of {name!r} could not be read (Celery's message protocol 2 "
+                "is needed: leave task_protocol at its default), so it was not recorded "
+                "and nothing was published",
+                task=name,
+            )
+        )
+    if sabotage.active(PUBLISH_WITHOUT_RECORD):
+        with contextlib.suppress(Exception, StoreError):
+            runtime.executions.record_requested(message)
+        return
+    try:
+        runtime.executions.record_requested(message)
+    except ExecutionIdConflictError as exc:
+        raise PublishNotRecorded(exc) from None
+    except (StoreError, ConfigurationError) as exc:
+        raise PublishNotRecorded(_refused(name, message.execution_id, exc)) from None
+
+
+def _refused(name: Any, execution_id: str, exc: StoreError | ConfigurationError) -> Exception:
+    """The error a publish the store could not record is refused with: a message the
+    broker then lost would leave no trace, so nothing is published."""
+    log_event(
+        EXECUTION_NOT_RECORDED,
+        logging.ERROR,
+        execution_id=execution_id,
+        task=name,
+        reason=f"{type(exc).__name__} at publish",
+    )
+    if isinstance(exc, ConfigurationError):
+        what_to_do = (
+            f"celery_agboss is not configured in this process ({exc}); fix that "
+            "setting and start the process again, then publish again"
+        )
+    else:
+        what_to_do = (
+            f"it could not be recorded in the store ({type(exc).__name__}: {exc}); "
+            "publish again once the store answers"
+        )
+    refused = PublishRefusedError(
+        f"the publish of {name!r} ({execution_id}) was refused and nothing "
+        f"was published: {what_to_do}",
+        task=name,
+        execution_id=execution_id,
+    )
+    refused.__cause__ = exc
+    return refused
+
+
+def _fix_link_ids(body: Any, execution_id: str) -> None:
+    """Links, errbacks and the chain of an execution go out under ids fixed before its
+    first publish, derived from the execution: every delivery that sends them (a
+    duplicate replaying, a retry) sends the same executions, never a second charge.
+    The signatures are replaced by copies, never changed: the caller's may be reused."""
+    if not isinstance(body, (tuple, list)) or len(body) != 3 or not isinstance(body[2], dict):
+        return
+    embed = body[2]
+    for part in ("callbacks", "errbacks", "chain"):
+        signatures = embed.get(part)
+        if not signatures:
+            continue
+        embed[part] = [
+            _with_fixed_id(sig, derived_task_id(execution_id, f"{part}#{n}"))
+            for n, sig in enumerate(signatures, 1)
+        ]
+
+
+def _with_fixed_id(signature: Any, task_id: str) -> Any:
+    if not isinstance(signature, dict):
+        return signature
+    options = dict(signature.get("options") or {})
+    if options.get("task_id"):
+        return signature  # frozen already (a chain's own ids, or the caller's choice)
+    options["task_id"] = task_id
+    return {**signature, "options": options}
+
+
+def _published_from_a_body(runtime: Runtime, name: Any) -> str | None:
+    """The stable id of a PaymentTask published from inside a PaymentTask's delivery
+    (``ship.delay(order)`` in ``charge_order``'s body), or None: outside a delivery,
+    or a task that is not a PaymentTask. The n-th publish of one task name in a
+    delivery gets the same id on every re-run (design: publishes from a body)."""
+    if not isinstance(name, str):
+        return None
+    ctx = body_context()
+    if ctx is None or not is_payment_task(runtime, name):
+        return None
+    return derived_task_id(ctx.execution_id, publish_position(ctx, name))
+
+
+def refuse_unrecorded_publishes(runtime: Runtime) -> None:
+    """Make ``app.send_task`` (which ``apply_async``, ``delay``, canvas and ``retry`` all
+    go through) raise the error ``before_task_publish`` refused a publish with, as an
+    ordinary exception for the caller; nothing reached the broker. A PaymentTask
+    published from a PaymentTask's body without a ``task_id`` gets a stable one."""
+    app = runtime.app
+    original = app.send_task
+    if getattr(original, "_agboss_refuses_unrecorded", False):
+        return
+
+    @functools.wraps(original)
+    def send_task(name: Any, *args: Any, **kwargs: Any) -> Any:
+        if (
+            not args[3:4]
+            and kwargs.get("task_id") is None
+            and not sabotage.active(BODY_PUBLISHES_GET_NEW_IDS)
+        ):
+            stable = _published_from_a_body(runtime, name)
+            if stable is not None:
+                kwargs["task_id"] = stable
+        try:
+            return original(name, *args, **kwargs)
+        except PublishNotRecorded as refused:
+            raise refused.error from refused.error.__cause__
+
+    send_task._agboss_refuses_unrecorded = True  # type: ignore[attr-defined]
+    app.send_task = send_task

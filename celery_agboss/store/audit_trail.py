@@ -1,0 +1,115 @@
+"""The audit trail of operators' decisions, and the store's meta values.
+
+``insert_audit_txn`` is the one place an audit row is written: an operator's change
+writes it in the transaction that makes the change (``ExecutionRows._audit``,
+``operator.resolving``), a decision with nothing to change in one of its own
+(``append_audit``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+
+from celery_agboss.core.executions import AuditEntry
+from celery_agboss.store.dialect import insert_or_nothing
+from celery_agboss.store.schema_executions import audit, meta
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.store.transactions import SQLTransaction
+
+
+def insert_audit_txn(
+    tx: SQLTransaction,
+    *,
+    actor: str,
+    action: str,
+    target: str,
+    reason: str,
+    before: str | None,
+    after: str | None,
+) -> None:
+    """One audit row inside the caller's transaction: it commits with the change it records."""
+    tx.execute(
+        audit.insert().values(
+            at_ms=tx.now_expr(),
+            actor=actor,
+            action=action,
+            target=target,
+            reason=reason,
+            before=before,
+            after=after,
+        )
+    )
+
+
+def set_meta_txn(tx: SQLTransaction, key: str, value: str) -> None:
+    """Write a meta value (its ``updated_at_ms``: now, on the database clock), inside the
+    caller's transaction."""
+    now = tx.now_expr()
+    changed = tx.execute(
+        update(meta).where(meta.c.key == key).values(value=value, updated_at_ms=now)
+    ).rowcount
+    if not changed:
+        tx.execute(
+            insert_or_nothing(tx.connection, meta).values(key=key, value=value, updated_at_ms=now)
+        )
+
+
+class AuditVerbs:
+    """The audit trail's and the meta values' verbs of the execution store."""
+
+    store: SQLAlchemyStore
+
+    def append_audit(
+        self,
+        actor: str,
+        action: str,
+        target: str,
+        reason: str,
+        before: str | None = None,
+        after: str | None = None,
+    ) -> None:
+        """An audit row in a transaction of its own (a decision with nothing to change)."""
+        with self.store.transaction() as tx:
+            insert_audit_txn(
+                tx,
+                actor=actor,
+                action=action,
+                target=target,
+                reason=reason,
+                before=before,
+                after=after,
+            )
+
+    def list_audit(self, target: str | None = None, limit: int = 100) -> list[AuditEntry]:
+        with self.store.read_transaction() as tx:
+            statement = select(audit)
+            if target is not None:
+                statement = statement.where(audit.c.target == target)
+            rows = tx.execute(statement.order_by(audit.c.id.desc()).limit(limit)).all()
+            return [
+                AuditEntry(
+                    id=int(r.id),
+                    at_ms=int(r.at_ms),
+                    actor=r.actor,
+                    action=r.action,
+                    target=r.target,
+                    reason=r.reason,
+                    before=r.before,
+                    after=r.after,
+                )
+                for r in rows
+            ]
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.store.transaction() as tx:
+            set_meta_txn(tx, key, value)
+
+    def get_meta(self, key: str) -> tuple[str, int] | None:
+        with self.store.read_transaction() as tx:
+            row = tx.execute(
+                select(meta.c.value, meta.c.updated_at_ms).where(meta.c.key == key)
+            ).first()
+            return None if row is None else (str(row.value), int(row.updated_at_ms))
+
+
+__all__ = ["AuditVerbs", "insert_audit_txn"]

@@ -1,0 +1,134 @@
+"""The HTTP side of :class:`~celery_agboss.testing.gateway_server.FakeGatewayServer`: a
+request read into a :class:`GatewayCall`, the endpoint's :class:`Reply` written back (or
+the connection closed with no answer, for a dropped one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any, ClassVar, Protocol
+from urllib.parse import parse_qs, parse_qsl, urlsplit
+
+from celery_agboss.testing.loopback import loopback_peer_pid
+
+PID_HEADER = "X-Worker-Pid"
+
+
+@dataclass(frozen=True)
+class GatewayCall:
+    """One HTTP request as an endpoint sees it.
+
+    ``body`` is the JSON object sent, or a form's fields (flat: ``metadata[order]`` stays
+    one name; a dialect that needs nesting unfolds it). ``headers`` have lower-case names.
+    """
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: dict[str, Any]
+    pid: int | None  # the sender's, from the X-Worker-Pid header
+    headers: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)  # the route's {name} segments
+    peer_port: int | None = None  # the client's port on 127.0.0.1
+    server_port: int | None = None  # the port the request came in on
+
+    def sender_pid(self) -> int | None:
+        """The sender's pid: from ``X-Worker-Pid``, else (an official SDK sends no such
+        header) the local process that owns the connection's other end (Linux /proc)."""
+        if self.pid is not None or self.peer_port is None or self.server_port is None:
+            return self.pid
+        return loopback_peer_pid(self.peer_port, self.server_port)
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What an endpoint answers; ``drop`` closes the connection without any response."""
+
+    status: int
+    payload: Any = None
+    drop: bool = False
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class _Owner(Protocol):
+    def handle(self, call: GatewayCall) -> Reply: ...
+
+
+class GatewayHandler(BaseHTTPRequestHandler):
+    """One HTTP request served: read into a :class:`GatewayCall`, answered by ``owner``
+    (the server, set on the class each server makes)."""
+
+    owner: ClassVar[_Owner]
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the owner reads the records, not a log."""
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def _serve(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items() if v}
+        pid_text = self.headers.get(PID_HEADER) or ""
+        try:
+            body = self._body()
+        except ValueError:
+            self.reply(Reply(400, {"error": "INVALID_REQUEST", "message": "not JSON"}))
+            return
+        pid = int(pid_text) if pid_text.isdigit() else None
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        peer, ours = int(self.client_address[1]), int(self.connection.getsockname()[1])
+        self.dispatch(GatewayCall(method, parts.path, query, body, pid, headers, {}, peer, ours))
+
+    def dispatch(self, call: GatewayCall) -> None:
+        """Answer one request (a subclass may take some paths itself)."""
+        self.reply(self.owner.handle(call))
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return {}
+        kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if kind == "application/x-www-form-urlencoded":
+            return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True))
+        value = json.loads(raw)
+        return value if isinstance(value, dict) else {}
+
+    def reply(self, reply: Reply) -> None:
+        if reply.drop:
+            self.close_connection = True  # the answer is lost: no response at all
+            return
+        data = b"" if reply.status == 204 else json.dumps(reply.payload).encode()
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True  # the caller died (or was killed) meanwhile
+
+
+__all__ = ["PID_HEADER", "GatewayCall", "GatewayHandler", "Reply"]
