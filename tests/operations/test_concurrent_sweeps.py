@@ -85,6 +85,10 @@ def test_without_the_claim_two_sweepers_republish_each_execution_twice(
     assert all(first.publishes_of(task_id) == 3 for task_id in ids)
 
 
+RACE_TTL_SECONDS = 5
+"""Short (a speed-up): this race waits in real time for the leases to run out."""
+
+
 def test_a_sweeper_in_another_process_and_one_here_republish_each_execution_once(
     world_factory: WorldFactory, managed_process: ProcessFactory, ops_store_url: str
 ) -> None:
@@ -93,10 +97,10 @@ def test_a_sweeper_in_another_process_and_one_here_republish_each_execution_once
     Small batches on both sides: with one batch of all 24, whichever sweeper runs first
     after the expiry claims everything before the other is scheduled (on a loaded
     machine, a relay, not a race); a few claims per sweep make them interleave."""
-    here = world_factory()
+    here = world_factory(lease_ttl=RACE_TTL_SECONDS)
     ids = [here.publish(f"order-{n}") for n in range(EXECUTIONS)]
     for task_id in ids:
-        here.start(task_id)  # live leases, TTL 5 s of real time from now
+        here.start(task_id)  # live leases, running out in real time
     config = {"database_url": ops_store_url, "clock_offset_ms": here.clock.offset_ms()}
     sweep = f"agboss sweep --loop --interval 0.1 --max-runs 400 --batch-size {RACE_BATCH} --json"
     other = managed_process(

@@ -32,7 +32,13 @@ from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 
-TTL_SECONDS = 5
+TTL_SECONDS = 30
+"""The lease TTL of this world's app. Leases here end on the virtual database clock
+(``die`` moves it past them), so the TTL costs no waiting; it is the product's
+default rather than the short one real-worker tests use because on SQLite a fenced
+transaction is rolled back once it has held the write lock for a quarter of the TTL of
+wall time, and a test process starved of CPU on a loaded CI machine once passed 1.25 s
+(a quarter of 5 s) inside a two-statement transaction."""
 GRACE_SECONDS = 60
 INTERVAL_SECONDS = 30
 CAP = 3
