@@ -51,7 +51,7 @@ from celery_agboss.core.store_protocol import (
     IntentUpdate,
     Store,
 )
-from celery_agboss.core.transitions import NOT_STORED_TEXT, masked_text, policy_of
+from celery_agboss.core.transitions import NOT_STORED_TEXT, mark_failed, masked_text, policy_of
 from celery_agboss.errors import (
     AGBossSignal,
     CancelRequestedError,
@@ -325,7 +325,8 @@ class ExecutionContext(DeliveryLease):
         with self._lock:
             failures = dict(self._failures)
         for key, attempt in failures.items():
-            tx.update_intent(
+            mark_failed(
+                tx,
                 key,
                 IntentGuard(
                     IntentStatus.FAILED,

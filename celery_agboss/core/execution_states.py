@@ -24,9 +24,11 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
     StartKind,
+    WaitKind,
     shared_wait_reason,
+    wait_kind,
 )
-from celery_agboss.core.protections import DIVERGENCE_COMPLETED
+from celery_agboss.core.protections import DIVERGENCE_COMPLETED, STARTED_EXECUTIONS_EXPIRE
 from celery_agboss.core.shared_records import CancelStep
 from celery_agboss.core.store_protocol import SharedRecord
 
@@ -189,11 +191,69 @@ def redrive_count(record: ExecutionRecord, planned_counted: bool = False) -> Red
     return RedriveCount(planned, over, not over and not planned)
 
 
-def cancel_ends_now(record: ExecutionRecord, live: bool, pending: bool) -> bool:
+def cancel_ends_now(
+    record: ExecutionRecord,
+    live: Callable[[], bool],
+    pending: Callable[[], bool],
+    *,
+    keep_operator_wait: bool = False,
+) -> bool:
     """A cancel request ends the execution at once while it is not running (no live
     lease), nothing of it is pending and it is not ``COMPENSATING``; otherwise the
-    request waits for its body, its next delivery or the sweep."""
-    return record.state in CANCELLABLE_STATES and not live and not pending
+    request waits for its body, its next delivery or the sweep. ``keep_operator_wait``
+    (the end of an earlier request, by the sweep or an operator who did not say the
+    payments are handled): an execution waiting for its operator is left to them, not
+    churned. ``live`` and ``pending`` are asked in that order, only when needed: each
+    costs the store a query."""
+    if record.state not in CANCELLABLE_STATES:
+        return False
+    if keep_operator_wait and record.state is ExecutionState.WAITING_OPERATOR:
+        return False
+    return not live() and not pending()
+
+
+def never_started(record: ExecutionRecord) -> bool:
+    """No delivery ever started it: only such an execution may expire
+    (design: expires bounds the start). One that started, charged and then waits goes
+    on whatever its ``expires``: expiring it would leave the customer charged and the
+    rest undone."""
+    if sabotage.active(STARTED_EXECUTIONS_EXPIRE):
+        return record.state in (ExecutionState.REQUESTED, ExecutionState.WAITING)
+    return record.state is ExecutionState.REQUESTED and record.started_at_ms is None
+
+
+def expires_now(
+    record: ExecutionRecord, live: Callable[[], bool], pending: Callable[[], bool]
+) -> bool:
+    """The sweep ends an execution past its ``expires`` (read again under its row lock, so
+    a delivery that started it meanwhile keeps it) only while it never started, runs
+    under no live lease and has nothing pending; ``live`` and ``pending`` are asked last."""
+    return never_started(record) and not live() and not pending()
+
+
+def unblocks(
+    record: ExecutionRecord, live: Callable[[], bool], operator_needed: Callable[[], bool]
+) -> bool:
+    """A wait for an operator over an intent ends (``WAITING``, due now) once no intent it
+    created or used needs a person: not a wait a person decides (a divergence, a cancel
+    after a payment), not while a delivery runs it."""
+    if record.state is not ExecutionState.WAITING_OPERATOR:
+        return False
+    if wait_kind(record.reason).a_person_decides:
+        return False
+    return not live() and not operator_needed()
+
+
+def divergence_accepted(
+    record: ExecutionRecord, live: Callable[[], bool], pending: Callable[[], bool]
+) -> bool:
+    """An operator's acceptance of a divergence completes the execution only while it
+    waits for exactly that, runs under no live lease and has nothing pending."""
+    if record.state is not ExecutionState.WAITING_OPERATOR:
+        return False
+    if wait_kind(record.reason) is not WaitKind.DIVERGENCE:
+        return False
+    return not live() and not pending()
 
 
 def may_move_by_hand(to_state: ExecutionState, pending: bool) -> bool:
@@ -211,13 +271,17 @@ __all__ = [
     "cancel_reason_of",
     "cancel_verdict",
     "delivery_state",
+    "divergence_accepted",
+    "expires_now",
     "fail_verdict",
     "finish_verdict",
     "may_move_by_hand",
     "may_start_compensating",
+    "never_started",
     "over_recovery_cap",
     "redrive_count",
     "start_without_body",
     "taken_over",
+    "unblocks",
     "wakes_on_release",
 ]

@@ -51,7 +51,7 @@ from celery_agboss.core.store_protocol import (
     NewIntent,
     Reliance,
 )
-from celery_agboss.core.transitions import create, fault, transition
+from celery_agboss.core.transitions import create, fault, mark_failed, transition
 from celery_agboss.errors import (
     IdempotencyKeyConflictError,
     OutboundCallCompensatedError,
@@ -241,7 +241,8 @@ def _hand_out_failure(holder: Holder, p: PreparedCall, record: IntentRecord) -> 
     if not hands_failure_to_another(record, holder.execution_id):
         return True
     with holder.fenced() as tx:
-        return tx.update_intent(
+        return mark_failed(
+            tx,
             p.idempotency_key,
             IntentGuard(IntentStatus.FAILED, record.attempt, record.owner),
             IntentUpdate(retry_for=None, failure_shared=True),

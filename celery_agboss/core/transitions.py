@@ -2,10 +2,12 @@
 chained history row in the same transaction, one structured log event
 (``celery_agboss.core.log_events``).
 
-Every intent write is made through here: its creation (``create``, the claim) and every
+Every intent write is made through here: its creation (``create``, the claim), every
 transition after it — the holder's state machine (``state_machine``, ``settle``),
 reconcile (``reconcile``, ``stranded``), a cancel's ``NotSent`` (``cancelled_intents``)
-and the operator's ``resolve`` — so none of them can disagree on what a write records.
+and the operator's ``resolve`` — and the two marks on a failed intent that move no status
+(``mark_failed``: a retry authorised, a failure handed to another execution), so none of
+them can disagree on what a write records. ``tests/unit/test_intent_writes.py`` holds it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ def cas(tx: StoreTransaction, key: str, guard: IntentGuard, update: IntentUpdate
         if tx.update_intent(key, loose, update):
             return True
     return False
+
+
+def mark_failed(tx: StoreTransaction, key: str, guard: IntentGuard, update: IntentUpdate) -> bool:
+    """A guarded write to a ``FAILED`` intent that leaves it ``FAILED`` (who may send it
+    again): no history row, since its status did not change; False when the row moved."""
+    if guard.status is not IntentStatus.FAILED:
+        raise ValueError(f"mark_failed guards a FAILED intent, not {guard.status.value}")
+    return tx.update_intent(key, guard, update)
 
 
 def transition(
@@ -262,6 +272,7 @@ __all__ = [
     "create",
     "error_detail",
     "fault",
+    "mark_failed",
     "mask_result",
     "masked_text",
     "policy_of",

@@ -10,6 +10,7 @@ decide one after the other and only one of them re-publishes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from sqlalchemy import and_, case, exists, func, not_, or_, select
@@ -17,20 +18,19 @@ from sqlalchemy import and_, case, exists, func, not_, or_, select
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_states import (
     cancel_ends_now,
+    divergence_accepted,
+    expires_now,
     may_move_by_hand,
     over_recovery_cap,
     redrive_count,
+    unblocks,
 )
 from celery_agboss.core.executions import (
-    CANCELLABLE_STATES,
     REDRIVABLE_STATES,
     Audit,
     ExecutionRecord,
     ExecutionState,
     RedriveDecision,
-    WaitKind,
-    execution_scope,
-    wait_kind,
 )
 from celery_agboss.core.protections import (
     PLANNED_WAITS_COUNTED,
@@ -42,6 +42,7 @@ from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
 from celery_agboss.store.audit_trail import AuditVerbs
 from celery_agboss.store.execution_rows import (
     TERMINAL_VALUES,
+    execution_lease_live,
     lease_live,
     record_of,
 )
@@ -135,8 +136,7 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
                 or record.state not in REDRIVABLE_STATES
             ):
                 return RedriveDecision(False, False, None)
-            lease = tx.lock_lease(execution_scope(execution_id))
-            if lease is not None and lease.live:
+            if execution_lease_live(tx, execution_id):
                 return RedriveDecision(False, False, None)
             # Only recoveries count toward the cap (design: recovery cap).
             count = redrive_count(record, sabotage.active(PLANNED_WAITS_COUNTED))
@@ -163,6 +163,7 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
         whatever its ``expires``: expiring it would leave the customer charged and the
         rest undone."""
         changed: list[ExecutionRecord] = []
+        # The candidates, in SQL; core's ``expires_now`` decides each under its row lock.
         never_started = (
             _e.state.in_([ExecutionState.REQUESTED.value, ExecutionState.WAITING.value])
             if sabotage.active(STARTED_EXECUTIONS_EXPIRE)
@@ -184,12 +185,10 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
             for row in rows:
                 execution_id = str(row.id)
                 record = self._read(tx, execution_id, lock=True)
-                lease = tx.lock_lease(execution_scope(execution_id))
-                if (
-                    record is None
-                    or record.terminal
-                    or (lease is not None and lease.live)
-                    or self._pending_intent(tx, execution_id)
+                if record is None or not expires_now(
+                    record,
+                    partial(execution_lease_live, tx, execution_id),
+                    partial(self._pending_intent, tx, execution_id),
                 ):
                     continue
                 self._terminal(tx, execution_id, ExecutionState.EXPIRED, reason="expired")
@@ -217,9 +216,11 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
             record = self._read(tx, execution_id, lock=True)
             if record is None or record.terminal:
                 return record
-            lease = tx.lock_lease(execution_scope(execution_id))
-            live = lease is not None and lease.live
-            if cancel_ends_now(record, live, self._pending_intent(tx, execution_id)):
+            if cancel_ends_now(
+                record,
+                lambda: execution_lease_live(tx, execution_id),
+                lambda: self._pending_intent(tx, execution_id),
+            ):
                 self._set(tx, execution_id, cancel_requested=True, cancel_reason=reason)
                 after = self._end_cancelled(
                     tx, execution_id, reason, payments_handled=payments_handled
@@ -246,12 +247,12 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
             record = self._read(tx, execution_id, lock=True)
             if record is None or record.terminal:
                 return record
-            if record.state not in CANCELLABLE_STATES:
-                return record
-            if record.state is ExecutionState.WAITING_OPERATOR and not payments_handled:
-                return record  # waits for its operator; the sweep does not churn it
-            lease = tx.lock_lease(execution_scope(execution_id))
-            if (lease is not None and lease.live) or self._pending_intent(tx, execution_id):
+            if not cancel_ends_now(
+                record,
+                lambda: execution_lease_live(tx, execution_id),
+                lambda: self._pending_intent(tx, execution_id),
+                keep_operator_wait=not payments_handled,
+            ):
                 return record
             return self._end_cancelled(
                 tx,
@@ -290,16 +291,11 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
         payment", a live lease) or an intent still needs a person."""
         with self.store.transaction() as tx:
             record = self._read(tx, execution_id, lock=True)
-            if (
-                record is None
-                or record.state is not ExecutionState.WAITING_OPERATOR
-                or wait_kind(record.reason).a_person_decides
+            if record is None or not unblocks(
+                record,
+                partial(execution_lease_live, tx, execution_id),
+                lambda: bool(tx.execute(select(_operator_needed_by(execution_id))).scalar()),
             ):
-                return None
-            lease = tx.lock_lease(execution_scope(execution_id))
-            if lease is not None and lease.live:
-                return None
-            if tx.execute(select(_operator_needed_by(execution_id))).scalar():
                 return None
             values: dict[str, Any] = {
                 "state": ExecutionState.WAITING.value,
@@ -341,14 +337,11 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
         it waits for a divergence, runs under no live lease and has no pending intent."""
         with self.store.transaction() as tx:
             record = self._read(tx, execution_id, lock=True)
-            if (
-                record is None
-                or record.state is not ExecutionState.WAITING_OPERATOR
-                or wait_kind(record.reason) is not WaitKind.DIVERGENCE
+            if record is None or not divergence_accepted(
+                record,
+                partial(execution_lease_live, tx, execution_id),
+                partial(self._pending_intent, tx, execution_id),
             ):
-                return None
-            lease = tx.lock_lease(execution_scope(execution_id))
-            if (lease is not None and lease.live) or self._pending_intent(tx, execution_id):
                 return None
             self._terminal(tx, execution_id, ExecutionState.COMPLETED, reason=reason[:1000])
             after = self._require(tx, execution_id)
@@ -376,8 +369,7 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
             record = self._read(tx, execution_id, lock=True)
             if record is None or record.state not in from_states:
                 return None
-            lease = tx.lock_lease(execution_scope(execution_id))
-            if lease is not None and lease.live:
+            if execution_lease_live(tx, execution_id):
                 return None
             if not may_move_by_hand(to_state, self._pending_intent(tx, execution_id)):
                 return None

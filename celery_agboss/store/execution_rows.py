@@ -17,6 +17,7 @@ from celery_agboss.core.executions import (
     ExecutionMessage,
     ExecutionRecord,
     ExecutionState,
+    execution_scope,
     execution_summary,
 )
 from celery_agboss.core.protections import (
@@ -198,6 +199,13 @@ def _insert_requested_statement(conn: Connection, offset_ms: int) -> Any:
     )
 
 
+def execution_lease_live(tx: SQLTransaction, execution_id: str) -> bool:
+    """Whether the execution runs under a live lease, decided under its row lock (held
+    until ``tx`` ends, so the answer stays true while the caller writes its decision)."""
+    lease = tx.lock_lease(execution_scope(execution_id))
+    return lease is not None and lease.live
+
+
 class ExecutionRows:
     """The helpers every execution verb uses, on a ``SQLAlchemyStore``."""
 
@@ -376,6 +384,7 @@ class ExecutionRows:
 
 __all__ = [
     "ExecutionRows",
+    "execution_lease_live",
     "lease_live",
     "message_values",
     "newer_or_same",

@@ -19,11 +19,10 @@ from celery_agboss.core.executions import (
     Audit,
     ExecutionRecord,
     ExecutionState,
-    execution_scope,
 )
 from celery_agboss.core.protections import PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET
 from celery_agboss.errors import NotPausedError
-from celery_agboss.store.execution_rows import ExecutionRows
+from celery_agboss.store.execution_rows import ExecutionRows, execution_lease_live
 from celery_agboss.store.schema_executions import executions, pauses
 from celery_agboss.store.transactions import SQLTransaction
 
@@ -76,8 +75,8 @@ class PauseVerbs(ExecutionRows):
                 raise NotPausedError(
                     f"the pause {pause_id!r} was already answered", pause_id=pause_id
                 )
-            lease = tx.lock_lease(execution_scope(execution_id))
-            self._set(tx, execution_id, **_continue_values(tx, lease is not None and lease.live))
+            live = execution_lease_live(tx, execution_id)
+            self._set(tx, execution_id, **_continue_values(tx, live))
             after = self._require(tx, execution_id)
             self._audit(tx, audit, execution_id, record, after)
             return after

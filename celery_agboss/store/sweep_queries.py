@@ -20,7 +20,6 @@ from celery_agboss.core.executions import (
     CANCELLABLE_STATES,
     TERMINAL_STATES,
     ExecutionState,
-    execution_scope,
 )
 from celery_agboss.core.protections import PAUSED_RECORDS_EXPIRE, RECORD_USES_IGNORED_BY_RETENTION
 from celery_agboss.core.store_protocol import (
@@ -31,6 +30,7 @@ from celery_agboss.core.store_protocol import (
     LeaseRef,
 )
 from celery_agboss.store.dialect import insert_or_nothing
+from celery_agboss.store.execution_rows import execution_lease_live
 from celery_agboss.store.intents import owner_live_expr
 from celery_agboss.store.schema import (
     SETTLED_ONLY_EXCLUDES,
@@ -43,7 +43,6 @@ from celery_agboss.store.schema import (
 )
 from celery_agboss.store.schema_executions import executions, meta, pauses
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
-from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _i = outbound_calls.c
@@ -362,13 +361,6 @@ def delete_dead_sweeper_leases(store: SQLAlchemyStore, older_than_ms: int, limit
         if not dead:
             return 0
         return int(tx.execute(delete(leases).where(_l.scope.in_(dead))).rowcount)
-
-
-def execution_lease_live(tx: SQLTransaction, execution_id: str) -> bool:
-    """Whether the execution runs under a live lease, decided under its row lock (held
-    until ``tx`` ends, so the answer stays true while the caller writes its decision)."""
-    lease = tx.lock_lease(execution_scope(execution_id))
-    return lease is not None and lease.live
 
 
 __all__ = [

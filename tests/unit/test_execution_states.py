@@ -12,6 +12,8 @@ from celery_agboss.core.execution_states import (
     cancel_reason_of,
     cancel_verdict,
     delivery_state,
+    divergence_accepted,
+    expires_now,
     fail_verdict,
     finish_verdict,
     may_move_by_hand,
@@ -19,6 +21,7 @@ from celery_agboss.core.execution_states import (
     redrive_count,
     start_without_body,
     taken_over,
+    unblocks,
     wakes_on_release,
 )
 from celery_agboss.core.executions import (
@@ -113,8 +116,51 @@ def test_a_cancel_ends_at_once_only_while_nothing_runs_or_is_pending() -> None:
     assert not cancel_ends_at_start(waiting, live=False, pending=lambda: True)
     not_requested = replace(waiting, cancel_requested=False)
     assert not cancel_ends_at_start(not_requested, False, pending=lambda: 1 / 0 == 0)
-    assert cancel_ends_now(waiting, live=False, pending=False)
-    assert not cancel_ends_now(replace(waiting, state=S.COMPENSATING), False, False)
+    assert cancel_ends_now(waiting, live=_no, pending=_no)
+    assert not cancel_ends_now(replace(waiting, state=S.COMPENSATING), _no, _no)
+    assert not cancel_ends_now(waiting, _yes, _no) and not cancel_ends_now(waiting, _no, _yes)
+    operator = replace(waiting, state=S.WAITING_OPERATOR)
+    assert cancel_ends_now(operator, _no, _no)
+    assert not cancel_ends_now(operator, _unasked, _unasked, keep_operator_wait=True)
+
+
+def test_only_an_execution_no_delivery_started_expires() -> None:
+    requested = replace(RECORD, state=S.REQUESTED, started_at_ms=None)
+    assert expires_now(requested, _no, _no)
+    assert not expires_now(requested, _yes, _no) and not expires_now(requested, _no, _yes)
+    started = replace(requested, state=S.WAITING, started_at_ms=1)
+    assert not expires_now(started, _unasked, _unasked), "it charged: it goes on"
+    assert not expires_now(replace(requested, started_at_ms=1), _unasked, _unasked)
+
+
+def test_an_operator_wait_ends_by_itself_only_when_nobody_has_to_decide() -> None:
+    over_intent = replace(RECORD, state=S.WAITING_OPERATOR, reason="OutboundCallUnreconciledError")
+    assert unblocks(over_intent, _no, _no)
+    assert not unblocks(over_intent, _yes, _no) and not unblocks(over_intent, _no, _yes)
+    for decided_by_a_person in (DIVERGENCE + ": x", CANCELLED_AFTER_PAYMENT + ": y"):
+        assert not unblocks(replace(over_intent, reason=decided_by_a_person), _unasked, _unasked)
+    assert not unblocks(replace(over_intent, state=S.WAITING), _unasked, _unasked)
+
+
+def test_a_divergence_is_accepted_only_from_its_own_wait() -> None:
+    diverged = replace(RECORD, state=S.WAITING_OPERATOR, reason=DIVERGENCE + ": charge")
+    assert divergence_accepted(diverged, _no, _no)
+    assert not divergence_accepted(diverged, _yes, _no)
+    assert not divergence_accepted(diverged, _no, _yes)
+    other = replace(diverged, reason="OutboundCallUnreconciledError")
+    assert not divergence_accepted(other, _unasked, _unasked)
+
+
+def _no() -> bool:
+    return False
+
+
+def _yes() -> bool:
+    return True
+
+
+def _unasked() -> bool:
+    raise AssertionError("decided without this fact: it costs the store a query")
 
 
 def test_a_delivery_start_and_its_take_over_count() -> None:
