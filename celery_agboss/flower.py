@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from celery_agboss.task_events import TASK_EVENTS
+from celery_agboss.runtime.task_events import TASK_EVENTS
 
 AGBOSS_STATES: dict[str, str] = {
     event: event[len("task-") :].upper() for event in sorted(TASK_EVENTS)

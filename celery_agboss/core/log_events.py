@@ -21,7 +21,7 @@ Observers added with ``add_event_observer`` are told of every event before it is
 logged, whatever the logger's level (``celery_agboss.metrics`` counts them so).
 
 Custom task events for Flower (``task-deferred``…) are not log records: they are in
-``celery_agboss.task_events``.
+``celery_agboss.runtime.task_events``.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ def max_key_age_ms(call: OutboundCall, attempt_timeout_ms: int) -> int | None:
     lookup proves absence (any age may be resent)."""
     if call.lookup_proves_absence or sabotage.active(NO_KEY_AGE_CHECK):
         return None
-    assert call.key_retention_seconds is not None  # OutboundCall refuses the other case
-    return round(call.key_retention_seconds * 1000) - attempt_timeout_ms
+    assert call.key_retention_ms is not None  # OutboundCall refuses the other case
+    return call.key_retention_ms - attempt_timeout_ms
 
 
 def ask(

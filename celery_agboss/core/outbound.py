@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
-from celery_agboss.core.durations import to_seconds
+from celery_agboss.core.durations import to_ms, to_seconds
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.errors import OutboundCallDefinitionError
 
@@ -102,6 +102,7 @@ class OutboundCall:
     # stored: raise with what is wrong. Without it, ``transaction_id`` must find an id.
     validate_result: Callable[[Any], object] | None = None
     key_retention_seconds: float | None = field(init=False, default=None)
+    key_retention_ms: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -131,6 +132,7 @@ class OutboundCall:
                     rule="key_retention",
                 )
             object.__setattr__(self, "key_retention_seconds", seconds)
+            object.__setattr__(self, "key_retention_ms", to_ms(seconds, what="key_retention"))
         if self.validate_result is not None and not callable(self.validate_result):
             raise OutboundCallDefinitionError(
                 f"OutboundCall {self.name!r}: validate_result must be callable (result) -> "

@@ -38,7 +38,7 @@ from celery_agboss.delivery.verdicts import Cancel, ForOperator, Wait
 from celery_agboss.delivery.waits import sweep_after_ms, wait_then_retry
 from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.task_events import TASK_UNRECONCILED, TASK_WAITING
+from celery_agboss.runtime.task_events import TASK_UNRECONCILED, TASK_WAITING
 
 logger = logging.getLogger("celery_agboss")
 

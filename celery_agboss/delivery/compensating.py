@@ -75,7 +75,7 @@ from celery_agboss.errors import (
     StoreError,
     UndoMustWait,
 )
-from celery_agboss.task_events import TASK_PAUSED, TASK_UNRECONCILED, TASK_WAITING
+from celery_agboss.runtime.task_events import TASK_PAUSED, TASK_UNRECONCILED, TASK_WAITING
 
 TAKEN_OVER = "the previous delivery ended without a verdict"
 

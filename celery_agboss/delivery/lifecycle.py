@@ -87,7 +87,7 @@ from celery_agboss.errors import (
 )
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import message_from_request
-from celery_agboss.task_events import (
+from celery_agboss.runtime.task_events import (
     TASK_DEFERRED,
     TASK_FENCED,
     TASK_PARKED,
@@ -494,7 +494,7 @@ class Delivery:
         log_event(event, level, execution_id=self.execution_id, task=self.task.name, **fields)
 
     def send_event(self, type_: str, **fields: Any) -> None:
-        send_agboss_event(self.task, type_, execution=self.execution_id, **fields)
+        send_agboss_event(self.task, type_, execution_id=self.execution_id, **fields)
 
 
 __all__ = ["CONTEXT_ATTRIBUTE", "Delivery"]

@@ -27,7 +27,7 @@ from celery_agboss.core.protections import (
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, decode_result
 from celery_agboss.errors import StoredFailureError
-from celery_agboss.task_events import TASK_REPLAYED
+from celery_agboss.runtime.task_events import TASK_REPLAYED
 
 
 def replay_terminal(d: DeliveryLike, record: ExecutionRecord) -> Any:

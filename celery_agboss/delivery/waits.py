@@ -31,7 +31,7 @@ from celery_agboss.errors import LongWaitRequested, RetryNotPublished
 from celery_agboss.runtime import messages
 from celery_agboss.runtime.messages import dumps, loads, message_from_request
 from celery_agboss.runtime.settings import AGBossSettings
-from celery_agboss.task_events import TASK_WAITING
+from celery_agboss.runtime.task_events import TASK_WAITING
 
 # How many of a message's ``retries`` are celery_agboss's own (an unknown outcome's, a
 # store outage's), not the application's: they never use the application's budget.

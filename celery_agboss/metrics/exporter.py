@@ -38,7 +38,7 @@ from celery_agboss.metrics.catalogue import (
     MetricSpec,
     observations,
 )
-from celery_agboss.runtime.app_runtime import Runtime, runtime_of
+from celery_agboss.runtime.app_runtime import Runtime
 
 INSTALL_HINT = "pip install celery_agboss[metrics]"
 
@@ -151,7 +151,7 @@ class StoreCollector:
     """
 
     def __init__(self, app: Any) -> None:
-        self.runtime = runtime_of(app)
+        self.runtime = Runtime.of(app)
 
     def describe(self) -> Iterator[Any]:
         """The families without samples: registering never reads the store."""
@@ -224,7 +224,7 @@ def exposition(app: Any, *, directory: str | None = None) -> bytes:
 def configured_directory(app: Any) -> str | None:
     """Where a worker writes its counts, if a process other than the worker can know:
     ``agboss_metrics_dir``, else ``PROMETHEUS_MULTIPROC_DIR``, when it exists."""
-    found = runtime_of(app).settings.metrics_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    found = Runtime.of(app).settings.metrics_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     return found if found and os.path.isdir(found) else None
 
 

@@ -36,9 +36,9 @@ from celery_agboss.operator.common import (
     _require_reason,
     default_actor,
 )
-from celery_agboss.runtime.app_runtime import Runtime, runtime_of
+from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import dumps, republish
-from celery_agboss.task_events import send_task_event
+from celery_agboss.runtime.task_events import send_task_event
 
 
 def _audit_afterwards(
@@ -109,7 +109,7 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
     it), or while it runs. True when it was published again."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     record = _execution(
         runtime, execution_id, "the waiting ones with `celery -A proj agboss pending`"
     )
@@ -165,7 +165,7 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     first) or a delivery runs it. True when it was published again."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     record = _execution(
         runtime, execution_id, "the waiting ones with `celery -A proj agboss pending`"
     )
@@ -219,7 +219,7 @@ def cancel(
     (``--payments-handled``) confirms the cancel."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     executions = runtime.executions
     record = _execution(runtime, execution_id, "them with `celery -A proj agboss executions`")
     if record.state is ExecutionState.CANCELLED:
@@ -279,7 +279,7 @@ def payments_handled(
     gateway, or kept on purpose. Nothing is sent; ``pending`` stops listing it."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     record = _execution(runtime, execution_id, "them with `celery -A proj agboss pending`")
     if record.state not in (ExecutionState.FAILED, ExecutionState.CANCELLED):
         raise _refuse(
@@ -308,7 +308,7 @@ def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     starts again from zero and its message is published again now."""
     why = _require_reason(reason)
     who = actor or default_actor()
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     record = _execution(
         runtime,
         execution_id,
@@ -354,7 +354,7 @@ def answer_pause(app: Any, pause_id: str, answer: Any, *, actor: str | None = No
     True when the task was published again now; False when the delivery that paused
     still held its lease (it publishes the task when it lets go) or the publish must be
     left to the sweep."""
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     audit = None if actor is None else Audit(actor, "answer-pause", f"pause {pause_id} answered")
     record = runtime.executions.answer_pause(pause_id, dumps(answer), audit=audit)
     if audit is not None:

@@ -20,14 +20,14 @@ from celery_agboss.core.store_protocol import (
     LeaseState,
 )
 from celery_agboss.operator.common import _refuse
-from celery_agboss.runtime.app_runtime import runtime_of
+from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.store import sweep_queries as q
 
 
 def list_pending(app: Any, *, operator_only: bool = False, limit: int = 100) -> list[IntentRecord]:
     """Intents that may have been sent and are not settled (and completed ones whose result
     could not be stored), the ones waiting for an operator first."""
-    return q.list_pending_intents(runtime_of(app).store, limit=limit, operator_only=operator_only)
+    return q.list_pending_intents(Runtime.of(app).store, limit=limit, operator_only=operator_only)
 
 
 def list_executions(
@@ -38,7 +38,7 @@ def list_executions(
     after_id: str | None = None,
 ) -> list[ExecutionRecord]:
     """Executions by id (``after_id`` pages), optionally only those in ``states``."""
-    return runtime_of(app).executions.list_executions(
+    return Runtime.of(app).executions.list_executions(
         states or None, limit=limit, after_id=after_id
     )
 
@@ -58,7 +58,7 @@ class Description:
 def describe(app: Any, key_or_id: str) -> Description:
     """An idempotency key or an execution (task) id: the execution, its lease, its intents
     with their history, and the audit trail."""
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     store = runtime.store
     intent = store.read_intent(key_or_id)
     execution_id = intent.execution_id if intent is not None else key_or_id
@@ -99,7 +99,7 @@ def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
     intents it waits for, ``cancel --payments-handled`` after a cancel that came when a
     payment had completed, or ``redrive`` when nothing is left to decide. A wait nobody
     can end is never listed: there is always one of these."""
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     waits = []
     for record in runtime.executions.list_executions(
         [ExecutionState.WAITING_OPERATOR], limit=limit
@@ -141,7 +141,7 @@ def list_failed_after_payment(app: Any, *, limit: int = 100) -> list[PaymentLeft
     """Every ``FAILED`` or ``CANCELLED`` execution with a completed payment it sent or
     relies on that no undo took back and no other execution completed on or still uses,
     until an operator says it is dealt with."""
-    found = runtime_of(app).executions.failed_after_payment(limit)
+    found = Runtime.of(app).executions.failed_after_payment(limit)
     return [
         PaymentLeftBehind(
             record,
@@ -165,7 +165,7 @@ class SharedWait:
 
 def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
     """Every execution that waits for another one on a shared record."""
-    records = runtime_of(app).executions.list_executions(
+    records = Runtime.of(app).executions.list_executions(
         [ExecutionState.WAITING, ExecutionState.COMPENSATING], limit=limit
     )
     waits = []
@@ -178,4 +178,4 @@ def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
 
 def list_pauses(app: Any, *, limit: int = 100) -> list[tuple[str, str, str]]:
     """``(pause_id, execution_id, status)`` of the pauses waiting for an answer."""
-    return runtime_of(app).executions.list_pauses(limit)
+    return Runtime.of(app).executions.list_pauses(limit)

@@ -35,7 +35,7 @@ from celery_agboss.operator.common import (
     _require_reason,
     default_actor,
 )
-from celery_agboss.runtime.app_runtime import runtime_of
+from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.store import sweep_queries as q
 from celery_agboss.store.audit_trail import insert_audit_txn
 from celery_agboss.store.transactions import SQLTransaction
@@ -142,7 +142,7 @@ def resolve(
         )
     why = _require_reason(reason)
     who = actor or default_actor()
-    runtime = runtime_of(app)
+    runtime = Runtime.of(app)
     with runtime.store.transaction() as tx:
         intent = _resolvable_intent(tx, idempotency_key, not_sent)
         if not_sent:

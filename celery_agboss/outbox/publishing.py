@@ -42,11 +42,10 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.core.protections import PUBLISHED_WITHOUT_COMMIT, SWEEP_NOT_REPUBLISHING
 from celery_agboss.errors import ConfigurationError, StoreError
-from celery_agboss.runtime.app_runtime import Runtime, runtime_of
+from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import (
     DEFAULT_OUTBOX_GRACE_MS,
     DEFAULT_OUTBOX_GRACE_SECONDS,
-    DEFAULT_SWEEP_INTERVAL_SECONDS,
 )
 from celery_agboss.runtime.messages import dumps, loads
 from celery_agboss.store import outbox_rows as rows
@@ -143,7 +142,7 @@ def _current_app_grace_ms() -> int:
     """Outside a fenced effect no app is at hand: the current Celery app's setting (the
     one process-wide app of most projects), or the default when it has no ``AGBoss``."""
     try:
-        runtime = runtime_of(current_app._get_current_object())
+        runtime = Runtime.of(current_app._get_current_object())
     except ConfigurationError:
         return DEFAULT_OUTBOX_GRACE_MS
     return runtime.settings.outbox_grace_ms
@@ -207,7 +206,7 @@ def run_fenced_effect(
     """``ctx.fenced_effect`` with the outbox: what ``fn`` enqueued is published after the
     effect's transaction committed, and only then. ``PaymentTask.fenced_effect`` calls it."""
     offset_ms = ctx.store.offset_ms() if isinstance(ctx.store, SQLAlchemyStore) else 0
-    grace_ms = runtime_of(app).settings.outbox_grace_ms
+    grace_ms = Runtime.of(app).settings.outbox_grace_ms
     runs: list[_EffectScope] = []
 
     def with_outbox(conn: Any) -> T:
@@ -231,7 +230,7 @@ def run_fenced_effect(
                 _send(app, message)
     if runs and runs[-1].enqueued:
         task_ids = [message.task_id for message in runs[-1].enqueued]
-        _publish(runtime_of(app), task_ids, ctx.execution_id)
+        _publish(Runtime.of(app), task_ids, ctx.execution_id)
     return result
 
 
@@ -239,7 +238,7 @@ def publish(app: Any, *task_ids: str) -> list[str]:
     """Publish these outbox rows if they committed and are not published yet; the ids
     published. Never raises for a publish that failed: the row stays, the sweep
     publishes it. Call it after your own transaction committed (a fenced effect does)."""
-    return _publish(runtime_of(app), list(task_ids), None)
+    return _publish(Runtime.of(app), list(task_ids), None)
 
 
 def _publish(runtime: Runtime, task_ids: list[str], execution: str | None) -> list[str]:
@@ -298,7 +297,7 @@ def _send(app: Any, message: OutboxMessage) -> Any:
     )
 
 
-# --- a canvas published from a body (celery_agboss.body_publishes) -------------------------
+# --- a canvas published from a body (celery_agboss.signals.body_publishes) ----------------------
 
 CANVAS_TASK_NAME = "celery_agboss.canvas"
 """The task name of an outbox row that holds a canvas (chain, group, chord) published from
@@ -335,7 +334,7 @@ def record_canvas(
         options=dumps({}),
         execution_id=execution_id,
     )
-    grace_ms = runtime_of(app).settings.outbox_grace_ms
+    grace_ms = Runtime.of(app).settings.outbox_grace_ms
     with translated():
         rows.insert_txn(conn, message, grace_ms=grace_ms, offset_ms=offset_ms)
 
@@ -374,9 +373,8 @@ def sweep_outbox(runtime: Runtime, batch_size: int) -> OutboxSweep:
     settings = runtime.settings
     store = runtime.store
     if not sabotage.active(SWEEP_NOT_REPUBLISHING):
-        interval = settings.sweep_interval_seconds or DEFAULT_SWEEP_INTERVAL_SECONDS
         # The claim keeps other sweepers away while this one publishes (or dies trying).
-        retry_after_ms = max(2 * round(interval * 1000), settings.lease_ttl_ms)
+        retry_after_ms = max(2 * settings.sweep_period_ms, settings.lease_ttl_ms)
         claimed = rows.claim_due(store, batch_size, retry_after_ms)
         now_ms = store.now_ms() if claimed else 0
         for row in claimed:
@@ -415,12 +413,12 @@ def sweep_outbox(runtime: Runtime, batch_size: int) -> OutboxSweep:
 
 def read(app: Any, task_id: str) -> OutboxRow | None:
     """The committed outbox row of ``task_id`` (None: never committed, or retention's)."""
-    return rows.read(runtime_of(app).store, task_id)
+    return rows.read(Runtime.of(app).store, task_id)
 
 
 def count_unpublished(app: Any) -> int:
     """Committed rows still waiting for their publish."""
-    return rows.count_unpublished(runtime_of(app).store)
+    return rows.count_unpublished(Runtime.of(app).store)
 
 
 __all__ = [

@@ -70,7 +70,10 @@ class Runtime:
 
     @classmethod
     def of(cls: type[R], app: Any) -> R:
-        """The runtime bound to ``app``; ConfigurationError when there is none."""
+        """The runtime bound to ``app`` (a Celery app, or already its runtime);
+        ConfigurationError when there is none."""
+        if isinstance(app, cls):
+            return app
         existing = getattr(app, _APP_ATTRIBUTE, None)
         if not isinstance(existing, cls):
             raise ConfigurationError(
@@ -271,9 +274,4 @@ def app_argument(app: Any) -> str:
     return main if isinstance(main, str) and main and main != "__main__" else "proj"
 
 
-def runtime_of(app: Any) -> Runtime:
-    """``app``'s runtime; ``app`` may be a Celery app or already its runtime."""
-    return app if isinstance(app, Runtime) else Runtime.of(app)
-
-
-__all__ = ["Runtime", "app_argument", "runtime_of"]
+__all__ = ["Runtime", "app_argument"]

@@ -33,6 +33,15 @@ RABBITMQ_DEFAULT_CONSUMER_TIMEOUT = 1800.0
 DEFAULT_LEASE_TTL_SECONDS = DEFAULT_LEASE_TTL_MS / 1000
 DEFAULT_ATTEMPT_TIMEOUT_SECONDS = DEFAULT_ATTEMPT_TIMEOUT_MS / 1000
 DEFAULT_SWEEP_INTERVAL_SECONDS = 30.0
+
+
+def effective_interval(configured: float) -> float:
+    """The sweep's period in seconds: ``configured``, or the default where it is 0 (no
+    worker sweeps; beat or a loop sweeps at the default pace). The one place this is
+    decided: the sweep's bounds and the outbox's claim count in it."""
+    return configured if configured > 0 else DEFAULT_SWEEP_INTERVAL_SECONDS
+
+
 DEFAULT_REQUESTED_GRACE_SECONDS = 300.0
 DEFAULT_RETENTION_SECONDS = 604800.0  # 7 days: outbound-call and fenced-effect records
 DEFAULT_RETRY_DELAY_SECONDS = 5.0
@@ -148,6 +157,7 @@ __all__ = [
     "REDIS_DEFAULT_VISIBILITY_TIMEOUT",
     "TESTING_ENV",
     "closest_setting",
+    "effective_interval",
     "is_unknown_agboss_key",
     "unknown_settings_message",
     "warn_of_misspelt_variables",

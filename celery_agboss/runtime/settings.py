@@ -40,6 +40,7 @@ from celery_agboss.runtime.known_settings import (
     RABBITMQ_DEFAULT_CONSUMER_TIMEOUT,
     REDIS_DEFAULT_VISIBILITY_TIMEOUT,
     TESTING_ENV,
+    effective_interval,
     is_unknown_agboss_key,
     unknown_settings_message,
     warn_of_misspelt_variables,
@@ -114,6 +115,11 @@ class AGBossSettings:
     @property
     def sweep_interval_ms(self) -> int:
         return to_ms(self.sweep_interval_seconds, what="agboss_sweep_interval")
+
+    @property
+    def sweep_period_ms(self) -> int:
+        """What the sweep's bounds count in: the interval, or its default where it is 0."""
+        return to_ms(effective_interval(self.sweep_interval_seconds), what="agboss_sweep_interval")
 
     @property
     def requested_grace_ms(self) -> int:

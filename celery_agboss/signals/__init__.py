@@ -37,10 +37,9 @@ from typing import Any
 
 from celery import signals as celery_signals
 
-from celery_agboss import body_publishes
 from celery_agboss.core.log_events import EXECUTION_REVOKED
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.signals import publish, revokes, worker
+from celery_agboss.signals import body_publishes, publish, revokes, worker
 from celery_agboss.signals.publish import RECORDED_HEADER
 from celery_agboss.signals.revokes import install_revoke_recorder, record_revoke
 from celery_agboss.signals.worker import (

@@ -13,11 +13,6 @@ import functools
 import logging
 from typing import Any
 
-from celery_agboss.body_publishes import (
-    body_context,
-    derived_task_id,
-    publish_position,
-)
 from celery_agboss.core import sabotage
 from celery_agboss.core.log_events import EXECUTION_NOT_RECORDED, log_event
 from celery_agboss.core.protections import (
@@ -34,6 +29,11 @@ from celery_agboss.errors import (
 )
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import message_from_publish
+from celery_agboss.signals.body_publishes import (
+    body_context,
+    derived_task_id,
+    publish_position,
+)
 from celery_agboss.task import PaymentTask
 
 RECORDED_HEADER = "agboss_recorded"

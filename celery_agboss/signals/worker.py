@@ -25,9 +25,9 @@ from celery_agboss.errors import (
     StoreNotMigratedError,
 )
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.task_events import TASK_UNMANAGED, send_agboss_event
 from celery_agboss.signals.publish import RECORDED_HEADER, matched_pattern
 from celery_agboss.task import PaymentTask
-from celery_agboss.task_events import TASK_UNMANAGED, send_agboss_event
 
 logger = logging.getLogger("celery_agboss")
 

@@ -38,6 +38,7 @@ from typing import Any
 from celery import signals as celery_signals
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.durations import to_ms
 from celery_agboss.core.log_events import (
     SWEEP_ERROR,
     SWEEP_FINISHED,
@@ -49,13 +50,10 @@ from celery_agboss.core.log_events import (
 from celery_agboss.core.protections import SWEEP_WITHOUT_TICK
 from celery_agboss.errors import StoreError
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.known_settings import effective_interval
 from celery_agboss.runtime.settings import AGBossSettings
 from celery_agboss.store import sweep_queries as q
-from celery_agboss.sweep.steps import (
-    SweepReport,
-    SweepRun,
-    effective_interval,
-)
+from celery_agboss.sweep.steps import SweepReport, SweepRun
 
 logger = logging.getLogger("celery_agboss")
 
@@ -90,7 +88,9 @@ def run_sweep(
         runtime.settings.sweep_interval_seconds if interval_seconds is None else interval_seconds
     )
     if claim_tick and not sabotage.active(SWEEP_WITHOUT_TICK):
-        tick = q.claim_tick(runtime.store, round(interval * 1000), claimant=str(uuid.uuid4()))
+        tick = q.claim_tick(
+            runtime.store, to_ms(interval, what="the sweep interval"), claimant=str(uuid.uuid4())
+        )
         if tick is None:
             report.skipped = "another sweeper already ran this tick"
             log_event(SWEEP_SKIPPED, reason="tick already swept", by=by)
@@ -151,7 +151,7 @@ def run_sweep_loop(
     interval = effective_interval(
         runtime.settings.sweep_interval_seconds if interval_seconds is None else interval_seconds
     )
-    interval_ms = round(interval * 1000)
+    interval_ms = to_ms(interval, what="the sweep interval")
     stop = stop or threading.Event()
     runs = 0
     while not stop.is_set() and (max_runs is None or runs < max_runs):
@@ -278,7 +278,7 @@ class _SweepWatch:
 
     def _until_next_tick(self, interval: float) -> float:
         """Seconds to just after the next tick boundary of the database clock."""
-        interval_ms = round(interval * 1000)
+        interval_ms = to_ms(interval, what="the sweep interval")
         try:
             now_ms = self.runtime.store.now_ms()
         except (Exception, StoreError):

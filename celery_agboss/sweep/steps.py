@@ -31,11 +31,10 @@ from celery_agboss.core.store_protocol import IntentGuard, IntentStatus, LeaseRe
 from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.outbox.publishing import sweep_outbox
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.runtime.known_settings import DEFAULT_SWEEP_INTERVAL_SECONDS
 from celery_agboss.runtime.messages import republish
+from celery_agboss.runtime.task_events import TASK_PARKED, TASK_UNRECONCILED, send_task_event
 from celery_agboss.store import sweep_queries as q
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
-from celery_agboss.task_events import TASK_PARKED, TASK_UNRECONCILED, send_task_event
 
 if TYPE_CHECKING:
     from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -297,7 +296,7 @@ class SweepRun:
         too are left to it."""
         ttl_ms = self.settings.lease_ttl_ms
         grace_ms = self.settings.requested_grace_ms
-        interval_ms = round(effective_interval(self.settings.sweep_interval_seconds) * 1000)
+        interval_ms = self.settings.sweep_period_ms
         rows = read_held(self.store)
         live = {found for row in rows if row.age_ms < ttl_ms for found in row.execution_ids}
         for row in rows:
@@ -324,7 +323,7 @@ class SweepRun:
     def redrive(self) -> None:
         s = self.settings
         grace_ms = s.requested_grace_ms
-        interval_ms = round(effective_interval(s.sweep_interval_seconds) * 1000)
+        interval_ms = s.sweep_period_ms
         ttl_ms = s.lease_ttl_ms
         for record in self.executions.find_redrivable(self.batch, grace_ms):
             if record.cancel_requested and record.state is not ExecutionState.COMPENSATING:
@@ -450,12 +449,7 @@ def _needs_operator(intent: Any) -> bool:
     return intent.status is IntentStatus.COMPLETED and not intent.result_stored
 
 
-def effective_interval(configured: float) -> float:
-    return configured if configured > 0 else DEFAULT_SWEEP_INTERVAL_SECONDS
-
-
 __all__ = [
     "SweepReport",
     "SweepRun",
-    "effective_interval",
 ]

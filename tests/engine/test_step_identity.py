@@ -2,7 +2,7 @@
 (design: key grammar, position keys): the intent, the fenced effect's record and the
 undo declared after each step carry the key ``core.step_identity.step_of`` made,
 counted by position the same way on every delivery of the body. (With the outbox's
-rows: tests/delivery/test_step_identity.py.)
+rows: tests/delivery/test_step_keys_through_the_outbox.py.)
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from celery import Celery, chain, chord, group
 from celery import signals as celery_signals
 
 from celery_agboss import ConfigurationError
-from celery_agboss.body_publishes import CanvasPlan, install, plan_canvas
 from celery_agboss.outbox.publishing import CANVAS_TASK_NAME, _send_canvas
 from celery_agboss.runtime.messages import dumps
+from celery_agboss.signals.body_publishes import CanvasPlan, install, plan_canvas
 from celery_agboss.store.outbox_rows import OutboxMessage
 
 

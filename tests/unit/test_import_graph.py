@@ -28,14 +28,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Gateway adapters: OutboundCalls over the official SDKs, needing only the core.
     ("adapters", ["celery_agboss.adapters", "celery_agboss.adapters.*"]),
     ("store", ["celery_agboss.store", "celery_agboss.store.*"]),
-    (
-        "runtime",
-        [
-            "celery_agboss.runtime",
-            "celery_agboss.runtime.*",
-            "celery_agboss.task_events",
-        ],
-    ),
+    ("runtime", ["celery_agboss.runtime", "celery_agboss.runtime.*"]),
     ("delivery", ["celery_agboss.delivery", "celery_agboss.delivery.*"]),
     # The transactional outbox: what a fenced effect enqueues, published after its commit.
     ("outbox", ["celery_agboss.outbox", "celery_agboss.outbox.*"]),
@@ -45,8 +38,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "celery_agboss.signals",
             "celery_agboss.signals.*",
-            # What a body publishes (a canvas recorded through the outbox); signals use it.
-            "celery_agboss.body_publishes",
             "celery_agboss.sweep",
             "celery_agboss.sweep.*",
             "celery_agboss.operator",
