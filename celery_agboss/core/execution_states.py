@@ -28,7 +28,11 @@ from celery_agboss.core.executions import (
     shared_wait_reason,
     wait_kind,
 )
-from celery_agboss.core.protections import DIVERGENCE_COMPLETED, STARTED_EXECUTIONS_EXPIRE
+from celery_agboss.core.protections import (
+    DIVERGENCE_COMPLETED,
+    EXPIRY_DECIDED_BY_LISTING,
+    STARTED_EXECUTIONS_EXPIRE,
+)
 from celery_agboss.core.shared_records import CancelStep
 from celery_agboss.core.store_protocol import SharedRecord
 
@@ -228,7 +232,8 @@ def expires_now(
     """The sweep ends an execution past its ``expires`` (read again under its row lock, so
     a delivery that started it meanwhile keeps it) only while it never started, runs
     under no live lease and has nothing pending; ``live`` and ``pending`` are asked last."""
-    return never_started(record) and not live() and not pending()
+    listed = sabotage.active(EXPIRY_DECIDED_BY_LISTING) and not record.terminal
+    return (listed or never_started(record)) and not live() and not pending()
 
 
 def unblocks(

@@ -29,6 +29,7 @@ OUTBOUND_AFTER_SEND = "outbound.after-send"
 OUTBOUND_BEFORE_SETTLE = "outbound.before-settle"
 RECONCILE_AFTER_LOOKUP = "reconcile.after-lookup"
 RENEWER_BEFORE_RENEW = "renewer.before-renew"
+SWEEP_BEFORE_EXPIRY = "sweep.before-expiry"  # what may expire listed, its rows not yet locked
 
 KNOWN_POINTS = frozenset(
     {
@@ -45,6 +46,7 @@ KNOWN_POINTS = frozenset(
         OUTBOUND_BEFORE_SETTLE,
         RECONCILE_AFTER_LOOKUP,
         RENEWER_BEFORE_RENEW,
+        SWEEP_BEFORE_EXPIRY,
     }
 )
 

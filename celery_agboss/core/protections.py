@@ -199,6 +199,11 @@ STARTED_EXECUTIONS_EXPIRE = "started-executions-expire"
 """Sabotage (design: expires bounds the start): ``expires`` ends a waiting execution
 that already started (and charged), not only one no delivery started."""
 
+EXPIRY_DECIDED_BY_LISTING = "expiry-decided-by-listing"
+"""Sabotage (design: expires bounds the start): the sweep expires what its listing found
+never started, without asking again under the row lock: a delivery that started it in
+between, charged and then waits is expired with the customer charged."""
+
 PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET = "pause-answer-without-compare-and-set"
 """Sabotage (design: PS11): an answer is an unconditional update of the pause and its
 execution, whatever either's state: a second answer also "wins", and one that comes

@@ -32,6 +32,7 @@ from celery_agboss.core.executions import (
     ExecutionState,
     RedriveDecision,
 )
+from celery_agboss.core.fault_points import SWEEP_BEFORE_EXPIRY, fault_point
 from celery_agboss.core.protections import (
     PLANNED_WAITS_COUNTED,
     RESOLVE_REDRIVES_CREATOR_ONLY,
@@ -182,6 +183,7 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
                 .order_by(_e.expires_ms)
                 .limit(limit)
             ).all()
+            fault_point(SWEEP_BEFORE_EXPIRY)
             for row in rows:
                 execution_id = str(row.id)
                 record = self._read(tx, execution_id, lock=True)

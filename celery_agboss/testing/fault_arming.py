@@ -31,6 +31,7 @@ from celery_agboss.core.fault_points import (
     OUTBOUND_BEFORE_SETTLE,
     RECONCILE_AFTER_LOOKUP,
     RENEWER_BEFORE_RENEW,
+    SWEEP_BEFORE_EXPIRY,
     UNDO_BEFORE_CLAIM,
     ArmedFault,
 )
@@ -221,6 +222,7 @@ __all__ = [
     "OUTBOUND_BEFORE_SETTLE",
     "RECONCILE_AFTER_LOOKUP",
     "RENEWER_BEFORE_RENEW",
+    "SWEEP_BEFORE_EXPIRY",
     "UNDO_BEFORE_CLAIM",
     "ArmedPoint",
     "PausedPoint",

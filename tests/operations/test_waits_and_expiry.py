@@ -11,11 +11,20 @@ hourly ``retry()`` wait, or an answered pause, never parks a healthy execution.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from celery_agboss import answer_pause
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.core.protections import PLANNED_WAITS_COUNTED, STARTED_EXECUTIONS_EXPIRE
+from celery_agboss.core.protections import (
+    EXPIRY_DECIDED_BY_LISTING,
+    PLANNED_WAITS_COUNTED,
+    STARTED_EXECUTIONS_EXPIRE,
+)
+from celery_agboss.sweep import SweepReport
+from celery_agboss.testing.fault_arming import SWEEP_BEFORE_EXPIRY, arm_fault
 from celery_agboss.testing.switches import sabotage
 from tests.operations.world import CAP, GRACE_SECONDS, TTL_SECONDS, World
 
@@ -56,6 +65,47 @@ def test_when_expires_ends_a_started_execution_the_customer_is_charged_for_nothi
     with sabotage(STARTED_EXECUTIONS_EXPIRE):
         task_id = _charged_then_waiting(world)
         report = world.sweep()
+    assert report.expired == 1
+    assert world.execution(task_id).state is ExecutionState.EXPIRED
+    assert len(world.gateway.payments) == 1, "charged, and the rest never runs"
+
+
+def _started_while_the_sweep_lists_it(world: World) -> tuple[str, SweepReport]:
+    """A worker took the message just before its ``expires``; the sweep lists it just
+    after, as never started. Between that listing and the sweep's row lock, the delivery
+    starts, charges and asks for a retry (all committed).
+
+    PostgreSQL only: on SQLite the sweep's transaction holds the single write lock from
+    its first statement, so no delivery can start in between."""
+    if world.agboss.store.dialect_name == "sqlite":
+        pytest.skip("SQLite: the sweep's transaction holds the write lock from its start")
+    task_id = world.publish(expires=datetime.now(timezone.utc) + timedelta(minutes=1))
+    world.clock.advance(61)
+
+    def deliver(_context: Mapping[str, object]) -> None:
+        ctx = world.start(task_id)
+        order = {"amount": 1000, "order": task_id}
+        ctx.outbound(world.call, order, business_key=f"order:{task_id}")
+        with ctx.fenced() as tx:
+            world.agboss.executions.wait_in(tx, 120_000, "retry")
+        ctx.settle_all_and_release()
+
+    reached = arm_fault(SWEEP_BEFORE_EXPIRY, deliver)
+    report = world.sweep()
+    assert reached.hits == 1, "the delivery ran between the listing and the lock"
+    return task_id, report
+
+
+def test_an_execution_started_after_the_sweep_listed_it_is_not_expired(world: World) -> None:
+    task_id, report = _started_while_the_sweep_lists_it(world)
+    assert report.expired == 0
+    assert world.execution(task_id).state is ExecutionState.WAITING
+    assert len(world.gateway.payments) == 1
+
+
+def test_twin_expiring_what_the_listing_found_ends_a_charged_execution(world: World) -> None:
+    with sabotage(EXPIRY_DECIDED_BY_LISTING):
+        task_id, report = _started_while_the_sweep_lists_it(world)
     assert report.expired == 1
     assert world.execution(task_id).state is ExecutionState.EXPIRED
     assert len(world.gateway.payments) == 1, "charged, and the rest never runs"
