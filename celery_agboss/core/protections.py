@@ -199,6 +199,11 @@ STARTED_EXECUTIONS_EXPIRE = "started-executions-expire"
 """Sabotage (design: expires bounds the start): ``expires`` ends a waiting execution
 that already started (and charged), not only one no delivery started."""
 
+UNDO_REFUNDS_COUNTED_AS_PAYMENTS = "undo-refunds-counted-as-payments"
+"""Sabotage (design: compensated step): the refunds an execution's undos made
+count as payments it left behind: a failure whose undo refunded the charge is listed,
+and alerted on, as "failed after a payment", with the refund shown as the payment."""
+
 EXPIRY_DECIDED_BY_LISTING = "expiry-decided-by-listing"
 """Sabotage (design: expires bounds the start): the sweep expires what its listing found
 never started, without asking again under the row lock: a delivery that started it in

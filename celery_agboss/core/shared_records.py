@@ -40,6 +40,7 @@ from celery_agboss.core.protections import (
     PASSED_FAILURE_RESENT,
     PAYMENTS_BY_CREATOR,
     UNDO_IGNORES_OTHER_EXECUTIONS,
+    UNDO_REFUNDS_COUNTED_AS_PAYMENTS,
 )
 from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
@@ -195,9 +196,7 @@ def cancel_decision(
     (their refunds, not payments to account for)."""
     unhandled: list[str] = []
     for record in records:
-        if not payment_of(record, execution_id) or record.key in undone:
-            continue
-        if record.compensated and record.undo_by is not None:
+        if not _to_account_for(record, execution_id, undone):
             continue
         decision = undo_decision(record, execution_id)
         if decision.outcome in (UndoOutcome.KEEP, UndoOutcome.COVERED):
@@ -212,15 +211,29 @@ def cancel_decision(
     return CancelDecision(CancelStep.OPERATOR, unhandled=tuple(unhandled))
 
 
-def unhandled_payments(records: Iterable[SharedRecord], execution_id: str) -> list[SharedRecord]:
+def _to_account_for(record: SharedRecord, execution_id: str, undone: Collection[str]) -> bool:
+    """A payment an ended execution must account for: one it moved the money of or relies
+    on, that no undo took back, and that is not itself an undo's (a refund its undo made
+    is the taking back, not a payment). What a cancel and the "failed after a payment"
+    listing both ask."""
+    if not payment_of(record, execution_id):
+        return False
+    if record.key in undone and not sabotage.active(UNDO_REFUNDS_COUNTED_AS_PAYMENTS):
+        return False
+    return not (record.compensated and record.undo_by is not None)
+
+
+def unhandled_payments(
+    records: Iterable[SharedRecord], execution_id: str, *, undone: Collection[str] = ()
+) -> list[SharedRecord]:
     """The payments a ``FAILED`` or ``CANCELLED`` execution left behind: completed ones it
     moved the money of or relies on that nobody undid, no other execution completed on,
-    and none still uses — the customer is charged and nothing will change that."""
+    and none still uses — the customer is charged and nothing will change that.
+    ``undone``: the intents its undos made (their refunds)."""
     return [
         record
         for record in records
-        if payment_of(record, execution_id)
-        and not (record.compensated and record.undo_by is not None)
+        if _to_account_for(record, execution_id, undone)
         and undo_decision(record, execution_id).outcome is UndoOutcome.UNDO
     ]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import and_, case, exists, func, not_, or_, select
 
-from celery_agboss.core import sabotage
+from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_states import (
     cancel_ends_now,
     divergence_accepted,
@@ -417,7 +417,10 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
             ).all()
             for row in rows:
                 record = record_of(row)
-                left = unhandled_payments(tx.shared_records_of(record.id), record.id)
+                undone = compensation.intents_made_by_undos(
+                    tx, self._undo_declarations(tx, record.id)
+                )
+                left = unhandled_payments(tx.shared_records_of(record.id), record.id, undone=undone)
                 if left:
                     found.append((record, [payment.key for payment in left]))
         return found

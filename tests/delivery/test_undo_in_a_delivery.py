@@ -35,10 +35,11 @@ from celery_agboss.core.log_events import EXECUTION_COMPENSATING, UNDO_DONE
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
 from celery_agboss.core.protections import (
     UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY,
+    UNDO_REFUNDS_COUNTED_AS_PAYMENTS,
     UNDO_TASK_PUBLISHED_DIRECTLY,
 )
 from celery_agboss.errors import ConfigurationError, OperatorRefusedError
-from celery_agboss.operator import cancel
+from celery_agboss.operator import cancel, list_failed_after_payment
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
@@ -88,6 +89,44 @@ def test_a_failure_after_the_charge_runs_the_undo_then_fails(shop: PaymentShop) 
     [payment] = shop.gateway.payments
     assert [r["payment"] for r in shop.gateway.refunds] == [payment["id"]]
     assert record.reason == "LookupError" and "out of stock" in (record.error or "")
+
+
+def _failed_after_its_undo_refunded(shop: PaymentShop) -> str:
+    """A body charges, declares the refund undo, then fails: the undo refunds the charge
+    and the execution ends ``FAILED``, with nothing left behind."""
+    _, charge_with_undo = _charge_with_a_refund_undo(shop)
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        charge_with_undo(self, order)
+        raise LookupError(f"order {order} is out of stock")
+
+    with shop.worker():
+        result = pay.delay("o-1")
+        shop.wait_state(result.id, "FAILED")
+    assert len(shop.gateway.refunds) == 1
+    return str(result.id)
+
+
+@sqlite_only
+def test_a_failure_whose_undo_refunded_the_charge_is_not_a_payment_left_behind(
+    shop: PaymentShop,
+) -> None:
+    """Its own refund is the undo, not a payment: an operator is not called to it, and
+    the "failed after a payment" gauge stays at zero."""
+    _failed_after_its_undo_refunded(shop)
+    assert list_failed_after_payment(shop.app) == []
+
+
+@sqlite_only
+def test_twin_counting_undo_refunds_as_payments_lists_the_refund_as_left_behind(
+    shop: PaymentShop,
+) -> None:
+    task_id = _failed_after_its_undo_refunded(shop)
+    with sabotage(UNDO_REFUNDS_COUNTED_AS_PAYMENTS):
+        (left,) = list_failed_after_payment(shop.app)
+    assert left.execution.id == task_id
+    assert left.intents and all("compensation" in key for key in left.intents), left
 
 
 @sqlite_only
