@@ -333,6 +333,9 @@ class ExecutionRows:
             values.update(not_before_ms=tx.now_expr() + self.shared_wait_ms, redrive_planned=True)
         if verdict.state in (ExecutionState.WAITING, ExecutionState.WAITING_OPERATOR):
             values["wake_requested"] = False
+        if payments_handled and verdict.terminal:
+            # The operator's confirmation: not listed again as "failed after a payment".
+            values["payments_handled_at_ms"] = tx.now_expr()
         return self._write_verdict(tx, execution_id, verdict, **values)
 
     def _write_verdict(

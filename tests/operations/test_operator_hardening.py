@@ -7,12 +7,14 @@
 - A ``FAILED`` execution that left a completed payment behind is listed by ``agboss
   pending`` as "failed after a payment" and counted by a gauge, until an operator says
   it is dealt with (``payments-handled``); one whose payment another execution
-  completed on is not.
+  completed on is not. A cancel after a payment ends ``CANCELLED`` only on the
+  operator's ``--payments-handled``; that ``CANCELLED`` one is listed the same way
+  (docs/operators.md). The listing has no sabotage switch of its own.
 - ``resolve --not-sent`` past the key's retention is refused unless the operator names
   the risk (``may_charge_twice``): with it, the resend is a second charge.
-- Every operator decision writes its audit row in the change's transaction: when the
-  row cannot be written, nothing changes (twin: the row written afterwards, apart, and
-  the change stands with no row).
+- Every operator decision (cancel, unpark, redrive, accept, answer-pause) writes its
+  audit row in the change's transaction: when the row cannot be written, nothing
+  changes (twin: the row written afterwards, apart, and the change stands with no row).
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import text
 
-from celery_agboss.core.executions import ExecutionState
+from celery_agboss import answer_pause
+from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT, DIVERGENCE, ExecutionState
 from celery_agboss.core.protections import AUDIT_AFTER_THE_CHANGE, OPERATOR_RESULT_UNCHECKED
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.errors import AGBossSignal, OperatorRefusedError, StoreError
 from celery_agboss.metrics.exporter import exposition
 from celery_agboss.operator import (
+    accept,
     cancel,
     list_failed_after_payment,
+    list_pauses,
+    list_waits,
     payments_handled,
+    redrive,
     resolve,
     unpark,
 )
@@ -127,6 +134,40 @@ def test_a_failure_whose_charge_another_execution_completed_on_is_not_listed(
     assert world.execution(first).state is ExecutionState.FAILED
 
 
+def _charged_then_waiting(world: World, order: str) -> str:
+    """A delivery charged, then chose to wait (a long retry): not running, nothing pending."""
+    execution = world.publish(order)
+    ctx = world.start(execution)
+    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
+    with ctx.fenced() as tx:
+        world.agboss.executions.wait_in(tx, 3_600_000, "retry")
+    ctx.settle_all_and_release()
+    return execution
+
+
+def test_a_cancel_after_a_payment_ends_once_the_operator_confirms_it_handled(
+    world: World,
+) -> None:
+    """The only way a charged execution ends CANCELLED is the operator's
+    ``--payments-handled``, which is the confirmation ``payments-handled`` would ask
+    for: its charge stays COMPLETED, and it is not listed again as "failed after a
+    payment" (one confirmation, audited once)."""
+    execution = _charged_then_waiting(world, "o-7")
+    waiting = cancel(world.app, execution, "the customer changed their mind", actor="ops")
+    assert waiting.state is ExecutionState.WAITING_OPERATOR, "never silently CANCELLED"
+    assert (waiting.reason or "").startswith(CANCELLED_AFTER_PAYMENT)
+    assert [w.execution.id for w in list_waits(world.app)] == [execution]
+    assert list_failed_after_payment(world.app) == [] and _gauge(world) == 0.0
+    ended = cancel(world.app, execution, "kept at the gateway", actor="ops", payments_handled=True)
+    assert ended.state is ExecutionState.CANCELLED
+    [intent] = world.intents(execution)
+    assert intent.status is IntentStatus.COMPLETED and intent.compensated_at_ms is None
+    assert ended.payments_handled_at_ms is not None
+    assert list_failed_after_payment(world.app) == [] and _gauge(world) == 0.0
+    actions = [row.action for row in world.agboss.executions.list_audit(execution)]
+    assert sorted(actions) == ["cancel", "cancel:payments-handled"]
+
+
 # --- 6. resolve --not-sent past the key's retention -------------------------------------------
 
 
@@ -206,3 +247,121 @@ def test_an_unpark_whose_audit_row_cannot_be_written_changes_nothing(world: Worl
     with pytest.raises(StoreError):
         unpark(world.app, execution, "fixed the OOM", actor="ops")
     assert world.execution(execution).state is ExecutionState.PARKED
+
+
+def test_twin_an_unpark_whose_audit_row_is_written_apart_stands_untraced(world: World) -> None:
+    execution = world.publish("o-6")
+    for _ in range(CAP + 1):
+        world.start(execution)
+        world.die()
+        world.sweep()
+    assert world.execution(execution).state is ExecutionState.PARKED
+    _audit_table_broken(world)
+    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
+        unpark(world.app, execution, "fixed the OOM", actor="ops")
+    assert world.execution(execution).state is ExecutionState.WAITING
+    _assert_untraced(world, execution)
+
+
+def _audit_table_mended(world: World) -> None:
+    with world.agboss.store.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE agboss_audit_gone RENAME TO agboss_audit"))
+
+
+def _assert_untraced(world: World, execution: str) -> None:
+    """The harm of a row written apart: the change stands and no row names who made it."""
+    _audit_table_mended(world)
+    assert world.agboss.executions.list_audit(execution) == [], "a change nobody can trace"
+
+
+def _waiting_for_an_operator(world: World) -> str:
+    """Its undo raised (what a delivery writes then): nothing for ``resolve``, a ``redrive``
+    runs it again."""
+    execution = world.publish("o-8")
+    ctx = world.start(execution)
+    with ctx.fenced() as tx:
+        world.agboss.executions.waiting_operator_in(
+            tx, "undo refund-charge failed: RuntimeError: the refund API is down"
+        )
+    ctx.settle_all_and_release()
+    return execution
+
+
+def test_a_redrive_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
+    execution = _waiting_for_an_operator(world)
+    _audit_table_broken(world)
+    with pytest.raises(StoreError):
+        redrive(world.app, execution, "the refund API is back", actor="ops")
+    assert world.execution(execution).state is ExecutionState.WAITING_OPERATOR
+    assert world.publishes_of(execution) == 1, "only its first publish"
+
+
+def test_twin_a_redrive_whose_audit_row_is_written_apart_stands_untraced(world: World) -> None:
+    execution = _waiting_for_an_operator(world)
+    _audit_table_broken(world)
+    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
+        redrive(world.app, execution, "the refund API is back", actor="ops")
+    assert world.execution(execution).state is ExecutionState.WAITING
+    _assert_untraced(world, execution)
+
+
+def _diverged(world: World) -> str:
+    """A re-run's body no longer made the charge an earlier delivery completed."""
+    execution = world.publish("o-9")
+    ctx = world.start(execution)
+    ctx.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
+    world.die()
+    rerun = world.start(execution)
+    with rerun.fenced() as tx:
+        world.agboss.executions.finish_in(tx, '{"json": "paid"}', rerun.reached_keys())
+    rerun.settle_all_and_release()
+    record = world.execution(execution)
+    assert record.state is ExecutionState.WAITING_OPERATOR
+    assert (record.reason or "").startswith(DIVERGENCE)
+    return execution
+
+
+def test_an_accept_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
+    execution = _diverged(world)
+    _audit_table_broken(world)
+    with pytest.raises(StoreError):
+        accept(world.app, execution, "the old charge is refunded", actor="ops")
+    assert world.execution(execution).state is ExecutionState.WAITING_OPERATOR
+
+
+def test_twin_an_accept_whose_audit_row_is_written_apart_stands_untraced(world: World) -> None:
+    execution = _diverged(world)
+    _audit_table_broken(world)
+    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
+        accept(world.app, execution, "the old charge is refunded", actor="ops")
+    assert world.execution(execution).state is ExecutionState.COMPLETED
+    _assert_untraced(world, execution)
+
+
+def _paused(world: World) -> str:
+    """A delivery paused at ``approve`` and let go of its lease."""
+    execution = world.publish("o-10")
+    ctx = world.start(execution)
+    with ctx.fenced() as tx:
+        world.agboss.executions.pause_in(tx, "approve", None)
+    ctx.settle_all_and_release()
+    return execution
+
+
+def test_an_answer_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
+    execution = _paused(world)
+    _audit_table_broken(world)
+    with pytest.raises(StoreError):
+        answer_pause(world.app, f"{execution}:approve", {"approved": True}, actor="ops")
+    assert world.execution(execution).state is ExecutionState.PAUSED
+    assert list_pauses(world.app) == [(f"{execution}:approve", execution, "PENDING")]
+
+
+def test_twin_an_answer_whose_audit_row_is_written_apart_stands_untraced(world: World) -> None:
+    execution = _paused(world)
+    _audit_table_broken(world)
+    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
+        answer_pause(world.app, f"{execution}:approve", {"approved": True}, actor="ops")
+    assert world.execution(execution).state is ExecutionState.WAITING
+    assert list_pauses(world.app) == [], "the pause is answered"
+    _assert_untraced(world, execution)
