@@ -102,7 +102,7 @@ def test_a_canvas_published_from_a_body_ships_each_order_once_across_reruns(
         assert len(shop.gateway.notes_of("notify")) == 1
 
 
-@pytest.mark.parametrize("shape", ["chain", "group"])
+@pytest.mark.parametrize("shape", ["chain", "group", "chord"])
 def test_new_ids_on_the_rerun_ship_every_order_twice(
     shop_factory: ShopFactory, database_url: str, shape: str
 ) -> None:
