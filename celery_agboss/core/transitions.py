@@ -122,6 +122,7 @@ def create(
         owner=intent.owner,
         detail=detail,
         execution_id=intent.execution_id,
+        first=True,
     )
     return True
 
@@ -138,12 +139,15 @@ def append_history(
     owner: LeaseRef | None,
     detail: JSON = None,
     execution_id: str | None = None,
+    first: bool = False,
 ) -> None:
     """Chain one row to the intent's history (after the write that locked the row: the
-    compare-and-set of ``transition`` or the insert of ``create``, its only callers)."""
+    compare-and-set of ``transition`` or the insert of ``create``, its only callers).
+    ``first``: the intent row was just inserted, so it has no history to read (retention
+    deletes an intent's history with it, in one transaction): one round trip fewer."""
     row = next_history_row(
         pseudonym_key,
-        tx.last_history(key),
+        None if first else tx.last_history(key),
         idempotency_key=key,
         at_ms=tx.now_ms,
         event=event,

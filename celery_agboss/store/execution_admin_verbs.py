@@ -193,8 +193,9 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
                     partial(self._pending_intent, tx, execution_id),
                 ):
                     continue
-                self._terminal(tx, execution_id, ExecutionState.EXPIRED, reason="expired")
-                changed.append(self._require(tx, execution_id))
+                changed.append(
+                    self._terminal(tx, execution_id, ExecutionState.EXPIRED, reason="expired")
+                )
         return changed
 
     # --- operators ---------------------------------------------------------------------
@@ -345,8 +346,7 @@ class ExecutionAdminVerbs(PauseVerbs, AuditVerbs):
                 partial(self._pending_intent, tx, execution_id),
             ):
                 return None
-            self._terminal(tx, execution_id, ExecutionState.COMPLETED, reason=reason[:1000])
-            after = self._require(tx, execution_id)
+            after = self._terminal(tx, execution_id, ExecutionState.COMPLETED, reason=reason[:1000])
             self._audit(tx, audit, execution_id, record, after)
             return after
 

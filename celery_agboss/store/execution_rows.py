@@ -233,6 +233,24 @@ class ExecutionRows:
         result = tx.execute(update(executions).where(_e.id == execution_id).values(**values))
         return int(result.rowcount)
 
+    def _set_and_read(
+        self, tx: SQLTransaction, execution_id: str, *, unless_terminal: bool = False, **values: Any
+    ) -> ExecutionRecord:
+        """``_set`` (``_set_unless_terminal`` with ``unless_terminal``), and the row as it
+        then is, from the same statement (``RETURNING``): a state change and its record in
+        one round trip, not an update and a read. A terminal row left alone is read."""
+        values.setdefault("updated_at_ms", tx.now_expr())
+        where = [_e.id == execution_id]
+        if unless_terminal:
+            where.append(_e.state.not_in(TERMINAL_VALUES))
+        row = tx.execute(
+            update(executions)
+            .where(*where)
+            .values(**values)
+            .returning(*executions.c, tx.now_expr().label("read_at_ms"))
+        ).first()
+        return self._require(tx, execution_id) if row is None else record_of(row)
+
     def _set_unless_terminal(self, tx: SQLTransaction, execution_id: str, **values: Any) -> int:
         values.setdefault("updated_at_ms", tx.now_expr())
         result = tx.execute(
@@ -281,8 +299,8 @@ class ExecutionRows:
 
     def _terminal(
         self, tx: SQLTransaction, execution_id: str, state: ExecutionState, **values: Any
-    ) -> None:
-        self._set(
+    ) -> ExecutionRecord:
+        record = self._set_and_read(
             tx,
             execution_id,
             state=state.value,
@@ -293,6 +311,7 @@ class ExecutionRows:
         )
         if state is ExecutionState.COMPLETED:
             tx.completed_on_records(execution_id)  # what it relies on is kept for it
+        return record
 
     def _end_cancelled(
         self,
@@ -344,11 +363,11 @@ class ExecutionRows:
         """Write the state ``core.execution_states`` answered, with its reason: a terminal
         one with its end time; any other due now unless ``values`` say when."""
         if verdict.terminal:
-            self._terminal(tx, execution_id, verdict.state, reason=verdict.reason, **values)
-        else:
-            values.setdefault("not_before_ms", None)
-            self._set(tx, execution_id, state=verdict.state.value, reason=verdict.reason, **values)
-        return self._require(tx, execution_id)
+            return self._terminal(tx, execution_id, verdict.state, reason=verdict.reason, **values)
+        values.setdefault("not_before_ms", None)
+        return self._set_and_read(
+            tx, execution_id, state=verdict.state.value, reason=verdict.reason, **values
+        )
 
     def _audit(
         self,

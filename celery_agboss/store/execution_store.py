@@ -109,8 +109,8 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             if live:
                 # The live holder continues; it re-publishes this message when it releases.
                 kept = message_values(message) if newer_or_same(message, record) else {}
-                self._set(tx, execution_id, wake_requested=True, **kept)
-                return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
+                deferred = self._set_and_read(tx, execution_id, wake_requested=True, **kept)
+                return DeliveryStart(StartKind.DEFERRED, deferred)
             took_over = taken_over(record)
             if took_over and over_recovery_cap(record, max_recovery_attempts):
                 self._park(tx, execution_id, record.recovery_count, max_recovery_attempts)
@@ -120,7 +120,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
                 self._set(tx, execution_id, wake_requested=True)
                 return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
             now = tx.now_expr()
-            self._set(
+            started = self._set_and_read(
                 tx,
                 execution_id,
                 state=delivery_state(record).value,
@@ -135,7 +135,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             )
             return DeliveryStart(
                 StartKind.STARTED,
-                self._require(tx, execution_id),
+                started,
                 grant,
                 took_over,
                 recorded_at_start=recorded_now,
@@ -190,43 +190,43 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         way, and a re-publish means it was lost (that counts)."""
         t, execution_id = sql(tx), tx.lease.scope
         replaced = {} if message is None else message_values(message)
-        self._set_unless_terminal(
+        return self._set_and_read(
             t,
             execution_id,
+            unless_terminal=True,
             state=ExecutionState.WAITING.value,
             not_before_ms=t.now_expr() + max(0, delay_ms),
             reason=reason[:1000],
             redrive_planned=message is not None,
             **replaced,
         )
-        return self._require(t, execution_id)
 
     def undo_wait_in(self, tx: FencedTransaction, delay_ms: int, reason: str) -> ExecutionRecord:
         """Still ``COMPENSATING`` (another execution deciding about the shared step sees it
         undoing, so it never waits for this one), due at ``now + delay_ms``; the sweep's
         re-drive then is planned: neither a take-over nor a recovery counted."""
         t, execution_id = sql(tx), tx.lease.scope
-        self._set_unless_terminal(
+        return self._set_and_read(
             t,
             execution_id,
+            unless_terminal=True,
             state=ExecutionState.COMPENSATING.value,
             not_before_ms=t.now_expr() + max(0, delay_ms),
             reason=reason[:1000],
             redrive_planned=True,
         )
-        return self._require(t, execution_id)
 
     def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
         """``WAITING_OPERATOR``: an operator decides; nothing runs until then."""
         t, execution_id = sql(tx), tx.lease.scope
-        self._set_unless_terminal(
+        return self._set_and_read(
             t,
             execution_id,
+            unless_terminal=True,
             state=ExecutionState.WAITING_OPERATOR.value,
             not_before_ms=None,
             reason=reason[:1000],
         )
-        return self._require(t, execution_id)
 
     def cancel_in(
         self, tx: FencedTransaction, reason: str, *, payments_handled: bool = False
@@ -265,8 +265,8 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         pending = not continuing and self._pending_intent(t, execution_id)
         if not may_start_compensating(record, pending, continuing):
             return record
-        kept = {} if error is None else {"error": error}
-        self._set(
+        kept: dict[str, Any] = {} if error is None else {"error": error}
+        return self._set_and_read(
             t,
             execution_id,
             state=ExecutionState.COMPENSATING.value,
@@ -274,7 +274,6 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             reason=reason[:1000],
             **kept,
         )
-        return self._require(t, execution_id)
 
     def cancel_request_in(self, tx: FencedTransaction) -> str | None:
         """The reason of the execution's cancel request, read in the caller's fenced
@@ -340,8 +339,8 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             return ReleaseOutcome(True, False, record)
         t = sql(tx)
         woken = wakes_on_release(record)
-        self._set(t, record.id, wake_requested=False)
-        return ReleaseOutcome(True, woken and not will_republish, self._require(t, record.id))
+        after = self._set_and_read(t, record.id, wake_requested=False)
+        return ReleaseOutcome(True, woken and not will_republish, after)
 
     def mark_links_dispatched(self, execution_id: str) -> None:
         """The terminal delivery's chain and callbacks went out (Celery's ``on_success``)."""
