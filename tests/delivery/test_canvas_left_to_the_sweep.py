@@ -1,6 +1,6 @@
 """A canvas published from a body whose publish never happened after its commit: the sweep
-publishes the recorded row, and each payment in it runs once (design: publishes from a
-body, outbox), on both stores, in a worker thread.
+publishes the recorded row, and each payment in it runs once
+(design: publishes from a body, outbox), on both stores, in a worker thread.
 
 The crash: the body's fenced effect commits the canvas's outbox row, then the publish
 after the commit is skipped (``publishing.publish`` does nothing), as a worker dying
