@@ -15,8 +15,9 @@ a key. This adapter never does: 703 is an unknown outcome, and every request car
 its key.
 
 A resend's answer is the key's first answer, whoever sent it (Adyen documents no refusal
-of a key reused with another request): an answer whose amount, currency or reference
-is not the request's is another request's payment, never taken for this one
+of a key reused with another request): an answer whose amount, currency or reference (a
+modification's: amount, currency or ``paymentPspReference``) is not the request's is
+another request's, never taken for this one
 (``AnotherRequestsAnswerError``, definite: nothing was processed for this request).
 """
 
@@ -411,8 +412,9 @@ def _amount_of(answer: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _received(answer: Any, payment: str, body: Mapping[str, Any]) -> Result:
     """A modification's 201: Adyen only says it was received; the outcome comes by webhook.
-    Its amount, when it names one, is the request's (else it answers another request
-    made first under this key)."""
+    The payment it names and its amount, when it names them, are the request's: else it
+    answers another request made first under this key, another payment's capture, refund
+    or cancel perhaps (design: only the request's payment)."""
     if not isinstance(answer, Mapping):
         raise AdyenUnexpectedAnswer("Adyen's modification answer is not a JSON object", answer)
     psp = answer.get("pspReference")
@@ -427,8 +429,12 @@ def _received(answer: Any, payment: str, body: Mapping[str, Any]) -> Result:
     asked = _amount_of(body)
     refuse_another_requests_answer(
         f"Adyen's modification {psp} of {payment}",
-        PaymentFacts(asked.get("value"), asked.get("currency")),
-        PaymentFacts(amount.get("value", asked.get("value")), currency or asked.get("currency")),
+        PaymentFacts(asked.get("value"), asked.get("currency"), payment=payment),
+        PaymentFacts(
+            amount.get("value", asked.get("value")),
+            currency or asked.get("currency"),
+            payment=answer.get("paymentPspReference", payment),
+        ),
     )
     return {
         "status": "received",

@@ -34,9 +34,14 @@ from checkout_sdk.exception import (
 
 from celery_agboss.adapters.checkout_client import (
     BoundedHTTPAdapter,
+    as_dict,
     bounded_session,
     build_sdk,
+    declined,
     one_send,
+    payment_result,
+    plain,
+    status_code,
 )
 from celery_agboss.adapters.common import (
     DEFAULT_ATTEMPT_TIMEOUT,
@@ -45,22 +50,18 @@ from celery_agboss.adapters.common import (
     CallMaker,
     PaymentFacts,
     adapter_policies,
-    adopt,
+    adopt_action,
     adopt_one_of,
     definite_verdict,
     http_timeout_seconds,
+    left_before,
+    linked_id,
     refuse_another_requests_answer,
     request_facts,
 )
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.keys import fit_key
-from celery_agboss.core.outbound import (
-    CallContext,
-    Lookup,
-    NotSent,
-    ReconcileAnswer,
-    Unknown,
-)
+from celery_agboss.core.outbound import CallContext, Lookup, NotSent, ReconcileAnswer, Unknown
 
 DEFAULT_KEY_RETENTION = timedelta(hours=24)
 KEY_METADATA_FIELD = "agboss_idempotency_key"
@@ -114,11 +115,6 @@ class CheckoutNoAnswerError(CheckoutAdapterError):
     not be read back. It may have been processed: unknown, reconcile decides."""
 
 
-def _status_code(exc: BaseException) -> int | None:
-    status = getattr(getattr(exc, "http_metadata", None), "status_code", None)
-    return status if isinstance(status, int) else None
-
-
 def is_nothing_processed(exc: BaseException) -> bool:
     """Definite only when nothing was processed: a decline, a refusal (400, 401, 403, 404,
     422), a malformed request, an SDK argument or credential error raised before sending.
@@ -127,7 +123,7 @@ def is_nothing_processed(exc: BaseException) -> bool:
     if isinstance(exc, (CheckoutDeclinedError, CheckoutRefusedError, CheckoutRequestError)):
         return True
     if isinstance(exc, CheckoutApiException):
-        return _status_code(exc) in _DEFINITE_STATUSES
+        return status_code(exc) in _DEFINITE_STATUSES
     return isinstance(exc, (CheckoutArgumentException, CheckoutAuthorizationException))
 
 
@@ -181,33 +177,6 @@ def _metadata(request: Mapping[str, Any], idempotency_key: str) -> dict[str, Any
     return {**given, KEY_METADATA_FIELD: _key_mark(idempotency_key)}
 
 
-def _plain(value: Any) -> Any:
-    """The SDK's ``ResponseWrapper`` as plain JSON (a list as ``items``), no HTTP metadata."""
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if hasattr(value, "__dict__") and not isinstance(value, (str, int, float)):
-        return {k: _plain(v) for k, v in vars(value).items() if k != "http_metadata"}
-    return value
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    plain = _plain(value)
-    return plain if isinstance(plain, dict) else {}
-
-
-def _payment_result(payment: Mapping[str, Any]) -> dict[str, Any]:
-    """What charge and authorize return, from a 201 or a listed payment alike."""
-    fields = ("id", "status", "amount", "reference", "approved")
-    return {
-        **{field: payment.get(field) for field in fields},
-        "currency": str(payment.get("currency") or "").lower(),
-    }
-
-
-def _declined(payment: Mapping[str, Any]) -> bool:
-    return payment.get("approved") is False or payment.get("status") == "Declined"
-
-
 def _marked(item: Mapping[str, Any]) -> Any:
     metadata = item.get("metadata")
     return metadata.get(KEY_METADATA_FIELD) if isinstance(metadata, dict) else None
@@ -217,11 +186,23 @@ def _facts(payment: Mapping[str, Any]) -> PaymentFacts:
     """A payment (a 201, or listed by reference) as what tells it from another; the key
     is the mark in its metadata."""
     return PaymentFacts(
-        amount=payment.get("amount"),
-        currency=payment.get("currency"),
-        reference=payment.get("reference"),
-        key=_marked(payment),
+        payment.get("amount"), payment.get("currency"), payment.get("reference"), _marked(payment)
     )
+
+
+def _action_facts(result: Mapping[str, Any]) -> PaymentFacts:
+    """An action's result as what tells it from another: its payment, type and amount."""
+    return PaymentFacts(result.get("amount"), payment=result.get("id"), kind=result.get("type"))
+
+
+def _own_action(kind: str, payment_id: str, amount: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` when it is this request's action; a 202 replayed from another request
+    made under the key (another payment, action or amount) is refused
+    (design: only the request's payment)."""
+    wanted = PaymentFacts(amount, payment=payment_id, kind=_ACTION_TYPES[kind])
+    what = f"Checkout.com's {kind} {result.get('action_id')}"
+    refuse_another_requests_answer(what, wanted, _action_facts(result))
+    return result
 
 
 class CheckoutAdapter(AdapterCalls):
@@ -288,8 +269,8 @@ class CheckoutAdapter(AdapterCalls):
         """The payment ``send`` made under the key (listed by the key as reference), or None."""
         mark = _key_mark(idempotency_key)
         found, _ = self._payments_by_reference(idempotency_key)
-        mine = [p for p in found if not _declined(p) and _marked(p) == mark]
-        return _payment_result(mine[0]) if mine else None
+        mine = [p for p in found if not declined(p) and _marked(p) == mark]
+        return payment_result(mine[0]) if mine else None
 
     # --- sends ------------------------------------------------------------------------------
 
@@ -305,20 +286,20 @@ class CheckoutAdapter(AdapterCalls):
             body.setdefault("processing_channel_id", self.processing_channel_id)
         with one_send(self.timeout):
             reply = self._sdk("the payment", self._payments.request_payment, body, key)
-        payment = _as_dict(reply)
+        payment = as_dict(reply)
         # A 201 carries no metadata, so no key: amount, currency and reference tell.
         wanted = PaymentFacts(body["amount"], body["currency"], body["reference"])
         refuse_another_requests_answer(
             f"Checkout.com's payment {payment.get('id')}", wanted, _facts(payment)
         )
-        if _declined(payment):
+        if declined(payment):
             details = {k: payment.get(k) for k in ("response_code", "response_summary")}
             raise CheckoutDeclinedError(
                 f"Checkout.com declined payment {payment.get('id')}: "
                 f"{details['response_code']} {details['response_summary']}",
                 {"payment_id": payment.get("id"), **details},
             )
-        return _payment_result(payment)
+        return payment_result(payment)
 
     def _send_action(self, call: CallContext, kind: str) -> dict[str, Any]:
         request, key = _mapping(call.request, kind), call.idempotency_key
@@ -341,12 +322,15 @@ class CheckoutAdapter(AdapterCalls):
                 done = self._outcome(payment_id, kind, key, None, f"refused ({refused})")
                 if done is None:
                     raise
-                return done
-            action_id = _as_dict(reply).get("action_id")
-            found = self._outcome(payment_id, kind, key, action_id, f"accepted ({action_id})")
+                return _own_action(kind, payment_id, body.get("amount"), done)
+            answered = as_dict(reply)
+            action_id = answered.get("action_id")
+            # A key's 202 is replayed whoever sent it first: read the payment it names.
+            paid = linked_id(answered.get("_links"), "payment") or payment_id
+            found = self._outcome(paid, kind, key, action_id, f"accepted ({action_id})")
             if found is None:
-                raise CheckoutNoAnswerError(f"{payment_id} does not list {kind} {action_id}")
-            return found
+                raise CheckoutNoAnswerError(f"{paid} does not list {kind} {action_id}")
+            return _own_action(kind, payment_id, body.get("amount"), found)
 
     def _outcome(
         self, payment_id: str, kind: str, key: str, action_id: Any, answer: str
@@ -373,7 +357,7 @@ class CheckoutAdapter(AdapterCalls):
         try:
             return method(*args)
         except CheckoutApiException as exc:
-            status = _status_code(exc)
+            status = status_code(exc)
             if status not in _DEFINITE_STATUSES:
                 raise
             codes = [str(code) for code in exc.error_details or []]
@@ -395,7 +379,7 @@ class CheckoutAdapter(AdapterCalls):
         found: list[dict[str, Any]] = []
         for skip in range(0, _PAGE * _MAX_PAGES, _PAGE):
             query = {"reference": reference, "limit": _PAGE, "skip": skip}
-            reply = _as_dict(self._sdk("the list", self._payments.get_payments_list, query))
+            reply = as_dict(self._sdk("the list", self._payments.get_payments_list, query))
             data = [p for p in reply.get("data") or [] if isinstance(p, dict)]
             found.extend(data)
             total = reply.get("total_count")
@@ -405,7 +389,7 @@ class CheckoutAdapter(AdapterCalls):
 
     def _actions(self, payment_id: str) -> list[dict[str, Any]]:
         read = self._payments.get_payment_actions
-        reply = _plain(self._sdk(f"the actions of {payment_id}", read, payment_id))
+        reply = plain(self._sdk(f"the actions of {payment_id}", read, payment_id))
         items = reply.get("items") if isinstance(reply, dict) else reply
         return [a for a in items or [] if isinstance(a, dict)]
 
@@ -414,10 +398,13 @@ class CheckoutAdapter(AdapterCalls):
         mark = _key_mark(key)
         return [a for a in actions if a.get("type") == _ACTION_TYPES[kind] and _marked(a) == mark]
 
+    def _details(self, payment_id: str) -> dict[str, Any]:
+        read = self._payments.get_payment_details
+        return as_dict(self._sdk(f"payment {payment_id}", read, payment_id))
+
     def _action_result(self, payment_id: str, action: Mapping[str, Any]) -> dict[str, Any]:
         """What capture, refund and void return, from send and reconcile alike."""
-        read = self._payments.get_payment_details
-        payment = _as_dict(self._sdk(f"payment {payment_id}", read, payment_id))
+        payment = self._details(payment_id)
         return {
             "id": payment_id,
             "action_id": action.get("id"),
@@ -443,10 +430,10 @@ class CheckoutAdapter(AdapterCalls):
             return Unknown(f"over {_PAGE * _MAX_PAGES} payments carry reference {reference!r}")
         wanted = request_facts(request, mark)
         # Another call's key marks another call's payment: only ours, or none, can be.
-        listed = [p for p in found if not _declined(p) and _marked(p) in (None, mark)]
+        listed = [p for p in found if not declined(p) and _marked(p) in (None, mark)]
         answer = adopt_one_of(
             wanted,
-            [(f"payment {p.get('id')}", _facts(p), _payment_result(p)) for p in listed],
+            [(f"payment {p.get('id')}", _facts(p), payment_result(p)) for p in listed],
         )
         if answer is not None:
             return answer
@@ -455,16 +442,31 @@ class CheckoutAdapter(AdapterCalls):
 
     def _reconcile_action(self, call: CallContext, lookup: Lookup, kind: str) -> ReconcileAnswer:
         payment_id = _text(_mapping(lookup.request, kind), "payment_id")
-        mine = self._under_key(self._actions(payment_id), kind, lookup.idempotency_key)
+        actions = self._actions(payment_id)
+        mine = self._under_key(actions, kind, lookup.idempotency_key)
         if len(mine) == 1:
-            wanted = PaymentFacts(amount=request_facts(lookup.request).amount)
-            found = PaymentFacts(amount=mine[0].get("amount"))
             what = f"Checkout.com's {kind} {mine[0].get('id')} of {payment_id}"
-            return adopt(what, wanted, found, self._action_result(payment_id, mine[0]))
+            result = self._action_result(payment_id, mine[0])
+            whole = partial(self._all_of_it, kind, payment_id, mine[0], actions)
+            asked = request_facts(lookup.request).amount
+            return adopt_action(what, asked, whole, _action_facts(result), result)
         if mine:
             ids = ", ".join(str(a.get("id")) for a in mine)
             return Unknown(f"{len(mine)} {kind} actions on {payment_id} carry this key: {ids}")
         return self._absent(lookup, f"payment {payment_id} lists no {kind} under this key")
+
+    def _all_of_it(self, kind: str, payment_id: str, action: Any, actions: list[Any]) -> Any:
+        """What a capture or refund without an amount took: all of the payment, or what was
+        left of what it captured when the refund was made (or why that cannot be told)."""
+        if kind == "void":
+            return None
+        payment = self._details(payment_id)
+        if kind == "capture":  # all of the authorisation: nothing is taken before it
+            return left_before(payment.get("amount"), action, [], "processed_on")
+        approved = [a for a in actions if a.get("approved") is not False]
+        refunds = [a for a in approved if a.get("type") == "Refund"]
+        captured = (payment.get("balances") or {}).get("total_captured")
+        return left_before(captured, action, refunds, "processed_on")
 
     def _absent(self, lookup: Lookup, why: str) -> ReconcileAnswer:
         """A miss is NotSent only while the key surely lives: a resend under it is then

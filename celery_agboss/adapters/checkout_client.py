@@ -1,6 +1,7 @@
 """The HTTP client Checkout.com's official SDK is given by ``CheckoutAdapter``: no retries,
-and every request of one send bounded together. Checkout.com is named only to identify
-its public API; this adapter is not affiliated with or endorsed by it.
+and every request of one send bounded together; and the SDK's answers as plain data.
+Checkout.com is named only to identify its public API; this adapter is not affiliated
+with or endorsed by it.
 
 A retry by the HTTP stack would be a request the engine never decided (a second POST
 under a key whose first answer was lost), and an unbounded wait would outlive the
@@ -78,6 +79,41 @@ def bounded_session(timeout: float) -> requests.Session:
     return session
 
 
+def plain(value: Any) -> Any:
+    """The SDK's ``ResponseWrapper`` as plain JSON (a list as ``items``), no HTTP metadata."""
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if hasattr(value, "__dict__") and not isinstance(value, (str, int, float)):
+        return {k: plain(v) for k, v in vars(value).items() if k != "http_metadata"}
+    return value
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """An SDK answer as a plain dict (empty when it is not an object)."""
+    found = plain(value)
+    return found if isinstance(found, dict) else {}
+
+
+def status_code(exc: BaseException) -> int | None:
+    """The HTTP status of an SDK exception, when it carries one."""
+    status = getattr(getattr(exc, "http_metadata", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def payment_result(payment: Mapping[str, Any]) -> dict[str, Any]:
+    """What charge and authorize return, from a 201 or a listed payment alike."""
+    fields = ("id", "status", "amount", "reference", "approved")
+    return {
+        **{field: payment.get(field) for field in fields},
+        "currency": str(payment.get("currency") or "").lower(),
+    }
+
+
+def declined(payment: Mapping[str, Any]) -> bool:
+    """A 201 or a listed payment that moved no money (Checkout.com declined it)."""
+    return payment.get("approved") is False or payment.get("status") == "Declined"
+
+
 def build_sdk(
     secret_key: str, base_url: str | None, subdomain: str | None, sandbox: bool, session: Any
 ) -> Any:
@@ -109,4 +145,14 @@ def build_sdk(
         return builder.build()
 
 
-__all__ = ["BoundedHTTPAdapter", "bounded_session", "build_sdk", "one_send"]
+__all__ = [
+    "BoundedHTTPAdapter",
+    "as_dict",
+    "bounded_session",
+    "build_sdk",
+    "declined",
+    "one_send",
+    "payment_result",
+    "plain",
+    "status_code",
+]

@@ -227,15 +227,18 @@ class AdapterCalls:
 
 @dataclass(frozen=True)
 class PaymentFacts:
-    """What tells one payment from another: of the stored request, or of what the gateway
-    shows. ``None`` in a request's facts is not compared (a capture without an amount);
-    ``key`` is our idempotency key as the gateway keeps it (in metadata), and None in a
-    request's facts where the gateway keeps none."""
+    """What tells one payment (or action on one) from another: of the stored request, or
+    of what the gateway shows. ``None`` in a request's facts is not compared (a capture
+    without an amount); ``key`` is our idempotency key as the gateway keeps it (in
+    metadata), and None in a request's facts where the gateway keeps none. An action's
+    facts also name the ``payment`` it acts on and its ``kind`` (capture, refund, void)."""
 
     amount: int | None = None
     currency: str | None = None
     reference: str | None = None
     key: str | None = None
+    payment: str | None = None
+    kind: str | None = None
 
 
 def request_facts(request: Any, key: str | None = None) -> PaymentFacts:
@@ -264,6 +267,10 @@ def differences(request: PaymentFacts, found: PaymentFacts) -> list[str]:
         found_differ.append(f"currency {found.currency!r}, not {request.currency!r}")
     if request.reference is not None and found.reference != request.reference:
         found_differ.append(f"reference {found.reference!r}, not {request.reference!r}")
+    if request.payment is not None and found.payment != request.payment:
+        found_differ.append(f"payment {found.payment!r}, not {request.payment!r}")
+    if request.kind is not None and (found.kind or "").lower() != request.kind.lower():
+        found_differ.append(f"a {found.kind!r} action, not a {request.kind!r}")
     if request.key is not None and found.key != request.key:
         found_differ.append(
             "no key of ours (made outside this call: a payment link, a manual charge)"
@@ -312,6 +319,63 @@ def adopt(
     answer = adopt_one_of(request, [(what, found, result)])
     assert answer is not None
     return answer
+
+
+def adopt_unchecked(what: str, why: str, result: Any) -> Completed[Any] | Unknown:
+    """Reconcile's answer when the gateway shows an action under our key but not enough to
+    tell whether it is this request's (``why``): ``Unknown``, never taken on trust
+    (design: only the request's payment)."""
+    if sabotage.active(ADOPTS_ANY_PAYMENT):
+        return Completed(result)
+    return Unknown(f"{what}: {why}, so it is not taken for this request. {_ADVICE}")
+
+
+def adopt_action(
+    what: str,
+    asked: int | None,
+    whole: Callable[[], int | str | None],
+    found: PaymentFacts,
+    result: Any,
+) -> Completed[Any] | Unknown:
+    """Reconcile's answer for a capture, refund or void found under our key: its amount
+    compared with the request's, or, when the request names none ("all of it"), with what
+    ``whole()`` says all of it was when the action was made (None: nothing to compare, a
+    void; a str: why that cannot be told, ``Unknown``) (design: only the request's payment)."""
+    amount = whole() if asked is None else asked
+    if isinstance(amount, str):
+        return adopt_unchecked(what, amount, result)
+    return adopt(what, PaymentFacts(amount=amount), found, result)
+
+
+def left_before(
+    total: Any, mine: Mapping[str, Any], others: Iterable[Mapping[str, Any]], when: str
+) -> int | str:
+    """What an action on "all that is left" (a refund without an amount) would have taken
+    when ``mine`` was made: ``total`` less the amounts of the ``others`` (those that count:
+    the caller drops failed ones; ``mine`` is skipped) made before it, by their ``when``. A
+    reason instead when that cannot be told: no total, or another action made at the same
+    time as ``mine`` (which came first is not known)."""
+    at, listed = mine.get(when), [other for other in others if other is not mine]
+    if isinstance(total, bool) or not isinstance(total, int):
+        return f"its amount could not be checked (the payment's total is {total!r})"
+    if at is None or any(other.get(when) in (at, None) for other in listed):
+        return "its amount could not be checked (another was made at the same time)"
+    return total - sum(int(o.get("amount") or 0) for o in listed if o[when] < at)
+
+
+def linked_id(links: Any, rel: str) -> str | None:
+    """The id a gateway's answer links to as ``rel`` (the last segment of its href), from
+    a list of ``{"rel", "href"}`` (PayPal) or a HAL ``_links`` map (Checkout.com); None
+    when the answer has no such link."""
+    if isinstance(links, Mapping):
+        link = links.get(rel)
+    else:
+        listed = links if isinstance(links, list) else []
+        link = next((k for k in listed if isinstance(k, Mapping) and k.get("rel") == rel), None)
+    href = link.get("href") if isinstance(link, Mapping) else None
+    if not isinstance(href, str) or not href.strip("/"):
+        return None
+    return href.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
 
 def reconcile_as_stored(call: OutboundCall, idempotency_key: str, request: Any) -> ReconcileAnswer:

@@ -56,6 +56,7 @@ from celery_agboss.adapters.common import (
     adapter_policies,
     adopt,
     definite_verdict,
+    linked_id,
     refuse_another_requests_answer,
 )
 from celery_agboss.adapters.common import http_timeout_seconds as _http_timeout
@@ -79,17 +80,9 @@ CHECKLIST_VAULT_ID = "agboss-checklist-vault-id"
 """The payment source ``send`` (the checklist) pays with; pass a sandbox vault id instead."""
 
 ALREADY_DONE_ISSUES = frozenset(
-    {
-        "ORDER_ALREADY_CAPTURED",
-        "ORDER_ALREADY_AUTHORIZED",
-        "ORDER_COMPLETED_OR_VOIDED",
-        "AUTHORIZATION_ALREADY_CAPTURED",
-        "PREVIOUSLY_VOIDED",
-        "CAPTURE_FULLY_REFUNDED",
-        "DUPLICATE_REQUEST_ID",
-        "DUPLICATE_INVOICE_ID",
-        "PREVIOUS_REQUEST_IN_PROGRESS",
-    }
+    {"ORDER_ALREADY_CAPTURED", "ORDER_ALREADY_AUTHORIZED", "ORDER_COMPLETED_OR_VOIDED"}
+    | {"AUTHORIZATION_ALREADY_CAPTURED", "PREVIOUSLY_VOIDED", "CAPTURE_FULLY_REFUNDED"}
+    | {"DUPLICATE_REQUEST_ID", "DUPLICATE_INVOICE_ID", "PREVIOUS_REQUEST_IN_PROGRESS"}
 )
 """Refusals that may mean OUR earlier attempt did it: never definite, reconcile asks."""
 CARD_DATA = ("payment_source", "card")
@@ -243,6 +236,18 @@ def _order_facts(order: Mapping[str, Any]) -> PaymentFacts:
 
 def _result_facts(result: Mapping[str, Any]) -> PaymentFacts:
     return PaymentFacts(result.get("amount"), result.get("currency"), result.get("reference"))
+
+
+def _own(body: dict[str, Any], payment_id: str, amount: int | None, *, up: bool = True) -> Any:
+    """``body`` unless it answers another request made first under our key (a repeat is
+    answered with what the key's first request made): of another authorization or capture
+    (its ``up`` link; a void's own id) or amount (design: only the request's payment)."""
+    answered = linked_id(body.get("links"), "up") if up else body.get("id")
+    moved = _minor(body["amount"]) if "amount" in body else None
+    found = PaymentFacts(moved, payment=answered or payment_id)
+    wanted = PaymentFacts(amount, payment=payment_id)
+    refuse_another_requests_answer(f"PayPal's {body.get('id')}", wanted, found)
+    return body
 
 
 def _payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
@@ -430,26 +435,21 @@ class PayPalAdapter(AdapterCalls):
         return Money(code, _value(amount, code))
 
     def _send_capture(self, call: CallContext) -> dict[str, Any]:
-        auth_id, amount, currency = self._target(call.request)
-        payments = self.client.payments
-        money = self._money(
-            amount, currency, lambda: payments.get_authorized_payment({"authorization_id": auth_id})
-        )
-        body = CaptureRequest(final_capture=True, **({"amount": money} if money else {}))
-        keyed = _keyed(call.idempotency_key, authorization_id=auth_id, body=body)
-        response = payments.capture_authorized_payment(keyed)
-        return _payment_result(_body(response), authorization_id=auth_id)
+        return self._act(call, "authorization_id", CaptureRequest, final_capture=True)
 
     def _send_refund(self, call: CallContext) -> dict[str, Any]:
-        capture_id, amount, currency = self._target(call.request)
-        payments = self.client.payments
-        money = self._money(
-            amount, currency, lambda: payments.get_captured_payment({"capture_id": capture_id})
-        )
-        body = RefundRequest(**({"amount": money} if money else {}))
-        keyed = _keyed(call.idempotency_key, capture_id=capture_id, body=body)
-        response = payments.refund_captured_payment(keyed)
-        return _payment_result(_body(response), capture_id=capture_id)
+        return self._act(call, "capture_id", RefundRequest)
+
+    def _act(self, call: CallContext, target: str, make: Any, **fields: Any) -> dict[str, Any]:
+        """Capture an authorization, or refund a capture (``target``: which id it names)."""
+        payment_id, amount, currency = self._target(call.request)
+        payments, capture = self.client.payments, target == "authorization_id"
+        read = payments.get_authorized_payment if capture else payments.get_captured_payment
+        money = self._money(amount, currency, partial(read, {target: payment_id}))
+        body = make(**fields, **({"amount": money} if money else {}))
+        send = payments.capture_authorized_payment if capture else payments.refund_captured_payment
+        answer = _body(send(_keyed(call.idempotency_key, body=body, **{target: payment_id})))
+        return _payment_result(_own(answer, payment_id, amount), **{target: payment_id})
 
     def _send_void(self, call: CallContext) -> dict[str, Any]:
         auth_id = _field(_mapping(call.request), "payment_id", str)
@@ -457,7 +457,7 @@ class PayPalAdapter(AdapterCalls):
         body = _body(payments.void_payment(_keyed(call.idempotency_key, authorization_id=auth_id)))
         if not body:  # 204: PayPal answered minimally; read the authorization back
             body = _body(payments.get_authorized_payment({"authorization_id": auth_id}))
-        return _payment_result(body)
+        return _payment_result(_own(body, auth_id, None, up=False))
 
     def _reconcile_by_replay(self, call: CallContext, lookup: Lookup) -> Any:
         """No read shows which capture or refund a key made, but PayPal keeps the key 45

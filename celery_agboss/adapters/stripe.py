@@ -34,8 +34,10 @@ from celery_agboss.adapters.common import (
     PaymentFacts,
     adapter_policies,
     adopt,
+    adopt_action,
     definite_verdict,
     http_timeout_seconds,
+    left_before,
     refuse_another_requests_answer,
     request_facts,
 )
@@ -71,6 +73,7 @@ Stripe's raw-card field (``payment_method_data``: number, expiry, CVC, holder na
 which the adapter refuses to send but would otherwise be stored."""
 
 _RESERVED = frozenset({KEY_METADATA, REFERENCE_METADATA})
+_COUNTED = frozenset({"succeeded", "pending", "requires_action"})  # refunds that took money
 _PAYMENT_FIELDS = frozenset(
     {"amount", "currency", "reference", "source", "metadata", "description", "customer"}
 )
@@ -215,8 +218,7 @@ def refund_result(refund: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def intent_facts(intent: Mapping[str, Any]) -> PaymentFacts:
-    """What tells a PaymentIntent from another: amount, currency, the reference and our
-    key it carries in its metadata."""
+    """What tells a PaymentIntent from another: amount, currency, reference and our key."""
     metadata = intent.get("metadata") or {}
     return PaymentFacts(
         amount=intent.get("amount"),
@@ -233,11 +235,6 @@ def _result_id(result: Any) -> str:
 def _search_text(value: str) -> str:
     """A value quoted for Stripe's search query language (backslash escapes)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _requested_amount(request: Any) -> int | None:
-    """A capture's or a refund's amount, when the request names one (else: all of it)."""
-    return request_facts(request).amount
 
 
 def _resend_or_unknown(lookup: Lookup, why: str) -> NotSent | Unknown:
@@ -442,8 +439,8 @@ class StripeAdapter(AdapterCalls):
             return Unknown("no PaymentIntent by the request's payment_id")
         status = intent.get("status")
         if status == "succeeded":
-            # A partial capture's amount is what was received; without one, all of it.
-            wanted = PaymentFacts(amount=_requested_amount(lookup.request))
+            # Received: the request's amount, or for "capture all" the whole authorisation.
+            wanted = PaymentFacts(amount=request_facts(lookup.request).amount or intent["amount"])
             found = PaymentFacts(amount=intent.get("amount_received"))
             return adopt(f"PaymentIntent {intent['id']}", wanted, found, intent_result(intent))
         if status in ("requires_capture", "canceled"):
@@ -468,17 +465,20 @@ class StripeAdapter(AdapterCalls):
             return Unknown("the stored request has no payment_id to list refunds of")
         page = self.client.v1.refunds.list(params={"payment_intent": payment_id, "limit": 100})
         refunds = [refund.to_dict() for refund in page.auto_paging_iter()]
-        mine = [
-            r
-            for r in refunds
-            if (r.get("metadata") or {}).get(KEY_METADATA) == lookup.idempotency_key
-        ]
+        key = lookup.idempotency_key
+        mine = [r for r in refunds if (r.get("metadata") or {}).get(KEY_METADATA) == key]
         if len(mine) > 1:
             return Unknown(f"{len(mine)} refunds of {payment_id} carry this key")
         if mine:
-            wanted = PaymentFacts(amount=_requested_amount(lookup.request))
-            found = PaymentFacts(amount=mine[0].get("amount"))
-            return adopt(f"refund {mine[0]['id']}", wanted, found, refund_result(mine[0]))
+            counted = [r for r in refunds if r.get("status") in _COUNTED]
+
+            def whole() -> int | str:  # "refund all": what was left when it was made
+                received = (self._retrieve(call) or {}).get("amount_received")
+                return left_before(received, mine[0], counted, "created")
+
+            found, result = PaymentFacts(amount=mine[0].get("amount")), refund_result(mine[0])
+            asked = request_facts(lookup.request).amount
+            return adopt_action(f"refund {mine[0]['id']}", asked, whole, found, result)
         return _resend_or_unknown(lookup, f"no refund of {payment_id} carries this key")
 
 

@@ -237,9 +237,10 @@ class _CheckoutApi:
         except FakeGatewayError as exc:
             return self._error(exc)
         # The capture's own pspReference: from the request that made it, so a replay
-        # of the key answers the same one.
-        amount_answer = {"value": amount, "currency": receipt["currency"]}
-        return self._received(call, payment, receipt["request_id"], amount=amount_answer)
+        # of the key answers the same one, with the payment and amount of the key's
+        # first capture (Adyen replays its first response).
+        amount_answer = {"value": receipt["amount_captured"], "currency": receipt["currency"]}
+        return self._received(call, receipt["id"], receipt["request_id"], amount=amount_answer)
 
     def refunds(self, call: GatewayCall) -> Reply:
         amount = self._modification(call, needs_amount=True)
@@ -255,7 +256,8 @@ class _CheckoutApi:
             )
         except FakeGatewayError as exc:
             return self._error(exc)
-        return self._received(call, payment, refund["id"], amount=_amount(refund))
+        # The key's first refund, replayed as it was: its own payment (Adyen's first response).
+        return self._received(call, refund["payment"], refund["id"], amount=_amount(refund))
 
     def cancels(self, call: GatewayCall) -> Reply:
         refused = self._modification(call, needs_amount=False)
@@ -266,7 +268,7 @@ class _CheckoutApi:
             receipt = self.server.gateway.void(payment, call.header(KEY_HEADER))
         except FakeGatewayError as exc:
             return self._error(exc)
-        return self._received(call, payment, receipt["request_id"])
+        return self._received(call, receipt["id"], receipt["request_id"])
 
 
 __all__ = ["API_VERSION", "DECLINED_HOLDER_NAME", "AdyenDialect", "adyen_error"]

@@ -362,12 +362,17 @@ class CheckoutDialect:
                 answer = gateway.void(payment_id, key)
         except FakeGatewayError as exc:
             return self._error(exc, operation)
+        # A replay is the key's first 202 as it was: its action, reference and payment
+        # (a refund's receipt names its payment; a capture's or void's is the payment).
+        with self._lock:
+            first = self._action_details.get(key or "", {"reference": body.get("reference")})
+        paid = checkout_id(answer.get("payment") or answer["id"])
         return Reply(
             202,
             {
                 "action_id": _action_id(answer["request_id"]),
-                "reference": body.get("reference"),
-                "_links": {"payment": self._href(call.params["id"])["self"]},
+                "reference": first.get("reference"),
+                "_links": {"payment": self._href(paid)["self"]},
             },
         )
 

@@ -366,11 +366,27 @@ class PayPalDialect:
             "links": [{"href": href, "rel": "self", "method": "GET"}],
         }
 
+    def _up(self, body: Body, kind: str, object_id: str) -> Body:
+        """PayPal's ``up`` link: what a capture or refund was made of (an authorization, a
+        capture), the way its answer names its payment."""
+        href = f"{self.server.url}/v2/{kind}/{object_id}"
+        body["links"].append({"href": href, "rel": "up", "method": "GET"})
+        return body
+
+    def _capture_id(self, payment_id: str) -> str:
+        """The capture of the fake's payment: the payment itself for an order's capture.
+        (Two dict reads, no lock: an order's body is built under it.)"""
+        order = self._state.orders.get(self._state.order_of_payment.get(payment_id, ""))
+        authorized = order is not None and order.intent == "AUTHORIZE"
+        return _capture_id_of_authorization(payment_id) if authorized else payment_id
+
     def _capture(self, payment: Body, capture_id: str) -> Body:
         refunded, captured = payment["amount_refunded"], payment["amount_captured"]
         status = "COMPLETED" if refunded == 0 else "PARTIALLY_REFUNDED"
         status = "REFUNDED" if refunded >= captured else status
         body = self._resource("payments/captures", capture_id, status, payment["created"])
+        if capture_id != payment["id"]:  # an authorization's capture
+            self._up(body, "payments/authorizations", payment["id"])
         body.update(
             amount=self._money(captured, payment["currency"]),
             final_capture=True,
@@ -395,7 +411,7 @@ class PayPalDialect:
     def _refund_body(self, refund: Body) -> Body:
         body = self._resource("payments/refunds", refund["id"], "COMPLETED", refund["created"])
         body["amount"] = self._money(refund["amount"], refund["currency"])
-        return body
+        return self._up(body, "payments/captures", self._capture_id(refund["payment"]))
 
     def _order_body(self, order: PayPalOrder) -> Body:
         unit: Body = {
