@@ -65,15 +65,22 @@ def lock_timeout_ms(ttl_ms: int) -> int:
     return max(50, ttl_ms // 4)
 
 
-def postgres_transaction_bounds_sql(ttl_ms: int) -> str:
-    """One statement for a fenced transaction's two bounds on PostgreSQL: its lock
-    timeout, and an idle-in-transaction timeout of one TTL. A session idle that long in
-    a fenced transaction is a frozen holder (SIGSTOP, a VM paused): its commit would be
-    refused anyway, since its lease expired on the database clock meanwhile, so the
-    server ends the session and frees the lease row for a take-over."""
+def postgres_transaction_bounds(ttl_ms: int) -> tuple[str, str]:
+    """A fenced transaction's two bounds on PostgreSQL: its lock timeout, and an
+    idle-in-transaction timeout of one TTL. A session idle that long in a fenced
+    transaction is a frozen holder (SIGSTOP, a VM paused): its commit would be refused
+    anyway, since its lease expired on the database clock meanwhile, so the server ends
+    the session and frees the lease row for a take-over."""
     idle = "0" if sabotage.active(FENCED_TRANSACTION_IDLE_UNBOUNDED) else f"{ttl_ms}ms"
+    return f"{lock_timeout_ms(ttl_ms)}ms", idle
+
+
+def postgres_transaction_bounds_sql(ttl_ms: int) -> str:
+    """The bounds as a statement of their own (a fence checked in a separate round trip,
+    which only a sabotage twin does)."""
+    lock, idle = postgres_transaction_bounds(ttl_ms)
     return (
-        f"SELECT set_config('lock_timeout', '{lock_timeout_ms(ttl_ms)}ms', true),"
+        f"SELECT set_config('lock_timeout', '{lock}', true),"
         f" set_config('idle_in_transaction_session_timeout', '{idle}', true)"
     )
 
@@ -259,9 +266,15 @@ class SQLAlchemyStore:
         fault_point(FENCED_BEFORE_BEGIN, **where)
         with self._begin(watch_ttl_ms=self._watch_ttl_ms(ttl_ms)) as conn:
             with translated():
-                if is_postgresql(conn):
-                    conn.exec_driver_sql(postgres_transaction_bounds_sql(ttl_ms))
-                if not separate:
+                if separate:
+                    if is_postgresql(conn):
+                        conn.exec_driver_sql(postgres_transaction_bounds_sql(ttl_ms))
+                elif is_postgresql(conn):
+                    lock, idle = postgres_transaction_bounds(ttl_ms)
+                    checked = lease_sql.fence_txn(
+                        conn, lease, ttl_ms, offset_ms=offset, lock_timeout=lock, idle_timeout=idle
+                    )
+                else:
                     checked = lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=offset)
             if checked is None:
                 raise _fenced(lease)
