@@ -72,7 +72,9 @@ def _charge_with_a_refund_undo(
     return seen, charge_with_undo
 
 
-def test_a_failure_after_the_charge_runs_the_undo_then_fails(shop: PaymentShop) -> None:
+def _failed_after_its_undo_refunded(shop: PaymentShop) -> tuple[list[UndoStep], Any]:
+    """A body charges, declares the refund undo, then fails: the undo refunds the charge
+    and the execution ends ``FAILED`` (the undos seen, and the task's result)."""
     seen, charge_with_undo = _charge_with_a_refund_undo(shop)
 
     @shop.task()
@@ -82,30 +84,19 @@ def test_a_failure_after_the_charge_runs_the_undo_then_fails(shop: PaymentShop) 
 
     with shop.worker():
         result = pay.delay("o-1")
-        record = shop.wait_state(result.id, "FAILED")
+        shop.wait_state(result.id, "FAILED")
         with pytest.raises(LookupError, match="out of stock"):
             result.get(timeout=10)
+    return seen, result
+
+
+def test_a_failure_after_the_charge_runs_the_undo_then_fails(shop: PaymentShop) -> None:
+    seen, result = _failed_after_its_undo_refunded(shop)
+    record = shop.execution(result.id)
     assert [undo.cause for undo in seen] == ["failure"]
     [payment] = shop.gateway.payments
     assert [r["payment"] for r in shop.gateway.refunds] == [payment["id"]]
     assert record.reason == "LookupError" and "out of stock" in (record.error or "")
-
-
-def _failed_after_its_undo_refunded(shop: PaymentShop) -> str:
-    """A body charges, declares the refund undo, then fails: the undo refunds the charge
-    and the execution ends ``FAILED``, with nothing left behind."""
-    _, charge_with_undo = _charge_with_a_refund_undo(shop)
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        charge_with_undo(self, order)
-        raise LookupError(f"order {order} is out of stock")
-
-    with shop.worker():
-        result = pay.delay("o-1")
-        shop.wait_state(result.id, "FAILED")
-    assert len(shop.gateway.refunds) == 1
-    return str(result.id)
 
 
 @sqlite_only
@@ -115,6 +106,7 @@ def test_a_failure_whose_undo_refunded_the_charge_is_not_a_payment_left_behind(
     """Its own refund is the undo, not a payment: an operator is not called to it, and
     the "failed after a payment" gauge stays at zero."""
     _failed_after_its_undo_refunded(shop)
+    assert len(shop.gateway.refunds) == 1
     assert list_failed_after_payment(shop.app) == []
 
 
@@ -122,10 +114,10 @@ def test_a_failure_whose_undo_refunded_the_charge_is_not_a_payment_left_behind(
 def test_twin_counting_undo_refunds_as_payments_lists_the_refund_as_left_behind(
     shop: PaymentShop,
 ) -> None:
-    task_id = _failed_after_its_undo_refunded(shop)
+    _, result = _failed_after_its_undo_refunded(shop)
     with sabotage(UNDO_REFUNDS_COUNTED_AS_PAYMENTS):
         (left,) = list_failed_after_payment(shop.app)
-    assert left.execution.id == task_id
+    assert left.execution.id == result.id
     assert left.intents and all("compensation" in key for key in left.intents), left
 
 

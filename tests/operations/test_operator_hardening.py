@@ -20,6 +20,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
@@ -220,58 +222,14 @@ def _waiting(world: World) -> str:
     return execution
 
 
-def test_a_cancel_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
-    execution = _waiting(world)
-    _audit_table_broken(world)
-    with pytest.raises(StoreError):
-        cancel(world.app, execution, "the customer changed their mind", actor="ops")
-    assert world.execution(execution).state is ExecutionState.WAITING
-
-
-def test_twin_an_audit_row_written_apart_leaves_a_cancel_nobody_can_trace(world: World) -> None:
-    execution = _waiting(world)
-    _audit_table_broken(world)
-    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
-        cancel(world.app, execution, "the customer changed their mind", actor="ops")
-    assert world.execution(execution).state is ExecutionState.CANCELLED, "and no audit row"
-
-
-def test_an_unpark_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
-    execution = world.publish("o-6")
-    for _ in range(CAP + 1):  # a delivery that keeps dying: PARKED
-        world.start(execution)
-        world.die()
-        world.sweep()
-    assert world.execution(execution).state is ExecutionState.PARKED
-    _audit_table_broken(world)
-    with pytest.raises(StoreError):
-        unpark(world.app, execution, "fixed the OOM", actor="ops")
-    assert world.execution(execution).state is ExecutionState.PARKED
-
-
-def test_twin_an_unpark_whose_audit_row_is_written_apart_stands_untraced(world: World) -> None:
+def _parked(world: World) -> str:
+    """A delivery that keeps dying: ``PARKED`` past the recovery cap."""
     execution = world.publish("o-6")
     for _ in range(CAP + 1):
         world.start(execution)
         world.die()
         world.sweep()
-    assert world.execution(execution).state is ExecutionState.PARKED
-    _audit_table_broken(world)
-    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
-        unpark(world.app, execution, "fixed the OOM", actor="ops")
-    assert world.execution(execution).state is ExecutionState.WAITING
-    _assert_untraced(world, execution)
-
-
-def _audit_table_mended(world: World) -> None:
-    with world.agboss.store.engine.begin() as conn:
-        conn.execute(text("ALTER TABLE agboss_audit_gone RENAME TO agboss_audit"))
-
-
-def _assert_untraced(world: World, execution: str) -> None:
-    """The harm of a row written apart: the change stands and no row names who made it."""
-    _audit_table_mended(world)
-    assert world.agboss.executions.list_audit(execution) == [], "a change nobody can trace"
+    return execution
 
 
 def _waiting_for_an_operator(world: World) -> str:
@@ -287,24 +245,6 @@ def _waiting_for_an_operator(world: World) -> str:
     return execution
 
 
-def test_a_redrive_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
-    execution = _waiting_for_an_operator(world)
-    _audit_table_broken(world)
-    with pytest.raises(StoreError):
-        redrive(world.app, execution, "the refund API is back", actor="ops")
-    assert world.execution(execution).state is ExecutionState.WAITING_OPERATOR
-    assert world.publishes_of(execution) == 1, "only its first publish"
-
-
-def test_twin_a_redrive_whose_audit_row_is_written_apart_stands_untraced(world: World) -> None:
-    execution = _waiting_for_an_operator(world)
-    _audit_table_broken(world)
-    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
-        redrive(world.app, execution, "the refund API is back", actor="ops")
-    assert world.execution(execution).state is ExecutionState.WAITING
-    _assert_untraced(world, execution)
-
-
 def _diverged(world: World) -> str:
     """A re-run's body no longer made the charge an earlier delivery completed."""
     execution = world.publish("o-9")
@@ -315,27 +255,8 @@ def _diverged(world: World) -> str:
     with rerun.fenced() as tx:
         world.agboss.executions.finish_in(tx, '{"json": "paid"}', rerun.reached_keys())
     rerun.settle_all_and_release()
-    record = world.execution(execution)
-    assert record.state is ExecutionState.WAITING_OPERATOR
-    assert (record.reason or "").startswith(DIVERGENCE)
+    assert (world.execution(execution).reason or "").startswith(DIVERGENCE)
     return execution
-
-
-def test_an_accept_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
-    execution = _diverged(world)
-    _audit_table_broken(world)
-    with pytest.raises(StoreError):
-        accept(world.app, execution, "the old charge is refunded", actor="ops")
-    assert world.execution(execution).state is ExecutionState.WAITING_OPERATOR
-
-
-def test_twin_an_accept_whose_audit_row_is_written_apart_stands_untraced(world: World) -> None:
-    execution = _diverged(world)
-    _audit_table_broken(world)
-    with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
-        accept(world.app, execution, "the old charge is refunded", actor="ops")
-    assert world.execution(execution).state is ExecutionState.COMPLETED
-    _assert_untraced(world, execution)
 
 
 def _paused(world: World) -> str:
@@ -348,20 +269,76 @@ def _paused(world: World) -> str:
     return execution
 
 
-def test_an_answer_whose_audit_row_cannot_be_written_changes_nothing(world: World) -> None:
-    execution = _paused(world)
+@dataclass(frozen=True)
+class _Decision:
+    """An operator decision on an execution made ready for it: its state before, and
+    after (when it stands)."""
+
+    ready: Callable[[World], str]
+    decide: Callable[[World, str], object]
+    before: ExecutionState
+    after: ExecutionState
+
+
+S = ExecutionState
+DECISIONS = {
+    "cancel": _Decision(
+        _waiting,
+        lambda w, e: cancel(w.app, e, "changed their mind", actor="ops"),
+        S.WAITING,
+        S.CANCELLED,
+    ),
+    "unpark": _Decision(
+        _parked, lambda w, e: unpark(w.app, e, "fixed the OOM", actor="ops"), S.PARKED, S.WAITING
+    ),
+    "redrive": _Decision(
+        _waiting_for_an_operator,
+        lambda w, e: redrive(w.app, e, "the refund API is back", actor="ops"),
+        S.WAITING_OPERATOR,
+        S.WAITING,
+    ),
+    "accept": _Decision(
+        _diverged,
+        lambda w, e: accept(w.app, e, "the old charge is refunded", actor="ops"),
+        S.WAITING_OPERATOR,
+        S.COMPLETED,
+    ),
+    "answer-pause": _Decision(
+        _paused,
+        lambda w, e: answer_pause(w.app, f"{e}:approve", {"approved": True}, actor="ops"),
+        S.PAUSED,
+        S.WAITING,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECISIONS))
+def test_a_decision_whose_audit_row_cannot_be_written_changes_nothing(
+    world: World, name: str
+) -> None:
+    decision = DECISIONS[name]
+    execution = decision.ready(world)
+    assert world.execution(execution).state is decision.before
+    published = world.publishes_of(execution)
     _audit_table_broken(world)
     with pytest.raises(StoreError):
-        answer_pause(world.app, f"{execution}:approve", {"approved": True}, actor="ops")
-    assert world.execution(execution).state is ExecutionState.PAUSED
-    assert list_pauses(world.app) == [(f"{execution}:approve", execution, "PENDING")]
+        decision.decide(world, execution)
+    assert world.execution(execution).state is decision.before
+    assert world.publishes_of(execution) == published, "nothing published again"
+    if name == "answer-pause":
+        assert list_pauses(world.app) == [(f"{execution}:approve", execution, "PENDING")]
 
 
-def test_twin_an_answer_whose_audit_row_is_written_apart_stands_untraced(world: World) -> None:
-    execution = _paused(world)
+@pytest.mark.parametrize("name", sorted(DECISIONS))
+def test_twin_a_decision_whose_audit_row_is_written_apart_stands_untraced(
+    world: World, name: str
+) -> None:
+    decision = DECISIONS[name]
+    execution = decision.ready(world)
     _audit_table_broken(world)
     with sabotage(AUDIT_AFTER_THE_CHANGE), pytest.raises(StoreError):
-        answer_pause(world.app, f"{execution}:approve", {"approved": True}, actor="ops")
-    assert world.execution(execution).state is ExecutionState.WAITING
-    assert list_pauses(world.app) == [], "the pause is answered"
-    _assert_untraced(world, execution)
+        decision.decide(world, execution)
+    assert world.execution(execution).state is decision.after
+    with world.agboss.store.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE agboss_audit_gone RENAME TO agboss_audit"))
+    assert world.agboss.executions.list_audit(execution) == [], "a change nobody can trace"
