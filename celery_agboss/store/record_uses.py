@@ -14,11 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import delete, literal, select, true
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from celery_agboss.core.store_protocol import EFFECT_RECORD as EFFECT
 from celery_agboss.core.store_protocol import INTENT_RECORD as INTENT
-from celery_agboss.store.dialect import clock, insert_or_nothing
+from celery_agboss.store.dialect import clock, is_postgresql
 from celery_agboss.store.schema import record_uses
 
 _u = record_uses.c
@@ -35,6 +36,29 @@ def record_use_txn(
 ) -> None:
     """Note that ``execution_id`` used the record (once: ``ON CONFLICT DO NOTHING``); with
     ``relied``, that it relies on the record's result from now on as well."""
+    statement = _use_statement(conn, kind, record_key, execution_id, offset_ms, relied)
+    conn.execute(statement.on_conflict_do_nothing())
+
+
+def note_relied_txn(
+    conn: Connection, kind: str, record_key: str, execution_id: str, *, offset_ms: int = 0
+) -> None:
+    """The use, relied on from now: inserted, or its ``relied_at_ms`` set when the
+    execution used the record before. One statement (an upsert), not an update and then
+    an insert."""
+    statement = _use_statement(conn, kind, record_key, execution_id, offset_ms, True)
+    conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=[_u.kind, _u.record_key, _u.execution_id],
+            set_={"relied_at_ms": statement.excluded.relied_at_ms},
+        )
+    )
+
+
+def _use_statement(
+    conn: Connection, kind: str, record_key: str, execution_id: str, offset_ms: int, relied: bool
+) -> Any:
+    """``INSERT … SELECT`` of one use, without its conflict clause."""
     if kind not in (INTENT, EFFECT):
         raise ValueError(f"a record use is of an {INTENT!r} or an {EFFECT!r}, not {kind!r}")
     clk = clock(conn, offset_ms)
@@ -48,11 +72,9 @@ def record_use_txn(
     if relied:
         columns.append("relied_at_ms")
         values.append(clk.c.now)
-    conn.execute(
-        insert_or_nothing(conn, record_uses).from_select(
-            columns, select(*values).select_from(clk).where(true())
-        )
-    )
+    insert = postgresql.insert if is_postgresql(conn) else sqlite.insert
+    # SQLite: "INSERT … SELECT … ON CONFLICT" needs a WHERE.
+    return insert(record_uses).from_select(columns, select(*values).select_from(clk).where(true()))
 
 
 def users_of_txn(conn: Connection, kind: str, record_key: str) -> list[str]:
@@ -78,6 +100,7 @@ __all__ = [
     "EFFECT",
     "INTENT",
     "delete_uses_txn",
+    "note_relied_txn",
     "record_use_txn",
     "users_of_txn",
 ]

@@ -31,7 +31,7 @@ from celery_agboss.core.store_protocol import (
     SharedRecord,
 )
 from celery_agboss.store.dialect import now_expr
-from celery_agboss.store.record_uses import record_use_txn
+from celery_agboss.store.record_uses import note_relied_txn
 from celery_agboss.store.schema import fenced_effects, outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions
 
@@ -230,13 +230,7 @@ def rely_on_txn(
 def _note_relied(
     conn: Connection, kind: str, record_key: str, execution_id: str, offset_ms: int
 ) -> None:
-    changed = conn.execute(
-        update(record_uses)
-        .where(_u.kind == kind, _u.record_key == record_key, _u.execution_id == execution_id)
-        .values(relied_at_ms=now_expr(conn, offset_ms))
-    ).rowcount
-    if not changed:
-        record_use_txn(conn, kind, record_key, execution_id, offset_ms=offset_ms, relied=True)
+    note_relied_txn(conn, kind, record_key, execution_id, offset_ms=offset_ms)
 
 
 def claim_undo_txn(
