@@ -69,13 +69,15 @@ def _users_statement(kind: str, keys: Any) -> Any:
     )
 
 
-def _creator_states(conn: Connection, creators: set[str]) -> dict[str, tuple[str, bool]]:
-    if not creators:
-        return {}
-    rows = conn.execute(
-        select(_e.id, _e.state, _e.cancel_requested).where(_e.id.in_(sorted(creators)))
-    ).all()
-    return {str(r.id): (str(r.state), bool(r.cancel_requested)) for r in rows}
+def _with_creator(kind: str) -> Any:
+    """The records' columns and their creator's state, read with them (an outer join:
+    a creator's row may be gone), so the records and their creators cost one round trip."""
+    table, _ = _table(kind)
+    return select(
+        *_columns(kind),
+        _e.state.label("creator_state"),
+        _e.cancel_requested.label("creator_cancel"),
+    ).select_from(table.outerjoin(executions, _e.id == table.c.execution_id))
 
 
 def _records(conn: Connection, kind: str, rows: Sequence[Row[Any]]) -> list[SharedRecord]:
@@ -87,12 +89,12 @@ def _records(conn: Connection, kind: str, rows: Sequence[Row[Any]]) -> list[Shar
     uses: dict[str, list[Row[Any]]] = {}
     for use in conn.execute(_users_statement(kind, keys)).all():
         uses.setdefault(str(use.record_key), []).append(use)
-    creators = _creator_states(conn, {str(r.execution_id) for r in rows})
     made: list[SharedRecord] = []
     for key, row in zip(keys, rows, strict=True):
         creator = str(row.execution_id)
         found = {str(u.execution_id): u for u in uses.get(key, [])}
-        state, cancel = creators.get(creator, (None, False))
+        state = None if row.creator_state is None else str(row.creator_state)
+        cancel = bool(row.creator_cancel)
         own = found.pop(creator, None)
         users = [
             RecordUser(
@@ -163,7 +165,7 @@ def _columns(kind: str) -> list[Any]:
 
 def read_shared_txn(conn: Connection, kind: str, record_key: str) -> SharedRecord | None:
     _, key_column = _table(kind)
-    rows = conn.execute(select(*_columns(kind)).where(key_column == record_key)).all()
+    rows = conn.execute(_with_creator(kind).where(key_column == record_key)).all()
     found = _records(conn, kind, rows)
     return found[0] if found else None
 
@@ -178,7 +180,7 @@ def shared_records_of_txn(conn: Connection, execution_id: str) -> list[SharedRec
         ),
     ).subquery()
     rows = conn.execute(
-        select(*_columns(INTENT_RECORD))
+        _with_creator(INTENT_RECORD)
         .where(_i.idempotency_key.in_(select(keys.c.key)))
         .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
     ).all()
