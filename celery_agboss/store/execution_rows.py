@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, func, not_, or_, select, update
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import compensation, sabotage
@@ -31,9 +32,10 @@ from celery_agboss.core.store_protocol import IntentStatus, StoreTransaction
 from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.audit_trail import insert_audit_txn
 from celery_agboss.store.codec import loads
-from celery_agboss.store.dialect import insert_or_nothing, now_expr
+from celery_agboss.store.dialect import insert_or_nothing, is_postgresql, now_expr
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.shared_records import completed_on_records_statement
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.statement_cache import built_once
 from celery_agboss.store.transactions import SQLTransaction
@@ -174,6 +176,15 @@ def _read_statement(conn: Connection, offset_ms: int, lock: bool) -> Any:
     return statement
 
 
+@built_once
+def _read_with_pending_statement(conn: Connection, offset_ms: int) -> Any:
+    return select(
+        executions,
+        now_expr(conn, offset_ms).label("read_at_ms"),
+        pending_intent_of(bindparam("e_id")).label("pending"),
+    ).where(_e.id == bindparam("e_id"))
+
+
 _MESSAGE_COLUMNS = ("args", "kwargs", "options", "eta_ms", "expires_ms")
 
 
@@ -228,27 +239,48 @@ class ExecutionRows:
             raise LookupError(f"execution {execution_id!r} disappeared")
         return record
 
+    def _require_with_pending(
+        self, tx: SQLTransaction, execution_id: str
+    ) -> tuple[ExecutionRecord, bool]:
+        """``_require`` and ``_pending_intent`` in one statement: a verdict's two reads."""
+        statement = _read_with_pending_statement(tx.connection, tx.offset_ms)
+        row = tx.execute(statement, {"e_id": execution_id}).first()
+        if row is None:  # pragma: no cover - rows are never deleted under a lease
+            raise LookupError(f"execution {execution_id!r} disappeared")
+        return record_of(row), bool(row.pending)
+
     def _set(self, tx: SQLTransaction, execution_id: str, **values: Any) -> int:
         values.setdefault("updated_at_ms", tx.now_expr())
         result = tx.execute(update(executions).where(_e.id == execution_id).values(**values))
         return int(result.rowcount)
 
     def _set_and_read(
-        self, tx: SQLTransaction, execution_id: str, *, unless_terminal: bool = False, **values: Any
+        self,
+        tx: SQLTransaction,
+        execution_id: str,
+        *,
+        unless_terminal: bool = False,
+        along: Update | None = None,
+        **values: Any,
     ) -> ExecutionRecord:
         """``_set`` (``_set_unless_terminal`` with ``unless_terminal``), and the row as it
         then is, from the same statement (``RETURNING``): a state change and its record in
-        one round trip, not an update and a read. A terminal row left alone is read."""
+        one round trip, not an update and a read. A terminal row left alone is read.
+        ``along``, another table's ``UPDATE``, is sent in the same statement (PostgreSQL
+        only: a data-modifying CTE, run whether or not the execution's row changed)."""
         values.setdefault("updated_at_ms", tx.now_expr())
         where = [_e.id == execution_id]
         if unless_terminal:
             where.append(_e.state.not_in(TERMINAL_VALUES))
-        row = tx.execute(
+        statement = (
             update(executions)
             .where(*where)
             .values(**values)
             .returning(*executions.c, tx.now_expr().label("read_at_ms"))
-        ).first()
+        )
+        if along is not None:
+            statement = statement.add_cte(along.cte("agboss_along"))
+        row = tx.execute(statement).first()
         return self._require(tx, execution_id) if row is None else record_of(row)
 
     def _set_unless_terminal(self, tx: SQLTransaction, execution_id: str, **values: Any) -> int:
@@ -300,6 +332,14 @@ class ExecutionRows:
     def _terminal(
         self, tx: SQLTransaction, execution_id: str, state: ExecutionState, **values: Any
     ) -> ExecutionRecord:
+        # A completed execution's records are kept for it: on PostgreSQL in the same
+        # statement as its verdict.
+        completed = state is ExecutionState.COMPLETED
+        along = (
+            completed_on_records_statement(tx.connection, execution_id, offset_ms=tx.offset_ms)
+            if completed and is_postgresql(tx.connection)
+            else None
+        )
         record = self._set_and_read(
             tx,
             execution_id,
@@ -307,10 +347,11 @@ class ExecutionRows:
             terminal_at_ms=tx.now_expr(),
             not_before_ms=None,
             wake_requested=False,
+            along=along,
             **values,
         )
-        if state is ExecutionState.COMPLETED:
-            tx.completed_on_records(execution_id)  # what it relies on is kept for it
+        if completed and along is None:
+            tx.completed_on_records(execution_id)
         return record
 
     def _end_cancelled(

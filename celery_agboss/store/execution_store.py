@@ -89,8 +89,11 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         execution_id = message.execution_id
         scope = execution_scope(execution_id)
         with self.store.transaction() as tx:
-            recorded_now = self._insert_requested(tx, message)
+            # Read first: the publisher recorded it (one statement, not an insert and a read).
             record = self._read(tx, execution_id, lock=True)
+            recorded_now = record is None and self._insert_requested(tx, message)
+            if record is None:
+                record = self._read(tx, execution_id, lock=True)
             assert record is not None  # inserted above or already there
             refuse_another_task(record, message.task_name)
             idle = start_without_body(record)
@@ -153,7 +156,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         the body's result kept for an operator who accepts it. An already terminal
         execution is left alone."""
         t, execution_id = sql(tx), tx.lease.scope
-        record = self._require(t, execution_id)
+        record, pending = self._require_with_pending(t, execution_id)
         if record.terminal:
             return record
         unreached = (
@@ -161,7 +164,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             if reached is None
             else diverged(t.shared_records_of(execution_id), reached, execution_id)
         )
-        pending = not unreached and self._pending_intent(t, execution_id)
+        pending = not unreached and pending
         return self._write_verdict(
             t, execution_id, finish_verdict(unreached, pending), result=result
         )
@@ -170,10 +173,10 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         """``FAILED`` with the stored failure — unless the execution owns a PENDING intent:
         then ``WAITING_OPERATOR`` (never FAILED while a payment may be in flight)."""
         t, execution_id = sql(tx), tx.lease.scope
-        record = self._require(t, execution_id)
+        record, pending = self._require_with_pending(t, execution_id)
         if record.terminal:
             return record
-        verdict = fail_verdict(reason, self._pending_intent(t, execution_id))
+        verdict = fail_verdict(reason, pending)
         return self._write_verdict(t, execution_id, verdict, error=error)
 
     def wait_in(
@@ -238,8 +241,8 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         cancel request ends here, in the delivery that settled its intents (and ran its
         undos: it never hands them to a re-drive)."""
         t, execution_id = sql(tx), tx.lease.scope
-        record = self._require(t, execution_id)
-        if record.terminal or self._pending_intent(t, execution_id):
+        record, pending = self._require_with_pending(t, execution_id)
+        if record.terminal or pending:
             return record
         return self._end_cancelled(
             t,

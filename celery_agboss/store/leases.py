@@ -402,27 +402,28 @@ def lock_txn(
     """
     if not is_postgresql(conn) or sabotage.active(LEASE_DECISION_ON_COMMITTED_READ):
         return _judged_by_caller(read_txn(conn, scope, offset_ms=offset_ms), caller_skew_ms)
-    now = now_expr(conn, offset_ms).label("db_now")
-    row = conn.execute(
-        select(_c.scope, _c.holder, _c.token, _c.expires_at_ms, _c.released, now)
-        .where(_c.scope == scope)
-        .with_for_update(skip_locked=True)
-    ).first()
-    if row is not None:
-        return _judged_by_caller(_state(row), caller_skew_ms)
-    committed = read_txn(conn, scope, offset_ms=offset_ms)
-    if committed is None:
+    rows = conn.execute(_lock_statement(conn, offset_ms), {"scope": scope}).all()
+    locked = [row for row in rows if row.locked]
+    if locked:
+        return _judged_by_caller(_state(locked[0]), caller_skew_ms)
+    if not rows:
         return None
     # Locked by a running transaction (a fenced one extends it): live, whatever its
     # committed expiry says.
-    return LeaseState(
-        scope=committed.scope,
-        holder=committed.holder,
-        token=committed.token,
-        expires_at_ms=committed.expires_at_ms,
-        released=False,
-        live=True,
-        db_now_ms=committed.db_now_ms,
+    return replace(_state(rows[0]), released=False, live=True)
+
+
+@built_once
+def _lock_statement(conn: Connection, offset_ms: int) -> Any:
+    """The row locked (``SKIP LOCKED``) and, beside it, its last committed state: which of
+    the two came back says whether another transaction holds it, in one round trip."""
+    now = now_expr(conn, offset_ms).label("db_now")
+    columns = (_c.scope, _c.holder, _c.token, _c.expires_at_ms, _c.released)
+    mine = _c.scope == bindparam("scope")
+    locked = select(*columns).where(mine).with_for_update(skip_locked=True).cte("agboss_locked")
+    return union_all(
+        select(true().label("locked"), *locked.c, now),
+        select(false().label("locked"), *columns, now).where(mine),
     )
 
 

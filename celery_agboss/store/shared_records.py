@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Table, and_, bindparam, select, union, update
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import sabotage
@@ -264,7 +265,15 @@ def mark_compensated_txn(
 def completed_on_records_txn(conn: Connection, execution_id: str, *, offset_ms: int = 0) -> None:
     """The execution completed: every record it relies on is kept for it, on the record
     (its use), so that this outlives the execution's own row."""
-    conn.execute(
+    conn.execute(completed_on_records_statement(conn, execution_id, offset_ms=offset_ms))
+
+
+def completed_on_records_statement(
+    conn: Connection, execution_id: str, *, offset_ms: int = 0
+) -> Update:
+    """``completed_on_records_txn``'s ``UPDATE``, for a caller that sends it with another
+    (as a data-modifying CTE on PostgreSQL: one round trip)."""
+    return (
         update(record_uses)
         .where(
             and_(
@@ -279,6 +288,7 @@ def completed_on_records_txn(conn: Connection, execution_id: str, *, offset_ms: 
 
 __all__ = [
     "claim_undo_txn",
+    "completed_on_records_statement",
     "completed_on_records_txn",
     "mark_compensated_txn",
     "read_shared_txn",
