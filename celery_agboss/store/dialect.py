@@ -16,14 +16,18 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
 
 from celery_agboss.store.databases import SQLITE_NOW_FUNCTION
+from celery_agboss.store.statement_cache import built_once
 
 
 def is_postgresql(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
+@built_once
 def now_expr(conn: Connection, offset_ms: int) -> ColumnElement[int]:
-    """The database clock in integer ms, plus ``offset_ms`` (a bound parameter)."""
+    """The database clock in integer ms, plus ``offset_ms`` (a bound parameter). Built
+    once per dialect and offset: an expression is immutable, and building it is most of
+    what a statement that embeds it costs in Python."""
     if is_postgresql(conn):
         base: ColumnElement[Any] = func.floor(extract("epoch", func.clock_timestamp()) * 1000).cast(
             BigInteger
@@ -44,6 +48,7 @@ def insert_or_nothing(conn: Connection, table: Table) -> Any:
 CLOCK_ALIAS = "agboss_clock"
 
 
+@built_once
 def clock(conn: Connection, offset_ms: int) -> Subquery:
     """A one-row relation ``(now)``: the database clock read ONCE for a statement.
 

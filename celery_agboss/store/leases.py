@@ -83,29 +83,9 @@ def acquire_txn(
 
     Never re-entrant: a live lease gives None even when ``holder`` holds it.
     """
-    if sabotage.active(EXPIRY_BY_CALLER_CLOCK):
-        clk = select(_caller_clock(caller_skew_ms).label("now")).subquery(CLOCK_ALIAS)
-    else:
-        clk = clock(conn, offset_ms)
-    now = clk.c.now
-    inserted = conn.execute(
-        insert_or_nothing(conn, leases)
-        .from_select(
-            _INSERT_COLUMNS,
-            select(
-                literal(scope, KEY),
-                literal(holder, _c.holder.type),
-                literal(1, BigInteger),
-                now + ttl_ms,
-                false(),
-                now,
-                now,
-            )
-            .select_from(clk)
-            .where(true()),  # SQLite: "INSERT … SELECT … ON CONFLICT" needs a WHERE
-        )
-        .returning(_c.token, _c.expires_at_ms, _c.acquired_at_ms)
-    ).first()
+    insert_new, take_over = _acquire_statements(conn, offset_ms, caller_skew_ms)
+    values = {"a_scope": scope, "a_holder": holder, "a_ttl": ttl_ms}
+    inserted = conn.execute(insert_new, values).first()
     if inserted is not None:
         return LeaseGrant(
             lease=LeaseRef(scope, holder, int(inserted.token)),
@@ -113,19 +93,7 @@ def acquire_txn(
             db_now_ms=int(inserted.acquired_at_ms),
             took_over=False,
         )
-    taken = conn.execute(
-        update(leases)
-        .where(_c.scope == scope, or_(_c.released, _c.expires_at_ms <= now))
-        .values(
-            holder=holder,
-            token=_c.token + 1,
-            expires_at_ms=now + ttl_ms,
-            released=False,
-            acquired_at_ms=now,
-            renewed_at_ms=now,
-        )
-        .returning(_c.token, _c.expires_at_ms, _c.acquired_at_ms)
-    ).first()
+    taken = conn.execute(take_over, values).first()
     if taken is None:
         return None
     return LeaseGrant(
@@ -134,6 +102,49 @@ def acquire_txn(
         db_now_ms=int(taken.acquired_at_ms),
         took_over=True,
     )
+
+
+@built_once
+def _acquire_statements(conn: Connection, offset_ms: int, caller_skew_ms: int) -> tuple[Any, Any]:
+    """``acquire_txn``'s insert and take-over (the skew matters only to the sabotage)."""
+    if sabotage.active(EXPIRY_BY_CALLER_CLOCK):
+        clk = select(_caller_clock(caller_skew_ms).label("now")).subquery(CLOCK_ALIAS)
+    else:
+        clk = clock(conn, offset_ms)
+    now = clk.c.now
+    ttl = bindparam("a_ttl", type_=BigInteger)
+    insert_new = (
+        insert_or_nothing(conn, leases)
+        .from_select(
+            _INSERT_COLUMNS,
+            select(
+                bindparam("a_scope", type_=KEY),
+                bindparam("a_holder", type_=_c.holder.type),
+                literal(1, BigInteger),
+                now + ttl,
+                false(),
+                now,
+                now,
+            )
+            .select_from(clk)
+            .where(true()),  # SQLite: "INSERT … SELECT … ON CONFLICT" needs a WHERE
+        )
+        .returning(_c.token, _c.expires_at_ms, _c.acquired_at_ms)
+    )
+    take_over = (
+        update(leases)
+        .where(_c.scope == bindparam("a_scope"), or_(_c.released, _c.expires_at_ms <= now))
+        .values(
+            holder=bindparam("a_holder"),
+            token=_c.token + 1,
+            expires_at_ms=now + ttl,
+            released=False,
+            acquired_at_ms=now,
+            renewed_at_ms=now,
+        )
+        .returning(_c.token, _c.expires_at_ms, _c.acquired_at_ms)
+    )
+    return insert_new, take_over
 
 
 def _live_predicate(now: ColumnElement[int]) -> ColumnElement[bool]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, literal, select, true
+from sqlalchemy import bindparam, delete, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -21,6 +21,7 @@ from celery_agboss.core.store_protocol import EFFECT_RECORD as EFFECT
 from celery_agboss.core.store_protocol import INTENT_RECORD as INTENT
 from celery_agboss.store.dialect import clock, is_postgresql
 from celery_agboss.store.schema import record_uses
+from celery_agboss.store.statement_cache import built_once
 
 _u = record_uses.c
 
@@ -36,8 +37,8 @@ def record_use_txn(
 ) -> None:
     """Note that ``execution_id`` used the record (once: ``ON CONFLICT DO NOTHING``); with
     ``relied``, that it relies on the record's result from now on as well."""
-    statement = _use_statement(conn, kind, record_key, execution_id, offset_ms, relied)
-    conn.execute(statement.on_conflict_do_nothing())
+    statement = _use_statements(conn, offset_ms, relied)[0]
+    conn.execute(statement, _use_values(kind, record_key, execution_id))
 
 
 def note_relied_txn(
@@ -46,27 +47,26 @@ def note_relied_txn(
     """The use, relied on from now: inserted, or its ``relied_at_ms`` set when the
     execution used the record before. One statement (an upsert), not an update and then
     an insert."""
-    statement = _use_statement(conn, kind, record_key, execution_id, offset_ms, True)
-    conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=[_u.kind, _u.record_key, _u.execution_id],
-            set_={"relied_at_ms": statement.excluded.relied_at_ms},
-        )
-    )
+    statement = _use_statements(conn, offset_ms, True)[1]
+    conn.execute(statement, _use_values(kind, record_key, execution_id))
 
 
-def _use_statement(
-    conn: Connection, kind: str, record_key: str, execution_id: str, offset_ms: int, relied: bool
-) -> Any:
-    """``INSERT … SELECT`` of one use, without its conflict clause."""
+def _use_values(kind: str, record_key: str, execution_id: str) -> dict[str, str]:
     if kind not in (INTENT, EFFECT):
         raise ValueError(f"a record use is of an {INTENT!r} or an {EFFECT!r}, not {kind!r}")
+    return {"u_kind": kind, "u_record_key": record_key, "u_execution_id": execution_id}
+
+
+@built_once
+def _use_statements(conn: Connection, offset_ms: int, relied: bool) -> tuple[Any, Any]:
+    """One use's ``INSERT … SELECT``: doing nothing on a conflict, and setting
+    ``relied_at_ms`` on one (the second only with ``relied``)."""
     clk = clock(conn, offset_ms)
     columns = ["kind", "record_key", "execution_id", "used_at_ms"]
     values: list[Any] = [
-        literal(kind, _u.kind.type),
-        literal(record_key, _u.record_key.type),
-        literal(execution_id, _u.execution_id.type),
+        bindparam("u_kind", type_=_u.kind.type),
+        bindparam("u_record_key", type_=_u.record_key.type),
+        bindparam("u_execution_id", type_=_u.execution_id.type),
         clk.c.now,
     ]
     if relied:
@@ -74,7 +74,14 @@ def _use_statement(
         values.append(clk.c.now)
     insert = postgresql.insert if is_postgresql(conn) else sqlite.insert
     # SQLite: "INSERT … SELECT … ON CONFLICT" needs a WHERE.
-    return insert(record_uses).from_select(columns, select(*values).select_from(clk).where(true()))
+    statement = insert(record_uses).from_select(
+        columns, select(*values).select_from(clk).where(true())
+    )
+    upsert = statement.on_conflict_do_update(
+        index_elements=[_u.kind, _u.record_key, _u.execution_id],
+        set_={"relied_at_ms": statement.excluded.relied_at_ms},
+    )
+    return statement.on_conflict_do_nothing(), upsert
 
 
 def users_of_txn(conn: Connection, kind: str, record_key: str) -> list[str]:

@@ -35,6 +35,7 @@ from celery_agboss.store.dialect import now_expr
 from celery_agboss.store.record_uses import note_relied_txn
 from celery_agboss.store.schema import fenced_effects, outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.statement_cache import built_once
 
 _i = outbound_calls.c
 _f = fenced_effects.c
@@ -53,8 +54,10 @@ def _table(kind: str) -> tuple[Table, ColumnElement[str]]:
 # --- reads ----------------------------------------------------------------------------
 
 
-def _users_statement(kind: str, keys: Any) -> Any:
-    """Every use of the records, with the user's state (NULL once its row is gone)."""
+@built_once
+def _users_statement(conn: Connection, kind: str) -> Any:
+    """Every use of the records ``u_keys``, with the user's state (NULL once its row is
+    gone)."""
     return (
         select(
             _u.record_key,
@@ -65,7 +68,7 @@ def _users_statement(kind: str, keys: Any) -> Any:
             _e.cancel_requested,
         )
         .select_from(record_uses.outerjoin(executions, _e.id == _u.execution_id))
-        .where(_u.kind == kind, _u.record_key.in_(keys))
+        .where(_u.kind == kind, _u.record_key.in_(bindparam("u_keys", expanding=True)))
         .order_by(_u.used_at_ms, _u.execution_id)
     )
 
@@ -88,7 +91,7 @@ def _records(conn: Connection, kind: str, rows: Sequence[Row[Any]]) -> list[Shar
     column = "idempotency_key" if kind == INTENT_RECORD else "key"
     keys = [str(r._mapping[column]) for r in rows]
     uses: dict[str, list[Row[Any]]] = {}
-    for use in conn.execute(_users_statement(kind, keys)).all():
+    for use in conn.execute(_users_statement(conn, kind), {"u_keys": keys}).all():
         uses.setdefault(str(use.record_key), []).append(use)
     made: list[SharedRecord] = []
     for key, row in zip(keys, rows, strict=True):
@@ -174,18 +177,24 @@ def read_shared_txn(conn: Connection, kind: str, record_key: str) -> SharedRecor
 def shared_records_of_txn(conn: Connection, execution_id: str) -> list[SharedRecord]:
     """Every intent the execution created or used (a use is noted before an execution
     sends an attempt of an intent it did not create), oldest first."""
+    rows = conn.execute(_records_of_statement(conn), {"s_execution_id": execution_id}).all()
+    return _records(conn, INTENT_RECORD, rows)
+
+
+@built_once
+def _records_of_statement(conn: Connection) -> Any:
+    execution_id = bindparam("s_execution_id", type_=_i.execution_id.type)
     keys = union(
         select(_i.idempotency_key.label("key")).where(_i.execution_id == execution_id),
         select(_u.record_key.label("key")).where(
             _u.kind == INTENT_RECORD, _u.execution_id == execution_id
         ),
     ).subquery()
-    rows = conn.execute(
+    return (
         _with_creator(INTENT_RECORD)
         .where(_i.idempotency_key.in_(select(keys.c.key)))
         .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
-    ).all()
-    return _records(conn, INTENT_RECORD, rows)
+    )
 
 
 # --- writes ---------------------------------------------------------------------------
