@@ -95,18 +95,28 @@ def _plain_redrive(world: World, order_id: str, say: Say) -> None:
     world.publish(PLAIN_REDRIVE, [order_id])
 
 
+def _redriven(
+    world: World, order_id: str, task_id: str, protected: bool, say: Say, how: str
+) -> None:
+    """Until a charge whose worker is gone is finished by someone else: the sweep re-drives
+    the protected execution (``how`` tells who finished it); a plain app's stuck-order job
+    re-publishes the unpaid order."""
+    if protected:
+        world.wait_state(task_id, "COMPLETED", timeout=40)
+        say(how)
+    else:
+        _plain_redrive(world, order_id, say)
+        world.wait(lambda: world.status(order_id) == "paid", 30, f"{order_id} to be paid")
+
+
 @scenario("ps3", "A zombie after a takeover")
 def ps3(world: World, protected: bool, say: Say) -> Outcome:
     order_id = world.order("ps3")
     task_id, pid, _ = _frozen_mid_charge(world, order_id, protected)
     say(f"the gateway charged; pool process {pid} frozen (SIGSTOP) before it read the answer")
     try:
-        if protected:
-            world.wait_state(task_id, "COMPLETED", timeout=40)
-            say("its lease expired; the sweep re-drove the order; another process reconciled it")
-        else:
-            _plain_redrive(world, order_id, say)
-            world.wait(lambda: world.status(order_id) == "paid", 30, f"{order_id} to be paid")
+        how = "its lease expired; the sweep re-drove the order; another process reconciled it"
+        _redriven(world, order_id, task_id, protected, say, how)
     finally:
         world.cont(pid)
     say(f"process {pid} wakes up (SIGCONT) and carries on with its answer")
@@ -131,12 +141,8 @@ def ps12(world: World, protected: bool, say: Say) -> Outcome:
     time.sleep(1.0)
     held.release()
     world.replace_worker(worker)
-    if protected:
-        world.wait_state(task_id, "COMPLETED", timeout=40)
-        say("the new version's worker continued the order under the same business key")
-    else:
-        _plain_redrive(world, order_id, say)
-        world.wait(lambda: world.status(order_id) == "paid", 30, f"{order_id} to be paid")
+    how = "the new version's worker continued the order under the same business key"
+    _redriven(world, order_id, task_id, protected, say, how)
     return _paid_once(world, order_id, say, protected, "reconciled after the deploy")
 
 

@@ -73,22 +73,12 @@ def _payment_id(world: World, order_id: str) -> str:
         return str(orders.load(conn, order_id)["payment_id"])
 
 
-def _customer_pays(world: World, order_id: str, *, capture: bool = True) -> Any:
-    """The customer pays at Stripe (its hosted page, say): one PaymentIntent for the order."""
-    with world.shop.agboss.store.engine.connect() as conn:
-        order = orders.load(conn, order_id)
-    return world.shop.stripe.client.v1.payment_intents.create(
-        params={
-            "amount": order["amount"],
-            "currency": order["currency"],
-            "payment_method": order["card"],
-            "confirm": True,
-            "capture_method": "automatic" if capture else "manual",
-            "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
-            "metadata": {"reference": order_id},
-        },
-        options={"idempotency_key": f"checkout:{order_id}"},
-    )
+def _customer_pays(order_id: str) -> Any:
+    """The customer pays at Stripe (its hosted page, say): one PaymentIntent for the order,
+    made as the plain shop makes one, under the checkout page's key."""
+    from example_project.unprotected import create_intent, read  # imports the shop: lazily
+
+    return create_intent(read(order_id), key=f"checkout:{order_id}")
 
 
 def _event(kind: str, data_object: dict[str, Any]) -> dict[str, Any]:
@@ -386,7 +376,7 @@ def ps6(world: World, protected: bool, say: Say) -> Outcome:
 @scenario("ps15", "A webhook delivered twice")
 def ps15(world: World, protected: bool, say: Say) -> Outcome:
     order_id = world.order("ps15")
-    intent = _customer_pays(world, order_id)
+    intent = _customer_pays(order_id)
     event = _event("payment_intent.succeeded", _intent_object(intent.id, order_id, "succeeded"))
     forged = _event("charge.refunded", _charge_object(intent.id, order_id))
     entry = f"webhook:{event['type']}"
@@ -435,7 +425,7 @@ def _wait_applied(world: World, order_id: str, entry: str) -> None:
 @scenario("ps16", "Webhooks out of order")
 def ps16(world: World, protected: bool, say: Say) -> Outcome:
     order_id = world.order("ps16")
-    intent = _customer_pays(world, order_id)
+    intent = _customer_pays(order_id)
     world.shop.stripe.client.v1.refunds.create(
         params={"payment_intent": intent.id}, options={"idempotency_key": f"refund:{intent.id}:1"}
     )

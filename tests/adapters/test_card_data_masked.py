@@ -36,7 +36,7 @@ from celery_agboss.testing.celery_app import close_test_app, make_test_app, runn
 from celery_agboss.testing.stores import sqlite_store_url
 from tests.adapters import stripe_support
 from tests.adapters.conftest import ServeFn
-from tests.adapters.test_own_payment import GATEWAYS, _support
+from tests.adapters.own_payment_support import GATEWAYS, support
 
 PAN, CVC, YEAR, HOLDER = "4111111111111111", "9183", "2047", "Ada Q. Lovelace"
 NOTE = "a gift for Ada's cousin"  # what mask= adds: the shop's own field
@@ -69,7 +69,7 @@ def _card_request(gateway: str) -> dict[str, Any]:
         request["source"] = {**card, "cvc": CVC, "name": HOLDER}
     else:  # PayPal's own card field: refused, nothing sent
         card = {"number": PAN, "expiry": f"{YEAR}-11", "security_code": CVC, "name": HOLDER}
-        request.update(source=_support("paypal").VAULT_ID, payment_source={"card": card})
+        request.update(source=support("paypal").VAULT_ID, payment_source={"card": card})
     return request
 
 
@@ -78,7 +78,7 @@ def _adapter(gateway: str, url: str, **options: Any) -> Any:
         return StripeAdapter(
             stripe_support.API_KEY, base_url=url, timeout=2, attempt_timeout=5, **options
         )
-    return _support(gateway).adapter_for(url, **options)
+    return support(gateway).adapter_for(url, **options)
 
 
 @pytest.fixture

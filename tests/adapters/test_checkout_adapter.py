@@ -9,7 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from celery_agboss.adapters.checkout import KEY_METADATA_FIELD, CheckoutDeclinedError
+from celery_agboss.adapters.checkout import (
+    KEY_METADATA_FIELD,
+    CheckoutAdapter,
+    CheckoutDeclinedError,
+)
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, Outcome, Unknown
 from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
@@ -40,6 +44,16 @@ def _charges(server: FakeGatewayServer) -> list[GatewayRequestOutcome]:
     return [r.outcome for r in server.gateway.requests if r.operation == "charge"]
 
 
+def _charge_answer_lost(
+    served: ServeFn, shop: Shop, order: str
+) -> tuple[FakeGatewayServer, CheckoutAdapter]:
+    """The order's charge made at Checkout.com, its answer lost: the delivery saw ``unknown``."""
+    server = served("checkout")
+    adapter = adapter_for(server.url)
+    shop.lose_the_answer(order, adapter.charge, charge_request(order), gateway=server.gateway)
+    return server, adapter
+
+
 def test_the_checklist_through_the_sdk_finds_what_checkout_documents(
     served: ServeFn, db_clock: VirtualClock
 ) -> None:
@@ -52,11 +66,7 @@ def test_the_checklist_through_the_sdk_finds_what_checkout_documents(
 def test_ps1_an_answer_lost_after_the_charge_is_reconciled_by_reference(
     served: ServeFn, shop: Shop
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
-    shop.lose_the_answer(
-        "order-1", adapter.charge, charge_request("order-1"), gateway=server.gateway
-    )
+    server, adapter = _charge_answer_lost(served, shop, "order-1")
     receipt = shop.reconciled("order-1", adapter.charge, charge_request("order-1"))
     assert [checkout_id(p["id"]) for p in server.gateway.payments] == [receipt["id"]]
     assert receipt["status"] == "Captured" and receipt["reference"] == "order-1"
@@ -66,11 +76,7 @@ def test_ps1_an_answer_lost_after_the_charge_is_reconciled_by_reference(
 def test_ps17_a_retry_after_the_key_expired_finds_the_payment_instead_of_paying_again(
     served: ServeFn, shop: Shop
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
-    shop.lose_the_answer(
-        "order-17", adapter.charge, charge_request("order-17"), gateway=server.gateway
-    )
+    server, adapter = _charge_answer_lost(served, shop, "order-17")
     shop.clock.advance(DAY + timedelta(minutes=1))
     server.gateway.forget_keys()  # Checkout.com's 24 h passed
     receipt = shop.reconciled("order-17", adapter.charge, charge_request("order-17"))

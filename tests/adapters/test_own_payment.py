@@ -19,77 +19,55 @@ one account) is tests/integration/test_two_deployments.py.
 
 from __future__ import annotations
 
-import importlib
 import re
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from celery_agboss.adapters.common import AnotherRequestsAnswerError
-from celery_agboss.core.keys import fit_key
-from celery_agboss.core.outbound import (
-    CallContext,
-    Completed,
-    Lookup,
-    NotSent,
-    OutboundCall,
-    Unknown,
-)
+from celery_agboss.core.outbound import Completed, NotSent, Unknown
 from celery_agboss.core.protections import ADOPTS_ANY_PAYMENT
-from celery_agboss.core.transitions import policy_of
 from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.checklist import GatewayCheckStatus, gateway_checklist
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from tests.adapters.conftest import ServeFn
-from tests.adapters.stripe_support import dialect_of as stripe_dialect
-from tests.engine.helpers import Shop, business_intent_key
-
-GATEWAYS = ["stripe", "checkout", "adyen", "paypal"]
-THEIRS, OURS = 1000, 2500
-ORDER = "order-42"
-BUSINESS_KEY = "order:42"
-RECENT = timedelta(minutes=1)
-
-
-def _support(gateway: str) -> Any:
-    return importlib.import_module(f"tests.adapters.{gateway}_support")
-
-
-def _served(served: ServeFn, gateway: str) -> tuple[FakeGatewayServer, Any]:
-    server = served(gateway)
-    if gateway == "stripe":
-        stripe_dialect(server).search_lag = 0.0  # a consistent search: the answer is what it finds
-    return server, _support(gateway).adapter_for(server.url)
+from tests.adapters.own_payment_support import (
+    BUSINESS_KEY,
+    GATEWAYS,
+    ORDER,
+    OURS,
+    THEIR_AMOUNT,
+    THEIRS,
+    key_for,
+    reconcile,
+    send,
+    served_adapter,
+    support,
+)
+from tests.engine.helpers import Shop
 
 
-def _key(shop: Shop, call: OutboundCall) -> str:
-    """The key this shop's ``outbound(call, …, business_key="order:42")`` sends."""
-    raw = business_intent_key(shop.settings, BUSINESS_KEY, call.name)
-    return fit_key(raw, call.max_key_length)
-
-
-def _the_other_shop_charges(gateway: str, adapter: Any, key: str) -> dict[str, Any]:
-    """Shop A's charge of order 42 under the shared key: its payment, made first."""
-    request = _support(gateway).charge_request(ORDER, THEIRS)
-    made: dict[str, Any] = adapter.charge.send(CallContext(key, request, 1, adapter.charge.name))
-    return made
+def _their_charge_first(
+    served: ServeFn, shop: Shop, gateway: str
+) -> tuple[FakeGatewayServer, Any, str, dict[str, Any]]:
+    """Shop A's charge of order 42 (1000) under the key shop B sends for its own order 42
+    of 2500, made first: the server, the adapter, the shared key and shop A's payment."""
+    server, adapter = served_adapter(served, gateway)
+    key = key_for(shop, adapter.charge)
+    theirs: dict[str, Any] = send(
+        adapter.charge, key, support(gateway).charge_request(ORDER, THEIRS)
+    )
+    return server, adapter, key, theirs
 
 
 def _reconcile_ours(adapter: Any, key: str, gateway: str) -> Any:
-    """What this shop's reconcile answers for its own order 42 of 2500, handed the request
-    as the store keeps it (masked by the adapter's policy)."""
-    request = _support(gateway).charge_request(ORDER, OURS)
-    stored = policy_of(adapter.charge).mask_request(request)
-    call = CallContext(key, request, 1, adapter.charge.name)
-    return adapter.charge.reconcile(call, Lookup(key, stored, 1, None, RECENT))
+    """What this shop's reconcile answers for its own order 42 of 2500."""
+    return reconcile(adapter.charge, key, support(gateway).charge_request(ORDER, OURS))
 
 
-def _resend_ours(adapter: Any, key: str, gateway: str) -> dict[str, Any]:
-    request = _support(gateway).charge_request(ORDER, OURS)
-    sent: dict[str, Any] = adapter.charge.send(CallContext(key, request, 2, adapter.charge.name))
-    return sent
+def _resend_ours(adapter: Any, key: str, gateway: str) -> Any:
+    return send(adapter.charge, key, support(gateway).charge_request(ORDER, OURS), 2)
 
 
 # --- reconcile, and the resend it allows ---------------------------------------------------
@@ -99,17 +77,15 @@ def _resend_ours(adapter: Any, key: str, gateway: str) -> dict[str, Any]:
 def test_reconcile_never_takes_another_deployments_payment_of_another_amount(
     gateway: str, served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, gateway)
-    key = _key(shop, adapter.charge)
-    _the_other_shop_charges(gateway, adapter, key)
+    server, adapter, key, _ = _their_charge_first(served, shop, gateway)
     answer = _reconcile_ours(adapter, key, gateway)
     if gateway == "adyen":  # no lookup: the resend's answer (the key's first) tells
         assert answer == NotSent()
-        with pytest.raises(AnotherRequestsAnswerError, match=f"amount {THEIRS}, not {OURS}"):
+        with pytest.raises(AnotherRequestsAnswerError, match=THEIR_AMOUNT):
             _resend_ours(adapter, key, gateway)
     else:
         assert isinstance(answer, Unknown), answer
-        assert f"amount {THEIRS}, not {OURS}" in answer.reason, answer.reason
+        assert THEIR_AMOUNT in answer.reason, answer.reason
     assert len(server.gateway.payments) == 1
 
 
@@ -117,9 +93,7 @@ def test_reconcile_never_takes_another_deployments_payment_of_another_amount(
 def test_twin_a_reconcile_that_does_not_compare_takes_the_other_shop_s_payment(
     gateway: str, served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, gateway)
-    key = _key(shop, adapter.charge)
-    theirs = _the_other_shop_charges(gateway, adapter, key)
+    server, adapter, key, theirs = _their_charge_first(served, shop, gateway)
     with sabotage(ADOPTS_ANY_PAYMENT):
         answer = _reconcile_ours(adapter, key, gateway)
         taken = _resend_ours(adapter, key, gateway) if answer == NotSent() else answer.result
@@ -142,11 +116,11 @@ def test_a_payment_of_the_same_amount_that_differs_otherwise_is_not_taken(
 ) -> None:
     """Amount alone is not the comparison: the same amount in another currency, or for
     another order, under our key is not this request's payment either."""
-    server, adapter = _served(served, gateway)
-    key = _key(shop, adapter.charge)
+    server, adapter = served_adapter(served, gateway)
+    key = key_for(shop, adapter.charge)
     change, named = MISMATCHES[differs]
-    theirs = {**_support(gateway).charge_request(ORDER, OURS), **change}
-    adapter.charge.send(CallContext(key, theirs, 1, adapter.charge.name))
+    theirs = {**support(gateway).charge_request(ORDER, OURS), **change}
+    send(adapter.charge, key, theirs)
     answer = _reconcile_ours(adapter, key, gateway)
     if answer == NotSent():
         # Nothing shown for this request (Adyen has no lookup; Checkout.com lists the
@@ -167,10 +141,10 @@ def test_a_payment_of_the_same_amount_that_differs_otherwise_is_not_taken(
 def test_twin_without_the_comparison_the_same_amount_is_taken_whatever_else_differs(
     gateway: str, differs: str, served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, gateway)
-    key = _key(shop, adapter.charge)
-    theirs = {**_support(gateway).charge_request(ORDER, OURS), **MISMATCHES[differs][0]}
-    made = adapter.charge.send(CallContext(key, theirs, 1, adapter.charge.name))
+    server, adapter = served_adapter(served, gateway)
+    key = key_for(shop, adapter.charge)
+    theirs = {**support(gateway).charge_request(ORDER, OURS), **MISMATCHES[differs][0]}
+    made = send(adapter.charge, key, theirs)
     with sabotage(ADOPTS_ANY_PAYMENT):
         answer = _reconcile_ours(adapter, key, gateway)
         taken = _resend_ours(adapter, key, gateway) if answer == NotSent() else answer.result
@@ -184,8 +158,8 @@ def test_a_listed_payment_without_our_key_is_not_taken_for_the_charge(
     """Checkout.com lists a charge's reference and keeps our key in metadata: a payment of
     the same reference, amount and currency that carries no key (a payment link, a
     manual charge) is not this call's."""
-    server, adapter = _served(served, "checkout")
-    key = _key(shop, adapter.charge)
+    server, adapter = served_adapter(served, "checkout")
+    key = key_for(shop, adapter.charge)
     server.gateway.charge(OURS, "walk-in", currency="usd", reference=ORDER, metadata={})
     answer = _reconcile_ours(adapter, key, "checkout")
     assert isinstance(answer, Unknown) and "no key of ours" in answer.reason, answer
@@ -200,7 +174,7 @@ def test_a_listed_payment_without_our_key_is_not_taken_for_the_charge(
 def _deliver_ours(shop: Shop, adapter: Any, gateway: str, deliveries: int = 3) -> Any:
     """Up to ``deliveries`` deliveries of this shop's execution of order 42 (each a
     re-run after the last one stopped): the receipt the body got, or the last error."""
-    request = _support(gateway).charge_request(ORDER, OURS)
+    request = support(gateway).charge_request(ORDER, OURS)
     last: BaseException | None = None
     for _ in range(deliveries):
         try:
@@ -219,8 +193,7 @@ def _deliver_ours(shop: Shop, adapter: Any, gateway: str, deliveries: int = 3) -
 def test_an_order_is_never_marked_paid_with_another_deployments_payment(
     gateway: str, served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, gateway)
-    _the_other_shop_charges(gateway, adapter, _key(shop, adapter.charge))
+    server, adapter, _, _ = _their_charge_first(served, shop, gateway)
     ended = _deliver_ours(shop, adapter, gateway)
     assert isinstance(ended, (OutboundCallUnreconciledError, AnotherRequestsAnswerError)), ended
     assert len(server.gateway.payments) == 1
@@ -230,8 +203,7 @@ def test_an_order_is_never_marked_paid_with_another_deployments_payment(
 def test_twin_without_the_comparison_the_order_is_marked_paid_with_their_payment(
     gateway: str, served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, gateway)
-    theirs = _the_other_shop_charges(gateway, adapter, _key(shop, adapter.charge))
+    server, adapter, _, theirs = _their_charge_first(served, shop, gateway)
     with sabotage(ADOPTS_ANY_PAYMENT):
         receipt = _deliver_ours(shop, adapter, gateway)
     assert isinstance(receipt, dict) and receipt["id"] == theirs["id"], receipt
@@ -243,13 +215,12 @@ def test_stripe_s_case_of_issue_22_waits_for_an_operator_naming_the_amount(
 ) -> None:
     """Stripe refuses the key reused with another amount (``idempotency_error``, unknown);
     reconcile finds the other shop's PaymentIntent under the key and says it is not ours."""
-    server, adapter = _served(served, "stripe")
-    _the_other_shop_charges("stripe", adapter, _key(shop, adapter.charge))
+    server, adapter, key, _ = _their_charge_first(served, shop, "stripe")
     ended = _deliver_ours(shop, adapter, "stripe")
     assert isinstance(ended, OutboundCallUnreconciledError), ended
-    record = shop.store.read_intent(_key(shop, adapter.charge))
+    record = shop.store.read_intent(key)
     assert record is not None and record.needs_operator, record
-    assert f"amount {THEIRS}, not {OURS}" in (record.operator_reason or ""), record
+    assert THEIR_AMOUNT in (record.operator_reason or ""), record
     assert len(server.gateway.payments) == 1
 
 
@@ -260,7 +231,7 @@ def test_stripe_s_case_of_issue_22_waits_for_an_operator_naming_the_amount(
 def test_the_checklist_probes_that_the_adapter_takes_only_its_own_payment(
     gateway: str, served: ServeFn
 ) -> None:
-    _, adapter = _served(served, gateway)
+    _, adapter = served_adapter(served, gateway)
     report = gateway_checklist(adapter.send, adapter.lookup, reconcile=adapter.reconcile)
     own = report.result("OWN")
     assert own.status is GatewayCheckStatus.PASSED, str(report)

@@ -16,26 +16,23 @@ from typing import Any
 import pytest
 
 from celery_agboss.adapters.common import AnotherRequestsAnswerError
-from celery_agboss.core.outbound import CallContext, Completed, OutboundCall, Unknown
+from celery_agboss.core.outbound import Completed, Unknown
 from celery_agboss.core.protections import ADOPTS_ANY_PAYMENT
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from tests.adapters.conftest import ServeFn
-from tests.adapters.test_own_payment_actions import (
+from tests.adapters.own_payment_support import (
     OURS,
     THEIR_AMOUNT,
     THEIRS,
-    _action,
-    _action_id,
-    _held,
-    _key,
-    _moved,
-    _payment,
-    _reconcile,
-    _send,
-    _served,
-    _support,
-    _the_other_shop_acts,
+    action_id,
+    action_request,
+    key_for,
+    make_payment,
+    reconcile,
+    send,
+    served_adapter,
+    their_action_first,
 )
 from tests.engine.helpers import Shop
 
@@ -55,30 +52,22 @@ def test_a_partial_action_under_our_key_is_not_taken_for_our_all_of_it(
 ) -> None:
     """Their 1000 of the 2500 payment, under our key: our "capture all" / "refund all"
     would have taken 2500, so reconcile names the amount and leaves it to an operator."""
-    server, adapter = _served(served, gateway)
-    call = getattr(adapter, kind)
-    payment_id, _ = _the_other_shop_acts(gateway, kind, adapter, _key(shop, call))
-    held = _held(server, kind)
-    answer = _reconcile(call, _key(shop, call), _action(gateway, payment_id, None))
+    theirs = their_action_first(served, shop, gateway, kind)
+    answer = reconcile(theirs.call, theirs.key, theirs.ours(None))
     assert isinstance(answer, Unknown), answer
-    assert f"amount {THEIRS}, not {OURS}" in answer.reason, answer.reason
-    assert _held(server, kind) == held
+    assert THEIR_AMOUNT in answer.reason, answer.reason
+    assert theirs.nothing_more_moved()
 
 
 @pytest.mark.parametrize(("gateway", "kind"), WHOLE)
 def test_twin_without_the_comparison_their_part_is_taken_for_our_all_of_it(
     gateway: str, kind: str, served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, gateway)
-    call = getattr(adapter, kind)
-    payment_id, theirs = _the_other_shop_acts(gateway, kind, adapter, _key(shop, call))
-    held = _held(server, kind)
+    theirs = their_action_first(served, shop, gateway, kind)
     with sabotage(ADOPTS_ANY_PAYMENT):
-        answer = _reconcile(call, _key(shop, call), _action(gateway, payment_id, None))
+        answer = reconcile(theirs.call, theirs.key, theirs.ours(None))
     assert isinstance(answer, Completed), answer
-    assert _action_id(gateway, answer.result) == _action_id(gateway, theirs)
-    assert _moved(gateway, kind, answer.result) == THEIRS  # "all of it" done with their part
-    assert _held(server, kind) == held
+    theirs.assert_taken_for_ours(answer.result)  # "all of it" done with their part
 
 
 @pytest.mark.parametrize("gateway", ["stripe", "checkout"])
@@ -88,32 +77,21 @@ def test_our_own_refund_of_all_that_was_left_is_taken(
     """The comparison does not refuse our own: 1000 refunded first under another key, then
     our "refund all" of the 1500 left; reconcile takes it (or, when Stripe's seconds cannot
     order the two, says the amount could not be checked, never takes another's)."""
-    _, adapter = _served(served, gateway)
-    payment_id = _payment(gateway, adapter, captured=True)
-    _send(adapter.refund, "someone-else", _action(gateway, payment_id, THEIRS))
-    key, request = _key(shop, adapter.refund), _action(gateway, payment_id, None)
-    ours = _send(adapter.refund, key, request)
-    answer = _reconcile(adapter.refund, key, request)
+    _, adapter = served_adapter(served, gateway)
+    payment_id = make_payment(gateway, adapter, captured=True)
+    send(adapter.refund, "someone-else", action_request(gateway, payment_id, THEIRS))
+    key, request = key_for(shop, adapter.refund), action_request(gateway, payment_id, None)
+    ours = send(adapter.refund, key, request)
+    answer = reconcile(adapter.refund, key, request)
     if isinstance(answer, Unknown):
         assert gateway == "stripe" and "could not be checked" in answer.reason, answer.reason
     else:
         assert isinstance(answer, Completed), answer
-        assert _action_id(gateway, answer.result) == _action_id(gateway, ours)
+        assert action_id(gateway, answer.result) == action_id(gateway, ours)
         assert answer.result["amount"] == OURS - THEIRS
 
 
 # --- a replayed answer: another amount, another payment, another kind -------------------------
-
-
-def _another_payment(gateway: str, adapter: Any, *, captured: bool) -> str:
-    """Order 43's payment of 2500 (same amount and currency as order 42's): its id."""
-    call = adapter.charge if captured else adapter.authorize
-    made = _send(call, f"setup-43-{call.name}", _support(gateway).charge_request("order-43", OURS))
-    return str(made["id"])
-
-
-def _resend(call: OutboundCall, key: str, request: Any) -> Any:
-    return call.send(CallContext(key, request, 2, call.name))
 
 
 REPLAYED_AMOUNT = [
@@ -130,28 +108,20 @@ def test_a_replayed_action_of_another_amount_is_refused(
 ) -> None:
     """Our resend of 2500 under the key their 1000 was made with: the gateway answers
     theirs again, which the send refuses (definite: nothing was done for ours)."""
-    server, adapter = _served(served, gateway)
-    call = getattr(adapter, kind)
-    payment_id, _ = _the_other_shop_acts(gateway, kind, adapter, _key(shop, call))
-    held = _held(server, kind)
+    theirs = their_action_first(served, shop, gateway, kind)
     with pytest.raises(AnotherRequestsAnswerError, match=THEIR_AMOUNT):
-        _resend(call, _key(shop, call), _action(gateway, payment_id, OURS))
-    assert _held(server, kind) == held
+        send(theirs.call, theirs.key, theirs.ours(), 2)
+    assert theirs.nothing_more_moved()
 
 
 @pytest.mark.parametrize(("gateway", "kind"), REPLAYED_AMOUNT)
 def test_twin_without_the_comparison_a_replayed_action_of_another_amount_is_taken(
     gateway: str, kind: str, served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, gateway)
-    call = getattr(adapter, kind)
-    payment_id, theirs = _the_other_shop_acts(gateway, kind, adapter, _key(shop, call))
-    held = _held(server, kind)
+    theirs = their_action_first(served, shop, gateway, kind)
     with sabotage(ADOPTS_ANY_PAYMENT):
-        taken = _resend(call, _key(shop, call), _action(gateway, payment_id, OURS))
-    assert _action_id(gateway, taken) == _action_id(gateway, theirs)
-    assert _moved(gateway, kind, taken) == THEIRS
-    assert _held(server, kind) == held  # our 2500 never moved
+        taken = send(theirs.call, theirs.key, theirs.ours(), 2)
+    theirs.assert_taken_for_ours(taken)  # our 2500 never moved
 
 
 OTHER_PAYMENT = [
@@ -173,10 +143,12 @@ def _the_other_shop_acts_on_its_payment(
     """Shop A's capture, refund or void of order 43's payment (2500, all of it), under the
     key shop B sends for the same action on order 42's: our payment, theirs, their result."""
     captured = kind == "refund"
-    theirs = _another_payment(gateway, adapter, captured=captured)
-    ours = _payment(gateway, adapter, captured=captured)
+    theirs = make_payment(gateway, adapter, captured=captured, order="order-43")
+    ours = make_payment(gateway, adapter, captured=captured)
     amount = None if kind == "void" else OURS
-    result: dict[str, Any] = _send(getattr(adapter, kind), key, _action(gateway, theirs, amount))
+    result: dict[str, Any] = send(
+        getattr(adapter, kind), key, action_request(gateway, theirs, amount)
+    )
     return ours, theirs, result
 
 
@@ -205,13 +177,13 @@ def test_a_replayed_action_on_another_payment_is_refused(
 ) -> None:
     """Same kind, same amount, another payment (order 43's) under our key: the answer
     names that payment, so our send refuses it and our payment stays as it was."""
-    server, adapter = _served(served, gateway)
+    server, adapter = served_adapter(served, gateway)
     call = getattr(adapter, kind)
-    key = _key(shop, call)
+    key = key_for(shop, call)
     ours, theirs, _ = _the_other_shop_acts_on_its_payment(gateway, kind, adapter, key)
     amount = None if kind == "void" else OURS
     with pytest.raises(AnotherRequestsAnswerError, match="payment") as refused:
-        _resend(call, key, _action(gateway, ours, amount))
+        send(call, key, action_request(gateway, ours, amount), 2)
     assert any(repr(ours) in d for d in refused.value.differences), refused.value.differences
     assert _acted_on(server, kind, theirs)
     assert not _acted_on(server, kind, ours)
@@ -221,13 +193,13 @@ def test_a_replayed_action_on_another_payment_is_refused(
 def test_twin_without_the_comparison_another_payment_s_action_is_taken_for_ours(
     gateway: str, kind: str, served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, gateway)
+    server, adapter = served_adapter(served, gateway)
     call = getattr(adapter, kind)
-    key = _key(shop, call)
+    key = key_for(shop, call)
     ours, theirs, made = _the_other_shop_acts_on_its_payment(gateway, kind, adapter, key)
     amount = None if kind == "void" else OURS
     with sabotage(ADOPTS_ANY_PAYMENT):
-        taken = _resend(call, key, _action(gateway, ours, amount))
+        taken = send(call, key, action_request(gateway, ours, amount), 2)
     assert _which(gateway, kind, taken) == _which(gateway, kind, made)  # "done", with 43's ...
     assert _acted_on(server, kind, theirs)
     assert not _acted_on(server, kind, ours)  # ... and order 42's never touched
@@ -236,23 +208,23 @@ def test_twin_without_the_comparison_another_payment_s_action_is_taken_for_ours(
 def test_a_replayed_checkout_action_of_another_kind_is_refused(served: ServeFn, shop: Shop) -> None:
     """Their capture of order 42's payment under the key of our refund of it: Checkout.com
     answers the capture again, which is not a refund."""
-    server, adapter = _served(served, "checkout")
-    payment_id = _payment("checkout", adapter, captured=False)
-    key = _key(shop, adapter.refund)
-    _send(adapter.capture, key, _action("checkout", payment_id, OURS))
+    server, adapter = served_adapter(served, "checkout")
+    payment_id = make_payment("checkout", adapter, captured=False)
+    key = key_for(shop, adapter.refund)
+    send(adapter.capture, key, action_request("checkout", payment_id, OURS))
     with pytest.raises(AnotherRequestsAnswerError, match="'Capture' action, not a 'Refund'"):
-        _resend(adapter.refund, key, _action("checkout", payment_id, OURS))
+        send(adapter.refund, key, action_request("checkout", payment_id, OURS), 2)
     assert server.gateway.refunds == []
 
 
 def test_twin_without_the_comparison_their_capture_is_taken_for_our_refund(
     served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter = _served(served, "checkout")
-    payment_id = _payment("checkout", adapter, captured=False)
-    key = _key(shop, adapter.refund)
-    _send(adapter.capture, key, _action("checkout", payment_id, OURS))
+    server, adapter = served_adapter(served, "checkout")
+    payment_id = make_payment("checkout", adapter, captured=False)
+    key = key_for(shop, adapter.refund)
+    send(adapter.capture, key, action_request("checkout", payment_id, OURS))
     with sabotage(ADOPTS_ANY_PAYMENT):
-        taken = _resend(adapter.refund, key, _action("checkout", payment_id, OURS))
+        taken = send(adapter.refund, key, action_request("checkout", payment_id, OURS), 2)
     assert taken["type"] == "Capture"  # a "refund" that refunded nothing
     assert server.gateway.refunds == []

@@ -71,11 +71,15 @@ def test_g4_a_repeat_answers_the_current_status_not_the_first_response(
     assert len(server.gateway.payments) == 1
 
 
-def _lose_the_charge_answer(shop: Shop, adapter: PayPalAdapter, server: FakeGatewayServer) -> None:
+def _lose_the_charge_answer(served: ServeFn, shop: Shop) -> tuple[FakeGatewayServer, PayPalAdapter]:
+    """Order 1's charge captured at PayPal, its answer lost: the delivery saw ``unknown``."""
+    server = served("paypal")
+    adapter = adapter_for(server.url)
     shop.lose_the_answer(
         "task-1", adapter.charge, charge_request("order-1"), gateway=server.gateway
     )
     assert len(server.gateway.payments) == 1, "the capture was processed; its answer lost"
+    return server, adapter
 
 
 def _processed_charges(server: FakeGatewayServer) -> list[Any]:
@@ -89,9 +93,7 @@ def _processed_charges(server: FakeGatewayServer) -> list[Any]:
 def test_ps1_a_lost_charge_answer_is_reconciled_by_the_order_s_get(
     served: ServeFn, shop: Shop
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
-    _lose_the_charge_answer(shop, adapter, server)
+    server, adapter = _lose_the_charge_answer(served, shop)
     receipt = shop.reconciled("task-1", adapter.charge, charge_request("order-1"))
     assert [p["id"] for p in server.gateway.payments] == [receipt["id"]]
     assert len(_processed_charges(server)) == 1
@@ -143,9 +145,7 @@ def _past_paypal_s_order_retention(shop: Shop, server: FakeGatewayServer) -> Non
 def test_ps17_past_six_hours_a_lost_answer_is_not_charged_again(
     served: ServeFn, shop: Shop
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
-    _lose_the_charge_answer(shop, adapter, server)
+    server, adapter = _lose_the_charge_answer(served, shop)
     _past_paypal_s_order_retention(shop, server)
     with shop.start("task-1") as second, pytest.raises(OutboundCallUnreconciledError):
         second.outbound(adapter.charge, charge_request("order-1"))
