@@ -7,8 +7,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, func, not_, or_, select, update
 from sqlalchemy.engine import Connection, Row
-from sqlalchemy.sql.dml import Update
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
 from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_states import Verdict, cancel_verdict
@@ -176,6 +175,62 @@ def _read_statement(conn: Connection, offset_ms: int, lock: bool) -> Any:
     return statement
 
 
+def _shape_of(values: dict[str, Any], now: Any) -> tuple[tuple[str, str], ...] | None:
+    """Each value's name and kind (``"now"`` or ``"bind"``), or None when one is a column
+    expression that a cached statement cannot take as a parameter."""
+    shape = []
+    for name in sorted(values):
+        value = values[name]
+        if value is now:
+            shape.append((name, "now"))
+        elif isinstance(value, ClauseElement):
+            return None
+        else:
+            shape.append((name, "bind"))
+    return tuple(shape)
+
+
+def _build_set_and_read(
+    conn: Connection,
+    offset_ms: int,
+    unless_terminal: bool,
+    completes_records: bool,
+    values: dict[str, Any],
+) -> Any:
+    """``ExecutionRows._set_and_read``'s ``UPDATE … RETURNING`` of the execution ``e_id``."""
+    now = now_expr(conn, offset_ms)
+    execution_id = bindparam("e_id", type_=_e.id.type)
+    where = [_e.id == execution_id]
+    if unless_terminal:
+        where.append(_e.state.not_in(TERMINAL_VALUES))
+    statement = (
+        update(executions)
+        .where(*where)
+        .values(**values)
+        .returning(*executions.c, now.label("read_at_ms"))
+    )
+    if completes_records and is_postgresql(conn):
+        along = completed_on_records_statement(conn, execution_id, offset_ms=offset_ms)
+        statement = statement.add_cte(along.cte("agboss_along"))
+    return statement
+
+
+@built_once
+def _set_and_read_statement(
+    conn: Connection,
+    offset_ms: int,
+    unless_terminal: bool,
+    completes_records: bool,
+    shape: tuple[tuple[str, str], ...],
+) -> Any:
+    now = now_expr(conn, offset_ms)
+    values = {
+        name: now if kind == "now" else bindparam(f"v_{name}", type_=_e[name].type)
+        for name, kind in shape
+    }
+    return _build_set_and_read(conn, offset_ms, unless_terminal, completes_records, values)
+
+
 @built_once
 def _read_with_pending_statement(conn: Connection, offset_ms: int) -> Any:
     return select(
@@ -260,27 +315,30 @@ class ExecutionRows:
         execution_id: str,
         *,
         unless_terminal: bool = False,
-        along: Update | None = None,
+        completes_records: bool = False,
         **values: Any,
     ) -> ExecutionRecord:
         """``_set`` (``_set_unless_terminal`` with ``unless_terminal``), and the row as it
         then is, from the same statement (``RETURNING``): a state change and its record in
         one round trip, not an update and a read. A terminal row left alone is read.
-        ``along``, another table's ``UPDATE``, is sent in the same statement (PostgreSQL
-        only: a data-modifying CTE, run whether or not the execution's row changed)."""
-        values.setdefault("updated_at_ms", tx.now_expr())
-        where = [_e.id == execution_id]
-        if unless_terminal:
-            where.append(_e.state.not_in(TERMINAL_VALUES))
-        statement = (
-            update(executions)
-            .where(*where)
-            .values(**values)
-            .returning(*executions.c, tx.now_expr().label("read_at_ms"))
-        )
-        if along is not None:
-            statement = statement.add_cte(along.cte("agboss_along"))
-        row = tx.execute(statement).first()
+        ``completes_records``: the execution completed, and on PostgreSQL the same
+        statement marks the records it relies on (``completed_on_records``) in a
+        data-modifying CTE; the caller marks them itself on SQLite.
+
+        Values that are plain Python values or the database clock give a statement built
+        once for their names; others (column expressions) build one for this call."""
+        now = tx.now_expr()
+        values.setdefault("updated_at_ms", now)
+        shape = _shape_of(values, now)
+        key = (tx.offset_ms, unless_terminal, completes_records)
+        if shape is None:
+            statement = _build_set_and_read(tx.connection, *key, values)
+            params = {"e_id": execution_id}
+        else:
+            statement = _set_and_read_statement(tx.connection, *key, shape)
+            params = {f"v_{name}": values[name] for name, kind in shape if kind == "bind"}
+            params["e_id"] = execution_id
+        row = tx.execute(statement, params).first()
         return self._require(tx, execution_id) if row is None else record_of(row)
 
     def _set_unless_terminal(self, tx: SQLTransaction, execution_id: str, **values: Any) -> int:
@@ -335,11 +393,6 @@ class ExecutionRows:
         # A completed execution's records are kept for it: on PostgreSQL in the same
         # statement as its verdict.
         completed = state is ExecutionState.COMPLETED
-        along = (
-            completed_on_records_statement(tx.connection, execution_id, offset_ms=tx.offset_ms)
-            if completed and is_postgresql(tx.connection)
-            else None
-        )
         record = self._set_and_read(
             tx,
             execution_id,
@@ -347,10 +400,10 @@ class ExecutionRows:
             terminal_at_ms=tx.now_expr(),
             not_before_ms=None,
             wake_requested=False,
-            along=along,
+            completes_records=completed,
             **values,
         )
-        if completed and along is None:
+        if completed and not is_postgresql(tx.connection):
             tx.completed_on_records(execution_id)
         return record
 

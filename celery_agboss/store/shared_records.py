@@ -278,7 +278,7 @@ def completed_on_records_txn(conn: Connection, execution_id: str, *, offset_ms: 
 
 
 def completed_on_records_statement(
-    conn: Connection, execution_id: str, *, offset_ms: int = 0
+    conn: Connection, execution_id: Any, *, offset_ms: int = 0
 ) -> Update:
     """``completed_on_records_txn``'s ``UPDATE``, for a caller that sends it with another
     (as a data-modifying CTE on PostgreSQL: one round trip)."""
