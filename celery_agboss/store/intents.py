@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, exists, not_, select, true, update
+from sqlalchemy import BigInteger, and_, bindparam, delete, exists, not_, select, true, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -144,35 +144,60 @@ def _insert_statement(conn: Connection, offset_ms: int, columns: tuple[str, ...]
     )
 
 
-def guard_predicate(guard: IntentGuard, now: ColumnElement[int]) -> list[ColumnElement[bool]]:
-    """The WHERE clause of one compare-and-set, as a list of conjuncts."""
-    clauses: list[ColumnElement[bool]] = [
-        _i.status == guard.status.value,
-        _i.attempt == guard.attempt,
-    ]
-    if guard.any_owner:
-        pass
-    elif guard.owner is None:
-        clauses += [_i.owner_scope.is_(None), _i.owner_holder.is_(None), _i.owner_token.is_(None)]
-    else:
-        clauses += [
-            _i.owner_scope == guard.owner.scope,
-            _i.owner_holder == guard.owner.holder,
-            _i.owner_token == guard.owner.token,
-        ]
+Part = tuple[str, str]
+"""One piece of a compare-and-set: its parameter's name and what it does, ``op:column``."""
+
+
+def _cas_parts(
+    guard: IntentGuard, update_: IntentUpdate
+) -> tuple[tuple[Part, ...], dict[str, Any]]:
+    """A compare-and-set as its shape (which conjuncts and which columns to set, the
+    key of its statement, built once) and its parameters. ``_cas_statement`` reads the
+    shape: ``eq``/``null`` conjuncts, ``owner_not_live``, ``max_key_age``; ``set``,
+    ``set_now``, ``set_now_plus`` and ``add_one`` values."""
+    parts: list[Part] = []
+    params: dict[str, Any] = {}
+
+    def part(name: str, op: str, value: Any = None) -> None:
+        parts.append((name, op))
+        params[name] = value
+
+    part("g_status", "eq:status", guard.status.value)
+    part("g_attempt", "eq:attempt", guard.attempt)
+    if not guard.any_owner:
+        owner = guard.owner
+        for column in ("owner_scope", "owner_holder", "owner_token"):
+            if owner is None:
+                parts.append((f"g_{column}", f"null:{column}"))
+            else:
+                part(f"g_{column}", f"eq:{column}", getattr(owner, column.removeprefix("owner_")))
     if guard.owner_not_live:
-        clauses.append(not_(owner_live_expr(now)))
+        parts.append(("g_owner_not_live", "owner_not_live:"))
     if guard.max_key_age_ms is not None:
-        clauses.append(_i.first_attempt_at_ms.is_not(None))
-        clauses.append(now - _i.first_attempt_at_ms < guard.max_key_age_ms)
+        part("g_max_key_age", "max_key_age:", guard.max_key_age_ms)
     if guard.sent_by is not None:
-        clauses.append(_i.sent_by == guard.sent_by)
+        part("g_sent_by", "eq:sent_by", guard.sent_by)
     if guard.failure_shared is not None:
-        clauses.append(_i.failure_shared == guard.failure_shared)
+        part("g_failure_shared", "eq:failure_shared", guard.failure_shared)
     if guard.retry_for is not UNSET:
-        retry_for = guard.retry_for
-        clauses.append(_i.retry_for.is_(None) if retry_for is None else _i.retry_for == retry_for)
-    return clauses
+        if guard.retry_for is None:
+            parts.append(("g_retry_for", "null:retry_for"))
+        else:
+            part("g_retry_for", "eq:retry_for", guard.retry_for)
+
+    for name, value in _set_values(update_).items():
+        part(f"v_{name}", f"set:{name}", value)
+    if update_.start_attempt:
+        parts.append(("v_attempt_started_at_ms", "set_now:attempt_started_at_ms"))
+    if update_.complete:
+        parts.append(("v_completed_at_ms", "set_now:completed_at_ms"))
+    if update_.clear_next_lookup:
+        part("v_next_lookup_at_ms", "set:next_lookup_at_ms", None)
+    elif update_.next_lookup_delay_ms is not None:
+        part("v_next_lookup_at_ms", "set_now_plus:next_lookup_at_ms", update_.next_lookup_delay_ms)
+    if update_.rely:
+        parts.append(("v_reliance", "add_one:reliance"))
+    return tuple(parts), params
 
 
 # Fields of ``IntentUpdate`` written as they are to the column of the same name: those
@@ -188,7 +213,8 @@ _AS_IS_UNLESS_NONE = (
 _AS_IS_UNLESS_UNSET = ("gateway_transaction_id", "operator_reason", "retry_for", "sent_by")
 
 
-def _values(update_: IntentUpdate, now: ColumnElement[int]) -> dict[str, Any]:
+def _set_values(update_: IntentUpdate) -> dict[str, Any]:
+    """The columns ``update_`` sets to a value of its own (not to the clock)."""
     values: dict[str, Any] = {}
     for name in _AS_IS_UNLESS_NONE:
         if getattr(update_, name) is not None:
@@ -203,23 +229,47 @@ def _values(update_: IntentUpdate, now: ColumnElement[int]) -> dict[str, Any]:
         values["owner_scope"] = None if owner is None else owner.scope
         values["owner_holder"] = None if owner is None else owner.holder
         values["owner_token"] = None if owner is None else owner.token
-    if update_.start_attempt:
-        values["attempt_started_at_ms"] = now
-    if update_.complete:
-        values["completed_at_ms"] = now
     if update_.result is not UNSET:
         values["result"] = dumps(update_.result)
     if update_.request is not UNSET:
         values["request"] = dumps(update_.request)
-    if update_.next_lookup_delay_ms is not None:
-        values["next_lookup_at_ms"] = now + update_.next_lookup_delay_ms
-    if update_.clear_next_lookup:
-        values["next_lookup_at_ms"] = None
     if update_.failure is not UNSET:
         values["failure"] = None if update_.failure is None else dumps(update_.failure)
-    if update_.rely:
-        values["reliance"] = _i.reliance + 1
     return values
+
+
+@built_once
+def _cas_statement(conn: Connection, offset_ms: int, parts: tuple[Part, ...]) -> Any:
+    """The ``UPDATE … WHERE <guard>`` of one shape (``_cas_parts``)."""
+    now = clock(conn, offset_ms).c.now
+    where: list[ColumnElement[bool]] = [_i.idempotency_key == bindparam("g_key")]
+    values: dict[str, Any] = {}
+    for name, kind in parts:
+        op, _, column = kind.partition(":")
+        param = bindparam(name, type_=_i[column].type) if column else bindparam(name)
+        if op == "eq":
+            where.append(_i[column] == param)
+        elif op == "null":
+            where.append(_i[column].is_(None))
+        elif op == "owner_not_live":
+            where.append(not_(owner_live_expr(now)))
+        elif op == "max_key_age":
+            where.append(_i.first_attempt_at_ms.is_not(None))
+            where.append(now - _i.first_attempt_at_ms < bindparam(name, type_=BigInteger))
+        elif op == "set":
+            values[column] = param
+        elif op == "set_now":
+            values[column] = now
+        elif op == "set_now_plus":
+            values[column] = now + bindparam(name, type_=BigInteger)
+        elif op == "add_one":
+            values[column] = _i[column] + 1
+        else:  # pragma: no cover - _cas_parts makes no other
+            raise ValueError(f"unknown compare-and-set part {kind!r}")
+    if not values:
+        # Nothing to set: still a compare, so it must not claim a row it did not check.
+        values = {"idempotency_key": _i.idempotency_key}
+    return update(outbound_calls).where(*where).values(**values)
 
 
 def update_txn(
@@ -242,16 +292,9 @@ def update_txn(
         and owner_locked_or_live_txn(conn, guard.owner, offset_ms=offset_ms)
     ):
         return False
-    now = clock(conn, offset_ms).c.now
-    values = _values(update_, now)
-    if not values:
-        # Nothing to set: still a compare, so it must not claim a row it did not check.
-        values = {"idempotency_key": _i.idempotency_key}
-    result = conn.execute(
-        update(outbound_calls)
-        .where(_i.idempotency_key == key, *guard_predicate(guard, now))
-        .values(**values)
-    )
+    parts, params = _cas_parts(guard, update_)
+    params["g_key"] = key
+    result = conn.execute(_cas_statement(conn, offset_ms, parts), params)
     return result.rowcount == 1
 
 
@@ -353,7 +396,6 @@ _APPEND_HISTORY = intent_history.insert()
 __all__ = [
     "append_history_txn",
     "delete_settled_by_keys_txn",
-    "guard_predicate",
     "insert_txn",
     "last_history_txn",
     "list_for_execution_txn",
