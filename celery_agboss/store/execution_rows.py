@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, func, not_, or_, select, update
+from sqlalchemy import and_, bindparam, case, exists, func, not_, or_, select, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
@@ -175,14 +177,32 @@ def _read_statement(conn: Connection, offset_ms: int, lock: bool) -> Any:
     return statement
 
 
+@dataclass(frozen=True)
+class Computed:
+    """A value the database computes from the row and its clock, named so that a state
+    change using it is still built once (``_COMPUTED``)."""
+
+    name: str
+
+
+_COMPUTED: dict[str, Callable[[ColumnElement[int]], ColumnElement[Any]]] = {
+    # The first start's time, kept by every later delivery.
+    "first_start": lambda now: case((_e.started_at_ms.is_(None), now), else_=_e.started_at_ms),
+    "one_more_delivery": lambda now: _e.deliveries + 1,
+    "one_more_recovery": lambda now: _e.recovery_count + 1,
+}
+
+
 def _shape_of(values: dict[str, Any], now: Any) -> tuple[tuple[str, str], ...] | None:
-    """Each value's name and kind (``"now"`` or ``"bind"``), or None when one is a column
-    expression that a cached statement cannot take as a parameter."""
+    """Each value's name and kind (``"now"``, ``"bind"`` or a ``Computed`` name), or None
+    when one is a column expression that a cached statement cannot take as a parameter."""
     shape = []
     for name in sorted(values):
         value = values[name]
         if value is now:
             shape.append((name, "now"))
+        elif isinstance(value, Computed):
+            shape.append((name, f"computed:{value.name}"))
         elif isinstance(value, ClauseElement):
             return None
         else:
@@ -224,10 +244,14 @@ def _set_and_read_statement(
     shape: tuple[tuple[str, str], ...],
 ) -> Any:
     now = now_expr(conn, offset_ms)
-    values = {
-        name: now if kind == "now" else bindparam(f"v_{name}", type_=_e[name].type)
-        for name, kind in shape
-    }
+    values: dict[str, Any] = {}
+    for name, kind in shape:
+        if kind == "now":
+            values[name] = now
+        elif kind.startswith("computed:"):
+            values[name] = _COMPUTED[kind.removeprefix("computed:")](now)
+        else:
+            values[name] = bindparam(f"v_{name}", type_=_e[name].type)
     return _build_set_and_read(conn, offset_ms, unless_terminal, completes_records, values)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import bindparam, case, insert, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.engine import Connection
 
 from celery_agboss.core.execution_states import (
@@ -45,6 +45,7 @@ from celery_agboss.core.shared_records import diverged
 from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef
 from celery_agboss.store.execution_admin_verbs import ExecutionAdminVerbs
 from celery_agboss.store.execution_rows import (
+    Computed,
     message_values,
     newer_or_same,
     refuse_another_task,
@@ -122,18 +123,20 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             if grant is None:  # pragma: no cover - the row lock makes this unreachable
                 self._set(tx, execution_id, wake_requested=True)
                 return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
-            now = tx.now_expr()
+            recovered: dict[str, Any] = (
+                {"recovery_count": Computed("one_more_recovery")} if took_over else {}
+            )
             started = self._set_and_read(
                 tx,
                 execution_id,
                 state=delivery_state(record).value,
-                started_at_ms=case((_e.started_at_ms.is_(None), now), else_=_e.started_at_ms),
+                started_at_ms=Computed("first_start"),
                 not_before_ms=None,
                 wake_requested=False,
                 redrive_planned=False,
                 reason=None,
-                deliveries=_e.deliveries + 1,
-                recovery_count=_e.recovery_count + (1 if took_over else 0),
+                deliveries=Computed("one_more_delivery"),
+                **recovered,
                 **(message_values(message) if newer_or_same(message, record) else {}),
             )
             return DeliveryStart(
