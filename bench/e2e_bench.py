@@ -18,7 +18,6 @@ Every worker and gateway is stopped, group and all, whatever happened.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -36,11 +35,10 @@ from bench.e2e_rounds import RoundTiming, run_round
 from bench.gateway_client import payments_over_http
 from bench.gateway_http import LISTENING
 from bench.pg_counters import TableFootprint, TransactionCounters, store_footprint
-from bench.processes import PeakMemory, WorkerProcess, WorkerTimeout
+from bench.processes import REPO_ROOT, PeakMemory, WorkerProcess, WorkerTimeout
 from bench.transaction_kinds import TransactionCounter, difference, read_counts
 from bench.worker_app import AGBOSS_TASK, CONFIG_ENV, PLAIN_TASK, make_app
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER_READY_SECONDS = 60.0
 CONCURRENCY = 2
 WARMUP_TASKS = 4 * CONCURRENCY
@@ -321,17 +319,13 @@ def _close_agboss(app: Celery) -> None:
 @contextmanager
 def _worker(world: E2EWorld, config: dict[str, Any]) -> Iterator[WorkerProcess]:
     """A prefork ``-c 2`` worker on the config's queue; waited for by the caller."""
-    argv = [
-        sys.executable, "-m", "celery", "-A", "bench.worker_app:app", "worker",
-        "-P", "prefork", "-c", str(CONCURRENCY),
-        "--without-heartbeat", "--without-gossip", "--without-mingle",
-        "-Q", config["queue"], "-n", f"{config['queue']}@%h", "-l", "info",
-    ]  # fmt: skip
-    worker = WorkerProcess(
-        argv,
+    worker = WorkerProcess.celery_worker(
+        "bench.worker_app:app",
+        CONFIG_ENV,
+        config,
+        pool="prefork",
+        concurrency=CONCURRENCY,
         log_path=world.folder / f"worker-{config['queue']}.log",
-        env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)},
-        cwd=REPO_ROOT,
     )
     try:
         yield worker

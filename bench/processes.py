@@ -8,15 +8,19 @@ Every wait has a deadline; ``close()`` is safe to call twice and after a failure
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STOP_GRACE_SECONDS = 10.0
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class WorkerTimeout(RuntimeError):
@@ -109,6 +113,29 @@ class WorkerProcess:
             )
         self.pid = self._popen.pid
         self.pgid = self.pid
+
+    @classmethod
+    def celery_worker(
+        cls,
+        app: str,
+        config_env: str,
+        config: Mapping[str, Any],
+        *,
+        pool: str,
+        concurrency: int,
+        log_path: Path,
+    ) -> WorkerProcess:
+        """``celery worker -A app`` from the repository root on the queue ``config`` names,
+        which it reads (JSON) from ``config_env``: how every bench starts its worker."""
+        queue = str(config["queue"])
+        argv = [
+            sys.executable, "-m", "celery", "-A", app, "worker",
+            "-P", pool, "-c", str(concurrency),
+            "--without-heartbeat", "--without-gossip", "--without-mingle",
+            "-Q", queue, "-n", f"{queue}@%h", "-l", "info",
+        ]  # fmt: skip
+        env = {config_env: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)}
+        return cls(argv, log_path=log_path, env=env, cwd=REPO_ROOT)
 
     def output(self) -> str:
         try:

@@ -28,7 +28,6 @@ from bench.renewal_worker import CONFIG_ENV, TASK_NAME, make_app
 from bench.stats import fmt, table
 
 Progress = Callable[[str], None]
-REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER_READY_SECONDS = 60.0
 CONCURRENCY = 50
 
@@ -175,17 +174,13 @@ def _measure(
     from celery_agboss import AGBoss
     from celery_agboss.signals import disconnect
 
-    argv = [
-        sys.executable, "-m", "celery", "-A", "bench.renewal_worker:app", "worker",
-        "-P", "threads", "-c", str(CONCURRENCY),
-        "--without-heartbeat", "--without-gossip", "--without-mingle",
-        "-Q", config["queue"], "-n", f"{config['queue']}@%h", "-l", "info",
-    ]  # fmt: skip
-    worker = WorkerProcess(
-        argv,
+    worker = WorkerProcess.celery_worker(
+        "bench.renewal_worker:app",
+        CONFIG_ENV,
+        config,
+        pool="threads",
+        concurrency=CONCURRENCY,
         log_path=folder / "renewal-worker.log",
-        env={CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO_ROOT)},
-        cwd=REPO_ROOT,
     )
     app = make_app(config)
     try:

@@ -221,8 +221,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         tasks ``fn`` wrote with ``celery_agboss.outbox.enqueue`` are published once that
         transaction committed, never before."""
         ctx = self._context()
-        if isinstance(ctx, compensation.UndoContext):  # the outbox keys what fn enqueues by it
-            business_key = ctx.business_key_for(business_key)
+        business_key = ctx.business_key_for(business_key)  # the outbox keys fn's enqueues by it
         return outbox.run_fenced_effect(
             self.app, ctx, name, fn, business_key=business_key, request=request
         )
@@ -261,19 +260,13 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         its ``expires`` (design: expires bounds the start); pass one to bound the retry."""
         if not sabotage.active(RETRY_KEEPS_EXPIRES):
             options.setdefault("expires", None)
+        given: dict[str, Any] = dict(
+            args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown, **options
+        )
         request = self.request
         ctx = execution_context_of(request)
         if not isinstance(ctx, ExecutionContext) or getattr(request, "is_eager", False):
-            return super().retry(
-                args=args,
-                kwargs=kwargs,
-                exc=exc,
-                throw=throw,
-                eta=eta,
-                countdown=countdown,
-                max_retries=max_retries,
-                **options,
-            )
+            return super().retry(max_retries=max_retries, **given)
         limit = self.max_retries if max_retries is None else max_retries
         counted = (
             int(request.retries or 0)
@@ -293,16 +286,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
             delay = float(self.default_retry_delay or 0)
         if delay > Runtime.of(self.app).settings.max_broker_countdown_seconds:
             raise LongWaitRequested(delay, args, kwargs)
-        return self._retry_checked(
-            delay,
-            args=args,
-            kwargs=kwargs,
-            exc=exc,
-            throw=throw,
-            eta=eta,
-            countdown=countdown,
-            **options,
-        )
+        return self._retry_checked(delay, **given)
 
     def _retry_checked(self, delay: float, **options: Any) -> Any:
         """Celery's retry once the budget was checked here: unbounded for Celery, and

@@ -47,6 +47,7 @@ from celery_agboss.adapters.common import (
     AdapterCalls,
     CallMaker,
     PaymentFacts,
+    RequestChecks,
     adapter_policies,
     definite_verdict,
     http_timeout_seconds,
@@ -130,6 +131,9 @@ class AdyenUnexpectedAnswer(Exception):
 
 class AdyenRequestError(ValueError):
     """The request dict is malformed; raised before anything is sent."""
+
+
+_check = RequestChecks(AdyenRequestError)
 
 
 class AdyenLookupUnsupported(NotImplementedError):
@@ -257,9 +261,9 @@ class AdyenAdapter(AdapterCalls):
         return self._pay(call, capture=False)
 
     def _pay(self, call: CallContext, *, capture: bool) -> Result:
-        request = _mapping(call.request)
-        amount, currency = _amount(request, "amount"), _currency(request)
-        reference = _text(request, "reference")
+        request = _check.mapping(call.request)
+        amount, currency = _check.amount(request), _check.currency(request)
+        reference = _check.text(request, "reference")
         body: dict[str, Any] = {
             "merchantAccount": self.merchant_account,
             "amount": {"value": amount, "currency": currency.upper()},
@@ -325,8 +329,8 @@ class AdyenAdapter(AdapterCalls):
     ) -> tuple[str, Result]:
         """A modification of the request's ``payment_id`` sent under the call's key: the
         payment, and what Adyen answered (checked against what was sent)."""
-        request = _mapping(call.request)
-        payment = _text(request, "payment_id")
+        request = _check.mapping(call.request)
+        payment = _check.text(request, "payment_id")
         body = self._modification_body(request, with_amount=with_amount)
         answer = send(body, payment, idempotency_key=_key(call)).message
         return payment, _received(answer, payment, body)
@@ -341,10 +345,10 @@ class AdyenAdapter(AdapterCalls):
                     "'amount' is required: Adyen captures and refunds take an explicit "
                     "amount (and 'currency'), and cannot look the payment's amount up"
                 )
-            value = _amount(request, "amount")
-            body["amount"] = {"value": value, "currency": _currency(request).upper()}
+            value = _check.amount(request)
+            body["amount"] = {"value": value, "currency": _check.currency(request).upper()}
         if request.get("reference") is not None:
-            body["reference"] = _text(request, "reference")
+            body["reference"] = _check.text(request, "reference")
         return body
 
 
@@ -358,33 +362,6 @@ def _key(call: CallContext) -> str:
     return call.idempotency_key
 
 
-def _mapping(request: Any) -> Mapping[str, Any]:
-    if not isinstance(request, Mapping):
-        raise AdyenRequestError(f"the request must be a dict, not {type(request).__name__}")
-    return request
-
-
-def _amount(request: Mapping[str, Any], field: str) -> int:
-    value = request.get(field)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise AdyenRequestError(f"{field!r} must be a positive int in minor units, not {value!r}")
-    return value
-
-
-def _currency(request: Mapping[str, Any]) -> str:
-    value = request.get("currency")
-    if not isinstance(value, str) or len(value) != 3 or not value.isalpha():
-        raise AdyenRequestError(f"'currency' must be a 3-letter ISO code, not {value!r}")
-    return value
-
-
-def _text(request: Mapping[str, Any], field: str) -> str:
-    value = request.get(field)
-    if not isinstance(value, str) or not value:
-        raise AdyenRequestError(f"{field!r} must be a non-empty str, not {value!r}")
-    return value
-
-
 def _payment_method(request: Mapping[str, Any]) -> Result:
     """``source``: a ``paymentMethod`` object as Adyen takes it, or a stored payment
     method's id (then ``shopper_reference`` is required: a card-on-file charge)."""
@@ -394,7 +371,7 @@ def _payment_method(request: Mapping[str, Any]) -> Result:
     if isinstance(source, str) and source:
         return {
             "paymentMethod": {"type": "scheme", "storedPaymentMethodId": source},
-            "shopperReference": _text(request, "shopper_reference"),
+            "shopperReference": _check.text(request, "shopper_reference"),
             "shopperInteraction": "ContAuth",
             "recurringProcessingModel": "UnscheduledCardOnFile",
         }

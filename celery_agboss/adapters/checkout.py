@@ -49,6 +49,7 @@ from celery_agboss.adapters.common import (
     AdapterCalls,
     CallMaker,
     PaymentFacts,
+    RequestChecks,
     adapter_policies,
     adopt_action,
     adopt_one_of,
@@ -95,6 +96,9 @@ class CheckoutRequestError(CheckoutAdapterError, ValueError):
     """A malformed request dict, refused before anything was sent: definite."""
 
 
+_check = RequestChecks(CheckoutRequestError)
+
+
 class CheckoutDeclinedError(CheckoutAdapterError):
     """A 201 with ``approved: false`` (the SDK returns it as a success): no money moved,
     definite. ``details``: ``payment_id``, ``response_code``, ``response_summary``."""
@@ -128,32 +132,6 @@ def is_nothing_processed(exc: BaseException) -> bool:
 
 
 # --- requests and results ------------------------------------------------------------------
-
-
-def _mapping(request: Any, what: str) -> Mapping[str, Any]:
-    if not isinstance(request, Mapping):
-        raise CheckoutRequestError(f"a {what} request must be a dict, not {type(request).__name__}")
-    return request
-
-
-def _amount(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise CheckoutRequestError("amount must be a positive int in minor units")
-    return value
-
-
-def _text(request: Mapping[str, Any], field: str) -> str:
-    value = request.get(field)
-    if not isinstance(value, str) or not value:
-        raise CheckoutRequestError(f"{field} must be a non-empty str")
-    return value
-
-
-def _currency(request: Mapping[str, Any]) -> str:
-    currency = _text(request, "currency")
-    if len(currency) != 3 or not currency.isalpha():
-        raise CheckoutRequestError("currency must be a three-letter ISO code, like 'usd'")
-    return currency.upper()
 
 
 def _source(value: Any) -> dict[str, Any]:
@@ -275,12 +253,13 @@ class CheckoutAdapter(AdapterCalls):
     # --- sends ------------------------------------------------------------------------------
 
     def _request_payment(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
-        request, key = _mapping(call.request, "charge"), call.idempotency_key
+        request, key = _check.mapping(call.request, "charge"), call.idempotency_key
         if "capture" in request:
             raise CheckoutRequestError("capture is the call's own: use charge, or authorize")
         body = {k: v for k, v in request.items() if k not in ("source", "metadata")}
-        body.update(source=_source(request.get("source")), amount=_amount(request.get("amount")))
-        body.update(currency=_currency(request), reference=_text(request, "reference"))
+        body.update(source=_source(request.get("source")), amount=_check.amount(request))
+        currency, reference = _check.currency(request).upper(), _check.text(request, "reference")
+        body.update(currency=currency, reference=reference)
         body.update(capture=capture, metadata=_metadata(request, key))
         if self.processing_channel_id is not None:
             body.setdefault("processing_channel_id", self.processing_channel_id)
@@ -302,13 +281,13 @@ class CheckoutAdapter(AdapterCalls):
         return payment_result(payment)
 
     def _send_action(self, call: CallContext, kind: str) -> dict[str, Any]:
-        request, key = _mapping(call.request, kind), call.idempotency_key
-        payment_id = _text(request, "payment_id")
+        request, key = _check.mapping(call.request, kind), call.idempotency_key
+        payment_id = _check.text(request, "payment_id")
         body = {k: v for k, v in request.items() if k not in ("payment_id", "metadata")}
         if body.get("amount") is None:
             body.pop("amount", None)
         else:
-            _amount(body["amount"])
+            _check.amount(body)
         body["metadata"] = _metadata(request, key)
         post = getattr(self._payments, f"{kind}_payment")
         with one_send(self.timeout):
@@ -422,9 +401,9 @@ class CheckoutAdapter(AdapterCalls):
         and matches the request is this call's. Another call's key is another call's
         payment; one with no key, or ours with another amount or currency, is not taken
         for this one (``Unknown``: an operator decides)."""
-        request = _mapping(lookup.request, "charge")
-        reference, currency = _text(request, "reference"), _currency(request)
-        amount, mark = _amount(request.get("amount")), _key_mark(lookup.idempotency_key)
+        request = _check.mapping(lookup.request, "charge")
+        reference, currency = _check.text(request, "reference"), _check.currency(request).upper()
+        amount, mark = _check.amount(request), _key_mark(lookup.idempotency_key)
         found, complete = self._payments_by_reference(reference)
         if not complete:
             return Unknown(f"over {_PAGE * _MAX_PAGES} payments carry reference {reference!r}")
@@ -441,7 +420,7 @@ class CheckoutAdapter(AdapterCalls):
         return self._absent(lookup, f"no payment {what}")
 
     def _reconcile_action(self, call: CallContext, lookup: Lookup, kind: str) -> ReconcileAnswer:
-        payment_id = _text(_mapping(lookup.request, kind), "payment_id")
+        payment_id = _check.text(_check.mapping(lookup.request, kind), "payment_id")
         actions = self._actions(payment_id)
         mine = self._under_key(actions, kind, lookup.idempotency_key)
         if len(mine) == 1:

@@ -387,6 +387,43 @@ def reconcile_as_stored(call: OutboundCall, idempotency_key: str, request: Any) 
     return call.reconcile(CallContext(idempotency_key, request, 1, call.name), lookup)
 
 
+class RequestChecks:
+    """The checks of a request dict an adapter makes before anything is sent, the same
+    rules for every gateway; a refusal is the adapter's own ``ValueError`` (made by
+    ``refuse`` from the message), naming the field: definite, nothing sent."""
+
+    def __init__(self, refuse: Callable[[str], ValueError]) -> None:
+        self._refuse = refuse
+
+    def mapping(self, request: Any, kind: str | None = None) -> Mapping[str, Any]:
+        """``request`` as a dict; ``kind`` names the call in the refusal."""
+        if not isinstance(request, Mapping):
+            what = "the request" if kind is None else f"a {kind} request"
+            raise self._refuse(f"{what} must be a dict, not {type(request).__name__}")
+        return request
+
+    def amount(self, request: Mapping[str, Any], field: str = "amount") -> int:
+        value = request.get(field)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self._refuse(f"{field!r} must be a positive int in minor units, not {value!r}")
+        return value
+
+    def text(self, request: Mapping[str, Any], field: str) -> str:
+        value = request.get(field)
+        if not isinstance(value, str) or not value:
+            # The type only: a wrong value here may be anything, card data included.
+            given = "an empty str" if value == "" else type(value).__name__
+            raise self._refuse(f"{field!r} must be a non-empty str, not {given}")
+        return value
+
+    def currency(self, request: Mapping[str, Any]) -> str:
+        """The ISO 4217 code as given (the gateways take it upper case)."""
+        value = request.get("currency")
+        if not isinstance(value, str) or len(value) != 3 or not value.isalpha():
+            raise self._refuse(f"'currency' must be a three-letter ISO code, not {value!r}")
+        return value
+
+
 class AnotherRequestsAnswerError(Exception):
     """The gateway answered a send with a payment that is not this request's: it replayed
     the first answer of another request made under the same key (a deployment sharing

@@ -53,6 +53,7 @@ from celery_agboss.adapters.common import (
     AdapterCalls,
     CallMaker,
     PaymentFacts,
+    RequestChecks,
     adapter_policies,
     adopt,
     definite_verdict,
@@ -99,6 +100,9 @@ _ORDER_DOMAIN = b"celery_agboss.paypal.order.v1\x00"
 
 class PayPalRequestError(ValueError):
     """A request the adapter refuses before anything is sent (names the field)."""
+
+
+_check = RequestChecks(PayPalRequestError)
 
 
 class PayPalDeclinedError(Exception):
@@ -170,15 +174,9 @@ def _field(request: Mapping[str, Any], name: str, kind: type, *, required: bool 
     return value
 
 
-def _mapping(request: Any) -> Mapping[str, Any]:
-    if not isinstance(request, Mapping):
-        raise PayPalRequestError(f"the request must be a dict, not {type(request).__name__}")
-    return request
-
-
 def _payment_request(request: Any) -> _Payment:
     """charge/authorize: ``{"amount", "currency", "reference", "source"[, "source_kind"]}``."""
-    request = _mapping(request)
+    request = _check.mapping(request)
     carried = sorted(name for name in CARD_DATA if name in request)
     if carried:
         raise PayPalRequestError(
@@ -419,7 +417,7 @@ class PayPalAdapter(AdapterCalls):
 
     def _target(self, request: Any) -> tuple[str, int | None, str | None]:
         """``{"payment_id", "amount": int | None[, "currency"]}`` checked."""
-        request = _mapping(request)
+        request = _check.mapping(request)
         payment_id = _field(request, "payment_id", str)
         amount = _field(request, "amount", int, required=False)
         if amount is not None and amount <= 0:
@@ -452,7 +450,7 @@ class PayPalAdapter(AdapterCalls):
         return _payment_result(_own(answer, payment_id, amount), **{target: payment_id})
 
     def _send_void(self, call: CallContext) -> dict[str, Any]:
-        auth_id = _field(_mapping(call.request), "payment_id", str)
+        auth_id = _field(_check.mapping(call.request), "payment_id", str)
         payments = self.client.payments
         body = _body(payments.void_payment(_keyed(call.idempotency_key, authorization_id=auth_id)))
         if not body:  # 204: PayPal answered minimally; read the authorization back
@@ -471,7 +469,7 @@ class PayPalAdapter(AdapterCalls):
 
     def _reconcile_void(self, call: CallContext, lookup: Lookup) -> Any:
         """The authorization's own status tells: VOIDED is done, CREATED is not yet."""
-        auth_id = _field(_mapping(lookup.request), "payment_id", str)
+        auth_id = _field(_check.mapping(lookup.request), "payment_id", str)
         read = self.client.payments.get_authorized_payment({"authorization_id": auth_id})
         body = _body(read)
         if body.get("status") == "VOIDED":

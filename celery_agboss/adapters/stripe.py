@@ -32,6 +32,7 @@ from celery_agboss.adapters.common import (
     AdapterCalls,
     CallMaker,
     PaymentFacts,
+    RequestChecks,
     adapter_policies,
     adopt,
     adopt_action,
@@ -117,10 +118,7 @@ def _refuse(message: str) -> InvalidStripeRequestError:
     return InvalidStripeRequestError(f"Stripe request refused, nothing sent: {message}")
 
 
-def _mapping(request: Any, what: str) -> Mapping[str, Any]:
-    if not isinstance(request, Mapping):
-        raise _refuse(f"a {what} request must be a dict, not {type(request).__name__}")
-    return request
+_check = RequestChecks(_refuse)
 
 
 def _unknown_fields(request: Mapping[str, Any], allowed: frozenset[str], what: str) -> None:
@@ -148,7 +146,7 @@ def _text(request: Mapping[str, Any], name: str, *, limit: int, optional: bool =
 
 
 def _payment(request: Any) -> _Payment:
-    request = _mapping(request, "charge")
+    request = _check.mapping(request, "charge")
     _unknown_fields(request, _PAYMENT_FIELDS, "a charge")
     amount = _positive_int(request, "amount")
     currency = _text(request, "currency", limit=3)
@@ -175,7 +173,7 @@ def _payment(request: Any) -> _Payment:
 
 
 def _payment_id(request: Any, what: str, allowed: frozenset[str]) -> tuple[str, Mapping[str, Any]]:
-    request = _mapping(request, what)
+    request = _check.mapping(request, what)
     _unknown_fields(request, allowed, f"a {what}")
     return _text(request, "payment_id", limit=255), request
 

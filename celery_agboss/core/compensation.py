@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
@@ -44,7 +44,6 @@ from celery_agboss.core.log_events import (
     UNDO_DONE,
     log_event,
 )
-from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.protections import (
     FENCED_HOLDER_STARTS_UNDO,
     ONE_UNDO_PER_STEP,
@@ -78,8 +77,6 @@ from celery_agboss.core.undo_steps import (
     undo_registry,
 )
 from celery_agboss.errors import ConfigurationError, UndoMustWait
-
-T = TypeVar("T")
 
 UNDO_RECORD = "agboss.undo"
 """The fenced-effect name of an undo declaration (the store finds an execution's by it)."""
@@ -289,25 +286,8 @@ class UndoContext(ExecutionContext):
         """A context on ``ctx``'s lease (``ctx`` is not used after this)."""
         return cls(ctx.store, ctx.lease, ctx.execution_id, ctx.settings, renewer=renewer)
 
-    def outbound(self, call: OutboundCall, request: Any, business_key: str | None = None) -> Any:
-        return super().outbound(call, request, business_key=self._key(business_key))
-
-    def fenced_effect(
-        self,
-        name: str,
-        fn: Callable[[Any], T],
-        business_key: str | None = None,
-        request: Any = None,
-    ) -> T:
-        return super().fenced_effect(
-            name, fn, business_key=self._key(business_key), request=request
-        )
-
     def business_key_for(self, given: str | None) -> str:
         """The business key a call or effect inside the running undo is made under."""
-        return self._key(given)
-
-    def _key(self, given: str | None) -> str:
         if given is not None:
             return given
         if self.current is None:

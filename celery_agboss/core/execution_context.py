@@ -172,6 +172,7 @@ class ExecutionContext(DeliveryLease):
 
     def outbound(self, call: OutboundCall, request: Any, business_key: str | None = None) -> Any:
         """Send ``request`` through ``call`` exactly once (design: claim); the gateway's result."""
+        business_key = self.business_key_for(business_key)
         # First, as a PaymentTask's outbound() always did: a second call object under a
         # taken name is refused before this delivery counts anything.
         self._settings.register(call)
@@ -202,6 +203,7 @@ class ExecutionContext(DeliveryLease):
         request: Any = None,
     ) -> T:
         """Run ``fn(conn)`` once per key, inside the transaction that checks the lease."""
+        business_key = self.business_key_for(business_key)
         self._refuse_after_signal()
         self._refuse_inside_an_effect("fenced_effect()")
         step = self._open_step(EFFECT_RECORD, name, business_key)
@@ -216,6 +218,11 @@ class ExecutionContext(DeliveryLease):
         with self._lock:
             self._last_step = step
         return result
+
+    def business_key_for(self, given: str | None) -> str | None:
+        """The business key a call or effect is made under: the one given (an undo's
+        context gives the running undo's key instead of none)."""
+        return given
 
     def _open_step(
         self, kind: str, name: str, business_key: str | None, max_key_length: int | None = None

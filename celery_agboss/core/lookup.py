@@ -1,9 +1,10 @@
 """What reconcile is told and how it is asked, for both of its callers (the holder's
 ``core/reconcile.py`` and the sweep's ``core/stranded.py``).
 
-``lookup_of`` hands reconcile the stored (masked) request and the attempt's times on
-the database clock; ``ask`` runs the user's ``reconcile`` bounded like a send; a
-lookup that raises or hangs is ``LookupFailed`` — no answer, never a ``NotSent``.
+``take_for_lookup`` first takes a pending intent from its dead owner; ``lookup_of``
+hands reconcile the stored (masked) request and the attempt's times on the database
+clock; ``ask`` runs the user's ``reconcile`` bounded like a send; a lookup that raises
+or hangs is ``LookupFailed`` — no answer, never a ``NotSent``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.inflight import RunState, run_bounded
 from celery_agboss.core.outbound import (
     CallContext,
@@ -22,8 +24,15 @@ from celery_agboss.core.outbound import (
     Unknown,
 )
 from celery_agboss.core.protections import NO_KEY_AGE_CHECK
-from celery_agboss.core.store_protocol import IntentRecord, IntentStatus, IntentUpdate, LeaseRef
-from celery_agboss.core.transitions import error_detail, mask_result, transaction_id_of
+from celery_agboss.core.store_protocol import (
+    IntentGuard,
+    IntentRecord,
+    IntentStatus,
+    IntentUpdate,
+    LeaseRef,
+    StoreTransaction,
+)
+from celery_agboss.core.transitions import error_detail, mask_result, transaction_id_of, transition
 from celery_agboss.errors import LookupFailed
 
 
@@ -117,10 +126,37 @@ def completed_update(
     return stored_ok, update, gateway_id
 
 
-def previous_owner(owner: LeaseRef | None) -> dict[str, Any]:
-    if owner is None:
-        return {"previous_holder": None, "previous_token": None}
-    return {"previous_holder": owner.holder, "previous_token": owner.token}
+def take_for_lookup(
+    tx: StoreTransaction,
+    pseudonym_key: bytes,
+    record: IntentRecord,
+    owner: LeaseRef,
+    *,
+    owner_not_live: bool = True,
+    detail: dict[str, Any] | None = None,
+    execution_id: str | None = None,
+) -> bool:
+    """``(PENDING, attempt, dead owner) → (PENDING, attempt, owner)``: the intent taken to
+    be looked up, by its holder or the sweep; False when another took it first."""
+    previous = record.owner
+    return transition(
+        tx,
+        pseudonym_key,
+        record.idempotency_key,
+        IntentGuard(IntentStatus.PENDING, record.attempt, previous, owner_not_live=owner_not_live),
+        IntentUpdate(owner=owner),
+        HistoryEvent.TAKEN_FOR_RECONCILE,
+        from_status=IntentStatus.PENDING,
+        to_status=IntentStatus.PENDING,
+        attempt=record.attempt,
+        owner=owner,
+        detail={
+            **(detail or {}),
+            "previous_holder": None if previous is None else previous.holder,
+            "previous_token": None if previous is None else previous.token,
+        },
+        execution_id=execution_id,
+    )
 
 
 __all__ = [
@@ -129,5 +165,5 @@ __all__ = [
     "http_status_of",
     "lookup_of",
     "max_key_age_ms",
-    "previous_owner",
+    "take_for_lookup",
 ]

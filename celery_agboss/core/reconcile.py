@@ -29,7 +29,7 @@ from celery_agboss.core.lookup import (
     completed_update,
     lookup_of,
     max_key_age_ms,
-    previous_owner,
+    take_for_lookup,
 )
 from celery_agboss.core.outbound import (
     CallContext,
@@ -82,23 +82,12 @@ def take_for_reconcile(
     """``(PENDING, attempt, dead owner) → (PENDING, attempt, me)``; None when another won."""
     me = holder.lease_ref
     with holder.fenced() as tx:
-        won = transition(
+        won = take_for_lookup(
             tx,
             holder.settings.pseudonym_key,
-            p.idempotency_key,
-            IntentGuard(
-                IntentStatus.PENDING,
-                record.attempt,
-                record.owner,
-                owner_not_live=not sabotage.active(LIVE_OWNER_TAKEN_OVER),
-            ),
-            IntentUpdate(owner=me),
-            HistoryEvent.TAKEN_FOR_RECONCILE,
-            from_status=IntentStatus.PENDING,
-            to_status=IntentStatus.PENDING,
-            attempt=record.attempt,
-            owner=me,
-            detail=previous_owner(record.owner),
+            record,
+            me,
+            owner_not_live=not sabotage.active(LIVE_OWNER_TAKEN_OVER),
             execution_id=holder.execution_id,
         )
     return replace(record, owner=me, owner_live=True) if won else None

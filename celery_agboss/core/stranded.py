@@ -32,7 +32,7 @@ from celery_agboss.core.lookup import (
     ask,
     completed_update,
     lookup_of,
-    previous_owner,
+    take_for_lookup,
 )
 from celery_agboss.core.outbound import CallContext, Completed, NotSent, OutboundCall, Unknown
 from celery_agboss.core.protections import NOT_SENT_LOOKUPS_NOT_BACKED_OFF
@@ -109,19 +109,8 @@ def reconcile_stranded(
                 **ref.fields(attempt=record.attempt, reason="unknown-call"),
             )
             return StrandedOutcome.UNKNOWN_CALL
-        won = transition(
-            tx,
-            settings.pseudonym_key,
-            idempotency_key,
-            IntentGuard(IntentStatus.PENDING, record.attempt, record.owner, owner_not_live=True),
-            IntentUpdate(owner=lease),
-            HistoryEvent.TAKEN_FOR_RECONCILE,
-            from_status=IntentStatus.PENDING,
-            to_status=IntentStatus.PENDING,
-            attempt=record.attempt,
-            owner=lease,
-            detail={"by": by, **previous_owner(record.owner)},
-            execution_id=for_execution,
+        won = take_for_lookup(
+            tx, settings.pseudonym_key, record, lease, detail={"by": by}, execution_id=for_execution
         )
         if not won:
             return StrandedOutcome.SKIPPED

@@ -15,11 +15,14 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.keys import fit_key
 from celery_agboss.errors import ConfigurationError
+
+Owner = TypeVar("Owner")
+V = TypeVar("V")
 
 COMPENSATION_SUFFIX = ":compensation"
 COMPENSATION_KEY_LIMIT = 200
@@ -95,17 +98,28 @@ class UndoRegistry:
         return fn
 
 
-_registries: weakref.WeakKeyDictionary[Any, UndoRegistry] = weakref.WeakKeyDictionary()
-_registries_lock = threading.Lock()
+class _PerOwner(Generic[Owner, V]):
+    """One ``V`` per owner, made on first use, gone with its owner (held weakly)."""
+
+    def __init__(self, make: Callable[[], V]) -> None:
+        self._make = make
+        self._made: weakref.WeakKeyDictionary[Owner, V] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def of(self, owner: Owner) -> V:
+        with self._lock:
+            made = self._made.get(owner)
+            if made is None:
+                made = self._made[owner] = self._make()
+            return made
+
+
+_registries: _PerOwner[Any, UndoRegistry] = _PerOwner(UndoRegistry)
 
 
 def undo_registry(owner: Any) -> UndoRegistry:
     """The registry of ``owner`` (an app): each app has its own, made on first use."""
-    with _registries_lock:
-        registry = _registries.get(owner)
-        if registry is None:
-            registry = _registries[owner] = UndoRegistry()
-        return registry
+    return _registries.of(owner)
 
 
 _task_undo_runner: list[UndoFunction] = []
@@ -143,16 +157,11 @@ class StepTrail:
     earlier_deliveries: bool = False  # another delivery may have declared undos
 
 
-_trails: weakref.WeakKeyDictionary[ExecutionContext, StepTrail] = weakref.WeakKeyDictionary()
-_trails_lock = threading.Lock()
+_trails: _PerOwner[ExecutionContext, StepTrail] = _PerOwner(StepTrail)
 
 
 def trail_of(ctx: ExecutionContext) -> StepTrail:
-    with _trails_lock:
-        trail = _trails.get(ctx)
-        if trail is None:
-            trail = _trails[ctx] = StepTrail()
-        return trail
+    return _trails.of(ctx)
 
 
 __all__ = [

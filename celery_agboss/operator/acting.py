@@ -57,6 +57,25 @@ def _audit_afterwards(
         )
 
 
+def _made(
+    runtime: Runtime,
+    audit: Audit,
+    before: ExecutionRecord,
+    after: ExecutionRecord | None,
+    doing: str,
+) -> ExecutionRecord:
+    """``after``, the operator's change as the store made it; a ``conflict`` refusal when
+    the store made none (the execution changed, or a delivery holds its lease)."""
+    _audit_afterwards(runtime, audit, before.id, before, after)
+    if after is None:
+        raise _refuse(
+            "conflict",
+            f"execution {before.id} changed (or a delivery holds its "
+            f"lease) while it was being {doing}; look at it again",
+        )
+    return after
+
+
 def redrive_now(runtime: Runtime, execution_id: str, *, reason: str) -> bool:
     """Publish the execution's message again now (same id, arguments and options), by the
     same compare-and-set the sweep uses; False when it is not due for one (running under a
@@ -146,13 +165,7 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
     moved = runtime.executions.unblock(
         execution_id, f"re-driven by {who}: {why}", reset_recovery_count=True, audit=audit
     )
-    _audit_afterwards(runtime, audit, execution_id, record, moved)
-    if moved is None:
-        raise _refuse(
-            "conflict",
-            f"execution {execution_id} changed (or a delivery holds its "
-            "lease) while it was being re-driven; look at it again",
-        )
+    _made(runtime, audit, record, moved, "re-driven")
     return redrive_now(runtime, execution_id, reason=f"re-driven by {who}")
 
 
@@ -189,13 +202,7 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     accepted = runtime.executions.accept_divergence(
         execution_id, f"accepted by {who}: {why}", audit=audit
     )
-    _audit_afterwards(runtime, audit, execution_id, record, accepted)
-    if accepted is None:
-        raise _refuse(
-            "conflict",
-            f"execution {execution_id} changed (or a delivery holds its "
-            "lease) while it was being accepted; look at it again",
-        )
+    accepted = _made(runtime, audit, record, accepted, "accepted")
     log_event(OPERATOR_ACCEPTED, execution_id=execution_id, actor=who)
     republish(runtime.app, replace(accepted, expires_ms=None), not_before_ms=None)
     return True
@@ -330,13 +337,7 @@ def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None
         planned=True,
         audit=(audit := Audit(who, "unpark", why)),
     )
-    _audit_afterwards(runtime, audit, execution_id, record, moved)
-    if moved is None:
-        raise _refuse(
-            "conflict",
-            f"execution {execution_id} changed (or a delivery holds its "
-            "lease) while it was being unparked; look at it again",
-        )
+    moved = _made(runtime, audit, record, moved, "unparked")
     log_event(OPERATOR_UNPARKED, execution_id=execution_id, actor=who)
     republished = redrive_now(runtime, execution_id, reason=f"unparked by {who}")
     final = runtime.executions.read_execution(execution_id) or moved

@@ -378,17 +378,3 @@ def install(runtime: Runtime) -> None:
     celery_signals.worker_init.connect(on_worker_init, weak=False)
     celery_signals.worker_ready.connect(on_worker_ready, weak=False)
     celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
-
-
-__all__ = [
-    "DEFAULT_BATCH_SIZE",
-    "SWEEP_BEAT_ENTRY",
-    "SWEEP_TASK_NAME",
-    "SweepFreshness",
-    "SweepReport",
-    "check_sweep_freshness",
-    "install",
-    "run_sweep",
-    "run_sweep_loop",
-    "sweep_freshness",
-]
