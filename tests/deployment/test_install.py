@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +21,10 @@ from celery_agboss.core.log_events import (
     SWEEP_QUEUE_NOT_CONSUMED,
 )
 from tests.deployment.conftest import DeployFactory
+from tests.deployment.deployment import Deployment
 from tests.deployment.venv import DeployedVenv, run
+from tests.support.processes import ManagedProcess
+from tests.support.throwaway import free_ports
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
@@ -35,6 +37,17 @@ QUEUE_LINE = re.compile(r"^\s*\.> (\S+)\s+exchange=", re.M)
 
 def _under(path: object, root: Path) -> bool:
     return isinstance(path, str) and Path(path).resolve().is_relative_to(root.resolve())
+
+
+def _store_complaint(deployment: Deployment, timeout: float) -> tuple[ManagedProcess, str]:
+    """The README's worker line, ready (a store that does not answer does not keep it
+    from starting); the worker and the first ``store.unreachable`` line it logs."""
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    worker.wait_until(
+        lambda: STORE_UNREACHABLE in worker.output(), timeout, message="the store's complaint"
+    )
+    return worker, next(line for line in worker.output().splitlines() if STORE_UNREACHABLE in line)
 
 
 def test_the_venv_holds_the_wheel_and_only_what_it_requires(deployed_venv: DeployedVenv) -> None:
@@ -122,12 +135,7 @@ def test_a_worker_started_before_migrate_says_what_to_run_and_goes_on_once_it_ra
     (``celery -A shop``); after the user runs it, ``store.answers``, without a restart.
     No speed-ups."""
     deployment = deploy(redis_url_factory(), sqlite_url, speedups=NO_SPEEDUPS)
-    worker = deployment.start_worker()
-    deployment.wait_ready(worker)
-    worker.wait_until(
-        lambda: STORE_UNREACHABLE in worker.output(), 30, message="the store's complaint"
-    )
-    complaint = next(line for line in worker.output().splitlines() if STORE_UNREACHABLE in line)
+    worker, complaint = _store_complaint(deployment, 30)
     assert "ERROR" in complaint and "`celery -A shop agboss migrate`" in complaint, complaint
     deployment.migrate()
     worker.wait_until(lambda: STORE_ANSWERS in worker.output(), 90, message="store.answers")
@@ -141,17 +149,10 @@ def test_a_worker_whose_store_does_not_answer_says_so_at_start(
     """``AGBOSS_DATABASE_URL`` names a PostgreSQL nothing listens on: the worker still
     starts (the broker is up) but says, as an error, that its store does not answer and
     what to check, and keeps trying. No speed-ups."""
-    with socket.socket() as sock:  # a free port, closed again: nothing listens there
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    (port,) = free_ports(1)  # closed again: nothing listens there
     url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/shop"
     deployment = deploy(redis_url_factory(), url, speedups=NO_SPEEDUPS)
-    worker = deployment.start_worker()
-    deployment.wait_ready(worker)
-    worker.wait_until(
-        lambda: STORE_UNREACHABLE in worker.output(), 60, message="the store's complaint"
-    )
-    complaint = next(line for line in worker.output().splitlines() if STORE_UNREACHABLE in line)
+    worker, complaint = _store_complaint(deployment, 60)
     assert "error=StoreUnavailableError" in complaint, complaint
     assert "check agboss_database_url" in complaint and "Trying again" in complaint, complaint
     assert worker.running, "it keeps trying; it does not exit"

@@ -14,7 +14,6 @@ charge. Speed-ups, as the README's ``AGBOSS_<NAME>`` variables: the deployment s
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Callable
 
 import pytest
@@ -22,13 +21,12 @@ import pytest
 from celery_agboss.core.executions import execution_scope
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import SPEEDUPS, Deployment
+from tests.deployment.test_recovery import HELD_SECONDS, kill_the_worker
 from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 ORDER = 7
-HELD_SECONDS = 30.0
-KILL_SECONDS = 10.0
 TTL = float(SPEEDUPS["AGBOSS_LEASE_TTL"])
 SETTLE_SECONDS = 60.0
 
@@ -60,9 +58,7 @@ def _a_charge_nobody_can_look_up(deployment: Deployment) -> dict[int, str]:
     ids = deployment.publish([ORDER])
     hold.wait_reached(timeout=HELD_SECONDS)
     fake.lookup_by_key = False  # the gateway's lookup is down: reconcile cannot tell
-    worker.send_signal(signal.SIGKILL)
-    worker.wait(KILL_SECONDS)
-    wait_until(lambda: not worker.group_pids(), KILL_SECONDS, message="the worker to be gone")
+    kill_the_worker(worker)
     hold.release()
     scope = execution_scope(ids[ORDER])
     wait_until(

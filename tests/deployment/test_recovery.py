@@ -81,15 +81,21 @@ def kill_the_worker_on_the_wire(
     victims = [w for w in workers if pid in w.group_pids()]
     assert len(victims) == 1, f"pid {pid} is in no worker's (or several) process group"
     victim = victims[0]
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(KILL_SECONDS)
-    wait_until(
-        lambda: not victim.group_pids(),
-        KILL_SECONDS,
-        message=f"every process of {victim.name} to be gone",
-    )
+    kill_the_worker(victim)
     hold.release()
     return ids, held_order, victim
+
+
+def kill_the_worker(worker: ManagedProcess) -> None:
+    """SIGKILL every process of ``worker`` (main process and pool, as an OOM kill or a
+    lost host ends it); until none is left."""
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(KILL_SECONDS)
+    wait_until(
+        lambda: not worker.group_pids(),
+        KILL_SECONDS,
+        message=f"every process of {worker.name} to be gone",
+    )
 
 
 def assert_recovered_past_the_broker(

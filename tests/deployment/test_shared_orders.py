@@ -23,7 +23,7 @@ import json
 import re
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -145,7 +145,7 @@ class Warehouse:
         return Reply(200, {"reserved": not first})
 
     @staticmethod
-    def _refund(server: RecordingGatewayServer) -> object:
+    def _refund(server: RecordingGatewayServer) -> Callable[[GatewayCall], Reply]:
         def refund(call: GatewayCall) -> Reply:
             try:
                 receipt = server.gateway.refund(

@@ -9,7 +9,9 @@ test session; a migrated store is built in it once as a template and each test g
 copy (``tests/support/databases.py``).
 
 ``initdb`` and the server refuse to run as root, so as root (CI) every command runs as
-the ``postgres`` user through ``runuser``, and the directory is given to that user. The
+the ``postgres`` user through ``runuser``, and the directory is given to that user
+(found, and root dropped, as tests/support/throwaway.py does; where it cannot,
+``throwaway.Unavailable``). The
 postmaster is a daemon (``pg_ctl`` detaches it); :meth:`close` stops it, kills it and
 its children by pid when ``pg_ctl`` could not, and removes the directory. Directories
 of earlier runs whose test process is gone are stopped and removed the same way.
@@ -19,10 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tests.support import databases
 from tests.support.databases import TemplateDatabase
+from tests.support.throwaway import PostgresThrowaway, drop_root, free_ports
 
 DIR_PREFIX = "agboss-pg-"
 PG_CTL_SECONDS = 60  # a start replays the WAL of a crash; a loaded 2-core machine
@@ -43,54 +44,10 @@ SERVER_OPTIONS = (
     # is in the kernel's page cache either way, so syncing it to disk proves nothing.
     "-c fsync=off -c max_connections=100"
 )
-_BIN_CANDIDATES = ("/usr/local/bin", "/usr/lib/postgresql/*/bin")
-
-
-class ClusterUnavailable(Exception):
-    """No PostgreSQL binaries (or no user to run them as root) on this machine."""
 
 
 class ClusterCommandFailed(Exception):
     """initdb or pg_ctl exited non-zero (the message holds its output)."""
-
-
-def find_bin_dir() -> Path:
-    """The directory holding ``initdb``, ``pg_ctl`` and ``postgres`` of one version."""
-    candidates: list[Path] = []
-    for pattern in _BIN_CANDIDATES:
-        found = sorted(Path("/").glob(pattern.lstrip("/")), reverse=True)
-        candidates.extend(found)
-    which = shutil.which("initdb")
-    if which:
-        candidates.append(Path(which).parent)
-    for directory in candidates:
-        initdb = directory / "initdb"
-        if initdb.exists():
-            real = initdb.resolve().parent  # /usr/local/bin links into the version's dir
-            if all((real / name).exists() for name in ("initdb", "pg_ctl", "postgres")):
-                return real
-    raise ClusterUnavailable(f"no initdb/pg_ctl/postgres in {', '.join(_BIN_CANDIDATES)}")
-
-
-def _run_as() -> tuple[list[str], pwd.struct_passwd | None]:
-    """The command prefix that drops root (and the user it drops to), or none."""
-    if os.geteuid() != 0:
-        return [], None
-    runuser = shutil.which("runuser")
-    if runuser is None:
-        raise ClusterUnavailable("running as root, and there is no runuser to drop it")
-    try:
-        user = pwd.getpwnam("postgres")
-    except KeyError:
-        raise ClusterUnavailable("running as root, and there is no postgres user") from None
-    return [runuser, "-u", user.pw_name, "--"], user
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -122,8 +79,8 @@ class Cluster:
     @classmethod
     def create(cls) -> Cluster:
         """initdb, then start on a free port; a failure leaves nothing behind."""
-        bin_dir = find_bin_dir()
-        prefix, user = _run_as()
+        bin_dir = PostgresThrowaway.find_bin_dir()
+        prefix, user = drop_root("postgres")
         remove_stale_clusters(bin_dir, prefix)
         root = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
         cluster = cls(root=root, bin_dir=bin_dir, prefix=prefix)
@@ -157,7 +114,7 @@ class Cluster:
         """Start on a free port; another process may take it between the probe and the
         bind, so try a few."""
         for attempt in range(PORT_ATTEMPTS):
-            self.port = free_port()
+            (self.port,) = free_ports(1)
             try:
                 self.start()
                 return

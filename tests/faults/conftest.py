@@ -25,10 +25,11 @@ from tests.deployment.conftest import (
     rabbitmq_vhost_url,
     sqlite_url,
 )
-from tests.faults.cluster import Cluster, ClusterUnavailable
+from tests.faults.cluster import Cluster
 from tests.faults.scenario import Stack, stack_for
 from tests.support import services
 from tests.support.databases import TemplateDatabase
+from tests.support.throwaway import Unavailable
 
 TemplateFactory = Callable[[str, Callable[[str], None]], TemplateDatabase]
 
@@ -48,7 +49,7 @@ def crashable_postgres() -> Iterator[Cluster]:
     end of the session."""
     try:
         cluster = Cluster.create()
-    except ClusterUnavailable as exc:
+    except Unavailable as exc:
         if services.in_ci():
             services.fail(str(exc))
         pytest.skip(str(exc))

@@ -100,6 +100,12 @@ def charges_of(deployment: Deployment, order: int) -> tuple[int, int]:
     return len(fake.payments_for(key)), len(fake.requests_for(key))
 
 
+def looked_up(deployment: Deployment, order: int) -> bool:
+    """The gateway was asked about ``order``'s charge by key (a reconcile)."""
+    key = deployment.key_of(order)
+    return any(lookup.value == key for lookup in deployment.gateway.gateway.lookups)
+
+
 def wait_for_a_second_payment(deployment: Deployment, order: int, ids: Mapping[int, str]) -> None:
     """The harm a sabotage run shows: a second payment under ``order``'s key, each from
     its own request (the gateway does not deduplicate keys)."""

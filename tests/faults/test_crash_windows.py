@@ -51,6 +51,7 @@ from tests.faults.scenario import (
     charges_of,
     deployed,
     kill_the_child,
+    looked_up,
     sabotaged,
     wait_for_a_second_payment,
     worker_and_beat,
@@ -97,10 +98,7 @@ def test_s03_a_child_killed_after_the_charge_leaves_one_payment(
     ids, held = kill_the_child_on_the_wire(deployment, worker)
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    key = deployment.key_of(held)
-    assert any(lookup.value == key for lookup in deployment.gateway.gateway.lookups), (
-        "the killed child's charge was never looked up"
-    )
+    assert looked_up(deployment, held), "the killed child's charge was never looked up"
 
 
 def test_s03_sabotaged_a_resend_without_reconcile_pays_the_order_twice(
@@ -226,9 +224,7 @@ def test_s14_an_answer_lost_after_the_charge_is_reconciled_into_one_payment(
     ids, _ = _an_answer_lost_after_the_charge(deployment, 4)
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    assert any(
-        lookup.value == deployment.key_of(4) for lookup in deployment.gateway.gateway.lookups
-    )
+    assert looked_up(deployment, 4)
 
 
 def test_s14_sabotaged_an_error_taken_as_definite_fails_a_paid_order(

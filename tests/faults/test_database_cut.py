@@ -33,7 +33,7 @@ from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
 from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
-from tests.faults.scenario import FAULT_SPEEDUPS, NOT_RECONCILED, sabotaged
+from tests.faults.scenario import FAULT_SPEEDUPS, NOT_RECONCILED, sabotaged, worker_and_beat
 from tests.support.processes import ManagedProcess, wait_until
 from tests.support.tcp_proxy import CommitFault, PostgresProxy
 
@@ -62,11 +62,7 @@ def deployed(
     deployment = deploy(redis_url, proxied_url, speedups={**FAULT_SPEEDUPS, **extra})
     deployment._store = SQLAlchemyStore(direct_url)  # the test reads past the proxy
     deployment.prepare()
-    beat = deployment.start_beat()
-    worker = deployment.start_worker()
-    deployment.wait_ready(worker)
-    deployment.wait_beat(beat)
-    return deployment, worker
+    return deployment, worker_and_beat(deployment)
 
 
 def _commits_fail_when_the_answer_comes(

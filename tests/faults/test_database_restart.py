@@ -27,7 +27,7 @@ retry after 1 s), all README ``AGBOSS_<NAME>`` variables.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 from sqlalchemy import text
@@ -44,7 +44,13 @@ from tests.deployment.deployment import Deployment
 from tests.deployment.gateway import PAID_TABLE_DDL
 from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
 from tests.faults.cluster import Cluster
-from tests.faults.scenario import FAULT_SPEEDUPS, NOT_RECONCILED
+from tests.faults.scenario import (
+    FAULT_SPEEDUPS,
+    NOT_RECONCILED,
+    looked_up,
+    wait_for_a_second_payment,
+    worker_and_beat,
+)
 from tests.support.processes import ManagedProcess, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -75,67 +81,58 @@ def crashable_store(crashable_postgres: Cluster) -> Iterator[str]:
     crashable_postgres.drop(url)
 
 
-def deployed(
-    deploy: DeployFactory, redis_url: str, store_url: str, extra: dict[str, str]
-) -> tuple[Deployment, ManagedProcess]:
-    deployment = deploy(redis_url, store_url, speedups={**FAULT_SPEEDUPS, **extra})
-    beat = deployment.start_beat()
-    worker = deployment.start_worker()
-    deployment.wait_ready(worker)
-    deployment.wait_beat(beat)
-    return deployment, worker
+Crash = Callable[[Mapping[str, str]], tuple[Deployment, ManagedProcess, dict[int, str], float]]
 
 
-def _crash_when_the_answer_comes(
-    deployment: Deployment, cluster: Cluster, worker: ManagedProcess
-) -> tuple[dict[int, str], float]:
-    """Hold the charge's answer, crash the cluster, release the answer, and wait until
-    the worker found it cannot record it. Returns the task ids and when (monotonic) the
-    cluster was stopped."""
-    hold = deployment.gateway.gateway.hold(operation="charge")
-    ids = deployment.publish([ORDER])
-    hold.wait_reached(timeout=HELD_SECONDS)
-    stopped = time.monotonic()
-    cluster.crash()
-    hold.release()
-    worker.wait_until(
-        lambda: "StoreUnavailableError" in worker.output(),
-        UNRECORDED_SECONDS,
-        message="the worker to find the store gone",
-    )
-    return ids, stopped
-
-
-def _looked_up(deployment: Deployment) -> bool:
-    """The gateway was asked about the order's charge (reconcile), by a delivery or the
-    sweep."""
-    key = deployment.key_of(ORDER)
-    return any(lookup.value == key for lookup in deployment.gateway.gateway.lookups)
-
-
-def test_s08_a_database_crash_when_the_answer_comes_hands_over_and_pays_once(
+@pytest.fixture
+def crash(
     redis_url_factory: Callable[[], str],
     crashable_postgres: Cluster,
     crashable_store: str,
     deploy: DeployFactory,
+) -> Crash:
+    """Deploy on the crashable store (worker and beat, ``extra`` in the environment); hold
+    the charge's answer, crash the cluster, release the answer, and wait until the worker
+    found it cannot record it. The deployment, its worker, the task ids and when
+    (monotonic) the cluster was stopped."""
+
+    def crash_when_the_answer_comes(
+        extra: Mapping[str, str],
+    ) -> tuple[Deployment, ManagedProcess, dict[int, str], float]:
+        speedups = {**FAULT_SPEEDUPS, **extra}
+        deployment = deploy(redis_url_factory(), crashable_store, speedups=speedups)
+        worker = worker_and_beat(deployment)
+        hold = deployment.gateway.gateway.hold(operation="charge")
+        ids = deployment.publish([ORDER])
+        hold.wait_reached(timeout=HELD_SECONDS)
+        stopped = time.monotonic()
+        crashable_postgres.crash()
+        hold.release()
+        worker.wait_until(
+            lambda: "StoreUnavailableError" in worker.output(),
+            UNRECORDED_SECONDS,
+            message="the worker to find the store gone",
+        )
+        return deployment, worker, ids, stopped
+
+    return crash_when_the_answer_comes
+
+
+def test_s08_a_database_crash_when_the_answer_comes_hands_over_and_pays_once(
+    crash: Crash, crashable_postgres: Cluster
 ) -> None:
-    deployment, worker = deployed(deploy, redis_url_factory(), crashable_store, {})
-    ids, _ = _crash_when_the_answer_comes(deployment, crashable_postgres, worker)
+    deployment, worker, ids, _ = crash({})
     crashable_postgres.start()
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    assert _looked_up(deployment), "the charge whose answer was lost was never looked up"
+    assert looked_up(deployment, ORDER), "the charge whose answer was lost was never looked up"
     assert EXECUTION_FAILED not in worker.output(), worker.tail()
 
 
 def test_s08b_the_database_back_after_the_lease_expired_is_taken_over_and_pays_once(
-    redis_url_factory: Callable[[], str],
-    crashable_postgres: Cluster,
-    crashable_store: str,
-    deploy: DeployFactory,
+    crash: Crash, crashable_postgres: Cluster
 ) -> None:
-    deployment, worker = deployed(deploy, redis_url_factory(), crashable_store, {})
-    ids, stopped = _crash_when_the_answer_comes(deployment, crashable_postgres, worker)
+    deployment, worker, ids, stopped = crash({})
     wait_until(
         lambda: time.monotonic() - stopped > TTL + 1,
         TTL + 5,
@@ -147,22 +144,12 @@ def test_s08b_the_database_back_after_the_lease_expired_is_taken_over_and_pays_o
     log = worker.output()
     assert EXECUTION_TAKEN_OVER in log and OUTBOUND_CALL_RECONCILED in log, worker.tail()
     assert EXECUTION_FAILED not in log, worker.tail()
-    assert _looked_up(deployment), "the charge whose answer was lost was never looked up"
+    assert looked_up(deployment, ORDER), "the charge whose answer was lost was never looked up"
 
 
 def test_s08_sabotaged_a_crash_recovered_without_reconcile_pays_twice(
-    redis_url_factory: Callable[[], str],
-    crashable_postgres: Cluster,
-    crashable_store: str,
-    deploy: DeployFactory,
+    crash: Crash, crashable_postgres: Cluster
 ) -> None:
-    deployment, worker = deployed(deploy, redis_url_factory(), crashable_store, NOT_RECONCILED)
-    ids, _ = _crash_when_the_answer_comes(deployment, crashable_postgres, worker)
+    deployment, _, ids, _ = crash(NOT_RECONCILED)
     crashable_postgres.start()
-    fake, key = deployment.gateway.gateway, deployment.key_of(ORDER)
-    wait_until(
-        lambda: len(fake.payments_for(key)) >= 2,
-        recovery_deadline(),
-        message=lambda: f"the second payment\n{deployment.progress(ids)}",
-    )
-    assert (len(fake.payments_for(key)), len(fake.requests_for(key))) == (2, 2)
+    wait_for_a_second_payment(deployment, ORDER, ids)

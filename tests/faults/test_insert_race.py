@@ -9,11 +9,8 @@ winner's row in its own transaction; no unique violation escapes to either.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import uuid
 from typing import Any
-
-import pytest
 
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -46,19 +43,13 @@ def test_two_processes_inserting_one_key_at_once_get_one_winner_and_read_its_row
         for process in processes:
             process.start()
         for _ in range(RACERS * KEYS):
-            try:
-                row = results.get(timeout=60)
-            except queue.Empty:
-                pytest.fail(f"only {len(rows)} of {RACERS * KEYS} inserts reported")
+            missing = f"only {len(rows)} of {RACERS * KEYS} inserts reported"
+            row = workers.next_row(results, 60, missing)
             assert row["error"] is None, f"a racer failed:\n{row['error']}"
             rows.append(row)
     finally:
         barrier.abort()
-        for process in processes:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
-                process.join(10)
+        workers.stop_all(processes)
     store = SQLAlchemyStore(store_url)
     try:
         for key in keys:

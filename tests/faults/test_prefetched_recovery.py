@@ -21,7 +21,6 @@ prefetches four messages per child).
 
 from __future__ import annotations
 
-import signal
 import time
 
 import pytest
@@ -31,7 +30,7 @@ from celery_agboss.store.held_messages import read_held
 from tests.deployment import brokers
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.test_recovery import HELD_SECONDS, KILL_SECONDS
+from tests.deployment.test_recovery import HELD_SECONDS, kill_the_worker
 from tests.faults.scenario import (
     FAULT_SPEEDUPS,
     POSTGRES_REDIS,
@@ -83,10 +82,8 @@ def _killed_with_orders_prefetched(
         HELD_SECONDS,
         message="the worker's row of held messages",
     )
-    worker.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
-    worker.wait(KILL_SECONDS)
-    wait_until(lambda: not worker.group_pids(), KILL_SECONDS, message="the worker gone")
+    kill_the_worker(worker)
     hold.release()
     new = deployment.start_worker(name="worker-new")
     deployment.wait_ready(new)

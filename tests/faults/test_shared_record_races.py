@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import queue
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,13 +95,13 @@ def _race(
     common = (list(sabotage), start, middle, done, hold, results)
     processes = [
         ctx.Process(
-            target=workers.undo_shared_step,
-            args=(store_url, PSEUDONYM_KEY, made.failing, made.key, *common),
+            target=workers.shared_step,
+            args=("undo", store_url, PSEUDONYM_KEY, made.failing, made.key, *common),
             daemon=True,
         ),
         ctx.Process(
-            target=workers.replay_shared_step,
-            args=(store_url, PSEUDONYM_KEY, made.clicking, made.business_key, *common),
+            target=workers.shared_step,
+            args=("replay", store_url, PSEUDONYM_KEY, made.clicking, made.business_key, *common),
             daemon=True,
         ),
     ]
@@ -112,21 +111,14 @@ def _race(
             for process in processes:
                 process.start()
         for _ in processes:
-            try:
-                row = results.get(timeout=90)
-            except queue.Empty:
-                pytest.fail(f"only {outcomes} of two sides reported")
+            row = workers.next_row(results, 90, f"only {outcomes} of two sides reported")
             assert row["error"] is None, f"the {row['side']} side failed:\n{row['error']}"
             outcomes[row["side"]] = row["outcome"]
     finally:
         start.abort()
         if middle is not None:
             middle.abort()
-        for process in processes:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
-                process.join(10)
+        workers.stop_all(processes)
     return outcomes
 
 
@@ -186,25 +178,33 @@ postgresql_only = pytest.mark.parametrize("store_url", ["postgresql"], indirect=
 
 
 @postgresql_only
-def test_a_replay_committed_between_the_undo_s_decision_and_its_claim_makes_it_wait(
-    store_url: str, rounds: list[Round]
+@pytest.mark.parametrize(
+    ("hold", "expected"),
+    [
+        pytest.param(
+            "undo",
+            {"undo": "WAIT", "replay": "relied"},
+            id="a_replay_committed_between_the_undo_s_decision_and_its_claim_makes_it_wait",
+        ),
+        pytest.param(
+            "replay",
+            {"undo": "UNDO", "replay": "compensated"},
+            id="an_undo_claimed_between_the_replay_s_read_and_its_write_refuses_the_replay",
+        ),
+    ],
+)
+def test_a_side_held_between_its_read_and_its_write_loses_to_the_other_s_commit(
+    store_url: str, rounds: list[Round], hold: str, expected: dict[str, str]
 ) -> None:
+    """The held side re-checks the record the other side committed meanwhile: exactly
+    one of the undo and the replay wins, the record says which."""
     made = rounds[0]
-    outcomes = _race(store_url, made, hold="undo")
+    outcomes = _race(store_url, made, hold=hold)
     record = _record(store_url, made.key)
-    assert outcomes == {"undo": "WAIT", "replay": "relied"}
-    assert record.undo_by is None and relies(record, made.clicking)
-
-
-@postgresql_only
-def test_an_undo_claimed_between_the_replay_s_read_and_its_reliance_refuses_the_replay(
-    store_url: str, rounds: list[Round]
-) -> None:
-    made = rounds[0]
-    outcomes = _race(store_url, made, hold="replay")
-    record = _record(store_url, made.key)
-    assert outcomes == {"undo": "UNDO", "replay": "compensated"}
-    assert record.undo_by == made.failing and not relies(record, made.clicking)
+    assert outcomes == expected
+    undone = expected["undo"] == "UNDO"
+    assert record.undo_by == (made.failing if undone else None)
+    assert relies(record, made.clicking) is not undone
 
 
 @postgresql_only

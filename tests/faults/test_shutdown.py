@@ -51,6 +51,7 @@ from tests.deployment.test_recovery import (
     KILL_SECONDS,
     assert_reconciled_not_resent,
     assert_recovered_past_the_broker,
+    kill_the_worker,
     recovery_deadline,
     start_two_workers,
 )
@@ -87,23 +88,13 @@ HANDED_OVER = sabotaged(SHUTDOWN_HANDS_OVER_RUNNING_LEASES)
 
 def _sigterm(worker: ManagedProcess) -> None:
     """The platform's stop: SIGTERM to the worker's main process (as Kubernetes or
-    ``docker stop`` send it), and Celery's warm shutdown under way."""
+    ``docker stop`` send it), and Celery's warm shutdown under way. When its grace is
+    over: ``kill_the_worker``."""
     worker.signal_leader(signal.SIGTERM)
     worker.wait_until(
         lambda: WARM_SHUTDOWN_LINE in worker.output(),
         KILL_SECONDS,
         message="the worker's warm shutdown",
-    )
-
-
-def _grace_over(worker: ManagedProcess) -> None:
-    """The platform's grace is over: SIGKILL to every process of the worker."""
-    worker.send_signal(signal.SIGKILL)
-    worker.wait(KILL_SECONDS)
-    wait_until(
-        lambda: not worker.group_pids(),
-        KILL_SECONDS,
-        message=f"every process of {worker.name} to be gone",
     )
 
 
@@ -113,7 +104,7 @@ def _killed_mid_body_then_replaced(
     """``old``'s grace ends (SIGKILL) with ``task_id``'s body still running; the held
     answer is let go and a new worker takes the old one's place. The new worker."""
     assert deployment.states([task_id]) == {task_id: "RUNNING"}, "the body is still running"
-    _grace_over(old)
+    kill_the_worker(old)
     hold.release()
     new = deployment.start_worker(name="worker-new")
     deployment.wait_ready(new)
@@ -296,7 +287,7 @@ def _killed_right_after_sigterm(
     (old,) = [w for w in workers if pid in w.group_pids()]
     (new,) = [w for w in workers if w is not old]
     _sigterm(old)
-    _grace_over(old)
+    kill_the_worker(old)  # the platform's grace is over
     lease = _lease(deployment, ids[ORDER])
     assert lease.live and not lease.released, f"the grace was meant to end first: {lease}"
     hold.release()

@@ -14,7 +14,6 @@ import multiprocessing
 import queue
 import threading
 import uuid
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ RESULT_SECONDS = 60.0
 
 def _errors(results: Any) -> str:
     """Whatever error rows the children left in the queue."""
-    found = []
+    found: list[str] = []
     while True:
         try:
             row = results.get(timeout=1)
@@ -40,15 +39,6 @@ def _errors(results: Any) -> str:
             return "\n".join(found) or "(no child reported an error)"
         if row[0] == "error":
             found.append(str(row[4]))
-
-
-def _stop(processes: list[BaseProcess]) -> None:
-    for process in processes:
-        process.join(10)
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join(10)
 
 
 def test_twenty_processes_racing_for_one_lease_get_one_winner_per_strictly_growing_token(
@@ -78,12 +68,10 @@ def test_twenty_processes_racing_for_one_lease_get_one_winner_per_strictly_growi
                 barrier.wait(workers.BARRIER_SECONDS)  # every process is ready: go
             except threading.BrokenBarrierError:
                 pytest.fail(f"round {number}: an acquirer gave up:\n{_errors(results)}")
-            rows = []
+            rows: list[Any] = []
             for _ in range(PROCESSES):
-                try:
-                    row = results.get(timeout=RESULT_SECONDS)
-                except queue.Empty:
-                    pytest.fail(f"round {number}: only {len(rows)} of {PROCESSES} answered")
+                missing = f"round {number}: only {len(rows)} of {PROCESSES} answered"
+                row = workers.next_row(results, RESULT_SECONDS, missing)
                 assert row[0] == "grant", f"an acquirer failed:\n{row[4]}"
                 rows.append(row)
             assert {row[1] for row in rows} == {number}
@@ -109,6 +97,6 @@ def test_twenty_processes_racing_for_one_lease_get_one_winner_per_strictly_growi
             barrier.wait(workers.BARRIER_SECONDS)  # the next round may start
     finally:
         barrier.abort()
-        _stop(processes)
+        workers.stop_all(processes)
         parent.close()
     assert all(process.exitcode == 0 for process in processes)

@@ -72,6 +72,7 @@ from tests.faults.scenario import (
     Stack,
     charges_of,
     deployed,
+    looked_up,
     sabotaged,
     wait_for_a_second_payment,
     worker_and_beat,
@@ -206,6 +207,19 @@ def _publish(deployment: Deployment) -> tuple[dict[int, str], str]:
     return ids, ids[ORDER]
 
 
+def _reach(
+    deploy: DeployFactory, stack: Stack, faults: Faults, rule: Rule, extra: Mapping[str, str]
+) -> tuple[Deployment, ManagedProcess, dict[int, str], int]:
+    """Deploy with ``rule`` armed (and ``extra``), publish the order, and wait until a
+    pool child reached the rule's point (stopped or held there, or gone when the rule
+    kills or exits it). The deployment, its worker, the task ids, the child's pid."""
+    deployment, worker = _start(deploy, stack, {**faults.env(rule), **extra})
+    ids, _ = _publish(deployment)
+    alive = rule["action"] in ("stop", "hold")
+    reached = faults.wait_claimed(rule["flag"], worker, HELD_SECONDS, alive=alive)
+    return deployment, worker, ids, int(reached["pid"])
+
+
 # --- s04: the lease expires while the charge is on the wire ---------------------------
 
 
@@ -239,9 +253,7 @@ def test_s04_a_child_frozen_mid_charge_past_its_lease_is_taken_over_and_pays_onc
         before = deployment.execution(task_id)
     _wait_fenced(worker, task_id)
     deployment.assert_each_paid_once(ids)
-    assert any(
-        lookup.value == deployment.key_of(ORDER) for lookup in deployment.gateway.gateway.lookups
-    )
+    assert looked_up(deployment, ORDER)
     after = deployment.execution(task_id)
     assert before is not None and after is not None
     assert (after.state, after.result) == (before.state, before.result), "the zombie wrote"
@@ -265,14 +277,6 @@ def test_s04_sabotaged_a_take_over_without_reconcile_pays_the_frozen_childs_orde
 # --- s05: the zombie's settle, after the take-over finished ----------------------------
 
 
-def freeze_before_the_settle(
-    deployment: Deployment, worker: ManagedProcess, faults: Faults
-) -> tuple[dict[int, str], int]:
-    ids, _ = _publish(deployment)
-    zombie = faults.wait_claimed("zombie", worker, HELD_SECONDS)
-    return ids, int(zombie["pid"])
-
-
 SETTLE_ZOMBIE = zombie_rule(OUTBOUND_BEFORE_SETTLE, match_end={"key": KEY_TAIL})
 
 
@@ -284,8 +288,7 @@ def test_s05_a_zombie_settling_after_the_take_over_is_refused_and_records_no_fai
     reconciles the charge and completes the execution. Woken, the zombie's settle is
     refused (fenced): it writes nothing, and Celery records no FAILURE over the paid
     order (``Ignore`` + ``task-fenced``)."""
-    deployment, worker = _start(deploy, stack, faults.env(SETTLE_ZOMBIE))
-    ids, zombie = freeze_before_the_settle(deployment, worker, faults)
+    deployment, worker, ids, zombie = _reach(deploy, stack, faults, SETTLE_ZOMBIE, {})
     task_id = ids[ORDER]
     with frozen(zombie):
         deployment.wait_settled(ids, recovery_deadline())
@@ -304,9 +307,10 @@ def test_s05_sabotaged_a_fenced_zombie_recorded_as_failed_marks_a_paid_order_fai
 ) -> None:
     """The fence recorded as a failure: Celery logs (and sends ``task-failed`` for) a
     FAILURE of the order the gateway charged once."""
-    environment = {**faults.env(SETTLE_ZOMBIE), **sabotaged(FENCE_RECORDED_AS_FAILURE)}
-    deployment, worker = _start(deploy, sabotage_stack, environment)
-    ids, zombie = freeze_before_the_settle(deployment, worker, faults)
+    environment = sabotaged(FENCE_RECORDED_AS_FAILURE)
+    deployment, worker, ids, zombie = _reach(
+        deploy, sabotage_stack, faults, SETTLE_ZOMBIE, environment
+    )
     with frozen(zombie):
         deployment.wait_settled(ids, recovery_deadline())
     worker.wait_until(
@@ -450,26 +454,20 @@ def test_s05d_a_zombie_frozen_before_its_send_checks_its_lease_and_sends_nothing
     """Its intent recorded (PENDING), frozen before the send: the take-over reconciles
     (nothing at the gateway) and sends attempt 2 under the same key. Woken, the zombie
     checks its lease before sending: nothing sent. One request under the key."""
-    deployment, worker = _start(deploy, stack, faults.env(SEND_ZOMBIE))
-    ids, _ = _publish(deployment)
-    zombie = faults.wait_claimed("zombie", worker, HELD_SECONDS)
-    with frozen(int(zombie["pid"])):
+    deployment, worker, ids, zombie = _reach(deploy, stack, faults, SEND_ZOMBIE, {})
+    with frozen(zombie):
         deployment.wait_settled(ids, recovery_deadline())
     _wait_fenced(worker, ids[ORDER])
     deployment.assert_each_paid_once(ids)
-    assert any(
-        lookup.value == deployment.key_of(ORDER) for lookup in deployment.gateway.gateway.lookups
-    )
+    assert looked_up(deployment, ORDER)
 
 
 def test_s05d_sabotaged_a_send_without_a_lease_check_pays_the_order_twice(
     sabotage_stack: Stack, deploy: DeployFactory, faults: Faults
 ) -> None:
-    environment = {**faults.env(SEND_ZOMBIE), **sabotaged(SEND_WITHOUT_LEASE_CHECK)}
-    deployment, worker = _start(deploy, sabotage_stack, environment)
-    ids, _ = _publish(deployment)
-    zombie = faults.wait_claimed("zombie", worker, HELD_SECONDS)
-    with frozen(int(zombie["pid"])):
+    environment = sabotaged(SEND_WITHOUT_LEASE_CHECK)
+    deployment, _, ids, zombie = _reach(deploy, sabotage_stack, faults, SEND_ZOMBIE, environment)
+    with frozen(zombie):
         deployment.wait_settled(ids, recovery_deadline())
     wait_until(
         lambda: charges_of(deployment, ORDER)[0] >= 2,
@@ -492,9 +490,7 @@ KILL_AFTER_MARK_PAID = {
 def kill_after_mark_paid(
     deploy: DeployFactory, stack: Stack, faults: Faults, extra: Mapping[str, str]
 ) -> tuple[Deployment, dict[int, str]]:
-    deployment, worker = _start(deploy, stack, {**faults.env(KILL_AFTER_MARK_PAID), **extra})
-    ids, _ = _publish(deployment)
-    killed = int(faults.wait_claimed("killed", worker, HELD_SECONDS, alive=False)["pid"])
+    deployment, worker, ids, killed = _reach(deploy, stack, faults, KILL_AFTER_MARK_PAID, extra)
     wait_until(lambda: killed not in worker.group_pids(), KILL_SECONDS, message="the kill")
     return deployment, ids
 
@@ -543,15 +539,6 @@ EXIT_IN_SETTLE_COMMIT = {
 }
 
 
-def exit_in_the_settle_commit(
-    deploy: DeployFactory, stack: Stack, faults: Faults, extra: Mapping[str, str]
-) -> tuple[Deployment, dict[int, str]]:
-    deployment, worker = _start(deploy, stack, {**faults.env(EXIT_IN_SETTLE_COMMIT), **extra})
-    ids, _ = _publish(deployment)
-    faults.wait_claimed("exited", worker, HELD_SECONDS, alive=False)
-    return deployment, ids
-
-
 @pytest.mark.parametrize("stack", BOTH, indirect=True)
 def test_trap6_a_system_exit_inside_the_settle_commit_writes_nothing_and_pays_once(
     stack: Stack, deploy: DeployFactory, faults: Faults
@@ -560,18 +547,18 @@ def test_trap6_a_system_exit_inside_the_settle_commit_writes_nothing_and_pays_on
     settle (the gateway charged): the transaction rolls back whole (the intent stays
     PENDING, no half-settled row), the child ends, and the re-run reconciles the charge
     instead of sending it. One payment, one row, COMPLETED."""
-    deployment, ids = exit_in_the_settle_commit(deploy, stack, faults, {})
+    deployment, _, ids, _ = _reach(deploy, stack, faults, EXIT_IN_SETTLE_COMMIT, {})
     deployment.wait_settled(ids, recovery_deadline())
     deployment.assert_each_paid_once(ids)
-    assert any(
-        lookup.value == deployment.key_of(ORDER) for lookup in deployment.gateway.gateway.lookups
-    )
+    assert looked_up(deployment, ORDER)
 
 
 def test_trap6_sabotaged_a_resend_without_reconcile_after_the_exit_pays_twice(
     sabotage_stack: Stack, deploy: DeployFactory, faults: Faults
 ) -> None:
-    deployment, ids = exit_in_the_settle_commit(deploy, sabotage_stack, faults, NOT_RECONCILED)
+    deployment, _, ids, _ = _reach(
+        deploy, sabotage_stack, faults, EXIT_IN_SETTLE_COMMIT, NOT_RECONCILED
+    )
     wait_for_a_second_payment(deployment, ORDER, ids)
 
 
@@ -589,10 +576,7 @@ def freeze_inside_mark_paid(
     """The child stops inside ``mark-paid``'s transaction, right before its COMMIT: the
     charge is settled, the app's row written but not committed, and the transaction
     holds the lock on the execution's lease row."""
-    deployment, worker = _start(deploy, stack, {**faults.env(FROZEN_IN_MARK_PAID), **extra})
-    ids, _ = _publish(deployment)
-    zombie = faults.wait_claimed("zombie", worker, HELD_SECONDS)
-    return deployment, worker, ids, int(zombie["pid"])
+    return _reach(deploy, stack, faults, FROZEN_IN_MARK_PAID, extra)
 
 
 def _taken_over(deployment: Deployment, task_id: str) -> bool:

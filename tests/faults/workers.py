@@ -1,7 +1,8 @@
 """Code that runs in spawned processes for the store's multi-process tests.
 
 A spawned child imports this module by name, so it lives outside the test files
-(which pytest imports by path) and imports nothing from pytest. Every child opens its
+(which pytest imports by path) and imports nothing from pytest. The last section is the
+parent's: reading what the children report, and stopping them. Every child opens its
 own ``SQLAlchemyStore`` on the URL it is given, waits on a shared barrier so that
 all children hit the database at the same instant, and reports through a queue.
 """
@@ -9,9 +10,11 @@ all children hit the database at the same instant, and reports through a queue.
 from __future__ import annotations
 
 import contextlib
+import queue
 import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import Any
@@ -169,11 +172,12 @@ def _hold(middle: Barrier | None, done: Any) -> Any:
     return action
 
 
-def undo_shared_step(
+def shared_step(
+    side: str,
     url: str,
     pseudonym_key: bytes,
     execution_id: str,
-    step_key: str,
+    key: str,
     sabotage: Sequence[str],
     start: Barrier,
     middle: Barrier | None,
@@ -181,97 +185,108 @@ def undo_shared_step(
     hold: str,
     results: Queue[dict[str, Any]],
 ) -> None:
-    """Decide (and claim, when it undoes) the undo of ``step_key`` as a failing
-    execution does (``core.compensation.decide_step``). ``hold == "undo"``: pause
-    between the decision and the claim until the replay side committed."""
+    """One side of the shared-record race (``_undo_side``, ``_replay_side``): open a
+    store, switch ``sabotage`` off, meet the other side at ``start`` and report the
+    side's outcome. The held side (``hold == side``) pauses at its fault point until the
+    other side is ``done``; the other side waits at ``middle`` for that pause first."""
     from celery_agboss.core import sabotage as switches
+    from celery_agboss.testing.fault_arming import arm_fault
+
+    other_held = hold not in ("none", side)
+    store = None
+    try:
+        sides = {"undo": _undo_side, "replay": _replay_side}
+        point, work = sides[side](pseudonym_key, execution_id, key)
+        store = _open_store(url, _Zero())
+        if hold == side:
+            arm_fault(point, _hold(middle, done))
+        with switches.switched_off(*sabotage) if sabotage else contextlib.nullcontext():
+            start.wait(BARRIER_SECONDS)
+            if other_held:
+                assert middle is not None
+                middle.wait(BARRIER_SECONDS)
+            outcome = work(store)
+        if other_held:
+            done.set()
+        results.put({"side": side, "outcome": outcome, "error": None})
+    except BaseException as exc:
+        start.abort()
+        if middle is not None:
+            middle.abort()
+        results.put({"side": side, "error": f"{exc!r}\n{traceback.format_exc()}"})
+    finally:
+        if store is not None:
+            store.close()
+
+
+Work = tuple[str, Callable[[Any], str]]  # (the fault point the side is held at, its work)
+
+
+def _undo_side(pseudonym_key: bytes, execution_id: str, step_key: str) -> Work:
+    """Decide (and claim, when it undoes) the undo of ``step_key`` as a failing
+    execution does (``core.compensation.decide_step``); held between the decision and
+    the claim."""
     from celery_agboss.core.compensation import UndoContext, UndoDeclaration, decide_step
     from celery_agboss.core.execution_context import ExecutionContext
     from celery_agboss.core.store_protocol import INTENT_RECORD
-    from celery_agboss.testing.fault_arming import UNDO_BEFORE_CLAIM, arm_fault
+    from celery_agboss.testing.fault_arming import UNDO_BEFORE_CLAIM
 
-    store = None
-    try:
-        store = _open_store(url, _Zero())
+    def work(store: Any) -> str:
         settings = shared_settings(pseudonym_key)
-        if hold == "undo":
-            arm_fault(UNDO_BEFORE_CLAIM, _hold(middle, done))
-        with switches.switched_off(*sabotage) if sabotage else contextlib.nullcontext():
-            start.wait(BARRIER_SECONDS)
-            if hold == "replay":
-                assert middle is not None
-                middle.wait(BARRIER_SECONDS)
-            with ExecutionContext.start(store, execution_id, settings) as ctx:
-                undo = UndoContext.over(ctx)
-                declaration = UndoDeclaration(1, step_key, "refund", {}, kind=INTENT_RECORD)
-                decision = decide_step(undo, declaration)
-        if hold == "replay":
-            done.set()
-        results.put({"side": "undo", "outcome": decision.outcome.value, "error": None})
-    except BaseException as exc:
-        start.abort()
-        if middle is not None:
-            middle.abort()
-        results.put({"side": "undo", "error": f"{exc!r}\n{traceback.format_exc()}"})
-    finally:
-        if store is not None:
-            store.close()
+        with ExecutionContext.start(store, execution_id, settings) as ctx:
+            declaration = UndoDeclaration(1, step_key, "refund", {}, kind=INTENT_RECORD)
+            return decide_step(UndoContext.over(ctx), declaration).outcome.value
+
+    return UNDO_BEFORE_CLAIM, work
 
 
-def replay_shared_step(
-    url: str,
-    pseudonym_key: bytes,
-    execution_id: str,
-    business_key: str,
-    sabotage: Sequence[str],
-    start: Barrier,
-    middle: Barrier | None,
-    done: Any,
-    hold: str,
-    results: Queue[dict[str, Any]],
-) -> None:
-    """Call the shared step as another execution's body does: replayed (its reliance
-    written) or refused as undone. ``hold == "replay"``: pause between the read of the
-    record and the reliance until the undo side claimed it."""
-    from celery_agboss.core import sabotage as switches
+def _replay_side(pseudonym_key: bytes, execution_id: str, business_key: str) -> Work:
+    """Call the shared step as another execution's body does: ``relied`` (its reliance
+    written) or ``compensated`` (refused as undone); held between the read of the record
+    and the reliance."""
     from celery_agboss.core import state_machine
     from celery_agboss.core.execution_context import ExecutionContext
     from celery_agboss.errors import OutboundCallCompensatedError
-    from celery_agboss.testing.fault_arming import OUTBOUND_BEFORE_RELY, arm_fault
+    from celery_agboss.testing.fault_arming import OUTBOUND_BEFORE_RELY
 
-    store = None
-    try:
-        store = _open_store(url, _Zero())
+    state_machine.COMPENSATION_WAIT_S = 0.05  # the undo here is claimed, never run
+
+    def work(store: Any) -> str:
         settings = shared_settings(pseudonym_key)
-        state_machine.COMPENSATION_WAIT_S = 0.05  # the undo here is claimed, never run
-        if hold == "replay":
-            arm_fault(OUTBOUND_BEFORE_RELY, _hold(middle, done))
-        with switches.switched_off(*sabotage) if sabotage else contextlib.nullcontext():
-            start.wait(BARRIER_SECONDS)
-            if hold == "undo":
-                assert middle is not None
-                middle.wait(BARRIER_SECONDS)
-            call = settings.registry[SHARED_CALL]
-            with ExecutionContext.start(store, execution_id, settings) as ctx:
-                try:
-                    ctx.outbound(call, SHARED_REQUEST, business_key=business_key)
-                    outcome = "relied"
-                except OutboundCallCompensatedError:
-                    outcome = "compensated"
-        if hold == "undo":
-            done.set()
-        results.put({"side": "replay", "outcome": outcome, "error": None})
-    except BaseException as exc:
-        start.abort()
-        if middle is not None:
-            middle.abort()
-        results.put({"side": "replay", "error": f"{exc!r}\n{traceback.format_exc()}"})
-    finally:
-        if store is not None:
-            store.close()
+        call = settings.registry[SHARED_CALL]
+        with ExecutionContext.start(store, execution_id, settings) as ctx:
+            try:
+                ctx.outbound(call, SHARED_REQUEST, business_key=business_key)
+            except OutboundCallCompensatedError:
+                return "compensated"
+            return "relied"
+
+    return OUTBOUND_BEFORE_RELY, work
 
 
 class _Zero:
     """A clock offset of zero, shaped like the shared ``multiprocessing.Value``."""
 
     value = 0
+
+
+# --- the parent's side ---------------------------------------------------------------
+
+
+def next_row(results: Queue[Any], timeout: float, missing: str) -> Any:
+    """The next row a child reported; a child silent for ``timeout`` fails the test with
+    ``missing``."""
+    try:
+        return results.get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(missing) from None
+
+
+def stop_all(processes: Sequence[BaseProcess]) -> None:
+    """Join every child; kill those still running (the test is over either way)."""
+    for process in processes:
+        process.join(10)
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(10)
