@@ -54,51 +54,57 @@ def _table(kind: str) -> tuple[Table, ColumnElement[str]]:
 # --- reads ----------------------------------------------------------------------------
 
 
-_user = executions.alias("agboss_user")
+@built_once
+def _users_statement(conn: Connection, kind: str) -> Any:
+    """Every use of the records ``u_keys``, with the user's state (NULL once its row is
+    gone)."""
+    return (
+        select(
+            _u.record_key,
+            _u.execution_id,
+            _u.relied_at_ms,
+            _u.completed_at_ms,
+            _e.state,
+            _e.cancel_requested,
+        )
+        .select_from(record_uses.outerjoin(executions, _e.id == _u.execution_id))
+        .where(_u.kind == kind, _u.record_key.in_(bindparam("u_keys", expanding=True)))
+        .order_by(_u.used_at_ms, _u.execution_id)
+    )
 
 
 def _with_creator(kind: str) -> Any:
-    """The records' columns, their creator's state and every other use of them with its
-    user's state, in one statement: a row per use (one with NULL use columns for a record
-    nobody else used). Outer joins, since a creator's or user's row may be gone."""
-    table, key_column = _table(kind)
-    uses = record_uses.outerjoin(_user, _user.c.id == _u.execution_id)
+    """The records' columns and their creator's state, read with them (an outer join:
+    a creator's row may be gone), so the records and their creators cost one round trip."""
+    table, _ = _table(kind)
     return select(
         *_columns(kind),
         _e.state.label("creator_state"),
         _e.cancel_requested.label("creator_cancel"),
-        _u.execution_id.label("user_id"),
-        _u.relied_at_ms.label("user_relied_at_ms"),
-        _u.completed_at_ms.label("user_completed_at_ms"),
-        _user.c.state.label("user_state"),
-        _user.c.cancel_requested.label("user_cancel"),
-    ).select_from(
-        table.outerjoin(executions, _e.id == table.c.execution_id).outerjoin(
-            uses, and_(_u.kind == kind, _u.record_key == key_column)
-        )
-    )
+    ).select_from(table.outerjoin(executions, _e.id == table.c.execution_id))
 
 
-def _records(kind: str, rows: Sequence[Row[Any]]) -> list[SharedRecord]:
-    """The records of ``rows`` (``_with_creator``'s, a record's rows together, its uses
-    oldest first) with their users: the creator first, then every other."""
+def _records(conn: Connection, kind: str, rows: Sequence[Row[Any]]) -> list[SharedRecord]:
+    """The records of ``rows`` with their users: the creator first, then every other."""
+    if not rows:
+        return []
     column = "idempotency_key" if kind == INTENT_RECORD else "key"
-    grouped: dict[str, list[Row[Any]]] = {}
-    for row in rows:
-        grouped.setdefault(str(row._mapping[column]), []).append(row)
+    keys = [str(r._mapping[column]) for r in rows]
+    uses: dict[str, list[Row[Any]]] = {}
+    for use in conn.execute(_users_statement(conn, kind), {"u_keys": keys}).all():
+        uses.setdefault(str(use.record_key), []).append(use)
     made: list[SharedRecord] = []
-    for key, group in grouped.items():
-        row = group[0]
+    for key, row in zip(keys, rows, strict=True):
         creator = str(row.execution_id)
-        found = {str(u.user_id): u for u in group if u.user_id is not None}
+        found = {str(u.execution_id): u for u in uses.get(key, [])}
         state = None if row.creator_state is None else str(row.creator_state)
         cancel = bool(row.creator_cancel)
         own = found.pop(creator, None)
         users = [
             RecordUser(
                 creator,
-                relied=own is not None and own.user_relied_at_ms is not None,
-                completed_on=own is not None and own.user_completed_at_ms is not None,
+                relied=own is not None and own.relied_at_ms is not None,
+                completed_on=own is not None and own.completed_at_ms is not None,
                 state=state,
                 cancel_requested=cancel,
             )
@@ -106,10 +112,10 @@ def _records(kind: str, rows: Sequence[Row[Any]]) -> list[SharedRecord]:
         users += [
             RecordUser(
                 execution_id,
-                relied=use.user_relied_at_ms is not None,
-                completed_on=use.user_completed_at_ms is not None,
-                state=None if use.user_state is None else str(use.user_state),
-                cancel_requested=bool(use.user_cancel),
+                relied=use.relied_at_ms is not None,
+                completed_on=use.completed_at_ms is not None,
+                state=None if use.state is None else str(use.state),
+                cancel_requested=bool(use.cancel_requested),
             )
             for execution_id, use in found.items()
         ]
@@ -163,10 +169,8 @@ def _columns(kind: str) -> list[Any]:
 
 def read_shared_txn(conn: Connection, kind: str, record_key: str) -> SharedRecord | None:
     _, key_column = _table(kind)
-    rows = conn.execute(
-        _with_creator(kind).where(key_column == record_key).order_by(_u.used_at_ms, _u.execution_id)
-    ).all()
-    found = _records(kind, rows)
+    rows = conn.execute(_with_creator(kind).where(key_column == record_key)).all()
+    found = _records(conn, kind, rows)
     return found[0] if found else None
 
 
@@ -174,7 +178,7 @@ def shared_records_of_txn(conn: Connection, execution_id: str) -> list[SharedRec
     """Every intent the execution created or used (a use is noted before an execution
     sends an attempt of an intent it did not create), oldest first."""
     rows = conn.execute(_records_of_statement(conn), {"s_execution_id": execution_id}).all()
-    return _records(INTENT_RECORD, rows)
+    return _records(conn, INTENT_RECORD, rows)
 
 
 @built_once
@@ -189,7 +193,7 @@ def _records_of_statement(conn: Connection) -> Any:
     return (
         _with_creator(INTENT_RECORD)
         .where(_i.idempotency_key.in_(select(keys.c.key)))
-        .order_by(_i.first_attempt_at_ms, _i.idempotency_key, _u.used_at_ms, _u.execution_id)
+        .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
     )
 
 
