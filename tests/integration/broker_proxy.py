@@ -19,9 +19,9 @@ import contextlib
 import socket
 import threading
 from types import TracebackType
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-_CHUNK = 65536
+from tests.support.relay import CHUNK, accepted_pairs, close_sockets, loopback_listener, proxied_url
 
 
 class BrokerProxy:
@@ -29,8 +29,7 @@ class BrokerProxy:
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
+        self._listener = loopback_listener(0.2)
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._silenced: set[socket.socket] = set()  # client sockets of pairs being cut
@@ -52,11 +51,7 @@ class BrokerProxy:
 
     def url_for(self, url: str) -> str:
         """``url`` with its host and port replaced by the proxy's."""
-        parts = urlsplit(url)
-        netloc = parts.netloc.rsplit("@", 1)
-        address = f"127.0.0.1:{self.port}"
-        netloc_text = f"{netloc[0]}@{address}" if len(netloc) == 2 else address
-        return urlunsplit(parts._replace(netloc=netloc_text))
+        return proxied_url(url, self.port)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -93,30 +88,13 @@ class BrokerProxy:
             self._silenced.update(client for client, _ in pairs)
             self.cuts += 1
         for client, upstream in pairs:
-            for sock in (client, upstream):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                with contextlib.suppress(OSError):
-                    sock.close()
+            close_sockets(client, upstream)
         return len(pairs)
 
     # --- the forwarding -------------------------------------------------------------------
 
     def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            client.settimeout(None)
+        for client, upstream in accepted_pairs(self._listener, self.target, self._closing):
             with self._lock:
                 self._pairs.append((client, upstream))
                 self.accepted += 1
@@ -131,18 +109,14 @@ class BrokerProxy:
     def _pump(self, source: socket.socket, sink: socket.socket, client: socket.socket) -> None:
         try:
             while True:
-                data = source.recv(_CHUNK)
+                data = source.recv(CHUNK)
                 if not data or client in self._silenced:
                     break
                 sink.sendall(data)
         except OSError:
             pass
         finally:
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                with contextlib.suppress(OSError):
-                    sock.close()
+            close_sockets(source, sink)
             with self._lock:
                 self._pairs = [p for p in self._pairs if source not in p]
                 self._silenced.discard(client)

@@ -27,6 +27,7 @@ from typing import Any
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import FakeGatewayErrorKind
+from tests.support.processes import wait_until
 
 GATE_BOUND_SECONDS = 60.0
 
@@ -153,16 +154,9 @@ class GatewayHTTPServer(FakeGatewayServer):
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str]) -> Any:
-    """Poll ``predicate`` until truthy; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {text}")
-        time.sleep(0.05)
+    """:func:`tests.support.processes.wait_until` with what is awaited third: poll
+    ``predicate`` until truthy; an AssertionError naming ``what`` after ``timeout``."""
+    return wait_until(predicate, timeout, message=what)
 
 
 __all__ = ["GatewayHTTPServer", "Note", "wait_for"]

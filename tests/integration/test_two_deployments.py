@@ -132,17 +132,23 @@ def _b_paid_with_a_s_payments(stripe: FakeGatewayServer, a: Shop, b: Shop) -> No
         assert b_paid[order]["receipt"] == a_paid[order]["receipt"], order
 
 
-# --- other amounts -----------------------------------------------------------------------
+# --- keys of their own -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("b_amount", [2500, 1000], ids=["other-amounts", "equal-amounts"])
 def test_two_shops_on_one_account_each_charge_their_own_customers_their_own_amounts(
-    two_shops: TwoShops, stripe_account: FakeGatewayServer
+    two_shops: TwoShops, stripe_account: FakeGatewayServer, b_amount: int
 ) -> None:
+    """Shop A charges 1000; shop B another amount, or the same (then nothing but the keys
+    tells their payments apart)."""
     a, b = two_shops()
     assert a.agboss.tenant != b.agboss.tenant, "each store has a deployment id of its own"
     _run(a, 1000, "COMPLETED")
-    _run(b, 2500, "COMPLETED")
-    _each_paid_its_own(stripe_account, [(a, 1000), (b, 2500)])
+    _run(b, b_amount, "COMPLETED")
+    _each_paid_its_own(stripe_account, [(a, 1000), (b, b_amount)])
+
+
+# --- a shared tenant, other amounts ------------------------------------------------------
 
 
 def test_shops_sharing_a_tenant_wait_for_an_operator_rather_than_take_the_other_s_payment(
@@ -169,16 +175,7 @@ def test_twin_shops_sharing_a_tenant_without_the_comparison_mark_b_paid_with_a_s
     _b_paid_with_a_s_payments(stripe_account, a, b)
 
 
-# --- equal amounts -----------------------------------------------------------------------
-
-
-def test_two_shops_charging_equal_amounts_each_charge_their_own_customers(
-    two_shops: TwoShops, stripe_account: FakeGatewayServer
-) -> None:
-    a, b = two_shops()
-    _run(a, 1000, "COMPLETED")
-    _run(b, 1000, "COMPLETED")
-    _each_paid_its_own(stripe_account, [(a, 1000), (b, 1000)])
+# --- a shared tenant, equal amounts ------------------------------------------------------
 
 
 def test_twin_shops_sharing_a_tenant_with_equal_amounts_lose_shop_b_s_payments(

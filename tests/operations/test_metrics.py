@@ -17,7 +17,6 @@ import json
 import math
 import re
 import signal
-import socket
 import sys
 import urllib.request
 import uuid
@@ -42,15 +41,10 @@ from tests.operations.cli import run
 from tests.operations.conftest import WorldFactory
 from tests.operations.workers.sweeping import agboss_cli
 from tests.operations.world import World
+from tests.support.throwaway import free_ports
 
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$", re.M)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def scrape(url: str) -> str:
@@ -106,7 +100,7 @@ def test_a_prefork_worker_exposes_a_replay_a_reconcile_and_a_fence_without_busin
     shop_factory: ShopFactory,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    port = free_port()
+    (port,) = free_ports(1)
     monkeypatch.setenv("AGBOSS_METRICS_PORT", str(port))  # the worker inherits it
     url = f"http://127.0.0.1:{port}/metrics"
     shop = shop_factory()

@@ -20,7 +20,6 @@ outside quotes.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import re
 import socket
@@ -28,9 +27,10 @@ import struct
 import threading
 from collections.abc import Iterator
 from types import TracebackType
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from tests.support.processes import wait_until
+from tests.support.relay import CHUNK, accepted_pairs, close_sockets, loopback_listener, proxied_url
 
 _SSL_REQUEST = 80877103
 _GSSENC_REQUEST = 80877104
@@ -38,7 +38,6 @@ _COMMIT = re.compile(rb"\bcommit\b", re.IGNORECASE)
 # Quoted text cannot hold a statement: 'literals', "identifiers", $tag$bodies$tag$.
 _QUOTED = re.compile(rb"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$(\w*)\$.*?\$\1\$", re.DOTALL)
 _ANSWER_DEADLINE_SECONDS = 10.0
-_CHUNK = 65536
 
 
 class CommitFault(enum.Enum):
@@ -149,10 +148,7 @@ class _Link:
             self.closed.set()
         if self._timer is not None:
             self._timer.cancel()
-        for sock in (self.client, self.server):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        close_sockets(self.client, self.server)
         self.proxy._forget(self)
 
     def _client_to_server(self) -> None:
@@ -160,7 +156,7 @@ class _Link:
         detector = _CommitDetector()
         try:
             while not self.closed.is_set():
-                data = self.client.recv(_CHUNK)
+                data = self.client.recv(CHUNK)
                 if not data:
                     break
                 for message in reader.feed(data):
@@ -196,7 +192,7 @@ class _Link:
         reader = _MessageReader(startup=False)
         try:
             while not self.closed.is_set():
-                data = self.server.recv(_CHUNK)
+                data = self.server.recv(CHUNK)
                 if not data:
                     break
                 messages = list(reader.feed(data))
@@ -239,12 +235,7 @@ class PostgresProxy:
     # -- life cycle ---------------------------------------------------------
 
     def start(self) -> PostgresProxy:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(64)
-        listener.settimeout(0.1)
-        self._listener = listener
+        self._listener = loopback_listener(0.1)
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True, name="proxy")
         self._acceptor.start()
         return self
@@ -279,10 +270,7 @@ class PostgresProxy:
 
     def url_for(self, url: str) -> str:
         """``url`` (SQLAlchemy or libpq form) with its host and port replaced by the proxy's."""
-        parts = urlsplit(url)
-        userinfo = parts.netloc.rpartition("@")[0]
-        netloc = f"{userinfo}@" if userinfo else ""
-        return urlunsplit(parts._replace(netloc=f"{netloc}127.0.0.1:{self.port}"))
+        return proxied_url(url, self.port)
 
     # -- faults -------------------------------------------------------------
 
@@ -338,25 +326,9 @@ class PostgresProxy:
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
-        while not self._stopping.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            with self._lock:
-                rejecting = self._rejecting
-            if rejecting:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            server.settimeout(None)
+        for client, server in accepted_pairs(
+            self._listener, self.upstream, self._stopping, self._refusing
+        ):
             for sock in (client, server):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link = _Link(self, client, server)
@@ -365,6 +337,10 @@ class PostgresProxy:
                 self._all_threads = [t for t in self._all_threads if t.is_alive()]
                 self._all_threads.extend(link.threads)
             link.start()
+
+    def _refusing(self) -> bool:
+        with self._lock:
+            return self._rejecting
 
     def _forget(self, link: _Link) -> None:
         with self._lock:

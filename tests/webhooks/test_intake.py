@@ -30,7 +30,7 @@ from celery_agboss.webhooks import (
     sign_adyen_item,
     verify_adyen,
 )
-from tests.webhooks.signing_keys import ADYEN_KEY
+from tests.webhooks.signing_keys import ADYEN_KEY, adyen_item
 
 tables = MetaData()
 events_applied = Table(
@@ -151,17 +151,8 @@ def test_a_pause_answered_by_an_event_twice_is_answered_once(agboss_app: Celery)
 # --- an Adyen notification re-split at its unescaped colons --------------------------
 
 
-def _adyen_notification(**fields: Any) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "additionalData": {},
-        "amount": {"currency": "EUR", "value": 1130},
-        "eventCode": "AUTHORISATION",
-        "merchantAccountCode": "ShopAccount",
-        "merchantReference": "order:42",  # a merchant whose references hold a colon
-        "pspReference": "7914073381342284",
-        "success": "true",
-        **fields,
-    }
+def _adyen_notification() -> dict[str, Any]:
+    item = adyen_item(merchantReference="order:42")  # a merchant whose references hold a colon
     item["additionalData"] = {"hmacSignature": sign_adyen_item(item, ADYEN_KEY)}
     return item
 

@@ -33,7 +33,7 @@ from celery_agboss.webhooks import (
     verify_stripe,
     verify_webhook,
 )
-from tests.webhooks.signing_keys import ADYEN_KEY, CHECKOUT_SECRET, STRIPE_SECRET
+from tests.webhooks.signing_keys import ADYEN_KEY, CHECKOUT_SECRET, STRIPE_SECRET, adyen_item
 
 ACCOUNTS = ["ShopAccount"]
 NOW = 1_700_000_000
@@ -232,21 +232,6 @@ def test_a_missing_forged_or_modified_checkout_webhook_is_refused(
 
 
 # --- Adyen --------------------------------------------------------------------------------
-
-
-def adyen_item(**changes: Any) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "additionalData": {},
-        "amount": {"currency": "EUR", "value": 1130},
-        "eventCode": "AUTHORISATION",
-        "eventDate": "2024-01-01T10:00:00+01:00",
-        "merchantAccountCode": "ShopAccount",
-        "merchantReference": "order-7",
-        "pspReference": "7914073381342284",
-        "success": "true",
-    }
-    item.update(changes)
-    return item
 
 
 def adyen_signed(item: dict[str, Any]) -> dict[str, Any]:

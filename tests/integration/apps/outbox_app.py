@@ -14,10 +14,8 @@ app of its own in the worker).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import urllib.request
 from typing import Any
 
 from celery import Celery
@@ -27,7 +25,7 @@ from sqlalchemy.engine import Engine
 from celery_agboss import AGBoss, PaymentTask, outbox
 from celery_agboss.core.executions import execution_scope
 from celery_agboss.testing.fault_arming import FENCED_AFTER_COMMIT, arm_fault
-from tests.integration.apps.shop import app_from_environment
+from tests.integration.apps.shop import app_from_environment, gateway_note
 from tests.integration.apps.shop import make_app as make_shop_app
 
 CONFIG_ENV = "AGBOSS_IT_OUTBOX_CONFIG"
@@ -44,18 +42,6 @@ def create_orders_table(engine: Engine) -> None:
         conn.execute(
             text(f"CREATE TABLE IF NOT EXISTS {ORDERS_TABLE} (id VARCHAR(64) PRIMARY KEY)")
         )
-
-
-def _note(gateway: str, event: str, task_id: str | None, **fields: Any) -> None:
-    body = json.dumps({"event": event, "task_id": task_id, **fields}).encode()
-    request = urllib.request.Request(
-        f"{gateway}/note",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json", "X-Worker-Pid": str(os.getpid())},
-    )
-    with urllib.request.urlopen(request, timeout=10):
-        pass
 
 
 def _die_after_this_commit(execution_id: str) -> None:
@@ -77,7 +63,7 @@ def make_app(config: dict[str, Any]) -> Celery:
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.outbox.send_receipt")
     def send_receipt(self: Any, order_id: str) -> dict[str, str]:
-        _note(gateway, "receipt", self.request.id, order=order_id)
+        gateway_note(gateway, "receipt", self.request.id, order=order_id)
         return {"receipt": order_id}
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.outbox.pay_order")

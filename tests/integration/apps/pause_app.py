@@ -17,22 +17,23 @@ The worker runs ``celery -A tests.integration.apps.pause_app:app`` with the conf
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
-from urllib.parse import quote
 
 from celery import Celery
 from sqlalchemy import text
 
-from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask, Unknown
-from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss import AGBoss, OutboundCall, PaymentTask
+from celery_agboss.core.outbound import CallContext
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import FakeGatewayError
 from tests.integration.apps.shop import (
-    GatewayAnswerLost,
     GatewayDeclined,
     _http,
     app_from_environment,
+    gateway_note,
+    lookup_at_gateway,
 )
 from tests.integration.apps.shop import make_app as make_shop_app
 
@@ -90,15 +91,7 @@ def make_app(config: dict[str, Any]) -> Celery:
     agboss = AGBoss.of(app)
     base = config["gateway_url"]
 
-    def note(event: str, task_id: str | None, **fields: Any) -> None:
-        _http(base, "POST", "/note", {"event": event, "task_id": task_id, **fields})
-
-    def reconcile(call: CallContext, lookup: Lookup) -> Any:
-        try:
-            found = _http(base, "GET", f"/lookup?key={quote(call.idempotency_key, safe='')}")
-        except GatewayAnswerLost as exc:
-            return Unknown(f"lookup failed: {exc}")
-        return NotSent() if found is None else Completed(found)
+    note = functools.partial(gateway_note, base)
 
     def posting(path: str, body: Any) -> Any:
         def send(call: CallContext) -> Any:
@@ -112,7 +105,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         made = OutboundCall(
             name=name,
             send=posting(path, body),
-            reconcile=reconcile,
+            reconcile=lookup_at_gateway(base),
             is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
             key_retention=timedelta(hours=24),
         )

@@ -10,6 +10,7 @@ test's app is its own. The gateway is the test process's ``FakeGateway`` behind
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -62,6 +63,36 @@ def _http(base: str, method: str, path: str, body: Any = None) -> Any:
     except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
         raise GatewayAnswerLost(str(exc)) from None
     return json.loads(raw) if raw else None
+
+
+def gateway_note(gateway: str, event: str, task_id: str | None, **fields: Any) -> None:
+    """Tell the test where a body is: the fake gateway's ``/note`` keeps it for the test."""
+    _http(gateway, "POST", "/note", {"event": event, "task_id": task_id, **fields})
+
+
+def charge_at_gateway(gateway: str) -> Callable[[CallContext], Any]:
+    """The ``send`` of a charge (``{"amount", "order"}``): ``POST /charge`` with its key."""
+
+    def send(call: CallContext) -> Any:
+        body = {"amount": call.request["amount"], "idempotency_key": call.idempotency_key}
+        return _http(gateway, "POST", "/charge", {**body, "reference": call.request["order"]})
+
+    return send
+
+
+def lookup_at_gateway(gateway: str) -> Callable[[CallContext, Lookup], Any]:
+    """The ``reconcile`` of the apps' outbound calls: the gateway's receipt for the key
+    (``Completed``), ``NotSent`` when it holds none, ``Unknown`` when it does not answer."""
+
+    def reconcile(call: CallContext, lookup: Lookup) -> Any:
+        key = quote(lookup.idempotency_key, safe="")
+        try:
+            found = _http(gateway, "GET", f"/lookup?key={key}")
+        except GatewayAnswerLost as exc:
+            return Unknown(f"lookup failed: {exc}")
+        return NotSent() if found is None else Completed(found)
+
+    return reconcile
 
 
 PSEUDONYM_KEY = "integration-tests-pseudonym-key"
@@ -132,35 +163,15 @@ def make_app(config: dict[str, Any]) -> Celery:
     app = base_app(config, "agboss_it")
     agboss = AGBoss.of(app)
 
-    def note(event: str, task_id: str | None, **fields: Any) -> None:
-        _http(gateway, "POST", "/note", {"event": event, "task_id": task_id, **fields})
+    note = functools.partial(gateway_note, gateway)
 
     def gate(name: str) -> None:
         _http(gateway, "POST", "/gate", {"name": name})
 
-    def send_charge(call: CallContext) -> Any:
-        return _http(
-            gateway,
-            "POST",
-            "/charge",
-            {
-                "amount": call.request["amount"],
-                "idempotency_key": call.idempotency_key,
-                "reference": call.request["order"],
-            },
-        )
-
-    def reconcile_charge(call: CallContext, lookup: Lookup) -> Any:
-        try:
-            found = _http(gateway, "GET", f"/lookup?key={quote(call.idempotency_key, safe='')}")
-        except GatewayAnswerLost as exc:
-            return Unknown(f"lookup failed: {exc}")
-        return NotSent() if found is None else Completed(found)
-
     charge_call = OutboundCall(
         name="it.charge",
-        send=send_charge,
-        reconcile=reconcile_charge,
+        send=charge_at_gateway(gateway),
+        reconcile=lookup_at_gateway(gateway),
         is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
         key_retention=timedelta(hours=24),
         # The fake gateway's lookup by key is consistent: a test may say its "not found"

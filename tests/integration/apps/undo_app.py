@@ -16,21 +16,24 @@ every time the undo runs again).
 from __future__ import annotations
 
 import contextlib
+import functools
 from datetime import timedelta
 from typing import Any
-from urllib.parse import quote
 
 from celery import Celery
 
-from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask, Unknown
+from celery_agboss import AGBoss, OutboundCall, PaymentTask
 from celery_agboss.core.compensation import UndoStep
-from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss.core.outbound import CallContext
 from celery_agboss.task import undo_function
 from tests.integration.apps.shop import (
     GatewayAnswerLost,
     GatewayDeclined,
     app_from_environment,
     base_app,
+    charge_at_gateway,
+    gateway_note,
+    lookup_at_gateway,
     overrun_on_first_delivery,
 )
 from tests.integration.apps.shop import _http as http
@@ -44,19 +47,7 @@ def make_app(config: dict[str, Any]) -> Celery:
     app = base_app(config, "agboss_undo")
     agboss = AGBoss.of(app)
 
-    def note(event: str, task_id: str | None, **fields: Any) -> None:
-        http(gateway, "POST", "/note", {"event": event, "task_id": task_id, **fields})
-
-    def lookup(call: CallContext, found: Lookup) -> Any:
-        try:
-            receipt = http(gateway, "GET", f"/lookup?key={quote(found.idempotency_key, safe='')}")
-        except GatewayAnswerLost as exc:
-            return Unknown(f"lookup failed: {exc}")
-        return NotSent() if receipt is None else Completed(receipt)
-
-    def send_charge(call: CallContext) -> Any:
-        body = {"amount": call.request["amount"], "idempotency_key": call.idempotency_key}
-        return http(gateway, "POST", "/charge", {**body, "reference": call.request["order"]})
+    note = functools.partial(gateway_note, gateway)
 
     def send_refund(call: CallContext) -> Any:
         body = {"payment": call.request["payment"], "idempotency_key": call.idempotency_key}
@@ -66,11 +57,14 @@ def make_app(config: dict[str, Any]) -> Celery:
         OutboundCall(
             name=name,
             send=send,
-            reconcile=lookup,
+            reconcile=lookup_at_gateway(gateway),
             is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
             key_retention=timedelta(hours=24),
         )
-        for name, send in (("undo_it.charge", send_charge), ("undo_it.refund", send_refund))
+        for name, send in (
+            ("undo_it.charge", charge_at_gateway(gateway)),
+            ("undo_it.refund", send_refund),
+        )
     )
     agboss.register(charge_call)
     agboss.register(refund_call)

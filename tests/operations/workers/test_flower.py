@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
 from tests.support.processes import ManagedProcess, wait_until
 from tests.support.services import in_ci
+from tests.support.throwaway import free_ports
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
@@ -42,12 +42,6 @@ FLOWER_CONFIG = """\
 from celery_agboss.flower import format_task  # noqa: F401
 tasks_columns = "name,uuid,state,args,result,received,runtime,worker"
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Flower:
@@ -87,7 +81,7 @@ class Flower:
 def _start_flower(shop: Shop, managed_process: ProcessFactory, tmp_path: Path) -> Flower:
     config = tmp_path / "flowerconfig.py"
     config.write_text(FLOWER_CONFIG)
-    port = _free_port()
+    (port,) = free_ports(1)
     process = managed_process(
         [
             sys.executable,

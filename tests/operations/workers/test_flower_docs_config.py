@@ -24,6 +24,7 @@ from tests.conftest import ProcessFactory
 from tests.operations.workers.test_flower import _chromium, headless_chromium
 from tests.support.processes import ManagedProcess
 from tests.support.services import in_ci
+from tests.support.throwaway import free_ports
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
@@ -38,17 +39,11 @@ app = Celery("docsflower", broker=os.environ["DOCS_FLOWER_BROKER"])
 PROTECTED = ("/", "/tasks", "/workers", "/tasks/datatable", "/api/tasks", "/api/workers")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start(
     managed_process: ProcessFactory, tmp_path: Path, redis_url: str, **env: str
 ) -> tuple[ManagedProcess, int]:
     (tmp_path / "docsflower.py").write_text(APP_SOURCE)
-    port = _free_port()
+    (port,) = free_ports(1)
     process = managed_process(
         [
             sys.executable,
