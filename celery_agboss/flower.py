@@ -161,7 +161,7 @@ def outcome_label(fields: Mapping[str, Any]) -> str | None:
     """One word for what celery_agboss did with the task: ``RECONCILED``, ``REPLAYED``,
     ``DEFERRED``, ``UNRECONCILED``, ``FENCED``, ``PAUSED``, ``PARKED``, ``WAITING``…"""
     event = fields.get("agboss_event")
-    if event == "reconciling" and fields.get("outcome"):
+    if event in ("reconciling", "replayed") and fields.get("outcome"):
         return str(fields["outcome"])
     if event:
         return "RECONCILING" if event == "reconciling" else str(event).upper()

@@ -42,7 +42,10 @@ def replay_terminal(d: DeliveryLike, record: ExecutionRecord) -> Any:
         if record.links_dispatched and not resend:
             request.callbacks = None
             request.chain = None
-        d.send_event(TASK_REPLAYED, outcome="REPLAYED")
+        # Flower shows one row per execution, its last event's outcome: a duplicate that
+        # replays a recovered execution must not turn its RECONCILED into REPLAYED.
+        recovered = record.recovery_count > 0
+        d.send_event(TASK_REPLAYED, outcome="RECONCILED" if recovered else "REPLAYED")
         try:
             return decode_result(record.result, allow_pickle=d.uses_pickle())
         except StoredFailureError:

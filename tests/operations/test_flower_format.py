@@ -68,6 +68,31 @@ def test_a_reconciled_success_is_labelled_and_its_fields_surface() -> None:
     assert task.state == "SUCCESS"  # Flower's own task is left alone
 
 
+@pytest.mark.parametrize(
+    ("replayed_as", "shown_as"),
+    [("RECONCILED", "SUCCESS · RECONCILED"), ("REPLAYED", "SUCCESS · REPLAYED")],
+    ids=["of-a-recovered-execution", "of-a-finished-one"],
+)
+def test_a_duplicate_after_the_completion_keeps_the_executions_label(
+    replayed_as: str, shown_as: str
+) -> None:
+    """Flower keeps one row per task id and the last event's fields: a duplicate replayed
+    after a crash recovery completed says RECONCILED (``replaying`` sends it so), and the
+    row stays what docs/operators.md promises; any other duplicate says REPLAYED."""
+    task = _feed(
+        ("task-received", {"name": "shop.charge"}),
+        ("task-reconciling", {"agboss_event": "reconciling", "reason": "taken-over"}),
+        ("task-reconciling", {"agboss_event": "reconciling", "outcome": "RECONCILED"}),
+        ("task-succeeded", {"result": "{'payment': 'ch_1'}"}),
+        ("task-received", {"name": "shop.charge"}),
+        ("task-replayed", {"agboss_event": "replayed", "outcome": replayed_as}),
+        ("task-succeeded", {"result": "{'payment': 'ch_1'}"}),
+    )
+    shown = format_task(copy.copy(task))
+    assert shown.state == shown_as
+    assert shown.agboss["agboss_event"] == "replayed"
+
+
 def test_a_deferred_task_keeps_its_state_label() -> None:
     task = _feed(
         ("task-received", {"name": "shop.charge"}),

@@ -203,7 +203,9 @@ def test_flower_calls_a_crash_recovery_reconciled(
     expired, one sweep looks the charge up (found: stored) and re-drives the execution;
     the new delivery, which took the execution over, only replays the stored charge.
     docs/operators.md promises ``SUCCESS · RECONCILED`` for it, not ``· REPLAYED`` (a
-    duplicate of a finished execution, where nothing ran)."""
+    duplicate of a finished execution, where nothing ran). Flower keeps one row per task
+    id: a duplicate replayed after the recovery (the broker's redelivery of the killed
+    child's message may arrive just after it) leaves the row RECONCILED."""
     shop = shop_factory()
     flower = _start_flower(shop, managed_process, tmp_path)
     shop.start_worker()  # with -E: events cannot be switched on without gossip
@@ -212,10 +214,25 @@ def test_flower_calls_a_crash_recovery_reconciled(
     shop.sweep_once()  # the sweep reconciles first, then re-drives
     record = shop.wait_state(task_id, "COMPLETED", timeout=45)
     assert record.recovery_count >= 1, record
+
+    def row() -> dict[str, Any]:
+        return dict(flower.table().get(task_id) or {})
+
     wait_until(
-        lambda: (flower.table().get(task_id) or {}).get("state") == "SUCCESS · RECONCILED",
+        lambda: row().get("state") == "SUCCESS · RECONCILED",
         30,
-        message=lambda: f"SUCCESS · RECONCILED in Flower, not {flower.table().get(task_id)}",
+        message=lambda: f"SUCCESS · RECONCILED in Flower, not {row()}",
+    )
+    _publish(shop, "o-crash", task_id=task_id)  # a duplicate, after the completion
+    wait_until(
+        lambda: row().get("agboss", {}).get("agboss_event") == "replayed",
+        30,
+        message=lambda: f"the duplicate's replay in Flower, not {row()}",
+    )
+    wait_until(
+        lambda: row().get("state") == "SUCCESS · RECONCILED",
+        30,
+        message=lambda: f"SUCCESS · RECONCILED kept after the replay, not {row()}",
     )
     assert len(shop.gateway.gateway.payments) == 1
 
