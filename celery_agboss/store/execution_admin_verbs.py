@@ -42,11 +42,11 @@ from celery_agboss.core.shared_records import unhandled_payments
 from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
 from celery_agboss.store.audit_trail import AuditVerbs
 from celery_agboss.store.execution_rows import (
-    TERMINAL_VALUES,
     execution_lease_live,
     lease_live,
     record_of,
 )
+from celery_agboss.store.execution_updates import TERMINAL_VALUES
 from celery_agboss.store.pause_verbs import PauseVerbs
 from celery_agboss.store.schema import outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, exists, func, not_, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, not_, or_, select, update
 from sqlalchemy.engine import Connection, Row
-from sqlalchemy.sql.elements import ClauseElement, ColumnElement
+from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_states import Verdict, cancel_verdict
 from celery_agboss.core.executions import (
-    TERMINAL_STATES,
     Audit,
     ExecutionMessage,
     ExecutionRecord,
@@ -34,9 +31,14 @@ from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.audit_trail import insert_audit_txn
 from celery_agboss.store.codec import loads
 from celery_agboss.store.dialect import insert_or_nothing, is_postgresql, now_expr
+from celery_agboss.store.execution_updates import (
+    TERMINAL_VALUES,
+    build_state_change,
+    state_change_shape,
+    state_change_statement,
+)
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
-from celery_agboss.store.shared_records import completed_on_records_statement
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.statement_cache import built_once
 from celery_agboss.store.transactions import SQLTransaction
@@ -45,8 +47,6 @@ _e = executions.c
 _l = leases.c
 _i = outbound_calls.c
 _f = fenced_effects.c
-
-TERMINAL_VALUES = [state.value for state in TERMINAL_STATES]
 
 SHARED_WAIT_MS = 30_000
 
@@ -177,84 +177,6 @@ def _read_statement(conn: Connection, offset_ms: int, lock: bool) -> Any:
     return statement
 
 
-@dataclass(frozen=True)
-class Computed:
-    """A value the database computes from the row and its clock, named so that a state
-    change using it is still built once (``_COMPUTED``)."""
-
-    name: str
-
-
-_COMPUTED: dict[str, Callable[[ColumnElement[int]], ColumnElement[Any]]] = {
-    # The first start's time, kept by every later delivery.
-    "first_start": lambda now: case((_e.started_at_ms.is_(None), now), else_=_e.started_at_ms),
-    "one_more_delivery": lambda now: _e.deliveries + 1,
-    "one_more_recovery": lambda now: _e.recovery_count + 1,
-}
-
-
-def _shape_of(values: dict[str, Any], now: Any) -> tuple[tuple[str, str], ...] | None:
-    """Each value's name and kind (``"now"``, ``"bind"`` or a ``Computed`` name), or None
-    when one is a column expression that a cached statement cannot take as a parameter."""
-    shape = []
-    for name in sorted(values):
-        value = values[name]
-        if value is now:
-            shape.append((name, "now"))
-        elif isinstance(value, Computed):
-            shape.append((name, f"computed:{value.name}"))
-        elif isinstance(value, ClauseElement):
-            return None
-        else:
-            shape.append((name, "bind"))
-    return tuple(shape)
-
-
-def _build_set_and_read(
-    conn: Connection,
-    offset_ms: int,
-    unless_terminal: bool,
-    completes_records: bool,
-    values: dict[str, Any],
-) -> Any:
-    """``ExecutionRows._set_and_read``'s ``UPDATE … RETURNING`` of the execution ``e_id``."""
-    now = now_expr(conn, offset_ms)
-    execution_id = bindparam("e_id", type_=_e.id.type)
-    where = [_e.id == execution_id]
-    if unless_terminal:
-        where.append(_e.state.not_in(TERMINAL_VALUES))
-    statement = (
-        update(executions)
-        .where(*where)
-        .values(**values)
-        .returning(*executions.c, now.label("read_at_ms"))
-    )
-    if completes_records and is_postgresql(conn):
-        along = completed_on_records_statement(conn, execution_id, offset_ms=offset_ms)
-        statement = statement.add_cte(along.cte("agboss_along"))
-    return statement
-
-
-@built_once
-def _set_and_read_statement(
-    conn: Connection,
-    offset_ms: int,
-    unless_terminal: bool,
-    completes_records: bool,
-    shape: tuple[tuple[str, str], ...],
-) -> Any:
-    now = now_expr(conn, offset_ms)
-    values: dict[str, Any] = {}
-    for name, kind in shape:
-        if kind == "now":
-            values[name] = now
-        elif kind.startswith("computed:"):
-            values[name] = _COMPUTED[kind.removeprefix("computed:")](now)
-        else:
-            values[name] = bindparam(f"v_{name}", type_=_e[name].type)
-    return _build_set_and_read(conn, offset_ms, unless_terminal, completes_records, values)
-
-
 @built_once
 def _read_with_pending_statement(conn: Connection, offset_ms: int) -> Any:
     return select(
@@ -353,13 +275,13 @@ class ExecutionRows:
         once for their names; others (column expressions) build one for this call."""
         now = tx.now_expr()
         values.setdefault("updated_at_ms", now)
-        shape = _shape_of(values, now)
+        shape = state_change_shape(values, now)
         key = (tx.offset_ms, unless_terminal, completes_records)
         if shape is None:
-            statement = _build_set_and_read(tx.connection, *key, values)
+            statement = build_state_change(tx.connection, *key, values)
             params = {"e_id": execution_id}
         else:
-            statement = _set_and_read_statement(tx.connection, *key, shape)
+            statement = state_change_statement(tx.connection, *key, shape)
             params = {f"v_{name}": values[name] for name, kind in shape if kind == "bind"}
             params["e_id"] = execution_id
         row = tx.execute(statement, params).first()

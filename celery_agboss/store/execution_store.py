@@ -45,12 +45,12 @@ from celery_agboss.core.shared_records import diverged
 from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef
 from celery_agboss.store.execution_admin_verbs import ExecutionAdminVerbs
 from celery_agboss.store.execution_rows import (
-    Computed,
     message_values,
     newer_or_same,
     refuse_another_task,
     sql,
 )
+from celery_agboss.store.execution_updates import Computed
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions, pauses
 from celery_agboss.store.statement_cache import built_once

@@ -1,0 +1,114 @@
+"""An execution's state change as one ``UPDATE … RETURNING``, built once per shape.
+
+``ExecutionRows._set_and_read`` writes every state change of an execution; a statement
+whose values are plain values, the database clock or a named ``Computed`` value is built
+once for their names (``statement_cache.built_once``) and run with parameters, since
+building it costs more than running it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, case, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
+
+from celery_agboss.core.executions import TERMINAL_STATES
+from celery_agboss.store.dialect import is_postgresql, now_expr
+from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.shared_records import completed_on_records_statement
+from celery_agboss.store.statement_cache import built_once
+
+_e = executions.c
+
+TERMINAL_VALUES = [state.value for state in TERMINAL_STATES]
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A value the database computes from the row and its clock, named so that a state
+    change using it is still built once (``_COMPUTED``)."""
+
+    name: str
+
+
+_COMPUTED: dict[str, Callable[[ColumnElement[int]], ColumnElement[Any]]] = {
+    # The first start's time, kept by every later delivery.
+    "first_start": lambda now: case((_e.started_at_ms.is_(None), now), else_=_e.started_at_ms),
+    "one_more_delivery": lambda now: _e.deliveries + 1,
+    "one_more_recovery": lambda now: _e.recovery_count + 1,
+}
+
+
+def state_change_shape(values: dict[str, Any], now: Any) -> tuple[tuple[str, str], ...] | None:
+    """Each value's name and kind (``"now"``, ``"bind"`` or a ``Computed`` name), or None
+    when one is a column expression that a cached statement cannot take as a parameter."""
+    shape = []
+    for name in sorted(values):
+        value = values[name]
+        if value is now:
+            shape.append((name, "now"))
+        elif isinstance(value, Computed):
+            shape.append((name, f"computed:{value.name}"))
+        elif isinstance(value, ClauseElement):
+            return None
+        else:
+            shape.append((name, "bind"))
+    return tuple(shape)
+
+
+def build_state_change(
+    conn: Connection,
+    offset_ms: int,
+    unless_terminal: bool,
+    completes_records: bool,
+    values: dict[str, Any],
+) -> Any:
+    """``ExecutionRows._set_and_read``'s ``UPDATE … RETURNING`` of the execution ``e_id``."""
+    now = now_expr(conn, offset_ms)
+    execution_id = bindparam("e_id", type_=_e.id.type)
+    where = [_e.id == execution_id]
+    if unless_terminal:
+        where.append(_e.state.not_in(TERMINAL_VALUES))
+    statement = (
+        update(executions)
+        .where(*where)
+        .values(**values)
+        .returning(*executions.c, now.label("read_at_ms"))
+    )
+    if completes_records and is_postgresql(conn):
+        along = completed_on_records_statement(conn, execution_id, offset_ms=offset_ms)
+        statement = statement.add_cte(along.cte("agboss_along"))
+    return statement
+
+
+@built_once
+def state_change_statement(
+    conn: Connection,
+    offset_ms: int,
+    unless_terminal: bool,
+    completes_records: bool,
+    shape: tuple[tuple[str, str], ...],
+) -> Any:
+    now = now_expr(conn, offset_ms)
+    values: dict[str, Any] = {}
+    for name, kind in shape:
+        if kind == "now":
+            values[name] = now
+        elif kind.startswith("computed:"):
+            values[name] = _COMPUTED[kind.removeprefix("computed:")](now)
+        else:
+            values[name] = bindparam(f"v_{name}", type_=_e[name].type)
+    return build_state_change(conn, offset_ms, unless_terminal, completes_records, values)
+
+
+__all__ = [
+    "TERMINAL_VALUES",
+    "Computed",
+    "build_state_change",
+    "state_change_shape",
+    "state_change_statement",
+]
