@@ -91,14 +91,15 @@ class DeliveryLease:
             )
 
     @contextmanager
-    def fenced(self) -> Iterator[FencedTransaction]:
-        """A fenced transaction under this lease; a refusal ends the holder's trust in it."""
+    def fenced(self, *, engine_only: bool = False) -> Iterator[FencedTransaction]:
+        """A fenced transaction under this lease; a refusal ends the holder's trust in it.
+        ``engine_only``: the engine's own writes, no user code (``Store.fenced``)."""
         self._refuse_if_interrupted()
         lease = self.lease
         lease.assert_held()
         sent = SentAt.now(lease.clock)
         try:
-            with self._store.fenced(lease.ref, lease.ttl_ms) as tx:
+            with self._store.fenced(lease.ref, lease.ttl_ms, engine_only=engine_only) as tx:
                 yield tx
         except ExecutionFencedError:
             lease.mark_lost("a fenced transaction found the lease lost")

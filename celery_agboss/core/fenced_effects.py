@@ -62,8 +62,9 @@ class EffectHolder(Protocol):
     @property
     def lease_ref(self) -> LeaseRef: ...
 
-    def fenced(self) -> AbstractContextManager[FencedTransaction]:
-        """A fenced transaction under this holder's lease (refused once the lease is lost)."""
+    def fenced(self, *, engine_only: bool = False) -> AbstractContextManager[FencedTransaction]:
+        """A fenced transaction under this holder's lease (refused once the lease is lost);
+        ``engine_only`` when no user code runs in it (``Store.fenced``)."""
 
     def check_cancel(self, tx: FencedTransaction) -> None:
         """Raise ``CancelRequestedError`` when a cancel of the execution was recorded, read

@@ -7,7 +7,7 @@ reconcile (``reconcile``), which import it rather than each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from celery_agboss.core import sabotage
@@ -27,7 +27,7 @@ from celery_agboss.core.store_protocol import (
     LeaseRef,
     StoreTransaction,
 )
-from celery_agboss.core.transitions import CallRef, policy_of, transition
+from celery_agboss.core.transitions import CallRef, HistoryTail, policy_of, transition
 
 
 class Holder(EffectHolder, Protocol):
@@ -63,6 +63,8 @@ class PreparedCall:
     stored_request: JSON  # masked: what the store keeps and the sweep's reconcile gets
     fingerprint: str
     ref: CallRef
+    # The history row this call wrote last: its next transition chains to it unread.
+    tail: HistoryTail = field(default_factory=HistoryTail, compare=False, repr=False)
 
 
 def prepare_call(
@@ -122,6 +124,7 @@ def holder_transition(
         owner=me,
         detail=detail,
         execution_id=holder.execution_id,
+        tail=p.tail,
     )
 
 

@@ -156,7 +156,7 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
     event = HistoryEvent.COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED
     detail = {"gateway_transaction_id": gateway_id}
     try:
-        with holder.fenced() as tx:
+        with holder.fenced(engine_only=True) as tx:
             won = holder_transition(
                 tx, holder, p, me, attempt, update, event, detail, to_status=IntentStatus.COMPLETED
             )
@@ -250,7 +250,7 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
         status=IntentStatus.FAILED, failure=failure, retry_for=None, failure_shared=False
     )
     try:
-        with holder.fenced() as tx:
+        with holder.fenced(engine_only=True) as tx:
             won = holder_transition(
                 tx,
                 holder,

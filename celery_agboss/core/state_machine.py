@@ -149,7 +149,7 @@ def _claim_or_read(holder: Holder, p: PreparedCall) -> _Claim:
     one's result handed to this execution is written on the record in the same
     transaction — unless an undo claimed it first (``Reliance.UNDONE``)."""
     me = holder.lease_ref
-    with holder.fenced() as tx:
+    with holder.fenced(engine_only=True) as tx:
         holder.check_cancel(tx)
         intent = NewIntent(
             idempotency_key=p.idempotency_key,
@@ -161,7 +161,7 @@ def _claim_or_read(holder: Holder, p: PreparedCall) -> _Claim:
             owner=me,
         )
         detail = {"call": p.call.name, "execution_id": holder.execution_id}
-        if create(tx, holder.settings.pseudonym_key, intent, detail):
+        if create(tx, holder.settings.pseudonym_key, intent, detail, tail=p.tail):
             return _Claim(True, None)
         record = tx.read_intent(p.idempotency_key)
         if record is None:

@@ -251,8 +251,9 @@ class StoreTransaction(Protocol):
 
     def read_intent(self, idempotency_key: str) -> IntentRecord | None: ...
 
-    def insert_intent(self, intent: NewIntent) -> bool:
-        """``INSERT … ON CONFLICT DO NOTHING``; True when this call inserted the row."""
+    def insert_intent(self, intent: NewIntent, first_history: HistoryRow | None = None) -> bool:
+        """``INSERT … ON CONFLICT DO NOTHING``; True when this call inserted the row, and
+        then ``first_history`` (when given) was written with it, never without it."""
 
     def update_intent(self, idempotency_key: str, guard: IntentGuard, update: IntentUpdate) -> bool:
         """One ``UPDATE … WHERE <guard>``; True when exactly one row matched."""
@@ -260,6 +261,10 @@ class StoreTransaction(Protocol):
     def last_history(self, idempotency_key: str) -> HistoryRow | None: ...
 
     def append_history(self, row: HistoryRow) -> None: ...
+
+    def append_history_after(self, row: HistoryRow) -> bool:
+        """Append ``row`` only while the row it chains to is the intent's last, without
+        reading it; False, nothing written, when another row came first."""
 
     def read_effect(self, key: str) -> EffectRecord | None: ...
 
@@ -336,9 +341,13 @@ class Store(Protocol):
 
     def read_lease(self, scope: str) -> LeaseState | None: ...
 
-    def fenced(self, lease: LeaseRef, ttl_ms: int) -> AbstractContextManager[FencedTransaction]:
+    def fenced(
+        self, lease: LeaseRef, ttl_ms: int, *, engine_only: bool = False
+    ) -> AbstractContextManager[FencedTransaction]:
         """Begin a transaction that refuses (``ExecutionFencedError``) unless ``lease`` is the
-        live holder, extends it, and sets a lock timeout below ttl/3."""
+        live holder, extends it, and sets a lock timeout below ttl/3. ``engine_only``: no
+        user code runs in it, so a backend may prove the lease at its commit without
+        asking the database again (when it ended well inside the lease it extended)."""
 
     def transaction(self) -> AbstractContextManager[StoreTransaction]:
         """An unfenced transaction, for the sweep and operators: every write is a guarded CAS."""

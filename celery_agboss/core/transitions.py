@@ -25,6 +25,7 @@ from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.protections import INTENT_CAS_WITHOUT_PREDICATE
 from celery_agboss.core.store_protocol import (
     JSON,
+    HistoryRow,
     IntentGuard,
     IntentStatus,
     IntentUpdate,
@@ -79,10 +80,12 @@ def transition(
     owner: LeaseRef | None,
     detail: JSON = None,
     execution_id: str | None = None,
+    tail: HistoryTail | None = None,
 ) -> bool:
     """The guarded compare-and-set and, when it won, its history row; False when it lost
     (someone else moved the intent first) and nothing was written. ``execution_id``: the
-    execution whose delivery makes the change (None for the sweep and operators)."""
+    execution whose delivery makes the change (None for the sweep and operators);
+    ``tail``: the last row the caller wrote for this intent, when it keeps it."""
     if not cas(tx, key, guard, update):
         return False
     append_history(
@@ -96,6 +99,7 @@ def transition(
         owner=owner,
         detail=detail,
         execution_id=execution_id,
+        tail=tail,
     )
     return True
 
@@ -105,15 +109,16 @@ def create(
     pseudonym_key: bytes,
     intent: NewIntent,
     detail: JSON = None,
+    tail: HistoryTail | None = None,
 ) -> bool:
     """The claim of a new intent (``PENDING``, attempt 1, owned by its creator's lease) and,
-    when it inserted, its first history row; False when the key existed and nothing was
-    written (the insert does nothing on a conflict, so two claims never both win)."""
-    if not tx.insert_intent(intent):
-        return False
-    append_history(
+    when it inserted, its first history row, written by the same store call (one
+    statement on PostgreSQL); False when the key existed and nothing was written (the
+    insert does nothing on a conflict, so two claims never both win)."""
+    row = _history_row(
         tx,
         pseudonym_key,
+        None,
         intent.idempotency_key,
         HistoryEvent.CLAIMED,
         from_status=None,
@@ -122,9 +127,32 @@ def create(
         owner=intent.owner,
         detail=detail,
         execution_id=intent.execution_id,
-        first=True,
     )
+    if not tx.insert_intent(intent, first_history=row):
+        return False
+    if tail is not None:
+        tail.keep(row)
     return True
+
+
+class HistoryTail:
+    """The history row one outbound call wrote last (its claim, then each transition), so
+    its next row chains to it without reading it back. Only a hint: the store writes
+    the next row only while this one is still the intent's last, and otherwise the row
+    is read and chained as usual (someone else moved the intent, or the transaction
+    that wrote the hint rolled back)."""
+
+    __slots__ = ("_row",)
+
+    def __init__(self) -> None:
+        self._row: HistoryRow | None = None
+
+    def keep(self, row: HistoryRow) -> None:
+        self._row = row
+
+    def take(self, key: str) -> HistoryRow | None:
+        row, self._row = self._row, None
+        return row if row is not None and row.idempotency_key == key else None
 
 
 def append_history(
@@ -139,15 +167,50 @@ def append_history(
     owner: LeaseRef | None,
     detail: JSON = None,
     execution_id: str | None = None,
-    first: bool = False,
+    tail: HistoryTail | None = None,
 ) -> None:
-    """Chain one row to the intent's history (after the write that locked the row: the
-    compare-and-set of ``transition`` or the insert of ``create``, its only callers).
-    ``first``: the intent row was just inserted, so it has no history to read (retention
-    deletes an intent's history with it, in one transaction): one round trip fewer."""
-    row = next_history_row(
+    """Chain one row to the intent's history, after the compare-and-set of ``transition``
+    (its only caller) locked the intent's row. With a ``tail`` the caller wrote, the row
+    is written after it in one statement; otherwise (or when another row came first)
+    the last row is read and the new one chained to it."""
+    known = None if tail is None else tail.take(key)
+    fields: dict[str, Any] = {
+        "from_status": from_status,
+        "to_status": to_status,
+        "attempt": attempt,
+        "owner": owner,
+        "detail": detail,
+        "execution_id": execution_id,
+    }
+    if known is not None:
+        row = _history_row(tx, pseudonym_key, known, key, event, **fields)
+        if tx.append_history_after(row):
+            assert tail is not None
+            tail.keep(row)
+            return
+    row = _history_row(tx, pseudonym_key, tx.last_history(key), key, event, **fields)
+    tx.append_history(row)
+    if tail is not None:
+        tail.keep(row)
+
+
+def _history_row(
+    tx: StoreTransaction,
+    pseudonym_key: bytes,
+    previous: HistoryRow | None,
+    key: str,
+    event: HistoryEvent,
+    *,
+    from_status: IntentStatus | None,
+    to_status: IntentStatus,
+    attempt: int,
+    owner: LeaseRef | None,
+    detail: JSON,
+    execution_id: str | None,
+) -> HistoryRow:
+    return next_history_row(
         pseudonym_key,
-        None if first else tx.last_history(key),
+        previous,
         idempotency_key=key,
         at_ms=tx.now_ms,
         event=event,
@@ -159,7 +222,6 @@ def append_history(
         detail=detail if detail is not None else {},
         execution_id=execution_id,
     )
-    tx.append_history(row)
 
 
 def policy_of(call: OutboundCall) -> MaskingPolicy:
@@ -271,6 +333,7 @@ def fault(name: str, lease: LeaseRef, ref: CallRef, **more: object) -> None:
 
 __all__ = [
     "CallRef",
+    "HistoryTail",
     "append_history",
     "cas",
     "create",

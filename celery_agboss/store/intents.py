@@ -25,7 +25,7 @@ from celery_agboss.core.store_protocol import (
     NewIntent,
 )
 from celery_agboss.store.codec import dumps, loads
-from celery_agboss.store.dialect import clock, insert_or_nothing
+from celery_agboss.store.dialect import clock, insert_or_nothing, is_postgresql
 from celery_agboss.store.leases import owner_locked_or_live_txn
 from celery_agboss.store.schema import intent_history, leases, outbound_calls
 from celery_agboss.store.statement_cache import built_once
@@ -104,8 +104,18 @@ def _read_statement(conn: Connection, offset_ms: int) -> Any:
     return _select_intents(conn, offset_ms).where(_i.idempotency_key == bindparam("i_key"))
 
 
-def insert_txn(conn: Connection, intent: NewIntent, *, offset_ms: int = 0) -> bool:
-    """Insert as PENDING, attempt 1, both attempt times = now; True when this call inserted."""
+def insert_txn(
+    conn: Connection,
+    intent: NewIntent,
+    *,
+    offset_ms: int = 0,
+    first_history: HistoryRow | None = None,
+) -> bool:
+    """Insert as PENDING, attempt 1, both attempt times = now; True when this call inserted.
+
+    ``first_history`` is written only when the intent was: on PostgreSQL both in one
+    statement (the history row an ``INSERT … SELECT`` from the intent insert's
+    ``RETURNING``), on SQLite in two, in the caller's transaction either way."""
     values: dict[str, Any] = {
         "idempotency_key": intent.idempotency_key,
         "execution_id": intent.execution_id,
@@ -125,9 +135,17 @@ def insert_txn(conn: Connection, intent: NewIntent, *, offset_ms: int = 0) -> bo
         "not_sent_confirmed": False,
         "lookup_failures": 0,
     }
-    statement = _insert_statement(conn, offset_ms, tuple(values))
-    inserted = conn.execute(statement, {f"n_{name}": value for name, value in values.items()})
-    return inserted.first() is not None
+    parameters = {f"n_{name}": value for name, value in values.items()}
+    if first_history is not None and is_postgresql(conn):
+        parameters.update(history_parameters(first_history, "f_"))
+        statement = _insert_with_history_statement(conn, offset_ms, tuple(values))
+        return conn.execute(statement, parameters).first() is not None
+    inserted = conn.execute(_insert_statement(conn, offset_ms, tuple(values)), parameters)
+    if inserted.first() is None:
+        return False
+    if first_history is not None:
+        append_history_txn(conn, first_history)
+    return True
 
 
 @built_once
@@ -144,15 +162,25 @@ def _insert_statement(conn: Connection, offset_ms: int, columns: tuple[str, ...]
     )
 
 
+@built_once
+def _insert_with_history_statement(
+    conn: Connection, offset_ms: int, columns: tuple[str, ...]
+) -> Any:
+    inserted = _insert_statement(conn, offset_ms, columns).cte("agboss_inserted_intent")
+    return (
+        intent_history.insert()
+        .from_select(HISTORY_NAMES, select(*history_binds("f_")).select_from(inserted))
+        .returning(_h.seq)
+    )
+
+
 Part = tuple[str, str]
 """One piece of a compare-and-set: its parameter's name and what it does, ``op:column``."""
 
 
-def _cas_parts(
-    guard: IntentGuard, update_: IntentUpdate
-) -> tuple[tuple[Part, ...], dict[str, Any]]:
+def cas_parts(guard: IntentGuard, update_: IntentUpdate) -> tuple[tuple[Part, ...], dict[str, Any]]:
     """A compare-and-set as its shape (which conjuncts and which columns to set, the
-    key of its statement, built once) and its parameters. ``_cas_statement`` reads the
+    key of its statement, built once) and its parameters. ``cas_guard_and_values`` reads the
     shape: ``eq``/``null`` conjuncts, ``owner_not_live``, ``max_key_age``; ``set``,
     ``set_now``, ``set_now_plus`` and ``add_one`` values."""
     parts: list[Part] = []
@@ -240,8 +268,16 @@ def _set_values(update_: IntentUpdate) -> dict[str, Any]:
 
 @built_once
 def _cas_statement(conn: Connection, offset_ms: int, parts: tuple[Part, ...]) -> Any:
-    """The ``UPDATE … WHERE <guard>`` of one shape (``_cas_parts``)."""
-    now = clock(conn, offset_ms).c.now
+    """The ``UPDATE … WHERE <guard>`` of one shape (``cas_parts``)."""
+    where, values = cas_guard_and_values(parts, clock(conn, offset_ms).c.now)
+    return update(outbound_calls).where(*where).values(**values)
+
+
+def cas_guard_and_values(
+    parts: tuple[Part, ...], now: ColumnElement[int]
+) -> tuple[list[ColumnElement[bool]], dict[str, Any]]:
+    """The one place a compare-and-set's shape (``cas_parts``) becomes SQL: its
+    ``WHERE`` conjuncts and ``SET`` values, reading the clock as ``now``."""
     where: list[ColumnElement[bool]] = [_i.idempotency_key == bindparam("g_key")]
     values: dict[str, Any] = {}
     for name, kind in parts:
@@ -264,12 +300,12 @@ def _cas_statement(conn: Connection, offset_ms: int, parts: tuple[Part, ...]) ->
             values[column] = now + bindparam(name, type_=BigInteger)
         elif op == "add_one":
             values[column] = _i[column] + 1
-        else:  # pragma: no cover - _cas_parts makes no other
+        else:  # pragma: no cover - cas_parts makes no other
             raise ValueError(f"unknown compare-and-set part {kind!r}")
     if not values:
         # Nothing to set: still a compare, so it must not claim a row it did not check.
         values = {"idempotency_key": _i.idempotency_key}
-    return update(outbound_calls).where(*where).values(**values)
+    return where, values
 
 
 def update_txn(
@@ -292,7 +328,7 @@ def update_txn(
         and owner_locked_or_live_txn(conn, guard.owner, offset_ms=offset_ms)
     ):
         return False
-    parts, params = _cas_parts(guard, update_)
+    parts, params = cas_parts(guard, update_)
     params["g_key"] = key
     result = conn.execute(_cas_statement(conn, offset_ms, parts), params)
     return result.rowcount == 1
@@ -393,9 +429,54 @@ def append_history_txn(conn: Connection, row: HistoryRow) -> None:
 _APPEND_HISTORY = intent_history.insert()
 
 
+def append_history_after_txn(conn: Connection, row: HistoryRow) -> bool:
+    """Append ``row`` only while the row it chains to (``seq - 1``, ``prev_digest``) is
+    the intent's last, in one statement and without reading it first; False (nothing
+    written) when that row is not there or another row took ``seq`` meanwhile. The
+    unique (key, seq) is judged on committed rows, not the statement's snapshot, so a
+    row appended during a lock wait is seen."""
+    if row.prev_digest is None:
+        raise ValueError("append_history_after_txn chains to a previous row; it has none")
+    parameters = history_parameters(row, "a_")
+    parameters["a_prev_seq"] = row.seq - 1
+    return conn.execute(_append_after_statement(conn), parameters).first() is not None
+
+
+@built_once
+def _append_after_statement(conn: Connection) -> Any:
+    previous = exists().where(
+        _h.idempotency_key == bindparam("a_idempotency_key"),
+        _h.seq == bindparam("a_prev_seq"),
+        _h.digest == bindparam("a_prev_digest"),
+    )
+    return (
+        insert_or_nothing(conn, intent_history)
+        .from_select(HISTORY_NAMES, select(*history_binds("a_")).where(previous))
+        .returning(_h.seq)
+    )
+
+
+HISTORY_NAMES = [column.name for column in _HISTORY_COLUMNS]
+
+
+def history_binds(prefix: str) -> list[Any]:
+    return [bindparam(f"{prefix}{column.name}", type_=column.type) for column in _HISTORY_COLUMNS]
+
+
+def history_parameters(row: HistoryRow, prefix: str) -> dict[str, Any]:
+    values = {**vars(row), "detail": dumps(row.detail)}
+    return {f"{prefix}{name}": value for name, value in values.items()}
+
+
 __all__ = [
+    "HISTORY_NAMES",
+    "append_history_after_txn",
     "append_history_txn",
+    "cas_guard_and_values",
+    "cas_parts",
     "delete_settled_by_keys_txn",
+    "history_binds",
+    "history_parameters",
     "insert_txn",
     "last_history_txn",
     "list_for_execution_txn",

@@ -164,7 +164,9 @@ def extend_txn(
     for it and then sees the extended expiry. Used by fenced transactions (always
     with the expiry predicate: a fence never revives) and by renewals.
     """
-    row = conn.execute(_extend_statement(conn, offset_ms), {**_mine(lease), "ttl": ttl_ms}).first()
+    row = conn.execute(
+        _extend_statement(conn, offset_ms), {**mine_parameters(lease), "ttl": ttl_ms}
+    ).first()
     if row is None:
         return None
     return int(row.expires_at_ms), int(row.renewed_at_ms)
@@ -185,8 +187,13 @@ def fence_txn(
     statement's own wait for that row is already bounded by ``lock_timeout``: the bounds
     and the fence in one round trip instead of two."""
     row = conn.execute(
-        _fence_statement(conn, offset_ms),
-        {**_mine(lease), "ttl": ttl_ms, "lock_timeout": lock_timeout, "idle": idle_timeout},
+        fence_statement(conn, offset_ms),
+        {
+            **mine_parameters(lease),
+            "ttl": ttl_ms,
+            "lock_timeout": lock_timeout,
+            "idle": idle_timeout,
+        },
     ).first()
     if row is None:
         return None
@@ -194,7 +201,7 @@ def fence_txn(
 
 
 @built_once
-def _fence_statement(conn: Connection, offset_ms: int) -> Any:
+def fence_statement(conn: Connection, offset_ms: int) -> Any:
     bounded = select(
         now_expr(conn, offset_ms).label("now"),
         func.set_config("lock_timeout", bindparam("lock_timeout"), true()).label("lock"),
@@ -211,7 +218,7 @@ def _fence_statement(conn: Connection, offset_ms: int) -> Any:
     )
 
 
-def _mine(lease: LeaseRef) -> dict[str, Any]:
+def mine_parameters(lease: LeaseRef) -> dict[str, Any]:
     """The values of ``_IS_MINE_PARAMS`` for ``lease``."""
     return {"l_scope": lease.scope, "l_holder": lease.holder, "l_token": lease.token}
 
@@ -350,7 +357,7 @@ def release_live_txn(conn: Connection, lease: LeaseRef, *, offset_ms: int = 0) -
     """Release ``lease`` only while it is live and mine (one guarded ``UPDATE``): the last
     statement of a fenced transaction that ends the lease, standing for the extension
     it would otherwise end with."""
-    result = conn.execute(_release_live_statement(conn, offset_ms), _mine(lease))
+    result = conn.execute(_release_live_statement(conn, offset_ms), mine_parameters(lease))
     return result.rowcount == 1
 
 
@@ -462,7 +469,9 @@ def now_txn(conn: Connection, *, offset_ms: int = 0) -> int:
 __all__ = [
     "acquire_txn",
     "extend_txn",
+    "fence_statement",
     "lock_txn",
+    "mine_parameters",
     "now_txn",
     "owner_locked_or_live_txn",
     "read_txn",

@@ -63,9 +63,11 @@ class SQLTransaction:
         with translated():
             return intents.read_txn(self._conn, idempotency_key, offset_ms=self._offset_ms)
 
-    def insert_intent(self, intent: NewIntent) -> bool:
+    def insert_intent(self, intent: NewIntent, first_history: HistoryRow | None = None) -> bool:
         with translated():
-            return intents.insert_txn(self._conn, intent, offset_ms=self._offset_ms)
+            return intents.insert_txn(
+                self._conn, intent, offset_ms=self._offset_ms, first_history=first_history
+            )
 
     def update_intent(self, idempotency_key: str, guard: IntentGuard, update: IntentUpdate) -> bool:
         with translated():
@@ -80,6 +82,10 @@ class SQLTransaction:
     def append_history(self, row: HistoryRow) -> None:
         with translated():
             intents.append_history_txn(self._conn, row)
+
+    def append_history_after(self, row: HistoryRow) -> bool:
+        with translated():
+            return intents.append_history_after_txn(self._conn, row)
 
     def read_effect(self, key: str) -> EffectRecord | None:
         with translated():

@@ -10,16 +10,37 @@ check: the store refuses it as it refuses ``Connection.commit()``; savepoints wo
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import text
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from celery_agboss.core.protections import FENCE_NOT_RECHECKED_AT_COMMIT
+import pytest
+from sqlalchemy import event, text
+
+from celery_agboss.core.protections import (
+    ENGINE_COMMIT_CHECK_SKIPPED_PAST_ITS_BOUND,
+    FENCE_NOT_RECHECKED_AT_COMMIT,
+)
 from celery_agboss.core.store_protocol import EffectRecord, Store
 from celery_agboss.errors import CommitInsideFencedEffectError, ExecutionFencedError
+from celery_agboss.store.migrate import migrate
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing import VirtualClock, sabotage
+from tests.conftest import TemplateFactory
 from tests.contract.conftest import granted
+from tests.support.databases import TemplateDatabase
+from tests.support.processes import wait_until
 
 TTL_MS = 10_000
+
+
+@pytest.fixture
+def pg_store(
+    postgres_templates: TemplateFactory, clone_postgres: Callable[[TemplateDatabase], str]
+) -> Iterator[SQLAlchemyStore]:
+    """A store on PostgreSQL, on the real database clock (no test offset)."""
+    opened = SQLAlchemyStore(clone_postgres(postgres_templates("store", migrate)))
+    yield opened
+    opened.close()
 
 
 def _effect(scope: str, token: int) -> EffectRecord:
@@ -109,6 +130,89 @@ def test_without_the_commit_check_a_releasing_transaction_past_its_lease_commits
     with sabotage(FENCE_NOT_RECHECKED_AT_COMMIT):
         _write_past_the_lease(store, db_clock, "late-end", release=True)
     assert store.read_effect("late-end:effect") is not None
+
+
+# --- an engine-only transaction (a claim, a settle): no user code runs in it ---------------
+
+
+def test_an_engine_only_transaction_past_its_lease_on_the_database_clock_commits_nothing(
+    store: Store, db_clock: VirtualClock
+) -> None:
+    """A moved database clock is checked at the commit, as for any fenced transaction."""
+    grant = granted(store, "engine-late", TTL_MS)
+    fenced = store.fenced(grant.lease, TTL_MS, engine_only=True)
+    with pytest.raises(ExecutionFencedError), fenced as tx:
+        tx.insert_effect(_effect("engine-late", grant.lease.token))
+        db_clock.advance(TTL_MS * 1.1 / 1000)
+    assert store.read_effect("engine-late:effect") is None
+
+
+SHORT_TTL_MS = 800
+
+
+def _engine_write_outliving_its_lease(store: SQLAlchemyStore) -> None:
+    """An engine-only fenced write whose transaction stays open, in real time, until the
+    database clock has passed the expiry its first statement set. It polls the clock
+    through its own connection: a session idle that long is ended by the server."""
+    grant = granted(store, "engine-slow", SHORT_TTL_MS)
+    with store.fenced(grant.lease, SHORT_TTL_MS, engine_only=True) as tx:
+        tx.insert_effect(_effect("engine-slow", grant.lease.token))
+        wait_until(
+            lambda: tx.read_now_ms() > tx.expires_at_ms,
+            timeout=10,
+            interval=0.02,
+            message="the database clock passes the expiry",
+        )
+
+
+@pytest.mark.postgres
+def test_an_engine_only_transaction_that_ran_past_its_bound_is_checked_at_commit(
+    pg_store: SQLAlchemyStore,
+) -> None:
+    """On PostgreSQL an engine-only transaction commits on its first lease check only
+    when it ended within a quarter of the TTL; one that ran longer (here past the lease
+    itself, in real time) is checked again, and commits nothing."""
+    with pytest.raises(ExecutionFencedError):
+        _engine_write_outliving_its_lease(pg_store)
+    assert pg_store.read_effect("engine-slow:effect") is None
+
+
+@pytest.mark.postgres
+def test_without_the_bound_an_engine_only_transaction_past_its_lease_commits(
+    pg_store: SQLAlchemyStore,
+) -> None:
+    """Sabotage twin: skipped however long it ran, the commit check lets the write in."""
+    with sabotage(ENGINE_COMMIT_CHECK_SKIPPED_PAST_ITS_BOUND):
+        _engine_write_outliving_its_lease(pg_store)
+    assert pg_store.read_effect("engine-slow:effect") is not None
+
+
+@pytest.mark.postgres
+def test_a_short_engine_only_transaction_checks_its_lease_once(
+    pg_store: SQLAlchemyStore,
+) -> None:
+    """The round trip it saves: one statement touches the lease row, not two (a fenced
+    transaction running user code still checks it at both ends)."""
+    seen: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "agboss_leases" in statement:
+            seen.append(statement)
+
+    grant = granted(pg_store, "engine-short", TTL_MS)
+    event.listen(pg_store.engine, "before_cursor_execute", note)
+    try:
+        with pg_store.fenced(grant.lease, TTL_MS, engine_only=True) as tx:
+            tx.insert_effect(_effect("engine-short", grant.lease.token))
+        engine_only = len(seen)
+        seen.clear()
+        with pg_store.fenced(grant.lease, TTL_MS) as tx:
+            tx.insert_effect(_effect("engine-short-2", grant.lease.token))
+        with_user_code = len(seen)
+    finally:
+        event.remove(pg_store.engine, "before_cursor_execute", note)
+    assert (engine_only, with_user_code) == (1, 2)
+    assert pg_store.read_effect("engine-short:effect") is not None
 
 
 # --- transaction control sent as SQL text ------------------------------------------------

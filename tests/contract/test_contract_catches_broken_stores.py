@@ -7,6 +7,8 @@ must report exactly the case that guards the broken protection.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from celery_agboss.core.protections import (
@@ -82,3 +84,45 @@ def test_a_custom_store_with_a_re_entrant_acquire_fails_p1(store_factory: SQLSto
     failure = report["acquire_is_never_reentrant"]
     assert isinstance(failure, ContractViolation) and str(failure).startswith("[P1]")
     assert report["late_renewal_is_refused"] is None
+
+
+class _HistoryBlindTransaction:
+    """A transaction whose chained append reports success when it wrote nothing, and
+    whose claim leaves its first history row out."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def insert_intent(self, intent: Any, first_history: Any = None) -> bool:
+        return bool(self.inner.insert_intent(intent))
+
+    def append_history_after(self, row: Any) -> bool:
+        self.inner.append_history_after(row)
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class HistoryBlindStore(ReentrantStore):
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self.inner.transaction() as tx:
+            yield _HistoryBlindTransaction(tx)
+
+
+def test_a_custom_store_blind_to_its_history_fails_the_quarantine_record(
+    store_factory: SQLStoreFactory,
+) -> None:
+    def broken_factory() -> Store:
+        return HistoryBlindStore(store_factory())  # type: ignore[return-value]
+
+    names = (
+        "a_first_history_row_is_written_with_its_intent",
+        "a_history_row_chains_only_to_the_last_row",
+    )
+    report = run_contract(broken_factory, _cases(*names))
+    for name in names:
+        failure = report[name]
+        assert isinstance(failure, ContractViolation), (name, failure)
+        assert str(failure).startswith("[quarantine record]"), str(failure)

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "celery_agboss"
 HOME = PACKAGE / "core" / "transitions.py"
 EXERCISERS = (("store",), ("testing", "contract"))
 """The store, which implements the writes, and the scenarios that test it."""
-WRITES = frozenset({"update_intent", "insert_intent", "append_history"})
+WRITES = frozenset({"update_intent", "insert_intent", "append_history", "append_history_after"})
 """The store transaction's intent writes (``core.store_protocol.StoreTransaction``)."""
 
 

@@ -14,7 +14,7 @@ SQLAlchemy, so a custom backend runs the cases with whatever test runner it uses
 
 The database clock is moved with ``VirtualClock.attach(store)`` (the protocol's
 ``clock_offset_source``), never by sleeping. The scenarios behind the cases (in
-``base``, ``leases`` and ``writes``) return what happened instead of judging it, so
+``base``, ``leases``, ``writes`` and ``history``) return what happened instead of judging it, so
 this package's own tests can switch a protection off and show the harm.
 """
 
@@ -26,6 +26,10 @@ from dataclasses import dataclass
 from celery_agboss.testing.contract.base import (
     ContractViolation,
     StoreFactory,
+)
+from celery_agboss.testing.contract.history import (
+    check_a_first_history_row_is_written_with_its_intent,
+    check_a_row_chains_only_to_the_last_row,
 )
 from celery_agboss.testing.contract.leases import (
     check_acquire_is_never_reentrant,
@@ -89,6 +93,16 @@ CONTRACT_CASES: tuple[ContractCase, ...] = (
         "renewals_skip_a_row_locked_by_a_fenced_transaction",
         "P1",
         check_renewals_skip_a_row_locked_by_a_fenced_transaction,
+    ),
+    ContractCase(
+        "a_first_history_row_is_written_with_its_intent",
+        "quarantine record",
+        check_a_first_history_row_is_written_with_its_intent,
+    ),
+    ContractCase(
+        "a_history_row_chains_only_to_the_last_row",
+        "quarantine record",
+        check_a_row_chains_only_to_the_last_row,
     ),
 )
 
