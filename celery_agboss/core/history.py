@@ -2,9 +2,10 @@
 
 An operator must be able to prove that an ambiguous payment was quarantined (kept
 ``PENDING``, then reconciled or handed to a person), never marked failed. Each row
-carries an HMAC-SHA256, under the pseudonym key, of all its fields and of the
-previous row's digest; ``verify_history`` recomputes the chain and names the first
-row that does not hold: a changed field, a missing or reordered row, a broken link.
+carries an HMAC-SHA256, under the pseudonym key, of all its fields (but the database
+time, stored beside it: ``history_digest``) and of the previous row's digest;
+``verify_history`` recomputes the chain and names the first row that does not hold: a
+changed field, a missing or reordered row, a broken link.
 
 The chain rests on the pseudonym key staying secret from whoever can write the
 table: with the key, anyone can forge a whole new chain. Deleting rows at the *end*
@@ -29,6 +30,9 @@ from celery_agboss.errors import ConfigurationError
 __all__ = ["HistoryEvent", "HistoryVerdict", "history_digest", "next_history_row", "verify_history"]
 
 _HISTORY_DOMAIN = b"agboss.history.v1\x00"
+_HISTORY_DOMAIN_V2 = b"agboss.history.v2\x00"
+DIGEST_V2_PREFIX = "v2:"
+"""How a version 2 digest begins (the row's time outside it: ``history_digest``)."""
 
 
 class HistoryEvent(str, enum.Enum):
@@ -109,9 +113,22 @@ def _fields(row: HistoryRow) -> dict[str, Any]:
 
 
 def history_digest(pseudonym_key: bytes, row: HistoryRow) -> str:
-    """HMAC-SHA256 (hex) of the canonical JSON of every field of ``row`` but ``digest``."""
+    """The digest ``row`` must carry, by the version it was written in.
+
+    Rows written now (and a row not signed yet, ``digest=""``) are version 2:
+    ``"v2:"`` and the HMAC-SHA256 (hex) of the canonical JSON of every field but
+    ``digest`` and ``at_ms``. The database time is stored beside the digest, not in it,
+    so one statement can read the clock, set the intent and insert its history row.
+    Rows written before carry a bare hex digest that covers ``at_ms`` too (version 1),
+    and still verify."""
     _require_key(pseudonym_key)
-    text = canonical_json(_fields(row))
+    fields = _fields(row)
+    if str(row.digest).startswith(DIGEST_V2_PREFIX) or row.digest == "":
+        del fields["at_ms"]
+        text = canonical_json(fields)
+        mac = hmac.new(pseudonym_key, _HISTORY_DOMAIN_V2 + text.encode("utf-8"), hashlib.sha256)
+        return DIGEST_V2_PREFIX + mac.hexdigest()
+    text = canonical_json(fields)
     return hmac.new(
         pseudonym_key, _HISTORY_DOMAIN + text.encode("utf-8"), hashlib.sha256
     ).hexdigest()

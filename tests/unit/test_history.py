@@ -76,9 +76,34 @@ def test_an_unknown_outcome_leaves_a_chained_record_that_never_says_failed() -> 
 
 def test_the_first_row_digest_is_pinned() -> None:
     row = _row(None, HistoryEvent.CLAIMED, from_status=None)
-    # HMAC-SHA256 computed independently with openssl over the canonical JSON.
-    assert row.digest == "378225adf1237619d5e11406b28e10c2eaf8464659e5a8f3451b04ac6deb4c37"
+    # HMAC-SHA256 computed independently with openssl over the domain and the canonical
+    # JSON of every field but the digest and the time.
+    assert row.digest == ("v2:00855559124abd83ef893f12ff4978edd9e1dce8d502a70a9d774b66fa3f2c53")
     assert history_digest(KEY, row) == row.digest
+
+
+V1_FIRST_ROW_DIGEST = "378225adf1237619d5e11406b28e10c2eaf8464659e5a8f3451b04ac6deb4c37"
+"""The same row as written before version 2: its digest covers its time as well."""
+
+
+def test_a_row_written_before_version_2_still_verifies_and_covers_its_time() -> None:
+    row = dataclasses.replace(
+        _row(None, HistoryEvent.CLAIMED, from_status=None), digest=V1_FIRST_ROW_DIGEST
+    )
+    assert history_digest(KEY, row) == V1_FIRST_ROW_DIGEST
+    assert verify_history(KEY, [row]).ok
+    moved = verify_history(KEY, [dataclasses.replace(row, at_ms=row.at_ms + 1)])
+    assert (moved.ok, moved.first_broken_seq) == (False, 1)
+    after = _row(row, HistoryEvent.SENT)
+    assert verify_history(KEY, [row, after]).ok, "a version 2 row chains to a version 1 row"
+
+
+def test_a_rows_time_is_stored_beside_its_digest() -> None:
+    """The database time is written by the statement that writes the row: outside the
+    digest, so changing it alone breaks nothing, and the chain still holds."""
+    rows = _unknown_outcome_then_reconciled()
+    rows[2] = dataclasses.replace(rows[2], at_ms=1)
+    assert verify_history(KEY, rows).ok
 
 
 def test_enum_values_are_stored_as_plain_strings() -> None:
@@ -95,7 +120,6 @@ def test_a_chain_survives_a_round_trip_through_json_storage() -> None:
 _CHANGES: dict[str, Any] = {
     "idempotency_key": "default:t:task-2:stripe.charge",
     "seq": 99,
-    "at_ms": 1,
     "event": "failed-definite",
     "from_status": "FAILED",
     "to_status": "FAILED",
@@ -104,7 +128,7 @@ _CHANGES: dict[str, Any] = {
     "token": 42,
     "detail": {"reason": "edited"},
     "prev_digest": "0" * 64,
-    "digest": "f" * 64,
+    "digest": "v2:" + "f" * 64,
     "execution_id": "exec-mallory",
 }
 
