@@ -27,10 +27,21 @@ from celery_agboss.core.protections import (
     RECLAIM_BUMPS_TOKEN,
     RELEASE_WITH_UNSETTLED_ATTEMPT,
 )
-from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef, Store
+from celery_agboss.core.store_protocol import (
+    FencedTransaction,
+    HistoryRow,
+    IntentGuard,
+    IntentUpdate,
+    LeaseRef,
+    NewIntent,
+    OneStatementClaim,
+    OneStatementTransition,
+    Store,
+)
 from celery_agboss.errors import ExecutionFencedError
 
 T = TypeVar("T")
+D = TypeVar("D", OneStatementClaim, OneStatementTransition)
 
 
 class DeliveryLease:
@@ -90,13 +101,18 @@ class DeliveryLease:
                 token=ref.token,
             )
 
+    def _trusted(self) -> LeaseHandle:
+        """The lease, before a fenced write: refused once it is not trusted or held."""
+        self._refuse_if_interrupted()
+        lease = self.lease
+        lease.assert_held()
+        return lease
+
     @contextmanager
     def fenced(self, *, engine_only: bool = False) -> Iterator[FencedTransaction]:
         """A fenced transaction under this lease; a refusal ends the holder's trust in it.
         ``engine_only``: the engine's own writes, no user code (``Store.fenced``)."""
-        self._refuse_if_interrupted()
-        lease = self.lease
-        lease.assert_held()
+        lease = self._trusted()
         sent = SentAt.now(lease.clock)
         try:
             with self._store.fenced(lease.ref, lease.ttl_ms, engine_only=engine_only) as tx:
@@ -105,6 +121,47 @@ class DeliveryLease:
             lease.mark_lost("a fenced transaction found the lease lost")
             raise
         lease.note_extended_at(sent)
+
+    def claim_in_one(
+        self, intent: NewIntent, row: HistoryRow, *, cancel_of: str | None = None
+    ) -> OneStatementClaim | None:
+        """``Store.claim_in_one`` under this lease, with ``fenced()``'s bookkeeping."""
+        return self._in_one(
+            lambda lease: self._store.claim_in_one(
+                lease.ref, lease.ttl_ms, intent, row, cancel_of=cancel_of
+            )
+        )
+
+    def transition_in_one(
+        self,
+        key: str,
+        guard: IntentGuard,
+        update: IntentUpdate,
+        row: HistoryRow,
+        *,
+        relied_by: str | None = None,
+    ) -> OneStatementTransition | None:
+        """``Store.transition_in_one`` under this lease, with ``fenced()``'s bookkeeping."""
+        return self._in_one(
+            lambda lease: self._store.transition_in_one(
+                lease.ref, lease.ttl_ms, key, guard, update, row, relied_by=relied_by
+            )
+        )
+
+    def _in_one(self, write: Callable[[LeaseHandle], D | None]) -> D | None:
+        """A one-statement fenced write: refused once the lease is not trusted, the lease
+        lost when the statement finds it lost, extended when it went through. None: the
+        store has no such statement; use ``fenced()`` instead."""
+        lease = self._trusted()
+        sent = SentAt.now(lease.clock)
+        try:
+            done = write(lease)
+        except ExecutionFencedError:
+            lease.mark_lost("a fenced transaction found the lease lost")
+            raise
+        if done is not None:
+            lease.note_extended_at(sent)
+        return done
 
     def assert_can_send(self) -> None:
         self.assert_held()

@@ -46,9 +46,12 @@ from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
     FencedTransaction,
+    HistoryRow,
     IntentGuard,
     IntentStatus,
     IntentUpdate,
+    NewIntent,
+    OneStatementClaim,
     Store,
 )
 from celery_agboss.core.transitions import NOT_STORED_TEXT, mark_failed, masked_text, policy_of
@@ -352,9 +355,27 @@ class ExecutionContext(DeliveryLease):
         (design: cancel request).
         ``cancel_probe`` (given by the layer that records executions) reads it; without
         one (an execution run without that layer) nothing can request a cancel."""
-        if self._cancel_probe is None or sabotage.active(CANCEL_NOT_CHECKED_MID_BODY):
-            return
-        reason = self._cancel_probe(tx)
+        probe = self._cancel_probe
+        if probe is not None and self._checks_cancel():
+            self._refuse_cancelled(probe(tx))
+
+    def claim_unless_cancelled(
+        self, intent: NewIntent, row: HistoryRow
+    ) -> OneStatementClaim | None:
+        """The claim as one statement (``claim_in_one``), reading the execution's cancel
+        request in it as ``check_cancel`` does in a fenced transaction: the layer that
+        gives a ``cancel_probe`` records executions in the store, whose cancel request the
+        statement reads. None: use a fenced transaction."""
+        cancel_of = self._execution_id if self._checks_cancel() else None
+        done = self.claim_in_one(intent, row, cancel_of=cancel_of)
+        if done is not None:
+            self._refuse_cancelled(done.cancel_reason)
+        return done
+
+    def _checks_cancel(self) -> bool:
+        return self._cancel_probe is not None and not sabotage.active(CANCEL_NOT_CHECKED_MID_BODY)
+
+    def _refuse_cancelled(self, reason: str | None) -> None:
         if reason is not None:
             raise CancelRequestedError(
                 f"a cancel was requested ({reason}); this delivery sends and writes nothing more",

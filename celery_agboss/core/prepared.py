@@ -7,7 +7,7 @@ reconcile (``reconcile``), which import it rather than each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from celery_agboss.core import sabotage
@@ -21,13 +21,17 @@ from celery_agboss.core.protections import REQUEST_STORED_UNMASKED
 from celery_agboss.core.step_identity import Step
 from celery_agboss.core.store_protocol import (
     JSON,
+    HistoryRow,
     IntentGuard,
     IntentStatus,
     IntentUpdate,
     LeaseRef,
+    NewIntent,
+    OneStatementClaim,
+    OneStatementTransition,
     StoreTransaction,
 )
-from celery_agboss.core.transitions import CallRef, HistoryTail, policy_of, transition
+from celery_agboss.core.transitions import CallRef, HistoryTail, history_row, policy_of, transition
 
 
 class Holder(EffectHolder, Protocol):
@@ -46,6 +50,23 @@ class Holder(EffectHolder, Protocol):
 
     def send_overran(self, run: BoundedRun) -> None:
         """The send passed ``attempt_timeout``: stop trusting and renewing the lease."""
+
+    def claim_unless_cancelled(
+        self, intent: NewIntent, row: HistoryRow
+    ) -> OneStatementClaim | None:
+        """The claim as one statement, refused (``CancelRequestedError``) when a cancel of
+        the execution was requested; None: use a fenced transaction."""
+
+    def transition_in_one(
+        self,
+        key: str,
+        guard: IntentGuard,
+        update: IntentUpdate,
+        row: HistoryRow,
+        *,
+        relied_by: str | None = None,
+    ) -> OneStatementTransition | None:
+        """``Store.transition_in_one`` under the holder's lease (``DeliveryLease``)."""
 
     def send_interrupted(self, run: BoundedRun) -> None:
         """The wait for a running send was interrupted (a signal, a soft time limit): write
@@ -128,6 +149,55 @@ def holder_transition(
     )
 
 
+def holder_transition_in_one(
+    holder: Holder,
+    p: PreparedCall,
+    me: LeaseRef,
+    attempt: int,
+    update: IntentUpdate,
+    event: HistoryEvent,
+    detail: JSON,
+    *,
+    to_status: IntentStatus,
+    relied: bool = False,
+) -> bool:
+    """``holder_transition`` (with, when ``relied``, the record use marked relied) as one
+    statement, where the store has one and the call knows the last history row it
+    wrote: True when the intent changed. False when nothing was written (no such
+    statement, no known row, or the intent moved on): run ``holder_transition`` in a
+    fenced transaction, which reads what it needs and decides."""
+    known = p.tail.take(p.idempotency_key)
+    if known is None:
+        return False
+    row = history_row(
+        holder.settings.pseudonym_key,
+        known,
+        p.idempotency_key,
+        event,
+        from_status=IntentStatus.PENDING,
+        to_status=to_status,
+        attempt=attempt,
+        owner=me,
+        detail=detail,
+        execution_id=holder.execution_id,
+        at_ms=known.at_ms,
+    )
+    done = holder.transition_in_one(
+        p.idempotency_key,
+        IntentGuard(IntentStatus.PENDING, attempt, me),
+        update,
+        row,
+        relied_by=holder.execution_id if relied else None,
+    )
+    if done is None:
+        p.tail.keep(known)  # the transaction chains to it instead
+        return False
+    if not done.won or done.now_ms is None:
+        return False
+    p.tail.keep(replace(row, at_ms=done.now_ms))
+    return True
+
+
 @dataclass(frozen=True)
 class Resend:
     """Reconcile proved the attempt absent and authorised ``attempt`` under the same key."""
@@ -135,4 +205,4 @@ class Resend:
     attempt: int
 
 
-__all__ = ["Holder", "PreparedCall", "Resend", "prepare_call"]
+__all__ = ["Holder", "PreparedCall", "Resend", "holder_transition_in_one", "prepare_call"]

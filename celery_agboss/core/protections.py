@@ -178,6 +178,10 @@ HOLDER_TRUSTS_LEASE_FOREVER = "holder-trusts-lease-forever"
 FENCE_NOT_RECHECKED_AT_COMMIT = "fence-not-rechecked-at-commit"
 """The fence is not checked again at the commit (design: P1)."""
 
+ONE_STATEMENT_WITHOUT_FENCE = "one-statement-without-fence"
+"""A one-statement transition's compare-and-set does not join the lease check in the same
+statement: a holder whose lease expired or was taken over changes the intent (design: P1)."""
+
 ENGINE_COMMIT_CHECK_SKIPPED_PAST_ITS_BOUND = "engine-commit-check-skipped-past-its-bound"
 """An engine-only fenced transaction skips the commit's lease check however long it ran,
 not only while it ended well inside the lease it extended (design: P1)."""

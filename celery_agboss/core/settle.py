@@ -32,7 +32,12 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.core.lookup import completed_update
 from celery_agboss.core.outbound import CallContext, Outcome
-from celery_agboss.core.prepared import Holder, PreparedCall, holder_transition
+from celery_agboss.core.prepared import (
+    Holder,
+    PreparedCall,
+    holder_transition,
+    holder_transition_in_one,
+)
 from celery_agboss.core.protections import (
     SEND_NOT_BOUNDED,
     SEND_WITHOUT_LEASE_CHECK,
@@ -155,21 +160,26 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
     update = replace(update, rely=shared)
     event = HistoryEvent.COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED
     detail = {"gateway_transaction_id": gateway_id}
+    completed = IntentStatus.COMPLETED
     try:
-        with holder.fenced(engine_only=True) as tx:
-            won = holder_transition(
-                tx, holder, p, me, attempt, update, event, detail, to_status=IntentStatus.COMPLETED
-            )
-            if won and shared:
-                tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id, counted=True)
-            if not won:
-                now = tx.read_intent(p.idempotency_key)
-                mine = (
-                    now is not None
-                    and now.status is IntentStatus.COMPLETED
-                    and now.attempt == attempt
-                    and now.owner == me
+        won = holder_transition_in_one(
+            holder, p, me, attempt, update, event, detail, to_status=completed, relied=shared
+        )
+        if not won:
+            with holder.fenced(engine_only=True) as tx:
+                won = holder_transition(
+                    tx, holder, p, me, attempt, update, event, detail, to_status=completed
                 )
+                if won and shared:
+                    tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id, counted=True)
+                if not won:
+                    now = tx.read_intent(p.idempotency_key)
+                    mine = (
+                        now is not None
+                        and now.status is IntentStatus.COMPLETED
+                        and now.attempt == attempt
+                        and now.owner == me
+                    )
     except ExecutionFencedError:
         return _handed_over(p, attempt, result)
     except StoreError as exc:
@@ -249,19 +259,17 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
     update = IntentUpdate(
         status=IntentStatus.FAILED, failure=failure, retry_for=None, failure_shared=False
     )
+    event = HistoryEvent.FAILED_DEFINITE
+    failed = IntentStatus.FAILED
     try:
-        with holder.fenced(engine_only=True) as tx:
-            won = holder_transition(
-                tx,
-                holder,
-                p,
-                me,
-                attempt,
-                update,
-                HistoryEvent.FAILED_DEFINITE,
-                detail,
-                to_status=IntentStatus.FAILED,
-            )
+        won = holder_transition_in_one(
+            holder, p, me, attempt, update, event, detail, to_status=failed
+        )
+        if not won:
+            with holder.fenced(engine_only=True) as tx:
+                won = holder_transition(
+                    tx, holder, p, me, attempt, update, event, detail, to_status=failed
+                )
     except ExecutionFencedError as fenced:
         _handed_over_error(p, attempt, fenced)
     except StoreError as store_error:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery_agboss.core import fault_points, sabotage
@@ -44,6 +44,7 @@ from celery_agboss.core.settle import send_and_settle
 from celery_agboss.core.shared_records import FailureClaim, failure_claim, hands_failure_to_another
 from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
+    JSON,
     IntentGuard,
     IntentRecord,
     IntentStatus,
@@ -51,7 +52,7 @@ from celery_agboss.core.store_protocol import (
     NewIntent,
     Reliance,
 )
-from celery_agboss.core.transitions import create, fault, mark_failed, transition
+from celery_agboss.core.transitions import claim_row, create, fault, mark_failed, transition
 from celery_agboss.errors import (
     IdempotencyKeyConflictError,
     OutboundCallCompensatedError,
@@ -149,18 +150,20 @@ def _claim_or_read(holder: Holder, p: PreparedCall) -> _Claim:
     one's result handed to this execution is written on the record in the same
     transaction — unless an undo claimed it first (``Reliance.UNDONE``)."""
     me = holder.lease_ref
+    intent = NewIntent(
+        idempotency_key=p.idempotency_key,
+        execution_id=holder.execution_id,
+        name=p.call.name,
+        business_key_handle=p.ref.handle,
+        fingerprint=p.fingerprint,
+        request=p.stored_request,
+        owner=me,
+    )
+    detail = {"call": p.call.name, "execution_id": holder.execution_id}
+    if _claimed_in_one(holder, p, intent, detail):
+        return _Claim(True, None)
     with holder.fenced(engine_only=True) as tx:
         holder.check_cancel(tx)
-        intent = NewIntent(
-            idempotency_key=p.idempotency_key,
-            execution_id=holder.execution_id,
-            name=p.call.name,
-            business_key_handle=p.ref.handle,
-            fingerprint=p.fingerprint,
-            request=p.stored_request,
-            owner=me,
-        )
-        detail = {"call": p.call.name, "execution_id": holder.execution_id}
         if create(tx, holder.settings.pseudonym_key, intent, detail, tail=p.tail):
             return _Claim(True, None)
         record = tx.read_intent(p.idempotency_key)
@@ -180,6 +183,18 @@ def _claim_or_read(holder: Holder, p: PreparedCall) -> _Claim:
             fault(fault_points.OUTBOUND_BEFORE_RELY, me, p.ref)
             reliance = tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id)
         return _Claim(False, record, reliance)
+
+
+def _claimed_in_one(holder: Holder, p: PreparedCall, intent: NewIntent, detail: JSON) -> bool:
+    """The claim of a new key as one statement, where the store has one: True when it
+    inserted. False when nothing was written (no such statement, or the key exists):
+    the fenced transaction claims or reads it."""
+    row = claim_row(holder.settings.pseudonym_key, intent, detail)
+    done = holder.claim_unless_cancelled(intent, row)
+    if done is None or not done.inserted or done.now_ms is None:
+        return False
+    p.tail.keep(replace(row, at_ms=done.now_ms))
+    return True
 
 
 def _compensated(holder: Holder, p: PreparedCall) -> OutboundCallCompensatedError:

@@ -165,6 +165,34 @@ class IntentUpdate:
 
 
 @dataclass(frozen=True)
+class OneStatementClaim:
+    """What ``Store.claim_in_one`` did. ``fenced``: the lease was not live and mine,
+    nothing was written. ``cancel_reason``: a cancel of the execution was requested,
+    nothing was written. ``inserted``: the intent was claimed, with its first history
+    row; False (nothing written) when its key existed: the caller reads it."""
+
+    fenced: bool
+    inserted: bool
+    cancel_reason: str | None
+    expires_at_ms: int | None
+    now_ms: int | None
+
+
+@dataclass(frozen=True)
+class OneStatementTransition:
+    """What ``Store.transition_in_one`` did. ``fenced``: the lease was not live and mine,
+    nothing was written. ``won``: the intent changed, with its history row (and the
+    record use). ``chained``: the holder's last row was still the intent's last; when it
+    was not, nothing was written and the caller must use the transaction instead."""
+
+    fenced: bool
+    won: bool
+    chained: bool
+    expires_at_ms: int | None
+    now_ms: int | None
+
+
+@dataclass(frozen=True)
 class HistoryRow:
     """One transition of an intent, chained by digest to the row before it (quarantine record)."""
 
@@ -348,6 +376,37 @@ class Store(Protocol):
         live holder, extends it, and sets a lock timeout below ttl/3. ``engine_only``: no
         user code runs in it, so a backend may prove the lease at its commit without
         asking the database again (when it ended well inside the lease it extended)."""
+
+    def claim_in_one(
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        intent: NewIntent,
+        row: HistoryRow,
+        *,
+        cancel_of: str | None = None,
+    ) -> OneStatementClaim | None:
+        """A fenced transaction holding the claim (``create``), as one statement: with
+        ``cancel_of``, that execution's cancel request read first (nothing claimed when
+        one was requested). None when the backend has no such statement (the caller
+        opens ``fenced()``); ``ExecutionFencedError`` when the lease is not live and mine."""
+
+    def transition_in_one(
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        key: str,
+        guard: IntentGuard,
+        update: IntentUpdate,
+        row: HistoryRow,
+        *,
+        relied_by: str | None = None,
+    ) -> OneStatementTransition | None:
+        """A fenced transaction holding one ``transition`` (and, with ``relied_by``, the
+        record use marked relied), as one statement: ``row`` follows the holder's last
+        history row, and the intent changes only while that row is the intent's last.
+        None when the backend has no such statement (the caller opens ``fenced()``);
+        ``ExecutionFencedError`` when the lease is not live and mine."""
 
     def transaction(self) -> AbstractContextManager[StoreTransaction]:
         """An unfenced transaction, for the sweep and operators: every write is a guarded CAS."""

@@ -13,7 +13,7 @@ them can disagree on what a write records. ``tests/unit/test_intent_writes.py`` 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery_agboss.core import sabotage
@@ -115,8 +115,17 @@ def create(
     when it inserted, its first history row, written by the same store call (one
     statement on PostgreSQL); False when the key existed and nothing was written (the
     insert does nothing on a conflict, so two claims never both win)."""
-    row = _history_row(
-        tx,
+    row = replace(claim_row(pseudonym_key, intent, detail), at_ms=tx.now_ms)
+    if not tx.insert_intent(intent, first_history=row):
+        return False
+    if tail is not None:
+        tail.keep(row)
+    return True
+
+
+def claim_row(pseudonym_key: bytes, intent: NewIntent, detail: JSON = None) -> HistoryRow:
+    """The first history row of a claimed intent (its ``at_ms`` is the writer's to set)."""
+    return history_row(
         pseudonym_key,
         None,
         intent.idempotency_key,
@@ -127,12 +136,8 @@ def create(
         owner=intent.owner,
         detail=detail,
         execution_id=intent.execution_id,
+        at_ms=0,
     )
-    if not tx.insert_intent(intent, first_history=row):
-        return False
-    if tail is not None:
-        tail.keep(row)
-    return True
 
 
 class HistoryTail:
@@ -200,6 +205,16 @@ def _history_row(
     previous: HistoryRow | None,
     key: str,
     event: HistoryEvent,
+    **fields: Any,
+) -> HistoryRow:
+    return history_row(pseudonym_key, previous, key, event, at_ms=tx.now_ms, **fields)
+
+
+def history_row(
+    pseudonym_key: bytes,
+    previous: HistoryRow | None,
+    key: str,
+    event: HistoryEvent,
     *,
     from_status: IntentStatus | None,
     to_status: IntentStatus,
@@ -207,12 +222,15 @@ def _history_row(
     owner: LeaseRef | None,
     detail: JSON,
     execution_id: str | None,
+    at_ms: int,
 ) -> HistoryRow:
+    """The history row of a transition, chained to ``previous`` (``at_ms`` is outside
+    its digest: a statement that reads the clock as it writes the row replaces it)."""
     return next_history_row(
         pseudonym_key,
         previous,
         idempotency_key=key,
-        at_ms=tx.now_ms,
+        at_ms=at_ms,
         event=event,
         from_status=None if from_status is None else from_status.value,
         to_status=to_status.value,
@@ -336,9 +354,11 @@ __all__ = [
     "HistoryTail",
     "append_history",
     "cas",
+    "claim_row",
     "create",
     "error_detail",
     "fault",
+    "history_row",
     "mark_failed",
     "mask_result",
     "masked_text",

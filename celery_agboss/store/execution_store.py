@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select
-from sqlalchemy.engine import Connection
+from sqlalchemy import insert, select
 
 from celery_agboss.core.execution_states import (
     DEFAULT_CANCEL_REASON,
@@ -50,22 +49,13 @@ from celery_agboss.store.execution_rows import (
     refuse_another_task,
     sql,
 )
-from celery_agboss.store.execution_updates import Computed
+from celery_agboss.store.execution_updates import Computed, cancel_request_statement
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions, pauses
-from celery_agboss.store.statement_cache import built_once
 
 _e = executions.c
 _p = pauses.c
 _i = outbound_calls.c
-
-
-@built_once
-def _cancel_request_statement(conn: Connection) -> Any:
-    statement = select(_e.cancel_requested, _e.cancel_reason).where(_e.id == bindparam("e_id"))
-    if conn.dialect.name == "postgresql":
-        statement = statement.with_for_update(read=True, of=executions)
-    return statement
 
 
 class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
@@ -288,7 +278,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         waits for this transaction, so it either is seen here or comes after this send's
         claim (and stops the next one)."""
         t, execution_id = sql(tx), tx.lease.scope
-        row = t.execute(_cancel_request_statement(t.connection), {"e_id": execution_id}).first()
+        row = t.execute(cancel_request_statement(t.connection), {"e_id": execution_id}).first()
         if row is None:
             return None
         return cancel_reason_of(bool(row.cancel_requested), row.cancel_reason)

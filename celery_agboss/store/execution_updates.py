@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, case, update
+from sqlalchemy import bindparam, case, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
@@ -105,10 +105,23 @@ def state_change_statement(
     return build_state_change(conn, offset_ms, unless_terminal, completes_records, values)
 
 
+@built_once
+def cancel_request_statement(conn: Connection) -> Any:
+    """An execution's cancel request (``e_id``), read ``FOR SHARE`` on PostgreSQL: a
+    cancel being recorded waits for the reader's transaction (or statement)."""
+    statement = select(executions.c.cancel_requested, executions.c.cancel_reason).where(
+        executions.c.id == bindparam("e_id")
+    )
+    if conn.dialect.name == "postgresql":
+        statement = statement.with_for_update(read=True, of=executions)
+    return statement
+
+
 __all__ = [
     "TERMINAL_VALUES",
     "Computed",
     "build_state_change",
+    "cancel_request_statement",
     "state_change_shape",
     "state_change_statement",
 ]

@@ -116,6 +116,22 @@ def insert_txn(
     ``first_history`` is written only when the intent was: on PostgreSQL both in one
     statement (the history row an ``INSERT … SELECT`` from the intent insert's
     ``RETURNING``), on SQLite in two, in the caller's transaction either way."""
+    values = new_intent_values(intent)
+    parameters = {f"n_{name}": value for name, value in values.items()}
+    if first_history is not None and is_postgresql(conn):
+        parameters.update(history_parameters(first_history, "f_"))
+        statement = _insert_with_history_statement(conn, offset_ms, tuple(values))
+        return conn.execute(statement, parameters).first() is not None
+    inserted = conn.execute(_insert_statement(conn, offset_ms, tuple(values)), parameters)
+    if inserted.first() is None:
+        return False
+    if first_history is not None:
+        append_history_txn(conn, first_history)
+    return True
+
+
+def new_intent_values(intent: NewIntent) -> dict[str, Any]:
+    """A claimed intent's columns (its two attempt times are the statement's clock)."""
     values: dict[str, Any] = {
         "idempotency_key": intent.idempotency_key,
         "execution_id": intent.execution_id,
@@ -135,17 +151,7 @@ def insert_txn(
         "not_sent_confirmed": False,
         "lookup_failures": 0,
     }
-    parameters = {f"n_{name}": value for name, value in values.items()}
-    if first_history is not None and is_postgresql(conn):
-        parameters.update(history_parameters(first_history, "f_"))
-        statement = _insert_with_history_statement(conn, offset_ms, tuple(values))
-        return conn.execute(statement, parameters).first() is not None
-    inserted = conn.execute(_insert_statement(conn, offset_ms, tuple(values)), parameters)
-    if inserted.first() is None:
-        return False
-    if first_history is not None:
-        append_history_txn(conn, first_history)
-    return True
+    return values
 
 
 @built_once
@@ -480,6 +486,7 @@ __all__ = [
     "insert_txn",
     "last_history_txn",
     "list_for_execution_txn",
+    "new_intent_values",
     "owner_live_expr",
     "read_history_txn",
     "read_txn",

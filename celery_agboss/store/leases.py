@@ -37,6 +37,7 @@ from celery_agboss.core.protections import (
     RENEW_REVIVES_EXPIRED_LEASE,
 )
 from celery_agboss.core.store_protocol import LeaseGrant, LeaseRef, LeaseState, RenewOutcome
+from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.dialect import (
     CLOCK_ALIAS,
     clock,
@@ -215,6 +216,16 @@ def fence_statement(conn: Connection, offset_ms: int) -> Any:
         .where(_IS_MINE_PARAMS, not_(_c.released), _c.expires_at_ms > now)
         .values(expires_at_ms=now + bindparam("ttl", type_=BigInteger), renewed_at_ms=now)
         .returning(_c.expires_at_ms, _c.renewed_at_ms)
+    )
+
+
+def fenced_error(lease: LeaseRef) -> ExecutionFencedError:
+    """What a fenced write of ``lease`` raises once the lease is not live and its own."""
+    return ExecutionFencedError(
+        f"lease {lease.scope!r} (token {lease.token}) is no longer held by {lease.holder}",
+        scope=lease.scope,
+        holder=lease.holder,
+        token=lease.token,
     )
 
 
@@ -470,6 +481,7 @@ __all__ = [
     "acquire_txn",
     "extend_txn",
     "fence_statement",
+    "fenced_error",
     "lock_txn",
     "mine_parameters",
     "now_txn",

@@ -36,25 +36,30 @@ from celery_agboss.core.protections import (
 from celery_agboss.core.store_protocol import (
     EffectRecord,
     HistoryRow,
+    IntentGuard,
     IntentRecord,
+    IntentUpdate,
     LeaseGrant,
     LeaseRef,
     LeaseState,
+    NewIntent,
+    OneStatementClaim,
+    OneStatementTransition,
     RenewOutcome,
     Store,
 )
 from celery_agboss.errors import (
-    ExecutionFencedError,
     StoreError,
     StoreLockTimeoutError,
     StoreUnavailableError,
 )
-from celery_agboss.store import effects, intents
+from celery_agboss.store import effects, intent_transitions, intents
 from celery_agboss.store import leases as lease_sql
 from celery_agboss.store.commit_guard import CommitGuard, StoreConnection, guard_engine
 from celery_agboss.store.databases import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
 from celery_agboss.store.dialect import is_postgresql
 from celery_agboss.store.driver_errors import DRIVER_ERRORS, translate, translated
+from celery_agboss.store.leases import fenced_error
 from celery_agboss.store.sqlite_watch import FencedTransactionWatchdog, FencedWatch
 from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
 
@@ -271,7 +276,7 @@ class SQLAlchemyStore:
                 lambda conn: lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=offset)
             )
             if checked is None:
-                raise _fenced(lease)
+                raise fenced_error(lease)
         fault_point(FENCED_BEFORE_BEGIN, **where)
         with self._begin(watch_ttl_ms=self._watch_ttl_ms(ttl_ms)) as conn:
             with translated():
@@ -286,7 +291,7 @@ class SQLAlchemyStore:
                 else:
                     checked = lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=offset)
             if checked is None:
-                raise _fenced(lease)
+                raise fenced_error(lease)
             expires_at_ms, now = checked
             fault_point(FENCED_AFTER_CHECK, **where)
             tx = SQLFencedTransaction(
@@ -301,7 +306,7 @@ class SQLAlchemyStore:
                     if unchecked:
                         lease_sql.release_txn(conn, lease)
                     elif not lease_sql.release_live_txn(conn, lease, offset_ms=self.offset_ms()):
-                        raise _fenced(lease)
+                        raise fenced_error(lease)
             elif not unchecked and not (
                 engine_only
                 and is_postgresql(conn)
@@ -313,9 +318,68 @@ class SQLAlchemyStore:
                 with translated():
                     again = lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=self.offset_ms())
                     if again is None:
-                        raise _fenced(lease)
+                        raise fenced_error(lease)
             fault_point(FENCED_BEFORE_COMMIT, **where)
         fault_point(FENCED_AFTER_COMMIT, **where)
+
+    def transition_in_one(
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        key: str,
+        guard: IntentGuard,
+        update: IntentUpdate,
+        row: HistoryRow,
+        *,
+        relied_by: str | None = None,
+    ) -> OneStatementTransition | None:
+        """``fenced()`` with a ``transition`` in it, as one autocommit statement on
+        PostgreSQL (``store.intent_transitions``); None on SQLite, where the caller runs
+        the transaction (in process, it costs no round trips)."""
+        lock_timeout = postgres_transaction_bounds(ttl_ms)[0]
+        return intent_transitions.in_one(
+            self.engine,
+            lease,
+            lambda conn: intent_transitions.transition_txn(
+                conn,
+                lease,
+                ttl_ms,
+                lock_timeout,
+                key,
+                guard,
+                update,
+                row,
+                relied_by=relied_by,
+                offset_ms=self.offset_ms(),  # read as the statement is sent
+            ),
+        )
+
+    def claim_in_one(
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        intent: NewIntent,
+        row: HistoryRow,
+        *,
+        cancel_of: str | None = None,
+    ) -> OneStatementClaim | None:
+        """``fenced()`` with the cancel check and ``create`` in it, as one autocommit
+        statement on PostgreSQL; None on SQLite."""
+        lock_timeout = postgres_transaction_bounds(ttl_ms)[0]
+        return intent_transitions.in_one(
+            self.engine,
+            lease,
+            lambda conn: intent_transitions.claim_txn(
+                conn,
+                lease,
+                ttl_ms,
+                lock_timeout,
+                intent,
+                row,
+                cancel_of=cancel_of,
+                offset_ms=self.offset_ms(),  # read as the statement is sent
+            ),
+        )
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[SQLTransaction]:
@@ -401,15 +465,6 @@ def _ended_in_bound(started: float, ttl_ms: int, offset_ms: int, store: SQLAlche
     if store.offset_ms() != offset_ms:
         return False
     return (time.monotonic() - started) * 1000 < ttl_ms * ENGINE_COMMIT_BOUND
-
-
-def _fenced(lease: LeaseRef) -> ExecutionFencedError:
-    return ExecutionFencedError(
-        f"lease {lease.scope!r} (token {lease.token}) is no longer held by {lease.holder}",
-        scope=lease.scope,
-        holder=lease.holder,
-        token=lease.token,
-    )
 
 
 def _raise_if_store_trouble(error: BaseException) -> None:

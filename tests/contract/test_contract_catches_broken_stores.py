@@ -11,8 +11,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from celery_agboss.core.protections import (
     LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
+    ONE_STATEMENT_WITHOUT_FENCE,
     RENEW_REVIVES_EXPIRED_LEASE,
 )
 from celery_agboss.core.store_protocol import LeaseGrant, Store
@@ -126,3 +129,23 @@ def test_a_custom_store_blind_to_its_history_fails_the_quarantine_record(
         failure = report[name]
         assert isinstance(failure, ContractViolation), (name, failure)
         assert str(failure).startswith("[quarantine record]"), str(failure)
+
+
+def test_a_one_statement_transition_without_its_fence_fails_p1(
+    store_factory: SQLStoreFactory, store_backend: str
+) -> None:
+    """Sabotage twin of the fence inside PostgreSQL's one-statement claim and transition:
+    a holder whose lease expired claims and changes the intent (SQLite has no such
+    statement)."""
+    if store_backend == "sqlite":
+        pytest.skip("SQLite runs the fenced transaction; there is no one statement to break")
+    names = (
+        "a_one_statement_transition_is_fenced",
+        "a_one_statement_claim_is_fenced_and_claims_once",
+    )
+    with sabotage(ONE_STATEMENT_WITHOUT_FENCE):
+        report = run_contract(store_factory, _cases(*names))
+    for name in names:
+        failure = report[name]
+        assert isinstance(failure, ContractViolation), (name, failure)
+        assert str(failure).startswith("[P1]"), failure

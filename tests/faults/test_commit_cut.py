@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store_protocol import (
     IntentGuard,
     IntentStatus,
@@ -21,12 +22,14 @@ from celery_agboss.core.store_protocol import (
     LeaseRef,
     NewIntent,
 )
+from celery_agboss.core.transitions import claim_row, history_row
 from celery_agboss.errors import StoreUnavailableError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.contract.base import write_effect
 from tests.support.tcp_proxy import CommitFault, PostgresProxy
 
 TTL_MS = 30_000
+PSEUDONYM_KEY = b"commit-cut-test-pseudonym-key-32b"
 
 
 @pytest.fixture
@@ -106,6 +109,54 @@ def test_a_settle_whose_commit_answer_is_lost_is_found_completed_by_its_own_atte
     assert found.result == {"id": "ch_1"}
     with direct.fenced(lease, TTL_MS) as tx:  # the same CAS again matches nothing
         assert not tx.update_intent(key, guard, settle)
+
+
+@pytest.mark.parametrize("fault", [CommitFault.CUT_BEFORE, CommitFault.DROP_ANSWER], ids=str)
+def test_a_one_statement_settle_whose_connection_is_cut_is_found_as_the_store_says(
+    stores: tuple[SQLAlchemyStore, SQLAlchemyStore],
+    postgres_proxy: PostgresProxy,
+    fault: CommitFault,
+) -> None:
+    """The settle as one autocommit statement (its own commit): cut before it reaches
+    the server, nothing changed; its answer dropped, the intent is COMPLETED by this
+    attempt, with its history row. Either way the caller got ``StoreUnavailableError``
+    and a re-read decides, never a guess."""
+    proxied, direct = stores
+    lease = _lease(direct)
+    key = f"default:t:{lease.scope}:stripe.charge"
+    intent = NewIntent(key, lease.scope, "stripe.charge", None, "fp", {"amount": 1000}, lease)
+    first = claim_row(PSEUDONYM_KEY, intent)
+    with direct.fenced(lease, TTL_MS) as tx:
+        assert tx.insert_intent(intent, first_history=first)
+    guard = IntentGuard(status=IntentStatus.PENDING, attempt=1, owner=lease)
+    settle = IntentUpdate(
+        status=IntentStatus.COMPLETED, complete=True, result={"id": "ch_1"}, result_stored=True
+    )
+    row = history_row(
+        PSEUDONYM_KEY,
+        first,
+        key,
+        HistoryEvent.COMPLETED,
+        from_status=IntentStatus.PENDING,
+        to_status=IntentStatus.COMPLETED,
+        attempt=1,
+        owner=lease,
+        detail={},
+        execution_id=lease.scope,
+        at_ms=0,
+    )
+    postgres_proxy.arm_commit_fault(fault)
+    with pytest.raises(StoreUnavailableError):
+        proxied.transition_in_one(lease, TTL_MS, key, guard, settle, row)
+    postgres_proxy.wait_for_faults(1)
+    found = direct.read_intent(key)
+    assert found is not None
+    history = direct.read_history(key)
+    if fault is CommitFault.CUT_BEFORE:
+        assert (found.status, len(history)) == (IntentStatus.PENDING, 1)
+    else:
+        assert (found.status, found.attempt, found.owner) == (IntentStatus.COMPLETED, 1, lease)
+        assert [entry.event for entry in history] == ["claimed", "completed"]
 
 
 def test_a_connection_cut_inside_a_fenced_transaction_commits_nothing(

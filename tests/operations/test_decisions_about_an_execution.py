@@ -35,7 +35,7 @@ from celery_agboss.core.protections import (
     PENDING_INTENT_NARROW,
 )
 from celery_agboss.core.store_protocol import IntentStatus
-from celery_agboss.errors import OutboundCallOutcomeUnknownError
+from celery_agboss.errors import ExecutionFencedError, OutboundCallOutcomeUnknownError
 from celery_agboss.testing.fault_arming import arm_pause, arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
@@ -178,21 +178,29 @@ def claiming_world(world_factory: WorldFactory) -> World:
     return world_factory(lease_ttl=CLAIM_TTL_SECONDS)
 
 
-def _claiming_while_the_committed_expiry_passes(world: World) -> tuple[str, Any, Any]:
-    """The holder's claim of a charge (one fenced transaction: the intent inserted, the
-    lease extended uncommitted) begins before its lease's committed expiry and is paused
-    before COMMIT while the clock passes that committed expiry (a ``claiming_world``'s
-    lease: 10 s of real time on each side). Returns once paused; the claim commits and
-    the charge goes out when ``_release`` lets it go on."""
+def _claiming_while_the_committed_expiry_passes(
+    world: World, *, in_one_statement: bool = False
+) -> tuple[str, Any, Any]:
+    """The holder's fenced transaction (a fenced effect marking the order paid: its
+    record written, the lease extended uncommitted) begins before its lease's committed
+    expiry and is paused before COMMIT while the clock passes that committed expiry (a
+    ``claiming_world``'s lease: 10 s of real time on each side). Returns once paused; the
+    transaction commits when ``_release`` lets it go on.
+
+    ``in_one_statement``: the holder's claim of a charge instead, which PostgreSQL runs
+    as one statement: paused before it is sent, it holds no lock meanwhile."""
     task_id = world.publish()
     ctx = world.start(task_id)
     done: dict[str, Any] = {}
 
     def charge() -> None:
         try:
-            done["result"] = ctx.outbound(
-                world.call, {"amount": 1000, "order": task_id}, business_key=f"order:{task_id}"
-            )
+            if in_one_statement:
+                done["result"] = ctx.outbound(
+                    world.call, {"amount": 1000, "order": task_id}, business_key=f"order:{task_id}"
+                )
+            else:
+                done["result"] = ctx.fenced_effect("mark-paid", lambda conn: "paid")
         except BaseException as exc:  # reported by the test
             done["error"] = exc
 
@@ -230,9 +238,30 @@ def test_a_lease_inside_a_running_fenced_transaction_is_live_to_every_decision(
         assert duplicate.kind is StartKind.DEFERRED, "nor taken over"
     finally:
         done = _release(paused, holder)
-    assert "result" in done, done
+    assert done.get("result") == "paid", done
     assert world.execution(task_id).state is not ExecutionState.CANCELLED
-    assert len(world.gateway.payments) == 1
+
+
+@POSTGRES_ONLY
+def test_a_one_statement_claim_not_yet_sent_holds_nothing_and_is_refused_once_expired(
+    claiming_world: World,
+) -> None:
+    """The claim is one statement on PostgreSQL: paused before it is sent, it holds no
+    lock, so the sweep's cancel sees an expired lease and ends the execution; the claim
+    then finds the lease expired and writes and sends nothing."""
+    world = claiming_world
+    task_id, paused, holder = _claiming_while_the_committed_expiry_passes(
+        world, in_one_statement=True
+    )
+    try:
+        executions = world.agboss.executions
+        executions.request_cancel(task_id, "revoked")
+        ended = executions.end_cancel_requested(task_id, "revoked")
+        assert ended is not None and ended.state is ExecutionState.CANCELLED
+    finally:
+        done = _release(paused, holder)
+    assert isinstance(done.get("error"), ExecutionFencedError), done
+    assert world.gateway.requests == [], "a cancelled execution's claim sent a charge"
 
 
 @POSTGRES_ONLY
@@ -248,5 +277,4 @@ def test_on_a_committed_read_a_running_delivery_is_cancelled_while_it_charges(
         finally:
             done = _release(paused, holder)
     assert cancelled is not None and cancelled.state is ExecutionState.CANCELLED
-    assert "result" in done, done
-    assert len(world.gateway.payments) == 1, "a CANCELLED order, charged"
+    assert done.get("result") == "paid", "a CANCELLED order, marked paid"

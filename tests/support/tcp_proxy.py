@@ -15,7 +15,8 @@ the client's SSL and GSSAPI encryption requests with "no" itself, so a client
 with the default ``sslmode=prefer`` carries on without TLS (one that requires
 TLS cannot use the proxy). A COMMIT is a simple query (``Q``), or the execution
 of a parsed statement (``P``, ``B``, ``E``), whose text holds the word COMMIT
-outside quotes.
+outside quotes, or one of the store's one-statement writes, sent in autocommit (its
+text names the ``agboss_fence`` it joins): each commits by itself.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from tests.support.relay import CHUNK, accepted_pairs, close_sockets, loopback_l
 _SSL_REQUEST = 80877103
 _GSSENC_REQUEST = 80877104
 _COMMIT = re.compile(rb"\bcommit\b", re.IGNORECASE)
+# The store's one-statement writes (a claim, a settle) commit by themselves: sent in
+# autocommit, their text names the fence they join (store/intent_transitions.py).
+_ONE_STATEMENT = re.compile(rb"\bagboss_fence\b")
 # Quoted text cannot hold a statement: 'literals', "identifiers", $tag$bodies$tag$.
 _QUOTED = re.compile(rb"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$(\w*)\$.*?\$\1\$", re.DOTALL)
 _ANSWER_DEADLINE_SECONDS = 10.0
@@ -77,7 +81,8 @@ def _startup_code(message: bytes) -> int:
 
 
 def _holds_commit(query: bytes) -> bool:
-    return _COMMIT.search(_QUOTED.sub(b"''", query)) is not None
+    unquoted = _QUOTED.sub(b"''", query)
+    return _COMMIT.search(unquoted) is not None or _ONE_STATEMENT.search(unquoted) is not None
 
 
 def _cstrings(body: bytes, count: int) -> list[bytes]:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from tests.support.services import libpq_url
-from tests.support.tcp_proxy import CommitFault, PostgresProxy
+from tests.support.tcp_proxy import CommitFault, PostgresProxy, _holds_commit
 
 pytestmark = pytest.mark.postgres
 
@@ -167,3 +167,11 @@ def test_stopping_the_proxy_closes_what_it_carries(database: str) -> None:
     finally:
         conn.close()
         proxy.stop()
+
+
+def test_a_one_statement_write_is_taken_for_a_commit() -> None:
+    """The store's one-statement writes commit by themselves (autocommit): the proxy
+    treats them as COMMITs; a statement merely inside a transaction is not one."""
+    assert _holds_commit(b"WITH agboss_fence AS (UPDATE agboss_leases SET x = 1) SELECT 1")
+    assert not _holds_commit(b"UPDATE agboss_leases SET x = 1 FROM (SELECT 1) AS agboss_clock")
+    assert not _holds_commit(b"SELECT 'agboss_fence'")

@@ -14,8 +14,9 @@ SQLAlchemy, so a custom backend runs the cases with whatever test runner it uses
 
 The database clock is moved with ``VirtualClock.attach(store)`` (the protocol's
 ``clock_offset_source``), never by sleeping. The scenarios behind the cases (in
-``base``, ``leases``, ``writes`` and ``history``) return what happened instead of judging it, so
-this package's own tests can switch a protection off and show the harm.
+``base``, ``leases``, ``writes``, ``history`` and ``one_statement``) return what
+happened instead of judging it, so this package's own tests can switch a protection
+off and show the harm.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ from celery_agboss.testing.contract.leases import (
     check_one_winner_per_token,
     check_renewals_skip_a_row_locked_by_a_fenced_transaction,
     check_take_over_fences_the_old_holder,
+)
+from celery_agboss.testing.contract.one_statement import (
+    check_a_one_statement_claim_is_fenced_and_claims_once,
+    check_a_one_statement_transition_is_fenced,
+    check_a_one_statement_transition_writes_its_row_with_it,
 )
 from celery_agboss.testing.contract.writes import (
     check_a_crash_after_commit_is_found_on_retry,
@@ -103,6 +109,21 @@ CONTRACT_CASES: tuple[ContractCase, ...] = (
         "a_history_row_chains_only_to_the_last_row",
         "quarantine record",
         check_a_row_chains_only_to_the_last_row,
+    ),
+    ContractCase(
+        "a_one_statement_transition_is_fenced",
+        "P1",
+        check_a_one_statement_transition_is_fenced,
+    ),
+    ContractCase(
+        "a_one_statement_claim_is_fenced_and_claims_once",
+        "P3",
+        check_a_one_statement_claim_is_fenced_and_claims_once,
+    ),
+    ContractCase(
+        "a_one_statement_transition_writes_its_row_with_it",
+        "one round trip per state change",
+        check_a_one_statement_transition_writes_its_row_with_it,
     ),
 )
 
