@@ -183,7 +183,10 @@ class Runtime:
                 # Inherited across a fork: forget the parent's pool without closing it.
                 current.store.dispose_after_fork()
             settings = self._settings or settings_from_conf(self.app.conf)
-            store = SQLAlchemyStore(settings.database_url)
+            store = SQLAlchemyStore(
+                settings.database_url,
+                engine_options={"prepared_statements": settings.prepared_statements},
+            )
             store.clock_offset_source = self.clock_offset_source
             current = _ProcessStore(
                 pid=pid,

@@ -77,6 +77,7 @@ KNOWN_SETTINGS = frozenset(
         "metrics_port",
         "metrics_address",
         "metrics_dir",
+        "prepared_statements",
     }
 )
 

@@ -87,6 +87,9 @@ class AGBossSettings:
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     # prometheus_client's multiprocess directory; None: a fresh one per worker.
     metrics_dir: str | None = None
+    # False behind a pooler that hands each transaction another server connection
+    # (PgBouncer's transaction mode before 1.21): psycopg then prepares no statement.
+    prepared_statements: bool = True
     testing_key: bool = False
 
     @property
@@ -371,6 +374,26 @@ def _metrics_dir(source: _Source) -> str | None:
     return path
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _flag(source: _Source, name: str, default: bool) -> bool:
+    """A yes/no setting: a bool in ``app.conf``, or its text in the environment."""
+    raw = source.get(name)
+    if raw is None:
+        return default
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise ConfigurationError(
+        f"{source.where(name)} must be True or False (in the environment: true/false, "
+        f"1/0, yes/no or on/off), not {raw!r}",
+        setting=f"agboss_{name}",
+    )
+
+
 def settings_from_conf(
     conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
 ) -> AGBossSettings:
@@ -427,6 +450,7 @@ def settings_from_conf(
         metrics_port=_metrics_port(source),
         metrics_address=_metrics_address(source),
         metrics_dir=_metrics_dir(source),
+        prepared_statements=_flag(source, "prepared_statements", True),
         testing_key=testing_key,
     )
 

@@ -91,10 +91,17 @@ def normalize_url(url: str | URL) -> URL:
 
 
 def create_store_engine(
-    url: str | URL, *, sqlite_busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any
+    url: str | URL,
+    *,
+    sqlite_busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    prepared_statements: bool = True,
+    **kwargs: Any,
 ) -> Engine:
     """An engine for ``url`` set up as the store needs (see the module docstring).
 
+    ``prepared_statements=False`` (``agboss_prepared_statements``): psycopg prepares no
+    statement on the server, for a pooler that gives each transaction another server
+    connection, where a statement prepared on one is missing on the next.
     Pass an engine of your own to ``SQLAlchemyStore`` only if it was made here.
     """
     parsed = normalize_url(url)
@@ -103,10 +110,13 @@ def create_store_engine(
     kwargs.setdefault("enable_from_linting", False)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, sqlite_busy_timeout_ms, kwargs)
+    connect_args = dict(kwargs.pop("connect_args", {}))
     if "connect_timeout" not in parsed.query:
         # libpq waits forever by default; an unreachable store must become an error.
-        connect_args = dict(kwargs.pop("connect_args", {}))
         connect_args.setdefault("connect_timeout", POSTGRES_CONNECT_TIMEOUT_SECONDS)
+    if not prepared_statements:
+        connect_args["prepare_threshold"] = None
+    if connect_args:
         kwargs["connect_args"] = connect_args
     engine = create_engine(parsed, **kwargs)
     if not kwargs.get("pool_pre_ping"):

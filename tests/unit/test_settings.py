@@ -352,3 +352,20 @@ def test_agboss_tenant_is_checked_by_the_key_rules_when_the_app_is_configured() 
     assert caught.value.fields["setting"] == "agboss_tenant"
     assert settings_from_conf(conf(), environ={"AGBOSS_TENANT": "shop-eu"}).tenant == "shop-eu"
     assert settings_from_conf(conf(agboss_tenant=""), environ={}).tenant is None
+
+
+def test_prepared_statements_are_on_unless_switched_off_in_conf_or_the_environment() -> None:
+    assert settings_from_conf(conf(), environ={}).prepared_statements is True
+    off = settings_from_conf(conf(agboss_prepared_statements=False), environ={})
+    assert off.prepared_statements is False
+    for text, expected in (("false", False), ("0", False), ("Off", False), ("yes", True)):
+        read = settings_from_conf(conf(), environ={"AGBOSS_PREPARED_STATEMENTS": text})
+        assert read.prepared_statements is expected, text
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, None.__class__])
+def test_a_prepared_statements_value_that_is_no_yes_or_no_is_refused(value: Any) -> None:
+    with pytest.raises(
+        ConfigurationError, match="agboss_prepared_statements must be True or False"
+    ):
+        settings_from_conf(conf(agboss_prepared_statements=value), environ={})
