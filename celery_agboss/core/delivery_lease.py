@@ -30,8 +30,7 @@ from celery_agboss.core.protections import (
 from celery_agboss.core.store_protocol import (
     FencedTransaction,
     HistoryRow,
-    IntentGuard,
-    IntentUpdate,
+    IntentTransition,
     LeaseRef,
     NewIntent,
     OneStatementClaim,
@@ -133,18 +132,12 @@ class DeliveryLease:
         )
 
     def transition_in_one(
-        self,
-        key: str,
-        guard: IntentGuard,
-        update: IntentUpdate,
-        row: HistoryRow,
-        *,
-        relied_by: str | None = None,
+        self, change: IntentTransition, *, relied_by: str | None = None
     ) -> OneStatementTransition | None:
         """``Store.transition_in_one`` under this lease, with ``fenced()``'s bookkeeping."""
         return self._in_one(
             lambda lease: self._store.transition_in_one(
-                lease.ref, lease.ttl_ms, key, guard, update, row, relied_by=relied_by
+                lease.ref, lease.ttl_ms, change, relied_by=relied_by
             )
         )
 

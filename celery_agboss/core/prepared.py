@@ -24,6 +24,7 @@ from celery_agboss.core.store_protocol import (
     HistoryRow,
     IntentGuard,
     IntentStatus,
+    IntentTransition,
     IntentUpdate,
     LeaseRef,
     NewIntent,
@@ -58,13 +59,7 @@ class Holder(EffectHolder, Protocol):
         the execution was requested; None: use a fenced transaction."""
 
     def transition_in_one(
-        self,
-        key: str,
-        guard: IntentGuard,
-        update: IntentUpdate,
-        row: HistoryRow,
-        *,
-        relied_by: str | None = None,
+        self, change: IntentTransition, *, relied_by: str | None = None
     ) -> OneStatementTransition | None:
         """``Store.transition_in_one`` under the holder's lease (``DeliveryLease``)."""
 
@@ -139,14 +134,23 @@ def holder_transition(
         IntentGuard(IntentStatus.PENDING, attempt, me),
         update,
         event,
-        from_status=IntentStatus.PENDING,
-        to_status=to_status,
-        attempt=attempt,
-        owner=me,
-        detail=detail,
-        execution_id=holder.execution_id,
+        **_holders_row(holder, me, attempt, detail, to_status),
         tail=p.tail,
     )
+
+
+def _holders_row(
+    holder: Holder, me: LeaseRef, attempt: int, detail: JSON, to_status: IntentStatus
+) -> dict[str, Any]:
+    """The history row's fields of a transition by the holder of a PENDING intent."""
+    return {
+        "from_status": IntentStatus.PENDING,
+        "to_status": to_status,
+        "attempt": attempt,
+        "owner": me,
+        "detail": detail,
+        "execution_id": holder.execution_id,
+    }
 
 
 def holder_transition_in_one(
@@ -169,26 +173,14 @@ def holder_transition_in_one(
     known = p.tail.take(p.idempotency_key)
     if known is None:
         return False
+    fields = _holders_row(holder, me, attempt, detail, to_status)
     row = history_row(
-        holder.settings.pseudonym_key,
-        known,
-        p.idempotency_key,
-        event,
-        from_status=IntentStatus.PENDING,
-        to_status=to_status,
-        attempt=attempt,
-        owner=me,
-        detail=detail,
-        execution_id=holder.execution_id,
-        at_ms=known.at_ms,
+        holder.settings.pseudonym_key, known, p.idempotency_key, event, at_ms=0, **fields
     )
-    done = holder.transition_in_one(
-        p.idempotency_key,
-        IntentGuard(IntentStatus.PENDING, attempt, me),
-        update,
-        row,
-        relied_by=holder.execution_id if relied else None,
+    change = IntentTransition(
+        p.idempotency_key, IntentGuard(IntentStatus.PENDING, attempt, me), update, row
     )
+    done = holder.transition_in_one(change, relied_by=holder.execution_id if relied else None)
     if done is None:
         p.tail.keep(known)  # the transaction chains to it instead
         return False

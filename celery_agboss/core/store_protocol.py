@@ -165,6 +165,17 @@ class IntentUpdate:
 
 
 @dataclass(frozen=True)
+class IntentTransition:
+    """One guarded change of an intent and the history row that records it, chained to
+    the writer's last row: what ``Store.transition_in_one`` writes."""
+
+    key: str
+    guard: IntentGuard
+    update: IntentUpdate
+    row: HistoryRow
+
+
+@dataclass(frozen=True)
 class OneStatementClaim:
     """What ``Store.claim_in_one`` did. ``fenced``: the lease was not live and mine,
     nothing was written. ``cancel_reason``: a cancel of the execution was requested,
@@ -395,16 +406,13 @@ class Store(Protocol):
         self,
         lease: LeaseRef,
         ttl_ms: int,
-        key: str,
-        guard: IntentGuard,
-        update: IntentUpdate,
-        row: HistoryRow,
+        change: IntentTransition,
         *,
         relied_by: str | None = None,
     ) -> OneStatementTransition | None:
         """A fenced transaction holding one ``transition`` (and, with ``relied_by``, the
-        record use marked relied), as one statement: ``row`` follows the holder's last
-        history row, and the intent changes only while that row is the intent's last.
+        record use marked relied), as one statement: ``change.row`` follows the holder's
+        last history row, and the intent changes only while that row is the intent's last.
         None when the backend has no such statement (the caller opens ``fenced()``);
         ``ExecutionFencedError`` when the lease is not live and mine."""
 

@@ -44,8 +44,7 @@ from celery_agboss.core.protections import ONE_STATEMENT_WITHOUT_FENCE
 from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     HistoryRow,
-    IntentGuard,
-    IntentUpdate,
+    IntentTransition,
     LeaseRef,
     NewIntent,
     OneStatementClaim,
@@ -78,10 +77,7 @@ def transition_txn(
     lease: LeaseRef,
     ttl_ms: int,
     lock_timeout: str,
-    key: str,
-    guard: IntentGuard,
-    update_: IntentUpdate,
-    row: HistoryRow,
+    change: IntentTransition,
     *,
     relied_by: str | None,
     offset_ms: int = 0,
@@ -89,9 +85,10 @@ def transition_txn(
     """Run the statement on ``conn`` (PostgreSQL, autocommit). ``row`` is the history row
     to write after the holder's tail (its ``at_ms`` is replaced by the statement's
     time); ``relied_by``: the execution whose record use is marked relied with it."""
+    key, row = change.key, change.row
     if row.prev_digest is None:
         raise ValueError("a one-statement transition chains to the holder's last history row")
-    parts, parameters = cas_parts(guard, update_)
+    parts, parameters = cas_parts(change.guard, change.update)
     parameters.update(history_parameters(row, "t_"))
     parameters.update(mine_parameters(lease))
     parameters.update(

@@ -18,6 +18,7 @@ from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store_protocol import (
     IntentGuard,
     IntentStatus,
+    IntentTransition,
     IntentUpdate,
     LeaseRef,
     NewIntent,
@@ -147,7 +148,7 @@ def test_a_one_statement_settle_whose_connection_is_cut_is_found_as_the_store_sa
     )
     postgres_proxy.arm_commit_fault(fault)
     with pytest.raises(StoreUnavailableError):
-        proxied.transition_in_one(lease, TTL_MS, key, guard, settle, row)
+        proxied.transition_in_one(lease, TTL_MS, IntentTransition(key, guard, settle, row))
     postgres_proxy.wait_for_faults(1)
     found = direct.read_intent(key)
     assert found is not None

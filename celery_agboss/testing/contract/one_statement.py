@@ -11,6 +11,7 @@ from celery_agboss.core.store_protocol import (
     HistoryRow,
     IntentGuard,
     IntentStatus,
+    IntentTransition,
     IntentUpdate,
     LeaseRef,
     NewIntent,
@@ -78,11 +79,16 @@ def complete(
     return store.transition_in_one(
         holder,
         TTL_MS,
-        claimed.key,
-        IntentGuard(IntentStatus.PENDING, 1, claimed.lease),
-        IntentUpdate(status=IntentStatus.COMPLETED, result={"ok": True}, complete=True),
-        _row(
-            claimed.first if after is None else after, claimed.key, holder, HistoryEvent.COMPLETED
+        IntentTransition(
+            claimed.key,
+            IntentGuard(IntentStatus.PENDING, 1, claimed.lease),
+            IntentUpdate(status=IntentStatus.COMPLETED, result={"ok": True}, complete=True),
+            _row(
+                claimed.first if after is None else after,
+                claimed.key,
+                holder,
+                HistoryEvent.COMPLETED,
+            ),
         ),
         relied_by=holder.scope,
     )

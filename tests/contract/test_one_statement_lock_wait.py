@@ -1,0 +1,141 @@
+"""The one-statement settle waits on a lease row another transaction holds, and sees
+what that transaction committed (design: one round trip per state change).
+
+A take-over holds the lease row locked (its token bumped, not yet committed) when the
+holder's settle is sent. The statement's fence waits for that row; once the take-over
+commits, PostgreSQL re-reads the row it waited for, finds another token, and the whole
+statement writes nothing: the settle is refused as fenced, the intent stays PENDING
+with its one history row. Its twin drops the statement's join to the fence: the zombie
+then completes the intent under the new holder's lease.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from sqlalchemy import text
+
+from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.protections import ONE_STATEMENT_WITHOUT_FENCE
+from celery_agboss.core.store_protocol import (
+    IntentGuard,
+    IntentStatus,
+    IntentTransition,
+    IntentUpdate,
+    LeaseRef,
+    NewIntent,
+    OneStatementTransition,
+)
+from celery_agboss.core.transitions import claim_row, history_row
+from celery_agboss.errors import ExecutionFencedError
+from celery_agboss.store.migrate import migrate
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.testing.switches import sabotage
+from tests.conftest import TemplateFactory
+from tests.support.databases import TemplateDatabase
+from tests.support.processes import wait_until
+
+pytestmark = pytest.mark.postgres
+
+TTL_MS = 30_000
+KEY = b"one-statement-lock-wait-key-32byt"
+
+
+@pytest.fixture
+def store(
+    postgres_templates: TemplateFactory, clone_postgres: Callable[[TemplateDatabase], str]
+) -> Iterator[SQLAlchemyStore]:
+    opened = SQLAlchemyStore(clone_postgres(postgres_templates("store", migrate)))
+    yield opened
+    opened.close()
+
+
+def _claimed(store: SQLAlchemyStore) -> tuple[LeaseRef, IntentTransition]:
+    grant = store.acquire_lease("lock-wait", "zombie", TTL_MS)
+    assert grant is not None
+    lease = grant.lease
+    key = "default:t:lock-wait:stripe.charge"
+    intent = NewIntent(key, lease.scope, "stripe.charge", None, "fp", {}, lease)
+    first = claim_row(KEY, intent)
+    with store.transaction() as tx:
+        assert tx.insert_intent(intent, first_history=first)
+    row = history_row(
+        KEY,
+        first,
+        key,
+        HistoryEvent.COMPLETED,
+        from_status=IntentStatus.PENDING,
+        to_status=IntentStatus.COMPLETED,
+        attempt=1,
+        owner=lease,
+        detail={},
+        execution_id=lease.scope,
+        at_ms=0,
+    )
+    settle = IntentUpdate(status=IntentStatus.COMPLETED, result={"id": "ch_1"}, complete=True)
+    return lease, IntentTransition(key, IntentGuard(IntentStatus.PENDING, 1, lease), settle, row)
+
+
+def _waiting_backends(store: SQLAlchemyStore) -> int:
+    with store.engine.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+        ).scalar_one()
+    return int(found)
+
+
+def _settle_during_a_take_over(
+    store: SQLAlchemyStore,
+) -> tuple[OneStatementTransition | BaseException | None, IntentStatus]:
+    """The zombie's settle sent while a take-over holds the lease row; the take-over
+    commits once the settle waits for it. What the settle returned (or raised), and the
+    intent's status after both."""
+    lease, change = _claimed(store)
+    outcome: list[OneStatementTransition | BaseException | None] = []
+
+    def zombie_settles() -> None:
+        try:
+            outcome.append(store.transition_in_one(lease, TTL_MS, change))
+        except BaseException as exc:  # judged by the test
+            outcome.append(exc)
+
+    with store.engine.connect() as take_over:
+        take_over.execute(
+            text(
+                "UPDATE agboss_leases SET holder = 'successor', token = token + 1 "
+                "WHERE scope = :scope"
+            ),
+            {"scope": lease.scope},
+        )
+        zombie = threading.Thread(target=zombie_settles, name="zombie-settle", daemon=True)
+        zombie.start()
+        wait_until(lambda: _waiting_backends(store) >= 1, 10, message="the settle's lock wait")
+        take_over.commit()
+    zombie.join(10)
+    assert not zombie.is_alive(), "the settle never returned"
+    record = store.read_intent(change.key)
+    assert record is not None
+    return outcome[0], record.status
+
+
+def test_a_take_over_committed_during_the_settles_lock_wait_fences_it(
+    store: SQLAlchemyStore,
+) -> None:
+    outcome, status = _settle_during_a_take_over(store)
+    assert isinstance(outcome, ExecutionFencedError), outcome
+    assert status is IntentStatus.PENDING
+    assert len(store.read_history("default:t:lock-wait:stripe.charge")) == 1
+
+
+def test_without_the_fence_in_the_statement_the_zombie_completes_the_intent(
+    store: SQLAlchemyStore,
+) -> None:
+    """Sabotage twin: the compare-and-set no longer joins the fence's row."""
+    with sabotage(ONE_STATEMENT_WITHOUT_FENCE):
+        _, status = _settle_during_a_take_over(store)
+    assert status is IntentStatus.COMPLETED
