@@ -139,12 +139,14 @@ class _Claim:
 
 def _claim_or_read(holder: Holder, p: PreparedCall) -> _Claim:
     """Claim the intent (``PENDING``, attempt 1, owned and sent by me) or, when one exists,
-    read it: one fenced transaction either way, so a first call costs one round of the
-    store and not a read followed by an insert. The insert is ``ON CONFLICT DO
-    NOTHING``: a concurrent claim of the same key makes it insert nothing, and the read
-    that follows in the same transaction sees the row that claim committed.
+    read it. A first call costs one statement where the store has one
+    (``_claimed_in_one``), else one fenced transaction, never a read followed by an
+    insert. The insert is ``ON CONFLICT DO NOTHING``: a concurrent claim of the same key
+    makes it insert nothing, and the fenced transaction's read sees the row that claim
+    committed.
 
-    The claim that authorises the send checks the cancel request in its transaction. An
+    The claim that authorises the send checks the cancel request in its statement or
+    transaction. An
     intent another execution created (a shared business key) is noted as used by this
     one, so retention keeps it while this execution lives (design: retention); a completed
     one's result handed to this execution is written on the record in the same
