@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.inflight import BoundedRun
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, SentAt, acquire
 from celery_agboss.core.log_events import LEASE_RELEASE_REFUSED, log_event
@@ -40,7 +41,7 @@ from celery_agboss.core.store_protocol import (
 from celery_agboss.errors import ExecutionFencedError
 
 T = TypeVar("T")
-D = TypeVar("D", OneStatementClaim, OneStatementTransition)
+D = TypeVar("D", OneStatementClaim, OneStatementTransition, ExecutionRecord)
 
 
 class DeliveryLease:
@@ -140,6 +141,14 @@ class DeliveryLease:
                 lease.ref, lease.ttl_ms, change, relied_by=relied_by
             )
         )
+
+    def ended_in_one(
+        self, write: Callable[[LeaseRef, int], ExecutionRecord | None]
+    ) -> ExecutionRecord | None:
+        """A verdict and the lease's release as one statement (``write``, given the lease
+        and its TTL), once ``reserve_release()`` took the release. None: nothing was
+        written; use ``fenced()`` with ``release_at_commit()``."""
+        return self._in_one(lambda lease: write(lease.ref, lease.ttl_ms))
 
     def _in_one(self, write: Callable[[LeaseHandle], D | None]) -> D | None:
         """A one-statement fenced write: refused once the lease is not trusted, the lease

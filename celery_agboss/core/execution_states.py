@@ -153,11 +153,11 @@ def over_recovery_cap(record: ExecutionRecord, max_recovery_attempts: int) -> bo
     return record.recovery_count + 1 > max_recovery_attempts
 
 
-def delivery_state(record: ExecutionRecord) -> ExecutionState:
+def delivery_state(state: ExecutionState) -> ExecutionState:
     """A started delivery runs the body (``RUNNING``), or continues undos that started:
     ``COMPENSATING`` stays, so an execution deciding about a step they share keeps seeing
     it undoing."""
-    if record.state is ExecutionState.COMPENSATING:
+    if state is ExecutionState.COMPENSATING:
         return ExecutionState.COMPENSATING
     return ExecutionState.RUNNING
 
@@ -165,11 +165,13 @@ def delivery_state(record: ExecutionRecord) -> ExecutionState:
 def wakes_on_release(record: ExecutionRecord) -> bool:
     """A message deferred while the lease was held is re-published once it is released,
     unless the execution ended or waits for a person."""
-    return (
-        record.wake_requested
-        and record.state not in TERMINAL_STATES
-        and record.state not in ANSWER_STATES
-    )
+    return record.wake_requested and release_wakes(record.state)
+
+
+def release_wakes(state: ExecutionState) -> bool:
+    """A wake requested of an execution in ``state`` re-publishes it at the release: it
+    has not ended, and does not wait for a person."""
+    return state not in TERMINAL_STATES and state not in ANSWER_STATES
 
 
 # --- the sweep and the operators ---------------------------------------------------------------

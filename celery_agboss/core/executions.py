@@ -255,6 +255,17 @@ class DeliveryStart:
 
 
 @dataclass(frozen=True)
+class OneStatementVerdict:
+    """What a delivery's verdict and its release did as one statement. ``fenced``: the
+    lease was not live and mine, nothing written. ``record``: the row after the verdict,
+    the lease released; None when a fact the verdict was decided on changed meanwhile
+    (nothing written: the fenced transaction decides again)."""
+
+    fenced: bool
+    record: ExecutionRecord | None
+
+
+@dataclass(frozen=True)
 class ReleaseOutcome:
     released: bool  # the lease was still this holder's
     republish: bool  # woken and not terminal: publish the message again (wake cleared)
@@ -310,6 +321,19 @@ class ExecutionStore(Protocol):
     def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
         """Fenced: ``FAILED`` with the stored failure — unless the execution owns a PENDING
         intent, then ``WAITING_OPERATOR`` (never FAILED while a payment may be in flight)."""
+
+    def finish_and_release(
+        self, lease: LeaseRef, ttl_ms: int, result: str, reached: Collection[str] | None
+    ) -> ExecutionRecord | None:
+        """``finish_in`` and the lease's release at its commit, decided as there and written
+        in one statement; None when the store has none or the facts changed meanwhile
+        (then use the fenced transaction). ``ExecutionFencedError`` when the lease is not
+        live and mine."""
+
+    def fail_and_release(
+        self, lease: LeaseRef, ttl_ms: int, error: str, reason: str
+    ) -> ExecutionRecord | None:
+        """``fail_in`` and the release, as ``finish_and_release``."""
 
     def wait_in(
         self,

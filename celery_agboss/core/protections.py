@@ -182,6 +182,11 @@ ONE_STATEMENT_WITHOUT_FENCE = "one-statement-without-fence"
 """A one-statement transition's compare-and-set does not join the lease check in the same
 statement: a holder whose lease expired or was taken over changes the intent (design: P1)."""
 
+ONE_STATEMENT_START_UNLOCKED = "one-statement-start-unlocked"
+"""The one-statement start checks that the execution may start on the statement's snapshot,
+not on the row it locks: a cancel committed while it waited for the row is not seen, and
+the cancelled execution runs (design: one round trip per state change)."""
+
 ENGINE_COMMIT_CHECK_SKIPPED_PAST_ITS_BOUND = "engine-commit-check-skipped-past-its-bound"
 """An engine-only fenced transaction skips the commit's lease check however long it ran,
 not only while it ended well inside the lease it extended (design: P1)."""

@@ -10,7 +10,7 @@ Every method that writes either commits whole or raises; driver errors surface a
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
@@ -327,8 +327,11 @@ class StoreTransaction(Protocol):
     def read_shared(self, kind: str, record_key: str) -> SharedRecord | None:
         """The record and every execution that used it, with their states."""
 
-    def shared_records_of(self, execution_id: str) -> list[SharedRecord]:
-        """Every intent the execution created, sent an attempt of, or used."""
+    def shared_records_of(
+        self, execution_id: str, *, excluding: Collection[str] = ()
+    ) -> list[SharedRecord]:
+        """Every intent the execution created, sent an attempt of, or used, but those whose
+        keys are in ``excluding`` (a divergence check never needs the keys reached)."""
 
     def claim_undo(self, kind: str, record_key: str, execution_id: str, reliance: int) -> bool:
         """``undo_by = execution_id`` while no undo claimed the record and its reliance is

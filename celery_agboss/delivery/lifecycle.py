@@ -1,16 +1,15 @@
 """One delivery of a ``PaymentTask``: start it, run the body under the lease, map the end.
 
-This module follows the table of how a delivery ends (design: what Celery records). The start (lease
-+ ``RUNNING``) is one transaction; a duplicate of a live execution is deferred, one of a terminal
-execution replays the stored outcome (``replaying``). Around the body, what a
-delivery must stop for (``AGBossSignal``) becomes ``Ignore`` or a retry (``waits``)
-and never a failure; only an application exception with every intent settled makes
-``FAILED`` (after its undos, ``compensating``). The verdict is
-written in a fenced transaction *before* Celery hears of it (so ``SUCCESS`` is
-never written for a deferral), and the lease is released only once no send under
-it can still be running; a release that finds the execution woken re-publishes it.
-A delivery of an execution with a cancel request (a revoke) runs no body: it
-reconciles what is pending and ends it ``CANCELLED`` (``celery_agboss.delivery.cancelling``).
+This module follows the table of how a delivery ends (design: what Celery records). The
+start (lease + ``RUNNING``) is one write; a duplicate of a live execution is deferred,
+one of a terminal execution replays the stored outcome (``replaying``). What a delivery
+must stop for (``AGBossSignal``) becomes ``Ignore`` or a retry (``waits``), never a
+failure; only an application exception with every intent settled makes ``FAILED``
+(after its undos, ``compensating``). The verdict is written under the fence *before*
+Celery hears of it (``SUCCESS`` is never written for a deferral), and the lease is
+released only once no send under it can still run; a release that finds the execution
+woken re-publishes it. A delivery of an execution with a cancel request (a revoke) runs
+no body: it reconciles what is pending and ends it ``CANCELLED`` (``cancelling``).
 """
 
 from __future__ import annotations
@@ -390,11 +389,9 @@ class Delivery:
     # --- writes -----------------------------------------------------------------------
 
     def verdict(self, verdict: Verdict) -> ExecutionRecord | None:
-        """Write the delivery's verdict in a fenced transaction (holder clocks checked first).
-
-        A fence turns into ``Ignore`` (nothing stored); a store error leaves the lease to
-        expire and schedules another delivery after it.
-        """
+        """Write the delivery's verdict in a fenced transaction (holder clocks checked
+        first). A fence turns into ``Ignore`` (nothing stored); a store error leaves the
+        lease to expire and schedules another delivery after it."""
         executions = self.runtime.executions
         ctx = self.context()
         try:
@@ -406,11 +403,11 @@ class Delivery:
             self.store_failed(exc)
 
     def conclude(self, verdict: Finish | Fail) -> ExecutionRecord | None:
-        """The verdict and the release in one fenced transaction, when no send under the
-        lease can still be running (the common end of a delivery: one round of the store,
-        not two); otherwise the verdict alone, and the release once the sends settled.
-        The release is checked like the commit-time extension it replaces, so a holder
-        that outlived its lease commits neither."""
+        """The verdict and the release together (one statement where the store has it,
+        else one fenced transaction) when no send under the lease can still be running;
+        otherwise the verdict alone, and the release once the sends settled. The release
+        is checked like the commit-time extension it replaces: a holder that outlived its
+        lease commits neither."""
         ctx = self.context()
         if (
             sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT)
@@ -421,11 +418,14 @@ class Delivery:
             self.release()
             return record
         executions = self.runtime.executions
+        outcome: ReleaseOutcome | None = None  # the one statement's never wakes
         try:
-            with ctx.fenced() as tx:
-                record = verdict.write_in(executions, ctx, tx)
-                outcome = executions.release_in(tx, record)
-                tx.release_at_commit()
+            record = verdict.end_in_one(executions, ctx)
+            if record is None:
+                with ctx.fenced() as tx:
+                    record = verdict.write_in(executions, ctx, tx)
+                    outcome = executions.release_in(tx, record)
+                    tx.release_at_commit()
         except ExecutionFencedError as exc:
             self.fenced(exc)
         except StoreError as exc:
@@ -464,8 +464,8 @@ class Delivery:
         if captured:
             self._republish_if_woken(captured[0])
 
-    def _republish_if_woken(self, outcome: ReleaseOutcome) -> None:
-        if outcome.republish and outcome.execution is not None:
+    def _republish_if_woken(self, outcome: ReleaseOutcome | None) -> None:
+        if outcome is not None and outcome.republish and outcome.execution is not None:
             try:
                 self.runtime.republish(outcome.execution, reason="woken", honour_not_before=False)
             except (Exception, StoreError):

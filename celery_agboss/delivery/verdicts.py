@@ -26,6 +26,15 @@ class Finish:
     ) -> ExecutionRecord:
         return executions.finish_in(tx, self.result, ctx.reached_keys())
 
+    def end_in_one(
+        self, executions: ExecutionStore, ctx: ExecutionContext
+    ) -> ExecutionRecord | None:
+        """``write_in`` and the lease's release as one statement; None: use the transaction."""
+        reached = ctx.reached_keys()
+        return ctx.ended_in_one(
+            lambda lease, ttl_ms: executions.finish_and_release(lease, ttl_ms, self.result, reached)
+        )
+
 
 @dataclass(frozen=True)
 class Fail:
@@ -38,6 +47,16 @@ class Fail:
         self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
     ) -> ExecutionRecord:
         return executions.fail_in(tx, self.error, self.reason)
+
+    def end_in_one(
+        self, executions: ExecutionStore, ctx: ExecutionContext
+    ) -> ExecutionRecord | None:
+        """``write_in`` and the lease's release as one statement; None: use the transaction."""
+        return ctx.ended_in_one(
+            lambda lease, ttl_ms: executions.fail_and_release(
+                lease, ttl_ms, self.error, self.reason
+            )
+        )
 
 
 @dataclass(frozen=True)

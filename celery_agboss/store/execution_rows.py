@@ -100,6 +100,33 @@ def _retries(options: str) -> int:
     return value if isinstance(value, int) else 0
 
 
+def terminal_values(state: ExecutionState, now: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """What an execution's end writes on its row (``now``: the statement's time)."""
+    return {
+        "state": state.value,
+        "terminal_at_ms": now,
+        "not_before_ms": None,
+        "wake_requested": False,
+        **values,
+    }
+
+
+def verdict_values(verdict: Verdict, now: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """What a delivery's verdict writes on the row, with ``values`` (the result or the
+    error); a state that is not an end is due now unless ``values`` say when."""
+    if verdict.terminal:
+        return terminal_values(verdict.state, now, {"reason": verdict.reason, **values})
+    return {"not_before_ms": None, **values, "state": verdict.state.value, "reason": verdict.reason}
+
+
+def first_attempt_recorded() -> ColumnElement[bool]:
+    """The recorded message is a first attempt, so any message is ``newer_or_same`` than
+    it: its options' text does not even contain ``"retries"`` (``_retries`` is then 0,
+    whatever the rest says). A statement that cannot parse JSON uses it; a row it leaves
+    out is decided by ``newer_or_same``."""
+    return not_(_e.options.contains('"retries"', autoescape=True))
+
+
 def newer_or_same(message: ExecutionMessage, record: ExecutionRecord) -> bool:
     """Keep the newest message of an execution: a retry's (more ``retries``) is never
     replaced by a late copy of the message it retried."""
@@ -186,7 +213,8 @@ def _read_with_pending_statement(conn: Connection, offset_ms: int) -> Any:
     ).where(_e.id == bindparam("e_id"))
 
 
-_MESSAGE_COLUMNS = ("args", "kwargs", "options", "eta_ms", "expires_ms")
+MESSAGE_COLUMNS = ("args", "kwargs", "options", "eta_ms", "expires_ms")
+"""The message's columns on the execution row (``message_values``' keys)."""
 
 
 @built_once
@@ -205,7 +233,7 @@ def _insert_requested_statement(conn: Connection, offset_ms: int) -> Any:
             deliveries=0,
             cancel_requested=False,
             links_dispatched=False,
-            **{name: bindparam(f"r_{name}", type_=_e[name].type) for name in _MESSAGE_COLUMNS},
+            **{name: bindparam(f"r_{name}", type_=_e[name].type) for name in MESSAGE_COLUMNS},
         )
         .returning(_e.id)
     )
@@ -342,12 +370,8 @@ class ExecutionRows:
         record = self._set_and_read(
             tx,
             execution_id,
-            state=state.value,
-            terminal_at_ms=tx.now_expr(),
-            not_before_ms=None,
-            wake_requested=False,
             completes_records=completed,
-            **values,
+            **terminal_values(state, tx.now_expr(), values),
         )
         if completed and not is_postgresql(tx.connection):
             tx.completed_on_records(execution_id)
@@ -404,10 +428,7 @@ class ExecutionRows:
         one with its end time; any other due now unless ``values`` say when."""
         if verdict.terminal:
             return self._terminal(tx, execution_id, verdict.state, reason=verdict.reason, **values)
-        values.setdefault("not_before_ms", None)
-        return self._set_and_read(
-            tx, execution_id, state=verdict.state.value, reason=verdict.reason, **values
-        )
+        return self._set_and_read(tx, execution_id, **verdict_values(verdict, None, values))
 
     def _audit(
         self,
@@ -445,8 +466,10 @@ class ExecutionRows:
 
 
 __all__ = [
+    "MESSAGE_COLUMNS",
     "ExecutionRows",
     "execution_lease_live",
+    "first_attempt_recorded",
     "lease_live",
     "message_values",
     "newer_or_same",
@@ -454,4 +477,6 @@ __all__ = [
     "record_of",
     "refuse_another_task",
     "sql",
+    "terminal_values",
+    "verdict_values",
 ]

@@ -13,20 +13,22 @@ in ``execution_admin_verbs``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from sqlalchemy import insert, select
+from sqlalchemy.engine import Connection
 
 from celery_agboss.core.execution_states import (
     DEFAULT_CANCEL_REASON,
+    Verdict,
     cancel_ends_at_start,
     cancel_reason_of,
-    delivery_state,
     fail_verdict,
     finish_verdict,
     may_start_compensating,
     over_recovery_cap,
+    release_wakes,
     start_without_body,
     taken_over,
     wakes_on_release,
@@ -36,12 +38,14 @@ from celery_agboss.core.executions import (
     ExecutionMessage,
     ExecutionRecord,
     ExecutionState,
+    OneStatementVerdict,
     ReleaseOutcome,
     StartKind,
     execution_scope,
 )
 from celery_agboss.core.shared_records import diverged
 from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef
+from celery_agboss.store import verdict_release
 from celery_agboss.store.execution_admin_verbs import ExecutionAdminVerbs
 from celery_agboss.store.execution_rows import (
     message_values,
@@ -49,11 +53,18 @@ from celery_agboss.store.execution_rows import (
     refuse_another_task,
     sql,
 )
-from celery_agboss.store.execution_updates import Computed, cancel_request_statement
+from celery_agboss.store.execution_start import start_plain_in_one, start_values
+from celery_agboss.store.execution_updates import cancel_request_statement
+from celery_agboss.store.intent_transitions import in_one
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions, pauses
+from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
+
+Decided = tuple[ExecutionRecord, bool, Verdict | None]
+"""A verdict's reads and what they decide: the row, whether an intent of it is pending,
+and the verdict (None: the execution has ended already, and is left alone)."""
 _p = pauses.c
 _i = outbound_calls.c
 
@@ -77,6 +88,19 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
     def start_delivery(
         self, message: ExecutionMessage, holder: str, ttl_ms: int, max_recovery_attempts: int
     ) -> DeliveryStart:
+        # The first delivery of a recorded execution, as one statement where the store
+        # has one; anything else is decided in the transaction.
+        plain = start_plain_in_one(
+            self.store.engine, message, holder, ttl_ms, self.store.offset_ms()
+        )
+        if plain is not None:
+            return plain
+        return self.start_in_transaction(message, holder, ttl_ms, max_recovery_attempts)
+
+    def start_in_transaction(
+        self, message: ExecutionMessage, holder: str, ttl_ms: int, max_recovery_attempts: int
+    ) -> DeliveryStart:
+        """``start_delivery`` decided on the row read under its lock: every case."""
         execution_id = message.execution_id
         scope = execution_scope(execution_id)
         with self.store.transaction() as tx:
@@ -113,21 +137,9 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             if grant is None:  # pragma: no cover - the row lock makes this unreachable
                 self._set(tx, execution_id, wake_requested=True)
                 return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
-            recovered: dict[str, Any] = (
-                {"recovery_count": Computed("one_more_recovery")} if took_over else {}
-            )
+            newer = message if newer_or_same(message, record) else None
             started = self._set_and_read(
-                tx,
-                execution_id,
-                state=delivery_state(record).value,
-                started_at_ms=Computed("first_start"),
-                not_before_ms=None,
-                wake_requested=False,
-                redrive_planned=False,
-                reason=None,
-                deliveries=Computed("one_more_delivery"),
-                **recovered,
-                **(message_values(message) if newer_or_same(message, record) else {}),
+                tx, execution_id, **start_values(record.state, took_over, newer)
             )
             return DeliveryStart(
                 StartKind.STARTED,
@@ -148,29 +160,102 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         longer takes the path that charged). Then ``WAITING_OPERATOR``, named as such, with
         the body's result kept for an operator who accepts it. An already terminal
         execution is left alone."""
-        t, execution_id = sql(tx), tx.lease.scope
-        record, pending = self._require_with_pending(t, execution_id)
-        if record.terminal:
+        t = sql(tx)
+        record, _, verdict = self._finish_verdict(t, tx.lease.scope, reached)
+        if verdict is None:
             return record
-        unreached = (
-            []
-            if reached is None
-            else diverged(t.shared_records_of(execution_id), reached, execution_id)
-        )
-        pending = not unreached and pending
-        return self._write_verdict(
-            t, execution_id, finish_verdict(unreached, pending), result=result
-        )
+        return self._write_verdict(t, tx.lease.scope, verdict, result=result)
 
     def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
         """``FAILED`` with the stored failure — unless the execution owns a PENDING intent:
         then ``WAITING_OPERATOR`` (never FAILED while a payment may be in flight)."""
-        t, execution_id = sql(tx), tx.lease.scope
+        t = sql(tx)
+        record, _, verdict = self._fail_verdict(t, tx.lease.scope, reason)
+        if verdict is None:
+            return record
+        return self._write_verdict(t, tx.lease.scope, verdict, error=error)
+
+    def _finish_verdict(
+        self, t: SQLTransaction, execution_id: str, reached: Collection[str] | None
+    ) -> Decided:
         record, pending = self._require_with_pending(t, execution_id)
         if record.terminal:
-            return record
-        verdict = fail_verdict(reason, pending)
-        return self._write_verdict(t, execution_id, verdict, error=error)
+            return record, pending, None
+        unreached = (
+            []
+            if reached is None
+            else diverged(
+                t.shared_records_of(execution_id, excluding=reached), reached, execution_id
+            )
+        )
+        return record, pending, finish_verdict(unreached, not unreached and pending)
+
+    def _fail_verdict(self, t: SQLTransaction, execution_id: str, reason: str) -> Decided:
+        record, pending = self._require_with_pending(t, execution_id)
+        if record.terminal:
+            return record, pending, None
+        return record, pending, fail_verdict(reason, pending)
+
+    def finish_and_release(
+        self, lease: LeaseRef, ttl_ms: int, result: str, reached: Collection[str] | None
+    ) -> ExecutionRecord | None:
+        return self._conclude_in_one(
+            lease,
+            ttl_ms,
+            (finish_verdict([], False), verdict_release.Plain(reached)),
+            lambda t: self._finish_verdict(t, lease.scope, reached),
+            {"result": result},
+        )
+
+    def fail_and_release(
+        self, lease: LeaseRef, ttl_ms: int, error: str, reason: str
+    ) -> ExecutionRecord | None:
+        return self._conclude_in_one(
+            lease,
+            ttl_ms,
+            (fail_verdict(reason, False), verdict_release.Plain(None)),
+            lambda t: self._fail_verdict(t, lease.scope, reason),
+            {"error": error},
+        )
+
+    def _conclude_in_one(
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        plain: tuple[Verdict, verdict_release.Plain],
+        decide: Callable[[SQLTransaction], Decided],
+        values: dict[str, Any],
+    ) -> ExecutionRecord | None:
+        """The verdict and the release in one statement (``verdict_release``). First sent
+        as the plain end (``plain``: the verdict the rules give a running execution with
+        nothing pending or diverged, written only while that holds); if the row is not
+        plain, decided on reads sent in autocommit and written only while the pending
+        intent read is still what it was. None: nothing written, use the transaction."""
+        store = self.store
+        offset = store.offset_ms()
+
+        def write(verdict: Verdict, pending: bool, p: verdict_release.Plain | None) -> Any:
+            return lambda conn: verdict_release.conclude_txn(
+                conn, lease, ttl_ms, verdict, values, pending=pending, plain=p, offset_ms=offset
+            )
+
+        def body(conn: Connection) -> OneStatementVerdict:
+            if not release_wakes(plain[0].state):
+                done: OneStatementVerdict = write(plain[0], False, plain[1])(conn)
+                if done.fenced or done.record is not None:
+                    return done
+            _, pending, verdict = decide(
+                SQLTransaction(conn, None, offset, store.caller_clock_skew_ms)
+            )
+            if verdict is None or release_wakes(verdict.state):
+                return OneStatementVerdict(False, None)  # the transaction handles these
+            decided: OneStatementVerdict = write(verdict, pending, None)(conn)
+            return decided
+
+        if not verdict_release.possible(store.engine):
+            return None
+        done = in_one(store.engine, lease, body)
+        return None if done is None else done.record
 
     def wait_in(
         self,

@@ -43,6 +43,11 @@ _COMPUTED: dict[str, Callable[[ColumnElement[int]], ColumnElement[Any]]] = {
 }
 
 
+def computed_value(value: Computed, now: ColumnElement[int]) -> ColumnElement[Any]:
+    """The expression a ``Computed`` value names, at the database time ``now``."""
+    return _COMPUTED[value.name](now)
+
+
 def state_change_shape(values: dict[str, Any], now: Any) -> tuple[tuple[str, str], ...] | None:
     """Each value's name and kind (``"now"``, ``"bind"`` or a ``Computed`` name), or None
     when one is a column expression that a cached statement cannot take as a parameter."""
@@ -99,7 +104,7 @@ def state_change_statement(
         if kind == "now":
             values[name] = now
         elif kind.startswith("computed:"):
-            values[name] = _COMPUTED[kind.removeprefix("computed:")](now)
+            values[name] = computed_value(Computed(kind.removeprefix("computed:")), now)
         else:
             values[name] = bindparam(f"v_{name}", type_=_e[name].type)
     return build_state_change(conn, offset_ms, unless_terminal, completes_records, values)
@@ -122,6 +127,7 @@ __all__ = [
     "Computed",
     "build_state_change",
     "cancel_request_statement",
+    "computed_value",
     "state_change_shape",
     "state_change_statement",
 ]

@@ -34,6 +34,7 @@ from sqlalchemy.exc import IntegrityError
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_states import cancel_reason_of
+from celery_agboss.core.executions import OneStatementVerdict
 from celery_agboss.core.fault_points import (
     FENCED_AFTER_COMMIT,
     FENCED_BEFORE_BEGIN,
@@ -65,7 +66,7 @@ from celery_agboss.store.leases import fence_statement, fenced_error, mine_param
 from celery_agboss.store.schema import intent_history, outbound_calls, record_uses
 from celery_agboss.store.statement_cache import built_once
 
-D = TypeVar("D", OneStatementClaim, OneStatementTransition)
+D = TypeVar("D", OneStatementClaim, OneStatementTransition, OneStatementVerdict)
 
 _h = intent_history.c
 _i = outbound_calls.c

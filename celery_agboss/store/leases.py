@@ -105,6 +105,30 @@ def acquire_txn(
     )
 
 
+def first_lease_row(now: ColumnElement[int]) -> list[ColumnElement[Any]]:
+    """A lease's first row (token 1, live for ``a_ttl`` from ``now``) for ``a_scope`` and
+    ``a_holder``, as the columns of ``first_lease_insert``'s select."""
+    return [
+        bindparam("a_scope", type_=KEY),
+        bindparam("a_holder", type_=_c.holder.type),
+        literal(1, BigInteger),
+        now + bindparam("a_ttl", type_=BigInteger),
+        false(),
+        now,
+        now,
+    ]
+
+
+def first_lease_insert(conn: Connection, rows: Any) -> Any:
+    """Insert the first lease row ``rows`` selects unless the scope has one; what it
+    returns is what a grant is made of."""
+    return (
+        insert_or_nothing(conn, leases)
+        .from_select(_INSERT_COLUMNS, rows)
+        .returning(_c.token, _c.expires_at_ms, _c.acquired_at_ms)
+    )
+
+
 @built_once
 def _acquire_statements(conn: Connection, offset_ms: int, caller_skew_ms: int) -> tuple[Any, Any]:
     """``acquire_txn``'s insert and take-over (the skew matters only to the sabotage)."""
@@ -114,23 +138,10 @@ def _acquire_statements(conn: Connection, offset_ms: int, caller_skew_ms: int) -
         clk = clock(conn, offset_ms)
     now = clk.c.now
     ttl = bindparam("a_ttl", type_=BigInteger)
-    insert_new = (
-        insert_or_nothing(conn, leases)
-        .from_select(
-            _INSERT_COLUMNS,
-            select(
-                bindparam("a_scope", type_=KEY),
-                bindparam("a_holder", type_=_c.holder.type),
-                literal(1, BigInteger),
-                now + ttl,
-                false(),
-                now,
-                now,
-            )
-            .select_from(clk)
-            .where(true()),  # SQLite: "INSERT … SELECT … ON CONFLICT" needs a WHERE
-        )
-        .returning(_c.token, _c.expires_at_ms, _c.acquired_at_ms)
+    insert_new = first_lease_insert(
+        conn,
+        # SQLite: "INSERT … SELECT … ON CONFLICT" needs a WHERE
+        select(*first_lease_row(now)).select_from(clk).where(true()),
     )
     take_over = (
         update(leases)
@@ -201,15 +212,45 @@ def fence_txn(
     return int(row.expires_at_ms), int(row.renewed_at_ms)
 
 
-@built_once
-def fence_statement(conn: Connection, offset_ms: int) -> Any:
-    bounded = select(
+def _bounded_clock(conn: Connection, offset_ms: int) -> Any:
+    """The clock relation of a fenced statement, which also sets its transaction's two
+    bounds (``lock_timeout`` and ``idle``, local to the transaction)."""
+    return select(
         now_expr(conn, offset_ms).label("now"),
         func.set_config("lock_timeout", bindparam("lock_timeout"), true()).label("lock"),
         func.set_config("idle_in_transaction_session_timeout", bindparam("idle"), true()).label(
             "idle"
         ),
     ).subquery(CLOCK_ALIAS)
+
+
+def fence_lock_statement(conn: Connection, offset_ms: int) -> Any:
+    """The fence as a locking read, for a statement that ends the lease in a later part
+    (a row cannot be updated twice by one statement): the lease row locked while it is
+    live and mine, with the statement's time (``now``); no row otherwise."""
+    bounded = _bounded_clock(conn, offset_ms)
+    now = bounded.c.now
+    return (
+        select(_c.scope, now.label("now"))
+        .select_from(leases.join(bounded, true()))
+        .where(_IS_MINE_PARAMS, not_(_c.released), _c.expires_at_ms > now)
+        .with_for_update(of=leases)
+    )
+
+
+def release_after_fence(now: Any, joined: Any) -> Any:
+    """The lease released (``l_*``), joined to ``joined``: no joined row, no release."""
+    return (
+        update(leases)
+        .where(_IS_MINE_PARAMS, joined)
+        .values(released=True, renewed_at_ms=now)
+        .returning(_c.scope)
+    )
+
+
+@built_once
+def fence_statement(conn: Connection, offset_ms: int) -> Any:
+    bounded = _bounded_clock(conn, offset_ms)
     now = bounded.c.now
     return (
         update(leases)
@@ -480,13 +521,17 @@ def now_txn(conn: Connection, *, offset_ms: int = 0) -> int:
 __all__ = [
     "acquire_txn",
     "extend_txn",
+    "fence_lock_statement",
     "fence_statement",
     "fenced_error",
+    "first_lease_insert",
+    "first_lease_row",
     "lock_txn",
     "mine_parameters",
     "now_txn",
     "owner_locked_or_live_txn",
     "read_txn",
+    "release_after_fence",
     "release_txn",
     "renew_many_txn",
     "renew_txn",

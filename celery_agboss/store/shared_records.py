@@ -12,7 +12,7 @@ claim's predicate, evaluated again on the new row, no longer matches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Table, and_, bindparam, select, union, update
@@ -174,25 +174,49 @@ def read_shared_txn(conn: Connection, kind: str, record_key: str) -> SharedRecor
     return found[0] if found else None
 
 
-def shared_records_of_txn(conn: Connection, execution_id: str) -> list[SharedRecord]:
+def shared_records_of_txn(
+    conn: Connection, execution_id: str, *, excluding: Collection[str] = ()
+) -> list[SharedRecord]:
     """Every intent the execution created or used (a use is noted before an execution
-    sends an attempt of an intent it did not create), oldest first."""
-    rows = conn.execute(_records_of_statement(conn), {"s_execution_id": execution_id}).all()
+    sends an attempt of an intent it did not create), oldest first, but those whose keys
+    are in ``excluding``: when that leaves none, their users are not read either."""
+    parameters: dict[str, Any] = {"s_execution_id": execution_id}
+    if excluding:
+        parameters["s_excluding"] = sorted(excluding)
+    statement = _records_of_statement(conn, bool(excluding))
+    rows = conn.execute(statement, parameters).all()
     return _records(conn, INTENT_RECORD, rows)
 
 
-@built_once
-def _records_of_statement(conn: Connection) -> Any:
-    execution_id = bindparam("s_execution_id", type_=_i.execution_id.type)
+def records_of(execution_id: Any, excluding: Any = None) -> Any:
+    """The keys of the intents ``execution_id`` (a value or a column) created or used,
+    but those in ``excluding`` (an expanding parameter): ``shared_records_of_txn``'s
+    records, as a subquery a statement can test with ``EXISTS``."""
     keys = union(
         select(_i.idempotency_key.label("key")).where(_i.execution_id == execution_id),
         select(_u.record_key.label("key")).where(
             _u.kind == INTENT_RECORD, _u.execution_id == execution_id
         ),
     ).subquery()
+    # Its own alias of the intents: never correlated to a statement that reads them too.
+    key = outbound_calls.alias("agboss_record").c.idempotency_key
+    found = select(key).where(key.in_(select(keys.c.key)))
+    if excluding is not None:
+        found = found.where(key.not_in(excluding))
+    return found
+
+
+@built_once
+def _records_of_statement(conn: Connection, excluding: bool) -> Any:
+    execution_id = bindparam("s_execution_id", type_=_i.execution_id.type)
+    left_out = (
+        bindparam("s_excluding", expanding=True, type_=_i.idempotency_key.type)
+        if excluding
+        else None
+    )
     return (
         _with_creator(INTENT_RECORD)
-        .where(_i.idempotency_key.in_(select(keys.c.key)))
+        .where(_i.idempotency_key.in_(records_of(execution_id, left_out)))
         .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
     )
 
@@ -301,6 +325,7 @@ __all__ = [
     "completed_on_records_txn",
     "mark_compensated_txn",
     "read_shared_txn",
+    "records_of",
     "rely_on_txn",
     "shared_records_of_txn",
 ]

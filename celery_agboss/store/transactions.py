@@ -8,7 +8,7 @@ verbs folded into its own transactions, the sweep's listing, retention) and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -118,9 +118,13 @@ class SQLTransaction:
         with translated():
             return shared_records.read_shared_txn(self._conn, kind, record_key)
 
-    def shared_records_of(self, execution_id: str) -> list[SharedRecord]:
+    def shared_records_of(
+        self, execution_id: str, *, excluding: Collection[str] = ()
+    ) -> list[SharedRecord]:
         with translated():
-            return shared_records.shared_records_of_txn(self._conn, execution_id)
+            return shared_records.shared_records_of_txn(
+                self._conn, execution_id, excluding=excluding
+            )
 
     def claim_undo(self, kind: str, record_key: str, execution_id: str, reliance: int) -> bool:
         with translated():

@@ -11,11 +11,9 @@ then completes the intent under the new holder's lease.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import text
 
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.protections import ONE_STATEMENT_WITHOUT_FENCE
@@ -35,7 +33,7 @@ from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.switches import sabotage
 from tests.conftest import TemplateFactory
 from tests.support.databases import TemplateDatabase
-from tests.support.processes import wait_until
+from tests.support.lock_waits import during_a_change
 
 pytestmark = pytest.mark.postgres
 
@@ -78,17 +76,6 @@ def _claimed(store: SQLAlchemyStore) -> tuple[LeaseRef, IntentTransition]:
     return lease, IntentTransition(key, IntentGuard(IntentStatus.PENDING, 1, lease), settle, row)
 
 
-def _waiting_backends(store: SQLAlchemyStore) -> int:
-    with store.engine.connect() as conn:
-        found = conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()"
-            )
-        ).scalar_one()
-    return int(found)
-
-
 def _settle_during_a_take_over(
     store: SQLAlchemyStore,
 ) -> tuple[OneStatementTransition | BaseException | None, IntentStatus]:
@@ -96,31 +83,15 @@ def _settle_during_a_take_over(
     commits once the settle waits for it. What the settle returned (or raised), and the
     intent's status after both."""
     lease, change = _claimed(store)
-    outcome: list[OneStatementTransition | BaseException | None] = []
-
-    def zombie_settles() -> None:
-        try:
-            outcome.append(store.transition_in_one(lease, TTL_MS, change))
-        except BaseException as exc:  # judged by the test
-            outcome.append(exc)
-
-    with store.engine.connect() as take_over:
-        take_over.execute(
-            text(
-                "UPDATE agboss_leases SET holder = 'successor', token = token + 1 "
-                "WHERE scope = :scope"
-            ),
-            {"scope": lease.scope},
-        )
-        zombie = threading.Thread(target=zombie_settles, name="zombie-settle", daemon=True)
-        zombie.start()
-        wait_until(lambda: _waiting_backends(store) >= 1, 10, message="the settle's lock wait")
-        take_over.commit()
-    zombie.join(10)
-    assert not zombie.is_alive(), "the settle never returned"
+    outcome = during_a_change(
+        store.engine,
+        "UPDATE agboss_leases SET holder = 'successor', token = token + 1 WHERE scope = :scope",
+        {"scope": lease.scope},
+        lambda: store.transition_in_one(lease, TTL_MS, change),
+    )
     record = store.read_intent(change.key)
     assert record is not None
-    return outcome[0], record.status
+    return outcome, record.status
 
 
 def test_a_take_over_committed_during_the_settles_lock_wait_fences_it(

@@ -172,8 +172,8 @@ def test_a_delivery_start_and_its_take_over_count() -> None:
     assert not taken_over(replace(RECORD, state=S.WAITING))
     assert over_recovery_cap(replace(RECORD, recovery_count=3), 3)
     assert not over_recovery_cap(replace(RECORD, recovery_count=2), 3)
-    assert delivery_state(replace(RECORD, state=S.COMPENSATING)) is S.COMPENSATING
-    assert delivery_state(replace(RECORD, state=S.WAITING)) is S.RUNNING
+    assert delivery_state(S.COMPENSATING) is S.COMPENSATING
+    assert delivery_state(S.WAITING) is S.RUNNING
 
 
 def test_only_recoveries_count_toward_the_cap() -> None:
