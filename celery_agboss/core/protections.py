@@ -182,6 +182,11 @@ ONE_STATEMENT_WITHOUT_FENCE = "one-statement-without-fence"
 """A one-statement transition's compare-and-set does not join the lease check in the same
 statement: a holder whose lease expired or was taken over changes the intent (design: P1)."""
 
+FENCE_TIMED_BEFORE_LOCK_WAIT = "fence-timed-before-lock-wait"
+"""The fence reads the clock before it waits for the lease row, not once it holds it: a
+lease that expired while the fence waited (behind a long transaction of its holder) is
+still taken for live, and the late holder writes (design: one round trip per state change)."""
+
 ONE_STATEMENT_START_UNLOCKED = "one-statement-start-unlocked"
 """The one-statement start checks that the execution may start on the statement's snapshot,
 not on the row it locks: a cancel committed while it waited for the row is not seen, and

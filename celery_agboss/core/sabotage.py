@@ -40,6 +40,13 @@ def any_active() -> bool:
     return bool(_active)
 
 
+def none_but(*names: str) -> bool:
+    """True unless a protection other than ``names`` is switched off: a path that only
+    those switches break runs, and the twin of any other protection runs the path it was
+    written for."""
+    return not _active or _active <= set(names)
+
+
 SUBPROCESS_SWITCH = "AGBOSS_SABOTAGE_SUBPROCESS"
 """Set by a test to the pid of its pytest process, for the workers it starts."""
 _MAX_ANCESTORS = 64

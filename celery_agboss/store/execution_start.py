@@ -83,9 +83,7 @@ def start_plain_in_one(
     """The plain start as one autocommit statement on PostgreSQL; None when the row is
     not plain (nothing was written: the transaction decides), on SQLite, and while a test
     has a protection switched off (its twin exercises the transaction)."""
-    if engine.dialect.name != "postgresql" or (
-        sabotage.any_active() and not sabotage.active(ONE_STATEMENT_START_UNLOCKED)
-    ):
+    if engine.dialect.name != "postgresql" or not sabotage.none_but(ONE_STATEMENT_START_UNLOCKED):
         return None
     parameters: dict[str, Any] = {
         f"s_{name}": value for name, value in message_values(message).items()

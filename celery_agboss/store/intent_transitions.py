@@ -41,7 +41,10 @@ from celery_agboss.core.fault_points import (
     FENCED_BEFORE_COMMIT,
     fault_point,
 )
-from celery_agboss.core.protections import ONE_STATEMENT_WITHOUT_FENCE
+from celery_agboss.core.protections import (
+    FENCE_TIMED_BEFORE_LOCK_WAIT,
+    ONE_STATEMENT_WITHOUT_FENCE,
+)
 from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     HistoryRow,
@@ -65,6 +68,9 @@ from celery_agboss.store.intents import (
 from celery_agboss.store.leases import fence_statement, fenced_error, mine_parameters
 from celery_agboss.store.schema import intent_history, outbound_calls, record_uses
 from celery_agboss.store.statement_cache import built_once
+
+ONE_STATEMENT_SWITCHES = (ONE_STATEMENT_WITHOUT_FENCE, FENCE_TIMED_BEFORE_LOCK_WAIT)
+"""The protections a one-statement write holds itself: while one is off, it still runs."""
 
 D = TypeVar("D", OneStatementClaim, OneStatementTransition, OneStatementVerdict)
 
@@ -134,9 +140,7 @@ def in_one(engine: Engine, lease: LeaseRef, body: Callable[[Connection], D]) -> 
     exercises) unless the switch is the statement's own. The fenced transaction's fault
     points stand where they did: before it (its begin, then its commit) and after it.
     ``ExecutionFencedError`` when the lease is not live and mine (nothing written)."""
-    if engine.dialect.name != "postgresql" or (
-        sabotage.any_active() and not sabotage.active(ONE_STATEMENT_WITHOUT_FENCE)
-    ):
+    if engine.dialect.name != "postgresql" or not sabotage.none_but(*ONE_STATEMENT_SWITCHES):
         return None
     where = {"scope": lease.scope, "holder": lease.holder, "token": lease.token}
     fault_point(FENCED_BEFORE_BEGIN, **where)
@@ -300,4 +304,4 @@ def _bind(name: str) -> Any:
     return bindparam(name, type_=column.type)
 
 
-__all__ = ["claim_txn", "in_one", "transition_txn"]
+__all__ = ["ONE_STATEMENT_SWITCHES", "claim_txn", "in_one", "transition_txn"]

@@ -33,6 +33,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from celery_agboss.core import sabotage
 from celery_agboss.core.protections import (
     EXPIRY_BY_CALLER_CLOCK,
+    FENCE_TIMED_BEFORE_LOCK_WAIT,
     LEASE_DECISION_ON_COMMITTED_READ,
     RENEW_REVIVES_EXPIRED_LEASE,
 )
@@ -224,18 +225,39 @@ def _bounded_clock(conn: Connection, offset_ms: int) -> Any:
     ).subquery(CLOCK_ALIAS)
 
 
+def _locked_then_timed(conn: Connection, offset_ms: int) -> Any:
+    """The lease row locked while it is mine and not released, then the time read once
+    it is locked (``now``): a lock wait ends before the clock is read, so a lease that
+    expired while the statement waited for its row is seen expired. (The expiry in a
+    row's own ``WHERE`` is checked before the wait, and checked again only if the row
+    changed meanwhile.) The clock relation beside the lock sets the statement's bounds
+    first, so the wait is bounded by ``lock_timeout``."""
+    bounded = _bounded_clock(conn, offset_ms)
+    mine = [_IS_MINE_PARAMS, not_(_c.released)]
+    if sabotage.active(FENCE_TIMED_BEFORE_LOCK_WAIT):
+        # The time of the clock relation, read before the wait: the fence as it was.
+        early = select(_c.scope, _c.expires_at_ms, bounded.c.now.label("now"))
+        early = early.select_from(leases.join(bounded, true())).where(*mine)
+        return early.with_for_update(of=leases).cte("agboss_lease_timed")
+    locked = (
+        select(_c.scope, _c.expires_at_ms)
+        .select_from(leases.join(bounded, true()))
+        .where(*mine)
+        .with_for_update(of=leases)
+        .cte("agboss_lease_locked")
+    )
+    # A CTE with a volatile function is evaluated once, after the row it reads is locked.
+    after = now_expr(conn, offset_ms).label("now")
+    return select(locked.c.scope, locked.c.expires_at_ms, after).cte("agboss_lease_timed")
+
+
 def fence_lock_statement(conn: Connection, offset_ms: int) -> Any:
     """The fence as a locking read, for a statement that ends the lease in a later part
-    (a row cannot be updated twice by one statement): the lease row locked while it is
-    live and mine, with the statement's time (``now``); no row otherwise."""
-    bounded = _bounded_clock(conn, offset_ms)
-    now = bounded.c.now
-    return (
-        select(_c.scope, now.label("now"))
-        .select_from(leases.join(bounded, true()))
-        .where(_IS_MINE_PARAMS, not_(_c.released), _c.expires_at_ms > now)
-        .with_for_update(of=leases)
-    )
+    (a row cannot be updated twice by one statement): the lease row locked, and kept
+    while it is live and mine at the time read once it is locked (``now``); no row
+    otherwise."""
+    timed = _locked_then_timed(conn, offset_ms)
+    return select(timed.c.scope, timed.c.now).where(timed.c.expires_at_ms > timed.c.now)
 
 
 def release_after_fence(now: Any, joined: Any) -> Any:
@@ -250,11 +272,13 @@ def release_after_fence(now: Any, joined: Any) -> Any:
 
 @built_once
 def fence_statement(conn: Connection, offset_ms: int) -> Any:
-    bounded = _bounded_clock(conn, offset_ms)
-    now = bounded.c.now
+    """Check and extend the lease (``l_*``) in one statement: locked, then checked live at
+    the time read once locked (``_locked_then_timed``), then extended from that time."""
+    timed = _locked_then_timed(conn, offset_ms)
+    now = timed.c.now
     return (
         update(leases)
-        .where(_IS_MINE_PARAMS, not_(_c.released), _c.expires_at_ms > now)
+        .where(_c.scope == timed.c.scope, timed.c.expires_at_ms > now)
         .values(expires_at_ms=now + bindparam("ttl", type_=BigInteger), renewed_at_ms=now)
         .returning(_c.expires_at_ms, _c.renewed_at_ms)
     )

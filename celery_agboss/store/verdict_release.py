@@ -37,6 +37,7 @@ from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.store.dialect import now_expr
 from celery_agboss.store.execution_rows import pending_intent_of, record_of, verdict_values
 from celery_agboss.store.execution_updates import TERMINAL_VALUES, state_change_shape
+from celery_agboss.store.intent_transitions import ONE_STATEMENT_SWITCHES
 from celery_agboss.store.leases import fence_lock_statement, mine_parameters, release_after_fence
 from celery_agboss.store.schema import leases
 from celery_agboss.store.schema_executions import executions
@@ -53,9 +54,7 @@ _NOW = object()
 def possible(engine: Engine) -> bool:
     """PostgreSQL, and no protection switched off but the statement's own (every other
     twin exercises the transaction it was written for)."""
-    return engine.dialect.name == "postgresql" and (
-        not sabotage.any_active() or sabotage.active(ONE_STATEMENT_WITHOUT_FENCE)
-    )
+    return engine.dialect.name == "postgresql" and sabotage.none_but(*ONE_STATEMENT_SWITCHES)
 
 
 def conclude_txn(

@@ -31,10 +31,16 @@ def waiting_backends(engine: Engine) -> int:
 
 
 def during_a_change(
-    engine: Engine, change: str, parameters: Mapping[str, Any], call: Callable[[], Any]
+    engine: Engine,
+    change: str,
+    parameters: Mapping[str, Any],
+    call: Callable[[], Any],
+    *,
+    commit_when: Callable[[], bool] | None = None,
 ) -> Any:
     """``call()``'s result (or the exception it raised), sent while ``change`` holds its
-    rows uncommitted; the change commits once the call waits for them."""
+    rows uncommitted; the change commits once the call waits for them (and, with
+    ``commit_when``, once that also holds)."""
     outcome: list[Any] = []
 
     def run() -> None:
@@ -48,6 +54,8 @@ def during_a_change(
         caller = threading.Thread(target=run, name="waits-for-a-row", daemon=True)
         caller.start()
         wait_until(lambda: waiting_backends(engine) >= 1, 10, message="the call's lock wait")
+        if commit_when is not None:
+            wait_until(commit_when, 10, message="the moment to end the change")
         other.commit()
     caller.join(10)
     assert not caller.is_alive(), "the call never returned"
