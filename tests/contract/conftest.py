@@ -7,7 +7,9 @@
   database clock (``db_clock.advance(31)`` expires a 30 s lease, no sleeping);
 - ``store``: an open ``SQLAlchemyStore`` on ``store_url``;
 - ``store_factory(**kwargs)``: another ``SQLAlchemyStore`` on the same database
-  (its own engine and pool, as a second worker process would have), closed after.
+  (its own engine and pool, as a second worker process would have), closed after;
+- ``executions``: the execution verbs on a PostgreSQL database of their own, for the
+  one-statement tests; ``executions.offset["ms"]`` moves the clock every statement reads.
 """
 
 from __future__ import annotations
@@ -19,16 +21,32 @@ from typing import Any
 import pytest
 
 from celery_agboss.core.store_protocol import LeaseGrant, Store
+from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.stores import sqlite_store_url
+from tests.conftest import TemplateFactory
 from tests.support import services
+from tests.support.databases import TemplateDatabase
 from tests.support.stores import STORE_BACKENDS, fresh_store_url
 
 BACKENDS = STORE_BACKENDS
 
 StoreFactory = Callable[..., SQLAlchemyStore]
+
+
+@pytest.fixture
+def executions(
+    postgres_templates: TemplateFactory, clone_postgres: Callable[[TemplateDatabase], str]
+) -> Iterator[SQLAlchemyExecutionStore]:
+    store = SQLAlchemyStore(clone_postgres(postgres_templates("store", migrate)))
+    offset = {"ms": 0}
+    store.clock_offset_source = lambda: offset["ms"]
+    verbs = SQLAlchemyExecutionStore(store)
+    verbs.offset = offset  # type: ignore[attr-defined]
+    yield verbs
+    store.close()
 
 
 @pytest.fixture(params=BACKENDS)

@@ -12,60 +12,33 @@ through.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from celery_agboss.core.executions import ExecutionMessage, ExecutionState
-from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.protections import FENCE_TIMED_BEFORE_LOCK_WAIT
 from celery_agboss.core.store_protocol import (
-    IntentGuard,
     IntentStatus,
-    IntentTransition,
-    IntentUpdate,
     LeaseRef,
-    NewIntent,
 )
-from celery_agboss.core.transitions import claim_row, history_row
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
-from celery_agboss.store.migrate import migrate
-from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.switches import sabotage
-from tests.conftest import TemplateFactory
-from tests.support.databases import TemplateDatabase
+from tests.contract.one_statement_world import (
+    TTL_MS,
+    charge_key,
+    claimed_settle,
+    started,
+)
 from tests.support.lock_waits import during_a_change
 
 pytestmark = pytest.mark.postgres
 
-TTL_MS = 30_000
 LEFT_MS = 1_000
 """The lease's life left when the write is sent (on the database clock)."""
-KEY = b"fence-after-lock-wait-key-32bytes"
-
-
-@pytest.fixture
-def executions(
-    postgres_templates: TemplateFactory, clone_postgres: Callable[[TemplateDatabase], str]
-) -> Iterator[SQLAlchemyExecutionStore]:
-    store = SQLAlchemyStore(clone_postgres(postgres_templates("store", migrate)))
-    offset = {"ms": 0}
-    store.clock_offset_source = lambda: offset["ms"]
-    verbs = SQLAlchemyExecutionStore(store)
-    verbs.offset = offset  # type: ignore[attr-defined]
-    yield verbs
-    store.close()
-
-
-def started(executions: SQLAlchemyExecutionStore, execution_id: str) -> LeaseRef:
-    message = ExecutionMessage(execution_id, "shop.charge", "[42]", "{}", "{}")
-    assert executions.record_requested(message)
-    start = executions.start_delivery(message, "late-holder", TTL_MS, 3)
-    assert start.grant is not None
-    return start.grant.lease
 
 
 def _expired(executions: SQLAlchemyExecutionStore, lease: LeaseRef) -> Callable[[], bool]:
@@ -101,26 +74,7 @@ def _late(executions: SQLAlchemyExecutionStore, lease: LeaseRef, write: Callable
 
 def _settle(executions: SQLAlchemyExecutionStore, lease: LeaseRef) -> Callable[[], Any]:
     store = executions.store
-    key = f"default:t:{lease.scope}:charge"
-    intent = NewIntent(key, lease.scope, "shop.charge", None, "fp", {}, lease)
-    first = claim_row(KEY, intent)
-    with store.transaction() as tx:
-        assert tx.insert_intent(intent, first_history=first)
-    row = history_row(
-        KEY,
-        first,
-        key,
-        HistoryEvent.COMPLETED,
-        from_status=IntentStatus.PENDING,
-        to_status=IntentStatus.COMPLETED,
-        attempt=1,
-        owner=lease,
-        detail={},
-        execution_id=lease.scope,
-        at_ms=0,
-    )
-    update = IntentUpdate(status=IntentStatus.COMPLETED, result={"id": "ch_1"}, complete=True)
-    change = IntentTransition(key, IntentGuard(IntentStatus.PENDING, 1, lease), update, row)
+    change = claimed_settle(store, lease)
     return lambda: store.transition_in_one(lease, TTL_MS, change)
 
 
@@ -149,7 +103,7 @@ WRITES: dict[str, Callable[[SQLAlchemyExecutionStore, LeaseRef], Callable[[], An
 
 def _nothing_written(executions: SQLAlchemyExecutionStore, lease: LeaseRef) -> bool:
     record = executions.read_execution(lease.scope)
-    intent = executions.store.read_intent(f"default:t:{lease.scope}:charge")
+    intent = executions.store.read_intent(charge_key(lease))
     return (
         record is not None
         and record.state is ExecutionState.RUNNING

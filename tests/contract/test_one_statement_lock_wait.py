@@ -15,30 +15,23 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.protections import ONE_STATEMENT_WITHOUT_FENCE
 from celery_agboss.core.store_protocol import (
-    IntentGuard,
     IntentStatus,
     IntentTransition,
-    IntentUpdate,
     LeaseRef,
-    NewIntent,
     OneStatementTransition,
 )
-from celery_agboss.core.transitions import claim_row, history_row
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.switches import sabotage
 from tests.conftest import TemplateFactory
+from tests.contract.one_statement_world import TTL_MS, claimed_settle
 from tests.support.databases import TemplateDatabase
 from tests.support.lock_waits import during_a_change
 
 pytestmark = pytest.mark.postgres
-
-TTL_MS = 30_000
-KEY = b"one-statement-lock-wait-key-32byt"
 
 
 @pytest.fixture
@@ -53,27 +46,7 @@ def store(
 def _claimed(store: SQLAlchemyStore) -> tuple[LeaseRef, IntentTransition]:
     grant = store.acquire_lease("lock-wait", "zombie", TTL_MS)
     assert grant is not None
-    lease = grant.lease
-    key = "default:t:lock-wait:stripe.charge"
-    intent = NewIntent(key, lease.scope, "stripe.charge", None, "fp", {}, lease)
-    first = claim_row(KEY, intent)
-    with store.transaction() as tx:
-        assert tx.insert_intent(intent, first_history=first)
-    row = history_row(
-        KEY,
-        first,
-        key,
-        HistoryEvent.COMPLETED,
-        from_status=IntentStatus.PENDING,
-        to_status=IntentStatus.COMPLETED,
-        attempt=1,
-        owner=lease,
-        detail={},
-        execution_id=lease.scope,
-        at_ms=0,
-    )
-    settle = IntentUpdate(status=IntentStatus.COMPLETED, result={"id": "ch_1"}, complete=True)
-    return lease, IntentTransition(key, IntentGuard(IntentStatus.PENDING, 1, lease), settle, row)
+    return grant.lease, claimed_settle(store, grant.lease)
 
 
 def _settle_during_a_take_over(
@@ -100,7 +73,7 @@ def test_a_take_over_committed_during_the_settles_lock_wait_fences_it(
     outcome, status = _settle_during_a_take_over(store)
     assert isinstance(outcome, ExecutionFencedError), outcome
     assert status is IntentStatus.PENDING
-    assert len(store.read_history("default:t:lock-wait:stripe.charge")) == 1
+    assert len(store.read_history("default:t:lock-wait:shop.charge")) == 1
 
 
 def test_without_the_fence_in_the_statement_the_zombie_completes_the_intent(

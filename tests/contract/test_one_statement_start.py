@@ -13,7 +13,7 @@ row on the statement's snapshot, and the cancelled execution runs.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -24,11 +24,7 @@ from celery_agboss.core.executions import DeliveryStart, ExecutionMessage, Execu
 from celery_agboss.core.protections import ONE_STATEMENT_START_UNLOCKED
 from celery_agboss.store.execution_start import start_plain_in_one
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
-from celery_agboss.store.migrate import migrate
-from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.switches import sabotage
-from tests.conftest import TemplateFactory
-from tests.support.databases import TemplateDatabase
 from tests.support.lock_waits import during_a_change, statements_of
 
 pytestmark = pytest.mark.postgres
@@ -38,15 +34,6 @@ CAP = 3
 TASK = "shop.charge"
 # What a worker's message looks like: no "retries" in a first attempt's options.
 OPTIONS = '{"queue": "celery", "root_id": "%s"}'
-
-
-@pytest.fixture
-def executions(
-    postgres_templates: TemplateFactory, clone_postgres: Callable[[TemplateDatabase], str]
-) -> Iterator[SQLAlchemyExecutionStore]:
-    store = SQLAlchemyStore(clone_postgres(postgres_templates("store", migrate)))
-    yield SQLAlchemyExecutionStore(store)
-    store.close()
 
 
 def message(execution_id: str, *, options: str | None = None) -> ExecutionMessage:

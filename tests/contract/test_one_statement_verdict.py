@@ -11,7 +11,6 @@ twin drops the verdict's join to the fence: the zombie's verdict overwrites the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -19,45 +18,19 @@ import pytest
 from sqlalchemy import text
 
 from celery_agboss.core.execution_states import Verdict
-from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord, ExecutionState
+from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.protections import ONE_STATEMENT_WITHOUT_FENCE
 from celery_agboss.core.store_protocol import LeaseRef, NewIntent
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
-from celery_agboss.store.migrate import migrate
-from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.verdict_release import conclude_txn
 from celery_agboss.testing.switches import sabotage
-from tests.conftest import TemplateFactory
-from tests.support.databases import TemplateDatabase
+from tests.contract.one_statement_world import TTL_MS, started
 from tests.support.lock_waits import during_a_change, statements_of
 
 pytestmark = pytest.mark.postgres
 
-TTL_MS = 30_000
-CAP = 3
 RESULT = '{"json": "ch_1"}'
-
-
-@pytest.fixture
-def executions(
-    postgres_templates: TemplateFactory, clone_postgres: Callable[[TemplateDatabase], str]
-) -> Iterator[SQLAlchemyExecutionStore]:
-    store = SQLAlchemyStore(clone_postgres(postgres_templates("store", migrate)))
-    offset = {"ms": 0}
-    store.clock_offset_source = lambda: offset["ms"]
-    verbs = SQLAlchemyExecutionStore(store)
-    verbs.offset = offset  # type: ignore[attr-defined]
-    yield verbs
-    store.close()
-
-
-def started(executions: SQLAlchemyExecutionStore, execution_id: str) -> LeaseRef:
-    message = ExecutionMessage(execution_id, "shop.charge", "[42]", "{}", "{}")
-    assert executions.record_requested(message)
-    start = executions.start_delivery(message, f"holder-{execution_id}", TTL_MS, CAP)
-    assert start.grant is not None
-    return start.grant.lease
 
 
 def intent_of(executions: SQLAlchemyExecutionStore, lease: LeaseRef, settled: bool) -> str:
