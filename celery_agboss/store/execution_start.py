@@ -48,7 +48,7 @@ from celery_agboss.store.execution_rows import (
 from celery_agboss.store.execution_updates import Computed, computed_value
 from celery_agboss.store.leases import first_lease_insert, first_lease_row
 from celery_agboss.store.schema_executions import executions
-from celery_agboss.store.statement_cache import built_once
+from celery_agboss.store.statement_cache import built_once, run_compiled
 
 _e = executions.c
 
@@ -101,7 +101,7 @@ def start_plain_in_one(
         autocommit = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         with autocommit as conn:
             statement = _start_statement(conn, offset_ms)
-            row = conn.execute(statement, parameters).first()
+            row = run_compiled(conn, statement, parameters).first()
     if row is None:
         return None
     lease = LeaseRef(parameters["a_scope"], holder, int(row.lease_token))

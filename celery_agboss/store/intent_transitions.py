@@ -67,7 +67,7 @@ from celery_agboss.store.intents import (
 )
 from celery_agboss.store.leases import fence_statement, fenced_error, mine_parameters
 from celery_agboss.store.schema import intent_history, outbound_calls, record_uses
-from celery_agboss.store.statement_cache import built_once
+from celery_agboss.store.statement_cache import built_once, run_compiled
 
 ONE_STATEMENT_SWITCHES = (ONE_STATEMENT_WITHOUT_FENCE, FENCE_TIMED_BEFORE_LOCK_WAIT)
 """The protections a one-statement write holds itself: while one is off, it still runs."""
@@ -113,7 +113,7 @@ def transition_txn(
         )
     statement = _statement(conn, offset_ms, parts, relied_by is not None)
     try:
-        result = conn.execute(statement, parameters).one()
+        result = run_compiled(conn, statement, parameters).one()
     except IntegrityError as error:
         # The history row lost its seq to a row committed while the statement ran: it
         # failed whole on the unique (key, seq), nothing written; the caller falls back.
@@ -237,7 +237,7 @@ def claim_txn(
     if cancel_of is not None:
         parameters["e_id"] = cancel_of
     statement = _claim_statement(conn, offset_ms, tuple(values), cancel_of is not None)
-    result = conn.execute(statement, parameters).one()
+    result = run_compiled(conn, statement, parameters).one()
     if result.expires_at_ms is None:
         return OneStatementClaim(True, False, None, None, None)
     return OneStatementClaim(

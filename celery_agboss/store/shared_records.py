@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, select, union, update
+from sqlalchemy import Table, all_, and_, bindparam, select, union, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import ColumnElement
@@ -188,10 +188,11 @@ def shared_records_of_txn(
     return _records(conn, INTENT_RECORD, rows)
 
 
-def records_of(execution_id: Any, excluding: Any = None) -> Any:
+def records_of(execution_id: Any, excluding: Any = None, *, array: bool = False) -> Any:
     """The keys of the intents ``execution_id`` (a value or a column) created or used,
-    but those in ``excluding`` (an expanding parameter): ``shared_records_of_txn``'s
-    records, as a subquery a statement can test with ``EXISTS``."""
+    but those in ``excluding`` (an expanding parameter, or with ``array`` a PostgreSQL
+    array): ``shared_records_of_txn``'s records, as a subquery a statement can test with
+    ``EXISTS``."""
     keys = union(
         select(_i.idempotency_key.label("key")).where(_i.execution_id == execution_id),
         select(_u.record_key.label("key")).where(
@@ -202,7 +203,7 @@ def records_of(execution_id: Any, excluding: Any = None) -> Any:
     key = outbound_calls.alias("agboss_record").c.idempotency_key
     found = select(key).where(key.in_(select(keys.c.key)))
     if excluding is not None:
-        found = found.where(key.not_in(excluding))
+        found = found.where(key != all_(excluding) if array else key.not_in(excluding))
     return found
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, exists, func, literal, not_, select, true, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
 
 from celery_agboss.core import sabotage
@@ -43,7 +44,7 @@ from celery_agboss.store.schema import leases
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.shared_records import completed_on_records_statement, records_of
 from celery_agboss.store.sqlalchemy_store import postgres_transaction_bounds
-from celery_agboss.store.statement_cache import built_once
+from celery_agboss.store.statement_cache import built_once, run_compiled
 
 _e = executions.c
 
@@ -96,7 +97,7 @@ def conclude_txn(
     completes = verdict.state is ExecutionState.COMPLETED
     guard = (pending, plain is not None, checks_reached, bool(parameters.get("p_reached")))
     statement = _statement(conn, offset_ms, shape, guard, completes)
-    row = conn.execute(statement, parameters).one()
+    row = run_compiled(conn, statement, parameters).one()
     if row.fenced_at is None:
         return OneStatementVerdict(True, None)
     if row.id is None:
@@ -134,12 +135,13 @@ def _statement(
     still = pending_intent_of(_e.id)
     guards = [still if pending else not_(still)]
     if plain:
-        guards.append(_e.state.not_in(TERMINAL_VALUES))
+        # Not ended: one comparison per state (a list parameter would be expanded per call).
+        guards.extend(_e.state != literal(value) for value in TERMINAL_VALUES)
     if checks_reached:
         reached: Any = None
         if reached_any:
-            reached = bindparam("p_reached", expanding=True, type_=_e.id.type)
-        guards.append(not_(exists(records_of(execution_id, reached))))
+            reached = bindparam("p_reached", type_=postgresql.ARRAY(_e.id.type))
+        guards.append(not_(exists(records_of(execution_id, reached, array=True))))
     verdict = (
         update(executions)
         .where(_e.id == execution_id, *fenced, *guards)
