@@ -187,6 +187,12 @@ FENCE_TIMED_BEFORE_LOCK_WAIT = "fence-timed-before-lock-wait"
 lease that expired while the fence waited (behind a long transaction of its holder) is
 still taken for live, and the late holder writes (design: one round trip per state change)."""
 
+LEASE_LOCK_WAITS = "lease-lock-waits"
+"""A decision about another holder's lease waits for the lease row's lock instead of taking
+a locked row for live: a start (or the sweep) holding the execution's row waits for the
+lease row while the holder's claim holds it and waits for the execution's row, a
+deadlock the server ends by failing one of them (design: one round trip per state change)."""
+
 ONE_STATEMENT_START_UNLOCKED = "one-statement-start-unlocked"
 """The one-statement start checks that the execution may start on the statement's snapshot,
 not on the row it locks: a cancel committed while it waited for the row is not seen, and

@@ -35,6 +35,7 @@ from celery_agboss.core.protections import (
     EXPIRY_BY_CALLER_CLOCK,
     FENCE_TIMED_BEFORE_LOCK_WAIT,
     LEASE_DECISION_ON_COMMITTED_READ,
+    LEASE_LOCK_WAITS,
     RENEW_REVIVES_EXPIRED_LEASE,
 )
 from celery_agboss.core.store_protocol import LeaseGrant, LeaseRef, LeaseState, RenewOutcome
@@ -514,7 +515,10 @@ def _lock_statement(conn: Connection, offset_ms: int) -> Any:
     now = now_expr(conn, offset_ms).label("db_now")
     columns = (_c.scope, _c.holder, _c.token, _c.expires_at_ms, _c.released)
     mine = _c.scope == bindparam("scope")
-    locked = select(*columns).where(mine).with_for_update(skip_locked=True).cte("agboss_locked")
+    # Never a wait: the caller holds the execution's row, and a fenced write holding the
+    # lease row may be waiting for it (one lock order: lease, then execution).
+    skip = not sabotage.active(LEASE_LOCK_WAITS)
+    locked = select(*columns).where(mine).with_for_update(skip_locked=skip).cte("agboss_locked")
     return union_all(
         select(true().label("locked"), *locked.c, now),
         select(false().label("locked"), *columns, now).where(mine),

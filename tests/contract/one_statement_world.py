@@ -59,4 +59,4 @@ def claimed_settle(store: SQLAlchemyStore, lease: LeaseRef) -> IntentTransition:
     return IntentTransition(key, IntentGuard(IntentStatus.PENDING, 1, lease), settle, row)
 
 
-__all__ = ["TTL_MS", "charge_key", "claimed_settle", "started"]
+__all__ = ["HISTORY_KEY", "TTL_MS", "charge_key", "claimed_settle", "started"]
