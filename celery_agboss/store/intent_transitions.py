@@ -57,6 +57,7 @@ from celery_agboss.core.store_protocol import (
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.execution_updates import cancel_request_statement
+from celery_agboss.store.fences import fence_statement, fenced_error, mine_parameters
 from celery_agboss.store.intents import (
     HISTORY_NAMES,
     cas_guard_and_values,
@@ -65,7 +66,6 @@ from celery_agboss.store.intents import (
     history_parameters,
     new_intent_values,
 )
-from celery_agboss.store.leases import fence_statement, fenced_error, mine_parameters
 from celery_agboss.store.schema import intent_history, outbound_calls, record_uses
 from celery_agboss.store.statement_cache import built_once, run_compiled
 

@@ -58,7 +58,7 @@ from celery_agboss.store.commit_guard import CommitGuard, StoreConnection, guard
 from celery_agboss.store.databases import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
 from celery_agboss.store.dialect import is_postgresql
 from celery_agboss.store.driver_errors import DRIVER_ERRORS, translate, translated
-from celery_agboss.store.leases import fenced_error
+from celery_agboss.store.fences import fence_txn, fenced_error
 from celery_agboss.store.sqlite_watch import FencedTransactionWatchdog, FencedWatch
 from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
 
@@ -284,7 +284,7 @@ class SQLAlchemyStore:
                         conn.exec_driver_sql(postgres_transaction_bounds_sql(ttl_ms))
                 elif is_postgresql(conn):
                     lock, idle = postgres_transaction_bounds(ttl_ms)
-                    checked = lease_sql.fence_txn(
+                    checked = fence_txn(
                         conn, lease, ttl_ms, offset_ms=offset, lock_timeout=lock, idle_timeout=idle
                     )
                 else:

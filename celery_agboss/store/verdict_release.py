@@ -38,8 +38,8 @@ from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.store.dialect import now_expr
 from celery_agboss.store.execution_rows import pending_intent_of, record_of, verdict_values
 from celery_agboss.store.execution_updates import TERMINAL_VALUES, state_change_shape
+from celery_agboss.store.fences import fence_lock_statement, mine_parameters, release_after_fence
 from celery_agboss.store.intent_transitions import ONE_STATEMENT_SWITCHES
-from celery_agboss.store.leases import fence_lock_statement, mine_parameters, release_after_fence
 from celery_agboss.store.schema import leases
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.shared_records import completed_on_records_statement, records_of
