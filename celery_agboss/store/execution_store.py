@@ -234,14 +234,16 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         store = self.store
         offset = store.offset_ms()
 
-        def write(verdict: Verdict, pending: bool, p: verdict_release.Plain | None) -> Any:
-            return lambda conn: verdict_release.conclude_txn(
+        def write(
+            conn: Connection, verdict: Verdict, pending: bool, p: verdict_release.Plain | None
+        ) -> OneStatementVerdict:
+            return verdict_release.conclude_txn(
                 conn, lease, ttl_ms, verdict, values, pending=pending, plain=p, offset_ms=offset
             )
 
         def body(conn: Connection) -> OneStatementVerdict:
             if not release_wakes(plain[0].state):
-                done: OneStatementVerdict = write(plain[0], False, plain[1])(conn)
+                done = write(conn, plain[0], False, plain[1])
                 if done.fenced or done.record is not None:
                     return done
             _, pending, verdict = decide(
@@ -249,8 +251,7 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
             )
             if verdict is None or release_wakes(verdict.state):
                 return OneStatementVerdict(False, None)  # the transaction handles these
-            decided: OneStatementVerdict = write(verdict, pending, None)(conn)
-            return decided
+            return write(conn, verdict, pending, None)
 
         if not verdict_release.possible(store.engine):
             return None

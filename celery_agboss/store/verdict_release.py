@@ -4,8 +4,11 @@
 The fenced transaction that ends a delivery (``conclude``) checks the lease, reads the
 execution with its pending flag and, to find a divergence, the records it created or
 used; asks ``core.execution_states``; writes the verdict; and releases the lease at its
-commit. Here the reads are sent in autocommit and decided by the same code
-(``SQLAlchemyExecutionStore._finish_verdict``); then one statement writes:
+commit. Here it is first sent as the plain end, with no read before it: the verdict
+the rules give a running execution with nothing pending and nothing diverged (``Plain``),
+written only while the statement finds exactly that. Otherwise the reads are sent in
+autocommit and decided by the transaction's own code
+(``SQLAlchemyExecutionStore._finish_verdict``). Either way one statement writes:
 
 - the lease row, locked first while it is live and mine (``fence_lock_statement``): no
   fence row, nothing written;
