@@ -16,7 +16,10 @@ from sqlalchemy import BigInteger, bindparam, func, not_, select, true, update
 from sqlalchemy.engine import Connection
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.protections import FENCE_TIMED_BEFORE_LOCK_WAIT
+from celery_agboss.core.protections import (
+    FENCE_TIMED_BEFORE_LOCK_WAIT,
+    FENCED_TRANSACTION_IDLE_UNBOUNDED,
+)
 from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.dialect import CLOCK_ALIAS, now_expr
@@ -24,6 +27,44 @@ from celery_agboss.store.schema import leases
 from celery_agboss.store.statement_cache import built_once
 
 _c = leases.c
+
+
+def lock_timeout_ms(ttl_ms: int) -> int:
+    """A fenced transaction's lock timeout: well below ttl/3, so one slow effect cannot
+    hold up another execution's fence long enough to lose it its lease."""
+    return max(50, ttl_ms // 4)
+
+
+def postgres_transaction_bounds(ttl_ms: int) -> tuple[str, str]:
+    """A fenced transaction's two bounds on PostgreSQL: its lock timeout, and an
+    idle-in-transaction timeout of one TTL. A session idle that long in a fenced
+    transaction is a frozen holder (SIGSTOP, a VM paused): its commit would be refused
+    anyway, since its lease expired on the database clock meanwhile, so the server ends
+    the session and frees the lease row for a take-over."""
+    idle = "0" if sabotage.active(FENCED_TRANSACTION_IDLE_UNBOUNDED) else f"{ttl_ms}ms"
+    return f"{lock_timeout_ms(ttl_ms)}ms", idle
+
+
+def postgres_transaction_bounds_sql(ttl_ms: int) -> str:
+    """The bounds as a statement of their own (a fence checked in a separate round trip,
+    which only a sabotage twin does)."""
+    lock, idle = postgres_transaction_bounds(ttl_ms)
+    return (
+        f"SELECT set_config('lock_timeout', '{lock}', true),"
+        f" set_config('idle_in_transaction_session_timeout', '{idle}', true)"
+    )
+
+
+def one_statement_parameters(lease: LeaseRef, ttl_ms: int) -> dict[str, Any]:
+    """The fence's parameters in a write sent as one autocommit statement: the lease, its
+    extension, the statement's lock timeout, and no idle bound (no transaction stays
+    open around it)."""
+    return {
+        **mine_parameters(lease),
+        "ttl": ttl_ms,
+        "lock_timeout": postgres_transaction_bounds(ttl_ms)[0],
+        "idle": "0",
+    }
 
 
 def mine_parameters(lease: LeaseRef) -> dict[str, Any]:
@@ -153,6 +194,10 @@ __all__ = [
     "fence_statement",
     "fence_txn",
     "fenced_error",
+    "lock_timeout_ms",
     "mine_parameters",
+    "one_statement_parameters",
+    "postgres_transaction_bounds",
+    "postgres_transaction_bounds_sql",
     "release_after_fence",
 ]

@@ -57,7 +57,7 @@ from celery_agboss.core.store_protocol import (
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.execution_updates import cancel_request_statement
-from celery_agboss.store.fences import fence_statement, fenced_error, mine_parameters
+from celery_agboss.store.fences import fence_statement, fenced_error, one_statement_parameters
 from celery_agboss.store.intents import (
     HISTORY_NAMES,
     cas_guard_and_values,
@@ -83,7 +83,6 @@ def transition_txn(
     conn: Connection,
     lease: LeaseRef,
     ttl_ms: int,
-    lock_timeout: str,
     change: IntentTransition,
     *,
     relied_by: str | None,
@@ -97,16 +96,8 @@ def transition_txn(
         raise ValueError("a one-statement transition chains to the holder's last history row")
     parts, parameters = cas_parts(change.guard, change.update)
     parameters.update(history_parameters(row, "t_"))
-    parameters.update(mine_parameters(lease))
-    parameters.update(
-        {
-            "g_key": key,
-            "ttl": ttl_ms,
-            "lock_timeout": lock_timeout,
-            "idle": "0",
-            "t_prev_seq": row.seq - 1,
-        }
-    )
+    parameters.update(one_statement_parameters(lease, ttl_ms))
+    parameters.update({"g_key": key, "t_prev_seq": row.seq - 1})
     if relied_by is not None:
         parameters.update(
             {"u_kind": INTENT_RECORD, "u_record_key": key, "u_execution_id": relied_by}
@@ -217,7 +208,6 @@ def claim_txn(
     conn: Connection,
     lease: LeaseRef,
     ttl_ms: int,
-    lock_timeout: str,
     intent: NewIntent,
     row: HistoryRow,
     *,
@@ -232,8 +222,7 @@ def claim_txn(
     values = new_intent_values(intent)
     parameters: dict[str, Any] = {f"n_{name}": value for name, value in values.items()}
     parameters.update(history_parameters(row, "t_"))
-    parameters.update(mine_parameters(lease))
-    parameters.update({"ttl": ttl_ms, "lock_timeout": lock_timeout, "idle": "0"})
+    parameters.update(one_statement_parameters(lease, ttl_ms))
     if cancel_of is not None:
         parameters["e_id"] = cancel_of
     statement = _claim_statement(conn, offset_ms, tuple(values), cancel_of is not None)

@@ -29,7 +29,6 @@ from celery_agboss.core.fault_points import (
 from celery_agboss.core.protections import (
     ENGINE_COMMIT_CHECK_SKIPPED_PAST_ITS_BOUND,
     FENCE_NOT_RECHECKED_AT_COMMIT,
-    FENCED_TRANSACTION_IDLE_UNBOUNDED,
     LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
     SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED,
 )
@@ -58,37 +57,17 @@ from celery_agboss.store.commit_guard import CommitGuard, StoreConnection, guard
 from celery_agboss.store.databases import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
 from celery_agboss.store.dialect import is_postgresql
 from celery_agboss.store.driver_errors import DRIVER_ERRORS, translate, translated
-from celery_agboss.store.fences import fence_txn, fenced_error
+from celery_agboss.store.fences import (
+    fence_txn,
+    fenced_error,
+    lock_timeout_ms,
+    postgres_transaction_bounds,
+    postgres_transaction_bounds_sql,
+)
 from celery_agboss.store.sqlite_watch import FencedTransactionWatchdog, FencedWatch
 from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
 
 T = TypeVar("T")
-
-
-def lock_timeout_ms(ttl_ms: int) -> int:
-    """A fenced transaction's lock timeout: well below ttl/3, so one slow effect cannot
-    hold up another execution's fence long enough to lose it its lease."""
-    return max(50, ttl_ms // 4)
-
-
-def postgres_transaction_bounds(ttl_ms: int) -> tuple[str, str]:
-    """A fenced transaction's two bounds on PostgreSQL: its lock timeout, and an
-    idle-in-transaction timeout of one TTL. A session idle that long in a fenced
-    transaction is a frozen holder (SIGSTOP, a VM paused): its commit would be refused
-    anyway, since its lease expired on the database clock meanwhile, so the server ends
-    the session and frees the lease row for a take-over."""
-    idle = "0" if sabotage.active(FENCED_TRANSACTION_IDLE_UNBOUNDED) else f"{ttl_ms}ms"
-    return f"{lock_timeout_ms(ttl_ms)}ms", idle
-
-
-def postgres_transaction_bounds_sql(ttl_ms: int) -> str:
-    """The bounds as a statement of their own (a fence checked in a separate round trip,
-    which only a sabotage twin does)."""
-    lock, idle = postgres_transaction_bounds(ttl_ms)
-    return (
-        f"SELECT set_config('lock_timeout', '{lock}', true),"
-        f" set_config('idle_in_transaction_session_timeout', '{idle}', true)"
-    )
 
 
 def sqlite_write_lock_bound_ms(ttl_ms: int) -> int:
@@ -332,7 +311,6 @@ class SQLAlchemyStore:
         """``fenced()`` with a ``transition`` in it, as one autocommit statement on
         PostgreSQL (``store.intent_transitions``); None on SQLite, where the caller runs
         the transaction (in process, it costs no round trips)."""
-        lock_timeout = postgres_transaction_bounds(ttl_ms)[0]
         return intent_transitions.in_one(
             self.engine,
             lease,
@@ -340,7 +318,6 @@ class SQLAlchemyStore:
                 conn,
                 lease,
                 ttl_ms,
-                lock_timeout,
                 change,
                 relied_by=relied_by,
                 offset_ms=self.offset_ms(),  # read as the statement is sent
@@ -358,7 +335,6 @@ class SQLAlchemyStore:
     ) -> OneStatementClaim | None:
         """``fenced()`` with the cancel check and ``create`` in it, as one autocommit
         statement on PostgreSQL; None on SQLite."""
-        lock_timeout = postgres_transaction_bounds(ttl_ms)[0]
         return intent_transitions.in_one(
             self.engine,
             lease,
@@ -366,7 +342,6 @@ class SQLAlchemyStore:
                 conn,
                 lease,
                 ttl_ms,
-                lock_timeout,
                 intent,
                 row,
                 cancel_of=cancel_of,

@@ -41,12 +41,15 @@ from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.store.dialect import now_expr
 from celery_agboss.store.execution_rows import pending_intent_of, record_of, verdict_values
 from celery_agboss.store.execution_updates import TERMINAL_VALUES, state_change_shape
-from celery_agboss.store.fences import fence_lock_statement, mine_parameters, release_after_fence
+from celery_agboss.store.fences import (
+    fence_lock_statement,
+    one_statement_parameters,
+    release_after_fence,
+)
 from celery_agboss.store.intent_transitions import ONE_STATEMENT_SWITCHES
 from celery_agboss.store.schema import leases
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.shared_records import completed_on_records_statement, records_of
-from celery_agboss.store.sqlalchemy_store import postgres_transaction_bounds
 from celery_agboss.store.statement_cache import built_once, run_compiled
 
 _e = executions.c
@@ -86,14 +89,8 @@ def conclude_txn(
     parameters: dict[str, Any] = {
         f"v_{name}": written[name] for name, kind in shape if kind == "bind"
     }
-    parameters.update(mine_parameters(lease))
-    parameters.update(
-        {
-            "e_id": lease.scope,
-            "lock_timeout": postgres_transaction_bounds(ttl_ms)[0],
-            "idle": "0",
-        }
-    )
+    parameters.update(one_statement_parameters(lease, ttl_ms))
+    parameters["e_id"] = lease.scope
     checks_reached = plain is not None and plain.reached is not None
     if plain is not None and plain.reached:
         parameters["p_reached"] = sorted(plain.reached)

@@ -21,8 +21,9 @@ from sqlalchemy import exc as sa_exc
 from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.errors import StoreError, StoreLockTimeoutError, StoreUnavailableError
 from celery_agboss.store.databases import create_store_engine
+from celery_agboss.store.fences import lock_timeout_ms
 from celery_agboss.store.migrate import migrate
-from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore, lock_timeout_ms
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.contract.conftest import StoreFactory
 from tests.support.databases import TemplateDatabase
 from tests.support.services import libpq_url
