@@ -217,8 +217,19 @@ MESSAGE_COLUMNS = ("args", "kwargs", "options", "eta_ms", "expires_ms")
 """The message's columns on the execution row (``message_values``' keys)."""
 
 
+def requested_parameters(message: ExecutionMessage) -> dict[str, Any]:
+    """The values of ``insert_requested_statement`` for ``message``."""
+    return {
+        "r_id": message.execution_id,
+        "r_task_name": message.task_name,
+        **{f"r_{name}": value for name, value in message_values(message).items()},
+    }
+
+
 @built_once
-def _insert_requested_statement(conn: Connection, offset_ms: int) -> Any:
+def insert_requested_statement(conn: Connection, offset_ms: int) -> Any:
+    """The publish record: the execution inserted ``REQUESTED``, or nothing when its row
+    is there (``RETURNING`` says which)."""
     now = now_expr(conn, offset_ms)
     return (
         insert_or_nothing(conn, executions)
@@ -353,13 +364,8 @@ class ExecutionRows:
 
     def _insert_requested(self, tx: SQLTransaction, message: ExecutionMessage) -> bool:
         """Record the execution ``REQUESTED`` unless it is there (the publish record)."""
-        values = {
-            "r_id": message.execution_id,
-            "r_task_name": message.task_name,
-            **{f"r_{name}": value for name, value in message_values(message).items()},
-        }
-        row = tx.execute(_insert_requested_statement(tx.connection, tx.offset_ms), values)
-        return row.first() is not None
+        statement = insert_requested_statement(tx.connection, tx.offset_ms)
+        return tx.execute(statement, requested_parameters(message)).first() is not None
 
     def _terminal(
         self, tx: SQLTransaction, execution_id: str, state: ExecutionState, **values: Any
@@ -470,12 +476,14 @@ __all__ = [
     "ExecutionRows",
     "execution_lease_live",
     "first_attempt_recorded",
+    "insert_requested_statement",
     "lease_live",
     "message_values",
     "newer_or_same",
     "pending_intent_of",
     "record_of",
     "refuse_another_task",
+    "requested_parameters",
     "sql",
     "terminal_values",
     "verdict_values",

@@ -1,5 +1,10 @@
-"""A delivery's start: what it writes, and on PostgreSQL its plain case as one statement
-(design: one round trip per state change).
+"""An execution's first writes: its publish record, and a delivery's start, each on
+PostgreSQL as one statement in its common case (design: one round trip per state change).
+
+The publish record inserts the execution ``REQUESTED`` unless its row is there: one
+``INSERT … ON CONFLICT DO NOTHING`` that is its own transaction. When the row is there
+(a retry, a second publish of one id), it writes nothing and the transaction decides
+(``record_requested``), as it always did.
 
 ``start_delivery`` reads the execution under its row lock, decides (``core.execution_states``)
 and writes: a transaction of four statements. Most deliveries are the first of an
@@ -42,8 +47,10 @@ from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.execution_rows import (
     MESSAGE_COLUMNS,
     first_attempt_recorded,
+    insert_requested_statement,
     message_values,
     record_of,
+    requested_parameters,
 )
 from celery_agboss.store.execution_updates import Computed, computed_value
 from celery_agboss.store.leases import first_lease_insert, first_lease_row
@@ -75,6 +82,20 @@ def start_values(
     if message is not None:
         values.update(message_values(message))
     return values
+
+
+def record_requested_in_one(engine: Engine, message: ExecutionMessage, offset_ms: int) -> bool:
+    """The publish record as one autocommit statement on PostgreSQL: True when it inserted
+    the row. False when the row was there (nothing written: the transaction decides), on
+    SQLite, and while a test has a protection switched off (its twin runs the
+    transaction)."""
+    if engine.dialect.name != "postgresql" or sabotage.any_active():
+        return False
+    with translated():
+        autocommit = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        with autocommit as conn:
+            statement = insert_requested_statement(conn, offset_ms)
+            return run_compiled(conn, statement, requested_parameters(message)).first() is not None
 
 
 def start_plain_in_one(
@@ -155,4 +176,4 @@ def _start_statement(conn: Connection, offset_ms: int) -> Any:
     )
 
 
-__all__ = ["PLAIN_STATE", "start_plain_in_one", "start_values"]
+__all__ = ["PLAIN_STATE", "record_requested_in_one", "start_plain_in_one", "start_values"]

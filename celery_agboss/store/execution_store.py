@@ -53,7 +53,11 @@ from celery_agboss.store.execution_rows import (
     refuse_another_task,
     sql,
 )
-from celery_agboss.store.execution_start import start_plain_in_one, start_values
+from celery_agboss.store.execution_start import (
+    record_requested_in_one,
+    start_plain_in_one,
+    start_values,
+)
 from celery_agboss.store.execution_updates import cancel_request_statement
 from celery_agboss.store.intent_transitions import in_one
 from celery_agboss.store.schema import outbound_calls
@@ -75,6 +79,10 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
     # --- publish and start ---------------------------------------------------------
 
     def record_requested(self, message: ExecutionMessage) -> bool:
+        # A new execution's record as one statement where the store has one; a row that
+        # is there already is decided in the transaction.
+        if record_requested_in_one(self.store.engine, message, self.store.offset_ms()):
+            return True
         with self.store.transaction() as tx:
             if self._insert_requested(tx, message):
                 return True
