@@ -31,11 +31,12 @@ from typing import Any
 
 from celery import Celery
 
+from bench.cpu_split import cpu_snapshot, cpu_spent, kind_of
 from bench.e2e_rounds import RoundTiming, run_round
 from bench.gateway_client import payments_over_http
 from bench.gateway_http import LISTENING
 from bench.pg_counters import TableFootprint, TransactionCounters, store_footprint
-from bench.processes import REPO_ROOT, PeakMemory, WorkerProcess, WorkerTimeout
+from bench.processes import REPO_ROOT, PeakMemory, WorkerProcess, WorkerTimeout, group_pids
 from bench.transaction_kinds import TransactionCounter, difference, read_counts
 from bench.worker_app import AGBOSS_TASK, CONFIG_ENV, PLAIN_TASK, make_app
 
@@ -75,6 +76,8 @@ class RoundResult:
     settled: bool = True
     kinds: Counter[str] = field(default_factory=Counter)
     """Of the same round, by the step that opened each (``role: kind``)."""
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """CPU spent during the round, by process kind (``bench.cpu_split``)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,10 @@ class RemoteGateway:
         except BaseException:
             self._process.close()
             raise
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     def payments(self) -> int:
         return payments_over_http(self.url)
@@ -203,13 +210,16 @@ class _Tally:
         return _Snapshot(reading.transactions, reading.settled, kinds)
 
 
-def _closed(timing: RoundTiming, before: _Snapshot, after: _Snapshot) -> RoundResult:
+def _closed(
+    timed: tuple[RoundTiming, dict[str, float]], before: _Snapshot, after: _Snapshot
+) -> RoundResult:
     """An agboss round with what the store counted between the readings around it."""
+    timing, cpu = timed
     kinds = difference(after.kinds, before.kinds)
     if before.transactions is None or after.transactions is None:
-        return RoundResult("agboss", timing, None, True, kinds)
+        return RoundResult("agboss", timing, None, True, kinds, cpu)
     spent = after.transactions - before.transactions
-    return RoundResult("agboss", timing, spent, before.settled and after.settled, kinds)
+    return RoundResult("agboss", timing, spent, before.settled and after.settled, kinds, cpu)
 
 
 def _one_setting(
@@ -231,28 +241,39 @@ def _one_setting(
         publisher = _count_publisher(apps["agboss"], folder, world.database_url)
         tally = _Tally(counters, publisher, folder)
 
-        def timed(side: str, name: str, tasks: int, budget: float) -> RoundTiming:
+        def timed(
+            side: str, name: str, tasks: int, budget: float
+        ) -> tuple[RoundTiming, dict[str, float]]:
+            worker = workers[side]
+            cpu_before = cpu_snapshot()
             timing = run_round(
                 apps[side], TASK_OF_SIDE[side], f"{run_id}-{side}-{name}", tasks, budget,
-                sizes.drain_seconds, workers[side],
+                sizes.drain_seconds, worker,
             )  # fmt: skip
+            group = {worker.pid: set(group_pids(worker.pgid))}
+            cpu = cpu_spent(
+                cpu_before,
+                cpu_snapshot(),
+                lambda pid, command: kind_of(pid, command, workers=group, gateway=gateway.pid),
+            )
             if side == "agboss":
                 tally.idle_since = time.monotonic()
-            return timing
+            return timing, cpu
 
-        published = sum(timed(side, "warm", WARMUP_TASKS, 60.0).tasks for side in SIDES)
+        published = sum(timed(side, "warm", WARMUP_TASKS, 60.0)[0].tasks for side in SIDES)
         rounds: list[RoundResult] = []
-        unclosed: tuple[int, RoundTiming, _Snapshot] | None = None
+        unclosed: tuple[int, tuple[RoundTiming, dict[str, float]], _Snapshot] | None = None
         for number in range(setting.rounds):
             for side in SIDES:
                 progress(f"    round {number + 1}/{setting.rounds}: {side}")
                 before = tally.read() if side == "agboss" else None
                 if before is not None and unclosed is not None:
                     rounds[unclosed[0]] = _closed(unclosed[1], unclosed[2], before)
-                timing = timed(side, str(number), setting.tasks, setting.round_budget_seconds)
-                rounds.append(RoundResult(side, timing))
+                done = timed(side, str(number), setting.tasks, setting.round_budget_seconds)
+                timing = done[0]
+                rounds.append(RoundResult(side, timing, cpu_seconds=done[1]))
                 if before is not None:
-                    unclosed = (len(rounds) - 1, timing, before)
+                    unclosed = (len(rounds) - 1, done, before)
                 published += timing.tasks
         if unclosed is not None:
             rounds[unclosed[0]] = _closed(unclosed[1], unclosed[2], tally.read())

@@ -6,6 +6,7 @@ import math
 from collections import Counter
 from typing import Any
 
+from bench.cpu_split import KINDS
 from bench.e2e_bench import RETENTION_SECONDS, E2EResult, RoundResult, SettingResult
 from bench.pg_counters import TableFootprint
 from bench.stats import fmt, fmt_ratio, percentile, ratio, table
@@ -164,6 +165,41 @@ def _breakdown_lines(result: E2EResult) -> list[str]:
     return [*lines, ""]
 
 
+def cpu_ms_per_task(result: SettingResult, side: str) -> dict[str, float]:
+    """CPU per task of one side over its rounds, by process kind (ms)."""
+    tasks = sum(r.timing.tasks for r in result.of(side))
+    spent: dict[str, float] = {}
+    for r in result.of(side):
+        for kind, seconds in r.cpu_seconds.items():
+            spent[kind] = spent.get(kind, 0.0) + seconds
+    return {kind: seconds * 1000 / tasks for kind, seconds in spent.items()} if tasks else {}
+
+
+def _cpu_lines(result: E2EResult) -> list[str]:
+    rows = []
+    for s in result.settings:
+        plain, agboss = cpu_ms_per_task(s, "plain"), cpu_ms_per_task(s, "agboss")
+        if not plain and not agboss:
+            continue
+        present = [k for k in KINDS if k in plain or k in agboss]
+        others = sorted((set(plain) | set(agboss)) - set(KINDS))
+        for kind in [*present, *others, "all"]:
+            mine = sum(agboss.values()) if kind == "all" else agboss.get(kind, 0.0)
+            theirs = sum(plain.values()) if kind == "all" else plain.get(kind, 0.0)
+            rows.append(
+                [f"{s.setting.latency_ms:g} ms", kind, fmt(theirs, 2), fmt(mine, 2),
+                 fmt(mine - theirs, 2)]
+            )  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "CPU per task by process (user + system from /proc, over each side's timed rounds; "
+        "2 cores shared by all of them):",
+        table(["latency", "process", "plain ms", "agboss ms", "added ms"], rows, left=(1,)),
+        "",
+    ]
+
+
 def _memory_lines(result: E2EResult) -> list[str]:
     rows = []
     for s in result.settings:
@@ -226,6 +262,7 @@ def section(result: E2EResult) -> list[str]:
         *_summary_lines(result),
         "",
         *_breakdown_lines(result),
+        *_cpu_lines(result),
         *_memory_lines(result),
         *_footprint_lines(result),
     ]
@@ -252,6 +289,7 @@ def as_json(result: E2EResult) -> dict[str, Any]:
                         "call_p99_ms": _clean(percentile(r.timing.call_ms, 0.99)),
                         "transactions": r.transactions,
                         "kinds": dict(r.kinds),
+                        "cpu_seconds": {k: round(v, 4) for k, v in r.cpu_seconds.items()},
                     }
                     for r in s.rounds
                 ],
@@ -274,6 +312,7 @@ __all__ = [
     "as_json",
     "breakdown",
     "commits_per_task",
+    "cpu_ms_per_task",
     "metrics",
     "outbound_added_p50_ms",
     "section",

@@ -91,26 +91,32 @@ def test_a_row_that_is_there_is_left_to_the_transaction(
         executions.record_requested(message("again", task="shop.refund"))
 
 
+def _published_at_once(executions: SQLAlchemyExecutionStore, execution_id: str) -> list[Any]:
+    """Two publishes of one id behind a barrier: what each ``record_requested`` answered."""
+    barrier = threading.Barrier(2, timeout=10)
+    answers: list[bool | BaseException] = []
+
+    def publish() -> None:
+        try:
+            barrier.wait()
+            answers.append(executions.record_requested(message(execution_id)))
+        except BaseException as exc:  # judged by the test
+            answers.append(exc)
+
+    threads = [threading.Thread(target=publish, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    return answers
+
+
 def test_two_publishes_of_one_id_at_once_record_one_row(
     executions: SQLAlchemyExecutionStore,
 ) -> None:
     for round_number in range(8):
         execution_id = f"twice-{round_number}"
-        barrier = threading.Barrier(2, timeout=10)
-        answers: list[bool | BaseException] = []
-
-        def publish(execution_id: str = execution_id, barrier: Any = barrier) -> None:
-            try:
-                barrier.wait()
-                answers.append(executions.record_requested(message(execution_id)))
-            except BaseException as exc:  # judged by the test
-                answers.append(exc)
-
-        threads = [threading.Thread(target=publish, daemon=True) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(20)
+        answers = _published_at_once(executions, execution_id)
         assert sorted(map(str, answers)) == ["False", "True"], answers
         found = executions.read_execution(execution_id)
         assert found is not None and found.deliveries == 0

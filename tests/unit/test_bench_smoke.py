@@ -121,3 +121,40 @@ def test_the_issue_26_goals_are_judged() -> None:
     assert "MISSED by 35.00" in goals["round_trips_per_delivery"].verdict(41.0)
     assert "met, stretch too" in goals["store_to_floor_ratio"].verdict(1.4)
     assert set(goals) >= {"outbound_added_p50_ms", "throughput_ratio_50ms"}
+
+
+def test_cpu_is_split_by_process_kind() -> None:
+    import os
+
+    from bench.cpu_split import ProcessCpu, cpu_snapshot, cpu_spent, kind_of
+
+    mine = cpu_snapshot()
+    assert os.getpid() in mine  # the publisher reads itself
+    workers = {100: {100, 101, 102}}
+
+    def kind(pid: int, command: str) -> str:
+        return kind_of(pid, command, workers=workers, gateway=200)
+
+    before = {
+        100: ProcessCpu("celery worker", 1.0),
+        101: ProcessCpu("celery worker", 2.0),
+        300: ProcessCpu("postgres: postgres bench 127.0.0.1", 0.5),
+        400: ProcessCpu("postgres: postgres bench 127.0.0.1", 9.0),
+    }
+    after = {
+        100: ProcessCpu("celery worker", 1.5),
+        101: ProcessCpu("celery worker", 2.25),
+        102: ProcessCpu("celery worker", 0.25),  # started during the round: from zero
+        200: ProcessCpu("python -m bench.gateway_http", 0.5),
+        300: ProcessCpu("postgres: postgres bench 127.0.0.1", 1.0),
+        400: ProcessCpu("/usr/bin/redis-server 127.0.0.1:6379", 0.75),  # a pid reused
+        500: ProcessCpu("sshd", 3.0),
+    }
+    assert cpu_spent(before, after, kind) == {
+        "worker main": 0.5,
+        "worker child": 0.5,
+        "gateway": 0.5,
+        "postgres": 0.5,
+        "redis": 0.75,
+        "other": 3.0,
+    }
