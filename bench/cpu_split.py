@@ -15,6 +15,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from bench.processes import live_pids, stat_fields
+
 KINDS = ("worker child", "worker main", "publisher", "postgres", "redis", "gateway")
 """In the order the table prints them; anything else is ``other``."""
 
@@ -31,20 +33,15 @@ def cpu_snapshot() -> dict[int, ProcessCpu]:
         return {}
     tick = os.sysconf("SC_CLK_TCK")
     found: dict[int, ProcessCpu] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in live_pids():
+        fields = stat_fields(pid)
         try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        # The command name is in parentheses and may hold spaces: count after the last ")".
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 12:
-            found[int(entry)] = ProcessCpu(command, (int(fields[11]) + int(fields[12])) / tick)
+        if fields is not None and len(fields) > 12:
+            found[pid] = ProcessCpu(command, (int(fields[11]) + int(fields[12])) / tick)
     return found
 
 

@@ -27,21 +27,30 @@ class WorkerTimeout(RuntimeError):
     """A worker did not get where it should have before its deadline."""
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from its third field on (state, ppid, pgrp, …), or None when
+    the process is gone: the command name before it is in parentheses and may hold
+    spaces, so the fields are counted after the last ")"."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def live_pids() -> list[int]:
+    """Every process ``/proc`` lists now."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
 def group_pids(pgid: int) -> list[int]:
-    """Every live process whose process group is ``pgid`` (from ``/proc/<pid>/stat``)."""
+    """Every live process whose process group is ``pgid``."""
     found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name is in parentheses and may hold spaces: count after the last ")".
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(entry))
+    for pid in live_pids():
+        fields = stat_fields(pid)
+        if fields is not None and len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(pid)
     return sorted(found)
 
 
@@ -201,7 +210,9 @@ __all__ = [
     "WorkerProcess",
     "WorkerTimeout",
     "group_pids",
+    "live_pids",
     "peak_kib",
     "pss_kib",
     "rss_kib",
+    "stat_fields",
 ]

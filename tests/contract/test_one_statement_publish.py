@@ -12,18 +12,16 @@ nothing) is in the integration suite.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.execution_start import record_requested_in_one
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
+from tests.support.lock_waits import at_once, sent_statements
 
 pytestmark = pytest.mark.postgres
 
@@ -34,33 +32,16 @@ def message(execution_id: str, *, options: str = "{}", task: str = TASK) -> Exec
     return ExecutionMessage(execution_id, task, "[42]", '{"order": 7}', options, None, None)
 
 
-def sent_with_autocommit(
-    executions: SQLAlchemyExecutionStore, act: Callable[[], Any]
-) -> list[tuple[str, bool]]:
-    """The statements ``act()`` sent, each with whether it was its own transaction."""
-    sent: list[tuple[str, bool]] = []
-
-    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
-        sent.append((statement.split()[0], bool(cursor.connection.autocommit)))
-
-    engine = executions.store.engine
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        act()
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
-    return sent
-
-
 def test_a_new_execution_is_recorded_in_one_statement_as_the_transaction_records_it(
     executions: SQLAlchemyExecutionStore,
 ) -> None:
     recorded: list[bool] = []
-    sent = sent_with_autocommit(
-        executions, lambda: recorded.append(executions.record_requested(message("pub-1")))
+    sent = sent_statements(
+        executions.store.engine,
+        lambda: recorded.append(executions.record_requested(message("pub-1"))),
     )
     assert recorded == [True]
-    assert sent == [("INSERT", True)], sent
+    assert [(text.split()[0], autocommit) for text, autocommit in sent] == [("INSERT", True)]
     with executions.store.transaction() as tx:
         assert executions._insert_requested(tx, message("pub-2"))
     one, other = executions.read_execution("pub-1"), executions.read_execution("pub-2")
@@ -91,32 +72,12 @@ def test_a_row_that_is_there_is_left_to_the_transaction(
         executions.record_requested(message("again", task="shop.refund"))
 
 
-def _published_at_once(executions: SQLAlchemyExecutionStore, execution_id: str) -> list[Any]:
-    """Two publishes of one id behind a barrier: what each ``record_requested`` answered."""
-    barrier = threading.Barrier(2, timeout=10)
-    answers: list[bool | BaseException] = []
-
-    def publish() -> None:
-        try:
-            barrier.wait()
-            answers.append(executions.record_requested(message(execution_id)))
-        except BaseException as exc:  # judged by the test
-            answers.append(exc)
-
-    threads = [threading.Thread(target=publish, daemon=True) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    return answers
-
-
 def test_two_publishes_of_one_id_at_once_record_one_row(
     executions: SQLAlchemyExecutionStore,
 ) -> None:
     for round_number in range(8):
         execution_id = f"twice-{round_number}"
-        answers = _published_at_once(executions, execution_id)
+        answers = at_once(executions.record_requested, message(execution_id))
         assert sorted(map(str, answers)) == ["False", "True"], answers
         found = executions.read_execution(execution_id)
         assert found is not None and found.deliveries == 0

@@ -12,7 +12,6 @@ row on the statement's snapshot, and the cancelled execution runs.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -25,7 +24,7 @@ from celery_agboss.core.protections import ONE_STATEMENT_START_UNLOCKED
 from celery_agboss.store.execution_start import start_plain_in_one
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.testing.switches import sabotage
-from tests.support.lock_waits import during_a_change, statements_of
+from tests.support.lock_waits import at_once, during_a_change, statements_of
 
 pytestmark = pytest.mark.postgres
 
@@ -165,32 +164,13 @@ def test_another_task_or_no_row_is_left_to_the_transaction(
     assert start(executions, delivered).kind is StartKind.STARTED
 
 
-def _both_at_once(executions: SQLAlchemyExecutionStore, delivered: ExecutionMessage) -> list[Any]:
-    """Two deliveries of one message start behind a barrier; the kinds they got."""
-    barrier = threading.Barrier(2, timeout=10)
-    kinds: list[StartKind | BaseException] = []
-
-    def deliver() -> None:
-        try:
-            barrier.wait()
-            kinds.append(start(executions, delivered).kind)
-        except BaseException as exc:  # judged by the test
-            kinds.append(exc)
-
-    threads = [threading.Thread(target=deliver, daemon=True) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    return kinds
-
-
 def test_two_plain_starts_at_once_start_one_delivery(
     executions: SQLAlchemyExecutionStore,
 ) -> None:
     for round_number in range(8):
         execution_id = f"both-{round_number}"
-        kinds = _both_at_once(executions, recorded(executions, execution_id))
+        started = at_once(start, executions, recorded(executions, execution_id))
+        kinds = [getattr(outcome, "kind", outcome) for outcome in started]
         assert sorted(map(str, kinds)) == sorted(
             map(str, [StartKind.STARTED, StartKind.DEFERRED])
         ), kinds

@@ -62,19 +62,47 @@ def during_a_change(
     return outcome[0]
 
 
-def statements_of(engine: Engine, act: Callable[[], Any]) -> list[str]:
-    """The statements ``act()`` sent through ``engine``."""
-    sent: list[str] = []
+def sent_statements(engine: Engine, act: Callable[[], Any]) -> list[tuple[str, bool]]:
+    """The statements ``act()`` sent through ``engine``, each with whether it was its
+    own transaction (sent in autocommit)."""
+    sent: list[tuple[str, bool]] = []
 
-    def count(*args: Any) -> None:
-        sent.append(str(args[2]))
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        sent.append((statement, bool(getattr(cursor.connection, "autocommit", False))))
 
-    event.listen(engine, "before_cursor_execute", count)
+    event.listen(engine, "before_cursor_execute", seen)
     try:
         act()
     finally:
-        event.remove(engine, "before_cursor_execute", count)
+        event.remove(engine, "before_cursor_execute", seen)
     return sent
 
 
-__all__ = ["during_a_change", "statements_of", "waiting_backends"]
+def statements_of(engine: Engine, act: Callable[[], Any]) -> list[str]:
+    """The statements ``act()`` sent through ``engine``."""
+    return [statement for statement, _ in sent_statements(engine, act)]
+
+
+def at_once(act: Callable[..., Any], *args: Any, times: int = 2) -> list[Any]:
+    """``act(*args)`` run ``times`` at once from threads behind a barrier: what each
+    returned or raised, in the order they ended."""
+    barrier = threading.Barrier(times, timeout=10)
+    outcomes: list[Any] = []
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            outcomes.append(act(*args))
+        except BaseException as exc:  # handed to the test
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=run, name="at-once", daemon=True) for _ in range(times)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads), "a call never returned"
+    return outcomes
+
+
+__all__ = ["at_once", "during_a_change", "sent_statements", "statements_of", "waiting_backends"]
