@@ -213,9 +213,14 @@ def log_event(
     people (ids, counts and the like go in fields). The record gets ``event`` and each
     field as attributes; its text is ``<event> key=value …[: message]``.
     """
+    logged = logger.isEnabledFor(level)
+    if not logged and not _observers:
+        return  # nobody listens (a worker at -l warning, no metrics): nothing to build
     values = {name: safe_value(value) for name, value in fields.items()}
     if _observers:
         _tell_observers(event, MappingProxyType(values))
+    if not logged:
+        return
     safe = {field_name(name): value for name, value in values.items()}
     parts = [event, *(f"{name}={value}" for name, value in sorted(safe.items()))]
     text = " ".join(parts)

@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,9 @@ from celery_agboss.core.log_events import (
     OUTBOUND_CALL_SENT,
     SWEEP_ERROR,
     SWEEP_FINISHED,
+    add_event_observer,
     log_event,
+    remove_event_observer,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -375,3 +378,34 @@ def test_exc_info_keeps_the_traceback(caplog: pytest.LogCaptureFixture) -> None:
     record = _one_record(caplog)
     assert record.exc_info is not None and record.exc_info[0] is RuntimeError
     assert record.getMessage() == "sweep.error step=run"
+
+
+class _BuiltWhenIterated(list[int]):
+    """A field value whose making-safe would fail: shows whether a record was built."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("the event's fields were built")
+
+
+def test_an_event_nobody_listens_to_builds_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_agboss")
+    log_event(OUTBOUND_CALL_SENT, call="shop.charge", attempts=_BuiltWhenIterated([1]))
+    assert [r for r in caplog.records if r.name == "celery_agboss"] == []
+
+
+def test_an_observer_hears_an_event_the_log_level_leaves_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_agboss")
+    heard: list[tuple[str, dict[str, Any]]] = []
+
+    def observer(event: str, fields: Any) -> None:
+        heard.append((event, dict(fields)))
+
+    add_event_observer(observer)
+    try:
+        log_event(OUTBOUND_CALL_SENT, call="shop.charge", attempt=1)
+    finally:
+        remove_event_observer(observer)
+    assert heard == [(OUTBOUND_CALL_SENT, {"call": "shop.charge", "attempt": 1})]
+    assert [r for r in caplog.records if r.name == "celery_agboss"] == []
