@@ -181,6 +181,19 @@ def _char_rule(char: str) -> KeyRule | None:
     return None
 
 
+def _plain_ascii(text: str) -> bool:
+    """Printable ASCII with no space at an edge and no two in a row: no rule below can
+    refuse it (every other rule is about a code point beyond ASCII, and ASCII is NFC), so
+    the common key skips the walk over its characters."""
+    return (
+        text.isascii()
+        and text.isprintable()
+        and text[0] != " "
+        and text[-1] != " "
+        and "  " not in text
+    )
+
+
 def _find_violation(text: object, what: str) -> _Violation | None:
     if not isinstance(text, str):
         return _Violation(
@@ -198,6 +211,13 @@ def _find_violation(text: object, what: str) -> _Violation | None:
             f"{what} has {len(text)} characters, more than {MAX_BUSINESS_KEY_LENGTH}; use a "
             "short stable identifier (an order id), not a document",
         )
+    if _plain_ascii(text):
+        return None
+    return _character_violation(text, what)
+
+
+def _character_violation(text: str, what: str) -> _Violation | None:
+    """The first character (or the normal form) that a rule refuses, walking them all."""
     last = len(text) - 1
     for index, char in enumerate(text):
         rule = _char_rule(char)

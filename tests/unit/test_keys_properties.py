@@ -219,3 +219,13 @@ def test_every_built_key_is_plain_ascii_with_only_unreserved_characters_and_sepa
     built = business_key("default", key, name)
     allowed = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~%:")
     assert set(built) <= allowed
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F), min_size=1, max_size=80))
+def test_the_plain_ascii_shortcut_refuses_nothing_the_walk_would_refuse(text: str) -> None:
+    from celery_agboss.core.keys import _character_violation, _plain_ascii
+
+    if _plain_ascii(text):
+        assert _character_violation(text, "the key") is None
+    else:  # only a control character or a space at an edge or twice in a row leaves it
+        assert not text.isprintable() or " " in (text[0], text[-1]) or "  " in text
