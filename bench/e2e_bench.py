@@ -78,6 +78,9 @@ class RoundResult:
     """Of the same round, by the step that opened each (``role: kind``)."""
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     """CPU spent during the round, by process kind (``bench.cpu_split``)."""
+    timings: Counter[str] = field(default_factory=Counter)
+    """Of an agboss round: the store statements' count and wall time by role
+    (``role: statements``, ``role: statement_us``; ``bench.transaction_kinds``)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ class _Snapshot:
     transactions: int | None
     settled: bool
     kinds: dict[str, Counter[str]]
+    timings: dict[str, Counter[str]]
 
 
 @dataclass
@@ -205,9 +209,10 @@ class _Tally:
         reading = None if self.counters is None else self.counters.settled(self.idle_since)
         self.publisher.flush()
         kinds = _settled_kinds(self.folder)
+        timings = read_counts(self.folder, "timings")  # flushed with the kinds
         if reading is None:
-            return _Snapshot(None, True, kinds)
-        return _Snapshot(reading.transactions, reading.settled, kinds)
+            return _Snapshot(None, True, kinds, timings)
+        return _Snapshot(reading.transactions, reading.settled, kinds, timings)
 
 
 def _closed(
@@ -216,10 +221,12 @@ def _closed(
     """An agboss round with what the store counted between the readings around it."""
     timing, cpu = timed
     kinds = difference(after.kinds, before.kinds)
+    timings = difference(after.timings, before.timings)
     if before.transactions is None or after.transactions is None:
-        return RoundResult("agboss", timing, None, True, kinds, cpu)
+        return RoundResult("agboss", timing, None, True, kinds, cpu, timings)
     spent = after.transactions - before.transactions
-    return RoundResult("agboss", timing, spent, before.settled and after.settled, kinds, cpu)
+    settled = before.settled and after.settled
+    return RoundResult("agboss", timing, spent, settled, kinds, cpu, timings)
 
 
 def _one_setting(

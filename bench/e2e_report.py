@@ -7,10 +7,10 @@ from collections import Counter
 from typing import Any
 
 from bench.cpu_split import KINDS
-from bench.e2e_bench import RETENTION_SECONDS, E2EResult, RoundResult, SettingResult
+from bench.e2e_bench import CONCURRENCY, RETENTION_SECONDS, E2EResult, RoundResult, SettingResult
 from bench.pg_counters import TableFootprint
 from bench.stats import fmt, fmt_ratio, percentile, ratio, table
-from bench.transaction_kinds import KNOWN_KINDS, SERVES
+from bench.transaction_kinds import KNOWN_KINDS, SERVES, STATEMENT_MICROSECONDS, STATEMENTS
 
 
 def _side(result: SettingResult, side: str) -> tuple[int, float, list[float]]:
@@ -79,8 +79,10 @@ def worker_peak_rss_mb(result: E2EResult) -> float:
 def metrics(result: E2EResult) -> dict[str, float]:
     return {
         "commits_per_task": commits_per_task(result),
-        "throughput_ratio": throughput_ratio(result),
-        "throughput_ratio_50ms": throughput_ratio(result, 50.0),
+        **{
+            metric: throughput_ratio(result, latency)
+            for latency, metric in THROUGHPUT_METRICS.items()
+        },
         "outbound_added_p50_ms": outbound_added_p50_ms(result),
         "worker_peak_rss_mb": worker_peak_rss_mb(result),
     }
@@ -175,6 +177,57 @@ def cpu_ms_per_task(result: SettingResult, side: str) -> dict[str, float]:
     return {kind: seconds * 1000 / tasks for kind, seconds in spent.items()} if tasks else {}
 
 
+def statement_ms_per_task(result: SettingResult, role: str = "worker") -> tuple[float, float]:
+    """The store statements of ``role`` per agboss task, and their wall time in ms."""
+    rounds = result.of("agboss")
+    tasks = sum(r.timing.tasks for r in rounds)
+    if tasks == 0:
+        return math.nan, math.nan
+    count = sum(r.timings.get(f"{role}: {STATEMENTS}", 0) for r in rounds)
+    spent = sum(r.timings.get(f"{role}: {STATEMENT_MICROSECONDS}", 0) for r in rounds)
+    if count == 0:
+        return math.nan, math.nan
+    return count / tasks, spent / 1000 / tasks
+
+
+THROUGHPUT_METRICS = {0.0: "throughput_ratio", 50.0: "throughput_ratio_50ms"}
+
+
+def throughput_target(latency_ms: float) -> float | None:
+    """The throughput goal at a gateway latency (``bench.report.GOALS`` holds it)."""
+    from bench.report import GOALS  # it imports this module
+
+    metric = THROUGHPUT_METRICS.get(latency_ms)
+    return next((goal.target for goal in GOALS if goal.metric == metric), None)
+
+
+def _statement_lines(result: E2EResult) -> list[str]:
+    """What the store's statements cost a task's own time, against the goal's budget."""
+    lines = []
+    for s in result.settings:
+        statements, worker_ms = statement_ms_per_task(s)
+        if math.isnan(worker_ms):
+            continue
+        plain = per_second(s, "plain")
+        # -c 2 per worker: each process spends CONCURRENCY / rate seconds per task.
+        plain_ms = CONCURRENCY / plain * 1000 if plain > 0 else math.nan
+        published, publisher_ms = statement_ms_per_task(s, "publisher")
+        line = (
+            f"store at {s.setting.latency_ms:g} ms: the worker waits {fmt(worker_ms, 2)} ms per "
+            f"task on {fmt(statements, 2)} statements (the publisher {fmt(publisher_ms, 2)} ms "
+            f"on {fmt(published, 2)}); a plain task takes {fmt(plain_ms, 1)} ms of a worker "
+            "process"
+        )
+        target = throughput_target(s.setting.latency_ms)
+        if target is not None:
+            line += (
+                f", so {target:g}x leaves {fmt(plain_ms / target - plain_ms, 2)} ms for all "
+                "that protection adds to it"
+            )
+        lines.append(line)
+    return [*lines, ""] if lines else []
+
+
 def _cpu_lines(result: E2EResult) -> list[str]:
     rows = []
     for s in result.settings:
@@ -262,6 +315,7 @@ def section(result: E2EResult) -> list[str]:
         *_summary_lines(result),
         "",
         *_breakdown_lines(result),
+        *_statement_lines(result),
         *_cpu_lines(result),
         *_memory_lines(result),
         *_footprint_lines(result),
@@ -290,6 +344,7 @@ def as_json(result: E2EResult) -> dict[str, Any]:
                         "transactions": r.transactions,
                         "kinds": dict(r.kinds),
                         "cpu_seconds": {k: round(v, 4) for k, v in r.cpu_seconds.items()},
+                        "timings": dict(r.timings),
                     }
                     for r in s.rounds
                 ],
@@ -316,5 +371,6 @@ __all__ = [
     "metrics",
     "outbound_added_p50_ms",
     "section",
+    "statement_ms_per_task",
     "throughput_ratio",
 ]

@@ -151,8 +151,15 @@ def stack_of(frame: FrameType | None) -> str:
     return " < ".join(names)
 
 
+STATEMENT_MICROSECONDS = "statement_us"
+STATEMENTS = "statements"
+
+
 class TransactionCounter:
-    """Counts the ``BEGIN``s of one process on one database; written as JSON."""
+    """Counts the ``BEGIN``s of one process on one database, and times its statements
+    (``before_cursor_execute`` to ``after_cursor_execute``: a statement sent in autocommit
+    includes its commit; a transaction's ``COMMIT`` is not a cursor execute and is not
+    timed); written as JSON."""
 
     def __init__(self, folder: Path, role: str, database: str) -> None:
         self.folder = folder
@@ -161,6 +168,8 @@ class TransactionCounter:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._counts: Counter[str] = Counter()
+        self._timings: Counter[str] = Counter()
+        self._started = threading.local()
         self._unflushed = 0
         self._timer: threading.Thread | None = None
 
@@ -169,6 +178,23 @@ class TransactionCounter:
         event.listen(target, "begin", self._on_begin)
         event.listen(target, "first_connect", self._on_first_connect)
         event.listen(target, "checkout", self._on_checkout)
+        event.listen(target, "before_cursor_execute", self._before_statement)
+        event.listen(target, "after_cursor_execute", self._after_statement)
+
+    def _before_statement(self, conn: Connection, *args: Any) -> None:
+        if conn.engine.url.database == self.database:
+            self._started.at = time.perf_counter()
+
+    def _after_statement(self, conn: Connection, *args: Any) -> None:
+        started = getattr(self._started, "at", None)
+        if started is None or conn.engine.url.database != self.database:
+            return
+        self._started.at = None
+        spent = round((time.perf_counter() - started) * 1_000_000)
+        with self._lock:
+            self._start_over_if_forked()
+            self._timings[STATEMENT_MICROSECONDS] += spent
+            self._timings[STATEMENTS] += 1
 
     def _on_begin(self, conn: Connection) -> None:
         if conn.engine.url.database != self.database:
@@ -197,9 +223,7 @@ class TransactionCounter:
 
     def _count(self, kind: str) -> None:
         with self._lock:
-            if self._pid != os.getpid():  # a forked child starts from zero
-                self._pid, self._counts, self._unflushed = os.getpid(), Counter(), 0
-                self._timer = None
+            self._start_over_if_forked()
             self._counts[kind] += 1
             self._unflushed += 1
             due = self._unflushed >= FLUSH_EVERY
@@ -210,6 +234,13 @@ class TransactionCounter:
                 self._timer.start()
         if due:
             self.flush()
+
+    def _start_over_if_forked(self) -> None:
+        """A forked child starts from zero (called under the lock)."""
+        if self._pid != os.getpid():
+            self._pid, self._counts, self._unflushed = os.getpid(), Counter(), 0
+            self._timings = Counter()
+            self._timer = None
 
     def _flush_while_alive(self) -> None:
         pid = os.getpid()
@@ -222,27 +253,32 @@ class TransactionCounter:
         """Write this process's counts (atomically: a reader never sees half a file)."""
         with self._lock:
             counts, self._unflushed = dict(self._counts), 0
+            timings = dict(self._timings)
             pid = self._pid
         if pid != os.getpid():
             return
         path = self.folder / f"{self.role}-{pid}.json"
         partial = path.with_suffix(".tmp")
         try:
-            partial.write_text(json.dumps({"role": self.role, "counts": counts}), "utf-8")
+            partial.write_text(
+                json.dumps({"role": self.role, "counts": counts, "timings": timings}), "utf-8"
+            )
             os.replace(partial, path)
         except OSError:
             pass  # the run is over and its folder gone: nobody reads these counts any more
 
 
-def read_counts(folder: Path) -> dict[str, Counter[str]]:
-    """Counts per role (``worker``, ``publisher``), summed over the processes."""
+def read_counts(folder: Path, part: str = "counts") -> dict[str, Counter[str]]:
+    """Counts per role (``worker``, ``publisher``), summed over the processes; with
+    ``part="timings"``, the statements' count and time (``STATEMENTS``,
+    ``STATEMENT_MICROSECONDS``)."""
     totals: dict[str, Counter[str]] = {}
     for path in sorted(folder.glob("*.json")):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        totals.setdefault(str(data["role"]), Counter()).update(data["counts"])
+        totals.setdefault(str(data["role"]), Counter()).update(data.get(part, {}))
     return totals
 
 
@@ -261,6 +297,8 @@ __all__ = [
     "KIND_OF_FUNCTION",
     "KNOWN_KINDS",
     "SERVES",
+    "STATEMENTS",
+    "STATEMENT_MICROSECONDS",
     "Kind",
     "TransactionCounter",
     "classify",

@@ -158,3 +158,35 @@ def test_cpu_is_split_by_process_kind() -> None:
         "redis": 0.75,
         "other": 3.0,
     }
+
+
+def test_the_counter_times_each_statement_of_its_database(tmp_path: Path) -> None:
+    from sqlalchemy import create_engine, text
+
+    from bench.transaction_kinds import (
+        STATEMENT_MICROSECONDS,
+        STATEMENTS,
+        TransactionCounter,
+        read_counts,
+    )
+
+    path = str(tmp_path / "timed.db")
+    engine = create_engine(f"sqlite:///{path}")
+    other = create_engine(f"sqlite:///{tmp_path / 'other.db'}")
+    counter = TransactionCounter(tmp_path, "worker", path)
+    counter.install(engine)
+    counter.install(other)
+    try:
+        with engine.connect() as conn:
+            for _ in range(3):
+                conn.execute(text("SELECT 1")).scalar_one()
+        with other.connect() as conn:  # another database: not timed
+            conn.execute(text("SELECT 1")).scalar_one()
+        counter.flush()
+        timings = read_counts(tmp_path, "timings")["worker"]
+        assert timings[STATEMENTS] == 3
+        assert timings[STATEMENT_MICROSECONDS] > 0
+        assert read_counts(tmp_path)["worker"]  # the BEGINs are still counted
+    finally:
+        engine.dispose()
+        other.dispose()
