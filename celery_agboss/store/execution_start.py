@@ -43,7 +43,6 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.protections import ONE_STATEMENT_START_UNLOCKED
 from celery_agboss.core.store_protocol import LeaseGrant, LeaseRef
 from celery_agboss.store.dialect import clock
-from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.execution_rows import (
     MESSAGE_COLUMNS,
     first_attempt_recorded,
@@ -55,7 +54,7 @@ from celery_agboss.store.execution_rows import (
 from celery_agboss.store.execution_updates import Computed, computed_value
 from celery_agboss.store.leases import first_lease_insert, first_lease_row
 from celery_agboss.store.schema_executions import executions
-from celery_agboss.store.statement_cache import built_once, run_compiled
+from celery_agboss.store.statement_cache import autocommit_connection, built_once, run_compiled
 
 _e = executions.c
 
@@ -91,11 +90,9 @@ def record_requested_in_one(engine: Engine, message: ExecutionMessage, offset_ms
     transaction)."""
     if engine.dialect.name != "postgresql" or sabotage.any_active():
         return False
-    with translated():
-        autocommit = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        with autocommit as conn:
-            statement = insert_requested_statement(conn, offset_ms)
-            return run_compiled(conn, statement, requested_parameters(message)).first() is not None
+    with autocommit_connection(engine) as conn:
+        statement = insert_requested_statement(conn, offset_ms)
+        return run_compiled(conn, statement, requested_parameters(message)).first() is not None
 
 
 def start_plain_in_one(
@@ -118,11 +115,9 @@ def start_plain_in_one(
             "a_ttl": ttl_ms,
         }
     )
-    with translated():
-        autocommit = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        with autocommit as conn:
-            statement = _start_statement(conn, offset_ms)
-            row = run_compiled(conn, statement, parameters).first()
+    with autocommit_connection(engine) as conn:
+        statement = _start_statement(conn, offset_ms)
+        row = run_compiled(conn, statement, parameters).first()
     if row is None:
         return None
     lease = LeaseRef(parameters["a_scope"], holder, int(row.lease_token))

@@ -55,7 +55,6 @@ from celery_agboss.core.store_protocol import (
     OneStatementTransition,
 )
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
-from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.execution_updates import cancel_request_statement
 from celery_agboss.store.fences import fence_statement, fenced_error, one_statement_parameters
 from celery_agboss.store.intents import (
@@ -67,7 +66,7 @@ from celery_agboss.store.intents import (
     new_intent_values,
 )
 from celery_agboss.store.schema import intent_history, outbound_calls, record_uses
-from celery_agboss.store.statement_cache import built_once, run_compiled
+from celery_agboss.store.statement_cache import autocommit_connection, built_once, run_compiled
 
 ONE_STATEMENT_SWITCHES = (ONE_STATEMENT_WITHOUT_FENCE, FENCE_TIMED_BEFORE_LOCK_WAIT)
 """The protections a one-statement write holds itself: while one is off, it still runs."""
@@ -136,10 +135,8 @@ def in_one(engine: Engine, lease: LeaseRef, body: Callable[[Connection], D]) -> 
     where = {"scope": lease.scope, "holder": lease.holder, "token": lease.token}
     fault_point(FENCED_BEFORE_BEGIN, **where)
     fault_point(FENCED_BEFORE_COMMIT, **where)
-    with translated():  # a connection refused is the store's error too
-        autocommit = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        with autocommit as conn:
-            done = body(conn)
+    with autocommit_connection(engine) as conn:
+        done = body(conn)
     if done.fenced:
         raise fenced_error(lease)
     fault_point(FENCED_AFTER_COMMIT, **where)

@@ -10,14 +10,16 @@ since a switch can change their shape.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, TypeVar
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from celery_agboss.core import sabotage
+from celery_agboss.store.driver_errors import translated
 
 S = TypeVar("S")
 
@@ -74,4 +76,13 @@ def run_compiled(conn: Connection, statement: Any, parameters: dict[str, Any]) -
     return conn.exec_driver_sql(compiled[1], {**compiled[2], **parameters})
 
 
-__all__ = ["built_once", "run_compiled"]
+@contextlib.contextmanager
+def autocommit_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection of its own in autocommit, for a write sent as one statement (the
+    statement is its transaction); a driver error, a refused connection included,
+    leaves as the store's."""
+    with translated(), engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        yield conn
+
+
+__all__ = ["autocommit_connection", "built_once", "run_compiled"]
