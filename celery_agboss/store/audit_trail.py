@@ -1,7 +1,7 @@
 """The audit trail of operators' decisions, and the store's meta values.
 
 ``insert_audit_txn`` is the one place an audit row is written: an operator's change
-writes it in the transaction that makes the change (``ExecutionRows._audit``,
+writes it in the transaction that makes the change (``execution_rows.audit_change_txn``,
 ``operator.resolving``), a decision with nothing to change in one of its own
 (``append_audit``).
 """
@@ -54,62 +54,69 @@ def set_meta_txn(tx: SQLTransaction, key: str, value: str) -> None:
         )
 
 
-class AuditVerbs:
-    """The audit trail's and the meta values' verbs of the execution store."""
+def append_audit(
+    store: SQLAlchemyStore,
+    actor: str,
+    action: str,
+    target: str,
+    reason: str,
+    before: str | None = None,
+    after: str | None = None,
+) -> None:
+    """An audit row in a transaction of its own (a decision with nothing to change)."""
+    with store.transaction() as tx:
+        insert_audit_txn(
+            tx,
+            actor=actor,
+            action=action,
+            target=target,
+            reason=reason,
+            before=before,
+            after=after,
+        )
 
-    store: SQLAlchemyStore
 
-    def append_audit(
-        self,
-        actor: str,
-        action: str,
-        target: str,
-        reason: str,
-        before: str | None = None,
-        after: str | None = None,
-    ) -> None:
-        """An audit row in a transaction of its own (a decision with nothing to change)."""
-        with self.store.transaction() as tx:
-            insert_audit_txn(
-                tx,
-                actor=actor,
-                action=action,
-                target=target,
-                reason=reason,
-                before=before,
-                after=after,
+def list_audit(
+    store: SQLAlchemyStore, target: str | None = None, limit: int = 100
+) -> list[AuditEntry]:
+    with store.read_transaction() as tx:
+        statement = select(audit)
+        if target is not None:
+            statement = statement.where(audit.c.target == target)
+        rows = tx.execute(statement.order_by(audit.c.id.desc()).limit(limit)).all()
+        return [
+            AuditEntry(
+                id=int(r.id),
+                at_ms=int(r.at_ms),
+                actor=r.actor,
+                action=r.action,
+                target=r.target,
+                reason=r.reason,
+                before=r.before,
+                after=r.after,
             )
-
-    def list_audit(self, target: str | None = None, limit: int = 100) -> list[AuditEntry]:
-        with self.store.read_transaction() as tx:
-            statement = select(audit)
-            if target is not None:
-                statement = statement.where(audit.c.target == target)
-            rows = tx.execute(statement.order_by(audit.c.id.desc()).limit(limit)).all()
-            return [
-                AuditEntry(
-                    id=int(r.id),
-                    at_ms=int(r.at_ms),
-                    actor=r.actor,
-                    action=r.action,
-                    target=r.target,
-                    reason=r.reason,
-                    before=r.before,
-                    after=r.after,
-                )
-                for r in rows
-            ]
-
-    def set_meta(self, key: str, value: str) -> None:
-        with self.store.transaction() as tx:
-            set_meta_txn(tx, key, value)
-
-    def get_meta(self, key: str) -> tuple[str, int] | None:
-        with self.store.read_transaction() as tx:
-            row = tx.execute(
-                select(meta.c.value, meta.c.updated_at_ms).where(meta.c.key == key)
-            ).first()
-            return None if row is None else (str(row.value), int(row.updated_at_ms))
+            for r in rows
+        ]
 
 
-__all__ = ["AuditVerbs", "insert_audit_txn"]
+def set_meta(store: SQLAlchemyStore, key: str, value: str) -> None:
+    with store.transaction() as tx:
+        set_meta_txn(tx, key, value)
+
+
+def get_meta(store: SQLAlchemyStore, key: str) -> tuple[str, int] | None:
+    with store.read_transaction() as tx:
+        row = tx.execute(
+            select(meta.c.value, meta.c.updated_at_ms).where(meta.c.key == key)
+        ).first()
+        return None if row is None else (str(row.value), int(row.updated_at_ms))
+
+
+__all__ = [
+    "append_audit",
+    "get_meta",
+    "insert_audit_txn",
+    "list_audit",
+    "set_meta",
+    "set_meta_txn",
+]

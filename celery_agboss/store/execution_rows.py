@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, func, not_, or_, select, update
+from sqlalchemy import and_, bindparam, exists, not_, or_, select, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import compensation, sabotage
-from celery_agboss.core.execution_states import Verdict, cancel_verdict
+from celery_agboss.core.execution_states import Verdict
 from celery_agboss.core.executions import (
     Audit,
     ExecutionMessage,
@@ -25,7 +25,6 @@ from celery_agboss.core.protections import (
     PENDING_INTENT_NARROW,
     TASK_NAME_NOT_CHECKED,
 )
-from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.store_protocol import IntentStatus, StoreTransaction
 from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.audit_trail import insert_audit_txn
@@ -39,7 +38,6 @@ from celery_agboss.store.execution_updates import (
 )
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
-from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.statement_cache import built_once
 from celery_agboss.store.transactions import SQLTransaction
 
@@ -257,234 +255,203 @@ def execution_lease_live(tx: SQLTransaction, execution_id: str) -> bool:
     return lease is not None and lease.live
 
 
-class ExecutionRows:
-    """The helpers every execution verb uses, on a ``SQLAlchemyStore``."""
+def read_execution_txn(
+    tx: SQLTransaction, execution_id: str, *, lock: bool = False
+) -> ExecutionRecord | None:
+    statement = _read_statement(tx.connection, tx.offset_ms, lock)
+    row = tx.execute(statement, {"e_id": execution_id}).first()
+    return None if row is None else record_of(row)
 
-    def __init__(self, store: SQLAlchemyStore, *, shared_wait_ms: int = SHARED_WAIT_MS) -> None:
-        self.store = store
-        # How long an execution that waits for another one on a shared record waits
-        # before it looks again (re-driven by the sweep).
-        self.shared_wait_ms = shared_wait_ms
 
-    def _read(
-        self, tx: SQLTransaction, execution_id: str, *, lock: bool = False
-    ) -> ExecutionRecord | None:
-        statement = _read_statement(tx.connection, tx.offset_ms, lock)
-        row = tx.execute(statement, {"e_id": execution_id}).first()
-        return None if row is None else record_of(row)
+def require_execution_txn(tx: SQLTransaction, execution_id: str) -> ExecutionRecord:
+    record = read_execution_txn(tx, execution_id)
+    if record is None:  # pragma: no cover - rows are never deleted under a lease
+        raise LookupError(f"execution {execution_id!r} disappeared")
+    return record
 
-    def _require(self, tx: SQLTransaction, execution_id: str) -> ExecutionRecord:
-        record = self._read(tx, execution_id)
-        if record is None:  # pragma: no cover - rows are never deleted under a lease
-            raise LookupError(f"execution {execution_id!r} disappeared")
-        return record
 
-    def _require_with_pending(
-        self, tx: SQLTransaction, execution_id: str
-    ) -> tuple[ExecutionRecord, bool]:
-        """``_require`` and ``_pending_intent`` in one statement: a verdict's two reads."""
-        statement = _read_with_pending_statement(tx.connection, tx.offset_ms)
-        row = tx.execute(statement, {"e_id": execution_id}).first()
-        if row is None:  # pragma: no cover - rows are never deleted under a lease
-            raise LookupError(f"execution {execution_id!r} disappeared")
-        return record_of(row), bool(row.pending)
+def require_with_pending_txn(tx: SQLTransaction, execution_id: str) -> tuple[ExecutionRecord, bool]:
+    """``require_execution_txn`` and ``has_pending_intent_txn`` in one statement: a
+    verdict's two reads."""
+    statement = _read_with_pending_statement(tx.connection, tx.offset_ms)
+    row = tx.execute(statement, {"e_id": execution_id}).first()
+    if row is None:  # pragma: no cover - rows are never deleted under a lease
+        raise LookupError(f"execution {execution_id!r} disappeared")
+    return record_of(row), bool(row.pending)
 
-    def _set(self, tx: SQLTransaction, execution_id: str, **values: Any) -> int:
-        values.setdefault("updated_at_ms", tx.now_expr())
-        result = tx.execute(update(executions).where(_e.id == execution_id).values(**values))
-        return int(result.rowcount)
 
-    def _set_and_read(
-        self,
-        tx: SQLTransaction,
-        execution_id: str,
-        *,
-        unless_terminal: bool = False,
-        completes_records: bool = False,
-        **values: Any,
-    ) -> ExecutionRecord:
-        """``_set`` (``_set_unless_terminal`` with ``unless_terminal``), and the row as it
-        then is, from the same statement (``RETURNING``): a state change and its record in
-        one round trip, not an update and a read. A terminal row left alone is read.
-        ``completes_records``: the execution completed, and on PostgreSQL the same
-        statement marks the records it relies on (``completed_on_records``) in a
-        data-modifying CTE; the caller marks them itself on SQLite.
+def set_execution_txn(tx: SQLTransaction, execution_id: str, **values: Any) -> int:
+    values.setdefault("updated_at_ms", tx.now_expr())
+    result = tx.execute(update(executions).where(_e.id == execution_id).values(**values))
+    return int(result.rowcount)
 
-        Values that are plain Python values or the database clock give a statement built
-        once for their names; others (column expressions) build one for this call."""
-        now = tx.now_expr()
-        values.setdefault("updated_at_ms", now)
-        shape = state_change_shape(values, now)
-        key = (tx.offset_ms, unless_terminal, completes_records)
-        if shape is None:
-            statement = build_state_change(tx.connection, *key, values)
-            params = {"e_id": execution_id}
-        else:
-            statement = state_change_statement(tx.connection, *key, shape)
-            params = {f"v_{name}": values[name] for name, kind in shape if kind == "bind"}
-            params["e_id"] = execution_id
-        row = tx.execute(statement, params).first()
-        return self._require(tx, execution_id) if row is None else record_of(row)
 
-    def _set_unless_terminal(self, tx: SQLTransaction, execution_id: str, **values: Any) -> int:
-        values.setdefault("updated_at_ms", tx.now_expr())
-        result = tx.execute(
-            update(executions)
-            .where(_e.id == execution_id, _e.state.not_in(TERMINAL_VALUES))
-            .values(**values)
+def set_and_read_txn(
+    tx: SQLTransaction,
+    execution_id: str,
+    *,
+    unless_terminal: bool = False,
+    completes_records: bool = False,
+    **values: Any,
+) -> ExecutionRecord:
+    """``set_execution_txn`` (``set_unless_terminal_txn`` with ``unless_terminal``), and
+    the row as it then is, from the same statement (``RETURNING``): a state change and its record in
+    one round trip, not an update and a read. A terminal row left alone is read.
+    ``completes_records``: the execution completed, and on PostgreSQL the same
+    statement marks the records it relies on (``completed_on_records``) in a
+    data-modifying CTE; the caller marks them itself on SQLite.
+
+    Values that are plain Python values or the database clock give a statement built
+    once for their names; others (column expressions) build one for this call."""
+    now = tx.now_expr()
+    values.setdefault("updated_at_ms", now)
+    shape = state_change_shape(values, now)
+    key = (tx.offset_ms, unless_terminal, completes_records)
+    if shape is None:
+        statement = build_state_change(tx.connection, *key, values)
+        params = {"e_id": execution_id}
+    else:
+        statement = state_change_statement(tx.connection, *key, shape)
+        params = {f"v_{name}": values[name] for name, kind in shape if kind == "bind"}
+        params["e_id"] = execution_id
+    row = tx.execute(statement, params).first()
+    return require_execution_txn(tx, execution_id) if row is None else record_of(row)
+
+
+def set_unless_terminal_txn(tx: SQLTransaction, execution_id: str, **values: Any) -> int:
+    values.setdefault("updated_at_ms", tx.now_expr())
+    result = tx.execute(
+        update(executions)
+        .where(_e.id == execution_id, _e.state.not_in(TERMINAL_VALUES))
+        .values(**values)
+    )
+    return int(result.rowcount)
+
+
+def has_pending_intent_txn(tx: SQLTransaction, execution_id: str) -> bool:
+    """The execution has a pending intent (``pending_intent_of``)."""
+    return bool(tx.execute(select(pending_intent_of(execution_id))).scalar())
+
+
+def pending_intent_keys_txn(tx: SQLTransaction, execution_id: str) -> list[str]:
+    """The idempotency keys of the execution's pending intents, oldest first."""
+    rows = tx.execute(
+        select(_i.idempotency_key)
+        .where(_pending_predicate(execution_id))
+        .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
+    ).all()
+    return [str(row.idempotency_key) for row in rows]
+
+
+def undo_declarations_txn(
+    tx: SQLTransaction, execution_id: str
+) -> list[compensation.UndoDeclaration]:
+    """The undos the execution declared (``core.compensation``'s declaration records)."""
+    rows = tx.execute(
+        select(_f.result).where(
+            _f.execution_id == execution_id, _f.name == compensation.UNDO_RECORD
         )
-        return int(result.rowcount)
+    ).all()
+    values = [loads(row.result) for row in rows]
+    return [compensation.declaration_of(0, value) for value in values if isinstance(value, dict)]
 
-    def _pending_intent(self, tx: SQLTransaction, execution_id: str) -> bool:
-        """The execution has a pending intent (``pending_intent_of``)."""
-        return bool(tx.execute(select(pending_intent_of(execution_id))).scalar())
 
-    def _pending_intent_keys(self, tx: SQLTransaction, execution_id: str) -> list[str]:
-        """The idempotency keys of the execution's pending intents, oldest first."""
-        rows = tx.execute(
-            select(_i.idempotency_key)
-            .where(_pending_predicate(execution_id))
-            .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
-        ).all()
-        return [str(row.idempotency_key) for row in rows]
+def insert_requested_txn(tx: SQLTransaction, message: ExecutionMessage) -> bool:
+    """Record the execution ``REQUESTED`` unless it is there (the publish record)."""
+    statement = insert_requested_statement(tx.connection, tx.offset_ms)
+    return tx.execute(statement, requested_parameters(message)).first() is not None
 
-    def _undo_declarations(
-        self, tx: SQLTransaction, execution_id: str
-    ) -> list[compensation.UndoDeclaration]:
-        """The undos the execution declared (``core.compensation``'s declaration records)."""
-        rows = tx.execute(
-            select(_f.result).where(
-                _f.execution_id == execution_id, _f.name == compensation.UNDO_RECORD
-            )
-        ).all()
-        values = [loads(row.result) for row in rows]
-        return [
-            compensation.declaration_of(0, value) for value in values if isinstance(value, dict)
-        ]
 
-    def _insert_requested(self, tx: SQLTransaction, message: ExecutionMessage) -> bool:
-        """Record the execution ``REQUESTED`` unless it is there (the publish record)."""
-        statement = insert_requested_statement(tx.connection, tx.offset_ms)
-        return tx.execute(statement, requested_parameters(message)).first() is not None
+def terminal_txn(
+    tx: SQLTransaction, execution_id: str, state: ExecutionState, **values: Any
+) -> ExecutionRecord:
+    # A completed execution's records are kept for it: on PostgreSQL in the same
+    # statement as its verdict.
+    completed = state is ExecutionState.COMPLETED
+    record = set_and_read_txn(
+        tx,
+        execution_id,
+        completes_records=completed,
+        **terminal_values(state, tx.now_expr(), values),
+    )
+    if completed and not is_postgresql(tx.connection):
+        tx.completed_on_records(execution_id)
+    return record
 
-    def _terminal(
-        self, tx: SQLTransaction, execution_id: str, state: ExecutionState, **values: Any
-    ) -> ExecutionRecord:
-        # A completed execution's records are kept for it: on PostgreSQL in the same
-        # statement as its verdict.
-        completed = state is ExecutionState.COMPLETED
-        record = self._set_and_read(
-            tx,
-            execution_id,
-            completes_records=completed,
-            **terminal_values(state, tx.now_expr(), values),
-        )
-        if completed and not is_postgresql(tx.connection):
-            tx.completed_on_records(execution_id)
-        return record
 
-    def _end_cancelled(
-        self,
-        tx: SQLTransaction,
-        execution_id: str,
-        reason: str,
-        *,
-        payments_handled: bool = False,
-        undos_ran: bool = False,
-    ) -> ExecutionRecord:
-        """The end of a cancel request, once nothing is pending and no lease is live (the
-        caller checked both under the row locks), as ``shared_records.cancel_decision``
-        rules from its payments: ``CANCELLED``; ``COMPENSATING`` when its undos must run
-        first (a delivery runs them, then cancels it); ``WAITING`` while another execution
-        still uses one of its payments; or ``WAITING_OPERATOR`` "cancelled after a
-        completed payment", listed by ``agboss pending`` until an operator settles it.
-        ``payments_handled``: an operator says the payments are dealt with;
-        ``undos_ran``: the delivery that ran its undos ends it."""
-        reason = reason[:900]
-        cancel = {
-            "cancel_requested": True,
-            "cancel_reason": func.coalesce(_e.cancel_reason, reason),
-        }
-        step, other = CancelStep.CANCEL, None
-        if not payments_handled:
-            declarations = self._undo_declarations(tx, execution_id)
-            decision = cancel_decision(
-                tx.shared_records_of(execution_id),
-                execution_id,
-                undoable={d.step_key for d in declarations},
-                undone=compensation.intents_made_by_undos(tx, declarations),
-                undos_ran=undos_ran,
-            )
-            step, other = decision.step, decision.other
-        verdict = cancel_verdict(step, reason, other)
-        values: dict[str, Any] = dict(cancel)
-        if verdict.state is ExecutionState.WAITING:  # looks again once the other may have ended
-            values.update(not_before_ms=tx.now_expr() + self.shared_wait_ms, redrive_planned=True)
-        if verdict.state in (ExecutionState.WAITING, ExecutionState.WAITING_OPERATOR):
-            values["wake_requested"] = False
-        if payments_handled and verdict.terminal:
-            # The operator's confirmation: not listed again as "failed after a payment".
-            values["payments_handled_at_ms"] = tx.now_expr()
-        return self._write_verdict(tx, execution_id, verdict, **values)
+def write_verdict_txn(
+    tx: SQLTransaction, execution_id: str, verdict: Verdict, **values: Any
+) -> ExecutionRecord:
+    """Write the state ``core.execution_states`` answered, with its reason: a terminal
+    one with its end time; any other due now unless ``values`` say when."""
+    if verdict.terminal:
+        return terminal_txn(tx, execution_id, verdict.state, reason=verdict.reason, **values)
+    return set_and_read_txn(tx, execution_id, **verdict_values(verdict, None, values))
 
-    def _write_verdict(
-        self, tx: SQLTransaction, execution_id: str, verdict: Verdict, **values: Any
-    ) -> ExecutionRecord:
-        """Write the state ``core.execution_states`` answered, with its reason: a terminal
-        one with its end time; any other due now unless ``values`` say when."""
-        if verdict.terminal:
-            return self._terminal(tx, execution_id, verdict.state, reason=verdict.reason, **values)
-        return self._set_and_read(tx, execution_id, **verdict_values(verdict, None, values))
 
-    def _audit(
-        self,
-        tx: SQLTransaction,
-        audit: Audit | None,
-        target: str,
-        before: ExecutionRecord | None,
-        after: ExecutionRecord | None,
-    ) -> None:
-        """An operator's decision, in the transaction that makes the change (nothing
-        without ``audit``): the change and its row commit together, or neither does."""
-        if audit is None or sabotage.active(AUDIT_AFTER_THE_CHANGE):
-            return
-        insert_audit_txn(
-            tx,
-            actor=audit.actor,
-            action=audit.action,
-            target=target,
-            reason=audit.reason,
-            before=None if before is None else execution_summary(before),
-            after=None if after is None else execution_summary(after),
-        )
+def audit_change_txn(
+    tx: SQLTransaction,
+    audit: Audit | None,
+    target: str,
+    before: ExecutionRecord | None,
+    after: ExecutionRecord | None,
+) -> None:
+    """An operator's decision, in the transaction that makes the change (nothing
+    without ``audit``): the change and its row commit together, or neither does."""
+    if audit is None or sabotage.active(AUDIT_AFTER_THE_CHANGE):
+        return
+    insert_audit_txn(
+        tx,
+        actor=audit.actor,
+        action=audit.action,
+        target=target,
+        reason=audit.reason,
+        before=None if before is None else execution_summary(before),
+        after=None if after is None else execution_summary(after),
+    )
 
-    def _park(self, tx: SQLTransaction, execution_id: str, count: int, cap: int) -> None:
-        self._set(
-            tx,
-            execution_id,
-            state=ExecutionState.PARKED.value,
-            wake_requested=False,
-            reason=(
-                f"recovery cap reached: {count} take-overs and re-publishes "
-                f"(agboss_max_recovery_attempts={cap})"
-            ),
-        )
+
+def park_txn(tx: SQLTransaction, execution_id: str, count: int, cap: int) -> None:
+    set_execution_txn(
+        tx,
+        execution_id,
+        state=ExecutionState.PARKED.value,
+        wake_requested=False,
+        reason=(
+            f"recovery cap reached: {count} take-overs and re-publishes "
+            f"(agboss_max_recovery_attempts={cap})"
+        ),
+    )
 
 
 __all__ = [
     "MESSAGE_COLUMNS",
-    "ExecutionRows",
+    "SHARED_WAIT_MS",
+    "audit_change_txn",
     "execution_lease_live",
     "first_attempt_recorded",
+    "has_pending_intent_txn",
     "insert_requested_statement",
+    "insert_requested_txn",
     "lease_live",
     "message_values",
     "newer_or_same",
+    "park_txn",
+    "pending_intent_keys_txn",
     "pending_intent_of",
+    "read_execution_txn",
     "record_of",
     "refuse_another_task",
     "requested_parameters",
+    "require_execution_txn",
+    "require_with_pending_txn",
+    "set_and_read_txn",
+    "set_execution_txn",
+    "set_unless_terminal_txn",
     "sql",
+    "terminal_txn",
     "terminal_values",
+    "undo_declarations_txn",
     "verdict_values",
+    "write_verdict_txn",
 ]

@@ -1,270 +1,82 @@
-"""The execution verbs (``core.executions.ExecutionStore``) on SQLAlchemy: the delivery's.
+"""The execution store's one face: every verb on executions, on a ``SQLAlchemyStore``.
 
-Each verb is one transaction of ``SQLAlchemyStore``. The verdicts a delivery writes
-while it holds the lease (``finish_in``, ``fail_in``, ``wait_in``…) run in the fenced
-transaction the caller opened (the ``ExecutionContext``'s, which also checks the
-holder's own clocks), so a superseded delivery's verdict is refused in the
-transaction that would write it.
-The execution row is locked first (``FOR UPDATE`` on PostgreSQL; SQLite's
-``BEGIN IMMEDIATE`` already serialises writers), so two deliveries, or a delivery
-and a sweeper, decide one after the other. The sweep's and operators' verbs are
-in ``execution_admin_verbs``.
+``SQLAlchemyExecutionStore`` is the one class callers hold (``core.executions.
+ExecutionStore``); each method names the operation and hands it to its body, a function
+over one transaction grouped with the tables it writes: the delivery's life in
+``execution_delivery``, pauses in ``pauses``, the sweep's and operators' verbs in
+``execution_admin``, the audit trail and meta values in ``audit_trail``, the row plumbing
+they share (``*_txn`` over the caller's transaction) in ``execution_rows``. docs/store.md
+maps each operation to its statements and transactions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
-from sqlalchemy import insert, select
-from sqlalchemy.engine import Connection
-
-from celery_agboss.core.execution_states import (
-    DEFAULT_CANCEL_REASON,
-    Verdict,
-    cancel_ends_at_start,
-    cancel_reason_of,
-    fail_verdict,
-    finish_verdict,
-    may_start_compensating,
-    over_recovery_cap,
-    release_wakes,
-    start_without_body,
-    taken_over,
-    wakes_on_release,
-)
 from celery_agboss.core.executions import (
+    Audit,
+    AuditEntry,
     DeliveryStart,
     ExecutionMessage,
     ExecutionRecord,
     ExecutionState,
-    OneStatementVerdict,
+    ExecutionStore,
+    RedriveDecision,
     ReleaseOutcome,
-    StartKind,
-    execution_scope,
 )
-from celery_agboss.core.shared_records import diverged
 from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef
-from celery_agboss.store import verdict_release
-from celery_agboss.store.execution_admin_verbs import ExecutionAdminVerbs
-from celery_agboss.store.execution_rows import (
-    message_values,
-    newer_or_same,
-    refuse_another_task,
-    sql,
-)
-from celery_agboss.store.execution_start import (
-    record_requested_in_one,
-    start_plain_in_one,
-    start_values,
-)
-from celery_agboss.store.execution_updates import cancel_request_statement
-from celery_agboss.store.intent_transitions import in_one
-from celery_agboss.store.schema import outbound_calls
-from celery_agboss.store.schema_executions import executions, pauses
-from celery_agboss.store.transactions import SQLTransaction
-
-_e = executions.c
-
-Decided = tuple[ExecutionRecord, bool, Verdict | None]
-"""A verdict's reads and what they decide: the row, whether an intent of it is pending,
-and the verdict (None: the execution has ended already, and is left alone)."""
-_p = pauses.c
-_i = outbound_calls.c
+from celery_agboss.store import audit_trail, cancels, pauses
+from celery_agboss.store import execution_admin as admin
+from celery_agboss.store import execution_delivery as delivery
+from celery_agboss.store.execution_rows import SHARED_WAIT_MS
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 
-class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
+class SQLAlchemyExecutionStore:
     """Execution verbs on the same database (and engine) as a ``SQLAlchemyStore``."""
 
-    # --- publish and start ---------------------------------------------------------
+    def __init__(self, store: SQLAlchemyStore, *, shared_wait_ms: int = SHARED_WAIT_MS) -> None:
+        self.store = store
+        # How long an execution that waits for another one on a shared record waits
+        # before it looks again (re-driven by the sweep).
+        self.shared_wait_ms = shared_wait_ms
 
+    # --- the delivery's life: publish, start, verdicts in its fenced transaction, release ----
     def record_requested(self, message: ExecutionMessage) -> bool:
-        # A new execution's record as one statement where the store has one; a row that
-        # is there already is decided in the transaction.
-        if record_requested_in_one(self.store.engine, message, self.store.offset_ms()):
-            return True
-        with self.store.transaction() as tx:
-            if self._insert_requested(tx, message):
-                return True
-            record = self._read(tx, message.execution_id, lock=True)
-            if record is not None:
-                refuse_another_task(record, message.task_name)
-                if newer_or_same(message, record):
-                    self._set_unless_terminal(tx, message.execution_id, **message_values(message))
-            return False
+        return delivery.record_requested(self.store, message)
 
     def start_delivery(
         self, message: ExecutionMessage, holder: str, ttl_ms: int, max_recovery_attempts: int
     ) -> DeliveryStart:
-        # The first delivery of a recorded execution, as one statement where the store
-        # has one; anything else is decided in the transaction.
-        plain = start_plain_in_one(
-            self.store.engine, message, holder, ttl_ms, self.store.offset_ms()
+        return delivery.start_delivery(
+            self.store, self.shared_wait_ms, message, holder, ttl_ms, max_recovery_attempts
         )
-        if plain is not None:
-            return plain
-        return self.start_in_transaction(message, holder, ttl_ms, max_recovery_attempts)
 
     def start_in_transaction(
         self, message: ExecutionMessage, holder: str, ttl_ms: int, max_recovery_attempts: int
     ) -> DeliveryStart:
-        """``start_delivery`` decided on the row read under its lock: every case."""
-        execution_id = message.execution_id
-        scope = execution_scope(execution_id)
-        with self.store.transaction() as tx:
-            # Read first: the publisher recorded it (one statement, not an insert and a read).
-            record = self._read(tx, execution_id, lock=True)
-            recorded_now = record is None and self._insert_requested(tx, message)
-            if record is None:
-                record = self._read(tx, execution_id, lock=True)
-            assert record is not None  # inserted above or already there
-            refuse_another_task(record, message.task_name)
-            idle = start_without_body(record)
-            if idle is not None:
-                return DeliveryStart(idle, record)
-            lease = tx.lock_lease(scope)
-            live = lease is not None and lease.live
-            if cancel_ends_at_start(record, live, lambda: self._pending_intent(tx, execution_id)):
-                ended = self._end_cancelled(
-                    tx, execution_id, record.cancel_reason or DEFAULT_CANCEL_REASON
-                )
-                if ended.state is not ExecutionState.COMPENSATING:
-                    kind = StartKind.TERMINAL if ended.terminal else StartKind.WAITING_ANSWER
-                    return DeliveryStart(kind, ended)
-                # Its undos run first: in this delivery, which starts it below.
-            if live:
-                # The live holder continues; it re-publishes this message when it releases.
-                kept = message_values(message) if newer_or_same(message, record) else {}
-                deferred = self._set_and_read(tx, execution_id, wake_requested=True, **kept)
-                return DeliveryStart(StartKind.DEFERRED, deferred)
-            took_over = taken_over(record)
-            if took_over and over_recovery_cap(record, max_recovery_attempts):
-                self._park(tx, execution_id, record.recovery_count, max_recovery_attempts)
-                return DeliveryStart(StartKind.PARKED, self._require(tx, execution_id))
-            grant = tx.acquire_lease(scope, holder, ttl_ms)
-            if grant is None:  # pragma: no cover - the row lock makes this unreachable
-                self._set(tx, execution_id, wake_requested=True)
-                return DeliveryStart(StartKind.DEFERRED, self._require(tx, execution_id))
-            newer = message if newer_or_same(message, record) else None
-            started = self._set_and_read(
-                tx, execution_id, **start_values(record.state, took_over, newer)
-            )
-            return DeliveryStart(
-                StartKind.STARTED,
-                started,
-                grant,
-                took_over,
-                recorded_at_start=recorded_now,
-            )
-
-    # --- verdicts, inside a fenced transaction ------------------------------------------
+        return delivery.start_in_transaction(
+            self.store, self.shared_wait_ms, message, holder, ttl_ms, max_recovery_attempts
+        )
 
     def finish_in(
         self, tx: FencedTransaction, result: str, reached: Collection[str] | None = None
     ) -> ExecutionRecord:
-        """Store the result, ``COMPLETED`` — unless an intent of the execution is pending, or
-        ``reached`` (the keys of the calls this delivery's body made) misses an intent an
-        earlier delivery created that completed or may have (a divergence: the body no
-        longer takes the path that charged). Then ``WAITING_OPERATOR``, named as such, with
-        the body's result kept for an operator who accepts it. An already terminal
-        execution is left alone."""
-        t = sql(tx)
-        record, _, verdict = self._finish_verdict(t, tx.lease.scope, reached)
-        if verdict is None:
-            return record
-        return self._write_verdict(t, tx.lease.scope, verdict, result=result)
+        return delivery.finish_in(tx, result, reached)
 
     def fail_in(self, tx: FencedTransaction, error: str, reason: str) -> ExecutionRecord:
-        """``FAILED`` with the stored failure — unless the execution owns a PENDING intent:
-        then ``WAITING_OPERATOR`` (never FAILED while a payment may be in flight)."""
-        t = sql(tx)
-        record, _, verdict = self._fail_verdict(t, tx.lease.scope, reason)
-        if verdict is None:
-            return record
-        return self._write_verdict(t, tx.lease.scope, verdict, error=error)
-
-    def _finish_verdict(
-        self, t: SQLTransaction, execution_id: str, reached: Collection[str] | None
-    ) -> Decided:
-        record, pending = self._require_with_pending(t, execution_id)
-        if record.terminal:
-            return record, pending, None
-        unreached = (
-            []
-            if reached is None
-            else diverged(
-                t.shared_records_of(execution_id, excluding=reached), reached, execution_id
-            )
-        )
-        return record, pending, finish_verdict(unreached, not unreached and pending)
-
-    def _fail_verdict(self, t: SQLTransaction, execution_id: str, reason: str) -> Decided:
-        record, pending = self._require_with_pending(t, execution_id)
-        if record.terminal:
-            return record, pending, None
-        return record, pending, fail_verdict(reason, pending)
+        return delivery.fail_in(tx, error, reason)
 
     def finish_and_release(
         self, lease: LeaseRef, ttl_ms: int, result: str, reached: Collection[str] | None
     ) -> ExecutionRecord | None:
-        return self._conclude_in_one(
-            lease,
-            ttl_ms,
-            (finish_verdict([], False), verdict_release.Plain(reached)),
-            lambda t: self._finish_verdict(t, lease.scope, reached),
-            {"result": result},
-        )
+        return delivery.finish_and_release(self.store, lease, ttl_ms, result, reached)
 
     def fail_and_release(
         self, lease: LeaseRef, ttl_ms: int, error: str, reason: str
     ) -> ExecutionRecord | None:
-        return self._conclude_in_one(
-            lease,
-            ttl_ms,
-            (fail_verdict(reason, False), verdict_release.Plain(None)),
-            lambda t: self._fail_verdict(t, lease.scope, reason),
-            {"error": error},
-        )
-
-    def _conclude_in_one(
-        self,
-        lease: LeaseRef,
-        ttl_ms: int,
-        plain: tuple[Verdict, verdict_release.Plain],
-        decide: Callable[[SQLTransaction], Decided],
-        values: dict[str, Any],
-    ) -> ExecutionRecord | None:
-        """The verdict and the release in one statement (``verdict_release``). First sent
-        as the plain end (``plain``: the verdict the rules give a running execution with
-        nothing pending or diverged, written only while that holds); if the row is not
-        plain, decided on reads sent in autocommit and written only while the pending
-        intent read is still what it was. None: nothing written, use the transaction."""
-        store = self.store
-        offset = store.offset_ms()
-
-        def write(
-            conn: Connection, verdict: Verdict, pending: bool, p: verdict_release.Plain | None
-        ) -> OneStatementVerdict:
-            return verdict_release.conclude_txn(
-                conn, lease, ttl_ms, verdict, values, pending=pending, plain=p, offset_ms=offset
-            )
-
-        def body(conn: Connection) -> OneStatementVerdict:
-            if not release_wakes(plain[0].state):
-                done = write(conn, plain[0], False, plain[1])
-                if done.fenced or done.record is not None:
-                    return done
-            _, pending, verdict = decide(
-                SQLTransaction(conn, None, offset, store.caller_clock_skew_ms)
-            )
-            if verdict is None or release_wakes(verdict.state):
-                return OneStatementVerdict(False, None)  # the transaction handles these
-            return write(conn, verdict, pending, None)
-
-        if not verdict_release.possible(store.engine):
-            return None
-        done = in_one(store.engine, lease, body)
-        return None if done is None else done.record
+        return delivery.fail_and_release(self.store, lease, ttl_ms, error, reason)
 
     def wait_in(
         self,
@@ -273,71 +85,18 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         reason: str,
         message: ExecutionMessage | None = None,
     ) -> ExecutionRecord:
-        """``WAITING`` with ``not_before = now + delay_ms``; ``message`` replaces the stored
-        one (what the sweep re-publishes after the wait). A wait with ``message`` has no
-        broker message behind it: the sweep's re-publish is its planned continuation and
-        does not count toward the recovery cap; without one, a retry message is on its
-        way, and a re-publish means it was lost (that counts)."""
-        t, execution_id = sql(tx), tx.lease.scope
-        replaced = {} if message is None else message_values(message)
-        return self._set_and_read(
-            t,
-            execution_id,
-            unless_terminal=True,
-            state=ExecutionState.WAITING.value,
-            not_before_ms=t.now_expr() + max(0, delay_ms),
-            reason=reason[:1000],
-            redrive_planned=message is not None,
-            **replaced,
-        )
+        return delivery.wait_in(tx, delay_ms, reason, message)
 
     def undo_wait_in(self, tx: FencedTransaction, delay_ms: int, reason: str) -> ExecutionRecord:
-        """Still ``COMPENSATING`` (another execution deciding about the shared step sees it
-        undoing, so it never waits for this one), due at ``now + delay_ms``; the sweep's
-        re-drive then is planned: neither a take-over nor a recovery counted."""
-        t, execution_id = sql(tx), tx.lease.scope
-        return self._set_and_read(
-            t,
-            execution_id,
-            unless_terminal=True,
-            state=ExecutionState.COMPENSATING.value,
-            not_before_ms=t.now_expr() + max(0, delay_ms),
-            reason=reason[:1000],
-            redrive_planned=True,
-        )
+        return delivery.undo_wait_in(tx, delay_ms, reason)
 
     def waiting_operator_in(self, tx: FencedTransaction, reason: str) -> ExecutionRecord:
-        """``WAITING_OPERATOR``: an operator decides; nothing runs until then."""
-        t, execution_id = sql(tx), tx.lease.scope
-        return self._set_and_read(
-            t,
-            execution_id,
-            unless_terminal=True,
-            state=ExecutionState.WAITING_OPERATOR.value,
-            not_before_ms=None,
-            reason=reason[:1000],
-        )
+        return delivery.waiting_operator_in(tx, reason)
 
     def cancel_in(
         self, tx: FencedTransaction, reason: str, *, payments_handled: bool = False
     ) -> ExecutionRecord:
-        """``CANCELLED`` — unless the execution has a pending intent (a payment may be in
-        flight: it is reconciled first and the execution is left as it was), or completed
-        an outbound call its undos did not take care of (money moved: ``WAITING_OPERATOR``,
-        "cancelled after a completed payment", never silently ``CANCELLED``). A revoke's
-        cancel request ends here, in the delivery that settled its intents (and ran its
-        undos: it never hands them to a re-drive)."""
-        t, execution_id = sql(tx), tx.lease.scope
-        record, pending = self._require_with_pending(t, execution_id)
-        if record.terminal or pending:
-            return record
-        return self._end_cancelled(
-            t,
-            execution_id,
-            record.cancel_reason or reason,
-            payments_handled=payments_handled,
-            undos_ran=True,
-        )
+        return cancels.cancel_in(tx, reason, self.shared_wait_ms, payments_handled=payments_handled)
 
     def compensating_in(
         self,
@@ -347,95 +106,181 @@ class SQLAlchemyExecutionStore(ExecutionAdminVerbs):
         *,
         continuing: bool = False,
     ) -> ExecutionRecord:
-        """``COMPENSATING`` (undos run in this delivery), with the failure it will end with
-        — unless terminal or, starting, an intent of it is PENDING (no undo starts while a
-        payment may be in flight): unchanged then."""
-        t, execution_id = sql(tx), tx.lease.scope
-        record = self._require(t, execution_id)
-        pending = not continuing and self._pending_intent(t, execution_id)
-        if not may_start_compensating(record, pending, continuing):
-            return record
-        kept: dict[str, Any] = {} if error is None else {"error": error}
-        return self._set_and_read(
-            t,
-            execution_id,
-            state=ExecutionState.COMPENSATING.value,
-            not_before_ms=None,
-            reason=reason[:1000],
-            **kept,
-        )
+        return delivery.compensating_in(tx, reason, error, continuing=continuing)
 
     def cancel_request_in(self, tx: FencedTransaction) -> str | None:
-        """The reason of the execution's cancel request, read in the caller's fenced
-        transaction (the one that would authorise the next send or write); None when there
-        is none. On PostgreSQL the row is read ``FOR SHARE``: a cancel being recorded now
-        waits for this transaction, so it either is seen here or comes after this send's
-        claim (and stops the next one)."""
-        t, execution_id = sql(tx), tx.lease.scope
-        row = t.execute(cancel_request_statement(t.connection), {"e_id": execution_id}).first()
-        if row is None:
-            return None
-        return cancel_reason_of(bool(row.cancel_requested), row.cancel_reason)
+        return cancels.cancel_request_in(tx)
 
+    # --- pauses: the body's, an answer, the listing ------------------------------------------
     def pause_in(
         self, tx: FencedTransaction, name: str, payload: str | None
     ) -> tuple[bool, str | None]:
-        """The pause ``<execution id>:<name>``: ``(True, answer)`` once answered; else it is
-        recorded PENDING (if new), the execution ``PAUSED``, and ``(False, None)``."""
-        t, execution_id = sql(tx), tx.lease.scope
-        pause_id = f"{execution_id}:{name}"
-        row = t.execute(select(_p.status, _p.answer).where(_p.id == pause_id)).first()
-        if row is not None and row.status == "ANSWERED":
-            return True, row.answer
-        if row is None:
-            t.execute(
-                insert(pauses).values(
-                    id=pause_id,
-                    execution_id=execution_id,
-                    name=name,
-                    status="PENDING",
-                    payload=payload,
-                    created_at_ms=t.now_expr(),
-                )
-            )
-        self._set_unless_terminal(
-            t,
-            execution_id,
-            state=ExecutionState.PAUSED.value,
-            not_before_ms=None,
-            reason=f"paused at {name}"[:1000],
-        )
-        return False, None
+        return pauses.pause_in(tx, name, payload)
+
+    def answer_pause(
+        self, pause_id: str, answer: str, *, audit: Audit | None = None
+    ) -> ExecutionRecord:
+        return pauses.answer_pause(self.store, pause_id, answer, audit=audit)
+
+    def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:
+        return pauses.list_pauses(self.store, limit)
 
     # --- the end of a delivery ---------------------------------------------------------------
-
     def release_delivery(self, lease: LeaseRef, *, will_republish: bool = False) -> ReleaseOutcome:
-        with self.store.transaction() as tx:
-            record = self._read(tx, lease.scope, lock=True)
-            released = tx.release_lease(lease)
-            if record is None:
-                return ReleaseOutcome(released, False, None)
-            woken = released and wakes_on_release(record)
-            if record.wake_requested and released:
-                self._set(tx, lease.scope, wake_requested=False)
-            return ReleaseOutcome(
-                released, woken and not will_republish, self._require(tx, lease.scope)
-            )
+        return delivery.release_delivery(self.store, lease, will_republish=will_republish)
 
     def release_in(
         self, tx: FencedTransaction, record: ExecutionRecord, *, will_republish: bool = False
     ) -> ReleaseOutcome:
-        if not record.wake_requested:
-            return ReleaseOutcome(True, False, record)
-        t = sql(tx)
-        woken = wakes_on_release(record)
-        after = self._set_and_read(t, record.id, wake_requested=False)
-        return ReleaseOutcome(True, woken and not will_republish, after)
+        return delivery.release_in(tx, record, will_republish=will_republish)
 
     def mark_links_dispatched(self, execution_id: str) -> None:
-        """The terminal delivery's chain and callbacks went out (Celery's ``on_success``)."""
-        with self.store.transaction() as tx:
-            self._set(tx, execution_id, links_dispatched=True)
+        return delivery.mark_links_dispatched(self.store, execution_id)
+
+    # --- reads -------------------------------------------------------------------------------
+    def read_execution(self, execution_id: str) -> ExecutionRecord | None:
+        return admin.read_execution(self.store, execution_id)
+
+    def list_executions(
+        self,
+        states: Sequence[ExecutionState] | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+    ) -> list[ExecutionRecord]:
+        return admin.list_executions(self.store, states, limit, after_id)
+
+    # --- the sweep ---------------------------------------------------------------------------
+    def find_redrivable(self, limit: int, requested_grace_ms: int) -> list[ExecutionRecord]:
+        return admin.find_redrivable(self.store, limit, requested_grace_ms)
+
+    def claim_redrive(
+        self,
+        execution_id: str,
+        expected_updated_at_ms: int,
+        max_recovery_attempts: int,
+        *,
+        next_redrive_delay_ms: int = 0,
+    ) -> RedriveDecision:
+        return admin.claim_redrive(
+            self.store,
+            execution_id,
+            expected_updated_at_ms,
+            max_recovery_attempts,
+            next_redrive_delay_ms=next_redrive_delay_ms,
+        )
+
+    def expire_due(self, limit: int) -> list[ExecutionRecord]:
+        return admin.expire_due(self.store, limit)
+
+    # --- operators ---------------------------------------------------------------------------
+    def request_cancel(
+        self,
+        execution_id: str,
+        reason: str,
+        *,
+        payments_handled: bool = False,
+        audit: Audit | None = None,
+    ) -> ExecutionRecord | None:
+        return cancels.request_cancel(
+            self.store,
+            self.shared_wait_ms,
+            execution_id,
+            reason,
+            payments_handled=payments_handled,
+            audit=audit,
+        )
+
+    def end_cancel_requested(
+        self, execution_id: str, reason: str, *, payments_handled: bool = False
+    ) -> ExecutionRecord | None:
+        return cancels.end_cancel_requested(
+            self.store, self.shared_wait_ms, execution_id, reason, payments_handled=payments_handled
+        )
+
+    def executions_waiting_on(self, idempotency_key: str) -> list[str]:
+        return admin.executions_waiting_on(self.store, idempotency_key)
+
+    def unblock(
+        self,
+        execution_id: str,
+        reason: str,
+        *,
+        reset_recovery_count: bool = False,
+        audit: Audit | None = None,
+    ) -> ExecutionRecord | None:
+        return admin.unblock(
+            self.store, execution_id, reason, reset_recovery_count=reset_recovery_count, audit=audit
+        )
+
+    def intents_needing_operator(self, execution_id: str) -> list[str]:
+        return admin.intents_needing_operator(self.store, execution_id)
+
+    def accept_divergence(
+        self, execution_id: str, reason: str, *, audit: Audit | None = None
+    ) -> ExecutionRecord | None:
+        return admin.accept_divergence(self.store, execution_id, reason, audit=audit)
+
+    def pending_intent_keys(self, execution_id: str) -> list[str]:
+        return admin.pending_intent_keys(self.store, execution_id)
+
+    def move(
+        self,
+        execution_id: str,
+        from_states: Sequence[ExecutionState],
+        to_state: ExecutionState,
+        reason: str,
+        *,
+        not_before_delay_ms: int | None = None,
+        reset_recovery_count: bool = False,
+        planned: bool = False,
+        audit: Audit | None = None,
+    ) -> ExecutionRecord | None:
+        return admin.move(
+            self.store,
+            execution_id,
+            from_states,
+            to_state,
+            reason,
+            not_before_delay_ms=not_before_delay_ms,
+            reset_recovery_count=reset_recovery_count,
+            planned=planned,
+            audit=audit,
+        )
+
+    def failed_after_payment(self, limit: int = 100) -> list[tuple[ExecutionRecord, list[str]]]:
+        return admin.failed_after_payment(self.store, limit)
+
+    def mark_payments_handled(
+        self, execution_id: str, *, audit: Audit | None = None
+    ) -> ExecutionRecord | None:
+        return admin.mark_payments_handled(self.store, execution_id, audit=audit)
+
+    # --- the audit trail and meta values -----------------------------------------------------
+    def append_audit(
+        self,
+        actor: str,
+        action: str,
+        target: str,
+        reason: str,
+        before: str | None = None,
+        after: str | None = None,
+    ) -> None:
+        return audit_trail.append_audit(self.store, actor, action, target, reason, before, after)
+
+    def list_audit(self, target: str | None = None, limit: int = 100) -> list[AuditEntry]:
+        return audit_trail.list_audit(self.store, target, limit)
+
+    def set_meta(self, key: str, value: str) -> None:
+        return audit_trail.set_meta(self.store, key, value)
+
+    def get_meta(self, key: str) -> tuple[str, int] | None:
+        return audit_trail.get_meta(self.store, key)
+
+
+if TYPE_CHECKING:  # mypy proves the one face implements the protocol the engine uses
+
+    def _implements_the_protocol(store: SQLAlchemyExecutionStore) -> ExecutionStore:
+        return store
 
 
 __all__ = ["SQLAlchemyExecutionStore"]

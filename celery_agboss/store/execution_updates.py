@@ -1,6 +1,6 @@
 """An execution's state change as one ``UPDATE … RETURNING``, built once per shape.
 
-``ExecutionRows._set_and_read`` writes every state change of an execution; a statement
+``execution_rows.set_and_read_txn`` writes every state change of an execution; a statement
 whose values are plain values, the database clock or a named ``Computed`` value is built
 once for their names (``statement_cache.built_once``) and run with parameters, since
 building it costs more than running it.
@@ -72,7 +72,7 @@ def build_state_change(
     completes_records: bool,
     values: dict[str, Any],
 ) -> Any:
-    """``ExecutionRows._set_and_read``'s ``UPDATE … RETURNING`` of the execution ``e_id``."""
+    """``execution_rows.set_and_read_txn``'s ``UPDATE … RETURNING`` of the execution ``e_id``."""
     now = now_expr(conn, offset_ms)
     execution_id = bindparam("e_id", type_=_e.id.type)
     where = [_e.id == execution_id]

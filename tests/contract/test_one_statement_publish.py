@@ -19,6 +19,7 @@ import pytest
 
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.errors import ExecutionIdConflictError
+from celery_agboss.store.execution_rows import insert_requested_txn
 from celery_agboss.store.execution_start import record_requested_in_one
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from tests.support.lock_waits import at_once, sent_statements
@@ -43,7 +44,7 @@ def test_a_new_execution_is_recorded_in_one_statement_as_the_transaction_records
     assert recorded == [True]
     assert [(text.split()[0], autocommit) for text, autocommit in sent] == [("INSERT", True)]
     with executions.store.transaction() as tx:
-        assert executions._insert_requested(tx, message("pub-2"))
+        assert insert_requested_txn(tx, message("pub-2"))
     one, other = executions.read_execution("pub-1"), executions.read_execution("pub-2")
     assert one is not None and other is not None
     left_out = {"id", "requested_at_ms", "updated_at_ms", "read_at_ms"}

@@ -1,0 +1,205 @@
+"""Cancels: a request recorded, and its end, by a delivery, the sweep or an operator.
+
+A cancel never ends an execution while a payment may be in flight (a pending intent)
+or a delivery runs it (a live lease): the request is kept and its running body, its
+next delivery or the sweep honours it. Its end is ``shared_records.cancel_decision``'s,
+written under the execution row's lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func
+
+from celery_agboss.core import compensation
+from celery_agboss.core.execution_states import (
+    cancel_ends_now,
+    cancel_reason_of,
+    cancel_verdict,
+)
+from celery_agboss.core.executions import Audit, ExecutionRecord, ExecutionState
+from celery_agboss.core.shared_records import CancelStep, cancel_decision
+from celery_agboss.core.store_protocol import FencedTransaction
+from celery_agboss.store.execution_rows import (
+    audit_change_txn,
+    execution_lease_live,
+    has_pending_intent_txn,
+    read_execution_txn,
+    require_execution_txn,
+    require_with_pending_txn,
+    set_execution_txn,
+    sql,
+    undo_declarations_txn,
+    write_verdict_txn,
+)
+from celery_agboss.store.execution_updates import cancel_request_statement
+from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.store.transactions import SQLTransaction
+
+_e = executions.c
+
+
+def end_cancelled_txn(
+    tx: SQLTransaction,
+    execution_id: str,
+    reason: str,
+    wait_ms: int,
+    *,
+    payments_handled: bool = False,
+    undos_ran: bool = False,
+) -> ExecutionRecord:
+    """The end of a cancel request, once nothing is pending and no lease is live (the
+    caller checked both under the row locks), as ``shared_records.cancel_decision``
+    rules from its payments: ``CANCELLED``; ``COMPENSATING`` when its undos must run
+    first (a delivery runs them, then cancels it); ``WAITING`` while another execution
+    still uses one of its payments; or ``WAITING_OPERATOR`` "cancelled after a
+    completed payment", listed by ``agboss pending`` until an operator settles it.
+    ``wait_ms``: how long a wait for another execution lasts before it looks again;
+    ``payments_handled``: an operator says the payments are dealt with;
+    ``undos_ran``: the delivery that ran its undos ends it."""
+    reason = reason[:900]
+    cancel = {
+        "cancel_requested": True,
+        "cancel_reason": func.coalesce(_e.cancel_reason, reason),
+    }
+    step, other = CancelStep.CANCEL, None
+    if not payments_handled:
+        declarations = undo_declarations_txn(tx, execution_id)
+        decision = cancel_decision(
+            tx.shared_records_of(execution_id),
+            execution_id,
+            undoable={d.step_key for d in declarations},
+            undone=compensation.intents_made_by_undos(tx, declarations),
+            undos_ran=undos_ran,
+        )
+        step, other = decision.step, decision.other
+    verdict = cancel_verdict(step, reason, other)
+    values: dict[str, Any] = dict(cancel)
+    if verdict.state is ExecutionState.WAITING:  # looks again once the other may have ended
+        values.update(not_before_ms=tx.now_expr() + wait_ms, redrive_planned=True)
+    if verdict.state in (ExecutionState.WAITING, ExecutionState.WAITING_OPERATOR):
+        values["wake_requested"] = False
+    if payments_handled and verdict.terminal:
+        # The operator's confirmation: not listed again as "failed after a payment".
+        values["payments_handled_at_ms"] = tx.now_expr()
+    return write_verdict_txn(tx, execution_id, verdict, **values)
+
+
+def request_cancel(
+    store: SQLAlchemyStore,
+    wait_ms: int,
+    execution_id: str,
+    reason: str,
+    *,
+    payments_handled: bool = False,
+    audit: Audit | None = None,
+) -> ExecutionRecord | None:
+    """Record a cancel request. An execution that runs under no live lease, has no
+    pending intent and is not ``COMPENSATING`` ends now (``CANCELLED``, its undos
+    first, a wait for another execution that shares a payment, or "cancelled after
+    a completed payment"); any other keeps the request, which its running body's next
+    ``outbound()`` or ``fenced_effect()`` honours, or its next delivery, or the
+    sweep. ``payments_handled``: an operator says the completed payments are dealt
+    with. ``audit``: the operator's row, written in this transaction."""
+    with store.transaction() as tx:
+        record = read_execution_txn(tx, execution_id, lock=True)
+        if record is None or record.terminal:
+            return record
+        if cancel_ends_now(
+            record,
+            lambda: execution_lease_live(tx, execution_id),
+            lambda: has_pending_intent_txn(tx, execution_id),
+        ):
+            set_execution_txn(tx, execution_id, cancel_requested=True, cancel_reason=reason)
+            after = end_cancelled_txn(
+                tx, execution_id, reason, wait_ms, payments_handled=payments_handled
+            )
+        else:
+            set_execution_txn(
+                tx,
+                execution_id,
+                cancel_requested=True,
+                cancel_reason=func.coalesce(_e.cancel_reason, reason),
+            )
+            after = require_execution_txn(tx, execution_id)
+        audit_change_txn(tx, audit, execution_id, record, after)
+        return after
+
+
+def end_cancel_requested(
+    store: SQLAlchemyStore,
+    wait_ms: int,
+    execution_id: str,
+    reason: str,
+    *,
+    payments_handled: bool = False,
+) -> ExecutionRecord | None:
+    """The sweep's and the operators' end of a cancel request, under the execution's
+    row lock and its lease's: only while it is not running (no live lease), not
+    ``COMPENSATING`` and has no pending intent; the record as it is then (None when
+    unknown). ``CANCELLED``, or "cancelled after a completed payment"."""
+    with store.transaction() as tx:
+        record = read_execution_txn(tx, execution_id, lock=True)
+        if record is None or record.terminal:
+            return record
+        if not cancel_ends_now(
+            record,
+            lambda: execution_lease_live(tx, execution_id),
+            lambda: has_pending_intent_txn(tx, execution_id),
+            keep_operator_wait=not payments_handled,
+        ):
+            return record
+        return end_cancelled_txn(
+            tx,
+            execution_id,
+            record.cancel_reason or reason,
+            wait_ms,
+            payments_handled=payments_handled,
+        )
+
+
+def cancel_in(
+    tx: FencedTransaction, reason: str, wait_ms: int, *, payments_handled: bool = False
+) -> ExecutionRecord:
+    """``CANCELLED`` — unless the execution has a pending intent (a payment may be in
+    flight: it is reconciled first and the execution is left as it was), or completed
+    an outbound call its undos did not take care of (money moved: ``WAITING_OPERATOR``,
+    "cancelled after a completed payment", never silently ``CANCELLED``). A revoke's
+    cancel request ends here, in the delivery that settled its intents (and ran its
+    undos: it never hands them to a re-drive)."""
+    t, execution_id = sql(tx), tx.lease.scope
+    record, pending = require_with_pending_txn(t, execution_id)
+    if record.terminal or pending:
+        return record
+    return end_cancelled_txn(
+        t,
+        execution_id,
+        record.cancel_reason or reason,
+        wait_ms,
+        payments_handled=payments_handled,
+        undos_ran=True,
+    )
+
+
+def cancel_request_in(tx: FencedTransaction) -> str | None:
+    """The reason of the execution's cancel request, read in the caller's fenced
+    transaction (the one that would authorise the next send or write); None when there
+    is none. On PostgreSQL the row is read ``FOR SHARE``: a cancel being recorded now
+    waits for this transaction, so it either is seen here or comes after this send's
+    claim (and stops the next one)."""
+    t, execution_id = sql(tx), tx.lease.scope
+    row = t.execute(cancel_request_statement(t.connection), {"e_id": execution_id}).first()
+    if row is None:
+        return None
+    return cancel_reason_of(bool(row.cancel_requested), row.cancel_reason)
+
+
+__all__ = [
+    "cancel_in",
+    "cancel_request_in",
+    "end_cancel_requested",
+    "end_cancelled_txn",
+    "request_cancel",
+]
