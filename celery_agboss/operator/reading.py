@@ -21,13 +21,12 @@ from celery_agboss.core.store_protocol import (
 )
 from celery_agboss.operator.common import _refuse
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.store import sweep_queries as q
 
 
 def list_pending(app: Any, *, operator_only: bool = False, limit: int = 100) -> list[IntentRecord]:
     """Intents that may have been sent and are not settled (and completed ones whose result
     could not be stored), the ones waiting for an operator first."""
-    return q.list_pending_intents(Runtime.of(app).store, limit=limit, operator_only=operator_only)
+    return Runtime.of(app).executions.list_pending_intents(limit=limit, operator_only=operator_only)
 
 
 def list_executions(
@@ -69,7 +68,9 @@ def describe(app: Any, key_or_id: str) -> Description:
             f"no intent and no execution is named {key_or_id!r}; list them with "
             "`celery -A proj agboss pending` or `… agboss executions`",
         )
-    intents = q.list_intents_of(store, execution_id) if execution is not None else [intent]
+    intents = (
+        runtime.executions.list_intents_of(execution_id) if execution is not None else [intent]
+    )
     intents = [i for i in intents if i is not None]
     audit = runtime.executions.list_audit(execution_id, limit=50)
     for item in intents:

@@ -36,8 +36,8 @@ from celery_agboss.operator.common import (
     default_actor,
 )
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.store import sweep_queries as q
 from celery_agboss.store.audit_trail import insert_audit_txn
+from celery_agboss.store.execution_rows import execution_lease_live
 from celery_agboss.store.transactions import SQLTransaction
 
 
@@ -180,7 +180,7 @@ def _resolvable_intent(tx: SQLTransaction, idempotency_key: str, not_sent: bool)
             f"token {intent.owner.token}): it is being sent or looked up. Wait until its "
             "lease ends (`agboss show KEY`), then resolve it if it still needs you",
         )
-    if q.execution_lease_live(tx, intent.execution_id):
+    if execution_lease_live(tx, intent.execution_id):
         raise _refuse(
             "lease-live",
             f"execution {intent.execution_id} is running under a live lease; its delivery "

@@ -8,13 +8,15 @@ writes it in the transaction that makes the change (``execution_rows.audit_chang
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from celery_agboss.core.executions import AuditEntry
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.schema_executions import audit, meta
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
+
+_m = meta.c
 
 
 def insert_audit_txn(
@@ -112,8 +114,44 @@ def get_meta(store: SQLAlchemyStore, key: str) -> tuple[str, int] | None:
         return None if row is None else (str(row.value), int(row.updated_at_ms))
 
 
+# --- the sweep's ticks: one sweep per tick, however many beats --------------------
+
+TICK_KEY_PREFIX = "sweep.tick."
+LAST_SWEEP_KEY = "sweep.last"
+LAST_WORKER_SWEEP_KEY = "sweep.last-by-workers"
+
+
+def claim_tick(store: SQLAlchemyStore, interval_ms: int, claimant: str) -> int | None:
+    """Insert this tick's row (``INSERT … ON CONFLICT DO NOTHING``); its number when this
+    call inserted it, None when another sweeper already runs this tick.
+
+    The tick is the database clock divided by the interval, so every beat agrees on it.
+    Rows older than ten intervals are deleted in the same transaction.
+    """
+    if interval_ms <= 0:
+        raise ValueError("a tick needs a positive interval")
+    with store.transaction() as tx:
+        tick = tx.read_now_ms() // interval_ms
+        inserted = tx.execute(
+            insert_or_nothing(tx.connection, meta)
+            .values(key=f"{TICK_KEY_PREFIX}{tick}", value=claimant, updated_at_ms=tx.now_expr())
+            .returning(_m.key)
+        ).first()
+        tx.execute(
+            delete(meta).where(
+                _m.key.like(f"{TICK_KEY_PREFIX}%"),
+                _m.updated_at_ms < tx.now_expr() - 10 * interval_ms,
+            )
+        )
+        return tick if inserted is not None else None
+
+
 __all__ = [
+    "LAST_SWEEP_KEY",
+    "LAST_WORKER_SWEEP_KEY",
+    "TICK_KEY_PREFIX",
     "append_audit",
+    "claim_tick",
     "get_meta",
     "insert_audit_txn",
     "list_audit",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import func, not_, select
 
 from celery_agboss.core import compensation
 from celery_agboss.core.execution_states import (
@@ -18,7 +18,12 @@ from celery_agboss.core.execution_states import (
     cancel_reason_of,
     cancel_verdict,
 )
-from celery_agboss.core.executions import Audit, ExecutionRecord, ExecutionState
+from celery_agboss.core.executions import (
+    CANCELLABLE_STATES,
+    Audit,
+    ExecutionRecord,
+    ExecutionState,
+)
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.store_protocol import FencedTransaction
 from celery_agboss.store.execution_rows import (
@@ -34,6 +39,7 @@ from celery_agboss.store.execution_rows import (
     write_verdict_txn,
 )
 from celery_agboss.store.execution_updates import cancel_request_statement
+from celery_agboss.store.leases import lease_live
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
@@ -196,10 +202,31 @@ def cancel_request_in(tx: FencedTransaction) -> str | None:
     return cancel_reason_of(bool(row.cancel_requested), row.cancel_reason)
 
 
+def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:
+    """Ids of executions with a cancel request the sweep may end: not terminal, not
+    running (no live lease), not waiting for their operator. Only a listing: each is
+    ended under its row locks (``end_cancel_requested``)."""
+    states = [state.value for state in CANCELLABLE_STATES - {ExecutionState.WAITING_OPERATOR}]
+    with store.read_transaction() as tx:
+        now = tx.now_expr()
+        rows = tx.execute(
+            select(_e.id)
+            .where(
+                _e.cancel_requested,
+                _e.state.in_(states),
+                not_(lease_live(now, _e.id)),
+            )
+            .order_by(_e.updated_at_ms, _e.id)
+            .limit(limit)
+        ).all()
+        return [str(row.id) for row in rows]
+
+
 __all__ = [
     "cancel_in",
     "cancel_request_in",
     "end_cancel_requested",
     "end_cancelled_txn",
+    "find_cancel_requested",
     "request_cancel",
 ]

@@ -13,10 +13,10 @@ from sqlalchemy import case, func, select
 
 from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
+from celery_agboss.store.intent_listings import unsettled_intent
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
-from celery_agboss.store.sweep_queries import unsettled_intent
 
 LIVE_STATES = tuple(state for state in ExecutionState if state not in TERMINAL_STATES)
 """The states counted: the terminal ones only grow until retention deletes them."""

@@ -43,7 +43,6 @@ from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
     has_pending_intent_txn,
-    lease_live,
     park_txn,
     pending_intent_keys_txn,
     read_execution_txn,
@@ -54,6 +53,7 @@ from celery_agboss.store.execution_rows import (
     undo_declarations_txn,
 )
 from celery_agboss.store.execution_updates import TERMINAL_VALUES
+from celery_agboss.store.leases import lease_live
 from celery_agboss.store.schema import outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -123,7 +123,7 @@ def find_redrivable(
                 _e.state.in_(_REDRIVABLE),
                 or_(_e.not_before_ms.is_(None), _e.not_before_ms <= now),
                 due,
-                not_(lease_live(tx, _e.id)),
+                not_(lease_live(now, _e.id)),
             )
             .order_by(_e.updated_at_ms, _e.id)
             .limit(limit)
@@ -189,7 +189,7 @@ def expire_due(store: SQLAlchemyStore, limit: int) -> list[ExecutionRecord]:
                 never_started,
                 _e.expires_ms.is_not(None),
                 _e.expires_ms <= now,
-                not_(lease_live(tx, _e.id)),
+                not_(lease_live(now, _e.id)),
             )
             .order_by(_e.expires_ms)
             .limit(limit)

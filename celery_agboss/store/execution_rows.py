@@ -131,16 +131,6 @@ def newer_or_same(message: ExecutionMessage, record: ExecutionRecord) -> bool:
     return _retries(message.options) >= _retries(record.options)
 
 
-def lease_live(tx: SQLTransaction, scope: ColumnElement[str]) -> ColumnElement[bool]:
-    """A live lease on ``scope`` exists (database clock), as a correlated ``EXISTS``."""
-    now = tx.now_expr()
-    return (
-        select(_l.scope)
-        .where(_l.scope == scope, not_(_l.released), _l.expires_at_ms > now)
-        .exists()
-    )
-
-
 def _pending_predicate(execution_id: Any) -> ColumnElement[bool]:
     if sabotage.active(PENDING_INTENT_NARROW):
         owned = or_(
@@ -433,7 +423,6 @@ __all__ = [
     "has_pending_intent_txn",
     "insert_requested_statement",
     "insert_requested_txn",
-    "lease_live",
     "message_values",
     "newer_or_same",
     "park_txn",

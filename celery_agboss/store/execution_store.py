@@ -4,7 +4,9 @@
 ExecutionStore``); each method names the operation and hands it to its body, a function
 over one transaction grouped with the tables it writes: the delivery's life in
 ``execution_delivery``, pauses in ``pauses``, the sweep's and operators' verbs in
-``execution_admin``, the audit trail and meta values in ``audit_trail``, the row plumbing
+``execution_admin``, cancels in ``cancels``, the listings of intents in ``intent_listings``,
+retention in ``retention``, the audit trail, meta values and the sweep's ticks in
+``audit_trail``, the row plumbing
 they share (``*_txn`` over the caller's transaction) in ``execution_rows``. docs/store.md
 maps each operation to its statements and transactions.
 """
@@ -25,11 +27,12 @@ from celery_agboss.core.executions import (
     RedriveDecision,
     ReleaseOutcome,
 )
-from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef
-from celery_agboss.store import audit_trail, cancels, pauses
+from celery_agboss.core.store_protocol import FencedTransaction, IntentRecord, LeaseRef
+from celery_agboss.store import audit_trail, cancels, intent_listings, pauses, retention
 from celery_agboss.store import execution_admin as admin
 from celery_agboss.store import execution_delivery as delivery
 from celery_agboss.store.execution_rows import SHARED_WAIT_MS
+from celery_agboss.store.retention import RetentionResult
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 
@@ -275,6 +278,42 @@ class SQLAlchemyExecutionStore:
 
     def get_meta(self, key: str) -> tuple[str, int] | None:
         return audit_trail.get_meta(self.store, key)
+
+    # --- intents: what the sweep reconciles and operators are shown ---------------------
+    def find_stranded_keys(self, limit: int) -> list[tuple[str, str]]:
+        return intent_listings.find_stranded_keys(self.store, limit)
+
+    def list_pending_intents(
+        self, *, limit: int, operator_only: bool = False
+    ) -> list[IntentRecord]:
+        return intent_listings.list_pending_intents(
+            self.store, limit=limit, operator_only=operator_only
+        )
+
+    def list_intents_of(self, execution_id: str) -> list[IntentRecord]:
+        return intent_listings.list_intents_of(self.store, execution_id)
+
+    def find_cancel_requested(self, limit: int) -> list[str]:
+        return cancels.find_cancel_requested(self.store, limit)
+
+    # --- the sweep's ticks and retention --------------------------------------------------
+    def claim_tick(self, interval_ms: int, claimant: str) -> int | None:
+        return audit_trail.claim_tick(self.store, interval_ms, claimant)
+
+    def delete_settled_intents_before(self, cutoff_ms: int, limit: int) -> RetentionResult:
+        return retention.delete_settled_intents_before(self.store, cutoff_ms, limit)
+
+    def delete_effects_before(self, cutoff_ms: int, limit: int) -> RetentionResult:
+        return retention.delete_effects_before(self.store, cutoff_ms, limit)
+
+    def delete_terminal_executions_before(self, cutoff_ms: int, limit: int) -> int:
+        return retention.delete_terminal_executions_before(self.store, cutoff_ms, limit)
+
+    def delete_released_lease(self, lease: LeaseRef) -> bool:
+        return retention.delete_released_lease(self.store, lease)
+
+    def delete_dead_sweeper_leases(self, older_than_ms: int, limit: int) -> int:
+        return retention.delete_dead_sweeper_leases(self.store, older_than_ms, limit)
 
 
 if TYPE_CHECKING:  # mypy proves the one face implements the protocol the engine uses

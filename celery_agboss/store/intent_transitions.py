@@ -57,12 +57,10 @@ from celery_agboss.core.store_protocol import (
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.execution_updates import cancel_request_statement
 from celery_agboss.store.fences import fence_statement, fenced_error, one_statement_parameters
+from celery_agboss.store.history import HISTORY_NAMES, history_binds, history_parameters
 from celery_agboss.store.intents import (
-    HISTORY_NAMES,
     cas_guard_and_values,
     cas_parts,
-    history_binds,
-    history_parameters,
     new_intent_values,
 )
 from celery_agboss.store.schema import intent_history, outbound_calls, record_uses

@@ -159,6 +159,16 @@ def _acquire_statements(conn: Connection, offset_ms: int, caller_skew_ms: int) -
     return insert_new, take_over
 
 
+def lease_live(now: ColumnElement[int], scope: ColumnElement[str]) -> ColumnElement[bool]:
+    """A live lease on ``scope`` exists (``now``: the database clock), as a correlated
+    ``EXISTS``: for a listing; a decision re-checks under the lease row's lock."""
+    return (
+        select(_c.scope)
+        .where(_c.scope == scope, not_(_c.released), _c.expires_at_ms > now)
+        .exists()
+    )
+
+
 def _live_predicate(now: ColumnElement[int]) -> ColumnElement[bool]:
     """Not released and not expired — unless a test removed that protection (design: R19)."""
     if sabotage.active(RENEW_REVIVES_EXPIRED_LEASE):
@@ -428,6 +438,7 @@ __all__ = [
     "extend_txn",
     "first_lease_insert",
     "first_lease_row",
+    "lease_live",
     "lock_txn",
     "now_txn",
     "owner_locked_or_live_txn",

@@ -53,13 +53,13 @@ SETTLED_ONLY_EXCLUDES = "PENDING"
 def _partial(predicate: str) -> TextClause:
     """The ``WHERE`` of a partial index (the same text on both databases). A query reaches
     the index only when it spells the same predicate with literals, not parameters (the
-    planner cannot prove a parameter's value implies it): see ``sweep_queries``."""
+    planner cannot prove a parameter's value implies it): see ``retention``."""
     return text(predicate)
 
 
 def _sweeper_rows(column: str) -> TextClause:
     """A partial index over sweeper leases only: a handful of rows among one per
-    execution (``sweep_queries.sweeper_scope`` spells the same predicate)."""
+    execution (``retention.sweeper_scope`` spells the same predicate)."""
     return _partial(f"{column} LIKE '{SWEEPER_SCOPE_PATTERN}'")
 
 

@@ -51,7 +51,7 @@ from celery_agboss.errors import (
     StoreLockTimeoutError,
     StoreUnavailableError,
 )
-from celery_agboss.store import effects, intent_transitions, intents
+from celery_agboss.store import effects, history, intent_transitions, intents
 from celery_agboss.store import leases as lease_sql
 from celery_agboss.store.commit_guard import CommitGuard, StoreConnection, guard_engine
 from celery_agboss.store.databases import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
@@ -374,7 +374,7 @@ class SQLAlchemyStore:
 
     def read_history(self, idempotency_key: str) -> list[HistoryRow]:
         return self._run(
-            lambda conn: intents.read_history_txn(conn, idempotency_key), read_only=True
+            lambda conn: history.read_history_txn(conn, idempotency_key), read_only=True
         )
 
     def read_effect(self, key: str) -> EffectRecord | None:

@@ -28,7 +28,7 @@ from celery_agboss.core.store_protocol import (
     Reliance,
     SharedRecord,
 )
-from celery_agboss.store import effects, intents, leases, record_uses, shared_records
+from celery_agboss.store import effects, history, intents, leases, record_uses, shared_records
 from celery_agboss.store.dialect import clock, now_expr
 from celery_agboss.store.driver_errors import translated
 
@@ -77,15 +77,15 @@ class SQLTransaction:
 
     def last_history(self, idempotency_key: str) -> HistoryRow | None:
         with translated():
-            return intents.last_history_txn(self._conn, idempotency_key)
+            return history.last_history_txn(self._conn, idempotency_key)
 
     def append_history(self, row: HistoryRow) -> None:
         with translated():
-            intents.append_history_txn(self._conn, row)
+            history.append_history_txn(self._conn, row)
 
     def append_history_after(self, row: HistoryRow) -> bool:
         with translated():
-            return intents.append_history_after_txn(self._conn, row)
+            return history.append_history_after_txn(self._conn, row)
 
     def read_effect(self, key: str) -> EffectRecord | None:
         with translated():

@@ -52,7 +52,7 @@ from celery_agboss.errors import StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import effective_interval
 from celery_agboss.runtime.settings import AGBossSettings
-from celery_agboss.store import sweep_queries as q
+from celery_agboss.store.audit_trail import LAST_SWEEP_KEY, LAST_WORKER_SWEEP_KEY
 from celery_agboss.sweep.steps import SweepReport, SweepRun
 
 logger = logging.getLogger("celery_agboss")
@@ -88,8 +88,8 @@ def run_sweep(
         runtime.settings.sweep_interval_seconds if interval_seconds is None else interval_seconds
     )
     if claim_tick and not sabotage.active(SWEEP_WITHOUT_TICK):
-        tick = q.claim_tick(
-            runtime.store, to_ms(interval, what="the sweep interval"), claimant=str(uuid.uuid4())
+        tick = runtime.executions.claim_tick(
+            to_ms(interval, what="the sweep interval"), claimant=str(uuid.uuid4())
         )
         if tick is None:
             report.skipped = "another sweeper already ran this tick"
@@ -127,7 +127,7 @@ def run_sweep(
 def _record_finished(runtime: Runtime, report: SweepReport, interval: float, by: str) -> None:
     """``last_sweep_at`` (what workers watch), or, for the workers' own sweeps, a key of
     their own: those must not hide that no beat is running."""
-    key = q.LAST_WORKER_SWEEP_KEY if by == BY_WORKER else q.LAST_SWEEP_KEY
+    key = LAST_WORKER_SWEEP_KEY if by == BY_WORKER else LAST_SWEEP_KEY
     value = json.dumps({**report.as_dict(), "interval_seconds": interval, "by": by})
     try:
         runtime.executions.set_meta(key, value)
@@ -193,7 +193,7 @@ class SweepFreshness:
 def sweep_freshness(runtime: Runtime) -> SweepFreshness:
     """How long ago the last sweep finished, on the database clock."""
     interval = effective_interval(runtime.settings.sweep_interval_seconds)
-    found = runtime.executions.get_meta(q.LAST_SWEEP_KEY)
+    found = runtime.executions.get_meta(LAST_SWEEP_KEY)
     if found is None:
         return SweepFreshness(None, interval, True)
     value, at_ms = found

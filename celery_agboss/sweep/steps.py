@@ -33,8 +33,8 @@ from celery_agboss.outbox.publishing import sweep_outbox
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import republish
 from celery_agboss.runtime.task_events import TASK_PARKED, TASK_UNRECONCILED, send_task_event
-from celery_agboss.store import sweep_queries as q
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
+from celery_agboss.store.schema import SWEEPER_SCOPE_PREFIX
 
 if TYPE_CHECKING:
     from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -136,11 +136,11 @@ class SweepRun:
     def reconcile(self) -> None:
         if sabotage.active(STRANDED_NOT_RECONCILED):
             return
-        keys = q.find_stranded_keys(self.store, self.batch)
+        keys = self.executions.find_stranded_keys(self.batch)
         if not keys:
             return
         grant = self.store.acquire_lease(
-            f"{q.SWEEPER_SCOPE_PREFIX}{uuid.uuid4()}", str(uuid.uuid4()), self.lease_ttl_ms
+            f"{SWEEPER_SCOPE_PREFIX}{uuid.uuid4()}", str(uuid.uuid4()), self.lease_ttl_ms
         )
         if grant is None:  # pragma: no cover - a fresh uuid scope is never held
             return
@@ -205,7 +205,7 @@ class SweepRun:
     # --- 3. cancels -----------------------------------------------------------------
 
     def cancel(self) -> None:
-        for execution_id in q.find_cancel_requested(self.store, self.batch):
+        for execution_id in self.executions.find_cancel_requested(self.batch):
             try:
                 self._cancel_one(execution_id)
             except (Exception, StoreError):
@@ -417,18 +417,17 @@ class SweepRun:
     def retention(self) -> None:
         s = self.settings
         now = self.store.now_ms()
-        intents = q.delete_settled_intents_before(
-            self.store, now - s.outbound_retention_ms, self.batch
+        executions = self.executions
+        intents = executions.delete_settled_intents_before(
+            now - s.outbound_retention_ms, self.batch
         )
-        effects = q.delete_effects_before(
-            self.store, now - s.fenced_effect_retention_ms, self.batch
-        )
+        effects = executions.delete_effects_before(now - s.fenced_effect_retention_ms, self.batch)
         self.report.intents_deleted += intents.rows
         self.report.effects_deleted += effects.rows
-        self.report.executions_deleted += q.delete_terminal_executions_before(
-            self.store, now - s.terminal_execution_retention_ms, self.batch
+        self.report.executions_deleted += executions.delete_terminal_executions_before(
+            now - s.terminal_execution_retention_ms, self.batch
         )
-        q.delete_dead_sweeper_leases(self.store, 3_600_000, self.batch)
+        executions.delete_dead_sweeper_leases(3_600_000, self.batch)
 
     # --- the end ----------------------------------------------------------------------
 
@@ -438,7 +437,7 @@ class SweepRun:
             return
         try:
             if self.store.release_lease(lease):
-                q.delete_released_lease(self.store, lease)
+                self.executions.delete_released_lease(lease)
         except (Exception, StoreError):
             log_event(SWEEP_ERROR, logging.WARNING, exc_info=True, step="release")
 

@@ -21,7 +21,7 @@ from celery import signals as celery_signals
 from celery_agboss.core.log_events import STORE_ANSWERS, STORE_UNREACHABLE, log_event
 from celery_agboss.errors import StoreError, StoreUnavailableError
 from celery_agboss.runtime.app_runtime import Runtime, app_argument
-from celery_agboss.store import sweep_queries
+from celery_agboss.store.audit_trail import LAST_SWEEP_KEY
 
 logger = logging.getLogger("celery_agboss")
 
@@ -35,7 +35,7 @@ JOIN_SECONDS = 5.0
 def probe(runtime: Runtime) -> StoreError | None:
     """Read one of celery_agboss's own rows: the store answers and holds its tables."""
     try:
-        runtime.executions.get_meta(sweep_queries.LAST_SWEEP_KEY)
+        runtime.executions.get_meta(LAST_SWEEP_KEY)
     except StoreError as exc:
         return exc
     return None

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import pytest
 from celery import signals
 
-from celery_agboss.store import sweep_queries as q
+from celery_agboss.store import audit_trail as q
 from celery_agboss.sweep import run_sweep
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import World

@@ -17,7 +17,6 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.signals import RECORDED_HEADER
-from celery_agboss.store import sweep_queries
 from celery_agboss.sweep import check_sweep_freshness, sweep_freshness
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.operations.conftest import WorldFactory
@@ -200,7 +199,7 @@ def test_an_unknown_lookup_flags_the_intent_and_the_execution_waits_for_an_opera
     assert intent.needs_operator
     record = world.execution(task_id)
     assert record.state is ExecutionState.WAITING_OPERATOR
-    pending = sweep_queries.list_pending_intents(world.agboss.store, limit=10, operator_only=True)
+    pending = world.agboss.executions.list_pending_intents(limit=10, operator_only=True)
     assert [p.idempotency_key for p in pending] == [key]
 
 

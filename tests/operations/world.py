@@ -67,9 +67,7 @@ class World:
         return record
 
     def intents(self, execution_id: str) -> list[IntentRecord]:
-        from celery_agboss.store.sweep_queries import list_intents_of
-
-        return list_intents_of(self.agboss.store, execution_id)
+        return self.agboss.executions.list_intents_of(execution_id)
 
     def publishes_of(self, execution_id: str) -> int:
         return self.published.count(execution_id)

@@ -85,6 +85,4 @@ def test_resolve_is_refused_while_the_owner_is_charging(shop_factory: ShopFactor
 
 
 def _intents(shop: object, task_id: str) -> list[object]:
-    from celery_agboss.store.sweep_queries import list_intents_of
-
-    return list(list_intents_of(shop.agboss.store, task_id))  # type: ignore[attr-defined]
+    return list(shop.agboss.executions.list_intents_of(task_id))  # type: ignore[attr-defined]

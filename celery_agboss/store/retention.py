@@ -1,9 +1,9 @@
-"""The few statements the sweep and the operator commands need beyond the execution verbs.
+"""Retention: the rows that go once nothing needs them (design: retention).
 
-Each function is one short transaction on a ``SQLAlchemyStore`` (or a body that runs
-inside the caller's, named ``*_txn``). Every write is guarded by its full predicate
-and judged by its row count, so two sweepers (or a sweeper and an operator) racing on
-one row decide one after the other and the loser changes nothing.
+Settled intents and fenced-effect records whose every user ended before the cutoff,
+then the terminal executions they belonged to, and the lease rows of sweepers that
+died or let go. Each delete is one transaction whose predicate re-states why the row
+may go, so a record an execution still uses is never deleted, whoever created it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from sqlalchemy.sql.schema import Column
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
-    CANCELLABLE_STATES,
     TERMINAL_STATES,
     ExecutionState,
 )
@@ -25,152 +24,27 @@ from celery_agboss.core.protections import PAUSED_RECORDS_EXPIRE, RECORD_USES_IG
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
-    IntentRecord,
-    IntentStatus,
     LeaseRef,
 )
-from celery_agboss.store.dialect import insert_or_nothing
-from celery_agboss.store.execution_rows import execution_lease_live
-from celery_agboss.store.intents import owner_live_expr
 from celery_agboss.store.schema import (
     SETTLED_ONLY_EXCLUDES,
     SWEEPER_SCOPE_PATTERN,
-    SWEEPER_SCOPE_PREFIX,
     fenced_effects,
     leases,
     outbound_calls,
     record_uses,
 )
-from celery_agboss.store.schema_executions import executions, meta, pauses
+from celery_agboss.store.schema_executions import executions, pauses
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 _e = executions.c
 _i = outbound_calls.c
 _l = leases.c
 _f = fenced_effects.c
-_m = meta.c
 _u = record_uses.c
-
-TICK_KEY_PREFIX = "sweep.tick."
-LAST_SWEEP_KEY = "sweep.last"
-LAST_WORKER_SWEEP_KEY = "sweep.last-by-workers"
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
 _NOT_TERMINAL = [state.value for state in ExecutionState if state not in TERMINAL_STATES]
-
-
-def _execution_lease_live(now: ColumnElement[int], execution_id: Any) -> ColumnElement[bool]:
-    """For listings only: a decision re-checks under the lease row's lock."""
-    return exists().where(_l.scope == execution_id, not_(_l.released), _l.expires_at_ms > now)
-
-
-# --- ticks: one sweep per tick, however many beats ----------------------------------
-
-
-def claim_tick(store: SQLAlchemyStore, interval_ms: int, claimant: str) -> int | None:
-    """Insert this tick's row (``INSERT … ON CONFLICT DO NOTHING``); its number when this
-    call inserted it, None when another sweeper already runs this tick.
-
-    The tick is the database clock divided by the interval, so every beat agrees on it.
-    Rows older than ten intervals are deleted in the same transaction.
-    """
-    if interval_ms <= 0:
-        raise ValueError("a tick needs a positive interval")
-    with store.transaction() as tx:
-        tick = tx.read_now_ms() // interval_ms
-        inserted = tx.execute(
-            insert_or_nothing(tx.connection, meta)
-            .values(key=f"{TICK_KEY_PREFIX}{tick}", value=claimant, updated_at_ms=tx.now_expr())
-            .returning(_m.key)
-        ).first()
-        tx.execute(
-            delete(meta).where(
-                _m.key.like(f"{TICK_KEY_PREFIX}%"),
-                _m.updated_at_ms < tx.now_expr() - 10 * interval_ms,
-            )
-        )
-        return tick if inserted is not None else None
-
-
-# --- stranded intents ----------------------------------------------------------------
-
-
-def find_stranded_keys(store: SQLAlchemyStore, limit: int) -> list[tuple[str, str]]:
-    """``(idempotency key, execution id)`` of PENDING intents the sweep should look up:
-    no live owner, next lookup due, and no live lease on their execution (a live holder
-    reconciles its own intents). Oldest first."""
-    with store.read_transaction() as tx:
-        now = tx.now_expr()
-        rows = tx.execute(
-            select(_i.idempotency_key, _i.execution_id)
-            .where(
-                _i.status == IntentStatus.PENDING.value,
-                not_(owner_live_expr(now)),
-                or_(_i.next_lookup_at_ms.is_(None), _i.next_lookup_at_ms <= now),
-                not_(_execution_lease_live(now, _i.execution_id)),
-            )
-            .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
-            .limit(limit)
-        ).all()
-        return [(str(row.idempotency_key), str(row.execution_id)) for row in rows]
-
-
-def unsettled_intent() -> ColumnElement[bool]:
-    """What ``agboss pending`` lists (and the metrics count): PENDING intents, and
-    completed ones whose result could not be stored."""
-    return or_(
-        _i.status == IntentStatus.PENDING.value,
-        and_(_i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)),
-    )
-
-
-def list_pending_intents(
-    store: SQLAlchemyStore, *, limit: int, operator_only: bool = False
-) -> list[IntentRecord]:
-    """PENDING intents (and completed ones whose result could not be stored), the ones
-    flagged for an operator first, then oldest first."""
-    with store.read_transaction() as tx:
-        statement = select(_i.idempotency_key).where(unsettled_intent())
-        if operator_only:
-            statement = statement.where(_i.needs_operator)
-        rows = tx.execute(
-            statement.order_by(
-                _i.needs_operator.desc(), _i.first_attempt_at_ms, _i.idempotency_key
-            ).limit(limit)
-        ).all()
-        records = [tx.read_intent(str(row.idempotency_key)) for row in rows]
-        return [record for record in records if record is not None]
-
-
-def list_intents_of(store: SQLAlchemyStore, execution_id: str) -> list[IntentRecord]:
-    with store.read_transaction() as tx:
-        return tx.list_intents(execution_id)
-
-
-# --- cancels ---------------------------------------------------------------------------
-
-
-def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:
-    """Ids of executions with a cancel request the sweep may end: not terminal, not
-    running (no live lease), not waiting for their operator. Only a listing: each is
-    ended under its row locks (``end_cancel_requested``)."""
-    states = [state.value for state in CANCELLABLE_STATES - {ExecutionState.WAITING_OPERATOR}]
-    with store.read_transaction() as tx:
-        now = tx.now_expr()
-        rows = tx.execute(
-            select(_e.id)
-            .where(
-                _e.cancel_requested,
-                _e.state.in_(states),
-                not_(_execution_lease_live(now, _e.id)),
-            )
-            .order_by(_e.updated_at_ms, _e.id)
-            .limit(limit)
-        ).all()
-        return [str(row.id) for row in rows]
-
-
-# --- retention ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -311,9 +185,6 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
         return int(tx.execute(delete(executions).where(_e.id.in_(ids))).rowcount)
 
 
-# --- the sweeper's own lease -----------------------------------------------------------
-
-
 def delete_released_lease(store: SQLAlchemyStore, lease: LeaseRef) -> bool:
     """Forget a sweeper's lease row once released (its scope is never used again)."""
     with store.transaction() as tx:
@@ -364,21 +235,11 @@ def delete_dead_sweeper_leases(store: SQLAlchemyStore, older_than_ms: int, limit
 
 
 __all__ = [
-    "LAST_SWEEP_KEY",
-    "LAST_WORKER_SWEEP_KEY",
-    "SWEEPER_SCOPE_PREFIX",
-    "TICK_KEY_PREFIX",
     "RetentionResult",
-    "claim_tick",
     "delete_dead_sweeper_leases",
     "delete_effects_before",
     "delete_released_lease",
     "delete_settled_intents_before",
     "delete_terminal_executions_before",
-    "execution_lease_live",
-    "find_cancel_requested",
-    "find_stranded_keys",
-    "list_intents_of",
-    "list_pending_intents",
-    "unsettled_intent",
+    "sweeper_scope",
 ]
