@@ -1,14 +1,14 @@
 """The execution store's one face: every verb on executions, on a ``SQLAlchemyStore``.
 
 ``SQLAlchemyExecutionStore`` is the one class callers hold (``core.executions.
-ExecutionStore``); each method names the operation and hands it to its body, a function
-over one transaction grouped with the tables it writes: the delivery's life in
-``execution_delivery``, pauses in ``pauses``, the sweep's and operators' verbs in
-``execution_admin``, cancels in ``cancels``, the listings of intents in ``intent_listings``,
-retention in ``retention``, the audit trail, meta values and the sweep's ticks in
-``audit_trail``, the row plumbing
-they share (``*_txn`` over the caller's transaction) in ``execution_rows``. docs/store.md
-maps each operation to its statements and transactions.
+ExecutionStore``); each method names the operation and hands it to its body, a
+function over one transaction grouped with the tables it writes: the delivery's life
+in ``execution_delivery``, pauses in ``pauses``, cancels in ``cancels``, the sweep's
+and operators' verbs in ``execution_admin``, listings of intents in
+``intent_listings``, retention in ``retention``, the audit trail, meta values and the
+sweep's ticks in ``audit_trail``. The row plumbing they share (``*_txn`` over the
+caller's transaction) is in ``execution_rows``. docs/store.md maps each operation to
+its statements and transactions.
 """
 
 from __future__ import annotations

@@ -18,9 +18,11 @@ import psycopg
 import pytest
 from sqlalchemy import exc as sa_exc
 
+from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.errors import StoreError, StoreLockTimeoutError, StoreUnavailableError
 from celery_agboss.store.databases import create_store_engine
+from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.fences import lock_timeout_ms
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -140,3 +142,33 @@ def test_a_server_ending_the_session_mid_transaction_raises_store_unavailable(
         assert store.read_lease(lease.scope) is not None
     finally:
         store.close()
+
+
+def test_a_server_ending_the_sessions_before_a_one_statement_write_raises_store_unavailable(
+    postgres_store_url: str,
+) -> None:
+    """The one-statement writes go to psycopg's cursor directly: a connection the server
+    ended still leaves as ``StoreUnavailableError``, and, as SQLAlchemy does for its own
+    statements, the pool then drops every connection older than the failure (a server
+    restart ended them all), so the next write gets a fresh one, not the next dead one."""
+    store = SQLAlchemyStore(postgres_store_url)
+    executions = SQLAlchemyExecutionStore(store)
+    try:
+        assert executions.record_requested(_message("one-statement-1"))
+        with store.engine.connect() as one, store.engine.connect() as two:  # both pooled after
+            pids = [c.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() for c in (one, two)]
+        with psycopg.connect(libpq_url(postgres_store_url), autocommit=True) as admin:
+            for pid in pids:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        _raises_store_error(
+            StoreUnavailableError,
+            lambda: executions.record_requested(_message("one-statement-2")),
+        )
+        assert executions.record_requested(_message("one-statement-3"))
+        assert executions.read_execution("one-statement-2") is None
+    finally:
+        store.close()
+
+
+def _message(execution_id: str) -> ExecutionMessage:
+    return ExecutionMessage(execution_id, "shop.charge", "[42]", "{}", "{}", None, None)
