@@ -149,7 +149,8 @@ def _breakdown_lines(result: E2EResult) -> list[str]:
     counted = sum(kinds.values())
     lines = [
         f"Store transactions per agboss task ({tasks} tasks in {len(rounds)} rounds), by the "
-        "step that opened each (SQLAlchemy begin events):",
+        "step that opened each (SQLAlchemy begin events, and statements sent as their own "
+        "transaction):",
         table(["role: kind", "per task", "total", "guarantee it serves"], rows, left=(0, 3)),
     ]
     if all(r.transactions is not None for r in rounds):

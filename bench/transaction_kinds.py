@@ -4,12 +4,14 @@ The end-to-end benchmark counts every transaction on the run's database from
 PostgreSQL's own counters (``bench.pg_counters``); this module says what they were.
 A listener on SQLAlchemy's ``begin`` event (installed only inside the benchmark: the
 worker app does it when its config names a folder) walks the Python stack at each
-``BEGIN`` and names the transaction by the innermost celery_agboss function it knows
-(``KIND_OF_FUNCTION``); a transaction opened by a function it does not know is counted
-as ``other:<function>``, never dropped, so a new transaction in the product shows up
-by name. Each process writes its counts to ``<folder>/<role>-<pid>.json``: every
-``FLUSH_EVERY`` transactions, from a timer while counts changed, and at exit, so a
-killed prefork child loses little and an idle worker's file is current.
+``BEGIN``, and at each statement sent outside a SQLAlchemy transaction (a statement
+that is its own transaction, on the driver's cursor), and names the transaction by the
+innermost celery_agboss function it knows (``KIND_OF_FUNCTION``); a transaction opened
+by a function it does not know is counted as ``other:<function>``, never dropped, so a
+new transaction in the product shows up by name. Each process writes its counts to
+``<folder>/<role>-<pid>.json``: every ``FLUSH_EVERY`` transactions, from a timer while
+counts changed, and at exit, so a killed prefork child loses little and an idle
+worker's file is current.
 """
 
 from __future__ import annotations
@@ -182,8 +184,13 @@ class TransactionCounter:
         event.listen(target, "after_cursor_execute", self._after_statement)
 
     def _before_statement(self, conn: Connection, *args: Any) -> None:
-        if conn.engine.url.database == self.database:
-            self._started.at = time.perf_counter()
+        if conn.engine.url.database != self.database:
+            return
+        if not conn.in_transaction():
+            # A statement that is its own transaction, sent past SQLAlchemy (the store's
+            # one-statement writes go to the driver's cursor): no BEGIN event names it.
+            self._count(classify(sys._getframe(1)))
+        self._started.at = time.perf_counter()
 
     def _after_statement(self, conn: Connection, *args: Any) -> None:
         started = getattr(self._started, "at", None)
