@@ -29,7 +29,17 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, exists, func, literal, not_, select, true, update
+from sqlalchemy import (
+    bindparam,
+    exists,
+    func,
+    literal,
+    literal_column,
+    not_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
 
@@ -146,16 +156,22 @@ def _statement(
         update(executions)
         .where(_e.id == execution_id, *fenced, *guards)
         .values(**values)
-        .returning(*executions.c, now.label("read_at_ms"))
+        # Every column as ``*``, here and below: named one by one, the statement passed
+        # the 4,096 bytes psycopg caches its parsing for, and was parsed on every call.
+        .returning(
+            literal_column(f"{executions.name}.*"),
+            _e.id.label("verdict_of"),
+            now.label("read_at_ms"),
+        )
         .cte("agboss_verdict")
     )
     # Joined to the verdict's row: no verdict, no release.
-    released = release_after_fence(verdict.c.read_at_ms, leases.c.scope == verdict.c.id).cte(
-        "agboss_released"
-    )
+    released = release_after_fence(
+        verdict.c.read_at_ms, leases.c.scope == verdict.c.verdict_of
+    ).cte("agboss_released")
     statement = select(
         fence.c.now.label("fenced_at"),
-        *verdict.c,
+        literal_column(f"{verdict.name}.*"),
         select(func.count()).select_from(released).scalar_subquery().label("released"),
     ).select_from(
         select(literal(1).label("one"))
@@ -164,7 +180,7 @@ def _statement(
         .outerjoin(verdict, true())
     )
     if completes:
-        along = completed_on_records_statement(conn, verdict.c.id, offset_ms=offset_ms)
+        along = completed_on_records_statement(conn, verdict.c.verdict_of, offset_ms=offset_ms)
         statement = statement.add_cte(along.cte("agboss_along"))
     return statement
 
