@@ -132,7 +132,10 @@ def _on_the_driver(conn: Connection, driver: Any, sql: str, values: dict[str, An
             statement, parameters = before(conn, cursor, statement, parameters, None, False)
         try:
             cursor.execute(statement, parameters)
-        except Exception as error:
+        except BaseException as error:
+            # As SQLAlchemy's own execute does: an interruption (a SystemExit, a timeout
+            # raised into the thread) leaves the connection mid-statement, so it is
+            # invalidated, never pooled again; the error goes on, wrapped or as it is.
             conn._handle_dbapi_exception(error, statement, parameters, cursor, None)
             raise  # pragma: no cover - the handler raises
         for after in dispatch.after_cursor_execute:

@@ -170,5 +170,32 @@ def test_a_server_ending_the_sessions_before_a_one_statement_write_raises_store_
         store.close()
 
 
+def test_an_interruption_during_a_one_statement_write_drops_its_connection(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``SystemExit`` (a worker told to stop) raised while a one-statement write is on
+    the wire leaves its connection in an unknown state: it goes on as it is, and the
+    connection is invalidated, never handed to the next write."""
+    store = SQLAlchemyStore(postgres_store_url)
+    executions = SQLAlchemyExecutionStore(store)
+    try:
+        assert executions.record_requested(_message("interrupted-1"))
+        with store.engine.connect() as conn:  # the pool's one connection
+            pooled = conn.connection.dbapi_connection
+        assert pooled is not None and not pooled.closed
+
+        def interrupted(*args: object, **kwargs: object) -> None:
+            raise SystemExit("stop")
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", interrupted)
+        with pytest.raises(SystemExit):
+            executions.record_requested(_message("interrupted-2"))
+        monkeypatch.undo()
+        assert pooled.closed
+        assert executions.record_requested(_message("interrupted-3"))
+    finally:
+        store.close()
+
+
 def _message(execution_id: str) -> ExecutionMessage:
     return ExecutionMessage(execution_id, "shop.charge", "[42]", "{}", "{}", None, None)
