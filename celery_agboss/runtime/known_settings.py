@@ -67,6 +67,7 @@ KNOWN_SETTINGS = frozenset(
     {
         *DURATION_DEFAULTS,
         "database_url",
+        "django_database",
         "pseudonym_key",
         "tenant",
         "max_recovery_attempts",

@@ -24,6 +24,7 @@ from sqlalchemy.exc import ArgumentError
 from celery_agboss.core.durations import to_ms, to_seconds
 from celery_agboss.core.keys import pseudonym_key_bytes, validate_tenant
 from celery_agboss.errors import ConfigurationError
+from celery_agboss.runtime.django_store import DJANGO_APP, django_alias, django_store_url
 from celery_agboss.runtime.known_settings import (
     DEFAULT_ATTEMPT_TIMEOUT_SECONDS,
     DEFAULT_LEASE_TTL_SECONDS,
@@ -91,6 +92,8 @@ class AGBossSettings:
     # (PgBouncer's transaction mode before 1.21): psycopg then prepares no statement.
     prepared_statements: bool = True
     testing_key: bool = False
+    # The Django database alias the store is (celery_agboss.contrib.django), or None.
+    django_database: str | None = None
 
     @property
     def max_broker_countdown_seconds(self) -> float:
@@ -212,12 +215,24 @@ def _duration(source: _Source, name: str, default: float, *, allow_zero: bool) -
     return seconds
 
 
-def _database_url(source: _Source) -> str:
+def _database_url(source: _Source) -> tuple[str, str | None]:
+    """The store's URL, and the Django alias it was built from (None: set as a URL)."""
     url = source.get("database_url")
+    configured_alias = source.get("django_database")
+    if url and configured_alias is not None:
+        raise ConfigurationError(
+            "agboss_database_url and agboss_django_database are both set: the store is one "
+            "database, so set one of them",
+            setting="agboss_django_database",
+        )
+    alias = None if url else django_alias(configured_alias)
+    if alias is not None:
+        url = django_store_url(alias)
     if not url or not isinstance(url, str):
         raise ConfigurationError(
             "agboss_database_url is not set: set app.conf.agboss_database_url to the store, e.g. "
-            "'postgresql+psycopg://user@host/db' or 'sqlite:////absolute/path/agboss.db'",
+            "'postgresql+psycopg://user@host/db' or 'sqlite:////absolute/path/agboss.db' (in a "
+            f"Django project, add {DJANGO_APP!r} to INSTALLED_APPS instead)",
             setting="agboss_database_url",
         )
     try:
@@ -249,7 +264,7 @@ def _database_url(source: _Source) -> str:
             "'postgresql+psycopg://…' or an absolute 'sqlite:////…' path",
             setting="agboss_database_url",
         )
-    return url
+    return url, alias
 
 
 def _pseudonym_key(source: _Source) -> tuple[bytes, bool]:
@@ -408,7 +423,7 @@ def settings_from_conf(
         raise ConfigurationError(unknown_settings_message(unknown), setting=unknown[0])
     warn_of_misspelt_variables(env)
     source = _Source(conf, env)
-    database_url = _database_url(source)
+    database_url, django_database = _database_url(source)
     key, testing_key = _pseudonym_key(source)
     tenant = _tenant(source)
     cap = _positive_int(source, "max_recovery_attempts", DEFAULT_MAX_RECOVERY_ATTEMPTS)
@@ -432,6 +447,7 @@ def settings_from_conf(
     sweep_queue = source.get("sweep_queue") or DEFAULT_SWEEP_QUEUE
     return AGBossSettings(
         database_url=database_url,
+        django_database=django_database,
         pseudonym_key=key,
         tenant=tenant,
         lease_ttl_seconds=durations["lease_ttl"],

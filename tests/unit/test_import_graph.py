@@ -53,6 +53,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("binding", ["celery_agboss.app", "celery_agboss"]),
+    # The frameworks payment code is written in: Django's app, settings and migrations.
+    ("frameworks", ["celery_agboss.contrib", "celery_agboss.contrib.*"]),
     (
         "tools",
         [

@@ -1,0 +1,1 @@
+"""Integrations with the frameworks payment code is written in (``contrib.django``)."""
