@@ -190,6 +190,17 @@ class CommitInsideFencedEffectError(AGBossError):
     """A fenced effect's function may not commit; its writes commit with the effect's record."""
 
 
+class FencedEffectInsideAtomicError(AGBossError):
+    """A fenced effect was called inside the body's own ``transaction.atomic()`` (Django):
+    it would be a savepoint there, holding the lease row locked until the outer block
+    ends. Call it outside any atomic block."""
+
+
+class OutsideFenceWriteError(AGBossError):
+    """A fenced effect's ``fn`` wrote to another database than the store's (a Django
+    alias): that write would commit on its own, outside the fence. Nothing was written."""
+
+
 class FaultInjected(AGBossError):
     """A test armed a fault point to raise here."""
 

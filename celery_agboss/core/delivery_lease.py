@@ -109,13 +109,18 @@ class DeliveryLease:
         return lease
 
     @contextmanager
-    def fenced(self, *, engine_only: bool = False) -> Iterator[FencedTransaction]:
+    def fenced(
+        self, *, engine_only: bool = False, users_writes: bool = False
+    ) -> Iterator[FencedTransaction]:
         """A fenced transaction under this lease; a refusal ends the holder's trust in it.
-        ``engine_only``: the engine's own writes, no user code (``Store.fenced``)."""
+        ``engine_only``: the engine's own writes, no user code; ``users_writes``: a fenced
+        effect's (``Store.fenced``)."""
         lease = self._trusted()
         sent = SentAt.now(lease.clock)
         try:
-            with self._store.fenced(lease.ref, lease.ttl_ms, engine_only=engine_only) as tx:
+            with self._store.fenced(
+                lease.ref, lease.ttl_ms, engine_only=engine_only, users_writes=users_writes
+            ) as tx:
                 yield tx
         except ExecutionFencedError:
             lease.mark_lost("a fenced transaction found the lease lost")

@@ -62,9 +62,12 @@ class EffectHolder(Protocol):
     @property
     def lease_ref(self) -> LeaseRef: ...
 
-    def fenced(self, *, engine_only: bool = False) -> AbstractContextManager[FencedTransaction]:
+    def fenced(
+        self, *, engine_only: bool = False, users_writes: bool = False
+    ) -> AbstractContextManager[FencedTransaction]:
         """A fenced transaction under this holder's lease (refused once the lease is lost);
-        ``engine_only`` when no user code runs in it (``Store.fenced``)."""
+        ``engine_only`` when no user code runs in it, ``users_writes`` when a fenced
+        effect's ``fn`` does (``Store.fenced``)."""
 
     def check_cancel(self, tx: FencedTransaction) -> None:
         """Raise ``CancelRequestedError`` when a cancel of the execution was recorded, read
@@ -88,7 +91,7 @@ def run_fenced_effect(
     shared = business_key_text is not None
     for _ in range(MAX_INSERT_ROUNDS):
         try:
-            with holder.fenced() as tx:
+            with holder.fenced(users_writes=True) as tx:
                 holder.check_cancel(tx)  # before a replay too: the body stops here
                 record = tx.read_effect(key)
                 if record is not None and not sabotage.active(FENCED_EFFECT_NOT_REPLAYED):

@@ -446,6 +446,14 @@ answer a key replays, for the request's own, whatever its amount, currency, refe
 order is marked paid with another order's payment, and its customer is never charged."""
 
 
+# Frameworks (contrib/).
+
+DJANGO_WRITES_OFF_THE_FENCE = "django-writes-off-the-fence"
+"""Sabotage (design: P2): a fenced effect in a Django project runs on the store's own
+connection, not in Django's transaction: the ORM writes of its ``fn`` commit on Django's
+connection by themselves, a zombie's included."""
+
+
 ALL: frozenset[str] = frozenset(
     value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str)
 )

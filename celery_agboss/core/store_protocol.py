@@ -384,12 +384,19 @@ class Store(Protocol):
     def read_lease(self, scope: str) -> LeaseState | None: ...
 
     def fenced(
-        self, lease: LeaseRef, ttl_ms: int, *, engine_only: bool = False
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        *,
+        engine_only: bool = False,
+        users_writes: bool = False,
     ) -> AbstractContextManager[FencedTransaction]:
         """Begin a transaction that refuses (``ExecutionFencedError``) unless ``lease`` is the
         live holder, extends it, and sets a lock timeout below ttl/3. ``engine_only``: no
         user code runs in it, so a backend may prove the lease at its commit without
-        asking the database again (when it ended well inside the lease it extended)."""
+        asking the database again (when it ended well inside the lease it extended).
+        ``users_writes``: the user's code writes in it (a fenced effect), so a backend
+        runs it where those writes are made (a Django project's connection)."""
 
     def claim_in_one(
         self,

@@ -25,6 +25,7 @@ from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.log_events import EXECUTION_REPUBLISHED, STORE_OPENED, log_event
 from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.errors import ConfigurationError, StoreNotMigratedError
+from celery_agboss.runtime.django_store import users_database
 from celery_agboss.runtime.messages import republish
 from celery_agboss.runtime.settings import AGBossSettings, settings_from_conf
 from celery_agboss.store.deployment import read_store_tenant
@@ -188,6 +189,8 @@ class Runtime:
                 engine_options={"prepared_statements": settings.prepared_statements},
             )
             store.clock_offset_source = self.clock_offset_source
+            if settings.django_database is not None:
+                store.users_database = users_database(store.engine, settings.django_database)
             current = _ProcessStore(
                 pid=pid,
                 store=store,

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Engine
 
 from celery_agboss.errors import ConfigurationError
+from celery_agboss.store.sqlalchemy_store import UsersDatabase
 
 DJANGO_APP = "celery_agboss.contrib.django"
 DEFAULT_ALIAS = "default"
@@ -66,6 +67,7 @@ def _postgresql_url(database: Mapping[str, Any], alias: str) -> str:
             setting=SETTING,
         )
     options = database.get("OPTIONS") or {}
+    _require_read_committed(options.get("isolation_level"), alias)
     query = {
         str(name): str(value)
         for name, value in options.items()
@@ -88,6 +90,20 @@ def _postgresql_url(database: Mapping[str, Any], alias: str) -> str:
         query=query,
     )
     return url.render_as_string(hide_password=False)
+
+
+def _require_read_committed(level: Any, alias: str) -> None:
+    """The fence re-reads rows it waited for: at REPEATABLE READ or SERIALIZABLE a fenced
+    effect on Django's connection would see the snapshot from before its lock wait."""
+    import psycopg
+
+    if level is not None and psycopg.IsolationLevel(level) != psycopg.IsolationLevel.READ_COMMITTED:
+        raise ConfigurationError(
+            f"DATABASES[{alias!r}] runs at {psycopg.IsolationLevel(level).name}; celery_agboss's "
+            "fenced transactions need READ COMMITTED (PostgreSQL's default): remove "
+            "isolation_level from its OPTIONS, or keep the store on another alias",
+            setting=SETTING,
+        )
 
 
 def _sqlite_url(database: Mapping[str, Any], alias: str) -> str:
@@ -152,6 +168,37 @@ def django_store_url(alias: str) -> str:
     return store_url_from_database(databases[alias], alias)
 
 
+UsersDatabaseFactory = Callable[[Engine, str], UsersDatabase]
+_users_database: list[UsersDatabaseFactory] = []
+
+
+def register_users_database(factory: UsersDatabaseFactory) -> None:
+    """Called by the Django app when Django loads it: ``factory(store_engine, alias)``
+    gives the transactions a fenced effect runs in on the alias's connection."""
+    _users_database[:] = [factory]
+
+
+def users_database(store_engine: Engine, alias: str) -> UsersDatabase:
+    """Where this process's fenced effects run: in Django's transaction on ``alias``'s
+    connection. Django is set up here if nothing did yet (Celery's Django fixup does it
+    in a worker), which loads the app; without the app, the fence could not reach the
+    ORM's writes, so nothing starts."""
+    if not _users_database:
+        _require_django()
+        import django
+        from django.apps import apps
+
+        if not apps.ready:
+            django.setup()
+    if not _users_database:
+        raise ConfigurationError(
+            f"the store is the Django database {alias!r} but {DJANGO_APP!r} is not in "
+            "INSTALLED_APPS: add it, so that fenced effects run in Django's transaction",
+            setting=SETTING,
+        )
+    return _users_database[0](store_engine, alias)
+
+
 def _require_django() -> None:
     if importlib.util.find_spec("django") is None:
         raise ConfigurationError(
@@ -165,5 +212,7 @@ __all__ = [
     "DJANGO_APP",
     "django_alias",
     "django_store_url",
+    "register_users_database",
     "store_url_from_database",
+    "users_database",
 ]

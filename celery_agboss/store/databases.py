@@ -53,6 +53,12 @@ def _sqlite_now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def add_sqlite_clock(dbapi_connection: sqlite3.Connection) -> None:
+    """The store's statements read the database clock through ``SQLITE_NOW_FUNCTION``:
+    registered on each connection the store opens, and on one it borrows."""
+    dbapi_connection.create_function(SQLITE_NOW_FUNCTION, 0, _sqlite_now_ms)
+
+
 def normalize_url(url: str | URL) -> URL:
     """Parse ``url`` and refuse what the store cannot use safely."""
     try:
@@ -176,7 +182,7 @@ def _sqlite_engine(url: URL, busy_timeout_ms: int, kwargs: dict[str, Any]) -> En
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()
-        dbapi_connection.create_function(SQLITE_NOW_FUNCTION, 0, _sqlite_now_ms)
+        add_sqlite_clock(dbapi_connection)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:

@@ -69,6 +69,12 @@ from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransactio
 
 T = TypeVar("T")
 
+UsersDatabase = Callable[[], contextlib.AbstractContextManager[Engine | None]]
+"""A framework's transaction on its own connection to the store's database, entered
+around a fenced transaction that runs the user's writes; it yields the engine over that
+connection (``store.borrowed``), or None to use the store's own, and ends the
+transaction itself: it commits when the store's checks passed, else rolls back."""
+
 
 def sqlite_write_lock_bound_ms(ttl_ms: int) -> int:
     """How long a SQLite fenced transaction may hold the single write lock before the
@@ -111,6 +117,10 @@ class SQLAlchemyStore:
         _stores_to_dispose_after_fork.add(self)
         self.caller_clock_skew_ms = 0
         """Sabotage only (``EXPIRY_BY_CALLER_CLOCK``): the acquiring caller's clock skew."""
+        self.users_database: UsersDatabase | None = None
+        """Where a fenced transaction that runs the user's writes runs instead of this
+        store's own pool: a framework's transaction on its own connection to the same
+        database (``celery_agboss.contrib.django``), yielding the engine over it."""
 
     # --- plumbing ----------------------------------------------------------------
 
@@ -124,7 +134,11 @@ class SQLAlchemyStore:
 
     @contextlib.contextmanager
     def _begin(
-        self, *, read_only: bool = False, watch_ttl_ms: int | None = None
+        self,
+        *,
+        read_only: bool = False,
+        watch_ttl_ms: int | None = None,
+        engine: Engine | None = None,
     ) -> Iterator[Connection]:
         """A connection in an open transaction: committed on success, rolled back on any
         exception (which propagates unchanged if it is not a driver error).
@@ -132,9 +146,10 @@ class SQLAlchemyStore:
         ``watch_ttl_ms`` (fenced transactions on SQLite): the watchdog rolls the
         transaction back once it has held the write lock ``sqlite_write_lock_bound_ms``;
         it then raises ``StoreLockTimeoutError`` and its connection is thrown away.
+        ``engine``: one over a borrowed connection (``users_database``), else the store's.
         """
         with translated():
-            conn: Connection = StoreConnection(self.engine)  # what engine.connect() makes
+            conn: Connection = StoreConnection(engine or self.engine)  # engine.connect()
         guard = CommitGuard(conn)
         watch: FencedWatch | None = None
         try:
@@ -228,7 +243,12 @@ class SQLAlchemyStore:
 
     @contextlib.contextmanager
     def fenced(
-        self, lease: LeaseRef, ttl_ms: int, *, engine_only: bool = False
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        *,
+        engine_only: bool = False,
+        users_writes: bool = False,
     ) -> Iterator[SQLFencedTransaction]:
         """Check and extend ``lease`` as the first statement of a transaction, then yield it.
 
@@ -241,6 +261,9 @@ class SQLAlchemyStore:
         ``engine_only``: the transaction runs the engine's own statements, no user code.
         On PostgreSQL its commit then skips the second lease check when it ends within
         ``ENGINE_COMMIT_BOUND`` of the TTL after the first was sent (``_ended_in_bound``).
+
+        ``users_writes``: the user's code writes in it (a fenced effect's ``fn``); with a
+        ``users_database`` it runs there, so those writes are in this transaction.
         """
         started = time.monotonic()
         offset = self.offset_ms()
@@ -256,7 +279,15 @@ class SQLAlchemyStore:
             if checked is None:
                 raise fenced_error(lease)
         fault_point(FENCED_BEFORE_BEGIN, **where)
-        with self._begin(watch_ttl_ms=self._watch_ttl_ms(ttl_ms)) as conn:
+        users = self.users_database if users_writes else None
+        with (
+            contextlib.nullcontext(None) if users is None else users() as borrowed,
+            # The watchdog interrupts SQLite connections the store opened, not borrowed ones.
+            self._begin(
+                watch_ttl_ms=self._watch_ttl_ms(ttl_ms) if borrowed is None else None,
+                engine=borrowed,
+            ) as conn,
+        ):
             with translated():
                 if separate:
                     if is_postgresql(conn):

@@ -118,9 +118,13 @@ class Execution:
         return self.handle.ref
 
     @contextmanager
-    def fenced(self, *, engine_only: bool = False) -> Iterator[SQLFencedTransaction]:
+    def fenced(
+        self, *, engine_only: bool = False, users_writes: bool = False
+    ) -> Iterator[SQLFencedTransaction]:
         sent = SentAt.now(self.handle.clock)
-        with self.store.fenced(self.handle.ref, self.ttl_ms, engine_only=engine_only) as tx:
+        with self.store.fenced(
+            self.handle.ref, self.ttl_ms, engine_only=engine_only, users_writes=users_writes
+        ) as tx:
             self.handle.note_extended_at(sent)
             self.on_begin(tx)
             yield tx

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
@@ -32,7 +33,11 @@ def test_a_postgresql_alias_is_reached_through_psycopg_3_with_its_libpq_options(
                 "PASSWORD": "p@ss:word",
                 "HOST": "db.internal",
                 "PORT": "6432",
-                "OPTIONS": {"sslmode": "require", "pool": True, "isolation_level": 1},
+                "OPTIONS": {
+                    "sslmode": "require",
+                    "pool": True,
+                    "isolation_level": psycopg.IsolationLevel.READ_COMMITTED,
+                },
             },
             "default",
         )
@@ -51,6 +56,16 @@ def test_a_postgresql_alias_is_reached_through_psycopg_3_with_its_libpq_options(
 def test_a_postgresql_alias_on_a_unix_socket_has_no_host() -> None:
     url = make_url(store_url_from_database({"ENGINE": POSTGRESQL, "NAME": "shop"}, "default"))
     assert (url.host, url.port, url.database) == (None, None, "shop")
+
+
+def test_a_postgresql_alias_at_another_isolation_level_is_refused() -> None:
+    database = {
+        "ENGINE": POSTGRESQL,
+        "NAME": "shop",
+        "OPTIONS": {"isolation_level": psycopg.IsolationLevel.SERIALIZABLE},
+    }
+    with pytest.raises(ConfigurationError, match=r"SERIALIZABLE.*READ COMMITTED"):
+        store_url_from_database(database, "default")
 
 
 def test_psycopg2_alone_is_refused_naming_the_driver_to_install(

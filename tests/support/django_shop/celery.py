@@ -7,11 +7,13 @@ import os
 from celery import Celery
 
 from celery_agboss import AGBoss
+from celery_agboss.core import sabotage
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.django_shop.settings")
 
 app = Celery("django_shop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 AGBoss(app)
+sabotage.activate_from_environment()  # a twin's worker only (AGBOSS_SABOTAGE)
 
 from tests.support.django_shop import tasks  # noqa: E402,F401 (registers the tasks)

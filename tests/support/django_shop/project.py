@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
+
+from celery_agboss.store.databases import create_store_engine
 
 SETTINGS_MODULE = "tests.support.django_shop.settings"
 CELERY_APP = "tests.support.django_shop.celery:app"
@@ -54,21 +57,17 @@ def environment(database: dict[str, Any], **test: Any) -> dict[str, str]:
 def manage(database: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
     """``python manage.py <args>`` of the project on ``database`` (``django-admin`` with its
     settings, as ``manage.py`` runs it)."""
-    return subprocess.run(
-        [sys.executable, "-m", "django", *args],
-        env=environment(database),
-        cwd=REPOSITORY,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_SECONDS,
-        check=False,
-    )
+    return _run(database, "-m", "django", *args)
 
 
 def python(database: dict[str, Any], code: str) -> subprocess.CompletedProcess[str]:
     """``code`` run in a process of the project (its settings in the environment)."""
+    return _run(database, "-c", code)
+
+
+def _run(database: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, *args],
         env=environment(database),
         cwd=REPOSITORY,
         capture_output=True,
@@ -76,3 +75,22 @@ def python(database: dict[str, Any], code: str) -> subprocess.CompletedProcess[s
         timeout=COMMAND_SECONDS,
         check=False,
     )
+
+
+def worker_argv(queue: str) -> list[str]:
+    """``celery -A proj worker`` of the project: prefork, 2 children, the test's queue."""
+    return [
+        *(sys.executable, "-m", "celery", "-A", CELERY_APP, "worker", "-Q", queue),
+        *("-c", "2", "--without-heartbeat", "--without-gossip", "--without-mingle"),
+        *("-l", "info"),
+    ]
+
+
+def store_state(url: str, sql: str, **params: Any) -> Any:
+    """The first row ``sql`` reads from the store's database (in a transaction of its own)."""
+    engine = create_store_engine(url)
+    try:
+        with engine.begin() as conn:
+            return conn.execute(text(sql), params).first()
+    finally:
+        engine.dispose()

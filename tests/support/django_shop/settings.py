@@ -13,8 +13,11 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
     "celery_agboss.contrib.django",
+    "tests.support.django_shop.orders",
 ]
 DATABASES = {"default": _TEST.get("database", {})}
+if _TEST.get("other_database"):  # a second alias, which fenced effects may only read
+    DATABASES["reports"] = _TEST["other_database"]
 
 CELERY_BROKER_URL = _TEST.get("broker_url", "memory://")
 CELERY_TASK_DEFAULT_QUEUE = _TEST.get("queue", "celery")

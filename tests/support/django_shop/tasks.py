@@ -1,4 +1,5 @@
-"""One charge through ``self.outbound``, sent to the test's fake gateway over HTTP."""
+"""The shop's tasks: a charge through ``self.outbound`` (sent to the test's fake gateway
+over HTTP), and an order marked paid through the ORM in a fenced effect."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from datetime import timedelta
 from typing import Any
 
 from celery_agboss import AGBoss, OutboundCall, PaymentTask
-from tests.integration.apps.shop import GatewayDeclined, charge_at_gateway, lookup_at_gateway
+from tests.integration.apps.shop import (
+    GatewayDeclined,
+    _http,
+    charge_at_gateway,
+    lookup_at_gateway,
+)
 from tests.support.django_shop.celery import app
 
 _GATEWAY = json.loads(os.environ.get("AGBOSS_DJANGO_TEST", "{}")).get("gateway_url", "")
@@ -24,9 +30,68 @@ charge_call = AGBoss.of(app).register(
 )
 
 
+def gate(gateway: str, name: str) -> None:
+    """Wait at the test's gate ``name`` (the gateway's ``/gate``; this process's pid sent)."""
+    _http(gateway, "POST", "/gate", {"name": name})
+
+
 @app.task(base=PaymentTask, bind=True, name="django_shop.charge_order")
 def charge_order(self: Any, order_id: str, amount: int) -> dict[str, Any]:
     receipt = self.outbound(
         charge_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
     )
     return {"payment": receipt["id"], "order": order_id}
+
+
+@app.task(base=PaymentTask, bind=True, name="django_shop.mark_paid")
+def mark_paid(self: Any, reference: str, gate_name: str | None = None) -> dict[str, Any]:
+    """Mark the order paid through the ORM in a fenced effect; with ``gate_name``, wait at
+    the test's gate after the write, before the effect's transaction commits."""
+    from django.db.models import F
+
+    from tests.support.django_shop.orders.models import Order
+
+    def write(_conn: Any) -> dict[str, Any]:
+        Order.objects.filter(pk=reference).update(times_paid=F("times_paid") + 1)
+        if gate_name:
+            gate(_GATEWAY, gate_name)
+        return {"order": reference}
+
+    result: dict[str, Any] = self.fenced_effect(
+        "mark-paid", write, business_key=f"order:{reference}"
+    )
+    return result
+
+
+@app.task(base=PaymentTask, bind=True, name="django_shop.mark_paid_in_atomic")
+def mark_paid_in_atomic(self: Any, reference: str) -> dict[str, Any]:
+    """The mistake: the body's own ``atomic`` around a fenced effect."""
+    from django.db import transaction
+
+    from tests.support.django_shop.orders.models import Order
+
+    def write(_conn: Any) -> dict[str, Any]:
+        Order.objects.filter(pk=reference).update(times_paid=1)
+        return {"order": reference}
+
+    with transaction.atomic():
+        result: dict[str, Any] = self.fenced_effect("mark-paid", write)
+    return result
+
+
+@app.task(base=PaymentTask, bind=True, name="django_shop.mark_paid_and_report")
+def mark_paid_and_report(self: Any, reference: str) -> dict[str, Any]:
+    """Another mistake: a write to another alias inside the fenced effect (a read passes)."""
+    from django.db import connections
+
+    from tests.support.django_shop.orders.models import Order
+
+    def write(_conn: Any) -> dict[str, Any]:
+        Order.objects.filter(pk=reference).update(times_paid=1)
+        with connections["reports"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.execute("CREATE TABLE report (reference TEXT)")
+        return {"order": reference}
+
+    result: dict[str, Any] = self.fenced_effect("mark-paid", write)
+    return result

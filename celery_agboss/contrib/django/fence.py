@@ -1,0 +1,98 @@
+"""A fenced effect's transaction is Django's, on the store's alias.
+
+``fn``'s ORM writes (``Order.objects.filter(...).update(...)``, no connection passed)
+go through Django's connection to the alias; so the fence check, ``fn`` and the
+effect's record run there too, inside ``transaction.atomic(using=alias,
+durable=True)``: one database transaction, committed once the store's checks passed
+(a holder that lost its lease commits nothing, its ORM writes included), rolled back
+on any error. ``durable``: inside the body's own ``atomic`` the fence would be a
+savepoint, holding the lease row locked until the outer block ends, so that is
+refused. While it is open, a write to another alias is refused: it would commit on
+its own, zombie or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+from sqlalchemy.engine import Engine
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.protections import DJANGO_WRITES_OFF_THE_FENCE
+from celery_agboss.errors import (
+    FencedEffectInsideAtomicError,
+    OutsideFenceWriteError,
+    StoreUnavailableError,
+)
+from celery_agboss.store.borrowed import borrowed_engine
+from celery_agboss.store.sqlalchemy_store import UsersDatabase
+
+# What a statement on another alias may be while a fenced effect runs: a read.
+_READ = re.compile(r"\s*(SELECT|SHOW|EXPLAIN|PRAGMA|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
+
+
+def transactions_on(store_engine: Engine, alias: str) -> UsersDatabase:
+    """The fenced effects' transactions on ``alias`` (``runtime.django_store``'s factory)."""
+    return functools.partial(_in_django_transaction, store_engine, alias)
+
+
+@contextlib.contextmanager
+def _in_django_transaction(store_engine: Engine, alias: str) -> Iterator[Engine | None]:
+    if sabotage.active(DJANGO_WRITES_OFF_THE_FENCE):
+        yield None  # the store's own connection: the ORM's writes commit by themselves
+        return
+    connection = connections[alias]
+    if connection.in_atomic_block:
+        raise FencedEffectInsideAtomicError(
+            f"a fenced effect was called inside transaction.atomic() on {alias!r}: its fence "
+            "would be a savepoint holding the lease row locked until that block ends; call "
+            "self.fenced_effect(...) outside any atomic block (it opens its own)"
+        )
+    atomic = transaction.atomic(using=alias, durable=True)
+    atomic.__enter__()
+    try:
+        with _other_aliases_read_only(alias):
+            connection.ensure_connection()
+            yield borrowed_engine(store_engine, connection.connection)
+    except BaseException:
+        atomic.__exit__(*sys.exc_info())  # rolls back; the error goes on
+        raise
+    try:
+        atomic.__exit__(None, None, None)
+    except DatabaseError as exc:
+        raise StoreUnavailableError(
+            f"the commit of a fenced effect on Django's {alias!r} database failed, so its "
+            f"outcome is unknown ({type(exc).__name__}); the delivery is retried and finds "
+            "the effect recorded, or runs it again"
+        ) from exc
+
+
+@contextlib.contextmanager
+def _other_aliases_read_only(alias: str) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for other in connections:
+            if other != alias:
+                stack.enter_context(connections[other].execute_wrapper(_refuse_writes(other)))
+        yield
+
+
+def _refuse_writes(alias: str) -> Callable[..., Any]:
+    def refuse(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not _READ.match(sql):
+            raise OutsideFenceWriteError(
+                f"a write to the database {alias!r} inside a fenced effect is refused: it "
+                "would commit on its own, even for a holder whose lease is gone; write to "
+                "the store's database only, or in a fenced effect of its own task"
+            )
+        return execute(sql, params, many, context)
+
+    return refuse
+
+
+__all__ = ["transactions_on"]
