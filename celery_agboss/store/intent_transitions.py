@@ -156,8 +156,11 @@ def _statement(conn: Connection, offset_ms: int, parts: tuple[Any, ...], relied:
     ).cte("agboss_chain")
     now = fence.c.renewed_at_ms
     fenced = [now.is_not(None)]  # joins the fence's row: no row, no compare-and-set
-    if sabotage.active(ONE_STATEMENT_WITHOUT_FENCE):
-        now, fenced = now_expr(conn, offset_ms), []
+    unfenced = sabotage.active(ONE_STATEMENT_WITHOUT_FENCE)
+    if unfenced:
+        # The time read once (a CTE), so the row and the "now" it reports agree.
+        ticked = select(now_expr(conn, offset_ms).label("now")).cte("agboss_unfenced_clock")
+        now, fenced = ticked.c.now, [ticked.c.now.is_not(None)]
     where, values = cas_guard_and_values(parts, now)
     cas = (
         update(outbound_calls)
@@ -174,12 +177,15 @@ def _statement(conn: Connection, offset_ms: int, parts: tuple[Any, ...], relied:
         .cte("agboss_history")
     )
     written = select(func.count()).select_from(history).scalar_subquery()
+    joined = tail_is_last.outerjoin(fence, true())
+    if unfenced:
+        joined = joined.join(ticked, true())
     statement = select(
         fence.c.expires_at_ms,
-        fence.c.renewed_at_ms.label("now"),
+        (now if unfenced else fence.c.renewed_at_ms).label("now"),
         tail_is_last.c.chained,
         written.label("written"),
-    ).select_from(tail_is_last.outerjoin(fence, true()))
+    ).select_from(joined)
     if relied:
         use = postgresql.insert(record_uses).from_select(
             ["kind", "record_key", "execution_id", "used_at_ms", "relied_at_ms"],
@@ -241,11 +247,18 @@ def _claim_statement(
     now = fence.c.renewed_at_ms
     intent_row = [bindparam(f"n_{name}", type_=_i[name].type) for name in columns]
     chosen = select(*intent_row, now, now).select_from(fence)  # no fence row, no claim
-    if sabotage.active(ONE_STATEMENT_WITHOUT_FENCE):
-        now = now_expr(conn, offset_ms)
-        chosen = select(*intent_row, now, now)
-    outputs: list[Any] = [fence.c.expires_at_ms, fence.c.renewed_at_ms.label("now")]
     joined: Any = select(literal(1).label("one")).subquery("agboss_one")
+    unfenced = sabotage.active(ONE_STATEMENT_WITHOUT_FENCE)
+    if unfenced:
+        # The time read once (a CTE), so the claim's row and the "now" it reports agree.
+        ticked = select(now_expr(conn, offset_ms).label("now")).cte("agboss_unfenced_clock")
+        now = ticked.c.now
+        chosen = select(*intent_row, now, now).select_from(ticked)
+        joined = joined.join(ticked, true())
+    outputs: list[Any] = [
+        fence.c.expires_at_ms,
+        (now if unfenced else fence.c.renewed_at_ms).label("now"),
+    ]
     joined = joined.outerjoin(fence, true())
     if reads_cancel:
         # Joined to the fence's row, so the execution's row is locked after the lease's.
