@@ -362,6 +362,17 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
 
     # --- Celery's hooks ----------------------------------------------------------------------
 
+    def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """Celery's ``DjangoTask.delay_on_commit`` for a payment task. Inside Django's
+        ``atomic`` on the store's alias a plain ``delay()`` is already recorded in that
+        transaction and sent once it commits (contrib.django); elsewhere it is sent now.
+        Returns None, as Celery's does."""
+        self.apply_async(args, kwargs)
+
+    def apply_async_on_commit(self, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        """Celery's ``DjangoTask.apply_async_on_commit``: see :meth:`delay_on_commit`."""
+        self.apply_async(args, kwargs, **options)
+
     def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
         """Called after Celery sent the chain and callbacks: replays must not send them."""
         self._links_sent(task_id)

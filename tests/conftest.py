@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,6 +24,9 @@ from tests.support.databases import TemplateDatabase
 from tests.support.processes import ManagedProcess
 from tests.support.redis_databases import NoFreeDatabase, RedisDatabaseLeases
 from tests.support.tcp_proxy import PostgresProxy
+
+if TYPE_CHECKING:
+    from tests.support.django_harness import DjangoShop
 
 os.environ.setdefault(ALLOW_SABOTAGE, "1")
 
@@ -218,3 +222,28 @@ def pytest_runtest_makereport(
         for process in item.stash.get(_PROCESSES, []):
             report.sections.append((f"process {process.name}", process.describe()))
     return report
+
+
+# -- the Django shop (tests/support/django_shop) ---------------------------------------
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def django_backend(request: pytest.FixtureRequest) -> str:
+    """The store the Django shop's alias is (``indirect`` parametrization picks one)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def django_shop(
+    django_backend: str,
+    request: pytest.FixtureRequest,
+    redis_url: str,
+    managed_process: ProcessFactory,
+    tmp_path: Path,
+) -> Iterator[DjangoShop]:
+    """The Django shop migrated on ``django_backend``, its orders unpaid; ``start()`` its
+    worker and sweep loop."""
+    from tests.support.django_harness import shop_on
+
+    with shop_on(django_backend, request, redis_url, managed_process, tmp_path) as made:
+        yield made

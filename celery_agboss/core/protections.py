@@ -453,6 +453,15 @@ DJANGO_WRITES_OFF_THE_FENCE = "django-writes-off-the-fence"
 connection, not in Django's transaction: the ORM writes of its ``fn`` commit on Django's
 connection by themselves, a zombie's included."""
 
+DJANGO_PUBLISH_BEFORE_COMMIT = "django-publish-before-commit"
+"""Sabotage: a ``PaymentTask`` published inside the caller's ``atomic`` is sent at once,
+as a plain ``.delay()`` is: a request rolled back after it still has its payment sent."""
+
+DJANGO_SILENT_ROLLBACK_PASSES = "django-silent-rollback-passes"
+"""Sabotage (design: P2): a fenced effect whose ``fn`` marked Django's transaction for
+rollback passes for written: Django rolls the effect back without a word, and the body
+goes on as if the order were marked paid."""
+
 
 ALL: frozenset[str] = frozenset(
     value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str)

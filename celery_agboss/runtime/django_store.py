@@ -169,20 +169,20 @@ def django_store_url(alias: str) -> str:
 
 
 UsersDatabaseFactory = Callable[[Engine, str], UsersDatabase]
+"""``factory(store_engine, alias)``: the project's transactions on the alias."""
 _users_database: list[UsersDatabaseFactory] = []
 
 
 def register_users_database(factory: UsersDatabaseFactory) -> None:
-    """Called by the Django app when Django loads it: ``factory(store_engine, alias)``
-    gives the transactions a fenced effect runs in on the alias's connection."""
+    """Called by the Django app when Django loads it."""
     _users_database[:] = [factory]
 
 
 def users_database(store_engine: Engine, alias: str) -> UsersDatabase:
-    """Where this process's fenced effects run: in Django's transaction on ``alias``'s
-    connection. Django is set up here if nothing did yet (Celery's Django fixup does it
-    in a worker), which loads the app; without the app, the fence could not reach the
-    ORM's writes, so nothing starts."""
+    """Django's transactions on ``alias``: where this process's fenced effects run, and
+    what a publish inside the caller's ``atomic`` joins. Django is set up here if nothing
+    did yet (Celery's Django fixup does it in a worker), which loads the app; without the
+    app, the fence could not reach the ORM's writes, so nothing starts."""
     if not _users_database:
         _require_django()
         import django

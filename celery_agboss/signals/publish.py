@@ -11,8 +11,10 @@ import contextlib
 import fnmatch
 import functools
 import logging
+import uuid
 from typing import Any
 
+from celery_agboss import outbox
 from celery_agboss.core import sabotage
 from celery_agboss.core.log_events import EXECUTION_NOT_RECORDED, log_event
 from celery_agboss.core.protections import (
@@ -210,6 +212,9 @@ def refuse_unrecorded_publishes(runtime: Runtime) -> None:
             stable = _published_from_a_body(runtime, name)
             if stable is not None:
                 kwargs["task_id"] = stable
+        deferred = _publish_on_commit(runtime, name, args, kwargs)
+        if deferred is not None:
+            return deferred
         try:
             return original(name, *args, **kwargs)
         except PublishNotRecorded as refused:
@@ -217,3 +222,56 @@ def refuse_unrecorded_publishes(runtime: Runtime) -> None:
 
     send_task._agboss_refuses_unrecorded = True  # type: ignore[attr-defined]
     app.send_task = send_task
+
+
+# What a publish recorded in the caller's transaction cannot carry: the parts of a canvas,
+# and what only a live producer means. Such a publish is sent at once, as Celery sends it.
+_SENT_AT_ONCE = ("link", "link_error", "chain", "chord", "group_id", "producer", "connection")
+_NOT_MESSAGE_OPTIONS = frozenset({"result_cls", "task_type", "add_to_parent", "task_id"})
+
+
+def _publish_on_commit(runtime: Runtime, name: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+    """A ``PaymentTask`` published inside the caller's transaction on the store's database
+    (Django's ``atomic`` on its alias), outside a delivery: recorded in that transaction
+    as an outbox row and sent once it commits (``outbox.publish``; the sweep sends it
+    after ``agboss_outbox_grace`` if this process dies first). A rolled-back request
+    records and sends nothing. Its ``AsyncResult`` at once, under the id fixed here; None
+    when the publish is not such a one (it goes on as usual)."""
+    try:
+        in_django = runtime.settings.django_database is not None
+    except ConfigurationError:
+        return None  # the usual path refuses the publish, naming the setting
+    if not in_django or not isinstance(name, str):
+        return None
+    if args[2:] or any(kwargs.get(option) for option in _SENT_AT_ONCE):
+        return None
+    if body_context() is not None or not is_payment_task(runtime, name):
+        return None
+    users = runtime.store.users_database
+    pending = None if users is None else users.open_transaction()
+    if pending is None:
+        return None
+    call_args = args[0] if args else kwargs.get("args")
+    call_kwargs = args[1] if args[1:] else kwargs.get("kwargs")
+    task_id = str(kwargs.get("task_id") or uuid.uuid4())
+    options = {
+        key: value
+        for key, value in kwargs.items()
+        if key not in ("args", "kwargs") and key not in _NOT_MESSAGE_OPTIONS and value is not None
+    }
+    with pending.engine.connect() as conn:
+        outbox.enqueue(
+            conn,
+            name,
+            call_args,
+            call_kwargs,
+            options={**options, "task_id": task_id},
+            grace=runtime.settings.outbox_grace_seconds,
+        )
+
+    def send() -> None:
+        outbox.publish(runtime.app, task_id)  # a failed send is logged; the sweep's then
+
+    pending.on_commit(send)
+    result_cls = kwargs.get("result_cls") or runtime.app.AsyncResult
+    return result_cls(task_id)

@@ -13,7 +13,8 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from sqlalchemy.engine import URL, Connection, Engine
 
@@ -69,11 +70,27 @@ from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransactio
 
 T = TypeVar("T")
 
-UsersDatabase = Callable[[], contextlib.AbstractContextManager[Engine | None]]
-"""A framework's transaction on its own connection to the store's database, entered
-around a fenced transaction that runs the user's writes; it yields the engine over that
-connection (``store.borrowed``), or None to use the store's own, and ends the
-transaction itself: it commits when the store's checks passed, else rolls back."""
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """A framework's transaction open on this thread on the store's database: the engine
+    over its connection (``store.borrowed``), and how to run something once it commits."""
+
+    engine: Engine
+    on_commit: Callable[[Callable[[], None]], None]
+
+
+class UsersDatabase(Protocol):
+    """A framework's own transactions on the store's database (Django's, on the store's
+    alias: ``celery_agboss.contrib.django``)."""
+
+    def fenced_transaction(self) -> contextlib.AbstractContextManager[Engine | None]:
+        """Entered around a fenced transaction that runs the user's writes: a transaction
+        of the framework's own, yielding the engine over its connection (or None: the
+        store's own), committed when the store's checks passed, else rolled back."""
+
+    def open_transaction(self) -> OpenTransaction | None:
+        """The framework's transaction the caller is inside, or None."""
 
 
 def sqlite_write_lock_bound_ms(ttl_ms: int) -> int:
@@ -281,7 +298,9 @@ class SQLAlchemyStore:
         fault_point(FENCED_BEFORE_BEGIN, **where)
         users = self.users_database if users_writes else None
         with (
-            contextlib.nullcontext(None) if users is None else users() as borrowed,
+            contextlib.nullcontext(None)
+            if users is None
+            else users.fenced_transaction() as borrowed,
             # The watchdog interrupts SQLite connections the store opened, not borrowed ones.
             self._begin(
                 watch_ttl_ms=self._watch_ttl_ms(ttl_ms) if borrowed is None else None,

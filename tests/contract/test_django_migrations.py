@@ -20,7 +20,7 @@ from sqlalchemy import inspect, text
 from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import MIGRATIONS_DIR, current_revision, migrate
 from tests.support.databases import TemplateDatabase
-from tests.support.django_shop.project import (
+from tests.support.django_project import (
     manage,
     postgresql_database,
     python,

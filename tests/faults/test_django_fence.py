@@ -14,7 +14,9 @@ same database transaction as the fence check and the effect's record.
   write committed by itself, and the order is paid twice.
 - Misuse: a fenced effect inside the body's own ``atomic`` is refused and holds
   nothing up; a write to another alias inside ``fn`` is refused (a read passes) and
-  the order's write rolled back with it.
+  the order's write rolled back with it; ``fn`` marking the transaction for rollback
+  gets the effect refused, where Django alone would roll it back without a word (twin
+  ``django-silent-rollback-passes``: the execution completes, the order unpaid).
 
 Real processes, as a Django shop deploys them: ``manage.py migrate``, ``celery -A proj
 worker`` (prefork, 2 children) and ``celery -A proj agboss sweep --loop`` for a
@@ -26,91 +28,94 @@ sweep loop.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from celery_agboss.core.protections import DJANGO_WRITES_OFF_THE_FENCE
-from tests.conftest import ProcessFactory
-from tests.support.django_shop.harness import DjangoShop, shop_on
+from celery_agboss.core.protections import (
+    DJANGO_SILENT_ROLLBACK_PASSES,
+    DJANGO_WRITES_OFF_THE_FENCE,
+)
+from tests.support.django_harness import DjangoShop
 from tests.support.processes import signal_process, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+def test_an_orm_write_commits_once_with_the_effects_record(django_shop: DjangoShop) -> None:
+    django_shop.start()
+    first = django_shop.publish("mark_paid", "o-1")
+    django_shop.wait_state(first, "COMPLETED")
+    again = django_shop.publish("mark_paid", "o-1")  # another execution, the order's business key
+    django_shop.wait_state(again, "COMPLETED")
+    assert django_shop.times_paid("o-1") == 1
+    assert django_shop.query("SELECT count(*) FROM agboss_fenced_effects")[0] == 1
 
 
-@pytest.fixture
-def shop(
-    backend: str,
-    request: pytest.FixtureRequest,
-    redis_url: str,
-    managed_process: ProcessFactory,
-    tmp_path: Path,
-) -> Iterator[DjangoShop]:
-    with shop_on(backend, request, redis_url, managed_process, tmp_path) as made:
-        yield made
-
-
-def test_an_orm_write_commits_once_with_the_effects_record(shop: DjangoShop) -> None:
-    shop.start()
-    first = shop.publish("mark_paid", "o-1")
-    shop.wait_state(first, "COMPLETED")
-    again = shop.publish("mark_paid", "o-1")  # another execution, the order's business key
-    shop.wait_state(again, "COMPLETED")
-    assert shop.times_paid("o-1") == 1
-    assert shop.query("SELECT count(*) FROM agboss_fenced_effects")[0] == 1
-
-
-def _freeze_the_zombie_inside_fn(shop: DjangoShop) -> tuple[str, int]:
-    task_id = shop.publish("mark_paid", "o-1", "o-1")
-    waiters = wait_until(lambda: shop.gateway.gate_waiters("o-1"), 30, message="fn at the gate")
+def _freeze_the_zombie_inside_fn(django_shop: DjangoShop) -> tuple[str, int]:
+    task_id = django_shop.publish("mark_paid", "o-1", "o-1")
+    waiters = wait_until(
+        lambda: django_shop.gateway.gate_waiters("o-1"), 30, message="fn at the gate"
+    )
     zombie = waiters[0]
     signal_process(zombie, signal.SIGSTOP)
-    shop.gateway.open_gate("o-1")
+    django_shop.gateway.open_gate("o-1")
     return task_id, zombie
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("django_backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("protected", [True, False], ids=["fenced", "twin-off-the-fence"])
-def test_a_zombies_orm_write_never_commits(shop: DjangoShop, protected: bool) -> None:
+def test_a_zombies_orm_write_never_commits(django_shop: DjangoShop, protected: bool) -> None:
     """PostgreSQL only: a frozen holder's open transaction holds SQLite's one write lock
     until it is continued (docs/django.md), so no take-over happens meanwhile there."""
-    shop.start(sabotage=() if protected else (DJANGO_WRITES_OFF_THE_FENCE,))
-    task_id, zombie = _freeze_the_zombie_inside_fn(shop)
+    django_shop.start(sabotage=() if protected else (DJANGO_WRITES_OFF_THE_FENCE,))
+    task_id, zombie = _freeze_the_zombie_inside_fn(django_shop)
     try:
-        record = shop.wait_state(task_id, "COMPLETED")
+        record = django_shop.wait_state(task_id, "COMPLETED")
     finally:
         signal_process(zombie, signal.SIGCONT)
     assert record.recovery_count >= 1, "another child took the execution over"
     # Continued, the zombie finds its session ended by the server (idle in a fenced
     # transaction for a TTL) and its delivery ends: nothing of its transaction commits.
-    shop.wait_log(f"execution.store-failed error=StoreUnavailableError execution_id={task_id}")
+    django_shop.wait_log(
+        f"execution.store-failed error=StoreUnavailableError execution_id={task_id}"
+    )
     if protected:
-        assert shop.times_paid("o-1") == 1
+        assert django_shop.times_paid("o-1") == 1
     else:
-        assert shop.times_paid("o-1") == 2, "the twin: the zombie's write committed by itself"
+        assert django_shop.times_paid("o-1") == 2, (
+            "the twin: the zombie's write committed by itself"
+        )
 
 
 def test_a_fenced_effect_inside_the_bodys_atomic_is_refused_and_holds_nothing_up(
-    shop: DjangoShop,
+    django_shop: DjangoShop,
 ) -> None:
-    shop.start()
-    refused = shop.publish("mark_paid_in_atomic", "o-2")
-    shop.wait_log("FencedEffectInsideAtomicError")
-    other = shop.publish("mark_paid", "o-3")
-    shop.wait_state(other, "COMPLETED")
-    assert shop.times_paid("o-2") == 0
-    assert shop.times_paid("o-3") == 1
-    assert shop.execution(refused).state != "COMPLETED"
+    django_shop.start()
+    refused = django_shop.publish("mark_paid_in_atomic", "o-2")
+    django_shop.wait_log("FencedEffectInsideAtomicError")
+    other = django_shop.publish("mark_paid", "o-3")
+    django_shop.wait_state(other, "COMPLETED")
+    assert django_shop.times_paid("o-2") == 0
+    assert django_shop.times_paid("o-3") == 1
+    assert django_shop.execution(refused).state != "COMPLETED"
 
 
-def test_a_write_to_another_alias_inside_fn_is_refused(shop: DjangoShop) -> None:
-    shop.start()
-    shop.publish("mark_paid_and_report", "o-2")
-    shop.wait_log("OutsideFenceWriteError")
-    assert shop.times_paid("o-2") == 0, "the order's write rolled back with the refused one"
+def test_a_write_to_another_alias_inside_fn_is_refused(django_shop: DjangoShop) -> None:
+    django_shop.start()
+    django_shop.publish("mark_paid_and_report", "o-2")
+    django_shop.wait_log("OutsideFenceWriteError")
+    assert django_shop.times_paid("o-2") == 0, "the order's write rolled back with the refused one"
+
+
+@pytest.mark.parametrize("protected", [True, False], ids=["refused", "twin-passes"])
+def test_an_effect_marked_for_rollback_is_refused_not_passed_for_written(
+    django_shop: DjangoShop, protected: bool
+) -> None:
+    django_shop.start(sabotage=() if protected else (DJANGO_SILENT_ROLLBACK_PASSES,))
+    task_id = django_shop.publish("mark_paid_then_set_rollback", "o-2")
+    if protected:
+        django_shop.wait_log("CommitInsideFencedEffectError")
+        assert django_shop.execution(task_id).state != "COMPLETED"
+    else:
+        django_shop.wait_state(task_id, "COMPLETED")  # the body went on: "paid"
+    assert django_shop.times_paid("o-2") == 0, "Django rolled the write back either way"

@@ -12,30 +12,17 @@ a 5 s lease, a 1 s retry delay, a 1 s sweep loop
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import ProcessFactory
-from tests.support.django_shop.harness import DjangoShop, shop_on
+from tests.support.django_harness import DjangoShop
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shop(
-    request: pytest.FixtureRequest,
-    redis_url: str,
-    managed_process: ProcessFactory,
-    tmp_path: Path,
-) -> Iterator[DjangoShop]:
-    with shop_on(request.param, request, redis_url, managed_process, tmp_path) as made:
-        yield made
-
-
-def test_the_worker_of_a_django_project_charges_once_from_its_database(shop: DjangoShop) -> None:
-    shop.start()
-    task_id = shop.publish("charge_order", "7", 1500)
-    shop.wait_state(task_id, "COMPLETED")
-    assert [c.reference for c in shop.gateway.charges_seen] == ["7"]
+def test_the_worker_of_a_django_project_charges_once_from_its_database(
+    django_shop: DjangoShop,
+) -> None:
+    django_shop.start()
+    task_id = django_shop.publish("charge_order", "7", 1500)
+    django_shop.wait_state(task_id, "COMPLETED")
+    assert [c.reference for c in django_shop.gateway.charges_seen] == ["7"]

@@ -17,7 +17,7 @@ from celery_agboss.store.databases import create_store_engine
 
 SETTINGS_MODULE = "tests.support.django_shop.settings"
 CELERY_APP = "tests.support.django_shop.celery:app"
-REPOSITORY = Path(__file__).resolve().parents[3]
+REPOSITORY = Path(__file__).resolve().parents[2]
 COMMAND_SECONDS = 120.0
 
 

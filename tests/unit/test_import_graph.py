@@ -53,8 +53,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("binding", ["celery_agboss.app", "celery_agboss"]),
-    # The frameworks payment code is written in: Django's app, settings and migrations.
-    ("frameworks", ["celery_agboss.contrib", "celery_agboss.contrib.*"]),
     (
         "tools",
         [
@@ -67,6 +65,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "celery_agboss.chaos.*",
         ],
     ),
+    # The frameworks payment code is written in: Django's app, its migrations, its
+    # transactions and its manage.py command (which runs the CLI's group).
+    ("frameworks", ["celery_agboss.contrib", "celery_agboss.contrib.*"]),
 ]
 
 # Who may use one delivery: the task that drives it, and the delivery's own modules.

@@ -14,32 +14,61 @@ its own, zombie or not.
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 from sqlalchemy.engine import Engine
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.protections import DJANGO_WRITES_OFF_THE_FENCE
+from celery_agboss.core.protections import (
+    DJANGO_PUBLISH_BEFORE_COMMIT,
+    DJANGO_SILENT_ROLLBACK_PASSES,
+    DJANGO_WRITES_OFF_THE_FENCE,
+)
 from celery_agboss.errors import (
+    CommitInsideFencedEffectError,
     FencedEffectInsideAtomicError,
     OutsideFenceWriteError,
     StoreUnavailableError,
 )
 from celery_agboss.store.borrowed import borrowed_engine
-from celery_agboss.store.sqlalchemy_store import UsersDatabase
+from celery_agboss.store.sqlalchemy_store import OpenTransaction, UsersDatabase
 
 # What a statement on another alias may be while a fenced effect runs: a read.
 _READ = re.compile(r"\s*(SELECT|SHOW|EXPLAIN|PRAGMA|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
 
 
 def transactions_on(store_engine: Engine, alias: str) -> UsersDatabase:
-    """The fenced effects' transactions on ``alias`` (``runtime.django_store``'s factory)."""
-    return functools.partial(_in_django_transaction, store_engine, alias)
+    """Django's transactions on ``alias`` (``runtime.django_store``'s factory)."""
+    return DjangoDatabase(store_engine, alias)
+
+
+@dataclass(frozen=True)
+class DjangoDatabase:
+    """The store's alias as Django's transactions use it (``store.UsersDatabase``)."""
+
+    store_engine: Engine
+    alias: str
+
+    def fenced_transaction(self) -> contextlib.AbstractContextManager[Engine | None]:
+        return _in_django_transaction(self.store_engine, self.alias)
+
+    def open_transaction(self) -> OpenTransaction | None:
+        """The caller's ``atomic`` on the alias, where a publish is recorded and from
+        which it is sent once it commits (``transaction.on_commit``)."""
+        connection = connections[self.alias]
+        if not connection.in_atomic_block or sabotage.active(DJANGO_PUBLISH_BEFORE_COMMIT):
+            return None
+        connection.ensure_connection()
+        alias = self.alias
+        return OpenTransaction(
+            borrowed_engine(self.store_engine, connection.connection),
+            lambda then: transaction.on_commit(then, using=alias),
+        )
 
 
 @contextlib.contextmanager
@@ -60,6 +89,15 @@ def _in_django_transaction(store_engine: Engine, alias: str) -> Iterator[Engine 
         with _other_aliases_read_only(alias):
             connection.ensure_connection()
             yield borrowed_engine(store_engine, connection.connection)
+        if connection.needs_rollback and not sabotage.active(DJANGO_SILENT_ROLLBACK_PASSES):
+            # Django would roll back at the block's end without a word, and the effect
+            # would pass for written: it is refused instead (its writes roll back).
+            raise CommitInsideFencedEffectError(
+                "fn marked the fenced effect's transaction for rollback "
+                "(transaction.set_rollback(True), or an error swallowed inside "
+                "atomic(savepoint=False)); nothing of it was written",
+                method="set_rollback",
+            )
     except BaseException:
         atomic.__exit__(*sys.exc_info())  # rolls back; the error goes on
         raise

@@ -95,3 +95,19 @@ def mark_paid_and_report(self: Any, reference: str) -> dict[str, Any]:
 
     result: dict[str, Any] = self.fenced_effect("mark-paid", write)
     return result
+
+
+@app.task(base=PaymentTask, bind=True, name="django_shop.mark_paid_then_set_rollback")
+def mark_paid_then_set_rollback(self: Any, reference: str) -> dict[str, Any]:
+    """fn marks the effect's transaction for rollback after its write."""
+    from django.db import transaction
+
+    from tests.support.django_shop.orders.models import Order
+
+    def write(_conn: Any) -> dict[str, Any]:
+        Order.objects.filter(pk=reference).update(times_paid=1)
+        transaction.set_rollback(True)
+        return {"order": reference}
+
+    result: dict[str, Any] = self.fenced_effect("mark-paid", write)
+    return result

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.conftest import ProcessFactory
 from tests.integration.gateway_http import GatewayHTTPServer
-from tests.support.django_shop.project import (
+from tests.support.django_project import (
     CELERY_APP,
     REPOSITORY,
     environment,
@@ -34,9 +33,21 @@ from tests.support.django_shop.project import (
 )
 from tests.support.processes import ManagedProcess, wait_until
 
+if TYPE_CHECKING:
+    from tests.conftest import ProcessFactory
+
 READY_SECONDS = 60.0
 SETTLED_SECONDS = 60.0
 ORDERS = ("o-1", "o-2", "o-3")
+
+
+def sabotage_environment(sabotage: tuple[str, ...]) -> dict[str, str]:
+    """What switches ``sabotage`` off in a process of the project (a twin's only)."""
+    return {
+        "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
+        "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()) if sabotage else "",
+        "AGBOSS_SABOTAGE": ",".join(sabotage),
+    }
 
 
 @dataclass
@@ -50,12 +61,7 @@ class DjangoShop:
     worker: ManagedProcess | None = None
 
     def start(self, *, sabotage: tuple[str, ...] = ()) -> None:
-        env = {
-            **self.env,
-            "AGBOSS_ALLOW_SABOTAGE": "1" if sabotage else "0",
-            "AGBOSS_SABOTAGE_SUBPROCESS": str(os.getpid()) if sabotage else "",
-            "AGBOSS_SABOTAGE": ",".join(sabotage),
-        }
+        env = {**self.env, **sabotage_environment(sabotage)}
         self.worker = self.managed_process(
             worker_argv(self.env_queue),
             name="django-worker",
@@ -77,6 +83,17 @@ class DjangoShop:
     @property
     def env_queue(self) -> str:
         return str(json.loads(self.env["AGBOSS_DJANGO_TEST"])["queue"])
+
+    def run(self, code: str, *, sabotage: tuple[str, ...] = ()) -> str:
+        """``code`` in a process of the project (a view, a shell); its output."""
+        process = self.managed_process(
+            [sys.executable, "-c", code],
+            name="django-script",
+            env={**self.env, **sabotage_environment(sabotage)},
+            cwd=REPOSITORY,
+        )
+        assert process.wait(READY_SECONDS) == 0, process.describe()
+        return process.output()
 
     def publish(self, task: str, *args: Any) -> str:
         publisher = self.managed_process(
@@ -115,6 +132,13 @@ class DjangoShop:
         assert self.worker is not None
         worker = self.worker
         return wait_until(reached, SETTLED_SECONDS, message=lambda: worker.describe())
+
+    def wait_until(self, predicate: Any, what: str) -> Any:
+        assert self.worker is not None
+        worker = self.worker
+        return wait_until(
+            predicate, SETTLED_SECONDS, message=lambda: f"{what}: {worker.describe()}"
+        )
 
     def wait_log(self, fragment: str) -> None:
         assert self.worker is not None

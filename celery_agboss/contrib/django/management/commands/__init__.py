@@ -1,0 +1,1 @@
+"""The ``agboss`` management command."""
