@@ -7,11 +7,13 @@ finds the schema already current.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
 from celery_agboss.store.databases import create_store_engine
@@ -47,6 +49,15 @@ def _upgrade(engine: Engine, revision: str) -> None:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_ADVISORY_LOCK_KEY})")
         command.upgrade(alembic_config(conn), revision)
+
+
+@functools.cache
+def head_revision() -> str:
+    """The latest revision this version of celery_agboss ships (its schema)."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no Alembic revision under {MIGRATIONS_DIR}")
+    return head
 
 
 def current_revision(url: str | URL | Engine) -> str | None:

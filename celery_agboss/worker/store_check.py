@@ -22,6 +22,7 @@ from celery_agboss.core.log_events import STORE_ANSWERS, STORE_UNREACHABLE, log_
 from celery_agboss.errors import StoreError, StoreUnavailableError
 from celery_agboss.runtime.app_runtime import Runtime, app_argument
 from celery_agboss.store.audit_trail import LAST_SWEEP_KEY
+from celery_agboss.store.migrate import current_revision, head_revision
 
 logger = logging.getLogger("celery_agboss")
 
@@ -32,17 +33,36 @@ REPEAT_EVERY_ATTEMPTS = 10
 JOIN_SECONDS = 5.0
 
 
-def probe(runtime: Runtime) -> StoreError | None:
-    """Read one of celery_agboss's own rows: the store answers and holds its tables."""
+class SchemaBehind(Exception):
+    """The store answers, at an older revision than this version's schema."""
+
+    def __init__(self, revision: str | None, head: str) -> None:
+        super().__init__(f"its tables are at revision {revision}, this version needs {head}")
+        self.revision = revision
+        self.head = head
+
+
+def probe(runtime: Runtime) -> StoreError | SchemaBehind | None:
+    """Read one of celery_agboss's own rows and the schema's revision: the store answers,
+    and holds the tables this version writes."""
     try:
         runtime.executions.get_meta(LAST_SWEEP_KEY)
+        revision = current_revision(runtime.store.engine)
     except StoreError as exc:
         return exc
-    return None
+    head = head_revision()
+    return None if revision == head else SchemaBehind(revision, head)
 
 
-def _hint(runtime: Runtime, error: StoreError) -> str:
+def _hint(runtime: Runtime, error: StoreError | SchemaBehind) -> str:
     command = f"celery -A {app_argument(runtime.app)} agboss migrate"
+    if runtime.settings.django_database is not None:
+        command = "python manage.py migrate"
+    if isinstance(error, SchemaBehind):
+        return (
+            "deliveries would fail on what the upgrade adds: run "
+            f"`{command}` (once per deploy), then the worker goes on by itself"
+        )
     if isinstance(error, StoreUnavailableError):
         return (
             "no payment can start until it answers (deliveries are retried, publishes "
@@ -116,4 +136,4 @@ def install(runtime: Runtime) -> None:
     celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
 
 
-__all__ = ["StoreCheck", "install", "probe"]
+__all__ = ["SchemaBehind", "StoreCheck", "install", "probe"]
