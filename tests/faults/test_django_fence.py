@@ -27,6 +27,7 @@ sweep loop.
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -119,3 +120,25 @@ def test_an_effect_marked_for_rollback_is_refused_not_passed_for_written(
     else:
         django_shop.wait_state(task_id, "COMPLETED")  # the body went on: "paid"
     assert django_shop.times_paid("o-2") == 0, "Django rolled the write back either way"
+
+
+@pytest.mark.parametrize("django_backend", ["postgresql"], indirect=True)
+def test_each_pool_child_fences_on_its_own_django_session(django_shop: DjangoShop) -> None:
+    """Prefork: Celery's Django fixup closes the connections a child inherits, so each
+    child's fenced effects run on a session of its own, and in it ``fn``'s ``conn`` is
+    the ORM's own session (one transaction, not two)."""
+    django_shop.start()
+    ids = [django_shop.publish("which_connection", ref, "both") for ref in ("o-1", "o-2")]
+    gateway = django_shop.gateway
+    django_shop.wait_until(lambda: len(gateway.gate_waiters("both")) == 2, "both children busy")
+    gateway.open_gate("both")
+    for task_id in ids:
+        django_shop.wait_state(task_id, "COMPLETED")
+    seen = [
+        json.loads(row[0])
+        for row in django_shop.query_all("SELECT result FROM agboss_fenced_effects")
+    ]
+    assert len(seen) == 2
+    assert all(one["orm"] == one["fenced"] for one in seen), seen
+    assert len({one["pid"] for one in seen}) == 2, seen
+    assert len({one["orm"] for one in seen}) == 2, "no session shared across the fork"

@@ -28,6 +28,7 @@ from tests.support.django_project import (
     manage,
     postgresql_database,
     sqlite_database,
+    store_rows,
     store_state,
     worker_argv,
 )
@@ -113,6 +114,9 @@ class DjangoShop:
 
     def query(self, sql: str, **params: Any) -> Any:
         return store_state(self.url, sql, **params)
+
+    def query_all(self, sql: str, **params: Any) -> list[Any]:
+        return list(store_rows(self.url, sql, **params))
 
     def times_paid(self, reference: str) -> int:
         return int(

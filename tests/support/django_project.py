@@ -88,9 +88,16 @@ def worker_argv(queue: str) -> list[str]:
 
 def store_state(url: str, sql: str, **params: Any) -> Any:
     """The first row ``sql`` reads from the store's database (in a transaction of its own)."""
+    rows = store_rows(url, sql, **params)
+    return rows[0] if rows else None
+
+
+def store_rows(url: str, sql: str, **params: Any) -> list[Any]:
+    """The rows ``sql`` reads (or returns) in the store's database, in a transaction of its
+    own."""
     engine = create_store_engine(url)
     try:
         with engine.begin() as conn:
-            return conn.execute(text(sql), params).first()
+            return list(conn.execute(text(sql), params))
     finally:
         engine.dispose()

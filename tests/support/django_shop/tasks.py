@@ -111,3 +111,27 @@ def mark_paid_then_set_rollback(self: Any, reference: str) -> dict[str, Any]:
 
     result: dict[str, Any] = self.fenced_effect("mark-paid", write)
     return result
+
+
+@app.task(base=PaymentTask, bind=True, name="django_shop.which_connection")
+def which_connection(self: Any, reference: str, gate_name: str) -> dict[str, Any]:
+    """Record, in a fenced effect, which server session its ORM and its ``conn`` use, and
+    which process ran it (after waiting at the test's gate, so that the pool's children
+    are busy at once)."""
+    import os
+
+    from django.db import connection
+    from sqlalchemy import text
+
+    def record(conn: Any) -> dict[str, Any]:
+        gate(_GATEWAY, gate_name)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            orm_session = cursor.fetchone()[0]
+        fenced_session = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        return {"pid": os.getpid(), "orm": orm_session, "fenced": fenced_session}
+
+    result: dict[str, Any] = self.fenced_effect(
+        "which-connection", record, business_key=f"order:{reference}"
+    )
+    return result
