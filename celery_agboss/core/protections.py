@@ -462,6 +462,10 @@ DJANGO_SILENT_ROLLBACK_PASSES = "django-silent-rollback-passes"
 rollback passes for written: Django rolls the effect back without a word, and the body
 goes on as if the order were marked paid."""
 
+DJANGO_OTHER_ALIAS_WRITES_PASS = "django-other-alias-writes-pass"
+"""Sabotage (design: P2): a fenced effect's ``fn`` may write to another Django alias than
+the store's: that write commits on its own, and stays when the effect rolls back."""
+
 
 ALL: frozenset[str] = frozenset(
     value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str)

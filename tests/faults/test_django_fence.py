@@ -5,16 +5,20 @@ inside ``self.fenced_effect`` runs in Django's ``atomic`` on the store's alias, 
 same database transaction as the fence check and the effect's record.
 
 - Once: a second execution under the order's business key replays the record and
-  writes nothing (counted in the shop's own table: ``times_paid``).
+  writes nothing (counted in the shop's own table: ``times_paid``); without the replay
+  its ``fn`` runs again and its ORM write rolls back with the lost record insert (twin,
+  off the fence as well: each run's write committed).
 - A zombie: a pool child frozen (SIGSTOP) inside ``fn``, after its ORM write and
   before the commit, past its lease. PostgreSQL ends its idle transaction, the sweep
   re-drives the execution, another child takes it over and marks the order paid;
   continued, the zombie commits nothing. Twin (``django-writes-off-the-fence``: the
   effect on the store's own connection, as before the Django app): the zombie's ORM
   write committed by itself, and the order is paid twice.
+- Prefork: each pool child fences on a session of its own, its ``conn`` the ORM's.
 - Misuse: a fenced effect inside the body's own ``atomic`` is refused and holds
-  nothing up; a write to another alias inside ``fn`` is refused (a read passes) and
-  the order's write rolled back with it; ``fn`` marking the transaction for rollback
+  nothing up; a write to another alias inside ``fn`` is refused (a read passes), so
+  nothing of a failing effect stays (twin ``django-other-alias-writes-pass``: its
+  report row outlives it); ``fn`` marking the transaction for rollback
   gets the effect refused, where Django alone would roll it back without a word (twin
   ``django-silent-rollback-passes``: the execution completes, the order unpaid).
 
@@ -29,12 +33,16 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
+from pathlib import Path
 
 import pytest
 
 from celery_agboss.core.protections import (
+    DJANGO_OTHER_ALIAS_WRITES_PASS,
     DJANGO_SILENT_ROLLBACK_PASSES,
     DJANGO_WRITES_OFF_THE_FENCE,
+    FENCED_EFFECT_NOT_REPLAYED,
 )
 from tests.support.django_harness import DjangoShop
 from tests.support.processes import signal_process, wait_until
@@ -50,6 +58,33 @@ def test_an_orm_write_commits_once_with_the_effects_record(django_shop: DjangoSh
     django_shop.wait_state(again, "COMPLETED")
     assert django_shop.times_paid("o-1") == 1
     assert django_shop.query("SELECT count(*) FROM agboss_fenced_effects")[0] == 1
+
+
+def test_a_rerun_of_fn_commits_nothing_when_its_record_exists(django_shop: DjangoShop) -> None:
+    """Without the replay (``fenced-effect-not-replayed``), the second execution runs
+    ``fn`` again: its ORM write is in the transaction whose record insert loses to the
+    first one's, so it rolls back with it (three rounds, then the execution fails)."""
+    _run_again(django_shop, (FENCED_EFFECT_NOT_REPLAYED,))
+    assert django_shop.times_paid("o-1") == 1
+
+
+@pytest.mark.parametrize("django_backend", ["postgresql"], indirect=True)
+def test_twin_off_the_fence_each_rerun_of_fn_commits_its_write(django_shop: DjangoShop) -> None:
+    """Twin (``django-writes-off-the-fence`` too): each round's ORM write committed by
+    itself, three more payments marked. PostgreSQL only: on SQLite the store's own
+    transaction holds the one write lock the ORM's write then waits for, so off the
+    fence nothing is written at all (lock timeouts), which is why the fence must share
+    Django's connection there too."""
+    _run_again(django_shop, (FENCED_EFFECT_NOT_REPLAYED, DJANGO_WRITES_OFF_THE_FENCE))
+    assert django_shop.times_paid("o-1") == 4
+
+
+def _run_again(django_shop: DjangoShop, sabotage: tuple[str, ...]) -> None:
+    django_shop.start(sabotage=sabotage)
+    first = django_shop.publish("mark_paid", "o-1")
+    django_shop.wait_state(first, "COMPLETED")
+    again = django_shop.publish("mark_paid", "o-1")
+    django_shop.wait_state(again, "FAILED")
 
 
 def _freeze_the_zombie_inside_fn(django_shop: DjangoShop) -> tuple[str, int]:
@@ -101,11 +136,25 @@ def test_a_fenced_effect_inside_the_bodys_atomic_is_refused_and_holds_nothing_up
     assert django_shop.execution(refused).state != "COMPLETED"
 
 
-def test_a_write_to_another_alias_inside_fn_is_refused(django_shop: DjangoShop) -> None:
-    django_shop.start()
+@pytest.mark.parametrize("protected", [True, False], ids=["refused", "twin-writes-pass"])
+def test_a_write_to_another_alias_inside_fn_is_refused(
+    django_shop: DjangoShop, protected: bool, tmp_path: Path
+) -> None:
+    django_shop.start(sabotage=() if protected else (DJANGO_OTHER_ALIAS_WRITES_PASS,))
     django_shop.publish("mark_paid_and_report", "o-2")
-    django_shop.wait_log("OutsideFenceWriteError")
-    assert django_shop.times_paid("o-2") == 0, "the order's write rolled back with the refused one"
+    django_shop.wait_log("OutsideFenceWriteError" if protected else "the effect fails after")
+    assert django_shop.times_paid("o-2") == 0, "the order's write rolled back with the effect"
+    reports = sqlite3.connect(tmp_path / "reports.sqlite3")
+    try:
+        kept = (
+            reports.execute("SELECT count(*) FROM sqlite_master WHERE name = 'report'").fetchone()[
+                0
+            ]
+            and reports.execute("SELECT count(*) FROM report").fetchone()[0]
+        )
+    finally:
+        reports.close()
+    assert kept == (0 if protected else 1), "the twin's report row outlived its effect"
 
 
 @pytest.mark.parametrize("protected", [True, False], ids=["refused", "twin-passes"])

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.protections import (
+    DJANGO_OTHER_ALIAS_WRITES_PASS,
     DJANGO_PUBLISH_BEFORE_COMMIT,
     DJANGO_SILENT_ROLLBACK_PASSES,
     DJANGO_WRITES_OFF_THE_FENCE,
@@ -122,7 +123,7 @@ def _other_aliases_read_only(alias: str) -> Iterator[None]:
 
 def _refuse_writes(alias: str) -> Callable[..., Any]:
     def refuse(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        if not _READ.match(sql):
+        if not _READ.match(sql) and not sabotage.active(DJANGO_OTHER_ALIAS_WRITES_PASS):
             raise OutsideFenceWriteError(
                 f"a write to the database {alias!r} inside a fenced effect is refused: it "
                 "would commit on its own, even for a holder whose lease is gone; write to "

@@ -81,7 +81,8 @@ def mark_paid_in_atomic(self: Any, reference: str) -> dict[str, Any]:
 
 @app.task(base=PaymentTask, bind=True, name="django_shop.mark_paid_and_report")
 def mark_paid_and_report(self: Any, reference: str) -> dict[str, Any]:
-    """Another mistake: a write to another alias inside the fenced effect (a read passes)."""
+    """Another mistake: a write to another alias inside the fenced effect (a read passes),
+    then the effect fails: the order's write rolls back, the report's would not."""
     from django.db import connections
 
     from tests.support.django_shop.orders.models import Order
@@ -90,8 +91,9 @@ def mark_paid_and_report(self: Any, reference: str) -> dict[str, Any]:
         Order.objects.filter(pk=reference).update(times_paid=1)
         with connections["reports"].cursor() as cursor:
             cursor.execute("SELECT 1")
-            cursor.execute("CREATE TABLE report (reference TEXT)")
-        return {"order": reference}
+            cursor.execute("CREATE TABLE IF NOT EXISTS report (reference TEXT)")
+            cursor.execute("INSERT INTO report (reference) VALUES (%s)", [reference])
+        raise RuntimeError("the effect fails after its writes: none of them may stay")
 
     result: dict[str, Any] = self.fenced_effect("mark-paid", write)
     return result
