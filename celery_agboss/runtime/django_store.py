@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy.engine import URL, Engine
 
 from celery_agboss.errors import ConfigurationError
-from celery_agboss.store.sqlalchemy_store import UsersDatabase
+from celery_agboss.store.borrowed import UsersDatabase
 
 DJANGO_APP = "celery_agboss.contrib.django"
 DEFAULT_ALIAS = "default"

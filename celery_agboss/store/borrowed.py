@@ -12,14 +12,39 @@ SQLite the store's clock function is added to the borrowed connection.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import StaticPool
 
 from celery_agboss.store.commit_guard import guard_engine
 from celery_agboss.store.databases import add_sqlite_clock
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """A framework's transaction open on this thread on the store's database: the engine
+    over its connection (``borrowed_engine``), and how to run something once it commits."""
+
+    engine: Engine
+    on_commit: Callable[[Callable[[], None]], None]
+
+
+class UsersDatabase(Protocol):
+    """A framework's own transactions on the store's database (Django's, on the store's
+    alias: ``celery_agboss.contrib.django``)."""
+
+    def fenced_transaction(self) -> contextlib.AbstractContextManager[Engine | None]:
+        """Entered around a fenced transaction that runs the user's writes: a transaction
+        of the framework's own, yielding the engine over its connection (or None: the
+        store's own), committed when the store's checks passed, else rolled back."""
+
+    def open_transaction(self) -> OpenTransaction | None:
+        """The framework's transaction the caller is inside, or None."""
 
 
 class _Borrowed:
@@ -60,4 +85,4 @@ def borrowed_engine(store_engine: Engine, owned: Any) -> Engine:
     return engine
 
 
-__all__ = ["borrowed_engine"]
+__all__ = ["OpenTransaction", "UsersDatabase", "borrowed_engine"]

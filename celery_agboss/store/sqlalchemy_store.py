@@ -13,8 +13,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.engine import URL, Connection, Engine
 
@@ -54,6 +53,7 @@ from celery_agboss.errors import (
 )
 from celery_agboss.store import effects, history, intent_transitions, intents
 from celery_agboss.store import leases as lease_sql
+from celery_agboss.store.borrowed import UsersDatabase
 from celery_agboss.store.commit_guard import CommitGuard, StoreConnection, guard_engine
 from celery_agboss.store.databases import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
 from celery_agboss.store.dialect import is_postgresql
@@ -69,28 +69,6 @@ from celery_agboss.store.sqlite_watch import FencedTransactionWatchdog, FencedWa
 from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class OpenTransaction:
-    """A framework's transaction open on this thread on the store's database: the engine
-    over its connection (``store.borrowed``), and how to run something once it commits."""
-
-    engine: Engine
-    on_commit: Callable[[Callable[[], None]], None]
-
-
-class UsersDatabase(Protocol):
-    """A framework's own transactions on the store's database (Django's, on the store's
-    alias: ``celery_agboss.contrib.django``)."""
-
-    def fenced_transaction(self) -> contextlib.AbstractContextManager[Engine | None]:
-        """Entered around a fenced transaction that runs the user's writes: a transaction
-        of the framework's own, yielding the engine over its connection (or None: the
-        store's own), committed when the store's checks passed, else rolled back."""
-
-    def open_transaction(self) -> OpenTransaction | None:
-        """The framework's transaction the caller is inside, or None."""
 
 
 def sqlite_write_lock_bound_ms(ttl_ms: int) -> int:

@@ -36,8 +36,7 @@ from celery_agboss.errors import (
     OutsideFenceWriteError,
     StoreUnavailableError,
 )
-from celery_agboss.store.borrowed import borrowed_engine
-from celery_agboss.store.sqlalchemy_store import OpenTransaction, UsersDatabase
+from celery_agboss.store.borrowed import OpenTransaction, UsersDatabase, borrowed_engine
 
 # What a statement on another alias may be while a fenced effect runs: a read.
 _READ = re.compile(r"\s*(SELECT|SHOW|EXPLAIN|PRAGMA|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
