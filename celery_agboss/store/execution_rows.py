@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, not_, or_, select, update
+from sqlalchemy import and_, bindparam, exists, literal, not_, or_, select, true, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -29,7 +29,7 @@ from celery_agboss.core.store_protocol import IntentStatus, StoreTransaction
 from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.audit_trail import insert_audit_txn
 from celery_agboss.store.codec import loads
-from celery_agboss.store.dialect import insert_or_nothing, is_postgresql, now_expr
+from celery_agboss.store.dialect import clock, insert_or_nothing, is_postgresql, now_expr
 from celery_agboss.store.execution_updates import (
     TERMINAL_VALUES,
     build_state_change,
@@ -217,25 +217,25 @@ def requested_parameters(message: ExecutionMessage) -> dict[str, Any]:
 @built_once
 def insert_requested_statement(conn: Connection, offset_ms: int) -> Any:
     """The publish record: the execution inserted ``REQUESTED``, or nothing when its row
-    is there (``RETURNING`` says which)."""
-    now = now_expr(conn, offset_ms)
-    return (
-        insert_or_nothing(conn, executions)
-        .values(
-            id=bindparam("r_id"),
-            task_name=bindparam("r_task_name"),
-            state=ExecutionState.REQUESTED.value,
-            requested_at_ms=now,
-            updated_at_ms=now,
-            wake_requested=False,
-            recovery_count=0,
-            deliveries=0,
-            cancel_requested=False,
-            links_dispatched=False,
-            **{name: bindparam(f"r_{name}", type_=_e[name].type) for name in MESSAGE_COLUMNS},
-        )
-        .returning(_e.id)
-    )
+    is there (``RETURNING`` says which). The clock is read once (``clock``), so the row's
+    requested and updated times are one instant."""
+    now = clock(conn, offset_ms).c.now
+    values: dict[str, Any] = {
+        "id": bindparam("r_id", type_=_e.id.type),
+        "task_name": bindparam("r_task_name", type_=_e.task_name.type),
+        "state": literal(ExecutionState.REQUESTED.value, type_=_e.state.type),
+        "requested_at_ms": now,
+        "updated_at_ms": now,
+        "wake_requested": literal(False, type_=_e.wake_requested.type),
+        "recovery_count": literal(0, type_=_e.recovery_count.type),
+        "deliveries": literal(0, type_=_e.deliveries.type),
+        "cancel_requested": literal(False, type_=_e.cancel_requested.type),
+        "links_dispatched": literal(False, type_=_e.links_dispatched.type),
+        **{name: bindparam(f"r_{name}", type_=_e[name].type) for name in MESSAGE_COLUMNS},
+    }
+    # ``WHERE true``: SQLite would read the upsert's ON after a FROM as a join's.
+    chosen = select(*values.values()).where(true())
+    return insert_or_nothing(conn, executions).from_select(list(values), chosen).returning(_e.id)
 
 
 def execution_lease_live(tx: SQLTransaction, execution_id: str) -> bool:
