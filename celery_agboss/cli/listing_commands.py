@@ -11,6 +11,7 @@ from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_ru
 from celery_agboss.cli.views import (
     RESOLVE_HINT,
     age,
+    chain_text,
     describe_text,
     execution_view,
     history_view,
@@ -146,6 +147,7 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
             "lease": lease_view(found.lease),
             "intents": [intent_view(i, full=True) for i in found.intents],
             "history": {k: [history_view(r) for r in rows] for k, rows in found.history.items()},
+            "chains": {k: chain_text(v) for k, v in found.chains.items()},
             "audit": [
                 {
                     "id": a.id,

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.history import HistoryVerdict
 from celery_agboss.core.store_protocol import HistoryRow, IntentRecord, IntentStatus, LeaseState
 
 if TYPE_CHECKING:
@@ -165,6 +166,13 @@ def status_text(intent: IntentRecord) -> str:
     return detail if detail.startswith(status) else f"{status} — {detail}"
 
 
+def chain_text(verdict: HistoryVerdict) -> str:
+    """Whether an intent's history chain verified, said the same way everywhere."""
+    if verdict.ok:
+        return "chain verified"
+    return f"CHAIN BROKEN at row {verdict.first_broken_seq}: {verdict.reason}"
+
+
 def describe_text(found: Description) -> str:
     lines: list[str] = []
     e = found.execution
@@ -197,6 +205,9 @@ def describe_text(found: Description) -> str:
         lines.append(f"  request (as stored): {json.dumps(intent.request, sort_keys=True)}")
         if intent.status is IntentStatus.COMPLETED:
             lines.append(f"  result (as stored): {json.dumps(intent.result, sort_keys=True)}")
+        chain = found.chains.get(intent.idempotency_key)
+        if chain is not None:
+            lines.append(f"  history: {chain_text(chain)}")
         for row in found.history.get(intent.idempotency_key, []):
             lines.append(
                 f"    {row.seq:>3} {iso(row.at_ms)} {row.event:<22} "
@@ -228,6 +239,7 @@ def report_text(report: SweepReport) -> str:
 __all__ = [
     "RESOLVE_HINT",
     "age",
+    "chain_text",
     "describe_text",
     "execution_view",
     "history_view",

@@ -14,6 +14,7 @@ from celery_agboss.core.executions import (
     wait_kind,
     waited_for,
 )
+from celery_agboss.core.history import HistoryVerdict, verify_history
 from celery_agboss.core.store_protocol import (
     HistoryRow,
     IntentRecord,
@@ -52,6 +53,9 @@ class Description:
     history: dict[str, list[HistoryRow]]
     audit: list[AuditEntry]
     focus: str | None  # the idempotency key asked for, when one was
+    # Each intent's history chain recomputed with the deployment's key: a row changed,
+    # removed or reordered in the database since it was written shows here.
+    chains: dict[str, HistoryVerdict]
 
 
 def describe(app: Any, key_or_id: str) -> Description:
@@ -76,13 +80,24 @@ def describe(app: Any, key_or_id: str) -> Description:
     for item in intents:
         audit += runtime.executions.list_audit(item.idempotency_key, limit=50)
     audit.sort(key=lambda entry: entry.id)
+    history = {i.idempotency_key: store.read_history(i.idempotency_key) for i in intents}
+    key = runtime.engine_settings.pseudonym_key
     return Description(
         execution=execution,
         lease=store.read_lease(execution_id) if execution is not None else None,
         intents=intents,
-        history={i.idempotency_key: store.read_history(i.idempotency_key) for i in intents},
+        history=history,
         audit=audit,
         focus=intent.idempotency_key if intent is not None else None,
+        chains={
+            i.idempotency_key: verify_history(
+                key,
+                history[i.idempotency_key],
+                idempotency_key=i.idempotency_key,
+                expected_last_status=i.status.value,
+            )
+            for i in intents
+        },
     )
 
 
