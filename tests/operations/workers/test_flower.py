@@ -14,8 +14,6 @@ tests/integration/harness.py).
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from tests.conftest import ProcessFactory
 from tests.integration.apps.shop import CONFIG_ENV
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
+from tests.support.browser import ARTIFACTS, chromium, screenshot
 from tests.support.processes import ManagedProcess, wait_until
 from tests.support.services import in_ci
 from tests.support.throwaway import free_ports
@@ -36,7 +35,6 @@ from tests.support.throwaway import free_ports
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-ARTIFACTS = REPO_ROOT / "artifacts"
 FLOWER_CONFIG = """\
 # What docs/operators.md recommends.
 from celery_agboss.flower import format_task  # noqa: F401
@@ -192,8 +190,8 @@ def test_flower_tells_a_deferred_a_replayed_and_a_reconciled_task_apart(
     wait_for(lambda: flower.state(after) == "SUCCESS", 30, "a later task in Flower")
     assert flower.task(sweep) is None, "the sweep run is not on Flower's tasks page"
     assert len(gateway.payments) == 4
-    if _chromium() is not None:  # without it, the test below says what to install
-        _screenshot(flower.url + "/tasks", ARTIFACTS / "flower-tasks.png")
+    if chromium() is not None:  # without it, the test below says what to install
+        screenshot(flower.url + "/tasks", ARTIFACTS / "flower-tasks.png")
 
 
 def test_flower_calls_a_crash_recovery_reconciled(
@@ -239,7 +237,7 @@ def test_flower_calls_a_crash_recovery_reconciled(
 
 def test_chromium_is_installed_for_the_screenshot_of_flower() -> None:
     """The test above keeps a screenshot of the tasks page when Chromium is there."""
-    if _chromium() is None:
+    if chromium() is None:
         message = (
             "chromium is not installed, so no screenshot of Flower's tasks page is "
             "kept under artifacts/: apt-get install chromium"
@@ -257,38 +255,3 @@ def _quietly(check: Any) -> Any:
             return False
 
     return run
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def headless_chromium(url: str, *output: str) -> str:
-    """A headless Chromium on ``url`` (the page's scripts get 5 s to load) writing
-    ``output`` (``--dump-dom``, ``--screenshot=…``); what it printed."""
-    chromium = _chromium()
-    assert chromium is not None
-    completed = subprocess.run(
-        [
-            chromium,
-            *("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"),
-            "--virtual-time-budget=5000",
-            *output,
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    return completed.stdout
-
-
-def _screenshot(url: str, target: Path) -> None:
-    """A headless Chromium's picture of ``url``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        target.unlink()
-    headless_chromium(url, f"--screenshot={target}", "--window-size=1400,900")
-    assert target.exists() and target.stat().st_size > 10_000, f"no screenshot at {target}"

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.conftest import ProcessFactory
-from tests.operations.workers.test_flower import _chromium, headless_chromium
+from tests.support.browser import chromium, headless_chromium
 from tests.support.processes import ManagedProcess
 from tests.support.services import in_ci
 from tests.support.throwaway import free_ports
@@ -159,14 +159,14 @@ def test_flower_from_the_docs_config_answers_only_on_loopback_and_only_its_login
     assert requests.get(url + "/tasks", auth=("oncall", password), timeout=10).status_code == 200
     workers = requests.get(url + "/api/workers", auth=("oncall", password), timeout=30)
     assert workers.status_code == 200, workers.text[:500]
-    if _chromium() is not None:
+    if chromium() is not None:
         assert "tasks-table" not in _dom(f"{url}/tasks"), "Chromium saw the tasks anonymously"
         assert "tasks-table" in _dom(f"http://oncall:{password}@127.0.0.1:{port}/tasks")
 
 
 def test_chromium_is_installed_for_the_docs_config_check() -> None:
     """The test above loads the tasks page in a headless Chromium when it is there."""
-    if _chromium() is None:
+    if chromium() is None:
         message = "chromium is not installed, so Flower's login is not tried in a browser"
         if in_ci():
             pytest.fail(message, pytrace=False)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery_agboss import AGBoss, OutboundCall, PaymentTask
+from celery_agboss.core.masking import MaskingPolicy
 from tests.integration.apps.shop import (
     GatewayDeclined,
     _http,
@@ -137,3 +138,33 @@ def which_connection(self: Any, reference: str, gate_name: str) -> dict[str, Any
         "which-connection", record, business_key=f"order:{reference}"
     )
     return result
+
+
+card_charge_call = AGBoss.of(app).register(
+    OutboundCall(
+        name="django_shop.charge_card",
+        send=charge_at_gateway(_GATEWAY),
+        reconcile=lookup_at_gateway(_GATEWAY),
+        key_retention=timedelta(hours=24),
+        mask=MaskingPolicy(mask=["card"]),
+    )
+)
+
+
+@app.task(base=PaymentTask, bind=True, name="django_shop.charge_card")
+def charge_card(self: Any, order_id: str, amount: int, card: str) -> dict[str, Any]:
+    """A charge whose request holds a card number, masked as the store keeps it (the
+    task's own arguments hold it too: the admin shows neither)."""
+    receipt = self.outbound(
+        card_charge_call,
+        {"amount": amount, "order": order_id, "card": card},
+        business_key=f"order:{order_id}",
+    )
+    return {"payment": receipt["id"], "order": order_id}
+
+
+@app.task(base=PaymentTask, bind=True, name="django_shop.wait_for_approval")
+def wait_for_approval(self: Any, order_id: str) -> dict[str, Any]:
+    """A payment that waits for a person's answer (answered from the admin in tests)."""
+    answer = self.pause("approval")
+    return {"order": order_id, "answer": answer}

@@ -11,26 +11,17 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from celery_agboss.errors import ConfigurationError
+from celery_agboss.contrib.django.project import project_app
 
 
 def _project_app() -> Any:
-    from celery import current_app
-
-    from celery_agboss.runtime.app_runtime import Runtime
-
-    app = current_app._get_current_object()
     try:
-        Runtime.of(app)
-    except ConfigurationError:
-        raise CommandError(
-            f"the current Celery app ({app.main or 'the default app'}) has no AGBoss: import "
-            "your Celery app in your project's __init__.py (`from .celery import app as "
-            "celery_app`), as Celery's Django guide does, and call AGBoss(app) on it"
-        ) from None
-    return app
+        return project_app()
+    except ImproperlyConfigured as exc:
+        raise CommandError(str(exc)) from None
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types
