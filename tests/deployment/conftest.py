@@ -3,6 +3,8 @@
 - ``deployed_venv`` (session): the wheel built from this tree, installed alone into a
   fresh virtualenv of the machine's ``python3``; built once, and a build that fails
   fails every test with pip's output (nothing is skipped silently).
+- ``django_venv`` / ``django_stripe_venv`` (session): another fresh virtualenv with the
+  same wheel and its ``django`` extra (and ``stripe``), as a Django shop installs it.
 - ``broker_url`` (redis / rabbitmq) and ``database_url`` (sqlite / postgresql): the
   parametrized services, each the test's own (a Redis database, a RabbitMQ vhost, a
   SQLite file, an empty PostgreSQL database), removed after the test.
@@ -40,6 +42,33 @@ def deployed_venv(tmp_path_factory: pytest.TempPathFactory) -> DeployedVenv:
         return venv.build_once(REPO_ROOT, session_dir / "deployed")
     except venv.BuildFailed as exc:
         pytest.fail(f"could not deploy the wheel: {exc}", pytrace=False)
+
+
+def venv_with_extras(
+    tmp_path_factory: pytest.TempPathFactory, deployed: DeployedVenv, extras: str
+) -> Path:
+    """A fresh virtualenv with ``pip install '<wheel>[<extras>]'`` and nothing else."""
+    root = tmp_path_factory.mktemp(f"venv-{extras.replace(',', '-')}") / "venv"
+    try:
+        venv.run([venv.machine_python(), "-m", "venv", str(root)])
+        venv.run([str(root / "bin" / "pip"), "install", f"{deployed.wheel}[{extras}]"])
+    except venv.BuildFailed as exc:
+        pytest.fail(f"could not install the wheel with [{extras}]: {exc}", pytrace=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def django_venv(tmp_path_factory: pytest.TempPathFactory, deployed_venv: DeployedVenv) -> Path:
+    """A fresh virtualenv with the same wheel and its ``django`` extra."""
+    return venv_with_extras(tmp_path_factory, deployed_venv, "django")
+
+
+@pytest.fixture(scope="session")
+def django_stripe_venv(
+    tmp_path_factory: pytest.TempPathFactory, deployed_venv: DeployedVenv
+) -> Path:
+    """The wheel with ``[django,stripe]``: a Django shop charging through the Stripe adapter."""
+    return venv_with_extras(tmp_path_factory, deployed_venv, "django,stripe")
 
 
 @pytest.fixture

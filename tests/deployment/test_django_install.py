@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ProcessFactory
-from tests.deployment import venv
-from tests.deployment.venv import DeployedVenv
+from tests.deployment.django_deploy import docs_celery_py
 from tests.support.django_project import postgresql_database, sqlite_database, store_state
 from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "django.md"
 SECONDS = 60.0
 
 SETTINGS = """
@@ -88,23 +85,6 @@ with transaction.atomic():
     result = mark_paid.delay("o-1")
 print("published", result.id)
 """
-
-
-@pytest.fixture(scope="session")
-def django_venv(tmp_path_factory: pytest.TempPathFactory, deployed_venv: DeployedVenv) -> Path:
-    """A fresh virtualenv with the same wheel and its ``django`` extra."""
-    root = tmp_path_factory.mktemp("django-venv") / "venv"
-    venv.run([venv.machine_python(), "-m", "venv", str(root)])
-    venv.run([str(root / "bin" / "pip"), "install", f"{deployed_venv.wheel}[django]"])
-    return root
-
-
-def docs_celery_py() -> str:
-    """docs/django.md's ``proj/celery.py`` block, as written."""
-    blocks = re.findall(r"^```python\n(.*?)^```", DOCS.read_text(encoding="utf-8"), re.M | re.S)
-    found = [b for b in blocks if 'config_from_object("django.conf:settings"' in b]
-    assert found, "docs/django.md no longer has its proj/celery.py block"
-    return found[0]
 
 
 def write_project(root: Path) -> None:
