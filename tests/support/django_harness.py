@@ -77,7 +77,7 @@ class DjangoShop:
                 *("--loop", "--interval", "1"),
             ],
             name="django-sweep",
-            env=self.env,
+            env=env,  # a twin's sabotage reaches the sweep's reconcile too
             cwd=REPOSITORY,
         )
 

@@ -2,7 +2,7 @@
 
 Each refusal names what to change: the fix is always in the user's settings.py.
 The whole path (a Celery app configured from Django's settings) is
-tests/contract/test_django_migrations.py's, in processes of a Django project.
+tests/django/test_django_migrations.py's, in processes of a Django project.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ CELERY_AGBOSS_RETRY_DELAY = 1
 CELERY_AGBOSS_SWEEP_INTERVAL = 0
 CELERY_AGBOSS_OUTBOX_GRACE = 1
 
-# The admin (tests/operations/test_django_admin.py): served by the test client and by
+# The admin (tests/django/test_django_admin.py): served by the test client and by
 # ``runserver`` for the headless browser.
 ROOT_URLCONF = "tests.support.django_shop.urls"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]

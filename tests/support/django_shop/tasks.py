@@ -168,3 +168,29 @@ def wait_for_approval(self: Any, order_id: str) -> dict[str, Any]:
     """A payment that waits for a person's answer (answered from the admin in tests)."""
     answer = self.pause("approval")
     return {"order": order_id, "answer": answer}
+
+
+@app.task(base=PaymentTask, bind=True, name="django_shop.pay_order")
+def pay_order(
+    self: Any, reference: str, amount: int, gate_name: str | None = None, keyed: bool = True
+) -> dict[str, Any]:
+    """Charge, then mark the order paid through the ORM in a fenced effect (with
+    ``gate_name``: wait at the test's gate after the ORM write, before it commits).
+    ``keyed=False``: the order is not the business key (each execution its own payment)."""
+    from django.db.models import F
+
+    from tests.support.django_shop.orders.models import Order
+
+    business_key = f"order:{reference}" if keyed else None
+    receipt = self.outbound(
+        charge_call, {"amount": amount, "order": reference}, business_key=business_key
+    )
+
+    def write(_conn: Any) -> dict[str, Any]:
+        Order.objects.filter(pk=reference).update(times_paid=F("times_paid") + 1)
+        if gate_name:
+            gate(_GATEWAY, gate_name)
+        return {"order": reference}
+
+    self.fenced_effect("mark-paid", write, business_key=business_key)
+    return {"payment": receipt["id"], "order": reference}
