@@ -1,5 +1,5 @@
 """What the Django deployment tests share: docs/django.md's own blocks, the environment
-of a process of the installed project, and killing a whole worker.
+of a process of the installed project, and killing a whole worker (test_recovery.py's too).
 
 The virtualenvs are fixtures (``django_venv``, ``django_stripe_venv``:
 tests/deployment/conftest.py).
@@ -60,7 +60,7 @@ def project_environment(venv_root: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def kill_whole_worker(worker: ManagedProcess) -> None:
+def kill_the_worker(worker: ManagedProcess) -> None:
     """SIGKILL the worker's main process and its pool children at once (an OOM kill, a
     lost host); returns once none of them is left."""
     worker.send_signal(signal.SIGKILL)

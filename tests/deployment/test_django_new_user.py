@@ -46,7 +46,7 @@ from tests.deployment import brokers
 from tests.deployment.django_deploy import (
     assert_docs_say,
     docs_celery_py,
-    kill_whole_worker,
+    kill_the_worker,
     project_environment,
 )
 from tests.support.django_project import postgresql_database, store_state
@@ -246,7 +246,7 @@ def test_a_new_django_shop_pays_once_when_its_worker_is_killed_mid_charge(
     task_id = project.manage("shell", "-c", PUBLISH).split("published ", 1)[1].split()[0]
     assert held.wait_reached(SECONDS), f"the charge never reached the gateway\n{worker.tail()}"
     assert held.pid in worker.group_pids(), f"pid {held.pid} is not one of the worker's"
-    kill_whole_worker(worker)
+    kill_the_worker(worker)
     held.release()  # to a connection nobody reads any more
     second = project.celery("worker", "-l", "INFO", name="worker-2")
     wait_for_line(second, READY_LINE)

@@ -26,6 +26,7 @@ from celery_agboss.core.log_events import SWEEP_FINISHED, SWEEP_REPUBLISHED, SWE
 from tests.deployment import brokers
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import SPEEDUPS, Deployment
+from tests.deployment.django_deploy import kill_the_worker
 from tests.support.processes import ManagedProcess, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
@@ -37,7 +38,6 @@ GRACE = float(SPEEDUPS["AGBOSS_REQUESTED_GRACE"])
 STALE_INTERVALS = 3  # the workers sweep themselves after three intervals without a sweep
 MARGIN = 25.0  # process start-up and the re-driven bodies, on a loaded 2-core machine
 HELD_SECONDS = 30.0  # how long a charge may take to reach the gateway's hold
-KILL_SECONDS = 10.0
 
 
 def recovery_deadline(*, workers_sweep: bool = False) -> float:
@@ -84,18 +84,6 @@ def kill_the_worker_on_the_wire(
     kill_the_worker(victim)
     hold.release()
     return ids, held_order, victim
-
-
-def kill_the_worker(worker: ManagedProcess) -> None:
-    """SIGKILL every process of ``worker`` (main process and pool, as an OOM kill or a
-    lost host ends it); until none is left."""
-    worker.send_signal(signal.SIGKILL)
-    worker.wait(KILL_SECONDS)
-    wait_until(
-        lambda: not worker.group_pids(),
-        KILL_SECONDS,
-        message=f"every process of {worker.name} to be gone",
-    )
 
 
 def assert_recovered_past_the_broker(

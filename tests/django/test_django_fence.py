@@ -172,22 +172,42 @@ def test_an_effect_marked_for_rollback_is_refused_not_passed_for_written(
 
 
 @pytest.mark.parametrize("django_backend", ["postgresql"], indirect=True)
-def test_each_pool_child_fences_on_its_own_django_session(django_shop: DjangoShop) -> None:
+@pytest.mark.parametrize("conn_max_age", [0, 60], ids=["per-task", "persistent"])
+def test_each_pool_child_fences_on_its_own_django_session(
+    django_shop: DjangoShop, conn_max_age: int
+) -> None:
     """Prefork: Celery's Django fixup closes the connections a child inherits, so each
     child's fenced effects run on a session of its own, and in it ``fn``'s ``conn`` is
-    the ORM's own session (one transaction, not two)."""
+    the ORM's own session (one transaction, not two). Persistent (``CONN_MAX_AGE`` with
+    ``CELERY_DB_REUSE_MAX``, without which the fix-up closes Django's connections around
+    every task), the children keep their sessions from task to task: a second round
+    still fences on each child's own, the one its ORM uses."""
+    test = {**json.loads(django_shop.env["AGBOSS_DJANGO_TEST"]), "conn_max_age": conn_max_age}
+    django_shop.env["AGBOSS_DJANGO_TEST"] = json.dumps(test)
     django_shop.start()
-    ids = [django_shop.publish("which_connection", ref, "both") for ref in ("o-1", "o-2")]
     gateway = django_shop.gateway
-    django_shop.wait_until(lambda: len(gateway.gate_waiters("both")) == 2, "both children busy")
-    gateway.open_gate("both")
-    for task_id in ids:
-        django_shop.wait_state(task_id, "COMPLETED")
+    for round_ in ("first", "second"):
+        refs = [f"{round_}-{n}" for n in (1, 2)]
+        ids = [django_shop.publish("which_connection", ref, round_) for ref in refs]
+        django_shop.wait_until(
+            lambda gate=round_: len(gateway.gate_waiters(gate)) == 2, "both children busy"
+        )
+        gateway.open_gate(round_)
+        for task_id in ids:
+            django_shop.wait_state(task_id, "COMPLETED")
     seen = [
         json.loads(row[0])
         for row in django_shop.query_all("SELECT result FROM agboss_fenced_effects")
     ]
-    assert len(seen) == 2
+    assert len(seen) == 4
     assert all(one["orm"] == one["fenced"] for one in seen), seen
-    assert len({one["pid"] for one in seen}) == 2, seen
-    assert len({one["orm"] for one in seen}) == 2, "no session shared across the fork"
+    sessions_of = {}
+    for one in seen:
+        sessions_of.setdefault(one["pid"], set()).add(one["orm"])
+    assert len(sessions_of) == 2, seen
+    first, second = sessions_of.values()
+    assert not first & second, "no session shared across the fork"
+    if conn_max_age:
+        assert all(len(sessions) == 1 for sessions in sessions_of.values()), (
+            "a persistent connection is kept by its child, task after task"
+        )

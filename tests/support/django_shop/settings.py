@@ -20,6 +20,10 @@ INSTALLED_APPS = [
     "tests.support.django_shop.orders",
 ]
 DATABASES = {"default": _TEST.get("database", {})}
+if _TEST.get("conn_max_age"):  # persistent connections, kept across tasks: Celery's
+    # Django fix-up closes them around every task unless CELERY_DB_REUSE_MAX is set.
+    DATABASES["default"]["CONN_MAX_AGE"] = _TEST["conn_max_age"]
+    CELERY_DB_REUSE_MAX = 10
 if _TEST.get("other_database"):  # a second alias, which fenced effects may only read
     DATABASES["reports"] = _TEST["other_database"]
 
