@@ -26,6 +26,7 @@ from celery_agboss.core.log_events import SWEEP_FINISHED, SWEEP_REPUBLISHED, SWE
 from tests.deployment import brokers
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import SPEEDUPS, Deployment
+from tests.deployment.django_deploy import KILL_SECONDS as KILL_SECONDS  # the fault tests' too
 from tests.deployment.django_deploy import kill_the_worker
 from tests.support.processes import ManagedProcess, wait_until
 

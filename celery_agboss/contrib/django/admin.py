@@ -302,7 +302,7 @@ class PauseAdmin(_ReadOnlyAdmin):
     created = _time_column("created_at_ms", "created")
 
     def record(self, key: str) -> dict[str, Any]:
-        pause = self.get_queryset_for_record().filter(pk=key).first()
+        pause = Pause.objects.using(store_alias()).filter(pk=key).first()
         if pause is None:
             raise Http404(f"no pause is named {key!r}")
         return {
@@ -315,6 +315,3 @@ class PauseAdmin(_ReadOnlyAdmin):
                 "answered": iso(pause.answered_at_ms),
             },
         }
-
-    def get_queryset_for_record(self) -> Any:
-        return Pause.objects.using(store_alias())
