@@ -118,7 +118,8 @@ class InvalidBusinessKeyError(AGBossError):
 
 
 class NotPausedError(AGBossError):
-    """The pause is not waiting for an answer (already answered, or never paused)."""
+    """The pause is not waiting for an answer: already answered (early or not), its
+    execution ended, or there is no such execution (``found=False``)."""
 
 
 class MaskingPolicyError(AGBossError):

@@ -342,19 +342,27 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         ctx = execution_context_of(self.request)
         return ctx.last_outcome if isinstance(ctx, ExecutionContext) else None
 
-    def pause(self, name: str, payload: Any = None) -> Any:
+    def pause(self, name: str, payload: Any = None, *, accept_early: bool = False) -> Any:
         """End this delivery ``PAUSED`` the first time; return the answer once answered.
 
         ``answer_pause(app, "<execution id>:<name>", answer)`` answers it (once) and
-        publishes the task again.
+        publishes the task again. ``accept_early``: an answer given before the body got
+        here (a 3-D Secure return racing the task) is kept and taken now, and the body goes
+        on in this delivery; never for an approval, whose answerer must see ``payload``.
         """
+        if accept_early and ":" in name:
+            raise ConfigurationError(
+                f"pause name {name!r} has a ':': an early answer finds its execution by the "
+                "part of the pause id before the last ':'. Name the pause without one",
+                task=self.name,
+            )
         ctx = self._context()
         executions = Runtime.of(self.app).executions
         with ctx.fenced() as tx:
             ctx.check_cancel(tx)
             ctx.pass_failures()  # waiting for a person is going on past a failure
             answered, answer = executions.pause_in(
-                tx, name, None if payload is None else dumps(payload)
+                tx, name, None if payload is None else dumps(payload), accept_early=accept_early
             )
         if answered:
             return None if answer is None else loads(answer)

@@ -150,7 +150,9 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     """Authorise, wait for the customer's authentication (the return page or the
     webhook answers, once), read the outcome from Stripe, then capture (design: PS21)."""
     authorization = authorize(self, order_id)
-    self.pause("3ds", {"payment_id": authorization["id"]})
+    # The return page or the webhook may answer before the body gets here (the bank
+    # answered in milliseconds): that answer is kept and taken here (design: early answers).
+    self.pause("3ds", {"payment_id": authorization["id"]}, accept_early=True)
     # The answer is a hint: the payment's state is what Stripe says now (design: G6).
     current = stripe.client.v1.payment_intents.retrieve(authorization["id"])
     if current.status != "requires_capture":

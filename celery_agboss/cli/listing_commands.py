@@ -215,7 +215,8 @@ def executions(
 @json_command
 @click.pass_context
 def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
-    """Pauses waiting for an answer (answer one with `agboss answer-pause PAUSE_ID ANSWER`)."""
+    """Pauses waiting for an answer (answer one with `agboss answer-pause PAUSE_ID ANSWER`),
+    and answers given early that wait for their pause (status EARLY)."""
     from celery_agboss.operator import list_pauses
 
     out = CommandOutput(as_json)

@@ -40,24 +40,41 @@ def _parse_answer(text: str) -> Any:
 def answer_pause(
     ctx: click.Context, pause_id: str, answer: str, actor: str | None, as_json: bool
 ) -> None:
-    """Answer a pause (as `agboss pauses` lists it) once; its task runs again."""
-    from celery_agboss.operator import answer_pause as answer_it
+    """Answer a pause (as `agboss pauses` lists it) once; its task runs again. A pause not
+    reached yet is answered early: kept for it."""
+    from celery_agboss.operator import answer_pause_outcome
     from celery_agboss.operator.common import default_actor
 
     out = CommandOutput(as_json)
     with open_runtime(ctx, out) as runtime:
         try:
-            republished = answer_it(
+            outcome = answer_pause_outcome(
                 runtime, pause_id, _parse_answer(answer), actor=actor or default_actor()
             )
         except NotPausedError as exc:
             if getattr(exc, "found", True):
                 out.fail(EXIT_REFUSED, "not-paused", str(exc))
             out.fail(EXIT_NOT_FOUND, "not-found", f"{exc}; list them with `agboss pauses`")
-        when = "now" if republished else "when the delivery that paused lets go, or by the sweep"
+        if outcome.early:
+            text = (
+                f"Answered {pause_id} before its task reached the pause; kept for it: a "
+                "pause with accept_early=True takes it when it gets there."
+            )
+        elif outcome.republished:
+            text = f"Answered {pause_id}; its task is published again now."
+        else:
+            text = (
+                f"Answered {pause_id}; its task is published again when the delivery that "
+                "paused lets go, or by the sweep."
+            )
         out.emit(
-            {"pause_id": pause_id, "answered": True, "republished": republished},
-            f"Answered {pause_id}; its task is published again {when}.",
+            {
+                "pause_id": pause_id,
+                "answered": True,
+                "early": outcome.early,
+                "republished": outcome.republished,
+            },
+            text,
         )
 
 

@@ -244,6 +244,16 @@ class StartKind(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class AnsweredPause:
+    """What an answer did: ``record`` is the execution after it; ``early``: the pause
+    was not stored yet, so the answer is kept for it and nothing is to re-publish (the
+    body takes it when it reaches the pause)."""
+
+    record: ExecutionRecord
+    early: bool = False
+
+
+@dataclass(frozen=True)
 class DeliveryStart:
     kind: StartKind
     execution: ExecutionRecord
@@ -380,10 +390,11 @@ class ExecutionStore(Protocol):
         it is returned unchanged."""
 
     def pause_in(
-        self, tx: FencedTransaction, name: str, payload: str | None
+        self, tx: FencedTransaction, name: str, payload: str | None, *, accept_early: bool = False
     ) -> tuple[bool, str | None]:
-        """Fenced: ``(True, answer)`` once the pause ``<id>:<name>`` was answered; otherwise
-        record it PENDING, the execution ``PAUSED``, and ``(False, None)``."""
+        """Fenced: ``(True, answer)`` once the pause ``<id>:<name>`` was answered (or,
+        with ``accept_early``, answered before it was stored: that answer is taken now);
+        otherwise record it PENDING, the execution ``PAUSED``, and ``(False, None)``."""
 
     def release_delivery(self, lease: LeaseRef, *, will_republish: bool = False) -> ReleaseOutcome:
         """Release the lease and, in the same transaction, read and clear ``wake_requested``:
@@ -458,14 +469,15 @@ class ExecutionStore(Protocol):
         ``to_state`` (e.g. an operator's resolve: WAITING_OPERATOR → WAITING). None when it
         was not in those states."""
 
-    def answer_pause(self, pause_id: str, answer: str) -> ExecutionRecord:
+    def answer_pause(self, pause_id: str, answer: str) -> AnsweredPause:
         """Answer a PENDING pause of a PAUSED execution once (``NotPausedError``, nothing
         moved, otherwise); the execution becomes WAITING, due now (the caller re-publishes
-        it; while a delivery still holds the lease it is marked to be woken instead)."""
+        it; while a delivery still holds the lease it is marked to be woken instead). A
+        pause not stored yet, of a live execution, is answered early (kept for it)."""
 
     def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:
         """``(pause_id, execution_id, status)`` of pending pauses whose execution still
-        waits for them, oldest first."""
+        waits for them, and of early answers no pause took yet, oldest first."""
 
     def append_audit(
         self,

@@ -116,6 +116,8 @@ OPERATOR_REDRIVEN = "operator.redriven"
 OPERATOR_ACCEPTED = "operator.accepted"
 OPERATOR_PAYMENTS_HANDLED = "operator.payments-handled"
 OPERATOR_PAUSE_ANSWERED = "pause.answered"
+OPERATOR_PAUSE_ANSWERED_EARLY = "pause.answered-early"
+PAUSE_EARLY_ANSWER_DROPPED = "pause.early-answer-dropped"
 
 # --- processes and the store ------------------------------------------------------------
 STORE_OPENED = "store.opened"
@@ -263,6 +265,7 @@ __all__ = [
     "OPERATOR_ACCEPTED",
     "OPERATOR_CANCELLED",
     "OPERATOR_PAUSE_ANSWERED",
+    "OPERATOR_PAUSE_ANSWERED_EARLY",
     "OPERATOR_PAYMENTS_HANDLED",
     "OPERATOR_REDRIVEN",
     "OPERATOR_RESOLVED",
@@ -287,6 +290,7 @@ __all__ = [
     "OUTBOX_PUBLISHED",
     "OUTBOX_PUBLISH_FAILED",
     "OUTBOX_REPUBLISHED",
+    "PAUSE_EARLY_ANSWER_DROPPED",
     "RESULT_BACKEND_FAILURE_WITHHELD",
     "STORE_ANSWERS",
     "STORE_OPENED",

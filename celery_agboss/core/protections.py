@@ -238,6 +238,12 @@ PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET = "pause-answer-without-compare-and-set"
 execution, whatever either's state: a second answer also "wins", and one that comes
 after the execution completed runs it again from the pause on."""
 
+PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER = "pause-written-over-an-early-answer"
+"""Sabotage (design: early answers): the pause is written without reading, under the
+execution row's lock, whether an answer came first: an early answer is overwritten by
+the pending pause, its answerer was told it was kept, and the execution waits for an
+answer that already came."""
+
 PENDING_INTENT_NARROW = "pending-intent-narrow"
 """Sabotage (design: pending intent): count an intent as the execution's only while nobody else
 holds it (the old definition), so one the sweep holds for its lookup is not counted."""

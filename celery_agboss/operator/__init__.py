@@ -14,9 +14,11 @@ after); ``resolve`` writes its audit row in the same transaction as the change.
 from __future__ import annotations
 
 from celery_agboss.operator.acting import (
+    PauseAnswerOutcome,
     UnparkResult,
     accept,
     answer_pause,
+    answer_pause_outcome,
     cancel,
     payments_handled,
     redrive,
@@ -41,12 +43,14 @@ from celery_agboss.operator.resolving import ResolveResult, resolve
 __all__ = [
     "Description",
     "OperatorWait",
+    "PauseAnswerOutcome",
     "PaymentLeftBehind",
     "ResolveResult",
     "SharedWait",
     "UnparkResult",
     "accept",
     "answer_pause",
+    "answer_pause_outcome",
     "cancel",
     "default_actor",
     "describe",

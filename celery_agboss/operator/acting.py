@@ -24,6 +24,7 @@ from celery_agboss.core.log_events import (
     OPERATOR_ACCEPTED,
     OPERATOR_CANCELLED,
     OPERATOR_PAUSE_ANSWERED,
+    OPERATOR_PAUSE_ANSWERED_EARLY,
     OPERATOR_PAYMENTS_HANDLED,
     OPERATOR_REDRIVEN,
     OPERATOR_UNPARKED,
@@ -352,13 +353,40 @@ def answer_pause(app: Any, pause_id: str, answer: Any, *, actor: str | None = No
     ``celery -A proj agboss pauses`` lists it. With ``actor`` (an operator's answer, as
     ``agboss answer-pause`` gives) the answer goes into the audit trail.
 
-    True when the task was published again now; False when the delivery that paused
-    still held its lease (it publishes the task when it lets go) or the publish must be
-    left to the sweep."""
+    An answer that comes before the body stored its pause is kept for it, once, while the
+    execution is not terminal (design: early answers); a pause declared with
+    ``accept_early=True`` takes it. ``NotPausedError`` with ``found=False``: no such
+    execution.
+
+    True when the task was published again now; False when the answer was kept early,
+    when the delivery that paused still held its lease (it publishes the task when it
+    lets go), or when the publish must be left to the sweep."""
+    return answer_pause_outcome(app, pause_id, answer, actor=actor).republished
+
+
+@dataclass(frozen=True)
+class PauseAnswerOutcome:
+    """What one answer did: ``early``, kept for a pause the body has not reached yet;
+    ``republished``, the task was published again now."""
+
+    early: bool
+    republished: bool
+
+
+def answer_pause_outcome(
+    app: Any, pause_id: str, answer: Any, *, actor: str | None = None
+) -> PauseAnswerOutcome:
+    """``answer_pause``, saying also whether the answer was kept early (what
+    ``agboss answer-pause`` prints)."""
     runtime = Runtime.of(app)
     audit = None if actor is None else Audit(actor, "answer-pause", f"pause {pause_id} answered")
-    record = runtime.executions.answer_pause(pause_id, dumps(answer), audit=audit)
+    answered = runtime.executions.answer_pause(pause_id, dumps(answer), audit=audit)
+    record = answered.record
     if audit is not None:
         _audit_afterwards(runtime, audit, record.id, None, record)
+    if answered.early:
+        log_event(OPERATOR_PAUSE_ANSWERED_EARLY, execution_id=record.id, pause=pause_id)
+        return PauseAnswerOutcome(early=True, republished=False)
     log_event(OPERATOR_PAUSE_ANSWERED, execution_id=record.id, pause=pause_id)
-    return redrive_now(runtime, record.id, reason=f"pause {pause_id} answered")
+    republished = redrive_now(runtime, record.id, reason=f"pause {pause_id} answered")
+    return PauseAnswerOutcome(early=False, republished=republished)

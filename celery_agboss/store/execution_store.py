@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from celery_agboss.core.executions import (
+    AnsweredPause,
     Audit,
     AuditEntry,
     DeliveryStart,
@@ -116,13 +117,13 @@ class SQLAlchemyExecutionStore:
 
     # --- pauses: the body's, an answer, the listing ------------------------------------------
     def pause_in(
-        self, tx: FencedTransaction, name: str, payload: str | None
+        self, tx: FencedTransaction, name: str, payload: str | None, *, accept_early: bool = False
     ) -> tuple[bool, str | None]:
-        return pauses.pause_in(tx, name, payload)
+        return pauses.pause_in(tx, name, payload, accept_early=accept_early)
 
     def answer_pause(
         self, pause_id: str, answer: str, *, audit: Audit | None = None
-    ) -> ExecutionRecord:
+    ) -> AnsweredPause:
         return pauses.answer_pause(self.store, pause_id, answer, audit=audit)
 
     def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:

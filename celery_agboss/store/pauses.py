@@ -6,21 +6,34 @@ planned re-drive) together, or nothing moves and the caller gets ``NotPausedErro
 Two approvers, a return page and a webhook, or an operator and a retrying browser can
 answer at once on different processes: the row lock orders them, and the second finds
 the pause answered (design: PS11, PS21).
+
+An answer may also come *before* the pause is stored (a 3-D Secure return racing the
+task): it is kept once as an ``EARLY`` row, for an execution that exists and is not
+terminal, and the pause consumes it when the body reaches it, if that pause accepts
+early answers (design: early answers). The answer and the pause's write both lock the
+execution row before they read the pause's, so whichever commits second sees the other.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import and_, insert, or_, select, update
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
+    TERMINAL_STATES,
+    AnsweredPause,
     Audit,
     ExecutionRecord,
     ExecutionState,
 )
-from celery_agboss.core.protections import PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET
+from celery_agboss.core.log_events import PAUSE_EARLY_ANSWER_DROPPED, log_event
+from celery_agboss.core.protections import (
+    PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET,
+    PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER,
+)
 from celery_agboss.core.store_protocol import FencedTransaction
 from celery_agboss.errors import NotPausedError
 from celery_agboss.store.execution_rows import (
@@ -41,28 +54,35 @@ _p = pauses.c
 
 PENDING = "PENDING"
 ANSWERED = "ANSWERED"
+EARLY = "EARLY"  # answered before the body reached the pause; not consumed yet
 
 
 def answer_pause(
     store: SQLAlchemyStore, pause_id: str, answer: str, *, audit: Audit | None = None
-) -> ExecutionRecord:
+) -> AnsweredPause:
     """Answer a pending pause of a ``PAUSED`` execution once and move the execution
     to ``WAITING``, due now; the caller re-publishes it. ``NotPausedError`` (nothing
-    moved) when the pause was answered already, does not exist, or its execution no
-    longer waits for it (cancelled, ended, waiting for an operator).
+    moved) when the pause was answered already, or its execution no longer waits for it
+    (cancelled, ended, waiting for an operator).
+
+    A pause not stored yet is answered early: kept (``EARLY``) for an execution that
+    exists and is not terminal, nothing moved, nothing to re-publish; the body's pause
+    takes it. ``NotPausedError(found=False)`` when there is no such execution.
 
     While the delivery that paused still holds the lease (the answer came between its
     pause and its release), the caller's re-publish is refused; the execution is then
     marked to be woken, so that delivery re-publishes it when it lets go."""
     with store.transaction() as tx:
-        row = tx.execute(select(_p.execution_id).where(_p.id == pause_id)).first()
-        if row is None:
-            raise NotPausedError(f"no pause {pause_id!r}", pause_id=pause_id, found=False)
-        execution_id = str(row.execution_id)
-        record = read_execution_txn(tx, execution_id, lock=True)  # orders concurrent answers
-        if sabotage.active(PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET):
-            return _answer_unconditionally(tx, pause_id, execution_id, answer)
+        execution_id = _execution_of(tx, pause_id)
+        # The execution row's lock orders this answer against other answers and against
+        # the pause's own write, which takes it first too.
+        record = read_execution_txn(tx, execution_id, lock=True) if execution_id else None
         status = tx.execute(select(_p.status).where(_p.id == pause_id)).scalar()
+        if status is None:
+            return AnsweredPause(_answer_early(tx, pause_id, record, answer, audit), early=True)
+        assert execution_id is not None  # a pause row names its execution
+        if sabotage.active(PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET):
+            return AnsweredPause(_answer_unconditionally(tx, pause_id, execution_id, answer))
         if status != PENDING:
             raise NotPausedError(f"the pause {pause_id!r} was already answered", pause_id=pause_id)
         refusal = _not_waiting(record, execution_id)
@@ -82,7 +102,53 @@ def answer_pause(
         set_execution_txn(tx, execution_id, **_continue_values(tx, live))
         after = require_execution_txn(tx, execution_id)
         audit_change_txn(tx, audit, execution_id, record, after)
-        return after
+        return AnsweredPause(after)
+
+
+def _execution_of(tx: SQLTransaction, pause_id: str) -> str | None:
+    """The pause's execution: its row's, or for a pause not stored yet the part of
+    ``pause_id`` before its last ``:`` (a pause that accepts early answers has no ``:``
+    in its name)."""
+    stored = tx.execute(select(_p.execution_id).where(_p.id == pause_id)).scalar()
+    if stored is not None:
+        return str(stored)
+    execution_id, sep, name = pause_id.rpartition(":")
+    return execution_id if sep and execution_id and name else None
+
+
+def _answer_early(
+    tx: SQLTransaction,
+    pause_id: str,
+    record: ExecutionRecord | None,
+    answer: str,
+    audit: Audit | None,
+) -> ExecutionRecord:
+    """Keep an answer that came before its pause, once, for a live execution."""
+    if record is None:
+        raise NotPausedError(
+            f"no pause {pause_id!r}, and no execution it could belong to",
+            pause_id=pause_id,
+            found=False,
+        )
+    if record.state in TERMINAL_STATES:
+        raise NotPausedError(
+            f"execution {record.id} is {record.state.value}: it will not pause for {pause_id!r}",
+            pause_id=pause_id,
+        )
+    tx.execute(
+        insert(pauses).values(
+            id=pause_id,
+            execution_id=record.id,
+            name=pause_id[len(record.id) + 1 :],
+            status=EARLY,
+            payload=None,
+            answer=answer,
+            created_at_ms=tx.now_expr(),
+            answered_at_ms=tx.now_expr(),
+        )
+    )
+    audit_change_txn(tx, audit, record.id, record, record)
+    return record
 
 
 def _answer_unconditionally(
@@ -100,36 +166,76 @@ def _answer_unconditionally(
 
 def list_pauses(store: SQLAlchemyStore, limit: int = 100) -> list[tuple[str, str, str]]:
     """``(pause_id, execution_id, status)`` of the pending pauses whose execution
-    still waits for them (``PAUSED``), oldest first."""
+    still waits for them (``PAUSED``), and of the early answers no pause has taken yet
+    while their execution may still reach it (not terminal), oldest first."""
+    terminal = [state.value for state in TERMINAL_STATES]
     with store.read_transaction() as tx:
         rows = tx.execute(
             select(_p.id, _p.execution_id, _p.status)
             .join(executions, _e.id == _p.execution_id)
-            .where(_p.status == PENDING, _e.state == ExecutionState.PAUSED.value)
+            .where(
+                or_(
+                    and_(_p.status == PENDING, _e.state == ExecutionState.PAUSED.value),
+                    and_(_p.status == EARLY, _e.state.not_in(terminal)),
+                )
+            )
             .order_by(_p.created_at_ms, _p.id)
             .limit(limit)
         ).all()
         return [(str(r.id), str(r.execution_id), str(r.status)) for r in rows]
 
 
-def pause_in(tx: FencedTransaction, name: str, payload: str | None) -> tuple[bool, str | None]:
-    """The pause ``<execution id>:<name>``: ``(True, answer)`` once answered; else it is
-    recorded PENDING (if new), the execution ``PAUSED``, and ``(False, None)``."""
+def pause_in(
+    tx: FencedTransaction, name: str, payload: str | None, *, accept_early: bool = False
+) -> tuple[bool, str | None]:
+    """The pause ``<execution id>:<name>``: ``(True, answer)`` once answered, or answered
+    early and ``accept_early`` (the early answer is consumed here, by compare-and-set);
+    else it is recorded PENDING, the execution ``PAUSED``, and ``(False, None)``."""
     t, execution_id = sql(tx), tx.lease.scope
     pause_id = f"{execution_id}:{name}"
+    if not sabotage.active(PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER):
+        read_execution_txn(t, execution_id, lock=True)  # after an answer that has it, or before
     row = t.execute(select(_p.status, _p.answer).where(_p.id == pause_id)).first()
-    if row is not None and row.status == "ANSWERED":
+    if row is not None and row.status == ANSWERED:
         return True, row.answer
+    early = row is not None and row.status == EARLY
+    if early and sabotage.active(PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER):
+        early = False  # the sabotage: the early answer is written over below, unseen
+    if early and accept_early:
+        taken = t.execute(
+            update(pauses)
+            .where(_p.id == pause_id, _p.status == EARLY)
+            .values(status=ANSWERED, payload=payload)
+        ).rowcount
+        if taken == 1:
+            return True, row.answer if row is not None else None
+    if early:
+        # An approval's answerer must see what is asked: an answer that came first is
+        # not taken for it. The pause waits for an answer given after it.
+        log_event(
+            PAUSE_EARLY_ANSWER_DROPPED,
+            logging.WARNING,
+            "an answer given before this pause is not taken: the pause does not accept "
+            "early answers (accept_early=True); it waits for an answer given after it",
+            execution_id=execution_id,
+            pause=pause_id,
+        )
     if row is None:
         t.execute(
             insert(pauses).values(
                 id=pause_id,
                 execution_id=execution_id,
                 name=name,
-                status="PENDING",
+                status=PENDING,
                 payload=payload,
                 created_at_ms=t.now_expr(),
             )
+        )
+    elif row.status == EARLY:
+        t.execute(
+            update(pauses)
+            .where(_p.id == pause_id, _p.status == EARLY)
+            .values(status=PENDING, payload=payload, answer=None, answered_at_ms=None)
         )
     set_unless_terminal_txn(
         t,
@@ -166,4 +272,4 @@ def _continue_values(tx: SQLTransaction, lease_live: bool) -> dict[str, Any]:
     return values
 
 
-__all__ = ["ANSWERED", "PENDING", "answer_pause", "list_pauses", "pause_in"]
+__all__ = ["ANSWERED", "EARLY", "PENDING", "answer_pause", "list_pauses", "pause_in"]

@@ -94,9 +94,9 @@ def answer_pause_with_event(
     ``answer_pause`` answers a pause once; a second answer raises ``NotPausedError``
     and moves nothing. For a webhook that is the normal case, not a failure: the same
     event delivered again, or the customer's return page that answered first (design: PS21).
-    It is also what a pause never reached says, so an event that comes before the body
-    paused answers nothing: the body reads the payment's status from the gateway before
-    it pauses, and the event's own ``record_event`` keeps what it says.
+    An event that comes before the body reached its pause is kept for it (True) while
+    the execution is not over; a pause declared ``accept_early=True`` takes it
+    (design: early answers).
     """
     from celery_agboss.operator import answer_pause
 

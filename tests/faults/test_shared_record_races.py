@@ -14,9 +14,7 @@ and shows both winning: a second click handed the receipt of a charge being refu
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +26,6 @@ from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.core.keys import business_key as business_key_of
 from celery_agboss.core.protections import RELIANCE_OFF_THE_RECORD
-from celery_agboss.core.sabotage import SUBPROCESS_SWITCH
 from celery_agboss.core.shared_records import relies
 from celery_agboss.core.store_protocol import INTENT_RECORD, SharedRecord
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
@@ -107,7 +104,7 @@ def _race(
     ]
     outcomes: dict[str, str] = {}
     try:
-        with _sabotage_allowed_in_children(bool(sabotage)):
+        with workers.sabotage_allowed_in_children(bool(sabotage)):
             for process in processes:
                 process.start()
         for _ in processes:
@@ -120,24 +117,6 @@ def _race(
             middle.abort()
         workers.stop_all(processes)
     return outcomes
-
-
-@contextlib.contextmanager
-def _sabotage_allowed_in_children(wanted: bool) -> Iterator[None]:
-    """A spawned child may switch a protection off only as a descendant of this pytest
-    process, named in its environment (``celery_agboss.core.sabotage``)."""
-    if not wanted:
-        yield
-        return
-    before = os.environ.get(SUBPROCESS_SWITCH)
-    os.environ[SUBPROCESS_SWITCH] = str(os.getpid())
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(SUBPROCESS_SWITCH, None)
-        else:
-            os.environ[SUBPROCESS_SWITCH] = before
 
 
 def _record(store_url: str, key: str) -> SharedRecord:

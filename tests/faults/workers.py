@@ -10,15 +10,17 @@ all children hit the database at the same instant, and reports through a queue.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
+from celery_agboss.core.sabotage import SUBPROCESS_SWITCH
 from celery_agboss.core.store_protocol import EffectRecord, NewIntent
 
 BARRIER_SECONDS = 60.0
@@ -270,7 +272,82 @@ class _Zero:
     value = 0
 
 
+EARLY_ANSWER_MODES = ("answer-first", "pause-first", "together")
+"""The early-answer race's rounds: the answer committed before the pause's write, after
+it, or both released at the same instant (then the execution row's lock orders them)."""
+
+
+def early_answer_side(
+    side: str,
+    url: str,
+    rounds: Sequence[tuple[str, Any, str]],
+    sabotage: Sequence[str],
+    start: Barrier,
+    middle: Barrier,
+    results: Queue[dict[str, Any]],
+) -> None:
+    """One side of the early-answer race, one execution per round: ``"pause"`` reaches
+    ``self.pause("3ds", accept_early=True)`` under the round's lease, ``"answer"`` answers
+    that pause. Each round starts at ``start`` and meets again at ``middle``; who acts
+    before ``middle`` and who after is the round's mode."""
+    from celery_agboss.core import sabotage as switches
+    from celery_agboss.errors import NotPausedError
+    from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
+
+    store = None
+    try:
+        store = _open_store(url, _Zero())
+        executions = SQLAlchemyExecutionStore(store)
+        store.now_ms()  # connect before the race, not during it
+
+        def act(lease: Any) -> dict[str, Any]:
+            if side == "pause":
+                with store.fenced(lease, 30_000) as tx:
+                    taken, answer = executions.pause_in(tx, "3ds", '"pay"', accept_early=True)
+                return {"taken": taken, "answer": answer}
+            try:
+                answered = executions.answer_pause(f"{lease.scope}:3ds", '"authenticated"')
+            except NotPausedError as refused:
+                return {"refused": str(refused)}
+            return {"early": answered.early}
+
+        with switches.switched_off(*sabotage) if sabotage else contextlib.nullcontext():
+            for number, lease, mode in rounds:
+                first = (side == "answer") == (mode == "answer-first") or mode == "together"
+                start.wait(BARRIER_SECONDS)
+                outcome = act(lease) if first else None
+                middle.wait(BARRIER_SECONDS)
+                if outcome is None:
+                    outcome = act(lease)
+                results.put({"side": side, "round": number, **outcome, "error": None})
+    except BaseException as exc:
+        start.abort()
+        middle.abort()
+        results.put({"side": side, "round": -1, "error": f"{exc!r}\n{traceback.format_exc()}"})
+    finally:
+        if store is not None:
+            store.close()
+
+
 # --- the parent's side ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sabotage_allowed_in_children(wanted: bool) -> Iterator[None]:
+    """A spawned child may switch a protection off only as a descendant of this pytest
+    process, named in its environment (``celery_agboss.core.sabotage``)."""
+    if not wanted:
+        yield
+        return
+    before = os.environ.get(SUBPROCESS_SWITCH)
+    os.environ[SUBPROCESS_SWITCH] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SUBPROCESS_SWITCH, None)
+        else:
+            os.environ[SUBPROCESS_SWITCH] = before
 
 
 def next_row(results: Queue[Any], timeout: float, missing: str) -> Any:

@@ -143,8 +143,8 @@ def test_a_pause_is_answered_once(verbs: SQLAlchemyExecutionStore) -> None:
         assert verbs.pause_in(tx, "approve", '"please"') == (False, None)
     verbs.release_delivery(start.grant.lease)
     assert verbs.start_delivery(message(), "h2", TTL_MS, CAP).kind is StartKind.WAITING_ANSWER
-    record = verbs.answer_pause("t-1:approve", '"yes"')
-    assert record.state is ExecutionState.WAITING
+    answered = verbs.answer_pause("t-1:approve", '"yes"')
+    assert answered.record.state is ExecutionState.WAITING and not answered.early
     with pytest.raises(NotPausedError):
         verbs.answer_pause("t-1:approve", '"no"')
     again = verbs.start_delivery(message(), "h3", TTL_MS, CAP)

@@ -5,7 +5,8 @@ PS11: two approvers answer one pause at the same instant from two OS processes (
 each with an app and a store connection of its own, released together by a barrier):
 one wins, the other gets ``NotPausedError``, the task runs on once and charges once.
 PS21: the 3-D Secure return page and the webhook answer one pause the same way, and the
-order is captured once. A pause answered after the fenced-effect and outbound
+order is captured once; a return page that beats the pause is kept for it (early
+answers). A pause answered after the fenced-effect and outbound
 retention passed (the database clock of a second app on the same store is moved):
 nothing before the pause runs again. Each guarantee has a sabotage twin that fails.
 
@@ -334,6 +335,38 @@ def test_the_return_page_and_the_webhook_answer_one_3ds_pause_and_capture_once(
     # The browser loads the return page again.
     with pytest.raises(NotPausedError):
         answer_pause(world.shop.app, pause_id, {"source": "return-page"})
+
+
+@pytest.mark.parametrize("backend", STORE_BACKENDS)
+def test_a_3ds_answer_that_beats_its_pause_is_taken_in_the_same_delivery(
+    worlds: Callable[[str], PauseWorld], backend: str
+) -> None:
+    """The return page answers while the task still waits for its authorisation: the
+    answer is kept early, the pause (``accept_early=True``) takes it, and the task goes on
+    to capture once, in its first delivery, with no operator (design: early answers)."""
+    world = worlds(backend)
+    hold = world.gateway.hold(operation="charge", timeout=30)  # the authorisation's answer
+    task_id, order = world.publish("ps.checkout_3ds_early")
+    pause_id = f"{task_id}:3ds"
+    try:
+        hold.wait_reached(timeout=20)
+        assert answer_pause(world.shop.app, pause_id, {"source": "return-page"}) is False
+        assert world.shop.execution(task_id).state.value == "RUNNING"  # type: ignore[union-attr]
+    finally:
+        hold.release()
+    record = world.shop.wait_state(task_id, "COMPLETED")
+    assert record.deliveries == 1, "taken in the delivery that reached the pause"
+    assert world.result(task_id) == {"order": order, "status": "succeeded", "source": "return-page"}
+    (payment,) = [p for p in world.gateway.payments if p["reference"] == order]
+    captures = [
+        r
+        for r in world.gateway.requests
+        if r.operation == "capture" and r.payment_id == payment["id"]
+    ]
+    assert [r.outcome for r in captures] == [GatewayRequestOutcome.PROCESSED]
+    # The webhook comes second, as it does: told so, nothing moves.
+    with pytest.raises(NotPausedError, match="already answered"):
+        answer_pause(world.shop.app, pause_id, {"source": "webhook"})
 
 
 # --- the sweep and the retention ------------------------------------------------------------

@@ -5,6 +5,8 @@ An answer moves the pause once and publishes the task again; a second one, an un
 pause, and a pause whose execution no longer waits for it are refused with the exit
 codes scripts rely on, and publish nothing. An answer that comes while the delivery
 that paused still holds the lease is not lost: that delivery publishes it on release.
+An answer before the pause is kept once (early), listed, and taken by a pause that
+accepts early answers; one for an ended execution is refused.
 """
 
 from __future__ import annotations
@@ -93,3 +95,64 @@ def test_an_answer_while_the_pausing_delivery_holds_the_lease_is_published_on_re
     ctx.release(lambda ref: released.append(world.agboss.executions.release_delivery(ref)))
     (outcome,) = released
     assert outcome.republish, "the delivery that paused publishes the answered task"
+
+
+# --- early answers (design: early answers) ----------------------------------------------
+
+
+def test_an_answer_before_the_pause_is_kept_listed_and_taken_by_an_accept_early_pause(
+    world: World,
+) -> None:
+    task_id = world.publish()  # REQUESTED: no delivery has reached the pause
+    pause_id = f"{task_id}:3ds"
+    said = run_json(world.app, "answer-pause", pause_id, '{"source": "return-page"}')
+    assert said == {"pause_id": pause_id, "answered": True, "early": True, "republished": False}
+    assert world.publishes_of(task_id) == 1, "nothing to re-publish: the body has not paused"
+    assert run_json(world.app, "pauses")["pauses"] == [
+        {"pause_id": pause_id, "execution": task_id, "status": "EARLY"}
+    ]
+    ctx = world.start(task_id)
+    with ctx.fenced() as tx:
+        taken = world.agboss.executions.pause_in(tx, "3ds", None, accept_early=True)
+    assert taken == (True, '{"source": "return-page"}'), "the body goes on with the answer"
+    assert world.execution(task_id).state is ExecutionState.RUNNING
+    assert run_json(world.app, "pauses")["pauses"] == []
+
+
+def test_a_second_early_answer_is_refused_like_a_second_answer(world: World) -> None:
+    task_id = world.publish()
+    pause_id = f"{task_id}:3ds"
+    result = run(world.app, "answer-pause", pause_id, "webhook")
+    assert result.exit_code == 0, result.output
+    assert "before its task reached the pause" in result.output
+    again = run(world.app, "answer-pause", pause_id, "return-page")
+    assert again.exit_code == EXIT_REFUSED and "already answered" in again.output
+
+
+def test_an_early_answer_for_an_ended_execution_is_refused(world: World) -> None:
+    task_id = world.publish()
+    assert cancel(world.app, task_id, "customer left").state is ExecutionState.CANCELLED
+    result = run(world.app, "answer-pause", f"{task_id}:3ds", "webhook")
+    assert result.exit_code == EXIT_REFUSED and "CANCELLED" in result.output
+    assert run_json(world.app, "pauses")["pauses"] == []
+
+
+def test_a_pause_that_does_not_accept_early_answers_waits_for_one_given_after_it(
+    world: World,
+) -> None:
+    """An approval's answerer must see what it approves: an answer that came first is
+    dropped, and the pause waits (and is listed) as any pause does."""
+    task_id = world.publish()
+    pause_id = f"{task_id}:approve"
+    assert answer_pause(world.app, pause_id, "yes, unseen") is False
+    ctx = world.start(task_id)
+    with ctx.fenced() as tx:
+        assert world.agboss.executions.pause_in(tx, "approve", '{"order": 1}') == (False, None)
+    assert ctx.settle_all_and_release()
+    assert run_json(world.app, "pauses")["pauses"] == [
+        {"pause_id": pause_id, "execution": task_id, "status": "PENDING"}
+    ]
+    assert answer_pause(world.app, pause_id, "yes, seen") is True
+    ctx = world.start(task_id)
+    with ctx.fenced() as tx:
+        assert world.agboss.executions.pause_in(tx, "approve", None) == (True, '"yes, seen"')

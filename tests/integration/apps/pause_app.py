@@ -131,24 +131,32 @@ def make_app(config: dict[str, Any]) -> Celery:
         )
         return {"payment": receipt["id"], "by": answer["by"]}
 
-    @app.task(base=PaymentTask, bind=True, shared=False, name="ps.checkout_3ds")
-    def checkout_3ds(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
-        note("before-pause", self.request.id)
-        payment = self.outbound(
+    def checkout(task: Any, order_id: str, amount: int, accept_early: bool) -> dict[str, Any]:
+        note("before-pause", task.request.id)
+        payment = task.outbound(
             authorize_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
         )
-        answer = self.pause("3ds", {"payment": payment["id"]})
-        note("after-pause", self.request.id, source=answer["source"])
+        answer = task.pause("3ds", {"payment": payment["id"]}, accept_early=accept_early)
+        note("after-pause", task.request.id, source=answer["source"])
         # The outcome comes from the gateway (design: G6), never from who answered the pause.
         status = _http(base, "GET", f"/payments/{payment['id']}")["status"]
         if status != "requires_capture":
             return {"order": order_id, "status": status, "source": answer["source"]}
-        captured = self.outbound(
+        captured = task.outbound(
             capture_call,
             {"payment": payment["id"], "order": order_id},
             business_key=f"order:{order_id}:capture",
         )
         return {"order": order_id, "status": captured["status"], "source": answer["source"]}
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="ps.checkout_3ds")
+    def checkout_3ds(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        return checkout(self, order_id, amount, accept_early=False)
+
+    @app.task(base=PaymentTask, bind=True, shared=False, name="ps.checkout_3ds_early")
+    def checkout_3ds_early(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        """The same, taking a 3-D Secure answer that came before its pause."""
+        return checkout(self, order_id, amount, accept_early=True)
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="ps.charge_record_then_pause")
     def charge_record_then_pause(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
