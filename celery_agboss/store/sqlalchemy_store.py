@@ -304,29 +304,46 @@ class SQLAlchemyStore:
                 conn, now, offset, lease, expires_at_ms, self.caller_clock_skew_ms
             )
             yield tx
-            unchecked = separate or sabotage.active(FENCE_NOT_RECHECKED_AT_COMMIT)
-            if tx.releases_at_commit:
-                # The verdict's transaction ends the lease: released only while it is
-                # still live, so an outlived holder's verdict is rolled back with it.
-                with translated():
-                    if unchecked:
-                        lease_sql.release_txn(conn, lease)
-                    elif not lease_sql.release_live_txn(conn, lease, offset_ms=self.offset_ms()):
-                        raise fenced_error(lease)
-            elif not unchecked and not (
-                engine_only
+            self._check_at_commit(
+                conn,
+                tx,
+                ttl_ms,
+                unchecked=separate or sabotage.active(FENCE_NOT_RECHECKED_AT_COMMIT),
+                in_bound=engine_only
                 and is_postgresql(conn)
-                and _ended_in_bound(started, ttl_ms, offset, self)
-            ):
-                # Extend again at the commit boundary: a long transaction keeps its lease
-                # (the renewer skipped the locked row meanwhile), and one that outlived
-                # its lease on the database clock commits nothing (design: P1).
-                with translated():
-                    again = lease_sql.extend_txn(conn, lease, ttl_ms, offset_ms=self.offset_ms())
-                    if again is None:
-                        raise fenced_error(lease)
+                and _ended_in_bound(started, ttl_ms, offset, self),
+            )
             fault_point(FENCED_BEFORE_COMMIT, **where)
         fault_point(FENCED_AFTER_COMMIT, **where)
+
+    def _check_at_commit(
+        self,
+        conn: Connection,
+        tx: SQLFencedTransaction,
+        ttl_ms: int,
+        *,
+        unchecked: bool,
+        in_bound: bool,
+    ) -> None:
+        """The fence's second check, as the transaction's last statement: what commits is
+        what a live holder wrote (``in_bound``: an engine-only transaction that ended well
+        inside its TTL needs no second look)."""
+        if tx.releases_at_commit:
+            # The verdict's transaction ends the lease: released only while it is
+            # still live, so an outlived holder's verdict is rolled back with it.
+            with translated():
+                if unchecked:
+                    lease_sql.release_txn(conn, tx.lease)
+                elif not lease_sql.release_live_txn(conn, tx.lease, offset_ms=self.offset_ms()):
+                    raise fenced_error(tx.lease)
+        elif not unchecked and not in_bound:
+            # Extend again at the commit boundary: a long transaction keeps its lease
+            # (the renewer skipped the locked row meanwhile), and one that outlived
+            # its lease on the database clock commits nothing (design: P1).
+            with translated():
+                again = lease_sql.extend_txn(conn, tx.lease, ttl_ms, offset_ms=self.offset_ms())
+                if again is None:
+                    raise fenced_error(tx.lease)
 
     def transition_in_one(
         self,

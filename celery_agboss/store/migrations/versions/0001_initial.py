@@ -20,6 +20,13 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    # In the order Alembic's autogenerate wrote them (by name); split only for length.
+    _audit_executions_and_effects()
+    _history_leases_and_meta()
+    _calls_and_pauses()
+
+
+def _audit_executions_and_effects() -> None:
     op.create_table(
         "agboss_audit",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
@@ -88,6 +95,9 @@ def upgrade() -> None:
         ["execution_id"],
         unique=False,
     )
+
+
+def _history_leases_and_meta() -> None:
     op.create_table(
         "agboss_intent_history",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
@@ -126,6 +136,9 @@ def upgrade() -> None:
         sa.Column("updated_at_ms", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("key", name=op.f("pk_agboss_meta")),
     )
+
+
+def _calls_and_pauses() -> None:
     op.create_table(
         "agboss_outbound_calls",
         sa.Column("idempotency_key", sa.String(length=512), nullable=False),
