@@ -82,10 +82,22 @@ def _renewals(ctx: BenchContext) -> ExtraOutcome:
     return lines_and_metrics(result)
 
 
+def _features(ctx: BenchContext) -> ExtraOutcome:
+    from bench.feature_costs import (
+        DEFAULT_FEATURE_SIZES,
+        QUICK_FEATURE_SIZES,
+        run_feature_benchmark,
+    )
+
+    sizes = QUICK_FEATURE_SIZES if ctx.quick else DEFAULT_FEATURE_SIZES
+    return lines_and_metrics(run_feature_benchmark(ctx.folder, sizes, ctx.progress))
+
+
 EXTRA_BENCHMARKS: list[ExtraBenchmark] = [
     ExtraBenchmark("hot-path", _hot_path),
     ExtraBenchmark("sweep", _sweep),
     ExtraBenchmark("renewal", _renewals),
+    ExtraBenchmark("features", _features, needs_postgresql=False),
 ]
 """Run in this order by ``bench/run.py``."""
 

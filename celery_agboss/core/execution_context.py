@@ -54,6 +54,7 @@ from celery_agboss.core.store_protocol import (
     OneStatementClaim,
     Store,
 )
+from celery_agboss.core.tracing import traced_effect, traced_outbound
 from celery_agboss.core.transitions import NOT_STORED_TEXT, mark_failed, masked_text, policy_of
 from celery_agboss.errors import (
     AGBossSignal,
@@ -192,7 +193,9 @@ class ExecutionContext(DeliveryLease):
         if step.occurrence == 2:
             _warn_position_keys(call.name)
         with self._stop_on_signal():
-            result, outcome = run_outbound(self, prepared)
+            result, outcome = traced_outbound(
+                call.name, self._execution_id, lambda: run_outbound(self, prepared)
+            )
         with self._lock:
             self._last_outcome = outcome
             self._last_step = step
@@ -214,7 +217,11 @@ class ExecutionContext(DeliveryLease):
         self._in_effect.step = step
         try:
             with self._stop_on_signal():
-                result: T = run_fenced_effect(self, step, fn, request=request)
+                result: T = traced_effect(
+                    name,
+                    self._execution_id,
+                    lambda: run_fenced_effect(self, step, fn, request=request),
+                )
         finally:
             self._in_effect.depth -= 1
             self._in_effect.step = None

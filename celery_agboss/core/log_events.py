@@ -170,19 +170,26 @@ EventObserver = Callable[[str, Mapping[str, Any]], None]
 
 _observers: tuple[EventObserver, ...] = ()
 _observers_lock = threading.Lock()
+_listens: dict[EventObserver, Callable[[], bool]] = {}
 
 
-def add_event_observer(observer: EventObserver) -> None:
+def add_event_observer(
+    observer: EventObserver, *, listens: Callable[[], bool] | None = None
+) -> None:
     """Tell ``observer`` of every event from now on (metrics count them this way).
 
     It is called before the record is logged, whatever the logger's level, with the
     event's name and its fields as ``safe_value`` made them (names as the caller gave
     them). What it raises is swallowed: counting must never break a payment.
+    ``listens``: asked first, cheaply, whether the observer wants this event at all
+    (tracing only while a span records); when nobody does, nothing is built.
     """
     global _observers
     with _observers_lock:
         if observer not in _observers:
             _observers = (*_observers, observer)
+        if listens is not None:
+            _listens[observer] = listens
 
 
 def remove_event_observer(observer: EventObserver) -> None:
@@ -190,10 +197,27 @@ def remove_event_observer(observer: EventObserver) -> None:
     global _observers
     with _observers_lock:
         _observers = tuple(known for known in _observers if known != observer)
+        _listens.pop(observer, None)
 
 
-def _tell_observers(event: str, values: Mapping[str, Any]) -> None:
-    for observer in _observers:
+def _listening() -> tuple[EventObserver, ...]:
+    """The observers that want the event being made now."""
+    if not _listens:
+        return _observers
+    return tuple(o for o in _observers if o not in _listens or _asks(_listens[o]))
+
+
+def _asks(listens: Callable[[], bool]) -> bool:
+    try:
+        return listens()
+    except Exception:  # an observer never breaks the caller
+        return False
+
+
+def _tell_observers(
+    observers: tuple[EventObserver, ...], event: str, values: Mapping[str, Any]
+) -> None:
+    for observer in observers:
         try:
             observer(event, values)
         except Exception:  # an observer never breaks the caller (nor the next observer)
@@ -216,11 +240,12 @@ def log_event(
     field as attributes; its text is ``<event> key=value …[: message]``.
     """
     logged = logger.isEnabledFor(level)
-    if not logged and not _observers:
+    observers = _listening() if _observers else _observers
+    if not logged and not observers:
         return  # nobody listens (a worker at -l warning, no metrics): nothing to build
     values = {name: safe_value(value) for name, value in fields.items()}
-    if _observers:
-        _tell_observers(event, MappingProxyType(values))
+    if observers:
+        _tell_observers(observers, event, MappingProxyType(values))
     if not logged:
         return
     safe = {field_name(name): value for name, value in values.items()}

@@ -473,6 +473,13 @@ DJANGO_OTHER_ALIAS_WRITES_PASS = "django-other-alias-writes-pass"
 the store's: that write commits on its own, and stays when the effect rolls back."""
 
 
+# Tracing (core.tracing).
+
+TRACE_ATTRIBUTES_UNFILTERED = "trace-attributes-unfiltered"
+"""Sabotage (design: tracing): a span event carries every field of its log event, not the
+allow-listed ones: a step's idempotency key (and any text a field holds) is exported to
+whoever collects the traces."""
+
 ALL: frozenset[str] = frozenset(
     value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str)
 )

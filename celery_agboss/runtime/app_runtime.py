@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from celery_agboss.core import tracing
 from celery_agboss.core.engine_settings import EngineSettings, OutboundRegistry
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.lease import LeaseRenewer
@@ -67,6 +68,7 @@ class Runtime:
         self._when_configured: list[Callable[[AGBossSettings], None]] = []
         self._signal_handlers = {}
         self.clock_offset_source: Any = None  # tests only: ms added to the database clock
+        tracing.install()  # spans when opentelemetry-api is installed; nothing otherwise
         setattr(app, _APP_ATTRIBUTE, self)
 
     @classmethod
