@@ -224,9 +224,10 @@ def refuse_unrecorded_publishes(runtime: Runtime) -> None:
     app.send_task = send_task
 
 
-# What a publish recorded in the caller's transaction cannot carry: the parts of a canvas,
-# and what only a live producer means. Such a publish is sent at once, as Celery sends it.
-_SENT_AT_ONCE = ("link", "link_error", "chain", "chord", "group_id", "producer", "connection")
+# What a publish recorded in the caller's transaction cannot carry: a group's or a chord's
+# part (its results are set up as the canvas is applied, now) and a live producer. Callbacks
+# and the rest of a chain are the message's own options: the outbox row keeps them.
+_NOT_RECORDABLE = ("chord", "group_id", "producer", "connection")
 _NOT_MESSAGE_OPTIONS = frozenset({"result_cls", "task_type", "add_to_parent", "task_id"})
 
 
@@ -241,9 +242,7 @@ def _publish_on_commit(runtime: Runtime, name: Any, args: tuple[Any, ...], kwarg
         in_django = runtime.settings.django_database is not None
     except ConfigurationError:
         return None  # the usual path refuses the publish, naming the setting
-    if not in_django or not isinstance(name, str):
-        return None
-    if args[2:] or any(kwargs.get(option) for option in _SENT_AT_ONCE):
+    if not in_django or not isinstance(name, str) or args[2:]:
         return None
     if body_context() is not None or not is_payment_task(runtime, name):
         return None
@@ -251,6 +250,16 @@ def _publish_on_commit(runtime: Runtime, name: Any, args: tuple[Any, ...], kwarg
     pending = None if users is None else users.open_transaction()
     if pending is None:
         return None
+    unrecordable = [option for option in _NOT_RECORDABLE if kwargs.get(option)]
+    if unrecordable:
+        raise PublishRefusedError(
+            f"{name} is published inside transaction.atomic() on the store's database as "
+            f"part of a group or chord, or with its own producer ({', '.join(unrecordable)}): "
+            "that cannot wait for the commit, and sent now it would charge even if the "
+            "transaction rolls back. Publish it after the commit: "
+            "transaction.on_commit(lambda: canvas.apply_async())",
+            task=name,
+        )
     call_args = args[0] if args else kwargs.get("args")
     call_kwargs = args[1] if args[1:] else kwargs.get("kwargs")
     task_id = str(kwargs.get("task_id") or uuid.uuid4())

@@ -13,6 +13,7 @@ Redis, the store on PostgreSQL and on SQLite; counted at the gateway.
   too.
 - A process that dies between its commit and the send: the sweep sends the recorded
   row after ``agboss_outbox_grace``, once.
+- A chain and a task with callbacks wait for the commit too; a group's part is refused.
 
 Speed-ups (tests/support/django_shop): ``-Q`` the test's queue, a 5 s lease, a 1 s retry
 delay, a 1 s sweep loop, a 1 s outbox grace.
@@ -57,6 +58,33 @@ with transaction.atomic():
     transaction.on_commit(lambda: os._exit(0))  # runs first: before the send
     result = charge_order.delay("11", 1100)
     print("published", result.id, flush=True)
+"""
+
+
+CANVAS_VIEW = """
+from celery import chain, group
+from django.db import transaction
+from celery_agboss.errors import PublishRefusedError
+from tests.support.django_shop.tasks import charge_order
+
+class RolledBack(Exception):
+    pass
+
+try:
+    with transaction.atomic():
+        chain(charge_order.s("20", 2000), charge_order.si("21", 2100)).delay()
+        charge_order.apply_async(("22", 2200), link=charge_order.si("23", 2300))
+        raise RolledBack()
+except RolledBack:
+    pass
+with transaction.atomic():
+    chain(charge_order.s("24", 2400), charge_order.si("25", 2500)).delay()
+    charge_order.apply_async(("26", 2600), link=charge_order.si("27", 2700))
+    try:
+        group(charge_order.si("28", 2800), charge_order.si("29", 2900)).delay()
+    except PublishRefusedError as refused:
+        print("refused", type(refused).__name__, "on_commit" in str(refused), flush=True)
+print("committed", flush=True)
 """
 
 
@@ -107,3 +135,34 @@ def test_a_send_lost_after_the_commit_is_the_sweeps_and_happens_once(
         "WHERE task_id = :id",
         id=task_id,
     ) == (True, 1)
+
+
+def test_a_chain_or_callback_waits_for_the_commit_and_a_group_is_refused(
+    django_shop: DjangoShop,
+) -> None:
+    """A chain's first task and a task with callbacks are recorded with their options and
+    sent on commit (a rolled-back request charges none of them); a group's part cannot
+    wait for the commit and is refused, naming ``transaction.on_commit``, on both stores
+    (before, PostgreSQL sent it at once and SQLite failed on the write lock)."""
+    django_shop.start()
+    output = django_shop.run(CANVAS_VIEW)
+    assert "refused PublishRefusedError True" in output, output
+    expected = ["24", "25", "26", "27"]
+    django_shop.wait_until(
+        lambda: set(expected) <= set(_orders_charged(django_shop)),
+        "the committed canvases' charges",
+    )
+    # The rolled-back ones were published first: sent at once, they would be here by now.
+    assert _orders_charged(django_shop) == expected
+
+
+@pytest.mark.parametrize("django_backend", ["postgresql"], indirect=True)
+def test_twin_canvases_sent_at_once_charge_a_rolled_back_request(django_shop: DjangoShop) -> None:
+    """The twin (``django-publish-before-commit``): the rolled-back request's chain and
+    callback are sent at once, and its orders are charged."""
+    django_shop.start()
+    django_shop.run(CANVAS_VIEW, sabotage=(DJANGO_PUBLISH_BEFORE_COMMIT,))
+    django_shop.wait_until(
+        lambda: {"20", "22"} <= set(_orders_charged(django_shop)),
+        "the rolled-back request's canvases to be charged",
+    )

@@ -6,15 +6,21 @@ pause, and a pause whose execution no longer waits for it are refused with the e
 codes scripts rely on, and publish nothing. An answer that comes while the delivery
 that paused still holds the lease is not lost: that delivery publishes it on release.
 An answer before the pause is kept once (early), listed, and taken by a pause that
-accepts early answers; one for an ended execution is refused.
+accepts early answers; one for an ended execution is refused; one nobody took goes
+with its execution's records.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
 
 from celery_agboss import answer_pause, cancel
 from celery_agboss.cli import EXIT_NOT_FOUND, EXIT_REFUSED
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
+from celery_agboss.store.schema_executions import pauses
 from tests.operations.cli import run, run_json
 from tests.operations.world import World
 
@@ -156,3 +162,22 @@ def test_a_pause_that_does_not_accept_early_answers_waits_for_one_given_after_it
     ctx = world.start(task_id)
     with ctx.fenced() as tx:
         assert world.agboss.executions.pause_in(tx, "approve", None) == (True, '"yes, seen"')
+
+
+def test_an_early_answer_nobody_took_goes_with_its_execution_s_records(world: World) -> None:
+    task_id = world.publish()
+    assert answer_pause(world.app, f"{task_id}:3ds", "webhook") is False  # kept early
+    assert cancel(world.app, task_id, "customer left").state is ExecutionState.CANCELLED
+    assert _pause_rows(world, task_id) == ["EARLY"]
+    world.clock.advance(timedelta(days=8))  # past the execution retention (7 days)
+    world.sweep()
+    assert world.agboss.executions.read_execution(task_id) is None
+    assert _pause_rows(world, task_id) == []
+
+
+def _pause_rows(world: World, execution_id: str) -> list[str]:
+    with world.agboss.store.engine.connect() as conn:
+        rows = conn.execute(
+            select(pauses.c.status).where(pauses.c.execution_id == execution_id)
+        ).all()
+    return [str(row.status) for row in rows]
