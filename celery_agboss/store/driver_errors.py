@@ -8,8 +8,9 @@ the write lock past its bound and was rolled back), and anything else.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -19,6 +20,7 @@ from celery_agboss.errors import StoreError, StoreLockTimeoutError, StoreUnavail
 from celery_agboss.store.sqlite_watch import (
     FencedTransactionEndedError,
     FencedTransactionInterruptedError,
+    FencedWatch,
 )
 
 # SQLSTATE classes and codes (PostgreSQL appendix A).
@@ -91,3 +93,28 @@ def translated() -> Iterator[None]:
         yield
     except DRIVER_ERRORS as error:
         raise translate(error) from error
+
+
+def raise_if_store_trouble(error: BaseException) -> None:
+    """A driver error from code run inside the transaction (a fenced effect's ``fn``):
+    a lost connection or a lock timeout is the store's trouble and is raised as such;
+    any other (an ``IntegrityError`` of the application's own insert) stays the
+    application's exception, unchanged."""
+    if isinstance(error, DRIVER_ERRORS):
+        translated_error = translate(error)
+        if isinstance(translated_error, (StoreUnavailableError, StoreLockTimeoutError)):
+            raise translated_error from error
+
+
+def raise_interrupted(watch: FencedWatch, error: BaseException) -> None:
+    """The watchdog rolled the transaction back: say so, whatever the code inside it
+    raised on finding out (its own exception stays the cause). Signals and
+    ``KeyboardInterrupt`` pass unchanged, and so does a store error already raised."""
+    if isinstance(error, Exception) and not isinstance(error, StoreError):
+        raise translate(watch.error()) from error
+
+
+def quietly(action: Callable[[], object]) -> None:
+    """Rollback/close while another exception is already on its way: never mask it."""
+    with contextlib.suppress(*DRIVER_ERRORS):
+        action()

@@ -46,18 +46,18 @@ from celery_agboss.core.store_protocol import (
     RenewOutcome,
     Store,
 )
-from celery_agboss.errors import (
-    StoreError,
-    StoreLockTimeoutError,
-    StoreUnavailableError,
-)
 from celery_agboss.store import effects, history, intent_transitions, intents
 from celery_agboss.store import leases as lease_sql
 from celery_agboss.store.borrowed import UsersDatabase
 from celery_agboss.store.commit_guard import CommitGuard, StoreConnection, guard_engine
 from celery_agboss.store.databases import BEGIN_MODE_OPTION, create_store_engine, dispose_after_fork
 from celery_agboss.store.dialect import is_postgresql
-from celery_agboss.store.driver_errors import DRIVER_ERRORS, translate, translated
+from celery_agboss.store.driver_errors import (
+    quietly,
+    raise_if_store_trouble,
+    raise_interrupted,
+    translated,
+)
 from celery_agboss.store.fences import (
     fence_txn,
     fenced_error,
@@ -162,10 +162,10 @@ class SQLAlchemyStore:
                 yield conn
             except BaseException as error:
                 guard.allowed = True
-                _quietly(conn.rollback)
+                quietly(conn.rollback)
                 if watch is not None and watch.interrupted:
-                    _raise_interrupted(watch, error)
-                _raise_if_store_trouble(error)
+                    raise_interrupted(watch, error)
+                raise_if_store_trouble(error)
                 raise
             guard.allowed = True
             with translated():
@@ -174,8 +174,8 @@ class SQLAlchemyStore:
             guard.allowed = True
             if watch is not None and self._watchdog.unwatch(watch):
                 # Rolled back from another thread: never hand this connection out again.
-                _quietly(conn.invalidate)
-            _quietly(conn.close)
+                quietly(conn.invalidate)
+            quietly(conn.close)
 
     def _watch_ttl_ms(self, ttl_ms: int) -> int | None:
         """Fenced transactions are watched on SQLite only: PostgreSQL has row locks and a
@@ -478,31 +478,6 @@ def _ended_in_bound(started: float, ttl_ms: int, offset_ms: int, store: SQLAlche
     if store.offset_ms() != offset_ms:
         return False
     return (time.monotonic() - started) * 1000 < ttl_ms * ENGINE_COMMIT_BOUND
-
-
-def _raise_if_store_trouble(error: BaseException) -> None:
-    """A driver error from code run inside the transaction (a fenced effect's ``fn``):
-    a lost connection or a lock timeout is the store's trouble and is raised as such;
-    any other (an ``IntegrityError`` of the application's own insert) stays the
-    application's exception, unchanged."""
-    if isinstance(error, DRIVER_ERRORS):
-        translated_error = translate(error)
-        if isinstance(translated_error, (StoreUnavailableError, StoreLockTimeoutError)):
-            raise translated_error from error
-
-
-def _raise_interrupted(watch: FencedWatch, error: BaseException) -> None:
-    """The watchdog rolled the transaction back: say so, whatever the code inside it
-    raised on finding out (its own exception stays the cause). Signals and
-    ``KeyboardInterrupt`` pass unchanged, and so does a store error already raised."""
-    if isinstance(error, Exception) and not isinstance(error, StoreError):
-        raise translate(watch.error()) from error
-
-
-def _quietly(action: Callable[[], object]) -> None:
-    """Rollback/close while another exception is already on its way: never mask it."""
-    with contextlib.suppress(*DRIVER_ERRORS):
-        action()
 
 
 if TYPE_CHECKING:  # mypy proves the class implements the protocol the core speaks
