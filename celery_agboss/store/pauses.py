@@ -77,10 +77,15 @@ def answer_pause(
         # The execution row's lock orders this answer against other answers and against
         # the pause's own write, which takes it first too.
         record = read_execution_txn(tx, execution_id, lock=True) if execution_id else None
-        status = tx.execute(select(_p.status).where(_p.id == pause_id)).scalar()
-        if status is None:
+        row = tx.execute(select(_p.execution_id, _p.status).where(_p.id == pause_id)).first()
+        if row is None:
             return AnsweredPause(_answer_early(tx, pause_id, record, answer, audit), early=True)
-        assert execution_id is not None  # a pause row names its execution
+        if str(row.execution_id) != execution_id:
+            # Stored meanwhile, by an execution whose id the pause id did not show (a
+            # name with a ':'): its row is the one that orders the answers.
+            record = read_execution_txn(tx, str(row.execution_id), lock=True)
+        execution_id = str(row.execution_id)
+        status = tx.execute(select(_p.status).where(_p.id == pause_id)).scalar()
         if sabotage.active(PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET):
             return AnsweredPause(_answer_unconditionally(tx, pause_id, execution_id, answer))
         if status != PENDING:
