@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from celery_agboss.core import sabotage
@@ -156,29 +157,23 @@ def traced_effect(name: str, execution_id: str, run: Callable[[], T]) -> T:
             raise
 
 
-class _our_span:
+@contextmanager
+def _our_span(name: str, attributes: Mapping[str, Any], *, client: bool) -> Iterator[Any]:
     """A span of this module, current while the block runs, remembered as ours."""
-
-    def __init__(self, name: str, attributes: Mapping[str, Any], *, client: bool) -> None:
-        kind = _trace.SpanKind.CLIENT if client else _trace.SpanKind.INTERNAL
-        self._manager = _tracer.start_as_current_span(
-            name,
-            kind=kind,
-            attributes=dict(attributes),
-            record_exception=False,  # its text could hold a card number or an amount
-            set_status_on_exception=False,
-        )
-        self._outer: Any = None
-
-    def __enter__(self) -> Any:
-        span = self._manager.__enter__()
-        self._outer = getattr(_ours, "span", None)
+    kind = _trace.SpanKind.CLIENT if client else _trace.SpanKind.INTERNAL
+    with _tracer.start_as_current_span(
+        name,
+        kind=kind,
+        attributes=dict(attributes),
+        record_exception=False,  # its text could hold a card number or an amount
+        set_status_on_exception=False,
+    ) as span:
+        outer = getattr(_ours, "span", None)
         _ours.span = span
-        return span
-
-    def __exit__(self, *exc_info: Any) -> Any:
-        _ours.span = self._outer
-        return self._manager.__exit__(*exc_info)
+        try:
+            yield span
+        finally:
+            _ours.span = outer
 
 
 def _ended_by(span: Any, exc: BaseException) -> None:

@@ -80,13 +80,21 @@ def test_a_killed_charge_s_next_delivery_shows_reconciled_under_its_run_span(
                 return span
         return None
 
-    wait_for(lambda: reconciled_span() is not None, 20, "the reconciled call's span")
+    def parent_of(span: dict[str, Any]) -> list[dict[str, Any]]:
+        return [s for s in _spans(span_file) if s["context"]["span_id"] == span["parent_id"]]
+
+    # A span is written when it ends: the call's before the delivery's run span around it.
+    wait_for(
+        lambda: (found := reconciled_span()) is not None and parent_of(found) != [],
+        20,
+        "the reconciled call's span and its parent",
+    )
     call = reconciled_span()
     assert call is not None
     assert call["kind"] == "SpanKind.CLIENT"
     assert "outbound-call.reconciled" in [e["name"] for e in call["events"]]
     spans = _spans(span_file)
-    (run,) = [s for s in spans if s["context"]["span_id"] == call["parent_id"]]
+    (run,) = parent_of(call)
     assert run["name"] == "run/it.charge_order", "inside Celery's own span for the delivery"
     assert run["context"]["trace_id"] == call["context"]["trace_id"]
     assert (run.get("attributes") or {}).get("celery.task_name") == "it.charge_order"
