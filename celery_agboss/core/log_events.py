@@ -204,10 +204,12 @@ def _listening() -> tuple[EventObserver, ...]:
     """The observers that want the event being made now."""
     if not _listens:
         return _observers
-    return tuple(o for o in _observers if o not in _listens or _asks(_listens[o]))
+    return tuple(o for o in _observers if _asks(_listens.get(o)))
 
 
-def _asks(listens: Callable[[], bool]) -> bool:
+def _asks(listens: Callable[[], bool] | None) -> bool:
+    if listens is None:
+        return True  # an observer that did not say hears every event
     try:
         return listens()
     except Exception:  # an observer never breaks the caller
