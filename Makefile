@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := test,dev,flower,metrics,stripe,checkout,adyen,paypal,django,otel
+EXTRAS := test,dev,flower,metrics,stripe,checkout,adyen,paypal,django,otel,crypto
 
 .DEFAULT_GOAL := help
 .PHONY: help venv check-services lint format types pytest pytest-ci coverage coverage-total test demo bench clean distclean

@@ -101,6 +101,21 @@ class StoreLockTimeoutError(StoreUnavailableError):
     could not serve this transaction in time; nothing of it committed."""
 
 
+class SealedValueUnopenableError(StoreUnavailableError):
+    """A stored value is sealed with a key this process does not have, or it does not open
+    with its key (moved from another row, or altered): the delivery waits for a process
+    that has the key, as for an unreachable store; nothing is failed or undone.
+
+    Fields: ``key_id`` (the key named in the value's envelope), ``table`` and ``column``.
+    """
+
+
+class EncryptionKeysMissingError(StoreUnavailableError):
+    """The store is sealed (``agboss_meta`` says so) and this process has no
+    ``agboss_encryption_keys``: it refuses to write plaintext and waits, as for an
+    unreachable store, until it is started with the keys."""
+
+
 # --- errors: bad input or misuse ----------------------------------------------
 
 

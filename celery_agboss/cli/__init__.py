@@ -14,7 +14,7 @@ from celery_agboss.cli import (
     checklist_command,  # noqa: F401 - registers `agboss checklist`
     decision_commands,  # noqa: F401 - registers `agboss resolve`, `cancel`, ...
     listing_commands,  # noqa: F401 - registers `agboss pending`, `show`, ...
-    maintenance_commands,  # noqa: F401 - registers `agboss migrate`, `sweep`
+    maintenance_commands,  # noqa: F401 - registers `agboss migrate`, `sweep`, `rotate-keys`
     metrics_command,  # noqa: F401 - registers `agboss metrics`
     pause_command,  # noqa: F401 - registers `agboss answer-pause`
 )

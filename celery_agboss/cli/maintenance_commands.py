@@ -1,5 +1,6 @@
-"""``agboss migrate | sweep``: the store's tables, and the sweep run by hand or in a loop
-(for a deployment without beat, ``agboss_sweep_interval = 0``)."""
+"""``agboss migrate | sweep | rotate-keys``: the store's tables, the sweep run by hand or
+in a loop (for a deployment without beat, ``agboss_sweep_interval = 0``), and the sealed
+columns re-sealed with the first encryption key."""
 
 from __future__ import annotations
 
@@ -96,6 +97,31 @@ def sweep(
                 stop=stop,
                 on_report=functools.partial(_print_report, as_json),
             )
+
+
+@agboss.command("rotate-keys")
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=None, help="Rows per transaction."
+)
+@json_command
+@click.pass_context
+def rotate_keys(ctx: click.Context, batch_size: int | None, as_json: bool) -> None:
+    """Re-seal stored records with the first agboss_encryption_keys key (resumable)."""
+    from celery_agboss.store.rotation import DEFAULT_BATCH
+    from celery_agboss.store.rotation import rotate_keys as run_rotation
+
+    out = CommandOutput(as_json)
+    with open_runtime(ctx, out) as runtime:
+        report = run_rotation(runtime.store, batch_size=batch_size or DEFAULT_BATCH)
+        left = sum(report.left.values())
+        text = f"Re-sealed {report.total} values with key {report.sealing_key!r}" + (
+            "; every sealed column is sealed with it."
+            if report.complete
+            else f"; {left} were busy or raced and are left: run rotate-keys again."
+        )
+        out.emit(report.as_dict(), text)
+        if not report.complete:
+            ctx.exit(1)
 
 
 def _print_report(as_json: bool, report: SweepReport) -> None:

@@ -30,6 +30,7 @@ OUTBOUND_BEFORE_SETTLE = "outbound.before-settle"
 RECONCILE_AFTER_LOOKUP = "reconcile.after-lookup"
 RENEWER_BEFORE_RENEW = "renewer.before-renew"
 SWEEP_BEFORE_EXPIRY = "sweep.before-expiry"  # what may expire listed, its rows not yet locked
+RESEAL_BEFORE_WRITE = "reseal.before-write"  # a batch re-sealed, not yet written back
 
 KNOWN_POINTS = frozenset(
     {
@@ -47,6 +48,7 @@ KNOWN_POINTS = frozenset(
         RECONCILE_AFTER_LOOKUP,
         RENEWER_BEFORE_RENEW,
         SWEEP_BEFORE_EXPIRY,
+        RESEAL_BEFORE_WRITE,
     }
 )
 

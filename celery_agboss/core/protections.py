@@ -480,6 +480,19 @@ TRACE_ATTRIBUTES_UNFILTERED = "trace-attributes-unfiltered"
 allow-listed ones: a step's idempotency key (and any text a field holds) is exported to
 whoever collects the traces."""
 
+
+# Sealed at rest (core.sealing, store.rotation).
+
+SEALED_WITHOUT_ROW_BINDING = "sealed-without-row-binding"
+"""Sabotage (design: sealed at rest): a value is sealed bound to nothing but its key id,
+so a sealed value copied from another row (another customer's card request, another
+execution's answer) opens there as if it were that row's own."""
+
+RESEAL_WITHOUT_COMPARE_AND_SET = "reseal-without-compare-and-set"
+"""Sabotage (design: sealed at rest): ``agboss rotate-keys`` reads a batch, then writes each
+re-sealed value over whatever the row holds by then: a result a worker settled in between
+is replaced by the old, re-sealed, value."""
+
 ALL: frozenset[str] = frozenset(
     value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str)
 )

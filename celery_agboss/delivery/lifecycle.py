@@ -104,6 +104,16 @@ CONTEXT_ATTRIBUTE = "agboss_context"
 per-thread (a threads pool runs several deliveries of one task instance at once)."""
 
 
+def store_error_fields(exc: BaseException) -> dict[str, Any]:
+    """How a store failure is logged: its type, and the key id a sealed value named (an
+    operator must give the workers that key)."""
+    fields: dict[str, Any] = {"error": type(exc).__name__}
+    key_id = getattr(exc, "key_id", None)
+    if key_id is not None:
+        fields["key_id"] = key_id
+    return fields
+
+
 class Delivery:
     """The life of one delivery; made and run by ``PaymentTask.__call__``."""
 
@@ -134,7 +144,7 @@ class Delivery:
             self._refuse_another_task(exc)
         except (StoreError, StoreNotMigratedError) as exc:  # not migrated yet: wait for it
             self.log_decision(
-                EXECUTION_STORE_FAILED, logging.ERROR, step="start", error=type(exc).__name__
+                EXECUTION_STORE_FAILED, logging.ERROR, step="start", **store_error_fields(exc)
             )
             retry_or_requeue(self, self.settings.retry_delay_seconds, exc)
         if start.kind is not StartKind.STARTED:
@@ -364,7 +374,7 @@ class Delivery:
         """The store failed mid-delivery: leave the lease to expire; try again after it."""
         self.abandon()
         self.log_decision(
-            EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", error=type(exc).__name__
+            EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", **store_error_fields(exc)
         )
         retry_or_requeue(self, self.settings.lease_ttl_seconds + 1, exc)
 

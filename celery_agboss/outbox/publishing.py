@@ -41,6 +41,7 @@ from celery_agboss.core.log_events import (
     log_event,
 )
 from celery_agboss.core.protections import PUBLISHED_WITHOUT_COMMIT, SWEEP_NOT_REPUBLISHING
+from celery_agboss.core.sealing import Sealer
 from celery_agboss.errors import ConfigurationError, StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import (
@@ -132,6 +133,7 @@ def enqueue(
             message,
             grace_ms=grace_ms,
             offset_ms=0 if scope is None else scope.offset_ms,
+            sealer=None if scope is not None else _current_app_sealer(),
         )
     if scope is not None:
         scope.enqueued.append(message)
@@ -146,6 +148,16 @@ def _current_app_grace_ms() -> int:
     except ConfigurationError:
         return DEFAULT_OUTBOX_GRACE_MS
     return runtime.settings.outbox_grace_ms
+
+
+def _current_app_sealer() -> Sealer | None:
+    """The application's own connection is not the store's: its arguments are sealed with
+    the current Celery app's keys (None: no ``AGBoss`` app, sealed as the connection's)."""
+    try:
+        runtime = Runtime.of(current_app._get_current_object())
+    except ConfigurationError:
+        return None
+    return runtime.store.sealer
 
 
 def _message_parts(

@@ -25,6 +25,7 @@ from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.log_events import EXECUTION_REPUBLISHED, STORE_OPENED, log_event
 from celery_agboss.core.outbound import OutboundCall
+from celery_agboss.core.sealing import Sealer
 from celery_agboss.errors import ConfigurationError, StoreNotMigratedError
 from celery_agboss.runtime.django_store import users_database
 from celery_agboss.runtime.messages import republish
@@ -191,6 +192,8 @@ class Runtime:
                 engine_options={"prepared_statements": settings.prepared_statements},
             )
             store.clock_offset_source = self.clock_offset_source
+            # Sealed at rest with the ring, or plaintext until the store says it is sealed.
+            store.sealer = Sealer(settings.encryption_keys)
             if settings.django_database is not None:
                 store.users_database = users_database(store.engine, settings.django_database)
             current = _ProcessStore(

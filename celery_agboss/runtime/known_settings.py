@@ -79,6 +79,7 @@ KNOWN_SETTINGS = frozenset(
         "metrics_address",
         "metrics_dir",
         "prepared_statements",
+        "encryption_keys",
     }
 )
 
@@ -117,7 +118,13 @@ def unknown_settings_message(unknown: list[str]) -> str:
     )
 
 
-_ENV_NOT_SETTINGS = ("AGBOSS_TEST", "AGBOSS_SABOTAGE", "AGBOSS_ALLOW_SABOTAGE", TESTING_ENV)
+_ENV_NOT_SETTINGS = (
+    "AGBOSS_TEST",
+    "AGBOSS_SABOTAGE",
+    "AGBOSS_ALLOW_SABOTAGE",
+    "AGBOSS_ENCRYPTION_KEY_",  # a key's bytes (core.sealing.key_variable)
+    TESTING_ENV,
+)
 
 
 def warn_of_misspelt_variables(environ: Mapping[str, str]) -> None:

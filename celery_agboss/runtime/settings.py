@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError
 
 from celery_agboss.core.durations import to_ms, to_seconds
 from celery_agboss.core.keys import pseudonym_key_bytes, validate_tenant
+from celery_agboss.core.sealing import KeyRing, key_ring_from
 from celery_agboss.errors import ConfigurationError
 from celery_agboss.runtime.django_store import DJANGO_APP, django_alias, django_store_url
 from celery_agboss.runtime.known_settings import (
@@ -94,6 +95,8 @@ class AGBossSettings:
     testing_key: bool = False
     # The Django database alias the store is (celery_agboss.contrib.django), or None.
     django_database: str | None = None
+    # agboss_encryption_keys: the ring sealing records at rest (core.sealing), or None.
+    encryption_keys: KeyRing | None = None
 
     @property
     def max_broker_countdown_seconds(self) -> float:
@@ -468,6 +471,7 @@ def settings_from_conf(
         metrics_dir=_metrics_dir(source),
         prepared_statements=_flag(source, "prepared_statements", True),
         testing_key=testing_key,
+        encryption_keys=key_ring_from(source.get("encryption_keys"), env),
     )
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.protections import COMMIT_INSIDE_FENCED_EFFECT_ALLOWED
+from celery_agboss.core.sealing import PLAINTEXT, Sealer
 from celery_agboss.errors import CommitInsideFencedEffectError
 
 
@@ -116,6 +117,9 @@ class StoreConnection(Connection):
     anything (an ORM ``Session`` still takes it: it is a ``Connection``)."""
 
     agboss_guard: CommitGuard | None = None
+    agboss_sealer: Sealer = PLAINTEXT
+    """What this transaction's sealed columns are sealed and opened with (``store.
+    sealed_columns``)."""
 
     def _refuse(self, method: str) -> None:
         guard = self.agboss_guard

@@ -11,8 +11,10 @@ from celery_agboss.core.store_protocol import EffectRecord
 from celery_agboss.store.codec import dumps, loads
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
 from celery_agboss.store.schema import fenced_effects
+from celery_agboss.store.sealed_columns import opened, sealed
 
 _e = fenced_effects.c
+TABLE = fenced_effects.name
 
 
 def read_txn(conn: Connection, key: str) -> EffectRecord | None:
@@ -23,7 +25,7 @@ def read_txn(conn: Connection, key: str) -> EffectRecord | None:
         key=row.key,
         execution_id=row.execution_id,
         name=row.name,
-        result=loads(row.result),
+        result=loads(opened(conn, TABLE, "result", row.key, row.result)),
         token=int(row.token),
         created_at_ms=int(row.created_at_ms),
         fingerprint=row.fingerprint,
@@ -41,7 +43,7 @@ def insert_txn(conn: Connection, record: EffectRecord, *, offset_ms: int = 0) ->
             key=record.key,
             execution_id=record.execution_id,
             name=record.name,
-            result=dumps(record.result),
+            result=sealed(conn, TABLE, "result", record.key, dumps(record.result)),
             token=record.token,
             fingerprint=record.fingerprint,
             reliance=record.reliance,

@@ -98,7 +98,7 @@ def list_executions(
         if after_id is not None:
             statement = statement.where(_e.id > after_id)
         rows = tx.execute(statement.order_by(_e.id).limit(limit)).all()
-        return [record_of(row) for row in rows]
+        return [record_of(row, tx.connection) for row in rows]
 
 
 # --- the sweep ---------------------------------------------------------------------
@@ -128,7 +128,7 @@ def find_redrivable(
             .order_by(_e.updated_at_ms, _e.id)
             .limit(limit)
         ).all()
-        return [record_of(row) for row in rows]
+        return [record_of(row, tx.connection) for row in rows]
 
 
 def claim_redrive(
@@ -370,7 +370,7 @@ def failed_after_payment(
             .limit(limit)
         ).all()
         for row in rows:
-            record = record_of(row)
+            record = record_of(row, tx.connection)
             undone = compensation.intents_made_by_undos(tx, undo_declarations_txn(tx, record.id))
             left = unhandled_payments(tx.shared_records_of(record.id), record.id, undone=undone)
             if left:

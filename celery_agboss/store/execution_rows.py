@@ -38,6 +38,7 @@ from celery_agboss.store.execution_updates import (
 )
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.sealed_columns import opened, sealed, sealer_of
 from celery_agboss.store.statement_cache import built_once
 from celery_agboss.store.transactions import SQLTransaction
 
@@ -49,14 +50,52 @@ _f = fenced_effects.c
 SHARED_WAIT_MS = 30_000
 
 
-def record_of(row: Row[Any]) -> ExecutionRecord:
+SEALED = ("args", "kwargs", "result", "error")
+"""The execution's columns sealed at rest (``store.sealed_columns``)."""
+
+
+def sealed_values(conn: Connection, execution_id: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the texts of the sealed columns sealed for row ``execution_id``."""
+    out = dict(values)
+    for name in SEALED:
+        value = out.get(name)
+        if isinstance(value, str):
+            out[name] = sealed(conn, executions.name, name, execution_id, value)
+    options = out.get("options")
+    if isinstance(options, str) and sealer_of(conn).enabled:
+        out["options"] = _without_argument_reprs(options)
+    return out
+
+
+def _without_argument_reprs(options: str) -> str:
+    """Options stay in clear (statements read ``retries`` in them), so the arguments'
+    repr Celery copies into them (``argsrepr``, ``kwargsrepr``: display only, made again
+    from the arguments on a publish) is not kept where the arguments are sealed."""
+    if "argsrepr" not in options and "kwargsrepr" not in options:
+        return options
+    try:
+        parsed = json.loads(options)
+    except ValueError:
+        return options
+    if not isinstance(parsed, dict):
+        return options
+    parsed.pop("argsrepr", None)
+    parsed.pop("kwargsrepr", None)
+    return json.dumps(parsed, separators=(",", ":"))
+
+
+def record_of(row: Row[Any], conn: Connection) -> ExecutionRecord:
     m = row._mapping
+
+    def open_(name: str) -> Any:
+        return opened(conn, executions.name, name, m["id"], m[name])
+
     return ExecutionRecord(
         id=m["id"],
         task_name=m["task_name"],
         state=ExecutionState(m["state"]),
-        args=m["args"],
-        kwargs=m["kwargs"],
+        args=open_("args"),
+        kwargs=open_("kwargs"),
         options=m["options"],
         eta_ms=m["eta_ms"],
         expires_ms=m["expires_ms"],
@@ -69,8 +108,8 @@ def record_of(row: Row[Any]) -> ExecutionRecord:
         cancel_requested=bool(m["cancel_requested"]),
         cancel_reason=m["cancel_reason"],
         reason=m["reason"],
-        result=m["result"],
-        error=m["error"],
+        result=open_("result"),
+        error=open_("error"),
         terminal_at_ms=m["terminal_at_ms"],
         links_dispatched=bool(m["links_dispatched"]),
         redrive_planned=bool(m["redrive_planned"]),
@@ -205,12 +244,13 @@ MESSAGE_COLUMNS = ("args", "kwargs", "options", "eta_ms", "expires_ms")
 """The message's columns on the execution row (``message_values``' keys)."""
 
 
-def requested_parameters(message: ExecutionMessage) -> dict[str, Any]:
+def requested_parameters(conn: Connection, message: ExecutionMessage) -> dict[str, Any]:
     """The values of ``insert_requested_statement`` for ``message``."""
+    values = sealed_values(conn, message.execution_id, message_values(message))
     return {
         "r_id": message.execution_id,
         "r_task_name": message.task_name,
-        **{f"r_{name}": value for name, value in message_values(message).items()},
+        **{f"r_{name}": value for name, value in values.items()},
     }
 
 
@@ -250,7 +290,7 @@ def read_execution_txn(
 ) -> ExecutionRecord | None:
     statement = _read_statement(tx.connection, tx.offset_ms, lock)
     row = tx.execute(statement, {"e_id": execution_id}).first()
-    return None if row is None else record_of(row)
+    return None if row is None else record_of(row, tx.connection)
 
 
 def require_execution_txn(tx: SQLTransaction, execution_id: str) -> ExecutionRecord:
@@ -267,10 +307,11 @@ def require_with_pending_txn(tx: SQLTransaction, execution_id: str) -> tuple[Exe
     row = tx.execute(statement, {"e_id": execution_id}).first()
     if row is None:  # pragma: no cover - rows are never deleted under a lease
         raise LookupError(f"execution {execution_id!r} disappeared")
-    return record_of(row), bool(row.pending)
+    return record_of(row, tx.connection), bool(row.pending)
 
 
 def set_execution_txn(tx: SQLTransaction, execution_id: str, **values: Any) -> int:
+    values = sealed_values(tx.connection, execution_id, values)
     values.setdefault("updated_at_ms", tx.now_expr())
     result = tx.execute(update(executions).where(_e.id == execution_id).values(**values))
     return int(result.rowcount)
@@ -293,6 +334,7 @@ def set_and_read_txn(
 
     Values that are plain Python values or the database clock give a statement built
     once for their names; others (column expressions) build one for this call."""
+    values = sealed_values(tx.connection, execution_id, values)
     now = tx.now_expr()
     values.setdefault("updated_at_ms", now)
     shape = state_change_shape(values, now)
@@ -305,10 +347,11 @@ def set_and_read_txn(
         params = {f"v_{name}": values[name] for name, kind in shape if kind == "bind"}
         params["e_id"] = execution_id
     row = tx.execute(statement, params).first()
-    return require_execution_txn(tx, execution_id) if row is None else record_of(row)
+    return require_execution_txn(tx, execution_id) if row is None else record_of(row, tx.connection)
 
 
 def set_unless_terminal_txn(tx: SQLTransaction, execution_id: str, **values: Any) -> int:
+    values = sealed_values(tx.connection, execution_id, values)
     values.setdefault("updated_at_ms", tx.now_expr())
     result = tx.execute(
         update(executions)
@@ -338,18 +381,22 @@ def undo_declarations_txn(
 ) -> list[compensation.UndoDeclaration]:
     """The undos the execution declared (``core.compensation``'s declaration records)."""
     rows = tx.execute(
-        select(_f.result).where(
+        select(_f.key, _f.result).where(
             _f.execution_id == execution_id, _f.name == compensation.UNDO_RECORD
         )
     ).all()
-    values = [loads(row.result) for row in rows]
+    conn = tx.connection
+    values = [
+        loads(opened(conn, fenced_effects.name, "result", row.key, row.result)) for row in rows
+    ]
     return [compensation.declaration_of(0, value) for value in values if isinstance(value, dict)]
 
 
 def insert_requested_txn(tx: SQLTransaction, message: ExecutionMessage) -> bool:
     """Record the execution ``REQUESTED`` unless it is there (the publish record)."""
     statement = insert_requested_statement(tx.connection, tx.offset_ms)
-    return tx.execute(statement, requested_parameters(message)).first() is not None
+    parameters = requested_parameters(tx.connection, message)
+    return tx.execute(statement, parameters).first() is not None
 
 
 def terminal_txn(

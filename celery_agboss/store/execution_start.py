@@ -50,6 +50,7 @@ from celery_agboss.store.execution_rows import (
     message_values,
     record_of,
     requested_parameters,
+    sealed_values,
 )
 from celery_agboss.store.execution_updates import Computed, computed_value
 from celery_agboss.store.leases import first_lease_insert, first_lease_row
@@ -92,7 +93,8 @@ def record_requested_in_one(engine: Engine, message: ExecutionMessage, offset_ms
         return False
     with autocommit_connection(engine) as conn:
         statement = insert_requested_statement(conn, offset_ms)
-        return run_compiled(conn, statement, requested_parameters(message)).first() is not None
+        parameters = requested_parameters(conn, message)
+        return run_compiled(conn, statement, parameters).first() is not None
 
 
 def start_plain_in_one(
@@ -104,21 +106,19 @@ def start_plain_in_one(
     if engine.dialect.name != "postgresql" or not sabotage.none_but(ONE_STATEMENT_START_UNLOCKED):
         return None
     parameters: dict[str, Any] = {
-        f"s_{name}": value for name, value in message_values(message).items()
+        "e_id": message.execution_id,
+        "s_task": message.task_name,
+        "a_scope": execution_scope(message.execution_id),
+        "a_holder": holder,
+        "a_ttl": ttl_ms,
     }
-    parameters.update(
-        {
-            "e_id": message.execution_id,
-            "s_task": message.task_name,
-            "a_scope": execution_scope(message.execution_id),
-            "a_holder": holder,
-            "a_ttl": ttl_ms,
-        }
-    )
     with autocommit_connection(engine) as conn:
+        sealed = sealed_values(conn, message.execution_id, message_values(message))
+        parameters.update({f"s_{name}": value for name, value in sealed.items()})
         statement = _start_statement(conn, offset_ms)
         row = run_compiled(conn, statement, parameters).first()
-    if row is None:
+        record = None if row is None else record_of(row, conn)
+    if row is None or record is None:
         return None
     lease = LeaseRef(parameters["a_scope"], holder, int(row.lease_token))
     grant = LeaseGrant(
@@ -127,7 +127,7 @@ def start_plain_in_one(
         db_now_ms=int(row.read_at_ms),
         took_over=False,
     )
-    return DeliveryStart(StartKind.STARTED, record_of(row), grant, took_over=False)
+    return DeliveryStart(StartKind.STARTED, record, grant, took_over=False)
 
 
 @built_once

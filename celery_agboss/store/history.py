@@ -18,13 +18,23 @@ from celery_agboss.core.store_protocol import (
 from celery_agboss.store.codec import dumps, loads
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.schema import intent_history
+from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.statement_cache import built_once
 
 _h = intent_history.c
 
 
-def _history(row: Row[Any]) -> HistoryRow:
+TABLE = intent_history.name
+
+
+def _detail_sealed(conn: Connection, row: HistoryRow) -> str | None:
+    """The row's detail as stored: canonical JSON (its digest is over that), sealed."""
+    return sealed(conn, TABLE, "detail", f"{row.idempotency_key}:{row.seq}", dumps(row.detail))
+
+
+def _history(row: Row[Any], conn: Connection) -> HistoryRow:
     m = row._mapping
+    row_key = f"{m['idempotency_key']}:{m['seq']}"
     return HistoryRow(
         idempotency_key=m["idempotency_key"],
         seq=int(m["seq"]),
@@ -35,7 +45,7 @@ def _history(row: Row[Any]) -> HistoryRow:
         attempt=int(m["attempt"]),
         holder=m["holder"],
         token=None if m["token"] is None else int(m["token"]),
-        detail=loads(m["detail"]),
+        detail=loads(opened(conn, TABLE, "detail", row_key, m["detail"])),
         prev_digest=m["prev_digest"],
         digest=m["digest"],
         execution_id=m["execution_id"],
@@ -61,7 +71,7 @@ _HISTORY_COLUMNS = [
 
 def last_history_txn(conn: Connection, key: str) -> HistoryRow | None:
     row = conn.execute(_LAST_HISTORY, {"h_key": key}).first()
-    return None if row is None else _history(row)
+    return None if row is None else _history(row, conn)
 
 
 _LAST_HISTORY = (
@@ -74,13 +84,13 @@ _LAST_HISTORY = (
 
 def read_history_txn(conn: Connection, key: str) -> list[HistoryRow]:
     rows = conn.execute(select(*_HISTORY_COLUMNS).where(_h.idempotency_key == key).order_by(_h.seq))
-    return [_history(row) for row in rows]
+    return [_history(row, conn) for row in rows]
 
 
 def append_history_txn(conn: Connection, row: HistoryRow) -> None:
     """Append one row; a second row with the same (key, seq) fails (a lost race)."""
     # The row's fields are the table's columns; only ``detail`` is stored as JSON text.
-    conn.execute(_APPEND_HISTORY, {**vars(row), "detail": dumps(row.detail)})
+    conn.execute(_APPEND_HISTORY, {**vars(row), "detail": _detail_sealed(conn, row)})
 
 
 _APPEND_HISTORY = intent_history.insert()
@@ -94,7 +104,7 @@ def append_history_after_txn(conn: Connection, row: HistoryRow) -> bool:
     row appended during a lock wait is seen."""
     if row.prev_digest is None:
         raise ValueError("append_history_after_txn chains to a previous row; it has none")
-    parameters = history_parameters(row, "a_")
+    parameters = history_parameters(conn, row, "a_")
     parameters["a_prev_seq"] = row.seq - 1
     return conn.execute(_append_after_statement(conn), parameters).first() is not None
 
@@ -120,8 +130,8 @@ def history_binds(prefix: str) -> list[Any]:
     return [bindparam(f"{prefix}{column.name}", type_=column.type) for column in _HISTORY_COLUMNS]
 
 
-def history_parameters(row: HistoryRow, prefix: str) -> dict[str, Any]:
-    values = {**vars(row), "detail": dumps(row.detail)}
+def history_parameters(conn: Connection, row: HistoryRow, prefix: str) -> dict[str, Any]:
+    values = {**vars(row), "detail": _detail_sealed(conn, row)}
     return {f"{prefix}{name}": value for name, value in values.items()}
 
 

@@ -61,6 +61,7 @@ from celery_agboss.store.history import HISTORY_NAMES, history_binds, history_pa
 from celery_agboss.store.intents import (
     cas_guard_and_values,
     cas_parts,
+    intent_sealer,
     new_intent_values,
 )
 from celery_agboss.store.schema import intent_history, outbound_calls, record_uses
@@ -91,8 +92,8 @@ def transition_txn(
     key, row = change.key, change.row
     if row.prev_digest is None:
         raise ValueError("a one-statement transition chains to the holder's last history row")
-    parts, parameters = cas_parts(change.guard, change.update)
-    parameters.update(history_parameters(row, "t_"))
+    parts, parameters = cas_parts(change.guard, change.update, intent_sealer(conn, key))
+    parameters.update(history_parameters(conn, row, "t_"))
     parameters.update(one_statement_parameters(lease, ttl_ms))
     parameters.update({"g_key": key, "t_prev_seq": row.seq - 1})
     if relied_by is not None:
@@ -220,9 +221,9 @@ def claim_txn(
     row, before the intent's: one lock order); the intent inserted ``PENDING`` unless a
     cancel was requested or the key exists, and ``row`` (its first history row, with
     the statement's time) inserted from that insert's ``RETURNING``."""
-    values = new_intent_values(intent)
+    values = new_intent_values(conn, intent)
     parameters: dict[str, Any] = {f"n_{name}": value for name, value in values.items()}
-    parameters.update(history_parameters(row, "t_"))
+    parameters.update(history_parameters(conn, row, "t_"))
     parameters.update(one_statement_parameters(lease, ttl_ms))
     if cancel_of is not None:
         parameters["e_id"] = cancel_of

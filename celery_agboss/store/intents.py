@@ -7,7 +7,7 @@ statement, against the lease row, on the database clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import BigInteger, and_, bindparam, delete, exists, not_, select, true, update
@@ -34,6 +34,7 @@ from celery_agboss.store.history import (
 )
 from celery_agboss.store.leases import owner_locked_or_live_txn
 from celery_agboss.store.schema import intent_history, leases, outbound_calls
+from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.statement_cache import built_once
 
 _i = outbound_calls.c
@@ -62,8 +63,24 @@ def _select_intents(conn: Connection, offset_ms: int) -> Any:
     ).select_from(outbound_calls.join(clk, true()))
 
 
-def _record(row: Row[Any]) -> IntentRecord:
+TABLE = outbound_calls.name
+Seal = Callable[[str, "str | None"], "str | None"]
+"""Seals one column's text for one intent's row (``intent_sealer``)."""
+
+
+def intent_sealer(conn: Connection, key: str) -> Seal:
+    def seal(column: str, text: str | None) -> str | None:
+        return sealed(conn, TABLE, column, key, text)
+
+    return seal
+
+
+def _record(row: Row[Any], conn: Connection) -> IntentRecord:
     m = row._mapping
+
+    def open_(column: str) -> Any:
+        return loads(opened(conn, TABLE, column, m["idempotency_key"], m[column]))
+
     owner = None
     if m["owner_holder"] is not None:
         owner = LeaseRef(str(m["owner_scope"]), str(m["owner_holder"]), int(m["owner_token"]))
@@ -73,8 +90,8 @@ def _record(row: Row[Any]) -> IntentRecord:
         name=m["name"],
         business_key_handle=m["business_key_handle"],
         fingerprint=m["fingerprint"],
-        request=loads(m["request"]),
-        result=loads(m["result"]),
+        request=open_("request"),
+        result=open_("result"),
         result_stored=bool(m["result_stored"]),
         status=IntentStatus(m["status"]),
         attempt=int(m["attempt"]),
@@ -90,7 +107,7 @@ def _record(row: Row[Any]) -> IntentRecord:
         read_at_ms=int(m["read_at_ms"]),
         next_lookup_at_ms=m["next_lookup_at_ms"],
         lookup_failures=int(m["lookup_failures"]),
-        failure=None if m["failure"] is None else loads(m["failure"]),
+        failure=None if m["failure"] is None else open_("failure"),
         retry_for=m["retry_for"],
         failure_shared=bool(m["failure_shared"]),
         sent_by=m["sent_by"],
@@ -102,7 +119,7 @@ def _record(row: Row[Any]) -> IntentRecord:
 
 def read_txn(conn: Connection, key: str, *, offset_ms: int = 0) -> IntentRecord | None:
     row = conn.execute(_read_statement(conn, offset_ms), {"i_key": key}).first()
-    return None if row is None else _record(row)
+    return None if row is None else _record(row, conn)
 
 
 @built_once
@@ -122,10 +139,10 @@ def insert_txn(
     ``first_history`` is written only when the intent was: on PostgreSQL both in one
     statement (the history row an ``INSERT … SELECT`` from the intent insert's
     ``RETURNING``), on SQLite in two, in the caller's transaction either way."""
-    values = new_intent_values(intent)
+    values = new_intent_values(conn, intent)
     parameters = {f"n_{name}": value for name, value in values.items()}
     if first_history is not None and is_postgresql(conn):
-        parameters.update(history_parameters(first_history, "f_"))
+        parameters.update(history_parameters(conn, first_history, "f_"))
         statement = _insert_with_history_statement(conn, offset_ms, tuple(values))
         return conn.execute(statement, parameters).first() is not None
     inserted = conn.execute(_insert_statement(conn, offset_ms, tuple(values)), parameters)
@@ -136,16 +153,17 @@ def insert_txn(
     return True
 
 
-def new_intent_values(intent: NewIntent) -> dict[str, Any]:
+def new_intent_values(conn: Connection, intent: NewIntent) -> dict[str, Any]:
     """A claimed intent's columns (its two attempt times are the statement's clock)."""
+    seal = intent_sealer(conn, intent.idempotency_key)
     values: dict[str, Any] = {
         "idempotency_key": intent.idempotency_key,
         "execution_id": intent.execution_id,
         "name": intent.name,
         "business_key_handle": intent.business_key_handle,
         "fingerprint": intent.fingerprint,
-        "request": dumps(intent.request),
-        "result": dumps(None),
+        "request": seal("request", dumps(intent.request)),
+        "result": seal("result", dumps(None)),
         "result_stored": False,
         "status": IntentStatus.PENDING.value,
         "attempt": 1,
@@ -190,7 +208,9 @@ Part = tuple[str, str]
 """One piece of a compare-and-set: its parameter's name and what it does, ``op:column``."""
 
 
-def cas_parts(guard: IntentGuard, update_: IntentUpdate) -> tuple[tuple[Part, ...], dict[str, Any]]:
+def cas_parts(
+    guard: IntentGuard, update_: IntentUpdate, seal: Seal
+) -> tuple[tuple[Part, ...], dict[str, Any]]:
     """A compare-and-set as its shape (which conjuncts and which columns to set, the
     key of its statement, built once) and its parameters. ``cas_guard_and_values`` reads the
     shape: ``eq``/``null`` conjuncts, ``owner_not_live``, ``max_key_age``; ``set``,
@@ -225,7 +245,7 @@ def cas_parts(guard: IntentGuard, update_: IntentUpdate) -> tuple[tuple[Part, ..
         else:
             part("g_retry_for", "eq:retry_for", guard.retry_for)
 
-    for name, value in _set_values(update_).items():
+    for name, value in _set_values(update_, seal).items():
         part(f"v_{name}", f"set:{name}", value)
     if update_.start_attempt:
         parts.append(("v_attempt_started_at_ms", "set_now:attempt_started_at_ms"))
@@ -253,8 +273,9 @@ _AS_IS_UNLESS_NONE = (
 _AS_IS_UNLESS_UNSET = ("gateway_transaction_id", "operator_reason", "retry_for", "sent_by")
 
 
-def _set_values(update_: IntentUpdate) -> dict[str, Any]:
-    """The columns ``update_`` sets to a value of its own (not to the clock)."""
+def _set_values(update_: IntentUpdate, seal: Seal) -> dict[str, Any]:
+    """The columns ``update_`` sets to a value of its own (not to the clock); request,
+    result and failure sealed (``seal``)."""
     values: dict[str, Any] = {}
     for name in _AS_IS_UNLESS_NONE:
         if getattr(update_, name) is not None:
@@ -270,11 +291,12 @@ def _set_values(update_: IntentUpdate) -> dict[str, Any]:
         values["owner_holder"] = None if owner is None else owner.holder
         values["owner_token"] = None if owner is None else owner.token
     if update_.result is not UNSET:
-        values["result"] = dumps(update_.result)
+        values["result"] = seal("result", dumps(update_.result))
     if update_.request is not UNSET:
-        values["request"] = dumps(update_.request)
+        values["request"] = seal("request", dumps(update_.request))
     if update_.failure is not UNSET:
-        values["failure"] = None if update_.failure is None else dumps(update_.failure)
+        failure = update_.failure
+        values["failure"] = None if failure is None else seal("failure", dumps(failure))
     return values
 
 
@@ -340,7 +362,7 @@ def update_txn(
         and owner_locked_or_live_txn(conn, guard.owner, offset_ms=offset_ms)
     ):
         return False
-    parts, params = cas_parts(guard, update_)
+    parts, params = cas_parts(guard, update_, intent_sealer(conn, key))
     params["g_key"] = key
     result = conn.execute(_cas_statement(conn, offset_ms, parts), params)
     return result.rowcount == 1
@@ -354,7 +376,7 @@ def list_for_execution_txn(
         .where(_i.execution_id == execution_id)
         .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
     )
-    return [_record(row) for row in conn.execute(statement)]
+    return [_record(row, conn) for row in conn.execute(statement)]
 
 
 def delete_settled_by_keys_txn(conn: Connection, keys: Sequence[str]) -> int:

@@ -17,10 +17,12 @@ from typing import Any
 from sqlalchemy import delete, func, literal, select, true, update
 from sqlalchemy.engine import Connection
 
+from celery_agboss.core.sealing import SealedAt, Sealer
 from celery_agboss.errors import IdempotencyKeyConflictError
 from celery_agboss.store.dialect import clock, insert_or_nothing, is_postgresql
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.schema_executions import outbox
+from celery_agboss.store.sealed_columns import sealed_with, sealer_of
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 _o = outbox.c
@@ -53,13 +55,19 @@ class OutboxRow:
         return self.published_at_ms is not None
 
 
-def _row(row: Any) -> OutboxRow:
+def _row(row: Any, conn: Connection, sealer: Sealer | None = None) -> OutboxRow:
+    task_id = str(row.task_id)
+    chosen = sealer or sealer_of(conn)
+
+    def open_(column: str, stored: str) -> str:
+        return str(chosen.open(stored, SealedAt(outbox.name, column, task_id)))
+
     return OutboxRow(
         message=OutboxMessage(
-            task_id=str(row.task_id),
+            task_id=task_id,
             task_name=str(row.task_name),
-            args=str(row.args),
-            kwargs=str(row.kwargs),
+            args=open_("args", row.args),
+            kwargs=open_("kwargs", row.kwargs),
             options=str(row.options),
             execution_id=None if row.execution_id is None else str(row.execution_id),
         ),
@@ -74,20 +82,31 @@ def _row(row: Any) -> OutboxRow:
 
 
 def insert_txn(
-    conn: Connection, message: OutboxMessage, *, grace_ms: int, offset_ms: int = 0
+    conn: Connection,
+    message: OutboxMessage,
+    *,
+    grace_ms: int,
+    offset_ms: int = 0,
+    sealer: Sealer | None = None,
 ) -> bool:
-    """Write the row in the caller's transaction; True when this call wrote it.
+    """Write the row in the caller's transaction; True when this call wrote it. Its
+    arguments are sealed with ``sealer`` (default: the connection's store's).
 
     The same task id enqueued again with the same message is no second row (a retried
     application transaction, a lost race on one business key); with another message it
     is ``IdempotencyKeyConflictError``: one id must never stand for two tasks.
     """
     clk = clock(conn, offset_ms)  # one clock read: the grace is exactly grace_ms
+    chosen = sealer or sealer_of(conn)
+
+    def seal(column: str, text: str) -> str | None:
+        return sealed_with(chosen, conn, outbox.name, column, message.task_id, text)
+
     values = {
         "task_id": message.task_id,
         "task_name": message.task_name,
-        "args": message.args,
-        "kwargs": message.kwargs,
+        "args": seal("args", message.args),
+        "kwargs": seal("kwargs", message.kwargs),
         "options": message.options,
         "execution_id": message.execution_id,
     }
@@ -104,7 +123,7 @@ def insert_txn(
     ).first()
     if inserted is not None:
         return True
-    found = read_txn(conn, message.task_id)
+    found = read_txn(conn, message.task_id, chosen)
     if found is not None and (
         found.message.task_name,
         found.message.args,
@@ -119,9 +138,9 @@ def insert_txn(
     return False
 
 
-def read_txn(conn: Connection, task_id: str) -> OutboxRow | None:
+def read_txn(conn: Connection, task_id: str, sealer: Sealer | None = None) -> OutboxRow | None:
     row = conn.execute(select(outbox).where(_o.task_id == task_id)).first()
-    return None if row is None else _row(row)
+    return None if row is None else _row(row, conn, sealer)
 
 
 # --- transactions of their own ------------------------------------------------------------
@@ -143,7 +162,7 @@ def unpublished(store: SQLAlchemyStore, task_ids: Sequence[str]) -> list[OutboxR
         rows = tx.execute(
             select(outbox).where(_o.task_id.in_(wanted), _o.published_at_ms.is_(None))
         ).all()
-    found = {str(row.task_id): _row(row) for row in rows}
+    found = {str(row.task_id): _row(row, tx.connection) for row in rows}
     return [found[task_id] for task_id in wanted if task_id in found]
 
 
@@ -176,7 +195,7 @@ def claim_due(store: SQLAlchemyStore, limit: int, retry_after_ms: int) -> list[O
         )
         if is_postgresql(tx.connection):
             due = due.with_for_update(skip_locked=True)
-        rows = [_row(row) for row in tx.execute(due).all()]
+        rows = [_row(row, tx.connection) for row in tx.execute(due).all()]
         if not rows:
             return []
         tx.execute(

@@ -46,6 +46,7 @@ from celery_agboss.store.execution_rows import (
     sql,
 )
 from celery_agboss.store.schema_executions import executions, pauses
+from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
 
@@ -99,7 +100,11 @@ def answer_pause(
         won = tx.execute(
             update(pauses)
             .where(_p.id == pause_id, _p.status == PENDING)
-            .values(status=ANSWERED, answer=answer, answered_at_ms=tx.now_expr())
+            .values(
+                status=ANSWERED,
+                answer=_sealed(tx, pause_id, "answer", answer),
+                answered_at_ms=tx.now_expr(),
+            )
         ).rowcount
         if won != 1:  # pragma: no cover - the row lock above orders every answer
             raise NotPausedError(f"the pause {pause_id!r} was already answered", pause_id=pause_id)
@@ -147,7 +152,7 @@ def _answer_early(
             name=pause_id[len(record.id) + 1 :],
             status=EARLY,
             payload=None,
-            answer=answer,
+            answer=_sealed(tx, pause_id, "answer", answer),
             created_at_ms=tx.now_expr(),
             answered_at_ms=tx.now_expr(),
         )
@@ -163,10 +168,22 @@ def _answer_unconditionally(
     tx.execute(
         update(pauses)
         .where(_p.id == pause_id)
-        .values(status=ANSWERED, answer=answer, answered_at_ms=tx.now_expr())
+        .values(
+            status=ANSWERED,
+            answer=_sealed(tx, pause_id, "answer", answer),
+            answered_at_ms=tx.now_expr(),
+        )
     )
     set_execution_txn(tx, execution_id, terminal_at_ms=None, **_continue_values(tx, False))
     return require_execution_txn(tx, execution_id)
+
+
+def _sealed(tx: SQLTransaction, pause_id: str, column: str, text: str | None) -> str | None:
+    return sealed(tx.connection, pauses.name, column, pause_id, text)
+
+
+def _opened(tx: SQLTransaction, pause_id: str, column: str, stored: str | None) -> str | None:
+    return opened(tx.connection, pauses.name, column, pause_id, stored)
 
 
 def list_pauses(store: SQLAlchemyStore, limit: int = 100) -> list[tuple[str, str, str]]:
@@ -201,8 +218,9 @@ def pause_in(
     if not sabotage.active(PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER):
         read_execution_txn(t, execution_id, lock=True)  # after an answer that has it, or before
     row = t.execute(select(_p.status, _p.answer).where(_p.id == pause_id)).first()
+    answer = None if row is None else _opened(t, pause_id, "answer", row.answer)
     if row is not None and row.status == ANSWERED:
-        return True, row.answer
+        return True, answer
     early = row is not None and row.status == EARLY
     if early and sabotage.active(PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER):
         early = False  # the sabotage: the early answer is written over below, unseen
@@ -210,10 +228,10 @@ def pause_in(
         taken = t.execute(
             update(pauses)
             .where(_p.id == pause_id, _p.status == EARLY)
-            .values(status=ANSWERED, payload=payload)
+            .values(status=ANSWERED, payload=_sealed(t, pause_id, "payload", payload))
         ).rowcount
         if taken == 1:
-            return True, row.answer if row is not None else None
+            return True, answer
     if early:
         # An approval's answerer must see what is asked: an answer that came first is
         # not taken for it. The pause waits for an answer given after it.
@@ -232,7 +250,7 @@ def pause_in(
                 execution_id=execution_id,
                 name=name,
                 status=PENDING,
-                payload=payload,
+                payload=_sealed(t, pause_id, "payload", payload),
                 created_at_ms=t.now_expr(),
             )
         )
@@ -240,7 +258,12 @@ def pause_in(
         t.execute(
             update(pauses)
             .where(_p.id == pause_id, _p.status == EARLY)
-            .values(status=PENDING, payload=payload, answer=None, answered_at_ms=None)
+            .values(
+                status=PENDING,
+                payload=_sealed(t, pause_id, "payload", payload),
+                answer=None,
+                answered_at_ms=None,
+            )
         )
     set_unless_terminal_txn(
         t,

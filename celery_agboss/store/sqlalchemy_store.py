@@ -32,6 +32,7 @@ from celery_agboss.core.protections import (
     LEASE_CHECK_IN_SEPARATE_ROUND_TRIP,
     SQLITE_LONG_TRANSACTION_NOT_INTERRUPTED,
 )
+from celery_agboss.core.sealing import PLAINTEXT, Sealer
 from celery_agboss.core.store_protocol import (
     EffectRecord,
     HistoryRow,
@@ -65,6 +66,7 @@ from celery_agboss.store.fences import (
     postgres_transaction_bounds,
     postgres_transaction_bounds_sql,
 )
+from celery_agboss.store.sealed_columns import use_sealer
 from celery_agboss.store.sqlite_watch import FencedTransactionWatchdog, FencedWatch
 from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
 
@@ -112,12 +114,23 @@ class SQLAlchemyStore:
         _stores_to_dispose_after_fork.add(self)
         self.caller_clock_skew_ms = 0
         """Sabotage only (``EXPIRY_BY_CALLER_CLOCK``): the acquiring caller's clock skew."""
+        self._sealer: Sealer = PLAINTEXT
         self.users_database: UsersDatabase | None = None
         """Where a fenced transaction that runs the user's writes runs instead of this
         store's own pool: a framework's transaction on its own connection to the same
         database (``celery_agboss.contrib.django``), yielding the engine over it."""
 
     # --- plumbing ----------------------------------------------------------------
+
+    @property
+    def sealer(self) -> Sealer:
+        """What sealed columns are sealed and opened with (the runtime's key ring)."""
+        return self._sealer
+
+    @sealer.setter
+    def sealer(self, sealer: Sealer) -> None:
+        self._sealer = sealer
+        use_sealer(self.engine, sealer)
 
     @property
     def dialect_name(self) -> str:
@@ -144,7 +157,9 @@ class SQLAlchemyStore:
         ``engine``: one over a borrowed connection (``users_database``), else the store's.
         """
         with translated():
-            conn: Connection = StoreConnection(engine or self.engine)  # engine.connect()
+            opened = StoreConnection(engine or self.engine)  # engine.connect()
+        opened.agboss_sealer = self.sealer
+        conn: Connection = opened
         guard = CommitGuard(conn)
         watch: FencedWatch | None = None
         try:

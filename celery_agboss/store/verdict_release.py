@@ -49,7 +49,12 @@ from celery_agboss.core.executions import ExecutionState, OneStatementVerdict
 from celery_agboss.core.protections import ONE_STATEMENT_WITHOUT_FENCE
 from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.store.dialect import now_expr
-from celery_agboss.store.execution_rows import pending_intent_of, record_of, verdict_values
+from celery_agboss.store.execution_rows import (
+    pending_intent_of,
+    record_of,
+    sealed_values,
+    verdict_values,
+)
 from celery_agboss.store.execution_updates import TERMINAL_VALUES, state_change_shape
 from celery_agboss.store.fences import (
     fence_lock_statement,
@@ -90,7 +95,7 @@ def conclude_txn(
     execution's pending flag is no longer ``pending`` (no record: decide again). With
     ``plain``, nothing was read first: the row is also required to be running, with no
     intent pending and, when ``plain.reached`` is given, no record outside it."""
-    written = verdict_values(verdict, _NOW, values)
+    written = verdict_values(verdict, _NOW, sealed_values(conn, lease.scope, values))
     written["wake_requested"] = False  # the release's; a verdict here never wakes
     written["updated_at_ms"] = _NOW
     shape = state_change_shape(written, _NOW)
@@ -112,7 +117,7 @@ def conclude_txn(
         return OneStatementVerdict(True, None)
     if row.id is None:
         return OneStatementVerdict(False, None)
-    return OneStatementVerdict(False, record_of(row))
+    return OneStatementVerdict(False, record_of(row, conn))
 
 
 @dataclass(frozen=True)
