@@ -38,6 +38,9 @@ PLAIN_ESCAPE = "agbplain:"
 """Prefixed to a plaintext that happens to start like a sealed value (or like this
 escape), so text from outside (an error message) can never pass for an envelope."""
 
+ENVELOPE_START = "agb"
+"""What both prefixes begin with: a stored text without it is plaintext, read as it is."""
+
 KEY_BYTES = 32  # AES-256
 NONCE_BYTES = 12
 KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
@@ -143,6 +146,12 @@ class Sealer:
     @property
     def enabled(self) -> bool:
         return self.ring is not None
+
+    @property
+    def writes_plaintext(self) -> bool:
+        """No keys, and the store is known not to be sealed: a text is stored as it is
+        unless it begins like an envelope (``ENVELOPE_START``)."""
+        return self.ring is None and self._store_sealed is False
 
     def needs_store_check(self) -> bool:
         return self._store_sealed is None

@@ -17,7 +17,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
-from celery_agboss.core.sealing import ENCRYPTION_META_KEY, PLAINTEXT, SealedAt, Sealer
+from celery_agboss.core.sealing import (
+    ENCRYPTION_META_KEY,
+    ENVELOPE_START,
+    PLAINTEXT,
+    SealedAt,
+    Sealer,
+)
 from celery_agboss.store.dialect import insert_or_nothing
 from celery_agboss.store.schema_executions import meta
 
@@ -64,6 +70,8 @@ def sealed_with(
 ) -> str | None:
     if text is None:
         return None
+    if sealer.writes_plaintext and not text.startswith(ENVELOPE_START):
+        return text  # the common case without keys: no object made, nothing looked up
     if sealer.needs_store_check():
         settle_encryption_flag(conn, sealer)
     return sealer.seal(text, SealedAt(table, column, str(row_key)))
@@ -73,8 +81,8 @@ def opened(
     conn: Connection, table: str, column: str, row_key: object, stored: str | None
 ) -> str | None:
     """The plaintext of what ``table.column`` of the row ``row_key`` holds."""
-    if stored is None:
-        return None
+    if stored is None or not stored.startswith(ENVELOPE_START):
+        return stored  # plaintext (no keys, or written before them): read as it is
     return sealer_of(conn).open(stored, SealedAt(table, column, str(row_key)))
 
 

@@ -122,3 +122,11 @@ def test_a_wrong_key_setting_says_what_to_set(
         key_ring_from(names, env)
     assert raised.value.setting == "agboss_encryption_keys"  # type: ignore[attr-defined]
     assert "c2hvcnQ" not in str(raised.value)  # a key's bytes are never echoed
+
+
+def test_only_a_keyless_sealer_of_a_store_known_in_clear_writes_plaintext_unread() -> None:
+    """The store's fast path (``sealed_columns``) skips the sealer only for these."""
+    assert PLAINTEXT.writes_plaintext and Sealer(store_sealed=False).writes_plaintext
+    assert not Sealer().writes_plaintext  # not checked yet: agboss_meta is read first
+    assert not Sealer(store_sealed=True).writes_plaintext
+    assert not Sealer(_ring("a"), store_sealed=False).writes_plaintext
