@@ -41,7 +41,6 @@ from celery_agboss.core.log_events import (
     EXECUTION_REFUSED,
     EXECUTION_RELEASE_FAILED,
     EXECUTION_STARTED,
-    EXECUTION_STORE_FAILED,
     EXECUTION_TAKEN_OVER,
     EXECUTION_WAITING,
     EXECUTION_WAITING_OPERATOR,
@@ -61,6 +60,7 @@ from celery_agboss.delivery.outcomes import encode_error, encode_result
 from celery_agboss.delivery.replaying import replay_terminal
 from celery_agboss.delivery.verdicts import Fail, Finish, ForOperator, Verdict, Wait
 from celery_agboss.delivery.waits import (
+    log_store_failure,
     long_wait,
     retry_not_published,
     retry_or_requeue,
@@ -104,16 +104,6 @@ CONTEXT_ATTRIBUTE = "agboss_context"
 per-thread (a threads pool runs several deliveries of one task instance at once)."""
 
 
-def store_error_fields(exc: BaseException) -> dict[str, Any]:
-    """How a store failure is logged: its type, and the key id a sealed value named (an
-    operator must give the workers that key)."""
-    fields: dict[str, Any] = {"error": type(exc).__name__}
-    key_id = getattr(exc, "key_id", None)
-    if key_id is not None:
-        fields["key_id"] = key_id
-    return fields
-
-
 class Delivery:
     """The life of one delivery; made and run by ``PaymentTask.__call__``."""
 
@@ -143,9 +133,7 @@ class Delivery:
         except ExecutionIdConflictError as exc:
             self._refuse_another_task(exc)
         except (StoreError, StoreNotMigratedError) as exc:  # not migrated yet: wait for it
-            self.log_decision(
-                EXECUTION_STORE_FAILED, logging.ERROR, step="start", **store_error_fields(exc)
-            )
+            log_store_failure(self, "start", exc)
             retry_or_requeue(self, self.settings.retry_delay_seconds, exc)
         if start.kind is not StartKind.STARTED:
             return self._not_started(start)
@@ -373,9 +361,7 @@ class Delivery:
     def store_failed(self, exc: StoreError) -> NoReturn:
         """The store failed mid-delivery: leave the lease to expire; try again after it."""
         self.abandon()
-        self.log_decision(
-            EXECUTION_STORE_FAILED, logging.ERROR, step="delivery", **store_error_fields(exc)
-        )
+        log_store_failure(self, "delivery", exc)
         retry_or_requeue(self, self.settings.lease_ttl_seconds + 1, exc)
 
     def abandon(self) -> None:

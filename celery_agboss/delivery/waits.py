@@ -23,7 +23,7 @@ from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_ms
 from celery_agboss.core.executions import ExecutionMessage
-from celery_agboss.core.log_events import EXECUTION_WAITING
+from celery_agboss.core.log_events import EXECUTION_STORE_FAILED, EXECUTION_WAITING
 from celery_agboss.core.protections import REQUEUE_WITHOUT_PAUSE, WAKE_FOLDED_INTO_REFUSED_RETRY
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.verdicts import Wait
@@ -178,6 +178,20 @@ def wait_then_retry(d: DeliveryLike, delay: float, *, release: bool, reason: str
         d.release()
     d.send_event(TASK_WAITING, reason=reason, delay=delay)
     raise Ignore() from None
+
+
+def store_error_fields(exc: BaseException) -> dict[str, Any]:
+    """How a store failure is logged: its type, and the key id a sealed value named (an
+    operator must give the workers that key)."""
+    fields: dict[str, Any] = {"error": type(exc).__name__}
+    key_id = getattr(exc, "key_id", None)
+    if key_id is not None:
+        fields["key_id"] = key_id
+    return fields
+
+
+def log_store_failure(d: DeliveryLike, step: str, exc: BaseException) -> None:
+    d.log_decision(EXECUTION_STORE_FAILED, logging.ERROR, step=step, **store_error_fields(exc))
 
 
 def retry_or_requeue(d: DeliveryLike, delay: float, cause: BaseException) -> NoReturn:

@@ -50,7 +50,11 @@ def _intent_summary(intent: IntentRecord) -> dict[str, Any]:
         "status": intent.status.value,
         "attempt": intent.attempt,
         "needs_operator": intent.needs_operator,
-        "operator_reason": intent.operator_reason,
+        # The decision's name ("unknown", "resolved by …"), not the text after it: the
+        # audit stays in clear, and a reconcile's text is sealed with the intent.
+        "operator_reason": None
+        if intent.operator_reason is None
+        else intent.operator_reason.split(":", 1)[0],
         "not_sent_confirmed": intent.not_sent_confirmed,
         "result_stored": intent.result_stored,
         "gateway_transaction_id": intent.gateway_transaction_id,

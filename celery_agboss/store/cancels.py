@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import func, not_, select
+from sqlalchemy.engine import Connection
 
 from celery_agboss.core import compensation
 from celery_agboss.core.execution_states import (
@@ -41,10 +42,22 @@ from celery_agboss.store.execution_rows import (
 from celery_agboss.store.execution_updates import cancel_request_statement
 from celery_agboss.store.leases import lease_live
 from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
+
+
+def cancel_reason_kept(conn: Connection, execution_id: str, reason: str) -> Any:
+    """The row's cancel reason if it has one, else ``reason`` (sealed for the row)."""
+    return func.coalesce(
+        _e.cancel_reason, sealed(conn, executions.name, "cancel_reason", execution_id, reason)
+    )
+
+
+def opened_cancel_reason(conn: Connection, execution_id: str, stored: str | None) -> str | None:
+    return opened(conn, executions.name, "cancel_reason", execution_id, stored)
 
 
 def end_cancelled_txn(
@@ -68,7 +81,7 @@ def end_cancelled_txn(
     reason = reason[:900]
     cancel = {
         "cancel_requested": True,
-        "cancel_reason": func.coalesce(_e.cancel_reason, reason),
+        "cancel_reason": cancel_reason_kept(tx.connection, execution_id, reason),
     }
     step, other = CancelStep.CANCEL, None
     if not payments_handled:
@@ -127,7 +140,7 @@ def request_cancel(
                 tx,
                 execution_id,
                 cancel_requested=True,
-                cancel_reason=func.coalesce(_e.cancel_reason, reason),
+                cancel_reason=cancel_reason_kept(tx.connection, execution_id, reason),
             )
             after = require_execution_txn(tx, execution_id)
         audit_change_txn(tx, audit, execution_id, record, after)
@@ -199,7 +212,8 @@ def cancel_request_in(tx: FencedTransaction) -> str | None:
     row = t.execute(cancel_request_statement(t.connection), {"e_id": execution_id}).first()
     if row is None:
         return None
-    return cancel_reason_of(bool(row.cancel_requested), row.cancel_reason)
+    stored = opened_cancel_reason(t.connection, execution_id, row.cancel_reason)
+    return cancel_reason_of(bool(row.cancel_requested), stored)
 
 
 def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:

@@ -38,7 +38,12 @@ from celery_agboss.store.execution_updates import (
 )
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
-from celery_agboss.store.sealed_columns import opened, sealed, sealer_of
+from celery_agboss.store.sealed_columns import (
+    opened,
+    sealed,
+    sealer_of,
+    without_argument_reprs,
+)
 from celery_agboss.store.statement_cache import built_once
 from celery_agboss.store.transactions import SQLTransaction
 
@@ -50,8 +55,9 @@ _f = fenced_effects.c
 SHARED_WAIT_MS = 30_000
 
 
-SEALED = ("args", "kwargs", "result", "error")
-"""The execution's columns sealed at rest (``store.sealed_columns``)."""
+SEALED = ("args", "kwargs", "result", "error", "reason", "cancel_reason")
+"""The execution's columns sealed at rest (``store.sealed_columns``): its reasons too, as
+an undo's failure quotes its (masked) error and a cancel the canceller's words."""
 
 
 def sealed_values(conn: Connection, execution_id: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -63,25 +69,8 @@ def sealed_values(conn: Connection, execution_id: str, values: dict[str, Any]) -
             out[name] = sealed(conn, executions.name, name, execution_id, value)
     options = out.get("options")
     if isinstance(options, str) and sealer_of(conn).enabled:
-        out["options"] = _without_argument_reprs(options)
+        out["options"] = without_argument_reprs(options)
     return out
-
-
-def _without_argument_reprs(options: str) -> str:
-    """Options stay in clear (statements read ``retries`` in them), so the arguments'
-    repr Celery copies into them (``argsrepr``, ``kwargsrepr``: display only, made again
-    from the arguments on a publish) is not kept where the arguments are sealed."""
-    if "argsrepr" not in options and "kwargsrepr" not in options:
-        return options
-    try:
-        parsed = json.loads(options)
-    except ValueError:
-        return options
-    if not isinstance(parsed, dict):
-        return options
-    parsed.pop("argsrepr", None)
-    parsed.pop("kwargsrepr", None)
-    return json.dumps(parsed, separators=(",", ":"))
 
 
 def record_of(row: Row[Any], conn: Connection) -> ExecutionRecord:
@@ -106,8 +95,8 @@ def record_of(row: Row[Any], conn: Connection) -> ExecutionRecord:
         recovery_count=int(m["recovery_count"]),
         deliveries=int(m["deliveries"]),
         cancel_requested=bool(m["cancel_requested"]),
-        cancel_reason=m["cancel_reason"],
-        reason=m["reason"],
+        cancel_reason=open_("cancel_reason"),
+        reason=open_("reason"),
         result=open_("result"),
         error=open_("error"),
         terminal_at_ms=m["terminal_at_ms"],

@@ -65,6 +65,7 @@ from celery_agboss.store.intents import (
     new_intent_values,
 )
 from celery_agboss.store.schema import intent_history, outbound_calls, record_uses
+from celery_agboss.store.sealed_columns import opened
 from celery_agboss.store.statement_cache import autocommit_connection, built_once, run_compiled
 
 ONE_STATEMENT_SWITCHES = (ONE_STATEMENT_WITHOUT_FENCE, FENCE_TIMED_BEFORE_LOCK_WAIT)
@@ -234,7 +235,14 @@ def claim_txn(
     return OneStatementClaim(
         fenced=False,
         inserted=bool(result.inserted),
-        cancel_reason=cancel_reason_of(bool(result.cancel_requested), result.cancel_reason),
+        cancel_reason=cancel_reason_of(
+            bool(result.cancel_requested),
+            None
+            if cancel_of is None
+            else opened(
+                conn, "agboss_executions", "cancel_reason", cancel_of, result.cancel_reason
+            ),
+        ),
         expires_at_ms=int(result.expires_at_ms),
         now_ms=int(result.now),
     )

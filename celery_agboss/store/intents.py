@@ -102,7 +102,9 @@ def _record(row: Row[Any], conn: Connection) -> IntentRecord:
         completed_at_ms=m["completed_at_ms"],
         gateway_transaction_id=m["gateway_transaction_id"],
         needs_operator=bool(m["needs_operator"]),
-        operator_reason=m["operator_reason"],
+        operator_reason=opened(
+            conn, TABLE, "operator_reason", m["idempotency_key"], m["operator_reason"]
+        ),
         not_sent_confirmed=bool(m["not_sent_confirmed"]),
         read_at_ms=int(m["read_at_ms"]),
         next_lookup_at_ms=m["next_lookup_at_ms"],
@@ -290,6 +292,8 @@ def _set_values(update_: IntentUpdate, seal: Seal) -> dict[str, Any]:
         values["owner_scope"] = None if owner is None else owner.scope
         values["owner_holder"] = None if owner is None else owner.holder
         values["owner_token"] = None if owner is None else owner.token
+    if isinstance(values.get("operator_reason"), str):  # a reconcile's masked text
+        values["operator_reason"] = seal("operator_reason", values["operator_reason"])
     if update_.result is not UNSET:
         values["result"] = seal("result", dumps(update_.result))
     if update_.request is not UNSET:

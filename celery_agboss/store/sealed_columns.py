@@ -11,6 +11,7 @@ then on refuses to write in clear.
 
 from __future__ import annotations
 
+import json
 import weakref
 from typing import Any
 
@@ -29,10 +30,16 @@ from celery_agboss.store.schema_executions import meta
 
 SEALED_COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # table: (the row's own key columns, joined by ":" into the associated data; sealed columns)
-    "agboss_outbound_calls": (("idempotency_key",), ("request", "result", "failure")),
+    "agboss_outbound_calls": (
+        ("idempotency_key",),
+        ("request", "result", "failure", "operator_reason"),
+    ),
     "agboss_intent_history": (("idempotency_key", "seq"), ("detail",)),
     "agboss_fenced_effects": (("key",), ("result",)),
-    "agboss_executions": (("id",), ("args", "kwargs", "result", "error")),
+    "agboss_executions": (
+        ("id",),
+        ("args", "kwargs", "result", "error", "reason", "cancel_reason"),
+    ),
     "agboss_pauses": (("id",), ("payload", "answer")),
     "agboss_outbox": (("task_id",), ("args", "kwargs")),
 }
@@ -100,6 +107,23 @@ def settle_encryption_flag(conn: Connection, sealer: Sealer) -> None:
     sealer.store_checked(value == "on")
 
 
+def without_argument_reprs(options: str) -> str:
+    """Options stay in clear (statements read ``retries`` in them), so the arguments'
+    repr Celery copies into them (``argsrepr``, ``kwargsrepr``: display only, made again
+    from the arguments on a publish) is not kept where the arguments are sealed."""
+    if "argsrepr" not in options and "kwargsrepr" not in options:
+        return options
+    try:
+        parsed = json.loads(options)
+    except ValueError:
+        return options
+    if not isinstance(parsed, dict):
+        return options
+    parsed.pop("argsrepr", None)
+    parsed.pop("kwargsrepr", None)
+    return json.dumps(parsed, separators=(",", ":"))
+
+
 def row_key_of(values: Any, key_columns: tuple[str, ...]) -> str:
     return ":".join(str(values[name]) for name in key_columns)
 
@@ -113,4 +137,5 @@ __all__ = [
     "sealer_of",
     "settle_encryption_flag",
     "use_sealer",
+    "without_argument_reprs",
 ]

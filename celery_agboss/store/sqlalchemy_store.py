@@ -123,8 +123,7 @@ class SQLAlchemyStore:
     # --- plumbing ----------------------------------------------------------------
 
     @property
-    def sealer(self) -> Sealer:
-        """What sealed columns are sealed and opened with (the runtime's key ring)."""
+    def sealer(self) -> Sealer:  # what sealed columns are sealed and opened with
         return self._sealer
 
     @sealer.setter

@@ -95,7 +95,7 @@ def conclude_txn(
     execution's pending flag is no longer ``pending`` (no record: decide again). With
     ``plain``, nothing was read first: the row is also required to be running, with no
     intent pending and, when ``plain.reached`` is given, no record outside it."""
-    written = verdict_values(verdict, _NOW, sealed_values(conn, lease.scope, values))
+    written = sealed_values(conn, lease.scope, verdict_values(verdict, _NOW, values))
     written["wake_requested"] = False  # the release's; a verdict here never wakes
     written["updated_at_ms"] = _NOW
     shape = state_change_shape(written, _NOW)

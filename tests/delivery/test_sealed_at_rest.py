@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
-from celery_agboss import answer_pause
+from celery_agboss import answer_pause, cancel
 from celery_agboss.core.fault_points import RESEAL_BEFORE_WRITE
 from celery_agboss.core.history import verify_history
 from celery_agboss.core.log_events import EXECUTION_STORE_FAILED
@@ -38,7 +38,9 @@ from celery_agboss.core.protections import (
     SEALED_WITHOUT_ROW_BINDING,
 )
 from celery_agboss.core.sealing import KeyRing, Sealer, key_variable
+from celery_agboss.core.store_protocol import IntentGuard, IntentUpdate
 from celery_agboss.errors import EncryptionKeysMissingError, SealedValueUnopenableError
+from celery_agboss.operator.common import _intent_summary
 from celery_agboss.store.rotation import rotate_keys
 from celery_agboss.store.sealed_columns import sealed
 from celery_agboss.testing.fault_arming import arm_pause
@@ -323,3 +325,35 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_an_executions_reasons_are_sealed_and_read_back(
+    shop: PaymentShop, delivery_store_url: str
+) -> None:
+    """A cancel's reason is the canceller's words; an undo's failure quotes its error."""
+    order = _customer_order(shop)
+    with shop.worker():
+        execution_id = shop.deliver(order, NAME, 300, states=("PAUSED",))
+    why = f"{NAME} called to cancel"
+    record = cancel(shop.app, execution_id, why, payments_handled=True)
+    assert record.state.value == "CANCELLED" and record.cancel_reason == why
+    for column in ("reason", "cancel_reason"):
+        (stored,) = _texts(delivery_store_url, "agboss_executions", column)
+        assert stored.startswith("agbsealed:1:k1:"), (column, stored)
+    assert shop.execution(execution_id).cancel_reason == why
+
+
+def test_an_operator_reason_quoting_a_reconcile_is_sealed_and_the_audit_names_only_the_decision(
+    shop: PaymentShop, delivery_store_url: str
+) -> None:
+    execution_id = _paid_and_shipped(shop)
+    (intent,) = shop.intents(execution_id)
+    store = shop.agboss.store
+    guard = IntentGuard(status=intent.status, attempt=intent.attempt, owner=None, any_owner=True)
+    why = f"unknown: the gateway says {EMAIL} is under review"
+    with store.transaction() as tx:
+        assert tx.update_intent(intent.idempotency_key, guard, IntentUpdate(operator_reason=why))
+    (stored,) = _texts(delivery_store_url, "agboss_outbound_calls", "operator_reason")
+    assert stored.startswith("agbsealed:1:k1:") and store.read_intent(intent.idempotency_key)
+    assert shop.intents(execution_id)[0].operator_reason == why
+    assert _intent_summary(shop.intents(execution_id)[0])["operator_reason"] == "unknown"
