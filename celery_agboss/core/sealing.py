@@ -156,6 +156,17 @@ class Sealer:
     def needs_store_check(self) -> bool:
         return self._store_sealed is None
 
+    @property
+    def store_sealed(self) -> bool | None:
+        """What ``agboss_meta`` said (or this process recorded); None: not asked yet."""
+        return self._store_sealed
+
+    def learned(self, sealed: bool) -> None:
+        """What a read of ``agboss_meta`` made for another reason said: enough for a
+        keyless process; one with keys still records ``on`` at its first seal."""
+        if self.ring is None or sealed:
+            self.store_checked(sealed)
+
     def store_checked(self, sealed: bool) -> None:
         with self._lock:
             self._store_sealed = sealed

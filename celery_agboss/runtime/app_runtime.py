@@ -30,7 +30,7 @@ from celery_agboss.errors import ConfigurationError, StoreNotMigratedError
 from celery_agboss.runtime.django_store import users_database
 from celery_agboss.runtime.messages import republish
 from celery_agboss.runtime.settings import AGBossSettings, settings_from_conf
-from celery_agboss.store.deployment import read_store_tenant
+from celery_agboss.store.deployment import read_store_meta
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
@@ -150,7 +150,8 @@ class Runtime:
     def _store_tenant(self, settings: AGBossSettings) -> str:
         """The store's deployment id; never minted here (a store without one was not
         migrated, and a guess could change the keys of payments in flight)."""
-        found = read_store_tenant(self.store)
+        found, sealed = read_store_meta(self.store)
+        self.store.sealer.learned(sealed)  # the same read: no statement of its own later
         if found is None:
             raise StoreNotMigratedError(
                 f"the store at {settings.redacted_database_url()} holds no deployment id "
@@ -192,8 +193,10 @@ class Runtime:
                 engine_options={"prepared_statements": settings.prepared_statements},
             )
             store.clock_offset_source = self.clock_offset_source
-            # Sealed at rest with the ring, or plaintext until the store says it is sealed.
-            store.sealer = Sealer(settings.encryption_keys)
+            # Sealed at rest with the ring, or plaintext until the store says it is sealed;
+            # what the parent learned of agboss_meta holds for a forked child too.
+            known = None if current is None else current.store.sealer.store_sealed
+            store.sealer = Sealer(settings.encryption_keys, store_sealed=known)
             if settings.django_database is not None:
                 store.users_database = users_database(store.engine, settings.django_database)
             current = _ProcessStore(

@@ -39,6 +39,7 @@ from celery_agboss.store.execution_updates import (
 from celery_agboss.store.schema import fenced_effects, leases, outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import (
+    SEALED_COLUMNS,
     opened,
     sealed,
     sealer_of,
@@ -55,9 +56,10 @@ _f = fenced_effects.c
 SHARED_WAIT_MS = 30_000
 
 
-SEALED = ("args", "kwargs", "result", "error", "reason", "cancel_reason")
-"""The execution's columns sealed at rest (``store.sealed_columns``): its reasons too, as
-an undo's failure quotes its (masked) error and a cancel the canceller's words."""
+SEALED = SEALED_COLUMNS[executions.name][1]
+"""The execution's columns sealed at rest, as ``store.sealed_columns`` lists them: its
+reasons too, as an undo's failure quotes its (masked) error and a cancel the canceller's
+words."""
 
 
 def sealed_values(conn: Connection, execution_id: str, values: dict[str, Any]) -> dict[str, Any]:

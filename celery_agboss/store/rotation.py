@@ -136,7 +136,7 @@ class _Column:
 
     def _batch(self, after: tuple[Any, ...] | None) -> tuple[int, tuple[Any, ...] | None]:
         """One batch: how many rows it re-sealed, and the cursor (None: the table's end)."""
-        locked = is_postgresql_store(self.store) and not sabotage.active(
+        locked = self.store.dialect_name == "postgresql" and not sabotage.active(
             RESEAL_WITHOUT_COMPARE_AND_SET
         )
         if locked:
@@ -192,10 +192,6 @@ def _cursor(rows: list[Any], job: _Column) -> tuple[Any, ...] | None:
     if len(rows) < job.batch_size:
         return None
     return tuple(rows[-1][: len(job.key_columns)])
-
-
-def is_postgresql_store(store: SQLAlchemyStore) -> bool:
-    return store.dialect_name == "postgresql"
 
 
 __all__ = ["DEFAULT_BATCH", "RotationReport", "rotate_keys"]

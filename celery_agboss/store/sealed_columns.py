@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
@@ -124,14 +123,9 @@ def without_argument_reprs(options: str) -> str:
     return json.dumps(parsed, separators=(",", ":"))
 
 
-def row_key_of(values: Any, key_columns: tuple[str, ...]) -> str:
-    return ":".join(str(values[name]) for name in key_columns)
-
-
 __all__ = [
     "SEALED_COLUMNS",
     "opened",
-    "row_key_of",
     "sealed",
     "sealed_with",
     "sealer_of",

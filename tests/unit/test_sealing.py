@@ -130,3 +130,20 @@ def test_only_a_keyless_sealer_of_a_store_known_in_clear_writes_plaintext_unread
     assert not Sealer().writes_plaintext  # not checked yet: agboss_meta is read first
     assert not Sealer(store_sealed=True).writes_plaintext
     assert not Sealer(_ring("a"), store_sealed=False).writes_plaintext
+
+
+def test_what_the_tenant_read_learned_settles_a_keyless_sealer_but_not_one_with_keys() -> None:
+    """``Runtime`` reads the store's ``encryption`` row with its deployment id: a keyless
+    process then needs no statement of its own; one with keys still records ``on``."""
+    keyless = Sealer()
+    keyless.learned(False)
+    assert keyless.writes_plaintext and keyless.store_sealed is False
+    refusing = Sealer()
+    refusing.learned(True)
+    with pytest.raises(EncryptionKeysMissingError):
+        refusing.seal("x", ROW)
+    keyed = Sealer(_ring("a"))
+    keyed.learned(False)
+    assert keyed.needs_store_check()  # it will write encryption=on at its first seal
+    keyed.learned(True)
+    assert not keyed.needs_store_check()
