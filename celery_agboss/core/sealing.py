@@ -135,8 +135,8 @@ def sealed_key_id(stored: str | None) -> str | None:
 
 class Sealer:
     """What the store seals with: a ring, or none (plaintext, refused once the store is
-    sealed). ``sealed_store`` answers, once per process, whether ``agboss_meta`` says the
-    store holds sealed values; a process with keys records it there instead."""
+    sealed). ``store_sealed`` holds, once learned per process, whether ``agboss_meta``
+    says the store holds sealed values; a process with keys records it there instead."""
 
     def __init__(self, ring: KeyRing | None = None, *, store_sealed: bool | None = None) -> None:
         self.ring = ring
