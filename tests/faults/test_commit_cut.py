@@ -14,23 +14,18 @@ import uuid
 
 import pytest
 
-from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store_protocol import (
     IntentGuard,
     IntentStatus,
-    IntentTransition,
     IntentUpdate,
     LeaseRef,
     NewIntent,
 )
-from celery_agboss.core.transitions import claim_row, history_row
 from celery_agboss.errors import StoreUnavailableError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.contract.base import write_effect
+from tests.contract.one_statement_world import TTL_MS, claimed_settle
 from tests.support.tcp_proxy import CommitFault, PostgresProxy
-
-TTL_MS = 30_000
-PSEUDONYM_KEY = b"commit-cut-test-pseudonym-key-32b"
 
 
 @pytest.fixture
@@ -124,35 +119,14 @@ def test_a_one_statement_settle_whose_connection_is_cut_is_found_as_the_store_sa
     and a re-read decides, never a guess."""
     proxied, direct = stores
     lease = _lease(direct)
-    key = f"default:t:{lease.scope}:stripe.charge"
-    intent = NewIntent(key, lease.scope, "stripe.charge", None, "fp", {"amount": 1000}, lease)
-    first = claim_row(PSEUDONYM_KEY, intent)
-    with direct.fenced(lease, TTL_MS) as tx:
-        assert tx.insert_intent(intent, first_history=first)
-    guard = IntentGuard(status=IntentStatus.PENDING, attempt=1, owner=lease)
-    settle = IntentUpdate(
-        status=IntentStatus.COMPLETED, complete=True, result={"id": "ch_1"}, result_stored=True
-    )
-    row = history_row(
-        PSEUDONYM_KEY,
-        first,
-        key,
-        HistoryEvent.COMPLETED,
-        from_status=IntentStatus.PENDING,
-        to_status=IntentStatus.COMPLETED,
-        attempt=1,
-        owner=lease,
-        detail={},
-        execution_id=lease.scope,
-        at_ms=0,
-    )
+    settle = claimed_settle(direct, lease)
     postgres_proxy.arm_commit_fault(fault)
     with pytest.raises(StoreUnavailableError):
-        proxied.transition_in_one(lease, TTL_MS, IntentTransition(key, guard, settle, row))
+        proxied.transition_in_one(lease, TTL_MS, settle)
     postgres_proxy.wait_for_faults(1)
-    found = direct.read_intent(key)
+    found = direct.read_intent(settle.key)
     assert found is not None
-    history = direct.read_history(key)
+    history = direct.read_history(settle.key)
     if fault is CommitFault.CUT_BEFORE:
         assert (found.status, len(history)) == (IntentStatus.PENDING, 1)
     else:

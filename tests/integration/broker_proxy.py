@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from types import TracebackType
 from urllib.parse import urlsplit
 
 from tests.support.relay import CHUNK, accepted_pairs, close_sockets, loopback_listener, proxied_url
@@ -59,12 +58,7 @@ class BrokerProxy:
         self._thread.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

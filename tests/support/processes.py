@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -254,14 +253,9 @@ class ManagedProcess:
     def __enter__(self) -> ManagedProcess:
         return self if self._popen is not None else self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         self.close()
-        if exc is not None:
+        if exc_type is not None:
             print(self.describe(), file=sys.stderr)
 
     # -- output -------------------------------------------------------------

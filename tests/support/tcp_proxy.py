@@ -27,7 +27,6 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator
-from types import TracebackType
 from urllib.parse import urlsplit
 
 from tests.support.processes import wait_until
@@ -258,12 +257,7 @@ class PostgresProxy:
     def __enter__(self) -> PostgresProxy:
         return self if self._listener is not None else self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     @property
