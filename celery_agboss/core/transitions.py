@@ -256,30 +256,23 @@ def mask_result(call: OutboundCall, result: Any) -> tuple[bool, JSON]:
 
 
 def transaction_id_of(call: OutboundCall, result: Any) -> str | None:
-    """The gateway's own id when the call can tell it; a failing extractor records none."""
+    """The gateway's own id when the call can tell it; a failing extractor, or a value no
+    database can hold, records none."""
     if call.transaction_id is None:
         return None
+    failed = "transaction_id raised"
     try:
         value = call.transaction_id(result)
-    except Exception as exc:
-        log_event(
-            OUTBOUND_CALL_TRANSACTION_ID_FAILED,
-            logging.WARNING,
-            "transaction_id raised; no gateway id recorded",
-            call=call.name,
-            error=type(exc).__name__,
-        )
-        return None
-    if value is None:
-        return None
-    try:
+        if value is None:
+            return None
+        failed = "transaction_id returned a value that cannot be stored"
         text = str(value)[:256]
         text.encode("utf-8")  # a lone surrogate cannot be stored by either database
     except Exception as exc:
         log_event(
             OUTBOUND_CALL_TRANSACTION_ID_FAILED,
             logging.WARNING,
-            "transaction_id returned a value that cannot be stored; none recorded",
+            f"{failed}; no gateway id recorded",
             call=call.name,
             error=type(exc).__name__,
         )
