@@ -11,6 +11,7 @@ in tests/deployment).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -111,14 +112,18 @@ workers rightly judge "stale" and sweep again, and a busy machine can starve thi
 
 def _assert_the_workers_stop_while_beat_sweeps(world: World, *, timeout: float) -> None:
     """Beat's sweeps, every 0.1 s, until for settle + quiet ticks in a row they arrived on
-    time and the workers recorded no sweep of their own after the settle ticks. Waiting on
-    that, not on a fixed time: a window in which this test's beat fell behind proves
-    nothing either way, so it starts again (bounded by ``timeout``)."""
-    started = window = time.monotonic()
+    time and no sweep of the workers' own began after the settle ticks. Waiting on that,
+    not on a fixed time: a window in which this test's beat fell behind proves nothing
+    either way, so it starts again (bounded by ``timeout``). A workers' sweep is judged
+    by when it began (the tick it claimed), not by when it wrote its record: on a busy
+    machine one that began while beat was late can finish ticks later."""
+    interval_ms = round(_INTERVAL * 1000)
+    started = time.monotonic()
+    window = world.agboss.store.now_ms()
     beat_at: int | None = None
     worker_at = _recorded_at(world, q.LAST_WORKER_SWEEP_KEY)
     voided = settled_again = 0
-    while time.monotonic() - window < (_SETTLE_TICKS + _QUIET_TICKS) * _INTERVAL:
+    while world.agboss.store.now_ms() - window < (_SETTLE_TICKS + _QUIET_TICKS) * interval_ms:
         assert time.monotonic() - started < timeout, (
             f"never {_SETTLE_TICKS + _QUIET_TICKS} ticks in a row of beat on time and the "
             f"workers' own sweeps stopped ({voided} windows voided: beat was late; "
@@ -130,13 +135,24 @@ def _assert_the_workers_stop_while_beat_sweeps(world: World, *, timeout: float) 
         previous_worker_at, worker_at = worker_at, _recorded_at(world, q.LAST_WORKER_SWEEP_KEY)
         if previous_beat_at is not None and beat_at - previous_beat_at >= _BEAT_LATE_MS:
             voided += 1
-            window = time.monotonic()
+            window = world.agboss.store.now_ms()
         elif worker_at != previous_worker_at:
-            settling = time.monotonic() - window < _SETTLE_TICKS * _INTERVAL
-            assert settling, "the workers' own sweeps went on while beat's arrived on time"
+            began_ms = _workers_sweep_began(world, interval_ms)
+            settling = began_ms < window + _SETTLE_TICKS * interval_ms
+            assert settling, "a workers' sweep began while beat's arrived on time"
             settled_again += 1
-            window = time.monotonic()  # one that began before beat was back: settle again
+            window = world.agboss.store.now_ms()  # it began before beat was back: settle again
         time.sleep(0.1)
+
+
+def _workers_sweep_began(world: World, interval_ms: int) -> int:
+    """When the workers' last own sweep began (database clock): the start of the tick it
+    claimed, or, for an attempt that found the tick taken (it records too), its record's
+    time: one statement after it began."""
+    found = world.agboss.executions.get_meta(q.LAST_WORKER_SWEEP_KEY)
+    assert found is not None
+    tick = json.loads(found[0])["tick"]
+    return found[1] if tick is None else int(tick) * interval_ms
 
 
 def _recorded_at(world: World, key: str) -> int | None:
