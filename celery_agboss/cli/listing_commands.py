@@ -19,6 +19,7 @@ from celery_agboss.cli.views import (
     intent_view,
     iso,
     lease_view,
+    pause_view,
     table,
     waits_for_operator,
 )
@@ -136,7 +137,8 @@ def _pending_text(
 @json_command
 @click.pass_context
 def show(ctx: click.Context, key: str, as_json: bool) -> None:
-    """One intent (by idempotency key) or execution (by task id), with its history."""
+    """One intent (by idempotency key) or execution (by task id), with its history and
+    its pauses (what each asks, and its answer)."""
     from celery_agboss.operator import describe
 
     out = CommandOutput(as_json)
@@ -148,6 +150,7 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
             "intents": [intent_view(i, full=True) for i in found.intents],
             "history": {k: [history_view(r) for r in rows] for k, rows in found.history.items()},
             "chains": {k: chain_text(v) for k, v in found.chains.items()},
+            "pauses": [pause_view(p) for p in found.pauses],
             "audit": [
                 {
                     "id": a.id,
@@ -226,7 +229,8 @@ def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
         def text() -> str:
             if not found:
                 return "No pause waits for an answer."
-            return table(["PAUSE", "EXECUTION", "STATUS"], [list(row) for row in found])
+            rows = table(["PAUSE", "EXECUTION", "STATUS"], [list(row) for row in found])
+            return f"{rows}\nWhat one asks: celery -A proj agboss show EXECUTION"
 
         out.emit(
             {"pauses": [{"pause_id": p, "execution": e, "status": st} for p, e, st in found]}, text

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.history import HistoryVerdict
+from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.store_protocol import HistoryRow, IntentRecord, IntentStatus, LeaseState
 
 if TYPE_CHECKING:
@@ -130,6 +131,34 @@ def history_view(row: HistoryRow) -> dict[str, Any]:
     }
 
 
+def _json_value(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def pause_view(pause: PauseRecord) -> dict[str, Any]:
+    """A pause for ``--json``: what it asks and its answer as JSON values."""
+    return {
+        "pause_id": pause.pause_id,
+        "name": pause.name,
+        "status": pause.status,
+        "payload": _json_value(pause.payload),
+        "answer": _json_value(pause.answer),
+        "created_at": iso(pause.created_at_ms),
+        "answered_at": iso(pause.answered_at_ms),
+    }
+
+
+def pause_lines(pause: PauseRecord) -> list[str]:
+    lines = [f"  {pause.pause_id}  {pause.status} since {iso(pause.created_at_ms)}"]
+    if pause.payload is not None:
+        lines.append(f"    asks: {pause.payload}")
+    if pause.answer is not None:
+        lines.append(f"    answer: {pause.answer}")
+    if pause.status == "PENDING":
+        lines.append(f"    answer it: celery -A proj agboss answer-pause {pause.pause_id} ANSWER")
+    return lines
+
+
 RESOLVE_HINT = (
     "\nLook one up at the gateway, then settle it:\n"
     "  celery -A proj agboss show KEY\n"
@@ -213,6 +242,10 @@ def describe_text(found: Description) -> str:
                 f"    {row.seq:>3} {iso(row.at_ms)} {row.event:<22} "
                 f"{row.from_status or '-'} -> {row.to_status} (attempt {row.attempt})"
             )
+    if found.pauses:
+        lines.append("Pauses:")
+        for pause in found.pauses:
+            lines += pause_lines(pause)
     if found.audit:
         lines.append("Audit:")
         for a in found.audit:

@@ -1,9 +1,8 @@
 """Executions: one logical task run, from its publish to its terminal state.
 
-This is the protocol the Celery layer, the sweep and the operator commands speak;
-``celery_agboss.store.execution_store`` implements it on SQLAlchemy. No Celery and no
-SQLAlchemy here: the message (arguments, publish options), results and errors
-arrive already encoded as text by the Celery layer, and the store keeps them as is.
+The protocol the Celery layer, the sweep and the operator commands speak, implemented
+on SQLAlchemy by ``celery_agboss.store.execution_store``. Messages, results and errors
+arrive as text encoded by the Celery layer; the store keeps them as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.store_protocol import FencedTransaction, LeaseGrant, LeaseRef
 
 
@@ -62,13 +62,11 @@ REDRIVABLE_STATES = frozenset(
 )
 """States the sweep re-drives when no lease is live and their time has come."""
 
-
 CANCELLED_AFTER_PAYMENT = "cancelled after a completed payment"
 """The reason of an execution whose cancel request came after one of its outbound calls
 completed: money moved, so it is never silently ``CANCELLED``. One that declared undos
 runs them first (``COMPENSATING``); one that did not, or whose undos left a completed call
 undone, waits for an operator (``celery -A proj agboss cancel ID --payments-handled``)."""
-
 
 CANCEL_WAITS = "cancel waits"
 """The reason of a cancelled execution whose payment another execution still uses (a
@@ -478,6 +476,11 @@ class ExecutionStore(Protocol):
     def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:
         """``(pause_id, execution_id, status)`` of pending pauses whose execution still
         waits for them, and of early answers no pause took yet, oldest first."""
+
+    def read_pauses(
+        self, *, pause_id: str | None = None, execution_id: str | None = None
+    ) -> list[PauseRecord]:
+        """The pause ``pause_id`` or every pause of ``execution_id``, with what it asks."""
 
     def append_audit(
         self,

@@ -13,6 +13,7 @@ after); ``resolve`` writes its audit row in the same transaction as the change.
 
 from __future__ import annotations
 
+from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.operator.acting import (
     PauseAnswerOutcome,
     UnparkResult,
@@ -37,6 +38,7 @@ from celery_agboss.operator.reading import (
     list_pending,
     list_shared_waits,
     list_waits,
+    read_pause,
 )
 from celery_agboss.operator.resolving import ResolveResult, resolve
 
@@ -44,6 +46,7 @@ __all__ = [
     "Description",
     "OperatorWait",
     "PauseAnswerOutcome",
+    "PauseRecord",
     "PaymentLeftBehind",
     "ResolveResult",
     "SharedWait",
@@ -61,6 +64,7 @@ __all__ = [
     "list_shared_waits",
     "list_waits",
     "payments_handled",
+    "read_pause",
     "redrive",
     "resolve",
     "unpark",

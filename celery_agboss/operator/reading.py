@@ -15,6 +15,7 @@ from celery_agboss.core.executions import (
     waited_for,
 )
 from celery_agboss.core.history import HistoryVerdict, verify_history
+from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.store_protocol import (
     HistoryRow,
     IntentRecord,
@@ -56,6 +57,7 @@ class Description:
     # Each intent's history chain recomputed with the deployment's key: a row changed,
     # removed or reordered in the database since it was written shows here.
     chains: dict[str, HistoryVerdict]
+    pauses: list[PauseRecord]  # the execution's, with what each asks and its answer
 
 
 def describe(app: Any, key_or_id: str) -> Description:
@@ -98,6 +100,7 @@ def describe(app: Any, key_or_id: str) -> Description:
             )
             for i in intents
         },
+        pauses=runtime.executions.read_pauses(execution_id=execution_id) if execution else [],
     )
 
 
@@ -195,3 +198,11 @@ def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
 def list_pauses(app: Any, *, limit: int = 100) -> list[tuple[str, str, str]]:
     """``(pause_id, execution_id, status)`` of the pauses waiting for an answer."""
     return Runtime.of(app).executions.list_pauses(limit)
+
+
+def read_pause(app: Any, pause_id: str) -> PauseRecord | None:
+    """The pause ``pause_id`` (``"<execution id>:<name>"``) with what it asks
+    (``payload``) and its answer once given; None when no pause has that id. For
+    whoever answers it: an approval is given on what the pause asks."""
+    found = Runtime.of(app).executions.read_pauses(pause_id=pause_id)
+    return found[0] if found else None

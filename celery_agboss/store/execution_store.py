@@ -28,6 +28,7 @@ from celery_agboss.core.executions import (
     RedriveDecision,
     ReleaseOutcome,
 )
+from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.store_protocol import FencedTransaction, IntentRecord, LeaseRef
 from celery_agboss.store import audit_trail, cancels, intent_listings, pauses, retention
 from celery_agboss.store import execution_admin as admin
@@ -128,6 +129,11 @@ class SQLAlchemyExecutionStore:
 
     def list_pauses(self, limit: int = 100) -> list[tuple[str, str, str]]:
         return pauses.list_pauses(self.store, limit)
+
+    def read_pauses(
+        self, *, pause_id: str | None = None, execution_id: str | None = None
+    ) -> list[PauseRecord]:
+        return pauses.read_pauses(self.store, pause_id=pause_id, execution_id=execution_id)
 
     # --- the end of a delivery ---------------------------------------------------------------
     def release_delivery(self, lease: LeaseRef, *, will_republish: bool = False) -> ReleaseOutcome:

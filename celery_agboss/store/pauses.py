@@ -1,4 +1,4 @@
-"""Answering a pause, and listing the pauses that wait for one.
+"""Answering a pause, listing the pauses that wait for one, and reading what one asks.
 
 An answer is one compare-and-set under the execution row's lock: the pause moves
 ``PENDING`` → ``ANSWERED`` and its ``PAUSED`` execution → ``WAITING`` (due now, a
@@ -30,6 +30,7 @@ from celery_agboss.core.executions import (
     ExecutionState,
 )
 from celery_agboss.core.log_events import PAUSE_EARLY_ANSWER_DROPPED, log_event
+from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.protections import (
     PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET,
     PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER,
@@ -205,6 +206,31 @@ def list_pauses(store: SQLAlchemyStore, limit: int = 100) -> list[tuple[str, str
             .limit(limit)
         ).all()
         return [(str(r.id), str(r.execution_id), str(r.status)) for r in rows]
+
+
+def read_pauses(
+    store: SQLAlchemyStore, *, pause_id: str | None = None, execution_id: str | None = None
+) -> list[PauseRecord]:
+    """The pause ``pause_id``, or every pause of ``execution_id``, oldest first: what
+    each asks and its answer, opened (an approver must see what a pause asks)."""
+    if (pause_id is None) == (execution_id is None):
+        raise TypeError("read_pauses takes one of pause_id or execution_id")
+    chosen = _p.id == pause_id if pause_id is not None else _p.execution_id == execution_id
+    with store.read_transaction() as tx:
+        rows = tx.execute(select(pauses).where(chosen).order_by(_p.created_at_ms, _p.id)).all()
+        return [
+            PauseRecord(
+                pause_id=str(r.id),
+                execution_id=str(r.execution_id),
+                name=str(r.name),
+                status=str(r.status),
+                payload=_opened(tx, r.id, "payload", r.payload),
+                answer=_opened(tx, r.id, "answer", r.answer),
+                created_at_ms=int(r.created_at_ms),
+                answered_at_ms=None if r.answered_at_ms is None else int(r.answered_at_ms),
+            )
+            for r in rows
+        ]
 
 
 def pause_in(

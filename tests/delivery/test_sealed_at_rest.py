@@ -40,6 +40,7 @@ from celery_agboss.core.protections import (
 from celery_agboss.core.sealing import KeyRing, Sealer, key_variable
 from celery_agboss.core.store_protocol import IntentGuard, IntentUpdate
 from celery_agboss.errors import EncryptionKeysMissingError, SealedValueUnopenableError
+from celery_agboss.operator import read_pause
 from celery_agboss.operator.common import _intent_summary
 from celery_agboss.store.rotation import rotate_keys
 from celery_agboss.store.sealed_columns import sealed
@@ -128,6 +129,8 @@ def test_a_sealed_store_shows_no_customer_text_at_rest(
     assert NAME in (record.result or "") and STREET in (record.result or "")
     (intent,) = shop.intents(execution_id)
     assert intent.request["email"] == EMAIL  # read back through the key
+    pause = read_pause(shop.app, f"{execution_id}:address")  # what the approver reads
+    assert pause is not None and NAME in (pause.payload or "") and STREET in (pause.answer or "")
     assert len(shop.gateway.requests) == 1
     raw = _raw_database(delivery_store_url, tmp_path)
     for secret in (NAME, EMAIL, STREET):

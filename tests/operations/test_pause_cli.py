@@ -20,6 +20,7 @@ from celery_agboss import answer_pause, cancel
 from celery_agboss.cli import EXIT_NOT_FOUND, EXIT_REFUSED
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import ExecutionState
+from celery_agboss.operator import read_pause
 from celery_agboss.store.schema_executions import pauses
 from tests.operations.cli import run, run_json
 from tests.operations.world import World
@@ -60,6 +61,32 @@ def test_answer_pause_answers_once_audits_and_publishes_again(world: World) -> N
             True,
             '{"approved": true}',
         )
+
+
+def test_show_lists_what_each_pause_asks_and_its_answer(world: World) -> None:
+    """Whoever answers a pause sees what it asks: ``agboss show`` (and ``read_pause``)
+    give the payload the body stored, then the answer once given."""
+    task_id = _paused_and_released(world)
+    pause_id = f"{task_id}:approve"
+    (pending,) = run_json(world.app, "show", task_id)["pauses"]
+    assert (pending["pause_id"], pending["status"]) == (pause_id, "PENDING")
+    assert (pending["payload"], pending["answer"], pending["answered_at"]) == (
+        {"order": 1},
+        None,
+        None,
+    )
+    shown = run(world.app, "show", task_id).output
+    assert 'asks: {"order": 1}' in shown
+    assert f"agboss answer-pause {pause_id} ANSWER" in shown
+    assert "agboss show EXECUTION" in run(world.app, "pauses").output
+    answer_pause(world.app, pause_id, {"approved": True})
+    (answered,) = run_json(world.app, "show", task_id)["pauses"]
+    assert (answered["status"], answered["answer"]) == ("ANSWERED", {"approved": True})
+    found = read_pause(world.app, pause_id)
+    assert found is not None and (found.name, found.execution_id) == ("approve", task_id)
+    assert (found.payload, found.answer) == ('{"order": 1}', '{"approved": true}')
+    assert found.answered_at_ms is not None and found.answered_at_ms >= found.created_at_ms
+    assert read_pause(world.app, f"{task_id}:no-such-pause") is None
 
 
 def test_a_second_answer_is_refused_and_publishes_nothing(world: World) -> None:
