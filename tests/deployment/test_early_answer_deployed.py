@@ -6,8 +6,9 @@ README's own ``charge`` call after ``self.pause("3ds", …, accept_early=True)``
 is published while no worker runs; the return page's answer comes first, through the
 documented ``celery -A shop agboss answer-pause`` (exit 0, kept early), ``agboss pauses``
 lists it ``EARLY``; then the README's worker starts, and the task takes the answer at its
-pause and charges once, in its first delivery, with no operator. A second answer (the
-webhook) is refused with exit code 1.
+pause and charges once, in its first delivery, with no operator; ``agboss show`` then
+lists the pause with what it asked and its answer. A second answer (the webhook) is
+refused with exit code 1.
 
 Redis and SQLite only (the brokers and stores are the recovery suite's business);
 no speed-up is needed.
@@ -92,6 +93,10 @@ def test_a_return_page_answer_before_the_worker_runs_is_taken_at_the_pause(
     record = deployment.execution(task_id)
     assert record is not None and record.deliveries == 1, "taken in its first delivery"
     assert len(deployment.gateway.gateway.payments_for(deployment.key_of(31))) == 1
+    shown = _json(deployment.run(_agboss(deployment, "show", task_id, "--json"), "show"))
+    (pause,) = shown["pauses"]  # type: ignore[index]
+    assert (pause["pause_id"], pause["status"]) == (pause_id, "ANSWERED")
+    assert (pause["payload"], pause["answer"]) == ({"order": 31}, {"source": "return-page"})
 
     webhook = deployment.start(
         _agboss(deployment, "answer-pause", pause_id, '{"source": "webhook"}'), "answer-again"
