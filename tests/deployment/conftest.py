@@ -151,14 +151,18 @@ def deploy(
     managed_process: ProcessFactory,
     tmp_path: Path,
 ) -> Iterator[DeployFactory]:
-    """``deploy(broker_url, database_url, speedups=SPEEDUPS) -> Deployment`` (app written)."""
+    """``deploy(broker_url, database_url, speedups=SPEEDUPS, venv=None) -> Deployment``
+    (app written; ``venv``: another install of the wheel, with extras)."""
     made: list[Deployment] = []
 
     def build(
-        broker_url: str, database_url: str, speedups: Mapping[str, str] = SPEEDUPS
+        broker_url: str,
+        database_url: str,
+        speedups: Mapping[str, str] = SPEEDUPS,
+        venv: DeployedVenv | None = None,
     ) -> Deployment:
         deployment = Deployment(
-            venv=deployed_venv,
+            venv=venv or deployed_venv,
             app_dir=tmp_path / f"app{len(made) + 1}",
             broker_url=broker_url,
             database_url=database_url,

@@ -29,11 +29,9 @@ import pytest
 from sqlalchemy import make_url
 
 from celery_agboss.core.sealing import KeyRing, Sealer, key_variable
-from tests.conftest import ProcessFactory
 from tests.deployment import readme, venv
-from tests.deployment.conftest import venv_with_extras
+from tests.deployment.conftest import DeployFactory, venv_with_extras
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import RecordingGatewayServer
 from tests.deployment.test_early_answer_deployed import _agboss, _json
 from tests.deployment.venv import DeployedVenv
 from tests.support.processes import wait_until
@@ -138,59 +136,46 @@ def test_a_user_seals_the_shop_and_rotates_its_key(
     crypto_venv: DeployedVenv,
     redis_url_factory: Any,
     sqlite_url: str,
-    gateway_server: RecordingGatewayServer,
-    managed_process: ProcessFactory,
-    tmp_path: Path,
+    deploy: DeployFactory,
 ) -> None:
-    deployment = Deployment(
-        venv=crypto_venv,
-        app_dir=tmp_path / "app",
-        broker_url=redis_url_factory(),
-        database_url=sqlite_url,
-        gateway=gateway_server,
-        start_process=managed_process,
-        speedups={},
-    )
-    try:
-        deployment.prepare()  # the README's shop.py and payments.py, migrated
-        first_line, first = _keys_line()
-        keys = {first: _new_key(deployment), "2027-01": _new_key(deployment)}
-        deployment.speedups = {key_variable(name): value for name, value in keys.items()}
-        shop = deployment.app_dir / "shop.py"
-        readme_shop = shop.read_text(encoding="utf-8")
-        shop.write_text(f"{readme_shop}\n{first_line}\n{USER_TASK}", encoding="utf-8")
-        raw = {name: base64.b64decode(value) for name, value in keys.items()}
-        deployment.store.sealer = Sealer(KeyRing([(first, raw[first])]))
+    deployment = deploy(redis_url_factory(), sqlite_url, speedups={}, venv=crypto_venv)
+    deployment.prepare()  # the README's shop.py and payments.py, migrated
+    first_line, first = _keys_line()
+    keys = {first: _new_key(deployment), "2027-01": _new_key(deployment)}
+    deployment.speedups = {key_variable(name): value for name, value in keys.items()}
+    shop = deployment.app_dir / "shop.py"
+    readme_shop = shop.read_text(encoding="utf-8")
+    shop.write_text(f"{readme_shop}\n{first_line}\n{USER_TASK}", encoding="utf-8")
+    raw = {name: base64.b64decode(value) for name, value in keys.items()}
+    deployment.store.sealer = Sealer(KeyRing([(first, raw[first])]))
 
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    task_id = _paid(deployment, 51)
+    record = deployment.execution(task_id)
+    assert record is not None and NAME in (record.result or "")
+    at_rest = _files_at_rest(Path(str(make_url(sqlite_url).database)).parent)
+    assert EMAIL.encode() not in at_rest and NAME.encode() not in at_rest
+    shown = deployment.run(_agboss(deployment, "show", deployment.key_of(51)), "show")
+    assert EMAIL in shown, shown
+
+    # The page's rotation: the new key last everywhere, then first; then rotate-keys.
+    for ring in ([first, "2027-01"], ["2027-01", first]):
+        worker.terminate()
+        listed = ", ".join(f'"{name}"' for name in ring)
+        shop.write_text(
+            f"{readme_shop}\napp.conf.agboss_encryption_keys = [{listed}]\n{USER_TASK}",
+            encoding="utf-8",
+        )
         worker = deployment.start_worker()
         deployment.wait_ready(worker)
-        task_id = _paid(deployment, 51)
-        record = deployment.execution(task_id)
+    deployment.store.sealer = Sealer(KeyRing([(n, raw[n]) for n in ("2027-01", first)]))
+    rotated = _json(deployment.run(_agboss(deployment, "rotate-keys", "--json"), "rotate-keys"))
+    assert isinstance(rotated, dict) and rotated["complete"] is True, rotated
+    assert rotated["sealing_key"] == "2027-01" and sum(rotated["resealed"].values()) > 0
+    for where, values in _sealed_texts(sqlite_url).items():
+        assert values and all(v.startswith("agbsealed:1:2027-01:") for v in values), where
+    later = _paid(deployment, 52)
+    for execution_id in (task_id, later):
+        record = deployment.execution(execution_id)
         assert record is not None and NAME in (record.result or "")
-        at_rest = _files_at_rest(Path(str(make_url(sqlite_url).database)).parent)
-        assert EMAIL.encode() not in at_rest and NAME.encode() not in at_rest
-        shown = deployment.run(_agboss(deployment, "show", deployment.key_of(51)), "show")
-        assert EMAIL in shown, shown
-
-        # The page's rotation: the new key last everywhere, then first; then rotate-keys.
-        for ring in ([first, "2027-01"], ["2027-01", first]):
-            worker.terminate()
-            listed = ", ".join(f'"{name}"' for name in ring)
-            shop.write_text(
-                f"{readme_shop}\napp.conf.agboss_encryption_keys = [{listed}]\n{USER_TASK}",
-                encoding="utf-8",
-            )
-            worker = deployment.start_worker()
-            deployment.wait_ready(worker)
-        deployment.store.sealer = Sealer(KeyRing([(n, raw[n]) for n in ("2027-01", first)]))
-        rotated = _json(deployment.run(_agboss(deployment, "rotate-keys", "--json"), "rotate-keys"))
-        assert isinstance(rotated, dict) and rotated["complete"] is True, rotated
-        assert rotated["sealing_key"] == "2027-01" and sum(rotated["resealed"].values()) > 0
-        for where, values in _sealed_texts(sqlite_url).items():
-            assert values and all(v.startswith("agbsealed:1:2027-01:") for v in values), where
-        later = _paid(deployment, 52)
-        for execution_id in (task_id, later):
-            record = deployment.execution(execution_id)
-            assert record is not None and NAME in (record.result or "")
-    finally:
-        deployment.close()

@@ -26,11 +26,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ProcessFactory
 from tests.deployment import readme, venv
-from tests.deployment.conftest import venv_with_extras
+from tests.deployment.conftest import DeployFactory, venv_with_extras
 from tests.deployment.deployment import SPEEDUPS, Deployment
-from tests.deployment.gateway import RecordingGatewayServer
 from tests.deployment.otlp import OtlpReceiver, otlp_receiver
 from tests.deployment.test_recovery import (
     kill_the_worker_on_the_wire,
@@ -97,40 +95,28 @@ def test_the_traces_show_a_killed_charge_reconciled_and_no_key(
     otel_venv: DeployedVenv,
     redis_url_factory: Any,
     sqlite_url: str,
-    gateway_server: RecordingGatewayServer,
-    managed_process: ProcessFactory,
-    tmp_path: Path,
+    deploy: DeployFactory,
 ) -> None:
     with otlp_receiver() as receiver:
-        deployment = Deployment(
-            venv=otel_venv,
-            app_dir=tmp_path / "app",
-            broker_url=redis_url_factory(),
-            database_url=sqlite_url,
-            gateway=gateway_server,
-            start_process=managed_process,
-            speedups={
-                **SPEEDUPS,
-                # OpenTelemetry's own variables, as docs/tracing.md says to set them.
-                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                "OTEL_SERVICE_NAME": "shop",
-                "OTEL_BSP_SCHEDULE_DELAY": "200",
-            },
-        )
-        try:
-            deployment.prepare()  # writes the README's shop.py, migrates
-            shop = deployment.app_dir / "shop.py"
-            (tracing_block,) = _page_blocks("python")
-            shop.write_text(f"{shop.read_text(encoding='utf-8')}\n\n{tracing_block}")
-            beat = deployment.start_beat()
-            workers = start_two_workers(deployment)
-            deployment.wait_beat(beat)
-            ids, held, _ = kill_the_worker_on_the_wire(deployment, workers)
-            deployment.wait_settled(ids, recovery_deadline())
-            deployment.assert_each_paid_once(ids)
-            _assert_traces(receiver, deployment, ids, held)
-        finally:
-            deployment.close()
+        speedups = {
+            **SPEEDUPS,
+            # OpenTelemetry's own variables, as docs/tracing.md says to set them.
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_SERVICE_NAME": "shop",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+        deployment = deploy(redis_url_factory(), sqlite_url, speedups, venv=otel_venv)
+        deployment.prepare()  # writes the README's shop.py, migrates
+        shop = deployment.app_dir / "shop.py"
+        (tracing_block,) = _page_blocks("python")
+        shop.write_text(f"{shop.read_text(encoding='utf-8')}\n\n{tracing_block}")
+        beat = deployment.start_beat()
+        workers = start_two_workers(deployment)
+        deployment.wait_beat(beat)
+        ids, held, _ = kill_the_worker_on_the_wire(deployment, workers)
+        deployment.wait_settled(ids, recovery_deadline())
+        deployment.assert_each_paid_once(ids)
+        _assert_traces(receiver, deployment, ids, held)
 
 
 def _assert_traces(
