@@ -191,15 +191,18 @@ class SweepFreshness:
 
 
 def sweep_freshness(runtime: Runtime) -> SweepFreshness:
-    """How long ago the last sweep finished, on the database clock."""
+    """How long ago the last sweep finished, on the database clock. The clock is read
+    first: a pause between the two reads (a busy worker) can then only make the last
+    sweep look younger, never stale while beat's sweeps arrive."""
     interval = effective_interval(runtime.settings.sweep_interval_seconds)
+    now_ms = runtime.store.now_ms()
     found = runtime.executions.get_meta(LAST_SWEEP_KEY)
     if found is None:
         return SweepFreshness(None, interval, True)
     value, at_ms = found
     with contextlib.suppress(ValueError, AttributeError, TypeError):
         interval = float(json.loads(value).get("interval_seconds") or interval)
-    age = max(0.0, (runtime.store.now_ms() - at_ms) / 1000)
+    age = max(0.0, (now_ms - at_ms) / 1000)
     return SweepFreshness(age, interval, age > STALE_AFTER_INTERVALS * interval)
 
 
