@@ -334,9 +334,8 @@ class ExecutionStore(Protocol):
         self, lease: LeaseRef, ttl_ms: int, result: str, reached: Collection[str] | None
     ) -> ExecutionRecord | None:
         """``finish_in`` and the lease's release at its commit, decided as there and written
-        in one statement; None when the store has none or the facts changed meanwhile
-        (then use the fenced transaction). ``ExecutionFencedError`` when the lease is not
-        live and mine."""
+        in one statement; None when the store has none or the facts changed meanwhile (then
+        use the fenced transaction). ``ExecutionFencedError`` if the lease is not live, mine."""
 
     def fail_and_release(
         self, lease: LeaseRef, ttl_ms: int, error: str, reason: str
@@ -424,10 +423,12 @@ class ExecutionStore(Protocol):
 
     # --- the sweep ---------------------------------------------------------------------
 
-    def find_redrivable(self, limit: int, requested_grace_ms: int) -> list[ExecutionRecord]:
-        """Non-terminal executions with no live lease whose time came: ``RUNNING``,
-        ``WAITING`` or ``COMPENSATING`` past ``not_before``; ``REQUESTED`` past
-        ``max(eta, requested_at) + grace``. Oldest first."""
+    def find_redrivable(
+        self, limit: int, requested_grace_ms: int, *, as_of_ms: int | None = None
+    ) -> list[ExecutionRecord]:
+        """Non-terminal executions with no live lease whose time came (``RUNNING``,
+        ``WAITING``, ``COMPENSATING`` past ``not_before``; ``REQUESTED`` past ``max(eta,
+        requested_at) + grace``), judged at ``as_of_ms`` (default: now). Oldest first."""
 
     def claim_redrive(
         self,
@@ -464,8 +465,7 @@ class ExecutionStore(Protocol):
         reset_recovery_count: bool = False,
     ) -> ExecutionRecord | None:
         """Compare-and-set an execution with no live lease from one of ``from_states`` to
-        ``to_state`` (e.g. an operator's resolve: WAITING_OPERATOR → WAITING). None when it
-        was not in those states."""
+        ``to_state`` (an operator's resolve: WAITING_OPERATOR → WAITING); None if not in them."""
 
     def answer_pause(self, pause_id: str, answer: str) -> AnsweredPause:
         """Answer a PENDING pause of a PAUSED execution once (``NotPausedError``, nothing

@@ -160,8 +160,10 @@ class SQLAlchemyExecutionStore:
         return admin.list_executions(self.store, states, limit, after_id)
 
     # --- the sweep ---------------------------------------------------------------------------
-    def find_redrivable(self, limit: int, requested_grace_ms: int) -> list[ExecutionRecord]:
-        return admin.find_redrivable(self.store, limit, requested_grace_ms)
+    def find_redrivable(
+        self, limit: int, requested_grace_ms: int, *, as_of_ms: int | None = None
+    ) -> list[ExecutionRecord]:
+        return admin.find_redrivable(self.store, limit, requested_grace_ms, as_of_ms=as_of_ms)
 
     def claim_redrive(
         self,
@@ -287,8 +289,10 @@ class SQLAlchemyExecutionStore:
         return audit_trail.get_meta(self.store, key)
 
     # --- intents: what the sweep reconciles and operators are shown ---------------------
-    def find_stranded_keys(self, limit: int) -> list[tuple[str, str]]:
-        return intent_listings.find_stranded_keys(self.store, limit)
+    def find_stranded_keys(
+        self, limit: int, *, as_of_ms: int | None = None
+    ) -> list[tuple[str, str]]:
+        return intent_listings.find_stranded_keys(self.store, limit, as_of_ms=as_of_ms)
 
     def list_pending_intents(
         self, *, limit: int, operator_only: bool = False

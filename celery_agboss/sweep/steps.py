@@ -116,6 +116,16 @@ class SweepRun:
         # A lookup is bounded by attempt_timeout; the lease must outlive one lookup.
         self.lease_ttl_ms = self.settings.lease_ttl_ms + self.settings.attempt_timeout_ms
         self.lease: LeaseRef | None = None
+        self._as_of_ms: int | None = None
+
+    def as_of_ms(self) -> int:
+        """The database time at which this run judges leases dead and lookups or re-drives
+        due, read once: a lease that expires between the stranded-intent step and the
+        re-drive step would otherwise be re-published before the sweep looked its intent
+        up (harmless, the delivery reconciles first, but the two steps would disagree)."""
+        if self._as_of_ms is None:
+            self._as_of_ms = self.store.now_ms()
+        return self._as_of_ms
 
     # --- 1. expiry -----------------------------------------------------------------
 
@@ -136,7 +146,7 @@ class SweepRun:
     def reconcile(self) -> None:
         if sabotage.active(STRANDED_NOT_RECONCILED):
             return
-        keys = self.executions.find_stranded_keys(self.batch)
+        keys = self.executions.find_stranded_keys(self.batch, as_of_ms=self.as_of_ms())
         if not keys:
             return
         grant = self.store.acquire_lease(
@@ -325,7 +335,9 @@ class SweepRun:
         grace_ms = s.requested_grace_ms
         interval_ms = s.sweep_period_ms
         ttl_ms = s.lease_ttl_ms
-        for record in self.executions.find_redrivable(self.batch, grace_ms):
+        for record in self.executions.find_redrivable(
+            self.batch, grace_ms, as_of_ms=self.as_of_ms()
+        ):
             if record.cancel_requested and record.state is not ExecutionState.COMPENSATING:
                 continue  # the cancel step ends it; a re-drive could send something new
             if (

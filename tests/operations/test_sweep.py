@@ -18,6 +18,8 @@ from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.signals import RECORDED_HEADER
 from celery_agboss.sweep import check_sweep_freshness, sweep_freshness
+from celery_agboss.sweep.runner import DEFAULT_BATCH_SIZE
+from celery_agboss.sweep.steps import SweepReport, SweepRun
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import CAP, GRACE_SECONDS, INTERVAL_SECONDS, TTL_SECONDS, World
@@ -167,6 +169,27 @@ def test_a_stranded_intent_found_at_the_gateway_is_stored_and_never_sent_again(
     assert intent.gateway_transaction_id == world.gateway.payments[0]["id"]
     assert len(world.gateway.payments) == 1
     assert report.republished == 1  # the execution goes on and replays the result
+
+
+def test_a_lease_that_expires_during_a_run_is_left_whole_to_the_next_run(world: World) -> None:
+    """One sweep run judges every lease at one reading of the database clock: a lease that
+    expires between the stranded-intent step and the re-drive step is neither looked up nor
+    re-published by that run (else the re-drive would go out before the sweep looked the
+    charge up). The next run does both, lookup first."""
+    task_id = world.publish()
+    world.strand(task_id, FakeGatewayFault.ANSWER_THEN_DROP, die=False)
+    world.clock.advance(TTL_SECONDS - 1)
+    run = SweepRun(world.agboss, DEFAULT_BATCH_SIZE, SweepReport())
+    try:
+        run.reconcile()
+        world.clock.advance(2)  # the lease passes while the run goes on
+        run.redrive()
+    finally:
+        run.release()
+    assert (run.report.reconciled, run.report.republished) == (0, 0), run.report
+    assert world.publishes_of(task_id) == 1
+    report = world.sweep_sending_nothing()
+    assert (report.reconciled, report.republished) == (1, 1), report
 
 
 def test_a_stranded_intent_proven_not_sent_is_recorded_and_left_to_its_execution(

@@ -92,9 +92,14 @@ class World:
         self.clock.advance(TTL_SECONDS + 1)
 
     def strand(
-        self, execution_id: str, fault: FakeGatewayFault = FakeGatewayFault.ANSWER_THEN_DROP
+        self,
+        execution_id: str,
+        fault: FakeGatewayFault = FakeGatewayFault.ANSWER_THEN_DROP,
+        *,
+        die: bool = True,
     ) -> tuple[str, LeaseRef]:
-        """A delivery sends a charge, meets ``fault``, and dies: a PENDING intent stays."""
+        """A delivery sends a charge, meets ``fault``, and dies: a PENDING intent stays
+        (``die=False``: the holder is gone but its lease has not passed yet)."""
         ctx = self.start(execution_id)
         self.gateway.inject_fault(fault)
         try:
@@ -108,7 +113,8 @@ class World:
         else:  # pragma: no cover - the fault makes the outcome unknown
             raise AssertionError("the charge was expected to end unknown")
         (intent,) = self.intents(execution_id)
-        self.die()
+        if die:
+            self.die()
         return intent.idempotency_key, ctx.lease_ref
 
     def sweep(self, **kwargs: Any) -> SweepReport:
