@@ -87,6 +87,21 @@ def kill_the_worker_on_the_wire(
     return ids, held_order, victim
 
 
+def recover_a_killed_worker_under_beat(
+    deployment: Deployment,
+) -> tuple[dict[int, str], int, ManagedProcess, list[ManagedProcess]]:
+    """Beat and the two workers; the worker on the wire killed (as above); every order
+    settled and paid once. Returns the task ids, the held order, the killed worker and
+    both workers."""
+    beat = deployment.start_beat()
+    workers = start_two_workers(deployment)
+    deployment.wait_beat(beat)
+    ids, held, victim = kill_the_worker_on_the_wire(deployment, workers)
+    deployment.wait_settled(ids, recovery_deadline())
+    deployment.assert_each_paid_once(ids)
+    return ids, held, victim, workers
+
+
 def assert_recovered_past_the_broker(
     deployment: Deployment, ids: Mapping[int, str], order: int, survivor: ManagedProcess
 ) -> None:
@@ -136,14 +151,7 @@ def test_a_worker_killed_mid_charge_is_recovered_into_one_payment_per_order(
     started messages are re-published)."""
     deployment = deploy(broker_url, database_url)
     deployment.prepare()
-    beat = deployment.start_beat()
-    workers = start_two_workers(deployment)
-    deployment.wait_beat(beat)
-
-    ids, held, victim = kill_the_worker_on_the_wire(deployment, workers)
-    deployment.wait_settled(ids, recovery_deadline())
-
-    deployment.assert_each_paid_once(ids)
+    ids, held, victim, workers = recover_a_killed_worker_under_beat(deployment)
     assert_reconciled_not_resent(deployment, ids, held)
     assert victim.returncode == -signal.SIGKILL
     survivor = next(w for w in workers if w is not victim)

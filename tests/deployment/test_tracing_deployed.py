@@ -30,11 +30,7 @@ from tests.deployment import readme, venv
 from tests.deployment.conftest import DeployFactory, venv_with_extras
 from tests.deployment.deployment import SPEEDUPS, Deployment
 from tests.deployment.otlp import OtlpReceiver, otlp_receiver
-from tests.deployment.test_recovery import (
-    kill_the_worker_on_the_wire,
-    recovery_deadline,
-    start_two_workers,
-)
+from tests.deployment.test_recovery import recover_a_killed_worker_under_beat
 from tests.deployment.venv import DeployedVenv
 from tests.support.processes import wait_until
 
@@ -110,12 +106,7 @@ def test_the_traces_show_a_killed_charge_reconciled_and_no_key(
         shop = deployment.app_dir / "shop.py"
         (tracing_block,) = _page_blocks("python")
         shop.write_text(f"{shop.read_text(encoding='utf-8')}\n\n{tracing_block}")
-        beat = deployment.start_beat()
-        workers = start_two_workers(deployment)
-        deployment.wait_beat(beat)
-        ids, held, _ = kill_the_worker_on_the_wire(deployment, workers)
-        deployment.wait_settled(ids, recovery_deadline())
-        deployment.assert_each_paid_once(ids)
+        ids, held, _, _ = recover_a_killed_worker_under_beat(deployment)
         _assert_traces(receiver, deployment, ids, held)
 
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from celery_agboss.chaos.supervisor import group_members
+
 T = TypeVar("T")
 
 _counter = itertools.count(1)
@@ -212,20 +214,8 @@ class ManagedProcess:
             self.popen.send_signal(sig)
 
     def group_pids(self) -> list[int]:
-        """Every live process in the group, the started one included (from /proc)."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # Fields after the parenthesised command: state, ppid, pgrp, ...
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) == self.pid and fields[0] != "Z":
-                pids.append(int(entry.name))
-        return sorted(pids)
+        """Every live process in the group, the started one included."""
+        return group_members(self.pid)
 
     def kill(self, timeout: float = 10.0) -> None:
         """SIGKILL the group and reap the started process."""
