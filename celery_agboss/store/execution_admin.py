@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, case, exists, literal, not_, or_, select
+from sqlalchemy import and_, case, exists, not_, or_, select
 
 from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_states import (
@@ -108,7 +108,7 @@ def find_redrivable(
     store: SQLAlchemyStore, limit: int, requested_grace_ms: int, *, as_of_ms: int | None = None
 ) -> list[ExecutionRecord]:
     with store.read_transaction() as tx:
-        now = tx.now_expr() if as_of_ms is None else literal(as_of_ms, BigInteger)
+        now = tx.now_expr(as_of_ms)
         started_from = case(
             (and_(_e.eta_ms.is_not(None), _e.eta_ms > _e.requested_at_ms), _e.eta_ms),
             else_=_e.requested_at_ms,

@@ -6,7 +6,7 @@ row under its lock (a listing's "no live lease" may be stale by then).
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, and_, literal, not_, or_, select
+from sqlalchemy import and_, not_, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core.store_protocol import IntentRecord, IntentStatus
@@ -26,7 +26,7 @@ def find_stranded_keys(
     reconciles its own intents). Oldest first. ``as_of_ms``: judge leases and due times
     at that database time instead of now (one sweep run's steps agree on who is dead)."""
     with store.read_transaction() as tx:
-        now = tx.now_expr() if as_of_ms is None else literal(as_of_ms, BigInteger)
+        now = tx.now_expr(as_of_ms)
         rows = tx.execute(
             select(_i.idempotency_key, _i.execution_id)
             .where(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from sqlalchemy import BigInteger, bindparam
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
@@ -151,8 +152,12 @@ class SQLTransaction:
         """The test-only clock offset this transaction applies (0 in production)."""
         return self._offset_ms
 
-    def now_expr(self) -> ColumnElement[int]:
-        """The database clock in ms plus the test offset, for the Celery layer's own SQL."""
+    def now_expr(self, as_of_ms: int | None = None) -> ColumnElement[int]:
+        """The database clock in ms plus the test offset, for the Celery layer's own SQL;
+        with ``as_of_ms``, that time (a reading of the same clock taken earlier, so that
+        several statements judge by one)."""
+        if as_of_ms is not None:
+            return bindparam(None, as_of_ms, type_=BigInteger)
         return now_expr(self._conn, self._offset_ms)
 
     def clock(self) -> Subquery:
