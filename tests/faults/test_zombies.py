@@ -77,7 +77,13 @@ from tests.faults.scenario import (
     wait_for_a_second_payment,
     worker_and_beat,
 )
-from tests.support.processes import ManagedProcess, WaitTimeout, signal_process, wait_until
+from tests.support.processes import (
+    ManagedProcess,
+    WaitTimeout,
+    process_state,
+    signal_process,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
@@ -169,8 +175,7 @@ def _start(
 
 
 def _is_stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+    return process_state(pid) == "T"
 
 
 @contextmanager

@@ -17,7 +17,6 @@ tests/integration/harness.py) and a 1 s outbox grace (30 s by default).
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,7 +33,7 @@ from tests.integration.apps import outbox_app
 from tests.integration.apps.outbox_app import ORDERS_TABLE, create_orders_table
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
-from tests.support.processes import ManagedProcess
+from tests.support.processes import ManagedProcess, process_state
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
@@ -81,11 +80,7 @@ class OutboxShop(Shop):
 
 def _dead(pid: int) -> bool:
     """Gone, or a zombie its worker has not reaped yet (it notices within seconds)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
+    return process_state(pid) in (None, "Z")
 
 
 OutboxShopFactory = Callable[[str], OutboxShop]

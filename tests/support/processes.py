@@ -96,6 +96,17 @@ def in_a_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, o
     return thread, box
 
 
+def process_state(pid: int) -> str | None:
+    """``pid``'s state letter from /proc (``R``, ``S``, ``T`` stopped, ``Z`` zombie), or
+    None once it is gone. Gone can show as either error: a process reaped between the
+    open and the read makes the read fail with ESRCH, not ENOENT."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 def _ancestors_and_self() -> set[int]:
     """This process and every process above it, up to init (Linux's /proc)."""
     found, pid = set(), os.getpid()

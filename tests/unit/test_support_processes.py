@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ManagedProcess, WaitTimeout, wait_until
+from tests.support.processes import ManagedProcess, WaitTimeout, process_state, wait_until
 
 # A parent that starts a child which outlives it unless its group is killed.
 PARENT_AND_CHILD = """
@@ -23,13 +24,8 @@ time.sleep(120)
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is not alive for our purpose.
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state != "Z"
+    """Running; a zombie is not alive for our purpose."""
+    return process_state(pid) not in (None, "Z")
 
 
 def child_pid(process: ManagedProcess) -> int:
@@ -92,3 +88,18 @@ def test_the_fixture_starts_processes_that_can_import_the_tests(
     process.wait_for_output("ready", timeout=10)
     assert process.running
     assert process.log_path.is_relative_to(tmp_path)
+
+
+def test_process_state_follows_a_process_from_stopped_to_zombie_to_gone() -> None:
+    """The kill tests wait on these states; a reaped process is None whichever error
+    /proc gives (ENOENT at the open, or ESRCH at the read when the reap lands between)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_until(lambda: process_state(child.pid) == "T", timeout=10, message="stopped")
+        os.kill(child.pid, signal.SIGKILL)
+        wait_until(lambda: process_state(child.pid) == "Z", timeout=10, message="a zombie")
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert process_state(child.pid) is None
