@@ -80,6 +80,9 @@ class Timed:
     store_cpu: float
     gateway_wall: float
     """The send runs in a thread of its own (its timeout): its CPU is not this thread's."""
+    gaps: tuple[float, ...] = ()
+    """Before each store checkout, ms since the delivery began or the store last
+    gave its connection back: the pacing the paced floor repeats."""
 
     @property
     def python_cpu(self) -> float:
@@ -93,7 +96,10 @@ class HotPathResult:
     counted: int
     timed: list[Timed] = field(default_factory=list)
     floor_ms: list[float] = field(default_factory=list)
-    """Single-row INSERT + COMMIT transactions, each."""
+    """Single-row INSERT + COMMIT transactions, each, run back to back."""
+    paced_floor_ms: list[float] = field(default_factory=list)
+    """Per timed delivery: one such transaction per store checkout it made, each after
+    the same gap that delivery had before that checkout (spun, as its Python is CPU)."""
     autocommit_ms: list[float] = field(default_factory=list)
     """Single-row INSERTs in autocommit (one round trip each), for reference."""
     profile: dict[str, float] = field(default_factory=dict)
@@ -131,6 +137,10 @@ class HotPathResult:
     def floor_per_delivery_ms(self) -> float:
         return self._mean(self.floor_ms) * self.transactions
 
+    @property
+    def paced_floor_per_delivery_ms(self) -> float:
+        return self._mean(self.paced_floor_ms)
+
     def metrics(self) -> dict[str, float]:
         return {
             "round_trips_per_delivery": self.round_trips,
@@ -138,6 +148,8 @@ class HotPathResult:
             "floor_ms": self.floor_per_delivery_ms,
             "store_ms_per_delivery": self.store_ms,
             "store_to_floor_ratio": ratio(self.store_ms, self.floor_per_delivery_ms),
+            "paced_floor_ms": self.paced_floor_per_delivery_ms,
+            "store_to_paced_floor_ratio": ratio(self.store_ms, self.paced_floor_per_delivery_ms),
             "python_ms_per_delivery": self.python_ms,
         }
 
@@ -171,11 +183,16 @@ class HotPathResult:
             ),
             self._row("  one INSERT + COMMIT (BEGIN, INSERT, COMMIT)", self.floor_ms),
             self._row("  one autocommit INSERT (reference)", self.autocommit_ms),
+            self._row("paced floor: the same, each after the delivery's gap", self.paced_floor_ms),
+            self._row("  the gaps it repeats (sum)", [sum(t.gaps) for t in self.timed]),
         ]
         lines += [
             table(["per delivery", "mean ms", "p50 ms", "p95 ms"], rows),
             f"ratio: store / floor {fmt(ratio(self.store_ms, self.floor_per_delivery_ms), 2)}x"
             f" ({fmt(self.store_ms, 2)} ms against {fmt(self.floor_per_delivery_ms, 2)} ms)",
+            f"ratio: store / paced floor "
+            f"{fmt(ratio(self.store_ms, self.paced_floor_per_delivery_ms), 2)}x"
+            f" ({fmt(self.store_ms, 2)} ms against {fmt(self.paced_floor_per_delivery_ms, 2)} ms)",
         ]
         if self.profile and self.profiled:
             total = sum(self.profile.values())
@@ -213,6 +230,8 @@ class _Accounts:
         self.active = False
         self.store_wall = self.store_cpu = 0.0
         self.gateway_wall = 0.0
+        self.gaps: list[float] = []
+        self.last_release = 0.0
         self._open: dict[int, tuple[float, float]] = {}
         # First checkout listener: the store's ping of an idle connection is inside.
         event.listen(Pool, "checkout", self._checkout, insert=True)
@@ -233,12 +252,15 @@ class _Accounts:
 
     def _checkout(self, dbapi_connection: Any, record: Any, proxy: Any) -> None:
         if self._ours(dbapi_connection):
-            self._open[id(record)] = (time.perf_counter(), time.thread_time())
+            now = time.perf_counter()
+            self.gaps.append((now - self.last_release) * 1000)
+            self._open[id(record)] = (now, time.thread_time())
 
     def _checkin(self, dbapi_connection: Any, record: Any) -> None:
         started = self._open.pop(id(record), None)
         if started is not None and threading.get_ident() == self.thread:
-            self.store_wall += time.perf_counter() - started[0]
+            self.last_release = time.perf_counter()
+            self.store_wall += self.last_release - started[0]
             self.store_cpu += time.thread_time() - started[1]
 
     @contextmanager
@@ -252,6 +274,8 @@ class _Accounts:
 
     def reset(self) -> None:
         self.store_wall = self.store_cpu = self.gateway_wall = 0.0
+        self.gaps = []
+        self.last_release = time.perf_counter()
 
 
 class _World:
@@ -353,6 +377,17 @@ class _Floor:
         self.conn.commit()
         return (time.perf_counter() - started) * 1000
 
+    def paced(self, gaps: tuple[float, ...]) -> float:
+        """One transaction after each gap, the gap spent on this thread's CPU; ms, the
+        transactions only."""
+        total = 0.0
+        for gap in gaps:
+            until = time.perf_counter() + gap / 1000
+            while time.perf_counter() < until:
+                pass
+            total += self.transaction()
+        return total
+
     def autocommit(self) -> float:
         self.made += 1
         self.conn.autocommit = True
@@ -382,6 +417,7 @@ def _timed_delivery(world: _World, task_id: str) -> Timed:
         accounts.store_wall * 1000,
         accounts.store_cpu * 1000,
         accounts.gateway_wall * 1000,
+        tuple(accounts.gaps),
     )
 
 
@@ -479,8 +515,10 @@ def run_hot_path_benchmark(
                     result.cut_short = True
                     break
                 block = ids[start : start + BLOCK]
-                result.timed += [_timed_delivery(world, task_id) for task_id in block]
+                timed = [_timed_delivery(world, task_id) for task_id in block]
+                result.timed += timed
                 result.floor_ms += [floor.transaction() for _ in range(per * len(block))]
+                result.paced_floor_ms += [floor.paced(t.gaps) for t in timed]
                 result.autocommit_ms += [floor.autocommit() for _ in block]
         finally:
             floor.close()
