@@ -175,7 +175,10 @@ def _start(
 
 
 def _is_stopped(pid: int) -> bool:
-    return process_state(pid) == "T"
+    state = process_state(pid)
+    if state is None:
+        raise AssertionError(f"pid {pid} exited before it could be seen stopped")
+    return state == "T"
 
 
 @contextmanager
