@@ -353,6 +353,12 @@ TIME_LIMIT_FAILS_THE_TASK = "time-limit-fails-the-task"
 result backend withholds it), ``on_failure`` and the errbacks run — for an execution
 that will be continued and may already have charged."""
 
+EXPIRY_REVOKES_THE_ID = "expiry-revokes-the-id"
+"""Sabotage (design: expires bounds the start): a message past its ``expires`` is dropped
+as Celery drops it, its id added to the worker's revoked set, so that every later
+message of a started execution (its retry, its re-drive) is dropped as revoked and
+recorded as a cancel: a charged order cancelled, or an order never charged."""
+
 REPLAY_SENDS_LINKS = "replay-sends-links"
 """Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
 again, although the completing delivery already did."""

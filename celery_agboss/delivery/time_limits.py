@@ -1,4 +1,5 @@
-"""How the worker's main process handles a PaymentTask's hard time limit.
+"""How the worker's main process handles a PaymentTask's hard time limit and a message
+past its ``expires``.
 
 Celery kills the pool child that overran ``time_limit`` and then, from the main
 process, writes FAILURE to the result backend, calls ``on_failure``, fires the
@@ -8,11 +9,16 @@ was killed, and nothing it recorded is lost, so the execution continues on the n
 delivery (after its lease expires), replaying what was recorded. The message is given
 back to the broker instead; every take-over counts toward the recovery cap, so a body
 that always overruns its limit ends ``PARKED``, visibly, never ``FAILED`` on a guess.
+
+A message past its ``expires`` is dropped only when the store says its execution never
+started (``runtime.expiry``); Celery's check alone would also put the id in the
+worker's revoked set and drop the execution's later messages.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from typing import Any
 
 from celery.exceptions import TimeLimitExceeded
@@ -21,11 +27,30 @@ from celery.worker.state import task_ready
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.log_events import EXECUTION_TIME_LIMIT, log_event
-from celery_agboss.core.protections import TIME_LIMIT_FAILS_THE_TASK
+from celery_agboss.core.protections import EXPIRY_REVOKES_THE_ID, TIME_LIMIT_FAILS_THE_TASK
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.expiry import drop_expired_message
 
 
 class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type information
-    """Celery's worker request, with a hard time limit handed back instead of failed."""
+    """Celery's worker request, with a hard time limit handed back instead of failed, and
+    an expired message judged by the store."""
+
+    _agboss_expired: bool | None = None  # the store's answer, asked once per message
+
+    def maybe_expire(self) -> bool | None:
+        """Past ``expires``: dropped (True) only if the execution never started; the
+        worker's revoked set is left alone (Celery's own check adds the id to it)."""
+        if not self.expires or sabotage.active(EXPIRY_REVOKES_THE_ID):
+            return super().maybe_expire()  # type: ignore[no-any-return]
+        now = datetime.now(timezone.utc if self.expires.tzinfo else None)
+        if now <= self.expires:
+            return None
+        if self._agboss_expired is None:
+            self._agboss_expired = drop_expired_message(
+                Runtime.of(self.task.app), self.id, self.name
+            )
+        return self._agboss_expired
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if soft or not self.task.acks_late or sabotage.active(TIME_LIMIT_FAILS_THE_TASK):

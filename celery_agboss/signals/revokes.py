@@ -13,10 +13,10 @@ from typing import Any
 
 from celery.utils.imports import symbol_by_name
 
-from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import EXECUTION_REVOKED, log_event
 from celery_agboss.errors import StoreError
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.expiry import drop_expired_message
 from celery_agboss.signals.publish import is_payment_task
 
 logger = logging.getLogger("celery_agboss")
@@ -39,12 +39,8 @@ def task_revoked(
     if not expired:  # a revoke is a cancel request, decided in one place
         record_revoke(runtime, [execution_id], terminated=terminated)
         return
-    try:
-        runtime.executions.move(
-            execution_id, [ExecutionState.REQUESTED], ExecutionState.EXPIRED, "expired"
-        )
-    except (Exception, StoreError):
-        logger.exception("could not record the expiry of %s", execution_id)
+    # PaymentRequest already asked the store; a worker with another Request class did not.
+    drop_expired_message(runtime, execution_id, name)
 
 
 def record_revoke(runtime: Runtime, task_ids: Sequence[str], *, terminated: bool) -> int:

@@ -9,7 +9,9 @@
   ``link_error``.
 - A retry that does not go out (the package's own budget spent) does not swallow a
   deferred duplicate's wake: the release publishes the continuation. ``self.retry()``
-  of a started execution carries no ``expires`` (design: expires bounds the start).
+  of a started execution carries no ``expires`` (design: expires bounds the start), and
+  a message past its ``expires`` is judged by the store: either protection alone keeps
+  the retry running.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from celery_agboss import NotSent, OutboundCall, Unknown
 from celery_agboss.core.log_events import EXECUTION_COMPLETED
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.protections import (
+    EXPIRY_REVOKES_THE_ID,
     FAILURE_FOR_AN_UNFINISHED_EXECUTION,
     RETRY_KEEPS_EXPIRES,
     STORED_ERROR_UNMASKED,
@@ -280,10 +283,22 @@ def test_a_retry_of_a_started_execution_runs_past_the_messages_expires(
     assert len(shop.gateway.payments) == 1
 
 
+def test_a_retry_carrying_expires_still_runs_once_the_store_judges_it(
+    shop: PaymentShop,
+) -> None:
+    """The second protection alone: the retry keeps ``expires``, and the worker asks the
+    store, which says the execution started."""
+    with sabotage(RETRY_KEEPS_EXPIRES):
+        task_id = _retry_after_the_message_expired(shop, runs=True)
+    assert shop.execution(task_id).state.value == "COMPLETED"
+    assert len(shop.gateway.payments) == 1
+
+
 def test_a_retry_carrying_expires_is_dropped_with_the_customer_charged(
     shop: PaymentShop,
 ) -> None:
-    with sabotage(RETRY_KEEPS_EXPIRES):
+    """The twin of both: the retry keeps ``expires`` and Celery's check alone drops it."""
+    with sabotage(RETRY_KEEPS_EXPIRES, EXPIRY_REVOKES_THE_ID):
         task_id = _retry_after_the_message_expired(shop, runs=False)
     assert shop.execution(task_id).state.value == "WAITING"
     assert len(shop.gateway.payments) == 1
