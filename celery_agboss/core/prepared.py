@@ -69,6 +69,16 @@ class Holder(EffectHolder, Protocol):
         bound, then let it expire; never release it."""
 
 
+class FailureToBody:
+    """The definite failure one call raises to its body on purpose (recorded ``FAILED``,
+    or replayed): the one ordinary exception ``run_outbound`` lets through as it is."""
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+
 @dataclass(frozen=True)
 class PreparedCall:
     """Everything fixed for one ``outbound()`` before the store is touched."""
@@ -81,6 +91,7 @@ class PreparedCall:
     ref: CallRef
     # The history row this call wrote last: its next transition chains to it unread.
     tail: HistoryTail = field(default_factory=HistoryTail, compare=False, repr=False)
+    to_body: FailureToBody = field(default_factory=FailureToBody, compare=False, repr=False)
 
 
 def prepare_call(
@@ -111,6 +122,17 @@ def prepare_call(
         fingerprint=fingerprint(settings.pseudonym_key, request),
         ref=CallRef(call.name, execution_id, key, handle),
     )
+
+
+def failure_to_body(
+    holder: Holder, p: PreparedCall, attempt: int, failure: BaseException
+) -> BaseException:
+    """``failure``, a definite failure of ``attempt``, about to be raised to the body on
+    purpose: noted for a retry the body may ask for (``failure_raised``) and for
+    ``run_outbound``, which must not take it for an error of unknown outcome."""
+    holder.failure_raised(p.idempotency_key, attempt)
+    p.to_body.error = failure
+    return failure
 
 
 def holder_transition(
@@ -197,4 +219,12 @@ class Resend:
     attempt: int
 
 
-__all__ = ["Holder", "PreparedCall", "Resend", "holder_transition_in_one", "prepare_call"]
+__all__ = [
+    "FailureToBody",
+    "Holder",
+    "PreparedCall",
+    "Resend",
+    "failure_to_body",
+    "holder_transition_in_one",
+    "prepare_call",
+]

@@ -108,6 +108,12 @@ STORE_FAILURE_CATCHABLE = "store-failure-catchable"
 an ordinary exception, so a body's ``except Exception`` fallback (another card) runs while
 the first payment may exist."""
 
+FOREIGN_ERROR_ESCAPES_CLAIMED_CALL = "foreign-error-escapes-claimed-call"
+"""An ordinary exception that is not celery_agboss's (design: signals and errors) — a soft time
+limit, a bug — raised once a call is claimed and before its outcome is recorded reaches the
+body as it is, the intent left PENDING: a body that catches it and calls again gets ``#2``,
+a second charge."""
+
 STORED_ERROR_UNMASKED = "stored-error-unmasked"
 """The execution's stored failure (design: R17) keeps the exception's text and arguments as they
 are, a decline quoting the card number included."""

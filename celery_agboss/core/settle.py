@@ -35,6 +35,7 @@ from celery_agboss.core.outbound import CallContext, Outcome
 from celery_agboss.core.prepared import (
     Holder,
     PreparedCall,
+    failure_to_body,
     holder_transition,
     holder_transition_in_one,
 )
@@ -285,8 +286,7 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
         "definite failure recorded",
         **p.ref.fields(attempt=attempt, error_type=detail["error_type"]),
     )
-    holder.failure_raised(p.idempotency_key, attempt)
-    raise exc
+    raise failure_to_body(holder, p, attempt, exc)
 
 
 def _handed_over_error(p: PreparedCall, attempt: int, cause: BaseException | None) -> NoReturn:

@@ -26,13 +26,21 @@ from celery_agboss.core.log_events import (
     OUTBOUND_CALL_COMPENSATED,
     OUTBOUND_CALL_FAILURE_REPLAYED,
     OUTBOUND_CALL_JOINED,
+    OUTBOUND_CALL_OUTCOME_UNKNOWN,
     OUTBOUND_CALL_REPLAYED,
     log_event,
 )
 from celery_agboss.core.outbound import Outcome
-from celery_agboss.core.prepared import Holder, PreparedCall, Resend, prepare_call
+from celery_agboss.core.prepared import (
+    Holder,
+    PreparedCall,
+    Resend,
+    failure_to_body,
+    prepare_call,
+)
 from celery_agboss.core.protections import (
     FINGERPRINT_NOT_CHECKED,
+    FOREIGN_ERROR_ESCAPES_CLAIMED_CALL,
     JOIN_ON_ANY_FINGERPRINT,
     LIVE_OWNER_TAKEN_OVER,
     RECORD_USE_NOT_NOTED,
@@ -54,10 +62,12 @@ from celery_agboss.core.store_protocol import (
 )
 from celery_agboss.core.transitions import claim_row, create, fault, mark_failed, transition
 from celery_agboss.errors import (
+    AGBossError,
     IdempotencyKeyConflictError,
     OutboundCallCompensatedError,
     OutboundCallFailureNotReplayableError,
     OutboundCallInFlightError,
+    OutboundCallOutcomeUnknownError,
     OutboundCallResultNotStoredError,
 )
 
@@ -70,7 +80,42 @@ COMPENSATION_POLL_S = 0.25
 
 
 def run_outbound(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
-    """Claim (design: claim), then send/settle, reconcile, replay or join; the result and how."""
+    """Claim (design: claim), then send/settle, reconcile, replay or join; the result and how.
+
+    The claim is the first write, and from the moment it may have committed until the
+    outcome is recorded the intent may be PENDING in this holder's hands, possibly sent.
+    An ordinary exception that is not ours (a soft time limit, raised at any bytecode; a
+    bug) must not reach the body then: a body that catches it and calls again gets a new
+    step key (``#2``), a second charge. It becomes an unknown outcome, a signal that stops
+    the delivery (design: signals and errors), the intent left for reconcile. This is the
+    one place that sees every path after the claim (send, settle, reconcile, join). Our
+    own errors, a definite failure raised to the body on purpose, and what is not an
+    ``Exception`` (``SystemExit``, ``KeyboardInterrupt``) go through as they are."""
+    try:
+        return _claim_then_settle(holder, p)
+    except Exception as exc:
+        if (
+            isinstance(exc, AGBossError)
+            or exc is p.to_body.error
+            or sabotage.active(FOREIGN_ERROR_ESCAPES_CLAIMED_CALL)
+        ):
+            raise
+        log_event(
+            OUTBOUND_CALL_OUTCOME_UNKNOWN,
+            logging.WARNING,
+            "an error that is not celery_agboss's interrupted the call before its outcome "
+            "was recorded; it will be reconciled",
+            **p.ref.fields(error_type=type(exc).__name__),
+        )
+        raise OutboundCallOutcomeUnknownError(
+            f"{type(exc).__name__} interrupted the call before its outcome was recorded; "
+            "this delivery stops and the intent will be reconciled",
+            **p.ref.fields(),
+        ) from exc
+
+
+def _claim_then_settle(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
+    """``run_outbound``'s rounds: claim or read, then the step the intent's state calls for."""
     me = holder.lease_ref
     saw_live_owner = False
     for _ in range(MAX_CLAIM_ROUNDS):
@@ -287,8 +332,7 @@ def _replayed_failure(holder: Holder, p: PreparedCall, record: IntentRecord) -> 
         "a definite failure is raised again, not resent",
         **p.ref.fields(attempt=record.attempt),
     )
-    holder.failure_raised(p.idempotency_key, record.attempt)
-    return failure
+    return failure_to_body(holder, p, record.attempt, failure)
 
 
 def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool:

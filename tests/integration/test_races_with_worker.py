@@ -4,9 +4,12 @@
   (``terminate=True, signal="SIGUSR1"`` raises ``SoftTimeLimitExceeded`` in the pool
   child; the send goes on in its thread): the lease is renewed, never released, until
   the send settled; then it is left to expire, and the next delivery reconciles and
-  cancels. Twin (``release-with-unsettled-attempt``): the lease is handed over under
-  the live send, the next delivery's lookup finds nothing yet, the execution ends
-  CANCELLED with its intent FAILED — and the gateway then charges the customer.
+  cancels. Twin (``release-with-unsettled-attempt``, with
+  ``foreign-error-escapes-claimed-call`` too: otherwise the soft limit stops the
+  delivery as an unknown outcome, whose verdict the interrupted send fences): the lease
+  is handed over under the live send, the next delivery's lookup finds nothing yet, the
+  execution ends CANCELLED with its intent FAILED — and the gateway then charges the
+  customer.
 - R22: a send that never returns is bounded by ``agboss_attempt_timeout``: renewals
   stop, the lease expires, the retry takes over and reconciles (one payment); the hung
   send's late answer is logged ``outbound-call.answered-after-hand-over`` and stored
@@ -34,6 +37,7 @@ import pytest
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.protections import (
     CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,
+    FOREIGN_ERROR_ESCAPES_CLAIMED_CALL,
     RECLAIM_BUMPS_TOKEN,
     RELEASE_WITH_UNSETTLED_ATTEMPT,
     SEND_NOT_BOUNDED,
@@ -111,7 +115,7 @@ def test_r18_a_lease_released_under_a_live_send_records_a_paid_order_as_never_ch
     shop_factory: ShopFactory,
 ) -> None:
     shop = shop_factory(attempt_timeout=20, lookup_proves_absence=True)
-    shop.start_worker(sabotage=(RELEASE_WITH_UNSETTLED_ATTEMPT,))
+    shop.start_worker(sabotage=(RELEASE_WITH_UNSETTLED_ATTEMPT, FOREIGN_ERROR_ESCAPES_CLAIMED_CALL))
     gateway = shop.gateway.gateway
     task_id, hold = revoke_mid_send(shop, "o-51")
     wait_for(
