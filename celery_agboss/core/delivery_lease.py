@@ -27,6 +27,7 @@ from celery_agboss.core.protections import (
     INTERRUPTED_SEND_STOPS_RENEWING,
     RECLAIM_BUMPS_TOKEN,
     RELEASE_WITH_UNSETTLED_ATTEMPT,
+    ROLLED_BACK_SETTLE_MOVES_HOLDER_DEADLINE,
 )
 from celery_agboss.core.store_protocol import (
     FencedTransaction,
@@ -157,8 +158,9 @@ class DeliveryLease:
 
     def _in_one(self, write: Callable[[LeaseHandle], D | None]) -> D | None:
         """A one-statement fenced write: refused once the lease is not trusted, the lease
-        lost when the statement finds it lost, extended when it went through. None: the
-        store has no such statement; use ``fenced()`` instead."""
+        lost when the statement finds it lost, extended when the database kept the
+        statement's extension. None: the store has no such statement; use ``fenced()``
+        instead."""
         lease = self._trusted()
         sent = SentAt.now(lease.clock)
         try:
@@ -166,7 +168,9 @@ class DeliveryLease:
         except ExecutionFencedError:
             lease.mark_lost("a fenced transaction found the lease lost")
             raise
-        if done is not None:
+        if done is not None and (
+            _extension_kept(done) or sabotage.active(ROLLED_BACK_SETTLE_MOVES_HOLDER_DEADLINE)
+        ):
             lease.note_extended_at(sent)
         return done
 
@@ -381,6 +385,17 @@ class DeliveryLease:
         if not self.settle_all() and not sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT):
             return False
         return self.release()
+
+
+def _extension_kept(done: OneStatementClaim | OneStatementTransition | ExecutionRecord) -> bool:
+    """Whether a one-statement write's lease extension was committed, so the holder may
+    count from it (design: holder deadline). A claim or transition reports the new expiry
+    only when its fence row came back from a statement that committed; one that failed
+    whole (its history row's ``(key, seq)`` taken meanwhile) reports none: its extension
+    rolled back with it. A verdict's record comes back only from a statement that wrote."""
+    if isinstance(done, (OneStatementClaim, OneStatementTransition)):
+        return done.expires_at_ms is not None
+    return True
 
 
 __all__ = ["DeliveryLease"]

@@ -181,6 +181,11 @@ EXPIRY_BY_CALLER_CLOCK = "expiry-by-caller-clock"
 HOLDER_TRUSTS_LEASE_FOREVER = "holder-trusts-lease-forever"
 """The holder trusts its lease for ever, never checking its own clocks (design: PS13)."""
 
+ROLLED_BACK_SETTLE_MOVES_HOLDER_DEADLINE = "rolled-back-settle-moves-holder-deadline"
+"""A one-statement settle that failed whole on its history row's ``(key, seq)`` — its lease
+extension rolled back with it — still moves the holder's deadline (design: holder deadline):
+the holder trusts its lease longer than the database keeps it."""
+
 FENCE_NOT_RECHECKED_AT_COMMIT = "fence-not-rechecked-at-commit"
 """The fence is not checked again at the commit (design: P1)."""
 
@@ -214,6 +219,12 @@ not only while it ended well inside the lease it extended (design: P1)."""
 LEASE_DECISION_ON_COMMITTED_READ = "lease-decision-on-committed-read"
 """Sabotage (design: another holder's lease): decide about another holder's lease from its last
 committed row, as a plain read sees it, instead of under its row lock."""
+
+RELEASE_LOCKS_EXECUTION_FIRST = "release-locks-execution-first"
+"""Sabotage (design: one round trip per state change): a delivery's release locks the
+execution's row and then waits for the lease row, against the one lock order: a claim of
+another thread of the delivery, holding the lease row and waiting for the execution's,
+deadlocks with it, and the server fails one of them."""
 
 SQLITE_FORK_UNGUARDED = "sqlite-fork-unguarded"
 

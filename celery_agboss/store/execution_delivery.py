@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.execution_states import (
     DEFAULT_CANCEL_REASON,
     Verdict,
@@ -42,6 +43,7 @@ from celery_agboss.core.executions import (
     StartKind,
     execution_scope,
 )
+from celery_agboss.core.protections import RELEASE_LOCKS_EXECUTION_FIRST
 from celery_agboss.core.shared_records import diverged
 from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef
 from celery_agboss.store import verdict_release
@@ -378,9 +380,19 @@ def compensating_in(
 def release_delivery(
     store: SQLAlchemyStore, lease: LeaseRef, *, will_republish: bool = False
 ) -> ReleaseOutcome:
+    """Release ``lease`` and read, under the execution's row lock, whether a duplicate
+    asked to be woken. The lease row is taken first, then the execution's (one lock
+    order): another thread of the delivery may be claiming, which holds the lease row and
+    waits for the execution's. Any writer of ``wake_requested`` holds the execution's row
+    and judges the lease ``SKIP LOCKED``, so it either committed before the row is read
+    here or comes after the release and finds the lease released."""
     with store.transaction() as tx:
-        record = read_execution_txn(tx, lease.scope, lock=True)
-        released = tx.release_lease(lease)
+        if sabotage.active(RELEASE_LOCKS_EXECUTION_FIRST):
+            record = read_execution_txn(tx, lease.scope, lock=True)
+            released = tx.release_lease(lease)
+        else:
+            released = tx.release_lease(lease)
+            record = read_execution_txn(tx, lease.scope, lock=True)
         if record is None:
             return ReleaseOutcome(released, False, None)
         woken = released and wakes_on_release(record)

@@ -44,6 +44,7 @@ from celery_agboss.core.fault_points import (
 from celery_agboss.core.protections import (
     FENCE_TIMED_BEFORE_LOCK_WAIT,
     ONE_STATEMENT_WITHOUT_FENCE,
+    ROLLED_BACK_SETTLE_MOVES_HOLDER_DEADLINE,
 )
 from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
@@ -68,8 +69,13 @@ from celery_agboss.store.schema import intent_history, outbound_calls, record_us
 from celery_agboss.store.sealed_columns import opened
 from celery_agboss.store.statement_cache import autocommit_connection, built_once, run_compiled
 
-ONE_STATEMENT_SWITCHES = (ONE_STATEMENT_WITHOUT_FENCE, FENCE_TIMED_BEFORE_LOCK_WAIT)
-"""The protections a one-statement write holds itself: while one is off, it still runs."""
+ONE_STATEMENT_SWITCHES = (
+    ONE_STATEMENT_WITHOUT_FENCE,
+    FENCE_TIMED_BEFORE_LOCK_WAIT,
+    ROLLED_BACK_SETTLE_MOVES_HOLDER_DEADLINE,
+)
+"""The protections a one-statement write holds itself (or its holder's bookkeeping of it):
+while one is off, it still runs."""
 
 D = TypeVar("D", OneStatementClaim, OneStatementTransition, OneStatementVerdict)
 
@@ -106,12 +112,16 @@ def transition_txn(
         result = run_compiled(conn, statement, parameters).one()
     except IntegrityError as error:
         # The history row lost its seq to a row committed while the statement ran: it
-        # failed whole on the unique (key, seq), nothing written; the caller falls back.
-        # Any other integrity error is the store's.
+        # failed whole on the unique (key, seq), nothing written, the lease's extension
+        # included: no expiry is reported, so the holder's deadline stays where the last
+        # kept extension put it; the caller falls back. Any other integrity error is the
+        # store's.
         diagnosis = getattr(error.orig, "diag", None)
         if getattr(diagnosis, "table_name", None) != intent_history.name:
             raise
-        return OneStatementTransition(False, False, False, None, None)
+        return OneStatementTransition(
+            fenced=False, won=False, chained=False, expires_at_ms=None, now_ms=None
+        )
     if result.expires_at_ms is None:
         return OneStatementTransition(True, False, bool(result.chained), None, None)
     return OneStatementTransition(

@@ -11,6 +11,14 @@ on. A renewal sent meanwhile skips the locked row and returns. The sweep and the
 operators judge another holder's lease as the start does (``lock_lease``), under the
 execution's row. The twin makes that judgement wait for the lease row: the start and
 the claim wait for each other, and PostgreSQL fails one.
+
+A delivery's release meets a claim of another thread of the same delivery (a body's
+threads may still call while the delivery ends). The release takes the lease row first,
+then the execution's: queued first behind a holder of the execution's row, it holds the
+lease row, so the claim waits for the lease row, not beside it; once the release commits,
+the claim is fenced and writes nothing. Its twin (``RELEASE_LOCKS_EXECUTION_FIRST``)
+locks the execution's row first: the release waits for the lease row the claim holds,
+the claim for the execution's row the release holds, and PostgreSQL fails one.
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ import pytest
 from sqlalchemy import text
 
 from celery_agboss.core.executions import ExecutionMessage, StartKind
-from celery_agboss.core.protections import LEASE_LOCK_WAITS
+from celery_agboss.core.protections import LEASE_LOCK_WAITS, RELEASE_LOCKS_EXECUTION_FIRST
 from celery_agboss.core.store_protocol import LeaseRef, NewIntent
 from celery_agboss.core.transitions import claim_row
+from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.testing.switches import sabotage
 from tests.contract.one_statement_world import HISTORY_KEY, TTL_MS, charge_key, started
@@ -103,5 +112,49 @@ def test_a_start_that_waits_for_the_lease_row_deadlocks_with_the_claim(
     """Sabotage twin: the start's lease read waits for the row lock."""
     with sabotage(LEASE_LOCK_WAITS):
         outcome = _worst_case(executions, one_statement=False)
+    failed = [value for value in outcome.values() if isinstance(value, BaseException)]
+    assert any("deadlock" in repr(error).lower() for error in failed), outcome
+
+
+def _release_before_claim(
+    executions: SQLAlchemyExecutionStore, one_statement: bool
+) -> dict[str, Any]:
+    """The delivery's release, then a claim of another of its threads, queued behind a
+    holder of the execution's row (the release first: the order that closes a cycle when
+    the release holds that row while it waits for the lease row). What each gave, and the
+    intent the claim would have written."""
+    engine = executions.store.engine
+    lease = started(executions, "releasing")
+    outcome: dict[str, Any] = {}
+    with engine.connect() as holder:
+        holder.execute(text("SELECT id FROM agboss_executions WHERE id = 'releasing' FOR UPDATE"))
+        release = _in_thread(lambda: executions.release_delivery(lease), outcome, "release")
+        wait_until(lambda: waiting_backends(engine) >= 1, 10, message="the release's wait")
+        claim = _in_thread(lambda: _claim(executions, lease, one_statement), outcome, "claim")
+        wait_until(lambda: waiting_backends(engine) >= 2, 10, message="the claim's wait")
+        holder.commit()
+    for thread in (release, claim):
+        thread.join(20)
+        assert not thread.is_alive(), f"{thread.name} never returned"
+    outcome["intent"] = executions.store.read_intent(charge_key(lease))
+    return outcome
+
+
+@pytest.mark.parametrize("one_statement", [True, False], ids=["one-statement", "transaction"])
+def test_a_release_and_a_claim_of_the_same_delivery_never_deadlock(
+    executions: SQLAlchemyExecutionStore, one_statement: bool
+) -> None:
+    outcome = _release_before_claim(executions, one_statement)
+    assert outcome["release"].released is True, outcome
+    assert isinstance(outcome["claim"], ExecutionFencedError), outcome
+    assert outcome["intent"] is None  # fenced: nothing claimed under the released lease
+
+
+def test_a_release_that_locks_the_execution_first_deadlocks_with_the_claim(
+    executions: SQLAlchemyExecutionStore,
+) -> None:
+    """Sabotage twin: the release locks the execution's row before the lease row."""
+    with sabotage(RELEASE_LOCKS_EXECUTION_FIRST):
+        outcome = _release_before_claim(executions, one_statement=False)
     failed = [value for value in outcome.values() if isinstance(value, BaseException)]
     assert any("deadlock" in repr(error).lower() for error in failed), outcome
