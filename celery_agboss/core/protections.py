@@ -321,6 +321,12 @@ PACKAGE_RETRIES_COUNTED = "package-retries-counted"
 """Sabotage: the application's ``max_retries`` counts celery_agboss's own retries too (an
 unknown outcome's), so ``autoretry_for`` gives up early."""
 
+REPUBLISH_FORGETS_OWN_RETRIES = "republish-forgets-own-retries"
+"""Sabotage (design: what Celery records): a re-published message (the sweep's re-drive, a
+woken release, an operator's) drops the count of the package's own retries but keeps
+Celery's ``retries``, so they all count against the application's ``max_retries`` and its
+next ``self.retry()`` fails a payment that went through."""
+
 RETRY_KEEPS_EXPIRES = "retry-keeps-expires"
 """Sabotage (design: expires bounds the start): ``self.retry()`` carries the message's ``expires``,
 so a retry after it is dropped by the worker while the execution, charged, waits for it."""

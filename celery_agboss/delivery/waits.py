@@ -50,11 +50,17 @@ UNBOUNDED_RETRIES = 2**62
 
 
 def own_retries(request: Any) -> int:
-    headers = getattr(request, "headers", None) or {}
-    try:
-        return max(0, int(headers.get(OWN_RETRIES_HEADER, 0) or 0))
-    except (TypeError, ValueError):
-        return 0
+    """The package's own retries among this message's ``retries``, over its whole life
+    (a re-publish keeps them: they are still in ``retries``)."""
+    return messages.retries_header(getattr(request, "headers", None), OWN_RETRIES_HEADER)
+
+
+def own_retries_since_redrive(request: Any) -> int:
+    """The package's own retries since the message was last re-published: what its
+    budget counts (the sweep's re-drive, spaced, starts it again)."""
+    headers = getattr(request, "headers", None)
+    before = messages.retries_header(headers, messages.OWN_RETRIES_REDRIVEN_HEADER)
+    return max(0, own_retries(request) - before)
 
 
 def application_retries(request: Any) -> int:
@@ -215,7 +221,7 @@ def _retry_allowed(d: DeliveryLike) -> bool:
     budget the stored ``WAITING`` and the sweep continue the execution."""
     if sabotage.active(WAKE_FOLDED_INTO_REFUSED_RETRY):
         return True
-    return own_retries(d.request) < PACKAGE_RETRY_BUDGET
+    return own_retries_since_redrive(d.request) < PACKAGE_RETRY_BUDGET
 
 
 def _retry(d: DeliveryLike, delay: float) -> Any:

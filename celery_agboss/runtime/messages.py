@@ -15,10 +15,18 @@ from typing import Any
 
 from kombu.utils import json as kombu_json
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord
+from celery_agboss.core.protections import REPUBLISH_FORGETS_OWN_RETRIES
 
 OWN_RETRIES_HEADER = "agboss_retries"
-"""The header counting celery_agboss's own retries of a message (``delivery.waits``)."""
+"""The header counting celery_agboss's own retries of a message (``delivery.waits``): how
+many of Celery's ``retries`` were not the application's. Kept on every re-publish, as
+``retries`` is, or they would all count against the application's ``max_retries``."""
+
+OWN_RETRIES_REDRIVEN_HEADER = "agboss_retries_redriven"
+"""How many of ``OWN_RETRIES_HEADER`` were counted when the message was last re-published:
+the package's retry budget counts only those after (a re-publish starts it again)."""
 
 # Headers of Celery's message protocol 2 that are not custom headers.
 _PROTOCOL_HEADERS = frozenset(
@@ -49,6 +57,15 @@ _PROTOCOL_HEADERS = frozenset(
 
 _kombu_dumps: Callable[[Any], str] = kombu_json.dumps
 _kombu_loads: Callable[[str], Any] = kombu_json.loads
+
+
+def retries_header(headers: Mapping[str, Any] | None, name: str) -> int:
+    """A retry count kept in a custom header; 0 when absent or unreadable (a message
+    from an older version, or one a person wrote by hand)."""
+    try:
+        return max(0, int((headers or {}).get(name, 0) or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def dumps(value: Any) -> str:
@@ -182,6 +199,17 @@ def message_from_request(task_name: str, request: Any) -> ExecutionMessage:
     )
 
 
+def _budget_started_again(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """A re-publish starts the package's own retry budget again (the sweep spaced it),
+    but the count stays: ``retries`` still holds those retries, and only the header
+    tells the application's from the package's."""
+    if sabotage.active(REPUBLISH_FORGETS_OWN_RETRIES):
+        forgotten = (OWN_RETRIES_HEADER, OWN_RETRIES_REDRIVEN_HEADER)
+        return {k: v for k, v in headers.items() if k not in forgotten}
+    own = retries_header(headers, OWN_RETRIES_HEADER)
+    return {**headers, OWN_RETRIES_HEADER: own, OWN_RETRIES_REDRIVEN_HEADER: own}
+
+
 def republish(
     app: Any, record: ExecutionRecord | ExecutionMessage, *, not_before_ms: int | None = None
 ) -> Any:
@@ -194,8 +222,7 @@ def republish(
     options: dict[str, Any] = dict(loads(message.options) or {})
     headers = options.get("headers")
     if isinstance(headers, dict) and OWN_RETRIES_HEADER in headers:
-        # A re-publish starts the package's own retry budget again (the sweep spaced it).
-        options["headers"] = {k: v for k, v in headers.items() if k != OWN_RETRIES_HEADER}
+        options["headers"] = _budget_started_again(headers)
     args = loads(message.args) or []
     kwargs = loads(message.kwargs) or {}
     eta_candidates = [t for t in (message.eta_ms, not_before_ms) if t is not None]
@@ -217,4 +244,11 @@ def republish(
     )
 
 
-__all__ = ["dumps", "loads", "message_from_publish", "message_from_request", "republish"]
+__all__ = [
+    "dumps",
+    "loads",
+    "message_from_publish",
+    "message_from_request",
+    "republish",
+    "retries_header",
+]
