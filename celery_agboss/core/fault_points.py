@@ -28,6 +28,7 @@ OUTBOUND_BEFORE_SEND = "outbound.before-send"
 OUTBOUND_AFTER_SEND = "outbound.after-send"
 OUTBOUND_BEFORE_SETTLE = "outbound.before-settle"
 RECONCILE_AFTER_LOOKUP = "reconcile.after-lookup"
+RECONCILE_BEFORE_RESEND = "reconcile.before-resend"  # a NotSent to resend, not yet claimed
 RENEWER_BEFORE_RENEW = "renewer.before-renew"
 SWEEP_BEFORE_EXPIRY = "sweep.before-expiry"  # what may expire listed, its rows not yet locked
 RESEAL_BEFORE_WRITE = "reseal.before-write"  # a batch re-sealed, not yet written back
@@ -46,6 +47,7 @@ KNOWN_POINTS = frozenset(
         OUTBOUND_AFTER_SEND,
         OUTBOUND_BEFORE_SETTLE,
         RECONCILE_AFTER_LOOKUP,
+        RECONCILE_BEFORE_RESEND,
         RENEWER_BEFORE_RENEW,
         SWEEP_BEFORE_EXPIRY,
         RESEAL_BEFORE_WRITE,

@@ -108,6 +108,11 @@ STORE_FAILURE_CATCHABLE = "store-failure-catchable"
 an ordinary exception, so a body's ``except Exception`` fallback (another card) runs while
 the first payment may exist."""
 
+CANCEL_CHECKED_APART_FROM_RESEND = "cancel-checked-apart-from-resend"
+"""A ``NotSent`` to resend checks the cancel request in a transaction of its own, before the
+one that claims the resend (design: cancel request): a cancel recorded between the two is
+followed by the send, a charge after the cancel."""
+
 FOREIGN_ERROR_ESCAPES_CLAIMED_CALL = "foreign-error-escapes-claimed-call"
 """An ordinary exception that is not celery_agboss's (design: signals and errors) — a soft time
 limit, a bug — raised once a call is claimed and before its outcome is recorded reaches the

@@ -40,6 +40,7 @@ from celery_agboss.core.outbound import (
 )
 from celery_agboss.core.prepared import Holder, PreparedCall, Resend, holder_transition
 from celery_agboss.core.protections import (
+    CANCEL_CHECKED_APART_FROM_RESEND,
     FINGERPRINT_NOT_CHECKED,
     LIVE_OWNER_TAKEN_OVER,
     PENDING_RESENT_WITHOUT_RECONCILE,
@@ -255,13 +256,16 @@ def _reconciled_not_sent(holder: Holder, p: PreparedCall, record: IntentRecord) 
     if record.fingerprint != p.fingerprint and not sabotage.active(FINGERPRINT_NOT_CHECKED):
         raise _another_request(holder, p, record)
     bound = max_key_age_ms(p.call, holder.settings.attempt_timeout_ms)
+    apart = sabotage.active(CANCEL_CHECKED_APART_FROM_RESEND)
     try:
-        with holder.fenced() as tx:
-            holder.check_cancel(tx)  # a resend is a new send: never after a cancel
+        if apart:
+            with holder.fenced() as tx:
+                holder.check_cancel(tx)
+        fault(fault_points.RECONCILE_BEFORE_RESEND, holder.lease_ref, p.ref, attempt=attempt)
+        won, too_old = _claim_resend(holder, p, attempt, bound, check_cancel=not apart)
     except CancelRequestedError:
         _hand_back_not_sent(holder, p, attempt)
         raise
-    won, too_old = _claim_resend(holder, p, attempt, bound)
     if won:
         return Resend(attempt + 1)
     if not too_old:
@@ -308,14 +312,18 @@ def _another_request(
 
 
 def _claim_resend(
-    holder: Holder, p: PreparedCall, attempt: int, bound: int | None
+    holder: Holder, p: PreparedCall, attempt: int, bound: int | None, *, check_cancel: bool
 ) -> tuple[bool, bool]:
     """``(won, too_old)``: the next attempt claimed while the key is young enough for the
-    gateway to deduplicate it, else the intent flagged for an operator (key-too-old)."""
+    gateway to deduplicate it, else the intent flagged for an operator (key-too-old). A
+    resend is a new send: the claim's own transaction reads the cancel request, so a
+    cancel recorded before it commits is never followed by the send."""
     me = holder.lease_ref
     settings = holder.settings
     too_old = False
     with holder.fenced() as tx:
+        if check_cancel:
+            holder.check_cancel(tx)
         won = transition(
             tx,
             settings.pseudonym_key,

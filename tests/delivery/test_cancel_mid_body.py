@@ -2,6 +2,9 @@
 ``outbound()`` or ``fenced_effect()``, which sends and writes nothing; the execution ends
 ``CANCELLED`` — unless a money-moving call of it already completed: then it never ends
 silently cancelled but waits for an operator, listed with the command that ends it.
+A resend after a lookup's ``NotSent`` reads the cancel request in the transaction that
+claims it (twin ``cancel-checked-apart-from-resend``: a cancel recorded between a check
+of its own and the claim is followed by the charge).
 
 The revoke is ``app.control.revoke(id)`` without ``terminate`` (the body keeps running:
 Celery itself does not stop it), recorded in the store by ``AGBoss``'s revoke recorder.
@@ -15,13 +18,21 @@ it, so these tests need their writes not to be cut.
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from celery_agboss import Completed, NotSent, OutboundCall
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
-from celery_agboss.core.protections import CANCEL_NOT_CHECKED_MID_BODY
+from celery_agboss.core.outbound import CallContext
+from celery_agboss.core.protections import (
+    CANCEL_CHECKED_APART_FROM_RESEND,
+    CANCEL_NOT_CHECKED_MID_BODY,
+)
 from celery_agboss.operator import cancel, list_waits
+from celery_agboss.testing.fault_arming import RECONCILE_BEFORE_RESEND, arm_fault
+from celery_agboss.testing.gateway_types import is_definite_failure
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 
@@ -96,3 +107,63 @@ def test_a_revoke_after_the_charge_waits_for_an_operator_never_silently_cancelle
     ended = cancel(shop.app, task_id, "refunded at the gateway", payments_handled=True)
     assert ended.state.value == "CANCELLED"
     assert shop.sweep().cancelled == 0  # nothing for the sweep to redo
+
+
+def _cancel_recorded_as_a_resend_is_claimed(shop: PaymentShop) -> str:
+    """The first send fails before the gateway read it (an unknown outcome); the next
+    delivery's lookup says ``NotSent``, and a cancel is recorded just before the resend
+    is claimed."""
+    gateway = shop.gateway
+    sends: list[str] = []
+
+    def send(call: CallContext) -> Any:
+        sends.append(call.idempotency_key)
+        if len(sends) == 1:
+            raise ConnectionError("connection reset before the gateway read the request")
+        return gateway.charge(call.request["amount"], call.idempotency_key)
+
+    charge = OutboundCall(
+        name="shop.flaky_charge",
+        send=send,
+        reconcile=lambda call, lookup: (
+            NotSent()
+            if (found := gateway.lookup(lookup.idempotency_key)) is None
+            else Completed(found)
+        ),
+        key_retention=timedelta(hours=24),
+        is_definite_failure=is_definite_failure,
+        lookup_proves_absence=True,  # the cancel may settle the unsent intent FAILED
+    )
+    shop.agboss.register(charge)
+    task_ids: list[str] = []
+    arm_fault(
+        RECONCILE_BEFORE_RESEND,
+        lambda _: shop.agboss.executions.request_cancel(task_ids[0], "customer asked"),
+    )
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        return self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+
+    with shop.worker():
+        task_ids.append(str(pay.delay("o-3").id))
+        shop.wait_state(task_ids[0], "CANCELLED", "WAITING_OPERATOR", "COMPLETED")
+    assert len(sends) >= 1
+    return task_ids[0]
+
+
+def test_a_cancel_recorded_before_a_resend_is_claimed_stops_the_resend(
+    shop: PaymentShop,
+) -> None:
+    task_id = _cancel_recorded_as_a_resend_is_claimed(shop)
+    assert shop.execution(task_id).state.value == "CANCELLED"
+    assert shop.gateway.payments == [], "nothing charged after the cancel"
+
+
+def test_with_the_cancel_checked_apart_the_resend_charges_a_cancelled_order(
+    shop: PaymentShop,
+) -> None:
+    with sabotage(CANCEL_CHECKED_APART_FROM_RESEND):
+        task_id = _cancel_recorded_as_a_resend_is_claimed(shop)
+    assert shop.execution(task_id).state.value != "CANCELLED"
+    assert len(shop.gateway.payments) == 1, "charged after the cancel was recorded"
