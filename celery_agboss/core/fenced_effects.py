@@ -32,6 +32,7 @@ from celery_agboss.core.protections import (
     FENCED_EFFECT_NOT_REPLAYED,
     RECORD_USE_NOT_NOTED,
     REPLAY_AFTER_UNDO,
+    RETENTION_DELETES_WHAT_IT_LISTED,
 )
 from celery_agboss.core.step_identity import Step
 from celery_agboss.core.store_protocol import (
@@ -104,6 +105,10 @@ def run_fenced_effect(
                     relied = tx.rely_on(EFFECT_RECORD, key, holder.execution_id) if shared else None
                     if relied is Reliance.UNDONE and not sabotage.active(REPLAY_AFTER_UNDO):
                         raise _undone(name, log_ref)
+                    if relied is Reliance.ABSENT and not sabotage.active(
+                        RETENTION_DELETES_WHAT_IT_LISTED
+                    ):
+                        raise _LostInsert()  # retention took it: read again, never hand it out
                     return replayed
                 result = fn(tx.connection)  # the store refuses an end of tx from fn
                 try:

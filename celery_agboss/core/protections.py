@@ -297,6 +297,12 @@ PAUSED_RECORDS_EXPIRE = "paused-records-expire"
 """Sabotage (pauses): retention counts a paused execution idle past the cutoff as done,
 so the intents and fenced effects before its pause go while it waits for its answer."""
 
+RETENTION_DELETES_WHAT_IT_LISTED = "retention-deletes-what-it-listed"
+"""Sabotage (design: retention): retention deletes the records a plain read listed, its
+deletes judging nothing but the status, and a replay reads and notes its use without
+holding the record: a replay between the two relies on a record that is then deleted,
+its use with it, and the replaying execution's re-run charges again."""
+
 RELIANCE_OFF_THE_RECORD = "reliance-off-the-record"
 """Sabotage: a reliance is noted beside the record, not by a compare-and-set on it, and an
 undo's claim does not compare the reliance it read: a replay and an undo that race both

@@ -46,6 +46,7 @@ from celery_agboss.core.protections import (
     RECORD_USE_NOT_NOTED,
     REPLAY_AFTER_UNDO,
     REPLAY_NOT_STORED_MARKER,
+    RETENTION_DELETES_WHAT_IT_LISTED,
 )
 from celery_agboss.core.reconcile import reconcile_pending, take_for_reconcile
 from celery_agboss.core.settle import send_and_settle
@@ -134,6 +135,10 @@ def _claim_then_settle(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
         if record.status is IntentStatus.COMPLETED:
             if claim.reliance is Reliance.UNDONE and not sabotage.active(REPLAY_AFTER_UNDO):
                 raise _compensated(holder, p)
+            if claim.reliance is Reliance.ABSENT and not sabotage.active(
+                RETENTION_DELETES_WHAT_IT_LISTED
+            ):
+                continue  # retention took it while this read waited: never hand it out
             return _replay(p, record)
         if record.status is IntentStatus.FAILED:
             _check_fingerprint(p, record.fingerprint)

@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 from celery_agboss.core.store_protocol import EffectRecord
 from celery_agboss.store.codec import dumps, loads
 from celery_agboss.store.dialect import insert_or_nothing, now_expr
+from celery_agboss.store.record_uses import held_against_retention
 from celery_agboss.store.schema import fenced_effects
 from celery_agboss.store.sealed_columns import opened, sealed
 
@@ -18,7 +19,13 @@ TABLE = fenced_effects.name
 
 
 def read_txn(conn: Connection, key: str) -> EffectRecord | None:
-    row = conn.execute(select(fenced_effects).where(_e.key == key)).first()
+    """The effect, held ``FOR KEY SHARE`` on PostgreSQL until the transaction ends, as an
+    intent's read is: a replay keeps what it read until its use is noted, and retention
+    skips it meanwhile (design: retention)."""
+    statement = select(fenced_effects).where(_e.key == key)
+    if held_against_retention(conn):
+        statement = statement.with_for_update(read=True, key_share=True)
+    row = conn.execute(statement).first()
     if row is None:
         return None
     return EffectRecord(

@@ -33,6 +33,7 @@ from celery_agboss.store.history import (
     history_parameters,
 )
 from celery_agboss.store.leases import owner_locked_or_live_txn
+from celery_agboss.store.record_uses import held_against_retention
 from celery_agboss.store.schema import intent_history, leases, outbound_calls
 from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.statement_cache import built_once
@@ -120,13 +121,20 @@ def _record(row: Row[Any], conn: Connection) -> IntentRecord:
 
 
 def read_txn(conn: Connection, key: str, *, offset_ms: int = 0) -> IntentRecord | None:
+    """The intent, held ``FOR KEY SHARE`` on PostgreSQL until the transaction ends: what a
+    replay read stays there while it notes its use and relies on it, and a read that
+    meets retention deleting the row waits and finds nothing, so the caller claims anew
+    (design: retention). The lock never waits for a compare-and-set, nor one for it."""
     row = conn.execute(_read_statement(conn, offset_ms), {"i_key": key}).first()
     return None if row is None else _record(row, conn)
 
 
 @built_once
 def _read_statement(conn: Connection, offset_ms: int) -> Any:
-    return _select_intents(conn, offset_ms).where(_i.idempotency_key == bindparam("i_key"))
+    statement = _select_intents(conn, offset_ms).where(_i.idempotency_key == bindparam("i_key"))
+    if held_against_retention(conn):
+        statement = statement.with_for_update(read=True, key_share=True, of=outbound_calls)
+    return statement
 
 
 def insert_txn(
@@ -388,23 +396,37 @@ def delete_settled_by_keys_txn(conn: Connection, keys: Sequence[str]) -> int:
 
     A PENDING intent is never deleted (design: P4), whatever the caller asked.
     """
+    return len(delete_settled_returning_txn(conn, keys))
+
+
+def delete_settled_returning_txn(
+    conn: Connection, keys: Sequence[str], *, only_if: ColumnElement[bool] | None = None
+) -> list[str]:
+    """Retention: delete these intents, if settled and ``only_if`` still holds on the row
+    the ``DELETE`` reads, then the history of exactly those; the keys deleted.
+
+    The intent's ``DELETE`` is the one statement that decides: a condition retention
+    listed on an earlier snapshot is judged again there (design: retention), and what it
+    kept keeps its history. A PENDING intent is never deleted (design: P4).
+    """
     wanted = list(keys)
     if not wanted:
-        return 0
+        return []
     settled = and_(_i.idempotency_key.in_(wanted), _i.status != IntentStatus.PENDING.value)
-    conn.execute(
-        delete(intent_history).where(
-            _h.idempotency_key.in_(select(_i.idempotency_key).where(settled))
-        )
-    )
-    result = conn.execute(delete(outbound_calls).where(settled))
-    return int(result.rowcount)
+    if only_if is not None:
+        settled = and_(settled, only_if)
+    gone = conn.execute(delete(outbound_calls).where(settled).returning(_i.idempotency_key))
+    deleted = [str(key) for key in gone.scalars()]
+    if deleted:
+        conn.execute(delete(intent_history).where(_h.idempotency_key.in_(deleted)))
+    return deleted
 
 
 __all__ = [
     "cas_guard_and_values",
     "cas_parts",
     "delete_settled_by_keys_txn",
+    "delete_settled_returning_txn",
     "insert_txn",
     "list_for_execution_txn",
     "new_intent_values",

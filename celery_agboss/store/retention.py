@@ -4,6 +4,15 @@ Settled intents and fenced-effect records whose every user ended before the cuto
 then the terminal executions they belonged to, and the lease rows of sweepers that
 died or let go. Each delete is one transaction whose predicate re-states why the row
 may go, so a record an execution still uses is never deleted, whoever created it.
+
+A shared record is listed ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, and its ``DELETE``
+judges once more, on the row it deletes, the one condition the listing used
+(``_may_go``). A replay holds the record ``FOR KEY SHARE`` from its read until it has
+noted its use and relied on it (``intents.read_txn``, ``record_uses``): retention skips
+a record a replay holds, and a replay that reaches a record retention holds waits, then
+finds it gone and claims anew. A use committed between the listing's snapshot and its
+lock is seen by the ``DELETE``. Never both a replay relying on a record and the record
+deleted. On SQLite, writers (retention and every fenced transaction) run one at a time.
 """
 
 from __future__ import annotations
@@ -20,12 +29,19 @@ from celery_agboss.core.executions import (
     TERMINAL_STATES,
     ExecutionState,
 )
-from celery_agboss.core.protections import PAUSED_RECORDS_EXPIRE, RECORD_USES_IGNORED_BY_RETENTION
+from celery_agboss.core.protections import (
+    PAUSED_RECORDS_EXPIRE,
+    RECORD_USES_IGNORED_BY_RETENTION,
+    RETENTION_DELETES_WHAT_IT_LISTED,
+)
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
     LeaseRef,
 )
+from celery_agboss.store import intents
+from celery_agboss.store.dialect import is_postgresql
+from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.schema import (
     SETTLED_ONLY_EXCLUDES,
     SWEEPER_SCOPE_PATTERN,
@@ -36,6 +52,7 @@ from celery_agboss.store.schema import (
 )
 from celery_agboss.store.schema_executions import executions, pauses
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _i = outbound_calls.c
@@ -85,6 +102,26 @@ def _creator_done_before(execution_id: Any, cutoff_ms: int) -> ColumnElement[boo
     return exists().where(_e.id == execution_id, done)
 
 
+def _may_go(
+    kind: str,
+    columns: tuple[Column[Any], Column[Any], Column[Any]],
+    cutoff_ms: int,
+    narrower: tuple[ColumnElement[bool], ...],
+) -> ColumnElement[bool]:
+    """Why a record may go, decided once: made before the cutoff (``narrower`` still),
+    its creator terminal since before it, and no other user kept it (design: retention).
+    The listing and the ``DELETE`` both judge by this expression."""
+    key, creator, made_at = columns
+    kept = (
+        false()
+        if sabotage.active(RECORD_USES_IGNORED_BY_RETENTION)
+        else _kept_for_a_user(kind, key, cutoff_ms)
+    )
+    return and_(
+        made_at < cutoff_ms, *narrower, _creator_done_before(creator, cutoff_ms), not_(kept)
+    )
+
+
 def delete_settled_intents_before(
     store: SQLAlchemyStore, cutoff_ms: int, limit: int
 ) -> RetentionResult:
@@ -119,34 +156,37 @@ def _delete_records_before(
 ) -> RetentionResult:
     """Retention of one kind of shared record: ``columns`` are its key, its creator and
     the time its index orders by (created before ``cutoff_ms``, ``narrower`` still),
-    oldest first; the records go with their uses, in one transaction."""
+    oldest first; the records go with their uses, in one transaction. Listed under the
+    rows' locks and judged again by the ``DELETE`` (see the module doc)."""
     key, creator, made_at = columns
-    kept = (
-        false()
-        if sabotage.active(RECORD_USES_IGNORED_BY_RETENTION)
-        else _kept_for_a_user(kind, key, cutoff_ms)
-    )
+    may_go = _may_go(kind, columns, cutoff_ms, narrower)
+    judged = not sabotage.active(RETENTION_DELETES_WHAT_IT_LISTED)
     with store.transaction() as tx:
-        rows = tx.execute(
-            select(key, creator)
-            .where(
-                made_at < cutoff_ms,
-                *narrower,
-                _creator_done_before(creator, cutoff_ms),
-                not_(kept),
-            )
-            .order_by(made_at, key)
-            .limit(limit)
-        ).all()
-        keys = [str(row[0]) for row in rows]
-        deleted = 0
-        if keys:
-            if kind == INTENT_RECORD:
-                deleted = tx.delete_settled_intents_by_key(keys)
-            else:
-                deleted = tx.delete_effects_by_key(keys)
-            tx.delete_record_uses(kind, keys)
-        return RetentionResult(len({str(row[1]) for row in rows}), deleted)
+        listing = select(key, creator).where(may_go).order_by(made_at, key).limit(limit)
+        if judged and is_postgresql(tx.connection):
+            # A row a replay holds (FOR KEY SHARE) is skipped, not waited for.
+            listing = listing.with_for_update(skip_locked=True, of=key.table)
+        rows = tx.execute(listing).all()
+        if not rows:
+            return RetentionResult(0, 0)
+        gone = _delete_listed(tx, kind, [str(row[0]) for row in rows], may_go if judged else None)
+        tx.delete_record_uses(kind, gone)  # a record the DELETE kept keeps its uses
+        deleted = set(gone)
+        creators = {str(row[1]) for row in rows if str(row[0]) in deleted}
+        return RetentionResult(len(creators), len(gone))
+
+
+def _delete_listed(
+    tx: SQLTransaction, kind: str, keys: list[str], only_if: ColumnElement[bool] | None
+) -> list[str]:
+    """Delete the listed records for which ``only_if`` still holds on the row each
+    ``DELETE`` reads (every listed one without it); the keys deleted."""
+    if kind == INTENT_RECORD:
+        with translated():
+            return intents.delete_settled_returning_txn(tx.connection, keys, only_if=only_if)
+    listed = _f.key.in_(keys)
+    statement = delete(fenced_effects).where(listed if only_if is None else and_(listed, only_if))
+    return [str(gone) for gone in tx.execute(statement.returning(_f.key)).scalars()]
 
 
 def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> int:

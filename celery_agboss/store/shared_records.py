@@ -15,16 +15,14 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import Table, all_, and_, bindparam, select, union, update
+from sqlalchemy import all_, and_, bindparam, select, union, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.dml import Update
-from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.keys import is_business_key
 from celery_agboss.core.protections import RELIANCE_OFF_THE_RECORD
 from celery_agboss.core.store_protocol import (
-    EFFECT_RECORD,
     INTENT_RECORD,
     IntentStatus,
     RecordUser,
@@ -32,7 +30,7 @@ from celery_agboss.core.store_protocol import (
     SharedRecord,
 )
 from celery_agboss.store.dialect import now_expr
-from celery_agboss.store.record_uses import note_relied_txn
+from celery_agboss.store.record_uses import note_relied_txn, record_table
 from celery_agboss.store.schema import fenced_effects, outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.statement_cache import built_once
@@ -41,14 +39,6 @@ _i = outbound_calls.c
 _f = fenced_effects.c
 _u = record_uses.c
 _e = executions.c
-
-
-def _table(kind: str) -> tuple[Table, ColumnElement[str]]:
-    if kind == INTENT_RECORD:
-        return outbound_calls, _i.idempotency_key
-    if kind == EFFECT_RECORD:
-        return fenced_effects, _f.key
-    raise ValueError(f"a record is an {INTENT_RECORD!r} or an {EFFECT_RECORD!r}, not {kind!r}")
 
 
 # --- reads ----------------------------------------------------------------------------
@@ -76,7 +66,7 @@ def _users_statement(conn: Connection, kind: str) -> Any:
 def _with_creator(kind: str) -> Any:
     """The records' columns and their creator's state, read with them (an outer join:
     a creator's row may be gone), so the records and their creators cost one round trip."""
-    table, _ = _table(kind)
+    table, _ = record_table(kind)
     return select(
         *_columns(kind),
         _e.state.label("creator_state"),
@@ -168,7 +158,7 @@ def _columns(kind: str) -> list[Any]:
 
 
 def read_shared_txn(conn: Connection, kind: str, record_key: str) -> SharedRecord | None:
-    _, key_column = _table(kind)
+    _, key_column = record_table(kind)
     rows = conn.execute(_with_creator(kind).where(key_column == record_key)).all()
     found = _records(conn, kind, rows)
     return found[0] if found else None
@@ -245,8 +235,11 @@ def rely_on_txn(
 ) -> Reliance:
     """Write that the record's result is handed to ``execution_id`` (see the module doc):
     ``reliance`` + 1 by a compare-and-set that fails once an undo claimed the record,
-    then the use marked relied. An execution that relied already changes nothing."""
-    table, key_column = _table(kind)
+    then the use marked relied. An execution that relied already changes nothing.
+    ``ABSENT``: no such completed record — retention deleted it while this transaction
+    waited for its row (a caller that did not hold it from its read): nothing is noted,
+    and its result must not be handed out (design: retention)."""
+    table, key_column = record_table(kind)
     if not counted and not sabotage.active(RELIANCE_OFF_THE_RECORD):
         if _relied(conn, kind, record_key, execution_id):
             return Reliance.RELIED
@@ -273,7 +266,7 @@ def _note_relied(
 def claim_undo_txn(
     conn: Connection, kind: str, record_key: str, execution_id: str, reliance: int
 ) -> bool:
-    table, key_column = _table(kind)
+    table, key_column = record_table(kind)
     guard = [key_column == record_key, table.c.undo_by.is_(None)]
     if not sabotage.active(RELIANCE_OFF_THE_RECORD):
         guard.append(table.c.reliance == bindparam("seen", reliance))
@@ -284,7 +277,7 @@ def claim_undo_txn(
 def mark_compensated_txn(
     conn: Connection, kind: str, record_key: str, execution_id: str, *, offset_ms: int = 0
 ) -> None:
-    table, key_column = _table(kind)
+    table, key_column = record_table(kind)
     conn.execute(
         update(table)
         .where(

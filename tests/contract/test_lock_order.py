@@ -23,8 +23,6 @@ the claim for the execution's row the release holds, and PostgreSQL fails one.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,7 +36,7 @@ from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.testing.switches import sabotage
 from tests.contract.one_statement_world import HISTORY_KEY, TTL_MS, charge_key, started
-from tests.support.lock_waits import waiting_backends
+from tests.support.lock_waits import in_thread, waiting_backends
 from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.postgres
@@ -59,18 +57,6 @@ def _claim(executions: SQLAlchemyExecutionStore, lease: LeaseRef, one_statement:
         return tx.insert_intent(intent, first_history=row)
 
 
-def _in_thread(call: Callable[[], Any], outcome: dict[str, Any], name: str) -> threading.Thread:
-    def run() -> None:
-        try:
-            outcome[name] = call()
-        except BaseException as exc:  # judged by the test
-            outcome[name] = exc
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    return thread
-
-
 def _worst_case(executions: SQLAlchemyExecutionStore, one_statement: bool) -> dict[str, Any]:
     """The start and the claim queued behind a holder of the execution's row, in the
     order that would close a cycle; a renewal sent while they wait. What each gave."""
@@ -80,13 +66,13 @@ def _worst_case(executions: SQLAlchemyExecutionStore, one_statement: bool) -> di
     outcome: dict[str, Any] = {}
     with engine.connect() as holder:
         holder.execute(text("SELECT id FROM agboss_executions WHERE id = 'ordered' FOR UPDATE"))
-        start = _in_thread(
+        start = in_thread(
             lambda: executions.start_delivery(duplicate, "duplicate", TTL_MS, 3).kind,
             outcome,
             "start",
         )
         wait_until(lambda: waiting_backends(engine) >= 1, 10, message="the start's wait")
-        claim = _in_thread(lambda: _claim(executions, lease, one_statement), outcome, "claim")
+        claim = in_thread(lambda: _claim(executions, lease, one_statement), outcome, "claim")
         wait_until(lambda: waiting_backends(engine) >= 2, 10, message="the claim's wait")
         outcome["renewal"] = executions.store.renew_leases([lease], TTL_MS)
         holder.commit()
@@ -128,9 +114,9 @@ def _release_before_claim(
     outcome: dict[str, Any] = {}
     with engine.connect() as holder:
         holder.execute(text("SELECT id FROM agboss_executions WHERE id = 'releasing' FOR UPDATE"))
-        release = _in_thread(lambda: executions.release_delivery(lease), outcome, "release")
+        release = in_thread(lambda: executions.release_delivery(lease), outcome, "release")
         wait_until(lambda: waiting_backends(engine) >= 1, 10, message="the release's wait")
-        claim = _in_thread(lambda: _claim(executions, lease, one_statement), outcome, "claim")
+        claim = in_thread(lambda: _claim(executions, lease, one_statement), outcome, "claim")
         wait_until(lambda: waiting_backends(engine) >= 2, 10, message="the claim's wait")
         holder.commit()
     for thread in (release, claim):

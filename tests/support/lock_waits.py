@@ -106,3 +106,18 @@ def at_once(act: Callable[..., Any], *args: Any, times: int = 2) -> list[Any]:
 
 
 __all__ = ["at_once", "during_a_change", "sent_statements", "statements_of", "waiting_backends"]
+
+
+def in_thread(call: Callable[[], Any], outcome: dict[str, Any], name: str) -> threading.Thread:
+    """Run ``call`` in a daemon thread named ``name``: what it returned or raised lands in
+    ``outcome[name]``, for the test to judge once it joined."""
+
+    def run() -> None:
+        try:
+            outcome[name] = call()
+        except BaseException as exc:  # judged by the test
+            outcome[name] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
