@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from celery_agboss.core.store_protocol import EffectRecord
@@ -59,11 +57,3 @@ def insert_txn(conn: Connection, record: EffectRecord, *, offset_ms: int = 0) ->
         .returning(_e.key)
     ).first()
     return inserted is not None
-
-
-def delete_by_keys_txn(conn: Connection, keys: Sequence[str]) -> int:
-    """Retention: delete these fenced-effect records."""
-    wanted = list(keys)
-    if not wanted:
-        return 0
-    return int(conn.execute(delete(fenced_effects).where(_e.key.in_(wanted))).rowcount)

@@ -391,14 +391,6 @@ def list_for_execution_txn(
     return [_record(row, conn) for row in conn.execute(statement)]
 
 
-def delete_settled_by_keys_txn(conn: Connection, keys: Sequence[str]) -> int:
-    """Retention: delete these intents and their history, if settled.
-
-    A PENDING intent is never deleted (design: P4), whatever the caller asked.
-    """
-    return len(delete_settled_returning_txn(conn, keys))
-
-
 def delete_settled_returning_txn(
     conn: Connection, keys: Sequence[str], *, only_if: ColumnElement[bool] | None = None
 ) -> list[str]:
@@ -425,7 +417,6 @@ def delete_settled_returning_txn(
 __all__ = [
     "cas_guard_and_values",
     "cas_parts",
-    "delete_settled_by_keys_txn",
     "delete_settled_returning_txn",
     "insert_txn",
     "list_for_execution_txn",

@@ -209,16 +209,6 @@ class SQLTransaction:
                 self._conn, execution_id, offset_ms=self._offset_ms
             )
 
-    def delete_settled_intents_by_key(self, keys: Sequence[str]) -> int:
-        """Retention of intents and their history; PENDING ones are never deleted."""
-        with translated():
-            return intents.delete_settled_by_keys_txn(self._conn, keys)
-
-    def delete_effects_by_key(self, keys: Sequence[str]) -> int:
-        """Retention of fenced-effect records."""
-        with translated():
-            return effects.delete_by_keys_txn(self._conn, keys)
-
     def delete_record_uses(self, kind: str, record_keys: Sequence[str]) -> int:
         """Forget who used records that retention deleted."""
         with translated():
