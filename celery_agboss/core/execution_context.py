@@ -35,6 +35,7 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.core.protections import (
+    CALLS_OF_ONE_KEY_CONCURRENT,
     CANCEL_NOT_CHECKED_MID_BODY,
     CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,
     STORE_FAILURE_CATCHABLE,
@@ -113,6 +114,7 @@ class ExecutionContext(DeliveryLease):
         self._last_outcome: Outcome | None = None
         self._last_step: Step | None = None  # the step of the body that returned last
         self._stopped_by: AGBossSignal | None = None
+        self._key_locks: dict[str, threading.Lock] = {}  # one call of a key at a time
 
     @classmethod
     def start(
@@ -192,7 +194,7 @@ class ExecutionContext(DeliveryLease):
         self.pass_failures()  # this call goes on past the failures before it
         if step.occurrence == 2:
             _warn_position_keys(call.name)
-        with self._stop_on_signal():
+        with self._stop_on_signal(), self._one_call_of(prepared.idempotency_key):
             result, outcome = traced_outbound(
                 call.name, self._execution_id, lambda: run_outbound(self, prepared)
             )
@@ -290,6 +292,22 @@ class ExecutionContext(DeliveryLease):
                 "celery_agboss signals propagate instead of calling on",
                 **stopped.fields,
             )
+
+    @contextmanager
+    def _one_call_of(self, idempotency_key: str) -> Iterator[None]:
+        """Threads of one delivery calling one key (a business key) take turns. Between a
+        claim's commit and the send's registration as in flight, another thread of the
+        same holder would read the intent as its own earlier attempt, find no send
+        running, reconcile ``NotSent`` and send again under the key (design: R16). The
+        second thread waits, then replays what the first settled."""
+        if sabotage.active(CALLS_OF_ONE_KEY_CONCURRENT):
+            yield
+            return
+        with self._lock:
+            turn = self._key_locks.setdefault(idempotency_key, threading.Lock())
+        with turn:
+            self._refuse_after_signal()  # the call it waited for may have stopped the delivery
+            yield
 
     @contextmanager
     def _stop_on_signal(self) -> Iterator[None]:

@@ -24,6 +24,11 @@ mid-body, woken after the take-over completed the payment, refunds the paid orde
 INTENT_CAS_WITHOUT_PREDICATE = "intent-cas-without-predicate"
 """A compare-and-set that misses writes anyway (an UPDATE without its predicate) (design: R15)."""
 
+CALLS_OF_ONE_KEY_CONCURRENT = "calls-of-one-key-concurrent"
+"""Two threads of one delivery run ``outbound()`` under one key at once (design: R16): the
+second reads the first's fresh claim as its own earlier attempt before the send is
+registered in flight, finds ``NotSent`` and sends a second attempt under the key."""
+
 JOIN_ON_ANY_FINGERPRINT = "join-on-any-fingerprint"
 """Join a send in flight whatever request the joiner asked for (design: R16)."""
 

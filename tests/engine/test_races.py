@@ -4,7 +4,9 @@ the fake gateway.
 
 R17 (masking), R19 (renewals never revive), R21 (escaped keys) live with their owners'
 suites: tests/unit/test_masking.py, tests/contract/test_late_renewal.py,
-tests/unit/test_keys.py. The Celery-side halves of R18, R22 and R23 (a revoke, a warm
+tests/unit/test_keys.py. R16 within one delivery: threads calling one business key take turns (twin
+``calls-of-one-key-concurrent``: the second reads the first's fresh claim as its own
+earlier attempt and sends again). The Celery-side halves of R18, R22 and R23 (a revoke, a warm
 shutdown, a worker's renewer) are the Celery layer's integration tests.
 """
 
@@ -31,7 +33,7 @@ from celery_agboss.errors import (
     OutboundCallResultNotStoredError,
     OutboundCallUnreconciledError,
 )
-from celery_agboss.testing.fault_arming import OUTBOUND_AFTER_SEND, arm_pause
+from celery_agboss.testing.fault_arming import OUTBOUND_AFTER_READ, OUTBOUND_AFTER_SEND, arm_pause
 from celery_agboss.testing.gateway import FakeGatewayError, FakeGatewayFault, FakeGatewayTimeout
 from tests.engine.helpers import (
     DAY,
@@ -42,6 +44,7 @@ from tests.engine.helpers import (
     step_intent_key,
     wait_until,
 )
+from tests.support.processes import assert_stays
 
 
 @pytest.fixture
@@ -130,6 +133,42 @@ def test_r16_twin_joining_on_any_fingerprint_hands_out_another_order_s_receipt(
     # The caller asked for 2000 and is told it was charged; the gateway charged 1000 only.
     assert joined["amount"] == 1000
     assert [p["amount"] for p in shop.gateway.payments] == [1000]
+
+
+def _two_threads_of_one_delivery_call_one_key(shop: Shop) -> list[tuple[Any, BaseException | None]]:
+    """Threads A and B of one delivery call one business key; A is held right after its
+    claim committed, before its send is registered in flight."""
+    shop.gateway.idempotency_keys = False  # so a second send under the key is a payment
+    charge = shop.charge_call()
+    ctx = shop.start("task-16")
+    claimed = arm_pause(OUTBOUND_AFTER_READ, only=lambda point: point.get("status") is None)
+
+    def call() -> Any:
+        return ctx.outbound(charge, {"amount": 1600}, business_key="order:16b")
+
+    first = Background(call, name="A")
+    claimed.wait_reached()
+    second = Background(call, name="B")
+    if sabotage.active(protections.CALLS_OF_ONE_KEY_CONCURRENT):
+        wait_until(lambda: not second.alive, what="B to finish beside A")
+    else:
+        assert_stays(lambda: second.alive, 0.5)  # B waits for A's call of the key
+    claimed.release()
+    return [first.outcome(), second.outcome()]
+
+
+def test_r16_threads_of_one_delivery_calling_one_key_take_turns(shop: Shop) -> None:
+    (paid, error_a), (replayed, error_b) = _two_threads_of_one_delivery_call_one_key(shop)
+    assert error_a is None and error_b is None
+    assert replayed == paid
+    assert len(shop.gateway.requests) == 1
+
+
+def test_r16_twin_threads_of_one_delivery_send_one_key_twice(shop: Shop) -> None:
+    with sabotage.switched_off(protections.CALLS_OF_ONE_KEY_CONCURRENT):
+        _two_threads_of_one_delivery_call_one_key(shop)
+    assert len(shop.gateway.requests) == 2
+    assert len(shop.gateway.payments) == 2
 
 
 # --- a cancel does not release the lease under a send still running (design: R18) --------------
