@@ -180,7 +180,9 @@ class OneStatementClaim:
     """What ``Store.claim_in_one`` did. ``fenced``: the lease was not live and mine,
     nothing was written. ``cancel_reason``: a cancel of the execution was requested,
     nothing was written. ``inserted``: the intent was claimed, with its first history
-    row; False (nothing written) when its key existed: the caller reads it."""
+    row; False (nothing written) when its key existed: the caller reads it.
+    ``expires_at_ms``: the lease's new expiry, only from a statement that committed its
+    extension; None tells the holder nothing was extended (it counts no extension)."""
 
     fenced: bool
     inserted: bool
@@ -194,7 +196,9 @@ class OneStatementTransition:
     """What ``Store.transition_in_one`` did. ``fenced``: the lease was not live and mine,
     nothing was written. ``won``: the intent changed, with its history row (and the
     record use). ``chained``: the holder's last row was still the intent's last; when it
-    was not, nothing was written and the caller must use the transaction instead."""
+    was not, nothing was written and the caller must use the transaction instead.
+    ``expires_at_ms``: as ``OneStatementClaim``'s; a statement that failed whole (its
+    history row's ``(key, seq)`` taken meanwhile) reports None, its extension gone too."""
 
     fenced: bool
     won: bool
