@@ -29,6 +29,12 @@ CALLS_OF_ONE_KEY_CONCURRENT = "calls-of-one-key-concurrent"
 second reads the first's fresh claim as its own earlier attempt before the send is
 registered in flight, finds ``NotSent`` and sends a second attempt under the key."""
 
+UNDO_REFUSAL_REPLAYED_ON_REDRIVE = "undo-refusal-replayed-on-redrive"
+"""An undo whose refund the gateway refused definitively waits for an operator without
+authorising that refund to be sent again (design: retry authorisation): the operator's
+``redrive`` runs the undo, which replays the refusal, and the customer is never
+refunded by the engine."""
+
 JOIN_ON_ANY_FINGERPRINT = "join-on-any-fingerprint"
 """Join a send in flight whatever request the joiner asked for (design: R16)."""
 

@@ -61,6 +61,7 @@ from celery_agboss.core.protections import (
     FAILURE_SKIPS_UNDO,
     FENCED_HOLDER_STARTS_UNDO,
     UNDO_ON_ANY_FAILURE,
+    UNDO_REFUSAL_REPLAYED_ON_REDRIVE,
 )
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, encode_error
@@ -254,14 +255,17 @@ def _wait_for_other(d: DeliveryLike, wait: UndoMustWait) -> NoReturn:
 
 def _undo_failed(d: DeliveryLike, step: UndoStep | None, exc: Exception) -> NoReturn:
     """An undo raised: money moved and was not given back, so a person decides (the
-    undo is not marked done: a re-drive runs it again)."""
+    undo is not marked done: a re-drive runs it again). A refund the gateway refused
+    definitively (no money moved: a merchant balance too low) may then be sent again:
+    otherwise the re-drive would only replay the refusal."""
     if not d.settle_sends():
         d.abandon()
         raise Ignore() from None
     ctx = d.context()
     name = step.name if step is not None else "?"
     reason = f"undo {name} failed: {type(exc).__name__}: {ctx.mask_error_text(str(exc))}"
-    d.verdict(ForOperator(reason[:1000]))
+    resend = not sabotage.active(UNDO_REFUSAL_REPLAYED_ON_REDRIVE)
+    d.verdict(ForOperator(reason[:1000], retry_asked=resend))
     d.release()
     d.log_decision(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason="undo failed", undo=name)
     d.send_event(TASK_UNRECONCILED, reason=f"undo {name} failed")

@@ -107,13 +107,19 @@ class UndoWait:
 
 @dataclass(frozen=True)
 class ForOperator:
-    """``WAITING_OPERATOR``: a person decides; nothing runs until then."""
+    """``WAITING_OPERATOR``: a person decides; nothing runs until then.
+    ``retry_asked``: what the person does next is a re-drive that should try again (an
+    undo that failed), which authorises sending again the definite failures that ended
+    the delivery, as a body's own retry does."""
 
     reason: str
+    retry_asked: bool = False
 
     def write_in(
         self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
     ) -> ExecutionRecord:
+        if self.retry_asked:
+            ctx.authorise_retries(tx)
         return executions.waiting_operator_in(tx, self.reason)
 
 

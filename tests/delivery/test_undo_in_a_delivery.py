@@ -36,13 +36,15 @@ from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent,
 from celery_agboss.core.protections import (
     UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY,
     UNDO_REFUNDS_COUNTED_AS_PAYMENTS,
+    UNDO_REFUSAL_REPLAYED_ON_REDRIVE,
     UNDO_TASK_PUBLISHED_DIRECTLY,
 )
 from celery_agboss.errors import ConfigurationError, OperatorRefusedError
-from celery_agboss.operator import cancel, list_failed_after_payment
+from celery_agboss.operator import cancel, list_failed_after_payment, redrive
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
+from celery_agboss.testing.gateway_types import is_definite_failure
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.engine.helpers import Crash
 from tests.support.processes import wait_until
@@ -236,6 +238,70 @@ def test_an_undo_that_raises_waits_for_an_operator(shop: PaymentShop) -> None:
         task_id = str(pay.delay("o-6").id)
         record = shop.wait_state(task_id, "WAITING_OPERATOR", "FAILED")
     assert_waits_for_an_operator(record, "undo refund-charge failed: RuntimeError")
+
+
+def _refund_refused_then_redriven(shop: PaymentShop) -> str:
+    """The body charges, declares the refund undo, then fails; the gateway refuses the
+    refund definitively (nothing moved), so the execution waits for an operator, who
+    re-drives it once the merchant's balance is topped up."""
+    charge = shop.call()
+    gateway = shop.gateway
+
+    def send(call: CallContext) -> Any:
+        return gateway.refund(call.request["payment"], call.idempotency_key)
+
+    refund = shop.agboss.register(
+        OutboundCall(
+            name="shop.refusable-refund",
+            send=send,
+            reconcile=lambda call, lookup: NotSent(),
+            key_retention=timedelta(hours=24),
+            is_definite_failure=is_definite_failure,
+        )
+    )
+
+    @undo_function(shop.app, "refund-charge")
+    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
+        task.outbound(refund, {"payment": payment})
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        self.undo_with("refund-charge", payment=receipt["id"])
+        raise LookupError("out of stock")
+
+    gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")
+    with shop.worker():
+        task_id = str(pay.delay("o-7").id)
+        record = shop.wait_state(task_id, "WAITING_OPERATOR", "FAILED")
+        assert_waits_for_an_operator(record, "undo refund-charge failed")
+        assert gateway.refunds == []
+        assert redrive(shop.app, task_id, "balance topped up", actor="test")
+        wait_until(
+            lambda: (
+                shop.execution(task_id).deliveries >= 2
+                and shop.execution(task_id).state.value in ("FAILED", "WAITING_OPERATOR")
+            ),
+            20,
+            message="the re-driven delivery to end",
+        )
+    return task_id
+
+
+def test_a_refund_refused_by_the_gateway_is_sent_again_on_redrive(shop: PaymentShop) -> None:
+    task_id = _refund_refused_then_redriven(shop)
+    assert shop.execution(task_id).state.value == "FAILED", "undone, then failed"
+    assert len(shop.gateway.refunds) == 1
+    assert len(shop.gateway.payments) == 1
+
+
+def test_twin_a_redrive_replays_the_refusal_and_the_customer_is_never_refunded(
+    shop: PaymentShop,
+) -> None:
+    with sabotage(UNDO_REFUSAL_REPLAYED_ON_REDRIVE):
+        task_id = _refund_refused_then_redriven(shop)
+    assert shop.execution(task_id).state.value == "WAITING_OPERATOR"
+    assert shop.gateway.refunds == []
 
 
 # --- an undo declared as a Celery signature ------------------------------------------------
