@@ -52,6 +52,7 @@ from celery_agboss.chaos.shop import (
 )
 from celery_agboss.chaos.supervisor import Supervisor
 from celery_agboss.chaos.verdict import WAITING, Execution, Verdict, settled, summarise
+from celery_agboss.errors import PublishRefusedError
 from celery_agboss.runtime.settings import redact_url
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.schema_executions import executions
@@ -62,6 +63,7 @@ from celery_agboss.testing.gateway_types import GatewayCapabilities, GatewayRequ
 START_SECONDS = 120.0  # every worker and the beat ready (a loaded machine is slow)
 CHAOS_MARGIN_SECONDS = 60.0  # past --fault-seconds, faults still unfired are skipped
 TICK_SECONDS = 0.1
+PUBLISH_AGAIN_SECONDS = 1.0  # a refused publish (nothing sent) is placed again after this
 POLL_SECONDS = 0.5
 
 STRICT = GatewayCapabilities(
@@ -75,8 +77,9 @@ STRICT = GatewayCapabilities(
 )
 
 
-class Interrupted(Exception):
-    """SIGTERM or SIGINT reached the explorer."""
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT reached the explorer (a BaseException, so that no ``except
+    Exception`` on the way, a publish's included, takes it for an error to handle)."""
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -181,7 +184,22 @@ class Explorer:
             elapsed = now - t0
             while due and due[0][0] <= elapsed:
                 _, order = due.pop(0)
-                self.orders[order] = str(charge_order.delay(order).id)
+                try:
+                    self.orders[order] = str(charge_order.delay(order).id)
+                except PublishRefusedError as refused:
+                    # Nothing was published (the store could not record it, e.g. SQLite
+                    # locked by a frozen worker): the customer's click failed visibly,
+                    # and a customer clicks again. The faults' timers run first: the
+                    # worker that holds the store may be one this explorer froze.
+                    again = time.monotonic() < bound
+                    self.say(
+                        f"order {order}: publish refused ({type(refused.__cause__).__name__}); "
+                        + ("placed again in 1 s" if again else "not placed")
+                    )
+                    if again:
+                        due.append((elapsed + PUBLISH_AGAIN_SECONDS, order))
+                        due.sort()
+                    break
             runner.tick(now)
             if pending and not runner.busy and pending[0].at <= elapsed:
                 runner.fire(pending.pop(0), now)
