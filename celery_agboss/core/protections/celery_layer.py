@@ -1,0 +1,204 @@
+"""The switches of the Celery layer: one delivery and the task, what is recorded
+around it (publishes, held messages, the outbox, undo tasks), the sweep and the
+operator's verbs, webhooks and adapters, frameworks. Read through
+``celery_agboss.core.protections``, their one home."""
+
+from __future__ import annotations
+
+# One delivery (delivery/) and the task (task.py).
+
+EAGER_IGNORE_READ = "eager-ignore-read-as-success"
+"""Sabotage: an eager run that ended unfinished (paused, waiting) returns None, as
+Celery reads an Ignore, so a test suite reads a paused payment as paid."""
+
+FAILURE_FOR_AN_UNFINISHED_EXECUTION = "failure-for-an-unfinished-execution"
+"""Sabotage: Celery writes FAILURE and fires errbacks for an execution that is only waiting
+or about to be continued (a hard time limit, a retry whose publish failed)."""
+
+RETRY_PUBLISH_FAILURE_REJECTS = "retry-publish-failure-rejects"
+"""Sabotage: a retry whose publish failed is Celery's ``Reject(requeue=False)``, so the
+message is dropped as failed while the execution only waits."""
+
+PACKAGE_RETRIES_COUNTED = "package-retries-counted"
+"""Sabotage: the application's ``max_retries`` counts celery_agboss's own retries too (an
+unknown outcome's), so ``autoretry_for`` gives up early."""
+
+REPUBLISH_FORGETS_OWN_RETRIES = "republish-forgets-own-retries"
+"""Sabotage (design: what Celery records): a re-published message (the sweep's re-drive, a
+woken release, an operator's) drops the count of the package's own retries but keeps
+Celery's ``retries``, so they all count against the application's ``max_retries`` and its
+next ``self.retry()`` fails a payment that went through."""
+
+RETRY_KEEPS_EXPIRES = "retry-keeps-expires"
+"""Sabotage (design: expires bounds the start): ``self.retry()`` carries the message's ``expires``,
+so a retry after it is dropped by the worker while the execution, charged, waits for it."""
+
+REPLACE_HANDED_TO_CELERY = "replace-handed-to-celery"
+"""Sabotage: ``self.replace()`` is Celery's: the replacement runs under this execution's
+id, finds it COMPLETED(None) and replays that instead of running, so the payments it
+would have made are never made."""
+
+UNDO_ON_ANY_FAILURE = "undo-on-any-failure"
+"""Sabotage (design: P5): a delivery that ended without a verdict (a hard time limit, a kill)
+counts as a failure, so the delivery that takes it over runs the undos instead of
+continuing the body — refunding a payment that went through and whose order goes on."""
+
+FAILURE_SKIPS_UNDO = "failure-skips-undo"
+"""Sabotage: a real failure ends ``FAILED`` without running the undos it declared, as
+before undo existed: the customer stays charged for an order that failed."""
+
+WAKE_FOLDED_INTO_REFUSED_RETRY = "wake-folded-into-refused-retry"
+"""Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
+(past max_retries), so no message carries the continuation."""
+
+REQUEUE_WITHOUT_PAUSE = "requeue-without-pause"
+"""Sabotage: a message handed back to the broker because the store is down is
+redelivered at once, over and over, for as long as the outage lasts."""
+
+FENCE_RECORDED_AS_FAILURE = "fence-recorded-as-failure"
+"""Sabotage: a fenced (superseded) delivery lets Celery record a FAILURE, over the
+holder that finished the payment."""
+
+CANCEL_REQUEST_IGNORED = "cancel-request-ignored"
+"""Sabotage: a delivery of an execution with a cancel request runs the body as if
+there were none, at its start and at every outbound call (a pending intent is
+reconciled, and resent when it was not sent)."""
+
+REJECT_WAITS_FOR_THE_SWEEP = "reject-waits-for-the-sweep"
+"""Sabotage: a body's own ``Reject(requeue=False)`` leaves the execution WAITING, so the
+sweep brings back what the body dropped, again and again until it is PARKED."""
+
+LEASE_KEPT_AFTER_A_BROKEN_END = "lease-kept-after-a-broken-end"
+"""Sabotage: a delivery whose own end-of-run code raised keeps its lease renewed for as
+long as the worker process lives: the execution looks RUNNING, and the sweep never
+takes it."""
+
+TIME_LIMIT_FAILS_THE_TASK = "time-limit-fails-the-task"
+"""Sabotage: a hard time limit is handled as Celery does it — FAILURE written (unless the
+result backend withholds it), ``on_failure`` and the errbacks run — for an execution
+that will be continued and may already have charged."""
+
+EXPIRY_REVOKES_THE_ID = "expiry-revokes-the-id"
+"""Sabotage (design: expires bounds the start): a message past its ``expires`` is dropped
+as Celery drops it, its id added to the worker's revoked set, so that every later
+message of a started execution (its retry, its re-drive) is dropped as revoked and
+recorded as a cancel: a charged order cancelled, or an order never charged."""
+
+REPLAY_SENDS_LINKS = "replay-sends-links"
+"""Sabotage: a duplicate that replays a terminal execution sends its chain and callbacks
+again, although the completing delivery already did."""
+
+UNSTORED_RESULT_REPLAYED_AS_FAILURE = "unstored-result-replayed-as-failure"
+"""Sabotage: a duplicate of a completed execution whose result this store cannot hand back
+raises, so Celery writes FAILURE over the SUCCESS the completing delivery stored, and
+fires ``link_error`` (an errback that refunds the order)."""
+
+REPLAY_COUNTS_CHORD = "replay-counts-chord"
+"""Sabotage: a duplicate of a completed chord header part counts its part again, so a
+counter backend (Redis) thinks the header done early, or fails the chord."""
+
+
+# What the Celery layer records around a delivery: publishes, held messages, the outbox, undo tasks.
+
+HELD_NOT_REPORTED = "held-messages-not-reported"
+"""Sabotage: a worker never says which messages it holds unstarted; killed, they wait
+for ``agboss_requested_grace`` (Redis hides them for its visibility timeout)."""
+
+LINK_IDS_NOT_FIXED = "link-ids-not-fixed"
+"""Sabotage (design: publishes from a body): an execution's unfrozen links get a new id
+each time a delivery sends them, so a duplicate that replays them starts a second execution."""
+
+PUBLISH_WITHOUT_RECORD = "publish-without-record"
+"""Sabotage (design: trap 9): a publish the store could not record goes to the broker anyway, and
+a message the broker then loses leaves no trace."""
+
+SHUTDOWN_HANDS_OVER_RUNNING_LEASES = "shutdown-hands-over-running-leases"
+"""Sabotage (design: PS12): a stopping worker releases the leases of the bodies it still runs, so
+another worker re-runs a step whose charge is still on the wire here."""
+
+PLAIN_TASK_LEFT_REQUESTED = "plain-task-left-requested"
+"""Sabotage (design: unmanaged): a recorded message that runs as a plain task leaves its
+execution ``REQUESTED``, so the sweep publishes it again and again until it is PARKED:
+one charge per run."""
+
+BODY_PUBLISHES_GET_NEW_IDS = "body-publishes-get-new-ids"
+"""Sabotage (design: publishes from a body): a PaymentTask or a canvas published from a body gets
+new ids on every re-run, and a canvas is not recorded: two executions, two shipping charges."""
+
+UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = "undo-publishes-counted-in-the-delivery"
+"""Sabotage (design: publishes from a body): a publish from an undo is counted in the delivery, not
+in its undo, so a delivery that skips the undos done already publishes under shifted ids."""
+
+PUBLISHED_WITHOUT_COMMIT = "outbox-published-without-commit"
+"""Sabotage: what ``fn`` enqueued is published from memory when the effect ends, committed
+or not — as a publish placed before the commit would be: a rolled-back effect's
+follow-up runs."""
+
+SWEEP_NOT_REPUBLISHING = "outbox-sweep-not-republishing"
+"""Sabotage: the sweep leaves unpublished rows alone, so a follow-up whose worker died
+between the commit and the publish never runs."""
+
+UNDO_TASK_PUBLISHED_DIRECTLY = "undo-task-published-directly"
+"""Sabotage: an undo declared as a signature is published straight from the undo under a
+new task id on every run, not enqueued under its step's key: an undo run again after a
+crash (after its publish, before its done mark) publishes it again, and it refunds twice."""
+
+
+# The sweep (sweep/) and the operator's verbs (operator/).
+
+OPERATOR_RESULT_UNCHECKED = "operator-result-unchecked"
+"""Sabotage: ``resolve --completed`` stores whatever JSON it is given (a bare charge id
+pasted from the dashboard); the next delivery replays it into a body that expected the
+receipt, and fails there."""
+
+SWEEP_WITHOUT_TICK = "sweep-without-tick"
+"""Sabotage (design: trap 10): every beat's sweep runs, even when another already ran this tick."""
+
+STRANDED_NOT_RECONCILED = "sweep-stranded-not-reconciled"
+"""Sabotage (design: sweep reconciles): the sweep leaves a dead holder's PENDING intent to the next
+delivery; with that delivery's reconcile-first also off, a charge is sent again."""
+
+REDRIVE_WITHOUT_CLAIM = "sweep-redrive-without-claim"
+"""Sabotage (design: trap 10): re-publish what the listing found without the compare-and-set
+claim, so two sweepers publish one execution twice."""
+
+
+# Webhooks (webhooks/) and the gateway adapters (adapters/).
+
+EVENT_NOT_KEYED = "webhook-event-not-keyed"
+"""Sabotage (design: PS15): the event's effect is a fenced effect of the delivery's own
+execution, without the event's business key: every delivery applies it again."""
+
+ADYEN_FIELDS_UNCHECKED = "adyen-signed-fields-unchecked"
+"""Sabotage: an Adyen item's signed fields are not checked before their HMAC (a ``:`` in
+one, a reference of another shape) nor its merchant account after it, so one genuine
+notification, its fields split again at other colons, passes as another event."""
+
+EVERY_ERROR_DEFINITE = "adapter-every-error-definite"
+"""Sabotage: every adapter calls every error definite (a timeout is resent as new)."""
+
+ADOPTS_ANY_PAYMENT = "adapter-adopts-any-payment"
+"""Sabotage (design: only the request's payment): every adapter takes the payment it finds, or the
+answer a key replays, for the request's own, whatever its amount, currency, reference or key: an
+order is marked paid with another order's payment, and its customer is never charged."""
+
+
+# Frameworks (contrib/).
+
+DJANGO_WRITES_OFF_THE_FENCE = "django-writes-off-the-fence"
+"""Sabotage (design: P2): a fenced effect in a Django project runs on the store's own
+connection, not in Django's transaction: the ORM writes of its ``fn`` commit on Django's
+connection by themselves, a zombie's included."""
+
+DJANGO_PUBLISH_BEFORE_COMMIT = "django-publish-before-commit"
+"""Sabotage: a ``PaymentTask`` published inside the caller's ``atomic`` is sent at once,
+as a plain ``.delay()`` is: a request rolled back after it still has its payment sent."""
+
+DJANGO_SILENT_ROLLBACK_PASSES = "django-silent-rollback-passes"
+"""Sabotage (design: P2): a fenced effect whose ``fn`` marked Django's transaction for
+rollback passes for written: Django rolls the effect back without a word, and the body
+goes on as if the order were marked paid."""
+
+DJANGO_OTHER_ALIAS_WRITES_PASS = "django-other-alias-writes-pass"
+"""Sabotage (design: P2): a fenced effect's ``fn`` may write to another Django alias than
+the store's: that write commits on its own, and stays when the effect rolls back."""

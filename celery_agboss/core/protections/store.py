@@ -1,0 +1,111 @@
+"""The switches of the store (``celery_agboss.store``), its migrations and sealing at
+rest. Read through ``celery_agboss.core.protections``, their one home."""
+
+from __future__ import annotations
+
+# The store (store/) and its migrations.
+
+LEASE_DECISION_ON_COMMITTED_READ = "lease-decision-on-committed-read"
+"""Sabotage (design: another holder's lease): decide about another holder's lease from its last
+committed row, as a plain read sees it, instead of under its row lock."""
+
+RELEASE_LOCKS_EXECUTION_FIRST = "release-locks-execution-first"
+"""Sabotage (design: one round trip per state change): a delivery's release locks the
+execution's row and then waits for the lease row, against the one lock order: a claim of
+another thread of the delivery, holding the lease row and waiting for the execution's,
+deadlocks with it, and the server fails one of them."""
+
+SQLITE_FORK_UNGUARDED = "sqlite-fork-unguarded"
+
+PLANNED_WAITS_COUNTED = "planned-waits-counted"
+"""Sabotage (design: recovery cap): every re-publish of a waiting execution counts toward the
+recovery cap, the planned end of a long wait or an answered pause too."""
+
+RESOLVE_REDRIVES_CREATOR_ONLY = "resolve-redrives-creator-only"
+"""Sabotage (design: waiters re-driven): settling an intent sends on only the execution that created
+it; another that took it over and waits for an operator waits for ever."""
+
+STARTED_EXECUTIONS_EXPIRE = "started-executions-expire"
+"""Sabotage (design: expires bounds the start): ``expires`` ends a waiting execution
+that already started (and charged), not only one no delivery started."""
+
+UNDO_REFUNDS_COUNTED_AS_PAYMENTS = "undo-refunds-counted-as-payments"
+"""Sabotage (design: compensated step): the refunds an execution's undos made
+count as payments it left behind: a failure whose undo refunded the charge is listed,
+and alerted on, as "failed after a payment", with the refund shown as the payment."""
+
+EXPIRY_DECIDED_BY_LISTING = "expiry-decided-by-listing"
+"""Sabotage (design: expires bounds the start): the sweep expires what its listing found
+never started, without asking again under the row lock: a delivery that started it in
+between, charged and then waits is expired with the customer charged."""
+
+PAUSE_ANSWER_WITHOUT_COMPARE_AND_SET = "pause-answer-without-compare-and-set"
+"""Sabotage (design: PS11): an answer is an unconditional update of the pause and its
+execution, whatever either's state: a second answer also "wins", and one that comes
+after the execution completed runs it again from the pause on."""
+
+PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER = "pause-written-over-an-early-answer"
+"""Sabotage (design: early answers): the pause is written without reading, under the
+execution row's lock, whether an answer came first: an early answer is overwritten by
+the pending pause, its answerer was told it was kept, and the execution waits for an
+answer that already came."""
+
+PENDING_INTENT_NARROW = "pending-intent-narrow"
+"""Sabotage (design: pending intent): count an intent as the execution's only while nobody else
+holds it (the old definition), so one the sweep holds for its lookup is not counted."""
+
+PENDING_INTENT_BY_CREATOR = "pending-intent-by-creator"
+"""Sabotage (design: pending intent): count an intent as the execution's when it created or
+holds it, not when it sent the attempt on the wire (design: who sent), so a charge one
+click re-sent for another's intent is nobody's while the sweep looks it up."""
+
+AUDIT_AFTER_THE_CHANGE = "audit-after-the-change"
+"""Sabotage: an operator's audit row is written after the change, in a transaction of its
+own (``operator.acting`` then appends it): a crash, or a failure of that write, leaves a
+change nobody can trace to a person."""
+
+TASK_NAME_NOT_CHECKED = "task-name-not-checked"
+"""Sabotage (design: one task per id): a delivery of another task under an execution's id is treated
+as that execution (the charge's receipt returned to a refund)."""
+
+TENANT_MINTED_WHILE_IN_USE = "tenant-minted-while-in-use"
+"""Sabotage (revision 0007): a store upgraded while it holds executions gets a new id
+anyway, so a delivery after the upgrade computes another key for a payment sent
+before it, and the gateway cannot tell the resend from a new charge."""
+
+RECORD_USES_IGNORED_BY_RETENTION = "record-uses-ignored-by-retention"
+"""Sabotage (design: retention): retention follows the creating execution only, so a record
+another execution replayed is deleted while that one still waits."""
+
+PAUSED_RECORDS_EXPIRE = "paused-records-expire"
+"""Sabotage (pauses): retention counts a paused execution idle past the cutoff as done,
+so the intents and fenced effects before its pause go while it waits for its answer."""
+
+RETENTION_DELETES_WHAT_IT_LISTED = "retention-deletes-what-it-listed"
+"""Sabotage (design: retention): retention deletes the records a plain read listed, its
+deletes judging nothing but the status, and a replay reads and notes its use without
+holding the record: a replay between the two relies on a record that is then deleted,
+its use with it, and the replaying execution's re-run charges again."""
+
+RELIANCE_OFF_THE_RECORD = "reliance-off-the-record"
+"""Sabotage: a reliance is noted beside the record, not by a compare-and-set on it, and an
+undo's claim does not compare the reliance it read: a replay and an undo that race both
+win — the second click gets the receipt of a charge the first click refunds."""
+
+FENCED_TRANSACTION_IDLE_UNBOUNDED = "fenced-transaction-idle-unbounded"
+"""Sabotage (design: PS3), on PostgreSQL: a holder frozen inside a fenced transaction keeps its
+session, and with it the lock on its lease row, for as long as it stays frozen, so no
+other worker can decide on that lease and the payment stalls."""
+
+
+# Sealed at rest (core.sealing, store.rotation).
+
+SEALED_WITHOUT_ROW_BINDING = "sealed-without-row-binding"
+"""Sabotage (design: sealed at rest): a value is sealed bound to nothing but its key id,
+so a sealed value copied from another row (another customer's card request, another
+execution's answer) opens there as if it were that row's own."""
+
+RESEAL_WITHOUT_COMPARE_AND_SET = "reseal-without-compare-and-set"
+"""Sabotage (design: sealed at rest): ``agboss rotate-keys`` reads a batch, then writes each
+re-sealed value over whatever the row holds by then: a result a worker settled in between
+is replaced by the old, re-sealed, value."""
