@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from collections.abc import Sequence
+
+from sqlalchemy import and_, delete, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core.store_protocol import EffectRecord
 from celery_agboss.store.codec import dumps, loads
@@ -57,3 +60,17 @@ def insert_txn(conn: Connection, record: EffectRecord, *, offset_ms: int = 0) ->
         .returning(_e.key)
     ).first()
     return inserted is not None
+
+
+def delete_returning_txn(
+    conn: Connection, keys: Sequence[str], *, only_if: ColumnElement[bool] | None = None
+) -> list[str]:
+    """Retention: delete these fenced-effect records, each only if ``only_if`` still holds
+    on the row the ``DELETE`` reads (design: retention); the keys deleted."""
+    wanted = list(keys)
+    if not wanted:
+        return []
+    listed = _e.key.in_(wanted)
+    where = listed if only_if is None else and_(listed, only_if)
+    gone = conn.execute(delete(fenced_effects).where(where).returning(_e.key))
+    return [str(key) for key in gone.scalars()]

@@ -39,7 +39,7 @@ from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     LeaseRef,
 )
-from celery_agboss.store import intents
+from celery_agboss.store import effects, intents
 from celery_agboss.store.dialect import is_postgresql
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.schema import (
@@ -181,12 +181,10 @@ def _delete_listed(
 ) -> list[str]:
     """Delete the listed records for which ``only_if`` still holds on the row each
     ``DELETE`` reads (every listed one without it); the keys deleted."""
-    if kind == INTENT_RECORD:
-        with translated():
+    with translated():
+        if kind == INTENT_RECORD:
             return intents.delete_settled_returning_txn(tx.connection, keys, only_if=only_if)
-    listed = _f.key.in_(keys)
-    statement = delete(fenced_effects).where(listed if only_if is None else and_(listed, only_if))
-    return [str(gone) for gone in tx.execute(statement.returning(_f.key)).scalars()]
+        return effects.delete_returning_txn(tx.connection, keys, only_if=only_if)
 
 
 def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> int:
