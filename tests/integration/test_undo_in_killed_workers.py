@@ -7,7 +7,8 @@
   reconciled (one refund), and the undo that was already marked done (a plain refund,
   which would show a second run) is not run again;
 - a hard time limit after the charge never starts undo: the execution continues and
-  completes, nothing is refunded (P5: a crash is a hand-over, never a failure);
+  completes, nothing is refunded (P5: a crash is a hand-over, never a failure); a soft
+  time limit the body lets through between calls is its failure: ``FAILED``, one refund;
 - nor does a fence: a child frozen (SIGSTOP) mid-body past its lease, its order taken
   over and completed by the other child, then continued (SIGCONT) into a failure, is
   fenced — no ``COMPENSATING``, no undo run, the paid order not refunded.
@@ -245,6 +246,34 @@ def test_a_hard_time_limit_after_the_charge_never_starts_undo(
     assert len(shop.gateway.gateway.payments) == 2
     charged = {p["id"]: p["reference"] for p in shop.gateway.gateway.payments}
     assert [charged[r["payment"]] for r in shop.refunds] == ["tl-twin"], "only the twin refunds"
+
+
+def test_a_soft_time_limit_the_body_lets_through_fails_it_and_refunds_once(
+    undo_shop: Callable[..., UndoShop], database_url: str
+) -> None:
+    """The soft limit lands between calls (the charge settled, the body sleeping): it is
+    the application's exception, as Celery means it, so the execution ends ``FAILED``
+    and its undo refunds the charge once. A hard limit (above) kills the process at an
+    unknown point and is continued instead (design: the application's failure). The
+    twin, whose failures skip the undos, leaves the failed order charged."""
+    shop, twin = undo_shop(database_url), undo_shop()
+    shop.start_worker()
+    twin.start_worker(sabotage=(FAILURE_SKIPS_UNDO,))
+    task_ids = [
+        str(
+            s.app.signature("undo_it.charge_then_overrun", args=(order, 60))
+            .apply_async(soft_time_limit=TIME_LIMIT_SECONDS)
+            .id
+        )
+        for s, order in ((shop, "soft"), (twin, "soft-twin"))
+    ]
+    for s, task_id in zip((shop, twin), task_ids, strict=True):
+        s.wait_state(task_id, "FAILED", timeout=30)
+        s.wait_backend(task_id, "FAILURE")
+    assert type(shop.app.AsyncResult(task_ids[0]).result).__name__ == "SoftTimeLimitExceeded"
+    assert len(shop.gateway.gateway.payments) == 2
+    charged = {p["id"]: p["reference"] for p in shop.gateway.gateway.payments}
+    assert [charged[r["payment"]] for r in shop.refunds] == ["soft"], "the twin stays charged"
 
 
 # --- a fence never starts undo ----------------------------------------------------------------
