@@ -254,7 +254,7 @@ def test_a_soft_time_limit_the_body_lets_through_fails_it_and_refunds_once(
     """The soft limit lands between calls (the charge settled, the body sleeping): it is
     the application's exception, as Celery means it, so the execution ends ``FAILED``
     and its undo refunds the charge once. A hard limit (above) kills the process at an
-    unknown point and is continued instead (design: the application's failure). The
+    unknown point and is continued instead (design: what fails an execution). The
     twin, whose failures skip the undos, leaves the failed order charged."""
     shop, twin = undo_shop(database_url), undo_shop()
     shop.start_worker()

@@ -144,6 +144,21 @@ new task id on every run, not enqueued under its step's key: an undo run again a
 crash (after its publish, before its done mark) publishes it again, and it refunds twice."""
 
 
+REFUSED_PUBLISH_KEEPS_ITS_POSITION = "refused-publish-keeps-its-position"
+"""Sabotage (design: publishes from a body): a publish from a body that the broker refused
+keeps the position it took, so the body's retry of it gets the next position's id: the
+refused execution, recorded, is revived by the sweep beside the retry's — two charges."""
+
+REFUSED_PUBLISH_LEFT_FOR_THE_SWEEP = "refused-publish-left-for-the-sweep"
+"""Sabotage (design: trap 9): a publish the broker refused (the caller saw the error) leaves
+its recorded execution ``REQUESTED``; the caller's retry under a new id and the sweep's
+revival of the refused one both run — two charges."""
+
+SEND_TASK_ID_READ_FROM_ETA = "send-task-id-read-from-eta"
+"""Sabotage (design: publishes from a body): ``send_task``'s positional arguments are read one
+place off, so a body's ``send_task(name, args, kwargs, countdown, eta)`` is taken for one
+that named its own id and gets a new id on every re-run — two executions."""
+
 # The sweep (sweep/) and the operator's verbs (operator/).
 
 OPERATOR_RESULT_UNCHECKED = "operator-result-unchecked"
@@ -183,6 +198,16 @@ answer a key replays, for the request's own, whatever its amount, currency, refe
 order is marked paid with another order's payment, and its customer is never charged."""
 
 
+STRIPE_RECONCILE_READS_THIS_REQUEST = "stripe-reconcile-reads-this-request"
+"""Sabotage (design: only the request's payment): Stripe's capture, void and refund reconcile
+read the payment from this delivery's request, not the stored one: another request under
+the key makes an uncaptured authorisation pass for captured."""
+
+PAYPAL_ORDER_CREATED_WITH_SOURCE = "paypal-order-created-with-source"
+"""Sabotage (design: sweep reconciles): PayPal's order is created with the vaulted
+payment source, which PayPal may pay at once; a reconcile that replays the create pays a
+charge that never reached PayPal, from the sweep or a cancel."""
+
 # Frameworks (contrib/).
 
 DJANGO_WRITES_OFF_THE_FENCE = "django-writes-off-the-fence"
@@ -202,3 +227,8 @@ goes on as if the order were marked paid."""
 DJANGO_OTHER_ALIAS_WRITES_PASS = "django-other-alias-writes-pass"
 """Sabotage (design: P2): a fenced effect's ``fn`` may write to another Django alias than
 the store's: that write commits on its own, and stays when the effect rolls back."""
+
+DJANGO_COMMIT_TEXT_PASSES = "django-commit-text-passes"
+"""Sabotage (design: P2): a ``COMMIT`` (``END``, ``ROLLBACK``) sent as SQL text through
+Django's cursor inside a fenced effect passes: the writes before it commit on the fence's
+first check alone, and a holder that lost its lease has its write twice."""

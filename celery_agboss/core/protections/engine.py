@@ -224,6 +224,20 @@ ENGINE_COMMIT_CHECK_SKIPPED_PAST_ITS_BOUND = "engine-commit-check-skipped-past-i
 not only while it ended well inside the lease it extended (design: P1)."""
 
 
+NOT_SENT_RESEND_UNBOUNDED = "not-sent-resend-unbounded"
+"""Sabotage (design: key age): an intent settled as never sent (an operator's
+``--not-sent``, a cancel's proof) is sent again under its key however old that key is:
+past the gateway's retention, a resend is not deduplicated — two charges if it was sent."""
+
+RECONCILE_READS_THIS_REQUEST = "reconcile-reads-this-request"
+"""Sabotage (design: only the request's payment): a holder's reconcile of an intent that holds
+another request asks about this delivery's request, not the stored one."""
+
+MASKING_OVERLAP_BY_POSITION = "masking-overlap-by-position"
+"""Sabotage (design: masking): a masking policy's check that nothing kept for reconcile is
+masked compares paths segment by segment, blind to list positions: ``items.0.amount``
+kept and ``items.amount`` masked passes, and reconcile reads ``***``."""
+
 # Tracing (core.tracing).
 
 TRACE_ATTRIBUTES_UNFILTERED = "trace-attributes-unfiltered"
