@@ -43,10 +43,17 @@ def wrong_state(intent: IntentRecord, not_sent: bool) -> str | None:
     return None
 
 
-def not_sent_resolution(who: str) -> Resolution:
+MAY_CHARGE_TWICE = "; resend accepted past the key's retention"
+"""Ends the reason of a ``--not-sent --may-charge-twice``: the operator named the risk, so
+the resend is not bounded by the key's age (``resend_age_waived``)."""
+
+
+def not_sent_resolution(who: str, *, may_charge_twice: bool = False) -> Resolution:
     """The gateway never processed it: ``FAILED`` with no failure. No body was handed one,
     so none took another path on it, and the next execution that reaches it sends it
-    under the same key (design: failure replay, retry authorisation)."""
+    under the same key (design: failure replay, retry authorisation) while the key is
+    young enough (design: key age), or at any age when the operator accepted the risk."""
+    waiver = MAY_CHARGE_TWICE if may_charge_twice else ""
     return Resolution(
         NOT_SENT,
         IntentStatus.FAILED,
@@ -54,13 +61,19 @@ def not_sent_resolution(who: str) -> Resolution:
             status=IntentStatus.FAILED,
             owner=None,
             needs_operator=False,
-            operator_reason=f"resolved by {who}: not sent",
+            operator_reason=f"resolved by {who}: not sent{waiver}",
             not_sent_confirmed=True,
             clear_next_lookup=True,
             failure=None,
             retry_for=None,
         ),
     )
+
+
+def resend_age_waived(intent: IntentRecord) -> bool:
+    """An operator's ``--not-sent --may-charge-twice`` is on this intent: its resend goes
+    out whatever the key's age."""
+    return (intent.operator_reason or "").endswith(MAY_CHARGE_TWICE)
 
 
 def completed_resolution(
@@ -93,5 +106,6 @@ __all__ = [
     "completed_resolution",
     "not_sent_resolution",
     "only_its_result_lost",
+    "resend_age_waived",
     "wrong_state",
 ]

@@ -28,8 +28,10 @@ from celery_agboss.core.log_events import (
     OUTBOUND_CALL_JOINED,
     OUTBOUND_CALL_OUTCOME_UNKNOWN,
     OUTBOUND_CALL_REPLAYED,
+    OUTBOUND_CALL_UNRECONCILED,
     log_event,
 )
+from celery_agboss.core.lookup import max_key_age_ms
 from celery_agboss.core.outbound import Outcome
 from celery_agboss.core.prepared import (
     Holder,
@@ -43,12 +45,14 @@ from celery_agboss.core.protections import (
     FOREIGN_ERROR_ESCAPES_CLAIMED_CALL,
     JOIN_ON_ANY_FINGERPRINT,
     LIVE_OWNER_TAKEN_OVER,
+    NOT_SENT_RESEND_UNBOUNDED,
     RECORD_USE_NOT_NOTED,
     REPLAY_AFTER_UNDO,
     REPLAY_NOT_STORED_MARKER,
     RETENTION_DELETES_WHAT_IT_LISTED,
 )
 from celery_agboss.core.reconcile import reconcile_pending, take_for_reconcile
+from celery_agboss.core.resolutions import resend_age_waived
 from celery_agboss.core.settle import send_and_settle
 from celery_agboss.core.shared_records import FailureClaim, failure_claim, hands_failure_to_another
 from celery_agboss.core.store_protocol import (
@@ -70,6 +74,7 @@ from celery_agboss.errors import (
     OutboundCallInFlightError,
     OutboundCallOutcomeUnknownError,
     OutboundCallResultNotStoredError,
+    OutboundCallUnreconciledError,
 )
 
 MAX_CLAIM_ROUNDS = 8
@@ -340,21 +345,38 @@ def _replayed_failure(holder: Holder, p: PreparedCall, record: IntentRecord) -> 
     return failure_to_body(holder, p, record.attempt, failure)
 
 
+def _resend_bound(holder: Holder, p: PreparedCall, record: IntentRecord) -> int | None:
+    """The key-age bound of sending a ``FAILED`` intent again (design: key age). A definite
+    failure moved no money: any age. One settled as never sent (an operator's
+    ``--not-sent``, a cancel's proof) may have been sent after all; past the gateway's
+    retention its resend would not be deduplicated, as for a reconcile's resend — unless
+    the operator accepted that risk."""
+    if record.failure is not None or resend_age_waived(record):
+        return None
+    if sabotage.active(NOT_SENT_RESEND_UNBOUNDED):
+        return None
+    return max_key_age_ms(p.call, holder.settings.attempt_timeout_ms)
+
+
 def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool:
     """``(FAILED, attempt, retry_for) → (PENDING, attempt + 1, me)``: a definite failure
     moved no money, so the next attempt is sent under the same key without a lookup —
     by the execution a retry authorised, the authorisation consumed by the same
-    compare-and-set (a hand-out to another execution that revoked it makes it miss)."""
+    compare-and-set (a hand-out to another execution that revoked it makes it miss).
+    One settled as never sent is sent again only while its key is young enough; else it
+    goes back to ``PENDING`` for an operator (key-too-old), as a reconcile's resend does."""
     me = holder.lease_ref
+    bound = _resend_bound(holder, p, record)
+    guard = IntentGuard(
+        IntentStatus.FAILED, record.attempt, record.owner, retry_for=record.retry_for
+    )
     with holder.fenced() as tx:
         holder.check_cancel(tx)  # the claim that authorises the send
-        return transition(
+        won = transition(
             tx,
             holder.settings.pseudonym_key,
             p.idempotency_key,
-            IntentGuard(
-                IntentStatus.FAILED, record.attempt, record.owner, retry_for=record.retry_for
-            ),
+            replace(guard, max_key_age_ms=bound),
             IntentUpdate(
                 status=IntentStatus.PENDING,
                 attempt=record.attempt + 1,
@@ -363,6 +385,7 @@ def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool
                 not_sent_confirmed=False,
                 retry_for=None,
                 failure=None,  # this attempt's outcome replaces the failure it follows
+                operator_reason=None,  # an operator's waiver covers one resend
                 sent_by=holder.execution_id,
             ),
             HistoryEvent.CLAIMED,
@@ -370,9 +393,43 @@ def _claim_failed(holder: Holder, p: PreparedCall, record: IntentRecord) -> bool
             to_status=IntentStatus.PENDING,
             attempt=record.attempt + 1,
             owner=me,
-            detail={"after": "definite-failure"},
+            detail={"after": "definite-failure" if record.failure else "not-sent"},
             execution_id=holder.execution_id,
         )
+        if won or bound is None:
+            return won
+        too_old = transition(
+            tx,
+            holder.settings.pseudonym_key,
+            p.idempotency_key,
+            guard,
+            IntentUpdate(
+                status=IntentStatus.PENDING,
+                needs_operator=True,
+                operator_reason="key-too-old",
+                not_sent_confirmed=True,
+            ),
+            HistoryEvent.UNRECONCILED,
+            from_status=IntentStatus.FAILED,
+            to_status=IntentStatus.PENDING,
+            attempt=record.attempt,
+            owner=record.owner,
+            detail={"reason": "key-too-old", "key_age_bound_ms": bound},
+            execution_id=holder.execution_id,
+        )
+    if not too_old:
+        return False  # moved by someone else: read again
+    log_event(
+        OUTBOUND_CALL_UNRECONCILED,
+        logging.WARNING,
+        "settled as never sent, but its key may have expired at the gateway: not resent",
+        **p.ref.fields(attempt=record.attempt, reason="key-too-old"),
+    )
+    raise OutboundCallUnreconciledError(
+        "this intent was settled as never sent, but its idempotency key is too old to send "
+        "it again safely (key_age + attempt_timeout >= key_retention); an operator decides",
+        **p.ref.fields(attempt=record.attempt, reason="key-too-old"),
+    )
 
 
 def _join(holder: Holder, p: PreparedCall, running: InFlightSend) -> tuple[Any, Outcome] | None:

@@ -147,7 +147,7 @@ def resolve(
         intent = _resolvable_intent(tx, idempotency_key, not_sent)
         if not_sent:
             _refuse_a_resend_past_retention(runtime, intent, tx.now_ms, may_charge_twice)
-            resolution = not_sent_resolution(who)
+            resolution = not_sent_resolution(who, may_charge_twice=may_charge_twice)
         else:
             resolution = _completed(runtime, intent, who, completed)
         after = _write(tx, runtime.engine_settings.pseudonym_key, intent, resolution, who, why)

@@ -11,7 +11,9 @@
   operator's ``--payments-handled``; that ``CANCELLED`` one is listed the same way
   (docs/operators.md). The listing has no sabotage switch of its own.
 - ``resolve --not-sent`` past the key's retention is refused unless the operator names
-  the risk (``may_charge_twice``): with it, the resend is a second charge.
+  the risk (``may_charge_twice``): with it, the resend is a second charge. One resolved
+  in time but delivered past the retention goes back to the operator, key-too-old
+  (twin ``not-sent-resend-unbounded``: charged twice).
 - Every operator decision (cancel, unpark, redrive, accept, answer-pause) writes its
   audit row in the change's transaction: when the row cannot be written, nothing
   changes (twin: the row written afterwards, apart, and the change stands with no row).
@@ -29,9 +31,18 @@ from sqlalchemy import text
 
 from celery_agboss import answer_pause
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT, DIVERGENCE, ExecutionState
-from celery_agboss.core.protections import AUDIT_AFTER_THE_CHANGE, OPERATOR_RESULT_UNCHECKED
+from celery_agboss.core.protections import (
+    AUDIT_AFTER_THE_CHANGE,
+    NOT_SENT_RESEND_UNBOUNDED,
+    OPERATOR_RESULT_UNCHECKED,
+)
 from celery_agboss.core.store_protocol import IntentStatus
-from celery_agboss.errors import AGBossSignal, OperatorRefusedError, StoreError
+from celery_agboss.errors import (
+    AGBossSignal,
+    OperatorRefusedError,
+    OutboundCallUnreconciledError,
+    StoreError,
+)
 from celery_agboss.metrics.exporter import exposition
 from celery_agboss.operator import (
     accept,
@@ -199,9 +210,66 @@ def test_twin_naming_the_risk_resends_it_and_the_customer_pays_twice(
     execution = _not_sent_past_retention(world, may_charge_twice=True)
     ctx = world.start(execution)
     with contextlib.suppress(AGBossSignal):
-        ctx.outbound(world.call, {"amount": 1000, "order": "o-4"}, business_key="order:o-4")
+        ctx.outbound(
+            world.call, {"amount": 1000, "order": execution}, business_key=f"order:{execution}"
+        )
     ctx.settle_all_and_release()
     assert len(world.gateway.payments) == 2, "the risk the flag names"
+
+
+def _resolved_in_time_resent_late(world: World) -> tuple[str, str, AGBossSignal | None]:
+    """Resolved ``--not-sent`` 10 minutes inside the bound (allowed), delivered after the
+    key's retention passed (a backlog): the resend would not be deduplicated."""
+    execution = world.publish("o-5")
+    key, _ = world.strand(execution)  # the gateway charged; its answer was lost
+    world.sweep()  # the lookup cannot tell
+    world.clock.advance(timedelta(hours=23, minutes=50))
+    resolve(world.app, key, not_sent=True, reason="not in the dashboard (yet)")
+    world.clock.advance(timedelta(minutes=20))
+    world.gateway.forget_keys()
+    ctx = world.start(execution)
+    stopped = None
+    try:
+        ctx.outbound(
+            world.call, {"amount": 1000, "order": execution}, business_key=f"order:{execution}"
+        )
+    except AGBossSignal as exc:
+        stopped = exc
+    ctx.settle_all_and_release()
+    return execution, key, stopped
+
+
+def test_a_not_sent_resolved_in_time_is_not_resent_once_its_key_is_too_old(
+    world_factory: WorldFactory,
+) -> None:
+    """The key's age is judged when the resend is claimed, not only when the operator
+    resolved (design: key age): the intent goes back to the operator, key-too-old, and
+    only ``--may-charge-twice`` sends it again."""
+    world = world_factory(lookup="none")
+    execution, key, stopped = _resolved_in_time_resent_late(world)
+    assert len(world.gateway.payments) == 1
+    assert isinstance(stopped, OutboundCallUnreconciledError), stopped
+    assert stopped.fields["reason"] == "key-too-old"
+    intent = world.agboss.store.read_intent(key)
+    assert intent is not None and intent.status is IntentStatus.PENDING
+    assert intent.needs_operator and intent.operator_reason == "key-too-old"
+    resolve(world.app, key, not_sent=True, reason="checked again", may_charge_twice=True)
+    ctx = world.start(execution)
+    with contextlib.suppress(AGBossSignal):
+        ctx.outbound(
+            world.call, {"amount": 1000, "order": execution}, business_key=f"order:{execution}"
+        )
+    ctx.settle_all_and_release()
+    assert len(world.gateway.payments) == 2, "sent again only once the risk was named"
+
+
+def test_twin_a_not_sent_resolved_in_time_is_resent_past_its_key_and_charged_twice(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    with sabotage(NOT_SENT_RESEND_UNBOUNDED):
+        _resolved_in_time_resent_late(world)
+    assert len(world.gateway.payments) == 2
 
 
 # --- 6. the audit row commits with the change ---------------------------------------------------
