@@ -44,6 +44,7 @@ from celery_agboss.core.protections import (
     FINGERPRINT_NOT_CHECKED,
     LIVE_OWNER_TAKEN_OVER,
     PENDING_RESENT_WITHOUT_RECONCILE,
+    RECONCILE_READS_THIS_REQUEST,
     SUPERSEDED_SILENTLY_REPORTED,
 )
 from celery_agboss.core.settle import record_unknown
@@ -109,7 +110,7 @@ def reconcile_pending(
         "asking reconcile before anything is sent",
         **p.ref.fields(attempt=attempt),
     )
-    context = CallContext(p.idempotency_key, p.request, attempt, p.call.name)
+    context = CallContext(p.idempotency_key, _request_asked_about(p, record), attempt, p.call.name)
     try:
         answer = ask(p.call, context, lookup_of(record), settings.attempt_timeout_ms)
     except LookupFailed as failed:
@@ -126,6 +127,16 @@ def reconcile_pending(
     if isinstance(answer, NotSent):
         return _reconciled_not_sent(holder, p, record)
     raise _reconciled_unknown(holder, p, attempt, answer)
+
+
+def _request_asked_about(p: PreparedCall, record: IntentRecord) -> Any:
+    """What reconcile is asked about is the intent's own request (design: only the request's
+    payment): this delivery's, unmasked, when it is the same request; the stored one when
+    another request came under the key, so a reconcile that reads its ``CallContext``
+    never looks up another payment."""
+    if record.fingerprint == p.fingerprint or sabotage.active(RECONCILE_READS_THIS_REQUEST):
+        return p.request
+    return record.request
 
 
 def _resend_without_reconcile(holder: Holder, p: PreparedCall, attempt: int) -> Resend:
