@@ -22,7 +22,10 @@ from typing import Any
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
-from celery_agboss.core.protections import LISTS_NOT_MASKED_ELEMENT_WISE
+from celery_agboss.core.protections import (
+    LISTS_NOT_MASKED_ELEMENT_WISE,
+    MASKING_OVERLAP_BY_POSITION,
+)
 from celery_agboss.core.store_protocol import JSON
 from celery_agboss.errors import MaskingPolicyError
 
@@ -60,14 +63,32 @@ def _parse(path: object, policy: str) -> _Path:
     return segments
 
 
-def _overlaps(masked: _Path, kept: _Path) -> bool:
-    """True when masking ``masked`` could hide or change anything under ``kept``.
+def _is_index(segment: str) -> bool:
+    return segment == "*" or segment.isdigit()
 
-    Over the shorter of the two, every segment pair must be able to name the same key
-    (equal, or either is ``*``): then one path is an ancestor of (or equal to) what
-    the other can match.
+
+def _overlaps(masked: _Path, kept: _Path) -> bool:
+    """True when some document has a field that both paths reach, one at or under the
+    other: masking ``masked`` could then hide or change something under ``kept``.
+
+    Each level of that document is a dict or a list. At a dict, both paths take a key
+    (equal segments, or either ``*``). At a list, an index segment (``*`` or digits)
+    takes the element while a field name goes on into it (lists are transparent, as
+    ``_descend_into_list`` masks them), so ``items.amount`` and ``items.0.amount``
+    reach the same field.
     """
-    return all(a == b or a == "*" or b == "*" for a, b in zip(masked, kept, strict=False))
+    if sabotage.active(MASKING_OVERLAP_BY_POSITION):
+        return all(a == b or a == "*" or b == "*" for a, b in zip(masked, kept, strict=False))
+    if not masked or not kept:
+        return True
+    a, b = masked[0], kept[0]
+    if (a == b or a == "*" or b == "*") and _overlaps(masked[1:], kept[1:]):
+        return True  # a dict level (or a list level both index)
+    if _is_index(a) and not _is_index(b):
+        return _overlaps(masked[1:], kept)  # a list level: only ``masked`` takes the element
+    if _is_index(b) and not _is_index(a):
+        return _overlaps(masked, kept[1:])
+    return False
 
 
 def _segment_matches(segment: str, key: str | int) -> bool:
