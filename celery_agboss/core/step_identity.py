@@ -35,7 +35,7 @@ def step_of(
     *,
     max_key_length: int | None = None,
 ) -> Step:
-    """The step and its key: ``<tenant>:b:<name>:<business key>`` under a business key,
+    """The step and its key: ``<tenant>:b:<business key>:<name>`` under a business key,
     else ``<tenant>:t:<execution id>:<name>[#n]`` by position (``core.keys``), made to
     fit ``max_key_length`` when the gateway bounds it (an outbound call's)."""
     if not isinstance(name, str) or not name:
