@@ -130,10 +130,10 @@ def reconcile_pending(
 
 
 def _request_asked_about(p: PreparedCall, record: IntentRecord) -> Any:
-    """What reconcile is asked about is the intent's own request (design: only the request's
-    payment): this delivery's, unmasked, when it is the same request; the stored one when
-    another request came under the key, so a reconcile that reads its ``CallContext``
-    never looks up another payment."""
+    """What reconcile is asked about is the intent's own request
+    (design: only the request's payment): this delivery's, unmasked, when it is the same
+    request; the stored one when another request came under the key, so a reconcile
+    that reads its ``CallContext`` never looks up another payment."""
     if record.fingerprint == p.fingerprint or sabotage.active(RECONCILE_READS_THIS_REQUEST):
         return p.request
     return record.request

@@ -1,5 +1,6 @@
-"""A holder's reconcile is asked about the intent's own request (design: only the request's
-payment), even when the delivery that reconciles brought another request under the key.
+"""A holder's reconcile is asked about the intent's own request
+(design: only the request's payment), even when the delivery that reconciles brought
+another request under the key.
 
 Order A's charge lost its answer under the business key ``order:1``; another execution
 then calls that key with order B's request (a second click with another basket, a
