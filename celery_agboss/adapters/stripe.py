@@ -42,6 +42,7 @@ from celery_agboss.adapters.common import (
     refuse_another_requests_answer,
     request_facts,
 )
+from celery_agboss.core import sabotage
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import (
     CallContext,
@@ -51,6 +52,7 @@ from celery_agboss.core.outbound import (
     ReconcileAnswer,
     Unknown,
 )
+from celery_agboss.core.protections import STRIPE_RECONCILE_READS_THIS_REQUEST
 
 KEY_RETENTION = timedelta(hours=24)
 """Stripe's idempotent-requests page: "Stripe retains keys for at least 24 hours"."""
@@ -247,6 +249,20 @@ def _resend_or_unknown(lookup: Lookup, why: str) -> NotSent | Unknown:
     return NotSent()
 
 
+def _stored_payment_id(call: CallContext, lookup: Lookup) -> str | None:
+    """The payment a capture's, void's or refund's reconcile reads: the STORED request's.
+
+    This delivery's request may be another's under the same key (two executions for one
+    order, a shifted step key): reading its payment would settle the key's call with
+    another payment's state (design: only the request's payment).
+    """
+    request = lookup.request
+    if sabotage.active(STRIPE_RECONCILE_READS_THIS_REQUEST):
+        request = call.request
+    payment_id = request.get("payment_id") if isinstance(request, Mapping) else None
+    return payment_id if isinstance(payment_id, str) and payment_id else None
+
+
 class StripeAdapter(AdapterCalls):
     """Stripe's money-moving calls as ``OutboundCall`` objects, over one ``StripeClient``.
 
@@ -419,9 +435,9 @@ class StripeAdapter(AdapterCalls):
             return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} was declined")
         return Completed(intent_result(intent))
 
-    def _retrieve(self, call: CallContext) -> dict[str, Any] | None:
-        payment_id = call.request.get("payment_id") if isinstance(call.request, Mapping) else None
-        if not isinstance(payment_id, str) or not payment_id:
+    def _retrieve(self, payment_id: str | None) -> dict[str, Any] | None:
+        """The PaymentIntent by id (a consistent read); None when there is none."""
+        if payment_id is None:
             return None
         try:
             return self.client.v1.payment_intents.retrieve(payment_id).to_dict()
@@ -432,9 +448,9 @@ class StripeAdapter(AdapterCalls):
 
     def _reconcile_capture(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
         """A PaymentIntent captures once: ``succeeded`` means the capture happened."""
-        intent = self._retrieve(call)
+        intent = self._retrieve(_stored_payment_id(call, lookup))
         if intent is None:
-            return Unknown("no PaymentIntent by the request's payment_id")
+            return Unknown("no PaymentIntent by the stored request's payment_id")
         status = intent.get("status")
         if status == "succeeded":
             # Received: the request's amount, or for "capture all" the whole authorisation.
@@ -446,9 +462,10 @@ class StripeAdapter(AdapterCalls):
         return Unknown(f"PaymentIntent {intent['id']} is {status}")
 
     def _reconcile_void(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
-        intent = self._retrieve(call)
+        """A PaymentIntent cancels once: ``canceled`` means the void happened."""
+        intent = self._retrieve(_stored_payment_id(call, lookup))
         if intent is None:
-            return Unknown("no PaymentIntent by the request's payment_id")
+            return Unknown("no PaymentIntent by the stored request's payment_id")
         status = intent.get("status")
         if status == "canceled":
             return Completed(intent_result(intent))
@@ -458,8 +475,8 @@ class StripeAdapter(AdapterCalls):
 
     def _reconcile_refund(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
         """The PaymentIntent's refunds, listed (consistent), matched by the key."""
-        payment_id = call.request.get("payment_id") if isinstance(call.request, Mapping) else None
-        if not isinstance(payment_id, str) or not payment_id:
+        payment_id = _stored_payment_id(call, lookup)
+        if payment_id is None:
             return Unknown("the stored request has no payment_id to list refunds of")
         page = self.client.v1.refunds.list(params={"payment_intent": payment_id, "limit": 100})
         refunds = [refund.to_dict() for refund in page.auto_paging_iter()]
@@ -471,7 +488,7 @@ class StripeAdapter(AdapterCalls):
             counted = [r for r in refunds if r.get("status") in _COUNTED]
 
             def whole() -> int | str:  # "refund all": what was left when it was made
-                received = (self._retrieve(call) or {}).get("amount_received")
+                received = (self._retrieve(payment_id) or {}).get("amount_received")
                 return left_before(received, mine[0], counted, "created")
 
             found, result = PaymentFacts(amount=mine[0].get("amount")), refund_result(mine[0])
