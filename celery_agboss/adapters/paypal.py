@@ -8,8 +8,11 @@ recovered by replaying the create-order under its key (PayPal answers the same o
 while it keeps the key). So a charge is reconciled for 6 hours, then needs a person.
 
 A charge is two requests: create the order under a key derived from ours
-(:func:`order_request_id`), then capture it under our key itself, so the money-moving
-request always carries ``call.idempotency_key``. Creating an order moves no money.
+(:func:`order_request_id`), then capture (or authorize) it under our key itself, so the
+money-moving request always carries ``call.idempotency_key``. The order is created
+WITHOUT its payment source, which goes in the capture's (authorize's) body: PayPal may
+pay an order created with a vaulted source in that one call, and reconcile replays the
+create-order, so creating must never move money (design: sweep reconciles).
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ from paypalserversdk.models.capture_request import CaptureRequest
 from paypalserversdk.models.card_request import CardRequest
 from paypalserversdk.models.checkout_payment_intent import CheckoutPaymentIntent
 from paypalserversdk.models.money import Money
+from paypalserversdk.models.order_authorize_request import OrderAuthorizeRequest
+from paypalserversdk.models.order_authorize_request_payment_source import (
+    OrderAuthorizeRequestPaymentSource,
+)
+from paypalserversdk.models.order_capture_request import OrderCaptureRequest
+from paypalserversdk.models.order_capture_request_payment_source import (
+    OrderCaptureRequestPaymentSource,
+)
 from paypalserversdk.models.order_request import OrderRequest
 from paypalserversdk.models.payment_source import PaymentSource
 from paypalserversdk.models.paypal_wallet import PaypalWallet
@@ -61,6 +72,7 @@ from celery_agboss.adapters.common import (
     refuse_another_requests_answer,
 )
 from celery_agboss.adapters.common import http_timeout_seconds as _http_timeout
+from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import (
@@ -71,6 +83,7 @@ from celery_agboss.core.outbound import (
     OutboundCall,
     Unknown,
 )
+from celery_agboss.core.protections import PAYPAL_ORDER_CREATED_WITH_SOURCE
 
 ORDER_KEY_RETENTION = timedelta(hours=6)
 """Orders v2: "The server stores keys for 6 hours" (its SDK and API spec)."""
@@ -248,6 +261,25 @@ def _own(body: dict[str, Any], payment_id: str, amount: int | None, *, up: bool 
     return body
 
 
+def _vaulted(wanted: _Payment) -> dict[str, Any]:
+    """The vaulted source as a payment source's one field (``card`` or ``paypal``)."""
+    if wanted.source_kind == "paypal":
+        return {"paypal": PaypalWallet(vault_id=wanted.source)}
+    return {"card": CardRequest(vault_id=wanted.source)}
+
+
+def _paying_body(wanted: _Payment, capture: bool) -> Any:
+    """The capture's (authorize's) body: the vaulted source pays the order here, in the
+    request keyed by our own key, never at the order's creation."""
+    if capture:
+        return OrderCaptureRequest(
+            payment_source=OrderCaptureRequestPaymentSource(**_vaulted(wanted))
+        )
+    return OrderAuthorizeRequest(
+        payment_source=OrderAuthorizeRequestPaymentSource(**_vaulted(wanted))
+    )
+
+
 def _payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     money = body["amount"]
     amount, currency = _minor(money), str(money["currency_code"]).lower()
@@ -350,15 +382,21 @@ class PayPalAdapter(AdapterCalls):
     # --- orders: charge and authorize -------------------------------------------------------
 
     def _pay(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
+        """Create the order (no money moves), then capture or authorize it with the
+        vaulted source under our key: the one request that moves money."""
         wanted = _payment_request(call.request)
         order = self._create_order(wanted, call.idempotency_key, capture)
         what = f"PayPal's order {order.get('id')}"
         refuse_another_requests_answer(what, _wanted(wanted), _order_facts(order))
-        result = _order_result(order, capture)  # PayPal may pay a vaulted order at once
+        # An order the create answers already paid: our key's earlier capture (a replay),
+        # or an order created with its source (by an adapter before this one) paid at once.
+        result = _order_result(order, capture)
         if result is not None:
             refuse_another_requests_answer(what, _wanted(wanted), _result_facts(result))
             return result
         options = _keyed(call.idempotency_key, id=order["id"])
+        if not sabotage.active(PAYPAL_ORDER_CREATED_WITH_SOURCE):
+            options["body"] = _paying_body(wanted, capture)
         orders = self.client.orders
         paid = orders.capture_order(options) if capture else orders.authorize_order(options)
         result = _order_result(_body(paid), capture)
@@ -368,19 +406,22 @@ class PayPalAdapter(AdapterCalls):
         return result
 
     def _create_order(self, wanted: _Payment, key: str, capture: bool) -> dict[str, Any]:
+        """Create (or, under its key, find) the order: amount and ``custom_id`` only, never
+        the payment source, so creating it, or replaying that in reconcile, moves no money."""
         intent = CheckoutPaymentIntent.CAPTURE if capture else CheckoutPaymentIntent.AUTHORIZE
         amount = AmountWithBreakdown(wanted.currency, _value(wanted.amount, wanted.currency))
-        if wanted.source_kind == "paypal":
-            source = PaymentSource(paypal=PaypalWallet(vault_id=wanted.source))
-        else:
-            source = PaymentSource(card=CardRequest(vault_id=wanted.source))
         unit = PurchaseUnitRequest(amount=amount, custom_id=wanted.reference)
-        body = OrderRequest(intent=intent, purchase_units=[unit], payment_source=source)
+        source: dict[str, Any] = {}
+        if sabotage.active(PAYPAL_ORDER_CREATED_WITH_SOURCE):
+            source["payment_source"] = PaymentSource(**_vaulted(wanted))
+        body = OrderRequest(intent=intent, purchase_units=[unit], **source)
         return _body(self.client.orders.create_order(_keyed(order_request_id(key), body=body)))
 
     def _find_order(self, wanted: _Payment, key: str, capture: bool) -> dict[str, Any]:
         """The order the key's first attempt made: the create-order replayed (PayPal
-        answers the same order while it keeps the key), then read with GET."""
+        answers the same order while it keeps the key), then read with GET. When the
+        first attempt never reached PayPal this creates an unpaid order: the create
+        carries no payment source, so the sweep's or a cancel's reconcile never pays."""
         order_id = self._create_order(wanted, key, capture)["id"]
         return _body(self.client.orders.get_order({"id": order_id}))
 

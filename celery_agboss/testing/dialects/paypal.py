@@ -3,10 +3,13 @@
 Enough of PayPal's REST API for the official ``paypal-server-sdk`` to run unmodified,
 every money-moving call keyed by ``PayPal-Request-Id``, errors in PayPal's own shape
 (``{"name", "message", "debug_id", "details": [{"issue", "description"}]}``) so the SDK
-raises its ``ErrorException``/``ApiException``. An order is kept here and moves no
-money; capturing one is ``gateway.charge(capture=True)``, authorizing one
-``charge(capture=False)``, under the request's key; captures of authorizations, voids and
-refunds are the fake's. As PayPal documents: a repeat answers the CURRENT state of what
+raises its ``ErrorException``/``ApiException``. An order created without a payment source
+is kept here and moves no money; capturing one is ``gateway.charge(capture=True)``,
+authorizing one ``charge(capture=False)``, under the request's key, paid by the vaulted
+``payment_source`` in that request's body. An order created WITH a vaulted source is paid
+at once, as PayPal may do (captured for intent CAPTURE, authorized for AUTHORIZE), under
+the create's own ``PayPal-Request-Id``. Captures of authorizations, voids and refunds are
+the fake's. As PayPal documents: a repeat answers the CURRENT state of what
 the first request made, a repeat with other parameters is not refused, and an order's key
 lives 6 h (here: the fake's ``key_retention`` and ``idempotency_keys``, on its clock).
 """
@@ -45,6 +48,14 @@ Body = dict[str, Any]
 _Act = Callable[[Body, int | None, str | None], Reply]  # payment, amount, key -> reply
 
 
+def _vault_id(body: Body) -> str | None:
+    """The vault id of a body's ``payment_source`` (``card`` or ``paypal``); None without one."""
+    source = body.get("payment_source")
+    found = source.values() if isinstance(source, dict) else ()
+    vault = next((s.get("vault_id") for s in found if isinstance(s, dict)), None)
+    return vault if isinstance(vault, str) and vault else None
+
+
 def _capture_id_of_authorization(payment_id: str) -> str:
     """An order's capture is the fake's payment itself; an authorization's is "cap_…"."""
     return "cap_" + payment_id.removeprefix("ch_")
@@ -69,6 +80,7 @@ class PayPalOrder:
     payment_id: str | None = None
     payment_key: str | None = None  # the PayPal-Request-Id that captured/authorized it
     paid_at: float = 0.0
+    paid_at_creation: bool = False  # created with a vaulted source, and paid by that call
 
 
 @dataclass
@@ -203,8 +215,7 @@ class PayPalDialect:
         amount = from_value(money.get("value"), currency) if len(currency) == 3 else None
         if amount is None:
             return paypal_error(422, "INVALID_PARAMETER_VALUE", "amount is not valid.")
-        sources = (body.get("payment_source") or {}).values()
-        vault = next((s.get("vault_id") for s in sources if isinstance(s, dict)), None)
+        vault = _vault_id(body)
         reference, order_id = units[0].get("custom_id"), uuid.uuid4().hex[:17].upper()
         order = PayPalOrder(
             order_id, intent, amount, currency, reference, vault, key, gateway.now()
@@ -213,7 +224,16 @@ class PayPalDialect:
             self._state.orders[order.id] = order
             if key:
                 self._state.order_keys[key] = order.id
-        return Reply(201, self._order_body(order))
+            if vault is not None:
+                self._state.paying[order.id] = key
+        if vault is None:
+            return Reply(201, self._order_body(order))
+        try:  # a vaulted source needs no payer's approval: PayPal may pay it right here
+            return self._charge_order(call, order, key, capture=intent == "CAPTURE")
+        finally:
+            with self._lock:
+                self._state.paying.pop(order.id, None)
+                order.paid_at_creation = order.payment_id is not None
 
     def _get_order(self, call: GatewayCall) -> Reply:
         with self._lock:
@@ -221,7 +241,8 @@ class PayPalDialect:
         return not_found() if order is None else Reply(200, self._order_body(self._catch_up(order)))
 
     def _pay_order(self, call: GatewayCall) -> Reply:
-        """Capture or authorize an order: where the money moves."""
+        """Capture or authorize an order: where the money moves, paid by the vaulted
+        ``payment_source`` of this request's body (else the one the order was created with)."""
         wanted = "CAPTURE" if call.path.endswith("/capture") else "AUTHORIZE"
         key, gateway = call.header("PayPal-Request-Id"), self.server.gateway
         with self._lock:
@@ -238,11 +259,13 @@ class PayPalDialect:
                     return Reply(200, self._order_body(order))
                 issue = f"ORDER_ALREADY_{'CAPTURED' if wanted == 'CAPTURE' else 'AUTHORIZED'}"
                 return paypal_error(422, issue, "The order was already paid.")
-            if order.source is None:
+            source = _vault_id(call.body) or order.source
+            if source is None:
                 return paypal_error(422, "ORDER_NOT_APPROVED", "The payer has not approved it.")
             if order.id in self._state.paying:
                 return paypal_error(409, "PREVIOUS_REQUEST_IN_PROGRESS", "Order being paid.")
             self._state.paying[order.id] = key
+            order.source = source
         try:
             return self._charge_order(call, order, key, capture=wanted == "CAPTURE")
         finally:
