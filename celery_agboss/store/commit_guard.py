@@ -66,9 +66,9 @@ class CommitGuard:
         the commit-time lease check and without the effect's record. Savepoints pass."""
         if self.allowed or sabotage.active(COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
             return
-        ends = _ENDS_TRANSACTION.match(statement)
+        ends = ends_transaction(statement)
         if ends:
-            self.refuse(f"{ends.group(1).upper()} sent as SQL text")
+            self.refuse(f"{ends} sent as SQL text")
 
 
 _GUARDED_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -146,4 +146,15 @@ _ENDS_TRANSACTION = re.compile(
 )
 
 
-__all__ = ["CommitGuard", "StoreConnection", "guard_engine"]
+def ends_transaction(statement: str | bytes) -> str | None:
+    """The verb (``COMMIT``, ``END``, ``ROLLBACK``, ``BEGIN``…) when ``statement`` ends or
+    restarts the transaction it is sent in, else None; ``ROLLBACK TO`` and other savepoint
+    statements pass. The one statement rule of a fenced transaction, whichever connection
+    sends it: the store's own (``CommitGuard``) or Django's cursor (contrib.django)."""
+    if isinstance(statement, bytes):
+        statement = statement.decode("utf-8", "replace")
+    ends = _ENDS_TRANSACTION.match(statement)
+    return " ".join(ends.group(1).upper().split()) if ends else None
+
+
+__all__ = ["CommitGuard", "StoreConnection", "ends_transaction", "guard_engine"]

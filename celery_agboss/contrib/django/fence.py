@@ -8,7 +8,10 @@ durable=True)``: one database transaction, committed once the store's checks pas
 on any error. ``durable``: inside the body's own ``atomic`` the fence would be a
 savepoint, holding the lease row locked until the outer block ends, so that is
 refused. While it is open, a write to another alias is refused: it would commit on
-its own, zombie or not.
+its own, zombie or not; and so is ``COMMIT`` (or its kin) sent as SQL text through
+Django's cursor on the alias itself: it would commit ``fn``'s writes on the first
+lease check alone, the store's ``CommitGuard`` rule (``ends_transaction``) applied
+where SQLAlchemy never sees the statement.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sqlalchemy.engine import Engine
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.protections import (
+    DJANGO_COMMIT_TEXT_PASSES,
     DJANGO_OTHER_ALIAS_WRITES_PASS,
     DJANGO_PUBLISH_BEFORE_COMMIT,
     DJANGO_SILENT_ROLLBACK_PASSES,
@@ -37,6 +41,7 @@ from celery_agboss.errors import (
     StoreUnavailableError,
 )
 from celery_agboss.store.borrowed import OpenTransaction, UsersDatabase, borrowed_engine
+from celery_agboss.store.commit_guard import ends_transaction
 
 # What a statement on another alias may be while a fenced effect runs: a read.
 _READ = re.compile(r"\s*(SELECT|SHOW|EXPLAIN|PRAGMA|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
@@ -86,7 +91,7 @@ def _in_django_transaction(store_engine: Engine, alias: str) -> Iterator[Engine 
     atomic = transaction.atomic(using=alias, durable=True)
     atomic.__enter__()
     try:
-        with _other_aliases_read_only(alias):
+        with _other_aliases_read_only(alias), connection.execute_wrapper(_refuse_ending(alias)):
             connection.ensure_connection()
             yield borrowed_engine(store_engine, connection.connection)
         if connection.needs_rollback and not sabotage.active(DJANGO_SILENT_ROLLBACK_PASSES):
@@ -127,6 +132,28 @@ def _refuse_writes(alias: str) -> Callable[..., Any]:
                 f"a write to the database {alias!r} inside a fenced effect is refused: it "
                 "would commit on its own, even for a holder whose lease is gone; write to "
                 "the store's database only, or in a fenced effect of its own task"
+            )
+        return execute(sql, params, many, context)
+
+    return refuse
+
+
+def _refuse_ending(alias: str) -> Callable[..., Any]:
+    """Refuse, before it runs, a statement on the fence's own alias that would end its
+    transaction (design: P2): the writes before it would commit without the commit-time
+    lease check and the effect's record, so a holder that lost its lease meanwhile has
+    written, and the next holder writes again. Savepoints (``atomic()`` inside ``fn``)
+    pass. Refused before it is sent, the transaction stays open and whole."""
+
+    def refuse(execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
+        ends = ends_transaction(sql) if isinstance(sql, str | bytes) else None
+        if ends and not sabotage.active(DJANGO_COMMIT_TEXT_PASSES):
+            raise CommitInsideFencedEffectError(
+                f"{ends} sent as SQL text through Django's cursor on {alias!r} inside a "
+                "fenced effect is refused: fn's writes commit with the lease check and the "
+                "effect's record, or not at all. Leave the commit to the fenced effect (an "
+                "atomic() inside fn is a savepoint of its transaction)",
+                method=f"{ends} sent as SQL text",
             )
         return execute(sql, params, many, context)
 
