@@ -141,6 +141,53 @@ def test_the_admin_shows_records_read_only_with_chains_verified_and_no_card_data
     assert "CHAIN BROKEN at row 1" in tampered
 
 
+# Run in a process of the project: a delivery of an execution pauses with the payload in
+# argv (stored as ``self.pause`` stores it), then releases; prints the execution's id.
+PAUSE_ASKING = r"""
+import sys
+import django
+django.setup()
+from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.gateway import FakeGateway
+from tests.operations.world import make_world
+
+store_url, payload = sys.argv[1:3]
+clock = VirtualClock()
+world = make_world(store_url, clock=clock, gateway=FakeGateway(clock=clock), published=[])
+task_id = world.publish("o-9")
+ctx = world.start(task_id)
+with ctx.fenced() as tx:
+    assert world.agboss.executions.pause_in(tx, "approval", payload) == (False, None)
+assert ctx.settle_all_and_release()
+world.close()
+print("paused", task_id, flush=True)
+"""
+
+
+def test_a_pause_page_shows_what_the_pause_asks_escaped_above_its_answer_form(
+    django_shop: DjangoShop,
+) -> None:
+    """Whoever answers a pause approves what it asks (docs/pauses.md): its page shows the
+    payload as stored, as ``agboss show`` prints it, above the answer form; a payload
+    that looks like HTML is shown as text, never run as markup."""
+    payload = json.dumps(
+        {"refund": 4999, "to": "customer 77", "note": "<script>alert('approved')</script>"}
+    )
+    argv = ["-c", django_shop.url, payload]
+    output = django_shop.run(f"import sys; sys.argv = {argv!r}\n{PAUSE_ASKING}")
+    pause_id = f"{output.split('paused ', 1)[1].split()[0]}:approval"
+    (shown,) = admin(django_shop, {"user": "alice", "path": page("pause", pause_id)})
+    text = shown["text"]
+    assert shown["status"] == 200, text[-2000:]
+    assert "What it asks" in text and "&quot;refund&quot;: 4999" in text, text[-3000:]
+    assert "customer 77" in text
+    assert "&lt;script&gt;alert(&#x27;approved&#x27;)&lt;/script&gt;" in text
+    assert "<script>alert(" not in text, "the payload was rendered as markup"
+    assert text.index('id="agboss-pause-asks"') < text.index('id="agboss-answer"'), (
+        "what it asks comes before the form that answers it"
+    )
+
+
 def test_each_decision_needs_its_permission_and_is_audited_with_the_admin_user(
     django_shop: DjangoShop,
 ) -> None:

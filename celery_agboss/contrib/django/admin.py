@@ -302,9 +302,14 @@ class PauseAdmin(_ReadOnlyAdmin):
     created = _time_column("created_at_ms", "created")
 
     def record(self, key: str) -> dict[str, Any]:
+        """The pause with what it asks, shown above the answer form: whoever answers it
+        approves what they see (docs/pauses.md), as ``agboss show`` prints it."""
+        from celery_agboss.operator import read_pause
+
         pause = Pause.objects.using(store_alias()).filter(pk=key).first()
         if pause is None:
             raise Http404(f"no pause is named {key!r}")
+        stored = read_pause(project_app(), key)  # the payload, opened when sealed
         return {
             **super().record(pause.execution_id),
             "pause": {
@@ -314,4 +319,16 @@ class PauseAdmin(_ReadOnlyAdmin):
                 "created": iso(pause.created_at_ms),
                 "answered": iso(pause.answered_at_ms),
             },
+            "pause_asks": None if stored is None else _payload_text(stored.payload),
         }
+
+
+def _payload_text(payload: str | None) -> str | None:
+    """A pause's payload as stored (JSON text), indented to be read; as it is when it is
+    not JSON. The template escapes it: a payload is the body's data, never markup."""
+    if payload is None:
+        return None
+    try:
+        return json.dumps(json.loads(payload), sort_keys=True, indent=2, ensure_ascii=False)
+    except ValueError:
+        return payload

@@ -2,7 +2,10 @@
 revisions own the tables; Django never creates, alters or writes them).
 
 Only the columns the admin lists are mapped: a task's arguments, its result and a
-pause's payload are not, so no page can show what the masking policy never saw.
+pause's payload are not, so no page can show what the masking policy never saw. A
+pause's page shows its payload all the same, read through the operator API
+(``read_pause``: opened when the store is sealed): whoever answers it approves what it
+asks.
 The admin's actions change nothing through these models: they call the operator API,
 which checks leases, compares and sets, and writes the audit trail.
 """
