@@ -146,15 +146,85 @@ _ENDS_TRANSACTION = re.compile(
 )
 
 
+_DOLLAR_TAG = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
+
+
+def _quoted_end(text: str, start: int) -> int:
+    """Where the literal or quoted name opening at ``start`` ends (after its quote): a
+    doubled quote stays inside, and so does a backslash-escaped one in an ``E'…'``."""
+    quote = text[start]
+    escapes = quote == "'" and start > 0 and text[start - 1] in "eE"
+    i = start + 1
+    while i < len(text):
+        if escapes and text[i] == "\\":
+            i += 2
+        elif text[i] != quote:
+            i += 1
+        elif text.startswith(quote * 2, i):
+            i += 2
+        else:
+            return i + 1
+    return len(text)
+
+
+def _comment_end(text: str, start: int) -> int:
+    """Where the comment opening at ``start`` ends: a line's, or a block's (nested, as
+    PostgreSQL nests them)."""
+    if text.startswith("--", start):
+        end = text.find("\n", start)
+        return len(text) if end < 0 else end + 1
+    depth, i = 1, start + 2
+    while i < len(text) and depth:
+        if text.startswith("/*", i):
+            depth, i = depth + 1, i + 2
+        elif text.startswith("*/", i):
+            depth, i = depth - 1, i + 2
+        else:
+            i += 1
+    return i
+
+
+def _statements(text: str) -> list[str]:
+    """The statements of ``text`` (PostgreSQL runs several in one ``execute`` when it has no
+    parameters), split at semicolons outside literals and comments; a literal stands as
+    ``x`` and a comment as a space, so neither reads as a verb."""
+    statements, piece, i = [], [], 0
+    while i < len(text):
+        char = text[i]
+        tag = _DOLLAR_TAG.match(text, i) if char == "$" else None
+        if char in "'\"":
+            i, filler = _quoted_end(text, i), " x "
+        elif text.startswith(("--", "/*"), i):
+            i, filler = _comment_end(text, i), " "
+        elif tag is not None:
+            close = text.find(tag.group(0), tag.end())
+            i, filler = (len(text) if close < 0 else close + len(tag.group(0))), " x "
+        elif char == ";":
+            statements.append("".join(piece))
+            piece, i, filler = [], i + 1, ""
+        else:
+            i, filler = i + 1, char
+        piece.append(filler)
+    statements.append("".join(piece))
+    return statements
+
+
 def ends_transaction(statement: str | bytes) -> str | None:
-    """The verb (``COMMIT``, ``END``, ``ROLLBACK``, ``BEGIN``…) when ``statement`` ends or
-    restarts the transaction it is sent in, else None; ``ROLLBACK TO`` and other savepoint
-    statements pass. The one statement rule of a fenced transaction, whichever connection
-    sends it: the store's own (``CommitGuard``) or Django's cursor (contrib.django)."""
+    """The verb (``COMMIT``, ``END``, ``ROLLBACK``, ``BEGIN``…) when ``statement``, or any
+    statement in it, ends or restarts the transaction it is sent in, else None;
+    ``ROLLBACK TO`` and other savepoint statements pass. The one statement rule of a
+    fenced transaction, whichever connection sends it: the store's own
+    (``CommitGuard``) or Django's cursor (contrib.django). Comments before the verb,
+    and a verb after another statement's semicolon, are seen; a verb in a literal is
+    not one."""
     if isinstance(statement, bytes):
         statement = statement.decode("utf-8", "replace")
-    ends = _ENDS_TRANSACTION.match(statement)
-    return " ".join(ends.group(1).upper().split()) if ends else None
+    plain = not any(mark in statement for mark in (";", "--", "/*"))
+    for one in [statement] if plain else _statements(statement):
+        ends = _ENDS_TRANSACTION.match(one)
+        if ends:
+            return " ".join(ends.group(1).upper().split())
+    return None
 
 
 __all__ = ["CommitGuard", "StoreConnection", "ends_transaction", "guard_engine"]

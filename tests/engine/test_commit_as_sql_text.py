@@ -37,6 +37,30 @@ def test_commit_sent_as_sql_text_inside_a_fenced_effect_is_refused(
     assert notes(shop.store.engine) == ["paid"]
 
 
+@pytest.mark.parametrize("statement", ["/* mark */ COMMIT", "-- mark\nCOMMIT"])
+def test_a_commit_behind_a_comment_is_refused(shop: Shop, statement: str) -> None:
+    _commit_as_text_then_fail(shop, statement)
+    assert notes(shop.store.engine) == ["paid"]
+
+
+def test_a_commit_after_another_statement_in_one_text_is_refused(shop: Shop) -> None:
+    """PostgreSQL runs every statement of a text sent without parameters: the write and
+    its ``COMMIT`` in one ``execute`` (SQLite refuses a second statement itself)."""
+    if shop.store.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite runs one statement per execute")
+    _commit_as_text_then_fail(shop, "SELECT 1; COMMIT")
+    assert notes(shop.store.engine) == ["paid"]
+
+
+@pytest.mark.parametrize("statement", ["SELECT 'a; COMMIT'", "SELECT 1 -- ; COMMIT"])
+def test_a_commit_inside_a_literal_or_a_comment_is_no_commit(shop: Shop, statement: str) -> None:
+    create_app_tables(shop.store.engine)
+    with shop.start("task-1") as ctx:
+        ctx.fenced_effect("mark-paid", lambda conn: (conn.exec_driver_sql(statement), "ok")[1])
+        ctx.fenced_effect("note", lambda conn: write_note(conn, "paid"))
+    assert notes(shop.store.engine) == ["paid"]
+
+
 def test_twin_a_commit_as_sql_text_lets_a_failed_effect_write_twice(shop: Shop) -> None:
     with sabotage.switched_off(protections.COMMIT_INSIDE_FENCED_EFFECT_ALLOWED):
         _commit_as_text_then_fail(shop, "COMMIT")
