@@ -188,7 +188,9 @@ def _statements(text: str) -> list[str]:
     """The statements of ``text`` (PostgreSQL runs several in one ``execute`` when it has no
     parameters), split at semicolons outside literals and comments; a literal stands as
     ``x`` and a comment as a space, so neither reads as a verb."""
-    statements, piece, i = [], [], 0
+    statements: list[str] = []
+    piece: list[str] = []
+    i = 0
     while i < len(text):
         char = text[i]
         tag = _DOLLAR_TAG.match(text, i) if char == "$" else None
