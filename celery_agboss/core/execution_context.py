@@ -334,6 +334,17 @@ class ExecutionContext(DeliveryLease):
         stable id of the published task is derived from."""
         return self._next("publish", task_name)
 
+    def give_back_publish(self, task_name: str, position: int) -> bool:
+        """Hand back ``position``, taken by a publish of ``task_name`` whose send raised,
+        so the body's retry of it gets the same stable id: one execution, not one more
+        beside it (design: publishes from a body). Only the last position taken is given
+        back; False when a later publish of the name took one meanwhile (another thread)."""
+        with self._lock:
+            if self._occurrences.get(("publish", task_name)) != position:
+                return False
+            self._occurrences[("publish", task_name)] = position - 1
+            return True
+
     def reached_keys(self) -> frozenset[str]:
         """The idempotency keys of every outbound call this delivery's body made: an intent
         an earlier delivery created that is not among them is a divergence (design: divergence)."""

@@ -29,7 +29,9 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,15 +79,61 @@ def body_context() -> ExecutionContext | None:
     return ctx if isinstance(ctx, ExecutionContext) else None
 
 
-def publish_position(ctx: ExecutionContext, name: str) -> str:
+@dataclass(frozen=True)
+class Position:
+    """The position one publish from a body took: what its stable id is derived from."""
+
+    ctx: ExecutionContext
+    counted_as: str  # what ``next_publish`` counted: the name, or ``<undo key>/<name>``
+    n: int
+    text: str  # ``publish/<name>#<n>``, or ``<undo key>/publish/<name>#<n>``
+
+    def refused(self, request: str) -> None:
+        """Its send raised: the body's next publish of the name, if it is the same
+        ``request`` (a retry of this one), takes this position again, so it is the same
+        execution, not one more beside it. Any other publish takes the next position."""
+        with _refused_lock:
+            _refused.setdefault(self.ctx, {})[self.counted_as] = (self.n, request)
+
+
+# Per delivery: the position a publish whose send raised left, by what it counted, with
+# the request it carried (the delivery's context is dropped with the delivery).
+_refused: weakref.WeakKeyDictionary[ExecutionContext, dict[str, tuple[int, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+_refused_lock = threading.Lock()
+
+
+def request_of(args: Any, kwargs: Any) -> str:
+    """What tells a retry of a publish from another publish of the same task: its
+    arguments, as kombu's JSON (their ``repr`` when JSON cannot carry them)."""
+    try:
+        return dumps([list(args or ()), dict(kwargs or {})])
+    except (TypeError, ValueError):
+        return repr((args, kwargs))
+
+
+def take_position(ctx: ExecutionContext, name: str, request: str | None = None) -> Position:
     """The position of this publish of ``name`` from the body: the n-th in the delivery,
     or inside an undo the n-th of that undo (a delivery that continues the undos after a
-    crash skips those already done, so a position in the delivery would shift)."""
+    crash skips those already done, so a position in the delivery would shift). A retry
+    of a publish whose send raised (the same ``request``) takes that one's position."""
     undo = getattr(ctx, "current", None)
+    prefix = ""  # ``<undo key>/`` inside an undo
     if undo is not None and not sabotage.active(UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY):
-        n = ctx.next_publish(f"{undo.key}/{name}")
-        return f"{undo.key}/publish/{name}#{n}"
-    return f"publish/{name}#{ctx.next_publish(name)}"
+        prefix = f"{undo.key}/"
+    counted_as = f"{prefix}{name}"
+    with _refused_lock:
+        left = _refused.get(ctx, {}).pop(counted_as, None)
+    if left is not None and request is not None and left[1] == request:
+        ctx.give_back_publish(counted_as, left[0])  # False: a later one was taken since
+    n = ctx.next_publish(counted_as)
+    return Position(ctx, counted_as, n, f"{prefix}publish/{name}#{n}")
+
+
+def publish_position(ctx: ExecutionContext, name: str) -> str:
+    """``take_position``'s text, for a publish that never gives its position back."""
+    return take_position(ctx, name).text
 
 
 # --- canvases ---------------------------------------------------------------------------
@@ -324,10 +372,13 @@ def install() -> None:
 __all__ = [
     "PUBLISH_EFFECT",
     "CanvasPlan",
+    "Position",
     "body_context",
     "derived_task_id",
     "install",
     "plan_canvas",
     "publish_canvas",
     "publish_position",
+    "request_of",
+    "take_position",
 ]

@@ -10,17 +10,27 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
+import inspect
 import logging
 import uuid
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
+
+from celery import Celery
 
 from celery_agboss import outbox
 from celery_agboss.core import sabotage
-from celery_agboss.core.log_events import EXECUTION_NOT_RECORDED, log_event
+from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.log_events import EXECUTION_EXPIRED, EXECUTION_NOT_RECORDED, log_event
 from celery_agboss.core.protections import (
     BODY_PUBLISHES_GET_NEW_IDS,
     LINK_IDS_NOT_FIXED,
     PUBLISH_WITHOUT_RECORD,
+    REFUSED_PUBLISH_KEEPS_ITS_POSITION,
+    REFUSED_PUBLISH_LEFT_FOR_THE_SWEEP,
+    SEND_TASK_ID_READ_FROM_ETA,
 )
 from celery_agboss.errors import (
     ConfigurationError,
@@ -32,17 +42,33 @@ from celery_agboss.errors import (
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import message_from_publish
 from celery_agboss.signals.body_publishes import (
+    Position,
     body_context,
     derived_task_id,
-    publish_position,
+    request_of,
+    take_position,
 )
 from celery_agboss.task import PaymentTask
+
+logger = logging.getLogger("celery_agboss")
 
 RECORDED_HEADER = "agboss_recorded"
 """The header of a message whose execution was recorded at publish: why the publisher
 took the task for a ``PaymentTask`` (``PaymentTask``, or the pattern that matched)."""
 
 PAYMENT_TASK = "PaymentTask"
+
+
+@dataclass
+class _ThisPublish:
+    """What ``before_task_publish`` recorded for the ``send_task`` call running on this
+    thread: the execution, and whether this publish's record created it."""
+
+    execution_id: str | None = None
+    created: bool = False
+
+
+_this_publish: ContextVar[_ThisPublish | None] = ContextVar("agboss_this_publish", default=None)
 
 
 def payment_task_reason(runtime: Runtime, name: Any) -> str | None:
@@ -114,11 +140,14 @@ def before_task_publish(
             runtime.executions.record_requested(message)
         return
     try:
-        runtime.executions.record_requested(message)
+        created = runtime.executions.record_requested(message)
     except ExecutionIdConflictError as exc:
         raise PublishNotRecorded(exc) from None
     except (StoreError, ConfigurationError) as exc:
         raise PublishNotRecorded(_refused(name, message.execution_id, exc)) from None
+    noted = _this_publish.get()
+    if noted is not None:
+        noted.execution_id, noted.created = message.execution_id, created
 
 
 def _refused(name: Any, execution_id: str, exc: StoreError | ConfigurationError) -> Exception:
@@ -179,7 +208,26 @@ def _with_fixed_id(signature: Any, task_id: str) -> Any:
     return {**signature, "options": options}
 
 
-def _published_from_a_body(runtime: Runtime, name: Any) -> str | None:
+@dataclass(frozen=True)
+class _FromABody:
+    """A PaymentTask published from a PaymentTask's body: its stable id, its position and
+    its request (what tells a retry of it)."""
+
+    task_id: str
+    position: Position
+    request: str
+
+    def refused(self) -> None:
+        """Its send raised: a retry of it takes its position again.
+
+        (design: publishes from a body)"""
+        if not sabotage.active(REFUSED_PUBLISH_KEEPS_ITS_POSITION):
+            self.position.refused(self.request)
+
+
+def _published_from_a_body(
+    runtime: Runtime, name: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> _FromABody | None:
     """The stable id of a PaymentTask published from inside a PaymentTask's delivery
     (``ship.delay(order)`` in ``charge_order``'s body), or None: outside a delivery,
     or a task that is not a PaymentTask. The n-th publish of one task name in a
@@ -189,36 +237,149 @@ def _published_from_a_body(runtime: Runtime, name: Any) -> str | None:
     ctx = body_context()
     if ctx is None or not is_payment_task(runtime, name):
         return None
-    return derived_task_id(ctx.execution_id, publish_position(ctx, name))
+    request = request_of(
+        args[0] if args else kwargs.get("args"), args[1] if args[1:] else kwargs.get("kwargs")
+    )
+    position = take_position(ctx, name, request)
+    return _FromABody(derived_task_id(ctx.execution_id, position.text), position, request)
+
+
+def _task_id_index(send: Callable[..., Any]) -> int:
+    """Where ``task_id`` sits among ``send_task``'s positional arguments after the name
+    (``args, kwargs, countdown, eta, task_id``: 4), read from ``send``'s signature, or
+    from Celery's when ``send`` does not name it (a wrapper taking ``*args``)."""
+    for candidate in (send, Celery.send_task):
+        try:
+            parameters = inspect.signature(candidate).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        positional = [
+            p.name
+            for p in parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
+        ]
+        if positional[:1] == ["name"] and "task_id" in positional:
+            return positional.index("task_id") - 1
+    raise RuntimeError("Celery's send_task no longer takes a task_id")  # pragma: no cover
+
+
+def _chosen_task_id(at: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the caller named the task id, positionally or by keyword; otherwise a
+    body's publish gets a stable one (design: publishes from a body). The sabotage
+    reads it one place off, where ``eta`` is."""
+    if sabotage.active(SEND_TASK_ID_READ_FROM_ETA):
+        return bool(args[at - 1 : at]) or kwargs.get("task_id") is not None
+    given = args[at] if len(args) > at else kwargs.get("task_id")
+    return given is not None
+
+
+def _with_task_id(
+    at: int, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call with ``task_id`` where the caller left it empty (a positional ``None``
+    stays positional: naming it again would be a second value for it)."""
+    if len(args) > at:
+        return (*args[:at], task_id, *args[at + 1 :]), kwargs
+    return args, {**kwargs, "task_id": task_id}
+
+
+def _after_a_raised_send(
+    runtime: Runtime,
+    name: Any,
+    noted: _ThisPublish,
+    body: _FromABody | None,
+    fresh_id: bool,
+    error: BaseException,
+) -> None:
+    """What a publish whose send raised leaves behind; the caller then gets the error
+    unchanged and retries or gives up (design: trap 9, publishes from a body).
+
+    From a body, the position is left for a retry: the body's retry of the publish (the
+    same arguments) is the same execution, not one more beside it. A recorded execution
+    under an id Celery made for this call alone (nobody can publish it again) is ended
+    ``EXPIRED`` by compare-and-set while still ``REQUESTED``, so the sweep never revives
+    what the caller retried under a new id or gave up; one a worker started (the broker
+    did take the message) is left.
+    An id that is published again as it is (derived in a body, chosen by the caller, an
+    outbox row's, a re-publish's) stays ``REQUESTED``: its publisher's retry, a re-run,
+    or else the sweep sends it, and ending it would turn those into silent drops."""
+    if body is not None:
+        body.refused()
+    if noted.execution_id is None or not noted.created:
+        return
+    if not fresh_id or sabotage.active(REFUSED_PUBLISH_LEFT_FOR_THE_SWEEP):
+        logger.info(
+            "the publish of %s (%s) raised %s; its execution stays REQUESTED under its "
+            "stable id: a publish of that id again, or the sweep, sends it",
+            name,
+            noted.execution_id,
+            type(error).__name__,
+        )
+        return
+    reason = (
+        f"never started: its publish was refused ({type(error).__name__}) and the "
+        "publisher was told, so it publishes again under a new id or gives up"
+    )
+    try:
+        ended = runtime.executions.move(
+            noted.execution_id, [ExecutionState.REQUESTED], ExecutionState.EXPIRED, reason
+        )
+    except (Exception, StoreError):
+        logger.warning(
+            "the publish of %s (%s) raised and its execution could not be ended; the "
+            "sweep re-publishes it after agboss_requested_grace",
+            name,
+            noted.execution_id,
+            exc_info=True,
+        )
+        return
+    if ended is not None:
+        log_event(
+            EXECUTION_EXPIRED,
+            logging.WARNING,
+            reason,
+            execution_id=noted.execution_id,
+            task=name,
+        )
 
 
 def refuse_unrecorded_publishes(runtime: Runtime) -> None:
     """Make ``app.send_task`` (which ``apply_async``, ``delay``, canvas and ``retry`` all
     go through) raise the error ``before_task_publish`` refused a publish with, as an
     ordinary exception for the caller; nothing reached the broker. A PaymentTask
-    published from a PaymentTask's body without a ``task_id`` gets a stable one."""
+    published from a PaymentTask's body without a ``task_id`` gets a stable one. A
+    publish whose send raised is cleaned up after (``_after_a_raised_send``)."""
     app = runtime.app
     original = app.send_task
     if getattr(original, "_agboss_refuses_unrecorded", False):
         return
+    at = _task_id_index(original)
 
     @functools.wraps(original)
     def send_task(name: Any, *args: Any, **kwargs: Any) -> Any:
-        if (
-            not args[3:4]
-            and kwargs.get("task_id") is None
-            and not sabotage.active(BODY_PUBLISHES_GET_NEW_IDS)
-        ):
-            stable = _published_from_a_body(runtime, name)
-            if stable is not None:
-                kwargs["task_id"] = stable
+        chosen = _chosen_task_id(at, args, kwargs)
+        body = None
+        if not chosen and not sabotage.active(BODY_PUBLISHES_GET_NEW_IDS):
+            body = _published_from_a_body(runtime, name, args, kwargs)
+            if body is not None:
+                args, kwargs = _with_task_id(at, args, kwargs, body.task_id)
         deferred = _publish_on_commit(runtime, name, args, kwargs)
         if deferred is not None:
             return deferred
+        noted = _ThisPublish()
+        token = _this_publish.set(noted)
         try:
             return original(name, *args, **kwargs)
         except PublishNotRecorded as refused:
+            if body is not None:
+                body.refused()  # nothing recorded: a retry of it takes its position again
             raise refused.error from refused.error.__cause__
+        except Exception as error:
+            fresh_id = not chosen and body is None
+            _after_a_raised_send(runtime, name, noted, body, fresh_id, error)
+            raise
+        finally:
+            _this_publish.reset(token)
 
     send_task._agboss_refuses_unrecorded = True  # type: ignore[attr-defined]
     app.send_task = send_task
