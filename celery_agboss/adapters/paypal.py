@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import timedelta
-from decimal import Decimal
 from functools import partial
 from typing import Any
 
@@ -39,20 +36,10 @@ from paypalserversdk.exceptions.api_exception import ApiException
 from paypalserversdk.http.auth.o_auth_2 import ClientCredentialsAuthCredentials
 from paypalserversdk.models.amount_with_breakdown import AmountWithBreakdown
 from paypalserversdk.models.capture_request import CaptureRequest
-from paypalserversdk.models.card_request import CardRequest
 from paypalserversdk.models.checkout_payment_intent import CheckoutPaymentIntent
 from paypalserversdk.models.money import Money
-from paypalserversdk.models.order_authorize_request import OrderAuthorizeRequest
-from paypalserversdk.models.order_authorize_request_payment_source import (
-    OrderAuthorizeRequestPaymentSource,
-)
-from paypalserversdk.models.order_capture_request import OrderCaptureRequest
-from paypalserversdk.models.order_capture_request_payment_source import (
-    OrderCaptureRequestPaymentSource,
-)
 from paypalserversdk.models.order_request import OrderRequest
 from paypalserversdk.models.payment_source import PaymentSource
-from paypalserversdk.models.paypal_wallet import PaypalWallet
 from paypalserversdk.models.purchase_unit_request import PurchaseUnitRequest
 from paypalserversdk.models.refund_request import RefundRequest
 from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
@@ -63,15 +50,32 @@ from celery_agboss.adapters.common import (
     PAYMENT_KEPT,
     AdapterCalls,
     CallMaker,
-    PaymentFacts,
-    RequestChecks,
     adapter_policies,
     adopt,
     definite_verdict,
-    linked_id,
     refuse_another_requests_answer,
 )
 from celery_agboss.adapters.common import http_timeout_seconds as _http_timeout
+from celery_agboss.adapters.paypal_requests import (
+    CARD_DATA,
+    PayPalDeclinedError,
+    PayPalRequestError,
+    WantedPayment,
+    body_of,
+    checks,
+    decimal_value,
+    field_of,
+    keyed,
+    order_facts,
+    order_result,
+    own_answer,
+    paying_body,
+    payment_request,
+    payment_result,
+    result_facts,
+    vaulted,
+    wanted_facts,
+)
 from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.keys import fit_key
@@ -99,27 +103,9 @@ ALREADY_DONE_ISSUES = frozenset(
     | {"DUPLICATE_REQUEST_ID", "DUPLICATE_INVOICE_ID", "PREVIOUS_REQUEST_IN_PROGRESS"}
 )
 """Refusals that may mean OUR earlier attempt did it: never definite, reconcile asks."""
-CARD_DATA = ("payment_source", "card")
-"""What the policy of every call masks by default: PayPal's own fields for a card's
-number, expiry, security code and holder name (``payment_source.card``), should a
-request carry them. The adapter pays with a vault id (``source``) only, and refuses a
-request that carries either (nothing sent); masking keeps them out of the store too."""
 _NOTHING_PROCESSED = frozenset({400, 401, 403, 404, 422})
-_ZERO_DECIMAL = frozenset({"HUF", "JPY", "TWD"})
 _OPEN_ORDER = frozenset({"CREATED", "APPROVED", "SAVED", "PAYER_ACTION_REQUIRED"})
-_REFUSED = frozenset({"DECLINED", "FAILED", "DENIED"})
 _ORDER_DOMAIN = b"celery_agboss.paypal.order.v1\x00"
-
-
-class PayPalRequestError(ValueError):
-    """A request the adapter refuses before anything is sent (names the field)."""
-
-
-_check = RequestChecks(PayPalRequestError)
-
-
-class PayPalDeclinedError(Exception):
-    """PayPal answered the capture or authorization as declined: no money moved."""
 
 
 def order_request_id(idempotency_key: str) -> str:
@@ -147,143 +133,6 @@ def issues_of(exc: BaseException) -> frozenset[str]:
     """The ``details[].issue`` values of a PayPal error (empty when it has none)."""
     details = getattr(exc, "details", None) or []
     return frozenset(str(getattr(d, "issue", "")) for d in details if getattr(d, "issue", None))
-
-
-def _value(amount: int, currency: str) -> str:
-    return str(amount) if currency.upper() in _ZERO_DECIMAL else f"{Decimal(amount) / 100:.2f}"
-
-
-def _minor(money: Mapping[str, Any]) -> int:
-    number = Decimal(str(money["value"]))
-    return int(number if str(money["currency_code"]).upper() in _ZERO_DECIMAL else number * 100)
-
-
-def _keyed(request_id: str, **options: Any) -> dict[str, Any]:
-    """An SDK call's options: always the key, always the full resource in the answer."""
-    return {**options, "paypal_request_id": request_id, "prefer": "return=representation"}
-
-
-def _body(response: Any) -> dict[str, Any]:
-    text = getattr(response, "text", "") or ""
-    found = json.loads(text) if text.strip() else {}
-    return found if isinstance(found, dict) else {}
-
-
-@dataclass(frozen=True)
-class _Payment:
-    amount: int
-    currency: str  # upper case, as PayPal writes it
-    reference: str
-    source: str
-    source_kind: str
-
-
-def _field(request: Mapping[str, Any], name: str, kind: type, *, required: bool = True) -> Any:
-    value = request.get(name)
-    if value is None and not required:
-        return None
-    if not isinstance(value, kind) or isinstance(value, bool) or value in ("", 0):
-        raise PayPalRequestError(f"request field {name!r} must be a non-empty {kind.__name__}")
-    return value
-
-
-def _payment_request(request: Any) -> _Payment:
-    """charge/authorize: ``{"amount", "currency", "reference", "source"[, "source_kind"]}``."""
-    request = _check.mapping(request)
-    carried = sorted(name for name in CARD_DATA if name in request)
-    if carried:
-        raise PayPalRequestError(
-            f"request fields {carried} are card details: this adapter pays with a vaulted "
-            "source ('source', a vault id) only"
-        )
-    amount = _field(request, "amount", int)
-    currency = str(_field(request, "currency", str)).upper()
-    reference, source = _field(request, "reference", str), _field(request, "source", str)
-    kind = request.get("source_kind", "card")
-    if amount <= 0 or len(currency) != 3 or not currency.isalpha():
-        raise PayPalRequestError("request field 'amount' must be > 0 and 'currency' ISO 4217")
-    if len(reference) > 127:
-        raise PayPalRequestError("request field 'reference' is over PayPal's 127 characters")
-    if kind not in ("card", "paypal"):
-        raise PayPalRequestError("request field 'source_kind' must be 'card' or 'paypal'")
-    return _Payment(amount, currency, reference, source, kind)
-
-
-def _order_result(order: Mapping[str, Any], capture: bool) -> dict[str, Any] | None:
-    """The charge's (or authorization's) result from an order; None when it has none yet."""
-    units = order.get("purchase_units") or [{}]
-    found = (units[0].get("payments") or {}).get("captures" if capture else "authorizations")
-    if not found:
-        return None
-    item = found[-1]
-    if item.get("status") in _REFUSED:
-        raise PayPalDeclinedError(f"PayPal answered order {order.get('id')} {item['status']}")
-    money = item.get("amount") or units[0]["amount"]
-    return {
-        "id": item["id"],
-        "order_id": order["id"],
-        "status": item["status"],
-        "amount": _minor(money),
-        "currency": str(money["currency_code"]).lower(),
-        "reference": units[0].get("custom_id"),
-    }
-
-
-def _wanted(payment: _Payment) -> PaymentFacts:
-    """What tells the request's order from another (PayPal keeps no key of ours to read)."""
-    return PaymentFacts(payment.amount, payment.currency, payment.reference)
-
-
-def _order_facts(order: Mapping[str, Any]) -> PaymentFacts:
-    """An order's first purchase unit: its amount, currency and ``custom_id``."""
-    unit = (order.get("purchase_units") or [{}])[0]
-    money = unit.get("amount") or {}
-    try:
-        amount: int | None = _minor(money)
-    except (KeyError, ArithmeticError, ValueError):
-        amount = None
-    return PaymentFacts(amount, money.get("currency_code"), unit.get("custom_id"))
-
-
-def _result_facts(result: Mapping[str, Any]) -> PaymentFacts:
-    return PaymentFacts(result.get("amount"), result.get("currency"), result.get("reference"))
-
-
-def _own(body: dict[str, Any], payment_id: str, amount: int | None, *, up: bool = True) -> Any:
-    """``body`` unless it answers another request made first under our key (a repeat is
-    answered with what the key's first request made): of another authorization or capture
-    (its ``up`` link; a void's own id) or amount (design: only the request's payment)."""
-    answered = linked_id(body.get("links"), "up") if up else body.get("id")
-    moved = _minor(body["amount"]) if "amount" in body else None
-    found = PaymentFacts(moved, payment=answered or payment_id)
-    wanted = PaymentFacts(amount, payment=payment_id)
-    refuse_another_requests_answer(f"PayPal's {body.get('id')}", wanted, found)
-    return body
-
-
-def _vaulted(wanted: _Payment) -> dict[str, Any]:
-    """The vaulted source as a payment source's one field (``card`` or ``paypal``)."""
-    if wanted.source_kind == "paypal":
-        return {"paypal": PaypalWallet(vault_id=wanted.source)}
-    return {"card": CardRequest(vault_id=wanted.source)}
-
-
-def _paying_body(wanted: _Payment, capture: bool) -> Any:
-    """The capture's (authorize's) body: the vaulted source pays the order here, in the
-    request keyed by our own key, never at the order's creation."""
-    if capture:
-        return OrderCaptureRequest(
-            payment_source=OrderCaptureRequestPaymentSource(**_vaulted(wanted))
-        )
-    return OrderAuthorizeRequest(
-        payment_source=OrderAuthorizeRequestPaymentSource(**_vaulted(wanted))
-    )
-
-
-def _payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
-    money = body["amount"]
-    amount, currency = _minor(money), str(money["currency_code"]).lower()
-    return dict(id=body["id"], status=body["status"], amount=amount, currency=currency, **extra)
 
 
 class PayPalAdapter(AdapterCalls):
@@ -376,54 +225,54 @@ class PayPalAdapter(AdapterCalls):
         """What the key's charge made: the order replayed under its key and read back; None
         when it has no capture. A key never sent leaves an unpaid order behind (no money)."""
         key = fit_key(idempotency_key, MAX_REQUEST_ID_LENGTH)
-        order = self._find_order(_payment_request(self._checklist_request(1, key)), key, True)
-        return _order_result(order, True)
+        order = self._find_order(payment_request(self._checklist_request(1, key)), key, True)
+        return order_result(order, True)
 
     # --- orders: charge and authorize -------------------------------------------------------
 
     def _pay(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
         """Create the order (no money moves), then capture or authorize it with the
         vaulted source under our key: the one request that moves money."""
-        wanted = _payment_request(call.request)
+        wanted = payment_request(call.request)
         order = self._create_order(wanted, call.idempotency_key, capture)
         what = f"PayPal's order {order.get('id')}"
-        refuse_another_requests_answer(what, _wanted(wanted), _order_facts(order))
+        refuse_another_requests_answer(what, wanted_facts(wanted), order_facts(order))
         # An order the create answers already paid: our key's earlier capture (a replay),
         # or an order created with its source (by an adapter before this one) paid at once.
-        result = _order_result(order, capture)
+        result = order_result(order, capture)
         if result is not None:
-            refuse_another_requests_answer(what, _wanted(wanted), _result_facts(result))
+            refuse_another_requests_answer(what, wanted_facts(wanted), result_facts(result))
             return result
-        options = _keyed(call.idempotency_key, id=order["id"])
+        options = keyed(call.idempotency_key, id=order["id"])
         if not sabotage.active(PAYPAL_ORDER_CREATED_WITH_SOURCE):
-            options["body"] = _paying_body(wanted, capture)
+            options["body"] = paying_body(wanted, capture)
         orders = self.client.orders
         paid = orders.capture_order(options) if capture else orders.authorize_order(options)
-        result = _order_result(_body(paid), capture)
+        result = order_result(body_of(paid), capture)
         if result is None:
             raise RuntimeError(f"PayPal answered order {order['id']} with no payment in it")
-        refuse_another_requests_answer(what, _wanted(wanted), _result_facts(result))
+        refuse_another_requests_answer(what, wanted_facts(wanted), result_facts(result))
         return result
 
-    def _create_order(self, wanted: _Payment, key: str, capture: bool) -> dict[str, Any]:
+    def _create_order(self, wanted: WantedPayment, key: str, capture: bool) -> dict[str, Any]:
         """Create (or, under its key, find) the order: amount and ``custom_id`` only, never
         the payment source, so creating it, or replaying that in reconcile, moves no money."""
         intent = CheckoutPaymentIntent.CAPTURE if capture else CheckoutPaymentIntent.AUTHORIZE
-        amount = AmountWithBreakdown(wanted.currency, _value(wanted.amount, wanted.currency))
+        amount = AmountWithBreakdown(wanted.currency, decimal_value(wanted.amount, wanted.currency))
         unit = PurchaseUnitRequest(amount=amount, custom_id=wanted.reference)
         source: dict[str, Any] = {}
         if sabotage.active(PAYPAL_ORDER_CREATED_WITH_SOURCE):
-            source["payment_source"] = PaymentSource(**_vaulted(wanted))
+            source["payment_source"] = PaymentSource(**vaulted(wanted))
         body = OrderRequest(intent=intent, purchase_units=[unit], **source)
-        return _body(self.client.orders.create_order(_keyed(order_request_id(key), body=body)))
+        return body_of(self.client.orders.create_order(keyed(order_request_id(key), body=body)))
 
-    def _find_order(self, wanted: _Payment, key: str, capture: bool) -> dict[str, Any]:
+    def _find_order(self, wanted: WantedPayment, key: str, capture: bool) -> dict[str, Any]:
         """The order the key's first attempt made: the create-order replayed (PayPal
         answers the same order while it keeps the key), then read with GET. When the
         first attempt never reached PayPal this creates an unpaid order: the create
         carries no payment source, so the sweep's or a cancel's reconcile never pays."""
         order_id = self._create_order(wanted, key, capture)["id"]
-        return _body(self.client.orders.get_order({"id": order_id}))
+        return body_of(self.client.orders.get_order({"id": order_id}))
 
     def _reconcile_order(self, call: CallContext, lookup: Lookup, *, capture: bool) -> Any:
         """Completed when the order holds its payment; NotSent while it is open (the
@@ -436,20 +285,20 @@ class PayPalAdapter(AdapterCalls):
                 "order instead of finding the first; check the merchant's PayPal activity"
             )
         try:
-            wanted = _payment_request(lookup.request)
+            wanted = payment_request(lookup.request)
         except PayPalRequestError as exc:
             return Unknown(f"the stored request cannot replay the order ({exc}): masked?")
         order = self._find_order(wanted, lookup.idempotency_key, capture)
         what = f"PayPal's order {order.get('id')}"
-        mine = adopt(what, _wanted(wanted), _order_facts(order), None)
+        mine = adopt(what, wanted_facts(wanted), order_facts(order), None)
         if isinstance(mine, Unknown):
             return mine
         try:
-            result = _order_result(order, capture)
+            result = order_result(order, capture)
         except PayPalDeclinedError as exc:
             return Unknown(f"{exc}: no money moved; decide whether to charge again")
         if result is not None:
-            return adopt(what, _wanted(wanted), _result_facts(result), result)
+            return adopt(what, wanted_facts(wanted), result_facts(result), result)
         if order.get("status") in _OPEN_ORDER:
             return NotSent()
         return Unknown(f"PayPal order {order.get('id')} is {order.get('status')}, unpaid")
@@ -458,20 +307,20 @@ class PayPalAdapter(AdapterCalls):
 
     def _target(self, request: Any) -> tuple[str, int | None, str | None]:
         """``{"payment_id", "amount": int | None[, "currency"]}`` checked."""
-        request = _check.mapping(request)
-        payment_id = _field(request, "payment_id", str)
-        amount = _field(request, "amount", int, required=False)
+        request = checks.mapping(request)
+        payment_id = field_of(request, "payment_id", str)
+        amount = field_of(request, "amount", int, required=False)
         if amount is not None and amount <= 0:
             raise PayPalRequestError("request field 'amount' must be > 0")
-        currency = _field(request, "currency", str, required=False)
+        currency = field_of(request, "currency", str, required=False)
         return payment_id, amount, currency
 
     def _money(self, amount: int | None, currency: str | None, read: Any) -> Any:
         """PayPal's ``Money`` for a partial amount; the currency read back when not given."""
         if amount is None:
             return None
-        code = (currency or _body(read())["amount"]["currency_code"]).upper()
-        return Money(code, _value(amount, code))
+        code = (currency or body_of(read())["amount"]["currency_code"]).upper()
+        return Money(code, decimal_value(amount, code))
 
     def _send_capture(self, call: CallContext) -> dict[str, Any]:
         return self._act(call, "authorization_id", CaptureRequest, final_capture=True)
@@ -487,16 +336,16 @@ class PayPalAdapter(AdapterCalls):
         money = self._money(amount, currency, partial(read, {target: payment_id}))
         body = make(**fields, **({"amount": money} if money else {}))
         send = payments.capture_authorized_payment if capture else payments.refund_captured_payment
-        answer = _body(send(_keyed(call.idempotency_key, body=body, **{target: payment_id})))
-        return _payment_result(_own(answer, payment_id, amount), **{target: payment_id})
+        answer = body_of(send(keyed(call.idempotency_key, body=body, **{target: payment_id})))
+        return payment_result(own_answer(answer, payment_id, amount), **{target: payment_id})
 
     def _send_void(self, call: CallContext) -> dict[str, Any]:
-        auth_id = _field(_check.mapping(call.request), "payment_id", str)
+        auth_id = field_of(checks.mapping(call.request), "payment_id", str)
         payments = self.client.payments
-        body = _body(payments.void_payment(_keyed(call.idempotency_key, authorization_id=auth_id)))
+        body = body_of(payments.void_payment(keyed(call.idempotency_key, authorization_id=auth_id)))
         if not body:  # 204: PayPal answered minimally; read the authorization back
-            body = _body(payments.get_authorized_payment({"authorization_id": auth_id}))
-        return _payment_result(_own(body, auth_id, None, up=False))
+            body = body_of(payments.get_authorized_payment({"authorization_id": auth_id}))
+        return payment_result(own_answer(body, auth_id, None, up=False))
 
     def _reconcile_by_replay(self, call: CallContext, lookup: Lookup) -> Any:
         """No read shows which capture or refund a key made, but PayPal keeps the key 45
@@ -510,11 +359,11 @@ class PayPalAdapter(AdapterCalls):
 
     def _reconcile_void(self, call: CallContext, lookup: Lookup) -> Any:
         """The authorization's own status tells: VOIDED is done, CREATED is not yet."""
-        auth_id = _field(_check.mapping(lookup.request), "payment_id", str)
+        auth_id = field_of(checks.mapping(lookup.request), "payment_id", str)
         read = self.client.payments.get_authorized_payment({"authorization_id": auth_id})
-        body = _body(read)
+        body = body_of(read)
         if body.get("status") == "VOIDED":
-            return Completed(_payment_result(body))
+            return Completed(payment_result(body))
         if body.get("status") == "CREATED":
             return NotSent()
         return Unknown(

@@ -16,7 +16,6 @@ id, and its refunds listed and matched by the key in their metadata.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +31,6 @@ from celery_agboss.adapters.common import (
     AdapterCalls,
     CallMaker,
     PaymentFacts,
-    RequestChecks,
     adapter_policies,
     adopt,
     adopt_action,
@@ -41,6 +39,16 @@ from celery_agboss.adapters.common import (
     left_before,
     refuse_another_requests_answer,
     request_facts,
+)
+from celery_agboss.adapters.stripe_requests import (
+    KEY_METADATA,
+    REFERENCE_METADATA,
+    InvalidStripeRequestError,
+    id_of,
+    payment_id_request,
+    payment_request,
+    positive_int,
+    text_field,
 )
 from celery_agboss.core import sabotage
 from celery_agboss.core.keys import fit_key
@@ -60,12 +68,6 @@ KEY_RETENTION = timedelta(hours=24)
 MAX_KEY_LENGTH = 255
 """Stripe's limit on ``Idempotency-Key``; longer keys get the core's digest, never a cut."""
 
-KEY_METADATA = "agboss_key"
-"""The metadata field a charge, an authorisation and a refund carry the key in."""
-
-REFERENCE_METADATA = "reference"
-"""The metadata field a charge carries the request's ``reference`` (the order) in."""
-
 TEST_PAYMENT_METHOD = "pm_card_visa"
 """Stripe's test card, used by ``send`` (the checklist's charge) only."""
 
@@ -75,15 +77,7 @@ or card details someone passed in its place, as Stripe's Charges API takes them)
 Stripe's raw-card field (``payment_method_data``: number, expiry, CVC, holder name),
 which the adapter refuses to send but would otherwise be stored."""
 
-_RESERVED = frozenset({KEY_METADATA, REFERENCE_METADATA})
 _COUNTED = frozenset({"succeeded", "pending", "requires_action"})  # refunds that took money
-_PAYMENT_FIELDS = frozenset(
-    {"amount", "currency", "reference", "source", "metadata", "description", "customer"}
-)
-
-
-class InvalidStripeRequestError(ValueError):
-    """The request dict cannot be sent (it names the field): nothing reached Stripe."""
 
 
 def is_definite_stripe_failure(exc: BaseException) -> bool:
@@ -105,89 +99,6 @@ def is_definite_stripe_failure(exc: BaseException) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class _Payment:
-    amount: int
-    currency: str
-    reference: str
-    source: str
-    metadata: dict[str, str] = field(default_factory=dict)
-    description: str | None = None
-    customer: str | None = None
-
-
-def _refuse(message: str) -> InvalidStripeRequestError:
-    return InvalidStripeRequestError(f"Stripe request refused, nothing sent: {message}")
-
-
-_check = RequestChecks(_refuse)
-
-
-def _unknown_fields(request: Mapping[str, Any], allowed: frozenset[str], what: str) -> None:
-    extra = sorted(str(name) for name in request if name not in allowed)
-    if extra:
-        raise _refuse(f"{what} does not take {', '.join(extra)} (it takes {sorted(allowed)})")
-
-
-def _positive_int(request: Mapping[str, Any], name: str, *, optional: bool = False) -> int | None:
-    value = request.get(name)
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise _refuse(f"{name} must be a positive int in minor units, not {value!r}")
-    return value
-
-
-def _text(request: Mapping[str, Any], name: str, *, limit: int, optional: bool = False) -> Any:
-    value = request.get(name)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not value or len(value) > limit:
-        raise _refuse(f"{name} must be a non-empty str of at most {limit} characters")
-    return value
-
-
-def _payment(request: Any) -> _Payment:
-    request = _check.mapping(request, "charge")
-    _unknown_fields(request, _PAYMENT_FIELDS, "a charge")
-    amount = _positive_int(request, "amount")
-    currency = _text(request, "currency", limit=3)
-    if len(currency) != 3 or not currency.isalpha():
-        raise _refuse(f"currency must be a three-letter ISO code, not {currency!r}")
-    metadata = request.get("metadata") or {}
-    if not isinstance(metadata, Mapping) or not all(
-        isinstance(k, str) and 0 < len(k) <= 40 and isinstance(v, str) and len(v) <= 500
-        for k, v in metadata.items()
-    ):
-        raise _refuse("metadata must map str keys (≤ 40 characters) to str values (≤ 500)")
-    if _RESERVED & set(metadata):
-        raise _refuse(f"metadata must not set {sorted(_RESERVED)}: the adapter sets them")
-    assert amount is not None
-    return _Payment(
-        amount=amount,
-        currency=currency.lower(),
-        reference=_text(request, "reference", limit=500),
-        source=_text(request, "source", limit=255),
-        metadata=dict(metadata),
-        description=_text(request, "description", limit=1000, optional=True),
-        customer=_text(request, "customer", limit=255, optional=True),
-    )
-
-
-def _payment_id(request: Any, what: str, allowed: frozenset[str]) -> tuple[str, Mapping[str, Any]]:
-    request = _check.mapping(request, what)
-    _unknown_fields(request, allowed, f"a {what}")
-    return _text(request, "payment_id", limit=255), request
-
-
-def _id_of(value: Any) -> str | None:
-    """An id field, whether Stripe answered it as an id or as an expanded object."""
-    if value is None or isinstance(value, str):
-        return value
-    found = value.get("id") if isinstance(value, Mapping) else None
-    return str(found) if found is not None else None
-
-
 def intent_result(intent: Mapping[str, Any]) -> dict[str, Any]:
     """A PaymentIntent as the JSON result charge, authorize, capture and void return."""
     metadata = intent.get("metadata") or {}
@@ -201,7 +112,7 @@ def intent_result(intent: Mapping[str, Any]) -> dict[str, Any]:
         "amount_capturable": intent.get("amount_capturable"),
         "capture_method": intent.get("capture_method"),
         "reference": metadata.get(REFERENCE_METADATA),
-        "latest_charge": _id_of(intent.get("latest_charge")),
+        "latest_charge": id_of(intent.get("latest_charge")),
     }
 
 
@@ -213,7 +124,7 @@ def refund_result(refund: Mapping[str, Any]) -> dict[str, Any]:
         "status": refund.get("status"),
         "amount": refund.get("amount"),
         "currency": refund.get("currency"),
-        "payment_intent": _id_of(refund.get("payment_intent")),
+        "payment_intent": id_of(refund.get("payment_intent")),
     }
 
 
@@ -336,7 +247,7 @@ class StripeAdapter(AdapterCalls):
         return {"idempotency_key": call.idempotency_key}
 
     def _create_intent(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
-        payment = _payment(call.request)
+        payment = payment_request(call.request)
         params: Any = {
             "amount": payment.amount,
             "currency": payment.currency,
@@ -372,10 +283,10 @@ class StripeAdapter(AdapterCalls):
         return self._create_intent(call, capture=False)
 
     def _send_capture(self, call: CallContext) -> dict[str, Any]:
-        payment_id, request = _payment_id(
+        payment_id, request = payment_id_request(
             call.request, "capture", frozenset({"payment_id", "amount"})
         )
-        amount = _positive_int(request, "amount", optional=True)
+        amount = positive_int(request, "amount", optional=True)
         params: Any = {} if amount is None else {"amount_to_capture": amount}
         intent = self.client.v1.payment_intents.capture(
             payment_id, params=params, options=self._options(call)
@@ -384,8 +295,8 @@ class StripeAdapter(AdapterCalls):
 
     def _send_void(self, call: CallContext) -> dict[str, Any]:
         allowed = frozenset({"payment_id", "cancellation_reason"})
-        payment_id, request = _payment_id(call.request, "void", allowed)
-        reason = _text(request, "cancellation_reason", limit=64, optional=True)
+        payment_id, request = payment_id_request(call.request, "void", allowed)
+        reason = text_field(request, "cancellation_reason", limit=64, optional=True)
         params: Any = {} if reason is None else {"cancellation_reason": reason}
         intent = self.client.v1.payment_intents.cancel(
             payment_id, params=params, options=self._options(call)
@@ -394,15 +305,15 @@ class StripeAdapter(AdapterCalls):
 
     def _send_refund(self, call: CallContext) -> dict[str, Any]:
         allowed = frozenset({"payment_id", "amount", "reason"})
-        payment_id, request = _payment_id(call.request, "refund", allowed)
+        payment_id, request = payment_id_request(call.request, "refund", allowed)
         params: Any = {
             "payment_intent": payment_id,
             "metadata": {KEY_METADATA: call.idempotency_key},
         }
-        amount = _positive_int(request, "amount", optional=True)
+        amount = positive_int(request, "amount", optional=True)
         if amount is not None:
             params["amount"] = amount
-        reason = _text(request, "reason", limit=64, optional=True)
+        reason = text_field(request, "reason", limit=64, optional=True)
         if reason is not None:
             params["reason"] = reason
         refund = self.client.v1.refunds.create(params=params, options=self._options(call))
