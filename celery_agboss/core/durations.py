@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 
@@ -11,6 +12,8 @@ def to_seconds(value: float | int | timedelta, *, what: str) -> float:
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be seconds (a number) or a timedelta, not {value!r}")
+    if not math.isfinite(value):  # NaN passes every comparison: refused here, once
+        raise ValueError(f"{what} must be a finite number of seconds, not {value!r}")
     return float(value)
 
 

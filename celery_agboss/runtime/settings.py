@@ -207,7 +207,7 @@ def _duration(source: _Source, name: str, default: float, *, allow_zero: bool) -
     where = source.where(name)
     try:
         seconds = to_seconds(raw, what=where)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ConfigurationError(str(exc), setting=PREFIX + name) from None
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigurationError(
@@ -298,7 +298,17 @@ def _visibility_timeout(source: _Source) -> float:
         return _duration(source, "visibility_timeout", 0.0, allow_zero=False)
     options = conf.get("broker_transport_options") or {}
     if "visibility_timeout" in options:
-        return float(options["visibility_timeout"])
+        raw = _number(options["visibility_timeout"])
+        what = "broker_transport_options['visibility_timeout']"
+        try:
+            seconds = to_seconds(raw, what=what)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(str(exc), setting="broker_transport_options") from None
+        if seconds <= 0:
+            raise ConfigurationError(
+                f"{what} must be positive seconds, not {raw!r}", setting="broker_transport_options"
+            )
+        return seconds
     broker = str(conf.get("broker_url") or "")
     if broker.startswith(("amqp", "pyamqp", "rabbitmq")):
         return RABBITMQ_DEFAULT_CONSUMER_TIMEOUT

@@ -137,12 +137,35 @@ def test_without_the_whitespace_check_a_worker_with_a_newline_computes_other_dig
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("agboss_lease_ttl", -1), ("agboss_lease_ttl", 0), ("agboss_attempt_timeout", "soon")],
+    [
+        ("agboss_lease_ttl", -1),
+        ("agboss_lease_ttl", 0),
+        ("agboss_attempt_timeout", "soon"),
+        # NaN passes every comparison (< 0, == 0, < 3) and infinity overflows to_ms: a
+        # worker with either started, then crashed inside every delivery that waited.
+        ("agboss_lease_ttl", float("nan")),
+        ("agboss_retry_delay", float("nan")),
+        ("agboss_attempt_timeout", float("inf")),
+        ("agboss_outbound_retention", "inf"),
+    ],
 )
 def test_a_wrong_duration_is_refused_naming_the_setting(name: str, value: Any) -> None:
     with pytest.raises(ConfigurationError) as caught:
         settings_from_conf(conf(**{name: value}), environ={})
     assert caught.value.setting == name
+
+
+def test_a_duration_from_the_environment_that_is_not_finite_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="finite") as caught:
+        settings_from_conf(conf(), environ={"AGBOSS_LEASE_TTL": "nan"})
+    assert caught.value.setting == "agboss_lease_ttl"
+
+
+@pytest.mark.parametrize("value", [0, -5, float("nan"), "soon"])
+def test_a_broker_visibility_timeout_that_is_no_duration_is_refused(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="visibility_timeout") as caught:
+        settings_from_conf(conf(broker_transport_options={"visibility_timeout": value}), environ={})
+    assert caught.value.setting == "broker_transport_options"
 
 
 def test_a_sweep_interval_of_zero_means_no_beat_entry_and_is_allowed() -> None:
