@@ -12,7 +12,9 @@ that always overruns its limit ends ``PARKED``, visibly, never ``FAILED`` on a g
 
 A message past its ``expires`` is dropped only when the store says its execution never
 started (``runtime.expiry``); Celery's check alone would also put the id in the
-worker's revoked set and drop the execution's later messages.
+worker's revoked set and drop the execution's later messages. A message whose id (or
+stamp) the worker holds revoked is dropped only when the store has its execution
+cancelled, expired or unknown: any other follows its recorded cancel (its undos).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from typing import Any
 
 from celery.exceptions import TimeLimitExceeded
 from celery.worker.request import Request
-from celery.worker.state import task_ready
+from celery.worker.state import revoked as revoked_tasks
+from celery.worker.state import revoked_stamps, task_ready
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.log_events import EXECUTION_TIME_LIMIT, log_event
 from celery_agboss.core.protections import EXPIRY_REVOKES_THE_ID, TIME_LIMIT_FAILS_THE_TASK
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.runtime.expiry import drop_expired_message
+from celery_agboss.runtime.expiry import drop_expired_message, drop_revoked_message
 
 
 class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type information
@@ -51,6 +54,39 @@ class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type infor
                 Runtime.of(self.task.app), self.id, self.name
             )
         return self._agboss_expired
+
+    _agboss_revoked: bool | None = None  # the store's answer for a revoked id, asked once
+
+    def revoked(self) -> bool:
+        """A payment message the worker holds revoked (by id, or by a stamp) is dropped only
+        when the store says its execution is cancelled, expired or unknown; any other is
+        delivered, to follow its recorded cancel (``runtime.expiry``)."""
+        if self._already_revoked:
+            return super().revoked()  # type: ignore[no-any-return]
+        if not (self.id in revoked_tasks or self._revoked_by_stamp()):
+            return super().revoked()  # type: ignore[no-any-return]  # expiry: maybe_expire
+        if self.expires and self.maybe_expire():
+            return super().revoked()  # type: ignore[no-any-return]
+        if self._agboss_revoked is None:
+            self._agboss_revoked = drop_revoked_message(Runtime.of(self.task.app), self.id)
+        return self._agboss_revoked and super().revoked()
+
+    def _revoked_by_stamp(self) -> bool:
+        """Whether a stamp of this message is among the worker's revoked stamps."""
+        for stamp in self.stamped_headers or ():
+            revoked_values = revoked_stamps.get(stamp)
+            value = (self.stamps or {}).get(stamp)
+            if revoked_values is None or value is None:
+                continue
+            wanted = (
+                revoked_values
+                if isinstance(revoked_values, (list, tuple, set))
+                else [revoked_values]
+            )
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if any(one in wanted for one in values):
+                return True
+        return False
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if soft or not self.task.acks_late or sabotage.active(TIME_LIMIT_FAILS_THE_TASK):

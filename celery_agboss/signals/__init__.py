@@ -39,9 +39,10 @@ from celery import signals as celery_signals
 
 from celery_agboss.core.log_events import EXECUTION_REVOKED
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.expiry import record_revoke
 from celery_agboss.signals import body_publishes, publish, revokes, worker
 from celery_agboss.signals.publish import RECORDED_HEADER
-from celery_agboss.signals.revokes import install_revoke_recorder, record_revoke
+from celery_agboss.signals.revokes import install_revoke_recorder
 from celery_agboss.signals.worker import (
     refuse_to_start_unless_configured as refuse_to_start_unless_configured,
 )

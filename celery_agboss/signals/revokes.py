@@ -8,15 +8,14 @@ request is honoured by every later delivery and by the sweep: ``task_revoked`` a
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from celery.utils.imports import symbol_by_name
 
-from celery_agboss.core.log_events import EXECUTION_REVOKED, log_event
-from celery_agboss.errors import StoreError
+from celery_agboss.core import sabotage
+from celery_agboss.core.protections import REVOKE_BROADCAST_NOT_RECORDED
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.runtime.expiry import drop_expired_message
+from celery_agboss.runtime.expiry import drop_expired_message, record_revoke
 from celery_agboss.signals.publish import is_payment_task
 
 logger = logging.getLogger("celery_agboss")
@@ -43,52 +42,27 @@ def task_revoked(
     drop_expired_message(runtime, execution_id, name)
 
 
-def record_revoke(runtime: Runtime, task_ids: Sequence[str], *, terminated: bool) -> int:
-    """Record a revoke as a cancel request of each known execution: a ``REQUESTED`` or
-    waiting one is ``CANCELLED`` at once (so a lost message re-published later never
-    runs); a running one is cancelled by the sweep once nothing is pending. Never raises."""
-    recorded = 0
-    why = "revoked with terminate" if terminated else "revoked"
-    for task_id in task_ids:
-        try:
-            record = runtime.executions.request_cancel(str(task_id), why)
-        except (Exception, StoreError):
-            logger.warning("could not record the revoke of %s", task_id, exc_info=True)
-            continue
-        if record is not None:
-            recorded += 1
-            log_event(
-                EXECUTION_REVOKED,
-                execution_id=record.id,
-                state=record.state.value,
-                terminated=terminated,
-            )
-    return recorded
-
-
 def install_revoke_recorder(runtime: Runtime) -> None:
-    """Make ``app.control.revoke`` (and so ``AsyncResult.revoke``) record the revoke in the
-    store before broadcasting it: workers that are not running (or not born yet) never
-    hear a broadcast, but every worker reads the store."""
+    """Make every revoke by id this app sends record the revoke in the store before it is
+    broadcast: ``app.control.revoke`` (so ``AsyncResult.revoke``, ``GroupResult.revoke``)
+    and ``celery -A proj control revoke ID`` all go through ``Control.broadcast``, which
+    is wrapped here. Workers that are not running (or not born yet) never hear a
+    broadcast, but every worker reads the store. A revoke by stamped headers names no
+    execution the store can find: each worker records it when a message it matches
+    arrives (``delivery.time_limits.PaymentRequest.revoked``)."""
     app = runtime.app
     if "control" in vars(app):  # already made: wrap this instance's method
         control = app.control
-        if getattr(control.revoke, "_agboss_records_revokes", False):
+        if getattr(control.broadcast, "_agboss_records_revokes", False):
             return
-        original = control.revoke
+        original = control.broadcast
 
-        def revoke(
-            task_id: Any,
-            destination: Any = None,
-            terminate: bool = False,
-            *args: Any,
-            **kwargs: Any,
-        ) -> Any:
-            record_revoke(runtime, _ids(task_id), terminated=bool(terminate))
-            return original(task_id, destination, terminate, *args, **kwargs)
+        def broadcast(command: Any, arguments: Any = None, *args: Any, **kwargs: Any) -> Any:
+            _record_if_revoke(runtime, command, arguments)
+            return original(command, arguments, *args, **kwargs)
 
-        revoke._agboss_records_revokes = True  # type: ignore[attr-defined]
-        control.revoke = revoke
+        broadcast._agboss_records_revokes = True  # type: ignore[attr-defined]
+        control.broadcast = broadcast
         return
     base = symbol_by_name(app.control_cls)
     if getattr(base, "_agboss_records_revokes", False):
@@ -99,18 +73,22 @@ def install_revoke_recorder(runtime: Runtime) -> None:
 
         _agboss_records_revokes = True
 
-        def revoke(
-            self,
-            task_id: Any,
-            destination: Any = None,
-            terminate: bool = False,
-            *args: Any,
-            **kwargs: Any,
-        ) -> Any:
-            record_revoke(runtime, _ids(task_id), terminated=bool(terminate))
-            return super().revoke(task_id, destination, terminate, *args, **kwargs)
+        def broadcast(self, command: Any, arguments: Any = None, *args: Any, **kwargs: Any) -> Any:
+            _record_if_revoke(runtime, command, arguments)
+            return super().broadcast(command, arguments, *args, **kwargs)
 
     app.control_cls = RecordingControl
+
+
+def _record_if_revoke(runtime: Runtime, command: Any, arguments: Any) -> None:
+    """A ``revoke`` command's task ids, recorded as cancel requests (design: cancel request)."""
+    if command != "revoke" or not isinstance(arguments, dict):
+        return
+    if sabotage.active(REVOKE_BROADCAST_NOT_RECORDED):
+        return
+    task_id = arguments.get("task_id")
+    if task_id is not None:
+        record_revoke(runtime, _ids(task_id), terminated=bool(arguments.get("terminate")))
 
 
 def _ids(task_id: Any) -> list[str]:

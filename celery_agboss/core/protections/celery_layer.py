@@ -78,6 +78,16 @@ TIME_LIMIT_FAILS_THE_TASK = "time-limit-fails-the-task"
 result backend withholds it), ``on_failure`` and the errbacks run — for an execution
 that will be continued and may already have charged."""
 
+REVOKED_ID_DROPS_LATER_MESSAGES = "revoked-id-drops-later-messages"
+"""Sabotage (design: cancel request): a payment message whose id is in the worker's revoked
+set is dropped as Celery drops it, for the hours the worker keeps the id: a revoked
+execution's undo, retry or re-drive never runs there, and its refund is never sent."""
+
+REVOKE_BROADCAST_NOT_RECORDED = "revoke-broadcast-not-recorded"
+"""Sabotage (design: cancel request): a revoke's broadcast is not recorded in the store (as
+``celery control revoke ID`` was not, which broadcasts without ``app.control.revoke``): a
+running body revoked so goes on and charges."""
+
 EXPIRY_REVOKES_THE_ID = "expiry-revokes-the-id"
 """Sabotage (design: expires bounds the start): a message past its ``expires`` is dropped
 as Celery drops it, its id added to the worker's revoked set, so that every later
