@@ -17,6 +17,11 @@ Rules a test can rely on (docs/testing.md repeats them):
   under the key: a retry under the same key is processed afresh; except that with
   ``replays_failures`` a ``NOT_PROCESSED`` is saved and raised again to every repeat
   inside retention (a gateway that replays its 5xx answers);
+- a charge made with ``saves_declines=True`` (a dialect whose gateway keeps a decline
+  under its key, as Stripe and Checkout.com do) is declined by being processed: the
+  declined payment (``status: "declined"``, nothing captured) is made, saved under
+  the key and answered to every repeat like any first response; it is listed in
+  ``declined_payments``, never in ``payments`` (no money moved);
 - a lookup finds what a key produced whatever the key's age (retention bounds
   replays, not lookups), and raises ``LOOKUP_UNSUPPORTED`` when lookup is off (design: G2).
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -48,6 +54,7 @@ from celery_agboss.testing.gateway_types import (
 )
 
 Receipt = dict[str, Any]
+_DECLINED = "declined"  # a declined payment's status (``saves_declines``): nothing moved
 
 
 @dataclass(frozen=True)
@@ -142,20 +149,29 @@ class FakeGateway(FaultsAndHolds):
         currency: str = "usd",
         reference: str | None = None,
         capture: bool = True,
+        card_declines: bool = False,
+        saves_declines: bool = False,
         **extra: Any,
     ) -> Receipt:
-        """Charge (or, with ``capture=False``, authorise) ``amount`` in minor units."""
+        """Charge (or, with ``capture=False``, authorise) ``amount`` in minor units.
 
-        def process(now: float) -> Receipt:
+        ``card_declines``: the card declines this charge. ``saves_declines``: a decline
+        (the card's, or an injected ``DECLINE``) is processed into a declined payment
+        saved under the key (see the module docstring); without it, a decline raises
+        ``DECLINED`` and nothing is saved.
+        """
+
+        def make(now: float, declined: bool) -> Receipt:
             if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
                 raise _invalid(f"invalid amount {amount!r}")
+            status = "succeeded" if capture else "requires_capture"
             return {
                 "id": _new_id("ch"),
                 "object": "charge",
                 "amount": amount,
                 "currency": currency,
-                "status": "succeeded" if capture else "requires_capture",
-                "amount_captured": amount if capture else 0,
+                "status": _DECLINED if declined else status,
+                "amount_captured": amount if capture and not declined else 0,
                 "amount_refunded": 0,
                 "idempotency_key": idempotency_key,
                 "reference": reference,
@@ -163,13 +179,21 @@ class FakeGateway(FaultsAndHolds):
                 "metadata": copy.deepcopy(extra),
             }
 
+        def process(now: float) -> Receipt:
+            if card_declines and not saves_declines:
+                raise FakeGatewayError(FakeGatewayErrorKind.DECLINED, "the card was declined")
+            return make(now, card_declines)
+
         params = {
             "amount": amount,
             "currency": currency,
             "reference": reference,
             "capture": capture,
         }
-        return self._perform("charge", idempotency_key, amount, None, {**params, **extra}, process)
+        declined = functools.partial(make, declined=True) if saves_declines else None
+        return self._perform(
+            "charge", idempotency_key, amount, None, {**params, **extra}, process, declined
+        )
 
     def capture(
         self, payment_id: str, idempotency_key: str | None, *, amount: int | None = None
@@ -274,6 +298,12 @@ class FakeGateway(FaultsAndHolds):
         return self._listed("charge")
 
     @property
+    def declined_payments(self) -> list[Receipt]:
+        """Every declined payment a charge with ``saves_declines`` made, oldest first."""
+        with self._lock:
+            return [copy.deepcopy(o) for o in self._objects.values() if o["status"] == _DECLINED]
+
+    @property
     def refunds(self) -> list[Receipt]:
         return self._listed("refund")
 
@@ -318,6 +348,7 @@ class FakeGateway(FaultsAndHolds):
         payment_id: str | None,
         params: dict[str, Any],
         process: Process,
+        declined: Process | None = None,
     ) -> Receipt:
         fingerprint = json.dumps(
             [operation, amount, payment_id, params], sort_keys=True, default=repr
@@ -327,7 +358,7 @@ class FakeGateway(FaultsAndHolds):
             arrival = self._arrive(operation, key, amount, payment_id, keyed)
         self._wait_to_process(arrival, keyed)
         with self._lock:
-            response = self._process(arrival, keyed, fingerprint, process)
+            response = self._process(arrival, keyed, fingerprint, process, declined)
         hold, armed = arrival.hold, arrival.armed
         if hold is not None and not hold.before_processing and not hold._block():
             raise FakeGatewayTimeout(
@@ -390,9 +421,15 @@ class FakeGateway(FaultsAndHolds):
                     self._in_flight.discard(keyed)
 
     def _process(
-        self, arrival: _Arrival, keyed: str | None, fingerprint: str, process: Process
+        self,
+        arrival: _Arrival,
+        keyed: str | None,
+        fingerprint: str,
+        process: Process,
+        declined: Process | None,
     ) -> Receipt:
-        """Under the lock: a saved failure replayed, the armed failure, or the answer."""
+        """Under the lock: a saved failure replayed, the armed failure, or the answer
+        (a decline, when ``declined`` makes the declined payment, is an answer too)."""
         request, armed = arrival.request, arrival.armed
         saved = self._saved_failure(request, keyed, fingerprint)
         if saved is not None:
@@ -407,6 +444,8 @@ class FakeGateway(FaultsAndHolds):
                 FakeGatewayErrorKind.NOT_PROCESSED, "the gateway failed before processing"
             )
         if armed is not None and armed.fault is FakeGatewayFault.DECLINE:
+            if declined is not None:
+                return self._answer(request, keyed, fingerprint, declined)
             self._finish(request, GatewayRequestOutcome.DECLINED)
             raise FakeGatewayError(FakeGatewayErrorKind.DECLINED, "the payment was declined")
         return self._answer(request, keyed, fingerprint, process)
@@ -434,12 +473,20 @@ class FakeGateway(FaultsAndHolds):
             return {**current, "request_id": request.request_id}
         try:
             body = process(now)
-        except FakeGatewayError:
-            self._finish(request, GatewayRequestOutcome.INVALID)
+        except FakeGatewayError as exc:
+            declined = exc.kind is FakeGatewayErrorKind.DECLINED
+            self._finish(
+                request,
+                GatewayRequestOutcome.DECLINED if declined else GatewayRequestOutcome.INVALID,
+            )
             raise
         self._objects[body["id"]] = body
         response = {**copy.deepcopy(body), "request_id": request.request_id}
-        request.outcome = GatewayRequestOutcome.PROCESSED
+        request.outcome = (
+            GatewayRequestOutcome.DECLINED
+            if body["status"] == _DECLINED
+            else GatewayRequestOutcome.PROCESSED
+        )
         request.object_id = body["id"]
         if request.idempotency_key is not None:
             self._by_key.setdefault(request.idempotency_key, []).append(body["id"])
@@ -480,7 +527,11 @@ class FakeGateway(FaultsAndHolds):
 
     def _listed(self, kind: str) -> list[Receipt]:
         with self._lock:
-            return [copy.deepcopy(o) for o in self._objects.values() if o["object"] == kind]
+            return [
+                copy.deepcopy(o)
+                for o in self._objects.values()
+                if o["object"] == kind and o["status"] != _DECLINED
+            ]
 
 
 __all__ = [

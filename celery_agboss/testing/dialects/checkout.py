@@ -11,13 +11,18 @@ with or endorsed by it. Paths and bodies are those the SDK sends and parses:
 - ``POST /payments/{id}/captures``, ``/refunds``, ``/voids`` → 202 ``{"action_id"}``.
 
 ``Cko-Idempotency-Key`` is the fake's key; like Checkout.com, only a processed (2xx)
-answer is kept under it, so failures are never replayed. Errors come in Checkout.com's
-shape, ``{"request_id", "error_type", "error_codes"}``: 401 without a secret key, 404
-for an unknown payment, 422 ``request_invalid`` for a malformed body or an action the
-payment does not allow, 429 for a key whose first request is still in flight (as the
-idempotency page documents), 409 for a key reused with other parameters (only when a
-test turns ``conflict_on_mismatch`` on), 502 when the fake failed before processing.
-A decline is not kept under its key here; a declined card declines every time anyway.
+answer is kept under it, so failures are never replayed. A decline is such an answer:
+the declined payment is made (listed by reference and read by id as ``Declined``, its
+authorization ``approved: false``) and its 201 is kept under the key, so a repeat inside
+the key's retention gets that decline back, whatever card it carries, and no second
+authorization is attempted (a declined card's, or an injected ``DECLINE``'s).
+
+Errors come in Checkout.com's shape, ``{"request_id", "error_type", "error_codes"}``:
+401 without a secret key, 404 for an unknown payment, 422 ``request_invalid`` for a
+malformed body or an action the payment does not allow, 429 for a key whose first
+request is still in flight (as the idempotency page documents), 409 for a key reused
+with other parameters (only when a test turns ``conflict_on_mismatch`` on), 502 when
+the fake failed before processing.
 :meth:`CheckoutDialect.answer_next` makes the next request answer any status and body.
 """
 
@@ -29,6 +34,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.canned import CannedReplies
+from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
@@ -40,6 +46,8 @@ from celery_agboss.testing.gateway_types import (
 
 KEY_HEADER = "Cko-Idempotency-Key"
 _PAYMENT_PREFIX, _FAKE_PAYMENT_PREFIX = "pay_", "ch_"
+_DECLINED = "declined"  # the fake gateway's status of a declined payment
+_DECLINE_CODE, _DECLINE_SUMMARY = "20005", "Declined - Do Not Honour"
 _ACTION_TYPES = {"capture": "Capture", "refund": "Refund", "void": "Void"}
 _ERROR_STATUS = {
     FakeGatewayErrorKind.NOT_FOUND: 404,
@@ -91,6 +99,8 @@ def error_body(error_type: str, *codes: str) -> dict[str, Any]:
 
 def _status_of(payment: dict[str, Any]) -> str:
     status = payment["status"]
+    if status == _DECLINED:
+        return "Declined"
     if status == "requires_capture":
         return "Authorized"
     if status == "canceled":
@@ -104,6 +114,15 @@ def _status_of(payment: dict[str, Any]) -> str:
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _declined_now(gateway: FakeGateway, key: str | None, seen_before: int) -> bool:
+    """Whether this request's decline was made now (not a key's replay of an earlier one):
+    it is the request after the ``seen_before`` already recorded under its key."""
+    if key is None:
+        return True
+    mine = gateway.requests_for(key)[seen_before:]
+    return bool(mine) and mine[0].outcome is GatewayRequestOutcome.DECLINED
 
 
 def _card_of(source: Any) -> str:
@@ -210,10 +229,12 @@ class CheckoutDialect:
             invalid.append("metadata_invalid")
         if invalid:
             return Reply(422, error_body("request_invalid", *invalid))
-        if self.server.is_declined_card(call, _card_of(source), key, reference):
-            return Reply(201, self._declined(amount, currency, reference))
+        card = _card_of(source)
+        gateway = self.server.gateway
+        seen_before = len(gateway.requests_for(key)) if key is not None else 0
         try:
-            receipt = self.server.gateway.charge(
+            # A decline is processed and its 201 kept under the key (2xx answers are).
+            receipt = gateway.charge(
                 amount,
                 key,
                 currency=currency.lower(),
@@ -221,11 +242,15 @@ class CheckoutDialect:
                 capture=body.get("capture", True) is not False,
                 metadata=metadata,
                 source=source,
+                card_declines=card in self.server.declined_cards,
+                saves_declines=True,
             )
         except FakeGatewayError as exc:
-            if exc.kind is FakeGatewayErrorKind.DECLINED:
-                return Reply(201, self._declined(amount, currency, reference))
             return self._error(exc, "payment")
+        if receipt["status"] == _DECLINED:
+            if _declined_now(gateway, key, seen_before):
+                self.server.is_declined_card(call, card, key, reference)  # recorded
+            return Reply(201, self._declined(receipt))
         reply = Reply(201, self._created(receipt))
         return self.server.deliver_answer(call, key, reference, reply)
 
@@ -247,19 +272,20 @@ class CheckoutDialect:
             "_links": self._href(payment_id),
         }
 
-    def _declined(self, amount: int, currency: str, reference: Any) -> dict[str, Any]:
-        payment_id = _PAYMENT_PREFIX + uuid.uuid4().hex[:24]
+    def _declined(self, receipt: dict[str, Any]) -> dict[str, Any]:
+        """The 201 of a declined payment (the same body when the key replays it)."""
+        payment_id = checkout_id(receipt["id"])
         return {
             "id": payment_id,
-            "action_id": "act_" + uuid.uuid4().hex[:24],
-            "amount": amount,
-            "currency": currency.upper(),
+            "action_id": _action_id(receipt["request_id"]),
+            "amount": receipt["amount"],
+            "currency": receipt["currency"].upper(),
             "approved": False,
             "status": "Declined",
-            "response_code": "20005",
-            "response_summary": "Declined - Do Not Honour",
-            "processed_on": _iso(self.server.gateway.now()),
-            "reference": reference,
+            "response_code": _DECLINE_CODE,
+            "response_summary": _DECLINE_SUMMARY,
+            "processed_on": _iso(receipt["created"]),
+            "reference": receipt["reference"],
             "risk": {"flagged": False},
             "_links": self._href(payment_id),
         }
@@ -274,6 +300,7 @@ class CheckoutDialect:
         )
         authorised = payment["status"] == "requires_capture"
         settled = payment["status"] in ("succeeded", "refunded")
+        approved = payment["status"] != _DECLINED
         return {
             "id": payment_id,
             "requested_on": _iso(payment["created"]),
@@ -282,10 +309,10 @@ class CheckoutDialect:
             "currency": payment["currency"].upper(),
             "payment_type": "Regular",
             "reference": payment["reference"],
-            "approved": True,
+            "approved": approved,
             "status": _status_of(payment),
             "balances": {
-                "total_authorized": amount,
+                "total_authorized": amount if approved else 0,
                 "total_voided": amount if payment["status"] == "canceled" else 0,
                 "available_to_void": amount if authorised else 0,
                 "total_captured": captured,
@@ -386,9 +413,13 @@ class CheckoutDialect:
         except FakeGatewayError as exc:
             return self._error(exc, "actions")
         refunds = {r["id"]: r for r in gateway.refunds}
-        processed = [r for r in gateway.requests if r.outcome is GatewayRequestOutcome.PROCESSED]
+        answered = (GatewayRequestOutcome.PROCESSED, GatewayRequestOutcome.DECLINED)
+        processed = [r for r in gateway.requests if r.outcome in answered]
         captured_later = any(
-            r.operation == "capture" and r.payment_id == payment_id for r in processed
+            r.operation == "capture"
+            and r.payment_id == payment_id
+            and r.outcome is GatewayRequestOutcome.PROCESSED
+            for r in processed
         )
         actions: list[dict[str, Any]] = []
         for request in processed:
@@ -398,11 +429,22 @@ class CheckoutDialect:
                     "metadata": (payment.get("metadata") or {}).get("metadata") or {},
                 }
                 at, amount = request.at, payment["amount"]
-                actions.append(self._action(request.request_id, "Authorization", amount, first, at))
+                authorization = self._action(request.request_id, "Authorization", amount, first, at)
+                if request.outcome is GatewayRequestOutcome.DECLINED:
+                    authorization.update(
+                        approved=False,
+                        response_code=_DECLINE_CODE,
+                        response_summary=_DECLINE_SUMMARY,
+                    )
+                actions.append(authorization)
                 if payment["amount_captured"] and not captured_later:  # capture: true
                     auto = self._action(request.request_id, "Capture", amount, first, at)
                     actions.append({**auto, "id": _action_id(request.request_id, "c")})
-            elif request.operation in _ACTION_TYPES and request.payment_id == payment_id:
+            elif (
+                request.operation in _ACTION_TYPES
+                and request.payment_id == payment_id
+                and request.outcome is GatewayRequestOutcome.PROCESSED
+            ):
                 amount = request.amount
                 if request.operation == "refund" and request.object_id in refunds:
                     amount = refunds[request.object_id]["amount"]

@@ -8,6 +8,15 @@ and creates and lists refunds, all on the server's one ``FakeGateway`` under the
 (its error shape and status codes, ``Idempotent-Replayed``). Search lags on purpose, as
 Stripe warns it does: an object younger than ``search_lag`` seconds (gateway clock) is
 not found yet; retrieve and list are consistent. The fake's ``ch_x`` is ``pi_x``.
+
+A decline is what Stripe makes of it: the create-and-confirm leaves a PaymentIntent in
+``requires_payment_method`` (with ``last_payment_error``; retrieved, listed and searched
+like any other) and answers 402 ``card_error`` naming it, and that 402 is saved under the
+``Idempotency-Key``: a repeat inside the key's retention gets it back
+(``Idempotent-Replayed: true``) and no second attempt is made; a repeat with other
+parameters (another card) is an ``idempotency_error``. A declining card (the server's
+``declined_cards``, Stripe's ``STRIPE_DECLINING_METHODS``) and an injected ``DECLINE``
+decline alike.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ _CLAUSE = re.compile(
     r""":(['"])(?P<value>(?:\\.|(?!\3).)*)\3\s*"""  # :'value', \' escaping a quote
 )
 _INDEX = re.compile(r"\[([^\[\]]*)\]")
+_DECLINED = "declined"  # the fake gateway's status of a declined payment
+_DECLINE_MESSAGE = "Your card was declined."
 _INVALID_CODE = {"refund": "charge_already_refunded", "charge": "parameter_invalid_integer"}
 _REUSED = "Keys for idempotent requests can only be used with the same parameters."
 _IN_FLIGHT = "There is currently another in-progress request using this idempotency key."
@@ -104,9 +115,17 @@ def _fake_id(stripe_id: str) -> str | None:
 
 
 def render_intent(receipt: Mapping[str, Any]) -> dict[str, Any]:
-    """The fake's payment as a PaymentIntent (a refunded one stays ``succeeded``, as Stripe's)."""
+    """The fake's payment as a PaymentIntent (a refunded one stays ``succeeded``, as Stripe's;
+    a declined one is ``requires_payment_method``, its payment method detached and named in
+    ``last_payment_error``)."""
     extras = receipt.get("metadata") or {}
     status = "succeeded" if receipt["status"] == "refunded" else receipt["status"]
+    if status == _DECLINED:
+        return {
+            **render_intent({**receipt, "status": "requires_payment_method"}),
+            "payment_method": None,
+            "last_payment_error": _decline_error(extras.get("payment_method"), receipt["id"]),
+        }
     return {
         "id": _intent_id(receipt["id"]),
         "object": "payment_intent",
@@ -120,6 +139,7 @@ def render_intent(receipt: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": dict(extras.get("metadata") or {}),
         "payment_method": extras.get("payment_method"),
         "status": status,
+        "last_payment_error": None,
     }
 
 
@@ -162,11 +182,33 @@ def _no_such(stripe_id: str) -> Reply:
     return stripe_error(404, "invalid_request_error", message, code="resource_missing")
 
 
+def _decline_error(payment_method: Any, charge: Any = None) -> dict[str, Any]:
+    """Stripe's ``card_error`` of a generic decline (an intent's ``last_payment_error``)."""
+    error: dict[str, Any] = {
+        "type": "card_error",
+        "code": "card_declined",
+        "decline_code": "generic_decline",
+        "message": _DECLINE_MESSAGE,
+    }
+    if charge is not None:
+        error["charge"] = charge
+    if payment_method:
+        error["payment_method"] = {"id": payment_method, "object": "payment_method"}
+    return error
+
+
 def _declined() -> Reply:
-    message = "Your card was declined."
-    return stripe_error(
-        402, "card_error", message, code="card_declined", decline_code="generic_decline"
-    )
+    return Reply(402, {"error": _decline_error(None)})
+
+
+def _charge_answer(receipt: Mapping[str, Any]) -> dict[str, Any] | Reply:
+    """A create-and-confirm's answer: the PaymentIntent, or for a declined one Stripe's 402
+    ``card_error`` carrying it (``error.payment_intent``), as the key saves and replays it."""
+    intent = render_intent(receipt)
+    if receipt["status"] != _DECLINED:
+        return intent
+    error = {**intent["last_payment_error"], "payment_intent": intent}
+    return Reply(402, {"error": error})
 
 
 Handler = Callable[[GatewayCall], Reply]
@@ -278,9 +320,7 @@ class _StripeApi:
         if capture_method not in ("automatic", "automatic_async", "manual"):
             message = f"Invalid capture_method: {capture_method}"
             return _invalid(message, "capture_method", "parameter_unknown")
-        declined = self.server.is_declined_card(call, method, key, reference)
-        if declined or method in STRIPE_DECLINING_METHODS:
-            return _declined()
+        declining = method in self.server.declined_cards or method in STRIPE_DECLINING_METHODS
         known = {"amount", "currency", "metadata", "payment_method", "capture_method"}
         params = {name: value for name, value in body.items() if name not in known}
 
@@ -290,9 +330,14 @@ class _StripeApi:
                 amount, key, currency=currency, reference=reference,
                 capture=capture_method != "manual", metadata=metadata,
                 payment_method=method, capture_method=capture_method, params=params,
+                card_declines=declining, saves_declines=True,
             )  # fmt: skip
 
-        reply = self._keyed(call, key, "charge", charge, render_intent, "")
+        seen_before = len(self.gateway.requests_for(key)) if key is not None else 0
+        reply = self._keyed(call, key, "charge", charge, _charge_answer, "")
+        if reply.status == 402 and self._declined_now(key, seen_before):
+            # the server's declined card is recorded in its ``declines`` (not a replay)
+            self.server.is_declined_card(call, method, key, reference)
         if reply.status != 200:
             return reply
         return self.server.deliver_answer(call, key, reference, reply)
@@ -327,8 +372,20 @@ class _StripeApi:
         except FakeGatewayError:
             return _no_such(call.params["id"])
 
+    def _intents(self) -> list[dict[str, Any]]:
+        """Every payment as the fake keeps it, declined ones too (each is a PaymentIntent)."""
+        both = self.gateway.payments + self.gateway.declined_payments
+        return sorted(both, key=lambda p: p["created"])
+
+    def _declined_now(self, key: str | None, seen_before: int) -> bool:
+        """Whether this request was declined now, not answered from its key."""
+        if key is None:
+            return True
+        mine = self.gateway.requests_for(key)[seen_before:]
+        return bool(mine) and mine[0].outcome is GatewayRequestOutcome.DECLINED
+
     def list_intents(self, call: GatewayCall) -> Reply:
-        intents = [render_intent(p) for p in self.gateway.payments]
+        intents = [render_intent(p) for p in self._intents()]
         return _listed(call, intents, "/v1/payment_intents")
 
     def search_intents(self, call: GatewayCall) -> Reply:
@@ -343,7 +400,7 @@ class _StripeApi:
         visible_before = self.gateway.now() - self.dialect.search_lag
         found = [
             render_intent(p)
-            for p in self.gateway.payments
+            for p in self._intents()
             if p["created"] <= visible_before
             and all((p.get("metadata") or {}).get("metadata", {}).get(f) == v for f, v in wanted)
         ]
@@ -392,7 +449,7 @@ class _StripeApi:
         key: str | None,
         operation: str,
         perform: Callable[[], dict[str, Any]],
-        render: Callable[[Mapping[str, Any]], dict[str, Any]],
+        render: Callable[[Mapping[str, Any]], dict[str, Any] | Reply],
         target: str,
     ) -> Reply:
         """Run one money-moving request and answer it as Stripe does, headers included."""
@@ -405,7 +462,11 @@ class _StripeApi:
             error = _stripe_failure(exc, operation, target)
             headers = {**error.headers, **self._answer_headers(key, seen_before)}
             return Reply(error.status, error.payload, headers=headers)
-        return Reply(200, render(receipt), headers=self._answer_headers(key, seen_before))
+        headers = self._answer_headers(key, seen_before)
+        rendered = render(receipt)
+        if isinstance(rendered, Reply):  # an error the key saved (a decline's 402)
+            return Reply(rendered.status, rendered.payload, headers={**rendered.headers, **headers})
+        return Reply(200, rendered, headers=headers)
 
     def _answer_headers(self, key: str | None, seen_before: int) -> dict[str, str]:
         """``Request-Id``, the key echoed, and ``Idempotent-Replayed: true`` on a replay.
