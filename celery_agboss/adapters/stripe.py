@@ -331,12 +331,15 @@ class StripeAdapter(AdapterCalls):
     def _reconcile_payment(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
         """Search the key in metadata; an empty search may only be lagging."""
         found = self._intents_with_key(lookup.idempotency_key)
-        if len(found) > 1:
-            ids = ", ".join(str(intent["id"]) for intent in found)
-            return Unknown(f"{len(found)} PaymentIntents carry this key ({ids})")
+        # A declined one moved no money: a retry past the key's 24 h made another, and
+        # only that one can be the payment.
+        paid = [intent for intent in found if intent.get("status") != "requires_payment_method"]
+        if len(paid) > 1:
+            ids = ", ".join(str(intent["id"]) for intent in paid)
+            return Unknown(f"{len(paid)} PaymentIntents carry this key ({ids})")
         if not found:
             return _resend_or_unknown(lookup, "Stripe's search found no PaymentIntent yet")
-        intent = found[0]
+        intent = paid[0] if paid else found[-1]
         wanted = request_facts(lookup.request, lookup.idempotency_key)
         mine = adopt(f"PaymentIntent {intent['id']}", wanted, intent_facts(intent), None)
         if isinstance(mine, Unknown):

@@ -20,7 +20,7 @@ import stripe
 
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, Unknown
 from celery_agboss.core.store_protocol import IntentStatus
-from celery_agboss.errors import OutboundCallUnreconciledError
+from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
 from celery_agboss.testing.gateway_server import DECLINED_CARD
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.conftest import ServeFn
@@ -185,3 +185,31 @@ def test_a_lost_decline_past_the_key_s_retention_waits_for_an_operator(
     key = business_intent_key(shop.settings, "order:s6", "stripe.charge")
     assert [r.outcome for r in server.gateway.requests_for(key)] == [DECLINED]
     assert _intent_status(shop, "order:s6") is IntentStatus.PENDING
+
+
+def test_a_retry_that_paid_past_the_key_s_retention_is_found_beside_its_decline(
+    served: ServeFn, shop: Shop
+) -> None:
+    """Declined, then retried by its execution 25 h later (Stripe forgot the key, so the
+    retry ran afresh and paid), the retry's answer lost: the search finds two
+    PaymentIntents under the key, the declined one and the payment. A declined one moved
+    no money, so reconcile takes the payment instead of sending a paid order to an
+    operator."""
+    server = served("stripe")
+    adapter = adapter_for(server.url)
+    request = charge_request("order-r")
+    server.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
+    with shop.start("order-r") as first:
+        with pytest.raises(stripe.CardError):
+            first.outbound(adapter.charge, request, business_key="order:r")
+        retry_asked(first)
+    shop.clock.advance(timedelta(hours=25))
+    server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
+    with shop.start("order-r") as retry, pytest.raises(OutboundCallOutcomeUnknownError):
+        retry.outbound(adapter.charge, request, business_key="order:r")
+    [payment] = server.gateway.payments
+    with shop.start("order-r") as third:
+        receipt = third.outbound(adapter.charge, request, business_key="order:r")
+    assert receipt["status"] == "succeeded" and receipt["latest_charge"] == payment["id"]
+    assert len(server.gateway.payments) == 1 and len(server.gateway.declined_payments) == 1
+    assert _intent_status(shop, "order:r") is IntentStatus.COMPLETED
