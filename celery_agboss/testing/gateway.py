@@ -31,15 +31,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
-import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from celery_agboss.testing.clock import VirtualClock
-from celery_agboss.testing.gateway_faults import ArmedFault, FaultsAndHolds
+from celery_agboss.testing.gateway_requests import DECLINED, Receipt, RequestPath, new_id
+from celery_agboss.testing.gateway_requests import Process as Process  # its old import path
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
@@ -53,43 +49,12 @@ from celery_agboss.testing.gateway_types import (
     is_definite_failure,
 )
 
-Receipt = dict[str, Any]
-_DECLINED = "declined"  # a declined payment's status (``saves_declines``): nothing moved
-
-
-@dataclass(frozen=True)
-class _KeyEntry:
-    fingerprint: str
-    response: Receipt
-    created: float
-    object_id: str
-    error: FakeGatewayErrorKind | None = None  # a saved failure (replays_failures)
-
-
-@dataclass
-class _Arrival:
-    """A request as it arrived: the fault and hold it took, and whether it waits."""
-
-    request: GatewayRequest
-    armed: ArmedFault | None
-    hold: GatewayHold | None
-    dropped: bool
-    pre_delay: float
-    waits: bool
-
 
 def _invalid(message: str) -> FakeGatewayError:
     return FakeGatewayError(FakeGatewayErrorKind.INVALID_REQUEST, message)
 
 
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
-
-
-Process = Callable[[float], Receipt]
-
-
-class FakeGateway(FaultsAndHolds):
+class FakeGateway(RequestPath):
     """A payment gateway in memory; see the module docstring for its rules."""
 
     def __init__(
@@ -103,12 +68,6 @@ class FakeGateway(FaultsAndHolds):
         self.clock = clock
         self.capabilities = capabilities
         self.hold_timeout = hold_timeout
-        self._objects: dict[str, Receipt] = {}  # payments ("charge") and refunds, by id
-        self._keys: dict[str, _KeyEntry] = {}
-        self._by_key: dict[str, list[str]] = {}
-        self._attempts: dict[str, int] = {}
-        self._in_flight: set[str] = set()
-        self._requests: list[GatewayRequest] = []
         self._lookups: list[GatewayLookup] = []
 
     # --- capabilities: plain attributes, switchable mid-test ----------------------
@@ -134,10 +93,6 @@ class FakeGateway(FaultsAndHolds):
         self.conflict_on_mismatch = value.conflict_on_mismatch
         self.reference_lookup = value.reference_lookup
         self.replays_failures = value.replays_failures
-
-    def now(self) -> float:
-        """The gateway's time: the virtual clock's when it has one."""
-        return self.clock.now() if self.clock is not None else time.time()
 
     # --- money-moving operations: each keyed, each recorded in ``requests`` -------
 
@@ -166,11 +121,11 @@ class FakeGateway(FaultsAndHolds):
                 raise _invalid(f"invalid amount {amount!r}")
             status = "succeeded" if capture else "requires_capture"
             return {
-                "id": _new_id("ch"),
+                "id": new_id("ch"),
                 "object": "charge",
                 "amount": amount,
                 "currency": currency,
-                "status": _DECLINED if declined else status,
+                "status": DECLINED if declined else status,
                 "amount_captured": amount if capture and not declined else 0,
                 "amount_refunded": 0,
                 "idempotency_key": idempotency_key,
@@ -241,7 +196,7 @@ class FakeGateway(FaultsAndHolds):
             if payment["amount_refunded"] == payment["amount_captured"]:
                 payment["status"] = "refunded"
             refund = {
-                "id": _new_id("re"),
+                "id": new_id("re"),
                 "object": "refund",
                 "payment": payment_id,
                 "amount": wanted,
@@ -301,7 +256,7 @@ class FakeGateway(FaultsAndHolds):
     def declined_payments(self) -> list[Receipt]:
         """Every declined payment a charge with ``saves_declines`` made, oldest first."""
         with self._lock:
-            return [copy.deepcopy(o) for o in self._objects.values() if o["status"] == _DECLINED]
+            return [copy.deepcopy(o) for o in self._objects.values() if o["status"] == DECLINED]
 
     @property
     def refunds(self) -> list[Receipt]:
@@ -338,181 +293,6 @@ class FakeGateway(FaultsAndHolds):
         self._closing.set()
         self.release()
 
-    # --- the one request path ---------------------------------------------------------
-
-    def _perform(
-        self,
-        operation: str,
-        key: str | None,
-        amount: int | None,
-        payment_id: str | None,
-        params: dict[str, Any],
-        process: Process,
-        declined: Process | None = None,
-    ) -> Receipt:
-        fingerprint = json.dumps(
-            [operation, amount, payment_id, params], sort_keys=True, default=repr
-        )
-        keyed = key if self.idempotency_keys and key is not None else None
-        with self._lock:
-            arrival = self._arrive(operation, key, amount, payment_id, keyed)
-        self._wait_to_process(arrival, keyed)
-        with self._lock:
-            response = self._process(arrival, keyed, fingerprint, process, declined)
-        hold, armed = arrival.hold, arrival.armed
-        if hold is not None and not hold.before_processing and not hold._block():
-            raise FakeGatewayTimeout(
-                FakeGatewayErrorKind.ANSWER_DROPPED, "processed; the held answer never left"
-            )
-        if armed is not None and arrival.dropped:
-            self._delay(armed.delay)
-            raise FakeGatewayTimeout(
-                FakeGatewayErrorKind.ANSWER_DROPPED, "processed, but the answer was lost"
-            )
-        with self._lock:
-            arrival.request.answered = True
-        return response
-
-    def _arrive(
-        self,
-        operation: str,
-        key: str | None,
-        amount: int | None,
-        payment_id: str | None,
-        keyed: str | None,
-    ) -> _Arrival:
-        """Under the lock: record the request, refuse a key in flight, take its fault and
-        hold; a request that waits before processing marks its key in flight."""
-        attempt = 1
-        if key is not None:
-            attempt = self._attempts[key] = self._attempts.get(key, 0) + 1
-        request = GatewayRequest(
-            _new_id("req"), operation, key, amount, payment_id, self.now(), attempt
-        )
-        self._requests.append(request)
-        if keyed is not None and keyed in self._in_flight:
-            request.outcome = GatewayRequestOutcome.IN_PROGRESS
-            raise FakeGatewayError(
-                FakeGatewayErrorKind.IN_PROGRESS, f"key {key!r} is still being processed"
-            )
-        armed = self._take_fault(operation)
-        hold = self._take_hold(operation)
-        request.fault = armed.fault if armed else None
-        dropped = armed is not None and armed.fault is FakeGatewayFault.ANSWER_THEN_DROP
-        pre_delay = armed.delay if armed is not None and not dropped else 0.0
-        waits = pre_delay > 0 or (hold is not None and hold.before_processing)
-        if keyed is not None and waits:
-            self._in_flight.add(keyed)
-        return _Arrival(request, armed, hold, dropped, pre_delay, waits)
-
-    def _wait_to_process(self, arrival: _Arrival, keyed: str | None) -> None:
-        """Outside the lock: a hold before processing, then the fault's delay."""
-        hold = arrival.hold
-        try:
-            if hold is not None and hold.before_processing and not hold._block():
-                self._finish(arrival.request, GatewayRequestOutcome.TIMED_OUT)
-                raise FakeGatewayTimeout(
-                    FakeGatewayErrorKind.TIMED_OUT, "the request was held and never processed"
-                )
-            self._delay(arrival.pre_delay)
-        finally:
-            if keyed is not None and arrival.waits:
-                with self._lock:
-                    self._in_flight.discard(keyed)
-
-    def _process(
-        self,
-        arrival: _Arrival,
-        keyed: str | None,
-        fingerprint: str,
-        process: Process,
-        declined: Process | None,
-    ) -> Receipt:
-        """Under the lock: a saved failure replayed, the armed failure, or the answer
-        (a decline, when ``declined`` makes the declined payment, is an answer too)."""
-        request, armed = arrival.request, arrival.armed
-        saved = self._saved_failure(request, keyed, fingerprint)
-        if saved is not None:
-            raise saved
-        if armed is not None and armed.fault is FakeGatewayFault.FAIL_BEFORE_PROCESSING:
-            self._finish(request, GatewayRequestOutcome.NOT_PROCESSED)
-            if keyed is not None and self.replays_failures:
-                self._keys[keyed] = _KeyEntry(
-                    fingerprint, {}, self.now(), "", FakeGatewayErrorKind.NOT_PROCESSED
-                )
-            raise FakeGatewayError(
-                FakeGatewayErrorKind.NOT_PROCESSED, "the gateway failed before processing"
-            )
-        if armed is not None and armed.fault is FakeGatewayFault.DECLINE:
-            if declined is not None:
-                return self._answer(request, keyed, fingerprint, declined)
-            self._finish(request, GatewayRequestOutcome.DECLINED)
-            raise FakeGatewayError(FakeGatewayErrorKind.DECLINED, "the payment was declined")
-        return self._answer(request, keyed, fingerprint, process)
-
-    def _answer(
-        self, request: GatewayRequest, key: str | None, fingerprint: str, process: Process
-    ) -> Receipt:
-        """Under the lock: replay from the key, refuse a mismatch, or process."""
-        now = self.now()
-        entry = self._keys.get(key) if key is not None else None
-        if entry is not None and now - entry.created >= self.key_retention:
-            del self._keys[key or ""]
-            entry = None
-        if entry is not None:
-            if entry.fingerprint != fingerprint and self.conflict_on_mismatch:
-                self._finish(request, GatewayRequestOutcome.CONFLICT)
-                raise FakeGatewayError(
-                    FakeGatewayErrorKind.CONFLICT, f"key {key!r} was used with other parameters"
-                )
-            request.outcome = GatewayRequestOutcome.REPLAYED
-            request.object_id = entry.object_id
-            if self.first_response_on_repeat:
-                return copy.deepcopy(entry.response)
-            current = copy.deepcopy(self._objects[entry.object_id])
-            return {**current, "request_id": request.request_id}
-        try:
-            body = process(now)
-        except FakeGatewayError as exc:
-            declined = exc.kind is FakeGatewayErrorKind.DECLINED
-            self._finish(
-                request,
-                GatewayRequestOutcome.DECLINED if declined else GatewayRequestOutcome.INVALID,
-            )
-            raise
-        self._objects[body["id"]] = body
-        response = {**copy.deepcopy(body), "request_id": request.request_id}
-        request.outcome = (
-            GatewayRequestOutcome.DECLINED
-            if body["status"] == _DECLINED
-            else GatewayRequestOutcome.PROCESSED
-        )
-        request.object_id = body["id"]
-        if request.idempotency_key is not None:
-            self._by_key.setdefault(request.idempotency_key, []).append(body["id"])
-        if key is not None:
-            self._keys[key] = _KeyEntry(fingerprint, copy.deepcopy(response), now, body["id"])
-        return response
-
-    def _saved_failure(
-        self, request: GatewayRequest, key: str | None, fingerprint: str
-    ) -> FakeGatewayError | None:
-        """Under the lock: the failure saved under ``key`` (replays_failures), to raise again."""
-        entry = self._keys.get(key) if key is not None else None
-        if entry is None or entry.error is None:
-            return None
-        if self.now() - entry.created >= self.key_retention:
-            del self._keys[key or ""]
-            return None
-        if entry.fingerprint != fingerprint and self.conflict_on_mismatch:
-            return None  # _answer refuses it as a conflict
-        request.outcome = GatewayRequestOutcome.REPLAYED
-        return FakeGatewayError(entry.error, "the saved failure under this key, replayed")
-
-    def _finish(self, request: GatewayRequest, outcome: GatewayRequestOutcome) -> None:
-        with self._lock:
-            request.outcome = outcome
-
     def _payment(self, payment_id: str) -> Receipt:
         payment = self._objects.get(payment_id)
         if payment is None or payment["object"] != "charge":
@@ -530,7 +310,7 @@ class FakeGateway(FaultsAndHolds):
             return [
                 copy.deepcopy(o)
                 for o in self._objects.values()
-                if o["object"] == kind and o["status"] != _DECLINED
+                if o["object"] == kind and o["status"] != DECLINED
             ]
 
 

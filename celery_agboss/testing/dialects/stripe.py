@@ -22,18 +22,33 @@ decline alike.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.testing.dialects.canned import CannedReplies
+from celery_agboss.testing.dialects.stripe_wire import (
+    charge_answer,
+    integer,
+    invalid,
+    listed,
+    missing,
+    newest_first,
+    no_such,
+    page_limit,
+    parse_query,
+    payment_id_of,
+    render_intent,
+    render_refund,
+    stripe_error,
+    stripe_failure,
+    unfold_form,
+)
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
-    FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
     GatewayRequestOutcome,
@@ -46,170 +61,6 @@ STRIPE_DECLINING_METHODS = frozenset(
 
 ACCEPTED_KEY_PREFIXES = ("sk_test_", "rk_test_")
 """Only test-mode keys are accepted: a live key pointed at the fake is a mistake (401)."""
-
-_INTENT, _CHARGE = "pi_", "ch_"
-_CLAUSE = re.compile(
-    r"""\s*metadata\[(['"])(?P<field>.+?)\1\]"""  # metadata['field']
-    r""":(['"])(?P<value>(?:\\.|(?!\3).)*)\3\s*"""  # :'value', \' escaping a quote
-)
-_INDEX = re.compile(r"\[([^\[\]]*)\]")
-_DECLINED = "declined"  # the fake gateway's status of a declined payment
-_DECLINE_MESSAGE = "Your card was declined."
-_INVALID_CODE = {"refund": "charge_already_refunded", "charge": "parameter_invalid_integer"}
-_REUSED = "Keys for idempotent requests can only be used with the same parameters."
-_IN_FLIGHT = "There is currently another in-progress request using this idempotency key."
-
-
-def stripe_error(
-    status: int,
-    kind: str,
-    message: str,
-    *,
-    code: str | None = None,
-    decline_code: str | None = None,
-    param: str | None = None,
-) -> Reply:
-    """A reply in Stripe's error shape, ``{"error": {"type", "code", "message", ...}}``."""
-    error: dict[str, Any] = {"type": kind, "message": message}
-    for name, value in (("code", code), ("decline_code", decline_code), ("param", param)):
-        if value is not None:
-            error[name] = value
-    return Reply(status, {"error": error})
-
-
-def unfold_form(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``metadata[k]=v`` and ``expand[0]=x``, as the SDK encodes them, back into objects."""
-    root: dict[str, Any] = {}
-    for name, value in flat.items():
-        head, bracket, rest = name.partition("[")
-        path = [head, *_INDEX.findall(bracket + rest)] if bracket else [head]
-        node = root
-        for part in path[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = node[part] = {}
-            node = child
-        node[path[-1]] = value
-    unfolded: dict[str, Any] = _lists(root)
-    return unfolded
-
-
-def _lists(node: Any) -> Any:
-    if not isinstance(node, dict):
-        return node
-    items = {k: _lists(v) for k, v in node.items()}
-    if items and all(k.isdigit() for k in items):
-        return [items[k] for k in sorted(items, key=int)]
-    return items
-
-
-def _intent_id(fake_id: str) -> str:
-    return _INTENT + fake_id.removeprefix(_CHARGE)
-
-
-def _fake_id(stripe_id: str) -> str | None:
-    """The fake's payment id behind a PaymentIntent (or charge) id; None for other ids."""
-    if stripe_id.startswith(_INTENT):
-        return _CHARGE + stripe_id[len(_INTENT) :]
-    return stripe_id if stripe_id.startswith(_CHARGE) else None
-
-
-def render_intent(receipt: Mapping[str, Any]) -> dict[str, Any]:
-    """The fake's payment as a PaymentIntent (a refunded one stays ``succeeded``, as Stripe's;
-    a declined one is ``requires_payment_method``, its payment method detached and named in
-    ``last_payment_error``)."""
-    extras = receipt.get("metadata") or {}
-    status = "succeeded" if receipt["status"] == "refunded" else receipt["status"]
-    if status == _DECLINED:
-        return {
-            **render_intent({**receipt, "status": "requires_payment_method"}),
-            "payment_method": None,
-            "last_payment_error": _decline_error(extras.get("payment_method"), receipt["id"]),
-        }
-    return {
-        "id": _intent_id(receipt["id"]),
-        "object": "payment_intent",
-        "amount": receipt["amount"],
-        "amount_capturable": receipt["amount"] if status == "requires_capture" else 0,
-        "amount_received": receipt["amount_captured"],
-        "capture_method": extras.get("capture_method", "automatic"),
-        "created": int(receipt["created"]),
-        "currency": receipt["currency"],
-        "latest_charge": receipt["id"],
-        "metadata": dict(extras.get("metadata") or {}),
-        "payment_method": extras.get("payment_method"),
-        "status": status,
-        "last_payment_error": None,
-    }
-
-
-def render_refund(refund: Mapping[str, Any]) -> dict[str, Any]:
-    extras = json.loads(refund["reference"]) if refund.get("reference") else {}
-    return {
-        "id": refund["id"],
-        "object": "refund",
-        "amount": refund["amount"],
-        "charge": refund["payment"],
-        "created": int(refund["created"]),
-        "currency": refund["currency"],
-        "metadata": dict(extras.get("metadata") or {}),
-        "payment_intent": _intent_id(refund["payment"]),
-        "reason": extras.get("reason"),
-        "status": refund["status"],
-    }
-
-
-def _integer(body: Mapping[str, Any], name: str) -> int | None:
-    """A form integer; ``ValueError`` names the field when it is not one."""
-    raw = body.get(name)
-    if raw is None or raw == "":
-        return None
-    if isinstance(raw, str) and raw.lstrip("-").isdigit():
-        return int(raw)
-    raise ValueError(name)
-
-
-def _invalid(message: str, param: str, code: str = "parameter_invalid_integer") -> Reply:
-    return stripe_error(400, "invalid_request_error", message, code=code, param=param)
-
-
-def _missing(param: str) -> Reply:
-    return _invalid(f"Missing required param: {param}.", param, "parameter_missing")
-
-
-def _no_such(stripe_id: str) -> Reply:
-    message = f"No such payment_intent: '{stripe_id}'"
-    return stripe_error(404, "invalid_request_error", message, code="resource_missing")
-
-
-def _decline_error(payment_method: Any, charge: Any = None) -> dict[str, Any]:
-    """Stripe's ``card_error`` of a generic decline (an intent's ``last_payment_error``)."""
-    error: dict[str, Any] = {
-        "type": "card_error",
-        "code": "card_declined",
-        "decline_code": "generic_decline",
-        "message": _DECLINE_MESSAGE,
-    }
-    if charge is not None:
-        error["charge"] = charge
-    if payment_method:
-        error["payment_method"] = {"id": payment_method, "object": "payment_method"}
-    return error
-
-
-def _declined() -> Reply:
-    return Reply(402, {"error": _decline_error(None)})
-
-
-def _charge_answer(receipt: Mapping[str, Any]) -> dict[str, Any] | Reply:
-    """A create-and-confirm's answer: the PaymentIntent, or for a declined one Stripe's 402
-    ``card_error`` carrying it (``error.payment_intent``), as the key saves and replays it."""
-    intent = render_intent(receipt)
-    if receipt["status"] != _DECLINED:
-        return intent
-    error = {**intent["last_payment_error"], "payment_intent": intent}
-    return Reply(402, {"error": error})
-
 
 Handler = Callable[[GatewayCall], Reply]
 
@@ -305,21 +156,21 @@ class _StripeApi:
         reference = metadata.get("reference")
         self.server.charge_arrived(call, key, reference)
         try:
-            amount = _integer(body, "amount")
+            amount = integer(body, "amount")
         except ValueError:
-            return _invalid("Invalid integer: amount", "amount")
+            return invalid("Invalid integer: amount", "amount")
         method = str(body.get("payment_method") or "")
         capture_method = str(body.get("capture_method") or "automatic")
         if amount is None:
-            return _missing("amount")
+            return missing("amount")
         if not body.get("currency") or not method:
-            return _missing("payment_method" if body.get("currency") else "currency")
+            return missing("payment_method" if body.get("currency") else "currency")
         if str(body.get("confirm")).lower() != "true":
             message = "This fake confirms PaymentIntents at creation only: pass confirm=true."
-            return _invalid(message, "confirm", "parameter_invalid_empty")
+            return invalid(message, "confirm", "parameter_invalid_empty")
         if capture_method not in ("automatic", "automatic_async", "manual"):
             message = f"Invalid capture_method: {capture_method}"
-            return _invalid(message, "capture_method", "parameter_unknown")
+            return invalid(message, "capture_method", "parameter_unknown")
         declining = method in self.server.declined_cards or method in STRIPE_DECLINING_METHODS
         known = {"amount", "currency", "metadata", "payment_method", "capture_method"}
         params = {name: value for name, value in body.items() if name not in known}
@@ -334,7 +185,7 @@ class _StripeApi:
             )  # fmt: skip
 
         seen_before = len(self.gateway.requests_for(key)) if key is not None else 0
-        reply = self._keyed(call, key, "charge", charge, _charge_answer, "")
+        reply = self._keyed(call, key, "charge", charge, charge_answer, "")
         if reply.status == 402 and self._declined_now(key, seen_before):
             # the server's declined card is recorded in its ``declines`` (not a replay)
             self.server.is_declined_card(call, method, key, reference)
@@ -344,9 +195,9 @@ class _StripeApi:
 
     def capture_intent(self, call: GatewayCall) -> Reply:
         try:
-            amount = _integer(unfold_form(call.body), "amount_to_capture")
+            amount = integer(unfold_form(call.body), "amount_to_capture")
         except ValueError:
-            return _invalid("Invalid integer: amount_to_capture", "amount_to_capture")
+            return invalid("Invalid integer: amount_to_capture", "amount_to_capture")
         return self._on_intent(
             call, "capture", lambda fake_id, key: self.gateway.capture(fake_id, key, amount=amount)
         )
@@ -358,19 +209,19 @@ class _StripeApi:
         self, call: GatewayCall, operation: str, perform: Callable[[str, str | None], Any]
     ) -> Reply:
         stripe_id, key = call.params["id"], call.header("Idempotency-Key")
-        fake_id = _fake_id(stripe_id)
+        fake_id = payment_id_of(stripe_id)
         if fake_id is None:
-            return _no_such(stripe_id)
+            return no_such(stripe_id)
         return self._keyed(
             call, key, operation, lambda: perform(fake_id, key), render_intent, stripe_id
         )
 
     def retrieve_intent(self, call: GatewayCall) -> Reply:
-        fake_id = _fake_id(call.params["id"]) or ""
+        fake_id = payment_id_of(call.params["id"]) or ""
         try:
             return Reply(200, render_intent(self.gateway.retrieve(fake_id)))
         except FakeGatewayError:
-            return _no_such(call.params["id"])
+            return no_such(call.params["id"])
 
     def _intents(self) -> list[dict[str, Any]]:
         """Every payment as the fake keeps it, declined ones too (each is a PaymentIntent)."""
@@ -386,17 +237,17 @@ class _StripeApi:
 
     def list_intents(self, call: GatewayCall) -> Reply:
         intents = [render_intent(p) for p in self._intents()]
-        return _listed(call, intents, "/v1/payment_intents")
+        return listed(call, intents, "/v1/payment_intents")
 
     def search_intents(self, call: GatewayCall) -> Reply:
         if not self.gateway.lookup_by_key:
             message = "Search is not available on this account."
             return stripe_error(400, "invalid_request_error", message)
         query = call.query.get("query", "")
-        wanted = _parse_query(query)
+        wanted = parse_query(query)
         if wanted is None:
             message = f"This fake searches metadata['field']:'value' AND ... only, not {query!r}"
-            return _invalid(message, "query", "parameter_invalid_string")
+            return invalid(message, "query", "parameter_invalid_string")
         visible_before = self.gateway.now() - self.dialect.search_lag
         found = [
             render_intent(p)
@@ -404,8 +255,8 @@ class _StripeApi:
             if p["created"] <= visible_before
             and all((p.get("metadata") or {}).get("metadata", {}).get(f) == v for f, v in wanted)
         ]
-        limit, start = _limit(call), int(call.query.get("page") or 0)
-        found = _newest_first(found)[start:]
+        limit, start = page_limit(call), int(call.query.get("page") or 0)
+        found = newest_first(found)[start:]
         more = len(found) > limit
         page = {"object": "search_result", "data": found[:limit], "has_more": more}
         page["next_page"] = str(start + limit) if more else None
@@ -417,14 +268,14 @@ class _StripeApi:
         body = unfold_form(call.body)
         target = str(body.get("payment_intent") or body.get("charge") or "")
         if not target:
-            return _missing("payment_intent")
-        fake_id = _fake_id(target)
+            return missing("payment_intent")
+        fake_id = payment_id_of(target)
         if fake_id is None:
-            return _no_such(target)
+            return no_such(target)
         try:
-            amount = _integer(body, "amount")
+            amount = integer(body, "amount")
         except ValueError:
-            return _invalid("Invalid integer: amount", "amount")
+            return invalid("Invalid integer: amount", "amount")
         metadata = body.get("metadata")
         # The fake keeps a refund's reference only: Stripe's metadata and reason ride in
         # it, so they are part of the key's parameters and come back with the refund.
@@ -436,10 +287,10 @@ class _StripeApi:
 
     def list_refunds(self, call: GatewayCall) -> Reply:
         target = call.query.get("payment_intent") or call.query.get("charge")
-        fake_id = _fake_id(target) if target else None
+        fake_id = payment_id_of(target) if target else None
         refunds = self.gateway.refunds
         mine = [render_refund(r) for r in refunds if target is None or r["payment"] == fake_id]
-        return _listed(call, mine, "/v1/refunds")
+        return listed(call, mine, "/v1/refunds")
 
     # --- the one keyed path ------------------------------------------------------------
 
@@ -459,7 +310,7 @@ class _StripeApi:
         except FakeGatewayTimeout:
             return Reply(0, drop=True)  # processed or not, the caller gets no answer
         except FakeGatewayError as exc:
-            error = _stripe_failure(exc, operation, target)
+            error = stripe_failure(exc, operation, target)
             headers = {**error.headers, **self._answer_headers(key, seen_before)}
             return Reply(error.status, error.payload, headers=headers)
         headers = self._answer_headers(key, seen_before)
@@ -483,56 +334,6 @@ class _StripeApi:
             if mine[0].outcome is GatewayRequestOutcome.REPLAYED:
                 headers["Idempotent-Replayed"] = "true"
         return headers
-
-
-def _stripe_failure(exc: FakeGatewayError, operation: str, target: str) -> Reply:
-    """A fake gateway failure as the error Stripe answers for it (else a 500 api_error)."""
-    if exc.kind is FakeGatewayErrorKind.CONFLICT:
-        return stripe_error(400, "idempotency_error", _REUSED)
-    if exc.kind is FakeGatewayErrorKind.IN_PROGRESS:
-        return stripe_error(409, "invalid_request_error", _IN_FLIGHT, code="idempotency_key_in_use")
-    if exc.kind is FakeGatewayErrorKind.DECLINED:
-        return _declined()
-    if exc.kind is FakeGatewayErrorKind.NOT_FOUND:
-        return _no_such(target)
-    if exc.kind is FakeGatewayErrorKind.INVALID_REQUEST:
-        code = _INVALID_CODE.get(operation, "payment_intent_unexpected_state")
-        return stripe_error(400, "invalid_request_error", str(exc), code=code)
-    return stripe_error(500, "api_error", "An unknown error occurred while processing.")
-
-
-def _parse_query(query: str) -> list[tuple[str, str]] | None:
-    """``metadata['f']:'v' AND ...`` → ``[(f, v), ...]``; None for anything else."""
-    clauses = []
-    for text in query.split(" AND "):
-        matched = _CLAUSE.fullmatch(text)
-        if matched is None:
-            return None
-        value = re.sub(r"\\(.)", r"\1", matched.group("value"))
-        clauses.append((matched.group("field"), value))
-    return clauses
-
-
-def _limit(call: GatewayCall) -> int:
-    raw = call.query.get("limit") or "10"
-    return max(1, min(100, int(raw))) if raw.isdigit() else 10
-
-
-def _newest_first(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stripe's order; the fake lists oldest first, so a stable sort keeps ties right."""
-    return sorted(objects[::-1], key=lambda o: o["created"], reverse=True)
-
-
-def _listed(call: GatewayCall, objects: list[dict[str, Any]], url: str) -> Reply:
-    """A Stripe list, newest first, paged by ``limit`` and ``starting_after``."""
-    objects = _newest_first(objects)
-    after = call.query.get("starting_after")
-    if after:
-        ids = [o["id"] for o in objects]
-        objects = objects[ids.index(after) + 1 :] if after in ids else []
-    limit = _limit(call)
-    more = len(objects) > limit
-    return Reply(200, {"object": "list", "data": objects[:limit], "has_more": more, "url": url})
 
 
 __all__ = [
