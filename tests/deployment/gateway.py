@@ -96,6 +96,7 @@ PAYMENTS_TEMPLATE = '''\
 
 import json
 import os
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -103,6 +104,10 @@ from sqlalchemy import text
 
 GATEWAY_URL = {url!r}
 TIMEOUT_SECONDS = {timeout!r}
+
+
+class Declined(Exception):
+    """The gateway's 402: the card was declined, nothing was processed."""
 
 
 def _call(method, path, body=None):
@@ -113,11 +118,18 @@ def _call(method, path, body=None):
         method=method,
         headers={{"Content-Type": "application/json", "X-Worker-Pid": str(os.getpid())}},
     )
-    with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
-        return json.loads(response.read() or b"null")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 402:
+            raise Declined(exc.read().decode("utf-8", "replace")) from None
+        raise
 
 
 class Gateway:
+    Declined = Declined
+
     def charge(self, amount, idempotency_key):
         return _call("POST", "/charge", {{"amount": amount, "idempotency_key": idempotency_key}})
 
