@@ -153,10 +153,16 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     # The return page or the webhook may answer before the body gets here (the bank
     # answered in milliseconds): that answer is kept and taken here (design: early answers).
     self.pause("3ds", {"payment_id": authorization["id"]}, accept_early=True)
-    # The answer is a hint: the payment's state is what Stripe says now (design: G6).
-    current = stripe.client.v1.payment_intents.retrieve(authorization["id"])
-    if current.status != "requires_capture":
-        return {"not_captured": current.status}
+    # The answer is a hint: the payment's state is what Stripe says (design: G6). The
+    # first reading is kept in a fenced effect and every re-run branches on it: a re-run
+    # after the capture would read "succeeded" and skip the capture it already made
+    # (design: divergence), and the order would never be marked paid.
+    current = stripe.client.v1.payment_intents.retrieve(authorization["id"]).status
+    status = self.fenced_effect(
+        "3ds-outcome", lambda conn: current, business_key=f"authorization:{order_id}:3ds"
+    )
+    if status != "requires_capture":
+        return {"not_captured": status}
     captured = self.outbound(
         stripe.capture,
         {"payment_id": authorization["id"]},

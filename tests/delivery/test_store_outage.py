@@ -92,8 +92,12 @@ def test_a_store_outage_on_the_claim_read_hands_the_delivery_over(
         shop.wait_state(task_id, "COMPLETED", timeout=40)
     charged = [r.idempotency_key or "" for r in shop.gateway.requests]
     assert len(charged) == 1 and "shop.primary" in charged[0]
-    (line,) = [r.getMessage() for r in caplog.records if "store-failed" in r.getMessage()]
-    assert "error=StoreUnavailableError" in line, line  # the class, not "type"
+    # The armed outage is logged by its class ("error=", not "type"); on a loaded machine
+    # SQLite may also time out on its lock (StoreLockTimeoutError), another hand-over.
+    failed = [r.getMessage() for r in caplog.records if "store-failed" in r.getMessage()]
+    outages = [line for line in failed if "error=StoreUnavailableError" in line]
+    assert len(outages) == 1, failed
+    assert all("error=StoreLockTimeoutError" in line for line in failed if line not in outages)
 
 
 def test_the_applications_own_sql_error_in_a_fenced_effect_stays_its_own(
