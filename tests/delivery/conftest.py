@@ -93,6 +93,27 @@ class PaymentShop:
         self.calls[name] = self.agboss.register(made)
         return made
 
+    def refusable_refund_call(self, name: str = "shop.refusable-refund") -> OutboundCall:
+        """A refund the gateway may refuse definitively (a decline: nothing moved), so an
+        undo that sends it can fail and be re-driven; reconciled by a resend under its
+        key (``NotSent``)."""
+        if name in self.calls:
+            return self.calls[name]
+        gateway = self.gateway
+
+        def send(call: CallContext) -> Any:
+            return gateway.refund(call.request["payment"], call.idempotency_key)
+
+        made = OutboundCall(
+            name=name,
+            send=send,
+            reconcile=lambda call, lookup: NotSent(),
+            key_retention=timedelta(hours=24),
+            is_definite_failure=is_definite_failure,
+        )
+        self.calls[name] = self.agboss.register(made)
+        return made
+
     def _reconcile_by_lookup(self, call: CallContext, lookup: Lookup) -> Any:
         found = self.gateway.lookup(lookup.idempotency_key)
         return NotSent() if found is None else Completed(found)

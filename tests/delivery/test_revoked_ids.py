@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -28,7 +27,6 @@ from celery import signals as celery_signals
 from celery.worker import state as worker_state
 
 from celery_agboss.core.compensation import UndoStep
-from celery_agboss.core.outbound import CallContext, NotSent, OutboundCall
 from celery_agboss.core.protections import (
     REVOKE_BROADCAST_NOT_RECORDED,
     REVOKED_ID_DROPS_LATER_MESSAGES,
@@ -37,7 +35,6 @@ from celery_agboss.operator import redrive
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
-from celery_agboss.testing.gateway_types import is_definite_failure
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.support.processes import wait_until
 
@@ -81,19 +78,7 @@ def _revoked_then_refund_refused_then_redriven(shop: PaymentShop, ids: list[str]
     definitively (nothing moved), the execution waits for an operator, who re-drives
     it; the re-drive's message reaches the worker that heard the revoke."""
     charge, gateway = shop.call(), shop.gateway
-
-    def send(call: CallContext) -> Any:
-        return gateway.refund(call.request["payment"], call.idempotency_key)
-
-    refund = shop.agboss.register(
-        OutboundCall(
-            name="shop.refusable-refund",
-            send=send,
-            reconcile=lambda call, lookup: NotSent(),
-            key_retention=timedelta(hours=24),
-            is_definite_failure=is_definite_failure,
-        )
-    )
+    refund = shop.refusable_refund_call()
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:

@@ -44,7 +44,6 @@ from celery_agboss.operator import cancel, list_failed_after_payment, redrive
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
-from celery_agboss.testing.gateway_types import is_definite_failure
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.engine.helpers import Crash
 from tests.support.processes import wait_until
@@ -246,19 +245,7 @@ def _refund_refused_then_redriven(shop: PaymentShop) -> str:
     re-drives it once the merchant's balance is topped up."""
     charge = shop.call()
     gateway = shop.gateway
-
-    def send(call: CallContext) -> Any:
-        return gateway.refund(call.request["payment"], call.idempotency_key)
-
-    refund = shop.agboss.register(
-        OutboundCall(
-            name="shop.refusable-refund",
-            send=send,
-            reconcile=lambda call, lookup: NotSent(),
-            key_retention=timedelta(hours=24),
-            is_definite_failure=is_definite_failure,
-        )
-    )
+    refund = shop.refusable_refund_call()
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
