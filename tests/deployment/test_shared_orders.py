@@ -44,7 +44,6 @@ SETTLE_SECONDS = 60.0
 USER_ADDITIONS = """
 
 # --- What the user adds, following docs/undo.md and docs/outbound-calls.md ----------
-import urllib.error
 
 from celery_agboss.task import undo_function
 from payments import warehouse
@@ -74,10 +73,8 @@ refund = OutboundCall(name="gateway.refund", send=send_refund, reconcile=reconci
 def send_card(call):
     try:
         return gateway.charge(call.request["amount"], idempotency_key=call.idempotency_key)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 402:  # the gateway's decline: nothing was processed
-            raise CardDeclined(str(exc)) from None
-        raise
+    except gateway.Declined as exc:  # the client's 402, the decline: nothing was processed
+        raise CardDeclined(str(exc)) from None
 
 
 def declined(exc):
