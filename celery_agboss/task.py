@@ -36,6 +36,7 @@ from celery_agboss.core.protections import (
     RETRY_KEEPS_EXPIRES,
     RETRY_PUBLISH_FAILURE_REJECTS,
 )
+from celery_agboss.core.step_identity import refuse_reserved_effect_name
 from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE, Delivery
 from celery_agboss.delivery.waits import (
     OWN_RETRIES_HEADER,
@@ -219,7 +220,18 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         """Run ``fn(conn)`` once per key inside the transaction that checks the lease;
         its JSON result is stored and returned again on every later run. The follow-up
         tasks ``fn`` wrote with ``celery_agboss.outbox.enqueue`` are published once that
-        transaction committed, never before."""
+        transaction committed, never before. Names starting ``agboss.`` are the package's."""
+        refuse_reserved_effect_name(name)
+        return self._run_fenced_effect(name, fn, business_key=business_key, request=request)
+
+    def _run_fenced_effect(
+        self,
+        name: str,
+        fn: Callable[[Any], T],
+        business_key: str | None = None,
+        request: Any = None,
+    ) -> T:
+        """``fenced_effect`` under any name: the package's own effects (undo tasks) too."""
         ctx = self._context()
         business_key = ctx.business_key_for(business_key)  # the outbox keys fn's enqueues by it
         return outbox.run_fenced_effect(

@@ -13,6 +13,20 @@ from dataclasses import dataclass
 
 from celery_agboss.core.keys import business_key, fit_key, step_key, validate_business_key
 
+RESERVED_EFFECT_PREFIX = "agboss."
+"""The names the package keeps its own fenced records under (undo declarations, body
+publishes, undo tasks): a user's effect of such a name would share their keys, and the
+store would read it as one of ours (an undo declaration run at failure)."""
+
+
+def refuse_reserved_effect_name(name: str) -> None:
+    """An application's fenced effect may not take a name the package keeps its own under."""
+    if isinstance(name, str) and name.startswith(RESERVED_EFFECT_PREFIX):
+        raise ValueError(
+            f"the fenced effect name {name!r} starts with {RESERVED_EFFECT_PREFIX!r}, which "
+            "celery_agboss keeps for its own records; name the effect without that prefix"
+        )
+
 
 @dataclass(frozen=True)
 class Step:
@@ -49,4 +63,9 @@ def step_of(
     return Step(kind, name, occurrence, key, business_key_text)
 
 
-__all__ = ["Step", "step_of"]
+__all__ = [
+    "RESERVED_EFFECT_PREFIX",
+    "Step",
+    "refuse_reserved_effect_name",
+    "step_of",
+]

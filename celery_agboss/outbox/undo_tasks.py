@@ -65,7 +65,7 @@ def publish_undo_task(task: Any, undo: compensation.UndoStep) -> None:
     def enqueue(conn: Any) -> str:
         return outbox.enqueue(conn, name, args, kwargs, options=options)
 
-    task_id = str(task.fenced_effect(UNDO_TASK_EFFECT, enqueue, business_key=undo.key))
+    task_id = str(task._run_fenced_effect(UNDO_TASK_EFFECT, enqueue, business_key=undo.key))
     outbox.publish(task.app, task_id)  # a replayed effect published nothing itself
 
 
