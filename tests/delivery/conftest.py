@@ -74,9 +74,11 @@ class PaymentShop:
         self.calls[name] = self.agboss.register(made)
         return made
 
-    def refund_call(self, name: str = "shop.refund") -> OutboundCall:
+    def refund_call(self, name: str = "shop.refund", *, refusable: bool = False) -> OutboundCall:
         """An outbound call refunding ``request["payment"]`` at the fake gateway (what an
-        undo sends), reconciled by a lookup of its key."""
+        undo sends), reconciled by a lookup of its key. ``refusable``: the gateway may
+        refuse it definitively (a decline: nothing moved), so an undo that sends it can
+        fail and be re-driven; it is then reconciled by a resend under its key."""
         if name in self.calls:
             return self.calls[name]
         gateway = self.gateway
@@ -84,32 +86,15 @@ class PaymentShop:
         def send(call: CallContext) -> Any:
             return gateway.refund(call.request["payment"], call.idempotency_key)
 
-        made = OutboundCall(
-            name=name,
-            send=send,
-            reconcile=self._reconcile_by_lookup,
-            key_retention=timedelta(hours=24),
-        )
-        self.calls[name] = self.agboss.register(made)
-        return made
-
-    def refusable_refund_call(self, name: str = "shop.refusable-refund") -> OutboundCall:
-        """A refund the gateway may refuse definitively (a decline: nothing moved), so an
-        undo that sends it can fail and be re-driven; reconciled by a resend under its
-        key (``NotSent``)."""
-        if name in self.calls:
-            return self.calls[name]
-        gateway = self.gateway
-
-        def send(call: CallContext) -> Any:
-            return gateway.refund(call.request["payment"], call.idempotency_key)
+        def resend(call: CallContext, lookup: Lookup) -> Any:
+            return NotSent()
 
         made = OutboundCall(
             name=name,
             send=send,
-            reconcile=lambda call, lookup: NotSent(),
+            reconcile=resend if refusable else self._reconcile_by_lookup,
             key_retention=timedelta(hours=24),
-            is_definite_failure=is_definite_failure,
+            **({"is_definite_failure": is_definite_failure} if refusable else {}),
         )
         self.calls[name] = self.agboss.register(made)
         return made

@@ -78,7 +78,7 @@ def _revoked_then_refund_refused_then_redriven(shop: PaymentShop, ids: list[str]
     definitively (nothing moved), the execution waits for an operator, who re-drives
     it; the re-drive's message reaches the worker that heard the revoke."""
     charge, gateway = shop.call(), shop.gateway
-    refund = shop.refusable_refund_call()
+    refund = shop.refund_call("shop.refusable-refund", refusable=True)
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:

@@ -245,7 +245,7 @@ def _refund_refused_then_redriven(shop: PaymentShop) -> str:
     re-drives it once the merchant's balance is topped up."""
     charge = shop.call()
     gateway = shop.gateway
-    refund = shop.refusable_refund_call()
+    refund = shop.refund_call("shop.refusable-refund", refusable=True)
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
