@@ -216,11 +216,15 @@ def redrive(
     republished = redrive_execution(runtime, execution_id, reason, actor=actor)
     record = runtime.executions.read_execution(execution_id)
     assert record is not None
-    text = (
-        f"Re-drove {execution_id}: published again."
-        if republished
-        else f"{execution_id} is WAITING again; the sweep publishes it."
-    )
+    if republished:
+        text = f"Re-drove {execution_id}: published again."
+    elif record.cancel_requested:
+        text = (
+            f"{execution_id} is WAITING again with a cancel pending: the sweep's next pass "
+            "cancels it (its undos run); it is not re-run."
+        )
+    else:
+        text = f"{execution_id} is WAITING again; the sweep publishes it."
     out.emit({"execution": execution_view(record), "republished": republished}, text)
 
 
