@@ -20,7 +20,7 @@ from celery_agboss.cli.group import (
     reason_option,
 )
 from celery_agboss.cli.views import execution_view, intent_view
-from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.executions import ExecutionState, WaitKind, wait_kind
 
 if TYPE_CHECKING:
     from celery_agboss.app import AGBoss
@@ -175,7 +175,10 @@ def cancel(
     )
     if record.state is ExecutionState.CANCELLED:
         text = f"Cancelled {execution_id}: it will never run."
-    elif record.state is ExecutionState.WAITING_OPERATOR:
+    elif (
+        record.state is ExecutionState.WAITING_OPERATOR
+        and wait_kind(record.reason) is WaitKind.CANCELLED_AFTER_PAYMENT
+    ):
         text = (
             f"{execution_id} completed a payment, so it is not cancelled silently: it "
             "waits for you. Refund the payment at the gateway if it must go, then "
@@ -183,9 +186,10 @@ def cancel(
             "--reason TEXT`."
         )
     else:
+        waiting = f": {record.reason}" if record.reason else ""
         text = (
-            f"Cancel requested for {execution_id} ({record.state.value}); the sweep "
-            "cancels it once nothing is pending."
+            f"Cancel requested for {execution_id} ({record.state.value}{waiting}); the "
+            "sweep cancels it once nothing is pending."
         )
     out.emit({"execution": execution_view(record)}, text)
 
