@@ -6,12 +6,16 @@
 ``celery worker`` processes and one ``celery beat`` against the given broker and
 store, always talking to a fake gateway this process serves on 127.0.0.1, kills,
 freezes and stops them on a seeded schedule, waits until the shop is quiet and
-prints the verdict: paid once, declined, waiting for an operator, paid twice, lost,
-phantom refunds (docs/reliability.md).
+prints the verdict: paid once, declined, waiting for an operator, paid twice, lost
+(a wrong amount included), phantom refunds, payments for no order, orders not placed
+(docs/reliability.md).
 
-Exit codes: 0 the money is right; 1 a double charge, a lost order or a phantom
-refund; 2 the explorer could not run (a bad option, the broker or the store not
-answering, a store database that holds other data); 130 interrupted.
+Exit codes: 0 the money is right and every order was placed; 1 the money is wrong: a
+double charge, a lost order (or one charged another amount), a phantom refund or a
+payment for no order of the run; 2 the explorer could not run (a bad option, the
+broker or the store not answering, a store database that holds other data) or did
+not run as asked: some or all orders were never placed (every publish refused), so
+the verdict covers only the others; 130 interrupted.
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ class Explorer:
         self.app: ModuleType | None = None
         self.engine: Engine | None = None
         self.orders: dict[int, str] = {}
+        self.not_placed: list[int] = []  # given up on: judged by no witness, so counted
         self.started_at = time.monotonic()
         self.keep = options.keep
 
@@ -199,6 +200,8 @@ class Explorer:
                     if again:
                         due.append((elapsed + PUBLISH_AGAIN_SECONDS, order))
                         due.sort()
+                    else:
+                        self.not_placed.append(order)
                     break
             runner.tick(now)
             if pending and not runner.busy and pending[0].at <= elapsed:
@@ -214,6 +217,9 @@ class Explorer:
                 runner.tick(now)
                 break
             time.sleep(TICK_SECONDS)
+        if due:  # left at the bound: never placed, and counted as such
+            self.not_placed.extend(order for _, order in due)
+            self.say(f"{len(due)} orders left unpublished at the bound: not placed")
         runner.disarm_gateway()
         self.say(f"faults done ({sum(runner.injected.values())} injected); waiting for quiet")
         return runner
@@ -290,7 +296,12 @@ class Explorer:
                 "orders still unsettled count as lost"
             )
         if stray:
-            notes.append(f"\n{len(stray)} payments at the gateway for no order of this run")
+            listed = ", ".join(f"{p['id']} ({p.get('reference')})" for p in stray[:10])
+            more = f" and {len(stray) - 10} more" if len(stray) > 10 else ""
+            notes.append(f"\npayments at the gateway for no order of this run: {listed}{more}")
+        if self.not_placed:
+            orders = ", ".join(str(o) for o in sorted(self.not_placed))
+            notes.append(f"\nnot placed (every publish refused until the bound): orders {orders}")
         return Verdict(
             seed=self.options.seed,
             orders=outcomes,
@@ -318,6 +329,9 @@ class Explorer:
                 "workers": self.options.workers,
                 **{k: f"{v:g}s" for k, v in SPEEDUPS.items()},
             },
+            stray_payments=len(stray),
+            not_placed=len(self.not_placed),
+            orders_requested=self.options.orders,
             notes=notes,
         )
 
@@ -379,6 +393,16 @@ def header(options: ChaosOptions) -> str:
     )
 
 
+def exit_code(verdict: Verdict) -> int:
+    """Wrong money first; a run that placed not every order (or none) did not run as asked,
+    so its OK would speak for orders it never judged."""
+    if not verdict.ok:
+        return EXIT_MONEY_WRONG
+    if not verdict.complete:
+        return EXIT_COULD_NOT_RUN
+    return EXIT_OK
+
+
 def run(
     options: ChaosOptions,
     *,
@@ -399,13 +423,13 @@ def run(
         finally:
             runner.finish()
         verdict = explorer.verdict(runner, quiet)
-        if verdict.of(WAITING) or not verdict.ok:
+        if verdict.of(WAITING) or not verdict.ok or not verdict.complete:
             explorer.keep = True
         print("", file=stream)
         print(verdict.render(explorer.inspect_command()), file=stream, flush=True)
         if options.json_path:
             Path(options.json_path).write_text(json.dumps(verdict.as_json(), indent=2) + "\n")
-        return EXIT_OK if verdict.ok else EXIT_MONEY_WRONG
+        return exit_code(verdict)
     except CouldNotRun as exc:
         print(f"chaos explorer: could not run: {exc}", file=sys.stderr, flush=True)
         return EXIT_COULD_NOT_RUN
@@ -447,4 +471,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(options)
 
 
-__all__ = ["Explorer", "header", "main", "run"]
+__all__ = ["Explorer", "exit_code", "header", "main", "run"]

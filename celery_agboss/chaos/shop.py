@@ -25,6 +25,7 @@ CONFIG_FILE = "chaos_config.json"
 CALL_NAME = "chaos.charge"
 DECLINE_EVERY = 9  # order ids 4, 13, 22, ... pay with a card the gateway declines
 CLIENT_TIMEOUT_SECONDS = 20.0
+AMOUNT_BASE = 1000  # order N is charged AMOUNT_BASE + N minor units: see amount_of
 
 SPEEDUPS: Mapping[str, float] = {
     # Defaults 30 s / 30 s / 300 s / 5 s: a dead worker's charge is picked up within
@@ -34,6 +35,13 @@ SPEEDUPS: Mapping[str, float] = {
     "agboss_requested_grace": 3.0,
     "agboss_retry_delay": 1.0,
 }
+
+
+def amount_of(order: int) -> int:
+    """What the shop charges for ``order``: the one home of the amount, read by the
+    generated module (through its config) and by the verdict, so that a charge of any
+    other amount is seen."""
+    return AMOUNT_BASE + order
 
 
 def declined(order: int) -> bool:
@@ -85,6 +93,7 @@ class ShopConfig:
             orders_table=self.orders_table,
             declined_card=DECLINED_CARD,
             decline_every=DECLINE_EVERY,
+            amount_base=AMOUNT_BASE,
             call_name=CALL_NAME,
             client_timeout=CLIENT_TIMEOUT_SECONDS,
             speedups=dict(self.speedups),
@@ -211,7 +220,8 @@ def mark(conn, order_id, status, payment):
 @app.task(base=PaymentTask, bind=True, max_retries=50)
 def charge_order(self, order_id):
     key = f"order:{order_id}"
-    request = {"amount": 1000 + order_id, "reference": key, "card": card_for(order_id)}
+    amount = CONFIG["amount_base"] + order_id  # the explorer's amount_of(order_id)
+    request = {"amount": amount, "reference": key, "card": card_for(order_id)}
     try:
         receipt = self.outbound(charge, request, business_key=key)
     except CardDeclined:
@@ -241,11 +251,13 @@ def write_app(directory: Path, config: ShopConfig) -> Path:
 
 
 __all__ = [
+    "AMOUNT_BASE",
     "APP_MODULE",
     "CALL_NAME",
     "SPEEDUPS",
     "TASK_NAME",
     "ShopConfig",
+    "amount_of",
     "declined",
     "orders_table_ddl",
     "write_app",

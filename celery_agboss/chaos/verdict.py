@@ -2,18 +2,24 @@
 
 Three witnesses, read after the shop went quiet: the gateway's own records (payments
 per order reference, declines, refunds), the shop's orders table, and the store's
-execution rows. An order is
+execution rows. A placed order is
 
-- **paid once**: one payment at the gateway, the order marked paid with that very
-  payment, its execution COMPLETED;
+- **paid once**: one payment at the gateway, of the order's amount (``amount_of``),
+  the order marked paid with that very payment, its execution COMPLETED;
 - **declined**: no payment, a decline at the gateway, the order marked declined;
 - **waiting for an operator**: its execution visibly waits (WAITING_OPERATOR, PARKED)
   with at most one payment — a person decides, nothing is lost;
 - **paid twice**: two payments or more at the gateway (whatever else says);
-- **lost**: anything else — charged but not marked, marked with a payment the gateway
-  never made, FAILED while paid, or still unsettled when the bound ran out.
+- **lost**: anything else — charged another amount than the order's, charged but not
+  marked, marked with a payment the gateway never made, FAILED while paid, or still
+  unsettled when the bound ran out.
 
-Phantom refunds: the shop never refunds, so every refund at the gateway is one.
+Money is wrong (``ok`` false) with any order paid twice or lost, any phantom refund
+(the shop never refunds, so every refund at the gateway is one) or any payment for
+no order of the run (a customer charged for nothing). Separately, a run is
+``complete`` only when every requested order was placed, and at least one: an order
+whose every publish was refused is not placed and never judged, so a verdict
+without it would say nothing about it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_agboss.chaos.shop import declined
+from celery_agboss.chaos.shop import amount_of, declined
 
 WAITING_STATES = frozenset({"WAITING_OPERATOR", "PARKED"})
 
@@ -76,6 +82,9 @@ def classify(
         return outcome(LOST, f"{charged}execution {state} (not settled, not visibly waiting)")
     if count == 1:
         payment = payments[0]["id"]
+        amount, expected = payments[0].get("amount"), amount_of(order)
+        if amount != expected:  # paid, but not what the order costs
+            return outcome(LOST, f"charged {amount} ({payment}), expected {expected}")
         if row == ("paid", payment):
             return outcome(PAID_ONCE)
         return outcome(LOST, f"charged {payment}, but the shop's row is {row}")
@@ -99,6 +108,9 @@ class Verdict:
     duration_seconds: float
     gateway: Mapping[str, int]
     settings: Mapping[str, Any]
+    stray_payments: int  # payments at the gateway whose reference is no order of the run
+    not_placed: int  # orders given up on: every publish refused until the bound
+    orders_requested: int
     notes: list[str] = field(default_factory=list)
 
     def of(self, verdict: str) -> list[OrderOutcome]:
@@ -113,21 +125,43 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
+        """The money is right: nobody charged twice, for a lost order, or for nothing."""
         counts = self.counts
-        return counts[PAID_TWICE] == 0 and counts[LOST] == 0 and self.phantom_refunds == 0
+        return (
+            counts[PAID_TWICE] == 0
+            and counts[LOST] == 0
+            and self.phantom_refunds == 0
+            and self.stray_payments == 0
+        )
+
+    @property
+    def complete(self) -> bool:
+        """Every requested order was placed (and one at least): the verdict covers the run,
+        not only the orders a refused publish happened to spare."""
+        placed = len(self.orders)
+        return self.not_placed == 0 and placed == self.orders_requested and placed > 0
+
+    @property
+    def headline(self) -> str:
+        """MONEY WRONG before INCOMPLETE: a wrong payment is wrong however few orders ran."""
+        return "MONEY WRONG" if not self.ok else "INCOMPLETE" if not self.complete else "OK"
 
     def as_json(self) -> dict[str, Any]:
         counts = self.counts
         return {
             "ok": self.ok,
+            "complete": self.complete,
             "seed": self.seed,
             "orders": len(self.orders),
+            "orders_requested": self.orders_requested,
+            "not_placed": self.not_placed,
             "paid_once": counts[PAID_ONCE],
             "declined": counts[DECLINED],
             "waiting_for_operator": counts[WAITING],
             "paid_twice": counts[PAID_TWICE],
             "lost": counts[LOST],
             "phantom_refunds": self.phantom_refunds,
+            "stray_payments": self.stray_payments,
             "faults": dict(self.faults),
             "skipped_faults": dict(self.skipped_faults),
             "duration_seconds": round(self.duration_seconds, 1),
@@ -157,13 +191,25 @@ class Verdict:
             (PAID_TWICE, counts[PAID_TWICE], "must be 0"),
             (LOST, counts[LOST], "must be 0"),
             ("phantom refunds", self.phantom_refunds, "must be 0"),
+            ("payments for no order", self.stray_payments, "must be 0"),
+            ("not placed", self.not_placed, "not judged" if self.not_placed else ""),
         ]
         width = max(len(r[0]) for r in rows)
+        placed, requested = len(self.orders), self.orders_requested
+        counted = f"{placed} orders"
+        if placed != requested:
+            counted = f"{placed} of {requested} orders placed"
         lines = [
-            f"chaos verdict: {'OK' if self.ok else 'MONEY WRONG'} "
-            f"(seed {self.seed}, {len(self.orders)} orders, {self.duration_seconds:.0f} s)",
-            "",
+            f"chaos verdict: {self.headline} "
+            f"(seed {self.seed}, {counted}, {self.duration_seconds:.0f} s)",
         ]
+        if not self.complete:
+            covers = f"covers those {placed} only" if placed else "covers no order at all"
+            lines.append(
+                f"  {placed} of {requested} orders were placed ({self.not_placed} not placed: "
+                f"every publish refused until the bound); this verdict {covers}"
+            )
+        lines.append("")
         for label, value, note in rows:
             flag = "  <-- " + note if note == "must be 0" and value else f"  {note}" if note else ""
             lines.append(f"  {label:<{width}}  {value:>5}{flag}")
