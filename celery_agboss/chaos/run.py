@@ -86,6 +86,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
+def _already_stopping(signum: int, frame: FrameType | None) -> None:
+    """Cleanup is under way: a second signal changes nothing (a Python handler, not
+    ``SIG_IGN``, so no process started meanwhile inherits an ignored signal)."""
+
+
 class Explorer:
     def __init__(self, options: ChaosOptions, environ: Mapping[str, str], out: TextIO) -> None:
         self.options = options
@@ -445,6 +450,9 @@ def run(
         )
         return EXIT_COULD_NOT_RUN
     finally:
+        # A second Ctrl-C or SIGTERM while it cleans up would escape as an uncaught
+        # exception (exit 1, read as "money wrong") and leave processes behind.
+        _install(_already_stopping)
         try:
             explorer.close()
         finally:
