@@ -12,6 +12,8 @@ payment (``GET /payments/{id}/actions``, by the key in its metadata). A miss is
 ``NotSent()`` only inside the key's retention, where a resend is safe either way:
 nothing was processed, or its 2xx is replayed from the key. Checkout.com documents no
 lag for these reads; if they lagged, that same replay keeps a resend from paying twice.
+An action listed ``approved: false`` (declined after its 202) moved no money: send raises
+``CheckoutDeclinedError``, and reconcile never takes it for done (``Unknown``).
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from checkout_sdk.exception import (
 
 from celery_agboss.adapters.checkout_client import (
     BoundedHTTPAdapter,
+    approved_first,
     as_dict,
     bounded_session,
     build_sdk,
     declined,
+    declined_reason,
     one_send,
     payment_result,
     plain,
@@ -70,6 +74,7 @@ KEY_METADATA_FIELD = "agboss_idempotency_key"
 _METADATA_VALUE_LIMIT = 255
 _DEFINITE_STATUSES = frozenset({400, 401, 403, 404, 422})
 _ACTION_TYPES = {"capture": "Capture", "refund": "Refund", "void": "Void"}
+_DECLINE_FIELDS = ("approved", "response_code", "response_summary")
 _PAGE, _MAX_PAGES = 100, 10
 CARD_DATA = ("source",)
 """What the policy of every call masks by default: the payment source, where a card's
@@ -100,8 +105,10 @@ _check = RequestChecks(CheckoutRequestError)
 
 
 class CheckoutDeclinedError(CheckoutAdapterError):
-    """A 201 with ``approved: false`` (the SDK returns it as a success): no money moved,
-    definite. ``details``: ``payment_id``, ``response_code``, ``response_summary``."""
+    """A 201 with ``approved: false`` (the SDK returns it as a success), or a capture,
+    refund or void the payment lists ``approved: false`` (accepted with a 202, then
+    declined): no money moved, definite. ``details``: ``payment_id``, ``response_code``,
+    ``response_summary``; for an action also ``action_id`` and ``type``."""
 
 
 class CheckoutRefusedError(CheckoutAdapterError):
@@ -174,12 +181,19 @@ def _action_facts(result: Mapping[str, Any]) -> PaymentFacts:
 
 
 def _own_action(kind: str, payment_id: str, amount: Any, result: dict[str, Any]) -> dict[str, Any]:
-    """``result`` when it is this request's action; a 202 replayed from another request
-    made under the key (another payment, action or amount) is refused
-    (design: only the request's payment)."""
+    """``result`` when it is this request's action and it was approved; a 202 replayed
+    from another request made under the key (another payment, action or amount) is
+    refused (design: only the request's payment), and a declined one moved no money."""
     wanted = PaymentFacts(amount, payment=payment_id, kind=_ACTION_TYPES[kind])
     what = f"Checkout.com's {kind} {result.get('action_id')}"
     refuse_another_requests_answer(what, wanted, _action_facts(result))
+    if result.get("approved") is False:
+        details = {k: result.get(k) for k in ("action_id", "type", *_DECLINE_FIELDS)}
+        raise CheckoutDeclinedError(
+            f"Checkout.com declined the {kind} {result.get('action_id')} of {payment_id}: "
+            f"{result.get('response_code')} {result.get('response_summary')}",
+            {"payment_id": payment_id, **details},
+        )
     return result
 
 
@@ -321,7 +335,7 @@ class CheckoutAdapter(AdapterCalls):
             if action_id:
                 found = [a for a in actions if a.get("id") == action_id]
             else:  # also a repeat of a completed action, answered without its id
-                found = self._under_key(actions, kind, key)
+                found = approved_first(self._under_key(actions, kind, key))
             return self._action_result(payment_id, found[0]) if found else None
         except Exception as exc:
             raise CheckoutNoAnswerError(
@@ -392,6 +406,8 @@ class CheckoutAdapter(AdapterCalls):
             "amount": action.get("amount"),
             "currency": str(payment.get("currency") or "").lower(),
             "reference": action.get("reference"),
+            # A declined action (``approved: false``) moved no money: send raises it.
+            **{field: action.get(field) for field in _DECLINE_FIELDS},
         }
 
     # --- reconcile --------------------------------------------------------------------------
@@ -422,7 +438,9 @@ class CheckoutAdapter(AdapterCalls):
     def _reconcile_action(self, call: CallContext, lookup: Lookup, kind: str) -> ReconcileAnswer:
         payment_id = _check.text(_check.mapping(lookup.request, kind), "payment_id")
         actions = self._actions(payment_id)
-        mine = self._under_key(actions, kind, lookup.idempotency_key)
+        found = self._under_key(actions, kind, lookup.idempotency_key)
+        # A declined action moved no money: never this call's result.
+        mine = [a for a in found if a.get("approved") is not False]
         if len(mine) == 1:
             what = f"Checkout.com's {kind} {mine[0].get('id')} of {payment_id}"
             result = self._action_result(payment_id, mine[0])
@@ -432,6 +450,8 @@ class CheckoutAdapter(AdapterCalls):
         if mine:
             ids = ", ".join(str(a.get("id")) for a in mine)
             return Unknown(f"{len(mine)} {kind} actions on {payment_id} carry this key: {ids}")
+        if found:
+            return Unknown(declined_reason(kind, payment_id, found))
         return self._absent(lookup, f"payment {payment_id} lists no {kind} under this key")
 
     def _all_of_it(self, kind: str, payment_id: str, action: Any, actions: list[Any]) -> Any:

@@ -114,6 +114,25 @@ def declined(payment: Mapping[str, Any]) -> bool:
     return payment.get("approved") is False or payment.get("status") == "Declined"
 
 
+def approved_first(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Actions under one key, those that moved money first: a declined one moved none,
+    and a later resend under the key (past its retention) may have been approved."""
+    return sorted(actions, key=lambda action: action.get("approved") is False)
+
+
+def declined_reason(kind: str, payment_id: str, actions: list[dict[str, Any]]) -> str:
+    """Why reconcile cannot call a declined action done: no money moved, and reconcile
+    has no definite failure to answer, so an operator decides."""
+    named = ", ".join(
+        f"{a.get('id')} ({a.get('response_code')} {a.get('response_summary')})" for a in actions
+    )
+    return (
+        f"Checkout.com declined the {kind} of {payment_id} made under this key: {named}; "
+        "no money moved. Once checked, resolve it --not-sent: a resend under the key gets "
+        "the decline replayed inside its retention, and is a new request past it"
+    )
+
+
 def build_sdk(
     secret_key: str, base_url: str | None, subdomain: str | None, sandbox: bool, session: Any
 ) -> Any:
@@ -147,10 +166,12 @@ def build_sdk(
 
 __all__ = [
     "BoundedHTTPAdapter",
+    "approved_first",
     "as_dict",
     "bounded_session",
     "build_sdk",
     "declined",
+    "declined_reason",
     "one_send",
     "payment_result",
     "plain",

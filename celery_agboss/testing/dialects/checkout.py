@@ -8,7 +8,9 @@ with or endorsed by it. Paths and bodies are those the SDK sends and parses:
   card is a 201 too, ``approved: false`` and status ``Declined`` (nothing moved);
 - ``GET /payments?reference=`` (paged by ``limit``/``skip``), ``GET /payments/{id}``
   (with ``balances`` and ``metadata``), ``GET /payments/{id}/actions``;
-- ``POST /payments/{id}/captures``, ``/refunds``, ``/voids`` → 202 ``{"action_id"}``.
+- ``POST /payments/{id}/captures``, ``/refunds``, ``/voids`` → 202 ``{"action_id"}``;
+  one a test declines (:meth:`CheckoutDialect.decline_next`) is a 202 too, listed
+  ``approved: false`` with nothing moved, its 202 kept under the key (``checkout_actions``).
 
 ``Cko-Idempotency-Key`` is the fake's key; like Checkout.com, only a processed (2xx)
 answer is kept under it, so failures are never replayed. A decline is such an answer:
@@ -34,6 +36,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.canned import CannedReplies
+from celery_agboss.testing.dialects.checkout_actions import ActionDeclines
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
@@ -48,6 +51,11 @@ KEY_HEADER = "Cko-Idempotency-Key"
 _PAYMENT_PREFIX, _FAKE_PAYMENT_PREFIX = "pay_", "ch_"
 _DECLINED = "declined"  # the fake gateway's status of a declined payment
 _DECLINE_CODE, _DECLINE_SUMMARY = "20005", "Declined - Do Not Honour"
+_DECLINED_ACTION: dict[str, Any] = {
+    "approved": False,
+    "response_code": _DECLINE_CODE,
+    "response_summary": _DECLINE_SUMMARY,
+}
 _ACTION_TYPES = {"capture": "Capture", "refund": "Refund", "void": "Void"}
 _ERROR_STATUS = {
     FakeGatewayErrorKind.NOT_FOUND: 404,
@@ -150,6 +158,7 @@ class CheckoutDialect:
         self._server: FakeGatewayServer | None = None
         self._lock = threading.Lock()
         self._canned = CannedReplies()
+        self._declines = ActionDeclines()
         self._action_details: dict[str, dict[str, Any]] = {}  # key -> reference, metadata
 
     def install(self, server: FakeGatewayServer) -> None:
@@ -173,6 +182,12 @@ class CheckoutDialect:
             raise ValueError(f"operation must be one of {OPERATIONS}, not {operation!r}")
         reply = Reply(status, {} if payload is None else payload)
         self._canned.arm(reply, None if operation is None else operation.__eq__, times)
+
+    def decline_next(self, operation: str, *, times: int = 1) -> None:
+        """Decline the next ``times`` captures, refunds or voids (``operation``) as
+        Checkout.com does: accepted (202, kept under the key), then listed ``approved:
+        false`` with a decline ``response_code``; no money moves."""
+        self._declines.arm(operation, times)
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -379,7 +394,12 @@ class CheckoutDialect:
         payment_id = _fake_id(call.params["id"])
         gateway = self.server.gateway
         try:
-            if operation == "capture":
+            if self._declines.take(operation):
+                reference = body.get("reference")
+                answer = self._declines.perform(
+                    gateway, operation, payment_id, key, amount, reference
+                )
+            elif operation == "capture":
                 answer = gateway.capture(payment_id, key, amount=amount)
             elif operation == "refund":
                 answer = gateway.refund(
@@ -390,7 +410,8 @@ class CheckoutDialect:
         except FakeGatewayError as exc:
             return self._error(exc, operation)
         # A replay is the key's first 202 as it was: its action, reference and payment
-        # (a refund's receipt names its payment; a capture's or void's is the payment).
+        # (a refund's or a declined action's receipt names its payment; a capture's or
+        # void's is the payment).
         with self._lock:
             first = self._action_details.get(key or "", {"reference": body.get("reference")})
         paid = checkout_id(answer.get("payment") or answer["id"])
@@ -431,21 +452,16 @@ class CheckoutDialect:
                 at, amount = request.at, payment["amount"]
                 authorization = self._action(request.request_id, "Authorization", amount, first, at)
                 if request.outcome is GatewayRequestOutcome.DECLINED:
-                    authorization.update(
-                        approved=False,
-                        response_code=_DECLINE_CODE,
-                        response_summary=_DECLINE_SUMMARY,
-                    )
+                    authorization.update(_DECLINED_ACTION)
                 actions.append(authorization)
                 if payment["amount_captured"] and not captured_later:  # capture: true
                     auto = self._action(request.request_id, "Capture", amount, first, at)
                     actions.append({**auto, "id": _action_id(request.request_id, "c")})
-            elif (
-                request.operation in _ACTION_TYPES
-                and request.payment_id == payment_id
-                and request.outcome is GatewayRequestOutcome.PROCESSED
-            ):
-                amount = request.amount
+            elif request.operation in _ACTION_TYPES and request.payment_id == payment_id:
+                declined = self._declines.made(request.object_id)
+                if request.outcome is not GatewayRequestOutcome.PROCESSED and declined is None:
+                    continue  # an injected DECLINE: nothing was made
+                amount = request.amount if declined is None else declined["amount"]
                 if request.operation == "refund" and request.object_id in refunds:
                     amount = refunds[request.object_id]["amount"]
                 elif amount is None:
@@ -453,7 +469,8 @@ class CheckoutDialect:
                 with self._lock:
                     details = self._action_details.get(request.idempotency_key or "", {})
                 kind = _ACTION_TYPES[request.operation]
-                actions.append(self._action(request.request_id, kind, amount, details, request.at))
+                action = self._action(request.request_id, kind, amount, details, request.at)
+                actions.append({**action, **(_DECLINED_ACTION if declined else {})})
         return Reply(200, list(reversed(actions)))
 
     def _action(
