@@ -65,6 +65,7 @@ from celery_agboss.adapters.paypal_requests import (
     checks,
     decimal_value,
     field_of,
+    final_capture,
     keyed,
     order_facts,
     order_result,
@@ -306,24 +307,33 @@ class PayPalAdapter(AdapterCalls):
     # --- payments: capture an authorization, refund a capture, void an authorization ----
 
     def _target(self, request: Any) -> tuple[str, int | None, str | None]:
-        """``{"payment_id", "amount": int | None[, "currency"]}`` checked."""
+        """``{"payment_id", "amount": int | None[, "currency"]}`` checked (an amount PayPal
+        cannot take in the named currency too, before anything is sent)."""
         request = checks.mapping(request)
         payment_id = field_of(request, "payment_id", str)
         amount = field_of(request, "amount", int, required=False)
         if amount is not None and amount <= 0:
             raise PayPalRequestError("request field 'amount' must be > 0")
         currency = field_of(request, "currency", str, required=False)
+        if amount is not None and currency is not None:
+            decimal_value(amount, currency)
         return payment_id, amount, currency
 
     def _money(self, amount: int | None, currency: str | None, read: Any) -> Any:
-        """PayPal's ``Money`` for a partial amount; the currency read back when not given."""
+        """PayPal's ``Money`` for a partial amount; the currency read back when not given
+        (an amount PayPal cannot take in it is refused then, before the capture or refund)."""
         if amount is None:
             return None
         code = (currency or body_of(read())["amount"]["currency_code"]).upper()
         return Money(code, decimal_value(amount, code))
 
     def _send_capture(self, call: CallContext) -> dict[str, Any]:
-        return self._act(call, "authorization_id", CaptureRequest, final_capture=True)
+        """``final_capture`` from the request, by default True for the whole authorization
+        (no ``amount``) and False for a part: a final capture closes the authorization, so
+        a partial one must leave the rest capturable for the next (design: PS18)."""
+        return self._act(
+            call, "authorization_id", CaptureRequest, final_capture=final_capture(call.request)
+        )
 
     def _send_refund(self, call: CallContext) -> dict[str, Any]:
         return self._act(call, "capture_id", RefundRequest)

@@ -53,17 +53,53 @@ number, expiry, security code and holder name (``payment_source.card``), should 
 request carry them. The adapter pays with a vault id (``source``) only, and refuses a
 request that carries either (nothing sent); masking keeps them out of the store too."""
 
-ZERO_DECIMAL = frozenset({"HUF", "JPY", "TWD"})
+WHOLE_UNIT_CURRENCIES = frozenset({"HUF", "JPY", "TWD"})
+"""PayPal's currencies without decimals: "Decimal amounts cause an error" (its currency
+codes reference). HUF and TWD have two decimals in ISO 4217, JPY none."""
+_ISO_EXPONENTS = {
+    **dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW"), 0),
+    **dict.fromkeys(("PYG", "RWF", "UGX", "UYI", "VND", "VUV", "XAF", "XOF", "XPF"), 0),
+    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
+    **dict.fromkeys(("CLF", "UYW"), 4),
+}
+"""ISO 4217's minor-unit exponent where it is not 2: what a request's ``amount`` counts."""
 REFUSED_STATUSES = frozenset({"DECLINED", "FAILED", "DENIED"})
 
 
+def _exponent(currency: str) -> int:
+    return _ISO_EXPONENTS.get(currency.upper(), 2)
+
+
+def _places(currency: str) -> int:
+    """The decimals PayPal writes: none for its whole-unit currencies, else ISO 4217's."""
+    return 0 if currency.upper() in WHOLE_UNIT_CURRENCIES else _exponent(currency)
+
+
 def decimal_value(amount: int, currency: str) -> str:
-    return str(amount) if currency.upper() in ZERO_DECIMAL else f"{Decimal(amount) / 100:.2f}"
+    """``amount`` (ISO 4217 minor units, as on every gateway) as PayPal's ``value``: 1000
+    USD is "10.00", 150000 HUF is "1500" (PayPal's whole forints), 1000 JPY is "1000".
+    An amount PayPal cannot write (HUF or TWD not a multiple of 100) is refused: rounding
+    it would charge another amount than the request's."""
+    code = currency.upper()
+    step = 10 ** (_exponent(code) - _places(code))
+    if amount % step:
+        raise PayPalRequestError(
+            f"request field 'amount' {amount} {code} is in ISO 4217 minor units "
+            f"(1/{10 ** _exponent(code)} {code}), and PayPal takes {code} in whole units "
+            f"only: send a multiple of {step} ({amount // step * step} or "
+            f"{(amount // step + 1) * step} here)"
+        )
+    return str(Decimal(amount // step).scaleb(-_places(code)))
 
 
 def minor_units(money: Mapping[str, Any]) -> int:
-    number = Decimal(str(money["value"]))
-    return int(number if str(money["currency_code"]).upper() in ZERO_DECIMAL else number * 100)
+    """PayPal's ``value`` back in ISO 4217 minor units (×100 for HUF and TWD): the inverse
+    of :func:`decimal_value`, so send and reconcile compare like with like."""
+    code = str(money["currency_code"]).upper()
+    number = Decimal(str(money["value"])).scaleb(_exponent(code))
+    if not number.is_finite() or number != number.to_integral_value():
+        raise ValueError(f"PayPal's {money['value']!r} {code} is not whole minor units")
+    return int(number)
 
 
 def keyed(request_id: str, **options: Any) -> dict[str, Any]:
@@ -95,6 +131,19 @@ def field_of(request: Mapping[str, Any], name: str, kind: type, *, required: boo
     return value
 
 
+def final_capture(request: Any) -> bool:
+    """A capture's ``final_capture``: the request's bool, else True when it names no
+    ``amount`` (the whole authorization) and False when it names one (the rest stays
+    capturable)."""
+    request = checks.mapping(request)
+    final = request.get("final_capture")
+    if final is None:
+        return request.get("amount") is None
+    if not isinstance(final, bool):
+        raise PayPalRequestError("request field 'final_capture' must be a bool")
+    return final
+
+
 def payment_request(request: Any) -> WantedPayment:
     """charge/authorize: ``{"amount", "currency", "reference", "source"[, "source_kind"]}``."""
     request = checks.mapping(request)
@@ -110,6 +159,7 @@ def payment_request(request: Any) -> WantedPayment:
     kind = request.get("source_kind", "card")
     if amount <= 0 or len(currency) != 3 or not currency.isalpha():
         raise PayPalRequestError("request field 'amount' must be > 0 and 'currency' ISO 4217")
+    decimal_value(amount, currency)  # refused here, before anything is sent
     if len(reference) > 127:
         raise PayPalRequestError("request field 'reference' is over PayPal's 127 characters")
     if kind not in ("card", "paypal"):
@@ -199,7 +249,7 @@ def payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
 __all__ = [
     "CARD_DATA",
     "REFUSED_STATUSES",
-    "ZERO_DECIMAL",
+    "WHOLE_UNIT_CURRENCIES",
     "PayPalDeclinedError",
     "PayPalRequestError",
     "WantedPayment",
@@ -207,6 +257,7 @@ __all__ = [
     "checks",
     "decimal_value",
     "field_of",
+    "final_capture",
     "keyed",
     "minor_units",
     "order_facts",

@@ -23,7 +23,13 @@ Rules a test can rely on (docs/testing.md repeats them):
   the key and answered to every repeat like any first response; it is listed in
   ``declined_payments``, never in ``payments`` (no money moved);
 - a lookup finds what a key produced whatever the key's age (retention bounds
-  replays, not lookups), and raises ``LOOKUP_UNSUPPORTED`` when lookup is off (design: G2).
+  replays, not lookups), and raises ``LOOKUP_UNSUPPORTED`` when lookup is off (design: G2);
+- an authorisation is captured once by default (the capture closes it, as Stripe's);
+  a capture with ``final=False`` (PayPal's ``final_capture: false``) leaves the rest
+  capturable, so several captures add up to at most the authorised amount, and one past
+  what is left is refused (``INVALID_REQUEST``); each capture is kept (``captures``);
+- a void cancels an authorisation; ``cancels_declined=True`` (Stripe's rule) also cancels a
+  declined payment, which stays out of ``payments`` (no money moved).
 """
 
 from __future__ import annotations
@@ -54,6 +60,11 @@ def _invalid(message: str) -> FakeGatewayError:
     return FakeGatewayError(FakeGatewayErrorKind.INVALID_REQUEST, message)
 
 
+def _declined(receipt: Receipt) -> bool:
+    """A declined payment, cancelled or not: it moved no money."""
+    return bool(receipt["status"] == DECLINED or receipt.get("declined"))
+
+
 class FakeGateway(RequestPath):
     """A payment gateway in memory; see the module docstring for its rules."""
 
@@ -69,6 +80,7 @@ class FakeGateway(RequestPath):
         self.capabilities = capabilities
         self.hold_timeout = hold_timeout
         self._lookups: list[GatewayLookup] = []
+        self._captures: list[Receipt] = []  # each capture of an authorisation, oldest first
 
     # --- capabilities: plain attributes, switchable mid-test ----------------------
 
@@ -151,25 +163,58 @@ class FakeGateway(RequestPath):
         )
 
     def capture(
-        self, payment_id: str, idempotency_key: str | None, *, amount: int | None = None
+        self,
+        payment_id: str,
+        idempotency_key: str | None,
+        *,
+        amount: int | None = None,
+        final: bool = True,
     ) -> Receipt:
-        """Capture an authorised payment, whole or in part; over-capture is refused
-        (design: PS18)."""
+        """Capture an authorised payment, whole or in part (design: PS18), never more than
+        what is left of it (``amount`` None: all of that). ``final`` closes the
+        authorisation (one capture, as Stripe's); ``final=False`` (PayPal's partial
+        captures) leaves the rest capturable until nothing is left. Returns the payment;
+        the capture itself is in ``captures``."""
 
         def process(now: float) -> Receipt:
             payment = self._authorised(payment_id)
-            wanted = payment["amount"] if amount is None else amount
-            if not 0 < wanted <= payment["amount"]:
-                raise _invalid(f"cannot capture {wanted} of {payment['amount']}")
-            payment.update(amount_captured=wanted, status="succeeded")
+            left = payment["amount"] - payment["amount_captured"]
+            wanted = left if amount is None else amount
+            if not 0 < wanted <= left:
+                raise _invalid(f"cannot capture {wanted}: {left} of {payment['amount']} is left")
+            payment["amount_captured"] += wanted
+            if final or payment["amount_captured"] == payment["amount"]:
+                payment["status"] = "succeeded"
+            self._captures.append(
+                {
+                    "id": new_id("cap"),
+                    "object": "capture",
+                    "payment": payment_id,
+                    "amount": wanted,
+                    "currency": payment["currency"],
+                    "final": final,
+                    "amount_refunded": 0,
+                    "idempotency_key": idempotency_key,
+                    "created": now,
+                }
+            )
             return payment
 
-        return self._perform("capture", idempotency_key, amount, payment_id, {}, process)
+        params: dict[str, Any] = {} if final else {"final": False}
+        return self._perform("capture", idempotency_key, amount, payment_id, params, process)
 
-    def void(self, payment_id: str, idempotency_key: str | None) -> Receipt:
-        """Cancel an authorisation; a captured payment cannot be voided (design: PS20)."""
+    def void(
+        self, payment_id: str, idempotency_key: str | None, *, cancels_declined: bool = False
+    ) -> Receipt:
+        """Cancel an authorisation; a captured payment cannot be voided (design: PS20).
+        ``cancels_declined``: a declined payment is cancelled too (Stripe cancels a
+        PaymentIntent left in ``requires_payment_method``); it stays a declined one."""
 
         def process(now: float) -> Receipt:
+            payment = self._payment(payment_id)
+            if cancels_declined and payment["status"] == DECLINED:
+                payment.update(status="canceled", declined=True)
+                return payment
             payment = self._authorised(payment_id)
             payment["status"] = "canceled"
             return payment
@@ -183,17 +228,26 @@ class FakeGateway(RequestPath):
         *,
         amount: int | None = None,
         reference: str | None = None,
+        capture_id: str | None = None,
     ) -> Receipt:
-        """Refund a captured payment (what is left of it by default), never more."""
+        """Refund a captured payment (what is left of it by default), never more; with
+        ``capture_id``, one of its captures (what is left of that capture by default)."""
 
         def process(now: float) -> Receipt:
             payment = self._payment(payment_id)
-            left = payment["amount_captured"] - payment["amount_refunded"]
+            part = None if capture_id is None else self._capture_of(payment_id, capture_id)
+            if part is None:
+                left = payment["amount_captured"] - payment["amount_refunded"]
+            else:
+                left = part["amount"] - part["amount_refunded"]
             wanted = left if amount is None else amount
-            if payment["status"] != "succeeded" or not 0 < wanted <= left:
+            if not 0 < wanted <= left:
                 raise _invalid(f"cannot refund {wanted} of {payment_id} ({payment['status']})")
             payment["amount_refunded"] += wanted
-            if payment["amount_refunded"] == payment["amount_captured"]:
+            if part is not None:
+                part["amount_refunded"] += wanted
+            closed = payment["status"] == "succeeded"  # an open authorisation stays open
+            if closed and payment["amount_refunded"] == payment["amount_captured"]:
                 payment["status"] = "refunded"
             refund = {
                 "id": new_id("re"),
@@ -205,11 +259,12 @@ class FakeGateway(RequestPath):
                 "idempotency_key": idempotency_key,
                 "reference": reference,
                 "created": now,
+                **({} if capture_id is None else {"capture": capture_id}),
             }
             self._objects[refund["id"]] = refund
             return refund
 
-        params = {"reference": reference}
+        params = {"reference": reference, **({} if capture_id is None else {"capture": capture_id})}
         return self._perform("refund", idempotency_key, amount, payment_id, params, process)
 
     # --- lookups (design: G2) ------------------------------------------------------------
@@ -254,13 +309,21 @@ class FakeGateway(RequestPath):
 
     @property
     def declined_payments(self) -> list[Receipt]:
-        """Every declined payment a charge with ``saves_declines`` made, oldest first."""
+        """Every declined payment a charge with ``saves_declines`` made, oldest first (a
+        cancelled one too: ``status`` "canceled", ``declined`` True)."""
         with self._lock:
-            return [copy.deepcopy(o) for o in self._objects.values() if o["status"] == DECLINED]
+            return [copy.deepcopy(o) for o in self._objects.values() if _declined(o)]
 
     @property
     def refunds(self) -> list[Receipt]:
         return self._listed("refund")
+
+    @property
+    def captures(self) -> list[Receipt]:
+        """Every capture of an authorisation, oldest first: ``payment`` names it, ``amount``
+        is what this capture took, ``final`` whether it closed the authorisation."""
+        with self._lock:
+            return copy.deepcopy(self._captures)
 
     @property
     def requests(self) -> list[GatewayRequest]:
@@ -305,12 +368,18 @@ class FakeGateway(RequestPath):
             raise _invalid(f"payment {payment_id} is {payment['status']}, not authorised")
         return payment
 
+    def _capture_of(self, payment_id: str, capture_id: str) -> Receipt:
+        for capture in self._captures:
+            if capture["id"] == capture_id and capture["payment"] == payment_id:
+                return capture
+        raise FakeGatewayError(FakeGatewayErrorKind.NOT_FOUND, f"no capture {capture_id!r}")
+
     def _listed(self, kind: str) -> list[Receipt]:
         with self._lock:
             return [
                 copy.deepcopy(o)
                 for o in self._objects.values()
-                if o["object"] == kind and o["status"] != DECLINED
+                if o["object"] == kind and not _declined(o)
             ]
 
 

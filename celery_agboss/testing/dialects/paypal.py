@@ -8,35 +8,36 @@ is kept here and moves no money; capturing one is ``gateway.charge(capture=True)
 authorizing one ``charge(capture=False)``, under the request's key, paid by the vaulted
 ``payment_source`` in that request's body. An order created WITH a vaulted source is paid
 at once, as PayPal may do (captured for intent CAPTURE, authorized for AUTHORIZE), under
-the create's own ``PayPal-Request-Id``. Captures of authorizations, voids and refunds are
-the fake's. As PayPal documents: a repeat answers the CURRENT state of what
-the first request made, a repeat with other parameters is not refused, and an order's key
-lives 6 h (here: the fake's ``key_retention`` and ``idempotency_keys``, on its clock).
+the create's own ``PayPal-Request-Id``. Captures of authorizations (several, until one
+is ``final_capture``), voids and refunds are the fake's (``paypal_payments``). Amounts
+are minor units in the fake and PayPal's decimal strings on the wire (whole units for
+HUF, JPY and TWD: ``paypal_wire``). As PayPal documents: a repeat answers the CURRENT
+state of what the first request made, a repeat with other parameters is not refused, and
+an order's key lives 6 h (here: the fake's ``key_retention`` and ``idempotency_keys``, on
+its clock).
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.canned import CannedReplies
+from celery_agboss.testing.dialects.paypal_payments import PayPalPayments, gateway_error
 from celery_agboss.testing.dialects.paypal_wire import (
-    KIND_ERRORS,
-    NOTHING_PROCESSED,
-    ZERO_DECIMAL_CURRENCIES,
+    WHOLE_UNIT_CURRENCIES,
     from_value,
     iso,
     not_found,
     paypal_error,
     to_value,
+    value_issue,
 )
 from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
-    FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
 )
@@ -45,7 +46,6 @@ ORDER_KEY_RETENTION = 6 * 3600.0
 """Orders v2 keeps a ``PayPal-Request-Id`` 6 hours (its API spec and its SDK say so)."""
 
 Body = dict[str, Any]
-_Act = Callable[[Body, int | None, str | None], Reply]  # payment, amount, key -> reply
 
 
 def _vault_id(body: Body) -> str | None:
@@ -54,15 +54,6 @@ def _vault_id(body: Body) -> str | None:
     found = source.values() if isinstance(source, dict) else ()
     vault = next((s.get("vault_id") for s in found if isinstance(s, dict)), None)
     return vault if isinstance(vault, str) and vault else None
-
-
-def _capture_id_of_authorization(payment_id: str) -> str:
-    """An order's capture is the fake's payment itself; an authorization's is "cap_…"."""
-    return "cap_" + payment_id.removeprefix("ch_")
-
-
-def _payment_of_capture(capture_id: str) -> str:
-    return "ch_" + capture_id.removeprefix("cap_") if capture_id.startswith("cap_") else capture_id
 
 
 @dataclass
@@ -111,20 +102,22 @@ class PayPalDialect:
         self._lock = threading.Lock()
         self._state = _State()
         self._server: FakeGatewayServer | None = None
+        self._payments: PayPalPayments | None = None
 
     def install(self, server: FakeGatewayServer) -> None:
         self._server = server
+        payments = self._payments = PayPalPayments(server)
         server.route("POST", "/v1/oauth2/token", self._guarded(self._token, token=True))
         routes: list[tuple[str, str, Endpoint]] = [
             ("POST", "/v2/checkout/orders", self._create_order),
             ("GET", "/v2/checkout/orders/{id}", self._get_order),
             ("POST", "/v2/checkout/orders/{id}/capture", self._pay_order),
             ("POST", "/v2/checkout/orders/{id}/authorize", self._pay_order),
-            ("GET", "/v2/payments/authorizations/{id}", self._get_authorization),
-            ("POST", "/v2/payments/authorizations/{id}/capture", self._capture_authorization),
-            ("POST", "/v2/payments/authorizations/{id}/void", self._void),
-            ("GET", "/v2/payments/captures/{id}", self._get_capture),
-            ("POST", "/v2/payments/captures/{id}/refund", self._refund),
+            ("GET", "/v2/payments/authorizations/{id}", payments.get_authorization),
+            ("POST", "/v2/payments/authorizations/{id}/capture", payments.capture_authorization),
+            ("POST", "/v2/payments/authorizations/{id}/void", payments.void),
+            ("GET", "/v2/payments/captures/{id}", payments.get_capture),
+            ("POST", "/v2/payments/captures/{id}/refund", payments.refund),
         ]
         for method, path, endpoint in routes:
             server.route(method, path, self._guarded(endpoint))
@@ -161,6 +154,12 @@ class PayPalDialect:
             raise RuntimeError("the PayPal dialect is not installed on a server")
         return self._server
 
+    @property
+    def payments(self) -> PayPalPayments:
+        if self._payments is None:
+            raise RuntimeError("the PayPal dialect is not installed on a server")
+        return self._payments
+
     def _guarded(self, endpoint: Endpoint, *, token: bool = False) -> Endpoint:
         """A canned answer first; then the bearer token every API call needs."""
 
@@ -188,14 +187,6 @@ class PayPalDialect:
         body = {"access_token": issued, "token_type": "Bearer", "expires_in": 32400}
         return Reply(200, {**body, "scope": "https://uri.paypal.com/services/payments/payment"})
 
-    def _gateway_error(self, exc: FakeGatewayError, invalid_issue: str) -> Reply:
-        if isinstance(exc, FakeGatewayTimeout):
-            return Reply(0, drop=True)
-        if exc.kind is FakeGatewayErrorKind.INVALID_REQUEST:
-            return paypal_error(422, invalid_issue, str(exc))
-        status, issue, description = KIND_ERRORS.get(exc.kind, NOTHING_PROCESSED)
-        return paypal_error(status, issue, description)
-
     # --- orders ----------------------------------------------------------------------------------
 
     def _create_order(self, call: GatewayCall) -> Reply:
@@ -214,7 +205,8 @@ class PayPalDialect:
         currency = str(money.get("currency_code") or "")
         amount = from_value(money.get("value"), currency) if len(currency) == 3 else None
         if amount is None:
-            return paypal_error(422, "INVALID_PARAMETER_VALUE", "amount is not valid.")
+            issue = value_issue(money.get("value"), currency) or "INVALID_PARAMETER_VALUE"
+            return paypal_error(422, issue, "amount is not valid.")
         vault = _vault_id(body)
         reference, order_id = units[0].get("custom_id"), uuid.uuid4().hex[:17].upper()
         order = PayPalOrder(
@@ -286,7 +278,7 @@ class PayPalDialect:
             self._catch_up(order)  # processed, its answer lost: the order shows the payment
             return Reply(0, drop=True)
         except FakeGatewayError as exc:
-            return self._gateway_error(exc, "TRANSACTION_REFUSED")
+            return gateway_error(exc, "TRANSACTION_REFUSED")
         owner = self._attach(order, receipt["id"], key)
         reply = Reply(201 if owner is order else 200, self._order_body(owner))
         return server.deliver_answer(call, key, reference, reply)
@@ -313,141 +305,20 @@ class PayPalDialect:
             self._state.order_of_payment[payment_id] = order.id
             return order
 
-    # --- payments ---------------------------------------------------------------------------------
-
-    def _get_authorization(self, call: GatewayCall) -> Reply:
-        found = self._payment(call.params["id"])
-        return not_found() if found is None else Reply(200, self._authorization(found))
-
-    def _get_capture(self, call: GatewayCall) -> Reply:
-        found = self._payment(_payment_of_capture(call.params["id"]))
-        if found is None or found["amount_captured"] == 0:
-            return not_found()
-        return Reply(200, self._capture(found, call.params["id"]))
-
-    def _capture_authorization(self, call: GatewayCall) -> Reply:
-        def capture(payment: Body, amount: int | None, key: str | None) -> Reply:
-            done = self.server.gateway.capture(payment["id"], key, amount=amount)
-            return Reply(201, self._capture(done, _capture_id_of_authorization(done["id"])))
-
-        issues = {"succeeded": "AUTHORIZATION_ALREADY_CAPTURED", "canceled": "AUTHORIZATION_VOIDED"}
-        return self._payment_call(call, call.params["id"], capture, issues, "AMOUNT_MISMATCH")
-
-    def _void(self, call: GatewayCall) -> Reply:
-        def void(payment: Body, amount: int | None, key: str | None) -> Reply:
-            done = self.server.gateway.void(payment["id"], key)
-            minimal = "return=representation" not in (call.header("Prefer") or "")
-            return Reply(204) if minimal else Reply(200, self._authorization(done))
-
-        issues = {"succeeded": "AUTHORIZATION_ALREADY_CAPTURED", "canceled": "PREVIOUSLY_VOIDED"}
-        return self._payment_call(call, call.params["id"], void, issues, "CANNOT_BE_VOIDED")
-
-    def _refund(self, call: GatewayCall) -> Reply:
-        def refund(payment: Body, amount: int | None, key: str | None) -> Reply:
-            done = self.server.gateway.refund(payment["id"], key, amount=amount)
-            return Reply(201, self._refund_body(done))
-
-        issues = {"refunded": "CAPTURE_FULLY_REFUNDED"}
-        payment_id = _payment_of_capture(call.params["id"])
-        return self._payment_call(call, payment_id, refund, issues, "REFUND_AMOUNT_EXCEEDED")
-
-    def _payment_call(
-        self, call: GatewayCall, payment_id: str, act: _Act, issues: dict[str, str], issue: str
-    ) -> Reply:
-        """One Payments v2 call on the fake's payment: its amount read, its refusals named."""
-        payment = self._payment(payment_id)
-        if payment is None:
-            return not_found()
-        money, amount = call.body.get("amount"), None
-        if isinstance(money, dict):
-            amount = from_value(money.get("value"), payment["currency"])
-            if amount is None:
-                return paypal_error(422, "INVALID_PARAMETER_VALUE", "amount is not valid.")
-        try:
-            return act(payment, amount, call.header("PayPal-Request-Id"))
-        except FakeGatewayError as exc:
-            return self._gateway_error(exc, issues.get(payment["status"], issue))
-
-    def _payment(self, payment_id: str) -> Body | None:
-        try:
-            return self.server.gateway.retrieve(payment_id)
-        except FakeGatewayError:
-            return None
-
     # --- bodies -----------------------------------------------------------------------------
-
-    def _money(self, amount: int, currency: str) -> dict[str, str]:
-        return {"currency_code": currency.upper(), "value": to_value(amount, currency)}
-
-    def _resource(self, kind: str, object_id: str, status: str, created: float) -> Body:
-        href = f"{self.server.url}/v2/{kind}/{object_id}"
-        return {
-            "id": object_id,
-            "status": status,
-            "create_time": iso(created),
-            "update_time": iso(created),
-            "links": [{"href": href, "rel": "self", "method": "GET"}],
-        }
-
-    def _up(self, body: Body, kind: str, object_id: str) -> Body:
-        """PayPal's ``up`` link: what a capture or refund was made of (an authorization, a
-        capture), the way its answer names its payment."""
-        href = f"{self.server.url}/v2/{kind}/{object_id}"
-        body["links"].append({"href": href, "rel": "up", "method": "GET"})
-        return body
-
-    def _capture_id(self, payment_id: str) -> str:
-        """The capture of the fake's payment: the payment itself for an order's capture.
-        (Two dict reads, no lock: an order's body is built under it.)"""
-        order = self._state.orders.get(self._state.order_of_payment.get(payment_id, ""))
-        authorized = order is not None and order.intent == "AUTHORIZE"
-        return _capture_id_of_authorization(payment_id) if authorized else payment_id
-
-    def _capture(self, payment: Body, capture_id: str) -> Body:
-        refunded, captured = payment["amount_refunded"], payment["amount_captured"]
-        status = "COMPLETED" if refunded == 0 else "PARTIALLY_REFUNDED"
-        status = "REFUNDED" if refunded >= captured else status
-        body = self._resource("payments/captures", capture_id, status, payment["created"])
-        if capture_id != payment["id"]:  # an authorization's capture
-            self._up(body, "payments/authorizations", payment["id"])
-        body.update(
-            amount=self._money(captured, payment["currency"]),
-            final_capture=True,
-            custom_id=payment["reference"],
-        )
-        return body
-
-    def _authorization(self, payment: Body) -> Body:
-        status = {"requires_capture": "CREATED", "canceled": "VOIDED"}.get(payment["status"])
-        if status is None:
-            whole = payment["amount_captured"] >= payment["amount"]
-            status = "CAPTURED" if whole else "PARTIALLY_CAPTURED"
-        created = payment["created"]
-        body = self._resource("payments/authorizations", payment["id"], status, created)
-        body.update(
-            amount=self._money(payment["amount"], payment["currency"]),
-            custom_id=payment["reference"],
-            expiration_time=iso(created + 29 * 86400),
-        )
-        return body
-
-    def _refund_body(self, refund: Body) -> Body:
-        body = self._resource("payments/refunds", refund["id"], "COMPLETED", refund["created"])
-        body["amount"] = self._money(refund["amount"], refund["currency"])
-        return self._up(body, "payments/captures", self._capture_id(refund["payment"]))
 
     def _order_body(self, order: PayPalOrder) -> Body:
         unit: Body = {
             "reference_id": "default",
-            "amount": self._money(order.amount, order.currency),
+            "amount": self.payments.money(order.amount, order.currency),
         }
         if order.reference is not None:
             unit["custom_id"] = order.reference
         status = "APPROVED" if order.source else "CREATED"
-        payment = self._payment(order.payment_id) if order.payment_id else None
+        payment = self.payments.payment(order.payment_id) if order.payment_id else None
         if payment is not None:
             status, unit["payments"] = "COMPLETED", self._payments_of(order, payment)
-        body = self._resource("checkout/orders", order.id, status, order.created)
+        body = self.payments.resource("checkout/orders", order.id, status, order.created)
         body.update(
             intent=order.intent,
             purchase_units=[unit],
@@ -457,21 +328,21 @@ class PayPalDialect:
 
     def _payments_of(self, order: PayPalOrder, payment: Body) -> Body:
         payments: Body = {}
-        capture_id = payment["id"]
+        bodies = self.payments
         if order.intent == "AUTHORIZE":
-            payments["authorizations"] = [self._authorization(payment)]
-            capture_id = _capture_id_of_authorization(payment["id"])
-        if payment["amount_captured"] > 0:
-            payments["captures"] = [self._capture(payment, capture_id)]
+            payments["authorizations"] = [bodies.authorization(payment)]
+        captures = bodies.captures_of(payment)
+        if captures:
+            payments["captures"] = captures
         refunds = [r for r in self.server.gateway.refunds if r["payment"] == payment["id"]]
         if refunds:
-            payments["refunds"] = [self._refund_body(r) for r in refunds]
+            payments["refunds"] = [bodies.refund_body(r) for r in refunds]
         return payments
 
 
 __all__ = [
     "ORDER_KEY_RETENTION",
-    "ZERO_DECIMAL_CURRENCIES",
+    "WHOLE_UNIT_CURRENCIES",
     "PayPalDialect",
     "PayPalOrder",
     "from_value",

@@ -10,9 +10,9 @@ Stripe warns it does: an object younger than ``search_lag`` seconds (gateway clo
 not found yet; retrieve and list are consistent. The fake's ``ch_x`` is ``pi_x``.
 
 A decline is what Stripe makes of it: the create-and-confirm leaves a PaymentIntent in
-``requires_payment_method`` (with ``last_payment_error``; retrieved, listed and searched
-like any other) and answers 402 ``card_error`` naming it, and that 402 is saved under the
-``Idempotency-Key``: a repeat inside the key's retention gets it back
+``requires_payment_method`` (with ``last_payment_error``; retrieved, listed, searched and
+cancelled like any other) and answers 402 ``card_error`` naming it, and that 402 is saved
+under the ``Idempotency-Key``: a repeat inside the key's retention gets it back
 (``Idempotent-Replayed: true``) and no second attempt is made; a repeat with other
 parameters (another card) is an ``idempotency_error``. A declining card (the server's
 ``declined_cards``, Stripe's ``STRIPE_DECLINING_METHODS``) and an injected ``DECLINE``
@@ -203,7 +203,13 @@ class _StripeApi:
         )
 
     def cancel_intent(self, call: GatewayCall) -> Reply:
-        return self._on_intent(call, "void", self.gateway.void)
+        """Stripe cancels a PaymentIntent awaiting capture, and one a decline left in
+        ``requires_payment_method`` too (nothing moved: it stays out of ``payments``)."""
+
+        def cancel(fake_id: str, key: str | None) -> Any:
+            return self.gateway.void(fake_id, key, cancels_declined=True)
+
+        return self._on_intent(call, "void", cancel)
 
     def _on_intent(
         self, call: GatewayCall, operation: str, perform: Callable[[str, str | None], Any]

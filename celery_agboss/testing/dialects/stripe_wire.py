@@ -83,12 +83,13 @@ def payment_id_of(stripe_id: str) -> str | None:
 def render_intent(receipt: Mapping[str, Any]) -> dict[str, Any]:
     """The fake's payment as a PaymentIntent (a refunded one stays ``succeeded``, as Stripe's;
     a declined one is ``requires_payment_method``, its payment method detached and named in
-    ``last_payment_error``)."""
+    ``last_payment_error``, and stays so once cancelled)."""
     extras = receipt.get("metadata") or {}
     status = "succeeded" if receipt["status"] == "refunded" else receipt["status"]
-    if status == _DECLINED:
+    if status == _DECLINED or receipt.get("declined"):
+        shown = "requires_payment_method" if status == _DECLINED else status
         return {
-            **render_intent({**receipt, "status": "requires_payment_method"}),
+            **render_intent({**receipt, "status": shown, "declined": False}),
             "payment_method": None,
             "last_payment_error": _decline_error(extras.get("payment_method"), receipt["id"]),
         }

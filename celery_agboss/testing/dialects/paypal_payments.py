@@ -1,0 +1,228 @@
+"""The PayPal dialect's Payments v2: an authorization's captures and void, a capture's
+refunds, and the bodies PayPal answers for each (the orders' bodies reuse them).
+
+PayPal is named only to identify its public API. An authorization is captured once or
+in parts, as PayPal allows: a capture with ``final_capture: true`` closes it (a later
+capture gets 422 ``AUTHORIZATION_ALREADY_CAPTURED``), one without (PayPal's default is
+false) leaves the rest capturable, and one past what is left is refused with 422
+``MAX_CAPTURE_AMOUNT_EXCEEDED``. Each capture has its own id and amount, and is refunded
+on its own (up to its amount). A repeat under a capture's key answers the capture that
+key made, as it is now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery_agboss.testing.dialects.paypal_wire import (
+    KIND_ERRORS,
+    NOTHING_PROCESSED,
+    from_value,
+    iso,
+    not_found,
+    paypal_error,
+    to_value,
+    value_issue,
+)
+from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_types import (
+    FakeGatewayError,
+    FakeGatewayErrorKind,
+    FakeGatewayTimeout,
+)
+
+Body = dict[str, Any]
+_Act = Callable[[Body, int | None, str | None], Reply]  # payment, amount, key -> reply
+_CLOSED = dict.fromkeys(("succeeded", "refunded"), "AUTHORIZATION_ALREADY_CAPTURED")
+"""An authorization closed by a final capture (or one that took all of it)."""
+
+
+def gateway_error(exc: FakeGatewayError, invalid_issue: str) -> Reply:
+    """A fake gateway failure as PayPal answers it: a dropped answer, or its error body."""
+    if isinstance(exc, FakeGatewayTimeout):
+        return Reply(0, drop=True)
+    if exc.kind is FakeGatewayErrorKind.INVALID_REQUEST:
+        return paypal_error(422, invalid_issue, str(exc))
+    status, issue, description = KIND_ERRORS.get(exc.kind, NOTHING_PROCESSED)
+    return paypal_error(status, issue, description)
+
+
+class PayPalPayments:
+    """Payments v2 endpoints and bodies over the server's ``FakeGateway``."""
+
+    def __init__(self, server: FakeGatewayServer) -> None:
+        self.server = server
+
+    # --- endpoints ------------------------------------------------------------------------
+
+    def get_authorization(self, call: GatewayCall) -> Reply:
+        found = self.payment(call.params["id"])
+        return not_found() if found is None else Reply(200, self.authorization(found))
+
+    def get_capture(self, call: GatewayCall) -> Reply:
+        found = self._capture(call.params["id"])
+        return not_found() if found is None else Reply(200, self.capture_body(*found))
+
+    def capture_authorization(self, call: GatewayCall) -> Reply:
+        """Capture all that is left (no ``amount``) or a part; ``final_capture`` closes it."""
+        final = call.body.get("final_capture") is True
+
+        def capture(payment: Body, amount: int | None, key: str | None) -> Reply:
+            gateway = self.server.gateway
+            done = gateway.capture(payment["id"], key, amount=amount, final=final)
+            return Reply(201, self.capture_body(done, self._made_by(done["id"], key)))
+
+        issues = {**_CLOSED, "canceled": "AUTHORIZATION_VOIDED"}
+        auth_id = call.params["id"]
+        return self._payment_call(call, auth_id, capture, issues, "MAX_CAPTURE_AMOUNT_EXCEEDED")
+
+    def void(self, call: GatewayCall) -> Reply:
+        def void(payment: Body, amount: int | None, key: str | None) -> Reply:
+            done = self.server.gateway.void(payment["id"], key)
+            minimal = "return=representation" not in (call.header("Prefer") or "")
+            return Reply(204) if minimal else Reply(200, self.authorization(done))
+
+        issues = {**_CLOSED, "canceled": "PREVIOUSLY_VOIDED"}
+        return self._payment_call(call, call.params["id"], void, issues, "CANNOT_BE_VOIDED")
+
+    def refund(self, call: GatewayCall) -> Reply:
+        """Refund a capture: an order's (the payment itself) or one of an authorization's."""
+        found = self._capture(call.params["id"])
+        if found is None:
+            return not_found()
+        payment, part = found
+        capture_id = None if part is None else part["id"]
+        if part is None:
+            left = payment["amount_captured"] - payment["amount_refunded"]
+        else:
+            left = part["amount"] - part["amount_refunded"]
+
+        def refund(payment: Body, amount: int | None, key: str | None) -> Reply:
+            gateway = self.server.gateway
+            done = gateway.refund(payment["id"], key, amount=amount, capture_id=capture_id)
+            return Reply(201, self.refund_body(done))
+
+        issues = {payment["status"]: "CAPTURE_FULLY_REFUNDED"} if left <= 0 else {}
+        return self._payment_call(call, payment["id"], refund, issues, "REFUND_AMOUNT_EXCEEDED")
+
+    def _payment_call(
+        self, call: GatewayCall, payment_id: str, act: _Act, issues: dict[str, str], issue: str
+    ) -> Reply:
+        """One Payments v2 call on the fake's payment: its amount read, its refusals named
+        (by the payment's status before the call, else ``issue``)."""
+        payment = self.payment(payment_id)
+        if payment is None:
+            return not_found()
+        money, amount = call.body.get("amount"), None
+        if isinstance(money, dict):
+            value = money.get("value")
+            amount = from_value(value, payment["currency"])
+            if amount is None:
+                refused = value_issue(value, payment["currency"]) or "INVALID_PARAMETER_VALUE"
+                return paypal_error(422, refused, "amount is not valid.")
+        try:
+            return act(payment, amount, call.header("PayPal-Request-Id"))
+        except FakeGatewayError as exc:
+            return gateway_error(exc, issues.get(payment["status"], issue))
+
+    # --- what the fake keeps ------------------------------------------------------------------
+
+    def payment(self, payment_id: str) -> Body | None:
+        try:
+            return self.server.gateway.retrieve(payment_id)
+        except FakeGatewayError:
+            return None
+
+    def _parts(self, payment_id: str) -> list[Body]:
+        """An authorization's captures, oldest first."""
+        return [c for c in self.server.gateway.captures if c["payment"] == payment_id]
+
+    def _made_by(self, payment_id: str, key: str | None) -> Body:
+        """The capture this request's key made (a repeat: the key's first), else the newest."""
+        parts = self._parts(payment_id)
+        keyed = [c for c in parts if key is not None and c["idempotency_key"] == key]
+        return (keyed or parts)[-1]
+
+    def _capture(self, capture_id: str) -> tuple[Body, Body | None] | None:
+        """A capture by its id and its payment: one of an authorization's captures, or an
+        order's capture (the fake's payment itself, captured at once); None if neither."""
+        part = next((c for c in self.server.gateway.captures if c["id"] == capture_id), None)
+        if part is not None:
+            payment = self.payment(part["payment"])
+            return None if payment is None else (payment, part)
+        payment = self.payment(capture_id)
+        if payment is None or payment["amount_captured"] == 0 or self._parts(capture_id):
+            return None
+        return payment, None
+
+    # --- bodies -------------------------------------------------------------------------------
+
+    def money(self, amount: int, currency: str) -> dict[str, str]:
+        return {"currency_code": currency.upper(), "value": to_value(amount, currency)}
+
+    def resource(self, kind: str, object_id: str, status: str, created: float) -> Body:
+        href = f"{self.server.url}/v2/{kind}/{object_id}"
+        return {
+            "id": object_id,
+            "status": status,
+            "create_time": iso(created),
+            "update_time": iso(created),
+            "links": [{"href": href, "rel": "self", "method": "GET"}],
+        }
+
+    def _up(self, body: Body, kind: str, object_id: str) -> Body:
+        """PayPal's ``up`` link: what a capture or refund was made of (an authorization, a
+        capture), the way its answer names its payment."""
+        href = f"{self.server.url}/v2/{kind}/{object_id}"
+        body["links"].append({"href": href, "rel": "up", "method": "GET"})
+        return body
+
+    def capture_body(self, payment: Body, part: Body | None) -> Body:
+        """A capture: one of an authorization's (``part``), or an order's (the payment)."""
+        source = payment if part is None else part
+        amount = payment["amount_captured"] if part is None else part["amount"]
+        refunded = source["amount_refunded"]
+        status = "COMPLETED" if refunded == 0 else "PARTIALLY_REFUNDED"
+        status = "REFUNDED" if refunded >= amount else status
+        capture_id = payment["id"] if part is None else part["id"]
+        body = self.resource("payments/captures", capture_id, status, source["created"])
+        if part is not None:
+            self._up(body, "payments/authorizations", payment["id"])
+        body.update(
+            amount=self.money(amount, payment["currency"]),
+            final_capture=True if part is None else part["final"],
+            custom_id=payment["reference"],
+        )
+        return body
+
+    def captures_of(self, payment: Body) -> list[Body]:
+        """A payment's captures as PayPal lists them in its order."""
+        parts = self._parts(payment["id"])
+        if parts:
+            return [self.capture_body(payment, part) for part in parts]
+        return [self.capture_body(payment, None)] if payment["amount_captured"] > 0 else []
+
+    def authorization(self, payment: Body) -> Body:
+        status = {"requires_capture": "CREATED", "canceled": "VOIDED"}.get(payment["status"])
+        if status == "CREATED" and payment["amount_captured"] > 0:
+            status = "PARTIALLY_CAPTURED"  # captured in part, the rest still capturable
+        if status is None:
+            whole = payment["amount_captured"] >= payment["amount"]
+            status = "CAPTURED" if whole else "PARTIALLY_CAPTURED"
+        created = payment["created"]
+        body = self.resource("payments/authorizations", payment["id"], status, created)
+        body.update(
+            amount=self.money(payment["amount"], payment["currency"]),
+            custom_id=payment["reference"],
+            expiration_time=iso(created + 29 * 86400),
+        )
+        return body
+
+    def refund_body(self, refund: Body) -> Body:
+        body = self.resource("payments/refunds", refund["id"], "COMPLETED", refund["created"])
+        body["amount"] = self.money(refund["amount"], refund["currency"])
+        return self._up(body, "payments/captures", refund.get("capture") or refund["payment"])
+
+
+__all__ = ["PayPalPayments", "gateway_error"]
