@@ -119,6 +119,7 @@ def resolve(
             "intent": intent_view(result.intent),
             "execution": None if execution is None else execution_view(execution),
             "republished": result.republished,
+            "republished_ids": list(result.republished_ids),
         }
         text = (
             f"Resolved {key}: {result.intent.status.value}"
@@ -133,6 +134,9 @@ def resolve(
                 if execution.state.value != "WAITING_OPERATOR"
                 else "; another intent still needs you (agboss pending)."
             )
+        others = [i for i in result.republished_ids if execution is None or i != execution.id]
+        if others:
+            text += f"\nAlso published again (they waited on it too): {', '.join(others)}."
         out.emit(data, text)
 
 

@@ -150,6 +150,7 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
             "intents": [intent_view(i, full=True) for i in found.intents],
             "history": {k: [history_view(r) for r in rows] for k, rows in found.history.items()},
             "chains": {k: chain_text(v) for k, v in found.chains.items()},
+            "used_by": found.used_by,
             "pauses": [pause_view(p) for p in found.pauses],
             "audit": [
                 {

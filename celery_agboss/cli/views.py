@@ -202,6 +202,12 @@ def chain_text(verdict: HistoryVerdict) -> str:
     return f"CHAIN BROKEN at row {verdict.first_broken_seq}: {verdict.reason}"
 
 
+def users_text(intent: IntentRecord, users: Sequence[str]) -> str:
+    """The executions an intent may hold up, its creator marked: a shared intent (a
+    double click) shows every execution a settle of it sends on."""
+    return ", ".join(f"{e} (creator)" if e == intent.execution_id else e for e in users)
+
+
 def describe_text(found: Description) -> str:
     lines: list[str] = []
     e = found.execution
@@ -229,6 +235,9 @@ def describe_text(found: Description) -> str:
         marker = " <-" if intent.idempotency_key == found.focus else ""
         lines.append(f"Intent {intent.idempotency_key}{marker}")
         lines.append(f"  call: {intent.name}, attempt {intent.attempt}, {status_text(intent)}")
+        users = found.used_by.get(intent.idempotency_key)
+        if users:
+            lines.append(f"  used by: {users_text(intent, users)}")
         if intent.gateway_transaction_id:
             lines.append(f"  gateway transaction: {intent.gateway_transaction_id}")
         lines.append(f"  request (as stored): {json.dumps(intent.request, sort_keys=True)}")
@@ -284,5 +293,6 @@ __all__ = [
     "report_text",
     "status_text",
     "table",
+    "users_text",
     "waits_for_operator",
 ]

@@ -103,10 +103,11 @@ def redrive_now(runtime: Runtime, execution_id: str, *, reason: str) -> bool:
 
 def _after_answer(
     runtime: Runtime, idempotency_key: str, note: str
-) -> tuple[ExecutionRecord | None, bool]:
+) -> tuple[ExecutionRecord | None, bool, list[str]]:
     """An intent was settled by a person: every execution that waited for it (its creator,
-    and any that replayed, joined or took it over) goes on. The creator's record and
-    whether it was published again are returned."""
+    and any that replayed, joined or took it over) goes on (design: waiters re-driven).
+    The creator's record, whether it was published again, and every execution published
+    again (the creator's alone would hide the others the answer sent on)."""
     waiting = runtime.executions.executions_waiting_on(idempotency_key)
     republished: dict[str, bool] = {}
     for execution_id in waiting:
@@ -115,10 +116,11 @@ def _after_answer(
             continue
         runtime.executions.unblock(execution_id, note, reset_recovery_count=True)
         republished[execution_id] = redrive_now(runtime, execution_id, reason=note)
+    sent_on = [execution_id for execution_id, again in republished.items() if again]
     creator = waiting[0] if waiting else None
     if creator is None:
-        return None, False
-    return runtime.executions.read_execution(creator), republished.get(creator, False)
+        return None, False, sent_on
+    return runtime.executions.read_execution(creator), republished.get(creator, False), sent_on
 
 
 def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery_agboss.core.executions import (
@@ -23,6 +23,7 @@ from celery_agboss.core.store_protocol import (
 )
 from celery_agboss.operator.common import _refuse
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.store.intent_listings import list_intents_used_by
 
 
 def list_pending(app: Any, *, operator_only: bool = False, limit: int = 100) -> list[IntentRecord]:
@@ -58,11 +59,18 @@ class Description:
     # removed or reordered in the database since it was written shows here.
     chains: dict[str, HistoryVerdict]
     pauses: list[PauseRecord]  # the execution's, with what each asks and its answer
+    # Per intent, every execution it may hold up (``executions_waiting_on``): its creator
+    # first, then each that replayed, joined, took it over or sent it. A settle of it
+    # re-drives each of them that waits.
+    used_by: dict[str, list[str]] = field(default_factory=dict)
 
 
 def describe(app: Any, key_or_id: str) -> Description:
     """An idempotency key or an execution (task) id: the execution, its lease, its intents
-    with their history, and the audit trail."""
+    with their history, and the audit trail. An execution's intents are every one it
+    created, used or sent (``list_intents_used_by``), so that a shared intent it waits for
+    (a double click) shows on it as on ``agboss pending``; a key's execution is its
+    creator, and ``used_by`` names every other execution on it."""
     runtime = Runtime.of(app)
     store = runtime.store
     intent = store.read_intent(key_or_id)
@@ -74,10 +82,12 @@ def describe(app: Any, key_or_id: str) -> Description:
             f"no intent and no execution is named {key_or_id!r}; list them with "
             "`celery -A proj agboss pending` or `… agboss executions`",
         )
-    intents = (
-        runtime.executions.list_intents_of(execution_id) if execution is not None else [intent]
-    )
+    intents = list_intents_used_by(store, execution_id) if execution is not None else [intent]
     intents = [i for i in intents if i is not None]
+    used_by = {
+        i.idempotency_key: runtime.executions.executions_waiting_on(i.idempotency_key)
+        for i in intents
+    }
     audit = runtime.executions.list_audit(execution_id, limit=50)
     for item in intents:
         audit += runtime.executions.list_audit(item.idempotency_key, limit=50)
@@ -101,6 +111,7 @@ def describe(app: Any, key_or_id: str) -> Description:
             for i in intents
         },
         pauses=runtime.executions.read_pauses(execution_id=execution_id) if execution else [],
+        used_by=used_by,
     )
 
 

@@ -4,7 +4,7 @@ about, checked against the call before anything is written (design: operator dec
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery_agboss.core import sabotage
@@ -111,8 +111,11 @@ def _refuse_a_resend_past_retention(
 @dataclass(frozen=True)
 class ResolveResult:
     intent: IntentRecord
-    execution: ExecutionRecord | None
-    republished: bool
+    execution: ExecutionRecord | None  # its creator
+    republished: bool  # the creator was published again
+    # Every execution the answer published again: the creator and each other one that
+    # waited on the intent (a double click that took it over).
+    republished_ids: list[str] = field(default_factory=list)
 
 
 def resolve(
@@ -158,8 +161,8 @@ def resolve(
         decision=resolution.decision,
         actor=who,
     )
-    execution, republished = _after_answer(runtime, idempotency_key, f"resolved by {who}")
-    return ResolveResult(after, execution, republished)
+    execution, republished, sent_on = _after_answer(runtime, idempotency_key, f"resolved by {who}")
+    return ResolveResult(after, execution, republished, sent_on)
 
 
 def _resolvable_intent(tx: SQLTransaction, idempotency_key: str, not_sent: bool) -> IntentRecord:

@@ -2,7 +2,9 @@
 
 Each is one ``COUNT`` on an indexed column (intents by ``status``, executions by
 ``state``), in one read transaction: a scrape every few seconds costs little. What
-counts as pending is the predicate ``agboss pending`` lists with.
+counts as pending is the predicate ``agboss pending`` lists with. "Failed after a
+payment" is ``agboss pending``'s listing itself, counted up to a cap: core's rule
+decides each candidate, and it pages past every candidate that is not one.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ class StoreCounts:
     pending_intents: int  # what ``agboss pending`` lists
     intents_needing_operator: int  # of those, the ones an operator must resolve
     executions: dict[ExecutionState, int]  # every state of LIVE_STATES, zero included
-    failed_after_payment: int = 0  # FAILED/CANCELLED, a payment left behind, not handled
+    # FAILED/CANCELLED with a payment left behind, not handled (at most the cap)
+    failed_after_payment: int = 0
 
 
 def read_counts(store: SQLAlchemyStore) -> StoreCounts:
-    """The counts, in one read transaction."""
+    """The counts: intents and executions in one read transaction, then "failed after a
+    payment" by its listing (read transactions of its own, one per batch)."""
     i = outbound_calls.c
     e = executions.c
     with store.read_transaction() as tx:
@@ -54,8 +58,11 @@ def read_counts(store: SQLAlchemyStore) -> StoreCounts:
 
 
 FAILED_AFTER_PAYMENT_CAP = 1000
-"""The most "failed after a payment" executions one scrape counts (each is a person's
-work: a gauge at the cap already says enough)."""
+"""The most "failed after a payment" executions one scrape counts: each is a person's
+work, so a gauge at the cap already says enough. It bounds the executions counted,
+never the candidates looked at: however many older failures only look like one (an
+undo refunded, a second click completed on the charge), every one below the cap is
+counted."""
 
 
 __all__ = ["LIVE_STATES", "StoreCounts", "read_counts"]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from sqlalchemy import and_, case, exists, not_, or_, select
+from sqlalchemy import and_, case, exists, func, not_, or_, select
 
 from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_states import (
@@ -53,10 +53,12 @@ from celery_agboss.store.execution_rows import (
     undo_declarations_txn,
 )
 from celery_agboss.store.execution_updates import TERMINAL_VALUES
+from celery_agboss.store.intent_listings import used_by_execution
 from celery_agboss.store.leases import lease_live
 from celery_agboss.store.schema import outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _i = outbound_calls.c
@@ -64,17 +66,18 @@ _u = record_uses.c
 _REDRIVABLE = [state.value for state in REDRIVABLE_STATES]
 
 
-def _operator_needed_by(execution_id: str) -> Any:
-    """An intent the execution created or used still needs an operator: a PENDING one
-    flagged for a person, or a COMPLETED one whose result could not be stored."""
-    used = select(_u.record_key).where(_u.kind == INTENT_RECORD, _u.execution_id == execution_id)
-    waiting = or_(
+def _needing_operator() -> Any:
+    """An intent waiting for a person: a PENDING one flagged for one, or a COMPLETED one
+    whose result could not be stored."""
+    return or_(
         and_(_i.status == IntentStatus.PENDING.value, _i.needs_operator),
         and_(_i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)),
     )
-    return exists().where(
-        waiting, or_(_i.execution_id == execution_id, _i.idempotency_key.in_(used))
-    )
+
+
+def _operator_needed_by(execution_id: str) -> Any:
+    """An intent of the execution (``used_by_execution``) still needs an operator."""
+    return exists().where(_needing_operator(), used_by_execution(execution_id))
 
 
 # --- reads -------------------------------------------------------------------------
@@ -263,18 +266,12 @@ def unblock(
 
 
 def intents_needing_operator(store: SQLAlchemyStore, execution_id: str) -> list[str]:
-    """Keys of the intents the execution created or used that wait for a person."""
-    used = select(_u.record_key).where(_u.kind == INTENT_RECORD, _u.execution_id == execution_id)
+    """Keys of the intents of the execution (``used_by_execution``) that wait for a
+    person."""
     with store.read_transaction() as tx:
         rows = tx.execute(
             select(_i.idempotency_key)
-            .where(
-                or_(
-                    and_(_i.status == IntentStatus.PENDING.value, _i.needs_operator),
-                    and_(_i.status == IntentStatus.COMPLETED.value, not_(_i.result_stored)),
-                ),
-                or_(_i.execution_id == execution_id, _i.idempotency_key.in_(used)),
-            )
+            .where(_needing_operator(), used_by_execution(execution_id))
             .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
         ).all()
         return [str(row.idempotency_key) for row in rows]
@@ -344,38 +341,73 @@ def move(
 # --- payments left behind ---------------------------------------------------------
 
 
+_CANDIDATE_BATCH = 200
+"""How many candidates of "failed after a payment" one read transaction judges."""
+
+
 def failed_after_payment(
     store: SQLAlchemyStore, limit: int = 100
 ) -> list[tuple[ExecutionRecord, list[str]]]:
-    """``FAILED`` or ``CANCELLED`` executions that left a completed payment behind
-    (``shared_records.unhandled_payments``: nobody undid it, no other execution
-    completed on it or still uses it) and no operator said is dealt with, with the
-    keys of those payments; oldest first."""
+    """Up to ``limit`` ``FAILED`` or ``CANCELLED`` executions that left a completed
+    payment behind (``shared_records.unhandled_payments``: nobody undid it, no other
+    execution completed on it or still uses it) and no operator said is dealt with, with
+    the keys of those payments; oldest first.
+
+    SQL only finds the candidates (a completed, uncompensated intent of theirs); core's
+    rule decides each, and it reads what SQL cannot (its undos' refunds, in their sealed
+    marks). Many candidates are not one — a failure whose undo refunded, or whose charge
+    a second click completed on — and stay candidates until retention, so the
+    candidates are paged through, a batch per read transaction (keyset on the sort
+    order), until ``limit`` are found or none is left: older lookalikes never hide one.
+    """
+    found: list[tuple[ExecutionRecord, list[str]]] = []
+    after: tuple[int, str] | None = None
+    while len(found) < limit:
+        with store.read_transaction() as tx:
+            rows = tx.execute(_candidates(tx, after).limit(_CANDIDATE_BATCH)).all()
+            for row in rows:
+                record = record_of(row, tx.connection)
+                keys = _payments_left_behind(tx, record)
+                if keys:
+                    found.append((record, keys))
+                    if len(found) == limit:
+                        break
+        if len(rows) < _CANDIDATE_BATCH:
+            break
+        after = (int(rows[-1].ended_at), str(rows[-1].id))
+    return found
+
+
+def _candidates(tx: SQLTransaction, after: tuple[int, str] | None) -> Any:
+    """``FAILED`` or ``CANCELLED``, not handled, with a completed uncompensated intent it
+    created or used; ordered by when it ended, then id (``ended_at``: 0 for a row
+    without an end time, on both databases), after the keyset ``after``."""
     used = select(_u.record_key).where(_u.kind == INTENT_RECORD, _u.execution_id == _e.id)
     payment = exists().where(
         _i.status == IntentStatus.COMPLETED.value,
         _i.compensated_at_ms.is_(None),
         or_(_i.execution_id == _e.id, _i.idempotency_key.in_(used.scalar_subquery())),
     )
-    found: list[tuple[ExecutionRecord, list[str]]] = []
-    with store.read_transaction() as tx:
-        rows = tx.execute(
-            select(executions, tx.now_expr().label("read_at_ms"))
-            .where(
-                _e.state.in_([ExecutionState.FAILED.value, ExecutionState.CANCELLED.value]),
-                _e.payments_handled_at_ms.is_(None),
-                payment,
-            )
-            .order_by(_e.terminal_at_ms, _e.id)
-            .limit(limit)
-        ).all()
-        for row in rows:
-            record = record_of(row, tx.connection)
-            undone = compensation.intents_made_by_undos(tx, undo_declarations_txn(tx, record.id))
-            left = unhandled_payments(tx.shared_records_of(record.id), record.id, undone=undone)
-            if left:
-                found.append((record, [payment.key for payment in left]))
-    return found
+    ended = func.coalesce(_e.terminal_at_ms, 0)
+    statement = select(
+        executions, tx.now_expr().label("read_at_ms"), ended.label("ended_at")
+    ).where(
+        _e.state.in_([ExecutionState.FAILED.value, ExecutionState.CANCELLED.value]),
+        _e.payments_handled_at_ms.is_(None),
+        payment,
+    )
+    if after is not None:
+        statement = statement.where(
+            or_(ended > after[0], and_(ended == after[0], _e.id > after[1]))
+        )
+    return statement.order_by(ended, _e.id)
+
+
+def _payments_left_behind(tx: SQLTransaction, record: ExecutionRecord) -> list[str]:
+    """The keys of the payments the candidate left behind (core's rule); empty when none."""
+    undone = compensation.intents_made_by_undos(tx, undo_declarations_txn(tx, record.id))
+    left = unhandled_payments(tx.shared_records_of(record.id), record.id, undone=undone)
+    return [payment.key for payment in left]
 
 
 def mark_payments_handled(

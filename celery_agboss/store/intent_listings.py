@@ -13,6 +13,7 @@ from celery_agboss.core.store_protocol import IntentRecord, IntentStatus
 from celery_agboss.store.intents import owner_live_expr
 from celery_agboss.store.leases import lease_live
 from celery_agboss.store.schema import outbound_calls
+from celery_agboss.store.shared_records import records_of
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 _i = outbound_calls.c
@@ -69,8 +70,41 @@ def list_pending_intents(
 
 
 def list_intents_of(store: SQLAlchemyStore, execution_id: str) -> list[IntentRecord]:
+    """The intents the execution created (their creator), oldest first."""
     with store.read_transaction() as tx:
         return tx.list_intents(execution_id)
 
 
-__all__ = ["find_stranded_keys", "list_intents_of", "list_pending_intents", "unsettled_intent"]
+def used_by_execution(execution_id: str) -> ColumnElement[bool]:
+    """An intent the execution created, used (replayed, joined, took it over) or sent:
+    ``records_of``, the records core's rules judge for it (``shared_records_of``), and
+    the one predicate for what it waits for and what an operator is shown of it,
+    whichever execution created them. An attempt it sent of another's intent is among
+    them: its claim notes the use before anything is sent, so ``sent_by`` adds nothing
+    (and, not indexed, would read every intent).
+    (design: records several executions share)"""
+    return _i.idempotency_key.in_(records_of(execution_id))
+
+
+def list_intents_used_by(store: SQLAlchemyStore, execution_id: str) -> list[IntentRecord]:
+    """Every intent of the execution (``used_by_execution``), oldest first: what
+    ``agboss show ID`` lists, so that a shared intent it waits for is not hidden behind
+    its creator."""
+    with store.read_transaction() as tx:
+        rows = tx.execute(
+            select(_i.idempotency_key)
+            .where(used_by_execution(execution_id))
+            .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
+        ).all()
+        records = [tx.read_intent(str(row.idempotency_key)) for row in rows]
+        return [record for record in records if record is not None]
+
+
+__all__ = [
+    "find_stranded_keys",
+    "list_intents_of",
+    "list_intents_used_by",
+    "list_pending_intents",
+    "unsettled_intent",
+    "used_by_execution",
+]

@@ -1,0 +1,275 @@
+"""What operators read about failures that look like a payment left behind, and about
+intents several executions share (design: records several executions share).
+
+``agboss pending`` and its gauge list every ``FAILED`` or ``CANCELLED`` execution that
+left a payment behind, however many older executions only look like one: a failure
+whose charge a second click completed on, a failure whose undo refunded the charge.
+``agboss show`` of an execution lists every intent it created, used or sent, not only
+those it created; ``show KEY`` names every execution that used the key; ``resolve``
+reports every execution it sent on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import timedelta
+
+import pytest
+
+from celery_agboss.core.compensation import (
+    FAILURE,
+    UndoContext,
+    UndoStep,
+    declare_undo,
+    read_declarations,
+    run_undos,
+)
+from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.outbound import CallContext, Lookup, OutboundCall, Unknown
+from celery_agboss.core.store_protocol import IntentStatus
+from celery_agboss.errors import AGBossSignal, OutboundCallUnreconciledError
+from celery_agboss.metrics.exporter import exposition
+from celery_agboss.operator import (
+    describe,
+    list_failed_after_payment,
+    list_waits,
+    resolve,
+)
+from celery_agboss.store import counts, execution_admin
+from celery_agboss.testing.gateway_types import FakeGatewayFault
+from tests.operations.cli import run, run_json
+from tests.operations.conftest import WorldFactory
+from tests.operations.world import World
+
+# --- executions that look like "failed after a payment" ------------------------------------
+
+
+def _charged_then_failed(world: World, order: str) -> str:
+    """A delivery charges ``order``, then its body fails: the customer is charged."""
+    execution = world.publish(order)
+    ctx = world.start(execution)
+    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
+    with ctx.fenced() as tx:
+        world.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
+    ctx.settle_all_and_release()
+    return execution
+
+
+def _second_click_completes(world: World, order: str) -> str:
+    """A second execution of ``order`` replays the first one's charge and completes: the
+    charge is kept for it, so the failed first one left nothing behind."""
+    second = world.publish(order)
+    ctx = world.start(second)
+    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
+    with ctx.fenced() as tx:
+        world.agboss.executions.finish_in(tx, '{"json": "paid"}')
+    ctx.settle_all_and_release()
+    return second
+
+
+def _refund_call(world: World) -> OutboundCall:
+    """The refund an undo sends: one more completed intent, which is the undo, not a
+    payment."""
+
+    def send(call: CallContext) -> object:
+        return world.gateway.refund(call.request["payment"], call.idempotency_key)
+
+    def reconcile(call: CallContext, lookup: Lookup) -> object:
+        return Unknown("not looked up here")
+
+    return world.agboss.register(
+        OutboundCall(
+            name="ops.refund",
+            send=send,
+            reconcile=reconcile,
+            key_retention=timedelta(hours=24),
+            transaction_id=lambda result: result.get("id"),
+        )
+    )
+
+
+def _refunded_by_its_undo(world: World, refund: OutboundCall, order: str) -> str:
+    """A delivery charges ``order`` and declares its refund; its body fails, the undo
+    refunds the charge (an intent of its own), and the execution ends ``FAILED``."""
+    execution = world.publish(order)
+    ctx = world.start(execution)
+    receipt = ctx.outbound(
+        world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}"
+    )
+    declare_undo(ctx, "refund", {"payment": receipt["id"]})
+    undo = UndoContext.over(ctx)
+    with undo.fenced() as tx:
+        declarations = read_declarations(tx, world.agboss.engine_settings, execution)
+
+    def refund_it(step: UndoStep) -> None:
+        undo.outbound(refund, {"payment": step.arguments["payment"]})
+
+    assert run_undos(undo, declarations, refund_it, cause=FAILURE) == 1
+    with undo.fenced() as tx:
+        world.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
+    undo.settle_all_and_release()
+    assert len(world.gateway.refunds) >= 1
+    return execution
+
+
+def _older_lookalikes(world: World, refund: OutboundCall, *, advance: int = 1) -> int:
+    """Failed executions that left nothing behind, each ended before the next: three
+    whose charge a second click completed on, one whose undo refunded. Their number."""
+    for n in range(3):
+        _charged_then_failed(world, f"old-{n}")
+        world.clock.advance(advance)
+        _second_click_completes(world, f"old-{n}")
+        world.clock.advance(advance)
+    _refunded_by_its_undo(world, refund, "refunded")
+    world.clock.advance(advance)
+    return 4
+
+
+def _gauge(world: World) -> float:
+    for line in exposition(world.app).decode().splitlines():
+        if line.startswith("agboss_executions_failed_after_payment "):
+            return float(line.split()[1])
+    raise AssertionError("the gauge is not exposed")
+
+
+def _listed(world: World, limit: int) -> list[str]:
+    return [p.execution.id for p in list_failed_after_payment(world.app, limit=limit)]
+
+
+def test_older_lookalikes_never_hide_a_payment_left_behind(world: World) -> None:
+    lookalikes = _older_lookalikes(world, _refund_call(world))
+    real = _charged_then_failed(world, "real")
+    assert _listed(world, 10) == [real]
+    for limit in (1, lookalikes - 1, lookalikes):
+        assert _listed(world, limit) == [real], f"hidden behind the older ones at {limit}"
+    text = run(world.app, "pending", "--limit", "1").output
+    assert "1 execution(s) failed after a payment" in text and real in text
+
+
+def test_the_gauge_counts_payments_left_behind_not_executions_that_look_like_one(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lookalikes = _older_lookalikes(world, _refund_call(world))
+    _charged_then_failed(world, "real")
+    assert _gauge(world) == 1.0
+    monkeypatch.setattr(counts, "FAILED_AFTER_PAYMENT_CAP", lookalikes - 1)
+    assert _gauge(world) == 1.0, "the cap bounds what is counted, not what is looked at"
+
+
+def test_the_listing_pages_through_every_lookalike_oldest_first(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several batches of candidates, some ended at the same database time: none is
+    judged twice or skipped, and the payments left behind come oldest first."""
+    monkeypatch.setattr(execution_admin, "_CANDIDATE_BATCH", 2, raising=False)
+    refund = _refund_call(world)
+    _older_lookalikes(world, refund, advance=0)
+    first = _charged_then_failed(world, "real-1")
+    world.clock.advance(1)
+    later = [_charged_then_failed(world, f"again-{n}") for n in range(2)]
+    for n in range(2):
+        _second_click_completes(world, f"again-{n}")
+    second = _charged_then_failed(world, "real-2")
+    assert _listed(world, 1) == [first]
+    assert _listed(world, 2) == [first, second]
+    assert _listed(world, 100) == [first, second]
+    assert _gauge(world) == 2.0
+    assert all(world.execution(e).state is ExecutionState.FAILED for e in later)
+
+
+# --- an intent several executions share ----------------------------------------------------
+
+
+def _two_executions_on_one_key(world: World) -> tuple[str, str, str]:
+    """A's answer is lost and A dies; B, a second execution of the order, takes A's intent
+    over for reconcile, the lookup cannot tell, and B waits for an operator; so does A
+    once the sweep's lookup cannot tell either. The intent is A's (its creator)."""
+    first = world.publish("o-9")
+    ctx = world.start(first)
+    world.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
+    with contextlib.suppress(AGBossSignal):
+        ctx.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
+    (intent,) = world.intents(first)
+    world.die()
+    second = world.publish("o-9")
+    ctx = world.start(second)
+    with contextlib.suppress(OutboundCallUnreconciledError):
+        ctx.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
+    with ctx.fenced() as tx:
+        world.agboss.executions.waiting_operator_in(tx, "OutboundCallUnreconciledError")
+    ctx.settle_all_and_release()
+    world.sweep()
+    assert world.intents(second) == [], "B created nothing: the intent is A's"
+    for execution in (first, second):
+        assert world.execution(execution).state is ExecutionState.WAITING_OPERATOR
+    return first, second, intent.idempotency_key
+
+
+def test_show_of_an_execution_lists_the_shared_intent_it_waits_for(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    first, second, key = _two_executions_on_one_key(world)
+    shown = describe(world.app, second)
+    assert shown.execution is not None and shown.execution.id == second
+    assert [i.idempotency_key for i in shown.intents] == [key]
+    assert shown.intents[0].execution_id == first, "still shown as A's"
+    assert shown.chains[key].ok and shown.history[key]
+    assert shown.used_by[key] == [first, second]
+    waits = {w.execution.id: w.intents for w in list_waits(world.app)}
+    assert waits[second] == [key], "what pending says B waits for, show B shows"
+    text = run(world.app, "show", second).output
+    assert f"Execution {second}" in text and f"Intent {key}" in text
+    assert f"used by: {first} (creator), {second}" in text
+    data = run_json(world.app, "show", second)
+    assert [i["idempotency_key"] for i in data["intents"]] == [key]
+    assert data["used_by"] == {key: [first, second]}
+
+
+def test_show_of_a_shared_key_names_every_execution_that_used_it(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    first, second, key = _two_executions_on_one_key(world)
+    shown = describe(world.app, key)
+    assert shown.execution is not None and shown.execution.id == first, "its creator"
+    assert shown.focus == key and [i.idempotency_key for i in shown.intents] == [key]
+    assert shown.used_by == {key: [first, second]}
+    text = run(world.app, "show", key).output
+    assert f"Execution {first}" in text
+    assert f"used by: {first} (creator), {second}" in text
+    assert run_json(world.app, "show", key)["used_by"] == {key: [first, second]}
+
+
+def test_show_of_an_execution_alone_on_its_intent_says_it_created_it(world: World) -> None:
+    execution = _charged_then_failed(world, "o-1")
+    (intent,) = world.intents(execution)
+    shown = describe(world.app, execution)
+    assert [i.idempotency_key for i in shown.intents] == [intent.idempotency_key]
+    assert shown.used_by == {intent.idempotency_key: [execution]}
+    assert f"used by: {execution} (creator)\n" in run(world.app, "show", execution).output + "\n"
+
+
+def test_resolve_reports_every_execution_it_sent_on(world_factory: WorldFactory) -> None:
+    world = world_factory(lookup="none")
+    first, second, key = _two_executions_on_one_key(world)
+    done = resolve(world.app, key, completed=world.gateway.payments[0], reason="seen")
+    assert done.intent.status is IntentStatus.COMPLETED
+    assert done.execution is not None and done.execution.id == first, "the creator, as before"
+    assert done.republished
+    assert done.republished_ids == [first, second]
+    for execution in (first, second):
+        assert world.publishes_of(execution) == 2, "published again now"
+
+
+def test_resolve_on_the_command_line_names_every_execution_it_sent_on(
+    world_factory: WorldFactory,
+) -> None:
+    world = world_factory(lookup="none")
+    first, second, key = _two_executions_on_one_key(world)
+    receipt = json.dumps(world.gateway.payments[0])
+    result = run(world.app, "resolve", key, "--completed", receipt, "--reason", "seen")
+    assert result.exit_code == 0, result.output
+    assert f"Execution {first} is" in result.output
+    assert f"Also published again (they waited on it too): {second}." in result.output
