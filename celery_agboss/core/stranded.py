@@ -5,7 +5,9 @@ under the sweeper's own short lease, and ask the gateway — never send.
 intent handed back (no owner) for the execution's next delivery, which decides a
 resend through the key-age compare-and-set; ``Unknown`` flags the intent for an
 operator; a lookup that raised or timed out hands the intent back, with its history
-row, to be looked up again later. Lookups of the same intent back off.
+row, to be looked up again later. Lookups of the same intent back off, and so does an
+intent whose call this process cannot name, or whose reconcile raised here: one rule,
+``_lookup_failed_update``.
 
 The sweep calls it, and so does a delivery of a cancelled execution (under its own
 lease): ``by`` names the caller in the history rows and the log lines.
@@ -44,6 +46,7 @@ from celery_agboss.core.store_protocol import (
     IntentUpdate,
     LeaseRef,
     Store,
+    StoreTransaction,
 )
 from celery_agboss.core.transitions import (
     CallRef,
@@ -65,7 +68,7 @@ class StrandedOutcome(str, enum.Enum):
     UNRECONCILED = "UNRECONCILED"  # flagged for an operator
     LOOKUP_FAILED = "LOOKUP_FAILED"  # reconcile raised or timed out; looked up again later
     SKIPPED = "SKIPPED"  # not pending, owned by a live lease, or taken by someone else
-    UNKNOWN_CALL = "UNKNOWN_CALL"  # no OutboundCall of that name is registered here
+    UNKNOWN_CALL = "UNKNOWN_CALL"  # no OutboundCall of that name known here; backed off
 
 
 class _HasRef(Protocol):
@@ -73,8 +76,78 @@ class _HasRef(Protocol):
     def ref(self) -> LeaseRef: ...
 
 
+UNKNOWN_CALL_HINT = (
+    "no OutboundCall of this name is known in this process, so its intent cannot be looked "
+    "up here: import the module that declares the call in the sweeping worker (or "
+    "AGBoss(app).register(call) when two calls share the name); looked up again later, "
+    "backing off like a failed lookup"
+)
+"""What the log says of an intent whose call this process cannot name."""
+
+
 def _backoff_ms(failures: int) -> int:
     return int(min(LOOKUP_BACKOFF_BASE_MS * 2 ** min(failures, 20), LOOKUP_BACKOFF_CAP_MS))
+
+
+def _lookup_failed_update(failures: int) -> IntentUpdate:
+    """The one back-off of an intent a lookup could not settle (``failures`` counts this
+    one): a lookup that raised or timed out, a call this process cannot name, a reconcile
+    step that raised. Without it the intent, listed oldest first, would stay at the head
+    of every sweep's batch and hide every newer one."""
+    return IntentUpdate(lookup_failures=failures, next_lookup_delay_ms=_backoff_ms(failures))
+
+
+def _back_off_in(
+    tx: StoreTransaction,
+    settings: EngineSettings,
+    record: IntentRecord,
+    lease: LeaseRef,
+    detail: dict[str, Any],
+    execution_id: str | None,
+) -> bool:
+    """Write the lookup-failed back-off on ``record`` (PENDING, read in ``tx``) without a
+    lookup, with its history row: handed back if this lease took it, else left to its
+    dead owner (the guard re-checks it is dead). False when someone moved it first."""
+    mine = record.owner == lease
+    failures = record.lookup_failures + 1
+    update = _lookup_failed_update(failures)
+    return transition(
+        tx,
+        settings.pseudonym_key,
+        record.idempotency_key,
+        IntentGuard(IntentStatus.PENDING, record.attempt, record.owner, owner_not_live=not mine),
+        replace(update, owner=None) if mine else update,
+        HistoryEvent.LOOKUP_FAILED,
+        from_status=IntentStatus.PENDING,
+        to_status=IntentStatus.PENDING,
+        attempt=record.attempt,
+        owner=lease,
+        detail={**detail, "lookup_failures": failures},
+        execution_id=execution_id,
+    )
+
+
+def back_off_stranded(
+    store: Store,
+    settings: EngineSettings,
+    idempotency_key: str,
+    *,
+    sweeper_lease: LeaseRef,
+    sweeper_ttl_ms: int,
+    reason: str,
+    by: str = "sweep",
+) -> bool:
+    """The sweep's ``reconcile_stranded`` of this intent raised (not the user's lookup:
+    that is a failed lookup already): back it off as a failed lookup, handing it back if
+    the sweeper had taken it, so the next runs reach the intents behind it. False when it
+    is settled, owned by a live lease, or gone."""
+    with store.fenced(sweeper_lease, sweeper_ttl_ms) as tx:
+        record = tx.read_intent(idempotency_key)
+        if record is None or record.status is not IntentStatus.PENDING:
+            return False
+        if record.owner_live and record.owner != sweeper_lease:
+            return False
+        return _back_off_in(tx, settings, record, sweeper_lease, {"by": by, "reason": reason}, None)
 
 
 def reconcile_stranded(
@@ -102,11 +175,14 @@ def reconcile_stranded(
         call = settings.call_named(record.name)
         ref = CallRef(record.name, record.execution_id, idempotency_key, record.business_key_handle)
         if call is None:
+            detail = {"by": by, "reason": "unknown-call"}
+            if not _back_off_in(tx, settings, record, lease, detail, for_execution):
+                return StrandedOutcome.SKIPPED
             log_event(
                 OUTBOUND_CALL_UNRECONCILED,
                 logging.WARNING,
-                "no OutboundCall of this name is registered in this process",
-                **ref.fields(attempt=record.attempt, reason="unknown-call"),
+                UNKNOWN_CALL_HINT,
+                **ref.fields(attempt=record.attempt, by=by, reason="unknown-call"),
             )
             return StrandedOutcome.UNKNOWN_CALL
         won = take_for_lookup(
@@ -242,9 +318,7 @@ def _stranded_change(
             {"by": by, "reason": masked_text(call, answer.reason)},
             None,
         )
-    update = IntentUpdate(
-        owner=None, lookup_failures=failures, next_lookup_delay_ms=_backoff_ms(failures)
-    )
+    update = replace(_lookup_failed_update(failures), owner=None)
     return _StrandedChange(
         StrandedOutcome.LOOKUP_FAILED,
         update,
@@ -302,6 +376,8 @@ def _log_stranded(
 __all__ = [
     "LOOKUP_BACKOFF_BASE_MS",
     "LOOKUP_BACKOFF_CAP_MS",
+    "UNKNOWN_CALL_HINT",
     "StrandedOutcome",
+    "back_off_stranded",
     "reconcile_stranded",
 ]

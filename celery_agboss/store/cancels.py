@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, not_, select
+from sqlalchemy import and_, func, not_, or_, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.selectable import Exists
 
 from celery_agboss.core import compensation
 from celery_agboss.core.execution_states import (
@@ -31,6 +32,7 @@ from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
     has_pending_intent_txn,
+    pending_intent_of,
     read_execution_txn,
     require_execution_txn,
     require_with_pending_txn,
@@ -40,13 +42,16 @@ from celery_agboss.store.execution_rows import (
     write_verdict_txn,
 )
 from celery_agboss.store.execution_updates import cancel_request_statement
+from celery_agboss.store.intents import owner_live_expr
 from celery_agboss.store.leases import lease_live
+from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
+_i = outbound_calls.c
 
 
 def cancel_reason_kept(conn: Connection, execution_id: str, reason: str) -> Any:
@@ -216,19 +221,45 @@ def cancel_request_in(tx: FencedTransaction) -> str | None:
     return cancel_reason_of(bool(row.cancel_requested), stored)
 
 
+CANCEL_FLAGS_FROM = (ExecutionState.REQUESTED, ExecutionState.RUNNING, ExecutionState.WAITING)
+"""The states from which the sweep's cancel step moves an execution whose pending intent
+needs an operator to ``WAITING_OPERATOR`` (``PAUSED`` and ``PARKED`` stay as they are)."""
+
+
 def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:
-    """Ids of executions with a cancel request the sweep may end: not terminal, not
-    running (no live lease), not waiting for their operator. Only a listing: each is
-    ended under its row locks (``end_cancel_requested``)."""
+    """Ids of executions with a cancel request the sweep's cancel step can act on now:
+    not terminal, not running (no live lease), not waiting for their operator, and one
+    of the step's three cases: nothing pending (it ends them); a pending intent whose
+    lookup confirmed it was not sent and no live lease owns (it settles it); a pending
+    intent that needs an operator, the execution ``REQUESTED``, ``RUNNING`` or
+    ``WAITING`` (it moves it to ``WAITING_OPERATOR``). Only a listing: each is ended
+    under its row locks (``end_cancel_requested``).
+
+    Why in the listing: a row the step can do nothing for yet (its intent waits for a
+    lookup, the reconcile step's to make) would, listed, keep its place at the head of
+    every batch (nothing written, ``updated_at_ms`` unchanged) and hide every row behind
+    it. Left out, it comes back as soon as its intent changes into one of the cases
+    above; every row listed is written (ended, moved, or its intent settled), so each
+    run's batch moves on past it and every actionable row is reached."""
     states = [state.value for state in CANCELLABLE_STATES - {ExecutionState.WAITING_OPERATOR}]
     with store.read_transaction() as tx:
         now = tx.now_expr()
+        pending = pending_intent_of(_e.id)
+        assert isinstance(pending, Exists)  # narrowed below by the step's cases
+        settleable = pending.where(
+            _i.not_sent_confirmed, not_(_i.needs_operator), not_(owner_live_expr(now))
+        )
+        flagged = and_(
+            _e.state.in_([state.value for state in CANCEL_FLAGS_FROM]),
+            pending.where(_i.needs_operator),
+        )
         rows = tx.execute(
             select(_e.id)
             .where(
                 _e.cancel_requested,
                 _e.state.in_(states),
                 not_(lease_live(now, _e.id)),
+                or_(not_(pending), settleable, flagged),
             )
             .order_by(_e.updated_at_ms, _e.id)
             .limit(limit)
@@ -237,6 +268,7 @@ def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:
 
 
 __all__ = [
+    "CANCEL_FLAGS_FROM",
     "cancel_in",
     "cancel_request_in",
     "end_cancel_requested",

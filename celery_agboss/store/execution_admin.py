@@ -110,6 +110,11 @@ def list_executions(
 def find_redrivable(
     store: SQLAlchemyStore, limit: int, requested_grace_ms: int, *, as_of_ms: int | None = None
 ) -> list[ExecutionRecord]:
+    """The executions the sweep re-publishes, oldest change first. A cancel-requested
+    one is left out here, in the listing, not skipped after it (the cancel step ends it;
+    a re-drive could send something new), unless ``COMPENSATING`` (its undos run to their
+    end): a row listed and then skipped would keep its place at the head of every batch
+    and hide the rows behind it."""
     with store.read_transaction() as tx:
         now = tx.now_expr(as_of_ms)
         started_from = case(
@@ -126,6 +131,10 @@ def find_redrivable(
                 _e.state.in_(_REDRIVABLE),
                 or_(_e.not_before_ms.is_(None), _e.not_before_ms <= now),
                 due,
+                or_(
+                    not_(_e.cancel_requested),
+                    _e.state == ExecutionState.COMPENSATING.value,
+                ),
                 not_(lease_live(now, _e.id)),
             )
             .order_by(_e.updated_at_ms, _e.id)

@@ -5,7 +5,8 @@ One run, in bounded batches, safe with several beats or sweepers at once:
 1. expires ``REQUESTED``/``WAITING`` executions past their ``expires``;
 2. reconciles ``PENDING`` intents with no live owner through the registered
    ``OutboundCall`` (the engine's ``reconcile_stranded``, under a short lease of the
-   sweeper's own): it stores what the gateway knows and never sends money;
+   sweeper's own): it stores what the gateway knows and never sends money; it starts
+   lookups for one interval at most, the rest are the next run's;
 3. ends cancel requests (a revoke, ``cancel()``) once no intent is pending;
 4. re-drives every execution with no live lease whose time came: the same message
    again (same id, arguments and options), or ``PARKED`` past the recovery cap;
@@ -14,9 +15,9 @@ One run, in bounded batches, safe with several beats or sweepers at once:
 6. records ``last_sweep_at``, which workers watch (``sweep.stale``): while no sweep
    finishes for three intervals they run it themselves, once per tick.
 
-A worker started without ``-Q`` consumes the sweep queue too, so "run workers and
-beat as usual" is all a deployment needs; a missing beat delays recovery by three
-intervals at most.
+A worker started without ``-Q`` (and no ``-X`` naming it) consumes the sweep queue too,
+so "run workers and beat as usual" is all a deployment needs; a missing beat delays
+recovery by three intervals at most.
 
 Every claim is a compare-and-set committed before any gateway call or publish, so two
 sweepers decide each row one after the other; a per-tick row makes two beats run one
@@ -99,7 +100,9 @@ def run_sweep(
             _record_finished(runtime, report, interval, by)
             return report
         report.tick = tick
-    run = SweepRun(runtime, batch_size, report)
+    # The reconcile step's lookups may take one interval (then at most one more lookup):
+    # a gateway whose lookups hang never holds back the re-drive and cancel steps.
+    run = SweepRun(runtime, batch_size, report, reconcile_budget_seconds=interval)
     steps = (
         run.expire,
         run.reconcile,
@@ -289,32 +292,51 @@ class _SweepWatch:
         return ((now_ms // interval_ms + 1) * interval_ms - now_ms) / 1000 + 0.05
 
 
+def _declare_the_sweep_queue(runtime: Runtime) -> None:
+    """At ``celeryd_init``, as ``celery worker`` makes its worker and before it applies
+    ``-Q`` and ``-X``: the sweep queue becomes one of the worker's default queues, so
+    Celery's own rules decide whether it is consumed (``-X`` takes it out of the
+    defaults, ``-Q`` consumes only what it names). Celery keeps no record of ``-X``
+    otherwise: excluding a queue it does not know yet changes nothing it exposes."""
+    settings = runtime.settings
+    if settings.sweep_interval_seconds <= 0:
+        return  # no beat entry: `celery agboss sweep --loop` sweeps instead
+    queues = runtime.app.amqp.queues
+    if getattr(queues, "_consume_from", None) is None and settings.sweep_queue not in queues:
+        queues.select_add(settings.sweep_queue)
+
+
 def _consume_the_sweep_queue(runtime: Runtime, worker: Any) -> Callable[[], None]:
     """The default worker runs the sweep (design: sweep): a worker started without ``-Q``
-    consumes the sweep queue too; one whose ``-Q`` leaves it out says so, once. Decided
-    at ``worker_init`` (before the consumer starts); what to say is returned, to be said
-    once Celery has set up its logging (``worker_ready``)."""
+    and without ``-X`` naming it consumes the sweep queue too; one whose ``-Q`` leaves it
+    out, or whose ``-X`` names it, says so, once. Decided at ``worker_init`` (before the
+    consumer starts), after Celery applied ``-Q`` and ``-X`` to a sweep queue declared at
+    ``celeryd_init``; a worker made in code (no ``celeryd_init``) that did not declare it
+    either gets it added when it has no ``-Q``. What to say is returned, to be said once
+    Celery has set up its logging (``worker_ready``)."""
     settings = runtime.settings
     if settings.sweep_interval_seconds <= 0:
         return lambda: None  # no beat entry: `celery agboss sweep --loop` sweeps instead
     queues = runtime.app.amqp.queues
     name = settings.sweep_queue
-    if getattr(queues, "_consume_from", None) is None:  # no -Q: every declared queue
+    every_queue = getattr(queues, "_consume_from", None) is None  # no -Q
+    if every_queue and name not in queues:  # never declared, so never excluded either
         queues.select_add(name)
+    if name in queues.consume_from:
+        if not every_queue:
+            return lambda: None
         return lambda: logger.info(
             "celery_agboss: this worker also consumes the sweep queue %r", name
         )
-    if name in queues.consume_from:
-        return lambda: None
     hostname = getattr(worker, "hostname", None)
     return lambda: log_event(
         SWEEP_QUEUE_NOT_CONSUMED,
         logging.WARNING,
         queue=name,
         worker=hostname,
-        hint=f"this worker will not run beat's sweeps (its -Q leaves out {name!r}); "
-        "make sure another worker consumes it, or add it to -Q. While no sweep finishes "
-        "for three intervals, the workers sweep themselves",
+        hint=f"this worker will not run beat's sweeps (its -Q leaves out {name!r}, or its "
+        "-X names it); make sure another worker consumes it. While no sweep finishes for "
+        "three intervals, the workers sweep themselves",
     )
 
 
@@ -359,6 +381,10 @@ def install(runtime: Runtime) -> None:
     watches: list[_SweepWatch] = []
     to_say: list[Callable[[], None]] = []
 
+    def on_celeryd_init(instance: Any = None, **_: Any) -> None:
+        if getattr(instance, "app", None) is app:
+            _declare_the_sweep_queue(runtime)
+
     def on_worker_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
             to_say.append(_consume_the_sweep_queue(runtime, sender))
@@ -378,6 +404,7 @@ def install(runtime: Runtime) -> None:
         for watch in watches:  # a sweep of its own may be running: let it end (bounded)
             watch.thread.join(WATCH_JOIN_SECONDS)
 
+    celery_signals.celeryd_init.connect(on_celeryd_init, weak=False)
     celery_signals.worker_init.connect(on_worker_init, weak=False)
     celery_signals.worker_ready.connect(on_worker_ready, weak=False)
     celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)

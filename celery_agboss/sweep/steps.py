@@ -1,16 +1,20 @@
-"""The steps of one sweep run (design: sweep), each bounded by the batch size.
+"""The steps of one sweep run (design: sweep), each bounded by the batch size (and the
+reconcile step by a time budget, one interval).
 
 ``celery_agboss.sweep`` runs them in order: expire, reconcile stranded intents, end
 cancel requests, re-drive, the outbox's leftovers, retention. Every claim is a
 compare-and-set committed before any gateway call or publish; one failing row is
-logged (``sweep.error``) and left for the next run, never stopping this one.
+logged (``sweep.error``) and left for the next run, never stopping this one. A step
+lists only rows it writes something for (an intent it could not look up backs off), so
+a row it cannot act on yet never keeps its place at the head of every batch.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core import sabotage
@@ -28,13 +32,17 @@ from celery_agboss.core.log_events import (
 from celery_agboss.core.protections import REDRIVE_WITHOUT_CLAIM, STRANDED_NOT_RECONCILED
 from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
 from celery_agboss.core.store_protocol import IntentGuard, IntentStatus, LeaseRef
+from celery_agboss.core.stranded import back_off_stranded
 from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.outbox.publishing import sweep_outbox
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.known_settings import effective_interval
 from celery_agboss.runtime.messages import republish
 from celery_agboss.runtime.task_events import TASK_PARKED, TASK_UNRECONCILED, send_task_event
+from celery_agboss.store.cancels import CANCEL_FLAGS_FROM
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
 from celery_agboss.store.schema import SWEEPER_SCOPE_PREFIX
+from celery_agboss.sweep.report import SweepReport
 
 if TYPE_CHECKING:
     from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -42,70 +50,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_agboss")
 
 
-@dataclass
-class SweepReport:
-    """What one run did; its ``as_dict()`` is the task's result (Flower shows it)."""
-
-    tick: int | None = None
-    skipped: str | None = None
-    republished: int = 0
-    parked: int = 0
-    expired: int = 0
-    cancelled: int = 0
-    reconciled: int = 0
-    not_sent_confirmed: int = 0
-    unreconciled: int = 0
-    lookup_failed: int = 0
-    unknown_calls: int = 0
-    intents_deleted: int = 0
-    effects_deleted: int = 0
-    executions_deleted: int = 0
-    outbox_published: int = 0
-    outbox_deleted: int = 0
-    errors: int = 0
-    duration_ms: int = 0
-    republished_ids: list[str] = field(default_factory=list, repr=False)
-
-    @property
-    def ran(self) -> bool:
-        return self.skipped is None
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("republished_ids")
-        return data
-
-    def summary(self) -> dict[str, Any]:
-        """The task's result, short enough to read in Flower: the main counts always,
-        the others when not zero."""
-        if not self.ran:
-            return {"skipped": self.skipped}
-        data = self.as_dict()
-        main = (
-            "republished",
-            "reconciled",
-            "unreconciled",
-            "parked",
-            "expired",
-            "cancelled",
-            "errors",
-        )
-        short = {name: data[name] for name in main}
-        short.update(
-            {
-                k: v
-                for k, v in data.items()
-                if v and k not in short and k not in ("skipped", "duration_ms")
-            }
-        )
-        short["duration_ms"] = self.duration_ms
-        return short
-
-
 class SweepRun:
-    """One sweep run: the app, its store, the settings, and the sweeper's own lease."""
+    """One sweep run: the app, its store, the settings, and the sweeper's own lease.
+    ``reconcile_budget_seconds``: how long the reconcile step may go on starting lookups
+    (default: the sweep interval)."""
 
-    def __init__(self, runtime: Runtime, batch_size: int, report: SweepReport) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        batch_size: int,
+        report: SweepReport,
+        *,
+        reconcile_budget_seconds: float | None = None,
+    ) -> None:
         self.runtime = runtime
         self.app = runtime.app
         self.settings = runtime.settings
@@ -117,6 +74,11 @@ class SweepRun:
         self.lease_ttl_ms = self.settings.lease_ttl_ms + self.settings.attempt_timeout_ms
         self.lease: LeaseRef | None = None
         self._as_of_ms: int | None = None
+        self.reconcile_budget_seconds = (
+            effective_interval(self.settings.sweep_interval_seconds)
+            if reconcile_budget_seconds is None
+            else reconcile_budget_seconds
+        )
 
     def as_of_ms(self) -> int:
         """The database time at which this run judges leases dead and lookups or re-drives
@@ -144,6 +106,12 @@ class SweepRun:
     # --- 2. stranded intents ---------------------------------------------------------
 
     def reconcile(self) -> None:
+        """Look the stranded intents up, oldest first, until the batch or the time budget
+        ends. The budget keeps lookups that hang (a gateway outage) from holding back the
+        steps after this one: a lookup is bounded by ``attempt_timeout``, so the step
+        lasts at most the budget plus one lookup, and makes at least one. The intents not
+        reached are the next run's; each one looked up and not settled was backed off
+        (``core.stranded``), so the next run's listing starts past it."""
         if sabotage.active(STRANDED_NOT_RECONCILED):
             return
         keys = self.executions.find_stranded_keys(self.batch, as_of_ms=self.as_of_ms())
@@ -155,25 +123,57 @@ class SweepRun:
         if grant is None:  # pragma: no cover - a fresh uuid scope is never held
             return
         self.lease = grant.lease
-        settings = self.runtime.engine_settings
-        for key, execution_id in keys:
-            try:
-                outcome = reconcile_stranded(
-                    self.store,
-                    settings,
-                    key,
-                    sweeper_lease=self.lease,
-                    sweeper_ttl_ms=self.lease_ttl_ms,
-                )
-            except ExecutionFencedError:
-                # Our own lease was lost (a lookup overran it): stop; the next run goes on.
-                self.report.errors += 1
-                log_event(SWEEP_ERROR, logging.WARNING, step="reconcile", reason="lease-lost")
+        deadline = time.monotonic() + self.reconcile_budget_seconds
+        for done, (key, execution_id) in enumerate(keys):
+            if done and time.monotonic() >= deadline:
+                self.report.lookups_deferred += len(keys) - done
                 return
-            except (Exception, StoreError):
-                self._row_failed("reconcile", execution_id)
-                continue
-            self._after_reconcile(outcome, key, execution_id)
+            if not self._reconcile_one(self.lease, key, execution_id):
+                return
+
+    def _reconcile_one(self, lease: LeaseRef, key: str, execution_id: str) -> bool:
+        """One stranded intent; False once the sweeper's own lease is lost (a lookup
+        overran it): the step stops, the next run goes on."""
+        try:
+            outcome = reconcile_stranded(
+                self.store,
+                self.runtime.engine_settings,
+                key,
+                sweeper_lease=lease,
+                sweeper_ttl_ms=self.lease_ttl_ms,
+            )
+        except ExecutionFencedError:
+            self.report.errors += 1
+            log_event(SWEEP_ERROR, logging.WARNING, step="reconcile", reason="lease-lost")
+            return False
+        except (Exception, StoreError):
+            self._row_failed("reconcile", execution_id)
+            self._back_off(lease, key, execution_id)
+            return True
+        self._after_reconcile(outcome, key, execution_id)
+        return True
+
+    def _back_off(self, lease: LeaseRef, key: str, execution_id: str) -> None:
+        """An intent whose reconcile raised waits like one whose lookup failed, else it
+        would head the oldest-first listing of every run and hide the newer ones. When
+        even this fails (the store is down), the next run tries both again."""
+        try:
+            back_off_stranded(
+                self.store,
+                self.runtime.engine_settings,
+                key,
+                sweeper_lease=lease,
+                sweeper_ttl_ms=self.lease_ttl_ms,
+                reason="sweep-error",
+            )
+        except (Exception, StoreError):
+            log_event(
+                SWEEP_ERROR,
+                logging.WARNING,
+                exc_info=True,
+                step="reconcile-back-off",
+                execution_id=execution_id,
+            )
 
     def _after_reconcile(self, outcome: StrandedOutcome, key: str, execution_id: str) -> None:
         report = self.report
@@ -203,7 +203,19 @@ class SweepRun:
         elif outcome is StrandedOutcome.LOOKUP_FAILED:
             report.lookup_failed += 1
         elif outcome is StrandedOutcome.UNKNOWN_CALL:
+            # Backed off like a failed lookup (core.stranded); an error of the deployment:
+            # counted where the run's errors are, and said with the call's name there.
             report.unknown_calls += 1
+            report.errors += 1
+            log_event(
+                SWEEP_ERROR,
+                logging.WARNING,
+                step="reconcile",
+                reason="unknown-call",
+                execution_id=execution_id,
+                hint="see outbound-call.unreconciled reason=unknown-call: import the module "
+                "declaring the call in the sweeping worker",
+            )
 
     def _unblock(self, key: str) -> None:
         """Every execution that waited for an operator only because of this intent (its
@@ -215,6 +227,8 @@ class SweepRun:
     # --- 3. cancels -----------------------------------------------------------------
 
     def cancel(self) -> None:
+        """End the cancel requests ``find_cancel_requested`` lists: only rows this step
+        writes something for, so a row it cannot end yet never holds the others back."""
         for execution_id in self.executions.find_cancel_requested(self.batch):
             try:
                 self._cancel_one(execution_id)
@@ -269,7 +283,7 @@ class SweepRun:
         elif any(_needs_operator(i) for i in pending):
             self.executions.move(
                 execution_id,
-                [ExecutionState.REQUESTED, ExecutionState.RUNNING, ExecutionState.WAITING],
+                list(CANCEL_FLAGS_FROM),
                 ExecutionState.WAITING_OPERATOR,
                 "cancel requested, but an intent needs an operator first (celery agboss pending)",
             )
@@ -338,8 +352,8 @@ class SweepRun:
         for record in self.executions.find_redrivable(
             self.batch, grace_ms, as_of_ms=self.as_of_ms()
         ):
-            if record.cancel_requested and record.state is not ExecutionState.COMPENSATING:
-                continue  # the cancel step ends it; a re-drive could send something new
+            # A cancel-requested row is never listed (``find_redrivable``): the cancel
+            # step ends it; a re-drive could send something new.
             if (
                 record.state is ExecutionState.WAITING
                 and not record.redrive_planned
@@ -463,4 +477,4 @@ def _needs_operator(intent: Any) -> bool:
 __all__ = [
     "SweepReport",
     "SweepRun",
-]
+]  # SweepReport: re-exported, its home is celery_agboss.sweep.report
