@@ -4,8 +4,8 @@ A guarantee test without a twin that fails when the protection is removed proves
 nothing. The switches' names live in ``celery_agboss.core.protections``, and whether one
 is off is read here (so the store and the engine can consult them without importing the
 testing package); they can only be turned off through ``celery_agboss.testing.switches``,
-which refuses unless the process runs under
-pytest with ``AGBOSS_ALLOW_SABOTAGE=1`` (or descends from the pytest process named by
+which refuses unless pytest runs a test in this process
+with ``AGBOSS_ALLOW_SABOTAGE=1`` (or the process descends from the pytest process named by
 ``AGBOSS_SABOTAGE_SUBPROCESS``: a worker a test started). They are never settings.
 """
 
@@ -55,7 +55,15 @@ _MAX_ANCESTORS = 64
 def _allowed() -> bool:
     if os.environ.get(ENV_SWITCH) != "1":
         return False
-    return "pytest" in sys.modules or _started_by_a_test_run(os.environ.get(SUBPROCESS_SWITCH, ""))
+    return _running_a_test() or _started_by_a_test_run(os.environ.get(SUBPROCESS_SWITCH, ""))
+
+
+def _running_a_test() -> bool:
+    """pytest runs a test in this process: imported, and its current test named. Imported
+    alone proves nothing: an application may import it (``celery.contrib.pytest`` does),
+    and a worker of that application must keep every protection whatever its
+    environment says."""
+    return "pytest" in sys.modules and bool(os.environ.get("PYTEST_CURRENT_TEST"))
 
 
 def _started_by_a_test_run(value: str) -> bool:

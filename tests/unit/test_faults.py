@@ -232,6 +232,16 @@ def test_sabotage_is_refused_outside_a_test_run(env_switch: str | None) -> None:
     assert done.stdout.strip() == "refused"
 
 
+def test_an_application_that_imports_pytest_is_refused() -> None:
+    """A deployment given the variables by hand, whose application imports pytest (as
+    ``celery.contrib.pytest`` does): pytest runs no test there, so every protection stays."""
+    env = {k: v for k, v in _without_sabotage_env().items() if not k.startswith("PYTEST")}
+    env[core_sabotage.ENV_SWITCH] = "1"
+    done = _python("-c", "import pytest\n" + _TRY_SABOTAGE, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused"
+
+
 def _try_sabotage_in_a_child(subprocess_switch: str) -> str:
     env = {
         **_without_sabotage_env(),
