@@ -99,16 +99,26 @@ class HeldMessages:
                 logger.debug("could not write the held messages", exc_info=True)
                 continue
             self._written = held
+        self._forget()
+
+    def _forget(self) -> None:
+        """The row goes after the thread's last write, by the thread itself: deleted from
+        ``close`` while a slow write was still under way, it came back when that write
+        landed, and one TTL later the sweep re-published messages the broker already
+        had back (a duplicate each, a count toward the recovery cap)."""
+        if not self._written:
+            return
+        try:
+            forget_held(self.runtime.store, self.worker)
+        except (Exception, StoreError):
+            logger.debug("could not forget the held messages", exc_info=True)
 
     def close(self) -> None:
-        """Warm stop: the worker gives its unstarted messages back to the broker."""
+        """Warm stop: the worker gives its unstarted messages back to the broker; the
+        thread deletes its row once its last write is done (a write that outlives the
+        wait leaves the row to go stale, as a killed worker's does)."""
         self.stop.set()
         self.thread.join(JOIN_SECONDS)
-        if self._written:
-            try:
-                forget_held(self.runtime.store, self.worker)
-            except (Exception, StoreError):
-                logger.debug("could not forget the held messages", exc_info=True)
 
 
 def _gives_back_at_once(app: Any) -> bool:
