@@ -38,6 +38,7 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.core.step_identity import refuse_reserved_effect_name
 from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE, Delivery
+from celery_agboss.delivery.link_ends import after_a_failure, links_sent
 from celery_agboss.delivery.waits import (
     OWN_RETRIES_HEADER,
     UNBOUNDED_RETRIES,
@@ -395,26 +396,14 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
 
     def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
         """Called after Celery sent the chain and callbacks: replays must not send them."""
-        self._links_sent(task_id)
+        links_sent(self, task_id)
 
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
-        self._links_sent(task_id)
-
-    def _links_sent(self, task_id: str) -> None:
-        if not _has_links(self.request):
-            return  # nothing went out that a replay could send again: no transaction
-        try:
-            Runtime.of(self.app).executions.mark_links_dispatched(task_id)
-        except (StoreError, ConfigurationError):
-            logger.warning("could not record that %s sent its links", task_id, exc_info=True)
-
-
-def _has_links(request: Any) -> bool:
-    """Whether this delivery's end sent (or counted) anything a replay must not repeat:
-    callbacks, a chain, errbacks, or a chord part."""
-    return any(getattr(request, name, None) for name in ("callbacks", "chain", "errbacks", "chord"))
+        """The errbacks went out only with a FAILURE written; a failure held back for a
+        completed execution (its links' send raised) hands the message back instead."""
+        after_a_failure(self, exc, task_id, einfo)
 
 
 __all__ = ["PaymentTask", "undo_function"]

@@ -6,7 +6,9 @@ raises the stored failure, without running the body; ``CANCELLED`` and ``EXPIRED
 in ``Ignore``. The chain, callbacks, errbacks and chord part went out with the delivery
 that completed it (``links_dispatched``), so a replay sends and counts none of them
 again, and a result this store could not hand back never turns into a FAILURE written
-over the completing delivery's SUCCESS.
+over the completing delivery's SUCCESS. When that delivery's ``links_dispatched`` was
+not recorded, a replay sends the links again (under the ids fixed at publish) but counts
+the chord part only if the result backend does not hold its outcome yet.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import states
 from celery.exceptions import Ignore
 
 from celery_agboss.core import sabotage
@@ -21,6 +24,7 @@ from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.log_events import EXECUTION_REPLAYED
 from celery_agboss.core.protections import (
     REPLAY_COUNTS_CHORD,
+    REPLAY_RECOUNTS_STORED_CHORD_PART,
     REPLAY_SENDS_LINKS,
     UNSTORED_RESULT_REPLAYED_AS_FAILURE,
 )
@@ -37,6 +41,8 @@ def replay_terminal(d: DeliveryLike, record: ExecutionRecord) -> Any:
     resend = sabotage.active(REPLAY_SENDS_LINKS)
     if record.links_dispatched and not resend and not sabotage.active(REPLAY_COUNTS_CHORD):
         # The completing delivery counted its chord part: a replay must not count again.
+        request.chord = None
+    elif not record.links_dispatched and request.chord and _part_counted(d, record):
         request.chord = None
     if record.state is ExecutionState.COMPLETED:
         if record.links_dispatched and not resend:
@@ -65,6 +71,35 @@ def replay_terminal(d: DeliveryLike, record: ExecutionRecord) -> Any:
             request.errbacks = None
         raise decode_error(record.error)
     raise Ignore()  # CANCELLED, EXPIRED or UNMANAGED: never runs
+
+
+def _part_counted(d: DeliveryLike, record: ExecutionRecord) -> bool:
+    """Whether the chord part of a terminal execution whose links were not recorded as
+    sent was counted already: the result backend holds its outcome. Celery stores it
+    just before it counts the part (``mark_as_done``, ``mark_as_failure``), so a lost
+    ``links_dispatched`` (a store error, a kill after the count) must not make a replay
+    count it again: a key-value backend's counter would reach the header's size early
+    and fail the chord, and its body would never run. Unreadable, or without a stored
+    result (``ignore_result``), it counts as Celery would."""
+    if sabotage.active(REPLAY_RECOUNTS_STORED_CHORD_PART) or sabotage.active(REPLAY_COUNTS_CHORD):
+        return False
+    wanted = _STORED_AS.get(record.state)
+    if wanted is None:
+        return False
+    try:
+        stored = d.task.backend.get_state(d.execution_id)
+    except Exception:  # the backend is Celery's: any failure to read it
+        d.log_decision(
+            EXECUTION_REPLAYED,
+            logging.WARNING,
+            state=record.state.value,
+            reason="result backend unreadable: the chord part is counted again",
+        )
+        return False
+    return bool(stored == wanted)
+
+
+_STORED_AS = {ExecutionState.COMPLETED: states.SUCCESS, ExecutionState.FAILED: states.FAILURE}
 
 
 __all__ = [

@@ -48,6 +48,7 @@ from celery_agboss.signals.body_publishes import (
     request_of,
     take_position,
 )
+from celery_agboss.signals.link_ids import fix_link_ids
 from celery_agboss.task import PaymentTask
 
 logger = logging.getLogger("celery_agboss")
@@ -117,7 +118,7 @@ def before_task_publish(
     # Kept with the recorded message, so every re-publish says it too.
     headers.setdefault(RECORDED_HEADER, reason)
     if not sabotage.active(LINK_IDS_NOT_FIXED):
-        _fix_link_ids(body, str(headers.get("id")))
+        fix_link_ids(body, str(headers.get("id")))
     message = message_from_publish(
         body=body,
         exchange=exchange,
@@ -178,34 +179,6 @@ def _refused(name: Any, execution_id: str, exc: StoreError | ConfigurationError)
     )
     refused.__cause__ = exc
     return refused
-
-
-def _fix_link_ids(body: Any, execution_id: str) -> None:
-    """Links, errbacks and the chain of an execution go out under ids fixed before its
-    first publish, derived from the execution: every delivery that sends them (a
-    duplicate replaying, a retry) sends the same executions, never a second charge.
-    The signatures are replaced by copies, never changed: the caller's may be reused."""
-    if not isinstance(body, (tuple, list)) or len(body) != 3 or not isinstance(body[2], dict):
-        return
-    embed = body[2]
-    for part in ("callbacks", "errbacks", "chain"):
-        signatures = embed.get(part)
-        if not signatures:
-            continue
-        embed[part] = [
-            _with_fixed_id(sig, derived_task_id(execution_id, f"{part}#{n}"))
-            for n, sig in enumerate(signatures, 1)
-        ]
-
-
-def _with_fixed_id(signature: Any, task_id: str) -> Any:
-    if not isinstance(signature, dict):
-        return signature
-    options = dict(signature.get("options") or {})
-    if options.get("task_id"):
-        return signature  # frozen already (a chain's own ids, or the caller's choice)
-    options["task_id"] = task_id
-    return {**signature, "options": options}
 
 
 @dataclass(frozen=True)

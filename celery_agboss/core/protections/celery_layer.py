@@ -107,6 +107,19 @@ REPLAY_COUNTS_CHORD = "replay-counts-chord"
 """Sabotage: a duplicate of a completed chord header part counts its part again, so a
 counter backend (Redis) thinks the header done early, or fails the chord."""
 
+REPLAY_RECOUNTS_STORED_CHORD_PART = "replay-recounts-stored-chord-part"
+"""Sabotage: a duplicate of a completed chord header part whose links were not recorded as
+sent counts its part again although the result backend holds its result (so it was
+counted), and a key-value result backend fails the chord: the body never runs."""
+
+FAILED_LINK_SEND_RECORDED_SENT = "failed-link-send-recorded-sent"
+"""Sabotage: a send of the links (the chain's next step) that raised after the execution
+completed is recorded as sent (``links_dispatched``), so no delivery sends them again."""
+
+FAILED_LINK_SEND_ACKED = "failed-link-send-acked"
+"""Sabotage: the message of a completed execution whose links could not be sent is
+acknowledged, not handed back to the broker, so nothing sends the chain's next step."""
+
 
 # What the Celery layer records around a delivery: publishes, held messages, the outbox, undo tasks.
 
@@ -117,6 +130,10 @@ for ``agboss_requested_grace`` (Redis hides them for its visibility timeout)."""
 LINK_IDS_NOT_FIXED = "link-ids-not-fixed"
 """Sabotage (design: publishes from a body): an execution's unfrozen links get a new id
 each time a delivery sends them, so a duplicate that replays them starts a second execution."""
+
+CANVAS_LINK_MEMBERS_UNFIXED = "canvas-link-members-unfixed"
+"""Sabotage: only a link's own id is fixed, not the tasks inside a group, chain or chord
+link, so each send of the link sends them under new ids: a second charge."""
 
 PUBLISH_WITHOUT_RECORD = "publish-without-record"
 """Sabotage (design: trap 9): a publish the store could not record goes to the broker anyway, and
