@@ -12,8 +12,9 @@ after a completed payment, the undos run in reverse order, each under its own ke
 - each one is marked done by a fenced-effect record under that key, written in a
   fenced transaction once the undo function returned, and an undo whose mark exists
   is never run again, on any worker;
-- calls and effects inside an undo default their business key to that key, so a
-  refund made there is one intent whatever delivery makes it: an undo that crashed
+- calls and effects inside an undo default their business key to that key (the n-th
+  of one name to ``<undo key>:call#n``), so a refund made there is one intent whatever
+  delivery makes it, and two partial refunds are two: an undo that crashed
   after its refund and before its mark replays the refund, it does not send it again
   (design: PS10). Between the refund's effect and the mark, the undo function runs again: only
   what it does through ``outbound()`` or ``fenced_effect()`` is exactly once;
@@ -47,6 +48,7 @@ from celery_agboss.core.log_events import (
 from celery_agboss.core.protections import (
     FENCED_HOLDER_STARTS_UNDO,
     ONE_UNDO_PER_STEP,
+    UNDO_CALLS_SHARE_ONE_KEY,
     UNDO_NOT_MARKED_DONE,
 )
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome
@@ -74,6 +76,7 @@ from celery_agboss.core.undo_steps import (
     run_task_undos_with,
     task_undo_runner,
     trail_of,
+    undo_call_key,
     undo_registry,
 )
 from celery_agboss.errors import ConfigurationError, UndoMustWait
@@ -272,7 +275,8 @@ def read_started(
 class UndoContext(ExecutionContext):
     """The context undos run in: the delivery's own lease, no cancel check (an undo that
     started runs to its end), and the running undo's key as the default business key of
-    every call and effect, so that its refund has one key on every delivery."""
+    its calls and effects (the n-th of one name: ``undo_call_key``), so that each refund
+    has one key on every delivery."""
 
     current: UndoStep | None = None
     decisions: dict[str, UndoDecision]
@@ -286,16 +290,32 @@ class UndoContext(ExecutionContext):
         """A context on ``ctx``'s lease (``ctx`` is not used after this)."""
         return cls(ctx.store, ctx.lease, ctx.execution_id, ctx.settings, renewer=renewer)
 
-    def business_key_for(self, given: str | None) -> str:
-        """The business key a call or effect inside the running undo is made under."""
-        if given is not None:
-            return given
+    def business_key_for(self, given: str | None) -> str | None:
+        """The business key as the undo's code gave it (kept as it is); one given none is
+        keyed as its step is opened (``default_business_key``). Outside an undo, a call
+        without one is refused."""
+        if given is None:
+            self._running_undo()
+        return given
+
+    def default_business_key(self, kind: str, name: str) -> str:
+        """A call or effect the running undo makes without a business key: keyed by the
+        undo's key and its position among the undo's steps of this name, counted here, in
+        ``_open_step``, as every step is (``core.step_identity``). The first keeps the
+        undo's key (a refund in flight keeps its key); the n-th gets one of its own, the
+        same on every delivery of the undo (``undo_call_key``)."""
+        undo = self._running_undo()
+        if sabotage.active(UNDO_CALLS_SHARE_ONE_KEY):
+            return undo.key
+        return undo_call_key(undo.key, self._next(f"{kind} in {undo.key}", name))
+
+    def _running_undo(self) -> UndoStep:
         if self.current is None:
             raise ConfigurationError(
                 "outbound() and fenced_effect() run here only inside an undo",
                 execution_id=self.execution_id,
             )
-        return self.current.key
+        return self.current
 
 
 def run_undos(

@@ -232,16 +232,25 @@ class ExecutionContext(DeliveryLease):
         return result
 
     def business_key_for(self, given: str | None) -> str | None:
-        """The business key a call or effect is made under: the one given (an undo's
-        context gives the running undo's key instead of none)."""
+        """The business key as the body gave it. A step given none is keyed when it is
+        opened (``_open_step``): by its position, or by the default an undo's context
+        gives (``default_business_key``)."""
         return given
+
+    def default_business_key(self, kind: str, name: str) -> str | None:
+        """The business key of a step given none, asked as the step is opened: none here
+        (it is keyed by its position); an undo's context keys its calls by its own."""
+        return None
 
     def _open_step(
         self, kind: str, name: str, business_key: str | None, max_key_length: int | None = None
     ) -> Step:
-        """The one place a step of this delivery is counted and keyed: by its business key,
-        or by its position among the steps of its name (counted on every call, replayed
-        or not, so every delivery of the body names each step the same)."""
+        """The one place a step of this delivery is counted and keyed: by its business key
+        (given, or the context's default), or by its position among the steps of its name
+        (counted on every call, replayed or not, so every delivery of the body names each
+        step the same)."""
+        if business_key is None:
+            business_key = self.default_business_key(kind, name)
         occurrence = 1 if business_key is not None else self._next(kind, name)
         return step_of(
             kind,

@@ -38,6 +38,21 @@ def compensation_key(step: str, n: int = 1) -> str:
     return fit_key(step + suffix, COMPENSATION_KEY_LIMIT)
 
 
+UNDO_CALL_SUFFIX = ":call#"
+"""After an undo's key, the position of a call: ``:compensation#n`` already names the n-th
+undo declared after one step, whose calls default to that key."""
+
+
+def undo_call_key(undo_key: str, n: int) -> str:
+    """The default business key of the n-th call (or effect) of one name inside the undo
+    keyed ``undo_key``: that key itself for the first, so a refund already made or in
+    flight keeps its key; ``<undo key>:call#n`` after it, one key per position, the same
+    on every delivery, and never another undo's (``compensation_key``)."""
+    if n == 1:
+        return undo_key
+    return fit_key(f"{undo_key}{UNDO_CALL_SUFFIX}{n}", COMPENSATION_KEY_LIMIT)
+
+
 @dataclass(frozen=True)
 class UndoDeclaration:
     """The undo one step declared, as stored: what runs, with what, in which order."""
@@ -167,6 +182,7 @@ def trail_of(ctx: ExecutionContext) -> StepTrail:
 __all__ = [
     "COMPENSATION_KEY_LIMIT",
     "COMPENSATION_SUFFIX",
+    "UNDO_CALL_SUFFIX",
     "StepTrail",
     "UndoDeclaration",
     "UndoFunction",
@@ -176,5 +192,6 @@ __all__ = [
     "run_task_undos_with",
     "task_undo_runner",
     "trail_of",
+    "undo_call_key",
     "undo_registry",
 ]

@@ -40,6 +40,7 @@ from celery_agboss.operator.common import (
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import dumps, republish
 from celery_agboss.runtime.task_events import send_task_event
+from celery_agboss.store.cancels import paused_in_undo
 
 
 def _audit_afterwards(
@@ -82,8 +83,10 @@ def redrive_now(runtime: Runtime, execution_id: str, *, reason: str) -> bool:
     same compare-and-set the sweep uses; False when it is not due for one (running under a
     live lease, terminal, waiting for an answer, or a cancel is pending)."""
     record = runtime.executions.read_execution(execution_id)
-    if record is None or record.state not in REDRIVABLE_STATES or record.cancel_requested:
+    if record is None or record.state not in REDRIVABLE_STATES:
         return False
+    if record.cancel_requested and record.state is not ExecutionState.COMPENSATING:
+        return False  # the cancel ends it; undos running (or answered) go on, as the sweep's
     settings = runtime.settings
     decision = runtime.executions.claim_redrive(
         execution_id,
@@ -221,7 +224,9 @@ def cancel(
 ) -> ExecutionRecord:
     """Stop an execution that is not running: a ``REQUESTED`` or waiting execution becomes
     ``CANCELLED`` and never runs. Refused while it has a pending intent (the payment may
-    have been made: settle it first) or while a delivery runs it under a live lease.
+    have been made: settle it first), while a delivery runs it under a live lease, or
+    while its undos run (``COMPENSATING``, or ``PAUSED`` inside one): a cancel cannot
+    stop them.
 
     One that completed an outbound call (money moved) is never silently cancelled: it
     waits for an operator, "cancelled after a completed payment", until the call is
@@ -245,6 +250,14 @@ def cancel(
             f"execution {execution_id} is running its undos (COMPENSATING), which a "
             "cancel cannot stop: once they are done it ends FAILED (undone after a "
             "failure) or CANCELLED (undone for a cancel)",
+        )
+    if paused_in_undo(runtime.store, record):
+        raise _refuse(
+            "wrong-state",
+            f"execution {execution_id} is running its undos (PAUSED inside one, for the "
+            "answer to its pause), which a cancel cannot stop: answer the pause "
+            "(`agboss pauses`); once they are done it ends FAILED (undone after a failure) "
+            "or CANCELLED (undone for a cancel)",
         )
     pending = executions.pending_intent_keys(execution_id)
     if pending:

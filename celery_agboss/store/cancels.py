@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, func, not_, or_, select
+from sqlalchemy import and_, exists, false, func, not_, or_, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Exists
 
-from celery_agboss.core import compensation
+from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_states import (
     cancel_ends_now,
     cancel_reason_of,
@@ -26,6 +27,7 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
 )
+from celery_agboss.core.protections import UNDO_PAUSE_TAKEN_FOR_THE_BODYS
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.store_protocol import FencedTransaction
 from celery_agboss.store.execution_rows import (
@@ -44,7 +46,7 @@ from celery_agboss.store.execution_rows import (
 from celery_agboss.store.execution_updates import cancel_request_statement
 from celery_agboss.store.intents import owner_live_expr
 from celery_agboss.store.leases import lease_live
-from celery_agboss.store.schema import outbound_calls
+from celery_agboss.store.schema import fenced_effects, outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -52,6 +54,37 @@ from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _i = outbound_calls.c
+_f = fenced_effects.c
+
+
+# --- a pause inside an undo ----------------------------------------------------------------
+
+
+def undoing(execution_id: Any) -> ColumnElement[bool]:
+    """SQL: the execution's compensation started — its start mark
+    (``core.compensation.STARTED_RECORD``) exists. The one test of it for every verb that
+    meets a ``PAUSED`` execution (``paused_in_undo_txn``, ``find_cancel_requested``,
+    ``pauses``): paused inside an undo, it is part of its compensation, which a cancel
+    never stops (design: compensating)."""
+    if sabotage.active(UNDO_PAUSE_TAKEN_FOR_THE_BODYS):
+        return false()
+    return exists().where(_f.execution_id == execution_id, _f.name == compensation.STARTED_RECORD)
+
+
+def paused_in_undo_txn(tx: SQLTransaction, record: ExecutionRecord) -> bool:
+    """``record`` waits for a pause one of its undos made: its pause is answered despite a
+    cancel request, and a cancel leaves it alone, as it leaves a ``COMPENSATING`` one."""
+    if record.state is not ExecutionState.PAUSED:
+        return False
+    return bool(tx.execute(select(undoing(record.id))).scalar())
+
+
+def paused_in_undo(store: SQLAlchemyStore, record: ExecutionRecord) -> bool:
+    """``paused_in_undo_txn`` in a read of its own (an operator's check before acting)."""
+    if record.state is not ExecutionState.PAUSED:
+        return False
+    with store.read_transaction() as tx:
+        return paused_in_undo_txn(tx, record)
 
 
 def cancel_reason_kept(conn: Connection, execution_id: str, reason: str) -> Any:
@@ -121,17 +154,17 @@ def request_cancel(
     audit: Audit | None = None,
 ) -> ExecutionRecord | None:
     """Record a cancel request. An execution that runs under no live lease, has no
-    pending intent and is not ``COMPENSATING`` ends now (``CANCELLED``, its undos
-    first, a wait for another execution that shares a payment, or "cancelled after
-    a completed payment"); any other keeps the request, which its running body's next
-    ``outbound()`` or ``fenced_effect()`` honours, or its next delivery, or the
-    sweep. ``payments_handled``: an operator says the completed payments are dealt
-    with. ``audit``: the operator's row, written in this transaction."""
+    pending intent and is not ``COMPENSATING`` (nor paused inside an undo) ends now
+    (``CANCELLED``, its undos first, a wait for another execution that shares a payment,
+    or "cancelled after a completed payment"); any other keeps the request, which its
+    running body's next ``outbound()`` or ``fenced_effect()`` honours, or its next
+    delivery, or the sweep. ``payments_handled``: an operator says the completed
+    payments are dealt with. ``audit``: the operator's row, written in this transaction."""
     with store.transaction() as tx:
         record = read_execution_txn(tx, execution_id, lock=True)
         if record is None or record.terminal:
             return record
-        if cancel_ends_now(
+        if not paused_in_undo_txn(tx, record) and cancel_ends_now(
             record,
             lambda: execution_lease_live(tx, execution_id),
             lambda: has_pending_intent_txn(tx, execution_id),
@@ -162,13 +195,14 @@ def end_cancel_requested(
 ) -> ExecutionRecord | None:
     """The sweep's and the operators' end of a cancel request, under the execution's
     row lock and its lease's: only while it is not running (no live lease), not
-    ``COMPENSATING`` and has no pending intent; the record as it is then (None when
-    unknown). ``CANCELLED``, or "cancelled after a completed payment"."""
+    ``COMPENSATING`` nor paused inside an undo, and has no pending intent; the record as
+    it is then (None when unknown). ``CANCELLED``, or "cancelled after a completed
+    payment"."""
     with store.transaction() as tx:
         record = read_execution_txn(tx, execution_id, lock=True)
         if record is None or record.terminal:
             return record
-        if not cancel_ends_now(
+        if paused_in_undo_txn(tx, record) or not cancel_ends_now(
             record,
             lambda: execution_lease_live(tx, execution_id),
             lambda: has_pending_intent_txn(tx, execution_id),
@@ -228,7 +262,8 @@ needs an operator to ``WAITING_OPERATOR`` (``PAUSED`` and ``PARKED`` stay as the
 
 def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:
     """Ids of executions with a cancel request the sweep's cancel step can act on now:
-    not terminal, not running (no live lease), not waiting for their operator, and one
+    not terminal, not running (no live lease), not waiting for their operator, not
+    paused inside an undo (``undoing``: its compensation goes on), and one
     of the step's three cases: nothing pending (it ends them); a pending intent whose
     lookup confirmed it was not sent and no live lease owns (it settles it); a pending
     intent that needs an operator, the execution ``REQUESTED``, ``RUNNING`` or
@@ -258,6 +293,7 @@ def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:
             .where(
                 _e.cancel_requested,
                 _e.state.in_(states),
+                not_(and_(_e.state == ExecutionState.PAUSED.value, undoing(_e.id))),
                 not_(lease_live(now, _e.id)),
                 or_(not_(pending), settleable, flagged),
             )
@@ -274,5 +310,8 @@ __all__ = [
     "end_cancel_requested",
     "end_cancelled_txn",
     "find_cancel_requested",
+    "paused_in_undo",
+    "paused_in_undo_txn",
     "request_cancel",
+    "undoing",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, insert, not_, or_, select, update
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import (
@@ -37,6 +37,7 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.core.store_protocol import FencedTransaction
 from celery_agboss.errors import NotPausedError
+from celery_agboss.store.cancels import paused_in_undo_txn, undoing
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
@@ -92,7 +93,8 @@ def answer_pause(
             return AnsweredPause(_answer_unconditionally(tx, pause_id, execution_id, answer))
         if status != PENDING:
             raise NotPausedError(f"the pause {pause_id!r} was already answered", pause_id=pause_id)
-        refusal = _not_waiting(record, execution_id)
+        in_undo = record is not None and paused_in_undo_txn(tx, record)
+        refusal = _not_waiting(record, execution_id, in_undo)
         if refusal is not None:
             raise NotPausedError(
                 f"{refusal}: it no longer waits for the pause {pause_id!r}",
@@ -110,7 +112,7 @@ def answer_pause(
         if won != 1:  # pragma: no cover - the row lock above orders every answer
             raise NotPausedError(f"the pause {pause_id!r} was already answered", pause_id=pause_id)
         live = execution_lease_live(tx, execution_id)
-        set_execution_txn(tx, execution_id, **_continue_values(tx, live))
+        set_execution_txn(tx, execution_id, **_continue_values(tx, live, in_undo))
         after = require_execution_txn(tx, execution_id)
         audit_change_txn(tx, audit, execution_id, record, after)
         return AnsweredPause(after)
@@ -189,8 +191,9 @@ def _opened(tx: SQLTransaction, pause_id: str, column: str, stored: str | None) 
 
 def list_pauses(store: SQLAlchemyStore, limit: int = 100) -> list[tuple[str, str, str]]:
     """``(pause_id, execution_id, status)`` of the pending pauses whose execution
-    still waits for them (``PAUSED``), and of the early answers no pause has taken yet
-    while their execution may still reach it (not terminal), oldest first."""
+    still waits for them (``PAUSED``, and no cancel requested unless it paused inside an
+    undo: the pauses ``answer_pause`` takes), and of the early answers no pause has
+    taken yet while their execution may still reach it (not terminal), oldest first."""
     terminal = [state.value for state in TERMINAL_STATES]
     with store.read_transaction() as tx:
         rows = tx.execute(
@@ -198,7 +201,11 @@ def list_pauses(store: SQLAlchemyStore, limit: int = 100) -> list[tuple[str, str
             .join(executions, _e.id == _p.execution_id)
             .where(
                 or_(
-                    and_(_p.status == PENDING, _e.state == ExecutionState.PAUSED.value),
+                    and_(
+                        _p.status == PENDING,
+                        _e.state == ExecutionState.PAUSED.value,
+                        or_(not_(_e.cancel_requested), undoing(_e.id)),
+                    ),
                     and_(_p.status == EARLY, _e.state.not_in(terminal)),
                 )
             )
@@ -301,22 +308,29 @@ def pause_in(
     return False, None
 
 
-def _not_waiting(record: ExecutionRecord | None, execution_id: str) -> str | None:
-    """Why the execution does not wait for an answer any more, or None when it does."""
+def _not_waiting(record: ExecutionRecord | None, execution_id: str, in_undo: bool) -> str | None:
+    """Why the execution does not wait for an answer any more, or None when it does. A
+    cancel request stops the body's pauses, not an undo's (``in_undo``): the undo that
+    paused is part of a compensation (the cancel's own, often), which a cancel never
+    stops."""
     if record is None:
         return f"execution {execution_id} is gone"
     if record.state is not ExecutionState.PAUSED:
         return f"execution {execution_id} is {record.state.value}"
-    if record.cancel_requested:
+    if record.cancel_requested and not in_undo:
         return f"a cancel was requested for execution {execution_id}"
     return None
 
 
-def _continue_values(tx: SQLTransaction, lease_live: bool) -> dict[str, Any]:
+def _continue_values(tx: SQLTransaction, lease_live: bool, in_undo: bool = False) -> dict[str, Any]:
     """The answered execution: ``WAITING`` and due now; its re-publish is the planned end
-    of the wait (no recovery). ``wake_requested`` when a delivery still holds the lease."""
+    of the wait (no recovery). ``wake_requested`` when a delivery still holds the lease.
+    Paused inside an undo (``in_undo``), it goes back to ``COMPENSATING`` instead: its
+    undos go on, and a cancel still cannot stop them (the sweep re-drives it, as it
+    re-drives a ``COMPENSATING`` execution whatever its cancel request)."""
+    state = ExecutionState.COMPENSATING if in_undo else ExecutionState.WAITING
     values: dict[str, Any] = {
-        "state": ExecutionState.WAITING.value,
+        "state": state.value,
         "not_before_ms": tx.now_expr(),
         "reason": "pause answered",
         "redrive_planned": True,

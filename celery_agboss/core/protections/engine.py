@@ -139,6 +139,11 @@ UNDO_NOT_MARKED_DONE = "undo-not-marked-done"
 """Sabotage (design: PS10): an undo's done mark is neither written nor read, so every delivery of
 a compensating execution runs every undo again, one already done included."""
 
+UNDO_CALLS_SHARE_ONE_KEY = "undo-calls-share-one-key"
+"""Sabotage (design: undo once): every call an undo makes without a business key takes the
+undo's key, whatever its position: the second of two partial refunds of one call replays
+the first (one refund of 500 for a charge of 1000), or conflicts with it for ever."""
+
 UNDO_IGNORES_OTHER_EXECUTIONS = "undo-ignores-other-executions"
 """Sabotage: an execution undoes a step it shares as if it were alone on it — the
 refund of a charge another execution completed on (a paid, shipped order)."""
