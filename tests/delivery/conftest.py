@@ -178,6 +178,25 @@ class PaymentShop:
     def sweep(self, **options: Any) -> SweepReport:
         return run_sweep(self.agboss, **options)
 
+    def redrive_after_crash(self, task_id: str) -> None:
+        """The crashed delivery's lease is left to expire (the virtual clock moves past
+        it), and the sweep re-drives the execution, as a beat would, until a new holder
+        has it."""
+        crashed = self.agboss.store.read_lease(task_id)
+        assert crashed is not None
+        ttl = self.agboss.settings.lease_ttl_seconds
+
+        def taken_over() -> bool:
+            lease = self.agboss.store.read_lease(task_id)
+            if lease is not None and lease.token != crashed.token:
+                return True
+            if lease is not None and lease.live:
+                self.clock.advance(ttl + 1)
+            self.sweep()
+            return False
+
+        wait_until(taken_over, 15, interval=0.2, message="a new holder of the crashed execution")
+
     def new_id(self) -> str:
         return f"exec-{uuid.uuid4().hex[:12]}"
 

@@ -349,25 +349,6 @@ def _crash_at(signal: Signal, task_name: str, nth: int) -> Iterator[list[str]]:
         signal.disconnect(crash)
 
 
-def _redrive_after_the_crash(shop: PaymentShop, task_id: str) -> None:
-    """The crashed delivery's lease is left to expire (the virtual clock moves past it),
-    and the sweep re-drives the execution, as a beat would, until a new holder has it."""
-    crashed = shop.agboss.store.read_lease(task_id)
-    assert crashed is not None
-    ttl = shop.agboss.settings.lease_ttl_seconds
-
-    def taken_over() -> bool:
-        lease = shop.agboss.store.read_lease(task_id)
-        if lease is not None and lease.token != crashed.token:
-            return True
-        if lease is not None and lease.live:
-            shop.clock.advance(ttl + 1)
-        shop.sweep()
-        return False
-
-    wait_until(taken_over, 15, interval=0.2, message="a new holder of the crashed execution")
-
-
 def _quiet(shop: PaymentShop, ran: list[str], count: int) -> None:
     """Until ``count`` undo tasks ran to their end (none is left running when the virtual
     clock next moves past a lease)."""
@@ -394,7 +375,7 @@ def _undo_tasks_across_a_crash(shop: PaymentShop, signal: Signal) -> tuple[str, 
         task_id = str(pay.delay("o-7").id)
         wait_until(lambda: crashed, 10, message="the crash at the undo task's publish")
         _quiet(shop, ran, 2 if signal is celery_signals.after_task_publish else 1)
-        _redrive_after_the_crash(shop, task_id)
+        shop.redrive_after_crash(task_id)
         record = shop.wait_state(task_id, "FAILED", "WAITING_OPERATOR")
         assert record.state.value == "FAILED", record.reason
         wait_until(lambda: len(shop.gateway.refunds) >= len(set(ran)), 10, message="refunds")
@@ -501,7 +482,7 @@ def _undos_publishing_across_a_crash(shop: PaymentShop) -> list[str]:
         wait_until(lambda: notified, 10, message="the first undo's notify to run")
         # Finished before the clock moves past leases: the sweep would re-drive it too.
         shop.wait_state(notified[0][0], "COMPLETED")
-        _redrive_after_the_crash(shop, task_id)
+        shop.redrive_after_crash(task_id)
         record = shop.wait_state(task_id, "FAILED", "WAITING_OPERATOR")
         assert record.state.value == "FAILED", record.reason
         payments = {p["id"] for p in shop.gateway.payments}

@@ -217,29 +217,10 @@ def _two_part_refunds(shop: PaymentShop, amounts: tuple[int, int], crash: bool =
         task_id = str(pay.delay("o-5").id)
         if crash:
             wait_until(lambda: crashed, 10, message="the crash between the refunds")
-            _redrive_after_the_crash(shop, task_id)
+            shop.redrive_after_crash(task_id)
         record = shop.wait_state(task_id, "FAILED", "WAITING_OPERATOR")
     assert record.state.value == "FAILED", record.reason
     return task_id
-
-
-def _redrive_after_the_crash(shop: PaymentShop, task_id: str) -> None:
-    """The crashed delivery's lease expires (the virtual clock moves past it) and the
-    sweep re-drives the execution, until a new holder has it."""
-    crashed = shop.agboss.store.read_lease(task_id)
-    assert crashed is not None
-    ttl = shop.agboss.settings.lease_ttl_seconds
-
-    def taken_over() -> bool:
-        lease = shop.agboss.store.read_lease(task_id)
-        if lease is not None and lease.token != crashed.token:
-            return True
-        if lease is not None and lease.live:
-            shop.clock.advance(ttl + 1)
-        shop.sweep()
-        return False
-
-    wait_until(taken_over, 15, interval=0.2, message="a new holder of the crashed execution")
 
 
 def _refunded(shop: PaymentShop) -> list[tuple[str, int]]:

@@ -79,6 +79,20 @@ def _last_history(world: World, intent: IntentRecord) -> tuple[str, Any]:
     return last.event, last.detail.get("reason")
 
 
+def _behind_them(world: World) -> tuple[str, str]:
+    """What the rows at the head of the listings must not hide: once the deliveries
+    before died and their leases expired, a delivery that dies holding nothing (for the
+    re-drive) and one revoked while it runs, with nothing sent (for the cancel step)."""
+    world.die()
+    world.clock.advance(5)
+    dead = world.publish()
+    world.start(dead)
+    revoked = world.publish()
+    world.start(revoked)
+    world.agboss.executions.request_cancel(revoked, "revoked, nothing sent")
+    return dead, revoked
+
+
 def _sweeps(world: World, runs: int, *, advance: float = INTERVAL_SECONDS + 1) -> list[SweepReport]:
     """``runs`` sweeps with batches of two, the clock moving ``advance`` s after each."""
     reports = []
@@ -116,13 +130,7 @@ def test_cancel_requested_rows_whose_lookups_keep_failing_never_hold_back_the_ot
         stuck.append(world.publish())
         _charge_with(world, flaky, stuck[-1])
         world.agboss.executions.request_cancel(stuck[-1], "revoked")
-    world.die()
-    world.clock.advance(5)
-    dead = world.publish()
-    world.start(dead)
-    revoked = world.publish()
-    world.start(revoked)
-    world.agboss.executions.request_cancel(revoked, "revoked, nothing sent")
+    dead, revoked = _behind_them(world)
     lost = world.publish()
     world.die()
     world.clock.advance(GRACE_SECONDS + 1)
@@ -305,13 +313,7 @@ def test_lookups_that_hang_hold_back_the_reconcile_step_for_one_interval_only(
     for _ in range(3):
         stranded.append(world.publish())
         _charge_with(world, slow, stranded[-1])
-    world.die()
-    world.clock.advance(5)
-    dead = world.publish()
-    world.start(dead)
-    revoked = world.publish()
-    world.start(revoked)
-    world.agboss.executions.request_cancel(revoked, "revoked, nothing sent")
+    dead, revoked = _behind_them(world)
     world.die()
     try:
         first = world.sweep_sending_nothing(interval_seconds=_LOOKUP_TIMEOUT / 5)
