@@ -44,6 +44,13 @@ def undo_task_parts(sig: Signature) -> dict[str, Any]:
             "chord): declare its first task and link the rest (link=...)",
             task=str(sig.get("task")),
         )
+    if sig.options.get("expires") is not None:
+        raise ConfigurationError(
+            "undo_with() refuses a signature with expires: an undo must run however late "
+            "its message is delivered, or the step it undoes stays unrefunded while the "
+            "execution reads undone; drop expires (a countdown or eta is fine)",
+            task=str(sig.task),
+        )
     return {
         "task": str(sig.task),
         "args": list(sig.args or ()),
@@ -57,6 +64,8 @@ def publish_undo_task(task: Any, undo: compensation.UndoStep) -> None:
     whose calls default to ``undo.key``)."""
     parts = dict(undo.task or {})
     name, args, kwargs, options = (parts[part] for part in compensation.TASK_PARTS)
+    # Declarations stored before undo_with() refused expires: an undo never expires.
+    options = {option: value for option, value in options.items() if option != "expires"}
     if sabotage.active(UNDO_TASK_PUBLISHED_DIRECTLY):
         fresh = {**options, "task_id": str(uuid.uuid4())}
         task.app.send_task(name, args=args, kwargs=kwargs, add_to_parent=False, **fresh)

@@ -433,6 +433,7 @@ def test_an_undo_signature_is_one_task_with_its_own_arguments(shop: PaymentShop)
             (chain(refund_payment.s("a"), refund_payment.s("b")), {}),
             (refund_payment.s("a"), {"amount": 1}),
             (refund_payment.s(object()), {}),
+            (refund_payment.s("a").set(expires=60), {}),
         ):
             try:
                 self.undo_with(undo, **arguments)
@@ -446,6 +447,7 @@ def test_an_undo_signature_is_one_task_with_its_own_arguments(shop: PaymentShop)
         "undo_with() takes the signature of one task, not a canvas (chain, group, chord)",
         "undo 'shop.refund_payment' is a signature",
         "the arguments of undo 'shop.refund_payment' must be JSON",
+        "undo_with() refuses a signature with expires",
     ]
 
 
