@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 os.environ.setdefault(ALLOW_SABOTAGE, "1")
 
+pytest_plugins = ["tests.support.file_times"]
+
 # -- markers from fixtures -----------------------------------------------------
 
 _MARKER_FOR_FIXTURE = {
