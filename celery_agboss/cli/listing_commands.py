@@ -52,6 +52,8 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
         waits = list_waits(runtime, limit=limit)
         shared = list_shared_waits(runtime, limit=limit)
         left = list_failed_after_payment(runtime, limit=limit)
+        lists = {"pending": intents, "waiting_executions": waits}
+        lists.update(failed_after_payment=left, waiting_on_executions=shared)
 
         out.emit(
             {
@@ -68,9 +70,19 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
                 "waiting_on_executions": [
                     {**execution_view(w.execution), "waits_for": w.other} for w in shared
                 ],
+                "limit_reached": [name for name, found in lists.items() if len(found) >= limit],
             },
-            lambda: _pending_text(intents, flagged, waits, left, shared),
+            lambda: _pending_text(intents, flagged, waits, left, shared, limit),
         )
+
+
+def _counted(found: Sequence[object], limit: int) -> str:
+    """A list's length, or the limit it reached: a full page may hide more rows."""
+    return (
+        f"{limit}+ (--limit {limit} reached; raise it to see the rest)"
+        if len(found) >= limit
+        else str(len(found))
+    )
 
 
 def _pending_text(
@@ -79,6 +91,7 @@ def _pending_text(
     waits: Sequence[OperatorWait],
     left: Sequence[PaymentLeftBehind],
     shared: Sequence[SharedWait],
+    limit: int,
 ) -> str:
     """``agboss pending`` as tables: unsettled calls, operator waits, payments left
     behind by a failed execution, and waits on another execution."""
@@ -95,7 +108,10 @@ def _pending_text(
             ]
             for i in intents
         ]
-        head = f"{len(intents)} outbound call(s) not settled, {flagged} waiting for an operator:"
+        head = (
+            f"{_counted(intents, limit)} outbound call(s) not settled, {flagged} waiting "
+            "for an operator:"
+        )
         hint = RESOLVE_HINT if flagged else ""
         listing = table(["KEY", "EXECUTION", "CALL", "ATTEMPT", "AGE", "STATE"], rows)
         parts.append(f"{head}\n{listing}{hint}")
@@ -107,7 +123,7 @@ def _pending_text(
             for w in waits
         ]
         parts.append(
-            f"{len(waits)} execution(s) waiting for an operator:\n"
+            f"{_counted(waits, limit)} execution(s) waiting for an operator:\n"
             + table(["EXECUTION", "TASK", "WHY", "ENDS WITH"], rows)
         )
     if left:
@@ -116,7 +132,7 @@ def _pending_text(
             for p in left
         ]
         parts.append(
-            f"{len(left)} execution(s) failed after a payment (the customer is "
+            f"{_counted(left, limit)} execution(s) failed after a payment (the customer is "
             "charged):\n" + table(["EXECUTION", "STATE", "PAYMENTS", "ENDS WITH"], rows)
         )
     if shared:
@@ -125,7 +141,7 @@ def _pending_text(
             for w in shared
         ]
         parts.append(
-            f"{len(shared)} execution(s) waiting for another execution that shares a "
+            f"{_counted(shared, limit)} execution(s) waiting for another execution that shares a "
             "payment with them (nothing to do: each goes on when the other ends):\n"
             + table(["EXECUTION", "STATE", "WAITS FOR", "WHY"], rows)
         )
@@ -231,7 +247,8 @@ def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
             if not found:
                 return "No pause waits for an answer."
             rows = table(["PAUSE", "EXECUTION", "STATUS"], [list(row) for row in found])
-            return f"{rows}\nWhat one asks: celery -A proj agboss show EXECUTION"
+            head = f"{_counted(found, limit)} pause(s):\n" if len(found) >= limit else ""
+            return f"{head}{rows}\nWhat one asks: celery -A proj agboss show EXECUTION"
 
         out.emit(
             {"pauses": [{"pause_id": p, "execution": e, "status": st} for p, e, st in found]}, text

@@ -57,6 +57,19 @@ def test_pending_lists_what_waits_for_an_operator_and_says_what_to_do(no_lookup:
     assert data["pending"][0]["execution_id"] == task_id
 
 
+def test_pending_says_when_its_limit_hides_more(no_lookup: World) -> None:
+    """A full page is not the whole list: an operator told "1 waiting" while two wait
+    would resolve one and think the queue empty."""
+    _waiting_for_operator(no_lookup)
+    _waiting_for_operator(no_lookup)
+    result = run(no_lookup.app, "pending", "--limit", "1")
+    assert "1+ (--limit 1 reached; raise it to see the rest) outbound call(s)" in result.output
+    assert "1+ (--limit 1 reached" in result.output.split("waiting for an operator:")[1]
+    data = run_json(no_lookup.app, "pending", "--limit", "1")
+    assert data["limit_reached"] == ["pending", "waiting_executions"]
+    assert run_json(no_lookup.app, "pending")["limit_reached"] == []
+
+
 def test_pending_says_so_when_nothing_is_pending(world: World) -> None:
     result = run(world.app, "pending")
     assert result.exit_code == 0
