@@ -52,7 +52,7 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
         waits = list_waits(runtime, limit=limit)
         shared = list_shared_waits(runtime, limit=limit)
         left = list_failed_after_payment(runtime, limit=limit)
-        lists = {"pending": intents, "waiting_executions": waits}
+        lists: dict[str, Sequence[object]] = {"pending": intents, "waiting_executions": waits}
         lists.update(failed_after_payment=left, waiting_on_executions=shared)
 
         out.emit(
