@@ -355,7 +355,7 @@ _CANDIDATE_BATCH = 200
 
 
 def failed_after_payment(
-    store: SQLAlchemyStore, limit: int = 100
+    store: SQLAlchemyStore, limit: int = 100, *, ended_before_ms: int | None = None
 ) -> list[tuple[ExecutionRecord, list[str]]]:
     """Up to ``limit`` ``FAILED`` or ``CANCELLED`` executions that left a completed
     payment behind (``shared_records.unhandled_payments``: nobody undid it, no other
@@ -368,12 +368,14 @@ def failed_after_payment(
     a second click completed on — and stay candidates until retention, so the
     candidates are paged through, a batch per read transaction (keyset on the sort
     order), until ``limit`` are found or none is left: older lookalikes never hide one.
+    ``ended_before_ms``: only those that ended before it (what retention must keep).
     """
     found: list[tuple[ExecutionRecord, list[str]]] = []
     after: tuple[int, str] | None = None
     while len(found) < limit:
         with store.read_transaction() as tx:
-            rows = tx.execute(_candidates(tx, after).limit(_CANDIDATE_BATCH)).all()
+            candidates = _candidates(tx, after, ended_before_ms)
+            rows = tx.execute(candidates.limit(_CANDIDATE_BATCH)).all()
             for row in rows:
                 record = record_of(row, tx.connection)
                 keys = _payments_left_behind(tx, record)
@@ -387,7 +389,9 @@ def failed_after_payment(
     return found
 
 
-def _candidates(tx: SQLTransaction, after: tuple[int, str] | None) -> Any:
+def _candidates(
+    tx: SQLTransaction, after: tuple[int, str] | None, ended_before_ms: int | None = None
+) -> Any:
     """``FAILED`` or ``CANCELLED``, not handled, with a completed uncompensated intent it
     created or used; ordered by when it ended, then id (``ended_at``: 0 for a row
     without an end time, on both databases), after the keyset ``after``."""
@@ -409,6 +413,8 @@ def _candidates(tx: SQLTransaction, after: tuple[int, str] | None) -> Any:
         statement = statement.where(
             or_(ended > after[0], and_(ended == after[0], _e.id > after[1]))
         )
+    if ended_before_ms is not None:
+        statement = statement.where(ended < ended_before_ms)
     return statement.order_by(ended, _e.id)
 
 

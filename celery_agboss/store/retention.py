@@ -17,6 +17,7 @@ deleted. On SQLite, writers (retention and every fenced transaction) run one at 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.protections import (
     PAUSED_RECORDS_EXPIRE,
     RECORD_USES_IGNORED_BY_RETENTION,
+    RETENTION_DELETES_UNHANDLED_PAYMENTS,
     RETENTION_DELETES_WHAT_IT_LISTED,
 )
 from celery_agboss.core.store_protocol import (
@@ -39,7 +41,7 @@ from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     LeaseRef,
 )
-from celery_agboss.store import effects, intents
+from celery_agboss.store import effects, execution_admin, intents
 from celery_agboss.store.dialect import is_postgresql
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.schema import (
@@ -102,6 +104,34 @@ def _creator_done_before(execution_id: Any, cutoff_ms: int) -> ColumnElement[boo
     return exists().where(_e.id == execution_id, done)
 
 
+@dataclass(frozen=True)
+class _LeftBehind:
+    """What ``agboss pending`` lists as "failed after a payment" and ended before a
+    cutoff: the executions and the keys of the payments they left behind. Retention
+    keeps both until an operator says the payments are dealt with (design: retention),
+    else the customer stays charged for a failed order and nobody is told any more."""
+
+    executions: frozenset[str]
+    keys: frozenset[str]
+
+
+def _left_behind_before(store: SQLAlchemyStore, cutoff_ms: int) -> _LeftBehind:
+    """The listing's own rule (``execution_admin.failed_after_payment``), for every one
+    that ended before ``cutoff_ms``: older lookalikes go, so this set is the operator's
+    backlog, not the history."""
+    if sabotage.active(RETENTION_DELETES_UNHANDLED_PAYMENTS):
+        return _LeftBehind(frozenset(), frozenset())
+    found = execution_admin.failed_after_payment(
+        store, limit=sys.maxsize, ended_before_ms=cutoff_ms
+    )
+    ids = frozenset(record.id for record, _ in found)
+    return _LeftBehind(ids, frozenset(key for _, keys in found for key in keys))
+
+
+def _not_in(column: Column[Any], kept: frozenset[str]) -> tuple[ColumnElement[bool], ...]:
+    return (column.not_in(sorted(kept)),) if kept else ()
+
+
 def _may_go(
     kind: str,
     columns: tuple[Column[Any], Column[Any], Column[Any]],
@@ -135,7 +165,10 @@ def delete_settled_intents_before(
     to intents old enough to go, whatever the history (design: retention)."""
     columns = (_i.idempotency_key, _i.execution_id, _i.first_attempt_at_ms)
     settled = _i.status != literal_column(f"'{SETTLED_ONLY_EXCLUDES}'")  # its index's
-    return _delete_records_before(store, INTENT_RECORD, columns, cutoff_ms, limit, settled)
+    # Its payments, and every intent it made (its undos' refunds tell what is left).
+    left = _left_behind_before(store, cutoff_ms)
+    kept = (*_not_in(_i.idempotency_key, left.keys), *_not_in(_i.execution_id, left.executions))
+    return _delete_records_before(store, INTENT_RECORD, columns, cutoff_ms, limit, settled, *kept)
 
 
 def delete_effects_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> RetentionResult:
@@ -143,7 +176,9 @@ def delete_effects_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) ->
     before ``cutoff_ms``. A record is made while its creator runs: one whose creator
     ended before the cutoff was made before it (the bound its index serves)."""
     columns = (_f.key, _f.execution_id, _f.created_at_ms)
-    return _delete_records_before(store, EFFECT_RECORD, columns, cutoff_ms, limit)
+    # Its undo declarations are what tells a refunded failure from one left behind.
+    kept = _not_in(_f.execution_id, _left_behind_before(store, cutoff_ms).executions)
+    return _delete_records_before(store, EFFECT_RECORD, columns, cutoff_ms, limit, *kept)
 
 
 def _delete_records_before(
@@ -191,7 +226,9 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
     """Execution rows terminal since before ``cutoff_ms`` whose intents and fenced effects
     are gone already (retention keeps those as long as they are needed), with their
     lease row, pauses and the uses it did not rely on: history does not grow without
-    bound. The audit trail of operators' decisions stays."""
+    bound. The audit trail of operators' decisions stays. One that left a payment behind
+    stays until an operator dealt with it (``_LeftBehind``)."""
+    kept = _not_in(_e.id, _left_behind_before(store, cutoff_ms).executions)
     with store.transaction() as tx:
         rows = tx.execute(
             select(_e.id)
@@ -204,6 +241,7 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
                 _e.terminal_at_ms < cutoff_ms,
                 not_(exists().where(_i.execution_id == _e.id)),
                 not_(exists().where(_f.execution_id == _e.id)),
+                *kept,
             )
             .order_by(_e.terminal_at_ms, _e.id)
             .limit(limit)

@@ -30,14 +30,17 @@ from celery_agboss.core.outbound import CallContext, Lookup, OutboundCall, Unkno
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.errors import AGBossSignal, OutboundCallUnreconciledError
 from celery_agboss.metrics.exporter import exposition
+from celery_agboss.core.protections import RETENTION_DELETES_UNHANDLED_PAYMENTS
 from celery_agboss.operator import (
     describe,
     list_failed_after_payment,
     list_waits,
+    payments_handled,
     resolve,
 )
 from celery_agboss.store import counts, execution_admin
 from celery_agboss.testing.gateway_types import FakeGatewayFault
+from celery_agboss.testing.switches import sabotage
 from tests.operations.cli import run, run_json
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import World
@@ -176,6 +179,49 @@ def test_the_listing_pages_through_every_lookalike_oldest_first(
     assert _listed(world, 100) == [first, second]
     assert _gauge(world) == 2.0
     assert all(world.execution(e).state is ExecutionState.FAILED for e in later)
+
+
+PAST_RETENTION = 8 * 24 * 3600  # seconds: past the 7-day defaults of every retention
+
+
+def _retention_after_a_payment_left_behind(world: World) -> tuple[str, str]:
+    """Lookalikes and one failure that left its charge behind, then the clock past every
+    retention and a sweep: the lookalikes' records and rows go. The real one's id and
+    its charge's key."""
+    refund = _refund_call(world)
+    _older_lookalikes(world, refund)
+    real = _charged_then_failed(world, "real")
+    (charge,) = world.intents(real)
+    world.clock.advance(PAST_RETENTION)
+    report = world.sweep()
+    assert report.intents_deleted >= 4 and report.executions_deleted >= 1, report
+    return real, charge.idempotency_key
+
+
+def test_retention_keeps_a_payment_left_behind_until_an_operator_dealt_with_it(
+    world: World,
+) -> None:
+    """The charged customer of a failed order stays listed past every retention: only
+    ``payments-handled`` lets its records go (design: retention)."""
+    real, key = _retention_after_a_payment_left_behind(world)
+    for _ in range(2):  # a second run deletes nothing more of it either
+        assert _listed(world, 10) == [real]
+        assert _gauge(world) == 1.0
+        assert [i.idempotency_key for i in world.intents(real)] == [key]
+        world.sweep()
+    payments_handled(world.app, real, "refunded by hand")
+    world.clock.advance(PAST_RETENTION)
+    world.sweep()
+    assert world.intents(real) == []
+    assert world.agboss.executions.read_execution(real) is None
+
+
+def test_twin_retention_deletes_a_payment_nobody_dealt_with(world: World) -> None:
+    with sabotage(RETENTION_DELETES_UNHANDLED_PAYMENTS):
+        real, _ = _retention_after_a_payment_left_behind(world)
+        world.sweep()
+    assert _listed(world, 10) == [], "the twin should lose the charged customer"
+    assert world.agboss.executions.read_execution(real) is None
 
 
 # --- an intent several executions share ----------------------------------------------------

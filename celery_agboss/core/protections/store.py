@@ -93,6 +93,11 @@ deletes judging nothing but the status, and a replay reads and notes its use wit
 holding the record: a replay between the two relies on a record that is then deleted,
 its use with it, and the replaying execution's re-run charges again."""
 
+RETENTION_DELETES_UNHANDLED_PAYMENTS = "retention-deletes-unhandled-payments"
+"""Sabotage (design: retention): retention deletes the records and the row of an execution
+that failed after a payment nobody dealt with, once past the cutoff: ``agboss pending``
+and its gauge stop listing it, and the charged customer is never refunded."""
+
 RELIANCE_OFF_THE_RECORD = "reliance-off-the-record"
 """Sabotage: a reliance is noted beside the record, not by a compare-and-set on it, and an
 undo's claim does not compare the reliance it read: a replay and an undo that race both
