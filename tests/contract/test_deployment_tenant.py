@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from alembic.script import ScriptDirectory
 from celery import Celery, signals
 from sqlalchemy import text
@@ -222,6 +223,33 @@ def test_twin_minting_an_id_for_a_store_in_use_pays_a_payment_in_flight_twice(
 ) -> None:
     gateway = _pay_across_an_upgrade(empty_url, apps, minted_anyway=True)
     assert len(gateway.payments) == 2
+
+
+def test_a_rollback_and_a_re_deploy_keep_the_deployment_id_of_a_payment_in_flight(
+    empty_url: str, apps: Callable[..., Celery], opened: Callable[[str], SQLAlchemyStore]
+) -> None:
+    """Order 1's answer is lost; the release is rolled back (``alembic downgrade``) and
+    deployed again: the redelivery finds the same key, and the charge, once."""
+    gateway = FakeGateway()
+    charge = _charge(gateway)
+    migrate(empty_url)
+    minted = _tenant(opened, empty_url)
+    agboss = AGBoss.of(apps(empty_url, agboss_pseudonym_key=PSEUDONYM_KEY))
+    gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
+    with (
+        ExecutionContext.start(agboss.store, "task-1", agboss.engine_settings) as before,
+        pytest.raises(OutboundCallOutcomeUnknownError),
+    ):
+        before.outbound(charge, {"amount": 1000}, business_key="order:1")
+    with opened(empty_url).engine.begin() as conn:
+        command.downgrade(alembic_config(conn), BEFORE)
+    migrate(empty_url)
+    assert _tenant(opened, empty_url) == minted
+    redeployed = AGBoss.of(apps(empty_url, agboss_pseudonym_key=PSEUDONYM_KEY))
+    redeployed.store.clock_offset_source = lambda: 31_000  # the lost delivery's lease expired
+    with ExecutionContext.start(redeployed.store, "task-1", redeployed.engine_settings) as after:
+        after.outbound(charge, {"amount": 1000}, business_key="order:1")
+    assert len(gateway.payments) == 1
 
 
 # --- kept by a moved or restored store; overridden; never guessed ------------------------

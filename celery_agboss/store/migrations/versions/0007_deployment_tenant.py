@@ -10,7 +10,10 @@ are locked (SHARE) until the migration commits, so no row can slip in between th
 look and the insert. The id is a row of ``agboss_meta``, so a restored or moved store
 keeps it.
 
-No schema change. Downgrading removes the row: upgrading again then decides afresh.
+No schema change. Downgrading keeps the row: the versions before this one never read it,
+and the keys in flight were made with it. Had the downgrade removed it, upgrading again
+would find a store in use and pin ``"default"``: a redelivery after a rollback and a
+re-deploy would compute another key and send the payment again.
 
 Revision ID: 0007
 Revises: 0006
@@ -63,4 +66,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(sa.text("DELETE FROM agboss_meta WHERE key = :key").bindparams(key=_KEY))
+    """Nothing to undo: the deployment id outlives a rollback (see the module doc)."""
