@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Table, bindparam, extract, func, select, type_coerce
+from sqlalchemy import BigInteger, Table, bindparam, cast, extract, func, select, type_coerce
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
@@ -43,6 +43,14 @@ def insert_or_nothing(conn: Connection, table: Table) -> Any:
     if is_postgresql(conn):
         return postgresql.insert(table).on_conflict_do_nothing()
     return sqlite.insert(table).on_conflict_do_nothing()
+
+
+def json_text(conn: Connection, column: ColumnElement[Any], name: str) -> ColumnElement[Any]:
+    """The text of the top-level field ``name`` of a JSON text column (NULL when absent).
+    Off the hot path only: it parses the column's text on every row it reads."""
+    if is_postgresql(conn):
+        return func.json_extract_path_text(cast(column, postgresql.JSON), name)
+    return func.json_extract(column, f"$.{name}")
 
 
 CLOCK_ALIAS = "agboss_clock"

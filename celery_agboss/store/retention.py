@@ -35,6 +35,7 @@ from celery_agboss.core.protections import (
     RECORD_USES_IGNORED_BY_RETENTION,
     RETENTION_DELETES_UNHANDLED_PAYMENTS,
     RETENTION_DELETES_WHAT_IT_LISTED,
+    RETENTION_FORGETS_PUBLISHED_CHILDREN,
 )
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
@@ -42,7 +43,7 @@ from celery_agboss.core.store_protocol import (
     LeaseRef,
 )
 from celery_agboss.store import effects, execution_admin, intents
-from celery_agboss.store.dialect import is_postgresql
+from celery_agboss.store.dialect import is_postgresql, json_text
 from celery_agboss.store.driver_errors import translated
 from celery_agboss.store.schema import (
     SETTLED_ONLY_EXCLUDES,
@@ -230,6 +231,7 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
     stays until an operator dealt with it (``_LeftBehind``)."""
     kept = _not_in(_e.id, _left_behind_before(store, cutoff_ms).executions)
     with store.transaction() as tx:
+        publisher_may_rerun = _publisher_may_rerun(tx, cutoff_ms)
         rows = tx.execute(
             select(_e.id)
             .where(
@@ -241,6 +243,7 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
                 _e.terminal_at_ms < cutoff_ms,
                 not_(exists().where(_i.execution_id == _e.id)),
                 not_(exists().where(_f.execution_id == _e.id)),
+                not_(publisher_may_rerun),
                 *kept,
             )
             .order_by(_e.terminal_at_ms, _e.id)
@@ -259,6 +262,24 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
         # died after the verdict) has expired long ago: gone too.
         tx.execute(delete(leases).where(_l.scope.in_(ids), _l.expires_at_ms < tx.now_expr()))
         return int(tx.execute(delete(executions).where(_e.id.in_(ids))).rowcount)
+
+
+def _publisher_may_rerun(tx: SQLTransaction, cutoff_ms: int) -> ColumnElement[bool]:
+    """The execution whose body published this one (Celery's ``parent_id``, kept in its
+    options) is not terminal, or ended after ``cutoff_ms``: its body may run again and
+    publish this one again under the same derived id, and only this row makes that
+    publish a replay, not a second charge (design: retention)."""
+    if sabotage.active(RETENTION_FORGETS_PUBLISHED_CHILDREN):
+        return false()
+    publisher = executions.alias("agboss_publisher")
+    return exists().where(
+        publisher.c.id == json_text(tx.connection, _e.options, "parent_id"),
+        or_(
+            publisher.c.state.not_in(_TERMINAL),
+            publisher.c.terminal_at_ms.is_(None),
+            publisher.c.terminal_at_ms >= cutoff_ms,
+        ),
+    )
 
 
 def delete_released_lease(store: SQLAlchemyStore, lease: LeaseRef) -> bool:

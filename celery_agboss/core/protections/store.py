@@ -98,6 +98,11 @@ RETENTION_DELETES_UNHANDLED_PAYMENTS = "retention-deletes-unhandled-payments"
 that failed after a payment nobody dealt with, once past the cutoff: ``agboss pending``
 and its gauge stop listing it, and the charged customer is never refunded."""
 
+RETENTION_FORGETS_PUBLISHED_CHILDREN = "retention-forgets-published-children"
+"""Sabotage (design: retention): retention deletes the row of an execution a body
+published while that body may still run again (its execution paused, waiting): the
+re-run publishes the same derived id, finds no row, and the child charges again."""
+
 RELIANCE_OFF_THE_RECORD = "reliance-off-the-record"
 """Sabotage: a reliance is noted beside the record, not by a compare-and-set on it, and an
 undo's claim does not compare the reliance it read: a replay and an undo that race both
