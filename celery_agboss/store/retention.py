@@ -73,15 +73,21 @@ class RetentionResult:
     rows: int
 
 
+def _not_done_before(execution: Any, cutoff_ms: int) -> ColumnElement[bool]:
+    """``execution`` (an alias of the executions table) may still act: not terminal, or
+    terminal only since ``cutoff_ms``. What keeps what it relies on (design: retention)."""
+    return or_(
+        execution.c.state.not_in(_TERMINAL),
+        execution.c.terminal_at_ms.is_(None),
+        execution.c.terminal_at_ms >= cutoff_ms,
+    )
+
+
 def _kept_for_a_user(kind: str, record_key: Any, cutoff_ms: int) -> ColumnElement[bool]:
     """Some execution that used the record (not its creator) is not terminal, or became
     terminal after ``cutoff_ms``: the record stays (design: retention)."""
     user = executions.alias("agboss_user")
-    keeps = or_(
-        user.c.state.not_in(_TERMINAL),
-        user.c.terminal_at_ms.is_(None),
-        user.c.terminal_at_ms >= cutoff_ms,
-    )
+    keeps = _not_done_before(user, cutoff_ms)
     if sabotage.active(PAUSED_RECORDS_EXPIRE):  # a long pause counts as done, here too
         paused_long = and_(
             user.c.state == ExecutionState.PAUSED.value, user.c.updated_at_ms < cutoff_ms
@@ -274,11 +280,7 @@ def _publisher_may_rerun(tx: SQLTransaction, cutoff_ms: int) -> ColumnElement[bo
     publisher = executions.alias("agboss_publisher")
     return exists().where(
         publisher.c.id == json_text(tx.connection, _e.options, "parent_id"),
-        or_(
-            publisher.c.state.not_in(_TERMINAL),
-            publisher.c.terminal_at_ms.is_(None),
-            publisher.c.terminal_at_ms >= cutoff_ms,
-        ),
+        _not_done_before(publisher, cutoff_ms),
     )
 
 
