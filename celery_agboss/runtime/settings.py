@@ -110,6 +110,18 @@ class AGBossSettings:
             return self.execution_retention_seconds
         return max(self.outbound_retention_seconds, self.fenced_effect_retention_seconds)
 
+    def retention_warning(self) -> str | None:
+        """A retention below the broker's redelivery timeout, warned of (design: retention)."""
+        kept = (self.outbound_retention_seconds, self.fenced_effect_retention_seconds)
+        shortest = min(*kept, self.terminal_execution_retention_seconds)
+        if shortest >= self.visibility_timeout_seconds:
+            return None
+        return (
+            f"a retention of {shortest:g} s is shorter than the broker's visibility timeout "
+            f"({self.visibility_timeout_seconds:g} s): a message redelivered after its "
+            "execution's records are gone runs it again, and may charge again"
+        )
+
     # The engine counts in milliseconds and the settings in seconds (as app.conf gives
     # them): these are the one place a duration setting becomes milliseconds.
 

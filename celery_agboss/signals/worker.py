@@ -45,9 +45,12 @@ def worker_init(runtime: Runtime, sender: Any = None, **_: Any) -> None:
 
 
 def worker_ready(runtime: Runtime, sender: Any = None, **_: Any) -> None:
-    """Log the tenant this worker's keys start with."""
+    """Log the tenant this worker's keys start with, and any retention too short."""
     if getattr(sender, "app", None) is runtime.app:
         _log_tenant(runtime)
+        warning = runtime.settings.retention_warning()
+        if warning is not None:
+            logger.warning("celery_agboss: %s", warning)
 
 
 def beat_init(runtime: Runtime, sender: Any = None, **_: Any) -> None:

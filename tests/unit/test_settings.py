@@ -392,3 +392,11 @@ def test_a_prepared_statements_value_that_is_no_yes_or_no_is_refused(value: Any)
         ConfigurationError, match="agboss_prepared_statements must be True or False"
     ):
         settings_from_conf(conf(agboss_prepared_statements=value), environ={})
+
+
+def test_a_retention_shorter_than_the_visibility_timeout_is_warned_of() -> None:
+    """A Redis redelivery after the execution's records went would run it afresh."""
+    assert settings_from_conf(conf(), environ={}).retention_warning() is None
+    short = conf(agboss_execution_retention=600, agboss_visibility_timeout=3600)
+    warning = settings_from_conf(short, environ={}).retention_warning() or ""
+    assert "600 s is shorter than the broker's visibility timeout (3600 s)" in warning
