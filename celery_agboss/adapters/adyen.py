@@ -53,6 +53,7 @@ from celery_agboss.adapters.common import (
     http_timeout_seconds,
     refuse_another_requests_answer,
 )
+from celery_agboss.adapters.minor_units import GatewayUnits, from_gateway, to_gateway
 from celery_agboss.core.outbound import (
     CallContext,
     Lookup,
@@ -134,6 +135,11 @@ class AdyenRequestError(ValueError):
 
 
 _check = RequestChecks(AdyenRequestError)
+
+ADYEN_UNITS = GatewayUnits("Adyen", {"CLP": 2, "CVE": 0, "IDR": 0, "ISK": 2}, AdyenRequestError)
+"""How Adyen writes amounts where it differs from ISO 4217 (its "Currency codes and
+minor units" page): CLP and ISK with two decimals (ISO 4217: none), CVE and IDR with
+none (ISO 4217: two)."""
 
 
 class AdyenLookupUnsupported(NotImplementedError):
@@ -266,7 +272,7 @@ class AdyenAdapter(AdapterCalls):
         reference = _check.text(request, "reference")
         body: dict[str, Any] = {
             "merchantAccount": self.merchant_account,
-            "amount": {"value": amount, "currency": currency.upper()},
+            "amount": _adyen_amount(amount, currency),
             "reference": reference,
             **_payment_method(request),
         }
@@ -287,23 +293,20 @@ class AdyenAdapter(AdapterCalls):
                 "outcome is not settled by this answer",
                 dict(answer),
             )
-        answered = _amount_of(answer)
+        answered = {**body["amount"], **_amount_of(answer)}
+        moved = from_gateway(answered["value"], answered["currency"], ADYEN_UNITS)
         # The answer to a resend is the key's first answer (design: G4), whoever sent it: the
         # only place this adapter can tell another request's payment from its own.
         refuse_another_requests_answer(
             f"Adyen's payment {psp}",
             PaymentFacts(amount, currency, reference),
-            PaymentFacts(
-                answered.get("value", amount),
-                answered.get("currency", currency),
-                answer.get("merchantReference", reference),
-            ),
+            PaymentFacts(moved, answered["currency"], answer.get("merchantReference", reference)),
         )
         return {
             "id": psp,
             "status": "authorised",
-            "amount": answered.get("value", amount),
-            "currency": str(answered.get("currency", currency)).lower(),
+            "amount": moved,
+            "currency": str(answered["currency"]).lower(),
             "reference": answer.get("merchantReference", reference),
             "result_code": code,
             "capture": "immediate" if capture else "manual",
@@ -345,8 +348,7 @@ class AdyenAdapter(AdapterCalls):
                     "'amount' is required: Adyen captures and refunds take an explicit "
                     "amount (and 'currency'), and cannot look the payment's amount up"
                 )
-            value = _check.amount(request)
-            body["amount"] = {"value": value, "currency": _check.currency(request).upper()}
+            body["amount"] = _adyen_amount(_check.amount(request), _check.currency(request))
         if request.get("reference") is not None:
             body["reference"] = _check.text(request, "reference")
         return body
@@ -381,6 +383,13 @@ def _payment_method(request: Mapping[str, Any]) -> Result:
     )
 
 
+def _adyen_amount(amount: int, currency: str) -> Result:
+    """The request's ``amount`` (ISO 4217 minor units) as Adyen's amount object, in Adyen's
+    minor units (``ADYEN_UNITS``): refused, before anything is sent, when Adyen cannot
+    write it (a CVE or IDR amount that is not a multiple of 100)."""
+    return {"value": to_gateway(amount, currency, ADYEN_UNITS), "currency": currency.upper()}
+
+
 def _amount_of(answer: Mapping[str, Any]) -> Mapping[str, Any]:
     """An answer's ``amount`` object (``{"value", "currency"}``), or empty when absent."""
     amount = answer.get("amount")
@@ -413,10 +422,12 @@ def _received(answer: Any, payment: str, body: Mapping[str, Any]) -> Result:
             payment=answer.get("paymentPspReference", payment),
         ),
     )
+    value = amount.get("value")
     return {
         "status": "received",
         "psp_reference": psp,
-        "amount": amount.get("value"),
+        # In ISO 4217 minor units, as the request's (compared above in Adyen's, as sent).
+        "amount": from_gateway(value, currency or asked.get("currency"), ADYEN_UNITS),
         "currency": currency.lower() if isinstance(currency, str) else None,
         "reference": answer.get("reference"),
     }

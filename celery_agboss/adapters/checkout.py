@@ -43,9 +43,24 @@ from celery_agboss.adapters.checkout_client import (
     declined,
     declined_reason,
     one_send,
-    payment_result,
     plain,
     status_code,
+)
+from celery_agboss.adapters.checkout_requests import (
+    CHECKOUT_UNITS,
+    KEY_METADATA_FIELD,
+    CheckoutAdapterError,
+    CheckoutDeclinedError,
+    CheckoutNoAnswerError,
+    CheckoutRefusedError,
+    CheckoutRequestError,
+    iso_amount,
+    key_mark,
+    marked_key,
+    metadata_with_key,
+    payment_result,
+    request_checks,
+    source_of,
 )
 from celery_agboss.adapters.common import (
     DEFAULT_ATTEMPT_TIMEOUT,
@@ -53,7 +68,6 @@ from celery_agboss.adapters.common import (
     AdapterCalls,
     CallMaker,
     PaymentFacts,
-    RequestChecks,
     adapter_policies,
     adopt_action,
     adopt_one_of,
@@ -64,14 +78,11 @@ from celery_agboss.adapters.common import (
     refuse_another_requests_answer,
     request_facts,
 )
+from celery_agboss.adapters.minor_units import to_gateway
 from celery_agboss.core.durations import to_seconds
-from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, ReconcileAnswer, Unknown
 
 DEFAULT_KEY_RETENTION = timedelta(hours=24)
-KEY_METADATA_FIELD = "agboss_idempotency_key"
-"""The metadata field of every payment and action sent: the key (its digest past 255)."""
-_METADATA_VALUE_LIMIT = 255
 _DEFINITE_STATUSES = frozenset({400, 401, 403, 404, 422})
 _ACTION_TYPES = {"capture": "Capture", "refund": "Refund", "void": "Void"}
 _DECLINE_FIELDS = ("approved", "response_code", "response_summary")
@@ -83,47 +94,6 @@ token or stored source that stands for one."""
 TEST_CARD = {"type": "card", "number": "4242424242424242", "expiry_month": 12, "cvv": "100"}
 """The test card ``send`` (the checklist's charge) pays with (sandbox only), expiring
 in December three years on."""
-
-
-class CheckoutAdapterError(Exception):
-    """What the adapter raises itself; ``details`` are JSON, so a stored failure can be
-    raised again as it was (an SDK exception cannot: it is built from an HTTP response)."""
-
-    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.details = dict(details or {})
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.details))
-
-
-class CheckoutRequestError(CheckoutAdapterError, ValueError):
-    """A malformed request dict, refused before anything was sent: definite."""
-
-
-_check = RequestChecks(CheckoutRequestError)
-
-
-class CheckoutDeclinedError(CheckoutAdapterError):
-    """A 201 with ``approved: false`` (the SDK returns it as a success), or a capture,
-    refund or void the payment lists ``approved: false`` (accepted with a 202, then
-    declined): no money moved, definite. ``details``: ``payment_id``, ``response_code``,
-    ``response_summary``; for an action also ``action_id`` and ``type``."""
-
-
-class CheckoutRefusedError(CheckoutAdapterError):
-    """Checkout.com refused the request (400, 401, 403, 404, 422): nothing processed,
-    definite. Its ``__cause__`` is the SDK's ``CheckoutApiException``; ``details``:
-    ``status``, ``error_type``, ``error_codes``, ``request_id``."""
-
-    @property
-    def status(self) -> Any:
-        return self.details.get("status")
-
-
-class CheckoutNoAnswerError(CheckoutAdapterError):
-    """No complete answer: the connection failed or timed out, or an accepted action could
-    not be read back. It may have been processed: unknown, reconcile decides."""
 
 
 def is_nothing_processed(exc: BaseException) -> bool:
@@ -141,38 +111,12 @@ def is_nothing_processed(exc: BaseException) -> bool:
 # --- requests and results ------------------------------------------------------------------
 
 
-def _source(value: Any) -> dict[str, Any]:
-    """A token (``tok_…``), a stored source (``src_…``) or a source object as the API takes."""
-    if isinstance(value, str) and value.startswith(("tok_", "src_")):
-        kind = "token" if value.startswith("tok_") else "id"
-        return {"type": kind, kind: value}
-    if isinstance(value, Mapping) and isinstance(value.get("type"), str):
-        return dict(value)
-    raise CheckoutRequestError("source is required: 'tok_…', 'src_…' or a dict with 'type'")
-
-
-def _key_mark(idempotency_key: str) -> str:
-    return fit_key(idempotency_key, _METADATA_VALUE_LIMIT)
-
-
-def _metadata(request: Mapping[str, Any], idempotency_key: str) -> dict[str, Any]:
-    given = request.get("metadata") or {}
-    if not isinstance(given, Mapping) or KEY_METADATA_FIELD in given:
-        raise CheckoutRequestError(f"metadata must be a dict without {KEY_METADATA_FIELD!r}")
-    return {**given, KEY_METADATA_FIELD: _key_mark(idempotency_key)}
-
-
-def _marked(item: Mapping[str, Any]) -> Any:
-    metadata = item.get("metadata")
-    return metadata.get(KEY_METADATA_FIELD) if isinstance(metadata, dict) else None
-
-
 def _facts(payment: Mapping[str, Any]) -> PaymentFacts:
-    """A payment (a 201, or listed by reference) as what tells it from another; the key
-    is the mark in its metadata."""
-    return PaymentFacts(
-        payment.get("amount"), payment.get("currency"), payment.get("reference"), _marked(payment)
-    )
+    """A payment (a 201, or listed by reference) as what tells it from another (its amount
+    in ISO 4217 minor units, as the request's); the key is the mark in its metadata."""
+    currency = payment.get("currency")
+    amount = iso_amount(payment.get("amount"), currency)
+    return PaymentFacts(amount, currency, payment.get("reference"), marked_key(payment))
 
 
 def _action_facts(result: Mapping[str, Any]) -> PaymentFacts:
@@ -259,29 +203,31 @@ class CheckoutAdapter(AdapterCalls):
 
     def lookup(self, idempotency_key: str) -> dict[str, Any] | None:
         """The payment ``send`` made under the key (listed by the key as reference), or None."""
-        mark = _key_mark(idempotency_key)
+        mark = key_mark(idempotency_key)
         found, _ = self._payments_by_reference(idempotency_key)
-        mine = [p for p in found if not declined(p) and _marked(p) == mark]
+        mine = [p for p in found if not declined(p) and marked_key(p) == mark]
         return payment_result(mine[0]) if mine else None
 
     # --- sends ------------------------------------------------------------------------------
 
     def _request_payment(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
-        request, key = _check.mapping(call.request, "charge"), call.idempotency_key
+        request, key = request_checks.mapping(call.request, "charge"), call.idempotency_key
         if "capture" in request:
             raise CheckoutRequestError("capture is the call's own: use charge, or authorize")
         body = {k: v for k, v in request.items() if k not in ("source", "metadata")}
-        body.update(source=_source(request.get("source")), amount=_check.amount(request))
-        currency, reference = _check.currency(request).upper(), _check.text(request, "reference")
+        amount, currency = request_checks.amount(request), request_checks.currency(request).upper()
+        body.update(source=source_of(request.get("source")))
+        body.update(amount=to_gateway(amount, currency, CHECKOUT_UNITS))  # refused here
+        reference = request_checks.text(request, "reference")
         body.update(currency=currency, reference=reference)
-        body.update(capture=capture, metadata=_metadata(request, key))
+        body.update(capture=capture, metadata=metadata_with_key(request, key))
         if self.processing_channel_id is not None:
             body.setdefault("processing_channel_id", self.processing_channel_id)
         with one_send(self.timeout):
             reply = self._sdk("the payment", self._payments.request_payment, body, key)
         payment = as_dict(reply)
         # A 201 carries no metadata, so no key: amount, currency and reference tell.
-        wanted = PaymentFacts(body["amount"], body["currency"], body["reference"])
+        wanted = PaymentFacts(amount, currency, reference)
         refuse_another_requests_answer(
             f"Checkout.com's payment {payment.get('id')}", wanted, _facts(payment)
         )
@@ -295,16 +241,19 @@ class CheckoutAdapter(AdapterCalls):
         return payment_result(payment)
 
     def _send_action(self, call: CallContext, kind: str) -> dict[str, Any]:
-        request, key = _check.mapping(call.request, kind), call.idempotency_key
-        payment_id = _check.text(request, "payment_id")
+        request, key = request_checks.mapping(call.request, kind), call.idempotency_key
+        payment_id = request_checks.text(request, "payment_id")
         body = {k: v for k, v in request.items() if k not in ("payment_id", "metadata")}
-        if body.get("amount") is None:
-            body.pop("amount", None)
-        else:
-            _check.amount(body)
-        body["metadata"] = _metadata(request, key)
+        amount = None if body.get("amount") is None else request_checks.amount(body)
+        body.pop("amount", None)
+        body["metadata"] = metadata_with_key(request, key)
         post = getattr(self._payments, f"{kind}_payment")
         with one_send(self.timeout):
+            if amount is not None:
+                # In Checkout.com's units for the payment's currency, read first (an action
+                # names none): refused before the action when it cannot be written.
+                currency = self._details(payment_id).get("currency")
+                body["amount"] = to_gateway(amount, str(currency or ""), CHECKOUT_UNITS)
             try:
                 reply = self._sdk(f"the {kind} of {payment_id}", post, payment_id, body, key)
             except CheckoutRefusedError as refused:
@@ -315,7 +264,7 @@ class CheckoutAdapter(AdapterCalls):
                 done = self._outcome(payment_id, kind, key, None, f"refused ({refused})")
                 if done is None:
                     raise
-                return _own_action(kind, payment_id, body.get("amount"), done)
+                return _own_action(kind, payment_id, amount, done)
             answered = as_dict(reply)
             action_id = answered.get("action_id")
             # A key's 202 is replayed whoever sent it first: read the payment it names.
@@ -323,7 +272,7 @@ class CheckoutAdapter(AdapterCalls):
             found = self._outcome(paid, kind, key, action_id, f"accepted ({action_id})")
             if found is None:
                 raise CheckoutNoAnswerError(f"{paid} does not list {kind} {action_id}")
-            return _own_action(kind, payment_id, body.get("amount"), found)
+            return _own_action(kind, payment_id, amount, found)
 
     def _outcome(
         self, payment_id: str, kind: str, key: str, action_id: Any, answer: str
@@ -388,22 +337,25 @@ class CheckoutAdapter(AdapterCalls):
 
     @staticmethod
     def _under_key(actions: list[dict[str, Any]], kind: str, key: str) -> list[dict[str, Any]]:
-        mark = _key_mark(key)
-        return [a for a in actions if a.get("type") == _ACTION_TYPES[kind] and _marked(a) == mark]
+        mark = key_mark(key)
+        return [
+            a for a in actions if a.get("type") == _ACTION_TYPES[kind] and marked_key(a) == mark
+        ]
 
     def _details(self, payment_id: str) -> dict[str, Any]:
         read = self._payments.get_payment_details
         return as_dict(self._sdk(f"payment {payment_id}", read, payment_id))
 
     def _action_result(self, payment_id: str, action: Mapping[str, Any]) -> dict[str, Any]:
-        """What capture, refund and void return, from send and reconcile alike."""
+        """What capture, refund and void return, from send and reconcile alike (the amount
+        in ISO 4217 minor units, as the request's)."""
         payment = self._details(payment_id)
         return {
             "id": payment_id,
             "action_id": action.get("id"),
             "type": action.get("type"),
             "status": payment.get("status"),
-            "amount": action.get("amount"),
+            "amount": iso_amount(action.get("amount"), payment.get("currency")),
             "currency": str(payment.get("currency") or "").lower(),
             "reference": action.get("reference"),
             # A declined action (``approved: false``) moved no money: send raises it.
@@ -417,15 +369,18 @@ class CheckoutAdapter(AdapterCalls):
         and matches the request is this call's. Another call's key is another call's
         payment; one with no key, or ours with another amount or currency, is not taken
         for this one (``Unknown``: an operator decides)."""
-        request = _check.mapping(lookup.request, "charge")
-        reference, currency = _check.text(request, "reference"), _check.currency(request).upper()
-        amount, mark = _check.amount(request), _key_mark(lookup.idempotency_key)
+        request = request_checks.mapping(lookup.request, "charge")
+        reference, currency = (
+            request_checks.text(request, "reference"),
+            request_checks.currency(request).upper(),
+        )
+        amount, mark = request_checks.amount(request), key_mark(lookup.idempotency_key)
         found, complete = self._payments_by_reference(reference)
         if not complete:
             return Unknown(f"over {_PAGE * _MAX_PAGES} payments carry reference {reference!r}")
         wanted = request_facts(request, mark)
         # Another call's key marks another call's payment: only ours, or none, can be.
-        listed = [p for p in found if not declined(p) and _marked(p) in (None, mark)]
+        listed = [p for p in found if not declined(p) and marked_key(p) in (None, mark)]
         answer = adopt_one_of(
             wanted,
             [(f"payment {p.get('id')}", _facts(p), payment_result(p)) for p in listed],
@@ -436,7 +391,7 @@ class CheckoutAdapter(AdapterCalls):
         return self._absent(lookup, f"no payment {what}")
 
     def _reconcile_action(self, call: CallContext, lookup: Lookup, kind: str) -> ReconcileAnswer:
-        payment_id = _check.text(_check.mapping(lookup.request, kind), "payment_id")
+        payment_id = request_checks.text(request_checks.mapping(lookup.request, kind), "payment_id")
         actions = self._actions(payment_id)
         found = self._under_key(actions, kind, lookup.idempotency_key)
         # A declined action moved no money: never this call's result.
@@ -460,12 +415,16 @@ class CheckoutAdapter(AdapterCalls):
         if kind == "void":
             return None
         payment = self._details(payment_id)
+        currency = payment.get("currency")
+        # In ISO 4217 minor units, as the request's (``action`` kept as itself).
+        in_iso = {id(a): {**a, "amount": iso_amount(a.get("amount"), currency)} for a in actions}
+        own = in_iso.get(id(action), action)
         if kind == "capture":  # all of the authorisation: nothing is taken before it
-            return left_before(payment.get("amount"), action, [], "processed_on")
+            return left_before(iso_amount(payment.get("amount"), currency), own, [], "processed_on")
         approved = [a for a in actions if a.get("approved") is not False]
-        refunds = [a for a in approved if a.get("type") == "Refund"]
+        refunds = [in_iso[id(a)] for a in approved if a.get("type") == "Refund"]
         captured = (payment.get("balances") or {}).get("total_captured")
-        return left_before(captured, action, refunds, "processed_on")
+        return left_before(iso_amount(captured, currency), own, refunds, "processed_on")
 
     def _absent(self, lookup: Lookup, why: str) -> ReconcileAnswer:
         """A miss is NotSent only while the key surely lives: a resend under it is then

@@ -100,15 +100,6 @@ def status_code(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def payment_result(payment: Mapping[str, Any]) -> dict[str, Any]:
-    """What charge and authorize return, from a 201 or a listed payment alike."""
-    fields = ("id", "status", "amount", "reference", "approved")
-    return {
-        **{field: payment.get(field) for field in fields},
-        "currency": str(payment.get("currency") or "").lower(),
-    }
-
-
 def declined(payment: Mapping[str, Any]) -> bool:
     """A 201 or a listed payment that moved no money (Checkout.com declined it)."""
     return payment.get("approved") is False or payment.get("status") == "Declined"
@@ -173,7 +164,6 @@ __all__ = [
     "declined",
     "declined_reason",
     "one_send",
-    "payment_result",
     "plain",
     "status_code",
 ]

@@ -34,6 +34,7 @@ from celery_agboss.adapters.common import (
     linked_id,
     refuse_another_requests_answer,
 )
+from celery_agboss.adapters.minor_units import GatewayUnits, iso_exponent, to_gateway
 
 
 class PayPalRequestError(ValueError):
@@ -56,23 +57,9 @@ request that carries either (nothing sent); masking keeps them out of the store 
 WHOLE_UNIT_CURRENCIES = frozenset({"HUF", "JPY", "TWD"})
 """PayPal's currencies without decimals: "Decimal amounts cause an error" (its currency
 codes reference). HUF and TWD have two decimals in ISO 4217, JPY none."""
-_ISO_EXPONENTS = {
-    **dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW"), 0),
-    **dict.fromkeys(("PYG", "RWF", "UGX", "UYI", "VND", "VUV", "XAF", "XOF", "XPF"), 0),
-    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
-    **dict.fromkeys(("CLF", "UYW"), 4),
-}
-"""ISO 4217's minor-unit exponent where it is not 2: what a request's ``amount`` counts."""
+PAYPAL_UNITS = GatewayUnits("PayPal", dict.fromkeys(WHOLE_UNIT_CURRENCIES, 0), PayPalRequestError)
+"""How PayPal writes amounts where it differs from ISO 4217: its whole-unit currencies."""
 REFUSED_STATUSES = frozenset({"DECLINED", "FAILED", "DENIED"})
-
-
-def _exponent(currency: str) -> int:
-    return _ISO_EXPONENTS.get(currency.upper(), 2)
-
-
-def _places(currency: str) -> int:
-    """The decimals PayPal writes: none for its whole-unit currencies, else ISO 4217's."""
-    return 0 if currency.upper() in WHOLE_UNIT_CURRENCIES else _exponent(currency)
 
 
 def decimal_value(amount: int, currency: str) -> str:
@@ -81,22 +68,15 @@ def decimal_value(amount: int, currency: str) -> str:
     An amount PayPal cannot write (HUF or TWD not a multiple of 100) is refused: rounding
     it would charge another amount than the request's."""
     code = currency.upper()
-    step = 10 ** (_exponent(code) - _places(code))
-    if amount % step:
-        raise PayPalRequestError(
-            f"request field 'amount' {amount} {code} is in ISO 4217 minor units "
-            f"(1/{10 ** _exponent(code)} {code}), and PayPal takes {code} in whole units "
-            f"only: send a multiple of {step} ({amount // step * step} or "
-            f"{(amount // step + 1) * step} here)"
-        )
-    return str(Decimal(amount // step).scaleb(-_places(code)))
+    units = to_gateway(amount, code, PAYPAL_UNITS)
+    return str(Decimal(units).scaleb(-PAYPAL_UNITS.exponent(code)))
 
 
 def minor_units(money: Mapping[str, Any]) -> int:
     """PayPal's ``value`` back in ISO 4217 minor units (×100 for HUF and TWD): the inverse
     of :func:`decimal_value`, so send and reconcile compare like with like."""
     code = str(money["currency_code"]).upper()
-    number = Decimal(str(money["value"])).scaleb(_exponent(code))
+    number = Decimal(str(money["value"])).scaleb(iso_exponent(code))
     if not number.is_finite() or number != number.to_integral_value():
         raise ValueError(f"PayPal's {money['value']!r} {code} is not whole minor units")
     return int(number)
@@ -248,6 +228,7 @@ def payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
 
 __all__ = [
     "CARD_DATA",
+    "PAYPAL_UNITS",
     "REFUSED_STATUSES",
     "WHOLE_UNIT_CURRENCIES",
     "PayPalDeclinedError",

@@ -40,9 +40,11 @@ from celery_agboss.adapters.common import (
     refuse_another_requests_answer,
     request_facts,
 )
+from celery_agboss.adapters.minor_units import from_gateway, to_gateway
 from celery_agboss.adapters.stripe_requests import (
     KEY_METADATA,
     REFERENCE_METADATA,
+    STRIPE_UNITS,
     InvalidStripeRequestError,
     id_of,
     payment_id_request,
@@ -99,17 +101,24 @@ def is_definite_stripe_failure(exc: BaseException) -> bool:
     return False
 
 
+def iso_amount(stripe_object: Mapping[str, Any], field: str = "amount") -> int | None:
+    """A PaymentIntent's or a Refund's amount ``field`` in ISO 4217 minor units (Stripe
+    writes ISK ×100 and MGA ÷100: ``STRIPE_UNITS``); None when it is none."""
+    return from_gateway(stripe_object.get(field), stripe_object.get("currency"), STRIPE_UNITS)
+
+
 def intent_result(intent: Mapping[str, Any]) -> dict[str, Any]:
-    """A PaymentIntent as the JSON result charge, authorize, capture and void return."""
+    """A PaymentIntent as the JSON result charge, authorize, capture and void return;
+    its amounts in ISO 4217 minor units, as the request's."""
     metadata = intent.get("metadata") or {}
     return {
         "id": intent["id"],
         "object": "payment_intent",
         "status": intent.get("status"),
-        "amount": intent.get("amount"),
+        "amount": iso_amount(intent),
         "currency": intent.get("currency"),
-        "amount_received": intent.get("amount_received"),
-        "amount_capturable": intent.get("amount_capturable"),
+        "amount_received": iso_amount(intent, "amount_received"),
+        "amount_capturable": iso_amount(intent, "amount_capturable"),
         "capture_method": intent.get("capture_method"),
         "reference": metadata.get(REFERENCE_METADATA),
         "latest_charge": id_of(intent.get("latest_charge")),
@@ -117,22 +126,23 @@ def intent_result(intent: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def refund_result(refund: Mapping[str, Any]) -> dict[str, Any]:
-    """A Refund as the JSON result refund returns."""
+    """A Refund as the JSON result refund returns (its amount in ISO 4217 minor units)."""
     return {
         "id": refund["id"],
         "object": "refund",
         "status": refund.get("status"),
-        "amount": refund.get("amount"),
+        "amount": iso_amount(refund),
         "currency": refund.get("currency"),
         "payment_intent": id_of(refund.get("payment_intent")),
     }
 
 
 def intent_facts(intent: Mapping[str, Any]) -> PaymentFacts:
-    """What tells a PaymentIntent from another: amount, currency, reference and our key."""
+    """What tells a PaymentIntent from another: amount (in ISO 4217 minor units, as the
+    request's), currency, reference and our key."""
     metadata = intent.get("metadata") or {}
     return PaymentFacts(
-        amount=intent.get("amount"),
+        amount=iso_amount(intent),
         currency=intent.get("currency"),
         reference=metadata.get(REFERENCE_METADATA),
         key=metadata.get(KEY_METADATA),
@@ -249,7 +259,7 @@ class StripeAdapter(AdapterCalls):
     def _create_intent(self, call: CallContext, *, capture: bool) -> dict[str, Any]:
         payment = payment_request(call.request)
         params: Any = {
-            "amount": payment.amount,
+            "amount": to_gateway(payment.amount, payment.currency, STRIPE_UNITS),
             "currency": payment.currency,
             "payment_method": payment.source,
             "confirm": True,
@@ -287,11 +297,20 @@ class StripeAdapter(AdapterCalls):
             call.request, "capture", frozenset({"payment_id", "amount"})
         )
         amount = positive_int(request, "amount", optional=True)
-        params: Any = {} if amount is None else {"amount_to_capture": amount}
+        params: Any = {}
+        if amount is not None:
+            params["amount_to_capture"] = self._stripe_amount(payment_id, amount)
         intent = self.client.v1.payment_intents.capture(
             payment_id, params=params, options=self._options(call)
         )
         return intent_result(intent.to_dict())
+
+    def _stripe_amount(self, payment_id: str, amount: int) -> int:
+        """A capture's or refund's ``amount`` (ISO 4217 minor units) in Stripe's units for
+        the PaymentIntent's currency, read first (a capture or refund names none): refused
+        before the capture or refund when Stripe cannot write it (``STRIPE_UNITS``)."""
+        intent = self.client.v1.payment_intents.retrieve(payment_id).to_dict()
+        return to_gateway(amount, str(intent.get("currency") or ""), STRIPE_UNITS)
 
     def _send_void(self, call: CallContext) -> dict[str, Any]:
         allowed = frozenset({"payment_id", "cancellation_reason"})
@@ -312,7 +331,7 @@ class StripeAdapter(AdapterCalls):
         }
         amount = positive_int(request, "amount", optional=True)
         if amount is not None:
-            params["amount"] = amount
+            params["amount"] = self._stripe_amount(payment_id, amount)
         reason = text_field(request, "reason", limit=64, optional=True)
         if reason is not None:
             params["reason"] = reason
@@ -368,8 +387,11 @@ class StripeAdapter(AdapterCalls):
         status = intent.get("status")
         if status == "succeeded":
             # Received: the request's amount, or for "capture all" the whole authorisation.
-            wanted = PaymentFacts(amount=request_facts(lookup.request).amount or intent["amount"])
-            found = PaymentFacts(amount=intent.get("amount_received"))
+            asked = request_facts(lookup.request).amount or iso_amount(intent)
+            if asked is None:  # no whole ISO minor units: no request of ours made it
+                return Unknown(f"PaymentIntent {intent['id']}'s amount is not in whole ISO units")
+            wanted = PaymentFacts(amount=asked)
+            found = PaymentFacts(amount=iso_amount(intent, "amount_received"))
             return adopt(f"PaymentIntent {intent['id']}", wanted, found, intent_result(intent))
         if status in ("requires_capture", "canceled"):
             return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} is {status}")
@@ -399,13 +421,17 @@ class StripeAdapter(AdapterCalls):
         if len(mine) > 1:
             return Unknown(f"{len(mine)} refunds of {payment_id} carry this key")
         if mine:
-            counted = [r for r in refunds if r.get("status") in _COUNTED]
+            # Amounts in ISO 4217 minor units, as the request's (``mine[0]`` kept as itself).
+            in_iso = {id(r): {**r, "amount": iso_amount(r)} for r in refunds}
+            own = in_iso[id(mine[0])]
+            counted = [in_iso[id(r)] for r in refunds if r.get("status") in _COUNTED]
 
             def whole() -> int | str:  # "refund all": what was left when it was made
-                received = (self._retrieve(payment_id) or {}).get("amount_received")
-                return left_before(received, mine[0], counted, "created")
+                intent = self._retrieve(payment_id) or {}
+                received = iso_amount(intent, "amount_received")
+                return left_before(received, own, counted, "created")
 
-            found, result = PaymentFacts(amount=mine[0].get("amount")), refund_result(mine[0])
+            found, result = PaymentFacts(amount=own["amount"]), refund_result(mine[0])
             asked = request_facts(lookup.request).amount
             return adopt_action(f"refund {mine[0]['id']}", asked, whole, found, result)
         return _resend_or_unknown(lookup, f"no refund of {payment_id} carries this key")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_agboss.adapters.common import RequestChecks
+from celery_agboss.adapters.minor_units import GatewayUnits
 
 KEY_METADATA = "agboss_key"
 """The metadata field a charge, an authorisation and a refund carry the key in."""
@@ -45,6 +46,13 @@ def refusal(message: str) -> InvalidStripeRequestError:
 
 
 checks = RequestChecks(refusal)
+
+STRIPE_UNITS = GatewayUnits("Stripe", {"ISK": 2, "MGA": 0}, refusal, tens_in_three_decimals=True)
+"""How Stripe writes amounts where it differs from ISO 4217 (its supported-currencies
+page, and its support page "Deprecation of fractional ISK charges and refunds"): ISK
+with two decimals ("an ISK amount of 100 will continue to represent 1 króna", in
+multiples of 100), MGA among its zero-decimal currencies (ISO 4217: two decimals), and
+its three-decimal currencies (BHD, JOD, KWD, OMR, TND) with the last digit 0."""
 
 
 def refuse_unknown_fields(request: Mapping[str, Any], allowed: frozenset[str], what: str) -> None:
@@ -119,6 +127,7 @@ __all__ = [
     "PAYMENT_FIELDS",
     "REFERENCE_METADATA",
     "RESERVED_METADATA",
+    "STRIPE_UNITS",
     "InvalidStripeRequestError",
     "WantedPayment",
     "checks",

@@ -22,6 +22,11 @@ Errors come in Adyen's JSON shape ``{"status", "errorCode", "message", "errorTyp
 under a key whose first request is still being processed gets Adyen's 422 with
 ``errorCode "704"``; a failure before processing a 500. Codes 704 and 703 are Adyen's
 documented idempotency codes; the validation codes are representative of Adyen's.
+
+Amounts travel in Adyen's minor units ("Currency codes and minor units": CLP and ISK
+with two decimals, CVE and IDR with none, unlike ISO 4217: ``wire_units.ADYEN``) while
+the fake keeps ISO 4217 minor units; a value the fake cannot keep (a fraction of a
+whole CLP or ISK) is refused with a 422 ``"137"``, before anything is processed.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, ClassVar
 
+from celery_agboss.testing.dialects.wire_units import ADYEN
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
@@ -71,8 +77,20 @@ def _psp() -> str:
     return uuid.uuid4().hex[:16].upper()
 
 
-def _amount(receipt: dict[str, Any]) -> dict[str, Any]:
-    return {"value": receipt["amount"], "currency": receipt["currency"]}
+def _amount(receipt: dict[str, Any], field: str = "amount") -> dict[str, Any]:
+    """A receipt's amount (ISO 4217 minor units) as Adyen's amount object, in its units."""
+    currency = receipt["currency"]
+    return {"value": ADYEN.to_wire(receipt[field], currency), "currency": currency}
+
+
+def _taken(amount: Any) -> int | Reply:
+    """An Adyen amount object's value in ISO 4217 minor units, or Adyen's 422."""
+    if not isinstance(amount, dict) or not isinstance(amount.get("value"), int):
+        return adyen_error(422, "100", "No amount specified", "validation")
+    taken = ADYEN.from_wire(amount["value"], str(amount.get("currency", "")))
+    if taken is None:
+        return adyen_error(422, "137", "Invalid amount specified", "validation")
+    return taken
 
 
 class AdyenDialect:
@@ -135,8 +153,10 @@ class _CheckoutApi:
         reference = body.get("reference")
         self.server.charge_arrived(call, key, reference)
         amount = body.get("amount")
-        if not isinstance(amount, dict) or not isinstance(amount.get("value"), int):
-            return adyen_error(422, "100", "No amount specified", "validation")
+        value = _taken(amount)
+        if isinstance(value, Reply):
+            return value
+        assert isinstance(amount, dict)  # _taken refused anything else
         if not reference:
             return adyen_error(
                 422, "702", "Required field 'reference' is not provided.", "validation"
@@ -153,7 +173,7 @@ class _CheckoutApi:
         capture = body.get("captureDelayHours") == 0 and not manual
         try:
             receipt = self.server.gateway.charge(
-                amount["value"],
+                value,
                 key,
                 currency=str(amount.get("currency", "")),
                 reference=reference,
@@ -208,11 +228,7 @@ class _CheckoutApi:
             return refused
         if not needs_amount:
             return None
-        amount = call.body.get("amount")
-        if not isinstance(amount, dict) or not isinstance(amount.get("value"), int):
-            return adyen_error(422, "100", "No amount specified", "validation")
-        value: int = amount["value"]
-        return value
+        return _taken(call.body.get("amount"))
 
     def _received(self, call: GatewayCall, payment: str, psp: str, **extra: Any) -> Reply:
         return Reply(
@@ -239,7 +255,7 @@ class _CheckoutApi:
         # The capture's own pspReference: from the request that made it, so a replay
         # of the key answers the same one, with the payment and amount of the key's
         # first capture (Adyen replays its first response).
-        amount_answer = {"value": receipt["amount_captured"], "currency": receipt["currency"]}
+        amount_answer = _amount(receipt, "amount_captured")
         return self._received(call, receipt["id"], receipt["request_id"], amount=amount_answer)
 
     def refunds(self, call: GatewayCall) -> Reply:

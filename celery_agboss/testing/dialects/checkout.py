@@ -26,17 +26,30 @@ request is still in flight (as the idempotency page documents), 409 for a key re
 with other parameters (only when a test turns ``conflict_on_mismatch`` on), 502 when
 the fake failed before processing.
 :meth:`CheckoutDialect.answer_next` makes the next request answer any status and body.
+
+Amounts travel as Checkout.com writes them ("Format the amount value": the full amount,
+÷1000 with the last digit 0, or ÷100, per currency: ``wire_units.CHECKOUT``; so CLP,
+ISO 4217's whole pesos, travels ×100) while the fake keeps ISO 4217 minor units; an
+amount it cannot take is a 422 ``amount_invalid``.
 """
 
 from __future__ import annotations
 
 import threading
-import uuid
-from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.canned import CannedReplies
 from celery_agboss.testing.dialects.checkout_actions import ActionDeclines
+from celery_agboss.testing.dialects.checkout_wire import (
+    action_id,
+    checkout_id,
+    error_body,
+    fake_id,
+    iso_time,
+    request_id,
+    status_of,
+)
+from celery_agboss.testing.dialects.wire_units import CHECKOUT
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
@@ -48,7 +61,6 @@ from celery_agboss.testing.gateway_types import (
 )
 
 KEY_HEADER = "Cko-Idempotency-Key"
-_PAYMENT_PREFIX, _FAKE_PAYMENT_PREFIX = "pay_", "ch_"
 _DECLINED = "declined"  # the fake gateway's status of a declined payment
 _DECLINE_CODE, _DECLINE_SUMMARY = "20005", "Declined - Do Not Honour"
 _DECLINED_ACTION: dict[str, Any] = {
@@ -77,47 +89,6 @@ _ACTION_REFUSED = {
     "void": "void_not_allowed",
 }
 OPERATIONS = ("payment", "capture", "refund", "void", "get", "list", "actions")
-
-
-def _request_id() -> str:
-    return uuid.uuid4().hex[:13].upper()
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def checkout_id(fake_id: str) -> str:
-    """The Checkout-looking id of a fake payment (``ch_x`` → ``pay_x``)."""
-    return _PAYMENT_PREFIX + fake_id.removeprefix(_FAKE_PAYMENT_PREFIX)
-
-
-def _fake_id(payment_id: str) -> str:
-    return _FAKE_PAYMENT_PREFIX + payment_id.removeprefix(_PAYMENT_PREFIX)
-
-
-def _action_id(request_id: str, suffix: str = "") -> str:
-    return "act_" + request_id.removeprefix("req_") + suffix
-
-
-def error_body(error_type: str, *codes: str) -> dict[str, Any]:
-    """A body in Checkout.com's error shape."""
-    return {"request_id": _request_id(), "error_type": error_type, "error_codes": list(codes)}
-
-
-def _status_of(payment: dict[str, Any]) -> str:
-    status = payment["status"]
-    if status == _DECLINED:
-        return "Declined"
-    if status == "requires_capture":
-        return "Authorized"
-    if status == "canceled":
-        return "Voided"
-    if status == "refunded":
-        return "Refunded"
-    if payment["amount_refunded"]:
-        return "Partially Refunded"
-    return "Captured" if payment["amount_captured"] >= payment["amount"] else "Partially Captured"
 
 
 def _positive_int(value: Any) -> bool:
@@ -204,7 +175,7 @@ class CheckoutDialect:
                 return canned
             authorization = call.header("Authorization") or ""
             if not authorization.startswith("Bearer sk_"):
-                return Reply(401, {}, headers={"Cko-Request-Id": _request_id()})
+                return Reply(401, {}, headers={"Cko-Request-Id": request_id()})
             return handler(call)
 
         return endpoint
@@ -214,7 +185,7 @@ class CheckoutDialect:
             return Reply(0, drop=True)
         status = _ERROR_STATUS.get(exc.kind, 502)
         if status == 404:
-            return Reply(404, {}, headers={"Cko-Request-Id": _request_id()})
+            return Reply(404, {}, headers={"Cko-Request-Id": request_id()})
         code = (
             _ACTION_REFUSED.get(operation, "payment_invalid") if status == 422 else exc.kind.value
         )
@@ -242,8 +213,11 @@ class CheckoutDialect:
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict):
             invalid.append("metadata_invalid")
+        if not invalid and CHECKOUT.from_wire(amount, currency) is None:
+            invalid.append("amount_invalid")  # e.g. a three-decimal amount not ending in 0
         if invalid:
             return Reply(422, error_body("request_invalid", *invalid))
+        amount = CHECKOUT.from_wire(amount, currency)
         card = _card_of(source)
         gateway = self.server.gateway
         seen_before = len(gateway.requests_for(key)) if key is not None else 0
@@ -273,15 +247,15 @@ class CheckoutDialect:
         payment_id = checkout_id(receipt["id"])
         return {
             "id": payment_id,
-            "action_id": _action_id(receipt["request_id"]),
-            "amount": receipt["amount"],
+            "action_id": action_id(receipt["request_id"]),
+            "amount": CHECKOUT.to_wire(receipt["amount"], receipt["currency"]),
             "currency": receipt["currency"].upper(),
             "approved": True,
-            "status": _status_of(receipt),
+            "status": status_of(receipt),
             "auth_code": "770687",
             "response_code": "10000",
             "response_summary": "Approved",
-            "processed_on": _iso(receipt["created"]),
+            "processed_on": iso_time(receipt["created"]),
             "reference": receipt["reference"],
             "risk": {"flagged": False},
             "_links": self._href(payment_id),
@@ -292,14 +266,14 @@ class CheckoutDialect:
         payment_id = checkout_id(receipt["id"])
         return {
             "id": payment_id,
-            "action_id": _action_id(receipt["request_id"]),
-            "amount": receipt["amount"],
+            "action_id": action_id(receipt["request_id"]),
+            "amount": CHECKOUT.to_wire(receipt["amount"], receipt["currency"]),
             "currency": receipt["currency"].upper(),
             "approved": False,
             "status": "Declined",
             "response_code": _DECLINE_CODE,
             "response_summary": _DECLINE_SUMMARY,
-            "processed_on": _iso(receipt["created"]),
+            "processed_on": iso_time(receipt["created"]),
             "reference": receipt["reference"],
             "risk": {"flagged": False},
             "_links": self._href(payment_id),
@@ -309,23 +283,22 @@ class CheckoutDialect:
         payment_id = checkout_id(payment["id"])
         extra = payment.get("metadata") or {}
         amount, captured, refunded = (
-            payment["amount"],
-            payment["amount_captured"],
-            payment["amount_refunded"],
+            CHECKOUT.to_wire(payment[field], payment["currency"])
+            for field in ("amount", "amount_captured", "amount_refunded")
         )
         authorised = payment["status"] == "requires_capture"
         settled = payment["status"] in ("succeeded", "refunded")
         approved = payment["status"] != _DECLINED
         return {
             "id": payment_id,
-            "requested_on": _iso(payment["created"]),
+            "requested_on": iso_time(payment["created"]),
             "source": {"type": (extra.get("source") or {}).get("type", "card")},
             "amount": amount,
             "currency": payment["currency"].upper(),
             "payment_type": "Regular",
             "reference": payment["reference"],
             "approved": approved,
-            "status": _status_of(payment),
+            "status": status_of(payment),
             "balances": {
                 "total_authorized": amount if approved else 0,
                 "total_voided": amount if payment["status"] == "canceled" else 0,
@@ -342,7 +315,7 @@ class CheckoutDialect:
 
     def _get_payment(self, call: GatewayCall) -> Reply:
         try:
-            payment = self.server.gateway.retrieve(_fake_id(call.params["id"]))
+            payment = self.server.gateway.retrieve(fake_id(call.params["id"]))
         except FakeGatewayError as exc:
             return self._error(exc, "get")
         return Reply(200, self._details(payment))
@@ -391,8 +364,16 @@ class CheckoutDialect:
                 self._action_details.setdefault(
                     key, {"reference": body.get("reference"), "metadata": dict(metadata)}
                 )
-        payment_id = _fake_id(call.params["id"])
+        payment_id = fake_id(call.params["id"])
         gateway = self.server.gateway
+        if amount is not None:  # written in the payment's currency, kept in ISO 4217 units
+            try:
+                currency = gateway.retrieve(payment_id)["currency"]
+            except FakeGatewayError as exc:
+                return self._error(exc, operation)
+            amount = CHECKOUT.from_wire(amount, currency)
+            if amount is None:
+                return Reply(422, error_body("request_invalid", "amount_invalid"))
         try:
             if self._declines.take(operation):
                 reference = body.get("reference")
@@ -418,7 +399,7 @@ class CheckoutDialect:
         return Reply(
             202,
             {
-                "action_id": _action_id(answer["request_id"]),
+                "action_id": action_id(answer["request_id"]),
                 "reference": first.get("reference"),
                 "_links": {"payment": self._href(paid)["self"]},
             },
@@ -428,11 +409,12 @@ class CheckoutDialect:
         """The payment's actions, newest first, rebuilt from what the gateway processed
         (so an action whose answer was dropped is listed like any other)."""
         gateway = self.server.gateway
-        payment_id = _fake_id(call.params["id"])
+        payment_id = fake_id(call.params["id"])
         try:
             payment = gateway.retrieve(payment_id)
         except FakeGatewayError as exc:
             return self._error(exc, "actions")
+        currency = payment["currency"]
         refunds = {r["id"]: r for r in gateway.refunds}
         answered = (GatewayRequestOutcome.PROCESSED, GatewayRequestOutcome.DECLINED)
         processed = [r for r in gateway.requests if r.outcome in answered]
@@ -450,13 +432,15 @@ class CheckoutDialect:
                     "metadata": (payment.get("metadata") or {}).get("metadata") or {},
                 }
                 at, amount = request.at, payment["amount"]
-                authorization = self._action(request.request_id, "Authorization", amount, first, at)
+                authorization = self._action(
+                    request.request_id, "Authorization", amount, first, at, currency
+                )
                 if request.outcome is GatewayRequestOutcome.DECLINED:
                     authorization.update(_DECLINED_ACTION)
                 actions.append(authorization)
                 if payment["amount_captured"] and not captured_later:  # capture: true
-                    auto = self._action(request.request_id, "Capture", amount, first, at)
-                    actions.append({**auto, "id": _action_id(request.request_id, "c")})
+                    auto = self._action(request.request_id, "Capture", amount, first, at, currency)
+                    actions.append({**auto, "id": action_id(request.request_id, "c")})
             elif request.operation in _ACTION_TYPES and request.payment_id == payment_id:
                 declined = self._declines.made(request.object_id)
                 if request.outcome is not GatewayRequestOutcome.PROCESSED and declined is None:
@@ -469,18 +453,26 @@ class CheckoutDialect:
                 with self._lock:
                     details = self._action_details.get(request.idempotency_key or "", {})
                 kind = _ACTION_TYPES[request.operation]
-                action = self._action(request.request_id, kind, amount, details, request.at)
+                action = self._action(
+                    request.request_id, kind, amount, details, request.at, currency
+                )
                 actions.append({**action, **(_DECLINED_ACTION if declined else {})})
         return Reply(200, list(reversed(actions)))
 
     def _action(
-        self, request_id: str, kind: str, amount: int | None, details: dict[str, Any], at: float
+        self,
+        request_id: str,
+        kind: str,
+        amount: int | None,
+        details: dict[str, Any],
+        at: float,
+        currency: str,
     ) -> dict[str, Any]:
         return {
-            "id": _action_id(request_id),
+            "id": action_id(request_id),
             "type": kind,
-            "processed_on": _iso(at),
-            "amount": amount,
+            "processed_on": iso_time(at),
+            "amount": None if amount is None else CHECKOUT.to_wire(amount, currency),
             "approved": True,
             "response_code": "10000",
             "response_summary": "Approved",

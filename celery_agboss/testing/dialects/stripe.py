@@ -44,6 +44,7 @@ from celery_agboss.testing.dialects.stripe_wire import (
     stripe_error,
     stripe_failure,
     unfold_form,
+    wire_amount,
 )
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
@@ -165,6 +166,10 @@ class _StripeApi:
             return missing("amount")
         if not body.get("currency") or not method:
             return missing("payment_method" if body.get("currency") else "currency")
+        taken = wire_amount(amount, str(body["currency"]), "amount")  # ISK ×100, MGA ÷100
+        if isinstance(taken, Reply):
+            return taken
+        amount = taken
         if str(body.get("confirm")).lower() != "true":
             message = "This fake confirms PaymentIntents at creation only: pass confirm=true."
             return invalid(message, "confirm", "parameter_invalid_empty")
@@ -198,9 +203,23 @@ class _StripeApi:
             amount = integer(unfold_form(call.body), "amount_to_capture")
         except ValueError:
             return invalid("Invalid integer: amount_to_capture", "amount_to_capture")
+        if amount is not None:
+            taken = self._in_currency_of(call.params["id"], amount, "amount_to_capture")
+            if isinstance(taken, Reply):
+                return taken
+            amount = taken
         return self._on_intent(
             call, "capture", lambda fake_id, key: self.gateway.capture(fake_id, key, amount=amount)
         )
+
+    def _in_currency_of(self, stripe_id: str, value: int, param: str) -> int | Reply:
+        """A capture's or refund's wire amount in the fake's ISO 4217 minor units, read in
+        the currency of the PaymentIntent it names (Stripe's 404 when there is none)."""
+        try:
+            payment = self.gateway.retrieve(payment_id_of(stripe_id) or "")
+        except FakeGatewayError:
+            return no_such(stripe_id)
+        return wire_amount(value, str(payment["currency"]), param)
 
     def cancel_intent(self, call: GatewayCall) -> Reply:
         """Stripe cancels a PaymentIntent awaiting capture, and one a decline left in
@@ -282,6 +301,11 @@ class _StripeApi:
             amount = integer(body, "amount")
         except ValueError:
             return invalid("Invalid integer: amount", "amount")
+        if amount is not None:
+            taken = self._in_currency_of(target, amount, "amount")
+            if isinstance(taken, Reply):
+                return taken
+            amount = taken
         metadata = body.get("metadata")
         # The fake keeps a refund's reference only: Stripe's metadata and reason ride in
         # it, so they are part of the key's parameters and come back with the refund.

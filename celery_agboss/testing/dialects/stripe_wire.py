@@ -1,6 +1,10 @@
 """Stripe's wire format, as the fake reads and answers it: form bodies unfolded, search
 queries parsed, the fake's payments and refunds as PaymentIntents and Refunds, lists
 paged newest first, and errors in Stripe's shape.
+
+Amounts travel in Stripe's units (ISK ×100, MGA ÷100: ``wire_units.STRIPE``) while the
+fake keeps ISO 4217 minor units: :func:`wire_amount` reads one, and the renderers write
+them back.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from celery_agboss.testing.dialects.wire_units import STRIPE
 from celery_agboss.testing.gateway_server import GatewayCall, Reply
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayErrorKind
 
@@ -93,12 +98,14 @@ def render_intent(receipt: Mapping[str, Any]) -> dict[str, Any]:
             "payment_method": None,
             "last_payment_error": _decline_error(extras.get("payment_method"), receipt["id"]),
         }
+    currency = receipt["currency"]
+    amount = STRIPE.to_wire(receipt["amount"], currency)
     return {
         "id": _intent_id(receipt["id"]),
         "object": "payment_intent",
-        "amount": receipt["amount"],
-        "amount_capturable": receipt["amount"] if status == "requires_capture" else 0,
-        "amount_received": receipt["amount_captured"],
+        "amount": amount,
+        "amount_capturable": amount if status == "requires_capture" else 0,
+        "amount_received": STRIPE.to_wire(receipt["amount_captured"], currency),
         "capture_method": extras.get("capture_method", "automatic"),
         "created": int(receipt["created"]),
         "currency": receipt["currency"],
@@ -115,7 +122,7 @@ def render_refund(refund: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": refund["id"],
         "object": "refund",
-        "amount": refund["amount"],
+        "amount": STRIPE.to_wire(refund["amount"], refund["currency"]),
         "charge": refund["payment"],
         "created": int(refund["created"]),
         "currency": refund["currency"],
@@ -134,6 +141,23 @@ def integer(body: Mapping[str, Any], name: str) -> int | None:
     if isinstance(raw, str) and raw.lstrip("-").isdigit():
         return int(raw)
     raise ValueError(name)
+
+
+def wire_amount(value: int, currency: str, param: str) -> int | Reply:
+    """A Stripe amount in ``currency`` as the fake's ISO 4217 minor units, or Stripe's 400:
+    ISK in fractions of a króna (its ``invalid_charge_amount_no_decimal_compatible``), a
+    three-decimal amount whose last digit is not 0 (the code here is representative)."""
+    code = currency.upper()
+    amount = STRIPE.from_wire(value, code)
+    if amount is not None:
+        return amount
+    if code == "ISK":
+        message = (
+            "Invalid amount. Currency ISK has become effectively zero-decimal and charged "
+            "amounts must be evenly divisible by 100."
+        )
+        return invalid(message, param, "invalid_charge_amount_no_decimal_compatible")
+    return invalid(f"Invalid amount: {STRIPE.wire_issue(value, code)}.", param)
 
 
 def invalid(message: str, param: str, code: str = "parameter_invalid_integer") -> Reply:
@@ -244,4 +268,5 @@ __all__ = [
     "stripe_error",
     "stripe_failure",
     "unfold_form",
+    "wire_amount",
 ]

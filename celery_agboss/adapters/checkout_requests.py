@@ -1,0 +1,137 @@
+"""What the Checkout.com adapter refuses, raises and returns, below its calls: its errors,
+the request's checks, the key it writes into metadata, and amounts in Checkout.com's
+units (``CHECKOUT_UNITS``). Checkout.com is named only to identify its public API.
+
+Apart from ``celery_agboss.adapters.checkout`` (which re-exports the public names) so
+that the adapter's module holds its calls and its reconcile rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from celery_agboss.adapters.common import RequestChecks
+from celery_agboss.adapters.minor_units import GatewayUnits, from_gateway
+from celery_agboss.core.keys import fit_key
+
+KEY_METADATA_FIELD = "agboss_idempotency_key"
+"""The metadata field of every payment and action sent: the key (its digest past 255)."""
+_METADATA_VALUE_LIMIT = 255
+
+
+class CheckoutAdapterError(Exception):
+    """What the adapter raises itself; ``details`` are JSON, so a stored failure can be
+    raised again as it was (an SDK exception cannot: it is built from an HTTP response)."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = dict(details or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.details))
+
+
+class CheckoutRequestError(CheckoutAdapterError, ValueError):
+    """A malformed request dict, refused before anything was sent: definite."""
+
+
+request_checks = RequestChecks(CheckoutRequestError)
+"""The request dict's fields, checked before anything is sent (``CheckoutRequestError``)."""
+
+CHECKOUT_UNITS = GatewayUnits(
+    "Checkout.com",
+    {"CLP": 2, "UYI": 2, "CLF": 2, "UYW": 2},
+    CheckoutRequestError,
+    tens_in_three_decimals=True,
+)
+"""How Checkout.com writes amounts where it differs from ISO 4217 (its "Format the amount
+value" page): the full amount for BIF DJF GNF ISK JPY KMF KRW PYG RWF UGX VUV VND XAF
+XOF XPF (ISO 4217: no decimals too), ÷1000 with the last digit 0 for BHD IQD JOD KWD
+LYD OMR TND, and ÷100 for every other currency: so CLP and UYI (ISO 4217: none) and
+CLF and UYW (ISO 4217: four) are written with two decimals."""
+
+
+def iso_amount(amount: Any, currency: Any) -> int | None:
+    """An amount Checkout.com wrote back in ISO 4217 minor units (``CHECKOUT_UNITS``)."""
+    return from_gateway(amount, currency, CHECKOUT_UNITS)
+
+
+def payment_result(payment: Mapping[str, Any]) -> dict[str, Any]:
+    """What charge and authorize return, from a 201 or a listed payment alike: its amount
+    in ISO 4217 minor units, as the request's."""
+    fields = ("id", "status", "reference", "approved")
+    return {
+        **{field: payment.get(field) for field in fields},
+        "amount": iso_amount(payment.get("amount"), payment.get("currency")),
+        "currency": str(payment.get("currency") or "").lower(),
+    }
+
+
+class CheckoutDeclinedError(CheckoutAdapterError):
+    """A 201 with ``approved: false`` (the SDK returns it as a success), or a capture,
+    refund or void the payment lists ``approved: false`` (accepted with a 202, then
+    declined): no money moved, definite. ``details``: ``payment_id``, ``response_code``,
+    ``response_summary``; for an action also ``action_id`` and ``type``."""
+
+
+class CheckoutRefusedError(CheckoutAdapterError):
+    """Checkout.com refused the request (400, 401, 403, 404, 422): nothing processed,
+    definite. Its ``__cause__`` is the SDK's ``CheckoutApiException``; ``details``:
+    ``status``, ``error_type``, ``error_codes``, ``request_id``."""
+
+    @property
+    def status(self) -> Any:
+        return self.details.get("status")
+
+
+class CheckoutNoAnswerError(CheckoutAdapterError):
+    """No complete answer: the connection failed or timed out, or an accepted action could
+    not be read back. It may have been processed: unknown, reconcile decides."""
+
+
+# --- what the adapter writes into a request ----------------------------------------------
+
+
+def source_of(value: Any) -> dict[str, Any]:
+    """A token (``tok_…``), a stored source (``src_…``) or a source object as the API takes."""
+    if isinstance(value, str) and value.startswith(("tok_", "src_")):
+        kind = "token" if value.startswith("tok_") else "id"
+        return {"type": kind, kind: value}
+    if isinstance(value, Mapping) and isinstance(value.get("type"), str):
+        return dict(value)
+    raise CheckoutRequestError("source is required: 'tok_…', 'src_…' or a dict with 'type'")
+
+
+def key_mark(idempotency_key: str) -> str:
+    return fit_key(idempotency_key, _METADATA_VALUE_LIMIT)
+
+
+def metadata_with_key(request: Mapping[str, Any], idempotency_key: str) -> dict[str, Any]:
+    given = request.get("metadata") or {}
+    if not isinstance(given, Mapping) or KEY_METADATA_FIELD in given:
+        raise CheckoutRequestError(f"metadata must be a dict without {KEY_METADATA_FIELD!r}")
+    return {**given, KEY_METADATA_FIELD: key_mark(idempotency_key)}
+
+
+def marked_key(item: Mapping[str, Any]) -> Any:
+    metadata = item.get("metadata")
+    return metadata.get(KEY_METADATA_FIELD) if isinstance(metadata, dict) else None
+
+
+__all__ = [
+    "CHECKOUT_UNITS",
+    "KEY_METADATA_FIELD",
+    "CheckoutAdapterError",
+    "CheckoutDeclinedError",
+    "CheckoutNoAnswerError",
+    "CheckoutRefusedError",
+    "CheckoutRequestError",
+    "iso_amount",
+    "key_mark",
+    "marked_key",
+    "metadata_with_key",
+    "payment_result",
+    "request_checks",
+    "source_of",
+]
