@@ -413,8 +413,8 @@ def _candidates(
         statement = statement.where(
             or_(ended > after[0], and_(ended == after[0], _e.id > after[1]))
         )
-    if ended_before_ms is not None:
-        statement = statement.where(ended < ended_before_ms)
+    if ended_before_ms is not None:  # on its index: the few this old, not every failure
+        statement = statement.where(_e.terminal_at_ms < ended_before_ms)
     return statement.order_by(ended, _e.id)
 
 
