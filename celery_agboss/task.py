@@ -146,6 +146,11 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     # acknowledged as failed; every take-over counts toward the recovery cap, so a body
     # that always overruns its limit ends PARKED, visibly.
     acks_on_timeout = False
+    # Celery 5.7's task_retry_on_worker_lost publishes a retry of a killed child's task
+    # from the main process: it would count against the body's own max_retries (crashes
+    # could end an execution FAILED, its undos run) and bypass PaymentTask.retry. A lost
+    # worker is the message's redelivery and the sweep's to recover, never a retry.
+    retry_on_worker_lost = False
     # (Celery < 5.7 has no acks_on_timeout: the worker request below does it, for every
     # version, from the worker's main process.)
     Request = "celery_agboss.delivery.time_limits:PaymentRequest"

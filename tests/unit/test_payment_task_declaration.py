@@ -136,3 +136,15 @@ def test_acks_late_can_still_be_set_per_task(app: Celery) -> None:
     def early(self: Any) -> None: ...
 
     assert early.acks_late is False
+
+
+def test_a_lost_worker_is_never_retried_by_celery_whatever_the_app_says(app: Celery) -> None:
+    """Celery 5.7's ``task_retry_on_worker_lost`` would spend the body's own retries on
+    crashes (and could end an execution FAILED); redelivery and the sweep recover it."""
+    app.conf.task_retry_on_worker_lost = True
+
+    @app.task(base=PaymentTask, bind=True, name="shop.lost", shared=False, lazy=False)
+    def lost(self: Any) -> None: ...
+
+    assert lost.retry_on_worker_lost is False
+    assert lost.reject_on_worker_lost is True and lost.acks_late is True
