@@ -168,6 +168,20 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         super().__init_subclass__(**kwargs)
         _refuse_unbound(cls)
 
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Say so when a task's options or the app's annotations turned off what brings a
+        killed worker's message back: still paid once, but only the sweep recovers it."""
+        super().on_bound(app)
+        off = [name for name in ("acks_late", "reject_on_worker_lost") if not getattr(cls, name)]
+        if off and not cls.__dict__.get("abstract"):
+            logger.warning(
+                "PaymentTask %s has %s off: a message whose worker dies is not redelivered, "
+                "and only the sweep (beat, or the workers' own) continues its execution",
+                cls.name,
+                " and ".join(off),
+            )
+
     # --- the delivery -------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -129,13 +130,23 @@ def test_the_body_verbs_outside_a_delivery_say_where_they_work(app: Celery) -> N
     assert verbs.last_outcome is None
 
 
-def test_acks_late_can_still_be_set_per_task(app: Celery) -> None:
-    @app.task(
-        base=PaymentTask, bind=True, name="shop.early", acks_late=False, shared=False, lazy=False
-    )
-    def early(self: Any) -> None: ...
+def test_acks_late_can_still_be_set_per_task_and_a_warning_says_what_it_costs(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="celery_agboss"):
+
+        @app.task(
+            base=PaymentTask,
+            bind=True,
+            name="shop.early",
+            acks_late=False,
+            shared=False,
+            lazy=False,
+        )
+        def early(self: Any) -> None: ...
 
     assert early.acks_late is False
+    assert "PaymentTask shop.early has acks_late off" in caplog.text
 
 
 def test_a_lost_worker_is_never_retried_by_celery_whatever_the_app_says(app: Celery) -> None:
