@@ -25,8 +25,10 @@ from sqlalchemy.engine import Engine
 
 from bench.sweep_rows import CALL_NAME, load_stranded, load_terminal
 
-TICK_SECONDS = 1.0
-"""The sweep claims its tick as beat's does; a short tick lets the next pass claim its own."""
+TICK_SECONDS = 3.0
+"""The sweep claims its tick as beat's does; a short tick lets the next pass claim its own.
+Also the reconcile step's time budget (one interval): long enough for the pass's 50
+lookups on a loaded machine, which at 1 s sometimes left some for the next pass."""
 
 
 @dataclass(frozen=True)

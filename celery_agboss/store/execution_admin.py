@@ -395,12 +395,17 @@ def _candidates(
     """``FAILED`` or ``CANCELLED``, not handled, with a completed uncompensated intent it
     created or used; ordered by when it ended, then id (``ended_at``: 0 for a row
     without an end time, on both databases), after the keyset ``after``."""
-    used = select(_u.record_key).where(_u.kind == INTENT_RECORD, _u.execution_id == _e.id)
-    payment = exists().where(
-        _i.status == IntentStatus.COMPLETED.value,
-        _i.compensated_at_ms.is_(None),
-        or_(_i.execution_id == _e.id, _i.idempotency_key.in_(used.scalar_subquery())),
+    # Two correlated look-ups, each on its index (an intent's execution_id, a use's
+    # execution_id then the intent's key): one ``OR`` over both read every intent.
+    completed = (_i.status == IntentStatus.COMPLETED.value, _i.compensated_at_ms.is_(None))
+    made = exists().where(*completed, _i.execution_id == _e.id)
+    used = exists().where(
+        _u.kind == INTENT_RECORD,
+        _u.execution_id == _e.id,
+        _i.idempotency_key == _u.record_key,
+        *completed,
     )
+    payment = or_(made, used)
     ended = func.coalesce(_e.terminal_at_ms, 0)
     statement = select(
         executions, tx.now_expr().label("read_at_ms"), ended.label("ended_at")
