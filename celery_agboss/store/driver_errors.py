@@ -23,10 +23,29 @@ from celery_agboss.store.sqlite_watch import (
     FencedWatch,
 )
 
-# SQLSTATE classes and codes (PostgreSQL appendix A).
-_CONNECTION_CLASSES = ("08",)
-_UNAVAILABLE_CODES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# SQLSTATE classes and codes (PostgreSQL appendix A). The server's own trouble —
+# insufficient resources (53: a full disk, out of memory, too many connections), a
+# system or I/O error (58), an internal error or corruption (XX) — is the store's, not
+# the application's: inside a fenced effect's fn it must stop the delivery (retried),
+# never fail the execution and run its undos over a disk that filled for a moment.
+_UNAVAILABLE_CLASSES = ("08", "53", "58", "XX")
+_UNAVAILABLE_CODES = frozenset({"57P01", "57P02", "57P03"})
+# A lock timeout, and a transaction the server rolled back to break a deadlock or a
+# serialization conflict (40): nothing of it committed, and a retry may go through.
 _LOCK_TIMEOUT_CODES = frozenset({"55P03"})
+_ROLLED_BACK_CLASSES = ("40",)
+# SQLite's primary result codes for the same kinds of trouble: NOMEM, READONLY, IOERR,
+# CORRUPT, FULL, CANTOPEN, PROTOCOL, NOTADB (its extended codes keep these low bits).
+_SQLITE_UNAVAILABLE = frozenset({7, 8, 10, 11, 13, 14, 15, 26})
+_SQLITE_UNAVAILABLE_TEXT = (
+    "unable to open",
+    "disk i/o",
+    "disk is full",
+    "readonly database",
+    "malformed",
+    "not a database",
+    "out of memory",
+)
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     sa_exc.SQLAlchemyError,
@@ -57,7 +76,9 @@ def _from_psycopg(error: psycopg.Error) -> StoreError:
     code = error.sqlstate or ""
     if code in _LOCK_TIMEOUT_CODES:
         return StoreLockTimeoutError(f"lock timeout: {_short(error)}")
-    if code.startswith(_CONNECTION_CLASSES) or code in _UNAVAILABLE_CODES:
+    if code.startswith(_ROLLED_BACK_CLASSES):
+        return StoreLockTimeoutError(f"rolled back by the server: {_short(error)}")
+    if code.startswith(_UNAVAILABLE_CLASSES) or code in _UNAVAILABLE_CODES:
         return StoreUnavailableError(f"store unavailable: {_short(error)}")
     if isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)) and not code:
         # No SQLSTATE: the server never answered (connection refused, closed, reset).
@@ -74,7 +95,12 @@ def _from_sqlite(error: sqlite3.Error) -> StoreError:
     text = str(error).lower()
     if "database is locked" in text or "database table is locked" in text or "busy" in text:
         return StoreLockTimeoutError(f"lock timeout: {_short(error)}")
-    if "unable to open" in text or "disk i/o" in text or isinstance(error, sqlite3.InterfaceError):
+    primary = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+    if (
+        primary in _SQLITE_UNAVAILABLE
+        or any(words in text for words in _SQLITE_UNAVAILABLE_TEXT)
+        or isinstance(error, sqlite3.InterfaceError)
+    ):
         return StoreUnavailableError(f"store unavailable: {_short(error)}")
     return StoreError(f"store error: {_short(error)}")
 
