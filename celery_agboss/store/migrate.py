@@ -14,6 +14,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy.engine import URL, Connection, Engine
 
 from celery_agboss.store.databases import create_store_engine
@@ -58,6 +59,15 @@ def head_revision() -> str:
     if head is None:
         raise RuntimeError(f"no Alembic revision under {MIGRATIONS_DIR}")
     return head
+
+
+def is_known_revision(revision: str) -> bool:
+    """Whether this version ships ``revision``: a store at one it does not know was
+    migrated by a newer version of celery_agboss."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:  # Alembic's answer for an id it cannot locate
+        return False
 
 
 def current_revision(url: str | URL | Engine) -> str | None:

@@ -22,7 +22,7 @@ from celery_agboss.core.log_events import STORE_ANSWERS, STORE_UNREACHABLE, log_
 from celery_agboss.errors import StoreError, StoreUnavailableError
 from celery_agboss.runtime.app_runtime import Runtime, app_argument
 from celery_agboss.store.audit_trail import LAST_SWEEP_KEY
-from celery_agboss.store.migrate import current_revision, head_revision
+from celery_agboss.store.migrate import current_revision, head_revision, is_known_revision
 
 logger = logging.getLogger("celery_agboss")
 
@@ -34,10 +34,13 @@ JOIN_SECONDS = 5.0
 
 
 class SchemaBehind(Exception):
-    """The store answers, at an older revision than this version's schema."""
+    """The store answers, at another revision than this version's schema: an older one,
+    or (``ahead``) one a newer version of celery_agboss migrated it to."""
 
     def __init__(self, revision: str | None, head: str) -> None:
-        super().__init__(f"its tables are at revision {revision}, this version needs {head}")
+        self.ahead = revision is not None and not is_known_revision(revision)
+        newer = " (a newer version of celery_agboss migrated it)" if self.ahead else ""
+        super().__init__(f"its tables are at revision {revision}{newer}, this version needs {head}")
         self.revision = revision
         self.head = head
 
@@ -58,6 +61,11 @@ def _hint(runtime: Runtime, error: StoreError | SchemaBehind) -> str:
     command = f"celery -A {app_argument(runtime.app)} agboss migrate"
     if runtime.settings.django_database is not None:
         command = "python manage.py migrate"
+    if isinstance(error, SchemaBehind) and error.ahead:
+        return (
+            "this code is older than its store: deploy the version that migrated it (a "
+            "migration is never undone by running older code)"
+        )
     if isinstance(error, SchemaBehind):
         return (
             "deliveries would fail on what the upgrade adds: run "

@@ -17,10 +17,12 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from celery_agboss.core.history import HistoryEvent, next_history_row, verify_history
-from celery_agboss.core.store_protocol import INTENT_RECORD
+from celery_agboss.core.store_protocol import INTENT_RECORD, Reliance
+from celery_agboss.core.undo_steps import compensation_key
 from celery_agboss.store import metadata
 from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.migrate import MIGRATIONS_DIR, alembic_config, current_revision, migrate
+from celery_agboss.store.shared_records import rely_on_txn
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.support import services
 
@@ -199,3 +201,70 @@ def test_0006_gives_rows_in_flight_the_meaning_the_old_code_acted_on(
         assert history[0].execution_id is None
     finally:
         store.close()
+
+
+# --- 0008: steps undone before 0006 --------------------------------------------------------
+
+_REFUNDED = "default:b:order%3A1:shop.charge"
+_LONG = "default:b:" + "o" * 190 + ":shop.charge"  # its done mark's key is a digest
+_KEPT = "default:b:order%3A2:shop.charge"
+
+
+def _undone_before_0006(conn: Any) -> None:
+    """What the code before 0006 left (and 0006 carried over): A charged orders 1, 2 and a
+    long-keyed one (business-keyed), failed, and its undos refunded orders 1 and the long
+    one (each a done mark keyed ``<step key>:compensation``); order 2's was not undone."""
+    now = 1_800_000_000_000
+    conn.execute(
+        text(
+            "INSERT INTO agboss_executions (id, task_name, state, args, kwargs, options, "
+            "requested_at_ms, wake_requested, recovery_count, deliveries, cancel_requested, "
+            "links_dispatched, redrive_planned, updated_at_ms, terminal_at_ms) VALUES "
+            "('exec-a', 'shop.pay', 'FAILED', '[]', '{}', '{}', :now, false, 0, 1, false, "
+            "false, false, :now, :now)"
+        ),
+        {"now": now},
+    )
+    insert = text(
+        "INSERT INTO agboss_outbound_calls (idempotency_key, execution_id, name, "
+        "business_key_handle, fingerprint, request, result, result_stored, status, attempt, "
+        "first_attempt_at_ms, completed_at_ms, sent_by, reliance) VALUES (:key, 'exec-a', "
+        "'shop.charge', 'handle', 'f', '{}', 'null', true, 'COMPLETED', 1, :now, :now, "
+        "'exec-a', 1)"
+    )
+    for key in (_REFUNDED, _LONG, _KEPT):
+        conn.execute(insert, {"key": key, "now": now})
+    mark = text(
+        "INSERT INTO agboss_fenced_effects (key, execution_id, name, result, token, "
+        "created_at_ms, reliance) VALUES (:key, 'exec-a', 'agboss.compensation', 'null', 1, "
+        ":at, 0)"
+    )
+    for key in (_REFUNDED, _LONG):
+        conn.execute(mark, {"key": compensation_key(key), "at": now + 5})
+
+
+def test_0008_marks_a_step_undone_before_0006_so_no_replay_hands_it_out_as_paid(
+    empty_database_url: str,
+) -> None:
+    migrate(empty_database_url, "0007")
+    engine = create_store_engine(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            _undone_before_0006(conn)
+        migrate(empty_database_url)
+        store = SQLAlchemyStore(empty_database_url)
+        try:
+            with store.read_transaction() as tx:
+                shared = {k: tx.read_shared(INTENT_RECORD, k) for k in (_REFUNDED, _LONG, _KEPT)}
+        finally:
+            store.close()
+        for key in (_REFUNDED, _LONG):
+            record = shared[key]
+            assert record is not None and record.undo_by == "exec-a" and record.compensated, key
+        kept = shared[_KEPT]
+        assert kept is not None and kept.undo_by is None and not kept.compensated
+        with engine.begin() as conn:  # a second click of order 1 is refused its receipt
+            assert rely_on_txn(conn, INTENT_RECORD, _REFUNDED, "exec-b") is Reliance.UNDONE
+            assert rely_on_txn(conn, INTENT_RECORD, _KEPT, "exec-b") is Reliance.RELIED
+    finally:
+        engine.dispose()

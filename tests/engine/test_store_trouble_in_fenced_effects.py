@@ -1,5 +1,5 @@
 """The database's own trouble inside a fenced effect's ``fn`` is the store's, not the
-application's (design: fenced effects).
+application's (design: fenced effect).
 
 A full disk, an I/O error, a deadlock the server broke: nothing of the transaction
 committed and a retry may go through, so the delivery stops and is retried (a store

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy import text
+
 from celery_agboss import AGBoss
 from celery_agboss.store.migrate import head_revision, migrate
 from celery_agboss.testing.celery_app import make_test_app
@@ -30,5 +32,22 @@ def test_a_store_behind_the_schema_is_named_with_the_command_that_upgrades_it(
         assert "agboss migrate" in _hint(runtime, behind)
         migrate(url)
         assert probe(runtime) is None
+    finally:
+        runtime.close()
+
+
+def test_a_store_a_newer_version_migrated_is_not_told_to_migrate(tmp_path: Path) -> None:
+    """Rolled-back code beside a store a newer release upgraded: ``agboss migrate`` would
+    fail on a revision it does not know, so the worker says what is wrong instead."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    migrate(url)
+    runtime = AGBoss(make_test_app(url))
+    try:
+        with runtime.store.engine.begin() as conn:
+            conn.execute(text("UPDATE agboss_alembic_version SET version_num = '9999'"))
+        ahead = probe(runtime)
+        assert isinstance(ahead, SchemaBehind) and ahead.ahead, ahead
+        assert "newer version of celery_agboss migrated it" in str(ahead)
+        assert "agboss migrate" not in _hint(runtime, ahead)
     finally:
         runtime.close()
