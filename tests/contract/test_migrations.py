@@ -7,6 +7,7 @@ check procrastinate runs in CI — on SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,18 @@ def test_every_table_is_prefixed_and_the_migrations_ship_in_the_package() -> Non
     assert list((MIGRATIONS_DIR / "versions").glob("*.py"))
 
 
+def _upgraded_from(url: str, revision: str, rows: Callable[[Any], None]) -> None:
+    """The store at ``revision`` with the ``rows`` its code left, then migrated to head."""
+    migrate(url, revision)
+    engine = create_store_engine(url)
+    try:
+        with engine.begin() as conn:
+            rows(conn)
+    finally:
+        engine.dispose()
+    migrate(url)
+
+
 # --- 0006: records several executions share --------------------------------------------
 
 _OLD_KEY = b"migration-tests-pseudonym-key-32b"
@@ -173,14 +186,7 @@ def _old_rows(conn: Any) -> None:
 def test_0006_gives_rows_in_flight_the_meaning_the_old_code_acted_on(
     empty_database_url: str,
 ) -> None:
-    migrate(empty_database_url, "0005")
-    engine = create_store_engine(empty_database_url)
-    try:
-        with engine.begin() as conn:
-            _old_rows(conn)
-    finally:
-        engine.dispose()
-    migrate(empty_database_url)
+    _upgraded_from(empty_database_url, "0005", _old_rows)
     store = SQLAlchemyStore(empty_database_url)
     try:
         shared = store.read_intent("default:b:order%3A1:shop.charge")
@@ -246,25 +252,18 @@ def _undone_before_0006(conn: Any) -> None:
 def test_0008_marks_a_step_undone_before_0006_so_no_replay_hands_it_out_as_paid(
     empty_database_url: str,
 ) -> None:
-    migrate(empty_database_url, "0007")
-    engine = create_store_engine(empty_database_url)
+    _upgraded_from(empty_database_url, "0007", _undone_before_0006)
+    store = SQLAlchemyStore(empty_database_url)
     try:
-        with engine.begin() as conn:
-            _undone_before_0006(conn)
-        migrate(empty_database_url)
-        store = SQLAlchemyStore(empty_database_url)
-        try:
-            with store.read_transaction() as tx:
-                shared = {k: tx.read_shared(INTENT_RECORD, k) for k in (_REFUNDED, _LONG, _KEPT)}
-        finally:
-            store.close()
+        with store.read_transaction() as tx:
+            shared = {k: tx.read_shared(INTENT_RECORD, k) for k in (_REFUNDED, _LONG, _KEPT)}
         for key in (_REFUNDED, _LONG):
             record = shared[key]
             assert record is not None and record.undo_by == "exec-a" and record.compensated, key
         kept = shared[_KEPT]
         assert kept is not None and kept.undo_by is None and not kept.compensated
-        with engine.begin() as conn:  # a second click of order 1 is refused its receipt
+        with store.engine.begin() as conn:  # a second click of order 1 is refused its receipt
             assert rely_on_txn(conn, INTENT_RECORD, _REFUNDED, "exec-b") is Reliance.UNDONE
             assert rely_on_txn(conn, INTENT_RECORD, _KEPT, "exec-b") is Reliance.RELIED
     finally:
-        engine.dispose()
+        store.close()
