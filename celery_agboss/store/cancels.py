@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, exists, false, func, not_, or_, select
+from sqlalchemy import and_, exists, false, func, not_, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Exists
@@ -303,6 +303,15 @@ def find_cancel_requested(store: SQLAlchemyStore, limit: int) -> list[str]:
         return [str(row.id) for row in rows]
 
 
+def put_cancel_request_last(store: SQLAlchemyStore, execution_id: str) -> None:
+    """The cancel step raised on this row: it goes to the end of the oldest-first listing
+    (``updated_at_ms`` now), so a row that raises every run (an intent sealed under a key
+    no longer configured) never holds the others back."""
+    with store.transaction() as tx:
+        last = update(executions).where(_e.id == execution_id, _e.cancel_requested)
+        tx.execute(last.values(updated_at_ms=tx.now_expr()))
+
+
 __all__ = [
     "CANCEL_FLAGS_FROM",
     "cancel_in",
@@ -312,6 +321,7 @@ __all__ = [
     "find_cancel_requested",
     "paused_in_undo",
     "paused_in_undo_txn",
+    "put_cancel_request_last",
     "request_cancel",
     "undoing",
 ]

@@ -307,6 +307,9 @@ class SQLAlchemyExecutionStore:
     def find_cancel_requested(self, limit: int) -> list[str]:
         return cancels.find_cancel_requested(self.store, limit)
 
+    def put_cancel_request_last(self, execution_id: str) -> None:
+        cancels.put_cancel_request_last(self.store, execution_id)
+
     # --- the sweep's ticks and retention --------------------------------------------------
     def claim_tick(self, interval_ms: int, claimant: str) -> int | None:
         return audit_trail.claim_tick(self.store, interval_ms, claimant)

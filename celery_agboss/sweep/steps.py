@@ -11,6 +11,7 @@ a row it cannot act on yet never keeps its place at the head of every batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -234,6 +235,8 @@ class SweepRun:
                 self._cancel_one(execution_id)
             except (Exception, StoreError):
                 self._row_failed("cancel", execution_id)
+                with contextlib.suppress(Exception, StoreError):  # the next run tries both
+                    self.executions.put_cancel_request_last(execution_id)
 
     def _cancel_one(self, execution_id: str) -> None:
         for key in self.executions.pending_intent_keys(execution_id):

@@ -34,13 +34,13 @@ from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.core.store_protocol import IntentRecord, IntentStatus
 from celery_agboss.errors import OutboundCallOutcomeUnknownError
 from celery_agboss.store.migrate import migrate
-from celery_agboss.sweep.steps import SweepReport
+from celery_agboss.sweep.steps import SweepReport, SweepRun
 from celery_agboss.testing.fault_arming import arm_raise, disarm_all
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.conftest import ProcessFactory
 from tests.operations.cli import OPS_APP, REPO_ROOT, ops_app_env
 from tests.operations.conftest import WorldFactory
-from tests.operations.world import GRACE_SECONDS, INTERVAL_SECONDS, World
+from tests.operations.world import GRACE_SECONDS, INTERVAL_SECONDS, TTL_SECONDS, World
 
 SWEEP_QUEUE = "agboss.sweep"
 HOUR = 3600
@@ -188,6 +188,40 @@ def test_parked_cancel_requests_waiting_on_an_operator_never_hold_back_the_cance
     for execution_id in parked:
         assert world.execution(execution_id).state is ExecutionState.PARKED
         assert _intent(world, execution_id).needs_operator
+
+
+def test_cancel_requested_rows_whose_cancel_step_raises_go_last_and_never_hold_back_the_others(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two revoked executions on which the cancel step raises every run (say their intent
+    was sealed under a key no longer configured) stand first in its oldest-first listing;
+    each failure puts the row last, so a revoked execution behind them is cancelled, with
+    batches of two, and the two are tried again later."""
+    poisoned = []
+    for _ in range(2):
+        poisoned.append(world.publish())
+        world.start(poisoned[-1])
+        world.agboss.executions.request_cancel(poisoned[-1], "revoked")
+    _, revoked = _behind_them(world)
+    original = SweepRun._cancel_one
+    tried: list[str] = []
+
+    def cancel_one(run: SweepRun, execution_id: str) -> None:
+        tried.append(execution_id)
+        if execution_id in poisoned:
+            raise RuntimeError("an intent no configured key opens")
+        original(run, execution_id)
+
+    monkeypatch.setattr(SweepRun, "_cancel_one", cancel_one)
+    world.clock.advance(TTL_SECONDS + 1)
+
+    reports = _sweeps(world, 3)
+
+    assert world.execution(revoked).state is ExecutionState.CANCELLED
+    assert sum(r.cancelled for r in reports) == 1
+    assert tried.count(poisoned[0]) >= 2, "a row that raised is tried again later"
+    for execution_id in poisoned:
+        assert world.execution(execution_id).cancel_requested
 
 
 # --- stranded intents this sweeper cannot look up back off ---------------------------
