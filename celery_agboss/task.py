@@ -29,15 +29,17 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import RESULT_BACKEND_FAILURE_WITHHELD, log_event
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.core.protections import (
+    BEFORE_START_OUTSIDE_THE_DELIVERY,
     EAGER_IGNORE_READ,
     FAILURE_FOR_AN_UNFINISHED_EXECUTION,
+    NESTED_DIRECT_CALL_ALLOWED,
     PACKAGE_RETRIES_COUNTED,
     REPLACE_HANDED_TO_CELERY,
     RETRY_KEEPS_EXPIRES,
     RETRY_PUBLISH_FAILURE_REJECTS,
 )
 from celery_agboss.core.step_identity import refuse_reserved_effect_name
-from celery_agboss.delivery.lifecycle import CONTEXT_ATTRIBUTE, Delivery
+from celery_agboss.delivery.lifecycle import BEFORE_START_ERROR, CONTEXT_ATTRIBUTE, Delivery
 from celery_agboss.delivery.link_ends import after_a_failure, links_sent
 from celery_agboss.delivery.waits import (
     OWN_RETRIES_HEADER,
@@ -75,6 +77,28 @@ def _refuse_unbound(cls: type[Any]) -> None:
             "and self.fenced_effect()",
             task=str(name),
         )
+
+
+def _raised_in_the_body(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A task's ``before_start`` as a ``PaymentTask`` runs it: Celery calls it before the
+    delivery, where its exception would fail only the message (acknowledged, the execution
+    left ``REQUESTED`` for the sweep to re-publish for ever). Kept on the request instead,
+    and raised as the body's first act (design: what fails an execution)."""
+    if getattr(hook, "_agboss_in_the_body", False):
+        return hook
+
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        if sabotage.active(BEFORE_START_OUTSIDE_THE_DELIVERY):
+            hook(self, task_id, args, kwargs)
+            return
+        try:
+            hook(self, task_id, args, kwargs)
+        except Exception as exc:
+            setattr(self.request, BEFORE_START_ERROR, exc)
+
+    before_start._agboss_in_the_body = True  # type: ignore[attr-defined]
+    before_start.__wrapped__ = hook  # type: ignore[attr-defined]
+    return before_start
 
 
 class _FailureOnlyWhenFailed:
@@ -167,6 +191,9 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _refuse_unbound(cls)
+        hook = cls.__dict__.get("before_start")
+        if callable(hook):
+            cls.before_start = _raised_in_the_body(hook)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -190,6 +217,14 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
             raise ConfigurationError(
                 f"PaymentTask {self.name!r} runs only as a Celery task (delay, apply_async, "
                 "apply): called directly, its effects would have no execution to belong to"
+            )
+        if execution_context_of(request) is not None and not sabotage.active(
+            NESTED_DIRECT_CALL_ALLOWED
+        ):
+            raise ConfigurationError(
+                f"PaymentTask {self.name!r} was called directly inside its own running body: "
+                "that is the same execution, which this delivery already runs. Publish "
+                "another execution (delay, apply_async) for another payment"
             )
         runtime = Runtime.of(self.app)
         try:

@@ -30,6 +30,7 @@ from celery_agboss.core.executions import (
 )
 from celery_agboss.core.protections import (
     DIVERGENCE_COMPLETED,
+    EXPIRY_BY_THE_WORKERS_CLOCK,
     EXPIRY_DECIDED_BY_LISTING,
     STARTED_EXECUTIONS_EXPIRE,
 )
@@ -231,11 +232,16 @@ def never_started(record: ExecutionRecord) -> bool:
 def expires_now(
     record: ExecutionRecord, live: Callable[[], bool], pending: Callable[[], bool]
 ) -> bool:
-    """The sweep ends an execution past its ``expires`` (read again under its row lock, so
-    a delivery that started it meanwhile keeps it) only while it never started, runs
-    under no live lease and has nothing pending; ``live`` and ``pending`` are asked last."""
+    """An execution past its ``expires`` on the database's clock (``read_at_ms``: read
+    again under its row lock, so a delivery that started it meanwhile keeps it) ends
+    only while it never started, runs under no live lease and has nothing pending;
+    ``live`` and ``pending`` are asked last. The sweep and a worker holding an expired
+    message both ask this."""
     listed = sabotage.active(EXPIRY_DECIDED_BY_LISTING) and not record.terminal
-    return (listed or never_started(record)) and not live() and not pending()
+    due = (record.expires_ms is not None and record.expires_ms <= record.read_at_ms) or (
+        sabotage.active(EXPIRY_BY_THE_WORKERS_CLOCK)
+    )
+    return (listed or (due and never_started(record))) and not live() and not pending()
 
 
 def unblocks(

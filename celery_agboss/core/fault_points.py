@@ -32,6 +32,7 @@ RECONCILE_BEFORE_RESEND = "reconcile.before-resend"  # a NotSent to resend, not 
 RENEWER_BEFORE_RENEW = "renewer.before-renew"
 SWEEP_BEFORE_EXPIRY = "sweep.before-expiry"  # what may expire listed, its rows not yet locked
 RESEAL_BEFORE_WRITE = "reseal.before-write"  # a batch re-sealed, not yet written back
+DELIVERY_AFTER_VERDICT = "delivery.after-verdict"  # COMPLETED committed, Celery not yet told
 
 KNOWN_POINTS = frozenset(
     {
@@ -51,6 +52,7 @@ KNOWN_POINTS = frozenset(
         RENEWER_BEFORE_RENEW,
         SWEEP_BEFORE_EXPIRY,
         RESEAL_BEFORE_WRITE,
+        DELIVERY_AFTER_VERDICT,
     }
 )
 

@@ -29,6 +29,7 @@ from celery_agboss.core.executions import (
     ReleaseOutcome,
     StartKind,
 )
+from celery_agboss.core.fault_points import DELIVERY_AFTER_VERDICT, fault_point
 from celery_agboss.core.holder_clocks import SYSTEM_CLOCK
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
 from celery_agboss.core.log_events import (
@@ -102,6 +103,7 @@ from celery_agboss.runtime.task_events import (
 CONTEXT_ATTRIBUTE = "agboss_context"
 """Where a delivery keeps its ``ExecutionContext``: on ``task.request``, which is
 per-thread (a threads pool runs several deliveries of one task instance at once)."""
+BEFORE_START_ERROR = "agboss_before_start_error"  # what before_start raised (task.py)
 
 
 class Delivery:
@@ -182,10 +184,8 @@ class Delivery:
                 self.ctx.end_if_open("the delivery ended without releasing its lease")
 
     def _refuse_another_task(self, exc: ExecutionIdConflictError) -> NoReturn:
-        """Another task's execution id: its body never runs and nothing of the other task
-        is returned. Run in-process (``apply``), the caller gets the error; from a broker,
-        the message is dropped without writing the result backend (under this id it holds
-        the other task's result)."""
+        """Another task's execution id: its body never runs. In-process (``apply``) the
+        caller gets the error; a broker's message is dropped, its result left alone."""
         self.log_decision(EXECUTION_REFUSED, logging.ERROR, reason=str(exc))
         if getattr(self.request, "is_eager", False):
             raise exc
@@ -218,6 +218,9 @@ class Delivery:
 
     def _run_body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
+            raised_before_start = getattr(self.request, BEFORE_START_ERROR, None)
+            if isinstance(raised_before_start, BaseException):
+                raise raised_before_start
             result = self.task.run(*args, **kwargs)
         except Retry as exc:
             retry_requested(self, exc)
@@ -279,6 +282,7 @@ class Delivery:
             self._failed(exc)
             raise exc from None
         record = self.conclude(Finish(encoded))
+        fault_point(DELIVERY_AFTER_VERDICT)  # e.g. a soft time limit: link_ends hands back
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             # A divergence, or an intent still pending: never silently COMPLETED.
             self.log_decision(EXECUTION_WAITING_OPERATOR, logging.ERROR, reason=record.reason)
@@ -493,4 +497,4 @@ class Delivery:
         send_agboss_event(self.task, type_, execution_id=self.execution_id, **fields)
 
 
-__all__ = ["CONTEXT_ATTRIBUTE", "Delivery"]
+__all__ = ["BEFORE_START_ERROR", "CONTEXT_ATTRIBUTE", "Delivery"]

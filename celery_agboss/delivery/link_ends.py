@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any
 
-from celery.exceptions import Reject
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 from kombu.exceptions import OperationalError
 
 from celery_agboss.core import sabotage
@@ -40,8 +40,10 @@ their fixed ids) and counts its chord part only if the result backend lacks its 
 _MARK_BACKOFF_SECONDS = 0.1
 
 # What a send of the links raises when the broker could not take it: it may take it
-# later. Anything else (a link that cannot be encoded) would fail the same way again.
-_TRANSIENT = (OperationalError, ConnectionError, TimeoutError)
+# later; and a soft time limit that landed after the verdict (a replay runs no body, so
+# it sends them in time). Anything else (a link that cannot be encoded) would fail the
+# same way again.
+_TRANSIENT = (OperationalError, ConnectionError, TimeoutError, SoftTimeLimitExceeded)
 
 
 def has_links(request: Any) -> bool:

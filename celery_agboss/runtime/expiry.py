@@ -27,17 +27,17 @@ _NOT_TO_RUN = frozenset({ExecutionState.EXPIRED, ExecutionState.CANCELLED})
 
 
 def drop_expired_message(runtime: Runtime, execution_id: str, task_name: str | None) -> bool:
-    """Whether a message past its ``expires`` is dropped: yes when its execution never
-    started (made ``EXPIRED`` now, by compare-and-set, if still ``REQUESTED``), is
-    already expired or cancelled, or is unknown to the store; no when it started, since
-    a started execution may have charged and must finish (the delivery continues it).
+    """Whether a message past its ``expires`` (by this worker's clock) is dropped: yes
+    when the store ends its execution ``EXPIRED`` now, by the sweep's own rule on the
+    database's clock (never started, no live lease, nothing pending, past ``expires``
+    there), or it is already expired or cancelled, or unknown to the store; no
+    otherwise: a started execution may have charged and must finish, and a worker whose
+    clock runs ahead must not expire a payment the database says still has time.
     When the store fails the message is dropped as Celery would drop it, and the sweep
     decides later: it expires a ``REQUESTED`` execution and re-drives a started one."""
     executions = runtime.executions
     try:
-        moved = executions.move(
-            execution_id, [ExecutionState.REQUESTED], ExecutionState.EXPIRED, "expired"
-        )
+        moved = executions.expire_if_due(execution_id)
         if moved is not None:
             log_event(EXECUTION_EXPIRED, execution_id=execution_id, task=task_name)
             return True

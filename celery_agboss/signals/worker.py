@@ -42,6 +42,31 @@ def worker_init(runtime: Runtime, sender: Any = None, **_: Any) -> None:
     except SabotageRefusedError as exc:
         raise SystemExit(f"celery_agboss refuses to start this worker: {exc}") from None
     _read_tenant_at_start(runtime)
+    _refuse_a_green_pool_on_sqlite(runtime, getattr(sender, "pool_cls", None))
+
+
+def _refuse_a_green_pool_on_sqlite(runtime: Runtime, pool: Any) -> None:
+    """SQLite waits for its write lock inside its C code, which no greenlet switch
+    interrupts: under gevent or eventlet one waiting delivery freezes the whole worker
+    for up to the busy timeout (30 s), its lease renewals with it, and the executions it
+    holds are taken over again and again until PARKED. PostgreSQL's driver yields."""
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    green = getattr(pool, "is_green", False) is True or any(
+        kind in str(name) for kind in ("gevent", "eventlet")
+    )
+    if not green:
+        return
+    try:
+        dialect = runtime.store.dialect_name
+    except (Exception, StoreError):
+        return  # the store's trouble is said by the first delivery
+    if dialect == "sqlite":
+        raise SystemExit(
+            "celery_agboss refuses to start this worker: a gevent or eventlet pool with the "
+            "SQLite store freezes the whole worker while one delivery waits for SQLite's "
+            "write lock, and its leases lapse. Use -P prefork or -P threads with SQLite, "
+            "or PostgreSQL (agboss_database_url) with -P gevent"
+        )
 
 
 def worker_ready(runtime: Runtime, sender: Any = None, **_: Any) -> None:

@@ -208,16 +208,28 @@ def expire_due(store: SQLAlchemyStore, limit: int) -> list[ExecutionRecord]:
         ).all()
         fault_point(SWEEP_BEFORE_EXPIRY)
         for row in rows:
-            execution_id = str(row.id)
-            record = read_execution_txn(tx, execution_id, lock=True)
-            if record is None or not expires_now(
-                record,
-                partial(execution_lease_live, tx, execution_id),
-                partial(has_pending_intent_txn, tx, execution_id),
-            ):
-                continue
-            changed.append(terminal_txn(tx, execution_id, ExecutionState.EXPIRED, reason="expired"))
+            expired = _expire_if_due_txn(tx, str(row.id))
+            if expired is not None:
+                changed.append(expired)
     return changed
+
+
+def expire_if_due(store: SQLAlchemyStore, execution_id: str) -> ExecutionRecord | None:
+    """A worker holds a message past its ``expires`` by its own clock: the execution ends
+    ``EXPIRED`` only as the sweep would end it, on the database's clock."""
+    with store.transaction() as tx:
+        return _expire_if_due_txn(tx, execution_id)
+
+
+def _expire_if_due_txn(tx: SQLTransaction, execution_id: str) -> ExecutionRecord | None:
+    record = read_execution_txn(tx, execution_id, lock=True)
+    if record is None or not expires_now(
+        record,
+        partial(execution_lease_live, tx, execution_id),
+        partial(has_pending_intent_txn, tx, execution_id),
+    ):
+        return None
+    return terminal_txn(tx, execution_id, ExecutionState.EXPIRED, reason="expired")
 
 
 # --- operators ---------------------------------------------------------------------

@@ -184,6 +184,9 @@ class SQLAlchemyExecutionStore:
     def expire_due(self, limit: int) -> list[ExecutionRecord]:
         return admin.expire_due(self.store, limit)
 
+    def expire_if_due(self, execution_id: str) -> ExecutionRecord | None:
+        return admin.expire_if_due(self.store, execution_id)
+
     # --- operators ---------------------------------------------------------------------------
     def request_cancel(
         self,

@@ -125,8 +125,13 @@ def test_a_cancel_ends_at_once_only_while_nothing_runs_or_is_pending() -> None:
 
 
 def test_only_an_execution_no_delivery_started_expires() -> None:
-    requested = replace(RECORD, state=S.REQUESTED, started_at_ms=None)
-    assert expires_now(requested, _no, _no)
+    requested = replace(RECORD, state=S.REQUESTED, started_at_ms=None, expires_ms=100)
+    assert expires_now(replace(requested, read_at_ms=100), _no, _no)
+    assert expires_now(replace(requested, read_at_ms=101), _no, _no)
+    requested = replace(requested, read_at_ms=100)
+    early = replace(requested, read_at_ms=99)
+    assert not expires_now(early, _unasked, _unasked), "the database's clock says: not yet"
+    assert not expires_now(replace(requested, expires_ms=None), _unasked, _unasked)
     assert not expires_now(requested, _yes, _no) and not expires_now(requested, _no, _yes)
     started = replace(requested, state=S.WAITING, started_at_ms=1)
     assert not expires_now(started, _unasked, _unasked), "it charged: it goes on"

@@ -7,6 +7,16 @@ from __future__ import annotations
 
 # One delivery (delivery/) and the task (task.py).
 
+NESTED_DIRECT_CALL_ALLOWED = "nested-direct-call-allowed"
+"""Sabotage: a body that calls its own task directly (``pay(...)``) runs a nested
+delivery of its own execution, which finds the lease live and is deferred: the body's
+``Ignore`` ends the execution COMPLETED with nothing charged."""
+
+BEFORE_START_OUTSIDE_THE_DELIVERY = "before-start-outside-the-delivery"
+"""Sabotage (design: what fails an execution): a task's ``before_start`` that raises
+fails the message before any delivery: acknowledged, the execution stays REQUESTED and
+the sweep re-publishes it for ever, nobody told."""
+
 EAGER_IGNORE_READ = "eager-ignore-read-as-success"
 """Sabotage: an eager run that ended unfinished (paused, waiting) returns None, as
 Celery reads an Ignore, so a test suite reads a paused payment as paid."""

@@ -34,6 +34,11 @@ UNDO_REFUNDS_COUNTED_AS_PAYMENTS = "undo-refunds-counted-as-payments"
 count as payments it left behind: a failure whose undo refunded the charge is listed,
 and alerted on, as "failed after a payment", with the refund shown as the payment."""
 
+EXPIRY_BY_THE_WORKERS_CLOCK = "expiry-by-the-workers-clock"
+"""Sabotage (design: expires bounds the start): a worker that holds a message past its
+``expires`` by its own clock ends a never-started execution EXPIRED whatever the
+database's clock says: a worker whose clock runs ahead drops a payment with time left."""
+
 EXPIRY_DECIDED_BY_LISTING = "expiry-decided-by-listing"
 """Sabotage (design: expires bounds the start): the sweep expires what its listing found
 never started, without asking again under the row lock: a delivery that started it in
