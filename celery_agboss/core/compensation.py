@@ -38,7 +38,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.keys import step_key
+from celery_agboss.core.keys import KEY_COLUMN_LENGTH, fit_key, step_key
 from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.log_events import (
     FENCED_EFFECT_REPLAYED,
@@ -99,11 +99,13 @@ TASK_PARTS = ("task", "args", "kwargs", "options")
 
 
 def declaration_key(settings: EngineSettings, execution_id: str, position: int) -> str:
-    return step_key(settings.tenant, execution_id, UNDO_RECORD, position)
+    """Fitted to the key column (an execution id may be as long as the column itself)."""
+    raw = step_key(settings.tenant, execution_id, UNDO_RECORD, position)
+    return fit_key(raw, KEY_COLUMN_LENGTH)
 
 
 def started_key(settings: EngineSettings, execution_id: str) -> str:
-    return step_key(settings.tenant, execution_id, STARTED_RECORD, 1)
+    return fit_key(step_key(settings.tenant, execution_id, STARTED_RECORD, 1), KEY_COLUMN_LENGTH)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from celery_agboss.errors import ConfigurationError, InvalidBusinessKeyError
 __all__ = [
     "DIGEST_LENGTH",
     "INVISIBLE_CODE_POINTS",
+    "KEY_COLUMN_LENGTH",
     "MAX_BUSINESS_KEY_LENGTH",
     "MIN_FITTED_KEY_LENGTH",
     "MIN_PSEUDONYM_KEY_BYTES",
@@ -55,6 +56,14 @@ __all__ = [
 
 MAX_BUSINESS_KEY_LENGTH = 512
 """Code points. Real identifiers are far shorter; a longer text is almost surely a bug."""
+
+KEY_COLUMN_LENGTH = 512
+"""Characters the store's key and execution id columns hold (``store.schema``'s ``KEY``,
+``store.schema_executions``'s ``_ID`` read it; core imports no SQLAlchemy). A business
+key is bounded in code points *before* it is percent-encoded (up to 12 characters each)
+and joined with the tenant and the call's name, so a key the rules accept can be longer:
+every step's key is fitted to this too (``core.step_identity``). Changing it changes the
+keys of intents in flight and needs a migration."""
 
 DIGEST_LENGTH = 43
 """Length of an unpadded base64url SHA-256 (256 bits in 43 characters)."""
@@ -342,8 +351,8 @@ def business_key(tenant: str, business_key: str, name: str) -> str:
 def is_business_key(key: str) -> bool:
     """Whether a key of the grammar is business-keyed (``<tenant>:b:…``): its record may
     be shared by several executions. Components are percent-encoded, so the second one
-    is ``b`` exactly then. (A digest made by ``fit_key`` is of an intent, whose row
-    keeps its business key's handle instead.)"""
+    is ``b`` exactly then. (A digest made by ``fit_key`` is not: an intent's row keeps its
+    business key's handle instead, and a fenced effect's step knows its business key.)"""
     parts = key.split(":")
     return len(parts) == 4 and parts[1] == "b"
 

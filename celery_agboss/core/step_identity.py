@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from celery_agboss.core.keys import business_key, fit_key, step_key, validate_business_key
+from celery_agboss.core.keys import (
+    KEY_COLUMN_LENGTH,
+    business_key,
+    fit_key,
+    step_key,
+    validate_business_key,
+)
 
 RESERVED_EFFECT_PREFIX = "agboss."
 """The names the package keeps its own fenced records under (undo declarations, body
@@ -51,7 +57,11 @@ def step_of(
 ) -> Step:
     """The step and its key: ``<tenant>:b:<business key>:<name>`` under a business key,
     else ``<tenant>:t:<execution id>:<name>[#n]`` by position (``core.keys``), made to
-    fit ``max_key_length`` when the gateway bounds it (an outbound call's)."""
+    fit the store's key column and ``max_key_length`` when the gateway bounds it (an
+    outbound call's) — the shorter of the two. A business key is bounded in code points
+    before it is encoded, so its key can outgrow the column with no gateway limit at
+    all; ``fit_key`` leaves a key that fits unchanged, so records made under one are
+    still found by it."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a step needs a non-empty name, not {name!r}")
     if business_key_text is not None:
@@ -59,7 +69,8 @@ def step_of(
         occurrence = 1
     else:
         raw = step_key(tenant, execution_id, name, occurrence)
-    key = raw if max_key_length is None else fit_key(raw, max_key_length)
+    limit = KEY_COLUMN_LENGTH if max_key_length is None else min(max_key_length, KEY_COLUMN_LENGTH)
+    key = fit_key(raw, limit)
     return Step(kind, name, occurrence, key, business_key_text)
 
 

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_ms
 from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.keys import KEY_COLUMN_LENGTH
 from celery_agboss.core.log_events import (
     OUTBOX_PUBLISH_FAILED,
     OUTBOX_PUBLISHED,
@@ -189,6 +190,11 @@ def _message_parts(
 
 def _task_id(scope: _EffectScope | None, key: str | None, given: Any, name: str) -> str:
     if given is not None:
+        if len(str(given)) > KEY_COLUMN_LENGTH:
+            raise ValueError(
+                f"an outbox task_id has at most {KEY_COLUMN_LENGTH} characters (the store's "
+                f"id column), not {len(str(given))}: give a shorter one, or key=…"
+            )
         return str(given)
     if key is not None:
         if not isinstance(key, str) or not key:

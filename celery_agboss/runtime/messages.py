@@ -9,6 +9,7 @@ JSON text in kombu's encoding, so dates, decimals and UUIDs survive the round tr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -17,7 +18,13 @@ from kombu.utils import json as kombu_json
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord
-from celery_agboss.core.protections import REPUBLISH_FORGETS_OWN_RETRIES
+from celery_agboss.core.keys import KEY_COLUMN_LENGTH
+from celery_agboss.core.log_events import EXECUTION_NOT_RECORDED, log_event
+from celery_agboss.core.protections import (
+    ARGUMENTS_CHANGED_BY_JSON_ACCEPTED,
+    REPUBLISH_FORGETS_OWN_RETRIES,
+)
+from celery_agboss.errors import PublishNotRecorded, PublishRefusedError
 
 OWN_RETRIES_HEADER = "agboss_retries"
 """The header counting celery_agboss's own retries of a message (``delivery.waits``): how
@@ -117,12 +124,18 @@ def message_from_publish(
     routing_key: Any,
     headers: Mapping[str, Any],
     properties: Mapping[str, Any],
+    exact: bool = False,
 ) -> ExecutionMessage | None:
-    """The message ``before_task_publish`` is about to send (protocol 2 only)."""
+    """The message ``before_task_publish`` is about to send (protocol 2 only); None when
+    it cannot be read. Raises ``PublishNotRecorded`` for a task id no store can keep, and
+    ``ArgumentsNotKeptError`` for arguments the store's JSON cannot keep, or (``exact``:
+    the message goes out in another serializer, pickle say) keeps otherwise than the
+    first run gets them."""
     task_id = headers.get("id")
     name = headers.get("task")
     if not task_id or not name or not isinstance(body, (tuple, list)) or len(body) != 3:
         return None
+    _refuse_an_id_too_long(name, str(task_id))
     args, kwargs, embed = body
     embed = embed or {}
     time_limit, soft_time_limit = _limits(headers.get("timelimit"))
@@ -152,11 +165,75 @@ def message_from_publish(
     return ExecutionMessage(
         execution_id=str(task_id),
         task_name=str(name),
-        args=dumps(list(args or ())),
-        kwargs=dumps(dict(kwargs or {})),
+        args=kept_arguments(list(args or ()), exact),
+        kwargs=kept_arguments(dict(kwargs or {}), exact),
         options=dumps(options),
         eta_ms=_ms(headers.get("eta")),
         expires_ms=_ms(headers.get("expires")),
+    )
+
+
+class ArgumentsNotKeptError(ValueError):
+    """A PaymentTask's arguments the store cannot keep as the first run gets them."""
+
+
+def kept_arguments(value: list[Any] | dict[str, Any], exact: bool) -> str:
+    """``value`` as the store keeps it, for every re-publish (a long retry, a take-over, the
+    sweep's re-drive) to send again. Under JSON the first run gets what JSON gives back,
+    so that is exact already; under another serializer (pickle) the first run gets the
+    originals, and a re-run given other ones (``{101: 2}`` back as ``{"101": 2}``) makes
+    another request: its replay refused, the paid execution FAILED and its undos
+    refunding. Refused at publish then (tuples count as lists, as JSON writes them)."""
+    try:
+        text = dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ArgumentsNotKeptError(
+            f"its arguments cannot be kept in the store as JSON ({exc}); a re-run is sent "
+            "from there, so give a PaymentTask JSON-shaped arguments (str keys, lists, "
+            "numbers, strings, dates, decimals)"
+        ) from None
+    if exact and loads(text) != _as_json_writes(value):
+        if sabotage.active(ARGUMENTS_CHANGED_BY_JSON_ACCEPTED):
+            return text
+        raise ArgumentsNotKeptError(
+            "its arguments do not come back the same from the store's JSON (a dict with "
+            "keys that are not strings, say), and every re-run is sent from there: the "
+            "first run and a re-run would make different requests. Give a PaymentTask "
+            "JSON-shaped arguments (str keys, lists, numbers, strings, dates, decimals)"
+        )
+    return text
+
+
+def _as_json_writes(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_as_json_writes(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _as_json_writes(item) for key, item in value.items()}
+    return value
+
+
+def _refuse_an_id_too_long(name: Any, task_id: str) -> None:
+    """A task id (a user's ``task_id=``) longer than the execution id column: PostgreSQL
+    refuses the row, which read as a store outage ("publish again once the store
+    answers", for ever); SQLite kept it, and the same code would fail on PostgreSQL.
+    Refused on both, naming the limit; nothing is published."""
+    if len(task_id) <= KEY_COLUMN_LENGTH:
+        return
+    log_event(
+        EXECUTION_NOT_RECORDED,
+        logging.ERROR,
+        task=name,
+        reason=f"task id of {len(task_id)} characters, over {KEY_COLUMN_LENGTH}",
+    )
+    raise PublishNotRecorded(
+        PublishRefusedError(
+            f"the publish of {name!r} was refused and nothing was published: its task id "
+            f"has {len(task_id)} characters, more than the {KEY_COLUMN_LENGTH} the store "
+            f"keeps an execution id in (it starts {task_id[:32]!r}). Publish it under a "
+            "shorter task_id (a uuid, or a digest of the long identifier); waiting or "
+            "retrying will not help",
+            task=name,
+        )
     )
 
 

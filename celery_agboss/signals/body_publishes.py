@@ -334,7 +334,9 @@ def _publishing_body(canvas: Any) -> tuple[Runtime, ExecutionContext] | None:
     except ConfigurationError:
         return None
     if canvas.app.conf.task_always_eager:
-        return None  # run in process, nothing published
+        # Run in process, nothing published: each PaymentTask in it takes its position
+        # and derived id in ``apply`` (``signals.publish.key_in_process_runs``).
+        return None
     return runtime, ctx
 
 

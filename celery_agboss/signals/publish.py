@@ -2,7 +2,9 @@
 
 ``before_task_publish`` records the message (or refuses the publish: nothing reaches
 the broker); ``app.send_task`` is wrapped so that refusal reaches the caller as an
-ordinary exception, and so that a PaymentTask published from a body gets a stable id.
+ordinary exception, and so that a PaymentTask published from a body gets a stable id;
+``PaymentTask.apply`` (and ``apply_async`` under ``task_always_eager``), which run the task
+in process without ``send_task``, give one run from a body the same id.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import EXECUTION_EXPIRED, EXECUTION_NOT_RECORDED, log_event
 from celery_agboss.core.protections import (
     BODY_PUBLISHES_GET_NEW_IDS,
+    EAGER_BODY_PUBLISH_UNKEYED,
     LINK_IDS_NOT_FIXED,
     PUBLISH_WITHOUT_RECORD,
     REFUSED_PUBLISH_KEEPS_ITS_POSITION,
@@ -40,7 +43,7 @@ from celery_agboss.errors import (
     StoreError,
 )
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.runtime.messages import message_from_publish
+from celery_agboss.runtime.messages import ArgumentsNotKeptError, message_from_publish
 from celery_agboss.signals.body_publishes import (
     Position,
     body_context,
@@ -119,13 +122,23 @@ def before_task_publish(
     headers.setdefault(RECORDED_HEADER, reason)
     if not sabotage.active(LINK_IDS_NOT_FIXED):
         fix_link_ids(body, str(headers.get("id")))
-    message = message_from_publish(
-        body=body,
-        exchange=exchange,
-        routing_key=routing_key,
-        headers=headers,
-        properties=properties or {},
-    )
+    try:
+        message = message_from_publish(
+            body=body,
+            exchange=exchange,
+            routing_key=routing_key,
+            headers=headers,
+            properties=properties or {},
+            exact=_serializer_of(runtime, name) != "json",
+        )
+    except ArgumentsNotKeptError as exc:
+        log_event(EXECUTION_NOT_RECORDED, logging.ERROR, task=name, reason="arguments not kept")
+        raise PublishNotRecorded(
+            PublishRefusedError(
+                f"the publish of {name!r} was refused and nothing was published: {exc}",
+                task=name,
+            )
+        ) from None
     if message is None:
         log_event(EXECUTION_NOT_RECORDED, logging.ERROR, task=name, reason="unreadable message")
         raise PublishNotRecorded(
@@ -149,6 +162,15 @@ def before_task_publish(
     noted = _this_publish.get()
     if noted is not None:
         noted.execution_id, noted.created = message.execution_id, created
+
+
+def _serializer_of(runtime: Runtime, name: Any) -> str:
+    """The serializer a task's message goes out with: its own, else the app's. (An
+    ``apply_async(serializer=...)`` of one call is not seen here.)"""
+    tasks = getattr(runtime.app, "_tasks", None)
+    task = tasks.get(name) if tasks is not None and isinstance(name, str) else None
+    chosen = getattr(task, "serializer", None) or runtime.app.conf.task_serializer
+    return str(chosen or "json")
 
 
 def _refused(name: Any, execution_id: str, exc: StoreError | ConfigurationError) -> Exception:
@@ -215,6 +237,55 @@ def _published_from_a_body(
     )
     position = take_position(ctx, name, request)
     return _FromABody(derived_task_id(ctx.execution_id, position.text), position, request)
+
+
+def _keyed_in_process(original: Callable[..., Any], eager_only: bool) -> Callable[..., Any]:
+    """``PaymentTask.apply`` (or ``apply_async``, when ``task_always_eager`` makes it run
+    ``apply``) as a body calls it: the task runs in this process, never reaching
+    ``send_task``, so it takes the same position and derived id here that a published one
+    gets there; a re-run replays its execution instead of running another
+    (design: publishes from a body). An id the caller gave is kept."""
+    parameters = inspect.signature(original)
+
+    @functools.wraps(original)
+    def run_here(self: Any, *given: Any, **named: Any) -> Any:
+        if sabotage.active(EAGER_BODY_PUBLISH_UNKEYED) or sabotage.active(
+            BODY_PUBLISHES_GET_NEW_IDS
+        ):
+            return original(self, *given, **named)
+        if eager_only and not self.app.conf.task_always_eager:
+            return original(self, *given, **named)  # published: send_task derives its id
+        call = parameters.bind(self, *given, **named)
+        if call.arguments.get("task_id") is not None or body_context() is None:
+            return original(self, *given, **named)
+        try:
+            runtime = Runtime.of(self.app)
+        except ConfigurationError:
+            return original(self, *given, **named)
+        request = (call.arguments.get("args"), call.arguments.get("kwargs"))
+        body = _published_from_a_body(runtime, self.name, request, {})
+        if body is None:
+            return original(self, *given, **named)
+        call.arguments["task_id"] = body.task_id
+        try:
+            return original(*call.args, **call.kwargs)
+        except Exception:
+            # As a send that raised: the body's retry of it is the same execution, which
+            # replays or continues, never one more beside it that charges again.
+            body.refused()
+            raise
+
+    run_here._agboss_keyed_in_process = True  # type: ignore[attr-defined]
+    return run_here
+
+
+def key_in_process_runs() -> None:
+    """Hook ``PaymentTask.apply`` and ``apply_async`` (once per process; outside a body,
+    or given a ``task_id``, they are Celery's unchanged)."""
+    for name, eager_only in (("apply", False), ("apply_async", True)):
+        current = getattr(PaymentTask, name)
+        if not getattr(current, "_agboss_keyed_in_process", False):
+            setattr(PaymentTask, name, _keyed_in_process(current, eager_only))
 
 
 def _task_id_index(send: Callable[..., Any]) -> int:
@@ -322,6 +393,7 @@ def refuse_unrecorded_publishes(runtime: Runtime) -> None:
     ordinary exception for the caller; nothing reached the broker. A PaymentTask
     published from a PaymentTask's body without a ``task_id`` gets a stable one. A
     publish whose send raised is cleaned up after (``_after_a_raised_send``)."""
+    key_in_process_runs()
     app = runtime.app
     original = app.send_task
     if getattr(original, "_agboss_refuses_unrecorded", False):

@@ -23,6 +23,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import TextClause
 
 import celery_agboss.store.schema_executions  # noqa: F401 (its tables join the same metadata)
+from celery_agboss.core.keys import KEY_COLUMN_LENGTH
 from celery_agboss.store.metadata import metadata
 
 __all__ = [
@@ -37,8 +38,10 @@ __all__ = [
     "record_uses",
 ]
 
-# Identifiers we mint or receive: task ids, holders (uuid4), idempotency keys.
-KEY = String(512)
+# Identifiers we mint or receive: task ids, holders (uuid4), idempotency keys. The length
+# is core's (``core.step_identity`` fits every step's key to it); changing it needs a
+# migration.
+KEY = String(KEY_COLUMN_LENGTH)
 NAME = String(200)
 
 SWEEPER_SCOPE_PREFIX = "agboss.sweeper:"

@@ -23,9 +23,12 @@ from sqlalchemy import (
     text,
 )
 
+from celery_agboss.core.keys import KEY_COLUMN_LENGTH
 from celery_agboss.store.metadata import metadata
 
-_ID = String(512)
+# An execution id (a Celery task id): as long as a key (``schema.KEY``), core's one length;
+# a longer id is refused at publish (``runtime.messages``). Changing it needs a migration.
+_ID = String(KEY_COLUMN_LENGTH)
 _NAME = String(200)
 
 executions = Table(

@@ -162,6 +162,11 @@ BODY_PUBLISHES_GET_NEW_IDS = "body-publishes-get-new-ids"
 """Sabotage (design: publishes from a body): a PaymentTask or a canvas published from a body gets
 new ids on every re-run, and a canvas is not recorded: two executions, two shipping charges."""
 
+EAGER_BODY_PUBLISH_UNKEYED = "eager-body-publish-unkeyed"
+"""Sabotage (design: publishes from a body): a PaymentTask run in process from a body
+(``task_always_eager``, or ``apply()``) never reaches ``send_task`` and gets a new id on
+every re-run of the body: two executions, two shipping charges."""
+
 UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = "undo-publishes-counted-in-the-delivery"
 """Sabotage (design: publishes from a body): a publish from an undo is counted in the delivery, not
 in its undo, so a delivery that skips the undos done already publishes under shifted ids."""
@@ -269,3 +274,9 @@ DJANGO_COMMIT_TEXT_PASSES = "django-commit-text-passes"
 """Sabotage (design: P2): a ``COMMIT`` (``END``, ``ROLLBACK``) sent as SQL text through
 Django's cursor inside a fenced effect passes: the writes before it commit on the fence's
 first check alone, and a holder that lost its lease has its write twice."""
+
+ARGUMENTS_CHANGED_BY_JSON_ACCEPTED = "arguments-changed-by-json-accepted"
+"""Sabotage: under a serializer other than JSON (pickle), a PaymentTask's arguments that
+come back otherwise from the store's JSON (int dict keys) are recorded: a re-run sent
+from the store makes another request, its replay is refused and the paid execution's
+undo refunds the good charge."""

@@ -79,6 +79,11 @@ TASK_NAME_NOT_CHECKED = "task-name-not-checked"
 """Sabotage (design: one task per id): a delivery of another task under an execution's id is treated
 as that execution (the charge's receipt returned to a refund)."""
 
+REUSED_ID_OTHER_ARGS_ACCEPTED = "reused-id-other-args-accepted"
+"""Sabotage (design: one task per id): a fresh publish of other arguments under an id
+already recorded is accepted as that execution: its caller is handed the first
+request's receipt, and its own order is never charged."""
+
 TENANT_MINTED_WHILE_IN_USE = "tenant-minted-while-in-use"
 """Sabotage (revision 0007): a store upgraded while it holds executions gets a new id
 anyway, so a delivery after the upgrade computes another key for a payment sent
