@@ -4,9 +4,10 @@
 ``celery_agboss.runtime``) and the one place that installs the rest on top of it:
 the signals (publish records, revoke recording, worker start-up; ``signals``), the
 sweep (its task, beat entry and watch; ``sweep``), the worker's metrics endpoint
-when ``agboss_metrics_port`` asks for it (``metrics``) and the worker's check of its
-store at start (``worker.store_check``). ``AGBoss(app)`` twice gives the
-same object.
+when ``agboss_metrics_port`` asks for it (``metrics``), the worker's check of its
+store at start (``worker.store_check``) and publisher confirms on RabbitMQ unless the
+app set ``confirm_publish`` itself (``runtime.broker_defaults``). ``AGBoss(app)`` twice
+gives the same object.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from celery_agboss import signals, sweep
 from celery_agboss.metrics import worker as metrics_worker
+from celery_agboss.runtime import broker_defaults
 from celery_agboss.runtime.app_runtime import _APP_ATTRIBUTE, Runtime
 from celery_agboss.worker import held_messages, store_check
 
@@ -28,6 +30,7 @@ class AGBoss(Runtime):
             return existing
         self = super().__new__(cls)
         self._init_runtime(app)
+        broker_defaults.install(self)  # before any connection of this process is made
         signals.connect(self)
         sweep.install(self)
         metrics_worker.install(self)

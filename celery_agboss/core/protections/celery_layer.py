@@ -275,6 +275,14 @@ DJANGO_COMMIT_TEXT_PASSES = "django-commit-text-passes"
 Django's cursor inside a fenced effect passes: the writes before it commit on the fence's
 first check alone, and a holder that lost its lease has its write twice."""
 
+# The broker (runtime/broker_defaults.py).
+
+PUBLISHER_CONFIRMS_LEFT_UNSET = "publisher-confirms-left-unset"
+"""Sabotage: ``AGBoss(app)`` leaves ``broker_transport_options["confirm_publish"]``
+unset, kombu's default for RabbitMQ: a message the broker drops after accepting its
+bytes (a full queue that rejects publishes) is recorded as sent, its outbox row marked
+published, and the follow-up it carried never runs, nobody told."""
+
 ARGUMENTS_CHANGED_BY_JSON_ACCEPTED = "arguments-changed-by-json-accepted"
 """Sabotage: under a serializer other than JSON (pickle), a PaymentTask's arguments that
 come back otherwise from the store's JSON (int dict keys) are recorded: a re-run sent
