@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery import signals as celery_signals
 
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask
 from celery_agboss.core.executions import ExecutionRecord
@@ -232,3 +233,18 @@ def shop(delivery_store_url: str, shop_config: dict[str, Any]) -> Iterator[Payme
     finally:
         gateway.close()
         close_test_app(app)
+
+
+@pytest.fixture
+def published() -> Iterator[list[str]]:
+    """Task ids that reached the broker (``after_task_publish``)."""
+    ids: list[str] = []
+
+    def on_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        ids.append(str((headers or {}).get("id")))
+
+    celery_signals.after_task_publish.connect(on_publish, weak=False)
+    try:
+        yield ids
+    finally:
+        celery_signals.after_task_publish.disconnect(on_publish)

@@ -11,13 +11,11 @@ publish or delivery of another task under it is refused, naming both.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
-from celery import signals as celery_signals
 
 from celery_agboss import PaymentTask
 from celery_agboss.core.protections import PUBLISH_WITHOUT_RECORD, TASK_NAME_NOT_CHECKED
@@ -26,21 +24,6 @@ from celery_agboss.testing.celery_app import close_test_app, make_test_app
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 from tests.support.processes import wait_until
-
-
-@pytest.fixture
-def published() -> Iterator[list[str]]:
-    """Task ids that reached the broker (``after_task_publish``)."""
-    ids: list[str] = []
-
-    def on_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
-        ids.append(str((headers or {}).get("id")))
-
-    celery_signals.after_task_publish.connect(on_publish, weak=False)
-    try:
-        yield ids
-    finally:
-        celery_signals.after_task_publish.disconnect(on_publish)
 
 
 def _publisher(database_url: str, **config: Any) -> Celery:

@@ -10,11 +10,9 @@ fitted to it (``core.step_identity``), so the body charges once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import signals as celery_signals
 
 from celery_agboss.core.keys import fit_key, step_key
 from celery_agboss.errors import PublishRefusedError
@@ -25,21 +23,6 @@ from tests.delivery.conftest import PaymentShop
 KEY_COLUMN_LENGTH = executions.c.id.type.length
 """The execution id column as the store declares it (512: ``core.keys.KEY_COLUMN_LENGTH``)."""
 assert outbound_calls.c.idempotency_key.type.length == KEY_COLUMN_LENGTH, "one length"
-
-
-@pytest.fixture
-def published() -> Iterator[list[str]]:
-    """Task ids that reached the broker (``after_task_publish``)."""
-    ids: list[str] = []
-
-    def on_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
-        ids.append(str((headers or {}).get("id")))
-
-    celery_signals.after_task_publish.connect(on_publish, weak=False)
-    try:
-        yield ids
-    finally:
-        celery_signals.after_task_publish.disconnect(on_publish)
 
 
 def _charge_task(shop: PaymentShop) -> Any:
