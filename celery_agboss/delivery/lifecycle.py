@@ -86,7 +86,7 @@ from celery_agboss.errors import (
     StoreNotMigratedError,
 )
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.runtime.messages import message_from_request
+from celery_agboss.runtime.messages import arguments_as_kept, message_from_request
 from celery_agboss.runtime.task_events import (
     TASK_DEFERRED,
     TASK_FENCED,
@@ -177,7 +177,7 @@ class Delivery:
             if start.execution.cancel_requested and not sabotage.active(CANCEL_REQUEST_IGNORED):
                 self.cancel_reason = start.execution.cancel_reason or self.cancel_reason
                 self.cancel()
-            return self._run_body(args, kwargs)
+            return self._run_body(*arguments_as_kept(self.task, start.execution, args, kwargs))
         finally:
             setattr(self.request, CONTEXT_ATTRIBUTE, None)
             if not sabotage.active(LEASE_KEPT_AFTER_A_BROKEN_END):

@@ -21,7 +21,7 @@ from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord
 from celery_agboss.core.keys import KEY_COLUMN_LENGTH
 from celery_agboss.core.log_events import EXECUTION_NOT_RECORDED, log_event
 from celery_agboss.core.protections import (
-    ARGUMENTS_CHANGED_BY_JSON_ACCEPTED,
+    FIRST_RUN_GETS_UNKEPT_ARGUMENTS,
     REPUBLISH_FORGETS_OWN_RETRIES,
 )
 from celery_agboss.errors import PublishNotRecorded, PublishRefusedError
@@ -124,13 +124,10 @@ def message_from_publish(
     routing_key: Any,
     headers: Mapping[str, Any],
     properties: Mapping[str, Any],
-    exact: bool = False,
 ) -> ExecutionMessage | None:
     """The message ``before_task_publish`` is about to send (protocol 2 only); None when
     it cannot be read. Raises ``PublishNotRecorded`` for a task id no store can keep, and
-    ``ArgumentsNotKeptError`` for arguments the store's JSON cannot keep, or (``exact``:
-    the message goes out in another serializer, pickle say) keeps otherwise than the
-    first run gets them."""
+    ``ArgumentsNotKeptError`` for arguments the store's JSON cannot keep."""
     task_id = headers.get("id")
     name = headers.get("task")
     if not task_id or not name or not isinstance(body, (tuple, list)) or len(body) != 3:
@@ -165,8 +162,8 @@ def message_from_publish(
     return ExecutionMessage(
         execution_id=str(task_id),
         task_name=str(name),
-        args=kept_arguments(list(args or ()), exact),
-        kwargs=kept_arguments(dict(kwargs or {}), exact),
+        args=kept_arguments(list(args or ())),
+        kwargs=kept_arguments(dict(kwargs or {})),
         options=dumps(options),
         eta_ms=_ms(headers.get("eta")),
         expires_ms=_ms(headers.get("expires")),
@@ -174,42 +171,41 @@ def message_from_publish(
 
 
 class ArgumentsNotKeptError(ValueError):
-    """A PaymentTask's arguments the store cannot keep as the first run gets them."""
+    """A PaymentTask's arguments the store cannot keep as JSON."""
 
 
-def kept_arguments(value: list[Any] | dict[str, Any], exact: bool) -> str:
+def kept_arguments(value: list[Any] | dict[str, Any]) -> str:
     """``value`` as the store keeps it, for every re-publish (a long retry, a take-over, the
-    sweep's re-drive) to send again. Under JSON the first run gets what JSON gives back,
-    so that is exact already; under another serializer (pickle) the first run gets the
-    originals, and a re-run given other ones (``{101: 2}`` back as ``{"101": 2}``) makes
-    another request: its replay refused, the paid execution FAILED and its undos
-    refunding. Refused at publish then (tuples count as lists, as JSON writes them)."""
+    sweep's re-drive) to send again; refused when JSON cannot hold it (a set)."""
     try:
-        text = dumps(value)
+        return dumps(value)
     except (TypeError, ValueError) as exc:
         raise ArgumentsNotKeptError(
             f"its arguments cannot be kept in the store as JSON ({exc}); a re-run is sent "
-            "from there, so give a PaymentTask JSON-shaped arguments (str keys, lists, "
+            "from there, so give a PaymentTask JSON-shaped arguments (lists, dicts, "
             "numbers, strings, dates, decimals)"
         ) from None
-    if exact and loads(text) != _as_json_writes(value):
-        if sabotage.active(ARGUMENTS_CHANGED_BY_JSON_ACCEPTED):
-            return text
-        raise ArgumentsNotKeptError(
-            "its arguments do not come back the same from the store's JSON (a dict with "
-            "keys that are not strings, say), and every re-run is sent from there: the "
-            "first run and a re-run would make different requests. Give a PaymentTask "
-            "JSON-shaped arguments (str keys, lists, numbers, strings, dates, decimals)"
-        )
-    return text
 
 
-def _as_json_writes(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_as_json_writes(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _as_json_writes(item) for key, item in value.items()}
-    return value
+def serializer_of(app: Any, task: Any) -> str:
+    """The serializer a task's messages go out with: its own, else the app's. (An
+    ``apply_async(serializer=...)`` of one call is not seen.)"""
+    chosen = getattr(task, "serializer", None) or app.conf.task_serializer
+    return str(chosen or "json")
+
+
+def arguments_as_kept(
+    task: Any, record: ExecutionRecord, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments a body runs with: the store's copy, under a serializer other than
+    JSON. Every re-run (a long retry, a take-over, the sweep's re-drive) is sent from that
+    JSON copy; the first run, given pickle's originals, would see other values (``{101:
+    2}`` where re-runs see ``{"101": 2}``), make another request, and its replay be
+    refused: the paid execution FAILED, its undo refunding a good charge. So every run
+    gets what JSON keeps. Under JSON the message is that copy already."""
+    if serializer_of(task.app, task) == "json" or sabotage.active(FIRST_RUN_GETS_UNKEPT_ARGUMENTS):
+        return args, kwargs
+    return tuple(loads(record.args)), dict(loads(record.kwargs))
 
 
 def _refuse_an_id_too_long(name: Any, task_id: str) -> None:

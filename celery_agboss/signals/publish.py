@@ -24,7 +24,7 @@ from celery import Celery
 
 from celery_agboss import outbox
 from celery_agboss.core import sabotage
-from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.executions import DERIVED_ID_HEADER, ExecutionState
 from celery_agboss.core.log_events import EXECUTION_EXPIRED, EXECUTION_NOT_RECORDED, log_event
 from celery_agboss.core.protections import (
     BODY_PUBLISHES_GET_NEW_IDS,
@@ -129,7 +129,6 @@ def before_task_publish(
             routing_key=routing_key,
             headers=headers,
             properties=properties or {},
-            exact=_serializer_of(runtime, name) != "json",
         )
     except ArgumentsNotKeptError as exc:
         log_event(EXECUTION_NOT_RECORDED, logging.ERROR, task=name, reason="arguments not kept")
@@ -162,15 +161,6 @@ def before_task_publish(
     noted = _this_publish.get()
     if noted is not None:
         noted.execution_id, noted.created = message.execution_id, created
-
-
-def _serializer_of(runtime: Runtime, name: Any) -> str:
-    """The serializer a task's message goes out with: its own, else the app's. (An
-    ``apply_async(serializer=...)`` of one call is not seen here.)"""
-    tasks = getattr(runtime.app, "_tasks", None)
-    task = tasks.get(name) if tasks is not None and isinstance(name, str) else None
-    chosen = getattr(task, "serializer", None) or runtime.app.conf.task_serializer
-    return str(chosen or "json")
 
 
 def _refused(name: Any, execution_id: str, exc: StoreError | ConfigurationError) -> Exception:
@@ -408,6 +398,8 @@ def refuse_unrecorded_publishes(runtime: Runtime) -> None:
             body = _published_from_a_body(runtime, name, args, kwargs)
             if body is not None:
                 args, kwargs = _with_task_id(at, args, kwargs, body.task_id)
+                headers = {**(kwargs.get("headers") or {}), DERIVED_ID_HEADER: True}
+                kwargs = {**kwargs, "headers": headers}
         deferred = _publish_on_commit(runtime, name, args, kwargs)
         if deferred is not None:
             return deferred

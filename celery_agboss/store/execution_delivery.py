@@ -14,7 +14,6 @@ cancels in ``cancels``, pauses in ``pauses``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -46,11 +45,9 @@ from celery_agboss.core.executions import (
 )
 from celery_agboss.core.protections import (
     RELEASE_LOCKS_EXECUTION_FIRST,
-    REUSED_ID_OTHER_ARGS_ACCEPTED,
 )
 from celery_agboss.core.shared_records import diverged
 from celery_agboss.core.store_protocol import FencedTransaction, LeaseRef
-from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store import verdict_release
 from celery_agboss.store.cancels import end_cancelled_txn
 from celery_agboss.store.execution_rows import (
@@ -75,6 +72,7 @@ from celery_agboss.store.execution_start import (
     start_values,
 )
 from celery_agboss.store.intent_transitions import in_one
+from celery_agboss.store.request_identity import refuse_another_request
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions, pauses
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -107,58 +105,6 @@ def record_requested(store: SQLAlchemyStore, message: ExecutionMessage) -> bool:
             if newer_or_same(message, record):
                 set_unless_terminal_txn(tx, message.execution_id, **message_values(message))
         return False
-
-
-def refuse_another_request(record: ExecutionRecord, message: ExecutionMessage) -> None:
-    """An execution id is one request (design: one task per id): a fresh publish under a
-    recorded id must carry its arguments. A Celery retry (more ``retries``: ``self.retry(
-    args=…)`` may change them) and a publish by the execution itself or its recorded
-    parent (``parent_id``: its retry or replace, a re-run parent's link or child) stay the
-    execution; not any parent: Celery gives every publish from inside a task one."""
-    if _same_request(record, message) or sabotage.active(REUSED_ID_OTHER_ARGS_ACCEPTED):
-        return
-    options, recorded = _json_object(message.options), _json_object(record.options)
-    resent = options.get("parent_id") in (record.id, recorded.get("parent_id") or record.id)
-    if resent or _count(options, "retries") > _count(recorded, "retries"):
-        return
-    # Never the arguments themselves: they may hold card data (design: stored arguments).
-    raise ExecutionIdConflictError(
-        f"the execution id {record.id!r} was recorded for a request of {record.task_name!r} "
-        "with other arguments: the stored request and this publish differ, so this publish "
-        "was refused and nothing of it ran (its caller would be handed the recorded "
-        "request's outcome). Give each request an id of its own; to retry the recorded "
-        "request, publish the same arguments again",
-        execution_id=record.id,
-        task=message.task_name,
-    )
-
-
-def _same_request(record: ExecutionRecord, message: ExecutionMessage) -> bool:
-    """The same arguments, as JSON values (keyword order aside; ``1`` is not ``1.0``)."""
-    return all(
-        _canonical(stored) == _canonical(sent)
-        for stored, sent in ((record.args, message.args), (record.kwargs, message.kwargs))
-    )
-
-
-def _canonical(text: str) -> str:
-    try:
-        return json.dumps(json.loads(text), sort_keys=True)
-    except ValueError:
-        return text  # not JSON (a row written by hand): compared as it is
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _count(options: dict[str, Any], name: str) -> int:
-    value = options.get(name, 0)
-    return value if type(value) is int else 0
 
 
 def start_delivery(
@@ -486,7 +432,6 @@ __all__ = [
     "finish_in",
     "mark_links_dispatched",
     "record_requested",
-    "refuse_another_request",
     "release_delivery",
     "release_in",
     "start_delivery",

@@ -206,6 +206,30 @@ def test_another_task_reusing_the_id_for_another_order_is_refused(shop: PaymentS
     assert _charged(shop) == [FIRST]
 
 
+def test_one_task_publishing_two_orders_under_one_id_gets_the_second_refused(
+    shop: PaymentShop,
+) -> None:
+    """Both publishes of one run carry that run's ``parent_id``: only an id celery_agboss
+    derived for a body's publish (``DERIVED_ID_HEADER``) is its parent's to send again."""
+    pay = _pay(shop)
+    outcomes: list[str] = []
+
+    @shop.app.task(shared=False, name="shop.bill_customer")
+    def bill_customer(orders: list[str]) -> list[str]:
+        for order in orders:
+            try:
+                outcomes.append(str(pay.apply_async((order,), task_id="cust-7-today").id))
+            except ExecutionIdConflictError:
+                outcomes.append("refused")
+        return outcomes
+
+    with shop.worker():
+        bill_customer.delay([FIRST, SECOND]).get(timeout=10)
+        shop.wait_state("cust-7-today", "COMPLETED")
+    assert outcomes == ["cust-7-today", "refused"]
+    assert _charged(shop) == [FIRST]
+
+
 def test_without_the_check_the_second_order_gets_the_first_receipt(shop: PaymentShop) -> None:
     pay = _pay(shop)
     with shop.worker():

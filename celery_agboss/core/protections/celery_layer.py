@@ -283,8 +283,8 @@ unset, kombu's default for RabbitMQ: a message the broker drops after accepting 
 bytes (a full queue that rejects publishes) is recorded as sent, its outbox row marked
 published, and the follow-up it carried never runs, nobody told."""
 
-ARGUMENTS_CHANGED_BY_JSON_ACCEPTED = "arguments-changed-by-json-accepted"
-"""Sabotage: under a serializer other than JSON (pickle), a PaymentTask's arguments that
-come back otherwise from the store's JSON (int dict keys) are recorded: a re-run sent
-from the store makes another request, its replay is refused and the paid execution's
-undo refunds the good charge."""
+FIRST_RUN_GETS_UNKEPT_ARGUMENTS = "first-run-gets-unkept-arguments"
+"""Sabotage: under a serializer other than JSON (pickle), a body's first run gets the
+message's own arguments while every re-run is sent from the store's JSON copy: int dict
+keys come back as strings, the re-run's replay is refused as another request and the
+paid execution's undo refunds the good charge."""
