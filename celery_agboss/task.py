@@ -191,15 +191,18 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _refuse_unbound(cls)
-        hook = cls.__dict__.get("before_start")
-        if callable(hook):
-            cls.before_start = _raised_in_the_body(hook)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
         """Say so when a task's options or the app's annotations turned off what brings a
         killed worker's message back: still paid once, but only the sweep recovers it."""
         super().on_bound(app)
+        # Celery applied the app's annotations before this: the hook it will call is
+        # resolved now, wherever it came from (the class, a mixin, an annotation), and
+        # wrapped once, so a super() chain inside it runs as written.
+        hook = getattr(cls, "before_start", None)
+        if callable(hook) and hook is not Task.before_start and not cls.__dict__.get("abstract"):
+            cls.before_start = _raised_in_the_body(hook)
         off = [name for name in ("acks_late", "reject_on_worker_lost") if not getattr(cls, name)]
         if off and not cls.__dict__.get("abstract"):
             logger.warning(

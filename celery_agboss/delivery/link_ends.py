@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Any
 
+from amqp.exceptions import MessageNacked
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 from kombu.exceptions import OperationalError
 
@@ -39,17 +40,38 @@ of an execution whose mark was lost sends its links again (the same executions, 
 their fixed ids) and counts its chord part only if the result backend lacks its result."""
 _MARK_BACKOFF_SECONDS = 0.1
 
-# What a send of the links raises when the broker could not take it: it may take it
-# later; and a soft time limit that landed after the verdict (a replay runs no body, so
-# it sends them in time). Anything else (a link that cannot be encoded) would fail the
-# same way again.
-_TRANSIENT = (OperationalError, ConnectionError, TimeoutError, SoftTimeLimitExceeded)
+HANDED_BACK: tuple[type[BaseException], ...] = (
+    OperationalError,
+    ConnectionError,
+    TimeoutError,
+    MessageNacked,
+    SoftTimeLimitExceeded,
+)
+"""What a send of the links raises when the broker could not take it (refused it, with
+publisher confirms: ``MessageNacked``): it may take it later; and a soft time limit that
+landed after the verdict (a replay runs no body, so it sends them in time). Anything
+else (a link that cannot be encoded) would fail the same way again."""
+LINK_PARTS = ("callbacks", "chain", "errbacks", "chord")
 
 
 def has_links(request: Any) -> bool:
     """Whether this delivery's end sent (or counted) anything a replay must not repeat:
     callbacks, a chain, errbacks, or a chord part."""
-    return any(getattr(request, name, None) for name in ("callbacks", "chain", "errbacks", "chord"))
+    return any(getattr(request, name, None) for name in LINK_PARTS)
+
+
+def completed_with_links_unsent(task: Any, task_id: str) -> bool:
+    """Whether the execution is ``COMPLETED`` with its links not recorded as sent (False
+    when the store cannot tell: the message is then acknowledged, as Celery would)."""
+    try:
+        record = Runtime.of(task.app).executions.read_execution(task_id)
+    except (Exception, StoreError):
+        return False
+    return (
+        record is not None
+        and record.state is ExecutionState.COMPLETED
+        and not record.links_dispatched
+    )
 
 
 def links_sent(task: Any, task_id: str) -> None:
@@ -108,7 +130,7 @@ def _hand_back(task: Any, record: ExecutionRecord, exc: BaseException, einfo: An
     would escape Celery's trace). Paused first, as for a store outage: the broker hands
     it back at once."""
     request = task.request
-    transient = isinstance(exc, _TRANSIENT)
+    transient = isinstance(exc, HANDED_BACK)
     if (
         not transient
         or not task.acks_late
@@ -137,4 +159,12 @@ def _hand_back(task: Any, record: ExecutionRecord, exc: BaseException, einfo: An
     einfo.exception = Reject(exc, requeue=True)
 
 
-__all__ = ["MARK_ATTEMPTS", "after_a_failure", "has_links", "links_sent"]
+__all__ = [
+    "HANDED_BACK",
+    "LINK_PARTS",
+    "MARK_ATTEMPTS",
+    "after_a_failure",
+    "completed_with_links_unsent",
+    "has_links",
+    "links_sent",
+]

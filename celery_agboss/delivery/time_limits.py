@@ -30,9 +30,16 @@ from celery.worker.state import revoked_stamps, task_ready
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.log_events import EXECUTION_TIME_LIMIT, log_event
-from celery_agboss.core.protections import EXPIRY_REVOKES_THE_ID, TIME_LIMIT_FAILS_THE_TASK
+from celery_agboss.core.protections import (
+    EXPIRY_REVOKES_THE_ID,
+    FAILED_LINK_SEND_ACKED,
+    TIME_LIMIT_FAILS_THE_TASK,
+)
+from celery_agboss.delivery.link_ends import HANDED_BACK, LINK_PARTS, completed_with_links_unsent
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.expiry import drop_expired_message, drop_revoked_message
+
+logger = logging.getLogger("celery_agboss")
 
 
 class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type information
@@ -120,7 +127,34 @@ class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type infor
             if not self.acknowledged:
                 self.reject(requeue=True)
             return
+        if self._links_to_send_again(exc):
+            logger.warning(
+                "%s[%s] completed but its links could not be sent (%s, after Celery's own "
+                "handling): the message goes back to the broker, and its redelivery sends "
+                "them under their fixed ids",
+                self.name,
+                self.id,
+                type(exc).__name__,
+            )
+            task_ready(self)
+            if not self.acknowledged:
+                self.reject(requeue=True)
+            return
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def _links_to_send_again(self, exc: Any) -> bool:
+        """A failure raised while Celery sent a completed execution's links, where the
+        delivery's own ``on_failure`` cannot hand it back (Celery had already let go of
+        the task's request: a soft time limit, or a publish the broker refused, landing in
+        its link send): the same rule (``link_ends``), decided here, where the message is."""
+        if not isinstance(exc, HANDED_BACK) or not self.task.acks_late:
+            return False
+        if sabotage.active(FAILED_LINK_SEND_ACKED):
+            return False
+        embed = self._payload[2] or {}
+        if not any(embed.get(part) for part in LINK_PARTS):
+            return False
+        return completed_with_links_unsent(self.task, self.id)
 
 
 __all__ = ["EXECUTION_TIME_LIMIT", "PaymentRequest"]

@@ -13,8 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import pytest
+from amqp.exceptions import MessageNacked
+from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_agboss import PaymentTask
@@ -78,6 +82,71 @@ def test_twin_a_before_start_outside_the_delivery_leaves_it_requested_for_ever(
             assert shop.sweep().republished == 1, "published again, every time"
             assert_stays(lambda: shop.execution(task_id).state.value == "REQUESTED", 1)
     assert shop.execution(task_id).reason is None, "nobody is told"
+
+
+class _TracingMixin:
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        raise RuntimeError("the tracing service is down")
+
+
+def _tracing_down(self: Any, task_id: str, args: Any, kwargs: Any) -> None:
+    raise RuntimeError("the tracing service is down")
+
+
+@pytest.mark.parametrize("where", ["mixin", "annotation"])
+def test_a_before_start_from_a_mixin_or_an_annotation_fails_the_execution_too(
+    shop: PaymentShop, where: str
+) -> None:
+    """The hook Celery calls is resolved once the task is bound (annotations applied)."""
+    charge = shop.call()
+    base: Any = PaymentTask
+    if where == "mixin":
+
+        class Traced(_TracingMixin, PaymentTask):  # type: ignore[misc]
+            abstract = True
+
+        base = Traced
+    else:
+        shop.app.conf.task_annotations = {"shop.traced": {"before_start": _tracing_down}}
+
+    @shop.app.task(base=base, bind=True, shared=False, name="shop.traced")
+    def traced(self: Any, order: str) -> Any:
+        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+
+    with shop.worker():
+        task_id = str(traced.delay("o-1").id)
+        record = shop.wait_state(task_id, "FAILED", "COMPLETED")
+    assert record.state.value == "FAILED"
+    assert shop.gateway.requests == []
+
+
+def test_a_before_start_that_handles_its_base_s_error_goes_on_to_pay(shop: PaymentShop) -> None:
+    """Wrapped once, at the hook Celery calls: a ``super()`` chain inside it runs as
+    written, so an error the subclass handles is handled."""
+    charge = shop.call()
+
+    class Tenanted(PaymentTask):  # type: ignore[misc]
+        abstract = True
+
+        def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+            raise LookupError("no tenant header")
+
+    class DefaultTenant(Tenanted):  # type: ignore[misc]
+        abstract = True
+
+        def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+            with contextlib.suppress(LookupError):  # the default tenant
+                super().before_start(task_id, args, kwargs)
+
+    @shop.app.task(base=DefaultTenant, bind=True, shared=False, name="shop.tenanted")
+    def tenanted(self: Any, order: str) -> Any:
+        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+
+    with shop.worker():
+        task_id = str(tenanted.delay("o-1").id)
+        record = shop.wait_state(task_id, "FAILED", "COMPLETED")
+    assert record.state.value == "COMPLETED", record.error
+    assert len(shop.gateway.payments) == 1
 
 
 # --- a direct call of its own task inside its body ------------------------------------
@@ -159,3 +228,64 @@ def test_twin_acked_after_a_soft_time_limit_the_paid_order_never_ships(
         else:
             raise AssertionError("the chain's next step was sent")
     assert len(shop.gateway.payments) == 1
+
+
+# --- a failure inside Celery's own send of the links ----------------------------------
+
+
+def _paid_then_link_send_fails(shop: PaymentShop, failure: BaseException, wait: float) -> list[str]:
+    """The chain's next step's first send raises ``failure`` inside Celery's trace, after
+    the COMPLETED verdict and after Celery let go of the task's request: the delivery's
+    ``on_failure`` sees no links; the worker's request (the main process) hands back."""
+    charge = shop.call()
+    shipped: list[str] = []
+    raised: list[int] = []
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+
+    class FailsOnce(Task):  # type: ignore[misc]
+        abstract = True
+
+        def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+            if not raised:
+                raised.append(1)
+                raise failure
+            return super().apply_async(*args, **kwargs)
+
+    @shop.app.task(base=FailsOnce, shared=False, name="shop.ship")
+    def ship(paid: Any) -> None:
+        shipped.append(paid["id"])
+
+    with shop.worker():
+        result = (pay.s("o-1") | ship.s()).apply_async()
+        task_id = str(result.parent.id)
+        shop.wait_state(task_id, "COMPLETED")
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: shipped, wait, message="the chain's next step")
+    assert raised == [1] and len(shop.gateway.payments) == 1
+    return shipped
+
+
+# Celery reports such a failure as an internal error, with a RuntimeWarning (an error
+# under this suite's filterwarnings; a warning in production).
+_INTERNAL = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+@_INTERNAL
+@pytest.mark.parametrize(
+    "failure",
+    [SoftTimeLimitExceeded("soft time limit (5s) exceeded"), MessageNacked()],
+    ids=["soft-time-limit", "broker-refused"],
+)
+def test_a_link_send_that_fails_inside_celery_is_handed_back_and_ships_once(
+    shop: PaymentShop, failure: BaseException
+) -> None:
+    assert len(_paid_then_link_send_fails(shop, failure, 15)) == 1
+
+
+@_INTERNAL
+def test_twin_acked_the_paid_order_never_ships(shop: PaymentShop) -> None:
+    with sabotage(FAILED_LINK_SEND_ACKED):
+        assert _paid_then_link_send_fails(shop, MessageNacked(), 3) == []
