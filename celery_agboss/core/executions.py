@@ -167,12 +167,6 @@ def execution_scope(execution_id: str) -> str:
     return execution_id
 
 
-DERIVED_ID_HEADER = "agboss_derived_id"
-"""A message header: this publish's task id is one celery_agboss derived for a body's
-publish (its execution and position), so a re-run of that body sends it again, maybe
-with other arguments (design: one task per id); a caller's own id never carries it."""
-
-
 @dataclass(frozen=True)
 class ExecutionMessage:
     """An execution's message as the broker holds it: what a re-publish sends again.

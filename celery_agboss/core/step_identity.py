@@ -34,6 +34,12 @@ def refuse_reserved_effect_name(name: str) -> None:
         )
 
 
+DERIVED_ID_HEADER = "agboss_derived_id"
+"""A message header: this publish's task id is one celery_agboss derived for a body's
+publish (its execution and position), so a re-run of that body sends it again, maybe
+with other arguments (design: one task per id); a caller's own id never carries it."""
+
+
 @dataclass(frozen=True)
 class Step:
     """One outbound call or fenced effect of a delivery's body, as its records name it."""
@@ -75,6 +81,7 @@ def step_of(
 
 
 __all__ = [
+    "DERIVED_ID_HEADER",
     "RESERVED_EFFECT_PREFIX",
     "Step",
     "refuse_reserved_effect_name",

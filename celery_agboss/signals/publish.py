@@ -24,7 +24,7 @@ from celery import Celery
 
 from celery_agboss import outbox
 from celery_agboss.core import sabotage
-from celery_agboss.core.executions import DERIVED_ID_HEADER, ExecutionState
+from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import EXECUTION_EXPIRED, EXECUTION_NOT_RECORDED, log_event
 from celery_agboss.core.protections import (
     BODY_PUBLISHES_GET_NEW_IDS,
@@ -35,6 +35,7 @@ from celery_agboss.core.protections import (
     REFUSED_PUBLISH_LEFT_FOR_THE_SWEEP,
     SEND_TASK_ID_READ_FROM_ETA,
 )
+from celery_agboss.core.step_identity import DERIVED_ID_HEADER
 from celery_agboss.errors import (
     ConfigurationError,
     ExecutionIdConflictError,

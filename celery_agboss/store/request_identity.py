@@ -8,8 +8,9 @@ import json
 from typing import Any
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.executions import DERIVED_ID_HEADER, ExecutionMessage, ExecutionRecord
+from celery_agboss.core.executions import ExecutionMessage, ExecutionRecord
 from celery_agboss.core.protections import REUSED_ID_OTHER_ARGS_ACCEPTED
+from celery_agboss.core.step_identity import DERIVED_ID_HEADER
 from celery_agboss.errors import ExecutionIdConflictError
 
 
