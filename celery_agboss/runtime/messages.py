@@ -24,7 +24,7 @@ from celery_agboss.core.protections import (
     FIRST_RUN_GETS_UNKEPT_ARGUMENTS,
     REPUBLISH_FORGETS_OWN_RETRIES,
 )
-from celery_agboss.errors import PublishNotRecorded, PublishRefusedError
+from celery_agboss.errors import ConfigurationError, PublishNotRecorded, PublishRefusedError
 
 OWN_RETRIES_HEADER = "agboss_retries"
 """The header counting celery_agboss's own retries of a message (``delivery.waits``): how
@@ -208,12 +208,23 @@ def arguments_as_kept(
     return tuple(loads(record.args)), dict(loads(record.kwargs))
 
 
-def _refuse_an_id_too_long(name: Any, task_id: str) -> None:
-    """A task id (a user's ``task_id=``) longer than the execution id column: PostgreSQL
-    refuses the row, which read as a store outage ("publish again once the store
-    answers", for ever); SQLite kept it, and the same code would fail on PostgreSQL.
-    Refused on both, naming the limit; nothing is published."""
+def _id_too_long(task_id: str) -> str | None:
+    """Why the store cannot keep ``task_id`` as an execution id, or None when it can:
+    PostgreSQL refuses a longer row, which reads as a store outage ("again once the store
+    answers", for ever); SQLite would keep it, and the same code fail on PostgreSQL."""
     if len(task_id) <= KEY_COLUMN_LENGTH:
+        return None
+    return (
+        f"its task id has {len(task_id)} characters, more than the {KEY_COLUMN_LENGTH} the "
+        f"store keeps an execution id in (it starts {task_id[:32]!r})"
+    )
+
+
+def _refuse_an_id_too_long(name: Any, task_id: str) -> None:
+    """A task id (a user's ``task_id=``) the store cannot keep: refused at publish on both
+    stores, naming the limit; nothing is published."""
+    why = _id_too_long(task_id)
+    if why is None:
         return
     log_event(
         EXECUTION_NOT_RECORDED,
@@ -223,18 +234,26 @@ def _refuse_an_id_too_long(name: Any, task_id: str) -> None:
     )
     raise PublishNotRecorded(
         PublishRefusedError(
-            f"the publish of {name!r} was refused and nothing was published: its task id "
-            f"has {len(task_id)} characters, more than the {KEY_COLUMN_LENGTH} the store "
-            f"keeps an execution id in (it starts {task_id[:32]!r}). Publish it under a "
-            "shorter task_id (a uuid, or a digest of the long identifier); waiting or "
-            "retrying will not help",
+            f"the publish of {name!r} was refused and nothing was published: {why}. "
+            "Publish it under a shorter task_id (a uuid, or a digest of the long "
+            "identifier); waiting or retrying will not help",
             task=name,
         )
     )
 
 
 def message_from_request(task_name: str, request: Any) -> ExecutionMessage:
-    """The message a delivery is running, rebuilt from ``task.request``."""
+    """The message a delivery is running, rebuilt from ``task.request``. Raises
+    ``ConfigurationError`` for a task id the store cannot keep: only a publisher without
+    celery_agboss (which refuses it at publish) sends one, and its delivery must fail
+    saying so, not wait for ever on what reads as a store outage."""
+    why = _id_too_long(str(request.id))
+    if why is not None:
+        raise ConfigurationError(
+            f"the delivery of {task_name!r} was refused and its body not run: {why}. Its "
+            "publisher did not go through celery_agboss, which refuses such an id at "
+            "publish; publish it again under a shorter task_id"
+        )
     delivery = getattr(request, "delivery_info", None) or {}
     time_limit, soft_time_limit = _limits(getattr(request, "timelimit", None))
     headers = getattr(request, "headers", None) or {}

@@ -1,5 +1,6 @@
 """A task id (an execution id) as long as the store keeps one is a payment; a longer one
-is refused at publish, naming the limit, on both stores.
+is refused at publish, naming the limit, on both stores; one a publisher without
+celery_agboss sent anyway fails its delivery, saying so, with nothing charged.
 
 A user's ``task_id=`` of more than ``KEY_COLUMN_LENGTH`` characters once read as a store
 outage on PostgreSQL (``StringDataRightTruncation``: "publish again once the store
@@ -13,12 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from celery_agboss.core.keys import fit_key, step_key
-from celery_agboss.errors import PublishRefusedError
+from celery_agboss.errors import ConfigurationError, PublishRefusedError
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions
 from tests.delivery.conftest import PaymentShop
+from tests.support.processes import wait_until
 
 KEY_COLUMN_LENGTH = executions.c.id.type.length
 """The execution id column as the store declares it (512: ``core.keys.KEY_COLUMN_LENGTH``)."""
@@ -49,6 +52,33 @@ def test_a_task_id_longer_than_the_column_is_refused_naming_the_limit(
     assert too_long not in published, "nothing reached the broker"
     assert shop.agboss.executions.read_execution(too_long) is None
     assert shop.gateway.payments == []
+
+
+def test_a_too_long_id_from_a_publisher_without_celery_agboss_fails_its_delivery(
+    shop: PaymentShop,
+) -> None:
+    """Only a publisher that does not run celery_agboss can send such an id: its delivery
+    fails at once, naming the limit, and is not retried (PostgreSQL's refusal of the row
+    read as a store outage, handed back for ever; SQLite charged under it)."""
+    too_long = "order-" + "z" * (KEY_COLUMN_LENGTH - 5)
+    plain = Celery("plain-publisher", broker="memory://", set_as_current=False)
+    try:  # before the task is declared here: this process's publish hook knows it not
+        plain.send_task(
+            "shop.charge_order",
+            args=("o-1",),
+            task_id=too_long,
+            queue=shop.app.conf.task_default_queue,
+        )
+    finally:
+        plain.close()
+    _charge_task(shop)
+    result = shop.app.AsyncResult(too_long)
+    with shop.worker():
+        wait_until(lambda: result.state == "FAILURE", 20, message="the delivery to fail")
+    assert isinstance(result.result, ConfigurationError), result.result
+    assert "shorter task_id" in str(result.result) and str(KEY_COLUMN_LENGTH) in str(result.result)
+    assert shop.gateway.payments == []
+    assert shop.agboss.executions.read_execution(too_long) is None
 
 
 def test_a_task_id_as_long_as_the_column_charges_once(shop: PaymentShop) -> None:
