@@ -102,6 +102,7 @@ UNDO_WAITS = "undo.waits"  # a shared step another execution still uses: wait fo
 
 # --- the sweep --------------------------------------------------------------------------
 SWEEP_REPUBLISHED = "sweep.republished"
+SWEEP_LINKS_REPUBLISHED = "sweep.links-republished"  # completed, its links never sent
 SWEEP_FINISHED = "sweep.finished"
 SWEEP_SKIPPED = "sweep.skipped"
 SWEEP_STALE = "sweep.stale"
@@ -327,6 +328,7 @@ __all__ = [
     "STORE_UNREACHABLE",
     "SWEEP_ERROR",
     "SWEEP_FINISHED",
+    "SWEEP_LINKS_REPUBLISHED",
     "SWEEP_QUEUE_NOT_CONSUMED",
     "SWEEP_REPUBLISHED",
     "SWEEP_SKIPPED",

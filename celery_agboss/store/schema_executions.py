@@ -31,6 +31,24 @@ from celery_agboss.store.metadata import metadata
 _ID = String(KEY_COLUMN_LENGTH)
 _NAME = String(200)
 
+LINK_OPTIONS = ("link", "link_error", "chain", "chord")
+"""The publish options of a stored message that a delivery's end sends or counts (its
+callbacks, errbacks, the chain's next step, its chord part), as ``runtime.messages``
+keeps them: a key is there only when it holds something."""
+
+UNSENT_LINKS = (
+    "NOT links_dispatched AND ("
+    + " OR ".join(f"options LIKE '%\"{name}\"%'" for name in LINK_OPTIONS)
+    + ")"
+)
+"""An execution whose message may have links not recorded as sent: its options' JSON text
+names a link option (a custom header of that name too, which the sweep marks once it
+has read it). Link-less executions, nearly all of them, never enter the partial index
+on it, so the sweep's read of it stays the size of the work at hand. The same text in
+the index and in the query: SQLite uses a partial index only for a ``WHERE`` that
+repeats its terms; the state is the index's first column, so that SQLite prefers it to
+the index on ``state`` alone."""
+
 executions = Table(
     "agboss_executions",
     metadata,
@@ -77,6 +95,14 @@ executions = Table(
         "state",
         postgresql_where=text("cancel_requested"),
         sqlite_where=text("cancel_requested = 1"),
+    ),
+    # The sweep's read of completed executions whose links may never have gone out.
+    Index(
+        "ix_agboss_executions_unsent_links",
+        "state",
+        "terminal_at_ms",
+        postgresql_where=text(UNSENT_LINKS),
+        sqlite_where=text(UNSENT_LINKS),
     ),
 )
 
@@ -141,4 +167,4 @@ outbox = Table(
     Index(None, "published_at_ms"),
 )
 
-__all__ = ["audit", "executions", "meta", "outbox", "pauses"]
+__all__ = ["LINK_OPTIONS", "UNSENT_LINKS", "audit", "executions", "meta", "outbox", "pauses"]

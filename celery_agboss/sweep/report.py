@@ -14,6 +14,7 @@ class SweepReport:
     tick: int | None = None
     skipped: str | None = None
     republished: int = 0
+    links_republished: int = 0  # completed, links never sent (``sweep.links``)
     parked: int = 0
     expired: int = 0
     cancelled: int = 0

@@ -10,6 +10,8 @@ One run, in bounded batches, safe with several beats or sweepers at once:
 3. ends cancel requests (a revoke, ``cancel()``) once no intent is pending;
 4. re-drives every execution with no live lease whose time came: the same message
    again (same id, arguments and options), or ``PARKED`` past the recovery cap;
+   re-publishes a ``COMPLETED`` execution whose links (callbacks, the chain's next step)
+   never went out, past the same grace (``celery_agboss.sweep.links``);
    then publishes the outbox rows left unpublished past their grace (``celery_agboss.outbox``);
 5. deletes settled intents and fenced-effect records past their retention;
 6. records ``last_sweep_at``, which workers watch (``sweep.stale``): while no sweep
@@ -109,6 +111,7 @@ def run_sweep(
         run.cancel,
         run.held,
         run.redrive,
+        run.links,
         run.outbox,
         run.retention,
     )

@@ -2,7 +2,8 @@
 reconcile step by a time budget, one interval).
 
 ``celery_agboss.sweep`` runs them in order: expire, reconcile stranded intents, end
-cancel requests, re-drive, the outbox's leftovers, retention. Every claim is a
+cancel requests, re-drive, completed executions whose links never went out
+(``celery_agboss.sweep.links``), the outbox's leftovers, retention. Every claim is a
 compare-and-set committed before any gateway call or publish; one failing row is
 logged (``sweep.error``) and left for the next run, never stopping this one. A step
 lists only rows it writes something for (an intent it could not look up backs off), so
@@ -43,6 +44,7 @@ from celery_agboss.runtime.task_events import TASK_PARKED, TASK_UNRECONCILED, se
 from celery_agboss.store.cancels import CANCEL_FLAGS_FROM
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
 from celery_agboss.store.schema import SWEEPER_SCOPE_PREFIX
+from celery_agboss.sweep.links import republish_unsent_links
 from celery_agboss.sweep.report import SweepReport
 
 if TYPE_CHECKING:
@@ -432,7 +434,18 @@ class SweepRun:
             recovery_count=record.recovery_count,
         )
 
-    # --- 4b. the outbox (celery_agboss.outbox) ------------------------------------------
+    # --- 4b. links that never went out (celery_agboss.sweep.links) ---------------------
+
+    def links(self) -> None:
+        republish_unsent_links(
+            self.runtime,
+            self.batch,
+            self.report,
+            as_of_ms=self.as_of_ms(),
+            row_failed=self._row_failed,
+        )
+
+    # --- 4c. the outbox (celery_agboss.outbox) ------------------------------------------
 
     def outbox(self) -> None:
         """Publish the follow-ups a worker committed but died before publishing."""

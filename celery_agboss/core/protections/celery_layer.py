@@ -219,6 +219,10 @@ REDRIVE_WITHOUT_CLAIM = "sweep-redrive-without-claim"
 """Sabotage (design: trap 10): re-publish what the listing found without the compare-and-set
 claim, so two sweepers publish one execution twice."""
 
+UNSENT_LINKS_WITHOUT_CLAIM = "sweep-unsent-links-without-claim"
+"""Sabotage (design: sweep): re-publish a completed execution whose links were never sent
+without the compare-and-set claim, so two sweepers publish it twice."""
+
 
 # Webhooks (webhooks/) and the gateway adapters (adapters/).
 

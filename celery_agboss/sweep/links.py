@@ -1,0 +1,110 @@
+"""The sweep's step for completed executions whose links never went out.
+(design: unsent links, terminal replays)
+
+A delivery that completed an execution but could not send its links (callbacks, the
+chain's next step, errbacks, the chord part) hands its message back to the broker, and
+the redelivery's replay sends them. When that message is lost too (a quorum queue's
+``delivery-limit``, a Redis that restarts without persistence, a worker killed between
+the verdict's COMMIT and the send), nothing else would: the order is paid and never
+ships. Past ``agboss_requested_grace`` after the completion, this step re-publishes the
+execution's message once per grace; its replay sends the links under the ids fixed at
+publish and records them sent. As the re-drive does, it claims each row by a
+compare-and-set committed before the publish, counts each re-publish as a recovery, and
+stops at ``agboss_max_recovery_attempts`` (then an operator re-publishes it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.execution_states import over_recovery_cap
+from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.log_events import SWEEP_LINKS_REPUBLISHED, log_event
+from celery_agboss.core.protections import UNSENT_LINKS_WITHOUT_CLAIM
+from celery_agboss.errors import StoreError
+from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.messages import loads, republish
+from celery_agboss.store.schema_executions import LINK_OPTIONS
+from celery_agboss.store.unsent_links import (
+    claim_links_republish,
+    find_unsent_links,
+    mark_without_links,
+    release_links_claim,
+)
+from celery_agboss.sweep.report import SweepReport
+
+_LAST_HINT = (
+    "the sweep re-publishes it no more (agboss_max_recovery_attempts); if its links "
+    "still do not go out, re-publish it with AGBoss.republish"
+)
+
+STEP = "links"
+"""The step's name in ``sweep.error``."""
+
+
+def has_links(record: ExecutionRecord) -> bool:
+    """Whether the stored message has something its delivery's end sends or counts."""
+    options = loads(record.options) or {}
+    return any(options.get(name) for name in LINK_OPTIONS)
+
+
+def republish_unsent_links(
+    runtime: Runtime,
+    batch: int,
+    report: SweepReport,
+    *,
+    as_of_ms: int,
+    row_failed: Callable[[str, str], None],
+) -> None:
+    """One run of the step: at most ``batch`` rows, each claimed (or marked link-less)
+    before anything is published; a row that fails is ``row_failed``'s and the next
+    run's."""
+    settings = runtime.settings
+    grace_ms = settings.requested_grace_ms
+    cap = settings.max_recovery_attempts
+    for record in find_unsent_links(runtime.store, batch, grace_ms, cap, as_of_ms=as_of_ms):
+        try:
+            _republish_one(runtime, report, record, grace_ms, cap)
+        except (Exception, StoreError):
+            row_failed(STEP, record.id)
+
+
+def _republish_one(
+    runtime: Runtime, report: SweepReport, record: ExecutionRecord, grace_ms: int, cap: int
+) -> None:
+    store = runtime.store
+    if not has_links(record):
+        mark_without_links(store, record)  # read once, never again
+        return
+    if sabotage.active(UNSENT_LINKS_WITHOUT_CLAIM):
+        claimed: ExecutionRecord | None = record
+    else:
+        # The REQUESTED re-drive's rule: no other copy while this one may sit in a queue.
+        claimed = claim_links_republish(store, record, cap, next_delay_ms=grace_ms)
+    if claimed is None:
+        return  # another sweeper claimed it, or its replay recorded the links sent
+    try:
+        republish(runtime.app, claimed, not_before_ms=None)
+    except (Exception, StoreError):
+        with contextlib.suppress(Exception, StoreError):  # else it waits one grace
+            release_links_claim(store, claimed)
+        raise
+    report.links_republished += 1
+    last = over_recovery_cap(claimed, cap)
+    hint: dict[str, Any] = {"hint": _LAST_HINT} if last else {}
+    log_event(
+        SWEEP_LINKS_REPUBLISHED,
+        logging.WARNING if last else logging.INFO,
+        execution_id=claimed.id,
+        task=claimed.task_name,
+        recovery_count=claimed.recovery_count,
+        last=last,
+        **hint,
+    )
+
+
+__all__ = ["has_links", "republish_unsent_links"]
