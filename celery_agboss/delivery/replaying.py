@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import states
 from celery.exceptions import Ignore
 
 from celery_agboss.core import sabotage
@@ -31,6 +30,7 @@ from celery_agboss.core.protections import (
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, decode_result
 from celery_agboss.errors import StoredFailureError
+from celery_agboss.runtime.result_backend import outcome_stored
 from celery_agboss.runtime.task_events import TASK_REPLAYED
 
 
@@ -83,11 +83,8 @@ def _part_counted(d: DeliveryLike, record: ExecutionRecord) -> bool:
     result (``ignore_result``), it counts as Celery would."""
     if sabotage.active(REPLAY_RECOUNTS_STORED_CHORD_PART) or sabotage.active(REPLAY_COUNTS_CHORD):
         return False
-    wanted = _STORED_AS.get(record.state)
-    if wanted is None:
-        return False
     try:
-        stored = d.task.backend.get_state(d.execution_id)
+        return outcome_stored(d.task.backend, d.execution_id, record.state)
     except Exception:  # the backend is Celery's: any failure to read it
         d.log_decision(
             EXECUTION_REPLAYED,
@@ -96,10 +93,6 @@ def _part_counted(d: DeliveryLike, record: ExecutionRecord) -> bool:
             reason="result backend unreadable: the chord part is counted again",
         )
         return False
-    return bool(stored == wanted)
-
-
-_STORED_AS = {ExecutionState.COMPLETED: states.SUCCESS, ExecutionState.FAILED: states.FAILURE}
 
 
 __all__ = [

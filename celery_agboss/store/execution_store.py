@@ -323,8 +323,12 @@ class SQLAlchemyExecutionStore:
     def delete_effects_before(self, cutoff_ms: int, limit: int) -> RetentionResult:
         return retention.delete_effects_before(self.store, cutoff_ms, limit)
 
-    def delete_terminal_executions_before(self, cutoff_ms: int, limit: int) -> int:
-        return retention.delete_terminal_executions_before(self.store, cutoff_ms, limit)
+    def delete_terminal_executions_before(
+        self, cutoff_ms: int, limit: int, *, republish_grace_ms: int
+    ) -> int:
+        return retention.delete_terminal_executions_before(
+            self.store, cutoff_ms, limit, republish_grace_ms=republish_grace_ms
+        )
 
     def delete_released_lease(self, lease: LeaseRef) -> bool:
         return retention.delete_released_lease(self.store, lease)

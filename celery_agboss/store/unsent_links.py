@@ -4,21 +4,35 @@ claim before a re-publish, and the two writes that take a row out of the listing
 A completed execution keeps ``links_dispatched`` false until its delivery recorded its
 links sent (``delivery.link_ends``); when that delivery's message is lost, nothing sends
 them. The listing reads the partial index ``ix_agboss_executions_unsent_links``
-(``schema_executions.UNSENT_LINKS``), so a link-less completion is never read.
+(``schema_executions.UNSENT_LINKS``), so a link-less completion is never read. It reads
+no sealed column (``sealed_columns.SEALED_COLUMNS``): a row no key opens is still listed
+and claimed, and fails alone, by name, when the step reads its message.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, or_, select, text, update
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
-from celery_agboss.store.execution_rows import read_execution_txn, record_of
+from celery_agboss.core.protections import UNSENT_LINKS_PAST_RETENTION
 from celery_agboss.store.schema_executions import UNSENT_LINKS, executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 _e = executions.c
+
+
+@dataclass(frozen=True)
+class UnsentLinksRow:
+    """What the listing reads of a row: nothing sealed."""
+
+    id: str
+    task_name: str
+    options: str
+    updated_at_ms: int
 
 
 def _republishable(max_recovery_attempts: int) -> Any:
@@ -37,44 +51,57 @@ def find_unsent_links(
     grace_ms: int,
     max_recovery_attempts: int,
     *,
+    retention_ms: int,
     as_of_ms: int | None = None,
-) -> list[ExecutionRecord]:
+) -> list[UnsentLinksRow]:
     """Completed at least ``grace_ms`` ago, links not recorded as sent, not re-published
     within the last grace, under the cap; oldest completion first. Every row listed is
-    written by the step (claimed, or marked link-less), so none keeps its place at the
-    head of every batch."""
+    written by the step (claimed, or marked sent), so none keeps its place at the head
+    of every batch.
+
+    Only rows retention (its cutoff: now less ``retention_ms``, the terminal execution
+    retention) keeps for two more graces: the message a re-publish sends may wait one
+    grace in a queue, and a replay that finds no row runs the body again and charges
+    again (design: unsent links, retention)."""
     with store.read_transaction() as tx:
         now = tx.now_expr(as_of_ms)
+        completed = [_e.terminal_at_ms <= now - grace_ms]
+        if not sabotage.active(UNSENT_LINKS_PAST_RETENTION):
+            completed.append(_e.terminal_at_ms > now - retention_ms + 2 * grace_ms)
         rows = tx.execute(
-            select(executions, now.label("read_at_ms"))
+            select(_e.id, _e.task_name, _e.options, _e.updated_at_ms)
             .where(
                 _republishable(max_recovery_attempts),
-                _e.terminal_at_ms <= now - grace_ms,
+                *completed,
                 or_(_e.not_before_ms.is_(None), _e.not_before_ms <= now),
             )
             .order_by(_e.terminal_at_ms, _e.id)
             .limit(limit)
         ).all()
-        return [record_of(row, tx.connection) for row in rows]
+        return [
+            UnsentLinksRow(str(row.id), str(row.task_name), str(row.options), row.updated_at_ms)
+            for row in rows
+        ]
 
 
 def claim_links_republish(
     store: SQLAlchemyStore,
-    record: ExecutionRecord,
+    row: UnsentLinksRow,
     max_recovery_attempts: int,
     next_delay_ms: int,
-) -> ExecutionRecord | None:
+) -> bool:
     """Compare-and-set on ``updated_at_ms``, as the re-drive's claim: one more recovery,
     and no other re-publish for ``next_delay_ms`` (its message may still sit in a queue).
-    The row after it, or None when another sweeper (or the replay that recorded the
-    links) changed it first."""
+    False when another sweeper (or the replay that recorded the links) changed it first.
+    Committed before the row's message is read: a row that cannot be opened keeps it, so
+    it leaves the head of the list and counts toward the cap."""
     with store.transaction() as tx:
         now = tx.now_expr()
         claimed = tx.execute(
             update(executions)
             .where(
-                _e.id == record.id,
-                _e.updated_at_ms == record.updated_at_ms,
+                _e.id == row.id,
+                _e.updated_at_ms == row.updated_at_ms,
                 _republishable(max_recovery_attempts),
             )
             .values(
@@ -83,9 +110,7 @@ def claim_links_republish(
                 updated_at_ms=now,
             )
         )
-        if claimed.rowcount != 1:
-            return None
-        return read_execution_txn(tx, record.id)
+        return bool(claimed.rowcount == 1)
 
 
 def release_links_claim(store: SQLAlchemyStore, claimed: ExecutionRecord) -> bool:
@@ -108,22 +133,24 @@ def release_links_claim(store: SQLAlchemyStore, claimed: ExecutionRecord) -> boo
         return bool(done.rowcount == 1)
 
 
-def mark_without_links(store: SQLAlchemyStore, record: ExecutionRecord) -> bool:
-    """A listed row whose message has no link after all (its options only name one, in a
-    custom header): recorded as having sent all of its none, so it leaves the index and
-    is never read again. Compare-and-set on ``updated_at_ms``."""
+def mark_links_sent(store: SQLAlchemyStore, row: UnsentLinksRow) -> bool:
+    """A listed row with nothing to send again: its message has no link after all (its
+    options only name one, in a custom header), or the result backend shows its links
+    went out (the delivery's own mark was lost). Recorded sent, so it leaves the index
+    and is never read again. Compare-and-set on ``updated_at_ms``."""
     with store.transaction() as tx:
         done = tx.execute(
             update(executions)
-            .where(_e.id == record.id, _e.updated_at_ms == record.updated_at_ms)
+            .where(_e.id == row.id, _e.updated_at_ms == row.updated_at_ms)
             .values(links_dispatched=True, updated_at_ms=tx.now_expr())
         )
         return bool(done.rowcount == 1)
 
 
 __all__ = [
+    "UnsentLinksRow",
     "claim_links_republish",
     "find_unsent_links",
-    "mark_without_links",
+    "mark_links_sent",
     "release_links_claim",
 ]

@@ -11,6 +11,11 @@ execution's message once per grace; its replay sends the links under the ids fix
 publish and records them sent. As the re-drive does, it claims each row by a
 compare-and-set committed before the publish, counts each re-publish as a recovery, and
 stops at ``agboss_max_recovery_attempts`` (then an operator re-publishes it).
+
+Links that went out and only their record was lost (``delivery.link_ends`` gave up
+writing it) are not sent again: Celery stores ``SUCCESS`` only after sending them, so a
+result backend that holds it marks the row instead. A row retention deletes within two
+graces is left alone: its replay would find no row and charge again.
 """
 
 from __future__ import annotations
@@ -22,17 +27,22 @@ from typing import Any
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_states import over_recovery_cap
-from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import SWEEP_LINKS_REPUBLISHED, log_event
-from celery_agboss.core.protections import UNSENT_LINKS_WITHOUT_CLAIM
+from celery_agboss.core.protections import (
+    UNSENT_LINKS_BACKEND_NOT_READ,
+    UNSENT_LINKS_WITHOUT_CLAIM,
+)
 from celery_agboss.errors import StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import loads, republish
+from celery_agboss.runtime.result_backend import outcome_stored
 from celery_agboss.store.schema_executions import LINK_OPTIONS
 from celery_agboss.store.unsent_links import (
+    UnsentLinksRow,
     claim_links_republish,
     find_unsent_links,
-    mark_without_links,
+    mark_links_sent,
     release_links_claim,
 )
 from celery_agboss.sweep.report import SweepReport
@@ -46,10 +56,25 @@ STEP = "links"
 """The step's name in ``sweep.error``."""
 
 
-def has_links(record: ExecutionRecord) -> bool:
+def has_links(options: str) -> bool:
     """Whether the stored message has something its delivery's end sends or counts."""
-    options = loads(record.options) or {}
-    return any(options.get(name) for name in LINK_OPTIONS)
+    parsed = loads(options) or {}
+    return any(parsed.get(name) for name in LINK_OPTIONS)
+
+
+def links_went_out(runtime: Runtime, row: UnsentLinksRow) -> bool:
+    """The result backend holds the execution's ``SUCCESS``, which Celery stores only
+    after sending its links. A backend that cannot tell (none, ``ignore_result``, a
+    result expired, an error reading it) says no: the row is re-published."""
+    if sabotage.active(UNSENT_LINKS_BACKEND_NOT_READ):
+        return False
+    app = runtime.app
+    task = app.tasks.get(row.task_name)
+    backend = app.backend if task is None else task.backend
+    try:
+        return outcome_stored(backend, row.id, ExecutionState.COMPLETED)
+    except Exception:  # the backend is Celery's: any failure to read it
+        return False
 
 
 def republish_unsent_links(
@@ -60,33 +85,41 @@ def republish_unsent_links(
     as_of_ms: int,
     row_failed: Callable[[str, str], None],
 ) -> None:
-    """One run of the step: at most ``batch`` rows, each claimed (or marked link-less)
-    before anything is published; a row that fails is ``row_failed``'s and the next
-    run's."""
+    """One run of the step: at most ``batch`` rows, each claimed (or marked sent) before
+    anything is published; a row that fails is ``row_failed``'s and the next run's."""
     settings = runtime.settings
     grace_ms = settings.requested_grace_ms
     cap = settings.max_recovery_attempts
-    for record in find_unsent_links(runtime.store, batch, grace_ms, cap, as_of_ms=as_of_ms):
+    for row in find_unsent_links(
+        runtime.store,
+        batch,
+        grace_ms,
+        cap,
+        retention_ms=settings.terminal_execution_retention_ms,
+        as_of_ms=as_of_ms,
+    ):
         try:
-            _republish_one(runtime, report, record, grace_ms, cap)
+            _republish_one(runtime, report, row, grace_ms, cap)
         except (Exception, StoreError):
-            row_failed(STEP, record.id)
+            row_failed(STEP, row.id)
 
 
 def _republish_one(
-    runtime: Runtime, report: SweepReport, record: ExecutionRecord, grace_ms: int, cap: int
+    runtime: Runtime, report: SweepReport, row: UnsentLinksRow, grace_ms: int, cap: int
 ) -> None:
     store = runtime.store
-    if not has_links(record):
-        mark_without_links(store, record)  # read once, never again
+    if not has_links(row.options) or links_went_out(runtime, row):
+        mark_links_sent(store, row)  # read once, never again
         return
-    if sabotage.active(UNSENT_LINKS_WITHOUT_CLAIM):
-        claimed: ExecutionRecord | None = record
-    else:
-        # The REQUESTED re-drive's rule: no other copy while this one may sit in a queue.
-        claimed = claim_links_republish(store, record, cap, next_delay_ms=grace_ms)
-    if claimed is None:
+    # The REQUESTED re-drive's rule: no other copy while this one may sit in a queue.
+    if not sabotage.active(UNSENT_LINKS_WITHOUT_CLAIM) and not claim_links_republish(
+        store, row, cap, next_delay_ms=grace_ms
+    ):
         return  # another sweeper claimed it, or its replay recorded the links sent
+    # Read (and opened) after the claim committed: a row no key opens keeps its claim.
+    claimed = runtime.executions.read_execution(row.id)
+    if claimed is None:
+        return
     try:
         republish(runtime.app, claimed, not_before_ms=None)
     except (Exception, StoreError):
@@ -107,4 +140,4 @@ def _republish_one(
     )
 
 
-__all__ = ["has_links", "republish_unsent_links"]
+__all__ = ["has_links", "links_went_out", "republish_unsent_links"]

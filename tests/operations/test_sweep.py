@@ -12,11 +12,13 @@ import logging
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import update
 
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.signals import RECORDED_HEADER
+from celery_agboss.store.schema_executions import executions
 from celery_agboss.sweep import check_sweep_freshness, sweep_freshness
 from celery_agboss.sweep.runner import DEFAULT_BATCH_SIZE
 from celery_agboss.sweep.steps import SweepReport, SweepRun
@@ -299,6 +301,28 @@ def test_retention_deletes_settled_records_of_long_terminal_executions_only(
     assert world.intents(done) == []
     assert len(world.intents(running)) == 1
     assert len(world.intents(stranded)) == 1
+
+
+def test_retention_keeps_a_terminal_execution_republished_within_the_last_grace(
+    world: World,
+) -> None:
+    """The unsent-links step's claim puts ``not_before`` one grace ahead: while it is
+    within the last grace the message may still wait in a queue, and a replay that found
+    no row would run the body again (design: retention, unsent links). Then it goes."""
+    done = world.publish()
+    with world.start(done).fenced() as tx:
+        world.agboss.executions.finish_in(tx, '{"json": null}')
+    world.clock.advance(timedelta(days=8))
+    with world.agboss.store.engine.begin() as conn:  # claimed one grace ago
+        conn.execute(
+            update(executions)
+            .where(executions.c.id == done)
+            .values(not_before_ms=world.agboss.store.now_ms())
+        )
+    assert world.sweep().executions_deleted == 0
+    world.clock.advance(GRACE_SECONDS + 1)
+    assert world.sweep().executions_deleted == 1
+    assert world.agboss.executions.read_execution(done) is None
 
 
 def test_last_sweep_at_is_recorded_and_an_old_one_is_logged_stale(

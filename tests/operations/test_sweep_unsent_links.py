@@ -6,28 +6,52 @@ Redis restarted without persistence, or a quorum queue's ``delivery-limit``). Th
 execution stays ``COMPLETED`` with ``links_dispatched`` false: paid, never shipped.
 Past ``agboss_requested_grace`` the sweep re-publishes its message once; its replay, in a
 worker thread, sends ``ship``. Counted at the broker (``published``) and the gateway.
+
+What the step must not do: re-publish a row retention deletes before its message is
+taken (the replay finds no row and charges again), send again links that went out when
+only their record was lost (the result backend holds ``SUCCESS``), or stop at a row no
+key opens.
 """
 
 from __future__ import annotations
 
+import base64
+import logging
+import os
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery import chain
 from kombu.exceptions import OperationalError
+from sqlalchemy import select, update
 
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.core.protections import UNSENT_LINKS_WITHOUT_CLAIM
-from celery_agboss.store.unsent_links import find_unsent_links
+from celery_agboss.core.protections import (
+    RETENTION_DELETES_A_REPUBLISHED_EXECUTION,
+    UNSENT_LINKS_BACKEND_NOT_READ,
+    UNSENT_LINKS_PAST_RETENTION,
+    UNSENT_LINKS_WITHOUT_CLAIM,
+)
+from celery_agboss.core.sealing import key_variable
+from celery_agboss.delivery import link_ends
+from celery_agboss.errors import StoreUnavailableError
+from celery_agboss.store import execution_delivery
+from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.unsent_links import UnsentLinksRow, find_unsent_links
 from celery_agboss.sweep import links as links_step
 from celery_agboss.task import PaymentTask
 from celery_agboss.testing.celery_app import running_worker
 from celery_agboss.testing.switches import sabotage
+from tests.operations.conftest import WorldFactory
 from tests.operations.world import CAP, GRACE_SECONDS, World
 from tests.support.processes import wait_until
 
 SHIP_AMOUNT = 7
+CHARGE_AMOUNT = 1000
+LONG = timedelta(days=30)
+"""A retention longer than the default's (7 days), for a sweeper configured apart."""
 
 
 class Shop:
@@ -41,7 +65,9 @@ class Shop:
 
         @world.app.task(base=PaymentTask, bind=True, shared=False, name="ops.links.charge")
         def charge(self: Any, order: str) -> Any:
-            return self.outbound(call, {"amount": 1000, "order": order}, business_key=order)
+            return self.outbound(
+                call, {"amount": CHARGE_AMOUNT, "order": order}, business_key=order
+            )
 
         @world.app.task(base=PaymentTask, bind=True, shared=False, name="ops.links.ship")
         def ship(self: Any, paid: Any, box: str) -> Any:
@@ -56,10 +82,20 @@ class Shop:
             return real(*args, **kwargs)
 
         monkeypatch.setattr(ship, "apply_async", refused_while_down)
-        self.charge, self.ship = charge, ship
+        self.notified: list[Any] = []
+
+        @world.app.task(shared=False, name="ops.links.notify")
+        def notify(paid: Any) -> None:  # a plain callback: an e-mail, a ledger post
+            self.notified.append(paid)
+
+        self.charge, self.ship, self.notify = charge, ship, notify
+        self.monkeypatch = monkeypatch
 
     def shipped(self) -> int:
         return sum(1 for r in self.world.gateway.requests if r.amount == SHIP_AMOUNT)
+
+    def charged(self) -> int:
+        return sum(1 for r in self.world.gateway.requests if r.amount == CHARGE_AMOUNT)
 
     def completed_with_its_links_lost(self, order: str = "o-1") -> str:
         """The charge completes, ``ship`` is refused and the handed-back message lost; the
@@ -71,6 +107,24 @@ class Shop:
             wait_until(lambda: self.refused >= 1, 15, message="the refused send of ship")
         self.world.app.control.purge()  # the broker loses the handed-back message
         self.refusing = False
+        record = self.world.execution(pay_id)
+        assert record.state is ExecutionState.COMPLETED and not record.links_dispatched
+        return pay_id
+
+    def completed_with_its_mark_lost(self, order: str = "o-1") -> str:
+        """The charge completes and ``notify`` runs, but recording its links sent fails
+        every try (the store failed over during ``on_success``); the charge's id."""
+        self.world.app.control.purge()
+
+        def blip(*_: Any, **__: Any) -> None:
+            raise StoreUnavailableError("test: the store failed over during on_success")
+
+        with self.monkeypatch.context() as lost:
+            lost.setattr(link_ends, "_MARK_BACKOFF_SECONDS", 0.0)
+            lost.setattr(execution_delivery, "mark_links_dispatched", blip)
+            with running_worker(self.world.app):
+                pay_id = str(self.charge.apply_async((order,), link=self.notify.s()).id)
+                wait_until(lambda: len(self.notified) >= 1, 15, message="the callback")
         record = self.world.execution(pay_id)
         assert record.state is ExecutionState.COMPLETED and not record.links_dispatched
         return pay_id
@@ -91,15 +145,28 @@ class Shop:
             wait_until(lambda: self.world.execution(pay_id).links_dispatched, 15, message="links")
             wait_until(lambda: self.shipped() >= 1, 15, message="ship's charge")
 
+    def replay_or_rerun(self, pay_id: str) -> None:
+        """A worker takes the re-published message, whatever it finds of ``pay_id``."""
+        with running_worker(self.world.app):
+            wait_until(lambda: self.shipped() >= 1, 15, message="ship's charge")
+
     def past_the_grace(self) -> None:
         self.world.clock.advance(GRACE_SECONDS + 1)
 
     def unsent(self) -> list[str]:
-        s = self.world.agboss.settings
-        found = find_unsent_links(
-            self.world.agboss.store, 100, s.requested_grace_ms, s.max_recovery_attempts
-        )
-        return [record.id for record in found]
+        return [row.id for row in listed(self.world)]
+
+
+def listed(world: World) -> list[UnsentLinksRow]:
+    """What the step's listing reads now, with the world's settings."""
+    s = world.agboss.settings
+    return find_unsent_links(
+        world.agboss.store,
+        100,
+        s.requested_grace_ms,
+        s.max_recovery_attempts,
+        retention_ms=s.terminal_execution_retention_ms,
+    )
 
 
 @pytest.fixture
@@ -154,12 +221,9 @@ def _two_sweepers(shop: Shop, world: World, monkeypatch: pytest.MonkeyPatch) -> 
     pay_id = shop.completed_with_its_links_lost()
     published = world.publishes_of(pay_id)
     shop.past_the_grace()
-    s = world.agboss.settings
-    listed = find_unsent_links(
-        world.agboss.store, 10, s.requested_grace_ms, s.max_recovery_attempts
-    )
+    read_before = listed(world)
     world.sweep()
-    monkeypatch.setattr(links_step, "find_unsent_links", lambda *_, **__: listed)
+    monkeypatch.setattr(links_step, "find_unsent_links", lambda *_, **__: read_before)
     world.sweep()  # the second sweeper, on what it read before the first one's claim
     return world.publishes_of(pay_id) - published
 
@@ -209,3 +273,164 @@ def test_a_publish_that_fails_leaves_the_row_to_the_next_run(
     assert world.sweep().links_republished == 1, "the next run, not one grace later"
     assert world.publishes_of(pay_id) == published + 1
     assert world.execution(pay_id).recovery_count == 1, "the failed publish counted nothing"
+
+
+# --- retention: a row it deletes is never re-published (design: unsent links, retention) --
+
+
+def test_an_execution_retention_deletes_is_left_alone_and_charged_once(
+    shop: Shop, world: World
+) -> None:
+    """Completed so long ago that retention deletes it within two graces (the sweep was
+    down, or the row predates the step; here in this very run): a message re-published
+    for it would find no row and run the body again. It is left to an operator."""
+    pay_id = shop.completed_with_its_links_lost()
+    published = world.publishes_of(pay_id)
+    world.clock.advance(timedelta(days=8))
+    report = world.sweep()
+    assert report.links_republished == 0 and report.executions_deleted == 1
+    assert world.publishes_of(pay_id) == published, "nothing published for a deleted row"
+    assert shop.charged() == 1
+
+
+def test_without_the_bound_a_row_retention_deletes_is_republished(shop: Shop, world: World) -> None:
+    pay_id = shop.completed_with_its_links_lost()
+    published = world.publishes_of(pay_id)
+    world.clock.advance(timedelta(days=8))
+    with sabotage(UNSENT_LINKS_PAST_RETENTION):
+        assert world.sweep().links_republished == 1
+    assert world.publishes_of(pay_id) == published + 1
+
+
+def test_a_row_is_listed_until_two_graces_before_retention_deletes_it(
+    shop: Shop, world: World
+) -> None:
+    pay_id = shop.completed_with_its_links_lost()
+    kept = world.agboss.settings.terminal_execution_retention_seconds
+    world.clock.advance(kept - 2 * GRACE_SECONDS - 1)
+    assert shop.unsent() == [pay_id]
+    world.clock.advance(2)
+    assert shop.unsent() == []
+
+
+def _republished_by_a_longer_retention_then_swept_by_the_default(
+    world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch
+) -> Shop:
+    """Two sweepers configured apart (a retention shortened in a rolling change): the one
+    that keeps rows 30 days re-publishes an 8-day-old row, the default one (7 days) runs
+    its retention before the message is taken, then a worker takes it."""
+    longer = world_factory(
+        outbound_retention=LONG, fenced_effect_retention=LONG, execution_retention=LONG
+    )
+    default = world_factory()
+    shop = Shop(longer, monkeypatch)
+    pay_id = shop.completed_with_its_links_lost()
+    longer.clock.advance(timedelta(days=8))
+    assert longer.sweep().links_republished == 1
+    default.sweep()
+    shop.replay_or_rerun(pay_id)
+    return shop
+
+
+def test_retention_keeps_an_execution_just_republished_and_it_charges_once(
+    world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shop = _republished_by_a_longer_retention_then_swept_by_the_default(world_factory, monkeypatch)
+    assert shop.shipped() == 1
+    assert shop.charged() == 1, "the replay ran no body"
+
+
+def test_twin_retention_deletes_an_execution_just_republished_and_it_charges_again(
+    world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with sabotage(RETENTION_DELETES_A_REPUBLISHED_EXECUTION):
+        shop = _republished_by_a_longer_retention_then_swept_by_the_default(
+            world_factory, monkeypatch
+        )
+    assert shop.charged() == 2, "the message found no row and ran the body again"
+    paid = [p for p in shop.world.gateway.payments if p["amount"] == CHARGE_AMOUNT]
+    assert len(paid) == 2, "two payments at the gateway"
+
+
+# --- links that went out, their record lost (design: unsent links, terminal replays) -----
+
+
+def test_links_that_went_out_with_their_record_lost_are_marked_not_sent_again(
+    shop: Shop, world: World
+) -> None:
+    """Celery stores SUCCESS only after sending the links: the backend's SUCCESS marks
+    the row, nothing is published, the plain callback ran once."""
+    pay_id = shop.completed_with_its_mark_lost()
+    published = world.publishes_of(pay_id)
+    shop.past_the_grace()
+    assert world.sweep().links_republished == 0
+    assert world.publishes_of(pay_id) == published, "nothing published"
+    assert world.execution(pay_id).links_dispatched, "marked: never read again"
+    assert shop.unsent() == []
+    assert len(shop.notified) == 1
+
+
+def test_without_the_backend_read_a_plain_callback_runs_twice(shop: Shop, world: World) -> None:
+    pay_id = shop.completed_with_its_mark_lost()
+    published = world.publishes_of(pay_id)
+    shop.past_the_grace()
+    with sabotage(UNSENT_LINKS_BACKEND_NOT_READ):
+        assert world.sweep().links_republished == 1
+    assert world.publishes_of(pay_id) == published + 1
+    with running_worker(world.app):
+        wait_until(lambda: len(shop.notified) >= 2, 15, message="the callback again")
+
+
+def test_a_backend_that_cannot_tell_falls_back_to_the_republish(
+    shop: Shop, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error reading the backend (as one with nothing stored: ``ignore_result``, an
+    expired result) re-publishes: the replay sends the links again under their ids."""
+    pay_id = shop.completed_with_its_mark_lost()
+    published = world.publishes_of(pay_id)
+    shop.past_the_grace()
+
+    def unreadable(*_: Any, **__: Any) -> Any:
+        raise ConnectionError("test: the result backend is down")
+
+    with monkeypatch.context() as down:
+        down.setattr(world.app.backend, "get_state", unreadable)
+        assert world.sweep().links_republished == 1
+    assert world.publishes_of(pay_id) == published + 1
+
+
+# --- a row no key opens (design: unsent links, sealed at rest) ----------------------------
+
+
+def test_a_row_no_key_opens_fails_alone_by_name_and_the_others_links_go_out(
+    world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An old row sealed with a key dropped before ``rotate-keys`` reached it: the listing
+    reads nothing sealed, so the row is claimed, fails when its message is read (named in
+    ``sweep.error``), keeps its claim (one grace away, one recovery) and never stands in
+    front of the others."""
+    monkeypatch.setenv(key_variable("k1"), base64.b64encode(os.urandom(32)).decode())
+    world = world_factory(encryption_keys=["k1"])
+    shop = Shop(world, monkeypatch)
+    old = shop.completed_with_its_links_lost("o-old")
+    world.clock.advance(1)
+    fresh = shop.completed_with_its_links_lost("o-fresh")
+    dropped_key = "agbsealed:1:k0:" + base64.b64encode(os.urandom(40)).decode()
+    with world.agboss.store.engine.begin() as conn:
+        conn.execute(update(executions).where(executions.c.id == old).values(args=dropped_key))
+    before = world.publishes_of(fresh)
+    shop.past_the_grace()
+    with caplog.at_level(logging.ERROR, logger="celery_agboss"):
+        report = world.sweep()
+    assert world.publishes_of(fresh) == before + 1, "the fresh execution's links go out"
+    assert report.errors == 1
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "sweep.error"]
+    assert [(r.__dict__.get("step"), r.__dict__.get("execution_id")) for r in failed] == [
+        ("links", old)
+    ]
+    with world.agboss.store.engine.connect() as conn:
+        claimed = conn.execute(
+            select(executions.c.recovery_count).where(executions.c.id == old)
+        ).scalar_one()
+    assert claimed == 1, "the claim stays: it counts toward the cap"
+    assert world.sweep().errors == 0, "within the grace it is not read again"

@@ -223,6 +223,15 @@ UNSENT_LINKS_WITHOUT_CLAIM = "sweep-unsent-links-without-claim"
 """Sabotage (design: sweep): re-publish a completed execution whose links were never sent
 without the compare-and-set claim, so two sweepers publish it twice."""
 
+UNSENT_LINKS_PAST_RETENTION = "sweep-unsent-links-past-retention"
+"""Sabotage (design: unsent links): re-publish a completed execution of any age, one that
+retention deletes before its message is taken; the replay finds no row and charges again."""
+
+UNSENT_LINKS_BACKEND_NOT_READ = "sweep-unsent-links-backend-not-read"
+"""Sabotage (design: unsent links): re-publish a completed execution whose links went out
+and only their record was lost, without asking the result backend: its replay sends them
+again and a plain callback runs twice."""
+
 
 # Webhooks (webhooks/) and the gateway adapters (adapters/).
 

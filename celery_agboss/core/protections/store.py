@@ -108,6 +108,11 @@ RETENTION_DELETES_UNHANDLED_PAYMENTS = "retention-deletes-unhandled-payments"
 that failed after a payment nobody dealt with, once past the cutoff: ``agboss pending``
 and its gauge stop listing it, and the charged customer is never refunded."""
 
+RETENTION_DELETES_A_REPUBLISHED_EXECUTION = "retention-deletes-a-republished-execution"
+"""Sabotage (design: retention, unsent links): retention deletes a terminal execution the
+sweep has just re-published (its ``not_before`` within the last grace): the message finds
+no row, runs the body again and charges again."""
+
 RETENTION_FORGETS_PUBLISHED_CHILDREN = "retention-forgets-published-children"
 """Sabotage (design: retention): retention deletes the row of an execution a body
 published while that body may still run again (its execution paused, waiting): the
