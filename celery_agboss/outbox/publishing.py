@@ -397,8 +397,10 @@ def sweep_outbox(runtime: Runtime, batch_size: int) -> OutboxSweep:
         now_ms = store.now_ms() if claimed else 0
         for row in claimed:
             try:
-                _send(runtime.app, row.message)
-                rows.mark_published(store, row.message.task_id)
+                # Read (and opened) after the claim committed: a row no key opens keeps its
+                # claim and fails alone, by name (design: outbox leftovers, sealed at rest).
+                if not _publish_claimed(runtime, row.task_id):
+                    continue
             except (Exception, StoreError):
                 done.errors += 1
                 log_event(
@@ -406,12 +408,12 @@ def sweep_outbox(runtime: Runtime, batch_size: int) -> OutboxSweep:
                     logging.ERROR,
                     exc_info=True,
                     step="outbox",
-                    task=row.message.task_name,
-                    task_id=row.message.task_id,
+                    task=row.task_name,
+                    task_id=row.task_id,
                 )
                 continue
             done.published += 1
-            done.published_ids.append(row.message.task_id)
+            done.published_ids.append(row.task_id)
             done.oldest_age_ms = max(done.oldest_age_ms, now_ms - row.created_at_ms)
         if done.published:
             log_event(
@@ -424,6 +426,17 @@ def sweep_outbox(runtime: Runtime, batch_size: int) -> OutboxSweep:
     cutoff = store.now_ms() - settings.fenced_effect_retention_ms
     done.deleted = rows.delete_published_before(store, cutoff, batch_size)
     return done
+
+
+def _publish_claimed(runtime: Runtime, task_id: str) -> bool:
+    """Send a claimed row and mark it published; False when it was published since the
+    claim (by the process that committed it, which is then not sent twice)."""
+    found = rows.read(runtime.store, task_id)
+    if found is None or found.published:
+        return False
+    _send(runtime.app, found.message)
+    rows.mark_published(runtime.store, task_id)
+    return True
 
 
 # --- what operators and tests read ----------------------------------------------------------

@@ -5,7 +5,9 @@ effect's, or the application's own), so it exists if and only if that transactio
 committed. Everything after that — reading what to publish, marking it published, the
 sweep's claim of rows left unpublished, retention — is one short transaction of its
 own on the store. Texts (arguments, options) are the caller's: this module stores and
-returns them as they are.
+returns them as they are. The sweep's claim reads no sealed column
+(``sealed_columns.SEALED_COLUMNS``): a row no key opens is still claimed, and fails
+alone, by name, when the sweep reads its message.
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ class OutboxRow:
     @property
     def published(self) -> bool:
         return self.published_at_ms is not None
+
+
+@dataclass(frozen=True)
+class ClaimedOutboxRow:
+    """What the sweep's claim reads of a row: nothing sealed."""
+
+    task_id: str
+    task_name: str
+    created_at_ms: int
 
 
 def _row(row: Any, conn: Connection, sealer: Sealer | None = None) -> OutboxRow:
@@ -177,31 +188,36 @@ def mark_published(store: SQLAlchemyStore, task_id: str) -> bool:
     return bool(moved)
 
 
-def claim_due(store: SQLAlchemyStore, limit: int, retry_after_ms: int) -> list[OutboxRow]:
+def claim_due(store: SQLAlchemyStore, limit: int, retry_after_ms: int) -> list[ClaimedOutboxRow]:
     """The sweep's claim: up to ``limit`` unpublished rows whose ``publish_after_ms`` passed,
     oldest first, moved ``retry_after_ms`` on in the same transaction, so that another
     sweeper skips them until this one published them (or died trying). On PostgreSQL the
     rows another sweeper is claiming are skipped (``FOR UPDATE SKIP LOCKED``); on SQLite
-    the write lock orders two claims, and the second finds the rows moved on."""
+    the write lock orders two claims, and the second finds the rows moved on. Committed
+    before any message is read: a row that cannot be opened keeps it, so it leaves the
+    head of the list."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, not {limit}")
     with store.transaction() as tx:
         now = tx.now_expr()
         due = (
-            select(outbox)
+            select(_o.task_id, _o.task_name, _o.created_at_ms)
             .where(_o.published_at_ms.is_(None), _o.publish_after_ms <= now)
             .order_by(_o.publish_after_ms, _o.task_id)
             .limit(limit)
         )
         if is_postgresql(tx.connection):
             due = due.with_for_update(skip_locked=True)
-        rows = [_row(row, tx.connection) for row in tx.execute(due).all()]
-        if not rows:
+        claimed = [
+            ClaimedOutboxRow(str(row.task_id), str(row.task_name), int(row.created_at_ms))
+            for row in tx.execute(due).all()
+        ]
+        if not claimed:
             return []
         tx.execute(
             update(outbox)
             .where(
-                _o.task_id.in_([row.message.task_id for row in rows]),
+                _o.task_id.in_([row.task_id for row in claimed]),
                 _o.published_at_ms.is_(None),
             )
             .values(
@@ -209,7 +225,7 @@ def claim_due(store: SQLAlchemyStore, limit: int, retry_after_ms: int) -> list[O
                 sweep_publishes=_o.sweep_publishes + 1,
             )
         )
-    return rows
+    return claimed
 
 
 def delete_published_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> int:
@@ -240,6 +256,7 @@ def count_unpublished(store: SQLAlchemyStore) -> int:
 
 
 __all__ = [
+    "ClaimedOutboxRow",
     "OutboxMessage",
     "OutboxRow",
     "claim_due",

@@ -68,7 +68,7 @@ def test_the_sweep_claims_a_row_once_its_grace_passed_and_once_only(
     assert rows.claim_due(store, 10, RETRY_AFTER_MS) == [], "within its grace"
     db_clock.advance(GRACE_SECONDS + 1)
     (claimed,) = rows.claim_due(store, 10, RETRY_AFTER_MS)
-    assert claimed.message.task_id == task_id
+    assert claimed.task_id == task_id
     assert rows.claim_due(store, 10, RETRY_AFTER_MS) == [], "claimed: moved on"
     db_clock.advance(RETRY_AFTER_MS / 1000 + 1)
     (again,) = rows.claim_due(store, 10, RETRY_AFTER_MS)  # that sweeper died: claimed again
@@ -78,7 +78,7 @@ def test_the_sweep_claims_a_row_once_its_grace_passed_and_once_only(
     assert found is not None and found.published and found.sweep_publishes == 2
     db_clock.advance(RETRY_AFTER_MS)
     assert rows.claim_due(store, 10, RETRY_AFTER_MS) == [], "a published row is never due"
-    assert again.message == claimed.message
+    assert again == claimed
 
 
 def test_a_claim_is_bounded_oldest_first_and_retention_keeps_unpublished_rows(
@@ -87,13 +87,13 @@ def test_a_claim_is_bounded_oldest_first_and_retention_keeps_unpublished_rows(
     ids = [_enqueue(store, f"receipt:o-{n}", f"o-{n}") for n in range(3)]
     db_clock.advance(GRACE_SECONDS + 1)
     claimed = rows.claim_due(store, 2, RETRY_AFTER_MS)
-    assert len(claimed) == 2 and {row.message.task_id for row in claimed} <= set(ids)
-    assert rows.mark_published(store, claimed[0].message.task_id)
+    assert len(claimed) == 2 and {row.task_id for row in claimed} <= set(ids)
+    assert rows.mark_published(store, claimed[0].task_id)
     assert rows.count_unpublished(store) == 2
     cutoff = store.now_ms() + 1
     assert rows.delete_published_before(store, cutoff, 10) == 1
     assert rows.count_unpublished(store) == 2, "an unpublished row is never deleted"
-    assert rows.read(store, claimed[0].message.task_id) is None
+    assert rows.read(store, claimed[0].task_id) is None
 
 
 def test_two_sweepers_never_claim_one_row(
@@ -113,7 +113,7 @@ def test_two_sweepers_never_claim_one_row(
             select(outbox_table.c.task_id).where(outbox_table.c.task_id == first).with_for_update()
         ).all()
         (taken,) = rows.claim_due(other, 10, RETRY_AFTER_MS)
-        assert taken.message.task_id == second
+        assert taken.task_id == second
 
 
 def test_a_signature_brings_its_arguments_options_and_frozen_id(store: SQLAlchemyStore) -> None:
