@@ -21,6 +21,7 @@ from celery_agboss.cli.views import (
     lease_view,
     pause_view,
     table,
+    unopened_note,
     waits_for_operator,
 )
 from celery_agboss.core.executions import ExecutionState
@@ -76,6 +77,11 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
         )
 
 
+def _with_note(cell: str, note: str) -> str:
+    """A cell, and what of its row this process could not open (``unopened_note``)."""
+    return f"{cell} — {note}" if note else cell
+
+
 def _counted(found: Sequence[object], limit: int) -> str:
     """A list's length, or the limit it reached: a full page may hide more rows."""
     return (
@@ -104,7 +110,7 @@ def _pending_text(
                 i.name,
                 str(i.attempt),
                 age(i.read_at_ms, i.first_attempt_at_ms),
-                intent_state(i),
+                _with_note(intent_state(i), unopened_note(i)),
             ]
             for i in intents
         ]
@@ -128,7 +134,12 @@ def _pending_text(
         )
     if left:
         rows = [
-            [p.execution.id, p.execution.state.value, ", ".join(p.intents), p.ends_with]
+            [
+                p.execution.id,
+                _with_note(p.execution.state.value, unopened_note(p.execution)),
+                ", ".join(p.intents),
+                p.ends_with,
+            ]
             for p in left
         ]
         parts.append(
@@ -221,7 +232,7 @@ def executions(
                     r.state.value,
                     str(r.recovery_count),
                     age(r.read_at_ms, r.requested_at_ms),
-                    (r.reason or "")[:60],
+                    unopened_note(r) or (r.reason or "")[:60],
                 ]
                 for r in records
             ]

@@ -14,10 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from celery_agboss.cli.group import CommandOutput, agboss, json_command, open_runtime
+from celery_agboss.cli.group import (
+    EXIT_CONFIGURATION,
+    CommandOutput,
+    agboss,
+    json_command,
+    open_runtime,
+)
 from celery_agboss.cli.views import report_data, report_text
 
 if TYPE_CHECKING:
+    from celery_agboss.store.rotation import RotationReport
     from celery_agboss.sweep import SweepReport
 
 
@@ -113,15 +120,43 @@ def rotate_keys(ctx: click.Context, batch_size: int | None, as_json: bool) -> No
     out = CommandOutput(as_json)
     with open_runtime(ctx, out) as runtime:
         report = run_rotation(runtime.store, batch_size=batch_size or DEFAULT_BATCH)
-        left = sum(report.left.values())
-        text = f"Re-sealed {report.total} values with key {report.sealing_key!r}" + (
-            "; every sealed column is sealed with it."
-            if report.complete
-            else f"; {left} were busy or raced and are left: run rotate-keys again."
-        )
-        out.emit(report.as_dict(), text)
+        busy = sum(report.left.values()) - len(report.unopenable)
+        text = f"Re-sealed {report.total} values with key {report.sealing_key!r}"
+        if report.complete:
+            text += "; every sealed column is sealed with it."
+        elif busy > 0:
+            text += f"; {busy} were busy or raced and are left: run rotate-keys again."
+        else:
+            text += "."
+        out.emit(report.as_dict(), text + _unopenable_text(report))
+        if report.unopenable:
+            ctx.exit(EXIT_CONFIGURATION)
         if not report.complete:
             ctx.exit(1)
+
+
+_UNOPENABLE_SHOWN = 20
+"""The values no key opens the text names one by one (``--json`` names every one)."""
+
+
+def _unopenable_text(report: RotationReport) -> str:
+    """The values no configured key opens, each named: left as they are, until a run
+    is given the key that sealed them (never drop that key before)."""
+    if not report.unopenable:
+        return ""
+    lines = [
+        f"  {value.table}.{value.column} of row {value.row_key}: sealed under key "
+        f"{value.key_id!r}, not opened by any configured key"
+        for value in report.unopenable[:_UNOPENABLE_SHOWN]
+    ]
+    more = len(report.unopenable) - _UNOPENABLE_SHOWN
+    if more > 0:
+        lines.append(f"  … and {more} more (--json lists every one)")
+    return (
+        f"\n{len(report.unopenable)} value(s) no configured key opens were left as they "
+        "are (the other rows were re-sealed); add the key that sealed them to "
+        "agboss_encryption_keys and run rotate-keys again:\n" + "\n".join(lines)
+    )
 
 
 def _print_report(as_json: bool, report: SweepReport) -> None:

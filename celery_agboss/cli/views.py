@@ -13,6 +13,9 @@ from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.history import HistoryVerdict
 from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.store_protocol import HistoryRow, IntentRecord, IntentStatus, LeaseState
+from celery_agboss.store.schema import outbound_calls
+from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.unopened import unopened_fields
 
 if TYPE_CHECKING:
     from celery_agboss.operator import Description
@@ -82,11 +85,28 @@ def intent_view(intent: IntentRecord, *, full: bool = False) -> dict[str, Any]:
     if full:
         view["request"] = intent.request  # as stored: masked by the call's policy
         view["result"] = intent.result
+    return _with_unopened(view, unopened_fields(intent, outbound_calls.name))
+
+
+def _with_unopened(view: dict[str, Any], unopened: dict[str, str]) -> dict[str, Any]:
+    """A listed record's values no key of this process opened, by field (only then)."""
+    if unopened:
+        view["unopened"] = unopened
     return view
 
 
+def unopened_note(record: ExecutionRecord | IntentRecord) -> str:
+    """``args, kwargs: [sealed under key …]`` for a record a listing could not open
+    whole; empty otherwise."""
+    table = executions.name if isinstance(record, ExecutionRecord) else outbound_calls.name
+    unopened = unopened_fields(record, table)
+    if not unopened:
+        return ""
+    return f"{', '.join(unopened)}: {next(iter(unopened.values()))}"
+
+
 def execution_view(record: ExecutionRecord) -> dict[str, Any]:
-    return {
+    view = {
         "id": record.id,
         "task_name": record.task_name,
         "state": record.state.value,
@@ -103,6 +123,7 @@ def execution_view(record: ExecutionRecord) -> dict[str, Any]:
         "expires": iso(record.expires_ms),
         "terminal_at": iso(record.terminal_at_ms),
     }
+    return _with_unopened(view, unopened_fields(record, executions.name))
 
 
 def lease_view(lease: LeaseState | None) -> dict[str, Any] | None:
@@ -293,6 +314,7 @@ __all__ = [
     "report_text",
     "status_text",
     "table",
+    "unopened_note",
     "users_text",
     "waits_for_operator",
 ]

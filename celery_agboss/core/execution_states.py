@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.execution_facts import ExecutionFacts
 from celery_agboss.core.executions import (
     ANSWER_STATES,
     CANCEL_WAITS,
@@ -149,7 +150,7 @@ def taken_over(record: ExecutionRecord) -> bool:
     return running and not record.redrive_planned
 
 
-def over_recovery_cap(record: ExecutionRecord, max_recovery_attempts: int) -> bool:
+def over_recovery_cap(record: ExecutionFacts, max_recovery_attempts: int) -> bool:
     """One more recovery would pass ``agboss_max_recovery_attempts`` (design: recovery cap)."""
     return record.recovery_count + 1 > max_recovery_attempts
 
@@ -187,7 +188,7 @@ class RedriveCount:
     counted: bool  # its message was lost: counted now
 
 
-def redrive_count(record: ExecutionRecord, planned_counted: bool = False) -> RedriveCount:
+def redrive_count(record: ExecutionFacts, planned_counted: bool = False) -> RedriveCount:
     """A ``RUNNING`` (or ``COMPENSATING``) execution's delivery died; a ``REQUESTED`` one's
     message, or a waiting one's retry message, was lost; the planned end of a wait (a long
     retry, an answered pause, an operator's decision) is no recovery. ``planned_counted``:
@@ -219,7 +220,7 @@ def cancel_ends_now(
     return not live() and not pending()
 
 
-def never_started(record: ExecutionRecord) -> bool:
+def never_started(record: ExecutionFacts) -> bool:
     """No delivery ever started it: only such an execution may expire
     (design: expires bounds the start). One that started, charged and then waits goes
     on whatever its ``expires``: expiring it would leave the customer charged and the
@@ -230,14 +231,14 @@ def never_started(record: ExecutionRecord) -> bool:
 
 
 def expires_now(
-    record: ExecutionRecord, live: Callable[[], bool], pending: Callable[[], bool]
+    record: ExecutionFacts, live: Callable[[], bool], pending: Callable[[], bool]
 ) -> bool:
     """An execution past its ``expires`` on the database's clock (``read_at_ms``: read
     again under its row lock, so a delivery that started it meanwhile keeps it) ends
     only while it never started, runs under no live lease and has nothing pending;
     ``live`` and ``pending`` are asked last. The sweep and a worker holding an expired
     message both ask this."""
-    listed = sabotage.active(EXPIRY_DECIDED_BY_LISTING) and not record.terminal
+    listed = sabotage.active(EXPIRY_DECIDED_BY_LISTING) and record.state not in TERMINAL_STATES
     due = (record.expires_ms is not None and record.expires_ms <= record.read_at_ms) or (
         sabotage.active(EXPIRY_BY_THE_WORKERS_CLOCK)
     )

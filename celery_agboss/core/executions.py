@@ -421,14 +421,7 @@ class ExecutionStore(Protocol):
     ) -> list[ExecutionRecord]:
         """By id, for operators; ``after_id`` pages."""
 
-    # --- the sweep ---------------------------------------------------------------------
-
-    def find_redrivable(
-        self, limit: int, requested_grace_ms: int, *, as_of_ms: int | None = None
-    ) -> list[ExecutionRecord]:
-        """Non-terminal executions with no live lease whose time came (``RUNNING``,
-        ``WAITING``, ``COMPENSATING`` past ``not_before``; ``REQUESTED`` past ``max(eta,
-        requested_at) + grace``), judged at ``as_of_ms`` (default: now). Oldest first."""
+    # --- the sweep (its listings and expiry: ``store.redrive_and_expiry``) --------------
 
     def claim_redrive(
         self,
@@ -443,10 +436,6 @@ class ExecutionStore(Protocol):
         take-over it leads to is what counts), or ``PARKED`` past it. The next
         re-drive waits ``next_redrive_delay_ms`` (``not_before``), so a message that sits
         in a backlog is not counted as one failed recovery after another."""
-
-    def expire_due(self, limit: int) -> list[ExecutionRecord]:
-        """``REQUESTED`` or ``WAITING`` executions past ``expires`` with no live lease and
-        no PENDING intent become ``EXPIRED``; the ones changed."""
 
     # --- operators ---------------------------------------------------------------------
 

@@ -23,7 +23,10 @@ from celery_agboss.core.store_protocol import (
 )
 from celery_agboss.operator.common import _refuse
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.store.execution_admin import LeftBehind, payments_left_behind
 from celery_agboss.store.intent_listings import list_intents_used_by
+from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.unopened import unopened_fields
 
 
 def list_pending(app: Any, *, operator_only: bool = False, limit: int = 100) -> list[IntentRecord]:
@@ -136,7 +139,14 @@ def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
     ):
         keys = runtime.executions.intents_needing_operator(record.id)
         kind = wait_kind(record.reason)
-        if kind is WaitKind.CANCELLED_AFTER_PAYMENT:
+        sealed_reason = _unopened_reason(record)
+        if sealed_reason is not None:
+            # What it waits for is in its reason: no command is guessed without it.
+            ends = (
+                f"its reason is {sealed_reason}: `celery -A proj agboss show {record.id}` "
+                "in a process holding that key says what ends the wait"
+            )
+        elif kind is WaitKind.CANCELLED_AFTER_PAYMENT:
             ends = (
                 f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
                 "(once the payment is refunded at the gateway, or left as it is)"
@@ -165,22 +175,32 @@ class PaymentLeftBehind:
     execution: ExecutionRecord
     intents: list[str]  # the keys of those payments
     ends_with: str  # the command that ends the listing, once the payment is dealt with
+    # What of it this process could not open (``table.column: why``), else None
+    unopened: str | None = None
 
 
 def list_failed_after_payment(app: Any, *, limit: int = 100) -> list[PaymentLeftBehind]:
     """Every ``FAILED`` or ``CANCELLED`` execution with a completed payment it sent or
     relies on that no undo took back and no other execution completed on or still uses,
     until an operator says it is dealt with."""
-    found = Runtime.of(app).executions.failed_after_payment(limit)
+    found = payments_left_behind(Runtime.of(app).store, limit)
     return [
-        PaymentLeftBehind(
-            record,
-            keys,
-            f"refund it at the gateway (or keep it on purpose), then `celery -A proj agboss "
-            f"payments-handled {record.id} --reason TEXT`",
-        )
-        for record, keys in found
+        PaymentLeftBehind(left.record, left.keys, _payments_ends_with(left), left.unopened)
+        for left in found
     ]
+
+
+def _payments_ends_with(left: LeftBehind) -> str:
+    handled = f"`celery -A proj agboss payments-handled {left.record.id} --reason TEXT`"
+    if not left.judged:
+        # What its undos refunded did not open: a payment listed may be refunded already.
+        return (
+            f"could not be judged ({left.unopened}): every completed payment it made or "
+            "used is listed, refunds its undos made among them; look at it with "
+            f"`celery -A proj agboss show {left.record.id}` in a process holding that key "
+            f"before refunding anything, then {handled}"
+        )
+    return f"refund it at the gateway (or keep it on purpose), then {handled}"
 
 
 @dataclass(frozen=True)
@@ -190,7 +210,7 @@ class SharedWait:
     (re-driven, it then keeps the step for it, undoes it, or asks a person)."""
 
     execution: ExecutionRecord
-    other: str  # the execution it waits for
+    other: str  # the execution it waits for (a reason that did not open: what says so)
 
 
 def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
@@ -200,10 +220,17 @@ def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
     )
     waits = []
     for record in records:
-        other = waited_for(record.reason)
+        sealed_reason = _unopened_reason(record)
+        # Whom it waits for is in its reason: listed, saying it cannot be read here.
+        other = waited_for(record.reason) if sealed_reason is None else sealed_reason
         if other is not None:
             waits.append(SharedWait(record, other))
     return waits
+
+
+def _unopened_reason(record: ExecutionRecord) -> str | None:
+    """The record's reason when a listing could not open it (``store.unopened``)."""
+    return unopened_fields(record, executions.name).get("reason")
 
 
 def list_pauses(app: Any, *, limit: int = 100) -> list[tuple[str, str, str]]:

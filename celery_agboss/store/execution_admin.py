@@ -1,6 +1,6 @@
-"""The sweep's and the operators' execution verbs: listing, re-driving, expiring,
-unblocking, moving by hand (cancels: ``cancels``; pause answers: ``pauses``; the audit
-trail and meta values: ``audit_trail``).
+"""The sweep's and the operators' execution verbs: listing, unblocking, moving by hand
+(re-driving and expiring: ``redrive_and_expiry``; cancels: ``cancels``; pause answers:
+``pauses``; the audit trail and meta values: ``audit_trail``).
 
 Every claim is a compare-and-set under the execution row's lock that re-checks
 that no lease is live, so several sweepers (two beats) and operators at once
@@ -10,40 +10,31 @@ decide one after the other and only one of them re-publishes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, not_, or_, select
+from sqlalchemy import and_, exists, func, not_, or_, select
 
 from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_states import (
     divergence_accepted,
-    expires_now,
     may_move_by_hand,
-    over_recovery_cap,
-    redrive_count,
     unblocks,
 )
 from celery_agboss.core.executions import (
-    REDRIVABLE_STATES,
     Audit,
     ExecutionRecord,
     ExecutionState,
-    RedriveDecision,
 )
-from celery_agboss.core.fault_points import SWEEP_BEFORE_EXPIRY, fault_point
-from celery_agboss.core.protections import (
-    PLANNED_WAITS_COUNTED,
-    RESOLVE_REDRIVES_CREATOR_ONLY,
-    STARTED_EXECUTIONS_EXPIRE,
-)
+from celery_agboss.core.protections import RESOLVE_REDRIVES_CREATOR_ONLY
 from celery_agboss.core.shared_records import unhandled_payments
 from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
+from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
     has_pending_intent_txn,
-    park_txn,
     pending_intent_keys_txn,
     read_execution_txn,
     record_of,
@@ -54,16 +45,16 @@ from celery_agboss.store.execution_rows import (
 )
 from celery_agboss.store.execution_updates import TERMINAL_VALUES
 from celery_agboss.store.intent_listings import used_by_execution
-from celery_agboss.store.leases import lease_live
 from celery_agboss.store.schema import outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.sealed_columns import sealer_of
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
+from celery_agboss.store.unopened import showing_unopened, unopened_fields, unopened_text
 
 _e = executions.c
 _i = outbound_calls.c
 _u = record_uses.c
-_REDRIVABLE = [state.value for state in REDRIVABLE_STATES]
 
 
 def _needing_operator() -> Any:
@@ -94,6 +85,8 @@ def list_executions(
     limit: int = 100,
     after_id: str | None = None,
 ) -> list[ExecutionRecord]:
+    """For operators: a value no key of this process opens is shown as such
+    (``store.unopened``), its row listed with the others."""
     with store.read_transaction() as tx:
         statement = select(executions, tx.now_expr().label("read_at_ms"))
         if states:
@@ -101,135 +94,8 @@ def list_executions(
         if after_id is not None:
             statement = statement.where(_e.id > after_id)
         rows = tx.execute(statement.order_by(_e.id).limit(limit)).all()
-        return [record_of(row, tx.connection) for row in rows]
-
-
-# --- the sweep ---------------------------------------------------------------------
-
-
-def find_redrivable(
-    store: SQLAlchemyStore, limit: int, requested_grace_ms: int, *, as_of_ms: int | None = None
-) -> list[ExecutionRecord]:
-    """The executions the sweep re-publishes, oldest change first. A cancel-requested
-    one is left out here, in the listing, not skipped after it (the cancel step ends it;
-    a re-drive could send something new), unless ``COMPENSATING`` (its undos run to their
-    end): a row listed and then skipped would keep its place at the head of every batch
-    and hide the rows behind it."""
-    with store.read_transaction() as tx:
-        now = tx.now_expr(as_of_ms)
-        started_from = case(
-            (and_(_e.eta_ms.is_not(None), _e.eta_ms > _e.requested_at_ms), _e.eta_ms),
-            else_=_e.requested_at_ms,
-        )
-        due = or_(
-            _e.state != ExecutionState.REQUESTED.value,
-            started_from + requested_grace_ms <= now,
-        )
-        rows = tx.execute(
-            select(executions, now.label("read_at_ms"))
-            .where(
-                _e.state.in_(_REDRIVABLE),
-                or_(_e.not_before_ms.is_(None), _e.not_before_ms <= now),
-                due,
-                or_(
-                    not_(_e.cancel_requested),
-                    _e.state == ExecutionState.COMPENSATING.value,
-                ),
-                not_(lease_live(now, _e.id)),
-            )
-            .order_by(_e.updated_at_ms, _e.id)
-            .limit(limit)
-        ).all()
-        return [record_of(row, tx.connection) for row in rows]
-
-
-def claim_redrive(
-    store: SQLAlchemyStore,
-    execution_id: str,
-    expected_updated_at_ms: int,
-    max_recovery_attempts: int,
-    *,
-    next_redrive_delay_ms: int = 0,
-) -> RedriveDecision:
-    with store.transaction() as tx:
-        record = read_execution_txn(tx, execution_id, lock=True)
-        if (
-            record is None
-            or record.updated_at_ms != expected_updated_at_ms
-            or record.state not in REDRIVABLE_STATES
-        ):
-            return RedriveDecision(False, False, None)
-        if execution_lease_live(tx, execution_id):
-            return RedriveDecision(False, False, None)
-        # Only recoveries count toward the cap (design: recovery cap).
-        count = redrive_count(record, sabotage.active(PLANNED_WAITS_COUNTED))
-        recovery = count.taken_over or count.counted
-        if recovery and over_recovery_cap(record, max_recovery_attempts):
-            park_txn(tx, execution_id, record.recovery_count, max_recovery_attempts)
-            return RedriveDecision(False, True, require_execution_txn(tx, execution_id))
-        set_execution_txn(
-            tx,
-            execution_id,
-            recovery_count=_e.recovery_count + (1 if count.counted else 0),
-            wake_requested=False,
-            # An undo's planned wait is read again by the delivery it leads to: no
-            # take-over either (start_delivery).
-            redrive_planned=count.planned and record.state is ExecutionState.COMPENSATING,
-            not_before_ms=tx.now_expr() + max(0, next_redrive_delay_ms),
-        )
-        return RedriveDecision(True, False, require_execution_txn(tx, execution_id))
-
-
-def expire_due(store: SQLAlchemyStore, limit: int) -> list[ExecutionRecord]:
-    """``expires`` bounds when an execution may start (design: expires bounds the start):
-    only one that no delivery ever started becomes ``EXPIRED``. One that started,
-    charged and then waits (a retry, a long wait, an unknown outcome) continues
-    whatever its ``expires``: expiring it would leave the customer charged and the
-    rest undone."""
-    changed: list[ExecutionRecord] = []
-    # The candidates, in SQL; core's ``expires_now`` decides each under its row lock.
-    never_started = (
-        _e.state.in_([ExecutionState.REQUESTED.value, ExecutionState.WAITING.value])
-        if sabotage.active(STARTED_EXECUTIONS_EXPIRE)
-        else and_(_e.state == ExecutionState.REQUESTED.value, _e.started_at_ms.is_(None))
-    )
-    with store.transaction() as tx:
-        now = tx.now_expr()
-        rows = tx.execute(
-            select(_e.id)
-            .where(
-                never_started,
-                _e.expires_ms.is_not(None),
-                _e.expires_ms <= now,
-                not_(lease_live(now, _e.id)),
-            )
-            .order_by(_e.expires_ms)
-            .limit(limit)
-        ).all()
-        fault_point(SWEEP_BEFORE_EXPIRY)
-        for row in rows:
-            expired = _expire_if_due_txn(tx, str(row.id))
-            if expired is not None:
-                changed.append(expired)
-    return changed
-
-
-def expire_if_due(store: SQLAlchemyStore, execution_id: str) -> ExecutionRecord | None:
-    """A worker holds a message past its ``expires`` by its own clock: the execution ends
-    ``EXPIRED`` only as the sweep would end it, on the database's clock."""
-    with store.transaction() as tx:
-        return _expire_if_due_txn(tx, execution_id)
-
-
-def _expire_if_due_txn(tx: SQLTransaction, execution_id: str) -> ExecutionRecord | None:
-    record = read_execution_txn(tx, execution_id, lock=True)
-    if record is None or not expires_now(
-        record,
-        partial(execution_lease_live, tx, execution_id),
-        partial(has_pending_intent_txn, tx, execution_id),
-    ):
-        return None
-    return terminal_txn(tx, execution_id, ExecutionState.EXPIRED, reason="expired")
+        with showing_unopened(tx.connection):
+            return [record_of(row, tx.connection) for row in rows]
 
 
 # --- operators ---------------------------------------------------------------------
@@ -366,9 +232,31 @@ _CANDIDATE_BATCH = 200
 """How many candidates of "failed after a payment" one read transaction judges."""
 
 
+@dataclass(frozen=True)
+class LeftBehind:
+    """A "failed after a payment" execution the listing holds, with the keys of the
+    payments it left behind. ``unopened``: what of it this process could not open
+    (``table.column: why``), shown rather than left out; ``judged`` false when that
+    was its undos' marks (what they refunded): every completed payment it made or used
+    is then held, for a person to judge with the key, and retention keeps them all."""
+
+    record: ExecutionRecord
+    keys: list[str]
+    unopened: str | None = None
+    judged: bool = True
+
+
 def failed_after_payment(
     store: SQLAlchemyStore, limit: int = 100, *, ended_before_ms: int | None = None
 ) -> list[tuple[ExecutionRecord, list[str]]]:
+    """``payments_left_behind``'s executions and keys."""
+    found = payments_left_behind(store, limit, ended_before_ms=ended_before_ms)
+    return [(left.record, left.keys) for left in found]
+
+
+def payments_left_behind(
+    store: SQLAlchemyStore, limit: int = 100, *, ended_before_ms: int | None = None
+) -> list[LeftBehind]:
     """Up to ``limit`` ``FAILED`` or ``CANCELLED`` executions that left a completed
     payment behind (``shared_records.unhandled_payments``: nobody undid it, no other
     execution completed on it or still uses it) and no operator said is dealt with, with
@@ -381,24 +269,46 @@ def failed_after_payment(
     candidates are paged through, a batch per read transaction (keyset on the sort
     order), until ``limit`` are found or none is left: older lookalikes never hide one.
     ``ended_before_ms``: only those that ended before it (what retention must keep).
+    Each candidate is judged alone: one no key of this process opens is held, never
+    skipped (``_left_behind``).
     """
-    found: list[tuple[ExecutionRecord, list[str]]] = []
+    found: list[LeftBehind] = []
     after: tuple[int, str] | None = None
     while len(found) < limit:
         with store.read_transaction() as tx:
             candidates = _candidates(tx, after, ended_before_ms)
             rows = tx.execute(candidates.limit(_CANDIDATE_BATCH)).all()
             for row in rows:
-                record = record_of(row, tx.connection)
-                keys = _payments_left_behind(tx, record)
-                if keys:
-                    found.append((record, keys))
+                left = _left_behind(tx, row)
+                if left.keys:
+                    found.append(left)
                     if len(found) == limit:
                         break
         if len(rows) < _CANDIDATE_BATCH:
             break
         after = (int(rows[-1].ended_at), str(rows[-1].id))
     return found
+
+
+def _left_behind(tx: SQLTransaction, row: Any) -> LeftBehind:
+    """One candidate, judged alone. Its own values that do not open are shown as such
+    (the rule reads none of them); when its undos' marks do not open, what they refunded
+    is unknown, so every completed payment it made or used stays: retention deleting
+    one would leave a customer charged with nobody told (design: retention)."""
+    conn = tx.connection
+    with showing_unopened(conn):
+        record = record_of(row, conn)
+    unopened = [
+        f"{executions.name}.{name}: {text}"
+        for name, text in unopened_fields(record, executions.name).items()
+    ]
+    try:
+        keys = _payments_left_behind(tx, record)
+    except SealedValueUnopenableError as error:
+        where = f"{getattr(error, 'table', '?')}.{getattr(error, 'column', '?')}"
+        why = f"{where}: {unopened_text(error, sealer_of(conn).ring)}"
+        return LeftBehind(record, _completed_payments_of(tx, record.id), why, judged=False)
+    return LeftBehind(record, keys, unopened[0] if unopened else None)
 
 
 def _candidates(
@@ -409,7 +319,7 @@ def _candidates(
     without an end time, on both databases), after the keyset ``after``."""
     # Two correlated look-ups, each on its index (an intent's execution_id, a use's
     # execution_id then the intent's key): one ``OR`` over both read every intent.
-    completed = (_i.status == IntentStatus.COMPLETED.value, _i.compensated_at_ms.is_(None))
+    completed = _completed_uncompensated()
     made = exists().where(*completed, _i.execution_id == _e.id)
     used = exists().where(
         _u.kind == INTENT_RECORD,
@@ -442,6 +352,22 @@ def _payments_left_behind(tx: SQLTransaction, record: ExecutionRecord) -> list[s
     return [payment.key for payment in left]
 
 
+def _completed_uncompensated() -> tuple[Any, Any]:
+    """An intent a candidate's payment may be: completed, and no undo took it back."""
+    return (_i.status == IntentStatus.COMPLETED.value, _i.compensated_at_ms.is_(None))
+
+
+def _completed_payments_of(tx: SQLTransaction, execution_id: str) -> list[str]:
+    """Every completed, uncompensated intent the execution made or used: what makes it a
+    candidate, held whole when core's rule cannot read what its undos refunded."""
+    rows = tx.execute(
+        select(_i.idempotency_key)
+        .where(*_completed_uncompensated(), used_by_execution(execution_id))
+        .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
+    ).all()
+    return [str(row.idempotency_key) for row in rows]
+
+
 def mark_payments_handled(
     store: SQLAlchemyStore, execution_id: str, *, audit: Audit | None = None
 ) -> ExecutionRecord | None:
@@ -461,16 +387,15 @@ def mark_payments_handled(
 
 
 __all__ = [
+    "LeftBehind",
     "accept_divergence",
-    "claim_redrive",
     "executions_waiting_on",
-    "expire_due",
     "failed_after_payment",
-    "find_redrivable",
     "intents_needing_operator",
     "list_executions",
     "mark_payments_handled",
     "move",
+    "payments_left_behind",
     "pending_intent_keys",
     "read_execution",
     "unblock",

@@ -4,11 +4,12 @@
 ExecutionStore``); each method names the operation and hands it to its body, a
 function over one transaction grouped with the tables it writes: the delivery's life
 in ``execution_delivery``, pauses in ``pauses``, cancels in ``cancels``, the sweep's
-and operators' verbs in ``execution_admin``, listings of intents in
-``intent_listings``, retention in ``retention``, the audit trail, meta values and the
-sweep's ticks in ``audit_trail``. The row plumbing they share (``*_txn`` over the
-caller's transaction) is in ``execution_rows``. docs/store.md maps each operation to
-its statements and transactions.
+and operators' verbs in ``execution_admin`` (the re-drive and expiry in
+``redrive_and_expiry``), listings of intents in ``intent_listings``, retention in
+``retention``, the audit trail, meta values and the sweep's ticks in ``audit_trail``.
+The row plumbing they share (``*_txn`` over the caller's transaction) is in
+``execution_rows``. docs/store.md maps each operation to its statements and
+transactions.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from celery_agboss.core.store_protocol import FencedTransaction, IntentRecord, L
 from celery_agboss.store import audit_trail, cancels, intent_listings, pauses, retention
 from celery_agboss.store import execution_admin as admin
 from celery_agboss.store import execution_delivery as delivery
+from celery_agboss.store import redrive_and_expiry as sweeping
 from celery_agboss.store.execution_rows import SHARED_WAIT_MS
+from celery_agboss.store.redrive_and_expiry import RedriveClaim, UnsealedExecution
 from celery_agboss.store.retention import RetentionResult
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
@@ -162,8 +165,8 @@ class SQLAlchemyExecutionStore:
     # --- the sweep ---------------------------------------------------------------------------
     def find_redrivable(
         self, limit: int, requested_grace_ms: int, *, as_of_ms: int | None = None
-    ) -> list[ExecutionRecord]:
-        return admin.find_redrivable(self.store, limit, requested_grace_ms, as_of_ms=as_of_ms)
+    ) -> list[UnsealedExecution]:
+        return sweeping.find_redrivable(self.store, limit, requested_grace_ms, as_of_ms=as_of_ms)
 
     def claim_redrive(
         self,
@@ -173,7 +176,7 @@ class SQLAlchemyExecutionStore:
         *,
         next_redrive_delay_ms: int = 0,
     ) -> RedriveDecision:
-        return admin.claim_redrive(
+        return sweeping.claim_redrive(
             self.store,
             execution_id,
             expected_updated_at_ms,
@@ -181,11 +184,27 @@ class SQLAlchemyExecutionStore:
             next_redrive_delay_ms=next_redrive_delay_ms,
         )
 
-    def expire_due(self, limit: int) -> list[ExecutionRecord]:
-        return admin.expire_due(self.store, limit)
+    def claim_redrive_row(
+        self,
+        execution_id: str,
+        expected_updated_at_ms: int,
+        max_recovery_attempts: int,
+        *,
+        next_redrive_delay_ms: int = 0,
+    ) -> RedriveClaim:
+        return sweeping.claim_redrive_row(
+            self.store,
+            execution_id,
+            expected_updated_at_ms,
+            max_recovery_attempts,
+            next_redrive_delay_ms=next_redrive_delay_ms,
+        )
 
-    def expire_if_due(self, execution_id: str) -> ExecutionRecord | None:
-        return admin.expire_if_due(self.store, execution_id)
+    def find_expiring(self, limit: int) -> list[str]:
+        return sweeping.find_expiring(self.store, limit)
+
+    def expire_if_due(self, execution_id: str) -> UnsealedExecution | None:
+        return sweeping.expire_if_due(self.store, execution_id)
 
     # --- operators ---------------------------------------------------------------------------
     def request_cancel(

@@ -6,7 +6,11 @@ row under its lock (a listing's "no live lease" may be stale by then).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from sqlalchemy import and_, not_, or_, select
+from sqlalchemy.engine import Row
 from sqlalchemy.sql.elements import ColumnElement
 
 from celery_agboss.core.store_protocol import IntentRecord, IntentStatus
@@ -15,6 +19,8 @@ from celery_agboss.store.leases import lease_live
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.shared_records import records_of
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.store.transactions import SQLTransaction
+from celery_agboss.store.unopened import showing_unopened
 
 _i = outbound_calls.c
 
@@ -65,8 +71,7 @@ def list_pending_intents(
                 _i.needs_operator.desc(), _i.first_attempt_at_ms, _i.idempotency_key
             ).limit(limit)
         ).all()
-        records = [tx.read_intent(str(row.idempotency_key)) for row in rows]
-        return [record for record in records if record is not None]
+        return _shown(tx, rows)
 
 
 def list_intents_of(store: SQLAlchemyStore, execution_id: str) -> list[IntentRecord]:
@@ -96,8 +101,16 @@ def list_intents_used_by(store: SQLAlchemyStore, execution_id: str) -> list[Inte
             .where(used_by_execution(execution_id))
             .order_by(_i.first_attempt_at_ms, _i.idempotency_key)
         ).all()
+        return _shown(tx, rows)
+
+
+def _shown(tx: SQLTransaction, rows: Sequence[Row[Any]]) -> list[IntentRecord]:
+    """The intents ``rows`` name, for an operator to look at: a value no key of this
+    process opens is shown as such (``store.unopened``), its intent listed with the
+    others."""
+    with showing_unopened(tx.connection):
         records = [tx.read_intent(str(row.idempotency_key)) for row in rows]
-        return [record for record in records if record is not None]
+    return [record for record in records if record is not None]
 
 
 __all__ = [

@@ -8,6 +8,10 @@ back in a transaction of its own. Either way each write is a compare-and-set on 
 stored text, so a result settled between the read and the write is never replaced by the
 old value; a row so raced, or skipped, is taken by the next pass. Nothing is kept between
 runs: a run stopped half-way resumes where the rows say.
+
+A value no configured key opens (its key dropped before the run reached it) is left as
+it is and named in the report, and the run goes on: stopping there, every run would
+stop at the same row and the rotation never end.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from sqlalchemy.engine import Connection
 from celery_agboss.core import sabotage
 from celery_agboss.core.fault_points import RESEAL_BEFORE_WRITE, fault_point
 from celery_agboss.core.protections import RESEAL_WITHOUT_COMPARE_AND_SET
-from celery_agboss.core.sealing import SEALED_PREFIX, SealedAt, Sealer
-from celery_agboss.errors import ConfigurationError
+from celery_agboss.core.sealing import SEALED_PREFIX, SealedAt, Sealer, sealed_key_id
+from celery_agboss.errors import ConfigurationError, SealedValueUnopenableError
 from celery_agboss.store.schema import metadata
 from celery_agboss.store.sealed_columns import SEALED_COLUMNS, settle_encryption_flag
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -34,13 +38,33 @@ MAX_PASSES = 5
 or raced) are taken by the next, up to this many."""
 
 
+@dataclass(frozen=True)
+class Unopenable:
+    """A stored value no configured key opens: where it is, and the key that sealed it."""
+
+    table: str
+    column: str
+    row_key: str  # the row's key columns, joined by ":"
+    key_id: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "table": self.table,
+            "column": self.column,
+            "row_key": self.row_key,
+            "key_id": self.key_id,
+        }
+
+
 @dataclass
 class RotationReport:
-    """What a run re-sealed, per ``table.column``, and what it left for the next run."""
+    """What a run re-sealed, per ``table.column``, and what it left for the next run:
+    ``unopenable`` (counted in ``left`` too) needs the key that sealed it first."""
 
     sealing_key: str
     resealed: dict[str, int] = field(default_factory=dict)
     left: dict[str, int] = field(default_factory=dict)
+    unopenable: list[Unopenable] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -55,6 +79,7 @@ class RotationReport:
             "sealing_key": self.sealing_key,
             "resealed": dict(self.resealed),
             "left": dict(self.left),
+            "unopenable": [value.as_dict() for value in self.unopenable],
             "complete": self.complete,
         }
 
@@ -85,6 +110,7 @@ def rotate_keys(
             column_job = _Column(store, sealer, table, key_columns, column, batch_size)
             report.resealed[name] = column_job.run(on_batch)
             report.left[name] = column_job.left()
+            report.unopenable += column_job.unopenable.values()
     return report
 
 
@@ -96,6 +122,7 @@ class _Column:
     key_columns: tuple[str, ...]
     column: str
     batch_size: int
+    unopenable: dict[tuple[Any, ...], Unopenable] = field(default_factory=dict)
 
     def _not_current(self) -> Any:
         """Stored, and not sealed with the first key (plaintext, or another key)."""
@@ -120,7 +147,7 @@ class _Column:
                     on_batch(f"{self.table.name}.{self.column}", written)
                 if cursor is None:
                     break
-            if not self.left():
+            if self.left() <= len(self.unopenable):  # what is left waits for its key
                 break
         return resealed
 
@@ -158,7 +185,13 @@ class _Column:
             key = tuple(row[: len(self.key_columns)])
             old = str(row[-1])
             where = SealedAt(self.table.name, self.column, ":".join(map(str, key)))
-            new = self.sealer.reseal(old, where)
+            try:
+                new = self.sealer.reseal(old, where)
+            except SealedValueUnopenableError as error:
+                # Left as it is, named; the rows after it are re-sealed all the same.
+                key_id = str(getattr(error, "key_id", sealed_key_id(old)))
+                self.unopenable[key] = Unopenable(where.table, where.column, where.row_key, key_id)
+                continue
             if new is not None:
                 changes.append((key, old, new))
         return changes
@@ -194,4 +227,4 @@ def _cursor(rows: list[Any], job: _Column) -> tuple[Any, ...] | None:
     return tuple(rows[-1][: len(job.key_columns)])
 
 
-__all__ = ["DEFAULT_BATCH", "RotationReport", "rotate_keys"]
+__all__ = ["DEFAULT_BATCH", "RotationReport", "Unopenable", "rotate_keys"]

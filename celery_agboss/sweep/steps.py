@@ -2,12 +2,13 @@
 reconcile step by a time budget, one interval).
 
 ``celery_agboss.sweep`` runs them in order: expire, reconcile stranded intents, end
-cancel requests, re-drive, completed executions whose links never went out
-(``celery_agboss.sweep.links``), the outbox's leftovers, retention. Every claim is a
-compare-and-set committed before any gateway call or publish; one failing row is
-logged (``sweep.error``) and left for the next run, never stopping this one. A step
-lists only rows it writes something for (an intent it could not look up backs off), so
-a row it cannot act on yet never keeps its place at the head of every batch.
+cancel requests, re-drive (``celery_agboss.sweep.redrive``), completed executions whose
+links never went out (``celery_agboss.sweep.links``), the outbox's leftovers, retention.
+Every claim is a compare-and-set committed before any gateway call or publish; one
+failing row is logged (``sweep.error``) and left for the next run, never stopping this
+one. A step lists only rows it writes something for (an intent it could not look up
+backs off), so a row it cannot act on yet never keeps its place at the head of every
+batch.
 """
 
 from __future__ import annotations
@@ -16,22 +17,19 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.cancelled_intents import settle_not_sent_for_cancel
-from celery_agboss.core.executions import ExecutionRecord, ExecutionState
+from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import (
     EXECUTION_CANCELLED,
     EXECUTION_EXPIRED,
-    EXECUTION_PARKED,
     EXECUTION_WAITING_OPERATOR,
     SWEEP_ERROR,
-    SWEEP_REPUBLISHED,
     log_event,
 )
-from celery_agboss.core.protections import REDRIVE_WITHOUT_CLAIM, STRANDED_NOT_RECONCILED
+from celery_agboss.core.protections import STRANDED_NOT_RECONCILED
 from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
 from celery_agboss.core.store_protocol import IntentGuard, IntentStatus, LeaseRef
 from celery_agboss.core.stranded import back_off_stranded
@@ -39,12 +37,12 @@ from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.outbox.publishing import sweep_outbox
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import effective_interval
-from celery_agboss.runtime.messages import republish
-from celery_agboss.runtime.task_events import TASK_PARKED, TASK_UNRECONCILED, send_task_event
+from celery_agboss.runtime.task_events import TASK_UNRECONCILED, send_task_event
 from celery_agboss.store.cancels import CANCEL_FLAGS_FROM
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
 from celery_agboss.store.schema import SWEEPER_SCOPE_PREFIX
 from celery_agboss.sweep.links import republish_unsent_links
+from celery_agboss.sweep.redrive import redrive_due, redrive_one
 from celery_agboss.sweep.report import SweepReport
 
 if TYPE_CHECKING:
@@ -95,13 +93,22 @@ class SweepRun:
     # --- 1. expiry -----------------------------------------------------------------
 
     def expire(self) -> None:
-        for record in self.executions.expire_due(self.batch):
+        """Each listed execution in its own transaction: one that fails is named and left
+        for the next run, never rolling the others back."""
+        for execution_id in self.executions.find_expiring(self.batch):
+            try:
+                expired = self.executions.expire_if_due(execution_id)
+            except (Exception, StoreError):
+                self._row_failed("expire", execution_id)
+                continue
+            if expired is None:
+                continue
             self.report.expired += 1
-            log_event(EXECUTION_EXPIRED, execution_id=record.id, task=record.task_name)
+            log_event(EXECUTION_EXPIRED, execution_id=execution_id, task=expired.task_name)
             send_task_event(
                 self.app,
                 "task-revoked",
-                record.id,
+                execution_id,
                 expired=True,
                 agboss_state=ExecutionState.EXPIRED.value,
             )
@@ -324,115 +331,43 @@ class SweepRun:
         (``celery_agboss.worker.held_messages`` says why that is safe); ids a live worker lists
         too are left to it."""
         ttl_ms = self.settings.lease_ttl_ms
-        grace_ms = self.settings.requested_grace_ms
-        interval_ms = self.settings.sweep_period_ms
         rows = read_held(self.store)
         live = {found for row in rows if row.age_ms < ttl_ms for found in row.execution_ids}
         for row in rows:
             if row.age_ms < ttl_ms:
                 continue
             for execution_id in row.execution_ids:
-                record = (
-                    None if execution_id in live else self.executions.read_execution(execution_id)
-                )
-                if (
-                    record is None
-                    or record.state is not ExecutionState.REQUESTED
-                    or record.cancel_requested
-                ):
+                if execution_id in live:
                     continue
-                try:
-                    self._redrive_one(record, grace_ms, interval_ms)
+                try:  # the read too: a row no key opens fails alone, by name
+                    self._held_one(execution_id)
                 except (Exception, StoreError):
-                    self._row_failed("held", record.id)
+                    self._row_failed("held", execution_id)
             forget_held_if_unchanged(self.store, row)
 
-    # --- 4. re-drive -----------------------------------------------------------------
+    def _held_one(self, execution_id: str) -> None:
+        record = self.executions.read_execution(execution_id)
+        if record is None or record.state is not ExecutionState.REQUESTED:
+            return
+        if not record.cancel_requested:
+            redrive_one(self.runtime, self.report, record)
+
+    # --- 4. re-drive (celery_agboss.sweep.redrive) --------------------------------------
 
     def redrive(self) -> None:
-        s = self.settings
-        grace_ms = s.requested_grace_ms
-        interval_ms = s.sweep_period_ms
-        ttl_ms = s.lease_ttl_ms
-        for record in self.executions.find_redrivable(
-            self.batch, grace_ms, as_of_ms=self.as_of_ms()
-        ):
-            # A cancel-requested row is never listed (``find_redrivable``): the cancel
-            # step ends it; a re-drive could send something new.
-            if (
-                record.state is ExecutionState.WAITING
-                and not record.redrive_planned
-                and record.not_before_ms is not None
-                and record.read_at_ms < record.not_before_ms + ttl_ms
-            ):
-                # A retry's own message is due about now: give it one lease TTL to start
-                # before publishing another copy. (A planned wait has no message on the
-                # way: the sweep's re-publish is its continuation, due at once.)
-                continue
-            try:
-                self._redrive_one(record, grace_ms, interval_ms)
-            except (Exception, StoreError):
-                self._row_failed("redrive", record.id)
+        redrive_due(
+            self.runtime,
+            self.batch,
+            self.report,
+            as_of_ms=self.as_of_ms(),
+            row_failed=self._row_failed,
+        )
 
     def _row_failed(self, step: str, execution_id: str) -> None:
         """One row's step raised (called in its ``except``): counted and logged with the
         traceback, left for the next run; the run goes on."""
         self.report.errors += 1
         log_event(SWEEP_ERROR, logging.ERROR, exc_info=True, step=step, execution_id=execution_id)
-
-    def _redrive_one(self, record: ExecutionRecord, grace_ms: int, interval_ms: int) -> None:
-        if sabotage.active(REDRIVE_WITHOUT_CLAIM):
-            self._publish(record)
-            return
-        # Keep the next re-drive away while this message may still sit in a queue.
-        if record.state is ExecutionState.REQUESTED:
-            delay = grace_ms
-        else:
-            delay = max(2 * interval_ms, self.settings.lease_ttl_ms)
-        decision = self.executions.claim_redrive(
-            record.id,
-            record.updated_at_ms,
-            self.settings.max_recovery_attempts,
-            next_redrive_delay_ms=delay,
-        )
-        if decision.parked and decision.execution is not None:
-            self.report.parked += 1
-            log_event(
-                EXECUTION_PARKED,
-                logging.WARNING,
-                execution_id=record.id,
-                task=record.task_name,
-                recovery_count=decision.execution.recovery_count,
-                by="sweep",
-            )
-            send_task_event(
-                self.app,
-                TASK_PARKED,
-                record.id,
-                agboss_state=ExecutionState.PARKED.value,
-                recovery_count=decision.execution.recovery_count,
-            )
-        elif decision.republish and decision.execution is not None:
-            self._publish(decision.execution, previous_state=record.state)
-
-    def _publish(
-        self, record: ExecutionRecord, *, previous_state: ExecutionState | None = None
-    ) -> None:
-        message = record
-        if record.started_at_ms is not None:
-            # An execution that already started is continued whatever its ``expires``:
-            # dropping the message now could strand a payment that was sent.
-            message = replace(record, expires_ms=None)
-        republish(self.app, message, not_before_ms=None)
-        self.report.republished += 1
-        self.report.republished_ids.append(record.id)
-        log_event(
-            SWEEP_REPUBLISHED,
-            execution_id=record.id,
-            task=record.task_name,
-            state=(previous_state or record.state).value,
-            recovery_count=record.recovery_count,
-        )
 
     # --- 4b. links that never went out (celery_agboss.sweep.links) ---------------------
 
