@@ -200,6 +200,9 @@ class SQLAlchemyExecutionStore:
             next_redrive_delay_ms=next_redrive_delay_ms,
         )
 
+    def count_unopened_redrive(self, claimed: UnsealedExecution) -> bool:
+        return sweeping.count_unopened_redrive(self.store, claimed)
+
     def find_expiring(self, limit: int) -> list[str]:
         return sweeping.find_expiring(self.store, limit)
 
@@ -342,12 +345,8 @@ class SQLAlchemyExecutionStore:
     def delete_effects_before(self, cutoff_ms: int, limit: int) -> RetentionResult:
         return retention.delete_effects_before(self.store, cutoff_ms, limit)
 
-    def delete_terminal_executions_before(
-        self, cutoff_ms: int, limit: int, *, republish_grace_ms: int
-    ) -> int:
-        return retention.delete_terminal_executions_before(
-            self.store, cutoff_ms, limit, republish_grace_ms=republish_grace_ms
-        )
+    def delete_terminal_executions_before(self, cutoff_ms: int, limit: int) -> int:
+        return retention.delete_terminal_executions_before(self.store, cutoff_ms, limit)
 
     def delete_released_lease(self, lease: LeaseRef) -> bool:
         return retention.delete_released_lease(self.store, lease)

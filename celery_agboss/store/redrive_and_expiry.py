@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from sqlalchemy import and_, case, not_, or_, select
+from sqlalchemy import and_, case, not_, or_, select, update
 from sqlalchemy.engine import Row
 
 from celery_agboss.core import sabotage
@@ -164,7 +164,8 @@ def claim_redrive_row(
     committed before anything reads its message. A row no key opens keeps its claim: it
     counts toward the cap as any other re-drive counts, parks at the cap as any other,
     and leaves the head of the listing (``not_before``), so the step fails on it alone,
-    by name, where it reads the message (design: sealed at rest)."""
+    by name, where it reads the message (design: sealed at rest); a claim that counted
+    none has ``count_unopened_redrive`` count it then."""
     with store.transaction() as tx:
         row = read_unsealed_txn(tx, execution_id, lock=True)
         if (
@@ -192,6 +193,26 @@ def claim_redrive_row(
             not_before_ms=tx.now_expr() + max(0, next_redrive_delay_ms),
         )
         return RedriveClaim(True, False, read_unsealed_txn(tx, execution_id))
+
+
+def count_unopened_redrive(store: SQLAlchemyStore, claimed: UnsealedExecution) -> bool:
+    """A claim that counted no recovery (a take-over, which the delivery it leads to
+    counts; the end of a planned wait) whose message no key opens: nothing is published,
+    so no delivery ever counts it. Counted here, the planned mark gone with the wait it
+    planned, so the claim parks it at the cap as any other
+    (design: sealed at rest, recovery cap). Compare-and-set on ``updated_at_ms``; False
+    when the row changed."""
+    with store.transaction() as tx:
+        counted = tx.execute(
+            update(executions)
+            .where(_e.id == claimed.id, _e.updated_at_ms == claimed.updated_at_ms)
+            .values(
+                recovery_count=_e.recovery_count + 1,
+                redrive_planned=False,
+                updated_at_ms=tx.now_expr(),
+            )
+        )
+        return bool(counted.rowcount == 1)
 
 
 def claim_redrive(
@@ -271,6 +292,7 @@ __all__ = [
     "UnsealedExecution",
     "claim_redrive",
     "claim_redrive_row",
+    "count_unopened_redrive",
     "expire_if_due",
     "find_expiring",
     "find_redrivable",

@@ -230,24 +230,22 @@ def _delete_listed(
         return effects.delete_returning_txn(tx.connection, keys, only_if=only_if)
 
 
-def delete_terminal_executions_before(
-    store: SQLAlchemyStore, cutoff_ms: int, limit: int, *, republish_grace_ms: int
-) -> int:
+def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, limit: int) -> int:
     """Execution rows terminal since before ``cutoff_ms`` whose intents and fenced effects
     are gone already (retention keeps those as long as they are needed), with their
     lease row, pauses and the uses it did not rely on: history does not grow without
     bound. The audit trail of operators' decisions stays. One that left a payment behind
     stays until an operator dealt with it (``_LeftBehind``). One the sweep re-published
-    (its ``not_before`` within the last ``republish_grace_ms``: the claim puts it one
-    grace ahead) stays while that message may wait in a queue: a replay that found no
-    row would run the body and charge again (design: unsent links)."""
+    (the claim puts its ``not_before`` one grace ahead) stays until that too is older
+    than ``cutoff_ms``: its message, however long it waits in a backlog, is as safe as
+    any other of its age, where a replay that found no row would run the body and charge
+    again (design: unsent links)."""
     kept = _not_in(_e.id, _left_behind_before(store, cutoff_ms).executions)
     with store.transaction() as tx:
         publisher_may_rerun = _publisher_may_rerun(tx, cutoff_ms)
         if not sabotage.active(RETENTION_DELETES_A_REPUBLISHED_EXECUTION):
             # A filter on the rows the terminal_at_ms index walks, never an index of its own.
-            republished = tx.now_expr() - republish_grace_ms
-            kept = (*kept, or_(_e.not_before_ms.is_(None), _e.not_before_ms < republished))
+            kept = (*kept, or_(_e.not_before_ms.is_(None), _e.not_before_ms < cutoff_ms))
         rows = tx.execute(
             select(_e.id)
             .where(

@@ -19,6 +19,7 @@ from sqlalchemy import and_, or_, select, text, update
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.protections import UNSENT_LINKS_PAST_RETENTION
+from celery_agboss.store.redrive_and_expiry import UnsealedExecution, read_unsealed_txn
 from celery_agboss.store.schema_executions import UNSENT_LINKS, executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
@@ -36,12 +37,15 @@ class UnsentLinksRow:
 
 
 def _republishable(max_recovery_attempts: int) -> Any:
-    """Still in the index and under the recovery cap: each re-publish counts as a
-    recovery, and one more past the cap is never made (design: recovery cap)."""
+    """Still in the index, and under the recovery cap or never claimed by this step (the
+    ``COMPLETED`` verdict clears ``not_before``; only the claim sets it on such a row):
+    each re-publish counts as a recovery and none is made past the cap, but the count is
+    the execution's whole life, and one that completed at the cap (its message re-driven
+    that often) still gets one, its last (design: recovery cap, unsent links)."""
     return and_(
         _e.state == ExecutionState.COMPLETED.value,
         text(UNSENT_LINKS),
-        _e.recovery_count < max_recovery_attempts,
+        or_(_e.recovery_count < max_recovery_attempts, _e.not_before_ms.is_(None)),
     )
 
 
@@ -55,13 +59,14 @@ def find_unsent_links(
     as_of_ms: int | None = None,
 ) -> list[UnsentLinksRow]:
     """Completed at least ``grace_ms`` ago, links not recorded as sent, not re-published
-    within the last grace, under the cap; oldest completion first. Every row listed is
-    written by the step (claimed, or marked sent), so none keeps its place at the head
-    of every batch.
+    within the last grace, under the cap or never claimed; oldest completion first.
+    Every row listed is written by the step (claimed, or marked sent), so none keeps its
+    place at the head of every batch.
 
     Only rows retention (its cutoff: now less ``retention_ms``, the terminal execution
-    retention) keeps for two more graces: the message a re-publish sends may wait one
-    grace in a queue, and a replay that finds no row runs the body again and charges
+    retention) keeps for two more graces: a committed claim keeps the row from
+    retention as long as any message of its age, but one made at the edge could come
+    after the delete, and a replay that finds no row runs the body again and charges
     again (design: unsent links, retention)."""
     with store.read_transaction() as tx:
         now = tx.now_expr(as_of_ms)
@@ -89,12 +94,12 @@ def claim_links_republish(
     row: UnsentLinksRow,
     max_recovery_attempts: int,
     next_delay_ms: int,
-) -> bool:
+) -> UnsealedExecution | None:
     """Compare-and-set on ``updated_at_ms``, as the re-drive's claim: one more recovery,
     and no other re-publish for ``next_delay_ms`` (its message may still sit in a queue).
-    False when another sweeper (or the replay that recorded the links) changed it first.
-    Committed before the row's message is read: a row that cannot be opened keeps it, so
-    it leaves the head of the list and counts toward the cap."""
+    The row after it; None when another sweeper (or the replay that recorded the links)
+    changed it first. Committed before the row's message is read: a row that cannot be
+    opened keeps it, so it leaves the head of the list and counts toward the cap."""
     with store.transaction() as tx:
         now = tx.now_expr()
         claimed = tx.execute(
@@ -110,7 +115,7 @@ def claim_links_republish(
                 updated_at_ms=now,
             )
         )
-        return bool(claimed.rowcount == 1)
+        return read_unsealed_txn(tx, row.id) if claimed.rowcount == 1 else None
 
 
 def release_links_claim(store: SQLAlchemyStore, claimed: ExecutionRecord) -> bool:

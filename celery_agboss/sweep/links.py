@@ -10,7 +10,9 @@ ships. Past ``agboss_requested_grace`` after the completion, this step re-publis
 execution's message once per grace; its replay sends the links under the ids fixed at
 publish and records them sent. As the re-drive does, it claims each row by a
 compare-and-set committed before the publish, counts each re-publish as a recovery, and
-stops at ``agboss_max_recovery_attempts`` (then an operator re-publishes it).
+stops at ``agboss_max_recovery_attempts`` (then an operator re-publishes it); one that
+completed at the cap still gets one. Its last claim says so, also for a row no key
+opens, which fails each claim by name.
 
 Links that went out and only their record was lost (``delivery.link_ends`` gave up
 writing it) are not sent again: Celery stores ``SUCCESS`` only after sending them, so a
@@ -28,12 +30,12 @@ from typing import Any
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_states import over_recovery_cap
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.core.log_events import SWEEP_LINKS_REPUBLISHED, log_event
+from celery_agboss.core.log_events import SWEEP_ERROR, SWEEP_LINKS_REPUBLISHED, log_event
 from celery_agboss.core.protections import (
     UNSENT_LINKS_BACKEND_NOT_READ,
     UNSENT_LINKS_WITHOUT_CLAIM,
 )
-from celery_agboss.errors import StoreError
+from celery_agboss.errors import SealedValueUnopenableError, StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import loads, republish
 from celery_agboss.runtime.result_backend import outcome_stored
@@ -50,6 +52,12 @@ from celery_agboss.sweep.report import SweepReport
 _LAST_HINT = (
     "the sweep re-publishes it no more (agboss_max_recovery_attempts); if its links "
     "still do not go out, re-publish it with AGBoss.republish"
+)
+
+_UNOPENED_LAST_HINT = (
+    "its message opens with no configured key (the sweep.error that follows); "
+    + _LAST_HINT
+    + " from a process holding that key"
 )
 
 STEP = "links"
@@ -112,12 +120,27 @@ def _republish_one(
         mark_links_sent(store, row)  # read once, never again
         return
     # The REQUESTED re-drive's rule: no other copy while this one may sit in a queue.
-    if not sabotage.active(UNSENT_LINKS_WITHOUT_CLAIM) and not claim_links_republish(
-        store, row, cap, next_delay_ms=grace_ms
-    ):
-        return  # another sweeper claimed it, or its replay recorded the links sent
+    claim = None
+    if not sabotage.active(UNSENT_LINKS_WITHOUT_CLAIM):
+        claim = claim_links_republish(store, row, cap, next_delay_ms=grace_ms)
+        if claim is None:
+            return  # another sweeper claimed it, or its replay recorded the links sent
     # Read (and opened) after the claim committed: a row no key opens keeps its claim.
-    claimed = runtime.executions.read_execution(row.id)
+    try:
+        claimed = runtime.executions.read_execution(row.id)
+    except SealedValueUnopenableError:
+        if claim is not None and over_recovery_cap(claim, cap):
+            # Its last claim: said here, as no sweep.links-republished will say it.
+            log_event(
+                SWEEP_ERROR,
+                logging.WARNING,
+                step=STEP,
+                execution_id=row.id,
+                reason="unopened",
+                last=True,
+                hint=_UNOPENED_LAST_HINT,
+            )
+        raise
     if claimed is None:
         return
     try:

@@ -7,11 +7,13 @@ committed before anything is published (one more recovery, or ``PARKED`` at the 
 and only then read, and its message opened, for the publish, inside the step's per-row
 try. A row no key opens keeps its claim, so it leaves the head of the listing, and fails
 alone, by name (``sweep.error``), never stopping the rows behind it
-(design: sealed at rest).
+(design: sealed at rest); a claim that counted no recovery is counted then, as no
+delivery follows it to count it, so the row parks at the cap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -21,7 +23,7 @@ from celery_agboss.core.execution_facts import ExecutionFacts
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.log_events import EXECUTION_PARKED, SWEEP_REPUBLISHED, log_event
 from celery_agboss.core.protections import REDRIVE_WITHOUT_CLAIM
-from celery_agboss.errors import StoreError
+from celery_agboss.errors import SealedValueUnopenableError, StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import republish
 from celery_agboss.runtime.task_events import TASK_PARKED, send_task_event
@@ -99,7 +101,15 @@ def redrive_one(runtime: Runtime, report: SweepReport, row: ExecutionFacts) -> N
         )
     elif claim.republish:
         # Read (and opened) after the claim committed: a row no key opens keeps it.
-        record = executions.read_execution(row.id)
+        try:
+            record = executions.read_execution(row.id)
+        except SealedValueUnopenableError:
+            if claim.row is not None and claim.row.recovery_count == row.recovery_count:
+                # No delivery will count it (a take-over, a planned wait's end): else it
+                # is claimed every run and never parks. The error named stays this one.
+                with contextlib.suppress(Exception, StoreError):
+                    executions.count_unopened_redrive(claim.row)
+            raise
         if record is not None:
             publish(runtime, report, record, previous_state=row.state)
 

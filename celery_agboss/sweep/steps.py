@@ -402,9 +402,7 @@ class SweepRun:
         self.report.intents_deleted += intents.rows
         self.report.effects_deleted += effects.rows
         self.report.executions_deleted += executions.delete_terminal_executions_before(
-            now - s.terminal_execution_retention_ms,
-            self.batch,
-            republish_grace_ms=s.requested_grace_ms,  # the unsent-links step's claim
+            now - s.terminal_execution_retention_ms, self.batch
         )
         executions.delete_dead_sweeper_leases(3_600_000, self.batch)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.errors import SealedValueUnopenableError
@@ -92,6 +92,46 @@ def test_redrive_a_row_no_key_opens_fails_alone_by_name_keeps_its_claim_and_park
     assert world.sweep().parked == 2, "the healthy row, re-driven as often, parks too"
     assert _row(world, old)[:2] == (ExecutionState.PARKED, CAP), "parked as any other"
     assert world.publishes_of(old) == 1
+
+
+def test_a_taken_over_or_planned_row_no_key_opens_is_counted_each_run_and_parks_at_the_cap(
+    world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dead worker's ``RUNNING`` row, and an undo's planned wait: their claim counts no
+    recovery (a take-over is counted when its delivery starts; a planned end is none),
+    and their message is never published, so nothing counted them: claimed and failing
+    every run, never parked. Each failed read counts one (design: recovery cap)."""
+    world = sealed_world(world_factory, monkeypatch)
+    dead = world.publish("o-dead")
+    world.start(dead)
+    world.die()
+    undo = world.publish("o-undo")
+    now = world.agboss.store.now_ms()
+    with world.agboss.store.engine.begin() as conn:
+        conn.execute(
+            update(executions)
+            .where(_e.id == undo)
+            .values(
+                state=ExecutionState.COMPENSATING.value,
+                started_at_ms=now,
+                redrive_planned=True,
+                not_before_ms=now,
+            )
+        )
+    for execution_id in (dead, undo):
+        poison(world, executions, _e.id, execution_id, "args")
+    with caplog.at_level(logging.ERROR, logger="celery_agboss"):
+        for _ in range(CAP):
+            world.clock.advance(GRACE_SECONDS + TTL_SECONDS + 1)
+            assert world.sweep().errors == 2
+    assert sorted(_failed(caplog)) == sorted([("redrive", dead), ("redrive", undo)] * CAP)
+    assert _row(world, dead)[:2] == (ExecutionState.RUNNING, CAP), "each failed read counted"
+    assert _row(world, undo)[:2] == (ExecutionState.COMPENSATING, CAP)
+    world.clock.advance(GRACE_SECONDS + TTL_SECONDS + 1)
+    assert world.sweep().parked == 2
+    assert _row(world, dead)[:2] == (ExecutionState.PARKED, CAP), "parked as any other"
+    assert _row(world, undo)[:2] == (ExecutionState.PARKED, CAP)
+    assert (world.publishes_of(dead), world.publishes_of(undo)) == (1, 1)
 
 
 def test_a_dead_workers_charge_is_continued_past_a_row_no_key_opens(

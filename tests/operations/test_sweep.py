@@ -303,12 +303,13 @@ def test_retention_deletes_settled_records_of_long_terminal_executions_only(
     assert len(world.intents(stranded)) == 1
 
 
-def test_retention_keeps_a_terminal_execution_republished_within_the_last_grace(
+def test_retention_keeps_a_terminal_execution_republished_for_a_retention_after_its_claim(
     world: World,
 ) -> None:
-    """The unsent-links step's claim puts ``not_before`` one grace ahead: while it is
-    within the last grace the message may still wait in a queue, and a replay that found
-    no row would run the body again (design: retention, unsent links). Then it goes."""
+    """The unsent-links step's claim puts ``not_before`` one grace ahead; its message may
+    wait in a backlog far longer, and a replay that found no row would run the body again
+    (design: retention, unsent links). Kept until ``not_before`` too is past the cutoff:
+    as safe as any other message of its age. Then it goes."""
     done = world.publish()
     with world.start(done).fenced() as tx:
         world.agboss.executions.finish_in(tx, '{"json": null}')
@@ -320,7 +321,11 @@ def test_retention_keeps_a_terminal_execution_republished_within_the_last_grace(
             .values(not_before_ms=world.agboss.store.now_ms())
         )
     assert world.sweep().executions_deleted == 0
-    world.clock.advance(GRACE_SECONDS + 1)
+    world.clock.advance(2 * GRACE_SECONDS + 1)  # the message still waits in a backlog
+    assert world.sweep().executions_deleted == 0
+    world.clock.advance(
+        timedelta(seconds=world.agboss.settings.terminal_execution_retention_seconds)
+    )
     assert world.sweep().executions_deleted == 1
     assert world.agboss.executions.read_execution(done) is None
 

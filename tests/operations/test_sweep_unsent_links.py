@@ -45,6 +45,7 @@ from celery_agboss.task import PaymentTask
 from celery_agboss.testing.celery_app import running_worker
 from celery_agboss.testing.switches import sabotage
 from tests.operations.conftest import WorldFactory
+from tests.operations.poison import poison, sealed_world
 from tests.operations.world import CAP, GRACE_SECONDS, World
 from tests.support.processes import wait_until
 
@@ -256,6 +257,29 @@ def test_a_replay_that_never_sends_is_republished_up_to_the_cap_once_per_grace(
     assert world.publishes_of(pay_id) == published + CAP
 
 
+def test_an_execution_completed_at_the_cap_has_its_links_sent_once_said_last(
+    shop: Shop, world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The recovery count is the execution's whole life: its message was lost and
+    re-driven up to the cap before a copy got through and completed. Its links still go
+    out, once, and the operator is told it was the last (design: recovery cap)."""
+    pay_id = shop.completed_with_its_links_lost()
+    with world.agboss.store.engine.begin() as conn:  # re-driven CAP times before that
+        conn.execute(update(executions).where(executions.c.id == pay_id).values(recovery_count=CAP))
+    published = world.publishes_of(pay_id)
+    counts = []
+    with caplog.at_level(logging.INFO, logger="celery_agboss"):
+        for _ in range(CAP):
+            shop.past_the_grace()
+            counts.append(world.sweep_sending_nothing().links_republished)
+    assert counts == [1] + [0] * (CAP - 1)
+    assert world.publishes_of(pay_id) == published + 1
+    said = [r for r in caplog.records if getattr(r, "event", None) == "sweep.links-republished"]
+    assert [(r.levelno, r.__dict__.get("last")) for r in said] == [(logging.WARNING, True)]
+    shop.replay(pay_id)
+    assert (shop.shipped(), shop.charged()) == (1, 1), "shipped once, charged once"
+
+
 def test_a_publish_that_fails_leaves_the_row_to_the_next_run(
     shop: Shop, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -311,6 +335,22 @@ def test_a_row_is_listed_until_two_graces_before_retention_deletes_it(
     assert shop.unsent() == [pay_id]
     world.clock.advance(2)
     assert shop.unsent() == []
+
+
+def test_a_message_republished_at_the_edge_of_retention_outlives_a_long_backlog(
+    shop: Shop, world: World
+) -> None:
+    """Re-published just before the listing's bound, its message waits in a backlog
+    longer than two graces: retention keeps the row as long as any message of its age,
+    so the replay finds it and runs no body."""
+    pay_id = shop.completed_with_its_links_lost()
+    kept = world.agboss.settings.terminal_execution_retention_seconds
+    world.clock.advance(kept - 2 * GRACE_SECONDS - 5)
+    assert world.sweep().links_republished == 1
+    world.clock.advance(2 * GRACE_SECONDS + 10)  # the message still waits in a queue
+    assert world.sweep().executions_deleted == 0
+    shop.replay(pay_id)
+    assert (shop.shipped(), shop.charged()) == (1, 1), "the replay ran no body"
 
 
 def _republished_by_a_longer_retention_then_swept_by_the_default(
@@ -434,3 +474,26 @@ def test_a_row_no_key_opens_fails_alone_by_name_and_the_others_links_go_out(
         ).scalar_one()
     assert claimed == 1, "the claim stays: it counts toward the cap"
     assert world.sweep().errors == 0, "within the grace it is not read again"
+
+
+def test_a_row_no_key_opens_says_at_its_last_claim_that_an_operator_sends_its_links(
+    world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its claims used up, each a ``sweep.error``, no ``sweep.links-republished`` can say
+    it was the last: the last failed claim says it (WARNING ``last=true``, the hint)."""
+    world = sealed_world(world_factory, monkeypatch)
+    shop = Shop(world, monkeypatch)
+    pay_id = shop.completed_with_its_links_lost()
+    poison(world, executions, executions.c.id, pay_id, "args")
+    errors = []
+    with caplog.at_level(logging.WARNING, logger="celery_agboss"):
+        for _ in range(CAP + 1):
+            shop.past_the_grace()
+            errors.append(world.sweep().errors)
+    assert errors == [1] * CAP + [0]
+    said = [r.__dict__ for r in caplog.records if r.levelno == logging.WARNING]
+    fields = ("event", "step", "execution_id", "last")
+    assert [tuple(w.get(f) for f in fields) for w in said] == [
+        ("sweep.error", "links", pay_id, True)
+    ]
+    assert "AGBoss.republish" in said[0]["hint"]
