@@ -14,16 +14,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, or_, select, text, update
+from sqlalchemy import and_, false, or_, select, text, update
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
-from celery_agboss.core.protections import UNSENT_LINKS_PAST_RETENTION
+from celery_agboss.core.protections import (
+    UNSENT_LINKS_CAPPED_BY_WHOLE_LIFE,
+    UNSENT_LINKS_PAST_RETENTION,
+)
 from celery_agboss.store.redrive_and_expiry import UnsealedExecution, read_unsealed_txn
 from celery_agboss.store.schema_executions import UNSENT_LINKS, executions
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 _e = executions.c
+_unclaimed = _e.not_before_ms.is_(None)
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,10 @@ def _republishable(max_recovery_attempts: int) -> Any:
     return and_(
         _e.state == ExecutionState.COMPLETED.value,
         text(UNSENT_LINKS),
-        or_(_e.recovery_count < max_recovery_attempts, _e.not_before_ms.is_(None)),
+        or_(
+            _e.recovery_count < max_recovery_attempts,
+            false() if sabotage.active(UNSENT_LINKS_CAPPED_BY_WHOLE_LIFE) else _unclaimed,
+        ),
     )
 
 

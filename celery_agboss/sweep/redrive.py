@@ -22,7 +22,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.execution_facts import ExecutionFacts
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.log_events import EXECUTION_PARKED, SWEEP_REPUBLISHED, log_event
-from celery_agboss.core.protections import REDRIVE_WITHOUT_CLAIM
+from celery_agboss.core.protections import REDRIVE_WITHOUT_CLAIM, UNOPENED_REDRIVE_UNCOUNTED
 from celery_agboss.errors import SealedValueUnopenableError, StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import republish
@@ -104,11 +104,13 @@ def redrive_one(runtime: Runtime, report: SweepReport, row: ExecutionFacts) -> N
         try:
             record = executions.read_execution(row.id)
         except SealedValueUnopenableError:
-            if claim.row is not None and claim.row.recovery_count == row.recovery_count:
+            after = claim.row
+            uncounted = after is not None and after.recovery_count == row.recovery_count
+            if after is not None and uncounted and not sabotage.active(UNOPENED_REDRIVE_UNCOUNTED):
                 # No delivery will count it (a take-over, a planned wait's end): else it
                 # is claimed every run and never parks. The error named stays this one.
                 with contextlib.suppress(Exception, StoreError):
-                    executions.count_unopened_redrive(claim.row)
+                    executions.count_unopened_redrive(after)
             raise
         if record is not None:
             publish(runtime, report, record, previous_state=row.state)

@@ -17,11 +17,13 @@ import pytest
 from sqlalchemy import select, update
 
 from celery_agboss.core.executions import ExecutionState
+from celery_agboss.core.protections import UNOPENED_REDRIVE_UNCOUNTED
 from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.held_messages import read_held, write_held
 from celery_agboss.store.redrive_and_expiry import UNSEALED_COLUMNS
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import SEALED_COLUMNS
+from celery_agboss.testing.switches import sabotage
 from tests.operations.conftest import WorldFactory
 from tests.operations.poison import poison, sealed_world
 from tests.operations.world import CAP, GRACE_SECONDS, TTL_SECONDS, World
@@ -132,6 +134,24 @@ def test_a_taken_over_or_planned_row_no_key_opens_is_counted_each_run_and_parks_
     assert _row(world, dead)[:2] == (ExecutionState.PARKED, CAP), "parked as any other"
     assert _row(world, undo)[:2] == (ExecutionState.PARKED, CAP)
     assert (world.publishes_of(dead), world.publishes_of(undo)) == (1, 1)
+
+
+def test_twin_an_uncounted_row_no_key_opens_fails_every_run_and_never_parks(
+    world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sabotage twin: the failed read counts nothing; the dead worker's execution is
+    claimed and fails every run, and never reaches ``PARKED``, where an operator sees it."""
+    world = sealed_world(world_factory, monkeypatch)
+    dead = world.publish("o-dead")
+    world.start(dead)
+    world.die()
+    poison(world, executions, _e.id, dead, "args")
+    with sabotage(UNOPENED_REDRIVE_UNCOUNTED):
+        for _ in range(CAP + 1):
+            world.clock.advance(GRACE_SECONDS + TTL_SECONDS + 1)
+            report = world.sweep()
+            assert (report.errors, report.parked) == (1, 0)
+    assert _row(world, dead)[:2] == (ExecutionState.RUNNING, 0), "never counted, never parked"
 
 
 def test_a_dead_workers_charge_is_continued_past_a_row_no_key_opens(

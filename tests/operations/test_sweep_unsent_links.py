@@ -31,6 +31,7 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.protections import (
     RETENTION_DELETES_A_REPUBLISHED_EXECUTION,
     UNSENT_LINKS_BACKEND_NOT_READ,
+    UNSENT_LINKS_CAPPED_BY_WHOLE_LIFE,
     UNSENT_LINKS_PAST_RETENTION,
     UNSENT_LINKS_WITHOUT_CLAIM,
 )
@@ -278,6 +279,23 @@ def test_an_execution_completed_at_the_cap_has_its_links_sent_once_said_last(
     assert [(r.levelno, r.__dict__.get("last")) for r in said] == [(logging.WARNING, True)]
     shop.replay(pay_id)
     assert (shop.shipped(), shop.charged()) == (1, 1), "shipped once, charged once"
+
+
+def test_twin_capped_by_the_whole_life_count_its_links_never_go_out(
+    shop: Shop, world: World
+) -> None:
+    """Sabotage twin: the cap read over the execution's whole life keeps a completion at
+    the cap out of the listing: paid, never shipped, nothing said."""
+    pay_id = shop.completed_with_its_links_lost()
+    with world.agboss.store.engine.begin() as conn:
+        conn.execute(update(executions).where(executions.c.id == pay_id).values(recovery_count=CAP))
+    published = world.publishes_of(pay_id)
+    with sabotage(UNSENT_LINKS_CAPPED_BY_WHOLE_LIFE):
+        for _ in range(CAP):
+            shop.past_the_grace()
+            assert world.sweep_sending_nothing().links_republished == 0
+    assert world.publishes_of(pay_id) == published
+    assert shop.shipped() == 0
 
 
 def test_a_publish_that_fails_leaves_the_row_to_the_next_run(

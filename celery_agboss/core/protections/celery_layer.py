@@ -219,6 +219,11 @@ REDRIVE_WITHOUT_CLAIM = "sweep-redrive-without-claim"
 """Sabotage (design: trap 10): re-publish what the listing found without the compare-and-set
 claim, so two sweepers publish one execution twice."""
 
+UNOPENED_REDRIVE_UNCOUNTED = "sweep-unopened-redrive-uncounted"
+"""Sabotage (design: recovery cap, sealed at rest): a taken-over or planned row no key
+opens is claimed by every re-drive and never counted (no delivery follows to count it):
+it fails every run and never parks, so no operator is shown it."""
+
 UNSENT_LINKS_WITHOUT_CLAIM = "sweep-unsent-links-without-claim"
 """Sabotage (design: sweep): re-publish a completed execution whose links were never sent
 without the compare-and-set claim, so two sweepers publish it twice."""
