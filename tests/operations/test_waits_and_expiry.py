@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 
-import pytest
-
 from celery_agboss import answer_pause
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.protections import (
@@ -73,12 +71,7 @@ def test_when_expires_ends_a_started_execution_the_customer_is_charged_for_nothi
 def _started_while_the_sweep_lists_it(world: World) -> tuple[str, SweepReport]:
     """A worker took the message just before its ``expires``; the sweep lists it just
     after, as never started. Between that listing and the sweep's row lock, the delivery
-    starts, charges and asks for a retry (all committed).
-
-    PostgreSQL only: on SQLite the sweep's transaction holds the single write lock from
-    its first statement, so no delivery can start in between."""
-    if world.agboss.store.dialect_name == "sqlite":
-        pytest.skip("SQLite: the sweep's transaction holds the write lock from its start")
+    starts, charges and asks for a retry (all committed)."""
     task_id = world.publish(expires=datetime.now(timezone.utc) + timedelta(minutes=1))
     world.clock.advance(61)
 
