@@ -6,7 +6,8 @@ intent handed back (no owner) for the execution's next delivery, which decides a
 resend through the key-age compare-and-set; ``Unknown`` flags the intent for an
 operator; a lookup that raised or timed out hands the intent back, with its history
 row, to be looked up again later. Lookups of the same intent back off, and so does an
-intent whose call this process cannot name, or whose reconcile raised here: one rule,
+intent whose call this process cannot name, or whose reconcile raised here (even one
+no key of this process opens: ``back_off_stranded`` reads no sealed value): one rule,
 ``_lookup_failed_update``.
 
 The sweep calls it, and so does a delivery of a cancelled execution (under its own
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -40,6 +42,7 @@ from celery_agboss.core.outbound import CallContext, Completed, NotSent, Outboun
 from celery_agboss.core.protections import NOT_SENT_LOOKUPS_NOT_BACKED_OFF
 from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
+    HistoryRow,
     IntentGuard,
     IntentRecord,
     IntentStatus,
@@ -50,6 +53,7 @@ from celery_agboss.core.store_protocol import (
 )
 from celery_agboss.core.transitions import (
     CallRef,
+    HistoryTail,
     fault,
     masked_text,
     transition,
@@ -97,17 +101,49 @@ def _lookup_failed_update(failures: int) -> IntentUpdate:
     return IntentUpdate(lookup_failures=failures, next_lookup_delay_ms=_backoff_ms(failures))
 
 
+class StrandedFacts(Protocol):
+    """What the back-off of a stranded intent decides and writes by: columns never
+    sealed at rest. ``IntentRecord`` has them all."""
+
+    @property
+    def idempotency_key(self) -> str: ...
+    @property
+    def status(self) -> IntentStatus: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def owner(self) -> LeaseRef | None: ...
+    @property
+    def owner_live(self) -> bool: ...
+    @property
+    def lookup_failures(self) -> int: ...
+
+
+class UnsealedStranded(StrandedFacts, Protocol):
+    """``StrandedFacts`` read without opening a sealed value, and the intent's last
+    history row to chain to, its detail unopened (``store.unsealed_intents``)."""
+
+    @property
+    def last_history(self) -> HistoryRow | None: ...
+
+
+UnsealedRead = Callable[[StoreTransaction, str], "UnsealedStranded | None"]
+"""Reads ``UnsealedStranded`` of an intent in a transaction; None when it is gone."""
+
+
 def _back_off_in(
     tx: StoreTransaction,
     settings: EngineSettings,
-    record: IntentRecord,
+    record: StrandedFacts,
     lease: LeaseRef,
     detail: dict[str, Any],
     execution_id: str | None,
+    tail: HistoryTail | None = None,
 ) -> bool:
     """Write the lookup-failed back-off on ``record`` (PENDING, read in ``tx``) without a
-    lookup, with its history row: handed back if this lease took it, else left to its
-    dead owner (the guard re-checks it is dead). False when someone moved it first."""
+    lookup, with its history row (after ``tail``'s, when given): handed back if this
+    lease took it, else left to its dead owner (the guard re-checks it is dead). False
+    when someone moved it first."""
     mine = record.owner == lease
     failures = record.lookup_failures + 1
     update = _lookup_failed_update(failures)
@@ -124,6 +160,7 @@ def _back_off_in(
         owner=lease,
         detail={**detail, "lookup_failures": failures},
         execution_id=execution_id,
+        tail=tail,
     )
 
 
@@ -132,6 +169,7 @@ def back_off_stranded(
     settings: EngineSettings,
     idempotency_key: str,
     *,
+    read: UnsealedRead,
     sweeper_lease: LeaseRef,
     sweeper_ttl_ms: int,
     reason: str,
@@ -140,14 +178,22 @@ def back_off_stranded(
     """The sweep's ``reconcile_stranded`` of this intent raised (not the user's lookup:
     that is a failed lookup already): back it off as a failed lookup, handing it back if
     the sweeper had taken it, so the next runs reach the intents behind it. False when it
-    is settled, owned by a live lease, or gone."""
+    is settled, owned by a live lease, or gone.
+
+    Decided and written on what ``read`` gives, no sealed value opened: an intent sealed
+    under a key this process lacks (its reconcile raised reading it) backs off too, else
+    it heads every run's batch for ever (design: sealed at rest)."""
     with store.fenced(sweeper_lease, sweeper_ttl_ms) as tx:
-        record = tx.read_intent(idempotency_key)
-        if record is None or record.status is not IntentStatus.PENDING:
+        facts = read(tx, idempotency_key)
+        if facts is None or facts.status is not IntentStatus.PENDING:
             return False
-        if record.owner_live and record.owner != sweeper_lease:
+        if facts.owner_live and facts.owner != sweeper_lease:
             return False
-        return _back_off_in(tx, settings, record, sweeper_lease, {"by": by, "reason": reason}, None)
+        tail = HistoryTail()
+        if facts.last_history is not None:
+            tail.keep(facts.last_history)  # chained without opening its detail
+        detail = {"by": by, "reason": reason}
+        return _back_off_in(tx, settings, facts, sweeper_lease, detail, None, tail)
 
 
 def reconcile_stranded(
@@ -377,7 +423,10 @@ __all__ = [
     "LOOKUP_BACKOFF_BASE_MS",
     "LOOKUP_BACKOFF_CAP_MS",
     "UNKNOWN_CALL_HINT",
+    "StrandedFacts",
     "StrandedOutcome",
+    "UnsealedRead",
+    "UnsealedStranded",
     "back_off_stranded",
     "reconcile_stranded",
 ]

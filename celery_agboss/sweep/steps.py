@@ -41,6 +41,7 @@ from celery_agboss.runtime.task_events import TASK_UNRECONCILED, send_task_event
 from celery_agboss.store.cancels import CANCEL_FLAGS_FROM
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
 from celery_agboss.store.schema import SWEEPER_SCOPE_PREFIX
+from celery_agboss.store.unsealed_intents import read_unsealed_intent
 from celery_agboss.sweep.links import republish_unsent_links
 from celery_agboss.sweep.redrive import redrive_due, redrive_one
 from celery_agboss.sweep.report import SweepReport
@@ -165,13 +166,16 @@ class SweepRun:
 
     def _back_off(self, lease: LeaseRef, key: str, execution_id: str) -> None:
         """An intent whose reconcile raised waits like one whose lookup failed, else it
-        would head the oldest-first listing of every run and hide the newer ones. When
-        even this fails (the store is down), the next run tries both again."""
+        would head the oldest-first listing of every run and hide the newer ones. Read
+        by its unsealed columns: one sealed under a key this process lacks (its reconcile
+        raised reading it) backs off too (design: sealed at rest). When even this fails
+        (the store is down), the next run tries both again."""
         try:
             back_off_stranded(
                 self.store,
                 self.runtime.engine_settings,
                 key,
+                read=read_unsealed_intent,
                 sweeper_lease=lease,
                 sweeper_ttl_ms=self.lease_ttl_ms,
                 reason="sweep-error",
