@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.history import HistoryVerdict
 from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.store_protocol import HistoryRow, IntentRecord, IntentStatus, LeaseState
-from celery_agboss.store.schema import outbound_calls
+from celery_agboss.store.schema import intent_history, outbound_calls
 from celery_agboss.store.schema_executions import executions
-from celery_agboss.store.unopened import unopened_fields
+from celery_agboss.store.unopened import UNOPENED_START, state_known, unopened_fields
 
 if TYPE_CHECKING:
     from celery_agboss.operator import Description
@@ -139,7 +139,7 @@ def lease_view(lease: LeaseState | None) -> dict[str, Any] | None:
 
 
 def history_view(row: HistoryRow) -> dict[str, Any]:
-    return {
+    view = {
         "seq": row.seq,
         "at": iso(row.at_ms),
         "event": row.event,
@@ -150,10 +150,14 @@ def history_view(row: HistoryRow) -> dict[str, Any]:
         "token": row.token,
         "detail": row.detail,
     }
+    return _with_unopened(view, unopened_fields(row, intent_history.name))
 
 
 def _json_value(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    """A stored JSON text as its value; one that did not open here as its text."""
+    if text is None:
+        return None
+    return text if text.startswith(UNOPENED_START) else json.loads(text)
 
 
 def pause_view(pause: PauseRecord) -> dict[str, Any]:
@@ -217,10 +221,23 @@ def status_text(intent: IntentRecord) -> str:
 
 
 def chain_text(verdict: HistoryVerdict) -> str:
-    """Whether an intent's history chain verified, said the same way everywhere."""
+    """Whether an intent's history chain verified, said the same way everywhere; a
+    verdict that names no broken row is one ``describe`` could not check whole."""
     if verdict.ok:
         return "chain verified"
+    if verdict.first_broken_seq is None:
+        return f"chain not checked whole: {verdict.reason}"
     return f"CHAIN BROKEN at row {verdict.first_broken_seq}: {verdict.reason}"
+
+
+def state_text(state: ExecutionState) -> str:
+    """A state as ``show`` says it; one a newer version wrote, with what to do."""
+    if state_known(state):
+        return state.value
+    return (
+        f"{state.value} (a state this version of celery_agboss does not know: a newer "
+        "version wrote it; act on it with that version)"
+    )
 
 
 def users_text(intent: IntentRecord, users: Sequence[str]) -> str:
@@ -234,7 +251,10 @@ def describe_text(found: Description) -> str:
     e = found.execution
     if e is not None:
         lines.append(f"Execution {e.id}  ({e.task_name})")
-        lines.append(f"  state: {e.state.value}" + (f" — {e.reason}" if e.reason else ""))
+        lines.append(f"  state: {state_text(e.state)}" + (f" — {e.reason}" if e.reason else ""))
+        note = unopened_note(e)
+        if note:
+            lines.append(f"  not opened here: {note}")
         if e.cancel_requested:
             lines.append(f"  cancel requested: {e.cancel_reason or 'yes'}")
         lines.append(f"  recovery count: {e.recovery_count}, deliveries: {e.deliveries}")
@@ -312,6 +332,7 @@ __all__ = [
     "lease_view",
     "report_data",
     "report_text",
+    "state_text",
     "status_text",
     "table",
     "unopened_note",

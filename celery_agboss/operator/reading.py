@@ -25,8 +25,14 @@ from celery_agboss.operator.common import _refuse
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.store.execution_admin import LeftBehind, payments_left_behind
 from celery_agboss.store.intent_listings import list_intents_used_by
+from celery_agboss.store.schema import intent_history
 from celery_agboss.store.schema_executions import executions
-from celery_agboss.store.unopened import unopened_fields
+from celery_agboss.store.unopened import (
+    list_executions_shown,
+    read_history_shown,
+    read_intent_shown,
+    unopened_fields,
+)
 
 
 def list_pending(app: Any, *, operator_only: bool = False, limit: int = 100) -> list[IntentRecord]:
@@ -42,9 +48,11 @@ def list_executions(
     limit: int = 100,
     after_id: str | None = None,
 ) -> list[ExecutionRecord]:
-    """Executions by id (``after_id`` pages), optionally only those in ``states``."""
-    return Runtime.of(app).executions.list_executions(
-        states or None, limit=limit, after_id=after_id
+    """Executions by id (``after_id`` pages), optionally only those in ``states``; a
+    value no key opens, or a state a newer version wrote, shown as such
+    (``store.unopened``)."""
+    return list_executions_shown(
+        Runtime.of(app).store, states or None, limit=limit, after_id=after_id
     )
 
 
@@ -73,12 +81,15 @@ def describe(app: Any, key_or_id: str) -> Description:
     with their history, and the audit trail. An execution's intents are every one it
     created, used or sent (``list_intents_used_by``), so that a shared intent it waits for
     (a double click) shows on it as on ``agboss pending``; a key's execution is its
-    creator, and ``used_by`` names every other execution on it."""
+    creator, and ``used_by`` names every other execution on it. A value no key of this
+    process opens, or a state a newer version wrote, is shown as such (``store.unopened``):
+    the operator needs the page of exactly that execution."""
     runtime = Runtime.of(app)
     store = runtime.store
-    intent = store.read_intent(key_or_id)
+    intent = read_intent_shown(store, key_or_id)
     execution_id = intent.execution_id if intent is not None else key_or_id
-    execution = runtime.executions.read_execution(execution_id)
+    found = list_executions_shown(store, limit=1, execution_id=execution_id)
+    execution = found[0] if found else None
     if intent is None and execution is None:
         raise _refuse(
             "not-found",
@@ -95,7 +106,7 @@ def describe(app: Any, key_or_id: str) -> Description:
     for item in intents:
         audit += runtime.executions.list_audit(item.idempotency_key, limit=50)
     audit.sort(key=lambda entry: entry.id)
-    history = {i.idempotency_key: store.read_history(i.idempotency_key) for i in intents}
+    history = {i.idempotency_key: read_history_shown(store, i.idempotency_key) for i in intents}
     key = runtime.engine_settings.pseudonym_key
     return Description(
         execution=execution,
@@ -104,17 +115,36 @@ def describe(app: Any, key_or_id: str) -> Description:
         history=history,
         audit=audit,
         focus=intent.idempotency_key if intent is not None else None,
-        chains={
-            i.idempotency_key: verify_history(
-                key,
-                history[i.idempotency_key],
-                idempotency_key=i.idempotency_key,
-                expected_last_status=i.status.value,
-            )
-            for i in intents
-        },
-        pauses=runtime.executions.read_pauses(execution_id=execution_id) if execution else [],
+        chains={i.idempotency_key: _chain(key, history[i.idempotency_key], i) for i in intents},
+        pauses=(
+            runtime.executions.read_pauses(execution_id=execution_id, shown_unopened=True)
+            if execution
+            else []
+        ),
         used_by=used_by,
+    )
+
+
+def _chain(key: bytes, rows: list[HistoryRow], intent: IntentRecord) -> HistoryVerdict:
+    """The intent's history chain recomputed. A row whose detail did not open cannot be:
+    the rows before it are checked, and the verdict says the chain is not checked whole
+    (``first_broken_seq`` None), never that it is broken: nothing was changed."""
+    for index, row in enumerate(rows):
+        detail = unopened_fields(row, intent_history.name).get("detail")
+        if detail is None:
+            continue
+        before = verify_history(key, rows[:index], idempotency_key=intent.idempotency_key)
+        if not before.ok:
+            return before
+        return HistoryVerdict(
+            False,
+            None,
+            f"row {row.seq}'s detail is {detail}: the {index} row(s) before it are chained; "
+            f"check the rest with `celery -A proj agboss show {intent.idempotency_key}` in a "
+            "process holding that key",
+        )
+    return verify_history(
+        key, rows, idempotency_key=intent.idempotency_key, expected_last_status=intent.status.value
     )
 
 

@@ -50,7 +50,12 @@ from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import sealer_of
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
-from celery_agboss.store.unopened import showing_unopened, unopened_fields, unopened_text
+from celery_agboss.store.unopened import (
+    list_executions_shown,
+    showing_unopened,
+    unopened_fields,
+    unopened_text,
+)
 
 _e = executions.c
 _i = outbound_calls.c
@@ -85,17 +90,9 @@ def list_executions(
     limit: int = 100,
     after_id: str | None = None,
 ) -> list[ExecutionRecord]:
-    """For operators: a value no key of this process opens is shown as such
-    (``store.unopened``), its row listed with the others."""
-    with store.read_transaction() as tx:
-        statement = select(executions, tx.now_expr().label("read_at_ms"))
-        if states:
-            statement = statement.where(_e.state.in_([s.value for s in states]))
-        if after_id is not None:
-            statement = statement.where(_e.id > after_id)
-        rows = tx.execute(statement.order_by(_e.id).limit(limit)).all()
-        with showing_unopened(tx.connection):
-            return [record_of(row, tx.connection) for row in rows]
+    """For operators: a value no key of this process opens, or a state a newer version
+    wrote, is shown as such (``store.unopened``), its row listed with the others."""
+    return list_executions_shown(store, states, limit, after_id)
 
 
 # --- operators ---------------------------------------------------------------------

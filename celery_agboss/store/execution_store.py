@@ -134,9 +134,18 @@ class SQLAlchemyExecutionStore:
         return pauses.list_pauses(self.store, limit)
 
     def read_pauses(
-        self, *, pause_id: str | None = None, execution_id: str | None = None
+        self,
+        *,
+        pause_id: str | None = None,
+        execution_id: str | None = None,
+        shown_unopened: bool = False,
     ) -> list[PauseRecord]:
-        return pauses.read_pauses(self.store, pause_id=pause_id, execution_id=execution_id)
+        return pauses.read_pauses(
+            self.store,
+            pause_id=pause_id,
+            execution_id=execution_id,
+            shown_unopened=shown_unopened,
+        )
 
     # --- the end of a delivery ---------------------------------------------------------------
     def release_delivery(self, lease: LeaseRef, *, will_republish: bool = False) -> ReleaseOutcome:

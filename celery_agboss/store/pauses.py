@@ -16,6 +16,7 @@ execution row before they read the pause's, so whichever commits second sees the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -51,6 +52,7 @@ from celery_agboss.store.schema_executions import executions, pauses
 from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
+from celery_agboss.store.unopened import showing_unopened
 
 _e = executions.c
 _p = pauses.c
@@ -216,14 +218,22 @@ def list_pauses(store: SQLAlchemyStore, limit: int = 100) -> list[tuple[str, str
 
 
 def read_pauses(
-    store: SQLAlchemyStore, *, pause_id: str | None = None, execution_id: str | None = None
+    store: SQLAlchemyStore,
+    *,
+    pause_id: str | None = None,
+    execution_id: str | None = None,
+    shown_unopened: bool = False,
 ) -> list[PauseRecord]:
     """The pause ``pause_id``, or every pause of ``execution_id``, oldest first: what
-    each asks and its answer, opened (an approver must see what a pause asks)."""
+    each asks and its answer, opened (an approver must see what a pause asks, so a value
+    no key opens raises). ``shown_unopened``: for a page about the execution
+    (``agboss show``), such a value reads as ``store.unopened`` shows it."""
     if (pause_id is None) == (execution_id is None):
         raise TypeError("read_pauses takes one of pause_id or execution_id")
     chosen = _p.id == pause_id if pause_id is not None else _p.execution_id == execution_id
-    with store.read_transaction() as tx:
+    with store.read_transaction() as tx, contextlib.ExitStack() as showing:
+        if shown_unopened:
+            showing.enter_context(showing_unopened(tx.connection))
         rows = tx.execute(select(pauses).where(chosen).order_by(_p.created_at_ms, _p.id)).all()
         return [
             PauseRecord(

@@ -6,20 +6,29 @@ A listing for a person never stops on such a row, nor leaves it out: the operato
 exactly that row. Every value that opens is shown; each one that does not reads as the
 text ``unopened_text`` makes, naming the key that sealed it, never as empty. Only what
 is shown is read so (``showing_unopened``): a verb re-reads its row under its lock, and
-meets the error there.
+meets the error there. So is a state a newer version of the package wrote
+(``shown_state``): shown as its text, never read as one this version knows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any, cast
 
-from sqlalchemy.engine import Connection
+from sqlalchemy import select
+from sqlalchemy.engine import Connection, Row
 
+from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.sealing import KeyRing, SealedAt, Sealer
+from celery_agboss.core.store_protocol import HistoryRow, IntentRecord
 from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.codec import dumps
+from celery_agboss.store.execution_rows import record_of
+from celery_agboss.store.history import read_history_txn
+from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import SEALED_COLUMNS, sealer_of
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 UNOPENED_START = "[sealed under key "
 """How a value this process could not open begins, where a listing shows it."""
@@ -84,4 +93,77 @@ def showing_unopened(conn: Connection) -> Iterator[None]:
             delattr(conn, "agboss_sealer")
 
 
-__all__ = ["UNOPENED_START", "showing_unopened", "unopened_fields", "unopened_text"]
+def shown_state(stored: str) -> ExecutionState:
+    """The state ``stored``; one this version does not know (a newer version wrote it)
+    as a stand-in that reads as its text and is none of the known states, so no rule
+    takes it for terminal or for any other. For showing only."""
+    try:
+        return ExecutionState(stored)
+    except ValueError:
+        stand_in = str.__new__(ExecutionState, stored)
+        stand_in._value_ = stored
+        stand_in._name_ = stored
+        return stand_in
+
+
+def state_known(state: ExecutionState) -> bool:
+    """False for ``shown_state``'s stand-in of a state a newer version wrote."""
+    return any(state is member for member in ExecutionState)
+
+
+class _StateShown:
+    """A row whose state reads as ``shown_state`` makes it (``record_of`` reads only
+    ``_mapping``)."""
+
+    def __init__(self, row: Row[Any]) -> None:
+        self._mapping = {**row._mapping, "state": shown_state(str(row._mapping["state"]))}
+
+
+def list_executions_shown(
+    store: SQLAlchemyStore,
+    states: Sequence[ExecutionState] | None = None,
+    limit: int = 100,
+    after_id: str | None = None,
+    *,
+    execution_id: str | None = None,
+) -> list[ExecutionRecord]:
+    """Executions by id for a person (``execution_admin.list_executions``), or the one
+    ``execution_id``: a value no key opens, or a state this version does not know, is
+    shown as such, its row listed with the others."""
+    with store.read_transaction() as tx:
+        statement = select(executions, tx.now_expr().label("read_at_ms"))
+        if states:
+            statement = statement.where(executions.c.state.in_([s.value for s in states]))
+        if after_id is not None:
+            statement = statement.where(executions.c.id > after_id)
+        if execution_id is not None:
+            statement = statement.where(executions.c.id == execution_id)
+        rows = tx.execute(statement.order_by(executions.c.id).limit(limit)).all()
+        with showing_unopened(tx.connection):
+            return [record_of(cast("Row[Any]", _StateShown(row)), tx.connection) for row in rows]
+
+
+def read_intent_shown(store: SQLAlchemyStore, idempotency_key: str) -> IntentRecord | None:
+    """The intent, for a person: a value no key opens is shown as such."""
+    with store.read_transaction() as tx, showing_unopened(tx.connection):
+        return tx.read_intent(idempotency_key)
+
+
+def read_history_shown(store: SQLAlchemyStore, idempotency_key: str) -> list[HistoryRow]:
+    """An intent's history, for a person: a ``detail`` no key opens is shown as such,
+    every other row whole."""
+    with store.read_transaction() as tx, showing_unopened(tx.connection):
+        return read_history_txn(tx.connection, idempotency_key)
+
+
+__all__ = [
+    "UNOPENED_START",
+    "list_executions_shown",
+    "read_history_shown",
+    "read_intent_shown",
+    "showing_unopened",
+    "shown_state",
+    "state_known",
+    "unopened_fields",
+    "unopened_text",
+]
