@@ -10,8 +10,9 @@ that the sweep meets a realistic table:
   retention deletes nothing and must not read them either), each with its released
   lease, its intent (``COMPLETED``, or ``FAILED`` with the definite failure; the owner
   kept, as the store does) and, when completed, its fenced effect; one intent in a
-  hundred was also used by another execution (``agboss_record_uses``). Intent history
-  rows are left out: the sweep never reads them.
+  hundred was also used by another execution (``agboss_record_uses``); each completed
+  one published its follow-up through the outbox (``agboss_outbox``, published). Intent
+  history rows are left out: the sweep never reads them.
 - **stranded work**: ``RUNNING`` executions whose holder died (an unreleased lease
   that expired a minute ago); every other one also left a ``PENDING`` intent owned by
   that dead lease, which the sweep reconciles before re-driving the execution.
@@ -75,6 +76,12 @@ _TERMINAL = (
         created_at_ms)
     SELECT 'bench:' || id || '\\:mark-paid', id, 'mark-paid', '"pay_' || g || '"', 1,
         done - 1100 FROM bench_rows WHERE NOT failed""",
+    # Each completed one published its follow-up (the shipping) through the outbox: the
+    # published rows the outbox's retention keeps, which its claim must not read.
+    """INSERT INTO agboss_outbox (task_id, task_name, args, kwargs, options, execution_id,
+        created_at_ms, publish_after_ms, published_at_ms)
+    SELECT 'ship-' || id, 'bench.ship', '["order-' || g || '"]', '{}', '{}', id,
+        done - 1100, done - 1100, done - 900 FROM bench_rows WHERE NOT failed""",
     # One intent in a hundred was replayed by the next execution (a duplicate publish).
     """INSERT INTO agboss_record_uses (kind, record_key, execution_id, used_at_ms)
     SELECT 'intent', 'bench:' || a.id || '\\:charge', b.id, b.done
@@ -104,6 +111,7 @@ _LOADED_TABLES = [
     "agboss_outbound_calls",
     "agboss_fenced_effects",
     "agboss_record_uses",
+    "agboss_outbox",
 ]
 
 
