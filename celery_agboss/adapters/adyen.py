@@ -19,12 +19,18 @@ of a key reused with another request): an answer whose amount, currency or refer
 modification's: amount, currency or ``paymentPspReference``) is not the request's is
 another request's, never taken for this one
 (``AnotherRequestsAnswerError``, definite: nothing was processed for this request).
+
+A resend follows a ``NotSent`` that proved nothing, so on a resend only Adyen's answers
+under the key (a ``Refused``, another request's answer) stay definite; a refusal it can
+give before reading the key (401, 403, 404, a validation) leaves the outcome unknown
+(``ResendRefusedError``, ``celery_agboss.adapters.resends``).
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -54,6 +60,7 @@ from celery_agboss.adapters.common import (
     refuse_another_requests_answer,
 )
 from celery_agboss.adapters.minor_units import GatewayUnits, from_gateway, to_gateway
+from celery_agboss.adapters.resends import UnprovenResends
 from celery_agboss.core.outbound import (
     CallContext,
     Lookup,
@@ -67,6 +74,14 @@ KEY_RETENTION = timedelta(days=7)
 MAX_KEY_LENGTH = 64
 IN_PROGRESS_CODE = "704"  # "request already processed or in progress": it may have been
 IDEMPOTENCY_UNAVAILABLE_CODE = "703"  # the key store is down: never resend without the key
+_PSP_REFERENCE = re.compile(r"[0-9A-Za-z]{16}")
+"""A ``payment_id``: Adyen's pspReference, "Adyen's 16-character string reference
+associated with the transaction/request" (the Checkout API reference, PaymentResponse's
+``pspReference``; docs.adyen.com/reporting/modifications-not-processed: "Adyen's
+16-character unique reference"), letters and digits in every example Adyen gives
+("F7WCWRG6JPHR8HG2", docs.adyen.com/development-resources/error-codes). The shape
+``celery_agboss.webhooks.ADYEN_PSP_REFERENCE`` checks, which this layer cannot import.
+It goes into the URL path: nothing else is sent."""
 TEST_CARD: Mapping[str, str] = {
     # Adyen's documented unencrypted test values for a Visa test card (test platform only).
     "type": "scheme",
@@ -221,15 +236,17 @@ class AdyenAdapter(AdapterCalls):
             # The SDK's documented hook ("Customizing Base URL"): each service's baseUrl.
             self.payments_api.baseUrl = root
             self.modifications_api.baseUrl = root
-        call = CallMaker(
-            name, KEY_RETENTION, definite_verdict(is_nothing_processed), MAX_KEY_LENGTH
-        )
+        verdict = definite_verdict(is_nothing_processed)
+        call = CallMaker(name, KEY_RETENTION, verdict, MAX_KEY_LENGTH)
+        # Reconcile's NotSent proves nothing (no lookup): a resend's refusal before Adyen
+        # reads the key is unknown; only a Refused, answered under the key, stays definite.
+        resent = UnprovenResends("Adyen", verdict, (AdyenPaymentRefused,))
         payments, actions = adapter_policies(CARD_DATA, mask)
-        self.charge = call("charge", self._send_charge, self._reconcile, payments)
-        self.authorize = call("authorize", self._send_authorize, self._reconcile, payments)
-        self.capture = call("capture", self._send_capture, self._reconcile, actions)
-        self.refund = call("refund", self._send_refund, self._reconcile, actions)
-        self.void = call("void", self._send_void, self._reconcile, actions)
+        self.charge = call("charge", resent(self._send_charge), self._reconcile, payments)
+        self.authorize = call("authorize", resent(self._send_authorize), self._reconcile, payments)
+        self.capture = call("capture", resent(self._send_capture), self._reconcile, actions)
+        self.refund = call("refund", resent(self._send_refund), self._reconcile, actions)
+        self.void = call("void", resent(self._send_void), self._reconcile, actions)
 
     # --- reconcile: no lookup, so the key's replay inside its window -------------------
 
@@ -333,10 +350,10 @@ class AdyenAdapter(AdapterCalls):
         """A modification of the request's ``payment_id`` sent under the call's key: the
         payment, and what Adyen answered (checked against what was sent)."""
         request = _check.mapping(call.request)
-        payment = _check.text(request, "payment_id")
+        payment = _psp_reference(request)
         body = self._modification_body(request, with_amount=with_amount)
         answer = send(body, payment, idempotency_key=_key(call)).message
-        return payment, _received(answer, payment, body)
+        return payment, _received(answer, payment, body, call.attempt)
 
     def _modification_body(self, request: Mapping[str, Any], *, with_amount: bool) -> Result:
         body: Result = {"merchantAccount": self.merchant_account}
@@ -362,6 +379,23 @@ def _key(call: CallContext) -> str:
     if not isinstance(call.idempotency_key, str) or not call.idempotency_key:
         raise AdyenRequestError("an Adyen request needs a non-empty idempotency key")
     return call.idempotency_key
+
+
+def _psp_reference(request: Mapping[str, Any]) -> str:
+    """The request's ``payment_id``, refused before anything is sent unless it is a
+    pspReference: it is a segment of the URL path (``/payments/{it}/refunds``), where a
+    ``/`` or ``?`` would make the SDK send another modification than the one asked for.
+    The refusal names what is wrong, never the value (it could be anything)."""
+    payment = _check.text(request, "payment_id")
+    if _PSP_REFERENCE.fullmatch(payment):
+        return payment
+    odd = sorted({c for c in payment if not (c.isascii() and c.isalnum())})
+    shown = ", ".join(repr(c) for c in odd[:5]) if odd else "none"
+    raise AdyenRequestError(
+        "'payment_id' must be the pspReference Adyen answered for the payment (16 letters "
+        f"or digits); this one has {len(payment)} characters, other characters: {shown}. "
+        "Pass the 'id' the charge or authorize returned"
+    )
 
 
 def _payment_method(request: Mapping[str, Any]) -> Result:
@@ -396,11 +430,12 @@ def _amount_of(answer: Mapping[str, Any]) -> Mapping[str, Any]:
     return amount if isinstance(amount, Mapping) else {}
 
 
-def _received(answer: Any, payment: str, body: Mapping[str, Any]) -> Result:
+def _received(answer: Any, payment: str, body: Mapping[str, Any], attempt: int) -> Result:
     """A modification's 201: Adyen only says it was received; the outcome comes by webhook.
     The payment it names and its amount, when it names them, are the request's: else it
     answers another request made first under this key, another payment's capture, refund
-    or cancel perhaps (design: only the request's payment)."""
+    or cancel perhaps (design: only the request's payment). On a first attempt another
+    payment named is no replay of ours: something else was modified, an unknown outcome."""
     if not isinstance(answer, Mapping):
         raise AdyenUnexpectedAnswer("Adyen's modification answer is not a JSON object", answer)
     psp = answer.get("pspReference")
@@ -408,6 +443,14 @@ def _received(answer: Any, payment: str, body: Mapping[str, Any]) -> Result:
         raise AdyenUnexpectedAnswer(
             f"Adyen answered {answer.get('status')!r} (pspReference {psp!r}) to a "
             f"modification of {payment}",
+            dict(answer),
+        )
+    named = answer.get("paymentPspReference", payment)
+    if attempt <= 1 and named != payment:
+        raise AdyenUnexpectedAnswer(
+            f"Adyen's modification {psp} names payment {named!r}, not {payment}, on the "
+            "first attempt under this key: something other than this request may have "
+            "been modified. Check both payments in the Customer Area before resolving",
             dict(answer),
         )
     amount = _amount_of(answer)
@@ -419,7 +462,7 @@ def _received(answer: Any, payment: str, body: Mapping[str, Any]) -> Result:
         PaymentFacts(
             amount.get("value", asked.get("value")),
             currency or asked.get("currency"),
-            payment=answer.get("paymentPspReference", payment),
+            payment=named,
         ),
     )
     value = amount.get("value")

@@ -77,6 +77,7 @@ from celery_agboss.adapters.paypal_requests import (
     vaulted,
     wanted_facts,
 )
+from celery_agboss.adapters.resends import UnprovenResends
 from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_seconds
 from celery_agboss.core.keys import fit_key
@@ -167,12 +168,11 @@ class PayPalAdapter(AdapterCalls):
         self.client = PaypalServersdkClient(
             config=self._configuration(client_id, client_secret, base_url, environment)
         )
-        call = CallMaker(
-            name,
-            PAYMENTS_KEY_RETENTION,
-            definite_verdict(is_definite_failure),
-            MAX_REQUEST_ID_LENGTH,
-        )
+        verdict = definite_verdict(is_definite_failure)
+        call = CallMaker(name, PAYMENTS_KEY_RETENTION, verdict, MAX_REQUEST_ID_LENGTH)
+        # A capture's or refund's NotSent is the key's replay, nothing read: on its resend no
+        # refusal is definite (none of them is PayPal's answer under the key).
+        resent = UnprovenResends("PayPal", verdict)
         # An order's reconcile replays its create-order from the stored request: the
         # vaulted source (an id, not card data) is kept with what it compares.
         orders, payments = adapter_policies(
@@ -186,8 +186,10 @@ class PayPalAdapter(AdapterCalls):
 
         self.charge = order_call("charge", capture=True)
         self.authorize = order_call("authorize", capture=False)
-        self.capture = call("capture", self._send_capture, self._reconcile_by_replay, payments)
-        self.refund = call("refund", self._send_refund, self._reconcile_by_replay, payments)
+        self.capture = call(
+            "capture", resent(self._send_capture), self._reconcile_by_replay, payments
+        )
+        self.refund = call("refund", resent(self._send_refund), self._reconcile_by_replay, payments)
         self.void = call("void", self._send_void, self._reconcile_void, payments)
 
     def _configuration(

@@ -41,6 +41,7 @@ from celery_agboss.adapters.common import (
     request_facts,
 )
 from celery_agboss.adapters.minor_units import from_gateway, to_gateway
+from celery_agboss.adapters.resends import UnprovenResends
 from celery_agboss.adapters.stripe_requests import (
     KEY_METADATA,
     REFERENCE_METADATA,
@@ -220,16 +221,15 @@ class StripeAdapter(AdapterCalls):
             max_network_retries=0,
             http_client=stripe.RequestsClient(timeout=self.http_timeout),
         )
-        call = CallMaker(
-            name,
-            KEY_RETENTION,
-            definite_verdict(is_definite_stripe_failure),
-            MAX_KEY_LENGTH,
-            transaction_id=_result_id,
-        )
+        verdict = definite_verdict(is_definite_stripe_failure)
+        call = CallMaker(name, KEY_RETENTION, verdict, MAX_KEY_LENGTH, transaction_id=_result_id)
+        # A payment's NotSent rests on a search that lags: on its resend only a decline (402,
+        # the key's answer) stays definite. An action's NotSent follows a consistent read.
+        resent = UnprovenResends("Stripe", verdict, (stripe.CardError,))
         payments, actions = adapter_policies(CARD_DATA, mask)
-        self.charge = call("charge", self._send_charge, self._reconcile_payment, payments)
-        self.authorize = call("authorize", self._send_authorize, self._reconcile_payment, payments)
+        charge, authorize = resent(self._send_charge), resent(self._send_authorize)
+        self.charge = call("charge", charge, self._reconcile_payment, payments)
+        self.authorize = call("authorize", authorize, self._reconcile_payment, payments)
         self.capture = call("capture", self._send_capture, self._reconcile_capture, actions)
         self.refund = call("refund", self._send_refund, self._reconcile_refund, actions)
         self.void = call("void", self._send_void, self._reconcile_void, actions)

@@ -21,6 +21,7 @@ from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUn
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.checklist import GatewayCheckStatus
 from celery_agboss.testing.clock import VirtualClock
+from celery_agboss.testing.dialects.adyen import psp_reference_of
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.adyen_support import adapter_for, charge_request
@@ -54,7 +55,7 @@ def test_ps1_a_lost_answer_is_resent_under_its_key_and_adyen_replays_it(
     with shop.start("task-1") as second:
         receipt = second.outbound(adapter.charge, request)
         assert second.last_outcome is Outcome.SENT  # NotSent: the key replayed, not a lookup
-    assert [p["id"] for p in gateway.payments] == [receipt["id"]]
+    assert [psp_reference_of(p["id"]) for p in gateway.payments] == [receipt["id"]]
     assert [r.outcome for r in gateway.requests] == [
         GatewayRequestOutcome.PROCESSED,
         GatewayRequestOutcome.REPLAYED,
@@ -104,7 +105,7 @@ def test_ps17_twin_every_error_definite_charges_twice_once_the_key_is_forgotten(
             receipt = second.outbound(adapter.charge, charge_request("order-17"))
     payments = server.gateway.payments
     assert len(payments) == 2, "the resend of a 'failed' charge was a new payment"
-    assert receipt["id"] == payments[1]["id"]
+    assert receipt["id"] == psp_reference_of(payments[1]["id"])
 
 
 def test_ps19_a_refund_whose_answer_was_lost_refunds_once_from_every_path(
@@ -118,7 +119,7 @@ def test_ps19_a_refund_whose_answer_was_lost_refunds_once_from_every_path(
     business_key = f"refund:{payment}:1"
     receipt, _ = refund_from_every_path(shop, server, adapter.refund, refund, business_key)
     assert receipt["status"] == "received" and receipt["payment_id"] == payment
-    assert [r["id"] for r in gateway.refunds] == [receipt["id"]]
+    assert [psp_reference_of(r["id"]) for r in gateway.refunds] == [receipt["id"]]
     refunds = [r for r in gateway.requests if r.operation == "refund"]
     assert [r.outcome for r in refunds] == [
         GatewayRequestOutcome.PROCESSED,
@@ -158,8 +159,9 @@ def test_every_money_moving_request_carries_the_intent_s_key_digested_past_64(
     assert seen == wanted
     for _, key in seen:
         assert key is not None and len(key) <= MAX_KEY_LENGTH and ":" not in key  # digests
-    assert gateway.retrieve(payment)["amount_captured"] == 900
-    assert gateway.retrieve(other)["status"] == "canceled"
+    made = {psp_reference_of(p["id"]): p for p in gateway.payments}
+    assert made[payment]["amount_captured"] == 900
+    assert made[other]["status"] == "canceled"
 
 
 def test_a_short_key_is_sent_as_it_is(served: ServeFn, shop: Shop) -> None:

@@ -32,7 +32,7 @@ from celery_agboss.adapters.common import GatewayAdapter
 from celery_agboss.core.outbound import CallContext
 from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
 from celery_agboss.testing import sabotage
-from celery_agboss.testing.dialects.adyen import adyen_error
+from celery_agboss.testing.dialects.adyen import adyen_error, psp_reference_of
 from celery_agboss.testing.gateway_server import (
     DECLINED_CARD,
     FakeGatewayServer,
@@ -270,7 +270,7 @@ def test_a_repeat_while_the_first_is_in_flight_gets_704_of_unknown_outcome(
         error = _raised(lambda: _charge(adapter, charge_request("order-1")))
     finally:
         hold.release()
-    assert first.join()["id"] == server.gateway.payments[0]["id"]
+    assert first.join()["id"] == psp_reference_of(server.gateway.payments[0]["id"])
     assert isinstance(error, sdk.AdyenAPIUnprocessableEntity)
     assert (error.status_code, error.error_code) == (422, "704")
     assert adapter.charge.is_definite_failure(error) is False

@@ -19,6 +19,7 @@ from celery_agboss.adapters.common import AnotherRequestsAnswerError
 from celery_agboss.core.outbound import Completed, Unknown
 from celery_agboss.core.protections import ADOPTS_ANY_PAYMENT
 from celery_agboss.testing import sabotage
+from celery_agboss.testing.dialects.adyen import psp_reference_of
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from tests.adapters.conftest import ServeFn
 from tests.adapters.own_payment_support import (
@@ -154,7 +155,12 @@ def _the_other_shop_acts_on_its_payment(
 
 def _acted_on(server: FakeGatewayServer, kind: str, payment: str) -> bool:
     """Whether the fake shows the capture, refund or void done on its ``payment``."""
-    found = [p for p in server.gateway.payments if payment.endswith(p["id"].removeprefix("ch_"))]
+    found = [
+        p
+        for p in server.gateway.payments
+        # Adyen answers a pspReference of its own; the others an id ending with the fake's.
+        if payment.endswith(p["id"].removeprefix("ch_")) or payment == psp_reference_of(p["id"])
+    ]
     assert len(found) == 1, (payment, server.gateway.payments)
     done = {"capture": "succeeded", "refund": "refunded", "void": "canceled"}[kind]
     return bool(found[0]["status"] == done)

@@ -10,12 +10,24 @@ as the fake's key):
 - ``POST /payments``: ``captureDelayHours: 0`` charges now; without it, or with
   ``additionalData.manualCapture: "true"``, the payment is only authorised (the fake's
   merchant account is set to manual capture). A refusal is a 200 with
-  ``resultCode: "Refused"``, as Adyen answers one.
+  ``resultCode: "Refused"``, as Adyen answers one, kept under its key like any first
+  answer (Adyen: "If the Adyen payments platform already processed the request, the
+  response to the first attempt will be returned", API idempotency page): a resend gets
+  the same refusal, even once the card would pay.
 - ``POST /payments/{paymentPspReference}/captures``, ``/refunds``, ``/cancels``:
   Adyen answers these 201 ``status: "received"`` and tells the outcome later by
   webhook. The fake applies the modification at once and still answers "received", so
-  an adapter never learns more from the answer than Adyen would tell it.
+  an adapter never learns more from the answer than Adyen would tell it. A capture or
+  refund in another currency than the payment's is answered "received" too and applied
+  to nothing: Adyen checks it after its answer ("The ``currency`` must match the currency
+  used in authorisation", PaymentCaptureRequest and PaymentRefundRequest) and fails it by
+  webhook, reason "Modification in different currency than authorisation";
+  :attr:`AdyenDialect.failed_modifications` lists those the fake failed so.
+  (A cancel of a captured payment, or more than is left, is still refused with a 422.)
 - No payment lookup: Checkout v72 has no GET for a payment, so none is served.
+
+Every pspReference the fake answers is 16 letters and digits, as Adyen's
+(:func:`psp_reference_of` a payment, refund or modification the fake made).
 
 Errors come in Adyen's JSON shape ``{"status", "errorCode", "message", "errorType",
 "pspReference"}``, with the statuses the SDK turns into its own exceptions: a request
@@ -31,16 +43,21 @@ whole CLP or ISK) is refused with a 422 ``"137"``, before anything is processed.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.wire_units import ADYEN
+from celery_agboss.testing.gateway import FakeGateway
+from celery_agboss.testing.gateway_requests import DECLINED
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
+    GatewayRequestOutcome,
 )
 
 API_VERSION = "v72"
@@ -48,6 +65,7 @@ KEY_HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 64  # Adyen refuses a longer key; an adapter must send a digest
 SEVEN_DAYS = 7 * 86400.0
 DECLINED_HOLDER_NAME = "DECLINED"  # Adyen's test trigger: holderName names the refusal
+CURRENCY_MISMATCH = "Modification in different currency than authorisation"
 
 # kind -> (HTTP status, errorCode, errorType); the message is the fake's own.
 _ERRORS: dict[FakeGatewayErrorKind, tuple[int, str, str]] = {
@@ -75,6 +93,23 @@ def adyen_error(status: int, code: str, message: str, kind: str, psp: str | None
 
 def _psp() -> str:
     return uuid.uuid4().hex[:16].upper()
+
+
+def psp_reference_of(fake_id: str) -> str:
+    """The pspReference the fake answers for one of its objects (a payment, a refund, the
+    request that made a capture or cancel): 16 letters and digits, the same every time."""
+    return hashlib.sha256(fake_id.encode("utf-8")).hexdigest()[:16].upper()
+
+
+@dataclass(frozen=True)
+class FailedModification:
+    """A capture or refund the fake answered "received" and applied to nothing; Adyen
+    would tell it in a webhook with ``success: "false"`` and this ``reason``."""
+
+    psp_reference: str
+    payment: str  # the pspReference of the payment it named
+    kind: str  # "capture" or "refund"
+    reason: str
 
 
 def _amount(receipt: dict[str, Any], field: str = "amount") -> dict[str, Any]:
@@ -106,8 +141,16 @@ class AdyenDialect:
         conflict_on_mismatch=False,  # not documented (design: G5)
     )
 
+    def __init__(self) -> None:
+        self._api: _CheckoutApi | None = None
+
+    @property
+    def failed_modifications(self) -> list[FailedModification]:
+        """Every capture or refund failed after its "received" (see the module docstring)."""
+        return [] if self._api is None else [failed for failed, _ in self._api.failed.values()]
+
     def install(self, server: FakeGatewayServer) -> None:
-        api = _CheckoutApi(server)
+        api = self._api = _CheckoutApi(server)
         base = f"/{API_VERSION}"
         server.route("POST", f"{base}/payments", api.payments)
         server.route("POST", f"{base}/payments/{{paymentPspReference}}/captures", api.captures)
@@ -115,9 +158,26 @@ class AdyenDialect:
         server.route("POST", f"{base}/payments/{{paymentPspReference}}/cancels", api.cancels)
 
 
+def _declined_now(gateway: FakeGateway, key: str | None, seen_before: int) -> bool:
+    """Whether this request's refusal was made now, not the key's replay of an earlier one."""
+    if key is None:
+        return True
+    mine = gateway.requests_for(key)[seen_before:]
+    return bool(mine) and mine[0].outcome is GatewayRequestOutcome.DECLINED
+
+
 class _CheckoutApi:
     def __init__(self, server: FakeGatewayServer) -> None:
         self.server = server
+        # Modifications failed after their "received", by key: that answer is replayed.
+        self.failed: dict[str, tuple[FailedModification, Reply]] = {}
+
+    def _payment_of(self, psp: str) -> str:
+        """The fake's id of the payment a pspReference names (itself when none: the
+        gateway then answers that there is no such payment)."""
+        gateway = self.server.gateway
+        made = gateway.payments + gateway.declined_payments
+        return next((p["id"] for p in made if psp_reference_of(p["id"]) == psp), psp)
 
     # --- what every request passes first --------------------------------------------
 
@@ -166,34 +226,39 @@ class _CheckoutApi:
             return adyen_error(
                 422, "702", "Required field 'paymentMethod' is not provided.", "validation"
             )
-        if self._declined(call, method, key, reference):
-            return self._refused(reference, amount)
+        card = self._card(method)
         additional = body.get("additionalData") or {}
         manual = str(additional.get("manualCapture", "")).lower() == "true"
         capture = body.get("captureDelayHours") == 0 and not manual
+        gateway = self.server.gateway
+        seen_before = len(gateway.requests_for(key)) if key is not None else 0
         try:
-            receipt = self.server.gateway.charge(
+            # A refusal is processed and kept under the key, as Adyen keeps its first answer.
+            receipt = gateway.charge(
                 value,
                 key,
                 currency=str(amount.get("currency", "")),
                 reference=reference,
                 capture=capture,
+                card_declines=card in self.server.declined_cards,
+                saves_declines=True,
             )
         except FakeGatewayError as exc:
-            if exc.kind is FakeGatewayErrorKind.DECLINED:
-                return self._refused(reference, amount)
             return self._error(exc)
+        if receipt["status"] == DECLINED:
+            if _declined_now(gateway, key, seen_before):
+                self.server.is_declined_card(call, card, key, reference)  # recorded
+            return self._refused(receipt)
         answer = {
-            "pspReference": receipt["id"],
+            "pspReference": psp_reference_of(receipt["id"]),
             "resultCode": "Authorised",
             "amount": _amount(receipt),
             "merchantReference": receipt["reference"],
         }
         return self.server.deliver_answer(call, key, reference, Reply(200, answer))
 
-    def _declined(
-        self, call: GatewayCall, method: dict[str, Any], key: str | None, reference: str
-    ) -> bool:
+    def _card(self, method: dict[str, Any]) -> str:
+        """What ``is_declined_card`` checks: the stored method's id or the card."""
         token = (
             method.get("storedPaymentMethodId")
             or method.get("encryptedCardNumber")
@@ -203,19 +268,20 @@ class _CheckoutApi:
         if method.get("holderName") == DECLINED_HOLDER_NAME:
             # Adyen's own test trigger, counted as a decline of one of the server's cards.
             token = next(iter(sorted(self.server.declined_cards)), token)
-        return self.server.is_declined_card(call, str(token), key, reference)
+        return str(token)
 
     @staticmethod
-    def _refused(reference: str, amount: dict[str, Any]) -> Reply:
+    def _refused(receipt: dict[str, Any]) -> Reply:
+        """The 200 of a refused payment (the same body when the key replays it)."""
         return Reply(
             200,
             {
-                "pspReference": _psp(),
+                "pspReference": psp_reference_of(receipt["id"]),
                 "resultCode": "Refused",
                 "refusalReason": "Refused",
                 "refusalReasonCode": "2",
-                "merchantReference": reference,
-                "amount": amount,
+                "merchantReference": receipt["reference"],
+                "amount": _amount(receipt),
             },
         )
 
@@ -231,25 +297,61 @@ class _CheckoutApi:
         return _taken(call.body.get("amount"))
 
     def _received(self, call: GatewayCall, payment: str, psp: str, **extra: Any) -> Reply:
+        """Adyen's 201, naming the fake's ``payment`` and ``psp`` by their pspReferences."""
         return Reply(
             201,
             {
                 "merchantAccount": call.body["merchantAccount"],
-                "paymentPspReference": payment,
-                "pspReference": psp,
+                "paymentPspReference": psp_reference_of(payment),
+                "pspReference": psp_reference_of(psp),
                 "reference": call.body.get("reference"),
                 "status": "received",
                 **extra,
             },
         )
 
+    def _in_another_currency(self, call: GatewayCall, kind: str, named: str) -> Reply | None:
+        """The "received" of a capture or refund in another currency than its payment's,
+        applied to nothing (see the module docstring); the same answer to its key's
+        repeats. None when the gateway is to answer: the currency matches, no payment has
+        that pspReference, or the key's first request is the gateway's to replay."""
+        key = call.header(KEY_HEADER)
+        if key is not None and key in self.failed:
+            return self.failed[key][1]
+        gateway = self.server.gateway
+        try:
+            payment = gateway.retrieve(self._payment_of(named))
+        except FakeGatewayError:
+            return None
+        asked = str((call.body.get("amount") or {}).get("currency", ""))
+        if asked.upper() == str(payment["currency"]).upper():
+            return None
+        if key is not None and any(r.object_id for r in gateway.requests_for(key)):
+            return None
+        failed = FailedModification(_psp(), named, kind, CURRENCY_MISMATCH)
+        answer = {
+            "merchantAccount": call.body["merchantAccount"],
+            "paymentPspReference": named,
+            "pspReference": failed.psp_reference,
+            "reference": call.body.get("reference"),
+            "status": "received",
+            "amount": call.body.get("amount"),
+        }
+        reply = Reply(201, answer)
+        self.failed[key if key is not None else failed.psp_reference] = (failed, reply)
+        return reply
+
     def captures(self, call: GatewayCall) -> Reply:
         amount = self._modification(call, needs_amount=True)
         if isinstance(amount, Reply):
             return amount
-        payment = call.params["paymentPspReference"]
+        named = call.params["paymentPspReference"]
+        failed = self._in_another_currency(call, "capture", named)
+        if failed is not None:
+            return failed
+        key = call.header(KEY_HEADER)
         try:
-            receipt = self.server.gateway.capture(payment, call.header(KEY_HEADER), amount=amount)
+            receipt = self.server.gateway.capture(self._payment_of(named), key, amount=amount)
         except FakeGatewayError as exc:
             return self._error(exc)
         # The capture's own pspReference: from the request that made it, so a replay
@@ -262,10 +364,13 @@ class _CheckoutApi:
         amount = self._modification(call, needs_amount=True)
         if isinstance(amount, Reply):
             return amount
-        payment = call.params["paymentPspReference"]
+        named = call.params["paymentPspReference"]
+        failed = self._in_another_currency(call, "refund", named)
+        if failed is not None:
+            return failed
         try:
             refund = self.server.gateway.refund(
-                payment,
+                self._payment_of(named),
                 call.header(KEY_HEADER),
                 amount=amount,
                 reference=call.body.get("reference"),
@@ -279,7 +384,7 @@ class _CheckoutApi:
         refused = self._modification(call, needs_amount=False)
         if isinstance(refused, Reply):
             return refused
-        payment = call.params["paymentPspReference"]
+        payment = self._payment_of(call.params["paymentPspReference"])
         try:
             receipt = self.server.gateway.void(payment, call.header(KEY_HEADER))
         except FakeGatewayError as exc:
@@ -287,4 +392,12 @@ class _CheckoutApi:
         return self._received(call, receipt["id"], receipt["request_id"])
 
 
-__all__ = ["API_VERSION", "DECLINED_HOLDER_NAME", "AdyenDialect", "adyen_error"]
+__all__ = [
+    "API_VERSION",
+    "CURRENCY_MISMATCH",
+    "DECLINED_HOLDER_NAME",
+    "AdyenDialect",
+    "FailedModification",
+    "adyen_error",
+    "psp_reference_of",
+]
