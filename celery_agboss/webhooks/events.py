@@ -14,7 +14,7 @@ on any worker; ``celery_agboss.webhooks.record_event`` applies it under that key
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,15 +198,21 @@ def _merchant_accounts(accounts: str | Iterable[str]) -> frozenset[str]:
 
 
 def verify_adyen(
-    body: bytes, hmac_key_hex: str, *, merchant_accounts: str | Iterable[str]
+    body: bytes, hmac_key_hex: str | Sequence[str], *, merchant_accounts: str | Iterable[str]
 ) -> list[WebhookEvent]:
     """Check every notification item's HMAC, then read each as an event; one bad item
     refuses the whole body (a request partly forged is not trusted in part).
 
+    ``hmac_key_hex`` is the key, or a list of keys while one is rotated (new and
+    previous: Adyen may sign with the previous one for a while); an item signed by any
+    of them passes.
+
     An item whose signed fields hold a ``:`` (Adyen does not escape them in the signed
-    text) or whose references are not Adyen's 16 letters and digits is refused before
-    its signature is believed; one for a merchant account not in ``merchant_accounts``
-    is refused after it (an HMAC key can cover every account of a company).
+    text), or a payment's item whose references are not Adyen's 16 letters and digits,
+    is refused before its signature is believed; one for a merchant account not in
+    ``merchant_accounts`` is refused after it (an HMAC key can cover every account of a
+    company). Other notifications (``REPORT_AVAILABLE``: a file name as pspReference)
+    are handed over like a payment's.
 
     Adyen's items carry no event id: an item is named by what makes it one event,
     ``<pspReference>:<eventCode>:<success>`` (a refusal then a success of the same
@@ -220,7 +226,7 @@ def verify_adyen(
     if not sabotage.active(ADYEN_FIELDS_UNCHECKED):
         for item in items:
             account = item.get("merchantAccountCode")
-            if account not in accounts:
+            if not isinstance(account, str) or account not in accounts:  # [] is unhashable
                 raise _refuse(
                     ADYEN,
                     "merchant-account",
@@ -256,24 +262,31 @@ def verify_webhook(
     gateway: str,
     body: bytes,
     headers: Mapping[str, str],
-    secret: str | bytes,
+    secret: str | bytes | Sequence[str],
     *,
     tolerance: float = DEFAULT_TOLERANCE_SECONDS,
     now: float | None = None,
     merchant_accounts: str | Iterable[str] = (),
 ) -> list[WebhookEvent]:
     """One endpoint for every gateway: the events of a verified webhook (Stripe and
-    Checkout.com send one, Adyen one or more; Adyen's need ``merchant_accounts``). Header
-    names are matched case-insensitively."""
-    if gateway == STRIPE:
-        header = _header(headers, STRIPE_SIGNATURE_HEADER)
-        return [verify_stripe(body, header, secret, tolerance=tolerance, now=now)]
-    if gateway == CHECKOUT:
-        return [verify_checkout(body, _header(headers, CHECKOUT_SIGNATURE_HEADER), secret)]
+    Checkout.com send one, Adyen one or more; Adyen's need ``merchant_accounts``, and
+    take a list of keys while one is rotated). Header names are matched
+    case-insensitively."""
+    if gateway not in GATEWAYS:
+        raise ValueError(f"unknown webhook gateway {gateway!r}; one of {', '.join(GATEWAYS)}")
     if gateway == ADYEN:
         key = secret.decode("ascii", "replace") if isinstance(secret, bytes) else secret
         return verify_adyen(body, key, merchant_accounts=merchant_accounts)
-    raise ValueError(f"unknown webhook gateway {gateway!r}; one of {', '.join(GATEWAYS)}")
+    if not isinstance(secret, str | bytes):
+        raise ConfigurationError(
+            f"the {gateway} webhook secret must be one string: only Adyen's verifier takes a "
+            "list of keys (Stripe signs with every secret while one is rolled)",
+            gateway=gateway,
+        )
+    if gateway == STRIPE:
+        header = _header(headers, STRIPE_SIGNATURE_HEADER)
+        return [verify_stripe(body, header, secret, tolerance=tolerance, now=now)]
+    return [verify_checkout(body, _header(headers, CHECKOUT_SIGNATURE_HEADER), secret)]
 
 
 __all__ = [

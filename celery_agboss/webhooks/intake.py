@@ -22,12 +22,24 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from celery_agboss.core import sabotage
 from celery_agboss.core.protections import EVENT_NOT_KEYED
 from celery_agboss.errors import NotPausedError
-from celery_agboss.webhooks.events import WebhookEvent
+from celery_agboss.webhooks.events import CHECKOUT, STRIPE, WebhookEvent
 
 if TYPE_CHECKING:
     from celery_agboss.task import PaymentTask
 
 T = TypeVar("T")
+
+_NOT_AN_OUTCOME = frozenset(
+    {
+        (STRIPE, "payment_intent.created"),
+        (STRIPE, "payment_intent.requires_action"),
+        (STRIPE, "payment_intent.processing"),
+        (CHECKOUT, "payment_pending"),
+    }
+)
+"""Events that say a payment has not been decided yet. Sent within milliseconds of the
+authorisation, one kept as a pause's early answer would be the only answer the pause
+takes, and the outcome that follows would be refused."""
 
 EVENT_EFFECT_NAME = "webhook-event"
 """The fenced effect's name when ``record_event`` is given none. The key is made of the
@@ -96,10 +108,15 @@ def answer_pause_with_event(
     event delivered again, or the customer's return page that answered first (design: PS21).
     An event that comes before the body reached its pause is kept for it (True) while
     the execution is not over; a pause declared ``accept_early=True`` takes it
-    (design: early answers).
+    (design: early answers). An event that says the payment is not decided yet
+    (Stripe's ``payment_intent.created``, ``.requires_action``, ``.processing``,
+    Checkout.com's ``payment_pending``) answers nothing (False): the outcome's event,
+    coming after it, must be the one the pause gets.
     """
     from celery_agboss.operator import answer_pause
 
+    if (event.gateway, event.type) in _NOT_AN_OUTCOME:
+        return False
     try:
         answer_pause(app, pause_id, event_answer(event) if answer is None else answer)
     except NotPausedError:

@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery_agboss.core import sabotage
@@ -33,6 +33,10 @@ STRIPE_SIGNATURE_HEADER = "Stripe-Signature"
 CHECKOUT_SIGNATURE_HEADER = "Cko-Signature"
 DEFAULT_TOLERANCE_SECONDS = 300.0
 """How far a Stripe-style timestamp may be from this clock, either way (replay window)."""
+_MAX_TOLERANCE_SECONDS = 3600.0
+"""The widest replay window a caller may ask for. Stripe signs every retry afresh, so the
+window only has to cover clock skew and transit; a wider one only lets a captured request
+be replayed for longer (and ``inf`` would let it be replayed forever)."""
 
 ADYEN_SIGNED_FIELDS = (
     "pspReference",
@@ -136,6 +140,23 @@ def sign_stripe(body: bytes, secret: str | bytes, timestamp: int | None = None) 
     return f"t={at},{_STRIPE_SCHEME}={stripe_signature(body, secret, at)}"
 
 
+def _check_tolerance(tolerance: float) -> None:
+    """The replay window cannot be switched off: ``0 < tolerance <= 3600`` seconds, a
+    number (``inf`` and ``nan`` are refused)."""
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, int | float)
+        or not 0 < tolerance <= _MAX_TOLERANCE_SECONDS
+    ):
+        raise ConfigurationError(
+            f"the Stripe webhook tolerance must be a number of seconds above 0 and at most "
+            f"{_MAX_TOLERANCE_SECONDS:g}, not {tolerance!r}: a wider window (or none) lets a "
+            f"recorded webhook be replayed; Stripe signs every retry afresh, so the default "
+            f"{DEFAULT_TOLERANCE_SECONDS:g} s is enough",
+            gateway="stripe",
+        )
+
+
 def check_stripe_signature(
     body: bytes,
     header: str | None,
@@ -145,18 +166,14 @@ def check_stripe_signature(
     now: float | None = None,
 ) -> int:
     """Refuse unless one of the header's v1 signatures matches and its timestamp is
-    within ``tolerance`` seconds of ``now``, either way; the timestamp.
+    within ``tolerance`` seconds of ``now``, either way; the timestamp. ``tolerance``
+    outside ``(0, 3600]`` is the application's ``ConfigurationError``.
 
     The signature is checked before the timestamp, so a forger learns nothing about
     the clock. A far-future timestamp is refused too: it would stay "fresh" for as
     long as it is ahead, a replay window the tolerance was meant to close.
     """
-    if not tolerance > 0:
-        raise ConfigurationError(
-            f"the webhook tolerance must be a positive number of seconds, not {tolerance!r}: "
-            "without it a recorded webhook could be replayed forever",
-            gateway="stripe",
-        )
+    _check_tolerance(tolerance)
     key = _secret_bytes("stripe", secret)
     if not header or not header.strip():
         raise _refuse("stripe", SignatureFault.MISSING, f"no {STRIPE_SIGNATURE_HEADER} header")
@@ -204,13 +221,45 @@ def check_checkout_signature(body: bytes, header: str | None, secret: str | byte
 
 ADYEN_PSP_REFERENCE = re.compile(r"[0-9A-Za-z]{16}")
 """The shape of Adyen's ``pspReference`` (and of ``originalReference``, the payment's):
-16 letters and digits."""
+16 letters and digits. Checked on a payment's notifications only."""
+
+_ADYEN_PAYMENT_EVENTS = frozenset(
+    {
+        "AUTHORISATION",
+        "AUTHORISATION_ADJUSTMENT",
+        "CANCELLATION",
+        "CANCEL_OR_REFUND",
+        "CAPTURE",
+        "CAPTURE_FAILED",
+        "CHARGEBACK",
+        "CHARGEBACK_REVERSED",
+        "MANUAL_REVIEW_ACCEPT",
+        "MANUAL_REVIEW_REJECT",
+        "NOTIFICATION_OF_CHARGEBACK",
+        "OFFER_CLOSED",
+        "POSTPONED_REFUND",
+        "PREARBITRATION_LOST",
+        "PREARBITRATION_WON",
+        "REFUND",
+        "REFUNDED_REVERSED",
+        "REFUND_FAILED",
+        "REFUND_WITH_DATA",
+        "REQUEST_FOR_INFORMATION",
+        "SECOND_CHARGEBACK",
+        "TECHNICAL_CANCEL",
+        "VOID_PENDING_REFUND",
+    }
+)
+"""Adyen's event codes about a payment or a modification of one: their references are
+payment references. Other notifications carry something else there (``REPORT_AVAILABLE``:
+the report's file name); they are not held to the shape, and a genuine one refused would
+hold every notification Adyen queues behind it."""
 
 
-def _adyen_key(hmac_key_hex: str) -> bytes:
+def _adyen_key(hmac_key_hex: Any) -> bytes:
     try:
         key = bytes.fromhex(hmac_key_hex.strip())
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, TypeError):
         raise ConfigurationError(
             "the Adyen HMAC key must be the hex string the webhook was configured with",
             gateway="adyen",
@@ -218,6 +267,23 @@ def _adyen_key(hmac_key_hex: str) -> bytes:
     if not key:
         raise ConfigurationError("no Adyen HMAC key was given", gateway="adyen")
     return key
+
+
+def _adyen_keys(hmac_key_hex: str | Sequence[str]) -> list[bytes]:
+    """One key, or several while a key is rotated: Adyen may go on signing with the
+    previous key for a while after a new one is generated."""
+    given: Any = hmac_key_hex  # whatever the application passed, checked here
+    if isinstance(given, str):
+        return [_adyen_key(given)]
+    if isinstance(given, bytes | bytearray) or not isinstance(given, Sequence):
+        raise ConfigurationError(
+            "the Adyen HMAC key must be a hex string, or a list of them while a key is rotated",
+            gateway="adyen",
+        )
+    keys = [_adyen_key(key) for key in given]
+    if not keys:
+        raise ConfigurationError("no Adyen HMAC key was given", gateway="adyen")
+    return keys
 
 
 def _signing_field(value: Any) -> str:
@@ -253,7 +319,8 @@ def _check_adyen_fields(item: Mapping[str, Any]) -> None:
     Adyen joins the fields with ``:`` without escaping, so a field holding a colon signs
     the same text as other fields split elsewhere: one genuine notification, re-split,
     would verify as another event (another ``pspReference``, another id) and be applied
-    again. No field may hold a colon, and the references must have Adyen's shape.
+    again. No field may hold a colon, which leaves one way to split the text; a payment's
+    references must also have Adyen's shape (other notifications put other things there).
     """
     for name, value in _adyen_signed_values(item):
         if ":" in value:
@@ -266,6 +333,9 @@ def _check_adyen_fields(item: Mapping[str, Any]) -> None:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise _refuse("adyen", SignatureFault.MALFORMED, f"{name} is not text") from None
+    code = item.get("eventCode")
+    if not (isinstance(code, str) and code in _ADYEN_PAYMENT_EVENTS):
+        return
     for name in ("pspReference", "originalReference"):
         reference = item.get(name)
         if (name == "pspReference" or reference not in (None, "")) and not (
@@ -274,14 +344,16 @@ def _check_adyen_fields(item: Mapping[str, Any]) -> None:
             raise _refuse(
                 "adyen",
                 SignatureFault.MALFORMED,
-                f"{name} is not an Adyen reference (16 letters and digits)",
+                f"{name} is not an Adyen reference (16 letters and digits), which every "
+                f"{code} notification carries",
             )
 
 
-def check_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> None:
-    """Refuse unless the item's ``additionalData.hmacSignature`` signs its fields, and its
-    signed fields can be read one way only (no ``:`` in any, references of Adyen's shape)."""
-    key = _adyen_key(hmac_key_hex)
+def check_adyen_item(item: Mapping[str, Any], hmac_key_hex: str | Sequence[str]) -> None:
+    """Refuse unless the item's ``additionalData.hmacSignature`` signs its fields under
+    the key (or any one of the keys given while a key is rotated), and its signed fields
+    can be read one way only (no ``:`` in any; a payment's references of Adyen's shape)."""
+    keys = _adyen_keys(hmac_key_hex)
     additional = item.get("additionalData")
     given = additional.get("hmacSignature") if isinstance(additional, Mapping) else None
     if not isinstance(given, str) or not given.strip():
@@ -293,8 +365,9 @@ def check_adyen_item(item: Mapping[str, Any], hmac_key_hex: str) -> None:
     if not sabotage.active(ADYEN_FIELDS_UNCHECKED):
         _check_adyen_fields(item)
     text = adyen_signing_text(item).encode("utf-8", "surrogatepass")
-    expected = base64.b64encode(_hmac_sha256(key, text)).decode("ascii")
-    if not _same(expected, given.strip()):
+    expected = [base64.b64encode(_hmac_sha256(key, text)).decode("ascii") for key in keys]
+    matches = [_same(signature, given.strip()) for signature in expected]  # no early exit
+    if not any(matches):
         raise _refuse("adyen", SignatureFault.MISMATCH, "the signature does not match the item")
 
 
