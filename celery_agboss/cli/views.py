@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.history import HistoryVerdict
+from celery_agboss.core.outbound import declared_call
 from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.store_protocol import HistoryRow, IntentRecord, IntentStatus, LeaseState
+from celery_agboss.core.stranded import not_sent_proven
 from celery_agboss.store.schema import intent_history, outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.unopened import UNOPENED_START, state_known, unopened_fields
@@ -71,6 +73,7 @@ def intent_view(intent: IntentRecord, *, full: bool = False) -> dict[str, Any]:
         "needs_operator": intent.needs_operator,
         "operator_reason": intent.operator_reason,
         "not_sent_confirmed": intent.not_sent_confirmed,
+        "not_sent_proven": _proven(intent),
         "result_stored": intent.result_stored,
         "gateway_transaction_id": intent.gateway_transaction_id,
         "first_attempt_at": iso(intent.first_attempt_at_ms),
@@ -198,6 +201,31 @@ def waits_for_operator(intent: IntentRecord) -> bool:
     return intent.needs_operator
 
 
+NOT_SENT_TEXT = {
+    True: "NOT SENT (confirmed; resent by its next delivery)",
+    False: (
+        "NOT FOUND by its lookup (cannot be proven for this gateway: it may be paid); its "
+        "next delivery resends under the same key, which the gateway replays if it was "
+        "processed"
+    ),
+    None: (
+        "NOT FOUND by its lookup (whether that proves it unsent depends on its "
+        "OutboundCall, not declared in this process: it may be paid); its next delivery "
+        "resends under the same key, which the gateway replays if it was processed"
+    ),
+}
+"""What a recorded ``NotSent`` is said to be, by ``not_sent_proven`` of its call."""
+
+
+def _proven(intent: IntentRecord) -> bool | None:
+    """Whether the ``NotSent`` recorded on a pending intent is proven, decided as the
+    sweep decides it, by the call this process declares under its name; None when none
+    is recorded (or the intent is settled) or the call is not declared here."""
+    if not intent.not_sent_confirmed or intent.status is not IntentStatus.PENDING:
+        return None
+    return not_sent_proven(declared_call(intent.name))
+
+
 def intent_state(intent: IntentRecord) -> str:
     if intent.status is IntentStatus.COMPLETED and not intent.result_stored:
         return "NEEDS OPERATOR: result not stored"
@@ -206,7 +234,7 @@ def intent_state(intent: IntentRecord) -> str:
     if intent.owner_live:
         return "IN FLIGHT (owner live)"
     if intent.not_sent_confirmed:
-        return "NOT SENT (confirmed; resent by its next delivery)"
+        return NOT_SENT_TEXT[_proven(intent)]
     return "PENDING (the sweep looks it up)"
 
 
@@ -320,6 +348,7 @@ def report_text(report: SweepReport) -> str:
 
 
 __all__ = [
+    "NOT_SENT_TEXT",
     "RESOLVE_HINT",
     "age",
     "chain_text",

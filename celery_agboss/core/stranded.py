@@ -1,9 +1,12 @@
 """The sweep's reconcile (design: sweep reconciles): take a PENDING intent that no live lease owns,
 under the sweeper's own short lease, and ask the gateway — never send.
 
-``Completed`` is stored; ``NotSent`` is recorded as ``not_sent_confirmed`` and the
-intent handed back (no owner) for the execution's next delivery, which decides a
-resend through the key-age compare-and-set; ``Unknown`` flags the intent for an
+``Completed`` is stored; ``NotSent`` is recorded (``not_sent_confirmed``: the mark a
+cancel settles by) and the intent handed back (no owner) for the execution's next
+delivery, which decides a resend through the key-age compare-and-set. Its history row
+and log line say whether it is proven (``not_sent_proven``): a lookup that cannot prove
+absence only found nothing, and the payment may exist until the resend under the same
+key settles it by the gateway's replay. ``Unknown`` flags the intent for an
 operator; a lookup that raised or timed out hands the intent back, with its history
 row, to be looked up again later. Lookups of the same intent back off, and so does an
 intent whose call this process cannot name, or whose reconcile raised here (even one
@@ -68,11 +71,37 @@ class StrandedOutcome(str, enum.Enum):
     """What ``reconcile_stranded`` did with one intent."""
 
     COMPLETED = "COMPLETED"  # found at the gateway and stored
-    NOT_SENT_CONFIRMED = "NOT_SENT_CONFIRMED"  # recorded; the execution's holder resends
+    # NotSent recorded, proven or not (``StrandedLookup.proven``); the holder resends
+    NOT_SENT_CONFIRMED = "NOT_SENT_CONFIRMED"
     UNRECONCILED = "UNRECONCILED"  # flagged for an operator
     LOOKUP_FAILED = "LOOKUP_FAILED"  # reconcile raised or timed out; looked up again later
     SKIPPED = "SKIPPED"  # not pending, owned by a live lease, or taken by someone else
     UNKNOWN_CALL = "UNKNOWN_CALL"  # no OutboundCall of that name known here; backed off
+
+
+@dataclass(frozen=True)
+class StrandedLookup:
+    """What ``look_up_stranded`` did, and for a ``NOT_SENT_CONFIRMED`` whether the call's
+    lookup proves the gateway never processed it (``not_sent_proven``)."""
+
+    outcome: StrandedOutcome
+    proven: bool = False
+
+
+NOT_SENT_UNPROVEN_WHY = (
+    "not found by the lookup, which cannot prove absence for this call "
+    "(lookup_proves_absence=False): the payment may exist; the next delivery resends it "
+    "under the same key, which the gateway replays if it processed it"
+)
+"""What a ``NotSent`` that proves nothing is recorded as (history detail ``why``) and logged."""
+
+
+def not_sent_proven(call: OutboundCall | None) -> bool | None:
+    """Whether a ``NotSent`` from ``call``'s lookup proves the gateway never processed the
+    request: only a call declaring ``lookup_proves_absence`` says so (design: key age);
+    None when the call is unknown here. What is recorded, counted and shown of a
+    ``NotSent`` is decided here."""
+    return None if call is None else call.lookup_proves_absence
 
 
 class _HasRef(Protocol):
@@ -212,30 +241,53 @@ def reconcile_stranded(
     ``by`` says who asked ("sweep", "cancel"…) in the history detail and the logs;
     ``for_execution``, the execution whose delivery asks (a cancel's: it relies on what
     the lookup finds), None for the sweep."""
+    return look_up_stranded(
+        store,
+        settings,
+        idempotency_key,
+        sweeper_lease=sweeper_lease,
+        sweeper_ttl_ms=sweeper_ttl_ms,
+        by=by,
+        for_execution=for_execution,
+    ).outcome
+
+
+def look_up_stranded(
+    store: Store,
+    settings: EngineSettings,
+    idempotency_key: str,
+    *,
+    sweeper_lease: LeaseRef | _HasRef,
+    sweeper_ttl_ms: int | None = None,
+    by: str = "sweep",
+    for_execution: str | None = None,
+) -> StrandedLookup:
+    """``reconcile_stranded``, telling also whether a ``NotSent`` it recorded is proven:
+    the sweep counts the two apart."""
     lease = sweeper_lease if isinstance(sweeper_lease, LeaseRef) else sweeper_lease.ref
     ttl = settings.lease_ttl_ms if sweeper_ttl_ms is None else sweeper_ttl_ms
     with store.fenced(lease, ttl) as tx:
         record = tx.read_intent(idempotency_key)
         if record is None or record.status is not IntentStatus.PENDING or record.owner_live:
-            return StrandedOutcome.SKIPPED
+            return StrandedLookup(StrandedOutcome.SKIPPED)
         call = settings.call_named(record.name)
         ref = CallRef(record.name, record.execution_id, idempotency_key, record.business_key_handle)
         if call is None:
             detail = {"by": by, "reason": "unknown-call"}
             if not _back_off_in(tx, settings, record, lease, detail, for_execution):
-                return StrandedOutcome.SKIPPED
+                return StrandedLookup(StrandedOutcome.SKIPPED)
             log_event(
                 OUTBOUND_CALL_UNRECONCILED,
                 logging.WARNING,
                 UNKNOWN_CALL_HINT,
                 **ref.fields(attempt=record.attempt, by=by, reason="unknown-call"),
             )
-            return StrandedOutcome.UNKNOWN_CALL
+            return StrandedLookup(StrandedOutcome.UNKNOWN_CALL)
         won = take_for_lookup(
             tx, settings.pseudonym_key, record, lease, detail={"by": by}, execution_id=for_execution
         )
         if not won:
-            return StrandedOutcome.SKIPPED
+            return StrandedLookup(StrandedOutcome.SKIPPED)
     attempt = record.attempt
     context = CallContext(idempotency_key, record.request, attempt, call.name)
     try:
@@ -269,7 +321,7 @@ def _settle_stranded(
     failure: dict[str, Any] | None,
     by: str,
     for_execution: str | None,
-) -> StrandedOutcome:
+) -> StrandedLookup:
     """Write what the lookup answered (one transition under the sweeper's lease), then log it."""
     key = record.idempotency_key
     relier = for_execution if record.business_key_handle is not None else None
@@ -292,9 +344,9 @@ def _settle_stranded(
         if won and change.relier is not None:
             tx.rely_on(INTENT_RECORD, key, change.relier, counted=True)
     if not won:
-        return StrandedOutcome.SKIPPED
-    _log_stranded(change.outcome, ref, record.attempt, by, failure)
-    return change.outcome
+        return StrandedLookup(StrandedOutcome.SKIPPED)
+    _log_stranded(change, ref, record.attempt, by, failure)
+    return StrandedLookup(change.outcome, change.proven)
 
 
 @dataclass(frozen=True)
@@ -307,6 +359,7 @@ class _StrandedChange:
     to_status: IntentStatus
     detail: dict[str, Any]
     relier: str | None  # the execution that relies on a completed shared intent, or None
+    proven: bool = False  # a NotSent the call's lookup proves (``not_sent_proven``)
 
 
 def _stranded_change(
@@ -334,19 +387,24 @@ def _stranded_change(
         # Not settled either: until the execution's holder resends, lookups of it back
         # off like any other that could not settle it (30 s, 60 s, … to an hour).
         backoff = 0 if sabotage.active(NOT_SENT_LOOKUPS_NOT_BACKED_OFF) else failures - 1
+        # ``not_sent_confirmed`` marks the NotSent for a cancel to settle, proven or not
+        # (``settle_not_sent_for_cancel`` flags an unproven one); the row says which.
+        proven = bool(not_sent_proven(call))
         update = IntentUpdate(
             owner=None,
             not_sent_confirmed=True,
             lookup_failures=failures,
             next_lookup_delay_ms=_backoff_ms(backoff),
         )
+        why = {} if proven else {"why": NOT_SENT_UNPROVEN_WHY}
         return _StrandedChange(
             StrandedOutcome.NOT_SENT_CONFIRMED,
             update,
             HistoryEvent.RECONCILED_NOT_SENT,
             IntentStatus.PENDING,
-            {"by": by, "resend": False},
+            {"by": by, "resend": False, "proven": proven, **why},
             None,
+            proven,
         )
     if isinstance(answer, Unknown):
         update = IntentUpdate(
@@ -377,7 +435,7 @@ def _stranded_change(
 
 
 def _log_stranded(
-    outcome: StrandedOutcome,
+    change: _StrandedChange,
     ref: CallRef,
     attempt: int,
     by: str,
@@ -389,6 +447,7 @@ def _log_stranded(
         else {"error_type": failure.get("error_type"), "http_status": failure.get("http_status")}
     )
     fields = ref.fields(attempt=attempt, by=by, **more)
+    outcome = change.outcome
     if outcome is StrandedOutcome.COMPLETED:
         log_event(
             OUTBOUND_CALL_RECONCILED,
@@ -400,7 +459,10 @@ def _log_stranded(
         log_event(
             OUTBOUND_CALL_NOT_SENT_CONFIRMED,
             logging.WARNING,
-            f"a lookup ({by}) confirmed it was not sent; the execution's holder resends",
+            f"a lookup ({by}) proved it was not sent; the execution's holder resends"
+            if change.proven
+            else f"a lookup ({by}): {NOT_SENT_UNPROVEN_WHY}",
+            proven=change.proven,
             **fields,
         )
     elif outcome is StrandedOutcome.UNRECONCILED:
@@ -422,11 +484,15 @@ def _log_stranded(
 __all__ = [
     "LOOKUP_BACKOFF_BASE_MS",
     "LOOKUP_BACKOFF_CAP_MS",
+    "NOT_SENT_UNPROVEN_WHY",
     "UNKNOWN_CALL_HINT",
     "StrandedFacts",
+    "StrandedLookup",
     "StrandedOutcome",
     "UnsealedRead",
     "UnsealedStranded",
     "back_off_stranded",
+    "look_up_stranded",
+    "not_sent_proven",
     "reconcile_stranded",
 ]

@@ -19,7 +19,8 @@ class SweepReport:
     expired: int = 0
     cancelled: int = 0
     reconciled: int = 0
-    not_sent_confirmed: int = 0
+    not_sent_confirmed: int = 0  # NotSent a lookup that proves absence answered
+    not_sent_unproven: int = 0  # NotSent of a lookup that cannot prove it: may be paid
     unreconciled: int = 0
     lookup_failed: int = 0
     unknown_calls: int = 0  # intents of a call this process cannot name (also in errors)

@@ -30,9 +30,13 @@ from celery_agboss.core.log_events import (
     log_event,
 )
 from celery_agboss.core.protections import STRANDED_NOT_RECONCILED
-from celery_agboss.core.reconcile import StrandedOutcome, reconcile_stranded
 from celery_agboss.core.store_protocol import IntentGuard, IntentStatus, LeaseRef
-from celery_agboss.core.stranded import back_off_stranded
+from celery_agboss.core.stranded import (
+    StrandedLookup,
+    StrandedOutcome,
+    back_off_stranded,
+    look_up_stranded,
+)
 from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.outbox.publishing import sweep_outbox
 from celery_agboss.runtime.app_runtime import Runtime
@@ -146,7 +150,7 @@ class SweepRun:
         """One stranded intent; False once the sweeper's own lease is lost (a lookup
         overran it): the step stops, the next run goes on."""
         try:
-            outcome = reconcile_stranded(
+            found = look_up_stranded(
                 self.store,
                 self.runtime.engine_settings,
                 key,
@@ -161,7 +165,7 @@ class SweepRun:
             self._row_failed("reconcile", execution_id)
             self._back_off(lease, key, execution_id)
             return True
-        self._after_reconcile(outcome, key, execution_id)
+        self._after_reconcile(found, key, execution_id)
         return True
 
     def _back_off(self, lease: LeaseRef, key: str, execution_id: str) -> None:
@@ -189,13 +193,18 @@ class SweepRun:
                 execution_id=execution_id,
             )
 
-    def _after_reconcile(self, outcome: StrandedOutcome, key: str, execution_id: str) -> None:
+    def _after_reconcile(self, found: StrandedLookup, key: str, execution_id: str) -> None:
         report = self.report
+        outcome = found.outcome
         if outcome is StrandedOutcome.COMPLETED:
             report.reconciled += 1
             self._unblock(key)
         elif outcome is StrandedOutcome.NOT_SENT_CONFIRMED:
-            report.not_sent_confirmed += 1
+            # Counted as confirmed only when the call's lookup proves absence.
+            if found.proven:
+                report.not_sent_confirmed += 1
+            else:
+                report.not_sent_unproven += 1
             self._unblock(key)
         elif outcome is StrandedOutcome.UNRECONCILED:
             report.unreconciled += 1

@@ -195,9 +195,11 @@ def test_a_lease_that_expires_during_a_run_is_left_whole_to_the_next_run(world: 
 
 
 def test_a_stranded_intent_proven_not_sent_is_recorded_and_left_to_its_execution(
-    world: World,
+    world_factory: WorldFactory,
 ) -> None:
-    """The sweep itself never sends money: NotSent is only recorded (``not_sent_confirmed``)."""
+    """The sweep itself never sends money: NotSent is only recorded (``not_sent_confirmed``;
+    counted there when the lookup proves absence: ``test_unproven_not_sent.py``)."""
+    world = world_factory(proves_absence=True)
     task_id = world.publish()
     world.strand(task_id, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     report = world.sweep_sending_nothing()
