@@ -41,12 +41,13 @@ def _charge_tool(task: PaymentTask, order: dict[str, Any], amount: int) -> dict[
         refused = "this order was already charged with another amount"
         return {"tool": "charge", "amount": amount, "refused": refused}
     outcome = task.last_outcome
-    mark_paid(task, order_id, receipt["id"])
+    paid = mark_paid(task, order_id, receipt)  # the model is told when Stripe took nothing yet
     return {
         "tool": "charge",
         "amount": amount,
         "payment": receipt["id"],
         "outcome": None if outcome is None else outcome.value,
+        "paid": paid,
     }
 
 
@@ -85,10 +86,12 @@ def plain_assistant_session(self: Any, order_id: str, tool_calls: list[dict[str,
 @app.task(base=PaymentTask, bind=True)
 def ship_part(self: PaymentTask, order_id: str, part: str) -> dict[str, Any]:
     """One branch of a fulfilment group: make sure the order is paid, then ship a part.
-    Every branch charges under the order's key, so the order is charged once."""
+    Every branch charges under the order's key, so the order is charged once; nothing
+    ships while Stripe has not taken the money (``paid_in_full``)."""
     order = _read(order_id)
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
-    mark_paid(self, order_id, receipt["id"])
+    if not mark_paid(self, order_id, receipt):
+        return {"part": part, "payment": receipt["id"], "not_shipped": receipt.get("status")}
     self.fenced_effect(
         "ship",
         lambda conn: orders.note(conn, order_id, "shipped", part),
@@ -145,8 +148,7 @@ def spend_budget(self: PaymentTask, order_id: str, customer: str) -> dict[str, A
     except IntegrityError:  # rolled back with the effect: nothing drawn, nothing recorded
         return {"refused": f"{order['amount']} is over {customer}'s budget"}
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
-    mark_paid(self, order_id, receipt["id"])
-    return {"payment": receipt["id"]}
+    return {"payment": receipt["id"], "paid": mark_paid(self, order_id, receipt)}
 
 
 @app.task(name="plain.spend_budget", **PLAIN)
@@ -211,11 +213,11 @@ def _charge_attempt(task: PaymentTask, order_id: str, n: int, card: str) -> dict
         )
         return {"attempt": n, "declined": True}
     outcome = task.last_outcome
-    mark_paid(task, order_id, receipt["id"])
     return {
         "attempt": n,
         "payment": receipt["id"],
         "outcome": None if outcome is None else outcome.value,
+        "paid": mark_paid(task, order_id, receipt),
     }
 
 

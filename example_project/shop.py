@@ -13,18 +13,19 @@ What each task shows (the scenarios in ``example_project.scenarios`` drive them)
 ``approve_large_order`` (a person's approval, answered once), ``capture_shipment`` and
 ``settle_authorization`` (captures, voids and their keys), ``refund_order`` (one refund
 key for every path) and ``handle_stripe_event`` (a webhook applied once, status only
-forward).
+forward). An order is marked paid only when Stripe took its money (``paid_in_full``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from celery import Celery
 from sqlalchemy import Connection
 
 from celery_agboss import AGBoss, IdempotencyKeyConflictError, PaymentTask, outbox, undo_function
-from celery_agboss.adapters.stripe import StripeAdapter
+from celery_agboss.adapters.stripe import StripeAdapter, intent_result, refund_result
 from celery_agboss.webhooks import WebhookEvent, record_event
 from example_project import config, orders
 
@@ -59,13 +60,50 @@ def payment_request(order: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def mark_paid(task: PaymentTask, order_id: str, payment_id: str) -> None:
-    """The order is paid, once: keyed by the order, so any execution for it marks it once."""
-    task.fenced_effect(
-        "mark-paid",
-        lambda conn: orders.mark_paid(conn, order_id, payment_id),
-        business_key=f"order:{order_id}",
+def paid_in_full(
+    result: Mapping[str, Any], order: Mapping[str, Any], *, authorised: bool = False
+) -> bool:
+    """Whether Stripe took the order's money: the PaymentIntent (as ``intent_result``
+    writes it, ISO 4217 minor units) ``succeeded`` with at least the order's amount
+    received, in the order's currency; for an authorisation (``authorised``),
+    ``requires_capture`` with at least that amount capturable. Stripe answers a
+    create-and-confirm with HTTP 200 at ``requires_action`` (3-D Secure) or ``processing``
+    too, having taken nothing yet, and another PaymentIntent of the order may be an older,
+    smaller one: an order marked paid on those ships goods nobody paid for."""
+    status, field = "succeeded", "amount_received"
+    if authorised:
+        status, field = "requires_capture", "amount_capturable"
+    amount = result.get(field)
+    return (
+        result.get("status") == status
+        and str(result.get("currency") or "").lower() == str(order["currency"]).lower()
+        and isinstance(amount, int)
+        and amount >= int(order["amount"])
     )
+
+
+def mark_paid(
+    task: PaymentTask,
+    order_id: str,
+    result: Mapping[str, Any],
+    then: Callable[[Connection], None] | None = None,
+) -> bool:
+    """Mark the order paid by the charge's ``result`` (and run ``then`` in the same
+    transaction), once: keyed by the order, so any execution for it marks it once. Only
+    when ``paid_in_full``; otherwise the order is left as it is, noted ``charge:<status>``,
+    and Stripe's webhook marks it paid once the money is taken (``handle_stripe_event``).
+    True when it is paid."""
+
+    def paid(conn: Connection) -> bool:
+        if not paid_in_full(result, orders.load(conn, order_id)):
+            orders.note(conn, order_id, f"charge:{result.get('status')}", result["id"])
+            return False
+        orders.mark_paid(conn, order_id, result["id"])
+        if then is not None:
+            then(conn)
+        return True
+
+    return bool(task.fenced_effect("mark-paid", paid, business_key=f"order:{order_id}"))
 
 
 def refund_key(payment_id: str, n: int = 1) -> str:
@@ -79,11 +117,10 @@ def charge_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
     order = _read(order_id)
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
 
-    def paid_with_receipt(conn: Connection) -> None:
-        orders.mark_paid(conn, order_id, receipt["id"])
+    def send_the_receipt(conn: Connection) -> None:
         outbox.enqueue(conn, send_receipt.s(order_id))  # sent if and only if this commits
 
-    self.fenced_effect("mark-paid", paid_with_receipt, business_key=f"order:{order_id}")
+    mark_paid(self, order_id, receipt, then=send_the_receipt)
     return receipt
 
 
@@ -99,12 +136,14 @@ def send_receipt(self: PaymentTask, order_id: str) -> int:
 
 @app.task(base=PaymentTask, bind=True)
 def place_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
-    """Charge, then reserve the goods; out of stock refunds the charge, once, then FAILED."""
+    """Charge, then reserve the goods; out of stock refunds the charge, once, then FAILED.
+    A charge Stripe has not taken yet reserves nothing (noted; the webhook marks it paid)."""
     order = _read(order_id)
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
     self.undo_with("shop.refund-payment", payment_id=receipt["id"], order_id=order_id)
-    self.fenced_effect("reserve", lambda conn: orders.reserve(conn, order_id, order["sku"]))
-    mark_paid(self, order_id, receipt["id"])
+    if paid_in_full(receipt, order):
+        self.fenced_effect("reserve", lambda conn: orders.reserve(conn, order_id, order["sku"]))
+    mark_paid(self, order_id, receipt)
     return receipt
 
 
@@ -113,13 +152,37 @@ def refund_payment(task: PaymentTask, undo: Any, payment_id: str, order_id: str)
     refund(task, order_id, payment_id)
 
 
+def refunded_in_full(refunds: Iterable[Mapping[str, Any]], order: Mapping[str, Any]) -> bool:
+    """Whether Stripe gave the customer the order's amount back: its refunds (as
+    ``refund_result`` writes them, ISO 4217 minor units) that ``succeeded`` in the order's
+    currency add up to the order's amount. A ``pending`` or ``requires_action`` refund has
+    returned nothing yet, a ``failed`` or ``canceled`` one never will, and a partial refund
+    leaves the rest paid: an order marked refunded on those tells the customer they got
+    money back that nobody sent."""
+    currency = str(order["currency"]).lower()
+    back = sum(
+        refund["amount"]
+        for refund in refunds
+        if refund.get("status") == "succeeded"
+        and str(refund.get("currency") or "").lower() == currency
+        and isinstance(refund.get("amount"), int)
+    )
+    return back >= int(order["amount"])
+
+
 def refund(task: PaymentTask, order_id: str, payment_id: str, n: int = 1) -> dict[str, Any]:
-    """Refund through the outbound call under the payment's one refund key."""
+    """Refund through the outbound call under the payment's one refund key. The order is
+    marked refunded only when Stripe's answer says the money went back; a refund still
+    pending is noted (``refund:pending``) and its outcome comes by webhook
+    (``handle_stripe_event``)."""
     done = task.outbound(
         stripe.refund, {"payment_id": payment_id}, business_key=refund_key(payment_id, n)
     )
 
     def mark_refunded(conn: Connection) -> None:
+        if not refunded_in_full([done], orders.load(conn, order_id)):
+            orders.note(conn, order_id, f"refund:{done.get('status')}", done["id"])
+            return
         orders.move(conn, order_id, "refunded")
         orders.note(conn, order_id, "refunded", done["id"])
 
@@ -141,7 +204,7 @@ def approve_large_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
         return {"declined_by": answer.get("by")}
     order = _read(order_id)
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
-    mark_paid(self, order_id, receipt["id"])
+    mark_paid(self, order_id, receipt)
     return {**receipt, "approved_by": answer.get("by")}
 
 
@@ -149,7 +212,7 @@ def approve_large_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
 def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     """Authorise, wait for the customer's authentication (the return page or the
     webhook answers, once), read the outcome from Stripe, then capture (design: PS21)."""
-    authorization = authorize(self, order_id)
+    authorization = authorize(self, order_id, authenticating=True)
     # The return page or the webhook may answer before the body gets here (the bank
     # answered in milliseconds): that answer is kept and taken here (design: early answers).
     self.pause("3ds", {"payment_id": authorization["id"]}, accept_early=True)
@@ -168,20 +231,29 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
         {"payment_id": authorization["id"]},
         business_key=f"capture:{authorization['id']}:1",
     )
-    mark_paid(self, order_id, captured["id"])
+    mark_paid(self, order_id, captured)
     return captured
 
 
-def authorize(task: PaymentTask, order_id: str) -> dict[str, Any]:
-    """Authorise the order's amount (captured later) and note it on the order."""
+def authorize(task: PaymentTask, order_id: str, *, authenticating: bool = False) -> dict[str, Any]:
+    """Authorise the order's amount (captured later): the order is ``authorized`` once
+    Stripe holds that amount (``paid_in_full`` of an authorisation), else left as it is,
+    noted ``charge:<status>``. A 3-D Secure checkout (``authenticating``) marks it while
+    the customer authenticates: it reads Stripe's status itself before it captures."""
     authorization = task.outbound(
         stripe.authorize, payment_request(_read(order_id)), business_key=f"authorization:{order_id}"
     )
-    task.fenced_effect(
-        "authorized",
-        lambda conn: orders.move(conn, order_id, "authorized", authorization["id"]),
-        business_key=f"authorization:{order_id}",
-    )
+
+    def authorized(conn: Connection) -> None:
+        order = orders.load(conn, order_id)
+        if authenticating or paid_in_full(authorization, order, authorised=True):
+            orders.move(conn, order_id, "authorized", authorization["id"])
+        else:
+            orders.note(
+                conn, order_id, f"charge:{authorization.get('status')}", authorization["id"]
+            )
+
+    task.fenced_effect("authorized", authorized, business_key=f"authorization:{order_id}")
     return authorization
 
 
@@ -195,16 +267,20 @@ def capture_shipment(
     self: PaymentTask, order_id: str, shipment: int, amount: int
 ) -> dict[str, Any]:
     """One capture per shipment, keyed by the authorisation and the shipment's number
-    (design: PS18)."""
+    (design: PS18). What is noted is what Stripe says it received, not what was asked."""
     payment_id = _read(order_id)["payment_id"]
     captured = self.outbound(
         stripe.capture,
         {"payment_id": payment_id, "amount": amount},
         business_key=f"capture:{payment_id}:{shipment}",
     )
+    if captured.get("status") == "succeeded":
+        entry, received = "captured", str(captured.get("amount_received"))
+    else:
+        entry, received = f"capture:{captured.get('status')}", str(captured["id"])
     self.fenced_effect(
         "captured",
-        lambda conn: orders.note(conn, order_id, "captured", str(amount)),
+        lambda conn: orders.note(conn, order_id, entry, received),
         business_key=f"capture:{payment_id}:{shipment}",
     )
     return captured
@@ -246,18 +322,29 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
 @app.task(base=PaymentTask, bind=True)
 def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
     """A webhook's event, applied once under ``event:stripe:<id>`` (design: PS15), and only
-    ever moving the order forward to what Stripe says now (design: PS16)."""
+    ever moving the order forward to what Stripe says now (design: PS16): paid only by a
+    PaymentIntent that took the order's amount in its currency (``paid_in_full``)."""
     event = WebhookEvent.from_message(message)
     payment_id = (
         event.payload.get("data", {}).get("object", {}).get("payment_intent") or event.object_id
     )
-    intent = stripe.client.v1.payment_intents.retrieve(payment_id)
-    refunded = bool(stripe.client.v1.refunds.list(params={"payment_intent": payment_id}).data)
-    status = "refunded" if refunded else ("paid" if intent.status == "succeeded" else "new")
-    order_id = (intent.to_dict().get("metadata") or {}).get("reference")
+    intent = intent_result(stripe.client.v1.payment_intents.retrieve(payment_id).to_dict())
+    order_id = intent["reference"]
+    order = _read(order_id)
+    # Listed refunds are not money returned: only succeeded ones of the order's amount count.
+    page = stripe.client.v1.refunds.list(params={"payment_intent": payment_id, "limit": 100})
+    refunds = [refund_result(refund.to_dict()) for refund in page.auto_paging_iter()]
+    if refunded_in_full(refunds, order):
+        status = "refunded"
+    elif paid_in_full(intent, order):
+        status = "paid"
+    elif paid_in_full(intent, order, authorised=True):
+        status = "authorized"
+    else:
+        status = "new"
 
     def apply(conn: Connection) -> bool:
         orders.note(conn, order_id, f"webhook:{event.type}", event.event_id)
-        return orders.move(conn, order_id, status)
+        return orders.move(conn, order_id, status, intent["id"])
 
     return record_event(self, event, apply).result

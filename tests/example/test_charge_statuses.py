@@ -1,0 +1,105 @@
+"""The shop marks an order paid only when Stripe took the order's amount in its currency.
+
+Stripe answers a create-and-confirm PaymentIntent with HTTP 200 at ``requires_action``
+(3-D Secure) or ``processing`` too, having received nothing yet, and the adapter returns
+that as the charge's result. ``example_project.shop`` (and the assistant's tasks) marked
+the order paid on any answer, so the goods shipped and no money was taken; and its
+webhook handler marked the order paid on any succeeded PaymentIntent naming it, an older,
+smaller one or one in another currency too. Now every mark-paid goes through
+``paid_in_full``: an order so answered is left as it is (noted ``charge:<status>``) and
+Stripe's webhook marks it paid once its own PaymentIntent succeeded
+(``charge_statuses.py`` runs it). The Django shop's ``charge_order`` keeps its order
+pending the same way (``django_charge_statuses.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.example.support import REPO_ROOT
+
+FLOWS = [
+    "charge_order",
+    "place_order",
+    "approve_large_order",
+    "assistant_session",
+    "ship_part",
+    "spend_budget",
+    "pay_attempt",
+]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shop_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shop.db'}"
+    url: str = request.getfixturevalue("empty_postgres_url")
+    return url
+
+
+def _run(module: str, *args: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    seen: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
+
+
+def test_a_charge_stripe_has_not_taken_leaves_the_order_unpaid_until_its_webhook(
+    tmp_path: Path, shop_database_url: str
+) -> None:
+    seen = _run("tests.example.charge_statuses", str(tmp_path), shop_database_url)
+    # Every flow that marks an order paid: one charge request, the order still new (nothing
+    # reserved, shipped or receipted), the answer's status noted.
+    expected = {
+        f"{flow}:{status}": {
+            "succeeded": True,
+            "status": "new",
+            "ledger": [f"charge:{status}"],
+            "charge_requests": 1,
+        }
+        for status in ("requires_action", "processing")
+        for flow in FLOWS
+    }
+    assert seen["flows"] == expected, seen["flows"]
+    # An authorisation awaiting 3-D Secure holds nothing: authorized only once Stripe says so.
+    assert seen["authorize_order"] == {
+        "after_authorize": "new",
+        "after_webhook": "authorized",
+        "ledger": ["charge:requires_action", "webhook:payment_intent.succeeded"],
+    }, seen["authorize_order"]
+    # Succeeded PaymentIntents of the order that did not take its amount in its currency,
+    # and its own still awaiting 3-D Secure, mark nothing; its own once succeeded does.
+    webhooks = seen["webhooks"]
+    assert webhooks == {
+        "smaller": "new",
+        "other_currency": "new",
+        "own_still_requires_action": "new",
+        "own_succeeded": "paid",
+        "payment_id_is_own": True,
+        "ledger": ["charge:requires_action"] + ["webhook:payment_intent.succeeded"] * 4,
+    }, webhooks
+
+
+def test_the_django_shop_keeps_an_order_pending_until_stripe_took_its_money(
+    tmp_path: Path,
+) -> None:
+    # The Django shop's settings take a SQLite file only.
+    seen = _run("tests.example.django_charge_statuses", str(tmp_path))
+    unpaid = {"succeeded": True, "status": "pending", "times_marked_paid": 0, "charge_requests": 1}
+    assert seen == {
+        "requires_action": unpaid,
+        "processing": unpaid,
+        "succeeded": {**unpaid, "status": "paid", "times_marked_paid": 1},
+    }, seen
