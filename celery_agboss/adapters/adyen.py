@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -48,6 +47,7 @@ from Adyen.exceptions import (
 from Adyen.services.checkout import ModificationsApi, PaymentsApi
 
 from celery_agboss.adapters.common import (
+    ADYEN_PSP_REFERENCE,
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_HTTP_TIMEOUT,
     AdapterCalls,
@@ -74,14 +74,6 @@ KEY_RETENTION = timedelta(days=7)
 MAX_KEY_LENGTH = 64
 IN_PROGRESS_CODE = "704"  # "request already processed or in progress": it may have been
 IDEMPOTENCY_UNAVAILABLE_CODE = "703"  # the key store is down: never resend without the key
-_PSP_REFERENCE = re.compile(r"[0-9A-Za-z]{16}")
-"""A ``payment_id``: Adyen's pspReference, "Adyen's 16-character string reference
-associated with the transaction/request" (the Checkout API reference, PaymentResponse's
-``pspReference``; docs.adyen.com/reporting/modifications-not-processed: "Adyen's
-16-character unique reference"), letters and digits in every example Adyen gives
-("F7WCWRG6JPHR8HG2", docs.adyen.com/development-resources/error-codes). The shape
-``celery_agboss.webhooks.ADYEN_PSP_REFERENCE`` checks, which this layer cannot import.
-It goes into the URL path: nothing else is sent."""
 TEST_CARD: Mapping[str, str] = {
     # Adyen's documented unencrypted test values for a Visa test card (test platform only).
     "type": "scheme",
@@ -387,7 +379,7 @@ def _psp_reference(request: Mapping[str, Any]) -> str:
     ``/`` or ``?`` would make the SDK send another modification than the one asked for.
     The refusal names what is wrong, never the value (it could be anything)."""
     payment = _check.text(request, "payment_id")
-    if _PSP_REFERENCE.fullmatch(payment):
+    if ADYEN_PSP_REFERENCE.fullmatch(payment):
         return payment
     odd = sorted({c for c in payment if not (c.isascii() and c.isalnum())})
     shown = ", ".join(repr(c) for c in odd[:5]) if odd else "none"

@@ -19,6 +19,7 @@ is another request's (a key another deployment used first, replayed by the gatew
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -451,8 +452,19 @@ def refuse_another_requests_answer(what: str, request: PaymentFacts, found: Paym
         )
 
 
+ADYEN_PSP_REFERENCE = re.compile(r"[0-9A-Za-z]{16}")
+"""Adyen's pspReference: "Adyen's 16-character string reference associated with the
+transaction/request" (the Checkout API reference, PaymentResponse's ``pspReference``;
+docs.adyen.com/reporting/modifications-not-processed), letters and digits in every
+example Adyen gives ("F7WCWRG6JPHR8HG2", docs.adyen.com/development-resources/
+error-codes). The adapter sends a ``payment_id`` of this shape only (it is a segment of
+the URL path); the webhook verifier asks it of a payment's notifications. Here, with no
+SDK imported, so that both read one rule."""
+
+
 __all__ = [
     "ACTION_KEPT",
+    "ADYEN_PSP_REFERENCE",
     "DEFAULT_ATTEMPT_TIMEOUT",
     "DEFAULT_HTTP_TIMEOUT",
     "PAYMENT_KEPT",

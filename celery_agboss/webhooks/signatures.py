@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from celery_agboss.adapters.common import ADYEN_PSP_REFERENCE
 from celery_agboss.core import sabotage
 from celery_agboss.core.protections import ADYEN_FIELDS_UNCHECKED
 from celery_agboss.errors import AGBossError, ConfigurationError
@@ -218,10 +219,6 @@ def check_checkout_signature(body: bytes, header: str | None, secret: str | byte
 
 
 # --- Adyen: additionalData.hmacSignature, base64 HMAC-SHA256 of the item's fields ----------
-
-ADYEN_PSP_REFERENCE = re.compile(r"[0-9A-Za-z]{16}")
-"""The shape of Adyen's ``pspReference`` (and of ``originalReference``, the payment's):
-16 letters and digits. Checked on a payment's notifications only."""
 
 _ADYEN_PAYMENT_EVENTS = frozenset(
     {
