@@ -33,8 +33,10 @@ def _detail_sealed(conn: Connection, row: HistoryRow) -> str | None:
 
 
 def _history(row: Row[Any], conn: Connection) -> HistoryRow:
+    """A history row; its ``detail`` opened when it was read (``last_link_txn`` does not)."""
     m = row._mapping
     row_key = f"{m['idempotency_key']}:{m['seq']}"
+    stored = m.get("detail")
     return HistoryRow(
         idempotency_key=m["idempotency_key"],
         seq=int(m["seq"]),
@@ -45,7 +47,7 @@ def _history(row: Row[Any], conn: Connection) -> HistoryRow:
         attempt=int(m["attempt"]),
         holder=m["holder"],
         token=None if m["token"] is None else int(m["token"]),
-        detail=loads(opened(conn, TABLE, "detail", row_key, m["detail"])),
+        detail=None if stored is None else loads(opened(conn, TABLE, "detail", row_key, stored)),
         prev_digest=m["prev_digest"],
         digest=m["digest"],
         execution_id=m["execution_id"],
@@ -76,6 +78,21 @@ def last_history_txn(conn: Connection, key: str) -> HistoryRow | None:
 
 _LAST_HISTORY = (
     select(*_HISTORY_COLUMNS)
+    .where(_h.idempotency_key == bindparam("h_key"))
+    .order_by(_h.seq.desc())
+    .limit(1)
+)
+
+
+def last_link_txn(conn: Connection, key: str) -> HistoryRow | None:
+    """The intent's last history row with its detail left unread (None): a link to chain
+    the next row to, never a record to show or verify; it opens no sealed value."""
+    row = conn.execute(_LAST_LINK, {"h_key": key}).first()
+    return None if row is None else _history(row, conn)
+
+
+_LAST_LINK = (
+    select(*(column for column in _HISTORY_COLUMNS if column is not _h.detail))
     .where(_h.idempotency_key == bindparam("h_key"))
     .order_by(_h.seq.desc())
     .limit(1)
@@ -142,5 +159,6 @@ __all__ = [
     "history_binds",
     "history_parameters",
     "last_history_txn",
+    "last_link_txn",
     "read_history_txn",
 ]

@@ -20,12 +20,12 @@ from celery_agboss.core.store_protocol import (
     LeaseRef,
     StoreTransaction,
 )
+from celery_agboss.store.history import last_link_txn
 from celery_agboss.store.intents import owner_live_expr
-from celery_agboss.store.schema import intent_history, outbound_calls
+from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.transactions import SQLTransaction
 
 _i = outbound_calls.c
-_h = intent_history.c
 
 
 @dataclass(frozen=True)
@@ -73,48 +73,7 @@ def read_unsealed_intent(tx: StoreTransaction, idempotency_key: str) -> Unsealed
         owner=owner,
         owner_live=bool(row.owner_live),
         lookup_failures=int(row.lookup_failures),
-        last_history=_last_link(tx, idempotency_key),
-    )
-
-
-def _last_link(tx: SQLTransaction, idempotency_key: str) -> HistoryRow | None:
-    """The intent's last history row, its detail unopened (None): a link to chain to,
-    never a record to show or verify."""
-    row = tx.execute(
-        select(
-            _h.idempotency_key,
-            _h.seq,
-            _h.at_ms,
-            _h.event,
-            _h.from_status,
-            _h.to_status,
-            _h.attempt,
-            _h.holder,
-            _h.token,
-            _h.prev_digest,
-            _h.digest,
-            _h.execution_id,
-        )
-        .where(_h.idempotency_key == idempotency_key)
-        .order_by(_h.seq.desc())
-        .limit(1)
-    ).first()
-    if row is None:
-        return None
-    return HistoryRow(
-        idempotency_key=str(row.idempotency_key),
-        seq=int(row.seq),
-        at_ms=int(row.at_ms),
-        event=str(row.event),
-        from_status=row.from_status,
-        to_status=str(row.to_status),
-        attempt=int(row.attempt),
-        holder=row.holder,
-        token=None if row.token is None else int(row.token),
-        detail=None,
-        prev_digest=row.prev_digest,
-        digest=str(row.digest),
-        execution_id=row.execution_id,
+        last_history=last_link_txn(tx.connection, idempotency_key),
     )
 
 
