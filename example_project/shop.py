@@ -18,6 +18,7 @@ forward). An order is marked paid only when Stripe took its money (``paid_in_ful
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -208,22 +209,29 @@ def approve_large_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
     return {**receipt, "approved_by": answer.get("by")}
 
 
+# The waits of a 3-D Secure checkout for its outcome: ``3ds``, ``3ds-2``, …; the return page
+# and the webhook answer the first OUTCOME_ROUNDS of them, a later one waits for an operator.
+OUTCOME_ROUNDS = 5
+STILL_PENDING = frozenset({"requires_action", "processing"})  # Stripe has decided nothing yet
+
+
+def outcome_pause(n: int) -> str:
+    """The name of the checkout's ``n``-th wait for the customer's authentication."""
+    return "3ds" if n == 1 else f"3ds-{n}"
+
+
 @app.task(base=PaymentTask, bind=True)
 def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     """Authorise, wait for the customer's authentication (the return page or the
-    webhook answers, once), read the outcome from Stripe, then capture (design: PS21)."""
+    webhook answers, once), read the outcome from Stripe, then capture (design: PS21).
+    A reading still pending (the return page answered before the bank did) is no
+    outcome: the checkout waits again, under the next name (``outcome_pause``)."""
     authorization = authorize(self, order_id, authenticating=True)
-    # The return page or the webhook may answer before the body gets here (the bank
-    # answered in milliseconds): that answer is kept and taken here (design: early answers).
-    self.pause("3ds", {"payment_id": authorization["id"]}, accept_early=True)
-    # The answer is a hint: the payment's state is what Stripe says (design: G6). The
-    # first reading is kept in a fenced effect and every re-run branches on it: a re-run
-    # after the capture would read "succeeded" and skip the capture it already made
-    # (design: divergence), and the order would never be marked paid.
-    current = stripe.client.v1.payment_intents.retrieve(authorization["id"]).status
-    status = self.fenced_effect(
-        "3ds-outcome", lambda conn: current, business_key=f"authorization:{order_id}:3ds"
-    )
+    status = "requires_action"
+    for n in itertools.count(1):
+        status = _outcome_reading(self, order_id, authorization["id"], n, status)
+        if status not in STILL_PENDING:
+            break
     if status != "requires_capture":
         return {"not_captured": status}
     captured = self.outbound(
@@ -233,6 +241,31 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     )
     mark_paid(self, order_id, captured)
     return captured
+
+
+def _outcome_reading(task: PaymentTask, order_id: str, payment_id: str, n: int, last: str) -> str:
+    """Wait the ``n``-th time, then Stripe's status of the authorisation, kept per wait."""
+    payload: dict[str, Any] = {"payment_id": payment_id}
+    if n > OUTCOME_ROUNDS:
+        payload["operator"] = (
+            f"Stripe still showed {payment_id} as {last} after {n - 1} readings: check it in "
+            "Stripe's dashboard, then answer this pause to read it again, or void the "
+            "authorisation and cancel this execution (agboss cancel)"
+        )
+    name = outcome_pause(n)
+    # The return page or the webhook may answer before the body gets here (the bank
+    # answered in milliseconds): that answer is kept and taken here (design: early answers).
+    task.pause(name, payload, accept_early=True)
+    # The answer is a hint: the payment's state is what Stripe says (design: G6). Each
+    # wait's reading is kept in a fenced effect and every re-run branches on it: a re-run
+    # after the capture would read "succeeded" and skip the capture it already made
+    # (design: divergence), and the order would never be marked paid.
+    current = str(stripe.client.v1.payment_intents.retrieve(payment_id).status)
+    return str(
+        task.fenced_effect(
+            "3ds-outcome", lambda conn: current, business_key=f"authorization:{order_id}:{name}"
+        )
+    )
 
 
 def authorize(task: PaymentTask, order_id: str, *, authenticating: bool = False) -> dict[str, Any]:
@@ -290,7 +323,9 @@ def capture_shipment(
 def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[str, Any]:
     """Capture (fulfilment) or void (the customer cancelled): one disposition per
     authorisation, recorded before either is sent (design: PS20). The loser takes the other
-    route: a cancel after the capture becomes a refund."""
+    route: a cancel after the capture becomes a refund. The order is ``captured`` only when
+    Stripe took its amount, ``voided`` only when the PaymentIntent is ``canceled``;
+    otherwise it is left as it is, noted ``capture:<status>`` or ``void:<status>``."""
     payment_id = _read(order_id)["payment_id"]
     try:
         self.fenced_effect(
@@ -311,11 +346,20 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
     call = stripe.capture if action == "capture" else stripe.void
     done = self.outbound(call, {"payment_id": payment_id}, business_key=f"disposition:{payment_id}")
     status = "captured" if action == "capture" else "voided"
-    self.fenced_effect(
-        status,
-        lambda conn: orders.move(conn, order_id, status),
-        business_key=f"disposition:{payment_id}",
-    )
+
+    def settled(conn: Connection) -> bool:
+        # Stripe answers a capture with the PaymentIntent: captured only once it took the
+        # order's amount (``paid_in_full``), voided only once it is canceled.
+        if action == "capture":
+            done_at_stripe = paid_in_full(done, orders.load(conn, order_id))
+        else:
+            done_at_stripe = done.get("status") == "canceled"
+        if not done_at_stripe:
+            orders.note(conn, order_id, f"{action}:{done.get('status')}", done["id"])
+            return False
+        return orders.move(conn, order_id, status)
+
+    self.fenced_effect(status, settled, business_key=f"disposition:{payment_id}")
     return done
 
 

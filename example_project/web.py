@@ -6,7 +6,8 @@ server: place an order, come back from 3-D Secure, and receive Stripe's webhooks
 - ``POST /orders`` ``{"order_id", "amount", "flow": "charge" | "3ds" | "saga"}`` stores the
   order and publishes its task under a task id made of the order (``order-<id>``): a
   double click or a proxy's retry is the same execution, not a second one.
-- ``GET /return?order=<id>`` (the 3-D Secure return page) answers the checkout's pause.
+- ``GET /return?order=<id>`` (the 3-D Secure return page) answers the checkout's pause
+  (its first wait not answered yet: ``answer_checkout``).
 - ``POST /webhooks/stripe`` verifies ``Stripe-Signature`` over the raw body (400 and
   nothing recorded when it does not verify), answers the checkout's pause when the event
   says the customer authenticated, and publishes one ``handle_stripe_event`` per event.
@@ -19,6 +20,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from socketserver import ThreadingMixIn
 from typing import Any
 from urllib.parse import parse_qs
@@ -67,13 +69,27 @@ def place_order(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return 202, {"order_id": order_id, "task_id": result.id}
 
 
+def answer_checkout(order_id: str, answer: Callable[[str], bool]) -> bool:
+    """Answer the checkout's first wait (``shop.outcome_pause``) not answered yet, up to
+    ``shop.OUTCOME_ROUNDS``; later ones are an operator's. A wait answered already (the
+    same event again, the return page first) passes the answer on to the next, which the
+    body takes only if its reading there is still pending. True when one was answered."""
+    execution_id = task_id_of(order_id)
+    waits = range(1, shop.OUTCOME_ROUNDS + 1)
+    return any(answer(f"{execution_id}:{shop.outcome_pause(n)}") for n in waits)
+
+
 def returned(order_id: str) -> tuple[int, dict[str, Any]]:
     """The return page: a hint that the customer authenticated; the task reads Stripe."""
-    try:
-        answer_pause(shop.app, f"{task_id_of(order_id)}:3ds", {"source": "return-page"})
-    except NotPausedError:
-        return 200, {"order_id": order_id, "answered": False}
-    return 200, {"order_id": order_id, "answered": True}
+
+    def by_return_page(pause_id: str) -> bool:
+        try:
+            answer_pause(shop.app, pause_id, {"source": "return-page"})
+        except NotPausedError:
+            return False
+        return True
+
+    return 200, {"order_id": order_id, "answered": answer_checkout(order_id, by_return_page)}
 
 
 def stripe_webhook(raw: bytes, signature: str | None) -> tuple[int, dict[str, Any]]:
@@ -86,7 +102,7 @@ def stripe_webhook(raw: bytes, signature: str | None) -> tuple[int, dict[str, An
         reference = ((event.payload.get("data") or {}).get("object") or {}).get("metadata", {})
         order_id = reference.get("reference") if isinstance(reference, dict) else None
         if event.type == AUTHENTICATED and order_id:
-            answer_pause_with_event(shop.app, f"{task_id_of(order_id)}:3ds", event)
+            answer_checkout(order_id, partial(answer_pause_with_event, shop.app, event=event))
         published.append(shop.handle_stripe_event.delay(event.to_message()).id)
     return 200, {"published": published}
 
