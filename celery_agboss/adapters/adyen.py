@@ -345,7 +345,7 @@ class AdyenAdapter(AdapterCalls):
         payment = _psp_reference(request)
         body = self._modification_body(request, with_amount=with_amount)
         answer = send(body, payment, idempotency_key=_key(call)).message
-        return payment, _received(answer, payment, body, call.attempt)
+        return payment, _received(answer, payment, body, call.after_possible_send)
 
     def _modification_body(self, request: Mapping[str, Any], *, with_amount: bool) -> Result:
         body: Result = {"merchantAccount": self.merchant_account}
@@ -422,12 +422,15 @@ def _amount_of(answer: Mapping[str, Any]) -> Mapping[str, Any]:
     return amount if isinstance(amount, Mapping) else {}
 
 
-def _received(answer: Any, payment: str, body: Mapping[str, Any], attempt: int) -> Result:
+def _received(
+    answer: Any, payment: str, body: Mapping[str, Any], after_possible_send: bool
+) -> Result:
     """A modification's 201: Adyen only says it was received; the outcome comes by webhook.
     The payment it names and its amount, when it names them, are the request's: else it
     answers another request made first under this key, another payment's capture, refund
-    or cancel perhaps (design: only the request's payment). On a first attempt another
-    payment named is no replay of ours: something else was modified, an unknown outcome."""
+    or cancel perhaps (design: only the request's payment). When no earlier send of
+    ours under the key may have been processed, another payment named is no replay of
+    ours: something else may have been modified, an unknown outcome."""
     if not isinstance(answer, Mapping):
         raise AdyenUnexpectedAnswer("Adyen's modification answer is not a JSON object", answer)
     psp = answer.get("pspReference")
@@ -438,10 +441,10 @@ def _received(answer: Any, payment: str, body: Mapping[str, Any], attempt: int) 
             dict(answer),
         )
     named = answer.get("paymentPspReference", payment)
-    if attempt <= 1 and named != payment:
+    if not after_possible_send and named != payment:
         raise AdyenUnexpectedAnswer(
-            f"Adyen's modification {psp} names payment {named!r}, not {payment}, on the "
-            "first attempt under this key: something other than this request may have "
+            f"Adyen's modification {psp} names payment {named!r}, not {payment}, though "
+            "nothing of ours under this key was processed: something else may have "
             "been modified. Check both payments in the Customer Area before resolving",
             dict(answer),
         )

@@ -35,9 +35,10 @@ class UnprovenResends:
     ``is_definite_failure`` is the adapter's one verdict; ``answered_under_key`` are its
     definite errors that only an answer under the key can raise (a decline: the key's
     first answer replayed, or a fresh decision that shows no other payment under it).
-    :class:`AnotherRequestsAnswerError` is always one. On a resend (attempt > 1) any other
-    definite error is raised again as :class:`ResendRefusedError`, from it. Attempt 1 is
-    left alone: nothing was sent before it.
+    :class:`AnotherRequestsAnswerError` is always one. On a send after one that may have
+    been processed (``CallContext.after_possible_send``) any other definite error is
+    raised again as :class:`ResendRefusedError`, from it. A first attempt, and one after
+    a definite failure (nothing was processed), are left alone.
     """
 
     gateway: str
@@ -54,7 +55,7 @@ class UnprovenResends:
             try:
                 return send(call)
             except Exception as exc:
-                if call.attempt <= 1 or isinstance(exc, kept):
+                if not call.after_possible_send or isinstance(exc, kept):
                     raise
                 if not self.is_definite_failure(exc):
                     raise

@@ -33,12 +33,18 @@ class Outcome(str, enum.Enum):
 
 @dataclass(frozen=True)
 class CallContext:
-    """What ``send`` gets: pass ``idempotency_key`` to the gateway, always."""
+    """What ``send`` gets: pass ``idempotency_key`` to the gateway, always.
+
+    ``after_possible_send``: an earlier attempt under this key may have been processed,
+    and nothing proved it was not (a reconcile's ``NotSent``, or an intent settled as
+    never sent): the gateway's answer to this one is what settles the key. False for a
+    first attempt, and for one after a definite failure (nothing was processed)."""
 
     idempotency_key: str
     request: Any
     attempt: int
     name: str
+    after_possible_send: bool = False
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,11 @@ UNBOUNDED_SEND_S = 365 * 86400.0
 """The "bound" of a send when the protection (design: R22) is switched off (tests only)."""
 
 
-def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any, Outcome]:
-    """Send ``attempt`` (already claimed by this holder) and settle what came back."""
+def send_and_settle(
+    holder: Holder, p: PreparedCall, attempt: int, *, after_possible_send: bool = False
+) -> tuple[Any, Outcome]:
+    """Send ``attempt`` (already claimed by this holder) and settle what came back;
+    ``after_possible_send`` as ``CallContext`` has it."""
     me = holder.lease_ref
     timeout_s = holder.settings.attempt_timeout_ms / 1000
     if sabotage.active(SEND_NOT_BOUNDED):
@@ -90,7 +93,9 @@ def send_and_settle(holder: Holder, p: PreparedCall, attempt: int) -> tuple[Any,
                     **p.ref.fields(attempt=attempt),
                 )
                 raise
-        context = CallContext(p.idempotency_key, p.request, attempt, p.call.name)
+        context = CallContext(
+            p.idempotency_key, p.request, attempt, p.call.name, after_possible_send
+        )
         started: list[BoundedRun] = []
 
         def before_start(run: BoundedRun) -> None:

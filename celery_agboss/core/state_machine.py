@@ -149,7 +149,12 @@ def _claim_then_settle(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
             _check_fingerprint(p, record.fingerprint)
             if failure_claim(record, holder.execution_id) is FailureClaim.RESEND:
                 if _claim_failed(holder, p, record):
-                    return send_and_settle(holder, p, record.attempt + 1)
+                    # After a definite failure nothing was processed; one settled as never
+                    # sent (no failure kept) is treated as possibly sent.
+                    unproven = record.failure is None
+                    return send_and_settle(
+                        holder, p, record.attempt + 1, after_possible_send=unproven
+                    )
                 continue
             if _hand_out_failure(holder, p, record):
                 raise _replayed_failure(holder, p, record)
@@ -177,7 +182,7 @@ def _claim_then_settle(holder: Holder, p: PreparedCall) -> tuple[Any, Outcome]:
             mine = taken
         answer = reconcile_pending(holder, p, mine)
         if isinstance(answer, Resend):
-            return send_and_settle(holder, p, answer.attempt)
+            return send_and_settle(holder, p, answer.attempt, after_possible_send=True)
         return answer
     raise OutboundCallInFlightError(
         "the intent kept changing under this call; another party is working on it",

@@ -51,7 +51,9 @@ def key_for(shop: Shop, call: OutboundCall, business_key: str = BUSINESS_KEY) ->
 
 
 def send(call: OutboundCall, key: str, request: Any, attempt: int = 1) -> Any:
-    return call.send(CallContext(key, request, attempt, call.name))
+    """``call``'s send of ``attempt``; a later attempt is a resend after one that may have
+    been processed (a reconcile's ``NotSent``), as the engine sends it."""
+    return call.send(CallContext(key, request, attempt, call.name, attempt > 1))
 
 
 def reconcile(call: OutboundCall, key: str, request: Any) -> ReconcileAnswer:

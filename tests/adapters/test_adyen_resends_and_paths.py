@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import stripe
 from Adyen import exceptions as sdk
 
 from celery_agboss.adapters.adyen import (
@@ -42,7 +43,7 @@ from celery_agboss.webhooks import ADYEN_PSP_REFERENCE
 from tests.adapters import paypal_support, stripe_support
 from tests.adapters.adyen_support import adapter_for, charge_request, declined_request
 from tests.adapters.conftest import ServeFn
-from tests.engine.helpers import Shop, business_intent_key, step_intent_key
+from tests.engine.helpers import Shop, business_intent_key, retry_asked, step_intent_key
 
 BLOCKED = "/blocked"
 """Where a worker refused by Adyen points: a route prefix that refuses as Adyen would."""
@@ -273,7 +274,9 @@ def test_a_modification_answer_naming_another_payment_is_unknown_on_the_first_at
         adapter.refund.send(first)
     assert adapter.refund.is_definite_failure(raised.value) is False
     # A resend's answer is the key's first: another request's, definite as before.
-    again = CallContext("refund-42:adyen.refund", request, 2, adapter.refund.name)
+    again = CallContext(
+        "refund-42:adyen.refund", request, 2, adapter.refund.name, after_possible_send=True
+    )
     with pytest.raises(AnotherRequestsAnswerError) as replayed:
         adapter.refund.send(again)
     assert adapter.refund.is_definite_failure(replayed.value) is True
@@ -347,3 +350,71 @@ def test_a_modification_in_another_currency_is_received_and_moves_nothing(
     again = call.send(CallContext(key, request, 2, call.name))
     assert again["psp_reference"] == received["psp_reference"]
     assert gateway.refunds == [] and len(_dialect(server).failed_modifications) == 1
+
+
+# --- a retry after a definite failure: nothing was processed, so its refusal is definite ---
+
+
+def _retried_after_a_definite_refusal(
+    shop: Shop, task_id: str, call: Any, request: dict[str, Any], refused: type[BaseException]
+) -> list[BaseException]:
+    """Attempt 1 refused definitely and the body retries (``autoretry_for``); three more
+    deliveries send the same request and are refused the same way: what each body saw."""
+    with shop.start(task_id) as first:
+        with pytest.raises(refused):
+            first.outbound(call, request)
+        retry_asked(first)
+    key = step_intent_key(shop.settings, task_id, call.name)
+    assert shop.store.read_intent(key).status is IntentStatus.FAILED
+    seen: list[BaseException] = []
+    for _ in range(3):
+        shop.expire_leases()
+        with shop.start(task_id) as again:
+            try:
+                again.outbound(call, request)
+            except BaseException as exc:  # what the body sees, whatever it is
+                seen.append(exc)
+    return seen
+
+
+def test_adyen_a_retry_after_a_definite_refusal_is_refused_definitely_again(
+    served: ServeFn, shop: Shop
+) -> None:
+    """Not a resend after a lost answer: the first attempt was refused (403) before anything
+    was processed, so the retry's same refusal is definite too, and the body sees it."""
+    server = served("adyen")
+    adapter = adapter_for(server.url)
+    _refused_from_now_on(server, adapter, "403 ip not allowed")
+    seen = _retried_after_a_definite_refusal(
+        shop, "task-r1", adapter.charge, charge_request("order-r1"), sdk.AdyenAPIInvalidPermission
+    )
+    assert [type(exc) for exc in seen] == [sdk.AdyenAPIInvalidPermission] * 3
+    key = step_intent_key(shop.settings, "task-r1", adapter.charge.name)
+    assert shop.store.read_intent(key).status is IntentStatus.FAILED
+    assert server.gateway.payments == []
+
+
+def test_stripe_a_retry_after_a_definite_400_is_refused_definitely_again(
+    served: ServeFn, shop: Shop
+) -> None:
+    server = served("stripe")
+    adapter = stripe_support.adapter_for(server.url)
+
+    def invalid(call: GatewayCall) -> Reply:  # a validation Stripe gives every time
+        return stripe_error(400, "invalid_request_error", "Amount must be at least $0.50 usd")
+
+    server.route("POST", "/v1/payment_intents", invalid)
+    seen = _retried_after_a_definite_refusal(
+        shop,
+        "task-s1",
+        adapter.charge,
+        stripe_support.charge_request("order-s1"),
+        stripe.InvalidRequestError,
+    )
+    # The retry's refusal is definite (FAILED), and each later delivery is handed that
+    # failure, never a resend (this error type is not rebuilt: an operator is asked).
+    assert type(seen[0]) is stripe.InvalidRequestError
+    key = step_intent_key(shop.settings, "task-s1", adapter.charge.name)
+    assert shop.store.read_intent(key).status is IntentStatus.FAILED
+    assert not [exc for exc in seen if isinstance(exc, OutboundCallOutcomeUnknownError)]
+    assert server.gateway.payments == []
