@@ -363,11 +363,27 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
     return done
 
 
+def own_payment(conn: Connection, order: Mapping[str, Any], payment_id: str) -> bool:
+    """Whether ``payment_id`` is the order's own PaymentIntent: the one it stored, or,
+    before it stored one, the one its pending charge created (noted ``charge:<status>``
+    by ``mark_paid`` or ``authorize``; with none noted, any that ``paid_in_full`` passes).
+    Another PaymentIntent carries the same reference (a duplicate, an older attempt): its
+    refund returned none of the order's payment, and its success is money to give back."""
+    if order["payment_id"]:
+        return bool(order["payment_id"] == payment_id)
+    charged = {
+        ref for entry, ref in orders.entries(conn, order["id"]) if entry.startswith("charge:")
+    }
+    return not charged or payment_id in charged
+
+
 @app.task(base=PaymentTask, bind=True)
 def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
     """A webhook's event, applied once under ``event:stripe:<id>`` (design: PS15), and only
     ever moving the order forward to what Stripe says now (design: PS16): paid only by a
-    PaymentIntent that took the order's amount in its currency (``paid_in_full``)."""
+    PaymentIntent that took the order's amount in its currency (``paid_in_full``), and
+    only by the order's own (``own_payment``). An event about another PaymentIntent of the
+    order moves nothing and is noted ``webhook:other-payment`` for a person to look at."""
     event = WebhookEvent.from_message(message)
     payment_id = (
         event.payload.get("data", {}).get("object", {}).get("payment_intent") or event.object_id
@@ -389,6 +405,10 @@ def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
 
     def apply(conn: Connection) -> bool:
         orders.note(conn, order_id, f"webhook:{event.type}", event.event_id)
+        if not own_payment(conn, orders.load(conn, order_id), intent["id"]):
+            # A second payment of the order: refund it in Stripe's dashboard if it took money.
+            orders.note(conn, order_id, "webhook:other-payment", intent["id"])
+            return False
         return orders.move(conn, order_id, status, intent["id"])
 
     return record_event(self, event, apply).result
