@@ -73,6 +73,7 @@ from celery_agboss.adapters.paypal_requests import (
     paying_body,
     payment_request,
     payment_result,
+    refused_or,
     result_facts,
     vaulted,
     wanted_facts,
@@ -171,8 +172,8 @@ class PayPalAdapter(AdapterCalls):
         verdict = definite_verdict(is_definite_failure)
         call = CallMaker(name, PAYMENTS_KEY_RETENTION, verdict, MAX_REQUEST_ID_LENGTH)
         # A capture's or refund's NotSent is the key's replay, nothing read: on its resend no
-        # refusal is definite (none of them is PayPal's answer under the key).
-        resent = UnprovenResends("PayPal", verdict)
+        # refusal is definite but a refused status in a 2xx, PayPal's answer under the key.
+        resent = UnprovenResends("PayPal", verdict, (PayPalDeclinedError,))
         # An order's reconcile replays its create-order from the stored request: the
         # vaulted source (an id, not card data) is kept with what it compares.
         orders, payments = adapter_policies(
@@ -299,7 +300,7 @@ class PayPalAdapter(AdapterCalls):
         try:
             result = order_result(order, capture)
         except PayPalDeclinedError as exc:
-            return Unknown(f"{exc}: no money moved; decide whether to charge again")
+            return Unknown(f"{exc}; decide whether to charge again")
         if result is not None:
             return adopt(what, wanted_facts(wanted), result_facts(result), result)
         if order.get("status") in _OPEN_ORDER:
@@ -341,7 +342,10 @@ class PayPalAdapter(AdapterCalls):
         return self._act(call, "capture_id", RefundRequest)
 
     def _act(self, call: CallContext, target: str, make: Any, **fields: Any) -> dict[str, Any]:
-        """Capture an authorization, or refund a capture (``target``: which id it names)."""
+        """Capture an authorization, or refund a capture (``target``: which id it names).
+        A 2xx whose status says no money moved (a capture DECLINED or FAILED, a refund
+        FAILED or CANCELLED) is ``PayPalDeclinedError``, as an order's capture is; PENDING
+        is the result, its ``status`` saying the money is not final yet."""
         payment_id, amount, currency = self._target(call.request)
         payments, capture = self.client.payments, target == "authorization_id"
         read = payments.get_authorized_payment if capture else payments.get_captured_payment
@@ -349,7 +353,15 @@ class PayPalAdapter(AdapterCalls):
         body = make(**fields, **({"amount": money} if money else {}))
         send = payments.capture_authorized_payment if capture else payments.refund_captured_payment
         answer = body_of(send(keyed(call.idempotency_key, body=body, **{target: payment_id})))
-        return payment_result(own_answer(answer, payment_id, amount), **{target: payment_id})
+        mine = own_answer(answer, payment_id, amount)
+        kind = "capture" if capture else "refund"
+        of = f"{kind} {mine.get('id')} of {target.partition('_')[0]} {payment_id}"
+        again = (
+            "; a retry under this key gets the same answer for 45 days: fix the cause, "
+            f"then {kind} again under a new business key"
+        )
+        refused_or(mine, of, again)
+        return payment_result(mine, **{target: payment_id})
 
     def _send_void(self, call: CallContext) -> dict[str, Any]:
         auth_id = field_of(checks.mapping(call.request), "payment_id", str)

@@ -45,7 +45,8 @@ checks = RequestChecks(PayPalRequestError)
 
 
 class PayPalDeclinedError(Exception):
-    """PayPal answered the capture or authorization as declined: no money moved."""
+    """PayPal answered a payment (an order's capture or authorization, a capture of an
+    authorization, a refund) with a status that says no money moved: definite."""
 
 
 CARD_DATA = ("payment_source", "card")
@@ -59,7 +60,11 @@ WHOLE_UNIT_CURRENCIES = frozenset({"HUF", "JPY", "TWD"})
 codes reference). HUF and TWD have two decimals in ISO 4217, JPY none."""
 PAYPAL_UNITS = GatewayUnits("PayPal", dict.fromkeys(WHOLE_UNIT_CURRENCIES, 0), PayPalRequestError)
 """How PayPal writes amounts where it differs from ISO 4217: its whole-unit currencies."""
-REFUSED_STATUSES = frozenset({"DECLINED", "FAILED", "DENIED"})
+REFUSED_STATUSES = frozenset({"DECLINED", "FAILED", "DENIED", "CANCELLED"})
+"""A payment's status in a 2xx that says no money moved (PayPal's enums): a capture
+DECLINED ("The funds could not be captured") or FAILED, an authorization DENIED, a refund
+FAILED ("could not be processed") or CANCELLED. PENDING is none of them: the money may
+still move, so it is the call's result, whose ``status`` shows it is not final yet."""
 
 
 def decimal_value(amount: int, currency: str) -> str:
@@ -153,9 +158,7 @@ def order_result(order: Mapping[str, Any], capture: bool) -> dict[str, Any] | No
     found = (units[0].get("payments") or {}).get("captures" if capture else "authorizations")
     if not found:
         return None
-    item = found[-1]
-    if item.get("status") in REFUSED_STATUSES:
-        raise PayPalDeclinedError(f"PayPal answered order {order.get('id')} {item['status']}")
+    item = refused_or(found[-1], f"order {order.get('id')}")
     money = item.get("amount") or units[0]["amount"]
     return {
         "id": item["id"],
@@ -165,6 +168,19 @@ def order_result(order: Mapping[str, Any], capture: bool) -> dict[str, Any] | No
         "currency": str(money["currency_code"]).lower(),
         "reference": units[0].get("custom_id"),
     }
+
+
+def refused_or(item: Mapping[str, Any], what: str, advice: str = "") -> Mapping[str, Any]:
+    """``item`` (a capture, an authorization, a refund), unless its status is one of
+    ``REFUSED_STATUSES``: then :class:`PayPalDeclinedError` naming ``what``, the status,
+    PayPal's ``status_details.reason`` and ``advice`` (what to do)."""
+    status = item.get("status")
+    if status not in REFUSED_STATUSES:
+        return item
+    details = item.get("status_details")
+    reason = details.get("reason") if isinstance(details, Mapping) else None
+    why = f" ({reason})" if reason else ""
+    raise PayPalDeclinedError(f"PayPal answered {what} {status}{why}: no money moved{advice}")
 
 
 def wanted_facts(payment: WantedPayment) -> PaymentFacts:
@@ -247,6 +263,7 @@ __all__ = [
     "paying_body",
     "payment_request",
     "payment_result",
+    "refused_or",
     "result_facts",
     "vaulted",
     "wanted_facts",

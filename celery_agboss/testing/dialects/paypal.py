@@ -140,6 +140,13 @@ class PayPalDialect:
         matches = None if path is None else (lambda called: called.endswith(path))
         self._state.canned.arm(reply, matches, times)
 
+    def status_next(self, operation: str, status: str, *, times: int = 1) -> None:
+        """Answer the next ``times`` captures of an authorization or refunds
+        (``operation``: "capture" or "refund") 201 with ``status``, as PayPal may: a capture
+        DECLINED or FAILED, a refund FAILED or CANCELLED moves no money (kept under the
+        key, replayed to a repeat); PENDING moves it and shows PENDING."""
+        self.payments.status_next(operation, status, times)
+
     def forget_keys(self) -> None:
         """Drop every order's key, as PayPal does after 6 h (``FakeGateway.forget_keys``
         drops the payments' keys)."""

@@ -8,13 +8,23 @@ false) leaves the rest capturable, and one past what is left is refused with 422
 ``MAX_CAPTURE_AMOUNT_EXCEEDED``. Each capture has its own id and amount, and is refunded
 on its own (up to its amount). A repeat under a capture's key answers the capture that
 key made, as it is now.
+
+A test makes a capture or refund answer another status (``PayPalDialect.status_next``).
+One that says no money moved (a capture DECLINED or FAILED, a refund FAILED or
+CANCELLED) is a 201 all the same: the declined action goes through the gateway's request
+path (``checkout_actions.ActionDeclines``, recorded ``DECLINED``, kept under the key and
+replayed to a repeat) and is in no capture, refund or balance. A PENDING one moves the
+money as a COMPLETED one does, and shows PENDING.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from celery_agboss.testing.dialects.checkout_actions import ActionDeclines
 from celery_agboss.testing.dialects.paypal_wire import (
     KIND_ERRORS,
     NOTHING_PROCESSED,
@@ -36,6 +46,8 @@ Body = dict[str, Any]
 _Act = Callable[[Body, int | None, str | None], Reply]  # payment, amount, key -> reply
 _CLOSED = dict.fromkeys(("succeeded", "refunded"), "AUTHORIZATION_ALREADY_CAPTURED")
 """An authorization closed by a final capture (or one that took all of it)."""
+SHOWN = {"capture": ("DECLINED", "FAILED", "PENDING"), "refund": ("FAILED", "CANCELLED", "PENDING")}
+"""The statuses ``status_next`` answers, besides COMPLETED (PayPal's Payments v2 enums)."""
 
 
 def gateway_error(exc: FakeGatewayError, invalid_issue: str) -> Reply:
@@ -53,6 +65,79 @@ class PayPalPayments:
 
     def __init__(self, server: FakeGatewayServer) -> None:
         self.server = server
+        self._lock = threading.Lock()
+        self._armed: dict[str, list[str]] = {"capture": [], "refund": []}
+        self._shown: dict[str, str] = {}  # a capture's or refund's id -> the status it shows
+        self._up_of: dict[str, str] = {}  # a declined action's id -> what it was made of
+        self._declines = ActionDeclines()
+
+    def status_next(self, operation: str, status: str, times: int) -> None:
+        """The next ``times`` captures of an authorization or refunds (``operation``)
+        answered ``status`` (see the module docstring)."""
+        if status not in SHOWN.get(operation, ()):
+            raise ValueError(f"{operation!r} cannot be answered {status!r}: see {SHOWN}")
+        if times < 1:
+            raise ValueError("times must be >= 1")
+        with self._lock:
+            self._armed[operation] += [status] * times
+
+    def _take(self, operation: str) -> str | None:
+        with self._lock:
+            armed = self._armed[operation]
+            return armed.pop(0) if armed else None
+
+    def _act(
+        self,
+        operation: str,
+        act: Callable[[], Body],
+        payment_id: str,
+        amount: int | None,
+        key: str | None,
+        up: str,
+    ) -> tuple[Body, str | None]:
+        """``act()`` (the gateway's own capture or refund: a repeat under ``key`` replays a
+        declined one too), or the declined action when a status that moves no money is
+        armed (``up``: what its ``up`` link names). Returns what the gateway answered and
+        the status to show on what ``act()`` made (PENDING), if any."""
+        shown = self._take(operation)
+        if shown is None or shown == "PENDING":
+            return act(), shown
+        gateway = self.server.gateway
+        try:
+            done = self._declines.perform(gateway, operation, payment_id, key, amount, None)
+        except FakeGatewayTimeout:  # made, its answer dropped: a repeat replays it as made
+            made = [r.object_id for r in gateway.requests_for(key)] if key else []
+            self._show_declined(made[-1] if made else None, shown, up)
+            raise
+        self._show_declined(done["id"], shown, up)
+        return done, None
+
+    def _show_declined(self, object_id: str | None, status: str, up: str) -> None:
+        """A declined action just made shows ``status`` (a repeat of a capture or refund
+        made before, or a request never processed, made none)."""
+        if object_id is not None and self._declines.made(object_id) is not None:
+            self._show(object_id, status, up)
+
+    def _show(self, object_id: str, status: str, up: str | None = None) -> None:
+        """``object_id`` (a capture, a refund) shows ``status`` from now on."""
+        with self._lock:
+            self._shown.setdefault(object_id, status)
+            if up is not None:
+                self._up_of.setdefault(object_id, up)
+
+    def _declined_body(self, receipt: Body) -> Body | None:
+        """The body of a declined capture or refund (None when ``receipt`` is not one)."""
+        declined = self._declines.made(receipt["id"])
+        if declined is None:
+            return None
+        kind = "captures" if declined["object"] == "capture" else "refunds"
+        with self._lock:
+            status = self._shown[declined["id"]]
+            up = self._up_of[declined["id"]]
+        body = self.resource(f"payments/{kind}", declined["id"], status, declined["created"])
+        body["amount"] = self.money(declined["amount"], declined["currency"])
+        up_kind = "authorizations" if kind == "captures" else "captures"
+        return self._up(body, f"payments/{up_kind}", up)
 
     # --- endpoints ------------------------------------------------------------------------
 
@@ -62,7 +147,10 @@ class PayPalPayments:
 
     def get_capture(self, call: GatewayCall) -> Reply:
         found = self._capture(call.params["id"])
-        return not_found() if found is None else Reply(200, self.capture_body(*found))
+        if found is None:
+            declined = self._declined_body({"id": call.params["id"]})
+            return not_found() if declined is None else Reply(200, declined)
+        return Reply(200, self.capture_body(*found))
 
     def capture_authorization(self, call: GatewayCall) -> Reply:
         """Capture all that is left (no ``amount``) or a part; ``final_capture`` closes it."""
@@ -70,8 +158,15 @@ class PayPalPayments:
 
         def capture(payment: Body, amount: int | None, key: str | None) -> Reply:
             gateway = self.server.gateway
-            done = gateway.capture(payment["id"], key, amount=amount, final=final)
-            return Reply(201, self.capture_body(done, self._made_by(done["id"], key)))
+            act = partial(gateway.capture, payment["id"], key, amount=amount, final=final)
+            done, shown = self._act("capture", act, payment["id"], amount, key, payment["id"])
+            declined = self._declined_body(done)
+            if declined is not None:
+                return Reply(201, declined)
+            made = self._made_by(done["id"], key)
+            if shown is not None:
+                self._show(made["id"], shown)
+            return Reply(201, self.capture_body(done, made))
 
         issues = {**_CLOSED, "canceled": "AUTHORIZATION_VOIDED"}
         auth_id = call.params["id"]
@@ -100,7 +195,14 @@ class PayPalPayments:
 
         def refund(payment: Body, amount: int | None, key: str | None) -> Reply:
             gateway = self.server.gateway
-            done = gateway.refund(payment["id"], key, amount=amount, capture_id=capture_id)
+            act = partial(gateway.refund, payment["id"], key, amount=amount, capture_id=capture_id)
+            up = call.params["id"]
+            done, shown = self._act("refund", act, payment["id"], amount, key, up)
+            declined = self._declined_body(done)
+            if declined is not None:
+                return Reply(201, declined)
+            if shown is not None:
+                self._show(done["id"], shown)
             return Reply(201, self.refund_body(done))
 
         issues = {payment["status"]: "CAPTURE_FULLY_REFUNDED"} if left <= 0 else {}
@@ -183,9 +285,11 @@ class PayPalPayments:
         source = payment if part is None else part
         amount = payment["amount_captured"] if part is None else part["amount"]
         refunded = source["amount_refunded"]
-        status = "COMPLETED" if refunded == 0 else "PARTIALLY_REFUNDED"
-        status = "REFUNDED" if refunded >= amount else status
         capture_id = payment["id"] if part is None else part["id"]
+        with self._lock:
+            status = self._shown.get(capture_id, "COMPLETED")
+        status = status if refunded == 0 else "PARTIALLY_REFUNDED"
+        status = "REFUNDED" if refunded >= amount else status
         body = self.resource("payments/captures", capture_id, status, source["created"])
         if part is not None:
             self._up(body, "payments/authorizations", payment["id"])
@@ -220,7 +324,9 @@ class PayPalPayments:
         return body
 
     def refund_body(self, refund: Body) -> Body:
-        body = self.resource("payments/refunds", refund["id"], "COMPLETED", refund["created"])
+        with self._lock:
+            status = self._shown.get(refund["id"], "COMPLETED")
+        body = self.resource("payments/refunds", refund["id"], status, refund["created"])
         body["amount"] = self.money(refund["amount"], refund["currency"])
         return self._up(body, "payments/captures", refund.get("capture") or refund["payment"])
 
