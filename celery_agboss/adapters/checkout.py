@@ -10,10 +10,14 @@ currency and the key the adapter writes into metadata must match, or the payment
 not taken for the call's, ``Unknown``) and an action's
 payment (``GET /payments/{id}/actions``, by the key in its metadata). A miss is
 ``NotSent()`` only inside the key's retention, where a resend is safe either way:
-nothing was processed, or its 2xx is replayed from the key. Checkout.com documents no
-lag for these reads; if they lagged, that same replay keeps a resend from paying twice.
-An action listed ``approved: false`` (declined after its 202) moved no money: send raises
-``CheckoutDeclinedError``, and reconcile never takes it for done (``Unknown``).
+nothing was processed, or its 2xx is replayed from the key. That relies on these reads
+being current (Checkout.com documents no lag): a request answered 4xx or 5xx saves
+nothing under the key, so a payment it made that a lagging read missed would be made
+again by the resend. An action listed ``approved: false`` (declined after its 202) moved
+no money: send raises ``CheckoutDeclinedError``, and reconcile never takes it for done
+(``Unknown``). A payment answered 202 ``Pending`` (3-D Secure, an asynchronous method) is
+not decided: send returns it read by its id, and reconcile as listed, with status
+``Pending`` (not paid; the app follows it up).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from checkout_sdk.exception import (
 )
 
 from celery_agboss.adapters.checkout_client import (
+    PENDING,
     BoundedHTTPAdapter,
     approved_first,
     as_dict,
@@ -225,9 +230,12 @@ class CheckoutAdapter(AdapterCalls):
             body.setdefault("processing_channel_id", self.processing_channel_id)
         with one_send(self.timeout):
             reply = self._sdk("the payment", self._payments.request_payment, body, key)
-        payment = as_dict(reply)
-        # A 201 carries no metadata, so no key: amount, currency and reference tell.
-        wanted = PaymentFacts(amount, currency, reference)
+            payment = as_dict(reply)
+            # A 201 carries no metadata, so no key: amount, currency and reference tell.
+            wanted = PaymentFacts(amount, currency, reference)
+            if payment.get("status") == PENDING:  # a 202: the payment it names tells
+                payment = self._accepted_payment(payment, reference)
+                wanted = PaymentFacts(amount, currency, reference, key_mark(key))
         refuse_another_requests_answer(
             f"Checkout.com's payment {payment.get('id')}", wanted, _facts(payment)
         )
@@ -239,6 +247,26 @@ class CheckoutAdapter(AdapterCalls):
                 {"payment_id": payment.get("id"), **details},
             )
         return payment_result(payment)
+
+    def _accepted_payment(self, accepted: dict[str, Any], reference: str) -> dict[str, Any]:
+        """The payment a 202 ``Pending`` names (3-D Secure, an asynchronous method), read
+        by its id: the 202 carries its id, status, reference and links only, no amount,
+        currency or ``approved``. A reference it carries is compared first; a failed read
+        leaves the outcome unknown, as the payment exists."""
+        payment_id = accepted.get("id")
+        what = f"Checkout.com's Pending payment {payment_id}"
+        if accepted.get("reference") is not None:
+            found = PaymentFacts(reference=accepted.get("reference"))
+            refuse_another_requests_answer(what, PaymentFacts(reference=reference), found)
+        try:
+            if not isinstance(payment_id, str) or not payment_id:
+                raise ValueError("the 202 names no payment id")
+            return self._details(payment_id)
+        except Exception as exc:
+            raise CheckoutNoAnswerError(
+                f"Checkout.com accepted the payment as Pending, but reading it failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _send_action(self, call: CallContext, kind: str) -> dict[str, Any]:
         request, key = request_checks.mapping(call.request, kind), call.idempotency_key

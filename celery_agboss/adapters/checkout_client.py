@@ -100,8 +100,15 @@ def status_code(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
+PENDING = "Pending"
+"""A payment awaiting 3-D Secure or an asynchronous method: answered 202, not decided yet."""
+
+
 def declined(payment: Mapping[str, Any]) -> bool:
-    """A 201 or a listed payment that moved no money (Checkout.com declined it)."""
+    """A 201 or a listed payment that moved no money (Checkout.com declined it). A Pending
+    one is not decided yet, whatever its ``approved``: it may still be authorised."""
+    if payment.get("status") == PENDING:
+        return False
     return payment.get("approved") is False or payment.get("status") == "Declined"
 
 
@@ -156,6 +163,7 @@ def build_sdk(
 
 
 __all__ = [
+    "PENDING",
     "BoundedHTTPAdapter",
     "approved_first",
     "as_dict",

@@ -5,7 +5,9 @@ Checkout.com is named only to identify its public API; this fake is not affiliat
 with or endorsed by it. Paths and bodies are those the SDK sends and parses:
 
 - ``POST /payments`` (``capture`` true or false) → 201 with ``approved``; a declined
-  card is a 201 too, ``approved: false`` and status ``Declined`` (nothing moved);
+  card is a 201 too, ``approved: false`` and status ``Declined`` (nothing moved); one a
+  test pends (:meth:`CheckoutDialect.pend_next`) is a 202 ``Pending``, as a payment
+  awaiting 3-D Secure is (``checkout_pending``);
 - ``GET /payments?reference=`` (paged by ``limit``/``skip``), ``GET /payments/{id}``
   (with ``balances`` and ``metadata``), ``GET /payments/{id}/actions``;
 - ``POST /payments/{id}/captures``, ``/refunds``, ``/voids`` → 202 ``{"action_id"}``;
@@ -40,6 +42,11 @@ from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.canned import CannedReplies
 from celery_agboss.testing.dialects.checkout_actions import ActionDeclines
+from celery_agboss.testing.dialects.checkout_pending import (
+    PendingPayments,
+    accepted_body,
+    made_now,
+)
 from celery_agboss.testing.dialects.checkout_wire import (
     action_id,
     checkout_id,
@@ -50,7 +57,6 @@ from celery_agboss.testing.dialects.checkout_wire import (
     status_of,
 )
 from celery_agboss.testing.dialects.wire_units import CHECKOUT
-from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
@@ -95,15 +101,6 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _declined_now(gateway: FakeGateway, key: str | None, seen_before: int) -> bool:
-    """Whether this request's decline was made now (not a key's replay of an earlier one):
-    it is the request after the ``seen_before`` already recorded under its key."""
-    if key is None:
-        return True
-    mine = gateway.requests_for(key)[seen_before:]
-    return bool(mine) and mine[0].outcome is GatewayRequestOutcome.DECLINED
-
-
 def _card_of(source: Any) -> str:
     """What ``is_declined_card`` checks: the token, the card number or the source id."""
     if not isinstance(source, dict):
@@ -130,6 +127,7 @@ class CheckoutDialect:
         self._lock = threading.Lock()
         self._canned = CannedReplies()
         self._declines = ActionDeclines()
+        self._pending = PendingPayments()
         self._action_details: dict[str, dict[str, Any]] = {}  # key -> reference, metadata
 
     def install(self, server: FakeGatewayServer) -> None:
@@ -159,6 +157,16 @@ class CheckoutDialect:
         Checkout.com does: accepted (202, kept under the key), then listed ``approved:
         false`` with a decline ``response_code``; no money moves."""
         self._declines.arm(operation, times)
+
+    def pend_next(self, *, times: int = 1) -> None:
+        """Answer the next ``times`` approved payments made as Checkout.com answers one
+        awaiting 3-D Secure: 202 ``Pending`` (kept under the key), read ``Pending`` until
+        :meth:`complete_pending`. The payment is made at the gateway all the same."""
+        self._pending.arm(times)
+
+    def complete_pending(self, payment_id: str) -> None:
+        """The customer completed the Pending payment ``payment_id`` (``pay_…``)."""
+        self._pending.complete(payment_id)
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -237,10 +245,14 @@ class CheckoutDialect:
         except FakeGatewayError as exc:
             return self._error(exc, "payment")
         if receipt["status"] == _DECLINED:
-            if _declined_now(gateway, key, seen_before):
+            if made_now(gateway, key, seen_before, GatewayRequestOutcome.DECLINED):
                 self.server.is_declined_card(call, card, key, reference)  # recorded
             return Reply(201, self._declined(receipt))
-        reply = Reply(201, self._created(receipt))
+        paid, now = checkout_id(receipt["id"]), GatewayRequestOutcome.PROCESSED
+        if self._pending.answers(paid, made_now(gateway, key, seen_before, now)):
+            reply = Reply(202, accepted_body(paid, receipt["reference"], self._href(paid)))
+        else:
+            reply = Reply(201, self._created(receipt))
         return self.server.deliver_answer(call, key, reference, reply)
 
     def _created(self, receipt: dict[str, Any]) -> dict[str, Any]:
@@ -289,7 +301,7 @@ class CheckoutDialect:
         authorised = payment["status"] == "requires_capture"
         settled = payment["status"] in ("succeeded", "refunded")
         approved = payment["status"] != _DECLINED
-        return {
+        details = {
             "id": payment_id,
             "requested_on": iso_time(payment["created"]),
             "source": {"type": (extra.get("source") or {}).get("type", "card")},
@@ -312,6 +324,7 @@ class CheckoutDialect:
             "risk": {"flagged": False},
             "_links": self._href(payment_id),
         }
+        return self._pending.overlay(details)
 
     def _get_payment(self, call: GatewayCall) -> Reply:
         try:
