@@ -42,10 +42,13 @@ NOT_HELD = {"status": "requires_action", "amount_capturable": 0}  # an authorisa
 
 class StripeIntents:
     """What Stripe shows of each PaymentIntent, where the test changes it: ``next`` for
-    the next one created (its create's answer and every later read), ``changed`` by id."""
+    the next one created (its create's answer and every later read), ``changed`` by id.
+    ``original``: another of the fake's renderings (a refund's) to change the same way."""
 
-    def __init__(self) -> None:
-        self.original = stripe_wire.render_intent
+    def __init__(
+        self, original: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    ) -> None:
+        self.original = stripe_wire.render_intent if original is None else original
         self.changed: dict[str, dict[str, Any]] = {}
         self.next: dict[str, Any] = {}
         self._seen: set[str] = set()

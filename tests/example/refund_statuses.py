@@ -19,7 +19,6 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import celery_agboss.testing.dialects.stripe as stripe_dialect
 from celery_agboss.testing.dialects.stripe import StripeDialect
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer
+from tests.example.charge_statuses import StripeIntents
 
 AMOUNT = 1000
 
@@ -43,23 +43,12 @@ WEBHOOK_CASES: dict[str, list[tuple[int | None, dict[str, Any]]]] = {
 }
 
 
-class StripeRefunds:
+class StripeRefunds(StripeIntents):
     """What Stripe shows of each refund, where the test changes it: ``next`` for the next
     refund made (its create's answer and every listing), ``changed`` by refund id."""
 
     def __init__(self) -> None:
-        self.original = stripe_dialect.render_refund
-        self.changed: dict[str, dict[str, Any]] = {}
-        self.next: dict[str, Any] = {}
-        self._seen: set[str] = set()
-
-    def render(self, refund: Mapping[str, Any]) -> dict[str, Any]:
-        shown = self.original(refund)
-        if shown["id"] not in self._seen:  # a refund is first rendered by its create
-            self._seen.add(shown["id"])
-            if self.next:
-                self.changed[shown["id"]], self.next = self.next, {}
-        return {**shown, **self.changed.get(shown["id"], {})}
+        super().__init__(stripe_dialect.render_refund)
 
 
 def run(data_dir: Path, database_url: str) -> dict[str, Any]:

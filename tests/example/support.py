@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,22 @@ class ScenarioRun:
             for name, columns in self.table.items()
             if (cell := columns.get("unprotected")) and cell["ran"] and not cell["as_expected"]
         ]
+
+
+def run_script(module: str, *arguments: str) -> dict[str, Any]:
+    """Run ``python -m module arguments`` from the repository (a runner that overrides the
+    fake gateway in its own process) and read the JSON its last line prints."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *arguments],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
 
 
 def run_scenarios(

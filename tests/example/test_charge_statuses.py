@@ -14,14 +14,9 @@ pending the same way (``django_charge_statuses.py``).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from tests.example.support import REPO_ROOT
+from tests.example.support import run_script
 
 FLOWS = [
     "charge_order",
@@ -34,32 +29,10 @@ FLOWS = [
 ]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shop_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'shop.db'}"
-    url: str = request.getfixturevalue("empty_postgres_url")
-    return url
-
-
-def _run(module: str, *args: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
-    seen: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return seen
-
-
 def test_a_charge_stripe_has_not_taken_leaves_the_order_unpaid_until_its_webhook(
     tmp_path: Path, shop_database_url: str
 ) -> None:
-    seen = _run("tests.example.charge_statuses", str(tmp_path), shop_database_url)
+    seen = run_script("tests.example.charge_statuses", str(tmp_path), shop_database_url)
     # Every flow that marks an order paid: one charge request, the order still new (nothing
     # reserved, shipped or receipted), the answer's status noted.
     expected = {
@@ -98,7 +71,7 @@ def test_the_django_shop_keeps_an_order_pending_until_stripe_took_its_money(
     tmp_path: Path,
 ) -> None:
     # The Django shop's settings take a SQLite file only.
-    seen = _run("tests.example.django_charge_statuses", str(tmp_path))
+    seen = run_script("tests.example.django_charge_statuses", str(tmp_path))
     unpaid = {"succeeded": True, "status": "pending", "times_marked_paid": 0, "charge_requests": 1}
     assert seen == {
         "requires_action": unpaid,

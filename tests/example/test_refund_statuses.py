@@ -11,42 +11,15 @@ until Stripe's webhook says the refund succeeded (``refund_statuses.py`` runs it
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from tests.example.support import REPO_ROOT
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shop_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'shop.db'}"
-    url: str = request.getfixturevalue("empty_postgres_url")
-    return url
-
-
-def _run(tmp_path: Path, database_url: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.example.refund_statuses", str(tmp_path), database_url],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
-    seen: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return seen
+from tests.example.support import run_script
 
 
 def test_only_a_succeeded_refund_of_the_orders_amount_marks_it_refunded(
     tmp_path: Path, shop_database_url: str
 ) -> None:
-    seen = _run(tmp_path, shop_database_url)
+    seen = run_script("tests.example.refund_statuses", str(tmp_path), shop_database_url)
     # The webhook: Stripe's listed refunds, read when each charge.refunded event is applied.
     assert seen["webhook"] == {
         "pending": ["paid"],

@@ -18,50 +18,24 @@ next name (``3ds-2``, …), which the return page and the webhook answer (``web`
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.example.support import REPO_ROOT
+from tests.example.support import run_script
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shop_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'shop.db'}"
-    url: str = request.getfixturevalue("empty_postgres_url")
-    return url
-
-
-def _run(tmp_path: Path, database_url: str, section: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.example.settle_and_3ds_statuses",
-            str(tmp_path),
-            database_url,
-            section,
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
-    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return seen
+def _run(tmp_path: Path, database_url: str, section: str) -> Any:
+    """The runner's ``section`` (``settle`` or ``3ds``), run on its own."""
+    module = "tests.example.settle_and_3ds_statuses"
+    return run_script(module, str(tmp_path), database_url, section)[section]
 
 
 def test_an_authorisation_is_captured_or_voided_only_when_stripe_did_it(
     tmp_path: Path, shop_database_url: str
 ) -> None:
-    settle = _run(tmp_path, shop_database_url, "settle")["settle"]
+    settle = run_script(
+        "tests.example.settle_and_3ds_statuses", str(tmp_path), shop_database_url, "settle"
+    )["settle"]
     capture, void = [["capture", "PROCESSED"]], [["void", "PROCESSED"]]
 
     def left(action: str, status: str) -> dict[str, Any]:
@@ -92,7 +66,9 @@ def test_an_authorisation_is_captured_or_voided_only_when_stripe_did_it(
 def test_a_3ds_checkout_waits_again_while_stripe_is_still_pending(
     tmp_path: Path, shop_database_url: str
 ) -> None:
-    seen = _run(tmp_path, shop_database_url, "3ds")["3ds"]
+    seen = run_script(
+        "tests.example.settle_and_3ds_statuses", str(tmp_path), shop_database_url, "3ds"
+    )["3ds"]
     # The return page answered before the bank: the reading (requires_action) is no
     # outcome, the checkout waits again; the webhook answers that wait, one capture.
     assert seen["pending_then_authorised"] == {

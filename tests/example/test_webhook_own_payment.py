@@ -12,42 +12,15 @@ authorised order paid the same way. Now another PaymentIntent moves nothing and 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from tests.example.support import REPO_ROOT
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shop_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'shop.db'}"
-    url: str = request.getfixturevalue("empty_postgres_url")
-    return url
-
-
-def _run(tmp_path: Path, database_url: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.example.webhook_own_payment", str(tmp_path), database_url],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
-    seen: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return seen
+from tests.example.support import run_script
 
 
 def test_an_event_about_another_payment_intent_of_the_order_moves_nothing(
     tmp_path: Path, shop_database_url: str
 ) -> None:
-    seen = _run(tmp_path, shop_database_url)
+    seen = run_script("tests.example.webhook_own_payment", str(tmp_path), shop_database_url)
     refunded = "webhook:charge.refunded"
     succeeded = "webhook:payment_intent.succeeded"
     # The duplicate's refund leaves the order paid by its own payment; the shop's refund
