@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
 from celery_agboss.core.history import HistoryVerdict
+from celery_agboss.core.lookup import not_sent_proven
 from celery_agboss.core.outbound import declared_call
 from celery_agboss.core.pauses import PauseRecord
 from celery_agboss.core.store_protocol import HistoryRow, IntentRecord, IntentStatus, LeaseState
-from celery_agboss.core.stranded import not_sent_proven
 from celery_agboss.store.schema import intent_history, outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.unopened import UNOPENED_START, state_known, unopened_fields

@@ -1,11 +1,12 @@
 """A ``NotSent`` during a cancel: what becomes of a cancelled execution's PENDING intent.
 
 A cancelled execution never resends, so its intent must end. Reconcile's ``NotSent``
-settles it ``FAILED`` only when the call's lookup proves absence
-(``lookup_proves_absence``). A replay-only ``NotSent`` just says a resend under the
-same key would be safe: the payment may exist, so the intent is flagged for a person
-instead (never an ambiguous payment marked failed). One rule, for both callers: a
-delivery of the cancelled execution (under its lease) and the sweep's cancel step.
+settles it ``FAILED`` only when the call's lookup proves absence (``not_sent_proven``,
+the one rule the sweep's records and views use too). A replay-only ``NotSent`` just says
+a resend under the same key would be safe: the payment may exist, so the intent is
+flagged for a person instead (never an ambiguous payment marked failed). One rule, for
+both callers: a delivery of the cancelled execution (under its lease) and the sweep's
+cancel step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import enum
 
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.history import HistoryEvent
+from celery_agboss.core.lookup import not_sent_proven
 from celery_agboss.core.store_protocol import (
     IntentGuard,
     IntentRecord,
@@ -53,7 +55,7 @@ def settle_not_sent_for_cancel(
     ``actor`` the lease it acts under (None: the sweep, which holds none), and
     ``execution_id`` the execution whose delivery acts (None: the sweep)."""
     call = settings.call_named(intent.name)
-    if call is None or not call.lookup_proves_absence:
+    if not not_sent_proven(call):
         update = IntentUpdate(needs_operator=True, operator_reason=OPERATOR_REASON)
         event, to_status, ended = (
             HistoryEvent.UNRECONCILED,

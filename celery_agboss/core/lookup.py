@@ -62,6 +62,14 @@ def max_key_age_ms(call: OutboundCall, attempt_timeout_ms: int) -> int | None:
     return call.key_retention_ms - attempt_timeout_ms
 
 
+def not_sent_proven(call: OutboundCall | None) -> bool | None:
+    """Whether a ``NotSent`` from ``call``'s lookup proves the gateway never processed the
+    request: only a call declaring ``lookup_proves_absence`` says so (design: key age);
+    None when the call is unknown here. What is recorded, counted and shown of a
+    ``NotSent`` is decided here."""
+    return None if call is None else call.lookup_proves_absence
+
+
 def ask(
     call: OutboundCall, context: CallContext, lookup: Lookup, timeout_ms: int
 ) -> Completed[Any] | NotSent | Unknown:

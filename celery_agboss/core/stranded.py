@@ -39,6 +39,7 @@ from celery_agboss.core.lookup import (
     ask,
     completed_update,
     lookup_of,
+    not_sent_proven,
     take_for_lookup,
 )
 from celery_agboss.core.outbound import CallContext, Completed, NotSent, OutboundCall, Unknown
@@ -94,14 +95,6 @@ NOT_SENT_UNPROVEN_WHY = (
     "under the same key, which the gateway replays if it processed it"
 )
 """What a ``NotSent`` that proves nothing is recorded as (history detail ``why``) and logged."""
-
-
-def not_sent_proven(call: OutboundCall | None) -> bool | None:
-    """Whether a ``NotSent`` from ``call``'s lookup proves the gateway never processed the
-    request: only a call declaring ``lookup_proves_absence`` says so (design: key age);
-    None when the call is unknown here. What is recorded, counted and shown of a
-    ``NotSent`` is decided here."""
-    return None if call is None else call.lookup_proves_absence
 
 
 class _HasRef(Protocol):
