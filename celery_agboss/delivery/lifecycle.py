@@ -66,6 +66,7 @@ from celery_agboss.delivery.waits import (
     retry_not_published,
     retry_or_requeue,
     retry_requested,
+    start_failed,
     sweep_after_ms,
     wait_then_retry,
 )
@@ -134,9 +135,8 @@ class Delivery:
             )
         except ExecutionIdConflictError as exc:
             self._refuse_another_task(exc)
-        except (StoreError, StoreNotMigratedError) as exc:  # not migrated yet: wait for it
-            log_store_failure(self, "start", exc)
-            retry_or_requeue(self, self.settings.retry_delay_seconds, exc)
+        except (StoreError, StoreNotMigratedError, ValueError) as exc:  # see start_failed
+            start_failed(self, exc)
         if start.kind is not StartKind.STARTED:
             return self._not_started(start)
         assert start.grant is not None

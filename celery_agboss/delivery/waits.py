@@ -27,11 +27,17 @@ from celery_agboss.core.log_events import EXECUTION_STORE_FAILED, EXECUTION_WAIT
 from celery_agboss.core.protections import REQUEUE_WITHOUT_PAUSE, WAKE_FOLDED_INTO_REFUSED_RETRY
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.verdicts import Wait
-from celery_agboss.errors import LongWaitRequested, RetryNotPublished
+from celery_agboss.errors import (
+    LongWaitRequested,
+    RetryNotPublished,
+    StoreError,
+    StoreNotMigratedError,
+)
 from celery_agboss.runtime import messages
 from celery_agboss.runtime.messages import dumps, loads, message_from_request
 from celery_agboss.runtime.settings import AGBossSettings
 from celery_agboss.runtime.task_events import TASK_WAITING
+from celery_agboss.store.unopened import list_executions_shown, state_known
 
 # How many of a message's ``retries`` are celery_agboss's own (an unknown outcome's, a
 # store outage's), not the application's: they never use the application's budget.
@@ -208,12 +214,46 @@ def retry_or_requeue(d: DeliveryLike, delay: float, cause: BaseException) -> NoR
             raise _retry(d, delay)
         except (MaxRetriesExceededError, RetryNotPublished):
             pass
-    # The retry could not go out (the store is down, so it cannot be recorded):
-    # the broker hands the message back at once, so pause first, or an outage
-    # becomes a loop of deliveries (and error lines) as fast as the broker goes.
+    # The retry could not go out (the store is down, so it cannot be recorded).
+    _hand_back(delay, cause)
+
+
+def _hand_back(delay: float, cause: BaseException) -> NoReturn:
+    """The message back to the broker, unacknowledged. The broker hands it out again at
+    once, so pause first, or an outage becomes a loop of deliveries (and error lines)
+    as fast as the broker goes."""
     if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
         time.sleep(min(delay, REQUEUE_PAUSE_SECONDS))
     raise Reject(cause, requeue=True)
+
+
+def start_failed(d: DeliveryLike, exc: BaseException) -> NoReturn:
+    """The start's store call failed. A store that cannot be used (down, not migrated
+    yet): a retry, or the message handed back. A row whose state a newer version of the
+    package wrote (a rolling upgrade; reading it raised ``ValueError``): this version
+    decides nothing about it, so the message goes back to the broker as it came, for a
+    worker on that version: no body, no write, no retry published (a publish records
+    its message on the row). Any other ``ValueError`` is raised as it was."""
+    try:
+        if not isinstance(exc, ValueError):
+            raise exc  # the store's own failure, handled below
+        found = list_executions_shown(d.runtime.store, limit=1, execution_id=d.execution_id)
+    except (StoreError, StoreNotMigratedError) as failed:
+        log_store_failure(d, "start", failed)
+        retry_or_requeue(d, d.settings.retry_delay_seconds, failed)
+    if not found or state_known(found[0].state):
+        raise exc
+    d.log_decision(
+        EXECUTION_STORE_FAILED,
+        logging.ERROR,
+        step="start",
+        error="StateOfANewerVersion",
+        state=found[0].state.value,
+        hint="a newer version of celery_agboss wrote this state, which this worker does "
+        "not know: the message goes back to the broker untouched, for a worker on that "
+        "version; upgrade this worker",
+    )
+    _hand_back(d.settings.retry_delay_seconds, exc)
 
 
 def _retry_allowed(d: DeliveryLike) -> bool:

@@ -6,7 +6,8 @@ and ``acting`` (re-drive, accept, cancel, unpark, answer a pause) hold the verbs
 
 Every action is refused (``OperatorRefusedError``, nothing changed) while it could race
 with a delivery that may still send money: an intent whose owner's lease is live, an
-execution running under a live lease, a cancel while a payment's outcome is unknown.
+execution running under a live lease, a cancel while a payment's outcome is unknown;
+and every verb on an execution in a state a newer version of the package wrote.
 Every change is a compare-and-set and leaves an audit row (who, when, why, before and
 after); ``resolve`` writes its audit row in the same transaction as the change.
 """

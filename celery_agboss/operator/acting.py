@@ -36,6 +36,8 @@ from celery_agboss.operator.common import (
     _refuse,
     _require_reason,
     default_actor,
+    refused_if_newer,
+    refusing_newer_states,
 )
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import dumps, republish
@@ -126,6 +128,7 @@ def _after_answer(
     return runtime.executions.read_execution(creator), republished.get(creator, False), sent_on
 
 
+@refusing_newer_states
 def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:
     """Send a ``WAITING_OPERATOR`` execution on when nothing is left for a person to
     decide (every intent it created or used is settled): ``WAITING`` and published again
@@ -175,6 +178,7 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
     return redrive_now(runtime, execution_id, reason=f"re-driven by {who}")
 
 
+@refusing_newer_states
 def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> bool:
     """Accept a divergence (design: divergence): a re-run's body no longer reached a call an earlier
     delivery made and that completed (or may have). Once what that old path charged is
@@ -214,6 +218,7 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     return True
 
 
+@refusing_newer_states
 def cancel(
     app: Any,
     execution_id: str,
@@ -294,6 +299,7 @@ def cancel(
     return updated
 
 
+@refusing_newer_states
 def payments_handled(
     app: Any, execution_id: str, reason: str, *, actor: str | None = None
 ) -> ExecutionRecord:
@@ -326,6 +332,7 @@ class UnparkResult:
     republished: bool
 
 
+@refusing_newer_states
 def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> UnparkResult:
     """Give a ``PARKED`` execution (recovery cap reached) another go: its recovery count
     starts again from zero and its message is published again now."""
@@ -395,7 +402,10 @@ def answer_pause_outcome(
     ``agboss answer-pause`` prints)."""
     runtime = Runtime.of(app)
     audit = None if actor is None else Audit(actor, "answer-pause", f"pause {pause_id} answered")
-    answered = runtime.executions.answer_pause(pause_id, dumps(answer), audit=audit)
+    try:
+        answered = runtime.executions.answer_pause(pause_id, dumps(answer), audit=audit)
+    except ValueError as error:  # read under its lock, before the answer is written
+        refused_if_newer(app, _paused_execution(runtime, pause_id), error)
     record = answered.record
     if audit is not None:
         _audit_afterwards(runtime, audit, record.id, None, record)
@@ -405,3 +415,10 @@ def answer_pause_outcome(
     log_event(OPERATOR_PAUSE_ANSWERED, execution_id=record.id, pause=pause_id)
     republished = redrive_now(runtime, record.id, reason=f"pause {pause_id} answered")
     return PauseAnswerOutcome(early=False, republished=republished)
+
+
+def _paused_execution(runtime: Runtime, pause_id: str) -> str:
+    """The execution of ``pause_id``: its stored row's, else the part of the id before
+    its last ``:`` (as ``store.pauses`` reads an answer that comes early)."""
+    found = runtime.executions.read_pauses(pause_id=pause_id, shown_unopened=True)
+    return found[0].execution_id if found else pause_id.rpartition(":")[0]

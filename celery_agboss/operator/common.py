@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import getpass
+import inspect
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+from sqlalchemy import select
 
 from celery_agboss.core.executions import (
     ExecutionRecord,
@@ -14,8 +19,14 @@ from celery_agboss.core.store_protocol import (
 )
 from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.store.schema_executions import executions
+from celery_agboss.store.transactions import SQLTransaction
+from celery_agboss.store.unopened import shown_state, state_known
 
 _NO_RESULT = object()
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def default_actor() -> str:
@@ -36,6 +47,60 @@ def _execution(runtime: Runtime, execution_id: str, listing: str) -> ExecutionRe
     if record is None:
         raise _refuse("not-found", f"no execution has the id {execution_id!r}; list {listing}")
     return record
+
+
+def newer_state_refusal(tx: SQLTransaction, execution_id: str) -> OperatorRefusedError | None:
+    """The ``wrong-state`` refusal of any verb on ``execution_id`` while its state is one
+    a newer version of the package wrote (a rolling upgrade): this version does not know
+    its rules, so it may neither change the execution nor settle a payment that sends it
+    on. None for a state this version knows (``store.unopened.state_known`` decides),
+    read as the stored text in the caller's transaction."""
+    stored = tx.execute(select(executions.c.state).where(executions.c.id == execution_id))
+    state = stored.scalar()
+    if state is None or state_known(shown_state(str(state))):
+        return None
+    return _refuse(
+        "wrong-state",
+        f"execution {execution_id} is {state}, a state written by a newer version of "
+        "celery_agboss that this version does not know, so it changes nothing about it: "
+        "run this command from a process on that version",
+    )
+
+
+def refuse_a_newer_state(tx: SQLTransaction, execution_id: str) -> None:
+    """Raise ``newer_state_refusal``'s refusal, if any."""
+    refusal = newer_state_refusal(tx, execution_id)
+    if refusal is not None:
+        raise refusal
+
+
+def refused_if_newer(app: Any, execution_id: str, error: ValueError) -> NoReturn:
+    """A store read of ``execution_id`` raised ``error``: ``newer_state_refusal``'s
+    refusal when a newer version wrote its state (a record this version cannot read),
+    else ``error`` as it was. Asked only then, so no verb pays for it."""
+    with Runtime.of(app).store.read_transaction() as tx:
+        refusal = newer_state_refusal(tx, execution_id)
+    if refusal is None:
+        raise error
+    raise refusal from None
+
+
+def refusing_newer_states(verb: Callable[P, R]) -> Callable[P, R]:
+    """An operator's verb ``verb(app, execution_id, ...)``, refused by
+    ``refused_if_newer`` when a read of its execution meets a state a newer version
+    wrote. That read comes before the verb's first write, or inside a write's
+    transaction, which the error rolls back: nothing is written."""
+    signature = inspect.signature(verb)
+
+    @functools.wraps(verb)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return verb(*args, **kwargs)
+        except ValueError as error:
+            named = signature.bind(*args, **kwargs).arguments
+            refused_if_newer(named["app"], str(named["execution_id"]), error)
+
+    return checked
 
 
 def _require_reason(reason: str) -> str:

@@ -34,6 +34,7 @@ from celery_agboss.operator.common import (
     _refuse,
     _require_reason,
     default_actor,
+    refuse_a_newer_state,
 )
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.store.audit_trail import insert_audit_txn
@@ -137,7 +138,8 @@ def resolve(
     (past the call's ``key_retention``), where a resend is deduplicated no more: if the
     gateway did process it, that is a second charge; ``may_charge_twice=True``
     (``--may-charge-twice``) says so and goes on. Refused while its owner's lease (or the
-    execution's) is live. The change, its history row and the audit row commit together.
+    execution's) is live, or while an execution it would send on is in a state a newer
+    version wrote. The change, its history row and the audit row commit together.
     """
     if (completed is _NO_RESULT) == (not not_sent):
         raise _refuse(
@@ -146,8 +148,11 @@ def resolve(
     why = _require_reason(reason)
     who = actor or default_actor()
     runtime = Runtime.of(app)
+    waiting = runtime.executions.executions_waiting_on(idempotency_key)
     with runtime.store.transaction() as tx:
         intent = _resolvable_intent(tx, idempotency_key, not_sent)
+        for execution_id in dict.fromkeys([intent.execution_id, *waiting]):
+            refuse_a_newer_state(tx, execution_id)  # what the answer would send on
         if not_sent:
             _refuse_a_resend_past_retention(runtime, intent, tx.now_ms, may_charge_twice)
             resolution = not_sent_resolution(who, may_charge_twice=may_charge_twice)
