@@ -128,10 +128,11 @@ def move(conn: Connection, order_id: str, status: str, payment_id: str | None = 
 
 
 def mark_paid(conn: Connection, order_id: str, payment_id: str) -> None:
-    """The order is paid by ``payment_id``; every call is one ledger line."""
-    conn.execute(
-        update(orders).where(orders.c.id == order_id).values(status="paid", payment_id=payment_id)
-    )
+    """The order is paid by ``payment_id``, forward only (``move``): a charge whose answer
+    is written late (its worker died, the webhook paid the order, the customer was
+    refunded since) never moves a ``refunded`` order back to ``paid``, to be shipped.
+    Every call is one ledger line, so a second payment still shows."""
+    move(conn, order_id, "paid", payment_id)
     note(conn, order_id, "paid", payment_id)
 
 

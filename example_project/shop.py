@@ -52,12 +52,19 @@ def _read(order_id: str) -> dict[str, Any]:
         return orders.load(conn, order_id)
 
 
+SHOP_CHARGE = "shop_charge"
+"""The metadata field naming the order on every PaymentIntent the shop creates for it (its
+charges, authorisations and checkout page): how ``own_payment`` tells them from another
+PaymentIntent carrying the same ``reference`` (a duplicate made in Stripe's dashboard)."""
+
+
 def payment_request(order: dict[str, Any]) -> dict[str, Any]:
     return {
         "amount": order["amount"],
         "currency": order["currency"],
         "reference": order["id"],
         "source": order["card"],
+        "metadata": {SHOP_CHARGE: order["id"]},
     }
 
 
@@ -233,6 +240,13 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
         if status not in STILL_PENDING:
             break
     if status != "requires_capture":
+        # Authentication failed or was cancelled (the webhook's ``payment_failed``, say):
+        # nothing held, nothing to capture; the order is never marked paid.
+        self.fenced_effect(
+            "3ds-not-captured",
+            lambda conn: orders.note(conn, order_id, f"checkout:{status}", authorization["id"]),
+            business_key=f"authorization:{order_id}",
+        )
         return {"not_captured": status}
     captured = self.outbound(
         stripe.capture,
@@ -336,12 +350,7 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
         )
     except IdempotencyKeyConflictError:
         if action == "void":
-            # The capture won, but may not be sent yet: the same call under the same key
-            # waits for it (or sends it, once), so the refund never precedes the capture.
-            self.outbound(
-                stripe.capture, {"payment_id": payment_id}, business_key=f"disposition:{payment_id}"
-            )
-            return {"refunded": refund(self, order_id, payment_id)["id"]}
+            return _refund_the_capture(self, order_id, payment_id)
         return {"not_captured": "the order was cancelled first"}
     call = stripe.capture if action == "capture" else stripe.void
     done = self.outbound(call, {"payment_id": payment_id}, business_key=f"disposition:{payment_id}")
@@ -363,18 +372,40 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
     return done
 
 
-def own_payment(conn: Connection, order: Mapping[str, Any], payment_id: str) -> bool:
-    """Whether ``payment_id`` is the order's own PaymentIntent: the one it stored, or,
-    before it stored one, the one its pending charge created (noted ``charge:<status>``
-    by ``mark_paid`` or ``authorize``; with none noted, any that ``paid_in_full`` passes).
-    Another PaymentIntent carries the same reference (a duplicate, an older attempt): its
-    refund returned none of the order's payment, and its success is money to give back."""
+def _refund_the_capture(task: PaymentTask, order_id: str, payment_id: str) -> dict[str, Any]:
+    """A cancel that lost to the capture becomes a refund, of money the capture took. The
+    capture may not be sent yet: the same call under the same key waits for it (or sends
+    it, once), so the refund never precedes it. Its answer decides, by the capture route's
+    rule (``paid_in_full``): a capture still ``processing``, or short, took no order's
+    amount to give back, and a refund then returns money never captured, or another
+    amount. So that is noted ``cancelled:capture:<status>`` for a person, nothing sent."""
+    captured = task.outbound(
+        stripe.capture, {"payment_id": payment_id}, business_key=f"disposition:{payment_id}"
+    )
+
+    def taken(conn: Connection) -> bool:
+        if paid_in_full(captured, orders.load(conn, order_id)):
+            return True
+        orders.note(conn, order_id, f"cancelled:capture:{captured.get('status')}", captured["id"])
+        return False
+
+    if not task.fenced_effect("cancelled", taken, business_key=f"disposition:{payment_id}"):
+        return {"not_refunded": captured.get("status")}
+    return {"refunded": refund(task, order_id, payment_id)["id"]}
+
+
+def own_payment(order: Mapping[str, Any], intent: Mapping[str, Any]) -> bool:
+    """Whether the PaymentIntent (as Stripe shows it, with its metadata) is the order's
+    own: the one it stored, or, before it stored one, one the shop created for the order
+    (``SHOP_CHARGE`` names it). Another PaymentIntent carries the same reference (a
+    duplicate, an older attempt made elsewhere): its refund returned none of the order's
+    payment, and its success is money to give back. Nothing stored and nothing noted is
+    no proof of "never charged": the shop's own charge may be in flight (sent, its answer
+    not yet written, its worker dead), and a duplicate then marked the order paid by money
+    a person must refund."""
     if order["payment_id"]:
-        return bool(order["payment_id"] == payment_id)
-    charged = {
-        ref for entry, ref in orders.entries(conn, order["id"]) if entry.startswith("charge:")
-    }
-    return not charged or payment_id in charged
+        return bool(order["payment_id"] == intent["id"])
+    return bool((intent.get("metadata") or {}).get(SHOP_CHARGE) == order["id"])
 
 
 @app.task(base=PaymentTask, bind=True)
@@ -388,7 +419,8 @@ def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
     payment_id = (
         event.payload.get("data", {}).get("object", {}).get("payment_intent") or event.object_id
     )
-    intent = intent_result(stripe.client.v1.payment_intents.retrieve(payment_id).to_dict())
+    shown = stripe.client.v1.payment_intents.retrieve(payment_id).to_dict()
+    intent = intent_result(shown)
     order_id = intent["reference"]
     order = _read(order_id)
     # Listed refunds are not money returned: only succeeded ones of the order's amount count.
@@ -405,7 +437,7 @@ def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
 
     def apply(conn: Connection) -> bool:
         orders.note(conn, order_id, f"webhook:{event.type}", event.event_id)
-        if not own_payment(conn, orders.load(conn, order_id), intent["id"]):
+        if not own_payment(orders.load(conn, order_id), shown):
             # A second payment of the order: refund it in Stripe's dashboard if it took money.
             orders.note(conn, order_id, "webhook:other-payment", intent["id"])
             return False

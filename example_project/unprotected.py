@@ -40,9 +40,15 @@ def read(order_id: str) -> dict[str, Any]:
         return orders.load(conn, order_id)
 
 
-def create_intent(order: dict[str, Any], *, capture: bool = True, key: str | None = None) -> Any:
+def create_intent(
+    order: dict[str, Any],
+    *,
+    capture: bool = True,
+    key: str | None = None,
+    metadata: dict[str, str] | None = None,
+) -> Any:
     """One PaymentIntent, as the SDK sends it: under a new idempotency key every time,
-    unless the caller gives its own ``key``."""
+    unless the caller gives its own ``key``; ``metadata`` beside the order's reference."""
     request = payment_request(order)
     return adapter.client.v1.payment_intents.create(
         params={
@@ -52,7 +58,7 @@ def create_intent(order: dict[str, Any], *, capture: bool = True, key: str | Non
             "confirm": True,
             "capture_method": "automatic" if capture else "manual",
             "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
-            "metadata": {"reference": order["id"]},
+            "metadata": {"reference": order["id"], **(metadata or {})},
         },
         options={} if key is None else {"idempotency_key": key},
     )

@@ -10,7 +10,8 @@ server: place an order, come back from 3-D Secure, and receive Stripe's webhooks
   (its first wait not answered yet: ``answer_checkout``).
 - ``POST /webhooks/stripe`` verifies ``Stripe-Signature`` over the raw body (400 and
   nothing recorded when it does not verify), answers the checkout's pause when the event
-  says the customer authenticated, and publishes one ``handle_stripe_event`` per event.
+  says how the customer's authentication ended (``OUTCOMES``: authorised, or failed), and
+  publishes one ``handle_stripe_event`` per event.
 - ``GET /health``.
 """
 
@@ -41,6 +42,11 @@ from example_project import config, orders, shop
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 FLOWS = {"charge": shop.charge_order, "3ds": shop.checkout_3ds, "saga": shop.place_order}
 AUTHENTICATED = "payment_intent.amount_capturable_updated"
+# How the customer's authentication ended (docs/webhooks.md, section 3): each answers the
+# checkout's wait, whose body then reads Stripe's status itself. A failure is answered
+# too, or the wait holds the checkout until it expires, an operator's to end. Not
+# ``payment_intent.succeeded``: the checkout captures manually, so that follows its capture.
+OUTCOMES = frozenset({AUTHENTICATED, "payment_intent.payment_failed", "payment_intent.canceled"})
 
 
 def task_id_of(order_id: str) -> str:
@@ -101,7 +107,7 @@ def stripe_webhook(raw: bytes, signature: str | None) -> tuple[int, dict[str, An
     for event in events if isinstance(events, list) else [events]:
         reference = ((event.payload.get("data") or {}).get("object") or {}).get("metadata", {})
         order_id = reference.get("reference") if isinstance(reference, dict) else None
-        if event.type == AUTHENTICATED and order_id:
+        if event.type in OUTCOMES and order_id:
             answer_checkout(order_id, partial(answer_pause_with_event, shop.app, event=event))
         published.append(shop.handle_stripe_event.delay(event.to_message()).id)
     return 200, {"published": published}

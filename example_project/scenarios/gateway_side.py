@@ -75,10 +75,13 @@ def _payment_id(world: World, order_id: str) -> str:
 
 def _customer_pays(order_id: str) -> Any:
     """The customer pays at Stripe (its hosted page, say): one PaymentIntent for the order,
-    made as the plain shop makes one, under the checkout page's key."""
-    from example_project.unprotected import create_intent, read  # imports the shop: lazily
+    made as the plain shop makes one, under the checkout page's key; the shop's checkout
+    page created it, so it names the order as the shop's own (``shop.SHOP_CHARGE``)."""
+    from example_project.shop import SHOP_CHARGE  # imports the shop: lazily
+    from example_project.unprotected import create_intent, read
 
-    return create_intent(read(order_id), key=f"checkout:{order_id}")
+    marked = {SHOP_CHARGE: order_id}
+    return create_intent(read(order_id), key=f"checkout:{order_id}", metadata=marked)
 
 
 def _event(kind: str, data_object: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 at a status that took no money yet, and what the shop marked each order; as JSON on stdout.
 
 Run in a process of its own (by ``test_charge_statuses.py``), as ``refund_statuses.py``
-is: ``example_project.shop`` reads its settings from the environment when imported.
+is: ``example_project.shop`` reads its settings from the environment when imported. Every
+status runner here starts from ``shop_on_fake_stripe`` (the fake Stripe, the shop's
+environment, its tables, ``bound_app``) and ``StripeIntents``.
 
 The fake's PaymentIntents all succeed at once; Stripe answers a create-and-confirm with
 HTTP 200 at ``requires_action`` (3-D Secure) or ``processing`` too, nothing received yet.
@@ -22,12 +24,19 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from celery import Celery
+from sqlalchemy import Engine
+
 import celery_agboss.testing.dialects.stripe as stripe_dialect
 import celery_agboss.testing.dialects.stripe_wire as stripe_wire
+from celery_agboss import AGBoss
+from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.dialects.stripe import StripeDialect
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer
@@ -62,10 +71,95 @@ class StripeIntents:
         return {**shown, **self.changed.get(shown["id"], {})}
 
 
-def run(data_dir: Path, database_url: str) -> dict[str, Any]:
-    intents = StripeIntents()
-    stripe_wire.render_intent = intents.render  # a create's answer (``charge_answer``)
-    stripe_dialect.render_intent = intents.render  # retrieve, capture, list, search
+@dataclass(frozen=True)
+class FakeStripeShop:
+    """``example_project.shop`` on the test's store, its Stripe SDK talking to a fake
+    Stripe (``shop_on_fake_stripe``): what every status runner here starts from."""
+
+    gateway: FakeGateway
+    app: Celery
+
+    @property
+    def runtime(self) -> AGBoss:
+        return AGBoss.of(self.app)
+
+    @property
+    def engine(self) -> Engine:
+        return self.runtime.store.engine
+
+    def place(self, case: str) -> str:
+        """A new order of ``AMOUNT`` usd named after ``case``; its id."""
+        from example_project import orders
+
+        order_id = f"{case}-{uuid.uuid4().hex[:6]}"
+        with self.engine.begin() as conn:
+            orders.place(conn, order_id, AMOUNT)
+        return order_id
+
+    def ledger(self, order_id: str) -> list[str]:
+        """The order's ledger entries, in order."""
+        from example_project import orders
+
+        with self.engine.connect() as conn:
+            return [entry for entry, _ in orders.entries(conn, order_id)]
+
+    def another_intent(
+        self, order_id: str, amount: int = AMOUNT, currency: str = "usd", *, shops: bool = False
+    ) -> str:
+        """A succeeded PaymentIntent naming the order, made outside the shop's tasks (a
+        duplicate, an older attempt; with ``shops``, the shop's checkout page, marked as
+        the shop marks its own); its id."""
+        from example_project import shop
+
+        metadata = {"reference": order_id, **({shop.SHOP_CHARGE: order_id} if shops else {})}
+        params: Any = {
+            "amount": amount,
+            "currency": currency,
+            "payment_method": "pm_card_visa",
+            "confirm": True,
+            "metadata": metadata,
+        }
+        return str(shop.stripe.client.v1.payment_intents.create(params=params).id)
+
+    def webhook(self, kind: str, payment_id: str) -> str:
+        """Stripe's event ``kind`` about the PaymentIntent (``charge.refunded`` names its
+        charge), applied by ``handle_stripe_event``; the event's id."""
+        from celery_agboss.webhooks import WebhookEvent
+        from example_project import shop
+
+        if kind == "charge.refunded":
+            about = {"object": "charge", "payment_intent": payment_id, "refunded": True}
+            object_id = "ch_" + payment_id.removeprefix("pi_")
+        else:
+            about, object_id = {"object": "payment_intent", "id": payment_id}, payment_id
+        event = WebhookEvent(
+            gateway="stripe",
+            event_id=f"evt_{uuid.uuid4().hex[:24]}",
+            type=kind,
+            object_id=object_id,
+            payload={"type": kind, "data": {"object": about}},
+        )
+        shop.handle_stripe_event.apply((event.to_message(),)).get()
+        return event.event_id
+
+
+@contextmanager
+def shop_on_fake_stripe(
+    data_dir: Path,
+    database_url: str,
+    intents: StripeIntents | None = None,
+    *,
+    clock: VirtualClock | None = None,
+) -> Iterator[FakeStripeShop]:
+    """A fake Stripe server, the shop's environment pointed at it, every table of the
+    shop's (``migrate.run``; the assistant's budgets too) and ``shop.app`` bound to the
+    store, for the block. ``intents``, when given, renders every PaymentIntent (a
+    create's answer, retrieve, capture, cancel, list, search); ``clock`` moves the
+    store's clock (a dead delivery's lease expires). ``example_project`` reads its
+    settings when imported: import its modules inside the block."""
+    if intents is not None:
+        stripe_wire.render_intent = intents.render  # a create's answer (``charge_answer``)
+        stripe_dialect.render_intent = intents.render  # retrieve, capture, list, search
     gateway = FakeGateway(capabilities=StripeDialect.documented_capabilities)
     with FakeGatewayServer(gateway, dialect=StripeDialect()) as server:
         os.environ.update(
@@ -74,126 +168,109 @@ def run(data_dir: Path, database_url: str) -> dict[str, Any]:
             CELERY_BROKER_URL="memory://",
             STRIPE_API_BASE=server.url,
         )
-        from sqlalchemy import insert
-
-        from celery_agboss import AGBoss, answer_pause
         from celery_agboss.testing.celery_app import bound_app
-        from celery_agboss.webhooks import WebhookEvent
-        from example_project import assistant, migrate, orders, shop
+        from example_project import assistant, migrate, shop
 
-        url = migrate.run()  # assistant imported first: its budgets table is made too
-        with bound_app(shop.app, url) as app:
-            engine = AGBoss.of(app).store.engine
-            with engine.begin() as conn:
-                orders.stock_up(conn, "mug", 10)
+        assert assistant  # imported before migrating: its budgets table is made too
+        offset = None if clock is None else clock.offset_ms
+        with bound_app(shop.app, migrate.run(), clock_offset_source=offset) as app:
+            yield FakeStripeShop(gateway, app)
 
-            def approved(order_id: str) -> Any:
-                task_id = f"approve-{order_id}"
-                shop.approve_large_order.apply((order_id,), task_id=task_id)  # paused
-                answer_pause(app, f"{task_id}:approve", {"approved": True, "by": "ops"})
-                return shop.approve_large_order.apply((order_id,), task_id=task_id)
 
-            def spend(order_id: str) -> Any:
-                with engine.begin() as conn:
-                    budget = {"customer": order_id, "remaining": 5000}
-                    conn.execute(insert(assistant.budgets).values(**budget))
-                return assistant.spend_budget.apply((order_id, order_id))
+def _flows(world: FakeStripeShop) -> dict[str, Callable[[str], Any]]:
+    """Each flow that marks an order paid, started for an order: its task's result."""
+    from sqlalchemy import insert
 
-            tool_calls = [{"tool": "charge", "amount": AMOUNT}]
-            flows: dict[str, Callable[[str], Any]] = {
-                "charge_order": lambda o: shop.charge_order.apply((o,)),
-                "place_order": lambda o: shop.place_order.apply((o,)),
-                "approve_large_order": approved,
-                "assistant_session": lambda o: assistant.assistant_session.apply((o, tool_calls)),
-                "ship_part": lambda o: assistant.ship_part.apply((o, "lid")),
-                "spend_budget": spend,
-                "pay_attempt": lambda o: assistant.pay_attempt.apply((o,)),
-            }
+    from celery_agboss import answer_pause
+    from example_project import assistant, shop
 
-            def charges() -> int:
-                return sum(1 for r in gateway.requests if r.operation == "charge")
+    def approved(order_id: str) -> Any:
+        task_id = f"approve-{order_id}"
+        shop.approve_large_order.apply((order_id,), task_id=task_id)  # paused
+        answer_pause(world.app, f"{task_id}:approve", {"approved": True, "by": "ops"})
+        return shop.approve_large_order.apply((order_id,), task_id=task_id)
 
-            def ledger(order_id: str) -> list[str]:
-                with engine.connect() as conn:
-                    return [entry for entry, _ in orders.entries(conn, order_id)]
+    def spend(order_id: str) -> Any:
+        with world.engine.begin() as conn:
+            budget = {"customer": order_id, "remaining": 5000}
+            conn.execute(insert(assistant.budgets).values(**budget))
+        return assistant.spend_budget.apply((order_id, order_id))
 
-            def webhook(payment_id: str) -> str:
-                """Stripe's ``payment_intent.succeeded`` for the PaymentIntent, applied."""
-                intent = {"object": "payment_intent", "id": payment_id}
-                event = WebhookEvent(
-                    gateway="stripe",
-                    event_id=f"evt_{uuid.uuid4().hex[:24]}",
-                    type="payment_intent.succeeded",
-                    object_id=payment_id,
-                    payload={"type": "payment_intent.succeeded", "data": {"object": intent}},
-                )
-                shop.handle_stripe_event.apply((event.to_message(),)).get()
-                return event.event_id
+    tool_calls = [{"tool": "charge", "amount": AMOUNT}]
+    return {
+        "charge_order": lambda o: shop.charge_order.apply((o,)),
+        "place_order": lambda o: shop.place_order.apply((o,)),
+        "approve_large_order": approved,
+        "assistant_session": lambda o: assistant.assistant_session.apply((o, tool_calls)),
+        "ship_part": lambda o: assistant.ship_part.apply((o, "lid")),
+        "spend_budget": spend,
+        "pay_attempt": lambda o: assistant.pay_attempt.apply((o,)),
+    }
 
-            def another_intent(order_id: str, amount: int, currency: str) -> str:
-                """A PaymentIntent of the order made elsewhere (an older attempt), succeeded."""
-                params: Any = {
-                    "amount": amount,
-                    "currency": currency,
-                    "payment_method": "pm_card_visa",
-                    "confirm": True,
-                    "metadata": {"reference": order_id},
+
+def run(data_dir: Path, database_url: str) -> dict[str, Any]:
+    intents = StripeIntents()
+    with shop_on_fake_stripe(data_dir, database_url, intents) as world:
+        from example_project import orders, shop
+
+        with world.engine.begin() as conn:
+            orders.stock_up(conn, "mug", 10)
+
+        def charges() -> int:
+            return sum(1 for r in world.gateway.requests if r.operation == "charge")
+
+        def webhook(payment_id: str) -> str:
+            """Stripe's ``payment_intent.succeeded`` for the PaymentIntent, applied."""
+            return world.webhook("payment_intent.succeeded", payment_id)
+
+        seen: dict[str, Any] = {"flows": {}, "webhooks": {}}
+        flows = _flows(world)
+        for status, shown in UNPAID.items():
+            for flow, start in flows.items():
+                order_id = world.place(f"{flow}-{status}")
+                before = charges()
+                intents.next = dict(shown)
+                result = start(order_id)
+                row = shop._read(order_id)
+                seen["flows"][f"{flow}:{status}"] = {
+                    "succeeded": result.successful(),
+                    "status": row["status"],
+                    "ledger": world.ledger(order_id),
+                    "charge_requests": charges() - before,
                 }
-                return str(shop.stripe.client.v1.payment_intents.create(params=params).id)
 
-            def order_of(flow: str, status: str) -> str:
-                order_id = f"{flow}-{status}-{uuid.uuid4().hex[:6]}"
-                with engine.begin() as conn:
-                    orders.place(conn, order_id, AMOUNT)
-                return order_id
+        # An authorisation answered requires_action holds nothing: the order is not
+        # authorized until Stripe says requires_capture (its webhook).
+        order_id = world.place("authorize_order-requires_action")
+        intents.next = dict(NOT_HELD)
+        authorization = shop.authorize_order.apply((order_id,)).get()
+        after_authorize = shop._read(order_id)["status"]
+        intents.changed[authorization["id"]] = {}
+        webhook(authorization["id"])
+        seen["authorize_order"] = {
+            "after_authorize": after_authorize,
+            "after_webhook": shop._read(order_id)["status"],
+            "ledger": world.ledger(order_id),
+        }
 
-            seen: dict[str, Any] = {"flows": {}, "webhooks": {}}
-            for status, shown in UNPAID.items():
-                for flow, start in flows.items():
-                    order_id = order_of(flow, status)
-                    before = charges()
-                    intents.next = dict(shown)
-                    result = start(order_id)
-                    row = shop._read(order_id)
-                    seen["flows"][f"{flow}:{status}"] = {
-                        "succeeded": result.successful(),
-                        "status": row["status"],
-                        "ledger": ledger(order_id),
-                        "charge_requests": charges() - before,
-                    }
-
-            # An authorisation answered requires_action holds nothing: the order is not
-            # authorized until Stripe says requires_capture (its webhook).
-            order_id = order_of("authorize_order", "requires_action")
-            intents.next = dict(NOT_HELD)
-            authorization = shop.authorize_order.apply((order_id,)).get()
-            after_authorize = shop._read(order_id)["status"]
-            intents.changed[authorization["id"]] = {}
-            webhook(authorization["id"])
-            seen["authorize_order"] = {
-                "after_authorize": after_authorize,
-                "after_webhook": shop._read(order_id)["status"],
-                "ledger": ledger(order_id),
-            }
-
-            # Webhooks for charge_order's order, left unpaid by its requires_action answer.
-            order_id = order_of("webhooks", "requires_action")
-            intents.next = dict(UNPAID["requires_action"])
-            own = shop.charge_order.apply((order_id,)).get()["id"]
-            named = {
-                "smaller": another_intent(order_id, AMOUNT - 600, "usd"),
-                "other_currency": another_intent(order_id, AMOUNT, "eur"),
-                "own_still_requires_action": own,
-            }
-            for case, payment_id in named.items():
-                webhook(payment_id)
-                seen["webhooks"][case] = shop._read(order_id)["status"]
-            intents.changed[own] = {}  # the customer authenticated: Stripe shows succeeded
-            webhook(own)
-            row = shop._read(order_id)
-            seen["webhooks"]["own_succeeded"] = row["status"]
-            seen["webhooks"]["payment_id_is_own"] = row["payment_id"] == own
-            seen["webhooks"]["ledger"] = ledger(order_id)
+        # Webhooks for charge_order's order, left unpaid by its requires_action answer.
+        order_id = world.place("webhooks-requires_action")
+        intents.next = dict(UNPAID["requires_action"])
+        own = shop.charge_order.apply((order_id,)).get()["id"]
+        named = {
+            "smaller": world.another_intent(order_id, AMOUNT - 600, "usd"),
+            "other_currency": world.another_intent(order_id, AMOUNT, "eur"),
+            "own_still_requires_action": own,
+        }
+        for case, payment_id in named.items():
+            webhook(payment_id)
+            seen["webhooks"][case] = shop._read(order_id)["status"]
+        intents.changed[own] = {}  # the customer authenticated: Stripe shows succeeded
+        webhook(own)
+        row = shop._read(order_id)
+        seen["webhooks"]["own_succeeded"] = row["status"]
+        seen["webhooks"]["payment_id_is_own"] = row["payment_id"] == own
+        seen["webhooks"]["ledger"] = world.ledger(order_id)
     return seen
 
 

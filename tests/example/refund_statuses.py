@@ -16,19 +16,12 @@ webhook that ``handle_stripe_event`` applies. Each task runs in this thread (``a
 from __future__ import annotations
 
 import json
-import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import celery_agboss.testing.dialects.stripe as stripe_dialect
-from celery_agboss.testing.dialects.stripe import StripeDialect
-from celery_agboss.testing.gateway import FakeGateway
-from celery_agboss.testing.gateway_server import FakeGatewayServer
-from tests.example.charge_statuses import StripeIntents
-
-AMOUNT = 1000
+from tests.example.charge_statuses import StripeIntents, shop_on_fake_stripe
 
 WEBHOOK_CASES: dict[str, list[tuple[int | None, dict[str, Any]]]] = {
     # case: the refunds made at Stripe, in order (amount, None for all; what Stripe shows)
@@ -54,80 +47,52 @@ class StripeRefunds(StripeIntents):
 def run(data_dir: Path, database_url: str) -> dict[str, Any]:
     refunds = StripeRefunds()
     stripe_dialect.render_refund = refunds.render
-    gateway = FakeGateway(capabilities=StripeDialect.documented_capabilities)
-    with FakeGatewayServer(gateway, dialect=StripeDialect()) as server:
-        os.environ.update(
-            EXAMPLE_DATA_DIR=str(data_dir),
-            AGBOSS_DATABASE_URL=database_url,
-            CELERY_BROKER_URL="memory://",
-            STRIPE_API_BASE=server.url,
-        )
-        from celery_agboss import AGBoss
-        from celery_agboss.testing.celery_app import bound_app
-        from celery_agboss.webhooks import WebhookEvent
-        from example_project import migrate, orders, shop
+    with shop_on_fake_stripe(data_dir, database_url) as world:
+        from example_project import shop
 
-        url = migrate.run()
-        with bound_app(shop.app, url) as app:
-            engine = AGBoss.of(app).store.engine
+        def paid_order(case: str) -> tuple[str, str]:
+            order_id = world.place(case)
+            shop.charge_order.apply((order_id,)).get()
+            return order_id, str(shop._read(order_id)["payment_id"])
 
-            def paid_order(case: str) -> tuple[str, str]:
-                order_id = f"{case}-{uuid.uuid4().hex[:6]}"
-                with engine.begin() as conn:
-                    orders.place(conn, order_id, AMOUNT)
-                shop.charge_order.apply((order_id,)).get()
-                return order_id, str(shop._read(order_id)["payment_id"])
+        def webhook(order_id: str, payment_id: str) -> str:
+            """Stripe's ``charge.refunded`` for the payment, applied; the order's status."""
+            world.webhook("charge.refunded", payment_id)
+            return str(shop._read(order_id)["status"])
 
-            def webhook(order_id: str, payment_id: str) -> str:
-                """Stripe's ``charge.refunded`` for the payment, applied; the order's status."""
-                charge = {"object": "charge", "payment_intent": payment_id, "refunded": True}
-                event = WebhookEvent(
-                    gateway="stripe",
-                    event_id=f"evt_{uuid.uuid4().hex[:24]}",
-                    type="charge.refunded",
-                    object_id="ch_" + payment_id.removeprefix("pi_"),
-                    payload={"type": "charge.refunded", "data": {"object": charge}},
-                )
-                shop.handle_stripe_event.apply((event.to_message(),)).get()
-                return str(shop._read(order_id)["status"])
+        def refund_requests() -> int:
+            return sum(1 for r in world.gateway.requests if r.operation == "refund")
 
-            def ledger(order_id: str) -> list[str]:
-                with engine.connect() as conn:
-                    return [entry for entry, _ in orders.entries(conn, order_id)]
+        seen: dict[str, Any] = {"webhook": {}, "refund_order": {}}
+        for case, made in WEBHOOK_CASES.items():
+            order_id, payment_id = paid_order(case)
+            statuses = []
+            for amount, shown in made:
+                params: Any = {"payment_intent": payment_id}
+                if amount is not None:
+                    params["amount"] = amount
+                refunds.next = shown
+                shop.stripe.client.v1.refunds.create(params=params)
+                statuses.append(webhook(order_id, payment_id))
+            seen["webhook"][case] = statuses
 
-            def refund_requests() -> int:
-                return sum(1 for r in gateway.requests if r.operation == "refund")
-
-            seen: dict[str, Any] = {"webhook": {}, "refund_order": {}}
-            for case, made in WEBHOOK_CASES.items():
-                order_id, payment_id = paid_order(case)
-                statuses = []
-                for amount, shown in made:
-                    params: Any = {"payment_intent": payment_id}
-                    if amount is not None:
-                        params["amount"] = amount
-                    refunds.next = shown
-                    shop.stripe.client.v1.refunds.create(params=params)
-                    statuses.append(webhook(order_id, payment_id))
-                seen["webhook"][case] = statuses
-
-            # The shop's own refund, answered pending, then failed or succeeded at Stripe.
-            for case, later in (("pending_then_succeeded", "succeeded"), ("failed", "failed")):
-                order_id, payment_id = paid_order(case)
-                refunds.next = {"status": "pending" if later == "succeeded" else later}
-                before = refund_requests()
-                done = shop.refund_order.apply((order_id,)).get()
-                sent = refund_requests() - before
-                after_refund = str(shop._read(order_id)["status"])
-                refunds.changed[done["id"]] = {"status": later}
-                seen["refund_order"][case] = {
-                    "answered": done["status"],
-                    "after_refund": after_refund,
-                    "after_webhook": webhook(order_id, payment_id),
-                    "ledger": ledger(order_id),
-                    "refund_requests": sent,
-                }
-        seen["refunds_made"] = len(gateway.refunds)
+        # The shop's own refund, answered pending, then failed or succeeded at Stripe.
+        for case, later in (("pending_then_succeeded", "succeeded"), ("failed", "failed")):
+            order_id, payment_id = paid_order(case)
+            refunds.next = {"status": "pending" if later == "succeeded" else later}
+            before = refund_requests()
+            done = shop.refund_order.apply((order_id,)).get()
+            sent = refund_requests() - before
+            after_refund = str(shop._read(order_id)["status"])
+            refunds.changed[done["id"]] = {"status": later}
+            seen["refund_order"][case] = {
+                "answered": done["status"],
+                "after_refund": after_refund,
+                "after_webhook": webhook(order_id, payment_id),
+                "ledger": world.ledger(order_id),
+                "refund_requests": sent,
+            }
+        seen["refunds_made"] = len(world.gateway.refunds)
     return seen
 
 

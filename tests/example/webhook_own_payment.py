@@ -11,159 +11,199 @@ duplicate an operator refunds in full (``charge.refunded``), then the shop's own
 ``refund_order``; an authorised order whose duplicate succeeded, then its capture; an
 order whose charge Stripe answered ``requires_action`` (no ``payment_id`` yet, the
 PaymentIntent noted ``charge:requires_action``) whose duplicate succeeded, then its own;
-and an order the shop never charged, paid by a PaymentIntent naming it.
+an order whose charge was sent by a delivery that died before writing its answer (nothing
+noted) whose duplicate succeeded, then the charge's re-run; and orders no task charged,
+paid by a PaymentIntent naming them, made by the shop's checkout page or elsewhere; and
+an order paid by its own PaymentIntent's webhook and refunded while its charge's answer
+was still unwritten, then the charge's re-run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
-import celery_agboss.testing.dialects.stripe as stripe_dialect
-import celery_agboss.testing.dialects.stripe_wire as stripe_wire
-from celery_agboss.testing.dialects.stripe import StripeDialect
+from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.dialects.stripe_wire import payment_id_of
-from celery_agboss.testing.gateway import FakeGateway
-from celery_agboss.testing.gateway_server import FakeGatewayServer
-from tests.example.charge_statuses import UNPAID, StripeIntents
+from celery_agboss.testing.fault_arming import OUTBOUND_AFTER_SEND, arm_raise
+from tests.example.charge_statuses import (
+    UNPAID,
+    FakeStripeShop,
+    StripeIntents,
+    shop_on_fake_stripe,
+)
 
-AMOUNT = 1000
+
+class Crash(BaseException):
+    """The delivery died here: nothing after this point runs, its lease is not released."""
+
+
+def _order(
+    world: FakeStripeShop, order_id: str, own: str | None, other: str | None
+) -> dict[str, Any]:
+    """The order as the shop holds it; PaymentIntent ids as ``own`` / ``other``."""
+    from example_project import orders, shop
+
+    named = ((own, "own"), (other, "other"))
+    names: dict[str | None, str] = {pid: name for pid, name in named if pid}
+    row = shop._read(order_id)
+    with world.engine.connect() as conn:
+        ledger = [
+            [entry, names.get(reference, "-")]
+            for entry, reference in orders.entries(conn, order_id)
+        ]
+    return {
+        "status": row["status"],
+        "payment_id": names.get(row["payment_id"], row["payment_id"]),
+        "ledger": ledger,
+    }
+
+
+def _requests(world: FakeStripeShop, operation: str, payment_id: str) -> int:
+    """Requests for ``operation`` the gateway received about the PaymentIntent."""
+    fake_id = payment_id_of(payment_id)
+    return sum(
+        1 for r in world.gateway.requests if r.operation == operation and r.payment_id == fake_id
+    )
+
+
+def _after_the_order_stored_or_noted(
+    world: FakeStripeShop, intents: StripeIntents
+) -> dict[str, Any]:
+    """Duplicates of orders that stored their payment, or noted their pending charge."""
+    from example_project import shop
+
+    seen: dict[str, Any] = {}
+
+    # A paid order; the operator refunds its duplicate in full; then the shop refunds.
+    order_id = world.place("refunded-duplicate")
+    own = str(shop.charge_order.apply((order_id,)).get()["id"])
+    other = world.another_intent(order_id)
+    shop.stripe.client.v1.refunds.create(params={"payment_intent": other})
+    world.webhook("charge.refunded", other)
+    after_webhook = _order(world, order_id, own, other)
+    refunded = shop.refund_order.apply((order_id,))
+    seen["refunded_duplicate"] = {
+        "after_webhook": after_webhook,
+        "refund_order_succeeded": refunded.successful(),
+        "after_refund_order": _order(world, order_id, own, other)["status"],
+        "own_refund_requests": _requests(world, "refund", own),
+        "other_refund_requests": _requests(world, "refund", other),
+    }
+
+    # An authorised order; a duplicate succeeded; then the shop captures.
+    order_id = world.place("authorized-duplicate")
+    own = str(shop.authorize_order.apply((order_id,)).get()["id"])
+    other = world.another_intent(order_id)
+    world.webhook("payment_intent.succeeded", other)
+    after_webhook = _order(world, order_id, own, other)
+    captured = shop.settle_authorization.apply((order_id, "capture"))
+    seen["authorized_duplicate"] = {
+        "after_webhook": after_webhook,
+        "capture_succeeded": captured.successful(),
+        "after_capture": _order(world, order_id, own, other)["status"],
+        "own_capture_requests": _requests(world, "capture", own),
+    }
+
+    # A charge answered requires_action: no payment_id yet, its PaymentIntent noted.
+    order_id = world.place("pending-duplicate")
+    intents.next = dict(UNPAID["requires_action"])
+    own = str(shop.charge_order.apply((order_id,)).get()["id"])
+    other = world.another_intent(order_id)
+    world.webhook("payment_intent.succeeded", other)
+    after_other = _order(world, order_id, own, other)
+    intents.changed[own] = {}  # the customer authenticated: Stripe shows succeeded
+    world.webhook("payment_intent.succeeded", own)
+    seen["pending_duplicate"] = {
+        "after_other": after_other,
+        "after_own": _order(world, order_id, own, other),
+    }
+    return seen
+
+
+def _before_anything_noted(world: FakeStripeShop, clock: VirtualClock) -> dict[str, Any]:
+    """Orders with no payment stored and no charge noted: a charge in flight, none."""
+    from example_project import shop
+
+    seen: dict[str, Any] = {}
+    # The shop's charge sent, its worker dead before the answer was written (nothing
+    # noted, no payment_id); a duplicate succeeded; then the charge's re-run.
+    order_id = world.place("in-flight-duplicate")
+    task_id = f"charge-{order_id}"
+    only = {"call": shop.stripe.charge.name}
+    crashed = arm_raise(OUTBOUND_AFTER_SEND, Crash, only=only)
+    with contextlib.suppress(Crash):
+        shop.charge_order.apply((order_id,), task_id=task_id)
+    other = world.another_intent(order_id)
+    world.webhook("payment_intent.succeeded", other)
+    after_other = _order(world, order_id, None, other)
+    clock.advance(world.runtime.settings.lease_ttl_seconds + 1)  # the dead one's lease
+    own = str(shop.charge_order.apply((order_id,), task_id=task_id).get()["id"])
+    seen["in_flight_duplicate"] = {
+        "crashed": crashed.hits,
+        "after_other": after_other,
+        "after_own": _order(world, order_id, own, other),
+        "shop_charge_requests": sum(
+            1
+            for r in world.gateway.requests
+            if r.operation == "charge" and order_id in (r.idempotency_key or "")
+        ),
+    }
+
+    # Orders no task charged: a PaymentIntent naming one pays it only when the shop made
+    # it (its checkout page), not one made elsewhere (the dashboard).
+    for case, shops in (("checkout_page", True), ("never_charged", False)):
+        order_id = world.place(case)
+        paid_by = world.another_intent(order_id, shops=shops)
+        world.webhook("payment_intent.succeeded", paid_by)
+        seen[case] = _order(world, order_id, paid_by if shops else None, None if shops else paid_by)
+    return seen
+
+
+def _refunded_before_the_charge_answered(
+    world: FakeStripeShop, clock: VirtualClock
+) -> dict[str, Any]:
+    """The shop's charge sent, its worker dead before the answer was written; Stripe's
+    webhook about that PaymentIntent pays the order, the customer is refunded; then the
+    charge's re-run writes its answer late: the order stays refunded (never shipped)."""
+    from example_project import shop
+
+    order_id = world.place("refunded-in-flight")
+    task_id = f"charge-{order_id}"
+    only = {"call": shop.stripe.charge.name}
+    crashed = arm_raise(OUTBOUND_AFTER_SEND, Crash, only=only)
+    with contextlib.suppress(Crash):
+        shop.charge_order.apply((order_id,), task_id=task_id)
+    sent = [r for r in world.gateway.requests if r.operation == "charge"][-1]
+    (charged,) = world.gateway.payments_for(str(sent.idempotency_key))
+    own = "pi_" + str(charged["id"]).removeprefix("ch_")
+    world.webhook("payment_intent.succeeded", own)
+    refunded = shop.refund_order.apply((order_id,)).successful()
+    clock.advance(world.runtime.settings.lease_ttl_seconds + 1)  # the dead one's lease
+    rerun = shop.charge_order.apply((order_id,), task_id=task_id).successful()
+    return {
+        "refunded_in_flight": {
+            "crashed": crashed.hits,
+            "refund_order_succeeded": refunded,
+            "rerun_succeeded": rerun,
+            "after_rerun": _order(world, order_id, own, None)["status"],
+            "charge_requests": len(world.gateway.requests_for(str(sent.idempotency_key))),
+            "refund_requests": _requests(world, "refund", own),
+        }
+    }
 
 
 def run(data_dir: Path, database_url: str) -> dict[str, Any]:
-    intents = StripeIntents()
-    stripe_wire.render_intent = intents.render  # a create's answer (``charge_answer``)
-    stripe_dialect.render_intent = intents.render  # retrieve, capture, list, search
-    gateway = FakeGateway(capabilities=StripeDialect.documented_capabilities)
-    with FakeGatewayServer(gateway, dialect=StripeDialect()) as server:
-        os.environ.update(
-            EXAMPLE_DATA_DIR=str(data_dir),
-            AGBOSS_DATABASE_URL=database_url,
-            CELERY_BROKER_URL="memory://",
-            STRIPE_API_BASE=server.url,
-        )
-        from celery_agboss import AGBoss
-        from celery_agboss.testing.celery_app import bound_app
-        from celery_agboss.webhooks import WebhookEvent
-        from example_project import migrate, orders, shop
-
-        url = migrate.run()
-        with bound_app(shop.app, url) as app:
-            engine = AGBoss.of(app).store.engine
-
-            def order_of(case: str) -> str:
-                order_id = f"{case}-{uuid.uuid4().hex[:6]}"
-                with engine.begin() as conn:
-                    orders.place(conn, order_id, AMOUNT)
-                return order_id
-
-            def duplicate(order_id: str) -> str:
-                """A PaymentIntent of the order made elsewhere, same amount, succeeded."""
-                params: Any = {
-                    "amount": AMOUNT,
-                    "currency": "usd",
-                    "payment_method": "pm_card_visa",
-                    "confirm": True,
-                    "metadata": {"reference": order_id},
-                }
-                return str(shop.stripe.client.v1.payment_intents.create(params=params).id)
-
-            def webhook(kind: str, payment_id: str) -> None:
-                """Stripe's event ``kind`` for the PaymentIntent, applied by the shop."""
-                if kind == "charge.refunded":
-                    about = {"object": "charge", "payment_intent": payment_id, "refunded": True}
-                    object_id = "ch_" + payment_id.removeprefix("pi_")
-                else:
-                    about, object_id = {"object": "payment_intent", "id": payment_id}, payment_id
-                event = WebhookEvent(
-                    gateway="stripe",
-                    event_id=f"evt_{uuid.uuid4().hex[:24]}",
-                    type=kind,
-                    object_id=object_id,
-                    payload={"type": kind, "data": {"object": about}},
-                )
-                shop.handle_stripe_event.apply((event.to_message(),)).get()
-
-            def order(order_id: str, own: str | None, other: str | None) -> dict[str, Any]:
-                """The order as the shop holds it; PaymentIntent ids as ``own`` / ``other``."""
-                names = {own: "own", other: "other"}
-                row = shop._read(order_id)
-                with engine.connect() as conn:
-                    ledger = [
-                        [entry, names.get(reference, "-")]
-                        for entry, reference in orders.entries(conn, order_id)
-                    ]
-                return {
-                    "status": row["status"],
-                    "payment_id": names.get(row["payment_id"], row["payment_id"]),
-                    "ledger": ledger,
-                }
-
-            def requests(operation: str, payment_id: str) -> int:
-                """Requests for ``operation`` the gateway received about the PaymentIntent."""
-                fake_id = payment_id_of(payment_id)
-                return sum(
-                    1
-                    for r in gateway.requests
-                    if r.operation == operation and r.payment_id == fake_id
-                )
-
-            seen: dict[str, Any] = {}
-
-            # A paid order; the operator refunds its duplicate in full; then the shop refunds.
-            order_id = order_of("refunded-duplicate")
-            own = str(shop.charge_order.apply((order_id,)).get()["id"])
-            other = duplicate(order_id)
-            shop.stripe.client.v1.refunds.create(params={"payment_intent": other})
-            webhook("charge.refunded", other)
-            after_webhook = order(order_id, own, other)
-            refunded = shop.refund_order.apply((order_id,))
-            seen["refunded_duplicate"] = {
-                "after_webhook": after_webhook,
-                "refund_order_succeeded": refunded.successful(),
-                "after_refund_order": order(order_id, own, other)["status"],
-                "own_refund_requests": requests("refund", own),
-                "other_refund_requests": requests("refund", other),
-            }
-
-            # An authorised order; a duplicate succeeded; then the shop captures.
-            order_id = order_of("authorized-duplicate")
-            own = str(shop.authorize_order.apply((order_id,)).get()["id"])
-            other = duplicate(order_id)
-            webhook("payment_intent.succeeded", other)
-            after_webhook = order(order_id, own, other)
-            captured = shop.settle_authorization.apply((order_id, "capture"))
-            seen["authorized_duplicate"] = {
-                "after_webhook": after_webhook,
-                "capture_succeeded": captured.successful(),
-                "after_capture": order(order_id, own, other)["status"],
-                "own_capture_requests": requests("capture", own),
-            }
-
-            # A charge answered requires_action: no payment_id yet, its PaymentIntent noted.
-            order_id = order_of("pending-duplicate")
-            intents.next = dict(UNPAID["requires_action"])
-            own = str(shop.charge_order.apply((order_id,)).get()["id"])
-            other = duplicate(order_id)
-            webhook("payment_intent.succeeded", other)
-            after_other = order(order_id, own, other)
-            intents.changed[own] = {}  # the customer authenticated: Stripe shows succeeded
-            webhook("payment_intent.succeeded", own)
-            seen["pending_duplicate"] = {
-                "after_other": after_other,
-                "after_own": order(order_id, own, other),
-            }
-
-            # An order the shop never charged (nothing noted): paid by a PaymentIntent naming it.
-            order_id = order_of("never-charged")
-            own = duplicate(order_id)
-            webhook("payment_intent.succeeded", own)
-            seen["never_charged"] = order(order_id, own, None)
-    return seen
+    intents, clock = StripeIntents(), VirtualClock()
+    with shop_on_fake_stripe(data_dir, database_url, intents, clock=clock) as world:
+        return {
+            **_after_the_order_stored_or_noted(world, intents),
+            **_before_anything_noted(world, clock),
+            **_refunded_before_the_charge_answered(world, clock),
+        }
 
 
 if __name__ == "__main__":
