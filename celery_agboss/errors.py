@@ -161,8 +161,10 @@ class OutboundCallDefinitionError(AGBossError):
 
 
 class OutboundCallCompensatedError(AGBossError):
-    """This step's undo is done (it was refunded, released…), so its stored success is
-    never handed out again. Open a new attempt under a new business key (e.g.
+    """This step was claimed by an undo, so its stored success is never handed out again.
+    ``undone``: that undo is done (refunded, released…); False while it is not (its
+    refund in flight, or refused and waiting for an operator). ``undo_by``: the execution
+    that claimed it. Open a new attempt under a new business key (e.g.
     ``business_key=f"order:{order_id}:attempt:2"``) if the body must pay again."""
 
 

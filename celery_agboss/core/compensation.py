@@ -49,6 +49,7 @@ from celery_agboss.core.protections import (
     FENCED_HOLDER_STARTS_UNDO,
     ONE_UNDO_PER_STEP,
     UNDO_CALLS_SHARE_ONE_KEY,
+    UNDO_INTENTS_FROM_DONE_MARKS_ONLY,
     UNDO_NOT_MARKED_DONE,
 )
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome
@@ -63,6 +64,7 @@ from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     EffectRecord,
     FencedTransaction,
+    SharedRecord,
     Store,
     StoreTransaction,
 )
@@ -128,6 +130,9 @@ class CompensationStarted:
     cause: str
     reason: str
     error: str | None  # the failure, encoded by the layer above (FAILURE only)
+    # The intents the execution had used when it started (its body's: the body never runs
+    # after it); None in a mark written before they were kept (``intents_made_by_undos``).
+    body: frozenset[str] | None = None
 
 
 # --- declarations ------------------------------------------------------------------------
@@ -176,6 +181,8 @@ def declare_undo(
     parts of a Celery signature (``TASK_PARTS``, ``undo`` its task name), run by
     ``task_undo_runner()``."""
     check_undo_name(undo)
+    # Its record is written in a fenced transaction of its own: never inside an effect's.
+    ctx._refuse_inside_an_effect("undo_with()")
     parts = None if task is None else _task_parts(undo, task, arguments)
     if isinstance(ctx, UndoContext):
         raise ConfigurationError("an undo cannot declare an undo of its own", undo=undo)
@@ -244,12 +251,18 @@ def mark_started_in(
     key = started_key(settings, execution_id)
     if tx.read_effect(key) is not None:
         return
+    body = sorted(record.key for record in tx.shared_records_of(execution_id))
     tx.insert_effect(
         EffectRecord(
             key=key,
             execution_id=execution_id,
             name=STARTED_RECORD,
-            result={"cause": started.cause, "reason": started.reason, "error": started.error},
+            result={
+                "cause": started.cause,
+                "reason": started.reason,
+                "error": started.error,
+                "body": body,
+            },
             token=tx.lease.token,
             created_at_ms=tx.now_ms,
         )
@@ -260,14 +273,19 @@ def read_started(
     store: Store, settings: EngineSettings, execution_id: str
 ) -> CompensationStarted | None:
     record = store.read_effect(started_key(settings, execution_id))
-    if record is None or not isinstance(record.result, dict):
+    return None if record is None else started_of(record.result)
+
+
+def started_of(value: Any) -> CompensationStarted | None:
+    """The start mark as its record stores it (``mark_started_in`` writes it)."""
+    if not isinstance(value, dict):
         return None
-    value = record.result
-    error = value.get("error")
+    error, body = value.get("error"), value.get("body")
     return CompensationStarted(
         cause=str(value.get("cause") or FAILURE),
         reason=str(value.get("reason") or ""),
         error=None if error is None else str(error),
+        body=frozenset(map(str, body)) if isinstance(body, list) else None,
     )
 
 
@@ -410,15 +428,25 @@ def _done(ctx: UndoContext, step: UndoStep) -> bool:
 
 
 def intents_made_by_undos(
-    tx: StoreTransaction, declarations: Iterable[UndoDeclaration]
+    tx: StoreTransaction,
+    declarations: Iterable[UndoDeclaration],
+    started: CompensationStarted | None = None,
+    records: Iterable[SharedRecord] = (),
 ) -> set[str]:
     """The intents the execution's undos made (their refunds): the undo itself, not a
-    payment a cancel must account for."""
+    payment a cancel, or the "failed after a payment" listing, must account for. Each
+    done mark names those its own run reached; an undo re-run after a crash that finds
+    its refund made (it read the gateway first) reaches none, so every record of the
+    execution (``records``) that is not among its body's, kept in the start mark, is
+    an undo's too: the body never runs after that mark."""
     made: set[str] = set()
     for declaration in declarations:
         mark = tx.read_effect(declaration.key)
         if mark is not None and isinstance(mark.result, dict):
             made.update(str(key) for key in mark.result.get("intents") or ())
+    body = None if started is None else started.body
+    if body is not None and not sabotage.active(UNDO_INTENTS_FROM_DONE_MARKS_ONLY):
+        made.update(record.key for record in records if record.key not in body)
     return made
 
 
@@ -447,6 +475,7 @@ __all__ = [
     "run_task_undos_with",
     "run_undos",
     "started_key",
+    "started_of",
     "step_notes",
     "task_undo_runner",
     "trail_of",

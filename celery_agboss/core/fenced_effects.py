@@ -34,6 +34,7 @@ from celery_agboss.core.protections import (
     REPLAY_AFTER_UNDO,
     RETENTION_DELETES_WHAT_IT_LISTED,
 )
+from celery_agboss.core.shared_records import compensated_error
 from celery_agboss.core.step_identity import Step
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
@@ -41,6 +42,7 @@ from celery_agboss.core.store_protocol import (
     FencedTransaction,
     LeaseRef,
     Reliance,
+    SharedRecord,
 )
 from celery_agboss.errors import (
     FencedEffectConflictError,
@@ -104,7 +106,7 @@ def run_fenced_effect(
                         tx.record_use(EFFECT_RECORD, key, holder.execution_id)
                     relied = tx.rely_on(EFFECT_RECORD, key, holder.execution_id) if shared else None
                     if relied is Reliance.UNDONE and not sabotage.active(REPLAY_AFTER_UNDO):
-                        raise _undone(name, log_ref)
+                        raise _undone(name, log_ref, tx.read_shared(EFFECT_RECORD, key))
                     if relied is Reliance.ABSENT and not sabotage.active(
                         RETENTION_DELETES_WHAT_IT_LISTED
                     ):
@@ -149,13 +151,17 @@ def _log_ref(
     return ref
 
 
-def _undone(name: str, log_ref: dict[str, Any]) -> OutboundCallCompensatedError:
-    """The effect's undo claimed it before this execution relied on it: never replayed."""
-    log_event(OUTBOUND_CALL_COMPENSATED, logging.WARNING, **log_ref)
-    return OutboundCallCompensatedError(
-        f"fenced effect {name!r} under this business key was undone after it was written: "
-        "its result is not handed out again. Open a new attempt under a new business key, "
-        "e.g. business_key=f'order:{order_id}:attempt:2'",
+def _undone(
+    name: str, log_ref: dict[str, Any], record: SharedRecord | None
+) -> OutboundCallCompensatedError:
+    """The effect's undo claimed it before this execution relied on it: never replayed,
+    and told undone only once that undo is done."""
+    undone = record is None or record.compensated
+    log_event(OUTBOUND_CALL_COMPENSATED, logging.WARNING, **log_ref, undone=undone)
+    return compensated_error(
+        f"fenced effect {name!r}",
+        undone=undone,
+        undo_by=None if record is None else record.undo_by,
         effect=name,
     )
 

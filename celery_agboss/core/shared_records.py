@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
@@ -49,6 +50,7 @@ from celery_agboss.core.store_protocol import (
     RecordUser,
     SharedRecord,
 )
+from celery_agboss.errors import OutboundCallCompensatedError
 
 _SETTLED_FOR_DIVERGENCE = (IntentStatus.PENDING, IntentStatus.COMPLETED)
 _NOT_RUNNING_AGAIN = frozenset(TERMINAL_STATES)
@@ -238,6 +240,30 @@ def unhandled_payments(
     ]
 
 
+def compensated_error(
+    what: str, *, undone: bool, undo_by: str | None, **fields: Any
+) -> OutboundCallCompensatedError:
+    """What a replay of a step another execution's undo claimed is told: its success is
+    never handed out again (the claim and the hand-out are one compare-and-set). Told
+    "undone" only once that undo is done: a claimer whose refund is still in flight, or
+    was refused and waits for a person, has not refunded anything yet."""
+    if undone:
+        done = f"{what} under this business key was undone (refunded, released…) after it completed"
+    else:
+        done = (
+            f"{what} under this business key was claimed for undo by execution {undo_by}, "
+            "whose undo has not completed (its refund may be in flight, or refused and "
+            "waiting for an operator): nothing was refunded yet"
+        )
+    return OutboundCallCompensatedError(
+        f"{done}. Its result is not handed out again. To pay again, open a new attempt "
+        "under a new business key, e.g. business_key=f'order:{order_id}:attempt:2'",
+        undone=undone,
+        undo_by=undo_by,
+        **fields,
+    )
+
+
 class FailureClaim(str, enum.Enum):
     RESEND = "RESEND"  # this execution may send it again (authorised, or never answered)
     REPLAY = "REPLAY"  # raise the failure again
@@ -274,6 +300,7 @@ __all__ = [
     "UndoDecision",
     "UndoOutcome",
     "cancel_decision",
+    "compensated_error",
     "counts_for_divergence",
     "diverged",
     "failure_claim",

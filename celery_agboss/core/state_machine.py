@@ -54,7 +54,12 @@ from celery_agboss.core.protections import (
 from celery_agboss.core.reconcile import reconcile_pending, take_for_reconcile
 from celery_agboss.core.resolutions import resend_age_waived
 from celery_agboss.core.settle import send_and_settle
-from celery_agboss.core.shared_records import FailureClaim, failure_claim, hands_failure_to_another
+from celery_agboss.core.shared_records import (
+    FailureClaim,
+    compensated_error,
+    failure_claim,
+    hands_failure_to_another,
+)
 from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     JSON,
@@ -262,24 +267,26 @@ def _claimed_in_one(holder: Holder, p: PreparedCall, intent: NewIntent, detail: 
 def _compensated(holder: Holder, p: PreparedCall) -> OutboundCallCompensatedError:
     """The step's undo claimed it before this execution relied on it: its success is never
     handed out again. The undo may still be running: wait for it, bounded, so the error
-    says it is done (the body may then open a new attempt under a new business key)."""
+    can say it is done; one that is not done by then is told as claimed, not undone
+    (the body may then open a new attempt under a new business key)."""
     deadline = time.monotonic() + COMPENSATION_WAIT_S
-    while time.monotonic() < deadline:
+    while True:
         with holder.fenced() as tx:
             record = tx.read_intent(p.idempotency_key)
-        if record is None or record.compensated_at_ms is not None:
+        undone = record is None or record.compensated_at_ms is not None
+        if undone or time.monotonic() >= deadline:
             break
         time.sleep(COMPENSATION_POLL_S)
     log_event(
         OUTBOUND_CALL_COMPENSATED,
         logging.WARNING,
-        "this step was undone by another execution; its result is not handed out",
-        **p.ref.fields(),
+        "this step was claimed by another execution's undo; its result is not handed out",
+        **p.ref.fields(undone=undone),
     )
-    return OutboundCallCompensatedError(
-        f"{p.call.name} under this business key was undone (refunded, released…) after it "
-        "completed: its result is not handed out again. To pay again, open a new attempt "
-        "under a new business key, e.g. business_key=f'order:{order_id}:attempt:2'",
+    return compensated_error(
+        p.call.name,
+        undone=undone,
+        undo_by=None if record is None else record.undo_by,
         **p.ref.fields(),
     )
 

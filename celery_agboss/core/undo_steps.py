@@ -24,6 +24,11 @@ from celery_agboss.errors import ConfigurationError
 Owner = TypeVar("Owner")
 V = TypeVar("V")
 
+UNDO_OF_HEADER = "agboss_undo_of"
+"""The custom header of an undo's task (one declared as a signature): the execution whose
+step it undoes. That step reads undone once the task is published, so the task's failure
+waits for a person instead of ending ``FAILED`` (``delivery.compensating``)."""
+
 COMPENSATION_SUFFIX = ":compensation"
 COMPENSATION_KEY_LIMIT = 200
 """A longer ``<step key>:compensation`` becomes its digest (``fit_key``): it is also the
@@ -183,6 +188,7 @@ __all__ = [
     "COMPENSATION_KEY_LIMIT",
     "COMPENSATION_SUFFIX",
     "UNDO_CALL_SUFFIX",
+    "UNDO_OF_HEADER",
     "StepTrail",
     "UndoDeclaration",
     "UndoFunction",

@@ -16,7 +16,8 @@ A delivery of an execution whose compensation started continues it — the undos
 marked done — and never runs the body again. While an undo runs, what stops it maps as
 it does for the body (an unknown outcome waits and retries, an unreconciled refund
 waits for an operator, a fence hands over); an undo that raises leaves the execution
-waiting for an operator: money moved and its undo did not happen.
+waiting for an operator: money moved and its undo did not happen. So does the failure
+of an undo's task (one declared as a signature, published by its parent's undo).
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ from celery_agboss.core.protections import (
     FENCED_HOLDER_STARTS_UNDO,
     UNDO_ON_ANY_FAILURE,
     UNDO_REFUSAL_REPLAYED_ON_REDRIVE,
+    UNDO_TASK_FAILURE_ENDS_FAILED,
 )
+from celery_agboss.core.undo_steps import UNDO_OF_HEADER
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, encode_error
 from celery_agboss.delivery.verdicts import Fail, ForOperator, UndoWait
@@ -116,13 +119,29 @@ def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> str:
     """The body failed for real, every send settled: its undos, before ``FAILED`` is
     written (by the caller, with the reason returned: ``reason`` and the shared steps it
     left alone). Returns at once when none was declared, or when an intent is pending
-    (no undo then: the execution waits for an operator instead)."""
+    (no undo then: the execution waits for an operator instead). An undo's task (its
+    parent's step reads undone) waits for an operator instead of failing."""
     if sabotage.active(FAILURE_SKIPS_UNDO):
         return reason
+    undoing = _undo_of(d)
+    if undoing is not None:
+        _undo_failed(d, f"{d.task.name} of execution {undoing}", decode_error(error))
     declarations = _declarations(d)
     if declarations and _start(d, CompensationStarted(FAILURE, reason, error), len(declarations)):
         _run(d, declarations, FAILURE)
     return _with_notes(d, reason)
+
+
+def _undo_of(d: DeliveryLike) -> str | None:
+    """The execution whose step this one undoes, when it is an undo's task (published
+    from a signature, ``UNDO_OF_HEADER``): that step reads undone once the task was
+    published, so the task's failure is the undo's, and a person must see it."""
+    if sabotage.active(UNDO_TASK_FAILURE_ENDS_FAILED):
+        return None
+    headers = getattr(d.request, "headers", None)
+    found = headers.get(UNDO_OF_HEADER) if isinstance(headers, dict) else None
+    found = found or getattr(d.request, UNDO_OF_HEADER, None)
+    return str(found) if found else None
 
 
 def _with_notes(d: DeliveryLike, reason: str) -> str:
@@ -231,7 +250,7 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
     except AGBossSignal as exc:  # unknown outcome, in flight elsewhere: WAITING, retried
         d.later(exc)
     except Exception as exc:
-        _undo_failed(d, running[-1] if running else None, exc)
+        _undo_failed(d, running[-1].name if running else "?", exc)
     except BaseException:
         d.abandon()
         raise
@@ -253,16 +272,16 @@ def _wait_for_other(d: DeliveryLike, wait: UndoMustWait) -> NoReturn:
     raise Ignore() from None
 
 
-def _undo_failed(d: DeliveryLike, step: UndoStep | None, exc: Exception) -> NoReturn:
-    """An undo raised: money moved and was not given back, so a person decides (the
-    undo is not marked done: a re-drive runs it again). A refund the gateway refused
-    definitively (no money moved: a merchant balance too low) may then be sent again:
-    otherwise the re-drive would only replay the refusal."""
+def _undo_failed(d: DeliveryLike, name: str, exc: BaseException) -> NoReturn:
+    """An undo raised (an undo function, or the body of an undo's task): money moved and
+    was not given back, so a person decides (the undo is not marked done, the task not
+    ended: a re-drive runs it again). A refund the gateway refused definitively (no
+    money moved: a merchant balance too low) may then be sent again: otherwise the
+    re-drive would only replay the refusal."""
     if not d.settle_sends():
         d.abandon()
         raise Ignore() from None
     ctx = d.context()
-    name = step.name if step is not None else "?"
     reason = f"undo {name} failed: {type(exc).__name__}: {ctx.mask_error_text(str(exc))}"
     resend = not sabotage.active(UNDO_REFUSAL_REPLAYED_ON_REDRIVE)
     d.verdict(ForOperator(reason[:1000], retry_asked=resend))

@@ -34,6 +34,7 @@ from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
     has_pending_intent_txn,
+    intents_made_by_undos_txn,
     pending_intent_of,
     read_execution_txn,
     require_execution_txn,
@@ -124,11 +125,12 @@ def end_cancelled_txn(
     step, other = CancelStep.CANCEL, None
     if not payments_handled:
         declarations = undo_declarations_txn(tx, execution_id)
+        records = tx.shared_records_of(execution_id)
         decision = cancel_decision(
-            tx.shared_records_of(execution_id),
+            records,
             execution_id,
             undoable={d.step_key for d in declarations},
-            undone=compensation.intents_made_by_undos(tx, declarations),
+            undone=intents_made_by_undos_txn(tx, execution_id, records, declarations),
             undos_ran=undos_ran,
         )
         step, other = decision.step, decision.other

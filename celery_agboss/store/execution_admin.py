@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import and_, exists, func, not_, or_, select
 
-from celery_agboss.core import compensation, sabotage
+from celery_agboss.core import sabotage
 from celery_agboss.core.execution_states import (
     divergence_accepted,
     may_move_by_hand,
@@ -35,6 +35,7 @@ from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
     has_pending_intent_txn,
+    intents_made_by_undos_txn,
     pending_intent_keys_txn,
     read_execution_txn,
     record_of,
@@ -344,8 +345,10 @@ def _candidates(
 
 def _payments_left_behind(tx: SQLTransaction, record: ExecutionRecord) -> list[str]:
     """The keys of the payments the candidate left behind (core's rule); empty when none."""
-    undone = compensation.intents_made_by_undos(tx, undo_declarations_txn(tx, record.id))
-    left = unhandled_payments(tx.shared_records_of(record.id), record.id, undone=undone)
+    records = tx.shared_records_of(record.id)
+    declarations = undo_declarations_txn(tx, record.id)
+    undone = intents_made_by_undos_txn(tx, record.id, records, declarations)
+    left = unhandled_payments(records, record.id, undone=undone)
     return [payment.key for payment in left]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, literal, not_, or_, select, true, update
@@ -25,7 +26,7 @@ from celery_agboss.core.protections import (
     PENDING_INTENT_NARROW,
     TASK_NAME_NOT_CHECKED,
 )
-from celery_agboss.core.store_protocol import IntentStatus, StoreTransaction
+from celery_agboss.core.store_protocol import IntentStatus, SharedRecord, StoreTransaction
 from celery_agboss.errors import ExecutionIdConflictError
 from celery_agboss.store.audit_trail import insert_audit_txn
 from celery_agboss.store.codec import loads
@@ -367,20 +368,34 @@ def pending_intent_keys_txn(tx: SQLTransaction, execution_id: str) -> list[str]:
     return [str(row.idempotency_key) for row in rows]
 
 
+def _marks_txn(tx: SQLTransaction, execution_id: str, name: str) -> list[Any]:
+    """The results of the execution's fenced-effect records named ``name``, opened."""
+    rows = tx.execute(
+        select(_f.key, _f.result).where(_f.execution_id == execution_id, _f.name == name)
+    ).all()
+    conn = tx.connection
+    return [loads(opened(conn, fenced_effects.name, "result", row.key, row.result)) for row in rows]
+
+
 def undo_declarations_txn(
     tx: SQLTransaction, execution_id: str
 ) -> list[compensation.UndoDeclaration]:
     """The undos the execution declared (``core.compensation``'s declaration records)."""
-    rows = tx.execute(
-        select(_f.key, _f.result).where(
-            _f.execution_id == execution_id, _f.name == compensation.UNDO_RECORD
-        )
-    ).all()
-    conn = tx.connection
-    values = [
-        loads(opened(conn, fenced_effects.name, "result", row.key, row.result)) for row in rows
-    ]
+    values = _marks_txn(tx, execution_id, compensation.UNDO_RECORD)
     return [compensation.declaration_of(0, value) for value in values if isinstance(value, dict)]
+
+
+def intents_made_by_undos_txn(
+    tx: SQLTransaction,
+    execution_id: str,
+    records: Sequence[SharedRecord],
+    declarations: Sequence[compensation.UndoDeclaration],
+) -> set[str]:
+    """The intents among ``records`` (the execution's) its undos made: core's rule
+    (``compensation.intents_made_by_undos``), over its start mark and done marks."""
+    marks = _marks_txn(tx, execution_id, compensation.STARTED_RECORD)
+    started = compensation.started_of(marks[0]) if marks else None
+    return compensation.intents_made_by_undos(tx, declarations, started, records)
 
 
 def insert_requested_txn(tx: SQLTransaction, message: ExecutionMessage) -> bool:
@@ -461,6 +476,7 @@ __all__ = [
     "has_pending_intent_txn",
     "insert_requested_statement",
     "insert_requested_txn",
+    "intents_made_by_undos_txn",
     "message_values",
     "newer_or_same",
     "park_txn",

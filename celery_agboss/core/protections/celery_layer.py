@@ -57,6 +57,11 @@ FAILURE_SKIPS_UNDO = "failure-skips-undo"
 """Sabotage: a real failure ends ``FAILED`` without running the undos it declared, as
 before undo existed: the customer stays charged for an order that failed."""
 
+UNDO_TASK_FAILURE_ENDS_FAILED = "undo-task-failure-ends-failed"
+"""Sabotage (design: undo once): an undo declared as a signature whose task's body fails
+(its refund declined) ends that task ``FAILED``, like any task: its parent reads undone,
+the charge stays unrefunded, and no listing names either to a person."""
+
 WAKE_FOLDED_INTO_REFUSED_RETRY = "wake-folded-into-refused-retry"
 """Sabotage: a deferred duplicate's wake is cleared into a retry that Celery then refuses
 (past max_retries), so no message carries the continuation."""

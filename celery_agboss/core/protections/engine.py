@@ -139,6 +139,12 @@ UNDO_NOT_MARKED_DONE = "undo-not-marked-done"
 """Sabotage (design: PS10): an undo's done mark is neither written nor read, so every delivery of
 a compensating execution runs every undo again, one already done included."""
 
+UNDO_INTENTS_FROM_DONE_MARKS_ONLY = "undo-intents-from-done-marks-only"
+"""Sabotage (design: compensated step): the intents an execution's undos made are read from
+their done marks only, which name what the run that wrote each one reached: an undo re-run
+after a crash that finds its refund made (it read the gateway first) leaves that refund
+counted as a payment the execution left behind, "refund it at the gateway"."""
+
 UNDO_CALLS_SHARE_ONE_KEY = "undo-calls-share-one-key"
 """Sabotage (design: undo once): every call an undo makes without a business key takes the
 undo's key, whatever its position: the second of two partial refunds of one call replays
