@@ -107,7 +107,7 @@ def step_notes(settings: EngineSettings, decisions: Mapping[str, UndoDecision]) 
     notes = []
     for key, decision in decisions.items():
         if decision.outcome in (UndoOutcome.KEEP, UndoOutcome.COVERED):
-            what = "kept for" if decision.outcome is UndoOutcome.KEEP else "undone by"
+            what = "kept for" if decision.outcome is UndoOutcome.KEEP else "claimed for undo by"
             name = next(iter(loggable_step(settings, key).values()))
             notes.append(f"step {name} {what} {decision.other}")
     return notes

@@ -146,7 +146,7 @@ def _undo_of(d: DeliveryLike) -> str | None:
 
 def _with_notes(d: DeliveryLike, reason: str) -> str:
     """The execution's reason, naming the shared steps its undos left alone ("step … kept
-    for <execution>", "undone by <execution>")."""
+    for <execution>", "claimed for undo by <execution>")."""
     ctx = d.context()
     notes = step_notes(ctx.settings, ctx.decisions) if isinstance(ctx, UndoContext) else []
     return "; ".join([reason, *notes])[:1000]

@@ -286,7 +286,7 @@ def test_f1_two_clicks_failing_one_after_the_other_undo_the_charge_once(
     assert shop.execution(second).state.value == "FAILED"
     failed = shop.execution(first)
     assert failed.state.value == "FAILED", failed.reason
-    assert f"undone by {second}" in (failed.reason or "")
+    assert f"claimed for undo by {second}" in (failed.reason or "")
     assert len(shop.gateway.refunds) == 1 and _net(shop) == 0
 
 
