@@ -46,6 +46,15 @@ _DJANGO_ONLY_OPTIONS = frozenset(
 def store_url_from_database(database: Mapping[str, Any], alias: str) -> str:
     """The store URL for one entry of Django's ``DATABASES`` (``alias`` names it in errors)."""
     engine = str(database.get("ENGINE") or "")
+    if database.get("AUTOCOMMIT", True) is False:
+        # Django's outermost atomic() is then a savepoint that never commits: a fenced
+        # effect's writes and record would stay in an open transaction, and be lost.
+        raise ConfigurationError(
+            f'DATABASES[{alias!r}] sets "AUTOCOMMIT": False, so Django never commits a '
+            "fenced effect's transaction (its writes and record are lost): remove "
+            "AUTOCOMMIT from it, or keep the store on another alias",
+            setting=SETTING,
+        )
     if engine in _POSTGRESQL_ENGINES:
         return _postgresql_url(database, alias)
     if engine in _SQLITE_ENGINES:
@@ -74,18 +83,37 @@ def _postgresql_url(database: Mapping[str, Any], alias: str) -> str:
         if name not in _DJANGO_ONLY_OPTIONS and isinstance(value, (str, int))
     }
     name = database.get("NAME") or None
-    if name is None and "service" not in query:
+    if name is None and "service" not in query and "dbname" not in query:
         raise ConfigurationError(
             f"DATABASES[{alias!r}] names no database (NAME, or a libpq service in OPTIONS)",
             setting=SETTING,
         )
-    port = database.get("PORT")
+    # As Django connects (its postgresql backend's get_connection_params): a dbname in
+    # OPTIONS wins over NAME; USER, PASSWORD, HOST and PORT, when set, over OPTIONS.
+    if "dbname" in query:
+        name = None
+    fields = {
+        "user": database.get("USER") or None,
+        "password": database.get("PASSWORD") or None,
+        "host": database.get("HOST") or None,
+        "port": database.get("PORT") or None,
+    }
+    for parameter, value in fields.items():
+        if value is not None:
+            query.pop(parameter, None)
+    host, port = fields["host"], fields["port"]
+    if host is not None and str(host).startswith("/"):
+        # A Unix-socket directory cannot be a URL's host: libpq takes it as a parameter.
+        query["host"] = str(host)
+        if port is not None:
+            query["port"] = str(port)
+        host = port = None
     url = URL.create(
         "postgresql+psycopg",
-        username=database.get("USER") or None,
-        password=database.get("PASSWORD") or None,
-        host=database.get("HOST") or None,
-        port=int(port) if port not in (None, "") else None,
+        username=fields["user"],
+        password=fields["password"],
+        host=host,
+        port=int(port) if port is not None else None,
         database=name,
         query=query,
     )
@@ -168,8 +196,9 @@ def django_store_url(alias: str) -> str:
     return store_url_from_database(databases[alias], alias)
 
 
-UsersDatabaseFactory = Callable[[Engine, str], UsersDatabase]
-"""``factory(store_engine, alias)``: the project's transactions on the alias."""
+UsersDatabaseFactory = Callable[[Engine, "str | None"], UsersDatabase]
+"""``factory(store_engine, alias)``: the project's transactions on the alias (None: the
+store is no alias of the project's, so fenced effects may write to none of them)."""
 _users_database: list[UsersDatabaseFactory] = []
 
 
@@ -178,11 +207,17 @@ def register_users_database(factory: UsersDatabaseFactory) -> None:
     _users_database[:] = [factory]
 
 
-def users_database(store_engine: Engine, alias: str) -> UsersDatabase:
+def users_database(store_engine: Engine, alias: str | None) -> UsersDatabase | None:
     """Django's transactions on ``alias``: where this process's fenced effects run, and
     what a publish inside the caller's ``atomic`` joins. Django is set up here if nothing
     did yet (Celery's Django fixup does it in a worker), which loads the app; without the
-    app, the fence could not reach the ORM's writes, so nothing starts."""
+    app, the fence could not reach the ORM's writes, so nothing starts.
+
+    ``alias`` None (the store set as ``agboss_database_url``): once the app is loaded,
+    fenced effects run on the store's own connection and refuse ``fn``'s ORM writes,
+    which would commit on their own, off the fence; without the app, None."""
+    if alias is None:
+        return _users_database[0](store_engine, None) if _users_database else None
     if not _users_database:
         _require_django()
         import django

@@ -3,13 +3,16 @@
 Above the store, code reasons about three cases: the store could not be reached
 or the connection broke (the write may or may not have committed: re-read),
 a row stayed locked past the lock timeout (or, on SQLite, a fenced transaction held
-the write lock past its bound and was rolled back), and anything else.
+the write lock past its bound and was rolled back), and anything else. A driver error a
+framework re-raised as its own (Django's ORM, inside a fenced effect) is decided here too,
+by the driver's error it wraps (``driver_error``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -52,6 +55,24 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.Error,
     sqlite3.Error,
 )
+
+
+def driver_error(error: BaseException) -> BaseException | None:
+    """The driver's own error in ``error``: itself, or the one a framework wrapped.
+
+    Django's ORM re-raises a driver error as its own ``django.db.Error`` (the driver's
+    as ``__cause__``): a lock timeout of an ORM write in a fenced effect's ``fn`` is the
+    store's trouble as much as the same one on the store's connection. Django is looked
+    up only if already imported: without it no such wrapper exists."""
+    if isinstance(error, DRIVER_ERRORS):
+        return error
+    django_utils = sys.modules.get("django.db.utils")
+    wrapper = getattr(django_utils, "Error", None)
+    if isinstance(wrapper, type) and isinstance(error, wrapper):
+        cause = error.__cause__
+        if isinstance(cause, DRIVER_ERRORS):
+            return cause
+    return None
 
 
 def translate(error: BaseException) -> StoreError:
@@ -117,17 +138,21 @@ def translated() -> Iterator[None]:
     """Run a block of store code; driver exceptions leave it as store exceptions."""
     try:
         yield
-    except DRIVER_ERRORS as error:
-        raise translate(error) from error
+    except Exception as error:
+        driver = driver_error(error)
+        if driver is None:
+            raise
+        raise translate(driver) from error
 
 
 def raise_if_store_trouble(error: BaseException) -> None:
-    """A driver error from code run inside the transaction (a fenced effect's ``fn``):
-    a lost connection or a lock timeout is the store's trouble and is raised as such;
-    any other (an ``IntegrityError`` of the application's own insert) stays the
-    application's exception, unchanged."""
-    if isinstance(error, DRIVER_ERRORS):
-        translated_error = translate(error)
+    """A driver error from code run inside the transaction (a fenced effect's ``fn``,
+    Django's ORM's wrapped ones included): a lost connection or a lock timeout is the
+    store's trouble and is raised as such; any other (an ``IntegrityError`` of the
+    application's own insert) stays the application's exception, unchanged."""
+    driver = driver_error(error)
+    if driver is not None:
+        translated_error = translate(driver)
         if isinstance(translated_error, (StoreUnavailableError, StoreLockTimeoutError)):
             raise translated_error from error
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from celery_agboss.errors import ConfigurationError
@@ -56,6 +57,64 @@ def test_a_postgresql_alias_is_reached_through_psycopg_3_with_its_libpq_options(
 def test_a_postgresql_alias_on_a_unix_socket_has_no_host() -> None:
     url = make_url(store_url_from_database({"ENGINE": POSTGRESQL, "NAME": "shop"}, "default"))
     assert (url.host, url.port, url.database) == (None, None, "shop")
+
+
+def _connects_with(database: dict[str, Any]) -> dict[str, Any]:
+    """What psycopg is given for the store URL of ``database``."""
+    url = make_url(store_url_from_database({"ENGINE": POSTGRESQL, **database}, "default"))
+    args = create_engine(url).dialect.create_connect_args(url)[1]
+    return {name: str(value) for name, value in args.items() if name != "context"}
+
+
+@pytest.mark.parametrize(
+    ("port", "expected"),
+    [("5433", {"port": "5433"}), ("", {})],
+    ids=["with-port", "default-port"],
+)
+def test_a_unix_socket_directory_as_host_is_reached_as_django_reaches_it(
+    port: str, expected: dict[str, str]
+) -> None:
+    """Before, the directory became part of the database's name (no host, no port)."""
+    database = {"NAME": "shop", "HOST": "/var/run/postgresql", "PORT": port}
+    assert _connects_with(database) == {
+        "dbname": "shop",
+        "host": "/var/run/postgresql",
+        **expected,
+    }
+
+
+def test_host_port_and_user_win_over_options_as_in_django() -> None:
+    """Django's postgresql backend sets HOST, PORT, USER and PASSWORD over the same
+    OPTIONS, and an OPTIONS dbname over NAME; before, the store let OPTIONS win for all."""
+    database = {
+        "NAME": "shop",
+        "USER": "shop",
+        "HOST": "primary.db",
+        "PORT": "5432",
+        "OPTIONS": {"host": "other.db", "port": "6432", "user": "x", "sslmode": "require"},
+    }
+    assert _connects_with(database) == {
+        "dbname": "shop",
+        "user": "shop",
+        "host": "primary.db",
+        "port": "5432",
+        "sslmode": "require",
+    }
+    renamed = {"NAME": "shop", "OPTIONS": {"dbname": "shop_replica"}}
+    assert _connects_with(renamed) == {"dbname": "shop_replica"}
+
+
+@pytest.mark.parametrize("engine", [POSTGRESQL, SQLITE])
+def test_an_alias_with_autocommit_off_is_refused(engine: str) -> None:
+    """Django's atomic() never commits there: a fenced effect's writes would be lost."""
+    database = {
+        "ENGINE": engine,
+        "NAME": "/srv/db.sqlite3",
+        "AUTOCOMMIT": False,
+        "OPTIONS": {"transaction_mode": "IMMEDIATE"} if engine == SQLITE else {},
+    }
+    with pytest.raises(ConfigurationError, match=r'"AUTOCOMMIT": False.*remove AUTOCOMMIT'):
+        store_url_from_database(database, "default")
 
 
 def test_a_postgresql_alias_at_another_isolation_level_is_refused() -> None:

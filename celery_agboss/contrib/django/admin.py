@@ -30,13 +30,14 @@ from celery_agboss.cli.views import (
     history_view,
     intent_view,
     iso,
+    status_text,
     waits_for_operator,
 )
 from celery_agboss.contrib.django.models import Execution, Intent, Pause
 from celery_agboss.contrib.django.project import project_app, store_alias
 from celery_agboss.core.executions import TERMINAL_STATES
-from celery_agboss.core.store_protocol import IntentStatus
-from celery_agboss.errors import NotPausedError, OperatorRefusedError
+from celery_agboss.core.store_protocol import IntentRecord, IntentStatus
+from celery_agboss.errors import NotPausedError, OperatorRefusedError, StoreError
 
 Decision = Callable[[HttpRequest, str], str]
 
@@ -89,6 +90,8 @@ class _ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django ships no
                 messages.error(request, f"Refused, nothing changed: {refused}")
             except ValueError as bad:
                 messages.error(request, f"Nothing changed: {bad}")
+            except StoreError as failed:  # a BaseException: Django's handler would let it out
+                messages.error(request, f"{_STORE_FAILED} ({failed}): {_LOOK_AGAIN}")
             else:
                 messages.success(request, done)
             return HttpResponseRedirect(self._page(key))
@@ -116,12 +119,14 @@ class _ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django ships no
             return self._unavailable(request, str(why))
         return super().changelist_view(request, extra_context)
 
-    def _unavailable(self, request: HttpRequest, why: str) -> HttpResponse:
+    def _unavailable(
+        self, request: HttpRequest, why: str, title: str = "The store is not a Django database"
+    ) -> HttpResponse:
         """The page's answer when the store cannot be read through Django: what to do."""
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
-            "title": "The store is not a Django database",
+            "title": title,
             "key": "",
             "unavailable": why,
         }
@@ -141,13 +146,19 @@ class _ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django ships no
             store_alias()
         except ImproperlyConfigured as why:
             return self._unavailable(request, str(why))
+        try:
+            record = self.record(key)
+        except StoreError as failed:  # a BaseException: Django's handler would let it out
+            return self._unavailable(
+                request, f"{_STORE_FAILED} ({failed}); look again", title="The store failed"
+            )
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": f"{self.opts.verbose_name.capitalize()} {key}",
             "key": key,
             "allowed": self.allowed(request),
-            **self.record(key),
+            **record,
         }
         return TemplateResponse(request, "agboss/admin/record.html", context)
 
@@ -168,7 +179,7 @@ class _ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django ships no
             else reverse("admin:agboss_execution_change", args=[quote(found.execution.id)]),
             "intents": [
                 {
-                    "fields": list(intent_view(intent).items()),
+                    "fields": _intent_fields(intent),
                     "key": key_,
                     "resolvable": intent.status is IntentStatus.PENDING
                     or waits_for_operator(intent),
@@ -188,6 +199,24 @@ class _ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django ships no
                 for a in found.audit
             ],
         }
+
+
+_STORE_FAILED = "The store failed"
+_LOOK_AGAIN = (
+    "the decision may or may not be recorded; look at this record's page again (its "
+    "audit trail) before deciding again"
+)
+
+
+def _intent_fields(intent: IntentRecord) -> list[tuple[str, Any]]:
+    """An intent's fields, its status said as ``agboss show`` says it (``status_text``):
+    a ``NotSent`` its call cannot prove shows as "it may be paid", never as a bare
+    ``not_sent_confirmed True`` next to the form that resolves it as not sent."""
+    view = intent_view(intent)
+    view["status"] = status_text(intent)
+    view.pop("not_sent_confirmed", None)
+    view.pop("not_sent_proven", None)
+    return list(view.items())
 
 
 def _time_column(field: str, label: str) -> Callable[[Any, Any], str | None]:

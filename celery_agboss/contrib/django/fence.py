@@ -11,7 +11,10 @@ refused. While it is open, a write to another alias is refused: it would commit 
 its own, zombie or not; and so is ``COMMIT`` (or its kin) sent as SQL text through
 Django's cursor on the alias itself: it would commit ``fn``'s writes on the first
 lease check alone, the store's ``CommitGuard`` rule (``ends_transaction``) applied
-where SQLAlchemy never sees the statement.
+where SQLAlchemy never sees the statement. ``transaction.on_commit`` hooks ``fn``
+registers run after that commit as Django's robust ones (a raising hook never un-does a
+committed effect); a connection out of autocommit, whose ``atomic`` never commits, is
+refused. With the store set by URL (no alias), every alias is read-only in ``fn``.
 """
 
 from __future__ import annotations
@@ -36,20 +39,37 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.errors import (
     CommitInsideFencedEffectError,
+    ConfigurationError,
     FencedEffectInsideAtomicError,
     OutsideFenceWriteError,
     StoreUnavailableError,
 )
 from celery_agboss.store.borrowed import OpenTransaction, UsersDatabase, borrowed_engine
 from celery_agboss.store.commit_guard import ends_transaction
+from celery_agboss.store.driver_errors import translated
 
 # What a statement on another alias may be while a fenced effect runs: a read.
 _READ = re.compile(r"\s*(SELECT|SHOW|EXPLAIN|PRAGMA|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
 
 
-def transactions_on(store_engine: Engine, alias: str) -> UsersDatabase:
-    """Django's transactions on ``alias`` (``runtime.django_store``'s factory)."""
-    return DjangoDatabase(store_engine, alias)
+def transactions_on(store_engine: Engine, alias: str | None) -> UsersDatabase:
+    """Django's transactions on ``alias`` (``runtime.django_store``'s factory); None: the
+    store is set by URL, no alias of the project's."""
+    return DjangoDatabase(store_engine, alias) if alias is not None else StoreByUrl()
+
+
+@dataclass(frozen=True)
+class StoreByUrl:
+    """The store is ``agboss_database_url`` in a project with the Django app: a fenced
+    effect runs on the store's own connection, where the ORM's writes are not; each
+    would commit on its own, even a zombie's or a failed effect's. They are refused
+    (reads pass), naming the way to have them fenced: the store as an alias."""
+
+    def fenced_transaction(self) -> contextlib.AbstractContextManager[Engine | None]:
+        return _store_by_url()
+
+    def open_transaction(self) -> OpenTransaction | None:
+        return None  # a publish inside atomic() is sent as outside Django
 
 
 @dataclass(frozen=True)
@@ -88,11 +108,22 @@ def _in_django_transaction(store_engine: Engine, alias: str) -> Iterator[Engine 
             "would be a savepoint holding the lease row locked until that block ends; call "
             "self.fenced_effect(...) outside any atomic block (it opens its own)"
         )
+    with translated():
+        autocommit = connection.get_autocommit()  # connects: a lost server is the store's
+    if not autocommit:
+        raise ConfigurationError(
+            f'Django\'s connection to {alias!r} is not in autocommit mode ("AUTOCOMMIT": '
+            "False, or set_autocommit(False)): its atomic() would never commit a fenced "
+            "effect, its writes and record lost; remove AUTOCOMMIT from DATABASES, or call "
+            "set_autocommit(True) before the task runs"
+        )
     atomic = transaction.atomic(using=alias, durable=True)
-    atomic.__enter__()
+    with translated():  # SQLite's BEGIN IMMEDIATE past its busy timeout: the store's trouble
+        atomic.__enter__()
     try:
         with _other_aliases_read_only(alias), connection.execute_wrapper(_refuse_ending(alias)):
-            connection.ensure_connection()
+            with translated():
+                connection.ensure_connection()
             yield borrowed_engine(store_engine, connection.connection)
         if connection.needs_rollback and not sabotage.active(DJANGO_SILENT_ROLLBACK_PASSES):
             # Django would roll back at the block's end without a word, and the effect
@@ -106,6 +137,7 @@ def _in_django_transaction(store_engine: Engine, alias: str) -> Iterator[Engine 
     except BaseException:
         atomic.__exit__(*sys.exc_info())  # rolls back; the error goes on
         raise
+    _hooks_run_robustly(connection)
     try:
         atomic.__exit__(None, None, None)
     except DatabaseError as exc:
@@ -116,22 +148,44 @@ def _in_django_transaction(store_engine: Engine, alias: str) -> Iterator[Engine 
         ) from exc
 
 
+def _hooks_run_robustly(connection: Any) -> None:
+    """``transaction.on_commit`` hooks ``fn`` registered run after the commit, inside
+    ``atomic``'s exit: one raising there (a receipt e-mail's SMTP error) would reach the
+    body as the effect's failure, though it committed, and its undos would run (a refund
+    of a paid order). They run as Django runs its ``robust=True`` hooks instead: each
+    one, its error logged by Django, the committed effect returned."""
+    connection.run_on_commit = [(sids, hook, True) for sids, hook, _ in connection.run_on_commit]
+
+
 @contextlib.contextmanager
-def _other_aliases_read_only(alias: str) -> Iterator[None]:
+def _store_by_url() -> Iterator[Engine | None]:
+    with _other_aliases_read_only(None, _BY_URL):
+        yield None  # the store's own connection
+
+
+_TO_THE_STORE = "write to the store's database only, or in a fenced effect of its own task"
+_BY_URL = (
+    "the store is agboss_database_url, not this alias: set agboss_django_database to the "
+    "alias (and drop agboss_database_url) so that fn's ORM writes commit with the fence"
+)
+
+
+@contextlib.contextmanager
+def _other_aliases_read_only(alias: str | None, advice: str = _TO_THE_STORE) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for other in connections:
             if other != alias:
-                stack.enter_context(connections[other].execute_wrapper(_refuse_writes(other)))
+                refuse = _refuse_writes(other, advice)
+                stack.enter_context(connections[other].execute_wrapper(refuse))
         yield
 
 
-def _refuse_writes(alias: str) -> Callable[..., Any]:
+def _refuse_writes(alias: str, advice: str) -> Callable[..., Any]:
     def refuse(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         if not _READ.match(sql) and not sabotage.active(DJANGO_OTHER_ALIAS_WRITES_PASS):
             raise OutsideFenceWriteError(
                 f"a write to the database {alias!r} inside a fenced effect is refused: it "
-                "would commit on its own, even for a holder whose lease is gone; write to "
-                "the store's database only, or in a fenced effect of its own task"
+                f"would commit on its own, even for a holder whose lease is gone; {advice}"
             )
         return execute(sql, params, many, context)
 
