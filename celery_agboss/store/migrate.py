@@ -2,7 +2,10 @@
 
 Safe to run from every worker at start-up: idempotent, and concurrent runs are
 serialised (SQLite's write lock; a PostgreSQL advisory lock), so the second one
-finds the schema already current.
+finds the schema already current. Each run tells the revisions where the store stood
+when it started (``_REVISION_AT_START``, under that lock): a store that existed
+before a revision is one workers of an older version may still be using, whatever
+its tables hold at that moment (revision 0007 keeps its tenant).
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from celery_agboss.store.driver_errors import translated
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _ADVISORY_LOCK_KEY = 0x61676_B6F5  # arbitrary, constant: "agbos"
+_VERSION_TABLE = "agboss_alembic_version"
+_REVISION_AT_START = "agboss.revision_at_start"
+"""The key of ``Config.attributes`` under which ``migrate`` tells the revisions the
+store's revision when the run began (None: this run creates the store). Absent when
+Alembic is run by hand: a revision then judges by what the tables hold."""
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -49,13 +57,25 @@ def _upgrade(engine: Engine, revision: str) -> None:
     with translated(), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_ADVISORY_LOCK_KEY})")
-        command.upgrade(alembic_config(conn), revision)
+        config = alembic_config(conn)
+        config.attributes[_REVISION_AT_START] = _revision_of(conn)
+        command.upgrade(config, revision)
+
+
+def _revision_of(conn: Connection) -> str | None:
+    context = MigrationContext.configure(conn, opts={"version_table": _VERSION_TABLE})
+    return context.get_current_revision()
 
 
 @functools.cache
+def _scripts() -> ScriptDirectory:
+    """The revisions this version ships (read from disk once per process)."""
+    return ScriptDirectory.from_config(alembic_config())
+
+
 def head_revision() -> str:
     """The latest revision this version of celery_agboss ships (its schema)."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = _scripts().get_current_head()
     if head is None:
         raise RuntimeError(f"no Alembic revision under {MIGRATIONS_DIR}")
     return head
@@ -65,7 +85,7 @@ def is_known_revision(revision: str) -> bool:
     """Whether this version ships ``revision``: a store at one it does not know was
     migrated by a newer version of celery_agboss."""
     try:
-        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+        return _scripts().get_revision(revision) is not None
     except CommandError:  # Alembic's answer for an id it cannot locate
         return False
 
@@ -75,10 +95,7 @@ def current_revision(url: str | URL | Engine) -> str | None:
     engine = url if isinstance(url, Engine) else create_store_engine(url)
     try:
         with translated(), engine.connect() as conn:
-            context = MigrationContext.configure(
-                conn, opts={"version_table": "agboss_alembic_version"}
-            )
-            return context.get_current_revision()
+            return _revision_of(conn)
     finally:
         if engine is not url:
             engine.dispose()

@@ -34,6 +34,7 @@ from celery_agboss.core.protections import (
     PAUSED_RECORDS_EXPIRE,
     RECORD_USES_IGNORED_BY_RETENTION,
     RETENTION_DELETES_A_REPUBLISHED_EXECUTION,
+    RETENTION_DELETES_A_SCHEDULED_EXECUTION,
     RETENTION_DELETES_UNHANDLED_PAYMENTS,
     RETENTION_DELETES_WHAT_IT_LISTED,
     RETENTION_FORGETS_PUBLISHED_CHILDREN,
@@ -238,13 +239,18 @@ def delete_terminal_executions_before(store: SQLAlchemyStore, cutoff_ms: int, li
     (the claim puts its ``not_before`` one grace ahead) stays until that too is older
     than ``cutoff_ms``: its message, however long it waits in a backlog, is as safe as
     any other of its age, where a replay that found no row would run the body and charge
-    again (design: unsent links)."""
+    again (design: unsent links). One published with an ETA (``countdown``, ``eta``) and
+    ended before it (cancelled) stays until that ETA too is older than ``cutoff_ms``: the
+    broker holds its message until then, and only the row makes it a dropped cancel, not
+    a charge (design: retention)."""
     kept = _not_in(_e.id, _left_behind_before(store, cutoff_ms).executions)
     with store.transaction() as tx:
         publisher_may_rerun = _publisher_may_rerun(tx, cutoff_ms)
+        # Filters on the rows the terminal_at_ms index walks, never an index of their own.
         if not sabotage.active(RETENTION_DELETES_A_REPUBLISHED_EXECUTION):
-            # A filter on the rows the terminal_at_ms index walks, never an index of its own.
             kept = (*kept, or_(_e.not_before_ms.is_(None), _e.not_before_ms < cutoff_ms))
+        if not sabotage.active(RETENTION_DELETES_A_SCHEDULED_EXECUTION):
+            kept = (*kept, or_(_e.eta_ms.is_(None), _e.eta_ms < cutoff_ms))
         rows = tx.execute(
             select(_e.id)
             .where(

@@ -29,7 +29,7 @@ from celery_agboss.core.log_events import (
     SWEEP_ERROR,
     log_event,
 )
-from celery_agboss.core.protections import STRANDED_NOT_RECONCILED
+from celery_agboss.core.protections import RETENTION_ON_A_NEWER_STORE, STRANDED_NOT_RECONCILED
 from celery_agboss.core.store_protocol import IntentGuard, IntentStatus, LeaseRef
 from celery_agboss.core.stranded import (
     StrandedLookup,
@@ -44,6 +44,7 @@ from celery_agboss.runtime.known_settings import effective_interval
 from celery_agboss.runtime.task_events import TASK_UNRECONCILED, send_task_event
 from celery_agboss.store.cancels import CANCEL_FLAGS_FROM
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
+from celery_agboss.store.migrate import current_revision, head_revision, is_known_revision
 from celery_agboss.store.schema import SWEEPER_SCOPE_PREFIX
 from celery_agboss.store.unsealed_intents import read_unsealed_intent
 from celery_agboss.sweep.links import republish_unsent_links
@@ -405,6 +406,26 @@ class SweepRun:
     # --- 5. retention ---------------------------------------------------------------
 
     def retention(self) -> None:
+        """Delete what nothing needs any more, unless the store is newer than this code:
+        its deletes would lack the newer version's keep rules (a row a message still in
+        the broker needs), so an old beat left running never deletes on a newer store."""
+        revision = current_revision(self.store.engine)  # one read per pass, never a delivery's
+        if (
+            revision is not None
+            and not is_known_revision(revision)
+            and not sabotage.active(RETENTION_ON_A_NEWER_STORE)
+        ):
+            log_event(
+                SWEEP_ERROR,
+                logging.WARNING,
+                "retention skipped: this code is older than its store; deploy the version"
+                " that migrated it",
+                step="retention",
+                reason="store-newer",
+                revision=revision,
+                head=head_revision(),
+            )
+            return
         s = self.settings
         now = self.store.now_ms()
         executions = self.executions

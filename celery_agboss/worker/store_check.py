@@ -8,6 +8,9 @@ thread of its main process reads the store once. If that fails it says so (an
 ``agboss migrate``) and tries again, backing off to every 30 s, until the store answers;
 then it says that too. Nothing waits for it: deliveries meanwhile stop at their first
 store call and are retried (``execution.store-failed``), never run without the store.
+A store newer than this code (a rollback, an old worker left running) is said, and
+deliveries go on; the sweep skips its retention step on such a store
+(``SweepRun.retention``: older keep rules would delete rows the newer version keeps).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def _hint(runtime: Runtime, error: StoreError | SchemaBehind) -> str:
     if isinstance(error, SchemaBehind) and error.ahead:
         return (
             "this code is older than its store: deploy the version that migrated it (a "
-            "migration is never undone by running older code)"
+            "migration is never undone by running older code); meanwhile its deliveries "
+            "run and its sweep skips retention"
         )
     if isinstance(error, SchemaBehind):
         return (

@@ -145,3 +145,22 @@ RESEAL_WITHOUT_COMPARE_AND_SET = "reseal-without-compare-and-set"
 """Sabotage (design: sealed at rest): ``agboss rotate-keys`` reads a batch, then writes each
 re-sealed value over whatever the row holds by then: a result a worker settled in between
 is replaced by the old, re-sealed, value."""
+
+
+# Retention and migrations against messages and workers still in flight.
+
+RETENTION_DELETES_A_SCHEDULED_EXECUTION = "retention-deletes-a-scheduled-execution"
+"""Sabotage (design: retention): retention deletes a terminal execution whose message the
+broker still holds until its ETA (a scheduled charge cancelled before it): at the ETA the
+message finds no row, runs the body and charges the customer who cancelled."""
+
+TENANT_MINTED_FOR_AN_IDLE_STORE = "tenant-minted-for-an-idle-store"
+"""Sabotage (revision 0007): a store that existed before the upgrade but holds nothing at
+that moment gets a new id: a worker of the previous version, still running through a
+rolling deploy, keys a payment with ``"default"``, this version's another key, and one
+order is charged twice."""
+
+RETENTION_ON_A_NEWER_STORE = "retention-on-a-newer-store"
+"""Sabotage (design: retention): the sweep of a version older than its store (an old beat
+left running) deletes by its own, older, keep rules: a row a newer version keeps for a
+message still in the broker goes, and that message charges again."""
