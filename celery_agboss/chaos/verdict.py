@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_agboss.chaos.shop import amount_of, declined
+from celery_agboss.core.executions import OPERATOR_WAIT_STATES
 
-WAITING_STATES = frozenset({"WAITING_OPERATOR", "PARKED"})
+WAITING_STATES = frozenset(state.value for state in OPERATOR_WAIT_STATES)
 
 PAID_ONCE = "paid once"
 DECLINED = "declined"

@@ -40,6 +40,7 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
     """Outbound calls that may have reached the gateway and are not settled, and every
     execution waiting for an operator with the command that ends its wait."""
     from celery_agboss.operator import (
+        count_unsettled,
         list_failed_after_payment,
         list_pending,
         list_shared_waits,
@@ -53,6 +54,8 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
         waits = list_waits(runtime, limit=limit)
         shared = list_shared_waits(runtime, limit=limit)
         left = list_failed_after_payment(runtime, limit=limit)
+        # Left out by --operator-only, each may be a payment: said, never "all settled".
+        others = _not_flagged(count_unsettled(runtime)) if operator_only else 0
         lists: dict[str, Sequence[object]] = {"pending": intents, "waiting_executions": waits}
         lists.update(failed_after_payment=left, waiting_on_executions=shared)
 
@@ -60,6 +63,7 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
             {
                 "pending": [intent_view(i) for i in intents],
                 "needs_operator": flagged,
+                "unsettled_not_listed": others,
                 "waiting_executions": [
                     {**execution_view(w.execution), "intents": w.intents, "ends_with": w.ends_with}
                     for w in waits
@@ -73,8 +77,14 @@ def pending(ctx: click.Context, operator_only: bool, limit: int, as_json: bool) 
                 ],
                 "limit_reached": [name for name, found in lists.items() if len(found) >= limit],
             },
-            lambda: _pending_text(intents, flagged, waits, left, shared, limit),
+            lambda: _pending_text(intents, flagged, waits, left, shared, limit, others),
         )
+
+
+def _not_flagged(counted: tuple[int, int]) -> int:
+    """Of ``count_unsettled``'s intents, those not flagged for an operator."""
+    unsettled, flagged = counted
+    return unsettled - flagged
 
 
 def _with_note(cell: str, note: str) -> str:
@@ -98,9 +108,11 @@ def _pending_text(
     left: Sequence[PaymentLeftBehind],
     shared: Sequence[SharedWait],
     limit: int,
+    others: int = 0,
 ) -> str:
     """``agboss pending`` as tables: unsettled calls, operator waits, payments left
-    behind by a failed execution, and waits on another execution."""
+    behind by a failed execution, and waits on another execution. ``others``: the
+    unsettled calls ``--operator-only`` left out."""
     parts = []
     if intents:
         rows = [
@@ -114,13 +126,20 @@ def _pending_text(
             ]
             for i in intents
         ]
-        head = (
-            f"{_counted(intents, limit)} outbound call(s) not settled, {flagged} waiting "
-            "for an operator:"
-        )
+        head = f"{_counted(intents, limit)} outbound call(s) not settled, {flagged} waiting "
+        head += "for an operator"
+        if others:
+            head += f" ({others} other(s) not settled: `celery -A proj agboss pending`)"
+        head += ":"
         hint = RESOLVE_HINT if flagged else ""
         listing = table(["KEY", "EXECUTION", "CALL", "ATTEMPT", "AGE", "STATE"], rows)
         parts.append(f"{head}\n{listing}{hint}")
+    elif others:
+        parts.append(
+            f"No outbound call waits for an operator; {others} other(s) not settled "
+            "(each may be a payment, settled by the sweep or a delivery): "
+            "`celery -A proj agboss pending` lists them."
+        )
     else:
         parts.append("Nothing pending: every outbound call is settled.")
     if waits:

@@ -4,6 +4,11 @@ The store's gauges, read now, and the counters a worker wrote to
 ``agboss_metrics_dir`` (or ``PROMETHEUS_MULTIPROC_DIR``) when this process is told
 where: a worker's own temporary directory is known to that worker only. For a
 textfile collector, a cron check, or a look without Prometheus.
+
+With the store down it still exits 0, unlike the other commands' 4: its exposition
+says so (``agboss_store_up 0``), and a textfile collector's ``… > f.tmp && mv`` then
+writes the file that alerts instead of keeping the last one, stale, saying all is well
+(docs/metrics.md). A wrong configuration exits 4.
 """
 
 from __future__ import annotations

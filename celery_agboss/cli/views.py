@@ -72,7 +72,10 @@ def intent_view(intent: IntentRecord, *, full: bool = False) -> dict[str, Any]:
         },
         "needs_operator": intent.needs_operator,
         "operator_reason": intent.operator_reason,
-        "not_sent_confirmed": intent.not_sent_confirmed,
+        # "confirmed" only when proven: a script reads it as "nothing was charged", as
+        # the sweep's count of that name does; the mark itself is ``not_sent_recorded``.
+        "not_sent_confirmed": _proven(intent) is True,
+        "not_sent_recorded": intent.not_sent_confirmed,
         "not_sent_proven": _proven(intent),
         "result_stored": intent.result_stored,
         "gateway_transaction_id": intent.gateway_transaction_id,

@@ -52,6 +52,12 @@ ANSWER_STATES = frozenset(
 """Visibly waiting for a person (or ``answer_pause``): neither a delivery nor the sweep
 runs the body until the answer moves the execution on."""
 
+OPERATOR_WAIT_STATES = frozenset({ExecutionState.WAITING_OPERATOR, ExecutionState.PARKED})
+"""Of ``ANSWER_STATES``, the ones only an operator's command ends (a ``PAUSED`` one waits
+for its answer, ``agboss pauses``): what ``agboss pending`` lists with the command that
+ends each, what the chaos verdict counts as "waiting for an operator", and the states of
+the metrics' alert "a payment waits for a person" (docs/metrics.md)."""
+
 REDRIVABLE_STATES = frozenset(
     {
         ExecutionState.REQUESTED,

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_agboss.core.executions import (
+    CANCEL_WAITS,
+    OPERATOR_WAIT_STATES,
+    UNDO_WAITS,
     AuditEntry,
     ExecutionRecord,
     ExecutionState,
@@ -23,6 +26,7 @@ from celery_agboss.core.store_protocol import (
 )
 from celery_agboss.operator.common import _refuse
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.store.counts import unsettled_counted
 from celery_agboss.store.execution_admin import LeftBehind, payments_left_behind
 from celery_agboss.store.intent_listings import list_intents_used_by
 from celery_agboss.store.schema import intent_history
@@ -158,43 +162,69 @@ class OperatorWait:
 
 
 def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
-    """Every ``WAITING_OPERATOR`` execution with what ends its wait: ``resolve`` of the
-    intents it waits for, ``cancel --payments-handled`` after a cancel that came when a
-    payment had completed, or ``redrive`` when nothing is left to decide. A wait nobody
-    can end is never listed: there is always one of these."""
+    """Every execution waiting for a person (``OPERATOR_WAIT_STATES``), oldest first, with
+    what ends its wait: ``unpark`` of a ``PARKED`` one; for a ``WAITING_OPERATOR`` one,
+    ``resolve`` of the intents it waits for, ``cancel --payments-handled`` after a cancel
+    that came when a payment had completed, or ``redrive`` when nothing is left to
+    decide. A wait nobody can end is never listed: there is always one of these."""
     runtime = Runtime.of(app)
-    waits = []
-    for record in runtime.executions.list_executions(
-        [ExecutionState.WAITING_OPERATOR], limit=limit
-    ):
-        keys = runtime.executions.intents_needing_operator(record.id)
-        kind = wait_kind(record.reason)
-        sealed_reason = _unopened_reason(record)
-        if sealed_reason is not None:
-            # What it waits for is in its reason: no command is guessed without it.
-            ends = (
-                f"its reason is {sealed_reason}: `celery -A proj agboss show {record.id}` "
-                "in a process holding that key says what ends the wait"
-            )
-        elif kind is WaitKind.CANCELLED_AFTER_PAYMENT:
-            ends = (
-                f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
-                "(once the payment is refunded at the gateway, or left as it is)"
-            )
-        elif kind is WaitKind.DIVERGENCE:
-            ends = (
-                f"celery -A proj agboss accept {record.id} --reason TEXT (once what the "
-                "old path charged is refunded, or kept), or cancel it --payments-handled"
-            )
-        elif keys:
-            ends = (
-                "celery -A proj agboss resolve KEY (--completed RESULT_JSON | --not-sent) "
-                "--reason TEXT, for each key"
-            )
-        else:
-            ends = f"celery -A proj agboss redrive {record.id} --reason TEXT"
-        waits.append(OperatorWait(record, keys, ends))
-    return waits
+    found = list_executions_shown(
+        runtime.store,
+        sorted(OPERATOR_WAIT_STATES, key=lambda state: state.value),
+        limit=limit,
+        oldest_first=True,
+    )
+    return [
+        OperatorWait(
+            record,
+            keys := runtime.executions.intents_needing_operator(record.id),
+            _wait_ends_with(record, keys),
+        )
+        for record in found
+    ]
+
+
+def _wait_ends_with(record: ExecutionRecord, keys: list[str]) -> str:
+    """The command that ends ``record``'s wait for a person."""
+    if record.state is ExecutionState.PARKED:
+        # Its state says it all: the next delivery reconciles whatever it left unsettled.
+        return (
+            f"celery -A proj agboss unpark {record.id} --reason TEXT (once what kills its "
+            "deliveries is fixed: a crash loop parks it again)"
+        )
+    sealed_reason = _unopened_reason(record)
+    if sealed_reason is not None:
+        # What it waits for is in its reason: no command is guessed without it.
+        return (
+            f"its reason is {sealed_reason}: `celery -A proj agboss show {record.id}` "
+            "in a process holding that key says what ends the wait"
+        )
+    kind = wait_kind(record.reason)
+    if kind is WaitKind.CANCELLED_AFTER_PAYMENT:
+        return (
+            f"celery -A proj agboss cancel {record.id} --payments-handled --reason TEXT "
+            "(once the payment is refunded at the gateway, or left as it is)"
+        )
+    if kind is WaitKind.DIVERGENCE:
+        return (
+            f"celery -A proj agboss accept {record.id} --reason TEXT (once what the "
+            "old path charged is refunded, or kept), or cancel it --payments-handled"
+        )
+    if keys:
+        return (
+            "celery -A proj agboss resolve KEY (--completed RESULT_JSON | --not-sent) "
+            "--reason TEXT, for each key"
+        )
+    return f"celery -A proj agboss redrive {record.id} --reason TEXT"
+
+
+def count_unsettled(app: Any) -> tuple[int, int]:
+    """``(unsettled, of them flagged for an operator)``: the intents ``list_pending``
+    lists, counted, so that a listing of only the flagged ones can say how many others
+    are not settled (each may be a payment)."""
+    with Runtime.of(app).store.read_transaction() as tx:
+        unsettled, flagged = tx.execute(unsettled_counted()).one()
+    return int(unsettled), int(flagged or 0)
 
 
 @dataclass(frozen=True)
@@ -244,18 +274,35 @@ class SharedWait:
 
 
 def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
-    """Every execution that waits for another one on a shared record."""
-    records = Runtime.of(app).executions.list_executions(
-        [ExecutionState.WAITING, ExecutionState.COMPENSATING], limit=limit
-    )
-    waits = []
-    for record in records:
-        sealed_reason = _unopened_reason(record)
-        # Whom it waits for is in its reason: listed, saying it cannot be read here.
-        other = waited_for(record.reason) if sealed_reason is None else sealed_reason
-        if other is not None:
-            waits.append(SharedWait(record, other))
+    """Up to ``limit`` executions that wait for another one on a shared record, by id.
+    Filtered before the limit (in SQL, then by their opened reason, a batch at a time):
+    plain retries, however many, never hide one."""
+    store = Runtime.of(app).store
+    waits: list[SharedWait] = []
+    after: str | None = None
+    while len(waits) < limit:
+        records = list_executions_shown(
+            store,
+            [ExecutionState.WAITING, ExecutionState.COMPENSATING],
+            limit=_SHARED_BATCH,
+            after_id=after,
+            reason_starts=(CANCEL_WAITS, UNDO_WAITS),
+        )
+        for record in records:
+            sealed_reason = _unopened_reason(record)
+            # Whom it waits for is in its reason: listed, saying it cannot be read here.
+            other = waited_for(record.reason) if sealed_reason is None else sealed_reason
+            if other is not None and len(waits) < limit:
+                waits.append(SharedWait(record, other))
+        if len(records) < _SHARED_BATCH:
+            break
+        after = records[-1].id
     return waits
+
+
+_SHARED_BATCH = 500
+"""Executions read per transaction while looking for shared waits: with sealed reasons
+(which SQL cannot filter) every waiting one is a candidate."""
 
 
 def _unopened_reason(record: ExecutionRecord) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Select, case, func, select
 
 from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
@@ -36,15 +36,9 @@ class StoreCounts:
 def read_counts(store: SQLAlchemyStore) -> StoreCounts:
     """The counts: intents and executions in one read transaction, then "failed after a
     payment" by its listing (read transactions of its own, one per batch)."""
-    i = outbound_calls.c
     e = executions.c
     with store.read_transaction() as tx:
-        pending, needing = tx.execute(
-            select(
-                func.count(),
-                func.coalesce(func.sum(case((i.needs_operator, 1), else_=0)), 0),
-            ).where(unsettled_intent())
-        ).one()
+        pending, needing = tx.execute(unsettled_counted()).one()
         rows = tx.execute(
             select(e.state, func.count())
             .where(e.state.in_([state.value for state in LIVE_STATES]))
@@ -57,6 +51,17 @@ def read_counts(store: SQLAlchemyStore) -> StoreCounts:
     return StoreCounts(int(pending), int(needing or 0), by_state, left)
 
 
+def unsettled_counted() -> Select[tuple[int, int]]:
+    """``(unsettled intents, of them flagged for an operator)``: what ``agboss pending``
+    lists, counted (the gauges, and the note of ``pending --operator-only`` on the
+    others, which may be payments)."""
+    i = outbound_calls.c
+    return select(
+        func.count(),
+        func.coalesce(func.sum(case((i.needs_operator, 1), else_=0)), 0),
+    ).where(unsettled_intent())
+
+
 FAILED_AFTER_PAYMENT_CAP = 1000
 """The most "failed after a payment" executions one scrape counts: each is a person's
 work, so a gauge at the cap already says enough. It bounds the executions counted,
@@ -65,4 +70,4 @@ undo refunded, a second click completed on the charge), every one below the cap 
 counted."""
 
 
-__all__ = ["LIVE_STATES", "StoreCounts", "read_counts"]
+__all__ = ["LIVE_STATES", "StoreCounts", "read_counts", "unsettled_counted"]

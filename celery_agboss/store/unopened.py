@@ -16,11 +16,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection, Row
 
 from celery_agboss.core.executions import ExecutionRecord, ExecutionState
-from celery_agboss.core.sealing import KeyRing, SealedAt, Sealer
+from celery_agboss.core.sealing import ENVELOPE_START, KeyRing, SealedAt, Sealer
 from celery_agboss.core.store_protocol import HistoryRow, IntentRecord
 from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.codec import dumps
@@ -126,10 +126,16 @@ def list_executions_shown(
     after_id: str | None = None,
     *,
     execution_id: str | None = None,
+    oldest_first: bool = False,
+    reason_starts: Sequence[str] | None = None,
 ) -> list[ExecutionRecord]:
     """Executions by id for a person (``execution_admin.list_executions``), or the one
     ``execution_id``: a value no key opens, or a state this version does not know, is
-    shown as such, its row listed with the others."""
+    shown as such, its row listed with the others. ``oldest_first``: by request time
+    instead (a wait list cut at its limit leaves out the youngest, never the oldest;
+    ``after_id`` does not page it). ``reason_starts``: only rows whose reason may start
+    with one of these, filtered before the limit; a sealed reason cannot be read in SQL,
+    so it stays for the caller to judge once opened."""
     with store.read_transaction() as tx:
         statement = select(executions, tx.now_expr().label("read_at_ms"))
         if states:
@@ -138,7 +144,13 @@ def list_executions_shown(
             statement = statement.where(executions.c.id > after_id)
         if execution_id is not None:
             statement = statement.where(executions.c.id == execution_id)
-        rows = tx.execute(statement.order_by(executions.c.id).limit(limit)).all()
+        if reason_starts is not None:
+            starts = (*reason_starts, ENVELOPE_START)
+            statement = statement.where(
+                or_(*(executions.c.reason.startswith(p, autoescape=True) for p in starts))
+            )
+        order = (executions.c.requested_at_ms,) if oldest_first else ()
+        rows = tx.execute(statement.order_by(*order, executions.c.id).limit(limit)).all()
         with showing_unopened(tx.connection):
             return [record_of(cast("Row[Any]", _StateShown(row)), tx.connection) for row in rows]
 

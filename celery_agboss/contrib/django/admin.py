@@ -214,8 +214,8 @@ def _intent_fields(intent: IntentRecord) -> list[tuple[str, Any]]:
     ``not_sent_confirmed True`` next to the form that resolves it as not sent."""
     view = intent_view(intent)
     view["status"] = status_text(intent)
-    view.pop("not_sent_confirmed", None)
-    view.pop("not_sent_proven", None)
+    for said_by_the_status in ("not_sent_confirmed", "not_sent_recorded", "not_sent_proven"):
+        view.pop(said_by_the_status, None)
     return list(view.items())
 
 
