@@ -123,8 +123,8 @@ def checklist(
 
 def _verdict(report: GatewayChecklistReport) -> str:
     """``passed`` never reads as every requirement proven: a skipped one is named (the
-    command has no gateway clock, so G3 is never probed here: check its retention in the
-    gateway's docs, as its line says)."""
+    command has no gateway clock, so the key-retention probe never runs here: check that
+    retention in the gateway's docs, as its line says) (design: G3)."""
     from celery_agboss.testing.checklist import GatewayCheckStatus
 
     if not report.passed:
