@@ -35,6 +35,7 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.core.protections import (
+    BODY_CALLS_AFTER_COMPENSATION_START,
     CALLS_OF_ONE_KEY_CONCURRENT,
     CANCEL_NOT_CHECKED_MID_BODY,
     CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY,
@@ -114,6 +115,7 @@ class ExecutionContext(DeliveryLease):
         self._last_outcome: Outcome | None = None
         self._last_step: Step | None = None  # the step of the body that returned last
         self._stopped_by: AGBossSignal | None = None
+        self._body_ended = False  # its compensation started: the body sends nothing more
         self._key_locks: dict[str, threading.Lock] = {}  # one call of a key at a time
 
     @classmethod
@@ -183,6 +185,7 @@ class ExecutionContext(DeliveryLease):
         # taken name is refused before this delivery counts anything.
         self._settings.register(call)
         self._refuse_after_signal()
+        self._refuse_after_the_body_ended("outbound()")
         self._refuse_inside_an_effect("outbound()")
         step = self._open_step(INTENT_RECORD, call.name, business_key, call.max_key_length)
         with self._lock:
@@ -213,6 +216,7 @@ class ExecutionContext(DeliveryLease):
         """Run ``fn(conn)`` once per key, inside the transaction that checks the lease."""
         business_key = self.business_key_for(business_key)
         self._refuse_after_signal()
+        self._refuse_after_the_body_ended("fenced_effect()")
         self._refuse_inside_an_effect("fenced_effect()")
         step = self._open_step(EFFECT_RECORD, name, business_key)
         self._in_effect.depth = getattr(self._in_effect, "depth", 0) + 1
@@ -261,6 +265,23 @@ class ExecutionContext(DeliveryLease):
             occurrence,
             max_key_length=max_key_length,
         )
+
+    def end_body(self) -> None:
+        """The execution's compensation starts: every step the body made is settled and
+        kept in the start mark, and what the execution makes after it is its undos'. A
+        call from the body after this (a thread it started, still running) is refused: it
+        would charge while its undos refund, counted as an undo's refund."""
+        with self._lock:
+            self._body_ended = True
+
+    def _refuse_after_the_body_ended(self, verb: str) -> None:
+        if self._body_ended and not sabotage.active(BODY_CALLS_AFTER_COMPENSATION_START):
+            raise ConfigurationError(
+                f"{verb} from the body after its compensation started is refused: the body "
+                "failed (or was cancelled) and its undos run; a thread it started must end "
+                "with it",
+                execution_id=self._execution_id,
+            )
 
     def _refuse_inside_an_effect(self, verb: str) -> None:
         """A fenced effect's ``fn`` runs inside the store's transaction: a call to the

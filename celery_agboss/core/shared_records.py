@@ -252,8 +252,9 @@ def compensated_error(
     else:
         done = (
             f"{what} under this business key was claimed for undo by execution {undo_by}, "
-            "whose undo has not completed (its refund may be in flight, or refused and "
-            "waiting for an operator): nothing was refunded yet"
+            "whose undo has not completed: its refund may be in flight, made (the undo "
+            "failed after it) or refused, not known here (celery -A proj agboss show "
+            f"{undo_by})"
         )
     return OutboundCallCompensatedError(
         f"{done}. Its result is not handed out again. To pay again, open a new attempt "

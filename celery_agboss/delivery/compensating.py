@@ -76,6 +76,7 @@ from celery_agboss.errors import (
     OutboundCallResultNotStoredError,
     OutboundCallUnreconciledError,
     PauseRequested,
+    ResultNotStorableError,
     StoreError,
     UndoMustWait,
 )
@@ -124,8 +125,11 @@ def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> str:
     if sabotage.active(FAILURE_SKIPS_UNDO):
         return reason
     undoing = _undo_of(d)
-    if undoing is not None:
-        _undo_failed(d, f"{d.task.name} of execution {undoing}", decode_error(error))
+    failure = decode_error(error)
+    if undoing is not None and not isinstance(failure, ResultNotStorableError):
+        # (A result JSON cannot hold comes after the body's refund went through: not an
+        # undo that failed, and ``FAILED`` says why, as for any task.)
+        _undo_failed(d, f"{d.task.name} of execution {undoing}", failure)
     declarations = _declarations(d)
     if declarations and _start(d, CompensationStarted(FAILURE, reason, error), len(declarations)):
         _run(d, declarations, FAILURE)
@@ -189,6 +193,7 @@ def _start(
     """``COMPENSATING`` and the start mark, in one fenced transaction; False when the
     execution may not start undo (an intent of it is pending)."""
     ctx = d.context()
+    ctx.end_body()  # before the mark: a call of the body after it would pass as an undo's
     executions = d.runtime.executions
     why = f"undo after {started.reason}" if started.cause == FAILURE else "undo before cancel"
     try:

@@ -120,7 +120,9 @@ def _intent_summary(intent: IntentRecord) -> dict[str, Any]:
         "operator_reason": None
         if intent.operator_reason is None
         else intent.operator_reason.split(":", 1)[0],
-        "not_sent_confirmed": intent.not_sent_confirmed,
+        # The stored mark, named as the views name it (their ``not_sent_confirmed`` is
+        # true only when proven).
+        "not_sent_recorded": intent.not_sent_confirmed,
         "result_stored": intent.result_stored,
         "gateway_transaction_id": intent.gateway_transaction_id,
         "execution_id": intent.execution_id,

@@ -145,6 +145,11 @@ their done marks only, which name what the run that wrote each one reached: an u
 after a crash that finds its refund made (it read the gateway first) leaves that refund
 counted as a payment the execution left behind, "refund it at the gateway"."""
 
+BODY_CALLS_AFTER_COMPENSATION_START = "body-calls-after-compensation-start"
+"""Sabotage (design: compensated step): a thread the body started may still call
+``outbound()`` after the body failed and its undos started: it charges while they refund,
+and that charge, made after the start mark, is counted as an undo's refund, listed nowhere."""
+
 UNDO_CALLS_SHARE_ONE_KEY = "undo-calls-share-one-key"
 """Sabotage (design: undo once): every call an undo makes without a business key takes the
 undo's key, whatever its position: the second of two partial refunds of one call replays

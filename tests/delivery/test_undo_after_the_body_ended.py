@@ -1,0 +1,157 @@
+"""Holes a second review found in the undo fixes of this release.
+
+- A thread the body started may still call ``outbound()`` after the body failed and its
+  undos started: it charged while they refunded, and that charge, made after the
+  compensation's start mark, was counted as an undo's refund: FAILED, charged, listed
+  nowhere. Once the compensation starts, the body's calls are refused.
+- A later click on a step whose claimer's undo refunded and then raised was told
+  "nothing was refunded yet": it is told the undo's outcome is not known there.
+- A signature undo's task whose refund went through but whose result JSON cannot hold
+  was shown as "undo … failed" (an operator may refund by hand again): it ends
+  ``FAILED`` saying why, as any task.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from celery_agboss import OutboundCallCompensatedError
+from celery_agboss.core.compensation import UndoStep
+from celery_agboss.core.protections import BODY_CALLS_AFTER_COMPENSATION_START
+from celery_agboss.errors import ConfigurationError
+from celery_agboss.operator import list_failed_after_payment
+from celery_agboss.task import undo_function
+from celery_agboss.testing import sabotage
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.support.processes import wait_until
+
+
+def _a_body_thread_charging_after_the_undo_started(shop: PaymentShop) -> list[BaseException]:
+    """Card A charged (its undo declared); the body starts card B in a thread and raises;
+    card B is sent while card A's undo runs. What the thread raised, if anything."""
+    charge, refund = shop.call(), shop.refund_call()
+    undo_running, straggler_done = threading.Event(), threading.Event()
+    raised: list[BaseException] = []
+
+    @undo_function(shop.app, "refund-charge")
+    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
+        undo_running.set()
+        assert straggler_done.wait(15), "the body's thread"
+        task.outbound(refund, {"payment": payment})
+
+    @shop.task()
+    def split_pay(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 600}, business_key=f"order:{order}:card-a")
+        self.undo_with("refund-charge", payment=receipt["id"])
+        request = dict(vars(self.request))
+
+        def card_b() -> None:  # a thread of the body, on the delivery's request
+            self.push_request(request)
+            try:
+                assert undo_running.wait(15)
+                self.outbound(charge, {"amount": 400}, business_key=f"order:{order}:card-b")
+            except BaseException as exc:
+                raised.append(exc)
+            finally:
+                self.pop_request()
+                straggler_done.set()
+
+        threading.Thread(target=card_b, daemon=True).start()
+        raise LookupError("card A's order line is out of stock")
+
+    with shop.worker():
+        shop.deliver(split_pay, "o-7", states=("FAILED", "WAITING_OPERATOR"))
+    return raised
+
+
+def test_a_body_thread_sends_nothing_once_the_undo_started(shop: PaymentShop) -> None:
+    raised = _a_body_thread_charging_after_the_undo_started(shop)
+    assert [type(exc) for exc in raised] == [ConfigurationError], raised
+    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
+    assert list_failed_after_payment(shop.app) == []  # nothing left charged
+
+
+@pytest.mark.parametrize("delivery_store_url", ["postgresql"], indirect=True)
+def test_twin_a_body_thread_charges_while_the_undo_refunds_listed_nowhere(
+    shop: PaymentShop,
+) -> None:
+    """PostgreSQL only: on SQLite the thread's charge and the undo's refund take turns at
+    the one write lock, and on a loaded machine the harness's short lease (5 s: a 1.25 s
+    bound on holding it) stops the delivery before the harm shows."""
+    with sabotage(BODY_CALLS_AFTER_COMPENSATION_START):
+        raised = _a_body_thread_charging_after_the_undo_started(shop)
+        listed = list_failed_after_payment(shop.app)
+    assert raised == []
+    assert len(shop.gateway.payments) == 2 and len(shop.gateway.refunds) == 1
+    assert listed == [], "card B's charge passed as an undo's refund"
+
+
+def test_a_later_click_is_not_told_nothing_was_refunded(shop: PaymentShop) -> None:
+    charge, refund = shop.call(), shop.refund_call()
+
+    @undo_function(shop.app, "refund-then-notify")
+    def refund_then_notify(task: Any, undo: UndoStep, payment: str) -> None:
+        task.outbound(refund, {"payment": payment})
+        raise RuntimeError("mail server down")  # after the refund went through
+
+    told: list[OutboundCallCompensatedError] = []
+
+    @shop.task()
+    def place_order(self: Any, order: str, fail: bool = False) -> Any:
+        request = {"amount": 1000, "order": order}
+        try:
+            receipt = self.outbound(charge, request, business_key=f"order:{order}")
+        except OutboundCallCompensatedError as exc:
+            told.append(exc)
+            receipt = self.outbound(charge, request, business_key=f"order:{order}:attempt:2")
+        if fail:
+            self.undo_with("refund-then-notify", payment=receipt["id"])
+            raise LookupError("out of stock")
+        return receipt
+
+    with shop.worker():
+        first = shop.deliver(place_order, "o-1", True, states=("FAILED", "WAITING_OPERATOR"))
+        assert_waits_for_an_operator(shop.execution(first), "undo refund-then-notify failed")
+        shop.deliver(place_order, "o-1", states=("COMPLETED", "FAILED", "WAITING_OPERATOR"))
+    assert len(shop.gateway.refunds) == 1  # the first charge's refund went through
+    [error] = told
+    assert error.undone is False and error.undo_by == first
+    assert "nothing was refunded" not in str(error)
+    assert f"agboss show {first}" in str(error)
+
+
+def test_an_undo_task_whose_refund_went_through_is_not_told_failed(shop: PaymentShop) -> None:
+    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
+
+    class Receipt:  # what a body may return by mistake: not JSON
+        pass
+
+    @shop.task()
+    def refund_payment(self: Any, payment: str) -> Any:
+        self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}:1")
+        return Receipt()
+
+    @shop.task()
+    def place_order(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        self.undo_with(refund_payment.s(receipt["id"]))
+        raise LookupError("out of stock")
+
+    def ended() -> list[Any]:
+        return [
+            found
+            for found in shop.agboss.executions.list_executions(None, limit=50)
+            if found.task_name == "shop.refund_payment"
+            and found.state.value in ("FAILED", "WAITING_OPERATOR", "COMPLETED")
+        ]
+
+    with shop.worker():
+        shop.deliver(place_order, "o-9", states=("FAILED", "WAITING_OPERATOR"))
+        wait_until(ended, 20, message="the undo task ended")
+    [task] = ended()
+    assert len(shop.gateway.refunds) == 1  # the refund went through
+    assert task.state.value == "FAILED", (task.state, task.reason)
+    assert "undo" not in (task.reason or "").lower(), task.reason
