@@ -441,6 +441,14 @@ def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
             # A second payment of the order: refund it in Stripe's dashboard if it took money.
             orders.note(conn, order_id, "webhook:other-payment", intent["id"])
             return False
+        entries = orders.entries(conn, order_id)
+        cancelled = any(entry.startswith("cancelled:capture:") for entry, _ in entries)
+        if cancelled and status == "paid":
+            # The customer cancelled, and the capture that won the race had not taken the
+            # money when the void fell back (``cancelled:capture:<status>``): it has now.
+            # Never ``paid`` (to be shipped): a person refunds it.
+            orders.note(conn, order_id, "cancelled:captured-later", intent["id"])
+            return False
         return orders.move(conn, order_id, status, intent["id"])
 
     return record_event(self, event, apply).result

@@ -106,6 +106,15 @@ def _cancelled(world: FakeStripeShop, intents: StripeIntents) -> dict[str, Any]:
             "ledger": world.ledger(order_id),
             "requests": _requests(world, payment_id),
         }
+        if case == "capture_processing":
+            # The capture then takes the money, and Stripe's webhook says so: the
+            # cancelled order is never paid (to be shipped), noted for a person.
+            intents.changed[payment_id] = {}
+            world.webhook("payment_intent.succeeded", payment_id)
+            seen["captured_after_the_cancel"] = {
+                "status": shop._read(order_id)["status"],
+                "last": world.ledger(order_id)[-1],
+            }
     return seen
 
 

@@ -87,6 +87,7 @@ def test_a_cancel_after_the_capture_refunds_only_what_the_capture_took(
         }
 
     assert cancelled == {
+        "captured_after_the_cancel": {"status": "authorized", "last": "cancelled:captured-later"},
         "capture_processing": kept("processing"),
         "capture_short": kept("succeeded"),
         "capture_succeeded": {
