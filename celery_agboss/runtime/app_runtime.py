@@ -197,7 +197,8 @@ class Runtime:
             # what the parent learned of agboss_meta holds for a forked child too.
             known = None if current is None else current.store.sealer.store_sealed
             store.sealer = Sealer(settings.encryption_keys, store_sealed=known)
-            store.users_database = users_database(store.engine, settings.django_database)
+            if settings.django_database is not None:
+                store.users_database = users_database(store.engine, settings.django_database)
             current = _ProcessStore(
                 pid=pid,
                 store=store,

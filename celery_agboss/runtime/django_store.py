@@ -196,7 +196,7 @@ def django_store_url(alias: str) -> str:
     return store_url_from_database(databases[alias], alias)
 
 
-UsersDatabaseFactory = Callable[[Engine, "str | None"], UsersDatabase]
+UsersDatabaseFactory = Callable[[Engine, str], UsersDatabase]
 """``factory(store_engine, alias)``: the project's transactions on the alias (None: the
 store is no alias of the project's, so fenced effects may write to none of them)."""
 _users_database: list[UsersDatabaseFactory] = []
@@ -207,17 +207,11 @@ def register_users_database(factory: UsersDatabaseFactory) -> None:
     _users_database[:] = [factory]
 
 
-def users_database(store_engine: Engine, alias: str | None) -> UsersDatabase | None:
+def users_database(store_engine: Engine, alias: str) -> UsersDatabase:
     """Django's transactions on ``alias``: where this process's fenced effects run, and
     what a publish inside the caller's ``atomic`` joins. Django is set up here if nothing
     did yet (Celery's Django fixup does it in a worker), which loads the app; without the
-    app, the fence could not reach the ORM's writes, so nothing starts.
-
-    ``alias`` None (the store set as ``agboss_database_url``): once the app is loaded,
-    fenced effects run on the store's own connection and refuse ``fn``'s ORM writes,
-    which would commit on their own, off the fence; without the app, None."""
-    if alias is None:
-        return _users_database[0](store_engine, None) if _users_database else None
+    app, the fence could not reach the ORM's writes, so nothing starts."""
     if not _users_database:
         _require_django()
         import django

@@ -40,6 +40,7 @@ _ROLLED_BACK_CLASSES = ("40",)
 # SQLite's primary result codes for the same kinds of trouble: NOMEM, READONLY, IOERR,
 # CORRUPT, FULL, CANTOPEN, PROTOCOL, NOTADB (its extended codes keep these low bits).
 _SQLITE_UNAVAILABLE = frozenset({7, 8, 10, 11, 13, 14, 15, 26})
+_SQLITE_LOCKED = frozenset({5, 6})  # BUSY, LOCKED
 _SQLITE_UNAVAILABLE_TEXT = (
     "unable to open",
     "disk i/o",
@@ -113,15 +114,21 @@ def _from_sqlite(error: sqlite3.Error) -> StoreError:
         return StoreLockTimeoutError(str(error))
     if isinstance(error, FencedTransactionEndedError):
         return StoreError(str(error))
-    text = str(error).lower()
-    if "database is locked" in text or "database table is locked" in text or "busy" in text:
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        # SQLite's own result code decides: an application's query whose message merely
+        # says "malformed" (its JSON) or names a table "…busy…" is no store trouble.
+        primary = code & 0xFF
+        locked = primary in _SQLITE_LOCKED
+        unavailable = primary in _SQLITE_UNAVAILABLE
+    else:  # an error raised without a code (Python before 3.11, or made by hand)
+        text = str(error).lower()
+        locked = "database is locked" in text or "database table is locked" in text
+        locked = locked or "busy" in text
+        unavailable = any(words in text for words in _SQLITE_UNAVAILABLE_TEXT)
+    if locked:
         return StoreLockTimeoutError(f"lock timeout: {_short(error)}")
-    primary = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
-    if (
-        primary in _SQLITE_UNAVAILABLE
-        or any(words in text for words in _SQLITE_UNAVAILABLE_TEXT)
-        or isinstance(error, sqlite3.InterfaceError)
-    ):
+    if unavailable or isinstance(error, sqlite3.InterfaceError):
         return StoreUnavailableError(f"store unavailable: {_short(error)}")
     return StoreError(f"store error: {_short(error)}")
 

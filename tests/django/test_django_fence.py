@@ -157,6 +157,16 @@ def test_a_write_to_another_alias_inside_fn_is_refused(
     assert kept == (0 if protected else 1), "the twin's report row outlived its effect"
 
 
+def test_a_read_of_another_alias_inside_its_own_atomic_passes(django_shop: DjangoShop) -> None:
+    """The read-only rule let SQLite's ``BEGIN`` (sent by ``atomic()`` through Django's
+    cursor) be refused as a write: a read-only helper under ``@transaction.atomic``
+    failed the effect, and the execution's undos refunded a paid order."""
+    django_shop.start()
+    task_id = django_shop.publish("mark_paid_reading_reports_in_atomic", "o-3")
+    django_shop.wait_state(task_id, "COMPLETED")
+    assert django_shop.times_paid("o-3") == 1
+
+
 @pytest.mark.parametrize("protected", [True, False], ids=["refused", "twin-passes"])
 def test_an_effect_marked_for_rollback_is_refused_not_passed_for_written(
     django_shop: DjangoShop, protected: bool

@@ -14,7 +14,7 @@ lease check alone, the store's ``CommitGuard`` rule (``ends_transaction``) appli
 where SQLAlchemy never sees the statement. ``transaction.on_commit`` hooks ``fn``
 registers run after that commit as Django's robust ones (a raising hook never un-does a
 committed effect); a connection out of autocommit, whose ``atomic`` never commits, is
-refused. With the store set by URL (no alias), every alias is read-only in ``fn``.
+refused.
 """
 
 from __future__ import annotations
@@ -48,28 +48,17 @@ from celery_agboss.store.borrowed import OpenTransaction, UsersDatabase, borrowe
 from celery_agboss.store.commit_guard import ends_transaction
 from celery_agboss.store.driver_errors import translated
 
-# What a statement on another alias may be while a fenced effect runs: a read.
-_READ = re.compile(r"\s*(SELECT|SHOW|EXPLAIN|PRAGMA|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
+# What a statement on another alias may be while a fenced effect runs: a read, or what
+# Django sends around one (SQLite's atomic() opens with BEGIN through its cursor; a
+# savepoint rolled back sends ROLLBACK TO).
+_READ = re.compile(
+    r"\s*(SELECT|SHOW|EXPLAIN|PRAGMA|SAVEPOINT|RELEASE|BEGIN|ROLLBACK\s+TO)\b", re.IGNORECASE
+)
 
 
-def transactions_on(store_engine: Engine, alias: str | None) -> UsersDatabase:
-    """Django's transactions on ``alias`` (``runtime.django_store``'s factory); None: the
-    store is set by URL, no alias of the project's."""
-    return DjangoDatabase(store_engine, alias) if alias is not None else StoreByUrl()
-
-
-@dataclass(frozen=True)
-class StoreByUrl:
-    """The store is ``agboss_database_url`` in a project with the Django app: a fenced
-    effect runs on the store's own connection, where the ORM's writes are not; each
-    would commit on its own, even a zombie's or a failed effect's. They are refused
-    (reads pass), naming the way to have them fenced: the store as an alias."""
-
-    def fenced_transaction(self) -> contextlib.AbstractContextManager[Engine | None]:
-        return _store_by_url()
-
-    def open_transaction(self) -> OpenTransaction | None:
-        return None  # a publish inside atomic() is sent as outside Django
+def transactions_on(store_engine: Engine, alias: str) -> UsersDatabase:
+    """Django's transactions on ``alias`` (``runtime.django_store``'s factory)."""
+    return DjangoDatabase(store_engine, alias)
 
 
 @dataclass(frozen=True)
@@ -158,34 +147,21 @@ def _hooks_run_robustly(connection: Any) -> None:
 
 
 @contextlib.contextmanager
-def _store_by_url() -> Iterator[Engine | None]:
-    with _other_aliases_read_only(None, _BY_URL):
-        yield None  # the store's own connection
-
-
-_TO_THE_STORE = "write to the store's database only, or in a fenced effect of its own task"
-_BY_URL = (
-    "the store is agboss_database_url, not this alias: set agboss_django_database to the "
-    "alias (and drop agboss_database_url) so that fn's ORM writes commit with the fence"
-)
-
-
-@contextlib.contextmanager
-def _other_aliases_read_only(alias: str | None, advice: str = _TO_THE_STORE) -> Iterator[None]:
+def _other_aliases_read_only(alias: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for other in connections:
             if other != alias:
-                refuse = _refuse_writes(other, advice)
-                stack.enter_context(connections[other].execute_wrapper(refuse))
+                stack.enter_context(connections[other].execute_wrapper(_refuse_writes(other)))
         yield
 
 
-def _refuse_writes(alias: str, advice: str) -> Callable[..., Any]:
+def _refuse_writes(alias: str) -> Callable[..., Any]:
     def refuse(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         if not _READ.match(sql) and not sabotage.active(DJANGO_OTHER_ALIAS_WRITES_PASS):
             raise OutsideFenceWriteError(
                 f"a write to the database {alias!r} inside a fenced effect is refused: it "
-                f"would commit on its own, even for a holder whose lease is gone; {advice}"
+                "would commit on its own, even for a holder whose lease is gone; write to "
+                "the store's database only, or in a fenced effect of its own task"
             )
         return execute(sql, params, many, context)
 

@@ -100,6 +100,24 @@ def mark_paid_and_report(self: Any, reference: str) -> dict[str, Any]:
     return result
 
 
+@app.task(base=PaymentTask, bind=True, name="django_shop.mark_paid_reading_reports_in_atomic")
+def mark_paid_reading_reports_in_atomic(self: Any, reference: str) -> dict[str, Any]:
+    """A read of another alias inside its own ``atomic()`` in ``fn``: Django's SQLite
+    backend opens that block with ``BEGIN`` through the cursor, which is no write."""
+    from django.db import connections, transaction
+
+    from tests.support.django_shop.orders.models import Order
+
+    def write(_conn: Any) -> dict[str, Any]:
+        Order.objects.filter(pk=reference).update(times_paid=1)
+        with transaction.atomic(using="reports"), connections["reports"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return {"order": reference}
+
+    result: dict[str, Any] = self.fenced_effect("mark-paid", write)
+    return result
+
+
 @app.task(base=PaymentTask, bind=True, name="django_shop.mark_paid_then_set_rollback")
 def mark_paid_then_set_rollback(self: Any, reference: str) -> dict[str, Any]:
     """fn marks the effect's transaction for rollback after its write."""
