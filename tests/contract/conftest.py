@@ -9,7 +9,9 @@
 - ``store_factory(**kwargs)``: another ``SQLAlchemyStore`` on the same database
   (its own engine and pool, as a second worker process would have), closed after;
 - ``executions``: the execution verbs on a PostgreSQL database of their own, for the
-  one-statement tests; ``executions.offset["ms"]`` moves the clock every statement reads.
+  one-statement tests; ``executions.offset["ms"]`` moves the clock every statement reads;
+- ``empty_url``: a database with no tables at all, on each backend (the deployment id's
+  tests migrate it themselves); ``apps(url, **config)``: test apps on it, closed after.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from celery_agboss.core.store_protocol import LeaseGrant, Store
 from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.testing.celery_app import close_test_app, make_test_app
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.stores import sqlite_store_url
 from tests.conftest import TemplateFactory
@@ -91,6 +95,43 @@ def store_factory(store_url: str, db_clock: VirtualClock) -> Iterator[StoreFacto
 def store(store_factory: StoreFactory) -> SQLAlchemyStore:
     """An open store on a fresh database, its clock driven by ``db_clock``."""
     return store_factory()
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database with no tables at all, on each backend."""
+    return empty_database(request, tmp_path / "first")
+
+
+def empty_database(request: pytest.FixtureRequest, directory: Path) -> str:
+    """An empty database on the backend ``request.param`` names (skipped when that backend
+    is not selected)."""
+    backend: str = request.param
+    if backend not in services.selected_backends():
+        pytest.skip(f"{backend} not in {services.BACKENDS_ENV_VAR}")
+    if backend == "sqlite":
+        return empty_sqlite_url(directory)
+    url: str = request.getfixturevalue("empty_postgres_url")
+    return url
+
+
+def empty_sqlite_url(directory: Path) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(directory / 'agboss.db').resolve()}"
+
+
+@pytest.fixture
+def apps() -> Iterator[Callable[..., Celery]]:
+    """``apps(url, **config)``: a test app on ``url``; every app made is closed after."""
+    made: list[Celery] = []
+
+    def make(url: str, **config: Any) -> Celery:
+        made.append(make_test_app(url, config=config))
+        return made[-1]
+
+    yield make
+    for app in made:
+        close_test_app(app)
 
 
 def granted(store: Store, scope: str, ttl_ms: int, holder: str = "holder-a") -> LeaseGrant:

@@ -40,12 +40,10 @@ from celery_agboss.store.deployment import TENANT_META_KEY, read_store_tenant
 from celery_agboss.store.migrate import alembic_config, migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing import sabotage
-from celery_agboss.testing.celery_app import close_test_app, make_test_app
 from celery_agboss.testing.gateway import FakeGateway, FakeGatewayFault
+from tests.contract.conftest import empty_sqlite_url
 from tests.engine.helpers import DAY, PSEUDONYM_KEY, reconcile_by_lookup
-from tests.support import services
 from tests.support.databases import TemplateDatabase, database_name
-from tests.support.stores import STORE_BACKENDS
 
 BEFORE = ScriptDirectory.from_config(alembic_config()).get_revision("0007").down_revision
 """The revision just below the one that adds the deployment id."""
@@ -53,36 +51,15 @@ MINTED = re.compile(r"^[a-z2-7]{10}$")
 LONGEST_ORDER_KEY = "order:" + "9" * 12  # a business key a shop could send
 
 
-@pytest.fixture(params=STORE_BACKENDS)
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A database with no tables at all, on each backend."""
-    return _empty_database(request, tmp_path / "first")
-
-
 @pytest.fixture
 def another_empty_url(empty_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A second empty database on ``empty_url``'s backend."""
     if empty_url.startswith("sqlite"):
-        return _sqlite_url(tmp_path / "second")
+        return empty_sqlite_url(tmp_path / "second")
     url: str = request.getfixturevalue("clone_postgres")(
         request.getfixturevalue("postgres_templates")("empty", lambda _url: None)
     )
     return url
-
-
-def _empty_database(request: pytest.FixtureRequest, directory: Path) -> str:
-    backend: str = request.param
-    if backend not in services.selected_backends():
-        pytest.skip(f"{backend} not in {services.BACKENDS_ENV_VAR}")
-    if backend == "sqlite":
-        return _sqlite_url(directory)
-    url: str = request.getfixturevalue("empty_postgres_url")
-    return url
-
-
-def _sqlite_url(directory: Path) -> str:
-    directory.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(directory / 'agboss.db').resolve()}"
 
 
 @pytest.fixture
@@ -96,19 +73,6 @@ def opened() -> Iterator[Callable[[str], SQLAlchemyStore]]:
     yield open_
     for store in made:
         store.close()
-
-
-@pytest.fixture
-def apps() -> Iterator[Callable[..., Celery]]:
-    made: list[Celery] = []
-
-    def make(url: str, **config: Any) -> Celery:
-        made.append(make_test_app(url, config=config))
-        return made[-1]
-
-    yield make
-    for app in made:
-        close_test_app(app)
 
 
 def _tenant(opened: Callable[[str], SQLAlchemyStore], url: str) -> str | None:
@@ -268,7 +232,7 @@ def test_a_moved_or_restored_store_keeps_its_deployment_id(
         moved = tmp_path / "moved"
         moved.mkdir()
         shutil.copy(empty_url.removeprefix("sqlite:///"), moved / "agboss.db")
-        copy = _sqlite_url(moved)
+        copy = empty_sqlite_url(moved)
     else:  # CREATE DATABASE … TEMPLATE: every row copied, as a restore brings them back
         admin_url: str = request.getfixturevalue("postgres_admin_url")
         template = TemplateDatabase(admin_url=admin_url, name=database_name(empty_url))

@@ -12,9 +12,7 @@ from nothing mints, and Alembic run by hand keeps the tables' rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 from alembic import command
@@ -29,34 +27,13 @@ from celery_agboss.store.deployment import read_store_tenant
 from celery_agboss.store.migrate import alembic_config, migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing import sabotage
-from celery_agboss.testing.celery_app import close_test_app, make_test_app
 from celery_agboss.testing.gateway import FakeGateway, FakeGatewayFault
 from tests.contract import test_deployment_tenant as tenant_tests
-from tests.contract.test_deployment_tenant import MINTED, _charge, _empty_database
+from tests.contract.test_deployment_tenant import MINTED, _charge
 from tests.engine.helpers import PSEUDONYM_KEY
-from tests.support.stores import STORE_BACKENDS
 
 BEFORE = str(tenant_tests.BEFORE)
 """The revision just below 0007."""
-
-
-@pytest.fixture(params=STORE_BACKENDS)
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A database with no tables at all, on each backend."""
-    return _empty_database(request, tmp_path / "first")
-
-
-@pytest.fixture
-def apps() -> Iterator[Callable[..., Celery]]:
-    made: list[Celery] = []
-
-    def make(url: str, **config: Any) -> Celery:
-        made.append(make_test_app(url, config=config))
-        return made[-1]
-
-    yield make
-    for app in made:
-        close_test_app(app)
 
 
 def _tenant(url: str) -> str | None:

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from celery_agboss import OutboundCallCompensatedError
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.protections import BODY_CALLS_AFTER_COMPENSATION_START
 from celery_agboss.errors import ConfigurationError
@@ -26,6 +25,7 @@ from celery_agboss.operator import list_failed_after_payment
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.delivery.test_undo_review_fixes import later_click_shop
 from tests.support.processes import wait_until
 
 
@@ -97,20 +97,7 @@ def test_a_later_click_is_not_told_nothing_was_refunded(shop: PaymentShop) -> No
         task.outbound(refund, {"payment": payment})
         raise RuntimeError("mail server down")  # after the refund went through
 
-    told: list[OutboundCallCompensatedError] = []
-
-    @shop.task()
-    def place_order(self: Any, order: str, fail: bool = False) -> Any:
-        request = {"amount": 1000, "order": order}
-        try:
-            receipt = self.outbound(charge, request, business_key=f"order:{order}")
-        except OutboundCallCompensatedError as exc:
-            told.append(exc)
-            receipt = self.outbound(charge, request, business_key=f"order:{order}:attempt:2")
-        if fail:
-            self.undo_with("refund-then-notify", payment=receipt["id"])
-            raise LookupError("out of stock")
-        return receipt
+    place_order, told = later_click_shop(shop, charge, "refund-then-notify")
 
     with shop.worker():
         first = shop.deliver(place_order, "o-1", True, states=("FAILED", "WAITING_OPERATOR"))

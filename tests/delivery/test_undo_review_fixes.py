@@ -142,6 +142,32 @@ def test_twin_without_the_start_mark_the_refunded_cancel_waits_for_a_person(
 # --- a later click on a step whose undo's refund was refused --------------------------------
 
 
+def later_click_shop(
+    shop: PaymentShop, charge: Any, undo: str, *, undo_also_on_success: bool = False
+) -> tuple[Any, list[OutboundCallCompensatedError]]:
+    """``place_order(order, fail)``: charges the order, then, when asked to fail, declares
+    the undo ``undo`` (on success too with ``undo_also_on_success``) and fails; a later
+    click told the first charge was compensated charges again under the order's second
+    attempt key. Returns the task and what later clicks were told."""
+    told: list[OutboundCallCompensatedError] = []
+
+    @shop.task()
+    def place_order(self: Any, order: str, fail: bool = False) -> Any:
+        request = {"amount": 1000, "order": order}
+        try:
+            receipt = self.outbound(charge, request, business_key=f"order:{order}")
+        except OutboundCallCompensatedError as exc:
+            told.append(exc)
+            receipt = self.outbound(charge, request, business_key=f"order:{order}:attempt:2")
+        if fail or undo_also_on_success:
+            self.undo_with(undo, payment=receipt["id"])
+        if fail:
+            raise LookupError("out of stock")
+        return receipt
+
+    return place_order, told
+
+
 def test_a_later_click_is_told_claimed_not_undone_while_the_refund_was_refused(
     shop: PaymentShop,
 ) -> None:
@@ -155,20 +181,7 @@ def test_a_later_click_is_told_claimed_not_undone_while_the_refund_was_refused(
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
         task.outbound(refund, {"payment": payment})
 
-    told: list[OutboundCallCompensatedError] = []
-
-    @shop.task()
-    def place_order(self: Any, order: str, fail: bool = False) -> Any:
-        request = {"amount": 1000, "order": order}
-        try:
-            receipt = self.outbound(charge, request, business_key=f"order:{order}")
-        except OutboundCallCompensatedError as exc:
-            told.append(exc)
-            receipt = self.outbound(charge, request, business_key=f"order:{order}:attempt:2")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        if fail:
-            raise LookupError("out of stock")
-        return receipt
+    place_order, told = later_click_shop(shop, charge, "refund-charge", undo_also_on_success=True)
 
     shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")
     with shop.worker():

@@ -4,7 +4,9 @@ proves absence (``lookup_proves_absence``; design: sweep reconciles, key age).
 A gateway with no lookup (Adyen) answers ``NotSent`` for a payment it charged: the
 resend under the same key settles it by the gateway's replay. Operators must not read
 "NOT SENT (confirmed)" of it in ``agboss pending``/``show``, nor count it in the
-sweep's ``not_sent_confirmed``. On SQLite and PostgreSQL.
+sweep's ``not_sent_confirmed``; nor may ``--json`` say ``not_sent_confirmed`` of it (a
+script reads it as "nothing was charged" and closes the order unpaid or charges again
+under another key: the recorded mark is ``not_sent_recorded``). On SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -77,7 +79,9 @@ def test_a_charged_intent_a_replay_only_lookup_calls_not_sent_is_not_shown_confi
     assert "confirmed" not in shown and "cannot be proven" in shown, shown
     assert "may be paid" in shown and "same key" in shown, shown
     assert "confirmed" not in status_text(intent)
-    assert intent_view(intent)["not_sent_proven"] is False
+    view = intent_view(intent)
+    assert view["not_sent_proven"] is False and view["not_sent_confirmed"] is False
+    assert view["not_sent_recorded"] is True
     last = shop.store.read_history(key)[-1]
     assert last.event == HistoryEvent.RECONCILED_NOT_SENT.value
     assert isinstance(last.detail, dict)
@@ -106,7 +110,9 @@ def test_a_not_sent_a_lookup_proves_is_still_shown_confirmed(shop: Shop) -> None
     intent = _intent(shop, key)
     assert intent.not_sent_confirmed
     assert intent_state(intent) == "NOT SENT (confirmed; resent by its next delivery)"
-    assert intent_view(intent)["not_sent_proven"] is True
+    view = intent_view(intent)
+    assert view["not_sent_proven"] is True and view["not_sent_confirmed"] is True
+    assert view["not_sent_recorded"] is True
     last = shop.store.read_history(key)[-1]
     assert isinstance(last.detail, dict)
     assert last.detail["proven"] is True and "why" not in last.detail
