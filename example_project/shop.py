@@ -251,8 +251,44 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     captured = self.outbound(
         stripe.capture,
         {"payment_id": authorization["id"]},
-        business_key=f"capture:{authorization['id']}:1",
+        business_key=checkout_capture_key(authorization["id"]),
     )
+    mark_paid(self, order_id, captured)
+    return captured
+
+
+def checkout_capture_key(payment_id: str) -> str:
+    """The one capture of a checkout's authorisation, whichever task sends it."""
+    return f"capture:{payment_id}:1"
+
+
+def gave_up(conn: Connection, order_id: str, payment_id: str) -> bool:
+    """Whether the order's checkout ended without capturing the PaymentIntent (3-D Secure
+    failed or was cancelled: noted ``checkout:<status>`` by ``checkout_3ds``)."""
+    ended = orders.entries(conn, order_id)
+    return any(entry.startswith("checkout:") and ref == payment_id for entry, ref in ended)
+
+
+@app.task(base=PaymentTask, bind=True)
+def capture_retried_checkout(self: PaymentTask, order_id: str, payment_id: str) -> Any:
+    """The customer confirmed the PaymentIntent again (Stripe allows it after
+    ``requires_payment_method``) once its checkout had given up on it (``gave_up``), and
+    Stripe's webhook says it holds the amount (``web.stripe_webhook`` publishes this):
+    captured under the checkout's own key, so once, and the order marked paid by it."""
+    shown = intent_result(stripe.client.v1.payment_intents.retrieve(payment_id).to_dict())
+
+    def held(conn: Connection) -> bool:
+        # Kept: a re-run after the capture reads "succeeded", and must capture (replay) again.
+        order = orders.load(conn, order_id)
+        authorised = paid_in_full(shown, order, authorised=True)
+        return (
+            gave_up(conn, order_id, payment_id) and order["payment_id"] == payment_id and authorised
+        )
+
+    if not self.fenced_effect("retried-checkout", held):
+        return {"not_captured": shown.get("status")}
+    key = checkout_capture_key(payment_id)
+    captured = self.outbound(stripe.capture, {"payment_id": payment_id}, business_key=key)
     mark_paid(self, order_id, captured)
     return captured
 

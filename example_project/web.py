@@ -11,7 +11,9 @@ server: place an order, come back from 3-D Secure, and receive Stripe's webhooks
 - ``POST /webhooks/stripe`` verifies ``Stripe-Signature`` over the raw body (400 and
   nothing recorded when it does not verify), answers the checkout's pause when the event
   says how the customer's authentication ended (``OUTCOMES``: authorised, or failed), and
-  publishes one ``handle_stripe_event`` per event.
+  publishes one ``handle_stripe_event`` per event. An authorisation no wait took, of a
+  PaymentIntent whose checkout gave up (3-D Secure failed, then the customer confirmed
+  the same PaymentIntent again), publishes its capture (``shop.capture_retried_checkout``).
 - ``GET /health``.
 """
 
@@ -32,6 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from celery_agboss import NotPausedError, answer_pause
 from celery_agboss.webhooks import (
     STRIPE_SIGNATURE_HEADER,
+    WebhookEvent,
     WebhookPayloadError,
     WebhookSignatureError,
     answer_pause_with_event,
@@ -98,6 +101,21 @@ def returned(order_id: str) -> tuple[int, dict[str, Any]]:
     return 200, {"order_id": order_id, "answered": answer_checkout(order_id, by_return_page)}
 
 
+def _capture_if_retried(order_id: str, event: WebhookEvent) -> list[str]:
+    """Stripe holds the amount of a PaymentIntent no checkout wait took: if the order's
+    checkout gave up on it (``shop.gave_up``), the customer confirmed it again; its
+    capture is published, one execution per event (the task decides again, fenced)."""
+    payment_id = event.object_id
+    if not payment_id:
+        return []
+    with shop.agboss.store.engine.connect() as conn:
+        if not shop.gave_up(conn, order_id, payment_id):
+            return []
+    capture = shop.capture_retried_checkout
+    task_id = f"retried-{event.event_id}"
+    return [capture.apply_async((order_id, payment_id), task_id=task_id).id]
+
+
 def stripe_webhook(raw: bytes, signature: str | None) -> tuple[int, dict[str, Any]]:
     try:
         events = verify_stripe(raw, signature, config.stripe_webhook_secret())
@@ -108,7 +126,11 @@ def stripe_webhook(raw: bytes, signature: str | None) -> tuple[int, dict[str, An
         reference = ((event.payload.get("data") or {}).get("object") or {}).get("metadata", {})
         order_id = reference.get("reference") if isinstance(reference, dict) else None
         if event.type in OUTCOMES and order_id:
-            answer_checkout(order_id, partial(answer_pause_with_event, shop.app, event=event))
+            answered = answer_checkout(
+                order_id, partial(answer_pause_with_event, shop.app, event=event)
+            )
+            if event.type == AUTHENTICATED and not answered:
+                published.extend(_capture_if_retried(order_id, event))
         published.append(shop.handle_stripe_event.delay(event.to_message()).id)
     return 200, {"published": published}
 
