@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from celery_agboss.chaos.schedule import DEFAULT_KINDS, FaultKind, parse_kinds
+from celery_agboss.core.durations import to_seconds
 
 EXIT_OK = 0
 EXIT_MONEY_WRONG = 1
@@ -55,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
             "Throw random faults at a generated shop running on real Celery workers against "
             "your broker and store (always with a fake gateway on 127.0.0.1), then count "
             "the money. Exit 0: every order placed, none paid twice or lost (a wrong "
-            "amount included), no phantom refund, no payment for no order; 1: the money "
+            "payment included), no phantom refund, no payment for no order; 1: the money "
             "is wrong; 2: could not run, or not every order was placed."
         ),
     )
@@ -109,6 +110,15 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) 
         raise AssertionError("unreachable") from None
 
 
+def _positive_seconds(value: float, flag: str) -> float:
+    """A bound the run can reach: ``nan`` passes every comparison and ``inf`` never
+    comes, so either would run for ever (``to_seconds`` refuses both)."""
+    seconds = to_seconds(value, what=flag)
+    if seconds <= 0:
+        raise CouldNotRun(f"{flag} must be a positive number of seconds, not {value}")
+    return seconds
+
+
 def _checked(args: argparse.Namespace, env: Mapping[str, str]) -> ChaosOptions:
     if args.orders < 1:
         raise CouldNotRun(f"--orders must be at least 1, not {args.orders}")
@@ -120,8 +130,8 @@ def _checked(args: argparse.Namespace, env: Mapping[str, str]) -> ChaosOptions:
     if max_faults < 0:
         raise CouldNotRun(f"--max-faults must be zero or more, not {max_faults}")
     fault_seconds = max(20.0, args.orders / 2) if args.fault_seconds is None else args.fault_seconds
-    if fault_seconds <= 0 or args.quiet_seconds <= 0:
-        raise CouldNotRun("--fault-seconds and --quiet-seconds must be positive")
+    fault_seconds = _positive_seconds(fault_seconds, "--fault-seconds")
+    quiet_seconds = _positive_seconds(args.quiet_seconds, "--quiet-seconds")
     database_url = args.database_url
     if args.store == "postgres":
         database_url = database_url or env.get("AGBOSS_DATABASE_URL") or None
@@ -154,7 +164,7 @@ def _checked(args: argparse.Namespace, env: Mapping[str, str]) -> ChaosOptions:
         kinds=kinds,
         max_faults=max_faults,
         fault_seconds=fault_seconds,
-        quiet_seconds=args.quiet_seconds,
+        quiet_seconds=quiet_seconds,
         first_fault=first,
         json_path=args.json_path,
         keep=args.keep,

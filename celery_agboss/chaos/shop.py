@@ -26,6 +26,10 @@ CALL_NAME = "chaos.charge"
 DECLINE_EVERY = 9  # order ids 4, 13, 22, ... pay with a card the gateway declines
 CLIENT_TIMEOUT_SECONDS = 20.0
 AMOUNT_BASE = 1000  # order N is charged AMOUNT_BASE + N minor units: see amount_of
+CURRENCY = "usd"
+"""What every order is charged in, beside ``amount_of``: the explorer's gateway charges
+in its default currency (its ``/charge`` takes none), and the verdict holds each
+payment to it, so a payment in any other currency is seen."""
 
 SPEEDUPS: Mapping[str, float] = {
     # Defaults 30 s / 30 s / 300 s / 5 s: a dead worker's charge is picked up within
@@ -254,6 +258,7 @@ __all__ = [
     "AMOUNT_BASE",
     "APP_MODULE",
     "CALL_NAME",
+    "CURRENCY",
     "SPEEDUPS",
     "TASK_NAME",
     "ShopConfig",

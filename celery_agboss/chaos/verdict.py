@@ -4,15 +4,18 @@ Three witnesses, read after the shop went quiet: the gateway's own records (paym
 per order reference, declines, refunds), the shop's orders table, and the store's
 execution rows. A placed order is
 
-- **paid once**: one payment at the gateway, of the order's amount (``amount_of``),
-  the order marked paid with that very payment, its execution COMPLETED;
-- **declined**: no payment, a decline at the gateway, the order marked declined;
-- **waiting for an operator**: its execution visibly waits (WAITING_OPERATOR, PARKED)
-  with at most one payment — a person decides, nothing is lost;
 - **paid twice**: two payments or more at the gateway (whatever else says);
-- **lost**: anything else — charged another amount than the order's, charged but not
-  marked, marked with a payment the gateway never made, FAILED while paid, or still
-  unsettled when the bound ran out.
+- **lost** when its one payment is not the order's: another amount or currency than
+  the shop's (``amount_of``, ``CURRENCY``), or not captured in full (status other than
+  ``succeeded``, ``amount_captured`` other than the amount) — whatever the execution's
+  state, so a wrong payment is never taken for one a person will decide on;
+- **waiting for an operator**: its execution visibly waits (WAITING_OPERATOR, PARKED)
+  with no payment or the order's own — a person decides, nothing is lost;
+- **paid once**: that one payment, the order marked paid with it, its execution
+  COMPLETED;
+- **declined**: no payment, a decline at the gateway, the order marked declined;
+- **lost** otherwise: charged but not marked, marked with a payment the gateway never
+  made, FAILED while paid, or still unsettled when the bound ran out.
 
 Money is wrong (``ok`` false) with any order paid twice or lost, any phantom refund
 (the shop never refunds, so every refund at the gateway is one) or any payment for
@@ -29,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_agboss.chaos.shop import amount_of, declined
+from celery_agboss.chaos.shop import CURRENCY, amount_of, declined
 from celery_agboss.core.executions import OPERATOR_WAIT_STATES
 
 WAITING_STATES = frozenset(state.value for state in OPERATOR_WAIT_STATES)
@@ -57,6 +60,19 @@ class Execution:
     reason: str | None
 
 
+def _not_the_orders(order: int, payment: dict[str, Any]) -> str | None:
+    """Why ``payment`` is not the one the order asked for (amount, currency, captured in
+    full), or None: money moved wrongly whatever the execution says."""
+    amount, currency = payment.get("amount"), payment.get("currency")
+    status, captured = payment.get("status"), payment.get("amount_captured")
+    expected = amount_of(order)
+    if amount == expected and currency == CURRENCY:
+        if status == "succeeded" and captured == expected:
+            return None
+        return f"{payment['id']} is {status} with {captured} of {amount} captured"
+    return f"charged {amount} {currency} ({payment['id']}), expected {expected} {CURRENCY}"
+
+
 def classify(
     order: int,
     task_id: str,
@@ -75,6 +91,9 @@ def classify(
     if count >= 2:
         attempts = [p.get("metadata", {}).get("attempt") for p in payments]
         return outcome(PAID_TWICE, f"payments {[p['id'] for p in payments]}, attempts {attempts}")
+    wrong = _not_the_orders(order, payments[0]) if count == 1 else None
+    if wrong is not None:  # before the state: a parked wrong charge is not "waiting"
+        return outcome(LOST, wrong)
     if state in WAITING_STATES:
         reason = "" if execution is None else (execution.reason or "")
         return outcome(WAITING, reason)
@@ -83,9 +102,6 @@ def classify(
         return outcome(LOST, f"{charged}execution {state} (not settled, not visibly waiting)")
     if count == 1:
         payment = payments[0]["id"]
-        amount, expected = payments[0].get("amount"), amount_of(order)
-        if amount != expected:  # paid, but not what the order costs
-            return outcome(LOST, f"charged {amount} ({payment}), expected {expected}")
         if row == ("paid", payment):
             return outcome(PAID_ONCE)
         return outcome(LOST, f"charged {payment}, but the shop's row is {row}")

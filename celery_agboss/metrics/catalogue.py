@@ -14,8 +14,9 @@ amount or an execution id can never become a label, whatever a field carries.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,7 +185,8 @@ EXECUTIONS = MetricSpec(
     "agboss_executions",
     GAUGE,
     ("state",),
-    "Executions in each state that is not terminal (PARKED, WAITING_OPERATOR…).",
+    "Executions in each state that is not terminal (PARKED, WAITING_OPERATOR…); other: in "
+    "a state a newer version of celery_agboss wrote.",
 )
 EXECUTIONS_FAILED_AFTER_PAYMENT = MetricSpec(
     "agboss_executions_failed_after_payment",
@@ -225,10 +227,17 @@ class Observation:
 
 @dataclass(frozen=True)
 class KnownNames:
-    """Which task and call names may be label values: the ones this process registered."""
+    """Which task and call names may be label values: the ones this process registered.
+
+    ``tasks`` and ``calls`` list those registered so far, so that their series can be
+    made at 0 before any event (``known_series``); a name registered later still
+    passes ``is_task``/``is_call`` and its series starts at its first event.
+    """
 
     is_task: Callable[[str], bool]
     is_call: Callable[[str], bool]
+    tasks: Callable[[], Iterable[str]] = tuple
+    calls: Callable[[], Iterable[str]] = tuple
 
 
 SWEEPERS = frozenset({"beat", "loop", "operator", BY_WORKER})
@@ -303,6 +312,33 @@ def _sweep(event: str, fields: Mapping[str, Any]) -> list[Observation]:
     return found
 
 
+def known_series(names: KnownNames) -> list[tuple[MetricSpec, tuple[str, ...]]]:
+    """Every labelled series an event of ``_SIMPLE`` can move, for the names known now
+    and ``other``: made at 0 up front, so that an alert's ``increase()`` sees the first
+    event as 0 to 1 (a series born at 1 is no increase to Prometheus)."""
+    named = {
+        "task": [*_listed(names.tasks, names.is_task), OTHER],
+        "call": [*_listed(names.calls, names.is_call), OTHER],
+    }
+    found: dict[tuple[str, tuple[str, ...]], tuple[MetricSpec, tuple[str, ...]]] = {}
+    for metric, tokens in _SIMPLE.values():
+        if not tokens:
+            continue  # a metric without labels is exposed at 0 from the start
+        choices = [[t[1:]] if t.startswith("=") else named[t] for t in tokens]
+        for labels in itertools.product(*choices):
+            found.setdefault((metric.name, labels), (metric, labels))
+    return list(found.values())
+
+
+def _listed(listing: Callable[[], Iterable[str]], accept: Callable[[str], bool]) -> list[str]:
+    """The names ``listing`` gives that ``accept`` takes, sorted; none when it cannot
+    answer (never an error at start-up)."""
+    try:
+        return sorted({name for name in listing() if _known(name, accept) != OTHER})
+    except Exception:
+        return []
+
+
 def observations(event: str, fields: Mapping[str, Any], names: KnownNames) -> list[Observation]:
     """What one log event changes: ``agboss_events`` always, and its own counter."""
     found = [Observation(EVENTS, (event if event in LOG_EVENTS else OTHER,))]
@@ -325,5 +361,6 @@ __all__ = [
     "KnownNames",
     "MetricSpec",
     "Observation",
+    "known_series",
     "observations",
 ]

@@ -29,6 +29,7 @@ from celery_agboss.metrics.catalogue import (
     EXECUTIONS_FAILED_AFTER_PAYMENT,
     HISTOGRAM,
     INTENTS_NEEDING_OPERATOR,
+    OTHER,
     PENDING_INTENTS,
     SECONDS_SINCE_LAST_SWEEP,
     STORE_METRICS,
@@ -36,6 +37,7 @@ from celery_agboss.metrics.catalogue import (
     SWEEP_DURATION_BUCKETS,
     KnownNames,
     MetricSpec,
+    known_series,
     observations,
 )
 from celery_agboss.runtime.app_runtime import Runtime
@@ -93,13 +95,26 @@ def _guard_forks() -> None:
 
 
 def known_names(runtime: Runtime) -> KnownNames:
-    """Task names of this app and call names of its registry: the only label values."""
+    """Task names of this app and call names of its registry: the only label values.
+
+    Listed up front: the app's own tasks (Celery's ``celery.*`` built-ins never carry a
+    payment) and the calls registered so far (``AGBoss(app).register``); a call a task
+    registers on its first use is known from then on."""
 
     def is_task(name: str) -> bool:
         tasks = getattr(runtime.app, "_tasks", None)
         return tasks is not None and name in tasks
 
-    return KnownNames(is_task=is_task, is_call=runtime.registry.__contains__)
+    def tasks() -> list[str]:
+        names = list(getattr(runtime.app, "_tasks", None) or ())
+        return [name for name in names if not name.startswith("celery.")]
+
+    return KnownNames(
+        is_task=is_task,
+        is_call=runtime.registry.__contains__,
+        tasks=tasks,
+        calls=lambda: list(runtime.registry),
+    )
 
 
 class EventCounters:
@@ -127,6 +142,9 @@ class EventCounters:
                 assert spec.kind == COUNTER
                 metric = prometheus.Counter(spec.name, spec.help, spec.labels, registry=registry)
             self._metrics[spec.name] = metric
+        with _count_lock:
+            for spec, labels in known_series(names):  # at 0: see known_series
+                self._metrics[spec.name].labels(*labels)
 
     def observe(self, event: str, fields: Mapping[str, Any]) -> None:
         changes = observations(event, fields, self.names)
@@ -181,6 +199,7 @@ class StoreCollector:
         executions = _family(EXECUTIONS)
         for state, count in counts.executions.items():
             executions.add_metric([state.value], float(count))
+        executions.add_metric([OTHER], float(counts.newer_states))  # zero included
         yield executions
         left = _family(EXECUTIONS_FAILED_AFTER_PAYMENT)
         left.add_metric([], float(counts.failed_after_payment))

@@ -12,7 +12,7 @@ from typing import Any
 
 from celery_agboss.chaos import EXIT_COULD_NOT_RUN, EXIT_MONEY_WRONG, EXIT_OK
 from celery_agboss.chaos.run import exit_code
-from celery_agboss.chaos.shop import AMOUNT_BASE, APP_SOURCE, ShopConfig, amount_of
+from celery_agboss.chaos.shop import AMOUNT_BASE, APP_SOURCE, CURRENCY, ShopConfig, amount_of
 from celery_agboss.chaos.verdict import (
     LOST,
     PAID_ONCE,
@@ -28,10 +28,14 @@ COMPLETED = Execution("COMPLETED", None)
 
 
 def payment(order: int, amount: int | None = None, *, pid: str | None = None) -> dict[str, Any]:
-    """A payment as the fake gateway lists it (the fields the verdict reads)."""
+    """A payment as the fake gateway lists it (the fields the verdict reads), captured."""
+    amount = amount_of(order) if amount is None else amount
     return {
         "id": pid or f"ch_{order}",
-        "amount": amount_of(order) if amount is None else amount,
+        "amount": amount,
+        "currency": CURRENCY,
+        "status": "succeeded",
+        "amount_captured": amount,
         "reference": f"order:{order}",
         "metadata": {"attempt": 1},
     }
