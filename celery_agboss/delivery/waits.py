@@ -24,7 +24,11 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_ms
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.core.log_events import EXECUTION_STORE_FAILED, EXECUTION_WAITING
-from celery_agboss.core.protections import REQUEUE_WITHOUT_PAUSE, WAKE_FOLDED_INTO_REFUSED_RETRY
+from celery_agboss.core.protections import (
+    NEWER_STATE_HANDED_BACK_AT_ONCE,
+    REQUEUE_WITHOUT_PAUSE,
+    WAKE_FOLDED_INTO_REFUSED_RETRY,
+)
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.verdicts import Wait
 from celery_agboss.errors import (
@@ -50,6 +54,15 @@ sweep (which spaces its re-drives, and starts the count again) continue the exec
 REQUEUE_PAUSE_SECONDS = 1.0
 """How long a delivery that could not reach the store waits before it hands its message
 back: one redelivery per second per process during an outage, not hundreds."""
+
+NEWER_STATE_PAUSE_CAP_SECONDS = 30.0
+"""The longest pause before a message of an execution a newer version wrote goes back
+(``start_failed``): a pool slot waits that long, and a worker's warm shutdown with it."""
+
+DELIVERY_COUNT_HEADER = "x-delivery-count"
+"""How many times a RabbitMQ quorum queue handed the message back before this delivery
+(absent on a first delivery, on a classic queue, on Redis): what ``delivery-limit``
+counts, the queue dropping (or dead-lettering) the message past it."""
 
 UNBOUNDED_RETRIES = 2**62
 """``max_retries`` given to Celery for a retry whose budget was already checked here."""
@@ -223,8 +236,36 @@ def _hand_back(delay: float, cause: BaseException) -> NoReturn:
     once, so pause first, or an outage becomes a loop of deliveries (and error lines)
     as fast as the broker goes."""
     if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
-        time.sleep(min(delay, REQUEUE_PAUSE_SECONDS))
+        _sleep(min(delay, REQUEUE_PAUSE_SECONDS))
     raise Reject(cause, requeue=True)
+
+
+def _sleep(seconds: float) -> None:
+    """``time.sleep``; a test reads the pauses here instead of waiting them."""
+    time.sleep(seconds)
+
+
+def broker_handbacks(request: Any) -> int:
+    """How many times the broker handed this message back before (``DELIVERY_COUNT_HEADER``),
+    0 where it does not count them."""
+    headers = getattr(request, "headers", None)
+    found = headers.get(DELIVERY_COUNT_HEADER) if isinstance(headers, dict) else None
+    if found is None:
+        found = getattr(request, DELIVERY_COUNT_HEADER, None)
+    return messages.retries_header({DELIVERY_COUNT_HEADER: found}, DELIVERY_COUNT_HEADER)
+
+
+def newer_state_pause(request: Any) -> float:
+    """The pause before a message of an execution a newer version wrote goes back:
+    ``REQUEUE_PAUSE_SECONDS``, doubled with each hand-back the broker counted, up to
+    ``NEWER_STATE_PAUSE_CAP_SECONDS``. A quorum queue drops a message past its
+    ``delivery-limit`` (20 from RabbitMQ 4.0): at one a second, a rolling upgrade longer
+    than 20 s reached it; so, about 8 minutes. One dropped all the same is a lost message
+    the newer version's sweep re-publishes (design: re-driven when due)."""
+    if sabotage.active(NEWER_STATE_HANDED_BACK_AT_ONCE):
+        return REQUEUE_PAUSE_SECONDS
+    doublings = min(broker_handbacks(request), 16)
+    return min(REQUEUE_PAUSE_SECONDS * 2.0**doublings, NEWER_STATE_PAUSE_CAP_SECONDS)
 
 
 def start_failed(d: DeliveryLike, exc: BaseException) -> NoReturn:
@@ -232,8 +273,9 @@ def start_failed(d: DeliveryLike, exc: BaseException) -> NoReturn:
     yet): a retry, or the message handed back. A row whose state a newer version of the
     package wrote (a rolling upgrade; reading it raised ``ValueError``): this version
     decides nothing about it, so the message goes back to the broker as it came, for a
-    worker on that version: no body, no write, no retry published (a publish records
-    its message on the row). Any other ``ValueError`` is raised as it was."""
+    worker on that version, after ``newer_state_pause``: no body, no write, no retry
+    published (a publish records its message on the row). Any other ``ValueError`` is
+    raised as it was."""
     try:
         if not isinstance(exc, ValueError):
             raise exc  # the store's own failure, handled below
@@ -243,17 +285,21 @@ def start_failed(d: DeliveryLike, exc: BaseException) -> NoReturn:
         retry_or_requeue(d, d.settings.retry_delay_seconds, failed)
     if not found or state_known(found[0].state):
         raise exc
+    pause = newer_state_pause(d.request)
     d.log_decision(
         EXECUTION_STORE_FAILED,
         logging.ERROR,
         step="start",
         error="StateOfANewerVersion",
         state=found[0].state.value,
+        pause=pause,
         hint="a newer version of celery_agboss wrote this state, which this worker does "
         "not know: the message goes back to the broker untouched, for a worker on that "
         "version; upgrade this worker",
     )
-    _hand_back(d.settings.retry_delay_seconds, exc)
+    if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
+        _sleep(pause)
+    raise Reject(exc, requeue=True)
 
 
 def _retry_allowed(d: DeliveryLike) -> bool:

@@ -49,15 +49,26 @@ def _execution(runtime: Runtime, execution_id: str, listing: str) -> ExecutionRe
     return record
 
 
-def newer_state_refusal(tx: SQLTransaction, execution_id: str) -> OperatorRefusedError | None:
-    """The ``wrong-state`` refusal of any verb on ``execution_id`` while its state is one
-    a newer version of the package wrote (a rolling upgrade): this version does not know
-    its rules, so it may neither change the execution nor settle a payment that sends it
-    on. None for a state this version knows (``store.unopened.state_known`` decides),
-    read as the stored text in the caller's transaction."""
+def newer_state_of(tx: SQLTransaction, execution_id: str) -> str | None:
+    """The state of ``execution_id`` when a newer version of the package wrote it (a
+    rolling upgrade), as its stored text; None for a state this version knows
+    (``store.unopened.state_known`` decides) or no row. Read in the caller's
+    transaction. The one rule an operator's verb and the sweep both follow: this
+    version decides nothing about such an execution."""
     stored = tx.execute(select(executions.c.state).where(executions.c.id == execution_id))
     state = stored.scalar()
     if state is None or state_known(shown_state(str(state))):
+        return None
+    return str(state)
+
+
+def newer_state_refusal(tx: SQLTransaction, execution_id: str) -> OperatorRefusedError | None:
+    """The ``wrong-state`` refusal of any verb on ``execution_id`` while its state is one
+    a newer version of the package wrote (``newer_state_of``): this version does not know
+    its rules, so it may neither change the execution nor settle a payment that sends it
+    on. None for a state this version knows."""
+    state = newer_state_of(tx, execution_id)
+    if state is None:
         return None
     return _refuse(
         "wrong-state",

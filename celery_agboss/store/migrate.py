@@ -5,23 +5,31 @@ serialised (SQLite's write lock; a PostgreSQL advisory lock), so the second one
 finds the schema already current. Each run tells the revisions where the store stood
 when it started (``_REVISION_AT_START``, under that lock): a store that existed
 before a revision is one workers of an older version may still be using, whatever
-its tables hold at that moment (revision 0007 keeps its tenant).
+its tables hold at that moment (revision 0007 keeps its tenant). Each run, and each
+sweep (``newer_than_this_code``), also records this version's retention-rules
+generation in ``agboss_meta`` unless a higher one is there: keep rules change without
+a migration too, and an older sweep must not delete by its rules on such a store.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
+from sqlalchemy import select, text
 from sqlalchemy.engine import URL, Connection, Engine
 
 from celery_agboss.store.databases import create_store_engine
 from celery_agboss.store.driver_errors import translated
+from celery_agboss.store.retention import RETENTION_RULES_GENERATION
+from celery_agboss.store.schema_executions import meta
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _ADVISORY_LOCK_KEY = 0x61676_B6F5  # arbitrary, constant: "agbos"
@@ -30,6 +38,15 @@ _REVISION_AT_START = "agboss.revision_at_start"
 """The key of ``Config.attributes`` under which ``migrate`` tells the revisions the
 store's revision when the run began (None: this run creates the store). Absent when
 Alembic is run by hand: a revision then judges by what the tables hold."""
+
+
+RETENTION_GENERATION_KEY = "retention.generation"
+"""The ``agboss_meta`` row holding the highest ``RETENTION_RULES_GENERATION`` of any
+version that migrated or swept the store."""
+
+GENERATION_WITHOUT_A_ROW = 1
+"""The generation of a store no version recorded one for: the rules of the version
+before the row existed (it lacked the keep rule of generation 2)."""
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -60,6 +77,7 @@ def _upgrade(engine: Engine, revision: str) -> None:
         config = alembic_config(conn)
         config.attributes[_REVISION_AT_START] = _revision_of(conn)
         command.upgrade(config, revision)
+        _record_retention_generation(conn)
 
 
 def _revision_of(conn: Connection) -> str | None:
@@ -99,3 +117,60 @@ def current_revision(url: str | URL | Engine) -> str | None:
     finally:
         if engine is not url:
             engine.dispose()
+
+
+def retention_generation(conn: Connection) -> int | None:
+    """The retention-rules generation the store records (``GENERATION_WITHOUT_A_ROW``
+    when none); None for a value this version cannot read (then it is not this one's)."""
+    found = conn.execute(select(meta.c.value).where(meta.c.key == RETENTION_GENERATION_KEY))
+    value = found.scalar()
+    if value is None:
+        return GENERATION_WITHOUT_A_ROW
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _record_retention_generation(conn: Connection) -> None:
+    """This version's generation into ``agboss_meta`` unless a higher one is there: one
+    statement, so two versions recording at once leave the higher."""
+    conn.execute(
+        text(
+            "INSERT INTO agboss_meta (key, value, updated_at_ms) VALUES (:key, :value, :now) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+            "updated_at_ms = excluded.updated_at_ms "
+            "WHERE CAST(agboss_meta.value AS INTEGER) < CAST(excluded.value AS INTEGER)"
+        ),
+        {
+            "key": RETENTION_GENERATION_KEY,
+            "value": str(RETENTION_RULES_GENERATION),
+            "now": time.time_ns() // 1_000_000,
+        },
+    )
+
+
+def newer_than_this_code(engine: Engine) -> dict[str, Any] | None:
+    """Why retention of this version must not run on the store at ``engine`` (the fields
+    the sweep logs), or None. The store is newer when a newer version migrated it (a
+    revision this one does not ship) or recorded a higher retention-rules generation (its
+    keep rules changed, migration or not): this version's deletes would lack them. A
+    lower generation is raised to this version's here, so an older sweep still running
+    stops deleting from then on. One read per sweep, never a delivery's."""
+    with translated(), engine.connect() as conn:
+        revision = _revision_of(conn)
+        if revision is None:
+            return None  # never migrated: the steps before this one said so
+        if not is_known_revision(revision):
+            return {"reason": "store-newer", "revision": revision, "head": head_revision()}
+        generation = retention_generation(conn)
+    if generation is None or generation > RETENTION_RULES_GENERATION:
+        return {
+            "reason": "rules-newer",
+            "generation": "unreadable" if generation is None else generation,
+            "ours": RETENTION_RULES_GENERATION,
+        }
+    if generation < RETENTION_RULES_GENERATION:
+        with translated(), engine.begin() as conn:
+            _record_retention_generation(conn)
+    return None

@@ -67,6 +67,12 @@ _u = record_uses.c
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
 
+RETENTION_RULES_GENERATION = 2
+"""The generation of this module's keep rules. Raise it with every change that keeps a row
+an older version deletes, whether or not a migration comes with it (2: a scheduled
+execution kept until its ETA). A sweep whose generation is lower than the one its store
+records skips retention (design: retention); ``store.migrate`` records it."""
+
 
 @dataclass(frozen=True)
 class RetentionResult:

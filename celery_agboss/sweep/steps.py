@@ -38,13 +38,14 @@ from celery_agboss.core.stranded import (
     look_up_stranded,
 )
 from celery_agboss.errors import ExecutionFencedError, StoreError
+from celery_agboss.operator.common import newer_state_of
 from celery_agboss.outbox.publishing import sweep_outbox
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import effective_interval
 from celery_agboss.runtime.task_events import TASK_UNRECONCILED, send_task_event
 from celery_agboss.store.cancels import CANCEL_FLAGS_FROM
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
-from celery_agboss.store.migrate import current_revision, head_revision, is_known_revision
+from celery_agboss.store.migrate import newer_than_this_code
 from celery_agboss.store.schema import SWEEPER_SCOPE_PREFIX
 from celery_agboss.store.unsealed_intents import read_unsealed_intent
 from celery_agboss.sweep.links import republish_unsent_links
@@ -81,6 +82,7 @@ class SweepRun:
         self.lease_ttl_ms = self.settings.lease_ttl_ms + self.settings.attempt_timeout_ms
         self.lease: LeaseRef | None = None
         self._as_of_ms: int | None = None
+        self._left_to_newer: set[str] = set()
         self.reconcile_budget_seconds = (
             effective_interval(self.settings.sweep_interval_seconds)
             if reconcile_budget_seconds is None
@@ -209,13 +211,17 @@ class SweepRun:
             self._unblock(key)
         elif outcome is StrandedOutcome.UNRECONCILED:
             report.unreconciled += 1
-            moved = self.executions.move(
-                execution_id,
-                [ExecutionState.REQUESTED, ExecutionState.RUNNING, ExecutionState.WAITING],
-                ExecutionState.WAITING_OPERATOR,
-                "unreconciled: the sweep's lookup could not tell; an operator decides "
-                "(celery agboss pending)",
-            )
+            try:
+                moved = self.executions.move(
+                    execution_id,
+                    [ExecutionState.REQUESTED, ExecutionState.RUNNING, ExecutionState.WAITING],
+                    ExecutionState.WAITING_OPERATOR,
+                    "unreconciled: the sweep's lookup could not tell; an operator decides "
+                    "(celery agboss pending)",
+                )
+            except ValueError as error:
+                self._left_to_a_newer_version("reconcile", execution_id, error)
+                return
             if moved is not None:
                 send_task_event(
                     self.app,
@@ -246,7 +252,34 @@ class SweepRun:
         creator, or one that used it) goes back to ``WAITING``; the re-drive below
         publishes it."""
         for execution_id in self.executions.executions_waiting_on(key):
-            self.executions.unblock(execution_id, "the sweep settled the intent it waited for")
+            try:
+                self.executions.unblock(execution_id, "the sweep settled the intent it waited for")
+            except ValueError as error:
+                self._left_to_a_newer_version("reconcile", execution_id, error)
+
+    def _left_to_a_newer_version(self, step: str, execution_id: str, error: ValueError) -> None:
+        """A write to ``execution_id`` raised ``error`` reading its row. When a newer
+        version of the package wrote its state (``operator.common.newer_state_of``),
+        this version decides nothing about it: left to that version's sweep, said once
+        per run (a WARNING, not an error). Any other ``ValueError`` is raised as it was."""
+        with self.store.read_transaction() as tx:
+            state = newer_state_of(tx, execution_id)
+        if state is None:
+            raise error
+        if execution_id in self._left_to_newer:
+            return
+        self._left_to_newer.add(execution_id)
+        log_event(
+            SWEEP_ERROR,
+            logging.WARNING,
+            "left to a newer version: this sweep does not know the state it wrote",
+            step=step,
+            reason="state-of-a-newer-version",
+            execution_id=execution_id,
+            state=state,
+            hint="a newer version of celery_agboss wrote this state; its sweep goes on "
+            "with the execution; finish the upgrade",
+        )
 
     # --- 3. cancels -----------------------------------------------------------------
 
@@ -406,24 +439,23 @@ class SweepRun:
     # --- 5. retention ---------------------------------------------------------------
 
     def retention(self) -> None:
-        """Delete what nothing needs any more, unless the store is newer than this code:
-        its deletes would lack the newer version's keep rules (a row a message still in
-        the broker needs), so an old beat left running never deletes on a newer store."""
-        revision = current_revision(self.store.engine)  # one read per pass, never a delivery's
-        if (
-            revision is not None
-            and not is_known_revision(revision)
-            and not sabotage.active(RETENTION_ON_A_NEWER_STORE)
-        ):
+        """Delete what nothing needs any more, unless the store is newer than this code
+        (``store.migrate.newer_than_this_code``: its revision or its retention-rules
+        generation): its deletes would lack the newer version's keep rules (a row a
+        message still in the broker needs), so an old beat left running never deletes."""
+        newer = (
+            None
+            if sabotage.active(RETENTION_ON_A_NEWER_STORE)
+            else newer_than_this_code(self.store.engine)
+        )
+        if newer is not None:
             log_event(
                 SWEEP_ERROR,
                 logging.WARNING,
-                "retention skipped: this code is older than its store; deploy the version"
-                " that migrated it",
+                "retention skipped: this code is older than its store; deploy the newer"
+                " version everywhere",
                 step="retention",
-                reason="store-newer",
-                revision=revision,
-                head=head_revision(),
+                **newer,
             )
             return
         s = self.settings

@@ -70,6 +70,11 @@ REQUEUE_WITHOUT_PAUSE = "requeue-without-pause"
 """Sabotage: a message handed back to the broker because the store is down is
 redelivered at once, over and over, for as long as the outage lasts."""
 
+NEWER_STATE_HANDED_BACK_AT_ONCE = "newer-state-handed-back-at-once"
+"""Sabotage: a message of an execution a newer version wrote goes back to the broker
+after the same short pause each time, however often the broker handed it back: a quorum
+queue's ``delivery-limit`` drops it within seconds, and the payment it carried stops."""
+
 FENCE_RECORDED_AS_FAILURE = "fence-recorded-as-failure"
 """Sabotage: a fenced (superseded) delivery lets Celery record a FAILURE, over the
 holder that finished the payment."""
