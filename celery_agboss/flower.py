@@ -11,7 +11,8 @@ fields (the outcome, the reason…) are kept on Flower's task but not displayed:
 
 Arguments show as the message's ``argsrepr``/``kwargsrepr``: publish card data with
 :func:`repr_options` so Flower (and every event consumer) never sees it, and
-``format_task`` also blanks anything that looks like a card number.
+``format_task`` also blanks anything that looks like a card number there, and in a
+failed task's exception and traceback.
 
 One patch, made when this module is imported: Flower hands ``format_task`` a
 ``copy.copy`` of its task, and Celery's ``Task.__reduce__`` keeps only the standard
@@ -75,6 +76,9 @@ DEFAULT_HIDDEN_KEYS = frozenset(
     }
 )
 """Keys whose values ``repr_options`` replaces by ``'***'`` (compared lower-cased)."""
+
+_SCRUBBED_FIELDS = ("args", "kwargs", "result", "exception", "traceback")
+"""The texts of Flower's task in which ``format_task`` blanks card numbers."""
 
 _CARD_NUMBER = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")
 _MASK = "***"
@@ -176,9 +180,10 @@ def format_task(task: Any) -> Any:
 
     Adds an ``agboss`` field (shown on the task page and in the tasks table's JSON),
     labels the state with celery_agboss's outcome (``SUCCESS · RECONCILED``), and blanks
-    card numbers in the arguments and the result.
+    card numbers in the arguments, the result, and a failure's exception and traceback
+    (Celery's ``task-failed`` event carries the raised decline as it was, never masked).
     """
-    for name in ("args", "kwargs", "result"):
+    for name in _SCRUBBED_FIELDS:
         value = getattr(task, name, None)
         if isinstance(value, str):
             setattr(task, name, scrub(value))

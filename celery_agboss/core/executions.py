@@ -157,13 +157,18 @@ class Audit:
 
 
 def execution_summary(record: ExecutionRecord) -> str:
-    """What an audit row keeps of an execution before and after a decision (JSON)."""
+    """What an audit row keeps of an execution before and after a decision (JSON).
+
+    The audit stays in clear while the reason is sealed (an undo's failure quotes its
+    error there), so only the reason's name is kept, the text before its first ``:``,
+    as the intent summaries keep an operator reason's (design: sealed at rest)."""
+    reason = None if record.reason is None else record.reason.split(":", 1)[0]
     return json.dumps(
         {
             "state": record.state.value,
             "cancel_requested": record.cancel_requested,
             "recovery_count": record.recovery_count,
-            "reason": record.reason,
+            "reason": reason,
         }
     )
 

@@ -6,7 +6,8 @@ delivery, never sent again. So the failure is kept with its intent: its type, it
 masked by the call's policy, and its arguments (their texts masked). It is rebuilt
 only from a class this process already imported (nothing is imported because the
 database says so); when it cannot be rebuilt as it was, the delivery stops instead of
-taking another branch.
+taking another branch. An argument carrying the refused request is masked by the
+call's field paths first, as the request is (design: masking).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_agboss.core.canonical import ensure_json
+from celery_agboss.core.masking import NO_MASKING, MaskingPolicy
 from celery_agboss.core.store_protocol import JSON
 
 
@@ -42,17 +44,90 @@ def text_of(exc: BaseException) -> str:
         return f"<{type(exc).__name__}: str() raised {type(broken).__name__}>"
 
 
-def encode_failure(exc: BaseException, mask_text: Callable[[str], str]) -> JSON:
+FieldMask = Callable[[Any], Any]
+"""A call's field masking of a value an error carries (``MaskingPolicy.mask_error_value``)."""
+
+MESSAGE_NOT_STORED = "<not stored: the error's text may quote a field the masking policy hides>"
+
+
+def field_mask(policy: MaskingPolicy) -> FieldMask | None:
+    """The policy's field masking for error arguments, or None when it masks no field."""
+    return policy.mask_error_value if policy.mask else None
+
+
+def encode_failure(
+    exc: BaseException, mask_text: Callable[[str], str], mask_fields: FieldMask | None = None
+) -> JSON:
     """What the store keeps of a definite failure: type, masked text, masked arguments
     (None when they cannot be stored as JSON: then it is rebuilt from its text alone)."""
     args: JSON = None
     try:
-        candidate = [masked_value(arg, mask_text) for arg in _constructor_args(exc)]
+        fielded, _ = _fielded(_constructor_args(exc), mask_fields)
+        candidate = [masked_value(arg, mask_text) for arg in fielded]
         ensure_json(candidate)
         args = candidate
-    except (TypeError, ValueError):
-        args = None
-    return {"type": type_name(type(exc)), "message": mask_text(text_of(exc)), "args": args}
+    except Exception:
+        args = None  # not JSON, or the policy failed: nothing of them is stored (fail closed)
+    return {
+        "type": type_name(type(exc)),
+        "message": stored_text(exc, mask_text, mask_fields),
+        "args": args,
+    }
+
+
+def stored_text(
+    exc: BaseException, mask_text: Callable[[str], str], mask_fields: FieldMask | None = None
+) -> str:
+    """The exception's text as the store may keep it (design: masking). An SDK error that
+    carries the refused request quotes it in its text: when the call's field masking
+    changes an argument, a text made of the arguments (``str()`` of ``exc.args``) is made
+    again from the masked ones, and any other text is not stored (it may quote them)."""
+    text = text_of(exc)
+    if mask_fields is not None:
+        try:
+            fielded, changed = _fielded(tuple(exc.args), mask_fields)
+            if changed:
+                text = _args_text(fielded) if text == _args_text(exc.args) else MESSAGE_NOT_STORED
+        except Exception:
+            text = MESSAGE_NOT_STORED  # the policy failed: fail closed
+    return mask_text(text)
+
+
+def masked_args(
+    args: tuple[Any, ...] | list[Any],
+    mask_text: Callable[[str], str] | None,
+    mask_fields: FieldMask | None = None,
+) -> list[Any]:
+    """The arguments through the field masking, then every text through ``mask_text``."""
+    fielded, _ = _fielded(tuple(args), mask_fields)
+    if mask_text is None:
+        return fielded
+    return [masked_value(arg, mask_text) for arg in fielded]
+
+
+def _fielded(args: tuple[Any, ...], mask_fields: FieldMask | None) -> tuple[list[Any], bool]:
+    """Each dict or list argument through ``mask_fields``; and whether that changed one."""
+    if mask_fields is None:
+        return list(args), False
+    out: list[Any] = []
+    changed = False
+    for arg in args:
+        if isinstance(arg, (dict, list, tuple)):
+            masked = mask_fields(arg)
+            as_json = NO_MASKING.mask_error_value  # tuples as lists, on both sides
+            changed = changed or as_json(masked) != as_json(arg)
+            arg = masked
+        out.append(arg)
+    return out, changed
+
+
+def _args_text(args: tuple[Any, ...] | list[Any]) -> str:
+    """``BaseException.__str__`` of these arguments."""
+    if not args:
+        return ""
+    if len(args) == 1:
+        return str(args[0])
+    return str(tuple(args))
 
 
 def _constructor_args(exc: BaseException) -> tuple[Any, ...]:
@@ -100,10 +175,15 @@ def rebuild_failure(stored: JSON) -> BaseException | None:
 
 
 __all__ = [
+    "MESSAGE_NOT_STORED",
+    "FieldMask",
     "encode_failure",
+    "field_mask",
     "loaded_class",
+    "masked_args",
     "masked_value",
     "rebuild_failure",
+    "stored_text",
     "text_of",
     "type_name",
 ]

@@ -52,6 +52,16 @@ def _parse(path: object, policy: str) -> _Path:
             policy=policy,
             field=str(path),
         )
+    if path != path.strip() or path.startswith("$") or "[" in path or "]" in path:
+        # The forms of other path languages (``$.card.number``, ``items[0].card``) and a
+        # stray space match no field here: accepted, they would mask nothing.
+        raise MaskingPolicyError(
+            f"{policy}: the field path {path!r} would match nothing; write it dotted from "
+            "the root without '$', brackets or spaces: 'card.number', 'items.0.card', "
+            "'items.*.card'",
+            policy=policy,
+            field=path,
+        )
     segments = tuple(path.split("."))
     if any(not segment for segment in segments):
         raise MaskingPolicyError(
@@ -115,11 +125,12 @@ class MaskingPolicy:
         keep_for_reconcile: Iterable[str] = (),
         mask_errors: Callable[[str], str] | None = None,
     ) -> None:
-        if isinstance(mask, str) or isinstance(keep_for_reconcile, str):
-            raise MaskingPolicyError(
-                "mask and keep_for_reconcile take a list of paths, not one str",
-                policy="mask" if isinstance(mask, str) else "keep_for_reconcile",
-            )
+        for name, paths in (("mask", mask), ("keep_for_reconcile", keep_for_reconcile)):
+            if isinstance(paths, str) or not isinstance(paths, Iterable):
+                raise MaskingPolicyError(
+                    f"{name} takes a list of paths, not {type(paths).__name__}",
+                    policy=name,
+                )
         self._mask = tuple(_parse(path, "mask") for path in mask)
         self._keep = tuple(_parse(path, "keep_for_reconcile") for path in keep_for_reconcile)
         if mask_errors is not None and not callable(mask_errors):
@@ -175,6 +186,12 @@ class MaskingPolicy:
             return True, self.mask_result(result)
         except MaskingPolicyError as exc:
             return False, {RESULT_NOT_STORED_KEY: str(exc)}
+
+    def mask_error_value(self, value: Any) -> JSON:
+        """A value an error carries (an argument of a definite failure), with the fields
+        ``mask`` names masked as in a request: an SDK error that keeps the request it
+        refused must not store what the stored request hides (design: masking)."""
+        return self._mask_value(value, "error")
 
     def mask_error_text(self, text: str) -> str:
         """The error text as it may be stored, through ``mask_errors`` when one is set."""

@@ -83,6 +83,14 @@ class KeyRing:
                 "pip install 'celery-agboss[crypto]'",
                 setting=KEYS_SETTING,
             ) from exc
+        for key_id, raw in keys:
+            # AES-256 only: AESGCM would take a 16-byte key as AES-128 without a word.
+            if not isinstance(raw, bytes) or len(raw) != KEY_BYTES:
+                size = len(raw) if isinstance(raw, (bytes, bytearray)) else type(raw).__name__
+                raise ConfigurationError(
+                    f"the key {key_id!r} must be {KEY_BYTES} bytes (AES-256), not {size}",
+                    setting=KEYS_SETTING,
+                )
         self.key_ids = tuple(key_id for key_id, _ in keys)
         self._ciphers: dict[str, Any] = {key_id: AESGCM(raw) for key_id, raw in keys}
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from celery_agboss.core import fault_points, sabotage
-from celery_agboss.core.failures import encode_failure
+from celery_agboss.core.failures import encode_failure, field_mask
 from celery_agboss.core.history import HistoryEvent
 from celery_agboss.core.inflight import IN_FLIGHT, BoundedRun, InFlightSend, RunState, run_bounded
 from celery_agboss.core.log_events import (
@@ -55,6 +55,7 @@ from celery_agboss.core.transitions import (
     error_detail,
     fault,
     masked_text,
+    policy_of,
 )
 from celery_agboss.errors import (
     ExecutionFencedError,
@@ -261,7 +262,9 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
             **p.ref.fields(attempt=attempt),
         ) from exc
     me = holder.lease_ref
-    failure = encode_failure(exc, lambda text: masked_text(p.call, text))
+    failure = encode_failure(
+        exc, lambda text: masked_text(p.call, text), field_mask(policy_of(p.call))
+    )
     update = IntentUpdate(
         status=IntentStatus.FAILED, failure=failure, retry_for=None, failure_shared=False
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.failures import field_mask, stored_text
 from celery_agboss.core.fault_points import fault_point
 from celery_agboss.core.history import HistoryEvent, next_history_row
 from celery_agboss.core.log_events import OUTBOUND_CALL_TRANSACTION_ID_FAILED, log_event
@@ -297,10 +298,12 @@ def masked_text(call: OutboundCall, text: Any) -> str:
 
 
 def error_detail(call: OutboundCall, exc: BaseException) -> dict[str, Any]:
-    """What history keeps of an exception: its type, and its text masked by the policy."""
+    """What history keeps of an exception: its type, and its text masked by the policy
+    (its field paths too, when the text is made of an argument carrying the request)."""
     detail: dict[str, Any] = {"error_type": f"{type(exc).__module__}.{type(exc).__qualname__}"}
     try:
-        masked = policy_of(call).mask_error_text(str(exc))[:ERROR_TEXT_LIMIT]
+        policy = policy_of(call)
+        masked = stored_text(exc, policy.mask_error_text, field_mask(policy))[:ERROR_TEXT_LIMIT]
         # History is canonical JSON: a lone surrogate (bytes decoded with surrogateescape)
         # would make the transition that records this error fail, after the money moved.
         detail["error"] = masked.encode("utf-8", "backslashreplace").decode("utf-8")

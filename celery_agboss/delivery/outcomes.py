@@ -16,7 +16,13 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from celery_agboss.core.failures import loaded_class, masked_value, text_of, type_name
+from celery_agboss.core.failures import (
+    FieldMask,
+    loaded_class,
+    masked_args,
+    stored_text,
+    type_name,
+)
 from celery_agboss.errors import ResultNotStorableError, StoredFailureError
 from celery_agboss.runtime.messages import dumps, loads
 
@@ -60,21 +66,29 @@ def decode_result(text: str | None, *, allow_pickle: bool = False) -> Any:
     )
 
 
-def encode_error(exc: BaseException, mask_text: Callable[[str], str] | None = None) -> str:
-    """The failure as the store keeps it. ``mask_text`` (the delivery's calls' masking)
-    passes over the message and every text in the arguments, so a decline that quotes a
-    card number is stored masked (design: masking); an argument it changes is kept as the
-    masked text."""
+def encode_error(
+    exc: BaseException,
+    mask_text: Callable[[str], str] | None = None,
+    mask_fields: FieldMask | None = None,
+) -> str:
+    """The failure as the store keeps it. ``mask_fields`` (the field paths of the
+    delivery's calls) passes over every dict or list argument first, as over a request;
+    ``mask_text`` (their error masking) then over the message and every text in the
+    arguments, so a decline that quotes a card number or carries the refused request is
+    stored masked (design: masking). The message is masked before it is cut: a card
+    number across the cut would escape the mask."""
     try:
-        args = loads(dumps(list(exc.args)))
-    except (TypeError, ValueError):
-        args = None
-    message = text_of(exc)[:MAX_MESSAGE_CHARS]
-    if mask_text is not None:
-        message = mask_text(message)
-        if args is not None:
-            args = [masked_value(arg, mask_text) for arg in args]
+        args = loads(dumps(masked_args(exc.args, None, mask_fields)))
+        if mask_text is not None and isinstance(args, list):
+            args = masked_args(args, mask_text)
+    except Exception:
+        args = None  # not JSON, or the policy failed: nothing of them is stored (fail closed)
+    message = stored_text(exc, mask_text or _as_is, mask_fields)[:MAX_MESSAGE_CHARS]
     return dumps({"type": type_name(type(exc)), "message": message, "args": args})
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 def decode_error(text: str | None) -> BaseException:

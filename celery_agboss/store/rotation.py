@@ -1,5 +1,7 @@
 """``agboss rotate-keys``: every sealed column re-sealed with the ring's first key, and
-every value written before encryption was on sealed (design: sealed at rest).
+every value written before encryption was on sealed (design: sealed at rest); the
+argument reprs a row written in clear kept in its options are dropped, as a sealed
+store's writes drop them.
 
 A batch is one short transaction. On PostgreSQL it locks its rows ``FOR UPDATE SKIP
 LOCKED`` (a row a worker is writing is skipped, never waited for) and writes them back in
@@ -29,7 +31,11 @@ from celery_agboss.core.protections import RESEAL_WITHOUT_COMPARE_AND_SET
 from celery_agboss.core.sealing import SEALED_PREFIX, SealedAt, Sealer, sealed_key_id
 from celery_agboss.errors import ConfigurationError, SealedValueUnopenableError
 from celery_agboss.store.schema import metadata
-from celery_agboss.store.sealed_columns import SEALED_COLUMNS, settle_encryption_flag
+from celery_agboss.store.sealed_columns import (
+    SEALED_COLUMNS,
+    settle_encryption_flag,
+    without_argument_reprs,
+)
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
 DEFAULT_BATCH = 200
@@ -111,6 +117,11 @@ def rotate_keys(
             report.resealed[name] = column_job.run(on_batch)
             report.left[name] = column_job.left()
             report.unopenable += column_job.unopenable.values()
+    executions = metadata.tables["agboss_executions"]
+    reprs = _ArgumentReprs(store, sealer, executions, ("id",), "options", batch_size)
+    name = "agboss_executions.options"
+    report.resealed[name] = reprs.run(on_batch)
+    report.left[name] = reprs.left()
     return report
 
 
@@ -211,6 +222,31 @@ class _Column:
             }
             written += int(conn.execute(statement, {**parameters, "old": old, "new": new}).rowcount)
         return written
+
+
+@dataclass
+class _ArgumentReprs(_Column):
+    """An execution's options as a sealed store writes them: without Celery's display
+    copy of the arguments (``without_argument_reprs``), which a row written in clear
+    kept; each write a compare-and-set on the options read, as a re-seal is."""
+
+    def _not_current(self) -> Any:
+        value = self.table.c[self.column]
+        return or_(value.contains('"argsrepr"'), value.contains('"kwargsrepr"'))
+
+    def left(self) -> int:
+        with self.store.read_transaction() as tx:
+            statement = select(self.table.c[self.column]).where(self._not_current())
+            return sum(1 for (old,) in tx.execute(statement) if without_argument_reprs(old) != old)
+
+    def _resealed(self, rows: list[Any]) -> list[tuple[tuple[Any, ...], str, str]]:
+        changes = []
+        for row in rows:
+            old = str(row[-1])
+            new = without_argument_reprs(old)
+            if new != old:
+                changes.append((tuple(row[: len(self.key_columns)]), old, new))
+        return changes
 
 
 def _after(keys: list[Any], after: tuple[Any, ...]) -> Any:

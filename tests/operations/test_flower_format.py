@@ -114,6 +114,24 @@ def test_a_plain_task_is_only_scrubbed() -> None:
     assert "4242 4242" not in shown.args and "****4242" in shown.args
 
 
+def test_a_failed_tasks_exception_and_traceback_show_no_card_number() -> None:
+    """Celery's ``task-failed`` event carries the raised decline as it was, never masked."""
+    task = _feed(
+        ("task-received", {"name": "shop.pay", "args": "('o-1',)"}),
+        (
+            "task-failed",
+            {
+                "exception": f"CardDeclined('card {CARD} declined')",
+                "traceback": f"Traceback ...\nCardDeclined: card {CARD} declined\n",
+            },
+        ),
+    )
+    shown = format_task(copy.copy(task))
+    assert shown.state == "FAILURE"
+    for text in (shown.exception, shown.traceback):
+        assert "4242 4242" not in text and "****4242" in text
+
+
 def test_copies_keep_custom_fields_once_the_module_is_imported() -> None:
     keep_custom_fields_on_copies()  # idempotent
     task = _feed(("task-deferred", {"agboss_event": "deferred"}))

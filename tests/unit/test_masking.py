@@ -161,6 +161,30 @@ def test_a_single_string_instead_of_a_list_of_paths_is_refused() -> None:
         MaskingPolicy(mask="card.number")
 
 
+@pytest.mark.parametrize(
+    "path", ["$.card.number", "items[0].card", "items.[0]", "card.number ", " card"]
+)
+def test_a_path_in_another_path_language_or_with_a_space_is_refused(path: str) -> None:
+    """Accepted, these would match no field: the card number stored, no error."""
+    with pytest.raises(MaskingPolicyError, match="would match nothing") as refused:
+        MaskingPolicy(mask=[path])
+    assert refused.value.field == path  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("which", ["mask", "keep_for_reconcile"])
+def test_none_instead_of_a_list_of_paths_is_a_masking_policy_error(which: str) -> None:
+    with pytest.raises(MaskingPolicyError, match="list of paths"):
+        MaskingPolicy(**{which: None})
+
+
+def test_an_errors_argument_is_masked_by_the_field_paths_as_a_request_is() -> None:
+    policy = MaskingPolicy(mask=["card.number", "items.card"])
+    masked = policy.mask_error_value(REQUEST)
+    assert isinstance(masked, dict) and masked["card"]["number"] == MASK
+    assert all(item["card"] == MASK for item in masked["items"])
+    assert "4242424242424242" not in repr(masked)
+
+
 def test_error_texts_pass_through_a_custom_mask() -> None:
     policy = MaskingPolicy(mask_errors=lambda text: text.replace("4242424242424242", "****"))
     assert policy.mask_error_text("declined: 4242424242424242") == "declined: ****"

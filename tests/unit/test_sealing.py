@@ -124,6 +124,16 @@ def test_a_wrong_key_setting_says_what_to_set(
     assert "c2hvcnQ" not in str(raised.value)  # a key's bytes are never echoed
 
 
+@pytest.mark.parametrize("size", [16, 24, 10, 33])
+def test_a_key_of_another_length_than_32_bytes_is_refused_by_the_ring(size: int) -> None:
+    """AES-GCM takes 16 and 24 bytes as AES-128 and AES-192 without a word; the design
+    promises AES-256, whoever builds the ring."""
+    raw = os.urandom(size)
+    with pytest.raises(ConfigurationError, match="must be 32 bytes") as raised:
+        KeyRing([("a", RAW["a"]), ("short", raw)])
+    assert raw.hex() not in str(raised.value) and "short" in str(raised.value)
+
+
 def test_only_a_keyless_sealer_of_a_store_known_in_clear_writes_plaintext_unread() -> None:
     """The store's fast path (``sealed_columns``) skips the sealer only for these."""
     assert PLAINTEXT.writes_plaintext and Sealer(store_sealed=False).writes_plaintext

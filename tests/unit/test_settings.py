@@ -18,6 +18,7 @@ from celery_agboss.runtime.known_settings import TESTING_ENV
 from celery_agboss.runtime.settings import (
     TESTING_PSEUDONYM_KEY,
     AGBossSettings,
+    redact_url,
     settings_from_conf,
 )
 from celery_agboss.signals import disconnect
@@ -223,6 +224,15 @@ def test_the_logged_store_url_hides_its_password() -> None:
     )
     assert "secret" not in s.redacted_database_url()
     assert "shop" in s.redacted_database_url()
+
+
+@pytest.mark.parametrize("key", ["password", "sslpassword", "PASSWORD"])
+def test_the_logged_store_url_hides_a_password_given_in_its_query(key: str) -> None:
+    """libpq takes ``?password=``: the store URL logged at start must not show it."""
+    url = f"postgresql+psycopg://shop@db.internal/shop?sslmode=require&{key}=s3cret-pw"
+    shown = redact_url(url)
+    assert "s3cret-pw" not in shown
+    assert "db.internal/shop" in shown and "sslmode=require" in shown
 
 
 # --- AGBoss(app) reads them -------------------------------------------------------------
