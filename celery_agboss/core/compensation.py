@@ -75,6 +75,7 @@ from celery_agboss.core.undo_steps import (
     UndoRegistry,
     check_undo_name,
     compensation_key,
+    refuse_in_an_undo_task,
     run_task_undos_with,
     task_undo_runner,
     trail_of,
@@ -187,6 +188,7 @@ def declare_undo(
     if isinstance(ctx, UndoContext):
         raise ConfigurationError("an undo cannot declare an undo of its own", undo=undo)
     trail = trail_of(ctx)
+    refuse_in_an_undo_task(trail, undo)
     last = ctx.last_step
     if last is None:
         raise ConfigurationError(

@@ -275,13 +275,19 @@ class ExecutionContext(DeliveryLease):
             self._body_ended = True
 
     def _refuse_after_the_body_ended(self, verb: str) -> None:
+        """The delivery's own check, before anything is claimed. A thread past it when the
+        compensation starts is refused by the claim itself, which reads the start mark
+        (``_refuse_cancelled``): the decision is made where the intent is written."""
         if self._body_ended and not sabotage.active(BODY_CALLS_AFTER_COMPENSATION_START):
-            raise ConfigurationError(
-                f"{verb} from the body after its compensation started is refused: the body "
-                "failed (or was cancelled) and its undos run; a thread it started must end "
-                "with it",
-                execution_id=self._execution_id,
-            )
+            raise self._body_ended_error(verb)
+
+    def _body_ended_error(self, verb: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"{verb} from the body after its compensation started is refused: the body "
+            "failed (or was cancelled) and its undos run; a thread it started must end "
+            "with it",
+            execution_id=self._execution_id,
+        )
 
     def _refuse_inside_an_effect(self, verb: str) -> None:
         """A fenced effect's ``fn`` runs inside the store's transaction: a call to the
@@ -442,12 +448,19 @@ class ExecutionContext(DeliveryLease):
         return self._cancel_probe is not None and not sabotage.active(CANCEL_NOT_CHECKED_MID_BODY)
 
     def _refuse_cancelled(self, reason: str | None) -> None:
-        if reason is not None:
-            raise CancelRequestedError(
-                f"a cancel was requested ({reason}); this delivery sends and writes nothing more",
-                execution_id=self._execution_id,
-                reason=reason,
-            )
+        """A claim or write the store refused: a cancel request, or (once ``end_body`` ran,
+        before the start mark) the compensation that started meanwhile."""
+        if reason is None:
+            return
+        with self._lock:
+            ended = self._body_ended
+        if ended:
+            raise self._body_ended_error("a call or write")
+        raise CancelRequestedError(
+            f"a cancel was requested ({reason}); this delivery sends and writes nothing more",
+            execution_id=self._execution_id,
+            reason=reason,
+        )
 
     def __enter__(self) -> ExecutionContext:
         return self

@@ -11,14 +11,19 @@ through the outbox, a layer above the core, so ``celery_agboss.task`` installs i
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.execution_states import Verdict
+from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.keys import fit_key
+from celery_agboss.core.protections import UNDO_TASK_CANCEL_ENDS_CANCELLED
 from celery_agboss.errors import ConfigurationError
 
 Owner = TypeVar("Owner")
@@ -28,6 +33,42 @@ UNDO_OF_HEADER = "agboss_undo_of"
 """The custom header of an undo's task (one declared as a signature): the execution whose
 step it undoes. That step reads undone once the task is published, so the task's failure
 waits for a person instead of ending ``FAILED`` (``delivery.compensating``)."""
+
+UNDO_TASK_CANCELLED = "undo task cancelled"
+"""The reason's start of an undo's task whose cancel (a revoke) came before its refund: it
+waits for an operator (``redrive`` runs it; ``cancel --payments-handled`` after a refund
+by hand), as a failed one does, since its parent's step reads undone."""
+
+
+def undo_of_options(options: str | None) -> str | None:
+    """The execution an undo's task undoes a step of, read from its stored message options
+    (their ``headers``: ``UNDO_OF_HEADER``); None for any other task."""
+    try:
+        headers = json.loads(options or "{}").get("headers")
+    except (ValueError, AttributeError):
+        return None
+    found = headers.get(UNDO_OF_HEADER) if isinstance(headers, dict) else None
+    return str(found) if found else None
+
+
+def undo_task_cancel_verdict(verdict: Verdict, options: str | None) -> Verdict:
+    """A cancel's end as an undo's task sees it: ``CANCELLED`` would leave its parent's step
+    read undone and the refund never made, seen by nobody, so it waits for an operator
+    instead (design: undo once)."""
+    parent = undo_of_options(options)
+    if (
+        verdict.state is not ExecutionState.CANCELLED
+        or parent is None
+        or sabotage.active(UNDO_TASK_CANCEL_ENDS_CANCELLED)
+    ):
+        return verdict
+    return Verdict(
+        ExecutionState.WAITING_OPERATOR,
+        f"{UNDO_TASK_CANCELLED} ({verdict.reason}): it undoes a step of execution {parent}, "
+        "which reads undone, and its refund was not made; `redrive` runs it, or refund by "
+        "hand and `cancel --payments-handled`",
+    )
+
 
 COMPENSATION_SUFFIX = ":compensation"
 COMPENSATION_KEY_LIMIT = 200
@@ -175,6 +216,24 @@ class StepTrail:
     step_undos: dict[str, int] = field(default_factory=dict)  # undo_with() calls per step
     declared: int = 0  # declarations this delivery wrote or found
     earlier_deliveries: bool = False  # another delivery may have declared undos
+    undo_of: str | None = None  # an undo's task: the execution whose step it undoes
+
+
+def refuse_in_an_undo_task(trail: StepTrail, undo: str) -> None:
+    """``undo_with()`` inside an undo's task: refused at the call. Its own failure waits for
+    an operator (its parent's step reads undone) and never runs undos, so what it declared
+    would never run (design: undo once)."""
+    if trail.undo_of is not None:
+        raise ConfigurationError(
+            f"undo_with() inside an undo's task is refused: this task undoes a step of "
+            f"execution {trail.undo_of}, and its failure waits for an operator without "
+            "running undos of its own. Make each call it makes exactly once instead "
+            "(outbound() with a business key: a redrive then finishes it), or declare "
+            "another undo after the parent's step (all undos declared after one step run, "
+            "last declared first)",
+            undo=undo,
+            undo_of=trail.undo_of,
+        )
 
 
 _trails: _PerOwner[ExecutionContext, StepTrail] = _PerOwner(StepTrail)
@@ -189,15 +248,19 @@ __all__ = [
     "COMPENSATION_SUFFIX",
     "UNDO_CALL_SUFFIX",
     "UNDO_OF_HEADER",
+    "UNDO_TASK_CANCELLED",
     "StepTrail",
     "UndoDeclaration",
     "UndoFunction",
     "UndoRegistry",
     "check_undo_name",
     "compensation_key",
+    "refuse_in_an_undo_task",
     "run_task_undos_with",
     "task_undo_runner",
     "trail_of",
     "undo_call_key",
+    "undo_of_options",
     "undo_registry",
+    "undo_task_cancel_verdict",
 ]

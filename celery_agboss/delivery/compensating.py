@@ -95,6 +95,7 @@ def resume_undo(d: DeliveryLike, start: DeliveryStart) -> None:
     ctx = d.context()
     earlier = start.execution.deliveries > 1
     trail_of(ctx).earlier_deliveries = earlier
+    trail_of(ctx).undo_of = _header_undo_of(d)  # its undo_with() is refused
     if not earlier:
         return
     try:
@@ -142,6 +143,11 @@ def _undo_of(d: DeliveryLike) -> str | None:
     published, so the task's failure is the undo's, and a person must see it."""
     if sabotage.active(UNDO_TASK_FAILURE_ENDS_FAILED):
         return None
+    return _header_undo_of(d)
+
+
+def _header_undo_of(d: DeliveryLike) -> str | None:
+    """``UNDO_OF_HEADER`` of the delivery's message: the one reading of it."""
     headers = getattr(d.request, "headers", None)
     found = headers.get(UNDO_OF_HEADER) if isinstance(headers, dict) else None
     found = found or getattr(d.request, UNDO_OF_HEADER, None)

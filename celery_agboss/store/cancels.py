@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, exists, false, func, not_, or_, select, update
+from sqlalchemy import and_, func, not_, or_, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Exists
 
-from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.execution_states import (
     cancel_ends_now,
     cancel_reason_of,
@@ -27,9 +25,9 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
 )
-from celery_agboss.core.protections import UNDO_PAUSE_TAKEN_FOR_THE_BODYS
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.store_protocol import FencedTransaction
+from celery_agboss.core.undo_steps import undo_task_cancel_verdict
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
@@ -44,10 +42,10 @@ from celery_agboss.store.execution_rows import (
     undo_declarations_txn,
     write_verdict_txn,
 )
-from celery_agboss.store.execution_updates import cancel_request_statement
+from celery_agboss.store.execution_updates import cancel_request_statement, undoing
 from celery_agboss.store.intents import owner_live_expr
 from celery_agboss.store.leases import lease_live
-from celery_agboss.store.schema import fenced_effects, outbound_calls
+from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
@@ -55,21 +53,9 @@ from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _i = outbound_calls.c
-_f = fenced_effects.c
 
 
 # --- a pause inside an undo ----------------------------------------------------------------
-
-
-def undoing(execution_id: Any) -> ColumnElement[bool]:
-    """SQL: the execution's compensation started — its start mark
-    (``core.compensation.STARTED_RECORD``) exists. The one test of it for every verb that
-    meets a ``PAUSED`` execution (``paused_in_undo_txn``, ``find_cancel_requested``,
-    ``pauses``): paused inside an undo, it is part of its compensation, which a cancel
-    never stops (design: compensating)."""
-    if sabotage.active(UNDO_PAUSE_TAKEN_FOR_THE_BODYS):
-        return false()
-    return exists().where(_f.execution_id == execution_id, _f.name == compensation.STARTED_RECORD)
 
 
 def paused_in_undo_txn(tx: SQLTransaction, record: ExecutionRecord) -> bool:
@@ -135,6 +121,9 @@ def end_cancelled_txn(
         )
         step, other = decision.step, decision.other
     verdict = cancel_verdict(step, reason, other)
+    if verdict.state is ExecutionState.CANCELLED and not payments_handled:
+        options = tx.execute(select(_e.options).where(_e.id == execution_id)).scalar()
+        verdict = undo_task_cancel_verdict(verdict, options)  # an undo's task: a person
     values: dict[str, Any] = dict(cancel)
     if verdict.state is ExecutionState.WAITING:  # looks again once the other may have ended
         values.update(not_before_ms=tx.now_expr() + wait_ms, redrive_planned=True)

@@ -30,6 +30,7 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.protections import RESOLVE_REDRIVES_CREATOR_ONLY
 from celery_agboss.core.shared_records import unhandled_payments
 from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
+from celery_agboss.core.undo_steps import UNDO_TASK_CANCELLED
 from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
@@ -144,6 +145,9 @@ def unblock(
         }
         if reset_recovery_count:
             values["recovery_count"] = 0
+        if (record.reason or "").startswith(UNDO_TASK_CANCELLED):
+            # An undo's task cancelled before its refund: the operator sends it on.
+            values.update(cancel_requested=False, cancel_reason=None)
         set_execution_txn(tx, execution_id, **values)
         after = require_execution_txn(tx, execution_id)
         audit_change_txn(tx, audit, execution_id, record, after)

@@ -12,17 +12,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, case, select, update
+from sqlalchemy import bindparam, case, exists, false, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
-from celery_agboss.core.executions import TERMINAL_STATES
+from celery_agboss.core import compensation, sabotage
+from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
+from celery_agboss.core.protections import (
+    BODY_CALLS_AFTER_COMPENSATION_START,
+    BODY_CLAIM_AFTER_THE_START_MARK,
+    UNDO_PAUSE_TAKEN_FOR_THE_BODYS,
+)
 from celery_agboss.store.dialect import is_postgresql, now_expr
+from celery_agboss.store.schema import fenced_effects
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.shared_records import completed_on_records_statement
 from celery_agboss.store.statement_cache import built_once
 
 _e = executions.c
+_f = fenced_effects.c
 
 TERMINAL_VALUES = [state.value for state in TERMINAL_STATES]
 
@@ -110,11 +118,38 @@ def state_change_statement(
     return build_state_change(conn, offset_ms, unless_terminal, completes_records, values)
 
 
+def undoing(execution_id: Any) -> ColumnElement[bool]:
+    """SQL: the execution's compensation started — its start mark
+    (``core.compensation.STARTED_RECORD``) exists. The one test of it for every verb that
+    meets a ``PAUSED`` execution (``paused_in_undo_txn``, ``find_cancel_requested``,
+    ``pauses``), and for the claims of its body (``cancel_request_statement``): paused
+    inside an undo, it is part of its compensation, which a cancel never stops
+    (design: compensating)."""
+    if sabotage.active(UNDO_PAUSE_TAKEN_FOR_THE_BODYS):
+        return false()
+    return exists().where(_f.execution_id == execution_id, _f.name == compensation.STARTED_RECORD)
+
+
 @built_once
 def cancel_request_statement(conn: Connection) -> Any:
     """An execution's cancel request (``e_id``), read ``FOR SHARE`` on PostgreSQL: a
-    cancel being recorded waits for the reader's transaction (or statement)."""
-    statement = select(executions.c.cancel_requested, executions.c.cancel_reason).where(
+    cancel being recorded waits for the reader's transaction (or statement).
+
+    The body's claims and writes read it (design: cancel request), and it also stops them
+    once the compensation started: ``cancel_requested`` is true then too, with no reason
+    of its own. A thread of the body that passed the delivery's check just before the start
+    mark would otherwise claim just after it, and its charge pass as an undo's refund. Both
+    are read here: the mark, committed before this statement began, and ``COMPENSATING``,
+    written with the mark, from the row this statement waits for when that commit is
+    under way (the newest row is what PostgreSQL's lock returns)."""
+    stops: ColumnElement[bool] = executions.c.cancel_requested
+    if not (
+        sabotage.active(BODY_CLAIM_AFTER_THE_START_MARK)
+        or sabotage.active(BODY_CALLS_AFTER_COMPENSATION_START)
+    ):
+        compensating = executions.c.state == ExecutionState.COMPENSATING.value
+        stops = or_(stops, compensating, undoing(executions.c.id))
+    statement = select(stops.label("cancel_requested"), executions.c.cancel_reason).where(
         executions.c.id == bindparam("e_id")
     )
     if conn.dialect.name == "postgresql":
@@ -130,4 +165,5 @@ __all__ = [
     "computed_value",
     "state_change_shape",
     "state_change_statement",
+    "undoing",
 ]

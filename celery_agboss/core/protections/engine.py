@@ -148,7 +148,9 @@ counted as a payment the execution left behind, "refund it at the gateway"."""
 BODY_CALLS_AFTER_COMPENSATION_START = "body-calls-after-compensation-start"
 """Sabotage (design: compensated step): a thread the body started may still call
 ``outbound()`` after the body failed and its undos started: it charges while they refund,
-and that charge, made after the start mark, is counted as an undo's refund, listed nowhere."""
+and that charge, made after the start mark, is counted as an undo's refund, listed nowhere.
+Both refusals are off: the delivery's own check and its claim's
+(``BODY_CLAIM_AFTER_THE_START_MARK`` switches off the claim's alone)."""
 
 UNDO_CALLS_SHARE_ONE_KEY = "undo-calls-share-one-key"
 """Sabotage (design: undo once): every call an undo makes without a business key takes the

@@ -55,6 +55,17 @@ a cancel request refuses its answer, an operator's cancel is accepted, and the s
 cancel step moves it back to ``COMPENSATING``, whose undo pauses again, until the
 recovery cap: the customer waiting for the refund is never refunded."""
 
+BODY_CLAIM_AFTER_THE_START_MARK = "body-claim-after-the-start-mark"
+"""Sabotage (design: compensating): the claim of the body's call reads the cancel request
+only, not whether the compensation started: a thread of the body that passed the
+delivery's own check just before the start mark claims and charges just after it, and
+that charge, made after the mark, is counted as an undo's refund, listed nowhere."""
+
+UNDO_TASK_CANCEL_ENDS_CANCELLED = "undo-task-cancel-ends-cancelled"
+"""Sabotage (design: undo once): an undo's task (a signature its parent's undo published)
+revoked before its refund ends ``CANCELLED`` like any task: its parent reads undone, the
+charge stays unrefunded, and no listing names either to a person."""
+
 PAUSE_WRITTEN_OVER_AN_EARLY_ANSWER = "pause-written-over-an-early-answer"
 """Sabotage (design: early answers): the pause is written without reading, under the
 execution row's lock, whether an answer came first: an early answer is overwritten by

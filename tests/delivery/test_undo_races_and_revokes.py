@@ -1,0 +1,270 @@
+"""Undo: three holes a review left, in one Celery delivery, on both stores, counted at the
+gateway.
+
+- A thread the body started that passed the delivery's own "the body ended" check just
+  before the compensation's start mark, and claims its charge just after it: the claim
+  itself refuses it (twin ``body-claim-after-the-start-mark``: a second card charged,
+  FAILED, the charge passed as an undo's refund and listed nowhere).
+- An undo's task (a signature given to ``undo_with()``) revoked before its refund: it
+  waits for an operator, listed by ``agboss pending``, and ``redrive`` runs the refund
+  once, although the worker still holds its id revoked (twin
+  ``undo-task-cancel-ends-cancelled``: the task ``CANCELLED``, the parent undone, the
+  charge never refunded, shown to nobody).
+- ``undo_with()`` inside an undo's task is refused at the call: its undos would never run.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from celery import signals as celery_signals
+from celery.worker.state import revoked as revoked_ids
+
+from celery_agboss.core.compensation import UndoStep
+from celery_agboss.core.protections import (
+    BODY_CLAIM_AFTER_THE_START_MARK,
+    UNDO_TASK_CANCEL_ENDS_CANCELLED,
+)
+from celery_agboss.errors import AGBossError, ConfigurationError
+from celery_agboss.operator import list_failed_after_payment, list_waits, redrive
+from celery_agboss.task import undo_function
+from celery_agboss.testing import sabotage
+from celery_agboss.testing.fault_arming import FENCED_BEFORE_BEGIN, arm_pause
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.support.processes import wait_until
+
+STRAGGLER = "card-b"
+"""The name of the body's thread, which the paused fault point picks out."""
+
+
+def _sent(shop: PaymentShop, operation: str) -> list[Any]:
+    """The requests of ``operation`` that reached the gateway and moved money."""
+    return [r for r in shop.gateway.requests if r.operation == operation]
+
+
+# --- a body thread past the check, claiming after the start mark ---------------------------
+
+
+def _a_body_thread_claiming_just_after_the_start_mark(shop: PaymentShop) -> list[BaseException]:
+    """Card A charged (its undo declared); the body starts card B in a thread, which
+    passes the "body ended" check and stops right before its claim; the body raises,
+    the compensation starts, and only its undo (so: after the start mark committed)
+    lets card B's claim go on, then waits for it before refunding card A. What the
+    thread raised, if anything."""
+    charge, refund = shop.call(), shop.refund_call()
+    paused = arm_pause(
+        FENCED_BEFORE_BEGIN, only=lambda _: threading.current_thread().name == STRAGGLER
+    )
+    straggler_done = threading.Event()
+    raised: list[BaseException] = []
+
+    @undo_function(shop.app, "refund-charge")
+    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
+        paused.release()  # the start mark is committed: card B claims now
+        assert straggler_done.wait(15), "the body's thread"
+        task.outbound(refund, {"payment": payment})
+
+    @shop.task()
+    def split_pay(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 600}, business_key=f"order:{order}:card-a")
+        self.undo_with("refund-charge", payment=receipt["id"])
+        request = dict(vars(self.request))
+
+        def card_b() -> None:  # a thread of the body, on the delivery's request
+            self.push_request(request)
+            try:
+                self.outbound(charge, {"amount": 400}, business_key=f"order:{order}:card-b")
+            except BaseException as exc:
+                raised.append(exc)
+            finally:
+                self.pop_request()
+                straggler_done.set()
+
+        threading.Thread(target=card_b, name=STRAGGLER, daemon=True).start()
+        paused.wait_reached(15)  # past the check, before its claim
+        raise LookupError("card A's order line is out of stock")
+
+    with shop.worker():
+        shop.deliver(split_pay, "o-7", states=("FAILED", "WAITING_OPERATOR"))
+    assert straggler_done.is_set()
+    return raised
+
+
+def test_a_body_thread_past_the_check_claims_nothing_after_the_start_mark(
+    shop: PaymentShop,
+) -> None:
+    raised = _a_body_thread_claiming_just_after_the_start_mark(shop)
+    assert [type(exc) for exc in raised] == [ConfigurationError], raised
+    assert "after its compensation started" in str(raised[0])
+    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
+    assert list_failed_after_payment(shop.app) == []  # nothing left charged
+
+
+def test_without_the_claims_check_a_body_thread_charges_after_the_start_mark(
+    shop: PaymentShop,
+) -> None:
+    with sabotage(BODY_CLAIM_AFTER_THE_START_MARK):
+        raised = _a_body_thread_claiming_just_after_the_start_mark(shop)
+        listed = list_failed_after_payment(shop.app)
+    assert raised == []
+    assert len(_sent(shop, "charge")) == 2 and len(_sent(shop, "refund")) == 1
+    assert len(shop.gateway.payments) == 2 and len(shop.gateway.refunds) == 1
+    assert listed == [], "card B's charge passed as an undo's refund"
+
+
+# --- an undo's task revoked before its refund ----------------------------------------------
+
+
+def _a_revoked_undo_task(shop: PaymentShop) -> tuple[str, str]:
+    """``place_order`` charges, declares ``refund_payment.s(payment)`` and fails; the
+    refund task is revoked (a real ``revoke``, no terminate) while its body waits before
+    the refund, and meets the cancel at its refund's claim. The parent's and the task's
+    ids, once the task ended or waits."""
+    charge = shop.call()
+    refund = shop.refund_call("shop.sig-refund")
+    reached, go_on = threading.Event(), threading.Event()
+    ids: list[str] = []
+
+    @shop.task()
+    def refund_payment(self: Any, payment: str) -> Any:
+        ids.append(str(self.request.id))
+        reached.set()
+        assert go_on.wait(15), "the revoke"
+        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+
+    @shop.task()
+    def place_order(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        self.undo_with(refund_payment.s(receipt["id"]))
+        raise LookupError("out of stock")
+
+    parent = shop.deliver(place_order, "o-3", states=("FAILED", "WAITING_OPERATOR"))
+    assert reached.wait(20), "the refund task to start"
+    task_id = ids[0]
+    shop.revoke_at(task_id, reached, go_on)
+    shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR", "COMPLETED")
+    return parent, task_id
+
+
+def test_a_revoked_undo_task_waits_for_an_operator_whose_redrive_refunds_once(
+    shop: PaymentShop,
+) -> None:
+    with shop.worker():
+        parent, task_id = _a_revoked_undo_task(shop)
+        assert shop.gateway.refunds == []  # the revoke stopped the refund
+        assert_waits_for_an_operator(shop.execution(task_id), "undo task cancelled", parent)
+        [wait] = list_waits(shop.app)  # what `agboss pending` lists
+        assert wait.execution.id == task_id and "agboss redrive" in wait.ends_with, wait
+        # The worker still holds the id revoked: the redriven message must run anyway.
+        wait_until(lambda: task_id in revoked_ids, 10, message="the worker's revoked set")
+        assert redrive(shop.app, task_id, "the customer is owed the refund", actor="test")
+        shop.wait_state(task_id, "COMPLETED", timeout=20)
+    assert shop.execution(parent).state.value == "FAILED"
+    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
+    assert list_waits(shop.app) == []
+    with pytest.raises(AGBossError, match="COMPLETED"):
+        redrive(shop.app, task_id, "again", actor="test")  # once
+
+
+def test_twin_a_revoked_undo_task_ends_cancelled_shown_to_nobody(shop: PaymentShop) -> None:
+    with sabotage(UNDO_TASK_CANCEL_ENDS_CANCELLED), shop.worker():
+        parent, task_id = _a_revoked_undo_task(shop)
+        listed = list_waits(shop.app), list_failed_after_payment(shop.app)
+    assert shop.execution(task_id).state.value == "CANCELLED"
+    assert shop.execution(parent).state.value == "FAILED"  # its step reads undone
+    assert len(_sent(shop, "charge")) == 1 and _sent(shop, "refund") == []
+    assert len(shop.gateway.payments) == 1 and shop.gateway.refunds == []
+    assert listed == ([], []), "the unrefunded charge is shown to nobody"
+
+
+# --- undo_with() inside an undo's task ------------------------------------------------------
+
+
+def test_undo_with_inside_an_undo_task_is_refused_at_the_call(shop: PaymentShop) -> None:
+    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
+    refused: list[ConfigurationError] = []
+
+    @undo_function(shop.app, "tell-the-customer")
+    def tell_the_customer(task: Any, undo: UndoStep) -> None:
+        raise AssertionError("never declared, never run")
+
+    @shop.task()
+    def refund_payment(self: Any, payment: str) -> Any:
+        receipt = self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+        try:
+            self.undo_with("tell-the-customer")
+        except ConfigurationError as exc:
+            refused.append(exc)
+            raise
+        return receipt
+
+    @shop.task()
+    def place_order(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        self.undo_with(refund_payment.s(receipt["id"]))
+        raise LookupError("out of stock")
+
+    with shop.worker():
+        parent = shop.deliver(place_order, "o-4", states=("FAILED", "WAITING_OPERATOR"))
+        wait_until(lambda: refused, 20, message="the refund task's undo_with()")
+        [wait] = wait_until(lambda: list_waits(shop.app), 20, message="the task to wait")
+    [error] = refused
+    assert f"undoes a step of execution {parent}" in str(error)
+    assert "outbound() with a business key" in str(error)
+    assert_waits_for_an_operator(
+        wait.execution, f"undo shop.refund_payment of execution {parent} failed", "undo_with()"
+    )
+    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
+
+
+def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once(
+    shop: PaymentShop,
+) -> None:
+    """The common case: the refund task is still in its queue (``refunds``, which the
+    first worker does not consume) when it is revoked."""
+    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
+
+    @shop.task()
+    def refund_payment(self: Any, payment: str) -> Any:
+        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+
+    @shop.task()
+    def place_order(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        self.undo_with(refund_payment.s(receipt["id"]).set(queue="refunds"))
+        raise LookupError("out of stock")
+
+    def the_task() -> list[Any]:
+        return [
+            found
+            for found in shop.agboss.executions.list_executions(None, limit=50)
+            if found.task_name == "shop.refund_payment"
+        ]
+
+    with shop.worker():
+        parent = shop.deliver(place_order, "o-5", states=("FAILED", "WAITING_OPERATOR"))
+        [task] = wait_until(the_task, 10, message="the refund task recorded")
+        shop.app.control.revoke(task.id)
+        wait_until(lambda: task.id in revoked_ids, 10, message="the worker's revoked set")
+    assert_waits_for_an_operator(shop.execution(task.id), "undo task cancelled", parent)
+    ran: list[str] = []
+
+    def on_postrun(task_id: Any = None, **_: Any) -> None:
+        ran.append(str(task_id))
+
+    celery_signals.task_postrun.connect(on_postrun, weak=False)
+    try:
+        with shop.worker(queues=["celery", "refunds"]):
+            # The revoked message reaches a worker: it runs nothing, and still waits.
+            wait_until(lambda: task.id in ran, 10, message="the revoked message delivered")
+            assert_waits_for_an_operator(shop.execution(task.id), "undo task cancelled")
+            assert redrive(shop.app, task.id, "the customer is owed the refund", actor="test")
+            shop.wait_state(task.id, "COMPLETED", timeout=20)
+    finally:
+        celery_signals.task_postrun.disconnect(on_postrun)
+    assert len(_sent(shop, "refund")) == 1 and len(shop.gateway.refunds) == 1
+    assert list_waits(shop.app) == []
