@@ -57,7 +57,11 @@ from celery_agboss.core.store_protocol import (
     Store,
 )
 from celery_agboss.core.tracing import traced_effect, traced_outbound
-from celery_agboss.core.transitions import NOT_STORED_TEXT, mark_failed, masked_text, policy_of
+from celery_agboss.core.transitions import (
+    fields_masked_by_calls,
+    mark_failed,
+    masked_by_calls,
+)
 from celery_agboss.errors import (
     AGBossSignal,
     CancelRequestedError,
@@ -302,20 +306,21 @@ class ExecutionContext(DeliveryLease):
             )
 
     def mask_error_text(self, text: str) -> str:
-        """An error text of this delivery as the store may keep it (the execution's stored
-        failure): through the error masking of every call this delivery made, in turn — a
-        decline quoting a card number is masked by the policy of the call that got it. A
-        policy that fails stores a marker instead (fail closed)."""
+        """An error text of this delivery as the store may keep it (``masked_by_calls``)."""
+        return masked_by_calls(self._calls_made(), text)
+
+    def mask_error_fields(self, value: Any) -> Any:
+        """A value this delivery's error carries, through its calls' field paths."""
+        return fields_masked_by_calls(self._calls_made(), value)
+
+    def _calls_made(self) -> list[OutboundCall]:
+        """This delivery's calls, then every call the process registered: a delivery that
+        runs only the undos made none of the body's, whose error may carry its request."""
         if sabotage.active(STORED_ERROR_UNMASKED):
-            return text
+            return []
         with self._lock:
-            calls = [c for c in self._calls.values() if policy_of(c).masks_errors]
-        masked = text
-        for call in calls:
-            masked = masked_text(call, masked)
-            if masked == NOT_STORED_TEXT:
-                break
-        return masked
+            made = list(self._calls.values())
+        return made + [self._settings.registry[n] for n in self._settings.registry]
 
     def _refuse_after_signal(self) -> None:
         """A signal means "this delivery must stop". A body that caught one and went on

@@ -79,17 +79,18 @@ def stored_text(
     exc: BaseException, mask_text: Callable[[str], str], mask_fields: FieldMask | None = None
 ) -> str:
     """The exception's text as the store may keep it (design: masking). An SDK error that
-    carries the refused request quotes it in its text: when the call's field masking
-    changes an argument, a text made of the arguments (``str()`` of ``exc.args``) is made
-    again from the masked ones, and any other text is not stored (it may quote them)."""
+    carries the refused request may quote it in its text: when the call's field masking
+    changes an argument, the text is that of the exception made again from the masked
+    arguments (its own reason kept, the request's fields masked); when it cannot be made
+    again, the text is not stored (it may quote them)."""
     text = text_of(exc)
     if mask_fields is not None:
         try:
-            fielded, changed = _fielded(tuple(exc.args), mask_fields)
+            fielded, changed = _fielded(_constructor_args(exc), mask_fields)
             if changed:
-                text = _args_text(fielded) if text == _args_text(exc.args) else MESSAGE_NOT_STORED
+                text = text_of(type(exc)(*fielded))
         except Exception:
-            text = MESSAGE_NOT_STORED  # the policy failed: fail closed
+            text = MESSAGE_NOT_STORED  # the policy failed, or the class refused: fail closed
     return mask_text(text)
 
 
@@ -106,14 +107,14 @@ def masked_args(
 
 
 def _fielded(args: tuple[Any, ...], mask_fields: FieldMask | None) -> tuple[list[Any], bool]:
-    """Each dict or list argument through ``mask_fields``; and whether that changed one."""
+    """Each argument's dicts through ``mask_fields``; and whether that changed one."""
     if mask_fields is None:
         return list(args), False
     out: list[Any] = []
     changed = False
     for arg in args:
         if isinstance(arg, (dict, list, tuple)):
-            masked = mask_fields(arg)
+            masked = _dicts_masked(arg, mask_fields)
             as_json = NO_MASKING.mask_error_value  # tuples as lists, on both sides
             changed = changed or as_json(masked) != as_json(arg)
             arg = masked
@@ -121,13 +122,16 @@ def _fielded(args: tuple[Any, ...], mask_fields: FieldMask | None) -> tuple[list
     return out, changed
 
 
-def _args_text(args: tuple[Any, ...] | list[Any]) -> str:
-    """``BaseException.__str__`` of these arguments."""
-    if not args:
-        return ""
-    if len(args) == 1:
-        return str(args[0])
-    return str(tuple(args))
+def _dicts_masked(value: Any, mask_fields: FieldMask) -> Any:
+    """A dict through the field paths, as a request is masked from its root; the dicts in
+    a list or tuple each so; any other value as it is: no path names a text in a list of
+    texts (a decline's codes, the differences of another request's answer), and masking
+    it would change what a replay hands the body."""
+    if isinstance(value, dict):
+        return mask_fields(value)
+    if isinstance(value, (list, tuple)):
+        return [_dicts_masked(item, mask_fields) for item in value]
+    return value
 
 
 def _constructor_args(exc: BaseException) -> tuple[Any, ...]:
@@ -166,10 +170,13 @@ def rebuild_failure(stored: JSON) -> BaseException | None:
     if cls is None:
         return None
     args = stored.get("args")
+    message = str(stored.get("message") or "")
+    if not isinstance(args, list) and message == MESSAGE_NOT_STORED:
+        return None  # neither its arguments nor its text were kept: not as it was
     try:
         if isinstance(args, list):
             return cls(*args)
-        return cls(str(stored.get("message") or ""))
+        return cls(message)
     except Exception:
         return None
 

@@ -297,6 +297,29 @@ def masked_text(call: OutboundCall, text: Any) -> str:
         return NOT_STORED_TEXT
 
 
+def masked_by_calls(calls: list[OutboundCall], text: str) -> str:
+    """An error text of a delivery through the error masking of every call it made, in
+    turn: a decline quoting a card number is masked by the policy of the call that got
+    it; a policy that fails stores a marker instead (fail closed)."""
+    masked = text
+    for call in calls:
+        if policy_of(call).masks_errors:
+            masked = masked_text(call, masked)
+            if masked == NOT_STORED_TEXT:
+                break
+    return masked
+
+
+def fields_masked_by_calls(calls: list[OutboundCall], value: Any) -> Any:
+    """A value a delivery's error carries (the refused request an SDK error keeps) through
+    the field paths of every call it made, as a stored request is (design: masking)."""
+    for call in calls:
+        mask = field_mask(policy_of(call))
+        if mask is not None:
+            value = mask(value)
+    return value
+
+
 def error_detail(call: OutboundCall, exc: BaseException) -> dict[str, Any]:
     """What history keeps of an exception: its type, and its text masked by the policy
     (its field paths too, when the text is made of an argument carrying the request)."""

@@ -51,6 +51,7 @@ from celery_agboss.core.executions import (
     ExecutionState,
     shared_wait_reason,
 )
+from celery_agboss.core.failures import stored_text
 from celery_agboss.core.log_events import (
     EXECUTION_COMPENSATING,
     EXECUTION_FAILED,
@@ -293,7 +294,8 @@ def _undo_failed(d: DeliveryLike, name: str, exc: BaseException) -> NoReturn:
         d.abandon()
         raise Ignore() from None
     ctx = d.context()
-    reason = f"undo {name} failed: {type(exc).__name__}: {ctx.mask_error_text(str(exc))}"
+    told = stored_text(exc, ctx.mask_error_text, ctx.mask_error_fields)
+    reason = f"undo {name} failed: {type(exc).__name__}: {told}"
     resend = not sabotage.active(UNDO_REFUSAL_REPLAYED_ON_REDRIVE)
     d.verdict(ForOperator(reason[:1000], retry_asked=resend))
     d.release()

@@ -309,7 +309,8 @@ class Delivery:
             raise Ignore() from None
         if self._cancel_requested_now():
             self.cancel()
-        error = encode_error(exc, self.context().mask_error_text)
+        ctx = self.context()
+        error = encode_error(exc, ctx.mask_error_text, ctx.mask_error_fields)
         reason = undo_after_failure(self, error, type(exc).__name__)  # the undos, first
         record = self.conclude(Fail(error, reason))
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:

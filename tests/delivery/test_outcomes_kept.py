@@ -27,6 +27,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from celery_agboss import NotSent, OutboundCall, Unknown
+from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.log_events import EXECUTION_COMPLETED
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.protections import (
@@ -38,6 +39,7 @@ from celery_agboss.core.protections import (
     WAKE_FOLDED_INTO_REFUSED_RETRY,
 )
 from celery_agboss.delivery.waits import OWN_RETRIES_HEADER, PACKAGE_RETRY_BUDGET
+from celery_agboss.task import undo_function
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
@@ -158,17 +160,55 @@ def test_a_declined_requests_card_fields_are_not_stored_with_its_failure(
     assert "card declined" in failure and "'cvc': '***'" in failure
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs ExecutionContext.mask_error_fields passed by delivery/lifecycle.py to "
-    "encode_error (core/execution_context.py is another engineer's file)",
-)
 def test_a_declined_requests_card_fields_are_not_stored_with_the_executions_error(
     shop: PaymentShop, delivery_store_url: str
 ) -> None:
     _card_declined_order(shop)
     (error,) = _stored(delivery_store_url, "agboss_executions", "error")
     assert CVC not in error and CARD not in error, error
+    assert "card declined" in error and "'cvc': '***'" in error, error
+
+
+def test_without_masking_the_executions_error_keeps_the_declined_requests_cvc(
+    shop: PaymentShop, delivery_store_url: str
+) -> None:
+    with sabotage(STORED_ERROR_UNMASKED):
+        _card_declined_order(shop)
+    (error,) = _stored(delivery_store_url, "agboss_executions", "error")
+    assert CVC in error, "stored in clear"
+
+
+def test_an_undo_failure_carrying_a_request_is_kept_masked_in_the_reason(
+    shop: PaymentShop,
+) -> None:
+    """An undo's refund refused by an SDK error that keeps the refund's request: the
+    reason a person reads (and the store keeps) masks the card fields the delivery's
+    calls mask."""
+    charge = shop.agboss.register(
+        OutboundCall(
+            name="shop.card_charge_ok",
+            send=lambda call: shop.gateway.charge(1000, call.idempotency_key),
+            reconcile=lambda call, lookup: NotSent(),
+            key_retention=timedelta(hours=24),
+            mask=MaskingPolicy(mask=["card.number", "card.cvc"], mask_errors=_hide_cards),
+        )
+    )
+
+    @undo_function(shop.app, "refund-card")
+    def refund_card(task: Any, undo: UndoStep, order: str) -> None:
+        raise CardDeclined("refund declined", {"card": {"number": CARD, "cvc": CVC}})
+
+    @shop.task()
+    def pay(self: Any, order: str) -> Any:
+        card = {"number": CARD, "cvc": CVC}
+        self.outbound(charge, {"amount": 1000, "card": card}, business_key=order)
+        self.undo_with("refund-card", order=order)
+        raise LookupError("out of stock")
+
+    execution_id = shop.run(pay, "o-7", states=("WAITING_OPERATOR",))
+    reason = shop.execution(execution_id).reason or ""
+    assert reason.startswith("undo refund-card failed: CardDeclined: ('refund declined'"), reason
+    assert CVC not in reason and CARD not in reason, reason
 
 
 def test_a_reconcile_reason_kept_for_the_operator_is_masked(shop: PaymentShop) -> None:
