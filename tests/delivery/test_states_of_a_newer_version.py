@@ -15,24 +15,13 @@ import logging
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from celery_agboss.store.schema import outbound_calls
 from celery_agboss.store.schema_executions import executions
 from tests.delivery.conftest import PaymentShop
+from tests.support.newer_states import FUTURE_STATE, write_raw_state
 from tests.support.processes import wait_until
-
-FUTURE_STATE = "SOME_FUTURE_STATE"
-"""A state a newer version of the package may write; this one does not know it."""
-
-
-def _raw_state(shop: PaymentShop, execution_id: str, state: str) -> None:
-    """Write ``state`` into the row by raw SQL, as a newer version's worker would."""
-    with shop.agboss.store.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE agboss_executions SET state = :state WHERE id = :id"),
-            {"state": state, "id": execution_id},
-        )
 
 
 def _rows(shop: PaymentShop) -> dict[str, list[tuple[Any, ...]]]:
@@ -55,7 +44,7 @@ def test_a_delivery_of_a_newer_versions_state_runs_nothing_and_hands_the_message
         return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
 
     task_id = str(pay.delay("o-1").id)  # recorded; no worker runs yet
-    _raw_state(shop, task_id, FUTURE_STATE)
+    write_raw_state(shop.agboss.store.engine, task_id, FUTURE_STATE)
     before = _rows(shop)
 
     def handed_back(times: int) -> bool:
@@ -73,7 +62,7 @@ def test_a_delivery_of_a_newer_versions_state_runs_nothing_and_hands_the_message
         assert _rows(shop) == before
         # The newer version's worker would take it from here; as a stand-in, a state
         # this version knows: the same message, handed back again, now runs once.
-        _raw_state(shop, task_id, "REQUESTED")
+        write_raw_state(shop.agboss.store.engine, task_id, "REQUESTED")
         shop.wait_state(task_id, "COMPLETED")
     line = next(r.getMessage() for r in caplog.records if "store-failed" in r.getMessage())
     assert f"state={FUTURE_STATE}" in line and "newer version" in line

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from celery_agboss import operator
 from celery_agboss.cli.group import EXIT_REFUSED
@@ -25,18 +25,7 @@ from celery_agboss.store.schema import intent_history, outbound_calls
 from celery_agboss.store.schema_executions import audit, executions, pauses
 from tests.operations.cli import run
 from tests.operations.world import World
-
-FUTURE_STATE = "SOME_FUTURE_STATE"
-"""A state a newer version of the package may write; this one does not know it."""
-
-
-def _raw_state(world: World, execution_id: str, state: str) -> None:
-    """Write ``state`` into the row by raw SQL, as a newer version's worker would."""
-    with world.agboss.store.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE agboss_executions SET state = :state WHERE id = :id"),
-            {"state": state, "id": execution_id},
-        )
+from tests.support.newer_states import FUTURE_STATE, write_raw_state
 
 
 def _everything(world: World) -> dict[str, list[tuple[Any, ...]]]:
@@ -53,7 +42,7 @@ def _a_newer_version_wrote(world: World, *, stranded: bool = False) -> tuple[str
     then moved to ``FUTURE_STATE``; its id and the intent's key."""
     execution_id = world.publish()
     key = world.strand(execution_id)[0] if stranded else None
-    _raw_state(world, execution_id, FUTURE_STATE)
+    write_raw_state(world.agboss.store.engine, execution_id, FUTURE_STATE)
     return execution_id, key
 
 

@@ -20,18 +20,7 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.store_protocol import IntentStatus
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import World
-
-FUTURE_STATE = "SOME_FUTURE_STATE"
-"""A state a newer version of the package may write; this one does not know it."""
-
-
-def _raw_state(world: World, execution_id: str, state: str) -> None:
-    """Write ``state`` into the row by raw SQL, as a newer version's worker would."""
-    with world.agboss.store.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE agboss_executions SET state = :state WHERE id = :id"),
-            {"state": state, "id": execution_id},
-        )
+from tests.support.newer_states import FUTURE_STATE, write_raw_state
 
 
 def _stored_state(world: World, execution_id: str) -> str:
@@ -51,7 +40,7 @@ def _stranded_newer_then_ours(world: World) -> tuple[str, str, str, str]:
     moved on, and one of an execution this version knows."""
     newer = world.publish()
     newer_key = world.strand(newer)[0]
-    _raw_state(world, newer, FUTURE_STATE)
+    write_raw_state(world.agboss.store.engine, newer, FUTURE_STATE)
     ours = world.publish()
     our_key = world.strand(ours)[0]
     return newer, newer_key, ours, our_key
@@ -89,7 +78,7 @@ def test_an_unreconciled_intent_of_a_newer_versions_execution_is_flagged_and_its
     world = world_factory(lookup="none")
     execution_id = world.publish()
     key = world.strand(execution_id)[0]
-    _raw_state(world, execution_id, FUTURE_STATE)
+    write_raw_state(world.agboss.store.engine, execution_id, FUTURE_STATE)
 
     with caplog.at_level(logging.WARNING, logger="celery_agboss"):
         report = world.sweep_sending_nothing()
