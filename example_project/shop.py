@@ -240,12 +240,15 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
         if status not in STILL_PENDING:
             break
     if status != "requires_capture":
-        # Authentication failed or was cancelled (the webhook's ``payment_failed``, say):
-        # nothing held, nothing to capture; the order is never marked paid.
+        # Authentication failed or was cancelled: nothing held now. The customer may confirm
+        # the PaymentIntent again before this note commits, its event then seeing no
+        # ``gave_up``: the capture enqueued with the note reads Stripe after the commit.
+        def gave_up_on_it(conn: Connection) -> None:
+            orders.note(conn, order_id, f"checkout:{status}", authorization["id"])
+            outbox.enqueue(conn, capture_retried_checkout.s(order_id, authorization["id"]))
+
         self.fenced_effect(
-            "3ds-not-captured",
-            lambda conn: orders.note(conn, order_id, f"checkout:{status}", authorization["id"]),
-            business_key=f"authorization:{order_id}",
+            "3ds-not-captured", gave_up_on_it, business_key=f"authorization:{order_id}"
         )
         return {"not_captured": status}
     captured = self.outbound(
@@ -273,8 +276,9 @@ def gave_up(conn: Connection, order_id: str, payment_id: str) -> bool:
 def capture_retried_checkout(self: PaymentTask, order_id: str, payment_id: str) -> Any:
     """The customer confirmed the PaymentIntent again (Stripe allows it after
     ``requires_payment_method``) once its checkout had given up on it (``gave_up``), and
-    Stripe's webhook says it holds the amount (``web.stripe_webhook`` publishes this):
-    captured under the checkout's own key, so once, and the order marked paid by it."""
+    Stripe holds the amount: captured under the checkout's own key, so once, and the
+    order marked paid by it. Sent by the checkout's give-up (outbox) and by
+    ``web.stripe_webhook`` per authorisation; nothing held, it does nothing."""
     shown = intent_result(stripe.client.v1.payment_intents.retrieve(payment_id).to_dict())
 
     def held(conn: Connection) -> bool:

@@ -11,9 +11,11 @@ server: place an order, come back from 3-D Secure, and receive Stripe's webhooks
 - ``POST /webhooks/stripe`` verifies ``Stripe-Signature`` over the raw body (400 and
   nothing recorded when it does not verify), answers the checkout's pause when the event
   says how the customer's authentication ended (``OUTCOMES``: authorised, or failed), and
-  publishes one ``handle_stripe_event`` per event. An authorisation no wait took, of a
-  PaymentIntent whose checkout gave up (3-D Secure failed, then the customer confirmed
-  the same PaymentIntent again), publishes its capture (``shop.capture_retried_checkout``).
+  publishes one ``handle_stripe_event`` per event. An authorisation of a PaymentIntent
+  whose checkout gave up (3-D Secure failed, then the customer confirmed the same
+  PaymentIntent again) publishes its capture (``shop.capture_retried_checkout``), even
+  when a wait took it as an early answer; one given up on after this read is captured by
+  the task the checkout's give-up enqueued.
 - ``GET /health``.
 """
 
@@ -102,9 +104,9 @@ def returned(order_id: str) -> tuple[int, dict[str, Any]]:
 
 
 def _capture_if_retried(order_id: str, event: WebhookEvent) -> list[str]:
-    """Stripe holds the amount of a PaymentIntent no checkout wait took: if the order's
-    checkout gave up on it (``shop.gave_up``), the customer confirmed it again; its
-    capture is published, one execution per event (the task decides again, fenced)."""
+    """Stripe holds the amount of a PaymentIntent: if the order's checkout gave up on it
+    (``shop.gave_up``), the customer confirmed it again; its capture is published, one
+    execution per event (the task decides again, fenced)."""
     payment_id = event.object_id
     if not payment_id:
         return []
@@ -126,11 +128,11 @@ def stripe_webhook(raw: bytes, signature: str | None) -> tuple[int, dict[str, An
         reference = ((event.payload.get("data") or {}).get("object") or {}).get("metadata", {})
         order_id = reference.get("reference") if isinstance(reference, dict) else None
         if event.type in OUTCOMES and order_id:
-            answered = answer_checkout(
-                order_id, partial(answer_pause_with_event, shop.app, event=event)
-            )
-            if event.type == AUTHENTICATED and not answered:
-                published.extend(_capture_if_retried(order_id, event))
+            answer_checkout(order_id, partial(answer_pause_with_event, shop.app, event=event))
+        if event.type == AUTHENTICATED and order_id:
+            # Even when a wait took it: an early answer to a wait the checkout, giving up,
+            # never reaches. Read after answering, so a give-up noted since is seen.
+            published.extend(_capture_if_retried(order_id, event))
         published.append(shop.handle_stripe_event.delay(event.to_message()).id)
     return 200, {"published": published}
 
