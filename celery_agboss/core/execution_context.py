@@ -279,9 +279,8 @@ class ExecutionContext(DeliveryLease):
             self._body_ended = True
 
     def _refuse_after_the_body_ended(self, verb: str) -> None:
-        """The delivery's own check, before anything is claimed. A thread past it when the
-        compensation starts is refused by the claim itself, which reads the start mark
-        (``_refuse_cancelled``): the decision is made where the intent is written."""
+        """The delivery's own check; a thread past it when the compensation starts is
+        refused by its claim, which reads the start mark (``_refuse_cancelled``)."""
         if self._body_ended and not sabotage.active(BODY_CALLS_AFTER_COMPENSATION_START):
             raise self._body_ended_error(verb)
 
@@ -307,20 +306,22 @@ class ExecutionContext(DeliveryLease):
 
     def mask_error_text(self, text: str) -> str:
         """An error text of this delivery as the store may keep it (``masked_by_calls``)."""
-        return masked_by_calls(self._calls_made(), text)
+        return masked_by_calls(self._calls_made() or [], text)
 
     def mask_error_fields(self, value: Any) -> Any:
-        """A value this delivery's error carries, through its calls' field paths."""
-        return fields_masked_by_calls(self._calls_made(), value)
+        """A value this delivery's error carries, through the field paths of every call the
+        process knows: one that runs only the undos made none of the body's calls."""
+        made, known = self._calls_made(), self._settings.registry
+        if made is None:
+            return value
+        return fields_masked_by_calls([*made, *(known[name] for name in known)], value)
 
-    def _calls_made(self) -> list[OutboundCall]:
-        """This delivery's calls, then every call the process registered: a delivery that
-        runs only the undos made none of the body's, whose error may carry its request."""
+    def _calls_made(self) -> list[OutboundCall] | None:
+        """The calls this delivery made (None: stored errors unmasked, sabotage)."""
         if sabotage.active(STORED_ERROR_UNMASKED):
-            return []
+            return None
         with self._lock:
-            made = list(self._calls.values())
-        return made + [self._settings.registry[n] for n in self._settings.registry]
+            return list(self._calls.values())
 
     def _refuse_after_signal(self) -> None:
         """A signal means "this delivery must stop". A body that caught one and went on

@@ -187,11 +187,12 @@ class MaskingPolicy:
         except MaskingPolicyError as exc:
             return False, {RESULT_NOT_STORED_KEY: str(exc)}
 
-    def mask_error_value(self, value: Any) -> JSON:
+    def mask_error_value(self, value: Any) -> Any:
         """A value an error carries (an argument of a definite failure), with the fields
         ``mask`` names masked as in a request: an SDK error that keeps the request it
-        refused must not store what the stored request hides (design: masking)."""
-        return self._mask_value(value, "error")
+        refused must not store what the stored request hides (design: masking). Not held
+        to JSON here (a ``Decimal`` amount stays one): what stores it decides."""
+        return _copy_masked(value, self._mask)
 
     def mask_error_text(self, text: str) -> str:
         """The error text as it may be stored, through ``mask_errors`` when one is set."""

@@ -40,6 +40,17 @@ waits for an operator (``redrive`` runs it; ``cancel --payments-handled`` after 
 by hand), as a failed one does, since its parent's step reads undone."""
 
 
+UNDO_TASK_REDRIVEN = "redriven by an operator after its cancel"
+"""The cancel reason ``redrive`` leaves on an undo's task whose cancel it cleared: a
+worker that still holds its id or stamp revoked delivers it then, without recording that
+revoke again (a revoke it has not recorded yet, by a stamp, it records)."""
+
+
+def revoke_already_handled(cancel_requested: bool, cancel_reason: str | None) -> bool:
+    """An undo's task whose cancel an operator cleared to run it (``UNDO_TASK_REDRIVEN``)."""
+    return not cancel_requested and cancel_reason == UNDO_TASK_REDRIVEN
+
+
 def undo_of_options(options: str | None) -> str | None:
     """The execution an undo's task undoes a step of, read from its stored message options
     (their ``headers``: ``UNDO_OF_HEADER``); None for any other task."""
@@ -249,6 +260,7 @@ __all__ = [
     "UNDO_CALL_SUFFIX",
     "UNDO_OF_HEADER",
     "UNDO_TASK_CANCELLED",
+    "UNDO_TASK_REDRIVEN",
     "StepTrail",
     "UndoDeclaration",
     "UndoFunction",
@@ -256,6 +268,7 @@ __all__ = [
     "check_undo_name",
     "compensation_key",
     "refuse_in_an_undo_task",
+    "revoke_already_handled",
     "run_task_undos_with",
     "task_undo_runner",
     "trail_of",

@@ -18,7 +18,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import EXECUTION_EXPIRED, EXECUTION_REVOKED, log_event
 from celery_agboss.core.protections import REVOKED_ID_DROPS_LATER_MESSAGES
-from celery_agboss.core.undo_steps import undo_of_options
+from celery_agboss.core.undo_steps import revoke_already_handled
 from celery_agboss.errors import StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 
@@ -62,17 +62,17 @@ def drop_revoked_message(runtime: Runtime, execution_id: str) -> bool:
     follows the cancel: a running or compensating one reconciles and runs its undos
     (the refund a revoked order owes), a finished one replays. The worker keeps a
     revoked id for hours (and mingle shares it), so dropping every later message of a
-    revoked execution would strand its undo. An undo's task is not recorded again: its
-    revoke was recorded when it was sent and waits for an operator, whose redrive then
-    runs it. A store that fails: dropped, as Celery would, and the sweep re-drives it
-    later."""
+    revoked execution would strand its undo. An undo's task whose cancel an operator
+    cleared to run it (``revoke_already_handled``) is not recorded again: that would
+    undo the redrive. A store that fails: dropped, as Celery would, and the sweep
+    re-drives it later."""
     if sabotage.active(REVOKED_ID_DROPS_LATER_MESSAGES):
         return True
     try:
         record = runtime.executions.read_execution(execution_id)
-        # An undo's task: its revoke was recorded when it was sent (and waits for an
-        # operator); recorded again here, it would undo the operator's redrive.
-        if record is None or undo_of_options(record.options) is None:
+        if record is None or not revoke_already_handled(
+            record.cancel_requested, record.cancel_reason
+        ):
             record_revoke(runtime, [execution_id], terminated=False)
             record = runtime.executions.read_execution(execution_id)
     except (Exception, StoreError):

@@ -30,7 +30,7 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.protections import RESOLVE_REDRIVES_CREATOR_ONLY
 from celery_agboss.core.shared_records import unhandled_payments
 from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
-from celery_agboss.core.undo_steps import UNDO_TASK_CANCELLED
+from celery_agboss.core.undo_steps import UNDO_TASK_CANCELLED, UNDO_TASK_REDRIVEN
 from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
@@ -147,7 +147,7 @@ def unblock(
             values["recovery_count"] = 0
         if (record.reason or "").startswith(UNDO_TASK_CANCELLED):
             # An undo's task cancelled before its refund: the operator sends it on.
-            values.update(cancel_requested=False, cancel_reason=None)
+            values.update(cancel_requested=False, cancel_reason=UNDO_TASK_REDRIVEN)
         set_execution_txn(tx, execution_id, **values)
         after = require_execution_txn(tx, execution_id)
         audit_change_txn(tx, audit, execution_id, record, after)

@@ -17,10 +17,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -28,6 +30,7 @@ from sqlalchemy import create_engine, text
 
 from celery_agboss import NotSent, OutboundCall, Unknown
 from celery_agboss.core.compensation import UndoStep
+from celery_agboss.core.failures import MESSAGE_NOT_STORED
 from celery_agboss.core.log_events import EXECUTION_COMPLETED
 from celery_agboss.core.masking import MaskingPolicy
 from celery_agboss.core.protections import (
@@ -38,6 +41,8 @@ from celery_agboss.core.protections import (
     UNSTORED_RESULT_REPLAYED_AS_FAILURE,
     WAKE_FOLDED_INTO_REFUSED_RETRY,
 )
+from celery_agboss.core.transitions import NOT_STORED_TEXT
+from celery_agboss.delivery.outcomes import decode_error
 from celery_agboss.delivery.waits import OWN_RETRIES_HEADER, PACKAGE_RETRY_BUDGET
 from celery_agboss.task import undo_function
 from celery_agboss.testing.gateway_types import FakeGatewayFault
@@ -209,6 +214,63 @@ def test_an_undo_failure_carrying_a_request_is_kept_masked_in_the_reason(
     reason = shop.execution(execution_id).reason or ""
     assert reason.startswith("undo refund-card failed: CardDeclined: ('refund declined'"), reason
     assert CVC not in reason and CARD not in reason, reason
+
+
+class OrderRefused(Exception):
+    """An application's own error: a message and the order line it refused."""
+
+
+def test_an_error_holding_a_decimal_is_kept_and_raised_as_it_was(shop: PaymentShop) -> None:
+    """In an app that masks nothing, an error whose argument JSON cannot hold (a
+    ``Decimal`` price) keeps its text, and the delivery that ran the undos raises it to
+    Celery as it was (not the not-stored marker); so does an undo's failure reason."""
+    charge = shop.call()
+
+    @undo_function(shop.app, "refund-refused")
+    def refund_refused(task: Any, undo: UndoStep, payment: str) -> None:
+        raise OrderRefused("refund refused: balance too low", {"amount": Decimal("10.00")})
+
+    @shop.task()
+    def place(self: Any, order: str, undo_fails: bool) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        if undo_fails:
+            self.undo_with("refund-refused", payment=receipt["id"])
+        raise OrderRefused("sku X-1 out of stock", {"sku": "X-1", "price": Decimal("9.99")})
+
+    failed = shop.run(place, "o-8", False, states=("FAILED",))
+    stored = shop.execution(failed).error or ""
+    assert MESSAGE_NOT_STORED not in stored and "out of stock" in stored, stored
+    raised = decode_error(stored)
+    assert isinstance(raised, OrderRefused), (type(raised), raised)
+    waiting = shop.run(place, "o-9", True, states=("WAITING_OPERATOR",))
+    assert "balance too low" in (shop.execution(waiting).reason or "")
+
+
+def test_another_calls_error_masking_never_erases_this_error(shop: PaymentShop) -> None:
+    """A gateway's ``mask_errors`` written for its own texts (JSON bodies) raises on any
+    other: the errors of tasks that never made its call are not its to mask."""
+
+    def scrub_json_body(text: str) -> str:
+        body = json.loads(text)
+        body.pop("card", None)
+        return json.dumps(body)
+
+    shop.agboss.register(
+        OutboundCall(
+            name="other.gateway_charge",
+            send=lambda call: {"id": "x"},
+            reconcile=lambda call, lookup: NotSent(),
+            key_retention=timedelta(hours=24),
+            mask=MaskingPolicy(mask_errors=scrub_json_body),
+        )
+    )
+
+    @shop.task()
+    def ship(self: Any, order: str) -> Any:
+        raise LookupError(f"order {order}: warehouse unreachable")
+
+    stored = shop.execution(shop.run(ship, "o-10", states=("FAILED",))).error or ""
+    assert "warehouse unreachable" in stored and NOT_STORED_TEXT not in stored, stored
 
 
 def test_a_reconcile_reason_kept_for_the_operator_is_masked(shop: PaymentShop) -> None:

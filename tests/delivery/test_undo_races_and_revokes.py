@@ -9,18 +9,22 @@ gateway.
   waits for an operator, listed by ``agboss pending``, and ``redrive`` runs the refund
   once, although the worker still holds its id revoked (twin
   ``undo-task-cancel-ends-cancelled``: the task ``CANCELLED``, the parent undone, the
-  charge never refunded, shown to nobody).
+  charge never refunded, shown to nobody). A revoke by stamped headers, which the worker
+  records when the message arrives, is recorded for an undo's task too; only a cancel an
+  operator cleared (``redrive``) is not recorded again.
 - ``undo_with()`` inside an undo's task is refused at the call: its undos would never run.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from typing import Any
 
 import pytest
 from celery import signals as celery_signals
 from celery.worker.state import revoked as revoked_ids
+from celery.worker.state import revoked_stamps
 
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.protections import (
@@ -266,5 +270,57 @@ def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once
             shop.wait_state(task.id, "COMPLETED", timeout=20)
     finally:
         celery_signals.task_postrun.disconnect(on_postrun)
+    assert len(_sent(shop, "refund")) == 1 and len(shop.gateway.refunds) == 1
+    assert list_waits(shop.app) == []
+
+
+def test_an_undo_task_revoked_by_a_stamp_waits_and_a_redrive_refunds_once(
+    shop: PaymentShop,
+) -> None:
+    """A revoke by stamped headers names no execution: nothing records it when it is sent,
+    the worker does when the message arrives. It is recorded for an undo's task too (the
+    task waits, nothing refunded), and only a cancel an operator cleared to run the task
+    (``redrive``) lets the message through while the worker still holds the stamp."""
+    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
+    stamp = f"order-{uuid.uuid4().hex[:8]}"  # this test's only: the stamps are process-wide
+
+    @shop.task()
+    def refund_payment(self: Any, payment: str) -> Any:
+        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+
+    @shop.task()
+    def place_order(self: Any, order: str) -> Any:
+        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+        refund_task = refund_payment.s(receipt["id"])
+        self.undo_with(refund_task.set(queue="refunds", stamped_headers=[stamp], **{stamp: order}))
+        raise LookupError("out of stock")
+
+    def the_task() -> list[Any]:
+        return [
+            found
+            for found in shop.agboss.executions.list_executions(None, limit=50)
+            if found.task_name == "shop.refund_payment"
+        ]
+
+    try:
+        with shop.worker():
+            parent = shop.deliver(place_order, "o-6", states=("FAILED", "WAITING_OPERATOR"))
+            [task] = wait_until(the_task, 10, message="the refund task recorded")
+            shop.app.control.revoke_by_stamped_headers({stamp: "o-6"})
+            wait_until(lambda: stamp in revoked_stamps, 10, message="the worker's stamps")
+        with shop.worker(queues=["celery", "refunds"]):
+            record = wait_until(
+                lambda: shop.execution(task.id).cancel_requested and shop.execution(task.id),
+                20,
+                message="the stamped revoke recorded when its message arrived",
+            )
+            assert shop.gateway.refunds == [], "the revoke stopped the refund"
+            shop.wait_state(task.id, "WAITING_OPERATOR", timeout=20)
+            assert_waits_for_an_operator(shop.execution(task.id), "undo task cancelled", parent)
+            assert record.cancel_requested
+            assert redrive(shop.app, task.id, "the customer is owed the refund", actor="test")
+            shop.wait_state(task.id, "COMPLETED", timeout=20)
+    finally:
+        revoked_stamps.pop(stamp, None)
     assert len(_sent(shop, "refund")) == 1 and len(shop.gateway.refunds) == 1
     assert list_waits(shop.app) == []

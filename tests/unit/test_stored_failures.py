@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from celery_agboss import NotSent, OutboundCall
@@ -182,3 +183,17 @@ def test_a_long_decline_text_is_masked_before_it_is_cut() -> None:
     stored = json.loads(encode_error(exc, _hide_cards))
     assert len(stored["message"]) <= MAX_MESSAGE_CHARS
     assert PAN[:12] not in stored["message"] and "x****" in stored["message"]
+
+
+class AmountDeclined(Exception):
+    """An SDK's decline with the answer's details, a ``Decimal`` amount among them."""
+
+
+def test_a_decline_holding_a_value_json_cannot_hold_keeps_its_text_and_replays() -> None:
+    """Nothing in it is masked: its text is kept and a re-run is handed it again (from
+    its text: its arguments are not JSON), never the not-stored marker."""
+    exc = AmountDeclined("card declined: insufficient_funds", {"amount": Decimal("10.00")})
+    stored = encode_failure(exc, _hide_cards, field_mask(POLICY))
+    assert isinstance(stored, dict) and stored["message"] == str(exc)
+    replayed = rebuild_failure(stored)
+    assert isinstance(replayed, AmountDeclined) and "insufficient_funds" in str(replayed)
