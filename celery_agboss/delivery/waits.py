@@ -18,13 +18,20 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
-from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
+from celery.exceptions import (
+    Ignore,
+    MaxRetriesExceededError,
+    Reject,
+    Retry,
+    SoftTimeLimitExceeded,
+)
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.durations import to_ms
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.core.log_events import EXECUTION_STORE_FAILED, EXECUTION_WAITING
 from celery_agboss.core.protections import (
+    HAND_BACK_PAUSE_IGNORES_TIME_LIMITS,
     NEWER_STATE_HANDED_BACK_AT_ONCE,
     REQUEUE_WITHOUT_PAUSE,
     WAKE_FOLDED_INTO_REFUSED_RETRY,
@@ -235,8 +242,20 @@ def _hand_back(delay: float, cause: BaseException) -> NoReturn:
     """The message back to the broker, unacknowledged. The broker hands it out again at
     once, so pause first, or an outage becomes a loop of deliveries (and error lines)
     as fast as the broker goes."""
-    if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
-        _sleep(min(delay, REQUEUE_PAUSE_SECONDS))
+    _pause_then_hand_back(min(delay, REQUEUE_PAUSE_SECONDS), cause)
+
+
+def _pause_then_hand_back(pause: float, cause: BaseException) -> NoReturn:
+    """Wait ``pause``, then the message back to the broker, unacknowledged. A soft time
+    limit landing in the pause (a revoke's, or a limit shorter than ``_time_limit_cap``
+    foresaw) still hands it back: escaping, it was the task's error, and Celery
+    acknowledged the message."""
+    try:
+        if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
+            _sleep(pause)
+    except SoftTimeLimitExceeded:
+        if sabotage.active(HAND_BACK_PAUSE_IGNORES_TIME_LIMITS):
+            raise
     raise Reject(cause, requeue=True)
 
 
@@ -255,17 +274,34 @@ def broker_handbacks(request: Any) -> int:
     return messages.retries_header({DELIVERY_COUNT_HEADER: found}, DELIVERY_COUNT_HEADER)
 
 
-def newer_state_pause(request: Any) -> float:
+def newer_state_pause(request: Any, task: Any = None) -> float:
     """The pause before a message of an execution a newer version wrote goes back:
     ``REQUEUE_PAUSE_SECONDS``, doubled with each hand-back the broker counted, up to
-    ``NEWER_STATE_PAUSE_CAP_SECONDS``. A quorum queue drops a message past its
-    ``delivery-limit`` (20 from RabbitMQ 4.0): at one a second, a rolling upgrade longer
-    than 20 s reached it; so, about 8 minutes. One dropped all the same is a lost message
-    the newer version's sweep re-publishes (design: re-driven when due)."""
+    ``NEWER_STATE_PAUSE_CAP_SECONDS`` and ``_time_limit_cap``. A quorum queue drops a
+    message past its ``delivery-limit`` (20 from RabbitMQ 4.0): at one a second, a
+    rolling upgrade longer than 20 s reached it; so, about 8 minutes. One dropped all
+    the same is a lost message the newer version's sweep re-publishes
+    (design: re-driven when due)."""
     if sabotage.active(NEWER_STATE_HANDED_BACK_AT_ONCE):
         return REQUEUE_PAUSE_SECONDS
     doublings = min(broker_handbacks(request), 16)
-    return min(REQUEUE_PAUSE_SECONDS * 2.0**doublings, NEWER_STATE_PAUSE_CAP_SECONDS)
+    pause = min(REQUEUE_PAUSE_SECONDS * 2.0**doublings, NEWER_STATE_PAUSE_CAP_SECONDS)
+    cap = _time_limit_cap(request, task)
+    return pause if cap is None else min(pause, cap)
+
+
+def _time_limit_cap(request: Any, task: Any = None) -> float | None:
+    """Half the shortest time limit the delivery runs under (Celery's rule: the message's,
+    else the task's), None without one: a pause never runs into the soft limit (the
+    hand-back would be the task's error) nor the hard one (its pool child killed), and
+    leaves the delivery time for what ran before it."""
+    if sabotage.active(HAND_BACK_PAUSE_IGNORES_TIME_LIMITS):
+        return None
+    hard, soft = messages.time_limits(getattr(request, "timelimit", None))
+    hard = hard or getattr(task, "time_limit", None)
+    soft = soft or getattr(task, "soft_time_limit", None)
+    limits = [float(limit) for limit in (hard, soft) if limit]
+    return min(limits) / 2 if limits else None
 
 
 def start_failed(d: DeliveryLike, exc: BaseException) -> NoReturn:
@@ -285,7 +321,7 @@ def start_failed(d: DeliveryLike, exc: BaseException) -> NoReturn:
         retry_or_requeue(d, d.settings.retry_delay_seconds, failed)
     if not found or state_known(found[0].state):
         raise exc
-    pause = newer_state_pause(d.request)
+    pause = newer_state_pause(d.request, d.task)
     d.log_decision(
         EXECUTION_STORE_FAILED,
         logging.ERROR,
@@ -297,9 +333,7 @@ def start_failed(d: DeliveryLike, exc: BaseException) -> NoReturn:
         "not know: the message goes back to the broker untouched, for a worker on that "
         "version; upgrade this worker",
     )
-    if not sabotage.active(REQUEUE_WITHOUT_PAUSE):
-        _sleep(pause)
-    raise Reject(exc, requeue=True)
+    _pause_then_hand_back(pause, exc)
 
 
 def _retry_allowed(d: DeliveryLike) -> bool:

@@ -84,7 +84,7 @@ def loads(text: str) -> Any:
     return _kombu_loads(text)
 
 
-def _limits(value: Any) -> tuple[Any, Any]:
+def time_limits(value: Any) -> tuple[Any, Any]:
     """Celery's ``timelimit`` pair ``[hard, soft]`` (either may be missing)."""
     hard, soft, *_ = [*list(value or ()), None, None]
     return hard, soft
@@ -135,7 +135,7 @@ def message_from_publish(
     _refuse_an_id_too_long(name, str(task_id))
     args, kwargs, embed = body
     embed = embed or {}
-    time_limit, soft_time_limit = _limits(headers.get("timelimit"))
+    time_limit, soft_time_limit = time_limits(headers.get("timelimit"))
     custom = {k: v for k, v in headers.items() if k not in _PROTOCOL_HEADERS}
     options = _drop_none(
         {
@@ -255,7 +255,7 @@ def message_from_request(task_name: str, request: Any) -> ExecutionMessage:
             "publish; publish it again under a shorter task_id"
         )
     delivery = getattr(request, "delivery_info", None) or {}
-    time_limit, soft_time_limit = _limits(getattr(request, "timelimit", None))
+    time_limit, soft_time_limit = time_limits(getattr(request, "timelimit", None))
     headers = getattr(request, "headers", None) or {}
     custom = {k: v for k, v in headers.items() if k not in _PROTOCOL_HEADERS}
     options = _drop_none(

@@ -5,10 +5,11 @@ serialised (SQLite's write lock; a PostgreSQL advisory lock), so the second one
 finds the schema already current. Each run tells the revisions where the store stood
 when it started (``_REVISION_AT_START``, under that lock): a store that existed
 before a revision is one workers of an older version may still be using, whatever
-its tables hold at that moment (revision 0007 keeps its tenant). Each run, and each
-sweep (``newer_than_this_code``), also records this version's retention-rules
-generation in ``agboss_meta`` unless a higher one is there: keep rules change without
-a migration too, and an older sweep must not delete by its rules on such a store.
+its tables hold at that moment (revision 0007 keeps its tenant). Each run, each sweep
+(``newer_than_this_code``) and each Django ``manage.py migrate`` also record this
+version's retention-rules generation in ``agboss_meta`` unless a higher one (or one
+this version cannot read) is there (``record_retention_generation``): keep rules change
+without a migration too, and an older sweep must not delete by its rules on such a store.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _upgrade(engine: Engine, revision: str) -> None:
         config = alembic_config(conn)
         config.attributes[_REVISION_AT_START] = _revision_of(conn)
         command.upgrade(config, revision)
-        _record_retention_generation(conn)
+        record_retention_generation(conn)
 
 
 def _revision_of(conn: Connection) -> str | None:
@@ -122,32 +123,80 @@ def current_revision(url: str | URL | Engine) -> str | None:
 def retention_generation(conn: Connection) -> int | None:
     """The retention-rules generation the store records (``GENERATION_WITHOUT_A_ROW``
     when none); None for a value this version cannot read (then it is not this one's)."""
+    return _generation_of(_stored_generation(conn))
+
+
+def _stored_generation(conn: Connection) -> str | None:
     found = conn.execute(select(meta.c.value).where(meta.c.key == RETENTION_GENERATION_KEY))
     value = found.scalar()
+    return None if value is None else str(value)
+
+
+def _generation_of(value: str | None) -> int | None:
     if value is None:
         return GENERATION_WITHOUT_A_ROW
     try:
-        return int(str(value))
+        return int(value)
     except ValueError:
         return None
 
 
-def _record_retention_generation(conn: Connection) -> None:
-    """This version's generation into ``agboss_meta`` unless a higher one is there: one
-    statement, so two versions recording at once leave the higher."""
-    conn.execute(
-        text(
+_RECORD_ATTEMPTS = 3
+"""Reads and conditional writes before ``record_retention_generation`` gives up: each
+failed write means another version wrote the row meanwhile (a higher generation, then
+left alone)."""
+
+
+def record_retention_generation(conn: Connection) -> None:
+    """Raise the store's generation to this version's when ``retention_generation`` reads a
+    lower one; an unreadable value is a newer version's and stays (a cast in SQL lowered
+    it on SQLite and failed the whole ``migrate`` on PostgreSQL). Each write is one
+    statement, taken only if the row still holds what was read, so a version recording
+    at the same time is never lowered. ``migrate``, the sweep and Django's ``migrate``
+    all record through here."""
+    for _ in range(_RECORD_ATTEMPTS):
+        stored = _stored_generation(conn)
+        generation = _generation_of(stored)
+        if generation is None or generation >= RETENTION_RULES_GENERATION:
+            return
+        if _replace_generation(conn, stored):
+            return
+
+
+def record_retention_generation_at(url: str | URL | Engine) -> None:
+    """``record_retention_generation`` on the store at ``url`` once it was migrated: what a
+    Django ``manage.py migrate`` runs, which upgrades the store only in a migration not
+    applied yet (a version raising the generation alone ships none)."""
+    engine = url if isinstance(url, Engine) else create_store_engine(url)
+    try:
+        with translated(), engine.begin() as conn:
+            if _revision_of(conn) is not None:
+                record_retention_generation(conn)
+    finally:
+        if engine is not url:
+            engine.dispose()
+
+
+def _replace_generation(conn: Connection, stored: str | None) -> bool:
+    """This version's generation in place of ``stored`` (None: no row); False when the row
+    no longer holds it."""
+    values = {
+        "key": RETENTION_GENERATION_KEY,
+        "value": str(RETENTION_RULES_GENERATION),
+        "now": time.time_ns() // 1_000_000,
+        "stored": stored,
+    }
+    if stored is None:
+        statement = (
             "INSERT INTO agboss_meta (key, value, updated_at_ms) VALUES (:key, :value, :now) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-            "updated_at_ms = excluded.updated_at_ms "
-            "WHERE CAST(agboss_meta.value AS INTEGER) < CAST(excluded.value AS INTEGER)"
-        ),
-        {
-            "key": RETENTION_GENERATION_KEY,
-            "value": str(RETENTION_RULES_GENERATION),
-            "now": time.time_ns() // 1_000_000,
-        },
-    )
+            "ON CONFLICT (key) DO NOTHING"
+        )
+    else:
+        statement = (
+            "UPDATE agboss_meta SET value = :value, updated_at_ms = :now "
+            "WHERE key = :key AND value = :stored"
+        )
+    return conn.execute(text(statement), values).rowcount == 1
 
 
 def newer_than_this_code(engine: Engine) -> dict[str, Any] | None:
@@ -172,5 +221,5 @@ def newer_than_this_code(engine: Engine) -> dict[str, Any] | None:
         }
     if generation < RETENTION_RULES_GENERATION:
         with translated(), engine.begin() as conn:
-            _record_retention_generation(conn)
+            record_retention_generation(conn)
     return None

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from sqlalchemy import create_engine, text
 
-from celery_agboss.store.migrate import RETENTION_GENERATION_KEY, migrate
+from celery_agboss.store.databases import create_store_engine
+from celery_agboss.store.migrate import RETENTION_GENERATION_KEY, migrate, newer_than_this_code
 from celery_agboss.store.retention import RETENTION_RULES_GENERATION
 from tests.contract import test_migrations
 
@@ -63,3 +64,27 @@ def test_a_higher_generation_is_never_lowered(empty_database_url: str) -> None:
     migrate(empty_database_url)
 
     assert _generation(empty_database_url) == str(higher)
+
+
+def test_an_unreadable_generation_survives_migrate_and_still_stops_retention(
+    empty_database_url: str,
+) -> None:
+    """A value this version cannot read is a newer version's (``retention_generation``):
+    an older deploy's ``migrate`` left it lowered to its own on SQLite (a cast gave 0) and
+    failed on PostgreSQL, and its sweep then deleted by rules older than the store's."""
+    migrate(empty_database_url)
+    newer = '{"rules": 3}'  # a format a newer version might write
+    _set(empty_database_url, "UPDATE agboss_meta SET value = :v WHERE key = :key", v=newer)
+
+    migrate(empty_database_url)
+
+    assert _generation(empty_database_url) == newer
+    engine = create_store_engine(empty_database_url)
+    try:
+        assert newer_than_this_code(engine) == {
+            "reason": "rules-newer",
+            "generation": "unreadable",
+            "ours": RETENTION_RULES_GENERATION,
+        }
+    finally:
+        engine.dispose()

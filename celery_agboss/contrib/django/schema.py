@@ -7,17 +7,22 @@ that database's settings (under Django's test runner, the test database). The up
 is idempotent, so a store ``agboss migrate`` made is simply adopted, and a later
 Django migration of this app names the later revision. Irreversible: going back would
 drop payment records, which no ``migrate agboss zero`` should do by accident.
+
+Every ``manage.py migrate`` then records this version's retention-rules generation on
+the databases the app migrates to (``record_retention_generation_on``, from the app's
+``post_migrate``): a version that raises it without a store revision ships no Django
+migration, and an older sweep would go on deleting by older keep rules.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import router
+from django.db import connections, router
 from django.db.migrations.operations.base import Operation
 
 from celery_agboss.runtime.django_store import store_url_from_database
-from celery_agboss.store.migrate import migrate
+from celery_agboss.store.migrate import migrate, record_retention_generation_at
 
 
 class UpgradeStore(Operation):  # type: ignore[misc]  # Django ships no types
@@ -54,3 +59,12 @@ class UpgradeStore(Operation):  # type: ignore[misc]  # Django ships no types
     @property
     def migration_name_fragment(self) -> str:
         return f"agboss_store_{self.revision}"
+
+
+def record_retention_generation_on(alias: str) -> None:
+    """This version's retention-rules generation on the database at ``alias`` when this app
+    migrates to it (the router's answer, as for ``UpgradeStore``) and its store exists."""
+    if not router.allow_migrate(alias, "agboss"):
+        return
+    connection = connections[alias]
+    record_retention_generation_at(store_url_from_database(connection.settings_dict, alias))

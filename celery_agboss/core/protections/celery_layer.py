@@ -75,6 +75,11 @@ NEWER_STATE_HANDED_BACK_AT_ONCE = "newer-state-handed-back-at-once"
 after the same short pause each time, however often the broker handed it back: a quorum
 queue's ``delivery-limit`` drops it within seconds, and the payment it carried stops."""
 
+HAND_BACK_PAUSE_IGNORES_TIME_LIMITS = "hand-back-pause-ignores-time-limits"
+"""Sabotage: the pause before a message goes back to the broker runs past the delivery's
+time limits, and a soft limit landing in it escapes as the task's error: Celery
+acknowledges the message, and the payment it carried waits for a sweep's re-publish."""
+
 FENCE_RECORDED_AS_FAILURE = "fence-recorded-as-failure"
 """Sabotage: a fenced (superseded) delivery lets Celery record a FAILURE, over the
 holder that finished the payment."""
