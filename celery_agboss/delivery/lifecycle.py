@@ -299,9 +299,8 @@ class Delivery:
         return result
 
     def _failed(self, exc: Exception) -> None:
-        """An application exception: ``FAILED`` (stored) unless an intent is pending.
-
-        One raised by a revoke (``SoftTimeLimitExceeded`` from ``terminate=True,
+        """An application exception: ``FAILED`` (stored) unless an intent is pending. One
+        raised by a revoke (``SoftTimeLimitExceeded`` from ``terminate=True,
         signal="SIGUSR1"``) meets a cancel request: the execution is cancelled instead,
         once what it left pending is reconciled."""
         if not self.settle_sends():

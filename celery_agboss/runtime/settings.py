@@ -47,6 +47,7 @@ from celery_agboss.runtime.known_settings import (
     unknown_settings_message,
     warn_of_misspelt_variables,
 )
+from celery_agboss.store.databases import redact_url
 
 logger = logging.getLogger("celery_agboss")
 
@@ -165,25 +166,6 @@ class AGBossSettings:
     def redacted_database_url(self) -> str:
         """The store URL with its password hidden, for logs."""
         return redact_url(self.database_url)
-
-
-_SECRET_QUERY_WORDS = ("password", "secret", "token")
-"""A query key holding one of these (libpq's ``password``, ``sslpassword``) is hidden."""
-
-
-def redact_url(url: str) -> str:
-    """The URL as logs may show it: its password hidden, wherever it is given (libpq also
-    takes ``?password=`` and ``?sslpassword=`` in the query string)."""
-    try:
-        parsed = make_url(url)
-        hidden = {
-            key: "***"
-            for key in parsed.query
-            if any(word in key.lower() for word in _SECRET_QUERY_WORDS)
-        }
-        return parsed.update_query_dict(hidden).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable URL>"
 
 
 @dataclass(frozen=True)

@@ -210,3 +210,22 @@ def dispose_after_fork(engine: Engine) -> None:
     (closing would end the parent's sessions; sharing would interleave two processes
     on one socket)."""
     engine.dispose(close=False)
+
+
+_SECRET_QUERY_WORDS = ("password", "secret", "token")
+"""A query key holding one of these (libpq's ``password``, ``sslpassword``) is hidden."""
+
+
+def redact_url(url: str) -> str:
+    """The URL as logs may show it: its password hidden, wherever it is given (libpq also
+    takes ``?password=`` and ``?sslpassword=`` in the query string)."""
+    try:
+        parsed = make_url(url)
+        hidden = {
+            key: "***"
+            for key in parsed.query
+            if any(word in key.lower() for word in _SECRET_QUERY_WORDS)
+        }
+        return parsed.update_query_dict(hidden).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable URL>"
