@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from celery.worker import state as worker_state
 
 from celery_agboss.core.sabotage import ENV_SWITCH as ALLOW_SABOTAGE
 from tests.support import databases, services
@@ -249,3 +250,14 @@ def django_shop(
 
     with shop_on(django_backend, request, redis_url, managed_process, tmp_path) as made:
         yield made
+
+
+@pytest.fixture(autouse=True)
+def _forget_the_workers_revokes() -> Iterator[None]:
+    """Celery keeps the revoked ids and stamps a worker heard per process, for hours: one
+    test's revoke must not drop another test's message. A derived task id (an undo's, a
+    body's publish) repeats across tests whose PostgreSQL stores are clones of one
+    template, and so share its deployment id."""
+    yield
+    worker_state.revoked.clear()
+    worker_state.revoked_stamps.clear()
