@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from celery_agboss.core.protections import (
     HAND_BACK_PAUSE_IGNORES_TIME_LIMITS,
@@ -36,19 +36,12 @@ from celery_agboss.delivery import waits
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.testing import sabotage
 from tests.delivery.conftest import PaymentShop
+from tests.support.newer_states import FUTURE_STATE, write_raw_state
 from tests.support.processes import assert_stays, wait_until
-
-FUTURE_STATE = "SOME_FUTURE_STATE"
-"""A state a newer version of the package may write; this one does not know it."""
 
 
 def _raw_state(shop: PaymentShop, execution_id: str, state: str) -> None:
-    """Write ``state`` into the row by raw SQL, as a newer version's worker would."""
-    with shop.agboss.store.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE agboss_executions SET state = :state WHERE id = :id"),
-            {"state": state, "id": execution_id},
-        )
+    write_raw_state(shop.agboss.store.engine, execution_id, state)
 
 
 def _row(shop: PaymentShop, execution_id: str) -> tuple[Any, ...]:

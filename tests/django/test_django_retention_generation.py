@@ -6,7 +6,7 @@ version that raises ``RETENTION_RULES_GENERATION`` without a store revision ship
 its deploy recorded nothing, and an older beat's sweep went on deleting by older keep
 rules (a cancelled scheduled charge's row deleted; its message then charged the customer
 at the ETA, counted at the gateway in
-``tests/operations/test_sweep_under_newer_retention_rules.py``). The newer version is
+``tests/operations/test_retention_on_a_newer_store.py``). The newer version is
 stood for by this code with the generation raised to 3 in the ``manage.py migrate``
 process.
 """

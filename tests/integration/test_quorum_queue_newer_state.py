@@ -20,37 +20,23 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy import text
 
 from celery_agboss.core.protections import NEWER_STATE_HANDED_BACK_AT_ONCE
-from tests.integration.apps import quorum_app
 from tests.integration.harness import Shop, ShopFactory
+from tests.integration.quorum_upgrades import (
+    HANDED_BACK,
+    a_newer_versions_charge,
+    charges,
+    set_state,
+)
 from tests.support.processes import ManagedProcess, assert_stays, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.rabbitmq, pytest.mark.slow]
-
-FUTURE_STATE = "SOME_FUTURE_STATE"
-"""A state a newer version of the package may write; this one does not know it."""
 
 DELIVERY_LIMIT = 5
 UPGRADE_SECONDS = 10.0
 """How long after the first hand-back the upgrade finishes: past the 5 hand-backs one a
 second makes, between the fourth (7 s) and fifth (15 s) the doubling pause makes."""
-
-HANDED_BACK = "error=StateOfANewerVersion"
-
-
-def _raw_state(shop: Shop, execution_id: str, state: str) -> None:
-    """Write ``state`` into the row by raw SQL, as a newer version's worker would."""
-    with shop.agboss.store.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE agboss_executions SET state = :state WHERE id = :id"),
-            {"state": state, "id": execution_id},
-        )
-
-
-def _charges(shop: Shop) -> int:
-    return len(shop.gateway.gateway.requests)
 
 
 def _an_upgrade_of_ten_seconds(
@@ -62,18 +48,20 @@ def _an_upgrade_of_ten_seconds(
     """A charge recorded, moved on by a newer version, then delivered to a worker of
     this version on a quorum queue; the upgrade finishes ``UPGRADE_SECONDS`` after the
     first hand-back."""
-    shop = shop_factory(
-        broker_url=rabbitmq_url, app_module=quorum_app, delivery_limit=DELIVERY_LIMIT, **config
+    shop, execution_id, worker = a_newer_versions_charge(
+        shop_factory,
+        rabbitmq_url,
+        order="o-quorum",
+        delivery_limit=DELIVERY_LIMIT,
+        sabotage=sabotage,
+        **config,
     )
-    execution_id = str(shop.app.tasks["it.charge_order"].apply_async(("o-quorum",)).id)
-    _raw_state(shop, execution_id, FUTURE_STATE)
-    worker = shop.start_worker(concurrency=1, sabotage=sabotage)
     wait_until(lambda: HANDED_BACK in worker.output(), 30, message="the first hand-back")
     upgraded_at = time.monotonic() + UPGRADE_SECONDS
     # The scenario's own time line (the upgrade lasts this long), not a synchronisation.
     wait_until(lambda: time.monotonic() >= upgraded_at, UPGRADE_SECONDS + 1, message="the upgrade")
-    assert _charges(shop) == 0
-    _raw_state(shop, execution_id, "REQUESTED")
+    assert charges(shop) == 0
+    set_state(shop, execution_id, "REQUESTED")
     return shop, execution_id, worker
 
 
@@ -83,7 +71,7 @@ def test_on_a_quorum_queue_an_upgrade_longer_than_the_delivery_limit_still_charg
     shop, execution_id, worker = _an_upgrade_of_ten_seconds(shop_factory, rabbitmq_url)
 
     shop.wait_state(execution_id, "COMPLETED", timeout=30)
-    assert _charges(shop) == 1
+    assert charges(shop) == 1
     assert worker.output().count(HANDED_BACK) < DELIVERY_LIMIT
 
 
@@ -95,7 +83,7 @@ def test_twin_handed_back_every_second_the_quorum_queue_drops_the_charge(
     )
 
     # A message still queued would run within its one-second pause: 5 s say it is gone.
-    assert_stays(lambda: _charges(shop) == 0, 5.0)
+    assert_stays(lambda: charges(shop) == 0, 5.0)
     assert shop.execution(execution_id).state.value == "REQUESTED"  # type: ignore[union-attr]
     assert worker.output().count(HANDED_BACK) >= DELIVERY_LIMIT
 
@@ -115,4 +103,4 @@ def test_a_charge_the_quorum_queue_dropped_is_re_published_by_the_sweep_that_kno
 
     with shop.sweeping():
         shop.wait_state(execution_id, "COMPLETED", timeout=30)
-    assert _charges(shop) == 1
+    assert charges(shop) == 1

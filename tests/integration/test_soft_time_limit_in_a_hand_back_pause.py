@@ -18,34 +18,21 @@ from __future__ import annotations
 import re
 
 import pytest
-from sqlalchemy import text
 
 from celery_agboss.core.protections import HAND_BACK_PAUSE_IGNORES_TIME_LIMITS
-from tests.integration.apps import quorum_app
 from tests.integration.harness import Shop, ShopFactory
+from tests.integration.quorum_upgrades import (
+    HANDED_BACK,
+    a_newer_versions_charge,
+    charges,
+    set_state,
+)
 from tests.support.processes import ManagedProcess, assert_stays, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.rabbitmq, pytest.mark.slow]
 
-FUTURE_STATE = "SOME_FUTURE_STATE"
-"""A state a newer version of the package may write; this one does not know it."""
-
 SOFT_TIME_LIMIT = 3
-HANDED_BACK = "error=StateOfANewerVersion"
 SOFT_LIMIT_HIT = "SoftTimeLimitExceeded"
-
-
-def _raw_state(shop: Shop, execution_id: str, state: str) -> None:
-    """Write ``state`` into the row by raw SQL, as a newer version's worker would."""
-    with shop.agboss.store.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE agboss_executions SET state = :state WHERE id = :id"),
-            {"state": state, "id": execution_id},
-        )
-
-
-def _charges(shop: Shop) -> int:
-    return len(shop.gateway.gateway.requests)
 
 
 def _an_upgrade_under_a_soft_limit(
@@ -54,11 +41,14 @@ def _an_upgrade_under_a_soft_limit(
     """A charge with a 3 s soft time limit, moved on by a newer version, delivered to a
     worker of this version on a quorum queue until it has paused three times (the third
     pause would be 4 s)."""
-    shop = shop_factory(broker_url=rabbitmq_url, app_module=quorum_app, delivery_limit=50)
-    task = shop.app.tasks["it.charge_order"]
-    execution_id = str(task.apply_async(("o-soft",), soft_time_limit=SOFT_TIME_LIMIT).id)
-    _raw_state(shop, execution_id, FUTURE_STATE)
-    worker = shop.start_worker(concurrency=1, sabotage=sabotage)
+    shop, execution_id, worker = a_newer_versions_charge(
+        shop_factory,
+        rabbitmq_url,
+        order="o-soft",
+        delivery_limit=50,
+        sabotage=sabotage,
+        apply_options={"soft_time_limit": SOFT_TIME_LIMIT},
+    )
     wait_until(lambda: worker.output().count(HANDED_BACK) >= 3, 30, message="3 hand-backs")
     return shop, execution_id, worker
 
@@ -72,12 +62,12 @@ def test_under_a_soft_time_limit_the_message_survives_the_pauses_and_charges_onc
 ) -> None:
     shop, execution_id, worker = _an_upgrade_under_a_soft_limit(shop_factory, rabbitmq_url)
     wait_until(lambda: worker.output().count(HANDED_BACK) >= 4, 30, message="4 hand-backs")
-    assert _charges(shop) == 0
+    assert charges(shop) == 0
 
-    _raw_state(shop, execution_id, "REQUESTED")  # the upgrade finished
+    set_state(shop, execution_id, "REQUESTED")  # the upgrade finished
 
     shop.wait_state(execution_id, "COMPLETED", timeout=30)
-    assert _charges(shop) == 1
+    assert charges(shop) == 1
     assert SOFT_LIMIT_HIT not in worker.output()
     assert max(_pauses(worker)) <= SOFT_TIME_LIMIT / 2
 
@@ -90,8 +80,8 @@ def test_twin_a_pause_past_the_soft_limit_acknowledges_the_message_and_nothing_c
     )
     wait_until(lambda: SOFT_LIMIT_HIT in worker.output(), 15, message="the soft limit")
 
-    _raw_state(shop, execution_id, "REQUESTED")  # the upgrade finished
+    set_state(shop, execution_id, "REQUESTED")  # the upgrade finished
 
     # A message still queued would run within its next pause (at most 8 s here).
-    assert_stays(lambda: _charges(shop) == 0, 10.0)
+    assert_stays(lambda: charges(shop) == 0, 10.0)
     assert worker.output().count(HANDED_BACK) == 3

@@ -1,20 +1,26 @@
-"""A sweep whose retention rules are older than its store's, with no migration between
-them (an old beat left running through an upgrade whose keep rules changed alone, as the
-ETA keep rule did), on SQLite and PostgreSQL.
+"""A sweep whose retention rules are older than its store's (a rollback, an old beat
+left running through an upgrade), on SQLite and PostgreSQL.
 
-The guard "a sweep older than its store skips retention" compared Alembic revisions
-only: the store's revision was one the old version ships, so its retention deleted by
-its older rules: the row of a scheduled charge cancelled before its ETA went, and at the
-ETA the message charged the customer who cancelled. Now every version records its
-retention-rules generation in ``agboss_meta`` (``migrate``, and its sweep), and a sweep
-that finds a higher one skips retention, said once per pass (``sweep.error
-step=retention reason=rules-newer``; twin ``retention-on-a-newer-store``).
+A newer version may keep rows by rules this code does not know (as retention now keeps
+a cancelled scheduled charge until its ETA). An old sweep's retention went on deleting
+by its own, older rules: the row of a scheduled charge cancelled before its ETA went,
+and at the ETA the message charged the customer who cancelled. Two ways a sweep learns
+its store is newer, and both now skip the retention step, said once per pass:
+- the store's Alembic revision is one this version does not ship (``sweep.error
+  step=retention reason=store-newer``);
+- the revision is one it ships, but the retention-rules generation every version
+  records in ``agboss_meta`` (``migrate``, and its sweep) is higher than its own: a keep
+  rule changed alone, as the ETA keep rule did (``reason=rules-newer``).
+Deliveries are unchanged (twin ``retention-on-a-newer-store``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -41,6 +47,8 @@ shop = delivery_world.shop
 shop_config = scheduled.shop_config
 finished = scheduled.finished
 
+NEWER_REVISION = "9999"
+"""A revision this version does not ship."""
 NEWER = RETENTION_RULES_GENERATION + 1
 """The generation of a version whose keep rules this one lacks."""
 
@@ -68,6 +76,44 @@ def _recorded(shop: PaymentShop, generation: int | None) -> None:
             )
 
 
+def _migrated_by_a_newer_version(shop: PaymentShop) -> None:
+    with shop.agboss.store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE agboss_alembic_version SET version_num = :revision"),
+            {"revision": NEWER_REVISION},
+        )
+
+
+@dataclass(frozen=True)
+class Newer:
+    """One way a store is newer than the sweep: how it is made so, and what is said."""
+
+    make: Callable[[PaymentShop], None]
+    reason: str
+    said: tuple[str, ...]
+
+
+NEWER_STORES = {
+    "by-revision": Newer(
+        _migrated_by_a_newer_version,
+        "store-newer",
+        (f"revision={NEWER_REVISION}", "retention skipped"),
+    ),
+    "by-rules-generation": Newer(
+        lambda shop: _recorded(shop, NEWER),  # the store's revision is this version's own
+        "rules-newer",
+        (f"generation={NEWER}", f"ours={RETENTION_RULES_GENERATION}"),
+    ),
+}
+
+
+@pytest.fixture(params=sorted(NEWER_STORES))
+def newer(request: pytest.FixtureRequest, shop: PaymentShop) -> Newer:
+    chosen = NEWER_STORES[request.param]
+    chosen.make(shop)
+    return chosen
+
+
 def _cancelled_renewal_swept_by_older_rules(shop: PaymentShop, *, skip_off: bool = False) -> str:
     """The sweep of this code, standing for an older version's: it lacks the keep rule
     for a scheduled charge (``retention-deletes-a-scheduled-execution``)."""
@@ -78,10 +124,12 @@ def _cancelled_renewal_swept_by_older_rules(shop: PaymentShop, *, skip_off: bool
         return cancel_a_scheduled_renewal(shop)
 
 
-def test_an_older_sweep_under_newer_keep_rules_deletes_nothing_and_a_cancelled_charge_stays_unpaid(
-    shop: PaymentShop, finished: dict[str, threading.Event], caplog: pytest.LogCaptureFixture
+def test_an_older_sweep_on_a_newer_store_deletes_nothing_and_a_cancelled_charge_stays_unpaid(
+    shop: PaymentShop,
+    newer: Newer,
+    finished: dict[str, threading.Event],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _recorded(shop, NEWER)  # the store's revision is this version's own
     with caplog.at_level(logging.WARNING, logger="celery_agboss"):
         execution_id = _cancelled_renewal_swept_by_older_rules(shop)
 
@@ -89,23 +137,45 @@ def test_an_older_sweep_under_newer_keep_rules_deletes_nothing_and_a_cancelled_c
 
     assert shop.gateway.requests == []
     assert shop.execution(execution_id).state is ExecutionState.CANCELLED
-    skipped = [r for r in caplog.records if getattr(r, "reason", None) == "rules-newer"]
+    skipped = [r for r in caplog.records if getattr(r, "reason", None) == newer.reason]
     assert len(skipped) == 1, [r.getMessage() for r in caplog.records]  # one per pass
     said = skipped[0].getMessage()
     assert said.startswith("sweep.error") and "step=retention" in said
-    assert f"generation={NEWER}" in said and f"ours={RETENTION_RULES_GENERATION}" in said
-    assert _generation(shop) == str(NEWER)  # never lowered
+    assert all(words in said for words in newer.said), said
 
 
-def test_twin_an_older_sweep_deleting_under_newer_keep_rules_charges_a_cancelled_renewal(
-    shop: PaymentShop, finished: dict[str, threading.Event]
+def test_twin_an_older_sweep_deleting_on_a_newer_store_charges_a_cancelled_renewal(
+    shop: PaymentShop, newer: Newer, finished: dict[str, threading.Event]
 ) -> None:
-    _recorded(shop, NEWER)
     execution_id = _cancelled_renewal_swept_by_older_rules(shop, skip_off=True)
 
     deliver_at_its_eta(shop, finished[execution_id])
 
     assert len(shop.gateway.requests) == 1
+
+
+def test_a_newer_generation_is_never_lowered(shop: PaymentShop) -> None:
+    _recorded(shop, NEWER)
+
+    shop.sweep()
+
+    assert _generation(shop) == str(NEWER)
+
+
+def test_deliveries_on_a_newer_store_run_as_before(shop: PaymentShop) -> None:
+    """Only retention stops: an order is charged once, as on any store."""
+    _migrated_by_a_newer_version(shop)
+    charge = shop.call()
+
+    @shop.task()
+    def order(self: Any, amount: int) -> Any:
+        return self.outbound(charge, {"amount": amount, "order": self.request.id})
+
+    shop.run(order, 500, states=("COMPLETED",))
+    report = shop.sweep()
+
+    assert len(shop.gateway.requests) == 1
+    assert report.errors == 0
 
 
 def test_a_store_from_before_the_generation_is_retained_and_given_this_versions(
