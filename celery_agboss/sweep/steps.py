@@ -393,7 +393,10 @@ class SweepRun:
             forget_held_if_unchanged(self.store, row)
 
     def _held_one(self, execution_id: str) -> None:
-        record = self.executions.read_execution(execution_id)
+        try:
+            record = self.executions.read_execution(execution_id)
+        except ValueError as error:
+            return self._left_to_a_newer_version("held", execution_id, error)
         if record is None or record.state is not ExecutionState.REQUESTED:
             return
         if not record.cancel_requested:

@@ -18,8 +18,9 @@ from sqlalchemy import text
 
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.store_protocol import IntentStatus
+from celery_agboss.store.held_messages import write_held
 from tests.operations.conftest import WorldFactory
-from tests.operations.world import World
+from tests.operations.world import TTL_SECONDS, World
 from tests.support.newer_states import FUTURE_STATE, write_raw_state
 
 
@@ -89,3 +90,25 @@ def test_an_unreconciled_intent_of_a_newer_versions_execution_is_flagged_and_its
     assert _stored_state(world, execution_id) == FUTURE_STATE
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(_left_to_newer(caplog)) == 1
+
+
+def test_a_dead_workers_held_message_of_a_newer_versions_execution_is_left_to_it(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The held-messages step read the row, a state it does not know, and logged an ERROR
+    with a traceback on every run: now the one WARNING of the other steps, and the rest of
+    the dead worker's messages go out."""
+    newer, ours = sorted([world.publish("o-newer"), world.publish("o-ours")])
+    write_raw_state(world.agboss.store.engine, newer, FUTURE_STATE)
+    write_held(world.agboss.store, "dead-worker", [newer, ours])
+    world.clock.advance(TTL_SECONDS + 1)
+
+    with caplog.at_level(logging.WARNING, logger="celery_agboss"):
+        report = world.sweep()
+
+    assert report.errors == 0
+    assert world.publishes_of(ours) == 2 and world.publishes_of(newer) == 1
+    assert _stored_state(world, newer) == FUTURE_STATE
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    (said,) = _left_to_newer(caplog)
+    assert "step=held" in said.getMessage() and f"execution_id={newer}" in said.getMessage()
