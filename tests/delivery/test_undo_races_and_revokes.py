@@ -225,11 +225,12 @@ def test_undo_with_inside_an_undo_task_is_refused_at_the_call(shop: PaymentShop)
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
 
 
-def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once(
-    shop: PaymentShop,
-) -> None:
-    """The common case: the refund task is still in its queue (``refunds``, which the
-    first worker does not consume) when it is revoked."""
+def _an_order_whose_refund_task_is_queued(
+    shop: PaymentShop, order: str, **options: Any
+) -> tuple[str, Any]:
+    """``place_order`` charges, declares ``refund_payment.s(payment)`` on the ``refunds``
+    queue (with ``options``: stamps) and fails. Run in a worker that does not consume
+    ``refunds``: the parent's id and the refund task's record, still queued."""
     charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
 
     @shop.task()
@@ -239,7 +240,7 @@ def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once
     @shop.task()
     def place_order(self: Any, order: str) -> Any:
         receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with(refund_payment.s(receipt["id"]).set(queue="refunds"))
+        self.undo_with(refund_payment.s(receipt["id"]).set(queue="refunds", **options))
         raise LookupError("out of stock")
 
     def the_task() -> list[Any]:
@@ -249,9 +250,18 @@ def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once
             if found.task_name == "shop.refund_payment"
         ]
 
+    parent = shop.deliver(place_order, order, states=("FAILED", "WAITING_OPERATOR"))
+    [task] = wait_until(the_task, 10, message="the refund task recorded")
+    return parent, task
+
+
+def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once(
+    shop: PaymentShop,
+) -> None:
+    """The common case: the refund task is still in its queue (``refunds``, which the
+    first worker does not consume) when it is revoked."""
     with shop.worker():
-        parent = shop.deliver(place_order, "o-5", states=("FAILED", "WAITING_OPERATOR"))
-        [task] = wait_until(the_task, 10, message="the refund task recorded")
+        parent, task = _an_order_whose_refund_task_is_queued(shop, "o-5")
         shop.app.control.revoke(task.id)
         wait_until(lambda: task.id in revoked_ids, 10, message="the worker's revoked set")
     assert_waits_for_an_operator(shop.execution(task.id), "undo task cancelled", parent)
@@ -281,31 +291,12 @@ def test_an_undo_task_revoked_by_a_stamp_waits_and_a_redrive_refunds_once(
     the worker does when the message arrives. It is recorded for an undo's task too (the
     task waits, nothing refunded), and only a cancel an operator cleared to run the task
     (``redrive``) lets the message through while the worker still holds the stamp."""
-    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
     stamp = f"order-{uuid.uuid4().hex[:8]}"  # this test's only: the stamps are process-wide
-
-    @shop.task()
-    def refund_payment(self: Any, payment: str) -> Any:
-        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
-
-    @shop.task()
-    def place_order(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        refund_task = refund_payment.s(receipt["id"])
-        self.undo_with(refund_task.set(queue="refunds", stamped_headers=[stamp], **{stamp: order}))
-        raise LookupError("out of stock")
-
-    def the_task() -> list[Any]:
-        return [
-            found
-            for found in shop.agboss.executions.list_executions(None, limit=50)
-            if found.task_name == "shop.refund_payment"
-        ]
-
     try:
         with shop.worker():
-            parent = shop.deliver(place_order, "o-6", states=("FAILED", "WAITING_OPERATOR"))
-            [task] = wait_until(the_task, 10, message="the refund task recorded")
+            parent, task = _an_order_whose_refund_task_is_queued(
+                shop, "o-6", stamped_headers=[stamp], **{stamp: "o-6"}
+            )
             shop.app.control.revoke_by_stamped_headers({stamp: "o-6"})
             wait_until(lambda: stamp in revoked_stamps, 10, message="the worker's stamps")
         with shop.worker(queues=["celery", "refunds"]):
