@@ -24,29 +24,13 @@ from celery_agboss.chaos.verdict import (
     WAITING,
     Execution,
     OrderOutcome,
-    Verdict,
     classify,
     summarise,
 )
 from celery_agboss.testing.gateway import FakeGateway
+from tests.unit.test_chaos_verdict import verdict
 
 WAITS = ("WAITING_OPERATOR", "PARKED")
-
-
-def verdict(outcomes: list[OrderOutcome]) -> Verdict:
-    return Verdict(
-        seed=1,
-        orders=outcomes,
-        phantom_refunds=0,
-        faults={},
-        skipped_faults={},
-        duration_seconds=1.0,
-        gateway={},
-        settings={},
-        stray_payments=0,
-        not_placed=0,
-        orders_requested=len(outcomes),
-    )
 
 
 def judged(order: int, gateway: FakeGateway, state: str = "COMPLETED") -> OrderOutcome:
