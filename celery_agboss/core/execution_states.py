@@ -29,6 +29,7 @@ from celery_agboss.core.executions import (
     shared_wait_reason,
     wait_kind,
 )
+from celery_agboss.core.keys import is_business_key
 from celery_agboss.core.protections import (
     DIVERGENCE_COMPLETED,
     EXPIRY_BY_THE_WORKERS_CLOCK,
@@ -67,7 +68,7 @@ def finish_verdict(unreached: Sequence[SharedRecord], pending: bool) -> Verdict:
         return Verdict(ExecutionState.COMPLETED, None)
     if unreached:
         names = ", ".join(sorted({record.name for record in unreached}))
-        keys = ", ".join(record.key for record in unreached)
+        keys = ", ".join(_named(record.key) for record in unreached)
         reason = (
             f"{DIVERGENCE}: the body no longer calls {names}; an earlier delivery "
             f"did, and it may have charged ({keys})"
@@ -78,6 +79,13 @@ def finish_verdict(unreached: Sequence[SharedRecord], pending: bool) -> Verdict:
             ExecutionState.WAITING_OPERATOR, "completed while an outbound call of it is pending"
         )
     return Verdict(ExecutionState.COMPLETED, None)
+
+
+def _named(key: str) -> str:
+    """A record's key as a reason (stored and logged) may show it: a business-keyed one
+    holds the business key in clear (design: R17), so it is named by its kind only; an
+    operator finds it with ``agboss show``, which lists the execution's records."""
+    return "a business-keyed record" if is_business_key(key) else key
 
 
 def fail_verdict(reason: str, pending: bool) -> Verdict:

@@ -206,6 +206,8 @@ def test_a_rerun_that_no_longer_reaches_a_charge_waits_for_an_operator(
     task_id = _a_circuit_breaker(shop)
     record = shop.execution(task_id)
     assert_waits_for_an_operator(record, DIVERGENCE, "shop.primary")
+    # The reason is stored and logged: a business key is never in it (design: R17).
+    assert "o-4" not in (record.reason or "") and "a business-keyed record" in record.reason
     (wait,) = [w for w in list_waits(shop.app) if w.execution.id == task_id]
     assert f"accept {task_id}" in wait.ends_with
     report = shop.sweep()  # the primary charge, pending, is looked up
