@@ -25,10 +25,11 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import Connection
 
-from celery_agboss import AGBoss, IdempotencyKeyConflictError, PaymentTask, outbox, undo_function
+from celery_agboss import AGBoss, PaymentTask, outbox, undo_function
 from celery_agboss.adapters.stripe import StripeAdapter, intent_result, refund_result
 from celery_agboss.webhooks import WebhookEvent, record_event
 from example_project import config, orders
+from example_project.dispositions import dispose, disposition_key, refused
 
 app = Celery("example_project", broker=config.broker_url())
 app.conf.update(
@@ -251,18 +252,22 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
             "3ds-not-captured", gave_up_on_it, business_key=f"authorization:{order_id}"
         )
         return {"not_captured": status}
-    captured = self.outbound(
-        stripe.capture,
-        {"payment_id": authorization["id"]},
-        business_key=checkout_capture_key(authorization["id"]),
-    )
-    mark_paid(self, order_id, captured)
+    return capture_whole(self, order_id, authorization["id"])
+
+
+def capture_whole(task: PaymentTask, order_id: str, payment_id: str) -> dict[str, Any]:
+    """The checkout's capture of its authorisation (``checkout_3ds``,
+    ``capture_retried_checkout``), decided through its one disposition (``dispose``) as
+    fulfilment's is: a cancel or a shipment recorded first stands it down, nothing sent;
+    a cancel after it becomes its refund. Sent under the disposition's key, as every whole
+    capture of the authorisation is, so once; the order marked paid by it."""
+    key = disposition_key(payment_id)
+    first = dispose(task, order_id, payment_id, "capture")
+    if first != "capture":
+        return refused(task, order_id, payment_id, "capture", first, key)
+    captured = task.outbound(stripe.capture, {"payment_id": payment_id}, business_key=key)
+    mark_paid(task, order_id, captured)
     return captured
-
-
-def checkout_capture_key(payment_id: str) -> str:
-    """The one capture of a checkout's authorisation, whichever task sends it."""
-    return f"capture:{payment_id}:1"
 
 
 def gave_up(conn: Connection, order_id: str, payment_id: str) -> bool:
@@ -276,9 +281,9 @@ def gave_up(conn: Connection, order_id: str, payment_id: str) -> bool:
 def capture_retried_checkout(self: PaymentTask, order_id: str, payment_id: str) -> Any:
     """The customer confirmed the PaymentIntent again (Stripe allows it after
     ``requires_payment_method``) once its checkout had given up on it (``gave_up``), and
-    Stripe holds the amount: captured under the checkout's own key, so once, and the
-    order marked paid by it. Sent by the checkout's give-up (outbox) and by
-    ``web.stripe_webhook`` per authorisation; nothing held, it does nothing."""
+    Stripe holds the amount: captured as the checkout captures (``capture_whole``), so
+    once, and never after the customer's cancel. Sent by the checkout's give-up (outbox)
+    and by ``web.stripe_webhook`` per authorisation; nothing held, it does nothing."""
     shown = intent_result(stripe.client.v1.payment_intents.retrieve(payment_id).to_dict())
 
     def held(conn: Connection) -> bool:
@@ -291,10 +296,7 @@ def capture_retried_checkout(self: PaymentTask, order_id: str, payment_id: str) 
 
     if not self.fenced_effect("retried-checkout", held):
         return {"not_captured": shown.get("status")}
-    key = checkout_capture_key(payment_id)
-    captured = self.outbound(stripe.capture, {"payment_id": payment_id}, business_key=key)
-    mark_paid(self, order_id, captured)
-    return captured
+    return capture_whole(self, order_id, payment_id)
 
 
 def _outcome_reading(task: PaymentTask, order_id: str, payment_id: str, n: int, last: str) -> str:
@@ -354,21 +356,23 @@ def capture_shipment(
     self: PaymentTask, order_id: str, shipment: int, amount: int
 ) -> dict[str, Any]:
     """One capture per shipment, keyed by the authorisation and the shipment's number
-    (design: PS18). What is noted is what Stripe says it received, not what was asked."""
+    (design: PS18); shipments are the authorisation's disposition (``dispose``), so one of
+    an authorisation captured whole or voided is refused. What is noted is what Stripe
+    says it received, not what was asked."""
     payment_id = _read(order_id)["payment_id"]
+    key = f"capture:{payment_id}:{shipment}"
+    first = dispose(self, order_id, payment_id, "ship")
+    if first != "ship":
+        return refused(self, order_id, payment_id, "ship", first, key)
     captured = self.outbound(
-        stripe.capture,
-        {"payment_id": payment_id, "amount": amount},
-        business_key=f"capture:{payment_id}:{shipment}",
+        stripe.capture, {"payment_id": payment_id, "amount": amount}, business_key=key
     )
     if captured.get("status") == "succeeded":
         entry, received = "captured", str(captured.get("amount_received"))
     else:
         entry, received = f"capture:{captured.get('status')}", str(captured["id"])
     self.fenced_effect(
-        "captured",
-        lambda conn: orders.note(conn, order_id, entry, received),
-        business_key=f"capture:{payment_id}:{shipment}",
+        "captured", lambda conn: orders.note(conn, order_id, entry, received), business_key=key
     )
     return captured
 
@@ -376,24 +380,22 @@ def capture_shipment(
 @app.task(base=PaymentTask, bind=True)
 def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[str, Any]:
     """Capture (fulfilment) or void (the customer cancelled): one disposition per
-    authorisation, recorded before either is sent (design: PS20). The loser takes the other
-    route: a cancel after the capture becomes a refund. The order is ``captured`` only when
-    Stripe took its amount, ``voided`` only when the PaymentIntent is ``canceled``;
-    otherwise it is left as it is, noted ``capture:<status>`` or ``void:<status>``."""
+    authorisation, recorded before either is sent (design: PS20), the checkout's capture
+    and shipments deciding through it too. The loser takes the other route: a cancel after
+    the capture becomes a refund. The order is ``captured`` only when Stripe took its
+    amount, ``voided`` only when the PaymentIntent is ``canceled``; otherwise it is left as
+    it is, noted ``capture:<status>`` or ``void:<status>``."""
+    if action not in ("capture", "void"):
+        raise ValueError(f"settle an authorisation by capture or void, not {action!r}")
     payment_id = _read(order_id)["payment_id"]
-    try:
-        self.fenced_effect(
-            "disposition",
-            lambda conn: orders.note(conn, order_id, f"disposition:{action}"),
-            business_key=f"disposition:{payment_id}",
-            request={"action": action},
-        )
-    except IdempotencyKeyConflictError:
-        if action == "void":
-            return _refund_the_capture(self, order_id, payment_id)
-        return {"not_captured": "the order was cancelled first"}
+    key = disposition_key(payment_id)
+    first = dispose(self, order_id, payment_id, action, noted=True)
+    if first == "capture" and action == "void":
+        return _refund_the_capture(self, order_id, payment_id)
+    if first != action:
+        return refused(self, order_id, payment_id, action, first, key)
     call = stripe.capture if action == "capture" else stripe.void
-    done = self.outbound(call, {"payment_id": payment_id}, business_key=f"disposition:{payment_id}")
+    done = self.outbound(call, {"payment_id": payment_id}, business_key=key)
     status = "captured" if action == "capture" else "voided"
 
     def settled(conn: Connection) -> bool:
@@ -408,20 +410,20 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
             return False
         return orders.move(conn, order_id, status)
 
-    self.fenced_effect(status, settled, business_key=f"disposition:{payment_id}")
+    self.fenced_effect(status, settled, business_key=key)
     return done
 
 
 def _refund_the_capture(task: PaymentTask, order_id: str, payment_id: str) -> dict[str, Any]:
-    """A cancel that lost to the capture becomes a refund, of money the capture took. The
-    capture may not be sent yet: the same call under the same key waits for it (or sends
-    it, once), so the refund never precedes it. Its answer decides, by the capture route's
-    rule (``paid_in_full``): a capture still ``processing``, or short, took no order's
-    amount to give back, and a refund then returns money never captured, or another
-    amount. So that is noted ``cancelled:capture:<status>`` for a person, nothing sent."""
-    captured = task.outbound(
-        stripe.capture, {"payment_id": payment_id}, business_key=f"disposition:{payment_id}"
-    )
+    """A cancel that lost to the capture (fulfilment's or the checkout's) becomes a refund,
+    of money the capture took. The capture may not be sent yet: the same call under the
+    same key waits for it (or sends it, once), so the refund never precedes it. Its answer
+    decides, by the capture route's rule (``paid_in_full``): a capture still
+    ``processing``, or short, took no order's amount to give back, and a refund then
+    returns money never captured, or another amount. So that is noted
+    ``cancelled:capture:<status>`` for a person, nothing sent."""
+    key = disposition_key(payment_id)
+    captured = task.outbound(stripe.capture, {"payment_id": payment_id}, business_key=key)
 
     def taken(conn: Connection) -> bool:
         if paid_in_full(captured, orders.load(conn, order_id)):
@@ -429,7 +431,7 @@ def _refund_the_capture(task: PaymentTask, order_id: str, payment_id: str) -> di
         orders.note(conn, order_id, f"cancelled:capture:{captured.get('status')}", captured["id"])
         return False
 
-    if not task.fenced_effect("cancelled", taken, business_key=f"disposition:{payment_id}"):
+    if not task.fenced_effect("cancelled", taken, business_key=key):
         return {"not_refunded": captured.get("status")}
     return {"refunded": refund(task, order_id, payment_id)["id"]}
 
