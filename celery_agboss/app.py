@@ -25,6 +25,10 @@ class AGBoss(Runtime):
     """celery_agboss for one Celery app; ``AGBoss(app)`` twice gives the same object."""
 
     def __new__(cls, app: Any) -> AGBoss:
+        if not hasattr(app, "on_after_configure") or not hasattr(app, "conf"):
+            raise TypeError(
+                f"AGBoss(app) takes the Celery app (celery.Celery) to protect, not {app!r}"
+            )
         existing = getattr(app, _APP_ATTRIBUTE, None)
         if isinstance(existing, AGBoss):
             return existing

@@ -145,7 +145,32 @@ def json_command(fn: F) -> F:
 # --- the group ------------------------------------------------------------------------
 
 
-@click.group(name="agboss")
+_JSON_ASKED = "celery_agboss.cli.json"
+
+
+class _AGBossGroup(click.Group):
+    """The group whose usage errors (a bad ``--state``, ``--batch-size 0``, an unknown
+    option) keep the ``--json`` promise: a script parsing the output gets the failure
+    document every command writes, with click's exit code 2, not click's text."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = args[: args.index("--")] if "--" in args else args
+        ctx.meta[_JSON_ASKED] = "--json" in options
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            if not ctx.meta.get(_JSON_ASKED):
+                raise
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            CommandOutput(True).fail(
+                EXIT_USAGE, "usage", f"{exc.format_message()} (see `{where} --help`)"
+            )
+
+
+@click.group(name="agboss", cls=_AGBossGroup)
 @click.pass_context
 def agboss(ctx: click.Context) -> None:
     """celery_agboss: payments waiting for an operator, resolve, cancel, the sweep."""

@@ -401,9 +401,10 @@ def answer_pause_outcome(
     """``answer_pause``, saying also whether the answer was kept early (what
     ``agboss answer-pause`` prints)."""
     runtime = Runtime.of(app)
+    stored = _answer_text(pause_id, answer)
     audit = None if actor is None else Audit(actor, "answer-pause", f"pause {pause_id} answered")
     try:
-        answered = runtime.executions.answer_pause(pause_id, dumps(answer), audit=audit)
+        answered = runtime.executions.answer_pause(pause_id, stored, audit=audit)
     except ValueError as error:  # read under its lock, before the answer is written
         refused_if_newer(app, _paused_execution(runtime, pause_id), error)
     record = answered.record
@@ -415,6 +416,23 @@ def answer_pause_outcome(
     log_event(OPERATOR_PAUSE_ANSWERED, execution_id=record.id, pause=pause_id)
     republished = redrive_now(runtime, record.id, reason=f"pause {pause_id} answered")
     return PauseAnswerOutcome(early=False, republished=republished)
+
+
+def _answer_text(pause_id: Any, answer: Any) -> str:
+    """The answer as stored (JSON), after the two arguments are checked: a wrong one is
+    refused by name here, not by whatever inside first trips over it."""
+    if not isinstance(pause_id, str):
+        raise TypeError(
+            "pause_id must be the text '<execution id>:<name>' (as `celery -A proj agboss "
+            f"pauses` lists it), not {pause_id!r}"
+        )
+    try:
+        return dumps(answer)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"answer must be a value JSON can carry (text, numbers, lists, dicts, dates, "
+            f"decimals...), not {type(answer).__name__}: {exc}"
+        ) from None
 
 
 def _paused_execution(runtime: Runtime, pause_id: str) -> str:

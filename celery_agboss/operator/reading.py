@@ -39,24 +39,58 @@ from celery_agboss.store.unopened import (
 )
 
 
+def _limit(limit: Any) -> int:
+    """How many rows a listing may answer: a positive int. A negative or zero one would
+    answer an empty list, which an operator reads as "nothing there"."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be a positive int (how many rows to list), not {limit!r}")
+    if limit < 1:
+        raise ValueError(f"limit must be a positive int (how many rows to list), not {limit}")
+    return limit
+
+
+def _states(states: Any) -> list[ExecutionState] | None:
+    """``states`` as ExecutionStates: one state or several, each an ExecutionState or its
+    name (``"COMPLETED"``); None (or none given): every state."""
+    if states is None:
+        return None
+    given = [states] if isinstance(states, str) else states
+    try:
+        listed = list(given)
+    except TypeError:
+        listed = [given]
+    known = ", ".join(state.value for state in ExecutionState)
+    found = []
+    for state in listed:
+        if isinstance(state, str) and state.strip().upper() in ExecutionState.__members__:
+            found.append(ExecutionState[state.strip().upper()])
+        else:
+            raise ValueError(
+                f"states must be ExecutionStates or their names, not {state!r}; one of {known}"
+            )
+    return found or None
+
+
 def list_pending(app: Any, *, operator_only: bool = False, limit: int = 100) -> list[IntentRecord]:
     """Intents that may have been sent and are not settled (and completed ones whose result
     could not be stored), the ones waiting for an operator first."""
-    return Runtime.of(app).executions.list_pending_intents(limit=limit, operator_only=operator_only)
+    return Runtime.of(app).executions.list_pending_intents(
+        limit=_limit(limit), operator_only=operator_only
+    )
 
 
 def list_executions(
     app: Any,
     *,
-    states: Sequence[ExecutionState] | None = None,
+    states: Sequence[ExecutionState | str] | ExecutionState | str | None = None,
     limit: int = 100,
     after_id: str | None = None,
 ) -> list[ExecutionRecord]:
-    """Executions by id (``after_id`` pages), optionally only those in ``states``; a
-    value no key opens, or a state a newer version wrote, shown as such
-    (``store.unopened``)."""
+    """Executions by id (``after_id`` pages), optionally only those in ``states`` (one or
+    several, each an ExecutionState or its name; ValueError for another); a value no key
+    opens, or a state a newer version wrote, shown as such (``store.unopened``)."""
     return list_executions_shown(
-        Runtime.of(app).store, states or None, limit=limit, after_id=after_id
+        Runtime.of(app).store, _states(states), limit=_limit(limit), after_id=after_id
     )
 
 
@@ -171,7 +205,7 @@ def list_waits(app: Any, *, limit: int = 100) -> list[OperatorWait]:
     found = list_executions_shown(
         runtime.store,
         sorted(OPERATOR_WAIT_STATES, key=lambda state: state.value),
-        limit=limit,
+        limit=_limit(limit),
         oldest_first=True,
     )
     return [
@@ -243,7 +277,7 @@ def list_failed_after_payment(app: Any, *, limit: int = 100) -> list[PaymentLeft
     """Every ``FAILED`` or ``CANCELLED`` execution with a completed payment it sent or
     relies on that no undo took back and no other execution completed on or still uses,
     until an operator says it is dealt with."""
-    found = payments_left_behind(Runtime.of(app).store, limit)
+    found = payments_left_behind(Runtime.of(app).store, _limit(limit))
     return [
         PaymentLeftBehind(left.record, left.keys, _payments_ends_with(left), left.unopened)
         for left in found
@@ -278,6 +312,7 @@ def list_shared_waits(app: Any, *, limit: int = 100) -> list[SharedWait]:
     Filtered before the limit (in SQL, then by their opened reason, a batch at a time):
     plain retries, however many, never hide one."""
     store = Runtime.of(app).store
+    limit = _limit(limit)
     waits: list[SharedWait] = []
     after: str | None = None
     while len(waits) < limit:
@@ -312,7 +347,7 @@ def _unopened_reason(record: ExecutionRecord) -> str | None:
 
 def list_pauses(app: Any, *, limit: int = 100) -> list[tuple[str, str, str]]:
     """``(pause_id, execution_id, status)`` of the pauses waiting for an answer."""
-    return Runtime.of(app).executions.list_pauses(limit)
+    return Runtime.of(app).executions.list_pauses(_limit(limit))
 
 
 def read_pause(app: Any, pause_id: str) -> PauseRecord | None:

@@ -84,15 +84,23 @@ KNOWN_SETTINGS = frozenset(
 )
 
 
-def is_unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
-    """A misspelt ``agboss_*`` key (also under Django's namespace) is refused, not ignored."""
-    lowered = key.lower()
+def _without_namespace(key: str, conf: Mapping[str, Any]) -> str:
+    """``key`` without Django's namespace (``CELERY_``), its own case kept."""
     for namespace in {(getattr(conf, "prefix", None) or "").lower(), "celery_"} - {""}:
-        if lowered.startswith(namespace):
-            lowered = lowered[len(namespace) :]
+        if key.lower().startswith(namespace):
+            key = key[len(namespace) :]
+    return key
+
+
+def is_unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
+    """A misspelt ``agboss_*`` key (also under Django's namespace) is refused, not ignored;
+    so is a known one in mixed case (``agboss_LEASE_TTL``), which the settings never read
+    (they read the all-lower and the all-upper spelling only)."""
+    rest = _without_namespace(key, conf)
+    lowered = rest.lower()
     if not lowered.startswith(PREFIX):
         return False
-    return lowered[len(PREFIX) :] not in KNOWN_SETTINGS
+    return lowered[len(PREFIX) :] not in KNOWN_SETTINGS or rest not in (lowered, rest.upper())
 
 
 def closest_setting(name: str) -> str | None:
@@ -107,7 +115,9 @@ def unknown_settings_message(unknown: list[str]) -> str:
     for key in unknown:
         start = key.lower().index(PREFIX) + len(PREFIX)  # after Django's CELERY_ too
         close = closest_setting(key[start:])
-        meant = None if close is None else key[:start] + (close.upper() if key.isupper() else close)
+        # The spelling that is read: all upper case, else all lower case (the prefix too).
+        head = key[:start] if key.isupper() else key[: start - len(PREFIX)] + PREFIX
+        meant = None if close is None else head + (close.upper() if key.isupper() else close)
         guesses.append(f"{key!r}" + (f" (did you mean {meant!r}?)" if meant else ""))
     return (
         f"unknown celery_agboss setting{'s' if len(unknown) > 1 else ''} "

@@ -215,10 +215,12 @@ def _duration(source: _Source, name: str, default: float, *, allow_zero: bool) -
         seconds = to_seconds(raw, what=where)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(str(exc), setting=PREFIX + name) from None
-    if seconds < 0 or (seconds == 0 and not allow_zero):
+    # The engine counts in whole milliseconds: below half of one is 0 there, so it is
+    # refused where 0 is (a 0.0004 s timeout would otherwise pass as "positive").
+    if seconds < 0 or (to_ms(seconds, what=where) == 0 and not allow_zero):
         raise ConfigurationError(
             f"{where} must be {'zero or ' if allow_zero else ''}positive "
-            f"(seconds or a timedelta), not {raw!r}",
+            f"(seconds or a timedelta{'' if allow_zero else ', at least 1 ms'}), not {raw!r}",
             setting=PREFIX + name,
         )
     return seconds
@@ -381,15 +383,19 @@ def _metrics_port(source: _Source) -> int | None:
     return raw or None
 
 
-def _metrics_address(source: _Source) -> str:
-    raw = source.get("metrics_address")
+_ADDRESS = "an address to listen on, such as '127.0.0.1' or '0.0.0.0'"
+_QUEUE = f"a queue name such as {DEFAULT_SWEEP_QUEUE!r}"
+
+
+def _text(source: _Source, name: str, default: str, what: str) -> str:
+    """A setting that is a name (a queue, an address): a list, a number or bytes given
+    for it would become an odd name, so only non-blank text is taken."""
+    raw = source.get(name)
     if raw is None:
-        return DEFAULT_METRICS_ADDRESS
+        return default
     if not isinstance(raw, str) or not raw.strip():
         raise ConfigurationError(
-            f"{source.where('metrics_address')} must be an address to listen on, such as "
-            f"'127.0.0.1' or '0.0.0.0', not {raw!r}",
-            setting="agboss_metrics_address",
+            f"{source.where(name)} must be {what}, not {raw!r}", setting=PREFIX + name
         )
     return raw.strip()
 
@@ -463,7 +469,6 @@ def settings_from_conf(
         else _duration(source, "execution_retention", 0.0, allow_zero=False)
     )
     visibility = _visibility_timeout(source)
-    sweep_queue = source.get("sweep_queue") or DEFAULT_SWEEP_QUEUE
     return AGBossSettings(
         database_url=database_url,
         django_database=django_database,
@@ -479,11 +484,11 @@ def settings_from_conf(
         visibility_timeout_seconds=visibility,
         retry_delay_seconds=durations["retry_delay"],
         outbox_grace_seconds=durations["outbox_grace"],
-        sweep_queue=str(sweep_queue),
+        sweep_queue=_text(source, "sweep_queue", DEFAULT_SWEEP_QUEUE, _QUEUE),
         execution_retention_seconds=execution_retention,
         payment_tasks=_payment_tasks(source),
         metrics_port=_metrics_port(source),
-        metrics_address=_metrics_address(source),
+        metrics_address=_text(source, "metrics_address", DEFAULT_METRICS_ADDRESS, _ADDRESS),
         metrics_dir=_metrics_dir(source),
         prepared_statements=_flag(source, "prepared_statements", True),
         testing_key=testing_key,
