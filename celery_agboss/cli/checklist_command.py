@@ -85,11 +85,17 @@ def load_adapter(target: str) -> Any:
     help="The amount each probe charges.",
 )
 @json_command
+@click.pass_context
 def checklist(
-    target: str, key_prefix: str | None, required_retention: float, amount: int, as_json: bool
+    ctx: click.Context,
+    target: str,
+    key_prefix: str | None,
+    required_retention: float,
+    amount: int,
+    as_json: bool,
 ) -> None:
-    """Probe an adapter (design: gateway requirements, OWN) with real requests (exit 1 when one
-    failed)."""
+    """Probe an adapter (design: gateway requirements, OWN) with real requests, and whether the
+    app's store is a copy of another (exit 1 when one failed)."""
     from celery_agboss.testing.checklist import gateway_checklist
 
     out = CommandOutput(as_json)
@@ -107,8 +113,10 @@ def checklist(
         amount=amount,
         reconcile=reconcile if callable(reconcile) else None,
     )
+    copy, deployment = _deployment_check(ctx)
     data = {
         "adapter": target,
+        "deployment": deployment,
         "key_prefix": report.key_prefix,
         "passed": report.passed,
         "results": [
@@ -116,9 +124,42 @@ def checklist(
             for r in report.results
         ],
     }
-    out.emit(data, f"{report}\nkeys under {report.key_prefix!r}; checklist {_verdict(report)}")
-    if not report.passed:
+    verdict = "FAILED (the store is a copy)" if copy and report.passed else _verdict(report)
+    out.emit(
+        data,
+        f"{report}\n{deployment['text']}\nkeys under {report.key_prefix!r}; checklist {verdict}",
+    )
+    if copy or not report.passed:
         raise SystemExit(EXIT_REFUSED)
+
+
+def _deployment_check(ctx: click.Context) -> tuple[bool, dict[str, Any]]:
+    """Whether the app's store is a copy of the store its deployment id was minted in: a
+    copy beside its original on one gateway account sends the original's keys (docs/keys.md,
+    "A copy of a store"). Not checked (never failed) for an app without a store."""
+    from celery_agboss.errors import ConfigurationError, StoreError
+    from celery_agboss.runtime.settings import settings_from_conf
+    from celery_agboss.store.deployment import check_place
+    from celery_agboss.store.driver_errors import translated
+    from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+
+    app = getattr(ctx.obj, "app", None)
+    store = None
+    try:
+        settings = settings_from_conf(app.conf if app is not None else {})
+        store = SQLAlchemyStore(settings.database_url)
+        with translated(), store.read_transaction() as tx:
+            check = check_place(tx.connection)
+    except (ConfigurationError, StoreError) as exc:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        return False, {"checked": False, "why": why, "text": f"STORE not checked ({why})"}
+    finally:
+        if store is not None:
+            store.close()
+    found = {"checked": True, "copy": check.is_copy, "deployment_id": check.deployment_id}
+    if check.is_copy:
+        return True, found | {"text": f"STORE FAILED: {check.copy_warning()}"}
+    return False, found | {"text": f"STORE passed: deployment id {check.deployment_id}"}
 
 
 def _verdict(report: GatewayChecklistReport) -> str:

@@ -1,4 +1,5 @@
-"""``agboss migrate | sweep | rotate-keys``: the store's tables, the sweep run by hand or
+"""``agboss migrate | sweep | rotate-keys``: the store's tables (and its deployment id
+when the store is a copy: ``--new-deployment-id``, ``--same-deployment``), the sweep run by hand or
 in a loop (for a deployment without beat, ``agboss_sweep_interval = 0``), and the sealed
 columns re-sealed with the first encryption key."""
 
@@ -16,7 +17,9 @@ import click
 
 from celery_agboss.cli.group import (
     EXIT_CONFIGURATION,
+    EXIT_USAGE,
     CommandOutput,
+    actor_option,
     agboss,
     json_command,
     open_runtime,
@@ -29,30 +32,64 @@ if TYPE_CHECKING:
 
 
 @agboss.command()
+@click.option(
+    "--new-deployment-id",
+    "new_id",
+    is_flag=True,
+    help="Give a copied store a fresh deployment id (refused while anything is in flight).",
+)
+@click.option(
+    "--same-deployment",
+    is_flag=True,
+    help="This copied store replaces the original (a restore, a move): record where it is.",
+)
+@actor_option
 @json_command
 @click.pass_context
-def migrate(ctx: click.Context, as_json: bool) -> None:
-    """Create or upgrade the celery_agboss tables (idempotent; safe on every deploy)."""
-    from celery_agboss.store.deployment import read_store_tenant
+def migrate(
+    ctx: click.Context, new_id: bool, same_deployment: bool, actor: str | None, as_json: bool
+) -> None:
+    """Create or upgrade the celery_agboss tables (idempotent; safe on every deploy); say
+    when the store is a copy of another (its deployment id, so its keys, are the other's)."""
+    from celery_agboss.operator.common import default_actor
+    from celery_agboss.store import deployment
     from celery_agboss.store.migrate import current_revision
     from celery_agboss.store.migrate import migrate as run_migrations
 
     out = CommandOutput(as_json)
+    if new_id and same_deployment:
+        out.fail(EXIT_USAGE, "usage", "give --new-deployment-id or --same-deployment, not both")
     with open_runtime(ctx, out) as runtime:
         settings = runtime.settings
         run_migrations(settings.database_url)
+        done = ""
+        if new_id:
+            old, new = deployment.new_deployment_id(runtime.store, actor=actor or default_actor())
+            done = (
+                f" The deployment id was {old!r}, now {new!r}: restart every worker, beat "
+                "and process of this store, so that none keys with the old one."
+            )
+        elif same_deployment:
+            deployment.same_deployment(runtime.store)
+            done = " Recorded where the store is now as its deployment id's place."
+        with runtime.store.read_transaction() as tx:
+            check = deployment.check_place(tx.connection)
         revision = current_revision(settings.database_url)
         url = settings.redacted_database_url()
-        deployment_id = read_store_tenant(runtime.store)
         used = "" if settings.tenant is None else f"; agboss_tenant {settings.tenant!r} is used"
+        warning = f"\nWARNING: {check.copy_warning()}" if check.is_copy else ""
         out.emit(
             {
                 "database": url,
                 "revision": revision,
-                "deployment_id": deployment_id,
-                "tenant": settings.tenant or deployment_id,
+                "deployment_id": check.deployment_id,
+                "tenant": settings.tenant or check.deployment_id,
+                "copy": check.is_copy,
+                "minted_at": check.recorded,
+                "found_at": check.current,
             },
-            f"The store at {url} is at revision {revision}, deployment id {deployment_id}{used}.",
+            f"The store at {url} is at revision {revision}, deployment id "
+            f"{check.deployment_id}{used}.{done}{warning}",
         )
 
 

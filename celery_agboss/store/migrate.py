@@ -10,6 +10,8 @@ its tables hold at that moment (revision 0007 keeps its tenant). Each run, each 
 version's retention-rules generation in ``agboss_meta`` unless a higher one (or one
 this version cannot read) is there (``record_retention_generation``): keep rules change
 without a migration too, and an older sweep must not delete by its rules on such a store.
+Each run also records where the store is as the place of its deployment id, once
+(``_record_place``): a copy of the store, migrated elsewhere, is then told it is one.
 """
 
 from __future__ import annotations
@@ -79,6 +81,17 @@ def _upgrade(engine: Engine, revision: str) -> None:
         config.attributes[_REVISION_AT_START] = _revision_of(conn)
         command.upgrade(config, revision)
         record_retention_generation(conn)
+        _record_place(conn)
+
+
+def _record_place(conn: Connection) -> None:
+    """Where the store is, recorded as its deployment id's place when it has none (the id
+    minted just now, or by a version before the row): how a copy is told later
+    (``celery_agboss.store.deployment.record_place``). Never moved here: a copy must not
+    take the original's place by being migrated."""
+    from celery_agboss.store.deployment import record_place
+
+    record_place(conn)
 
 
 def _revision_of(conn: Connection) -> str | None:
@@ -166,12 +179,14 @@ def record_retention_generation(conn: Connection) -> None:
 def record_retention_generation_at(url: str | URL | Engine) -> None:
     """``record_retention_generation`` on the store at ``url`` once it was migrated: what a
     Django ``manage.py migrate`` runs, which upgrades the store only in a migration not
-    applied yet (a version raising the generation alone ships none)."""
+    applied yet (a version raising the generation alone ships none); the deployment id's
+    place is recorded there too (``_record_place``)."""
     engine = url if isinstance(url, Engine) else create_store_engine(url)
     try:
         with translated(), engine.begin() as conn:
             if _revision_of(conn) is not None:
                 record_retention_generation(conn)
+                _record_place(conn)
     finally:
         if engine is not url:
             engine.dispose()

@@ -25,6 +25,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from celery_agboss.store.deployment import PLACE_META_KEY
 from celery_agboss.store.migrate import migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
@@ -66,6 +67,14 @@ def _admin(admin_url: str) -> psycopg.Connection[tuple[object, ...]]:
     return psycopg.connect(_libpq(admin_url), autocommit=True, connect_timeout=5)
 
 
+def _forget_the_place(url: str) -> None:
+    """Each clone of the template is a test's own store, not a copy of the template: the
+    place its deployment id was minted at is forgotten (a clone migrated later records its
+    own), so no clone warns that it is a copy (``store.deployment.PlaceCheck``)."""
+    with psycopg.connect(_libpq(url), autocommit=True, connect_timeout=5) as conn:
+        conn.execute("DELETE FROM agboss_meta WHERE key = %s", (PLACE_META_KEY,))
+
+
 def _drop(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
     exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
     if exists is None:
@@ -90,6 +99,7 @@ def migrated_postgres_template(admin_url: str) -> str:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         try:
             migrate(_with_database(admin_url, name))
+            _forget_the_place(_with_database(admin_url, name))
             with _admin(admin_url) as conn:
                 conn.execute(
                     sql.SQL(

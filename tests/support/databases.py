@@ -72,6 +72,7 @@ def create_template(admin_url: str, name: str, prepare: Callable[[str], None]) -
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db_name)))
     try:
         prepare(template.url)
+        _forget_the_place(template.url)
         with admin_connection(admin_url) as conn:
             conn.execute(
                 sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false IS_TEMPLATE true").format(
@@ -83,6 +84,17 @@ def create_template(admin_url: str, name: str, prepare: Callable[[str], None]) -
         drop_database(admin_url, db_name)
         raise
     return template
+
+
+def _forget_the_place(url: str) -> None:
+    """Each clone is a test's own store, not a copy of the template: the place a migrated
+    template's deployment id was minted at is forgotten, so no clone warns that it is a
+    copy (``celery_agboss.store.deployment.PlaceCheck``)."""
+    with psycopg.connect(libpq_url(url), autocommit=True, connect_timeout=5) as conn:
+        conn.execute(
+            "DO $$ BEGIN IF to_regclass('agboss_meta') IS NOT NULL THEN "
+            "DELETE FROM agboss_meta WHERE key = 'deployment.place'; END IF; END $$"
+        )
 
 
 def clone_database(template: TemplateDatabase) -> str:

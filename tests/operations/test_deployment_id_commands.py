@@ -1,0 +1,124 @@
+"""``celery -A proj agboss migrate [--new-deployment-id | --same-deployment]`` and
+``agboss checklist`` on a copy of a store (docs/keys.md, "A copy of a store"), on SQLite
+and PostgreSQL: the copy is named as one with the two choices, a new id is refused
+(exit 1, naming what is in flight) until nothing is, and the checklist fails on a copy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import text
+
+from celery_agboss.cli import EXIT_REFUSED, EXIT_USAGE
+from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
+from celery_agboss.testing.celery_app import close_test_app, make_test_app
+from celery_agboss.testing.gateway import FakeGateway
+from celery_agboss.testing.gateway_server import FakeGatewayServer
+from tests.adapters.checklist_targets import URL_ENV
+from tests.contract.conftest import BACKENDS
+from tests.contract.test_deployment_id_of_a_copy import _add_execution, copy_of_a_store
+from tests.operations.cli import run
+
+
+@pytest.fixture(params=BACKENDS)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """A migrated store and a copy of it."""
+    return copy_of_a_store(request, tmp_path)
+
+
+@pytest.fixture
+def app_on() -> Iterator[Callable[[str], Celery]]:
+    made: list[Celery] = []
+
+    def make(url: str) -> Celery:
+        made.append(make_test_app(url))
+        return made[-1]
+
+    yield make
+    for app in made:
+        close_test_app(app)
+
+
+def _audit_actions(url: str) -> list[str]:
+    store = SQLAlchemyStore(url)
+    try:
+        with store.engine.connect() as conn:
+            return [str(a) for a in conn.execute(text("SELECT action FROM agboss_audit")).scalars()]
+    finally:
+        store.close()
+
+
+def test_migrate_names_a_copy_and_the_two_choices(
+    stores: tuple[str, str], app_on: Callable[[str], Celery]
+) -> None:
+    original_url, copy_url = stores
+    said = run(app_on(copy_url), "migrate")
+    assert said.exit_code == 0, "a copy (a restore) is never refused"
+    assert "WARNING: this store is a copy" in said.output
+    assert "--new-deployment-id" in said.output and "--same-deployment" in said.output
+    original = run(app_on(original_url), "migrate")
+    assert original.exit_code == 0 and "WARNING" not in original.output
+    data = json.loads(run(app_on(copy_url), "migrate", "--json").output)
+    assert data["copy"] is True and data["minted_at"] != data["found_at"]
+
+
+def test_a_new_id_is_refused_while_in_flight_then_given(
+    stores: tuple[str, str], app_on: Callable[[str], Celery]
+) -> None:
+    original_url, copy_url = stores
+    _add_execution(copy_url, "RUNNING")
+    app = app_on(copy_url)
+    refused = run(app, "migrate", "--new-deployment-id")
+    assert refused.exit_code == EXIT_REFUSED
+    assert "exec-1" in refused.output and "was not changed" in refused.output
+    assert "Let them finish (or cancel them" in refused.output
+    as_json = json.loads(run(app, "migrate", "--new-deployment-id", "--json").output)
+    assert as_json["error"]["code"] == "in-flight"
+    before = json.loads(run(app, "migrate", "--json").output)
+    assert before["copy"] is True
+    store = SQLAlchemyStore(copy_url)
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(text("UPDATE agboss_executions SET state = 'CANCELLED'"))
+    finally:
+        store.close()
+    given = run(app_on(copy_url), "migrate", "--new-deployment-id", "--actor", "ops")
+    assert given.exit_code == 0, given.output
+    assert "restart every worker" in given.output
+    after = json.loads(run(app_on(copy_url), "migrate", "--json").output)
+    original = json.loads(run(app_on(original_url), "migrate", "--json").output)
+    assert after["copy"] is False
+    assert after["deployment_id"] not in (before["deployment_id"], original["deployment_id"])
+    assert "new-deployment-id" in _audit_actions(copy_url)
+
+
+def test_same_deployment_keeps_the_id_and_the_place_moves(
+    stores: tuple[str, str], app_on: Callable[[str], Celery]
+) -> None:
+    _original_url, copy_url = stores
+    before = json.loads(run(app_on(copy_url), "migrate", "--json").output)
+    done = json.loads(run(app_on(copy_url), "migrate", "--same-deployment", "--json").output)
+    assert done["copy"] is False and done["deployment_id"] == before["deployment_id"]
+    both = run(app_on(copy_url), "migrate", "--same-deployment", "--new-deployment-id")
+    assert both.exit_code == EXIT_USAGE
+
+
+def test_the_checklist_fails_on_a_copy(
+    stores: tuple[str, str], app_on: Callable[[str], Celery], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original_url, copy_url = stores
+    target = "tests.adapters.checklist_targets:stripe_on_fake"
+    with FakeGatewayServer(FakeGateway(), dialect="stripe") as server:
+        monkeypatch.setenv(URL_ENV, server.url)
+        on_copy = run(app_on(copy_url), "checklist", "--adapter", target)
+        on_original = run(app_on(original_url), "checklist", "--adapter", target)
+    assert on_copy.exit_code == EXIT_REFUSED
+    assert "STORE FAILED: this store is a copy" in on_copy.output
+    assert on_copy.output.rstrip().endswith("checklist FAILED (the store is a copy)")
+    assert on_original.exit_code == 0, on_original.output
+    assert "STORE passed" in on_original.output
