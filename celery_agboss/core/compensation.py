@@ -22,7 +22,8 @@ after a completed payment, the undos run in reverse order, each under its own ke
   failure, so a delivery after a crash continues the undo, never the body.
 
 A business-keyed step is one step for every execution that names its key: its undo
-runs once, by whichever execution undoes it first.
+runs once, by whichever execution undoes it first — covering another only when it
+declared every undo that one did for the step (else that one waits for a person).
 
 Every read and write that starts an undo is fenced: a holder superseded mid-body whose
 body then raises (a zombie woken after the take-over completed) runs none (design: P5).
@@ -54,9 +55,11 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome
 from celery_agboss.core.shared_steps import (
+    UndosOf,
     decide_step,
     loggable_step,
     mark_compensated,
+    not_covered_error,
     step_notes,
 )
 from celery_agboss.core.store_protocol import (
@@ -351,21 +354,20 @@ def run_undos(
     write once ``call`` returned; the number run. A step is first decided as a record
     several executions may share (``decide_step``): kept for another execution that
     completed on it, covered by another's undo, or waited for (``UndoMustWait``) while
-    another still uses it; only a step this execution claimed is undone. Whatever
+    another still uses it; only a step this execution claimed is undone. A claim that
+    skips undos of this one's waits for a person, once the others ran. Whatever
     ``call`` raises propagates (the undo is then not done, and the next delivery runs it
     again)."""
     wanted = list(declarations)
     first_position: dict[str, int] = {}
-    for declaration in wanted:
-        step_key = declaration.step_key
-        first_position[step_key] = min(
-            first_position.get(step_key, declaration.position), declaration.position
-        )
+    for declaration in sorted(wanted, key=lambda d: d.position, reverse=True):
+        first_position[declaration.step_key] = declaration.position  # the lowest stays
     ran = 0
+    undos_of = _undos_of(ctx.settings)
     for declaration in sorted(wanted, key=lambda d: d.position, reverse=True):
         decision = ctx.decisions.get(declaration.step_key)
         if decision is None:
-            decision = ctx.decisions[declaration.step_key] = decide_step(ctx, declaration)
+            decision = ctx.decisions[declaration.step_key] = decide_step(ctx, declaration, undos_of)
         if decision.outcome is UndoOutcome.WAIT:
             assert decision.other is not None
             raise UndoMustWait(decision.other, declaration.step_key)
@@ -386,7 +388,7 @@ def run_undos(
             log_event(FENCED_EFFECT_REPLAYED, effect=DONE_RECORD, **log_ref)
             if finishing:
                 with ctx.fenced() as tx:
-                    mark_compensated(tx, ctx.execution_id, declaration)
+                    mark_compensated(tx, ctx.execution_id, declaration, undos_of)
             continue
         ctx.current = step
         before = ctx.reached_keys()
@@ -411,10 +413,18 @@ def run_undos(
                     )
                 )
                 if finishing:
-                    mark_compensated(tx, ctx.execution_id, declaration)
+                    mark_compensated(tx, ctx.execution_id, declaration, undos_of)
         log_event(UNDO_DONE, **log_ref, **loggable_step(ctx.settings, step.step_key))
         ran += 1
+    skipped = {k: d for k, d in ctx.decisions.items() if d.outcome is UndoOutcome.NOT_COVERED}
+    if skipped:  # after every other undo ran: a person decides on these alone
+        raise not_covered_error(ctx.settings, ctx.execution_id, skipped)
     return ran
+
+
+def _undos_of(settings: EngineSettings) -> UndosOf:
+    """What an execution declared after a step: whether one's claim covers another's."""
+    return lambda tx, e, step: [d for d in read_declarations(tx, settings, e) if d.step_key == step]
 
 
 def _done(ctx: UndoContext, step: UndoStep) -> bool:

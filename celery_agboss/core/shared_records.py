@@ -16,7 +16,8 @@ the operator all call the same one:
   replay never both win; it outlives the execution's own row;
 - **what a failing or cancelled execution does with a step it relied on**
   (``undo_decision``): another execution completed on it → keep it; another still uses
-  it → wait for that one; otherwise undo it, once, by whichever execution claims it;
+  it → wait for that one; otherwise undo it, once, by whichever execution claims it —
+  covering the others only when it declared every undo they did for the step;
 - **whose payment it is** on a cancel (``payment_of``), and **which records a re-run
   must reach** (``counts_for_divergence``): every record any delivery of the execution
   sent, took over, reconciled or replayed, not only those it created;
@@ -28,7 +29,7 @@ the operator all call the same one:
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from celery_agboss.core.protections import (
     HAND_OUT_KEEPS_RETRY,
     PASSED_FAILURE_RESENT,
     PAYMENTS_BY_CREATOR,
+    UNDO_COVERED_BY_OTHER_UNDOS,
     UNDO_IGNORES_OTHER_EXECUTIONS,
     UNDO_REFUNDS_COUNTED_AS_PAYMENTS,
 )
@@ -61,6 +63,9 @@ class UndoOutcome(str, enum.Enum):
     KEEP = "KEEP"  # another execution completed on it: never undone
     WAIT = "WAIT"  # another execution still uses it: wait for it to end
     COVERED = "COVERED"  # another execution's undo claimed it: undone once, by that one
+    # Another execution's undo claimed it, but that one did not declare every undo this
+    # one did for the step: this one's would be skipped, so a person decides.
+    NOT_COVERED = "NOT_COVERED"
 
 
 @dataclass(frozen=True)
@@ -148,14 +153,21 @@ def _completed_on(other: RecordUser) -> bool:
     return on_record or (other.relied and other.state == ExecutionState.COMPLETED.value)
 
 
-def undo_decision(record: SharedRecord, execution_id: str) -> UndoDecision:
+def undo_decision(
+    record: SharedRecord, execution_id: str, *, covers: Callable[[str], bool] | None = None
+) -> UndoDecision:
     """What a failing or cancelled execution does with a step it relied on: keep it for
     an execution that completed on it, wait for one that still uses it, or undo it —
-    once: an undo another execution claimed covers this one."""
+    once: an undo another execution claimed covers this one only when that one declared
+    every undo this one did for the step (``covers(claimer)``; a caller that does not
+    ask, a listing, takes it as covered). Else this one's undos would be skipped for
+    the claimer's other ones (a refund for a stock release): ``NOT_COVERED``."""
     if record.undo_by is not None:
         if record.undo_by == execution_id:
             return UndoDecision(UndoOutcome.UNDO)
-        return UndoDecision(UndoOutcome.COVERED, record.undo_by)
+        if covers is None or covers(record.undo_by) or sabotage.active(UNDO_COVERED_BY_OTHER_UNDOS):
+            return UndoDecision(UndoOutcome.COVERED, record.undo_by)
+        return UndoDecision(UndoOutcome.NOT_COVERED, record.undo_by)
     if sabotage.active(UNDO_IGNORES_OTHER_EXECUTIONS):
         return UndoDecision(UndoOutcome.UNDO)
     others = [u for u in record.users if u.execution_id != execution_id]
@@ -226,17 +238,26 @@ def _to_account_for(record: SharedRecord, execution_id: str, undone: Collection[
 
 
 def unhandled_payments(
-    records: Iterable[SharedRecord], execution_id: str, *, undone: Collection[str] = ()
+    records: Iterable[SharedRecord],
+    execution_id: str,
+    *,
+    undone: Collection[str] = (),
+    undone_steps: Collection[str] = (),
 ) -> list[SharedRecord]:
     """The payments a ``FAILED`` or ``CANCELLED`` execution left behind: completed ones it
     moved the money of or relies on that nobody undid, no other execution completed on,
     and none still uses — the customer is charged and nothing will change that.
-    ``undone``: the intents its undos made (their refunds)."""
+    ``undone``: the intents its undos made (their refunds). ``undone_steps``: the steps
+    every undo it declared after them is done for: one it claimed stays uncompensated only
+    while another execution's undos it did not declare wait for a person
+    (``UndoNotCoveredError``), and that wait, not this listing, tells the person what is
+    owed (listed here too, the refund it made would be made again)."""
     return [
         record
         for record in records
         if _to_account_for(record, execution_id, undone)
         and undo_decision(record, execution_id).outcome is UndoOutcome.UNDO
+        and not (record.undo_by == execution_id and record.key in undone_steps)
     ]
 
 
@@ -246,7 +267,9 @@ def compensated_error(
     """What a replay of a step another execution's undo claimed is told: its success is
     never handed out again (the claim and the hand-out are one compare-and-set). Told
     "undone" only once that undo is done: a claimer whose refund is still in flight, or
-    was refused and waits for a person, has not refunded anything yet."""
+    was refused and waits for a person, or whose undos did not cover another's (that
+    one's refund waits for a person), has not refunded anything yet — never told to pay
+    again then."""
     if undone:
         done = f"{what} under this business key was undone (refunded, released…) after it completed"
     else:
@@ -256,9 +279,15 @@ def compensated_error(
             "failed after it) or refused, not known here (celery -A proj agboss show "
             f"{undo_by})"
         )
+    after = (
+        "To pay again, open a new attempt under a new business key, e.g. "
+        "business_key=f'order:{order_id}:attempt:2'"
+        if undone
+        else "Do not pay again under a new business key until it is undone: the first "
+        "payment may never be refunded"
+    )
     return OutboundCallCompensatedError(
-        f"{done}. Its result is not handed out again. To pay again, open a new attempt "
-        "under a new business key, e.g. business_key=f'order:{order_id}:attempt:2'",
+        f"{done}. Its result is not handed out again. {after}",
         undone=undone,
         undo_by=undo_by,
         **fields,

@@ -6,22 +6,30 @@ record as the store reads it, and — when it undoes — the claim of the record
 compare-and-set on the reliance that decision read, in the same fenced transaction. A
 claim that misses (another execution relied on the step, or claimed it, meanwhile) reads
 and decides again. A holder past its lease decides nothing (design: P5).
+
+A claim covers another execution's undos of the step only when the claimer declared
+every one of them (same undo, same arguments, or the same task): a claimer that only
+releases stock never skips the refund the other declared. The other then waits for a
+person (``UndoNotCoveredError``), and the claimer leaves the step claimed, not
+compensated, so a later replay is never told it was undone.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
 from celery_agboss.core import sabotage
+from celery_agboss.core.canonical import canonical_json
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.fault_points import UNDO_BEFORE_CLAIM, fault_point
 from celery_agboss.core.keys import business_key_handle
 from celery_agboss.core.log_events import UNDO_COVERED, UNDO_KEPT, UNDO_WAITS, log_event
-from celery_agboss.core.protections import FENCED_HOLDER_STARTS_UNDO
+from celery_agboss.core.protections import FENCED_HOLDER_STARTS_UNDO, UNDO_COVERED_BY_OTHER_UNDOS
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome, undo_decision
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
@@ -30,24 +38,51 @@ from celery_agboss.core.store_protocol import (
     StoreTransaction,
 )
 from celery_agboss.core.undo_steps import UndoDeclaration
-from celery_agboss.errors import OutboundCallInFlightError
+from celery_agboss.errors import OutboundCallInFlightError, OutboundCallUnreconciledError
 
 MAX_DECISION_ROUNDS = 8
 """Reads and claims one step's undo decision may go through before it reports contention."""
 
+UndosOf = Callable[[StoreTransaction, str, str], list[UndoDeclaration]]
+"""``(tx, execution id, step key)``: the undos that execution declared after that step."""
 
-def decide_step(ctx: ExecutionContext, declaration: UndoDeclaration) -> UndoDecision:
+
+class UndoNotCoveredError(OutboundCallUnreconciledError):
+    """Another execution claimed the undo of a shared step without declaring every undo
+    this one did for it: this one's would be skipped (a refund nobody makes), so the
+    execution waits for a person, as for an unreconciled refund."""
+
+
+def undo_identity(declaration: UndoDeclaration) -> str:
+    """What an undo does, whoever declared it: its name and arguments, or its task's
+    name, args and kwargs (a task's options say how it is sent, not what it undoes)."""
+    task = declaration.task
+    what = None if task is None else [task.get("task"), task.get("args"), task.get("kwargs")]
+    return canonical_json([declaration.undo, declaration.arguments, what])
+
+
+def covered_by(theirs: Iterable[UndoDeclaration], mine: Iterable[UndoDeclaration]) -> bool:
+    """Every undo of ``mine`` is among ``theirs`` (as many times): running theirs runs
+    mine."""
+    return not Counter(map(undo_identity, mine)) - Counter(map(undo_identity, theirs))
+
+
+def decide_step(
+    ctx: ExecutionContext, declaration: UndoDeclaration, undos_of: UndosOf | None = None
+) -> UndoDecision:
     """What this execution does with the step an undo belongs to (the one rule,
     ``shared_records.undo_decision``), read and — when it undoes — claimed in one fenced
     transaction: the claim matches the record's reliance as read, so an execution that
-    relied on it meanwhile makes it miss, and the decision is taken again."""
+    relied on it meanwhile makes it miss, and the decision is taken again. ``undos_of``
+    reads what the claimer declared (without it, any claim covers this execution)."""
     me = ctx.execution_id
     for _ in range(MAX_DECISION_ROUNDS):
         with _decision_transaction(ctx) as tx:
             kind, record = _step_record(tx, declaration)
             if record is None:
                 return UndoDecision(UndoOutcome.UNDO)  # nothing left to share it with
-            decision = undo_decision(record, me)
+            covers = _covers(tx, me, declaration.step_key, undos_of)
+            decision = undo_decision(record, me, covers=covers)
             claims = decision.outcome is UndoOutcome.UNDO and record.undo_by is None
             if claims:
                 fault_point(UNDO_BEFORE_CLAIM, execution_id=me, key=record.key)
@@ -60,6 +95,20 @@ def decide_step(ctx: ExecutionContext, declaration: UndoDeclaration) -> UndoDeci
         "working on it",
         execution_id=me,
     )
+
+
+def _covers(
+    tx: StoreTransaction, me: str, step: str, undos_of: UndosOf | None
+) -> Callable[[str], bool] | None:
+    """Whether a claimer's undos of the step cover this execution's: read only when the
+    step was claimed by another, in the decision's transaction."""
+    if undos_of is None:
+        return None
+
+    def covers(claimer: str) -> bool:
+        return covered_by(undos_of(tx, claimer, step), undos_of(tx, me, step))
+
+    return covers
 
 
 def _decision_transaction(ctx: ExecutionContext) -> AbstractContextManager[StoreTransaction]:
@@ -79,11 +128,55 @@ def _step_record(
     return kinds[0], None
 
 
-def mark_compensated(tx: StoreTransaction, execution_id: str, declaration: UndoDeclaration) -> None:
+def mark_compensated(
+    tx: StoreTransaction,
+    execution_id: str,
+    declaration: UndoDeclaration,
+    undos_of: UndosOf | None = None,
+) -> None:
     """Every undo this execution declared after the step is done: the step is compensated,
-    and a later replay of it raises ``OutboundCallCompensatedError``."""
+    and a later replay of it raises ``OutboundCallCompensatedError`` told "undone" —
+    unless another execution of the step declared an undo this one did not run (its
+    refund, say): the step then stays claimed, never read undone, and that execution
+    waits for a person (``UndoNotCoveredError``)."""
     for kind in [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]:
+        if undos_of is not None and _not_covered(tx, kind, execution_id, declaration, undos_of):
+            continue
         tx.mark_compensated(kind, declaration.step_key, execution_id)
+
+
+def _not_covered(
+    tx: StoreTransaction, kind: str, me: str, declaration: UndoDeclaration, undos_of: UndosOf
+) -> bool:
+    """Another user of the step declared undos for it that this execution's do not cover."""
+    if sabotage.active(UNDO_COVERED_BY_OTHER_UNDOS):
+        return False
+    step = declaration.step_key
+    record = tx.read_shared(kind, step)
+    others = [] if record is None else [u for u in record.users if u.execution_id != me]
+    if not others:
+        return False
+    mine = undos_of(tx, me, step)
+    return any(not covered_by(mine, undos_of(tx, u.execution_id, step)) for u in others)
+
+
+def not_covered_error(
+    settings: EngineSettings, execution_id: str, steps: Mapping[str, UndoDecision]
+) -> UndoNotCoveredError:
+    """What an execution whose undos another's claim would skip waits for a person with:
+    each such step by its handle (never a business key in clear) and its claimer."""
+    named = [
+        f"step {next(iter(loggable_step(settings, key).values()))} claimed for undo by "
+        f"execution {decision.other}"
+        for key, decision in steps.items()
+    ]
+    return UndoNotCoveredError(
+        f"{'; '.join(named)}, which did not declare every undo this execution declared "
+        "for it: those were not run (a refund may be owed). Do what they do by hand (one "
+        "refund at the gateway settles the step for both executions), then "
+        f"`agboss cancel {execution_id} --payments-handled`",
+        execution_id=execution_id,
+    )
 
 
 def _log_decision(
@@ -100,6 +193,9 @@ def _log_decision(
         log_event(UNDO_COVERED, logging.INFO, "another execution's undo claimed it", **fields)
     elif decision.outcome is UndoOutcome.WAIT:
         log_event(UNDO_WAITS, logging.INFO, "another execution still uses this step", **fields)
+    elif decision.outcome is UndoOutcome.NOT_COVERED:
+        message = "another execution's undo claimed it without this one's undos"
+        log_event(UNDO_COVERED, logging.ERROR, message, covered=False, **fields)
 
 
 def step_notes(settings: EngineSettings, decisions: Mapping[str, UndoDecision]) -> list[str]:
@@ -121,4 +217,15 @@ def loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
     return {"step_key": key}
 
 
-__all__ = ["MAX_DECISION_ROUNDS", "decide_step", "loggable_step", "mark_compensated", "step_notes"]
+__all__ = [
+    "MAX_DECISION_ROUNDS",
+    "UndoNotCoveredError",
+    "UndosOf",
+    "covered_by",
+    "decide_step",
+    "loggable_step",
+    "mark_compensated",
+    "not_covered_error",
+    "step_notes",
+    "undo_identity",
+]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +24,7 @@ from celery_agboss.core.execution_states import Verdict
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.protections import UNDO_TASK_CANCEL_ENDS_CANCELLED
+from celery_agboss.core.store_protocol import StoreTransaction
 from celery_agboss.errors import ConfigurationError
 
 Owner = TypeVar("Owner")
@@ -254,6 +255,19 @@ def trail_of(ctx: ExecutionContext) -> StepTrail:
     return _trails.of(ctx)
 
 
+def steps_undone(tx: StoreTransaction, declarations: Iterable[UndoDeclaration]) -> set[str]:
+    """The steps whose every undo among ``declarations`` has its done mark: what an
+    execution that claimed them finished (only the claimer writes a step's marks)."""
+    by_step: dict[str, list[UndoDeclaration]] = {}
+    for declaration in declarations:
+        by_step.setdefault(declaration.step_key, []).append(declaration)
+    return {
+        step
+        for step, declared in by_step.items()
+        if all(tx.read_effect(d.key) is not None for d in declared)
+    }
+
+
 __all__ = [
     "COMPENSATION_KEY_LIMIT",
     "COMPENSATION_SUFFIX",
@@ -270,6 +284,7 @@ __all__ = [
     "refuse_in_an_undo_task",
     "revoke_already_handled",
     "run_task_undos_with",
+    "steps_undone",
     "task_undo_runner",
     "trail_of",
     "undo_call_key",

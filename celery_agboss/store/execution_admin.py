@@ -30,7 +30,7 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.protections import RESOLVE_REDRIVES_CREATOR_ONLY
 from celery_agboss.core.shared_records import unhandled_payments
 from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
-from celery_agboss.core.undo_steps import UNDO_TASK_CANCELLED, UNDO_TASK_REDRIVEN
+from celery_agboss.core.undo_steps import UNDO_TASK_CANCELLED, UNDO_TASK_REDRIVEN, steps_undone
 from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
@@ -352,7 +352,8 @@ def _payments_left_behind(tx: SQLTransaction, record: ExecutionRecord) -> list[s
     records = tx.shared_records_of(record.id)
     declarations = undo_declarations_txn(tx, record.id)
     undone = intents_made_by_undos_txn(tx, record.id, records, declarations)
-    left = unhandled_payments(records, record.id, undone=undone)
+    finished = steps_undone(tx, declarations)
+    left = unhandled_payments(records, record.id, undone=undone, undone_steps=finished)
     return [payment.key for payment in left]
 
 

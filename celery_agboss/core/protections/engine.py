@@ -161,6 +161,12 @@ UNDO_IGNORES_OTHER_EXECUTIONS = "undo-ignores-other-executions"
 """Sabotage: an execution undoes a step it shares as if it were alone on it — the
 refund of a charge another execution completed on (a paid, shipped order)."""
 
+UNDO_COVERED_BY_OTHER_UNDOS = "undo-covered-by-other-undos"
+"""Sabotage: a shared step another execution claimed for undo counts as undone for this
+one whatever undos that one declared for it: a charge one task declared a refund for,
+claimed by a task that only releases stock, is never refunded, both end ``FAILED``
+with nobody told, and a later click is told it was undone and pays again."""
+
 PAYMENTS_BY_CREATOR = "payments-by-creator"
 """Sabotage: "did this execution move money?" counts only the intents it created, so a
 cancel of an execution that sent the winning attempt of another's intent keeps it."""

@@ -1,0 +1,199 @@
+"""Two tasks share one charge (one business key, one request) and declare different undos
+after it: ``checkout`` a refund, ``reserve_and_pay`` a stock release that moves no money.
+Both fail; ``checkout`` first, so it waits while the other still uses the charge, and the
+other claims the step's undo. Before the fix the claim "covered" the refund: release-stock
+ran, the step read undone, both ended ``FAILED`` with nobody told, and a later click told
+"undone" paid again.
+
+Now a claim covers only the undos its claimer declared too: the refund's execution waits
+for a person, naming the step's handle and the claimer, and the step is never read undone
+by a later click. Same undos on both: one refund, as before. Both stores, counted at the
+fake gateway; twin ``undo-covered-by-other-undos``.
+
+A worker in a thread of this process (tests/delivery/conftest.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from celery_agboss import OutboundCallCompensatedError
+from celery_agboss.core.compensation import UndoStep
+from celery_agboss.core.executions import UNDO_WAITS, ExecutionRecord
+from celery_agboss.core.keys import business_key_handle
+from celery_agboss.core.protections import UNDO_COVERED_BY_OTHER_UNDOS
+from celery_agboss.operator import cancel, list_failed_after_payment, list_waits
+from celery_agboss.task import undo_function
+from celery_agboss.testing.switches import sabotage
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.support.processes import wait_until
+
+GATE_SECONDS = 30
+ENDED = ("FAILED", "WAITING_OPERATOR", "CANCELLED")
+
+
+class TwoTasks:
+    """``checkout`` (``first_undo``) and ``reserve_and_pay`` (``other_undo``) on one charge,
+    each held at a gate after its undo_with(), then failing."""
+
+    def __init__(
+        self, shop: PaymentShop, other_undo: str, first_undo: str = "refund-charge"
+    ) -> None:
+        self.shop = shop
+        self.ran: list[str] = []
+        self.gates = {"a": threading.Event(), "b": threading.Event()}
+        self.reached = {"a": threading.Event(), "b": threading.Event()}
+        charge, refund = shop.call(), shop.refund_call()
+        ran, gates, reached = self.ran, self.gates, self.reached
+
+        @undo_function(shop.app, "refund-charge")
+        def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
+            ran.append("refund-charge")
+            task.outbound(refund, {"payment": payment})
+
+        @undo_function(shop.app, "release-stock")
+        def release_stock(task: Any, undo: UndoStep, payment: str) -> None:
+            ran.append("release-stock")  # the stock goes back on the shelf: no money
+
+        def paying(name: str, gate: str, undo: str, error: str) -> Any:
+            def body(self: Any, order: str) -> Any:
+                request = {"amount": 1000, "order": order}
+                receipt = self.outbound(charge, request, business_key=f"order:{order}")
+                self.undo_with(undo, payment=receipt["id"])
+                reached[gate].set()
+                assert gates[gate].wait(GATE_SECONDS)
+                raise LookupError(error)
+
+            body.__name__ = body.__qualname__ = name  # its task's name: shop.<name>
+            return shop.task()(body)
+
+        self.checkout = paying("checkout", "a", first_undo, "out of stock")
+        self.reserve_and_pay = paying("reserve_and_pay", "b", other_undo, "address invalid")
+
+    def run(self) -> tuple[ExecutionRecord, ExecutionRecord]:
+        """checkout fails first and waits for reserve_and_pay, which fails next; both end."""
+        shop = self.shop
+        with shop.worker(concurrency=2):
+            a = str(self.checkout.delay("u-1").id)
+            assert self.reached["a"].wait(GATE_SECONDS)
+            b = str(self.reserve_and_pay.delay("u-1").id)
+            assert self.reached["b"].wait(GATE_SECONDS)
+            self.gates["a"].set()
+            wait_until(
+                lambda: (shop.execution(a).reason or "").startswith(UNDO_WAITS),
+                20,
+                message="checkout's undo waits for reserve_and_pay",
+            )
+            self.gates["b"].set()
+            shop.wait_state(b, *ENDED, timeout=30)
+
+            def both_ended() -> bool:
+                if all(shop.execution(x).state.value in ENDED for x in (a, b)):
+                    return True
+                shop.clock.advance(shop.agboss.executions.shared_wait_ms / 1000 + 1)
+                shop.sweep()  # re-drives checkout's wait
+                return False
+
+            wait_until(both_ended, 40, interval=0.3, message="both executions ended")
+        return shop.execution(a), shop.execution(b)
+
+    def later_click(self) -> list[bool]:
+        """A click after both ended, following docs/undo.md: a new attempt only when the
+        first was undone; what it was told (``.undone``)."""
+        shop, charge = self.shop, self.shop.call()
+        told: list[bool] = []
+
+        @shop.task()
+        def place_order(self: Any, order: str) -> Any:
+            request = {"amount": 1000, "order": order}
+            try:
+                return self.outbound(charge, request, business_key=f"order:{order}")
+            except OutboundCallCompensatedError as exc:
+                told.append(bool(exc.undone))  # type: ignore[attr-defined]
+                if not exc.undone:  # type: ignore[attr-defined]
+                    raise  # not refunded (yet): never a second charge
+                attempt = f"order:{order}:attempt:2"
+                return self.outbound(charge, request, business_key=attempt)
+
+        shop.run(place_order, "u-1", states=("COMPLETED", *ENDED))
+        return told
+
+
+def _net(shop: PaymentShop) -> int:
+    paid = sum(p["amount"] for p in shop.gateway.payments)
+    return paid - sum(r["amount"] for r in shop.gateway.refunds)
+
+
+def _step_handle(shop: PaymentShop, creator: str) -> str:
+    """The shared charge's step as a reason may name it (its key holds the order)."""
+    (charge,) = shop.intents(creator)
+    return business_key_handle(shop.agboss.settings.pseudonym_key, charge.idempotency_key)
+
+
+def test_a_claim_with_other_undos_leaves_the_refund_to_a_person(shop: PaymentShop) -> None:
+    tasks = TwoTasks(shop, "release-stock")
+    a, b = tasks.run()
+    assert tasks.ran == ["release-stock"]
+    assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 0)
+    assert_waits_for_an_operator(a, "UndoNotCoveredError", _step_handle(shop, a.id), b.id)
+    assert "u-1" not in (a.reason or ""), "the business key is never in clear"
+    assert a.id in [w.execution.id for w in list_waits(shop.app)]
+    assert b.state.value == "FAILED"
+    # One place tells the person what is owed (the wait): the claimer, its own undos done,
+    # is not listed again, or the charge would be refunded twice.
+    assert list_failed_after_payment(shop.app) == []
+    # The refund made by hand, the person ends the wait.
+    ended = cancel(shop.app, a.id, "refunded at the gateway", payments_handled=True)
+    assert ended.state.value == "CANCELLED"
+
+
+def test_twin_the_refund_is_skipped_and_nobody_told(shop: PaymentShop) -> None:
+    tasks = TwoTasks(shop, "release-stock")
+    with sabotage(UNDO_COVERED_BY_OTHER_UNDOS):
+        a, b = tasks.run()
+    assert (a.state.value, b.state.value) == ("FAILED", "FAILED")
+    assert _net(shop) == 1000 and not shop.gateway.refunds  # charged, never refunded
+    assert not list_waits(shop.app) and not list_failed_after_payment(shop.app)
+
+
+def test_a_later_click_is_never_told_undone_and_charged_again(shop: PaymentShop) -> None:
+    tasks = TwoTasks(shop, "release-stock")
+    tasks.run()
+    assert tasks.later_click() == [False]
+    assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 0)
+
+
+def test_twin_a_later_click_is_told_undone_and_pays_again(shop: PaymentShop) -> None:
+    tasks = TwoTasks(shop, "release-stock")
+    with sabotage(UNDO_COVERED_BY_OTHER_UNDOS):
+        tasks.run()
+        assert tasks.later_click() == [True]
+    assert len(shop.gateway.payments) == 2 and _net(shop) == 2000
+
+
+def test_the_same_undo_on_both_refunds_once(shop: PaymentShop) -> None:
+    tasks = TwoTasks(shop, "refund-charge")
+    a, b = tasks.run()
+    assert tasks.ran == ["refund-charge"]
+    assert (a.state.value, b.state.value) == ("FAILED", "FAILED")
+    assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 1)
+    assert _net(shop) == 0
+    assert tasks.later_click() == [True]  # undone: the new attempt pays once
+    assert len(shop.gateway.payments) == 2 and _net(shop) == 1000
+
+
+def test_a_claim_that_refunds_leaves_the_other_undo_to_a_person(shop: PaymentShop) -> None:
+    """The other way round: the claimer refunds, the stock release is the one left out. The
+    refund is made once; the release waits for a person; the step is still not read undone
+    (which undo moves money is not known here: it fails closed)."""
+    tasks = TwoTasks(shop, "refund-charge", first_undo="release-stock")
+    a, b = tasks.run()
+    assert tasks.ran == ["refund-charge"]
+    assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 1)
+    assert_waits_for_an_operator(a, "UndoNotCoveredError", _step_handle(shop, a.id), b.id)
+    assert b.state.value == "FAILED"
+    # The claimer refunded: listed as a payment left behind, its refund would be made twice.
+    assert list_failed_after_payment(shop.app) == []
+    assert tasks.later_click() == [False]
+    assert len(shop.gateway.payments) == 1 and _net(shop) == 0
