@@ -39,6 +39,7 @@ from celery_agboss.core.protections import (
     RETRY_PUBLISH_FAILURE_REJECTS,
 )
 from celery_agboss.core.step_identity import refuse_reserved_effect_name
+from celery_agboss.core.undo_steps import check_undo_name, undo_registry
 from celery_agboss.delivery.lifecycle import BEFORE_START_ERROR, CONTEXT_ATTRIBUTE, Delivery
 from celery_agboss.delivery.link_ends import after_a_failure, links_sent
 from celery_agboss.delivery.waits import (
@@ -46,7 +47,7 @@ from celery_agboss.delivery.waits import (
     UNBOUNDED_RETRIES,
     application_retries,
     own_retries,
-    seconds_until,
+    retry_delay,
 )
 from celery_agboss.errors import (
     ConfigurationError,
@@ -304,11 +305,24 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         ``<step key>:compensation``, the default business key of the calls it makes.
         ``undo`` may be a Celery signature instead (``refund.s(payment_id)``, JSON
         arguments): it is then published once, under a task id derived from that key."""
+        ctx = self._context()
         if isinstance(undo, Signature):
             parts = undo_task_parts(undo)
-            compensation.declare_undo(self._context(), parts["task"], arguments, task=parts)
+            compensation.declare_undo(ctx, parts["task"], arguments, task=parts)
             return
-        compensation.declare_undo(self._context(), undo, arguments)
+        check_undo_name(undo)
+        try:
+            # Checked here, not when the body fails: a name nobody registered (a typo)
+            # would leave the step's payment waiting for an operator, never undone.
+            undo_registry(self.app).require(undo)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"{self.name}: self.undo_with({undo!r}) refused: {exc}. The name is the one "
+                "given to undo_function(app, name), which must run before this body does",
+                task=self.name,
+                undo=undo,
+            ) from None
+        compensation.declare_undo(ctx, undo, arguments)
 
     def retry(
         self,
@@ -337,6 +351,9 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         ctx = execution_context_of(request)
         if not isinstance(ctx, ExecutionContext) or getattr(request, "is_eager", False):
             return super().retry(max_retries=max_retries, **given)
+        delay = retry_delay(self.name, countdown, eta, self.default_retry_delay)
+        if countdown is not None:
+            given["countdown"] = delay  # a timedelta too: Celery takes only a number
         limit = self.max_retries if max_retries is None else max_retries
         counted = (
             int(request.retries or 0)
@@ -351,9 +368,6 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
                 task_args=request.args,
                 task_kwargs=request.kwargs,
             )
-        delay = seconds_until(eta if countdown is None and eta is not None else countdown)
-        if countdown is None and eta is None:
-            delay = float(self.default_retry_delay or 0)
         if delay > Runtime.of(self.app).settings.max_broker_countdown_seconds:
             raise LongWaitRequested(delay, args, kwargs)
         return self._retry_checked(delay, **given)

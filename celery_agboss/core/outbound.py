@@ -5,6 +5,7 @@ and what reconcile answers. The state machine that drives them lives in ``state_
 from __future__ import annotations
 
 import enum
+import inspect
 import re
 import threading
 import weakref
@@ -122,6 +123,8 @@ class OutboundCall:
                 f"OutboundCall {self.name!r} needs callables for send and reconcile",
                 rule="callables",
             )
+        _check_reconcile_takes_ctx_and_lookup(self.name, self.reconcile)
+        _check_kinds(self)
         if self.key_retention is None:
             if not self.lookup_proves_absence:
                 raise OutboundCallDefinitionError(
@@ -131,7 +134,14 @@ class OutboundCall:
                     rule="key_retention",
                 )
         else:
-            seconds = to_seconds(self.key_retention, what="key_retention")
+            try:
+                seconds = to_seconds(self.key_retention, what="key_retention")
+            except (TypeError, ValueError) as exc:
+                raise OutboundCallDefinitionError(
+                    f"OutboundCall {self.name!r}: {exc}, e.g. timedelta(hours=24) (the "
+                    "gateway's documented minimum key retention)",
+                    rule="key_retention",
+                ) from None
             if seconds <= 0:
                 raise OutboundCallDefinitionError(
                     f"OutboundCall {self.name!r}: key_retention must be positive",
@@ -139,12 +149,6 @@ class OutboundCall:
                 )
             object.__setattr__(self, "key_retention_seconds", seconds)
             object.__setattr__(self, "key_retention_ms", to_ms(seconds, what="key_retention"))
-        if self.validate_result is not None and not callable(self.validate_result):
-            raise OutboundCallDefinitionError(
-                f"OutboundCall {self.name!r}: validate_result must be callable (result) -> "
-                "None, raising when the result is not what send returns",
-                rule="validate_result",
-            )
         if self.mask is not None and not isinstance(self.mask, MaskingPolicy):
             raise OutboundCallDefinitionError(
                 f"OutboundCall {self.name!r}: mask must be a MaskingPolicy (or None), not "
@@ -160,6 +164,71 @@ class OutboundCall:
                 rule="max_key_length",
             )
         _declared_in_this_process(self)
+
+
+def _refuse(call: str, rule: str, value: Any, what: str) -> OutboundCallDefinitionError:
+    return OutboundCallDefinitionError(
+        f"OutboundCall {call!r}: {rule} must be {what}, not {type(value).__name__} {value!r}",
+        rule=rule,
+    )
+
+
+def _check_kinds(call: OutboundCall) -> None:
+    """Values of the wrong kind are refused here: each was read later as something else
+    (text for ``lookup_proves_absence`` as True, switching off the key-age bound of a
+    resend; a tuple for ``is_definite_failure`` as "never definite", or a crash)."""
+    if not isinstance(call.lookup_proves_absence, bool):
+        raise _refuse(
+            call.name,
+            "lookup_proves_absence",
+            call.lookup_proves_absence,
+            "True or False (a bool: text read from the environment or a file is not "
+            "converted; True lets a NotSent be resent at any key age, so say it only when "
+            "the gateway's lookup proves absence)",
+        )
+    if not callable(call.is_definite_failure):
+        raise _refuse(
+            call.name,
+            "is_definite_failure",
+            call.is_definite_failure,
+            "a function (exception) -> bool, e.g. "
+            "is_definite_failure=lambda exc: isinstance(exc, CardDeclined)",
+        )
+    if call.transaction_id is not None and not callable(call.transaction_id):
+        raise _refuse(
+            call.name,
+            "transaction_id",
+            call.transaction_id,
+            "a function (result) -> id or None, e.g. transaction_id=lambda receipt: receipt['id']",
+        )
+    if call.validate_result is not None and not callable(call.validate_result):
+        raise _refuse(
+            call.name,
+            "validate_result",
+            call.validate_result,
+            "a function (result) -> None, raising when the result is not what send returns",
+        )
+    length = call.max_key_length
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
+        raise _refuse(call.name, "max_key_length", length, "a whole number of characters (int)")
+
+
+def _check_reconcile_takes_ctx_and_lookup(name: str, reconcile: Callable[..., Any]) -> None:
+    """A reconcile that cannot be called as ``reconcile(ctx, lookup)`` raises TypeError at
+    every lookup, which is exactly when an unknown outcome needs it. One whose signature
+    Python cannot read is taken as it is."""
+    try:
+        signature = inspect.signature(reconcile)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise OutboundCallDefinitionError(
+            f"OutboundCall {name!r}: reconcile{signature} cannot be called as "
+            f"reconcile(ctx, lookup) ({exc}): declare it as def reconcile(ctx, lookup)",
+            rule="reconcile",
+        ) from None
 
 
 _declared: dict[str, weakref.WeakSet[OutboundCall]] = {}

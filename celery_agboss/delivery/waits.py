@@ -27,7 +27,7 @@ from celery.exceptions import (
 )
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.durations import to_ms
+from celery_agboss.core.durations import to_ms, to_seconds
 from celery_agboss.core.executions import ExecutionMessage
 from celery_agboss.core.log_events import EXECUTION_STORE_FAILED, EXECUTION_WAITING
 from celery_agboss.core.protections import (
@@ -113,6 +113,37 @@ def seconds_until(when: Any) -> float:
     except (TypeError, ValueError):
         return 0.0
     return max(0.0, seconds)
+
+
+MAX_RETRY_DELAY_SECONDS = 100 * 365 * 24 * 3600.0
+"""The longest delay a body's ``self.retry()`` may ask for: ~100 years, far past any
+payment and far inside the store's millisecond columns (a larger one could not be stored,
+and the execution was left ``RUNNING``)."""
+
+
+def retry_delay(task: str, countdown: Any, eta: Any, default: Any) -> float:
+    """The seconds ``self.retry(countdown=..., eta=...)`` asked for (``default`` when it
+    gave neither), checked where the body asked: a countdown that is not a finite number
+    of seconds (or a ``timedelta``), or one the store cannot hold, raises there, naming
+    the task, and fails the execution as any error of the body does."""
+    if countdown is None and eta is not None:
+        asked, delay = f"eta={eta!r}", seconds_until(eta)
+    else:
+        asked = f"countdown={countdown!r}" if countdown is not None else "default_retry_delay"
+        value = (default or 0) if countdown is None else countdown
+        try:
+            delay = max(0.0, to_seconds(value, what="the retry's countdown"))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(
+                f"{task}: self.retry({asked}): {exc}; give seconds as a number, e.g. "
+                "countdown=60, or a timedelta"
+            ) from None
+    if delay > MAX_RETRY_DELAY_SECONDS:
+        raise ValueError(
+            f"{task}: self.retry({asked}) asks to wait {delay:.3g} s, more than the store "
+            "holds (100 years at most): give a shorter countdown"
+        )
+    return delay
 
 
 def message_after_wait(

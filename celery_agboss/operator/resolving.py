@@ -67,16 +67,22 @@ def _refuse_a_result_the_call_would_not_return(call: OutboundCall, result: Any) 
             "transaction_id=lambda receipt: receipt['id']) where the call is made, "
             "then resolve again",
         )
+    raised = ""
     try:
         found = call.transaction_id(result)
-    except Exception:
+    except Exception as exc:
         found = None
+        raised = (
+            f"; its declared transaction_id= raised {type(exc).__name__}: {exc} (if this "
+            "is the result send returns, that reader is wrong: fix it where the call is "
+            "declared, deploy, then resolve again)"
+        )
     if not found:
         raise _refuse(
             "bad-input",
-            f"{call.name} finds no gateway id in this result ({type(result).__name__}): give "
-            "the result in the form its send returns, e.g. the receipt as JSON "
-            '\'{"id": "ch_...", "status": "succeeded", ...}\', not the bare id',
+            f"{call.name} finds no gateway id in this result ({type(result).__name__})"
+            f"{raised}: give the result in the form its send returns, e.g. the receipt as "
+            'JSON \'{"id": "ch_...", "status": "succeeded", ...}\', not the bare id',
         )
 
 
