@@ -164,8 +164,9 @@ class OutboundCallCompensatedError(AGBossError):
     """This step was claimed by an undo, so its stored success is never handed out again.
     ``undone``: that undo is done (refunded, released…); False while it is not (its
     refund in flight, or refused and waiting for an operator). ``undo_by``: the execution
-    that claimed it. Open a new attempt under a new business key (e.g.
-    ``business_key=f"order:{order_id}:attempt:2"``) if the body must pay again."""
+    that claimed it. Only when ``undone``, open a new attempt under a new business key
+    (e.g. ``business_key=f"order:{order_id}:attempt:2"``) if the body must pay again;
+    while it is not, re-raise: the first payment may never be refunded."""
 
 
 class ExecutionIdConflictError(AGBossError):
