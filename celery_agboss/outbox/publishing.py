@@ -189,6 +189,12 @@ def _message_parts(
 
 
 def _task_id(scope: _EffectScope | None, key: str | None, given: Any, name: str) -> str:
+    if given is not None and key is not None:
+        raise ConfigurationError(
+            f"outbox.enqueue() was given both key={key!r} and task_id={str(given)!r}: each "
+            "names the row's task id on its own, so one of them would be ignored. Give one",
+            task=name,
+        )
     if given is not None:
         if len(str(given)) > KEY_COLUMN_LENGTH:
             raise ValueError(
@@ -299,20 +305,33 @@ def _publish_failed(stage: str, *, sent: bool = False, **fields: Any) -> None:
     )
 
 
+_sending_row: ContextVar[bool] = ContextVar("agboss_outbox_sending_row", default=False)
+
+
+def sending_row() -> bool:
+    """True while a committed row is being sent: its record decided (a body's cancel was
+    read when its effect committed), so the publish from a body is not checked again."""
+    return _sending_row.get()
+
+
 def _send(app: Any, message: OutboxMessage) -> Any:
     """The message as enqueued, under its own task id (never one derived for a publish
     from a body: the outbox's id is the one that must be stable)."""
-    if message.task_name == CANVAS_TASK_NAME:
-        return _send_canvas(app, message)
-    options = dict(loads(message.options) or {})
-    return app.send_task(
-        message.task_name,
-        args=loads(message.args) or [],
-        kwargs=loads(message.kwargs) or {},
-        task_id=message.task_id,
-        add_to_parent=False,
-        **options,
-    )
+    token = _sending_row.set(True)
+    try:
+        if message.task_name == CANVAS_TASK_NAME:
+            return _send_canvas(app, message)
+        options = dict(loads(message.options) or {})
+        return app.send_task(
+            message.task_name,
+            args=loads(message.args) or [],
+            kwargs=loads(message.kwargs) or {},
+            task_id=message.task_id,
+            add_to_parent=False,
+            **options,
+        )
+    finally:
+        _sending_row.reset(token)
 
 
 # --- a canvas published from a body (celery_agboss.signals.body_publishes) ----------------------
@@ -465,5 +484,6 @@ __all__ = [
     "record_canvas",
     "run_fenced_effect",
     "sending_canvas",
+    "sending_row",
     "sweep_outbox",
 ]

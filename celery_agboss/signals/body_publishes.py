@@ -42,10 +42,12 @@ from celery.canvas import _chain, _chord, group
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.protections import (
+    BODY_PUBLISH_IGNORES_CANCEL,
+    BODY_PUBLISH_THROUGH_ANOTHER_APP_ALLOWED,
     BODY_PUBLISHES_GET_NEW_IDS,
     UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY,
 )
-from celery_agboss.errors import ConfigurationError
+from celery_agboss.errors import ConfigurationError, PublishNotRecorded, PublishRefusedError
 from celery_agboss.outbox import publishing as outbox
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import dumps, loads
@@ -77,6 +79,50 @@ def body_context() -> ExecutionContext | None:
         return None
     ctx = execution_context_of(current.request)
     return ctx if isinstance(ctx, ExecutionContext) else None
+
+
+def refuse_if_cancelled(ctx: ExecutionContext, task_id: Any = None) -> None:
+    """``CancelRequestedError`` when a cancel of the body's execution was recorded, before
+    a PaymentTask it publishes alone is recorded or sent: the body's next call would be
+    refused, and the child would charge for a cancelled order (a canvas's fenced effect
+    reads it the same way). Read as ``check_cancel`` reads it, in a fenced transaction.
+
+    Not read again for the body's own retry (its own id), nor for an outbox row's send
+    (its effect read it), nor inside a fenced effect's ``fn`` (its transaction did)."""
+    if sabotage.active(BODY_PUBLISH_IGNORES_CANCEL) or outbox.sending_row():
+        return
+    if ctx.running_effect is not None or (task_id is not None and task_id == ctx.execution_id):
+        return
+    with ctx.fenced(engine_only=True) as tx:
+        ctx.check_cancel(tx)
+
+
+def refuse_a_new_id_from_a_body(name: Any, task_id: Any) -> None:
+    """Refuse a PaymentTask published from a body past the app's ``send_task`` (another
+    Celery app's, a producer of its own) under an id Celery made for this call alone: each
+    re-run of the body would publish it again under a new id, and charge again. An id that
+    is not a random UUID is the caller's, kept as given. Raised as ``PublishNotRecorded``,
+    the one error Celery lets out of ``before_task_publish``: its ``error`` is the
+    ``PublishRefusedError``."""
+    if sabotage.active(BODY_PUBLISH_THROUGH_ANOTHER_APP_ALLOWED) or body_context() is None:
+        return
+    try:
+        made_by_celery = uuid.UUID(str(task_id)).version == 4
+    except ValueError:
+        made_by_celery = False
+    if not made_by_celery:
+        return
+    raise PublishNotRecorded(
+        PublishRefusedError(
+            f"{name} was published from a PaymentTask's body through another Celery app, "
+            "under a new id on every re-run of the body, so a retried body would charge "
+            f"again; nothing was published. Publish it through the task's own app "
+            f"({name}.delay / app.send_task), or give a task_id= that is the same on every "
+            "re-run (not a random UUID)",
+            task=name,
+            execution_id=str(task_id),
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -381,6 +427,8 @@ __all__ = [
     "plan_canvas",
     "publish_canvas",
     "publish_position",
+    "refuse_a_new_id_from_a_body",
+    "refuse_if_cancelled",
     "request_of",
     "take_position",
 ]

@@ -49,6 +49,8 @@ from celery_agboss.signals.body_publishes import (
     Position,
     body_context,
     derived_task_id,
+    refuse_a_new_id_from_a_body,
+    refuse_if_cancelled,
     request_of,
     take_position,
 )
@@ -119,6 +121,8 @@ def before_task_publish(
     reason = payment_task_reason(runtime, name)
     if reason is None:
         return
+    if _this_publish.get() is None:  # not through this app's send_task
+        refuse_a_new_id_from_a_body(name, headers.get("id"))
     # Kept with the recorded message, so every re-publish says it too.
     headers.setdefault(RECORDED_HEADER, reason)
     if not sabotage.active(LINK_IDS_NOT_FIXED):
@@ -247,11 +251,16 @@ def _keyed_in_process(original: Callable[..., Any], eager_only: bool) -> Callabl
         if eager_only and not self.app.conf.task_always_eager:
             return original(self, *given, **named)  # published: send_task derives its id
         call = parameters.bind(self, *given, **named)
-        if call.arguments.get("task_id") is not None or body_context() is None:
+        ctx = body_context()
+        if ctx is None:
             return original(self, *given, **named)
         try:
             runtime = Runtime.of(self.app)
         except ConfigurationError:
+            return original(self, *given, **named)
+        if is_payment_task(runtime, self.name):
+            refuse_if_cancelled(ctx, call.arguments.get("task_id"))
+        if call.arguments.get("task_id") is not None:
             return original(self, *given, **named)
         request = (call.arguments.get("args"), call.arguments.get("kwargs"))
         body = _published_from_a_body(runtime, self.name, request, {})
@@ -393,6 +402,9 @@ def refuse_unrecorded_publishes(runtime: Runtime) -> None:
 
     @functools.wraps(original)
     def send_task(name: Any, *args: Any, **kwargs: Any) -> Any:
+        ctx = body_context()
+        if ctx is not None and is_payment_task(runtime, name):
+            refuse_if_cancelled(ctx, args[at] if len(args) > at else kwargs.get("task_id"))
         chosen = _chosen_task_id(at, args, kwargs)
         body = None
         if not chosen and not sabotage.active(BODY_PUBLISHES_GET_NEW_IDS):

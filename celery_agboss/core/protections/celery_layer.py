@@ -182,6 +182,16 @@ EAGER_BODY_PUBLISH_UNKEYED = "eager-body-publish-unkeyed"
 (``task_always_eager``, or ``apply()``) never reaches ``send_task`` and gets a new id on
 every re-run of the body: two executions, two shipping charges."""
 
+BODY_PUBLISH_IGNORES_CANCEL = "body-publish-ignores-cancel"
+"""Sabotage (design: publishes from a body): a PaymentTask published alone from a body whose
+cancel was recorded is recorded and sent all the same: the customer of a cancelled order is
+charged for its shipping."""
+
+BODY_PUBLISH_THROUGH_ANOTHER_APP_ALLOWED = "body-publish-through-another-app-allowed"
+"""Sabotage (design: publishes from a body): a PaymentTask a body publishes through another
+Celery app's ``send_task`` is recorded under the new id that app gives it on every re-run of
+the body: a retried body charges twice."""
+
 UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = "undo-publishes-counted-in-the-delivery"
 """Sabotage (design: publishes from a body): a publish from an undo is counted in the delivery, not
 in its undo, so a delivery that skips the undos done already publishes under shifted ids."""
