@@ -1,15 +1,11 @@
-"""One delivery of a ``PaymentTask``: start it, run the body under the lease, map the end.
-
-This module follows the table of how a delivery ends (design: what Celery records). The
-start (lease + ``RUNNING``) is one write; a duplicate of a live execution is deferred,
-one of a terminal execution replays the stored outcome (``replaying``). What a delivery
-must stop for (``AGBossSignal``) becomes ``Ignore`` or a retry (``waits``), never a
-failure; only an application exception with every intent settled makes ``FAILED``
-(after its undos, ``compensating``). The verdict is written under the fence *before*
-Celery hears of it (``SUCCESS`` is never written for a deferral), and the lease is
-released only once no send under it can still run; a release that finds the execution
-woken re-publishes it. A delivery of an execution with a cancel request (a revoke) runs
-no body: it reconciles what is pending and ends it ``CANCELLED`` (``cancelling``).
+"""One delivery of a ``PaymentTask``: start it, run the body under the lease, map the end
+(design: what Celery records). The start (lease + ``RUNNING``) is one write; a duplicate
+of a live execution is deferred, one of a terminal execution replays the stored outcome
+(``replaying``). What a delivery must stop for (``AGBossSignal``) becomes ``Ignore`` or a
+retry (``waits``); only an application exception with every intent settled makes
+``FAILED`` (after its undos, ``compensating``). The verdict is written under the fence
+*before* Celery hears of it, the lease released once no send under it can still run. A
+delivery of an execution with a cancel request runs no body (``cancelling``).
 """
 
 from __future__ import annotations
@@ -81,6 +77,7 @@ from celery_agboss.errors import (
     OutboundCallResultNotStoredError,
     OutboundCallUnreconciledError,
     PauseRequested,
+    PublishNotRecorded,
     ResultNotStorableError,
     RetryNotPublished,
     StoreError,
@@ -256,6 +253,9 @@ class Delivery:
         except Exception as exc:
             self._failed(exc)
             raise
+        except PublishNotRecorded as exc:  # another app's publish refused: as through ours
+            self._failed(exc.error)
+            raise exc.error from None
         except BaseException:
             self.abandon()
             raise

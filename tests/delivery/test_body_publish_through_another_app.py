@@ -98,3 +98,33 @@ def test_without_the_refusal_a_retried_body_charges_the_shipping_twice(
     assert raised == []
     assert len(set(ran)) == 2
     assert _shipping(shop) == [SHIPPING, SHIPPING]
+
+
+def test_a_body_that_does_not_catch_the_refusal_fails_as_through_its_own_app(
+    shop: PaymentShop,
+) -> None:
+    """Uncaught, the refusal (a ``BaseException`` out of Celery's signal) left the execution
+    ``RUNNING`` until its lease expired, then re-ran it into the same refusal: it fails
+    with the ``PublishRefusedError``, as a publish through its own app does."""
+    charge = shop.call()
+    producer = Celery("producer-app", broker=shop.app.conf.broker_url, set_as_current=False)
+    queue = shop.app.conf.task_default_queue
+
+    @shop.task()
+    def ship(self: Any, order: str) -> str:
+        return order
+
+    @shop.task()
+    def pay(self: Any, order: str) -> str:
+        self.outbound(charge, {"amount": ORDER, "order": order}, business_key=order)
+        producer.send_task("shop.ship", args=[order], queue=queue)
+        return order
+
+    try:
+        pay_id = shop.run(pay, "o1", states=("FAILED", "WAITING_OPERATOR"))
+    finally:
+        producer.close()
+    record = shop.execution(pay_id)
+    assert record.state.value == "FAILED", record
+    assert "PublishRefusedError" in (record.error or "") and "shop.ship" in (record.error or "")
+    assert len(shop.gateway.payments) == 1
