@@ -17,6 +17,7 @@ import click
 
 from celery_agboss.cli.group import (
     EXIT_CONFIGURATION,
+    EXIT_REFUSED,
     EXIT_USAGE,
     CommandOutput,
     actor_option,
@@ -43,11 +44,22 @@ if TYPE_CHECKING:
     is_flag=True,
     help="This copied store replaces the original (a restore, a move): record where it is.",
 )
+@click.option(
+    "--workers-stopped",
+    is_flag=True,
+    help="With --new-deployment-id: every worker of this store is stopped, go on even "
+    "when the broker cannot be asked (a worker that answers still refuses it).",
+)
 @actor_option
 @json_command
 @click.pass_context
 def migrate(
-    ctx: click.Context, new_id: bool, same_deployment: bool, actor: str | None, as_json: bool
+    ctx: click.Context,
+    new_id: bool,
+    same_deployment: bool,
+    workers_stopped: bool,
+    actor: str | None,
+    as_json: bool,
 ) -> None:
     """Create or upgrade the celery_agboss tables (idempotent; safe on every deploy); say
     when the store is a copy of another (its deployment id, so its keys, are the other's)."""
@@ -59,11 +71,14 @@ def migrate(
     out = CommandOutput(as_json)
     if new_id and same_deployment:
         out.fail(EXIT_USAGE, "usage", "give --new-deployment-id or --same-deployment, not both")
+    if workers_stopped and not new_id:
+        out.fail(EXIT_USAGE, "usage", "--workers-stopped goes with --new-deployment-id only")
     with open_runtime(ctx, out) as runtime:
         settings = runtime.settings
         run_migrations(settings.database_url)
         done = ""
         if new_id:
+            _refuse_while_workers_answer(runtime.app, out, workers_stopped=workers_stopped)
             old, new = deployment.new_deployment_id(runtime.store, actor=actor or default_actor())
             done = (
                 f" The deployment id was {old!r}, now {new!r}: restart every worker, beat "
@@ -90,6 +105,45 @@ def migrate(
             },
             f"The store at {url} is at revision {revision}, deployment id "
             f"{check.deployment_id}{used}.{done}{warning}",
+        )
+
+
+_PING_SECONDS = 2.0
+"""How long ``--new-deployment-id`` waits for the app's workers to answer a ping."""
+
+
+def _refuse_while_workers_answer(app: Any, out: CommandOutput, *, workers_stopped: bool) -> None:
+    """A worker keeps the deployment id it read at start: one still up when the id changes
+    may charge under the old key and, redelivered after a crash, the payment is sent
+    again under the new one (two charges). So the app's workers are asked (Celery's
+    remote control) and any that answers refuses the change; a broker that cannot be
+    asked refuses it too, unless the operator says every worker is stopped."""
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, timeout=_PING_SECONDS)
+            replies = app.control.ping(timeout=_PING_SECONDS, connection=conn) or []
+    except Exception as exc:
+        if workers_stopped:
+            return
+        out.fail(
+            EXIT_REFUSED,
+            "workers-unknown",
+            "the deployment id was not changed: the app's workers could not be asked "
+            f"whether any still runs (the broker: {type(exc).__name__}: {exc}). A worker "
+            "still up keeps the old id and a payment it sent may be sent again under the "
+            "new one. Stop every worker of this store, then run `celery -A proj agboss "
+            "migrate --new-deployment-id --workers-stopped`.",
+        )
+    names = sorted({str(name) for reply in replies for name in reply})
+    if names:
+        out.fail(
+            EXIT_REFUSED,
+            "workers-running",
+            f"the deployment id was not changed: {len(names)} worker(s) of this app still "
+            f"answer: {', '.join(names)}. A worker keeps the id it read at start, so one "
+            "that sent a payment under the old id would send it again under the new one "
+            "after a crash. Stop every worker of this store first (and its beat), then "
+            "run this again.",
         )
 
 

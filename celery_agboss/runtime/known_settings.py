@@ -84,23 +84,47 @@ KNOWN_SETTINGS = frozenset(
 )
 
 
-def _without_namespace(key: str, conf: Mapping[str, Any]) -> str:
-    """``key`` without Django's namespace (``CELERY_``), its own case kept."""
-    for namespace in {(getattr(conf, "prefix", None) or "").lower(), "celery_"} - {""}:
-        if key.lower().startswith(namespace):
-            key = key[len(namespace) :]
-    return key
+def _namespaces(conf: Mapping[str, Any]) -> list[str]:
+    """Django's namespace as the conf has it (``CELERY_``), then the usual one."""
+    found = getattr(conf, "prefix", None) or ""
+    if not found or found.lower() == "celery_":
+        return [found or "CELERY_"]
+    return [found, "CELERY_"]
+
+
+def _without_namespace(key: str, conf: Mapping[str, Any]) -> tuple[str, str]:
+    """``key`` split into Django's namespace (``CELERY_``, '' when none) and the rest,
+    each in its own case."""
+    for namespace in _namespaces(conf):
+        if key.lower().startswith(namespace.lower()):
+            return key[: len(namespace)], key[len(namespace) :]
+    return "", key
+
+
+def _read_spelling(namespace: str, rest: str, conf: Mapping[str, Any]) -> str:
+    """The spelling of ``namespace + rest`` the settings read: all lower or all upper
+    case, the whole key. Under the conf's namespace, Celery reads the namespace's case
+    only (``CELERY_AGBOSS_LEASE_TTL`` under ``namespace="CELERY"``); otherwise the key's
+    own case when it is one already, else lower case."""
+    key = namespace + rest
+    prefix = getattr(conf, "prefix", None) or ""
+    if namespace and prefix and namespace.lower() == prefix.lower():
+        return key.upper() if prefix.isupper() else key.lower()
+    return key if key.isupper() else key.lower()
 
 
 def is_unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
     """A misspelt ``agboss_*`` key (also under Django's namespace) is refused, not ignored;
-    so is a known one in mixed case (``agboss_LEASE_TTL``), which the settings never read
-    (they read the all-lower and the all-upper spelling only)."""
-    rest = _without_namespace(key, conf)
+    so is a known one in a case the settings never read (``agboss_LEASE_TTL``,
+    ``CELERY_agboss_lease_ttl``): the whole key must be the spelling read
+    (``_read_spelling``)."""
+    namespace, rest = _without_namespace(key, conf)
     lowered = rest.lower()
     if not lowered.startswith(PREFIX):
         return False
-    return lowered[len(PREFIX) :] not in KNOWN_SETTINGS or rest not in (lowered, rest.upper())
+    if lowered[len(PREFIX) :] not in KNOWN_SETTINGS:
+        return True
+    return key != _read_spelling(namespace, rest, conf)
 
 
 def closest_setting(name: str) -> str | None:
@@ -110,14 +134,13 @@ def closest_setting(name: str) -> str | None:
 
 
 def unknown_settings_message(unknown: list[str]) -> str:
-    """The refusal of misspelt conf keys: each with the setting it was probably meant to be."""
+    """The refusal of misspelt conf keys: each with the setting it was probably meant to be,
+    in the spelling that is read (the whole key in one case: the namespace's)."""
     guesses = []
     for key in unknown:
         start = key.lower().index(PREFIX) + len(PREFIX)  # after Django's CELERY_ too
         close = closest_setting(key[start:])
-        # The spelling that is read: all upper case, else all lower case (the prefix too).
-        head = key[:start] if key.isupper() else key[: start - len(PREFIX)] + PREFIX
-        meant = None if close is None else head + (close.upper() if key.isupper() else close)
+        meant = None if close is None else _meant(key[: start - len(PREFIX)], key, close)
         guesses.append(f"{key!r}" + (f" (did you mean {meant!r}?)" if meant else ""))
     return (
         f"unknown celery_agboss setting{'s' if len(unknown) > 1 else ''} "
@@ -126,6 +149,20 @@ def unknown_settings_message(unknown: list[str]) -> str:
         f"Known: {', '.join(sorted(PREFIX + name for name in KNOWN_SETTINGS))} "
         "(docs/api.md, Settings, has each one's default and unit)"
     )
+
+
+def _meant(namespace: str, key: str, close: str) -> str:
+    """``namespace + agboss_<close>`` as it is read. A key in one case that is refused
+    anyway is under a namespace read in the other case (``celery_agboss_lease_ttl`` under
+    ``CELERY``); another key under a namespace is named in upper case (Django reads
+    upper-case settings only), and a key without one keeps its case when it has one."""
+    meant = namespace + PREFIX + close
+    one_case = key.isupper() or key.islower()
+    if namespace and one_case and close == key[len(namespace) + len(PREFIX) :].lower():
+        return meant.lower() if key.isupper() else meant.upper()
+    if namespace:
+        return meant.upper()
+    return meant.upper() if key.isupper() else meant.lower()
 
 
 _ENV_NOT_SETTINGS = (

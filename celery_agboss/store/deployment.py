@@ -100,14 +100,18 @@ class PlaceCheck:
 
     @property
     def is_copy(self) -> bool:
-        """The store answers from another place than the one its id was minted at."""
-        return None not in (self.recorded, self.current) and self.recorded != self.current
+        """The store answers from another place than the one its id was minted at (one
+        SQLite file reached by two paths is one place: ``same_place``)."""
+        if self.recorded is None or self.current is None:
+            return False
+        return not same_place(self.recorded, self.current)
 
     def copy_warning(self) -> str:
         """What an operator reads about a copy: the keys it shares, the two choices."""
         return (
             f"this store is a copy: its deployment id {self.deployment_id!r} was minted at "
-            f"{self.recorded} and the store is now at {self.current}. A copy (a copied "
+            f"{shown_place(self.recorded)} and the store is now at "
+            f"{shown_place(self.current)}. A copy (a copied "
             "SQLite file, CREATE DATABASE … TEMPLATE, a restored backup, a staging copy of "
             "production) sends the original's idempotency keys: on the original's gateway "
             "account its order is marked paid with the original's payment. If the original "
@@ -120,7 +124,8 @@ class PlaceCheck:
 
 def current_place(conn: Connection) -> str | None:
     """Where the store answers from: PostgreSQL's cluster (``system_identifier``, kept by
-    streaming replicas and failover) and database oid; SQLite's file, its real path. None
+    streaming replicas and failover) and database oid; SQLite's file, by its device and
+    inode (``_SQLITE_FILE``, the real path kept beside them). None
     when it cannot be told (no privilege on ``pg_control_system()``, an in-memory file)."""
     if conn.dialect.name == "postgresql":
         row = conn.execute(
@@ -136,8 +141,67 @@ def current_place(conn: Connection) -> str | None:
     if conn.dialect.name == "sqlite":
         for row in conn.exec_driver_sql("PRAGMA database_list"):
             if row[1] == "main" and row[2]:
-                return f"sqlite:{os.path.realpath(row[2])}"
+                return _sqlite_place(str(row[2]))
     return None
+
+
+_SQLITE_FILE = "sqlite-file:"
+"""A SQLite place: ``sqlite-file:<st_dev>:<st_ino>:<real path>``. The file is the place,
+not the path: one file reached by two paths (a hard link, containers mounting one volume
+at different paths) is one store, and a copied file is another inode. The path is kept
+for the operator. The form before it, ``sqlite:<real path>``, is still read."""
+_SQLITE_PATH = "sqlite:"
+
+
+def _sqlite_place(path: str) -> str | None:
+    real = os.path.realpath(path)
+    try:
+        found = os.stat(real)
+    except OSError:
+        return None
+    return f"{_SQLITE_FILE}{found.st_dev}:{found.st_ino}:{real}"
+
+
+def _sqlite_file(place: str) -> tuple[tuple[int, int] | None, str] | None:
+    """The ``(st_dev, st_ino)`` and path a SQLite place names (a place in the old,
+    path-only form: the file its path reaches from here now, None when none), or None
+    for a place that is no SQLite file."""
+    if place.startswith(_SQLITE_FILE):
+        dev, ino, path = place[len(_SQLITE_FILE) :].split(":", 2)
+        return (int(dev), int(ino)), path
+    if place.startswith(_SQLITE_PATH):
+        path = place[len(_SQLITE_PATH) :]
+        try:
+            found = os.stat(path)
+        except OSError:
+            return None, path
+        return (found.st_dev, found.st_ino), path
+    return None
+
+
+def same_place(recorded: str, current: str) -> bool:
+    """Whether two places are one store: the same text, or the same SQLite file however
+    its path reads (``_SQLITE_FILE``; an old path-only place when its path reaches this
+    very file)."""
+    if recorded == current:
+        return True
+    try:
+        a, b = _sqlite_file(recorded), _sqlite_file(current)
+    except ValueError:  # not a place this version wrote
+        return False
+    return a is not None and b is not None and a[0] is not None and a[0] == b[0]
+
+
+def shown_place(place: str | None) -> str:
+    """A place as an operator reads it: a SQLite file by its path (and its inode)."""
+    try:
+        found = None if place is None else _sqlite_file(place)
+    except ValueError:
+        found = None
+    if found is None or not place or not place.startswith(_SQLITE_FILE):
+        return str(place)
+    file, path = found
+    return f"{path} (device {file[0]}, inode {file[1]})" if file else path
 
 
 def check_place(conn: Connection) -> PlaceCheck:
@@ -158,9 +222,16 @@ def record_place(conn: Connection, *, replace: bool = False) -> PlaceCheck:
         return check
     if check.recorded is None:
         _write_meta(conn, PLACE_META_KEY, check.current, insert=True)
-    elif replace and check.recorded != check.current:
+    elif check.recorded != check.current and (replace or _old_form_of_this_file(check)):
         _write_meta(conn, PLACE_META_KEY, check.current, insert=False)
     return check
+
+
+def _old_form_of_this_file(check: PlaceCheck) -> bool:
+    """A place recorded in the path-only form that names this very file: rewritten in
+    the file's form, so the store stays one place when reached by another path later."""
+    old = check.recorded is not None and check.recorded.startswith(_SQLITE_PATH)
+    return old and not check.is_copy
 
 
 def _write_meta(conn: Connection, key: str, value: str, *, insert: bool) -> None:
@@ -263,4 +334,6 @@ __all__ = [
     "read_store_tenant",
     "record_place",
     "same_deployment",
+    "same_place",
+    "shown_place",
 ]

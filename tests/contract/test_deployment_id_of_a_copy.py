@@ -14,6 +14,7 @@ place and keeps the id.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from sqlalchemy import text
 
 from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.store.deployment import (
+    PLACE_META_KEY,
     PlaceCheck,
     check_place,
     new_deployment_id,
@@ -231,3 +233,73 @@ def test_a_new_id_is_refused_while_an_intent_is_pending(
     with pytest.raises(OperatorRefusedError, match="1 intent\\(s\\) pending"):
         new_deployment_id(store, actor="test")
     assert read_store_tenant(store) == before
+
+
+# --- one SQLite file reached by two paths is one store -------------------------------
+
+
+def _sqlite_place_of(path: Path) -> PlaceCheck:
+    store = SQLAlchemyStore(f"sqlite:///{path}")
+    try:
+        return place_of(store)
+    finally:
+        store.close()
+
+
+def _two_paths_to_one_file(tmp_path: Path) -> tuple[Path, Path]:
+    """A migrated SQLite file and a second path to it (a hard link: what two containers
+    mounting one volume at different paths see)."""
+    (tmp_path / "web").mkdir()
+    (tmp_path / "worker").mkdir()
+    web, worker = tmp_path / "web" / "shop.db", tmp_path / "worker" / "shop.db"
+    migrate(f"sqlite:///{web}")
+    os.link(web, worker)
+    return web, worker
+
+
+def test_one_sqlite_file_reached_by_two_paths_is_one_store(tmp_path: Path) -> None:
+    """It was a copy from one of the paths, and ``--same-deployment`` there only moved the
+    warning to the other: the file (device, inode) is the place now, not its path."""
+    web, worker = _two_paths_to_one_file(tmp_path)
+    assert not _sqlite_place_of(web).is_copy
+    assert not _sqlite_place_of(worker).is_copy
+    store = SQLAlchemyStore(f"sqlite:///{worker}")
+    try:
+        same_deployment(store)
+    finally:
+        store.close()
+    assert not _sqlite_place_of(web).is_copy and not _sqlite_place_of(worker).is_copy
+    copied = tmp_path / "copied.db"
+    shutil.copy(web, copied)
+    copy = _sqlite_place_of(copied)
+    assert copy.is_copy, "a copied file is still a copy"
+    assert str(copied) in copy.copy_warning(), "the operator reads the path"
+
+
+def test_a_place_recorded_in_the_path_only_form_still_compares(tmp_path: Path) -> None:
+    """A store migrated by the version before recorded ``sqlite:<path>``: the file that
+    path reaches is the same store (from either path), a copied file is not, and the next
+    migrate writes the place in the file's form."""
+    web, worker = _two_paths_to_one_file(tmp_path)
+    copied = tmp_path / "copied.db"
+    shutil.copy(web, copied)
+    old_form = f"sqlite:{os.path.realpath(web)}"
+    for path in (web, copied):
+        store = SQLAlchemyStore(f"sqlite:///{path}")
+        try:
+            with store.engine.begin() as conn:
+                conn.execute(
+                    text("UPDATE agboss_meta SET value = :v WHERE key = :k"),
+                    {"v": old_form, "k": PLACE_META_KEY},
+                )
+        finally:
+            store.close()
+    assert not _sqlite_place_of(web).is_copy and not _sqlite_place_of(worker).is_copy
+    assert _sqlite_place_of(copied).is_copy
+    migrate(f"sqlite:///{worker}")
+    upgraded = _sqlite_place_of(web)
+    assert upgraded.recorded is not None and upgraded.recorded != old_form
+    assert upgraded.recorded.startswith("sqlite-file:") and not upgraded.is_copy
+    assert not _sqlite_place_of(worker).is_copy
+    migrate(f"sqlite:///{copied}")
+    assert _sqlite_place_of(copied).recorded == old_form, "a copy never takes the place"

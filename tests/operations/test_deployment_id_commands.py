@@ -7,14 +7,17 @@ and PostgreSQL: the copy is named as one with the two choices, a new id is refus
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from celery import Celery
+from celery.contrib.testing.worker import start_worker
 from sqlalchemy import text
 
 from celery_agboss.cli import EXIT_REFUSED, EXIT_USAGE
+from celery_agboss.store.deployment import read_store_tenant
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.celery_app import close_test_app, make_test_app
 from celery_agboss.testing.gateway import FakeGateway
@@ -122,3 +125,55 @@ def test_the_checklist_fails_on_a_copy(
     assert on_copy.output.rstrip().endswith("checklist FAILED (the store is a copy)")
     assert on_original.exit_code == 0, on_original.output
     assert "STORE passed" in on_original.output
+
+
+def _deployment_id(url: str) -> str | None:
+    store = SQLAlchemyStore(url)
+    try:
+        return read_store_tenant(store)
+    finally:
+        store.close()
+
+
+def test_a_new_id_is_refused_while_a_worker_of_the_app_answers(
+    stores: tuple[str, str], app_on: Callable[[str], Celery]
+) -> None:
+    """A worker keeps the id it read at start: changed under it, an order it charged and
+    crashed on is charged again under the new id after the restart (two charges; the
+    review's scratch test shows it). Nothing in flight in the store, so only asking the
+    workers sees it."""
+    _original_url, copy_url = stores
+    app = app_on(copy_url)
+    before = _deployment_id(copy_url)
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
+        refused = run(app, "migrate", "--new-deployment-id")
+        assert refused.exit_code == EXIT_REFUSED, refused.output
+        said_stopped = "--workers-stopped"  # a worker that answers still refuses it
+        as_json = json.loads(
+            run(app, "migrate", "--new-deployment-id", said_stopped, "--json").output
+        )
+    assert "was not changed" in refused.output and "Stop every worker" in refused.output
+    assert as_json["error"]["code"] == "workers-running"
+    assert socket.gethostname() in as_json["error"]["message"], "the worker is named"
+    assert _deployment_id(copy_url) == before, "nothing changed"
+    given = run(app, "migrate", "--new-deployment-id")
+    assert given.exit_code == 0, given.output
+    assert _deployment_id(copy_url) != before
+
+
+def test_a_broker_that_cannot_be_asked_refuses_unless_every_worker_is_said_stopped(
+    stores: tuple[str, str], app_on: Callable[[str], Celery]
+) -> None:
+    _original_url, copy_url = stores
+    app = app_on(copy_url)
+    app.conf.broker_url = "redis://127.0.0.1:1/0"  # nothing listens there
+    before = _deployment_id(copy_url)
+    refused = json.loads(run(app, "migrate", "--new-deployment-id", "--json").output)
+    assert refused["error"]["code"] == "workers-unknown"
+    assert "--workers-stopped" in refused["error"]["message"]
+    assert _deployment_id(copy_url) == before
+    alone = run(app, "migrate", "--workers-stopped")
+    assert alone.exit_code == EXIT_USAGE
+    given = run(app, "migrate", "--new-deployment-id", "--workers-stopped")
+    assert given.exit_code == 0, given.output
+    assert _deployment_id(copy_url) != before

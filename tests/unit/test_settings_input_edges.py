@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from celery_agboss import ConfigurationError
 from celery_agboss.runtime.settings import settings_from_conf
@@ -66,3 +67,48 @@ def test_a_sweep_queue_that_is_no_queue_name_is_refused(value: Any) -> None:
 def test_a_sweep_queue_name_is_kept_and_unset_is_the_default() -> None:
     assert settings_from_conf(conf(agboss_sweep_queue="q.s"), environ={}).sweep_queue == "q.s"
     assert settings_from_conf(conf(), environ={}).sweep_queue == "agboss.sweep"
+
+
+def _namespaced_app(namespace: str, **values: Any) -> Celery:
+    """An app configured as Django does, every setting under ``namespace``."""
+    base = {
+        f"{namespace}_AGBOSS_DATABASE_URL": URL,
+        f"{namespace}_AGBOSS_PSEUDONYM_KEY": KEY,
+    }
+    config = type(
+        "Config", (), {k if namespace.isupper() else k.lower(): v for k, v in base.items()}
+    )
+    for key, value in values.items():
+        setattr(config, key, value)
+    app = Celery("namespaced", set_as_current=False)
+    app.config_from_object(config, namespace=namespace)
+    return app
+
+
+@pytest.mark.parametrize(
+    "key", ["CELERY_agboss_lease_ttl", "celery_agboss_lease_ttl", "Celery_Agboss_Lease_Ttl"]
+)
+def test_a_key_under_the_namespace_in_a_case_not_read_is_refused(key: str) -> None:
+    """Under ``namespace="CELERY"`` only ``CELERY_AGBOSS_LEASE_TTL`` (and the plain
+    ``agboss_lease_ttl`` / ``AGBOSS_LEASE_TTL``) is read: these kept the default (30 s)
+    and were not refused either (the case was checked after the namespace only)."""
+    app = _namespaced_app("CELERY", **{key: 12})
+    with pytest.raises(
+        ConfigurationError, match="did you mean 'CELERY_AGBOSS_LEASE_TTL'"
+    ) as caught:
+        settings_from_conf(app.conf, environ={})
+    assert caught.value.setting == key
+
+
+def test_under_a_lower_case_namespace_the_upper_case_key_is_refused_naming_the_lower() -> None:
+    app = _namespaced_app("celery", CELERY_AGBOSS_LEASE_TTL=12)
+    with pytest.raises(ConfigurationError, match="did you mean 'celery_agboss_lease_ttl'"):
+        settings_from_conf(app.conf, environ={})
+    read = _namespaced_app("celery", celery_agboss_lease_ttl=12)
+    assert settings_from_conf(read.conf, environ={}).lease_ttl_seconds == 12
+
+
+@pytest.mark.parametrize("key", ["CELERY_AGBOSS_LEASE_TTL", "agboss_lease_ttl", "AGBOSS_LEASE_TTL"])
+def test_the_spellings_read_under_the_namespace_still_work(key: str) -> None:
+    app = _namespaced_app("CELERY", **{key: 12})
+    assert settings_from_conf(app.conf, environ={}).lease_ttl_seconds == 12
