@@ -294,6 +294,16 @@ class PublishNotRecorded(BaseException):
         self.error = error
 
 
+def store_trouble_behind(error: BaseException) -> StoreError | None:
+    """The store's failure behind a refused publish (``PublishRefusedError``, or the
+    ``PublishNotRecorded`` carrying it), if that is why it was refused: transient, so a
+    body or an undo that meets it is handed over as for any store failure, never failed
+    (a failure would run its undos: a refund of a good charge)."""
+    refused = error.error if isinstance(error, PublishNotRecorded) else error
+    cause = refused.__cause__ if isinstance(refused, PublishRefusedError) else None
+    return cause if isinstance(cause, StoreError) else None
+
+
 class LookupFailed(Exception):
     """A reconcile gave no answer (it raised or ran out of time): never a ``NotSent``."""
 

@@ -77,9 +77,11 @@ from celery_agboss.errors import (
     OutboundCallResultNotStoredError,
     OutboundCallUnreconciledError,
     PauseRequested,
+    PublishNotRecorded,
     ResultNotStorableError,
     StoreError,
     UndoMustWait,
+    store_trouble_behind,
 )
 from celery_agboss.runtime.task_events import TASK_PAUSED, TASK_UNRECONCILED, TASK_WAITING
 
@@ -263,6 +265,8 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
         d.later(exc)
     except Exception as exc:
         _undo_failed(d, running[-1].name if running else "?", exc)
+    except PublishNotRecorded as exc:  # refused through another app: as through ours
+        _undo_failed(d, running[-1].name if running else "?", exc.error)
     except BaseException:
         d.abandon()
         raise
@@ -290,6 +294,9 @@ def _undo_failed(d: DeliveryLike, name: str, exc: BaseException) -> NoReturn:
     ended: a re-drive runs it again). A refund the gateway refused definitively (no
     money moved: a merchant balance too low) may then be sent again: otherwise the
     re-drive would only replay the refusal."""
+    trouble = store_trouble_behind(exc)  # a publish refused for the store's outage
+    if trouble is not None:
+        d.store_failed(trouble)
     if not d.settle_sends():
         d.abandon()
         raise Ignore() from None

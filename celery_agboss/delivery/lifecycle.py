@@ -4,8 +4,7 @@ of a live execution is deferred, one of a terminal execution replays the stored 
 (``replaying``). What a delivery must stop for (``AGBossSignal``) becomes ``Ignore`` or a
 retry (``waits``); only an application exception with every intent settled makes
 ``FAILED`` (after its undos, ``compensating``). The verdict is written under the fence
-*before* Celery hears of it, the lease released once no send under it can still run. A
-delivery of an execution with a cancel request runs no body (``cancelling``).
+*before* Celery hears of it, the lease released once no send under it can still run.
 """
 
 from __future__ import annotations
@@ -82,6 +81,7 @@ from celery_agboss.errors import (
     RetryNotPublished,
     StoreError,
     StoreNotMigratedError,
+    store_trouble_behind,
 )
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import arguments_as_kept, message_from_request
@@ -263,9 +263,7 @@ class Delivery:
 
     def _rejected(self, exc: Reject) -> NoReturn:
         """A body's own ``Reject``: requeued, the message comes back (``WAITING`` for it);
-        not requeued, Celery drops (dead-letters) it, so the execution ends as Celery
-        means it — ``FAILED`` (``WAITING_OPERATOR`` while an intent is pending), never
-        brought back by the sweep until it is ``PARKED``."""
+        not requeued, Celery drops it: ``FAILED`` (``WAITING_OPERATOR`` while pending)."""
         if exc.requeue or sabotage.active(REJECT_WAITS_FOR_THE_SWEEP):
             self.verdict(Wait(0, "rejected, requeued"))
             self.release()
@@ -300,9 +298,11 @@ class Delivery:
 
     def _failed(self, exc: Exception) -> None:
         """An application exception: ``FAILED`` (stored) unless an intent is pending. One
-        raised by a revoke (``SoftTimeLimitExceeded`` from ``terminate=True,
-        signal="SIGUSR1"``) meets a cancel request: the execution is cancelled instead,
-        once what it left pending is reconciled."""
+        raised by a revoke (``terminate=True, signal="SIGUSR1"``) meets a cancel request:
+        the execution is cancelled instead, once what it left pending is reconciled."""
+        trouble = store_trouble_behind(exc)  # a publish refused for the store's outage
+        if trouble is not None:
+            self.store_failed(trouble)
         if not self.settle_sends():
             self.abandon()
             raise Ignore() from None

@@ -97,6 +97,18 @@ def refuse_if_cancelled(ctx: ExecutionContext, task_id: Any = None) -> None:
         ctx.check_cancel(tx)
 
 
+def _celerys_own_id(task_id: Any) -> bool:
+    """Whether ``task_id`` has the form Celery gives the ids it makes (``str(uuid4())``,
+    dashed, lower case): an id of that form may be one made for this call alone. An id
+    of any other form (a digest, text, a UUID of another version) is the caller's."""
+    text = str(task_id)
+    try:
+        parsed = uuid.UUID(text)
+    except ValueError:
+        return False
+    return parsed.version == 4 and str(parsed) == text
+
+
 def refuse_a_new_id_from_a_body(name: Any, task_id: Any) -> None:
     """Refuse a PaymentTask published from a body past the app's ``send_task`` (another
     Celery app's, a producer of its own) under an id Celery made for this call alone: each
@@ -106,10 +118,7 @@ def refuse_a_new_id_from_a_body(name: Any, task_id: Any) -> None:
     ``PublishRefusedError``."""
     if sabotage.active(BODY_PUBLISH_THROUGH_ANOTHER_APP_ALLOWED) or body_context() is None:
         return
-    try:
-        made_by_celery = uuid.UUID(str(task_id)).version == 4
-    except ValueError:
-        made_by_celery = False
+    made_by_celery = _celerys_own_id(task_id)
     if not made_by_celery:
         return
     raise PublishNotRecorded(
@@ -118,7 +127,8 @@ def refuse_a_new_id_from_a_body(name: Any, task_id: Any) -> None:
             "under a new id on every re-run of the body, so a retried body would charge "
             f"again; nothing was published. Publish it through the task's own app "
             f"({name}.delay / app.send_task), or give a task_id= that is the same on every "
-            "re-run (not a random UUID)",
+            "re-run (a task_id in Celery's own form, a dashed UUID version 4, is taken for "
+            "one Celery made: use uuid5 or text of your own)",
             task=name,
             execution_id=str(task_id),
         )

@@ -73,6 +73,8 @@ class _ThisPublish:
 
     execution_id: str | None = None
     created: bool = False
+    # The app whose send_task runs: another AGBoss app's publish is not this one's.
+    app: Any = None
 
 
 _this_publish: ContextVar[_ThisPublish | None] = ContextVar("agboss_this_publish", default=None)
@@ -121,7 +123,8 @@ def before_task_publish(
     reason = payment_task_reason(runtime, name)
     if reason is None:
         return
-    if _this_publish.get() is None:  # not through this app's send_task
+    through = _this_publish.get()
+    if through is None or through.app is not runtime.app:  # not through this app's send_task
         refuse_a_new_id_from_a_body(name, headers.get("id"))
     # Kept with the recorded message, so every re-publish says it too.
     headers.setdefault(RECORDED_HEADER, reason)
@@ -416,7 +419,7 @@ def refuse_unrecorded_publishes(runtime: Runtime) -> None:
         deferred = _publish_on_commit(runtime, name, args, kwargs)
         if deferred is not None:
             return deferred
-        noted = _ThisPublish()
+        noted = _ThisPublish(app=app)
         token = _this_publish.set(noted)
         try:
             return original(name, *args, **kwargs)
