@@ -28,7 +28,7 @@ from sqlalchemy import Connection
 from celery_agboss import AGBoss, PaymentTask, outbox, undo_function
 from celery_agboss.adapters.stripe import StripeAdapter, intent_result, refund_result
 from celery_agboss.webhooks import WebhookEvent, record_event
-from example_project import config, orders
+from example_project import config, dispositions, orders
 from example_project.dispositions import dispose, disposition_key, refused
 
 app = Celery("example_project", broker=config.broker_url())
@@ -357,16 +357,19 @@ def capture_shipment(
 ) -> dict[str, Any]:
     """One capture per shipment, keyed by the authorisation and the shipment's number
     (design: PS18); shipments are the authorisation's disposition (``dispose``), so one of
-    an authorisation captured whole or voided is refused. What is noted is what Stripe
-    says it received, not what was asked."""
+    an authorisation captured whole or voided is refused. Noted ``shipping`` before it is
+    sent, and a definite refusal by Stripe frees the authorisation for a whole capture or a
+    void (``dispositions``). What is noted is what Stripe says it received, not asked."""
     payment_id = _read(order_id)["payment_id"]
     key = f"capture:{payment_id}:{shipment}"
     first = dispose(self, order_id, payment_id, "ship")
+    if first == "ship":
+        first = dispositions.start_shipment(self, order_id, shipment, key)
     if first != "ship":
         return refused(self, order_id, payment_id, "ship", first, key)
-    captured = self.outbound(
-        stripe.capture, {"payment_id": payment_id, "amount": amount}, business_key=key
-    )
+    request = {"payment_id": payment_id, "amount": amount}
+    send = lambda: self.outbound(stripe.capture, request, business_key=key)  # noqa: E731
+    captured = dispositions.send_shipment(self, order_id, shipment, key, send)
     if captured.get("status") == "succeeded":
         entry, received = "captured", str(captured.get("amount_received"))
     else:

@@ -17,8 +17,16 @@ own, as another worker's, while the first waits at the point the case names.
 - ``cancel:void-first``: the same, but the cancel runs, void and all, after the retried
   capture read Stripe holding the amount and before it captures.
 
+- ``refused-shipment:capture`` / ``refused-shipment:void``: fulfilment authorises 1000,
+  Stripe refuses shipment 1's capture (1500, more than authorised), then fulfilment
+  captures the order whole, or the customer cancels.
+- ``refused-shipment:in-flight``: the same refused shipment, then shipment 2 (600) is
+  captured, and fulfilment's whole capture runs after shipment 2 noted it is shipping and
+  before it is sent.
+
 A ``+without-one-record`` suffix switches the one record off: every route takes its
-disposition as its own (``shop.dispose`` answering the route's action).
+disposition as its own (``shop.dispose`` answering the route's action); a
+``+without-shipping-note`` suffix lets a shipment send without noting ``shipping``.
 """
 
 from __future__ import annotations
@@ -195,6 +203,40 @@ def _cancel(world: FakeStripeShop, intents: StripeIntents, first: str) -> dict[s
     }
 
 
+def _after_refused_shipment(world: FakeStripeShop, then: str) -> dict[str, Any]:
+    from example_project import shop
+
+    order_id = world.place(f"refused-shipment-{then}")
+    shop.authorize_order.apply((order_id,), task_id=f"auth-{order_id}")
+    payment_id = str(shop._read(order_id)["payment_id"])
+    refused = _run(shop.capture_shipment, (order_id, 1, 1500), f"ship1-{order_id}")
+    settle_id, action = f"settle-{order_id}", "void" if then == "void" else "capture"
+
+    def settle() -> Any:
+        return _run(shop.settle_authorization, (order_id, action), settle_id)
+
+    shipped = None
+    if then == "in-flight":
+        shipping: Any = shop.app.tasks[shop.capture_shipment.name]
+        with _after_effect(shipping, "shipping", settle) as seen:
+            shipped = _run(shop.capture_shipment, (order_id, 2, SHIPMENT), f"ship2-{order_id}")
+        settled = seen[0] if seen else None
+    else:
+        settled = settle()
+        shipped = _run(shop.capture_shipment, (order_id, 2, SHIPMENT), f"ship2-{order_id}")
+    return {
+        "refused": _keys(refused),
+        "settle": _state(world, settle_id),
+        "settle_result": _keys(settled),
+        "shipment": _state(world, f"ship2-{order_id}"),
+        "shipment_result": _keys(shipped),
+        "status": shop._read(order_id)["status"],
+        "ledger": world.ledger(order_id),
+        "requests": _requests(world, payment_id),
+        "captured": world.gateway.retrieve(_fake(payment_id))["amount_captured"],
+    }
+
+
 def run(data_dir: Path, database_url: str, case: str) -> dict[str, Any]:
     intents = StripeIntents()
     case, _, switch = case.partition("+")
@@ -205,8 +247,22 @@ def run(data_dir: Path, database_url: str, case: str) -> dict[str, Any]:
 
             # Each route as if alone: every disposition is the route's own, none yields.
             shop.dispose = lambda task, order_id, payment_id, action, **_: action  # type: ignore[assignment]
+        if switch == "without-shipping-note":
+            from example_project import dispositions
+
+            # Shipment 2 starts unseen: a whole route deciding meanwhile finds none in flight.
+            noted = dispositions.start_shipment
+
+            def unseen(task: Any, order_id: str, shipment: int, key: str) -> str:
+                if shipment == 1:
+                    return noted(task, order_id, shipment, key)
+                return str(task.fenced_effect("shipping", lambda conn: "ship", key))
+
+            dispositions.start_shipment = unseen
         if route == "shipment":
             return _shipment(world, intents, first)
+        if route == "refused-shipment":
+            return _after_refused_shipment(world, first)
         return _cancel(world, intents, first)
 
 

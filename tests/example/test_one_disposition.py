@@ -59,11 +59,11 @@ def test_a_checkout_meeting_a_shipment_captured_first_sends_nothing_and_is_noted
     seen = _run(tmp_path, shop_database_url, "shipment:shipment-first")
     assert seen == {
         "checkout": "COMPLETED",
-        "checkout_result": {"not_captured": "a shipment was captured first"},
+        "checkout_result": {"not_captured": "a shipment was captured, or is being captured, first"},
         "shipment": "COMPLETED",
         "shipment_result": "succeeded",
         "status": "authorized",  # never paid by a part: a person settles the rest
-        "ledger": ["captured", "refused:capture:ship"],
+        "ledger": ["shipping", "captured", "refused:capture:ship"],
         "requests": [CAPTURE],  # the shipment's 600, once
         "captured": 600,
     }, seen
@@ -123,4 +123,77 @@ def test_without_the_one_record_both_routes_send_and_stripe_refuses_the_second(
     if case == "cancel:capture-first":
         assert (seen["status"], seen["refunds"]) == ("paid", 0), seen
     if case == "shipment:shipment-first":
-        assert (seen["status"], seen["ledger"]) == ("authorized", ["captured"]), seen
+        assert (seen["status"], seen["ledger"]) == ("authorized", ["shipping", "captured"]), seen
+
+
+SHIPPED = ["shipping", "shipping:refused"]  # shipment 1: started, Stripe refused it
+REFUSED = ["capture", "INVALID"]  # shipment 1's 1500 of the 1000 authorised
+
+
+def test_a_whole_capture_after_a_refused_shipment_captures_the_order(
+    tmp_path: Path, shop_database_url: str
+) -> None:
+    """Stripe refused the only shipment (nothing captured): its ``ship`` disposition no
+    longer stands fulfilment's whole capture down; the capture is sent once, the order
+    ``captured``, and a shipment after it is refused, nothing sent."""
+    seen = _run(tmp_path, shop_database_url, "refused-shipment:capture")
+    assert seen == {
+        "refused": {"failed": "InvalidRequestError"},
+        "settle": "COMPLETED",
+        "settle_result": "succeeded",
+        "shipment": "COMPLETED",
+        "shipment_result": {"not_captured": "the authorisation was captured whole first"},
+        "status": "captured",
+        "ledger": [*SHIPPED, "disposition:capture", "refused:ship:capture"],
+        "requests": [REFUSED, CAPTURE],
+        "captured": 1000,
+    }, seen
+
+
+def test_a_cancel_after_a_refused_shipment_voids_the_authorisation(
+    tmp_path: Path, shop_database_url: str
+) -> None:
+    seen = _run(tmp_path, shop_database_url, "refused-shipment:void")
+    assert seen == {
+        "refused": {"failed": "InvalidRequestError"},
+        "settle": "COMPLETED",
+        "settle_result": "canceled",
+        "shipment": "COMPLETED",
+        "shipment_result": {"not_captured": "the order was cancelled first"},
+        "status": "voided",
+        "ledger": [*SHIPPED, "disposition:void", "refused:ship:void"],
+        "requests": [REFUSED, VOID],
+        "captured": 0,
+    }, seen
+
+
+def test_a_whole_capture_meeting_a_shipment_in_flight_stands_down(
+    tmp_path: Path, shop_database_url: str
+) -> None:
+    """Shipment 2 noted ``shipping`` (about to send) when fulfilment's whole capture
+    decides: the capture sends nothing and is noted; shipment 2 takes its 600, once.
+    The order stays ``authorized``, for a person to settle the rest (as before)."""
+    seen = _run(tmp_path, shop_database_url, "refused-shipment:in-flight")
+    assert seen == {
+        "refused": {"failed": "InvalidRequestError"},
+        "settle": "COMPLETED",
+        "settle_result": {"not_captured": "a shipment was captured, or is being captured, first"},
+        "shipment": "COMPLETED",
+        "shipment_result": "succeeded",
+        "status": "authorized",
+        "ledger": [*SHIPPED, "shipping", "refused:capture:ship", "captured"],
+        "requests": [REFUSED, CAPTURE],
+        "captured": 600,
+    }, seen
+
+
+def test_without_the_shipping_note_a_shipment_in_flight_and_a_whole_capture_both_send(
+    tmp_path: Path,
+) -> None:
+    """The twin: the whole capture cannot see shipment 2 about to send, goes ahead and
+    takes the 1000; shipment 2's capture is sent after it, Stripe refuses it (it captures
+    a PaymentIntent once), and the shipment's execution fails on it."""
+    database_url = f"sqlite:///{tmp_path / 'shop.db'}"
+    seen = _run(tmp_path, database_url, "refused-shipment:in-flight+without-shipping-note")
+    assert seen["requests"] == [REFUSED, CAPTURE, REFUSED], seen
+    assert (seen["settle_result"], seen["shipment"]) == ("succeeded", "FAILED"), seen
