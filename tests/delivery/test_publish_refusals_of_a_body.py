@@ -1,5 +1,5 @@
-"""Publishes from a body that are refused, after a review of the refusals (design:
-publishes from a body), on both stores.
+"""Refused publishes from a body (design: publishes from a body), after a review of the
+refusals, on both stores.
 
 - The store failing for a moment while a body records its child (through its own app or
   another): a store outage is handed over, never the body's failure. It failed the
