@@ -72,6 +72,7 @@ class UndoOutcome(str, enum.Enum):
 class UndoDecision:
     outcome: UndoOutcome
     other: str | None = None  # the execution it is kept for, waits for, or is covered by
+    note: str = ""  # NOT_COVERED: what each declared, for the person who decides
 
 
 def user(record: SharedRecord, execution_id: str) -> RecordUser | None:
@@ -194,6 +195,15 @@ class CancelDecision:
     unhandled: tuple[str, ...] = ()  # keys of the payments a person must deal with
 
 
+StepCovers = Callable[[str, str], bool]
+"""``(claimer, step key)``: the claimer's undos of the step cover this execution's
+(``shared_steps.covered_by`` over what both declared), as ``decide_step`` asks it."""
+
+
+def _covers_step(covers: StepCovers | None, step: str) -> Callable[[str], bool] | None:
+    return None if covers is None else (lambda claimer: covers(claimer, step))
+
+
 def cancel_decision(
     records: Iterable[SharedRecord],
     execution_id: str,
@@ -201,26 +211,32 @@ def cancel_decision(
     undoable: Collection[str] = (),
     undone: Collection[str] = (),
     undos_ran: bool = False,
+    covers: StepCovers | None = None,
 ) -> CancelDecision:
     """How a cancel of the execution ends, from its payments: each is kept for an
     execution that completed on it, covered by an undo (its own, run or to run, or
-    another's), waited for while another execution still uses it — or left for a person
-    ("cancelled after a completed payment"), never silently ``CANCELLED``.
+    another's that covers its undos: ``covers``), waited for while another execution
+    still uses it — or left for a person ("cancelled after a completed payment"), never
+    silently ``CANCELLED``: a claim that skips its undos (``NOT_COVERED``) goes to a
+    person at once, running its undos first would not run those.
     ``undoable``: the steps it declared undos for; ``undone``: the intents its undos made
     (their refunds, not payments to account for)."""
     unhandled: list[str] = []
+    not_covered: set[str] = set()
     for record in records:
         if not _to_account_for(record, execution_id, undone):
             continue
-        decision = undo_decision(record, execution_id)
+        decision = undo_decision(record, execution_id, covers=_covers_step(covers, record.key))
         if decision.outcome in (UndoOutcome.KEEP, UndoOutcome.COVERED):
             continue
         if decision.outcome is UndoOutcome.WAIT:
             return CancelDecision(CancelStep.WAIT, decision.other)
+        if decision.outcome is UndoOutcome.NOT_COVERED:
+            not_covered.add(record.key)
         unhandled.append(record.key)
     if not unhandled:
         return CancelDecision(CancelStep.CANCEL)
-    if not undos_ran and any(key in undoable for key in unhandled):
+    if not undos_ran and any(k in undoable and k not in not_covered for k in unhandled):
         return CancelDecision(CancelStep.UNDO_FIRST)
     return CancelDecision(CancelStep.OPERATOR, unhandled=tuple(unhandled))
 
@@ -243,20 +259,24 @@ def unhandled_payments(
     *,
     undone: Collection[str] = (),
     undone_steps: Collection[str] = (),
+    covers: StepCovers | None = None,
 ) -> list[SharedRecord]:
     """The payments a ``FAILED`` or ``CANCELLED`` execution left behind: completed ones it
     moved the money of or relies on that nobody undid, no other execution completed on,
-    and none still uses — the customer is charged and nothing will change that.
+    and none still uses — the customer is charged and nothing will change that; among
+    them one another execution claimed without its undos (``covers``: ``NOT_COVERED``).
     ``undone``: the intents its undos made (their refunds). ``undone_steps``: the steps
     every undo it declared after them is done for: one it claimed stays uncompensated only
     while another execution's undos it did not declare wait for a person
     (``UndoNotCoveredError``), and that wait, not this listing, tells the person what is
     owed (listed here too, the refund it made would be made again)."""
+    owed = (UndoOutcome.UNDO, UndoOutcome.NOT_COVERED)
     return [
         record
         for record in records
         if _to_account_for(record, execution_id, undone)
-        and undo_decision(record, execution_id).outcome is UndoOutcome.UNDO
+        and undo_decision(record, execution_id, covers=_covers_step(covers, record.key)).outcome
+        in owed
         and not (record.undo_by == execution_id and record.key in undone_steps)
     ]
 
@@ -327,6 +347,7 @@ __all__ = [
     "CancelDecision",
     "CancelStep",
     "FailureClaim",
+    "StepCovers",
     "UndoDecision",
     "UndoOutcome",
     "cancel_decision",

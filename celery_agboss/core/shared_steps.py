@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -30,10 +30,16 @@ from celery_agboss.core.fault_points import UNDO_BEFORE_CLAIM, fault_point
 from celery_agboss.core.keys import business_key_handle
 from celery_agboss.core.log_events import UNDO_COVERED, UNDO_KEPT, UNDO_WAITS, log_event
 from celery_agboss.core.protections import FENCED_HOLDER_STARTS_UNDO, UNDO_COVERED_BY_OTHER_UNDOS
-from celery_agboss.core.shared_records import UndoDecision, UndoOutcome, undo_decision
+from celery_agboss.core.shared_records import (
+    StepCovers,
+    UndoDecision,
+    UndoOutcome,
+    undo_decision,
+)
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
+    RecordUser,
     SharedRecord,
     StoreTransaction,
 )
@@ -54,11 +60,12 @@ class UndoNotCoveredError(OutboundCallUnreconciledError):
 
 
 def undo_identity(declaration: UndoDeclaration) -> str:
-    """What an undo does, whoever declared it: its name and arguments, or its task's
-    name, args and kwargs (a task's options say how it is sent, not what it undoes)."""
+    """What an undo does, whoever declared it: its undo function's name, or its task's
+    name. Not its arguments: two clicks declare the same refund of the one shared receipt
+    with arguments of their own (their execution id, a time), and the claimer's refund is
+    theirs too; compared by arguments, a person was told to refund it again."""
     task = declaration.task
-    what = None if task is None else [task.get("task"), task.get("args"), task.get("kwargs")]
-    return canonical_json([declaration.undo, declaration.arguments, what])
+    return canonical_json([declaration.undo, None if task is None else task.get("task")])
 
 
 def covered_by(theirs: Iterable[UndoDeclaration], mine: Iterable[UndoDeclaration]) -> bool:
@@ -83,6 +90,9 @@ def decide_step(
                 return UndoDecision(UndoOutcome.UNDO)  # nothing left to share it with
             covers = _covers(tx, me, declaration.step_key, undos_of)
             decision = undo_decision(record, me, covers=covers)
+            if decision.outcome is UndoOutcome.NOT_COVERED and undos_of is not None:
+                note = _not_covered_note(tx, me, record, undos_of)
+                decision = UndoDecision(decision.outcome, decision.other, note)
             claims = decision.outcome is UndoOutcome.UNDO and record.undo_by is None
             if claims:
                 fault_point(UNDO_BEFORE_CLAIM, execution_id=me, key=record.key)
@@ -109,6 +119,42 @@ def _covers(
         return covered_by(undos_of(tx, claimer, step), undos_of(tx, me, step))
 
     return covers
+
+
+def _names(declarations: Iterable[UndoDeclaration], done: Callable[[str], bool] | None) -> str:
+    """Undos by name (never their arguments: a receipt, an order), each done or not."""
+    named = [
+        d.undo if done is None else f"{d.undo} ({'done' if done(d.key) else 'not done'})"
+        for d in declarations
+    ]
+    return ", ".join(named) or "none"
+
+
+def _not_covered_note(
+    tx: StoreTransaction, me: str, record: SharedRecord, undos_of: UndosOf
+) -> str:
+    """What the person deciding a ``NOT_COVERED`` step needs from the store: the claimer's
+    undos of it and whether each is done, this execution's, and the other executions
+    that wait on the same step (one settlement is for all of them)."""
+    claimer, step = str(record.undo_by), record.key
+    theirs = undos_of(tx, claimer, step)
+    done = lambda key: tx.read_effect(key) is not None  # noqa: E731 - the claimer's marks
+    others = [
+        u.execution_id
+        for u in record.users
+        if u.execution_id not in (me, claimer)
+        and not covered_by(theirs, undos_of(tx, u.execution_id, step))
+    ]
+    note = (
+        f"its undos of the step: {_names(theirs, done)}; this execution's: "
+        f"{_names(undos_of(tx, me, step), None)}"
+    )
+    if others:
+        note += (
+            f"; executions {', '.join(others)} wait on the same step: one settlement is "
+            "for all of them, and each still has to be ended"
+        )
+    return note
 
 
 def _decision_transaction(ctx: ExecutionContext) -> AbstractContextManager[StoreTransaction]:
@@ -160,20 +206,75 @@ def _not_covered(
     return any(not covered_by(mine, undos_of(tx, u.execution_id, step)) for u in others)
 
 
+Declared = Callable[[str], Sequence[UndoDeclaration]]
+"""``execution id``: every undo that execution declared (what the store keeps)."""
+
+
+def _of_step(declared: Declared, execution_id: str, step: str) -> list[UndoDeclaration]:
+    return [d for d in declared(execution_id) if d.step_key == step]
+
+
+def step_covers(declared: Declared, me: str) -> StepCovers:
+    """``decide_step``'s covers rule for a cancel and a listing, over the declarations
+    the store reads (``declared``): a claimer covers ``me`` on a step only when it
+    declared every undo ``me`` did for it."""
+    return lambda claimer, step: covered_by(
+        _of_step(declared, claimer, step), _of_step(declared, me, step)
+    )
+
+
+def settled_steps(
+    records: Iterable[SharedRecord],
+    me: str,
+    declared: Declared,
+    *,
+    done: Callable[[UndoDeclaration], bool],
+    left: Callable[[RecordUser], bool],
+) -> list[SharedRecord]:
+    """The steps a person's settlement of ``me``'s not-covered wait (``cancel
+    --payments-handled``) makes compensated, so a later click is told "undone" and may
+    open a new attempt: claimed by another execution whose undos skip ``me``'s, the
+    claimer's own undos of it done (``done``: its done marks; else its refund may still
+    be in flight), and no other execution those undos skip still to settle (``left``)."""
+    settled = []
+    for record in records:
+        claimer = record.undo_by
+        if claimer is None or claimer == me or record.compensated:
+            continue
+        theirs = _of_step(declared, claimer, record.key)
+        if covered_by(theirs, _of_step(declared, me, record.key)):
+            continue
+        if not theirs or not all(done(d) for d in theirs):
+            continue
+        waiting = [
+            u
+            for u in record.users
+            if u.execution_id not in (me, claimer)
+            and left(u)
+            and not covered_by(theirs, _of_step(declared, u.execution_id, record.key))
+        ]
+        if not waiting:
+            settled.append(record)
+    return settled
+
+
 def not_covered_error(
     settings: EngineSettings, execution_id: str, steps: Mapping[str, UndoDecision]
 ) -> UndoNotCoveredError:
     """What an execution whose undos another's claim would skip waits for a person with:
-    each such step by its handle (never a business key in clear) and its claimer."""
+    each such step by its handle (never a business key in clear), its claimer, what each
+    declared (by name) and whether the claimer's ran — so the person checks the gateway
+    before refunding (the claimer's undo may have refunded already)."""
     named = [
         f"step {next(iter(loggable_step(settings, key).values()))} claimed for undo by "
-        f"execution {decision.other}"
+        f"execution {decision.other} ({decision.note or 'its undos not read'})"
         for key, decision in steps.items()
     ]
     return UndoNotCoveredError(
         f"{'; '.join(named)}, which did not declare every undo this execution declared "
-        "for it: those were not run (a refund may be owed). Do what they do by hand (one "
-        "refund at the gateway settles the step for both executions), then "
+        "for it: those were not run (a refund may be owed). Check the gateway first (the "
+        "refund may have been made already), do by hand what is still owed (one refund "
+        "settles the step for every execution on it), then "
         f"`agboss cancel {execution_id} --payments-handled`",
         execution_id=execution_id,
     )
@@ -219,6 +320,7 @@ def loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
 
 __all__ = [
     "MAX_DECISION_ROUNDS",
+    "Declared",
     "UndoNotCoveredError",
     "UndosOf",
     "covered_by",
@@ -226,6 +328,8 @@ __all__ = [
     "loggable_step",
     "mark_compensated",
     "not_covered_error",
+    "settled_steps",
+    "step_covers",
     "step_notes",
     "undo_identity",
 ]

@@ -29,9 +29,11 @@ from celery_agboss.core.executions import (
 )
 from celery_agboss.core.protections import RESOLVE_REDRIVES_CREATOR_ONLY
 from celery_agboss.core.shared_records import unhandled_payments
+from celery_agboss.core.shared_steps import step_covers
 from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
 from celery_agboss.core.undo_steps import UNDO_TASK_CANCELLED, UNDO_TASK_REDRIVEN, steps_undone
 from celery_agboss.errors import SealedValueUnopenableError
+from celery_agboss.store.cancels import declared_txn
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
@@ -43,7 +45,6 @@ from celery_agboss.store.execution_rows import (
     require_execution_txn,
     set_execution_txn,
     terminal_txn,
-    undo_declarations_txn,
 )
 from celery_agboss.store.execution_updates import TERMINAL_VALUES
 from celery_agboss.store.intent_listings import used_by_execution
@@ -350,10 +351,14 @@ def _candidates(
 def _payments_left_behind(tx: SQLTransaction, record: ExecutionRecord) -> list[str]:
     """The keys of the payments the candidate left behind (core's rule); empty when none."""
     records = tx.shared_records_of(record.id)
-    declarations = undo_declarations_txn(tx, record.id)
+    declared = declared_txn(tx)  # a claim without its undos leaves it behind too
+    declarations = declared(record.id)
     undone = intents_made_by_undos_txn(tx, record.id, records, declarations)
     finished = steps_undone(tx, declarations)
-    left = unhandled_payments(records, record.id, undone=undone, undone_steps=finished)
+    covers = step_covers(declared, record.id)
+    left = unhandled_payments(
+        records, record.id, undone=undone, undone_steps=finished, covers=covers
+    )
     return [payment.key for payment in left]
 
 

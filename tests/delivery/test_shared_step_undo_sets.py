@@ -20,7 +20,7 @@ from typing import Any
 
 from celery_agboss import OutboundCallCompensatedError
 from celery_agboss.core.compensation import UndoStep
-from celery_agboss.core.executions import UNDO_WAITS, ExecutionRecord
+from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT, UNDO_WAITS, ExecutionRecord
 from celery_agboss.core.keys import business_key_handle
 from celery_agboss.core.protections import UNDO_COVERED_BY_OTHER_UNDOS
 from celery_agboss.operator import cancel, list_failed_after_payment, list_waits
@@ -42,8 +42,8 @@ class TwoTasks:
     ) -> None:
         self.shop = shop
         self.ran: list[str] = []
-        self.gates = {"a": threading.Event(), "b": threading.Event()}
-        self.reached = {"a": threading.Event(), "b": threading.Event()}
+        self.gates = {g: threading.Event() for g in "abc"}
+        self.reached = {g: threading.Event() for g in "abc"}
         charge, refund = shop.call(), shop.refund_call()
         ran, gates, reached = self.ran, self.gates, self.reached
 
@@ -70,6 +70,7 @@ class TwoTasks:
 
         self.checkout = paying("checkout", "a", first_undo, "out of stock")
         self.reserve_and_pay = paying("reserve_and_pay", "b", other_undo, "address invalid")
+        self.checkout_again = paying("checkout_again", "c", first_undo, "card declined")
 
     def run(self) -> tuple[ExecutionRecord, ExecutionRecord]:
         """checkout fails first and waits for reserve_and_pay, which fails next; both end."""
@@ -98,13 +99,13 @@ class TwoTasks:
             wait_until(both_ended, 40, interval=0.3, message="both executions ended")
         return shop.execution(a), shop.execution(b)
 
-    def later_click(self) -> list[bool]:
+    def later_click(self, name: str = "place_order") -> list[bool]:
         """A click after both ended, following docs/undo.md: a new attempt only when the
-        first was undone; what it was told (``.undone``)."""
+        first was undone; what it was told (``.undone``). ``name``: its task's, one per
+        click of a test."""
         shop, charge = self.shop, self.shop.call()
         told: list[bool] = []
 
-        @shop.task()
         def place_order(self: Any, order: str) -> Any:
             request = {"amount": 1000, "order": order}
             try:
@@ -116,7 +117,8 @@ class TwoTasks:
                 attempt = f"order:{order}:attempt:2"
                 return self.outbound(charge, request, business_key=attempt)
 
-        shop.run(place_order, "u-1", states=("COMPLETED", *ENDED))
+        place_order.__name__ = place_order.__qualname__ = name
+        shop.run(shop.task()(place_order), "u-1", states=("COMPLETED", *ENDED))
         return told
 
 
@@ -197,3 +199,96 @@ def test_a_claim_that_refunds_leaves_the_other_undo_to_a_person(shop: PaymentSho
     assert list_failed_after_payment(shop.app) == []
     assert tasks.later_click() == [False]
     assert len(shop.gateway.payments) == 1 and _net(shop) == 0
+
+
+def _refund_by_hand(shop: PaymentShop) -> None:
+    """What the waiting execution's reason asks a person to do: refund the charge at the
+    gateway (counted there like any refund)."""
+    shop.gateway.refund(shop.gateway.payments[0]["id"], "refunded-by-hand")
+
+
+def test_a_plain_cancel_of_the_wait_goes_to_a_person(shop: PaymentShop) -> None:
+    """Before the fix a plain cancel (no ``--payments-handled``) of the refund's wait read
+    the claim as covering it: ``CANCELLED``, the charge never refunded, listed nowhere."""
+    tasks = TwoTasks(shop, "release-stock")
+    a, _ = tasks.run()
+    ended = cancel(shop.app, a.id, "customer asked")
+    assert_waits_for_an_operator(ended, CANCELLED_AFTER_PAYMENT)
+    assert a.id in [w.execution.id for w in list_waits(shop.app)]
+    assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 0)
+    # The person refunds and settles it; the later click then pays once, anew.
+    _refund_by_hand(shop)
+    settled = cancel(shop.app, a.id, "refunded at the gateway", payments_handled=True)
+    assert settled.state.value == "CANCELLED"
+    assert not list_waits(shop.app) and list_failed_after_payment(shop.app) == []
+    assert tasks.later_click() == [True]
+    assert len(shop.gateway.payments) == 2 and _net(shop) == 1000
+
+
+def test_the_settled_step_lets_a_later_click_pay_anew(shop: PaymentShop) -> None:
+    """Before the fix the step stayed claimed, never compensated, once the person had
+    refunded and ended the wait: every later click was told "not undone", and the order
+    could never be paid again."""
+    tasks = TwoTasks(shop, "release-stock")
+    a, _ = tasks.run()
+    _refund_by_hand(shop)
+    cancel(shop.app, a.id, "refunded at the gateway", payments_handled=True)
+    assert tasks.later_click() == [True]
+    assert len(shop.gateway.payments) == 2 and len(shop.gateway.refunds) == 1
+    assert _net(shop) == 1000  # one charge kept: the new attempt's
+    assert list_failed_after_payment(shop.app) == []
+
+
+def test_the_reason_tells_the_person_what_ran_and_to_check_the_gateway(
+    shop: PaymentShop,
+) -> None:
+    tasks = TwoTasks(shop, "release-stock")
+    a, b = tasks.run()
+    reason = a.reason or ""
+    assert b.id in reason, reason
+    assert "release-stock" in reason and "refund-charge" in reason, reason
+    assert "gateway" in reason and "done" in reason, reason
+
+
+def test_two_waits_on_one_charge_read_undone_only_once_both_are_settled(
+    shop: PaymentShop,
+) -> None:
+    """Two refunds' executions wait on one charge a stock release claimed: each reason
+    says one settlement is for both; the step reads undone only once both are ended."""
+    tasks = TwoTasks(shop, "release-stock")
+    with shop.worker(concurrency=3):
+        a = str(tasks.checkout.delay("u-1").id)
+        assert tasks.reached["a"].wait(GATE_SECONDS)
+        c = str(tasks.checkout_again.delay("u-1").id)
+        assert tasks.reached["c"].wait(GATE_SECONDS)
+        b = str(tasks.reserve_and_pay.delay("u-1").id)
+        assert tasks.reached["b"].wait(GATE_SECONDS)
+        for waiting, gate in ((a, tasks.gates["a"]), (c, tasks.gates["c"])):
+            gate.set()
+            wait_until(
+                lambda x=waiting: (shop.execution(x).reason or "").startswith(UNDO_WAITS),
+                20,
+                message="each refund's execution waits for the claimer",
+            )
+        tasks.gates["b"].set()
+        shop.wait_state(b, *ENDED, timeout=30)  # it claims before a re-drive of the others
+
+        def all_ended() -> bool:
+            if all(shop.execution(x).state.value in ENDED for x in (a, b, c)):
+                return True
+            shop.clock.advance(shop.agboss.executions.shared_wait_ms / 1000 + 1)
+            shop.sweep()
+            return False
+
+        wait_until(all_ended, 40, interval=0.3, message="all three ended")
+    waits = {w.execution.id: w.execution for w in list_waits(shop.app)}
+    assert set(waits) == {a, c}, waits
+    for x in (a, c):
+        assert "one settlement is for all of them" in (waits[x].reason or "")
+    assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 0)
+    _refund_by_hand(shop)
+    cancel(shop.app, a, "refunded at the gateway", payments_handled=True)
+    assert tasks.later_click() == [False]  # c still waits: not read undone yet
+    cancel(shop.app, c, "refunded at the gateway", payments_handled=True)
+    assert tasks.later_click("place_order_again") == [True]
+    assert len(shop.gateway.payments) == 2 and _net(shop) == 1000
