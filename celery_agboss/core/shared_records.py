@@ -295,16 +295,16 @@ def compensated_error(
     else:
         done = (
             f"{what} under this business key was claimed for undo by execution {undo_by}, "
-            "whose undo has not completed: its refund may be in flight, made (the undo "
-            "failed after it) or refused, not known here (celery -A proj agboss show "
-            f"{undo_by})"
+            "and not read undone: its refund may be in flight, made or refused, or another "
+            "execution's undo of it was left to a person, who may have refunded it or kept "
+            f"it (celery -A proj agboss show {undo_by})"
         )
     after = (
         "To pay again, open a new attempt under a new business key, e.g. "
         "business_key=f'order:{order_id}:attempt:2'"
         if undone
-        else "Do not pay again under a new business key until it is undone: the first "
-        "payment may never be refunded"
+        else "Do not pay again under a new business key: the first payment may still be "
+        "the customer's; a person who checked the gateway decides"
     )
     return OutboundCallCompensatedError(
         f"{done}. Its result is not handed out again. {after}",

@@ -39,7 +39,6 @@ from celery_agboss.core.shared_records import (
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
-    RecordUser,
     SharedRecord,
     StoreTransaction,
 )
@@ -60,12 +59,14 @@ class UndoNotCoveredError(OutboundCallUnreconciledError):
 
 
 def undo_identity(declaration: UndoDeclaration) -> str:
-    """What an undo does, whoever declared it: its undo function's name, or its task's
-    name. Not its arguments: two clicks declare the same refund of the one shared receipt
-    with arguments of their own (their execution id, a time), and the claimer's refund is
-    theirs too; compared by arguments, a person was told to refund it again."""
+    """What an undo does, whoever declared it: its name and arguments, or its task's
+    name, args and kwargs (a task's options say how it is sent, not what it undoes).
+    Arguments count: a refund of 100 (a shipping part) does not cover a refund of 1000;
+    arguments that merely differ (an execution's own id) send the case to a person, who
+    is told to check the gateway first: fail closed."""
     task = declaration.task
-    return canonical_json([declaration.undo, None if task is None else task.get("task")])
+    what = None if task is None else [task.get("task"), task.get("args"), task.get("kwargs")]
+    return canonical_json([declaration.undo, declaration.arguments, what])
 
 
 def covered_by(theirs: Iterable[UndoDeclaration], mine: Iterable[UndoDeclaration]) -> bool:
@@ -223,41 +224,6 @@ def step_covers(declared: Declared, me: str) -> StepCovers:
     )
 
 
-def settled_steps(
-    records: Iterable[SharedRecord],
-    me: str,
-    declared: Declared,
-    *,
-    done: Callable[[UndoDeclaration], bool],
-    left: Callable[[RecordUser], bool],
-) -> list[SharedRecord]:
-    """The steps a person's settlement of ``me``'s not-covered wait (``cancel
-    --payments-handled``) makes compensated, so a later click is told "undone" and may
-    open a new attempt: claimed by another execution whose undos skip ``me``'s, the
-    claimer's own undos of it done (``done``: its done marks; else its refund may still
-    be in flight), and no other execution those undos skip still to settle (``left``)."""
-    settled = []
-    for record in records:
-        claimer = record.undo_by
-        if claimer is None or claimer == me or record.compensated:
-            continue
-        theirs = _of_step(declared, claimer, record.key)
-        if covered_by(theirs, _of_step(declared, me, record.key)):
-            continue
-        if not theirs or not all(done(d) for d in theirs):
-            continue
-        waiting = [
-            u
-            for u in record.users
-            if u.execution_id not in (me, claimer)
-            and left(u)
-            and not covered_by(theirs, _of_step(declared, u.execution_id, record.key))
-        ]
-        if not waiting:
-            settled.append(record)
-    return settled
-
-
 def not_covered_error(
     settings: EngineSettings, execution_id: str, steps: Mapping[str, UndoDecision]
 ) -> UndoNotCoveredError:
@@ -328,7 +294,6 @@ __all__ = [
     "loggable_step",
     "mark_compensated",
     "not_covered_error",
-    "settled_steps",
     "step_covers",
     "step_notes",
     "undo_identity",

@@ -26,8 +26,8 @@ from celery_agboss.core.executions import (
     ExecutionState,
 )
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
-from celery_agboss.core.shared_steps import Declared, settled_steps, step_covers
-from celery_agboss.core.store_protocol import FencedTransaction, RecordUser
+from celery_agboss.core.shared_steps import Declared, step_covers
+from celery_agboss.core.store_protocol import FencedTransaction
 from celery_agboss.core.undo_steps import UndoDeclaration, undo_task_cancel_verdict
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
@@ -135,7 +135,6 @@ def end_cancelled_txn(
     if payments_handled and verdict.terminal:
         # The operator's confirmation: not listed again as "failed after a payment".
         values["payments_handled_at_ms"] = tx.now_expr()
-        _settle_not_covered_txn(tx, execution_id, declared)
     return write_verdict_txn(tx, execution_id, verdict, **values)
 
 
@@ -150,24 +149,6 @@ def declared_txn(tx: SQLTransaction) -> Declared:
         return cache[execution_id]
 
     return declared
-
-
-def _settle_not_covered_txn(tx: SQLTransaction, execution_id: str, declared: Declared) -> None:
-    """A person settled the execution's payments: a step whose claimer's undos skipped
-    its own (``UndoNotCoveredError``) is compensated once no other such execution is left
-    to settle (``shared_steps.settled_steps``), so a later click is told "undone"."""
-
-    def left(user: RecordUser) -> bool:
-        if user.state is None or user.state == ExecutionState.COMPLETED.value:
-            return False
-        other = read_execution_txn(tx, user.execution_id)
-        return other is not None and not (other.terminal and other.payments_handled_at_ms)
-
-    records = tx.shared_records_of(execution_id)
-    done = lambda d: tx.read_effect(d.key) is not None  # noqa: E731 - the claimer's marks
-    for record in settled_steps(records, execution_id, declared, done=done, left=left):
-        assert record.undo_by is not None
-        tx.mark_compensated(record.kind, record.key, record.undo_by)
 
 
 def request_cancel(

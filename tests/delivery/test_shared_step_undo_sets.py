@@ -18,6 +18,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 from celery_agboss import OutboundCallCompensatedError
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT, UNDO_WAITS, ExecutionRecord
@@ -38,7 +40,11 @@ class TwoTasks:
     each held at a gate after its undo_with(), then failing."""
 
     def __init__(
-        self, shop: PaymentShop, other_undo: str, first_undo: str = "refund-charge"
+        self,
+        shop: PaymentShop,
+        other_undo: str,
+        first_undo: str = "refund-charge",
+        other_arguments: dict[str, Any] | None = None,
     ) -> None:
         self.shop = shop
         self.ran: list[str] = []
@@ -48,7 +54,7 @@ class TwoTasks:
         ran, gates, reached = self.ran, self.gates, self.reached
 
         @undo_function(shop.app, "refund-charge")
-        def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
+        def refund_charge(task: Any, undo: UndoStep, payment: str, **_: Any) -> None:
             ran.append("refund-charge")
             task.outbound(refund, {"payment": payment})
 
@@ -56,11 +62,11 @@ class TwoTasks:
         def release_stock(task: Any, undo: UndoStep, payment: str) -> None:
             ran.append("release-stock")  # the stock goes back on the shelf: no money
 
-        def paying(name: str, gate: str, undo: str, error: str) -> Any:
+        def paying(name: str, gate: str, undo: str, error: str, **more: Any) -> Any:
             def body(self: Any, order: str) -> Any:
                 request = {"amount": 1000, "order": order}
                 receipt = self.outbound(charge, request, business_key=f"order:{order}")
-                self.undo_with(undo, payment=receipt["id"])
+                self.undo_with(undo, payment=receipt["id"], **more)
                 reached[gate].set()
                 assert gates[gate].wait(GATE_SECONDS)
                 raise LookupError(error)
@@ -69,7 +75,9 @@ class TwoTasks:
             return shop.task()(body)
 
         self.checkout = paying("checkout", "a", first_undo, "out of stock")
-        self.reserve_and_pay = paying("reserve_and_pay", "b", other_undo, "address invalid")
+        self.reserve_and_pay = paying(
+            "reserve_and_pay", "b", other_undo, "address invalid", **(other_arguments or {})
+        )
         self.checkout_again = paying("checkout_again", "c", first_undo, "card declined")
 
     def run(self) -> tuple[ExecutionRecord, ExecutionRecord]:
@@ -216,27 +224,41 @@ def test_a_plain_cancel_of_the_wait_goes_to_a_person(shop: PaymentShop) -> None:
     assert_waits_for_an_operator(ended, CANCELLED_AFTER_PAYMENT)
     assert a.id in [w.execution.id for w in list_waits(shop.app)]
     assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 0)
-    # The person refunds and settles it; the later click then pays once, anew.
+    # The person refunds and settles it; a later click is still never told "undone".
     _refund_by_hand(shop)
     settled = cancel(shop.app, a.id, "refunded at the gateway", payments_handled=True)
     assert settled.state.value == "CANCELLED"
     assert not list_waits(shop.app) and list_failed_after_payment(shop.app) == []
-    assert tasks.later_click() == [True]
-    assert len(shop.gateway.payments) == 2 and _net(shop) == 1000
+    assert tasks.later_click() == [False]
+    assert len(shop.gateway.payments) == 1 and _net(shop) == 0
 
 
-def test_the_settled_step_lets_a_later_click_pay_anew(shop: PaymentShop) -> None:
-    """Before the fix the step stayed claimed, never compensated, once the person had
-    refunded and ended the wait: every later click was told "not undone", and the order
-    could never be paid again."""
+@pytest.mark.parametrize("settled_as", ["refunded", "kept"])
+def test_a_settled_step_is_never_read_undone_by_a_click(shop: PaymentShop, settled_as: str) -> None:
+    """A person who settles the wait (``--payments-handled``) may have refunded the charge
+    or decided to keep it; the store cannot tell which, so the step never reads undone
+    and no click opens a new attempt by itself (read undone, a kept charge was paid
+    twice)."""
     tasks = TwoTasks(shop, "release-stock")
     a, _ = tasks.run()
-    _refund_by_hand(shop)
-    cancel(shop.app, a.id, "refunded at the gateway", payments_handled=True)
-    assert tasks.later_click() == [True]
-    assert len(shop.gateway.payments) == 2 and len(shop.gateway.refunds) == 1
-    assert _net(shop) == 1000  # one charge kept: the new attempt's
+    if settled_as == "refunded":
+        _refund_by_hand(shop)
+    cancel(shop.app, a.id, f"{settled_as} at the gateway", payments_handled=True)
+    assert tasks.later_click() == [False]
+    assert len(shop.gateway.payments) == 1
+    assert _net(shop) == (0 if settled_as == "refunded" else 1000)
     assert list_failed_after_payment(shop.app) == []
+
+
+def test_the_same_undo_with_other_arguments_leaves_it_to_a_person(shop: PaymentShop) -> None:
+    """Arguments count: the claimer's refund of a part (100) does not cover another's
+    refund of the whole; that one waits for a person, nothing read undone."""
+    tasks = TwoTasks(shop, "refund-charge", other_arguments={"amount": 100})
+    a, b = tasks.run()
+    assert tasks.ran == ["refund-charge"]
+    assert_waits_for_an_operator(a, "UndoNotCoveredError", _step_handle(shop, a.id), b.id)
+    assert tasks.later_click() == [False]
+    assert len(shop.gateway.payments) == 1
 
 
 def test_the_reason_tells_the_person_what_ran_and_to_check_the_gateway(
@@ -250,7 +272,7 @@ def test_the_reason_tells_the_person_what_ran_and_to_check_the_gateway(
     assert "gateway" in reason and "done" in reason, reason
 
 
-def test_two_waits_on_one_charge_read_undone_only_once_both_are_settled(
+def test_two_waits_on_one_charge_each_say_one_settlement_is_for_both(
     shop: PaymentShop,
 ) -> None:
     """Two refunds' executions wait on one charge a stock release claimed: each reason
@@ -288,7 +310,6 @@ def test_two_waits_on_one_charge_read_undone_only_once_both_are_settled(
     assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 0)
     _refund_by_hand(shop)
     cancel(shop.app, a, "refunded at the gateway", payments_handled=True)
-    assert tasks.later_click() == [False]  # c still waits: not read undone yet
     cancel(shop.app, c, "refunded at the gateway", payments_handled=True)
-    assert tasks.later_click("place_order_again") == [True]
-    assert len(shop.gateway.payments) == 2 and _net(shop) == 1000
+    assert tasks.later_click() == [False]  # a person decides on a new attempt
+    assert len(shop.gateway.payments) == 1 and _net(shop) == 0
