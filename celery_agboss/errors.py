@@ -19,11 +19,13 @@ from typing import Any
 class _Fielded(BaseException):
     """Mixin: keyword fields kept as attributes, the message as the only arg, pickles whole."""
 
-    def _init_fields(self, message: str | None, fields: dict[str, Any]) -> str:
+    def __init__(self, message: str | None = None, **fields: Any) -> None:
         self.fields = dict(fields)
         for name, value in fields.items():
             setattr(self, name, value)
-        return message or (type(self).__doc__ or type(self).__name__).strip().splitlines()[0]
+        super().__init__(
+            message or (type(self).__doc__ or type(self).__name__).strip().splitlines()[0]
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.args[0] if self.args else None, self.fields))
@@ -36,15 +38,9 @@ def _rebuild(cls: type[Any], message: str | None, fields: dict[str, Any]) -> Any
 class AGBossSignal(_Fielded):
     """A delivery must stop here; what happened is decided from the store, not by this delivery."""
 
-    def __init__(self, message: str | None = None, **fields: Any) -> None:
-        super().__init__(self._init_fields(message, fields))
-
 
 class AGBossError(_Fielded, Exception):
     """celery_agboss refused a request."""
-
-    def __init__(self, message: str | None = None, **fields: Any) -> None:
-        super().__init__(self._init_fields(message, fields))
 
 
 # --- signals: never a failure of the execution ---------------------------------

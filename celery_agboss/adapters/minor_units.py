@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -58,12 +58,10 @@ class GatewayUnits:
     exponents: Mapping[str, int]
     refused: Callable[[str], Exception]
     tens_in_three_decimals: bool = False
-    converted: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
         exponents = {code.upper(): places for code, places in self.exponents.items()}
         object.__setattr__(self, "exponents", MappingProxyType(exponents))
-        object.__setattr__(self, "converted", frozenset(exponents))
 
     def exponent(self, currency: str) -> int:
         """The gateway's decimals of ``currency``."""
@@ -120,4 +118,4 @@ def from_gateway(amount: Any, currency: Any, units: GatewayUnits) -> int | None:
     return None if rest else whole
 
 
-__all__ = ["ISO_EXPONENTS", "GatewayUnits", "from_gateway", "iso_exponent", "to_gateway"]
+__all__ = ["GatewayUnits", "from_gateway", "iso_exponent", "to_gateway"]

@@ -244,9 +244,6 @@ def payment_result(body: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
 
 __all__ = [
     "CARD_DATA",
-    "PAYPAL_UNITS",
-    "REFUSED_STATUSES",
-    "WHOLE_UNIT_CURRENCIES",
     "PayPalDeclinedError",
     "PayPalRequestError",
     "WantedPayment",

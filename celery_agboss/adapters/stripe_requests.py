@@ -124,18 +124,12 @@ def id_of(value: Any) -> str | None:
 
 __all__ = [
     "KEY_METADATA",
-    "PAYMENT_FIELDS",
     "REFERENCE_METADATA",
-    "RESERVED_METADATA",
     "STRIPE_UNITS",
     "InvalidStripeRequestError",
-    "WantedPayment",
-    "checks",
     "id_of",
     "payment_id_request",
     "payment_request",
     "positive_int",
-    "refusal",
-    "refuse_unknown_fields",
     "text_field",
 ]

@@ -176,10 +176,7 @@ class FaultRunner:
         for thaw in [t for t in self._thaws if t.at <= now]:
             self._thaws.remove(thaw)
             self._frozen.discard(thaw.pid)
-            if thaw.group is not None:
-                self.supervisor.signal_group(thaw.group, signal.SIGCONT)
-            else:
-                self.supervisor.signal_pid(thaw.pid, signal.SIGCONT)
+            self._continue(thaw)
             self.say(f"SIGCONT {thaw.pid}")
         for stopping in list(self._stopping):
             if not stopping.process.running:
@@ -259,12 +256,15 @@ class FaultRunner:
             self._catching.held.release()
             self._catching = None
         for thaw in self._thaws:
-            if thaw.group is not None:
-                self.supervisor.signal_group(thaw.group, signal.SIGCONT)
-            else:
-                self.supervisor.signal_pid(thaw.pid, signal.SIGCONT)
+            self._continue(thaw)
         self._thaws.clear()
         self._frozen.clear()
+
+    def _continue(self, thaw: _Thaw) -> None:
+        if thaw.group is not None:
+            self.supervisor.signal_group(thaw.group, signal.SIGCONT)
+        else:
+            self.supervisor.signal_pid(thaw.pid, signal.SIGCONT)
 
 
 __all__ = ["FaultRunner"]

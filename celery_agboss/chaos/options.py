@@ -172,7 +172,6 @@ def _checked(args: argparse.Namespace, env: Mapping[str, str]) -> ChaosOptions:
 
 
 __all__ = [
-    "DEFAULT_BROKER",
     "EXIT_COULD_NOT_RUN",
     "EXIT_INTERRUPTED",
     "EXIT_MONEY_WRONG",
@@ -180,5 +179,4 @@ __all__ = [
     "ChaosOptions",
     "CouldNotRun",
     "parse",
-    "parser",
 ]

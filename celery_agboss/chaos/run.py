@@ -479,4 +479,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(options)
 
 
-__all__ = ["Explorer", "exit_code", "header", "main", "run"]
+__all__ = ["exit_code", "header", "main", "run"]

@@ -20,7 +20,6 @@ from typing import Any
 from celery_agboss.testing.gateway_server import DECLINED_CARD
 
 APP_MODULE = "chaos_shop"
-TASK_NAME = f"{APP_MODULE}.charge_order"
 CONFIG_FILE = "chaos_config.json"
 CALL_NAME = "chaos.charge"
 DECLINE_EVERY = 9  # order ids 4, 13, 22, ... pay with a card the gateway declines
@@ -257,10 +256,8 @@ def write_app(directory: Path, config: ShopConfig) -> Path:
 __all__ = [
     "AMOUNT_BASE",
     "APP_MODULE",
-    "CALL_NAME",
     "CURRENCY",
     "SPEEDUPS",
-    "TASK_NAME",
     "ShopConfig",
     "amount_of",
     "declined",

@@ -127,12 +127,10 @@ class Managed:
 class Supervisor:
     """Starts, restarts, signals and ends the chaos shop's processes."""
 
-    def __init__(
-        self, run_dir: Path, environ: Mapping[str, str], python: str = sys.executable
-    ) -> None:
+    def __init__(self, run_dir: Path, environ: Mapping[str, str]) -> None:
         self.run_dir = run_dir
         self.env = child_environment(environ)
-        self.python = python
+        self.python = sys.executable
         self.started: list[Managed] = []  # every process ever started, ended at stop_all
         self.workers: dict[int, Managed] = {}  # worker number -> its current process
         self.beat: Managed | None = None
@@ -224,4 +222,4 @@ class Supervisor:
                 process.popen.wait(timeout=5)
 
 
-__all__ = ["Managed", "Supervisor", "child_environment", "group_members"]
+__all__ = ["Managed", "Supervisor", "group_members"]

@@ -283,7 +283,6 @@ def summarise(
 
 
 __all__ = [
-    "DECLINED",
     "LOST",
     "PAID_ONCE",
     "PAID_TWICE",

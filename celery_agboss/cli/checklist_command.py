@@ -174,6 +174,3 @@ def _verdict(report: GatewayChecklistReport) -> str:
     if not skipped:
         return "passed"
     return f"passed, {', '.join(skipped)} not probed (no gateway clock)"
-
-
-__all__ = ["checklist", "load_adapter"]

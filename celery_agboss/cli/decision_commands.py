@@ -249,6 +249,3 @@ def payments_handled(
         f"{execution_id} ({record.state.value}): its payments are marked handled; "
         "`agboss pending` no longer lists it.",
     )
-
-
-__all__ = ["accept", "cancel", "payments_handled", "redrive", "resolve", "unpark"]

@@ -181,13 +181,10 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_REFUSED",
     "EXIT_USAGE",
-    "GENERIC_COMMAND",
     "CommandOutput",
     "actor_option",
     "agboss",
-    "app_command",
     "json_command",
-    "named_for_this_app",
     "open_runtime",
     "reason_option",
 ]

@@ -283,6 +283,3 @@ def pauses(ctx: click.Context, limit: int, as_json: bool) -> None:
         out.emit(
             {"pauses": [{"pause_id": p, "execution": e, "status": st} for p, e, st in found]}, text
         )
-
-
-__all__ = ["executions", "pauses", "pending", "show"]

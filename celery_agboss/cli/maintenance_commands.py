@@ -275,6 +275,3 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-__all__ = ["migrate", "sweep"]

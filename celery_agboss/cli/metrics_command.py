@@ -52,6 +52,3 @@ def metrics(ctx: click.Context, directory: str | None, as_json: bool) -> None:
             for sample in family.samples
         ]
         out.emit({"directory": chosen, "samples": samples}, "")
-
-
-__all__ = ["metrics"]

@@ -76,6 +76,3 @@ def answer_pause(
             },
             text,
         )
-
-
-__all__ = ["answer_pause"]

@@ -351,7 +351,6 @@ def report_text(report: SweepReport) -> str:
 
 
 __all__ = [
-    "NOT_SENT_TEXT",
     "RESOLVE_HINT",
     "age",
     "chain_text",
@@ -364,10 +363,8 @@ __all__ = [
     "lease_view",
     "report_data",
     "report_text",
-    "state_text",
     "status_text",
     "table",
     "unopened_note",
-    "users_text",
     "waits_for_operator",
 ]

@@ -88,4 +88,4 @@ def settle_not_sent_for_cancel(
     return ended if won else CancelledIntent.LOST
 
 
-__all__ = ["OPERATOR_REASON", "CancelledIntent", "settle_not_sent_for_cancel"]
+__all__ = ["CancelledIntent", "settle_not_sent_for_cancel"]

@@ -259,14 +259,7 @@ class DeliveryLease:
         ).start()
 
     def _stop_renewing_after(self, runs: list[BoundedRun], reason: str) -> None:
-        for run in runs:
-            remaining = run.deadline - time.monotonic()
-            if remaining > 0:
-                run.done.wait(remaining)
-        stuck = [run for run in runs if not run.done.is_set()]
-        for run in stuck:
-            self.send_overran(run)
-        if not stuck:
+        if self._settle(runs):
             lease = self.lease
             lease.mark_lost(reason)
             if self._renewer is not None:
@@ -304,16 +297,19 @@ class DeliveryLease:
         """
         with self._lock:
             runs = list(self._runs)
+        return self._settle(runs)
+
+    def _settle(self, runs: list[BoundedRun]) -> bool:
+        """Wait for each of ``runs`` up to its own deadline; one still running then is an
+        overrun (``send_overran``). True when none is left running."""
         for run in runs:
             remaining = run.deadline - time.monotonic()
             if remaining > 0:
                 run.done.wait(remaining)
         stuck = [run for run in runs if not run.done.is_set()]
-        if stuck:
-            for run in stuck:
-                self.send_overran(run)
-            return False
-        return True
+        for run in stuck:
+            self.send_overran(run)
+        return not stuck
 
     def running_sends(self) -> list[BoundedRun]:
         """This delivery's sends that may still reach the gateway."""

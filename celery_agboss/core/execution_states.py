@@ -285,8 +285,6 @@ def may_move_by_hand(to_state: ExecutionState, pending: bool) -> bool:
 
 __all__ = [
     "DEFAULT_CANCEL_REASON",
-    "REASON_LIMIT",
-    "RedriveCount",
     "Verdict",
     "cancel_ends_at_start",
     "cancel_ends_now",
@@ -299,7 +297,6 @@ __all__ = [
     "finish_verdict",
     "may_move_by_hand",
     "may_start_compensating",
-    "never_started",
     "over_recovery_cap",
     "redrive_count",
     "start_without_body",

@@ -188,9 +188,7 @@ __all__ = [
     "field_mask",
     "loaded_class",
     "masked_args",
-    "masked_value",
     "rebuild_failure",
     "stored_text",
-    "text_of",
     "type_name",
 ]

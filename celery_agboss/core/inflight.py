@@ -153,4 +153,4 @@ IN_FLIGHT = InFlightRegistry()
 """The one registry of this process (a forked child starts with an empty copy)."""
 
 
-__all__ = ["IN_FLIGHT", "BoundedRun", "InFlightRegistry", "InFlightSend", "RunState", "run_bounded"]
+__all__ = ["IN_FLIGHT", "BoundedRun", "InFlightSend", "RunState", "run_bounded"]

@@ -59,7 +59,6 @@ class LeaseHandle:
         sent: SentAt,
         *,
         clock: HolderClock = SYSTEM_CLOCK,
-        margin_seconds: float = SAFETY_MARGIN_SECONDS,
         grant: LeaseGrant | None = None,
     ) -> None:
         if ttl_ms <= 0:
@@ -67,7 +66,7 @@ class LeaseHandle:
         self.ref = ref
         self.ttl_ms = ttl_ms
         self.clock = clock
-        self.margin_seconds = margin_seconds
+        self.margin_seconds = SAFETY_MARGIN_SECONDS
         self.grant = grant
         self._lock = threading.Lock()
         self._sent = sent
@@ -168,11 +167,9 @@ def acquire(
     return LeaseHandle(grant.lease, ttl_ms, sent, clock=clock, grant=grant)
 
 
-def handle_for_grant(
-    grant: LeaseGrant, ttl_ms: int, sent: SentAt, *, clock: HolderClock = SYSTEM_CLOCK
-) -> LeaseHandle:
+def handle_for_grant(grant: LeaseGrant, ttl_ms: int, sent: SentAt) -> LeaseHandle:
     """The handle for a lease acquired inside a larger transaction (e.g. with RUNNING)."""
-    return LeaseHandle(grant.lease, ttl_ms, sent, clock=clock, grant=grant)
+    return LeaseHandle(grant.lease, ttl_ms, sent, grant=grant)
 
 
 # --- background renewal ------------------------------------------------------------------
@@ -186,9 +183,9 @@ class LeaseRenewer:
     parent's handles or thread: it starts empty, with its own thread.
     """
 
-    def __init__(self, store: Store, *, scheduling_clock: HolderClock = SYSTEM_CLOCK) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        self._clock = scheduling_clock
+        self._clock = SYSTEM_CLOCK
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._handles: dict[LeaseRef, LeaseHandle] = {}

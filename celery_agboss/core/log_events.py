@@ -338,7 +338,6 @@ __all__ = [
     "UNDO_KEPT",
     "UNDO_WAITS",
     "WORKER_SHUTTING_DOWN",
-    "EventObserver",
     "add_event_observer",
     "field_name",
     "log_event",

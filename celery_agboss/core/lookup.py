@@ -167,11 +167,4 @@ def take_for_lookup(
     )
 
 
-__all__ = [
-    "ask",
-    "completed_update",
-    "http_status_of",
-    "lookup_of",
-    "max_key_age_ms",
-    "take_for_lookup",
-]
+__all__ = ["ask", "completed_update", "lookup_of", "max_key_age_ms", "take_for_lookup"]

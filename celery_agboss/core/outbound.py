@@ -173,6 +173,17 @@ def _refuse(call: str, rule: str, value: Any, what: str) -> OutboundCallDefiniti
     )
 
 
+# The fields that must be functions: what each must be. All but the first may be None.
+_FUNCTIONS = {
+    "is_definite_failure": "a function (exception) -> bool, e.g. "
+    "is_definite_failure=lambda exc: isinstance(exc, CardDeclined)",
+    "transaction_id": "a function (result) -> id or None, e.g. "
+    "transaction_id=lambda receipt: receipt['id']",
+    "validate_result": "a function (result) -> None, raising when the result is not what "
+    "send returns",
+}
+
+
 def _check_kinds(call: OutboundCall) -> None:
     """Values of the wrong kind are refused here: each was read later as something else
     (text for ``lookup_proves_absence`` as True, switching off the key-age bound of a
@@ -186,28 +197,10 @@ def _check_kinds(call: OutboundCall) -> None:
             "converted; True lets a NotSent be resent at any key age, so say it only when "
             "the gateway's lookup proves absence)",
         )
-    if not callable(call.is_definite_failure):
-        raise _refuse(
-            call.name,
-            "is_definite_failure",
-            call.is_definite_failure,
-            "a function (exception) -> bool, e.g. "
-            "is_definite_failure=lambda exc: isinstance(exc, CardDeclined)",
-        )
-    if call.transaction_id is not None and not callable(call.transaction_id):
-        raise _refuse(
-            call.name,
-            "transaction_id",
-            call.transaction_id,
-            "a function (result) -> id or None, e.g. transaction_id=lambda receipt: receipt['id']",
-        )
-    if call.validate_result is not None and not callable(call.validate_result):
-        raise _refuse(
-            call.name,
-            "validate_result",
-            call.validate_result,
-            "a function (result) -> None, raising when the result is not what send returns",
-        )
+    for rule, what in _FUNCTIONS.items():
+        value = getattr(call, rule)
+        if not callable(value) and (value is not None or rule == "is_definite_failure"):
+            raise _refuse(call.name, rule, value, what)
     length = call.max_key_length
     if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
         raise _refuse(call.name, "max_key_length", length, "a whole number of characters (int)")

@@ -220,7 +220,6 @@ class Resend:
 
 
 __all__ = [
-    "FailureToBody",
     "Holder",
     "PreparedCall",
     "Resend",

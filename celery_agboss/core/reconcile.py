@@ -57,7 +57,6 @@ from celery_agboss.core.store_protocol import (
     IntentUpdate,
     LeaseRef,
 )
-from celery_agboss.core.stranded import StrandedOutcome, reconcile_stranded
 from celery_agboss.core.transitions import (
     CallRef,
     cas,
@@ -427,11 +426,4 @@ def _flag(
         raise ExecutionFencedError(**ref.fields(attempt=attempt))
 
 
-# ``StrandedOutcome`` and ``reconcile_stranded`` (the sweep's side) live in
-# core/stranded.py and are re-exported here.
-__all__ = [
-    "StrandedOutcome",
-    "reconcile_pending",
-    "reconcile_stranded",
-    "take_for_reconcile",
-]
+__all__ = ["reconcile_pending", "take_for_reconcile"]

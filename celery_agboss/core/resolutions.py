@@ -100,12 +100,9 @@ def completed_resolution(
 
 
 __all__ = [
-    "COMPLETED",
-    "NOT_SENT",
     "Resolution",
     "completed_resolution",
     "not_sent_resolution",
-    "only_its_result_lost",
     "resend_age_waived",
     "wrong_state",
 ]

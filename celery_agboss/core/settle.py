@@ -327,4 +327,4 @@ def record_unknown(holder: Holder, p: PreparedCall, attempt: int, detail: JSON) 
         )
 
 
-__all__ = ["record_unknown", "send_and_settle", "settle_error", "settle_result"]
+__all__ = ["record_unknown", "send_and_settle"]

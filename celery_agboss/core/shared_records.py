@@ -192,7 +192,6 @@ class CancelStep(str, enum.Enum):
 class CancelDecision:
     step: CancelStep
     other: str | None = None  # the execution a WAIT waits for
-    unhandled: tuple[str, ...] = ()  # keys of the payments a person must deal with
 
 
 StepCovers = Callable[[str, str], bool]
@@ -238,7 +237,7 @@ def cancel_decision(
         return CancelDecision(CancelStep.CANCEL)
     if not undos_ran and any(k in undoable and k not in not_covered for k in unhandled):
         return CancelDecision(CancelStep.UNDO_FIRST)
-    return CancelDecision(CancelStep.OPERATOR, unhandled=tuple(unhandled))
+    return CancelDecision(CancelStep.OPERATOR)
 
 
 def _to_account_for(record: SharedRecord, execution_id: str, undone: Collection[str]) -> bool:
@@ -344,7 +343,6 @@ def hands_failure_to_another(record: IntentRecord, execution_id: str) -> bool:
 
 
 __all__ = [
-    "CancelDecision",
     "CancelStep",
     "FailureClaim",
     "StepCovers",
@@ -352,15 +350,10 @@ __all__ = [
     "UndoOutcome",
     "cancel_decision",
     "compensated_error",
-    "counts_for_divergence",
     "diverged",
     "failure_claim",
     "hands_failure_to_another",
-    "moved_money",
-    "payment_of",
     "relies",
     "undo_decision",
     "unhandled_payments",
-    "used_by",
-    "user",
 ]

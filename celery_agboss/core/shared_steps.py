@@ -285,16 +285,12 @@ def loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "MAX_DECISION_ROUNDS",
     "Declared",
-    "UndoNotCoveredError",
     "UndosOf",
-    "covered_by",
     "decide_step",
     "loggable_step",
     "mark_compensated",
     "not_covered_error",
     "step_covers",
     "step_notes",
-    "undo_identity",
 ]

@@ -469,4 +469,4 @@ def _join(holder: Holder, p: PreparedCall, running: InFlightSend) -> tuple[Any, 
     return None  # it ended without a result: the store decides what comes next
 
 
-__all__ = ["MAX_CLAIM_ROUNDS", "Holder", "PreparedCall", "prepare_call", "run_outbound"]
+__all__ = ["prepare_call", "run_outbound"]

@@ -80,10 +80,4 @@ def step_of(
     return Step(kind, name, occurrence, key, business_key_text)
 
 
-__all__ = [
-    "DERIVED_ID_HEADER",
-    "RESERVED_EFFECT_PREFIX",
-    "Step",
-    "refuse_reserved_effect_name",
-    "step_of",
-]
+__all__ = ["DERIVED_ID_HEADER", "Step", "refuse_reserved_effect_name", "step_of"]

@@ -195,7 +195,6 @@ def back_off_stranded(
     sweeper_lease: LeaseRef,
     sweeper_ttl_ms: int,
     reason: str,
-    by: str = "sweep",
 ) -> bool:
     """The sweep's ``reconcile_stranded`` of this intent raised (not the user's lookup:
     that is a failed lookup already): back it off as a failed lookup, handing it back if
@@ -214,7 +213,7 @@ def back_off_stranded(
         tail = HistoryTail()
         if facts.last_history is not None:
             tail.keep(facts.last_history)  # chained without opening its detail
-        detail = {"by": by, "reason": reason}
+        detail = {"by": "sweep", "reason": reason}
         return _back_off_in(tx, settings, facts, sweeper_lease, detail, None, tail)
 
 
@@ -476,16 +475,9 @@ def _log_stranded(
 
 __all__ = [
     "LOOKUP_BACKOFF_BASE_MS",
-    "LOOKUP_BACKOFF_CAP_MS",
-    "NOT_SENT_UNPROVEN_WHY",
-    "UNKNOWN_CALL_HINT",
-    "StrandedFacts",
     "StrandedLookup",
     "StrandedOutcome",
-    "UnsealedRead",
-    "UnsealedStranded",
     "back_off_stranded",
     "look_up_stranded",
-    "not_sent_proven",
     "reconcile_stranded",
 ]

@@ -225,14 +225,4 @@ def _span_event(event: str, fields: Mapping[str, Any]) -> None:
         span.set_attribute("agboss.outcome", _EFFECT_OUTCOMES[event])
 
 
-__all__ = [
-    "SPAN_FIELDS",
-    "TRACER_NAME",
-    "install",
-    "installed",
-    "outcome_of",
-    "span_attributes",
-    "traced_effect",
-    "traced_outbound",
-    "use_tracer_provider",
-]
+__all__ = ["install", "traced_effect", "traced_outbound", "use_tracer_provider"]

@@ -371,7 +371,6 @@ def fault(name: str, lease: LeaseRef, ref: CallRef, **more: object) -> None:
 __all__ = [
     "CallRef",
     "HistoryTail",
-    "append_history",
     "cas",
     "claim_row",
     "create",

@@ -269,9 +269,6 @@ def steps_undone(tx: StoreTransaction, declarations: Iterable[UndoDeclaration]) 
 
 
 __all__ = [
-    "COMPENSATION_KEY_LIMIT",
-    "COMPENSATION_SUFFIX",
-    "UNDO_CALL_SUFFIX",
     "UNDO_OF_HEADER",
     "UNDO_TASK_CANCELLED",
     "UNDO_TASK_REDRIVEN",
@@ -288,7 +285,6 @@ __all__ = [
     "task_undo_runner",
     "trail_of",
     "undo_call_key",
-    "undo_of_options",
     "undo_registry",
     "undo_task_cancel_verdict",
 ]

@@ -194,11 +194,4 @@ _READINESS_AFTER = {
 }
 
 
-__all__ = [
-    "CancelReadiness",
-    "cancel_request_of",
-    "end_with_cancel",
-    "pending_intents",
-    "reconcile_for_cancel",
-    "send_revoked_event",
-]
+__all__ = ["cancel_request_of", "end_with_cancel"]

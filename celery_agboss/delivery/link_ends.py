@@ -162,9 +162,7 @@ def _hand_back(task: Any, record: ExecutionRecord, exc: BaseException, einfo: An
 __all__ = [
     "HANDED_BACK",
     "LINK_PARTS",
-    "MARK_ATTEMPTS",
     "after_a_failure",
     "completed_with_links_unsent",
-    "has_links",
     "links_sent",
 ]

@@ -157,4 +157,4 @@ class PaymentRequest(Request):  # type: ignore[misc]  # celery has no type infor
         return completed_with_links_unsent(self.task, self.id)
 
 
-__all__ = ["EXECUTION_TIME_LIMIT", "PaymentRequest"]
+__all__ = ["PaymentRequest"]

@@ -360,7 +360,6 @@ __all__ = [
     "SWEEP_DURATION_BUCKETS",
     "KnownNames",
     "MetricSpec",
-    "Observation",
     "known_series",
     "observations",
 ]

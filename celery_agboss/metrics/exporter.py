@@ -248,7 +248,6 @@ def configured_directory(app: Any) -> str | None:
 
 
 __all__ = [
-    "INSTALL_HINT",
     "EventCounters",
     "StoreCollector",
     "build_registry",

@@ -32,10 +32,9 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.core.protections import AUDIT_AFTER_THE_CHANGE
 from celery_agboss.operator.common import (
+    _acting,
     _execution,
     _refuse,
-    _require_reason,
-    default_actor,
     refused_if_newer,
     refusing_newer_states,
 )
@@ -135,9 +134,7 @@ def redrive(app: Any, execution_id: str, reason: str, *, actor: str | None = Non
     now, its recovery count reset. Refused while an intent still needs an operator
     (resolve it instead), after a cancel that came when a payment had completed (cancel
     it), or while it runs. True when it was published again."""
-    why = _require_reason(reason)
-    who = actor or default_actor()
-    runtime = Runtime.of(app)
+    why, who, runtime = _acting(app, reason, actor)
     record = _execution(
         runtime, execution_id, "the waiting ones with `celery -A proj agboss pending`"
     )
@@ -186,9 +183,7 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     result its body returned, and is published again so that a delivery hands it to the
     result backend and its links. Refused while an intent of it is pending (resolve it
     first) or a delivery runs it. True when it was published again."""
-    why = _require_reason(reason)
-    who = actor or default_actor()
-    runtime = Runtime.of(app)
+    why, who, runtime = _acting(app, reason, actor)
     record = _execution(
         runtime, execution_id, "the waiting ones with `celery -A proj agboss pending`"
     )
@@ -237,9 +232,7 @@ def cancel(
     waits for an operator, "cancelled after a completed payment", until the call is
     dealt with at the gateway (a refund, or nothing) and ``payments_handled=True``
     (``--payments-handled``) confirms the cancel."""
-    why = _require_reason(reason)
-    who = actor or default_actor()
-    runtime = Runtime.of(app)
+    why, who, runtime = _acting(app, reason, actor)
     executions = runtime.executions
     record = _execution(runtime, execution_id, "them with `celery -A proj agboss executions`")
     if record.state is ExecutionState.CANCELLED:
@@ -306,9 +299,7 @@ def payments_handled(
     """Say that the payment a ``FAILED`` or ``CANCELLED`` execution left behind ("failed
     after a payment", listed by ``agboss pending``) is dealt with: refunded at the
     gateway, or kept on purpose. Nothing is sent; ``pending`` stops listing it."""
-    why = _require_reason(reason)
-    who = actor or default_actor()
-    runtime = Runtime.of(app)
+    why, who, runtime = _acting(app, reason, actor)
     record = _execution(runtime, execution_id, "them with `celery -A proj agboss pending`")
     if record.state not in (ExecutionState.FAILED, ExecutionState.CANCELLED):
         raise _refuse(
@@ -336,9 +327,7 @@ class UnparkResult:
 def unpark(app: Any, execution_id: str, reason: str, *, actor: str | None = None) -> UnparkResult:
     """Give a ``PARKED`` execution (recovery cap reached) another go: its recovery count
     starts again from zero and its message is published again now."""
-    why = _require_reason(reason)
-    who = actor or default_actor()
-    runtime = Runtime.of(app)
+    why, who, runtime = _acting(app, reason, actor)
     record = _execution(
         runtime,
         execution_id,

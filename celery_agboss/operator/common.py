@@ -121,6 +121,11 @@ def _require_reason(reason: str) -> str:
     return text
 
 
+def _acting(app: Any, reason: str, actor: str | None) -> tuple[str, str, Runtime]:
+    """What every decision starts from: its reason (required), who acts, the app's runtime."""
+    return _require_reason(reason), actor or default_actor(), Runtime.of(app)
+
+
 def _intent_summary(intent: IntentRecord) -> dict[str, Any]:
     return {
         "status": intent.status.value,

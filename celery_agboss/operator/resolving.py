@@ -30,13 +30,11 @@ from celery_agboss.core.transitions import mask_result, transaction_id_of, trans
 from celery_agboss.operator.acting import _after_answer
 from celery_agboss.operator.common import (
     _NO_RESULT,
+    _acting,
     _intent_summary,
     _refuse,
-    _require_reason,
-    default_actor,
     refuse_a_newer_state,
 )
-from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.store.audit_trail import insert_audit_txn
 from celery_agboss.store.execution_rows import execution_lease_live
 from celery_agboss.store.transactions import SQLTransaction
@@ -151,9 +149,7 @@ def resolve(
         raise _refuse(
             "bad-input", "say what happened: exactly one of completed=RESULT or not_sent=True"
         )
-    why = _require_reason(reason)
-    who = actor or default_actor()
-    runtime = Runtime.of(app)
+    why, who, runtime = _acting(app, reason, actor)
     waiting = runtime.executions.executions_waiting_on(idempotency_key)
     with runtime.store.transaction() as tx:
         intent = _resolvable_intent(tx, idempotency_key, not_sent)

@@ -88,8 +88,4 @@ def publish_undo_task(task: Any, undo: compensation.UndoStep) -> None:
 
 compensation.run_task_undos_with(publish_undo_task)
 
-__all__ = [
-    "UNDO_TASK_EFFECT",
-    "publish_undo_task",
-    "undo_task_parts",
-]
+__all__ = ["undo_task_parts"]

@@ -3,11 +3,11 @@
 ``settings`` (the frozen ``agboss_*`` settings), ``messages`` (an execution's
 message) and ``app_runtime`` (``Runtime``: the registry, this process's store,
 execution verbs and lease renewer). ``Runtime`` (``Runtime.of(app)``: an app's runtime)
-and ``app_argument`` are named here for the layers above.
+is named here for the layers above.
 """
 
 from __future__ import annotations
 
-from celery_agboss.runtime.app_runtime import Runtime, app_argument
+from celery_agboss.runtime.app_runtime import Runtime
 
-__all__ = ["Runtime", "app_argument"]
+__all__ = ["Runtime"]

@@ -112,10 +112,4 @@ def install(runtime: Runtime) -> None:
         confirm_publish_by_default(app)
 
 
-__all__ = [
-    "CONFIRM_PUBLISH",
-    "confirm_publish_by_default",
-    "confirms_refused_warning",
-    "install",
-    "transport_options",
-]
+__all__ = ["CONFIRM_PUBLISH", "confirms_refused_warning", "install"]

@@ -237,7 +237,6 @@ def _require_django() -> None:
 
 
 __all__ = [
-    "DEFAULT_ALIAS",
     "DJANGO_APP",
     "django_alias",
     "django_store_url",

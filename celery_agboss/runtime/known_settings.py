@@ -212,7 +212,6 @@ __all__ = [
     "RABBITMQ_DEFAULT_CONSUMER_TIMEOUT",
     "REDIS_DEFAULT_VISIBILITY_TIMEOUT",
     "TESTING_ENV",
-    "closest_setting",
     "effective_interval",
     "is_unknown_agboss_key",
     "unknown_settings_message",

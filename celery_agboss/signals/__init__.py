@@ -37,9 +37,7 @@ from typing import Any
 
 from celery import signals as celery_signals
 
-from celery_agboss.core.log_events import EXECUTION_REVOKED
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.runtime.expiry import record_revoke
 from celery_agboss.signals import body_publishes, publish, revokes, worker
 from celery_agboss.signals.publish import RECORDED_HEADER
 from celery_agboss.signals.revokes import install_revoke_recorder
@@ -80,11 +78,4 @@ def disconnect(runtime: Runtime) -> None:
     runtime._signal_handlers = {}
 
 
-__all__ = [
-    "EXECUTION_REVOKED",
-    "RECORDED_HEADER",
-    "connect",
-    "disconnect",
-    "install_revoke_recorder",
-    "record_revoke",
-]
+__all__ = ["RECORDED_HEADER", "connect", "disconnect"]

@@ -428,15 +428,12 @@ def install() -> None:
 
 
 __all__ = [
-    "PUBLISH_EFFECT",
     "CanvasPlan",
     "Position",
     "body_context",
     "derived_task_id",
     "install",
     "plan_canvas",
-    "publish_canvas",
-    "publish_position",
     "refuse_a_new_id_from_a_body",
     "refuse_if_cancelled",
     "request_of",

@@ -107,4 +107,4 @@ def _chord_fixed(chord: dict[str, Any], position: str, derive: Derive) -> Any:
     return kwargs
 
 
-__all__ = ["LINK_PARTS", "fix_link_ids", "fixed"]
+__all__ = ["fix_link_ids"]

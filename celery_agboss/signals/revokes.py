@@ -7,7 +7,6 @@ request is honoured by every later delivery and by the sweep: ``task_revoked`` a
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery.utils.imports import symbol_by_name
@@ -17,8 +16,6 @@ from celery_agboss.core.protections import REVOKE_BROADCAST_NOT_RECORDED
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.expiry import drop_expired_message, record_revoke
 from celery_agboss.signals.publish import is_payment_task
-
-logger = logging.getLogger("celery_agboss")
 
 
 def task_revoked(

@@ -9,7 +9,6 @@ from __future__ import annotations
 from celery_agboss.sweep.runner import (
     DEFAULT_BATCH_SIZE,
     SWEEP_TASK_NAME,
-    SweepFreshness,
     check_sweep_freshness,
     install,
     run_sweep,
@@ -21,7 +20,6 @@ from celery_agboss.sweep.steps import SweepReport
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "SWEEP_TASK_NAME",
-    "SweepFreshness",
     "SweepReport",
     "check_sweep_freshness",
     "install",

@@ -163,4 +163,4 @@ def _republish_one(
     )
 
 
-__all__ = ["has_links", "links_went_out", "republish_unsent_links"]
+__all__ = ["republish_unsent_links"]

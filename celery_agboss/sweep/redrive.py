@@ -140,4 +140,4 @@ def publish(
     )
 
 
-__all__ = ["STEP", "publish", "redrive_due", "redrive_one"]
+__all__ = ["redrive_due", "redrive_one"]

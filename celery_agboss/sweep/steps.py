@@ -55,8 +55,6 @@ from celery_agboss.sweep.report import SweepReport
 if TYPE_CHECKING:
     from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 
-logger = logging.getLogger("celery_agboss")
-
 
 class SweepRun:
     """One sweep run: the app, its store, the settings, and the sweeper's own lease.

@@ -370,7 +370,6 @@ def check_adyen_item(item: Mapping[str, Any], hmac_key_hex: str | Sequence[str])
 
 __all__ = [
     "ADYEN_PSP_REFERENCE",
-    "ADYEN_SIGNED_FIELDS",
     "CHECKOUT_SIGNATURE_HEADER",
     "DEFAULT_TOLERANCE_SECONDS",
     "STRIPE_SIGNATURE_HEADER",
@@ -383,5 +382,4 @@ __all__ = [
     "sign_adyen_item",
     "sign_checkout",
     "sign_stripe",
-    "stripe_signature",
 ]

@@ -148,4 +148,4 @@ def install(runtime: Runtime) -> None:
     celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
 
 
-__all__ = ["SchemaBehind", "StoreCheck", "install", "probe"]
+__all__ = ["SchemaBehind", "install", "probe"]

@@ -123,13 +123,10 @@ class _ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django ships no
         self, request: HttpRequest, why: str, title: str = "The store is not a Django database"
     ) -> HttpResponse:
         """The page's answer when the store cannot be read through Django: what to do."""
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": title,
-            "key": "",
-            "unavailable": why,
-        }
+        return self._record_page(request, {"title": title, "key": "", "unavailable": why})
+
+    def _record_page(self, request: HttpRequest, fields: dict[str, Any]) -> HttpResponse:
+        context = {**self.admin_site.each_context(request), "opts": self.opts, **fields}
         return TemplateResponse(request, "agboss/admin/record.html", context)
 
     def change_view(
@@ -152,15 +149,10 @@ class _ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django ships no
             return self._unavailable(
                 request, f"{_STORE_FAILED} ({failed}); look again", title="The store failed"
             )
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": f"{self.opts.verbose_name.capitalize()} {key}",
-            "key": key,
-            "allowed": self.allowed(request),
-            **record,
-        }
-        return TemplateResponse(request, "agboss/admin/record.html", context)
+        title = f"{self.opts.verbose_name.capitalize()} {key}"
+        return self._record_page(
+            request, {"title": title, "key": key, "allowed": self.allowed(request), **record}
+        )
 
     def record(self, key: str) -> dict[str, Any]:
         """What the record's page shows: the operator API's description of it."""
