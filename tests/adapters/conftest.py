@@ -25,6 +25,7 @@ from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, documented_capabilities
 from celery_agboss.testing.gateway_types import FakeGatewayFault
+from tests.adapters.deliveries import lose_at_the_gateway
 from tests.contract.conftest import db_clock, store, store_backend, store_factory
 from tests.engine.conftest import settings
 from tests.engine.helpers import Shop
@@ -93,14 +94,7 @@ def refund_from_every_path(
     """PS19: a refund whose answer is lost is sent again by its own delivery, then once
     more from another path (an operator's) under the same business key, which must get
     the same refund replayed. Returns the refund and how the retry got it."""
-    shop.lose_the_answer(
-        "saga-undo",
-        refund,
-        request,
-        gateway=server.gateway,
-        operation="refund",
-        business_key=business_key,
-    )
+    lose_at_the_gateway(shop, server, "saga-undo", refund, request, business_key)
     with shop.start("saga-undo") as retry:
         refunded = retry.outbound(refund, request, business_key=business_key)
         outcome = retry.last_outcome

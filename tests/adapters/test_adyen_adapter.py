@@ -26,7 +26,8 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.adyen_support import adapter_for, charge_request
 from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
-from tests.engine.helpers import Shop, business_intent_key, retry_asked, step_intent_key
+from tests.adapters.deliveries import raised_then_retry_asked
+from tests.engine.helpers import Shop, business_intent_key, step_intent_key
 
 PASSED, FAILED = GatewayCheckStatus.PASSED, GatewayCheckStatus.FAILED
 DOCUMENTED_LEVEL = {"G1": PASSED, "G2": FAILED, "G3": PASSED, "G4": PASSED, "G5": FAILED}
@@ -71,10 +72,7 @@ def _answer_lost_then_key_forgotten(
     then a week and an hour pass and Adyen forgets the key."""
     adapter = adapter_for(server.url)
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with shop.start("task-17") as first:
-        with pytest.raises(lost):
-            first.outbound(adapter.charge, charge_request("order-17"))
-        retry_asked(first)
+    raised_then_retry_asked(shop, "task-17", adapter.charge, charge_request("order-17"), lost)
     shop.clock.advance(WEEK + 3600)
     server.gateway.forget_keys()
     return adapter

@@ -43,7 +43,8 @@ from celery_agboss.webhooks import ADYEN_PSP_REFERENCE
 from tests.adapters import paypal_support, stripe_support
 from tests.adapters.adyen_support import adapter_for, charge_request, declined_request
 from tests.adapters.conftest import ServeFn
-from tests.engine.helpers import Shop, business_intent_key, retry_asked, step_intent_key
+from tests.adapters.deliveries import lose_at_the_gateway, raised_then_retry_asked
+from tests.engine.helpers import Shop, business_intent_key, step_intent_key
 
 BLOCKED = "/blocked"
 """Where a worker refused by Adyen points: a route prefix that refuses as Adyen would."""
@@ -137,13 +138,10 @@ def test_a_refund_resent_after_a_lost_answer_and_refused_403_stays_pending(
         payment = ctx.outbound(adapter.charge, charge_request("order-2"))["id"]
     request = {"payment_id": payment, "amount": 400, "currency": "usd"}
     business_key = f"refund:{payment}:1"
-    shop.lose_the_answer(
-        "undo", adapter.refund, request, gateway=gateway, business_key=business_key
-    )
+    key = lose_at_the_gateway(shop, server, "undo", adapter.refund, request, business_key)
     _refused_from_now_on(server, adapter, "403 ip not allowed")
     with shop.start("undo") as second, pytest.raises(OutboundCallOutcomeUnknownError):
         second.outbound(adapter.refund, request, business_key=business_key)
-    key = business_intent_key(shop.settings, business_key, "adyen.refund")
     assert _status(shop, key) is IntentStatus.PENDING
     assert len(gateway.refunds) == 1
 
@@ -211,19 +209,11 @@ def test_paypal_a_refund_resent_by_replay_and_refused_403_stays_pending(
         capture_id = paying.outbound(adapter.charge, paypal_support.charge_request("order-6"))["id"]
     request = {"payment_id": capture_id, "amount": 400}
     business_key = f"refund:{capture_id}:1"
-    shop.lose_the_answer(
-        "undo",
-        adapter.refund,
-        request,
-        gateway=gateway,
-        operation="refund",
-        business_key=business_key,
-    )
+    key = lose_at_the_gateway(shop, server, "undo", adapter.refund, request, business_key)
     paypal_support.dialect_of(server).answer_next(403, path="/refund")  # NOT_AUTHORIZED
     with shop.start("undo") as second, pytest.raises(OutboundCallOutcomeUnknownError) as raised:
         second.outbound(adapter.refund, request, business_key=business_key)
     assert isinstance(raised.value.__cause__, ResendRefusedError), raised.value.__cause__
-    key = business_intent_key(shop.settings, business_key, "paypal.refund")
     assert _status(shop, key) is IntentStatus.PENDING
     assert len(gateway.refunds) == 1
 
@@ -360,10 +350,7 @@ def _retried_after_a_definite_refusal(
 ) -> list[BaseException]:
     """Attempt 1 refused definitely and the body retries (``autoretry_for``); three more
     deliveries send the same request and are refused the same way: what each body saw."""
-    with shop.start(task_id) as first:
-        with pytest.raises(refused):
-            first.outbound(call, request)
-        retry_asked(first)
+    raised_then_retry_asked(shop, task_id, call, request, refused)
     key = step_intent_key(shop.settings, task_id, call.name)
     assert shop.store.read_intent(key).status is IntentStatus.FAILED
     seen: list[BaseException] = []

@@ -27,7 +27,8 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.checkout_support import DECLINED_TOKEN, adapter_for, charge_request
 from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
-from tests.engine.helpers import DAY, Shop, business_intent_key, retry_asked
+from tests.adapters.deliveries import raised_then_retry_asked
+from tests.engine.helpers import DAY, Shop, business_intent_key
 
 RETENTION = 86400  # Checkout.com's documented default: 24 h
 DOCUMENTED = {  # what Checkout.com's docs promise, requirement by requirement
@@ -106,10 +107,9 @@ def test_sabotage_twin_a_lost_answer_taken_for_a_failure_pays_twice_past_the_key
     adapter = adapter_for(server.url)
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     with sabotage(EVERY_ERROR_DEFINITE):
-        with shop.start("order-17") as first:
-            with pytest.raises(Exception):  # noqa: B017
-                first.outbound(adapter.charge, charge_request("order-17"))
-            retry_asked(first)  # the body's autoretry_for=(Exception,)
+        request = charge_request("order-17")
+        # the body's autoretry_for=(Exception,):
+        raised_then_retry_asked(shop, "order-17", adapter.charge, request, Exception)
         shop.clock.advance(DAY + timedelta(minutes=1))
         server.gateway.forget_keys()
         with shop.start("order-17") as retry:

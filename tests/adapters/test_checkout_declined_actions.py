@@ -27,7 +27,8 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
 from tests.adapters.checkout_support import adapter_for, charge_request, dialect_of
 from tests.adapters.conftest import ServeFn
-from tests.engine.helpers import Shop, business_intent_key, retry_asked
+from tests.adapters.deliveries import lose_at_the_gateway, raised_then_retry_asked
+from tests.engine.helpers import Shop, business_intent_key
 
 DECLINED = GatewayRequestOutcome.DECLINED
 PROCESSED = GatewayRequestOutcome.PROCESSED
@@ -46,6 +47,18 @@ def _paid(
     return server, adapter, payment["id"]
 
 
+def _a_refund_declined_next(
+    served: ServeFn, shop: Shop, order: str
+) -> tuple[FakeGatewayServer, CheckoutAdapter, str, dict[str, Any], str]:
+    """The order's payment of 1000 captured and the fake set to decline its next refund:
+    the server, the adapter, the payment, a refund of 300 of it and that refund's
+    business key."""
+    server, adapter, payment_id = _paid(served, shop, order)
+    dialect_of(server).decline_next("refund")
+    refund = {"payment_id": payment_id, "amount": 300}
+    return server, adapter, payment_id, refund, f"refund:{payment_id}"
+
+
 def _payment_at_the_fake(server: FakeGatewayServer, payment_id: str) -> dict[str, Any]:
     [payment] = [p for p in server.gateway.payments if checkout_id(p["id"]) == payment_id]
     return payment
@@ -60,9 +73,7 @@ def _intent(shop: Shop, business_key: str, name: str) -> IntentRecord:
 def test_a_refund_the_gateway_declines_is_a_definite_failure_not_completed(
     served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter, payment_id = _paid(served, shop, "r1")
-    dialect_of(server).decline_next("refund")
-    refund, business_key = {"payment_id": payment_id, "amount": 300}, f"refund:{payment_id}"
+    server, adapter, payment_id, refund, business_key = _a_refund_declined_next(served, shop, "r1")
     with shop.start("refund-r1") as ctx, pytest.raises(CheckoutDeclinedError) as declined:
         ctx.outbound(adapter.refund, refund, business_key=business_key)
 
@@ -85,17 +96,15 @@ def test_a_declined_refund_retried_under_its_key_gets_the_decline_replayed(
 ) -> None:
     """Checkout.com keeps the 202 under the key: a resend is answered the same declined
     action, never refunded afresh inside the key's retention."""
-    server, adapter, payment_id = _paid(served, shop, "r2")
-    dialect_of(server).decline_next("refund")
-    refund, business_key = {"payment_id": payment_id, "amount": 300}, f"refund:{payment_id}"
-    with shop.start("refund-r2") as first:
-        with pytest.raises(CheckoutDeclinedError) as declined:
-            first.outbound(adapter.refund, refund, business_key=business_key)
-        retry_asked(first)  # autoretry_for=(CheckoutDeclinedError,): the same key again
+    server, adapter, _, refund, business_key = _a_refund_declined_next(served, shop, "r2")
+    # autoretry_for=(CheckoutDeclinedError,): the same key again
+    declined = raised_then_retry_asked(
+        shop, "refund-r2", adapter.refund, refund, CheckoutDeclinedError, business_key=business_key
+    )
     with shop.start("refund-r2") as retry, pytest.raises(CheckoutDeclinedError) as again:
         retry.outbound(adapter.refund, refund, business_key=business_key)
 
-    assert again.value.details == declined.value.details  # the same action, replayed
+    assert again.value.details == declined.details  # the same action, replayed
     key = business_intent_key(shop.settings, business_key, "checkout.refund")
     assert [r.outcome for r in server.gateway.requests_for(key)] == [DECLINED, REPLAYED]
     assert server.gateway.refunds == []
@@ -104,17 +113,8 @@ def test_a_declined_refund_retried_under_its_key_gets_the_decline_replayed(
 def test_a_declined_refund_whose_answer_was_lost_is_not_reconciled_as_completed(
     served: ServeFn, shop: Shop
 ) -> None:
-    server, adapter, payment_id = _paid(served, shop, "r3")
-    dialect_of(server).decline_next("refund")
-    refund, business_key = {"payment_id": payment_id, "amount": 300}, f"refund:{payment_id}"
-    shop.lose_the_answer(
-        "refund-r3",
-        adapter.refund,
-        refund,
-        gateway=server.gateway,
-        operation="refund",
-        business_key=business_key,
-    )
+    server, adapter, payment_id, refund, business_key = _a_refund_declined_next(served, shop, "r3")
+    key = lose_at_the_gateway(shop, server, "refund-r3", adapter.refund, refund, business_key)
     assert _intent(shop, business_key, "checkout.refund").status is IntentStatus.PENDING
 
     with shop.start("refund-r3") as retry, pytest.raises(OutboundCallUnreconciledError):
@@ -123,7 +123,6 @@ def test_a_declined_refund_whose_answer_was_lost_is_not_reconciled_as_completed(
     intent = _intent(shop, business_key, "checkout.refund")
     assert intent.status is IntentStatus.PENDING and intent.needs_operator
     assert intent.operator_reason is not None and "declined" in intent.operator_reason
-    key = business_intent_key(shop.settings, business_key, "checkout.refund")
     assert [r.outcome for r in server.gateway.requests_for(key)] == [DECLINED], "nothing resent"
     assert server.gateway.refunds == []
     assert _payment_at_the_fake(server, payment_id)["amount_refunded"] == 0

@@ -27,7 +27,8 @@ from tests.adapters.checkout_support import (
     charge_request,
 )
 from tests.adapters.conftest import ServeFn
-from tests.engine.helpers import Shop, business_intent_key, retry_asked
+from tests.adapters.deliveries import intent_status, lose_at_the_gateway, raised_then_retry_asked
+from tests.engine.helpers import Shop, business_intent_key
 
 DECLINED = GatewayRequestOutcome.DECLINED
 REPLAYED = GatewayRequestOutcome.REPLAYED
@@ -51,11 +52,7 @@ def _listed(server: FakeGatewayServer, reference: str) -> list[dict[str, Any]]:
 
 
 def _intent_status(shop: Shop, business_key: str) -> IntentStatus:
-    intent = shop.store.read_intent(
-        business_intent_key(shop.settings, business_key, "checkout.charge")
-    )
-    assert intent is not None
-    return intent.status
+    return intent_status(shop, business_key, "checkout.charge")
 
 
 def test_a_declined_charge_retried_under_its_key_gets_the_same_decline_replayed(
@@ -64,15 +61,15 @@ def test_a_declined_charge_retried_under_its_key_gets_the_same_decline_replayed(
     server = served("checkout")
     adapter = adapter_for(server.url)
     request = _declined_request("order-d1")
-    with shop.start("order-d1") as first:
-        with pytest.raises(CheckoutDeclinedError) as declined:
-            first.outbound(adapter.charge, request, business_key="order:d1")
-        retry_asked(first)  # autoretry_for=(CheckoutDeclinedError,): the same key again
+    # autoretry_for=(CheckoutDeclinedError,): the same key again
+    declined = raised_then_retry_asked(
+        shop, "order-d1", adapter.charge, request, CheckoutDeclinedError, business_key="order:d1"
+    )
     assert _intent_status(shop, "order:d1") is IntentStatus.FAILED
     with shop.start("order-d1") as retry, pytest.raises(CheckoutDeclinedError) as again:
         retry.outbound(adapter.charge, request, business_key="order:d1")
 
-    assert again.value.details == declined.value.details  # the same payment, replayed
+    assert again.value.details == declined.details  # the same payment, replayed
     assert again.value.details["payment_id"].startswith("pay_")
     key = business_intent_key(shop.settings, "order:d1", "checkout.charge")
     outcomes = [r.outcome for r in server.gateway.requests_for(key)]
@@ -80,7 +77,7 @@ def test_a_declined_charge_retried_under_its_key_gets_the_same_decline_replayed(
     assert len(server.declines) == 1, "the card was declined once"
     assert server.gateway.payments == []
     [payment] = server.gateway.declined_payments
-    assert "pay_" + payment["id"].removeprefix("ch_") == declined.value.details["payment_id"]
+    assert "pay_" + payment["id"].removeprefix("ch_") == declined.details["payment_id"]
     assert _intent_status(shop, "order:d1") is IntentStatus.FAILED
 
 
@@ -153,18 +150,10 @@ def test_a_decline_whose_answer_was_lost_is_resent_and_the_decline_replayed(
     server = served("checkout")
     adapter = adapter_for(server.url)
     request = _declined_request("order-d6")
-    shop.lose_the_answer(
-        "order-d6",
-        adapter.charge,
-        request,
-        gateway=server.gateway,
-        operation="charge",
-        business_key="order:d6",
-    )
+    key = lose_at_the_gateway(shop, server, "order-d6", adapter.charge, request, "order:d6")
     assert _intent_status(shop, "order:d6") is IntentStatus.PENDING
     with shop.start("order-d6") as retry, pytest.raises(CheckoutDeclinedError):
         retry.outbound(adapter.charge, request, business_key="order:d6")
-    key = business_intent_key(shop.settings, "order:d6", "checkout.charge")
     assert [r.outcome for r in server.gateway.requests_for(key)] == [DECLINED, REPLAYED]
     assert len(server.gateway.declined_payments) == 1 and server.gateway.payments == []
     assert _intent_status(shop, "order:d6") is IntentStatus.FAILED

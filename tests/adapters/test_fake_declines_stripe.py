@@ -18,14 +18,16 @@ from typing import Any
 import pytest
 import stripe
 
+from celery_agboss.adapters.stripe import StripeAdapter
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, Unknown
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
-from celery_agboss.testing.gateway_server import DECLINED_CARD
+from celery_agboss.testing.gateway_server import DECLINED_CARD, FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.conftest import ServeFn
+from tests.adapters.deliveries import intent_status, lose_at_the_gateway, raised_then_retry_asked
 from tests.adapters.stripe_support import adapter_for, charge_request
-from tests.engine.helpers import Shop, business_intent_key, retry_asked
+from tests.engine.helpers import Shop, business_intent_key
 
 DECLINED = GatewayRequestOutcome.DECLINED
 REPLAYED = GatewayRequestOutcome.REPLAYED
@@ -41,10 +43,19 @@ def _context(key: str, request: dict[str, Any], attempt: int = 1) -> CallContext
 
 
 def _intent_status(shop: Shop, business_key: str) -> IntentStatus:
-    key = business_intent_key(shop.settings, business_key, "stripe.charge")
-    intent = shop.store.read_intent(key)
-    assert intent is not None
-    return intent.status
+    return intent_status(shop, business_key, "stripe.charge")
+
+
+def _a_lost_decline(
+    served: ServeFn, shop: Shop, order: str
+) -> tuple[FakeGatewayServer, StripeAdapter, dict[str, Any], str]:
+    """A declined charge of ``order`` (``order-s5``, business key ``order:s5``) whose 402
+    was lost: the server, the adapter, the request and the key Stripe keeps it under."""
+    server = served("stripe")
+    adapter = adapter_for(server.url)
+    request = _declined_request(order)
+    key = lose_at_the_gateway(shop, server, order, adapter.charge, request, order.replace("-", ":"))
+    return server, adapter, request, key
 
 
 @pytest.mark.parametrize("source", [DECLINING, DECLINED_CARD])
@@ -116,10 +127,9 @@ def test_a_declined_charge_retried_by_its_execution_gets_the_decline_replayed(
     server = served("stripe")
     adapter = adapter_for(server.url)
     request = _declined_request("order-s4")
-    with shop.start("order-s4") as first:
-        with pytest.raises(stripe.CardError):
-            first.outbound(adapter.charge, request, business_key="order:s4")
-        retry_asked(first)
+    raised_then_retry_asked(
+        shop, "order-s4", adapter.charge, request, stripe.CardError, business_key="order:s4"
+    )
     assert _intent_status(shop, "order:s4") is IntentStatus.FAILED
     with shop.start("order-s4") as retry, pytest.raises(stripe.CardError):
         retry.outbound(adapter.charge, request, business_key="order:s4")
@@ -131,19 +141,8 @@ def test_a_declined_charge_retried_by_its_execution_gets_the_decline_replayed(
 def test_a_decline_whose_answer_was_lost_reconciles_through_requires_payment_method(
     served: ServeFn, shop: Shop
 ) -> None:
-    server = served("stripe")
-    adapter = adapter_for(server.url)
-    request = _declined_request("order-s5")
-    shop.lose_the_answer(
-        "order-s5",
-        adapter.charge,
-        request,
-        gateway=server.gateway,
-        operation="charge",
-        business_key="order:s5",
-    )
+    server, adapter, request, key = _a_lost_decline(served, shop, "order-s5")
     assert _intent_status(shop, "order:s5") is IntentStatus.PENDING
-    key = business_intent_key(shop.settings, "order:s5", "stripe.charge")
     [declined] = server.gateway.declined_payments
     intent_id = "pi_" + declined["id"].removeprefix("ch_")
 
@@ -168,21 +167,10 @@ def test_a_decline_whose_answer_was_lost_reconciles_through_requires_payment_met
 def test_a_lost_decline_past_the_key_s_retention_waits_for_an_operator(
     served: ServeFn, shop: Shop
 ) -> None:
-    server = served("stripe")
-    adapter = adapter_for(server.url)
-    request = _declined_request("order-s6")
-    shop.lose_the_answer(
-        "order-s6",
-        adapter.charge,
-        request,
-        gateway=server.gateway,
-        operation="charge",
-        business_key="order:s6",
-    )
+    server, adapter, request, key = _a_lost_decline(served, shop, "order-s6")
     shop.clock.advance(timedelta(hours=24))
     with shop.start("order-s6") as late, pytest.raises(OutboundCallUnreconciledError):
         late.outbound(adapter.charge, request, business_key="order:s6")  # nothing sent
-    key = business_intent_key(shop.settings, "order:s6", "stripe.charge")
     assert [r.outcome for r in server.gateway.requests_for(key)] == [DECLINED]
     assert _intent_status(shop, "order:s6") is IntentStatus.PENDING
 
@@ -199,10 +187,9 @@ def test_a_retry_that_paid_past_the_key_s_retention_is_found_beside_its_decline(
     adapter = adapter_for(server.url)
     request = charge_request("order-r")
     server.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
-    with shop.start("order-r") as first:
-        with pytest.raises(stripe.CardError):
-            first.outbound(adapter.charge, request, business_key="order:r")
-        retry_asked(first)
+    raised_then_retry_asked(
+        shop, "order-r", adapter.charge, request, stripe.CardError, business_key="order:r"
+    )
     shop.clock.advance(timedelta(hours=25))
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="charge")
     with shop.start("order-r") as retry, pytest.raises(OutboundCallOutcomeUnknownError):

@@ -33,8 +33,9 @@ from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
+from tests.adapters.deliveries import raised_then_retry_asked
 from tests.adapters.paypal_support import adapter_for, charge_request, dialect_of
-from tests.engine.helpers import Background, Shop, business_intent_key, retry_asked, step_intent_key
+from tests.engine.helpers import Background, Shop, business_intent_key, step_intent_key
 
 PASSED, FAILED = GatewayCheckStatus.PASSED, GatewayCheckStatus.FAILED
 SIX_HOURS = ORDER_KEY_RETENTION.total_seconds()
@@ -161,11 +162,10 @@ def test_ps17_twin_every_error_definite_charges_a_second_time(served: ServeFn, s
     adapter = adapter_for(server.url)
     with sabotage(EVERY_ERROR_DEFINITE):
         server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-        with shop.start("task-1") as first:
-            with pytest.raises(Exception) as lost:
-                first.outbound(adapter.charge, charge_request("order-1"))
-            retry_asked(first)  # the body's autoretry_for=(Exception,)
-        assert not isinstance(lost.value, OutboundCallOutcomeUnknownError)  # FAILED instead
+        request = charge_request("order-1")
+        # the body's autoretry_for=(Exception,):
+        lost = raised_then_retry_asked(shop, "task-1", adapter.charge, request, Exception)
+        assert not isinstance(lost, OutboundCallOutcomeUnknownError)  # FAILED instead
         _past_paypal_s_order_retention(shop, server)
         with shop.start("task-1") as second:
             second.outbound(adapter.charge, charge_request("order-1"))

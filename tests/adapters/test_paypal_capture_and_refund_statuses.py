@@ -24,8 +24,9 @@ from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
 from tests.adapters.conftest import ServeFn
+from tests.adapters.deliveries import intent_status, lose_at_the_gateway, raised_then_retry_asked
 from tests.adapters.paypal_support import adapter_for, charge_request, dialect_of
-from tests.engine.helpers import Shop, business_intent_key, retry_asked
+from tests.engine.helpers import Shop, business_intent_key
 
 DECLINED = GatewayRequestOutcome.DECLINED
 PROCESSED = GatewayRequestOutcome.PROCESSED
@@ -43,12 +44,6 @@ def _paid(
     with shop.start(f"pay-{order}") as ctx:
         paid = ctx.outbound(call, charge_request(order), business_key=f"order:{order}")
     return server, adapter, str(paid["id"])
-
-
-def _intent_status(shop: Shop, business_key: str, kind: str) -> IntentStatus:
-    intent = shop.store.read_intent(business_intent_key(shop.settings, business_key, kind))
-    assert intent is not None
-    return intent.status
 
 
 def _outcomes(shop: Shop, server: FakeGatewayServer, business_key: str, kind: str) -> list[Any]:
@@ -79,23 +74,23 @@ def test_a_capture_or_refund_paypal_answers_without_moving_money_is_a_definite_f
     server, adapter, payment_id = _paid(served, shop, kind, capture=kind == "refund")
     dialect_of(server).status_next(kind, shown)
     call, business_key = getattr(adapter, kind), f"{kind}:{payment_id}"
-    with shop.start(f"t-{kind}") as first:
-        with pytest.raises(PayPalDeclinedError) as refused:
-            first.outbound(call, {"payment_id": payment_id}, business_key=business_key)
-        retry_asked(first)
+    request = {"payment_id": payment_id}
+    refused = raised_then_retry_asked(
+        shop, f"t-{kind}", call, request, PayPalDeclinedError, business_key=business_key
+    )
 
-    assert f" {shown}: no money moved" in str(refused.value)
-    assert "under a new business key" in str(refused.value)
-    assert call.is_definite_failure(refused.value) is True
-    assert _intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.FAILED
+    assert f" {shown}: no money moved" in str(refused)
+    assert "under a new business key" in str(refused)
+    assert call.is_definite_failure(refused) is True
+    assert intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.FAILED
     assert _outcomes(shop, server, business_key, f"paypal.{kind}") == [DECLINED]
     _no_money_moved(server, payment_id, kind)
 
     with shop.start(f"t-{kind}") as retry, pytest.raises(PayPalDeclinedError) as again:
-        retry.outbound(call, {"payment_id": payment_id}, business_key=business_key)
-    assert str(again.value) == str(refused.value), "the same answer, replayed under the key"
+        retry.outbound(call, request, business_key=business_key)
+    assert str(again.value) == str(refused), "the same answer, replayed under the key"
     assert _outcomes(shop, server, business_key, f"paypal.{kind}") == [DECLINED, REPLAYED]
-    assert _intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.FAILED
+    assert intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.FAILED
     _no_money_moved(server, payment_id, kind)
 
     with shop.start(f"t-{kind}-new-key") as ctx:  # what the error says to do
@@ -114,21 +109,14 @@ def test_one_whose_answer_was_lost_is_not_reconciled_as_completed(
     dialect_of(server).status_next(kind, shown)
     call, business_key = getattr(adapter, kind), f"{kind}:{payment_id}"
     request = {"payment_id": payment_id}
-    shop.lose_the_answer(
-        f"t-{kind}",
-        call,
-        request,
-        gateway=server.gateway,
-        operation=kind,
-        business_key=business_key,
-    )
-    assert _intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.PENDING
+    lose_at_the_gateway(shop, server, f"t-{kind}", call, request, business_key)
+    assert intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.PENDING
 
     with shop.start(f"t-{kind}") as retry, pytest.raises(PayPalDeclinedError) as refused:
         retry.outbound(call, request, business_key=business_key)
 
     assert f" {shown}: no money moved" in str(refused.value)
-    assert _intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.FAILED
+    assert intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.FAILED
     assert _outcomes(shop, server, business_key, f"paypal.{kind}") == [DECLINED, REPLAYED]
     _no_money_moved(server, payment_id, kind)
 
@@ -146,7 +134,7 @@ def test_a_pending_capture_or_refund_is_the_result_with_its_status(
         done = ctx.outbound(call, {"payment_id": payment_id}, business_key=business_key)
 
     assert (done["status"], done["amount"]) == ("PENDING", 1000)
-    assert _intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.COMPLETED
+    assert intent_status(shop, business_key, f"paypal.{kind}") is IntentStatus.COMPLETED
     assert _outcomes(shop, server, business_key, f"paypal.{kind}") == [PROCESSED]
     made = server.gateway.captures if kind == "capture" else server.gateway.refunds
     assert [m["amount"] for m in made] == [1000]

@@ -26,6 +26,7 @@ from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGatewayFault, GatewayRequestOutcome
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
+from tests.adapters.deliveries import raised_then_retry_asked
 from tests.adapters.stripe_support import (  # noqa: F401 - the fixtures, used by name
     adapter_for,
     charge_request,
@@ -33,7 +34,7 @@ from tests.adapters.stripe_support import (  # noqa: F401 - the fixtures, used b
     stripe_fake_fixture,
     stripe_server_fixture,
 )
-from tests.engine.helpers import Shop, business_intent_key, retry_asked, step_intent_key
+from tests.engine.helpers import Shop, business_intent_key, step_intent_key
 
 PASSED, FAILED = GatewayCheckStatus.PASSED, GatewayCheckStatus.FAILED
 DOCUMENTED_LEVEL = {"G1": PASSED, "G2": PASSED, "G3": PASSED, "G4": PASSED, "G5": PASSED}
@@ -148,10 +149,9 @@ def test_ps17_twin_every_error_definite_resends_past_retention_and_pays_twice(
     server, adapter = _stripe(stripe_fake)
     server.gateway.inject_fault(DROP)
     with sabotage(EVERY_ERROR_DEFINITE):
-        with shop.start("task-1") as first:
-            with pytest.raises(Exception):  # noqa: B017
-                first.outbound(adapter.charge, charge_request("order-1"))
-            retry_asked(first)  # the body's autoretry_for=(Exception,)
+        request = charge_request("order-1")
+        # the body's autoretry_for=(Exception,):
+        raised_then_retry_asked(shop, "task-1", adapter.charge, request, Exception)
         _past_retention(server, db_clock)
         with shop.start("task-1") as retry:
             retry.outbound(adapter.charge, charge_request("order-1"))

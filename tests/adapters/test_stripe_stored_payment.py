@@ -42,6 +42,7 @@ from celery_agboss.testing import sabotage
 from celery_agboss.testing.dialects.stripe import stripe_error
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
+from tests.adapters.deliveries import lose_at_the_gateway
 from tests.adapters.stripe_support import (  # noqa: F401 - the fixtures, used by name
     adapter_for,
     charge_request,
@@ -197,14 +198,8 @@ def test_twin_reading_this_request_settles_a_s_void_with_b_s_and_a_stays_held(
 
 def _a_refunded_answer_lost_then_b_came(shop: Shop, p: TwoPayments) -> None:
     """``ship-1``'s refund of all of A is made, its answer lost; then ``ship-2``."""
-    shop.lose_the_answer(
-        "ship-1",
-        p.adapter.refund,
-        {"payment_id": p.a, "amount": None},
-        gateway=p.server.gateway,
-        operation="refund",
-        business_key=KEY,
-    )
+    request = {"payment_id": p.a, "amount": None}
+    lose_at_the_gateway(shop, p.server, "ship-1", p.adapter.refund, request, KEY)
     assert [r["amount"] for r in p.server.gateway.refunds] == [A_AMOUNT]
     _b_comes(shop, p, p.adapter.refund)
 

@@ -341,14 +341,22 @@ class _CheckoutApi:
         self.failed[key if key is not None else failed.psp_reference] = (failed, reply)
         return reply
 
-    def captures(self, call: GatewayCall) -> Reply:
+    def _amount_and_payment(self, call: GatewayCall, kind: str) -> Reply | tuple[int | None, str]:
+        """A capture's or refund's answer before the gateway (its refusal, or the
+        "received" of one in another currency), or its amount and the payment it names:
+        both kinds are checked the same way, in the same order."""
         amount = self._modification(call, needs_amount=True)
         if isinstance(amount, Reply):
             return amount
-        named = call.params["paymentPspReference"]
-        failed = self._in_another_currency(call, "capture", named)
-        if failed is not None:
-            return failed
+        named: str = call.params["paymentPspReference"]
+        failed = self._in_another_currency(call, kind, named)
+        return failed if failed is not None else (amount, named)
+
+    def captures(self, call: GatewayCall) -> Reply:
+        checked = self._amount_and_payment(call, "capture")
+        if isinstance(checked, Reply):
+            return checked
+        amount, named = checked
         key = call.header(KEY_HEADER)
         try:
             receipt = self.server.gateway.capture(self._payment_of(named), key, amount=amount)
@@ -361,13 +369,10 @@ class _CheckoutApi:
         return self._received(call, receipt["id"], receipt["request_id"], amount=amount_answer)
 
     def refunds(self, call: GatewayCall) -> Reply:
-        amount = self._modification(call, needs_amount=True)
-        if isinstance(amount, Reply):
-            return amount
-        named = call.params["paymentPspReference"]
-        failed = self._in_another_currency(call, "refund", named)
-        if failed is not None:
-            return failed
+        checked = self._amount_and_payment(call, "refund")
+        if isinstance(checked, Reply):
+            return checked
+        amount, named = checked
         try:
             refund = self.server.gateway.refund(
                 self._payment_of(named),

@@ -256,35 +256,36 @@ class CheckoutDialect:
         return self.server.deliver_answer(call, key, reference, reply)
 
     def _created(self, receipt: dict[str, Any]) -> dict[str, Any]:
-        payment_id = checkout_id(receipt["id"])
-        return {
-            "id": payment_id,
-            "action_id": action_id(receipt["request_id"]),
-            "amount": CHECKOUT.to_wire(receipt["amount"], receipt["currency"]),
-            "currency": receipt["currency"].upper(),
+        outcome = {
             "approved": True,
             "status": status_of(receipt),
             "auth_code": "770687",
             "response_code": "10000",
             "response_summary": "Approved",
-            "processed_on": iso_time(receipt["created"]),
-            "reference": receipt["reference"],
-            "risk": {"flagged": False},
-            "_links": self._href(payment_id),
         }
+        return self._payment_answer(receipt, outcome)
 
     def _declined(self, receipt: dict[str, Any]) -> dict[str, Any]:
         """The 201 of a declined payment (the same body when the key replays it)."""
+        outcome = {
+            "approved": False,
+            "status": "Declined",
+            "response_code": _DECLINE_CODE,
+            "response_summary": _DECLINE_SUMMARY,
+        }
+        return self._payment_answer(receipt, outcome)
+
+    def _payment_answer(self, receipt: dict[str, Any], outcome: dict[str, Any]) -> dict[str, Any]:
+        """A payment request's 201, approved or declined: one shape for both, so a
+        decline reads as Checkout.com's does (``outcome``: its approval fields, in the
+        order Checkout.com sends them)."""
         payment_id = checkout_id(receipt["id"])
         return {
             "id": payment_id,
             "action_id": action_id(receipt["request_id"]),
             "amount": CHECKOUT.to_wire(receipt["amount"], receipt["currency"]),
             "currency": receipt["currency"].upper(),
-            "approved": False,
-            "status": "Declined",
-            "response_code": _DECLINE_CODE,
-            "response_summary": _DECLINE_SUMMARY,
+            **outcome,
             "processed_on": iso_time(receipt["created"]),
             "reference": receipt["reference"],
             "risk": {"flagged": False},
