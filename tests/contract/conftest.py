@@ -11,11 +11,13 @@
 - ``executions``: the execution verbs on a PostgreSQL database of their own, for the
   one-statement tests; ``executions.offset["ms"]`` moves the clock every statement reads;
 - ``empty_url``: a database with no tables at all, on each backend (the deployment id's
-  tests migrate it themselves); ``apps(url, **config)``: test apps on it, closed after.
+  tests migrate it themselves); ``apps(url, **config)``: test apps on it, closed after;
+  ``opened(url)``: a store on any url, closed after; ``copy_of_a_database``: a copy.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.stores import sqlite_store_url
 from tests.conftest import TemplateFactory
 from tests.support import services
-from tests.support.databases import TemplateDatabase
+from tests.support.databases import TemplateDatabase, database_name
 from tests.support.stores import STORE_BACKENDS, fresh_store_url
 
 BACKENDS = STORE_BACKENDS
@@ -118,6 +120,33 @@ def empty_database(request: pytest.FixtureRequest, directory: Path) -> str:
 def empty_sqlite_url(directory: Path) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(directory / 'agboss.db').resolve()}"
+
+
+def copy_of_a_database(url: str, request: pytest.FixtureRequest, directory: Path) -> str:
+    """A copy of the database at ``url``, rows and all, as a restore or a moved store brings
+    them back: the SQLite file copied into ``directory``, or ``CREATE DATABASE copy TEMPLATE
+    original`` (dropped after the test)."""
+    if url.startswith("sqlite"):
+        copy = empty_sqlite_url(directory)
+        shutil.copy(url.removeprefix("sqlite:///"), copy.removeprefix("sqlite:///"))
+        return copy
+    admin_url: str = request.getfixturevalue("postgres_admin_url")
+    clone: Callable[[TemplateDatabase], str] = request.getfixturevalue("clone_postgres")
+    return clone(TemplateDatabase(admin_url=admin_url, name=database_name(url)))
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[[str], SQLAlchemyStore]]:
+    """``opened(url)``: a ``SQLAlchemyStore`` on ``url``; every store made is closed after."""
+    made: list[SQLAlchemyStore] = []
+
+    def open_(url: str) -> SQLAlchemyStore:
+        made.append(SQLAlchemyStore(url))
+        return made[-1]
+
+    yield open_
+    for store in made:
+        store.close()
 
 
 @pytest.fixture

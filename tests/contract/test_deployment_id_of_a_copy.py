@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,42 +38,20 @@ from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.celery_app import close_test_app, make_test_app
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
-from tests.contract.conftest import BACKENDS, empty_database
+from tests.contract.conftest import BACKENDS, copy_of_a_database, empty_database
 from tests.delivery.conftest import PaymentShop
-from tests.support.databases import TemplateDatabase, database_name
 
 
 def copy_of_a_store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
-    """A migrated store (``request.param``'s backend) and a copy of it: the SQLite file
-    copied, or ``CREATE DATABASE copy TEMPLATE original`` (dropped after the test)."""
+    """A migrated store (``request.param``'s backend) and a copy of it."""
     original = empty_database(request, tmp_path / "original")
     migrate(original)
-    if original.startswith("sqlite"):
-        (tmp_path / "copy").mkdir()
-        copy = tmp_path / "copy" / "agboss.db"
-        shutil.copy(original.removeprefix("sqlite:///"), copy)
-        return original, f"sqlite:///{copy}"
-    admin_url: str = request.getfixturevalue("postgres_admin_url")
-    clone: Callable[[TemplateDatabase], str] = request.getfixturevalue("clone_postgres")
-    return original, clone(TemplateDatabase(admin_url=admin_url, name=database_name(original)))
+    return original, copy_of_a_database(original, request, tmp_path / "copy")
 
 
 @pytest.fixture(params=BACKENDS)
 def original_and_copy(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     return copy_of_a_store(request, tmp_path)
-
-
-@pytest.fixture
-def opened() -> Iterator[Callable[[str], SQLAlchemyStore]]:
-    made: list[SQLAlchemyStore] = []
-
-    def open_(url: str) -> SQLAlchemyStore:
-        made.append(SQLAlchemyStore(url))
-        return made[-1]
-
-    yield open_
-    for store in made:
-        store.close()
 
 
 def place_of(store: SQLAlchemyStore) -> PlaceCheck:

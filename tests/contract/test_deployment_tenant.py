@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +40,8 @@ from celery_agboss.store.migrate import alembic_config, migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGateway, FakeGatewayFault
-from tests.contract.conftest import empty_sqlite_url
+from tests.contract.conftest import copy_of_a_database, empty_sqlite_url
 from tests.engine.helpers import DAY, PSEUDONYM_KEY, reconcile_by_lookup
-from tests.support.databases import TemplateDatabase, database_name
 
 BEFORE = ScriptDirectory.from_config(alembic_config()).get_revision("0007").down_revision
 """The revision just below the one that adds the deployment id."""
@@ -60,19 +58,6 @@ def another_empty_url(empty_url: str, request: pytest.FixtureRequest, tmp_path: 
         request.getfixturevalue("postgres_templates")("empty", lambda _url: None)
     )
     return url
-
-
-@pytest.fixture
-def opened() -> Iterator[Callable[[str], SQLAlchemyStore]]:
-    made: list[SQLAlchemyStore] = []
-
-    def open_(url: str) -> SQLAlchemyStore:
-        made.append(SQLAlchemyStore(url))
-        return made[-1]
-
-    yield open_
-    for store in made:
-        store.close()
 
 
 def _tenant(opened: Callable[[str], SQLAlchemyStore], url: str) -> str | None:
@@ -144,14 +129,11 @@ def _charge(gateway: FakeGateway) -> OutboundCall:
     )
 
 
-def _pay_across_an_upgrade(
-    url: str, apps: Callable[..., Celery], *, minted_anyway: bool = False
-) -> FakeGateway:
-    """Order 1 is charged by the previous version (tenant "default", its answer lost);
-    the store is upgraded; a delivery of this version finishes the same execution."""
-    gateway = FakeGateway()
-    charge = _charge(gateway)
-    migrate(url, BEFORE)
+def lost_answer_of_the_previous_version(
+    url: str, gateway: FakeGateway, charge: OutboundCall
+) -> None:
+    """A worker of the previous version (tenant "default") charges order 1 as task-1 and
+    its answer is lost."""
     previous = EngineSettings(pseudonym_key=PSEUDONYM_KEY, tenant=DEFAULT_TENANT)
     store = SQLAlchemyStore(url)
     try:
@@ -163,15 +145,34 @@ def _pay_across_an_upgrade(
             before.outbound(charge, {"amount": 1000}, business_key="order:1")
     finally:
         store.close()
+
+
+def redelivered_by_this_version(
+    url: str, apps: Callable[..., Celery], charge: OutboundCall
+) -> None:
+    """A worker of this version redelivers task-1 (order 1) once the lost delivery's
+    lease expired."""
+    agboss = AGBoss.of(apps(url, agboss_pseudonym_key=PSEUDONYM_KEY))
+    agboss.store.clock_offset_source = lambda: 31_000  # the lost delivery's lease expired
+    with ExecutionContext.start(agboss.store, "task-1", agboss.engine_settings) as after:
+        after.outbound(charge, {"amount": 1000}, business_key="order:1")
+
+
+def _pay_across_an_upgrade(
+    url: str, apps: Callable[..., Celery], *, minted_anyway: bool = False
+) -> FakeGateway:
+    """Order 1 is charged by the previous version (tenant "default", its answer lost);
+    the store is upgraded; a delivery of this version finishes the same execution."""
+    gateway = FakeGateway()
+    charge = _charge(gateway)
+    migrate(url, BEFORE)
+    lost_answer_of_the_previous_version(url, gateway, charge)
     if minted_anyway:
         with sabotage(TENANT_MINTED_WHILE_IN_USE):
             migrate(url)
     else:
         migrate(url)
-    agboss = AGBoss.of(apps(url, agboss_pseudonym_key=PSEUDONYM_KEY))
-    agboss.store.clock_offset_source = lambda: 31_000  # the lost delivery's lease expired
-    with ExecutionContext.start(agboss.store, "task-1", agboss.engine_settings) as after:
-        after.outbound(charge, {"amount": 1000}, business_key="order:1")
+    redelivered_by_this_version(url, apps, charge)
     return gateway
 
 
@@ -209,10 +210,7 @@ def test_a_rollback_and_a_re_deploy_keep_the_deployment_id_of_a_payment_in_fligh
         command.downgrade(alembic_config(conn), BEFORE)
     migrate(empty_url)
     assert _tenant(opened, empty_url) == minted
-    redeployed = AGBoss.of(apps(empty_url, agboss_pseudonym_key=PSEUDONYM_KEY))
-    redeployed.store.clock_offset_source = lambda: 31_000  # the lost delivery's lease expired
-    with ExecutionContext.start(redeployed.store, "task-1", redeployed.engine_settings) as after:
-        after.outbound(charge, {"amount": 1000}, business_key="order:1")
+    redelivered_by_this_version(empty_url, apps, charge)
     assert len(gateway.payments) == 1
 
 
@@ -228,15 +226,7 @@ def test_a_moved_or_restored_store_keeps_its_deployment_id(
     migrate(empty_url)
     with SQLAlchemyStore(empty_url) as store:
         minted = read_store_tenant(store)
-    if empty_url.startswith("sqlite"):
-        moved = tmp_path / "moved"
-        moved.mkdir()
-        shutil.copy(empty_url.removeprefix("sqlite:///"), moved / "agboss.db")
-        copy = empty_sqlite_url(moved)
-    else:  # CREATE DATABASE … TEMPLATE: every row copied, as a restore brings them back
-        admin_url: str = request.getfixturevalue("postgres_admin_url")
-        template = TemplateDatabase(admin_url=admin_url, name=database_name(empty_url))
-        copy = request.getfixturevalue("clone_postgres")(template)
+    copy = copy_of_a_database(empty_url, request, tmp_path / "moved")
     assert minted is not None
     assert _tenant(opened, copy) == minted
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
 from alembic import command
 from celery import Celery
 
@@ -22,14 +21,18 @@ from celery_agboss.app import AGBoss
 from celery_agboss.core.engine_settings import DEFAULT_TENANT, EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.protections import TENANT_MINTED_FOR_AN_IDLE_STORE
-from celery_agboss.errors import OutboundCallOutcomeUnknownError
 from celery_agboss.store.deployment import read_store_tenant
 from celery_agboss.store.migrate import alembic_config, migrate
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing import sabotage
-from celery_agboss.testing.gateway import FakeGateway, FakeGatewayFault
+from celery_agboss.testing.gateway import FakeGateway
 from tests.contract import test_deployment_tenant as tenant_tests
-from tests.contract.test_deployment_tenant import MINTED, _charge
+from tests.contract.test_deployment_tenant import (
+    MINTED,
+    _charge,
+    lost_answer_of_the_previous_version,
+    redelivered_by_this_version,
+)
 from tests.engine.helpers import PSEUDONYM_KEY
 
 BEFORE = str(tenant_tests.BEFORE)
@@ -57,21 +60,8 @@ def _old_worker_then_new_worker(url: str, apps: Callable[..., Celery]) -> FakeGa
     this version redelivers the execution once the lost delivery's lease expired."""
     gateway = FakeGateway()
     charge = _charge(gateway)
-    previous = EngineSettings(pseudonym_key=PSEUDONYM_KEY, tenant=DEFAULT_TENANT)
-    store = SQLAlchemyStore(url)
-    try:
-        gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-        with (
-            ExecutionContext.start(store, "task-1", previous) as before,
-            pytest.raises(OutboundCallOutcomeUnknownError),
-        ):
-            before.outbound(charge, {"amount": 1000}, business_key="order:1")
-    finally:
-        store.close()
-    agboss = AGBoss.of(apps(url, agboss_pseudonym_key=PSEUDONYM_KEY))
-    agboss.store.clock_offset_source = lambda: 31_000  # the lost delivery's lease expired
-    with ExecutionContext.start(agboss.store, "task-1", agboss.engine_settings) as after:
-        after.outbound(charge, {"amount": 1000}, business_key="order:1")
+    lost_answer_of_the_previous_version(url, gateway, charge)
+    redelivered_by_this_version(url, apps, charge)
     return gateway
 
 

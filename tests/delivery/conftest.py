@@ -100,6 +100,18 @@ class PaymentShop:
         self.calls[name] = self.agboss.register(made)
         return made
 
+    def looked_up_call(self, name: str, send: Callable[[CallContext], Any]) -> OutboundCall:
+        """A test's own outbound call ``send``, reconciled by a lookup of its key at the
+        fake gateway (so a lost answer is found, never sent twice), registered on the app."""
+        made = OutboundCall(
+            name=name,
+            send=send,
+            reconcile=self._reconcile_by_lookup,
+            key_retention=timedelta(hours=24),
+        )
+        registered: OutboundCall = self.agboss.register(made)
+        return registered
+
     def _reconcile_by_lookup(self, call: CallContext, lookup: Lookup) -> Any:
         found = self.gateway.lookup(lookup.idempotency_key)
         return NotSent() if found is None else Completed(found)
@@ -150,7 +162,55 @@ class PaymentShop:
         )
         go_on.set()
 
+    def pay_failing_after_its_charge(
+        self, undo: str | Callable[[str], Any], name: str = "pay"
+    ) -> Any:
+        """A task ``shop.<name>`` that charges the order 1000 (``call()``), declares its
+        undo (a registered undo's name, given the payment; or ``undo(payment)``, an undo
+        task's signature), then fails ("out of stock"): its failure runs the undo."""
+        charge = self.call()
+
+        def body(task: Any, order: str) -> Any:
+            receipt = task.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+            if isinstance(undo, str):
+                task.undo_with(undo, payment=receipt["id"])
+            else:
+                task.undo_with(undo(receipt["id"]))
+            raise LookupError("out of stock")
+
+        body.__name__ = name
+        return self.task()(body)
+
+    def pay_revoked_after_its_charge(self, undo: str) -> Callable[[str], str]:
+        """A task ``pay`` that charges the order, declares the undo ``undo`` with the
+        payment and waits before its next step. The function returned publishes it for an
+        order and revokes it at that wait (``revoke_at``), so its next step, a fenced
+        effect, meets the cancel and the cancel runs the undo; the task id."""
+        charge = self.call()
+        charged, go_on = threading.Event(), threading.Event()
+
+        @self.task()
+        def pay(task: Any, order: str) -> Any:
+            receipt = task.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+            task.undo_with(undo, payment=receipt["id"])
+            charged.set()
+            assert go_on.wait(20)
+            task.fenced_effect("mark-paid", lambda conn: None)  # stops here: the cancel
+            return receipt
+
+        def publish_and_revoke(order: str) -> str:
+            task_id = str(pay.delay(order).id)
+            self.revoke_at(task_id, charged, go_on)
+            return task_id
+
+        return publish_and_revoke
+
     # --- what tests read -----------------------------------------------------------
+
+    def times_sent(self, call: str) -> int:
+        """How many requests reached the gateway under ``call``'s keys (each key names its
+        call), whether they moved money or not."""
+        return sum(1 for r in self.gateway.requests if call in (r.idempotency_key or ""))
 
     def execution(self, execution_id: str) -> ExecutionRecord:
         record = self.agboss.executions.read_execution(execution_id)

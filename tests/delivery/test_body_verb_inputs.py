@@ -66,13 +66,9 @@ def test_an_undo_registered_after_the_task_module_is_found_at_the_declaration(
 ) -> None:
     """Undo functions may be registered by a module imported after the task's: what
     counts is that they are registered before a body declares one."""
-    charge, refund = shop.call(), shop.refund_call()
+    refund = shop.refund_call()
 
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-late", payment=receipt["id"])
-        raise LookupError("out of stock")
+    pay = shop.pay_failing_after_its_charge("refund-late")
 
     @undo_function(shop.app, "refund-late")
     def refund_late(task: Any, undo: UndoStep, payment: str) -> None:

@@ -43,11 +43,6 @@ from tests.delivery.conftest import PaymentShop
 from tests.delivery.test_outcomes_kept import backend_state
 from tests.support.processes import assert_stays, wait_until
 
-
-def _shipping_requests(shop: PaymentShop) -> int:
-    return sum(1 for r in shop.gateway.requests if "shop.shipping" in (r.idempotency_key or ""))
-
-
 # --- links ---------------------------------------------------------------------------
 
 
@@ -68,22 +63,22 @@ def _a_duplicate_that_sends_the_links_again(shop: PaymentShop) -> str:
     with shop.worker():
         task_id = str(pay.apply_async(("o-1",), link=ship.s()).id)
         shop.wait_state(task_id, "COMPLETED")
-        wait_until(lambda: _shipping_requests(shop) == 1, 10, message="the shipping")
+        wait_until(lambda: shop.times_sent("shop.shipping") == 1, 10, message="the shipping")
         with sabotage(REPLAY_SENDS_LINKS):
             shop.agboss.republish(shop.execution(task_id), reason="test: a duplicate")
-            assert_stays(lambda: _shipping_requests(shop) <= 1, 2.0)
+            assert_stays(lambda: shop.times_sent("shop.shipping") <= 1, 2.0)
     return task_id
 
 
 def test_links_go_out_under_ids_fixed_before_the_first_send(shop: PaymentShop) -> None:
     _a_duplicate_that_sends_the_links_again(shop)
-    assert _shipping_requests(shop) == 1, "the same ship execution, charged once"
+    assert shop.times_sent("shop.shipping") == 1, "the same ship execution, charged once"
 
 
 def test_unfrozen_links_sent_again_charge_the_shipping_twice(shop: PaymentShop) -> None:
     with sabotage(LINK_IDS_NOT_FIXED), pytest.raises(AssertionError, match="stopped holding"):
         _a_duplicate_that_sends_the_links_again(shop)
-    wait_until(lambda: _shipping_requests(shop) == 2, 10, message="the second shipping")
+    wait_until(lambda: shop.times_sent("shop.shipping") == 2, 10, message="the second shipping")
 
 
 # --- replace --------------------------------------------------------------------------

@@ -11,14 +11,13 @@ execution instead of running a new one: the shipping is charged once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery import chain, chord, group
 
-from celery_agboss import Completed, NotSent, OutboundCall
-from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss import OutboundCall
+from celery_agboss.core.outbound import CallContext
 from celery_agboss.core.protections import EAGER_BODY_PUBLISH_UNKEYED
 from celery_agboss.signals.body_publishes import derived_task_id
 from celery_agboss.testing.switches import sabotage
@@ -48,18 +47,7 @@ def _charge_losing_the_first_order_answer(shop: PaymentShop) -> OutboundCall:
             raise ConnectionError("answer lost")
         return receipt
 
-    def reconcile(call: CallContext, lookup: Lookup) -> Any:
-        found = gateway.lookup(lookup.idempotency_key)
-        return NotSent() if found is None else Completed(found)
-
-    return shop.agboss.register(
-        OutboundCall(
-            name="shop.charge_eager",
-            send=send,
-            reconcile=reconcile,
-            key_retention=timedelta(hours=24),
-        )
-    )
+    return shop.looked_up_call("shop.charge_eager", send)
 
 
 PUBLISHES: dict[str, Callable[[Any, str], Any]] = {
@@ -78,9 +66,9 @@ CANVASES: dict[str, Callable[[Any, str], Any]] = {
 """Run in process too: Celery's eager canvas applies each task with ``apply()``."""
 
 
-def _ship_then_a_lost_answer(shop: PaymentShop, publish: Callable[[Any, str], Any]) -> str:
-    """``pay`` publishes ``ship`` (run in process), then charges the order, whose answer
-    is lost once: ``pay`` runs again from the top. The id of ``pay``'s execution."""
+def _pay_publishing_ship(shop: PaymentShop, publish: Callable[[Any, str], Any]) -> Any:
+    """``pay`` publishes ``ship`` with ``publish`` (run in process), then charges the
+    order, whose answer is lost once: ``pay`` runs again from the top."""
     charge = _charge_losing_the_first_order_answer(shop)
 
     @shop.task()
@@ -92,7 +80,12 @@ def _ship_then_a_lost_answer(shop: PaymentShop, publish: Callable[[Any, str], An
         publish(ship, order)
         return self.outbound(charge, {"amount": ORDER, "order": order})
 
-    result = pay.delay("o1")
+    return pay
+
+
+def _ship_then_a_lost_answer(shop: PaymentShop, publish: Callable[[Any, str], Any]) -> str:
+    """``_pay_publishing_ship`` run eagerly. The id of ``pay``'s execution."""
+    result = _pay_publishing_ship(shop, publish).delay("o1")
     assert result.get(timeout=10)["amount"] == ORDER
     return str(result.id)
 
@@ -124,17 +117,7 @@ def test_the_payment_tasks_of_an_eager_canvas_in_a_body_charge_once(
 def test_a_child_applied_in_a_body_on_a_worker_charges_once(shop: PaymentShop) -> None:
     """Not eager: the parent runs on a worker, its retry is a message; ``apply()`` in its
     body runs the child in process all the same."""
-    charge = _charge_losing_the_first_order_answer(shop)
-
-    @shop.task()
-    def ship(self: Any, order: str) -> Any:
-        return self.outbound(charge, {"amount": SHIPPING, "order": f"ship-{order}"})
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        ship.apply((order,))
-        return self.outbound(charge, {"amount": ORDER, "order": order})
-
+    pay = _pay_publishing_ship(shop, PUBLISHES["apply"])
     pay_id = shop.run(pay, "o3", states=("COMPLETED",))
     assert sorted(_amounts(shop)) == [SHIPPING, ORDER], _amounts(shop)
     child = derived_task_id(pay_id, "publish/shop.ship#1")
@@ -153,21 +136,14 @@ def test_without_the_derived_id_an_eager_child_charges_the_shipping_twice(
 def test_each_eager_publish_of_a_body_takes_its_own_position_and_a_given_id_is_kept(
     shop: PaymentShop,
 ) -> None:
-    charge = _charge_losing_the_first_order_answer(shop)
     mine = shop.new_id()
 
-    @shop.task()
-    def ship(self: Any, order: str) -> Any:
-        return self.outbound(charge, {"amount": SHIPPING, "order": f"ship-{order}"})
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
+    def three_publishes(ship: Any, order: str) -> None:
         ship.delay(f"{order}-a")
         ship.apply((f"{order}-b",))
         ship.apply_async((f"{order}-c",), task_id=mine)
-        return self.outbound(charge, {"amount": ORDER, "order": order})
 
-    pay_id = str(pay.delay("o2").id)
+    pay_id = str(_pay_publishing_ship(shop, three_publishes).delay("o2").id)
     assert sorted(_amounts(shop)) == [SHIPPING, SHIPPING, SHIPPING, ORDER], _amounts(shop)
     for n, order in enumerate(("o2-a", "o2-b"), start=1):
         child = shop.execution(derived_task_id(pay_id, f"publish/shop.ship#{n}"))

@@ -45,10 +45,6 @@ from tests.delivery.conftest import PaymentShop
 from tests.support.processes import assert_stays, wait_until
 
 
-def _shipping(shop: PaymentShop) -> int:
-    return sum(1 for r in shop.gateway.requests if "shop.shipping" in (r.idempotency_key or ""))
-
-
 @pytest.fixture
 def shop_config() -> dict[str, Any]:
     # The chord join gives up quickly: an early join (a part counted twice) fails at once.
@@ -126,13 +122,13 @@ def _a_link_sent_twice(shop: PaymentShop, runs: Counter[str], shape: str) -> int
         task_id = str(pay.apply_async(("o-1",), {"fail": fail}, **options).id)
         shop.wait_state(task_id, "FAILED" if fail else "COMPLETED")
         wait_until(lambda: runs[ship.name] == ships, 15, message="the first shipping")
-        first = _shipping(shop)
+        first = shop.times_sent("shop.shipping")
         assert first == ships
         shop.agboss.republish(shop.execution(task_id), reason="test: a duplicate")
         wait_until(lambda: runs[task_id] == 2, 10, message="the duplicate's replay")
         wait_until(lambda: runs[ship.name] == 2 * ships, 15, message="the links sent again")
-        settled = _shipping(shop)
-        assert_stays(lambda: _shipping(shop) == settled, 1.0)
+        settled = shop.times_sent("shop.shipping")
+        assert_stays(lambda: shop.times_sent("shop.shipping") == settled, 1.0)
     return first
 
 
@@ -142,7 +138,7 @@ def test_a_canvas_link_sent_again_ships_each_box_once(
     shop: PaymentShop, runs: Counter[str], shape: str
 ) -> None:
     first = _a_link_sent_twice(shop, runs, shape)
-    assert _shipping(shop) == first, "the same ship executions, each charged once"
+    assert shop.times_sent("shop.shipping") == first, "the same ship executions, each charged once"
 
 
 @pytest.mark.usefixtures("links_not_recorded")
@@ -152,7 +148,7 @@ def test_members_under_new_ids_ship_every_box_twice(
 ) -> None:
     with sabotage(CANVAS_LINK_MEMBERS_UNFIXED):
         first = _a_link_sent_twice(shop, runs, shape)
-    assert _shipping(shop) == 2 * first, "a second charge for every box"
+    assert shop.times_sent("shop.shipping") == 2 * first, "a second charge for every box"
 
 
 def test_every_task_of_a_canvas_link_gets_an_id_fixed_at_publish(shop: PaymentShop) -> None:
@@ -214,8 +210,12 @@ def test_a_next_step_whose_send_raised_is_sent_once(
     shop: PaymentShop, monkeypatch: pytest.MonkeyPatch, runs: Counter[str]
 ) -> None:
     def shipped_once() -> None:
-        wait_until(lambda: _shipping(shop) == 1, 15, message="the step sent by the redelivery")
-        assert_stays(lambda: _shipping(shop) == 1, 1.0)
+        wait_until(
+            lambda: shop.times_sent("shop.shipping") == 1,
+            15,
+            message="the step sent by the redelivery",
+        )
+        assert_stays(lambda: shop.times_sent("shop.shipping") == 1, 1.0)
 
     pay_id = _a_next_step_refused_once(shop, monkeypatch, runs, shipped_once)
     assert shop.execution(pay_id).links_dispatched
@@ -223,7 +223,7 @@ def test_a_next_step_whose_send_raised_is_sent_once(
 
 def _never_shipped(shop: PaymentShop) -> Callable[[], None]:
     # The message handed back comes again after a pause of 0.2 s (the test retry delay).
-    return lambda: assert_stays(lambda: _shipping(shop) == 0, 2.0)
+    return lambda: assert_stays(lambda: shop.times_sent("shop.shipping") == 0, 2.0)
 
 
 def test_recording_it_sent_loses_the_next_step(

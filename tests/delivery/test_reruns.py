@@ -37,10 +37,6 @@ from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.support.processes import wait_until
 
 
-def _requests_of(shop: PaymentShop, call: str) -> list[Any]:
-    return [r for r in shop.gateway.requests if call in (r.idempotency_key or "")]
-
-
 def _declined_then_answer_lost(shop: PaymentShop, pay: Any, order: str) -> str:
     """Runs ``pay(order)`` with the first charge declined and the next charge's answer
     lost, so the body runs again past its decline."""
@@ -68,7 +64,7 @@ def _backup_after_a_decline(shop: PaymentShop) -> str:
 def test_a_decline_the_body_went_past_is_raised_again_never_resent(shop: PaymentShop) -> None:
     task_id = _backup_after_a_decline(shop)
     assert shop.execution(task_id).state.value == "COMPLETED"
-    assert len(_requests_of(shop, "shop.primary")) == 1, "declined once, never resent"
+    assert shop.times_sent("shop.primary") == 1, "declined once, never resent"
     assert len(shop.gateway.payments) == 1
     assert shop.execution(task_id).deliveries == 2
 
@@ -169,7 +165,7 @@ def test_a_passed_failure_that_cannot_be_raised_again_waits_for_an_operator(
     assert_waits_for_an_operator(
         record, "", "OutboundCallFailureNotReplayableError", "CardDeclined"
     )
-    assert len(_requests_of(shop, "shop.primary")) == 1, "never resent"
+    assert shop.times_sent("shop.primary") == 1, "never resent"
     assert len(shop.gateway.payments) == 1
 
 
@@ -281,10 +277,10 @@ def test_a_payment_task_published_from_a_body_is_one_execution_on_every_rerun(
     shop: PaymentShop,
 ) -> None:
     _ship_then_a_lost_answer(shop)
-    assert len(_requests_of(shop, "shop.shipping")) == 1
+    assert shop.times_sent("shop.shipping") == 1
 
 
 def test_a_new_id_on_every_rerun_charges_the_shipping_twice(shop: PaymentShop) -> None:
     with sabotage(BODY_PUBLISHES_GET_NEW_IDS):
         _ship_then_a_lost_answer(shop)
-    assert len(_requests_of(shop, "shop.shipping")) == 2
+    assert shop.times_sent("shop.shipping") == 2

@@ -77,29 +77,17 @@ def _revoked_then_refund_refused_then_redriven(shop: PaymentShop, ids: list[str]
     """Charged, its refund undo declared, revoked mid-body: the refund is refused
     definitively (nothing moved), the execution waits for an operator, who re-drives
     it; the re-drive's message reaches the worker that heard the revoke."""
-    charge, gateway = shop.call(), shop.gateway
     refund = shop.refund_call("shop.refusable-refund", refusable=True)
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
         task.outbound(refund, {"payment": payment})
 
-    charged, go_on = threading.Event(), threading.Event()
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        charged.set()
-        assert go_on.wait(20)
-        self.fenced_effect("mark-paid", lambda conn: None)  # stops here: the cancel
-        return receipt
-
-    gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")
+    pay_and_revoke = shop.pay_revoked_after_its_charge("refund-charge")
+    shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")
     with shop.worker():
-        task_id = str(pay.delay("o-1").id)
+        task_id = pay_and_revoke("o-1")
         ids.append(task_id)
-        shop.revoke_at(task_id, charged, go_on)
         record = shop.wait_state(task_id, "WAITING_OPERATOR", "CANCELLED")
         assert_waits_for_an_operator(record, "undo refund-charge failed")
         assert task_id in worker_state.revoked, "the worker heard the revoke"

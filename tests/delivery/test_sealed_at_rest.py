@@ -394,17 +394,12 @@ def test_an_undo_failure_quoted_in_the_reason_stays_sealed_in_the_audit(
 ) -> None:
     """The execution's reason is sealed (an undo's failure quotes its error there); the
     audit of a decision on it, kept in clear, names the reason only."""
-    charge = shop.call()
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
         raise RuntimeError(f"refund refused: the card of {EMAIL} was closed")
 
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise LookupError("out of stock")
+    pay = shop.pay_failing_after_its_charge("refund-charge")
 
     execution_id = shop.run(pay, "o-1", states=("WAITING_OPERATOR",))
     (reason,) = _texts(delivery_store_url, "agboss_executions", "reason")

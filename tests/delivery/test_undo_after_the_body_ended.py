@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,16 +30,25 @@ from tests.delivery.test_undo_review_fixes import later_click_shop
 from tests.support.processes import wait_until
 
 
-def _a_body_thread_charging_after_the_undo_started(shop: PaymentShop) -> list[BaseException]:
+def split_pay_with_a_body_thread(
+    shop: PaymentShop,
+    *,
+    undo_starts: Callable[[], None],
+    card_b_starts: Callable[[], None] = lambda: None,
+    body_raises: Callable[[], None] = lambda: None,
+    thread_name: str | None = None,
+) -> list[BaseException]:
     """Card A charged (its undo declared); the body starts card B in a thread and raises;
-    card B is sent while card A's undo runs. What the thread raised, if anything."""
+    card A's undo calls ``undo_starts``, waits for the thread, then refunds card A. The
+    thread calls ``card_b_starts`` before charging, the body ``body_raises`` before it
+    raises: the race each test stages. What the thread raised, if anything."""
     charge, refund = shop.call(), shop.refund_call()
-    undo_running, straggler_done = threading.Event(), threading.Event()
+    straggler_done = threading.Event()
     raised: list[BaseException] = []
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        undo_running.set()
+        undo_starts()
         assert straggler_done.wait(15), "the body's thread"
         task.outbound(refund, {"payment": payment})
 
@@ -51,7 +61,7 @@ def _a_body_thread_charging_after_the_undo_started(shop: PaymentShop) -> list[Ba
         def card_b() -> None:  # a thread of the body, on the delivery's request
             self.push_request(request)
             try:
-                assert undo_running.wait(15)
+                card_b_starts()
                 self.outbound(charge, {"amount": 400}, business_key=f"order:{order}:card-b")
             except BaseException as exc:
                 raised.append(exc)
@@ -59,12 +69,26 @@ def _a_body_thread_charging_after_the_undo_started(shop: PaymentShop) -> list[Ba
                 self.pop_request()
                 straggler_done.set()
 
-        threading.Thread(target=card_b, daemon=True).start()
+        threading.Thread(target=card_b, name=thread_name, daemon=True).start()
+        body_raises()
         raise LookupError("card A's order line is out of stock")
 
     with shop.worker():
         shop.deliver(split_pay, "o-7", states=("FAILED", "WAITING_OPERATOR"))
+    assert straggler_done.is_set()
     return raised
+
+
+def _a_body_thread_charging_after_the_undo_started(shop: PaymentShop) -> list[BaseException]:
+    """Card B is sent while card A's undo runs."""
+    undo_running = threading.Event()
+
+    def undo_has_started() -> None:
+        assert undo_running.wait(15)
+
+    return split_pay_with_a_body_thread(
+        shop, undo_starts=undo_running.set, card_b_starts=undo_has_started
+    )
 
 
 def test_a_body_thread_sends_nothing_once_the_undo_started(shop: PaymentShop) -> None:
@@ -111,7 +135,7 @@ def test_a_later_click_is_not_told_nothing_was_refunded(shop: PaymentShop) -> No
 
 
 def test_an_undo_task_whose_refund_went_through_is_not_told_failed(shop: PaymentShop) -> None:
-    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
+    refund = shop.refund_call("shop.sig-refund")
 
     class Receipt:  # what a body may return by mistake: not JSON
         pass
@@ -121,11 +145,7 @@ def test_an_undo_task_whose_refund_went_through_is_not_told_failed(shop: Payment
         self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}:1")
         return Receipt()
 
-    @shop.task()
-    def place_order(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with(refund_payment.s(receipt["id"]))
-        raise LookupError("out of stock")
+    place_order = shop.pay_failing_after_its_charge(refund_payment.s, "place_order")
 
     def ended() -> list[Any]:
         return [

@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ from celery.utils.dispatch import Signal
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import CANCELLED_AFTER_PAYMENT
 from celery_agboss.core.log_events import EXECUTION_COMPENSATING, UNDO_DONE
-from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
+from celery_agboss.core.outbound import CallContext
 from celery_agboss.core.protections import (
     UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY,
     UNDO_REFUNDS_COUNTED_AS_PAYMENTS,
@@ -221,17 +220,12 @@ def test_without_an_undo_a_cancel_after_the_charge_still_waits_for_an_operator(
 
 @sqlite_only
 def test_an_undo_that_raises_waits_for_an_operator(shop: PaymentShop) -> None:
-    charge = shop.call()
 
     @undo_function(shop.app, "refund-charge")
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
         raise RuntimeError("the refund API is down for maintenance")
 
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise LookupError("out of stock")
+    pay = shop.pay_failing_after_its_charge("refund-charge")
 
     with shop.worker():
         task_id = str(pay.delay("o-6").id)
@@ -243,7 +237,6 @@ def _refund_refused_then_redriven(shop: PaymentShop) -> str:
     """The body charges, declares the refund undo, then fails; the gateway refuses the
     refund definitively (nothing moved), so the execution waits for an operator, who
     re-drives it once the merchant's balance is topped up."""
-    charge = shop.call()
     gateway = shop.gateway
     refund = shop.refund_call("shop.refusable-refund", refusable=True)
 
@@ -251,11 +244,7 @@ def _refund_refused_then_redriven(shop: PaymentShop) -> str:
     def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
         task.outbound(refund, {"payment": payment})
 
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise LookupError("out of stock")
+    pay = shop.pay_failing_after_its_charge("refund-charge")
 
     gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")
     with shop.worker():
@@ -305,18 +294,7 @@ def _refund_task(shop: PaymentShop) -> tuple[Any, list[str]]:
     def send(call: CallContext) -> Any:
         return gateway.refund(call.request["payment"], call.idempotency_key, amount=REFUND_PART)
 
-    def reconcile(call: CallContext, lookup: Lookup) -> Any:
-        found = gateway.lookup(lookup.idempotency_key)
-        return NotSent() if found is None else Completed(found)
-
-    part_refund = shop.agboss.register(
-        OutboundCall(
-            name="shop.part-refund",
-            send=send,
-            reconcile=reconcile,
-            key_retention=timedelta(hours=24),
-        )
-    )
+    part_refund = shop.looked_up_call("shop.part-refund", send)
 
     @shop.task()
     def refund_payment(self: Any, payment: str) -> Any:

@@ -16,15 +16,13 @@ A worker in a thread of this process, on both stores (tests/delivery/conftest.py
 
 from __future__ import annotations
 
-import threading
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from celery_agboss import NotPausedError, answer_pause
 from celery_agboss.core.keys import business_key
-from celery_agboss.core.outbound import CallContext, Completed, Lookup, NotSent, OutboundCall
+from celery_agboss.core.outbound import CallContext, OutboundCall
 from celery_agboss.core.protections import (
     UNDO_CALLS_SHARE_ONE_KEY,
     UNDO_PAUSE_TAKEN_FOR_THE_BODYS,
@@ -56,20 +54,7 @@ def _refund_after_approval(shop: PaymentShop) -> None:
 def _paused_in_the_cancels_undo(shop: PaymentShop) -> str:
     """Charge, declare the undo, be revoked: the cancel runs the undo, which pauses."""
     _refund_after_approval(shop)
-    charge = shop.call()
-    charged, go_on = threading.Event(), threading.Event()
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-after-approval", payment=receipt["id"])
-        charged.set()
-        assert go_on.wait(20)
-        self.fenced_effect("mark-paid", lambda conn: None)  # stops here: the cancel
-        return receipt
-
-    task_id = str(pay.delay("o-2").id)
-    shop.revoke_at(task_id, charged, go_on)
+    task_id = shop.pay_revoked_after_its_charge("refund-after-approval")("o-2")
     record = shop.wait_state(task_id, "PAUSED", "CANCELLED", "WAITING_OPERATOR")
     assert record.state.value == "PAUSED" and record.cancel_requested, record
     _wait_released(shop, task_id)
@@ -118,13 +103,8 @@ def test_twin_a_pause_in_a_cancels_undo_taken_for_the_bodys_never_refunds(
 def _paused_in_a_failures_undo(shop: PaymentShop) -> str:
     """Charge, declare the undo, fail: the failure's undo pauses."""
     _refund_after_approval(shop)
-    charge = shop.call()
 
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-after-approval", payment=receipt["id"])
-        raise LookupError("out of stock")
+    pay = shop.pay_failing_after_its_charge("refund-after-approval")
 
     task_id = str(pay.delay("o-3").id)
     shop.wait_state(task_id, "PAUSED")
@@ -178,25 +158,14 @@ def _part_refund(shop: PaymentShop) -> OutboundCall:
         request = call.request
         return gateway.refund(request["payment"], call.idempotency_key, amount=request["amount"])
 
-    def reconcile(call: CallContext, lookup: Lookup) -> Any:
-        found = gateway.lookup(lookup.idempotency_key)
-        return NotSent() if found is None else Completed(found)
-
-    return shop.agboss.register(
-        OutboundCall(
-            name="shop.part-refund",
-            send=send,
-            reconcile=reconcile,
-            key_retention=timedelta(hours=24),
-        )
-    )
+    return shop.looked_up_call("shop.part-refund", send)
 
 
 def _two_part_refunds(shop: PaymentShop, amounts: tuple[int, int], crash: bool = False) -> str:
     """A charge of 1000 undone by two partial refunds of one call, made with no business
     key, then a failure; ``crash``: the first delivery dies between the two refunds, and
     the sweep re-drives it once its lease expired."""
-    charge, part = shop.call(), _part_refund(shop)
+    part = _part_refund(shop)
     crashed: list[str] = []
 
     @undo_function(shop.app, "refund-two")
@@ -207,11 +176,7 @@ def _two_part_refunds(shop: PaymentShop, amounts: tuple[int, int], crash: bool =
             raise Crash()
         task.outbound(part, {"payment": payment, "amount": amounts[1]})
 
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-two", payment=receipt["id"])
-        raise LookupError("out of stock")
+    pay = shop.pay_failing_after_its_charge("refund-two")
 
     with shop.worker():
         task_id = str(pay.delay("o-5").id)

@@ -37,6 +37,7 @@ from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.fault_arming import FENCED_BEFORE_BEGIN, arm_pause
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.delivery.test_undo_after_the_body_ended import split_pay_with_a_body_thread
 from tests.support.processes import wait_until
 
 STRAGGLER = "card-b"
@@ -57,43 +58,19 @@ def _a_body_thread_claiming_just_after_the_start_mark(shop: PaymentShop) -> list
     the compensation starts, and only its undo (so: after the start mark committed)
     lets card B's claim go on, then waits for it before refunding card A. What the
     thread raised, if anything."""
-    charge, refund = shop.call(), shop.refund_call()
     paused = arm_pause(
         FENCED_BEFORE_BEGIN, only=lambda _: threading.current_thread().name == STRAGGLER
     )
-    straggler_done = threading.Event()
-    raised: list[BaseException] = []
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        paused.release()  # the start mark is committed: card B claims now
-        assert straggler_done.wait(15), "the body's thread"
-        task.outbound(refund, {"payment": payment})
+    def past_the_check_before_its_claim() -> None:
+        paused.wait_reached(15)
 
-    @shop.task()
-    def split_pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 600}, business_key=f"order:{order}:card-a")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        request = dict(vars(self.request))
-
-        def card_b() -> None:  # a thread of the body, on the delivery's request
-            self.push_request(request)
-            try:
-                self.outbound(charge, {"amount": 400}, business_key=f"order:{order}:card-b")
-            except BaseException as exc:
-                raised.append(exc)
-            finally:
-                self.pop_request()
-                straggler_done.set()
-
-        threading.Thread(target=card_b, name=STRAGGLER, daemon=True).start()
-        paused.wait_reached(15)  # past the check, before its claim
-        raise LookupError("card A's order line is out of stock")
-
-    with shop.worker():
-        shop.deliver(split_pay, "o-7", states=("FAILED", "WAITING_OPERATOR"))
-    assert straggler_done.is_set()
-    return raised
+    return split_pay_with_a_body_thread(
+        shop,
+        undo_starts=paused.release,  # the start mark is committed: card B claims now
+        body_raises=past_the_check_before_its_claim,
+        thread_name=STRAGGLER,
+    )
 
 
 def test_a_body_thread_past_the_check_claims_nothing_after_the_start_mark(
@@ -127,7 +104,6 @@ def _a_revoked_undo_task(shop: PaymentShop) -> tuple[str, str]:
     refund task is revoked (a real ``revoke``, no terminate) while its body waits before
     the refund, and meets the cancel at its refund's claim. The parent's and the task's
     ids, once the task ended or waits."""
-    charge = shop.call()
     refund = shop.refund_call("shop.sig-refund")
     reached, go_on = threading.Event(), threading.Event()
     ids: list[str] = []
@@ -139,11 +115,7 @@ def _a_revoked_undo_task(shop: PaymentShop) -> tuple[str, str]:
         assert go_on.wait(15), "the revoke"
         return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
 
-    @shop.task()
-    def place_order(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with(refund_payment.s(receipt["id"]))
-        raise LookupError("out of stock")
+    place_order = shop.pay_failing_after_its_charge(refund_payment.s, "place_order")
 
     parent = shop.deliver(place_order, "o-3", states=("FAILED", "WAITING_OPERATOR"))
     assert reached.wait(20), "the refund task to start"
@@ -189,7 +161,7 @@ def test_twin_a_revoked_undo_task_ends_cancelled_shown_to_nobody(shop: PaymentSh
 
 
 def test_undo_with_inside_an_undo_task_is_refused_at_the_call(shop: PaymentShop) -> None:
-    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
+    refund = shop.refund_call("shop.sig-refund")
     refused: list[ConfigurationError] = []
 
     @undo_function(shop.app, "tell-the-customer")
@@ -206,11 +178,7 @@ def test_undo_with_inside_an_undo_task_is_refused_at_the_call(shop: PaymentShop)
             raise
         return receipt
 
-    @shop.task()
-    def place_order(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with(refund_payment.s(receipt["id"]))
-        raise LookupError("out of stock")
+    place_order = shop.pay_failing_after_its_charge(refund_payment.s, "place_order")
 
     with shop.worker():
         parent = shop.deliver(place_order, "o-4", states=("FAILED", "WAITING_OPERATOR"))
@@ -231,17 +199,15 @@ def _an_order_whose_refund_task_is_queued(
     """``place_order`` charges, declares ``refund_payment.s(payment)`` on the ``refunds``
     queue (with ``options``: stamps) and fails. Run in a worker that does not consume
     ``refunds``: the parent's id and the refund task's record, still queued."""
-    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
+    refund = shop.refund_call("shop.sig-refund")
 
     @shop.task()
     def refund_payment(self: Any, payment: str) -> Any:
         return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
 
-    @shop.task()
-    def place_order(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with(refund_payment.s(receipt["id"]).set(queue="refunds", **options))
-        raise LookupError("out of stock")
+    place_order = shop.pay_failing_after_its_charge(
+        lambda payment: refund_payment.s(payment).set(queue="refunds", **options), "place_order"
+    )
 
     def the_task() -> list[Any]:
         return [

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from celery_agboss import ConfigurationError, OutboundCallCompensatedError
@@ -56,15 +55,10 @@ def _read_first_undo(shop: PaymentShop, crashed: list[str]) -> None:
 
 
 def _fail_after_a_crashed_undo(shop: PaymentShop, order: str) -> str:
-    charge = shop.call()
     crashed: list[str] = []
     _read_first_undo(shop, crashed)
 
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise LookupError("out of stock")
+    pay = shop.pay_failing_after_its_charge("refund-charge")
 
     with shop.worker():
         task_id = str(pay.delay(order).id)
@@ -98,23 +92,11 @@ def test_twin_without_the_start_mark_the_refund_is_listed_as_a_payment(
 
 
 def _cancel_after_a_crashed_undo(shop: PaymentShop, order: str) -> str:
-    charge = shop.call()
     crashed: list[str] = []
     _read_first_undo(shop, crashed)
-    charged, go_on = threading.Event(), threading.Event()
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        charged.set()
-        assert go_on.wait(20)
-        self.fenced_effect("mark-paid", lambda conn: None)
-        return receipt
-
+    pay_and_revoke = shop.pay_revoked_after_its_charge("refund-charge")
     with shop.worker():
-        task_id = str(pay.delay(order).id)
-        shop.revoke_at(task_id, charged, go_on)
+        task_id = pay_and_revoke(order)
         wait_until(lambda: crashed, 10, message="the crash after the refund")
         shop.redrive_after_crash(task_id)
         shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR", "FAILED")
@@ -253,18 +235,13 @@ def _signature_undo_refused(shop: PaymentShop) -> str:
     """``place_order`` charges, declares ``refund_payment.s(payment)`` and fails; the
     gateway declines the refund task's refund (definitively: nothing moved). The parent's
     id."""
-    charge = shop.call()
     refund = shop.refund_call("shop.sig-refund", refusable=True)
 
     @shop.task()
     def refund_payment(self: Any, payment: str) -> Any:
         return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}:1")
 
-    @shop.task()
-    def place_order(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with(refund_payment.s(receipt["id"]))
-        raise LookupError("out of stock")
+    place_order = shop.pay_failing_after_its_charge(refund_payment.s, "place_order")
 
     shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")
     with shop.worker():
