@@ -3,17 +3,20 @@ worker and sweep loop, a process of it publishing, and what the test reads of th
 
 Used by the Django tests that run real workers (``shop_on`` from a fixture). Speed-ups
 (tests only, see the package's docstring): ``-Q`` the test's queue, a 5 s lease, a 1 s
-retry delay, a 1 s sweep loop.
+retry delay, a 1 s sweep loop; and the store is a copy of one ``manage.py migrate`` per
+backend and test process (its deployment id's place forgotten, so no copy is told it is
+one), not migrated per test: ``tests/django/test_django_migrations.py`` proves the command.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,12 +167,15 @@ def shop_on(
     gateway serving; ``start()`` its processes."""
     if backend == "sqlite":
         path = tmp_path / "shop.sqlite3"
+        template = _sqlite_template(request)
+        with closing(sqlite3.connect(template)) as source, closing(sqlite3.connect(path)) as copy:
+            source.backup(copy)
         url, database = f"sqlite:///{path}", sqlite_database(path)
     else:
-        url = request.getfixturevalue("empty_postgres_url")
+        templates = request.getfixturevalue("postgres_templates")
+        clone = request.getfixturevalue("clone_postgres")
+        url = clone(templates("django-shop", lambda made: _migrate(postgresql_database(made))))
         database = postgresql_database(url)
-    done = manage(database, "migrate", "--no-input")
-    assert done.returncode == 0, done.stdout + done.stderr
     with GatewayHTTPServer() as gateway:
         env = environment(
             database,
@@ -185,3 +191,23 @@ def shop_on(
                 r=reference,
             )
         yield made
+
+
+_SQLITE_TEMPLATES: dict[str, Path] = {}
+
+
+def _migrate(database: dict[str, Any]) -> None:
+    done = manage(database, "migrate", "--no-input")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _sqlite_template(request: pytest.FixtureRequest) -> Path:
+    """The shop's SQLite store migrated once in this test process, its place forgotten."""
+    if "shop" not in _SQLITE_TEMPLATES:
+        factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+        path = factory.mktemp("django-shop-template") / "shop.sqlite3"
+        _migrate(sqlite_database(path))
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM agboss_meta WHERE key = 'deployment.place'")
+        _SQLITE_TEMPLATES["shop"] = path
+    return _SQLITE_TEMPLATES["shop"]
