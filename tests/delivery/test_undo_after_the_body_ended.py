@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from celery_agboss.core import state_machine
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.protections import BODY_CALLS_AFTER_COMPENSATION_START
 from celery_agboss.errors import ConfigurationError
@@ -113,7 +114,12 @@ def test_twin_a_body_thread_charges_while_the_undo_refunds_listed_nowhere(
     assert listed == [], "card B's charge passed as an undo's refund"
 
 
-def test_a_later_click_is_not_told_nothing_was_refunded(shop: PaymentShop) -> None:
+def test_a_later_click_is_not_told_nothing_was_refunded(
+    shop: PaymentShop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Speed-up: the later click meets the claimed step after the first execution ended, so
+    no undo is in flight; its wait for one is 0.05 s, not 5 s (``COMPENSATION_WAIT_S``)."""
+    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.05)
     charge, refund = shop.call(), shop.refund_call()
 
     @undo_function(shop.app, "refund-then-notify")

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from celery_agboss import ConfigurationError, OutboundCallCompensatedError
+from celery_agboss.core import state_machine
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.protections import (
     UNDO_INTENTS_FROM_DONE_MARKS_ONLY,
@@ -151,11 +154,15 @@ def later_click_shop(
 
 
 def test_a_later_click_is_told_claimed_not_undone_while_the_refund_was_refused(
-    shop: PaymentShop,
+    shop: PaymentShop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A charges order o-1 and fails; its undo's refund is refused (a decline: no money
     moved), so A waits for an operator with the charge not refunded. A later click C on
-    the same order is told the step was claimed for A's undo, not that it was refunded."""
+    the same order is told the step was claimed for A's undo, not that it was refunded.
+
+    Speed-up: C meets the claimed step after A ended, so no undo is in flight; its wait for
+    one is 0.05 s, not 5 s (``COMPENSATION_WAIT_S``)."""
+    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.05)
     charge = shop.call()
     refund = shop.refund_call("shop.refusable-refund", refusable=True)
 
