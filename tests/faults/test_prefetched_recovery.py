@@ -9,8 +9,9 @@ published. The worker's row of held messages (``celery_agboss.worker.held_messag
 the sweep re-publish them once the row is older than a lease TTL: every order settles
 within TTL + two sweep intervals + margin, each paid once.
 
-The twin (sabotage ``held-messages-not-reported``, the worker writes no row): past the
-same deadline the prefetched orders are still ``REQUESTED``, hidden among the unacked.
+The twin (sabotage ``held-messages-not-reported``, the worker writes no row): once the
+row would be older than a lease TTL and two more sweeps have finished, the prefetched
+orders are still ``REQUESTED``, hidden among the unacked.
 
 Speed-ups, all README ``AGBOSS_<NAME>`` variables: those of tests/faults/scenario.py
 (lease TTL 5 s, sweep every 2 s, retry after 1 s) but the requested grace left at its
@@ -25,6 +26,7 @@ import time
 
 import pytest
 
+from celery_agboss.core.log_events import SWEEP_FINISHED
 from celery_agboss.core.protections import HELD_NOT_REPORTED
 from celery_agboss.store.held_messages import read_held
 from tests.deployment import brokers
@@ -39,7 +41,7 @@ from tests.faults.scenario import (
     deployed,
     sabotaged,
 )
-from tests.support.processes import wait_until
+from tests.support.processes import ManagedProcess, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
@@ -54,11 +56,11 @@ DEADLINE = TTL + 2 * INTERVAL + MARGIN
 
 def _killed_with_orders_prefetched(
     deployment: Deployment,
-) -> tuple[dict[int, str], list[int], float]:
+) -> tuple[dict[int, str], list[int], float, ManagedProcess]:
     """Beat and one single-child worker; the first charge held at the gateway (processed,
     answer not sent) while the other orders wait prefetched; the whole worker SIGKILLed,
     the hold released, the README's worker line started. Returns the task ids, the
-    orders that never started, and when the worker was killed (monotonic)."""
+    orders that never started, when the worker was killed (monotonic) and the new worker."""
     beat = deployment.start_beat()
     worker = deployment.start_worker([*deployment.commands.worker, "-c", "1"])
     deployment.wait_ready(worker)
@@ -87,7 +89,7 @@ def _killed_with_orders_prefetched(
     hold.release()
     new = deployment.start_worker(name="worker-new")
     deployment.wait_ready(new)
-    return ids, waiting, killed_at
+    return ids, waiting, killed_at, new
 
 
 def _listed(deployment: Deployment) -> set[str]:
@@ -103,7 +105,7 @@ def test_orders_a_killed_worker_had_prefetched_are_recovered_within_a_ttl_and_tw
     stack: Stack, deploy: DeployFactory
 ) -> None:
     deployment = deployed(deploy, stack, DEFAULT_GRACE)
-    ids, waiting, killed_at = _killed_with_orders_prefetched(deployment)
+    ids, waiting, killed_at, _ = _killed_with_orders_prefetched(deployment)
     deployment.wait_settled(ids, killed_at + DEADLINE - time.monotonic())
     deployment.assert_each_paid_once(ids)
     hidden = brokers.unacked_task_ids(deployment.broker_url)
@@ -119,12 +121,17 @@ def test_without_the_held_messages_row_they_wait_for_the_requested_grace(
     stack: Stack, deploy: DeployFactory
 ) -> None:
     deployment = deployed(deploy, stack, {**DEFAULT_GRACE, **sabotaged(HELD_NOT_REPORTED)})
-    ids, waiting, killed_at = _killed_with_orders_prefetched(deployment)
+    ids, waiting, killed_at, new = _killed_with_orders_prefetched(deployment)
     unstarted = [ids[o] for o in waiting]
-    end = killed_at + DEADLINE
-    while time.monotonic() < end:  # bounded: until the protected run's deadline
-        still = deployment.states(unstarted)
-        assert set(still.values()) == {"REQUESTED"}, still
-        time.sleep(0.5)
+    row_stale = killed_at + TTL  # a row written before the kill is older than a TTL here
+    new.wait_until(lambda: time.monotonic() >= row_stale, TTL + 1, message="a lease TTL")
+    swept = new.output().count(SWEEP_FINISHED)
+    new.wait_until(
+        lambda: new.output().count(SWEEP_FINISHED) >= swept + 2,
+        max(1.0, killed_at + DEADLINE - time.monotonic()),
+        message="two sweeps of the new worker after the row would be stale",
+    )
+    still = deployment.states(unstarted)
+    assert set(still.values()) == {"REQUESTED"}, still
     assert all(task_id in brokers.unacked_task_ids(deployment.broker_url) for task_id in unstarted)
     assert _listed(deployment) == set()
