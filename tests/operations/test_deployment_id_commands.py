@@ -2,6 +2,9 @@
 ``agboss checklist`` on a copy of a store (docs/keys.md, "A copy of a store"), on SQLite
 and PostgreSQL: the copy is named as one with the two choices, a new id is refused
 (exit 1, naming what is in flight) until nothing is, and the checklist fails on a copy.
+
+Speed-up: where no worker runs, the command's ping waits 0.3 s, not 2 s, for answers
+that cannot come (``_quick_ping``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy import text
 
-from celery_agboss.cli import EXIT_REFUSED, EXIT_USAGE
+from celery_agboss.cli import EXIT_REFUSED, EXIT_USAGE, maintenance_commands
 from celery_agboss.store.deployment import read_store_tenant
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.celery_app import close_test_app, make_test_app
@@ -26,6 +29,12 @@ from tests.adapters.checklist_targets import URL_ENV
 from tests.contract.conftest import BACKENDS
 from tests.contract.test_deployment_id_of_a_copy import _add_execution, copy_of_a_store
 from tests.operations.cli import run
+
+
+@pytest.fixture(autouse=True)
+def _quick_ping(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if "a_worker_of_the_app_answers" not in request.node.name:
+        monkeypatch.setattr(maintenance_commands, "_PING_SECONDS", 0.3)
 
 
 @pytest.fixture(params=BACKENDS)

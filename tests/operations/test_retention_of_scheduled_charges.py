@@ -37,8 +37,9 @@ shop = delivery_world.shop
 
 RETENTION_SECONDS = 60.0
 """Every retention of the delivery test's app (database-clock seconds)."""
-COUNTDOWN_SECONDS = 4.0
-"""The scheduled charge's countdown: real seconds, the worker waits for them."""
+COUNTDOWN_SECONDS = 2.0
+"""The scheduled charge's countdown: real seconds, the worker waits for them (the cancel
+must come within it less ``MARGIN_MS``; ``cancel_a_scheduled_renewal`` checks it did)."""
 MARGIN_MS = 200
 """How far past the cancel the retention's cutoff is put."""
 
@@ -85,6 +86,7 @@ def cancel_a_scheduled_renewal(shop: PaymentShop) -> str:
     assert cancelled.terminal_at_ms is not None and cancelled.eta_ms is not None
     store = shop.agboss.store
     cutoff = cancelled.terminal_at_ms + MARGIN_MS
+    assert cancelled.eta_ms > cutoff, "the cancel came too late: the ETA is not ahead of it"
     shop.clock.advance((cutoff + int(RETENTION_SECONDS * 1000) - store.now_ms()) / 1000)
     shop.sweep()
     return execution_id
