@@ -35,6 +35,11 @@ DeployFactory = Callable[..., Deployment]
 def deployed_venv(tmp_path_factory: pytest.TempPathFactory) -> DeployedVenv:
     """The built wheel in a fresh venv (no system site-packages, nothing else installed),
     built once per session and shared by its pytest-xdist workers (tests only read it)."""
+    return session_wheel(tmp_path_factory)
+
+
+def session_wheel(tmp_path_factory: pytest.TempPathFactory) -> DeployedVenv:
+    """``deployed_venv`` for a test outside this folder."""
     session_dir = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' common parent directory
         session_dir = session_dir.parent
