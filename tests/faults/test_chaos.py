@@ -1,7 +1,7 @@
 """The chaos explorer (``python -m celery_agboss.chaos``), run as a user runs it.
 
-- the short run: 40 orders through the generated shop on three real workers and a
-  beat, the default fault mix (kills, freezes, SIGTERMs, the gateway's own faults),
+- the short run: 24 orders in 12 s through the generated shop on three real workers and
+  a beat, the default fault mix (kills, freezes, SIGTERMs, the gateway's own faults),
   its first fault forced to be a pool child SIGKILLed right after the gateway charged
   (s03); the verdict has no double charge, no lost order, no phantom refund, and the
   explorer exits 0: on SQLite+Redis and on PostgreSQL+Redis;
@@ -37,7 +37,11 @@ pytestmark = [pytest.mark.worker, pytest.mark.slow]
 ProcessFactory = Callable[..., ManagedProcess]
 
 RUN_SECONDS = 240.0  # the explorer bounds itself; this only catches a hung explorer
-SHORT_RUN = ["--orders", "40", "--seed", "1010", "--first-fault", "kill-child-after-charge"]
+SHORT_ORDERS = 24  # three of them (4, 13, 22) pay with the card the gateway declines
+SHORT_RUN = [
+    *("--orders", str(SHORT_ORDERS), "--fault-seconds", "12"),
+    *("--seed", "1010", "--first-fault", "kill-child-after-charge"),
+]
 SABOTAGE_RUN = [
     "--orders",
     "12",
@@ -100,7 +104,7 @@ def test_chaos_short_run_pays_every_order_once(
         tmp_path,
         [*SHORT_RUN, "--store", store, "--database-url", database_url, "--broker", broker_url],
     )
-    assert_money_right(code, verdict, output, 40)
+    assert_money_right(code, verdict, output, SHORT_ORDERS)
 
 
 @pytest.mark.postgres

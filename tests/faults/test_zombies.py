@@ -573,8 +573,8 @@ def test_trap6_sabotaged_a_resend_without_reconcile_after_the_exit_pays_twice(
 # --- a holder frozen inside its fenced transaction (PostgreSQL) -------------------------
 
 FROZEN_IN_MARK_PAID = zombie_rule(FENCED_BEFORE_COMMIT, effect="mark-paid")
-STALLED_SECONDS = 4 * TTL_SECONDS
-"""How long the twin watches a frozen holder's execution not being taken over: four
+STALLED_SECONDS = 3 * TTL_SECONDS
+"""How long the twin watches a frozen holder's execution not being taken over: three
 TTLs, where the protected run is taken over after about two."""
 
 
@@ -623,7 +623,7 @@ def test_s05_sabotaged_a_frozen_holders_open_transaction_stalls_its_payment(
 ) -> None:
     """Without the idle bound the frozen session keeps the lease row locked: no worker
     can decide on the lease, and the paid order waits for as long as the process stays
-    frozen (here, four TTLs: not taken over, not marked paid)."""
+    frozen (here, three TTLs: not taken over, not marked paid)."""
     environment = sabotaged(FENCED_TRANSACTION_IDLE_UNBOUNDED)
     deployment, _, ids, zombie = freeze_inside_mark_paid(
         deploy, sabotage_stack, faults, environment
