@@ -9,6 +9,9 @@
 - A soft time limit that lands after the COMPLETED verdict committed (the delivery's
   tail: its log line and event) hands the message back, so the chain's next step is sent
   by the replay instead of never.
+
+Each guarantee on both stores; each twin on PostgreSQL only, since what it switches off
+(where a hook runs, a direct call, an ack) is decided above the store.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def test_a_before_start_that_raises_fails_the_execution_and_says_why(shop: Payme
     assert shop.sweep().republished == 0
 
 
+@pytest.mark.parametrize("delivery_store_url", ["postgresql"], indirect=True)
 def test_twin_a_before_start_outside_the_delivery_leaves_it_requested_for_ever(
     shop: PaymentShop,
 ) -> None:
@@ -174,6 +178,7 @@ def test_a_body_calling_its_own_task_directly_is_refused(shop: PaymentShop) -> N
     assert shop.gateway.payments == []
 
 
+@pytest.mark.parametrize("delivery_store_url", ["postgresql"], indirect=True)
 def test_twin_a_nested_call_ends_the_execution_completed_unpaid(shop: PaymentShop) -> None:
     pay = _calls_itself(shop)
     with sabotage(NESTED_DIRECT_CALL_ALLOWED), shop.worker():
@@ -217,6 +222,7 @@ def test_a_soft_time_limit_after_the_verdict_still_sends_the_chain_once(
     assert shop.execution(task_id).links_dispatched
 
 
+@pytest.mark.parametrize("delivery_store_url", ["postgresql"], indirect=True)
 def test_twin_acked_after_a_soft_time_limit_the_paid_order_never_ships(
     shop: PaymentShop,
 ) -> None:
@@ -286,6 +292,7 @@ def test_a_link_send_that_fails_inside_celery_is_handed_back_and_ships_once(
 
 
 @_INTERNAL
+@pytest.mark.parametrize("delivery_store_url", ["postgresql"], indirect=True)
 def test_twin_acked_the_paid_order_never_ships(shop: PaymentShop) -> None:
     with sabotage(FAILED_LINK_SEND_ACKED):
         assert _paid_then_link_send_fails(shop, MessageNacked(), 3) == []

@@ -16,6 +16,9 @@ the worker that receives it ends it ``UNMANAGED`` before it runs, so it runs onc
 sweep never publishes it again. The twin leaves it ``REQUESTED``: the sweep re-publishes
 it up to the recovery cap, four runs and four charges, then ``PARKED``.
 
+Each guarantee runs on SQLite and PostgreSQL; its twin on PostgreSQL only, since what the
+twin switches off (a publish's id, a plain task's ``UNMANAGED``) is decided above the store.
+
 Deployment speed-ups it relies on: the harness's (``-Q``, a 5 s lease, a 1 s retry
 delay, no beat: tests/integration/harness.py); the rolling deploy also sets
 ``agboss_requested_grace`` to 1 s (300 s by default) and a recovery cap of 3 (10).
@@ -102,6 +105,7 @@ def test_a_canvas_published_from_a_body_ships_each_order_once_across_reruns(
         assert len(shop.gateway.notes_of("notify")) == 1
 
 
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("shape", ["chain", "group", "chord"])
 def test_new_ids_on_the_rerun_ship_every_order_twice(
     shop_factory: ShopFactory, database_url: str, shape: str
@@ -128,6 +132,7 @@ def test_a_canvas_inside_a_canvas_is_refused_and_ships_nothing(
     assert shop.gateway.gateway.payments == [], "nothing charged, nothing shipped"
 
 
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_a_canvas_inside_a_canvas_let_through_ships_twice(
     shop_factory: ShopFactory, database_url: str
 ) -> None:
@@ -195,6 +200,7 @@ def test_a_plain_task_published_by_its_pattern_runs_once_and_ends_unmanaged(
     assert task_id in listed.output
 
 
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_a_plain_task_left_requested_is_republished_until_parked(
     shop_factory: ShopFactory, database_url: str
 ) -> None:
