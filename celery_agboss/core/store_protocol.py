@@ -278,7 +278,6 @@ class SharedRecord:
     undo_by: str | None
     compensated: bool
     users: tuple[RecordUser, ...]  # every execution that used it, its creator first
-    business_keyed: bool = True
 
 
 class StoreTransaction(Protocol):

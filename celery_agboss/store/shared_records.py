@@ -20,7 +20,6 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.dml import Update
 
 from celery_agboss.core import sabotage
-from celery_agboss.core.keys import is_business_key
 from celery_agboss.core.protections import RELIANCE_OFF_THE_RECORD
 from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
@@ -112,9 +111,8 @@ def _records(conn: Connection, kind: str, rows: Sequence[Row[Any]]) -> list[Shar
         if kind == INTENT_RECORD:
             status = IntentStatus(row.status)
             sent_by = None if row.sent_by is None else str(row.sent_by)
-            business = row.business_key_handle is not None
         else:
-            status, sent_by, business = IntentStatus.COMPLETED, None, is_business_key(key)
+            status, sent_by = IntentStatus.COMPLETED, None
         made.append(
             SharedRecord(
                 kind=kind,
@@ -127,7 +125,6 @@ def _records(conn: Connection, kind: str, rows: Sequence[Row[Any]]) -> list[Shar
                 undo_by=None if row.undo_by is None else str(row.undo_by),
                 compensated=row.compensated_at_ms is not None,
                 users=tuple(users),
-                business_keyed=business,
             )
         )
     return made
@@ -141,7 +138,6 @@ def _columns(kind: str) -> list[Any]:
             _i.name,
             _i.status,
             _i.sent_by,
-            _i.business_key_handle,
             _i.reliance,
             _i.undo_by,
             _i.compensated_at_ms,
