@@ -28,6 +28,7 @@ from celery_agboss.core.outbound import OutboundCall
 from celery_agboss.core.sealing import Sealer
 from celery_agboss.errors import ConfigurationError, StoreNotMigratedError
 from celery_agboss.runtime.django_store import users_database
+from celery_agboss.runtime.known_settings import changed_since, written_settings
 from celery_agboss.runtime.messages import republish
 from celery_agboss.runtime.settings import AGBossSettings, settings_from_conf
 from celery_agboss.store.deployment import read_store_meta
@@ -63,6 +64,7 @@ class Runtime:
         self.registry = OutboundRegistry()
         self._settings: AGBossSettings | None = None
         self._settings_error: ConfigurationError | None = None
+        self._settings_read_from: dict[str, Any] = {}
         self._engine_settings: EngineSettings | None = None
         self._lock = threading.RLock()  # reading conf may configure the app, which calls back in
         self._process: _ProcessStore | None = None
@@ -113,6 +115,7 @@ class Runtime:
         with self._lock:
             if self._settings is None:
                 self._settings = settings_from_conf(self.app.conf)
+                self._settings_read_from = written_settings(self.app.conf)
                 self._settings_error = None
             return self._settings
 
@@ -122,6 +125,13 @@ class Runtime:
         if self._settings is not None:
             return self._settings
         return self._resolve_settings()
+
+    def settings_written_after_read(self) -> list[str]:
+        """The ``agboss_*`` keys changed in the app's conf since the settings were read:
+        their new values are not used (a worker or beat refuses to start on them)."""
+        if self._settings is None:
+            return []
+        return changed_since(self._settings_read_from, self.app.conf)
 
     @property
     def engine_settings(self) -> EngineSettings:

@@ -7,6 +7,7 @@ default is read from.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import logging
 from collections.abc import Mapping
@@ -127,6 +128,34 @@ def is_unknown_agboss_key(key: str, conf: Mapping[str, Any]) -> bool:
     return key != _read_spelling(namespace, rest, conf)
 
 
+def conf_value(conf: Mapping[str, Any], name: str) -> Any:
+    """``agboss_<name>`` as the conf holds it (also Django's upper-case namespace form), or
+    None: the one rule the settings are read by, and compared by at a worker's start."""
+    key = PREFIX + name
+    value = conf.get(key)
+    return conf.get(key.upper()) if value is None else value
+
+
+def written_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """Every known setting's value in ``conf`` now (copies, so that a list changed in
+    place later is seen as changed)."""
+    return {name: _copied(conf_value(conf, name)) for name in sorted(KNOWN_SETTINGS)}
+
+
+def _copied(value: Any) -> Any:
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # an object that cannot be copied is compared as it is
+        return value
+
+
+def changed_since(read: Mapping[str, Any], conf: Mapping[str, Any]) -> list[str]:
+    """The settings whose value in ``conf`` is no longer the one read (``written_settings``
+    then), by their key."""
+    now = written_settings(conf)
+    return [PREFIX + name for name in sorted(now) if now[name] != read.get(name)]
+
+
 def closest_setting(name: str) -> str | None:
     """The known setting ``name`` was probably meant to be (``lease_tll`` → ``lease_ttl``)."""
     found = difflib.get_close_matches(name.lower(), sorted(KNOWN_SETTINGS), n=1, cutoff=0.75)
@@ -212,8 +241,11 @@ __all__ = [
     "RABBITMQ_DEFAULT_CONSUMER_TIMEOUT",
     "REDIS_DEFAULT_VISIBILITY_TIMEOUT",
     "TESTING_ENV",
+    "changed_since",
+    "conf_value",
     "effective_interval",
     "is_unknown_agboss_key",
     "unknown_settings_message",
     "warn_of_misspelt_variables",
+    "written_settings",
 ]

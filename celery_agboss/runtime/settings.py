@@ -42,6 +42,7 @@ from celery_agboss.runtime.known_settings import (
     RABBITMQ_DEFAULT_CONSUMER_TIMEOUT,
     REDIS_DEFAULT_VISIBILITY_TIMEOUT,
     TESTING_ENV,
+    conf_value,
     effective_interval,
     is_unknown_agboss_key,
     unknown_settings_message,
@@ -178,19 +179,16 @@ class _Source:
     def get(self, name: str) -> Any:
         """``agboss_<name>`` from the conf (also Django's upper-case namespace form), else
         the environment variable ``AGBOSS_<NAME>`` (a string), else None."""
-        key = PREFIX + name
-        value = self.conf.get(key)
+        value = conf_value(self.conf, name)
         if value is None:
-            value = self.conf.get(key.upper())
-        if value is None:
-            text = self.environ.get(key.upper())
+            text = self.environ.get((PREFIX + name).upper())
             value = text if text not in (None, "") else None
         return value
 
     def where(self, name: str) -> str:
         """How a message names the setting: the conf key, or the variable it came from."""
         key = PREFIX + name
-        in_conf = self.conf.get(key) is not None or self.conf.get(key.upper()) is not None
+        in_conf = conf_value(self.conf, name) is not None
         if not in_conf and self.environ.get(key.upper()) not in (None, ""):
             return f"the environment variable {key.upper()}"
         return key

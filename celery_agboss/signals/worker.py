@@ -188,6 +188,15 @@ def refuse_to_start_unless_configured(runtime: Runtime, what: str) -> None:
         runtime.settings  # noqa: B018 - resolving them is the check
     except ConfigurationError as exc:
         raise SystemExit(f"celery_agboss refuses to start this {what}: {exc}") from None
+    late = runtime.settings_written_after_read()
+    if late:
+        raise SystemExit(
+            f"celery_agboss refuses to start this {what}: {', '.join(late)} changed in "
+            "app.conf after celery_agboss had read its settings, so the new value would not "
+            "be used. Write every agboss_* setting before anything reads them: in the "
+            "configuration the app is created with (config_from_object, or one "
+            "app.conf.update(...) right after Celery(...)), before the tasks are imported"
+        )
 
 
 def _hand_over_running_leases(runtime: Runtime) -> None:

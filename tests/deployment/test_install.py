@@ -186,3 +186,27 @@ def test_a_misspelt_setting_stops_the_worker_and_beat_with_one_did_you_mean(
         output = process.output()
         assert output.count("did you mean 'agboss_lease_ttl'?") == 1, output
         assert output.count("celery_agboss refuses to start") == 1, output
+
+
+@pytest.mark.redis
+def test_a_setting_written_after_the_settings_were_read_stops_the_worker_and_beat(
+    redis_url_factory: Callable[[], str], sqlite_url: str, deploy: DeployFactory
+) -> None:
+    """README's ``shop.py`` with, at its end, something that reads the settings (as a
+    task module may at import) and then ``app.conf.agboss_lease_ttl = 10``: that value
+    would never be used. The worker and beat refuse to start, each saying so once and
+    naming the setting. No speed-ups."""
+    deployment = deploy(redis_url_factory(), sqlite_url, speedups=NO_SPEEDUPS)
+    deployment.migrate()
+    shop = deployment.app_dir / "shop.py"
+    late = "\nAGBoss(app).settings  # read here\napp.conf.agboss_lease_ttl = 10\n"
+    shop.write_text(shop.read_text(encoding="utf-8") + late, encoding="utf-8")
+    for name, argv in (
+        ("worker-late", deployment.commands.worker),
+        ("beat", deployment.commands.beat),
+    ):
+        process = deployment.start(argv, name)
+        assert process.wait(60) != 0, process.describe()
+        output = process.output()
+        assert output.count("celery_agboss refuses to start") == 1, output
+        assert "agboss_lease_ttl changed in app.conf after celery_agboss had read" in output
