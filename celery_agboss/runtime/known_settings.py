@@ -145,7 +145,7 @@ def written_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
 def _copied(value: Any) -> Any:
     try:
         return copy.deepcopy(value)
-    except Exception:  # an object that cannot be copied is compared as it is
+    except (TypeError, copy.Error):  # an object that cannot be copied is compared as it is
         return value
 
 

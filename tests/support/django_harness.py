@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from celery_agboss.store.deployment import PLACE_META_KEY
 from tests.integration.gateway_http import GatewayHTTPServer
 from tests.support.django_project import (
     CELERY_APP,
@@ -208,6 +209,6 @@ def _sqlite_template(request: pytest.FixtureRequest) -> Path:
         path = factory.mktemp("django-shop-template") / "shop.sqlite3"
         _migrate(sqlite_database(path))
         with closing(sqlite3.connect(path)) as conn, conn:
-            conn.execute("DELETE FROM agboss_meta WHERE key = 'deployment.place'")
+            conn.execute("DELETE FROM agboss_meta WHERE key = ?", (PLACE_META_KEY,))
         _SQLITE_TEMPLATES["shop"] = path
     return _SQLITE_TEMPLATES["shop"]
