@@ -10,7 +10,6 @@ in process without ``send_task``, give one run from a body the same id.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import functools
 import inspect
 import logging
@@ -55,6 +54,11 @@ from celery_agboss.signals.body_publishes import (
     take_position,
 )
 from celery_agboss.signals.link_ids import fix_link_ids
+from celery_agboss.signals.payment_tasks import (
+    is_payment_task,
+    payment_task_reason,
+    records_its_own,
+)
 from celery_agboss.task import PaymentTask
 
 logger = logging.getLogger("celery_agboss")
@@ -62,8 +66,6 @@ logger = logging.getLogger("celery_agboss")
 RECORDED_HEADER = "agboss_recorded"
 """The header of a message whose execution was recorded at publish: why the publisher
 took the task for a ``PaymentTask`` (``PaymentTask``, or the pattern that matched)."""
-
-PAYMENT_TASK = "PaymentTask"
 
 
 @dataclass
@@ -78,33 +80,6 @@ class _ThisPublish:
 
 
 _this_publish: ContextVar[_ThisPublish | None] = ContextVar("agboss_this_publish", default=None)
-
-
-def payment_task_reason(runtime: Runtime, name: Any) -> str | None:
-    """Why ``name`` is a ``PaymentTask`` here, or None: this app's task is one (looked up
-    without finalizing the app), or, for a process that publishes by name without
-    importing the task's module, the ``agboss_payment_tasks`` pattern it matches."""
-    if not isinstance(name, str):
-        return None
-    tasks = getattr(runtime.app, "_tasks", None)
-    task = tasks.get(name) if tasks is not None else None
-    if task is not None:
-        return PAYMENT_TASK if isinstance(task, PaymentTask) else None
-    return matched_pattern(runtime, name)
-
-
-def matched_pattern(runtime: Runtime, name: str) -> str | None:
-    """The ``agboss_payment_tasks`` pattern ``name`` matches, or None."""
-    try:
-        patterns = runtime.settings.payment_tasks
-    except ConfigurationError:
-        return None
-    return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
-
-
-def is_payment_task(runtime: Runtime, name: Any) -> bool:
-    """Whether a message of task ``name`` is recorded at publish in this process."""
-    return payment_task_reason(runtime, name) is not None
 
 
 def before_task_publish(
@@ -124,7 +99,11 @@ def before_task_publish(
     if reason is None:
         return
     through = _this_publish.get()
-    if through is None or through.app is not runtime.app:  # not through this app's send_task
+    if through is not None and through.app is not runtime.app:
+        if records_its_own(through.app, name):
+            return  # another AGBoss app's own payment task: it records and checks it
+        refuse_a_new_id_from_a_body(name, headers.get("id"))
+    elif through is None:  # not through any AGBoss app's send_task
         refuse_a_new_id_from_a_body(name, headers.get("id"))
     # Kept with the recorded message, so every re-publish says it too.
     headers.setdefault(RECORDED_HEADER, reason)

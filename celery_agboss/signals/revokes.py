@@ -15,7 +15,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.protections import REVOKE_BROADCAST_NOT_RECORDED
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.expiry import drop_expired_message, record_revoke
-from celery_agboss.signals.publish import is_payment_task
+from celery_agboss.signals.payment_tasks import is_payment_task
 
 
 def task_revoked(

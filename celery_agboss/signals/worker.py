@@ -26,7 +26,8 @@ from celery_agboss.errors import (
 )
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.task_events import TASK_UNMANAGED, send_agboss_event
-from celery_agboss.signals.publish import RECORDED_HEADER, matched_pattern
+from celery_agboss.signals.payment_tasks import matched_pattern
+from celery_agboss.signals.publish import RECORDED_HEADER
 from celery_agboss.task import PaymentTask
 
 logger = logging.getLogger("celery_agboss")

@@ -192,6 +192,12 @@ BODY_PUBLISH_THROUGH_ANOTHER_APP_ALLOWED = "body-publish-through-another-app-all
 Celery app's ``send_task`` is recorded under the new id that app gives it on every re-run of
 the body: a retried body charges twice."""
 
+OTHER_APPS_OWN_PUBLISH_TAKEN = "other-apps-own-publish-taken"
+"""Sabotage (design: publishes from a body): with two ``AGBoss`` apps in one process, a
+publish through one app's ``send_task`` of a task that app records itself is taken by the
+other app too, when its ``agboss_payment_tasks`` match the name: the body's retry under
+its own id is refused there as a new id from a body, and the paid execution never ends."""
+
 UNDO_PUBLISHES_COUNTED_IN_THE_DELIVERY = "undo-publishes-counted-in-the-delivery"
 """Sabotage (design: publishes from a body): a publish from an undo is counted in the delivery, not
 in its undo, so a delivery that skips the undos done already publishes under shifted ids."""
