@@ -177,15 +177,8 @@ def test_a_misspelt_setting_stops_the_worker_and_beat_with_one_did_you_mean(
         ),
         encoding="utf-8",
     )
-    for name, argv in (
-        ("worker-misspelt", deployment.commands.worker),
-        ("beat", deployment.commands.beat),
-    ):
-        process = deployment.start(argv, name)
-        assert process.wait(60) != 0, process.describe()
-        output = process.output()
+    for output in _refused_at_start(deployment):
         assert output.count("did you mean 'agboss_lease_ttl'?") == 1, output
-        assert output.count("celery_agboss refuses to start") == 1, output
 
 
 @pytest.mark.redis
@@ -201,12 +194,17 @@ def test_a_setting_written_after_the_settings_were_read_stops_the_worker_and_bea
     shop = deployment.app_dir / "shop.py"
     late = "\nAGBoss(app).settings  # read here\napp.conf.agboss_lease_ttl = 10\n"
     shop.write_text(shop.read_text(encoding="utf-8") + late, encoding="utf-8")
-    for name, argv in (
-        ("worker-late", deployment.commands.worker),
-        ("beat", deployment.commands.beat),
-    ):
-        process = deployment.start(argv, name)
-        assert process.wait(60) != 0, process.describe()
-        output = process.output()
-        assert output.count("celery_agboss refuses to start") == 1, output
+    for output in _refused_at_start(deployment):
         assert "agboss_lease_ttl changed in app.conf after celery_agboss had read" in output
+
+
+def _refused_at_start(deployment: Deployment) -> list[str]:
+    """The README's worker line, then its beat line: each exits non-zero, saying once that
+    celery_agboss refuses to start it; their outputs."""
+    outputs = []
+    for name, argv in (("worker", deployment.commands.worker), ("beat", deployment.commands.beat)):
+        process = deployment.start(argv, f"{name}-refused")
+        assert process.wait(60) != 0, process.describe()
+        outputs.append(process.output())
+        assert outputs[-1].count("celery_agboss refuses to start") == 1, outputs[-1]
+    return outputs
