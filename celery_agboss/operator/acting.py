@@ -30,7 +30,10 @@ from celery_agboss.core.log_events import (
     OPERATOR_UNPARKED,
     log_event,
 )
-from celery_agboss.core.protections import AUDIT_AFTER_THE_CHANGE
+from celery_agboss.core.protections import (
+    AUDIT_AFTER_THE_CHANGE,
+    CANCEL_OF_AN_ENDED_EXECUTION_REPORTED,
+)
 from celery_agboss.operator.common import (
     _acting,
     _execution,
@@ -279,6 +282,17 @@ def cancel(
         execution_id, why, payments_handled=payments_handled, audit=audit
     )
     assert updated is not None
+    if (
+        updated.state in TERMINAL_STATES
+        and updated.state is not ExecutionState.CANCELLED
+        and not sabotage.active(CANCEL_OF_AN_ENDED_EXECUTION_REPORTED)
+    ):
+        raise _refuse(  # its delivery ended between the checks above and the store's lock
+            "wrong-state",
+            f"execution {execution_id} ended {updated.state.value} while the cancel was "
+            "being checked; nothing was cancelled (`celery -A proj agboss show "
+            f"{execution_id}`: a payment it made stands until you refund it)",
+        )
     _audit_afterwards(runtime, audit, execution_id, record, updated)
     log_event(OPERATOR_CANCELLED, execution_id=execution_id, state=updated.state.value, actor=who)
     if updated.state is ExecutionState.CANCELLED:

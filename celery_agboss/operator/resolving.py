@@ -18,7 +18,10 @@ from celery_agboss.core.log_events import (
 )
 from celery_agboss.core.lookup import max_key_age_ms
 from celery_agboss.core.outbound import OutboundCall
-from celery_agboss.core.protections import OPERATOR_RESULT_UNCHECKED
+from celery_agboss.core.protections import (
+    OPERATOR_GATEWAY_ID_REPLACED,
+    OPERATOR_RESULT_UNCHECKED,
+)
 from celery_agboss.core.resolutions import (
     Resolution,
     completed_resolution,
@@ -220,7 +223,16 @@ def _completed(runtime: Any, intent: IntentRecord, who: str, completed: Any) -> 
             f"the masking policy of {intent.name} cannot store "
             "this result; give the result in the form the call returns",
         )
-    return completed_resolution(intent, who, stored, transaction_id_of(call, completed))
+    given = transaction_id_of(call, completed)
+    recorded = intent.gateway_transaction_id
+    if recorded not in (None, given) and not sabotage.active(OPERATOR_GATEWAY_ID_REPLACED):
+        raise _refuse(  # the gateway's own answer named the payment: it is not replaced
+            "bad-input",
+            f"the gateway answered {intent.idempotency_key} with transaction {recorded!r}, "
+            f"and the result given names {given!r}: another payment's, or none. Give "
+            f"{recorded}'s own result as the gateway shows it; nothing was changed",
+        )
+    return completed_resolution(intent, who, stored, given)
 
 
 def _write(

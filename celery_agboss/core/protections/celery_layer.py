@@ -239,6 +239,16 @@ OPERATOR_RESULT_UNCHECKED = "operator-result-unchecked"
 pasted from the dashboard); the next delivery replays it into a body that expected the
 receipt, and fails there."""
 
+OPERATOR_GATEWAY_ID_REPLACED = "operator-gateway-id-replaced"
+"""Sabotage: ``resolve --completed`` takes a result naming another payment than the one
+the gateway's own answer named (a neighbouring row's receipt, pasted): the intent then
+says its order was paid by that charge, and a refund built from it refunds the other."""
+
+CANCEL_OF_AN_ENDED_EXECUTION_REPORTED = "cancel-of-an-ended-execution-reported"
+"""Sabotage: a ``cancel`` whose execution completed between the operator's checks and the
+store's lock reports "cancel requested" (exit 0): the operator believes the order is
+being cancelled while its payment stands, and refunds nothing."""
+
 SWEEP_WITHOUT_TICK = "sweep-without-tick"
 """Sabotage (design: trap 10): every beat's sweep runs, even when another already ran this tick."""
 
