@@ -46,6 +46,7 @@ from Adyen.exceptions import (
 )
 from Adyen.services.checkout import ModificationsApi, PaymentsApi
 
+from celery_agboss.adapters.adyen_requests import ADYEN_UNITS, AdyenRequestError
 from celery_agboss.adapters.common import (
     ADYEN_PSP_REFERENCE,
     DEFAULT_ATTEMPT_TIMEOUT,
@@ -59,7 +60,7 @@ from celery_agboss.adapters.common import (
     http_timeout_seconds,
     refuse_another_requests_answer,
 )
-from celery_agboss.adapters.minor_units import GatewayUnits, from_gateway, to_gateway
+from celery_agboss.adapters.minor_units import from_gateway, to_gateway
 from celery_agboss.adapters.resends import UnprovenResends
 from celery_agboss.core.outbound import (
     CallContext,
@@ -137,16 +138,7 @@ class AdyenUnexpectedAnswer(Exception):
         return (type(self), (self.args[0], self.answer))
 
 
-class AdyenRequestError(ValueError):
-    """The request dict is malformed; raised before anything is sent."""
-
-
 _check = RequestChecks(AdyenRequestError)
-
-ADYEN_UNITS = GatewayUnits("Adyen", {"CLP": 2, "CVE": 0, "IDR": 0, "ISK": 2}, AdyenRequestError)
-"""How Adyen writes amounts where it differs from ISO 4217 (its "Currency codes and
-minor units" page): CLP and ISK with two decimals (ISO 4217: none), CVE and IDR with
-none (ISO 4217: two)."""
 
 
 class AdyenLookupUnsupported(NotImplementedError):

@@ -10,6 +10,7 @@ named only to identify their public webhook formats.
 
 from __future__ import annotations
 
+from celery_agboss.webhooks.amounts import amount_in_iso_units
 from celery_agboss.webhooks.events import (
     ADYEN,
     CHECKOUT,
@@ -61,6 +62,7 @@ __all__ = [
     "WebhookPayloadError",
     "WebhookSignatureError",
     "adyen_signing_text",
+    "amount_in_iso_units",
     "answer_pause_with_event",
     "check_adyen_item",
     "check_checkout_signature",

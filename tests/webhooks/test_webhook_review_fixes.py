@@ -362,15 +362,17 @@ orders = Table(
 )
 
 
-def _place_order(app: Celery, order_id: str, payment_id: str) -> None:
+def _place_order(
+    app: Celery, order_id: str, payment_id: str, amount: int = 15000, currency: str = "EUR"
+) -> None:
     engine = AGBoss.of(app).store.engine
     orders_tables.create_all(engine)
     with engine.begin() as conn:
         conn.execute(
             insert(orders).values(
                 id=order_id,
-                amount=15000,
-                currency="EUR",
+                amount=amount,
+                currency=currency,
                 payment_id=payment_id,
                 status="pending",
                 rank=0,
@@ -463,6 +465,24 @@ def test_section_2_a_signed_success_of_an_older_smaller_payment_does_not_pay_the
         assert _order_status(shop.app, "42") == "pending"
     paid = _stripe_event("evt_paid", "payment_intent.succeeded", _intent("pi_new", 15000))
     assert _deliver(task, paid) == {"order": "42", "status": "paid"}
+    assert _order_status(shop.app, "42") == "paid"
+
+
+def test_section_2_pays_an_order_in_a_currency_stripe_writes_otherwise(
+    shop: Shop, docs_sections_2_and_4: dict[str, Any]
+) -> None:
+    """Order 42 costs 1,000 ISK, charged with ``amount`` 1000 (ISO 4217 minor units, as
+    every adapter takes it); Stripe writes ISK with two decimals, so its signed success
+    says ``amount_received`` 100000. Compared raw, the paid order read as paid by another
+    payment and stayed pending; a payment of 10 ISK (1000 in Stripe's units) pays nothing."""
+    _place_order(shop.app, "42", "pi_isk", amount=1000, currency="ISK")
+    task = docs_sections_2_and_4["2"]["apply_payment_event"]
+    short = _intent("pi_isk", 1000, currency="isk")
+    result = _deliver(task, _stripe_event("evt_isk_short", "payment_intent.succeeded", short))
+    assert result == {"order": "42", "status": "pending", "not_this_order": "pi_isk"}
+    paid = _intent("pi_isk", 100000, currency="isk")
+    result = _deliver(task, _stripe_event("evt_isk_paid", "payment_intent.succeeded", paid))
+    assert result == {"order": "42", "status": "paid"}
     assert _order_status(shop.app, "42") == "paid"
 
 
