@@ -450,7 +450,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
             )
         if answered:
             return None if answer is None else loads(answer)
-        raise PauseRequested(name)
+        raise ctx.stop(PauseRequested(name))  # a body that swallows it still stops here
 
     # --- Celery's hooks ----------------------------------------------------------------------
 

@@ -28,11 +28,7 @@ from celery_agboss.core.executions import execution_scope
 from celery_agboss.core.fenced_effects import run_fenced_effect
 from celery_agboss.core.holder_clocks import SYSTEM_CLOCK, HolderClock
 from celery_agboss.core.lease import LeaseHandle, LeaseRenewer, acquire
-from celery_agboss.core.log_events import (
-    LEASE_RELEASE_FAILED,
-    OUTBOUND_CALL_POSITION_KEYS,
-    log_event,
-)
+from celery_agboss.core.log_events import LEASE_RELEASE_FAILED, log_event
 from celery_agboss.core.outbound import OutboundCall, Outcome
 from celery_agboss.core.protections import (
     BODY_CALLS_AFTER_COMPENSATION_START,
@@ -43,7 +39,7 @@ from celery_agboss.core.protections import (
     STORED_ERROR_UNMASKED,
 )
 from celery_agboss.core.state_machine import prepare_call, run_outbound
-from celery_agboss.core.step_identity import Step, step_of
+from celery_agboss.core.step_identity import Step, step_of, warn_position_keys
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
@@ -68,31 +64,12 @@ from celery_agboss.errors import (
     ConfigurationError,
     ExecutionFencedError,
     LeaseNotHeldError,
+    PauseRequested,
     StoreError,
 )
 
 T = TypeVar("T")
-
-
-_warned_position_keys: set[str] = set()
-
-
-def _warn_position_keys(call_name: str) -> None:
-    """Once per call name and process: a call made twice in one delivery without a business
-    key is keyed by position (``name#1``, ``name#2``), which is only as stable as the
-    body's loop; a loop whose length can change between deliveries (over "the
-    installments not paid yet") would charge one installment twice and another never."""
-    if call_name in _warned_position_keys:
-        return
-    _warned_position_keys.add(call_name)
-    log_event(
-        OUTBOUND_CALL_POSITION_KEYS,
-        logging.WARNING,
-        "called more than once in one delivery without a business key; its calls are keyed "
-        "by position (#1, #2, …). If the body's loop can change between deliveries, give "
-        "each call a business_key of its own (e.g. f'installment:{installment.id}')",
-        call=call_name,
-    )
+Stop = TypeVar("Stop", AGBossSignal, PauseRequested)
 
 
 class ExecutionContext(DeliveryLease):
@@ -118,7 +95,7 @@ class ExecutionContext(DeliveryLease):
         self._in_effect = threading.local()  # depth of fenced effects running, per thread
         self._last_outcome: Outcome | None = None
         self._last_step: Step | None = None  # the step of the body that returned last
-        self._stopped_by: AGBossSignal | None = None
+        self._stopped_by: AGBossSignal | PauseRequested | None = None
         self._body_ended = False  # its compensation started: the body sends nothing more
         self._key_locks: dict[str, threading.Lock] = {}  # one call of a key at a time
 
@@ -188,7 +165,7 @@ class ExecutionContext(DeliveryLease):
         # First, as a PaymentTask's outbound() always did: a second call object under a
         # taken name is refused before this delivery counts anything.
         self._settings.register(call)
-        self._refuse_after_signal()
+        self.raise_if_stopped()
         self._refuse_after_the_body_ended("outbound()")
         self._refuse_inside_an_effect("outbound()")
         step = self._open_step(INTENT_RECORD, call.name, business_key, call.max_key_length)
@@ -200,7 +177,7 @@ class ExecutionContext(DeliveryLease):
             self._reached.add(prepared.idempotency_key)
         self.pass_failures()  # this call goes on past the failures before it
         if step.occurrence == 2:
-            _warn_position_keys(call.name)
+            warn_position_keys(call.name)
         with self._stop_on_signal(), self._one_call_of(prepared.idempotency_key):
             result, outcome = traced_outbound(
                 call.name, self._execution_id, lambda: run_outbound(self, prepared)
@@ -219,7 +196,7 @@ class ExecutionContext(DeliveryLease):
     ) -> T:
         """Run ``fn(conn)`` once per key, inside the transaction that checks the lease."""
         business_key = self.business_key_for(business_key)
-        self._refuse_after_signal()
+        self.raise_if_stopped()
         self._refuse_after_the_body_ended("fenced_effect()")
         self._refuse_inside_an_effect("fenced_effect()")
         step = self._open_step(EFFECT_RECORD, name, business_key)
@@ -323,17 +300,28 @@ class ExecutionContext(DeliveryLease):
         with self._lock:
             return list(self._calls.values())
 
-    def _refuse_after_signal(self) -> None:
-        """A signal means "this delivery must stop". A body that caught one and went on
-        would get new step keys for the same calls (``#2``): a second charge. So every
-        later verb raises the same signal again."""
+    def raise_if_stopped(self) -> None:
+        """A signal (or a pause) means "this delivery must stop". A body that caught one and
+        called on would get new step keys for the same calls (``#2``): a second charge; one
+        that returned would end COMPLETED past a cancel or an unanswered pause. So every
+        later verb, and the body's return (``Delivery``), raises it again."""
         stopped = self._stopped_by
-        if stopped is not None and not sabotage.active(CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY):
-            raise type(stopped)(
-                f"this delivery already stopped on {type(stopped).__name__}; a body must let "
-                "celery_agboss signals propagate instead of calling on",
-                **stopped.fields,
-            )
+        if stopped is None or sabotage.active(CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY):
+            return
+        if isinstance(stopped, PauseRequested):
+            raise PauseRequested(stopped.name)
+        raise type(stopped)(
+            f"this delivery already stopped on {type(stopped).__name__}; a body must let "
+            "celery_agboss signals propagate instead of calling on",
+            **stopped.fields,
+        )
+
+    def stop(self, signal: Stop) -> Stop:
+        """``signal`` ends this delivery (the first one to): ``raise_if_stopped`` repeats it."""
+        with self._lock:
+            if self._stopped_by is None:
+                self._stopped_by = signal
+        return signal
 
     @contextmanager
     def _one_call_of(self, idempotency_key: str) -> Iterator[None]:
@@ -348,7 +336,7 @@ class ExecutionContext(DeliveryLease):
         with self._lock:
             turn = self._key_locks.setdefault(idempotency_key, threading.Lock())
         with turn:
-            self._refuse_after_signal()  # the call it waited for may have stopped the delivery
+            self.raise_if_stopped()  # the call it waited for may have stopped the delivery
             yield
 
     @contextmanager
@@ -358,9 +346,7 @@ class ExecutionContext(DeliveryLease):
         except AGBossSignal as signal:
             if isinstance(signal, StoreError) and sabotage.active(STORE_FAILURE_CATCHABLE):
                 raise RuntimeError(f"sabotage: the store failed ({signal})") from signal
-            with self._lock:
-                if self._stopped_by is None:
-                    self._stopped_by = signal
+            self.stop(signal)
             raise
 
     def _next(self, kind: str, name: str) -> int:

@@ -9,6 +9,7 @@ under one key while the intent or the outbox row is kept under another.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from celery_agboss.core.keys import (
@@ -18,11 +19,33 @@ from celery_agboss.core.keys import (
     step_key,
     validate_business_key,
 )
+from celery_agboss.core.log_events import OUTBOUND_CALL_POSITION_KEYS, log_event
 
 RESERVED_EFFECT_PREFIX = "agboss."
 """The names the package keeps its own fenced records under (undo declarations, body
 publishes, undo tasks): a user's effect of such a name would share their keys, and the
 store would read it as one of ours (an undo declaration run at failure)."""
+
+
+_warned_position_keys: set[str] = set()
+
+
+def warn_position_keys(call_name: str) -> None:
+    """Once per call name and process: a call made twice in one delivery without a business
+    key is keyed by position (``name#1``, ``name#2``), which is only as stable as the
+    body's loop; a loop whose length can change between deliveries (over "the
+    installments not paid yet") would charge one installment twice and another never."""
+    if call_name in _warned_position_keys:
+        return
+    _warned_position_keys.add(call_name)
+    log_event(
+        OUTBOUND_CALL_POSITION_KEYS,
+        logging.WARNING,
+        "called more than once in one delivery without a business key; its calls are keyed "
+        "by position (#1, #2, …). If the body's loop can change between deliveries, give "
+        "each call a business_key of its own (e.g. f'installment:{installment.id}')",
+        call=call_name,
+    )
 
 
 def refuse_reserved_effect_name(name: str) -> None:
@@ -80,4 +103,10 @@ def step_of(
     return Step(kind, name, occurrence, key, business_key_text)
 
 
-__all__ = ["DERIVED_ID_HEADER", "Step", "refuse_reserved_effect_name", "step_of"]
+__all__ = [
+    "DERIVED_ID_HEADER",
+    "Step",
+    "refuse_reserved_effect_name",
+    "step_of",
+    "warn_position_keys",
+]

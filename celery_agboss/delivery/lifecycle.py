@@ -218,7 +218,12 @@ class Delivery:
             raised_before_start = getattr(self.request, BEFORE_START_ERROR, None)
             if isinstance(raised_before_start, BaseException):
                 raise raised_before_start
-            result = self.task.run(*args, **kwargs)
+            try:
+                result = self.task.run(*args, **kwargs)
+            except Ignore:
+                self.context().raise_if_stopped()  # raised past a signal it caught: that
+                raise
+            self.context().raise_if_stopped()  # signal, as if it had not been caught
         except Retry as exc:
             retry_requested(self, exc)
         except LongWaitRequested as exc:
@@ -262,8 +267,7 @@ class Delivery:
         return self._completed(result)
 
     def _rejected(self, exc: Reject) -> NoReturn:
-        """A body's own ``Reject``: requeued, the message comes back (``WAITING`` for it);
-        not requeued, Celery drops it: ``FAILED`` (``WAITING_OPERATOR`` while pending)."""
+        """A body's ``Reject``: requeued, ``WAITING``; dropped, ``FAILED`` (or an operator's)."""
         if exc.requeue or sabotage.active(REJECT_WAITS_FOR_THE_SWEEP):
             self.verdict(Wait(0, "rejected, requeued"))
             self.release()
@@ -403,11 +407,9 @@ class Delivery:
             self.store_failed(exc)
 
     def conclude(self, verdict: Finish | Fail) -> ExecutionRecord | None:
-        """The verdict and the release together (one statement where the store has it,
-        else one fenced transaction) when no send under the lease can still be running;
-        otherwise the verdict alone, and the release once the sends settled. The release
-        is checked like the commit-time extension it replaces: a holder that outlived its
-        lease commits neither."""
+        """The verdict with the release (one statement, else one fenced transaction) once
+        no send under the lease can still run, else the verdict alone and the release after
+        the sends settle; a holder that outlived its lease commits neither."""
         ctx = self.context()
         if (
             sabotage.active(RELEASE_WITH_UNSETTLED_ATTEMPT)
@@ -454,11 +456,9 @@ class Delivery:
         try:
             ctx.release(self._releaser(captured, will_republish=will_republish))
         except StoreError as exc:
+            error = type(exc).__name__
             self.log_decision(
-                EXECUTION_RELEASE_FAILED,
-                logging.WARNING,
-                step="release",
-                error=type(exc).__name__,
+                EXECUTION_RELEASE_FAILED, logging.WARNING, step="release", error=error
             )
             return
         if captured:
