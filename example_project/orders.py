@@ -136,6 +136,16 @@ def mark_paid(conn: Connection, order_id: str, payment_id: str) -> None:
     note(conn, order_id, "paid", payment_id)
 
 
+def keep_payment(conn: Connection, order_id: str, payment_id: str) -> None:
+    """Keep the order's PaymentIntent before it took or holds anything (an authorisation
+    awaiting 3-D Secure): its status stays, and a PaymentIntent kept before stays."""
+    conn.execute(
+        update(orders)
+        .where(orders.c.id == order_id, orders.c.payment_id.is_(None))
+        .values(payment_id=payment_id)
+    )
+
+
 def next_attempt(conn: Connection, order_id: str) -> int:
     """Number the next payment attempt on the order row (design: PS22)."""
     attempt = int(load(conn, order_id)["attempt"]) + 1

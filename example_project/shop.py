@@ -26,10 +26,15 @@ from celery import Celery
 from sqlalchemy import Connection
 
 from celery_agboss import AGBoss, PaymentTask, outbox, undo_function
-from celery_agboss.adapters.stripe import StripeAdapter, intent_result, refund_result
+from celery_agboss.adapters.stripe import (
+    StripeAdapter,
+    intent_result,
+    is_definite_stripe_failure,
+    refund_result,
+)
 from celery_agboss.webhooks import WebhookEvent, record_event
 from example_project import config, dispositions, orders
-from example_project.dispositions import dispose, disposition_key, refused
+from example_project.dispositions import dispose, refused
 
 app = Celery("example_project", broker=config.broker_url())
 app.conf.update(
@@ -146,14 +151,53 @@ def send_receipt(self: PaymentTask, order_id: str) -> int:
 @app.task(base=PaymentTask, bind=True)
 def place_order(self: PaymentTask, order_id: str) -> dict[str, Any]:
     """Charge, then reserve the goods; out of stock refunds the charge, once, then FAILED.
-    A charge Stripe has not taken yet reserves nothing (noted; the webhook marks it paid)."""
+    A charge Stripe has not decided yet (``requires_action``, ``processing``) is waited
+    for as the checkout waits (``outcome_pause``: Stripe's webhook answers), noted
+    ``saga:<status>``; then the saga reads the PaymentIntent and, if it took the order's
+    amount, reserves (or refunds) and marks the order paid; one that took nothing reserves
+    nothing (noted ``charge:<status>``). The webhook never marks a waiting saga's order
+    paid (``handle_stripe_event``): the saga does, after the reservation."""
     order = _read(order_id)
     receipt = self.outbound(stripe.charge, payment_request(order), business_key=f"order:{order_id}")
     self.undo_with("shop.refund-payment", payment_id=receipt["id"], order_id=order_id)
+    if receipt.get("status") in STILL_PENDING:
+        waiting = f"{SAGA_WAITS}{receipt.get('status')}"
+        note = lambda conn: orders.note(conn, order_id, waiting, receipt["id"])  # noqa: E731
+        self.fenced_effect("saga-waits", note, business_key=f"order:{order_id}:waits")
+        for n in itertools.count(1):
+            receipt = _charge_reading(self, order_id, receipt, n)
+            if receipt.get("status") not in STILL_PENDING:
+                break
     if paid_in_full(receipt, order):
         self.fenced_effect("reserve", lambda conn: orders.reserve(conn, order_id, order["sku"]))
     mark_paid(self, order_id, receipt)
     return receipt
+
+
+SAGA_WAITS = "saga:"
+"""The ledger entry (``saga:<status>``) of a saga waiting for its charge's outcome."""
+
+
+def _charge_reading(
+    task: PaymentTask, order_id: str, last: Mapping[str, Any], n: int
+) -> dict[str, Any]:
+    """The saga's ``n``-th wait for its charge's outcome (named as the checkout's, so the
+    webhook answers it: ``web.answer_checkout``), then Stripe's PaymentIntent, kept per
+    wait: a re-run takes the same branch (design: divergence)."""
+    payload: dict[str, Any] = {"payment_id": last["id"]}
+    if n > OUTCOME_ROUNDS:
+        payload["operator"] = (
+            f"Stripe still showed {last['id']} as {last.get('status')} after {n - 1} "
+            "readings: check it in Stripe's dashboard, then answer this pause to read it "
+            "again, or cancel this execution (agboss cancel; its undo refunds the charge)"
+        )
+    name = outcome_pause(n)
+    task.pause(name, payload, accept_early=True)
+    current = intent_result(stripe.client.v1.payment_intents.retrieve(last["id"]).to_dict())
+    kept = task.fenced_effect(
+        "charge-outcome", lambda conn: current, business_key=f"order:{order_id}:{name}"
+    )
+    return dict(kept)
 
 
 @undo_function(app, "shop.refund-payment")
@@ -233,8 +277,10 @@ def checkout_3ds(self: PaymentTask, order_id: str) -> dict[str, Any]:
     """Authorise, wait for the customer's authentication (the return page or the
     webhook answers, once), read the outcome from Stripe, then capture (design: PS21).
     A reading still pending (the return page answered before the bank did) is no
-    outcome: the checkout waits again, under the next name (``outcome_pause``)."""
-    authorization = authorize(self, order_id, authenticating=True)
+    outcome: the checkout waits again, under the next name (``outcome_pause``). While the
+    customer authenticates Stripe holds nothing: the order is not ``authorized`` (noted
+    ``charge:requires_action``, its PaymentIntent kept), so fulfilment does not settle it."""
+    authorization = authorize(self, order_id)
     status = "requires_action"
     for n in itertools.count(1):
         status = _outcome_reading(self, order_id, authorization["id"], n, status)
@@ -260,12 +306,13 @@ def capture_whole(task: PaymentTask, order_id: str, payment_id: str) -> dict[str
     ``capture_retried_checkout``), decided through its one disposition (``dispose``) as
     fulfilment's is: a cancel or a shipment recorded first stands it down, nothing sent;
     a cancel after it becomes its refund. Sent under the disposition's key, as every whole
-    capture of the authorisation is, so once; the order marked paid by it."""
-    key = disposition_key(payment_id)
-    first = dispose(task, order_id, payment_id, "capture")
+    capture of the authorisation is, so once; the order marked paid by it. An earlier whole
+    capture Stripe refused (fulfilment's, sent while the customer still authenticated)
+    holds nothing: this one is the disposition's next round (``dispose``)."""
+    first, key = dispose(task, order_id, payment_id, "capture")
     if first != "capture":
         return refused(task, order_id, payment_id, "capture", first, key)
-    captured = task.outbound(stripe.capture, {"payment_id": payment_id}, business_key=key)
+    captured = _capture(task, order_id, payment_id, key)
     mark_paid(task, order_id, captured)
     return captured
 
@@ -324,20 +371,23 @@ def _outcome_reading(task: PaymentTask, order_id: str, payment_id: str, n: int, 
     )
 
 
-def authorize(task: PaymentTask, order_id: str, *, authenticating: bool = False) -> dict[str, Any]:
+def authorize(task: PaymentTask, order_id: str) -> dict[str, Any]:
     """Authorise the order's amount (captured later): the order is ``authorized`` once
     Stripe holds that amount (``paid_in_full`` of an authorisation), else left as it is,
-    noted ``charge:<status>``. A 3-D Secure checkout (``authenticating``) marks it while
-    the customer authenticates: it reads Stripe's status itself before it captures."""
+    noted ``charge:<status>`` with its PaymentIntent kept (``orders.keep_payment``), a 3-D
+    Secure checkout's too: an order ``authorized`` while the customer authenticates is one
+    fulfilment captures, and Stripe refuses, nothing held. Stripe's webhook marks it
+    ``authorized`` once it holds the amount (``handle_stripe_event``)."""
     authorization = task.outbound(
         stripe.authorize, payment_request(_read(order_id)), business_key=f"authorization:{order_id}"
     )
 
     def authorized(conn: Connection) -> None:
         order = orders.load(conn, order_id)
-        if authenticating or paid_in_full(authorization, order, authorised=True):
+        if paid_in_full(authorization, order, authorised=True):
             orders.move(conn, order_id, "authorized", authorization["id"])
         else:
+            orders.keep_payment(conn, order_id, authorization["id"])
             orders.note(
                 conn, order_id, f"charge:{authorization.get('status')}", authorization["id"]
             )
@@ -362,9 +412,10 @@ def capture_shipment(
     void (``dispositions``). What is noted is what Stripe says it received, not asked."""
     payment_id = _read(order_id)["payment_id"]
     key = f"capture:{payment_id}:{shipment}"
-    first = dispose(self, order_id, payment_id, "ship")
+    disposition = dispose(self, order_id, payment_id, "ship")
+    first = disposition.action
     if first == "ship":
-        first = dispositions.start_shipment(self, order_id, shipment, key)
+        first = dispositions.start_shipment(self, order_id, shipment, key, disposition)
     if first != "ship":
         return refused(self, order_id, payment_id, "ship", first, key)
     request = {"payment_id": payment_id, "amount": amount}
@@ -387,18 +438,25 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
     and shipments deciding through it too. The loser takes the other route: a cancel after
     the capture becomes a refund. The order is ``captured`` only when Stripe took its
     amount, ``voided`` only when the PaymentIntent is ``canceled``; otherwise it is left as
-    it is, noted ``capture:<status>`` or ``void:<status>``."""
+    it is, noted ``capture:<status>`` or ``void:<status>``. A capture Stripe refuses
+    (nothing held: the customer had not finished 3-D Secure) is noted
+    ``disposition:capture:refused`` and raised; it frees the authorisation, so a later
+    capture or void goes ahead in the disposition's next round (``dispose``)."""
     if action not in ("capture", "void"):
         raise ValueError(f"settle an authorisation by capture or void, not {action!r}")
     payment_id = _read(order_id)["payment_id"]
-    key = disposition_key(payment_id)
-    first = dispose(self, order_id, payment_id, action, noted=True)
-    if first == "capture" and action == "void":
-        return _refund_the_capture(self, order_id, payment_id)
+    first, key = dispose(self, order_id, payment_id, action, noted=True)
+    while first == "capture" and action == "void":
+        refunded = _refund_the_capture(self, order_id, payment_id, key)
+        if refunded is not None:
+            return refunded
+        first, key = dispose(self, order_id, payment_id, action, noted=True)  # next round
     if first != action:
         return refused(self, order_id, payment_id, action, first, key)
-    call = stripe.capture if action == "capture" else stripe.void
-    done = self.outbound(call, {"payment_id": payment_id}, business_key=key)
+    if action == "capture":
+        done = _capture(self, order_id, payment_id, key)
+    else:
+        done = self.outbound(stripe.void, {"payment_id": payment_id}, business_key=key)
     status = "captured" if action == "capture" else "voided"
 
     def settled(conn: Connection) -> bool:
@@ -417,16 +475,30 @@ def settle_authorization(self: PaymentTask, order_id: str, action: str) -> dict[
     return done
 
 
-def _refund_the_capture(task: PaymentTask, order_id: str, payment_id: str) -> dict[str, Any]:
+def _capture(task: PaymentTask, order_id: str, payment_id: str, key: str) -> dict[str, Any]:
+    """The authorisation's whole capture under the disposition round's ``key``; a definite
+    refusal by Stripe is noted (``dispositions.send_whole_capture``) and raised."""
+    send = lambda: task.outbound(stripe.capture, {"payment_id": payment_id}, business_key=key)  # noqa: E731
+    return dispositions.send_whole_capture(task, order_id, key, send)
+
+
+def _refund_the_capture(
+    task: PaymentTask, order_id: str, payment_id: str, key: str
+) -> dict[str, Any] | None:
     """A cancel that lost to the capture (fulfilment's or the checkout's) becomes a refund,
     of money the capture took. The capture may not be sent yet: the same call under the
     same key waits for it (or sends it, once), so the refund never precedes it. Its answer
     decides, by the capture route's rule (``paid_in_full``): a capture still
     ``processing``, or short, took no order's amount to give back, and a refund then
     returns money never captured, or another amount. So that is noted
-    ``cancelled:capture:<status>`` for a person, nothing sent."""
-    key = disposition_key(payment_id)
-    captured = task.outbound(stripe.capture, {"payment_id": payment_id}, business_key=key)
+    ``cancelled:capture:<status>`` for a person, nothing sent. A capture Stripe refused
+    took nothing: None, and the cancel decides again, in the next round (a void)."""
+    try:
+        captured = _capture(task, order_id, payment_id, key)
+    except Exception as exc:
+        if is_definite_stripe_failure(exc):
+            return None  # noted: ``dispose`` now skips this round
+        raise
 
     def taken(conn: Connection) -> bool:
         if paid_in_full(captured, orders.load(conn, order_id)):
@@ -487,6 +559,10 @@ def handle_stripe_event(self: PaymentTask, message: dict[str, Any]) -> Any:
             orders.note(conn, order_id, "webhook:other-payment", intent["id"])
             return False
         entries = orders.entries(conn, order_id)
+        if status == "paid" and any(entry.startswith(SAGA_WAITS) for entry, _ in entries):
+            # A saga waits for this charge (``place_order``): this event answered its wait,
+            # and the saga marks the order paid once it reserved the goods, or refunds.
+            return False
         cancelled = any(entry.startswith("cancelled:capture:") for entry, _ in entries)
         if cancelled and status == "paid":
             # The customer cancelled, and the capture that won the race had not taken the

@@ -9,8 +9,9 @@ server: place an order, come back from 3-D Secure, and receive Stripe's webhooks
 - ``GET /return?order=<id>`` (the 3-D Secure return page) answers the checkout's pause
   (its first wait not answered yet: ``answer_checkout``).
 - ``POST /webhooks/stripe`` verifies ``Stripe-Signature`` over the raw body (400 and
-  nothing recorded when it does not verify), answers the checkout's pause when the event
-  says how the customer's authentication ended (``OUTCOMES``: authorised, or failed), and
+  nothing recorded when it does not verify), answers the checkout's pause, or the saga's
+  wait for its charge, when the event says how the payment ended (``OUTCOMES``:
+  authorised, succeeded, or failed), and
   publishes one ``handle_stripe_event`` per event. An authorisation of a PaymentIntent
   whose checkout gave up (3-D Secure failed, then the customer confirmed the same
   PaymentIntent again) publishes its capture (``shop.capture_retried_checkout``), even
@@ -49,9 +50,18 @@ FLOWS = {"charge": shop.charge_order, "3ds": shop.checkout_3ds, "saga": shop.pla
 AUTHENTICATED = "payment_intent.amount_capturable_updated"
 # How the customer's authentication ended (docs/webhooks.md, section 3): each answers the
 # checkout's wait, whose body then reads Stripe's status itself. A failure is answered
-# too, or the wait holds the checkout until it expires, an operator's to end. Not
-# ``payment_intent.succeeded``: the checkout captures manually, so that follows its capture.
-OUTCOMES = frozenset({AUTHENTICATED, "payment_intent.payment_failed", "payment_intent.canceled"})
+# too, or the wait holds the checkout until it expires, an operator's to end.
+# ``payment_intent.succeeded`` answers the saga's wait for a charge Stripe had not decided
+# (``shop.place_order``); to a checkout (it captures manually) it comes after its capture,
+# when the checkout waits no more.
+OUTCOMES = frozenset(
+    {
+        AUTHENTICATED,
+        "payment_intent.succeeded",
+        "payment_intent.payment_failed",
+        "payment_intent.canceled",
+    }
+)
 
 
 def task_id_of(order_id: str) -> str:

@@ -244,18 +244,22 @@ def run(data_dir: Path, database_url: str, case: str) -> dict[str, Any]:
     with shop_on_fake_stripe(data_dir, database_url, intents) as world:
         if switch == "without-one-record":
             from example_project import shop
+            from example_project.dispositions import Disposition, disposition_key
 
             # Each route as if alone: every disposition is the route's own, none yields.
-            shop.dispose = lambda task, order_id, payment_id, action, **_: action  # type: ignore[assignment]
+            def alone(task: Any, order_id: str, payment_id: str, action: str, **_: Any) -> Any:
+                return Disposition(action, disposition_key(payment_id))
+
+            shop.dispose = alone  # type: ignore[assignment]
         if switch == "without-shipping-note":
             from example_project import dispositions
 
             # Shipment 2 starts unseen: a whole route deciding meanwhile finds none in flight.
             noted = dispositions.start_shipment
 
-            def unseen(task: Any, order_id: str, shipment: int, key: str) -> str:
+            def unseen(task: Any, order_id: str, shipment: int, key: str, first: Any) -> str:
                 if shipment == 1:
-                    return noted(task, order_id, shipment, key)
+                    return noted(task, order_id, shipment, key, first)
                 return str(task.fenced_effect("shipping", lambda conn: "ship", key))
 
             dispositions.start_shipment = unseen

@@ -34,7 +34,7 @@ def test_a_charge_stripe_has_not_taken_leaves_the_order_unpaid_until_its_webhook
 ) -> None:
     seen = run_script("tests.example.charge_statuses", str(tmp_path), shop_database_url)
     # Every flow that marks an order paid: one charge request, the order still new (nothing
-    # reserved, shipped or receipted), the answer's status noted.
+    # reserved, shipped or receipted), the answer's status noted; the saga waits for it.
     expected = {
         f"{flow}:{status}": {
             "succeeded": True,
@@ -45,6 +45,10 @@ def test_a_charge_stripe_has_not_taken_leaves_the_order_unpaid_until_its_webhook
         for status in ("requires_action", "processing")
         for flow in FLOWS
     }
+    for status in ("requires_action", "processing"):
+        # The saga waits for the charge's outcome (test_saga_waits_for_its_charge.py).
+        waiting = {"succeeded": False, "ledger": [f"saga:{status}"]}
+        expected[f"place_order:{status}"].update(waiting)
     assert seen["flows"] == expected, seen["flows"]
     # An authorisation awaiting 3-D Secure holds nothing: authorized only once Stripe says so.
     assert seen["authorize_order"] == {

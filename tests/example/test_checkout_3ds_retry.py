@@ -28,6 +28,7 @@ import pytest
 from tests.example.support import run_script
 
 MODULE = "tests.example.checkout_3ds_retry"
+AUTHENTICATING = "charge:requires_action"  # the authorisation, nothing held yet: not authorized
 
 
 def _run(tmp_path: Path, database_url: str, mode: str) -> Any:
@@ -41,10 +42,10 @@ def test_a_payment_intent_confirmed_again_after_a_failed_3ds_is_captured_once(
     retried = seen["retried"]
     assert retried["states"] == ["PAUSED", "COMPLETED"], retried
     # The capture the give-up enqueued reads Stripe before the customer confirms again:
-    # nothing held, nothing captured.
+    # nothing held, nothing captured; the order was never authorized (nothing held).
     assert retried["gave_up"] == {
-        "status": "authorized",
-        "ledger": ["checkout:requires_payment_method"],
+        "status": "new",
+        "ledger": [AUTHENTICATING, "checkout:requires_payment_method"],
         "capture": ["not_captured:requires_payment_method"],
     }, retried
     # The event twice (one capture execution), the return page answering nothing; a
@@ -56,6 +57,7 @@ def test_a_payment_intent_confirmed_again_after_a_failed_3ds_is_captured_once(
     assert retried["requests"] == [["capture", "PROCESSED"]], retried
     assert (retried["status"], retried["payment_id_is_the_checkouts"]) == ("paid", True), retried
     assert retried["ledger"] == [
+        AUTHENTICATING,
         "checkout:requires_payment_method",
         "paid",
         "webhook:payment_intent.amount_capturable_updated",
@@ -82,6 +84,7 @@ def test_without_the_retry_capture_the_authorised_money_is_never_captured(
 
 
 LEDGER_PAID = [
+    AUTHENTICATING,
     "checkout:requires_payment_method",
     "paid",
     "webhook:payment_intent.amount_capturable_updated",

@@ -31,6 +31,7 @@ from tests.example.support import run_script
 MODULE = "tests.example.one_disposition"
 CAPTURE, VOID, REFUND = ["capture", "PROCESSED"], ["void", "PROCESSED"], ["refund", "PROCESSED"]
 GAVE_UP = "checkout:requires_payment_method"
+AUTHENTICATING = "charge:requires_action"  # the checkout's authorisation, nothing held yet
 
 
 def _run(tmp_path: Path, database_url: str, case: str) -> Any:
@@ -47,7 +48,7 @@ def test_a_shipment_of_an_order_the_checkout_captured_is_refused_and_noted(
         "shipment": "COMPLETED",
         "shipment_result": {"not_captured": "the authorisation was captured whole first"},
         "status": "paid",
-        "ledger": ["paid", "refused:ship:capture"],
+        "ledger": [AUTHENTICATING, "paid", "refused:ship:capture"],
         "requests": [CAPTURE],  # the checkout's, once; nothing sent for the shipment
         "captured": 1000,
     }, seen
@@ -62,8 +63,8 @@ def test_a_checkout_meeting_a_shipment_captured_first_sends_nothing_and_is_noted
         "checkout_result": {"not_captured": "a shipment was captured, or is being captured, first"},
         "shipment": "COMPLETED",
         "shipment_result": "succeeded",
-        "status": "authorized",  # never paid by a part: a person settles the rest
-        "ledger": ["shipping", "captured", "refused:capture:ship"],
+        "status": "new",  # never paid by a part: a person settles the rest
+        "ledger": [AUTHENTICATING, "shipping", "captured", "refused:capture:ship"],
         "requests": [CAPTURE],  # the shipment's 600, once
         "captured": 600,
     }, seen
@@ -79,7 +80,7 @@ def test_a_cancel_after_the_retried_capture_becomes_its_refund(
         "cancel": "COMPLETED",
         "cancel_result": "refunded",
         "status": "refunded",
-        "ledger": [GAVE_UP, "paid", "refunded"],
+        "ledger": [AUTHENTICATING, GAVE_UP, "paid", "refunded"],
         "requests": [CAPTURE, REFUND],  # no void sent after the capture
         "refunds": 1,
     }, seen
@@ -95,7 +96,7 @@ def test_a_cancel_before_the_retried_capture_stands_the_capture_down(
         "cancel": "COMPLETED",
         "cancel_result": "canceled",
         "status": "voided",
-        "ledger": [GAVE_UP, "disposition:void"],
+        "ledger": [AUTHENTICATING, GAVE_UP, "disposition:void"],
         "requests": [VOID],  # no capture of the cancelled PaymentIntent
         "refunds": 0,
     }, seen
@@ -123,7 +124,8 @@ def test_without_the_one_record_both_routes_send_and_stripe_refuses_the_second(
     if case == "cancel:capture-first":
         assert (seen["status"], seen["refunds"]) == ("paid", 0), seen
     if case == "shipment:shipment-first":
-        assert (seen["status"], seen["ledger"]) == ("authorized", ["shipping", "captured"]), seen
+        ledger = [AUTHENTICATING, "shipping", "captured", "disposition:capture:refused"]
+        assert (seen["status"], seen["ledger"]) == ("new", ledger), seen
 
 
 SHIPPED = ["shipping", "shipping:refused"]  # shipment 1: started, Stripe refused it

@@ -113,17 +113,18 @@ def test_a_3ds_checkout_waits_again_while_stripe_is_still_pending(
         "return_page_answered": [True],
         "webhook_status": 200,
         "status": "paid",
-        "ledger": ["paid"],
+        "ledger": ["charge:requires_action", "paid"],
         "requests": [["capture", "PROCESSED"]],
     }, seen["pending_then_authorised"]
     # 3-D Secure failed: Stripe's payment_failed answers the wait (before, only an
     # authorisation's event did, and the checkout waited until its pause expired); the
-    # body reads requires_payment_method, captures nothing, notes it, never marks it paid.
+    # body reads requires_payment_method, captures nothing, notes it, never marks it paid
+    # (nor ``authorized``: Stripe never held the amount).
     assert seen["authentication_failed"] == {
         "states": ["PAUSED", "COMPLETED"],
         "webhook_status": 200,
-        "status": "authorized",
-        "ledger": ["checkout:requires_payment_method"],
+        "status": "new",
+        "ledger": ["charge:requires_action", "checkout:requires_payment_method"],
         "requests": [],
     }, seen["authentication_failed"]
     # Still processing after every wait the return page answers: the next wait is an
@@ -135,6 +136,6 @@ def test_a_3ds_checkout_waits_again_while_stripe_is_still_pending(
         "operator_told": True,
         "requests_before_operator": [],
         "status": "paid",
-        "ledger": ["paid"],
+        "ledger": ["charge:processing", "paid"],
         "requests": [["capture", "PROCESSED"]],
     }, seen["bound"]
