@@ -441,6 +441,7 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
                 task=self.name,
             )
         ctx = self._context()
+        name = ctx.pause_name(name)  # an undo's pause is its own
         executions = Runtime.of(self.app).executions
         with ctx.fenced() as tx:
             ctx.check_cancel(tx)

@@ -31,6 +31,7 @@ body then raises (a zombie woken after the take-over completed) runs none (desig
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,17 +42,14 @@ from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.keys import KEY_COLUMN_LENGTH, fit_key, step_key
 from celery_agboss.core.lease import LeaseRenewer
-from celery_agboss.core.log_events import (
-    FENCED_EFFECT_REPLAYED,
-    UNDO_DONE,
-    log_event,
-)
+from celery_agboss.core.log_events import FENCED_EFFECT_REPLAYED, UNDO_DONE, log_event
 from celery_agboss.core.protections import (
     FENCED_HOLDER_STARTS_UNDO,
     ONE_UNDO_PER_STEP,
     UNDO_CALLS_SHARE_ONE_KEY,
     UNDO_INTENTS_FROM_DONE_MARKS_ONLY,
     UNDO_NOT_MARKED_DONE,
+    UNDO_PAUSES_SHARE_ONE_NAME,
 )
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome
 from celery_agboss.core.shared_steps import (
@@ -122,6 +120,17 @@ class UndoStep:
     execution_id: str
     cause: str  # FAILURE or CANCEL
     task: Mapping[str, Any] | None = None  # declared as a Celery signature: its parts
+
+    def pause_name(self, name: str) -> str:
+        """A pause this undo makes is its own (``name@<12 hex of its key>``): two undos of
+        one function asking ``approve-refund`` for two payments get two answers."""
+        if sabotage.active(UNDO_PAUSES_SHARE_ONE_NAME):
+            return name
+        return f"{name}@{hashlib.sha256(self.key.encode()).hexdigest()[:12]}"
+
+    def pause_id(self, name: str) -> str:
+        """The id ``answer_pause`` takes for this undo's pause ``name``."""
+        return f"{self.execution_id}:{self.pause_name(name)}"
 
 
 @dataclass(frozen=True)
@@ -330,6 +339,9 @@ class UndoContext(ExecutionContext):
         if sabotage.active(UNDO_CALLS_SHARE_ONE_KEY):
             return undo.key
         return undo_call_key(undo.key, self._next(f"{kind} in {undo.key}", name))
+
+    def pause_name(self, name: str) -> str:
+        return name if self.current is None else self.current.pause_name(name)
 
     def _running_undo(self) -> UndoStep:
         if self.current is None:

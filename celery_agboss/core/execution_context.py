@@ -316,6 +316,10 @@ class ExecutionContext(DeliveryLease):
             **stopped.fields,
         )
 
+    def pause_name(self, name: str) -> str:
+        """The name a ``pause(name)`` is kept under: the body's own (an undo's: its own)."""
+        return name
+
     def stop(self, signal: Stop) -> Stop:
         """``signal`` ends this delivery (the first one to): ``raise_if_stopped`` repeats it."""
         with self._lock:

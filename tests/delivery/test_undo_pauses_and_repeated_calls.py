@@ -61,6 +61,14 @@ def _paused_in_the_cancels_undo(shop: PaymentShop) -> str:
     return task_id
 
 
+def _undo_pause(shop: PaymentShop, task_id: str) -> str:
+    """The id of the undo's pending pause: ``approve-refund``, made the undo's own."""
+    pending = shop.agboss.executions.read_pauses(execution_id=task_id)
+    [pause_id] = [p.pause_id for p in pending if p.status == "PENDING"]
+    assert pause_id.startswith(f"{task_id}:approve-refund@"), pause_id
+    return pause_id
+
+
 def _wait_released(shop: PaymentShop, task_id: str) -> None:
     wait_until(
         lambda: not getattr(shop.agboss.store.read_lease(task_id), "live", False),
@@ -74,7 +82,7 @@ def test_a_pause_in_a_cancels_undo_is_answered_and_the_customer_refunded(
 ) -> None:
     with shop.worker():
         task_id = _paused_in_the_cancels_undo(shop)
-        pause_id = f"{task_id}:approve-refund"
+        pause_id = _undo_pause(shop, task_id)
         shop.sweep()  # its cancel step leaves the undo's pause alone
         assert shop.execution(task_id).state.value == "PAUSED"
         assert task_id not in shop.agboss.executions.find_cancel_requested(100)
@@ -93,7 +101,7 @@ def test_twin_a_pause_in_a_cancels_undo_taken_for_the_bodys_never_refunds(
     with shop.worker(), sabotage(UNDO_PAUSE_TAKEN_FOR_THE_BODYS):
         task_id = _paused_in_the_cancels_undo(shop)
         with pytest.raises(NotPausedError, match="a cancel was requested"):
-            answer_pause(shop.app, f"{task_id}:approve-refund", {"approved": True})
+            answer_pause(shop.app, _undo_pause(shop, task_id), {"approved": True})
         assert task_id in shop.agboss.executions.find_cancel_requested(100)
         shop.sweep()  # the cancel step takes it back to COMPENSATING: it pauses again
         shop.wait_state(task_id, "COMPENSATING", "PAUSED")
@@ -120,7 +128,7 @@ def test_a_cancel_of_an_execution_paused_in_its_undo_is_refused(shop: PaymentSho
             cancel(shop.app, task_id, "the customer changed their mind")
         record = shop.execution(task_id)
         assert record.state.value == "PAUSED" and not record.cancel_requested
-        answer_pause(shop.app, f"{task_id}:approve-refund", {"approved": True})
+        answer_pause(shop.app, _undo_pause(shop, task_id), {"approved": True})
         record = shop.wait_state(task_id, "FAILED", "CANCELLED", "WAITING_OPERATOR")
     assert record.state.value == "FAILED" and "out of stock" in (record.error or ""), record
     assert len(shop.gateway.refunds) == 1
@@ -143,7 +151,7 @@ def test_twin_a_cancel_of_a_paused_undo_accepted_leaves_its_pause_unanswerable(
             message="the re-driven undo to pause again",
         )
         with pytest.raises(NotPausedError, match="a cancel was requested"):
-            answer_pause(shop.app, f"{task_id}:approve-refund", {"approved": True})
+            answer_pause(shop.app, _undo_pause(shop, task_id), {"approved": True})
     assert shop.gateway.refunds == []
 
 

@@ -152,6 +152,11 @@ and that charge, made after the start mark, is counted as an undo's refund, list
 Both refusals are off: the delivery's own check and its claim's
 (``BODY_CLAIM_AFTER_THE_START_MARK`` switches off the claim's alone)."""
 
+UNDO_PAUSES_SHARE_ONE_NAME = "undo-pauses-share-one-name"
+"""Sabotage: a pause an undo makes is named as the body's would be, so two undos of one
+function that ask a person (``approve-refund``) share one answer: the second refund is
+decided by the answer about the first payment, kept or sent unasked."""
+
 UNDO_CALLS_SHARE_ONE_KEY = "undo-calls-share-one-key"
 """Sabotage (design: undo once): every call an undo makes without a business key takes the
 undo's key, whatever its position: the second of two partial refunds of one call replays
