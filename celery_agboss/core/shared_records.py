@@ -18,9 +18,11 @@ the operator all call the same one:
   (``undo_decision``): another execution completed on it → keep it; another still uses
   it → wait for that one; otherwise undo it, once, by whichever execution claims it —
   covering the others only when it declared every undo they did for the step;
-- **whose payment it is** on a cancel (``payment_of``), and **which records a re-run
-  must reach** (``counts_for_divergence``): every record any delivery of the execution
-  sent, took over, reconciled or replayed, not only those it created;
+- **what a cancel accounts for** (``cancel_decision``): its payments (``payment_of``)
+  and every other step (a fenced effect) whose declared undos are not all done;
+- **which records a re-run must reach** (``counts_for_divergence``): every record any
+  delivery of the execution sent, took over, reconciled or replayed, not only those it
+  created;
 - **may a definite failure be sent again** (``failure_claim``): replayed by default;
   sent again only under a retry authorisation for this execution, which any hand-out of
   the failure to another execution revokes.
@@ -36,6 +38,7 @@ from typing import Any
 from celery_agboss.core import sabotage
 from celery_agboss.core.executions import TERMINAL_STATES, ExecutionState
 from celery_agboss.core.protections import (
+    CANCEL_SKIPS_EFFECT_UNDOS,
     COMPLETION_READ_FROM_EXECUTION_ROWS,
     DIVERGENCE_BY_CREATOR,
     HAND_OUT_KEEPS_RETRY,
@@ -209,22 +212,26 @@ def cancel_decision(
     *,
     undoable: Collection[str] = (),
     undone: Collection[str] = (),
+    undos_left: Collection[str] = (),
     undos_ran: bool = False,
     covers: StepCovers | None = None,
 ) -> CancelDecision:
-    """How a cancel of the execution ends, from its payments: each is kept for an
-    execution that completed on it, covered by an undo (its own, run or to run, or
-    another's that covers its undos: ``covers``), waited for while another execution
-    still uses it — or left for a person ("cancelled after a completed payment"), never
-    silently ``CANCELLED``: a claim that skips its undos (``NOT_COVERED``) goes to a
-    person at once, running its undos first would not run those.
+    """How a cancel of the execution ends, from its payments and its undos left to run:
+    each is kept for an execution that completed on it, covered by an undo (its own, run
+    or to run, or another's that covers its undos: ``covers``), waited for while another
+    execution still uses it — or left for a person ("cancelled after a completed
+    payment"), never silently ``CANCELLED``: a claim that skips its undos
+    (``NOT_COVERED``) goes to a person at once, running its undos first would not run
+    those.
     ``undoable``: the steps it declared undos for; ``undone``: the intents its undos made
-    (their refunds, not payments to account for)."""
-    unhandled: list[str] = []
+    (their refunds, not payments to account for); ``undos_left``: the steps whose
+    declared undos are not all marked done (``undo_steps.steps_undone``). Such a step that
+    is no payment (a fenced effect: a debit of the app's own ledger) is accounted for as
+    a payment is, from its record in ``records`` (none: nobody to keep it for, it is
+    undone): a cancel never ends ``CANCELLED`` with an undo it declared not run."""
+    accounted, unhandled = _accounted_for_cancel(records, execution_id, undone, undos_left)
     not_covered: set[str] = set()
-    for record in records:
-        if not _to_account_for(record, execution_id, undone):
-            continue
+    for record in accounted:
         decision = undo_decision(record, execution_id, covers=_covers_step(covers, record.key))
         if decision.outcome in (UndoOutcome.KEEP, UndoOutcome.COVERED):
             continue
@@ -235,9 +242,38 @@ def cancel_decision(
         unhandled.append(record.key)
     if not unhandled:
         return CancelDecision(CancelStep.CANCEL)
-    if not undos_ran and any(k in undoable and k not in not_covered for k in unhandled):
+    runnable = {*undoable, *undos_left}
+    if not undos_ran and any(k in runnable and k not in not_covered for k in unhandled):
         return CancelDecision(CancelStep.UNDO_FIRST)
     return CancelDecision(CancelStep.OPERATOR)
+
+
+def _accounted_for_cancel(
+    records: Iterable[SharedRecord],
+    execution_id: str,
+    undone: Collection[str],
+    undos_left: Collection[str],
+) -> tuple[list[SharedRecord], list[str]]:
+    """What a cancel accounts for: the records of its payments (``_to_account_for``) and
+    of its other steps with undos left (``_effect_undo_left``); and the keys of those
+    steps whose record the store no longer has (nobody to keep them for: undone)."""
+    left = frozenset(() if sabotage.active(CANCEL_SKIPS_EFFECT_UNDOS) else undos_left)
+    records = list(records)
+    accounted = [
+        record
+        for record in records
+        if _to_account_for(record, execution_id, undone) or _effect_undo_left(record, left)
+    ]
+    return accounted, sorted(left - {record.key for record in records})
+
+
+def _effect_undo_left(record: SharedRecord, left: Collection[str]) -> bool:
+    """A step that is no payment (a fenced effect) with undos left to run, that no undo
+    took back: owed as a payment's refund is. A payment is ruled by ``_to_account_for``
+    alone."""
+    if record.kind == INTENT_RECORD or record.key not in left:
+        return False
+    return not (record.compensated and record.undo_by is not None)
 
 
 def _to_account_for(record: SharedRecord, execution_id: str, undone: Collection[str]) -> bool:

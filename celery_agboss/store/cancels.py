@@ -8,6 +8,7 @@ written under the execution row's lock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import and_, func, not_, or_, select, update
@@ -27,8 +28,17 @@ from celery_agboss.core.executions import (
 )
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.shared_steps import Declared, step_covers
-from celery_agboss.core.store_protocol import FencedTransaction
-from celery_agboss.core.undo_steps import UndoDeclaration, undo_task_cancel_verdict
+from celery_agboss.core.store_protocol import (
+    EFFECT_RECORD,
+    INTENT_RECORD,
+    FencedTransaction,
+    SharedRecord,
+)
+from celery_agboss.core.undo_steps import (
+    UndoDeclaration,
+    steps_undone,
+    undo_task_cancel_verdict,
+)
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
@@ -114,11 +124,13 @@ def end_cancelled_txn(
     if not payments_handled:
         declarations = declared(execution_id)
         records = tx.shared_records_of(execution_id)
+        left, steps = undos_left_txn(tx, declarations, records)
         decision = cancel_decision(
-            records,
+            [*records, *steps],
             execution_id,
             undoable={d.step_key for d in declarations},
             undone=intents_made_by_undos_txn(tx, execution_id, records, declarations),
+            undos_left=left,
             undos_ran=undos_ran,
             covers=step_covers(declared, execution_id),
         )
@@ -136,6 +148,29 @@ def end_cancelled_txn(
         # The operator's confirmation: not listed again as "failed after a payment".
         values["payments_handled_at_ms"] = tx.now_expr()
     return write_verdict_txn(tx, execution_id, verdict, **values)
+
+
+def undos_left_txn(
+    tx: SQLTransaction, declarations: Sequence[UndoDeclaration], records: Sequence[SharedRecord]
+) -> tuple[set[str], list[SharedRecord]]:
+    """The steps the execution declared undos for that are not all marked done (the one
+    rule, ``undo_steps.steps_undone``), and the records of those not among ``records``
+    (its intents): a fenced effect's, read as ``shared_steps.decide_step`` reads it, in
+    the cancel's transaction."""
+    left = {d.step_key for d in declarations} - steps_undone(tx, declarations)
+    known = {record.key for record in records}
+    steps: list[SharedRecord] = []
+    for declaration in declarations:
+        if declaration.step_key not in left or declaration.step_key in known:
+            continue
+        known.add(declaration.step_key)
+        kinds = [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]
+        for kind in kinds:
+            record = tx.read_shared(kind, declaration.step_key)
+            if record is not None:
+                steps.append(record)
+                break
+    return left, steps
 
 
 def declared_txn(tx: SQLTransaction) -> Declared:
@@ -332,4 +367,5 @@ __all__ = [
     "put_cancel_request_last",
     "request_cancel",
     "undoing",
+    "undos_left_txn",
 ]

@@ -34,6 +34,13 @@ UNDO_REFUNDS_COUNTED_AS_PAYMENTS = "undo-refunds-counted-as-payments"
 count as payments it left behind: a failure whose undo refunded the charge is listed,
 and alerted on, as "failed after a payment", with the refund shown as the payment."""
 
+CANCEL_SKIPS_EFFECT_UNDOS = "cancel-skips-effect-undos"
+"""Sabotage (design: cancel request): a cancel counts only the execution's payments: one
+that debited the customer's wallet with a fenced effect and declared its undo (credit it
+back), cancelled while it waits, ends ``CANCELLED`` at once with the debit kept and its
+undo never run; so does one stopped part-way through its undos, its remaining fenced
+effects' undos dropped."""
+
 EXPIRY_BY_THE_WORKERS_CLOCK = "expiry-by-the-workers-clock"
 """Sabotage (design: expires bounds the start): a worker that holds a message past its
 ``expires`` by its own clock ends a never-started execution EXPIRED whatever the
