@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -66,13 +67,16 @@ class Runtime:
         self._settings_error: ConfigurationError | None = None
         self._settings_read_from: dict[str, Any] = {}
         self._engine_settings: EngineSettings | None = None
-        self._lock = threading.RLock()  # reading conf may configure the app, which calls back in
+        # Reentrant: reading conf may configure the app, which calls back in. Made anew
+        # in a forked child (_after_fork_in_child): a thread of the parent may have held it.
+        self._lock = threading.RLock()
         self._process: _ProcessStore | None = None
         self._when_configured: list[Callable[[AGBossSettings], None]] = []
         self._signal_handlers = {}
         self.clock_offset_source: Any = None  # tests only: ms added to the database clock
         tracing.install()  # spans when opentelemetry-api is installed; nothing otherwise
         setattr(app, _APP_ATTRIBUTE, self)
+        _live_runtimes.add(self)
 
     @classmethod
     def of(cls: type[R], app: Any) -> R:
@@ -139,10 +143,13 @@ class Runtime:
         with the tenant: ``agboss_tenant``, else the store's deployment id (one read; a
         store that cannot answer raises ``StoreError`` and is asked again next time)."""
         if self._engine_settings is None:
+            s = self.settings
+            # Read outside the lock: a thread waiting on a slow store must not hold it
+            # (a process forked meanwhile, or the store's own opening, would wait too).
+            # Two threads may both read it: the same value, and the first one is kept.
+            tenant = s.tenant if s.tenant is not None else self._store_tenant(s)
             with self._lock:
                 if self._engine_settings is None:
-                    s = self.settings
-                    tenant = s.tenant if s.tenant is not None else self._store_tenant(s)
                     self._engine_settings = EngineSettings(
                         pseudonym_key=s.pseudonym_key,
                         tenant=tenant,
@@ -280,6 +287,23 @@ class Runtime:
             EXECUTION_REPUBLISHED, execution_id=record.id, task=record.task_name, reason=reason
         )
         return result
+
+
+_live_runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has only the thread that forked: a lock another thread of the
+    parent held at the fork (opening the store, reading the settings) stays held for
+    ever in the child, and its ``worker_process_init`` (``Runtime.after_fork``) would
+    wait on it. Each runtime gets a fresh one; what it guarded is whole (every field is
+    written by one assignment), and ``after_fork`` drops the parent's store."""
+    for runtime in list(_live_runtimes):
+        runtime._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def app_argument(app: Any) -> str:

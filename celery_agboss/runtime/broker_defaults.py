@@ -29,6 +29,7 @@ from celery import signals as celery_signals
 from celery_agboss.core import sabotage
 from celery_agboss.core.protections import PUBLISHER_CONFIRMS_LEFT_UNSET
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.broker_transport import AMQP, driver_type
 
 logger = logging.getLogger("celery_agboss")
 
@@ -59,15 +60,9 @@ def confirm_publish_by_default(app: Any) -> None:
 
 def _speaks_amqp(app: Any) -> bool:
     """Whether the app's broker has publisher confirms (kombu's amqp transports); no
-    connection is opened to tell."""
-    try:
-        connection = app.connection_for_write()
-        try:
-            return bool(connection.transport.driver_type == "amqp")
-        finally:
-            connection.release()
-    except Exception:
-        return True  # could not tell: say it rather than keep quiet
+    connection is opened to tell. A broker kombu cannot name counts as one: say it
+    rather than keep quiet."""
+    return driver_type(app.conf, for_write=True) in (AMQP, "")
 
 
 def confirms_refused_warning(app: Any) -> str | None:

@@ -24,9 +24,11 @@ logger = logging.getLogger("celery_agboss")
 PREFIX = "agboss_"
 TESTING_ENV = "AGBOSS_TESTING"
 
-# Redis (and SQS) redeliver an unacked message after this long; RabbitMQ closes a
-# channel whose message is held unacked longer than its consumer_timeout.
+# kombu's Redis transport redelivers an unacked message after this long (its
+# visibility_timeout), and kombu's SQS transport after its own (1800 s); RabbitMQ
+# closes a channel whose message is held unacked longer than its consumer_timeout.
 REDIS_DEFAULT_VISIBILITY_TIMEOUT = 3600.0
+SQS_DEFAULT_VISIBILITY_TIMEOUT = 1800.0
 RABBITMQ_DEFAULT_CONSUMER_TIMEOUT = 1800.0
 
 # Each default is written once, here (the engine's two in core.engine_settings): the
@@ -240,6 +242,7 @@ __all__ = [
     "PREFIX",
     "RABBITMQ_DEFAULT_CONSUMER_TIMEOUT",
     "REDIS_DEFAULT_VISIBILITY_TIMEOUT",
+    "SQS_DEFAULT_VISIBILITY_TIMEOUT",
     "TESTING_ENV",
     "changed_since",
     "conf_value",

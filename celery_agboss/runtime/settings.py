@@ -40,7 +40,6 @@ from celery_agboss.runtime.known_settings import (
     DURATION_DEFAULTS,
     PREFIX,
     RABBITMQ_DEFAULT_CONSUMER_TIMEOUT,
-    REDIS_DEFAULT_VISIBILITY_TIMEOUT,
     TESTING_ENV,
     conf_value,
     effective_interval,
@@ -48,6 +47,7 @@ from celery_agboss.runtime.known_settings import (
     unknown_settings_message,
     warn_of_misspelt_variables,
 )
+from celery_agboss.runtime.visibility import visibility_timeout
 from celery_agboss.store.databases import redact_url
 
 logger = logging.getLogger("celery_agboss")
@@ -74,7 +74,8 @@ class AGBossSettings:
     max_recovery_attempts: int = DEFAULT_MAX_RECOVERY_ATTEMPTS
     # The shortest broker redelivery timeout of any worker: a broker countdown
     # must stay below half of it (design: trap 1); longer waits go through the store.
-    visibility_timeout_seconds: float = REDIS_DEFAULT_VISIBILITY_TIMEOUT
+    # A conf naming no broker is Celery's amqp://localhost: RabbitMQ's consumer_timeout.
+    visibility_timeout_seconds: float = RABBITMQ_DEFAULT_CONSUMER_TIMEOUT
     # The countdown of the retry after an unknown outcome (then reconciled).
     retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
     # How long a committed outbox row is left to its own delivery before the sweep
@@ -297,28 +298,14 @@ def _pseudonym_key(source: _Source) -> tuple[bytes, bool]:
 
 
 def _visibility_timeout(source: _Source) -> float:
-    """The declared shortest timeout, else this app's own broker's, else its default."""
-    conf = source.conf
-    declared = source.get("visibility_timeout")
-    if declared is not None:
-        return _duration(source, "visibility_timeout", 0.0, allow_zero=False)
-    options = conf.get("broker_transport_options") or {}
-    if "visibility_timeout" in options:
-        raw = _number(options["visibility_timeout"])
-        what = "broker_transport_options['visibility_timeout']"
-        try:
-            seconds = to_seconds(raw, what=what)
-        except (TypeError, ValueError) as exc:
-            raise ConfigurationError(str(exc), setting="broker_transport_options") from None
-        if seconds <= 0:
-            raise ConfigurationError(
-                f"{what} must be positive seconds, not {raw!r}", setting="broker_transport_options"
-            )
-        return seconds
-    broker = str(conf.get("broker_url") or "")
-    if broker.startswith(("amqp", "pyamqp", "rabbitmq")):
-        return RABBITMQ_DEFAULT_CONSUMER_TIMEOUT
-    return REDIS_DEFAULT_VISIBILITY_TIMEOUT
+    """The declared shortest timeout (capped by this app's own), else this app's own
+    broker's, else its transport's default (``runtime.visibility``)."""
+    declared = (
+        None
+        if source.get("visibility_timeout") is None
+        else _duration(source, "visibility_timeout", 0.0, allow_zero=False)
+    )
+    return visibility_timeout(source.conf, declared, named=source.where("visibility_timeout"))
 
 
 def _tenant(source: _Source) -> str | None:

@@ -51,7 +51,7 @@ from celery_agboss.core.log_events import (
     log_event,
 )
 from celery_agboss.core.protections import SWEEP_WITHOUT_TICK
-from celery_agboss.errors import StoreError
+from celery_agboss.errors import ConfigurationError, StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import effective_interval
 from celery_agboss.runtime.settings import AGBossSettings
@@ -343,22 +343,53 @@ def _consume_the_sweep_queue(runtime: Runtime, worker: Any) -> Callable[[], None
     )
 
 
-def _install_beat_entry(runtime: Runtime, settings: AGBossSettings) -> None:
-    """The beat entry that sends the sweep every interval (none when it is 0)."""
-    if settings.sweep_interval_seconds <= 0:
-        return
-    schedule = dict(runtime.app.conf.beat_schedule or {})
-    if SWEEP_BEAT_ENTRY in schedule:
-        return
+def _beat_entry(settings: AGBossSettings) -> dict[str, Any]:
+    """The beat entry that sends the sweep every interval."""
     interval = settings.sweep_interval_seconds
-    schedule[SWEEP_BEAT_ENTRY] = {
+    return {
         "task": SWEEP_TASK_NAME,
         "schedule": interval,
         # Its own queue, so it never waits behind the backlog it rescues; a run that
         # did not start within one interval is dropped (the next one comes).
         "options": {"queue": settings.sweep_queue, "expires": interval},
     }
+
+
+def _install_beat_entry(runtime: Runtime, settings: AGBossSettings) -> bool:
+    """Add the sweep's beat entry to ``beat_schedule`` (none when the interval is 0);
+    whether it was missing."""
+    if settings.sweep_interval_seconds <= 0:
+        return False
+    schedule = dict(runtime.app.conf.beat_schedule or {})
+    if SWEEP_BEAT_ENTRY in schedule:
+        return False
+    schedule[SWEEP_BEAT_ENTRY] = _beat_entry(settings)
     runtime.app.conf.beat_schedule = schedule
+    return True
+
+
+def _keep_beat_entry(runtime: Runtime, service: Any) -> None:
+    """At ``beat_init``: a ``beat_schedule`` the application assigned after ``AGBoss(app)``
+    replaced the one holding the sweep's entry; put it back, in the conf and in the
+    scheduler beat already built from it, and say so once. A wrong configuration is
+    left to ``signals.worker.beat_init``, which refuses to start beat."""
+    try:
+        settings = runtime.settings
+    except ConfigurationError:
+        return
+    if not _install_beat_entry(runtime, settings):
+        return
+    scheduler = getattr(service, "scheduler", None)  # built before beat_init, without it
+    if scheduler is not None:
+        scheduler.update_from_dict({SWEEP_BEAT_ENTRY: _beat_entry(settings)})
+    logger.warning(
+        "celery_agboss: beat_schedule has no %r entry (a beat_schedule assigned after "
+        "AGBoss(app) replaced it); it is added back, so this beat sends %r every %g s. "
+        "Add to beat_schedule (app.conf.beat_schedule[name] = ...) rather than replace it",
+        SWEEP_BEAT_ENTRY,
+        SWEEP_TASK_NAME,
+        settings.sweep_interval_seconds,
+    )
 
 
 def install(runtime: Runtime) -> None:
@@ -366,7 +397,11 @@ def install(runtime: Runtime) -> None:
     sweep queue on the default worker, and each worker's watch on ``last_sweep_at`` (and
     its own sweeps while none finishes)."""
     app = runtime.app
-    runtime.when_configured(lambda settings: _install_beat_entry(runtime, settings))
+
+    def on_configured(settings: AGBossSettings) -> None:
+        _install_beat_entry(runtime, settings)
+
+    runtime.when_configured(on_configured)
 
     # send_events=False: a run every interval would bury the payments on Flower's tasks
     # page. Its counts are in `sweep.finished` and the metrics; to see the runs in Flower
@@ -411,3 +446,9 @@ def install(runtime: Runtime) -> None:
     celery_signals.worker_init.connect(on_worker_init, weak=False)
     celery_signals.worker_ready.connect(on_worker_ready, weak=False)
     celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
+
+    def on_beat_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            _keep_beat_entry(runtime, sender)
+
+    celery_signals.beat_init.connect(on_beat_init, weak=False)

@@ -38,6 +38,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.protections import HELD_NOT_REPORTED
 from celery_agboss.errors import StoreError
 from celery_agboss.runtime.app_runtime import Runtime
+from celery_agboss.runtime.broker_transport import AMQP, driver_type
 from celery_agboss.store.held_messages import forget_held, write_held
 from celery_agboss.task import PaymentTask
 
@@ -125,8 +126,7 @@ def _gives_back_at_once(app: Any) -> bool:
     """RabbitMQ (AMQP) requeues a consumer's unacked messages as soon as its connection
     closes (a killed worker's at once, a frozen one's after the heartbeat timeout): no
     row is needed there, and none is written."""
-    with app.connection_for_read() as connection:  # no network: the transport's kind
-        return bool(connection.transport.driver_type == "amqp")
+    return driver_type(app.conf) == AMQP
 
 
 def install(runtime: Runtime) -> None:
