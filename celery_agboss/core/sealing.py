@@ -144,7 +144,8 @@ def sealed_key_id(stored: str | None) -> str | None:
 class Sealer:
     """What the store seals with: a ring, or none (plaintext, refused once the store is
     sealed). ``store_sealed`` holds, once learned per process, whether ``agboss_meta``
-    says the store holds sealed values; a process with keys records it there instead."""
+    says the store holds sealed values; a process with keys records it there, and holds
+    it once it has read the row committed (``store.sealed_columns``)."""
 
     def __init__(self, ring: KeyRing | None = None, *, store_sealed: bool | None = None) -> None:
         self.ring = ring
@@ -222,7 +223,9 @@ class Sealer:
 
 PLAINTEXT = Sealer(store_sealed=False)
 """The sealer of a store opened without the runtime (tests, tools): plaintext, never
-checks ``agboss_meta``; a sealed value it meets does not open."""
+checks ``agboss_meta``; a sealed value it meets does not open. A connection no store
+opened gets a keyless ``Sealer()`` of its engine instead, which does check
+(``store.sealed_columns.sealer_of``)."""
 
 
 def key_ring_from(names: object, environ: Mapping[str, str] | None = None) -> KeyRing | None:

@@ -229,4 +229,9 @@ def ends_transaction(statement: str | bytes) -> str | None:
     return None
 
 
-__all__ = ["CommitGuard", "StoreConnection", "ends_transaction", "guard_engine"]
+def is_store_engine(engine: Engine) -> bool:
+    """Whether a store runs on ``engine`` (``guard_engine`` was called for it)."""
+    return engine in _GUARDED_ENGINES
+
+
+__all__ = ["CommitGuard", "StoreConnection", "ends_transaction", "guard_engine", "is_store_engine"]

@@ -164,6 +164,12 @@ RESEAL_WITHOUT_COMPARE_AND_SET = "reseal-without-compare-and-set"
 re-sealed value over whatever the row holds by then: a result a worker settled in between
 is replaced by the old, re-sealed, value."""
 
+ENCRYPTION_FLAG_SETTLED_BEFORE_COMMIT = "encryption-flag-settled-before-commit"
+"""Sabotage (design: sealed at rest): a process with keys holds ``encryption`` = ``on``
+settled as soon as it wrote the row in the transaction of its first seal: when that
+transaction rolls back, the row is gone, the process never writes it again, and a
+process without keys writes card data in clear into a store holding sealed values."""
+
 
 # Retention and migrations against messages and workers still in flight.
 
