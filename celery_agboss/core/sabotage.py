@@ -4,9 +4,10 @@ A guarantee test without a twin that fails when the protection is removed proves
 nothing. The switches' names live in ``celery_agboss.core.protections``, and whether one
 is off is read here (so the store and the engine can consult them without importing the
 testing package); they can only be turned off through ``celery_agboss.testing.switches``,
-which refuses unless pytest runs a test in this process
-with ``AGBOSS_ALLOW_SABOTAGE=1`` (or the process descends from the pytest process named by
-``AGBOSS_SABOTAGE_SUBPROCESS``: a worker a test started). They are never settings.
+which refuses unless pytest runs a test in this process, in a session the package's own
+pytest plugin (``agboss``) saw start, with ``AGBOSS_ALLOW_SABOTAGE=1`` (or the process
+descends from the pytest process named by ``AGBOSS_SABOTAGE_SUBPROCESS``: a worker a test
+started). No environment variable alone opens them. They are never settings.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from celery_agboss.errors import SabotageRefusedError
 
 _active: set[str] = set()
 _lock = threading.Lock()
+_test_sessions = 0
+"""pytest sessions running in this process, counted by the ``agboss`` pytest plugin."""
 ENV_SWITCH = "AGBOSS_ALLOW_SABOTAGE"
 
 
@@ -58,12 +61,32 @@ def _allowed() -> bool:
     return _running_a_test() or _started_by_a_test_run(os.environ.get(SUBPROCESS_SWITCH, ""))
 
 
+def test_session_started() -> None:
+    """For the ``agboss`` pytest plugin's ``pytest_configure`` only: a pytest session
+    runs in this process (counted: a session may run another inside it)."""
+    global _test_sessions
+    with _lock:
+        _test_sessions += 1
+
+
+def test_session_ended() -> None:
+    """For the ``agboss`` pytest plugin's ``pytest_unconfigure`` only."""
+    global _test_sessions
+    with _lock:
+        _test_sessions = max(0, _test_sessions - 1)
+
+
 def _running_a_test() -> bool:
-    """pytest runs a test in this process: imported, and its current test named. Imported
-    alone proves nothing: an application may import it (``celery.contrib.pytest`` does),
-    and a worker of that application must keep every protection whatever its
-    environment says."""
-    return "pytest" in sys.modules and bool(os.environ.get("PYTEST_CURRENT_TEST"))
+    """pytest runs a test in this process: a session the ``agboss`` plugin saw start, and
+    its current test named. Neither pytest imported nor ``PYTEST_CURRENT_TEST`` set
+    proves it: an application may import pytest (``celery.contrib.pytest`` does) and
+    its environment may carry any variable (copied from a CI job), and a worker of that
+    application must keep every protection whatever its environment says."""
+    return (
+        _test_sessions > 0
+        and "pytest" in sys.modules
+        and bool(os.environ.get("PYTEST_CURRENT_TEST"))
+    )
 
 
 def _started_by_a_test_run(value: str) -> bool:

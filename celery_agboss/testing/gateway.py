@@ -17,6 +17,9 @@ Rules a test can rely on (docs/testing.md repeats them):
   under the key: a retry under the same key is processed afresh; except that with
   ``replays_failures`` a ``NOT_PROCESSED`` is saved and raised again to every repeat
   inside retention (a gateway that replays its 5xx answers);
+- a key that holds a saved answer keeps it: an injected ``FAIL_BEFORE_PROCESSING`` on
+  a repeat fails that repeat without replacing the answer, and an injected ``DECLINE``
+  on a repeat is answered from the key (a paid key never looks declined);
 - a charge made with ``saves_declines=True`` (a dialect whose gateway keeps a decline
   under its key, as Stripe and Checkout.com do) is declined by being processed: the
   declined payment (``status: "declined"``, nothing captured) is made, saved under
@@ -37,7 +40,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NoReturn
 
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway_requests import DECLINED, Receipt, RequestPath, new_id
@@ -118,6 +121,7 @@ class FakeGateway(RequestPath):
         capture: bool = True,
         card_declines: bool = False,
         saves_declines: bool = False,
+        refuse_new: FakeGatewayError | None = None,
         **extra: Any,
     ) -> Receipt:
         """Charge (or, with ``capture=False``, authorise) ``amount`` in minor units.
@@ -125,7 +129,9 @@ class FakeGateway(RequestPath):
         ``card_declines``: the card declines this charge. ``saves_declines``: a decline
         (the card's, or an injected ``DECLINE``) is processed into a declined payment
         saved under the key (see the module docstring); without it, a decline raises
-        ``DECLINED`` and nothing is saved.
+        ``DECLINED`` and nothing is saved. ``refuse_new``: a repeat that must move no
+        money (a dialect's repeat of what its key already paid): answered from the key
+        like any repeat, else refused with this error, nothing processed.
         """
 
         def make(now: float, declined: bool) -> Receipt:
@@ -147,6 +153,8 @@ class FakeGateway(RequestPath):
             }
 
         def process(now: float) -> Receipt:
+            if refuse_new is not None:
+                raise refuse_new
             if card_declines and not saves_declines:
                 raise FakeGatewayError(FakeGatewayErrorKind.DECLINED, "the card was declined")
             return make(now, card_declines)
@@ -161,6 +169,27 @@ class FakeGateway(RequestPath):
         return self._perform(
             "charge", idempotency_key, amount, None, {**params, **extra}, process, declined
         )
+
+    def refuse(
+        self,
+        operation: str,
+        idempotency_key: str | None,
+        error: FakeGatewayError,
+        *,
+        amount: int | None = None,
+        payment_id: str | None = None,
+    ) -> NoReturn:
+        """A request the gateway refuses on its own state, before its key is consulted
+        (PayPal's capture of an order already paid, or being paid): recorded in
+        ``requests`` (outcome from ``error.kind``: ``IN_PROGRESS``, ``CONFLICT``,
+        ``DECLINED``, else ``INVALID``), nothing processed, no key saved; raises
+        ``error`` (or the failure of a fault armed for the next request)."""
+
+        def process(now: float) -> Receipt:
+            raise error
+
+        self._perform(operation, idempotency_key, amount, payment_id, {}, process, uses_key=False)
+        raise error  # not reached: ``process`` raised
 
     def capture(
         self,

@@ -50,6 +50,14 @@ class _Arrival:
     waits: bool
 
 
+_REFUSED = {
+    FakeGatewayErrorKind.DECLINED: GatewayRequestOutcome.DECLINED,
+    FakeGatewayErrorKind.IN_PROGRESS: GatewayRequestOutcome.IN_PROGRESS,
+    FakeGatewayErrorKind.CONFLICT: GatewayRequestOutcome.CONFLICT,
+}
+"""The outcome a request refused by its processing shows; any other refusal is INVALID."""
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
@@ -91,11 +99,16 @@ class RequestPath(FaultsAndHolds):
         params: dict[str, Any],
         process: Process,
         declined: Process | None = None,
+        *,
+        uses_key: bool = True,
     ) -> Receipt:
+        """``uses_key=False``: the request is recorded under ``key`` (its attempt counted)
+        but the key store is not consulted: answered by ``process`` (a refusal the
+        gateway makes on its own state, before its idempotency layer)."""
         fingerprint = json.dumps(
             [operation, amount, payment_id, params], sort_keys=True, default=repr
         )
-        keyed = key if self.idempotency_keys and key is not None else None
+        keyed = key if uses_key and self.idempotency_keys and key is not None else None
         with self._lock:
             arrival = self._arrive(operation, key, amount, payment_id, keyed)
         self._wait_to_process(arrival, keyed)
@@ -176,16 +189,17 @@ class RequestPath(FaultsAndHolds):
         saved = self._saved_failure(request, keyed, fingerprint)
         if saved is not None:
             raise saved
+        answered = self._holds_answer(keyed)  # a repeat: its key answers it, not a fault
         if armed is not None and armed.fault is FakeGatewayFault.FAIL_BEFORE_PROCESSING:
             self._finish(request, GatewayRequestOutcome.NOT_PROCESSED)
-            if keyed is not None and self.replays_failures:
+            if keyed is not None and self.replays_failures and not answered:
                 self._keys[keyed] = _KeyEntry(
                     fingerprint, {}, self.now(), "", FakeGatewayErrorKind.NOT_PROCESSED
                 )
             raise FakeGatewayError(
                 FakeGatewayErrorKind.NOT_PROCESSED, "the gateway failed before processing"
             )
-        if armed is not None and armed.fault is FakeGatewayFault.DECLINE:
+        if armed is not None and armed.fault is FakeGatewayFault.DECLINE and not answered:
             if declined is not None:
                 return self._answer(request, keyed, fingerprint, declined)
             self._finish(request, GatewayRequestOutcome.DECLINED)
@@ -216,11 +230,7 @@ class RequestPath(FaultsAndHolds):
         try:
             body = process(now)
         except FakeGatewayError as exc:
-            declined = exc.kind is FakeGatewayErrorKind.DECLINED
-            self._finish(
-                request,
-                GatewayRequestOutcome.DECLINED if declined else GatewayRequestOutcome.INVALID,
-            )
+            self._finish(request, _REFUSED.get(exc.kind, GatewayRequestOutcome.INVALID))
             raise
         self._objects[body["id"]] = body
         response = {**copy.deepcopy(body), "request_id": request.request_id}
@@ -235,6 +245,14 @@ class RequestPath(FaultsAndHolds):
         if key is not None:
             self._keys[key] = _KeyEntry(fingerprint, copy.deepcopy(response), now, body["id"])
         return response
+
+    def _holds_answer(self, key: str | None) -> bool:
+        """Under the lock: ``key`` holds a saved answer inside retention (a success, or a
+        declined payment): a repeat is answered from it, whatever fault is armed, and a
+        fault on that repeat never replaces it."""
+        entry = self._keys.get(key) if key is not None else None
+        fresh = entry is not None and self.now() - entry.created < self.key_retention
+        return fresh and entry is not None and entry.error is None
 
     def _saved_failure(
         self, request: GatewayRequest, key: str | None, fingerprint: str

@@ -13,8 +13,10 @@ The JSON endpoints of this base (a dialect for an official SDK adds its own thro
   :attr:`FakeGatewayServer.error_status` (402 declined, 409 conflict or in progress,
   503 nothing processed, ...); a dropped answer (``ANSWER_THEN_DROP``, a hold that
   timed out) closes the connection without a response. A ``card`` in
-  ``declined_cards`` is declined before anything is processed, every time: a
-  deterministic decline, unlike an injected ``DECLINE`` fault.
+  ``declined_cards`` is declined by the gateway (``charge(card_declines=True)``: each
+  send is in its ``requests``, DECLINED, and in :attr:`FakeGatewayServer.declines`)
+  every time, the decline saved under no key: a deterministic decline, unlike an
+  injected ``DECLINE`` fault. A key that already holds an answer replays it.
 - ``GET /lookup?key=…`` → 200 and the receipt, or ``null`` (design: G2); 501 when lookup is off.
 - ``GET /health`` → 200 ``{"ok": true}``.
 
@@ -117,7 +119,9 @@ class FakeGatewayServer:
         FakeGatewayErrorKind.NOT_FOUND: 404,
         FakeGatewayErrorKind.LOOKUP_UNSUPPORTED: 501,
     }
-    """Status per error kind; any other kind (``NOT_PROCESSED`` above all) is 503."""
+    """Status per error kind; any other kind (``NOT_PROCESSED`` above all) is 503. Each
+    server copies it when made: change ``server.error_status`` for one server (its test),
+    this class attribute for every server made after."""
 
     def __init__(
         self,
@@ -134,6 +138,7 @@ class FakeGatewayServer:
         self.gateway = gateway if gateway is not None else FakeGateway()
         self.declined_cards = frozenset(declined_cards)
         self.hold_timeout = hold_timeout
+        self.error_status = dict(type(self).error_status)  # this server's own
         self._lock = threading.Lock()
         self._charges: list[ChargeSeen] = []
         self._declines: list[Decline] = []
@@ -329,8 +334,7 @@ class FakeGatewayServer:
         reference = body.get("reference")
         card = str(body.get("card") or "")
         self.charge_arrived(call, key, reference)
-        if self.is_declined_card(call, card, key, reference):
-            return Reply(402, {"error": "DECLINED", "message": f"card {card} declined"})
+        declining = card in self.declined_cards
         try:
             amount = int(body["amount"])
         except (KeyError, TypeError, ValueError):
@@ -338,8 +342,13 @@ class FakeGatewayServer:
         metadata = body.get("metadata")
         extra = dict(metadata) if isinstance(metadata, dict) else {}
         try:
-            receipt = self.gateway.charge(amount, key, reference=reference, **extra)
+            receipt = self.gateway.charge(
+                amount, key, reference=reference, card_declines=declining, **extra
+            )
         except FakeGatewayError as exc:
+            if declining and exc.kind is FakeGatewayErrorKind.DECLINED:
+                self.is_declined_card(call, card, key, reference)  # recorded in declines
+                return Reply(402, {"error": "DECLINED", "message": f"card {card} declined"})
             return self.error_reply(exc)
         return self.deliver_answer(call, key, reference, Reply(200, receipt))
 

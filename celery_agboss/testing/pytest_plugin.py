@@ -16,6 +16,10 @@ nothing beyond pytest itself: each fixture imports what it needs when used.
 - ``agboss_worker``: a real worker for ``agboss_app`` in a thread of this process;
   ``agboss_worker_parameters`` (override it) changes its pool or concurrency;
 - after every test, armed fault points are disarmed and paused threads woken.
+
+It also tells ``celery_agboss.core.sabotage`` that a pytest session runs in this
+process (``pytest_configure`` to ``pytest_unconfigure``): the sabotage switches open only
+there (with ``AGBOSS_ALLOW_SABOTAGE=1``), never in a process that merely imports pytest.
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ if TYPE_CHECKING:
     from celery_agboss.core.store_protocol import Store
     from celery_agboss.testing.clock import VirtualClock
     from celery_agboss.testing.gateway import FakeGateway
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest session runs here: the sabotage switches may open (docs/testing.md)."""
+    from celery_agboss.core import sabotage
+
+    sabotage.test_session_started()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from celery_agboss.core import sabotage
+
+    sabotage.test_session_ended()
 
 
 @pytest.fixture

@@ -14,7 +14,11 @@ are minor units in the fake and PayPal's decimal strings on the wire (whole unit
 HUF, JPY and TWD: ``paypal_wire``). As PayPal documents: a repeat answers the CURRENT
 state of what the first request made, a repeat with other parameters is not refused, and
 an order's key lives 6 h (here: the fake's ``key_retention`` and ``idempotency_keys``, on
-its clock).
+its clock). Every capture or authorize of an order, and every create with a vaulted
+source, is a charge in the fake's ``requests``, the ones answered here too: a repeat under
+the key that paid (``REPLAYED``), 422 ``ORDER_ALREADY_CAPTURED`` (``INVALID``) and 409
+``PREVIOUS_REQUEST_IN_PROGRESS`` (``IN_PROGRESS``) move no money; a declined instrument
+is declined by the fake (``DECLINED``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from celery_agboss.testing.dialects.paypal_wire import (
 from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
+    FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
 )
@@ -72,6 +77,7 @@ class PayPalOrder:
     payment_key: str | None = None  # the PayPal-Request-Id that captured/authorized it
     paid_at: float = 0.0
     paid_at_creation: bool = False  # created with a vaulted source, and paid by that call
+    charged_at_creation: bool = False  # created with a vaulted source: the create charged
 
 
 @dataclass
@@ -202,7 +208,7 @@ class PayPalDialect:
             known = self._state.order_keys.get(key) if key and gateway.idempotency_keys else None
             order = self._state.orders.get(known or "")
         if order is not None and gateway.now() - order.created < gateway.key_retention:
-            return Reply(200, self._order_body(self._catch_up(order)))
+            return self._repeat_create(order, key)
         intent, units = body.get("intent"), body.get("purchase_units")
         if intent not in ("CAPTURE", "AUTHORIZE"):
             return paypal_error(400, "INVALID_PARAMETER_VALUE", "intent: CAPTURE or AUTHORIZE.")
@@ -219,6 +225,7 @@ class PayPalDialect:
         order = PayPalOrder(
             order_id, intent, amount, currency, reference, vault, key, gateway.now()
         )
+        order.charged_at_creation = vault is not None
         with self._lock:
             self._state.orders[order.id] = order
             if key:
@@ -239,9 +246,22 @@ class PayPalDialect:
             order = self._state.orders.get(call.params["id"])
         return not_found() if order is None else Reply(200, self._order_body(self._catch_up(order)))
 
+    def _repeat_create(self, order: PayPalOrder, key: str | None) -> Reply:
+        """A repeat of a create under its key: the order as it is now (PayPal). One made
+        with a vaulted source charged, so its repeat is a charge too: answered from the
+        key, recorded in the gateway's ``requests`` (REPLAYED)."""
+        if order.charged_at_creation:
+            failed = self._charge_again(self._catch_up(order), key)
+            expected = (FakeGatewayErrorKind.INVALID_REQUEST, FakeGatewayErrorKind.IN_PROGRESS)
+            if failed is not None and failed.kind not in expected:
+                return gateway_error(failed, "TRANSACTION_REFUSED")
+        return Reply(200, self._order_body(self._catch_up(order)))
+
     def _pay_order(self, call: GatewayCall) -> Reply:
         """Capture or authorize an order: where the money moves, paid by the vaulted
-        ``payment_source`` of this request's body (else the one the order was created with)."""
+        ``payment_source`` of this request's body (else the one the order was created with).
+        A repeat, or a refusal of an order paid or being paid, reaches the gateway too
+        (recorded in its ``requests``): only the first request pays."""
         wanted = "CAPTURE" if call.path.endswith("/capture") else "AUTHORIZE"
         key, gateway = call.header("PayPal-Request-Id"), self.server.gateway
         with self._lock:
@@ -249,42 +269,90 @@ class PayPalDialect:
         if found is None:
             return not_found()
         order = self._catch_up(found)
+        issue = f"ORDER_ALREADY_{'CAPTURED' if wanted == 'CAPTURE' else 'AUTHORIZED'}"
         with self._lock:
             if order.intent != wanted:
                 return paypal_error(422, "ACTION_DOES_NOT_MATCH_INTENT", f"intent {order.intent}")
-            if order.payment_id is not None:
-                fresh = gateway.now() - order.paid_at < gateway.key_retention
-                if key and key == order.payment_key and gateway.idempotency_keys and fresh:
-                    return Reply(200, self._order_body(order))
-                issue = f"ORDER_ALREADY_{'CAPTURED' if wanted == 'CAPTURE' else 'AUTHORIZED'}"
-                return paypal_error(422, issue, "The order was already paid.")
+            paid = order.payment_id is not None
+            fresh = gateway.now() - order.paid_at < gateway.key_retention
+            repeat = paid and fresh and bool(key) and key == order.payment_key
             source = _vault_id(call.body) or order.source
-            if source is None:
+            if not paid and source is None:
                 return paypal_error(422, "ORDER_NOT_APPROVED", "The payer has not approved it.")
-            if order.id in self._state.paying:
-                return paypal_error(409, "PREVIOUS_REQUEST_IN_PROGRESS", "Order being paid.")
-            self._state.paying[order.id] = key
-            order.source = source
+            busy = not paid and order.id in self._state.paying
+            if not paid and not busy:
+                self._state.paying[order.id] = key
+                order.source = source
+        if repeat and gateway.idempotency_keys:
+            failed = self._charge_again(order, key)
+            if failed is None:
+                return Reply(200, self._order_body(order))
+            if failed.kind is not FakeGatewayErrorKind.INVALID_REQUEST:
+                return gateway_error(failed, "TRANSACTION_REFUSED")
+            return paypal_error(422, issue, "The order was already paid.")  # key forgotten
+        if paid:
+            return self._refused(order, key, 422, issue, "The order was already paid.")
+        if busy:
+            return self._refused(order, key, 409, "PREVIOUS_REQUEST_IN_PROGRESS", "Being paid.")
         try:
             return self._charge_order(call, order, key, capture=wanted == "CAPTURE")
         finally:
             with self._lock:
                 self._state.paying.pop(order.id, None)
 
+    def _charge_again(self, order: PayPalOrder, key: str | None) -> FakeGatewayError | None:
+        """The gateway's charge for a repeat of what ``key`` paid, as the first one was
+        sent: answered from the key (REPLAYED), moving no money; refused
+        (``INVALID_REQUEST``) when the key holds nothing. None when answered, else the
+        failure (an armed fault's, too)."""
+        paying: Body = {"currency": order.currency.lower(), "reference": order.reference}
+        nothing_new = FakeGatewayError(
+            FakeGatewayErrorKind.INVALID_REQUEST, "answered by the order's own key"
+        )
+        capture = order.intent == "CAPTURE"
+        try:
+            self.server.gateway.charge(
+                order.amount, key, capture=capture, refuse_new=nothing_new, **paying
+            )
+        except FakeGatewayError as exc:
+            return exc
+        return None
+
+    def _refused(
+        self, order: PayPalOrder, key: str | None, status: int, issue: str, description: str
+    ) -> Reply:
+        """PayPal's refusal of a capture or authorization of an order paid or being paid,
+        recorded in the gateway's ``requests`` (INVALID or IN_PROGRESS; nothing moved)."""
+        kind = (
+            FakeGatewayErrorKind.IN_PROGRESS
+            if status == 409
+            else FakeGatewayErrorKind.INVALID_REQUEST
+        )
+        refusal = FakeGatewayError(kind, description)
+        try:
+            self.server.gateway.refuse("charge", key, refusal, amount=order.amount)
+        except FakeGatewayError as exc:
+            if exc is not refusal:  # a fault armed for the next request took this one
+                return gateway_error(exc, "TRANSACTION_REFUSED")
+        return paypal_error(status, issue, description)
+
     def _charge_order(
         self, call: GatewayCall, order: PayPalOrder, key: str | None, *, capture: bool
     ) -> Reply:
-        server, reference = self.server, order.reference
+        server, reference, card = self.server, order.reference, order.source or ""
         server.charge_arrived(call, key, reference)
-        if server.is_declined_card(call, order.source or "", key, reference):
-            return paypal_error(422, "INSTRUMENT_DECLINED", "The instrument was declined.")
+        declining = card in server.declined_cards
         try:
             paying: Body = {"currency": order.currency.lower(), "reference": reference}
-            receipt = server.gateway.charge(order.amount, key, capture=capture, **paying)
+            receipt = server.gateway.charge(
+                order.amount, key, capture=capture, card_declines=declining, **paying
+            )
         except FakeGatewayTimeout:
             self._catch_up(order)  # processed, its answer lost: the order shows the payment
             return Reply(0, drop=True)
         except FakeGatewayError as exc:
+            if declining and exc.kind is FakeGatewayErrorKind.DECLINED:
+                server.is_declined_card(call, card, key, reference)  # recorded in declines
             return gateway_error(exc, "TRANSACTION_REFUSED")
         owner = self._attach(order, receipt["id"], key)
         reply = Reply(201 if owner is order else 200, self._order_body(owner))
