@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from celery import Celery, current_app
 from sqlalchemy import event, select, text
 from sqlalchemy.engine import Engine
 
@@ -149,6 +150,19 @@ def _stored_args(engine: Engine, task_id: str) -> object:
         ).scalar()
 
 
+@pytest.fixture
+def no_agboss_app_current() -> Iterator[None]:
+    """The current Celery app is one without ``AGBoss`` (an earlier test of this process
+    may have left its own current, whose store's sealer the enqueue would use)."""
+    previous = current_app._get_current_object()
+    Celery("no-agboss", set_as_current=True)
+    try:
+        yield
+    finally:
+        previous.set_current()
+
+
+@pytest.mark.usefixtures("no_agboss_app_current")
 def test_outbox_enqueue_on_the_applications_own_engine_reads_whether_the_store_is_sealed(
     store: SQLAlchemyStore, store_url: str
 ) -> None:
