@@ -33,7 +33,13 @@ from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
 from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
-from tests.faults.scenario import FAULT_SPEEDUPS, NOT_RECONCILED, sabotaged, worker_and_beat
+from tests.faults.scenario import (
+    FAULT_SPEEDUPS,
+    NOT_RECONCILED,
+    migrated_store_url,
+    sabotaged,
+    worker_and_beat,
+)
 from tests.support.processes import ManagedProcess, wait_until
 from tests.support.tcp_proxy import CommitFault, PostgresProxy
 
@@ -49,11 +55,13 @@ delivery that does not pause hands its message back hundreds of times."""
 
 @pytest.fixture
 def proxied(
-    empty_postgres_url: str, postgres_admin_url: str
+    request: pytest.FixtureRequest, postgres_admin_url: str
 ) -> Iterator[tuple[PostgresProxy, str, str]]:
-    """(the proxy, the URL the deployment uses through it, the direct URL)."""
+    """(the proxy, the URL the deployment uses through it, the direct URL); the store is
+    already migrated (tests/faults/scenario.py)."""
+    direct_url = migrated_store_url(request, "postgresql")
     with PostgresProxy.in_front_of(postgres_admin_url) as proxy:
-        yield proxy, proxy.url_for(empty_postgres_url), empty_postgres_url
+        yield proxy, proxy.url_for(direct_url), direct_url
 
 
 def deployed(
@@ -61,7 +69,6 @@ def deployed(
 ) -> tuple[Deployment, ManagedProcess]:
     deployment = deploy(redis_url, proxied_url, speedups={**FAULT_SPEEDUPS, **extra})
     deployment._store = SQLAlchemyStore(direct_url)  # the test reads past the proxy
-    deployment.prepare()
     return deployment, worker_and_beat(deployment)
 
 

@@ -30,24 +30,21 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
-from sqlalchemy import text
 
 from celery_agboss.core.log_events import (
     EXECUTION_FAILED,
     EXECUTION_TAKEN_OVER,
     OUTBOUND_CALL_RECONCILED,
 )
-from celery_agboss.store.databases import create_store_engine
-from celery_agboss.store.migrate import migrate
 from tests.deployment.conftest import DeployFactory
 from tests.deployment.deployment import Deployment
-from tests.deployment.gateway import PAID_TABLE_DDL
 from tests.deployment.test_recovery import HELD_SECONDS, recovery_deadline
 from tests.faults.cluster import Cluster
 from tests.faults.scenario import (
     FAULT_SPEEDUPS,
     NOT_RECONCILED,
     looked_up,
+    migrated_shop,
     wait_for_a_second_payment,
     worker_and_beat,
 )
@@ -60,22 +57,11 @@ TTL = float(FAULT_SPEEDUPS["AGBOSS_LEASE_TTL"])
 UNRECORDED_SECONDS = 30.0  # the released answer reaching a worker that cannot record it
 
 
-def _migrated_shop(url: str) -> None:
-    """What ``agboss migrate`` and the app's own table make, once for the session."""
-    migrate(url)
-    engine = create_store_engine(url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(PAID_TABLE_DDL))
-    finally:
-        engine.dispose()
-
-
 @pytest.fixture
 def crashable_store(crashable_postgres: Cluster) -> Iterator[str]:
     """A migrated store in the crashable cluster (running at the start and the end)."""
     crashable_postgres.ensure_running()
-    url = crashable_postgres.clone(crashable_postgres.template("shop", _migrated_shop))
+    url = crashable_postgres.clone(crashable_postgres.template("shop", migrated_shop))
     yield url
     crashable_postgres.ensure_running()
     crashable_postgres.drop(url)

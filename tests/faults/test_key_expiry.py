@@ -102,8 +102,6 @@ def _deployed_without_lookup(
     """The shop above, on a gateway that keeps keys 4 s and cannot be looked up."""
     deployment = deploy(*stack, speedups={**KEY_SPEEDUPS, **(extra or {})})
     (deployment.app_dir / "shop.py").write_text(NO_LOOKUP_SHOP, encoding="utf-8")
-    deployment.migrate()
-    deployment.create_paid_table()
     fake = deployment.gateway.gateway
     fake.capabilities = replace(
         fake.capabilities,
