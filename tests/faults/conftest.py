@@ -66,6 +66,13 @@ def stack(request: pytest.FixtureRequest) -> Stack:
 
 
 @pytest.fixture
+def empty_stack(request: pytest.FixtureRequest) -> Stack:
+    """A broker and an empty store, for what migrates a database of its own (chaos)."""
+    store, broker = request.param
+    return stack_for(request, store, broker, migrated=False)
+
+
+@pytest.fixture
 def sabotage_stack(request: pytest.FixtureRequest) -> Stack:
     """Where every sabotage run goes: PostgreSQL + Redis."""
     return stack_for(request, "postgresql", "redis")

@@ -98,12 +98,19 @@ def migrated_store_url(request: pytest.FixtureRequest, store: str) -> str:
     return clone(templates("readme-shop", migrated_shop))
 
 
-def stack_for(request: pytest.FixtureRequest, store: str, broker: str) -> Stack:
+def stack_for(
+    request: pytest.FixtureRequest, store: str, broker: str, *, migrated: bool = True
+) -> Stack:
+    """The test's broker and store: the store migrated (a copy), or empty."""
     if broker == "redis":
         broker_url: str = request.getfixturevalue("redis_url_factory")()
     else:
         broker_url = request.getfixturevalue("rabbitmq_vhost_url")
-    return broker_url, migrated_store_url(request, store)
+    if migrated:
+        return broker_url, migrated_store_url(request, store)
+    empty = "sqlite_url" if store == "sqlite" else "empty_postgres_url"
+    database_url: str = request.getfixturevalue(empty)
+    return broker_url, database_url
 
 
 def _param(store: str, broker: str) -> Any:

@@ -93,11 +93,11 @@ def assert_money_right(code: int, verdict: dict[str, Any], output: str, orders: 
     assert code == EXIT_OK, output
 
 
-@pytest.mark.parametrize("stack", [SQLITE_REDIS, POSTGRES_REDIS], indirect=True)
+@pytest.mark.parametrize("empty_stack", [SQLITE_REDIS, POSTGRES_REDIS], indirect=True)
 def test_chaos_short_run_pays_every_order_once(
-    managed_process: ProcessFactory, tmp_path: Path, stack: Stack
+    managed_process: ProcessFactory, tmp_path: Path, empty_stack: Stack
 ) -> None:
-    broker_url, database_url = stack
+    broker_url, database_url = empty_stack
     store = "sqlite" if database_url.startswith("sqlite") else "postgres"
     code, verdict, output = explore(
         managed_process,
