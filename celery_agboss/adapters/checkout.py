@@ -8,7 +8,10 @@ replays a 2xx answer only, so a resend after a 4xx or 5xx runs again. Reconcile 
 charge's reference (``GET /payments?reference=``, not unique: reference, amount,
 currency and the key the adapter writes into metadata must match, or the payment is
 not taken for the call's, ``Unknown``) and an action's
-payment (``GET /payments/{id}/actions``, by the key in its metadata). A miss is
+payment (``GET /payments/{id}/actions``, by the key in its metadata). A capture or refund
+without an amount took what was left when it was made: the authorisation less the parts
+captured before it (``capture_type: "NonFinal"``), or what was captured less the refunds
+before it, ordered by ``processed_on`` read as times (its precision varies). A miss is
 ``NotSent()`` only inside the key's retention, where a resend is safe either way:
 nothing was processed, or its 2xx is replayed from the key. That relies on these reads
 being current (Checkout.com documents no lag): a request answered 4xx or 5xx saves
@@ -61,6 +64,7 @@ from celery_agboss.adapters.checkout_requests import (
     CheckoutRequestError,
     iso_amount,
     key_mark,
+    left_when_made,
     marked_key,
     metadata_with_key,
     payment_result,
@@ -78,7 +82,6 @@ from celery_agboss.adapters.common import (
     adopt_one_of,
     definite_verdict,
     http_timeout_seconds,
-    left_before,
     linked_id,
     refuse_another_requests_answer,
     request_facts,
@@ -438,21 +441,11 @@ class CheckoutAdapter(AdapterCalls):
         return self._absent(lookup, f"payment {payment_id} lists no {kind} under this key")
 
     def _all_of_it(self, kind: str, payment_id: str, action: Any, actions: list[Any]) -> Any:
-        """What a capture or refund without an amount took: all of the payment, or what was
-        left of what it captured when the refund was made (or why that cannot be told)."""
+        """What a capture or refund without an amount took (``left_when_made``): what was
+        left when it was made, read from the payment now."""
         if kind == "void":
             return None
-        payment = self._details(payment_id)
-        currency = payment.get("currency")
-        # In ISO 4217 minor units, as the request's (``action`` kept as itself).
-        in_iso = {id(a): {**a, "amount": iso_amount(a.get("amount"), currency)} for a in actions}
-        own = in_iso.get(id(action), action)
-        if kind == "capture":  # all of the authorisation: nothing is taken before it
-            return left_before(iso_amount(payment.get("amount"), currency), own, [], "processed_on")
-        approved = [a for a in actions if a.get("approved") is not False]
-        refunds = [in_iso[id(a)] for a in approved if a.get("type") == "Refund"]
-        captured = (payment.get("balances") or {}).get("total_captured")
-        return left_before(iso_amount(captured, currency), own, refunds, "processed_on")
+        return left_when_made(kind, self._details(payment_id), action, actions)
 
     def _absent(self, lookup: Lookup, why: str) -> ReconcileAnswer:
         """A miss is NotSent only while the key surely lives: a resend under it is then

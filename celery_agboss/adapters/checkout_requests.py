@@ -1,6 +1,7 @@
 """What the Checkout.com adapter refuses, raises and returns, below its calls: its errors,
-the request's checks, the key it writes into metadata, and amounts in Checkout.com's
-units (``CHECKOUT_UNITS``). Checkout.com is named only to identify its public API.
+the request's checks, the key it writes into metadata, amounts in Checkout.com's units
+(``CHECKOUT_UNITS``), and what a capture or refund of "all of it" took, its actions
+ordered by time. Checkout.com is named only to identify its public API.
 
 Apart from ``celery_agboss.adapters.checkout`` (which re-exports the public names) so
 that the adapter's module holds its calls and its reconcile rules.
@@ -8,12 +9,19 @@ that the adapter's module holds its calls and its reconcile rules.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from celery_agboss.adapters.common import RequestChecks
+from celery_agboss.adapters.common import RequestChecks, left_before
 from celery_agboss.adapters.minor_units import GatewayUnits, from_gateway
+from celery_agboss.core import sabotage
 from celery_agboss.core.keys import fit_key
+from celery_agboss.core.protections import (
+    CHECKOUT_CAPTURE_ALL_IGNORES_EARLIER,
+    CHECKOUT_TIMES_COMPARED_AS_TEXT,
+)
 
 KEY_METADATA_FIELD = "agboss_idempotency_key"
 """The metadata field of every payment and action sent: the key (its digest past 255)."""
@@ -119,6 +127,68 @@ def marked_key(item: Mapping[str, Any]) -> Any:
     return metadata.get(KEY_METADATA_FIELD) if isinstance(metadata, dict) else None
 
 
+# --- what "all of it" took ------------------------------------------------------------------
+
+_ISO_TIME = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(?:(Z)|([+-])(\d{2}):(\d{2}))",
+    re.IGNORECASE,
+)
+_AT = "processed_at"  # an action's processed_on read as a time (None: unreadable)
+
+
+def processed_at(value: Any) -> datetime | None:
+    """An action's ``processed_on`` as an aware time, whatever its precision (none, up to
+    nine digits) and whether it ends ``Z`` or ``+00:00``; None for anything else (no
+    offset, not ISO 8601), which orders nothing: as text, ``…:00Z`` sorts after
+    ``…:00.5Z``. Digits past the microsecond are dropped (two times they alone part read
+    as one, "made at the same time", which leaves the order untold)."""
+    found = _ISO_TIME.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        return None
+    year, month, day, hour, minute, second = (int(part) for part in found.groups()[:6])
+    fraction, zulu, sign, hours, minutes = found.groups()[6:]
+    try:
+        offset = timezone.utc
+        if not zulu:
+            shift = timedelta(hours=int(hours), minutes=int(minutes))
+            offset = timezone(shift if sign == "+" else -shift)
+        micro = int((fraction or "").ljust(6, "0")[:6])
+        return datetime(year, month, day, hour, minute, second, micro, tzinfo=offset)
+    except ValueError:  # a month, day, hour or offset out of range
+        return None
+
+
+def left_when_made(
+    kind: str, payment: Mapping[str, Any], action: Any, actions: list[Any]
+) -> int | str:
+    """What a capture or refund without an amount (``action``, one of the payment's
+    ``actions``) took: what was left when it was made of the authorisation, less the
+    captures approved before it (parts captured ``NonFinal``), or of what was captured,
+    less the refunds before it; a reason instead when that cannot be told. Amounts in ISO
+    4217 minor units, as the request's; order by ``processed_on`` read as times."""
+    currency, as_text = payment.get("currency"), sabotage.active(CHECKOUT_TIMES_COMPARED_AS_TEXT)
+    read = {
+        id(a): {
+            **a,
+            "amount": iso_amount(a.get("amount"), currency),
+            _AT: a.get("processed_on") if as_text else processed_at(a.get("processed_on")),
+        }
+        for a in actions
+    }
+    own = read.get(id(action), action)
+    approved = [read[id(a)] for a in actions if a.get("approved") is not False]
+    if kind == "capture":
+        total = payment.get("amount")
+        earlier = [a for a in approved if a.get("type") == "Capture"]
+        if sabotage.active(CHECKOUT_CAPTURE_ALL_IGNORES_EARLIER):
+            earlier = []
+    else:
+        total = (payment.get("balances") or {}).get("total_captured")
+        earlier = [a for a in approved if a.get("type") == "Refund"]
+    return left_before(iso_amount(total, currency), own, earlier, _AT)
+
+
 __all__ = [
     "CHECKOUT_UNITS",
     "KEY_METADATA_FIELD",
@@ -129,9 +199,11 @@ __all__ = [
     "CheckoutRequestError",
     "iso_amount",
     "key_mark",
+    "left_when_made",
     "marked_key",
     "metadata_with_key",
     "payment_result",
+    "processed_at",
     "request_checks",
     "source_of",
 ]

@@ -309,6 +309,16 @@ PAYPAL_ORDER_CREATED_WITH_SOURCE = "paypal-order-created-with-source"
 payment source, which PayPal may pay at once; a reconcile that replays the create pays a
 charge that never reached PayPal, from the sweep or a cancel."""
 
+CHECKOUT_CAPTURE_ALL_IGNORES_EARLIER = "checkout-capture-all-ignores-earlier"
+"""Sabotage (design: PS18): Checkout.com's reconcile of a capture without an amount takes
+"all of it" for the whole authorisation, not what earlier partial captures left: the
+capture of the rest, made, is reported unknown and waits for an operator."""
+
+CHECKOUT_TIMES_COMPARED_AS_TEXT = "checkout-times-compared-as-text"
+"""Sabotage (design: only the request's payment): Checkout.com's ``processed_on`` times are
+ordered as strings, so ``…:00Z`` comes after ``…:00.5Z``: a refund or capture of what was
+left, made, is reported unknown and waits for an operator."""
+
 # Frameworks (contrib/).
 
 DJANGO_WRITES_OFF_THE_FENCE = "django-writes-off-the-fence"

@@ -13,6 +13,8 @@ with or endorsed by it. Paths and bodies are those the SDK sends and parses:
 - ``POST /payments/{id}/captures``, ``/refunds``, ``/voids`` → 202 ``{"action_id"}``;
   one a test declines (:meth:`CheckoutDialect.decline_next`) is a 202 too, listed
   ``approved: false`` with nothing moved, its 202 kept under the key (``checkout_actions``).
+  A partial capture voids the rest unless it says ``capture_type: "NonFinal"``; a capture
+  with no amount takes what is left, and is listed with what it took.
 
 ``Cko-Idempotency-Key`` is the fake's key; like Checkout.com, only a processed (2xx)
 answer is kept under it, so failures are never replayed. A decline is such an answer:
@@ -41,14 +43,16 @@ import threading
 from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.canned import CannedReplies
-from celery_agboss.testing.dialects.checkout_actions import ActionDeclines
+from celery_agboss.testing.dialects.checkout_actions import ActionDeclines, captured_by
 from celery_agboss.testing.dialects.checkout_pending import (
     PendingPayments,
     accepted_body,
     made_now,
 )
 from celery_agboss.testing.dialects.checkout_wire import (
+    action_body,
     action_id,
+    balances,
     checkout_id,
     error_body,
     fake_id,
@@ -75,6 +79,7 @@ _DECLINED_ACTION: dict[str, Any] = {
     "response_summary": _DECLINE_SUMMARY,
 }
 _ACTION_TYPES = {"capture": "Capture", "refund": "Refund", "void": "Void"}
+_CAPTURE_TYPES = ("Final", "NonFinal")  # NonFinal: the rest of the authorisation stays open
 _ERROR_STATUS = {
     FakeGatewayErrorKind.NOT_FOUND: 404,
     FakeGatewayErrorKind.CONFLICT: 409,
@@ -295,32 +300,17 @@ class CheckoutDialect:
     def _details(self, payment: dict[str, Any]) -> dict[str, Any]:
         payment_id = checkout_id(payment["id"])
         extra = payment.get("metadata") or {}
-        amount, captured, refunded = (
-            CHECKOUT.to_wire(payment[field], payment["currency"])
-            for field in ("amount", "amount_captured", "amount_refunded")
-        )
-        authorised = payment["status"] == "requires_capture"
-        settled = payment["status"] in ("succeeded", "refunded")
-        approved = payment["status"] != _DECLINED
         details = {
             "id": payment_id,
             "requested_on": iso_time(payment["created"]),
             "source": {"type": (extra.get("source") or {}).get("type", "card")},
-            "amount": amount,
+            "amount": CHECKOUT.to_wire(payment["amount"], payment["currency"]),
             "currency": payment["currency"].upper(),
             "payment_type": "Regular",
             "reference": payment["reference"],
-            "approved": approved,
+            "approved": payment["status"] != _DECLINED,
             "status": status_of(payment),
-            "balances": {
-                "total_authorized": amount if approved else 0,
-                "total_voided": amount if payment["status"] == "canceled" else 0,
-                "available_to_void": amount if authorised else 0,
-                "total_captured": captured,
-                "available_to_capture": amount if authorised else 0,
-                "total_refunded": refunded,
-                "available_to_refund": captured - refunded if settled else 0,
-            },
+            "balances": balances(payment),
             "metadata": dict(extra.get("metadata") or {}),
             "risk": {"flagged": False},
             "_links": self._href(payment_id),
@@ -373,6 +363,8 @@ class CheckoutDialect:
         amount, metadata = body.get("amount"), body.get("metadata") or {}
         if (amount is not None and not _positive_int(amount)) or not isinstance(metadata, dict):
             return Reply(422, error_body("request_invalid", f"{operation}_request_invalid"))
+        if operation == "capture" and body.get("capture_type", "Final") not in _CAPTURE_TYPES:
+            return Reply(422, error_body("request_invalid", "capture_type_invalid"))
         if key is not None:
             with self._lock:
                 self._action_details.setdefault(
@@ -395,7 +387,9 @@ class CheckoutDialect:
                     gateway, operation, payment_id, key, amount, reference
                 )
             elif operation == "capture":
-                answer = gateway.capture(payment_id, key, amount=amount)
+                # "NonFinal" leaves the rest capturable; the default, "Final", voids it.
+                final = body.get("capture_type") != "NonFinal"
+                answer = gateway.capture(payment_id, key, amount=amount, final=final)
             elif operation == "refund":
                 answer = gateway.refund(
                     payment_id, key, amount=amount, reference=body.get("reference")
@@ -446,14 +440,14 @@ class CheckoutDialect:
                     "metadata": (payment.get("metadata") or {}).get("metadata") or {},
                 }
                 at, amount = request.at, payment["amount"]
-                authorization = self._action(
+                authorization = action_body(
                     request.request_id, "Authorization", amount, first, at, currency
                 )
                 if request.outcome is GatewayRequestOutcome.DECLINED:
                     authorization.update(_DECLINED_ACTION)
                 actions.append(authorization)
                 if payment["amount_captured"] and not captured_later:  # capture: true
-                    auto = self._action(request.request_id, "Capture", amount, first, at, currency)
+                    auto = action_body(request.request_id, "Capture", amount, first, at, currency)
                     actions.append({**auto, "id": action_id(request.request_id, "c")})
             elif request.operation in _ACTION_TYPES and request.payment_id == payment_id:
                 declined = self._declines.made(request.object_id)
@@ -462,37 +456,18 @@ class CheckoutDialect:
                 amount = request.amount if declined is None else declined["amount"]
                 if request.operation == "refund" and request.object_id in refunds:
                     amount = refunds[request.object_id]["amount"]
+                elif request.operation == "capture" and declined is None:
+                    amount = captured_by(gateway.captures, request)  # "all that is left"
                 elif amount is None:
                     amount = payment["amount"]
                 with self._lock:
                     details = self._action_details.get(request.idempotency_key or "", {})
                 kind = _ACTION_TYPES[request.operation]
-                action = self._action(
+                action = action_body(
                     request.request_id, kind, amount, details, request.at, currency
                 )
                 actions.append({**action, **(_DECLINED_ACTION if declined else {})})
         return Reply(200, list(reversed(actions)))
-
-    def _action(
-        self,
-        request_id: str,
-        kind: str,
-        amount: int | None,
-        details: dict[str, Any],
-        at: float,
-        currency: str,
-    ) -> dict[str, Any]:
-        return {
-            "id": action_id(request_id),
-            "type": kind,
-            "processed_on": iso_time(at),
-            "amount": None if amount is None else CHECKOUT.to_wire(amount, currency),
-            "approved": True,
-            "response_code": "10000",
-            "response_summary": "Approved",
-            "reference": details.get("reference"),
-            "metadata": dict(details.get("metadata") or {}),
-        }
 
 
 __all__ = ["KEY_HEADER", "OPERATIONS", "CheckoutDialect", "checkout_id", "error_body"]

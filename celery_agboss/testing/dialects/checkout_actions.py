@@ -22,7 +22,11 @@ from typing import Any
 
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_requests import DECLINED, Receipt, new_id
-from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayErrorKind
+from celery_agboss.testing.gateway_types import (
+    FakeGatewayError,
+    FakeGatewayErrorKind,
+    GatewayRequest,
+)
 
 OPERATIONS = ("capture", "refund", "void")
 
@@ -45,6 +49,22 @@ def _declinable(operation: str, payment: Receipt, amount: int | None) -> int:
             f"cannot {operation} {wanted} of {payment['id']} ({status})",
         )
     return int(wanted)
+
+
+def captured_by(captures: list[Receipt], request: GatewayRequest) -> int | None:
+    """What a processed capture request took: the amount it named, or, naming none
+    ("all that is left"), the amount of the capture it made (its payment's, under its
+    key, made from its arrival on); None when no such capture is kept."""
+    if request.amount is not None:
+        return request.amount
+    made = [
+        c
+        for c in captures
+        if c["payment"] == request.payment_id
+        and c["idempotency_key"] == request.idempotency_key
+        and c["created"] >= request.at
+    ]
+    return int(made[0]["amount"]) if made else None
 
 
 class ActionDeclines:
@@ -114,4 +134,4 @@ class ActionDeclines:
         return gateway._perform(operation, key, asked, payment_id, params, declined)
 
 
-__all__ = ["OPERATIONS", "ActionDeclines"]
+__all__ = ["OPERATIONS", "ActionDeclines", "captured_by"]

@@ -16,9 +16,10 @@ state of what the first request made, a repeat with other parameters is not refu
 an order's key lives 6 h (here: the fake's ``key_retention`` and ``idempotency_keys``, on
 its clock). Every capture or authorize of an order, and every create with a vaulted
 source, is a charge in the fake's ``requests``, the ones answered here too: a repeat under
-the key that paid (``REPLAYED``), 422 ``ORDER_ALREADY_CAPTURED`` (``INVALID``) and 409
-``PREVIOUS_REQUEST_IN_PROGRESS`` (``IN_PROGRESS``) move no money; a declined instrument
-is declined by the fake (``DECLINED``).
+the key that paid (``REPLAYED``), 422 ``ORDER_ALREADY_CAPTURED``, ``ORDER_NOT_APPROVED``
+(an order no payer approved, captured without a source) and ``ACTION_DOES_NOT_MATCH_INTENT``
+(``INVALID``, no key kept) and 409 ``PREVIOUS_REQUEST_IN_PROGRESS`` (``IN_PROGRESS``) move
+no money; a declined instrument is declined by the fake (``DECLINED``).
 """
 
 from __future__ import annotations
@@ -271,18 +272,17 @@ class PayPalDialect:
         order = self._catch_up(found)
         issue = f"ORDER_ALREADY_{'CAPTURED' if wanted == 'CAPTURE' else 'AUTHORIZED'}"
         with self._lock:
-            if order.intent != wanted:
-                return paypal_error(422, "ACTION_DOES_NOT_MATCH_INTENT", f"intent {order.intent}")
             paid = order.payment_id is not None
             fresh = gateway.now() - order.paid_at < gateway.key_retention
             repeat = paid and fresh and bool(key) and key == order.payment_key
             source = _vault_id(call.body) or order.source
-            if not paid and source is None:
-                return paypal_error(422, "ORDER_NOT_APPROVED", "The payer has not approved it.")
+            refusal = self._not_payable(order, wanted, paid, source)
             busy = not paid and order.id in self._state.paying
-            if not paid and not busy:
+            if refusal is None and not paid and not busy:
                 self._state.paying[order.id] = key
                 order.source = source
+        if refusal is not None:  # reached the gateway: counted, nothing processed
+            return self._refused(order, key, 422, *refusal)
         if repeat and gateway.idempotency_keys:
             failed = self._charge_again(order, key)
             if failed is None:
@@ -299,6 +299,19 @@ class PayPalDialect:
         finally:
             with self._lock:
                 self._state.paying.pop(order.id, None)
+
+    @staticmethod
+    def _not_payable(
+        order: PayPalOrder, wanted: str, paid: bool, source: str | None
+    ) -> tuple[str, str] | None:
+        """PayPal's 422 (issue, description) for a capture or authorize the order refuses
+        whoever sent it: the other intent's, or an order unpaid that no payer approved and
+        the request names no source for. None when it may go on."""
+        if order.intent != wanted:
+            return "ACTION_DOES_NOT_MATCH_INTENT", f"intent {order.intent}"
+        if not paid and source is None:
+            return "ORDER_NOT_APPROVED", "The payer has not approved it."
+        return None
 
     def _charge_again(self, order: PayPalOrder, key: str | None) -> FakeGatewayError | None:
         """The gateway's charge for a repeat of what ``key`` paid, as the first one was
