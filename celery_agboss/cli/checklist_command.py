@@ -1,6 +1,6 @@
 """``celery -A proj agboss checklist --adapter module:object``: the gateway
-requirements against a sandbox (design: gateway requirements), and the adapter's own
-probe (design: OWN) when the adapter has ``reconcile``.
+requirements against a sandbox (design: gateway requirements), and the probes of the
+adapter's ``reconcile`` when it has one (design: OWN, reconcile).
 
 What a gateway's docs promise and what the account behind your credentials does can
 differ (a retention set per account, a feature switched off), so a team probes its
@@ -94,8 +94,8 @@ def checklist(
     amount: int,
     as_json: bool,
 ) -> None:
-    """Probe an adapter (design: gateway requirements, OWN) with real requests, and whether the
-    app's store is a copy of another (exit 1 when one failed)."""
+    """Probe an adapter (design: gateway requirements, OWN, reconcile) with real requests, and
+    whether the app's store is a copy of another (exit 1 when one failed)."""
     from celery_agboss.testing.checklist import gateway_checklist
 
     out = CommandOutput(as_json)
@@ -165,12 +165,19 @@ def _deployment_check(ctx: click.Context) -> tuple[bool, dict[str, Any]]:
 def _verdict(report: GatewayChecklistReport) -> str:
     """``passed`` never reads as every requirement proven: a skipped one is named (the
     command has no gateway clock, so the key-retention probe never runs here: check that
-    retention in the gateway's docs, as its line says) (design: G3)."""
+    retention in the gateway's docs, as its line says) (design: G3), and so is a warned
+    one (money-safe, but every lost answer waits for an operator) (design: reconcile)."""
     from celery_agboss.testing.checklist import GatewayCheckStatus
 
     if not report.passed:
         return "FAILED"
-    skipped = [r.requirement for r in report.results if r.status is GatewayCheckStatus.SKIPPED]
-    if not skipped:
-        return "passed"
-    return f"passed, {', '.join(skipped)} not probed (no gateway clock)"
+
+    def named(status: GatewayCheckStatus) -> str:
+        return ", ".join(r.requirement for r in report.results if r.status is status)
+
+    notes = ["passed"]
+    if skipped := named(GatewayCheckStatus.SKIPPED):
+        notes.append(f"{skipped} not probed (no gateway clock)")
+    if warned := named(GatewayCheckStatus.WARNED):
+        notes.append(f"{warned} warned (read its line)")
+    return ", ".join(notes)

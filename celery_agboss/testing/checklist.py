@@ -12,6 +12,19 @@ Given the adapter's ``reconcile`` too, a sixth probe checks the adapter's side
 request of another amount under that key, neither by reconcile nor from the answer a resend
 replays (two deployments sharing a tenant on one account would otherwise mark an order paid
 with another order's payment).
+
+A seventh probe, RECONCILE, checks that reconcile answers what the gateway shows about
+the request's own key (design: reconcile). A reconcile answering ``Completed`` for a key
+never sent marks an order paid with no money taken, and one answering ``NotSent`` while
+the gateway shows the key's payment has it sent again: deduplicated while the gateway
+replays the key, a second charge once it does not (past its retention, which a call
+declaring ``lookup_proves_absence`` never checks), and a cancel settles a paid order as
+never paid. Both fail. ``NotSent`` passes where nothing can look the payment up and the
+resend under the key answers the same payment (a replay-only gateway, bounded by key
+age). ``Unknown`` about a payment the lookup shows is WARNED, not failed: nothing moves
+twice, but every lost answer waits for an operator. Not probed: a declined payment
+(``NotSent`` is right there, no money moved) and the currency (``reconcile(amount, key)``
+names none).
 """
 
 from __future__ import annotations
@@ -30,11 +43,12 @@ class GatewayCheckStatus(str, enum.Enum):
     PASSED = "PASSED"
     FAILED = "FAILED"
     SKIPPED = "SKIPPED"  # not probed here (the retention probe without a clock); not a failure
+    WARNED = "WARNED"  # money-safe but costly (every lost answer for an operator); not a failure
 
 
 @dataclass(frozen=True)
 class GatewayCheckResult:
-    requirement: str  # the requirement's name (design: gateway requirements, OWN)
+    requirement: str  # the requirement's name (design: gateway requirements, OWN, reconcile)
     status: GatewayCheckStatus
     evidence: str
 
@@ -46,7 +60,8 @@ class GatewayChecklistReport:
 
     @property
     def passed(self) -> bool:
-        """Nothing failed (a skipped requirement is not a pass either: read its evidence)."""
+        """Nothing failed (a skipped or warned requirement is not a pass either: read its
+        evidence)."""
         return all(r.status is not GatewayCheckStatus.FAILED for r in self.results)
 
     def result(self, requirement: str) -> GatewayCheckResult:
@@ -100,8 +115,8 @@ def gateway_checklist(
     reconcile: ReconcileFn | None = None,
 ) -> GatewayChecklistReport:
     """Run the probes (design: gateway requirements) through the adapter's
-    ``send(amount, key)`` and ``lookup(key)``, and the last one (design: OWN) after them
-    when ``reconcile(amount, key)`` is given.
+    ``send(amount, key)`` and ``lookup(key)``, and two more after them when
+    ``reconcile(amount, key)`` is given: OWN (design: OWN), then RECONCILE (design: reconcile).
 
     ``clock`` must be the gateway's own clock (the one ``FakeGateway`` was given): the
     retention probe (design: G3) advances it by just under ``required_retention`` seconds,
@@ -129,7 +144,7 @@ def gateway_checklist(
         ("G5", probe.g5),
     ]
     if reconcile is not None:
-        checks.append(("OWN", probe.own))
+        checks.extend((("OWN", probe.own), ("RECONCILE", probe.reconcile)))
     results = []
     for requirement, check in checks:
         try:
@@ -141,10 +156,11 @@ def gateway_checklist(
 
 
 Outcome = tuple[GatewayCheckStatus, str]
-_PASS, _FAIL, _SKIP = (
+_PASS, _FAIL, _SKIP, _WARN = (
     GatewayCheckStatus.PASSED,
     GatewayCheckStatus.FAILED,
     GatewayCheckStatus.SKIPPED,
+    GatewayCheckStatus.WARNED,
 )
 _NO_RECONCILE = "reconciliation cannot work"
 
@@ -306,7 +322,8 @@ class _Probe:
             return _FAIL, (
                 f"reconcile took payment {self.payment_id(answer.result)!r} (made with "
                 f"{self.amount}) for a request of {other} under {key!r}: an order would be "
-                "marked paid with another order's payment"
+                "marked paid with another order's payment; reconcile must compare the amount "
+                "and currency with the request's and answer Unknown when they differ"
             )
         if not isinstance(answer, NotSent):
             return _FAIL, f"reconcile answered {answer!r}, not Completed, NotSent or Unknown"
@@ -321,4 +338,107 @@ class _Probe:
             f"reconcile answered NotSent under {key!r}, where payment {made!r} of "
             f"{self.amount} was made, and the resend of {other} was answered "
             f"{self.payment_id(resent)!r}: taken for the request's own"
+        )
+
+    def reconcile(self) -> Outcome:
+        """Reconcile answers what the gateway shows about the request's own key: never a
+        payment for a key never sent, and the key's payment when the gateway shows it."""
+        never = f"{self.prefix}:reconcile-never-sent"
+        phantom = self._ask_reconcile(never)
+        if isinstance(phantom, Completed):
+            return _FAIL, (
+                f"reconcile answered Completed (payment {self.payment_id(phantom.result)!r}) "
+                f"for {never!r}, a key never sent: an order would be marked paid with no money "
+                "taken; reconcile must answer NotSent (or Unknown) when the gateway shows "
+                "nothing under the key"
+            )
+        key = f"{self.prefix}:reconcile"
+        made = self.payment_id(self._send(f"the send under {key!r}", self.amount, key))
+        answer = self._ask_reconcile(key)
+        if isinstance(answer, Completed):
+            found = self.payment_id(answer.result)
+            if found != made:
+                return _FAIL, (
+                    f"reconcile under {key!r} answered Completed with payment {found!r}, not "
+                    f"payment {made!r} that the key made: the order would carry another "
+                    "payment's receipt; reconcile must answer the key's own payment"
+                )
+            status, evidence = _PASS, f"answered Completed with payment {made!r} that it made"
+        elif isinstance(answer, NotSent):
+            status, evidence = self._after_not_sent(key, made)
+        else:
+            status, evidence = self._after_unknown(key, made, answer)
+        return status, (
+            f"reconcile of {never!r} (never sent) answered {type(phantom).__name__}; "
+            f"under {key!r} it {evidence}"
+        )
+
+    def _ask_reconcile(self, key: str) -> Completed[Any] | NotSent | Unknown:
+        assert self.reconcile_fn is not None
+        try:
+            answer = self.reconcile_fn(self.amount, key)
+        except Exception as exc:
+            raise _ProbeError(f"reconcile({self.amount}, {key!r})", exc) from exc
+        if not isinstance(answer, (Completed, NotSent, Unknown)):
+            raise _ProbeError(
+                f"reconcile({self.amount}, {key!r})",
+                TypeError(f"answered {answer!r}, not Completed, NotSent or Unknown"),
+            )
+        return answer
+
+    def _shown(self, key: str) -> Any:
+        """The id of the payment the lookup shows under ``key``; None when there is no
+        lookup, it raised, or it found nothing (then only a resend can tell)."""
+        if self.lookup_fn is None:
+            return None
+        try:
+            found = self.lookup_fn(key)
+        except Exception:
+            return None
+        return None if found is None else self.payment_id(found)
+
+    def _after_not_sent(self, key: str, made: Any) -> Outcome:
+        """NotSent about a payment that exists is safe only as a replay-only gateway's
+        answer: nothing can look it up, and the resend under the key answers it again."""
+        if self._shown(key) == made:
+            return _FAIL, (
+                f"answered NotSent, where payment {made!r} was made a moment ago and "
+                f"lookup({key!r}) finds it: after a lost answer the payment is sent again, a "
+                "second charge once the gateway no longer replays the key (past its retention; "
+                "at any age with lookup_proves_absence), and a cancel settles the paid order as "
+                "never paid; reconcile must answer Completed(the payment) when the gateway "
+                "shows one under the key, and NotSent only when it shows none"
+            )
+        try:
+            resent = self.payment_id(self.send_fn(self.amount, key))
+        except Exception as exc:
+            return _FAIL, (
+                f"answered NotSent, where payment {made!r} was made, and the resend under the "
+                f"key raised {type(exc).__name__}: {exc}: the paid order would be handed an "
+                "error; reconcile must answer Completed(the payment), or Unknown"
+            )
+        if resent != made:
+            return _FAIL, (
+                f"answered NotSent, where payment {made!r} was made, and the resend under the "
+                f"key made payment {resent!r}: a second charge; reconcile must answer "
+                "Completed(the payment), or Unknown when it cannot tell"
+            )
+        return _PASS, (
+            f"answered NotSent; no lookup shows payment {made!r}, and the resend under the key "
+            "answered it again (the gateway's replay): safe only inside the key's retention, so "
+            "declare the call's key_retention no longer than the gateway's"
+        )
+
+    def _after_unknown(self, key: str, made: Any, answer: Unknown) -> Outcome:
+        """Unknown moves nothing twice; about a payment the lookup shows it is only costly."""
+        if self._shown(key) == made:
+            return _WARN, (
+                f"answered Unknown ({answer.reason}) though lookup({key!r}) finds payment "
+                f"{made!r}: no money moves twice, but every lost answer waits for an operator "
+                "(agboss resolve); reconcile should answer Completed(the payment) when the "
+                "gateway shows it"
+            )
+        return _PASS, (
+            f"answered Unknown ({answer.reason}); no lookup shows payment {made!r}, so an "
+            "operator decides each lost answer (design: G2)"
         )
