@@ -54,9 +54,9 @@ from celery_agboss.core.protections import (
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome
 from celery_agboss.core.shared_steps import (
     UndosOf,
+    compensated_if_taken_back,
     decide_step,
     loggable_step,
-    mark_compensated,
     not_covered_error,
     step_notes,
 )
@@ -120,6 +120,7 @@ class UndoStep:
     execution_id: str
     cause: str  # FAILURE or CANCEL
     task: Mapping[str, Any] | None = None  # declared as a Celery signature: its parts
+    position: int = 0  # its declaration's (an undo's task names it: UNDO_POSITION_HEADER)
 
     def pause_name(self, name: str) -> str:
         """A pause this undo makes is its own (``name@<12 hex of its key>``): two undos of
@@ -364,19 +365,16 @@ def run_undos(
     several executions may share (``decide_step``): kept for another execution that
     completed on it, covered by another's undo, or waited for (``UndoMustWait``) while
     another still uses it; only a step this execution claimed is undone. A claim that
-    skips undos of this one's waits for a person, once the others ran. Whatever
-    ``call`` raises propagates (the undo is then not done, and the next delivery runs it
-    again)."""
+    skips undos of this one's waits for a person, once the others ran. The step reads
+    compensated once its every undo finished (an undo's task: once it completed; it marks
+    it then). What ``call`` raises propagates (not done: the next delivery runs it)."""
     wanted = list(declarations)
-    first_position: dict[str, int] = {}
-    for declaration in sorted(wanted, key=lambda d: d.position, reverse=True):
-        first_position[declaration.step_key] = declaration.position  # the lowest stays
     ran = 0
-    undos_of = _undos_of(ctx.settings)
+    undos = undos_of(ctx.settings)
     for declaration in sorted(wanted, key=lambda d: d.position, reverse=True):
         decision = ctx.decisions.get(declaration.step_key)
         if decision is None:
-            decision = ctx.decisions[declaration.step_key] = decide_step(ctx, declaration, undos_of)
+            decision = ctx.decisions[declaration.step_key] = decide_step(ctx, declaration, undos)
         if decision.outcome is UndoOutcome.WAIT:
             assert decision.other is not None
             raise UndoMustWait(decision.other, declaration.step_key)
@@ -390,14 +388,13 @@ def run_undos(
             execution_id=ctx.execution_id,
             cause=cause,
             task=declaration.task,
+            position=declaration.position,
         )
-        finishing = declaration.position == first_position[declaration.step_key]
         log_ref: dict[str, Any] = {"execution_id": ctx.execution_id, "undo": step.name}
         if _done(ctx, step):
             log_event(FENCED_EFFECT_REPLAYED, effect=DONE_RECORD, **log_ref)
-            if finishing:
-                with ctx.fenced() as tx:
-                    mark_compensated(tx, ctx.execution_id, declaration, undos_of)
+            with ctx.fenced() as tx:  # a crash may have come between its mark and the step's
+                compensated_if_taken_back(tx, ctx.execution_id, declaration, wanted, undos)
             continue
         ctx.current = step
         before = ctx.reached_keys()
@@ -421,8 +418,7 @@ def run_undos(
                         created_at_ms=tx.now_ms,
                     )
                 )
-                if finishing:
-                    mark_compensated(tx, ctx.execution_id, declaration, undos_of)
+                compensated_if_taken_back(tx, ctx.execution_id, declaration, wanted, undos)
         log_event(UNDO_DONE, **log_ref, **loggable_step(ctx.settings, step.step_key))
         ran += 1
     skipped = {k: d for k, d in ctx.decisions.items() if d.outcome is UndoOutcome.NOT_COVERED}
@@ -431,7 +427,7 @@ def run_undos(
     return ran
 
 
-def _undos_of(settings: EngineSettings) -> UndosOf:
+def undos_of(settings: EngineSettings) -> UndosOf:
     """What an execution declared after a step: whether one's claim covers another's."""
     return lambda tx, e, step: [d for d in read_declarations(tx, settings, e) if d.step_key == step]
 
@@ -496,4 +492,5 @@ __all__ = [
     "task_undo_runner",
     "trail_of",
     "undo_registry",
+    "undos_of",
 ]

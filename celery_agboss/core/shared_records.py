@@ -213,6 +213,7 @@ def cancel_decision(
     undoable: Collection[str] = (),
     undone: Collection[str] = (),
     undos_left: Collection[str] = (),
+    undone_steps: Collection[str] = (),
     undos_ran: bool = False,
     covers: StepCovers | None = None,
 ) -> CancelDecision:
@@ -228,8 +229,11 @@ def cancel_decision(
     declared undos are not all marked done (``undo_steps.steps_undone``). Such a step that
     is no payment (a fenced effect: a debit of the app's own ledger) is accounted for as
     a payment is, from its record in ``records`` (none: nobody to keep it for, it is
-    undone): a cancel never ends ``CANCELLED`` with an undo it declared not run."""
-    accounted, unhandled = _accounted_for_cancel(records, execution_id, undone, undos_left)
+    undone): a cancel never ends ``CANCELLED`` with an undo it declared not run.
+    ``undone_steps``: those whose every declared undo is marked done (``_to_account_for``)."""
+    accounted, unhandled = _accounted_for_cancel(
+        records, execution_id, undone, undos_left, undone_steps
+    )
     not_covered: set[str] = set()
     for record in accounted:
         decision = undo_decision(record, execution_id, covers=_covers_step(covers, record.key))
@@ -253,6 +257,7 @@ def _accounted_for_cancel(
     execution_id: str,
     undone: Collection[str],
     undos_left: Collection[str],
+    undone_steps: Collection[str],
 ) -> tuple[list[SharedRecord], list[str]]:
     """What a cancel accounts for: the records of its payments (``_to_account_for``) and
     of its other steps with undos left (``_effect_undo_left``); and the keys of those
@@ -262,7 +267,8 @@ def _accounted_for_cancel(
     accounted = [
         record
         for record in records
-        if _to_account_for(record, execution_id, undone) or _effect_undo_left(record, left)
+        if _to_account_for(record, execution_id, undone, undone_steps)
+        or _effect_undo_left(record, left)
     ]
     return accounted, sorted(left - {record.key for record in records})
 
@@ -276,14 +282,22 @@ def _effect_undo_left(record: SharedRecord, left: Collection[str]) -> bool:
     return not (record.compensated and record.undo_by is not None)
 
 
-def _to_account_for(record: SharedRecord, execution_id: str, undone: Collection[str]) -> bool:
+def _to_account_for(
+    record: SharedRecord, execution_id: str, undone: Collection[str], undone_steps: Collection[str]
+) -> bool:
     """A payment an ended execution must account for: one it moved the money of or relies
     on, that no undo took back, and that is not itself an undo's (a refund its undo made
     is the taking back, not a payment). What a cancel and the "failed after a payment"
-    listing both ask."""
+    listing both ask. One it claimed and ran every undo of (``undone_steps``) is not its
+    own to account for even while its record is not compensated: its undo's task carries
+    the refund (and waits for a person if it fails), or another execution's undos it did
+    not declare wait for one (``UndoNotCoveredError``) — one place tells the person what
+    is owed, or one refund would be made twice."""
     if not payment_of(record, execution_id):
         return False
     if record.key in undone and not sabotage.active(UNDO_REFUNDS_COUNTED_AS_PAYMENTS):
+        return False
+    if record.undo_by == execution_id and record.key in undone_steps:
         return False
     return not (record.compensated and record.undo_by is not None)
 
@@ -309,10 +323,9 @@ def unhandled_payments(
     return [
         record
         for record in records
-        if _to_account_for(record, execution_id, undone)
+        if _to_account_for(record, execution_id, undone, undone_steps)
         and undo_decision(record, execution_id, covers=_covers_step(covers, record.key)).outcome
         in owed
-        and not (record.undo_by == execution_id and record.key in undone_steps)
     ]
 
 

@@ -42,7 +42,7 @@ from celery_agboss.core.store_protocol import (
     SharedRecord,
     StoreTransaction,
 )
-from celery_agboss.core.undo_steps import UndoDeclaration
+from celery_agboss.core.undo_steps import UndoDeclaration, steps_undone
 from celery_agboss.errors import OutboundCallInFlightError, OutboundCallUnreconciledError
 
 MAX_DECISION_ROUNDS = 8
@@ -192,6 +192,22 @@ def mark_compensated(
         tx.mark_compensated(kind, declaration.step_key, execution_id)
 
 
+def compensated_if_taken_back(
+    tx: StoreTransaction,
+    execution_id: str,
+    declaration: UndoDeclaration,
+    declarations: Iterable[UndoDeclaration],
+    undos_of: UndosOf | None = None,
+) -> None:
+    """``mark_compensated`` once every undo the claimer declared after the step (those of
+    ``declarations`` on it) is finished as the record reads it (``steps_undone``, refunded):
+    an undo's task counts once it completed, not once published, so whichever finishes
+    the step last marks it — the claimer's delivery, or that task at its ``COMPLETED``."""
+    of_step = [d for d in declarations if d.step_key == declaration.step_key]
+    if declaration.step_key in steps_undone(tx, of_step, refunded=True):
+        mark_compensated(tx, execution_id, declaration, undos_of)
+
+
 def _not_covered(
     tx: StoreTransaction, kind: str, me: str, declaration: UndoDeclaration, undos_of: UndosOf
 ) -> bool:
@@ -287,6 +303,7 @@ def loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
 __all__ = [
     "Declared",
     "UndosOf",
+    "compensated_if_taken_back",
     "decide_step",
     "loggable_step",
     "mark_compensated",

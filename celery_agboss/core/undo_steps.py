@@ -22,8 +22,11 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.execution_states import Verdict
 from celery_agboss.core.executions import ExecutionState
-from celery_agboss.core.keys import fit_key
-from celery_agboss.core.protections import UNDO_TASK_CANCEL_ENDS_CANCELLED
+from celery_agboss.core.keys import KEY_COLUMN_LENGTH, fit_key
+from celery_agboss.core.protections import (
+    UNDO_TASK_CANCEL_ENDS_CANCELLED,
+    UNDO_TASK_READ_UNDONE_ON_PUBLISH,
+)
 from celery_agboss.core.store_protocol import StoreTransaction
 from celery_agboss.errors import ConfigurationError
 
@@ -32,13 +35,23 @@ V = TypeVar("V")
 
 UNDO_OF_HEADER = "agboss_undo_of"
 """The custom header of an undo's task (one declared as a signature): the execution whose
-step it undoes. That step reads undone once the task is published, so the task's failure
-waits for a person instead of ending ``FAILED`` (``delivery.compensating``)."""
+step it undoes. That execution's undo counts as run once the task is published (it ends
+``FAILED`` or ``CANCELLED``), so the task's failure waits for a person instead of ending
+``FAILED`` (``delivery.compensating``): nobody else would make the refund."""
+
+UNDO_POSITION_HEADER = "agboss_undo_position"
+"""Beside ``UNDO_OF_HEADER``: the position of the declaration the task runs, among its
+parent's. The task's ``COMPLETED`` marks that undo finished (``undo_task_done_key``), and
+only then does the step read undone for the record (``steps_undone(refunded=True)``)."""
+
+UNDO_TASK_DONE_SUFFIX = ":task-done"
+UNDO_TASK_DONE_RECORD = "agboss.undo-task-done"
+"""The fenced-effect name of that mark, kept under ``undo_task_done_key``."""
 
 UNDO_TASK_CANCELLED = "undo task cancelled"
 """The reason's start of an undo's task whose cancel (a revoke) came before its refund: it
 waits for an operator (``redrive`` runs it; ``cancel --payments-handled`` after a refund
-by hand), as a failed one does, since its parent's step reads undone."""
+by hand), as a failed one does, since its parent counts its undo as run."""
 
 
 UNDO_TASK_REDRIVEN = "redriven by an operator after its cancel"
@@ -64,9 +77,9 @@ def undo_of_options(options: str | None) -> str | None:
 
 
 def undo_task_cancel_verdict(verdict: Verdict, options: str | None) -> Verdict:
-    """A cancel's end as an undo's task sees it: ``CANCELLED`` would leave its parent's step
-    read undone and the refund never made, seen by nobody, so it waits for an operator
-    instead (design: undo once)."""
+    """A cancel's end as an undo's task sees it: ``CANCELLED`` would leave its parent ended
+    with its undo counted as run and the refund never made, seen by nobody, so it waits for
+    an operator instead (design: undo once)."""
     parent = undo_of_options(options)
     if (
         verdict.state is not ExecutionState.CANCELLED
@@ -77,8 +90,8 @@ def undo_task_cancel_verdict(verdict: Verdict, options: str | None) -> Verdict:
     return Verdict(
         ExecutionState.WAITING_OPERATOR,
         f"{UNDO_TASK_CANCELLED} ({verdict.reason}): it undoes a step of execution {parent}, "
-        "which reads undone, and its refund was not made; `redrive` runs it, or refund by "
-        "hand and `cancel --payments-handled`",
+        "which counts its undo as run, and its refund was not made; `redrive` runs it, or "
+        "refund by hand and `cancel --payments-handled`",
     )
 
 
@@ -94,6 +107,12 @@ def compensation_key(step: str, n: int = 1) -> str:
     key of the calls it makes)."""
     suffix = COMPENSATION_SUFFIX if n == 1 else f"{COMPENSATION_SUFFIX}#{n}"
     return fit_key(step + suffix, COMPENSATION_KEY_LIMIT)
+
+
+def undo_task_done_key(undo_key: str) -> str:
+    """The key of the mark an undo's task writes with its ``COMPLETED``: its refund made,
+    not only published (``<undo key>:task-done``)."""
+    return fit_key(undo_key + UNDO_TASK_DONE_SUFFIX, KEY_COLUMN_LENGTH)
 
 
 UNDO_CALL_SUFFIX = ":call#"
@@ -233,7 +252,7 @@ class StepTrail:
 
 def refuse_in_an_undo_task(trail: StepTrail, undo: str) -> None:
     """``undo_with()`` inside an undo's task: refused at the call. Its own failure waits for
-    an operator (its parent's step reads undone) and never runs undos, so what it declared
+    an operator (its parent counts its undo as run) and never runs undos, so what it declared
     would never run (design: undo once)."""
     if trail.undo_of is not None:
         raise ConfigurationError(
@@ -255,22 +274,40 @@ def trail_of(ctx: ExecutionContext) -> StepTrail:
     return _trails.of(ctx)
 
 
-def steps_undone(tx: StoreTransaction, declarations: Iterable[UndoDeclaration]) -> set[str]:
-    """The steps whose every undo among ``declarations`` has its done mark: what an
-    execution that claimed them finished (only the claimer writes a step's marks)."""
+def undo_finished(tx: StoreTransaction, declaration: UndoDeclaration, *, refunded: bool) -> bool:
+    """The undo ran: its done mark exists (only the claimer writes it). ``refunded``: its
+    step was taken back, as the record's readers ask (a later click: "is the charge still
+    standing?"). An undo declared as a signature is then finished only once its task
+    completed (its mark, written with its ``COMPLETED``), not once it was published: queued,
+    or declined and waiting for a person, the charge still stands (design: compensated step)."""
+    on_publish = sabotage.active(UNDO_TASK_READ_UNDONE_ON_PUBLISH)
+    if declaration.task is None or not refunded or on_publish:
+        return tx.read_effect(declaration.key) is not None
+    return tx.read_effect(undo_task_done_key(declaration.key)) is not None
+
+
+def steps_undone(
+    tx: StoreTransaction, declarations: Iterable[UndoDeclaration], *, refunded: bool = False
+) -> set[str]:
+    """The steps whose every undo among ``declarations`` is finished (``undo_finished``):
+    by default, what an execution that claimed them ran (its own undos are over: a cancel
+    or a listing of it has nothing left to run or to name); with ``refunded``, what is
+    taken back, so the step's record reads compensated (only the claimer's count)."""
     by_step: dict[str, list[UndoDeclaration]] = {}
     for declaration in declarations:
         by_step.setdefault(declaration.step_key, []).append(declaration)
     return {
         step
         for step, declared in by_step.items()
-        if all(tx.read_effect(d.key) is not None for d in declared)
+        if all(undo_finished(tx, d, refunded=refunded) for d in declared)
     }
 
 
 __all__ = [
     "UNDO_OF_HEADER",
+    "UNDO_POSITION_HEADER",
     "UNDO_TASK_CANCELLED",
+    "UNDO_TASK_DONE_RECORD",
     "UNDO_TASK_REDRIVEN",
     "StepTrail",
     "UndoDeclaration",
@@ -285,6 +322,8 @@ __all__ = [
     "task_undo_runner",
     "trail_of",
     "undo_call_key",
+    "undo_finished",
     "undo_registry",
     "undo_task_cancel_verdict",
+    "undo_task_done_key",
 ]

@@ -17,12 +17,14 @@ marked done — and never runs the body again. While an undo runs, what stops it
 it does for the body (an unknown outcome waits and retries, an unreconciled refund
 waits for an operator, a fence hands over); an undo that raises leaves the execution
 waiting for an operator: money moved and its undo did not happen. So does the failure
-of an undo's task (one declared as a signature, published by its parent's undo).
+of an undo's task (one declared as a signature, published by its parent's undo), whose
+``COMPLETED``, in turn, is what lets its parent's step read undone (``finish_verdict``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import NoReturn
 
 from celery.exceptions import Ignore
@@ -35,6 +37,8 @@ from celery_agboss.core.compensation import (
     UndoContext,
     UndoDeclaration,
     UndoStep,
+    declaration_key,
+    declaration_of,
     mark_started_in,
     read_declarations,
     read_started,
@@ -43,12 +47,16 @@ from celery_agboss.core.compensation import (
     task_undo_runner,
     trail_of,
     undo_registry,
+    undos_of,
 )
+from celery_agboss.core.engine_settings import EngineSettings
+from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import (
     UNDO_WAITS,
     DeliveryStart,
     ExecutionRecord,
     ExecutionState,
+    ExecutionStore,
     shared_wait_reason,
 )
 from celery_agboss.core.failures import stored_text
@@ -66,10 +74,17 @@ from celery_agboss.core.protections import (
     UNDO_REFUSAL_REPLAYED_ON_REDRIVE,
     UNDO_TASK_FAILURE_ENDS_FAILED,
 )
-from celery_agboss.core.undo_steps import UNDO_OF_HEADER
+from celery_agboss.core.shared_steps import compensated_if_taken_back
+from celery_agboss.core.store_protocol import EffectRecord, FencedTransaction
+from celery_agboss.core.undo_steps import (
+    UNDO_OF_HEADER,
+    UNDO_POSITION_HEADER,
+    UNDO_TASK_DONE_RECORD,
+    undo_task_done_key,
+)
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, encode_error
-from celery_agboss.delivery.verdicts import Fail, ForOperator, UndoWait
+from celery_agboss.delivery.verdicts import Fail, Finish, ForOperator, UndoWait
 from celery_agboss.errors import (
     AGBossSignal,
     ExecutionFencedError,
@@ -125,7 +140,7 @@ def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> str:
     written (by the caller, with the reason returned: ``reason`` and the shared steps it
     left alone). Returns at once when none was declared, or when an intent is pending
     (no undo then: the execution waits for an operator instead). An undo's task (its
-    parent's step reads undone) waits for an operator instead of failing."""
+    parent counts that undo as run) waits for an operator instead of failing."""
     if sabotage.active(FAILURE_SKIPS_UNDO):
         return reason
     undoing = _undo_of(d)
@@ -142,8 +157,8 @@ def undo_after_failure(d: DeliveryLike, error: str, reason: str) -> str:
 
 def _undo_of(d: DeliveryLike) -> str | None:
     """The execution whose step this one undoes, when it is an undo's task (published
-    from a signature, ``UNDO_OF_HEADER``): that step reads undone once the task was
-    published, so the task's failure is the undo's, and a person must see it."""
+    from a signature, ``UNDO_OF_HEADER``): that execution counts its undo as run once the
+    task was published, so the task's failure is the undo's, and a person must see it."""
     if sabotage.active(UNDO_TASK_FAILURE_ENDS_FAILED):
         return None
     return _header_undo_of(d)
@@ -151,10 +166,79 @@ def _undo_of(d: DeliveryLike) -> str | None:
 
 def _header_undo_of(d: DeliveryLike) -> str | None:
     """``UNDO_OF_HEADER`` of the delivery's message: the one reading of it."""
-    headers = getattr(d.request, "headers", None)
-    found = headers.get(UNDO_OF_HEADER) if isinstance(headers, dict) else None
-    found = found or getattr(d.request, UNDO_OF_HEADER, None)
+    found = _header(d, UNDO_OF_HEADER)
     return str(found) if found else None
+
+
+def _header(d: DeliveryLike, name: str) -> object:
+    """A custom header of the delivery's message (Celery also lifts it onto the request)."""
+    headers = getattr(d.request, "headers", None)
+    found = headers.get(name) if isinstance(headers, dict) else None
+    return found if found is not None else getattr(d.request, name, None)
+
+
+# --- an undo's task completes --------------------------------------------------------------
+
+
+def finish_verdict(d: DeliveryLike, result: str) -> Finish:
+    """``COMPLETED`` with ``result``; for an undo's task, with its undo finished in the same
+    transaction (``UndoTaskFinish``): its parent's step reads undone from then on only."""
+    undo_of, position = _header_undo_of(d), str(_header(d, UNDO_POSITION_HEADER) or "")
+    if undo_of is None or not position.isdigit():
+        return Finish(result)  # not an undo's task, or one published before the header
+    return UndoTaskFinish(result, undo_of, int(position), d.task.name)
+
+
+@dataclass(frozen=True)
+class UndoTaskFinish(Finish):
+    """An undo's task's ``COMPLETED``, written with the mark that its undo finished: the
+    refund was made, so the step may read undone (design: compensated step). Never in the
+    one statement, which has no room for the mark."""
+
+    undo_of: str
+    position: int
+    task: str
+
+    def write_in(
+        self, executions: ExecutionStore, ctx: ExecutionContext, tx: FencedTransaction
+    ) -> ExecutionRecord:
+        record = super().write_in(executions, ctx, tx)
+        if record.state is ExecutionState.COMPLETED:  # not a divergence, nothing pending
+            undo_task_completed(tx, ctx.settings, ctx.execution_id, self)
+        return record
+
+    def end_in_one(
+        self, executions: ExecutionStore, ctx: ExecutionContext
+    ) -> ExecutionRecord | None:
+        return None
+
+
+def undo_task_completed(
+    tx: FencedTransaction, settings: EngineSettings, execution_id: str, done: UndoTaskFinish
+) -> None:
+    """The undo's task ``execution_id`` completes the declaration at ``done.position`` of
+    execution ``done.undo_of``: its mark says the refund was made, and the step reads
+    compensated once every undo of it finished. A position naming no such task of that
+    execution marks nothing: the step stays claimed, never read undone (fail closed)."""
+    record = tx.read_effect(declaration_key(settings, done.undo_of, done.position))
+    if record is None or not isinstance(record.result, dict):
+        return
+    declaration = declaration_of(done.position, record.result)
+    if declaration.task is None or declaration.undo != done.task:
+        return
+    tx.insert_effect(
+        EffectRecord(
+            key=undo_task_done_key(declaration.key),
+            execution_id=execution_id,
+            name=UNDO_TASK_DONE_RECORD,
+            result={"undo": declaration.undo, "undo_of": done.undo_of},
+            token=tx.lease.token,
+            created_at_ms=tx.now_ms,
+        )
+    )
+    undos = undos_of(settings)
+    of_step = undos(tx, done.undo_of, declaration.step_key)
+    compensated_if_taken_back(tx, done.undo_of, declaration, of_step, undos)
 
 
 def _with_notes(d: DeliveryLike, reason: str) -> str:
@@ -339,6 +423,8 @@ def _end_cancel(d: DeliveryLike, reason: str) -> ExecutionRecord | None:
 
 
 __all__ = [
+    "UndoTaskFinish",
+    "finish_verdict",
     "resume_undo",
     "undo_after_failure",
     "undo_before_cancel",

@@ -51,7 +51,7 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.core.store_protocol import LeaseRef
 from celery_agboss.delivery.cancelling import cancel_request_of, end_with_cancel
-from celery_agboss.delivery.compensating import resume_undo, undo_after_failure
+from celery_agboss.delivery.compensating import finish_verdict, resume_undo, undo_after_failure
 from celery_agboss.delivery.outcomes import encode_error, encode_result
 from celery_agboss.delivery.replaying import replay_terminal
 from celery_agboss.delivery.verdicts import Fail, Finish, ForOperator, Verdict, Wait
@@ -283,7 +283,7 @@ class Delivery:
             # Refused before anything is recorded as done: a duplicate could not return it.
             self._failed(exc)
             raise exc from None
-        record = self.conclude(Finish(encoded))
+        record = self.conclude(finish_verdict(self, encoded))  # an undo's task: its mark too
         fault_point(DELIVERY_AFTER_VERDICT)  # e.g. a soft time limit: link_ends hands back
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             # A divergence, or an intent still pending: never silently COMPLETED.

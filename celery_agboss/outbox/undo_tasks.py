@@ -15,9 +15,12 @@ undo. Exactly once, step by step:
   ``PaymentTask`` consumer runs once (a plain task must deduplicate on its id itself);
 - a holder past its lease commits no effect, so it publishes nothing (design: P5).
 
-The task carries the parent's execution id in a header (``UNDO_OF_HEADER``): the step
-reads undone once the task is published, so a failure of the task's body waits for an
-operator, as an undo function that raises does, instead of ending ``FAILED`` unseen.
+The task carries the parent's execution id in a header (``UNDO_OF_HEADER``): the parent's
+undo counts as run once the task is published, so a failure of the task's body waits for
+an operator, as an undo function that raises does, instead of ending ``FAILED`` unseen.
+The step itself reads undone (a later click on the charge is told so) only once the task
+completed: it names its declaration (``UNDO_POSITION_HEADER``), and its ``COMPLETED``
+marks that undo finished (``delivery.compensating.UndoTaskFinish``).
 
 The consumer's own calls are keyed by its execution, whose id is stable: its refund
 is exactly once as well. Celery's layers put the runner here (the outbox is above the
@@ -33,7 +36,7 @@ from celery.canvas import Signature
 
 from celery_agboss.core import compensation, sabotage
 from celery_agboss.core.protections import UNDO_TASK_PUBLISHED_DIRECTLY
-from celery_agboss.core.undo_steps import UNDO_OF_HEADER
+from celery_agboss.core.undo_steps import UNDO_OF_HEADER, UNDO_POSITION_HEADER
 from celery_agboss.errors import ConfigurationError
 from celery_agboss.outbox import publishing as outbox
 
@@ -71,8 +74,11 @@ def publish_undo_task(task: Any, undo: compensation.UndoStep) -> None:
     name, args, kwargs, options = (parts[part] for part in compensation.TASK_PARTS)
     # Declarations stored before undo_with() refused expires: an undo never expires.
     options = {option: value for option, value in options.items() if option != "expires"}
-    # Its failure must reach a person: the step reads undone once it is published.
+    # Its failure must reach a person (its parent ends once it is published), and its
+    # completion finishes its undo: the step reads undone then, not before.
     headers = {**dict(options.get("headers") or {}), UNDO_OF_HEADER: undo.execution_id}
+    if undo.position:
+        headers[UNDO_POSITION_HEADER] = undo.position
     options["headers"] = headers
     if sabotage.active(UNDO_TASK_PUBLISHED_DIRECTLY):
         fresh = {**options, "task_id": str(uuid.uuid4())}

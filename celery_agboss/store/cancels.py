@@ -131,6 +131,7 @@ def end_cancelled_txn(
             undoable={d.step_key for d in declarations},
             undone=intents_made_by_undos_txn(tx, execution_id, records, declarations),
             undos_left=left,
+            undone_steps={d.step_key for d in declarations} - left,
             undos_ran=undos_ran,
             covers=step_covers(declared, execution_id),
         )
