@@ -160,7 +160,8 @@ def unpark(
         "--payments-handled",
         is_flag=True,
         help="Confirm the cancel of an execution whose payment completed (after "
-        "refunding it at the gateway, or deciding to keep it).",
+        "refunding it at the gateway, or deciding to keep it); the undos of its "
+        "fenced effects still run.",
     )
 )
 def cancel(
@@ -188,6 +189,14 @@ def cancel(
             "waits for you. Refund the payment at the gateway if it must go, then "
             f"`celery -A proj agboss cancel {execution_id} --payments-handled "
             "--reason TEXT`."
+        )
+    elif record.state is ExecutionState.COMPENSATING:
+        handled = " (its payments are marked handled; its other undos still run)"
+        text = (
+            f"{execution_id} declared undos that have not run"
+            + (handled if payments_handled else "")
+            + ": the sweep re-drives it (COMPENSATING), they run, then it ends CANCELLED "
+            "(FAILED when a failure had started them)."
         )
     else:
         waiting = f": {record.reason}" if record.reason else ""

@@ -33,6 +33,7 @@ from celery_agboss.core.log_events import (
 from celery_agboss.core.protections import (
     AUDIT_AFTER_THE_CHANGE,
     CANCEL_OF_AN_ENDED_EXECUTION_REPORTED,
+    REDRIVE_NOW_IGNORES_NOT_BEFORE,
 )
 from celery_agboss.operator.common import (
     _acting,
@@ -85,12 +86,24 @@ def _made(
 def redrive_now(runtime: Runtime, execution_id: str, *, reason: str) -> bool:
     """Publish the execution's message again now (same id, arguments and options), by the
     same compare-and-set the sweep uses; False when it is not due for one (running under a
-    live lease, terminal, waiting for an answer, or a cancel is pending)."""
+    live lease, terminal, waiting for an answer, a cancel is pending, or its
+    ``not_before`` is still ahead).
+
+    ``not_before`` is the execution's own time (design: re-driven when due): the retry its
+    body asked for (a balance charged after a cooling-off), an undo's or a cancel's wait
+    for another execution, or the spacing the sweep keeps while a message of it may still
+    be queued. Published now, the body would run early (a charge the customer could still
+    have cancelled), so such a row is left to the sweep, which publishes it then. The
+    verbs that mean "now" (``redrive``, ``unpark``, an answered pause, a resolve's
+    unblocked waiters) make the row due in their own transaction first. A message's own
+    ETA (a publish with a countdown) is kept by ``republish`` either way."""
     record = runtime.executions.read_execution(execution_id)
     if record is None or record.state not in REDRIVABLE_STATES:
         return False
     if record.cancel_requested and record.state is not ExecutionState.COMPENSATING:
         return False  # the cancel ends it; undos running (or answered) go on, as the sweep's
+    if _not_due(runtime, record):
+        return False  # judged on the row the claim below compares (``updated_at_ms``)
     settings = runtime.settings
     decision = runtime.executions.claim_redrive(
         execution_id,
@@ -106,6 +119,13 @@ def redrive_now(runtime: Runtime, execution_id: str, *, reason: str) -> bool:
     republish(runtime.app, message, not_before_ms=None)
     log_event(OPERATOR_REDRIVEN, execution_id=execution_id, task=record.task_name, reason=reason)
     return True
+
+
+def _not_due(runtime: Runtime, record: ExecutionRecord) -> bool:
+    """``record``'s ``not_before`` is later than now on the database's clock (design: A3)."""
+    if record.not_before_ms is None or sabotage.active(REDRIVE_NOW_IGNORES_NOT_BEFORE):
+        return False
+    return record.not_before_ms > runtime.store.now_ms()
 
 
 def _after_answer(
@@ -216,6 +236,43 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     return True
 
 
+def _refuse_a_cancel_now(runtime: Runtime, record: ExecutionRecord) -> None:
+    """A cancel's refusals while something else must end first: its undos running, a
+    payment that may be in flight, a delivery holding its lease."""
+    if record.state is ExecutionState.COMPENSATING:
+        raise _refuse(
+            "wrong-state",
+            f"execution {record.id} is running its undos (COMPENSATING), which a "
+            "cancel cannot stop: once they are done it ends FAILED (undone after a "
+            "failure) or CANCELLED (undone for a cancel)",
+        )
+    if paused_in_undo(runtime.store, record):
+        raise _refuse(
+            "wrong-state",
+            f"execution {record.id} is running its undos (PAUSED inside one, for the "
+            "answer to its pause), which a cancel cannot stop: answer the pause "
+            "(`agboss pauses`); once they are done it ends FAILED (undone after a failure) "
+            "or CANCELLED (undone for a cancel)",
+        )
+    pending = runtime.executions.pending_intent_keys(record.id)
+    if pending:
+        raise _refuse(
+            "pending-intent",
+            f"execution {record.id} has a PENDING intent ({', '.join(pending)}): the "
+            "payment may have been made. Settle it first — the sweep reconciles it, or "
+            "`celery -A proj agboss resolve KEY --completed RESULT_JSON | --not-sent --reason "
+            "TEXT` — then cancel again",
+        )
+    lease = runtime.store.read_lease(record.id)
+    if lease is not None and lease.live:
+        raise _refuse(
+            "lease-live",
+            f"execution {record.id} is running now (holder {lease.holder}, token "
+            f"{lease.token}); wait for it to end, or revoke it (app.control.revoke(id)): "
+            "its next outbound call or fenced effect then stops it",
+        )
+
+
 @refusing_newer_states
 def cancel(
     app: Any,
@@ -234,7 +291,10 @@ def cancel(
     One that completed an outbound call (money moved) is never silently cancelled: it
     waits for an operator, "cancelled after a completed payment", until the call is
     dealt with at the gateway (a refund, or nothing) and ``payments_handled=True``
-    (``--payments-handled``) confirms the cancel."""
+    (``--payments-handled``) confirms the cancel. That confirmation covers its payments
+    only: undos of its fenced effects not run yet (a wallet it debited) still run first
+    (``COMPENSATING``), and one with undos of both kinds left is refused, naming them
+    (``store.cancels``: the Django admin's checkbox comes here too)."""
     why, who, runtime = _acting(app, reason, actor)
     executions = runtime.executions
     record = _execution(runtime, execution_id, "them with `celery -A proj agboss executions`")
@@ -245,38 +305,7 @@ def cancel(
             "wrong-state",
             f"execution {execution_id} is already {record.state.value}; there is nothing to cancel",
         )
-    if record.state is ExecutionState.COMPENSATING:
-        raise _refuse(
-            "wrong-state",
-            f"execution {execution_id} is running its undos (COMPENSATING), which a "
-            "cancel cannot stop: once they are done it ends FAILED (undone after a "
-            "failure) or CANCELLED (undone for a cancel)",
-        )
-    if paused_in_undo(runtime.store, record):
-        raise _refuse(
-            "wrong-state",
-            f"execution {execution_id} is running its undos (PAUSED inside one, for the "
-            "answer to its pause), which a cancel cannot stop: answer the pause "
-            "(`agboss pauses`); once they are done it ends FAILED (undone after a failure) "
-            "or CANCELLED (undone for a cancel)",
-        )
-    pending = executions.pending_intent_keys(execution_id)
-    if pending:
-        raise _refuse(
-            "pending-intent",
-            f"execution {execution_id} has a PENDING intent ({', '.join(pending)}): the "
-            "payment may have been made. Settle it first — the sweep reconciles it, or "
-            "`celery -A proj agboss resolve KEY --completed RESULT_JSON | --not-sent --reason "
-            "TEXT` — then cancel again",
-        )
-    lease = runtime.store.read_lease(execution_id)
-    if lease is not None and lease.live:
-        raise _refuse(
-            "lease-live",
-            f"execution {execution_id} is running now (holder {lease.holder}, token "
-            f"{lease.token}); wait for it to end, or revoke it (app.control.revoke(id)): "
-            "its next outbound call or fenced effect then stops it",
-        )
+    _refuse_a_cancel_now(runtime, record)
     audit = Audit(who, "cancel:payments-handled" if payments_handled else "cancel", why)
     updated = executions.request_cancel(
         execution_id, why, payments_handled=payments_handled, audit=audit

@@ -15,6 +15,7 @@ from sqlalchemy import and_, func, not_, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.selectable import Exists
 
+from celery_agboss.core import sabotage
 from celery_agboss.core.execution_states import (
     cancel_ends_now,
     cancel_reason_of,
@@ -26,6 +27,7 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
 )
+from celery_agboss.core.protections import PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.shared_steps import Declared, step_covers
 from celery_agboss.core.store_protocol import (
@@ -39,6 +41,7 @@ from celery_agboss.core.undo_steps import (
     steps_undone,
     undo_task_cancel_verdict,
 )
+from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
@@ -112,16 +115,24 @@ def end_cancelled_txn(
     still uses one of its payments; or ``WAITING_OPERATOR`` "cancelled after a
     completed payment", listed by ``agboss pending`` until an operator settles it.
     ``wait_ms``: how long a wait for another execution lasts before it looks again;
-    ``payments_handled``: an operator says the payments are dealt with;
+    ``payments_handled``: an operator says the payments are dealt with now (kept on the
+    row, so the end after its undos or its wait honours it: ``_handled_step``);
     ``undos_ran``: the delivery that ran its undos ends it."""
     reason = reason[:900]
     cancel = {
         "cancel_requested": True,
         "cancel_reason": cancel_reason_kept(tx.connection, execution_id, reason),
     }
-    step, other = CancelStep.CANCEL, None
+    row = tx.execute(
+        select(_e.options, _e.payments_handled_at_ms).where(_e.id == execution_id)
+    ).first()
+    handled = payments_handled or (row is not None and row.payments_handled_at_ms is not None)
     declared = declared_txn(tx)
-    if not payments_handled:
+    if handled:
+        step, other = _handled_step(
+            tx, execution_id, declared, undos_ran=undos_ran, refuse=payments_handled
+        )
+    else:
         declarations = declared(execution_id)
         records = tx.shared_records_of(execution_id)
         left, steps = undos_left_txn(tx, declarations, records)
@@ -137,18 +148,96 @@ def end_cancelled_txn(
         )
         step, other = decision.step, decision.other
     verdict = cancel_verdict(step, reason, other)
-    if verdict.state is ExecutionState.CANCELLED and not payments_handled:
-        options = tx.execute(select(_e.options).where(_e.id == execution_id)).scalar()
-        verdict = undo_task_cancel_verdict(verdict, options)  # an undo's task: a person
+    if verdict.state is ExecutionState.CANCELLED and not handled and row is not None:
+        verdict = undo_task_cancel_verdict(verdict, row.options)  # an undo's task: a person
     values: dict[str, Any] = dict(cancel)
     if verdict.state is ExecutionState.WAITING:  # looks again once the other may have ended
         values.update(not_before_ms=tx.now_expr() + wait_ms, redrive_planned=True)
     if verdict.state in (ExecutionState.WAITING, ExecutionState.WAITING_OPERATOR):
         values["wake_requested"] = False
-    if payments_handled and verdict.terminal:
-        # The operator's confirmation: not listed again as "failed after a payment".
+    if payments_handled:
+        # The operator's confirmation: not listed again as "failed after a payment", and
+        # read again by the end of the undos or the wait it leads to.
         values["payments_handled_at_ms"] = tx.now_expr()
     return write_verdict_txn(tx, execution_id, verdict, **values)
+
+
+def _handled_step(
+    tx: SQLTransaction,
+    execution_id: str,
+    declared: Declared,
+    *,
+    undos_ran: bool,
+    refuse: bool,
+) -> tuple[CancelStep, str | None]:
+    """The end of a cancel whose payments an operator dealt with at the gateway: they are
+    accounted for, but the undos of its fenced effects (a debit of the app's own ledger)
+    still run, decided by the one rule over those steps alone (design: cancel request). A
+    person's word also settles what only a person could (an effect another execution
+    claimed without its undo: ``OPERATOR``). Undos run all together, so one whose payment
+    undos are left too is refused (``refuse``: the operator's verb), naming both: running
+    them would refund again what the operator dealt with, ending it would keep the debit."""
+    if sabotage.active(PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS):
+        return CancelStep.CANCEL, None
+    declarations = declared(execution_id)
+    records = tx.shared_records_of(execution_id)
+    left, steps = undos_left_txn(tx, declarations, records)
+    effects = _effect_steps(declarations, steps, left)
+    if not effects:
+        return CancelStep.CANCEL, None
+    decision = cancel_decision(
+        [s for s in steps if s.key in effects],
+        execution_id,
+        undoable=effects,
+        undos_left=effects,
+        undos_ran=undos_ran,
+        covers=step_covers(declared, execution_id),
+    )
+    if decision.step is CancelStep.OPERATOR:
+        return CancelStep.CANCEL, None
+    payments = left - effects
+    if refuse and payments and decision.step is not CancelStep.CANCEL:
+        raise _both_kinds_left(execution_id, declarations, effects, payments)
+    return decision.step, decision.other
+
+
+def _effect_steps(
+    declarations: Sequence[UndoDeclaration], steps: Sequence[SharedRecord], left: set[str]
+) -> set[str]:
+    """The steps of ``left`` (undos not all done) known to be fenced effects: by their
+    record, else by what was declared. A step of unknown kind counts as a payment: its
+    undo may send a refund."""
+    kinds = {record.key: record.kind for record in steps}
+    declared_kinds: dict[str, set[str | None]] = {}
+    for declaration in declarations:
+        declared_kinds.setdefault(declaration.step_key, set()).add(declaration.kind)
+    return {
+        key
+        for key in left
+        if kinds.get(key) == EFFECT_RECORD
+        or (key not in kinds and declared_kinds.get(key) == {EFFECT_RECORD})
+    }
+
+
+def _both_kinds_left(
+    execution_id: str,
+    declarations: Sequence[UndoDeclaration],
+    effects: set[str],
+    payments: set[str],
+) -> OperatorRefusedError:
+    def named(steps: set[str]) -> str:
+        return ", ".join(sorted({d.undo for d in declarations if d.step_key in steps}))
+
+    return OperatorRefusedError(
+        f"execution {execution_id} has undos left both of its fenced effects "
+        f"({named(effects)}) and of its payments ({named(payments)}); they run together, "
+        "so --payments-handled can neither run the first without refunding again what "
+        "you dealt with, nor end it without them (the effects' writes kept). Cancel it "
+        "without --payments-handled to run every undo (its refunds too), then confirm "
+        "what is left; if it waits after a failed undo, `agboss redrive` runs them",
+        code="wrong-state",
+        execution_id=execution_id,
+    )
 
 
 def undos_left_txn(

@@ -249,6 +249,12 @@ CANCEL_OF_AN_ENDED_EXECUTION_REPORTED = "cancel-of-an-ended-execution-reported"
 store's lock reports "cancel requested" (exit 0): the operator believes the order is
 being cancelled while its payment stands, and refunds nothing."""
 
+REDRIVE_NOW_IGNORES_NOT_BEFORE = "redrive-now-ignores-not-before"
+"""Sabotage (design: re-driven when due): an operator's verb publishes an execution again
+at once whatever its ``not_before``: one waiting for the retry its body asked for (the
+balance charged an hour after the deposit, once a cooling-off is over) runs an hour early.
+"""
+
 SWEEP_WITHOUT_TICK = "sweep-without-tick"
 """Sabotage (design: trap 10): every beat's sweep runs, even when another already ran this tick."""
 

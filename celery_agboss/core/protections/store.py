@@ -41,6 +41,12 @@ back), cancelled while it waits, ends ``CANCELLED`` at once with the debit kept 
 undo never run; so does one stopped part-way through its undos, its remaining fenced
 effects' undos dropped."""
 
+PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS = "payments-handled-skips-effect-undos"
+"""Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled``
+ends the cancel at once, whatever undos are left: one whose body debited the customer's
+wallet with a fenced effect and declared its credit back ends ``CANCELLED`` with the debit
+kept, the operator having dealt only with its payments at the gateway."""
+
 EXPIRY_BY_THE_WORKERS_CLOCK = "expiry-by-the-workers-clock"
 """Sabotage (design: expires bounds the start): a worker that holds a message past its
 ``expires`` by its own clock ends a never-started execution EXPIRED whatever the
