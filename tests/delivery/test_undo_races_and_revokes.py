@@ -193,12 +193,18 @@ def test_undo_with_inside_an_undo_task_is_refused_at_the_call(shop: PaymentShop)
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
 
 
+def _refunds_queue() -> str:
+    """A refunds queue of the test's own: in-memory queues live as long as the process,
+    so a message a failed test left in a shared name would reach the next test's worker."""
+    return f"refunds-{uuid.uuid4().hex[:8]}"
+
+
 def _an_order_whose_refund_task_is_queued(
-    shop: PaymentShop, order: str, **options: Any
+    shop: PaymentShop, order: str, queue: str, **options: Any
 ) -> tuple[str, Any]:
-    """``place_order`` charges, declares ``refund_payment.s(payment)`` on the ``refunds``
-    queue (with ``options``: stamps) and fails. Run in a worker that does not consume
-    ``refunds``: the parent's id and the refund task's record, still queued."""
+    """``place_order`` charges, declares ``refund_payment.s(payment)`` on ``queue`` (with
+    ``options``: stamps) and fails. Run in a worker that does not consume ``queue``: the
+    parent's id and the refund task's record, still queued."""
     refund = shop.refund_call("shop.sig-refund")
 
     @shop.task()
@@ -206,7 +212,7 @@ def _an_order_whose_refund_task_is_queued(
         return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
 
     place_order = shop.pay_failing_after_its_charge(
-        lambda payment: refund_payment.s(payment).set(queue="refunds", **options), "place_order"
+        lambda payment: refund_payment.s(payment).set(queue=queue, **options), "place_order"
     )
 
     def the_task() -> list[Any]:
@@ -226,8 +232,9 @@ def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once
 ) -> None:
     """The common case: the refund task is still in its queue (``refunds``, which the
     first worker does not consume) when it is revoked."""
+    refunds = _refunds_queue()
     with shop.worker():
-        parent, task = _an_order_whose_refund_task_is_queued(shop, "o-5")
+        parent, task = _an_order_whose_refund_task_is_queued(shop, "o-5", refunds)
         shop.app.control.revoke(task.id)
         wait_until(lambda: task.id in revoked_ids, 10, message="the worker's revoked set")
     assert_waits_for_an_operator(shop.execution(task.id), "undo task cancelled", parent)
@@ -238,7 +245,7 @@ def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once
 
     celery_signals.task_postrun.connect(on_postrun, weak=False)
     try:
-        with shop.worker(queues=["celery", "refunds"]):
+        with shop.worker(queues=["celery", refunds]):
             # The revoked message reaches a worker: it runs nothing, and still waits.
             wait_until(lambda: task.id in ran, 10, message="the revoked message delivered")
             assert_waits_for_an_operator(shop.execution(task.id), "undo task cancelled")
@@ -258,14 +265,15 @@ def test_an_undo_task_revoked_by_a_stamp_waits_and_a_redrive_refunds_once(
     task waits, nothing refunded), and only a cancel an operator cleared to run the task
     (``redrive``) lets the message through while the worker still holds the stamp."""
     stamp = f"order-{uuid.uuid4().hex[:8]}"  # this test's only: the stamps are process-wide
+    refunds = _refunds_queue()
     try:
         with shop.worker():
             parent, task = _an_order_whose_refund_task_is_queued(
-                shop, "o-6", stamped_headers=[stamp], **{stamp: "o-6"}
+                shop, "o-6", refunds, stamped_headers=[stamp], **{stamp: "o-6"}
             )
             shop.app.control.revoke_by_stamped_headers({stamp: "o-6"})
             wait_until(lambda: stamp in revoked_stamps, 10, message="the worker's stamps")
-        with shop.worker(queues=["celery", "refunds"]):
+        with shop.worker(queues=["celery", refunds]):
             record = wait_until(
                 lambda: shop.execution(task.id).cancel_requested and shop.execution(task.id),
                 20,
