@@ -10,8 +10,8 @@ currency and the key the adapter writes into metadata must match, or the payment
 not taken for the call's, ``Unknown``) and an action's
 payment (``GET /payments/{id}/actions``, by the key in its metadata). A capture or refund
 without an amount took what was left when it was made: the authorisation less the parts
-captured before it (``capture_type: "NonFinal"``), or what was captured less the refunds
-before it, ordered by ``processed_on`` read as times (its precision varies). A miss is
+captured before it (``capture_type: "NonFinal"``), or what was captured by then less the
+refunds before it, ordered by ``processed_on`` read as times (its precision varies). A miss is
 ``NotSent()`` only inside the key's retention, where a resend is safe either way:
 nothing was processed, or its 2xx is replayed from the key. That relies on these reads
 being current (Checkout.com documents no lag): a request answered 4xx or 5xx saves

@@ -10,7 +10,7 @@ that the adapter's module holds its calls and its reconcile rules.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -20,6 +20,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.protections import (
     CHECKOUT_CAPTURE_ALL_IGNORES_EARLIER,
+    CHECKOUT_REFUND_ALL_IGNORES_LATER_CAPTURES,
     CHECKOUT_TIMES_COMPARED_AS_TEXT,
 )
 
@@ -164,9 +165,10 @@ def left_when_made(
 ) -> int | str:
     """What a capture or refund without an amount (``action``, one of the payment's
     ``actions``) took: what was left when it was made of the authorisation, less the
-    captures approved before it (parts captured ``NonFinal``), or of what was captured,
-    less the refunds before it; a reason instead when that cannot be told. Amounts in ISO
-    4217 minor units, as the request's; order by ``processed_on`` read as times."""
+    captures approved before it (parts captured ``NonFinal``), or of what was captured by
+    then (not the captures after it), less the refunds before it; a reason instead when
+    that cannot be told. Amounts in ISO 4217 minor units, as the request's; order by
+    ``processed_on`` read as times."""
     currency, as_text = payment.get("currency"), sabotage.active(CHECKOUT_TIMES_COMPARED_AS_TEXT)
     read = {
         id(a): {
@@ -183,10 +185,40 @@ def left_when_made(
         earlier = [a for a in approved if a.get("type") == "Capture"]
         if sabotage.active(CHECKOUT_CAPTURE_ALL_IGNORES_EARLIER):
             earlier = []
-    else:
-        total = (payment.get("balances") or {}).get("total_captured")
-        earlier = [a for a in approved if a.get("type") == "Refund"]
-    return left_before(iso_amount(total, currency), own, earlier, _AT)
+        return left_before(iso_amount(total, currency), own, earlier, _AT)
+    captures = [a for a in approved if a.get("type") == "Capture"]
+    if sabotage.active(CHECKOUT_REFUND_ALL_IGNORES_LATER_CAPTURES):
+        captures = []
+    total = iso_amount((payment.get("balances") or {}).get("total_captured"), currency)
+    captured = _captured_when_made(total, own, captures)
+    if isinstance(captured, str):
+        return captured
+    earlier = [a for a in approved if a.get("type") == "Refund"]
+    return left_before(captured, own, earlier, _AT)
+
+
+def _captured_when_made(
+    total: int | None, own: Mapping[str, Any], captures: Sequence[Mapping[str, Any]]
+) -> int | str | None:
+    """What was captured when the refund ``own`` was made: ``total`` (captured now) less
+    the ``captures`` approved after it, as an authorisation captured in parts stays open to
+    them; the refund could not take what they took. A capture at the same time as ours, or
+    with a time or amount that cannot be read, leaves it untold: a reason."""
+    if total is None:
+        return total  # ``left_before`` says why
+    at, later = own.get(_AT), 0
+    for capture in captures:
+        when, amount = capture.get(_AT), capture.get("amount")
+        if at is None or when is None:
+            return "its amount could not be checked (a capture's time cannot be read)"
+        if when == at:
+            return "its amount could not be checked (a capture was made at the same time)"
+        if when < at:
+            continue
+        if isinstance(amount, bool) or not isinstance(amount, int):
+            return f"its amount could not be checked (a later capture's amount is {amount!r})"
+        later += amount
+    return total - later
 
 
 __all__ = [
