@@ -32,7 +32,7 @@ body then raises (a zombie woken after the take-over completed) runs none (desig
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,6 +359,7 @@ def run_undos(
     call: Callable[[UndoStep], Any],
     *,
     cause: str,
+    handled: Collection[str] = (),
 ) -> int:
     """Run every undo not marked done, last declared first, each marked done in a fenced
     write once ``call`` returned; the number run. A step is first decided as a record
@@ -366,8 +367,10 @@ def run_undos(
     completed on it, covered by another's undo, or waited for (``UndoMustWait``) while
     another still uses it; only a step this execution claimed is undone. A claim that
     skips undos of this one's waits for a person, once the others ran. The step reads
-    compensated once its every undo finished (an undo's task: once it completed; it marks
-    it then). What ``call`` raises propagates (not done: the next delivery runs it)."""
+    compensated once its every undo finished (an undo's task: once it completed). What
+    ``call`` raises propagates (not done: the next delivery runs it). ``handled``: payment
+    steps an operator settled by hand (design: cancel request), decided as others but never
+    run nor marked: a claim stays, never read undone (a refund by hand is not ours)."""
     wanted = list(declarations)
     ran = 0
     undos = undos_of(ctx.settings)
@@ -378,7 +381,7 @@ def run_undos(
         if decision.outcome is UndoOutcome.WAIT:
             assert decision.other is not None
             raise UndoMustWait(decision.other, declaration.step_key)
-        if decision.outcome is not UndoOutcome.UNDO:
+        if decision.outcome is not UndoOutcome.UNDO or declaration.step_key in handled:
             continue
         step = UndoStep(
             name=declaration.undo,
@@ -422,6 +425,7 @@ def run_undos(
         log_event(UNDO_DONE, **log_ref, **loggable_step(ctx.settings, step.step_key))
         ran += 1
     skipped = {k: d for k, d in ctx.decisions.items() if d.outcome is UndoOutcome.NOT_COVERED}
+    skipped = {k: d for k, d in skipped.items() if k not in handled}  # a person decided
     if skipped:  # after every other undo ran: a person decides on these alone
         raise not_covered_error(ctx.settings, ctx.execution_id, skipped)
     return ran

@@ -19,6 +19,8 @@ waits for an operator, a fence hands over); an undo that raises leaves the execu
 waiting for an operator: money moved and its undo did not happen. So does the failure
 of an undo's task (one declared as a signature, published by its parent's undo), whose
 ``COMPLETED``, in turn, is what lets its parent's step read undone (``finish_verdict``).
+Once an operator said the execution's payments are dealt with (``cancel
+--payments-handled``), the undos of its payments are not run; its fenced effects' are.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from celery_agboss.core.log_events import (
 from celery_agboss.core.protections import (
     FAILURE_SKIPS_UNDO,
     FENCED_HOLDER_STARTS_UNDO,
+    PAYMENTS_HANDLED_RUNS_PAYMENT_UNDOS,
     UNDO_ON_ANY_FAILURE,
     UNDO_REFUSAL_REPLAYED_ON_REDRIVE,
     UNDO_TASK_FAILURE_ENDS_FAILED,
@@ -99,6 +102,7 @@ from celery_agboss.errors import (
     store_trouble_behind,
 )
 from celery_agboss.runtime.task_events import TASK_PAUSED, TASK_UNRECONCILED, TASK_WAITING
+from celery_agboss.store.cancels import handled_payment_steps_in
 
 TAKEN_OVER = "the previous delivery ended without a verdict"
 
@@ -313,7 +317,9 @@ def _start(
 
 def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> None:
     """The undos, in an ``UndoContext`` on this delivery's lease; whatever stops one
-    ends the delivery as it would have ended the body (the next one continues)."""
+    ends the delivery as it would have ended the body (the next one continues). Those of
+    payments an operator dealt with by hand are not run (``_handled_by_hand``)."""
+    handled = _handled_by_hand(d, declarations)
     undo_ctx = UndoContext.over(d.context(), renewer=d.runtime.renewer)
     d.use_context(undo_ctx)
     registry = undo_registry(d.task.app)
@@ -328,7 +334,7 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
             registry.require(step.name)(task, step, **step.arguments)
 
     try:
-        run_undos(undo_ctx, declarations, call, cause=cause)
+        run_undos(undo_ctx, declarations, call, cause=cause, handled=handled)
     except PauseRequested as exc:
         d.release()
         d.send_event(TASK_PAUSED, pause_id=f"{d.execution_id}:{exc.name}")
@@ -354,6 +360,26 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
     except BaseException:
         d.abandon()
         raise
+
+
+def _handled_by_hand(d: DeliveryLike, declarations: list[UndoDeclaration]) -> frozenset[str]:
+    """The payment steps whose undos an operator's ``cancel --payments-handled`` says were
+    dealt with at the gateway (a refund by hand): running them would refund again
+    (design: cancel request). Read under this delivery's lease, which that word is never
+    written under, so it holds for every undo this delivery runs."""
+    if sabotage.active(PAYMENTS_HANDLED_RUNS_PAYMENT_UNDOS):
+        return frozenset()
+    ctx = d.context()
+    try:
+        with ctx.fenced() as tx:
+            return handled_payment_steps_in(tx, ctx.execution_id, declarations)
+    except ExecutionFencedError as exc:
+        if not sabotage.active(FENCED_HOLDER_STARTS_UNDO):
+            d.fenced(exc)
+        with d.runtime.store.read_transaction() as read:
+            return handled_payment_steps_in(read, ctx.execution_id, declarations)
+    except StoreError as exc:
+        d.store_failed(exc)
 
 
 def _wait_for_other(d: DeliveryLike, wait: UndoMustWait) -> NoReturn:

@@ -292,9 +292,11 @@ def cancel(
     waits for an operator, "cancelled after a completed payment", until the call is
     dealt with at the gateway (a refund, or nothing) and ``payments_handled=True``
     (``--payments-handled``) confirms the cancel. That confirmation covers its payments
-    only: undos of its fenced effects not run yet (a wallet it debited) still run first
-    (``COMPENSATING``), and one with undos of both kinds left is refused, naming them
-    (``store.cancels``: the Django admin's checkbox comes here too)."""
+    only: their undos are never run after it (the refund made by hand is not made again),
+    while undos of its fenced effects not run yet (a wallet it debited) still run first
+    (``COMPENSATING``). It is kept on the row with the cancel's end, or refused with
+    nothing written when a delivery took the lease (or an intent became pending) after
+    the checks below (``store.cancels``: the Django admin's checkbox comes here too)."""
     why, who, runtime = _acting(app, reason, actor)
     executions = runtime.executions
     record = _execution(runtime, execution_id, "them with `celery -A proj agboss executions`")

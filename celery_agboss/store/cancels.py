@@ -3,7 +3,9 @@
 A cancel never ends an execution while a payment may be in flight (a pending intent)
 or a delivery runs it (a live lease): the request is kept and its running body, its
 next delivery or the sweep honours it. Its end is ``shared_records.cancel_decision``'s,
-written under the execution row's lock.
+written under the execution row's lock. An operator's ``--payments-handled`` is kept on
+the row with that end (its payments' undos are then never run: ``payment_steps``), or
+refused when no end can be written now; it is never dropped from a request.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
 )
-from celery_agboss.core.protections import PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS
+from celery_agboss.core.protections import (
+    PAYMENTS_HANDLED_DROPPED_WHILE_RUNNING,
+    PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS,
+)
 from celery_agboss.core.shared_records import CancelStep, cancel_decision
 from celery_agboss.core.shared_steps import Declared, step_covers
 from celery_agboss.core.store_protocol import (
@@ -35,6 +40,7 @@ from celery_agboss.core.store_protocol import (
     INTENT_RECORD,
     FencedTransaction,
     SharedRecord,
+    StoreTransaction,
 )
 from celery_agboss.core.undo_steps import (
     UndoDeclaration,
@@ -67,6 +73,8 @@ from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _i = outbound_calls.c
+_KINDS = [INTENT_RECORD, EFFECT_RECORD]
+"""A step's record kinds, read in this order when its declarations do not say."""
 
 
 # --- a pause inside an undo ----------------------------------------------------------------
@@ -129,9 +137,7 @@ def end_cancelled_txn(
     handled = payments_handled or (row is not None and row.payments_handled_at_ms is not None)
     declared = declared_txn(tx)
     if handled:
-        step, other = _handled_step(
-            tx, execution_id, declared, undos_ran=undos_ran, refuse=payments_handled
-        )
+        step, other = _handled_step(tx, execution_id, declared, undos_ran=undos_ran)
     else:
         declarations = declared(execution_id)
         records = tx.shared_records_of(execution_id)
@@ -163,26 +169,20 @@ def end_cancelled_txn(
 
 
 def _handled_step(
-    tx: SQLTransaction,
-    execution_id: str,
-    declared: Declared,
-    *,
-    undos_ran: bool,
-    refuse: bool,
+    tx: SQLTransaction, execution_id: str, declared: Declared, *, undos_ran: bool
 ) -> tuple[CancelStep, str | None]:
     """The end of a cancel whose payments an operator dealt with at the gateway: they are
-    accounted for, but the undos of its fenced effects (a debit of the app's own ledger)
-    still run, decided by the one rule over those steps alone (design: cancel request). A
-    person's word also settles what only a person could (an effect another execution
-    claimed without its undo: ``OPERATOR``). Undos run all together, so one whose payment
-    undos are left too is refused (``refuse``: the operator's verb), naming both: running
-    them would refund again what the operator dealt with, ending it would keep the debit."""
+    accounted for, and their undos are not run (``payment_steps``: the delivery that runs
+    the others skips them, ``compensation.run_undos``), but the undos of its fenced effects
+    (a debit of the app's own ledger) still run, decided by the one rule over those steps
+    alone (design: cancel request). A person's word also settles what only a person could
+    (an effect another execution claimed without its undo: ``OPERATOR``)."""
     if sabotage.active(PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS):
         return CancelStep.CANCEL, None
     declarations = declared(execution_id)
     records = tx.shared_records_of(execution_id)
     left, steps = undos_left_txn(tx, declarations, records)
-    effects = _effect_steps(declarations, steps, left)
+    effects = left - payment_steps(tx, declarations)
     if not effects:
         return CancelStep.CANCEL, None
     decision = cancel_decision(
@@ -195,49 +195,37 @@ def _handled_step(
     )
     if decision.step is CancelStep.OPERATOR:
         return CancelStep.CANCEL, None
-    payments = left - effects
-    if refuse and payments and decision.step is not CancelStep.CANCEL:
-        raise _both_kinds_left(execution_id, declarations, effects, payments)
     return decision.step, decision.other
 
 
-def _effect_steps(
-    declarations: Sequence[UndoDeclaration], steps: Sequence[SharedRecord], left: set[str]
-) -> set[str]:
-    """The steps of ``left`` (undos not all done) known to be fenced effects: by their
-    record, else by what was declared. A step of unknown kind counts as a payment: its
-    undo may send a refund."""
-    kinds = {record.key: record.kind for record in steps}
-    declared_kinds: dict[str, set[str | None]] = {}
+def payment_steps(tx: StoreTransaction, declarations: Sequence[UndoDeclaration]) -> set[str]:
+    """The steps of ``declarations`` that ``--payments-handled`` covers, for the cancel's
+    end and for the undos a delivery runs after it (``run_undos``' ``handled``): every one
+    but a fenced effect (a write to the app's own ledger, whose undo still runs), known by
+    its record as ``decide_step`` reads it, else by what its declarations say. A step of
+    unknown kind counts as a payment: its undo may send a refund."""
+    said: dict[str, set[str | None]] = {}
     for declaration in declarations:
-        declared_kinds.setdefault(declaration.step_key, set()).add(declaration.kind)
-    return {
-        key
-        for key in left
-        if kinds.get(key) == EFFECT_RECORD
-        or (key not in kinds and declared_kinds.get(key) == {EFFECT_RECORD})
-    }
+        said.setdefault(declaration.step_key, set()).add(declaration.kind)
+    payments: set[str] = set()
+    for step, kinds in said.items():
+        read = [kind for kind in _KINDS if kind in kinds] or _KINDS
+        found = next((kind for kind in read if tx.read_shared(kind, step) is not None), None)
+        if not (found == EFFECT_RECORD or (found is None and kinds == {EFFECT_RECORD})):
+            payments.add(step)
+    return payments
 
 
-def _both_kinds_left(
-    execution_id: str,
-    declarations: Sequence[UndoDeclaration],
-    effects: set[str],
-    payments: set[str],
-) -> OperatorRefusedError:
-    def named(steps: set[str]) -> str:
-        return ", ".join(sorted({d.undo for d in declarations if d.step_key in steps}))
-
-    return OperatorRefusedError(
-        f"execution {execution_id} has undos left both of its fenced effects "
-        f"({named(effects)}) and of its payments ({named(payments)}); they run together, "
-        "so --payments-handled can neither run the first without refunding again what "
-        "you dealt with, nor end it without them (the effects' writes kept). Cancel it "
-        "without --payments-handled to run every undo (its refunds too), then confirm "
-        "what is left; if it waits after a failed undo, `agboss redrive` runs them",
-        code="wrong-state",
-        execution_id=execution_id,
-    )
+def handled_payment_steps_in(
+    tx: StoreTransaction, execution_id: str, declarations: Sequence[UndoDeclaration]
+) -> frozenset[str]:
+    """The payment steps (``payment_steps``) whose undos a delivery of the execution must
+    not run: an operator said its payments are dealt with (``payments_handled_at_ms``,
+    kept by ``cancel --payments-handled``, which never writes it while a delivery holds
+    the lease: ``request_cancel``). Empty without that word."""
+    t = sql(tx)
+    flag = t.execute(select(_e.payments_handled_at_ms).where(_e.id == execution_id)).scalar()
+    return frozenset() if flag is None else frozenset(payment_steps(t, declarations))
 
 
 def undos_left_txn(
@@ -291,12 +279,15 @@ def request_cancel(
     or "cancelled after a completed payment"); any other keeps the request, which its
     running body's next ``outbound()`` or ``fenced_effect()`` honours, or its next
     delivery, or the sweep. ``payments_handled``: an operator says the completed
-    payments are dealt with. ``audit``: the operator's row, written in this transaction."""
+    payments are dealt with; kept on the row only with an end written now, else refused
+    with nothing written (``_handled_not_now``). ``audit``: the operator's row, written in
+    this transaction."""
     with store.transaction() as tx:
         record = read_execution_txn(tx, execution_id, lock=True)
         if record is None or record.terminal:
             return record
-        if not paused_in_undo_txn(tx, record) and cancel_ends_now(
+        in_undo = paused_in_undo_txn(tx, record)
+        if not in_undo and cancel_ends_now(
             record,
             lambda: execution_lease_live(tx, execution_id),
             lambda: has_pending_intent_txn(tx, execution_id),
@@ -306,6 +297,8 @@ def request_cancel(
                 tx, execution_id, reason, wait_ms, payments_handled=payments_handled
             )
         else:
+            if payments_handled and not sabotage.active(PAYMENTS_HANDLED_DROPPED_WHILE_RUNNING):
+                raise _handled_not_now(tx, record, in_undo)  # nothing written: rolled back
             set_execution_txn(
                 tx,
                 execution_id,
@@ -315,6 +308,31 @@ def request_cancel(
             after = require_execution_txn(tx, execution_id)
         audit_change_txn(tx, audit, execution_id, record, after)
         return after
+
+
+def _handled_not_now(
+    tx: SQLTransaction, record: ExecutionRecord, in_undo: bool
+) -> OperatorRefusedError:
+    """``--payments-handled`` of an execution that cannot end now: a delivery took its lease,
+    an intent of it is pending, or its undos run, since the operator's verb checked it.
+    Refused, nothing written (design: cancel request, operator decisions): kept with the
+    request, the word would also cover a payment that delivery makes after it (never
+    refunded, nobody told); dropped, the request's end would run the refund the operator
+    made by hand. The operator looks again once it stopped."""
+    if in_undo or record.state is ExecutionState.COMPENSATING:
+        code, what = "wrong-state", "started running its undos"
+    elif execution_lease_live(tx, record.id):
+        code, what = "lease-live", "started running (a delivery took its lease)"
+    else:
+        code, what = "pending-intent", "got a PENDING intent (a payment may be in flight)"
+    return OperatorRefusedError(
+        f"execution {record.id} {what} while the cancel was being checked; nothing was "
+        "recorded: --payments-handled covers the payments you dealt with, and a running "
+        "delivery may make or refund another. Wait until it stops (`celery -A proj agboss "
+        f"show {record.id}`), deal with what it left at the gateway, then cancel again",
+        code=code,
+        execution_id=record.id,
+    )
 
 
 def end_cancel_requested(
@@ -452,8 +470,10 @@ __all__ = [
     "end_cancel_requested",
     "end_cancelled_txn",
     "find_cancel_requested",
+    "handled_payment_steps_in",
     "paused_in_undo",
     "paused_in_undo_txn",
+    "payment_steps",
     "put_cancel_request_last",
     "request_cancel",
     "undoing",

@@ -10,31 +10,47 @@ body debits with ``fenced_effect()``, whose undo credits it back) and at the fak
 - Undos stopped part-way (the refund made, the wallet's credit refused while the ledger
   was down); ``cancel --payments-handled`` once the ledger is back: the credit runs, the
   refund is not made again, ``FAILED`` (the failure started them), payments handled.
-- Both kinds left (the refund's undo failed, the credit never ran, the operator refunded
-  by hand): refused, naming both undos. Running them would refund a second time what the
-  operator says is dealt with; ending it would keep the debit. Nothing is changed.
+- Both kinds left: the customer cancelled a waiting order, the gateway declined the
+  refund (the credit not run), so it waits for an operator, who refunds the card by hand
+  and cancels with ``--payments-handled``: the credit runs, no second refund request
+  reaches the gateway, ``CANCELLED``; a later click on the card step is told it was
+  claimed for undo, never that it was undone. Likewise after a failure (``FAILED``).
 
 Twin ``payments-handled-skips-effect-undos`` (the confirmation ends the cancel whatever
-is left): each ends ``CANCELLED`` at once, the debit kept, the credit never run.
+is left): each ends ``CANCELLED`` at once, the debit kept, the credit never run. Twin
+``payments-handled-runs-payment-undos`` (the compensating delivery ignores the operator's
+word): the refund's undo runs again and a second refund request reaches the gateway.
 """
 
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from celery_agboss.cli import EXIT_REFUSED
+from celery_agboss import Completed, NotSent, OutboundCall, OutboundCallCompensatedError
+from celery_agboss.core import state_machine
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import ExecutionRecord
-from celery_agboss.core.protections import PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS
-from celery_agboss.errors import OperatorRefusedError
+from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss.core.protections import (
+    PAYMENTS_HANDLED_RUNS_PAYMENT_UNDOS,
+    PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS,
+)
 from celery_agboss.operator import cancel, list_failed_after_payment
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
+from celery_agboss.testing.gateway import FakeGatewayFault
+from celery_agboss.testing.gateway_types import (
+    FakeGatewayError,
+    FakeGatewayErrorKind,
+    GatewayRequest,
+    is_definite_failure,
+)
 from tests.delivery import conftest as delivery
-from tests.delivery.conftest import PaymentShop
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.delivery.test_cancel_runs_effect_undos import (
     CUSTOMER,
     OPENING_BALANCE,
@@ -45,7 +61,6 @@ from tests.delivery.test_cancel_runs_effect_undos import (
     _open_wallet,
     _released,
 )
-from tests.operations.cli import run
 
 # The delivery folder's shop (a real worker in this process), reused as it is.
 delivery_store_url = delivery.delivery_store_url
@@ -201,30 +216,155 @@ def test_twin_payments_handled_cancel_after_undos_stopped_drops_the_credit(
 # --- undos of both kinds left --------------------------------------------------------------
 
 
-def test_payments_handled_cancel_with_a_refund_and_a_credit_left_is_refused(
+def refused_definitely(exc: BaseException) -> bool:
+    """The gateway's refusal of a refund moved nothing: a decline, or a refund of more than
+    is left (the charge already refunded)."""
+    invalid = isinstance(exc, FakeGatewayError) and exc.kind is FakeGatewayErrorKind.INVALID_REQUEST
+    return invalid or is_definite_failure(exc)
+
+
+def wallet_and_card_order(shop: PaymentShop) -> tuple[Any, list[Any]]:
+    """``pay_from_wallet_and_card(customer)``: debits the wallet (undo: ``credit-wallet``),
+    charges the card (undo: ``refund-charge``, a refund at the gateway whose refusal is
+    definite), then waits an hour for a retry. The task, and the credits made."""
+    _open_wallet(shop)
+    ledger_up = threading.Event()
+    ledger_up.set()
+    credited = _credit_wallet_undo(shop, ledger_up)
+    charge, gateway = shop.call(), shop.gateway
+
+    def looked_up(call: CallContext, lookup: Lookup) -> Any:
+        found = gateway.lookup(lookup.idempotency_key)
+        return NotSent() if found is None else Completed(found)
+
+    refund = OutboundCall(
+        name="shop.refund",
+        send=lambda call: gateway.refund(call.request["payment"], call.idempotency_key),
+        reconcile=looked_up,
+        key_retention=timedelta(hours=24),
+        is_definite_failure=refused_definitely,
+    )
+    shop.agboss.register(refund)
+
+    @undo_function(shop.app, "refund-charge")
+    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
+        task.outbound(refund, {"payment": payment})
+
+    @shop.task()
+    def pay_from_wallet_and_card(self: Any, customer: str) -> Any:
+        amount = self.fenced_effect(
+            "debit-wallet",
+            lambda conn: _debit(conn, customer),
+            business_key=f"order:{customer}:wallet",
+        )
+        self.undo_with("credit-wallet", customer=customer, amount=amount)
+        receipt = self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        self.undo_with("refund-charge", payment=receipt["id"])
+        raise self.retry(countdown=3600)  # waits in the store
+
+    return pay_from_wallet_and_card, credited
+
+
+def our_refund_requests(shop: PaymentShop) -> list[GatewayRequest]:
+    """Every refund request the undos sent to the gateway (not the operator's by hand)."""
+    return [
+        r
+        for r in shop.gateway.requests
+        if r.operation == "refund" and "shop.refund" in (r.idempotency_key or "")
+    ]
+
+
+def _handled_after_a_declined_refund(shop: PaymentShop) -> tuple[str, ExecutionRecord, list[Any]]:
+    """The order waits; the customer cancels: its undos run, last declared first, and the
+    gateway declines the refund, so it waits for an operator with the wallet's credit not
+    run. The operator refunds the card by hand and cancels with ``--payments-handled``;
+    the sweep runs. Its id, the record it ends with, and the credits made."""
+    pay, credited = wallet_and_card_order(shop)
+    shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")
+    with shop.worker():
+        task_id = str(pay.delay(CUSTOMER).id)
+        shop.wait_state(task_id, "WAITING")
+        _released(shop, task_id)
+        assert cancel(shop.app, task_id, "the customer changed their mind").state.value == (
+            "COMPENSATING"
+        )
+        assert_waits_for_an_operator(_ended(shop, task_id), "undo refund-charge failed")
+        _released(shop, task_id)
+        assert [r.outcome.value for r in our_refund_requests(shop)] == ["DECLINED"]
+        _refund_by_hand(shop)
+        moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
+        assert moved.state.value == "COMPENSATING", "the credit runs before the cancel ends"
+        ended = _ended(shop, task_id)
+    assert len(shop.gateway.payments) == 1
+    return task_id, ended, credited
+
+
+def _click_again(shop: PaymentShop) -> list[OutboundCallCompensatedError]:
+    """A later click on the same order's card step; what it is told of the first charge."""
+    charge, told = shop.call(), []
+
+    @shop.task()
+    def click_again(self: Any, customer: str) -> Any:
+        try:
+            return self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        except OutboundCallCompensatedError as exc:
+            told.append(exc)
+            return None
+
+    shop.run(click_again, CUSTOMER, states=("COMPLETED", "FAILED", "WAITING_OPERATOR"))
+    return told
+
+
+def test_payments_handled_cancel_after_a_declined_refund_credits_and_refunds_nothing(
+    shop: PaymentShop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task_id, ended, credited = _handled_after_a_declined_refund(shop)
+    assert [r.outcome.value for r in our_refund_requests(shop)] == ["DECLINED"], (
+        "the declined refund only: none sent after the operator's"
+    )
+    assert len(shop.gateway.refunds) == 1, "the operator's refund, by hand"
+    assert ended.state.value == "CANCELLED", ended.reason
+    assert credited == [(CUSTOMER, PRICE, "cancel")]
+    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    assert ended.payments_handled_at_ms is not None
+    assert task_id not in [left.execution.id for left in list_failed_after_payment(shop.app)]
+    # The charge refunded by hand never reads undone: a later click is told it was
+    # claimed for this execution's undo (a person decides), and pays nothing.
+    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.05)
+    (told,) = _click_again(shop)
+    assert told.undone is False and told.undo_by == task_id, str(told)
+    assert len(shop.gateway.payments) == 1
+
+
+def test_twin_payments_handled_cancel_after_a_declined_refund_refunds_again(
     shop: PaymentShop,
 ) -> None:
+    with sabotage(PAYMENTS_HANDLED_RUNS_PAYMENT_UNDOS):
+        _, ended, credited = _handled_after_a_declined_refund(shop)
+    outcomes = [r.outcome.value for r in our_refund_requests(shop)]
+    assert len(outcomes) == 2, f"a second refund request after the operator's: {outcomes}"
+    assert_waits_for_an_operator(ended, "undo refund-charge failed")
+    assert credited == [] and _balance(shop) == OPENING_BALANCE - PRICE
+
+
+def test_payments_handled_cancel_after_a_failure_runs_the_credit_not_the_refund(
+    shop: PaymentShop,
+) -> None:
+    """The body failed and its refund's undo raised (the credit never ran); the operator
+    refunds by hand: the credit runs, nothing is refunded by us, and it ends ``FAILED``
+    (its undos were started by the failure), the payments marked handled."""
     task_id, ledger_up, credited = _failed_with_undos_left(shop, refund_fails=True)
     ledger_up.set()
-    before = shop.execution(task_id)
     _refund_by_hand(shop)
-    with pytest.raises(OperatorRefusedError) as refused:
-        cancel(shop.app, task_id, HANDLED, payments_handled=True)
-    assert refused.value.code == "wrong-state"
-    message = str(refused.value)
-    assert "credit-wallet" in message and "refund-charge" in message, message
-    result = run(shop.app, "cancel", task_id, "--payments-handled", "--reason", HANDLED)
-    assert result.exit_code == EXIT_REFUSED, result.output
-    assert "credit-wallet" in result.output, result.output
-    after = shop.execution(task_id)
-    assert (after.state, after.reason, after.cancel_requested) == (
-        before.state,
-        before.reason,
-        before.cancel_requested,
-    ), "nothing was changed"
-    assert after.payments_handled_at_ms is None
-    assert credited == [] and _balance(shop) == OPENING_BALANCE - PRICE
-    assert len(shop.gateway.refunds) == 1, "only the operator's"
+    with shop.worker():
+        moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
+        assert moved.state.value == "COMPENSATING"
+        ended = _ended(shop, task_id)
+    assert ended.state.value == "FAILED", ended.reason
+    assert credited == [(CUSTOMER, PRICE, "failure")]
+    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    assert len(shop.gateway.refunds) == 1 and our_refund_requests(shop) == [], "only the operator's"
+    assert ended.payments_handled_at_ms is not None
 
 
 def test_twin_payments_handled_cancel_with_both_left_ends_with_the_debit_kept(

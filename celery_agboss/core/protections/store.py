@@ -47,6 +47,18 @@ ends the cancel at once, whatever undos are left: one whose body debited the cus
 wallet with a fenced effect and declared its credit back ends ``CANCELLED`` with the debit
 kept, the operator having dealt only with its payments at the gateway."""
 
+PAYMENTS_HANDLED_RUNS_PAYMENT_UNDOS = "payments-handled-runs-payment-undos"
+"""Sabotage (design: cancel request, operator decisions): the compensating delivery ignores
+``payments_handled_at_ms`` and runs every undo left: after the gateway declined the
+refund's undo and the operator refunded the card by hand and confirmed with
+``cancel --payments-handled``, the refund is sent to the gateway a second time."""
+
+PAYMENTS_HANDLED_DROPPED_WHILE_RUNNING = "payments-handled-dropped-while-running"
+"""Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled`` of
+an execution a delivery took the lease of (or that got a pending intent) after the
+verb's checks keeps the cancel request and drops the flag, reported "cancel requested":
+the request's end then runs the refund's undo the operator made by hand."""
+
 EXPIRY_BY_THE_WORKERS_CLOCK = "expiry-by-the-workers-clock"
 """Sabotage (design: expires bounds the start): a worker that holds a message past its
 ``expires`` by its own clock ends a never-started execution EXPIRED whatever the
