@@ -10,8 +10,10 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery_agboss.testing.gateway_faults import ArmedFault, FaultsAndHolds
@@ -23,6 +25,7 @@ from celery_agboss.testing.gateway_types import (
     GatewayHold,
     GatewayRequest,
     GatewayRequestOutcome,
+    MoneyRequest,
 )
 
 Receipt = dict[str, Any]
@@ -56,6 +59,37 @@ _REFUSED = {
     FakeGatewayErrorKind.CONFLICT: GatewayRequestOutcome.CONFLICT,
 }
 """The outcome a request refused by its processing shows; any other refusal is INVALID."""
+
+
+@dataclass
+class Served:
+    """One request a server route is answering: the gateway requests it recorded, and
+    what the route did itself (``answered_here``) when it took it no further."""
+
+    recorded: list[GatewayRequest] = field(default_factory=list)
+    outcome: GatewayRequestOutcome | None = None
+
+
+_SERVED: ContextVar[Served | None] = ContextVar("fake_gateway_served", default=None)
+
+
+@contextmanager
+def serving() -> Iterator[Served]:
+    """While a money-moving route answers one request (in this thread): what it recorded."""
+    served = Served()
+    token = _SERVED.set(served)
+    try:
+        yield served
+    finally:
+        _SERVED.reset(token)
+
+
+def answered_here(outcome: GatewayRequestOutcome) -> None:
+    """The route answering this request does so itself, nothing processed (a canned reply:
+    ``CANNED``); the first word said stands. Nothing happens outside a route."""
+    served = _SERVED.get()
+    if served is not None and served.outcome is None:
+        served.outcome = outcome
 
 
 def new_id(prefix: str) -> str:
@@ -110,7 +144,29 @@ class RequestPath(FaultsAndHolds):
         )
         keyed = key if uses_key and self.idempotency_keys and key is not None else None
         with self._lock:
-            arrival = self._arrive(operation, key, amount, payment_id, keyed)
+            request = self._receive(operation, key, amount, payment_id)
+        try:
+            response = self._run(request, keyed, fingerprint, process, declined)
+        except FakeGatewayTimeout:
+            raise  # no answer reached the caller
+        except FakeGatewayError:
+            self._answered(request)  # a refusal or failure is an answer the caller got
+            raise
+        self._answered(request)
+        return response
+
+    def _run(
+        self,
+        request: GatewayRequest,
+        keyed: str | None,
+        fingerprint: str,
+        process: Process,
+        declined: Process | None,
+    ) -> Receipt:
+        """The recorded request taken through the key in flight, its fault and hold, and
+        processing; raises what the caller gets instead of an answer."""
+        with self._lock:
+            arrival = self._arrive(request, keyed)
         self._wait_to_process(arrival, keyed)
         with self._lock:
             response = self._process(arrival, keyed, fingerprint, process, declined)
@@ -124,20 +180,13 @@ class RequestPath(FaultsAndHolds):
             raise FakeGatewayTimeout(
                 FakeGatewayErrorKind.ANSWER_DROPPED, "processed, but the answer was lost"
             )
-        with self._lock:
-            arrival.request.answered = True
         return response
 
-    def _arrive(
-        self,
-        operation: str,
-        key: str | None,
-        amount: int | None,
-        payment_id: str | None,
-        keyed: str | None,
-    ) -> _Arrival:
-        """Under the lock: record the request, refuse a key in flight, take its fault and
-        hold; a request that waits before processing marks its key in flight."""
+    def _receive(
+        self, operation: str, key: str | None, amount: int | None, payment_id: str | None
+    ) -> GatewayRequest:
+        """Under the lock: record a request as it arrives (its attempt under ``key``
+        counted), and tell the server route answering it that it is recorded."""
         attempt = 1
         if key is not None:
             attempt = self._attempts[key] = self._attempts.get(key, 0) + 1
@@ -145,13 +194,43 @@ class RequestPath(FaultsAndHolds):
             new_id("req"), operation, key, amount, payment_id, self.now(), attempt
         )
         self._requests.append(request)
+        served = _SERVED.get()
+        if served is not None:
+            served.recorded.append(request)
+        return request
+
+    def _answered(self, request: GatewayRequest) -> None:
+        with self._lock:
+            request.answered = True
+
+    def record_answered_here(
+        self, sent: MoneyRequest, outcome: GatewayRequestOutcome, *, at: float, answered: bool
+    ) -> None:
+        """A request a server route answered without this request path (``served``
+        recorded nothing): recorded once, its attempt counted, nothing processed."""
+        with self._lock:
+            request = self._receive(
+                sent.operation, sent.idempotency_key, sent.amount, sent.payment_id
+            )
+            request.at, request.outcome, request.answered = at, outcome, answered
+
+    def answer_lost(self, requests: list[GatewayRequest]) -> None:
+        """The route dropped the answer to these recorded requests (a held answer that
+        timed out): the caller got none."""
+        with self._lock:
+            for request in requests:
+                request.answered = False
+
+    def _arrive(self, request: GatewayRequest, keyed: str | None) -> _Arrival:
+        """Under the lock: refuse a key in flight, take the request's fault and hold; a
+        request that waits before processing marks its key in flight."""
         if keyed is not None and keyed in self._in_flight:
             request.outcome = GatewayRequestOutcome.IN_PROGRESS
             raise FakeGatewayError(
-                FakeGatewayErrorKind.IN_PROGRESS, f"key {key!r} is still being processed"
+                FakeGatewayErrorKind.IN_PROGRESS, f"key {keyed!r} is still being processed"
             )
-        armed = self._take_fault(operation)
-        hold = self._take_hold(operation)
+        armed = self._take_fault(request.operation)
+        hold = self._take_hold(request.operation)
         request.fault = armed.fault if armed else None
         dropped = armed is not None and armed.fault is FakeGatewayFault.ANSWER_THEN_DROP
         pre_delay = armed.delay if armed is not None and not dropped else 0.0
@@ -274,4 +353,13 @@ class RequestPath(FaultsAndHolds):
             request.outcome = outcome
 
 
-__all__ = ["DECLINED", "Process", "Receipt", "RequestPath", "new_id"]
+__all__ = [
+    "DECLINED",
+    "Process",
+    "Receipt",
+    "RequestPath",
+    "Served",
+    "answered_here",
+    "new_id",
+    "serving",
+]

@@ -23,8 +23,9 @@ The JSON endpoints of this base (a dialect for an official SDK adds its own thro
 A dialect (``dialect="stripe"``, the default, ``"checkout"``, ``"adyen"``, ``"paypal"``,
 or a :class:`~celery_agboss.testing.dialects.Dialect` object with its own options) adds
 the routes an official SDK calls, on top of these, over the same ``FakeGateway``: its
-``payments`` and ``requests`` count what every SDK sent. Routes may hold ``{name}``
-segments (``/v1/payment_intents/{id}``), read from :attr:`GatewayCall.params`.
+``payments`` and ``requests`` count what every SDK sent: a route that moves money
+(``route(..., sends=...)``) records each request once, also one it answered without the
+gateway. Routes may hold ``{name}`` segments, read from :attr:`GatewayCall.params`.
 
 A client may send its pid in the ``X-Worker-Pid`` header: every charge is recorded with
 it (:attr:`charges_seen`), so a test can signal exactly the process that is charging, and
@@ -47,11 +48,14 @@ from typing import ClassVar, Protocol, runtime_checkable
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_handler import PID_HEADER as PID_HEADER
 from celery_agboss.testing.gateway_handler import GatewayCall, GatewayHandler, Reply
+from celery_agboss.testing.gateway_requests import Served, serving
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
+    GatewayRequestOutcome,
+    MoneyRequest,
 )
 from celery_agboss.testing.loopback import QuietServer
 
@@ -61,6 +65,9 @@ DECLINED_CARD = "tok_chargeDeclined"
 
 
 Endpoint = Callable[[GatewayCall], Reply]
+Sends = Callable[[GatewayCall], MoneyRequest | None]
+"""What a money-moving route's request is (None: this one moves no money, e.g. PayPal's
+order created without a payment source)."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,7 @@ class FakeGatewayServer:
         self._server: ThreadingHTTPServer | None = None
         self._url: str | None = None  # set by start(), kept through stop()
         self._thread: threading.Thread | None = None
-        self.route("POST", "/charge", self.charge_endpoint)
+        self.route("POST", "/charge", self.charge_endpoint, sends=_base_charge)
         self.route("GET", "/lookup", self.lookup_endpoint)
         self.route("GET", "/health", lambda call: Reply(200, {"ok": True}))
         self.dialect = resolve_dialect(dialect)
@@ -209,13 +216,19 @@ class FakeGatewayServer:
 
     # --- extending it ------------------------------------------------------------------
 
-    def route(self, method: str, path: str, endpoint: Endpoint) -> None:
+    def route(
+        self, method: str, path: str, endpoint: Endpoint, *, sends: Sends | None = None
+    ) -> None:
         """Serve ``endpoint`` for ``method path``; ``{name}`` segments match one segment.
 
-        A fixed path replaces any earlier route for it; patterns are tried in the order
-        they were added, after every fixed path.
+        ``sends``: the route moves money, and each of its requests is recorded in the
+        gateway's ``requests`` exactly once (:meth:`_counted`). A fixed path replaces any
+        earlier route for it; patterns are tried in the order they were added, after
+        every fixed path.
         """
         method = method.upper()
+        if sends is not None:
+            endpoint = self._counted(endpoint, sends)
         if "{" not in path:
             self._routes[(method, path)] = endpoint
             return
@@ -224,6 +237,43 @@ class FakeGatewayServer:
             named = _SEGMENT.fullmatch(segment)
             parts.append(f"(?P<{named.group(1)}>[^/]+)" if named else re.escape(segment))
         self._patterns.append((method, re.compile("/".join(parts)), endpoint))
+
+    def _counted(self, endpoint: Endpoint, sends: Sends) -> Endpoint:
+        """The one place every dialect's money-moving request is counted: one the gateway's
+        request path recorded stays as it is (unanswered when the route dropped its
+        answer); one the route answered itself is recorded here, with what it did."""
+
+        def counted(call: GatewayCall) -> Reply:
+            at = self.gateway.now()
+            with serving() as served:
+                reply = endpoint(call)
+            self._settle(call, sends, served, reply, at)
+            return reply
+
+        return counted
+
+    def _settle(
+        self, call: GatewayCall, sends: Sends, served: Served, reply: Reply, at: float
+    ) -> None:
+        """After the route answered: a drop of what the gateway recorded, or the record
+        of a request the gateway never saw (``CANNED``, a refusal, a replay of its own)."""
+        if served.recorded:
+            if reply.drop:
+                self.gateway.answer_lost(served.recorded)
+            return
+        sent = sends(call)
+        if sent is None:
+            return
+        outcome = served.outcome
+        if outcome is None:  # refused before the gateway, or answered from the route's state
+            outcome = (
+                GatewayRequestOutcome.TIMED_OUT
+                if reply.drop
+                else GatewayRequestOutcome.INVALID
+                if reply.status >= 400
+                else GatewayRequestOutcome.REPLAYED
+            )
+        self.gateway.record_answered_here(sent, outcome, at=at, answered=not reply.drop)
 
     def handle(self, call: GatewayCall) -> Reply:
         """The one dispatch every request goes through."""
@@ -366,6 +416,13 @@ class FakeGatewayServer:
         return type("Handler", (GatewayHandler,), {"owner": self})
 
 
+def _base_charge(call: GatewayCall) -> MoneyRequest:
+    """``POST /charge``'s request, its amount when it is a whole number."""
+    amount = call.body.get("amount")
+    whole = amount if isinstance(amount, int) and not isinstance(amount, bool) else None
+    return MoneyRequest("charge", call.body.get("idempotency_key"), whole)
+
+
 @runtime_checkable
 class Dialect(Protocol):
     """One gateway's API, installed as routes on a server (``celery_agboss.testing.dialects``)."""
@@ -428,7 +485,9 @@ __all__ = [
     "FakeGatewayServer",
     "GatewayCall",
     "HeldAnswer",
+    "MoneyRequest",
     "Reply",
+    "Sends",
     "dialect_class",
     "documented_capabilities",
     "resolve_dialect",

@@ -110,8 +110,9 @@ class GatewayRequestOutcome(str, enum.Enum):
     IN_PROGRESS = "IN_PROGRESS"
     NOT_PROCESSED = "NOT_PROCESSED"
     DECLINED = "DECLINED"
-    INVALID = "INVALID"
+    INVALID = "INVALID"  # refused (a malformed body, no API key, an action not allowed)
     TIMED_OUT = "TIMED_OUT"
+    CANNED = "CANNED"  # answered by a reply the test armed (``answer_next``); nothing processed
 
 
 @dataclass
@@ -129,6 +130,18 @@ class GatewayRequest:
     object_id: str | None = None  # the payment or refund the answer is about
     answered: bool = False  # False while on the wire and when the answer was dropped
     fault: FakeGatewayFault | None = None
+
+
+@dataclass(frozen=True)
+class MoneyRequest:
+    """What a money-moving request of a server route is, read from the request itself: how
+    it is recorded when the route answers it without the gateway's request path (a canned
+    reply, a refusal before the key is read)."""
+
+    operation: str  # "charge", "capture", "refund", "void"
+    idempotency_key: str | None
+    amount: int | None = None  # ISO 4217 minor units; None when not told (or unreadable)
+    payment_id: str | None = None  # the fake's id of the payment it targets
 
 
 @dataclass(frozen=True)

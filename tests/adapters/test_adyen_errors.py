@@ -284,7 +284,8 @@ def test_a_key_over_64_characters_is_refused_by_the_dialect(served: ServeFn) -> 
     adapter = adapter_for(server.url)
     error = _raised(lambda: _charge(adapter, charge_request("order-1"), key="k" * 65))
     assert isinstance(error, sdk.AdyenAPIUnprocessableEntity)
-    assert server.gateway.requests == []
+    refused = [r.outcome for r in server.gateway.requests]  # it reached Adyen: a request
+    assert refused == [GatewayRequestOutcome.INVALID] and server.gateway.payments == []
     assert adapter.send(100, "k" * 65)["status"] == "authorised"  # send() digests it
 
 

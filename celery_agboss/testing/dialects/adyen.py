@@ -22,7 +22,8 @@ as the fake's key):
   to nothing: Adyen checks it after its answer ("The ``currency`` must match the currency
   used in authorisation", PaymentCaptureRequest and PaymentRefundRequest) and fails it by
   webhook, reason "Modification in different currency than authorisation";
-  :attr:`AdyenDialect.failed_modifications` lists those the fake failed so.
+  :attr:`AdyenDialect.failed_modifications` lists those the fake failed so (each in the
+  gateway's ``requests``, ``INVALID``; a repeat under its key ``REPLAYED``).
   (A cancel of a captured payment, or more than is left, is still refused with a 422.)
 - No payment lookup: Checkout v72 has no GET for a payment, so none is served.
 
@@ -50,14 +51,15 @@ from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.wire_units import ADYEN
 from celery_agboss.testing.gateway import FakeGateway
-from celery_agboss.testing.gateway_requests import DECLINED
-from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_requests import DECLINED, answered_here
+from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply, Sends
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
     GatewayRequestOutcome,
+    MoneyRequest,
 )
 
 API_VERSION = "v72"
@@ -152,10 +154,14 @@ class AdyenDialect:
     def install(self, server: FakeGatewayServer) -> None:
         api = self._api = _CheckoutApi(server)
         base = f"/{API_VERSION}"
-        server.route("POST", f"{base}/payments", api.payments)
-        server.route("POST", f"{base}/payments/{{paymentPspReference}}/captures", api.captures)
-        server.route("POST", f"{base}/payments/{{paymentPspReference}}/refunds", api.refunds)
-        server.route("POST", f"{base}/payments/{{paymentPspReference}}/cancels", api.cancels)
+        server.route("POST", f"{base}/payments", api.payments, sends=api.sent("charge"))
+        for kind, endpoint, operation in (
+            ("captures", api.captures, "capture"),
+            ("refunds", api.refunds, "refund"),
+            ("cancels", api.cancels, "void"),
+        ):
+            path = f"{base}/payments/{{paymentPspReference}}/{kind}"
+            server.route("POST", path, endpoint, sends=api.sent(operation))
 
 
 def _declined_now(gateway: FakeGateway, key: str | None, seen_before: int) -> bool:
@@ -178,6 +184,20 @@ class _CheckoutApi:
         gateway = self.server.gateway
         made = gateway.payments + gateway.declined_payments
         return next((p["id"] for p in made if psp_reference_of(p["id"]) == psp), psp)
+
+    def sent(self, operation: str) -> Sends:
+        """What a request of ``operation`` is, for one the server records itself (refused
+        before the gateway, or a modification applied to nothing)."""
+
+        def read(call: GatewayCall) -> MoneyRequest:
+            key = call.header(KEY_HEADER)
+            value = None if operation == "void" else _taken(call.body.get("amount"))
+            amount = value if isinstance(value, int) else None
+            named = call.params.get("paymentPspReference")
+            payment = None if named is None else self._payment_of(named)
+            return MoneyRequest(operation, key, amount, payment)
+
+        return read
 
     # --- what every request passes first --------------------------------------------
 
@@ -317,6 +337,7 @@ class _CheckoutApi:
         that pspReference, or the key's first request is the gateway's to replay."""
         key = call.header(KEY_HEADER)
         if key is not None and key in self.failed:
+            answered_here(GatewayRequestOutcome.REPLAYED)  # the key's first answer, again
             return self.failed[key][1]
         gateway = self.server.gateway
         try:
@@ -339,6 +360,7 @@ class _CheckoutApi:
         }
         reply = Reply(201, answer)
         self.failed[key if key is not None else failed.psp_reference] = (failed, reply)
+        answered_here(GatewayRequestOutcome.INVALID)  # received, then failed: nothing moved
         return reply
 
     def _amount_and_payment(self, call: GatewayCall, kind: str) -> Reply | tuple[int | None, str]:

@@ -29,7 +29,9 @@ malformed body or an action the payment does not allow, 429 for a key whose firs
 request is still in flight (as the idempotency page documents), 409 for a key reused
 with other parameters (only when a test turns ``conflict_on_mismatch`` on), 502 when
 the fake failed before processing.
-:meth:`CheckoutDialect.answer_next` makes the next request answer any status and body.
+:meth:`CheckoutDialect.answer_next` makes the next request answer any status and body
+(a payment or an action so answered is in the gateway's ``requests``, ``CANNED``). A
+void releases what the captures left (listed with that amount, as ``total_voided``).
 
 Amounts travel as Checkout.com writes them ("Format the amount value": the full amount,
 ÷1000 with the last digit 0, or ÷100, per currency: ``wire_units.CHECKOUT``; so CLP,
@@ -49,6 +51,7 @@ from celery_agboss.testing.dialects.checkout_pending import (
     accepted_body,
     made_now,
 )
+from celery_agboss.testing.dialects.checkout_sends import KEY_HEADER, sent
 from celery_agboss.testing.dialects.checkout_wire import (
     action_body,
     action_id,
@@ -70,7 +73,6 @@ from celery_agboss.testing.gateway_types import (
     GatewayRequestOutcome,
 )
 
-KEY_HEADER = "Cko-Idempotency-Key"
 _DECLINED = "declined"  # the fake gateway's status of a declined payment
 _DECLINE_CODE, _DECLINE_SUMMARY = "20005", "Declined - Do Not Honour"
 _DECLINED_ACTION: dict[str, Any] = {
@@ -137,14 +139,18 @@ class CheckoutDialect:
 
     def install(self, server: FakeGatewayServer) -> None:
         self._server = server
-        server.route("POST", "/payments", self._guarded("payment", self._request_payment))
+        payment = self._guarded("payment", self._request_payment)
+        server.route("POST", "/payments", payment, sends=sent(server, "payment"))
         server.route("GET", "/payments", self._guarded("list", self._list_payments))
         server.route("GET", "/payments/{id}", self._guarded("get", self._get_payment))
         server.route("GET", "/payments/{id}/actions", self._guarded("actions", self._actions))
         for operation in _ACTION_TYPES:
             handler = self._action_handler(operation)
             server.route(
-                "POST", f"/payments/{{id}}/{operation}s", self._guarded(operation, handler)
+                "POST",
+                f"/payments/{{id}}/{operation}s",
+                self._guarded(operation, handler),
+                sends=sent(server, operation),
             )
 
     def answer_next(
@@ -458,6 +464,9 @@ class CheckoutDialect:
                     amount = refunds[request.object_id]["amount"]
                 elif request.operation == "capture" and declined is None:
                     amount = captured_by(gateway.captures, request)  # "all that is left"
+                elif request.operation == "void" and declined is None:
+                    # What the captures left: a voided payment is never captured again.
+                    amount = payment["amount"] - payment["amount_captured"]
                 elif amount is None:
                     amount = payment["amount"]
                 with self._lock:

@@ -19,7 +19,9 @@ source, is a charge in the fake's ``requests``, the ones answered here too: a re
 the key that paid (``REPLAYED``), 422 ``ORDER_ALREADY_CAPTURED``, ``ORDER_NOT_APPROVED``
 (an order no payer approved, captured without a source) and ``ACTION_DOES_NOT_MATCH_INTENT``
 (``INVALID``, no key kept) and 409 ``PREVIOUS_REQUEST_IN_PROGRESS`` (``IN_PROGRESS``) move
-no money; a declined instrument is declined by the fake (``DECLINED``).
+no money; a declined instrument is declined by the fake (``DECLINED``); one refused
+before it reached the order (no token: ``INVALID``) or answered by ``answer_next``
+(``CANNED``) is recorded too.
 """
 
 from __future__ import annotations
@@ -40,12 +42,19 @@ from celery_agboss.testing.dialects.paypal_wire import (
     to_value,
     value_issue,
 )
-from celery_agboss.testing.gateway_server import Endpoint, FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_server import (
+    Endpoint,
+    FakeGatewayServer,
+    GatewayCall,
+    Reply,
+    Sends,
+)
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
+    MoneyRequest,
 )
 
 ORDER_KEY_RETENTION = 6 * 3600.0
@@ -115,19 +124,21 @@ class PayPalDialect:
         self._server = server
         payments = self._payments = PayPalPayments(server)
         server.route("POST", "/v1/oauth2/token", self._guarded(self._token, token=True))
-        routes: list[tuple[str, str, Endpoint]] = [
-            ("POST", "/v2/checkout/orders", self._create_order),
-            ("GET", "/v2/checkout/orders/{id}", self._get_order),
-            ("POST", "/v2/checkout/orders/{id}/capture", self._pay_order),
-            ("POST", "/v2/checkout/orders/{id}/authorize", self._pay_order),
-            ("GET", "/v2/payments/authorizations/{id}", payments.get_authorization),
-            ("POST", "/v2/payments/authorizations/{id}/capture", payments.capture_authorization),
-            ("POST", "/v2/payments/authorizations/{id}/void", payments.void),
-            ("GET", "/v2/payments/captures/{id}", payments.get_capture),
-            ("POST", "/v2/payments/captures/{id}/refund", payments.refund),
+        order, authorization = "/v2/checkout/orders/{id}", "/v2/payments/authorizations/{id}"
+        paying, sent = self._order_sent, payments.sent
+        routes: list[tuple[str, str, Endpoint, Sends | None]] = [
+            ("POST", "/v2/checkout/orders", self._create_order, paying),
+            ("GET", order, self._get_order, None),
+            ("POST", f"{order}/capture", self._pay_order, paying),
+            ("POST", f"{order}/authorize", self._pay_order, paying),
+            ("GET", authorization, payments.get_authorization, None),
+            ("POST", f"{authorization}/capture", payments.capture_authorization, sent("capture")),
+            ("POST", f"{authorization}/void", payments.void, sent("void")),
+            ("GET", "/v2/payments/captures/{id}", payments.get_capture, None),
+            ("POST", "/v2/payments/captures/{id}/refund", payments.refund, sent("refund")),
         ]
-        for method, path, endpoint in routes:
-            server.route(method, path, self._guarded(endpoint))
+        for method, path, endpoint, sends in routes:
+            server.route(method, path, self._guarded(endpoint), sends=sends)
 
     # --- what a test reads and arms ----------------------------------------------------------
 
@@ -200,6 +211,24 @@ class PayPalDialect:
             self._state.tokens.add(issued)
         body = {"access_token": issued, "token_type": "Bearer", "expires_in": 32400}
         return Reply(200, {**body, "scope": "https://uri.paypal.com/services/payments/payment"})
+
+    def _order_sent(self, call: GatewayCall) -> MoneyRequest | None:
+        """A capture or authorize of an order, or a create that pays with a vaulted source
+        (or repeats one that did), is a charge; a create without one moves no money."""
+        key = call.header("PayPal-Request-Id")
+        with self._lock:
+            named = call.params.get("id") or self._state.order_keys.get(key or "")
+            order = self._state.orders.get(named or "")
+        if "id" not in call.params:  # a create
+            if _vault_id(call.body) is None and not (order and order.charged_at_creation):
+                return None
+            units = call.body.get("purchase_units")
+            unit = units[0] if isinstance(units, list) and units else None
+            money = unit.get("amount") if isinstance(unit, dict) else None
+            if isinstance(money, dict):
+                currency = str(money.get("currency_code") or "")
+                return MoneyRequest("charge", key, from_value(money.get("value"), currency))
+        return MoneyRequest("charge", key, None if order is None else order.amount)
 
     # --- orders ----------------------------------------------------------------------------------
 

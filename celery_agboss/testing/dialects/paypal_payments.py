@@ -35,11 +35,12 @@ from celery_agboss.testing.dialects.paypal_wire import (
     to_value,
     value_issue,
 )
-from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply, Sends
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayErrorKind,
     FakeGatewayTimeout,
+    MoneyRequest,
 )
 
 Body = dict[str, Any]
@@ -138,6 +139,25 @@ class PayPalPayments:
         body["amount"] = self.money(declined["amount"], declined["currency"])
         up_kind = "authorizations" if kind == "captures" else "captures"
         return self._up(body, f"payments/{up_kind}", up)
+
+    def sent(self, operation: str) -> Sends:
+        """What a Payments v2 request of ``operation`` (``capture`` or ``void`` of an
+        authorization, ``refund`` of a capture) is, for one the server records itself."""
+
+        def read(call: GatewayCall) -> MoneyRequest:
+            key, named = call.header("PayPal-Request-Id"), call.params.get("id", "")
+            if operation == "refund":
+                found = self._capture(named)
+                payment = None if found is None else found[0]
+            else:
+                payment = self.payment(named)
+            money = call.body.get("amount")
+            amount = None
+            if payment is not None and isinstance(money, dict) and operation != "void":
+                amount = from_value(money.get("value"), payment["currency"])
+            return MoneyRequest(operation, key, amount, named if payment is None else payment["id"])
+
+        return read
 
     # --- endpoints ------------------------------------------------------------------------
 

@@ -46,13 +46,15 @@ from celery_agboss.testing.dialects.stripe_wire import (
     unfold_form,
     wire_amount,
 )
+from celery_agboss.testing.dialects.wire_units import STRIPE
 from celery_agboss.testing.gateway import FakeGateway
-from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
+from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply, Sends
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
     FakeGatewayTimeout,
     GatewayCapabilities,
     GatewayRequestOutcome,
+    MoneyRequest,
 )
 
 STRIPE_DECLINING_METHODS = frozenset(
@@ -72,7 +74,8 @@ class StripeDialect:
     ``search_lag`` (seconds or a ``timedelta``, on the gateway's clock; a plain
     attribute, switchable mid-test): how old an object must be before search finds it;
     0 makes search consistent. ``answer_next`` makes the next request answer what a test
-    chooses, so each documented error can be seen through the SDK.
+    chooses, so each documented error can be seen through the SDK (a money-moving one is
+    in the gateway's ``requests`` all the same, ``CANNED``).
     """
 
     name = "stripe"
@@ -113,8 +116,16 @@ class StripeDialect:
             ("POST", "/v1/refunds", api.create_refund),
             ("GET", "/v1/refunds", api.list_refunds),
         ]
+        sends = {
+            "/v1/payment_intents": "charge",
+            "/v1/payment_intents/{id}/capture": "capture",
+            "/v1/payment_intents/{id}/cancel": "void",
+            "/v1/refunds": "refund",
+        }
         for method, path, handler in routes:
-            server.route(method, path, self._guarded(handler))
+            operation = sends.get(path) if method == "POST" else None
+            sent = None if operation is None else api.sent(operation)
+            server.route(method, path, self._guarded(handler), sends=sent)
 
     def _guarded(self, handler: Handler) -> Handler:
         def endpoint(call: GatewayCall) -> Reply:
@@ -135,6 +146,15 @@ def _authentication(call: GatewayCall) -> Reply | None:
     return stripe_error(401, "invalid_request_error", f"Invalid API Key provided: {shown}")
 
 
+def _wire_or_none(body: Mapping[str, Any], param: str, currency: str) -> int | None:
+    """A form amount in ISO 4217 minor units; None when absent or unreadable."""
+    try:
+        value = integer(body, param)
+    except ValueError:
+        return None
+    return None if value is None or not currency else STRIPE.from_wire(value, currency)
+
+
 class _StripeApi:
     """The endpoints of one server: each maps a Stripe request onto its ``FakeGateway``."""
 
@@ -146,6 +166,28 @@ class _StripeApi:
     def gateway(self) -> FakeGateway:
         """Read at each request: a test may give the server a fresh gateway."""
         return self.server.gateway
+
+    def sent(self, operation: str) -> Sends:
+        """What a request of ``operation`` is, for the one the server records itself (a
+        canned reply, a refusal): its key, payment and amount where they can be read."""
+
+        def read(call: GatewayCall) -> MoneyRequest:
+            body, key = unfold_form(call.body), call.header("Idempotency-Key")
+            if operation == "charge":
+                currency = str(body.get("currency") or "")
+                return MoneyRequest(operation, key, _wire_or_none(body, "amount", currency))
+            target = call.params.get("id") or body.get("payment_intent") or body.get("charge")
+            payment_id = payment_id_of(str(target or ""))
+            if operation == "void" or payment_id is None:
+                return MoneyRequest(operation, key, None, payment_id)
+            try:
+                currency = str(self.gateway.retrieve(payment_id)["currency"])
+            except FakeGatewayError:
+                currency = ""
+            param = "amount_to_capture" if operation == "capture" else "amount"
+            return MoneyRequest(operation, key, _wire_or_none(body, param, currency), payment_id)
+
+        return read
 
     # --- PaymentIntents ----------------------------------------------------------------
 
