@@ -24,6 +24,7 @@ FENCED_AFTER_COMMIT = "fenced.after-commit"
 OUTBOUND_AFTER_READ = "outbound.after-read"
 OUTBOUND_BEFORE_RELY = "outbound.before-rely"  # a completed record read, its reliance not yet
 UNDO_BEFORE_CLAIM = "undo.before-claim"  # a shared step's undo decided, not yet claimed
+UNDO_BEFORE_COMPENSATED = "undo.before-compensated"  # an undo's mark written, the step not judged
 OUTBOUND_BEFORE_SEND = "outbound.before-send"
 OUTBOUND_AFTER_SEND = "outbound.after-send"
 OUTBOUND_BEFORE_SETTLE = "outbound.before-settle"
@@ -44,6 +45,7 @@ KNOWN_POINTS = frozenset(
         OUTBOUND_AFTER_READ,
         OUTBOUND_BEFORE_RELY,
         UNDO_BEFORE_CLAIM,
+        UNDO_BEFORE_COMPENSATED,
         OUTBOUND_BEFORE_SEND,
         OUTBOUND_AFTER_SEND,
         OUTBOUND_BEFORE_SETTLE,

@@ -12,6 +12,11 @@ every one of them (same undo, same arguments, or the same task): a claimer that 
 releases stock never skips the refund the other declared. The other then waits for a
 person (``UndoNotCoveredError``), and the claimer leaves the step claimed, not
 compensated, so a later replay is never told it was undone.
+
+The step reads compensated once every undo the claimer declared for it finished, which
+the claimer's delivery and its undos' tasks each learn at their own end
+(``compensated_if_taken_back``): judged under the record's row lock, so two ends
+committing at once never both miss the other's mark.
 """
 
 from __future__ import annotations
@@ -26,10 +31,15 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import canonical_json
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.fault_points import UNDO_BEFORE_CLAIM, fault_point
+from celery_agboss.core.fault_points import UNDO_BEFORE_CLAIM, UNDO_BEFORE_COMPENSATED, fault_point
 from celery_agboss.core.keys import business_key_handle
 from celery_agboss.core.log_events import UNDO_COVERED, UNDO_KEPT, UNDO_WAITS, log_event
-from celery_agboss.core.protections import FENCED_HOLDER_STARTS_UNDO, UNDO_COVERED_BY_OTHER_UNDOS
+from celery_agboss.core.protections import (
+    FENCED_HOLDER_STARTS_UNDO,
+    UNDO_COVERED_BY_OTHER_UNDOS,
+    UNDO_MARKS_READ_UNLOCKED,
+    UNDO_TASK_MARK_NOT_KEPT,
+)
 from celery_agboss.core.shared_records import (
     StepCovers,
     UndoDecision,
@@ -42,7 +52,7 @@ from celery_agboss.core.store_protocol import (
     SharedRecord,
     StoreTransaction,
 )
-from celery_agboss.core.undo_steps import UndoDeclaration, steps_undone
+from celery_agboss.core.undo_steps import UndoDeclaration, steps_undone, undo_task_done_key
 from celery_agboss.errors import OutboundCallInFlightError, OutboundCallUnreconciledError
 
 MAX_DECISION_ROUNDS = 8
@@ -164,10 +174,15 @@ def _decision_transaction(ctx: ExecutionContext) -> AbstractContextManager[Store
     return ctx.fenced()
 
 
+def _kinds(declaration: UndoDeclaration) -> list[str]:
+    """Where the step's record may be: its declared kind, else either table."""
+    return [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]
+
+
 def _step_record(
     tx: StoreTransaction, declaration: UndoDeclaration
 ) -> tuple[str, SharedRecord | None]:
-    kinds = [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]
+    kinds = _kinds(declaration)
     for kind in kinds:
         record = tx.read_shared(kind, declaration.step_key)
         if record is not None:
@@ -186,7 +201,7 @@ def mark_compensated(
     unless another execution of the step declared an undo this one did not run (its
     refund, say): the step then stays claimed, never read undone, and that execution
     waits for a person (``UndoNotCoveredError``)."""
-    for kind in [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]:
+    for kind in _kinds(declaration):
         if undos_of is not None and _not_covered(tx, kind, execution_id, declaration, undos_of):
             continue
         tx.mark_compensated(kind, declaration.step_key, execution_id)
@@ -202,10 +217,36 @@ def compensated_if_taken_back(
     """``mark_compensated`` once every undo the claimer declared after the step (those of
     ``declarations`` on it) is finished as the record reads it (``steps_undone``, refunded):
     an undo's task counts once it completed, not once published, so whichever finishes
-    the step last marks it — the claimer's delivery, or that task at its ``COMPLETED``."""
-    of_step = [d for d in declarations if d.step_key == declaration.step_key]
-    if declaration.step_key in steps_undone(tx, of_step, refunded=True):
+    the step last marks it — the claimer's delivery, or that task at its ``COMPLETED``.
+    Called once the caller's own mark is written, and judged under the record's row lock
+    (one lock order: after the caller's lease and execution rows): of two ends committing
+    at once, the second waits and then reads the first's mark, where each would otherwise
+    miss the other's and the step stay claimed for ever (design: compensated step). Not
+    taken back yet, the claimer keeps its tasks' marks (``_keep_task_marks``)."""
+    step = declaration.step_key
+    of_step = [d for d in declarations if d.step_key == step]
+    fault_point(UNDO_BEFORE_COMPENSATED, execution_id=execution_id, key=step, undo=declaration.undo)
+    if not sabotage.active(UNDO_MARKS_READ_UNLOCKED):
+        for kind in _kinds(declaration):
+            tx.lock_shared(kind, step)
+    if step in steps_undone(tx, of_step, refunded=True):
         mark_compensated(tx, execution_id, declaration, undos_of)
+    else:
+        _keep_task_marks(tx, execution_id, of_step)
+
+
+def _keep_task_marks(
+    tx: StoreTransaction, execution_id: str, of_step: Iterable[UndoDeclaration]
+) -> None:
+    """The claimer has undos of the step still to finish (one waits for a person, maybe
+    for weeks): it will read its tasks' marks then, so it notes that it uses each one
+    written (design: retention). A mark is its task's record, and that task is terminal:
+    retention would take it with the task's, and the step would never read undone."""
+    if sabotage.active(UNDO_TASK_MARK_NOT_KEPT):
+        return
+    for declaration in of_step:
+        if declaration.task is not None:  # a use is written only while the mark exists
+            tx.record_use(EFFECT_RECORD, undo_task_done_key(declaration.key), execution_id)
 
 
 def _not_covered(

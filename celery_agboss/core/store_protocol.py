@@ -340,6 +340,13 @@ class StoreTransaction(Protocol):
         """``undo_by = execution_id`` while no undo claimed the record and its reliance is
         still ``reliance`` (no execution relied on it since it was read)."""
 
+    def lock_shared(self, kind: str, record_key: str) -> None:
+        """Hold the record's row ``FOR UPDATE`` until the transaction ends (nothing when
+        there is none; a backend whose writers run one at a time needs no lock): two
+        transactions that each wrote an undo's mark and then judge the step from every mark
+        judge one after the other, so the second sees the first's mark
+        (design: compensated step). Taken after the lease and execution rows (lock order)."""
+
     def mark_compensated(self, kind: str, record_key: str, execution_id: str) -> None:
         """The undo ``execution_id`` claimed is done."""
 

@@ -65,15 +65,28 @@ def revoke_already_handled(cancel_requested: bool, cancel_reason: str | None) ->
     return not cancel_requested and cancel_reason == UNDO_TASK_REDRIVEN
 
 
-def undo_of_options(options: str | None) -> str | None:
-    """The execution an undo's task undoes a step of, read from its stored message options
-    (their ``headers``: ``UNDO_OF_HEADER``); None for any other task."""
+def _options_header(options: str | None, name: str) -> object:
+    """A custom header of a stored message's options (their ``headers``), or None."""
     try:
         headers = json.loads(options or "{}").get("headers")
     except (ValueError, AttributeError):
         return None
-    found = headers.get(UNDO_OF_HEADER) if isinstance(headers, dict) else None
+    return headers.get(name) if isinstance(headers, dict) else None
+
+
+def undo_of_options(options: str | None) -> str | None:
+    """The execution an undo's task undoes a step of, read from its stored message options
+    (their ``headers``: ``UNDO_OF_HEADER``); None for any other task."""
+    found = _options_header(options, UNDO_OF_HEADER)
     return str(found) if found else None
+
+
+def undo_position_options(options: str | None) -> int | None:
+    """The position of the declaration an undo's task runs (``UNDO_POSITION_HEADER``), read
+    from its stored message options; None for any other task, or one published before the
+    header was sent."""
+    found = str(_options_header(options, UNDO_POSITION_HEADER) or "")
+    return int(found) if found.isdigit() else None
 
 
 def undo_task_cancel_verdict(verdict: Verdict, options: str | None) -> Verdict:

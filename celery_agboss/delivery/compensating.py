@@ -39,8 +39,6 @@ from celery_agboss.core.compensation import (
     UndoContext,
     UndoDeclaration,
     UndoStep,
-    declaration_key,
-    declaration_of,
     mark_started_in,
     read_declarations,
     read_started,
@@ -49,9 +47,7 @@ from celery_agboss.core.compensation import (
     task_undo_runner,
     trail_of,
     undo_registry,
-    undos_of,
 )
-from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
 from celery_agboss.core.executions import (
     UNDO_WAITS,
@@ -77,14 +73,12 @@ from celery_agboss.core.protections import (
     UNDO_REFUSAL_REPLAYED_ON_REDRIVE,
     UNDO_TASK_FAILURE_ENDS_FAILED,
 )
-from celery_agboss.core.shared_steps import compensated_if_taken_back
-from celery_agboss.core.store_protocol import EffectRecord, FencedTransaction
+from celery_agboss.core.store_protocol import FencedTransaction
 from celery_agboss.core.undo_steps import (
     UNDO_OF_HEADER,
     UNDO_POSITION_HEADER,
-    UNDO_TASK_DONE_RECORD,
-    undo_task_done_key,
 )
+from celery_agboss.core.undo_task_marks import undo_task_completed
 from celery_agboss.delivery.delivery_like import DeliveryLike
 from celery_agboss.delivery.outcomes import decode_error, encode_error
 from celery_agboss.delivery.verdicts import Fail, Finish, ForOperator, UndoWait
@@ -208,41 +202,21 @@ class UndoTaskFinish(Finish):
     ) -> ExecutionRecord:
         record = super().write_in(executions, ctx, tx)
         if record.state is ExecutionState.COMPLETED:  # not a divergence, nothing pending
-            undo_task_completed(tx, ctx.settings, ctx.execution_id, self)
+            undo_task_completed(
+                tx,
+                ctx.settings,
+                ctx.execution_id,
+                self.undo_of,
+                self.position,
+                self.task,
+                token=tx.lease.token,
+            )
         return record
 
     def end_in_one(
         self, executions: ExecutionStore, ctx: ExecutionContext
     ) -> ExecutionRecord | None:
         return None
-
-
-def undo_task_completed(
-    tx: FencedTransaction, settings: EngineSettings, execution_id: str, done: UndoTaskFinish
-) -> None:
-    """The undo's task ``execution_id`` completes the declaration at ``done.position`` of
-    execution ``done.undo_of``: its mark says the refund was made, and the step reads
-    compensated once every undo of it finished. A position naming no such task of that
-    execution marks nothing: the step stays claimed, never read undone (fail closed)."""
-    record = tx.read_effect(declaration_key(settings, done.undo_of, done.position))
-    if record is None or not isinstance(record.result, dict):
-        return
-    declaration = declaration_of(done.position, record.result)
-    if declaration.task is None or declaration.undo != done.task:
-        return
-    tx.insert_effect(
-        EffectRecord(
-            key=undo_task_done_key(declaration.key),
-            execution_id=execution_id,
-            name=UNDO_TASK_DONE_RECORD,
-            result={"undo": declaration.undo, "undo_of": done.undo_of},
-            token=tx.lease.token,
-            created_at_ms=tx.now_ms,
-        )
-    )
-    undos = undos_of(settings)
-    of_step = undos(tx, done.undo_of, declaration.step_key)
-    compensated_if_taken_back(tx, done.undo_of, declaration, of_step, undos)
 
 
 def _with_notes(d: DeliveryLike, reason: str) -> str:

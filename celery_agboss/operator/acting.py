@@ -35,6 +35,7 @@ from celery_agboss.core.protections import (
     CANCEL_OF_AN_ENDED_EXECUTION_REPORTED,
     REDRIVE_NOW_IGNORES_NOT_BEFORE,
 )
+from celery_agboss.core.undo_task_marks import undo_task_accepted
 from celery_agboss.operator.common import (
     _acting,
     _execution,
@@ -205,7 +206,10 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
     dealt with at the gateway (refunded, or kept), the execution ``COMPLETED`` with the
     result its body returned, and is published again so that a delivery hands it to the
     result backend and its links. Refused while an intent of it is pending (resolve it
-    first) or a delivery runs it. True when it was published again."""
+    first) or a delivery runs it. True when it was published again. An undo's task
+    accepted has finished its undo, as one whose body returned: its parent's step may
+    read undone from then on, and a later click pay anew (accept it once the refund is
+    made)."""
     why, who, runtime = _acting(app, reason, actor)
     record = _execution(
         runtime, execution_id, "the waiting ones with `celery -A proj agboss pending`"
@@ -227,8 +231,12 @@ def accept(app: Any, execution_id: str, reason: str, *, actor: str | None = None
             f"({', '.join(pending)}): settle it first (`agboss resolve`)",
         )
     audit = Audit(who, "accept-divergence", why)
+    settings = runtime.engine_settings
     accepted = runtime.executions.accept_divergence(
-        execution_id, f"accepted by {who}: {why}", audit=audit
+        execution_id,
+        f"accepted by {who}: {why}",
+        audit=audit,
+        completed=lambda tx, after: undo_task_accepted(tx, settings, after),
     )
     accepted = _made(runtime, audit, record, accepted, "accepted")
     log_event(OPERATOR_ACCEPTED, execution_id=execution_id, actor=who)

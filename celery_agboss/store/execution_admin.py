@@ -9,7 +9,7 @@ decide one after the other and only one of them re-publishes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -30,7 +30,7 @@ from celery_agboss.core.executions import (
 from celery_agboss.core.protections import RESOLVE_REDRIVES_CREATOR_ONLY
 from celery_agboss.core.shared_records import unhandled_payments
 from celery_agboss.core.shared_steps import step_covers
-from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus
+from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus, StoreTransaction
 from celery_agboss.core.undo_steps import UNDO_TASK_CANCELLED, UNDO_TASK_REDRIVEN, steps_undone
 from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.cancels import declared_txn
@@ -168,11 +168,18 @@ def intents_needing_operator(store: SQLAlchemyStore, execution_id: str) -> list[
 
 
 def accept_divergence(
-    store: SQLAlchemyStore, execution_id: str, reason: str, *, audit: Audit | None = None
+    store: SQLAlchemyStore,
+    execution_id: str,
+    reason: str,
+    *,
+    audit: Audit | None = None,
+    completed: Callable[[StoreTransaction, ExecutionRecord], None] | None = None,
 ) -> ExecutionRecord | None:
     """An operator accepts a divergence: the execution ``COMPLETED`` with the result its
     body returned (kept when it diverged), under its row and lease locks; None unless
-    it waits for a divergence, runs under no live lease and has no pending intent."""
+    it waits for a divergence, runs under no live lease and has no pending intent.
+    ``completed``: what else that end writes, in its transaction (an undo's task: the
+    mark that its undo finished, as its delivery's ``COMPLETED`` writes it)."""
     with store.transaction() as tx:
         record = read_execution_txn(tx, execution_id, lock=True)
         if record is None or not divergence_accepted(
@@ -183,6 +190,8 @@ def accept_divergence(
             return None
         after = terminal_txn(tx, execution_id, ExecutionState.COMPLETED, reason=reason[:1000])
         audit_change_txn(tx, audit, execution_id, record, after)
+        if completed is not None:
+            completed(tx, after)
         return after
 
 

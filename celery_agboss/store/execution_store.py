@@ -14,7 +14,7 @@ transactions.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from celery_agboss.core.executions import (
@@ -30,7 +30,12 @@ from celery_agboss.core.executions import (
     ReleaseOutcome,
 )
 from celery_agboss.core.pauses import PauseRecord
-from celery_agboss.core.store_protocol import FencedTransaction, IntentRecord, LeaseRef
+from celery_agboss.core.store_protocol import (
+    FencedTransaction,
+    IntentRecord,
+    LeaseRef,
+    StoreTransaction,
+)
 from celery_agboss.store import audit_trail, cancels, intent_listings, pauses, retention
 from celery_agboss.store import execution_admin as admin
 from celery_agboss.store import execution_delivery as delivery
@@ -262,9 +267,16 @@ class SQLAlchemyExecutionStore:
         return admin.intents_needing_operator(self.store, execution_id)
 
     def accept_divergence(
-        self, execution_id: str, reason: str, *, audit: Audit | None = None
+        self,
+        execution_id: str,
+        reason: str,
+        *,
+        audit: Audit | None = None,
+        completed: Callable[[StoreTransaction, ExecutionRecord], None] | None = None,
     ) -> ExecutionRecord | None:
-        return admin.accept_divergence(self.store, execution_id, reason, audit=audit)
+        return admin.accept_divergence(
+            self.store, execution_id, reason, audit=audit, completed=completed
+        )
 
     def pending_intent_keys(self, execution_id: str) -> list[str]:
         return admin.pending_intent_keys(self.store, execution_id)

@@ -270,6 +270,15 @@ def claim_undo_txn(
     return bool(changed == 1)
 
 
+def lock_shared_txn(conn: Connection, kind: str, record_key: str) -> None:
+    """The record's row ``FOR UPDATE`` until the transaction ends (PostgreSQL; SQLite's
+    writers run one at a time, and SQLAlchemy leaves the clause out there): what makes
+    two undos' ends judging one step from each other's marks see each other
+    (``StoreTransaction.lock_shared``)."""
+    _, key_column = record_table(kind)
+    conn.execute(select(key_column).where(key_column == record_key).with_for_update()).all()
+
+
 def mark_compensated_txn(
     conn: Connection, kind: str, record_key: str, execution_id: str, *, offset_ms: int = 0
 ) -> None:
@@ -313,6 +322,7 @@ __all__ = [
     "claim_undo_txn",
     "completed_on_records_statement",
     "completed_on_records_txn",
+    "lock_shared_txn",
     "mark_compensated_txn",
     "read_shared_txn",
     "records_of",

@@ -133,6 +133,10 @@ class SQLTransaction:
                 self._conn, kind, record_key, execution_id, reliance
             )
 
+    def lock_shared(self, kind: str, record_key: str) -> None:
+        with translated():
+            shared_records.lock_shared_txn(self._conn, kind, record_key)
+
     def mark_compensated(self, kind: str, record_key: str, execution_id: str) -> None:
         with translated():
             shared_records.mark_compensated_txn(

@@ -28,6 +28,7 @@ from celery_agboss.operator import list_failed_after_payment, list_waits, redriv
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.delivery.later_click import charge_unless_still_claimed
 from tests.support.processes import wait_until
 
 ENDED = ("COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED")
@@ -61,14 +62,7 @@ class Orders:
 
         @shop.task()
         def place_order(self: Any, order: str, fail: bool = False) -> Any:
-            request = {"amount": 1000, "order": order}
-            try:
-                receipt = self.outbound(charge, request, business_key=f"order:{order}")
-            except OutboundCallCompensatedError as exc:
-                told.append(exc)
-                if not exc.undone:  # claimed for undo, not refunded (yet): never pay twice
-                    raise
-                receipt = self.outbound(charge, request, business_key=f"order:{order}:attempt:2")
+            receipt = charge_unless_still_claimed(self, charge, order, told)
             if fail:
                 undo = refund_payment.s(receipt["id"])
                 self.undo_with(undo.set(queue=queue) if queued else undo)
