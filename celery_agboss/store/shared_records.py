@@ -271,12 +271,14 @@ def claim_undo_txn(
 
 
 def lock_shared_txn(conn: Connection, kind: str, record_key: str) -> None:
-    """The record's row ``FOR UPDATE`` until the transaction ends (PostgreSQL; SQLite's
-    writers run one at a time, and SQLAlchemy leaves the clause out there): what makes
-    two undos' ends judging one step from each other's marks see each other
-    (``StoreTransaction.lock_shared``)."""
+    """The record's row ``FOR NO KEY UPDATE`` until the transaction ends (PostgreSQL;
+    SQLite's writers run one at a time, and SQLAlchemy leaves the clause out there): what
+    makes two undos' ends judging one step from each other's marks see each other
+    (``StoreTransaction.lock_shared``). Not ``FOR UPDATE``: a replay's ``FOR KEY SHARE``
+    read of the record (a later click) never waits for an undo's end."""
     _, key_column = record_table(kind)
-    conn.execute(select(key_column).where(key_column == record_key).with_for_update()).all()
+    locked = select(key_column).where(key_column == record_key).with_for_update(key_share=True)
+    conn.execute(locked).all()
 
 
 def mark_compensated_txn(
