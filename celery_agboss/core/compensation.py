@@ -40,6 +40,7 @@ from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import ensure_json
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.handled_steps import decide_handled_step
 from celery_agboss.core.keys import KEY_COLUMN_LENGTH, fit_key, step_key
 from celery_agboss.core.lease import LeaseRenewer
 from celery_agboss.core.log_events import FENCED_EFFECT_REPLAYED, UNDO_DONE, log_event
@@ -369,15 +370,14 @@ def run_undos(
     skips undos of this one's waits for a person, once the others ran. The step reads
     compensated once its every undo finished (an undo's task: once it completed). What
     ``call`` raises propagates (not done: the next delivery runs it). ``handled``: payment
-    steps an operator settled by hand (design: cancel request), decided as others but never
-    run nor marked: a claim stays, never read undone (a refund by hand is not ours)."""
-    wanted = list(declarations)
-    ran = 0
-    undos = undos_of(ctx.settings)
+    steps an operator settled by hand, claimed without a wait, never run nor marked
+    (``core.handled_steps``: a refund by hand is not ours, and may not have been made)."""
+    wanted, ran, undos = list(declarations), 0, undos_of(ctx.settings)
     for declaration in sorted(wanted, key=lambda d: d.position, reverse=True):
         decision = ctx.decisions.get(declaration.step_key)
         if decision is None:
-            decision = ctx.decisions[declaration.step_key] = decide_step(ctx, declaration, undos)
+            decide = decide_handled_step if declaration.step_key in handled else decide_step
+            decision = ctx.decisions[declaration.step_key] = decide(ctx, declaration, undos)
         if decision.outcome is UndoOutcome.WAIT:
             assert decision.other is not None
             raise UndoMustWait(decision.other, declaration.step_key)

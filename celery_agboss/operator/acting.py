@@ -302,9 +302,12 @@ def cancel(
     (``--payments-handled``) confirms the cancel. That confirmation covers its payments
     only: their undos are never run after it (the refund made by hand is not made again),
     while undos of its fenced effects not run yet (a wallet it debited) still run first
-    (``COMPENSATING``). It is kept on the row with the cancel's end, or refused with
-    nothing written when a delivery took the lease (or an intent became pending) after
-    the checks below (``store.cancels``: the Django admin's checkbox comes here too)."""
+    (``COMPENSATING``); its payment steps stay claimed, never read undone nor replayed
+    as paid (``core.handled_steps``). It is kept on the row with the cancel's end, or
+    refused with nothing written when a delivery took the lease (or an intent became
+    pending) after the checks below, or while a refund's undo task of it is published
+    and not ended (``store.undo_tasks_running``: it may still refund). The Django admin's
+    checkbox comes here too (``store.cancels``)."""
     why, who, runtime = _acting(app, reason, actor)
     executions = runtime.executions
     record = _execution(runtime, execution_id, "them with `celery -A proj agboss executions`")

@@ -29,11 +29,13 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
 )
+from celery_agboss.core.handled_steps import claim_handled_step
 from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_DROPPED_WHILE_RUNNING,
     PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS,
+    PAYMENTS_HANDLED_STEP_UNCLAIMED,
 )
-from celery_agboss.core.shared_records import CancelStep, cancel_decision
+from celery_agboss.core.shared_records import CancelDecision, CancelStep, cancel_decision
 from celery_agboss.core.shared_steps import Declared, step_covers
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
@@ -70,6 +72,7 @@ from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
+from celery_agboss.store.undo_tasks_running import refuse_while_a_refund_task_runs
 
 _e = executions.c
 _i = outbound_calls.c
@@ -176,15 +179,16 @@ def _handled_step(
     the others skips them, ``compensation.run_undos``), but the undos of its fenced effects
     (a debit of the app's own ledger) still run, decided by the one rule over those steps
     alone (design: cancel request). A person's word also settles what only a person could
-    (an effect another execution claimed without its undo: ``OPERATOR``)."""
+    (an effect another execution claimed without its undo: ``OPERATOR``). Ending now, its
+    payment steps are claimed as the delivery's undos claim them (``core.handled_steps``:
+    never read undone, never replayed as paid)."""
     if sabotage.active(PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS):
         return CancelStep.CANCEL, None
     declarations = declared(execution_id)
     records = tx.shared_records_of(execution_id)
     left, steps = undos_left_txn(tx, declarations, records)
-    effects = left - payment_steps(tx, declarations)
-    if not effects:
-        return CancelStep.CANCEL, None
+    payments = left & payment_steps(tx, declarations)
+    effects = left - payments
     decision = cancel_decision(
         [s for s in steps if s.key in effects],
         execution_id,
@@ -193,8 +197,12 @@ def _handled_step(
         undos_ran=undos_ran,
         covers=step_covers(declared, execution_id),
     )
-    if decision.step is CancelStep.OPERATOR:
-        return CancelStep.CANCEL, None
+    if not effects or decision.step is CancelStep.OPERATOR:
+        decision = CancelDecision(CancelStep.CANCEL)
+    if decision.step is CancelStep.CANCEL and not sabotage.active(PAYMENTS_HANDLED_STEP_UNCLAIMED):
+        kinds = {d.step_key: d.kind for d in declarations}
+        for step in sorted(payments):  # the delivery's undos claim them the same way
+            claim_handled_step(tx, execution_id, step, kinds[step])
     return decision.step, decision.other
 
 
@@ -286,6 +294,8 @@ def request_cancel(
         record = read_execution_txn(tx, execution_id, lock=True)
         if record is None or record.terminal:
             return record
+        if payments_handled:  # nothing written: a refund task of it may still refund
+            refuse_while_a_refund_task_runs(tx, execution_id, payment_steps)
         in_undo = paused_in_undo_txn(tx, record)
         if not in_undo and cancel_ends_now(
             record,

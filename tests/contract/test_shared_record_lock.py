@@ -1,6 +1,7 @@
 """The lock the two ends of a shared step's undo take on its record (``lock_shared``):
 they judge each other's marks one after the other, while a later click's read of the
-record never waits for them (design: compensated step; docs/store.md, one lock order).
+record never waits for them (design: compensated step). docs/store.md says where this
+lock sits in the store's one lock order.
 
 A row lock ``FOR NO KEY UPDATE`` conflicts with another such lock (and with the plain
 ``UPDATE`` of ``mark_compensated``), not with the ``FOR KEY SHARE`` a replay's read

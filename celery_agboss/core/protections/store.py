@@ -59,6 +59,22 @@ an execution a delivery took the lease of (or that got a pending intent) after t
 verb's checks keeps the cancel request and drops the flag, reported "cancel requested":
 the request's end then runs the refund's undo the operator made by hand."""
 
+PAYMENTS_HANDLED_STEP_WAITS = "payments-handled-step-waits"
+"""Sabotage (design: cancel request, operator decisions): after ``cancel
+--payments-handled`` the compensating delivery decides a handled payment step as one it
+undoes, waiting for a later click that still uses the charge: the execution stays
+``COMPENSATING`` for an undo it never runs, and the wallet's credit-back never runs."""
+
+PAYMENTS_HANDLED_STEP_UNCLAIMED = "payments-handled-step-unclaimed"
+"""Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled``
+that ends at once leaves its payment steps unclaimed: a later click replays the charge
+the operator refunded by hand as paid."""
+
+PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED = "payments-handled-while-undo-task-queued"
+"""Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled`` is
+accepted while a refund's undo task of the execution is published and not ended: the
+operator refunds by hand, and the queued task refunds again."""
+
 EXPIRY_BY_THE_WORKERS_CLOCK = "expiry-by-the-workers-clock"
 """Sabotage (design: expires bounds the start): a worker that holds a message past its
 ``expires`` by its own clock ends a never-started execution EXPIRED whatever the

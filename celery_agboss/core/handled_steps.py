@@ -1,0 +1,69 @@
+"""What becomes of a payment step an operator dealt with by hand (``cancel
+--payments-handled``): the one rule both the cancel's end and the delivery that runs the
+execution's other undos apply.
+
+The store cannot tell a charge refunded by hand from one kept, so the step must never be
+read undone (a later click would pay again under a new attempt) nor be replayed as paid
+(an order reading paid on a refunded charge): the cancelled execution claims it
+(``undo_by``) and never marks it compensated; a later click is told "claimed for undo",
+and a new attempt is a person's to start (docs/undo.md). It never waits for another
+execution that still uses it: its undo is never run, so there is nothing to wait for,
+and waiting would hold back the undos of the execution's fenced effects (a wallet's
+credit-back) for ever. Kept for an execution that completed on it, or already claimed by
+another, it is left as it is.
+"""
+
+from __future__ import annotations
+
+from celery_agboss.core import sabotage
+from celery_agboss.core.execution_context import ExecutionContext
+from celery_agboss.core.protections import PAYMENTS_HANDLED_STEP_WAITS
+from celery_agboss.core.shared_records import UndoDecision, UndoOutcome, undo_decision
+from celery_agboss.core.shared_steps import UndosOf, decide_step
+from celery_agboss.core.store_protocol import EFFECT_RECORD, INTENT_RECORD, StoreTransaction
+from celery_agboss.core.undo_steps import UndoDeclaration
+from celery_agboss.errors import OutboundCallInFlightError
+
+HANDLED_CLAIM_ROUNDS = 8
+"""Claims of one handled step that may miss (another relied on it meanwhile) before it
+reports contention."""
+
+
+def claim_handled_step(
+    tx: StoreTransaction, execution_id: str, step: str, kind: str | None = None
+) -> UndoDecision:
+    """Claim ``step`` for ``execution_id`` without waiting for another user of it (module
+    docstring); the decision as ``undo_decision`` reads it, a ``WAIT`` taken as ``UNDO``.
+    ``kind``: the record's kind when declared, else both tables are read."""
+    kinds = [kind] if kind else [INTENT_RECORD, EFFECT_RECORD]
+    for _ in range(HANDLED_CLAIM_ROUNDS):
+        found = [(k, r) for k in kinds if (r := tx.read_shared(k, step)) is not None]
+        if not found:
+            return UndoDecision(UndoOutcome.UNDO)  # never reached: nothing to claim
+        record_kind, record = found[0]
+        decision = undo_decision(record, execution_id)
+        if decision.outcome not in (UndoOutcome.UNDO, UndoOutcome.WAIT):
+            return decision
+        if record.undo_by is not None or tx.claim_undo(
+            record_kind, record.key, execution_id, record.reliance
+        ):
+            return UndoDecision(UndoOutcome.UNDO)
+    raise OutboundCallInFlightError(
+        "a step whose payment an operator dealt with kept changing while it was claimed; "
+        "another execution is working on it",
+        execution_id=execution_id,
+    )
+
+
+def decide_handled_step(
+    ctx: ExecutionContext, declaration: UndoDeclaration, undos_of: UndosOf | None = None
+) -> UndoDecision:
+    """``decide_step`` for a payment step an operator dealt with: claimed under the
+    delivery's lease (``claim_handled_step``), never waited for."""
+    if sabotage.active(PAYMENTS_HANDLED_STEP_WAITS):
+        return decide_step(ctx, declaration, undos_of)
+    with ctx.fenced() as tx:
+        return claim_handled_step(tx, ctx.execution_id, declaration.step_key, declaration.kind)
+
+
+__all__ = ["claim_handled_step", "decide_handled_step"]

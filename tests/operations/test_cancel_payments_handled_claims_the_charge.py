@@ -1,0 +1,167 @@
+"""After ``cancel --payments-handled`` the charge the operator dealt with reads one way,
+whichever path the cancel took: claimed for the cancelled execution's undo, never read
+undone and never replayed as paid (docs/undo.md: a new attempt is a person's to start;
+the store cannot tell a refund by hand from a charge kept). Real workers on both stores,
+counted in the app's own ledger and at the fake gateway.
+
+- A waiting order that debited the wallet and charged the card (undo: a refund); a later
+  click on the same order relied on the charge and waits too. The operator refunds by
+  hand and cancels the first with ``--payments-handled``: the refund is never run, so
+  nothing waits for the click: the wallet is credited back once, ``CANCELLED``, and a
+  new click is told the charge was claimed, not undone. Twin ``payments-handled-step-waits``
+  (the handled charge decided as one to undo): it stays ``COMPENSATING`` for the click,
+  the wallet never credited back.
+- A waiting order that only charged the card (undo: a refund) ends ``CANCELLED`` at once;
+  a later click is told the charge was claimed, and nothing is charged. Twin
+  ``payments-handled-step-unclaimed``: the later click replays the charge the operator
+  refunded as paid, and completes.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from typing import Any
+
+import pytest
+
+from celery_agboss.core import state_machine
+from celery_agboss.core.compensation import UndoStep
+from celery_agboss.core.executions import ExecutionRecord
+from celery_agboss.core.protections import (
+    PAYMENTS_HANDLED_STEP_UNCLAIMED,
+    PAYMENTS_HANDLED_STEP_WAITS,
+)
+from celery_agboss.operator import cancel
+from celery_agboss.task import undo_function
+from celery_agboss.testing import sabotage
+from tests.delivery import conftest as delivery
+from tests.delivery.conftest import PaymentShop
+from tests.delivery.test_cancel_runs_effect_undos import (
+    CUSTOMER,
+    OPENING_BALANCE,
+    PRICE,
+    _balance,
+    _released,
+)
+from tests.operations.test_cancel_payments_handled_runs_effect_undos import (
+    HANDLED,
+    _click_again,
+    _refund_by_hand,
+    our_refund_requests,
+    wallet_and_card_order,
+)
+from tests.support.processes import wait_until
+
+delivery_store_url = delivery.delivery_store_url
+shop_config = delivery.shop_config
+shop = delivery.shop
+
+
+@pytest.fixture(autouse=True)
+def _short_wait_for_a_claimed_undo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A click that meets a claimed step waits for its undo (5 s deployed); it never comes."""
+    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.05)
+
+
+def _waiting_click(shop: PaymentShop) -> Any:
+    """``click_and_wait(customer)``: the same order's card step (a replay of its charge),
+    then a wait of an hour: it still uses the charge."""
+    charge = shop.call()
+
+    @shop.task()
+    def click_and_wait(self: Any, customer: str) -> Any:
+        self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        raise self.retry(countdown=3600)
+
+    return click_and_wait
+
+
+def _handled_while_a_click_waits(shop: PaymentShop) -> tuple[str, ExecutionRecord, list[Any]]:
+    """The order waits, a later click on it waits; the operator refunds the card by hand
+    and cancels the order with ``--payments-handled``; the sweep re-drives it. Its id, the
+    record it is in once its credit ran (or 10 s later), and the credits made."""
+    pay, credited = wallet_and_card_order(shop)
+    click = _waiting_click(shop)
+    with shop.worker():
+        task_id = str(pay.delay(CUSTOMER).id)
+        shop.wait_state(task_id, "WAITING")
+        _released(shop, task_id)
+        later = str(click.delay(CUSTOMER).id)
+        shop.wait_state(later, "WAITING")
+        _released(shop, later)
+        _refund_by_hand(shop)
+        moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
+        assert moved.state.value == "COMPENSATING", "the credit runs before the cancel ends"
+        shop.sweep()
+        with suppress(AssertionError):  # still waiting for the click: the caller judges
+            wait_until(lambda: shop.execution(task_id).state.value != "COMPENSATING", 10)
+        ended = shop.execution(task_id)
+        _released(shop, task_id)
+    assert len(shop.gateway.payments) == 1 and our_refund_requests(shop) == []
+    return task_id, ended, credited
+
+
+def test_payments_handled_charge_never_waits_for_a_later_click(shop: PaymentShop) -> None:
+    task_id, ended, credited = _handled_while_a_click_waits(shop)
+    assert ended.state.value == "CANCELLED", ended.reason
+    assert credited == [(CUSTOMER, PRICE, "cancel")]
+    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    (told,) = _click_again(shop)
+    assert told.undone is False and told.undo_by == task_id, str(told)
+    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
+
+
+def test_twin_payments_handled_charge_waits_and_keeps_the_debit(shop: PaymentShop) -> None:
+    with sabotage(PAYMENTS_HANDLED_STEP_WAITS):
+        _, ended, credited = _handled_while_a_click_waits(shop)
+    assert ended.state.value == "COMPENSATING"
+    assert credited == [] and _balance(shop) == OPENING_BALANCE - PRICE
+
+
+# --- no fenced effect left: the cancel ends at once -------------------------------------------
+
+
+def _card_only_order(shop: PaymentShop) -> Any:
+    """``pay_by_card(customer)``: charges the card (undo: a refund), then waits an hour."""
+    charge, refund = shop.call(), shop.refund_call()
+
+    @undo_function(shop.app, "refund-charge")
+    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
+        task.outbound(refund, {"payment": payment})
+
+    @shop.task()
+    def pay_by_card(self: Any, customer: str) -> Any:
+        receipt = self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        self.undo_with("refund-charge", payment=receipt["id"])
+        raise self.retry(countdown=3600)
+
+    return pay_by_card
+
+
+def _handled_card_only(shop: PaymentShop) -> tuple[str, list[Any]]:
+    """The card-only order waits; refunded by hand, ``--payments-handled`` ends it at once;
+    a later click. Its id and what the click was told."""
+    pay = _card_only_order(shop)
+    with shop.worker():
+        task_id = str(pay.delay(CUSTOMER).id)
+        shop.wait_state(task_id, "WAITING")
+        _released(shop, task_id)
+    _refund_by_hand(shop)
+    ended = cancel(shop.app, task_id, HANDLED, payments_handled=True)
+    assert ended.state.value == "CANCELLED", ended.reason
+    return task_id, _click_again(shop)
+
+
+def test_payments_handled_cancel_at_once_leaves_the_charge_claimed(shop: PaymentShop) -> None:
+    task_id, told = _handled_card_only(shop)
+    assert [(t.undone, t.undo_by) for t in told] == [(False, task_id)]
+    assert len(shop.gateway.payments) == 1 and our_refund_requests(shop) == []
+
+
+def test_twin_payments_handled_cancel_at_once_replays_the_refunded_charge(
+    shop: PaymentShop,
+) -> None:
+    with sabotage(PAYMENTS_HANDLED_STEP_UNCLAIMED):
+        _, told = _handled_card_only(shop)
+    assert told == [], "the later click was handed the refunded charge as paid"
+    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1

@@ -1,0 +1,129 @@
+"""``cancel --payments-handled`` is refused while a refund of the execution runs in a task
+of its own (an undo declared as a Celery signature, published and not ended): the
+operator's refund by hand and the task's would both be made. Real workers on both
+stores, counted at the fake gateway.
+
+The order debited the wallet (undo: credit it, a function) and charged the card (undo:
+``refund_payment.s(payment)``, on a queue no worker consumes yet), then failed: its undos
+run last declared first, so the refund task is published and the wallet's credit is
+refused (the ledger is down): it waits for an operator. ``--payments-handled`` is
+refused (``wrong-state``, the task named, nothing recorded); once the task refunded, it
+is accepted and the credit runs. Twin ``payments-handled-while-undo-task-queued``: it is
+accepted while the task is queued, and the task then sends its refund to the gateway
+after the operator's confirmation.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from celery_agboss.core.protections import PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED
+from celery_agboss.errors import OperatorRefusedError
+from celery_agboss.operator import cancel
+from celery_agboss.store.schema_executions import outbox
+from celery_agboss.testing import sabotage
+from tests.delivery import conftest as delivery
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.delivery.test_cancel_runs_effect_undos import (
+    CUSTOMER,
+    OPENING_BALANCE,
+    PRICE,
+    _balance,
+    _credit_wallet_undo,
+    _debit,
+    _open_wallet,
+    _released,
+)
+
+delivery_store_url = delivery.delivery_store_url
+shop_config = delivery.shop_config
+shop = delivery.shop
+
+HANDLED = "the card is dealt with at the gateway"
+
+
+def _refund_requests(shop: PaymentShop) -> list[Any]:
+    return [r for r in shop.gateway.requests if r.operation == "refund"]
+
+
+def _waiting_with_a_queued_refund(shop: PaymentShop) -> tuple[str, str, str, threading.Event]:
+    """The order failed; its refund task is queued on a queue of this test's own (never a
+    shared one: a message left there would reach another test's worker), its credit
+    refused. The order's id, the refund task's id, that queue, and the ledger's switch."""
+    _open_wallet(shop)
+    queue = f"refunds-{uuid.uuid4().hex[:8]}"
+    ledger_up = threading.Event()
+    _credit_wallet_undo(shop, ledger_up)
+    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
+
+    @shop.task()
+    def refund_payment(self: Any, payment: str) -> Any:
+        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+
+    @shop.task()
+    def pay_half_from_wallet(self: Any, customer: str) -> Any:
+        amount = self.fenced_effect(
+            "debit-wallet",
+            lambda conn: _debit(conn, customer),
+            business_key=f"order:{customer}:wallet",
+        )
+        self.undo_with("credit-wallet", customer=customer, amount=amount)
+        receipt = self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        self.undo_with(refund_payment.s(receipt["id"]).set(queue=queue))
+        raise LookupError("out of stock")
+
+    task_id = shop.run(pay_half_from_wallet, CUSTOMER, states=("WAITING_OPERATOR",))
+    _released(shop, task_id)
+    assert_waits_for_an_operator(shop.execution(task_id), "undo credit-wallet failed")
+    refund_task = _refund_task_id(shop, task_id)
+    assert _refund_requests(shop) == [] and _balance(shop) == OPENING_BALANCE - PRICE
+    return task_id, refund_task, queue, ledger_up
+
+
+def _refund_task_id(shop: PaymentShop, parent: str) -> str:
+    """The id of the task the parent's refund undo published (its outbox row)."""
+    with shop.agboss.store.transaction() as tx:
+        rows = tx.execute(select(outbox.c.task_id).where(outbox.c.execution_id == parent)).all()
+    (task_id,) = [str(r.task_id) for r in rows]
+    return task_id
+
+
+def test_payments_handled_refused_while_the_refund_task_is_queued(shop: PaymentShop) -> None:
+    task_id, refund_task, queue, ledger_up = _waiting_with_a_queued_refund(shop)
+    with pytest.raises(OperatorRefusedError) as refused:
+        cancel(shop.app, task_id, HANDLED, payments_handled=True)
+    assert refused.value.code == "wrong-state" and refund_task in str(refused.value)
+    record = shop.execution(task_id)
+    assert record.payments_handled_at_ms is None and not record.cancel_requested
+    assert record.state.value == "WAITING_OPERATOR"
+    # The task refunds; then the confirmation is accepted and the credit runs, once.
+    ledger_up.set()
+    with shop.worker(queues=[shop.app.conf.task_default_queue, queue]):
+        shop.wait_state(refund_task, "COMPLETED")
+        moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
+        assert moved.state.value == "COMPENSATING"
+        shop.sweep()
+        ended = shop.wait_state(task_id, "FAILED", "CANCELLED", "WAITING_OPERATOR")
+    assert ended.state.value == "FAILED", ended.reason
+    assert ended.payments_handled_at_ms is not None
+    assert _balance(shop) == OPENING_BALANCE
+    assert len(_refund_requests(shop)) == 1 and len(shop.gateway.refunds) == 1
+
+
+def test_twin_payments_handled_accepted_while_the_refund_task_is_queued(
+    shop: PaymentShop,
+) -> None:
+    task_id, refund_task, queue, _ = _waiting_with_a_queued_refund(shop)
+    with sabotage(PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED):
+        accepted = cancel(shop.app, task_id, HANDLED, payments_handled=True)
+    assert accepted.payments_handled_at_ms is not None, "the operator's word recorded"
+    with shop.worker(queues=[shop.app.conf.task_default_queue, queue]):
+        shop.wait_state(refund_task, "COMPLETED")
+    # After the operator said the card was dealt with, the queued task refunded it too:
+    # with a refund by hand (the fake refuses a second full refund) that is two refunds.
+    assert len(_refund_requests(shop)) == 1 and len(shop.gateway.refunds) == 1
