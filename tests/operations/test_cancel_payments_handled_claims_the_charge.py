@@ -25,29 +25,28 @@ from typing import Any
 import pytest
 
 from celery_agboss.core import state_machine
-from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_STEP_UNCLAIMED,
     PAYMENTS_HANDLED_STEP_WAITS,
 )
 from celery_agboss.operator import cancel
-from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
-from tests.delivery.test_cancel_runs_effect_undos import (
+from tests.delivery.wallet_orders import (
     CUSTOMER,
+    HANDLED,
     OPENING_BALANCE,
     PRICE,
-    _balance,
-    _released,
-)
-from tests.operations.test_cancel_payments_handled_runs_effect_undos import (
-    HANDLED,
-    _click_again,
-    _refund_by_hand,
+    balance,
+    charge_the_card,
+    click_again,
     our_refund_requests,
+    placed_and_waiting,
+    refund_by_hand,
+    refund_charge_undo,
+    released,
     wallet_and_card_order,
 )
 from tests.support.processes import wait_until
@@ -70,7 +69,7 @@ def _waiting_click(shop: PaymentShop) -> Any:
 
     @shop.task()
     def click_and_wait(self: Any, customer: str) -> Any:
-        self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        charge_the_card(self, charge, customer)
         raise self.retry(countdown=3600)
 
     return click_and_wait
@@ -83,20 +82,16 @@ def _handled_while_a_click_waits(shop: PaymentShop) -> tuple[str, ExecutionRecor
     pay, credited = wallet_and_card_order(shop)
     click = _waiting_click(shop)
     with shop.worker():
-        task_id = str(pay.delay(CUSTOMER).id)
-        shop.wait_state(task_id, "WAITING")
-        _released(shop, task_id)
-        later = str(click.delay(CUSTOMER).id)
-        shop.wait_state(later, "WAITING")
-        _released(shop, later)
-        _refund_by_hand(shop)
+        task_id = placed_and_waiting(shop, pay)
+        placed_and_waiting(shop, click)
+        refund_by_hand(shop)
         moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
         assert moved.state.value == "COMPENSATING", "the credit runs before the cancel ends"
         shop.sweep()
         with suppress(AssertionError):  # still waiting for the click: the caller judges
             wait_until(lambda: shop.execution(task_id).state.value != "COMPENSATING", 10)
         ended = shop.execution(task_id)
-        _released(shop, task_id)
+        released(shop, task_id)
     assert len(shop.gateway.payments) == 1 and our_refund_requests(shop) == []
     return task_id, ended, credited
 
@@ -105,8 +100,8 @@ def test_payments_handled_charge_never_waits_for_a_later_click(shop: PaymentShop
     task_id, ended, credited = _handled_while_a_click_waits(shop)
     assert ended.state.value == "CANCELLED", ended.reason
     assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
-    (told,) = _click_again(shop)
+    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    (told,) = click_again(shop)
     assert told.undone is False and told.undo_by == task_id, str(told)
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
 
@@ -115,7 +110,7 @@ def test_twin_payments_handled_charge_waits_and_keeps_the_debit(shop: PaymentSho
     with sabotage(PAYMENTS_HANDLED_STEP_WAITS):
         _, ended, credited = _handled_while_a_click_waits(shop)
     assert ended.state.value == "COMPENSATING"
-    assert credited == [] and _balance(shop) == OPENING_BALANCE - PRICE
+    assert credited == [] and balance(shop) == OPENING_BALANCE - PRICE
 
 
 # --- no fenced effect left: the cancel ends at once -------------------------------------------
@@ -123,15 +118,12 @@ def test_twin_payments_handled_charge_waits_and_keeps_the_debit(shop: PaymentSho
 
 def _card_only_order(shop: PaymentShop) -> Any:
     """``pay_by_card(customer)``: charges the card (undo: a refund), then waits an hour."""
-    charge, refund = shop.call(), shop.refund_call()
-
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    charge = shop.call()
+    refund_charge_undo(shop, shop.refund_call())
 
     @shop.task()
     def pay_by_card(self: Any, customer: str) -> Any:
-        receipt = self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        receipt = charge_the_card(self, charge, customer)
         self.undo_with("refund-charge", payment=receipt["id"])
         raise self.retry(countdown=3600)
 
@@ -143,13 +135,11 @@ def _handled_card_only(shop: PaymentShop) -> tuple[str, list[Any]]:
     a later click. Its id and what the click was told."""
     pay = _card_only_order(shop)
     with shop.worker():
-        task_id = str(pay.delay(CUSTOMER).id)
-        shop.wait_state(task_id, "WAITING")
-        _released(shop, task_id)
-    _refund_by_hand(shop)
+        task_id = placed_and_waiting(shop, pay)
+    refund_by_hand(shop)
     ended = cancel(shop.app, task_id, HANDLED, payments_handled=True)
     assert ended.state.value == "CANCELLED", ended.reason
-    return task_id, _click_again(shop)
+    return task_id, click_again(shop)
 
 
 def test_payments_handled_cancel_at_once_leaves_the_charge_claimed(shop: PaymentShop) -> None:

@@ -30,17 +30,15 @@ from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
-from tests.delivery.test_cancel_runs_effect_undos import (
+from tests.delivery.wallet_orders import (
     CUSTOMER,
+    HANDLED,
     OPENING_BALANCE,
     PRICE,
-    _balance,
-    _released,
-)
-from tests.operations.test_cancel_payments_handled_runs_effect_undos import (
-    HANDLED,
-    _refund_by_hand,
+    balance,
     our_refund_requests,
+    placed_and_waiting,
+    refund_by_hand,
     wallet_and_card_order,
 )
 from tests.support.processes import wait_until
@@ -91,10 +89,8 @@ def _handled_cancel_meets_a_delivery(
     cancel was told (None: accepted), the row right after it, the end, the credits."""
     pay, credited = wallet_and_card_order(shop)
     with shop.worker():
-        task_id = str(pay.delay(CUSTOMER).id)
-        shop.wait_state(task_id, "WAITING")
-        _released(shop, task_id)
-        _refund_by_hand(shop)
+        task_id = placed_and_waiting(shop, pay)
+        refund_by_hand(shop)
         grants = _taken_after_the_checks(shop, monkeypatch, task_id)
         refused: OperatorRefusedError | None = None
         try:
@@ -128,7 +124,7 @@ def test_payments_handled_cancel_that_meets_a_delivery_is_refused_and_refunds_no
     ], "the audit row of the second cancel only"
     assert ended.state.value == "CANCELLED", ended.reason
     assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
     assert ended.payments_handled_at_ms is not None
 
 
@@ -142,4 +138,4 @@ def test_twin_payments_handled_dropped_while_running_refunds_again(
     requests = our_refund_requests(shop)
     assert len(requests) == 1, "a second refund request, after the operator's"
     assert ended.state.value == "WAITING_OPERATOR", ended.reason
-    assert credited == [] and _balance(shop) == OPENING_BALANCE - PRICE, "and the debit kept"
+    assert credited == [] and balance(shop) == OPENING_BALANCE - PRICE, "and the debit kept"

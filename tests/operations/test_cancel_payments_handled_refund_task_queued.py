@@ -29,15 +29,15 @@ from celery_agboss.store.schema_executions import outbox
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
-from tests.delivery.test_cancel_runs_effect_undos import (
+from tests.delivery.wallet_orders import (
     CUSTOMER,
     OPENING_BALANCE,
     PRICE,
-    _balance,
-    _credit_wallet_undo,
-    _debit,
-    _open_wallet,
-    _released,
+    balance,
+    charge_the_card,
+    debit_the_wallet,
+    released,
+    wallet_with_credit_undo,
 )
 
 delivery_store_url = delivery.delivery_store_url
@@ -55,10 +55,8 @@ def _waiting_with_a_queued_refund(shop: PaymentShop) -> tuple[str, str, str, thr
     """The order failed; its refund task is queued on a queue of this test's own (never a
     shared one: a message left there would reach another test's worker), its credit
     refused. The order's id, the refund task's id, that queue, and the ledger's switch."""
-    _open_wallet(shop)
+    ledger_up, _ = wallet_with_credit_undo(shop, ledger_up=False)
     queue = f"refunds-{uuid.uuid4().hex[:8]}"
-    ledger_up = threading.Event()
-    _credit_wallet_undo(shop, ledger_up)
     charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
 
     @shop.task()
@@ -67,21 +65,16 @@ def _waiting_with_a_queued_refund(shop: PaymentShop) -> tuple[str, str, str, thr
 
     @shop.task()
     def pay_half_from_wallet(self: Any, customer: str) -> Any:
-        amount = self.fenced_effect(
-            "debit-wallet",
-            lambda conn: _debit(conn, customer),
-            business_key=f"order:{customer}:wallet",
-        )
-        self.undo_with("credit-wallet", customer=customer, amount=amount)
-        receipt = self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        debit_the_wallet(self, customer)
+        receipt = charge_the_card(self, charge, customer)
         self.undo_with(refund_payment.s(receipt["id"]).set(queue=queue))
         raise LookupError("out of stock")
 
     task_id = shop.run(pay_half_from_wallet, CUSTOMER, states=("WAITING_OPERATOR",))
-    _released(shop, task_id)
+    released(shop, task_id)
     assert_waits_for_an_operator(shop.execution(task_id), "undo credit-wallet failed")
     refund_task = _refund_task_id(shop, task_id)
-    assert _refund_requests(shop) == [] and _balance(shop) == OPENING_BALANCE - PRICE
+    assert _refund_requests(shop) == [] and balance(shop) == OPENING_BALANCE - PRICE
     return task_id, refund_task, queue, ledger_up
 
 
@@ -111,7 +104,7 @@ def test_payments_handled_refused_while_the_refund_task_is_queued(shop: PaymentS
         ended = shop.wait_state(task_id, "FAILED", "CANCELLED", "WAITING_OPERATOR")
     assert ended.state.value == "FAILED", ended.reason
     assert ended.payments_handled_at_ms is not None
-    assert _balance(shop) == OPENING_BALANCE
+    assert balance(shop) == OPENING_BALANCE
     assert len(_refund_requests(shop)) == 1 and len(shop.gateway.refunds) == 1
 
 

@@ -25,61 +25,44 @@ word): the refund's undo runs again and a second refund request reaches the gate
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from celery_agboss import Completed, NotSent, OutboundCall, OutboundCallCompensatedError
 from celery_agboss.core import state_machine
-from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import ExecutionRecord
-from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_RUNS_PAYMENT_UNDOS,
     PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS,
 )
 from celery_agboss.operator import cancel, list_failed_after_payment
-from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
-from celery_agboss.testing.gateway_types import (
-    FakeGatewayError,
-    FakeGatewayErrorKind,
-    GatewayRequest,
-    is_definite_failure,
-)
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
-from tests.delivery.test_cancel_runs_effect_undos import (
+from tests.delivery.wallet_orders import (
     CUSTOMER,
+    HANDLED,
     OPENING_BALANCE,
     PRICE,
-    _balance,
-    _credit_wallet_undo,
-    _debit,
-    _open_wallet,
-    _released,
+    balance,
+    charge_the_card,
+    click_again,
+    debit_the_wallet,
+    ended_after_a_sweep,
+    failing_wallet_and_card_order,
+    our_refund_requests,
+    placed_and_waiting,
+    refund_by_hand,
+    released,
+    wallet_and_card_order,
+    wallet_with_credit_undo,
 )
 
 # The delivery folder's shop (a real worker in this process), reused as it is.
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
 shop = delivery.shop
-
-HANDLED = "refunded the card at the gateway by hand"
-
-
-def _refund_by_hand(shop: PaymentShop) -> None:
-    """What the operator does in the gateway's dashboard: the card's charge refunded."""
-    (payment,) = shop.gateway.payments
-    shop.gateway.refund(payment["id"], "dashboard-refund-1")
-
-
-def _ended(shop: PaymentShop, task_id: str) -> ExecutionRecord:
-    """The sweep runs (it re-drives a ``COMPENSATING`` execution); the state it ends in."""
-    shop.sweep()
-    return shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR", "FAILED")
 
 
 # --- a waiting execution -------------------------------------------------------------------
@@ -92,31 +75,21 @@ def _handled_cancel_of_a_waiting_debit(
     an hour for a retry. The operator refunds the card by hand and cancels with
     ``--payments-handled``; the sweep runs. The state the cancel moved it to, the record it
     ends with, and the credits made."""
-    _open_wallet(shop)
-    ledger_up = threading.Event()
-    ledger_up.set()
-    credited = _credit_wallet_undo(shop, ledger_up)
+    _, credited = wallet_with_credit_undo(shop, ledger_up=True)
     charge = shop.call()
 
     @shop.task()
     def pay_from_wallet_and_card(self: Any, customer: str) -> Any:
-        amount = self.fenced_effect(
-            "debit-wallet",
-            lambda conn: _debit(conn, customer),
-            business_key=f"order:{customer}:wallet",
-        )
-        self.undo_with("credit-wallet", customer=customer, amount=amount)
-        self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
+        debit_the_wallet(self, customer)
+        charge_the_card(self, charge, customer)
         raise self.retry(countdown=3600)  # waits in the store
 
     with shop.worker():
-        task_id = str(pay_from_wallet_and_card.delay(CUSTOMER).id)
-        shop.wait_state(task_id, "WAITING")
-        _released(shop, task_id)
-        assert _balance(shop) == OPENING_BALANCE - PRICE
-        _refund_by_hand(shop)
+        task_id = placed_and_waiting(shop, pay_from_wallet_and_card)
+        assert balance(shop) == OPENING_BALANCE - PRICE
+        refund_by_hand(shop)
         moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
-        ended = _ended(shop, task_id)
+        ended = ended_after_a_sweep(shop, task_id)
     assert len(shop.gateway.payments) == 1
     assert len(shop.gateway.refunds) == 1, "only the operator's refund: none sent by us"
     return moved.state.value, ended, credited
@@ -127,7 +100,7 @@ def test_payments_handled_cancel_still_credits_back_a_fenced_debit(shop: Payment
     assert moved == "COMPENSATING", "the fenced effect's undo runs before the cancel ends"
     assert ended.state.value == "CANCELLED", ended.reason
     assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
     assert ended.payments_handled_at_ms is not None, "the operator's word is kept"
     assert ended.id not in [left.execution.id for left in list_failed_after_payment(shop.app)]
 
@@ -137,7 +110,7 @@ def test_twin_payments_handled_cancel_keeps_the_debit(shop: PaymentShop) -> None
         moved, ended, credited = _handled_cancel_of_a_waiting_debit(shop)
     assert moved == ended.state.value == "CANCELLED"
     assert credited == []
-    assert _balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
+    assert balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
 
 
 # --- undos stopped part-way ----------------------------------------------------------------
@@ -146,37 +119,16 @@ def test_twin_payments_handled_cancel_keeps_the_debit(shop: PaymentShop) -> None
 def _failed_with_undos_left(
     shop: PaymentShop, *, refund_fails: bool
 ) -> tuple[str, threading.Event, list[Any]]:
-    """The body debits the wallet (undo: credit it), charges the card (undo: refund it),
-    then fails; its undos run, last declared first. ``refund_fails``: the refund raises
-    (the credit never runs); else the refund is made and the credit is refused (the
+    """The order fails and its undos run, last declared first. ``refund_fails``: the refund
+    raises (the credit never runs); else the refund is made and the credit is refused (the
     ledger is down). It waits for a person either way. Its id, the ledger's switch, and
     the credits made."""
-    _open_wallet(shop)
-    charge, refund = shop.call(), shop.refund_call()
-    ledger_up = threading.Event()
-    credited = _credit_wallet_undo(shop, ledger_up)
-
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        if refund_fails:
-            raise ConnectionError("the gateway's refunds are down")
-        task.outbound(refund, {"payment": payment})
-
-    @shop.task()
-    def pay_half_from_wallet(self: Any, customer: str) -> Any:
-        amount = self.fenced_effect(
-            "debit-wallet",
-            lambda conn: _debit(conn, customer),
-            business_key=f"order:{customer}:wallet",
-        )
-        self.undo_with("credit-wallet", customer=customer, amount=amount)
-        receipt = self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise LookupError("out of stock")
-
+    pay_half_from_wallet, ledger_up, credited = failing_wallet_and_card_order(
+        shop, refund_fails=refund_fails
+    )
     task_id = shop.run(pay_half_from_wallet, CUSTOMER, states=("WAITING_OPERATOR",))
-    _released(shop, task_id)
-    assert _balance(shop) == OPENING_BALANCE - PRICE
+    released(shop, task_id)
+    assert balance(shop) == OPENING_BALANCE - PRICE
     assert len(shop.gateway.refunds) == (0 if refund_fails else 1)
     return task_id, ledger_up, credited
 
@@ -188,7 +140,7 @@ def _handled_cancel_after_the_credit_failed(
     ledger_up.set()
     with shop.worker():
         moved = cancel(shop.app, task_id, "the refund is made; close it", payments_handled=True)
-        ended = _ended(shop, task_id)
+        ended = ended_after_a_sweep(shop, task_id)
     assert len(shop.gateway.payments) == 1
     assert len(shop.gateway.refunds) == 1, "the refund already made is not made again"
     return moved.state.value, ended, credited
@@ -199,7 +151,7 @@ def test_payments_handled_cancel_after_undos_stopped_runs_the_credit(shop: Payme
     assert moved == "COMPENSATING"
     assert ended.state.value == "FAILED", "its undos were started by the failure: they end it"
     assert credited == [(CUSTOMER, PRICE, "failure")]
-    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
     assert ended.payments_handled_at_ms is not None
 
 
@@ -210,68 +162,10 @@ def test_twin_payments_handled_cancel_after_undos_stopped_drops_the_credit(
         moved, ended, credited = _handled_cancel_after_the_credit_failed(shop)
     assert moved == ended.state.value == "CANCELLED"
     assert credited == []
-    assert _balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
+    assert balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
 
 
 # --- undos of both kinds left --------------------------------------------------------------
-
-
-def refused_definitely(exc: BaseException) -> bool:
-    """The gateway's refusal of a refund moved nothing: a decline, or a refund of more than
-    is left (the charge already refunded)."""
-    invalid = isinstance(exc, FakeGatewayError) and exc.kind is FakeGatewayErrorKind.INVALID_REQUEST
-    return invalid or is_definite_failure(exc)
-
-
-def wallet_and_card_order(shop: PaymentShop) -> tuple[Any, list[Any]]:
-    """``pay_from_wallet_and_card(customer)``: debits the wallet (undo: ``credit-wallet``),
-    charges the card (undo: ``refund-charge``, a refund at the gateway whose refusal is
-    definite), then waits an hour for a retry. The task, and the credits made."""
-    _open_wallet(shop)
-    ledger_up = threading.Event()
-    ledger_up.set()
-    credited = _credit_wallet_undo(shop, ledger_up)
-    charge, gateway = shop.call(), shop.gateway
-
-    def looked_up(call: CallContext, lookup: Lookup) -> Any:
-        found = gateway.lookup(lookup.idempotency_key)
-        return NotSent() if found is None else Completed(found)
-
-    refund = OutboundCall(
-        name="shop.refund",
-        send=lambda call: gateway.refund(call.request["payment"], call.idempotency_key),
-        reconcile=looked_up,
-        key_retention=timedelta(hours=24),
-        is_definite_failure=refused_definitely,
-    )
-    shop.agboss.register(refund)
-
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
-
-    @shop.task()
-    def pay_from_wallet_and_card(self: Any, customer: str) -> Any:
-        amount = self.fenced_effect(
-            "debit-wallet",
-            lambda conn: _debit(conn, customer),
-            business_key=f"order:{customer}:wallet",
-        )
-        self.undo_with("credit-wallet", customer=customer, amount=amount)
-        receipt = self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise self.retry(countdown=3600)  # waits in the store
-
-    return pay_from_wallet_and_card, credited
-
-
-def our_refund_requests(shop: PaymentShop) -> list[GatewayRequest]:
-    """Every refund request the undos sent to the gateway (not the operator's by hand)."""
-    return [
-        r
-        for r in shop.gateway.requests
-        if r.operation == "refund" and "shop.refund" in (r.idempotency_key or "")
-    ]
 
 
 def _handled_after_a_declined_refund(shop: PaymentShop) -> tuple[str, ExecutionRecord, list[Any]]:
@@ -282,37 +176,20 @@ def _handled_after_a_declined_refund(shop: PaymentShop) -> tuple[str, ExecutionR
     pay, credited = wallet_and_card_order(shop)
     shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")
     with shop.worker():
-        task_id = str(pay.delay(CUSTOMER).id)
-        shop.wait_state(task_id, "WAITING")
-        _released(shop, task_id)
+        task_id = placed_and_waiting(shop, pay)
         assert cancel(shop.app, task_id, "the customer changed their mind").state.value == (
             "COMPENSATING"
         )
-        assert_waits_for_an_operator(_ended(shop, task_id), "undo refund-charge failed")
-        _released(shop, task_id)
+        declined = ended_after_a_sweep(shop, task_id)
+        assert_waits_for_an_operator(declined, "undo refund-charge failed")
+        released(shop, task_id)
         assert [r.outcome.value for r in our_refund_requests(shop)] == ["DECLINED"]
-        _refund_by_hand(shop)
+        refund_by_hand(shop)
         moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
         assert moved.state.value == "COMPENSATING", "the credit runs before the cancel ends"
-        ended = _ended(shop, task_id)
+        ended = ended_after_a_sweep(shop, task_id)
     assert len(shop.gateway.payments) == 1
     return task_id, ended, credited
-
-
-def _click_again(shop: PaymentShop) -> list[OutboundCallCompensatedError]:
-    """A later click on the same order's card step; what it is told of the first charge."""
-    charge, told = shop.call(), []
-
-    @shop.task()
-    def click_again(self: Any, customer: str) -> Any:
-        try:
-            return self.outbound(charge, {"amount": PRICE}, business_key=f"order:{customer}:card")
-        except OutboundCallCompensatedError as exc:
-            told.append(exc)
-            return None
-
-    shop.run(click_again, CUSTOMER, states=("COMPLETED", "FAILED", "WAITING_OPERATOR"))
-    return told
 
 
 def test_payments_handled_cancel_after_a_declined_refund_credits_and_refunds_nothing(
@@ -325,13 +202,13 @@ def test_payments_handled_cancel_after_a_declined_refund_credits_and_refunds_not
     assert len(shop.gateway.refunds) == 1, "the operator's refund, by hand"
     assert ended.state.value == "CANCELLED", ended.reason
     assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
     assert ended.payments_handled_at_ms is not None
     assert task_id not in [left.execution.id for left in list_failed_after_payment(shop.app)]
     # The charge refunded by hand never reads undone: a later click is told it was
     # claimed for this execution's undo (a person decides), and pays nothing.
     monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.05)
-    (told,) = _click_again(shop)
+    (told,) = click_again(shop)
     assert told.undone is False and told.undo_by == task_id, str(told)
     assert len(shop.gateway.payments) == 1
 
@@ -344,7 +221,7 @@ def test_twin_payments_handled_cancel_after_a_declined_refund_refunds_again(
     outcomes = [r.outcome.value for r in our_refund_requests(shop)]
     assert len(outcomes) == 2, f"a second refund request after the operator's: {outcomes}"
     assert_waits_for_an_operator(ended, "undo refund-charge failed")
-    assert credited == [] and _balance(shop) == OPENING_BALANCE - PRICE
+    assert credited == [] and balance(shop) == OPENING_BALANCE - PRICE
 
 
 def test_payments_handled_cancel_after_a_failure_runs_the_credit_not_the_refund(
@@ -355,14 +232,14 @@ def test_payments_handled_cancel_after_a_failure_runs_the_credit_not_the_refund(
     (its undos were started by the failure), the payments marked handled."""
     task_id, ledger_up, credited = _failed_with_undos_left(shop, refund_fails=True)
     ledger_up.set()
-    _refund_by_hand(shop)
+    refund_by_hand(shop)
     with shop.worker():
         moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
         assert moved.state.value == "COMPENSATING"
-        ended = _ended(shop, task_id)
+        ended = ended_after_a_sweep(shop, task_id)
     assert ended.state.value == "FAILED", ended.reason
     assert credited == [(CUSTOMER, PRICE, "failure")]
-    assert _balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
     assert len(shop.gateway.refunds) == 1 and our_refund_requests(shop) == [], "only the operator's"
     assert ended.payments_handled_at_ms is not None
 
@@ -372,8 +249,8 @@ def test_twin_payments_handled_cancel_with_both_left_ends_with_the_debit_kept(
 ) -> None:
     task_id, ledger_up, credited = _failed_with_undos_left(shop, refund_fails=True)
     ledger_up.set()
-    _refund_by_hand(shop)
+    refund_by_hand(shop)
     with sabotage(PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS):
         ended = cancel(shop.app, task_id, HANDLED, payments_handled=True)
     assert ended.state.value == "CANCELLED"
-    assert credited == [] and _balance(shop) == OPENING_BALANCE - PRICE
+    assert credited == [] and balance(shop) == OPENING_BALANCE - PRICE
