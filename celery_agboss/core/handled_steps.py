@@ -11,18 +11,28 @@ execution that still uses it: its undo is never run, so there is nothing to wait
 and waiting would hold back the undos of the execution's fenced effects (a wallet's
 credit-back) for ever. Kept for an execution that completed on it, or already claimed by
 another, it is left as it is.
+
+The operator's word is refused while another live execution still uses such a step
+(``refuse_while_another_uses``): a claim does not stop that one, which, re-delivered,
+would be handed the charge as paid (goods shipped on a charge maybe refunded by hand),
+or, failing, would read it covered by a claimer whose undo never runs (nobody told).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 from celery_agboss.core import sabotage
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.protections import PAYMENTS_HANDLED_STEP_WAITS
+from celery_agboss.core.protections import (
+    PAYMENTS_HANDLED_STEP_WAITS,
+    PAYMENTS_HANDLED_WHILE_ANOTHER_USES,
+)
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome, undo_decision
 from celery_agboss.core.shared_steps import UndosOf, decide_step
 from celery_agboss.core.store_protocol import EFFECT_RECORD, INTENT_RECORD, StoreTransaction
 from celery_agboss.core.undo_steps import UndoDeclaration
-from celery_agboss.errors import OutboundCallInFlightError
+from celery_agboss.errors import OperatorRefusedError, OutboundCallInFlightError
 
 HANDLED_CLAIM_ROUNDS = 8
 """Claims of one handled step that may miss (another relied on it meanwhile) before it
@@ -55,6 +65,52 @@ def claim_handled_step(
     )
 
 
+def claim_handled_for_cancel(
+    tx: StoreTransaction, execution_id: str, step: str, kind: str | None
+) -> UndoDecision:
+    """``claim_handled_step`` on an operator's cancel: contention is refused (``conflict``,
+    rolled back with the rest), never a signal escaping the admin, the CLI or the sweep."""
+    try:
+        return claim_handled_step(tx, execution_id, step, kind)
+    except OutboundCallInFlightError as exc:
+        raise OperatorRefusedError(
+            f"execution {execution_id}: {exc}; nothing was recorded. Try again in a moment",
+            code="conflict",
+            execution_id=execution_id,
+        ) from None
+
+
+def refuse_while_another_uses(
+    tx: StoreTransaction,
+    execution_id: str,
+    declarations: Sequence[UndoDeclaration],
+    payments: Collection[str],
+) -> None:
+    """Raise ``OperatorRefusedError`` (``wrong-state``) while another live execution still
+    uses one of ``payments`` (the steps of ``declarations`` ``--payments-handled`` would
+    claim), naming those executions (module docstring)."""
+    if sabotage.active(PAYMENTS_HANDLED_WHILE_ANOTHER_USES):
+        return
+    others: set[str] = set()
+    for declaration in (d for d in declarations if d.step_key in payments):
+        step, kind = declaration.step_key, declaration.kind
+        kinds = [kind] if kind else [INTENT_RECORD, EFFECT_RECORD]
+        found = [r for k in kinds if (r := tx.read_shared(k, step)) is not None]
+        decision = undo_decision(found[0], execution_id) if found else None
+        if decision is not None and decision.outcome is UndoOutcome.WAIT and decision.other:
+            others.add(decision.other)
+    if others:
+        named = ", ".join(sorted(others))
+        raise OperatorRefusedError(
+            f"execution {execution_id} shares a payment with {named}, which may still "
+            "complete on it (handed the charge as paid); nothing was recorded. End that "
+            f"one first (`celery -A proj agboss cancel {sorted(others)[0]} "
+            "--payments-handled`, or let it complete), then cancel this one again",
+            code="wrong-state",
+            execution_id=execution_id,
+        )
+
+
 def decide_handled_step(
     ctx: ExecutionContext, declaration: UndoDeclaration, undos_of: UndosOf | None = None
 ) -> UndoDecision:
@@ -66,4 +122,9 @@ def decide_handled_step(
         return claim_handled_step(tx, ctx.execution_id, declaration.step_key, declaration.kind)
 
 
-__all__ = ["claim_handled_step", "decide_handled_step"]
+__all__ = [
+    "claim_handled_for_cancel",
+    "claim_handled_step",
+    "decide_handled_step",
+    "refuse_while_another_uses",
+]

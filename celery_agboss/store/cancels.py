@@ -29,7 +29,11 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
 )
-from celery_agboss.core.handled_steps import claim_handled_step
+from celery_agboss.core.handled_steps import (
+    claim_handled_for_cancel,
+    claim_handled_step,
+    refuse_while_another_uses,
+)
 from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_DROPPED_WHILE_RUNNING,
     PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS,
@@ -201,8 +205,9 @@ def _handled_step(
         decision = CancelDecision(CancelStep.CANCEL)
     if decision.step is CancelStep.CANCEL and not sabotage.active(PAYMENTS_HANDLED_STEP_UNCLAIMED):
         kinds = {d.step_key: d.kind for d in declarations}
+        claim = claim_handled_step if undos_ran else claim_handled_for_cancel  # a delivery's
         for step in sorted(payments):  # the delivery's undos claim them the same way
-            claim_handled_step(tx, execution_id, step, kinds[step])
+            claim(tx, execution_id, step, kinds[step])
     return decision.step, decision.other
 
 
@@ -294,8 +299,10 @@ def request_cancel(
         record = read_execution_txn(tx, execution_id, lock=True)
         if record is None or record.terminal:
             return record
-        if payments_handled:  # nothing written: a refund task of it may still refund
+        if payments_handled:  # nothing written: a refund task, or another user, may act
             refuse_while_a_refund_task_runs(tx, execution_id, payment_steps)
+            declared = undo_declarations_txn(tx, execution_id)
+            refuse_while_another_uses(tx, execution_id, declared, payment_steps(tx, declared))
         in_undo = paused_in_undo_txn(tx, record)
         if not in_undo and cancel_ends_now(
             record,

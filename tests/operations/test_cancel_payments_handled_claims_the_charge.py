@@ -6,11 +6,18 @@ counted in the app's own ledger and at the fake gateway.
 
 - A waiting order that debited the wallet and charged the card (undo: a refund); a later
   click on the same order relied on the charge and waits too. The operator refunds by
-  hand and cancels the first with ``--payments-handled``: the refund is never run, so
-  nothing waits for the click: the wallet is credited back once, ``CANCELLED``, and a
-  new click is told the charge was claimed, not undone. Twin ``payments-handled-step-waits``
-  (the handled charge decided as one to undo): it stays ``COMPENSATING`` for the click,
-  the wallet never credited back.
+  hand; ``--payments-handled`` of the order is refused naming the click (a claim would
+  not stop it: re-delivered, it would be handed the refunded charge as paid), nothing
+  written. Twin ``payments-handled-while-another-uses``: accepted, and the click,
+  re-delivered, completes on the refunded charge. The operator ends the click first
+  (``--payments-handled``), then the order: the wallet is credited back once,
+  ``CANCELLED``, and a new click is told the charge was claimed, not undone.
+- A click that came after the cancel was accepted (played by switching the refusal off):
+  the refund is never run, so nothing waits for the click: the wallet is credited back
+  once. Twin ``payments-handled-step-waits`` (the handled charge decided as one to
+  undo): it stays ``COMPENSATING`` for the click, the wallet never credited back.
+- Contention while the cancel claims a charge is refused (``conflict``), nothing written,
+  never a signal escaping the operator's verb.
 - A waiting order that only charged the card (undo: a refund) ends ``CANCELLED`` at once;
   a later click is told the charge was claimed, and nothing is charged. Twin
   ``payments-handled-step-unclaimed``: the later click replays the charge the operator
@@ -24,12 +31,14 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.core import state_machine
+from celery_agboss.core import handled_steps, state_machine
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_STEP_UNCLAIMED,
     PAYMENTS_HANDLED_STEP_WAITS,
+    PAYMENTS_HANDLED_WHILE_ANOTHER_USES,
 )
+from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
@@ -42,6 +51,7 @@ from tests.delivery.wallet_orders import (
     balance,
     charge_the_card,
     click_again,
+    ended_after_a_sweep,
     our_refund_requests,
     placed_and_waiting,
     refund_by_hand,
@@ -62,26 +72,106 @@ def _short_wait_for_a_claimed_undo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.05)
 
 
-def _waiting_click(shop: PaymentShop) -> Any:
+def _waiting_click(shop: PaymentShop, shipped: list[Any] | None = None) -> Any:
     """``click_and_wait(customer)``: the same order's card step (a replay of its charge),
-    then a wait of an hour: it still uses the charge."""
+    then a wait of an hour: it still uses the charge. Delivered again, it ships the order
+    on the charge it is handed (``shipped``)."""
     charge = shop.call()
 
     @shop.task()
     def click_and_wait(self: Any, customer: str) -> Any:
-        charge_the_card(self, charge, customer)
-        raise self.retry(countdown=3600)
+        receipt = charge_the_card(self, charge, customer)
+        if shipped is None or self.request.retries == 0:
+            raise self.retry(countdown=3600)
+        shipped.append(receipt)
+        return receipt
 
     return click_and_wait
 
 
-def _handled_while_a_click_waits(shop: PaymentShop) -> tuple[str, ExecutionRecord, list[Any]]:
+def _refused_while_a_click_waits(shop: PaymentShop) -> tuple[str, str, list[Any]]:
     """The order waits, a later click on it waits; the operator refunds the card by hand
-    and cancels the order with ``--payments-handled``; the sweep re-drives it. Its id, the
-    record it is in once its credit ran (or 10 s later), and the credits made."""
+    and cancels the order with ``--payments-handled``: refused naming the click, nothing
+    written. Then the operator ends the click first, and cancels the order again; the
+    sweep re-drives it. Its id, the click's, and the credits made."""
     pay, credited = wallet_and_card_order(shop)
     click = _waiting_click(shop)
     with shop.worker():
+        task_id = placed_and_waiting(shop, pay)
+        click_id = placed_and_waiting(shop, click)
+        refund_by_hand(shop)
+        with pytest.raises(OperatorRefusedError) as refused:
+            cancel(shop.app, task_id, HANDLED, payments_handled=True)
+        assert refused.value.code == "wrong-state" and click_id in str(refused.value)
+        kept = shop.execution(task_id)
+        assert kept.state.value == "WAITING" and not kept.cancel_requested, "nothing written"
+        assert cancel(shop.app, click_id, HANDLED, payments_handled=True).state.value == (
+            "CANCELLED"
+        )
+        assert cancel(shop.app, task_id, HANDLED, payments_handled=True).state.value == (
+            "COMPENSATING"
+        )
+        ended = ended_after_a_sweep(shop, task_id)
+        released(shop, task_id)
+    assert ended.state.value == "CANCELLED", ended.reason
+    return task_id, click_id, credited
+
+
+def test_payments_handled_refused_while_a_later_click_uses_the_charge(shop: PaymentShop) -> None:
+    task_id, _, credited = _refused_while_a_click_waits(shop)
+    assert credited == [(CUSTOMER, PRICE, "cancel")]
+    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    (told,) = click_again(shop)
+    assert told.undone is False and told.undo_by == task_id, str(told)
+    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
+    assert our_refund_requests(shop) == []
+
+
+def test_twin_payments_handled_while_a_click_waits_ships_on_the_refund(
+    shop: PaymentShop,
+) -> None:
+    pay, _ = wallet_and_card_order(shop)
+    shipped: list[Any] = []
+    click = _waiting_click(shop, shipped)
+    with shop.worker(), sabotage(PAYMENTS_HANDLED_WHILE_ANOTHER_USES):
+        task_id = placed_and_waiting(shop, pay)
+        click_id = placed_and_waiting(shop, click)
+        refund_by_hand(shop)
+        cancel(shop.app, task_id, HANDLED, payments_handled=True)  # accepted
+        ended_after_a_sweep(shop, task_id)
+        click.apply_async((CUSTOMER,), task_id=click_id, retries=1)  # delivered again
+        shop.wait_state(click_id, "COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED")
+        released(shop, click_id)
+    assert shop.execution(click_id).state.value == "COMPLETED"
+    assert len(shipped) == 1, "shipped on the charge the operator refunded by hand"
+    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
+
+
+def test_payments_handled_claim_contention_is_refused(shop: PaymentShop) -> None:
+    """Contention while the cancel claims: ``conflict``, nothing written, never a signal."""
+    pay = _card_only_order(shop)
+    with shop.worker():
+        task_id = placed_and_waiting(shop, pay)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(handled_steps, "HANDLED_CLAIM_ROUNDS", 0)
+        with pytest.raises(OperatorRefusedError) as refused:
+            cancel(shop.app, task_id, HANDLED, payments_handled=True)
+    assert refused.value.code == "conflict"
+    kept = shop.execution(task_id)
+    assert kept.state.value == "WAITING" and not kept.cancel_requested, "nothing written"
+
+
+# --- a click that came after the cancel was accepted --------------------------------------
+
+
+def _handled_while_a_click_waits(shop: PaymentShop) -> tuple[str, ExecutionRecord, list[Any]]:
+    """The order waits, a later click on it waits (as if it came after the cancel was
+    accepted: the refusal is switched off); the operator refunds the card by hand and
+    cancels the order with ``--payments-handled``; the sweep re-drives it. Its id, the
+    record it is in once its credit ran (or 10 s later), and the credits made."""
+    pay, credited = wallet_and_card_order(shop)
+    click = _waiting_click(shop)
+    with shop.worker(), sabotage(PAYMENTS_HANDLED_WHILE_ANOTHER_USES):
         task_id = placed_and_waiting(shop, pay)
         placed_and_waiting(shop, click)
         refund_by_hand(shop)
@@ -97,13 +187,10 @@ def _handled_while_a_click_waits(shop: PaymentShop) -> tuple[str, ExecutionRecor
 
 
 def test_payments_handled_charge_never_waits_for_a_later_click(shop: PaymentShop) -> None:
-    task_id, ended, credited = _handled_while_a_click_waits(shop)
+    _, ended, credited = _handled_while_a_click_waits(shop)
     assert ended.state.value == "CANCELLED", ended.reason
     assert credited == [(CUSTOMER, PRICE, "cancel")]
     assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
-    (told,) = click_again(shop)
-    assert told.undone is False and told.undo_by == task_id, str(told)
-    assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
 
 
 def test_twin_payments_handled_charge_waits_and_keeps_the_debit(shop: PaymentShop) -> None:

@@ -70,6 +70,11 @@ PAYMENTS_HANDLED_STEP_UNCLAIMED = "payments-handled-step-unclaimed"
 that ends at once leaves its payment steps unclaimed: a later click replays the charge
 the operator refunded by hand as paid."""
 
+PAYMENTS_HANDLED_WHILE_ANOTHER_USES = "payments-handled-while-another-uses"
+"""Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled`` is
+accepted while a later click still uses the charge: the charge is claimed, yet that
+click, re-delivered, is handed the charge the operator refunded by hand as paid."""
+
 PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED = "payments-handled-while-undo-task-queued"
 """Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled`` is
 accepted while a refund's undo task of the execution is published and not ended: the
