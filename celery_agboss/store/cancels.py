@@ -54,6 +54,7 @@ from celery_agboss.core.undo_steps import (
     undo_task_cancel_verdict,
 )
 from celery_agboss.errors import OperatorRefusedError
+from celery_agboss.store import undo_tasks_running as undo_tasks
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
@@ -76,7 +77,6 @@ from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import opened, sealed
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.store.transactions import SQLTransaction
-from celery_agboss.store.undo_tasks_running import refuse_while_a_refund_task_runs
 
 _e = executions.c
 _i = outbound_calls.c
@@ -297,10 +297,12 @@ def request_cancel(
     this transaction."""
     with store.transaction() as tx:
         record = read_execution_txn(tx, execution_id, lock=True)
+        if record is None and undo_tasks.record_revoked_undo_task(tx, execution_id):
+            record = read_execution_txn(tx, execution_id, lock=True)
         if record is None or record.terminal:
             return record
         if payments_handled:  # nothing written: a refund task, or another user, may act
-            refuse_while_a_refund_task_runs(tx, execution_id, payment_steps)
+            undo_tasks.refuse_while_a_refund_task_runs(tx, execution_id, payment_steps)
             declared = undo_declarations_txn(tx, execution_id)
             refuse_while_another_uses(tx, execution_id, declared, payment_steps(tx, declared))
         in_undo = paused_in_undo_txn(tx, record)

@@ -8,15 +8,18 @@ file reads as its scenario."""
 from __future__ import annotations
 
 import threading
+import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from celery_agboss import Completed, NotSent, OutboundCall, OutboundCallCompensatedError
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.outbound import CallContext, Lookup
+from celery_agboss.store.schema_executions import outbox
 from celery_agboss.task import undo_function
 from celery_agboss.testing.gateway_types import (
     FakeGatewayError,
@@ -24,7 +27,7 @@ from celery_agboss.testing.gateway_types import (
     GatewayRequest,
     is_definite_failure,
 )
-from tests.delivery.conftest import PaymentShop
+from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.support.processes import wait_until
 
 CUSTOMER = "c-1"
@@ -174,6 +177,71 @@ def failing_wallet_and_card_order(
         raise LookupError("out of stock")
 
     return pay_half_from_wallet, ledger_up, credited
+
+
+REFUND_TASK = "shop.refund_payment"
+"""The refund task of ``order_with_a_queued_refund_task``: an undo declared as a signature."""
+
+
+@dataclass(frozen=True)
+class QueuedRefund:
+    """An order whose refund is queued in a task of its own, and what the test needs."""
+
+    order: str  # the order's execution id
+    task: str  # the refund task's id
+    queue: str  # the refund task's queue, of this test's own
+    ledger_up: threading.Event  # the switch of the wallet's credit-back
+
+
+def register_refund_task(shop: PaymentShop) -> Any:
+    """``shop.refund_payment(payment)``: a ``PaymentTask`` refunding the payment through
+    ``shop.sig-refund``."""
+    refund = shop.refund_call("shop.sig-refund")
+
+    @shop.task()
+    def refund_payment(self: Any, payment: str) -> Any:
+        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+
+    return refund_payment
+
+
+def order_with_a_queued_refund_task(shop: PaymentShop, *, recorded: bool = True) -> QueuedRefund:
+    """The order debited the wallet, charged the card (undo: ``refund_payment``, a
+    signature on a queue of this test's own, never a shared one: a message left there
+    would reach another test's worker) and failed: the refund task is published, the
+    credit refused. ``recorded``: the publishing worker knows the task (its publish is
+    recorded ``REQUESTED``); else it knew it by name only, and the test registers it
+    later (``register_refund_task``): no execution row until a worker takes it."""
+    ledger_up, _ = wallet_with_credit_undo(shop, ledger_up=False)
+    queue = f"refunds-{uuid.uuid4().hex[:8]}"
+    charge = shop.call()
+    if recorded:
+        register_refund_task(shop)
+
+    @shop.task()
+    def pay_half_from_wallet(self: Any, customer: str) -> Any:
+        debit_the_wallet(self, customer)
+        receipt = charge_the_card(self, charge, customer)
+        self.undo_with(shop.app.signature(REFUND_TASK, args=[receipt["id"]]).set(queue=queue))
+        raise LookupError("out of stock")
+
+    task_id = shop.run(pay_half_from_wallet, CUSTOMER, states=("WAITING_OPERATOR",))
+    released(shop, task_id)
+    assert_waits_for_an_operator(shop.execution(task_id), "undo credit-wallet failed")
+    with shop.agboss.store.transaction() as tx:
+        rows = tx.execute(select(outbox.c.task_id).where(outbox.c.execution_id == task_id)).all()
+    (refund_task,) = [str(r.task_id) for r in rows]
+    assert task_refund_requests(shop) == [] and balance(shop) == OPENING_BALANCE - PRICE
+    return QueuedRefund(task_id, refund_task, queue, ledger_up)
+
+
+def task_refund_requests(shop: PaymentShop) -> list[GatewayRequest]:
+    """The refund requests ``refund_payment`` sent (not the operator's by hand)."""
+    return [
+        r
+        for r in shop.gateway.requests
+        if r.operation == "refund" and "shop.sig-refund" in (r.idempotency_key or "")
+    ]
 
 
 # --- what the test and the operator do around it ----------------------------------------------

@@ -15,29 +15,20 @@ after the operator's confirmation.
 
 from __future__ import annotations
 
-import threading
-import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 from celery_agboss.core.protections import PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED
 from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import cancel
-from celery_agboss.store.schema_executions import outbox
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
-from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
-    CUSTOMER,
     OPENING_BALANCE,
-    PRICE,
     balance,
-    charge_the_card,
-    debit_the_wallet,
-    released,
-    wallet_with_credit_undo,
+    order_with_a_queued_refund_task,
 )
 
 delivery_store_url = delivery.delivery_store_url
@@ -51,39 +42,9 @@ def _refund_requests(shop: PaymentShop) -> list[Any]:
     return [r for r in shop.gateway.requests if r.operation == "refund"]
 
 
-def _waiting_with_a_queued_refund(shop: PaymentShop) -> tuple[str, str, str, threading.Event]:
-    """The order failed; its refund task is queued on a queue of this test's own (never a
-    shared one: a message left there would reach another test's worker), its credit
-    refused. The order's id, the refund task's id, that queue, and the ledger's switch."""
-    ledger_up, _ = wallet_with_credit_undo(shop, ledger_up=False)
-    queue = f"refunds-{uuid.uuid4().hex[:8]}"
-    charge, refund = shop.call(), shop.refund_call("shop.sig-refund")
-
-    @shop.task()
-    def refund_payment(self: Any, payment: str) -> Any:
-        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
-
-    @shop.task()
-    def pay_half_from_wallet(self: Any, customer: str) -> Any:
-        debit_the_wallet(self, customer)
-        receipt = charge_the_card(self, charge, customer)
-        self.undo_with(refund_payment.s(receipt["id"]).set(queue=queue))
-        raise LookupError("out of stock")
-
-    task_id = shop.run(pay_half_from_wallet, CUSTOMER, states=("WAITING_OPERATOR",))
-    released(shop, task_id)
-    assert_waits_for_an_operator(shop.execution(task_id), "undo credit-wallet failed")
-    refund_task = _refund_task_id(shop, task_id)
-    assert _refund_requests(shop) == [] and balance(shop) == OPENING_BALANCE - PRICE
-    return task_id, refund_task, queue, ledger_up
-
-
-def _refund_task_id(shop: PaymentShop, parent: str) -> str:
-    """The id of the task the parent's refund undo published (its outbox row)."""
-    with shop.agboss.store.transaction() as tx:
-        rows = tx.execute(select(outbox.c.task_id).where(outbox.c.execution_id == parent)).all()
-    (task_id,) = [str(r.task_id) for r in rows]
-    return task_id
+def _waiting_with_a_queued_refund(shop: PaymentShop) -> tuple[str, str, str, Any]:
+    queued = order_with_a_queued_refund_task(shop)
+    return queued.order, queued.task, queued.queue, queued.ledger_up
 
 
 def test_payments_handled_refused_while_the_refund_task_is_queued(shop: PaymentShop) -> None:

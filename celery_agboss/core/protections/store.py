@@ -80,6 +80,16 @@ PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED = "payments-handled-while-undo-task-queu
 accepted while a refund's undo task of the execution is published and not ended: the
 operator refunds by hand, and the queued task refunds again."""
 
+UNDO_TASKS_FOUND_BY_OUTBOX_ONLY = "undo-tasks-found-by-outbox-only"
+"""Sabotage (design: cancel request, retention): ``cancel --payments-handled`` looks for the
+execution's undo tasks through its outbox rows alone: once retention deleted them, a task
+still queued, paused or waiting is not seen, and it refunds after the operator's refund."""
+
+REVOKED_UNDO_TASK_NOT_RECORDED = "revoked-undo-task-not-recorded"
+"""Sabotage (design: cancel request, operator decisions): a revoke of an undo's task its
+publisher did not record records nothing: its outbox row reads queued until retention,
+and every ``cancel --payments-handled`` of its parent is refused meanwhile."""
+
 EXPIRY_BY_THE_WORKERS_CLOCK = "expiry-by-the-workers-clock"
 """Sabotage (design: expires bounds the start): a worker that holds a message past its
 ``expires`` by its own clock ends a never-started execution EXPIRED whatever the
