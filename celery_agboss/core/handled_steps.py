@@ -29,8 +29,8 @@ from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_WHILE_ANOTHER_USES,
 )
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome, undo_decision
-from celery_agboss.core.shared_steps import UndosOf, decide_step
-from celery_agboss.core.store_protocol import EFFECT_RECORD, INTENT_RECORD, StoreTransaction
+from celery_agboss.core.shared_steps import UndosOf, decide_step, record_kinds
+from celery_agboss.core.store_protocol import StoreTransaction
 from celery_agboss.core.undo_steps import UndoDeclaration
 from celery_agboss.errors import OperatorRefusedError, OutboundCallInFlightError
 
@@ -45,7 +45,7 @@ def claim_handled_step(
     """Claim ``step`` for ``execution_id`` without waiting for another user of it (module
     docstring); the decision as ``undo_decision`` reads it, a ``WAIT`` taken as ``UNDO``.
     ``kind``: the record's kind when declared, else both tables are read."""
-    kinds = [kind] if kind else [INTENT_RECORD, EFFECT_RECORD]
+    kinds = record_kinds(kind)
     for _ in range(HANDLED_CLAIM_ROUNDS):
         found = [(k, r) for k in kinds if (r := tx.read_shared(k, step)) is not None]
         if not found:
@@ -94,7 +94,7 @@ def refuse_while_another_uses(
     others: set[str] = set()
     for declaration in (d for d in declarations if d.step_key in payments):
         step, kind = declaration.step_key, declaration.kind
-        kinds = [kind] if kind else [INTENT_RECORD, EFFECT_RECORD]
+        kinds = record_kinds(kind)
         found = [r for k in kinds if (r := tx.read_shared(k, step)) is not None]
         decision = undo_decision(found[0], execution_id) if found else None
         if decision is not None and decision.outcome is UndoOutcome.WAIT and decision.other:

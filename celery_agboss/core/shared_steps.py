@@ -174,9 +174,13 @@ def _decision_transaction(ctx: ExecutionContext) -> AbstractContextManager[Store
     return ctx.fenced()
 
 
+def record_kinds(kind: str | None) -> list[str]:
+    """Where a step's record may be: its declared kind, else either table (intent first)."""
+    return [kind] if kind else [INTENT_RECORD, EFFECT_RECORD]
+
+
 def _kinds(declaration: UndoDeclaration) -> list[str]:
-    """Where the step's record may be: its declared kind, else either table."""
-    return [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]
+    return record_kinds(declaration.kind)
 
 
 def _step_record(
@@ -349,6 +353,7 @@ __all__ = [
     "loggable_step",
     "mark_compensated",
     "not_covered_error",
+    "record_kinds",
     "step_covers",
     "step_notes",
 ]

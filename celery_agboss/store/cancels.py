@@ -40,7 +40,7 @@ from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_STEP_UNCLAIMED,
 )
 from celery_agboss.core.shared_records import CancelDecision, CancelStep, cancel_decision
-from celery_agboss.core.shared_steps import Declared, step_covers
+from celery_agboss.core.shared_steps import Declared, record_kinds, step_covers
 from celery_agboss.core.store_protocol import (
     EFFECT_RECORD,
     INTENT_RECORD,
@@ -255,7 +255,7 @@ def undos_left_txn(
         if declaration.step_key not in left or declaration.step_key in known:
             continue
         known.add(declaration.step_key)
-        kinds = [declaration.kind] if declaration.kind else [INTENT_RECORD, EFFECT_RECORD]
+        kinds = record_kinds(declaration.kind)
         for kind in kinds:
             record = tx.read_shared(kind, declaration.step_key)
             if record is not None:
