@@ -209,10 +209,10 @@ def install(runtime: Runtime) -> None:
         if started and os.getpid() == started[0]:
             metrics.stop()
 
-    celery_signals.worker_init.connect(on_worker_init, weak=False)
-    celery_signals.worker_ready.connect(on_worker_ready, weak=False)
-    celery_signals.worker_process_shutdown.connect(on_child_exit, weak=False)
-    celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
+    runtime.listen(celery_signals.worker_init, on_worker_init)
+    runtime.listen(celery_signals.worker_ready, on_worker_ready)
+    runtime.listen(celery_signals.worker_process_shutdown, on_child_exit)
+    runtime.listen(celery_signals.worker_shutdown, on_worker_shutdown)
 
 
 __all__ = ["MULTIPROC_ENV", "WorkerMetrics", "install"]

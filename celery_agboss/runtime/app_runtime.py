@@ -58,7 +58,7 @@ class Runtime:
 
     app: Any
     registry: OutboundRegistry
-    _signal_handlers: dict[Any, Any]
+    _listening: list[tuple[Any, Callable[..., None]]]
 
     def _init_runtime(self, app: Any) -> None:
         self.app = app
@@ -72,7 +72,7 @@ class Runtime:
         self._lock = threading.RLock()
         self._process: _ProcessStore | None = None
         self._when_configured: list[Callable[[AGBossSettings], None]] = []
-        self._signal_handlers = {}
+        self._listening = []
         self.clock_offset_source: Any = None  # tests only: ms added to the database clock
         tracing.install()  # spans when opentelemetry-api is installed; nothing otherwise
         setattr(app, _APP_ATTRIBUTE, self)
@@ -93,6 +93,12 @@ class Runtime:
         return existing
 
     # --- settings ------------------------------------------------------------------
+
+    def listen(self, signal: Any, handler: Callable[..., None]) -> None:
+        """Connect ``handler`` for as long as this app lives (a strong reference: it is a
+        closure), and remember it so ``signals.disconnect`` undoes it too."""
+        signal.connect(handler, weak=False)
+        self._listening.append((signal, handler))
 
     def when_configured(self, then: Callable[[AGBossSettings], None]) -> None:
         """Run ``then(settings)`` once the app is configured with valid settings (now, if

@@ -99,10 +99,10 @@ def install(runtime: Runtime) -> None:
             if warning is not None:
                 logger.warning("celery_agboss: %s", warning)
 
-    app.on_after_configure.connect(on_after_configure, weak=False)
-    celery_signals.worker_init.connect(on_start, weak=False)
-    celery_signals.beat_init.connect(on_start, weak=False)
-    celery_signals.worker_ready.connect(on_worker_ready, weak=False)
+    runtime.listen(app.on_after_configure, on_after_configure)
+    runtime.listen(celery_signals.worker_init, on_start)
+    runtime.listen(celery_signals.beat_init, on_start)
+    runtime.listen(celery_signals.worker_ready, on_worker_ready)
     if app.configured:
         confirm_publish_by_default(app)
 

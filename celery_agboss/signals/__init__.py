@@ -60,22 +60,19 @@ _HANDLERS: dict[Any, Callable[..., None]] = {
 
 def connect(runtime: Runtime) -> None:
     """Connect this app's handlers (strong references: they live as long as the app)."""
-    handlers = {
-        signal: functools.partial(handler, runtime) for signal, handler in _HANDLERS.items()
-    }
-    for signal, handler in handlers.items():
-        signal.connect(handler, weak=False)
-    runtime._signal_handlers = handlers
+    for signal, handler in _HANDLERS.items():
+        runtime.listen(signal, functools.partial(handler, runtime))
     publish.refuse_unrecorded_publishes(runtime)
     install_revoke_recorder(runtime)
     body_publishes.install()
 
 
 def disconnect(runtime: Runtime) -> None:
-    """Disconnect this app's handlers (tests that build many apps in one process)."""
-    for signal, handler in getattr(runtime, "_signal_handlers", {}).items():
+    """Disconnect every handler this app connected, its workers' threads' included
+    (tests that build many apps in one process)."""
+    for signal, handler in getattr(runtime, "_listening", []):
         signal.disconnect(handler)
-    runtime._signal_handlers = {}
+    runtime._listening = []
 
 
 __all__ = ["RECORDED_HEADER", "connect", "disconnect"]

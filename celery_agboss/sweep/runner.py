@@ -442,13 +442,13 @@ def install(runtime: Runtime) -> None:
         for watch in watches:  # a sweep of its own may be running: let it end (bounded)
             watch.thread.join(WATCH_JOIN_SECONDS)
 
-    celery_signals.celeryd_init.connect(on_celeryd_init, weak=False)
-    celery_signals.worker_init.connect(on_worker_init, weak=False)
-    celery_signals.worker_ready.connect(on_worker_ready, weak=False)
-    celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
+    runtime.listen(celery_signals.celeryd_init, on_celeryd_init)
+    runtime.listen(celery_signals.worker_init, on_worker_init)
+    runtime.listen(celery_signals.worker_ready, on_worker_ready)
+    runtime.listen(celery_signals.worker_shutdown, on_worker_shutdown)
 
     def on_beat_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
             _keep_beat_entry(runtime, sender)
 
-    celery_signals.beat_init.connect(on_beat_init, weak=False)
+    runtime.listen(celery_signals.beat_init, on_beat_init)

@@ -145,8 +145,8 @@ def install(runtime: Runtime) -> None:
         for held in running:
             held.close()
 
-    celery_signals.worker_ready.connect(on_worker_ready, weak=False)
-    celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
+    runtime.listen(celery_signals.worker_ready, on_worker_ready)
+    runtime.listen(celery_signals.worker_shutdown, on_worker_shutdown)
 
 
 __all__ = ["HeldMessages", "install"]

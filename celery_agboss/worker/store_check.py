@@ -144,8 +144,8 @@ def install(runtime: Runtime) -> None:
             check.stop.set()
             check.thread.join(JOIN_SECONDS)
 
-    celery_signals.worker_ready.connect(on_worker_ready, weak=False)
-    celery_signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
+    runtime.listen(celery_signals.worker_ready, on_worker_ready)
+    runtime.listen(celery_signals.worker_shutdown, on_worker_shutdown)
 
 
 __all__ = ["SchemaBehind", "install", "probe"]
