@@ -53,7 +53,39 @@ def ensure_json(value: Any, *, path: str = "$") -> None:
     a cycle, or a non-string key is refused, because ``json.dumps`` would either fail
     without saying where or, worse, quietly turn two different values into one text.
     """
-    _walk(value, path, set())
+    if not _plain(value, set()):
+        _walk(value, path, set())  # names the first bad path; raises
+
+
+def _plain(value: Any, seen: set[int]) -> bool:
+    """Whether ``value`` is plain JSON: ``_walk``'s checks, without building a path per
+    element (the hot path canonicalises every request and history row it writes; only a
+    value that fails is walked again, by ``_walk``, to say where)."""
+    kind = type(value)
+    if kind is str:
+        return _SURROGATE.search(value) is None
+    if value is None or kind is int or kind is bool:
+        return True
+    if kind is dict or kind is list or kind is tuple:
+        marker = id(value)
+        if marker in seen:
+            return False
+        seen.add(marker)
+        if kind is dict:
+            for key, item in value.items():
+                if type(key) is not str or _SURROGATE.search(key) is not None:
+                    return False
+                if not _plain(item, seen):
+                    return False
+        else:
+            for item in value:
+                if not _plain(item, seen):
+                    return False
+        seen.discard(marker)
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    return False  # a subclass, or not JSON: _walk decides, and says where
 
 
 def _walk(value: Any, path: str, seen: set[int]) -> None:
@@ -108,4 +140,5 @@ def canonical_json(value: Any) -> str:
         separators=(",", ":"),
         ensure_ascii=False,
         allow_nan=False,
+        check_circular=False,  # ensure_json refused cycles
     )
