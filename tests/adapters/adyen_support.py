@@ -3,9 +3,12 @@ real-worker test, which imports exactly ``adapter_for`` and ``charge_request``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_agboss.adapters.adyen import TEST_CARD, AdyenAdapter
+
+if TYPE_CHECKING:
+    from tests.engine.helpers import Shop
 
 API_KEY = "test-api-key-not-a-secret"
 MERCHANT_ACCOUNT = "AgbossTestMerchant"
@@ -30,3 +33,13 @@ def declined_request(reference: str, amount: int = 1000) -> dict[str, Any]:
 
 
 __all__ = ["API_KEY", "MERCHANT_ACCOUNT", "adapter_for", "charge_request", "declined_request"]
+
+
+def a_refund_of_a_charged_order(
+    shop: Shop, adapter: AdyenAdapter, order: str
+) -> tuple[str, dict[str, Any], str]:
+    """``order`` charged through ``adapter`` in a delivery of its own; the payment, the
+    request of a 400 refund of it, and that refund's business key."""
+    with shop.start("checkout") as ctx:
+        payment = str(ctx.outbound(adapter.charge, charge_request(order))["id"])
+    return payment, {"payment_id": payment, "amount": 400, "currency": "usd"}, f"refund:{payment}:1"

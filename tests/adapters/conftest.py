@@ -26,12 +26,13 @@ from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, documented_capabilities
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.adapters.deliveries import lose_at_the_gateway
+from tests.adapters.own_payment_support import support, theirs
 from tests.contract.conftest import db_clock, store, store_backend, store_factory
 from tests.engine.conftest import settings
 from tests.engine.helpers import Shop
 from tests.support.stores import fresh_store_url
 
-__all__ = ["db_clock", "settings", "store", "store_backend", "store_factory"]
+__all__ = ["db_clock", "settings", "store", "store_backend", "store_factory", "theirs"]
 
 
 @pytest.fixture(params=["sqlite"])
@@ -69,6 +70,22 @@ def served(db_clock: VirtualClock) -> Iterator[ServeFn]:
             server.stop()
 
 
+AdapterOn = Callable[..., tuple[FakeGatewayServer, Any]]
+
+
+@pytest.fixture
+def adapter_on(served: ServeFn) -> AdapterOn:
+    """``adapter_on("checkout", **capability_overrides)``: ``served(…)``'s server and the
+    gateway's SDK adapter on it (``tests.adapters.<gateway>_support.adapter_for``: short
+    timeouts), the set-up most adapter tests start from."""
+
+    def on(name: str, **overrides: Any) -> tuple[FakeGatewayServer, Any]:
+        server = served(name, **overrides)
+        return server, support(name).adapter_for(server.url)
+
+    return on
+
+
 @pytest.fixture
 def shop(
     store: SQLAlchemyStore,
@@ -86,6 +103,16 @@ def checklist(adapter: Any, clock: VirtualClock, retention: float) -> GatewayChe
     return gateway_checklist(
         adapter.send, adapter.lookup, clock=clock, required_retention=retention
     )
+
+
+def checklist_shows(
+    adapter: Any, clock: VirtualClock, retention: float, statuses: dict[str, Any]
+) -> GatewayChecklistReport:
+    """:func:`checklist` through ``adapter``, which must show ``statuses`` (the level
+    the gateway documents); the report, for what a test reads beyond the statuses."""
+    report = checklist(adapter, clock, retention)
+    assert report.statuses() == statuses, str(report)
+    return report
 
 
 def refund_from_every_path(

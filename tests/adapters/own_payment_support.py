@@ -12,15 +12,19 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import pytest
 
 from celery_agboss.core.keys import fit_key
-from celery_agboss.core.outbound import CallContext, Lookup, OutboundCall, ReconcileAnswer
+from celery_agboss.core.outbound import CallContext, Lookup, OutboundCall, ReconcileAnswer, Unknown
 from celery_agboss.core.transitions import policy_of
 from celery_agboss.testing.gateway_server import FakeGatewayServer
-from tests.adapters.conftest import ServeFn
 from tests.adapters.stripe_support import dialect_of as stripe_dialect
 from tests.engine.helpers import Shop, business_intent_key
+
+if TYPE_CHECKING:  # the conftest imports this module for its fixture
+    from tests.adapters.conftest import ServeFn
 
 GATEWAYS = ["stripe", "checkout", "adyen", "paypal"]
 THEIRS, OURS = 1000, 2500
@@ -63,6 +67,12 @@ def reconcile(call: OutboundCall, key: str, request: Any) -> ReconcileAnswer:
     return call.reconcile(
         CallContext(key, request, 1, call.name), Lookup(key, stored, 1, None, RECENT)
     )
+
+
+def assert_names_their_amount(answer: ReconcileAnswer) -> None:
+    """Reconcile's refusal: ``Unknown`` (an operator decides), naming their amount and ours."""
+    assert isinstance(answer, Unknown), answer
+    assert THEIR_AMOUNT in answer.reason, answer.reason
 
 
 def make_payment(gateway: str, adapter: Any, *, captured: bool, order: str = ORDER) -> str:
@@ -140,3 +150,22 @@ def their_action_first(served: ServeFn, shop: Shop, gateway: str, kind: str) -> 
     payment_id = make_payment(gateway, adapter, captured=kind == "refund")
     theirs: dict[str, Any] = send(call, key, action_request(gateway, payment_id, THEIRS))
     return TheirAction(server, gateway, kind, call, key, payment_id, theirs, held_by(server, kind))
+
+
+def each(*cases: str) -> pytest.MarkDecorator:
+    """Runs a test once per ``"gateway kind"`` case with ``theirs`` (the fixture) made
+    first for it; each case's id is ``gateway-kind``."""
+    return pytest.mark.parametrize(
+        "theirs",
+        [tuple(case.split()) for case in cases],
+        ids=[case.replace(" ", "-") for case in cases],
+        indirect=True,
+    )
+
+
+@pytest.fixture
+def theirs(request: pytest.FixtureRequest, served: ServeFn, shop: Shop) -> TheirAction:
+    """The gateway after the other shop's capture or refund of 1000 under our key, for
+    the case :func:`each` hands it."""
+    gateway, kind = request.param
+    return their_action_first(served, shop, gateway, kind)

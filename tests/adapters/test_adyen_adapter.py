@@ -24,8 +24,13 @@ from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.dialects.adyen import psp_reference_of
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
-from tests.adapters.adyen_support import adapter_for, charge_request
-from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
+from tests.adapters.adyen_support import a_refund_of_a_charged_order, adapter_for, charge_request
+from tests.adapters.conftest import (
+    AdapterOn,
+    ServeFn,
+    checklist_shows,
+    refund_from_every_path,
+)
 from tests.adapters.deliveries import raised_then_retry_asked
 from tests.engine.helpers import Shop, business_intent_key, step_intent_key
 
@@ -38,10 +43,8 @@ WEEK = KEY_RETENTION.total_seconds()
 def test_the_checklist_through_the_sdk_reports_adyen_s_documented_level(
     served: ServeFn, db_clock: VirtualClock
 ) -> None:
-    server = served("adyen")
-    adapter = adapter_for(server.url)
-    report = checklist(adapter, db_clock, WEEK)
-    assert report.statuses() == DOCUMENTED_LEVEL, str(report)
+    adapter = adapter_for(served("adyen").url)
+    report = checklist_shows(adapter, db_clock, WEEK, DOCUMENTED_LEVEL)
     assert "no payment lookup" in report.result("G2").evidence
 
 
@@ -111,10 +114,7 @@ def test_ps19_a_refund_whose_answer_was_lost_refunds_once_from_every_path(
 ) -> None:
     server = served("adyen")
     adapter, gateway = adapter_for(server.url), server.gateway
-    with shop.start("checkout") as ctx:
-        payment = ctx.outbound(adapter.charge, charge_request("order-19"))["id"]
-    refund = {"payment_id": payment, "amount": 400, "currency": "usd"}
-    business_key = f"refund:{payment}:1"
+    payment, refund, business_key = a_refund_of_a_charged_order(shop, adapter, "order-19")
     receipt, _ = refund_from_every_path(shop, server, adapter.refund, refund, business_key)
     assert receipt["status"] == "received" and receipt["payment_id"] == payment
     assert [psp_reference_of(r["id"]) for r in gateway.refunds] == [receipt["id"]]
@@ -162,9 +162,8 @@ def test_every_money_moving_request_carries_the_intent_s_key_digested_past_64(
     assert made[other]["status"] == "canceled"
 
 
-def test_a_short_key_is_sent_as_it_is(served: ServeFn, shop: Shop) -> None:
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+def test_a_short_key_is_sent_as_it_is(adapter_on: AdapterOn, shop: Shop) -> None:
+    server, adapter = adapter_on("adyen")
     with shop.start("task-1") as ctx:
         ctx.outbound(adapter.charge, charge_request("order-2"))
     key = step_intent_key(shop.settings, "task-1", "adyen.charge")

@@ -41,7 +41,7 @@ from celery_agboss.testing.gateway_server import (
 )
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.adyen_support import adapter_for, charge_request, declined_request
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn, ServeFn
 from tests.engine.helpers import Background
 
 PAYMENT = "PSP0000000000001"
@@ -215,10 +215,9 @@ def test_each_modification_answer_raises_its_exception_with_its_verdict(
 
 
 def test_a_refusal_by_the_declined_test_card_is_definite_and_charges_nothing(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("adyen")
     by_holder = _raised(lambda: _charge(adapter, declined_request("order-1")))
     stored = {**charge_request("order-2"), "source": DECLINED_CARD, "shopper_reference": "s-1"}
     by_token = _raised(lambda: _charge(adapter, stored, key="order-2:adyen.charge"))
@@ -259,10 +258,9 @@ def test_a_timeout_is_unknown(served: ServeFn) -> None:
 
 
 def test_a_repeat_while_the_first_is_in_flight_gets_704_of_unknown_outcome(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("adyen")
     hold = server.gateway.hold(before_processing=True, timeout=10)
     first = Background(lambda: _charge(adapter, charge_request("order-1")), name="first")
     try:
@@ -278,10 +276,9 @@ def test_a_repeat_while_the_first_is_in_flight_gets_704_of_unknown_outcome(
     assert outcomes == [GatewayRequestOutcome.PROCESSED, GatewayRequestOutcome.IN_PROGRESS]
 
 
-def test_a_key_over_64_characters_is_refused_by_the_dialect(served: ServeFn) -> None:
+def test_a_key_over_64_characters_is_refused_by_the_dialect(adapter_on: AdapterOn) -> None:
     """What the core's digest (max_key_length) saves a call from: Adyen refuses the key."""
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("adyen")
     error = _raised(lambda: _charge(adapter, charge_request("order-1"), key="k" * 65))
     assert isinstance(error, sdk.AdyenAPIUnprocessableEntity)
     refused = [r.outcome for r in server.gateway.requests]  # it reached Adyen: a request

@@ -41,8 +41,13 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall,
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from celery_agboss.webhooks import ADYEN_PSP_REFERENCE
 from tests.adapters import paypal_support, stripe_support
-from tests.adapters.adyen_support import adapter_for, charge_request, declined_request
-from tests.adapters.conftest import ServeFn
+from tests.adapters.adyen_support import (
+    a_refund_of_a_charged_order,
+    adapter_for,
+    charge_request,
+    declined_request,
+)
+from tests.adapters.conftest import AdapterOn, ServeFn
 from tests.adapters.deliveries import lose_at_the_gateway, raised_then_retry_asked
 from tests.engine.helpers import Shop, business_intent_key, step_intent_key
 
@@ -134,10 +139,7 @@ def test_a_refund_resent_after_a_lost_answer_and_refused_403_stays_pending(
 ) -> None:
     server = served("adyen")
     adapter, gateway = adapter_for(server.url), server.gateway
-    with shop.start("checkout") as ctx:
-        payment = ctx.outbound(adapter.charge, charge_request("order-2"))["id"]
-    request = {"payment_id": payment, "amount": 400, "currency": "usd"}
-    business_key = f"refund:{payment}:1"
+    _, request, business_key = a_refund_of_a_charged_order(shop, adapter, "order-2")
     key = lose_at_the_gateway(shop, server, "undo", adapter.refund, request, business_key)
     _refused_from_now_on(server, adapter, "403 ip not allowed")
     with shop.start("undo") as second, pytest.raises(OutboundCallOutcomeUnknownError):
@@ -146,9 +148,10 @@ def test_a_refund_resent_after_a_lost_answer_and_refused_403_stays_pending(
     assert len(gateway.refunds) == 1
 
 
-def test_on_the_first_attempt_a_refusal_is_still_definite(served: ServeFn, shop: Shop) -> None:
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+def test_on_the_first_attempt_a_refusal_is_still_definite(
+    adapter_on: AdapterOn, shop: Shop
+) -> None:
+    server, adapter = adapter_on("adyen")
     _refused_from_now_on(server, adapter, "403 ip not allowed")
     with shop.start("task-1") as first, pytest.raises(sdk.AdyenAPIInvalidPermission):
         first.outbound(adapter.charge, charge_request("order-3"))
@@ -247,10 +250,9 @@ def test_a_payment_id_that_is_not_a_psp_reference_is_refused_before_anything_is_
 
 
 def test_a_modification_answer_naming_another_payment_is_unknown_on_the_first_attempt(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("adyen")
     ours, theirs = "PSP0000000000042", "PSP0000000000043"
 
     def answer(call: GatewayCall) -> Reply:
@@ -276,10 +278,9 @@ def test_a_modification_answer_naming_another_payment_is_unknown_on_the_first_at
 
 
 def test_every_psp_reference_the_fake_answers_is_adyen_s_16_letters_and_digits(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("adyen")
     with shop.start("checkout") as ctx:
         held = ctx.outbound(adapter.authorize, charge_request("order-8", 900))
         captured = ctx.outbound(adapter.capture, {**_action(held), "amount": 900})
@@ -296,11 +297,10 @@ def _action(payment: dict[str, Any]) -> dict[str, Any]:
     return {"payment_id": payment["id"], "currency": "usd"}
 
 
-def test_a_refused_charge_resent_under_its_key_is_replayed_refused(served: ServeFn) -> None:
+def test_a_refused_charge_resent_under_its_key_is_replayed_refused(adapter_on: AdapterOn) -> None:
     """Adyen: "If the Adyen payments platform already processed the request, the response
     to the first attempt will be returned" (API idempotency): a 200 Refused is that."""
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("adyen")
     request = declined_request("order-10")
     with pytest.raises(AdyenPaymentRefused) as first:
         adapter.charge.send(CallContext("order-10:adyen.charge", request, 1, "adyen.charge"))
@@ -365,12 +365,11 @@ def _retried_after_a_definite_refusal(
 
 
 def test_adyen_a_retry_after_a_definite_refusal_is_refused_definitely_again(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
     """Not a resend after a lost answer: the first attempt was refused (403) before anything
     was processed, so the retry's same refusal is definite too, and the body sees it."""
-    server = served("adyen")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("adyen")
     _refused_from_now_on(server, adapter, "403 ip not allowed")
     seen = _retried_after_a_definite_refusal(
         shop, "task-r1", adapter.charge, charge_request("order-r1"), sdk.AdyenAPIInvalidPermission

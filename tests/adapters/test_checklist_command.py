@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from celery_agboss.cli import EXIT_REFUSED, EXIT_USAGE, agboss
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_server import FakeGatewayServer, documented_capabilities
 from tests.adapters.checklist_targets import URL_ENV, app
+from tests.support.processes import run_python
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGETS = "tests.adapters.checklist_targets"
@@ -86,25 +85,8 @@ def test_the_real_command_line_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """``celery -A … agboss checklist`` in a process of its own, as a user types it."""
     with FakeGatewayServer(FakeGateway(), dialect="stripe") as server:
         env = {**os.environ, URL_ENV: server.url, "PYTHONPATH": str(REPO_ROOT)}
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                f"{TARGETS}:app",
-                "agboss",
-                "checklist",
-                "--adapter",
-                f"{TARGETS}:stripe_on_fake",
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO_ROOT,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        command = ("-m", "celery", "-A", f"{TARGETS}:app", "agboss", "checklist")
+        adapter = ("--adapter", f"{TARGETS}:stripe_on_fake")
+        done = run_python(*command, *adapter, env=env, timeout=120)
         assert "checklist passed" in done.stdout
         assert len(server.gateway.payments) >= 4, "the probes made real requests"

@@ -26,7 +26,12 @@ from celery_agboss.testing.dialects.checkout import checkout_id
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
 from tests.adapters.checkout_support import DECLINED_TOKEN, adapter_for, charge_request
-from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
+from tests.adapters.conftest import (
+    AdapterOn,
+    ServeFn,
+    checklist_shows,
+    refund_from_every_path,
+)
 from tests.adapters.deliveries import raised_then_retry_asked
 from tests.engine.helpers import DAY, Shop, business_intent_key
 
@@ -46,11 +51,10 @@ def _charges(server: FakeGatewayServer) -> list[GatewayRequestOutcome]:
 
 
 def _charge_answer_lost(
-    served: ServeFn, shop: Shop, order: str
+    adapter_on: AdapterOn, shop: Shop, order: str
 ) -> tuple[FakeGatewayServer, CheckoutAdapter]:
     """The order's charge made at Checkout.com, its answer lost: the delivery saw ``unknown``."""
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     shop.lose_the_answer(order, adapter.charge, charge_request(order), gateway=server.gateway)
     return server, adapter
 
@@ -58,16 +62,13 @@ def _charge_answer_lost(
 def test_the_checklist_through_the_sdk_finds_what_checkout_documents(
     served: ServeFn, db_clock: VirtualClock
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
-    report = checklist(adapter, db_clock, RETENTION)
-    assert report.statuses() == DOCUMENTED, str(report)
+    checklist_shows(adapter_for(served("checkout").url), db_clock, RETENTION, DOCUMENTED)
 
 
 def test_ps1_an_answer_lost_after_the_charge_is_reconciled_by_reference(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter = _charge_answer_lost(served, shop, "order-1")
+    server, adapter = _charge_answer_lost(adapter_on, shop, "order-1")
     receipt = shop.reconciled("order-1", adapter.charge, charge_request("order-1"))
     assert [checkout_id(p["id"]) for p in server.gateway.payments] == [receipt["id"]]
     assert receipt["status"] == "Captured" and receipt["reference"] == "order-1"
@@ -75,9 +76,9 @@ def test_ps1_an_answer_lost_after_the_charge_is_reconciled_by_reference(
 
 
 def test_ps17_a_retry_after_the_key_expired_finds_the_payment_instead_of_paying_again(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter = _charge_answer_lost(served, shop, "order-17")
+    server, adapter = _charge_answer_lost(adapter_on, shop, "order-17")
     shop.clock.advance(DAY + timedelta(minutes=1))
     server.gateway.forget_keys()  # Checkout.com's 24 h passed
     receipt = shop.reconciled("order-17", adapter.charge, charge_request("order-17"))
@@ -86,10 +87,9 @@ def test_ps17_a_retry_after_the_key_expired_finds_the_payment_instead_of_paying_
 
 
 def test_ps17_nothing_found_after_the_key_expired_is_left_to_an_operator(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     server.gateway.hold(before_processing=True, timeout=0.05)  # dropped, never processed
     shop.unknown("order-17b", adapter.charge, charge_request("order-17b"))
     shop.clock.advance(DAY + timedelta(minutes=1))
@@ -101,10 +101,9 @@ def test_ps17_nothing_found_after_the_key_expired_is_left_to_an_operator(
 
 
 def test_sabotage_twin_a_lost_answer_taken_for_a_failure_pays_twice_past_the_key(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     with sabotage(EVERY_ERROR_DEFINITE):
         request = charge_request("order-17")
@@ -119,10 +118,9 @@ def test_sabotage_twin_a_lost_answer_taken_for_a_failure_pays_twice_past_the_key
 
 
 def test_ps19_a_refund_whose_answer_was_lost_refunds_once_from_every_path(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     with shop.start("order-19") as ctx:
         payment = ctx.outbound(adapter.charge, charge_request("order-19"))
     refund = {"payment_id": payment["id"], "amount": 300}
@@ -134,9 +132,10 @@ def test_ps19_a_refund_whose_answer_was_lost_refunds_once_from_every_path(
     assert refunded["status"] == "Partially Refunded" and refunded["currency"] == "usd"
 
 
-def test_every_money_moving_request_carries_the_intent_s_key(served: ServeFn, shop: Shop) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+def test_every_money_moving_request_carries_the_intent_s_key(
+    adapter_on: AdapterOn, shop: Shop
+) -> None:
+    server, adapter = adapter_on("checkout")
     long_order = "order:" + "x" * 300  # a key past the metadata's 255 characters
     with shop.start("keys") as ctx:
         paid = ctx.outbound(adapter.charge, charge_request("k1"), business_key=long_order)
@@ -163,10 +162,9 @@ def test_every_money_moving_request_carries_the_intent_s_key(served: ServeFn, sh
 
 
 def test_a_declined_card_is_a_definite_failure_and_moves_no_money(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     declined = {**charge_request("order-d"), "source": DECLINED_TOKEN}
     with shop.start("order-d") as ctx, pytest.raises(CheckoutDeclinedError) as caught:
         ctx.outbound(adapter.charge, declined, business_key="order:d")
@@ -194,10 +192,9 @@ def test_reconcile_answers_not_sent_only_inside_the_key_s_retention(served: Serv
 
 
 def test_reconcile_matches_reference_amount_currency_and_the_key_in_metadata(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     call = CallContext("k-mine", {}, 1, adapter.charge.name)
     age = timedelta(minutes=1)
     adapter.charge.send(CallContext("k-other", charge_request("order-m"), 1, "x"))
@@ -213,9 +210,8 @@ def test_reconcile_matches_reference_amount_currency_and_the_key_in_metadata(
     assert all(checkout_id(p["id"]) in answer.reason for p in server.gateway.payments[-2:])
 
 
-def test_authorize_capture_and_void_return_the_payment_s_state(served: ServeFn) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+def test_authorize_capture_and_void_return_the_payment_s_state(adapter_on: AdapterOn) -> None:
+    server, adapter = adapter_on("checkout")
     held = adapter.authorize.send(CallContext("a-1", charge_request("order-a"), 1, "x"))
     assert held["status"] == "Authorized" and server.gateway.payments[0]["amount_captured"] == 0
     captured = adapter.capture.send(CallContext("c-1", {"payment_id": held["id"]}, 1, "x"))

@@ -24,8 +24,8 @@ from celery_agboss.errors import OutboundCallUnreconciledError
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
-from tests.adapters.checkout_support import adapter_for, charge_request
-from tests.adapters.conftest import ServeFn
+from tests.adapters.checkout_support import charge_request
+from tests.adapters.conftest import AdapterOn
 from tests.adapters.own_payment_support import key_for, reconcile
 from tests.engine.helpers import Shop
 
@@ -33,10 +33,11 @@ PROCESSED, TIMED_OUT = GatewayRequestOutcome.PROCESSED, GatewayRequestOutcome.TI
 NON_FINAL = {"capture_type": "NonFinal"}
 
 
-def _part_captured(served: ServeFn, shop: Shop) -> tuple[FakeGatewayServer, CheckoutAdapter, str]:
+def _part_captured(
+    adapter_on: AdapterOn, shop: Shop
+) -> tuple[FakeGatewayServer, CheckoutAdapter, str]:
     """1000 authorised, then 300 of it captured NonFinal (the rest stays capturable)."""
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     with shop.start("order-r") as ctx:
         held = ctx.outbound(adapter.authorize, charge_request("order-r"), business_key="auth:r")
         part = {"payment_id": held["id"], "amount": 300, **NON_FINAL}
@@ -53,13 +54,23 @@ def _rest(payment_id: str) -> dict[str, Any]:
     return {"payment_id": payment_id}
 
 
-def test_a_lost_capture_of_the_rest_is_reconciled_as_what_was_left(
-    served: ServeFn, shop: Shop
-) -> None:
-    server, adapter, payment_id = _part_captured(served, shop)
+def _the_rest_captured_and_its_answer_lost(
+    adapter_on: AdapterOn, shop: Shop
+) -> tuple[FakeGatewayServer, Any, dict[str, Any]]:
+    """300 captured of 1000, then "capture the rest" made at the gateway and its answer
+    lost: the server, the adapter and that request."""
+    server, adapter, payment_id = _part_captured(adapter_on, shop)
     rest = _rest(payment_id)
     gw = server.gateway
     shop.lose_the_answer("capture-r", adapter.capture, rest, gateway=gw, operation="capture")
+    return server, adapter, rest
+
+
+def test_a_lost_capture_of_the_rest_is_reconciled_as_what_was_left(
+    adapter_on: AdapterOn, shop: Shop
+) -> None:
+    server, adapter, rest = _the_rest_captured_and_its_answer_lost(adapter_on, shop)
+    gw = server.gateway
     captured = shop.reconciled("capture-r", adapter.capture, rest)
     assert (captured["type"], captured["amount"], captured["status"]) == (
         "Capture",
@@ -72,10 +83,10 @@ def test_a_lost_capture_of_the_rest_is_reconciled_as_what_was_left(
 
 
 def test_a_capture_of_the_rest_that_never_arrived_is_sent_once_more(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
     """Nothing under the key: ``NotSent`` inside its retention, and the resend captures."""
-    server, adapter, payment_id = _part_captured(served, shop)
+    server, adapter, payment_id = _part_captured(adapter_on, shop)
     server.gateway.hold(before_processing=True, operation="capture", timeout=0.05)
     shop.unknown("capture-r", adapter.capture, _rest(payment_id))
     with shop.start("capture-r") as retry:
@@ -86,10 +97,10 @@ def test_a_capture_of_the_rest_that_never_arrived_is_sent_once_more(
 
 
 def test_another_capture_of_the_rest_under_our_key_is_not_taken_for_ours(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
     """A part under our key that left something capturable is not "all of it"."""
-    server, adapter, payment_id = _part_captured(served, shop)
+    server, adapter, payment_id = _part_captured(adapter_on, shop)
     key = key_for(shop, adapter.capture, "capture:r:2")
     call = CallContext(key, {"payment_id": payment_id, "amount": 200, **NON_FINAL}, 1, "x")
     adapter.capture.send(call)
@@ -99,12 +110,10 @@ def test_another_capture_of_the_rest_under_our_key_is_not_taken_for_ours(
 
 
 def test_twin_without_the_earlier_captures_a_made_capture_waits_for_an_operator(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, payment_id = _part_captured(served, shop)
-    rest = _rest(payment_id)
+    server, adapter, rest = _the_rest_captured_and_its_answer_lost(adapter_on, shop)
     gw = server.gateway
-    shop.lose_the_answer("capture-r", adapter.capture, rest, gateway=gw, operation="capture")
     with (
         sabotage(CHECKOUT_CAPTURE_ALL_IGNORES_EARLIER),
         shop.start("capture-r") as retry,
@@ -115,12 +124,11 @@ def test_twin_without_the_earlier_captures_a_made_capture_waits_for_an_operator(
     assert _captures(server) == [PROCESSED, PROCESSED]
 
 
-def test_the_fake_captures_in_parts_only_when_a_part_is_non_final(served: ServeFn) -> None:
+def test_the_fake_captures_in_parts_only_when_a_part_is_non_final(adapter_on: AdapterOn) -> None:
     """The fake as Checkout.com: a partial capture is ``Final`` unless it says otherwise,
     and a final one voids the rest; a NonFinal one leaves it capturable, and the payment
     reads ``Partially Captured`` with what is left available."""
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    _, adapter = adapter_on("checkout")
     paid = [
         adapter.authorize.send(CallContext(f"a-{n}", charge_request(f"o-{n}"), 1, "x"))["id"]
         for n in (1, 2)

@@ -25,8 +25,8 @@ from celery_agboss.errors import OutboundCallUnreconciledError
 from celery_agboss.testing.dialects.checkout import checkout_id
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
-from tests.adapters.checkout_support import adapter_for, charge_request, dialect_of
-from tests.adapters.conftest import ServeFn
+from tests.adapters.checkout_support import charge_request, dialect_of
+from tests.adapters.conftest import AdapterOn
 from tests.adapters.deliveries import lose_at_the_gateway, raised_then_retry_asked
 from tests.engine.helpers import Shop, business_intent_key
 
@@ -36,11 +36,10 @@ REPLAYED = GatewayRequestOutcome.REPLAYED
 
 
 def _paid(
-    served: ServeFn, shop: Shop, order: str, *, capture: bool = True
+    adapter_on: AdapterOn, shop: Shop, order: str, *, capture: bool = True
 ) -> tuple[FakeGatewayServer, CheckoutAdapter, str]:
     """A payment of 1000 made (captured, or only authorised) through the adapter."""
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     call = adapter.charge if capture else adapter.authorize
     with shop.start(f"pay-{order}") as ctx:
         payment = ctx.outbound(call, charge_request(order), business_key=f"order:{order}")
@@ -48,12 +47,12 @@ def _paid(
 
 
 def _a_refund_declined_next(
-    served: ServeFn, shop: Shop, order: str
+    adapter_on: AdapterOn, shop: Shop, order: str
 ) -> tuple[FakeGatewayServer, CheckoutAdapter, str, dict[str, Any], str]:
     """The order's payment of 1000 captured and the fake set to decline its next refund:
     the server, the adapter, the payment, a refund of 300 of it and that refund's
     business key."""
-    server, adapter, payment_id = _paid(served, shop, order)
+    server, adapter, payment_id = _paid(adapter_on, shop, order)
     dialect_of(server).decline_next("refund")
     refund = {"payment_id": payment_id, "amount": 300}
     return server, adapter, payment_id, refund, f"refund:{payment_id}"
@@ -71,9 +70,11 @@ def _intent(shop: Shop, business_key: str, name: str) -> IntentRecord:
 
 
 def test_a_refund_the_gateway_declines_is_a_definite_failure_not_completed(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, payment_id, refund, business_key = _a_refund_declined_next(served, shop, "r1")
+    server, adapter, payment_id, refund, business_key = _a_refund_declined_next(
+        adapter_on, shop, "r1"
+    )
     with shop.start("refund-r1") as ctx, pytest.raises(CheckoutDeclinedError) as declined:
         ctx.outbound(adapter.refund, refund, business_key=business_key)
 
@@ -92,11 +93,11 @@ def test_a_refund_the_gateway_declines_is_a_definite_failure_not_completed(
 
 
 def test_a_declined_refund_retried_under_its_key_gets_the_decline_replayed(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
     """Checkout.com keeps the 202 under the key: a resend is answered the same declined
     action, never refunded afresh inside the key's retention."""
-    server, adapter, _, refund, business_key = _a_refund_declined_next(served, shop, "r2")
+    server, adapter, _, refund, business_key = _a_refund_declined_next(adapter_on, shop, "r2")
     # autoretry_for=(CheckoutDeclinedError,): the same key again
     declined = raised_then_retry_asked(
         shop, "refund-r2", adapter.refund, refund, CheckoutDeclinedError, business_key=business_key
@@ -111,9 +112,11 @@ def test_a_declined_refund_retried_under_its_key_gets_the_decline_replayed(
 
 
 def test_a_declined_refund_whose_answer_was_lost_is_not_reconciled_as_completed(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, payment_id, refund, business_key = _a_refund_declined_next(served, shop, "r3")
+    server, adapter, payment_id, refund, business_key = _a_refund_declined_next(
+        adapter_on, shop, "r3"
+    )
     key = lose_at_the_gateway(shop, server, "refund-r3", adapter.refund, refund, business_key)
     assert _intent(shop, business_key, "checkout.refund").status is IntentStatus.PENDING
 
@@ -130,9 +133,9 @@ def test_a_declined_refund_whose_answer_was_lost_is_not_reconciled_as_completed(
 
 @pytest.mark.parametrize("kind", ["capture", "void"])
 def test_a_declined_capture_or_void_is_neither_sent_nor_reconciled_as_done(
-    served: ServeFn, shop: Shop, kind: str
+    adapter_on: AdapterOn, shop: Shop, kind: str
 ) -> None:
-    server, adapter, payment_id = _paid(served, shop, f"{kind}-1", capture=False)
+    server, adapter, payment_id = _paid(adapter_on, shop, f"{kind}-1", capture=False)
     dialect_of(server).decline_next(kind)
     call: Any = getattr(adapter, kind)
     key, request = f"default:t:{kind}-1:checkout.{kind}", {"payment_id": payment_id}
@@ -149,11 +152,11 @@ def test_a_declined_capture_or_void_is_neither_sent_nor_reconciled_as_done(
 
 
 def test_reconcile_takes_the_approved_refund_under_a_key_over_a_declined_one(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
     """Past the key's retention a resend is a new refund under the same key: the
     declined one moved no money, so the approved one is the call's."""
-    server, adapter, payment_id = _paid(served, shop, "r4")
+    server, adapter, payment_id = _paid(adapter_on, shop, "r4")
     dialect_of(server).decline_next("refund")
     key, request = "default:t:r4:checkout.refund", {"payment_id": payment_id, "amount": 300}
     with pytest.raises(CheckoutDeclinedError):

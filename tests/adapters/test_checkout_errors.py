@@ -32,7 +32,7 @@ from tests.adapters.checkout_support import (
     charge_request,
     dialect_of,
 )
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn, ServeFn
 from tests.engine.helpers import Background
 
 DEFINITE, UNKNOWN = True, False
@@ -70,10 +70,9 @@ def _sdk_status(exc: BaseException) -> int | None:
 
 @pytest.mark.parametrize(("status", "body", "definite"), ANSWERS)
 def test_each_documented_answer_is_classified(
-    served: ServeFn, status: int, body: dict[str, Any], definite: bool
+    adapter_on: AdapterOn, status: int, body: dict[str, Any], definite: bool
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     dialect_of(server).answer_next(status, body, operation="payment")
     error = _charge(adapter)
     assert _sdk_status(error) == status
@@ -85,10 +84,9 @@ def test_each_documented_answer_is_classified(
 
 
 def test_a_refusal_keeps_checkout_s_error_body_and_is_raised_again_as_it_was(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     dialect_of(server).answer_next(422, error_body("request_invalid", "amount_invalid"))
     error = _charge(adapter)
     assert isinstance(error, CheckoutRefusedError)
@@ -100,9 +98,8 @@ def test_a_refusal_keeps_checkout_s_error_body_and_is_raised_again_as_it_was(
 
 
 @pytest.mark.parametrize("how", ["declined card", "declined by the gateway"])
-def test_a_decline_answered_201_is_definite(served: ServeFn, how: str) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+def test_a_decline_answered_201_is_definite(adapter_on: AdapterOn, how: str) -> None:
+    server, adapter = adapter_on("checkout")
     if how == "declined card":
         error = _charge(adapter, source=DECLINED_TOKEN)
     else:
@@ -114,9 +111,8 @@ def test_a_decline_answered_201_is_definite(served: ServeFn, how: str) -> None:
     assert server.gateway.payments == []
 
 
-def test_nothing_processed_at_the_gateway_is_a_502_and_unknown(served: ServeFn) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+def test_nothing_processed_at_the_gateway_is_a_502_and_unknown(adapter_on: AdapterOn) -> None:
+    server, adapter = adapter_on("checkout")
     server.gateway.inject_fault(FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     error = _charge(adapter)
     assert isinstance(error, CheckoutApiException) and _sdk_status(error) == 502
@@ -125,10 +121,9 @@ def test_nothing_processed_at_the_gateway_is_a_502_and_unknown(served: ServeFn) 
 
 
 def test_a_dropped_answer_is_unknown_and_never_retried_by_the_http_stack(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     error = _charge(adapter)
     assert isinstance(error, CheckoutNoAnswerError)
@@ -146,9 +141,8 @@ def test_a_timeout_is_unknown(served: ServeFn) -> None:
     assert adapter.charge.is_definite_failure(error) is False
 
 
-def test_a_key_still_in_flight_is_checkout_s_429_and_unknown(served: ServeFn) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+def test_a_key_still_in_flight_is_checkout_s_429_and_unknown(adapter_on: AdapterOn) -> None:
+    server, adapter = adapter_on("checkout")
     hold = server.gateway.hold(before_processing=True, timeout=10)
     first = Background(lambda: adapter.charge.send(CallContext("k-1", charge_request("o"), 1, "x")))
     try:
@@ -162,10 +156,9 @@ def test_a_key_still_in_flight_is_checkout_s_429_and_unknown(served: ServeFn) ->
 
 
 def test_a_refused_action_is_definite_only_when_none_was_made_under_its_key(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     paid = adapter.charge.send(CallContext("k-p", charge_request("order-v"), 1, "x"))
     void = CallContext("k-v", {"payment_id": paid["id"]}, 1, adapter.void.name)
     with pytest.raises(CheckoutRefusedError) as refused:  # a captured payment: no void
@@ -180,9 +173,8 @@ def test_a_refused_action_is_definite_only_when_none_was_made_under_its_key(
     assert len(server.gateway.refunds) == 1
 
 
-def test_an_accepted_action_whose_outcome_cannot_be_read_is_unknown(served: ServeFn) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+def test_an_accepted_action_whose_outcome_cannot_be_read_is_unknown(adapter_on: AdapterOn) -> None:
+    server, adapter = adapter_on("checkout")
     held = adapter.authorize.send(CallContext("k-a", charge_request("order-c"), 1, "x"))
     dialect_of(server).answer_next(401, {}, operation="actions")  # definite on its own
     with pytest.raises(CheckoutNoAnswerError) as caught:
@@ -200,10 +192,9 @@ def test_an_accepted_action_whose_outcome_cannot_be_read_is_unknown(served: Serv
     ],
 )
 def test_a_malformed_request_is_refused_before_sending(
-    served: ServeFn, change: dict[str, Any], field: str
+    adapter_on: AdapterOn, change: dict[str, Any], field: str
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     error = _charge(adapter, **change)
     assert isinstance(error, CheckoutRequestError) and isinstance(error, ValueError)
     assert field in str(error) and adapter.charge.is_definite_failure(error) is True

@@ -37,7 +37,7 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
 from tests.adapters import paypal_support
 from tests.adapters.checkout_support import TEST_TOKEN, adapter_for, charge_request, dialect_of
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn, ServeFn
 from tests.engine.helpers import Shop, business_intent_key
 
 PROCESSED = GatewayRequestOutcome.PROCESSED
@@ -115,11 +115,12 @@ def test_a_pending_charge_whose_answer_was_lost_is_reconciled_as_pending(
     assert answer == Completed({**receipt, "status": "Captured", "approved": True})
 
 
-def test_a_202_naming_another_requests_payment_is_refused(served: ServeFn, shop: Shop) -> None:
+def test_a_202_naming_another_requests_payment_is_refused(
+    adapter_on: AdapterOn, shop: Shop
+) -> None:
     """What tells a 202 from another request's: its reference, then the payment it names
     (its amount, currency and key); both refusals are definite."""
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     dialect = dialect_of(server)
     with shop.start("other") as ctx:
         other = ctx.outbound(adapter.charge, charge_request("order-x", 500), business_key="x")
@@ -136,10 +137,9 @@ def test_a_202_naming_another_requests_payment_is_refused(served: ServeFn, shop:
 
 
 def test_a_202_whose_payment_cannot_be_read_leaves_the_outcome_unknown(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     accepted = {"id": "pay_notreadable", "status": "Pending", "reference": "order-u"}
     dialect_of(server).answer_next(202, accepted, operation="payment")
     key = "default:t:order-u:checkout.charge"

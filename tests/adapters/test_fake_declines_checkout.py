@@ -23,10 +23,9 @@ from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequest
 from tests.adapters.checkout_support import (
     DECLINED_TOKEN,
     SECRET_KEY,
-    adapter_for,
     charge_request,
 )
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn
 from tests.adapters.deliveries import intent_status, lose_at_the_gateway, raised_then_retry_asked
 from tests.engine.helpers import Shop, business_intent_key
 
@@ -56,10 +55,9 @@ def _intent_status(shop: Shop, business_key: str) -> IntentStatus:
 
 
 def test_a_declined_charge_retried_under_its_key_gets_the_same_decline_replayed(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     request = _declined_request("order-d1")
     # autoretry_for=(CheckoutDeclinedError,): the same key again
     declined = raised_then_retry_asked(
@@ -82,12 +80,11 @@ def test_a_declined_charge_retried_under_its_key_gets_the_same_decline_replayed(
 
 
 def test_another_card_under_a_declined_key_gets_the_decline_not_a_charge(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
     """Checkout.com does not compare a repeat's parameters (no G5): the key's first 2xx
     is the answer, whatever card the repeat carries. Another card needs another key."""
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     key = "default:t:order-d2:checkout.charge"
     with pytest.raises(CheckoutDeclinedError) as declined:
         adapter.charge.send(CallContext(key, _declined_request("order-d2"), 1, "checkout.charge"))
@@ -100,10 +97,9 @@ def test_another_card_under_a_declined_key_gets_the_decline_not_a_charge(
 
 
 def test_a_declined_card_under_an_approved_key_gets_the_approval_replayed(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     key = "default:t:order-d3:checkout.charge"
     paid = adapter.charge.send(CallContext(key, charge_request("order-d3"), 1, "checkout.charge"))
     declined_card = CallContext(key, _declined_request("order-d3"), 2, "checkout.charge")
@@ -112,9 +108,8 @@ def test_a_declined_card_under_an_approved_key_gets_the_approval_replayed(
     assert len(server.gateway.payments) == 1
 
 
-def test_an_injected_decline_is_kept_under_the_key_too(served: ServeFn) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+def test_an_injected_decline_is_kept_under_the_key_too(adapter_on: AdapterOn) -> None:
+    server, adapter = adapter_on("checkout")
     key = "default:t:order-d4:checkout.charge"
     server.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
     context = CallContext(key, charge_request("order-d4"), 1, "checkout.charge")
@@ -126,9 +121,8 @@ def test_an_injected_decline_is_kept_under_the_key_too(served: ServeFn) -> None:
     assert server.gateway.payments == []
 
 
-def test_a_declined_payment_is_listed_and_read_as_declined(served: ServeFn) -> None:
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+def test_a_declined_payment_is_listed_and_read_as_declined(adapter_on: AdapterOn) -> None:
+    server, adapter = adapter_on("checkout")
     key = "default:t:order-d5:checkout.charge"
     with pytest.raises(CheckoutDeclinedError) as declined:
         adapter.charge.send(CallContext(key, _declined_request("order-d5"), 1, "checkout.charge"))
@@ -143,12 +137,11 @@ def test_a_declined_payment_is_listed_and_read_as_declined(served: ServeFn) -> N
 
 
 def test_a_decline_whose_answer_was_lost_is_resent_and_the_decline_replayed(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
     """Reconcile lists the reference: the declined payment is not counted, so ``NotSent``
     inside the key's retention; the resend under the key gets the saved decline."""
-    server = served("checkout")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("checkout")
     request = _declined_request("order-d6")
     key = lose_at_the_gateway(shop, server, "order-d6", adapter.charge, request, "order:d6")
     assert _intent_status(shop, "order:d6") is IntentStatus.PENDING

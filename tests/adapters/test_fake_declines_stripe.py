@@ -24,9 +24,9 @@ from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
 from celery_agboss.testing.gateway_server import DECLINED_CARD, FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn
 from tests.adapters.deliveries import intent_status, lose_at_the_gateway, raised_then_retry_asked
-from tests.adapters.stripe_support import adapter_for, charge_request
+from tests.adapters.stripe_support import charge_request
 from tests.engine.helpers import Shop, business_intent_key
 
 DECLINED = GatewayRequestOutcome.DECLINED
@@ -47,12 +47,11 @@ def _intent_status(shop: Shop, business_key: str) -> IntentStatus:
 
 
 def _a_lost_decline(
-    served: ServeFn, shop: Shop, order: str
+    adapter_on: AdapterOn, shop: Shop, order: str
 ) -> tuple[FakeGatewayServer, StripeAdapter, dict[str, Any], str]:
     """A declined charge of ``order`` (``order-s5``, business key ``order:s5``) whose 402
     was lost: the server, the adapter, the request and the key Stripe keeps it under."""
-    server = served("stripe")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("stripe")
     request = _declined_request(order)
     key = lose_at_the_gateway(shop, server, order, adapter.charge, request, order.replace("-", ":"))
     return server, adapter, request, key
@@ -60,10 +59,9 @@ def _a_lost_decline(
 
 @pytest.mark.parametrize("source", [DECLINING, DECLINED_CARD])
 def test_a_decline_leaves_a_payment_intent_requiring_a_payment_method(
-    served: ServeFn, source: str
+    adapter_on: AdapterOn, source: str
 ) -> None:
-    server = served("stripe")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("stripe")
     key = f"default:t:order-s1-{source}:stripe.charge"
     with pytest.raises(stripe.CardError) as declined:
         adapter.charge.send(_context(key, _declined_request("order-s1", source)))
@@ -85,9 +83,8 @@ def test_a_decline_leaves_a_payment_intent_requiring_a_payment_method(
     assert adapter.charge.is_definite_failure(error) is True
 
 
-def test_a_repeat_under_the_key_replays_the_402_and_attempts_nothing(served: ServeFn) -> None:
-    server = served("stripe")
-    adapter = adapter_for(server.url)
+def test_a_repeat_under_the_key_replays_the_402_and_attempts_nothing(adapter_on: AdapterOn) -> None:
+    server, adapter = adapter_on("stripe")
     key = "default:t:order-s2:stripe.charge"
     request = _declined_request("order-s2")
     with pytest.raises(stripe.CardError) as first:
@@ -107,9 +104,8 @@ def test_a_repeat_under_the_key_replays_the_402_and_attempts_nothing(served: Ser
     assert server.gateway.payments == []
 
 
-def test_an_injected_decline_is_a_saved_402_too(served: ServeFn) -> None:
-    server = served("stripe")
-    adapter = adapter_for(server.url)
+def test_an_injected_decline_is_a_saved_402_too(adapter_on: AdapterOn) -> None:
+    server, adapter = adapter_on("stripe")
     key = "default:t:order-s3:stripe.charge"
     server.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
     request = charge_request("order-s3")
@@ -122,10 +118,9 @@ def test_an_injected_decline_is_a_saved_402_too(served: ServeFn) -> None:
 
 
 def test_a_declined_charge_retried_by_its_execution_gets_the_decline_replayed(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("stripe")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("stripe")
     request = _declined_request("order-s4")
     raised_then_retry_asked(
         shop, "order-s4", adapter.charge, request, stripe.CardError, business_key="order:s4"
@@ -139,9 +134,9 @@ def test_a_declined_charge_retried_by_its_execution_gets_the_decline_replayed(
 
 
 def test_a_decline_whose_answer_was_lost_reconciles_through_requires_payment_method(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, request, key = _a_lost_decline(served, shop, "order-s5")
+    server, adapter, request, key = _a_lost_decline(adapter_on, shop, "order-s5")
     assert _intent_status(shop, "order:s5") is IntentStatus.PENDING
     [declined] = server.gateway.declined_payments
     intent_id = "pi_" + declined["id"].removeprefix("ch_")
@@ -165,9 +160,9 @@ def test_a_decline_whose_answer_was_lost_reconciles_through_requires_payment_met
 
 
 def test_a_lost_decline_past_the_key_s_retention_waits_for_an_operator(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, request, key = _a_lost_decline(served, shop, "order-s6")
+    server, adapter, request, key = _a_lost_decline(adapter_on, shop, "order-s6")
     shop.clock.advance(timedelta(hours=24))
     with shop.start("order-s6") as late, pytest.raises(OutboundCallUnreconciledError):
         late.outbound(adapter.charge, request, business_key="order:s6")  # nothing sent
@@ -176,15 +171,14 @@ def test_a_lost_decline_past_the_key_s_retention_waits_for_an_operator(
 
 
 def test_a_retry_that_paid_past_the_key_s_retention_is_found_beside_its_decline(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
     """Declined, then retried by its execution 25 h later (Stripe forgot the key, so the
     retry ran afresh and paid), the retry's answer lost: the search finds two
     PaymentIntents under the key, the declined one and the payment. A declined one moved
     no money, so reconcile takes the payment instead of sending a paid order to an
     operator."""
-    server = served("stripe")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("stripe")
     request = charge_request("order-r")
     server.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="charge")
     raised_then_retry_asked(

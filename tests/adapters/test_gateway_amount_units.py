@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 from celery_agboss.adapters.adyen import TEST_CARD, AdyenRequestError
 from celery_agboss.adapters.checkout import CheckoutRequestError
 from celery_agboss.adapters.stripe import TEST_PAYMENT_METHOD, InvalidStripeRequestError
-from celery_agboss.core.outbound import CallContext, Outcome
+from celery_agboss.core.outbound import CallContext, OutboundCall, Outcome
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway_handler import GatewayCall, Reply
 from celery_agboss.testing.gateway_server import FakeGatewayServer
@@ -91,16 +91,27 @@ GATEWAYS = {
     ),
 }
 
+
+class Converted(NamedTuple):
+    """A gateway, a currency, ISO 4217 minor units, what the gateway's wire carries."""
+
+    name: str
+    currency: str
+    amount: int
+    wire: int
+
+
 CONVERTED = [
-    # gateway, currency, ISO 4217 minor units, what the gateway's wire carries
-    ("stripe", "isk", 1000, 100000),  # 1,000 ISK: Stripe's ISK has two decimals
-    ("stripe", "mga", 10000, 100),  # 100.00 MGA: a zero-decimal currency on Stripe
-    ("adyen", "clp", 1000, 100000),  # 1,000 CLP: two decimals on Adyen
-    ("adyen", "cve", 10000, 100),  # 100.00 CVE: none on Adyen
-    ("adyen", "idr", 1500000, 15000),  # 15,000.00 IDR: none on Adyen
-    ("adyen", "isk", 1000, 100000),  # 1,000 ISK: two decimals on Adyen
-    ("checkout", "clp", 1000, 100000),  # 1,000 CLP: ÷100 on Checkout.com
+    Converted("stripe", "isk", 1000, 100000),  # 1,000 ISK: Stripe's ISK has two decimals
+    Converted("stripe", "mga", 10000, 100),  # 100.00 MGA: a zero-decimal currency on Stripe
+    Converted("adyen", "clp", 1000, 100000),  # 1,000 CLP: two decimals on Adyen
+    Converted("adyen", "cve", 10000, 100),  # 100.00 CVE: none on Adyen
+    Converted("adyen", "idr", 1500000, 15000),  # 15,000.00 IDR: none on Adyen
+    Converted("adyen", "isk", 1000, 100000),  # 1,000 ISK: two decimals on Adyen
+    Converted("checkout", "clp", 1000, 100000),  # 1,000 CLP: ÷100 on Checkout.com
 ]
+# Each case's id as its values read ("stripe-isk-1000-100000").
+each_conversion = pytest.mark.parametrize("case", CONVERTED, ids=lambda c: "-".join(map(str, c)))
 
 REFUSED = [
     # gateway, currency, an ISO amount the gateway cannot write, the nearest it can
@@ -139,98 +150,103 @@ def _wire_amounts(gateway: Gateway, seen: list[GatewayCall], kind: str) -> list[
     return [gateway.wire_field(kind, c.body) for c in found]
 
 
-def _setup(served: ServeFn, monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
-    server = served(name)
-    return (
-        GATEWAYS[name],
-        server,
-        GATEWAYS[name].adapter_for(server.url),
-        _wire(monkeypatch, server),
+def _assert_refused(gateway: Gateway, call: OutboundCall, request: Any, *named: str) -> None:
+    """``call``'s send of ``request`` is refused as a definite failure whose message names
+    each of ``named`` (the amount, the currency, the nearest amounts it could write)."""
+    with pytest.raises(gateway.refused) as refused:
+        call.send(CallContext(f"default:t:{call.name}", request, 1, call.name))
+    message = str(refused.value)
+    assert all(part in message for part in named), (named, message)
+    assert call.is_definite_failure(refused.value) is True
+
+
+Wired = tuple[Gateway, FakeGatewayServer, Any, list[GatewayCall]]
+
+
+@pytest.fixture
+def wired(served: ServeFn, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Wired]:
+    """``wired(name)``: the gateway's table row, its server, its adapter, and every POST
+    that reaches the server as it arrived."""
+
+    def wire(name: str) -> Wired:
+        server = served(name)
+        adapter = GATEWAYS[name].adapter_for(server.url)
+        return GATEWAYS[name], server, adapter, _wire(monkeypatch, server)
+
+    return wire
+
+
+@each_conversion
+def test_a_charge_goes_out_in_the_gateway_s_units_and_comes_back_in_iso_units(
+    wired: Callable[[str], Wired], shop: Shop, case: Converted
+) -> None:
+    gateway, server, adapter, seen = wired(case.name)
+    with shop.start("pay") as ctx:
+        receipt = ctx.outbound(
+            adapter.charge, gateway.charge("order-u1", case.currency, case.amount)
+        )
+    assert _wire_amounts(gateway, seen, "charge") == [case.wire]
+    assert (receipt["amount"], receipt["currency"]) == (case.amount, case.currency)
+    [paid] = server.gateway.payments
+    assert (paid["amount"], paid["currency"].lower()) == (case.amount, case.currency), (
+        "the merchant's money"
     )
 
 
-@pytest.mark.parametrize(("name", "currency", "amount", "wire"), CONVERTED)
-def test_a_charge_goes_out_in_the_gateway_s_units_and_comes_back_in_iso_units(
-    served: ServeFn,
-    shop: Shop,
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    currency: str,
-    amount: int,
-    wire: int,
-) -> None:
-    gateway, server, adapter, seen = _setup(served, monkeypatch, name)
-    with shop.start("pay") as ctx:
-        receipt = ctx.outbound(adapter.charge, gateway.charge("order-u1", currency, amount))
-    assert _wire_amounts(gateway, seen, "charge") == [wire]
-    assert (receipt["amount"], receipt["currency"]) == (amount, currency)
-    [paid] = server.gateway.payments
-    assert (paid["amount"], paid["currency"].lower()) == (amount, currency), "the merchant's money"
-
-
-@pytest.mark.parametrize(("name", "currency", "amount", "wire"), CONVERTED)
+@each_conversion
 def test_a_partial_capture_and_a_partial_refund_go_out_in_the_gateway_s_units(
-    served: ServeFn,
-    shop: Shop,
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    currency: str,
-    amount: int,
-    wire: int,
+    wired: Callable[[str], Wired], shop: Shop, case: Converted
 ) -> None:
-    gateway, server, adapter, seen = _setup(served, monkeypatch, name)
-    half = amount // 2
+    gateway, server, adapter, seen = wired(case.name)
+    half = case.amount // 2
     with shop.start("ship") as ctx:
-        held = ctx.outbound(adapter.authorize, gateway.charge("order-u2", currency, amount))
-        captured = ctx.outbound(adapter.capture, gateway.action(held["id"], currency, half))
-        refunded = ctx.outbound(adapter.refund, gateway.action(held["id"], currency, half // 2))
-    assert _wire_amounts(gateway, seen, "capture") == [half * wire // amount]
-    assert _wire_amounts(gateway, seen, "refund") == [half // 2 * wire // amount]
+        held = ctx.outbound(
+            adapter.authorize, gateway.charge("order-u2", case.currency, case.amount)
+        )
+        captured = ctx.outbound(adapter.capture, gateway.action(held["id"], case.currency, half))
+        refunded = ctx.outbound(
+            adapter.refund, gateway.action(held["id"], case.currency, half // 2)
+        )
+    assert _wire_amounts(gateway, seen, "capture") == [half * case.wire // case.amount]
+    assert _wire_amounts(gateway, seen, "refund") == [half // 2 * case.wire // case.amount]
     assert (captured[gateway.captured_field], refunded["amount"]) == (half, half // 2)
     assert server.gateway.retrieve(server.gateway.payments[0]["id"])["amount_captured"] == half
     assert [r["amount"] for r in server.gateway.refunds] == [half // 2]
 
 
-@pytest.mark.parametrize(("name", "currency", "amount", "wire"), CONVERTED)
+@each_conversion
 def test_a_lost_answer_is_settled_with_the_converted_amount_not_as_a_mismatch(
-    served: ServeFn,
-    shop: Shop,
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    currency: str,
-    amount: int,
-    wire: int,
+    wired: Callable[[str], Wired], shop: Shop, case: Converted
 ) -> None:
     """Stripe and Checkout.com find the payment and compare it with the request in ISO
     units (adopted, not ``Unknown``); Adyen has no lookup, and the resend's replay is
     compared the same way (taken, not ``AnotherRequestsAnswerError``)."""
-    gateway, server, adapter, seen = _setup(served, monkeypatch, name)
-    request = gateway.charge("order-u3", currency, amount)
+    gateway, server, adapter, seen = wired(case.name)
+    request = gateway.charge("order-u3", case.currency, case.amount)
     shop.lose_the_answer("pay", adapter.charge, request, gateway=server.gateway)
     with shop.start("pay") as retry:
         receipt = retry.outbound(adapter.charge, request)
-        settled = Outcome.SENT if name == "adyen" else Outcome.RECONCILED
+        settled = Outcome.SENT if case.name == "adyen" else Outcome.RECONCILED
         assert retry.last_outcome is settled
-    assert (receipt["amount"], receipt["currency"]) == (amount, currency)
-    assert [p["amount"] for p in server.gateway.payments] == [amount]
-    assert set(_wire_amounts(gateway, seen, "charge")) == {wire}
+    assert (receipt["amount"], receipt["currency"]) == (case.amount, case.currency)
+    assert [p["amount"] for p in server.gateway.payments] == [case.amount]
+    assert set(_wire_amounts(gateway, seen, "charge")) == {case.wire}
 
 
 @pytest.mark.parametrize(
     ("name", "currency", "amount"), [("stripe", "isk", 1000), ("checkout", "clp", 1000)]
 )
 def test_a_lost_refund_of_all_that_is_left_is_adopted_in_iso_units(
-    served: ServeFn,
+    wired: Callable[[str], Wired],
     shop: Shop,
     db_clock: VirtualClock,
-    monkeypatch: pytest.MonkeyPatch,
     name: str,
     currency: str,
     amount: int,
 ) -> None:
     """A refund without an amount takes what is left: reconcile compares the refund found
     under the key with the payment's total less the earlier refunds, all in ISO units."""
-    gateway, server, adapter, _ = _setup(served, monkeypatch, name)
+    gateway, server, adapter, _ = wired(name)
     with shop.start("pay") as ctx:
         paid = ctx.outbound(adapter.charge, gateway.charge("order-u4", currency, amount))
         ctx.outbound(adapter.refund, gateway.action(paid["id"], currency, 400))
@@ -245,21 +261,15 @@ def test_a_lost_refund_of_all_that_is_left_is_adopted_in_iso_units(
 
 @pytest.mark.parametrize(("name", "currency", "amount", "nearest"), REFUSED)
 def test_an_amount_the_gateway_cannot_write_is_refused_before_anything_is_sent(
-    served: ServeFn,
-    monkeypatch: pytest.MonkeyPatch,
+    wired: Callable[[str], Wired],
     name: str,
     currency: str,
     amount: int,
     nearest: str,
 ) -> None:
-    gateway, server, adapter, seen = _setup(served, monkeypatch, name)
+    gateway, server, adapter, seen = wired(name)
     request = gateway.charge("order-u5", currency, amount)
-    call = CallContext("default:t:pay:charge", request, 1, adapter.charge.name)
-    with pytest.raises(gateway.refused) as refused:
-        adapter.charge.send(call)
-    message = str(refused.value)
-    assert str(amount) in message and currency.upper() in message and nearest in message
-    assert adapter.charge.is_definite_failure(refused.value) is True
+    _assert_refused(gateway, adapter.charge, request, str(amount), currency.upper(), nearest)
     assert seen == [] and server.gateway.requests == []
 
 
@@ -274,9 +284,8 @@ def test_an_amount_the_gateway_cannot_write_is_refused_before_anything_is_sent(
     ],
 )
 def test_a_refund_the_gateway_cannot_write_is_refused_before_the_refund(
-    served: ServeFn,
+    wired: Callable[[str], Wired],
     shop: Shop,
-    monkeypatch: pytest.MonkeyPatch,
     name: str,
     currency: str,
     amount: int,
@@ -285,16 +294,11 @@ def test_a_refund_the_gateway_cannot_write_is_refused_before_the_refund(
 ) -> None:
     """Stripe's and Checkout.com's refunds name no currency: it is read from the payment
     first (a read, nothing moved), and the refund is refused before it is sent."""
-    gateway, server, adapter, seen = _setup(served, monkeypatch, name)
+    gateway, server, adapter, seen = wired(name)
     with shop.start("pay") as ctx:
         paid = ctx.outbound(adapter.charge, gateway.charge("order-u6", currency, amount))
     request = gateway.action(paid["id"], currency, refund)
-    call = CallContext("default:t:undo:refund", request, 1, adapter.refund.name)
-    with pytest.raises(gateway.refused) as refused:
-        adapter.refund.send(call)
-    message = str(refused.value)
-    assert str(refund) in message and currency.upper() in message and nearest in message
-    assert adapter.refund.is_definite_failure(refused.value) is True
+    _assert_refused(gateway, adapter.refund, request, str(refund), currency.upper(), nearest)
     assert [_kind(c.path) for c in seen] == ["charge"]
     assert server.gateway.refunds == []
     assert [r.operation for r in server.gateway.requests] == ["charge"]

@@ -26,45 +26,39 @@ from tests.adapters.own_payment_support import (
     OURS,
     THEIR_AMOUNT,
     THEIRS,
+    TheirAction,
     action_id,
     action_request,
+    assert_names_their_amount,
+    each,
     key_for,
     make_payment,
     reconcile,
     send,
     served_adapter,
-    their_action_first,
 )
 from tests.engine.helpers import Shop
 
 # --- "all of it": reconcile compares with the whole ------------------------------------------
 
-WHOLE = [
-    ("stripe", "capture"),
-    ("stripe", "refund"),
-    ("checkout", "capture"),
-    ("checkout", "refund"),
-]
+WHOLE = each("stripe capture", "stripe refund", "checkout capture", "checkout refund")
 
 
-@pytest.mark.parametrize(("gateway", "kind"), WHOLE)
+@WHOLE
 def test_a_partial_action_under_our_key_is_not_taken_for_our_all_of_it(
-    gateway: str, kind: str, served: ServeFn, shop: Shop
+    theirs: TheirAction,
 ) -> None:
     """Their 1000 of the 2500 payment, under our key: our "capture all" / "refund all"
     would have taken 2500, so reconcile names the amount and leaves it to an operator."""
-    theirs = their_action_first(served, shop, gateway, kind)
     answer = reconcile(theirs.call, theirs.key, theirs.ours(None))
-    assert isinstance(answer, Unknown), answer
-    assert THEIR_AMOUNT in answer.reason, answer.reason
+    assert_names_their_amount(answer)
     assert theirs.nothing_more_moved()
 
 
-@pytest.mark.parametrize(("gateway", "kind"), WHOLE)
+@WHOLE
 def test_twin_without_the_comparison_their_part_is_taken_for_our_all_of_it(
-    gateway: str, kind: str, served: ServeFn, shop: Shop
+    theirs: TheirAction,
 ) -> None:
-    theirs = their_action_first(served, shop, gateway, kind)
     with sabotage(ADOPTS_ANY_PAYMENT):
         answer = reconcile(theirs.call, theirs.key, theirs.ours(None))
     assert isinstance(answer, Completed), answer
@@ -95,31 +89,22 @@ def test_our_own_refund_of_all_that_was_left_is_taken(
 # --- a replayed answer: another amount, another payment, another kind -------------------------
 
 
-REPLAYED_AMOUNT = [
-    ("checkout", "capture"),
-    ("checkout", "refund"),
-    ("paypal", "capture"),
-    ("paypal", "refund"),
-]
+REPLAYED_AMOUNT = each("checkout capture", "checkout refund", "paypal capture", "paypal refund")
 
 
-@pytest.mark.parametrize(("gateway", "kind"), REPLAYED_AMOUNT)
-def test_a_replayed_action_of_another_amount_is_refused(
-    gateway: str, kind: str, served: ServeFn, shop: Shop
-) -> None:
+@REPLAYED_AMOUNT
+def test_a_replayed_action_of_another_amount_is_refused(theirs: TheirAction) -> None:
     """Our resend of 2500 under the key their 1000 was made with: the gateway answers
     theirs again, which the send refuses (definite: nothing was done for ours)."""
-    theirs = their_action_first(served, shop, gateway, kind)
     with pytest.raises(AnotherRequestsAnswerError, match=THEIR_AMOUNT):
         send(theirs.call, theirs.key, theirs.ours(), 2)
     assert theirs.nothing_more_moved()
 
 
-@pytest.mark.parametrize(("gateway", "kind"), REPLAYED_AMOUNT)
+@REPLAYED_AMOUNT
 def test_twin_without_the_comparison_a_replayed_action_of_another_amount_is_taken(
-    gateway: str, kind: str, served: ServeFn, shop: Shop
+    theirs: TheirAction,
 ) -> None:
-    theirs = their_action_first(served, shop, gateway, kind)
     with sabotage(ADOPTS_ANY_PAYMENT):
         taken = send(theirs.call, theirs.key, theirs.ours(), 2)
     theirs.assert_taken_for_ours(taken)  # our 2500 never moved

@@ -32,7 +32,12 @@ from celery_agboss.testing.checklist import GatewayCheckStatus, gateway_checklis
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault, GatewayRequestOutcome
-from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
+from tests.adapters.conftest import (
+    AdapterOn,
+    ServeFn,
+    checklist_shows,
+    refund_from_every_path,
+)
 from tests.adapters.deliveries import raised_then_retry_asked
 from tests.adapters.paypal_support import adapter_for, charge_request, dialect_of
 from tests.engine.helpers import Background, Shop, business_intent_key, step_intent_key
@@ -50,19 +55,16 @@ after a refund below shows what "current status" means. G5 is not documented."""
 def test_the_checklist_through_the_sdk_reports_what_paypal_documents(
     served: ServeFn, db_clock: VirtualClock
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
-    report = checklist(adapter, db_clock, SIX_HOURS)
-    assert report.statuses() == PROBED_LEVEL, str(report)
+    adapter = adapter_for(served("paypal").url)
+    checklist_shows(adapter, db_clock, SIX_HOURS, PROBED_LEVEL)
     longer = gateway_checklist(adapter.send, adapter.lookup, clock=db_clock)  # a day asked
     assert longer.result("G3").status is FAILED, "PayPal keeps an order's key 6 h, not 24"
 
 
 def test_g4_a_repeat_answers_the_current_status_not_the_first_response(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     first = adapter.send(1000, "order-g4:paypal.charge")
     refund = {"payment_id": first["id"], "amount": None}
     adapter.refund.send(CallContext("refund-g4:paypal.refund", refund, 1, adapter.refund.name))
@@ -72,10 +74,11 @@ def test_g4_a_repeat_answers_the_current_status_not_the_first_response(
     assert len(server.gateway.payments) == 1
 
 
-def _lose_the_charge_answer(served: ServeFn, shop: Shop) -> tuple[FakeGatewayServer, PayPalAdapter]:
+def _lose_the_charge_answer(
+    adapter_on: AdapterOn, shop: Shop
+) -> tuple[FakeGatewayServer, PayPalAdapter]:
     """Order 1's charge captured at PayPal, its answer lost: the delivery saw ``unknown``."""
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     shop.lose_the_answer(
         "task-1", adapter.charge, charge_request("order-1"), gateway=server.gateway
     )
@@ -92,9 +95,9 @@ def _processed_charges(server: FakeGatewayServer) -> list[Any]:
 
 
 def test_ps1_a_lost_charge_answer_is_reconciled_by_the_order_s_get(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter = _lose_the_charge_answer(served, shop)
+    server, adapter = _lose_the_charge_answer(adapter_on, shop)
     receipt = shop.reconciled("task-1", adapter.charge, charge_request("order-1"))
     assert [p["id"] for p in server.gateway.payments] == [receipt["id"]]
     assert len(_processed_charges(server)) == 1
@@ -103,10 +106,9 @@ def test_ps1_a_lost_charge_answer_is_reconciled_by_the_order_s_get(
 
 
 def test_ps1_an_order_never_captured_is_resent_and_captured_once(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     server.gateway.inject_fault(FakeGatewayFault.FAIL_BEFORE_PROCESSING)  # 503, nothing paid
     shop.unknown("task-1", adapter.charge, charge_request("order-1"))
     assert server.gateway.payments == []
@@ -144,9 +146,9 @@ def _past_paypal_s_order_retention(shop: Shop, server: FakeGatewayServer) -> Non
 
 
 def test_ps17_past_six_hours_a_lost_answer_is_not_charged_again(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter = _lose_the_charge_answer(served, shop)
+    server, adapter = _lose_the_charge_answer(adapter_on, shop)
     _past_paypal_s_order_retention(shop, server)
     with shop.start("task-1") as second, pytest.raises(OutboundCallUnreconciledError):
         second.outbound(adapter.charge, charge_request("order-1"))
@@ -157,9 +159,10 @@ def test_ps17_past_six_hours_a_lost_answer_is_not_charged_again(
     assert len(dialect_of(server).orders) == 1, "no order replayed past its key's life"
 
 
-def test_ps17_twin_every_error_definite_charges_a_second_time(served: ServeFn, shop: Shop) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+def test_ps17_twin_every_error_definite_charges_a_second_time(
+    adapter_on: AdapterOn, shop: Shop
+) -> None:
+    server, adapter = adapter_on("paypal")
     with sabotage(EVERY_ERROR_DEFINITE):
         server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
         request = charge_request("order-1")
@@ -173,9 +176,10 @@ def test_ps17_twin_every_error_definite_charges_a_second_time(served: ServeFn, s
     assert len(dialect_of(server).orders) == 2
 
 
-def test_ps19_a_refund_whose_answer_was_lost_is_refunded_once(served: ServeFn, shop: Shop) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+def test_ps19_a_refund_whose_answer_was_lost_is_refunded_once(
+    adapter_on: AdapterOn, shop: Shop
+) -> None:
+    server, adapter = adapter_on("paypal")
     with shop.start("pay") as paying:
         capture_id = paying.outbound(adapter.charge, charge_request("order-19"))["id"]
     request = {"payment_id": capture_id, "amount": 400}
@@ -226,10 +230,9 @@ def test_every_money_moving_request_carries_the_intent_s_key(served: ServeFn, sh
 
 
 def test_a_lost_void_answer_is_reconciled_by_the_authorization_s_status(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     with shop.start("hold") as ctx:
         authorization = ctx.outbound(adapter.authorize, charge_request("order-20"))
     server.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP, operation="void")

@@ -24,7 +24,7 @@ from celery_agboss.adapters.paypal import PayPalRequestError, issues_of
 from celery_agboss.adapters.paypal_requests import body_of, decimal_value, minor_units
 from celery_agboss.core.outbound import CallContext, Outcome
 from celery_agboss.testing.gateway_server import FakeGatewayServer
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn
 from tests.adapters.paypal_support import adapter_for, charge_request, dialect_of
 from tests.engine.helpers import Shop
 
@@ -59,10 +59,9 @@ def test_minor_units_and_paypal_s_value_are_one_conversion_both_ways(
 
 @pytest.mark.parametrize(("currency", "amount", "value"), WIRE)
 def test_a_charge_moves_the_request_s_minor_units_and_says_so_on_the_wire(
-    served: ServeFn, shop: Shop, currency: str, amount: int, value: str
+    adapter_on: AdapterOn, shop: Shop, currency: str, amount: int, value: str
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     with shop.start("pay") as ctx:
         receipt = ctx.outbound(adapter.charge, _request(currency, amount))
     [paid] = server.gateway.payments
@@ -74,10 +73,9 @@ def test_a_charge_moves_the_request_s_minor_units_and_says_so_on_the_wire(
 
 
 def test_a_huf_charge_whose_answer_was_lost_is_reconciled_in_the_same_units(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     request = _request("huf", 150000)
     shop.lose_the_answer("pay", adapter.charge, request, gateway=server.gateway)
     receipt = shop.reconciled("pay", adapter.charge, request)
@@ -85,9 +83,8 @@ def test_a_huf_charge_whose_answer_was_lost_is_reconciled_in_the_same_units(
     assert [p["amount"] for p in server.gateway.payments] == [150000]
 
 
-def test_a_partial_huf_refund_is_the_request_s_forints(served: ServeFn, shop: Shop) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+def test_a_partial_huf_refund_is_the_request_s_forints(adapter_on: AdapterOn, shop: Shop) -> None:
+    server, adapter = adapter_on("paypal")
     with shop.start("pay") as ctx:
         paid = ctx.outbound(adapter.charge, _request("huf", 150000))
         refund = ctx.outbound(adapter.refund, {"payment_id": paid["id"], "amount": 50000})
@@ -97,10 +94,9 @@ def test_a_partial_huf_refund_is_the_request_s_forints(served: ServeFn, shop: Sh
 
 @pytest.mark.parametrize("currency", ["huf", "twd"])
 def test_a_fraction_of_a_whole_unit_is_refused_before_anything_is_sent(
-    served: ServeFn, currency: str
+    adapter_on: AdapterOn, currency: str
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     call = CallContext("default:t:pay:paypal.charge", _request(currency, 150050), 1, "x")
     with pytest.raises(PayPalRequestError) as refused:
         adapter.charge.send(call)
@@ -111,12 +107,11 @@ def test_a_fraction_of_a_whole_unit_is_refused_before_anything_is_sent(
 
 
 def test_a_partial_capture_in_a_fraction_of_a_forint_is_refused_before_the_capture(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
     """Named with its currency it is refused at once; without one, after the read that
     tells the authorization's currency, and still before the capture."""
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     with shop.start("hold") as ctx:
         held = ctx.outbound(adapter.authorize, _request("huf", 150000))
     for request in ({"currency": "huf"}, {}):
@@ -133,10 +128,9 @@ def test_a_partial_capture_in_a_fraction_of_a_forint_is_refused_before_the_captu
 
 
 def test_the_fake_refuses_decimals_in_a_whole_unit_currency_as_paypal_does(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     unit = PurchaseUnitRequest(amount=AmountWithBreakdown("HUF", "1500.50"), custom_id="o-1")
     body = OrderRequest(intent=CheckoutPaymentIntent.CAPTURE, purchase_units=[unit])
     with pytest.raises(ErrorException) as refused:

@@ -23,9 +23,9 @@ from celery_agboss.adapters.paypal import PayPalAdapter, PayPalDeclinedError
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn, ServeFn
 from tests.adapters.deliveries import intent_status, lose_at_the_gateway, raised_then_retry_asked
-from tests.adapters.paypal_support import adapter_for, charge_request, dialect_of
+from tests.adapters.paypal_support import charge_request, dialect_of
 from tests.engine.helpers import Shop, business_intent_key
 
 DECLINED = GatewayRequestOutcome.DECLINED
@@ -34,12 +34,11 @@ REPLAYED = GatewayRequestOutcome.REPLAYED
 
 
 def _paid(
-    served: ServeFn, shop: Shop, order: str, *, capture: bool
+    adapter_on: AdapterOn, shop: Shop, order: str, *, capture: bool
 ) -> tuple[FakeGatewayServer, PayPalAdapter, str]:
     """An order of 1000 paid through the engine: captured (its capture's id) or only
     authorized (its authorization's id)."""
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     call = adapter.charge if capture else adapter.authorize
     with shop.start(f"pay-{order}") as ctx:
         paid = ctx.outbound(call, charge_request(order), business_key=f"order:{order}")
@@ -67,11 +66,11 @@ def _no_money_moved(server: FakeGatewayServer, payment_id: str, kind: str) -> No
     [("capture", "DECLINED"), ("capture", "FAILED"), ("refund", "FAILED"), ("refund", "CANCELLED")],
 )
 def test_a_capture_or_refund_paypal_answers_without_moving_money_is_a_definite_failure(
-    served: ServeFn, shop: Shop, kind: str, shown: str
+    adapter_on: AdapterOn, shop: Shop, kind: str, shown: str
 ) -> None:
     """Definite, never COMPLETED; a retry under the business key gets PayPal's same answer
     replayed under the same key (no money moves), so it fails the same way."""
-    server, adapter, payment_id = _paid(served, shop, kind, capture=kind == "refund")
+    server, adapter, payment_id = _paid(adapter_on, shop, kind, capture=kind == "refund")
     dialect_of(server).status_next(kind, shown)
     call, business_key = getattr(adapter, kind), f"{kind}:{payment_id}"
     request = {"payment_id": payment_id}
@@ -100,12 +99,12 @@ def test_a_capture_or_refund_paypal_answers_without_moving_money_is_a_definite_f
 
 @pytest.mark.parametrize(("kind", "shown"), [("capture", "DECLINED"), ("refund", "FAILED")])
 def test_one_whose_answer_was_lost_is_not_reconciled_as_completed(
-    served: ServeFn, shop: Shop, kind: str, shown: str
+    adapter_on: AdapterOn, shop: Shop, kind: str, shown: str
 ) -> None:
     """Reconcile replays the key (PayPal has no read by it): the replay's answer is
     PayPal's under the key, so the refused status is definite there too, not Completed
     and not an unproven refusal left pending."""
-    server, adapter, payment_id = _paid(served, shop, f"lost-{kind}", capture=kind == "refund")
+    server, adapter, payment_id = _paid(adapter_on, shop, f"lost-{kind}", capture=kind == "refund")
     dialect_of(server).status_next(kind, shown)
     call, business_key = getattr(adapter, kind), f"{kind}:{payment_id}"
     request = {"payment_id": payment_id}
@@ -123,11 +122,13 @@ def test_one_whose_answer_was_lost_is_not_reconciled_as_completed(
 
 @pytest.mark.parametrize("kind", ["capture", "refund"])
 def test_a_pending_capture_or_refund_is_the_result_with_its_status(
-    served: ServeFn, shop: Shop, kind: str
+    adapter_on: AdapterOn, shop: Shop, kind: str
 ) -> None:
     """PENDING is not a refusal (the money may still move), as for an order's capture:
     the result, whose ``status`` tells the task it is not final yet."""
-    server, adapter, payment_id = _paid(served, shop, f"pending-{kind}", capture=kind == "refund")
+    server, adapter, payment_id = _paid(
+        adapter_on, shop, f"pending-{kind}", capture=kind == "refund"
+    )
     dialect_of(server).status_next(kind, "PENDING")
     call, business_key = getattr(adapter, kind), f"{kind}:{payment_id}"
     with shop.start(f"t-{kind}") as ctx:

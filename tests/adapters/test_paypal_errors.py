@@ -26,7 +26,7 @@ from celery_agboss.adapters.paypal import (
 from celery_agboss.core.outbound import CallContext
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn, ServeFn
 from tests.adapters.paypal_support import (
     CLIENT_ID,
     CLIENT_SECRET,
@@ -225,10 +225,9 @@ def test_a_timeout_is_unknown(served: ServeFn) -> None:
 
 
 def test_the_adapter_declares_paypal_s_retention_and_builds_the_sdk_without_retries(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     retention = {call.name: call.key_retention for call in adapter.calls}
     assert retention == {
         "paypal.charge": timedelta(hours=6),  # the order's key: what finds the capture

@@ -25,7 +25,7 @@ from celery_agboss.core.outbound import CallContext, Lookup, NotSent
 from celery_agboss.core.store_protocol import IntentStatus
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
-from tests.adapters.conftest import ServeFn
+from tests.adapters.conftest import AdapterOn, ServeFn
 from tests.adapters.deliveries import intent_status
 from tests.adapters.paypal_support import VAULT_ID, adapter_for, charge_request, dialect_of
 from tests.engine.helpers import Shop, business_intent_key
@@ -34,10 +34,11 @@ INVALID, PROCESSED = GatewayRequestOutcome.INVALID, GatewayRequestOutcome.PROCES
 CARD = {"payment_source": {"card": {"vault_id": VAULT_ID}}}
 
 
-def _unapproved_order(served: ServeFn, intent: str = "CAPTURE") -> tuple[FakeGatewayServer, Any]:
+def _unapproved_order(
+    adapter_on: AdapterOn, intent: str = "CAPTURE"
+) -> tuple[FakeGatewayServer, Any]:
     """An order created as a checkout page creates one: no payment source, not approved."""
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("paypal")
     body = {
         "intent": intent,
         "purchase_units": [{"amount": {"currency_code": "USD", "value": "10.00"}}],
@@ -51,9 +52,9 @@ def _charges(server: FakeGatewayServer) -> list[tuple[str | None, GatewayRequest
 
 
 def test_a_capture_of_an_unapproved_order_is_refused_counted_and_charges_nothing(
-    served: ServeFn,
+    adapter_on: AdapterOn,
 ) -> None:
-    server, (adapter, order_id) = _unapproved_order(served)
+    server, (adapter, order_id) = _unapproved_order(adapter_on)
     orders: Any = adapter.client.orders
     with pytest.raises(ErrorException) as refused:
         orders.capture_order({"id": order_id, "paypal_request_id": "cap-k"})
@@ -67,8 +68,8 @@ def test_a_capture_of_an_unapproved_order_is_refused_counted_and_charges_nothing
     assert len(server.gateway.payments) == 1
 
 
-def test_an_authorize_of_a_capture_order_is_refused_and_counted(served: ServeFn) -> None:
-    server, (adapter, order_id) = _unapproved_order(served)
+def test_an_authorize_of_a_capture_order_is_refused_and_counted(adapter_on: AdapterOn) -> None:
+    server, (adapter, order_id) = _unapproved_order(adapter_on)
     orders: Any = adapter.client.orders
     with pytest.raises(ErrorException) as refused:
         orders.authorize_order({"id": order_id, "paypal_request_id": "auth-k", "body": CARD})

@@ -21,16 +21,15 @@ from celery_agboss.adapters.paypal_requests import body_of
 from celery_agboss.core.outbound import CallContext, Outcome
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
-from tests.adapters.conftest import ServeFn
-from tests.adapters.paypal_support import adapter_for, charge_request
+from tests.adapters.conftest import AdapterOn
+from tests.adapters.paypal_support import charge_request
 from tests.engine.helpers import Shop
 
 PROCESSED, REPLAYED = GatewayRequestOutcome.PROCESSED, GatewayRequestOutcome.REPLAYED
 
 
-def _authorized(served: ServeFn, shop: Shop) -> tuple[FakeGatewayServer, PayPalAdapter, str]:
-    server = served("paypal")
-    adapter = adapter_for(server.url)
+def _authorized(adapter_on: AdapterOn, shop: Shop) -> tuple[FakeGatewayServer, PayPalAdapter, str]:
+    server, adapter = adapter_on("paypal")
     with shop.start("t-auth") as ctx:
         auth = ctx.outbound(adapter.authorize, charge_request("order-ps18b"), business_key="a:1")
     return server, adapter, str(auth["id"])
@@ -59,9 +58,9 @@ def _authorization_status(adapter: PayPalAdapter, auth: str) -> Any:
 
 
 def test_two_partial_captures_of_one_authorization_are_both_captured(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, auth = _authorized(served, shop)
+    server, adapter, auth = _authorized(adapter_on, shop)
     first = _capture(shop, adapter, auth, 1, amount=300)
     assert _authorization_status(adapter, auth) == "PARTIALLY_CAPTURED"
     second = _capture(shop, adapter, auth, 2, amount=700)
@@ -76,9 +75,9 @@ def test_two_partial_captures_of_one_authorization_are_both_captured(
 
 
 def test_final_capture_true_on_a_partial_closes_the_authorization(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, auth = _authorized(served, shop)
+    server, adapter, auth = _authorized(adapter_on, shop)
     _capture(shop, adapter, auth, 1, amount=300)
     closing = _capture(shop, adapter, auth, 2, amount=200, final_capture=True)
     assert closing["amount"] == 200
@@ -91,9 +90,9 @@ def test_final_capture_true_on_a_partial_closes_the_authorization(
 
 
 def test_a_capture_without_an_amount_takes_what_is_left_and_closes_it(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, auth = _authorized(served, shop)
+    server, adapter, auth = _authorized(adapter_on, shop)
     _capture(shop, adapter, auth, 1, amount=300)
     rest = _capture(shop, adapter, auth, 2)
     assert rest["amount"] == 700
@@ -107,9 +106,9 @@ def test_a_capture_without_an_amount_takes_what_is_left_and_closes_it(
 
 
 def test_a_capture_past_what_is_left_is_refused_and_nothing_is_captured(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, auth = _authorized(served, shop)
+    server, adapter, auth = _authorized(adapter_on, shop)
     _capture(shop, adapter, auth, 1, amount=300)
     with pytest.raises(ErrorException) as refused:
         _send(adapter, auth, 2, amount=800)
@@ -120,9 +119,9 @@ def test_a_capture_past_what_is_left_is_refused_and_nothing_is_captured(
 
 
 def test_a_lost_answer_of_the_second_partial_capture_is_replayed_once(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, auth = _authorized(served, shop)
+    server, adapter, auth = _authorized(adapter_on, shop)
     _capture(shop, adapter, auth, 1, amount=300)
     request, key = {"payment_id": auth, "amount": 700}, f"capture:{auth}:2"
     shop.lose_the_answer(
@@ -138,8 +137,8 @@ def test_a_lost_answer_of_the_second_partial_capture_is_replayed_once(
     assert server.gateway.retrieve(auth)["amount_captured"] == 1000
 
 
-def test_a_partial_capture_is_refunded_on_its_own(served: ServeFn, shop: Shop) -> None:
-    server, adapter, auth = _authorized(served, shop)
+def test_a_partial_capture_is_refunded_on_its_own(adapter_on: AdapterOn, shop: Shop) -> None:
+    server, adapter, auth = _authorized(adapter_on, shop)
     first = _capture(shop, adapter, auth, 1, amount=300)
     _capture(shop, adapter, auth, 2, amount=700)
     with shop.start("t-refund") as ctx:
@@ -149,9 +148,9 @@ def test_a_partial_capture_is_refunded_on_its_own(served: ServeFn, shop: Shop) -
 
 
 def test_a_final_capture_that_is_not_a_bool_is_refused_before_anything_is_sent(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, auth = _authorized(served, shop)
+    server, adapter, auth = _authorized(adapter_on, shop)
     with pytest.raises(PayPalRequestError, match="final_capture"):
         _send(adapter, auth, 1, amount=300, final_capture="yes")
     assert _captures(server) == []

@@ -25,7 +25,7 @@ from celery_agboss.testing.checklist import GatewayCheckStatus
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGatewayFault, GatewayRequestOutcome
 from celery_agboss.testing.gateway_server import FakeGatewayServer
-from tests.adapters.conftest import ServeFn, checklist, refund_from_every_path
+from tests.adapters.conftest import ServeFn, checklist, checklist_shows, refund_from_every_path
 from tests.adapters.deliveries import raised_then_retry_asked
 from tests.adapters.stripe_support import (  # noqa: F401 - the fixtures, used by name
     adapter_for,
@@ -66,9 +66,7 @@ def _lose_the_first_charge(shop: Shop, server: FakeGatewayServer, adapter: Strip
 def test_the_checklist_through_the_sdk_shows_the_level_stripe_documents(
     served: ServeFn, db_clock: VirtualClock
 ) -> None:
-    adapter = adapter_for(served("stripe").url)
-    report = checklist(adapter, db_clock, RETENTION)
-    assert report.statuses() == DOCUMENTED_LEVEL, str(report)
+    checklist_shows(adapter_for(served("stripe").url), db_clock, RETENTION, DOCUMENTED_LEVEL)
 
 
 def test_a_lagging_search_cannot_find_a_payment_just_made(

@@ -93,6 +93,22 @@ def _payments(stripe_fake: FakeGatewayServer, shop: Shop, *, captured: bool) -> 
     return TwoPayments(stripe_fake, adapter, made[0], made[1])
 
 
+def _b_held_and_captured(stripe_fake: FakeGatewayServer, shop: Shop) -> TwoPayments:
+    """A and B only held; B's capture made by its own execution."""
+    p = _payments(stripe_fake, shop, captured=False)
+    with shop.start("ship-B") as ctx:
+        ctx.outbound(p.adapter.capture, {"payment_id": p.b})
+    return p
+
+
+def _b_held_and_voided(stripe_fake: FakeGatewayServer, shop: Shop) -> TwoPayments:
+    """A and B only held; B's hold released (voided) by its own execution."""
+    p = _payments(stripe_fake, shop, captured=False)
+    with shop.start("cancel-B") as ctx:
+        ctx.outbound(p.adapter.void, {"payment_id": p.b})
+    return p
+
+
 def _intent(shop: Shop, call: OutboundCall) -> IntentRecord:
     record = shop.store.read_intent(business_intent_key(shop.settings, KEY, call.name))
     assert record is not None
@@ -123,16 +139,10 @@ def _rerun_of_a(shop: Shop, call: OutboundCall, p: TwoPayments) -> tuple[dict[st
 # --- capture ---------------------------------------------------------------------------------
 
 
-def _b_captured(shop: Shop, p: TwoPayments) -> None:
-    with shop.start("ship-B") as ctx:
-        ctx.outbound(p.adapter.capture, {"payment_id": p.b})
-
-
 def test_a_capture_of_a_is_never_settled_with_b_s_capture(
     stripe_fake: FakeGatewayServer, shop: Shop
 ) -> None:
-    p = _payments(stripe_fake, shop, captured=False)
-    _b_captured(shop, p)
+    p = _b_held_and_captured(stripe_fake, shop)
     _a_failed_then_b_came(shop, p, p.adapter.capture)
     assert _intent(shop, p.adapter.capture).status is IntentStatus.PENDING
     assert p.at_gateway(p.a)["status"] == "requires_capture"
@@ -146,8 +156,7 @@ def test_a_capture_of_a_is_never_settled_with_b_s_capture(
 def test_twin_reading_this_request_settles_a_s_capture_with_b_s_and_a_is_never_captured(
     stripe_fake: FakeGatewayServer, shop: Shop
 ) -> None:
-    p = _payments(stripe_fake, shop, captured=False)
-    _b_captured(shop, p)
+    p = _b_held_and_captured(stripe_fake, shop)
     with sabotage(*BOTH_LAYERS):
         _a_failed_then_b_came(shop, p, p.adapter.capture)
         assert _intent(shop, p.adapter.capture).status is IntentStatus.COMPLETED
@@ -161,16 +170,10 @@ def test_twin_reading_this_request_settles_a_s_capture_with_b_s_and_a_is_never_c
 # --- void ------------------------------------------------------------------------------------
 
 
-def _b_voided(shop: Shop, p: TwoPayments) -> None:
-    with shop.start("cancel-B") as ctx:
-        ctx.outbound(p.adapter.void, {"payment_id": p.b})
-
-
 def test_a_void_of_a_is_never_settled_with_b_s_void(
     stripe_fake: FakeGatewayServer, shop: Shop
 ) -> None:
-    p = _payments(stripe_fake, shop, captured=False)
-    _b_voided(shop, p)
+    p = _b_held_and_voided(stripe_fake, shop)
     _a_failed_then_b_came(shop, p, p.adapter.void)
     assert _intent(shop, p.adapter.void).status is IntentStatus.PENDING
     voided, outcome = _rerun_of_a(shop, p.adapter.void, p)
@@ -183,8 +186,7 @@ def test_a_void_of_a_is_never_settled_with_b_s_void(
 def test_twin_reading_this_request_settles_a_s_void_with_b_s_and_a_stays_held(
     stripe_fake: FakeGatewayServer, shop: Shop
 ) -> None:
-    p = _payments(stripe_fake, shop, captured=False)
-    _b_voided(shop, p)
+    p = _b_held_and_voided(stripe_fake, shop)
     with sabotage(*BOTH_LAYERS):
         _a_failed_then_b_came(shop, p, p.adapter.void)
         taken, outcome = _rerun_of_a(shop, p.adapter.void, p)

@@ -17,17 +17,16 @@ from celery_agboss.adapters.stripe import StripeAdapter
 from celery_agboss.core.outbound import CallContext
 from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import GatewayRequestOutcome
-from tests.adapters.conftest import ServeFn
-from tests.adapters.stripe_support import adapter_for, charge_request
+from tests.adapters.conftest import AdapterOn
+from tests.adapters.stripe_support import charge_request
 from tests.engine.helpers import Shop
 
 DECLINING = "pm_card_chargeDeclined"  # Stripe's documented always-declining test method
 
 
-def _declined(served: ServeFn) -> tuple[FakeGatewayServer, StripeAdapter, str]:
+def _declined(adapter_on: AdapterOn) -> tuple[FakeGatewayServer, StripeAdapter, str]:
     """An authorization declined by the card: its PaymentIntent's id."""
-    server = served("stripe")
-    adapter = adapter_for(server.url)
+    server, adapter = adapter_on("stripe")
     request: dict[str, Any] = {**charge_request("order-v1"), "source": DECLINING}
     context = CallContext("default:t:order-v1:stripe.authorize", request, 1, "stripe.authorize")
     with pytest.raises(stripe.CardError) as declined:
@@ -36,8 +35,8 @@ def _declined(served: ServeFn) -> tuple[FakeGatewayServer, StripeAdapter, str]:
     return server, adapter, str(declined.value.error.payment_intent["id"])
 
 
-def test_a_declined_payment_intent_is_cancelled(served: ServeFn, shop: Shop) -> None:
-    server, adapter, intent_id = _declined(served)
+def test_a_declined_payment_intent_is_cancelled(adapter_on: AdapterOn, shop: Shop) -> None:
+    server, adapter, intent_id = _declined(adapter_on)
     with shop.start("cancel") as ctx:
         voided = ctx.outbound(adapter.void, {"payment_id": intent_id})
     assert (voided["id"], voided["status"]) == (intent_id, "canceled")
@@ -49,9 +48,9 @@ def test_a_declined_payment_intent_is_cancelled(served: ServeFn, shop: Shop) -> 
 
 
 def test_a_lost_answer_of_that_cancel_is_reconciled_by_its_status(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server, adapter, intent_id = _declined(served)
+    server, adapter, intent_id = _declined(adapter_on)
     request = {"payment_id": intent_id}
     shop.lose_the_answer("cancel", adapter.void, request, gateway=server.gateway, operation="void")
     voided = shop.reconciled("cancel", adapter.void, request)

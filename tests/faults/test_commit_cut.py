@@ -11,6 +11,8 @@ PostgreSQL, through a TCP proxy that breaks the connection on purpose:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 
@@ -28,13 +30,22 @@ from tests.contract.one_statement_world import TTL_MS, claimed_settle
 from tests.support.tcp_proxy import CommitFault, PostgresProxy
 
 
+class Stores(NamedTuple):
+    """The worker's store (through the proxy), the one the retry asks (direct), the proxy
+    that cuts, and a lease granted on the direct store."""
+
+    proxied: SQLAlchemyStore
+    direct: SQLAlchemyStore
+    proxy: PostgresProxy
+    lease: LeaseRef
+
+
 @pytest.fixture
-def stores(postgres_store_url: str, postgres_proxy: PostgresProxy):  # type: ignore[no-untyped-def]
-    """(through the proxy, direct): the worker's store and the one the retry asks."""
+def stores(postgres_store_url: str, postgres_proxy: PostgresProxy) -> Iterator[Stores]:
     proxied = SQLAlchemyStore(postgres_proxy.url_for(postgres_store_url))
     direct = SQLAlchemyStore(postgres_store_url)
     try:
-        yield proxied, direct
+        yield Stores(proxied, direct, postgres_proxy, _lease(direct))
     finally:
         proxied.close()
         direct.close()
@@ -47,10 +58,9 @@ def _lease(store: SQLAlchemyStore) -> LeaseRef:
 
 
 def test_a_fenced_write_cut_before_commit_is_absent_and_the_retry_writes_it_once(
-    stores: tuple[SQLAlchemyStore, SQLAlchemyStore], postgres_proxy: PostgresProxy
+    stores: Stores,
 ) -> None:
-    proxied, direct = stores
-    lease = _lease(direct)
+    proxied, direct, postgres_proxy, lease = stores
     key = f"{lease.scope}:effect"
     postgres_proxy.arm_commit_fault(CommitFault.CUT_BEFORE)
     with pytest.raises(StoreUnavailableError):
@@ -63,10 +73,9 @@ def test_a_fenced_write_cut_before_commit_is_absent_and_the_retry_writes_it_once
 
 
 def test_a_fenced_write_whose_commit_answer_is_lost_is_found_and_replayed_on_retry(
-    stores: tuple[SQLAlchemyStore, SQLAlchemyStore], postgres_proxy: PostgresProxy
+    stores: Stores,
 ) -> None:
-    proxied, direct = stores
-    lease = _lease(direct)
+    proxied, direct, postgres_proxy, lease = stores
     key = f"{lease.scope}:effect"
     postgres_proxy.drop_answer_after_commit()
     with pytest.raises(StoreUnavailableError):
@@ -80,12 +89,11 @@ def test_a_fenced_write_whose_commit_answer_is_lost_is_found_and_replayed_on_ret
 
 
 def test_a_settle_whose_commit_answer_is_lost_is_found_completed_by_its_own_attempt(
-    stores: tuple[SQLAlchemyStore, SQLAlchemyStore], postgres_proxy: PostgresProxy
+    stores: Stores,
 ) -> None:
     """The outbound call's settle (design: settle): PENDING → COMPLETED committed, answer lost. The
     re-read shows COMPLETED by this very attempt and owner: success, nothing resent."""
-    proxied, direct = stores
-    lease = _lease(direct)
+    proxied, direct, postgres_proxy, lease = stores
     key = f"default:t:{lease.scope}:stripe.charge"
     with direct.fenced(lease, TTL_MS) as tx:
         assert tx.insert_intent(
@@ -109,16 +117,13 @@ def test_a_settle_whose_commit_answer_is_lost_is_found_completed_by_its_own_atte
 
 @pytest.mark.parametrize("fault", [CommitFault.CUT_BEFORE, CommitFault.DROP_ANSWER], ids=str)
 def test_a_one_statement_settle_whose_connection_is_cut_is_found_as_the_store_says(
-    stores: tuple[SQLAlchemyStore, SQLAlchemyStore],
-    postgres_proxy: PostgresProxy,
-    fault: CommitFault,
+    stores: Stores, fault: CommitFault
 ) -> None:
     """The settle as one autocommit statement (its own commit): cut before it reaches
     the server, nothing changed; its answer dropped, the intent is COMPLETED by this
     attempt, with its history row. Either way the caller got ``StoreUnavailableError``
     and a re-read decides, never a guess."""
-    proxied, direct = stores
-    lease = _lease(direct)
+    proxied, direct, postgres_proxy, lease = stores
     settle = claimed_settle(direct, lease)
     postgres_proxy.arm_commit_fault(fault)
     with pytest.raises(StoreUnavailableError):
@@ -134,11 +139,8 @@ def test_a_one_statement_settle_whose_connection_is_cut_is_found_as_the_store_sa
         assert [entry.event for entry in history] == ["claimed", "completed"]
 
 
-def test_a_connection_cut_inside_a_fenced_transaction_commits_nothing(
-    stores: tuple[SQLAlchemyStore, SQLAlchemyStore], postgres_proxy: PostgresProxy
-) -> None:
-    proxied, direct = stores
-    lease = _lease(direct)
+def test_a_connection_cut_inside_a_fenced_transaction_commits_nothing(stores: Stores) -> None:
+    proxied, direct, postgres_proxy, lease = stores
     key = f"{lease.scope}:effect"
     with pytest.raises(StoreUnavailableError), proxied.fenced(lease, TTL_MS) as tx:
         assert tx.read_effect(key) is None

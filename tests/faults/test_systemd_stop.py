@@ -42,23 +42,25 @@ DRAINED_SECONDS = 30.0
 
 
 def _a_charge_held_before_processing(
-    deployment: Deployment,
-) -> tuple[ManagedProcess, GatewayHold, Mapping[int, str], int]:
-    """The README's worker and beat; the order's charge held at the gateway before it
-    is processed. The worker, the hold, the task ids and the pid of the charging child."""
+    deploy: DeployFactory, stack: Stack
+) -> tuple[Deployment, ManagedProcess, GatewayHold, Mapping[int, str], int]:
+    """The README's shop deployed with its worker and beat; the order's charge held at the
+    gateway before it is processed. The deployment, the worker, the hold, the task ids
+    and the pid of the charging child."""
+    deployment = deployed(deploy, stack)
     worker = worker_and_beat(deployment)
     hold = deployment.gateway.gateway.hold(operation="charge", before_processing=True)
     ids = deployment.publish([ORDER])
     hold.wait_reached(timeout=HELD_SECONDS)
-    return worker, hold, ids, deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
+    child = deployment.gateway.pid_of_charge(deployment.key_of(ORDER))
+    return deployment, worker, hold, ids, child
 
 
 @pytest.mark.parametrize("stack", [SQLITE_REDIS], indirect=True)
 def test_a_stop_with_kill_mode_mixed_lets_the_body_finish_its_payment(
     stack: Stack, deploy: DeployFactory
 ) -> None:
-    deployment = deployed(deploy, stack)
-    worker, hold, ids, child = _a_charge_held_before_processing(deployment)
+    deployment, worker, hold, ids, child = _a_charge_held_before_processing(deploy, stack)
     worker.signal_leader(signal.SIGTERM)  # KillMode=mixed: the main process alone
     worker.wait_until(
         lambda: WARM_SHUTDOWN_LINE in worker.output(), KILL_SECONDS, message="warm shutdown"
@@ -78,8 +80,7 @@ def test_a_stop_with_the_default_kill_mode_kills_the_body_and_leaves_it_to_the_s
     stack: Stack, deploy: DeployFactory
 ) -> None:
     """The twin: SIGTERM to every process, as ``KillMode=control-group`` sends it."""
-    deployment = deployed(deploy, stack)
-    worker, hold, ids, child = _a_charge_held_before_processing(deployment)
+    deployment, worker, hold, ids, child = _a_charge_held_before_processing(deploy, stack)
     worker.send_signal(signal.SIGTERM)  # KillMode=control-group: every process at once
     wait_until(
         lambda: child not in worker.group_pids(),

@@ -90,6 +90,16 @@ class PauseWorld:
         self.shop.wait_lease_dead(task_id, timeout=10)
         return task_id, order
 
+    def captures_of(self, order: str) -> list[GatewayRequestOutcome]:
+        """What became of each capture the gateway saw on the order's one payment."""
+        (payment,) = [p for p in self.gateway.payments if p["reference"] == order]
+        captures = self.gateway.requests
+        return [
+            r.outcome
+            for r in captures
+            if r.operation == "capture" and r.payment_id == payment["id"]
+        ]
+
     def notes(self, event: str, task_id: str) -> int:
         return len(self.shop.gateway.notes_of(event, task_id))
 
@@ -239,6 +249,12 @@ def worlds(
         server.stop()
 
 
+@pytest.fixture(params=STORE_BACKENDS)
+def world(request: pytest.FixtureRequest, worlds: Callable[[str], PauseWorld]) -> PauseWorld:
+    """Each store backend's world in turn (``worlds`` builds each once for the module)."""
+    return worlds(request.param)
+
+
 def _answer_at_the_barrier(
     config: dict[str, Any], pause_id: str, answer: Any, barrier: Any, report: Connection
 ) -> None:
@@ -266,11 +282,9 @@ def _no_shop_workers(*args: Any, **kwargs: Any) -> ManagedProcess:
 # --- two approvers at once (design: PS11) -----------------------------------------------
 
 
-@pytest.mark.parametrize("backend", STORE_BACKENDS)
 def test_two_approvers_at_once_on_two_processes_one_answer_wins(
-    worlds: Callable[[str], PauseWorld], backend: str
+    world: PauseWorld,
 ) -> None:
-    world = worlds(backend)
     task_id, order = world.paused("ps.approve_then_charge")
     pause_id = f"{task_id}:approve"
     won, lost = world.one_answer_wins(pause_id, [{"by": "alice"}, {"by": "bob"}])
@@ -310,11 +324,9 @@ def test_answers_without_the_compare_and_set_all_win_and_run_the_task_on_again(
 # --- the return page and the webhook (design: PS21) -------------------------------------
 
 
-@pytest.mark.parametrize("backend", STORE_BACKENDS)
 def test_the_return_page_and_the_webhook_answer_one_3ds_pause_and_capture_once(
-    worlds: Callable[[str], PauseWorld], backend: str
+    world: PauseWorld,
 ) -> None:
-    world = worlds(backend)
     task_id, order = world.paused("ps.checkout_3ds")
     pause_id = f"{task_id}:3ds"
     sources = ["return-page", "webhook"]
@@ -324,27 +336,19 @@ def test_the_return_page_and_the_webhook_answer_one_3ds_pause_and_capture_once(
     winner = sources[won]
     world.shop.wait_state(task_id, "COMPLETED")
     assert world.result(task_id) == {"order": order, "status": "succeeded", "source": winner}
-    (payment,) = [p for p in world.gateway.payments if p["reference"] == order]
-    captures = [
-        r
-        for r in world.gateway.requests
-        if r.operation == "capture" and r.payment_id == payment["id"]
-    ]
-    assert [r.outcome for r in captures] == [GatewayRequestOutcome.PROCESSED]
+    assert world.captures_of(order) == [GatewayRequestOutcome.PROCESSED]
     assert world.notes("after-pause", task_id) == 1
     # The browser loads the return page again.
     with pytest.raises(NotPausedError):
         answer_pause(world.shop.app, pause_id, {"source": "return-page"})
 
 
-@pytest.mark.parametrize("backend", STORE_BACKENDS)
 def test_a_3ds_answer_that_beats_its_pause_is_taken_in_the_same_delivery(
-    worlds: Callable[[str], PauseWorld], backend: str
+    world: PauseWorld,
 ) -> None:
     """The return page answers while the task still waits for its authorisation: the
     answer is kept early, the pause (``accept_early=True``) takes it, and the task goes on
     to capture once, in its first delivery, with no operator (design: early answers)."""
-    world = worlds(backend)
     hold = world.gateway.hold(operation="charge", timeout=30)  # the authorisation's answer
     task_id, order = world.publish("ps.checkout_3ds_early")
     pause_id = f"{task_id}:3ds"
@@ -357,13 +361,7 @@ def test_a_3ds_answer_that_beats_its_pause_is_taken_in_the_same_delivery(
     record = world.shop.wait_state(task_id, "COMPLETED")
     assert record.deliveries == 1, "taken in the delivery that reached the pause"
     assert world.result(task_id) == {"order": order, "status": "succeeded", "source": "return-page"}
-    (payment,) = [p for p in world.gateway.payments if p["reference"] == order]
-    captures = [
-        r
-        for r in world.gateway.requests
-        if r.operation == "capture" and r.payment_id == payment["id"]
-    ]
-    assert [r.outcome for r in captures] == [GatewayRequestOutcome.PROCESSED]
+    assert world.captures_of(order) == [GatewayRequestOutcome.PROCESSED]
     # The webhook comes second, as it does: told so, nothing moves.
     with pytest.raises(NotPausedError, match="already answered"):
         answer_pause(world.shop.app, pause_id, {"source": "webhook"})
@@ -372,11 +370,9 @@ def test_a_3ds_answer_that_beats_its_pause_is_taken_in_the_same_delivery(
 # --- the sweep and the retention ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", STORE_BACKENDS)
 def test_the_sweep_never_re_drives_a_paused_execution(
-    worlds: Callable[[str], PauseWorld], backend: str
+    world: PauseWorld,
 ) -> None:
-    world = worlds(backend)
     task_id, _ = world.paused("ps.approve_then_charge")
     for later in (60.0, 3600.0, 86400.0):  # past the lease, the grace, the sweep's own delays
         report = world.sweep_later(later)
@@ -388,11 +384,9 @@ def test_the_sweep_never_re_drives_a_paused_execution(
     world.shop.wait_state(task_id, "COMPLETED")
 
 
-@pytest.mark.parametrize("backend", STORE_BACKENDS)
 def test_a_pause_answered_after_the_retention_runs_nothing_before_it_again(
-    worlds: Callable[[str], PauseWorld], backend: str
+    world: PauseWorld,
 ) -> None:
-    world = worlds(backend)
     task_id, order = world.paused("ps.charge_record_then_pause")
     assert world.kept_for(task_id) == (1, 1)
     world.sweep_later(RETENTION_PASSED_SECONDS)

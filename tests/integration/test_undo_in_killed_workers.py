@@ -176,6 +176,34 @@ def _refunds_of(shop: UndoShop, order: str) -> list[dict[str, Any]]:
     return [r for r in shop.refunds if charged[r["payment"]]["reference"] == order]
 
 
+def _refunded_orders(shop: UndoShop) -> list[str]:
+    """The order of each refund the gateway made, in order (both shops share it)."""
+    charged = {p["id"]: p["reference"] for p in shop.gateway.gateway.payments}
+    return [charged[r["payment"]] for r in shop.refunds]
+
+
+def _shop_and_twin(
+    undo_shop: Callable[..., UndoShop], database_url: str, switch: str
+) -> tuple[UndoShop, UndoShop]:
+    """The protected shop on ``database_url`` and its twin with ``switch`` off, each with
+    its worker started."""
+    shop, twin = undo_shop(database_url), undo_shop()
+    shop.start_worker()
+    twin.start_worker(sabotage=(switch,))
+    return shop, twin
+
+
+def _published_on_both(
+    shop: UndoShop, twin: UndoShop, task: str, order: str, *args: Any, **options: Any
+) -> list[str]:
+    """``task(order, *args)`` on the shop and ``task(order + "-twin", *args)`` on its twin,
+    each published with ``options``; the two task ids."""
+    return [
+        str(s.app.signature(task, args=(o, *args)).apply_async(**options).id)
+        for s, o in ((shop, order), (twin, f"{order}-twin"))
+    ]
+
+
 def test_s12b_killed_inside_an_undo_it_continues_and_a_marked_undo_is_not_run_again(
     undo_shop: Callable[..., UndoShop], database_url: str
 ) -> None:
@@ -184,14 +212,9 @@ def test_s12b_killed_inside_an_undo_it_continues_and_a_marked_undo_is_not_run_ag
     that sent it is killed. The next delivery (the sweep's, after the lease expired)
     continues the undo: the goods' refund is reconciled, the shipping's is not redone.
     The twin, without done marks, refunds the shipping twice."""
-    shop, twin = undo_shop(database_url), undo_shop()
-    shop.start_worker()
-    twin.start_worker(sabotage=(UNDO_NOT_MARKED_DONE,))
+    shop, twin = _shop_and_twin(undo_shop, database_url, UNDO_NOT_MARKED_DONE)
     shop.refund_hold.count = 2
-    task_ids = [
-        str(s.app.signature("undo_it.two_charges_then_fail", args=(order,)).apply_async().id)
-        for s, order in ((shop, "s12b"), (twin, "s12b-twin"))
-    ]
+    task_ids = _published_on_both(shop, twin, "undo_it.two_charges_then_fail", "s12b")
     pids = shop.refund_hold.wait_reached(2)
     for s, task_id in zip((shop, twin), task_ids, strict=True):
         record = s.execution(task_id)
@@ -221,17 +244,9 @@ def test_a_hard_time_limit_after_the_charge_never_starts_undo(
     """P5: the child is killed past its time limit after the charge; the next delivery
     continues the body and completes — nothing refunded. The twin, which counts a
     delivery that died as a failure, refunds the paid order."""
-    shop, twin = undo_shop(database_url), undo_shop()
-    shop.start_worker()
-    twin.start_worker(sabotage=(UNDO_ON_ANY_FAILURE,))
-    task_ids = [
-        str(
-            s.app.signature("undo_it.charge_then_overrun", args=(order, 60))
-            .apply_async(time_limit=TIME_LIMIT_SECONDS)
-            .id
-        )
-        for s, order in ((shop, "tl"), (twin, "tl-twin"))
-    ]
+    shop, twin = _shop_and_twin(undo_shop, database_url, UNDO_ON_ANY_FAILURE)
+    overrun, limit = "undo_it.charge_then_overrun", {"time_limit": TIME_LIMIT_SECONDS}
+    task_ids = _published_on_both(shop, twin, overrun, "tl", 60, **limit)
     with shop.sweeping(), twin.sweeping():
         ended = [
             wait_for(
@@ -244,8 +259,7 @@ def test_a_hard_time_limit_after_the_charge_never_starts_undo(
     assert [record.state.value for record in ended] == ["COMPLETED", "FAILED"]
     assert len(shop.gateway.notes_of("overrunning", task_ids[0])) == 1
     assert len(shop.gateway.gateway.payments) == 2
-    charged = {p["id"]: p["reference"] for p in shop.gateway.gateway.payments}
-    assert [charged[r["payment"]] for r in shop.refunds] == ["tl-twin"], "only the twin refunds"
+    assert _refunded_orders(shop) == ["tl-twin"], "only the twin refunds"
 
 
 def test_a_soft_time_limit_the_body_lets_through_fails_it_and_refunds_once(
@@ -256,24 +270,15 @@ def test_a_soft_time_limit_the_body_lets_through_fails_it_and_refunds_once(
     and its undo refunds the charge once. A hard limit (above) kills the process at an
     unknown point and is continued instead (design: what fails an execution). The
     twin, whose failures skip the undos, leaves the failed order charged."""
-    shop, twin = undo_shop(database_url), undo_shop()
-    shop.start_worker()
-    twin.start_worker(sabotage=(FAILURE_SKIPS_UNDO,))
-    task_ids = [
-        str(
-            s.app.signature("undo_it.charge_then_overrun", args=(order, 60))
-            .apply_async(soft_time_limit=TIME_LIMIT_SECONDS)
-            .id
-        )
-        for s, order in ((shop, "soft"), (twin, "soft-twin"))
-    ]
+    shop, twin = _shop_and_twin(undo_shop, database_url, FAILURE_SKIPS_UNDO)
+    overrun, limit = "undo_it.charge_then_overrun", {"soft_time_limit": TIME_LIMIT_SECONDS}
+    task_ids = _published_on_both(shop, twin, overrun, "soft", 60, **limit)
     for s, task_id in zip((shop, twin), task_ids, strict=True):
         s.wait_state(task_id, "FAILED", timeout=30)
         s.wait_backend(task_id, "FAILURE")
     assert type(shop.app.AsyncResult(task_ids[0]).result).__name__ == "SoftTimeLimitExceeded"
     assert len(shop.gateway.gateway.payments) == 2
-    charged = {p["id"]: p["reference"] for p in shop.gateway.gateway.payments}
-    assert [charged[r["payment"]] for r in shop.refunds] == ["soft"], "the twin stays charged"
+    assert _refunded_orders(shop) == ["soft"], "the twin stays charged"
 
 
 # --- a fence never starts undo ----------------------------------------------------------------

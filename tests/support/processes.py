@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -18,13 +19,43 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from celery_agboss.chaos.supervisor import group_members
 
 T = TypeVar("T")
 
 _counter = itertools.count(1)
+
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_python(
+    *args: str,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPOSITORY_ROOT,
+) -> subprocess.CompletedProcess[str]:
+    """``python *args`` run to its end in a process of its own (a fresh interpreter, so
+    nothing this test process imported is seen); it must exit 0, its output the message."""
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def last_json_line(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """What a child script reports: the JSON object on its last line of output."""
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
 
 
 class WaitTimeout(AssertionError):

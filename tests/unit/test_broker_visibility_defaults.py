@@ -12,7 +12,6 @@ believed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +26,6 @@ from celery_agboss.runtime.known_settings import (
     SQS_DEFAULT_VISIBILITY_TIMEOUT,
 )
 from celery_agboss.runtime.settings import AGBossSettings
-from celery_agboss.signals import disconnect
 
 URL = "sqlite:////var/lib/shop/agboss.db"
 KEY = "a-pseudonym-key-of-enough-bytes"
@@ -35,23 +33,21 @@ AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS = "redis://127.0.0.1:6379/0"
 
 
-@pytest.fixture
-def apps() -> Iterator[list[Celery]]:
-    """Every app made here is disconnected and closed: its patterns must not leak."""
-    made: list[Celery] = []
-    yield made
-    for app in made:
-        agboss = getattr(app, "_agboss", None)
-        if agboss is not None:
-            disconnect(agboss)
-        app.close()
-
-
 def _settings(apps: list[Celery], broker: Any = None, **values: Any) -> AGBossSettings:
     app = Celery(f"visibility-{len(apps)}", broker=broker, set_as_current=False)
     app.conf.update({"agboss_database_url": URL, "agboss_pseudonym_key": KEY, **values})
     apps.append(app)
     return AGBoss(app).settings
+
+
+def _declared_beside_own_600(apps: list[Celery], declared: int) -> AGBossSettings:
+    """A Redis app whose own workers redeliver after 600 s, declaring ``declared``."""
+    return _settings(
+        apps,
+        broker=REDIS,
+        agboss_visibility_timeout=declared,
+        broker_transport_options={"visibility_timeout": 600},
+    )
 
 
 def _consumes_from(app: Celery) -> str:
@@ -107,12 +103,7 @@ def test_a_declared_timeout_longer_than_the_apps_own_transport_option_is_capped(
     3600 s rode in a broker that hands them out again after 600 s; the shorter one is
     used, and the contradiction is said with both values."""
     with caplog.at_level(logging.WARNING, logger="celery_agboss"):
-        settings = _settings(
-            apps,
-            broker=REDIS,
-            agboss_visibility_timeout=7200,
-            broker_transport_options={"visibility_timeout": 600},
-        )
+        settings = _declared_beside_own_600(apps, 7200)
     assert settings.visibility_timeout_seconds == 600
     assert settings.max_broker_countdown_seconds == 300
     said = [r.getMessage() for r in caplog.records if "agboss_visibility_timeout" in r.message]
@@ -128,12 +119,7 @@ def test_a_declared_timeout_longer_than_redis_default_is_capped(apps: list[Celer
 
 def test_a_declared_shorter_timeout_is_used_as_declared(apps: list[Celery]) -> None:
     """Another worker's shorter timeout is what the declaration is for."""
-    settings = _settings(
-        apps,
-        broker=REDIS,
-        agboss_visibility_timeout=120,
-        broker_transport_options={"visibility_timeout": 600},
-    )
+    settings = _declared_beside_own_600(apps, 120)
     assert settings.visibility_timeout_seconds == 120
 
 

@@ -9,15 +9,12 @@ bites, so the first cannot pass by accident.
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import last_json_line, run_python
+
 MARKER = "blocked by test_core_imports"
 
 _BLOCKER = f"""
@@ -90,16 +87,7 @@ print(json.dumps({"already": already, "refusals": refusals}))
 
 
 def _run(code: str) -> dict[str, Any]:
-    completed = subprocess.run(
-        [sys.executable, "-c", _BLOCKER + code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    result: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
+    result = last_json_line(run_python("-c", _BLOCKER + code, timeout=60))
     assert result["already"] == [], "a blocked package was imported before the blocker"
     return result
 

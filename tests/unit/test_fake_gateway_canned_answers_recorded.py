@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -23,6 +23,7 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall,
 
 CANNED = GatewayRequestOutcome.CANNED
 PROCESSED, INVALID = GatewayRequestOutcome.PROCESSED, GatewayRequestOutcome.INVALID
+D = TypeVar("D")
 
 
 def _call(
@@ -34,6 +35,12 @@ def _call(
 
 def _outcomes(server: FakeGatewayServer, key: str) -> list[GatewayRequestOutcome]:
     return [r.outcome for r in server.gateway.requests_for(key)]
+
+
+def _served(dialect: D) -> Iterator[tuple[FakeGatewayServer, D]]:
+    """A started server speaking ``dialect``, and the dialect to arm its answers."""
+    with FakeGatewayServer(dialect=dialect) as server:
+        yield server, dialect
 
 
 # --- Stripe --------------------------------------------------------------------------------
@@ -50,9 +57,7 @@ INTENT = {
 
 @pytest.fixture
 def stripe() -> Iterator[tuple[FakeGatewayServer, StripeDialect]]:
-    dialect = StripeDialect()
-    with FakeGatewayServer(dialect=dialect) as server:
-        yield server, dialect
+    yield from _served(StripeDialect())
 
 
 def _stripe(server: FakeGatewayServer, path: str, key: str, body: dict[str, Any]) -> Reply:
@@ -121,9 +126,7 @@ PAYMENT = {
 
 @pytest.fixture
 def checkout() -> Iterator[tuple[FakeGatewayServer, CheckoutDialect]]:
-    dialect = CheckoutDialect()
-    with FakeGatewayServer(dialect=dialect) as server:
-        yield server, dialect
+    yield from _served(CheckoutDialect())
 
 
 def _checkout(server: FakeGatewayServer, path: str, key: str, body: dict[str, Any]) -> Reply:
@@ -183,9 +186,7 @@ ORDER = {
 
 @pytest.fixture
 def paypal() -> Iterator[tuple[FakeGatewayServer, PayPalDialect]]:
-    dialect = PayPalDialect()
-    with FakeGatewayServer(dialect=dialect) as server:
-        yield server, dialect
+    yield from _served(PayPalDialect())
 
 
 def _bearer(server: FakeGatewayServer) -> str:
@@ -200,12 +201,17 @@ def _paypal(server: FakeGatewayServer, path: str, key: str, body: dict[str, Any]
     return server.handle(_call("POST", path, body, **headers))
 
 
+def _capture_path_of_an_order(server: FakeGatewayServer, key: str) -> str:
+    """An order created under ``key`` (no source: no money moves); its capture's path."""
+    order = _paypal(server, "/v2/checkout/orders", key, ORDER).payload["id"]
+    return f"/v2/checkout/orders/{order}/capture"
+
+
 def test_a_paypal_capture_answered_by_answer_next_is_a_request(
     paypal: tuple[FakeGatewayServer, PayPalDialect],
 ) -> None:
     server, dialect = paypal
-    order = _paypal(server, "/v2/checkout/orders", "ord-1", ORDER).payload["id"]
-    capture = f"/v2/checkout/orders/{order}/capture"
+    capture = _capture_path_of_an_order(server, "ord-1")
     dialect.answer_next(500, path="/capture")
     assert _paypal(server, capture, "cap-1", VAULT).status == 500
     assert _paypal(server, capture, "cap-1", VAULT).status == 201  # the retry
@@ -229,8 +235,7 @@ def test_a_paypal_capture_without_a_token_is_a_request(
     paypal: tuple[FakeGatewayServer, PayPalDialect],
 ) -> None:
     server, _ = paypal
-    order = _paypal(server, "/v2/checkout/orders", "ord-2", ORDER).payload["id"]
-    capture = f"/v2/checkout/orders/{order}/capture"
+    capture = _capture_path_of_an_order(server, "ord-2")
     reply = server.handle(_call("POST", capture, VAULT, PayPal_Request_Id="cap-2"))
     assert reply.status == 401
     assert _outcomes(server, "cap-2") == [INVALID]

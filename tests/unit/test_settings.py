@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,7 +20,6 @@ from celery_agboss.runtime.settings import (
     redact_url,
     settings_from_conf,
 )
-from celery_agboss.signals import disconnect
 from celery_agboss.testing import sabotage
 
 URL = "sqlite:////var/lib/shop/agboss.db"
@@ -236,17 +234,6 @@ def test_the_logged_store_url_hides_a_password_given_in_its_query(key: str) -> N
 
 
 # --- AGBoss(app) reads them -------------------------------------------------------------
-
-
-@pytest.fixture
-def apps() -> Iterator[list[Celery]]:
-    made: list[Celery] = []
-    yield made
-    for app in made:
-        agboss = getattr(app, "_agboss", None)
-        if agboss is not None:
-            disconnect(agboss)
-        app.close()
 
 
 def new_app(apps: list[Celery], **values: Any) -> Celery:

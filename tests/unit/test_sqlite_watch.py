@@ -92,6 +92,15 @@ def begin_watched(
     return watchdog.watch(conn, bound_ms=bound_ms, ttl_ms=bound_ms * 4)
 
 
+def begin_watched_with_a_row(
+    conn: Connection, watchdog: FencedTransactionWatchdog, bound_ms: int
+) -> FencedWatch:
+    """A watched transaction that has written row (1, 1): something to commit or lose."""
+    watch = begin_watched(conn, watchdog, bound_ms)
+    conn.exec_driver_sql("INSERT INTO writes VALUES (1, 1)")
+    return watch
+
+
 def test_a_plain_connection_commits_on_its_own_after_a_rollback_from_another_thread(
     database: Path,
 ) -> None:
@@ -115,8 +124,7 @@ def test_after_the_watchdog_rolled_back_a_statement_raises_and_commits_nothing(
     database: Path, engine: Engine, watchdog: FencedTransactionWatchdog
 ) -> None:
     with engine.connect() as conn:
-        watch = begin_watched(conn, watchdog, bound_ms=100)
-        conn.exec_driver_sql("INSERT INTO writes VALUES (1, 1)")
+        watch = begin_watched_with_a_row(conn, watchdog, bound_ms=100)
         # The fenced code is busy in Python, between statements (no statement to interrupt).
         wait_until(lambda: watch.finished, timeout=5, message="the watchdog's rollback")
         assert watch.interrupted
@@ -146,8 +154,7 @@ def test_a_statement_still_running_at_the_deadline_is_interrupted(
 
     def long_statement() -> None:
         with engine.connect() as conn:
-            watch = begin_watched(conn, watchdog, bound_ms=200)
-            conn.exec_driver_sql("INSERT INTO writes VALUES (1, 1)")
+            watch = begin_watched_with_a_row(conn, watchdog, bound_ms=200)
             try:
                 conn.exec_driver_sql(
                     "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r "
@@ -212,8 +219,7 @@ def test_the_watchdog_leaves_a_transaction_that_ended_in_time_alone(
     database: Path, engine: Engine, watchdog: FencedTransactionWatchdog
 ) -> None:
     with engine.connect() as conn:
-        watch = begin_watched(conn, watchdog, bound_ms=50)
-        conn.exec_driver_sql("INSERT INTO writes VALUES (1, 1)")
+        watch = begin_watched_with_a_row(conn, watchdog, bound_ms=50)
         conn.commit()
         assert watchdog.unwatch(watch) is False
         time.sleep(0.1)  # past the deadline of the transaction that already ended

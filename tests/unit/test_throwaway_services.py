@@ -84,6 +84,14 @@ def needs(kind: type[Throwaway]) -> None:
         pytest.skip(f"no throwaway {kind.service.name} here: {exc}")
 
 
+def unanswering_env(kind: type[Throwaway], unused_url_env: dict[str, str]) -> dict[str, str]:
+    """Skips where no throwaway ``kind`` can start; else an environment that points only
+    its service at a port nothing uses."""
+    needs(kind)
+    var = kind.service.env_var
+    return {var: unused_url_env[var]}
+
+
 def started_dir(stderr: str) -> Path:
     found = DIR_PATTERN.search(stderr)
     assert found, stderr
@@ -123,8 +131,7 @@ def test_with_every_service_answering_it_starts_nothing_and_passes_the_exit_code
 def test_an_unanswering_redis_gets_a_throwaway_server_the_command_can_use(
     unused_url_env: dict[str, str],
 ) -> None:
-    needs(RedisThrowaway)
-    env = {services.REDIS.env_var: unused_url_env[services.REDIS.env_var]}
+    env = unanswering_env(RedisThrowaway, unused_url_env)
     child = """
         import json, os, redis
         url = os.environ["AGBOSS_TEST_REDIS_URL"]
@@ -145,8 +152,7 @@ def test_an_unanswering_redis_gets_a_throwaway_server_the_command_can_use(
 def test_an_unanswering_postgresql_gets_a_throwaway_cluster_with_database_test(
     unused_url_env: dict[str, str],
 ) -> None:
-    needs(PostgresThrowaway)
-    env = {services.POSTGRES.env_var: unused_url_env[services.POSTGRES.env_var]}
+    env = unanswering_env(PostgresThrowaway, unused_url_env)
     child = """
         import json, os, psycopg
         from tests.support.services import libpq_url
@@ -177,8 +183,7 @@ def test_an_unanswering_rabbitmq_gets_a_throwaway_node_rabbitmqctl_reaches(
 ) -> None:
     """About 15 s here (the node's boot): the deployment tests make a vhost of their
     own with ``rabbitmqctl``, so the command must reach the node that way too."""
-    needs(RabbitmqThrowaway)
-    env = {services.RABBITMQ.env_var: unused_url_env[services.RABBITMQ.env_var]}
+    env = unanswering_env(RabbitmqThrowaway, unused_url_env)
     child = """
         import json, os
         from kombu.connection import Connection
@@ -269,9 +274,8 @@ def test_the_compose_command_starts_the_compose_files_service_names() -> None:
 def test_sigterm_to_the_wrapper_ends_the_command_and_the_throwaway_server(
     unused_url_env: dict[str, str], tmp_path: Path
 ) -> None:
-    needs(RedisThrowaway)
     ready = tmp_path / "ready"
-    env = {services.REDIS.env_var: unused_url_env[services.REDIS.env_var]}
+    env = unanswering_env(RedisThrowaway, unused_url_env)
     child = f"""
         import os, pathlib, time
         pathlib.Path({str(ready)!r}).write_text(os.environ["AGBOSS_TEST_REDIS_URL"])

@@ -9,16 +9,12 @@ the package importable proves the check can fail: tracing is on there.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from celery_agboss.store.migrate import migrate
 from celery_agboss.testing.stores import sqlite_store_url
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import last_json_line, run_python
 
 _SCRIPT = """
 import importlib.abc
@@ -82,17 +78,7 @@ print(json.dumps({{
 def _run(tmp_path: Path, *, block: bool) -> dict[str, Any]:
     url = sqlite_store_url(tmp_path)
     migrate(url)
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT.format(block=block, url=url)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return report
+    return last_json_line(run_python("-c", _SCRIPT.format(block=block, url=url), timeout=120))
 
 
 def test_without_opentelemetry_nothing_is_imported_or_observed(tmp_path: Path) -> None:

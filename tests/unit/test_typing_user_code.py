@@ -6,11 +6,11 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.processes import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_CODE = ROOT / "tests" / "typing" / "user_code.py"
@@ -34,21 +34,6 @@ def test_user_code_imports_only_modules_the_public_api_names() -> None:
 def test_user_code_written_against_the_public_api_passes_mypy_strict() -> None:
     if importlib.util.find_spec("mypy") is None:
         pytest.skip("mypy is not installed (pip install -e '.[dev]')")
-    completed = subprocess.run(
-        # Errors inside the package are ``make types``' business; this checks the user's side.
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--no-incremental",
-            "--follow-imports=silent",
-            str(USER_CODE),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
+    # Errors inside the package are ``make types``' business; this checks the user's side.
+    strict = ("--strict", "--no-incremental", "--follow-imports=silent")
+    run_python("-m", "mypy", *strict, str(USER_CODE), timeout=240)
