@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,12 +30,13 @@ def pid_alive(pid: int) -> bool:
 
 
 def child_pid(process: ManagedProcess) -> int:
-    line = process.wait_until(
-        lambda: next((x for x in process.output().splitlines() if x.startswith("child")), None),
+    # The line whole: the parent is unbuffered, so "child" may be read before its pid.
+    found = process.wait_until(
+        lambda: re.search(r"^child (\d+)\n", process.output(), re.MULTILINE),
         timeout=10,
         message="the child's pid",
     )
-    return int(line.split()[1])
+    return int(found.group(1))
 
 
 def test_wait_until_returns_the_first_truthy_value() -> None:
