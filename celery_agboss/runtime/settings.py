@@ -18,9 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
 from celery_agboss.core.durations import to_ms, to_seconds
 from celery_agboss.core.keys import pseudonym_key_bytes, validate_tenant
 from celery_agboss.core.sealing import KeyRing, key_ring_from
@@ -48,7 +45,7 @@ from celery_agboss.runtime.known_settings import (
     warn_of_misspelt_variables,
 )
 from celery_agboss.runtime.visibility import visibility_timeout
-from celery_agboss.store.databases import redact_url
+from celery_agboss.store.databases import checked_url, redact_url
 
 logger = logging.getLogger("celery_agboss")
 
@@ -245,35 +242,7 @@ def _database_url(source: _Source) -> tuple[str, str | None]:
             f"Django project, add {DJANGO_APP!r} to INSTALLED_APPS instead)",
             setting="agboss_database_url",
         )
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise ConfigurationError(
-            f"agboss_database_url {redact_url(url)!r} is not a database URL",
-            setting="agboss_database_url",
-        ) from None
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        path = parsed.database or ""
-        if path in ("", ":memory:") or path.startswith("file:"):
-            raise ConfigurationError(
-                "agboss_database_url: a SQLite store must be a file every worker process opens; "
-                "set an absolute path, e.g. 'sqlite:////var/lib/shop/agboss.db'",
-                setting="agboss_database_url",
-            )
-        if not os.path.isabs(path):
-            raise ConfigurationError(
-                f"agboss_database_url: the SQLite path {path!r} is relative, so each worker "
-                "would open the file under its own working directory; set an absolute path, "
-                f"e.g. 'sqlite:///{os.path.abspath(path)}'",
-                setting="agboss_database_url",
-            )
-    elif backend != "postgresql":
-        raise ConfigurationError(
-            f"agboss_database_url: backend {backend!r} is not supported; use "
-            "'postgresql+psycopg://…' or an absolute 'sqlite:////…' path",
-            setting="agboss_database_url",
-        )
+    checked_url(url)
     return url, alias
 
 

@@ -59,41 +59,56 @@ def add_sqlite_clock(dbapi_connection: sqlite3.Connection) -> None:
     dbapi_connection.create_function(SQLITE_NOW_FUNCTION, 0, _sqlite_now_ms)
 
 
-def normalize_url(url: str | URL) -> URL:
-    """Parse ``url`` and refuse what the store cannot use safely."""
+def checked_url(url: str | URL) -> URL:
+    """``url`` parsed, refused unless every worker process can share it as the store:
+    PostgreSQL, or a SQLite file by an absolute path. The settings check it when read,
+    ``normalize_url`` when an engine is made (one rule, one set of messages)."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigurationError(f"agboss_database_url is not a database URL: {exc}") from None
+    except ArgumentError:
+        raise ConfigurationError(
+            f"agboss_database_url {redact_url(str(url))!r} is not a database URL",
+            setting="agboss_database_url",
+        ) from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        database = parsed.database or ""
-        if database in ("", ":memory:") or database.startswith("file:"):
+        path = parsed.database or ""
+        if path in ("", ":memory:") or path.startswith("file:"):
             raise ConfigurationError(
-                "agboss_database_url must name a SQLite file by an absolute path, for example "
-                "sqlite:////var/lib/app/agboss.db (an in-memory database is not shared "
-                "between connections or processes)"
+                "agboss_database_url: a SQLite store must be a file every worker process opens; "
+                "set an absolute path, e.g. 'sqlite:////var/lib/shop/agboss.db'",
+                setting="agboss_database_url",
             )
-        if not os.path.isabs(database):
+        if not os.path.isabs(path):
             raise ConfigurationError(
-                f"agboss_database_url names the SQLite file {database!r} by a relative path, "
-                "which resolves differently in every process; use an absolute path, for "
-                "example sqlite:////var/lib/app/agboss.db"
+                f"agboss_database_url: the SQLite path {path!r} is relative, so each worker "
+                "would open the file under its own working directory; set an absolute path, "
+                f"e.g. 'sqlite:///{os.path.abspath(path)}'",
+                setting="agboss_database_url",
             )
+    elif backend != "postgresql":
+        raise ConfigurationError(
+            f"agboss_database_url: backend {backend!r} is not supported; use "
+            "'postgresql+psycopg://…' or an absolute 'sqlite:////…' path",
+            setting="agboss_database_url",
+        )
+    return parsed
+
+
+def normalize_url(url: str | URL) -> URL:
+    """``checked_url``, PostgreSQL's driver pinned to psycopg 3."""
+    parsed = checked_url(url)
+    if parsed.get_backend_name() == "sqlite":
         return parsed
-    if backend == "postgresql":
-        if parsed.drivername == "postgresql":
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        if parsed.get_driver_name() != "psycopg":
-            raise ConfigurationError(
-                "agboss_database_url: PostgreSQL is supported through psycopg 3 only; "
-                "use postgresql+psycopg://…"
-            )
-        return parsed
-    raise ConfigurationError(
-        f"agboss_database_url: the {backend!r} database is not supported; "
-        "use sqlite:////absolute/path.db or postgresql+psycopg://…"
-    )
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_driver_name() != "psycopg":
+        raise ConfigurationError(
+            "agboss_database_url: PostgreSQL is supported through psycopg 3 only; "
+            "use postgresql+psycopg://…",
+            setting="agboss_database_url",
+        )
+    return parsed
 
 
 def create_store_engine(

@@ -18,15 +18,14 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
-    text,
 )
-from sqlalchemy.sql.elements import TextClause
 
 import celery_agboss.store.schema_executions  # noqa: F401 (its tables join the same metadata)
-from celery_agboss.core.keys import KEY_COLUMN_LENGTH
+from celery_agboss.store.columns import KEY, NAME, partial_index
 from celery_agboss.store.metadata import metadata
 
 __all__ = [
+    "KEY",
     "SETTLED_ONLY_EXCLUDES",
     "SWEEPER_SCOPE_PATTERN",
     "SWEEPER_SCOPE_PREFIX",
@@ -38,12 +37,6 @@ __all__ = [
     "record_uses",
 ]
 
-# Identifiers we mint or receive: task ids, holders (uuid4), idempotency keys. The length
-# is core's (``core.step_identity`` fits every step's key to it); changing it needs a
-# migration.
-KEY = String(KEY_COLUMN_LENGTH)
-NAME = String(200)
-
 SWEEPER_SCOPE_PREFIX = "agboss.sweeper:"
 """The scope of every sweeper's own lease: the prefix, then a uuid."""
 SWEEPER_SCOPE_PATTERN = f"{SWEEPER_SCOPE_PREFIX}%"
@@ -53,17 +46,10 @@ SETTLED_ONLY_EXCLUDES = "PENDING"
 """The status the partial index of settled intents leaves out."""
 
 
-def _partial(predicate: str) -> TextClause:
-    """The ``WHERE`` of a partial index (the same text on both databases). A query reaches
-    the index only when it spells the same predicate with literals, not parameters (the
-    planner cannot prove a parameter's value implies it): see ``retention``."""
-    return text(predicate)
-
-
-def _sweeper_rows(column: str) -> TextClause:
-    """A partial index over sweeper leases only: a handful of rows among one per
-    execution (``retention.sweeper_scope`` spells the same predicate)."""
-    return _partial(f"{column} LIKE '{SWEEPER_SCOPE_PATTERN}'")
+def _sweeper_rows(column: str) -> str:
+    """A partial index's predicate over sweeper leases only: a handful of rows among one
+    per execution (``retention.sweeper_scope`` spells the same predicate)."""
+    return f"{column} LIKE '{SWEEPER_SCOPE_PATTERN}'"
 
 
 def _sharing_columns() -> list[Column[object]]:
@@ -92,12 +78,7 @@ leases = Table(
     # The sweep's clean-up of dead sweepers' leases reads these, never the table. Keyed
     # on ``scope`` (never updated), so renewals, which change ``expires_at_ms`` and
     # ``renewed_at_ms`` only, stay heap-only (HOT) updates on PostgreSQL.
-    Index(
-        "ix_agboss_leases_sweeper_scope",
-        "scope",
-        postgresql_where=_sweeper_rows("scope"),
-        sqlite_where=_sweeper_rows("scope"),
-    ),
+    partial_index("ix_agboss_leases_sweeper_scope", "scope", where=_sweeper_rows("scope")),
 )
 
 outbound_calls = Table(
@@ -139,22 +120,20 @@ outbound_calls = Table(
     Index(None, "status"),
     # Retention reads settled intents old enough to go in this order, never the whole
     # history. Partial: the sweep's look-up of PENDING ones keeps its index on status.
-    Index(
+    partial_index(
         "ix_agboss_outbound_calls_settled_first_attempt_at_ms",
         "first_attempt_at_ms",
-        postgresql_where=_partial(f"status <> '{SETTLED_ONLY_EXCLUDES}'"),
-        sqlite_where=_partial(f"status <> '{SETTLED_ONLY_EXCLUDES}'"),
+        where=f"status <> '{SETTLED_ONLY_EXCLUDES}'",
     ),
     # Whether a dead sweeper's lease still owns an intent (the lease row must stay). An
     # update of the owner alone is no longer heap-only (HOT) on PostgreSQL: take-overs
     # are rare, and a settle changes ``status``, indexed already.
-    Index(
+    partial_index(
         "ix_agboss_outbound_calls_sweeper_owner",
         "owner_scope",
         "owner_holder",
         "owner_token",
-        postgresql_where=_sweeper_rows("owner_scope"),
-        sqlite_where=_sweeper_rows("owner_scope"),
+        where=_sweeper_rows("owner_scope"),
     ),
 )
 

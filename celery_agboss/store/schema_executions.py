@@ -23,13 +23,8 @@ from sqlalchemy import (
     text,
 )
 
-from celery_agboss.core.keys import KEY_COLUMN_LENGTH
+from celery_agboss.store.columns import KEY, NAME, partial_index
 from celery_agboss.store.metadata import metadata
-
-# An execution id (a Celery task id): as long as a key (``schema.KEY``), core's one length;
-# a longer id is refused at publish (``runtime.messages``). Changing it needs a migration.
-_ID = String(KEY_COLUMN_LENGTH)
-_NAME = String(200)
 
 LINK_OPTIONS = ("link", "link_error", "chain", "chord")
 """The publish options of a stored message that a delivery's end sends or counts (its
@@ -52,8 +47,8 @@ the index on ``state`` alone."""
 executions = Table(
     "agboss_executions",
     metadata,
-    Column("id", _ID, primary_key=True),
-    Column("task_name", _NAME, nullable=False),
+    Column("id", KEY, primary_key=True),
+    Column("task_name", NAME, nullable=False),
     Column("state", String(32), nullable=False),
     # The message as the broker holds it: JSON text (kombu's JSON, so dates and
     # decimals survive), re-published as is.
@@ -97,12 +92,8 @@ executions = Table(
         sqlite_where=text("cancel_requested = 1"),
     ),
     # The sweep's read of completed executions whose links may never have gone out.
-    Index(
-        "ix_agboss_executions_unsent_links",
-        "state",
-        "terminal_at_ms",
-        postgresql_where=text(UNSENT_LINKS),
-        sqlite_where=text(UNSENT_LINKS),
+    partial_index(
+        "ix_agboss_executions_unsent_links", "state", "terminal_at_ms", where=UNSENT_LINKS
     ),
 )
 
@@ -113,7 +104,7 @@ audit = Table(
     Column("at_ms", BigInteger, nullable=False),
     Column("actor", String(200), nullable=False),
     Column("action", String(64), nullable=False),
-    Column("target", _ID, nullable=False),
+    Column("target", KEY, nullable=False),
     Column("reason", Text, nullable=False),
     Column("before", Text, nullable=True),
     Column("after", Text, nullable=True),
@@ -132,8 +123,8 @@ pauses = Table(
     "agboss_pauses",
     metadata,
     Column("id", String(800), primary_key=True),  # "<execution id>:<name>"
-    Column("execution_id", _ID, nullable=False, index=True),
-    Column("name", _NAME, nullable=False),
+    Column("execution_id", KEY, nullable=False, index=True),
+    Column("name", NAME, nullable=False),
     Column("status", String(16), nullable=False),  # PENDING, ANSWERED
     Column("payload", Text, nullable=True),
     Column("answer", Text, nullable=True),
@@ -146,23 +137,22 @@ outbox = Table(
     metadata,
     # One follow-up task to publish once the transaction that wrote this row committed
     # (celery_agboss.outbox): its stable task id, and its message as kombu's JSON text.
-    Column("task_id", _ID, primary_key=True),
-    Column("task_name", _NAME, nullable=False),
+    Column("task_id", KEY, primary_key=True),
+    Column("task_name", NAME, nullable=False),
     Column("args", Text, nullable=False),
     Column("kwargs", Text, nullable=False),
     Column("options", Text, nullable=False),
-    Column("execution_id", _ID, nullable=True),  # whose fenced effect enqueued it
+    Column("execution_id", KEY, nullable=True),  # whose fenced effect enqueued it
     Column("created_at_ms", BigInteger, nullable=False),
     # The sweep publishes an unpublished row from then on (moved on at each claim).
     Column("publish_after_ms", BigInteger, nullable=False),
     Column("published_at_ms", BigInteger, nullable=True),
     Column("sweep_publishes", Integer, nullable=False, server_default="0"),
     # The sweep reads the few unpublished rows that are due, never the published history.
-    Index(
+    partial_index(
         "ix_agboss_outbox_unpublished_publish_after_ms",
         "publish_after_ms",
-        postgresql_where=text("published_at_ms IS NULL"),
-        sqlite_where=text("published_at_ms IS NULL"),
+        where="published_at_ms IS NULL",
     ),
     Index(None, "published_at_ms"),
 )

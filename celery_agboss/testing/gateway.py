@@ -368,6 +368,17 @@ class FakeGateway(RequestPath):
     def requests_for(self, idempotency_key: str) -> list[GatewayRequest]:
         return [r for r in self.requests if r.idempotency_key == idempotency_key]
 
+    def made_now(
+        self, idempotency_key: str | None, seen_before: int, outcome: GatewayRequestOutcome
+    ) -> bool:
+        """Whether the request a dialect answers got ``outcome`` now, not a key's replay of an
+        earlier one: the first request after the ``seen_before`` already recorded under its
+        key (exact unless two under one key arrive at the same instant)."""
+        if idempotency_key is None:
+            return True
+        mine = self.requests_for(idempotency_key)[seen_before:]
+        return bool(mine) and mine[0].outcome is outcome
+
     def payments_for(self, idempotency_key: str) -> list[Receipt]:
         """Payments made under this key: more than one only without keys (design: G1) or past
         retention."""

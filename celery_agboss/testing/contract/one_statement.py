@@ -45,12 +45,17 @@ class Claimed:
 
 def claim(store: Store, prefix: str) -> Claimed:
     lease = acquire(store, new_scope(prefix))
-    key = f"{lease.scope}:charge"
-    first = _row(None, key, lease, HistoryEvent.CLAIMED)
-    intent = NewIntent(key, lease.scope, "contract.charge", None, "fp", {}, lease)
+    intent, first = _claim_of(lease)
     with store.transaction() as tx:
         require(tx.insert_intent(intent, first_history=first), "P3", "a new key not claimed")
-    return Claimed(lease, key, first)
+    return Claimed(lease, intent.idempotency_key, first)
+
+
+def _claim_of(lease: LeaseRef) -> tuple[NewIntent, HistoryRow]:
+    """The intent ``lease`` claims (its execution's charge) and the claim's history row."""
+    key = f"{lease.scope}:charge"
+    intent = NewIntent(key, lease.scope, "contract.charge", None, "fp", {}, lease)
+    return intent, _row(None, key, lease, HistoryEvent.CLAIMED)
 
 
 def _row(previous: HistoryRow | None, key: str, lease: LeaseRef, event: HistoryEvent) -> HistoryRow:
@@ -192,9 +197,8 @@ def check_a_one_statement_claim_is_fenced_and_claims_once(factory: StoreFactory)
     clock = VirtualClock()
     with open_stores(factory, 1, clock) as (store,):
         lease = acquire(store, new_scope("one-statement-claim"))
-        key = f"{lease.scope}:charge"
-        intent = NewIntent(key, lease.scope, "contract.charge", None, "fp", {}, lease)
-        first = _row(None, key, lease, HistoryEvent.CLAIMED)
+        intent, first = _claim_of(lease)
+        key = intent.idempotency_key
         done = store.claim_in_one(lease, TTL_MS, intent, first, cancel_of=lease.scope)
         if done is None:
             return
@@ -220,17 +224,13 @@ def check_a_one_statement_claim_is_fenced_and_claims_once(factory: StoreFactory)
             "a second claim of one key changed the first",
         )
         late = acquire(store, new_scope("one-statement-claim-late"))
-        late_key = f"{late.scope}:charge"
+        late_intent, late_first = _claim_of(late)
         expire(clock)
         try:
-            store.claim_in_one(
-                late,
-                TTL_MS,
-                NewIntent(late_key, late.scope, "contract.charge", None, "fp", {}, late),
-                _row(None, late_key, late, HistoryEvent.CLAIMED),
-            )
+            store.claim_in_one(late, TTL_MS, late_intent, late_first)
         except ExecutionFencedError:
-            require(store.read_intent(late_key) is None, "P1", "a fenced claim inserted")
+            fenced_insert = store.read_intent(late_intent.idempotency_key)
+            require(fenced_insert is None, "P1", "a fenced claim inserted")
         else:
             require(False, "P1", "an expired lease claimed an intent in one statement")
 

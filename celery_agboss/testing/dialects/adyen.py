@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.wire_units import ADYEN
-from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_requests import DECLINED, answered_here
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply, Sends
 from celery_agboss.testing.gateway_types import (
@@ -164,14 +163,6 @@ class AdyenDialect:
             server.route("POST", path, endpoint, sends=api.sent(operation))
 
 
-def _declined_now(gateway: FakeGateway, key: str | None, seen_before: int) -> bool:
-    """Whether this request's refusal was made now, not the key's replay of an earlier one."""
-    if key is None:
-        return True
-    mine = gateway.requests_for(key)[seen_before:]
-    return bool(mine) and mine[0].outcome is GatewayRequestOutcome.DECLINED
-
-
 class _CheckoutApi:
     def __init__(self, server: FakeGatewayServer) -> None:
         self.server = server
@@ -266,7 +257,7 @@ class _CheckoutApi:
         except FakeGatewayError as exc:
             return self._error(exc)
         if receipt["status"] == DECLINED:
-            if _declined_now(gateway, key, seen_before):
+            if gateway.made_now(key, seen_before, GatewayRequestOutcome.DECLINED):
                 self.server.is_declined_card(call, card, key, reference)  # recorded
             return self._refused(receipt)
         answer = {

@@ -46,11 +46,7 @@ from typing import Any, ClassVar
 
 from celery_agboss.testing.dialects.canned import CannedReplies
 from celery_agboss.testing.dialects.checkout_actions import ActionDeclines, captured_by
-from celery_agboss.testing.dialects.checkout_pending import (
-    PendingPayments,
-    accepted_body,
-    made_now,
-)
+from celery_agboss.testing.dialects.checkout_pending import PendingPayments, accepted_body
 from celery_agboss.testing.dialects.checkout_sends import KEY_HEADER, sent
 from celery_agboss.testing.dialects.checkout_wire import (
     action_body,
@@ -256,11 +252,11 @@ class CheckoutDialect:
         except FakeGatewayError as exc:
             return self._error(exc, "payment")
         if receipt["status"] == _DECLINED:
-            if made_now(gateway, key, seen_before, GatewayRequestOutcome.DECLINED):
+            if gateway.made_now(key, seen_before, GatewayRequestOutcome.DECLINED):
                 self.server.is_declined_card(call, card, key, reference)  # recorded
             return Reply(201, self._declined(receipt))
         paid, now = checkout_id(receipt["id"]), GatewayRequestOutcome.PROCESSED
-        if self._pending.answers(paid, made_now(gateway, key, seen_before, now)):
+        if self._pending.answers(paid, gateway.made_now(key, seen_before, now)):
             reply = Reply(202, accepted_body(paid, receipt["reference"], self._href(paid)))
         else:
             reply = Reply(201, self._created(receipt))

@@ -20,21 +20,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from celery_agboss.testing.gateway import FakeGateway
-from celery_agboss.testing.gateway_types import GatewayRequestOutcome
-
 PENDING = "Pending"
-
-
-def made_now(
-    gateway: FakeGateway, key: str | None, seen_before: int, outcome: GatewayRequestOutcome
-) -> bool:
-    """Whether this request made its payment now with ``outcome`` (not a key's replay of an
-    earlier one): the first request after the ``seen_before`` already recorded under its key."""
-    if key is None:
-        return True
-    mine = gateway.requests_for(key)[seen_before:]
-    return bool(mine) and mine[0].outcome is outcome
 
 
 def accepted_body(payment_id: str, reference: Any, links: dict[str, Any]) -> dict[str, Any]:
@@ -90,4 +76,4 @@ class PendingPayments:
         return {**details, "status": PENDING, "approved": False, "balances": balances}
 
 
-__all__ = ["PENDING", "PendingPayments", "accepted_body", "made_now"]
+__all__ = ["PENDING", "PendingPayments", "accepted_body"]

@@ -233,7 +233,8 @@ class _StripeApi:
 
         seen_before = len(self.gateway.requests_for(key)) if key is not None else 0
         reply = self._keyed(call, key, "charge", charge, charge_answer, "")
-        if reply.status == 402 and self._declined_now(key, seen_before):
+        declined = GatewayRequestOutcome.DECLINED
+        if reply.status == 402 and self.gateway.made_now(key, seen_before, declined):
             # the server's declined card is recorded in its ``declines`` (not a replay)
             self.server.is_declined_card(call, method, key, reference)
         if reply.status != 200:
@@ -294,13 +295,6 @@ class _StripeApi:
         """Every payment as the fake keeps it, declined ones too (each is a PaymentIntent)."""
         both = self.gateway.payments + self.gateway.declined_payments
         return sorted(both, key=lambda p: p["created"])
-
-    def _declined_now(self, key: str | None, seen_before: int) -> bool:
-        """Whether this request was declined now, not answered from its key."""
-        if key is None:
-            return True
-        mine = self.gateway.requests_for(key)[seen_before:]
-        return bool(mine) and mine[0].outcome is GatewayRequestOutcome.DECLINED
 
     def list_intents(self, call: GatewayCall) -> Reply:
         intents = [render_intent(p) for p in self._intents()]
