@@ -44,6 +44,10 @@ class LeaseRef:
     holder: str
     token: int
 
+    def fields(self) -> dict[str, Any]:
+        """How fault points, logs and errors name the claim."""
+        return {"scope": self.scope, "holder": self.holder, "token": self.token}
+
 
 @dataclass(frozen=True)
 class LeaseGrant:

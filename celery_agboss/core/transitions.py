@@ -83,25 +83,34 @@ def transition(
     execution_id: str | None = None,
     tail: HistoryTail | None = None,
 ) -> bool:
-    """The guarded compare-and-set and, when it won, its history row; False when it lost
+    """The guarded compare-and-set and, when it won, its history row chained to the
+    intent's last (the compare-and-set locked the intent's row); False when it lost
     (someone else moved the intent first) and nothing was written. ``execution_id``: the
     execution whose delivery makes the change (None for the sweep and operators);
-    ``tail``: the last row the caller wrote for this intent, when it keeps it."""
+    ``tail``: the last row the caller wrote for this intent, when it keeps it: the row is
+    written after it in one statement (otherwise, or when another row came first, the
+    last row is read and the new one chained to it)."""
     if not cas(tx, key, guard, update):
         return False
-    append_history(
-        tx,
-        pseudonym_key,
-        key,
-        event,
-        from_status=from_status,
-        to_status=to_status,
-        attempt=attempt,
-        owner=owner,
-        detail=detail,
-        execution_id=execution_id,
-        tail=tail,
-    )
+    known = None if tail is None else tail.take(key)
+    fields: dict[str, Any] = {
+        "from_status": from_status,
+        "to_status": to_status,
+        "attempt": attempt,
+        "owner": owner,
+        "detail": detail,
+        "execution_id": execution_id,
+    }
+    if known is not None:
+        row = _history_row(tx, pseudonym_key, known, key, event, **fields)
+        if tx.append_history_after(row):
+            assert tail is not None
+            tail.keep(row)
+            return True
+    row = _history_row(tx, pseudonym_key, tx.last_history(key), key, event, **fields)
+    tx.append_history(row)
+    if tail is not None:
+        tail.keep(row)
     return True
 
 
@@ -159,45 +168,6 @@ class HistoryTail:
     def take(self, key: str) -> HistoryRow | None:
         row, self._row = self._row, None
         return row if row is not None and row.idempotency_key == key else None
-
-
-def append_history(
-    tx: StoreTransaction,
-    pseudonym_key: bytes,
-    key: str,
-    event: HistoryEvent,
-    *,
-    from_status: IntentStatus | None,
-    to_status: IntentStatus,
-    attempt: int,
-    owner: LeaseRef | None,
-    detail: JSON = None,
-    execution_id: str | None = None,
-    tail: HistoryTail | None = None,
-) -> None:
-    """Chain one row to the intent's history, after the compare-and-set of ``transition``
-    (its only caller) locked the intent's row. With a ``tail`` the caller wrote, the row
-    is written after it in one statement; otherwise (or when another row came first)
-    the last row is read and the new one chained to it."""
-    known = None if tail is None else tail.take(key)
-    fields: dict[str, Any] = {
-        "from_status": from_status,
-        "to_status": to_status,
-        "attempt": attempt,
-        "owner": owner,
-        "detail": detail,
-        "execution_id": execution_id,
-    }
-    if known is not None:
-        row = _history_row(tx, pseudonym_key, known, key, event, **fields)
-        if tx.append_history_after(row):
-            assert tail is not None
-            tail.keep(row)
-            return
-    row = _history_row(tx, pseudonym_key, tx.last_history(key), key, event, **fields)
-    tx.append_history(row)
-    if tail is not None:
-        tail.keep(row)
 
 
 def _history_row(
@@ -358,9 +328,7 @@ def fault(name: str, lease: LeaseRef, ref: CallRef, **more: object) -> None:
     """A fault point with the context tests filter on: scope, holder, token, key."""
     fault_point(
         name,
-        scope=lease.scope,
-        holder=lease.holder,
-        token=lease.token,
+        **lease.fields(),
         call=ref.call,
         key=ref.idempotency_key,
         execution_id=ref.execution_id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, exists, func, not_, or_, select
 
@@ -74,9 +74,31 @@ def _needing_operator() -> Any:
     )
 
 
-def _operator_needed_by(execution_id: str) -> Any:
+def _operator_needed(tx: SQLTransaction, execution_id: str) -> bool:
     """An intent of the execution (``used_by_execution``) still needs an operator."""
-    return exists().where(_needing_operator(), used_by_execution(execution_id))
+    needed = exists().where(_needing_operator(), used_by_execution(execution_id))
+    return bool(tx.execute(select(needed)).scalar())
+
+
+Judged = TypeVar("Judged")
+Fact = Callable[[], bool]
+
+
+def locked_if(
+    tx: SQLTransaction,
+    execution_id: str,
+    read: Callable[..., Judged | None],
+    rule: Callable[[Judged, Fact, Fact], bool],
+    blocked: Fact | None = None,
+) -> Judged | None:
+    """The execution read by ``read`` under its row lock, then its lease's (one lock
+    order), when core's ``rule`` lets a hand decision go on; else None. The rule is
+    asked with whether a live lease runs it and whether something blocks it (default:
+    a pending intent), each read only if the rule asks."""
+    row = read(tx, execution_id, lock=True)
+    live = partial(execution_lease_live, tx, execution_id)
+    pending = blocked or partial(has_pending_intent_txn, tx, execution_id)
+    return None if row is None or not rule(row, live, pending) else row
 
 
 # --- reads -------------------------------------------------------------------------
@@ -131,12 +153,9 @@ def unblock(
     when it does not wait for an intent (another state, "cancelled after a completed
     payment", a live lease) or an intent still needs a person."""
     with store.transaction() as tx:
-        record = read_execution_txn(tx, execution_id, lock=True)
-        if record is None or not unblocks(
-            record,
-            partial(execution_lease_live, tx, execution_id),
-            lambda: bool(tx.execute(select(_operator_needed_by(execution_id))).scalar()),
-        ):
+        needed = partial(_operator_needed, tx, execution_id)
+        record = locked_if(tx, execution_id, read_execution_txn, unblocks, needed)
+        if record is None:
             return None
         values: dict[str, Any] = {
             "state": ExecutionState.WAITING.value,
@@ -181,12 +200,8 @@ def accept_divergence(
     ``completed``: what else that end writes, in its transaction (an undo's task: the
     mark that its undo finished, as its delivery's ``COMPLETED`` writes it)."""
     with store.transaction() as tx:
-        record = read_execution_txn(tx, execution_id, lock=True)
-        if record is None or not divergence_accepted(
-            record,
-            partial(execution_lease_live, tx, execution_id),
-            partial(has_pending_intent_txn, tx, execution_id),
-        ):
+        record = locked_if(tx, execution_id, read_execution_txn, divergence_accepted)
+        if record is None:
             return None
         after = terminal_txn(tx, execution_id, ExecutionState.COMPLETED, reason=reason[:1000])
         audit_change_txn(tx, audit, execution_id, record, after)
@@ -213,13 +228,12 @@ def move(
     planned: bool = False,
     audit: Audit | None = None,
 ) -> ExecutionRecord | None:
+    def movable(record: ExecutionRecord, live: Fact, pending: Fact) -> bool:
+        return record.state in from_states and not live() and may_move_by_hand(to_state, pending())
+
     with store.transaction() as tx:
-        record = read_execution_txn(tx, execution_id, lock=True)
-        if record is None or record.state not in from_states:
-            return None
-        if execution_lease_live(tx, execution_id):
-            return None
-        if not may_move_by_hand(to_state, has_pending_intent_txn(tx, execution_id)):
+        record = locked_if(tx, execution_id, read_execution_txn, movable)
+        if record is None:
             return None
         values: dict[str, Any] = {"state": to_state.value, "reason": reason}
         if planned:
@@ -412,6 +426,7 @@ __all__ = [
     "failed_after_payment",
     "intents_needing_operator",
     "list_executions",
+    "locked_if",
     "mark_payments_handled",
     "move",
     "payments_left_behind",

@@ -37,6 +37,7 @@ from celery_agboss.core.protections import (
     RENEW_REVIVES_EXPIRED_LEASE,
 )
 from celery_agboss.core.store_protocol import LeaseGrant, LeaseRef, LeaseState, RenewOutcome
+from celery_agboss.store.columns import KEY
 from celery_agboss.store.dialect import (
     CLOCK_ALIAS,
     clock,
@@ -45,7 +46,7 @@ from celery_agboss.store.dialect import (
     now_expr,
 )
 from celery_agboss.store.fences import IS_MINE_PARAMS, mine_parameters
-from celery_agboss.store.schema import KEY, leases
+from celery_agboss.store.schema import leases
 from celery_agboss.store.statement_cache import built_once
 
 _c = leases.c
@@ -162,18 +163,17 @@ def _acquire_statements(conn: Connection, offset_ms: int, caller_skew_ms: int) -
 def lease_live(now: ColumnElement[int], scope: ColumnElement[str]) -> ColumnElement[bool]:
     """A live lease on ``scope`` exists (``now``: the database clock), as a correlated
     ``EXISTS``: for a listing; a decision re-checks under the lease row's lock."""
-    return (
-        select(_c.scope)
-        .where(_c.scope == scope, not_(_c.released), _c.expires_at_ms > now)
-        .exists()
-    )
+    return select(_c.scope).where(_c.scope == scope, _live(now)).exists()
+
+
+def _live(now: ColumnElement[int]) -> ColumnElement[bool]:
+    """A lease row is live: not released and not expired on the database clock ``now``."""
+    return not_(_c.released) & (_c.expires_at_ms > now)
 
 
 def _live_predicate(now: ColumnElement[int]) -> ColumnElement[bool]:
-    """Not released and not expired — unless a test removed that protection (design: R19)."""
-    if sabotage.active(RENEW_REVIVES_EXPIRED_LEASE):
-        return not_(_c.released)
-    return not_(_c.released) & (_c.expires_at_ms > now)
+    """``_live`` — unless a test removed that protection (design: R19)."""
+    return not_(_c.released) if sabotage.active(RENEW_REVIVES_EXPIRED_LEASE) else _live(now)
 
 
 def extend_txn(
@@ -199,7 +199,7 @@ def _extend_statement(conn: Connection, offset_ms: int) -> Any:
     now = clock(conn, offset_ms).c.now
     return (
         update(leases)
-        .where(IS_MINE_PARAMS, not_(_c.released), _c.expires_at_ms > now)
+        .where(IS_MINE_PARAMS, _live(now))
         .values(expires_at_ms=now + bindparam("ttl", type_=BigInteger), renewed_at_ms=now)
         .returning(_c.expires_at_ms, _c.renewed_at_ms)
     )
@@ -328,11 +328,7 @@ def release_live_txn(conn: Connection, lease: LeaseRef, *, offset_ms: int = 0) -
 @built_once
 def _release_live_statement(conn: Connection, offset_ms: int) -> Any:
     now = clock(conn, offset_ms).c.now
-    return (
-        update(leases)
-        .where(IS_MINE_PARAMS, not_(_c.released), _c.expires_at_ms > now)
-        .values(released=True, renewed_at_ms=now)
-    )
+    return update(leases).where(IS_MINE_PARAMS, _live(now)).values(released=True, renewed_at_ms=now)
 
 
 def read_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState | None:

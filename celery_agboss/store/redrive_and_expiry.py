@@ -11,7 +11,6 @@ claim is a compare-and-set under the row's lock that re-checks that no lease is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from sqlalchemy import and_, case, not_, or_, select, update
@@ -23,10 +22,9 @@ from celery_agboss.core.executions import REDRIVABLE_STATES, ExecutionState, Red
 from celery_agboss.core.fault_points import SWEEP_BEFORE_EXPIRY, fault_point
 from celery_agboss.core.protections import PLANNED_WAITS_COUNTED, STARTED_EXECUTIONS_EXPIRE
 from celery_agboss.store.dialect import is_postgresql
-from celery_agboss.store.execution_admin import read_execution
+from celery_agboss.store.execution_admin import locked_if, read_execution
 from celery_agboss.store.execution_rows import (
     execution_lease_live,
-    has_pending_intent_txn,
     park_txn,
     set_execution_txn,
     terminal_values,
@@ -273,12 +271,7 @@ def expire_if_due(store: SQLAlchemyStore, execution_id: str) -> UnsealedExecutio
     clock, under its row lock. Decided and written on its unsealed columns: a row no
     key opens expires as any other (design: sealed at rest)."""
     with store.transaction() as tx:
-        row = read_unsealed_txn(tx, execution_id, lock=True)
-        if row is None or not expires_now(
-            row,
-            partial(execution_lease_live, tx, execution_id),
-            partial(has_pending_intent_txn, tx, execution_id),
-        ):
+        if locked_if(tx, execution_id, read_unsealed_txn, expires_now) is None:
             return None
         # What ``terminal_txn`` writes, without reading the sealed columns back.
         ended = terminal_values(ExecutionState.EXPIRED, tx.now_expr(), {"reason": "expired"})

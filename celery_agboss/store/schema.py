@@ -25,7 +25,6 @@ from celery_agboss.store.columns import KEY, NAME, partial_index
 from celery_agboss.store.metadata import metadata
 
 __all__ = [
-    "KEY",
     "SETTLED_ONLY_EXCLUDES",
     "SWEEPER_SCOPE_PATTERN",
     "SWEEPER_SCOPE_PREFIX",

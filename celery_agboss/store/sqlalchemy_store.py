@@ -71,6 +71,7 @@ from celery_agboss.store.sqlite_watch import FencedTransactionWatchdog, FencedWa
 from celery_agboss.store.transactions import SQLFencedTransaction, SQLTransaction
 
 T = TypeVar("T")
+OneStatement = TypeVar("OneStatement", OneStatementClaim, OneStatementTransition)
 
 
 def sqlite_write_lock_bound_ms(ttl_ms: int) -> int:
@@ -276,7 +277,7 @@ class SQLAlchemyStore:
         """
         started = time.monotonic()
         offset = self.offset_ms()
-        where = {"scope": lease.scope, "holder": lease.holder, "token": lease.token}
+        where = lease.fields()
         separate = sabotage.active(LEASE_CHECK_IN_SEPARATE_ROUND_TRIP)
         checked: tuple[int, int] | None = None
         if separate:
@@ -370,16 +371,10 @@ class SQLAlchemyStore:
         """``fenced()`` with a ``transition`` in it, as one autocommit statement on
         PostgreSQL (``store.intent_transitions``); None on SQLite, where the caller runs
         the transaction (in process, it costs no round trips)."""
-        return intent_transitions.in_one(
-            self.engine,
+        return self._in_one(
             lease,
-            lambda conn: intent_transitions.transition_txn(
-                conn,
-                lease,
-                ttl_ms,
-                change,
-                relied_by=relied_by,
-                offset_ms=self.offset_ms(),  # read as the statement is sent
+            lambda conn, offset_ms: intent_transitions.transition_txn(
+                conn, lease, ttl_ms, change, relied_by=relied_by, offset_ms=offset_ms
             ),
         )
 
@@ -394,18 +389,20 @@ class SQLAlchemyStore:
     ) -> OneStatementClaim | None:
         """``fenced()`` with the cancel check and ``create`` in it, as one autocommit
         statement on PostgreSQL; None on SQLite."""
-        return intent_transitions.in_one(
-            self.engine,
+        return self._in_one(
             lease,
-            lambda conn: intent_transitions.claim_txn(
-                conn,
-                lease,
-                ttl_ms,
-                intent,
-                row,
-                cancel_of=cancel_of,
-                offset_ms=self.offset_ms(),  # read as the statement is sent
+            lambda conn, offset_ms: intent_transitions.claim_txn(
+                conn, lease, ttl_ms, intent, row, cancel_of=cancel_of, offset_ms=offset_ms
             ),
+        )
+
+    def _in_one(
+        self, lease: LeaseRef, body: Callable[[Connection, int], OneStatement]
+    ) -> OneStatement | None:
+        """``body`` (given its connection and the test clock's offset, read as the
+        statement is sent) as ``intent_transitions.in_one``'s one statement."""
+        return intent_transitions.in_one(
+            self.engine, lease, lambda conn: body(conn, self.offset_ms())
         )
 
     @contextlib.contextmanager

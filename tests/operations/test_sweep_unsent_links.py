@@ -38,7 +38,7 @@ from celery_agboss.core.protections import (
 from celery_agboss.core.sealing import key_variable
 from celery_agboss.delivery import link_ends
 from celery_agboss.errors import StoreUnavailableError
-from celery_agboss.store import execution_delivery
+from celery_agboss.store.execution_store import SQLAlchemyExecutionStore
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.unsent_links import UnsentLinksRow, find_unsent_links
 from celery_agboss.sweep import links as links_step
@@ -123,7 +123,7 @@ class Shop:
 
         with self.monkeypatch.context() as lost:
             lost.setattr(link_ends, "_MARK_BACKOFF_SECONDS", 0.0)
-            lost.setattr(execution_delivery, "mark_links_dispatched", blip)
+            lost.setattr(SQLAlchemyExecutionStore, "mark_links_dispatched", blip)
             with running_worker(self.world.app):
                 pay_id = str(self.charge.apply_async((order,), link=self.notify.s()).id)
                 wait_until(lambda: len(self.notified) >= 1, 15, message="the callback")
