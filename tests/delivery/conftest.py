@@ -26,10 +26,12 @@ from celery import Celery
 from celery import signals as celery_signals
 
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, PaymentTask
+from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.core.store_protocol import IntentRecord
 from celery_agboss.sweep import SweepReport, run_sweep
+from celery_agboss.task import undo_function
 from celery_agboss.testing.celery_app import close_test_app, make_test_app, running_worker
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
@@ -162,37 +164,82 @@ class PaymentShop:
         )
         go_on.set()
 
+    def refund_undo(self, refund: OutboundCall) -> None:
+        """The undo function ``refund-charge(payment)``: it refunds ``payment`` through
+        ``refund`` (keyed ``<step key>:compensation``)."""
+
+        @undo_function(self.app, "refund-charge")
+        def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
+            task.outbound(refund, {"payment": payment})
+
+    def pay_noting_each_run(self) -> tuple[Any, list[str]]:
+        """The task ``shop.pay(order)``, charging 1000 under the order as its key, and
+        the orders its body ran for, in order."""
+        charge = self.call()
+        ran: list[str] = []
+
+        @self.task()
+        def pay(task: Any, order: str) -> Any:
+            ran.append(order)
+            return task.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+
+        return pay, ran
+
+    def producer(self) -> tuple[Celery, str]:
+        """A plain Celery app on this shop's broker (another app, no AGBoss) and the queue
+        the shop's worker consumes; the caller closes it."""
+        producer = Celery("producer-app", broker=self.app.conf.broker_url, set_as_current=False)
+        return producer, self.app.conf.task_default_queue
+
+    def ship_task(self) -> Any:
+        """The task ``shop.ship(order)``: a 500 shipping charge through the call
+        ``shop.shipping``, under a key of its own run (no business key)."""
+        shipping = self.call("shop.shipping")
+
+        @self.task()
+        def ship(task: Any, order: str) -> Any:
+            return task.outbound(shipping, {"amount": 500, "order": order})
+
+        return ship
+
+    def refund_task(self, refund: OutboundCall) -> Any:
+        """The task ``shop.refund_payment(payment)``: an undo declared as a Celery
+        signature, refunding ``payment`` through ``refund`` under ``refund:<payment>``."""
+
+        @self.task()
+        def refund_payment(task: Any, payment: str) -> Any:
+            return task.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+
+        return refund_payment
+
     def pay_failing_after_its_charge(
         self, undo: str | Callable[[str], Any], name: str = "pay"
     ) -> Any:
-        """A task ``shop.<name>`` that charges the order 1000 (``call()``), declares its
-        undo (a registered undo's name, given the payment; or ``undo(payment)``, an undo
-        task's signature), then fails ("out of stock"): its failure runs the undo."""
+        """A task ``shop.<name>`` that charges the order and declares its undo
+        (``_charged_declaring``), then fails ("out of stock"): its failure runs the undo."""
         charge = self.call()
 
         def body(task: Any, order: str) -> Any:
-            receipt = task.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-            if isinstance(undo, str):
-                task.undo_with(undo, payment=receipt["id"])
-            else:
-                task.undo_with(undo(receipt["id"]))
+            _charged_declaring(task, charge, order, undo)
             raise LookupError("out of stock")
 
         body.__name__ = name
         return self.task()(body)
 
-    def pay_revoked_after_its_charge(self, undo: str) -> Callable[[str], str]:
-        """A task ``pay`` that charges the order, declares the undo ``undo`` with the
-        payment and waits before its next step. The function returned publishes it for an
-        order and revokes it at that wait (``revoke_at``), so its next step, a fenced
-        effect, meets the cancel and the cancel runs the undo; the task id."""
+    def pay_revoked_after_its_charge(
+        self, undo: str | Callable[[str], Any]
+    ) -> Callable[[str], str]:
+        """A task ``pay`` that charges the order, declares its undo
+        (``_charged_declaring``) and waits before its next step. The
+        function returned publishes it for an order and revokes it at that wait
+        (``revoke_at``), so its next step, a fenced effect, meets the cancel and the
+        cancel runs the undo; the task id."""
         charge = self.call()
         charged, go_on = threading.Event(), threading.Event()
 
         @self.task()
         def pay(task: Any, order: str) -> Any:
-            receipt = task.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-            task.undo_with(undo, payment=receipt["id"])
+            receipt = _charged_declaring(task, charge, order, undo)
             charged.set()
             assert go_on.wait(20)
             task.fenced_effect("mark-paid", lambda conn: None)  # stops here: the cancel
@@ -260,6 +307,20 @@ class PaymentShop:
 
     def new_id(self) -> str:
         return f"exec-{uuid.uuid4().hex[:12]}"
+
+
+def _charged_declaring(
+    task: Any, charge: OutboundCall, order: str, undo: str | Callable[[str], Any]
+) -> Any:
+    """``task`` charges ``order`` 1000 under ``order:<order>`` and declares its undo: a
+    registered undo's name, given the payment, or ``undo(payment)``, an undo task's
+    signature. The receipt."""
+    receipt = task.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
+    if isinstance(undo, str):
+        task.undo_with(undo, payment=receipt["id"])
+    else:
+        task.undo_with(undo(receipt["id"]))
+    return receipt
 
 
 def assert_waits_for_an_operator(record: ExecutionRecord, starts: str = "", *names: str) -> None:

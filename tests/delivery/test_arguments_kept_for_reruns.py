@@ -16,7 +16,6 @@ from celery import chain
 
 from celery_agboss.core.protections import FIRST_RUN_GETS_UNKEPT_ARGUMENTS
 from celery_agboss.errors import PublishRefusedError
-from celery_agboss.task import undo_function
 from celery_agboss.testing.switches import sabotage
 from tests.delivery.conftest import PaymentShop
 
@@ -35,9 +34,7 @@ def shop_config() -> dict[str, Any]:
 def _pay_with_a_long_retry(shop: PaymentShop, seen: list[Any]) -> Any:
     charge, refund = shop.call(), shop.refund_call()
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: Any, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     @shop.task()
     def pay(self: Any, order: str, lines: dict[Any, int]) -> Any:

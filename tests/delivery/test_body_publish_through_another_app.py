@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
-
 from celery_agboss.core.protections import BODY_PUBLISH_THROUGH_ANOTHER_APP_ALLOWED
 from celery_agboss.errors import PublishNotRecorded, PublishRefusedError
 from celery_agboss.testing.switches import sabotage
@@ -33,8 +31,7 @@ def _retried_body_ships_through(
     raised: list[BaseException] = []
     ship_charge = shop.call("shop.ship-charge")
     charge = shop.call()
-    queue = shop.app.conf.task_default_queue
-    producer = Celery("producer-app", broker=shop.app.conf.broker_url, set_as_current=False)
+    producer, queue = shop.producer()
 
     @shop.task()
     def ship(self: Any, order: str) -> str:
@@ -107,8 +104,7 @@ def test_a_body_that_does_not_catch_the_refusal_fails_as_through_its_own_app(
     ``RUNNING`` until its lease expired, then re-ran it into the same refusal: it fails
     with the ``PublishRefusedError``, as a publish through its own app does."""
     charge = shop.call()
-    producer = Celery("producer-app", broker=shop.app.conf.broker_url, set_as_current=False)
-    queue = shop.app.conf.task_default_queue
+    producer, queue = shop.producer()
 
     @shop.task()
     def ship(self: Any, order: str) -> str:

@@ -36,9 +36,7 @@ def test_an_undo_name_nobody_registered_is_refused_where_it_is_declared(
     charge, refund = shop.call(), shop.refund_call()
     refused: list[BaseException] = []
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:

@@ -110,12 +110,21 @@ class _Canvas:
         return sum(1 for p in self.shop.gateway.payments if p["reference"] == reference)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.fixture(params=SHAPES)
+def lost(
+    request: pytest.FixtureRequest, shop: PaymentShop, monkeypatch: pytest.MonkeyPatch
+) -> tuple[_Canvas, str, str]:
+    """A canvas of each shape whose publish was lost (``pay_with_the_publish_lost``):
+    the canvas, the paying task's id and its outbox row."""
+    canvas = _Canvas(shop, request.param)
+    return canvas, *canvas.pay_with_the_publish_lost(monkeypatch)
+
+
 def test_a_canvas_whose_publish_was_lost_is_published_by_the_sweep_and_ships_once(
-    shop: PaymentShop, monkeypatch: pytest.MonkeyPatch, shape: str
+    shop: PaymentShop, lost: tuple[_Canvas, str, str]
 ) -> None:
-    canvas = _Canvas(shop, shape)
-    task_id, row = canvas.pay_with_the_publish_lost(monkeypatch)
+    canvas, task_id, row = lost
+    shape = canvas.shape
     handed = shop.execution(task_id).result
     with shop.worker(concurrency=3):
         assert shop.sweep(claim_tick=False).outbox_published == 0, "within the grace"
@@ -138,12 +147,10 @@ def test_a_canvas_whose_publish_was_lost_is_published_by_the_sweep_and_ships_onc
     assert len(canvas.notified) == (0 if shape == "group" else 1)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
 def test_without_the_sweeps_publish_the_paid_order_never_ships(
-    shop: PaymentShop, monkeypatch: pytest.MonkeyPatch, shape: str
+    shop: PaymentShop, lost: tuple[_Canvas, str, str]
 ) -> None:
-    canvas = _Canvas(shop, shape)
-    _, row = canvas.pay_with_the_publish_lost(monkeypatch)
+    canvas, _, row = lost
     shop.clock.advance(GRACE_SECONDS + 1)
     with sabotage(SWEEP_NOT_REPUBLISHING):
         assert shop.sweep(claim_tick=False).outbox_published == 0

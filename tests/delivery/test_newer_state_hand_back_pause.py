@@ -70,13 +70,7 @@ def _handed_back_after(shop: PaymentShop, monkeypatch: pytest.MonkeyPatch, count
     (a state this version knows, standing for the newer worker) and it runs once."""
     pauses = _Pauses()
     monkeypatch.setattr(waits, "_sleep", pauses)
-    charge = shop.call()
-    ran: list[str] = []
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        ran.append(order)
-        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+    pay, ran = shop.pay_noting_each_run()
 
     task_id = str(pay.apply_async(("o-1",), headers={waits.DELIVERY_COUNT_HEADER: counted}).id)
     _raw_state(shop, task_id, FUTURE_STATE)

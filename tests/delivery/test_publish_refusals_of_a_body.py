@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from celery_agboss.errors import PublishRefusedError, StoreUnavailableError
 from celery_agboss.task import undo_function
@@ -47,12 +46,9 @@ def test_a_store_outage_recording_a_child_is_retried_and_the_charge_kept(
     shop: PaymentShop, through: str
 ) -> None:
     charge, refund = shop.call(), shop.refund_call()
-    producer = Celery("producer-app", broker=shop.app.conf.broker_url, set_as_current=False)
-    queue = shop.app.conf.task_default_queue
+    producer, queue = shop.producer()
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: Any, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     @shop.task()
     def ship(self: Any, order: str) -> str:
@@ -112,8 +108,7 @@ def test_a_random_id_through_another_agboss_app_is_refused(
 
 def test_an_undo_refused_through_another_app_waits_for_a_person(shop: PaymentShop) -> None:
     charge = shop.call()
-    producer = Celery("producer-app", broker=shop.app.conf.broker_url, set_as_current=False)
-    queue = shop.app.conf.task_default_queue
+    producer, queue = shop.producer()
 
     @shop.task()
     def refund_task(self: Any, payment: str) -> str:

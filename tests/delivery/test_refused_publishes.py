@@ -104,11 +104,7 @@ def _sweep_after_the_grace(shop: PaymentShop, task: str) -> None:
 def _pay_then_ship(shop: PaymentShop, order: str, *, retries: int) -> None:
     """``pay`` charges 1000, then publishes ``ship`` (a 500 shipping charge), trying the
     publish ``retries`` + 1 times while the broker refuses it, then going on."""
-    charge, shipping = shop.call("shop.charge"), shop.call("shop.shipping")
-
-    @shop.task()
-    def ship(self: Any, order: str) -> Any:
-        return self.outbound(shipping, {"amount": 500, "order": order})
+    charge, ship = shop.call("shop.charge"), shop.ship_task()
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:
@@ -307,12 +303,9 @@ def _send_task_with_an_eta_then_a_lost_answer(
 ) -> None:
     """``pay`` publishes ``ship`` by ``send_task`` with a positional ``eta`` and then loses
     its charge's answer, so its re-run publishes ``ship`` again."""
-    charge, shipping = shop.call("shop.charge"), shop.call("shop.shipping")
+    charge = shop.call("shop.charge")
+    shop.ship_task()  # published by its name below
     published, ran = seen
-
-    @shop.task()
-    def ship(self: Any, order: str) -> Any:
-        return self.outbound(shipping, {"amount": 500, "order": order})
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:

@@ -229,11 +229,7 @@ def _ship_then_a_lost_answer(shop: PaymentShop) -> str:
     publishes ``ship`` again. The worker stays up until every ``ship`` that reached the
     broker has run (counted by Celery's own signals), so a second shipping charge has
     had its chance whichever id it was published under."""
-    charge, shipping = shop.call("shop.charge"), shop.call("shop.shipping")
-
-    @shop.task()
-    def ship(self: Any, order: str) -> Any:
-        return self.outbound(shipping, {"amount": 500, "order": order})
+    charge, ship = shop.call("shop.charge"), shop.ship_task()
 
     @shop.task()
     def pay(self: Any, order: str) -> Any:

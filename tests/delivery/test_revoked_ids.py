@@ -26,13 +26,11 @@ import pytest
 from celery import signals as celery_signals
 from celery.worker import state as worker_state
 
-from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.protections import (
     REVOKE_BROADCAST_NOT_RECORDED,
     REVOKED_ID_DROPS_LATER_MESSAGES,
 )
 from celery_agboss.operator import redrive
-from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
@@ -79,9 +77,7 @@ def _revoked_then_refund_refused_then_redriven(shop: PaymentShop, ids: list[str]
     it; the re-drive's message reaches the worker that heard the revoke."""
     refund = shop.refund_call("shop.refusable-refund", refusable=True)
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     pay_and_revoke = shop.pay_revoked_after_its_charge("refund-charge")
     shop.gateway.inject_fault(FakeGatewayFault.DECLINE, operation="refund")

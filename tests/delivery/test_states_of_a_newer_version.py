@@ -35,13 +35,7 @@ def _rows(shop: PaymentShop) -> dict[str, list[tuple[Any, ...]]]:
 def test_a_delivery_of_a_newer_versions_state_runs_nothing_and_hands_the_message_back(
     shop: PaymentShop, caplog: pytest.LogCaptureFixture
 ) -> None:
-    charge = shop.call()
-    ran: list[str] = []
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        ran.append(order)
-        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+    pay, ran = shop.pay_noting_each_run()
 
     task_id = str(pay.delay("o-1").id)  # recorded; no worker runs yet
     write_raw_state(shop.agboss.store.engine, task_id, FUTURE_STATE)

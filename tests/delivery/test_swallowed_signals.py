@@ -23,7 +23,6 @@ from celery.exceptions import Ignore
 from celery_agboss import answer_pause
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.protections import CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY
-from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from tests.delivery.conftest import PaymentShop
 
@@ -83,9 +82,7 @@ def _pay_swallowing_its_cancel(shop: PaymentShop, then: str) -> Any:
     effect raises, then returns (``then="return"``) or raises ``Ignore``."""
     charge, refund = shop.call(), shop.refund_call()
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: Any, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     @shop.task()
     def pay(task: Any, order: str) -> Any:

@@ -25,6 +25,7 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_agboss import PaymentTask
+from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.fault_points import DELIVERY_AFTER_VERDICT
 from celery_agboss.core.protections import (
     BEFORE_START_OUTSIDE_THE_DELIVERY,
@@ -97,12 +98,25 @@ def _tracing_down(self: Any, task_id: str, args: Any, kwargs: Any) -> None:
     raise RuntimeError("the tracing service is down")
 
 
+def _a_charge_on(shop: PaymentShop, base: Any, name: str) -> ExecutionRecord:
+    """A task ``name`` of ``base`` charging its order, delivered once for ``o-1``: where
+    its delivery ended."""
+    charge = shop.call()
+
+    @shop.app.task(base=base, bind=True, shared=False, name=name)
+    def charging(self: Any, order: str) -> Any:
+        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
+
+    with shop.worker():
+        task_id = str(charging.delay("o-1").id)
+        return shop.wait_state(task_id, "FAILED", "COMPLETED")
+
+
 @pytest.mark.parametrize("where", ["mixin", "annotation"])
 def test_a_before_start_from_a_mixin_or_an_annotation_fails_the_execution_too(
     shop: PaymentShop, where: str
 ) -> None:
     """The hook Celery calls is resolved once the task is bound (annotations applied)."""
-    charge = shop.call()
     base: Any = PaymentTask
     if where == "mixin":
 
@@ -113,13 +127,7 @@ def test_a_before_start_from_a_mixin_or_an_annotation_fails_the_execution_too(
     else:
         shop.app.conf.task_annotations = {"shop.traced": {"before_start": _tracing_down}}
 
-    @shop.app.task(base=base, bind=True, shared=False, name="shop.traced")
-    def traced(self: Any, order: str) -> Any:
-        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
-
-    with shop.worker():
-        task_id = str(traced.delay("o-1").id)
-        record = shop.wait_state(task_id, "FAILED", "COMPLETED")
+    record = _a_charge_on(shop, base, "shop.traced")
     assert record.state.value == "FAILED"
     assert shop.gateway.requests == []
 
@@ -127,7 +135,6 @@ def test_a_before_start_from_a_mixin_or_an_annotation_fails_the_execution_too(
 def test_a_before_start_that_handles_its_base_s_error_goes_on_to_pay(shop: PaymentShop) -> None:
     """Wrapped once, at the hook Celery calls: a ``super()`` chain inside it runs as
     written, so an error the subclass handles is handled."""
-    charge = shop.call()
 
     class Tenanted(PaymentTask):  # type: ignore[misc]
         abstract = True
@@ -142,13 +149,7 @@ def test_a_before_start_that_handles_its_base_s_error_goes_on_to_pay(shop: Payme
             with contextlib.suppress(LookupError):  # the default tenant
                 super().before_start(task_id, args, kwargs)
 
-    @shop.app.task(base=DefaultTenant, bind=True, shared=False, name="shop.tenanted")
-    def tenanted(self: Any, order: str) -> Any:
-        return self.outbound(charge, {"amount": 1000, "order": order}, business_key=order)
-
-    with shop.worker():
-        task_id = str(tenanted.delay("o-1").id)
-        record = shop.wait_state(task_id, "FAILED", "COMPLETED")
+    record = _a_charge_on(shop, DefaultTenant, "shop.tenanted")
     assert record.state.value == "COMPLETED", record.error
     assert len(shop.gateway.payments) == 1
 

@@ -99,13 +99,10 @@ def test_a_task_id_as_long_as_the_column_charges_once(shop: PaymentShop) -> None
 def test_the_longest_id_declares_its_undo_and_a_failure_refunds_once(shop: PaymentShop) -> None:
     """An undo's declaration and started marks are keyed by the execution id too
     (``core.compensation``): fitted to the column, so a failure refunds once."""
-    from celery_agboss.task import undo_function
 
     charge, refund = shop.call(), shop.refund_call()
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: Any, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     @shop.task()
     def pay_then_fail(self: Any, order: str) -> Any:

@@ -17,7 +17,6 @@ straight from the undo, under a new id each time: two refunds.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -146,20 +145,10 @@ def test_an_unknown_outcome_after_the_charge_never_starts_undo(shop: PaymentShop
 
 @sqlite_only
 def test_a_revoke_after_the_charge_runs_the_undo_then_cancels(shop: PaymentShop) -> None:
-    seen, charge_with_undo = _charge_with_a_refund_undo(shop)
-    charged, go_on = threading.Event(), threading.Event()
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = charge_with_undo(self, order)
-        charged.set()
-        assert go_on.wait(20)
-        self.fenced_effect("mark-paid", lambda conn: None)  # stops here: the cancel
-        return receipt
-
+    seen, _ = _charge_with_a_refund_undo(shop)
+    pay_and_revoke = shop.pay_revoked_after_its_charge("refund-charge")
     with shop.worker():
-        task_id = str(pay.delay("o-3").id)
-        shop.revoke_at(task_id, charged, go_on)
+        task_id = pay_and_revoke("o-3")
         record = shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR", "FAILED")
     assert record.state.value == "CANCELLED", record.reason
     assert [undo.cause for undo in seen] == ["cancel"]
@@ -240,9 +229,7 @@ def _refund_refused_then_redriven(shop: PaymentShop) -> str:
     gateway = shop.gateway
     refund = shop.refund_call("shop.refusable-refund", refusable=True)
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     pay = shop.pay_failing_after_its_charge("refund-charge")
 

@@ -207,9 +207,7 @@ def _an_order_whose_refund_task_is_queued(
     parent's id and the refund task's record, still queued."""
     refund = shop.refund_call("shop.sig-refund")
 
-    @shop.task()
-    def refund_payment(self: Any, payment: str) -> Any:
-        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+    refund_payment = shop.refund_task(refund)
 
     place_order = shop.pay_failing_after_its_charge(
         lambda payment: refund_payment.s(payment).set(queue=queue, **options), "place_order"

@@ -166,9 +166,7 @@ def test_a_later_click_is_told_claimed_not_undone_while_the_refund_was_refused(
     charge = shop.call()
     refund = shop.refund_call("shop.refusable-refund", refusable=True)
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     place_order, told = later_click_shop(shop, charge, "refund-charge", undo_also_on_success=True)
 
@@ -199,9 +197,7 @@ def test_undo_with_inside_a_fenced_effect_fn_is_refused(shop: PaymentShop) -> No
     it, and its charge is refunded), never left to stall on the store's lock."""
     charge, refund = shop.call(), shop.refund_call()
 
-    @undo_function(shop.app, "refund-charge")
-    def refund_charge(task: Any, undo: UndoStep, payment: str) -> None:
-        task.outbound(refund, {"payment": payment})
+    shop.refund_undo(refund)
 
     @undo_function(shop.app, "unreserve")
     def unreserve(task: Any, undo: UndoStep) -> None:

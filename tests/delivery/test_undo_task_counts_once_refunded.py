@@ -15,7 +15,6 @@ task, not the parent, carries the refund from there (a failure of it waits for a
 
 from __future__ import annotations
 
-import threading
 import uuid
 from typing import Any
 
@@ -56,9 +55,7 @@ class Orders:
         refund = shop.refund_call("shop.sig-refund", refusable=refusable)
         told = self.told
 
-        @shop.task()
-        def refund_payment(self: Any, payment: str) -> Any:
-            return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+        refund_payment = shop.refund_task(refund)
 
         @shop.task()
         def place_order(self: Any, order: str, fail: bool = False) -> Any:
@@ -168,26 +165,10 @@ def test_a_cancel_whose_undo_is_a_task_ends_cancelled_and_refunds_once(
 ) -> None:
     """The parent is revoked after its charge: its undo publishes the refund task, and the
     cancel ends ``CANCELLED`` (the task carries the refund), not waiting for a person."""
-    charge = shop.call()
-    refund = shop.refund_call("shop.sig-refund")
-    charged, go_on = threading.Event(), threading.Event()
-
-    @shop.task()
-    def refund_payment(self: Any, payment: str) -> Any:
-        return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
-
-    @shop.task()
-    def pay(self: Any, order: str) -> Any:
-        receipt = self.outbound(charge, {"amount": 1000}, business_key=f"order:{order}")
-        self.undo_with(refund_payment.s(receipt["id"]))
-        charged.set()
-        assert go_on.wait(20)
-        self.fenced_effect("mark-paid", lambda conn: None)  # stops here: the cancel
-        return receipt
-
+    refund_payment = shop.refund_task(shop.refund_call("shop.sig-refund"))
+    pay_and_revoke = shop.pay_revoked_after_its_charge(refund_payment.s)
     with shop.worker():
-        task_id = str(pay.delay("o-3").id)
-        shop.revoke_at(task_id, charged, go_on)
+        task_id = pay_and_revoke("o-3")
         record = shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR", "FAILED")
         wait_until(lambda: len(shop.gateway.refunds) == 1, 20, message="the refund task")
     assert record.state.value == "CANCELLED", record.reason

@@ -74,9 +74,7 @@ class TwoUndos:
                 raise ConnectionError("the stock service is down")
             task.fenced_effect("release-stock", lambda conn: None)
 
-        @shop.task()
-        def refund_payment(self: Any, payment: str) -> Any:
-            return self.outbound(refund, {"payment": payment}, business_key=f"refund:{payment}")
+        refund_payment = shop.refund_task(refund)
 
         @shop.task()
         def place_order(self: Any, order: str, fail: bool = False) -> Any:

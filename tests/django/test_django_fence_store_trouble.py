@@ -15,7 +15,10 @@ FAILED, refunded, as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,57 +84,55 @@ report(again_until_finished(pay), first=type(first_run.result).__name__,
 """
 
 
-def _charged_once_and_paid(out: dict[str, object], first: str) -> None:
-    assert out["first"] == first, out
+ShopRun = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def shop_run(request: pytest.FixtureRequest, tmp_path: Path) -> ShopRun:
+    """``run_shop(backend, script, ...)`` in this test's folder."""
+    return partial(run_shop, request, tmp_path)
+
+
+def _retried_not_refunded(out: dict[str, Any], store_error: str) -> None:
+    """The first delivery stopped on ``store_error`` without a verdict; a later one
+    marked the order paid: one charge, never refunded."""
+    assert out["first"] == "ExecutionNotFinishedError", out
     assert out["gateway"] == ["charge"], "one charge, never refunded"
     assert (out["state"], out["paid"], out["effects"]) == ("COMPLETED", 1, 1), out
+    assert f"store-failed error={store_error}" in out["stderr"]
 
 
 @pytest.mark.postgres
-def test_an_orm_lock_timeout_in_fn_is_retried_not_refunded(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    out = run_shop(request, tmp_path, "postgresql", HOLD + HOLD_THE_ORDER_ROW + RUN)
-    _charged_once_and_paid(out, "ExecutionNotFinishedError")
-    assert "store-failed error=StoreLockTimeoutError" in out["stderr"]
+def test_an_orm_lock_timeout_in_fn_is_retried_not_refunded(shop_run: ShopRun) -> None:
+    out = shop_run("postgresql", HOLD + HOLD_THE_ORDER_ROW + RUN)
+    _retried_not_refunded(out, "StoreLockTimeoutError")
 
 
 @pytest.mark.postgres
-def test_an_orm_session_lost_in_fn_is_retried_not_refunded(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    out = run_shop(request, tmp_path, "postgresql", LOSE_THE_SESSION)
-    _charged_once_and_paid(out, "ExecutionNotFinishedError")
-    assert "store-failed error=StoreUnavailableError" in out["stderr"]
+def test_an_orm_session_lost_in_fn_is_retried_not_refunded(shop_run: ShopRun) -> None:
+    _retried_not_refunded(shop_run("postgresql", LOSE_THE_SESSION), "StoreUnavailableError")
 
 
-def test_sqlites_lock_at_djangos_begin_is_retried_not_refunded(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
+def test_sqlites_lock_at_djangos_begin_is_retried_not_refunded(shop_run: ShopRun) -> None:
     """Django's own ``BEGIN IMMEDIATE`` (the fence's ``atomic``) waits Python's 5 s busy
     timeout for the write lock, then "database is locked": a lock timeout of the store.
     A 12 s lease here (the project's is 5 s), so the wait is not a lost lease."""
-    out = run_shop(
-        request,
-        tmp_path,
+    out = shop_run(
         "sqlite",
         HOLD + HOLD_SQLITES_WRITE_LOCK + RUN,
         before="from django.conf import settings\nsettings.CELERY_AGBOSS_LEASE_TTL = 12\n",
     )
-    _charged_once_and_paid(out, "ExecutionNotFinishedError")
-    assert "store-failed error=StoreLockTimeoutError" in out["stderr"]
+    _retried_not_refunded(out, "StoreLockTimeoutError")
 
 
 @pytest.mark.postgres
-def test_an_applications_own_database_error_still_fails_and_refunds(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
+def test_an_applications_own_database_error_still_fails_and_refunds(shop_run: ShopRun) -> None:
     """The line not crossed: a duplicate insert of fn's own is the application's."""
     script = """
     pay = paying(lambda ref, conn: Order.objects.create(reference=ref))
     report(pay.apply(args=("o-1",), task_id="t-1"))
     """
-    out = run_shop(request, tmp_path, "postgresql", script)
+    out = shop_run("postgresql", script)
     assert out["result"] == "IntegrityError", out
     assert out["gateway"] == ["charge", "refund"]
     assert (out["state"], out["paid"], out["effects"]) == ("FAILED", 0, 0), out

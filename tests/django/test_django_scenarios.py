@@ -24,16 +24,22 @@ from tests.support.processes import wait_until
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
 
 
+def _guarded_and_twin(flag: str, guarded: str, twin: str) -> pytest.MarkDecorator:
+    """The guarded case (``flag`` true) on SQLite and PostgreSQL, ``<store>-<guarded>``,
+    then its twin (``flag`` false) on PostgreSQL only, ``postgresql-twin-<twin>``."""
+    return pytest.mark.parametrize(
+        ("django_backend", flag),
+        [("sqlite", True), ("postgresql", True), ("postgresql", False)],
+        ids=[f"sqlite-{guarded}", f"postgresql-{guarded}", f"postgresql-twin-{twin}"],
+        indirect=["django_backend"],
+    )
+
+
 def charges_for(shop: DjangoShop, reference: str) -> int:
     return sum(1 for seen in shop.gateway.charges_seen if seen.reference == reference)
 
 
-@pytest.mark.parametrize(
-    ("django_backend", "protected"),
-    [("sqlite", True), ("postgresql", True), ("postgresql", False)],
-    ids=["sqlite-fenced", "postgresql-fenced", "postgresql-twin-off-the-fence"],
-    indirect=["django_backend"],
-)
+@_guarded_and_twin("protected", "fenced", "off-the-fence")
 def test_ps2_a_child_killed_after_the_charge_before_the_orm_write_commits(
     django_shop: DjangoShop, protected: bool
 ) -> None:
@@ -54,12 +60,7 @@ def test_ps2_a_child_killed_after_the_charge_before_the_orm_write_commits(
     assert django_shop.times_paid("o-1") == (1 if protected else 2)
 
 
-@pytest.mark.parametrize(
-    ("django_backend", "protected"),
-    [("sqlite", True), ("postgresql", True), ("postgresql", False)],
-    ids=["sqlite-reconciled", "postgresql-reconciled", "postgresql-twin-resent"],
-    indirect=["django_backend"],
-)
+@_guarded_and_twin("protected", "reconciled", "resent")
 def test_ps5_a_child_killed_after_the_send_before_the_answer(
     django_shop: DjangoShop, protected: bool
 ) -> None:
@@ -81,12 +82,7 @@ def test_ps5_a_child_killed_after_the_send_before_the_answer(
     assert django_shop.times_paid("o-1") == 1
 
 
-@pytest.mark.parametrize(
-    ("django_backend", "keyed"),
-    [("sqlite", True), ("postgresql", True), ("postgresql", False)],
-    ids=["sqlite-business-key", "postgresql-business-key", "postgresql-twin-no-business-key"],
-    indirect=["django_backend"],
-)
+@_guarded_and_twin("keyed", "business-key", "no-business-key")
 def test_ps8_two_executions_for_one_order_charge_and_mark_it_paid_once(
     django_shop: DjangoShop, keyed: bool
 ) -> None:

@@ -91,6 +91,18 @@ def _after_effect(task: Any, effect: str, then: Callable[[], Any]) -> Iterator[l
         task.__dict__.pop("fenced_effect", None)
 
 
+def _then_or_meanwhile(
+    task: Any, effect: str, first: Callable[[], Any], second: Callable[[], Any], meanwhile: bool
+) -> tuple[Any, Any]:
+    """What ``first`` and ``second`` answered: ``second`` run once ``first`` ended, or
+    (``meanwhile``) right after ``task``'s fenced effect ``effect`` in ``first``."""
+    if not meanwhile:
+        return first(), second()
+    with _after_effect(task, effect, second) as seen:
+        answered = first()
+    return answered, (seen[0] if seen else None)
+
+
 def _authenticated_checkout(world: FakeStripeShop, intents: StripeIntents, case: str) -> str:
     """A checkout paused for 3-D Secure, its customer authenticated since (Stripe holds the
     amount) and the return page answered; the order's id."""
@@ -119,18 +131,23 @@ def _shipment(world: FakeStripeShop, intents: StripeIntents, first: str) -> dict
     def capture() -> Any:
         return _run(shop.checkout_3ds, (order_id,), checkout_id)
 
-    if first == "checkout-first":
-        captured = capture()
-        shipped = ship()
-    else:
-        with _after_effect(checkout, "3ds-outcome", ship) as seen:
-            captured = capture()
-        shipped = seen[0] if seen else None
+    meanwhile = first != "checkout-first"
+    captured, shipped = _then_or_meanwhile(checkout, "3ds-outcome", capture, ship, meanwhile)
     return {
         "checkout": _state(world, checkout_id),
         "checkout_result": _keys(captured),
         "shipment": _state(world, f"ship-{order_id}"),
         "shipment_result": _keys(shipped),
+        **_captured(world, order_id, payment_id),
+    }
+
+
+def _captured(world: FakeStripeShop, order_id: str, payment_id: str) -> dict[str, Any]:
+    """The order's status and ledger, the requests about its PaymentIntent and what
+    Stripe captured of it."""
+    from example_project import shop
+
+    return {
         "status": shop._read(order_id)["status"],
         "ledger": world.ledger(order_id),
         "requests": _requests(world, payment_id),
@@ -183,14 +200,11 @@ def _cancel(world: FakeStripeShop, intents: StripeIntents, first: str) -> dict[s
     def capture() -> Any:
         return _run(shop.capture_retried_checkout, (order_id, payment_id), capture_id)
 
-    if first == "capture-first":
-        captured = capture()
-        cancelled = cancel()
-    else:
-        retried: Any = shop.app.tasks[shop.capture_retried_checkout.name]
-        with _after_effect(retried, "retried-checkout", cancel) as seen:
-            captured = capture()
-        cancelled = seen[0] if seen else None
+    retried: Any = shop.app.tasks[shop.capture_retried_checkout.name]
+    meanwhile = first != "capture-first"
+    captured, cancelled = _then_or_meanwhile(
+        retried, "retried-checkout", capture, cancel, meanwhile
+    )
     return {
         "capture": _state(world, capture_id),
         "capture_result": _keys(captured),
@@ -230,10 +244,7 @@ def _after_refused_shipment(world: FakeStripeShop, then: str) -> dict[str, Any]:
         "settle_result": _keys(settled),
         "shipment": _state(world, f"ship2-{order_id}"),
         "shipment_result": _keys(shipped),
-        "status": shop._read(order_id)["status"],
-        "ledger": world.ledger(order_id),
-        "requests": _requests(world, payment_id),
-        "captured": world.gateway.retrieve(_fake(payment_id))["amount_captured"],
+        **_captured(world, order_id, payment_id),
     }
 
 

@@ -44,7 +44,7 @@ class ScenarioRun:
         ]
 
 
-def run_script(module: str, *arguments: str) -> dict[str, Any]:
+def run_script(module: str, *arguments: str, timeout: float = 180) -> dict[str, Any]:
     """Run ``python -m module arguments`` from the repository (a runner that overrides the
     fake gateway in its own process) and read the JSON its last line prints."""
     done = subprocess.run(
@@ -52,7 +52,7 @@ def run_script(module: str, *arguments: str) -> dict[str, Any]:
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-6000:]

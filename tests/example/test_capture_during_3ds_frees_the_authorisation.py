@@ -19,23 +19,16 @@ counted at the fake Stripe).
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from tests.example.support import run_script
+from tests.example.conftest import RunCase
 
 MODULE = "tests.example.pending_payments"
 REFUSED = ["charge:requires_action", "disposition:capture", "disposition:capture:refused"]
 
 
-def _run(tmp_path: Path, database_url: str, case: str) -> Any:
-    return run_script(MODULE, str(tmp_path), database_url, case)
-
-
 def test_the_checkout_captures_once_after_fulfilments_capture_was_refused(
-    tmp_path: Path, shop_database_url: str
+    run_case: RunCase,
 ) -> None:
-    seen = _run(tmp_path, shop_database_url, "3ds:then-capture")
+    seen = run_case(MODULE, "3ds:then-capture")
     refunded = seen.pop("cancel")
     assert sorted(refunded) == ["refunded"], refunded
     assert seen == {
@@ -54,9 +47,9 @@ def test_the_checkout_captures_once_after_fulfilments_capture_was_refused(
 
 
 def test_the_customers_cancel_voids_after_fulfilments_capture_was_refused(
-    tmp_path: Path, shop_database_url: str
+    run_case: RunCase,
 ) -> None:
-    seen = _run(tmp_path, shop_database_url, "3ds:then-void")
+    seen = run_case(MODULE, "3ds:then-void")
     assert seen == {
         "while_authenticating": "new",
         "settle": {"failed": "InvalidRequestError"},

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.example.conftest import RunCase
 from tests.example.support import run_script
 
 FLOWS = [
@@ -30,9 +31,9 @@ FLOWS = [
 
 
 def test_a_charge_stripe_has_not_taken_leaves_the_order_unpaid_until_its_webhook(
-    tmp_path: Path, shop_database_url: str
+    run_case: RunCase,
 ) -> None:
-    seen = run_script("tests.example.charge_statuses", str(tmp_path), shop_database_url)
+    seen = run_case("tests.example.charge_statuses")
     # Every flow that marks an order paid: one charge request, the order still new (nothing
     # reserved, shipped or receipted), the answer's status noted; the saga waits for it.
     expected = {

@@ -11,27 +11,15 @@ again, and the order is marked paid once (``checkout_3ds_crash.py`` runs it).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.example.support import REPO_ROOT
+from tests.example.support import run_script
 
 
 def test_a_rerun_after_the_capture_completes_with_one_capture_and_the_order_paid(
     tmp_path: Path,
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.example.checkout_3ds_crash", str(tmp_path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = run_script("tests.example.checkout_3ds_crash", str(tmp_path), timeout=120)
     assert seen["paused"] == "PAUSED" and seen["crashed"], seen
     # The gateway: one authorisation, one capture request (the re-run reconciled it).
     assert seen["requests"] == [["charge", "PROCESSED"], ["capture", "PROCESSED"]], seen

@@ -21,24 +21,20 @@ commit, and ``web`` publishes one for every authorisation of a PaymentIntent giv
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.example.conftest import RunCase
 from tests.example.support import run_script
 
 MODULE = "tests.example.checkout_3ds_retry"
 AUTHENTICATING = "charge:requires_action"  # the authorisation, nothing held yet: not authorized
 
 
-def _run(tmp_path: Path, database_url: str, mode: str) -> Any:
-    return run_script(MODULE, str(tmp_path), database_url, mode)
-
-
 def test_a_payment_intent_confirmed_again_after_a_failed_3ds_is_captured_once(
-    tmp_path: Path, shop_database_url: str
+    run_case: RunCase,
 ) -> None:
-    seen = _run(tmp_path, shop_database_url, "protected")
+    seen = run_case(MODULE, "protected")
     retried = seen["retried"]
     assert retried["states"] == ["PAUSED", "COMPLETED"], retried
     # The capture the give-up enqueued reads Stripe before the customer confirms again:
@@ -76,7 +72,9 @@ def test_without_the_retry_capture_the_authorised_money_is_never_captured(
 ) -> None:
     """The twin: ``web`` publishing no capture (as before) leaves Stripe holding the
     customer's money, nothing captured, the order never paid."""
-    retried = _run(tmp_path, f"sqlite:///{tmp_path / 'shop.db'}", "without-retry")["retried"]
+    retried = run_script(
+        MODULE, str(tmp_path), f"sqlite:///{tmp_path / 'shop.db'}", "without-retry"
+    )["retried"]
     assert retried["capture_executions"] == 0, retried
     assert retried["results"] == [], retried
     assert retried["requests"] == [], retried
@@ -93,12 +91,12 @@ LEDGER_PAID = [
 
 @pytest.mark.parametrize("when", ["before-note", "after-note"])
 def test_an_authorisation_while_the_checkout_gives_up_is_captured_once(
-    tmp_path: Path, shop_database_url: str, when: str
+    run_case: RunCase, when: str
 ) -> None:
     """``before-note``: the give-up's capture (outbox) reads Stripe after its note
     committed and captures; ``after-note``: it read nothing held, and ``web`` publishes the
     capture though a wait (``3ds-2``) took the event as an early answer."""
-    seen = _run(tmp_path, shop_database_url, f"race:{when}")
+    seen = run_case(MODULE, f"race:{when}")
     assert seen["states"] == ["PAUSED", "COMPLETED"], seen
     assert seen["requests"] == [["capture", "PROCESSED"]], seen  # once, at the gateway
     assert (seen["status"], seen["ledger"]) == ("paid", LEDGER_PAID), seen
@@ -120,7 +118,9 @@ def test_without_either_half_an_authorisation_while_giving_up_is_never_captured(
     """The twins: no capture enqueued with the give-up's note, or ``web`` publishing a
     capture only for an authorisation no wait took (as before): Stripe holds the
     customer's money, nothing captured, the order never paid."""
-    seen = _run(tmp_path, f"sqlite:///{tmp_path / 'shop.db'}", f"race:{when}+{switch}")
+    seen = run_script(
+        MODULE, str(tmp_path), f"sqlite:///{tmp_path / 'shop.db'}", f"race:{when}+{switch}"
+    )
     assert seen["states"] == ["PAUSED", "COMPLETED"], seen
     assert seen["requests"] == [], seen
     assert seen["status"] == "authorized", seen

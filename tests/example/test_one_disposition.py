@@ -22,10 +22,10 @@ ways; money counted at the fake Stripe's requests).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.example.conftest import RunCase
 from tests.example.support import run_script
 
 MODULE = "tests.example.one_disposition"
@@ -34,14 +34,10 @@ GAVE_UP = "checkout:requires_payment_method"
 AUTHENTICATING = "charge:requires_action"  # the checkout's authorisation, nothing held yet
 
 
-def _run(tmp_path: Path, database_url: str, case: str) -> Any:
-    return run_script(MODULE, str(tmp_path), database_url, case)
-
-
 def test_a_shipment_of_an_order_the_checkout_captured_is_refused_and_noted(
-    tmp_path: Path, shop_database_url: str
+    run_case: RunCase,
 ) -> None:
-    seen = _run(tmp_path, shop_database_url, "shipment:checkout-first")
+    seen = run_case(MODULE, "shipment:checkout-first")
     assert seen == {
         "checkout": "COMPLETED",
         "checkout_result": "succeeded",
@@ -55,9 +51,9 @@ def test_a_shipment_of_an_order_the_checkout_captured_is_refused_and_noted(
 
 
 def test_a_checkout_meeting_a_shipment_captured_first_sends_nothing_and_is_noted(
-    tmp_path: Path, shop_database_url: str
+    run_case: RunCase,
 ) -> None:
-    seen = _run(tmp_path, shop_database_url, "shipment:shipment-first")
+    seen = run_case(MODULE, "shipment:shipment-first")
     assert seen == {
         "checkout": "COMPLETED",
         "checkout_result": {"not_captured": "a shipment was captured, or is being captured, first"},
@@ -70,10 +66,8 @@ def test_a_checkout_meeting_a_shipment_captured_first_sends_nothing_and_is_noted
     }, seen
 
 
-def test_a_cancel_after_the_retried_capture_becomes_its_refund(
-    tmp_path: Path, shop_database_url: str
-) -> None:
-    seen = _run(tmp_path, shop_database_url, "cancel:capture-first")
+def test_a_cancel_after_the_retried_capture_becomes_its_refund(run_case: RunCase) -> None:
+    seen = run_case(MODULE, "cancel:capture-first")
     assert seen == {
         "capture": "COMPLETED",
         "capture_result": "succeeded",
@@ -86,10 +80,8 @@ def test_a_cancel_after_the_retried_capture_becomes_its_refund(
     }, seen
 
 
-def test_a_cancel_before_the_retried_capture_stands_the_capture_down(
-    tmp_path: Path, shop_database_url: str
-) -> None:
-    seen = _run(tmp_path, shop_database_url, "cancel:void-first")
+def test_a_cancel_before_the_retried_capture_stands_the_capture_down(run_case: RunCase) -> None:
+    seen = run_case(MODULE, "cancel:void-first")
     assert seen == {
         "capture": "COMPLETED",
         "capture_result": {"not_captured": "the order was cancelled first"},
@@ -118,7 +110,9 @@ def test_without_the_one_record_both_routes_send_and_stripe_refuses_the_second(
     Stripe refuses and the loser's execution fails on. A customer who cancelled after the
     retried capture stays charged, the order ``paid``; a checkout meeting a shipment
     never marks the order paid, and nobody is told."""
-    seen = _run(tmp_path, f"sqlite:///{tmp_path / 'shop.db'}", f"{case}+without-one-record")
+    seen = run_script(
+        MODULE, str(tmp_path), f"sqlite:///{tmp_path / 'shop.db'}", f"{case}+without-one-record"
+    )
     assert seen["requests"] == sent, seen
     assert seen[loser] == "FAILED", seen
     if case == "cancel:capture-first":
@@ -132,13 +126,11 @@ SHIPPED = ["shipping", "shipping:refused"]  # shipment 1: started, Stripe refuse
 REFUSED = ["capture", "INVALID"]  # shipment 1's 1500 of the 1000 authorised
 
 
-def test_a_whole_capture_after_a_refused_shipment_captures_the_order(
-    tmp_path: Path, shop_database_url: str
-) -> None:
+def test_a_whole_capture_after_a_refused_shipment_captures_the_order(run_case: RunCase) -> None:
     """Stripe refused the only shipment (nothing captured): its ``ship`` disposition no
     longer stands fulfilment's whole capture down; the capture is sent once, the order
     ``captured``, and a shipment after it is refused, nothing sent."""
-    seen = _run(tmp_path, shop_database_url, "refused-shipment:capture")
+    seen = run_case(MODULE, "refused-shipment:capture")
     assert seen == {
         "refused": {"failed": "InvalidRequestError"},
         "settle": "COMPLETED",
@@ -152,10 +144,8 @@ def test_a_whole_capture_after_a_refused_shipment_captures_the_order(
     }, seen
 
 
-def test_a_cancel_after_a_refused_shipment_voids_the_authorisation(
-    tmp_path: Path, shop_database_url: str
-) -> None:
-    seen = _run(tmp_path, shop_database_url, "refused-shipment:void")
+def test_a_cancel_after_a_refused_shipment_voids_the_authorisation(run_case: RunCase) -> None:
+    seen = run_case(MODULE, "refused-shipment:void")
     assert seen == {
         "refused": {"failed": "InvalidRequestError"},
         "settle": "COMPLETED",
@@ -169,13 +159,11 @@ def test_a_cancel_after_a_refused_shipment_voids_the_authorisation(
     }, seen
 
 
-def test_a_whole_capture_meeting_a_shipment_in_flight_stands_down(
-    tmp_path: Path, shop_database_url: str
-) -> None:
+def test_a_whole_capture_meeting_a_shipment_in_flight_stands_down(run_case: RunCase) -> None:
     """Shipment 2 noted ``shipping`` (about to send) when fulfilment's whole capture
     decides: the capture sends nothing and is noted; shipment 2 takes its 600, once.
     The order stays ``authorized``, for a person to settle the rest (as before)."""
-    seen = _run(tmp_path, shop_database_url, "refused-shipment:in-flight")
+    seen = run_case(MODULE, "refused-shipment:in-flight")
     assert seen == {
         "refused": {"failed": "InvalidRequestError"},
         "settle": "COMPLETED",
@@ -196,6 +184,8 @@ def test_without_the_shipping_note_a_shipment_in_flight_and_a_whole_capture_both
     takes the 1000; shipment 2's capture is sent after it, Stripe refuses it (it captures
     a PaymentIntent once), and the shipment's execution fails on it."""
     database_url = f"sqlite:///{tmp_path / 'shop.db'}"
-    seen = _run(tmp_path, database_url, "refused-shipment:in-flight+without-shipping-note")
+    seen = run_script(
+        MODULE, str(tmp_path), database_url, "refused-shipment:in-flight+without-shipping-note"
+    )
     assert seen["requests"] == [REFUSED, CAPTURE, REFUSED], seen
     assert (seen["settle_result"], seen["shipment"]) == ("succeeded", "FAILED"), seen

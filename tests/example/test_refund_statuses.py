@@ -11,15 +11,11 @@ until Stripe's webhook says the refund succeeded (``refund_statuses.py`` runs it
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tests.example.support import run_script
+from tests.example.conftest import RunCase
 
 
-def test_only_a_succeeded_refund_of_the_orders_amount_marks_it_refunded(
-    tmp_path: Path, shop_database_url: str
-) -> None:
-    seen = run_script("tests.example.refund_statuses", str(tmp_path), shop_database_url)
+def test_only_a_succeeded_refund_of_the_orders_amount_marks_it_refunded(run_case: RunCase) -> None:
+    seen = run_case("tests.example.refund_statuses")
     # The webhook: Stripe's listed refunds, read when each charge.refunded event is applied.
     assert seen["webhook"] == {
         "pending": ["paid"],

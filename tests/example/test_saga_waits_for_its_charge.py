@@ -17,23 +17,16 @@ runs it; money counted at the fake Stripe).
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from tests.example.support import run_script
+from tests.example.conftest import RunCase
 
 MODULE = "tests.example.pending_payments"
 PAUSED = {"failed": "ExecutionNotFinishedError"}  # the first delivery waits for the outcome
 
 
-def _run(tmp_path: Path, database_url: str, case: str) -> Any:
-    return run_script(MODULE, str(tmp_path), database_url, case)
-
-
 def test_a_charge_stripe_takes_later_for_an_item_out_of_stock_is_refunded_once(
-    tmp_path: Path, shop_database_url: str
+    run_case: RunCase,
 ) -> None:
-    seen = _run(tmp_path, shop_database_url, "saga:out-of-stock")
+    seen = run_case(MODULE, "saga:out-of-stock")
     assert seen == {
         "first": PAUSED,
         "states": ["PAUSED", "FAILED"],
@@ -47,10 +40,8 @@ def test_a_charge_stripe_takes_later_for_an_item_out_of_stock_is_refunded_once(
     }, seen
 
 
-def test_a_charge_stripe_takes_later_is_paid_with_its_goods_reserved(
-    tmp_path: Path, shop_database_url: str
-) -> None:
-    seen = _run(tmp_path, shop_database_url, "saga:in-stock")
+def test_a_charge_stripe_takes_later_is_paid_with_its_goods_reserved(run_case: RunCase) -> None:
+    seen = run_case(MODULE, "saga:in-stock")
     assert seen == {
         "first": PAUSED,
         "states": ["PAUSED", "COMPLETED"],
@@ -64,10 +55,8 @@ def test_a_charge_stripe_takes_later_is_paid_with_its_goods_reserved(
     }, seen
 
 
-def test_a_charge_that_fails_later_reserves_and_refunds_nothing(
-    tmp_path: Path, shop_database_url: str
-) -> None:
-    seen = _run(tmp_path, shop_database_url, "saga:failed")
+def test_a_charge_that_fails_later_reserves_and_refunds_nothing(run_case: RunCase) -> None:
+    seen = run_case(MODULE, "saga:failed")
     assert seen == {
         "first": PAUSED,
         "states": ["PAUSED", "COMPLETED"],

@@ -23,24 +23,18 @@ checkout waiting for an operator until its pause expired; now it answers it too.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from tests.example.support import run_script
+from tests.example.conftest import RunCase
 
 
-def _run(tmp_path: Path, database_url: str, section: str) -> Any:
+def _run(run_case: RunCase, section: str) -> Any:
     """The runner's ``section`` (``settle`` or ``3ds``), run on its own."""
-    module = "tests.example.settle_and_3ds_statuses"
-    return run_script(module, str(tmp_path), database_url, section)[section]
+    return run_case("tests.example.settle_and_3ds_statuses", section)[section]
 
 
-def test_an_authorisation_is_captured_or_voided_only_when_stripe_did_it(
-    tmp_path: Path, shop_database_url: str
-) -> None:
-    settle = run_script(
-        "tests.example.settle_and_3ds_statuses", str(tmp_path), shop_database_url, "settle"
-    )["settle"]
+def test_an_authorisation_is_captured_or_voided_only_when_stripe_did_it(run_case: RunCase) -> None:
+    settle = _run(run_case, "settle")
     capture, void = [["capture", "PROCESSED"]], [["void", "PROCESSED"]]
 
     def left(action: str, status: str) -> dict[str, Any]:
@@ -68,12 +62,10 @@ def test_an_authorisation_is_captured_or_voided_only_when_stripe_did_it(
     }, settle
 
 
-def test_a_cancel_after_the_capture_refunds_only_what_the_capture_took(
-    tmp_path: Path, shop_database_url: str
-) -> None:
+def test_a_cancel_after_the_capture_refunds_only_what_the_capture_took(run_case: RunCase) -> None:
     # The capture won the race and Stripe answered it: a refund request only when it took
     # the order's amount (``paid_in_full``); else nothing sent, noted for a person.
-    cancelled = _run(tmp_path, shop_database_url, "cancelled")
+    cancelled = _run(run_case, "cancelled")
     capture = ["capture", "PROCESSED"]
 
     def kept(status: str) -> dict[str, Any]:
@@ -100,12 +92,8 @@ def test_a_cancel_after_the_capture_refunds_only_what_the_capture_took(
     }, cancelled
 
 
-def test_a_3ds_checkout_waits_again_while_stripe_is_still_pending(
-    tmp_path: Path, shop_database_url: str
-) -> None:
-    seen = run_script(
-        "tests.example.settle_and_3ds_statuses", str(tmp_path), shop_database_url, "3ds"
-    )["3ds"]
+def test_a_3ds_checkout_waits_again_while_stripe_is_still_pending(run_case: RunCase) -> None:
+    seen = _run(run_case, "3ds")
     # The return page answered before the bank: the reading (requires_action) is no
     # outcome, the checkout waits again; the webhook answers that wait, one capture.
     assert seen["pending_then_authorised"] == {

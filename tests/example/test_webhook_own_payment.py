@@ -16,15 +16,13 @@ created for it (``SHOP_CHARGE`` in its metadata); another moves nothing and is n
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tests.example.support import run_script
+from tests.example.conftest import RunCase
 
 
 def test_an_event_about_another_payment_intent_of_the_order_moves_nothing(
-    tmp_path: Path, shop_database_url: str
+    run_case: RunCase,
 ) -> None:
-    seen = run_script("tests.example.webhook_own_payment", str(tmp_path), shop_database_url)
+    seen = run_case("tests.example.webhook_own_payment")
     refunded = "webhook:charge.refunded"
     succeeded = "webhook:payment_intent.succeeded"
     # The duplicate's refund leaves the order paid by its own payment; the shop's refund

@@ -124,6 +124,20 @@ def _after_the_order_stored_or_noted(
     return seen
 
 
+def _charge_sent_then_dead(world: FakeStripeShop, case: str) -> tuple[str, str, Any]:
+    """An order placed for ``case``, the shop's charge of it sent and its worker dead
+    before the answer was written (nothing noted): its id, the charge's task id and the
+    crash point (its ``hits``)."""
+    from example_project import shop
+
+    order_id = world.place(case)
+    task_id = f"charge-{order_id}"
+    crashed = arm_raise(OUTBOUND_AFTER_SEND, Crash, only={"call": shop.stripe.charge.name})
+    with contextlib.suppress(Crash):
+        shop.charge_order.apply((order_id,), task_id=task_id)
+    return order_id, task_id, crashed
+
+
 def _before_anything_noted(world: FakeStripeShop, clock: VirtualClock) -> dict[str, Any]:
     """Orders with no payment stored and no charge noted: a charge in flight, none."""
     from example_project import shop
@@ -131,12 +145,7 @@ def _before_anything_noted(world: FakeStripeShop, clock: VirtualClock) -> dict[s
     seen: dict[str, Any] = {}
     # The shop's charge sent, its worker dead before the answer was written (nothing
     # noted, no payment_id); a duplicate succeeded; then the charge's re-run.
-    order_id = world.place("in-flight-duplicate")
-    task_id = f"charge-{order_id}"
-    only = {"call": shop.stripe.charge.name}
-    crashed = arm_raise(OUTBOUND_AFTER_SEND, Crash, only=only)
-    with contextlib.suppress(Crash):
-        shop.charge_order.apply((order_id,), task_id=task_id)
+    order_id, task_id, crashed = _charge_sent_then_dead(world, "in-flight-duplicate")
     other = world.another_intent(order_id)
     world.webhook("payment_intent.succeeded", other)
     after_other = _order(world, order_id, None, other)
@@ -171,12 +180,7 @@ def _refunded_before_the_charge_answered(
     charge's re-run writes its answer late: the order stays refunded (never shipped)."""
     from example_project import shop
 
-    order_id = world.place("refunded-in-flight")
-    task_id = f"charge-{order_id}"
-    only = {"call": shop.stripe.charge.name}
-    crashed = arm_raise(OUTBOUND_AFTER_SEND, Crash, only=only)
-    with contextlib.suppress(Crash):
-        shop.charge_order.apply((order_id,), task_id=task_id)
+    order_id, task_id, crashed = _charge_sent_then_dead(world, "refunded-in-flight")
     sent = [r for r in world.gateway.requests if r.operation == "charge"][-1]
     (charged,) = world.gateway.payments_for(str(sent.idempotency_key))
     own = "pi_" + str(charged["id"]).removeprefix("ch_")

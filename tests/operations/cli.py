@@ -35,9 +35,18 @@ def run_json(app: Celery, *args: str) -> Any:
     return json.loads(run(app, *args, "--json").output)
 
 
+QUIET_WORKER = ("-l", "info", "--without-gossip", "--without-mingle", "--without-heartbeat")
+"""A test worker's flags: info logs (its output is read), none of the cluster chatter."""
+
+
+def celery_command(app: str, *args: str) -> list[str]:
+    """The argv of ``celery -A APP ARGS`` in this interpreter."""
+    return [sys.executable, "-m", "celery", "-A", app, *args]
+
+
 def ops_app_command(*args: str) -> list[str]:
     """The argv of ``celery -A <ops app> ARGS`` (``agboss …``, ``worker``, ``beat``)."""
-    return [sys.executable, "-m", "celery", "-A", OPS_APP, *args]
+    return celery_command(OPS_APP, *args)
 
 
 def ops_app_env(config: dict[str, Any], **extra: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from celery import Celery
@@ -21,7 +21,7 @@ from celery_agboss.store.migrate import migrate
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.stores import sqlite_store_url
-from tests.operations.world import World, make_world
+from tests.operations.world import World, connected, make_world
 from tests.support import services
 from tests.support.stores import STORE_BACKENDS, fresh_store_url
 
@@ -44,11 +44,8 @@ def published() -> Iterator[list[str]]:
         if task_id:
             ids.append(str(task_id))
 
-    celery_signals.after_task_publish.connect(on_publish, weak=False)
-    try:
+    with connected(celery_signals.after_task_publish, on_publish):
         yield ids
-    finally:
-        celery_signals.after_task_publish.disconnect(on_publish)
 
 
 WorldFactory = Callable[..., World]
@@ -81,8 +78,25 @@ def world(world_factory: WorldFactory) -> World:
     return world_factory()
 
 
+class OnOneKey(NamedTuple):
+    """A world without a lookup; A and B, two executions of one order, both waiting for
+    an operator on A's intent; and that intent's key."""
+
+    world: World
+    first: str
+    second: str
+    key: str
+
+
+@pytest.fixture
+def on_one_key(world_factory: WorldFactory) -> OnOneKey:
+    """``World.two_executions_on_one_key`` in a world whose lookup cannot tell."""
+    world = world_factory(lookup="none")
+    return OnOneKey(world, *world.two_executions_on_one_key())
+
+
 def new_app_name() -> str:
     return f"ops_{uuid.uuid4().hex[:8]}"
 
 
-__all__ = ["Celery", "WorldFactory", "new_app_name"]
+__all__ = ["Celery", "OnOneKey", "WorldFactory", "new_app_name"]

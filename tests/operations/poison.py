@@ -8,6 +8,7 @@ must fail alone, named, and never stop a step or a command for the rows behind i
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from typing import Any
 
@@ -15,6 +16,8 @@ import pytest
 from sqlalchemy import update
 
 from celery_agboss.core.sealing import key_variable
+from celery_agboss.errors import SealedValueUnopenableError
+from celery_agboss.sweep import SweepReport
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import World
 
@@ -41,4 +44,25 @@ def poison(world: World, table: Any, key_column: Any, key: str, *names: str) -> 
         conn.execute(update(table).where(key_column == key).values(**values))
 
 
-__all__ = ["HELD_KEY", "poison", "sealed_world", "unopenable"]
+def swept_after(world: World, caplog: pytest.LogCaptureFixture, seconds: float) -> SweepReport:
+    """``seconds`` pass on the database clock, then one sweep, its errors in ``caplog``."""
+    world.clock.advance(seconds)
+    with caplog.at_level(logging.ERROR, logger="celery_agboss"):
+        return world.sweep()
+
+
+def sweep_errors(caplog: pytest.LogCaptureFixture, id_field: str) -> list[tuple[object, object]]:
+    """Each ``sweep.error`` as (step, its ``id_field``), asserting it says which key
+    sealed the row (``k0``, the one no process holds)."""
+    found = []
+    for record in caplog.records:
+        if getattr(record, "event", None) != "sweep.error":
+            continue
+        assert record.exc_info is not None
+        error = record.exc_info[1]
+        assert isinstance(error, SealedValueUnopenableError) and error.key_id == "k0"
+        found.append((record.__dict__.get("step"), record.__dict__.get(id_field)))
+    return found
+
+
+__all__ = ["HELD_KEY", "poison", "sealed_world", "sweep_errors", "swept_after", "unopenable"]

@@ -34,8 +34,7 @@ def no_lookup(world_factory: WorldFactory) -> World:
 
 
 def _waiting_for_operator(world: World) -> tuple[str, str]:
-    task_id = world.publish()
-    key, _ = world.strand(task_id)
+    task_id, key = world.stranded()
     assert world.sweep().unreconciled == 1
     assert world.execution(task_id).state is ExecutionState.WAITING_OPERATOR
     return task_id, key

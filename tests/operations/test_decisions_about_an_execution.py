@@ -51,8 +51,7 @@ ERROR = '{"type": "builtins.ValueError", "message": "out of stock", "args": ["ou
 def _sweep_holds_the_intent(world: World) -> tuple[str, Any, threading.Thread]:
     """A delivery's charge lost its answer and the delivery died; the sweep takes the
     intent for its lookup and is paused right after the gateway answered."""
-    task_id = world.publish()
-    world.strand(task_id, FakeGatewayFault.ANSWER_THEN_DROP)
+    task_id, _ = world.stranded(FakeGatewayFault.ANSWER_THEN_DROP)
     paused = arm_pause(RECONCILE_AFTER_LOOKUP)
     sweeper = threading.Thread(target=world.sweep, name="sweeper")
     sweeper.start()

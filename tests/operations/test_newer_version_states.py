@@ -47,32 +47,28 @@ def _a_newer_version_wrote(world: World, *, stranded: bool = False) -> tuple[str
 
 
 Verb = Callable[[Any, str, str | None], Any]
+Line = Callable[[str, str | None], list[str]]
 
-VERBS: dict[str, tuple[Verb, Callable[[str, str | None], list[str]]]] = {
-    "cancel": (
-        lambda app, e, _k: operator.cancel(app, e, "stop it"),
-        lambda e, _k: ["cancel", e, "--reason", "stop it"],
-    ),
+
+def _with_a_reason(name: str, reason: str) -> tuple[Verb, Line]:
+    """``name`` on an execution with ``reason``: in process, and its command line."""
+    attribute = name.replace("-", "_")
+    return (
+        lambda app, e, _k: getattr(operator, attribute)(app, e, reason),
+        lambda e, _k: [name, e, "--reason", reason],
+    )
+
+
+VERBS: dict[str, tuple[Verb, Line]] = {
+    "cancel": _with_a_reason("cancel", "stop it"),
     "cancel --payments-handled": (
         lambda app, e, _k: operator.cancel(app, e, "refunded", payments_handled=True),
         lambda e, _k: ["cancel", e, "--payments-handled", "--reason", "refunded"],
     ),
-    "redrive": (
-        lambda app, e, _k: operator.redrive(app, e, "go on"),
-        lambda e, _k: ["redrive", e, "--reason", "go on"],
-    ),
-    "accept": (
-        lambda app, e, _k: operator.accept(app, e, "kept"),
-        lambda e, _k: ["accept", e, "--reason", "kept"],
-    ),
-    "unpark": (
-        lambda app, e, _k: operator.unpark(app, e, "again"),
-        lambda e, _k: ["unpark", e, "--reason", "again"],
-    ),
-    "payments-handled": (
-        lambda app, e, _k: operator.payments_handled(app, e, "refunded"),
-        lambda e, _k: ["payments-handled", e, "--reason", "refunded"],
-    ),
+    "redrive": _with_a_reason("redrive", "go on"),
+    "accept": _with_a_reason("accept", "kept"),
+    "unpark": _with_a_reason("unpark", "again"),
+    "payments-handled": _with_a_reason("payments-handled", "refunded"),
     "answer-pause": (
         lambda app, e, _k: operator.answer_pause(app, f"{e}:approve", {"ok": True}),
         lambda e, _k: ["answer-pause", f"{e}:approve", '{"ok": true}'],

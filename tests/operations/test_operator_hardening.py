@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -67,8 +66,7 @@ REQUEST = {"amount": 1000, "order": "o-1"}
 
 def _stranded_without_a_lookup(world: World) -> str:
     """An answer lost, the lookup unable to tell: the intent waits for an operator."""
-    execution = world.publish("o-1")
-    key, _ = world.strand(execution)
+    _, key = world.stranded(order="o-1")
     world.sweep()
     intent = world.agboss.store.read_intent(key)
     assert intent is not None and intent.needs_operator
@@ -100,16 +98,6 @@ def test_twin_an_unchecked_answer_reaches_the_body_as_the_gateway_s(
 # --- 1. failed after a payment ----------------------------------------------------------------
 
 
-def _charged_then_failed(world: World, order: str) -> str:
-    execution = world.publish(order)
-    ctx = world.start(execution)
-    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
-    with ctx.fenced() as tx:
-        world.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
-    ctx.settle_all_and_release()
-    return execution
-
-
 def _gauge(world: World) -> float:
     for line in exposition(world.app).decode().splitlines():
         if line.startswith("agboss_executions_failed_after_payment "):
@@ -120,7 +108,7 @@ def _gauge(world: World) -> float:
 def test_a_failure_after_a_payment_is_listed_and_counted_until_marked_handled(
     world: World,
 ) -> None:
-    execution = _charged_then_failed(world, "o-2")
+    execution = world.charged_then_failed("o-2")
     [left] = list_failed_after_payment(world.app)
     assert left.execution.id == execution and left.execution.state is ExecutionState.FAILED
     assert left.intents == [i.idempotency_key for i in world.intents(execution)]
@@ -136,7 +124,7 @@ def test_a_failure_after_a_payment_is_listed_and_counted_until_marked_handled(
 def test_a_failure_whose_charge_another_execution_completed_on_is_not_listed(
     world: World,
 ) -> None:
-    first = _charged_then_failed(world, "o-3")
+    first = world.charged_then_failed("o-3")
     second = world.publish("o-3")
     ctx = world.start(second)  # a second click of the order replays the charge, completes
     ctx.outbound(world.call, {"amount": 1000, "order": "o-3"}, business_key="order:o-3")
@@ -185,8 +173,7 @@ def test_a_cancel_after_a_payment_ends_once_the_operator_confirms_it_handled(
 
 
 def _not_sent_past_retention(world: World, **options: bool) -> str:
-    execution = world.publish("o-4")
-    key, _ = world.strand(execution)
+    execution, key = world.stranded(order="o-4")
     world.sweep()  # the lookup cannot tell (the gateway's lookup is switched off)
     world.clock.advance(timedelta(hours=25))  # past the call's 24 h key retention
     world.gateway.forget_keys()
@@ -208,12 +195,7 @@ def test_twin_naming_the_risk_resends_it_and_the_customer_pays_twice(
 ) -> None:
     world = world_factory(lookup="none")
     execution = _not_sent_past_retention(world, may_charge_twice=True)
-    ctx = world.start(execution)
-    with contextlib.suppress(AGBossSignal):
-        ctx.outbound(
-            world.call, {"amount": 1000, "order": execution}, business_key=f"order:{execution}"
-        )
-    ctx.settle_all_and_release()
+    world.deliver_again(execution)
     assert len(world.gateway.payments) == 2, "the risk the flag names"
 
 
@@ -227,16 +209,7 @@ def _resolved_in_time_resent_late(world: World) -> tuple[str, str, AGBossSignal 
     resolve(world.app, key, not_sent=True, reason="not in the dashboard (yet)")
     world.clock.advance(timedelta(minutes=20))
     world.gateway.forget_keys()
-    ctx = world.start(execution)
-    stopped = None
-    try:
-        ctx.outbound(
-            world.call, {"amount": 1000, "order": execution}, business_key=f"order:{execution}"
-        )
-    except AGBossSignal as exc:
-        stopped = exc
-    ctx.settle_all_and_release()
-    return execution, key, stopped
+    return execution, key, world.deliver_again(execution)
 
 
 def test_a_not_sent_resolved_in_time_is_not_resent_once_its_key_is_too_old(
@@ -254,12 +227,7 @@ def test_a_not_sent_resolved_in_time_is_not_resent_once_its_key_is_too_old(
     assert intent is not None and intent.status is IntentStatus.PENDING
     assert intent.needs_operator and intent.operator_reason == "key-too-old"
     resolve(world.app, key, not_sent=True, reason="checked again", may_charge_twice=True)
-    ctx = world.start(execution)
-    with contextlib.suppress(AGBossSignal):
-        ctx.outbound(
-            world.call, {"amount": 1000, "order": execution}, business_key=f"order:{execution}"
-        )
-    ctx.settle_all_and_release()
+    world.deliver_again(execution)
     assert len(world.gateway.payments) == 2, "sent again only once the risk was named"
 
 

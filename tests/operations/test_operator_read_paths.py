@@ -56,8 +56,7 @@ def test_show_an_execution_whose_own_values_no_key_opens(
     """Every value that opens is shown, each one that does not says so; exit 0 as for
     ``executions`` and ``pending`` with such a row."""
     world = sealed_world(world_factory, monkeypatch)
-    execution_id = world.publish("o-sealed")
-    key, _ = world.strand(execution_id)
+    execution_id, key = world.stranded(order="o-sealed")
     poison(world, executions, _e.id, execution_id, "args", "reason")
 
     shown = describe(world.app, execution_id)
@@ -79,8 +78,7 @@ def test_show_an_intent_by_its_key_whose_request_no_key_opens(
     world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = sealed_world(world_factory, monkeypatch)
-    execution_id = world.publish("o-sealed")
-    key, _ = world.strand(execution_id)
+    _, key = world.stranded(order="o-sealed")
     poison(world, outbound_calls, outbound_calls.c.idempotency_key, key, "request")
 
     result = run(world.app, "show", key)
@@ -98,8 +96,7 @@ def test_show_a_history_row_whose_detail_no_key_opens_and_the_rest_of_the_histor
     """The row is shown as not opened, every other row whole; its chain is said not
     checked from that row on, never broken (nothing was changed)."""
     world = sealed_world(world_factory, monkeypatch)
-    execution_id = world.publish("o-sealed")
-    key, _ = world.strand(execution_id)
+    execution_id, key = world.stranded(order="o-sealed")
     before = world.agboss.store.read_history(key)
     assert len(before) >= 2, before
     with world.agboss.store.engine.begin() as conn:

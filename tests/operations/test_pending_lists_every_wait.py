@@ -11,13 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_agboss.core.compensation import (
-    FAILURE,
-    UndoContext,
-    declare_undo,
-    read_declarations,
-    run_undos,
-)
+from celery_agboss.core.compensation import UndoContext, UndoStep
 from celery_agboss.core.executions import CANCEL_WAITS, ExecutionState, shared_wait_reason
 from tests.operations.cli import run, run_json
 from tests.operations.world import CAP, GRACE_SECONDS, INTERVAL_SECONDS, World
@@ -27,8 +21,7 @@ def _charged_then_parked(world: World, order: str) -> str:
     """A delivery charges, then every delivery of it dies (an OOM after the charge):
     PARKED at the recovery cap."""
     execution = world.publish(order)
-    ctx = world.start(execution)
-    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
+    world.charge(world.start(execution), order)
     world.die()
     world.sweep()
     for _ in range(CAP + 1):  # bounded: the cap parks it
@@ -64,25 +57,12 @@ def test_pending_lists_a_failed_orders_parked_refund_task(world: World) -> None:
     """The refund is published as a task by an undo (``.delay()``), the order fails,
     and the refund task's message is lost until it parks: the customer is charged for
     a failed order, and ``pending`` lists the refund task to unpark."""
-    order = "undo-parked"
-    execution = world.publish(order)
-    ctx = world.start(execution)
-    receipt = ctx.outbound(
-        world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}"
-    )
-    declare_undo(ctx, "refund", {"payment": receipt["id"]})
-    undo = UndoContext.over(ctx)
-    with undo.fenced() as tx:
-        declarations = read_declarations(tx, world.agboss.engine_settings, execution)
     refunds: list[str] = []
 
-    def publish_the_refund(step: Any) -> None:  # the world's task stands in for it
-        refunds.append(world.publish(f"refund-{step.arguments['payment']}"))
+    def publish_the_refund(undo: UndoContext, step: UndoStep) -> None:
+        refunds.append(world.publish(f"refund-{step.arguments['payment']}"))  # stands in
 
-    assert run_undos(undo, declarations, publish_the_refund, cause=FAILURE) == 1
-    with undo.fenced() as tx:
-        world.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
-    undo.settle_all_and_release()
+    world.failed_after_its_undo("undo-parked", publish_the_refund)
     (refund,) = refunds
     for _ in range(CAP + 2):  # bounded: the cap parks it
         if world.execution(refund).state is ExecutionState.PARKED:

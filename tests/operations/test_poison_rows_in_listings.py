@@ -51,8 +51,7 @@ def _set(world: World, execution_id: str, **values: object) -> None:
 def _failed_after_payment(world: World, order: str) -> str:
     """An execution whose charge went through (a lookup completed it) and which then
     failed: the customer is charged, nothing will change that."""
-    execution_id = world.publish(order)
-    world.strand(execution_id)
+    execution_id, _ = world.stranded(order=order)
     world.sweep()  # the lookup finds the charge: the intent COMPLETED
     (intent,) = world.intents(execution_id)
     assert intent.status.value == "COMPLETED", intent.status
@@ -153,11 +152,9 @@ def test_pending_and_show_list_an_intent_no_key_opens_and_the_one_behind_it(
     world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = sealed_world(world_factory, monkeypatch)
-    old = world.publish("o-old")
-    old_key, _ = world.strand(old)
+    old, old_key = world.stranded(order="o-old")
     world.clock.advance(1)
-    fresh = world.publish("o-fresh")
-    fresh_key, _ = world.strand(fresh)
+    _, fresh_key = world.stranded(order="o-fresh")
     poison(world, outbound_calls, outbound_calls.c.idempotency_key, old_key, "request")
 
     listed = {i.idempotency_key: i for i in list_pending(world.app)}

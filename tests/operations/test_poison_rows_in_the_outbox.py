@@ -17,10 +17,9 @@ import pytest
 from sqlalchemy import select
 
 from celery_agboss import outbox
-from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.schema_executions import outbox as outbox_table
 from tests.operations.conftest import WorldFactory
-from tests.operations.poison import poison, sealed_world
+from tests.operations.poison import poison, sealed_world, sweep_errors, swept_after
 from tests.operations.world import World
 
 GRACE_SECONDS = 30
@@ -41,14 +40,6 @@ def _retry_after_seconds(world: World) -> float:
     return max(2 * settings.sweep_period_ms, settings.lease_ttl_ms) / 1000
 
 
-def _failed(caplog: pytest.LogCaptureFixture) -> list[tuple[object, object]]:
-    return [
-        (r.__dict__.get("step"), r.__dict__.get("task_id"))
-        for r in caplog.records
-        if getattr(r, "event", None) == "sweep.error"
-    ]
-
-
 def test_a_row_no_key_opens_fails_alone_by_name_and_the_follow_up_behind_it_is_published(
     world_factory: WorldFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -57,17 +48,11 @@ def test_a_row_no_key_opens_fails_alone_by_name_and_the_follow_up_behind_it_is_p
     world.clock.advance(1)
     fresh = _enqueue(world, "o-fresh")
     poison(world, outbox_table, outbox_table.c.task_id, old, "args")
-    world.clock.advance(GRACE_SECONDS + 1)
-    with caplog.at_level(logging.ERROR, logger="celery_agboss"):
-        report = world.sweep()
+    report = swept_after(world, caplog, GRACE_SECONDS + 1)
     assert world.publishes_of(fresh) == 1, "the paid order's follow-up is published"
     assert world.publishes_of(old) == 0
     assert (report.outbox_published, report.errors) == (1, 1)
-    assert _failed(caplog) == [("outbox", old)], "named by its task id"
-    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "sweep.error"]
-    assert record.exc_info is not None
-    unopenable = record.exc_info[1]
-    assert isinstance(unopenable, SealedValueUnopenableError) and unopenable.key_id == "k0"
+    assert sweep_errors(caplog, "task_id") == [("outbox", old)], "named by its task id, its key"
     with world.agboss.store.engine.connect() as conn:
         kept = conn.execute(
             select(outbox_table.c.sweep_publishes, outbox_table.c.publish_after_ms).where(
@@ -82,7 +67,9 @@ def test_a_row_no_key_opens_fails_alone_by_name_and_the_follow_up_behind_it_is_p
         assert world.sweep().errors == 0, "within its claim it is not read again"
         world.clock.advance(_retry_after_seconds(world) + 1)
         again = world.sweep()
-    assert again.errors == 1 and _failed(caplog) == [("outbox", old)], "it fails alone again"
+    assert again.errors == 1 and sweep_errors(caplog, "task_id") == [("outbox", old)], (
+        "it fails alone again"
+    )
     assert world.publishes_of(fresh) == 1, "the published follow-up is never sent again"
 
 

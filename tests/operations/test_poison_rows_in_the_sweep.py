@@ -18,30 +18,16 @@ from sqlalchemy import select, update
 
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.protections import UNOPENED_REDRIVE_UNCOUNTED
-from celery_agboss.errors import SealedValueUnopenableError
 from celery_agboss.store.held_messages import read_held, write_held
 from celery_agboss.store.redrive_and_expiry import UNSEALED_COLUMNS
 from celery_agboss.store.schema_executions import executions
 from celery_agboss.store.sealed_columns import SEALED_COLUMNS
 from celery_agboss.testing.switches import sabotage
 from tests.operations.conftest import WorldFactory
-from tests.operations.poison import poison, sealed_world
+from tests.operations.poison import poison, sealed_world, sweep_errors, swept_after
 from tests.operations.world import CAP, GRACE_SECONDS, TTL_SECONDS, World
 
 _e = executions.c
-
-
-def _failed(caplog: pytest.LogCaptureFixture) -> list[tuple[object, object]]:
-    """Each ``sweep.error`` as (step, execution id), asserting it says which key sealed it."""
-    found = []
-    for record in caplog.records:
-        if getattr(record, "event", None) != "sweep.error":
-            continue
-        assert record.exc_info is not None
-        error = record.exc_info[1]
-        assert isinstance(error, SealedValueUnopenableError) and error.key_id == "k0"
-        found.append((record.__dict__.get("step"), record.__dict__.get("execution_id")))
-    return found
 
 
 def _row(world: World, execution_id: str) -> tuple[ExecutionState, int, int | None]:
@@ -72,13 +58,11 @@ def test_redrive_a_row_no_key_opens_fails_alone_by_name_keeps_its_claim_and_park
 ) -> None:
     world = sealed_world(world_factory, monkeypatch)
     old, fresh = _two(world)
-    world.clock.advance(GRACE_SECONDS + 1)
-    with caplog.at_level(logging.ERROR, logger="celery_agboss"):
-        report = world.sweep()
+    report = swept_after(world, caplog, GRACE_SECONDS + 1)
     assert world.publishes_of(fresh) == 2, "the message lost behind it is published again"
     assert world.publishes_of(old) == 1
     assert (report.republished, report.errors) == (1, 1)
-    assert _failed(caplog) == [("redrive", old)], "named by its execution id"
+    assert sweep_errors(caplog, "execution_id") == [("redrive", old)], "named by its execution id"
     state, count, not_before = _row(world, old)
     assert (state, count) == (ExecutionState.REQUESTED, 1), "the claim stays, counted"
     assert not_before is not None and not_before > world.agboss.store.now_ms()
@@ -89,7 +73,9 @@ def test_redrive_a_row_no_key_opens_fails_alone_by_name_keeps_its_claim_and_park
         for _ in range(CAP - 1):
             world.clock.advance(GRACE_SECONDS + 1)
             world.sweep()
-    assert _failed(caplog) == [("redrive", old)] * (CAP - 1), "it fails alone again"
+    assert sweep_errors(caplog, "execution_id") == [("redrive", old)] * (CAP - 1), (
+        "it fails alone again"
+    )
     world.clock.advance(GRACE_SECONDS + 1)
     assert world.sweep().parked == 2, "the healthy row, re-driven as often, parks too"
     assert _row(world, old)[:2] == (ExecutionState.PARKED, CAP), "parked as any other"
@@ -126,7 +112,9 @@ def test_a_taken_over_or_planned_row_no_key_opens_is_counted_each_run_and_parks_
         for _ in range(CAP):
             world.clock.advance(GRACE_SECONDS + TTL_SECONDS + 1)
             assert world.sweep().errors == 2
-    assert sorted(_failed(caplog)) == sorted([("redrive", dead), ("redrive", undo)] * CAP)
+    assert sorted(sweep_errors(caplog, "execution_id")) == sorted(
+        [("redrive", dead), ("redrive", undo)] * CAP
+    )
     assert _row(world, dead)[:2] == (ExecutionState.RUNNING, CAP), "each failed read counted"
     assert _row(world, undo)[:2] == (ExecutionState.COMPENSATING, CAP)
     world.clock.advance(GRACE_SECONDS + TTL_SECONDS + 1)
@@ -171,7 +159,7 @@ def test_a_dead_workers_charge_is_continued_past_a_row_no_key_opens(
         world.clock.advance(GRACE_SECONDS + 1)
         world.sweep()
     assert world.publishes_of(fresh) == before + 1, "the dead worker's charge goes on"
-    assert _failed(caplog) == [("redrive", old)]
+    assert sweep_errors(caplog, "execution_id") == [("redrive", old)]
 
 
 def test_a_dead_workers_held_messages_go_out_past_a_row_no_key_opens(
@@ -186,7 +174,7 @@ def test_a_dead_workers_held_messages_go_out_past_a_row_no_key_opens(
         report = world.sweep()
     assert world.publishes_of(second) == 2, "published at once, not after the grace"
     assert world.publishes_of(first) == 1
-    assert (report.errors, _failed(caplog)) == (1, [("held", first)])
+    assert (report.errors, sweep_errors(caplog, "execution_id")) == (1, [("held", first)])
     assert read_held(world.agboss.store) == [], "the dead worker's row is forgotten"
     assert world.sweep().errors == 0, "not read again before its grace"
 

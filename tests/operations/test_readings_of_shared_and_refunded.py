@@ -11,25 +11,19 @@ reports every execution it sent on.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from datetime import timedelta
 
 import pytest
 
 from celery_agboss.core.compensation import (
-    FAILURE,
     UndoContext,
     UndoStep,
-    declare_undo,
-    read_declarations,
-    run_undos,
 )
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.outbound import CallContext, Lookup, OutboundCall, Unknown
 from celery_agboss.core.protections import RETENTION_DELETES_UNHANDLED_PAYMENTS
 from celery_agboss.core.store_protocol import IntentStatus
-from celery_agboss.errors import AGBossSignal, OutboundCallUnreconciledError
 from celery_agboss.metrics.exporter import exposition
 from celery_agboss.operator import (
     describe,
@@ -39,24 +33,12 @@ from celery_agboss.operator import (
     resolve,
 )
 from celery_agboss.store import counts, execution_admin
-from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
 from tests.operations.cli import run, run_json
-from tests.operations.conftest import WorldFactory
+from tests.operations.conftest import OnOneKey
 from tests.operations.world import World
 
 # --- executions that look like "failed after a payment" ------------------------------------
-
-
-def _charged_then_failed(world: World, order: str) -> str:
-    """A delivery charges ``order``, then its body fails: the customer is charged."""
-    execution = world.publish(order)
-    ctx = world.start(execution)
-    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
-    with ctx.fenced() as tx:
-        world.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
-    ctx.settle_all_and_release()
-    return execution
 
 
 def _second_click_completes(world: World, order: str) -> str:
@@ -64,7 +46,7 @@ def _second_click_completes(world: World, order: str) -> str:
     charge is kept for it, so the failed first one left nothing behind."""
     second = world.publish(order)
     ctx = world.start(second)
-    ctx.outbound(world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}")
+    world.charge(ctx, order)
     with ctx.fenced() as tx:
         world.agboss.executions.finish_in(tx, '{"json": "paid"}')
     ctx.settle_all_and_release()
@@ -95,23 +77,11 @@ def _refund_call(world: World) -> OutboundCall:
 def _refunded_by_its_undo(world: World, refund: OutboundCall, order: str) -> str:
     """A delivery charges ``order`` and declares its refund; its body fails, the undo
     refunds the charge (an intent of its own), and the execution ends ``FAILED``."""
-    execution = world.publish(order)
-    ctx = world.start(execution)
-    receipt = ctx.outbound(
-        world.call, {"amount": 1000, "order": order}, business_key=f"order:{order}"
-    )
-    declare_undo(ctx, "refund", {"payment": receipt["id"]})
-    undo = UndoContext.over(ctx)
-    with undo.fenced() as tx:
-        declarations = read_declarations(tx, world.agboss.engine_settings, execution)
 
-    def refund_it(step: UndoStep) -> None:
+    def refund_it(undo: UndoContext, step: UndoStep) -> None:
         undo.outbound(refund, {"payment": step.arguments["payment"]})
 
-    assert run_undos(undo, declarations, refund_it, cause=FAILURE) == 1
-    with undo.fenced() as tx:
-        world.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
-    undo.settle_all_and_release()
+    execution = world.failed_after_its_undo(order, refund_it)
     assert len(world.gateway.refunds) >= 1
     return execution
 
@@ -120,7 +90,7 @@ def _older_lookalikes(world: World, refund: OutboundCall, *, advance: int = 1) -
     """Failed executions that left nothing behind, each ended before the next: three
     whose charge a second click completed on, one whose undo refunded. Their number."""
     for n in range(3):
-        _charged_then_failed(world, f"old-{n}")
+        world.charged_then_failed(f"old-{n}")
         world.clock.advance(advance)
         _second_click_completes(world, f"old-{n}")
         world.clock.advance(advance)
@@ -142,7 +112,7 @@ def _listed(world: World, limit: int) -> list[str]:
 
 def test_older_lookalikes_never_hide_a_payment_left_behind(world: World) -> None:
     lookalikes = _older_lookalikes(world, _refund_call(world))
-    real = _charged_then_failed(world, "real")
+    real = world.charged_then_failed("real")
     assert _listed(world, 10) == [real]
     for limit in (1, lookalikes - 1, lookalikes):
         assert _listed(world, limit) == [real], f"hidden behind the older ones at {limit}"
@@ -155,7 +125,7 @@ def test_the_gauge_counts_payments_left_behind_not_executions_that_look_like_one
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lookalikes = _older_lookalikes(world, _refund_call(world))
-    _charged_then_failed(world, "real")
+    world.charged_then_failed("real")
     assert _gauge(world) == 1.0
     monkeypatch.setattr(counts, "FAILED_AFTER_PAYMENT_CAP", lookalikes - 1)
     assert _gauge(world) == 1.0, "the cap bounds what is counted, not what is looked at"
@@ -169,12 +139,12 @@ def test_the_listing_pages_through_every_lookalike_oldest_first(
     monkeypatch.setattr(execution_admin, "_CANDIDATE_BATCH", 2, raising=False)
     refund = _refund_call(world)
     _older_lookalikes(world, refund, advance=0)
-    first = _charged_then_failed(world, "real-1")
+    first = world.charged_then_failed("real-1")
     world.clock.advance(1)
-    later = [_charged_then_failed(world, f"again-{n}") for n in range(2)]
+    later = [world.charged_then_failed(f"again-{n}") for n in range(2)]
     for n in range(2):
         _second_click_completes(world, f"again-{n}")
-    second = _charged_then_failed(world, "real-2")
+    second = world.charged_then_failed("real-2")
     assert _listed(world, 1) == [first]
     assert _listed(world, 2) == [first, second]
     assert _listed(world, 100) == [first, second]
@@ -191,7 +161,7 @@ def _retention_after_a_payment_left_behind(world: World) -> tuple[str, str]:
     its charge's key."""
     refund = _refund_call(world)
     _older_lookalikes(world, refund)
-    real = _charged_then_failed(world, "real")
+    real = world.charged_then_failed("real")
     (charge,) = world.intents(real)
     world.clock.advance(PAST_RETENTION)
     report = world.sweep()
@@ -228,36 +198,8 @@ def test_twin_retention_deletes_a_payment_nobody_dealt_with(world: World) -> Non
 # --- an intent several executions share ----------------------------------------------------
 
 
-def _two_executions_on_one_key(world: World) -> tuple[str, str, str]:
-    """A's answer is lost and A dies; B, a second execution of the order, takes A's intent
-    over for reconcile, the lookup cannot tell, and B waits for an operator; so does A
-    once the sweep's lookup cannot tell either. The intent is A's (its creator)."""
-    first = world.publish("o-9")
-    ctx = world.start(first)
-    world.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with contextlib.suppress(AGBossSignal):
-        ctx.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
-    (intent,) = world.intents(first)
-    world.die()
-    second = world.publish("o-9")
-    ctx = world.start(second)
-    with contextlib.suppress(OutboundCallUnreconciledError):
-        ctx.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
-    with ctx.fenced() as tx:
-        world.agboss.executions.waiting_operator_in(tx, "OutboundCallUnreconciledError")
-    ctx.settle_all_and_release()
-    world.sweep()
-    assert world.intents(second) == [], "B created nothing: the intent is A's"
-    for execution in (first, second):
-        assert world.execution(execution).state is ExecutionState.WAITING_OPERATOR
-    return first, second, intent.idempotency_key
-
-
-def test_show_of_an_execution_lists_the_shared_intent_it_waits_for(
-    world_factory: WorldFactory,
-) -> None:
-    world = world_factory(lookup="none")
-    first, second, key = _two_executions_on_one_key(world)
+def test_show_of_an_execution_lists_the_shared_intent_it_waits_for(on_one_key: OnOneKey) -> None:
+    world, first, second, key = on_one_key
     shown = describe(world.app, second)
     assert shown.execution is not None and shown.execution.id == second
     assert [i.idempotency_key for i in shown.intents] == [key]
@@ -274,11 +216,8 @@ def test_show_of_an_execution_lists_the_shared_intent_it_waits_for(
     assert data["used_by"] == {key: [first, second]}
 
 
-def test_show_of_a_shared_key_names_every_execution_that_used_it(
-    world_factory: WorldFactory,
-) -> None:
-    world = world_factory(lookup="none")
-    first, second, key = _two_executions_on_one_key(world)
+def test_show_of_a_shared_key_names_every_execution_that_used_it(on_one_key: OnOneKey) -> None:
+    world, first, second, key = on_one_key
     shown = describe(world.app, key)
     assert shown.execution is not None and shown.execution.id == first, "its creator"
     assert shown.focus == key and [i.idempotency_key for i in shown.intents] == [key]
@@ -290,7 +229,7 @@ def test_show_of_a_shared_key_names_every_execution_that_used_it(
 
 
 def test_show_of_an_execution_alone_on_its_intent_says_it_created_it(world: World) -> None:
-    execution = _charged_then_failed(world, "o-1")
+    execution = world.charged_then_failed("o-1")
     (intent,) = world.intents(execution)
     shown = describe(world.app, execution)
     assert [i.idempotency_key for i in shown.intents] == [intent.idempotency_key]
@@ -298,9 +237,8 @@ def test_show_of_an_execution_alone_on_its_intent_says_it_created_it(world: Worl
     assert f"used by: {execution} (creator)\n" in run(world.app, "show", execution).output + "\n"
 
 
-def test_resolve_reports_every_execution_it_sent_on(world_factory: WorldFactory) -> None:
-    world = world_factory(lookup="none")
-    first, second, key = _two_executions_on_one_key(world)
+def test_resolve_reports_every_execution_it_sent_on(on_one_key: OnOneKey) -> None:
+    world, first, second, key = on_one_key
     done = resolve(world.app, key, completed=world.gateway.payments[0], reason="seen")
     assert done.intent.status is IntentStatus.COMPLETED
     assert done.execution is not None and done.execution.id == first, "the creator, as before"
@@ -310,11 +248,8 @@ def test_resolve_reports_every_execution_it_sent_on(world_factory: WorldFactory)
         assert world.publishes_of(execution) == 2, "published again now"
 
 
-def test_resolve_on_the_command_line_names_every_execution_it_sent_on(
-    world_factory: WorldFactory,
-) -> None:
-    world = world_factory(lookup="none")
-    first, second, key = _two_executions_on_one_key(world)
+def test_resolve_on_the_command_line_names_every_execution_it_sent_on(on_one_key: OnOneKey) -> None:
+    world, first, second, key = on_one_key
     receipt = json.dumps(world.gateway.payments[0])
     result = run(world.app, "resolve", key, "--completed", receipt, "--reason", "seen")
     assert result.exit_code == 0, result.output

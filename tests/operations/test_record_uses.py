@@ -10,7 +10,6 @@ not only the one that created it — ``agboss pending`` never lists a wait nobod
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 from typing import Any
 
@@ -22,11 +21,9 @@ from celery_agboss.core.protections import (
     RESOLVE_REDRIVES_CREATOR_ONLY,
 )
 from celery_agboss.core.store_protocol import IntentStatus
-from celery_agboss.errors import AGBossSignal, OutboundCallUnreconciledError
 from celery_agboss.operator import list_waits, resolve
-from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
-from tests.operations.conftest import WorldFactory
+from tests.operations.conftest import OnOneKey
 from tests.operations.world import World
 
 EIGHT_DAYS = timedelta(days=8)  # past the 7-day default retentions
@@ -114,35 +111,8 @@ def test_once_every_user_is_terminal_past_retention_the_record_goes(world: World
 # --- an intent resolved by an operator ---------------------------------------------------
 
 
-def _two_executions_waiting_on_one_intent(world: World) -> tuple[str, str, str]:
-    """A's answer is lost and A dies; B, a second execution of the order, takes A's intent
-    over for reconcile, the lookup cannot tell, and B waits for an operator; the sweep's
-    lookup cannot tell either, and A waits for one too."""
-    first, second = world.publish("o-9"), world.publish("o-9")
-    dying = world.start(first)
-    world.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
-    with contextlib.suppress(AGBossSignal):
-        dying.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
-    (intent,) = world.intents(first)
-    key = intent.idempotency_key
-    world.die()
-    ctx = world.start(second)
-    with contextlib.suppress(OutboundCallUnreconciledError):
-        ctx.outbound(world.call, {"amount": 1000, "order": "o-9"}, business_key="order:o-9")
-    with ctx.fenced() as tx:
-        world.agboss.executions.waiting_operator_in(tx, "OutboundCallUnreconciledError")
-    ctx.settle_all_and_release()
-    world.sweep()
-    assert world.execution(first).state is ExecutionState.WAITING_OPERATOR
-    assert world.execution(second).state is ExecutionState.WAITING_OPERATOR
-    return first, second, key
-
-
-def test_resolving_an_intent_sends_on_every_execution_waiting_on_it(
-    world_factory: WorldFactory,
-) -> None:
-    world = world_factory(lookup="none")
-    first, second, key = _two_executions_waiting_on_one_intent(world)
+def test_resolving_an_intent_sends_on_every_execution_waiting_on_it(on_one_key: OnOneKey) -> None:
+    world, first, second, key = on_one_key
     payment = world.gateway.payments[0]
     resolve(world.app, key, completed=payment, reason="seen at the gateway")
     for execution_id in (first, second):
@@ -151,11 +121,8 @@ def test_resolving_an_intent_sends_on_every_execution_waiting_on_it(
     assert [w.execution.id for w in list_waits(world.app)] == []
 
 
-def test_resolving_for_the_creator_only_strands_the_other_for_ever(
-    world_factory: WorldFactory,
-) -> None:
-    world = world_factory(lookup="none")
-    first, second, key = _two_executions_waiting_on_one_intent(world)
+def test_resolving_for_the_creator_only_strands_the_other_for_ever(on_one_key: OnOneKey) -> None:
+    world, first, second, key = on_one_key
     with sabotage(RESOLVE_REDRIVES_CREATOR_ONLY):
         resolve(world.app, key, completed=world.gateway.payments[0], reason="seen")
     assert world.execution(first).state is ExecutionState.WAITING
@@ -165,11 +132,8 @@ def test_resolving_for_the_creator_only_strands_the_other_for_ever(
     assert world.execution(second).state is ExecutionState.WAITING_OPERATOR, "nobody ends it"
 
 
-def test_pending_lists_every_wait_with_the_command_that_ends_it(
-    world_factory: WorldFactory,
-) -> None:
-    world = world_factory(lookup="none")
-    first, second, key = _two_executions_waiting_on_one_intent(world)
+def test_pending_lists_every_wait_with_the_command_that_ends_it(on_one_key: OnOneKey) -> None:
+    world, first, second, key = on_one_key
     waits = {w.execution.id: w for w in list_waits(world.app)}
     assert set(waits) == {first, second}
     for wait in waits.values():

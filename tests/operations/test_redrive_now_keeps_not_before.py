@@ -23,7 +23,7 @@ from celery_agboss.core.protections import REDRIVE_NOW_IGNORES_NOT_BEFORE
 from celery_agboss.operator.acting import redrive_now
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.testing import sabotage
-from tests.operations.world import World
+from tests.operations.world import World, connected
 
 COOLING_OFF_SECONDS = 3600
 
@@ -37,11 +37,8 @@ def etas() -> Iterator[dict[str, list[Any]]]:
         headers = headers or {}
         seen.setdefault(str(headers.get("id")), []).append(headers.get("eta"))
 
-    celery_signals.after_task_publish.connect(on_publish, weak=False)
-    try:
+    with connected(celery_signals.after_task_publish, on_publish):
         yield seen
-    finally:
-        celery_signals.after_task_publish.disconnect(on_publish)
 
 
 def _deposit_then_cooling_off(world: World) -> str:

@@ -29,7 +29,7 @@ from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery_world
 from tests.delivery.conftest import PaymentShop
-from tests.operations.world import World
+from tests.operations.world import World, connected
 
 # The delivery world's fixtures (a worker thread on the in-memory broker), as in delivery/.
 delivery_store_url = delivery_world.delivery_store_url
@@ -63,11 +63,8 @@ def finished() -> Iterator[dict[str, threading.Event]]:
     def on_postrun(task_id: str | None = None, **_: Any) -> None:
         events[str(task_id)].set()
 
-    celery_signals.task_postrun.connect(on_postrun, weak=False)
-    try:
+    with connected(celery_signals.task_postrun, on_postrun):
         yield events
-    finally:
-        celery_signals.task_postrun.disconnect(on_postrun)
 
 
 def cancel_a_scheduled_renewal(shop: PaymentShop) -> str:

@@ -162,8 +162,7 @@ def test_a_stranded_intent_found_at_the_gateway_is_stored_and_never_sent_again(
 ) -> None:
     """A worker died after the gateway charged; the sweep looks it up, sends nothing
     (design: P3, P5)."""
-    task_id = world.publish()
-    world.strand(task_id, FakeGatewayFault.ANSWER_THEN_DROP)
+    task_id, _ = world.stranded(FakeGatewayFault.ANSWER_THEN_DROP)
     report = world.sweep_sending_nothing()
     assert report.reconciled == 1
     (intent,) = world.intents(task_id)
@@ -178,8 +177,7 @@ def test_a_lease_that_expires_during_a_run_is_left_whole_to_the_next_run(world: 
     expires between the stranded-intent step and the re-drive step is neither looked up nor
     re-published by that run (else the re-drive would go out before the sweep looked the
     charge up). The next run does both, lookup first."""
-    task_id = world.publish()
-    world.strand(task_id, FakeGatewayFault.ANSWER_THEN_DROP, die=False)
+    task_id, _ = world.stranded(FakeGatewayFault.ANSWER_THEN_DROP, die=False)
     world.clock.advance(TTL_SECONDS - 1)
     run = SweepRun(world.agboss, DEFAULT_BATCH_SIZE, SweepReport())
     try:
@@ -200,8 +198,7 @@ def test_a_stranded_intent_proven_not_sent_is_recorded_and_left_to_its_execution
     """The sweep itself never sends money: NotSent is only recorded (``not_sent_confirmed``;
     counted there when the lookup proves absence: ``test_unproven_not_sent.py``)."""
     world = world_factory(proves_absence=True)
-    task_id = world.publish()
-    world.strand(task_id, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
+    task_id, _ = world.stranded(FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     report = world.sweep_sending_nothing()
     assert report.not_sent_confirmed == 1
     (intent,) = world.intents(task_id)
@@ -216,8 +213,7 @@ def test_an_unknown_lookup_flags_the_intent_and_the_execution_waits_for_an_opera
 ) -> None:
     """A gateway without lookup: quarantined for an operator, never marked failed (design: P4)."""
     world = world_factory(lookup="none")
-    task_id = world.publish()
-    key, _ = world.strand(task_id)
+    task_id, key = world.stranded()
     report = world.sweep()
     assert report.unreconciled == 1
     assert report.republished == 0
@@ -232,8 +228,7 @@ def test_an_unknown_lookup_flags_the_intent_and_the_execution_waits_for_an_opera
 
 def test_lookups_of_the_same_intent_back_off(world_factory: WorldFactory) -> None:
     world = world_factory(lookup="none")
-    task_id = world.publish()
-    world.strand(task_id)
+    world.stranded()
     assert world.sweep().unreconciled == 1
     assert world.sweep().unreconciled == 0  # not asked again right away
     world.clock.advance(3600)
@@ -246,8 +241,7 @@ def test_a_cancel_waits_until_the_pending_intent_is_settled_then_cancels(
     """Revoked (design: cancel request): the pending intent is settled first (reconcile only), then
     CANCELLED; nothing new is sent. Here the lookup proves absence."""
     world = world_factory(proves_absence=True)
-    task_id = world.publish()
-    world.strand(task_id, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
+    task_id, _ = world.stranded(FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     world.agboss.executions.request_cancel(task_id, "revoked")
     report = world.sweep_sending_nothing()
     assert report.not_sent_confirmed == 1
@@ -267,8 +261,7 @@ def test_a_cancel_never_marks_an_intent_failed_on_a_not_sent_that_proves_nothing
 ) -> None:
     """A replay-only NotSent means "a resend would be deduplicated", not "never charged":
     cancelling must not mark the payment failed (ambiguous is quarantined, never failed)."""
-    task_id = world.publish()
-    world.strand(task_id, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
+    task_id, _ = world.stranded(FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     world.agboss.executions.request_cancel(task_id, "revoked")
     report = world.sweep_sending_nothing()
     assert report.cancelled == 0
@@ -294,8 +287,7 @@ def test_retention_deletes_settled_records_of_long_terminal_executions_only(
     running = world.publish()
     ctx2 = world.start(running)
     ctx2.outbound(world.call, {"amount": 1000, "order": running}, business_key=f"order:{running}")
-    stranded = world.publish()
-    world.strand(stranded, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
+    stranded, _ = world.stranded(FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     world.clock.advance(timedelta(days=8))
     report = world.sweep()
     assert report.intents_deleted == 1

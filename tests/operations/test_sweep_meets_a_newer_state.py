@@ -39,11 +39,9 @@ def _left_to_newer(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 def _stranded_newer_then_ours(world: World) -> tuple[str, str, str, str]:
     """Two stranded charges, oldest first: one whose execution a newer version then
     moved on, and one of an execution this version knows."""
-    newer = world.publish()
-    newer_key = world.strand(newer)[0]
+    newer, newer_key = world.stranded()
     write_raw_state(world.agboss.store.engine, newer, FUTURE_STATE)
-    ours = world.publish()
-    our_key = world.strand(ours)[0]
+    ours, our_key = world.stranded()
     return newer, newer_key, ours, our_key
 
 
@@ -77,8 +75,7 @@ def test_an_unreconciled_intent_of_a_newer_versions_execution_is_flagged_and_its
     """The lookup cannot tell: the intent waits for a person, the execution's state is the
     newer version's to change (this version would have moved it to WAITING_OPERATOR)."""
     world = world_factory(lookup="none")
-    execution_id = world.publish()
-    key = world.strand(execution_id)[0]
+    execution_id, key = world.stranded()
     write_raw_state(world.agboss.store.engine, execution_id, FUTURE_STATE)
 
     with caplog.at_level(logging.WARNING, logger="celery_agboss"):

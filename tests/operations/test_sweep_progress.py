@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,7 +37,7 @@ from celery_agboss.sweep.steps import SweepReport, SweepRun
 from celery_agboss.testing.fault_arming import arm_raise, disarm_all
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.conftest import ProcessFactory
-from tests.operations.cli import OPS_APP, REPO_ROOT, ops_app_env
+from tests.operations.cli import QUIET_WORKER, REPO_ROOT, ops_app_command, ops_app_env
 from tests.operations.conftest import WorldFactory
 from tests.operations.world import GRACE_SECONDS, INTERVAL_SECONDS, TTL_SECONDS, World
 
@@ -65,6 +64,15 @@ def _charge_with(world: World, call: OutboundCall, execution_id: str) -> None:
     world.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     with pytest.raises(OutboundCallOutcomeUnknownError):
         ctx.outbound(call, {"amount": 1000, "order": execution_id})
+
+
+def _charged_through(world: World, call: OutboundCall, count: int) -> list[str]:
+    """``count`` executions published and charged through ``call`` (``_charge_with``)."""
+    charged: list[str] = []
+    for _ in range(count):
+        charged.append(world.publish())
+        _charge_with(world, call, charged[-1])
+    return charged
 
 
 def _intent(world: World, execution_id: str) -> IntentRecord:
@@ -125,11 +133,9 @@ def test_cancel_requested_rows_whose_lookups_keep_failing_never_hold_back_the_ot
 
     flaky = _a_call(world, "flaky", reconcile)
     world.agboss.register(flaky)
-    stuck = []
-    for _ in range(2):
-        stuck.append(world.publish())
-        _charge_with(world, flaky, stuck[-1])
-        world.agboss.executions.request_cancel(stuck[-1], "revoked")
+    stuck = _charged_through(world, flaky, 2)
+    for execution_id in stuck:
+        world.agboss.executions.request_cancel(execution_id, "revoked")
     dead, revoked = _behind_them(world)
     lost = world.publish()
     world.die()
@@ -249,10 +255,7 @@ def test_intents_of_a_call_the_sweeper_cannot_name_back_off_and_never_hide_a_cha
         key_retention=timedelta(hours=24),
     )
     other.agboss.register(known)
-    orphans = []
-    for _ in range(2):
-        orphans.append(other.publish())
-        _charge_with(other, known, orphans[-1])
+    orphans = _charged_through(other, known, 2)
     other.die()
     victim = sweeper.publish()
     _charge_with(sweeper, sweeper.call, victim)
@@ -295,10 +298,7 @@ def test_intents_whose_reconcile_raises_in_the_sweep_back_off_and_never_hide_the
         world, "breaking", lambda c, lookup: Completed(world.gateway.lookup(c.idempotency_key))
     )
     world.agboss.register(breaking)
-    broken = []
-    for _ in range(2):
-        broken.append(world.publish())
-        _charge_with(world, breaking, broken[-1])
+    broken = _charged_through(world, breaking, 2)
     victim = world.publish()
     _charge_with(world, world.call, victim)
     world.agboss.executions.request_cancel(victim, "revoked")
@@ -343,10 +343,7 @@ def test_lookups_that_hang_hold_back_the_reconcile_step_for_one_interval_only(
 
     slow = _a_call(world, "slow", hanging)
     world.agboss.register(slow)
-    stranded = []
-    for _ in range(3):
-        stranded.append(world.publish())
-        _charge_with(world, slow, stranded[-1])
+    stranded = _charged_through(world, slow, 3)
     dead, revoked = _behind_them(world)
     world.die()
     try:
@@ -440,25 +437,16 @@ def test_a_celery_worker_started_with_x_naming_the_sweep_queue_does_not_consume_
     url = f"sqlite:///{(tmp_path / 'agboss.db').resolve()}"
     migrate(url)
     worker = managed_process(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            OPS_APP,
+        ops_app_command(
             "worker",
             "-X",
             SWEEP_QUEUE,
             "-P",
             "solo",
-            "-l",
-            "info",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
+            *QUIET_WORKER,
             "-n",
             f"x-{uuid.uuid4().hex[:6]}@%h",
-        ],
+        ),
         name="worker-x-sweep",
         env=ops_app_env({"database_url": url, "broker_url": "memory://"}),
         cwd=str(REPO_ROOT),

@@ -126,8 +126,7 @@ def test_the_sweep_counts_as_confirmed_only_a_not_sent_its_lookup_proves(
     """``not_sent_confirmed`` (the sweep's report, ``agboss_sweep_rows_total``) counts
     proven ones; ``not_sent_unproven`` the others."""
     world = world_factory(proves_absence=proves_absence)
-    task_id = world.publish()
-    world.strand(task_id, FakeGatewayFault.FAIL_BEFORE_PROCESSING)
+    task_id, _ = world.stranded(FakeGatewayFault.FAIL_BEFORE_PROCESSING)
     report = world.sweep_sending_nothing()
     counts = (report.not_sent_confirmed, report.as_dict().get("not_sent_unproven"))
     assert counts == ((1, 0) if proves_absence else (0, 1)), report

@@ -10,7 +10,9 @@ users), with the sweep's settings below.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -18,13 +20,19 @@ from typing import Any
 from celery import Celery
 
 from celery_agboss import AGBoss, Completed, NotSent, OutboundCall, Unknown
+from celery_agboss.core import compensation
+from celery_agboss.core.compensation import UndoContext, UndoStep
 from celery_agboss.core.execution_context import ExecutionContext
-from celery_agboss.core.executions import ExecutionRecord, StartKind
+from celery_agboss.core.executions import ExecutionRecord, ExecutionState, StartKind
 from celery_agboss.core.holder_clocks import SYSTEM_CLOCK
 from celery_agboss.core.lease import SentAt, handle_for_grant, new_holder
 from celery_agboss.core.outbound import CallContext, Lookup
 from celery_agboss.core.store_protocol import IntentRecord, LeaseRef
-from celery_agboss.errors import OutboundCallOutcomeUnknownError
+from celery_agboss.errors import (
+    AGBossSignal,
+    OutboundCallOutcomeUnknownError,
+    OutboundCallUnreconciledError,
+)
 from celery_agboss.sweep import SweepReport, run_sweep
 from celery_agboss.task import PaymentTask
 from celery_agboss.testing.celery_app import close_test_app, make_test_app
@@ -117,6 +125,92 @@ class World:
             self.die()
         return intent.idempotency_key, ctx.lease_ref
 
+    def charge(self, ctx: ExecutionContext, order: str) -> Any:
+        """``ctx``'s delivery sends the world's charge of ``order`` under ``order:<order>``."""
+        return ctx.outbound(
+            self.call, {"amount": 1000, "order": order}, business_key=f"order:{order}"
+        )
+
+    def charged_then_failed(self, order: str) -> str:
+        """A delivery charges ``order``, then its body fails: the customer is charged."""
+        execution = self.publish(order)
+        ctx = self.start(execution)
+        self.charge(ctx, order)
+        with ctx.fenced() as tx:
+            self.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
+        ctx.settle_all_and_release()
+        return execution
+
+    def failed_after_its_undo(
+        self, order: str, run_step: Callable[[UndoContext, UndoStep], None]
+    ) -> str:
+        """A delivery charges ``order`` and declares its ``refund`` undo; its body fails,
+        ``run_step`` runs that undo (once), and the execution ends ``FAILED``."""
+        execution = self.publish(order)
+        ctx = self.start(execution)
+        receipt = self.charge(ctx, order)
+        compensation.declare_undo(ctx, "refund", {"payment": receipt["id"]})
+        undo = UndoContext.over(ctx)
+        with undo.fenced() as tx:
+            steps = compensation.read_declarations(tx, self.agboss.engine_settings, execution)
+        ran = compensation.run_undos(
+            undo, steps, lambda step: run_step(undo, step), cause=compensation.FAILURE
+        )
+        assert ran == 1
+        with undo.fenced() as tx:
+            self.agboss.executions.fail_in(tx, '{"type": "LookupError"}', "LookupError")
+        undo.settle_all_and_release()
+        return execution
+
+    def deliver_again(self, execution_id: str) -> AGBossSignal | None:
+        """One more delivery of ``execution_id`` sends its charge (as ``strand`` did):
+        the signal that stopped it, if any."""
+        ctx = self.start(execution_id)
+        stopped = None
+        try:
+            self.charge(ctx, execution_id)
+        except AGBossSignal as exc:
+            stopped = exc
+        ctx.settle_all_and_release()
+        return stopped
+
+    def two_executions_on_one_key(self, order: str = "o-9") -> tuple[str, str, str]:
+        """A's answer is lost and A dies; B, a second execution of ``order``, takes A's
+        intent over for reconcile, the lookup cannot tell (a world with ``lookup="none"``),
+        and B waits for an operator; so does A once the sweep's lookup cannot tell either.
+        The intent is A's (its creator): A, B and its key."""
+        first = self.publish(order)
+        dying = self.start(first)
+        self.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
+        with contextlib.suppress(AGBossSignal):
+            self.charge(dying, order)
+        (intent,) = self.intents(first)
+        self.die()
+        second = self.publish(order)
+        ctx = self.start(second)
+        with contextlib.suppress(OutboundCallUnreconciledError):
+            self.charge(ctx, order)
+        with ctx.fenced() as tx:
+            self.agboss.executions.waiting_operator_in(tx, "OutboundCallUnreconciledError")
+        ctx.settle_all_and_release()
+        self.sweep()
+        assert self.intents(second) == [], "B created nothing: the intent is A's"
+        for execution in (first, second):
+            assert self.execution(execution).state is ExecutionState.WAITING_OPERATOR
+        return first, second, intent.idempotency_key
+
+    def stranded(
+        self,
+        fault: FakeGatewayFault = FakeGatewayFault.ANSWER_THEN_DROP,
+        *,
+        order: str | None = None,
+        die: bool = True,
+    ) -> tuple[str, str]:
+        """A published execution ``strand`` left with a PENDING intent: its id, the key."""
+        execution_id = self.publish(order)
+        key, _ = self.strand(execution_id, fault, die=die)
+        return execution_id, key
+
     def sweep(self, **kwargs: Any) -> SweepReport:
         return run_sweep(self.agboss, **kwargs)
 
@@ -130,6 +224,16 @@ class World:
 
     def close(self) -> None:
         close_test_app(self.app)
+
+
+@contextlib.contextmanager
+def connected(signal: Any, receiver: Callable[..., None]) -> Iterator[None]:
+    """``receiver`` connected (strongly) to the Celery ``signal`` while the block runs."""
+    signal.connect(receiver, weak=False)
+    try:
+        yield
+    finally:
+        signal.disconnect(receiver)
 
 
 OPS_SETTINGS: dict[str, Any] = {
@@ -212,5 +316,6 @@ __all__ = [
     "OPS_SETTINGS",
     "TTL_SECONDS",
     "World",
+    "connected",
     "make_world",
 ]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 from celery_agboss.store.migrate import migrate
 from tests.conftest import ProcessFactory
 from tests.operations.apps.ops_app import CONFIG_ENV, make_app
+from tests.operations.cli import QUIET_WORKER, ops_app_command
 from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.redis, pytest.mark.slow]
@@ -46,25 +46,16 @@ def test_two_beats_run_one_sweep_per_tick_on_the_sweep_queue(
             .id
         )
         worker = managed_process(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.operations.apps.ops_app:app",
+            ops_app_command(
                 "worker",
                 "-Q",
                 "agboss.sweep",
                 "-c",
                 "1",
-                "-l",
-                "info",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
+                *QUIET_WORKER,
                 "-n",
                 "sweeper@%h",
-            ],
+            ),
             name="sweep-worker",
             env=env,
             cwd=str(REPO_ROOT),
@@ -72,12 +63,7 @@ def test_two_beats_run_one_sweep_per_tick_on_the_sweep_queue(
         worker.wait_for_output(" ready.", 30)
         for n in range(2):
             managed_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "tests.operations.apps.ops_app:app",
+                ops_app_command(
                     "beat",
                     "-l",
                     "info",
@@ -85,7 +71,7 @@ def test_two_beats_run_one_sweep_per_tick_on_the_sweep_queue(
                     str(tmp_path / f"beat-{n}-schedule"),
                     "--pidfile",
                     str(tmp_path / f"beat-{n}.pid"),
-                ],
+                ),
                 name=f"beat-{n}",
                 env=env,
                 cwd=str(REPO_ROOT),

@@ -14,7 +14,6 @@ tests/integration/harness.py).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -27,6 +26,7 @@ from tests.conftest import ProcessFactory
 from tests.integration.apps.shop import CONFIG_ENV
 from tests.integration.gateway_http import wait_for
 from tests.integration.harness import Shop, ShopFactory
+from tests.operations.cli import celery_command
 from tests.support.browser import ARTIFACTS, chromium, screenshot
 from tests.support.processes import ManagedProcess, wait_until
 from tests.support.services import in_ci
@@ -81,17 +81,13 @@ def _start_flower(shop: Shop, managed_process: ProcessFactory, tmp_path: Path) -
     config.write_text(FLOWER_CONFIG)
     (port,) = free_ports(1)
     process = managed_process(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
+        celery_command(
             "tests.integration.apps.shop:app",
             "flower",
             f"--port={port}",
             "--address=127.0.0.1",
             f"--conf={config}",
-        ],
+        ),
         name="flower",
         env={
             CONFIG_ENV: json.dumps(shop.config),

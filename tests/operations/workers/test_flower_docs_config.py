@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import secrets
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 
 from tests.conftest import ProcessFactory
+from tests.operations.cli import celery_command
 from tests.support.browser import chromium, headless_chromium
 from tests.support.processes import ManagedProcess
 from tests.support.services import in_ci
@@ -45,16 +45,12 @@ def _start(
     (tmp_path / "docsflower.py").write_text(APP_SOURCE)
     (port,) = free_ports(1)
     process = managed_process(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
+        celery_command(
             "docsflower:app",
             "flower",
             f"--conf={DOCS_CONFIG}",
             f"--port={port}",
-        ],
+        ),
         name="flower-docs-config",
         env={
             "PYTHONPATH": f"{tmp_path}:{REPO_ROOT}",
