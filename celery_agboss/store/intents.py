@@ -32,7 +32,7 @@ from celery_agboss.store.history import (
     history_binds,
     history_parameters,
 )
-from celery_agboss.store.leases import owner_locked_or_live_txn
+from celery_agboss.store.leases import live_lease, owner_locked_or_live_txn
 from celery_agboss.store.record_uses import held_against_retention
 from celery_agboss.store.schema import intent_history, leases, outbound_calls
 from celery_agboss.store.sealed_columns import opened, sealed
@@ -49,8 +49,7 @@ def owner_live_expr(now: ColumnElement[int]) -> ColumnElement[bool]:
         _l.scope == _i.owner_scope,
         _l.holder == _i.owner_holder,
         _l.token == _i.owner_token,
-        not_(_l.released),
-        _l.expires_at_ms > now,
+        live_lease(now),
     )
 
 

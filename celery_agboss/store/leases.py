@@ -163,17 +163,18 @@ def _acquire_statements(conn: Connection, offset_ms: int, caller_skew_ms: int) -
 def lease_live(now: ColumnElement[int], scope: ColumnElement[str]) -> ColumnElement[bool]:
     """A live lease on ``scope`` exists (``now``: the database clock), as a correlated
     ``EXISTS``: for a listing; a decision re-checks under the lease row's lock."""
-    return select(_c.scope).where(_c.scope == scope, _live(now)).exists()
+    return select(_c.scope).where(_c.scope == scope, live_lease(now)).exists()
 
 
-def _live(now: ColumnElement[int]) -> ColumnElement[bool]:
-    """A lease row is live: not released and not expired on the database clock ``now``."""
+def live_lease(now: ColumnElement[int]) -> ColumnElement[bool]:
+    """A lease row is live: not released and not expired on the database clock ``now``
+    (the one spelling of it, for the lease's own statements and an intent's owner)."""
     return not_(_c.released) & (_c.expires_at_ms > now)
 
 
 def _live_predicate(now: ColumnElement[int]) -> ColumnElement[bool]:
     """``_live`` — unless a test removed that protection (design: R19)."""
-    return not_(_c.released) if sabotage.active(RENEW_REVIVES_EXPIRED_LEASE) else _live(now)
+    return not_(_c.released) if sabotage.active(RENEW_REVIVES_EXPIRED_LEASE) else live_lease(now)
 
 
 def extend_txn(
@@ -199,7 +200,7 @@ def _extend_statement(conn: Connection, offset_ms: int) -> Any:
     now = clock(conn, offset_ms).c.now
     return (
         update(leases)
-        .where(IS_MINE_PARAMS, _live(now))
+        .where(IS_MINE_PARAMS, live_lease(now))
         .values(expires_at_ms=now + bindparam("ttl", type_=BigInteger), renewed_at_ms=now)
         .returning(_c.expires_at_ms, _c.renewed_at_ms)
     )
@@ -328,7 +329,11 @@ def release_live_txn(conn: Connection, lease: LeaseRef, *, offset_ms: int = 0) -
 @built_once
 def _release_live_statement(conn: Connection, offset_ms: int) -> Any:
     now = clock(conn, offset_ms).c.now
-    return update(leases).where(IS_MINE_PARAMS, _live(now)).values(released=True, renewed_at_ms=now)
+    return (
+        update(leases)
+        .where(IS_MINE_PARAMS, live_lease(now))
+        .values(released=True, renewed_at_ms=now)
+    )
 
 
 def read_txn(conn: Connection, scope: str, *, offset_ms: int = 0) -> LeaseState | None:
@@ -435,6 +440,7 @@ __all__ = [
     "first_lease_insert",
     "first_lease_row",
     "lease_live",
+    "live_lease",
     "lock_txn",
     "now_txn",
     "owner_locked_or_live_txn",
