@@ -54,6 +54,8 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.core.shared_records import UndoDecision, UndoOutcome
 from celery_agboss.core.shared_steps import (
+    DeclaredAfter,
+    HandledIn,
     UndosOf,
     compensated_if_taken_back,
     decide_step,
@@ -361,18 +363,16 @@ def run_undos(
     *,
     cause: str,
     handled: Collection[str] = (),
+    handled_in: HandledIn | None = None,
 ) -> int:
     """Run every undo not marked done, last declared first, each marked done in a fenced
-    write once ``call`` returned; the number run. A step is first decided as a record
-    several executions may share (``decide_step``): kept for another execution that
-    completed on it, covered by another's undo, or waited for (``UndoMustWait``) while
-    another still uses it; only a step this execution claimed is undone. A claim that
-    skips undos of this one's waits for a person, once the others ran. The step reads
-    compensated once its every undo finished (an undo's task: once it completed). What
-    ``call`` raises propagates (not done: the next delivery runs it). ``handled``: payment
-    steps an operator settled by hand, claimed without a wait, never run nor marked
-    (``core.handled_steps``: a refund by hand is not ours, and may not have been made)."""
-    wanted, ran, undos = list(declarations), 0, undos_of(ctx.settings)
+    write once ``call`` returned; the number run. Each step is first decided as a shared
+    record (``decide_step``: kept, covered, waited for, or claimed and undone); a claim
+    that skips its undos waits for a person once the others ran. The step reads
+    compensated once its every undo finished. What ``call`` raises propagates (the next
+    delivery runs it). ``handled``: payment steps an operator settled by hand, claimed,
+    never run nor marked (``core.handled_steps``); ``handled_in``: another's were."""
+    wanted, ran, undos = list(declarations), 0, undos_of(ctx.settings, handled_in)
     for declaration in sorted(wanted, key=lambda d: d.position, reverse=True):
         decision = ctx.decisions.get(declaration.step_key)
         if decision is None:
@@ -431,9 +431,9 @@ def run_undos(
     return ran
 
 
-def undos_of(settings: EngineSettings) -> UndosOf:
+def undos_of(settings: EngineSettings, handled: HandledIn | None = None) -> UndosOf:
     """What an execution declared after a step: whether one's claim covers another's."""
-    return lambda tx, e, step: [d for d in read_declarations(tx, settings, e) if d.step_key == step]
+    return DeclaredAfter(lambda tx, e: read_declarations(tx, settings, e), handled)
 
 
 def _done(ctx: UndoContext, step: UndoStep) -> bool:

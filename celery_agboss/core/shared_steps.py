@@ -11,7 +11,9 @@ A claim covers another execution's undos of the step only when the claimer decla
 every one of them (same undo, same arguments, or the same task): a claimer that only
 releases stock never skips the refund the other declared. The other then waits for a
 person (``UndoNotCoveredError``), and the claimer leaves the step claimed, not
-compensated, so a later replay is never told it was undone.
+compensated, so a later replay is never told it was undone. A claimer whose payment a
+person dealt with (``cancel --payments-handled``) runs none of its undos of it, so its
+claim covers nobody (``claim_covers``).
 
 The step reads compensated once every undo the claimer declared for it finished, which
 the claimer's delivery and its undos' tasks each learn at their own end
@@ -25,7 +27,8 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.canonical import canonical_json
@@ -36,6 +39,7 @@ from celery_agboss.core.keys import business_key_handle
 from celery_agboss.core.log_events import UNDO_COVERED, UNDO_KEPT, UNDO_WAITS, log_event
 from celery_agboss.core.protections import (
     FENCED_HOLDER_STARTS_UNDO,
+    HANDLED_CLAIMER_COVERS,
     UNDO_COVERED_BY_OTHER_UNDOS,
     UNDO_MARKS_READ_UNLOCKED,
     UNDO_TASK_MARK_NOT_KEPT,
@@ -58,8 +62,22 @@ from celery_agboss.errors import OutboundCallInFlightError, OutboundCallUnreconc
 MAX_DECISION_ROUNDS = 8
 """Reads and claims one step's undo decision may go through before it reports contention."""
 
-UndosOf = Callable[[StoreTransaction, str, str], list[UndoDeclaration]]
-"""``(tx, execution id, step key)``: the undos that execution declared after that step."""
+HandledIn = Callable[[StoreTransaction, str, str], bool]
+"""``(tx, execution id, step key)``: a person dealt with that execution's payment on the
+step (``cancel --payments-handled``) and not every undo it declared for it ran before:
+what it claimed there, it never undoes (``core.handled_steps``)."""
+
+
+class UndosOf(Protocol):
+    """What an execution declared after a step, read in a decision's transaction."""
+
+    def __call__(
+        self, tx: StoreTransaction, execution_id: str, step: str
+    ) -> list[UndoDeclaration]: ...
+
+    def handled_by_hand(self, tx: StoreTransaction, execution_id: str, step: str) -> bool:
+        """``HandledIn``: its undos of the step are never run (a person's word)."""
+        ...
 
 
 class UndoNotCoveredError(OutboundCallUnreconciledError):
@@ -83,6 +101,36 @@ def covered_by(theirs: Iterable[UndoDeclaration], mine: Iterable[UndoDeclaration
     """Every undo of ``mine`` is among ``theirs`` (as many times): running theirs runs
     mine."""
     return not Counter(map(undo_identity, mine)) - Counter(map(undo_identity, theirs))
+
+
+@dataclass(frozen=True)
+class DeclaredAfter:
+    """``UndosOf`` over a reader of an execution's declarations (``read``) and, where the
+    caller can read it, ``HandledIn`` (without it, no claimer reads handled)."""
+
+    read: Callable[[StoreTransaction, str], Sequence[UndoDeclaration]]
+    handled: HandledIn | None = None
+
+    def __call__(self, tx: StoreTransaction, execution_id: str, step: str) -> list[UndoDeclaration]:
+        return [d for d in self.read(tx, execution_id) if d.step_key == step]
+
+    def handled_by_hand(self, tx: StoreTransaction, execution_id: str, step: str) -> bool:
+        return self.handled is not None and self.handled(tx, execution_id, step)
+
+
+def claim_covers(
+    theirs: Iterable[UndoDeclaration], mine: Iterable[UndoDeclaration], *, handled: bool
+) -> bool:
+    """A claimer's undos of a step (``theirs``) cover another execution's (``mine``): the
+    one rule the delivery, a cancel and a listing ask. A claim covers only by the undos it
+    runs (``covered_by``); a claimer a person's word settled (``handled``: ``HandledIn``)
+    runs none, and what that person did at the gateway (a refund by hand, or the charge
+    kept on purpose) is not in the store — so it covers nobody, not even an execution that
+    declared no undo of the step (it relied on the charge: a refund may be owed). That
+    one waits for, or is listed to, a person (``NOT_COVERED``; design: cancel request)."""
+    if handled and not sabotage.active(HANDLED_CLAIMER_COVERS):
+        return False
+    return covered_by(theirs, mine)
 
 
 def decide_step(
@@ -127,7 +175,8 @@ def _covers(
         return None
 
     def covers(claimer: str) -> bool:
-        return covered_by(undos_of(tx, claimer, step), undos_of(tx, me, step))
+        handled = undos_of.handled_by_hand(tx, claimer, step)
+        return claim_covers(undos_of(tx, claimer, step), undos_of(tx, me, step), handled=handled)
 
     return covers
 
@@ -149,17 +198,20 @@ def _not_covered_note(
     that wait on the same step (one settlement is for all of them)."""
     claimer, step = str(record.undo_by), record.key
     theirs = undos_of(tx, claimer, step)
+    handled = undos_of.handled_by_hand(tx, claimer, step)
     done = lambda key: tx.read_effect(key) is not None  # noqa: E731 - the claimer's marks
     others = [
         u.execution_id
         for u in record.users
         if u.execution_id not in (me, claimer)
-        and not covered_by(theirs, undos_of(tx, u.execution_id, step))
+        and not claim_covers(theirs, undos_of(tx, u.execution_id, step), handled=handled)
     ]
     note = (
         f"its undos of the step: {_names(theirs, done)}; this execution's: "
         f"{_names(undos_of(tx, me, step), None)}"
     )
+    if handled:
+        note = f"{HANDLED_NOTE}; {note}"
     if others:
         note += (
             f"; executions {', '.join(others)} wait on the same step: one settlement is "
@@ -268,8 +320,21 @@ def _not_covered(
     return any(not covered_by(mine, undos_of(tx, u.execution_id, step)) for u in others)
 
 
-Declared = Callable[[str], Sequence[UndoDeclaration]]
-"""``execution id``: every undo that execution declared (what the store keeps)."""
+HANDLED_NOTE = (
+    "its payment on the step was dealt with by a person (cancel --payments-handled): its "
+    "undos of it are never run, and whether the charge was refunded or kept is not recorded"
+)
+"""What a ``NOT_COVERED`` reason says of a claimer a person's word settled."""
+
+
+class Declared(Protocol):
+    """Every undo an execution declared (what the store keeps), read in one transaction."""
+
+    def __call__(self, execution_id: str) -> Sequence[UndoDeclaration]: ...
+
+    def handled_by_hand(self, execution_id: str, step: str) -> bool:
+        """``HandledIn`` in the same transaction."""
+        ...
 
 
 def _of_step(declared: Declared, execution_id: str, step: str) -> list[UndoDeclaration]:
@@ -277,11 +342,13 @@ def _of_step(declared: Declared, execution_id: str, step: str) -> list[UndoDecla
 
 
 def step_covers(declared: Declared, me: str) -> StepCovers:
-    """``decide_step``'s covers rule for a cancel and a listing, over the declarations
-    the store reads (``declared``): a claimer covers ``me`` on a step only when it
-    declared every undo ``me`` did for it."""
-    return lambda claimer, step: covered_by(
-        _of_step(declared, claimer, step), _of_step(declared, me, step)
+    """``decide_step``'s covers rule for a cancel and a listing, over what the store reads
+    (``declared``): a claimer covers ``me`` on a step only when it declared every undo
+    ``me`` did for it, and runs them (``claim_covers``)."""
+    return lambda claimer, step: claim_covers(
+        _of_step(declared, claimer, step),
+        _of_step(declared, me, step),
+        handled=declared.handled_by_hand(claimer, step),
     )
 
 
@@ -298,7 +365,7 @@ def not_covered_error(
         for key, decision in steps.items()
     ]
     return UndoNotCoveredError(
-        f"{'; '.join(named)}, which did not declare every undo this execution declared "
+        f"{'; '.join(named)}, whose undos do not cover every one this execution declared "
         "for it: those were not run (a refund may be owed). Check the gateway first (the "
         "refund may have been made already), do by hand what is still owed (one refund "
         "settles the step for every execution on it), then "
@@ -346,8 +413,12 @@ def loggable_step(settings: EngineSettings, key: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "HANDLED_NOTE",
     "Declared",
+    "DeclaredAfter",
+    "HandledIn",
     "UndosOf",
+    "claim_covers",
     "compensated_if_taken_back",
     "decide_step",
     "loggable_step",

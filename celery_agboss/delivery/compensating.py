@@ -20,7 +20,8 @@ waiting for an operator: money moved and its undo did not happen. So does the fa
 of an undo's task (one declared as a signature, published by its parent's undo), whose
 ``COMPLETED``, in turn, is what lets its parent's step read undone (``finish_verdict``).
 Once an operator said the execution's payments are dealt with (``cancel
---payments-handled``), the undos of its payments are not run; its fenced effects' are.
+--payments-handled``), the undos of its payments are not run; its fenced effects' are,
+and its claim of a payment covers no other execution's undos of it (a person decides).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ from celery_agboss.errors import (
     store_trouble_behind,
 )
 from celery_agboss.runtime.task_events import TASK_PAUSED, TASK_UNRECONCILED, TASK_WAITING
-from celery_agboss.store.cancels import handled_payment_steps_in
+from celery_agboss.store.handled_payments import handled_by_hand_txn, handled_payment_steps_in
 
 TAKEN_OVER = "the previous delivery ended without a verdict"
 
@@ -308,7 +309,14 @@ def _run(d: DeliveryLike, declarations: list[UndoDeclaration], cause: str) -> No
             registry.require(step.name)(task, step, **step.arguments)
 
     try:
-        run_undos(undo_ctx, declarations, call, cause=cause, handled=handled)
+        run_undos(
+            undo_ctx,
+            declarations,
+            call,
+            cause=cause,
+            handled=handled,
+            handled_in=handled_by_hand_txn,
+        )
     except PauseRequested as exc:
         d.release()
         d.send_event(TASK_PAUSED, pause_id=f"{d.execution_id}:{exc.name}")

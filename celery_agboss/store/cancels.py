@@ -29,25 +29,15 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
 )
-from celery_agboss.core.handled_steps import (
-    claim_handled_for_cancel,
-    claim_handled_step,
-    refuse_while_another_uses,
-)
 from celery_agboss.core.protections import (
+    PAYMENTS_HANDLED_CLAIMED_AFTER_UNDOS,
     PAYMENTS_HANDLED_DROPPED_WHILE_RUNNING,
     PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS,
     PAYMENTS_HANDLED_STEP_UNCLAIMED,
 )
 from celery_agboss.core.shared_records import CancelDecision, CancelStep, cancel_decision
 from celery_agboss.core.shared_steps import Declared, record_kinds, step_covers
-from celery_agboss.core.store_protocol import (
-    EFFECT_RECORD,
-    INTENT_RECORD,
-    FencedTransaction,
-    SharedRecord,
-    StoreTransaction,
-)
+from celery_agboss.core.store_protocol import FencedTransaction, SharedRecord
 from celery_agboss.core.undo_steps import (
     UndoDeclaration,
     steps_undone,
@@ -66,10 +56,16 @@ from celery_agboss.store.execution_rows import (
     require_with_pending_txn,
     set_execution_txn,
     sql,
-    undo_declarations_txn,
     write_verdict_txn,
 )
 from celery_agboss.store.execution_updates import cancel_request_statement, undoing
+from celery_agboss.store.handled_payments import (
+    claim_handled_txn,
+    declared_txn,
+    handled_payment_steps_in,
+    payment_steps,
+    refuse_handled_txn,
+)
 from celery_agboss.store.intents import owner_live_expr
 from celery_agboss.store.leases import lease_live
 from celery_agboss.store.schema import outbound_calls
@@ -80,8 +76,6 @@ from celery_agboss.store.transactions import SQLTransaction
 
 _e = executions.c
 _i = outbound_calls.c
-_KINDS = [INTENT_RECORD, EFFECT_RECORD]
-"""A step's record kinds, read in this order when its declarations do not say."""
 
 
 # --- a pause inside an undo ----------------------------------------------------------------
@@ -183,9 +177,11 @@ def _handled_step(
     the others skips them, ``compensation.run_undos``), but the undos of its fenced effects
     (a debit of the app's own ledger) still run, decided by the one rule over those steps
     alone (design: cancel request). A person's word also settles what only a person could
-    (an effect another execution claimed without its undo: ``OPERATOR``). Ending now, its
-    payment steps are claimed as the delivery's undos claim them (``core.handled_steps``:
-    never read undone, never replayed as paid)."""
+    (an effect another execution claimed without its undo: ``OPERATOR``). Its payment
+    steps are claimed as the delivery's undos claim them, and so are the charges it sent
+    without an undo (``core.handled_steps``: never read undone, never replayed as paid) —
+    at once, also when its effects' undos run first: left unclaimed until they ran, a
+    later click would be handed a charge refunded by hand as paid meanwhile."""
     if sabotage.active(PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS):
         return CancelStep.CANCEL, None
     declarations = declared(execution_id)
@@ -203,42 +199,30 @@ def _handled_step(
     )
     if not effects or decision.step is CancelStep.OPERATOR:
         decision = CancelDecision(CancelStep.CANCEL)
-    if decision.step is CancelStep.CANCEL and not sabotage.active(PAYMENTS_HANDLED_STEP_UNCLAIMED):
-        kinds = {d.step_key: d.kind for d in declarations}
-        claim = claim_handled_step if undos_ran else claim_handled_for_cancel  # a delivery's
-        for step in sorted(payments):  # the delivery's undos claim them the same way
-            claim(tx, execution_id, step, kinds[step])
+    late = sabotage.active(PAYMENTS_HANDLED_CLAIMED_AFTER_UNDOS)
+    write = decision.step is CancelStep.CANCEL or not late  # late: refused, not claimed
+    _claim_handled(tx, execution_id, declarations, payments, undos_ran=undos_ran, write=write)
     return decision.step, decision.other
 
 
-def payment_steps(tx: StoreTransaction, declarations: Sequence[UndoDeclaration]) -> set[str]:
-    """The steps of ``declarations`` that ``--payments-handled`` covers, for the cancel's
-    end and for the undos a delivery runs after it (``run_undos``' ``handled``): every one
-    but a fenced effect (a write to the app's own ledger, whose undo still runs), known by
-    its record as ``decide_step`` reads it, else by what its declarations say. A step of
-    unknown kind counts as a payment: its undo may send a refund."""
-    said: dict[str, set[str | None]] = {}
-    for declaration in declarations:
-        said.setdefault(declaration.step_key, set()).add(declaration.kind)
-    payments: set[str] = set()
-    for step, kinds in said.items():
-        read = [kind for kind in _KINDS if kind in kinds] or _KINDS
-        found = next((kind for kind in read if tx.read_shared(kind, step) is not None), None)
-        if not (found == EFFECT_RECORD or (found is None and kinds == {EFFECT_RECORD})):
-            payments.add(step)
-    return payments
-
-
-def handled_payment_steps_in(
-    tx: StoreTransaction, execution_id: str, declarations: Sequence[UndoDeclaration]
-) -> frozenset[str]:
-    """The payment steps (``payment_steps``) whose undos a delivery of the execution must
-    not run: an operator said its payments are dealt with (``payments_handled_at_ms``,
-    kept by ``cancel --payments-handled``, which never writes it while a delivery holds
-    the lease: ``request_cancel``). Empty without that word."""
-    t = sql(tx)
-    flag = t.execute(select(_e.payments_handled_at_ms).where(_e.id == execution_id)).scalar()
-    return frozenset() if flag is None else frozenset(payment_steps(t, declarations))
+def _claim_handled(
+    tx: SQLTransaction,
+    execution_id: str,
+    declarations: Sequence[UndoDeclaration],
+    payments: set[str],
+    *,
+    undos_ran: bool,
+    write: bool = True,
+) -> None:
+    """``_handled_step``'s claims: its payment steps with undos left (``payments``) and the
+    charges it sent or relied on without one, as the delivery's undos claim them; at the
+    operator's acceptance, refused while another live execution uses one (also with the
+    claims switched off under test: ``write``)."""
+    write = write and not sabotage.active(PAYMENTS_HANDLED_STEP_UNCLAIMED)
+    again = f"cancel {execution_id} --payments-handled --reason TEXT"
+    claim_handled_txn(
+        tx, execution_id, declarations, payments, again=again, in_delivery=undos_ran, write=write
+    )
 
 
 def undos_left_txn(
@@ -262,19 +246,6 @@ def undos_left_txn(
                 steps.append(record)
                 break
     return left, steps
-
-
-def declared_txn(tx: SQLTransaction) -> Declared:
-    """Every undo an execution declared, read once per execution in this transaction:
-    what ``shared_steps.step_covers`` compares a claimer's with."""
-    cache: dict[str, list[UndoDeclaration]] = {}
-
-    def declared(execution_id: str) -> list[UndoDeclaration]:
-        if execution_id not in cache:
-            cache[execution_id] = undo_declarations_txn(tx, execution_id)
-        return cache[execution_id]
-
-    return declared
 
 
 def request_cancel(
@@ -302,9 +273,7 @@ def request_cancel(
         if record is None or record.terminal:
             return record
         if payments_handled:  # nothing written: a refund task, or another user, may act
-            undo_tasks.refuse_while_a_refund_task_runs(tx, execution_id, payment_steps)
-            declared = undo_declarations_txn(tx, execution_id)
-            refuse_while_another_uses(tx, execution_id, declared, payment_steps(tx, declared))
+            refuse_handled_txn(tx, execution_id)
         in_undo = paused_in_undo_txn(tx, record)
         if not in_undo and cancel_ends_now(
             record,

@@ -27,13 +27,16 @@ from celery_agboss.core.executions import (
     ExecutionRecord,
     ExecutionState,
 )
-from celery_agboss.core.protections import RESOLVE_REDRIVES_CREATOR_ONLY
+from celery_agboss.core.protections import (
+    PAYMENTS_HANDLED_VERB_CLAIMS_NOTHING,
+    RESOLVE_REDRIVES_CREATOR_ONLY,
+)
 from celery_agboss.core.shared_records import unhandled_payments
 from celery_agboss.core.shared_steps import step_covers
 from celery_agboss.core.store_protocol import INTENT_RECORD, IntentStatus, StoreTransaction
 from celery_agboss.core.undo_steps import UNDO_TASK_CANCELLED, UNDO_TASK_REDRIVEN, steps_undone
 from celery_agboss.errors import SealedValueUnopenableError
-from celery_agboss.store.cancels import declared_txn
+from celery_agboss.store.cancels import declared_txn, undos_left_txn
 from celery_agboss.store.execution_rows import (
     audit_change_txn,
     execution_lease_live,
@@ -45,8 +48,14 @@ from celery_agboss.store.execution_rows import (
     require_execution_txn,
     set_execution_txn,
     terminal_txn,
+    undo_declarations_txn,
 )
 from celery_agboss.store.execution_updates import TERMINAL_VALUES
+from celery_agboss.store.handled_payments import (
+    claim_handled_txn,
+    payment_steps,
+    refuse_handled_txn,
+)
 from celery_agboss.store.intent_listings import used_by_execution
 from celery_agboss.store.schema import outbound_calls, record_uses
 from celery_agboss.store.schema_executions import executions
@@ -401,11 +410,29 @@ def _completed_payments_of(tx: SQLTransaction, execution_id: str) -> list[str]:
     return [str(row.idempotency_key) for row in rows]
 
 
+def _claim_handled(tx: SQLTransaction, execution_id: str) -> None:
+    """The claims of ``cancel --payments-handled`` (``handled_payments.claim_handled_txn``):
+    unclaimed, the charge refunded by hand would be handed to a later click on the same
+    order as paid (goods shipped), or refunded again by that click's undo
+    (design: cancel request, operator decisions). A payment step whose undos all ran is
+    not claimed: its undo took it back already. With the claims switched off under test,
+    still refused while another live execution uses one."""
+    write = not sabotage.active(PAYMENTS_HANDLED_VERB_CLAIMS_NOTHING)
+    declarations = undo_declarations_txn(tx, execution_id)
+    left, _ = undos_left_txn(tx, declarations, tx.shared_records_of(execution_id))
+    payments = left & payment_steps(tx, declarations)
+    again = f"payments-handled {execution_id} --reason TEXT"
+    claim_handled_txn(tx, execution_id, declarations, payments, again=again, write=write)
+
+
 def mark_payments_handled(
     store: SQLAlchemyStore, execution_id: str, *, audit: Audit | None = None
 ) -> ExecutionRecord | None:
     """An operator dealt with the payments a ``FAILED`` or ``CANCELLED`` execution left
-    behind (refunded at the gateway, or kept); None unless it is one of those."""
+    behind (refunded at the gateway, or kept); None unless it is one of those. Refused,
+    nothing written, as ``cancel --payments-handled`` is (``refuse_handled_txn``, and the
+    claims themselves while another live execution uses a charge: ``_claim_handled``);
+    else what the word covers is claimed with the flag."""
     with store.transaction() as tx:
         record = read_execution_txn(tx, execution_id, lock=True)
         if record is None or record.state not in (
@@ -413,6 +440,8 @@ def mark_payments_handled(
             ExecutionState.CANCELLED,
         ):
             return None
+        refuse_handled_txn(tx, execution_id)
+        _claim_handled(tx, execution_id)
         set_execution_txn(tx, execution_id, payments_handled_at_ms=tx.now_expr())
         after = require_execution_txn(tx, execution_id)
         audit_change_txn(tx, audit, execution_id, record, after)

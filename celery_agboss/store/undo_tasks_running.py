@@ -120,7 +120,7 @@ def refuse_while_a_refund_task_runs(
     payment_steps: Callable[[SQLTransaction, Sequence[UndoDeclaration]], set[str]],
 ) -> None:
     """Raise ``OperatorRefusedError`` (``wrong-state``) while an undo task of the
-    execution's payments (``payment_steps``: ``store.cancels``' one rule) may refund."""
+    execution's payments (``payment_steps``: ``store.handled_payments``' one rule) may refund."""
     if sabotage.active(PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED):
         return
     declarations = undo_declarations_txn(tx, execution_id)

@@ -14,8 +14,9 @@ counted in the app's own ledger and at the fake gateway.
   ``CANCELLED``, and a new click is told the charge was claimed, not undone.
 - A click that came after the cancel was accepted (played by switching the refusal off):
   the refund is never run, so nothing waits for the click: the wallet is credited back
-  once. Twin ``payments-handled-step-waits`` (the handled charge decided as one to
-  undo): it stays ``COMPENSATING`` for the click, the wallet never credited back.
+  once. (No twin: the charge is claimed at acceptance, so the compensating delivery
+  finds it claimed by itself and never waits; ``test_payments_handled_claim_is_the_decision``
+  proves the claim at acceptance.)
 - Contention while the cancel claims a charge is refused (``conflict``), nothing written,
   never a signal escaping the operator's verb.
 - A waiting order that only charged the card (undo: a refund) ends ``CANCELLED`` at once;
@@ -35,7 +36,6 @@ from celery_agboss.core import handled_steps, state_machine
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_STEP_UNCLAIMED,
-    PAYMENTS_HANDLED_STEP_WAITS,
     PAYMENTS_HANDLED_WHILE_ANOTHER_USES,
 )
 from celery_agboss.errors import OperatorRefusedError
@@ -55,10 +55,10 @@ from tests.delivery.wallet_orders import (
     our_refund_requests,
     placed_and_waiting,
     refund_by_hand,
-    refund_charge_undo,
     released,
     wallet_and_card_order,
 )
+from tests.operations.handled_orders import card_only_order, handled_at_once
 from tests.support.processes import wait_until
 
 delivery_store_url = delivery.delivery_store_url
@@ -149,7 +149,7 @@ def test_twin_payments_handled_while_a_click_waits_ships_on_the_refund(
 
 def test_payments_handled_claim_contention_is_refused(shop: PaymentShop) -> None:
     """Contention while the cancel claims: ``conflict``, nothing written, never a signal."""
-    pay = _card_only_order(shop)
+    pay = card_only_order(shop)
     with shop.worker():
         task_id = placed_and_waiting(shop, pay)
     with pytest.MonkeyPatch.context() as patch:
@@ -193,44 +193,11 @@ def test_payments_handled_charge_never_waits_for_a_later_click(shop: PaymentShop
     assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
 
 
-def test_twin_payments_handled_charge_waits_and_keeps_the_debit(shop: PaymentShop) -> None:
-    with sabotage(PAYMENTS_HANDLED_STEP_WAITS):
-        _, ended, credited = _handled_while_a_click_waits(shop)
-    assert ended.state.value == "COMPENSATING"
-    assert credited == [] and balance(shop) == OPENING_BALANCE - PRICE
-
-
 # --- no fenced effect left: the cancel ends at once -------------------------------------------
 
 
-def _card_only_order(shop: PaymentShop) -> Any:
-    """``pay_by_card(customer)``: charges the card (undo: a refund), then waits an hour."""
-    charge = shop.call()
-    refund_charge_undo(shop, shop.refund_call())
-
-    @shop.task()
-    def pay_by_card(self: Any, customer: str) -> Any:
-        receipt = charge_the_card(self, charge, customer)
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise self.retry(countdown=3600)
-
-    return pay_by_card
-
-
-def _handled_card_only(shop: PaymentShop) -> tuple[str, list[Any]]:
-    """The card-only order waits; refunded by hand, ``--payments-handled`` ends it at once;
-    a later click. Its id and what the click was told."""
-    pay = _card_only_order(shop)
-    with shop.worker():
-        task_id = placed_and_waiting(shop, pay)
-    refund_by_hand(shop)
-    ended = cancel(shop.app, task_id, HANDLED, payments_handled=True)
-    assert ended.state.value == "CANCELLED", ended.reason
-    return task_id, click_again(shop)
-
-
 def test_payments_handled_cancel_at_once_leaves_the_charge_claimed(shop: PaymentShop) -> None:
-    task_id, told = _handled_card_only(shop)
+    task_id, told = handled_at_once(shop, card_only_order(shop))
     assert [(t.undone, t.undo_by) for t in told] == [(False, task_id)]
     assert len(shop.gateway.payments) == 1 and our_refund_requests(shop) == []
 
@@ -239,6 +206,6 @@ def test_twin_payments_handled_cancel_at_once_replays_the_refunded_charge(
     shop: PaymentShop,
 ) -> None:
     with sabotage(PAYMENTS_HANDLED_STEP_UNCLAIMED):
-        _, told = _handled_card_only(shop)
+        _, told = handled_at_once(shop, card_only_order(shop))
     assert told == [], "the later click was handed the refunded charge as paid"
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1

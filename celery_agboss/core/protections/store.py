@@ -59,16 +59,47 @@ an execution a delivery took the lease of (or that got a pending intent) after t
 verb's checks keeps the cancel request and drops the flag, reported "cancel requested":
 the request's end then runs the refund's undo the operator made by hand."""
 
-PAYMENTS_HANDLED_STEP_WAITS = "payments-handled-step-waits"
-"""Sabotage (design: cancel request, operator decisions): after ``cancel
---payments-handled`` the compensating delivery decides a handled payment step as one it
-undoes, waiting for a later click that still uses the charge: the execution stays
-``COMPENSATING`` for an undo it never runs, and the wallet's credit-back never runs."""
-
 PAYMENTS_HANDLED_STEP_UNCLAIMED = "payments-handled-step-unclaimed"
 """Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled``
 that ends at once leaves its payment steps unclaimed: a later click replays the charge
 the operator refunded by hand as paid."""
+
+PAYMENTS_HANDLED_SKIPS_UNDECLARED_CHARGES = "payments-handled-skips-undeclared-charges"
+"""Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled``
+claims only the payments that declared an undo: a charge that declared none stays
+unclaimed, and a later click on the same order replays the charge the operator refunded
+by hand as paid."""
+
+PAYMENTS_HANDLED_SKIPS_RELIED_CHARGES = "payments-handled-skips-relied-charges"
+"""Sabotage (design: cancel request, operator decisions): ``--payments-handled`` (the
+cancel or the verb) claims only the charges the execution sent: one it relied on, sent by
+another execution that ended without claiming it, stays unclaimed, and after the refund by
+hand a later click on the same order is handed it as paid (goods shipped)."""
+
+PAYMENTS_HANDLED_CLAIMED_AFTER_UNDOS = "payments-handled-claimed-after-undos"
+"""Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled``
+of an execution whose fenced effects' undos must run first (``COMPENSATING``) claims its
+payments only once they ran: a later click meanwhile is handed the charge the operator
+refunded by hand as paid."""
+
+HANDLED_CLAIMER_COVERS = "handled-claimer-covers"
+"""Sabotage (design: cancel request, operator decisions): a claimer whose payment an
+operator dealt with by hand (``cancel --payments-handled``: its undos of it never run)
+still covers another execution's undos of the step: that one, failing after it relied on
+the charge, runs nothing and is listed nowhere (a refund owed, nobody told)."""
+
+PAYMENTS_HANDLED_VERB_CLAIMS_NOTHING = "payments-handled-verb-claims-nothing"
+"""Sabotage (design: cancel request, operator decisions): ``agboss payments-handled`` of a
+``FAILED`` or ``CANCELLED`` execution only sets its flag: the charge the operator refunded
+by hand stays unclaimed, a later click on the same order is handed it as paid (goods
+shipped) and its undo refunds it a second time."""
+
+PAYMENTS_HANDLED_DELIVERY_CLAIMS_NEW_CHARGES = "payments-handled-delivery-claims-new-charges"
+"""Sabotage (design: cancel request, operator decisions): the delivery that ends a
+``cancel --payments-handled`` after its fenced effects' undos claims every charge the word
+would cover now, also one it relied on whose sender was live at the word (left out then)
+and is undoing now, not claimed yet: the sender's own refund is skipped (``NOT_COVERED``)
+and it waits for a person, told a person dealt with a payment nobody dealt with."""
 
 PAYMENTS_HANDLED_WHILE_ANOTHER_USES = "payments-handled-while-another-uses"
 """Sabotage (design: cancel request, operator decisions): ``cancel --payments-handled`` is
