@@ -443,7 +443,9 @@ class PaymentTask(Task):  # type: ignore[misc]  # celery has no type information
         ctx = self._context()
         name = ctx.pause_name(name)  # an undo's pause is its own
         executions = Runtime.of(self.app).executions
-        with ctx.fenced() as tx:
+        # A store failure or a cancel met here stops the delivery too: a body that swallowed
+        # it would otherwise go on to charge with its approval never asked.
+        with ctx.stop_on_signal(), ctx.fenced() as tx:
             ctx.check_cancel(tx)
             ctx.pass_failures()  # waiting for a person is going on past a failure
             answered, answer = executions.pause_in(

@@ -178,7 +178,7 @@ class ExecutionContext(DeliveryLease):
         self.pass_failures()  # this call goes on past the failures before it
         if step.occurrence == 2:
             warn_position_keys(call.name)
-        with self._stop_on_signal(), self._one_call_of(prepared.idempotency_key):
+        with self.stop_on_signal(), self._one_call_of(prepared.idempotency_key):
             result, outcome = traced_outbound(
                 call.name, self._execution_id, lambda: run_outbound(self, prepared)
             )
@@ -203,7 +203,7 @@ class ExecutionContext(DeliveryLease):
         self._in_effect.depth = getattr(self._in_effect, "depth", 0) + 1
         self._in_effect.step = step
         try:
-            with self._stop_on_signal():
+            with self.stop_on_signal():
                 result: T = traced_effect(
                     name,
                     self._execution_id,
@@ -344,7 +344,9 @@ class ExecutionContext(DeliveryLease):
             yield
 
     @contextmanager
-    def _stop_on_signal(self) -> Iterator[None]:
+    def stop_on_signal(self) -> Iterator[None]:
+        """A signal raised inside (a store failure, a lost lease, a cancel) ends this
+        delivery: a body that swallows it is stopped at its next verb and at its return."""
         try:
             yield
         except AGBossSignal as signal:

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from celery.exceptions import Ignore
 
-from celery_agboss import answer_pause
+from celery_agboss import AGBoss, answer_pause
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.protections import CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY
+from celery_agboss.errors import StoreUnavailableError
 from celery_agboss.testing import sabotage
 from tests.delivery.conftest import PaymentShop
 
@@ -117,3 +118,48 @@ def test_twin_a_swallowed_cancel_keeps_the_charge(shop: PaymentShop) -> None:
         task_id = shop.run(pay, "o-1", states=("CANCELLED", "COMPLETED", "FAILED"))
     assert shop.execution(task_id).state is ExecutionState.COMPLETED
     assert len(shop.gateway.payments) == 1 and shop.gateway.refunds == []
+
+
+# --- a pause whose store write failed, swallowed --------------------------------------------
+
+
+def _pause_write_fails_once(monkeypatch: pytest.MonkeyPatch, shop: PaymentShop) -> list[str]:
+    """The store fails once as ``pause()`` records the pause (a SQLite lock timeout, a
+    fail-over): what the failure was raised for."""
+    executions = type(AGBoss.of(shop.app).executions)
+    real, failed = executions.pause_in, []
+
+    def pause_in(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append("pause")
+            raise StoreUnavailableError("test: the store failed as the pause was recorded")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(executions, "pause_in", staticmethod(pause_in))
+    return failed
+
+
+def test_a_swallowed_store_failure_at_a_pause_sends_nothing(
+    shop: PaymentShop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body that swallows the store's failure as its pause is recorded still stops there:
+    the order is never charged before anyone approved it; the delivery is tried again and
+    pauses."""
+    failed = _pause_write_fails_once(monkeypatch, shop)
+    pay = _approve_then_pay(shop)
+    with shop.worker():
+        task_id = shop.deliver(pay, "o-3", states=("PAUSED", "COMPLETED"))
+    assert failed == ["pause"]
+    assert shop.gateway.requests == [], "charged with its approval never asked"
+    assert shop.execution(task_id).state is ExecutionState.PAUSED
+
+
+def test_twin_a_swallowed_store_failure_at_a_pause_charges_unapproved(
+    shop: PaymentShop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _pause_write_fails_once(monkeypatch, shop)
+    pay = _approve_then_pay(shop)
+    with sabotage(CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY):
+        task_id = shop.run(pay, "o-3", states=("PAUSED", "COMPLETED"))
+    assert shop.execution(task_id).state is ExecutionState.COMPLETED
+    assert len(shop.gateway.payments) == 1, "charged with its approval never asked"
