@@ -22,6 +22,7 @@ from sqlalchemy.engine import URL, Engine
 
 from celery_agboss.errors import ConfigurationError
 from celery_agboss.store.borrowed import UsersDatabase
+from celery_agboss.store.databases import sqlite_unshared
 
 DJANGO_APP = "celery_agboss.contrib.django"
 DEFAULT_ALIAS = "default"
@@ -137,14 +138,15 @@ def _require_read_committed(level: Any, alias: str) -> None:
 def _sqlite_url(database: Mapping[str, Any], alias: str) -> str:
     name = database.get("NAME")
     path = str(name) if isinstance(name, (str, PurePath)) else ""
-    if path in ("", ":memory:") or path.startswith("file:") or "mode=memory" in path:
+    unshared = sqlite_unshared(path)
+    if unshared == "in-memory":
         raise ConfigurationError(
             f"DATABASES[{alias!r}] is an in-memory SQLite database; the store must be a file "
             "every worker process opens: set NAME (and TEST's NAME for Django's test runner) "
             "to an absolute path",
             setting=SETTING,
         )
-    if not os.path.isabs(path):
+    if unshared == "relative":
         raise ConfigurationError(
             f"DATABASES[{alias!r}]: the SQLite path {path!r} is relative, so each worker "
             "would open the file under its own working directory; make NAME absolute "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -59,6 +59,16 @@ def add_sqlite_clock(dbapi_connection: sqlite3.Connection) -> None:
     dbapi_connection.create_function(SQLITE_NOW_FUNCTION, 0, _sqlite_now_ms)
 
 
+def sqlite_unshared(path: str) -> Literal["in-memory", "relative"] | None:
+    """Why every worker process could not open the SQLite database ``path`` as the same
+    store (None: they can): the one rule for a store URL and for a Django alias."""
+    if path in ("", ":memory:") or path.startswith("file:") or "mode=memory" in path:
+        return "in-memory"
+    if not os.path.isabs(path):
+        return "relative"
+    return None
+
+
 def checked_url(url: str | URL) -> URL:
     """``url`` parsed, refused unless every worker process can share it as the store:
     PostgreSQL, or a SQLite file by an absolute path. The settings check it when read,
@@ -73,13 +83,15 @@ def checked_url(url: str | URL) -> URL:
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         path = parsed.database or ""
-        if path in ("", ":memory:") or path.startswith("file:"):
+        query = "&".join(f"{name}={value}" for name, value in parsed.query.items())
+        unshared = sqlite_unshared(f"{path}?{query}" if query else path)
+        if unshared == "in-memory":
             raise ConfigurationError(
                 "agboss_database_url: a SQLite store must be a file every worker process opens; "
                 "set an absolute path, e.g. 'sqlite:////var/lib/shop/agboss.db'",
                 setting="agboss_database_url",
             )
-        if not os.path.isabs(path):
+        if unshared == "relative":
             raise ConfigurationError(
                 f"agboss_database_url: the SQLite path {path!r} is relative, so each worker "
                 "would open the file under its own working directory; set an absolute path, "

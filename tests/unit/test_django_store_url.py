@@ -19,6 +19,7 @@ from celery_agboss.errors import ConfigurationError
 from celery_agboss.runtime import django_store
 from celery_agboss.runtime.django_store import store_url_from_database
 from celery_agboss.runtime.settings import settings_from_conf
+from celery_agboss.store.databases import checked_url
 
 POSTGRESQL = "django.db.backends.postgresql"
 SQLITE = "django.db.backends.sqlite3"
@@ -173,6 +174,39 @@ def test_a_sqlite_alias_the_workers_cannot_share_safely_is_refused(
     with pytest.raises(ConfigurationError) as caught:
         store_url_from_database({"ENGINE": SQLITE, **database, "OPTIONS": options}, "shop")
     assert told in str(caught.value) and "DATABASES['shop']" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("", "in-memory"),
+        (":memory:", "in-memory"),
+        ("file:shop?mode=memory&cache=shared", "in-memory"),
+        ("/srv/shop?mode=memory", "in-memory"),
+        ("shop.sqlite3", "relative"),
+        ("/srv/shop.sqlite3", None),
+    ],
+)
+def test_a_store_url_and_an_alias_refuse_the_same_sqlite_paths(path: str, why: str | None) -> None:
+    """One rule (``store.databases.sqlite_unshared``): a path one way refuses, the other
+    does not take."""
+    alias = {"ENGINE": SQLITE, "NAME": path, "OPTIONS": {"transaction_mode": "IMMEDIATE"}}
+    refusals = []
+    for build in (
+        lambda: store_url_from_database(alias, "shop"),
+        lambda: checked_url(f"sqlite:///{path}"),
+    ):
+        try:
+            build()
+        except ConfigurationError as refused:
+            refusals.append(str(refused))
+    if why is None:
+        assert refusals == []
+    else:
+        assert len(refusals) == 2, refusals
+        told = "in-memory" if why == "in-memory" else "is relative"
+        assert told in refusals[0], refusals[0]
+        assert ("every worker process opens" if why == "in-memory" else told) in refusals[1]
 
 
 def test_another_database_is_refused_naming_its_engine() -> None:
