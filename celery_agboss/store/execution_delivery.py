@@ -309,17 +309,9 @@ def wait_in(
     broker message behind it: the sweep's re-publish is its planned continuation and
     does not count toward the recovery cap; without one, a retry message is on its
     way, and a re-publish means it was lost (that counts)."""
-    t, execution_id = sql(tx), tx.lease.scope
     replaced = {} if message is None else message_values(message)
-    return set_and_read_txn(
-        t,
-        execution_id,
-        unless_terminal=True,
-        state=ExecutionState.WAITING.value,
-        not_before_ms=t.now_expr() + max(0, delay_ms),
-        reason=reason[:1000],
-        redrive_planned=message is not None,
-        **replaced,
+    return _due_in(
+        tx, ExecutionState.WAITING, delay_ms, reason, planned=message is not None, **replaced
     )
 
 
@@ -327,15 +319,30 @@ def undo_wait_in(tx: FencedTransaction, delay_ms: int, reason: str) -> Execution
     """Still ``COMPENSATING`` (another execution deciding about the shared step sees it
     undoing, so it never waits for this one), due at ``now + delay_ms``; the sweep's
     re-drive then is planned: neither a take-over nor a recovery counted."""
-    t, execution_id = sql(tx), tx.lease.scope
+    return _due_in(tx, ExecutionState.COMPENSATING, delay_ms, reason, planned=True)
+
+
+def _due_in(
+    tx: FencedTransaction,
+    state: ExecutionState,
+    delay_ms: int,
+    reason: str,
+    *,
+    planned: bool,
+    **replaced: Any,
+) -> ExecutionRecord:
+    """``state`` until ``now + delay_ms``, when the sweep re-drives it (``planned``: as its
+    continuation, not a recovery), unless terminal; ``replaced``: the message's values."""
+    t = sql(tx)
     return set_and_read_txn(
         t,
-        execution_id,
+        tx.lease.scope,
         unless_terminal=True,
-        state=ExecutionState.COMPENSATING.value,
+        state=state.value,
         not_before_ms=t.now_expr() + max(0, delay_ms),
         reason=reason[:1000],
-        redrive_planned=True,
+        redrive_planned=planned,
+        **replaced,
     )
 
 

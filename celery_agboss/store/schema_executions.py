@@ -44,17 +44,24 @@ the index and in the query: SQLite uses a partial index only for a ``WHERE`` tha
 repeats its terms; the state is the index's first column, so that SQLite prefers it to
 the index on ``state`` alone."""
 
+
+def _message_columns() -> list[Column[object]]:
+    """A message as the broker holds it (an execution's, an outbox row's): JSON text
+    (kombu's JSON, so dates and decimals survive), published as is."""
+    return [
+        Column("args", Text, nullable=False),
+        Column("kwargs", Text, nullable=False),
+        Column("options", Text, nullable=False),
+    ]
+
+
 executions = Table(
     "agboss_executions",
     metadata,
     Column("id", KEY, primary_key=True),
     Column("task_name", NAME, nullable=False),
     Column("state", String(32), nullable=False),
-    # The message as the broker holds it: JSON text (kombu's JSON, so dates and
-    # decimals survive), re-published as is.
-    Column("args", Text, nullable=False),
-    Column("kwargs", Text, nullable=False),
-    Column("options", Text, nullable=False),
+    *_message_columns(),
     Column("eta_ms", BigInteger, nullable=True),
     Column("expires_ms", BigInteger, nullable=True),
     Column("requested_at_ms", BigInteger, nullable=False),
@@ -136,12 +143,10 @@ outbox = Table(
     "agboss_outbox",
     metadata,
     # One follow-up task to publish once the transaction that wrote this row committed
-    # (celery_agboss.outbox): its stable task id, and its message as kombu's JSON text.
+    # (celery_agboss.outbox): its stable task id, and its message.
     Column("task_id", KEY, primary_key=True),
     Column("task_name", NAME, nullable=False),
-    Column("args", Text, nullable=False),
-    Column("kwargs", Text, nullable=False),
-    Column("options", Text, nullable=False),
+    *_message_columns(),
     Column("execution_id", KEY, nullable=True),  # whose fenced effect enqueued it
     Column("created_at_ms", BigInteger, nullable=False),
     # The sweep publishes an unpublished row from then on (moved on at each claim).

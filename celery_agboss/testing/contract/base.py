@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
-from celery_agboss.core.store_protocol import JSON, EffectRecord, LeaseRef, Store
+from celery_agboss.core.store_protocol import JSON, EffectRecord, LeaseRef, NewIntent, Store
 from celery_agboss.errors import ExecutionFencedError
 from celery_agboss.testing.clock import VirtualClock
 
@@ -57,6 +57,20 @@ def acquire(store: Store, scope: str, ttl_ms: int = TTL_MS) -> LeaseRef:
     require(grant is not None, "P1", f"a free scope {scope!r} could not be acquired")
     assert grant is not None
     return grant.lease
+
+
+def new_intent(key: str, lease: LeaseRef, by: str | None = None) -> NewIntent:
+    """The contract's charge: ``key`` claimed by ``lease`` for its execution. ``by`` marks
+    the claimer in the fingerprint and the request, to tell which of racing claims won."""
+    return NewIntent(
+        idempotency_key=key,
+        execution_id=lease.scope,
+        name="contract.charge",
+        business_key_handle=None,
+        fingerprint="fp" if by is None else by,
+        request={} if by is None else {"by": by},
+        owner=lease,
+    )
 
 
 def expire(clock: VirtualClock, ttl_ms: int = TTL_MS) -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import threading
 
 from celery_agboss.core.history import HistoryEvent, next_history_row, verify_history
-from celery_agboss.core.store_protocol import HistoryRow, IntentStatus, LeaseRef, NewIntent
+from celery_agboss.core.store_protocol import HistoryRow, IntentStatus
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.contract.base import (
     JOIN_SECONDS,
     StoreFactory,
     acquire,
+    new_intent,
     new_scope,
     open_stores,
     require,
@@ -21,18 +22,6 @@ from celery_agboss.testing.contract.base import (
 
 GUARANTEE = "quarantine record"
 _KEY = b"contract-history-pseudonym-key-32b"
-
-
-def _claim(key: str, lease: LeaseRef) -> NewIntent:
-    return NewIntent(
-        idempotency_key=key,
-        execution_id=lease.scope,
-        name="contract.charge",
-        business_key_handle=None,
-        fingerprint="fp",
-        request={},
-        owner=lease,
-    )
 
 
 def _row(previous: HistoryRow | None, key: str, event: HistoryEvent, by: str) -> HistoryRow:
@@ -59,11 +48,11 @@ def check_a_first_history_row_is_written_with_its_intent(factory: StoreFactory) 
         key = f"{lease.scope}:charge"
         first = _row(None, key, HistoryEvent.CLAIMED, "winner")
         with store.transaction() as tx:
-            won = tx.insert_intent(_claim(key, lease), first_history=first)
+            won = tx.insert_intent(new_intent(key, lease), first_history=first)
         require(won, "P3", "the first claim of a new key did not insert")
         loser = _row(None, key, HistoryEvent.CLAIMED, "loser")
         with store.transaction() as tx:
-            again = tx.insert_intent(_claim(key, lease), first_history=loser)
+            again = tx.insert_intent(new_intent(key, lease), first_history=loser)
         require(not again, "P3", "a second claim of one key inserted")
         rows = store.read_history(key)
         require(
@@ -82,7 +71,7 @@ def check_a_row_chains_only_to_the_last_row(factory: StoreFactory) -> None:
         key = f"{lease.scope}:charge"
         first = _row(None, key, HistoryEvent.CLAIMED, "claim")
         with store.transaction() as tx:
-            tx.insert_intent(_claim(key, lease), first_history=first)
+            tx.insert_intent(new_intent(key, lease), first_history=first)
         second = _row(first, key, HistoryEvent.COMPLETED, "settle")
         with store.transaction() as tx:
             require(tx.append_history_after(second), GUARANTEE, "a row after the last was refused")

@@ -25,6 +25,7 @@ from celery_agboss.testing.contract.base import (
     StoreFactory,
     acquire,
     expire,
+    new_intent,
     new_scope,
     open_stores,
     require,
@@ -54,8 +55,7 @@ def claim(store: Store, prefix: str) -> Claimed:
 def _claim_of(lease: LeaseRef) -> tuple[NewIntent, HistoryRow]:
     """The intent ``lease`` claims (its execution's charge) and the claim's history row."""
     key = f"{lease.scope}:charge"
-    intent = NewIntent(key, lease.scope, "contract.charge", None, "fp", {}, lease)
-    return intent, _row(None, key, lease, HistoryEvent.CLAIMED)
+    return new_intent(key, lease), _row(None, key, lease, HistoryEvent.CLAIMED)
 
 
 def _row(previous: HistoryRow | None, key: str, lease: LeaseRef, event: HistoryEvent) -> HistoryRow:

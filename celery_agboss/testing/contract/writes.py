@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 
 from celery_agboss.core import fault_points
-from celery_agboss.core.store_protocol import JSON, EffectRecord, IntentStatus, LeaseRef, NewIntent
+from celery_agboss.core.store_protocol import JSON, EffectRecord, IntentStatus, LeaseRef
 from celery_agboss.errors import ExecutionFencedError, StoreUnavailableError
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.contract.base import (
@@ -17,6 +17,7 @@ from celery_agboss.testing.contract.base import (
     StoreFactory,
     acquire,
     expire,
+    new_intent,
     new_scope,
     open_stores,
     require,
@@ -171,18 +172,6 @@ def check_a_crash_after_commit_is_found_on_retry(factory: StoreFactory) -> None:
 # --- concurrent inserts of one key --------------------------------------------------------
 
 
-def _intent(key: str, lease: LeaseRef, marker: str) -> NewIntent:
-    return NewIntent(
-        idempotency_key=key,
-        execution_id=lease.scope,
-        name="contract.charge",
-        business_key_handle=None,
-        fingerprint=marker,
-        request={"by": marker},
-        owner=lease,
-    )
-
-
 def check_one_key_inserted_at_once_has_one_winner(factory: StoreFactory) -> None:
     """Two executions insert one intent key and one effect key at the same moment
     (design: P2, P3, PS8): one insert wins, the other reads the winner's row; no unique
@@ -202,7 +191,7 @@ def check_one_key_inserted_at_once_has_one_winner(factory: StoreFactory) -> None
             marker = f"racer-{index}"
             barrier.wait()
             with store.fenced(lease, TTL_MS) as tx:
-                inserted = tx.insert_intent(_intent(intent_key, lease, marker))
+                inserted = tx.insert_intent(new_intent(intent_key, lease, marker))
                 row = tx.read_intent(intent_key)
             effect_written, effect = write_effect(store, lease, effect_key, {"by": marker})
             with lock:
