@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.log_events import safe_value
 
 logger = logging.getLogger("celery_agboss")
@@ -90,6 +91,18 @@ def send_task_event(app: Any, type_: str, execution_id: str, **fields: Any) -> b
     return True
 
 
+def send_cancelled_event(app: Any, execution_id: str) -> bool:
+    """An execution cancelled from outside its delivery (the sweep, an operator): Celery's
+    ``task-revoked``, so Flower shows it REVOKED, with the store's state. Never raises."""
+    return send_task_event(
+        app,
+        "task-revoked",
+        execution_id,
+        terminated=False,
+        agboss_state=ExecutionState.CANCELLED.value,
+    )
+
+
 __all__ = [
     "TASK_DEFERRED",
     "TASK_EVENTS",
@@ -103,5 +116,6 @@ __all__ = [
     "TASK_UNRECONCILED",
     "TASK_WAITING",
     "send_agboss_event",
+    "send_cancelled_event",
     "send_task_event",
 ]

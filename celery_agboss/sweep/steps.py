@@ -42,7 +42,11 @@ from celery_agboss.operator.common import newer_state_of
 from celery_agboss.outbox.publishing import sweep_outbox
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import effective_interval
-from celery_agboss.runtime.task_events import TASK_UNRECONCILED, send_task_event
+from celery_agboss.runtime.task_events import (
+    TASK_UNRECONCILED,
+    send_cancelled_event,
+    send_task_event,
+)
 from celery_agboss.store.cancels import CANCEL_FLAGS_FROM
 from celery_agboss.store.held_messages import forget_held_if_unchanged, read_held
 from celery_agboss.store.migrate import newer_than_this_code
@@ -315,13 +319,7 @@ class SweepRun:
         if record.state is ExecutionState.CANCELLED:
             self.report.cancelled += 1
             log_event(EXECUTION_CANCELLED, execution_id=execution_id, task=record.task_name)
-            send_task_event(
-                self.app,
-                "task-revoked",
-                execution_id,
-                terminated=False,
-                agboss_state=ExecutionState.CANCELLED.value,
-            )
+            send_cancelled_event(self.app, execution_id)
         elif record.state is ExecutionState.WAITING_OPERATOR:
             log_event(
                 EXECUTION_WAITING_OPERATOR,
