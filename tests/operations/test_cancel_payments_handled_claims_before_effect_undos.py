@@ -15,18 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from celery_agboss.core.protections import PAYMENTS_HANDLED_CLAIMED_AFTER_UNDOS
-from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
-from tests.delivery.wallet_orders import (
-    HANDLED,
-    click_again,
-    our_refund_requests,
-    placed_and_waiting,
-    refund_by_hand,
-    wallet_and_card_order,
-)
+from tests.delivery.wallet_orders import our_refund_requests, wallet_and_card_order
+from tests.operations.handled_orders import handled_then_clicked
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
@@ -38,12 +31,7 @@ def _clicked_while_compensating(shop: PaymentShop) -> tuple[str, list[Any]]:
     ``COMPENSATING``; a later click before its credit-back runs. Its id, what the click
     was told."""
     pay, _ = wallet_and_card_order(shop)
-    with shop.worker():
-        task_id = placed_and_waiting(shop, pay)
-    refund_by_hand(shop)
-    moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
-    assert moved.state.value == "COMPENSATING", moved.reason
-    return task_id, click_again(shop)
+    return handled_then_clicked(shop, pay, moved_to="COMPENSATING")
 
 
 def test_payments_handled_claims_the_charge_before_the_effect_undos_run(

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from celery_agboss.core import handled_steps, state_machine
+from celery_agboss.core import handled_steps
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_STEP_UNCLAIMED,
@@ -44,12 +44,7 @@ from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
-    CUSTOMER,
     HANDLED,
-    OPENING_BALANCE,
-    PRICE,
-    balance,
-    charge_the_card,
     click_again,
     ended_after_a_sweep,
     our_refund_requests,
@@ -58,35 +53,21 @@ from tests.delivery.wallet_orders import (
     released,
     wallet_and_card_order,
 )
-from tests.operations.handled_orders import card_only_order, handled_at_once
+from tests.operations import handled_orders
+from tests.operations.handled_orders import (
+    card_only_order,
+    card_step_that_waits,
+    credited_back_once,
+    delivered_again,
+    handled_at_once,
+    refused_naming,
+)
 from tests.support.processes import wait_until
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
 shop = delivery.shop
-
-
-@pytest.fixture(autouse=True)
-def _short_wait_for_a_claimed_undo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A click that meets a claimed step waits for its undo (5 s deployed); it never comes."""
-    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.05)
-
-
-def _waiting_click(shop: PaymentShop, shipped: list[Any] | None = None) -> Any:
-    """``click_and_wait(customer)``: the same order's card step (a replay of its charge),
-    then a wait of an hour: it still uses the charge. Delivered again, it ships the order
-    on the charge it is handed (``shipped``)."""
-    charge = shop.call()
-
-    @shop.task()
-    def click_and_wait(self: Any, customer: str) -> Any:
-        receipt = charge_the_card(self, charge, customer)
-        if shipped is None or self.request.retries == 0:
-            raise self.retry(countdown=3600)
-        shipped.append(receipt)
-        return receipt
-
-    return click_and_wait
+_short_wait_for_a_claimed_undo = handled_orders.short_wait_for_a_claimed_undo
 
 
 def _refused_while_a_click_waits(shop: PaymentShop) -> tuple[str, str, list[Any]]:
@@ -95,15 +76,12 @@ def _refused_while_a_click_waits(shop: PaymentShop) -> tuple[str, str, list[Any]
     written. Then the operator ends the click first, and cancels the order again; the
     sweep re-drives it. Its id, the click's, and the credits made."""
     pay, credited = wallet_and_card_order(shop)
-    click = _waiting_click(shop)
+    click = card_step_that_waits(shop)
     with shop.worker():
         task_id = placed_and_waiting(shop, pay)
         click_id = placed_and_waiting(shop, click)
         refund_by_hand(shop)
-        with pytest.raises(OperatorRefusedError) as refused:
-            cancel(shop.app, task_id, HANDLED, payments_handled=True)
-        assert refused.value.code == "wrong-state" and click_id in str(refused.value)
-        kept = shop.execution(task_id)
+        kept = refused_naming(shop, task_id, click_id)
         assert kept.state.value == "WAITING" and not kept.cancel_requested, "nothing written"
         assert cancel(shop.app, click_id, HANDLED, payments_handled=True).state.value == (
             "CANCELLED"
@@ -119,8 +97,7 @@ def _refused_while_a_click_waits(shop: PaymentShop) -> tuple[str, str, list[Any]
 
 def test_payments_handled_refused_while_a_later_click_uses_the_charge(shop: PaymentShop) -> None:
     task_id, _, credited = _refused_while_a_click_waits(shop)
-    assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "cancel")
     (told,) = click_again(shop)
     assert told.undone is False and told.undo_by == task_id, str(told)
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
@@ -132,16 +109,14 @@ def test_twin_payments_handled_while_a_click_waits_ships_on_the_refund(
 ) -> None:
     pay, _ = wallet_and_card_order(shop)
     shipped: list[Any] = []
-    click = _waiting_click(shop, shipped)
+    click = card_step_that_waits(shop, shipped)
     with shop.worker(), sabotage(PAYMENTS_HANDLED_WHILE_ANOTHER_USES):
         task_id = placed_and_waiting(shop, pay)
         click_id = placed_and_waiting(shop, click)
         refund_by_hand(shop)
         cancel(shop.app, task_id, HANDLED, payments_handled=True)  # accepted
         ended_after_a_sweep(shop, task_id)
-        click.apply_async((CUSTOMER,), task_id=click_id, retries=1)  # delivered again
-        shop.wait_state(click_id, "COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED")
-        released(shop, click_id)
+        delivered_again(shop, click, click_id)
     assert shop.execution(click_id).state.value == "COMPLETED"
     assert len(shipped) == 1, "shipped on the charge the operator refunded by hand"
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
@@ -170,7 +145,7 @@ def _handled_while_a_click_waits(shop: PaymentShop) -> tuple[str, ExecutionRecor
     cancels the order with ``--payments-handled``; the sweep re-drives it. Its id, the
     record it is in once its credit ran (or 10 s later), and the credits made."""
     pay, credited = wallet_and_card_order(shop)
-    click = _waiting_click(shop)
+    click = card_step_that_waits(shop)
     with shop.worker(), sabotage(PAYMENTS_HANDLED_WHILE_ANOTHER_USES):
         task_id = placed_and_waiting(shop, pay)
         placed_and_waiting(shop, click)
@@ -189,8 +164,7 @@ def _handled_while_a_click_waits(shop: PaymentShop) -> tuple[str, ExecutionRecor
 def test_payments_handled_charge_never_waits_for_a_later_click(shop: PaymentShop) -> None:
     _, ended, credited = _handled_while_a_click_waits(shop)
     assert ended.state.value == "CANCELLED", ended.reason
-    assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "cancel")
 
 
 # --- no fenced effect left: the cancel ends at once -------------------------------------------

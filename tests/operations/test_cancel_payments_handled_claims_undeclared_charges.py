@@ -17,22 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from celery_agboss.core.protections import PAYMENTS_HANDLED_SKIPS_UNDECLARED_CHARGES
-from celery_agboss.errors import OperatorRefusedError
-from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
-from tests.delivery.wallet_orders import (
-    HANDLED,
-    charge_the_card,
-    our_refund_requests,
-    placed_and_waiting,
-    refund_by_hand,
+from tests.delivery.wallet_orders import our_refund_requests
+from tests.operations.handled_orders import (
+    card_step_that_waits,
+    handled_at_once,
+    placed_with_a_click,
+    refused_naming,
 )
-from tests.operations.handled_orders import handled_at_once
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
@@ -41,14 +36,7 @@ shop = delivery.shop
 
 def _order_without_an_undo(shop: PaymentShop) -> Any:
     """``pay_by_card(customer)``: charges the card (no undo declared), then waits an hour."""
-    charge = shop.call()
-
-    @shop.task()
-    def pay_by_card(self: Any, customer: str) -> Any:
-        charge_the_card(self, charge, customer)
-        raise self.retry(countdown=3600)
-
-    return pay_by_card
+    return card_step_that_waits(shop, name="pay_by_card")
 
 
 def test_payments_handled_claims_a_charge_that_declared_no_undo(shop: PaymentShop) -> None:
@@ -70,19 +58,7 @@ def test_twin_payments_handled_skips_an_undeclared_charge_and_replays_it_as_paid
 def test_payments_handled_of_an_undeclared_charge_is_refused_while_a_click_uses_it(
     shop: PaymentShop,
 ) -> None:
-    pay, charge = _order_without_an_undo(shop), shop.call()
-
-    @shop.task()
-    def click_and_wait(self: Any, customer: str) -> Any:
-        charge_the_card(self, charge, customer)
-        raise self.retry(countdown=3600)
-
-    with shop.worker():
-        task_id = placed_and_waiting(shop, pay)
-        click_id = placed_and_waiting(shop, click_and_wait)
-    refund_by_hand(shop)
-    with pytest.raises(OperatorRefusedError) as refused:
-        cancel(shop.app, task_id, HANDLED, payments_handled=True)
-    assert refused.value.code == "wrong-state" and click_id in str(refused.value)
-    kept = shop.execution(task_id)
+    pay = _order_without_an_undo(shop)
+    task_id, click_id = placed_with_a_click(shop, pay, card_step_that_waits(shop))
+    kept = refused_naming(shop, task_id, click_id)
     assert kept.state.value == "WAITING" and not kept.cancel_requested, "nothing written"

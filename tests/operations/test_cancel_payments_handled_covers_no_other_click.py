@@ -22,9 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from celery_agboss.core import state_machine
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.protections import (
     HANDLED_CLAIMER_COVERS,
@@ -34,13 +31,9 @@ from celery_agboss.operator import cancel, list_failed_after_payment
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
-from tests.delivery.wallet_orders import (
-    CUSTOMER,
-    charge_the_card,
-    placed_and_waiting,
-    refund_charge_undo,
-    released,
-)
+from tests.delivery.wallet_orders import charge_the_card, placed_and_waiting
+from tests.operations import handled_orders
+from tests.operations.handled_orders import card_only_order, delivered_again
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
@@ -48,25 +41,14 @@ shop = delivery.shop
 
 KEPT = "kept the charge at the gateway: the later click ships the order on it"
 
-
-@pytest.fixture(autouse=True)
-def _short_wait_for_a_claimed_undo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A click that meets a claimed step waits for its undo (5 s deployed); it never comes."""
-    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.05)
+_short_wait_for_a_claimed_undo = handled_orders.short_wait_for_a_claimed_undo
 
 
 def _orders(shop: PaymentShop, *, click_undoes: bool) -> tuple[Any, Any]:
     """``pay_by_card(customer)``: charges the card (undo: a refund), then waits an hour.
     ``click(customer)``: the same order's card step (handed the charge), its refund declared
     if ``click_undoes``; waits an hour, then, delivered again, runs out of stock."""
-    charge = shop.call()
-    refund_charge_undo(shop, shop.refund_call())
-
-    @shop.task()
-    def pay_by_card(self: Any, customer: str) -> Any:
-        receipt = charge_the_card(self, charge, customer)
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise self.retry(countdown=3600)
+    pay_by_card, charge = card_only_order(shop), shop.call()
 
     @shop.task()
     def click(self: Any, customer: str) -> Any:
@@ -91,9 +73,7 @@ def _click_fails_after_a_handled_claim(shop: PaymentShop, *, click_undoes: bool)
         with sabotage(PAYMENTS_HANDLED_WHILE_ANOTHER_USES):  # the click came after it
             ended = cancel(shop.app, task_id, KEPT, payments_handled=True)
         assert ended.state.value == "CANCELLED", ended.reason
-        click.apply_async((CUSTOMER,), task_id=click_id, retries=1)  # delivered again
-        shop.wait_state(click_id, "FAILED", "WAITING_OPERATOR", "COMPLETED", "CANCELLED")
-        released(shop, click_id)
+        delivered_again(shop, click, click_id)
     assert len(shop.gateway.payments) == 1 and shop.gateway.refunds == []
     return click_id
 
@@ -109,12 +89,17 @@ def test_a_click_that_declared_a_refund_waits_for_an_operator(shop: PaymentShop)
     assert "refund-charge" in str(waiting.reason), waiting.reason
 
 
-def test_twin_handled_claimer_covers_the_click_and_nobody_refunds(shop: PaymentShop) -> None:
+def _failed_unlisted_under_the_twin(shop: PaymentShop, *, click_undoes: bool) -> None:
+    """Twin ``handled-claimer-covers``: the click ends ``FAILED`` and nobody is told."""
     with sabotage(HANDLED_CLAIMER_COVERS):
-        click_id = _click_fails_after_a_handled_claim(shop, click_undoes=True)
+        click_id = _click_fails_after_a_handled_claim(shop, click_undoes=click_undoes)
         listed = _listed(shop)
     assert shop.execution(click_id).state.value == "FAILED"
     assert click_id not in listed, "charged, nothing shipped, nobody told"
+
+
+def test_twin_handled_claimer_covers_the_click_and_nobody_refunds(shop: PaymentShop) -> None:
+    _failed_unlisted_under_the_twin(shop, click_undoes=True)
 
 
 def test_a_click_that_declared_no_undo_is_listed_as_failed_after_a_payment(
@@ -126,8 +111,4 @@ def test_a_click_that_declared_no_undo_is_listed_as_failed_after_a_payment(
 
 
 def test_twin_handled_claimer_covers_a_click_without_an_undo_unlisted(shop: PaymentShop) -> None:
-    with sabotage(HANDLED_CLAIMER_COVERS):
-        click_id = _click_fails_after_a_handled_claim(shop, click_undoes=False)
-        listed = _listed(shop)
-    assert shop.execution(click_id).state.value == "FAILED"
-    assert click_id not in listed, "charged, nothing shipped, nobody told"
+    _failed_unlisted_under_the_twin(shop, click_undoes=False)

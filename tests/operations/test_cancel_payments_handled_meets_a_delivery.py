@@ -31,16 +31,13 @@ from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
-    CUSTOMER,
     HANDLED,
-    OPENING_BALANCE,
-    PRICE,
-    balance,
     our_refund_requests,
     placed_and_waiting,
     refund_by_hand,
     wallet_and_card_order,
 )
+from tests.operations.handled_orders import credited_back_once, debit_kept
 from tests.support.processes import wait_until
 
 delivery_store_url = delivery.delivery_store_url
@@ -123,8 +120,7 @@ def test_payments_handled_cancel_that_meets_a_delivery_is_refused_and_refunds_no
         "cancel:payments-handled"
     ], "the audit row of the second cancel only"
     assert ended.state.value == "CANCELLED", ended.reason
-    assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "cancel")
     assert ended.payments_handled_at_ms is not None
 
 
@@ -138,4 +134,4 @@ def test_twin_payments_handled_dropped_while_running_refunds_again(
     requests = our_refund_requests(shop)
     assert len(requests) == 1, "a second refund request, after the operator's"
     assert ended.state.value == "WAITING_OPERATOR", ended.reason
-    assert credited == [] and balance(shop) == OPENING_BALANCE - PRICE, "and the debit kept"
+    debit_kept(shop, credited)

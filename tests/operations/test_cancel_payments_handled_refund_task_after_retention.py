@@ -17,11 +17,9 @@ Speed-up: the virtual clock moves the database past the 7-day outbox retention.
 
 from __future__ import annotations
 
-import pytest
 from sqlalchemy import select
 
 from celery_agboss.core.protections import UNDO_TASKS_FOUND_BY_OUTBOX_ONLY
-from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import cancel
 from celery_agboss.store.schema_executions import outbox
 from celery_agboss.testing import sabotage
@@ -35,6 +33,7 @@ from tests.delivery.wallet_orders import (
     order_with_a_queued_refund_task,
     task_refund_requests,
 )
+from tests.operations.handled_orders import refused_naming
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
@@ -60,10 +59,7 @@ def test_payments_handled_refused_while_the_refund_task_is_queued_past_retention
     shop: PaymentShop,
 ) -> None:
     queued = _queued_past_retention(shop)
-    with pytest.raises(OperatorRefusedError) as refused:
-        cancel(shop.app, queued.order, HANDLED, payments_handled=True)
-    assert refused.value.code == "wrong-state" and queued.task in str(refused.value)
-    record = shop.execution(queued.order)
+    record = refused_naming(shop, queued.order, queued.task)
     assert record.payments_handled_at_ms is None and not record.cancel_requested
     assert record.state.value == "WAITING_OPERATOR"
     # The task refunds; then the confirmation is accepted and the credit runs, once.

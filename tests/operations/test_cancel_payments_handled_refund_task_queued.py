@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from celery_agboss.core.protections import PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED
-from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
@@ -30,6 +27,7 @@ from tests.delivery.wallet_orders import (
     balance,
     order_with_a_queued_refund_task,
 )
+from tests.operations.handled_orders import refused_naming
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
@@ -49,10 +47,7 @@ def _waiting_with_a_queued_refund(shop: PaymentShop) -> tuple[str, str, str, Any
 
 def test_payments_handled_refused_while_the_refund_task_is_queued(shop: PaymentShop) -> None:
     task_id, refund_task, queue, ledger_up = _waiting_with_a_queued_refund(shop)
-    with pytest.raises(OperatorRefusedError) as refused:
-        cancel(shop.app, task_id, HANDLED, payments_handled=True)
-    assert refused.value.code == "wrong-state" and refund_task in str(refused.value)
-    record = shop.execution(task_id)
+    record = refused_naming(shop, task_id, refund_task, reason=HANDLED)
     assert record.payments_handled_at_ms is None and not record.cancel_requested
     assert record.state.value == "WAITING_OPERATOR"
     # The task refunds; then the confirmation is accepted and the credit runs, once.

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from celery import signals as celery_signals
 from celery.worker.state import revoked as revoked_ids
 
 from celery_agboss.core.protections import REVOKED_UNDO_TASK_NOT_RECORDED
-from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
@@ -40,6 +38,7 @@ from tests.delivery.wallet_orders import (
     register_refund_task,
     task_refund_requests,
 )
+from tests.operations.handled_orders import refused_naming
 from tests.support.processes import wait_until
 
 delivery_store_url = delivery.delivery_store_url
@@ -48,10 +47,7 @@ shop = delivery.shop
 
 
 def _refused(shop: PaymentShop, queued: QueuedRefund) -> None:
-    with pytest.raises(OperatorRefusedError) as refused:
-        cancel(shop.app, queued.order, HANDLED, payments_handled=True)
-    assert refused.value.code == "wrong-state" and queued.task in str(refused.value)
-    assert shop.execution(queued.order).payments_handled_at_ms is None
+    assert refused_naming(shop, queued.order, queued.task).payments_handled_at_ms is None
 
 
 def _revoked_while_queued(shop: PaymentShop) -> QueuedRefund:

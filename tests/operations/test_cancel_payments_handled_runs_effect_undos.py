@@ -58,11 +58,21 @@ from tests.delivery.wallet_orders import (
     wallet_and_card_order,
     wallet_with_credit_undo,
 )
+from tests.operations.handled_orders import credited_back_once, debit_kept
 
 # The delivery folder's shop (a real worker in this process), reused as it is.
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
 shop = delivery.shop
+
+
+def _handled_and_swept(
+    shop: PaymentShop, task_id: str, reason: str = HANDLED
+) -> tuple[str, ExecutionRecord]:
+    """(A worker running.) ``cancel --payments-handled`` of ``task_id``, then the sweep
+    re-drives it to its end: the state the cancel moved it to, and the record it ends with."""
+    moved = cancel(shop.app, task_id, reason, payments_handled=True)
+    return moved.state.value, ended_after_a_sweep(shop, task_id)
 
 
 # --- a waiting execution -------------------------------------------------------------------
@@ -88,19 +98,17 @@ def _handled_cancel_of_a_waiting_debit(
         task_id = placed_and_waiting(shop, pay_from_wallet_and_card)
         assert balance(shop) == OPENING_BALANCE - PRICE
         refund_by_hand(shop)
-        moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
-        ended = ended_after_a_sweep(shop, task_id)
+        moved, ended = _handled_and_swept(shop, task_id)
     assert len(shop.gateway.payments) == 1
     assert len(shop.gateway.refunds) == 1, "only the operator's refund: none sent by us"
-    return moved.state.value, ended, credited
+    return moved, ended, credited
 
 
 def test_payments_handled_cancel_still_credits_back_a_fenced_debit(shop: PaymentShop) -> None:
     moved, ended, credited = _handled_cancel_of_a_waiting_debit(shop)
     assert moved == "COMPENSATING", "the fenced effect's undo runs before the cancel ends"
     assert ended.state.value == "CANCELLED", ended.reason
-    assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "cancel")
     assert ended.payments_handled_at_ms is not None, "the operator's word is kept"
     assert ended.id not in [left.execution.id for left in list_failed_after_payment(shop.app)]
 
@@ -109,8 +117,7 @@ def test_twin_payments_handled_cancel_keeps_the_debit(shop: PaymentShop) -> None
     with sabotage(PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS):
         moved, ended, credited = _handled_cancel_of_a_waiting_debit(shop)
     assert moved == ended.state.value == "CANCELLED"
-    assert credited == []
-    assert balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
+    debit_kept(shop, credited)
 
 
 # --- undos stopped part-way ----------------------------------------------------------------
@@ -139,19 +146,17 @@ def _handled_cancel_after_the_credit_failed(
     task_id, ledger_up, credited = _failed_with_undos_left(shop, refund_fails=False)
     ledger_up.set()
     with shop.worker():
-        moved = cancel(shop.app, task_id, "the refund is made; close it", payments_handled=True)
-        ended = ended_after_a_sweep(shop, task_id)
+        moved, ended = _handled_and_swept(shop, task_id, "the refund is made; close it")
     assert len(shop.gateway.payments) == 1
     assert len(shop.gateway.refunds) == 1, "the refund already made is not made again"
-    return moved.state.value, ended, credited
+    return moved, ended, credited
 
 
 def test_payments_handled_cancel_after_undos_stopped_runs_the_credit(shop: PaymentShop) -> None:
     moved, ended, credited = _handled_cancel_after_the_credit_failed(shop)
     assert moved == "COMPENSATING"
     assert ended.state.value == "FAILED", "its undos were started by the failure: they end it"
-    assert credited == [(CUSTOMER, PRICE, "failure")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "failure")
     assert ended.payments_handled_at_ms is not None
 
 
@@ -161,8 +166,7 @@ def test_twin_payments_handled_cancel_after_undos_stopped_drops_the_credit(
     with sabotage(PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS):
         moved, ended, credited = _handled_cancel_after_the_credit_failed(shop)
     assert moved == ended.state.value == "CANCELLED"
-    assert credited == []
-    assert balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
+    debit_kept(shop, credited)
 
 
 # --- undos of both kinds left --------------------------------------------------------------
@@ -185,9 +189,8 @@ def _handled_after_a_declined_refund(shop: PaymentShop) -> tuple[str, ExecutionR
         released(shop, task_id)
         assert [r.outcome.value for r in our_refund_requests(shop)] == ["DECLINED"]
         refund_by_hand(shop)
-        moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
-        assert moved.state.value == "COMPENSATING", "the credit runs before the cancel ends"
-        ended = ended_after_a_sweep(shop, task_id)
+        moved, ended = _handled_and_swept(shop, task_id)
+        assert moved == "COMPENSATING", "the credit runs before the cancel ends"
     assert len(shop.gateway.payments) == 1
     return task_id, ended, credited
 
@@ -201,8 +204,7 @@ def test_payments_handled_cancel_after_a_declined_refund_credits_and_refunds_not
     )
     assert len(shop.gateway.refunds) == 1, "the operator's refund, by hand"
     assert ended.state.value == "CANCELLED", ended.reason
-    assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "cancel")
     assert ended.payments_handled_at_ms is not None
     assert task_id not in [left.execution.id for left in list_failed_after_payment(shop.app)]
     # The charge refunded by hand never reads undone: a later click is told it was
@@ -221,7 +223,7 @@ def test_twin_payments_handled_cancel_after_a_declined_refund_refunds_again(
     outcomes = [r.outcome.value for r in our_refund_requests(shop)]
     assert len(outcomes) == 2, f"a second refund request after the operator's: {outcomes}"
     assert_waits_for_an_operator(ended, "undo refund-charge failed")
-    assert credited == [] and balance(shop) == OPENING_BALANCE - PRICE
+    debit_kept(shop, credited)
 
 
 def test_payments_handled_cancel_after_a_failure_runs_the_credit_not_the_refund(
@@ -234,12 +236,10 @@ def test_payments_handled_cancel_after_a_failure_runs_the_credit_not_the_refund(
     ledger_up.set()
     refund_by_hand(shop)
     with shop.worker():
-        moved = cancel(shop.app, task_id, HANDLED, payments_handled=True)
-        assert moved.state.value == "COMPENSATING"
-        ended = ended_after_a_sweep(shop, task_id)
+        moved, ended = _handled_and_swept(shop, task_id)
+        assert moved == "COMPENSATING"
     assert ended.state.value == "FAILED", ended.reason
-    assert credited == [(CUSTOMER, PRICE, "failure")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "failure")
     assert len(shop.gateway.refunds) == 1 and our_refund_requests(shop) == [], "only the operator's"
     assert ended.payments_handled_at_ms is not None
 
@@ -253,4 +253,4 @@ def test_twin_payments_handled_cancel_with_both_left_ends_with_the_debit_kept(
     with sabotage(PAYMENTS_HANDLED_SKIPS_EFFECT_UNDOS):
         ended = cancel(shop.app, task_id, HANDLED, payments_handled=True)
     assert ended.state.value == "CANCELLED"
-    assert credited == [] and balance(shop) == OPENING_BALANCE - PRICE
+    debit_kept(shop, credited)

@@ -31,16 +31,11 @@ from celery_agboss.store import cancels, execution_admin
 from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
-from tests.delivery.wallet_orders import (
-    CUSTOMER,
-    HANDLED,
-    charge_the_card,
-    placed_and_waiting,
-    refund_by_hand,
-    released,
-)
+from tests.delivery.wallet_orders import HANDLED, placed_and_waiting, refund_by_hand
 from tests.operations.handled_orders import (
     card_only_order,
+    card_step_that_waits,
+    delivered_again,
     failed_after_a_charge,
     waiting_and_refunded_by_hand,
 )
@@ -59,17 +54,7 @@ def _postgresql_only(delivery_store_url: str) -> None:
 def _click(shop: PaymentShop, shipped: list[Any]) -> Any:
     """``click(customer)``: the same order's card step (handed the charge); waits an hour,
     then, delivered again, ships on what it was handed (``shipped``)."""
-    charge = shop.call()
-
-    @shop.task()
-    def click(self: Any, customer: str) -> Any:
-        receipt = charge_the_card(self, charge, customer)
-        if self.request.retries == 0:
-            raise self.retry(countdown=3600)
-        shipped.append(receipt)
-        return receipt
-
-    return click
+    return card_step_that_waits(shop, shipped, name="click")
 
 
 @pytest.fixture
@@ -96,10 +81,7 @@ def click_in_the_window(
 
 def _redelivered(shop: PaymentShop, click: Any, click_id: str) -> str:
     with shop.worker():
-        click.apply_async((CUSTOMER,), task_id=click_id, retries=1)
-        ended = shop.wait_state(click_id, "COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED")
-        released(shop, click_id)
-    return ended.state.value
+        return delivered_again(shop, click, click_id).state.value
 
 
 def test_cancel_refused_when_a_click_relies_between_check_and_claim(

@@ -26,21 +26,21 @@ from celery_agboss.testing import sabotage
 from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
-    CUSTOMER,
     charge_the_card,
     debit_the_wallet,
     our_refund_requests,
     placed_and_waiting,
     refund_charge_undo,
-    released,
     wallet_with_credit_undo,
 )
+from tests.operations.handled_orders import delivered_again
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
 shop = delivery.shop
 
 WORD = "the wallet order's payments are dealt with (it paid nothing at the gateway)"
+_ENDS = ("CANCELLED", "WAITING_OPERATOR", "FAILED")
 
 
 def _orders(shop: PaymentShop) -> tuple[Any, Any]:
@@ -66,10 +66,7 @@ def _orders(shop: PaymentShop) -> tuple[Any, Any]:
 
 
 def _redelivered(shop: PaymentShop, task: Any, task_id: str) -> str:
-    task.apply_async((CUSTOMER,), task_id=task_id, retries=1)
-    ended = shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR", "FAILED")
-    released(shop, task_id)
-    return ended.state.value
+    return delivered_again(shop, task, task_id, *_ENDS).state.value
 
 
 def _both_cancelled_in_turn(shop: PaymentShop) -> str:

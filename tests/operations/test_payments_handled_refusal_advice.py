@@ -10,7 +10,6 @@ worker, both stores, counted at the fake gateway.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 
@@ -21,12 +20,11 @@ from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     HANDLED,
-    charge_the_card,
     our_refund_requests,
     placed_and_waiting,
     refund_by_hand,
-    refund_charge_undo,
 )
+from tests.operations.handled_orders import card_only_order
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
@@ -37,15 +35,7 @@ _COMMAND = re.compile(r"`celery -A proj agboss (cancel \S+(?: --payments-handled
 
 def _two_waiting_clicks(shop: PaymentShop) -> tuple[str, str]:
     """Two clicks on one order's card step, each declaring the refund, both waiting."""
-    charge = shop.call()
-    refund_charge_undo(shop, shop.refund_call())
-
-    @shop.task()
-    def click(self: Any, customer: str) -> Any:
-        receipt = charge_the_card(self, charge, customer)
-        self.undo_with("refund-charge", payment=receipt["id"])
-        raise self.retry(countdown=3600)
-
+    click = card_only_order(shop, name="click")
     with shop.worker():
         return placed_and_waiting(shop, click), placed_and_waiting(shop, click)
 

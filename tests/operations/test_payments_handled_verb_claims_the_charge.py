@@ -31,13 +31,11 @@ from tests.delivery.wallet_orders import (
     refund_by_hand,
     refund_charge_undo,
 )
-from tests.operations.handled_orders import failed_after_a_charge
+from tests.operations.handled_orders import NEW_CLICK_ENDS, failed_after_a_charge
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
 shop = delivery.shop
-
-_ENDS = ("COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED", "WAITING", "COMPENSATING")
 
 
 def _handled_then_clicked(shop: PaymentShop) -> tuple[str, list[Any], list[Any]]:
@@ -62,7 +60,7 @@ def _handled_then_clicked(shop: PaymentShop) -> tuple[str, list[Any], list[Any]]
         self.undo_with("refund-charge", payment=receipt["id"])
         raise LookupError("the courier lost it")
 
-    shop.run(click_ship_then_fail, CUSTOMER, states=_ENDS)
+    shop.run(click_ship_then_fail, CUSTOMER, states=NEW_CLICK_ENDS)
     return task_id, told, shipped
 
 

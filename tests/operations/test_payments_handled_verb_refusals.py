@@ -18,14 +18,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
 from sqlalchemy import select
 
 from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_WHILE_ANOTHER_USES,
     PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED,
 )
-from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import payments_handled
 from celery_agboss.store.schema_executions import outbox
 from celery_agboss.testing import sabotage
@@ -36,69 +34,47 @@ from tests.delivery.wallet_orders import (
     HANDLED,
     REFUND_TASK,
     charge_the_card,
-    placed_and_waiting,
     refund_by_hand,
     register_refund_task,
     released,
     task_refund_requests,
 )
-from tests.operations.handled_orders import failed_after_a_charge
+from tests.operations.handled_orders import (
+    delivered_again,
+    failed_then_a_click_waits,
+    refused_naming,
+)
 
 delivery_store_url = delivery.delivery_store_url
 shop_config = delivery.shop_config
 shop = delivery.shop
 
 
-def _nothing_written(shop: PaymentShop, task_id: str) -> None:
-    kept = shop.execution(task_id)
+def _refused_nothing_written(shop: PaymentShop, task_id: str, other: str) -> None:
+    """``payments-handled`` of the failed order refused naming ``other``, nothing written."""
+    kept = refused_naming(shop, task_id, other, verb=True)
     assert kept.state.value == "FAILED" and kept.payments_handled_at_ms is None
 
 
 # --- a later click still uses the charge ------------------------------------------------------
 
 
-def _a_click_waits_on_the_charge(shop: PaymentShop, shipped: list[Any]) -> tuple[str, str, Any]:
-    """The order failed after its charge; a later click on it replayed the charge and waits
-    an hour (delivered again, it ships on what it is handed: ``shipped``); the operator
-    refunds the card by hand. The order's id, the click's, and the click's task."""
-    task_id = failed_after_a_charge(shop)
-    charge = shop.call()
-
-    @shop.task()
-    def click_and_wait(self: Any, customer: str) -> Any:
-        receipt = charge_the_card(self, charge, customer)
-        if self.request.retries == 0:
-            raise self.retry(countdown=3600)
-        shipped.append(receipt)
-        return receipt
-
-    with shop.worker():
-        click_id = placed_and_waiting(shop, click_and_wait)
-    refund_by_hand(shop)
-    return task_id, click_id, click_and_wait
-
-
 def test_payments_handled_verb_refused_while_a_later_click_uses_the_charge(
     shop: PaymentShop,
 ) -> None:
-    task_id, click_id, _ = _a_click_waits_on_the_charge(shop, [])
-    with pytest.raises(OperatorRefusedError) as refused:
-        payments_handled(shop.app, task_id, HANDLED)
-    assert refused.value.code == "wrong-state" and click_id in str(refused.value)
-    _nothing_written(shop, task_id)
+    task_id, click_id, _ = failed_then_a_click_waits(shop, [])
+    _refused_nothing_written(shop, task_id, click_id)
 
 
 def test_twin_payments_handled_verb_while_a_click_waits_ships_on_the_refund(
     shop: PaymentShop,
 ) -> None:
     shipped: list[Any] = []
-    task_id, click_id, click = _a_click_waits_on_the_charge(shop, shipped)
+    task_id, click_id, click = failed_then_a_click_waits(shop, shipped)
     with sabotage(PAYMENTS_HANDLED_WHILE_ANOTHER_USES):
         payments_handled(shop.app, task_id, HANDLED)  # accepted
     with shop.worker():
-        click.apply_async((CUSTOMER,), task_id=click_id, retries=1)  # delivered again
-        shop.wait_state(click_id, "COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED")
-        released(shop, click_id)
+        delivered_again(shop, click, click_id)
     assert shop.execution(click_id).state.value == "COMPLETED"
     assert len(shipped) == 1, "shipped on the charge the operator refunded by hand"
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
@@ -134,10 +110,7 @@ def test_payments_handled_verb_refused_while_the_refund_task_is_queued(
     shop: PaymentShop,
 ) -> None:
     task_id, refund_task, _ = _failed_with_a_queued_refund(shop)
-    with pytest.raises(OperatorRefusedError) as refused:
-        payments_handled(shop.app, task_id, HANDLED)
-    assert refused.value.code == "wrong-state" and refund_task in str(refused.value)
-    _nothing_written(shop, task_id)
+    _refused_nothing_written(shop, task_id, refund_task)
 
 
 def test_twin_payments_handled_verb_while_the_refund_task_is_queued_refunds_twice(
