@@ -81,4 +81,7 @@ def test_twin_payments_handled_verb_claims_nothing_and_refunds_again(shop: Payme
         _, told, shipped = _handled_then_clicked(shop)
     assert told == [] and len(shipped) == 1, "shipped on the charge refunded by hand"
     assert len(_charge_requests(shop)) == 1
-    assert len(our_refund_requests(shop)) == 1, "the click's undo refunded it again"
+    # At least one: the gateway refuses a refund of what is already refunded, an answer
+    # the call does not classify as definite, so the undo may send it again before the
+    # test stops its worker (nothing moves; the first request is the defect).
+    assert len(our_refund_requests(shop)) >= 1, "the click's undo refunded it again"
