@@ -95,6 +95,17 @@ def _run(shop: Shop, amount: int, state: str, *, sabotage: tuple[str, ...] = ())
         shop.wait_state(task_id, state, timeout=SETTLED_SECONDS)
 
 
+def _shared_tenant_a_then_b(
+    two_shops: TwoShops, b_amount: int, b_state: str, *, sabotage: tuple[str, ...] = ()
+) -> tuple[Shop, Shop]:
+    """Both shops on ``SHARED_TENANT``: shop A pays every order 1000 first, then shop B
+    pays them ``b_amount`` until each is ``b_state``."""
+    a, b = two_shops(tenant=SHARED_TENANT)
+    _run(a, 1000, "COMPLETED")
+    _run(b, b_amount, b_state, sabotage=sabotage)
+    return a, b
+
+
 def _paid(shop: Shop) -> dict[str, dict[str, Any]]:
     """The shop's table: order -> the amount it asked and the receipt it was told of."""
     with shop.agboss.store.engine.connect() as conn:
@@ -154,9 +165,7 @@ def test_two_shops_on_one_account_each_charge_their_own_customers_their_own_amou
 def test_shops_sharing_a_tenant_wait_for_an_operator_rather_than_take_the_other_s_payment(
     two_shops: TwoShops, stripe_account: FakeGatewayServer
 ) -> None:
-    a, b = two_shops(tenant=SHARED_TENANT)
-    _run(a, 1000, "COMPLETED")
-    _run(b, 2500, "WAITING_OPERATOR")
+    _, b = _shared_tenant_a_then_b(two_shops, 2500, "WAITING_OPERATOR")
     assert _paid(b) == {}, "shop B marked an order paid"
     assert len(stripe_account.gateway.payments) == len(ORDERS)
     for order in ORDERS:
@@ -169,9 +178,7 @@ def test_shops_sharing_a_tenant_wait_for_an_operator_rather_than_take_the_other_
 def test_twin_shops_sharing_a_tenant_without_the_comparison_mark_b_paid_with_a_s_payments(
     two_shops: TwoShops, stripe_account: FakeGatewayServer
 ) -> None:
-    a, b = two_shops(tenant=SHARED_TENANT)
-    _run(a, 1000, "COMPLETED")
-    _run(b, 2500, "COMPLETED", sabotage=(ADOPTS_ANY_PAYMENT,))
+    a, b = _shared_tenant_a_then_b(two_shops, 2500, "COMPLETED", sabotage=(ADOPTS_ANY_PAYMENT,))
     _b_paid_with_a_s_payments(stripe_account, a, b)
 
 
@@ -182,7 +189,5 @@ def test_twin_shops_sharing_a_tenant_with_equal_amounts_lose_shop_b_s_payments(
     two_shops: TwoShops, stripe_account: FakeGatewayServer
 ) -> None:
     """Nothing differs for a comparison to see: only keys of their own tell them apart."""
-    a, b = two_shops(tenant=SHARED_TENANT)
-    _run(a, 1000, "COMPLETED")
-    _run(b, 1000, "COMPLETED")
+    a, b = _shared_tenant_a_then_b(two_shops, 1000, "COMPLETED")
     _b_paid_with_a_s_payments(stripe_account, a, b)

@@ -158,12 +158,18 @@ def overrun_on_first_delivery(task: Any, seconds: float, note: Callable[..., Non
             time.sleep(0.1)
 
 
-def make_app(config: dict[str, Any]) -> Celery:
+def gateway_app(
+    config: dict[str, Any], name: str
+) -> tuple[Celery, AGBoss, str, Callable[..., None]]:
+    """``base_app`` with what its tasks reach the test's gateway by: the app, its
+    ``AGBoss``, the gateway's URL and ``gateway_note`` bound to that URL."""
     gateway = config["gateway_url"]
-    app = base_app(config, "agboss_it")
-    agboss = AGBoss.of(app)
+    app = base_app(config, name)
+    return app, AGBoss.of(app), gateway, functools.partial(gateway_note, gateway)
 
-    note = functools.partial(gateway_note, gateway)
+
+def make_app(config: dict[str, Any]) -> Celery:
+    app, agboss, gateway, note = gateway_app(config, "agboss_it")
 
     def gate(name: str) -> None:
         _http(gateway, "POST", "/gate", {"name": name})

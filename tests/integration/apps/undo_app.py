@@ -16,7 +16,6 @@ every time the undo runs again).
 from __future__ import annotations
 
 import contextlib
-import functools
 from datetime import timedelta
 from typing import Any
 
@@ -30,9 +29,8 @@ from tests.integration.apps.shop import (
     GatewayAnswerLost,
     GatewayDeclined,
     app_from_environment,
-    base_app,
     charge_at_gateway,
-    gateway_note,
+    gateway_app,
     lookup_at_gateway,
     overrun_on_first_delivery,
 )
@@ -43,11 +41,7 @@ PLAIN_REFUND_AMOUNT = 100
 
 
 def make_app(config: dict[str, Any]) -> Celery:
-    gateway = config["gateway_url"]
-    app = base_app(config, "agboss_undo")
-    agboss = AGBoss.of(app)
-
-    note = functools.partial(gateway_note, gateway)
+    app, agboss, gateway, note = gateway_app(config, "agboss_undo")
 
     def send_refund(call: CallContext) -> Any:
         body = {"payment": call.request["payment"], "idempotency_key": call.idempotency_key}
