@@ -18,7 +18,7 @@ import pytest
 
 from celery_agboss.core.engine_settings import EngineSettings
 from celery_agboss.core.outbound import OutboundCall, Outcome
-from celery_agboss.errors import OutboundCallOutcomeUnknownError
+from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
 from celery_agboss.store.sqlalchemy_store import SQLAlchemyStore
 from celery_agboss.testing.checklist import GatewayChecklistReport, gateway_checklist
 from celery_agboss.testing.clock import VirtualClock
@@ -29,7 +29,7 @@ from tests.adapters.deliveries import lose_at_the_gateway
 from tests.adapters.own_payment_support import support, theirs
 from tests.contract.conftest import db_clock, store, store_backend, store_factory
 from tests.engine.conftest import settings
-from tests.engine.helpers import Shop
+from tests.engine.helpers import Shop, step_intent_key
 from tests.support.stores import fresh_store_url
 
 __all__ = ["db_clock", "settings", "store", "store_backend", "store_factory", "theirs"]
@@ -129,3 +129,15 @@ def refund_from_every_path(
         assert other.outbound(refund, request, business_key=business_key) == refunded
         assert other.last_outcome is Outcome.REPLAYED
     return refunded, outcome
+
+
+def resend_waits_for_an_operator(
+    shop: Shop, call: OutboundCall, request: Any, execution_id: str, step: str
+) -> str:
+    """PS17 past the key's window: the resend is refused as unreconciled and its intent
+    (``step`` of ``execution_id``) waits for an operator. Returns the operator's reason."""
+    with shop.start(execution_id) as second, pytest.raises(OutboundCallUnreconciledError):
+        second.outbound(call, request)
+    intent = shop.store.read_intent(step_intent_key(shop.settings, execution_id, step))
+    assert intent is not None and intent.needs_operator
+    return intent.operator_reason or ""

@@ -3,11 +3,14 @@ real-worker test, which imports exactly ``adapter_for`` and ``charge_request``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_agboss.adapters.paypal import PayPalAdapter
 from celery_agboss.testing.dialects.paypal import PayPalDialect
 from celery_agboss.testing.gateway_server import DECLINED_CARD, FakeGatewayServer
+
+if TYPE_CHECKING:
+    from tests.engine.helpers import Shop
 
 CLIENT_ID = "test-client-id-not-a-secret"
 CLIENT_SECRET = "test-client-secret-not-a-secret"
@@ -48,3 +51,13 @@ __all__ = [
     "declined_request",
     "dialect_of",
 ]
+
+
+def a_refund_of_a_charged_order(
+    shop: Shop, adapter: PayPalAdapter, order: str
+) -> tuple[Any, dict[str, Any], str]:
+    """``order`` charged through ``adapter`` in a delivery of its own; the capture's id,
+    the request of a 400 refund of it, and that refund's business key."""
+    with shop.start("pay") as paying:
+        capture_id = paying.outbound(adapter.charge, charge_request(order))["id"]
+    return capture_id, {"payment_id": capture_id, "amount": 400}, f"refund:{capture_id}:1"

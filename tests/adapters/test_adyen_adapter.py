@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 import requests
 
 from celery_agboss.adapters.adyen import KEY_RETENTION, MAX_KEY_LENGTH, AdyenAdapter
 from celery_agboss.core.keys import fit_key
 from celery_agboss.core.outbound import CallContext, Lookup, NotSent, Outcome, Unknown
 from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
-from celery_agboss.errors import OutboundCallOutcomeUnknownError, OutboundCallUnreconciledError
+from celery_agboss.errors import OutboundCallOutcomeUnknownError
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.checklist import GatewayCheckStatus
 from celery_agboss.testing.clock import VirtualClock
@@ -30,6 +29,7 @@ from tests.adapters.conftest import (
     ServeFn,
     checklist_shows,
     refund_from_every_path,
+    resend_waits_for_an_operator,
 )
 from tests.adapters.deliveries import raised_then_retry_asked
 from tests.engine.helpers import Shop, business_intent_key, step_intent_key
@@ -86,11 +86,9 @@ def test_ps17_past_the_key_s_window_reconcile_answers_unknown_and_nothing_is_sen
 ) -> None:
     server = served("adyen")
     adapter = _answer_lost_then_key_forgotten(server, shop, OutboundCallOutcomeUnknownError)
-    with shop.start("task-17") as second, pytest.raises(OutboundCallUnreconciledError):
-        second.outbound(adapter.charge, charge_request("order-17"))
-    intent = shop.store.read_intent(step_intent_key(shop.settings, "task-17", "adyen.charge"))
-    assert intent is not None and intent.needs_operator
-    assert "Adyen has no payment lookup" in (intent.operator_reason or "")
+    request = charge_request("order-17")
+    reason = resend_waits_for_an_operator(shop, adapter.charge, request, "task-17", "adyen.charge")
+    assert "Adyen has no payment lookup" in reason
     assert len(server.gateway.payments) == 1
     assert len(server.gateway.requests) == 1, "nothing was resent"
 
@@ -110,15 +108,14 @@ def test_ps17_twin_every_error_definite_charges_twice_once_the_key_is_forgotten(
 
 
 def test_ps19_a_refund_whose_answer_was_lost_refunds_once_from_every_path(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("adyen")
-    adapter, gateway = adapter_for(server.url), server.gateway
+    server, adapter = adapter_on("adyen")
     payment, refund, business_key = a_refund_of_a_charged_order(shop, adapter, "order-19")
     receipt, _ = refund_from_every_path(shop, server, adapter.refund, refund, business_key)
     assert receipt["status"] == "received" and receipt["payment_id"] == payment
-    assert [psp_reference_of(r["id"]) for r in gateway.refunds] == [receipt["id"]]
-    refunds = [r for r in gateway.requests if r.operation == "refund"]
+    assert [psp_reference_of(r["id"]) for r in server.gateway.refunds] == [receipt["id"]]
+    refunds = [r for r in server.gateway.requests if r.operation == "refund"]
     assert [r.outcome for r in refunds] == [
         GatewayRequestOutcome.PROCESSED,
         GatewayRequestOutcome.REPLAYED,

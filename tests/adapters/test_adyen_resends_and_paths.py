@@ -11,6 +11,8 @@ search lags) and PayPal's refund (replayed by key, nothing read) have the same r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -134,18 +136,33 @@ def test_a_charge_resent_after_a_lost_answer_and_refused_before_the_key_stays_pe
     assert len(gateway.payments) == 1
 
 
-def test_a_refund_resent_after_a_lost_answer_and_refused_403_stays_pending(
-    served: ServeFn, shop: Shop
-) -> None:
-    server = served("adyen")
-    adapter, gateway = adapter_for(server.url), server.gateway
-    _, request, business_key = a_refund_of_a_charged_order(shop, adapter, "order-2")
+def _lost_refund_resent_and_refused(
+    shop: Shop,
+    server: FakeGatewayServer,
+    adapter: Any,
+    refund: tuple[Any, dict[str, Any], str],
+    refuse: Callable[[], object],
+) -> BaseException:
+    """``refund`` (a charge's id, a refund request, its business key) lost at the gateway;
+    ``refuse`` then makes the gateway refuse, and the resend stays pending (unknown, one
+    refund made). Returns what the resend raised."""
+    _, request, business_key = refund
     key = lose_at_the_gateway(shop, server, "undo", adapter.refund, request, business_key)
-    _refused_from_now_on(server, adapter, "403 ip not allowed")
-    with shop.start("undo") as second, pytest.raises(OutboundCallOutcomeUnknownError):
+    refuse()
+    with shop.start("undo") as second, pytest.raises(OutboundCallOutcomeUnknownError) as raised:
         second.outbound(adapter.refund, request, business_key=business_key)
     assert _status(shop, key) is IntentStatus.PENDING
-    assert len(gateway.refunds) == 1
+    assert len(server.gateway.refunds) == 1
+    return raised.value
+
+
+def test_a_refund_resent_after_a_lost_answer_and_refused_403_stays_pending(
+    adapter_on: AdapterOn, shop: Shop
+) -> None:
+    server, adapter = adapter_on("adyen")
+    refund = a_refund_of_a_charged_order(shop, adapter, "order-2")
+    refused = partial(_refused_from_now_on, server, adapter, "403 ip not allowed")
+    _lost_refund_resent_and_refused(shop, server, adapter, refund, refused)
 
 
 def test_on_the_first_attempt_a_refusal_is_still_definite(
@@ -204,21 +221,14 @@ def test_stripe_a_charge_resent_after_a_lagging_search_and_refused_401_stays_pen
 
 
 def test_paypal_a_refund_resent_by_replay_and_refused_403_stays_pending(
-    served: ServeFn, shop: Shop
+    adapter_on: AdapterOn, shop: Shop
 ) -> None:
-    server = served("paypal")
-    adapter, gateway = paypal_support.adapter_for(server.url), server.gateway
-    with shop.start("pay") as paying:
-        capture_id = paying.outbound(adapter.charge, paypal_support.charge_request("order-6"))["id"]
-    request = {"payment_id": capture_id, "amount": 400}
-    business_key = f"refund:{capture_id}:1"
-    key = lose_at_the_gateway(shop, server, "undo", adapter.refund, request, business_key)
-    paypal_support.dialect_of(server).answer_next(403, path="/refund")  # NOT_AUTHORIZED
-    with shop.start("undo") as second, pytest.raises(OutboundCallOutcomeUnknownError) as raised:
-        second.outbound(adapter.refund, request, business_key=business_key)
-    assert isinstance(raised.value.__cause__, ResendRefusedError), raised.value.__cause__
-    assert _status(shop, key) is IntentStatus.PENDING
-    assert len(gateway.refunds) == 1
+    server, adapter = adapter_on("paypal")
+    refund = paypal_support.a_refund_of_a_charged_order(shop, adapter, "order-6")
+    dialect = paypal_support.dialect_of(server)
+    refused = partial(dialect.answer_next, 403, path="/refund")  # NOT_AUTHORIZED
+    raised = _lost_refund_resent_and_refused(shop, server, adapter, refund, refused)
+    assert isinstance(raised.__cause__, ResendRefusedError), raised.__cause__
 
 
 # --- F2: a payment_id is a pspReference, and another payment named is not ours ---------------

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from celery_agboss.adapters.paypal import (
     MAX_REQUEST_ID_LENGTH,
     ORDER_KEY_RETENTION,
@@ -25,7 +23,6 @@ from celery_agboss.core.protections import EVERY_ERROR_DEFINITE
 from celery_agboss.errors import (
     ExecutionFencedError,
     OutboundCallOutcomeUnknownError,
-    OutboundCallUnreconciledError,
 )
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.checklist import GatewayCheckStatus, gateway_checklist
@@ -37,9 +34,15 @@ from tests.adapters.conftest import (
     ServeFn,
     checklist_shows,
     refund_from_every_path,
+    resend_waits_for_an_operator,
 )
 from tests.adapters.deliveries import raised_then_retry_asked
-from tests.adapters.paypal_support import adapter_for, charge_request, dialect_of
+from tests.adapters.paypal_support import (
+    a_refund_of_a_charged_order,
+    adapter_for,
+    charge_request,
+    dialect_of,
+)
 from tests.engine.helpers import Background, Shop, business_intent_key, step_intent_key
 
 PASSED, FAILED = GatewayCheckStatus.PASSED, GatewayCheckStatus.FAILED
@@ -150,11 +153,9 @@ def test_ps17_past_six_hours_a_lost_answer_is_not_charged_again(
 ) -> None:
     server, adapter = _lose_the_charge_answer(adapter_on, shop)
     _past_paypal_s_order_retention(shop, server)
-    with shop.start("task-1") as second, pytest.raises(OutboundCallUnreconciledError):
-        second.outbound(adapter.charge, charge_request("order-1"))
-    intent = shop.store.read_intent(step_intent_key(shop.settings, "task-1", "paypal.charge"))
-    assert intent is not None and intent.needs_operator
-    assert "keeps an order's key 6 h" in (intent.operator_reason or "")
+    request = charge_request("order-1")
+    reason = resend_waits_for_an_operator(shop, adapter.charge, request, "task-1", "paypal.charge")
+    assert "keeps an order's key 6 h" in reason
     assert len(server.gateway.payments) == 1
     assert len(dialect_of(server).orders) == 1, "no order replayed past its key's life"
 
@@ -180,10 +181,7 @@ def test_ps19_a_refund_whose_answer_was_lost_is_refunded_once(
     adapter_on: AdapterOn, shop: Shop
 ) -> None:
     server, adapter = adapter_on("paypal")
-    with shop.start("pay") as paying:
-        capture_id = paying.outbound(adapter.charge, charge_request("order-19"))["id"]
-    request = {"payment_id": capture_id, "amount": 400}
-    business_key = f"refund:{capture_id}:1"
+    capture_id, request, business_key = a_refund_of_a_charged_order(shop, adapter, "order-19")
     refund, outcome = refund_from_every_path(shop, server, adapter.refund, request, business_key)
     assert outcome is Outcome.SENT  # NotSent: replayed under its key
     assert [r["id"] for r in server.gateway.refunds] == [refund["id"]]

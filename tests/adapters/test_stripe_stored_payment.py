@@ -123,6 +123,12 @@ def _a_failed_then_b_came(shop: Shop, p: TwoPayments, call: OutboundCall) -> Non
     _b_comes(shop, p, call)
 
 
+def _a_pending_once_b_came(shop: Shop, p: TwoPayments, call: OutboundCall) -> None:
+    """:func:`_a_failed_then_b_came`, after which A's intent is still pending (B refused)."""
+    _a_failed_then_b_came(shop, p, call)
+    assert _intent(shop, call).status is IntentStatus.PENDING
+
+
 def _b_comes(shop: Shop, p: TwoPayments, call: OutboundCall) -> None:
     shop.expire_leases()
     with shop.start("ship-2") as second, pytest.raises(IdempotencyKeyConflictError):
@@ -143,8 +149,7 @@ def test_a_capture_of_a_is_never_settled_with_b_s_capture(
     stripe_fake: FakeGatewayServer, shop: Shop
 ) -> None:
     p = _b_held_and_captured(stripe_fake, shop)
-    _a_failed_then_b_came(shop, p, p.adapter.capture)
-    assert _intent(shop, p.adapter.capture).status is IntentStatus.PENDING
+    _a_pending_once_b_came(shop, p, p.adapter.capture)
     assert p.at_gateway(p.a)["status"] == "requires_capture"
     captured, outcome = _rerun_of_a(shop, p.adapter.capture, p)
     assert outcome is Outcome.SENT, "reconcile read A, uncaptured: sent again under the key"
@@ -174,8 +179,7 @@ def test_a_void_of_a_is_never_settled_with_b_s_void(
     stripe_fake: FakeGatewayServer, shop: Shop
 ) -> None:
     p = _b_held_and_voided(stripe_fake, shop)
-    _a_failed_then_b_came(shop, p, p.adapter.void)
-    assert _intent(shop, p.adapter.void).status is IntentStatus.PENDING
+    _a_pending_once_b_came(shop, p, p.adapter.void)
     voided, outcome = _rerun_of_a(shop, p.adapter.void, p)
     assert outcome is Outcome.SENT
     assert (voided["id"], voided["status"]) == (p.a, "canceled")
