@@ -27,10 +27,16 @@ def _with_pid(request: PreparedRequest) -> PreparedRequest:
     return request
 
 
+HTTP_TIMEOUT_S = 4.0
+"""The harness's HTTP timeout: short, but no test waits on it (a test whose timeout fires
+passes its own), and 2 s once let a set-up's charge time out in a CI run on a stalled
+machine."""
+
+
 def adapter_for(url: str, **options: Any) -> CheckoutAdapter:
     """The adapter on the fake at ``url``, with short timeouts (``options`` replace them);
     its requests carry the sender's pid, as the fake server's ``charges_seen`` reads it."""
-    settings: dict[str, Any] = {"timeout": 2, "attempt_timeout": 5, **options}
+    settings: dict[str, Any] = {"timeout": HTTP_TIMEOUT_S, "attempt_timeout": 5, **options}
     adapter = CheckoutAdapter(SECRET_KEY, base_url=url, **settings)
     adapter.http_client.auth = _with_pid
     return adapter

@@ -27,6 +27,7 @@ from celery_agboss.testing.gateway_server import FakeGatewayServer
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from tests.adapters.checkout_support import (
     DECLINED_TOKEN,
+    HTTP_TIMEOUT_S,
     SECRET_KEY,
     adapter_for,
     charge_request,
@@ -229,5 +230,5 @@ def test_the_sdk_it_built_has_no_retries_and_a_timeout_on_every_request(
     for scheme in ("http://", "https://"):
         transport = adapter.http_client.get_adapter(scheme + "127.0.0.1")
         assert isinstance(transport, BoundedHTTPAdapter)
-        assert transport.timeout == 2.0
+        assert transport.timeout == HTTP_TIMEOUT_S
         assert transport.max_retries.total == 0 and transport.max_retries.read is False
