@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from celery.exceptions import Ignore
 
@@ -38,9 +38,11 @@ from celery_agboss.delivery.verdicts import Cancel, ForOperator, Wait
 from celery_agboss.delivery.waits import sweep_after_ms, wait_then_retry
 from celery_agboss.errors import ExecutionFencedError, StoreError
 from celery_agboss.runtime.app_runtime import Runtime
-from celery_agboss.runtime.task_events import TASK_UNRECONCILED, TASK_WAITING
-
-logger = logging.getLogger("celery_agboss")
+from celery_agboss.runtime.task_events import (
+    TASK_UNRECONCILED,
+    TASK_WAITING,
+    send_revoked_in_delivery,
+)
 
 RECONCILED_BY = "cancel"
 """How history rows and log lines name this reconcile (the sweep's says "sweep")."""
@@ -73,7 +75,7 @@ def end_with_cancel(d: DeliveryLike) -> NoReturn:
         if record is not None and record.state is ExecutionState.CANCELLED:
             d.release()
             d.log_decision(EXECUTION_CANCELLED, reason=d.cancel_reason)
-            send_revoked_event(d.task)
+            send_revoked_in_delivery(d.task)
             raise Ignore()
         if record is not None and record.state is ExecutionState.WAITING_OPERATOR:
             # A payment of it completed: never silently CANCELLED; a person decides.
@@ -150,20 +152,6 @@ def cancel_request_of(runtime: Runtime, execution_id: str) -> str | None:
     if record is None:
         return None
     return cancel_reason_of(record.cancel_requested, record.cancel_reason)
-
-
-def send_revoked_event(task: Any) -> None:
-    """Celery's own ``task-revoked`` event (Flower shows REVOKED), with the store's state."""
-    try:
-        task.send_event(
-            "task-revoked",
-            retry=False,
-            terminated=False,
-            expired=False,
-            agboss_state=ExecutionState.CANCELLED.value,
-        )
-    except Exception:
-        logger.warning("could not send the task-revoked event", exc_info=True)
 
 
 def _settle_not_sent(runtime: Runtime, ctx: ExecutionContext, key: str) -> CancelReadiness:

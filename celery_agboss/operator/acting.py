@@ -45,7 +45,7 @@ from celery_agboss.operator.common import (
 )
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.messages import dumps, republish
-from celery_agboss.runtime.task_events import send_cancelled_event
+from celery_agboss.runtime.task_events import send_revoked_event
 from celery_agboss.store.cancels import paused_in_undo
 
 
@@ -338,7 +338,7 @@ def cancel(
     _audit_afterwards(runtime, audit, execution_id, record, updated)
     log_event(OPERATOR_CANCELLED, execution_id=execution_id, state=updated.state.value, actor=who)
     if updated.state is ExecutionState.CANCELLED:
-        send_cancelled_event(runtime.app, execution_id)
+        send_revoked_event(runtime.app, execution_id, ExecutionState.CANCELLED)
     return updated
 
 

@@ -91,16 +91,31 @@ def send_task_event(app: Any, type_: str, execution_id: str, **fields: Any) -> b
     return True
 
 
-def send_cancelled_event(app: Any, execution_id: str) -> bool:
-    """An execution cancelled from outside its delivery (the sweep, an operator): Celery's
-    ``task-revoked``, so Flower shows it REVOKED, with the store's state. Never raises."""
-    return send_task_event(
-        app,
-        "task-revoked",
-        execution_id,
-        terminated=False,
-        agboss_state=ExecutionState.CANCELLED.value,
-    )
+def revoked_fields(state: ExecutionState) -> dict[str, Any]:
+    """Celery's ``task-revoked`` fields for an execution the store ended ``state``
+    (``CANCELLED`` or ``EXPIRED``), one set wherever it is sent, so Flower reads a cancel
+    from a delivery, the sweep or an operator the same way."""
+    return {
+        "terminated": False,
+        "expired": state is ExecutionState.EXPIRED,
+        "agboss_state": state.value,
+    }
+
+
+def send_revoked_event(app: Any, execution_id: str, state: ExecutionState) -> bool:
+    """An execution ended ``state`` from outside its delivery (the sweep, an operator):
+    Celery's ``task-revoked``, so Flower shows it REVOKED, with the store's state. Never
+    raises."""
+    return send_task_event(app, "task-revoked", execution_id, **revoked_fields(state))
+
+
+def send_revoked_in_delivery(task: Any) -> None:
+    """``task``'s delivery cancelled it: the same ``task-revoked``, for its own request.
+    Never raises."""
+    try:
+        task.send_event("task-revoked", retry=False, **revoked_fields(ExecutionState.CANCELLED))
+    except Exception:
+        logger.warning("could not send the task-revoked event", exc_info=True)
 
 
 __all__ = [
@@ -115,7 +130,9 @@ __all__ = [
     "TASK_UNMANAGED",
     "TASK_UNRECONCILED",
     "TASK_WAITING",
+    "revoked_fields",
     "send_agboss_event",
-    "send_cancelled_event",
+    "send_revoked_event",
+    "send_revoked_in_delivery",
     "send_task_event",
 ]

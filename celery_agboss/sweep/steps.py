@@ -44,7 +44,7 @@ from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import effective_interval
 from celery_agboss.runtime.task_events import (
     TASK_UNRECONCILED,
-    send_cancelled_event,
+    send_revoked_event,
     send_task_event,
 )
 from celery_agboss.store.cancels import CANCEL_FLAGS_FROM
@@ -115,13 +115,7 @@ class SweepRun:
                 continue
             self.report.expired += 1
             log_event(EXECUTION_EXPIRED, execution_id=execution_id, task=expired.task_name)
-            send_task_event(
-                self.app,
-                "task-revoked",
-                execution_id,
-                expired=True,
-                agboss_state=ExecutionState.EXPIRED.value,
-            )
+            send_revoked_event(self.app, execution_id, ExecutionState.EXPIRED)
 
     # --- 2. stranded intents ---------------------------------------------------------
 
@@ -319,7 +313,7 @@ class SweepRun:
         if record.state is ExecutionState.CANCELLED:
             self.report.cancelled += 1
             log_event(EXECUTION_CANCELLED, execution_id=execution_id, task=record.task_name)
-            send_cancelled_event(self.app, execution_id)
+            send_revoked_event(self.app, execution_id, ExecutionState.CANCELLED)
         elif record.state is ExecutionState.WAITING_OPERATOR:
             log_event(
                 EXECUTION_WAITING_OPERATOR,

@@ -1,22 +1,25 @@
-"""A cancel decided outside its delivery (the sweep's, an operator's) tells Flower: Celery's
-``task-revoked`` under the execution's id, with the store's state, as a cancel inside a
-delivery does. Both send it through one function (``send_cancelled_event``)."""
+"""An execution ended by a cancel or an expiry tells Flower: Celery's ``task-revoked``
+under the execution's id, with the store's state, and the same fields whoever decided it
+(its own delivery, the sweep, an operator): ``runtime.task_events.revoked_fields``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from celery_agboss.core.executions import ExecutionState
 from celery_agboss.operator import cancel
-from tests.operations.world import World
+from celery_agboss.runtime.task_events import send_revoked_in_delivery
+from tests.operations.world import GRACE_SECONDS, World
 
 REVOKED_AS_CANCELLED = {
     "type": "task-revoked",
     "terminated": False,
+    "expired": False,
     "agboss_state": "CANCELLED",
 }
 
@@ -56,3 +59,27 @@ def test_an_operators_cancel_sends_task_revoked(world: World, sent: list[dict[st
     assert [e for e in sent if e["type"] == "task-revoked"] == [
         {**REVOKED_AS_CANCELLED, "uuid": task_id}
     ]
+
+
+def test_the_sweeps_expiry_sends_task_revoked_as_expired(
+    world: World, sent: list[dict[str, Any]]
+) -> None:
+    task_id = world.publish(expires=datetime.now(timezone.utc) + timedelta(seconds=30))
+    world.clock.advance(GRACE_SECONDS + 1)
+    assert world.sweep().expired == 1
+    assert [e for e in sent if e["type"] == "task-revoked"] == [
+        {**REVOKED_AS_CANCELLED, "uuid": task_id, "expired": True, "agboss_state": "EXPIRED"}
+    ]
+
+
+def test_a_cancel_in_its_delivery_sends_the_same_fields() -> None:
+    """What the delivery's task sends for its own request (``retry=False``: a broker
+    outage must not hold the delivery up)."""
+    sent: list[dict[str, Any]] = []
+
+    class Task:
+        def send_event(self, type_: str, **fields: Any) -> None:
+            sent.append({"type": type_, **fields})
+
+    send_revoked_in_delivery(Task())
+    assert sent == [{**REVOKED_AS_CANCELLED, "retry": False}]
