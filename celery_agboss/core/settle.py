@@ -159,34 +159,22 @@ def _late_answer_logger(p: PreparedCall, attempt: int) -> Callable[[BoundedRun],
 
 def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) -> Any:
     """``(PENDING, attempt, me) → COMPLETED``; a miss is success only if my attempt completed."""
-    me = holder.lease_ref
     stored_ok, update, gateway_id = completed_update(p.call, result, found_by_lookup=False)
-    fault(fault_points.OUTBOUND_BEFORE_SETTLE, me, p.ref, attempt=attempt)
-    mine = False
+    fault(fault_points.OUTBOUND_BEFORE_SETTLE, holder.lease_ref, p.ref, attempt=attempt)
     shared = p.ref.handle is not None and stored_ok  # its result is handed to me now
     update = replace(update, rely=shared)
     event = HistoryEvent.COMPLETED if stored_ok else HistoryEvent.RESULT_NOT_STORED
-    detail = {"gateway_transaction_id": gateway_id}
-    completed = IntentStatus.COMPLETED
     try:
-        won = holder_transition_in_one(
-            holder, p, me, attempt, update, event, detail, to_status=completed, relied=shared
+        settled = _settle(
+            holder,
+            p,
+            attempt,
+            update,
+            event,
+            {"gateway_transaction_id": gateway_id},
+            to_status=IntentStatus.COMPLETED,
+            relied=shared,
         )
-        if not won:
-            with holder.fenced(engine_only=True) as tx:
-                won = holder_transition(
-                    tx, holder, p, me, attempt, update, event, detail, to_status=completed
-                )
-                if won and shared:
-                    tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id, counted=True)
-                if not won:
-                    now = tx.read_intent(p.idempotency_key)
-                    mine = (
-                        now is not None
-                        and now.status is IntentStatus.COMPLETED
-                        and now.attempt == attempt
-                        and now.owner == me
-                    )
     except ExecutionFencedError:
         return _handed_over(p, attempt, result)
     except StoreError as exc:
@@ -200,7 +188,7 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
             "the gateway answered but the store failed while recording it; it will be reconciled",
             **p.ref.fields(attempt=attempt),
         ) from exc
-    if not won and not mine:
+    if not settled:
         return _handed_over(p, attempt, result)
     log_event(
         OUTBOUND_CALL_SENT,
@@ -214,6 +202,40 @@ def settle_result(holder: Holder, p: PreparedCall, attempt: int, result: Any) ->
             **p.ref.fields(attempt=attempt),
         )
     return result
+
+
+def _settle(
+    holder: Holder,
+    p: PreparedCall,
+    attempt: int,
+    update: IntentUpdate,
+    event: HistoryEvent,
+    detail: JSON,
+    *,
+    to_status: IntentStatus,
+    relied: bool = False,
+) -> bool:
+    """``(PENDING, attempt, me) → to_status``: one statement where the store has one, else
+    a fenced transaction (with the record use marked relied, when ``relied``). True when
+    the intent now holds this attempt's outcome: written here, or already written by this
+    attempt and owner (a miss that finds its own write is no hand-over). False: the
+    attempt was handed over."""
+    me = holder.lease_ref
+    if holder_transition_in_one(
+        holder, p, me, attempt, update, event, detail, to_status=to_status, relied=relied
+    ):
+        return True
+    with holder.fenced(engine_only=True) as tx:
+        if holder_transition(
+            tx, holder, p, me, attempt, update, event, detail, to_status=to_status
+        ):
+            if relied:
+                tx.rely_on(INTENT_RECORD, p.idempotency_key, holder.execution_id, counted=True)
+            return True
+        now = tx.read_intent(p.idempotency_key)
+    return (
+        now is not None and now.status is to_status and now.attempt == attempt and now.owner == me
+    )
 
 
 def _handed_over(p: PreparedCall, attempt: int, result: Any) -> Any:
@@ -261,7 +283,6 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
             "send raised an error that is not a definite failure; it will be reconciled",
             **p.ref.fields(attempt=attempt),
         ) from exc
-    me = holder.lease_ref
     failure = encode_failure(
         exc, lambda text: masked_text(p.call, text), field_mask(policy_of(p.call))
     )
@@ -269,16 +290,8 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
         status=IntentStatus.FAILED, failure=failure, retry_for=None, failure_shared=False
     )
     event = HistoryEvent.FAILED_DEFINITE
-    failed = IntentStatus.FAILED
     try:
-        won = holder_transition_in_one(
-            holder, p, me, attempt, update, event, detail, to_status=failed
-        )
-        if not won:
-            with holder.fenced(engine_only=True) as tx:
-                won = holder_transition(
-                    tx, holder, p, me, attempt, update, event, detail, to_status=failed
-                )
+        settled = _settle(holder, p, attempt, update, event, detail, to_status=IntentStatus.FAILED)
     except ExecutionFencedError as fenced:
         _handed_over_error(p, attempt, fenced)
     except StoreError as store_error:
@@ -286,7 +299,7 @@ def settle_error(holder: Holder, p: PreparedCall, attempt: int, exc: BaseExcepti
             "a definite failure could not be recorded; the intent will be reconciled",
             **p.ref.fields(attempt=attempt),
         ) from store_error
-    if not won:
+    if not settled:
         _handed_over_error(p, attempt, None)
     log_event(
         OUTBOUND_CALL_FAILED,
