@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 os.environ.setdefault(ALLOW_SABOTAGE, "1")
 
-pytest_plugins = ["tests.support.file_times"]
+pytest_plugins = ["tests.support.file_times", "tests.support.pauses"]
 
 # -- markers from fixtures -----------------------------------------------------
 

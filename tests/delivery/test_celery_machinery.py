@@ -39,11 +39,16 @@ from celery_agboss.errors import (
 from celery_agboss.testing.fault_arming import arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
-from tests.delivery.conftest import PaymentShop
+from tests.delivery.conftest import PaymentShop, lease_lapses_in_real_time
 from tests.delivery.test_outcomes_kept import backend_state
 from tests.support.processes import assert_stays, wait_until
 
 # --- links ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def shop_config() -> dict[str, Any]:
+    return lease_lapses_in_real_time()
 
 
 def _a_duplicate_that_sends_the_links_again(shop: PaymentShop) -> str:

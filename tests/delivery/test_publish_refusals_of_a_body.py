@@ -20,9 +20,18 @@ import pytest
 from celery_agboss.errors import PublishRefusedError, StoreUnavailableError
 from celery_agboss.task import undo_function
 from celery_agboss.testing.celery_app import close_test_app, make_test_app
-from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.delivery.conftest import (
+    PaymentShop,
+    assert_waits_for_an_operator,
+    lease_lapses_in_real_time,
+)
 
 ORDER, SHIPPING = 1000, 100
+
+
+@pytest.fixture
+def shop_config() -> dict[str, Any]:
+    return lease_lapses_in_real_time()
 
 
 def _the_store_fails_once_recording(shop: PaymentShop, name: str) -> list[str]:

@@ -10,6 +10,7 @@ asks the store what happened. An application's own SQL error inside a fenced eff
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -21,7 +22,12 @@ from celery_agboss.errors import AGBossSignal, StoreError, StoreUnavailableError
 from celery_agboss.testing.fault_arming import arm_raise
 from celery_agboss.testing.gateway_types import FakeGatewayFault
 from celery_agboss.testing.switches import sabotage
-from tests.delivery.conftest import PaymentShop
+from tests.delivery.conftest import PaymentShop, lease_lapses_in_real_time
+
+
+@pytest.fixture
+def shop_config() -> dict[str, Any]:
+    return lease_lapses_in_real_time()
 
 
 def _with_a_fallback_card(shop: PaymentShop) -> object:

@@ -25,9 +25,14 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.protections import CAUGHT_SIGNAL_DOES_NOT_STOP_DELIVERY
 from celery_agboss.errors import StoreUnavailableError
 from celery_agboss.testing import sabotage
-from tests.delivery.conftest import PaymentShop
+from tests.delivery.conftest import PaymentShop, lease_lapses_in_real_time
 
 # --- a swallowed pause --------------------------------------------------------------------
+
+
+@pytest.fixture
+def shop_config() -> dict[str, Any]:
+    return lease_lapses_in_real_time()
 
 
 def _approve_then_pay(shop: PaymentShop) -> Any:
