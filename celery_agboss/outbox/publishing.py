@@ -42,7 +42,6 @@ from celery_agboss.core.log_events import (
     log_event,
 )
 from celery_agboss.core.protections import PUBLISHED_WITHOUT_COMMIT, SWEEP_NOT_REPUBLISHING
-from celery_agboss.core.sealing import Sealer
 from celery_agboss.errors import ConfigurationError, StoreError
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.runtime.known_settings import (
@@ -122,43 +121,36 @@ def enqueue(
         options=dumps(call_options),
         execution_id=None if scope is None else scope.execution_id,
     )
+    runtime = _current_runtime() if scope is None else None
     if grace is not None:
         grace_ms = to_ms(grace, what="grace")
         if grace_ms < 0:
             raise ValueError("grace must not be negative")
+    elif scope is not None:
+        grace_ms = scope.grace_ms
     else:
-        grace_ms = scope.grace_ms if scope is not None else _current_app_grace_ms()
+        grace_ms = DEFAULT_OUTBOX_GRACE_MS if runtime is None else runtime.settings.outbox_grace_ms
     with translated():
         rows.insert_txn(
             connection,
             message,
             grace_ms=grace_ms,
             offset_ms=0 if scope is None else scope.offset_ms,
-            sealer=None if scope is not None else _current_app_sealer(),
+            sealer=None if runtime is None else runtime.store.sealer,
         )
     if scope is not None:
         scope.enqueued.append(message)
     return task_id
 
 
-def _current_app_grace_ms() -> int:
-    """Outside a fenced effect no app is at hand: the current Celery app's setting (the
-    one process-wide app of most projects), or the default when it has no ``AGBoss``."""
+def _current_runtime() -> Runtime | None:
+    """Outside a fenced effect no app is at hand: the current Celery app's ``AGBoss`` (the
+    one process-wide app of most projects), whose grace and keys the row takes; None when
+    it has none (the default grace, sealed as the connection's)."""
     try:
-        runtime = Runtime.of(current_app._get_current_object())
-    except ConfigurationError:
-        return DEFAULT_OUTBOX_GRACE_MS
-    return runtime.settings.outbox_grace_ms
-
-
-def _current_app_sealer() -> Sealer | None:
-    """The application's own connection is not the store's: its arguments are sealed with
-    the current Celery app's keys (None: no ``AGBoss`` app, sealed as the connection's)."""
-    try:
-        runtime = Runtime.of(current_app._get_current_object())
+        return Runtime.of(current_app._get_current_object())
     except ConfigurationError:
         return None
-    return runtime.store.sealer
 
 
 def _message_parts(
