@@ -31,7 +31,11 @@ if TYPE_CHECKING:
 
 os.environ.setdefault(ALLOW_SABOTAGE, "1")
 
-pytest_plugins = ["tests.support.file_times", "tests.support.pauses"]
+pytest_plugins = [
+    "tests.support.collector",
+    "tests.support.file_times",
+    "tests.support.pauses",
+]
 
 # -- markers from fixtures -----------------------------------------------------
 

@@ -9,6 +9,7 @@ suspect, and a run with none rules it out."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Generator
@@ -20,6 +21,7 @@ import pytest
 TICK_S = 0.05
 PAUSE_S = 0.5
 PROPERTY = "agboss_pause_s"
+GC_PROPERTY = "agboss_gc_pause_s"
 SHOWN = 5
 
 
@@ -28,7 +30,18 @@ class PauseWatch:
 
     def __init__(self) -> None:
         self.pauses: list[tuple[float, float]] = []
+        self.collections: list[tuple[float, float]] = []  # the same, for the collector's
+        self._collecting_since = 0.0
+        gc.callbacks.append(self._timed_collection)
         threading.Thread(target=self._watch, name="agboss-pause-watch", daemon=True).start()
+
+    def _timed_collection(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._collecting_since = time.monotonic()
+            return
+        took = time.monotonic() - self._collecting_since
+        if took > PAUSE_S:
+            self.collections.append((time.time(), took))
 
     def _watch(self) -> None:
         while True:
@@ -46,6 +59,9 @@ class PauseWatch:
         during = [late for ended, late in self.pauses if call.start <= ended <= call.stop]
         if during:
             outcome.get_result().user_properties.append((PROPERTY, round(max(during), 2)))
+        collected = [took for ended, took in self.collections if call.start <= ended <= call.stop]
+        if collected:
+            outcome.get_result().user_properties.append((GC_PROPERTY, round(max(collected), 2)))
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,7 @@ class PauseReport:
 
     def __init__(self) -> None:
         self.pauses: list[Pause] = []
+        self.collected: dict[tuple[str, str], float] = {}  # (nodeid, when): the collector's
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for name, seconds in report.user_properties:
@@ -69,6 +86,8 @@ class PauseReport:
                 gateway = getattr(getattr(report, "node", None), "gateway", None)
                 process = str(getattr(gateway, "id", "main"))
                 self.pauses.append(Pause(float(seconds), report.nodeid, report.when, process))
+            elif name == GC_PROPERTY:
+                self.collected[(report.nodeid, report.when)] = float(seconds)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.pauses:
@@ -81,8 +100,15 @@ class PauseReport:
             f"{longest[0].seconds:.2f} s; the {SHOWN} longest:"
         )
         for pause in longest[:SHOWN]:
+            collector = self.collected.get((pause.nodeid, pause.when))
+            by_gc = "" if collector is None else f", a garbage collection of {collector:.2f} s"
             terminalreporter.write_line(
-                f"{pause.seconds:8.2f}  {pause.nodeid} ({pause.when}, {pause.process})"
+                f"{pause.seconds:8.2f}  {pause.nodeid} ({pause.when}, {pause.process}{by_gc})"
+            )
+        if self.collected:
+            terminalreporter.write_line(
+                f"garbage collections over {PAUSE_S} s: in {len(self.collected)} test phases, "
+                f"the longest {max(self.collected.values()):.2f} s"
             )
 
 
