@@ -236,6 +236,11 @@ class LeaseRenewer:
             self._stopping = True
             self._wake.notify_all()
             thread = self._thread
+        with _registry_lock:
+            # A stopped renewer is never handed out again: keeping it would keep its
+            # closed store (engine, compiled statements) alive for the process's life.
+            if _registry.get(id(self.store)) is self:
+                del _registry[id(self.store)]
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 

@@ -7,9 +7,11 @@ send — and with ``HOLDER_TRUSTS_LEASE_FOREVER`` switched off it does not (desi
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 import pytest
@@ -244,3 +246,18 @@ def test_a_forked_child_renews_none_of_its_parents_leases() -> None:
         assert renewer.tracked() == [handle]
     finally:
         renewer.stop()
+
+
+def test_a_stopped_renewer_lets_its_store_go() -> None:
+    """A process that opens and closes stores (tests, the CLI, a Django shell) must not
+    keep every closed store and its engine alive through the one-renewer registry."""
+    store = FakeStore()
+    renewer = LeaseRenewer.for_store(store)  # type: ignore[arg-type]
+    assert LeaseRenewer.for_store(store) is renewer  # type: ignore[arg-type]
+    renewer.stop()
+    assert LeaseRenewer.for_store(store) is not renewer  # type: ignore[arg-type]
+    LeaseRenewer.for_store(store).stop()  # type: ignore[arg-type]
+    gone = weakref.ref(store)
+    del store, renewer
+    gc.collect()
+    assert gone() is None
