@@ -45,6 +45,14 @@ def insert_or_nothing(conn: Connection, table: Table) -> Any:
     return sqlite.insert(table).on_conflict_do_nothing()
 
 
+def inserted_row(*values: Any) -> Any:
+    """The ``SELECT`` of an ``INSERT … SELECT``: its columns' names come from the
+    ``INSERT``'s list, so each value gets a two- or three-letter label rather than
+    SQLAlchemy's ``anon_N``. A hot-path statement must stay within the 4,096 bytes
+    psycopg keeps its parsing for, or it is parsed again on every call."""
+    return select(*(value.label(f"v{i}") for i, value in enumerate(values)))
+
+
 def json_text(conn: Connection, column: ColumnElement[Any], name: str) -> ColumnElement[Any]:
     """The text of the top-level field ``name`` of a JSON text column (NULL when absent).
     Off the hot path only: it parses the column's text on every row it reads."""

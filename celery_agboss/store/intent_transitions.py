@@ -55,7 +55,7 @@ from celery_agboss.core.store_protocol import (
     OneStatementClaim,
     OneStatementTransition,
 )
-from celery_agboss.store.dialect import insert_or_nothing, now_expr
+from celery_agboss.store.dialect import insert_or_nothing, inserted_row, now_expr
 from celery_agboss.store.execution_updates import cancel_request_statement
 from celery_agboss.store.fences import fence_statement, fenced_error, one_statement_parameters
 from celery_agboss.store.history import HISTORY_NAMES, history_binds, history_parameters
@@ -184,7 +184,7 @@ def _statement(conn: Connection, offset_ms: int, parts: tuple[Any, ...], relied:
     row = [cas.c.now if bind.key == "t_at_ms" else bind for bind in history_binds("t_")]
     history = (
         intent_history.insert()
-        .from_select(HISTORY_NAMES, select(*row).select_from(cas))
+        .from_select(HISTORY_NAMES, inserted_row(*row).select_from(cas))
         .returning(_h.seq)
         .cte("agboss_history")
     )
@@ -265,14 +265,14 @@ def _claim_statement(
     fence = fence_statement(conn, offset_ms).cte("agboss_fence")
     now = fence.c.renewed_at_ms
     intent_row = [bindparam(f"n_{name}", type_=_i[name].type) for name in columns]
-    chosen = select(*intent_row, now, now).select_from(fence)  # no fence row, no claim
+    chosen = inserted_row(*intent_row, now, now).select_from(fence)  # no fence row, no claim
     joined: Any = select(literal(1).label("one")).subquery("agboss_one")
     unfenced = sabotage.active(ONE_STATEMENT_WITHOUT_FENCE)
     if unfenced:
         # The time read once (a CTE), so the claim's row and the "now" it reports agree.
         ticked = select(now_expr(conn, offset_ms).label("now")).cte("agboss_unfenced_clock")
         now = ticked.c.now
-        chosen = select(*intent_row, now, now).select_from(ticked)
+        chosen = inserted_row(*intent_row, now, now).select_from(ticked)
         joined = joined.join(ticked, true())
     outputs: list[Any] = [
         fence.c.expires_at_ms,
@@ -299,7 +299,7 @@ def _claim_statement(
     ]
     history = (
         intent_history.insert()
-        .from_select(HISTORY_NAMES, select(*history_row).select_from(inserted))
+        .from_select(HISTORY_NAMES, inserted_row(*history_row).select_from(inserted))
         .returning(_h.seq)
         .cte("agboss_first_history")
     )
