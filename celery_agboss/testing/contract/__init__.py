@@ -14,9 +14,9 @@ SQLAlchemy, so a custom backend runs the cases with whatever test runner it uses
 
 The database clock is moved with ``VirtualClock.attach(store)`` (the protocol's
 ``clock_offset_source``), never by sleeping. The scenarios behind the cases (in
-``base``, ``leases``, ``writes``, ``history`` and ``one_statement``) return what
-happened instead of judging it, so this package's own tests can switch a protection
-off and show the harm.
+``base``, ``leases``, ``writes``, ``history``, ``one_statement`` and ``shared_records``)
+return what happened instead of judging it, so this package's own tests can switch a
+protection off and show the harm.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ from celery_agboss.testing.contract.one_statement import (
     check_a_one_statement_claim_is_fenced_and_claims_once,
     check_a_one_statement_transition_is_fenced,
     check_a_one_statement_transition_writes_its_row_with_it,
+)
+from celery_agboss.testing.contract.shared_records import (
+    check_a_shared_record_lock_holds_a_second_end_until_the_first_commits,
 )
 from celery_agboss.testing.contract.writes import (
     check_a_crash_after_commit_is_found_on_retry,
@@ -124,6 +127,11 @@ CONTRACT_CASES: tuple[ContractCase, ...] = (
         "a_one_statement_transition_writes_its_row_with_it",
         "one round trip per state change",
         check_a_one_statement_transition_writes_its_row_with_it,
+    ),
+    ContractCase(
+        "a_shared_record_lock_holds_a_second_end_until_the_first_commits",
+        "compensated step",
+        check_a_shared_record_lock_holds_a_second_end_until_the_first_commits,
     ),
 )
 
