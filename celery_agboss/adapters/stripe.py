@@ -379,35 +379,37 @@ class StripeAdapter(AdapterCalls):
                 return None
             raise
 
-    def _reconcile_capture(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
-        """A PaymentIntent captures once: ``succeeded`` means the capture happened."""
+    def _moved_intent(
+        self, call: CallContext, lookup: Lookup, done: str, not_yet: tuple[str, str]
+    ) -> dict[str, Any] | ReconcileAnswer:
+        """A capture or a void moves the stored request's PaymentIntent once: the intent
+        when it is ``done``; else the answer, a resend while it is still ``not_yet``."""
         intent = self._retrieve(_stored_payment_id(call, lookup))
         if intent is None:
             return Unknown("no PaymentIntent by the stored request's payment_id")
         status = intent.get("status")
-        if status == "succeeded":
-            # Received: the request's amount, or for "capture all" the whole authorisation.
-            asked = request_facts(lookup.request).amount or iso_amount(intent)
-            if asked is None:  # no whole ISO minor units: no request of ours made it
-                return Unknown(f"PaymentIntent {intent['id']}'s amount is not in whole ISO units")
-            wanted = PaymentFacts(amount=asked)
-            found = PaymentFacts(amount=iso_amount(intent, "amount_received"))
-            return adopt(f"PaymentIntent {intent['id']}", wanted, found, intent_result(intent))
-        if status in ("requires_capture", "canceled"):
-            return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} is {status}")
-        return Unknown(f"PaymentIntent {intent['id']} is {status}")
+        if status == done:
+            return intent
+        why = f"PaymentIntent {intent['id']} is {status}"
+        return _resend_or_unknown(lookup, why) if status in not_yet else Unknown(why)
+
+    def _reconcile_capture(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
+        """A PaymentIntent captures once: ``succeeded`` means the capture happened."""
+        intent = self._moved_intent(call, lookup, "succeeded", ("requires_capture", "canceled"))
+        if not isinstance(intent, dict):
+            return intent
+        # Received: the request's amount, or for "capture all" the whole authorisation.
+        asked = request_facts(lookup.request).amount or iso_amount(intent)
+        if asked is None:  # no whole ISO minor units: no request of ours made it
+            return Unknown(f"PaymentIntent {intent['id']}'s amount is not in whole ISO units")
+        wanted = PaymentFacts(amount=asked)
+        found = PaymentFacts(amount=iso_amount(intent, "amount_received"))
+        return adopt(f"PaymentIntent {intent['id']}", wanted, found, intent_result(intent))
 
     def _reconcile_void(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
         """A PaymentIntent cancels once: ``canceled`` means the void happened."""
-        intent = self._retrieve(_stored_payment_id(call, lookup))
-        if intent is None:
-            return Unknown("no PaymentIntent by the stored request's payment_id")
-        status = intent.get("status")
-        if status == "canceled":
-            return Completed(intent_result(intent))
-        if status in ("requires_capture", "succeeded"):
-            return _resend_or_unknown(lookup, f"PaymentIntent {intent['id']} is {status}")
-        return Unknown(f"PaymentIntent {intent['id']} is {status}")
+        intent = self._moved_intent(call, lookup, "canceled", ("requires_capture", "succeeded"))
+        return Completed(intent_result(intent)) if isinstance(intent, dict) else intent
 
     def _reconcile_refund(self, call: CallContext, lookup: Lookup) -> ReconcileAnswer:
         """The PaymentIntent's refunds, listed (consistent), matched by the key."""
