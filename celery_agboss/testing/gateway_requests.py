@@ -84,6 +84,12 @@ def serving() -> Iterator[Served]:
         _SERVED.reset(token)
 
 
+def counting() -> bool:
+    """True while a money-moving route answers a request in this thread: an endpoint it
+    calls that counts on its own (``charge_endpoint``) leaves the count to it."""
+    return _SERVED.get() is not None
+
+
 def answered_here(outcome: GatewayRequestOutcome) -> None:
     """The route answering this request does so itself, nothing processed (a canned reply:
     ``CANNED``); the first word said stands. Nothing happens outside a route."""
@@ -360,6 +366,7 @@ __all__ = [
     "RequestPath",
     "Served",
     "answered_here",
+    "counting",
     "new_id",
     "serving",
 ]

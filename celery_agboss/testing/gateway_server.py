@@ -25,7 +25,8 @@ or a :class:`~celery_agboss.testing.dialects.Dialect` object with its own option
 the routes an official SDK calls, on top of these, over the same ``FakeGateway``: its
 ``payments`` and ``requests`` count what every SDK sent: a route that moves money
 (``route(..., sends=...)``) records each request once, also one it answered without the
-gateway. Routes may hold ``{name}`` segments, read from :attr:`GatewayCall.params`.
+gateway, and one whose body could not be read (``INVALID``: no endpoint saw it). Routes
+may hold ``{name}`` segments, read from :attr:`GatewayCall.params`.
 
 A client may send its pid in the ``X-Worker-Pid`` header: every charge is recorded with
 it (:attr:`charges_seen`), so a test can signal exactly the process that is charging, and
@@ -41,20 +42,28 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar, Protocol, runtime_checkable
 
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.gateway_handler import PID_HEADER as PID_HEADER
-from celery_agboss.testing.gateway_handler import GatewayCall, GatewayHandler, Reply
-from celery_agboss.testing.gateway_requests import Served, serving
+from celery_agboss.testing.gateway_handler import (
+    GatewayCall,
+    GatewayHandler,
+    Reply,
+    unreadable_reply,
+)
+from celery_agboss.testing.gateway_requests import Served, counting, serving
 from celery_agboss.testing.gateway_types import (
+    ChargeSeen,
+    Decline,
     FakeGatewayError,
     FakeGatewayErrorKind,
     FakeGatewayTimeout,
     GatewayCapabilities,
     GatewayRequestOutcome,
+    HeldAnswer,
     MoneyRequest,
 )
 from celery_agboss.testing.loopback import QuietServer
@@ -71,48 +80,9 @@ order created without a payment source)."""
 
 
 @dataclass(frozen=True)
-class ChargeSeen:
-    """A charge as it reached the server, before the gateway processed it."""
-
-    pid: int | None
-    idempotency_key: str | None
-    reference: str | None
-    at: float
-
-
-@dataclass(frozen=True)
-class Decline:
-    """A charge declined by its card (``declined_cards``): nothing was processed."""
-
-    idempotency_key: str | None
-    reference: str | None
-    card: str
-    at: float
-
-
-@dataclass(eq=False)
-class HeldAnswer:
-    """One charge's answer kept in the server (:meth:`FakeGatewayServer.hold_next_answer`)."""
-
-    timeout: float
-    pid: int | None = None
-    idempotency_key: str | None = None
-    reference: str | None = None
-    only_reference: str | None = None
-    _reached: threading.Event = field(default_factory=threading.Event)
-    _released: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def reached(self) -> bool:
-        """True once a charge was processed and its answer is held."""
-        return self._reached.is_set()
-
-    def wait_reached(self, timeout: float) -> bool:
-        return self._reached.wait(timeout)
-
-    def release(self) -> None:
-        """Let the held answer go (to a caller that may be dead or frozen by now)."""
-        self._released.set()
+class _Route:
+    endpoint: Endpoint
+    sends: Sends | None  # set: the route moves money, each request counted (``_count``)
 
 
 class FakeGatewayServer:
@@ -150,8 +120,8 @@ class FakeGatewayServer:
         self._charges: list[ChargeSeen] = []
         self._declines: list[Decline] = []
         self._held: list[HeldAnswer] = []
-        self._routes: dict[tuple[str, str], Endpoint] = {}
-        self._patterns: list[tuple[str, re.Pattern[str], Endpoint]] = []
+        self._routes: dict[tuple[str, str], _Route] = {}
+        self._patterns: list[tuple[str, re.Pattern[str], _Route]] = []
         self._server: ThreadingHTTPServer | None = None
         self._url: str | None = None  # set by start(), kept through stop()
         self._thread: threading.Thread | None = None
@@ -222,41 +192,41 @@ class FakeGatewayServer:
         """Serve ``endpoint`` for ``method path``; ``{name}`` segments match one segment.
 
         ``sends``: the route moves money, and each of its requests is recorded in the
-        gateway's ``requests`` exactly once (:meth:`_counted`). A fixed path replaces any
+        gateway's ``requests`` exactly once (:meth:`_count`). A fixed path replaces any
         earlier route for it; patterns are tried in the order they were added, after
         every fixed path.
         """
         method = method.upper()
-        if sends is not None:
-            endpoint = self._counted(endpoint, sends)
+        entry = _Route(endpoint, sends)
         if "{" not in path:
-            self._routes[(method, path)] = endpoint
+            self._routes[(method, path)] = entry
             return
         parts = []
         for segment in path.split("/"):
             named = _SEGMENT.fullmatch(segment)
             parts.append(f"(?P<{named.group(1)}>[^/]+)" if named else re.escape(segment))
-        self._patterns.append((method, re.compile("/".join(parts)), endpoint))
+        self._patterns.append((method, re.compile("/".join(parts)), entry))
 
-    def _counted(self, endpoint: Endpoint, sends: Sends) -> Endpoint:
-        """The one place every dialect's money-moving request is counted: one the gateway's
-        request path recorded stays as it is (unanswered when the route dropped its
-        answer); one the route answered itself is recorded here, with what it did."""
-
-        def counted(call: GatewayCall) -> Reply:
-            at = self.gateway.now()
-            with serving() as served:
-                reply = endpoint(call)
-            self._settle(call, sends, served, reply, at)
-            return reply
-
-        return counted
+    def _count(self, call: GatewayCall, endpoint: Endpoint, sends: Sends) -> Reply:
+        """The one place every money-moving request is counted, whatever dialect it speaks
+        and however it came in (a route, or ``charge_endpoint`` called by a handler): one
+        the gateway's request path recorded stays as it is (unanswered when the answer was
+        dropped); one answered without it (a body that could not be read, a refusal, a
+        canned or replayed answer) is recorded here, with what was done."""
+        if counting():
+            return endpoint(call)  # inside a request already being counted, by its caller
+        at = self.gateway.now()
+        with serving() as served:
+            reply = unreadable_reply(call) if call.unreadable is not None else endpoint(call)
+        self._settle(call, sends, served, reply, at)
+        return reply
 
     def _settle(
         self, call: GatewayCall, sends: Sends, served: Served, reply: Reply, at: float
     ) -> None:
         """After the route answered: a drop of what the gateway recorded, or the record
-        of a request the gateway never saw (``CANNED``, a refusal, a replay of its own)."""
+        of a request the gateway never saw (``CANNED``, a refusal, a replay of its own, a
+        body that could not be read: ``INVALID``)."""
         if served.recorded:
             if reply.drop:
                 self.gateway.answer_lost(served.recorded)
@@ -276,15 +246,28 @@ class FakeGatewayServer:
         self.gateway.record_answered_here(sent, outcome, at=at, answered=not reply.drop)
 
     def handle(self, call: GatewayCall) -> Reply:
-        """The one dispatch every request goes through."""
-        endpoint = self._routes.get((call.method, call.path))
-        if endpoint is not None:
-            return endpoint(call)
-        for method, pattern, found in self._patterns:
+        """The one dispatch every request goes through. A body that could not be read
+        reaches no endpoint: refused, and counted on a money-moving route."""
+        found = self._route_of(call)
+        if found is None:
+            if call.unreadable is not None:
+                return unreadable_reply(call)
+            return Reply(404, {"error": "NOT_FOUND", "message": f"no {call.method} {call.path}"})
+        route, call = found
+        if route.sends is not None:
+            return self._count(call, route.endpoint, route.sends)
+        return unreadable_reply(call) if call.unreadable is not None else route.endpoint(call)
+
+    def _route_of(self, call: GatewayCall) -> tuple[_Route, GatewayCall] | None:
+        """The route serving ``call``, and the call with its ``{name}`` segments read."""
+        fixed = self._routes.get((call.method, call.path))
+        if fixed is not None:
+            return fixed, call
+        for method, pattern, route in self._patterns:
             matched = pattern.fullmatch(call.path) if method == call.method else None
             if matched is not None:
-                return found(dataclasses.replace(call, params=matched.groupdict()))
-        return Reply(404, {"error": "NOT_FOUND", "message": f"no {call.method} {call.path}"})
+                return route, dataclasses.replace(call, params=matched.groupdict())
+        return None
 
     def error_reply(self, exc: FakeGatewayError) -> Reply:
         if isinstance(exc, FakeGatewayTimeout):
@@ -379,6 +362,11 @@ class FakeGatewayServer:
     # --- the endpoints ----------------------------------------------------------------------
 
     def charge_endpoint(self, call: GatewayCall) -> Reply:
+        """``POST /charge``, counted here too: a server's handler that answers charges
+        itself through this method (not the route) counts each one as the route does."""
+        return self._count(call, self._charge, _base_charge)
+
+    def _charge(self, call: GatewayCall) -> Reply:
         body = call.body
         key = body.get("idempotency_key")
         reference = body.get("reference")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
@@ -150,6 +150,51 @@ class GatewayLookup:
     value: str
     at: float
     found: int
+
+
+@dataclass(frozen=True)
+class ChargeSeen:
+    """A charge as it reached a ``FakeGatewayServer``, before the gateway processed it."""
+
+    pid: int | None
+    idempotency_key: str | None
+    reference: str | None
+    at: float
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A charge declined by its card (``declined_cards``): nothing was processed."""
+
+    idempotency_key: str | None
+    reference: str | None
+    card: str
+    at: float
+
+
+@dataclass(eq=False)
+class HeldAnswer:
+    """One charge's answer kept in the server (:meth:`FakeGatewayServer.hold_next_answer`)."""
+
+    timeout: float
+    pid: int | None = None
+    idempotency_key: str | None = None
+    reference: str | None = None
+    only_reference: str | None = None
+    _reached: threading.Event = field(default_factory=threading.Event)
+    _released: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def reached(self) -> bool:
+        """True once a charge was processed and its answer is held."""
+        return self._reached.is_set()
+
+    def wait_reached(self, timeout: float) -> bool:
+        return self._reached.wait(timeout)
+
+    def release(self) -> None:
+        """Let the held answer go (to a caller that may be dead or frozen by now)."""
+        self._released.set()
 
 
 class GatewayHold:

@@ -214,8 +214,11 @@ class PayPalDialect:
 
     def _order_sent(self, call: GatewayCall) -> MoneyRequest | None:
         """A capture or authorize of an order, or a create that pays with a vaulted source
-        (or repeats one that did), is a charge; a create without one moves no money."""
+        (or repeats one that did), is a charge; a create without one moves no money. A
+        create whose body could not be read may have paid: a charge, as it is counted."""
         key = call.header("PayPal-Request-Id")
+        if "id" not in call.params and call.unreadable is not None:
+            return MoneyRequest("charge", key)
         with self._lock:
             named = call.params.get("id") or self._state.order_keys.get(key or "")
             order = self._state.orders.get(named or "")
