@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.example.support import run_script
+from tests.example.support import run_script, sqlite_shop_url
 
 RunCase = Callable[..., Any]
 """``run_case(module, *arguments)``: what ``run_script`` read from ``module``'s run."""
@@ -18,7 +18,7 @@ RunCase = Callable[..., Any]
 @pytest.fixture(params=["sqlite", "postgresql"])
 def shop_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'shop.db'}"
+        return sqlite_shop_url(tmp_path)
     url: str = request.getfixturevalue("empty_postgres_url")
     return url
 

@@ -60,6 +60,17 @@ def run_script(module: str, *arguments: str, timeout: float = 180) -> dict[str, 
     return seen
 
 
+def sqlite_shop_url(folder: Path) -> str:
+    """The shop database a test keeps in its own folder, when SQLite is its store."""
+    return f"sqlite:///{folder / 'shop.db'}"
+
+
+def run_on_sqlite(module: str, folder: Path, *arguments: str) -> dict[str, Any]:
+    """``run_script`` on a SQLite shop in ``folder``: a twin that switches a protection off
+    shows the harm on one store, so it needs no PostgreSQL."""
+    return run_script(module, str(folder), sqlite_shop_url(folder), *arguments)
+
+
 def run_scenarios(
     python: str | Path,
     arguments: list[str],

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.example.conftest import RunCase
-from tests.example.support import run_script
+from tests.example.support import run_on_sqlite
 
 MODULE = "tests.example.checkout_3ds_retry"
 AUTHENTICATING = "charge:requires_action"  # the authorisation, nothing held yet: not authorized
@@ -72,9 +72,7 @@ def test_without_the_retry_capture_the_authorised_money_is_never_captured(
 ) -> None:
     """The twin: ``web`` publishing no capture (as before) leaves Stripe holding the
     customer's money, nothing captured, the order never paid."""
-    retried = run_script(
-        MODULE, str(tmp_path), f"sqlite:///{tmp_path / 'shop.db'}", "without-retry"
-    )["retried"]
+    retried = run_on_sqlite(MODULE, tmp_path, "without-retry")["retried"]
     assert retried["capture_executions"] == 0, retried
     assert retried["results"] == [], retried
     assert retried["requests"] == [], retried
@@ -118,9 +116,7 @@ def test_without_either_half_an_authorisation_while_giving_up_is_never_captured(
     """The twins: no capture enqueued with the give-up's note, or ``web`` publishing a
     capture only for an authorisation no wait took (as before): Stripe holds the
     customer's money, nothing captured, the order never paid."""
-    seen = run_script(
-        MODULE, str(tmp_path), f"sqlite:///{tmp_path / 'shop.db'}", f"race:{when}+{switch}"
-    )
+    seen = run_on_sqlite(MODULE, tmp_path, f"race:{when}+{switch}")
     assert seen["states"] == ["PAUSED", "COMPLETED"], seen
     assert seen["requests"] == [], seen
     assert seen["status"] == "authorized", seen

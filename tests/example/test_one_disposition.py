@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.example.conftest import RunCase
-from tests.example.support import run_script
+from tests.example.support import run_on_sqlite
 
 MODULE = "tests.example.one_disposition"
 CAPTURE, VOID, REFUND = ["capture", "PROCESSED"], ["void", "PROCESSED"], ["refund", "PROCESSED"]
@@ -110,9 +110,7 @@ def test_without_the_one_record_both_routes_send_and_stripe_refuses_the_second(
     Stripe refuses and the loser's execution fails on. A customer who cancelled after the
     retried capture stays charged, the order ``paid``; a checkout meeting a shipment
     never marks the order paid, and nobody is told."""
-    seen = run_script(
-        MODULE, str(tmp_path), f"sqlite:///{tmp_path / 'shop.db'}", f"{case}+without-one-record"
-    )
+    seen = run_on_sqlite(MODULE, tmp_path, f"{case}+without-one-record")
     assert seen["requests"] == sent, seen
     assert seen[loser] == "FAILED", seen
     if case == "cancel:capture-first":
@@ -183,9 +181,6 @@ def test_without_the_shipping_note_a_shipment_in_flight_and_a_whole_capture_both
     """The twin: the whole capture cannot see shipment 2 about to send, goes ahead and
     takes the 1000; shipment 2's capture is sent after it, Stripe refuses it (it captures
     a PaymentIntent once), and the shipment's execution fails on it."""
-    database_url = f"sqlite:///{tmp_path / 'shop.db'}"
-    seen = run_script(
-        MODULE, str(tmp_path), database_url, "refused-shipment:in-flight+without-shipping-note"
-    )
+    seen = run_on_sqlite(MODULE, tmp_path, "refused-shipment:in-flight+without-shipping-note")
     assert seen["requests"] == [REFUSED, CAPTURE, REFUSED], seen
     assert (seen["settle_result"], seen["shipment"]) == ("succeeded", "FAILED"), seen

@@ -21,6 +21,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +99,18 @@ def started_dir(stderr: str) -> Path:
     return Path(found.group(1))
 
 
+def run_child_on_throwaway(
+    kind: type[Throwaway], env: dict[str, str], child: str, seconds: float = WRAPPER_SECONDS
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], int]:
+    """Runs ``child`` under the wrapper for ``kind``'s service alone and insists it
+    succeeded: its run, the JSON it printed, and the port of the URL it was handed (the
+    throwaway's, which ``assert_nothing_left`` checks is closed afterwards)."""
+    done = run_wrapper(wrapper(*python(child), only=kind.slug), env, seconds)
+    assert done.returncode == 0, done.stderr
+    seen: dict[str, Any] = json.loads(done.stdout)
+    return done, seen, services.host_and_port(seen["url"], kind.service.default_port)[1]
+
+
 def assert_nothing_left(directory: Path, port: int) -> None:
     assert not directory.exists(), directory
     assert throwaway.marked_pids(directory) == []
@@ -138,10 +151,7 @@ def test_an_unanswering_redis_gets_a_throwaway_server_the_command_can_use(
         client = redis.Redis.from_url(url + "/15", socket_timeout=5)
         print(json.dumps({"url": url, "ping": client.ping()}))
     """
-    done = run_wrapper(wrapper(*python(child), only="redis"), env, seconds=60)
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
-    port = services.host_and_port(seen["url"], 6379)[1]
+    done, seen, port = run_child_on_throwaway(RedisThrowaway, env, child, seconds=60)
     assert seen["ping"] is True
     assert seen["url"] != env[services.REDIS.env_var]
     assert f"Redis was not answering at {env[services.REDIS.env_var]}" in done.stderr
@@ -166,12 +176,9 @@ def test_an_unanswering_postgresql_gets_a_throwaway_cluster_with_database_test(
         print(json.dumps({"url": url, "one": one, "db": database, "super": superuser}))
     """
     started = time.monotonic()
-    done = run_wrapper(wrapper(*python(child), only="postgres"), env)
+    done, seen, port = run_child_on_throwaway(PostgresThrowaway, env, child)
     elapsed = time.monotonic() - started
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
     assert (seen["one"], seen["db"], seen["super"]) == (1, "test", True)
-    port = services.host_and_port(seen["url"], 5432)[1]
     assert "PostgreSQL was not answering at" in done.stderr and "initdb in" in done.stderr
     assert_nothing_left(started_dir(done.stderr), port)
     assert elapsed < 60, f"the throwaway PostgreSQL took {elapsed:.1f}s"
@@ -195,11 +202,8 @@ def test_an_unanswering_rabbitmq_gets_a_throwaway_node_rabbitmqctl_reaches(
                 connected = conn.connected
         print(json.dumps({"url": url, "vhost": vhost_url, "connected": connected}))
     """
-    done = run_wrapper(wrapper(*python(child), only="rabbitmq"), env)
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    done, seen, port = run_child_on_throwaway(RabbitmqThrowaway, env, child)
     assert seen["connected"] is True
-    port = services.host_and_port(seen["url"], 5672)[1]
     assert "RabbitMQ was not answering at" in done.stderr
     assert "node agboss-throwaway-" in done.stderr
     assert_nothing_left(started_dir(done.stderr), port)
