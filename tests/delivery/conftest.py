@@ -40,7 +40,7 @@ from celery_agboss.testing.celery_app import (
 )
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
-from celery_agboss.testing.gateway_types import is_definite_failure
+from celery_agboss.testing.gateway_types import GatewayRequest, is_definite_failure
 from tests.support.processes import wait_until
 from tests.support.stores import STORE_BACKENDS, fresh_store_url
 
@@ -263,6 +263,20 @@ class PaymentShop:
         """How many requests reached the gateway under ``call``'s keys (each key names its
         call), whether they moved money or not."""
         return sum(1 for r in self.gateway.requests if call in (r.idempotency_key or ""))
+
+    def requests_of(self, operation: str) -> list[GatewayRequest]:
+        """The requests of ``operation`` (``"charge"``, ``"refund"``) that reached the
+        gateway, whichever call sent them."""
+        return [r for r in self.gateway.requests if r.operation == operation]
+
+    def refunded(self) -> list[tuple[str, int]]:
+        """Each refund the gateway made, as (payment, amount), sorted."""
+        return sorted((r["payment"], r["amount"]) for r in self.gateway.refunds)
+
+    def net_paid(self) -> int:
+        """What the customer paid in all: charged, less refunded."""
+        charged = sum(p["amount"] for p in self.gateway.payments)
+        return charged - sum(r["amount"] for r in self.gateway.refunds)
 
     def execution(self, execution_id: str) -> ExecutionRecord:
         record = self.agboss.executions.read_execution(execution_id)

@@ -28,6 +28,8 @@ from tests.delivery.wallet_orders import (
     OPENING_BALANCE,
     PRICE,
     balance,
+    credited_back_once,
+    debit_kept,
     debit_the_wallet,
     ended_after_a_sweep,
     failing_wallet_and_card_order,
@@ -62,16 +64,14 @@ def test_a_cancel_of_a_waiting_execution_credits_back_its_fenced_debit(shop: Pay
     moved, ended, credited = _cancel_a_waiting_debit(shop)
     assert moved == "COMPENSATING", "its undos run before the cancel ends"
     assert ended == "CANCELLED"
-    assert credited == [(CUSTOMER, PRICE, "cancel")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "cancel")
 
 
 def test_twin_a_cancel_that_counts_only_payments_keeps_the_debit(shop: PaymentShop) -> None:
     with sabotage(CANCEL_SKIPS_EFFECT_UNDOS):
         moved, ended, credited = _cancel_a_waiting_debit(shop)
     assert moved == ended == "CANCELLED"
-    assert credited == []
-    assert balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
+    debit_kept(shop, credited)
 
 
 # --- undos stopped part-way ------------------------------------------------------------------
@@ -99,13 +99,11 @@ def test_a_cancel_after_undos_stopped_part_way_runs_the_rest(shop: PaymentShop) 
     moved, ended, credited = _cancel_after_undos_stopped(shop)
     assert moved == "COMPENSATING"
     assert ended == "FAILED", "its undos were started by the failure: they end it"
-    assert credited == [(CUSTOMER, PRICE, "failure")]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+    credited_back_once(shop, credited, "failure")
 
 
 def test_twin_a_cancel_after_undos_stopped_drops_the_rest(shop: PaymentShop) -> None:
     with sabotage(CANCEL_SKIPS_EFFECT_UNDOS):
         moved, ended, credited = _cancel_after_undos_stopped(shop)
     assert moved == ended == "CANCELLED"
-    assert credited == []
-    assert balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
+    debit_kept(shop, credited)

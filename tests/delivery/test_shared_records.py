@@ -65,12 +65,6 @@ def _paid_with(shop: PaymentShop, order: str) -> Any:
     return None if record is None else record.result
 
 
-def _net(shop: PaymentShop) -> int:
-    """What the customer paid in all: charged, less refunded."""
-    charged = sum(p["amount"] for p in shop.gateway.payments)
-    return charged - sum(r["amount"] for r in shop.gateway.refunds)
-
-
 # --- 1. a saga clicked twice --------------------------------------------------------------
 
 
@@ -131,7 +125,7 @@ def test_f1_twin_an_undo_that_ignores_the_other_click_refunds_a_paid_order(
     with sabotage(UNDO_IGNORES_OTHER_EXECUTIONS):
         _first_fails_after_the_second_completed(shop)
     assert _paid_with(shop, "o-1") is not None, "marked paid and shipped"
-    assert _net(shop) == 0, "a paid, shipped order refunded"
+    assert shop.net_paid() == 0, "a paid, shipped order refunded"
 
 
 def _a_click_after_the_refund(shop: PaymentShop) -> tuple[str, str]:
@@ -153,7 +147,7 @@ def test_f1_a_later_click_is_told_the_refunded_step_was_undone_and_pays_anew(
     assert [r["payment"] for r in shop.gateway.refunds] == [first_payment["id"]]
     assert shop.execution(later).state.value == "COMPLETED"
     assert _paid_with(shop, "o-2") == {"payment": second_payment["id"]}
-    assert _net(shop) == 1000
+    assert shop.net_paid() == 1000
 
 
 def test_f1_twin_a_replay_of_the_refunded_step_marks_the_order_paid_for_nothing(
@@ -163,7 +157,7 @@ def test_f1_twin_a_replay_of_the_refunded_step_marks_the_order_paid_for_nothing(
         _a_click_after_the_refund(shop)
     [payment] = shop.gateway.payments
     assert _paid_with(shop, "o-2") == {"payment": payment["id"]}, "paid with a refunded charge"
-    assert _net(shop) == 0
+    assert shop.net_paid() == 0
 
 
 def _revoke_the_duplicate(shop: PaymentShop) -> tuple[str, str]:
@@ -198,13 +192,13 @@ def test_f1_revoking_the_duplicate_keeps_the_charge_the_completed_order_rests_on
 ) -> None:
     _, duplicate = _revoke_the_duplicate(shop)
     assert shop.execution(duplicate).state.value == "CANCELLED"
-    assert shop.gateway.refunds == [] and _net(shop) == 1000
+    assert shop.gateway.refunds == [] and shop.net_paid() == 1000
 
 
 def test_f1_twin_the_revoked_duplicate_refunds_the_completed_order(shop: PaymentShop) -> None:
     with sabotage(UNDO_IGNORES_OTHER_EXECUTIONS):
         _revoke_the_duplicate(shop)
-    assert _net(shop) == 0, "the completed order's charge refunded"
+    assert shop.net_paid() == 0, "the completed order's charge refunded"
 
 
 def _gated_saga(shop: PaymentShop, gates: dict[str, threading.Event]) -> Any:
@@ -273,7 +267,7 @@ def test_f1_an_undo_waits_while_another_click_still_uses_the_charge_then_keeps_i
     failed = shop.execution(first)
     assert failed.state.value == "FAILED", failed.reason
     assert f"kept for {second}" in (failed.reason or "")
-    assert shop.gateway.refunds == [] and _net(shop) == 1000
+    assert shop.gateway.refunds == [] and shop.net_paid() == 1000
     assert _paid_with(shop, "o-4") is not None
 
 
@@ -287,7 +281,7 @@ def test_f1_two_clicks_failing_one_after_the_other_undo_the_charge_once(
     failed = shop.execution(first)
     assert failed.state.value == "FAILED", failed.reason
     assert f"claimed for undo by {second}" in (failed.reason or "")
-    assert len(shop.gateway.refunds) == 1 and _net(shop) == 0
+    assert len(shop.gateway.refunds) == 1 and shop.net_paid() == 0
 
 
 # --- 2. a primary/backup body clicked twice --------------------------------------------------
@@ -359,14 +353,14 @@ def test_f3_every_undo_declared_after_one_step_runs_last_declared_first(
     shop: PaymentShop,
 ) -> None:
     assert _hold_then_refund_then_fail(shop) == ["refund-charge", "release-hold"]
-    assert _net(shop) == 0
+    assert shop.net_paid() == 0
 
 
 def test_f3_twin_a_second_undo_with_dropped_leaves_the_charge(shop: PaymentShop) -> None:
     with sabotage(ONE_UNDO_PER_STEP):
         ran = _hold_then_refund_then_fail(shop)
     assert ran == ["release-hold"]
-    assert _net(shop) == 1000, "FAILED, the customer still charged"
+    assert shop.net_paid() == 1000, "FAILED, the customer still charged"
 
 
 # --- 4. a cancel of an execution that sent another's intent --------------------------------
@@ -430,7 +424,7 @@ def _sent_through_another_execution_s_intent(shop: PaymentShop, *, twin: bool = 
 def test_f4_cancelling_the_execution_that_sent_the_charge_refunds_it(shop: PaymentShop) -> None:
     second = _sent_through_another_execution_s_intent(shop)
     assert shop.execution(second).state.value == "CANCELLED"
-    assert _net(shop) == 0, "the cancelled order refunded"
+    assert shop.net_paid() == 0, "the cancelled order refunded"
 
 
 def test_f4_without_an_undo_the_cancel_waits_for_a_person(shop: PaymentShop) -> None:
@@ -457,7 +451,7 @@ def test_f4_twin_counting_only_created_intents_cancels_and_keeps_the_money(
 ) -> None:
     second = _sent_through_another_execution_s_intent(shop, twin=True)
     assert shop.execution(second).state.value == "CANCELLED"
-    assert shop.gateway.refunds == [] and _net(shop) == 1000, "cancelled, the customer charged"
+    assert shop.gateway.refunds == [] and shop.net_paid() == 1000, "cancelled, the customer charged"
     assert list_waits(shop.app) == [], "and nothing for a person to see"
 
 

@@ -139,11 +139,6 @@ class TwoTasks:
         return told
 
 
-def _net(shop: PaymentShop) -> int:
-    paid = sum(p["amount"] for p in shop.gateway.payments)
-    return paid - sum(r["amount"] for r in shop.gateway.refunds)
-
-
 def _step_handle(shop: PaymentShop, creator: str) -> str:
     """The shared charge's step as a reason may name it (its key holds the order)."""
     (charge,) = shop.intents(creator)
@@ -172,7 +167,7 @@ def test_twin_the_refund_is_skipped_and_nobody_told(shop: PaymentShop) -> None:
     with sabotage(UNDO_COVERED_BY_OTHER_UNDOS):
         a, b = tasks.run()
     assert (a.state.value, b.state.value) == ("FAILED", "FAILED")
-    assert _net(shop) == 1000 and not shop.gateway.refunds  # charged, never refunded
+    assert shop.net_paid() == 1000 and not shop.gateway.refunds  # charged, never refunded
     assert not list_waits(shop.app) and not list_failed_after_payment(shop.app)
 
 
@@ -188,7 +183,7 @@ def test_twin_a_later_click_is_told_undone_and_pays_again(shop: PaymentShop) -> 
     with sabotage(UNDO_COVERED_BY_OTHER_UNDOS):
         tasks.run()
         assert tasks.later_click() == [True]
-    assert len(shop.gateway.payments) == 2 and _net(shop) == 2000
+    assert len(shop.gateway.payments) == 2 and shop.net_paid() == 2000
 
 
 def test_the_same_undo_on_both_refunds_once(shop: PaymentShop) -> None:
@@ -197,9 +192,9 @@ def test_the_same_undo_on_both_refunds_once(shop: PaymentShop) -> None:
     assert tasks.ran == ["refund-charge"]
     assert (a.state.value, b.state.value) == ("FAILED", "FAILED")
     assert (len(shop.gateway.payments), len(shop.gateway.refunds)) == (1, 1)
-    assert _net(shop) == 0
+    assert shop.net_paid() == 0
     assert tasks.later_click() == [True]  # undone: the new attempt pays once
-    assert len(shop.gateway.payments) == 2 and _net(shop) == 1000
+    assert len(shop.gateway.payments) == 2 and shop.net_paid() == 1000
 
 
 def test_a_claim_that_refunds_leaves_the_other_undo_to_a_person(shop: PaymentShop) -> None:
@@ -215,7 +210,7 @@ def test_a_claim_that_refunds_leaves_the_other_undo_to_a_person(shop: PaymentSho
     # The claimer refunded: listed as a payment left behind, its refund would be made twice.
     assert list_failed_after_payment(shop.app) == []
     assert tasks.later_click() == [False]
-    assert len(shop.gateway.payments) == 1 and _net(shop) == 0
+    assert len(shop.gateway.payments) == 1 and shop.net_paid() == 0
 
 
 def _refund_by_hand(shop: PaymentShop) -> None:
@@ -239,7 +234,7 @@ def test_a_plain_cancel_of_the_wait_goes_to_a_person(shop: PaymentShop) -> None:
     assert settled.state.value == "CANCELLED"
     assert not list_waits(shop.app) and list_failed_after_payment(shop.app) == []
     assert tasks.later_click() == [False]
-    assert len(shop.gateway.payments) == 1 and _net(shop) == 0
+    assert len(shop.gateway.payments) == 1 and shop.net_paid() == 0
 
 
 @pytest.mark.parametrize("settled_as", ["refunded", "kept"])
@@ -255,7 +250,7 @@ def test_a_settled_step_is_never_read_undone_by_a_click(shop: PaymentShop, settl
     cancel(shop.app, a.id, f"{settled_as} at the gateway", payments_handled=True)
     assert tasks.later_click() == [False]
     assert len(shop.gateway.payments) == 1
-    assert _net(shop) == (0 if settled_as == "refunded" else 1000)
+    assert shop.net_paid() == (0 if settled_as == "refunded" else 1000)
     assert list_failed_after_payment(shop.app) == []
 
 
@@ -321,4 +316,4 @@ def test_two_waits_on_one_charge_each_say_one_settlement_is_for_both(
     cancel(shop.app, a, "refunded at the gateway", payments_handled=True)
     cancel(shop.app, c, "refunded at the gateway", payments_handled=True)
     assert tasks.later_click() == [False]  # a person decides on a new attempt
-    assert len(shop.gateway.payments) == 1 and _net(shop) == 0
+    assert len(shop.gateway.payments) == 1 and shop.net_paid() == 0

@@ -43,6 +43,7 @@ from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
+from tests.delivery.wallet_orders import released
 from tests.engine.helpers import Crash
 from tests.support.processes import wait_until
 
@@ -159,11 +160,7 @@ def _wait_released(shop: PaymentShop, task_id: str) -> None:
     """WAITING, and the delivery that wrote it let its lease go: its verdict and its
     release are two transactions, and a cancel is refused while the lease is live."""
     shop.wait_state(task_id, "WAITING")
-    wait_until(
-        lambda: not getattr(shop.agboss.store.read_lease(task_id), "live", False),
-        20,
-        message=f"the lease of {task_id} to be released",
-    )
+    released(shop, task_id)
 
 
 def test_a_cancel_of_a_waiting_execution_runs_its_undo_in_a_delivery(shop: PaymentShop) -> None:
@@ -348,10 +345,6 @@ def _undo_tasks_across_a_crash(shop: PaymentShop, signal: Signal) -> tuple[str, 
     return task_id, ran
 
 
-def _refunded(shop: PaymentShop) -> list[tuple[str, int]]:
-    return sorted((r["payment"], r["amount"]) for r in shop.gateway.refunds)
-
-
 @pytest.mark.parametrize(
     "signal",
     [celery_signals.before_task_publish, celery_signals.after_task_publish],
@@ -363,7 +356,7 @@ def test_an_undo_signature_runs_once_across_a_crash_and_a_redelivery(
     caplog.set_level(logging.INFO, logger="celery_agboss")
     task_id, ran = _undo_tasks_across_a_crash(shop, signal)
     assert len(ran) == 2 and len(set(ran)) == 2, "one task per undo, each body run once"
-    assert _refunded(shop) == sorted((p["id"], REFUND_PART) for p in shop.gateway.payments)
+    assert shop.refunded() == sorted((p["id"], REFUND_PART) for p in shop.gateway.payments)
     events = [vars(r) for r in caplog.records if getattr(r, "execution_id", None) == task_id]
     starts = [e for e in events if e["event"] == EXECUTION_COMPENSATING]
     assert [(e["cause"], e["count"], e["continuing"]) for e in starts] == [
@@ -382,7 +375,7 @@ def test_twin_an_undo_task_published_under_a_new_id_refunds_twice(shop: PaymentS
         _, ran = _undo_tasks_across_a_crash(shop, celery_signals.after_task_publish)
     assert len(set(ran)) == 3, "published again under a new id: a third refund task"
     goods = shop.gateway.payments[0]["id"]
-    assert [payment for payment, _ in _refunded(shop)].count(goods) == 2, "refunded twice"
+    assert [payment for payment, _ in shop.refunded()].count(goods) == 2, "refunded twice"
 
 
 @sqlite_only

@@ -34,6 +34,7 @@ from celery_agboss.store.pauses import list_pauses
 from celery_agboss.task import undo_function
 from celery_agboss.testing import sabotage
 from tests.delivery.conftest import PaymentShop
+from tests.delivery.wallet_orders import released
 from tests.engine.helpers import Crash
 from tests.support.processes import wait_until
 
@@ -57,7 +58,7 @@ def _paused_in_the_cancels_undo(shop: PaymentShop) -> str:
     task_id = shop.pay_revoked_after_its_charge("refund-after-approval")("o-2")
     record = shop.wait_state(task_id, "PAUSED", "CANCELLED", "WAITING_OPERATOR")
     assert record.state.value == "PAUSED" and record.cancel_requested, record
-    _wait_released(shop, task_id)
+    released(shop, task_id)
     return task_id
 
 
@@ -67,14 +68,6 @@ def _undo_pause(shop: PaymentShop, task_id: str) -> str:
     [pause_id] = [p.pause_id for p in pending if p.status == "PENDING"]
     assert pause_id.startswith(f"{task_id}:approve-refund@"), pause_id
     return pause_id
-
-
-def _wait_released(shop: PaymentShop, task_id: str) -> None:
-    wait_until(
-        lambda: not getattr(shop.agboss.store.read_lease(task_id), "live", False),
-        20,
-        message=f"the lease of {task_id} to be released",
-    )
 
 
 def test_a_pause_in_a_cancels_undo_is_answered_and_the_customer_refunded(
@@ -116,7 +109,7 @@ def _paused_in_a_failures_undo(shop: PaymentShop) -> str:
 
     task_id = str(pay.delay("o-3").id)
     shop.wait_state(task_id, "PAUSED")
-    _wait_released(shop, task_id)
+    released(shop, task_id)
     return task_id
 
 
@@ -196,17 +189,13 @@ def _two_part_refunds(shop: PaymentShop, amounts: tuple[int, int], crash: bool =
     return task_id
 
 
-def _refunded(shop: PaymentShop) -> list[tuple[str, int]]:
-    return sorted((r["payment"], r["amount"]) for r in shop.gateway.refunds)
-
-
 @pytest.mark.parametrize("amounts", [(500, 500), (500, 300)], ids=["same", "different"])
 def test_two_calls_of_one_name_in_an_undo_are_two_refunds(
     shop: PaymentShop, amounts: tuple[int, int]
 ) -> None:
     task_id = _two_part_refunds(shop, amounts)
     [payment] = shop.gateway.payments
-    assert _refunded(shop) == sorted((payment["id"], amount) for amount in amounts)
+    assert shop.refunded() == sorted((payment["id"], amount) for amount in amounts)
     # The first keeps the key an undo's call always had: a refund in flight keeps it.
     tenant = shop.agboss.engine_settings.tenant
     charge_key = business_key(tenant, "order:o-5", "shop.charge")
@@ -221,7 +210,7 @@ def test_a_crash_between_the_two_refunds_sends_only_the_second_on_redrive(
 ) -> None:
     _two_part_refunds(shop, (500, 500), crash=True)
     [payment] = shop.gateway.payments
-    assert _refunded(shop) == [(payment["id"], 500), (payment["id"], 500)]
+    assert shop.refunded() == [(payment["id"], 500), (payment["id"], 500)]
     assert len(shop.gateway.requests) == 3, "one charge, each refund sent once"
 
 
@@ -229,4 +218,4 @@ def test_twin_two_calls_of_one_name_sharing_the_undos_key_refund_once(shop: Paym
     with sabotage(UNDO_CALLS_SHARE_ONE_KEY):
         _two_part_refunds(shop, (500, 500))
     [payment] = shop.gateway.payments
-    assert _refunded(shop) == [(payment["id"], 500)]
+    assert shop.refunded() == [(payment["id"], 500)]

@@ -44,11 +44,6 @@ STRAGGLER = "card-b"
 """The name of the body's thread, which the paused fault point picks out."""
 
 
-def _sent(shop: PaymentShop, operation: str) -> list[Any]:
-    """The requests of ``operation`` that reached the gateway and moved money."""
-    return [r for r in shop.gateway.requests if r.operation == operation]
-
-
 # --- a body thread past the check, claiming after the start mark ---------------------------
 
 
@@ -79,7 +74,7 @@ def test_a_body_thread_past_the_check_claims_nothing_after_the_start_mark(
     raised = _a_body_thread_claiming_just_after_the_start_mark(shop)
     assert [type(exc) for exc in raised] == [ConfigurationError], raised
     assert "after its compensation started" in str(raised[0])
-    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.requests_of("charge")) == 1 and len(shop.requests_of("refund")) == 1
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
     assert list_failed_after_payment(shop.app) == []  # nothing left charged
 
@@ -91,7 +86,7 @@ def test_without_the_claims_check_a_body_thread_charges_after_the_start_mark(
         raised = _a_body_thread_claiming_just_after_the_start_mark(shop)
         listed = list_failed_after_payment(shop.app)
     assert raised == []
-    assert len(_sent(shop, "charge")) == 2 and len(_sent(shop, "refund")) == 1
+    assert len(shop.requests_of("charge")) == 2 and len(shop.requests_of("refund")) == 1
     assert len(shop.gateway.payments) == 2 and len(shop.gateway.refunds) == 1
     assert listed == [], "card B's charge passed as an undo's refund"
 
@@ -139,7 +134,7 @@ def test_a_revoked_undo_task_waits_for_an_operator_whose_redrive_refunds_once(
         assert redrive(shop.app, task_id, "the customer is owed the refund", actor="test")
         shop.wait_state(task_id, "COMPLETED", timeout=20)
     assert shop.execution(parent).state.value == "FAILED"
-    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.requests_of("charge")) == 1 and len(shop.requests_of("refund")) == 1
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
     assert list_waits(shop.app) == []
     with pytest.raises(AGBossError, match="COMPLETED"):
@@ -152,7 +147,7 @@ def test_twin_a_revoked_undo_task_ends_cancelled_shown_to_nobody(shop: PaymentSh
         listed = list_waits(shop.app), list_failed_after_payment(shop.app)
     assert shop.execution(task_id).state.value == "CANCELLED"
     assert shop.execution(parent).state.value == "FAILED"  # its step reads undone
-    assert len(_sent(shop, "charge")) == 1 and _sent(shop, "refund") == []
+    assert len(shop.requests_of("charge")) == 1 and shop.requests_of("refund") == []
     assert len(shop.gateway.payments) == 1 and shop.gateway.refunds == []
     assert listed == ([], []), "the unrefunded charge is shown to nobody"
 
@@ -251,7 +246,7 @@ def test_an_undo_task_revoked_before_it_started_waits_and_a_redrive_refunds_once
             shop.wait_state(task.id, "COMPLETED", timeout=20)
     finally:
         celery_signals.task_postrun.disconnect(on_postrun)
-    assert len(_sent(shop, "refund")) == 1 and len(shop.gateway.refunds) == 1
+    assert len(shop.requests_of("refund")) == 1 and len(shop.gateway.refunds) == 1
     assert list_waits(shop.app) == []
 
 
@@ -285,5 +280,5 @@ def test_an_undo_task_revoked_by_a_stamp_waits_and_a_redrive_refunds_once(
             shop.wait_state(task.id, "COMPLETED", timeout=20)
     finally:
         revoked_stamps.pop(stamp, None)
-    assert len(_sent(shop, "refund")) == 1 and len(shop.gateway.refunds) == 1
+    assert len(shop.requests_of("refund")) == 1 and len(shop.gateway.refunds) == 1
     assert list_waits(shop.app) == []

@@ -32,12 +32,6 @@ from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.engine.helpers import Crash
 from tests.support.processes import wait_until
 
-
-def _sent(shop: PaymentShop, operation: str) -> list[Any]:
-    """The requests of ``operation`` that reached the gateway and moved money."""
-    return [r for r in shop.gateway.requests if r.operation == operation]
-
-
 # --- an undo that reads the gateway first, re-run after a crash -----------------------------
 
 
@@ -76,7 +70,7 @@ def test_a_failure_whose_undo_found_its_refund_made_left_no_payment_behind(
 ) -> None:
     task_id = _fail_after_a_crashed_undo(shop, "o-1")
     assert shop.execution(task_id).state.value == "FAILED"
-    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.requests_of("charge")) == 1 and len(shop.requests_of("refund")) == 1
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
     assert list_failed_after_payment(shop.app) == []
 
@@ -110,7 +104,7 @@ def test_a_cancel_whose_undo_found_its_refund_made_ends_cancelled(shop: PaymentS
     task_id = _cancel_after_a_crashed_undo(shop, "o-2")
     record = shop.execution(task_id)
     assert record.state.value == "CANCELLED", record.reason
-    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.requests_of("charge")) == 1 and len(shop.requests_of("refund")) == 1
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
     assert list_failed_after_payment(shop.app) == []
 
@@ -227,7 +221,7 @@ def test_undo_with_inside_a_fenced_effect_fn_is_refused(shop: PaymentShop) -> No
     assert record.state.value == "FAILED", record.reason
     assert record.deliveries == 1
     assert len(refused) == 1 and "undo_with() inside a fenced effect's fn" in str(refused[0])
-    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.requests_of("charge")) == 1 and len(shop.requests_of("refund")) == 1
     assert len(shop.gateway.refunds) == 1
 
 
@@ -268,7 +262,7 @@ def _refund_tasks(shop: PaymentShop, *states: str) -> list[Any]:
 def test_a_signature_undo_whose_refund_is_declined_waits_for_a_person(shop: PaymentShop) -> None:
     parent = _signature_undo_refused(shop)
     assert shop.execution(parent).state.value == "FAILED"
-    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.requests_of("charge")) == 1 and len(shop.requests_of("refund")) == 1
     assert len(shop.gateway.payments) == 1 and shop.gateway.refunds == []
     [task] = _refund_tasks(shop, "WAITING_OPERATOR")
     assert_waits_for_an_operator(task, f"undo shop.refund_payment of execution {parent} failed")

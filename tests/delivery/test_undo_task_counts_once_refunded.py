@@ -21,21 +21,18 @@ from typing import Any
 import pytest
 
 from celery_agboss import OutboundCallCompensatedError
-from celery_agboss.core import state_machine
+from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.protections import UNDO_TASK_READ_UNDONE_ON_PUBLISH
 from celery_agboss.operator import list_failed_after_payment, list_waits, redrive
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
+from tests.delivery import later_click
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
-from tests.delivery.later_click import charge_unless_still_claimed
+from tests.delivery.later_click import ENDED, charge_unless_still_claimed, refund_task_execution
 from tests.support.processes import wait_until
 
-ENDED = ("COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED")
-
-
-def _sent(shop: PaymentShop, operation: str) -> list[Any]:
-    """The requests of ``operation`` that reached the gateway and moved money."""
-    return [r for r in shop.gateway.requests if r.operation == operation]
+# A later click's wait for a claimed undo, shortened in every test here.
+_short_wait_for_a_claimed_undo = later_click.short_wait_for_a_claimed_undo
 
 
 class Orders:
@@ -68,31 +65,13 @@ class Orders:
 
         self.place_order = place_order
 
-    def refund_task(self, *states: str) -> Any:
+    def refund_task(self, *states: str) -> ExecutionRecord:
         """The refund task's execution (in one of ``states``, when given), once recorded."""
-
-        def found() -> Any:
-            tasks = [
-                record
-                for record in self.shop.agboss.executions.list_executions(None, limit=50)
-                if record.task_name == "shop.refund_payment"
-                and (not states or record.state.value in states)
-            ]
-            return tasks[0] if tasks else None
-
-        return wait_until(found, 20, message=f"the refund task {'/'.join(states)}")
+        return refund_task_execution(self.shop, *states)
 
     def click(self, order: str) -> str:
         """A later click on ``order`` in the running worker, run to its end."""
         return self.shop.deliver(self.place_order, order, states=ENDED)
-
-
-@pytest.fixture(autouse=True)
-def _short_wait_for_a_claimed_undo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A click that meets a claimed step waits for its undo to be done, 5 s in a deployment;
-    here the refund task cannot finish meanwhile (queued, or waiting for a person), so 0.3 s
-    says the same."""
-    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.3)
 
 
 def _click_while_the_refund_is_queued(shop: PaymentShop) -> tuple[Orders, str, str]:
@@ -113,7 +92,7 @@ def test_a_later_click_never_pays_again_while_the_refund_task_is_queued(
     assert [exc.undone for exc in orders.told] == [False]
     assert orders.told[0].undo_by == parent
     assert shop.execution(later).state.value == "FAILED"
-    assert len(_sent(shop, "charge")) == 1 and shop.gateway.refunds == []
+    assert len(shop.requests_of("charge")) == 1 and shop.gateway.refunds == []
     assert len(shop.gateway.payments) == 1
     # The refund task runs: the charge is undone, and a new click pays anew, once.
     with shop.worker(queues=[shop.app.conf.task_default_queue, orders.queue]):
@@ -134,7 +113,7 @@ def test_twin_read_undone_on_publish_a_queued_refund_leaves_two_charges(
     assert [exc.undone for exc in orders.told] == [True]
     assert shop.execution(later).state.value == "COMPLETED"
     # The customer holds two charges, and the refund of the first has not run.
-    assert len(_sent(shop, "charge")) == 2 and len(shop.gateway.payments) == 2
+    assert len(shop.requests_of("charge")) == 2 and len(shop.gateway.payments) == 2
     assert shop.gateway.refunds == []
 
 
@@ -172,6 +151,6 @@ def test_a_cancel_whose_undo_is_a_task_ends_cancelled_and_refunds_once(
         record = shop.wait_state(task_id, "CANCELLED", "WAITING_OPERATOR", "FAILED")
         wait_until(lambda: len(shop.gateway.refunds) == 1, 20, message="the refund task")
     assert record.state.value == "CANCELLED", record.reason
-    assert len(_sent(shop, "charge")) == 1 and len(_sent(shop, "refund")) == 1
+    assert len(shop.requests_of("charge")) == 1 and len(shop.requests_of("refund")) == 1
     assert len(shop.gateway.payments) == 1 and len(shop.gateway.refunds) == 1
     assert list_failed_after_payment(shop.app) == [] and list_waits(shop.app) == []

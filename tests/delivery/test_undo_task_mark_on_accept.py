@@ -15,20 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from celery_agboss import OutboundCallCompensatedError
-from celery_agboss.core import state_machine
 from celery_agboss.core.executions import DIVERGENCE, ExecutionRecord
 from celery_agboss.core.protections import UNDO_TASK_ACCEPT_WRITES_NO_MARK
 from celery_agboss.operator import accept, list_failed_after_payment, list_waits
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
+from tests.delivery import later_click
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
-from tests.delivery.later_click import charge_unless_still_claimed
-from tests.support.processes import wait_until
+from tests.delivery.later_click import ENDED, charge_unless_still_claimed, refund_task_execution
 
-ENDED = ("COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED")
+# A later click's wait for a claimed undo, shortened in every test here.
+_short_wait_for_a_claimed_undo = later_click.short_wait_for_a_claimed_undo
 
 
 class GuardedRefunds:
@@ -62,25 +60,7 @@ class GuardedRefunds:
 
     def refund_task(self, *states: str) -> ExecutionRecord:
         """The refund task's execution, once in one of ``states``."""
-
-        def found() -> ExecutionRecord | None:
-            executions = self.shop.agboss.executions.list_executions(None, limit=50)
-            tasks = [
-                r
-                for r in executions
-                if r.task_name == "shop.refund_payment" and r.state.value in states
-            ]
-            return tasks[0] if tasks else None
-
-        record: ExecutionRecord = wait_until(found, 30, message=f"the refund task {states}")
-        return record
-
-
-@pytest.fixture(autouse=True)
-def _short_wait_for_a_claimed_undo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A click that meets a claimed step waits up to 5 s for its undo to be done; nothing
-    finishes it meanwhile here, so 0.3 s says the same."""
-    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.3)
+        return refund_task_execution(self.shop, *states, timeout=30)
 
 
 def _refund_task_accepted(shop: PaymentShop) -> tuple[GuardedRefunds, str, str]:

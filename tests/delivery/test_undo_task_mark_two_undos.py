@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 from celery_agboss import OutboundCallCompensatedError
-from celery_agboss.core import state_machine
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.core.fault_points import FENCED_BEFORE_COMMIT, UNDO_BEFORE_COMPENSATED
@@ -35,11 +34,13 @@ from celery_agboss.core.protections import UNDO_MARKS_READ_UNLOCKED, UNDO_TASK_M
 from celery_agboss.operator import list_failed_after_payment, list_waits, redrive
 from celery_agboss.task import undo_function
 from celery_agboss.testing import arm_fault, disarm_all, sabotage
+from tests.delivery import later_click
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
-from tests.delivery.later_click import charge_unless_still_claimed
-from tests.support.processes import wait_until
+from tests.delivery.later_click import ENDED, charge_unless_still_claimed, refund_task_execution
 
-ENDED = ("COMPLETED", "FAILED", "WAITING_OPERATOR", "CANCELLED")
+# A later click's wait for a claimed undo, shortened in every test here.
+_short_wait_for_a_claimed_undo = later_click.short_wait_for_a_claimed_undo
+
 PAST_RETENTION = 8 * 24 * 3600  # seconds: past the 7-day defaults of every retention
 RELEASE = "release-stock"
 
@@ -90,14 +91,7 @@ class TwoUndos:
 
     def refund_task(self) -> ExecutionRecord:
         """The refund task's execution, once recorded."""
-
-        def found() -> ExecutionRecord | None:
-            executions = self.shop.agboss.executions.list_executions(None, limit=50)
-            tasks = [r for r in executions if r.task_name == "shop.refund_payment"]
-            return tasks[0] if tasks else None
-
-        record: ExecutionRecord = wait_until(found, 20, message="the refund task")
-        return record
+        return refund_task_execution(self.shop)
 
     def click(self, order: str) -> str:
         """A later click on ``order`` in the running worker, run to its end."""
@@ -105,13 +99,6 @@ class TwoUndos:
 
     def queues(self) -> list[str]:
         return [self.shop.app.conf.task_default_queue, self.queue]
-
-
-@pytest.fixture(autouse=True)
-def _short_wait_for_a_claimed_undo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A click that meets a claimed step waits up to 5 s for its undo to be done; nothing
-    finishes it meanwhile here, so 0.3 s says the same."""
-    monkeypatch.setattr(state_machine, "COMPENSATION_WAIT_S", 0.3)
 
 
 def _assert_paid_anew_once(shop: PaymentShop, orders: TwoUndos, again: str) -> None:

@@ -1,7 +1,8 @@
 """The orders the cancel tests share, built on this folder's ``shop``: a body that debits
 the app's own wallet with ``fenced_effect()`` (undo: credit it back) and charges the card
 at the fake gateway (undo: refund it), and the operator's steps around them: a refund by
-hand, a sweep to an end, a later click on the card step. One copy, used by the plain
+hand, a sweep to an end, a later click on the card step; and the checks of the wallet
+after (credited back once, or the debit kept). One copy, used by the plain
 cancel here and by ``cancel --payments-handled`` in ``operations``, so that each test
 file reads as its scenario."""
 
@@ -89,6 +90,18 @@ def wallet_with_credit_undo(
         credited.append((customer, amount, undo.cause))
 
     return switch, credited
+
+
+def credited_back_once(shop: PaymentShop, credited: list[Any], cause: str) -> None:
+    """The wallet's debit credited back once, by the undos ``cause`` started."""
+    assert credited == [(CUSTOMER, PRICE, cause)]
+    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
+
+
+def debit_kept(shop: PaymentShop, credited: list[Any]) -> None:
+    """The wallet's debit kept: its credit never ran."""
+    assert credited == []
+    assert balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"
 
 
 # --- the steps of an order's body ------------------------------------------------------------

@@ -4,6 +4,10 @@ executions and intents into the states the sweep and the operator commands act o
 
 Messages go to Celery's in-memory transport: nothing consumes them, and every publish
 (the first and each re-publish) is counted through ``after_task_publish``.
+
+The tests that deliver for real (the operator's "payments handled", retention of scheduled
+charges) use the delivery folder's ``shop`` instead: a worker thread in this process, on
+each backend; a module may override its ``shop_config``.
 """
 
 from __future__ import annotations
@@ -21,11 +25,17 @@ from celery_agboss.store.migrate import migrate
 from celery_agboss.testing.clock import VirtualClock
 from celery_agboss.testing.gateway import FakeGateway
 from celery_agboss.testing.stores import sqlite_store_url
+from tests.delivery import conftest as delivery
 from tests.operations.world import World, connected, make_world
 from tests.support import services
 from tests.support.stores import STORE_BACKENDS, fresh_store_url
 
 BACKENDS = STORE_BACKENDS
+
+# The delivery folder's shop (a real worker in this process), reused as it is.
+delivery_store_url = delivery.delivery_store_url
+shop_config = delivery.shop_config
+shop = delivery.shop
 
 
 @pytest.fixture(params=BACKENDS)

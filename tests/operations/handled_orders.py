@@ -2,8 +2,8 @@
 an order that charged the card with no undo and failed, a click that relied on its
 charge, a new click on the same order that ships on what it is handed; and the steps
 they repeat (placed and refunded by hand, a refusal naming who still uses the charge, a
-re-delivery, the wallet's credit-back). Built on ``tests.delivery.wallet_orders``, so
-that each test file reads as its scenario."""
+re-delivery). Built on ``tests.delivery.wallet_orders`` (the wallet's credit-back checked
+there), so that each test file reads as its scenario."""
 
 from __future__ import annotations
 
@@ -20,9 +20,6 @@ from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     CUSTOMER,
     HANDLED,
-    OPENING_BALANCE,
-    PRICE,
-    balance,
     charge_the_card,
     click_again,
     placed_and_waiting,
@@ -210,15 +207,3 @@ def delivered_again(shop: PaymentShop, task: Any, task_id: str, *states: str) ->
     ended = shop.wait_state(task_id, *(states or _REDELIVERED_ENDS))
     released(shop, task_id)
     return ended
-
-
-def credited_back_once(shop: PaymentShop, credited: list[Any], cause: str) -> None:
-    """The wallet's debit credited back once, by the undos ``cause`` started."""
-    assert credited == [(CUSTOMER, PRICE, cause)]
-    assert balance(shop) == OPENING_BALANCE, "the debit was credited back, once"
-
-
-def debit_kept(shop: PaymentShop, credited: list[Any]) -> None:
-    """The wallet's debit kept: its credit never ran."""
-    assert credited == []
-    assert balance(shop) == OPENING_BALANCE - PRICE, "the customer's debit is kept"

@@ -16,14 +16,9 @@ from typing import Any
 
 from celery_agboss.core.protections import PAYMENTS_HANDLED_CLAIMED_AFTER_UNDOS
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import our_refund_requests, wallet_and_card_order
 from tests.operations.handled_orders import handled_then_clicked
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 def _clicked_while_compensating(shop: PaymentShop) -> tuple[str, list[Any]]:

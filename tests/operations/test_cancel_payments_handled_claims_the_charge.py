@@ -41,11 +41,11 @@ from celery_agboss.core.protections import (
 from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     HANDLED,
     click_again,
+    credited_back_once,
     ended_after_a_sweep,
     our_refund_requests,
     placed_and_waiting,
@@ -57,16 +57,12 @@ from tests.operations import handled_orders
 from tests.operations.handled_orders import (
     card_only_order,
     card_step_that_waits,
-    credited_back_once,
     delivered_again,
     handled_at_once,
     refused_naming,
 )
 from tests.support.processes import wait_until
 
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 _short_wait_for_a_claimed_undo = handled_orders.short_wait_for_a_claimed_undo
 
 

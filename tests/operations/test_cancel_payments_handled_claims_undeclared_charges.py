@@ -19,7 +19,6 @@ from typing import Any
 
 from celery_agboss.core.protections import PAYMENTS_HANDLED_SKIPS_UNDECLARED_CHARGES
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import our_refund_requests
 from tests.operations.handled_orders import (
@@ -28,10 +27,6 @@ from tests.operations.handled_orders import (
     placed_with_a_click,
     refused_naming,
 )
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 def _order_without_an_undo(shop: PaymentShop) -> Any:

@@ -29,15 +29,10 @@ from celery_agboss.core.protections import (
 )
 from celery_agboss.operator import cancel, list_failed_after_payment
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.delivery.wallet_orders import charge_the_card, placed_and_waiting
 from tests.operations import handled_orders
 from tests.operations.handled_orders import card_only_order, delivered_again
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 KEPT = "kept the charge at the gateway: the later click ships the order on it"
 

@@ -28,21 +28,17 @@ from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import acting, cancel
 from celery_agboss.runtime.app_runtime import Runtime
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     HANDLED,
+    credited_back_once,
+    debit_kept,
     our_refund_requests,
     placed_and_waiting,
     refund_by_hand,
     wallet_and_card_order,
 )
-from tests.operations.handled_orders import credited_back_once, debit_kept
 from tests.support.processes import wait_until
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 ENDS = ("CANCELLED", "WAITING_OPERATOR", "FAILED")
 

@@ -23,7 +23,6 @@ from celery_agboss.core.protections import UNDO_TASKS_FOUND_BY_OUTBOX_ONLY
 from celery_agboss.operator import cancel
 from celery_agboss.store.schema_executions import outbox
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     HANDLED,
@@ -34,10 +33,6 @@ from tests.delivery.wallet_orders import (
     task_refund_requests,
 )
 from tests.operations.handled_orders import refused_naming
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 PAST_RETENTION = 8 * 24 * 3600  # seconds: past the 7-day retention of published rows
 

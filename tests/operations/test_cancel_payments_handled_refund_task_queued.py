@@ -20,7 +20,6 @@ from typing import Any
 from celery_agboss.core.protections import PAYMENTS_HANDLED_WHILE_UNDO_TASK_QUEUED
 from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     OPENING_BALANCE,
@@ -28,10 +27,6 @@ from tests.delivery.wallet_orders import (
     order_with_a_queued_refund_task,
 )
 from tests.operations.handled_orders import refused_naming
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 HANDLED = "the card is dealt with at the gateway"
 

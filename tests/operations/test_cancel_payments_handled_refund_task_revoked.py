@@ -25,7 +25,6 @@ from celery.worker.state import revoked as revoked_ids
 from celery_agboss.core.protections import REVOKED_UNDO_TASK_NOT_RECORDED
 from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.delivery.wallet_orders import (
     HANDLED,
@@ -40,10 +39,6 @@ from tests.delivery.wallet_orders import (
 )
 from tests.operations.handled_orders import refused_naming
 from tests.support.processes import wait_until
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 def _refused(shop: PaymentShop, queued: QueuedRefund) -> None:

@@ -38,7 +38,6 @@ from celery_agboss.core.protections import (
 from celery_agboss.operator import cancel, list_failed_after_payment
 from celery_agboss.testing import sabotage
 from celery_agboss.testing.gateway import FakeGatewayFault
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop, assert_waits_for_an_operator
 from tests.delivery.wallet_orders import (
     CUSTOMER,
@@ -48,6 +47,8 @@ from tests.delivery.wallet_orders import (
     balance,
     charge_the_card,
     click_again,
+    credited_back_once,
+    debit_kept,
     debit_the_wallet,
     ended_after_a_sweep,
     failing_wallet_and_card_order,
@@ -58,12 +59,6 @@ from tests.delivery.wallet_orders import (
     wallet_and_card_order,
     wallet_with_credit_undo,
 )
-from tests.operations.handled_orders import credited_back_once, debit_kept
-
-# The delivery folder's shop (a real worker in this process), reused as it is.
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 def _handled_and_swept(

@@ -42,7 +42,6 @@ from celery_agboss.errors import (
     OutboundCallUnreconciledError,
     StoreError,
 )
-from celery_agboss.metrics.exporter import exposition
 from celery_agboss.operator import (
     accept,
     cancel,
@@ -98,13 +97,6 @@ def test_twin_an_unchecked_answer_reaches_the_body_as_the_gateway_s(
 # --- 1. failed after a payment ----------------------------------------------------------------
 
 
-def _gauge(world: World) -> float:
-    for line in exposition(world.app).decode().splitlines():
-        if line.startswith("agboss_executions_failed_after_payment "):
-            return float(line.split()[1])
-    raise AssertionError("the gauge is not exposed")
-
-
 def test_a_failure_after_a_payment_is_listed_and_counted_until_marked_handled(
     world: World,
 ) -> None:
@@ -113,10 +105,10 @@ def test_a_failure_after_a_payment_is_listed_and_counted_until_marked_handled(
     assert left.execution.id == execution and left.execution.state is ExecutionState.FAILED
     assert left.intents == [i.idempotency_key for i in world.intents(execution)]
     assert "payments-handled" in left.ends_with
-    assert _gauge(world) == 1.0
+    assert world.failed_after_payment_gauge() == 1.0
     marked = payments_handled(world.app, execution, "refunded at the gateway", actor="ops")
     assert marked.payments_handled_at_ms is not None
-    assert list_failed_after_payment(world.app) == [] and _gauge(world) == 0.0
+    assert list_failed_after_payment(world.app) == [] and world.failed_after_payment_gauge() == 0.0
     [row] = world.agboss.executions.list_audit(execution)
     assert (row.actor, row.action) == ("ops", "payments-handled")
 
@@ -158,13 +150,13 @@ def test_a_cancel_after_a_payment_ends_once_the_operator_confirms_it_handled(
     assert waiting.state is ExecutionState.WAITING_OPERATOR, "never silently CANCELLED"
     assert (waiting.reason or "").startswith(CANCELLED_AFTER_PAYMENT)
     assert [w.execution.id for w in list_waits(world.app)] == [execution]
-    assert list_failed_after_payment(world.app) == [] and _gauge(world) == 0.0
+    assert list_failed_after_payment(world.app) == [] and world.failed_after_payment_gauge() == 0.0
     ended = cancel(world.app, execution, "kept at the gateway", actor="ops", payments_handled=True)
     assert ended.state is ExecutionState.CANCELLED
     [intent] = world.intents(execution)
     assert intent.status is IntentStatus.COMPLETED and intent.compensated_at_ms is None
     assert ended.payments_handled_at_ms is not None
-    assert list_failed_after_payment(world.app) == [] and _gauge(world) == 0.0
+    assert list_failed_after_payment(world.app) == [] and world.failed_after_payment_gauge() == 0.0
     actions = [row.action for row in world.agboss.executions.list_audit(execution)]
     assert sorted(actions) == ["cancel", "cancel:payments-handled"]
 

@@ -29,7 +29,6 @@ from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import cancel, payments_handled
 from celery_agboss.store import cancels, execution_admin
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import HANDLED, placed_and_waiting, refund_by_hand
 from tests.operations.handled_orders import (
@@ -39,10 +38,6 @@ from tests.operations.handled_orders import (
     failed_after_a_charge,
     waiting_and_refunded_by_hand,
 )
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 @pytest.fixture(autouse=True)

@@ -16,13 +16,8 @@ from __future__ import annotations
 
 from celery_agboss.core.protections import PAYMENTS_HANDLED_SKIPS_RELIED_CHARGES
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.operations.handled_orders import cancel_of_a_relying_click, verb_on_a_relying_click
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 def test_payments_handled_verb_claims_a_relied_charge(shop: PaymentShop) -> None:

@@ -23,7 +23,6 @@ from celery_agboss.core.protections import PAYMENTS_HANDLED_DELIVERY_CLAIMS_NEW_
 from celery_agboss.core.shared_steps import HANDLED_NOTE
 from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     charge_the_card,
@@ -34,10 +33,6 @@ from tests.delivery.wallet_orders import (
     wallet_with_credit_undo,
 )
 from tests.operations.handled_orders import delivered_again
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 WORD = "the wallet order's payments are dealt with (it paid nothing at the gateway)"
 _ENDS = ("CANCELLED", "WAITING_OPERATOR", "FAILED")

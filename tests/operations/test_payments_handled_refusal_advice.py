@@ -16,7 +16,6 @@ import pytest
 from celery_agboss.core.executions import ExecutionRecord
 from celery_agboss.errors import OperatorRefusedError
 from celery_agboss.operator import cancel
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     HANDLED,
@@ -25,10 +24,6 @@ from tests.delivery.wallet_orders import (
     refund_by_hand,
 )
 from tests.operations.handled_orders import card_only_order
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 _COMMAND = re.compile(r"`celery -A proj agboss (cancel \S+(?: --payments-handled)?) --reason TEXT`")
 

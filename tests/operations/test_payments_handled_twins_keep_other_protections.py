@@ -19,7 +19,6 @@ from celery_agboss.core.protections import (
     PAYMENTS_HANDLED_VERB_CLAIMS_NOTHING,
 )
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import wallet_and_card_order
 from tests.operations.handled_orders import (
@@ -29,10 +28,6 @@ from tests.operations.handled_orders import (
     placed_with_a_click,
     refused_naming,
 )
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,6 @@ from celery_agboss import OutboundCallCompensatedError
 from celery_agboss.core.protections import PAYMENTS_HANDLED_VERB_CLAIMS_NOTHING
 from celery_agboss.operator import list_failed_after_payment, payments_handled
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     CUSTOMER,
@@ -32,10 +31,6 @@ from tests.delivery.wallet_orders import (
     refund_charge_undo,
 )
 from tests.operations.handled_orders import NEW_CLICK_ENDS, failed_after_a_charge
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 def _handled_then_clicked(shop: PaymentShop) -> tuple[str, list[Any], list[Any]]:

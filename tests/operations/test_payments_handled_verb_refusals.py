@@ -27,7 +27,6 @@ from celery_agboss.core.protections import (
 from celery_agboss.operator import payments_handled
 from celery_agboss.store.schema_executions import outbox
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery
 from tests.delivery.conftest import PaymentShop
 from tests.delivery.wallet_orders import (
     CUSTOMER,
@@ -44,10 +43,6 @@ from tests.operations.handled_orders import (
     failed_then_a_click_waits,
     refused_naming,
 )
-
-delivery_store_url = delivery.delivery_store_url
-shop_config = delivery.shop_config
-shop = delivery.shop
 
 
 def _refused_nothing_written(shop: PaymentShop, task_id: str, other: str) -> None:

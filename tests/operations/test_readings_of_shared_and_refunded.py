@@ -24,7 +24,6 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.outbound import CallContext, Lookup, OutboundCall, Unknown
 from celery_agboss.core.protections import RETENTION_DELETES_UNHANDLED_PAYMENTS
 from celery_agboss.core.store_protocol import IntentStatus
-from celery_agboss.metrics.exporter import exposition
 from celery_agboss.operator import (
     describe,
     list_failed_after_payment,
@@ -99,13 +98,6 @@ def _older_lookalikes(world: World, refund: OutboundCall, *, advance: int = 1) -
     return 4
 
 
-def _gauge(world: World) -> float:
-    for line in exposition(world.app).decode().splitlines():
-        if line.startswith("agboss_executions_failed_after_payment "):
-            return float(line.split()[1])
-    raise AssertionError("the gauge is not exposed")
-
-
 def _listed(world: World, limit: int) -> list[str]:
     return [p.execution.id for p in list_failed_after_payment(world.app, limit=limit)]
 
@@ -126,9 +118,11 @@ def test_the_gauge_counts_payments_left_behind_not_executions_that_look_like_one
 ) -> None:
     lookalikes = _older_lookalikes(world, _refund_call(world))
     world.charged_then_failed("real")
-    assert _gauge(world) == 1.0
+    assert world.failed_after_payment_gauge() == 1.0
     monkeypatch.setattr(counts, "FAILED_AFTER_PAYMENT_CAP", lookalikes - 1)
-    assert _gauge(world) == 1.0, "the cap bounds what is counted, not what is looked at"
+    assert world.failed_after_payment_gauge() == 1.0, (
+        "the cap bounds what is counted, not what is looked at"
+    )
 
 
 def test_the_listing_pages_through_every_lookalike_oldest_first(
@@ -148,7 +142,7 @@ def test_the_listing_pages_through_every_lookalike_oldest_first(
     assert _listed(world, 1) == [first]
     assert _listed(world, 2) == [first, second]
     assert _listed(world, 100) == [first, second]
-    assert _gauge(world) == 2.0
+    assert world.failed_after_payment_gauge() == 2.0
     assert all(world.execution(e).state is ExecutionState.FAILED for e in later)
 
 
@@ -177,7 +171,7 @@ def test_retention_keeps_a_payment_left_behind_until_an_operator_dealt_with_it(
     real, key = _retention_after_a_payment_left_behind(world)
     for _ in range(2):  # a second run deletes nothing more of it either
         assert _listed(world, 10) == [real]
-        assert _gauge(world) == 1.0
+        assert world.failed_after_payment_gauge() == 1.0
         assert [i.idempotency_key for i in world.intents(real)] == [key]
         world.sweep()
     payments_handled(world.app, real, "refunded by hand")

@@ -27,13 +27,8 @@ from celery_agboss.core.executions import ExecutionState
 from celery_agboss.core.protections import RETENTION_DELETES_A_SCHEDULED_EXECUTION
 from celery_agboss.operator import cancel
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery_world
 from tests.delivery.conftest import PaymentShop
 from tests.operations.world import World, connected
-
-# The delivery world's fixtures (a worker thread on the in-memory broker), as in delivery/.
-delivery_store_url = delivery_world.delivery_store_url
-shop = delivery_world.shop
 
 RETENTION_SECONDS = 60.0
 """Every retention of the delivery test's app (database-clock seconds)."""

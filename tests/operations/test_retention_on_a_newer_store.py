@@ -33,7 +33,6 @@ from celery_agboss.core.protections import (
 from celery_agboss.store.migrate import RETENTION_GENERATION_KEY
 from celery_agboss.store.retention import RETENTION_RULES_GENERATION
 from celery_agboss.testing import sabotage
-from tests.delivery import conftest as delivery_world
 from tests.delivery.conftest import PaymentShop
 from tests.operations import test_retention_of_scheduled_charges as scheduled
 from tests.operations.test_retention_of_scheduled_charges import (
@@ -41,9 +40,7 @@ from tests.operations.test_retention_of_scheduled_charges import (
     deliver_at_its_eta,
 )
 
-# The delivery world's fixtures, with the scheduled-charge tests' settings and signal.
-delivery_store_url = delivery_world.delivery_store_url
-shop = delivery_world.shop
+# The scheduled-charge tests' settings and signal, with the delivery folder's shop.
 shop_config = scheduled.shop_config
 finished = scheduled.finished
 

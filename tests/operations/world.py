@@ -33,6 +33,7 @@ from celery_agboss.errors import (
     OutboundCallOutcomeUnknownError,
     OutboundCallUnreconciledError,
 )
+from celery_agboss.metrics.exporter import exposition
 from celery_agboss.sweep import SweepReport, run_sweep
 from celery_agboss.task import PaymentTask
 from celery_agboss.testing.celery_app import close_test_app, make_test_app
@@ -76,6 +77,13 @@ class World:
 
     def intents(self, execution_id: str) -> list[IntentRecord]:
         return self.agboss.executions.list_intents_of(execution_id)
+
+    def failed_after_payment_gauge(self) -> float:
+        """``agboss_executions_failed_after_payment`` as the app's metrics expose it."""
+        for line in exposition(self.app).decode().splitlines():
+            if line.startswith("agboss_executions_failed_after_payment "):
+                return float(line.split()[1])
+        raise AssertionError("the gauge is not exposed")
 
     def publishes_of(self, execution_id: str) -> int:
         return self.published.count(execution_id)
