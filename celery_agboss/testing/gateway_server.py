@@ -80,7 +80,9 @@ order created without a payment source)."""
 
 
 @dataclass(frozen=True)
-class _Route:
+class Route:
+    """What serves a path (:meth:`FakeGatewayServer.route_at`)."""
+
     endpoint: Endpoint
     sends: Sends | None  # set: the route moves money, each request counted (``_count``)
 
@@ -120,8 +122,8 @@ class FakeGatewayServer:
         self._charges: list[ChargeSeen] = []
         self._declines: list[Decline] = []
         self._held: list[HeldAnswer] = []
-        self._routes: dict[tuple[str, str], _Route] = {}
-        self._patterns: list[tuple[str, re.Pattern[str], _Route]] = []
+        self._routes: dict[tuple[str, str], Route] = {}
+        self._patterns: list[tuple[str, re.Pattern[str], Route]] = []
         self._server: ThreadingHTTPServer | None = None
         self._url: str | None = None  # set by start(), kept through stop()
         self._thread: threading.Thread | None = None
@@ -197,7 +199,7 @@ class FakeGatewayServer:
         every fixed path.
         """
         method = method.upper()
-        entry = _Route(endpoint, sends)
+        entry = Route(endpoint, sends)
         if "{" not in path:
             self._routes[(method, path)] = entry
             return
@@ -206,6 +208,11 @@ class FakeGatewayServer:
             named = _SEGMENT.fullmatch(segment)
             parts.append(f"(?P<{named.group(1)}>[^/]+)" if named else re.escape(segment))
         self._patterns.append((method, re.compile("/".join(parts)), entry))
+
+    def route_at(self, method: str, path: str) -> Route:
+        """What serves the fixed path ``method path``, so a test can wrap it with
+        :meth:`route` (``sends=`` kept) and put it back; ``KeyError`` when none does."""
+        return self._routes[(method.upper(), path)]
 
     def _count(self, call: GatewayCall, endpoint: Endpoint, sends: Sends) -> Reply:
         """The one place every money-moving request is counted, whatever dialect it speaks
@@ -258,7 +265,7 @@ class FakeGatewayServer:
             return self._count(call, route.endpoint, route.sends)
         return unreadable_reply(call) if call.unreadable is not None else route.endpoint(call)
 
-    def _route_of(self, call: GatewayCall) -> tuple[_Route, GatewayCall] | None:
+    def _route_of(self, call: GatewayCall) -> tuple[Route, GatewayCall] | None:
         """The route serving ``call``, and the call with its ``{name}`` segments read."""
         fixed = self._routes.get((call.method, call.path))
         if fixed is not None:
@@ -475,6 +482,7 @@ __all__ = [
     "HeldAnswer",
     "MoneyRequest",
     "Reply",
+    "Route",
     "Sends",
     "dialect_class",
     "documented_capabilities",

@@ -314,20 +314,20 @@ class World:
         set once a search arrived."""
         assert self.gateway is not None
         path = ("GET", "/v1/payment_intents/search")
-        original = self.gateway._routes[path]
+        original = self.gateway.route_at(*path)
         arrived, released = threading.Event(), threading.Event()
 
         def held(call: Any) -> Any:
             arrived.set()
             released.wait(30)
-            return original(call)
+            return original.endpoint(call)
 
-        self.gateway._routes[path] = held
+        self.gateway.route(*path, held, sends=original.sends)
         try:
             yield arrived
         finally:
             released.set()
-            self.gateway._routes[path] = original
+            self.gateway.route(*path, original.endpoint, sends=original.sends)
 
     # --- what happened ---------------------------------------------------------------
 
