@@ -23,9 +23,8 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from celery_agboss import AGBoss, PaymentTask, outbox
-from tests.integration.apps.shop import app_from_environment, gateway_note
-from tests.integration.apps.shop import make_app as make_shop_app
+from celery_agboss import PaymentTask, outbox
+from tests.integration.apps.shop import app_from_environment, gateway_app, shop_charge
 
 CONFIG_ENV = "AGBOSS_IT_CONFIRMS_CONFIG"
 
@@ -35,9 +34,7 @@ def _queue(name: str, arguments: dict[str, Any] | None = None) -> Queue:
 
 
 def make_app(config: dict[str, Any]) -> Celery:
-    app = make_shop_app(config)
-    agboss = AGBoss.of(app)
-    gateway = config["gateway_url"]
+    app, _, _, note = gateway_app(config, shop_tasks=True)
     ship_queue = config.get("ship_queue") or config["queue"] + "-ship"
     queues = [_queue(ship_queue, config.get("ship_queue_arguments"))]
     if config["queue"] != ship_queue:
@@ -51,16 +48,12 @@ def make_app(config: dict[str, Any]) -> Celery:
 
     @app.task(bind=True, shared=False, name="it.confirms.ship")
     def ship(self: Any, order_id: str) -> str:
-        gateway_note(gateway, "ship", self.request.id, order=order_id)
+        note("ship", self.request.id, order=order_id)
         return order_id
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.confirms.pay_and_ship")
     def pay_and_ship(self: Any, order_id: str) -> dict[str, Any]:
-        receipt = self.outbound(
-            agboss.registry["it.charge"],
-            {"amount": 1000, "order": order_id},
-            business_key=f"order:{order_id}",
-        )
+        receipt = shop_charge(self, order_id)
 
         def mark_paid(conn: Any) -> str:
             return outbox.enqueue(conn, ship.s(order_id).set(queue=ship_queue), grace=1.0)

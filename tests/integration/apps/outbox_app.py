@@ -22,11 +22,10 @@ from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from celery_agboss import AGBoss, PaymentTask, outbox
+from celery_agboss import PaymentTask, outbox
 from celery_agboss.core.executions import execution_scope
 from celery_agboss.testing.fault_arming import FENCED_AFTER_COMMIT, arm_fault
-from tests.integration.apps.shop import app_from_environment, gateway_note
-from tests.integration.apps.shop import make_app as make_shop_app
+from tests.integration.apps.shop import app_from_environment, gateway_app, shop_charge
 
 CONFIG_ENV = "AGBOSS_IT_OUTBOX_CONFIG"
 ORDERS_TABLE = "it_outbox_orders"
@@ -56,25 +55,19 @@ def _die_after_this_commit(execution_id: str) -> None:
 
 
 def make_app(config: dict[str, Any]) -> Celery:
-    app = make_shop_app(config)
-    agboss = AGBoss.of(app)
-    gateway = config["gateway_url"]
+    app, agboss, _, note = gateway_app(config, shop_tasks=True)
     grace = float(config.get("outbox_grace", 1.0))
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.outbox.send_receipt")
     def send_receipt(self: Any, order_id: str) -> dict[str, str]:
-        gateway_note(gateway, "receipt", self.request.id, order=order_id)
+        note("receipt", self.request.id, order=order_id)
         return {"receipt": order_id}
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.outbox.pay_order")
     def pay_order(  # type: ignore[no-untyped-def]
         self: Any, order_id: str, fail_in_effect: bool = False, die_after_commit: bool = False
     ):
-        receipt = self.outbound(
-            agboss.registry["it.charge"],
-            {"amount": 1000, "order": order_id},
-            business_key=f"order:{order_id}",
-        )
+        receipt = shop_charge(self, order_id)
         record = agboss.executions.read_execution(self.request.id)
         first_delivery = record is not None and record.deliveries == 1
 

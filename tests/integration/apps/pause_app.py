@@ -17,25 +17,16 @@ The worker runs ``celery -A tests.integration.apps.pause_app:app`` with the conf
 
 from __future__ import annotations
 
-import functools
-from datetime import timedelta
 from typing import Any
 
 from celery import Celery
 from sqlalchemy import text
 
-from celery_agboss import AGBoss, OutboundCall, PaymentTask
+from celery_agboss import OutboundCall, PaymentTask
 from celery_agboss.core.outbound import CallContext
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import FakeGatewayError
-from tests.integration.apps.shop import (
-    GatewayDeclined,
-    _http,
-    app_from_environment,
-    gateway_note,
-    lookup_at_gateway,
-)
-from tests.integration.apps.shop import make_app as make_shop_app
+from tests.integration.apps.shop import _http, app_from_environment, gateway_app, gateway_call
 
 CONFIG_ENV = "AGBOSS_PS_CONFIG"
 """Not the shop's variable: importing the shop must not build its own app here too."""
@@ -87,11 +78,7 @@ def create_orders_table(conn: Any) -> None:
 
 
 def make_app(config: dict[str, Any]) -> Celery:
-    app = make_shop_app(config)
-    agboss = AGBoss.of(app)
-    base = config["gateway_url"]
-
-    note = functools.partial(gateway_note, base)
+    app, agboss, base, note = gateway_app(config, shop_tasks=True)
 
     def posting(path: str, body: Any) -> Any:
         def send(call: CallContext) -> Any:
@@ -102,13 +89,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         return send
 
     def call(name: str, path: str, body: Any) -> OutboundCall:
-        made = OutboundCall(
-            name=name,
-            send=posting(path, body),
-            reconcile=lookup_at_gateway(base),
-            is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
-            key_retention=timedelta(hours=24),
-        )
+        made = gateway_call(name, base, posting(path, body))
         agboss.register(made)
         return made
 

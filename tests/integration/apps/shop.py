@@ -158,28 +158,71 @@ def overrun_on_first_delivery(task: Any, seconds: float, note: Callable[..., Non
             time.sleep(0.1)
 
 
+def _declined(exc: BaseException) -> bool:
+    return isinstance(exc, GatewayDeclined)
+
+
+def gateway_call(
+    name: str, gateway: str, send: Callable[[CallContext], Any], **options: Any
+) -> OutboundCall:
+    """An outbound call to the test's gateway as every app here makes one, so that they
+    all reconcile and fail alike: its lookup by key reconciles, a decline (402) is a
+    definite failure, keys are kept a day; ``options`` are further ``OutboundCall``
+    fields."""
+    return OutboundCall(
+        name=name,
+        send=send,
+        reconcile=lookup_at_gateway(gateway),
+        is_definite_failure=_declined,
+        key_retention=timedelta(hours=24),
+        **options,
+    )
+
+
+GatewayApp = tuple[Celery, AGBoss, str, Callable[..., None]]
+SHOP_APP_NAME = "agboss_it"
+
+
 def gateway_app(
-    config: dict[str, Any], name: str
-) -> tuple[Celery, AGBoss, str, Callable[..., None]]:
+    config: dict[str, Any], name: str = SHOP_APP_NAME, *, shop_tasks: bool = False
+) -> GatewayApp:
     """``base_app`` with what its tasks reach the test's gateway by: the app, its
-    ``AGBoss``, the gateway's URL and ``gateway_note`` bound to that URL."""
+    ``AGBoss``, the gateway's URL and ``gateway_note`` bound to that URL. With
+    ``shop_tasks`` the app is the shop's (its ``it.*`` tasks and ``it.charge``), which
+    the apps that extend the shop add their own tasks to."""
     gateway = config["gateway_url"]
     app = base_app(config, name)
-    return app, AGBoss.of(app), gateway, functools.partial(gateway_note, gateway)
+    parts: GatewayApp = (app, AGBoss.of(app), gateway, functools.partial(gateway_note, gateway))
+    if shop_tasks:
+        _add_shop_tasks(config, *parts)
+    return parts
 
 
 def make_app(config: dict[str, Any]) -> Celery:
-    app, agboss, gateway, note = gateway_app(config, "agboss_it")
+    return gateway_app(config, shop_tasks=True)[0]
+
+
+def shop_charge(task: Any, order_id: str, amount: int = 1000) -> Any:
+    """``it.charge`` of the order from a task of an app with the shop's tasks: one
+    payment per order, whichever task charges it."""
+    charge_call = AGBoss.of(task.app).registry["it.charge"]
+    return task.outbound(
+        charge_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
+    )
+
+
+def _add_shop_tasks(
+    config: dict[str, Any], app: Celery, agboss: AGBoss, gateway: str, note: Callable[..., None]
+) -> None:
+    """The shop's tasks, their unprotected twins and ``it.charge`` (registered) on ``app``."""
 
     def gate(name: str) -> None:
         _http(gateway, "POST", "/gate", {"name": name})
 
-    charge_call = OutboundCall(
-        name="it.charge",
-        send=charge_at_gateway(gateway),
-        reconcile=lookup_at_gateway(gateway),
-        is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
-        key_retention=timedelta(hours=24),
+    charge_call = gateway_call(
+        "it.charge",
+        gateway,
+        charge_at_gateway(gateway),
         # The fake gateway's lookup by key is consistent: a test may say its "not found"
         # proves absence (a cancel then settles the intent FAILED instead of asking a person).
         lookup_proves_absence=bool(config.get("lookup_proves_absence", False)),
@@ -187,18 +230,13 @@ def make_app(config: dict[str, Any]) -> Celery:
     )
     agboss.register(charge_call)
 
-    def charge(task: Any, order_id: str, amount: int) -> Any:
-        return task.outbound(
-            charge_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
-        )
-
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.charge_order")
     def charge_order(self: Any, order_id: str, amount: int = 1000, gate_name: str | None = None):  # type: ignore[no-untyped-def]
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         note("body-start", self.request.id, redelivered=redelivered)
         if gate_name:
             gate(gate_name)
-        receipt = charge(self, order_id, amount)
+        receipt = shop_charge(self, order_id, amount)
         note("body-end", self.request.id, outcome=str(self.last_outcome))
         return {"payment": receipt["id"], "order": order_id}
 
@@ -208,7 +246,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(0.1)
-        receipt = charge(self, order_id, amount)
+        receipt = shop_charge(self, order_id, amount)
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
 
@@ -216,7 +254,7 @@ def make_app(config: dict[str, Any]) -> Celery:
     def charge_then_overrun(self: Any, order_id: str, seconds: float, amount: int = 1000):  # type: ignore[no-untyped-def]
         """Charges, then (on its first delivery only) overruns its hard time limit."""
         note("body-start", self.request.id)
-        receipt = charge(self, order_id, amount)
+        receipt = shop_charge(self, order_id, amount)
         overrun_on_first_delivery(self, seconds, note)
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
@@ -241,7 +279,7 @@ def make_app(config: dict[str, Any]) -> Celery:
                 time.sleep(0.1)
             note("retry-deferred-seen", self.request.id)
             raise retry
-        receipt = charge(self, order_id, amount)
+        receipt = shop_charge(self, order_id, amount)
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
 
@@ -250,7 +288,7 @@ def make_app(config: dict[str, Any]) -> Celery:
         note("body-start", self.request.id, retries=self.request.retries)
         if self.request.retries == 0:
             raise self.retry(countdown=wait)
-        receipt = charge(self, order_id, amount)
+        receipt = shop_charge(self, order_id, amount)
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
 
@@ -260,13 +298,13 @@ def make_app(config: dict[str, Any]) -> Celery:
         answer = self.pause("approve", {"order": order_id})
         if not answer.get("approved"):
             return {"declined": order_id}
-        receipt = charge(self, order_id, amount)
+        receipt = shop_charge(self, order_id, amount)
         return {"payment": receipt["id"], "order": order_id, "by": answer.get("by")}
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.failing_charge")
     def failing_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
         note("body-start", self.request.id)
-        charge(self, order_id, amount)
+        shop_charge(self, order_id, amount)
         raise ValueError(f"order {order_id} cannot be fulfilled")
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.ship")
@@ -284,10 +322,10 @@ def make_app(config: dict[str, Any]) -> Celery:
         """Catches an unknown outcome and calls again in the same delivery (design: R23)."""
         note("body-start", self.request.id)
         try:
-            receipt = charge(self, order_id, amount)
+            receipt = shop_charge(self, order_id, amount)
         except OutboundCallOutcomeUnknownError:
             note("charge-again", self.request.id)
-            receipt = charge(self, order_id, amount)
+            receipt = shop_charge(self, order_id, amount)
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
 
@@ -377,7 +415,6 @@ def make_app(config: dict[str, Any]) -> Celery:
 
     for gateway_name, gateway_url in (config.get("sdk_gateways") or {}).items():
         _sdk_charge_task(app, agboss, gateway_name, gateway_url)
-    return app
 
 
 def _sdk_charge_task(app: Celery, agboss: AGBoss, gateway_name: str, gateway_url: str) -> None:

@@ -16,22 +16,20 @@ every time the undo runs again).
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
 from typing import Any
 
 from celery import Celery
 
-from celery_agboss import AGBoss, OutboundCall, PaymentTask
+from celery_agboss import AGBoss, PaymentTask
 from celery_agboss.core.compensation import UndoStep
 from celery_agboss.core.outbound import CallContext
 from celery_agboss.task import undo_function
 from tests.integration.apps.shop import (
     GatewayAnswerLost,
-    GatewayDeclined,
     app_from_environment,
     charge_at_gateway,
     gateway_app,
-    lookup_at_gateway,
+    gateway_call,
     overrun_on_first_delivery,
 )
 from tests.integration.apps.shop import _http as http
@@ -47,19 +45,8 @@ def make_app(config: dict[str, Any]) -> Celery:
         body = {"payment": call.request["payment"], "idempotency_key": call.idempotency_key}
         return http(gateway, "POST", "/refund", body)
 
-    charge_call, refund_call = (
-        OutboundCall(
-            name=name,
-            send=send,
-            reconcile=lookup_at_gateway(gateway),
-            is_definite_failure=lambda exc: isinstance(exc, GatewayDeclined),
-            key_retention=timedelta(hours=24),
-        )
-        for name, send in (
-            ("undo_it.charge", charge_at_gateway(gateway)),
-            ("undo_it.refund", send_refund),
-        )
-    )
+    charge_call = gateway_call("undo_it.charge", gateway, charge_at_gateway(gateway))
+    refund_call = gateway_call("undo_it.refund", gateway, send_refund)
     agboss.register(charge_call)
     agboss.register(refund_call)
 
