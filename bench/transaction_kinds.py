@@ -55,6 +55,7 @@ COMPLETE = Kind(
 LINKS = Kind("links recorded", "trap 4: callbacks and chords dispatched once")
 RENEWAL = Kind("renewal", "P1: the lease kept alive while the body runs")
 SWEEP_WATCH = Kind("sweep watch", "P4: a worker notices that no sweep runs")
+HELD = Kind("held messages", "P4: a worker's unstarted payment messages listed, never re-published")
 CONNECT = Kind("connection set-up", "none: the dialect's first queries in a process")
 PRE_PING = Kind("pool pre-ping", "none: SQLAlchemy pool_pre_ping, an autocommit SELECT 1")
 
@@ -70,9 +71,13 @@ KNOWN_KINDS = (
     LINKS,
     RENEWAL,
     SWEEP_WATCH,
+    HELD,
     CONNECT,
     PRE_PING,
 )
+BACKGROUND = frozenset(kind.name for kind in (RENEWAL, SWEEP_WATCH, HELD, CONNECT, PRE_PING))
+"""Kinds a process opens on a timer or once, however many tasks it runs: a cost per
+process and interval (renewals have their own goal), not per task."""
 SERVES = {kind.name: kind.serves for kind in KNOWN_KINDS}
 
 # Function names (``co_name``) of celery_agboss that open one kind of transaction. The
@@ -104,6 +109,8 @@ KIND_OF_FUNCTION: dict[str, Kind] = {
     "_until_next_tick": SWEEP_WATCH,
     "_tick": SWEEP_WATCH,
     "check_sweep_freshness": SWEEP_WATCH,
+    "write_held": HELD,
+    "forget_held": HELD,
 }
 
 PLUMBING = frozenset(
