@@ -9,7 +9,12 @@ test that is a lease renewal held up, a SQLite transaction kept past its write-l
 bound, an HTTP client's timeout: failures the product did not cause. So once a test's
 fixtures are gone, its process collects and freezes what survived (``gc.freeze``);
 later collections walk only what newer tests made: 5.5 ms a test on average, measured
-over the same 78."""
+over the same 78.
+
+Most of what the tests kept was one leak of ours, since fixed: the process's lease
+renewer registry held every closed store (its engine and compiled statements). Without
+it a delivery test keeps about 350 objects (140,161 to 167,103 over 76 tests, measured),
+mostly modules imported once; the freeze stays, so no later leak brings the pauses back."""
 
 from __future__ import annotations
 
