@@ -254,42 +254,10 @@ def run_slow_effect(store_factory: StoreFactory, backend: str) -> SlowEffectRun:
     others = handles_a[1:] + handles_b
     run = SlowEffectRun(backend, ttl_ms, slow.ref, [h.ref for h in others], rounds)
     execution = Execution(worker_a.inner, slow, ttl_ms)
+    _watch_the_transaction(run, execution)
     in_effect = threading.Event()
-
-    def on_begin(tx: SQLFencedTransaction) -> None:
-        run.began, run.began_db_ms, run.extended_to_ms = (
-            time.monotonic(),
-            tx.now_ms,
-            tx.expires_at_ms,
-        )
-
-    def before_commit(tx: SQLFencedTransaction) -> None:
-        run.db_now_at_commit_ms = tx.read_now_ms()
-
-    execution.on_begin, execution.before_commit = on_begin, before_commit
-
-    def slow_fn(conn: Any) -> dict[str, bool]:
-        conn.execute(insert(fn_writes).values(execution_id=execution.execution_id))
-        in_effect.set()
-        time.sleep(LONG_SECONDS)  # the user's slow effect: real time, on purpose
-        return {"applied": True}
-
-    def slow_effect() -> None:
-        try:
-            run.result = run_fenced_effect(execution, execution.step(), slow_fn)
-        except BaseException as exc:  # judged by the test
-            run.error = exc
-        finally:
-            run.ended = time.monotonic()
-
-    def probe() -> None:
-        """Worker B renews its leases while the effect holds whatever it holds."""
-        started = time.monotonic()
-        outcomes = renewer_b.renew_now()
-        run.probe = Round(started, time.monotonic(), outcomes)
-
-    thread = threading.Thread(target=slow_effect, name="slow-effect", daemon=True)
-    prober = threading.Thread(target=probe, name="probe-renewal", daemon=True)
+    thread = _slow_effect_thread(run, execution, in_effect)
+    prober = _probe_thread(run, renewer_b)
     try:
         for handle in handles_a:
             renewer_a.track(handle)
@@ -298,15 +266,7 @@ def run_slow_effect(store_factory: StoreFactory, backend: str) -> SlowEffectRun:
         thread.start()
         assert in_effect.wait(10), f"the slow fenced effect never began: {run.error!r}"
         prober.start()
-        deadline = run.began + LONG_SECONDS + 15
-        while thread.is_alive() and time.monotonic() < deadline:
-            states = {}
-            for ref in run.others:
-                state = observer.read_lease(ref.scope)
-                assert state is not None
-                states[ref] = (state.expires_at_ms, state.live)
-            run.samples.append((time.monotonic(), states))
-            time.sleep(SAMPLE_SECONDS)
+        _sample_others(run, observer, thread)
         thread.join(30)
         prober.join(30)
         assert not thread.is_alive(), "the slow fenced effect never finished"
@@ -329,11 +289,75 @@ def run_slow_effect(store_factory: StoreFactory, backend: str) -> SlowEffectRun:
             prober.join(30)
     run.rounds = sorted(rounds, key=lambda r: r.started)
     run.lost_handles = sum(handle.lost_reason is not None for handle in [slow, *others])
-    state = observer.read_lease(slow.ref.scope)
-    run.slow_live_after = bool(state and state.live and state.token == slow.ref.token)
+    _take_stock(run, observer, execution)
+    return run
+
+
+def _watch_the_transaction(run: SlowEffectRun, execution: Execution) -> None:
+    """Note when the fenced transaction began, what it extended the slow lease to, and
+    the database's clock at its commit."""
+
+    def on_begin(tx: SQLFencedTransaction) -> None:
+        run.began = time.monotonic()
+        run.began_db_ms, run.extended_to_ms = tx.now_ms, tx.expires_at_ms
+
+    def before_commit(tx: SQLFencedTransaction) -> None:
+        run.db_now_at_commit_ms = tx.read_now_ms()
+
+    execution.on_begin, execution.before_commit = on_begin, before_commit
+
+
+def _slow_effect_thread(
+    run: SlowEffectRun, execution: Execution, in_effect: threading.Event
+) -> threading.Thread:
+    """The user's slow effect, to start: ``in_effect`` is set once its fn has written."""
+
+    def slow_fn(conn: Any) -> dict[str, bool]:
+        conn.execute(insert(fn_writes).values(execution_id=execution.execution_id))
+        in_effect.set()
+        time.sleep(LONG_SECONDS)  # the user's slow effect: real time, on purpose
+        return {"applied": True}
+
+    def slow_effect() -> None:
+        try:
+            run.result = run_fenced_effect(execution, execution.step(), slow_fn)
+        except BaseException as exc:  # judged by the test
+            run.error = exc
+        finally:
+            run.ended = time.monotonic()
+
+    return threading.Thread(target=slow_effect, name="slow-effect", daemon=True)
+
+
+def _probe_thread(run: SlowEffectRun, renewer_b: LeaseRenewer) -> threading.Thread:
+    def probe() -> None:
+        """Worker B renews its leases while the effect holds whatever it holds."""
+        started = time.monotonic()
+        outcomes = renewer_b.renew_now()
+        run.probe = Round(started, time.monotonic(), outcomes)
+
+    return threading.Thread(target=probe, name="probe-renewal", daemon=True)
+
+
+def _sample_others(run: SlowEffectRun, observer: SQLAlchemyStore, thread: threading.Thread) -> None:
+    """The other leases as another process sees them, every SAMPLE_SECONDS of the effect."""
+    deadline = run.began + LONG_SECONDS + 15
+    while thread.is_alive() and time.monotonic() < deadline:
+        states = {}
+        for ref in run.others:
+            state = observer.read_lease(ref.scope)
+            assert state is not None
+            states[ref] = (state.expires_at_ms, state.live)
+        run.samples.append((time.monotonic(), states))
+        time.sleep(SAMPLE_SECONDS)
+
+
+def _take_stock(run: SlowEffectRun, observer: SQLAlchemyStore, execution: Execution) -> None:
+    """What is left once both renewers stopped: the slow lease, its fn's write, its record."""
+    state = observer.read_lease(run.slow.scope)
+    run.slow_live_after = bool(state and state.live and state.token == run.slow.token)
     run.slow_writes_after = _count_writes(observer, execution.execution_id)
     run.slow_record_after = observer.read_effect(execution.key()) is not None
-    return run
 
 
 def test_a_ten_second_fenced_effect_fences_no_other_execution(

@@ -67,6 +67,11 @@ class Shop:
     def agboss(self) -> AGBoss:
         return AGBoss.of(self.app)
 
+    def publish(self, name: str, *args: Any, **kwargs: Any) -> str:
+        """Publish ``name(*args, **kwargs)`` from the test process; the task id (which is
+        also its execution id) that the waits and reads of this class take."""
+        return str(self.app.signature(name, args=args, kwargs=kwargs).apply_async().id)
+
     # --- workers --------------------------------------------------------------------
 
     def start_worker(
@@ -251,7 +256,7 @@ class Shop:
         the body runs. Waits (``timeout``) for the returned copy to meet the live lease
         and be deferred, then lets the answer through. The task id and its COMPLETED record."""
         hold = self.gateway.gateway.hold(operation="charge")  # processed; the answer waits
-        task_id = str(self.app.signature("it.charge_order", args=(order,)).apply_async().id)
+        task_id = self.publish("it.charge_order", order)
         hold.wait_reached(timeout=20)
         assert proxy.cut_all() > 0, "the worker's broker connections were cut"
         wait_for(

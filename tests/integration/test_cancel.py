@@ -39,7 +39,7 @@ def revoke_with_terminate_mid_send(shop: Shop, order: str, *, processed: bool) -
     once the killed delivery's lease is dead, with the gateway's hold over."""
     gateway = shop.gateway.gateway
     gateway.hold(operation="charge", before_processing=not processed, timeout=3)
-    task_id = str(shop.app.signature("it.charge_order", args=(order,)).apply_async().id)
+    task_id = shop.publish("it.charge_order", order)
     wait_for(lambda: gateway.requests, 20, "the charge on the wire")
     shop.app.control.revoke(task_id, terminate=True)
     record = shop.wait_cancel_requested(task_id)
@@ -72,7 +72,7 @@ def redeliver(shop: Shop, task_id: str, *, sabotage: tuple[str, ...] = ()) -> No
 
 def test_a_payment_revoked_before_it_started_never_runs(shop_factory: ShopFactory) -> None:
     shop = shop_factory()
-    task_id = str(shop.app.signature("it.charge_order", args=("o-41",)).apply_async().id)
+    task_id = shop.publish("it.charge_order", "o-41")
     shop.app.control.revoke(task_id)  # no worker hears it: only the store knows
     record = shop.wait_state(task_id, "CANCELLED", timeout=5)
     assert record.cancel_requested

@@ -27,7 +27,7 @@ def test_a_retry_delivered_while_the_original_holds_the_lease_is_woken_on_releas
     shop = shop_factory()
     shop.start_worker()
     with shop.capturing_events() as events:
-        task_id = str(shop.app.signature("it.retrying_charge", args=("o-3",)).apply_async().id)
+        task_id = shop.publish("it.retrying_charge", "o-3")
         record = shop.wait_state(task_id, "COMPLETED", timeout=30)
         shop.wait_backend(task_id, "SUCCESS")
         wait_for(lambda: any(e["type"] == "task-deferred" for e in events), 10, "the event")
@@ -48,7 +48,7 @@ def test_a_task_longer_than_the_visibility_timeout_runs_its_body_once(
 ) -> None:
     shop = shop_factory(visibility_timeout=3)
     shop.start_worker()
-    task_id = str(shop.app.signature("it.slow_charge", args=("o-4", 9.0)).apply_async().id)
+    task_id = shop.publish("it.slow_charge", "o-4", 9.0)
     record = shop.wait_state(task_id, "COMPLETED", timeout=40)
     shop.wait_backend(task_id, "SUCCESS")
     shop.wait_logged("execution.deferred")
@@ -66,7 +66,7 @@ def test_a_retry_whose_countdown_is_longer_than_the_visibility_timeout_runs_once
     shop = shop_factory(visibility_timeout=3)
     shop.start_worker()
     with shop.sweeping():
-        task_id = str(shop.app.signature("it.waiting_charge", args=("o-4b", 8.0)).apply_async().id)
+        task_id = shop.publish("it.waiting_charge", "o-4b", 8.0)
         waiting = shop.wait_state(task_id, "WAITING", timeout=20)
         assert waiting.not_before_ms is not None and waiting.reason == "retry"
         record = shop.wait_state(task_id, "COMPLETED", timeout=60)

@@ -30,7 +30,7 @@ def test_an_answer_lost_on_the_way_back_is_retried_and_reconciled_into_one_payme
     shop = shop_factory()
     shop.gateway.gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     shop.start_worker()
-    task_id = str(shop.app.signature("it.charge_order", args=("o-8",)).apply_async().id)
+    task_id = shop.publish("it.charge_order", "o-8")
     record = shop.wait_state(task_id, "COMPLETED", timeout=30)
     shop.wait_backend(task_id, "SUCCESS")
     gateway = shop.gateway.gateway
@@ -49,7 +49,7 @@ def test_an_outcome_no_lookup_can_settle_waits_for_an_operator(
     gateway.capabilities = GatewayCapabilities.NO_LOOKUP
     gateway.inject_fault(FakeGatewayFault.ANSWER_THEN_DROP)
     shop.start_worker()
-    task_id = str(shop.app.signature("it.charge_order", args=("o-9",)).apply_async().id)
+    task_id = shop.publish("it.charge_order", "o-9")
     record = shop.wait_state(task_id, "WAITING_OPERATOR", timeout=30)
     shop.wait_logged("execution.waiting-operator")
     assert (len(gateway.payments), len(gateway.requests)) == (1, 1), "nothing sent again"
@@ -71,7 +71,7 @@ def test_an_application_error_fails_once_and_a_duplicate_reraises_it(
 ) -> None:
     shop = shop_factory()
     shop.start_worker()
-    task_id = str(shop.app.signature("it.failing_charge", args=("o-10",)).apply_async().id)
+    task_id = shop.publish("it.failing_charge", "o-10")
     record = shop.wait_state(task_id, "FAILED", timeout=30)
     shop.wait_backend(task_id, "FAILURE")
     assert record.error and "cannot be fulfilled" in record.error
@@ -98,7 +98,7 @@ def test_a_declined_charge_fails_the_execution_with_no_payment(
     shop = shop_factory()
     shop.gateway.gateway.inject_fault(FakeGatewayFault.DECLINE)
     shop.start_worker()
-    task_id = str(shop.app.signature("it.charge_order", args=("o-11",)).apply_async().id)
+    task_id = shop.publish("it.charge_order", "o-11")
     shop.wait_state(task_id, "FAILED", timeout=30)
     shop.wait_backend(task_id, "FAILURE")
     assert shop.gateway.gateway.payments == []
@@ -111,7 +111,7 @@ def test_a_paused_payment_waits_for_its_answer_and_then_charges_once(
     shop = shop_factory()
     shop.start_worker()
     with shop.capturing_events() as events:
-        task_id = str(shop.app.signature("it.approved_charge", args=("o-12",)).apply_async().id)
+        task_id = shop.publish("it.approved_charge", "o-12")
         shop.wait_state(task_id, "PAUSED")
         wait_for(lambda: any(e["type"] == "task-paused" for e in events), 10, "the event")
     assert "PAUSED" in shop.flower_state(events, task_id)

@@ -81,7 +81,7 @@ class PauseWorld:
     def publish(self, task: str) -> tuple[str, str]:
         """``task(order)`` published for a new order; (task id, order)."""
         order = f"{self.backend}-{uuid.uuid4().hex[:8]}"
-        return str(self.shop.app.signature(task, args=(order,)).apply_async().id), order
+        return self.shop.publish(task, order), order
 
     def paused(self, task: str) -> tuple[str, str]:
         """Published, run up to its pause, its lease released."""

@@ -80,7 +80,7 @@ def revoke_mid_send(shop: Shop, order: str) -> tuple[str, object]:
     """Publish ``it.charge_order(order)``, hold its charge before the gateway processes
     it, and revoke it with ``terminate=True, signal="SIGUSR1"``."""
     hold = shop.gateway.gateway.hold(operation="charge", before_processing=True, timeout=30)
-    task_id = str(shop.app.signature("it.charge_order", args=(order,)).apply_async().id)
+    task_id = shop.publish("it.charge_order", order)
     hold.wait_reached(timeout=20)
     shop.app.control.revoke(task_id, terminate=True, signal="SIGUSR1")
     wait_for(lambda: f"Terminating {task_id}" in shop.worker_log(), 10, "the revoke")
@@ -141,7 +141,7 @@ def test_r22_a_send_that_never_returns_is_bounded_and_its_late_answer_stored_now
     shop.start_worker()
     gateway = shop.gateway.gateway
     hold = gateway.hold(operation="charge", timeout=40)  # processed; the answer never comes
-    task_id = str(shop.app.signature("it.charge_order", args=("o-52",)).apply_async().id)
+    task_id = shop.publish("it.charge_order", "o-52")
     hold.wait_reached(timeout=20)
     record = shop.wait_state(task_id, "COMPLETED", timeout=30)
     shop.wait_logged("execution.taken-over")  # the bound passed, renewals stopped
@@ -166,7 +166,7 @@ def test_r22_an_unbounded_send_holds_the_lease_and_the_payment_forever(
     shop = shop_factory(attempt_timeout=3)
     shop.start_worker(sabotage=(SEND_NOT_BOUNDED,))
     hold = shop.gateway.gateway.hold(operation="charge", timeout=40)
-    task_id = str(shop.app.signature("it.charge_order", args=("o-52",)).apply_async().id)
+    task_id = shop.publish("it.charge_order", "o-52")
     hold.wait_reached(timeout=20)
     # Where the bounded send has long been taken over, the unbounded one still holds on.
     lease_token_stays(shop, task_id, 1, seconds=3 + shop.config["lease_ttl"] + 1)
@@ -189,7 +189,7 @@ def test_r23_a_send_longer_than_the_lease_but_within_its_bound_keeps_its_lease(
     gateway = shop.gateway.gateway
     send_seconds = shop.config["lease_ttl"] + 3
     gateway.inject_fault(FakeGatewayFault.SLOW, delay=send_seconds, operation="charge")
-    task_id = str(shop.app.signature("it.charge_order", args=("o-53",)).apply_async().id)
+    task_id = shop.publish("it.charge_order", "o-53")
     wait_for(lambda: gateway.requests, 20, "the charge on the wire")
     started = time.monotonic()
     lease_token_stays(shop, task_id, 1, seconds=shop.config["lease_ttl"] + 0.5)
@@ -209,7 +209,7 @@ def charge_past_its_bound(shop: Shop, order: str) -> str:
     """``it.insistent_charge(order)`` with its charge held (not processed) past
     ``attempt_timeout``: the body catches the unknown outcome and calls again."""
     shop.gateway.gateway.hold(operation="charge", before_processing=True, timeout=20)
-    task_id = str(shop.app.signature("it.insistent_charge", args=(order,)).apply_async().id)
+    task_id = shop.publish("it.insistent_charge", order)
     wait_for(lambda: shop.gateway.notes_of("charge-again", task_id), 20, "the body to call again")
     return task_id
 

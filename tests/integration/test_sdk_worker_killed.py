@@ -52,10 +52,7 @@ def _kill_every_child_holding_its_answer(
     The task id per gateway."""
     worker = shop.start_worker(concurrency=len(GATEWAYS), sabotage=sabotage)
     holds = {name: s.gateway.hold(operation="charge") for name, s in sdk_servers.items()}
-    task_ids = {
-        name: str(shop.app.signature(f"it.sdk_charge.{name}", args=(f"o-{name}",)).apply_async().id)
-        for name in GATEWAYS
-    }
+    task_ids = {name: shop.publish(f"it.sdk_charge.{name}", f"o-{name}") for name in GATEWAYS}
     for hold in holds.values():
         hold.wait_reached(timeout=30)
     for child in shop.children(worker):

@@ -58,7 +58,7 @@ def test_a_killed_charge_s_next_delivery_shows_reconciled_under_its_run_span(
     order = "o-traced-1"
     first = shop.start_worker()
     hold = shop.gateway.gateway.hold(operation="charge")  # processed; its answer held
-    task_id = str(shop.app.signature("it.charge_order", args=(order,)).apply_async().id)
+    task_id = shop.publish("it.charge_order", order)
     try:
         hold.wait_reached(timeout=20)
         first.kill()  # the whole worker: no sweep runs here, so the next delivery reconciles

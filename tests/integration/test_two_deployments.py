@@ -90,7 +90,7 @@ def two_shops(
 def _run(shop: Shop, amount: int, state: str, *, sabotage: tuple[str, ...] = ()) -> None:
     """Start the shop's worker, pay every order of ``amount``, wait until each is ``state``."""
     shop.start_worker(sabotage=sabotage)
-    ids = [str(shop.app.signature(TASK, args=(o, amount)).apply_async().id) for o in ORDERS]
+    ids = [shop.publish(TASK, o, amount) for o in ORDERS]
     for task_id in ids:
         shop.wait_state(task_id, state, timeout=SETTLED_SECONDS)
 

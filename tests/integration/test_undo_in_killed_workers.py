@@ -137,7 +137,7 @@ def undo_shop(
 
 
 def _fail_after_the_charge(shop: UndoShop, order: str) -> str:
-    task_id = str(shop.app.signature("undo_it.charge_then_fail", args=(order,)).apply_async().id)
+    task_id = shop.publish("undo_it.charge_then_fail", order)
     shop.wait_state(task_id, "FAILED", timeout=20)
     shop.wait_backend(task_id, "FAILURE")
     return task_id
@@ -287,7 +287,7 @@ def test_a_soft_time_limit_the_body_lets_through_fails_it_and_refunds_once(
 def _freeze_past_the_lease(shop: UndoShop, order: str) -> tuple[str, int]:
     """Publish ``charge_then_freeze(order)``; SIGSTOP the child waiting at its gate (after
     the charge and its undo's declaration); the task id and the frozen pid."""
-    task_id = str(shop.app.signature("undo_it.charge_then_freeze", args=(order,)).apply_async().id)
+    task_id = shop.publish("undo_it.charge_then_freeze", order)
     gate = f"freeze:{order}"
     [pid] = wait_for(lambda: shop.gateway.gate_waiters(gate), 20, f"the body at {gate}")
     shop.stop(pid)

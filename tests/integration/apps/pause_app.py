@@ -17,13 +17,14 @@ The worker runs ``celery -A tests.integration.apps.pause_app:app`` with the conf
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
 from sqlalchemy import text
 
-from celery_agboss import OutboundCall, PaymentTask
-from celery_agboss.core.outbound import CallContext
+from celery_agboss import AGBoss, OutboundCall, PaymentTask
+from celery_agboss.core.outbound import CallContext, SendFn
 from celery_agboss.testing.gateway_server import FakeGatewayServer, GatewayCall, Reply
 from celery_agboss.testing.gateway_types import FakeGatewayError
 from tests.integration.apps.shop import _http, app_from_environment, gateway_app, gateway_call
@@ -78,29 +79,48 @@ def create_orders_table(conn: Any) -> None:
 
 
 def make_app(config: dict[str, Any]) -> Celery:
+    """The shop's app with the pause tasks and the ``ps.*`` calls they make."""
     app, agboss, base, note = gateway_app(config, shop_tasks=True)
+    charge_call, authorize_call, capture_call = _register_pause_calls(agboss, base)
+    _add_approval_task(app, note, charge_call)
+    _add_checkout_tasks(app, note, base, authorize_call, capture_call)
+    _add_record_then_pause_task(app, note, charge_call)
+    return app
 
-    def posting(path: str, body: Any) -> Any:
-        def send(call: CallContext) -> Any:
-            return _http(
-                base, "POST", path, {**body(call), "idempotency_key": call.idempotency_key}
-            )
 
-        return send
+def _posting(base: str, path: str, body: Callable[[CallContext], Any]) -> SendFn:
+    """A ``send`` that posts ``body(call)`` to ``path`` with the call's idempotency key."""
 
-    def call(name: str, path: str, body: Any) -> OutboundCall:
-        made = gateway_call(name, base, posting(path, body))
+    def send(call: CallContext) -> Any:
+        return _http(base, "POST", path, {**body(call), "idempotency_key": call.idempotency_key})
+
+    return send
+
+
+def _order_body(call: CallContext) -> dict[str, Any]:
+    return {"amount": call.request["amount"], "reference": call.request["order"]}
+
+
+def _register_pause_calls(
+    agboss: AGBoss, base: str
+) -> tuple[OutboundCall, OutboundCall, OutboundCall]:
+    """``ps.charge``, ``ps.authorize`` and ``ps.capture``, registered on ``agboss``."""
+
+    def call(name: str, path: str, body: Callable[[CallContext], Any]) -> OutboundCall:
+        made = gateway_call(name, base, _posting(base, path, body))
         agboss.register(made)
         return made
 
-    def order_body(call: CallContext) -> dict[str, Any]:
-        return {"amount": call.request["amount"], "reference": call.request["order"]}
-
-    charge_call = call("ps.charge", "/charge", order_body)
-    authorize_call = call("ps.authorize", "/authorize", order_body)
+    charge_call = call("ps.charge", "/charge", _order_body)
+    authorize_call = call("ps.authorize", "/authorize", _order_body)
     capture_call = call(
         "ps.capture", "/capture", lambda call: {"payment_id": call.request["payment"]}
     )
+    return charge_call, authorize_call, capture_call
+
+
+def _add_approval_task(app: Celery, note: Callable[..., None], charge_call: OutboundCall) -> None:
+    """Design: PS11, a charge that waits for a person's approval first."""
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="ps.approve_then_charge")
     def approve_then_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
@@ -111,6 +131,16 @@ def make_app(config: dict[str, Any]) -> Celery:
             charge_call, {"amount": amount, "order": order_id}, business_key=f"order:{order_id}"
         )
         return {"payment": receipt["id"], "by": answer["by"]}
+
+
+def _add_checkout_tasks(
+    app: Celery,
+    note: Callable[..., None],
+    base: str,
+    authorize_call: OutboundCall,
+    capture_call: OutboundCall,
+) -> None:
+    """Design: PS21, a 3-D Secure checkout whose outcome is read from the gateway."""
 
     def checkout(task: Any, order_id: str, amount: int, accept_early: bool) -> dict[str, Any]:
         note("before-pause", task.request.id)
@@ -139,6 +169,12 @@ def make_app(config: dict[str, Any]) -> Celery:
         """The same, taking a 3-D Secure answer that came before its pause."""
         return checkout(self, order_id, amount, accept_early=True)
 
+
+def _add_record_then_pause_task(
+    app: Celery, note: Callable[..., None], charge_call: OutboundCall
+) -> None:
+    """A charge whose fenced effect is written before it pauses (retention while it waits)."""
+
     @app.task(base=PaymentTask, bind=True, shared=False, name="ps.charge_record_then_pause")
     def charge_record_then_pause(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
         note("before-pause", self.request.id)
@@ -157,8 +193,6 @@ def make_app(config: dict[str, Any]) -> Celery:
         answer = self.pause("ship", {"order": order_id})
         note("after-pause", self.request.id, by=answer["by"])
         return {"payment": receipt["id"], "by": answer["by"]}
-
-    return app
 
 
 app = app_from_environment(CONFIG_ENV, make_app)

@@ -211,14 +211,16 @@ def shop_charge(task: Any, order_id: str, amount: int = 1000) -> Any:
     )
 
 
+def gateway_gate(gateway: str, name: str) -> None:
+    """Block in the fake gateway's ``/gate`` until the test opens the gate ``name``."""
+    _http(gateway, "POST", "/gate", {"name": name})
+
+
 def _add_shop_tasks(
     config: dict[str, Any], app: Celery, agboss: AGBoss, gateway: str, note: Callable[..., None]
 ) -> None:
     """The shop's tasks, their unprotected twins and ``it.charge`` (registered) on ``app``."""
-
-    def gate(name: str) -> None:
-        _http(gateway, "POST", "/gate", {"name": name})
-
+    gate = functools.partial(gateway_gate, gateway)
     charge_call = gateway_call(
         "it.charge",
         gateway,
@@ -229,6 +231,20 @@ def _add_shop_tasks(
         transaction_id=lambda receipt: receipt["id"],  # checks an operator's --completed
     )
     agboss.register(charge_call)
+    _add_charge_tasks(app, note, gate)
+    _add_retry_and_pause_tasks(app, note)
+    _add_chain_tasks(app, note)
+    _add_fenced_effect_tasks(app, gate)
+    _add_unprotected_twins(app, gateway, note, gate)
+    if config.get("connect_before_fork"):
+        _note_parent_backend(app, agboss, note)
+    add_body_publish_tasks(app, charge_call, note, gate)
+    for gateway_name, gateway_url in (config.get("sdk_gateways") or {}).items():
+        _sdk_charge_task(app, agboss, gateway_name, gateway_url)
+
+
+def _add_charge_tasks(app: Celery, note: Callable[..., None], gate: Callable[[str], None]) -> None:
+    """Charges that a test kills, stalls or overruns around the call to the gateway."""
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.charge_order")
     def charge_order(self: Any, order_id: str, amount: int = 1000, gate_name: str | None = None):  # type: ignore[no-untyped-def]
@@ -259,10 +275,21 @@ def _add_shop_tasks(
         note("body-end", self.request.id)
         return {"payment": receipt["id"], "order": order_id}
 
-    @app.task(bind=True, shared=False, name="it.refund_on_error")
-    def refund_on_error(self: Any, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
-        """An errback a shop would attach: it refunds the order it is told failed."""
-        note("refund", self.request.id)
+    @app.task(base=PaymentTask, bind=True, shared=False, name="it.insistent_charge")
+    def insistent_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
+        """Catches an unknown outcome and calls again in the same delivery (design: R23)."""
+        note("body-start", self.request.id)
+        try:
+            receipt = shop_charge(self, order_id, amount)
+        except OutboundCallOutcomeUnknownError:
+            note("charge-again", self.request.id)
+            receipt = shop_charge(self, order_id, amount)
+        note("body-end", self.request.id)
+        return {"payment": receipt["id"], "order": order_id}
+
+
+def _add_retry_and_pause_tasks(app: Celery, note: Callable[..., None]) -> None:
+    """Charges whose execution outlives a delivery: a retry, a countdown, a pause."""
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.retrying_charge")
     def retrying_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
@@ -301,6 +328,15 @@ def _add_shop_tasks(
         receipt = shop_charge(self, order_id, amount)
         return {"payment": receipt["id"], "order": order_id, "by": answer.get("by")}
 
+
+def _add_chain_tasks(app: Celery, note: Callable[..., None]) -> None:
+    """What a charge is chained to: the next step, or an errback after a paid failure."""
+
+    @app.task(bind=True, shared=False, name="it.refund_on_error")
+    def refund_on_error(self: Any, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        """An errback a shop would attach: it refunds the order it is told failed."""
+        note("refund", self.request.id)
+
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.failing_charge")
     def failing_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
         note("body-start", self.request.id)
@@ -317,17 +353,9 @@ def _add_shop_tasks(
         note("ship", self.request.id, payment=charged["payment"])
         return {"shipped": charged["order"]}
 
-    @app.task(base=PaymentTask, bind=True, shared=False, name="it.insistent_charge")
-    def insistent_charge(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
-        """Catches an unknown outcome and calls again in the same delivery (design: R23)."""
-        note("body-start", self.request.id)
-        try:
-            receipt = shop_charge(self, order_id, amount)
-        except OutboundCallOutcomeUnknownError:
-            note("charge-again", self.request.id)
-            receipt = shop_charge(self, order_id, amount)
-        note("body-end", self.request.id)
-        return {"payment": receipt["id"], "order": order_id}
+
+def _add_fenced_effect_tasks(app: Celery, gate: Callable[[str], None]) -> None:
+    """Fenced effects that show which process and connection wrote them (design: trap 12)."""
 
     @app.task(base=PaymentTask, bind=True, shared=False, name="it.store_pids")
     def store_pids(self: Any, gate_name: str | None = None):  # type: ignore[no-untyped-def]
@@ -354,7 +382,11 @@ def _add_shop_tasks(
 
         return [self.fenced_effect(f"bump-{n}", bump) for n in range(times)]
 
-    # --- unprotected twins: what plain Celery does ---------------------------------------
+
+def _add_unprotected_twins(
+    app: Celery, gateway: str, note: Callable[..., None], gate: Callable[[str], None]
+) -> None:
+    """What plain Celery does: the same charges without AGBoss and without a key."""
 
     def plain_charge_body(
         task: Any, order_id: str, amount: int, gate_name: str | None, seconds: float
@@ -363,12 +395,8 @@ def _add_shop_tasks(
         if gate_name:
             gate(gate_name)
         time.sleep(seconds)
-        receipt = _http(
-            gateway,
-            "POST",
-            "/charge",
-            {"amount": amount, "idempotency_key": None, "reference": order_id},
-        )
+        body = {"amount": amount, "idempotency_key": None, "reference": order_id}
+        receipt = _http(gateway, "POST", "/charge", body)
         note("body-end", task.request.id)
         return {"payment": receipt["id"], "order": order_id}
 
@@ -398,23 +426,19 @@ def _add_shop_tasks(
     def plain_charge_acks_late(self: Any, order_id: str, amount: int = 1000):  # type: ignore[no-untyped-def]
         return plain_charge_body(self, order_id, amount, None, 0.0)
 
-    if config.get("connect_before_fork"):
 
-        def connect_in_the_parent(sender: Any = None, **_: Any) -> None:
-            """Trap 12: the worker's main process holds a pooled store connection before
-            the pool forks; it says which PostgreSQL backend that is."""
-            if getattr(sender, "app", None) is not app:
-                return
-            with agboss.store.engine.connect() as conn:
-                pid = conn.execute(text("select pg_backend_pid()")).scalar()
-            note("parent-backend", None, backend=int(str(pid)))
+def _note_parent_backend(app: Celery, agboss: AGBoss, note: Callable[..., None]) -> None:
+    """Trap 12: the worker's main process holds a pooled store connection before the
+    pool forks; it notes which PostgreSQL backend that is."""
 
-        signals.worker_init.connect(connect_in_the_parent, weak=False)
+    def connect_in_the_parent(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        with agboss.store.engine.connect() as conn:
+            pid = conn.execute(text("select pg_backend_pid()")).scalar()
+        note("parent-backend", None, backend=int(str(pid)))
 
-    add_body_publish_tasks(app, charge_call, note, gate)
-
-    for gateway_name, gateway_url in (config.get("sdk_gateways") or {}).items():
-        _sdk_charge_task(app, agboss, gateway_name, gateway_url)
+    signals.worker_init.connect(connect_in_the_parent, weak=False)
 
 
 def _sdk_charge_task(app: Celery, agboss: AGBoss, gateway_name: str, gateway_url: str) -> None:
