@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg._queries
 import pytest
-from sqlalchemy import event
 
 from celery_agboss.testing.gateway_types import FakeGatewayError, FakeGatewayFault
 from tests.delivery.conftest import PaymentShop
+from tests.support.lock_waits import sent_statements
 from tests.support.stores import fresh_store_url
 
 PARSE_CACHED_UP_TO = int(getattr(psycopg._queries, "MAX_CACHED_STATEMENT_LENGTH", 4096))
@@ -23,21 +23,6 @@ PARSE_CACHED_UP_TO = int(getattr(psycopg._queries, "MAX_CACHED_STATEMENT_LENGTH"
 @pytest.fixture(params=[pytest.param("postgresql", marks=pytest.mark.postgres)])
 def delivery_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return fresh_store_url(request, tmp_path, "delivery-migrated")
-
-
-def _sent_by(shop: PaymentShop, run: Any) -> list[str]:
-    sent: list[str] = []
-
-    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        sent.append(statement)
-
-    engine = shop.agboss.store.engine
-    event.listen(engine, "before_cursor_execute", note)
-    try:
-        run()
-    finally:
-        event.remove(engine, "before_cursor_execute", note)
-    return sent
 
 
 def test_a_charge_a_decline_and_an_effect_send_only_texts_psycopg_keeps_parsed(
@@ -68,7 +53,7 @@ def test_a_charge_a_decline_and_an_effect_send_only_texts_psycopg_keeps_parsed(
             result = task.apply((order,), task_id=task_id)
             assert result.state == "SUCCESS", result.result
 
-    sent = _sent_by(shop, deliveries)
+    sent = [text for text, _ in sent_statements(shop.agboss.store.engine, deliveries)]
     assert len(sent) >= 8  # two publishes, two starts, two claims, two settles, ...
     too_long = {len(s): s[:120] for s in sent if len(s.encode()) > PARSE_CACHED_UP_TO}
     assert too_long == {}, f"longer than {PARSE_CACHED_UP_TO} bytes: {too_long}"
