@@ -6,9 +6,11 @@ the connection closed with no answer, for a dropped one).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+from io import BufferedIOBase
 from typing import Any, ClassVar, Protocol
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 
@@ -111,19 +113,12 @@ class GatewayHandler(BaseHTTPRequestHandler):
 
     def _body(self) -> tuple[dict[str, Any], str | None]:
         """The body, or ``{}`` and why it could not be read. A body whose end is unknown
-        (no readable length, cut short) leaves nothing readable after it: the connection
-        closes once answered."""
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0:
+        (no readable length, cut short, a broken chunk) leaves nothing readable after it:
+        the connection closes once answered."""
+        raw, unreadable = self._raw_body()
+        if unreadable is not None:
             self.close_connection = True
-            return {}, "unreadable Content-Length"
-        raw = self.rfile.read(length) if length else b""
-        if len(raw) < length:
-            self.close_connection = True
-            return {}, f"body cut short: {len(raw)} of {length} bytes"
+            return {}, unreadable
         if not raw:
             return {}, None
         kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
@@ -136,7 +131,29 @@ class GatewayHandler(BaseHTTPRequestHandler):
             value = json.loads(raw)
         except ValueError:
             return {}, "not JSON"
+        except RecursionError:
+            return {}, "JSON nested too deep"
         return (value if isinstance(value, dict) else {}), None
+
+    def _raw_body(self) -> tuple[bytes, str | None]:
+        """The body's bytes, by ``Transfer-Encoding: chunked`` (which wins over a
+        ``Content-Length``, as HTTP/1.1 says) or by ``Content-Length``; with neither, a
+        request has no body."""
+        codings = self.headers.get("Transfer-Encoding")
+        if codings is not None:
+            if codings.split(",")[-1].strip().lower() != "chunked":
+                return b"", f"unsupported Transfer-Encoding {codings!r}"
+            return _read_chunked(self.rfile)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            return b"", "unreadable Content-Length"
+        raw = self.rfile.read(length) if length else b""
+        if len(raw) < length:
+            return b"", f"body cut short: {len(raw)} of {length} bytes"
+        return raw, None
 
     def reply(self, reply: Reply) -> None:
         if reply.drop:
@@ -153,6 +170,38 @@ class GatewayHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except OSError:
             self.close_connection = True  # the caller died (or was killed) meanwhile
+
+
+MAX_CHUNKED_BODY = 16 * 1024 * 1024  # bytes; a fake gateway's requests are small
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,8}")
+
+
+def _read_chunked(stream: BufferedIOBase) -> tuple[bytes, str | None]:
+    """A chunked body, joined; or why it could not be read (a size that is not hex, a
+    chunk cut short, more than :data:`MAX_CHUNKED_BODY`)."""
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        line = stream.readline(1026)
+        digits = line.split(b";")[0].strip()
+        if _CHUNK_SIZE.fullmatch(digits) is None:
+            return b"", f"unreadable chunk size {line[:40]!r}"
+        size = int(digits, 16)
+        if total + size > MAX_CHUNKED_BODY:
+            return b"", f"chunked body over {MAX_CHUNKED_BODY} bytes"
+        if size == 0:
+            break
+        chunk = stream.read(size + 2)  # the chunk and its CRLF
+        if len(chunk) < size + 2 or chunk[size:] != b"\r\n":
+            return b"", f"chunk cut short: {len(chunk)} of {size + 2} bytes"
+        parts.append(chunk[:size])
+        total += size
+    while True:  # trailer fields, up to the empty line that ends the request
+        trailer = stream.readline(8192)
+        if trailer in (b"\r\n", b"\n"):
+            return b"".join(parts), None
+        if not trailer:
+            return b"", "chunked body cut short before its end"
 
 
 def unreadable_reply(call: GatewayCall) -> Reply:

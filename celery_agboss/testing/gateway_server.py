@@ -286,6 +286,8 @@ class FakeGatewayServer:
 
     @property
     def charges_seen(self) -> list[ChargeSeen]:
+        """The charges whose body was read, as they arrived; a send the server could not
+        read is only in the gateway's ``requests`` (``INVALID``), with no reference."""
         with self._lock:
             return list(self._charges)
 
