@@ -65,16 +65,6 @@ def _kib_field(path: str, name: str) -> int:
     return 0
 
 
-def rss_kib(pid: int) -> int:
-    """``VmRSS`` of one process in KiB (0 if it is gone)."""
-    return _kib_field(f"/proc/{pid}/status", "VmRSS:")
-
-
-def pss_kib(pid: int) -> int:
-    """Proportional set size in KiB: shared pages divided among their sharers (0 if gone)."""
-    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
-
-
 def peak_kib(pid: int) -> int:
     """``VmHWM`` of one process in KiB: the most it was ever resident (0 if it is gone)."""
     return _kib_field(f"/proc/{pid}/status", "VmHWM:")
@@ -91,16 +81,6 @@ class PeakMemory:
     @property
     def max_kib(self) -> int:
         return max(self.main_kib, self.max_child_kib)
-
-
-@dataclass(frozen=True)
-class GroupMemory:
-    """Memory of a process group: summed RSS (counts pages shared after a fork once per
-    process) and summed PSS (counts them once in all)."""
-
-    rss_kib: int
-    pss_kib: int
-    processes: int
 
 
 class WorkerProcess:
@@ -167,15 +147,6 @@ class WorkerProcess:
                 )
             time.sleep(0.05)
 
-    def memory(self) -> GroupMemory:
-        """The summed ``VmRSS`` (and PSS) of the worker's process group."""
-        pids = group_pids(self.pgid)
-        return GroupMemory(
-            rss_kib=sum(rss_kib(pid) for pid in pids),
-            pss_kib=sum(pss_kib(pid) for pid in pids),
-            processes=len(pids),
-        )
-
     def peak_memory(self) -> PeakMemory:
         """The peak resident memory of the main process and of each pool child."""
         children = [pid for pid in group_pids(self.pgid) if pid != self.pid]
@@ -205,14 +176,11 @@ class WorkerProcess:
 
 
 __all__ = [
-    "GroupMemory",
     "PeakMemory",
     "WorkerProcess",
     "WorkerTimeout",
     "group_pids",
     "live_pids",
     "peak_kib",
-    "pss_kib",
-    "rss_kib",
     "stat_fields",
 ]

@@ -64,7 +64,6 @@ class Runtime:
         self.app = app
         self.registry = OutboundRegistry()
         self._settings: AGBossSettings | None = None
-        self._settings_error: ConfigurationError | None = None
         self._settings_read_from: dict[str, Any] = {}
         self._engine_settings: EngineSettings | None = None
         # Reentrant: reading conf may configure the app, which calls back in. Made anew
@@ -115,7 +114,6 @@ class Runtime:
             # Said once, by whoever uses it: a worker or beat refuses to start with it
             # (signals), a publish is refused with it, a command exits with it. Logged
             # here too, every process would print it once more.
-            self._settings_error = exc
             logger.debug("celery_agboss is not configured: %s", exc)
             return
         for then in list(self._when_configured):
@@ -126,7 +124,6 @@ class Runtime:
             if self._settings is None:
                 self._settings = settings_from_conf(self.app.conf)
                 self._settings_read_from = written_settings(self.app.conf)
-                self._settings_error = None
             return self._settings
 
     @property
@@ -273,7 +270,6 @@ class Runtime:
         self.close()
         with self._lock:
             self._settings = None
-            self._settings_error = None
             self._engine_settings = None
 
     # --- publishing ----------------------------------------------------------------
