@@ -174,11 +174,13 @@ class GatewayHandler(BaseHTTPRequestHandler):
 
 MAX_CHUNKED_BODY = 16 * 1024 * 1024  # bytes; a fake gateway's requests are small
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,8}")
+_MAX_TRAILERS = 100
 
 
 def _read_chunked(stream: BufferedIOBase) -> tuple[bytes, str | None]:
     """A chunked body, joined; or why it could not be read (a size that is not hex, a
-    chunk cut short, more than :data:`MAX_CHUNKED_BODY`)."""
+    chunk cut short or longer than its size, more than :data:`MAX_CHUNKED_BODY`, trailer
+    fields with no end)."""
     parts: list[bytes] = []
     total = 0
     while True:
@@ -193,15 +195,16 @@ def _read_chunked(stream: BufferedIOBase) -> tuple[bytes, str | None]:
             break
         chunk = stream.read(size + 2)  # the chunk and its CRLF
         if len(chunk) < size + 2 or chunk[size:] != b"\r\n":
-            return b"", f"chunk cut short: {len(chunk)} of {size + 2} bytes"
+            return b"", f"a chunk of {size} bytes does not end there (cut short, or longer)"
         parts.append(chunk[:size])
         total += size
-    while True:  # trailer fields, up to the empty line that ends the request
+    for _ in range(_MAX_TRAILERS + 1):  # trailer fields, then the empty line that ends it
         trailer = stream.readline(8192)
         if trailer in (b"\r\n", b"\n"):
             return b"".join(parts), None
         if not trailer:
             return b"", "chunked body cut short before its end"
+    return b"", f"chunked body with over {_MAX_TRAILERS} trailer fields"
 
 
 def unreadable_reply(call: GatewayCall) -> Reply:

@@ -104,6 +104,7 @@ BROKEN = {
     "a chunk longer than its size": b"2\r\n{}}\r\n0\r\n\r\n",
     "no last chunk": b"2\r\n{}\r\n",
     "no end after the last chunk": b"2\r\n{}\r\n0\r\n",
+    "trailer fields without end": b"0\r\n" + b"X-T: 1\r\n" * 200,
 }
 
 
