@@ -9,6 +9,7 @@ protocol allows. The control, the real store passing the case on both, is
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from celery_agboss.testing.contract.shared_records import GUARANTEE, two_ends_lo
 from tests.contract.conftest import StoreFactory
 
 CASE = "a_shared_record_lock_holds_a_second_end_until_the_first_commits"
+SLOW_READ_SECONDS = 0.05
 
 
 class _UnlockedTransaction:
@@ -33,8 +35,18 @@ class _UnlockedTransaction:
         return getattr(self.inner, name)
 
 
+class _SlowReadingTransaction(_UnlockedTransaction):
+    """The same, on a loaded machine: each read of a record takes a while."""
+
+    def read_effect(self, key: str) -> Any:
+        time.sleep(SLOW_READ_SECONDS)
+        return self.inner.read_effect(key)
+
+
 class UnlockedSharedRecordStore:
     """A custom backend that left ``lock_shared`` empty; everything else is the real store."""
+
+    transaction_type: type[_UnlockedTransaction] = _UnlockedTransaction
 
     def __init__(self, inner: Store) -> None:
         object.__setattr__(self, "inner", inner)
@@ -42,7 +54,7 @@ class UnlockedSharedRecordStore:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Any]:
         with self.inner.transaction() as tx:
-            yield _UnlockedTransaction(tx)
+            yield self.transaction_type(tx)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -51,9 +63,14 @@ class UnlockedSharedRecordStore:
         setattr(self.inner, name, value)  # clock_offset_source, as VirtualClock.attach sets it
 
 
-def _unlocked(store_factory: StoreFactory) -> Any:
+class SlowUnlockedSharedRecordStore(UnlockedSharedRecordStore):
+    transaction_type = _SlowReadingTransaction
+
+
+def _unlocked(store_factory: StoreFactory, *, slow: bool = False) -> Any:
     def factory() -> Store:
-        return UnlockedSharedRecordStore(store_factory())
+        made = SlowUnlockedSharedRecordStore if slow else UnlockedSharedRecordStore
+        return made(store_factory())
 
     return factory
 
@@ -90,3 +107,19 @@ def test_without_the_lock_a_second_end_judges_without_the_first_ends_mark(
         else:
             assert race.second_passed_early and not race.first_mark_seen, race
             assert race.own_mark_seen, race
+
+
+def test_a_slow_second_end_still_reads_before_the_first_commits(
+    store_factory: StoreFactory, store_backend: str
+) -> None:
+    """The harness holds the first end open until a second end that got past the lock has
+    read: before, the first committed as soon as the second passed, and a second end slow
+    to read (a loaded CI machine) saw the first's mark, so the twin above failed now and
+    then. Each read here takes 50 ms."""
+    for kind in (INTENT_RECORD, EFFECT_RECORD):
+        race = two_ends_lock_one_record(_unlocked(store_factory, slow=True), kind)
+        assert race.own_mark_seen and race.second_error is None, race
+        if store_backend == "sqlite":  # the second end waits at its begin: nothing races
+            assert not race.second_began_early and race.first_mark_seen, race
+        else:
+            assert race.second_passed_early and not race.first_mark_seen, race

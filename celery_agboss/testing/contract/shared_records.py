@@ -66,11 +66,13 @@ def two_ends_lock_one_record(
 ) -> SharedLockRace:
     """The first end writes its mark and locks the record; the second (a thread, its own
     store) writes its mark, locks the record and reads both marks. The first commits only
-    after the second had ``hold_seconds`` to begin and as long again to pass its lock."""
+    after the second had ``hold_seconds`` to begin and as long again to pass its lock; a
+    second that got past (a lock that holds nothing) reads before the first commits, so
+    what it read is what a lock-less backend lets it judge by, every run."""
     with open_stores(factory, 2, VirtualClock()) as (first_store, second_store):
         key, token = _recorded(second_store, kind)  # the second store's pool is warm
         first_mark, second_mark = f"{key}:undo-first", f"{key}:undo-second"
-        began, passed = threading.Event(), threading.Event()
+        began, passed, read = threading.Event(), threading.Event(), threading.Event()
         seen: dict[str, bool] = {}
         errors: list[BaseException] = []
 
@@ -83,6 +85,7 @@ def two_ends_lock_one_record(
                     passed.set()
                     for mark in (first_mark, second_mark):
                         seen[mark] = tx.read_effect(mark) is not None
+                    read.set()
             except BaseException as exc:  # judged by the caller
                 errors.append(exc)
 
@@ -95,6 +98,8 @@ def two_ends_lock_one_record(
                 began.wait(hold_seconds)
                 began_early = began.is_set()
                 passed_early = passed.wait(hold_seconds)
+                if passed_early:  # no lock held it: its reads come before this commit
+                    read.wait(JOIN_SECONDS)
         finally:
             if thread.ident is not None:
                 thread.join(JOIN_SECONDS)
