@@ -168,8 +168,7 @@ def read_declarations(
 
 def declaration_of(position: int, value: Mapping[str, Any]) -> UndoDeclaration:
     """A declaration as its record stores it (``declare_undo`` writes it)."""
-    task = value.get("task")
-    kind = value.get("kind")
+    task, kind = value.get("task"), value.get("kind")
     return UndoDeclaration(
         position=position,
         step_key=str(value["step"]),
@@ -178,6 +177,7 @@ def declaration_of(position: int, value: Mapping[str, Any]) -> UndoDeclaration:
         task=dict(task) if isinstance(task, dict) else None,
         n=int(value.get("n") or 1),
         kind=str(kind) if kind in (INTENT_RECORD, EFFECT_RECORD) else None,
+        moves_money=value.get("moves_money") is not False,  # absent: a payment (safe)
     )
 
 
@@ -223,10 +223,10 @@ def declare_undo(
             if declaration.step_key == step and declaration.n == n:
                 trail.declared = max(trail.declared, len(known))
                 return declaration
-        kind = last.kind
-        declaration = UndoDeclaration(len(known) + 1, step, undo, values, parts, n, kind)
+        kind, money = last.kind, ctx.step_moves_money(last)
+        declaration = UndoDeclaration(len(known) + 1, step, undo, values, parts, n, kind, money)
         stored: dict[str, Any] = {"step": step, "undo": undo, "arguments": values, "n": n}
-        stored["kind"] = kind
+        stored.update(kind=kind, **({} if money else {"moves_money": False}))  # absent: True
         if parts is not None:
             stored["task"] = parts
         tx.insert_effect(

@@ -187,6 +187,14 @@ class ExecutionContext(DeliveryLease):
             self._last_step = step
         return result
 
+    def step_moves_money(self, step: Step) -> bool:
+        """False only for a step this delivery made with a call that said it moves no
+        money (``OutboundCall.moves_money``); a fenced effect's step, or one not made here,
+        is taken as moving money."""
+        with self._lock:
+            call = self._calls.get(step.name) if step.kind == INTENT_RECORD else None
+        return True if call is None else call.moves_money
+
     def fenced_effect(
         self,
         name: str,

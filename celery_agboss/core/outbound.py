@@ -108,6 +108,10 @@ class OutboundCall:
     # Checks a result an operator supplies (``agboss resolve --completed``) before it is
     # stored: raise with what is wrong. Without it, ``transaction_id`` must find an id.
     validate_result: Callable[[Any], object] | None = None
+    # False: the call moves no money (a stock hold at an inventory service). An operator's
+    # ``--payments-handled`` then leaves its undo to run; by default every call is a
+    # payment, whose undo the operator's word stands for (never run twice).
+    moves_money: bool = True
     key_retention_seconds: float | None = field(init=False, default=None)
     key_retention_ms: int | None = field(init=False, default=None)
 
@@ -183,20 +187,23 @@ _FUNCTIONS = {
     "send returns",
 }
 
+_FLAGS = {
+    "lookup_proves_absence": "True or False (a bool: text read from the environment or a "
+    "file is not converted; True lets a NotSent be resent at any key age, so say it only "
+    "when the gateway's lookup proves absence)",
+    "moves_money": "True or False (a bool: False lets its undo run after an operator's "
+    "--payments-handled, so say it only of a call that moves no money)",
+}
+
 
 def _check_kinds(call: OutboundCall) -> None:
     """Values of the wrong kind are refused here: each was read later as something else
     (text for ``lookup_proves_absence`` as True, switching off the key-age bound of a
     resend; a tuple for ``is_definite_failure`` as "never definite", or a crash)."""
-    if not isinstance(call.lookup_proves_absence, bool):
-        raise _refuse(
-            call.name,
-            "lookup_proves_absence",
-            call.lookup_proves_absence,
-            "True or False (a bool: text read from the environment or a file is not "
-            "converted; True lets a NotSent be resent at any key age, so say it only when "
-            "the gateway's lookup proves absence)",
-        )
+    for rule, what in _FLAGS.items():
+        value = getattr(call, rule)
+        if not isinstance(value, bool):
+            raise _refuse(call.name, rule, value, what)
     for rule, what in _FUNCTIONS.items():
         value = getattr(call, rule)
         if not callable(value) and (value is not None or rule == "is_definite_failure"):

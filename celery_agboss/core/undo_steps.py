@@ -154,6 +154,7 @@ class UndoDeclaration:
     task: dict[str, Any] | None = None  # a signature's parts (TASK_PARTS), or None
     n: int = 1  # the n-th undo declared after this step (all are kept, and all run)
     kind: str | None = None  # the step's record: an intent or a fenced effect (None: unknown)
+    moves_money: bool = True  # False: its call said it moves none (OutboundCall.moves_money)
 
     @property
     def key(self) -> str:

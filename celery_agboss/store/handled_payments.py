@@ -13,7 +13,10 @@ from sqlalchemy import select
 
 from celery_agboss.core import sabotage
 from celery_agboss.core.handled_steps import claim_handled_steps, handled_steps
-from celery_agboss.core.protections import PAYMENTS_HANDLED_DELIVERY_CLAIMS_NEW_CHARGES
+from celery_agboss.core.protections import (
+    PAYMENTS_HANDLED_DELIVERY_CLAIMS_NEW_CHARGES,
+    PAYMENTS_HANDLED_SKIPS_MONEYLESS_UNDOS,
+)
 from celery_agboss.core.store_protocol import EFFECT_RECORD, INTENT_RECORD, StoreTransaction
 from celery_agboss.core.undo_steps import UndoDeclaration, steps_undone
 from celery_agboss.store import undo_tasks_running as undo_tasks
@@ -34,13 +37,21 @@ def payment_steps(tx: StoreTransaction, declarations: Sequence[UndoDeclaration])
     """The steps of ``declarations`` that ``--payments-handled`` covers, for the cancel's
     end and for the undos a delivery runs after it (``run_undos``' ``handled``): every one
     but a fenced effect (a write to the app's own ledger, whose undo still runs), known by
-    its record as ``decide_step`` reads it, else by what its declarations say. A step of
-    unknown kind counts as a payment: its undo may send a refund."""
+    its record as ``decide_step`` reads it, else by what its declarations say, and but a
+    step whose every declaration says its call moves no money (``moves_money=False``). A
+    step of unknown kind counts as a payment: its undo may send a refund."""
     said: dict[str, set[str | None]] = {}
+    moneyless: dict[str, bool] = {}
     for declaration in declarations:
         said.setdefault(declaration.step_key, set()).add(declaration.kind)
+        step = declaration.step_key
+        moneyless[step] = moneyless.get(step, True) and not declaration.moves_money
+    if sabotage.active(PAYMENTS_HANDLED_SKIPS_MONEYLESS_UNDOS):
+        moneyless.clear()
     payments: set[str] = set()
     for step, kinds in said.items():
+        if moneyless.get(step, False):
+            continue
         read = [kind for kind in _KINDS if kind in kinds] or _KINDS
         found = next((kind for kind in read if tx.read_shared(kind, step) is not None), None)
         if not (found == EFFECT_RECORD or (found is None and kinds == {EFFECT_RECORD})):

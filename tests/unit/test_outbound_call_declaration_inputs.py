@@ -48,6 +48,9 @@ def declare(**options: Any) -> OutboundCall:
         ("max_key_length", 64.5),
         ("max_key_length", True),
         ("key_retention", "24h"),
+        ("moves_money", "no"),  # read as True would be safe, but text is not an answer
+        ("moves_money", 0),
+        ("moves_money", None),
     ],
 )
 def test_a_value_of_the_wrong_kind_is_refused_naming_the_call_and_field(
@@ -130,6 +133,8 @@ def test_a_reconcile_that_can_take_ctx_and_lookup_is_accepted(good: Any) -> None
         {"max_key_length": None},
         {"key_retention": 86400},
         {"key_retention": 86400.0},
+        {"moves_money": False},
+        {"moves_money": True},
     ],
     ids=lambda options: ",".join(  # no function's address: xdist workers must agree
         f"{k}={'fn' if callable(v) else v!r}" for k, v in options.items()
